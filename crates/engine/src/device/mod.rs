@@ -1,0 +1,133 @@
+//! Block devices: the seam between the engine and storage (ZFS: `vdev_file.c`, `vdev_disk.c`).
+//!
+//! Everything the engine stores goes through [`BlockDevice`]: read, write, flush, discard and
+//! length. [`FileDevice`] serves regular files and block devices with per-leaf I/O threads;
+//! [`SimDevice`] models HDDs and SSDs with a volatile write cache, crash images and injected
+//! faults, in virtual or real time. Tests and benchmarks swap one for the other.
+//!
+//! Contract every implementation keeps: a write that completed is visible to later reads; it is
+//! durable only after a later `flush` completed; nothing else is a barrier. Offsets and lengths
+//! are checked against the device length and sector size before any I/O is attempted.
+
+mod buf;
+mod file;
+pub mod sim;
+
+use std::io;
+use std::path::PathBuf;
+
+pub use buf::{AlignedBuf, SharedBuf, BUF_ALIGN_BYTES};
+pub use file::{FileDevice, FileDeviceOptions};
+pub use sim::{SimDevice, SimProfile};
+
+use crate::rt::BoxFuture;
+
+/// What a device operation was, for errors and traces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceOp {
+    Open,
+    Read,
+    Write,
+    Flush,
+    Discard,
+}
+
+impl std::fmt::Display for DeviceOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self {
+            DeviceOp::Open => "open",
+            DeviceOp::Read => "read",
+            DeviceOp::Write => "write",
+            DeviceOp::Flush => "flush",
+            DeviceOp::Discard => "discard",
+        };
+        f.write_str(name)
+    }
+}
+
+/// A device operation failed. Carries the device, the operation and the range it covered so a
+/// person can find the failing disk and sector.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    #[error("device {device}: {op} of {len_bytes} bytes at offset {offset_bytes} failed: {source}")]
+    Io {
+        device: String,
+        op: DeviceOp,
+        offset_bytes: u64,
+        len_bytes: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "device {device}: {op} of {len_bytes} bytes at offset {offset_bytes} is outside the \
+         device ({device_bytes} bytes) or not aligned to its {sector_bytes}-byte sectors"
+    )]
+    OutOfRange {
+        device: String,
+        op: DeviceOp,
+        offset_bytes: u64,
+        len_bytes: u64,
+        device_bytes: u64,
+        sector_bytes: u32,
+    },
+    #[error("device {path}: cannot open: {source}; check the path exists and is readable/writable")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("device {device} is gone (removed or failed); its mirror runs degraded")]
+    Gone { device: String },
+}
+
+impl DeviceError {
+    /// True when the error says the device as a whole is unusable, not just one range.
+    pub fn is_gone(&self) -> bool {
+        matches!(self, DeviceError::Gone { .. })
+    }
+}
+
+/// A block device. Methods return boxed futures so the trait stays object-safe: the vdev tree
+/// holds `Arc<dyn BlockDevice>` of mixed kinds (a mirror may pair a file with a simulated disk).
+pub trait BlockDevice: Send + Sync + 'static {
+    /// Path or name, for errors and status.
+    fn name(&self) -> &str;
+    fn len_bytes(&self) -> u64;
+    /// Logical sector size: every offset and length must be a multiple of it.
+    fn sector_bytes(&self) -> u32;
+    /// Whether seeks are expensive (HDD); mirror read selection and aggregation use it.
+    fn is_rotational(&self) -> bool;
+    fn read_at(&self, offset_bytes: u64, len_bytes: u32) -> BoxFuture<Result<AlignedBuf, DeviceError>>;
+    fn write_at(&self, offset_bytes: u64, data: SharedBuf) -> BoxFuture<Result<(), DeviceError>>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> BoxFuture<Result<(), DeviceError>>;
+    /// Tells the device the range is unused; later reads may return zeros or old data.
+    fn discard(&self, offset_bytes: u64, len_bytes: u64) -> BoxFuture<Result<(), DeviceError>>;
+}
+
+/// Checks that `[offset, offset+len)` lies inside a device of `device_bytes` and is aligned to
+/// its sectors. Shared by every implementation so they refuse exactly the same requests.
+pub(crate) fn check_range(
+    device: &str,
+    op: DeviceOp,
+    offset_bytes: u64,
+    len_bytes: u64,
+    device_bytes: u64,
+    sector_bytes: u32,
+) -> Result<(), DeviceError> {
+    let sector = u64::from(sector_bytes);
+    let end_ok = offset_bytes.checked_add(len_bytes).is_some_and(|end| end <= device_bytes);
+    if end_ok && offset_bytes % sector == 0 && len_bytes % sector == 0 {
+        Ok(())
+    } else {
+        Err(DeviceError::OutOfRange {
+            device: device.to_owned(),
+            op,
+            offset_bytes,
+            len_bytes,
+            device_bytes,
+            sector_bytes,
+        })
+    }
+}

@@ -1,0 +1,373 @@
+//! Every tunable in one table: name, default, allowed range, documentation (DESIGN.md §1).
+//!
+//! Values are set by name from the command line or a config file and validated twice: each on
+//! its own against its range or choices, then together (a class's minimum must not exceed its
+//! maximum, which must not exceed the queue depth). A refused value names the tunable, the value
+//! and what is allowed, so the person who typed it can fix it. Byte sizes accept K/M/G suffixes.
+
+use std::fmt;
+
+/// How a tunable's value is read and bounded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Count { min: u64, max: u64 },
+    Bytes { min: u64, max: u64 },
+    Micros { min: u64, max: u64 },
+    Choice(&'static [&'static str]),
+}
+
+/// One row of the table.
+#[derive(Clone, Copy, Debug)]
+pub struct TunableDef {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub default: &'static str,
+    pub doc: &'static str,
+}
+
+macro_rules! tunable_table {
+    ($($variant:ident = $name:literal, $kind:expr, $default:literal, $doc:literal;)*) => {
+        /// Names of all tunables, in table order.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Tunable { $($variant),* }
+
+        /// The table, indexed by `Tunable as usize`.
+        pub const TABLE: &[TunableDef] = &[
+            $(TunableDef { name: $name, kind: $kind, default: $default, doc: $doc }),*
+        ];
+
+        const ALL: &[Tunable] = &[$(Tunable::$variant),*];
+    };
+}
+
+const READ_POLICIES: &[&str] = &["least-pending", "offset-modulo", "round-robin"];
+
+tunable_table! {
+    VdevQueues = "vdev.queues", Kind::Count { min: 1, max: 256 }, "1",
+        "Submission queues per leaf. Each has its own scheduler and its own vdev.max_active, so \
+         the device may hold queues x max_active commands. More than 1 reproduces seed 003's \
+         many-hardware-queue setup, where a sync write waits behind every queued read.";
+    VdevMaxActive = "vdev.max_active", Kind::Count { min: 1, max: 65536 }, "1000",
+        "Commands a submission queue keeps in the device at once (queue depth). The per-class \
+         maxima below bound it in practice, as in ZFS.";
+    SyncReadMin = "vdev.sync_read_min_active", Kind::Count { min: 0, max: 65536 }, "10", "Minimum active sync reads per submission queue.";
+    SyncReadMax = "vdev.sync_read_max_active", Kind::Count { min: 1, max: 65536 }, "10", "Maximum active sync reads per submission queue.";
+    SyncWriteMin = "vdev.sync_write_min_active", Kind::Count { min: 0, max: 65536 }, "10", "Minimum active sync writes per submission queue.";
+    SyncWriteMax = "vdev.sync_write_max_active", Kind::Count { min: 1, max: 65536 }, "10", "Maximum active sync writes per submission queue.";
+    LogWriteMin = "vdev.log_write_min_active", Kind::Count { min: 0, max: 65536 }, "10", "Minimum active intent-log writes per submission queue.";
+    LogWriteMax = "vdev.log_write_max_active", Kind::Count { min: 1, max: 65536 }, "10", "Maximum active intent-log writes per submission queue.";
+    AsyncReadMin = "vdev.async_read_min_active", Kind::Count { min: 0, max: 65536 }, "1", "Minimum active async (prefetch) reads per submission queue.";
+    AsyncReadMax = "vdev.async_read_max_active", Kind::Count { min: 1, max: 65536 }, "3", "Maximum active async (prefetch) reads per submission queue.";
+    AsyncWriteMin = "vdev.async_write_min_active", Kind::Count { min: 0, max: 65536 }, "2", "Minimum active async (txg sync) writes per submission queue.";
+    AsyncWriteMax = "vdev.async_write_max_active", Kind::Count { min: 1, max: 65536 }, "10", "Maximum active async (txg sync) writes per submission queue.";
+    ScrubMin = "vdev.scrub_min_active", Kind::Count { min: 0, max: 65536 }, "1", "Minimum active scrub and resilver I/Os per submission queue.";
+    ScrubMax = "vdev.scrub_max_active", Kind::Count { min: 1, max: 65536 }, "3", "Maximum active scrub and resilver I/Os per submission queue.";
+    AggregationLimit = "vdev.aggregation_limit", Kind::Bytes { min: 0, max: 16 << 20 }, "1M",
+        "Largest span adjacent queued I/Os are merged into on rotational leaves (0: no merging).";
+    AggregationLimitNonRotating = "vdev.aggregation_limit_non_rotating", Kind::Bytes { min: 0, max: 16 << 20 }, "128K",
+        "Largest merged span on non-rotational leaves.";
+    ReadGapLimit = "vdev.read_gap_limit", Kind::Bytes { min: 0, max: 1 << 20 }, "32K",
+        "Largest gap between two queued reads that merging may read through and discard.";
+    MirrorReadPolicy = "mirror.read_policy", Kind::Choice(READ_POLICIES), "least-pending",
+        "How a mirror picks the child to read: least-pending (fewest pending I/Os plus locality \
+         penalties, sticky among ties), offset-modulo (seed 002's before: (offset >> 21) % \
+         children) or round-robin.";
+    MirrorRotatingInc = "mirror.rotating_inc", Kind::Count { min: 0, max: 1000 }, "0",
+        "Load added to a rotational child when the read starts where its last I/O ended.";
+    MirrorRotatingSeekInc = "mirror.rotating_seek_inc", Kind::Count { min: 0, max: 1000 }, "5",
+        "Load added to a rotational child for a seek; half of it within mirror.rotating_seek_offset.";
+    MirrorRotatingSeekOffset = "mirror.rotating_seek_offset", Kind::Bytes { min: 0, max: 1 << 30 }, "1M",
+        "Distance within which a rotational seek counts as short.";
+    MirrorNonRotatingInc = "mirror.non_rotating_inc", Kind::Count { min: 0, max: 1000 }, "0",
+        "Load added to a non-rotational child for a read that continues its last I/O.";
+    MirrorNonRotatingSeekInc = "mirror.non_rotating_seek_inc", Kind::Count { min: 0, max: 1000 }, "1",
+        "Load added to a non-rotational child for any other read.";
+    MirrorSwitchUs = "mirror.switch_us", Kind::Micros { min: 1, max: 10_000_000 }, "10000",
+        "Among equally loaded children, one is chosen at random and kept for this long, so a \
+         sequential stream stays on one disk and its reads merge (seed 002).";
+}
+
+/// The classes of I/O a leaf schedules, highest priority first (ZFS: `zio_priority_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IoClass {
+    SyncRead,
+    SyncWrite,
+    LogWrite,
+    AsyncRead,
+    AsyncWrite,
+    Scrub,
+}
+
+impl IoClass {
+    pub const COUNT: usize = 6;
+    pub const ALL: [IoClass; IoClass::COUNT] = [
+        IoClass::SyncRead,
+        IoClass::SyncWrite,
+        IoClass::LogWrite,
+        IoClass::AsyncRead,
+        IoClass::AsyncWrite,
+        IoClass::Scrub,
+    ];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            IoClass::SyncRead => "sync_read",
+            IoClass::SyncWrite => "sync_write",
+            IoClass::LogWrite => "log_write",
+            IoClass::AsyncRead => "async_read",
+            IoClass::AsyncWrite => "async_write",
+            IoClass::Scrub => "scrub",
+        }
+    }
+
+    fn min_max(self) -> (Tunable, Tunable) {
+        match self {
+            IoClass::SyncRead => (Tunable::SyncReadMin, Tunable::SyncReadMax),
+            IoClass::SyncWrite => (Tunable::SyncWriteMin, Tunable::SyncWriteMax),
+            IoClass::LogWrite => (Tunable::LogWriteMin, Tunable::LogWriteMax),
+            IoClass::AsyncRead => (Tunable::AsyncReadMin, Tunable::AsyncReadMax),
+            IoClass::AsyncWrite => (Tunable::AsyncWriteMin, Tunable::AsyncWriteMax),
+            IoClass::Scrub => (Tunable::ScrubMin, Tunable::ScrubMax),
+        }
+    }
+}
+
+/// A tunable value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TunableError {
+    #[error("unknown tunable {name:?}; `sluice tunables` lists them all")]
+    Unknown { name: String },
+    #[error("tunable {name}: {value:?} is not a number{hint}")]
+    NotANumber { name: &'static str, value: String, hint: &'static str },
+    #[error("tunable {name}: {value} is out of range; allowed {min}..={max}")]
+    OutOfRange { name: &'static str, value: u64, min: u64, max: u64 },
+    #[error("tunable {name}: {value:?} is not one of {choices:?}")]
+    NotAChoice { name: &'static str, value: String, choices: &'static [&'static str] },
+    #[error("tunable {name}={value} must not exceed {other}={other_value}; raise {other} or lower {name}")]
+    Inconsistent { name: &'static str, value: u64, other: &'static str, other_value: u64 },
+}
+
+/// A full, validated set of tunable values.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Tunables {
+    values: Vec<u64>,
+}
+
+impl fmt::Debug for Tunables {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut map = f.debug_map();
+        for &tunable in ALL {
+            map.entry(&tunable.def().name, &self.display(tunable));
+        }
+        map.finish()
+    }
+}
+
+impl Default for Tunables {
+    fn default() -> Self {
+        let values = TABLE
+            .iter()
+            .map(|def| match parse(def, def.default) {
+                Ok(value) => value,
+                Err(error) => panic!("default of tunable {} is invalid: {error}", def.name),
+            })
+            .collect();
+        Tunables { values }
+    }
+}
+
+impl Tunable {
+    pub fn def(self) -> &'static TunableDef {
+        &TABLE[self as usize]
+    }
+
+    pub fn by_name(name: &str) -> Option<Tunable> {
+        ALL.iter().copied().find(|t| t.def().name == name)
+    }
+
+    pub fn all() -> &'static [Tunable] {
+        ALL
+    }
+}
+
+fn parse(def: &TunableDef, text: &str) -> Result<u64, TunableError> {
+    let number = |multiplier_ok: bool| -> Result<u64, TunableError> {
+        let text = text.trim();
+        let (digits, multiplier) = match text.char_indices().last() {
+            Some((i, c)) if multiplier_ok && c.is_ascii_alphabetic() => {
+                let m = match c.to_ascii_uppercase() {
+                    'K' => 1u64 << 10,
+                    'M' => 1 << 20,
+                    'G' => 1 << 30,
+                    _ => 0,
+                };
+                (&text[..i], m)
+            }
+            _ => (text, 1),
+        };
+        let hint = if multiplier_ok { " (a byte count, optionally with K, M or G)" } else { "" };
+        let not_a_number = || TunableError::NotANumber { name: def.name, value: text.to_owned(), hint };
+        if multiplier == 0 {
+            return Err(not_a_number());
+        }
+        digits.parse::<u64>().ok().and_then(|n| n.checked_mul(multiplier)).ok_or_else(not_a_number)
+    };
+    let (value, min, max) = match def.kind {
+        Kind::Count { min, max } | Kind::Micros { min, max } => (number(false)?, min, max),
+        Kind::Bytes { min, max } => (number(true)?, min, max),
+        Kind::Choice(choices) => {
+            return choices
+                .iter()
+                .position(|c| *c == text.trim())
+                .map(|i| i as u64)
+                .ok_or_else(|| TunableError::NotAChoice { name: def.name, value: text.to_owned(), choices });
+        }
+    };
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(TunableError::OutOfRange { name: def.name, value, min, max })
+    }
+}
+
+impl Tunables {
+    /// Defaults with `name=value` settings applied in order, then validated together.
+    pub fn with<'a>(settings: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Tunables, TunableError> {
+        let mut tunables = Tunables::default();
+        for (name, value) in settings {
+            tunables.set(name, value)?;
+        }
+        tunables.validate()?;
+        Ok(tunables)
+    }
+
+    /// Sets one tunable by name, checking its own range. Call [`Tunables::validate`] after a
+    /// batch of changes to check how they fit together.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), TunableError> {
+        let tunable = Tunable::by_name(name).ok_or_else(|| TunableError::Unknown { name: name.to_owned() })?;
+        self.values[tunable as usize] = parse(tunable.def(), value)?;
+        Ok(())
+    }
+
+    /// Checks the relations between tunables.
+    pub fn validate(&self) -> Result<(), TunableError> {
+        let max_active = self.get(Tunable::VdevMaxActive);
+        for class in IoClass::ALL {
+            let (min, max) = class.min_max();
+            let (min_value, max_value) = (self.get(min), self.get(max));
+            if min_value > max_value {
+                return Err(TunableError::Inconsistent {
+                    name: min.def().name,
+                    value: min_value,
+                    other: max.def().name,
+                    other_value: max_value,
+                });
+            }
+            // A minimum the queue depth cannot hold would never be honoured; refusing it keeps
+            // the configuration honest. (A maximum above the depth is fine: the depth caps it.)
+            if min_value > max_active {
+                return Err(TunableError::Inconsistent {
+                    name: min.def().name,
+                    value: min_value,
+                    other: Tunable::VdevMaxActive.def().name,
+                    other_value: max_active,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn get(&self, tunable: Tunable) -> u64 {
+        self.values[tunable as usize]
+    }
+
+    /// The chosen word of a `Choice` tunable.
+    pub fn choice(&self, tunable: Tunable) -> &'static str {
+        match tunable.def().kind {
+            Kind::Choice(choices) => choices.get(self.get(tunable) as usize).copied().unwrap_or(""),
+            _ => "",
+        }
+    }
+
+    /// The value as a person would type it.
+    pub fn display(&self, tunable: Tunable) -> String {
+        match tunable.def().kind {
+            Kind::Choice(_) => self.choice(tunable).to_owned(),
+            _ => self.get(tunable).to_string(),
+        }
+    }
+
+    pub fn class_min_active(&self, class: IoClass) -> u64 {
+        self.get(class.min_max().0)
+    }
+
+    pub fn class_max_active(&self, class: IoClass) -> u64 {
+        self.get(class.min_max().1)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Kind::Count { min, max } => write!(f, "{min}..={max}"),
+            Kind::Bytes { min, max } => write!(f, "{min}..={max} bytes"),
+            Kind::Micros { min, max } => write!(f, "{min}..={max} us"),
+            Kind::Choice(choices) => write!(f, "{}", choices.join("|")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_in_enum_order_and_defaults_validate() {
+        for (index, tunable) in ALL.iter().enumerate() {
+            assert_eq!(*tunable as usize, index);
+        }
+        Tunables::default().validate().unwrap();
+    }
+
+    /// Out-of-range values are refused with the tunable, the value and the range named.
+    #[test]
+    fn out_of_range_names_everything() {
+        let error = Tunables::with([("vdev.queues", "0")]).unwrap_err();
+        assert_eq!(error, TunableError::OutOfRange { name: "vdev.queues", value: 0, min: 1, max: 256 });
+        let message = error.to_string();
+        assert!(message.contains("vdev.queues") && message.contains("1..=256"), "{message}");
+    }
+
+    #[test]
+    fn bad_words_are_refused() {
+        assert!(matches!(Tunables::with([("no.such", "1")]), Err(TunableError::Unknown { .. })));
+        assert!(matches!(Tunables::with([("vdev.max_active", "ten")]), Err(TunableError::NotANumber { .. })));
+        assert!(matches!(Tunables::with([("mirror.read_policy", "fastest")]), Err(TunableError::NotAChoice { .. })));
+        assert!(matches!(Tunables::with([("vdev.aggregation_limit", "1X")]), Err(TunableError::NotANumber { .. })));
+    }
+
+    #[test]
+    fn sizes_and_choices_parse() {
+        let t = Tunables::with([("vdev.aggregation_limit", "256K"), ("mirror.read_policy", "round-robin")]).unwrap();
+        assert_eq!(t.get(Tunable::AggregationLimit), 256 << 10);
+        assert_eq!(t.choice(Tunable::MirrorReadPolicy), "round-robin");
+    }
+
+    /// A class minimum above its maximum, or a maximum above a lowered queue depth, is refused.
+    #[test]
+    fn relations_are_checked() {
+        let error = Tunables::with([("vdev.sync_read_min_active", "20")]).unwrap_err();
+        assert!(matches!(error, TunableError::Inconsistent { name: "vdev.sync_read_min_active", .. }));
+        let error = Tunables::with([("vdev.max_active", "4"), ("vdev.sync_read_max_active", "4"), ("vdev.sync_read_min_active", "4"), ("vdev.sync_write_min_active", "5")]).unwrap_err();
+        assert!(matches!(error, TunableError::Inconsistent { other: "vdev.max_active", .. }), "{error}");
+        assert!(error.to_string().contains("vdev.sync_write_min_active=5"), "{error}");
+        Tunables::with([("vdev.max_active", "13"), ("vdev.sync_read_max_active", "12"), ("vdev.sync_read_min_active", "1"),
+            ("vdev.sync_write_min_active", "1"), ("vdev.sync_write_max_active", "1"), ("vdev.log_write_min_active", "1"),
+            ("vdev.log_write_max_active", "1")]).unwrap();
+    }
+}

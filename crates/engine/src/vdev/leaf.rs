@@ -1,0 +1,278 @@
+//! Leaf vdevs: one device behind its submission queues (ZFS: `vdev_file.c`/`vdev_disk.c` with
+//! `vdev_queue.c`).
+//!
+//! A read or write enters one of the leaf's submission queues (round-robin, the way requests
+//! from different CPUs land on different hardware queues), waits for the scheduler to pick it,
+//! rides in a device command (alone or aggregated with neighbours) and completes. Every
+//! completion tries to issue more. A spawned task carries each device command, so the leaf never
+//! holds a lock across the I/O. Flush and discard bypass the scheduler: they are barriers and
+//! hints, not data transfers, and ordering them behind queued reads would only delay them.
+//!
+//! Mirror read selection needs two numbers from a leaf without taking its locks: how many I/Os
+//! are pending on it and where its last command ended; both live in atomics.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use futures::channel::oneshot;
+use parking_lot::Mutex;
+
+use super::queue::{Direction, Issue, QueueLimits, QueuedIo, Scheduler};
+use super::{VdevError, VdevId};
+use crate::device::{AlignedBuf, BlockDevice, SharedBuf};
+use crate::rt::Env;
+use crate::stats::LeafStats;
+use crate::tunables::{IoClass, Tunable, Tunables};
+
+/// What a queued I/O carries: its data (writes) and who to tell when it is done.
+#[derive(Debug)]
+enum Waiter {
+    Read(oneshot::Sender<Result<AlignedBuf, VdevError>>),
+    Write(SharedBuf, oneshot::Sender<Result<(), VdevError>>),
+}
+
+/// A leaf vdev.
+pub struct Leaf {
+    id: VdevId,
+    env: Env,
+    device: Arc<dyn BlockDevice>,
+    queues: Vec<Mutex<Scheduler<(Waiter, crate::rt::Time)>>>,
+    next_queue: AtomicUsize,
+    pending: AtomicU64,
+    last_end: AtomicU64,
+    faulted: AtomicBool,
+    stats: LeafStats,
+}
+
+impl std::fmt::Debug for Leaf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leaf").field("id", &self.id).field("device", &self.device.name()).finish()
+    }
+}
+
+impl Leaf {
+    pub fn new(id: VdevId, env: &Env, device: Arc<dyn BlockDevice>, tunables: &Tunables) -> Arc<Leaf> {
+        let limits = QueueLimits::from_tunables(tunables, device.is_rotational());
+        let queue_count = usize::try_from(tunables.get(Tunable::VdevQueues)).unwrap_or(1).max(1);
+        Arc::new(Leaf {
+            id,
+            env: env.clone(),
+            device,
+            queues: (0..queue_count).map(|_| Mutex::new(Scheduler::new(limits.clone()))).collect(),
+            next_queue: AtomicUsize::new(0),
+            pending: AtomicU64::new(0),
+            last_end: AtomicU64::new(0),
+            faulted: AtomicBool::new(false),
+            stats: LeafStats::default(),
+        })
+    }
+
+    pub fn id(&self) -> VdevId {
+        self.id
+    }
+
+    pub fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.device
+    }
+
+    pub fn name(&self) -> &str {
+        self.device.name()
+    }
+
+    pub fn stats(&self) -> &LeafStats {
+        &self.stats
+    }
+
+    pub fn is_rotational(&self) -> bool {
+        self.device.is_rotational()
+    }
+
+    /// I/Os queued or in the device.
+    pub fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// End offset of the last command issued to the device.
+    pub fn last_end(&self) -> u64 {
+        self.last_end.load(Ordering::Relaxed)
+    }
+
+    /// A leaf is faulted once its device reported itself gone; mirrors stop reading from it.
+    pub fn is_faulted(&self) -> bool {
+        self.faulted.load(Ordering::Relaxed)
+    }
+
+    /// Marks the leaf healthy again (the device came back).
+    pub fn clear_fault(&self) {
+        self.faulted.store(false, Ordering::Relaxed);
+    }
+
+    pub async fn read(self: &Arc<Self>, offset: u64, len: u32, class: IoClass) -> Result<AlignedBuf, VdevError> {
+        let (done, wait) = oneshot::channel();
+        self.enqueue(QueuedIo { class, direction: Direction::Read, offset, len: u64::from(len), payload: (Waiter::Read(done), self.env.now()) });
+        let result = wait.await.unwrap_or_else(|_| Err(self.gone()));
+        if result.is_ok() {
+            self.stats.reads.inc();
+            self.stats.read_bytes.add(u64::from(len));
+        }
+        result
+    }
+
+    pub async fn write(self: &Arc<Self>, offset: u64, data: SharedBuf, class: IoClass) -> Result<(), VdevError> {
+        let (done, wait) = oneshot::channel();
+        let len = u64::from(data.len_bytes());
+        self.enqueue(QueuedIo { class, direction: Direction::Write, offset, len, payload: (Waiter::Write(data, done), self.env.now()) });
+        let result = wait.await.unwrap_or_else(|_| Err(self.gone()));
+        match &result {
+            Ok(()) => {
+                self.stats.writes.inc();
+                self.stats.write_bytes.add(len);
+            }
+            Err(_) => self.stats.write_errors.inc(),
+        }
+        result
+    }
+
+    pub async fn flush(&self) -> Result<(), VdevError> {
+        self.stats.flushes.inc();
+        let result = self.device.flush().await.map_err(|e| self.device_error(e));
+        if result.is_err() {
+            self.stats.flush_errors.inc();
+        }
+        result
+    }
+
+    pub async fn discard(&self, offset: u64, len: u64) -> Result<(), VdevError> {
+        self.device.discard(offset, len).await.map_err(|e| self.device_error(e))
+    }
+
+    fn gone(&self) -> VdevError {
+        VdevError::Device {
+            vdev: self.id,
+            source: crate::device::DeviceError::Gone { device: self.device.name().to_owned() },
+        }
+    }
+
+    fn device_error(&self, source: crate::device::DeviceError) -> VdevError {
+        if source.is_gone() {
+            self.faulted.store(true, Ordering::Relaxed);
+        }
+        VdevError::Device { vdev: self.id, source }
+    }
+
+    fn enqueue(self: &Arc<Self>, io: QueuedIo<(Waiter, crate::rt::Time)>) {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        let queue = self.next_queue.fetch_add(1, Ordering::Relaxed) % self.queues.len();
+        self.queues[queue].lock().enqueue(io, self.env.now());
+        self.pump(queue);
+    }
+
+    /// Issues every command the scheduler allows now.
+    fn pump(self: &Arc<Self>, queue: usize) {
+        loop {
+            let Some(issue) = self.queues[queue].lock().next_issue() else { return };
+            self.last_end.store(issue.offset + issue.len, Ordering::Relaxed);
+            let leaf = Arc::clone(self);
+            self.env.spawn("vdev_io", async move { leaf.execute(queue, issue).await });
+        }
+    }
+
+    /// Runs one device command and hands each member its result.
+    async fn execute(self: Arc<Self>, queue: usize, issue: Issue<(Waiter, crate::rt::Time)>) {
+        let class = issue.class;
+        if issue.members.len() > 1 {
+            self.stats.aggregated.add(issue.members.len() as u64 - 1);
+        }
+        let len32 = u32::try_from(issue.len).unwrap_or(u32::MAX);
+        match issue.direction {
+            Direction::Read => {
+                let result = self.device.read_at(issue.offset, len32).await;
+                if result.is_err() {
+                    self.stats.read_errors.inc();
+                }
+                self.finish(queue, class, issue.members.len());
+                let now = self.env.now();
+                let single = issue.members.len() == 1;
+                let mut whole = None;
+                let mut failure = None;
+                match result {
+                    Ok(buf) => whole = Some(buf),
+                    Err(e) => failure = Some(e),
+                }
+                for member in issue.members {
+                    let (Waiter::Read(done), started) = member.payload else { continue };
+                    self.stats.latency[member.class.index()].record(now.since(started));
+                    let answer = match (&failure, single) {
+                        (Some(e), _) => Err(self.device_error(clone_device_error(e))),
+                        (None, true) => whole.take().ok_or_else(|| self.gone()),
+                        (None, false) => {
+                            let at = (member.offset - issue.offset) as usize;
+                            let buf = whole.as_ref().map(|b| AlignedBuf::copy_from(&b[at..at + member.len as usize]));
+                            buf.ok_or_else(|| self.gone())
+                        }
+                    };
+                    let _ = done.send(answer);
+                }
+            }
+            Direction::Write => {
+                let data = if issue.members.len() == 1 {
+                    match &issue.members[0].payload.0 {
+                        Waiter::Write(data, _) => data.clone(),
+                        Waiter::Read(_) => unreachable!("write command with a read member"),
+                    }
+                } else {
+                    let mut joined = AlignedBuf::zeroed(issue.len as usize);
+                    for member in &issue.members {
+                        if let Waiter::Write(data, _) = &member.payload.0 {
+                            let at = (member.offset - issue.offset) as usize;
+                            joined[at..at + data.len()].copy_from_slice(data);
+                        }
+                    }
+                    joined.into_shared()
+                };
+                let result = self.device.write_at(issue.offset, data).await;
+                self.finish(queue, class, issue.members.len());
+                for member in issue.members {
+                    let (Waiter::Write(_, done), started) = member.payload else { continue };
+                    self.stats.latency[member.class.index()].record(self.env.now().since(started));
+                    let _ = done.send(result.as_ref().map(|_| ()).map_err(|e| self.device_error(clone_device_error(e))));
+                }
+            }
+        }
+    }
+
+    fn finish(self: &Arc<Self>, queue: usize, class: IoClass, members: usize) {
+        self.pending.fetch_sub(members as u64, Ordering::Relaxed);
+        self.queues[queue].lock().done(class);
+        self.pump(queue);
+    }
+}
+
+/// Device errors carry an `io::Error`, which is not `Clone`; aggregated members each get an
+/// equivalent copy.
+fn clone_device_error(error: &crate::device::DeviceError) -> crate::device::DeviceError {
+    use crate::device::DeviceError;
+    match error {
+        DeviceError::Io { device, op, offset_bytes, len_bytes, source } => DeviceError::Io {
+            device: device.clone(),
+            op: *op,
+            offset_bytes: *offset_bytes,
+            len_bytes: *len_bytes,
+            source: std::io::Error::new(source.kind(), source.to_string()),
+        },
+        DeviceError::OutOfRange { device, op, offset_bytes, len_bytes, device_bytes, sector_bytes } => {
+            DeviceError::OutOfRange {
+                device: device.clone(),
+                op: *op,
+                offset_bytes: *offset_bytes,
+                len_bytes: *len_bytes,
+                device_bytes: *device_bytes,
+                sector_bytes: *sector_bytes,
+            }
+        }
+        DeviceError::Open { path, source } => {
+            DeviceError::Open { path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+        }
+        DeviceError::Gone { device } => DeviceError::Gone { device: device.clone() },
+    }
+}

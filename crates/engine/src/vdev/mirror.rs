@@ -1,0 +1,273 @@
+//! N-way mirrors: writes to every child, reads from one chosen by policy, healing from the
+//! others (ZFS: `vdev_mirror.c`; reference §3, seed 002).
+//!
+//! Read selection ([`ReadPolicy`]):
+//! - `least-pending` (default): each readable child's load is its pending I/O count plus a
+//!   locality penalty against the end of its last command (rotational: nothing when the read
+//!   continues it, half a seek within `mirror.rotating_seek_offset`, a whole seek beyond;
+//!   non-rotational: a small constant unless it continues). The least-loaded child wins; among
+//!   ties one is drawn at random and kept for `mirror.switch_us`, so a sequential stream stays
+//!   on one disk where its reads merge (seed 002's batching). Faster children drain their queue
+//!   sooner and so get more work, which is what lets an SSD+HDD mirror read near SSD speed.
+//! - `offset-modulo` (seed 002's "before"): child `(offset >> 21) % children`, next in order if
+//!   that one is unreadable.
+//! - `round-robin`: a rotating counter.
+//!
+//! A read whose child fails or returns data the caller's verify callback rejects is retried on
+//! the untried children. With a good copy in hand, every child that failed or returned bad data
+//! is rewritten with it (never a child that returned good data: a torn rewrite of the only good
+//! copy would destroy it) and the repair is counted. With none, the read fails with
+//! [`VdevError::NoValidCopy`] and nothing else is affected.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futures::future::join_all;
+
+use super::leaf::Leaf;
+use super::{VdevError, VdevId};
+use crate::device::{AlignedBuf, SharedBuf};
+use crate::rt::Env;
+use crate::tunables::{IoClass, Tunable, Tunables};
+
+/// Mirror children are addressed with a bitmask of tried children.
+pub const MIRROR_CHILDREN_MAX: usize = 64;
+
+/// How a mirror picks the child to read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadPolicy {
+    LeastPending,
+    OffsetModulo,
+    RoundRobin,
+}
+
+impl ReadPolicy {
+    pub fn from_tunables(tunables: &Tunables) -> ReadPolicy {
+        match tunables.choice(Tunable::MirrorReadPolicy) {
+            "offset-modulo" => ReadPolicy::OffsetModulo,
+            "round-robin" => ReadPolicy::RoundRobin,
+            _ => ReadPolicy::LeastPending,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadPolicy::LeastPending => "least-pending",
+            ReadPolicy::OffsetModulo => "offset-modulo",
+            ReadPolicy::RoundRobin => "round-robin",
+        }
+    }
+}
+
+/// The load-calculation constants of `least-pending`.
+#[derive(Clone, Copy, Debug)]
+struct LoadParams {
+    rotating_inc: u64,
+    rotating_seek_inc: u64,
+    rotating_seek_offset: u64,
+    non_rotating_inc: u64,
+    non_rotating_seek_inc: u64,
+    switch_nanos: u64,
+}
+
+/// An N-way mirror of leaves.
+#[derive(Debug)]
+pub struct Mirror {
+    id: VdevId,
+    env: Env,
+    children: Vec<Arc<Leaf>>,
+    policy: ReadPolicy,
+    load: LoadParams,
+    round_robin: AtomicU64,
+}
+
+impl Mirror {
+    pub fn new(id: VdevId, env: &Env, children: Vec<Arc<Leaf>>, tunables: &Tunables) -> Mirror {
+        assert!(!children.is_empty() && children.len() <= MIRROR_CHILDREN_MAX, "mirror needs 1..=64 children");
+        let len = children[0].device().len_bytes();
+        assert!(
+            children.iter().all(|c| c.device().len_bytes() >= len || c.device().len_bytes() > 0),
+            "mirror children must have a length"
+        );
+        Mirror {
+            id,
+            env: env.clone(),
+            children,
+            policy: ReadPolicy::from_tunables(tunables),
+            load: LoadParams {
+                rotating_inc: tunables.get(Tunable::MirrorRotatingInc),
+                rotating_seek_inc: tunables.get(Tunable::MirrorRotatingSeekInc),
+                rotating_seek_offset: tunables.get(Tunable::MirrorRotatingSeekOffset),
+                non_rotating_inc: tunables.get(Tunable::MirrorNonRotatingInc),
+                non_rotating_seek_inc: tunables.get(Tunable::MirrorNonRotatingSeekInc),
+                switch_nanos: tunables.get(Tunable::MirrorSwitchUs).saturating_mul(1000).max(1),
+            },
+            round_robin: AtomicU64::new(0),
+        }
+    }
+
+    pub fn id(&self) -> VdevId {
+        self.id
+    }
+
+    pub fn children(&self) -> &[Arc<Leaf>] {
+        &self.children
+    }
+
+    pub fn policy(&self) -> ReadPolicy {
+        self.policy
+    }
+
+    /// Usable length: the smallest child's.
+    pub fn len_bytes(&self) -> u64 {
+        self.children.iter().map(|c| c.device().len_bytes()).min().unwrap_or(0)
+    }
+
+    /// Reads `[offset, offset+len)` from the first child whose data `verify` accepts, and
+    /// rewrites the children that failed.
+    pub async fn read(
+        &self,
+        offset: u64,
+        len: u32,
+        class: IoClass,
+        verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
+    ) -> Result<AlignedBuf, VdevError> {
+        let mut tried = 0u64;
+        let mut bad = Vec::new();
+        let mut last_error = None;
+        while let Some(child) = self.select(offset, tried) {
+            tried |= 1 << child;
+            let leaf = &self.children[child];
+            match leaf.read(offset, len, class).await {
+                Ok(buf) if verify(&buf) => {
+                    self.repair(&bad, offset, &buf).await;
+                    return Ok(buf);
+                }
+                Ok(_) => {
+                    leaf.stats().checksum_errors.inc();
+                    bad.push(child);
+                }
+                Err(error) => {
+                    if !leaf.is_faulted() {
+                        bad.push(child);
+                    }
+                    last_error = Some(error);
+                }
+            }
+        }
+        Err(VdevError::NoValidCopy {
+            vdev: self.id,
+            offset_bytes: offset,
+            len_bytes: len,
+            tried: tried.count_ones(),
+            last: last_error.map(Box::new),
+        })
+    }
+
+    /// Writes to every child; succeeds when at least one child took the write. Children that
+    /// failed have their error counted (the pool's resilver bookkeeping uses the result).
+    pub async fn write(&self, offset: u64, data: SharedBuf, class: IoClass) -> Result<(), VdevError> {
+        let writes = self.children.iter().map(|child| child.write(offset, data.clone(), class));
+        let results = join_all(writes).await;
+        self.any_succeeded(results, "write", offset, u64::from(data.len_bytes()))
+    }
+
+    /// Flushes every child; succeeds when at least one child flushed.
+    pub async fn flush(&self) -> Result<(), VdevError> {
+        let results = join_all(self.children.iter().map(|child| child.flush())).await;
+        self.any_succeeded(results, "flush", 0, 0)
+    }
+
+    pub async fn discard(&self, offset: u64, len: u64) -> Result<(), VdevError> {
+        let results = join_all(self.children.iter().map(|child| child.discard(offset, len))).await;
+        self.any_succeeded(results, "discard", offset, len)
+    }
+
+    fn any_succeeded(
+        &self,
+        results: Vec<Result<(), VdevError>>,
+        op: &'static str,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), VdevError> {
+        if results.iter().any(Result::is_ok) {
+            return Ok(());
+        }
+        let last = results.into_iter().filter_map(Result::err).last().map(Box::new);
+        Err(VdevError::AllChildrenFailed { vdev: self.id, op, offset_bytes: offset, len_bytes: len, last })
+    }
+
+    /// Rewrites the good copy onto the children that failed it.
+    async fn repair(&self, bad: &[usize], offset: u64, good: &[u8]) {
+        if bad.is_empty() {
+            return;
+        }
+        let data = SharedBuf::copy_from(good);
+        let repairs = bad.iter().map(|&child| {
+            let leaf = &self.children[child];
+            let data = data.clone();
+            async move {
+                if leaf.write(offset, data, IoClass::AsyncWrite).await.is_ok() {
+                    leaf.stats().repairs.inc();
+                }
+            }
+        });
+        join_all(repairs).await;
+    }
+
+    /// The child to try next, or `None` when every child has been tried.
+    fn select(&self, offset: u64, tried: u64) -> Option<usize> {
+        let count = self.children.len();
+        let untried = |c: usize| tried & (1 << c) == 0;
+        let healthy = |c: usize| untried(c) && !self.children[c].is_faulted();
+        // Faulted children are a last resort: they fail fast, but may have come back.
+        let usable: Vec<usize> = {
+            let healthy: Vec<usize> = (0..count).filter(|&c| healthy(c)).collect();
+            if healthy.is_empty() {
+                (0..count).filter(|&c| untried(c)).collect()
+            } else {
+                healthy
+            }
+        };
+        let first_from = |start: usize| (0..count).map(|i| (start + i) % count).find(|c| usable.contains(c));
+        match self.policy {
+            ReadPolicy::OffsetModulo => first_from(((offset >> 21) % count as u64) as usize),
+            ReadPolicy::RoundRobin => {
+                let turn = self.round_robin.fetch_add(1, Ordering::Relaxed);
+                first_from((turn % count as u64) as usize)
+            }
+            ReadPolicy::LeastPending => self.least_loaded(offset, &usable),
+        }
+    }
+
+    fn least_loaded(&self, offset: u64, usable: &[usize]) -> Option<usize> {
+        let load = |child: usize| {
+            let leaf = &self.children[child];
+            let last = leaf.last_end();
+            let penalty = if leaf.is_rotational() {
+                if offset == last {
+                    self.load.rotating_inc
+                } else if offset.abs_diff(last) <= self.load.rotating_seek_offset {
+                    self.load.rotating_seek_inc / 2
+                } else {
+                    self.load.rotating_seek_inc
+                }
+            } else if offset == last {
+                self.load.non_rotating_inc
+            } else {
+                self.load.non_rotating_seek_inc
+            };
+            leaf.pending() + penalty
+        };
+        let loads: Vec<(usize, u64)> = usable.iter().map(|&c| (c, load(c))).collect();
+        let lowest = loads.iter().map(|&(_, l)| l).min()?;
+        let ties: Vec<usize> = loads.iter().filter(|&&(_, l)| l == lowest).map(|&(c, _)| c).collect();
+        if ties.len() == 1 {
+            return ties.first().copied();
+        }
+        // Ties: a random child, kept for a switch window (seed 002's batching).
+        let window = self.env.now().as_nanos() / self.load.switch_nanos;
+        let pick = crate::rt::mix_seed(window ^ (u64::from(self.id.0) << 40), "mirror_tie");
+        ties.get((pick % ties.len() as u64) as usize).copied()
+    }
+}

@@ -1,0 +1,215 @@
+//! The vdev tree: leaves, N-way mirrors and the root that stripes across top-level vdevs
+//! (ZFS: `vdev.c`, `vdev_root.c`; DESIGN.md §1).
+//!
+//! Shape: a [`Root`] holds top-level vdevs; each top-level vdev is a single [`Leaf`] or a
+//! [`Mirror`] of leaves. Blocks are addressed by [`Dva`] (top-level vdev, offset): the allocator
+//! decides which top-level vdev a block goes to, which is how the pool stripes. Every read takes
+//! a verify callback (the checksum from the parent block pointer), so a mirror can tell a good
+//! copy from a bad one and heal.
+
+mod leaf;
+mod mirror;
+pub mod queue;
+
+use std::fmt;
+use std::sync::Arc;
+
+pub use leaf::Leaf;
+pub use mirror::{Mirror, ReadPolicy, MIRROR_CHILDREN_MAX};
+
+use crate::device::{AlignedBuf, DeviceError, SharedBuf};
+use crate::tunables::IoClass;
+
+/// Identifies a vdev within a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VdevId(pub u32);
+
+impl fmt::Display for VdevId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "vdev{}", self.0)
+    }
+}
+
+/// A data virtual address: which top-level vdev, and where in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Dva {
+    pub vdev: u32,
+    pub offset_bytes: u64,
+}
+
+/// What callers match on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    Io,
+    Checksum,
+    Invalid,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VdevError {
+    #[error("{vdev}: {source}")]
+    Device {
+        vdev: VdevId,
+        #[source]
+        source: DeviceError,
+    },
+    #[error("{vdev}: checksum mismatch reading {len_bytes} bytes at offset {offset_bytes}")]
+    Checksum { vdev: VdevId, offset_bytes: u64, len_bytes: u32 },
+    #[error(
+        "{vdev}: no valid copy of {len_bytes} bytes at offset {offset_bytes} ({tried} copies \
+         tried); the data is lost unless a scrub finds another copy"
+    )]
+    NoValidCopy {
+        vdev: VdevId,
+        offset_bytes: u64,
+        len_bytes: u32,
+        tried: u32,
+        #[source]
+        last: Option<Box<VdevError>>,
+    },
+    #[error("{vdev}: {op} of {len_bytes} bytes at offset {offset_bytes} failed on every child")]
+    AllChildrenFailed {
+        vdev: VdevId,
+        op: &'static str,
+        offset_bytes: u64,
+        len_bytes: u64,
+        #[source]
+        last: Option<Box<VdevError>>,
+    },
+    #[error("no top-level vdev {vdev} in this pool (it has {count})")]
+    NoSuchVdev { vdev: u32, count: usize },
+}
+
+impl VdevError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            VdevError::Checksum { .. } | VdevError::NoValidCopy { .. } => ErrorKind::Checksum,
+            VdevError::NoSuchVdev { .. } => ErrorKind::Invalid,
+            VdevError::Device { .. } | VdevError::AllChildrenFailed { .. } => ErrorKind::Io,
+        }
+    }
+}
+
+/// A top-level vdev.
+#[derive(Clone, Debug)]
+pub enum Vdev {
+    Leaf(Arc<Leaf>),
+    Mirror(Arc<Mirror>),
+}
+
+impl Vdev {
+    pub fn len_bytes(&self) -> u64 {
+        match self {
+            Vdev::Leaf(leaf) => leaf.device().len_bytes(),
+            Vdev::Mirror(mirror) => mirror.len_bytes(),
+        }
+    }
+
+    /// Every leaf under this vdev.
+    pub fn leaves(&self) -> Vec<Arc<Leaf>> {
+        match self {
+            Vdev::Leaf(leaf) => vec![Arc::clone(leaf)],
+            Vdev::Mirror(mirror) => mirror.children().to_vec(),
+        }
+    }
+
+    pub async fn read(
+        &self,
+        offset: u64,
+        len: u32,
+        class: IoClass,
+        verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
+    ) -> Result<AlignedBuf, VdevError> {
+        match self {
+            Vdev::Leaf(leaf) => {
+                let buf = leaf.read(offset, len, class).await?;
+                if verify(&buf) {
+                    Ok(buf)
+                } else {
+                    leaf.stats().checksum_errors.inc();
+                    Err(VdevError::Checksum { vdev: leaf.id(), offset_bytes: offset, len_bytes: len })
+                }
+            }
+            Vdev::Mirror(mirror) => mirror.read(offset, len, class, verify).await,
+        }
+    }
+
+    pub async fn write(&self, offset: u64, data: SharedBuf, class: IoClass) -> Result<(), VdevError> {
+        match self {
+            Vdev::Leaf(leaf) => leaf.write(offset, data, class).await,
+            Vdev::Mirror(mirror) => mirror.write(offset, data, class).await,
+        }
+    }
+
+    pub async fn flush(&self) -> Result<(), VdevError> {
+        match self {
+            Vdev::Leaf(leaf) => leaf.flush().await,
+            Vdev::Mirror(mirror) => mirror.flush().await,
+        }
+    }
+
+    pub async fn discard(&self, offset: u64, len: u64) -> Result<(), VdevError> {
+        match self {
+            Vdev::Leaf(leaf) => leaf.discard(offset, len).await,
+            Vdev::Mirror(mirror) => mirror.discard(offset, len).await,
+        }
+    }
+}
+
+/// The root of the tree: the pool's top-level vdevs.
+#[derive(Clone, Debug)]
+pub struct Root {
+    top: Vec<Vdev>,
+}
+
+impl Root {
+    pub fn new(top: Vec<Vdev>) -> Root {
+        assert!(!top.is_empty(), "a pool needs at least one top-level vdev");
+        Root { top }
+    }
+
+    pub fn top_level(&self) -> &[Vdev] {
+        &self.top
+    }
+
+    pub fn leaves(&self) -> Vec<Arc<Leaf>> {
+        self.top.iter().flat_map(Vdev::leaves).collect()
+    }
+
+    fn vdev(&self, dva: Dva) -> Result<&Vdev, VdevError> {
+        self.top.get(dva.vdev as usize).ok_or(VdevError::NoSuchVdev { vdev: dva.vdev, count: self.top.len() })
+    }
+
+    /// Maps a logical offset striped in `stripe_bytes` units round-robin over the top-level
+    /// vdevs to its address (the layout the allocator produces for sequentially written data).
+    pub fn stripe(&self, logical_offset: u64, stripe_bytes: u64) -> Dva {
+        let count = self.top.len() as u64;
+        let unit = logical_offset / stripe_bytes;
+        Dva {
+            vdev: (unit % count) as u32,
+            offset_bytes: (unit / count) * stripe_bytes + logical_offset % stripe_bytes,
+        }
+    }
+
+    pub async fn read(
+        &self,
+        dva: Dva,
+        len: u32,
+        class: IoClass,
+        verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
+    ) -> Result<AlignedBuf, VdevError> {
+        self.vdev(dva)?.read(dva.offset_bytes, len, class, verify).await
+    }
+
+    pub async fn write(&self, dva: Dva, data: SharedBuf, class: IoClass) -> Result<(), VdevError> {
+        self.vdev(dva)?.write(dva.offset_bytes, data, class).await
+    }
+
+    /// Flushes every top-level vdev; fails if any top-level vdev could not flush at all.
+    pub async fn flush(&self) -> Result<(), VdevError> {
+        let results = futures::future::join_all(self.top.iter().map(Vdev::flush)).await;
+        results.into_iter().collect()
+    }
+}
