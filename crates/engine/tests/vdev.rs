@@ -1,0 +1,260 @@
+//! The vdev tree on simulated disks: mirror writes, healing, policies, degraded operation,
+//! queue priority, and the root's addressing.
+
+use std::sync::Arc;
+
+use sluice_engine::device::sim::{Fault, SimOptions};
+use sluice_engine::device::{SharedBuf, SimDevice, SimProfile};
+use sluice_engine::rt::Env;
+use sluice_engine::tunables::{IoClass, Tunables};
+use sluice_engine::vdev::{Dva, Leaf, Mirror, ReadPolicy, Root, Vdev, VdevError, VdevId};
+use sluice_sim::Sim;
+
+const DEVICE_BYTES: u64 = 64 << 20;
+
+fn mirror_of(env: &Env, profiles: &[SimProfile], tunables: &Tunables) -> (Arc<Mirror>, Vec<SimDevice>) {
+    let devices: Vec<SimDevice> = profiles
+        .iter()
+        .enumerate()
+        .map(|(i, p)| SimDevice::new(env, &format!("leg{i}"), p.clone(), DEVICE_BYTES, SimOptions::default()))
+        .collect();
+    let leaves = devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| Leaf::new(VdevId(i as u32 + 1), env, Arc::new(d.clone()), tunables))
+        .collect();
+    (Arc::new(Mirror::new(VdevId(0), env, leaves, tunables)), devices)
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
+}
+
+/// A checksum stand-in: the block must equal what was written.
+fn expect(data: Vec<u8>) -> impl Fn(&[u8]) -> bool + Send + Sync {
+    move |got: &[u8]| got == &data[..]
+}
+
+/// Writes reach every child; a bit flip on the child that is read is detected by the verify
+/// callback, the good copy is returned from the other child and written back, and the repair
+/// is counted. A second read finds nothing to repair.
+#[test]
+fn mirror_heals_a_bad_copy() {
+    for bad_child in 0..2usize {
+        let sim = Sim::new(11);
+        let env = sim.env();
+        let tunables = Tunables::with([("mirror.read_policy", "round-robin")]).unwrap();
+        let (mirror, devices) = mirror_of(&env, &[SimProfile::Instant, SimProfile::Instant], &tunables);
+        let data = pattern(1, 16384);
+        let m = Arc::clone(&mirror);
+        let d = data.clone();
+        sim.run(async move { m.write(65536, SharedBuf::copy_from(&d), IoClass::AsyncWrite).await }).unwrap().0.unwrap();
+        devices[bad_child].inject(Fault::BitFlip { offset_bytes: 65536 + 100, bit: 3 });
+        for _ in 0..2 {
+            let m = Arc::clone(&mirror);
+            let check = expect(data.clone());
+            let got = sim.run(async move { m.read(65536, 16384, IoClass::SyncRead, &check).await.map(|b| b.to_vec()) }).unwrap().0.unwrap();
+            assert_eq!(got, data);
+        }
+        let stats = mirror.children()[bad_child].stats();
+        assert!(stats.checksum_errors.get() <= 1 && stats.repairs.get() == stats.checksum_errors.get());
+        // Whether or not the round-robin read hit the bad child, read it directly now: the
+        // rewrite (if any) cured it, otherwise the fault is still there.
+        let cured = stats.repairs.get() == 1;
+        let leaf = Arc::clone(&mirror.children()[bad_child]);
+        let direct = sim.run(async move { leaf.read(65536, 16384, IoClass::SyncRead).await.map(|b| b.to_vec()) }).unwrap().0.unwrap();
+        assert_eq!(direct == data, cured);
+    }
+}
+
+/// With every copy bad the read fails with NoValidCopy, and other blocks still read fine.
+#[test]
+fn no_valid_copy_fails_only_that_read() {
+    let sim = Sim::new(12);
+    let env = sim.env();
+    let (mirror, devices) = mirror_of(&env, &[SimProfile::Instant, SimProfile::Instant, SimProfile::Instant], &Tunables::default());
+    let (a, b) = (pattern(2, 4096), pattern(3, 4096));
+    let m = Arc::clone(&mirror);
+    let (a2, b2) = (a.clone(), b.clone());
+    sim.run(async move {
+        m.write(0, SharedBuf::copy_from(&a2), IoClass::AsyncWrite).await.unwrap();
+        m.write(4096, SharedBuf::copy_from(&b2), IoClass::AsyncWrite).await.unwrap();
+    })
+    .unwrap();
+    devices[0].inject(Fault::BitFlip { offset_bytes: 5, bit: 1 });
+    devices[1].inject(Fault::ReadError { offset_bytes: 0, len_bytes: 512 });
+    devices[2].inject(Fault::Misdirect { offset_bytes: 0, len_bytes: 4096, from_offset_bytes: 4096 });
+    let m = Arc::clone(&mirror);
+    let check = expect(a);
+    let result = sim.run(async move { m.read(0, 4096, IoClass::SyncRead, &check).await }).unwrap().0;
+    assert!(matches!(result, Err(VdevError::NoValidCopy { tried: 3, .. })), "{result:?}");
+    let m = Arc::clone(&mirror);
+    let check = expect(b.clone());
+    let got = sim.run(async move { m.read(4096, 4096, IoClass::SyncRead, &check).await.map(|b| b.to_vec()) }).unwrap().0.unwrap();
+    assert_eq!(got, b);
+}
+
+/// A lost child leaves the mirror working: reads come from the survivor, writes and flushes
+/// succeed, and the lost child is marked faulted. Losing every child fails writes.
+#[test]
+fn degraded_mirror_keeps_working() {
+    let sim = Sim::new(13);
+    let env = sim.env();
+    let (mirror, devices) = mirror_of(&env, &[SimProfile::ssd(), SimProfile::ssd()], &Tunables::default());
+    devices[0].inject(Fault::Lost);
+    let data = pattern(4, 8192);
+    let m = Arc::clone(&mirror);
+    let d = data.clone();
+    let got = sim
+        .run(async move {
+            m.write(0, SharedBuf::copy_from(&d), IoClass::SyncWrite).await.unwrap();
+            m.flush().await.unwrap();
+            let check = expect(d.clone());
+            let mut reads = Vec::new();
+            for _ in 0..4 {
+                reads.push(m.read(0, 8192, IoClass::SyncRead, &check).await.unwrap().to_vec());
+            }
+            reads
+        })
+        .unwrap()
+        .0;
+    assert!(got.iter().all(|r| *r == data));
+    assert!(mirror.children()[0].is_faulted());
+    devices[1].inject(Fault::Lost);
+    let m = Arc::clone(&mirror);
+    let result = sim.run(async move { m.write(0, SharedBuf::copy_from(&[0; 512]), IoClass::SyncWrite).await }).unwrap().0;
+    assert!(matches!(result, Err(VdevError::AllChildrenFailed { .. })));
+}
+
+/// offset-modulo reads child (offset >> 21) % n; round-robin rotates; least-pending avoids a
+/// child with I/O pending.
+#[test]
+fn read_policies_choose_as_documented() {
+    let reads_per_child = |policy: &str, offsets: &[u64]| {
+        let sim = Sim::new(14);
+        let env = sim.env();
+        let tunables = Tunables::with([("mirror.read_policy", policy)]).unwrap();
+        let (mirror, devices) = mirror_of(&env, &[SimProfile::Instant, SimProfile::Instant, SimProfile::Instant], &tunables);
+        assert_eq!(mirror.policy(), ReadPolicy::from_tunables(&tunables));
+        let m = Arc::clone(&mirror);
+        let offsets = offsets.to_vec();
+        sim.run(async move {
+            for offset in offsets {
+                m.read(offset, 4096, IoClass::SyncRead, &|_: &[u8]| true).await.unwrap();
+            }
+        })
+        .unwrap();
+        devices.iter().map(|d| d.stats().reads).collect::<Vec<_>>()
+    };
+    let two_mib = 2 << 20;
+    assert_eq!(reads_per_child("offset-modulo", &[0, 4096, two_mib, two_mib * 2, two_mib * 5]), vec![2, 1, 2]);
+    assert_eq!(reads_per_child("round-robin", &[0; 6]), vec![2, 2, 2]);
+}
+
+/// least-pending sends most reads of a concurrent load to the fast child of an SSD+HDD mirror;
+/// offset-modulo splits them evenly.
+#[test]
+fn least_pending_favours_the_fast_child() {
+    let share_on_ssd = |policy: &str| {
+        let sim = Sim::new(15);
+        let env = sim.env();
+        let tunables = Tunables::with([("mirror.read_policy", policy)]).unwrap();
+        let (mirror, devices) = mirror_of(&env, &[SimProfile::ssd(), SimProfile::hdd()], &tunables);
+        let m = Arc::clone(&mirror);
+        let e = env.clone();
+        sim.run(async move {
+            let mut readers = Vec::new();
+            for reader in 0..8u64 {
+                let m = Arc::clone(&m);
+                readers.push(async move {
+                    for i in 0..50u64 {
+                        let offset = ((reader * 7919 + i * 104_729) % 4000) * 16384;
+                        m.read(offset, 16384, IoClass::SyncRead, &|_: &[u8]| true).await.unwrap();
+                    }
+                });
+            }
+            futures::future::join_all(readers).await;
+            let _ = e;
+        })
+        .unwrap();
+        let (ssd, hdd) = (devices[0].stats().reads, devices[1].stats().reads);
+        ssd as f64 / (ssd + hdd) as f64
+    };
+    let least = share_on_ssd("least-pending");
+    let modulo = share_on_ssd("offset-modulo");
+    assert!(least > 0.9, "least-pending sent {least:.2} of reads to the SSD");
+    assert!((0.3..0.7).contains(&modulo), "offset-modulo sent {modulo:.2} to the SSD");
+}
+
+/// Log writes and reads through a leaf on a deep-queued HDD: a sync write enqueued behind a
+/// pile of reads completes before most of them when reads are capped below the queue depth.
+#[test]
+fn sync_write_is_not_stuck_behind_reads() {
+    let sim = Sim::new(16);
+    let env = sim.env();
+    let tunables = Tunables::with([("vdev.max_active", "4"), ("vdev.sync_read_max_active", "3"), ("vdev.sync_read_min_active", "1"),
+        ("vdev.sync_write_min_active", "1"), ("vdev.log_write_min_active", "1"), ("vdev.async_write_min_active", "1")]).unwrap();
+    let device = SimDevice::new(&env, "hdd", SimProfile::hdd(), 1 << 40, SimOptions { store_data: false, record_log: false });
+    let leaf = Leaf::new(VdevId(0), &env, Arc::new(device), &tunables);
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let (l, o, e) = (Arc::clone(&leaf), Arc::clone(&order), env.clone());
+    sim.run(async move {
+        let mut tasks = Vec::new();
+        for i in 0..40u64 {
+            let (l, o) = (Arc::clone(&l), Arc::clone(&o));
+            tasks.push(futures::future::Either::Left(async move {
+                l.read(((i * 7_919) % 60_000) << 24, 32768, IoClass::SyncRead).await.unwrap();
+                o.lock().push("read");
+            }));
+        }
+        let (l2, o2) = (Arc::clone(&l), Arc::clone(&o));
+        tasks.push(futures::future::Either::Right(async move {
+            l2.write(1 << 39, SharedBuf::copy_from(&[1; 8192]), IoClass::LogWrite).await.unwrap();
+            o2.lock().push("write");
+        }));
+        futures::future::join_all(tasks).await;
+        let _ = e;
+    })
+    .unwrap();
+    let position = order.lock().iter().position(|w| *w == "write").unwrap();
+    assert!(position < 10, "the log write finished after {position} reads");
+    assert_eq!(leaf.pending(), 0);
+    assert_eq!(leaf.stats().reads.get(), 40);
+}
+
+/// The root stripes logical offsets over top-level vdevs and routes DVAs; a bad vdev number
+/// is an error, not a panic.
+#[test]
+fn root_stripes_and_routes() {
+    let sim = Sim::new(17);
+    let env = sim.env();
+    let tunables = Tunables::default();
+    let tops: Vec<Vdev> = (0..2)
+        .map(|i| {
+            let d = SimDevice::new(&env, &format!("top{i}"), SimProfile::Instant, DEVICE_BYTES, SimOptions::default());
+            Vdev::Leaf(Leaf::new(VdevId(i), &env, Arc::new(d), &tunables))
+        })
+        .collect();
+    let root = Root::new(tops);
+    assert_eq!(root.stripe(0, 1 << 20), Dva { vdev: 0, offset_bytes: 0 });
+    assert_eq!(root.stripe((1 << 20) + 5, 1 << 20), Dva { vdev: 1, offset_bytes: 5 });
+    assert_eq!(root.stripe(2 << 20, 1 << 20), Dva { vdev: 0, offset_bytes: 1 << 20 });
+    let r = root.clone();
+    let data = pattern(9, 4096);
+    let d = data.clone();
+    let got = sim
+        .run(async move {
+            let dva = r.stripe(3 << 20, 1 << 20);
+            r.write(dva, SharedBuf::copy_from(&d), IoClass::AsyncWrite).await.unwrap();
+            r.flush().await.unwrap();
+            let bad = r.read(Dva { vdev: 9, offset_bytes: 0 }, 512, IoClass::SyncRead, &|_: &[u8]| true).await;
+            assert!(matches!(bad, Err(VdevError::NoSuchVdev { vdev: 9, count: 2 })));
+            let check = expect(d);
+            r.read(dva, 4096, IoClass::SyncRead, &check).await.map(|b| b.to_vec())
+        })
+        .unwrap()
+        .0
+        .unwrap();
+    assert_eq!(got, data);
+    assert_eq!(root.leaves()[1].device().name(), "top1");
+}
