@@ -38,7 +38,7 @@ impl Time {
 
     /// `self + duration`, saturating instead of wrapping at the end of time.
     #[must_use]
-    pub fn add(self, duration: Duration) -> Time {
+    pub fn plus(self, duration: Duration) -> Time {
         Time(self.0.saturating_add(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)))
     }
 
@@ -94,7 +94,7 @@ impl Env {
     }
 
     pub fn sleep(&self, duration: Duration) -> BoxFuture<()> {
-        self.clock.sleep_until(self.now().add(duration))
+        self.clock.sleep_until(self.now().plus(duration))
     }
 
     pub fn spawn(&self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
@@ -206,7 +206,7 @@ mod tests {
 
     #[test]
     fn time_arithmetic_saturates() {
-        let t = Time(u64::MAX - 1).add(Duration::from_secs(1));
+        let t = Time(u64::MAX - 1).plus(Duration::from_secs(1));
         assert_eq!(t, Time(u64::MAX));
         assert_eq!(Time(5).since(Time(9)), Duration::ZERO);
     }

@@ -74,8 +74,11 @@ tunable_table! {
          children) or round-robin.";
     MirrorRotatingInc = "mirror.rotating_inc", Kind::Count { min: 0, max: 1000 }, "0",
         "Load added to a rotational child when the read starts where its last I/O ended.";
-    MirrorRotatingSeekInc = "mirror.rotating_seek_inc", Kind::Count { min: 0, max: 1000 }, "5",
-        "Load added to a rotational child for a seek; half of it within mirror.rotating_seek_offset.";
+    MirrorRotatingSeekInc = "mirror.rotating_seek_inc", Kind::Count { min: 0, max: 1000 }, "16",
+        "Load added to a rotational child for a seek; half of it within mirror.rotating_seek_offset. \
+         16, not ZFS's 5: on the default HDD model a seek costs about 14 transfers of a 128 KiB \
+         record, and with 5 a 1 MiB read's records split across children (measured in \
+         docs/bench/seeds-mirror.md).";
     MirrorRotatingSeekOffset = "mirror.rotating_seek_offset", Kind::Bytes { min: 0, max: 1 << 30 }, "1M",
         "Distance within which a rotational seek counts as short.";
     MirrorNonRotatingInc = "mirror.non_rotating_inc", Kind::Count { min: 0, max: 1000 }, "0",
@@ -211,7 +214,8 @@ fn parse(def: &TunableDef, text: &str) -> Result<u64, TunableError> {
             _ => (text, 1),
         };
         let hint = if multiplier_ok { " (a byte count, optionally with K, M or G)" } else { "" };
-        let not_a_number = || TunableError::NotANumber { name: def.name, value: text.to_owned(), hint };
+        let not_a_number =
+            || TunableError::NotANumber { name: def.name, value: text.to_owned(), hint };
         if multiplier == 0 {
             return Err(not_a_number());
         }
@@ -221,11 +225,9 @@ fn parse(def: &TunableDef, text: &str) -> Result<u64, TunableError> {
         Kind::Count { min, max } | Kind::Micros { min, max } => (number(false)?, min, max),
         Kind::Bytes { min, max } => (number(true)?, min, max),
         Kind::Choice(choices) => {
-            return choices
-                .iter()
-                .position(|c| *c == text.trim())
-                .map(|i| i as u64)
-                .ok_or_else(|| TunableError::NotAChoice { name: def.name, value: text.to_owned(), choices });
+            return choices.iter().position(|c| *c == text.trim()).map(|i| i as u64).ok_or_else(
+                || TunableError::NotAChoice { name: def.name, value: text.to_owned(), choices },
+            );
         }
     };
     if (min..=max).contains(&value) {
@@ -237,7 +239,9 @@ fn parse(def: &TunableDef, text: &str) -> Result<u64, TunableError> {
 
 impl Tunables {
     /// Defaults with `name=value` settings applied in order, then validated together.
-    pub fn with<'a>(settings: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Tunables, TunableError> {
+    pub fn with<'a>(
+        settings: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Tunables, TunableError> {
         let mut tunables = Tunables::default();
         for (name, value) in settings {
             tunables.set(name, value)?;
@@ -249,7 +253,8 @@ impl Tunables {
     /// Sets one tunable by name, checking its own range. Call [`Tunables::validate`] after a
     /// batch of changes to check how they fit together.
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), TunableError> {
-        let tunable = Tunable::by_name(name).ok_or_else(|| TunableError::Unknown { name: name.to_owned() })?;
+        let tunable = Tunable::by_name(name)
+            .ok_or_else(|| TunableError::Unknown { name: name.to_owned() })?;
         self.values[tunable as usize] = parse(tunable.def(), value)?;
         Ok(())
     }
@@ -338,7 +343,10 @@ mod tests {
     #[test]
     fn out_of_range_names_everything() {
         let error = Tunables::with([("vdev.queues", "0")]).unwrap_err();
-        assert_eq!(error, TunableError::OutOfRange { name: "vdev.queues", value: 0, min: 1, max: 256 });
+        assert_eq!(
+            error,
+            TunableError::OutOfRange { name: "vdev.queues", value: 0, min: 1, max: 256 }
+        );
         let message = error.to_string();
         assert!(message.contains("vdev.queues") && message.contains("1..=256"), "{message}");
     }
@@ -346,14 +354,27 @@ mod tests {
     #[test]
     fn bad_words_are_refused() {
         assert!(matches!(Tunables::with([("no.such", "1")]), Err(TunableError::Unknown { .. })));
-        assert!(matches!(Tunables::with([("vdev.max_active", "ten")]), Err(TunableError::NotANumber { .. })));
-        assert!(matches!(Tunables::with([("mirror.read_policy", "fastest")]), Err(TunableError::NotAChoice { .. })));
-        assert!(matches!(Tunables::with([("vdev.aggregation_limit", "1X")]), Err(TunableError::NotANumber { .. })));
+        assert!(matches!(
+            Tunables::with([("vdev.max_active", "ten")]),
+            Err(TunableError::NotANumber { .. })
+        ));
+        assert!(matches!(
+            Tunables::with([("mirror.read_policy", "fastest")]),
+            Err(TunableError::NotAChoice { .. })
+        ));
+        assert!(matches!(
+            Tunables::with([("vdev.aggregation_limit", "1X")]),
+            Err(TunableError::NotANumber { .. })
+        ));
     }
 
     #[test]
     fn sizes_and_choices_parse() {
-        let t = Tunables::with([("vdev.aggregation_limit", "256K"), ("mirror.read_policy", "round-robin")]).unwrap();
+        let t = Tunables::with([
+            ("vdev.aggregation_limit", "256K"),
+            ("mirror.read_policy", "round-robin"),
+        ])
+        .unwrap();
         assert_eq!(t.get(Tunable::AggregationLimit), 256 << 10);
         assert_eq!(t.choice(Tunable::MirrorReadPolicy), "round-robin");
     }
@@ -362,12 +383,31 @@ mod tests {
     #[test]
     fn relations_are_checked() {
         let error = Tunables::with([("vdev.sync_read_min_active", "20")]).unwrap_err();
-        assert!(matches!(error, TunableError::Inconsistent { name: "vdev.sync_read_min_active", .. }));
-        let error = Tunables::with([("vdev.max_active", "4"), ("vdev.sync_read_max_active", "4"), ("vdev.sync_read_min_active", "4"), ("vdev.sync_write_min_active", "5")]).unwrap_err();
-        assert!(matches!(error, TunableError::Inconsistent { other: "vdev.max_active", .. }), "{error}");
+        assert!(matches!(
+            error,
+            TunableError::Inconsistent { name: "vdev.sync_read_min_active", .. }
+        ));
+        let error = Tunables::with([
+            ("vdev.max_active", "4"),
+            ("vdev.sync_read_max_active", "4"),
+            ("vdev.sync_read_min_active", "4"),
+            ("vdev.sync_write_min_active", "5"),
+        ])
+        .unwrap_err();
+        assert!(
+            matches!(error, TunableError::Inconsistent { other: "vdev.max_active", .. }),
+            "{error}"
+        );
         assert!(error.to_string().contains("vdev.sync_write_min_active=5"), "{error}");
-        Tunables::with([("vdev.max_active", "13"), ("vdev.sync_read_max_active", "12"), ("vdev.sync_read_min_active", "1"),
-            ("vdev.sync_write_min_active", "1"), ("vdev.sync_write_max_active", "1"), ("vdev.log_write_min_active", "1"),
-            ("vdev.log_write_max_active", "1")]).unwrap();
+        Tunables::with([
+            ("vdev.max_active", "13"),
+            ("vdev.sync_read_max_active", "12"),
+            ("vdev.sync_read_min_active", "1"),
+            ("vdev.sync_write_min_active", "1"),
+            ("vdev.sync_write_max_active", "1"),
+            ("vdev.log_write_min_active", "1"),
+            ("vdev.log_write_max_active", "1"),
+        ])
+        .unwrap();
     }
 }

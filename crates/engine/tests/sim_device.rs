@@ -1,6 +1,9 @@
 //! SimDevice semantics: flush is the only barrier, crash policies, the write log, faults, and
 //! the timing models' basic shape. All runs are in virtual time under the deterministic simulator.
 
+// Test helpers unwrap freely: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use sluice_engine::device::sim::{CrashPolicy, Fault, HddParams, SimOptions, SsdParams};
@@ -37,7 +40,14 @@ fn flush(sim: &Sim, device: &SimDevice) -> Result<(), DeviceError> {
 /// an unflushed one may be, and DropAll loses every unflushed write.
 #[test]
 fn flushed_writes_survive_every_crash_policy() {
-    let policies = [CrashPolicy::DropAll, CrashPolicy::KeepAll, CrashPolicy::RandomSubset, CrashPolicy::Reorder, CrashPolicy::TearOne, CrashPolicy::Any];
+    let policies = [
+        CrashPolicy::DropAll,
+        CrashPolicy::KeepAll,
+        CrashPolicy::RandomSubset,
+        CrashPolicy::Reorder,
+        CrashPolicy::TearOne,
+        CrashPolicy::Any,
+    ];
     let mut lost_unflushed = 0;
     for seed in 0..200u64 {
         for policy in policies {
@@ -50,8 +60,13 @@ fn flushed_writes_survive_every_crash_policy() {
             dev.crash(policy);
             let head = read(&sim, &dev, 0, 8192).unwrap();
             // Offset 0..4096 holds the flushed 1s or the later 3s (whole sectors of either).
-            assert!(head[..4096].chunks(512).all(|s| s.iter().all(|&b| b == 1) || s.iter().all(|&b| b == 3)));
-            assert!(head[4096..].iter().all(|&b| b == 1), "flushed data lost (seed {seed}, {policy:?})");
+            assert!(head[..4096]
+                .chunks(512)
+                .all(|s| s.iter().all(|&b| b == 1) || s.iter().all(|&b| b == 3)));
+            assert!(
+                head[4096..].iter().all(|&b| b == 1),
+                "flushed data lost (seed {seed}, {policy:?})"
+            );
             let tail = read(&sim, &dev, 8192, 8192).unwrap();
             if tail.iter().all(|&b| b == 0) {
                 lost_unflushed += 1;
@@ -102,8 +117,18 @@ fn crash_images_respect_flush_epochs() {
     for ops in 0..=log.len() {
         for policy in [CrashPolicy::DropAll, CrashPolicy::Any, CrashPolicy::KeepAll] {
             let image = dev.crash_image(ops, policy, &mut rng).unwrap();
-            let replay = SimDevice::from_image(&sim.env(), "replay", SimProfile::Instant, DEVICE_BYTES, SimOptions::default(), image);
-            let flushes = log[..ops].iter().filter(|e| e.op == sluice_engine::device::DeviceOp::Flush).count();
+            let replay = SimDevice::from_image(
+                &sim.env(),
+                "replay",
+                SimProfile::Instant,
+                DEVICE_BYTES,
+                SimOptions::default(),
+                image,
+            );
+            let flushes = log[..ops]
+                .iter()
+                .filter(|e| e.op == sluice_engine::device::DeviceOp::Flush)
+                .count();
             for i in 0..(flushes * 2) as u64 {
                 let data = read(&sim, &replay, i * 4096, 4096).unwrap();
                 assert!(data.iter().all(|&b| u64::from(b) == i + 1), "op {ops}: block {i} lost");
@@ -146,7 +171,10 @@ fn faults_behave_as_documented() {
     dev.inject(Fault::FlushError);
     assert!(flush(&sim, &dev).is_err());
     dev.crash(CrashPolicy::DropAll);
-    assert!(read(&sim, &dev, 0, 4096).unwrap().iter().all(|&b| b == 0), "a failed flush made nothing durable");
+    assert!(
+        read(&sim, &dev, 0, 4096).unwrap().iter().all(|&b| b == 0),
+        "a failed flush made nothing durable"
+    );
     dev.clear_faults();
     dev.inject(Fault::WriteError { offset_bytes: 0, len_bytes: 4096 });
     let d = dev.clone();
@@ -159,7 +187,8 @@ fn faults_behave_as_documented() {
 #[test]
 fn discard_zeroes() {
     let sim = Sim::new(6);
-    let dev = SimDevice::new(&sim.env(), "big", SimProfile::Instant, 1 << 40, SimOptions::default());
+    let dev =
+        SimDevice::new(&sim.env(), "big", SimProfile::Instant, 1 << 40, SimOptions::default());
     write(&sim, &dev, 4096, block(3, 8192));
     let d = dev.clone();
     sim.run(async move { d.discard(0, (1 << 40) - 4096).await }).unwrap().0.unwrap();
@@ -174,7 +203,13 @@ fn discard_zeroes() {
 fn timing_models_have_the_right_shape() {
     let elapsed = |offsets: Vec<u64>, slow: bool| {
         let sim = Sim::new(9);
-        let dev = SimDevice::new(&sim.env(), "hdd", SimProfile::Hdd(HddParams::default()), 1 << 40, SimOptions { store_data: false, record_log: false });
+        let dev = SimDevice::new(
+            &sim.env(),
+            "hdd",
+            SimProfile::Hdd(HddParams::default()),
+            1 << 40,
+            SimOptions { store_data: false, record_log: false },
+        );
         if slow {
             dev.inject(Fault::Slow { factor: 10 });
         }
@@ -199,7 +234,13 @@ fn timing_models_have_the_right_shape() {
 
     let sim = Sim::new(1);
     let params = SsdParams::cloud_disk();
-    let dev = SimDevice::new(&sim.env(), "cloud", SimProfile::Ssd(params.clone()), 1 << 30, SimOptions { store_data: false, record_log: false });
+    let dev = SimDevice::new(
+        &sim.env(),
+        "cloud",
+        SimProfile::Ssd(params.clone()),
+        1 << 30,
+        SimOptions { store_data: false, record_log: false },
+    );
     let env = sim.env();
     let d = dev.clone();
     let (_, report) = sim

@@ -1,6 +1,9 @@
 //! The vdev tree on simulated disks: mirror writes, healing, policies, degraded operation,
 //! queue priority, and the root's addressing.
 
+// Test helpers unwrap freely: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 
 use sluice_engine::device::sim::{Fault, SimOptions};
@@ -12,11 +15,17 @@ use sluice_sim::Sim;
 
 const DEVICE_BYTES: u64 = 64 << 20;
 
-fn mirror_of(env: &Env, profiles: &[SimProfile], tunables: &Tunables) -> (Arc<Mirror>, Vec<SimDevice>) {
+fn mirror_of(
+    env: &Env,
+    profiles: &[SimProfile],
+    tunables: &Tunables,
+) -> (Arc<Mirror>, Vec<SimDevice>) {
     let devices: Vec<SimDevice> = profiles
         .iter()
         .enumerate()
-        .map(|(i, p)| SimDevice::new(env, &format!("leg{i}"), p.clone(), DEVICE_BYTES, SimOptions::default()))
+        .map(|(i, p)| {
+            SimDevice::new(env, &format!("leg{i}"), p.clone(), DEVICE_BYTES, SimOptions::default())
+        })
         .collect();
     let leaves = devices
         .iter()
@@ -44,25 +53,43 @@ fn mirror_heals_a_bad_copy() {
         let sim = Sim::new(11);
         let env = sim.env();
         let tunables = Tunables::with([("mirror.read_policy", "round-robin")]).unwrap();
-        let (mirror, devices) = mirror_of(&env, &[SimProfile::Instant, SimProfile::Instant], &tunables);
+        let (mirror, devices) =
+            mirror_of(&env, &[SimProfile::Instant, SimProfile::Instant], &tunables);
         let data = pattern(1, 16384);
         let m = Arc::clone(&mirror);
         let d = data.clone();
-        sim.run(async move { m.write(65536, SharedBuf::copy_from(&d), IoClass::AsyncWrite).await }).unwrap().0.unwrap();
+        sim.run(async move { m.write(65536, SharedBuf::copy_from(&d), IoClass::AsyncWrite).await })
+            .unwrap()
+            .0
+            .unwrap();
         devices[bad_child].inject(Fault::BitFlip { offset_bytes: 65536 + 100, bit: 3 });
         for _ in 0..2 {
             let m = Arc::clone(&mirror);
             let check = expect(data.clone());
-            let got = sim.run(async move { m.read(65536, 16384, IoClass::SyncRead, &check).await.map(|b| b.to_vec()) }).unwrap().0.unwrap();
+            let got = sim
+                .run(async move {
+                    m.read(65536, 16384, IoClass::SyncRead, &check).await.map(|b| b.to_vec())
+                })
+                .unwrap()
+                .0
+                .unwrap();
             assert_eq!(got, data);
         }
         let stats = mirror.children()[bad_child].stats();
-        assert!(stats.checksum_errors.get() <= 1 && stats.repairs.get() == stats.checksum_errors.get());
+        assert!(
+            stats.checksum_errors.get() <= 1 && stats.repairs.get() == stats.checksum_errors.get()
+        );
         // Whether or not the round-robin read hit the bad child, read it directly now: the
         // rewrite (if any) cured it, otherwise the fault is still there.
         let cured = stats.repairs.get() == 1;
         let leaf = Arc::clone(&mirror.children()[bad_child]);
-        let direct = sim.run(async move { leaf.read(65536, 16384, IoClass::SyncRead).await.map(|b| b.to_vec()) }).unwrap().0.unwrap();
+        let direct = sim
+            .run(
+                async move { leaf.read(65536, 16384, IoClass::SyncRead).await.map(|b| b.to_vec()) },
+            )
+            .unwrap()
+            .0
+            .unwrap();
         assert_eq!(direct == data, cured);
     }
 }
@@ -72,7 +99,11 @@ fn mirror_heals_a_bad_copy() {
 fn no_valid_copy_fails_only_that_read() {
     let sim = Sim::new(12);
     let env = sim.env();
-    let (mirror, devices) = mirror_of(&env, &[SimProfile::Instant, SimProfile::Instant, SimProfile::Instant], &Tunables::default());
+    let (mirror, devices) = mirror_of(
+        &env,
+        &[SimProfile::Instant, SimProfile::Instant, SimProfile::Instant],
+        &Tunables::default(),
+    );
     let (a, b) = (pattern(2, 4096), pattern(3, 4096));
     let m = Arc::clone(&mirror);
     let (a2, b2) = (a.clone(), b.clone());
@@ -83,14 +114,23 @@ fn no_valid_copy_fails_only_that_read() {
     .unwrap();
     devices[0].inject(Fault::BitFlip { offset_bytes: 5, bit: 1 });
     devices[1].inject(Fault::ReadError { offset_bytes: 0, len_bytes: 512 });
-    devices[2].inject(Fault::Misdirect { offset_bytes: 0, len_bytes: 4096, from_offset_bytes: 4096 });
+    devices[2].inject(Fault::Misdirect {
+        offset_bytes: 0,
+        len_bytes: 4096,
+        from_offset_bytes: 4096,
+    });
     let m = Arc::clone(&mirror);
     let check = expect(a);
-    let result = sim.run(async move { m.read(0, 4096, IoClass::SyncRead, &check).await }).unwrap().0;
+    let result =
+        sim.run(async move { m.read(0, 4096, IoClass::SyncRead, &check).await }).unwrap().0;
     assert!(matches!(result, Err(VdevError::NoValidCopy { tried: 3, .. })), "{result:?}");
     let m = Arc::clone(&mirror);
     let check = expect(b.clone());
-    let got = sim.run(async move { m.read(4096, 4096, IoClass::SyncRead, &check).await.map(|b| b.to_vec()) }).unwrap().0.unwrap();
+    let got = sim
+        .run(async move { m.read(4096, 4096, IoClass::SyncRead, &check).await.map(|b| b.to_vec()) })
+        .unwrap()
+        .0
+        .unwrap();
     assert_eq!(got, b);
 }
 
@@ -100,7 +140,8 @@ fn no_valid_copy_fails_only_that_read() {
 fn degraded_mirror_keeps_working() {
     let sim = Sim::new(13);
     let env = sim.env();
-    let (mirror, devices) = mirror_of(&env, &[SimProfile::ssd(), SimProfile::ssd()], &Tunables::default());
+    let (mirror, devices) =
+        mirror_of(&env, &[SimProfile::ssd(), SimProfile::ssd()], &Tunables::default());
     devices[0].inject(Fault::Lost);
     let data = pattern(4, 8192);
     let m = Arc::clone(&mirror);
@@ -122,7 +163,10 @@ fn degraded_mirror_keeps_working() {
     assert!(mirror.children()[0].is_faulted());
     devices[1].inject(Fault::Lost);
     let m = Arc::clone(&mirror);
-    let result = sim.run(async move { m.write(0, SharedBuf::copy_from(&[0; 512]), IoClass::SyncWrite).await }).unwrap().0;
+    let result = sim
+        .run(async move { m.write(0, SharedBuf::copy_from(&[0; 512]), IoClass::SyncWrite).await })
+        .unwrap()
+        .0;
     assert!(matches!(result, Err(VdevError::AllChildrenFailed { .. })));
 }
 
@@ -134,7 +178,11 @@ fn read_policies_choose_as_documented() {
         let sim = Sim::new(14);
         let env = sim.env();
         let tunables = Tunables::with([("mirror.read_policy", policy)]).unwrap();
-        let (mirror, devices) = mirror_of(&env, &[SimProfile::Instant, SimProfile::Instant, SimProfile::Instant], &tunables);
+        let (mirror, devices) = mirror_of(
+            &env,
+            &[SimProfile::Instant, SimProfile::Instant, SimProfile::Instant],
+            &tunables,
+        );
         assert_eq!(mirror.policy(), ReadPolicy::from_tunables(&tunables));
         let m = Arc::clone(&mirror);
         let offsets = offsets.to_vec();
@@ -147,7 +195,10 @@ fn read_policies_choose_as_documented() {
         devices.iter().map(|d| d.stats().reads).collect::<Vec<_>>()
     };
     let two_mib = 2 << 20;
-    assert_eq!(reads_per_child("offset-modulo", &[0, 4096, two_mib, two_mib * 2, two_mib * 5]), vec![2, 1, 2]);
+    assert_eq!(
+        reads_per_child("offset-modulo", &[0, 4096, two_mib, two_mib * 2, two_mib * 5]),
+        vec![2, 1, 2]
+    );
     assert_eq!(reads_per_child("round-robin", &[0; 6]), vec![2, 2, 2]);
 }
 
@@ -192,9 +243,22 @@ fn least_pending_favours_the_fast_child() {
 fn sync_write_is_not_stuck_behind_reads() {
     let sim = Sim::new(16);
     let env = sim.env();
-    let tunables = Tunables::with([("vdev.max_active", "4"), ("vdev.sync_read_max_active", "3"), ("vdev.sync_read_min_active", "1"),
-        ("vdev.sync_write_min_active", "1"), ("vdev.log_write_min_active", "1"), ("vdev.async_write_min_active", "1")]).unwrap();
-    let device = SimDevice::new(&env, "hdd", SimProfile::hdd(), 1 << 40, SimOptions { store_data: false, record_log: false });
+    let tunables = Tunables::with([
+        ("vdev.max_active", "4"),
+        ("vdev.sync_read_max_active", "3"),
+        ("vdev.sync_read_min_active", "1"),
+        ("vdev.sync_write_min_active", "1"),
+        ("vdev.log_write_min_active", "1"),
+        ("vdev.async_write_min_active", "1"),
+    ])
+    .unwrap();
+    let device = SimDevice::new(
+        &env,
+        "hdd",
+        SimProfile::hdd(),
+        1 << 40,
+        SimOptions { store_data: false, record_log: false },
+    );
     let leaf = Leaf::new(VdevId(0), &env, Arc::new(device), &tunables);
     let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let (l, o, e) = (Arc::clone(&leaf), Arc::clone(&order), env.clone());
@@ -231,7 +295,13 @@ fn root_stripes_and_routes() {
     let tunables = Tunables::default();
     let tops: Vec<Vdev> = (0..2)
         .map(|i| {
-            let d = SimDevice::new(&env, &format!("top{i}"), SimProfile::Instant, DEVICE_BYTES, SimOptions::default());
+            let d = SimDevice::new(
+                &env,
+                &format!("top{i}"),
+                SimProfile::Instant,
+                DEVICE_BYTES,
+                SimOptions::default(),
+            );
             Vdev::Leaf(Leaf::new(VdevId(i), &env, Arc::new(d), &tunables))
         })
         .collect();
@@ -247,7 +317,9 @@ fn root_stripes_and_routes() {
             let dva = r.stripe(3 << 20, 1 << 20);
             r.write(dva, SharedBuf::copy_from(&d), IoClass::AsyncWrite).await.unwrap();
             r.flush().await.unwrap();
-            let bad = r.read(Dva { vdev: 9, offset_bytes: 0 }, 512, IoClass::SyncRead, &|_: &[u8]| true).await;
+            let bad = r
+                .read(Dva { vdev: 9, offset_bytes: 0 }, 512, IoClass::SyncRead, &|_: &[u8]| true)
+                .await;
             assert!(matches!(bad, Err(VdevError::NoSuchVdev { vdev: 9, count: 2 })));
             let check = expect(d);
             r.read(dva, 4096, IoClass::SyncRead, &check).await.map(|b| b.to_vec())

@@ -177,7 +177,10 @@ impl Sim {
     }
 
     /// Runs `main` and every task it spawns until `main` finishes.
-    pub fn run<T: 'static>(&self, main: impl Future<Output = T> + 'static) -> Result<(T, SimReport), SimError> {
+    pub fn run<T: 'static>(
+        &self,
+        main: impl Future<Output = T> + 'static,
+    ) -> Result<(T, SimReport), SimError> {
         self.run_until(Time(u64::MAX), main)
     }
 
@@ -300,7 +303,8 @@ mod tests {
     fn time_limit_is_reported() {
         let sim = Sim::new(1);
         let env = sim.env();
-        let result = sim.run_until(Time(1000), async move { env.sleep(Duration::from_secs(1)).await });
+        let result =
+            sim.run_until(Time(1000), async move { env.sleep(Duration::from_secs(1)).await });
         assert!(matches!(result, Err(SimError::TimeLimit { .. })));
     }
 }

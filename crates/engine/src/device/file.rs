@@ -28,7 +28,9 @@ use futures::channel::oneshot;
 use futures::FutureExt;
 use parking_lot::Mutex;
 
-use super::{check_range, AlignedBuf, BlockDevice, DeviceError, DeviceOp, SharedBuf, BUF_ALIGN_BYTES};
+use super::{
+    check_range, AlignedBuf, BlockDevice, DeviceError, DeviceOp, SharedBuf, BUF_ALIGN_BYTES,
+};
 use crate::rt::BoxFuture;
 
 /// How many requests may wait for an I/O thread before submitters wait too. The leaf's queue
@@ -123,12 +125,7 @@ impl FileDevice {
             )));
         };
         let direct = if options.direct {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(path)
-                .ok()
+            OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(path).ok()
         } else {
             None
         };
@@ -279,7 +276,13 @@ fn io_thread(inner: &Inner, receiver: &std::sync::Mutex<Receiver<Job>>) {
 
 impl Inner {
     fn error(&self, op: DeviceOp, offset: u64, len: u64, source: io::Error) -> DeviceError {
-        DeviceError::Io { device: self.name.clone(), op, offset_bytes: offset, len_bytes: len, source }
+        DeviceError::Io {
+            device: self.name.clone(),
+            op,
+            offset_bytes: offset,
+            len_bytes: len,
+            source,
+        }
     }
 
     /// The O_DIRECT descriptor, if this I/O may use it.
@@ -323,7 +326,9 @@ impl Inner {
                 Err(e) => return Err(self.error(DeviceOp::Write, offset, len, e)),
             }
         }
-        self.buffered.write_all_at(data, offset).map_err(|e| self.error(DeviceOp::Write, offset, len, e))
+        self.buffered
+            .write_all_at(data, offset)
+            .map_err(|e| self.error(DeviceOp::Write, offset, len, e))
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
@@ -343,7 +348,12 @@ impl Inner {
             };
             // SAFETY: fallocate on an open descriptor with plain integer arguments.
             unsafe {
-                libc::fallocate(fd, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, off, length)
+                libc::fallocate(
+                    fd,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    off,
+                    length,
+                )
             }
         };
         if result == 0 {
@@ -452,8 +462,9 @@ mod tests {
     /// A missing file without a create length is an open error that names the path.
     #[test]
     fn missing_file_names_path() {
-        let error = FileDevice::open(Path::new("/nonexistent/leafX"), &FileDeviceOptions::default())
-            .unwrap_err();
+        let error =
+            FileDevice::open(Path::new("/nonexistent/leafX"), &FileDeviceOptions::default())
+                .unwrap_err();
         assert!(error.to_string().contains("/nonexistent/leafX"));
     }
 }

@@ -50,7 +50,9 @@ impl std::fmt::Display for DeviceOp {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DeviceError {
-    #[error("device {device}: {op} of {len_bytes} bytes at offset {offset_bytes} failed: {source}")]
+    #[error(
+        "device {device}: {op} of {len_bytes} bytes at offset {offset_bytes} failed: {source}"
+    )]
     Io {
         device: String,
         op: DeviceOp,
@@ -71,7 +73,9 @@ pub enum DeviceError {
         device_bytes: u64,
         sector_bytes: u32,
     },
-    #[error("device {path}: cannot open: {source}; check the path exists and is readable/writable")]
+    #[error(
+        "device {path}: cannot open: {source}; check the path exists and is readable/writable"
+    )]
     Open {
         path: PathBuf,
         #[source]
@@ -98,7 +102,11 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn sector_bytes(&self) -> u32;
     /// Whether seeks are expensive (HDD); mirror read selection and aggregation use it.
     fn is_rotational(&self) -> bool;
-    fn read_at(&self, offset_bytes: u64, len_bytes: u32) -> BoxFuture<Result<AlignedBuf, DeviceError>>;
+    fn read_at(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u32,
+    ) -> BoxFuture<Result<AlignedBuf, DeviceError>>;
     fn write_at(&self, offset_bytes: u64, data: SharedBuf) -> BoxFuture<Result<(), DeviceError>>;
     /// Makes every completed write durable.
     fn flush(&self) -> BoxFuture<Result<(), DeviceError>>;

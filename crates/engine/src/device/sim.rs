@@ -398,7 +398,12 @@ impl SimDevice {
             log_base,
             flush_epoch: 0,
             generation: 0,
-            hdd: HddState { head_offset: 0, ncq: Vec::new(), waiting: VecDeque::new(), serving: false },
+            hdd: HddState {
+                head_offset: 0,
+                ncq: Vec::new(),
+                waiting: VecDeque::new(),
+                serving: false,
+            },
             ssd: SsdState { bus_free: Time::ZERO, channel_free: vec![Time::ZERO; channels] },
             rng: env.rng(&format!("sim_device/{name}")),
             stats: SimStats::default(),
@@ -494,9 +499,9 @@ impl SimDevice {
         let gone = || DeviceError::Gone { device: self.inner.name.clone() };
         match request {
             Request::Read { done, .. } => drop(done.send(Err(gone()))),
-            Request::Write { done, .. } | Request::Flush { done } | Request::Discard { done, .. } => {
-                drop(done.send(Err(gone())))
-            }
+            Request::Write { done, .. }
+            | Request::Flush { done }
+            | Request::Discard { done, .. } => drop(done.send(Err(gone()))),
         }
     }
 
@@ -557,7 +562,7 @@ impl SimDevice {
                 let service = hdd_service(params, &mut state, &queued);
                 (queued, service)
             };
-            let done_at = self.inner.env.now().add(service);
+            let done_at = self.inner.env.now().plus(service);
             self.inner.env.sleep_until(done_at).await;
             let stale = self.inner.state.lock().generation != queued.generation;
             if stale {
@@ -601,7 +606,13 @@ impl SimDevice {
                     state.volatile.push(PendingWrite { offset, len, data: None });
                 }
                 if inner.options.record_log {
-                    let entry = LogEntry { op: DeviceOp::Discard, offset_bytes: offset, len_bytes: len, flush_epoch: epoch, data: None };
+                    let entry = LogEntry {
+                        op: DeviceOp::Discard,
+                        offset_bytes: offset,
+                        len_bytes: len,
+                        flush_epoch: epoch,
+                        data: None,
+                    };
                     state.log.push(entry);
                 }
                 drop(state);
@@ -620,7 +631,13 @@ impl SimDevice {
                 }
                 state.flush_epoch += 1;
                 if inner.options.record_log {
-                    let entry = LogEntry { op: DeviceOp::Flush, offset_bytes: 0, len_bytes: 0, flush_epoch: epoch, data: None };
+                    let entry = LogEntry {
+                        op: DeviceOp::Flush,
+                        offset_bytes: 0,
+                        len_bytes: 0,
+                        flush_epoch: epoch,
+                        data: None,
+                    };
                     state.log.push(entry);
                 }
                 drop(state);
@@ -656,13 +673,20 @@ fn contents(state: &State, offset: u64, out: &mut [u8]) {
         let end = (offset + len).min(write.offset + write.len);
         let dst = (start - offset) as usize..(end - offset) as usize;
         match &write.data {
-            Some(data) => out[dst].copy_from_slice(&data[(start - write.offset) as usize..(end - write.offset) as usize]),
+            Some(data) => out[dst].copy_from_slice(
+                &data[(start - write.offset) as usize..(end - write.offset) as usize],
+            ),
             None => out[dst].fill(0),
         }
     }
 }
 
-fn read_with_faults(inner: &Inner, state: &State, offset: u64, len: u32) -> Result<AlignedBuf, DeviceError> {
+fn read_with_faults(
+    inner: &Inner,
+    state: &State,
+    offset: u64,
+    len: u32,
+) -> Result<AlignedBuf, DeviceError> {
     let len64 = u64::from(len);
     let mut buf = AlignedBuf::zeroed(len as usize);
     if !inner.options.store_data {
@@ -671,7 +695,9 @@ fn read_with_faults(inner: &Inner, state: &State, offset: u64, len: u32) -> Resu
     contents(state, offset, &mut buf);
     for fault in &state.faults {
         match *fault {
-            Fault::ReadError { offset_bytes, len_bytes } if overlaps(offset, len64, offset_bytes, len_bytes) => {
+            Fault::ReadError { offset_bytes, len_bytes }
+                if overlaps(offset, len64, offset_bytes, len_bytes) =>
+            {
                 return Err(io_error(inner, DeviceOp::Read, offset, len64));
             }
             Fault::Misdirect { offset_bytes, len_bytes, from_offset_bytes } => {
@@ -687,7 +713,9 @@ fn read_with_faults(inner: &Inner, state: &State, offset: u64, len: u32) -> Resu
                 }
                 buf[(start - offset) as usize..(end - offset) as usize].copy_from_slice(&other);
             }
-            Fault::BitFlip { offset_bytes, bit } if (offset..offset + len64).contains(&offset_bytes) => {
+            Fault::BitFlip { offset_bytes, bit }
+                if (offset..offset + len64).contains(&offset_bytes) =>
+            {
                 buf[(offset_bytes - offset) as usize] ^= 1 << (bit % 8);
             }
             _ => {}
@@ -707,10 +735,14 @@ fn write_with_faults(
     let mut target = Some(offset);
     for fault in &state.faults {
         match *fault {
-            Fault::WriteError { offset_bytes, len_bytes } if overlaps(offset, len, offset_bytes, len_bytes) => {
+            Fault::WriteError { offset_bytes, len_bytes }
+                if overlaps(offset, len, offset_bytes, len_bytes) =>
+            {
                 return Err(io_error(inner, DeviceOp::Write, offset, len));
             }
-            Fault::Phantom { offset_bytes, len_bytes } if overlaps(offset, len, offset_bytes, len_bytes) => {
+            Fault::Phantom { offset_bytes, len_bytes }
+                if overlaps(offset, len, offset_bytes, len_bytes) =>
+            {
                 target = None;
             }
             Fault::MisdirectWrite { offset_bytes, len_bytes, shift_bytes }
@@ -727,7 +759,8 @@ fn write_with_faults(
         // Rewriting a sector cures its latent read faults, as a real drive remaps on write.
         state.faults.retain(|fault| match *fault {
             Fault::BitFlip { offset_bytes, .. } => !(at..at + len).contains(&offset_bytes),
-            Fault::ReadError { offset_bytes, len_bytes } | Fault::Misdirect { offset_bytes, len_bytes, .. } => {
+            Fault::ReadError { offset_bytes, len_bytes }
+            | Fault::Misdirect { offset_bytes, len_bytes, .. } => {
                 !(at <= offset_bytes && offset_bytes + len_bytes <= at + len)
             }
             _ => true,
@@ -736,7 +769,13 @@ fn write_with_faults(
             state.volatile.push(PendingWrite { offset: at, len, data: Some(data.clone()) });
         }
         if inner.options.record_log {
-            let entry = LogEntry { op: DeviceOp::Write, offset_bytes: at, len_bytes: len, flush_epoch: epoch, data: Some(data) };
+            let entry = LogEntry {
+                op: DeviceOp::Write,
+                offset_bytes: at,
+                len_bytes: len,
+                flush_epoch: epoch,
+                data: Some(data),
+            };
             state.log.push(entry);
         }
     }
@@ -744,7 +783,12 @@ fn write_with_faults(
 }
 
 /// Applies the unflushed writes that survive a crash to `image`.
-fn resolve_crash(image: &mut SimImage, pending: &[PendingWrite], policy: CrashPolicy, rng: &mut Rng) {
+fn resolve_crash(
+    image: &mut SimImage,
+    pending: &[PendingWrite],
+    policy: CrashPolicy,
+    rng: &mut Rng,
+) {
     let policy = match policy {
         CrashPolicy::Any => match rng.below(5) {
             0 => CrashPolicy::DropAll,
@@ -783,7 +827,9 @@ fn resolve_crash(image: &mut SimImage, pending: &[PendingWrite], policy: CrashPo
                     let at = index * sector;
                     let n = sector.min(write.len - at);
                     match &write.data {
-                        Some(data) => image.write(write.offset + at, &data[at as usize..(at + n) as usize]),
+                        Some(data) => {
+                            image.write(write.offset + at, &data[at as usize..(at + n) as usize])
+                        }
                         None => image.zero(write.offset + at, n),
                     }
                 }
@@ -844,7 +890,8 @@ fn hdd_service(params: &HddParams, state: &mut State, queued: &Queued) -> Durati
                 let fraction = (distance / 1e12_f64.max(distance)).sqrt();
                 let span = params.full_stroke.saturating_sub(params.track_to_track);
                 let seek = params.track_to_track + span.mul_f64(fraction);
-                let revolution = Duration::from_nanos(60_000_000_000 / u64::from(params.rpm.max(1)));
+                let revolution =
+                    Duration::from_nanos(60_000_000_000 / u64::from(params.rpm.max(1)));
                 let rotation = revolution.mul_f64(state.rng.unit());
                 seek + rotation + params.command_overhead
             };
@@ -869,7 +916,7 @@ fn ssd_schedule(params: &SsdParams, state: &mut State, now: Time, queued: &Queue
         Request::Discard { .. } => params.write_latency,
     } * slow;
     let bus_start = state.ssd.bus_free.max(now);
-    let bus_done = bus_start.add(transfer(len, params.bus_bytes_per_sec) * slow);
+    let bus_done = bus_start.plus(transfer(len, params.bus_bytes_per_sec) * slow);
     state.ssd.bus_free = bus_done;
     let (channel, free) = state
         .ssd
@@ -880,7 +927,7 @@ fn ssd_schedule(params: &SsdParams, state: &mut State, now: Time, queued: &Queue
         .min_by_key(|(i, t)| (*t, *i))
         .unwrap_or((0, now));
     let start = free.max(bus_done);
-    let done = start.add(latency);
+    let done = start.plus(latency);
     if let Some(slot) = state.ssd.channel_free.get_mut(channel) {
         *slot = done;
     }
@@ -907,25 +954,42 @@ impl BlockDevice for SimDevice {
 
     fn read_at(&self, offset: u64, len: u32) -> BoxFuture<Result<AlignedBuf, DeviceError>> {
         let inner = &self.inner;
-        if let Err(e) = check_range(&inner.name, DeviceOp::Read, offset, len.into(), inner.len_bytes, SECTOR_BYTES) {
+        if let Err(e) = check_range(
+            &inner.name,
+            DeviceOp::Read,
+            offset,
+            len.into(),
+            inner.len_bytes,
+            SECTOR_BYTES,
+        ) {
             return async move { Err(e) }.boxed();
         }
         let (done, wait) = oneshot::channel();
         self.submit(offset, Request::Read { len, done });
         let device = self.clone();
-        async move { wait.await.unwrap_or_else(|_| Err(DeviceError::Gone { device: device.inner.name.clone() })) }.boxed()
+        async move {
+            wait.await
+                .unwrap_or_else(|_| Err(DeviceError::Gone { device: device.inner.name.clone() }))
+        }
+        .boxed()
     }
 
     fn write_at(&self, offset: u64, data: SharedBuf) -> BoxFuture<Result<(), DeviceError>> {
         let inner = &self.inner;
         let len = u64::from(data.len_bytes());
-        if let Err(e) = check_range(&inner.name, DeviceOp::Write, offset, len, inner.len_bytes, SECTOR_BYTES) {
+        if let Err(e) =
+            check_range(&inner.name, DeviceOp::Write, offset, len, inner.len_bytes, SECTOR_BYTES)
+        {
             return async move { Err(e) }.boxed();
         }
         let (done, wait) = oneshot::channel();
         self.submit(offset, Request::Write { data, done });
         let device = self.clone();
-        async move { wait.await.unwrap_or_else(|_| Err(DeviceError::Gone { device: device.inner.name.clone() })) }.boxed()
+        async move {
+            wait.await
+                .unwrap_or_else(|_| Err(DeviceError::Gone { device: device.inner.name.clone() }))
+        }
+        .boxed()
     }
 
     fn flush(&self) -> BoxFuture<Result<(), DeviceError>> {
@@ -935,17 +999,27 @@ impl BlockDevice for SimDevice {
         let at = self.inner.state.lock().hdd.head_offset;
         self.submit(at, Request::Flush { done });
         let device = self.clone();
-        async move { wait.await.unwrap_or_else(|_| Err(DeviceError::Gone { device: device.inner.name.clone() })) }.boxed()
+        async move {
+            wait.await
+                .unwrap_or_else(|_| Err(DeviceError::Gone { device: device.inner.name.clone() }))
+        }
+        .boxed()
     }
 
     fn discard(&self, offset: u64, len: u64) -> BoxFuture<Result<(), DeviceError>> {
         let inner = &self.inner;
-        if let Err(e) = check_range(&inner.name, DeviceOp::Discard, offset, len, inner.len_bytes, SECTOR_BYTES) {
+        if let Err(e) =
+            check_range(&inner.name, DeviceOp::Discard, offset, len, inner.len_bytes, SECTOR_BYTES)
+        {
             return async move { Err(e) }.boxed();
         }
         let (done, wait) = oneshot::channel();
         self.submit(offset, Request::Discard { len, done });
         let device = self.clone();
-        async move { wait.await.unwrap_or_else(|_| Err(DeviceError::Gone { device: device.inner.name.clone() })) }.boxed()
+        async move {
+            wait.await
+                .unwrap_or_else(|_| Err(DeviceError::Gone { device: device.inner.name.clone() }))
+        }
+        .boxed()
     }
 }

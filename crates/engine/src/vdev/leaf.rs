@@ -51,7 +51,12 @@ impl std::fmt::Debug for Leaf {
 }
 
 impl Leaf {
-    pub fn new(id: VdevId, env: &Env, device: Arc<dyn BlockDevice>, tunables: &Tunables) -> Arc<Leaf> {
+    pub fn new(
+        id: VdevId,
+        env: &Env,
+        device: Arc<dyn BlockDevice>,
+        tunables: &Tunables,
+    ) -> Arc<Leaf> {
         let limits = QueueLimits::from_tunables(tunables, device.is_rotational());
         let queue_count = usize::try_from(tunables.get(Tunable::VdevQueues)).unwrap_or(1).max(1);
         Arc::new(Leaf {
@@ -92,7 +97,10 @@ impl Leaf {
         self.pending.load(Ordering::Relaxed)
     }
 
-    /// End offset of the last command issued to the device.
+    /// End offset of the last I/O handed to this leaf (queued or issued). Mirror selection
+    /// uses it for locality: ZFS uses the last *issued* offset, but once a queue is full that
+    /// position is stale, and a request's later records would pay a seek penalty on the very
+    /// child where they would have merged with their predecessors.
     pub fn last_end(&self) -> u64 {
         self.last_end.load(Ordering::Relaxed)
     }
@@ -107,9 +115,20 @@ impl Leaf {
         self.faulted.store(false, Ordering::Relaxed);
     }
 
-    pub async fn read(self: &Arc<Self>, offset: u64, len: u32, class: IoClass) -> Result<AlignedBuf, VdevError> {
+    pub async fn read(
+        self: &Arc<Self>,
+        offset: u64,
+        len: u32,
+        class: IoClass,
+    ) -> Result<AlignedBuf, VdevError> {
         let (done, wait) = oneshot::channel();
-        self.enqueue(QueuedIo { class, direction: Direction::Read, offset, len: u64::from(len), payload: (Waiter::Read(done), self.env.now()) });
+        self.enqueue(QueuedIo {
+            class,
+            direction: Direction::Read,
+            offset,
+            len: u64::from(len),
+            payload: (Waiter::Read(done), self.env.now()),
+        });
         let result = wait.await.unwrap_or_else(|_| Err(self.gone()));
         if result.is_ok() {
             self.stats.reads.inc();
@@ -118,10 +137,21 @@ impl Leaf {
         result
     }
 
-    pub async fn write(self: &Arc<Self>, offset: u64, data: SharedBuf, class: IoClass) -> Result<(), VdevError> {
+    pub async fn write(
+        self: &Arc<Self>,
+        offset: u64,
+        data: SharedBuf,
+        class: IoClass,
+    ) -> Result<(), VdevError> {
         let (done, wait) = oneshot::channel();
         let len = u64::from(data.len_bytes());
-        self.enqueue(QueuedIo { class, direction: Direction::Write, offset, len, payload: (Waiter::Write(data, done), self.env.now()) });
+        self.enqueue(QueuedIo {
+            class,
+            direction: Direction::Write,
+            offset,
+            len,
+            payload: (Waiter::Write(data, done), self.env.now()),
+        });
         let result = wait.await.unwrap_or_else(|_| Err(self.gone()));
         match &result {
             Ok(()) => {
@@ -162,6 +192,7 @@ impl Leaf {
 
     fn enqueue(self: &Arc<Self>, io: QueuedIo<(Waiter, crate::rt::Time)>) {
         self.pending.fetch_add(1, Ordering::Relaxed);
+        self.last_end.store(io.offset + io.len, Ordering::Relaxed);
         let queue = self.next_queue.fetch_add(1, Ordering::Relaxed) % self.queues.len();
         self.queues[queue].lock().enqueue(io, self.env.now());
         self.pump(queue);
@@ -171,7 +202,6 @@ impl Leaf {
     fn pump(self: &Arc<Self>, queue: usize) {
         loop {
             let Some(issue) = self.queues[queue].lock().next_issue() else { return };
-            self.last_end.store(issue.offset + issue.len, Ordering::Relaxed);
             let leaf = Arc::clone(self);
             self.env.spawn("vdev_io", async move { leaf.execute(queue, issue).await });
         }
@@ -207,7 +237,9 @@ impl Leaf {
                         (None, true) => whole.take().ok_or_else(|| self.gone()),
                         (None, false) => {
                             let at = (member.offset - issue.offset) as usize;
-                            let buf = whole.as_ref().map(|b| AlignedBuf::copy_from(&b[at..at + member.len as usize]));
+                            let buf = whole
+                                .as_ref()
+                                .map(|b| AlignedBuf::copy_from(&b[at..at + member.len as usize]));
                             buf.ok_or_else(|| self.gone())
                         }
                     };
@@ -235,7 +267,12 @@ impl Leaf {
                 for member in issue.members {
                     let (Waiter::Write(_, done), started) = member.payload else { continue };
                     self.stats.latency[member.class.index()].record(self.env.now().since(started));
-                    let _ = done.send(result.as_ref().map(|_| ()).map_err(|e| self.device_error(clone_device_error(e))));
+                    let _ = done.send(
+                        result
+                            .as_ref()
+                            .map(|_| ())
+                            .map_err(|e| self.device_error(clone_device_error(e))),
+                    );
                 }
             }
         }
@@ -243,7 +280,7 @@ impl Leaf {
 
     fn finish(self: &Arc<Self>, queue: usize, class: IoClass, members: usize) {
         self.pending.fetch_sub(members as u64, Ordering::Relaxed);
-        self.queues[queue].lock().done(class);
+        self.queues[queue].lock().done(class, members);
         self.pump(queue);
     }
 }
@@ -260,19 +297,25 @@ fn clone_device_error(error: &crate::device::DeviceError) -> crate::device::Devi
             len_bytes: *len_bytes,
             source: std::io::Error::new(source.kind(), source.to_string()),
         },
-        DeviceError::OutOfRange { device, op, offset_bytes, len_bytes, device_bytes, sector_bytes } => {
-            DeviceError::OutOfRange {
-                device: device.clone(),
-                op: *op,
-                offset_bytes: *offset_bytes,
-                len_bytes: *len_bytes,
-                device_bytes: *device_bytes,
-                sector_bytes: *sector_bytes,
-            }
-        }
-        DeviceError::Open { path, source } => {
-            DeviceError::Open { path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
-        }
+        DeviceError::OutOfRange {
+            device,
+            op,
+            offset_bytes,
+            len_bytes,
+            device_bytes,
+            sector_bytes,
+        } => DeviceError::OutOfRange {
+            device: device.clone(),
+            op: *op,
+            offset_bytes: *offset_bytes,
+            len_bytes: *len_bytes,
+            device_bytes: *device_bytes,
+            sector_bytes: *sector_bytes,
+        },
+        DeviceError::Open { path, source } => DeviceError::Open {
+            path: path.clone(),
+            source: std::io::Error::new(source.kind(), source.to_string()),
+        },
         DeviceError::Gone { device } => DeviceError::Gone { device: device.clone() },
     }
 }

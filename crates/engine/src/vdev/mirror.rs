@@ -83,7 +83,10 @@ pub struct Mirror {
 
 impl Mirror {
     pub fn new(id: VdevId, env: &Env, children: Vec<Arc<Leaf>>, tunables: &Tunables) -> Mirror {
-        assert!(!children.is_empty() && children.len() <= MIRROR_CHILDREN_MAX, "mirror needs 1..=64 children");
+        assert!(
+            !children.is_empty() && children.len() <= MIRROR_CHILDREN_MAX,
+            "mirror needs 1..=64 children"
+        );
         let len = children[0].device().len_bytes();
         assert!(
             children.iter().all(|c| c.device().len_bytes() >= len || c.device().len_bytes() > 0),
@@ -166,7 +169,12 @@ impl Mirror {
 
     /// Writes to every child; succeeds when at least one child took the write. Children that
     /// failed have their error counted (the pool's resilver bookkeeping uses the result).
-    pub async fn write(&self, offset: u64, data: SharedBuf, class: IoClass) -> Result<(), VdevError> {
+    pub async fn write(
+        &self,
+        offset: u64,
+        data: SharedBuf,
+        class: IoClass,
+    ) -> Result<(), VdevError> {
         let writes = self.children.iter().map(|child| child.write(offset, data.clone(), class));
         let results = join_all(writes).await;
         self.any_succeeded(results, "write", offset, u64::from(data.len_bytes()))
@@ -194,7 +202,13 @@ impl Mirror {
             return Ok(());
         }
         let last = results.into_iter().filter_map(Result::err).last().map(Box::new);
-        Err(VdevError::AllChildrenFailed { vdev: self.id, op, offset_bytes: offset, len_bytes: len, last })
+        Err(VdevError::AllChildrenFailed {
+            vdev: self.id,
+            op,
+            offset_bytes: offset,
+            len_bytes: len,
+            last,
+        })
     }
 
     /// Rewrites the good copy onto the children that failed it.
@@ -229,7 +243,8 @@ impl Mirror {
                 healthy
             }
         };
-        let first_from = |start: usize| (0..count).map(|i| (start + i) % count).find(|c| usable.contains(c));
+        let first_from =
+            |start: usize| (0..count).map(|i| (start + i) % count).find(|c| usable.contains(c));
         match self.policy {
             ReadPolicy::OffsetModulo => first_from(((offset >> 21) % count as u64) as usize),
             ReadPolicy::RoundRobin => {
@@ -261,7 +276,8 @@ impl Mirror {
         };
         let loads: Vec<(usize, u64)> = usable.iter().map(|&c| (c, load(c))).collect();
         let lowest = loads.iter().map(|&(_, l)| l).min()?;
-        let ties: Vec<usize> = loads.iter().filter(|&&(_, l)| l == lowest).map(|&(c, _)| c).collect();
+        let ties: Vec<usize> =
+            loads.iter().filter(|&&(_, l)| l == lowest).map(|&(c, _)| c).collect();
         if ties.len() == 1 {
             return ties.first().copied();
         }

@@ -129,14 +129,23 @@ impl Vdev {
                     Ok(buf)
                 } else {
                     leaf.stats().checksum_errors.inc();
-                    Err(VdevError::Checksum { vdev: leaf.id(), offset_bytes: offset, len_bytes: len })
+                    Err(VdevError::Checksum {
+                        vdev: leaf.id(),
+                        offset_bytes: offset,
+                        len_bytes: len,
+                    })
                 }
             }
             Vdev::Mirror(mirror) => mirror.read(offset, len, class, verify).await,
         }
     }
 
-    pub async fn write(&self, offset: u64, data: SharedBuf, class: IoClass) -> Result<(), VdevError> {
+    pub async fn write(
+        &self,
+        offset: u64,
+        data: SharedBuf,
+        class: IoClass,
+    ) -> Result<(), VdevError> {
         match self {
             Vdev::Leaf(leaf) => leaf.write(offset, data, class).await,
             Vdev::Mirror(mirror) => mirror.write(offset, data, class).await,
@@ -179,7 +188,9 @@ impl Root {
     }
 
     fn vdev(&self, dva: Dva) -> Result<&Vdev, VdevError> {
-        self.top.get(dva.vdev as usize).ok_or(VdevError::NoSuchVdev { vdev: dva.vdev, count: self.top.len() })
+        self.top
+            .get(dva.vdev as usize)
+            .ok_or(VdevError::NoSuchVdev { vdev: dva.vdev, count: self.top.len() })
     }
 
     /// Maps a logical offset striped in `stripe_bytes` units round-robin over the top-level

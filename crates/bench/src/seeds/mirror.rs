@@ -1,0 +1,308 @@
+//! Seed 002: load-aware mirror reads.
+//!
+//! The seed's experiment: 16 fio threads reading 16 files, on 2 striped disks and on two
+//! top-level 2-, 3- and 4-way mirrors of HDDs; 1 MiB and 4 KiB sequential reads (MB/s) and
+//! random reads (IO/s); offset-modulo ("pristine") against least-pending ("with 1461").
+//!
+//! Our setup: 7200 rpm simulated HDDs of 1 TB (`HddParams::default`), 16 readers on 16 regions
+//! of 16 GiB spread over the pool, striped over the two top-level vdevs in 1 MiB units. As in
+//! ZFS with its default 128 KiB recordsize, every read goes through 128 KiB records: a 1 MiB
+//! read issues its 8 records at once, a 4 KiB sequential reader fetches a record every 32 reads
+//! and serves the rest from it, and a 4 KiB random read fetches its whole record. Each point runs
+//! for a fixed span of virtual time and counts what completed.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use serde::Serialize;
+use sluice_engine::device::sim::{HddParams, SsdParams};
+use sluice_engine::device::SimProfile;
+use sluice_engine::rt::{Env, Rng, Time};
+use sluice_engine::tunables::{IoClass, Tunables};
+use sluice_engine::vdev::{Mirror, Root, Vdev, VdevId};
+use sluice_sim::Sim;
+
+use super::sim_leaf;
+use crate::gain_pct;
+
+const READERS: u64 = 16;
+const RECORD_BYTES: u64 = 128 << 10;
+const REGION_BYTES: u64 = 16 << 30;
+const STRIPE_BYTES: u64 = 1 << 20;
+const DISK_BYTES: u64 = 1_000_000_000_000 / 4096 * 4096;
+
+/// The four workloads of the seed's table, in its column order.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub enum Workload {
+    Seq1M,
+    Seq4K,
+    Rand1M,
+    Rand4K,
+}
+
+impl Workload {
+    pub const ALL: [Workload; 4] =
+        [Workload::Seq1M, Workload::Seq4K, Workload::Rand1M, Workload::Rand4K];
+
+    fn block_bytes(self) -> u64 {
+        match self {
+            Workload::Seq1M | Workload::Rand1M => 1 << 20,
+            Workload::Seq4K | Workload::Rand4K => 4096,
+        }
+    }
+
+    fn sequential(self) -> bool {
+        matches!(self, Workload::Seq1M | Workload::Seq4K)
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Workload::Seq1M => "seq 1M MB/s",
+            Workload::Seq4K => "seq 4K MB/s",
+            Workload::Rand1M => "rand 1M IO/s",
+            Workload::Rand4K => "rand 4K IO/s",
+        }
+    }
+}
+
+/// A pool layout of the experiment.
+#[derive(Clone, Debug, Serialize)]
+pub struct Layout {
+    pub name: String,
+    /// Profiles of each top-level vdev's children (one child: a plain disk).
+    top_level: Vec<Vec<&'static str>>,
+    /// The seed's published figures (pristine, with 1461), where the seed has this row.
+    pub seed: Option<([f64; 4], [f64; 4])>,
+}
+
+fn profile(name: &str) -> SimProfile {
+    match name {
+        "ssd" => SimProfile::Ssd(SsdParams { channels: 4, ..SsdParams::default() }),
+        _ => SimProfile::Hdd(HddParams::default()),
+    }
+}
+
+/// The seed's rows, plus the mixed-media mirror the issue asks for.
+pub fn layouts() -> Vec<Layout> {
+    let hdds = |n: usize| vec!["hdd"; n];
+    vec![
+        Layout {
+            name: "2 Striped".into(),
+            top_level: vec![hdds(1), hdds(1)],
+            seed: Some(([226., 243., 11., 304.], [222., 255., 11., 299.])),
+        },
+        Layout {
+            name: "2 2-Way Mirror".into(),
+            top_level: vec![hdds(2), hdds(2)],
+            seed: Some(([302., 324., 16., 534.], [433., 448., 23., 571.])),
+        },
+        Layout {
+            name: "2 3-Way Mirror".into(),
+            top_level: vec![hdds(3), hdds(3)],
+            seed: Some(([429., 458., 24., 714.], [648., 648., 41., 808.])),
+        },
+        Layout {
+            name: "2 4-Way Mirror".into(),
+            top_level: vec![hdds(4), hdds(4)],
+            seed: Some(([562., 601., 36., 849.], [816., 828., 82., 926.])),
+        },
+        Layout { name: "SSD+HDD Mirror".into(), top_level: vec![vec!["ssd", "hdd"]], seed: None },
+        Layout { name: "SSD alone".into(), top_level: vec![vec!["ssd"]], seed: None },
+        Layout { name: "HDD alone".into(), top_level: vec![hdds(1)], seed: None },
+    ]
+}
+
+/// One row: our figures under both policies, and the seed's if it has the row.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub layout: String,
+    pub offset_modulo: [f64; 4],
+    pub least_pending: [f64; 4],
+    pub seed_pristine: Option<[f64; 4]>,
+    pub seed_with_1461: Option<[f64; 4]>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub seconds_per_point: f64,
+    pub seed: u64,
+    pub rows: Vec<Row>,
+}
+
+/// Runs every layout, workload and policy.
+pub fn run(seconds: f64, seed: u64) -> Report {
+    let rows = layouts()
+        .into_iter()
+        .map(|layout| {
+            let measure =
+                |policy: &str| Workload::ALL.map(|w| run_point(&layout, policy, w, seconds, seed));
+            Row {
+                layout: layout.name.clone(),
+                offset_modulo: measure("offset-modulo"),
+                least_pending: measure("least-pending"),
+                seed_pristine: layout.seed.map(|s| s.0),
+                seed_with_1461: layout.seed.map(|s| s.1),
+            }
+        })
+        .collect();
+    Report { seconds_per_point: seconds, seed, rows }
+}
+
+fn build_root(env: &Env, layout: &Layout, tunables: &Tunables) -> Root {
+    let mut next_id = 0u32;
+    let top = layout
+        .top_level
+        .iter()
+        .map(|children| {
+            let mut leaves: Vec<_> = children
+                .iter()
+                .map(|p| {
+                    next_id += 1;
+                    sim_leaf(env, next_id, profile(p), DISK_BYTES, tunables).0
+                })
+                .collect();
+            if leaves.len() == 1 {
+                Vdev::Leaf(leaves.remove(0))
+            } else {
+                next_id += 1;
+                Vdev::Mirror(Arc::new(Mirror::new(VdevId(1000 + next_id), env, leaves, tunables)))
+            }
+        })
+        .collect();
+    Root::new(top)
+}
+
+/// One figure: MB/s for sequential workloads, IO/s for random ones.
+pub fn run_point(
+    layout: &Layout,
+    policy: &str,
+    workload: Workload,
+    seconds: f64,
+    seed: u64,
+) -> f64 {
+    let sim = Sim::new(seed);
+    let env = sim.env();
+    let tunables = match Tunables::with([("mirror.read_policy", policy)]) {
+        Ok(t) => t,
+        Err(e) => panic!("bench tunables: {e}"),
+    };
+    let root = Arc::new(build_root(&env, layout, &tunables));
+    let pool_bytes: u64 = root.top_level().iter().map(Vdev::len_bytes).sum();
+    let spacing = (pool_bytes / READERS) / STRIPE_BYTES * STRIPE_BYTES;
+    assert!(spacing >= REGION_BYTES, "regions must not overlap");
+    let end = Time::ZERO.plus(Duration::from_secs_f64(seconds));
+    let done = Rc::new(RefCell::new((0u64, 0u64)));
+    let readers: Vec<_> = (0..READERS)
+        .map(|reader| {
+            let root = Arc::clone(&root);
+            let env = env.clone();
+            let done = Rc::clone(&done);
+            let mut rng = env.rng(&format!("reader{reader}"));
+            async move {
+                let base = reader * spacing;
+                let mut position = 0u64;
+                let mut cached_record = None;
+                while env.now() < end {
+                    let block = workload.block_bytes();
+                    let offset = if workload.sequential() {
+                        let at = position;
+                        position = (position + block) % REGION_BYTES;
+                        at
+                    } else {
+                        rng_block(&mut rng, REGION_BYTES / block) * block
+                    };
+                    let first = offset / RECORD_BYTES;
+                    let last = (offset + block - 1) / RECORD_BYTES;
+                    let records: Vec<u64> =
+                        (first..=last).filter(|r| cached_record != Some(*r)).collect();
+                    let reads = records.iter().map(|record| {
+                        let dva = root.stripe(base + record * RECORD_BYTES, STRIPE_BYTES);
+                        let root = Arc::clone(&root);
+                        async move {
+                            root.read(dva, RECORD_BYTES as u32, IoClass::SyncRead, &|_: &[u8]| true)
+                                .await
+                        }
+                    });
+                    let results = join_all(reads).await;
+                    if results.iter().any(Result::is_err) || env.now() > end {
+                        break;
+                    }
+                    cached_record = Some(last);
+                    let mut done = done.borrow_mut();
+                    done.0 += block;
+                    done.1 += 1;
+                }
+            }
+        })
+        .collect();
+    let run = sim.run(async move {
+        join_all(readers).await;
+    });
+    if let Err(e) = run {
+        panic!("mirror bench {} {policy} {workload:?}: {e}", layout.name);
+    }
+    if std::env::var_os("SLUICE_BENCH_DEBUG").is_some() {
+        let reads: Vec<u64> = root.leaves().iter().map(|l| l.stats().reads.get()).collect();
+        eprintln!("{} {policy} {workload:?}: reads per leaf {reads:?}", layout.name);
+    }
+    let (bytes, ops) = *done.borrow();
+    if workload.sequential() {
+        bytes as f64 / 1e6 / seconds
+    } else {
+        ops as f64 / seconds
+    }
+}
+
+fn rng_block(rng: &mut Rng, count: u64) -> u64 {
+    rng.below(count)
+}
+
+impl Report {
+    /// The seed's layout: before and after side by side, ours above the seed's.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        out.push_str(
+            "| layout | policy | seq 1M MB/s | seq 4K MB/s | rand 1M IO/s | rand 4K IO/s |\n",
+        );
+        out.push_str("|---|---|---:|---:|---:|---:|\n");
+        let cells =
+            |v: &[f64; 4]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" | ");
+        let gains = |a: &[f64; 4], b: &[f64; 4]| {
+            (0..4).map(|i| format!("{:+.0}%", gain_pct(a[i], b[i]))).collect::<Vec<_>>().join(" | ")
+        };
+        for row in &self.rows {
+            out.push_str(&format!(
+                "| {} | sluice offset-modulo | {} |\n",
+                row.layout,
+                cells(&row.offset_modulo)
+            ));
+            out.push_str(&format!(
+                "| {} | sluice least-pending | {} |\n",
+                row.layout,
+                cells(&row.least_pending)
+            ));
+            out.push_str(&format!(
+                "| {} | sluice gain | {} |\n",
+                row.layout,
+                gains(&row.offset_modulo, &row.least_pending)
+            ));
+            if let (Some(before), Some(after)) = (&row.seed_pristine, &row.seed_with_1461) {
+                out.push_str(&format!("| {} | seed pristine | {} |\n", row.layout, cells(before)));
+                out.push_str(&format!("| {} | seed with 1461 | {} |\n", row.layout, cells(after)));
+                out.push_str(&format!(
+                    "| {} | seed gain | {} |\n",
+                    row.layout,
+                    gains(before, after)
+                ));
+            }
+        }
+        out.push_str(&format!(
+            "\nVirtual time: {:.0} s per point, simulator seed {}. MB = 10^6 bytes.\n",
+            self.seconds_per_point, self.seed
+        ));
+        out
+    }
+}

@@ -1,0 +1,30 @@
+//! One module per seed experiment: `mirror` (seed 002) and `queue` (seed 003).
+
+pub mod mirror;
+pub mod queue;
+
+use std::sync::Arc;
+
+use sluice_engine::device::sim::SimOptions;
+use sluice_engine::device::{SimDevice, SimProfile};
+use sluice_engine::rt::Env;
+use sluice_engine::tunables::Tunables;
+use sluice_engine::vdev::{Leaf, VdevId};
+
+/// A timing-only leaf (no data kept) on a simulated device.
+pub(crate) fn sim_leaf(
+    env: &Env,
+    id: u32,
+    profile: SimProfile,
+    len_bytes: u64,
+    tunables: &Tunables,
+) -> (Arc<Leaf>, SimDevice) {
+    let device = SimDevice::new(
+        env,
+        &format!("sim{id}"),
+        profile,
+        len_bytes,
+        SimOptions { store_data: false, record_log: false },
+    );
+    (Leaf::new(VdevId(id), env, Arc::new(device.clone()), tunables), device)
+}

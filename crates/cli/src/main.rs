@@ -1,0 +1,124 @@
+//! The `sluice` command. `main` only turns a result into an exit code; each subcommand is a
+//! function that returns `anyhow::Result`.
+//!
+//! Commands so far: `sluice tunables` (the table, or one value validated) and `sluice bench
+//! seeds mirror|queue` (seed 002 and 003 in virtual time). Pool, volume and serve commands
+//! arrive with the pool, intent-log and NBD issues.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use sluice_engine::tunables::{Tunable, Tunables};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "A user-space, ZFS-style storage system for fast, durable synchronous writes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List every tunable with its default, range and meaning; with NAME=VALUE arguments,
+    /// validate those settings together and print the resulting values.
+    Tunables {
+        /// Settings to check, as name=value (for example vdev.max_active=32).
+        settings: Vec<String>,
+    },
+    /// Run benchmarks.
+    Bench {
+        #[command(subcommand)]
+        bench: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Reproduce a seed document's experiment in virtual time, ours beside the published figures.
+    Seeds {
+        /// Which experiment.
+        #[arg(value_enum)]
+        experiment: Experiment,
+        /// Print one JSON document instead of a markdown table.
+        #[arg(long)]
+        json: bool,
+        /// Virtual seconds per measured point.
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
+        /// Simulator seed: the same seed gives the same figures.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Experiment {
+    /// Seed 002: mirror read selection, offset-modulo against least-pending, on simulated HDDs.
+    Mirror,
+    /// Seed 003: submission queues and queue depth against a queue-depth-1 sync writer.
+    Queue,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("sluice: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Tunables { settings } => tunables(&settings),
+        Command::Bench { bench: BenchCommand::Seeds { experiment, json, seconds, seed } } => {
+            anyhow::ensure!(
+                seconds > 0.0 && seconds <= 3600.0,
+                "--seconds must be in (0, 3600], got {seconds}"
+            );
+            let (markdown, value) = match experiment {
+                Experiment::Mirror => {
+                    let report = sluice_bench::seeds::mirror::run(seconds, seed);
+                    (report.markdown(), serde_json::to_value(&report)?)
+                }
+                Experiment::Queue => {
+                    let report = sluice_bench::seeds::queue::run(seconds, seed);
+                    (report.markdown(), serde_json::to_value(&report)?)
+                }
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&value)?);
+            } else {
+                print!("{markdown}");
+            }
+            Ok(())
+        }
+    }
+}
+
+fn tunables(settings: &[String]) -> anyhow::Result<()> {
+    let pairs = settings
+        .iter()
+        .map(|s| {
+            s.split_once('=')
+                .with_context(|| format!("{s:?} is not name=value (for example vdev.queues=1)"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let values = Tunables::with(pairs.iter().copied())?;
+    for &tunable in Tunable::all() {
+        let def = tunable.def();
+        if settings.is_empty() {
+            println!("{:<36} {:<14} {}", def.name, values.display(tunable), def.kind);
+            println!("    {}", def.doc);
+        } else {
+            println!("{}={}", def.name, values.display(tunable));
+        }
+    }
+    Ok(())
+}
