@@ -65,12 +65,27 @@ enum Experiment {
 }
 
 fn main() -> ExitCode {
+    tune_allocator();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("sluice: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// I/O buffers of up to a few MiB are allocated and freed at a high rate. glibc hands
+/// allocations above its mmap threshold straight to mmap/munmap, so every such buffer costs two
+/// system calls and fresh zeroed pages (measured: 80% of a seed benchmark's time in the kernel).
+/// Raising the threshold keeps them in the reusable heap.
+fn tune_allocator() {
+    const MMAP_THRESHOLD_BYTES: libc::c_int = 64 << 20;
+    const TRIM_THRESHOLD_BYTES: libc::c_int = 256 << 20;
+    // SAFETY: mallopt only adjusts allocator parameters; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES);
     }
 }
 

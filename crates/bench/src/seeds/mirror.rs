@@ -6,10 +6,16 @@
 //!
 //! Our setup: 7200 rpm simulated HDDs of 1 TB (`HddParams::default`), 16 readers on 16 regions
 //! of 16 GiB spread over the pool, striped over the two top-level vdevs in 1 MiB units. As in
-//! ZFS with its default 128 KiB recordsize, every read goes through 128 KiB records: a 1 MiB
-//! read issues its 8 records at once, a 4 KiB sequential reader fetches a record every 32 reads
-//! and serves the rest from it, and a 4 KiB random read fetches its whole record. Each point runs
-//! for a fixed span of virtual time and counts what completed.
+//! ZFS with its default 128 KiB recordsize, every read goes through 128 KiB records, and
+//! sequential readers prefetch as ZFS's zfetch does: records up to 8 MiB ahead of each stream
+//! are always in flight, so a 4 KiB and a 1 MiB sequential reader both stream. A random read
+//! fetches the whole records it touches, with no prefetch. Each point runs for a fixed span of
+//! virtual time and counts what completed.
+//!
+//! Why prefetch matters to the result: with it, a stream hands each disk long runs. Offset-modulo
+//! deals a stream's 2 MiB chunks out to the children in turn, so each child reads a chunk, skips
+//! the next and pays a positioning for every chunk; least-pending keeps a stream on the child
+//! where its last read ended for as long as loads allow, so the runs stay unbroken.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -17,9 +23,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
+use futures::stream::{FuturesOrdered, StreamExt};
 use serde::Serialize;
 use sluice_engine::device::sim::{HddParams, SsdParams};
-use sluice_engine::device::SimProfile;
+use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
 use sluice_engine::rt::{Env, Rng, Time};
 use sluice_engine::tunables::{IoClass, Tunables};
 use sluice_engine::vdev::{Mirror, Root, Vdev, VdevId};
@@ -32,6 +39,8 @@ const READERS: u64 = 16;
 const RECORD_BYTES: u64 = 128 << 10;
 const REGION_BYTES: u64 = 16 << 30;
 const STRIPE_BYTES: u64 = 1 << 20;
+/// How far ahead a sequential stream's prefetch runs (zfetch_max_distance).
+const PREFETCH_BYTES: u64 = 8 << 20;
 const DISK_BYTES: u64 = 1_000_000_000_000 / 4096 * 4096;
 
 /// The four workloads of the seed's table, in its column order.
@@ -151,7 +160,8 @@ pub fn run(seconds: f64, seed: u64) -> Report {
     Report { seconds_per_point: seconds, seed, rows }
 }
 
-fn build_root(env: &Env, layout: &Layout, tunables: &Tunables) -> Root {
+fn build_root(env: &Env, layout: &Layout, tunables: &Tunables) -> (Root, Vec<SimDevice>) {
+    let mut devices = Vec::new();
     let mut next_id = 0u32;
     let top = layout
         .top_level
@@ -161,7 +171,9 @@ fn build_root(env: &Env, layout: &Layout, tunables: &Tunables) -> Root {
                 .iter()
                 .map(|p| {
                     next_id += 1;
-                    sim_leaf(env, next_id, profile(p), DISK_BYTES, tunables).0
+                    let (leaf, device) = sim_leaf(env, next_id, profile(p), DISK_BYTES, tunables);
+                    devices.push(device);
+                    leaf
                 })
                 .collect();
             if leaves.len() == 1 {
@@ -172,7 +184,7 @@ fn build_root(env: &Env, layout: &Layout, tunables: &Tunables) -> Root {
             }
         })
         .collect();
-    Root::new(top)
+    (Root::new(top), devices)
 }
 
 /// One figure: MB/s for sequential workloads, IO/s for random ones.
@@ -189,7 +201,8 @@ pub fn run_point(
         Ok(t) => t,
         Err(e) => panic!("bench tunables: {e}"),
     };
-    let root = Arc::new(build_root(&env, layout, &tunables));
+    let (root, devices) = build_root(&env, layout, &tunables);
+    let root = Arc::new(root);
     let pool_bytes: u64 = root.top_level().iter().map(Vdev::len_bytes).sum();
     let spacing = (pool_bytes / READERS) / STRIPE_BYTES * STRIPE_BYTES;
     assert!(spacing >= REGION_BYTES, "regions must not overlap");
@@ -200,40 +213,13 @@ pub fn run_point(
             let root = Arc::clone(&root);
             let env = env.clone();
             let done = Rc::clone(&done);
-            let mut rng = env.rng(&format!("reader{reader}"));
+            let rng = env.rng(&format!("reader{reader}"));
+            let base = reader * spacing;
             async move {
-                let base = reader * spacing;
-                let mut position = 0u64;
-                let mut cached_record = None;
-                while env.now() < end {
-                    let block = workload.block_bytes();
-                    let offset = if workload.sequential() {
-                        let at = position;
-                        position = (position + block) % REGION_BYTES;
-                        at
-                    } else {
-                        rng_block(&mut rng, REGION_BYTES / block) * block
-                    };
-                    let first = offset / RECORD_BYTES;
-                    let last = (offset + block - 1) / RECORD_BYTES;
-                    let records: Vec<u64> =
-                        (first..=last).filter(|r| cached_record != Some(*r)).collect();
-                    let reads = records.iter().map(|record| {
-                        let dva = root.stripe(base + record * RECORD_BYTES, STRIPE_BYTES);
-                        let root = Arc::clone(&root);
-                        async move {
-                            root.read(dva, RECORD_BYTES as u32, IoClass::SyncRead, &|_: &[u8]| true)
-                                .await
-                        }
-                    });
-                    let results = join_all(reads).await;
-                    if results.iter().any(Result::is_err) || env.now() > end {
-                        break;
-                    }
-                    cached_record = Some(last);
-                    let mut done = done.borrow_mut();
-                    done.0 += block;
-                    done.1 += 1;
+                if workload.sequential() {
+                    read_sequential(&root, &env, base, workload.block_bytes(), end, &done).await;
+                } else {
+                    read_random(&root, &env, base, workload.block_bytes(), end, &done, rng).await;
                 }
             }
         })
@@ -245,8 +231,18 @@ pub fn run_point(
         panic!("mirror bench {} {policy} {workload:?}: {e}", layout.name);
     }
     if std::env::var_os("SLUICE_BENCH_DEBUG").is_some() {
-        let reads: Vec<u64> = root.leaves().iter().map(|l| l.stats().reads.get()).collect();
-        eprintln!("{} {policy} {workload:?}: reads per leaf {reads:?}", layout.name);
+        for device in &devices {
+            let s = device.stats();
+            eprintln!(
+                "{} {policy} {workload:?} {}: commands {} merged {} MB {} busy {:.0}%",
+                layout.name,
+                device.name(),
+                s.reads,
+                s.merged,
+                s.read_bytes >> 20,
+                s.busy_nanos as f64 / (seconds * 1e9) * 100.0
+            );
+        }
     }
     let (bytes, ops) = *done.borrow();
     if workload.sequential() {
@@ -256,8 +252,67 @@ pub fn run_point(
     }
 }
 
-fn rng_block(rng: &mut Rng, count: u64) -> u64 {
-    rng.below(count)
+/// Reads one 128 KiB record of a reader's region.
+async fn read_record(root: Arc<Root>, base: u64, record: u64) -> bool {
+    let record = record % (REGION_BYTES / RECORD_BYTES);
+    let dva = root.stripe(base + record * RECORD_BYTES, STRIPE_BYTES);
+    root.read(dva, RECORD_BYTES as u32, IoClass::SyncRead, &|_: &[u8]| true).await.is_ok()
+}
+
+/// A sequential reader with ZFS-style prefetch: records up to `PREFETCH_BYTES` ahead of the
+/// reader are always in flight, and the reader consumes them in order.
+async fn read_sequential(
+    root: &Arc<Root>,
+    env: &Env,
+    base: u64,
+    block: u64,
+    end: Time,
+    done: &Rc<RefCell<(u64, u64)>>,
+) {
+    let mut in_flight = FuturesOrdered::new();
+    let (mut next_record, mut position, mut available) = (0u64, 0u64, 0u64);
+    while env.now() < end {
+        while next_record * RECORD_BYTES < position + block + PREFETCH_BYTES {
+            in_flight.push_back(read_record(Arc::clone(root), base, next_record));
+            next_record += 1;
+        }
+        while available < position + block {
+            match in_flight.next().await {
+                Some(true) => available += RECORD_BYTES,
+                _ => return,
+            }
+        }
+        if env.now() > end {
+            return;
+        }
+        position += block;
+        let mut done = done.borrow_mut();
+        done.0 += block;
+        done.1 += 1;
+    }
+}
+
+/// A random reader: each read fetches the whole records it touches.
+async fn read_random(
+    root: &Arc<Root>,
+    env: &Env,
+    base: u64,
+    block: u64,
+    end: Time,
+    done: &Rc<RefCell<(u64, u64)>>,
+    mut rng: Rng,
+) {
+    while env.now() < end {
+        let offset = rng.below(REGION_BYTES / block) * block;
+        let records = (offset / RECORD_BYTES)..=((offset + block - 1) / RECORD_BYTES);
+        let results = join_all(records.map(|r| read_record(Arc::clone(root), base, r))).await;
+        if results.contains(&false) || env.now() > end {
+            return;
+        }
+        let mut done = done.borrow_mut();
+        done.0 += block;
+        done.1 += 1;
+    }
 }
 
 impl Report {

@@ -9,10 +9,10 @@
 //! benchmarks (the device sleeps).
 //!
 //! - `Hdd`: one actuator. Positioning by distance: zero when a request starts where the head is
-//!   (so adjacent queued requests merge into one stream), the platter's rotation for short
-//!   forward skips (skipping data costs as much as reading it), otherwise a seek of
-//!   `track_to_track + (full_stroke - track_to_track) * sqrt(distance / capacity)` plus a
-//!   rotational delay drawn uniformly from one revolution. The drive keeps up to `ncq_depth`
+//!   (so adjacent queued requests merge into one stream); otherwise a seek of
+//!   `track_to_track + (full_stroke - track_to_track) * sqrt(distance / 1 TB)` plus a
+//!   rotational delay drawn uniformly from one revolution, or, for a short forward gap, the time
+//!   the platter takes to turn past it when that is sooner. The drive keeps up to `ncq_depth`
 //!   commands and serves them in C-LOOK elevator order; more wait in arrival order. Transfer at
 //!   `media_bytes_per_sec`.
 //! - `Ssd`: a device-wide transfer stage (`bus_bytes_per_sec`, first in first out, which is how a
@@ -883,17 +883,20 @@ fn hdd_service(params: &HddParams, state: &mut State, queued: &Queued) -> Durati
             let positioning = if target == head {
                 state.stats.merged += 1;
                 Duration::ZERO
-            } else if target > head && target - head <= params.skip_window_bytes {
-                transfer(target - head, params.media_bytes_per_sec) + params.command_overhead
             } else {
                 let distance = target.abs_diff(head) as f64;
                 let fraction = (distance / 1e12_f64.max(distance)).sqrt();
                 let span = params.full_stroke.saturating_sub(params.track_to_track);
-                let seek = params.track_to_track + span.mul_f64(fraction);
                 let revolution =
                     Duration::from_nanos(60_000_000_000 / u64::from(params.rpm.max(1)));
-                let rotation = revolution.mul_f64(state.rng.unit());
-                seek + rotation + params.command_overhead
+                let seek = params.track_to_track
+                    + span.mul_f64(fraction)
+                    + revolution.mul_f64(state.rng.unit());
+                // A short forward gap can be passed over by letting the platter turn; the drive
+                // takes whichever is sooner.
+                let pass_over = (target > head && target - head <= params.skip_window_bytes)
+                    .then(|| transfer(target - head, params.media_bytes_per_sec));
+                pass_over.map_or(seek, |p| p.min(seek)) + params.command_overhead
             };
             state.hdd.head_offset = target + len;
             positioning + transfer(len, params.media_bytes_per_sec)

@@ -8,9 +8,13 @@
 //! holds a lock across the I/O. Flush and discard bypass the scheduler: they are barriers and
 //! hints, not data transfers, and ordering them behind queued reads would only delay them.
 //!
-//! Mirror read selection needs two numbers from a leaf without taking its locks: how many I/Os
-//! are pending on it and where its last command ended; both live in atomics.
+//! Mirror read selection asks a leaf how many I/Os are pending on it (an atomic) and whether a
+//! read would continue one of its pending I/Os: the end offsets of every queued or in-flight
+//! I/O are kept in a small ordered map. With many interleaved streams a single "last offset"
+//! almost always belongs to another stream; the map recognises each stream's continuation, and
+//! a continuation merges with its predecessor at no positioning cost.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -40,6 +44,8 @@ pub struct Leaf {
     next_queue: AtomicUsize,
     pending: AtomicU64,
     last_end: AtomicU64,
+    /// End offsets of queued and in-flight I/Os, with how many end there.
+    pending_ends: Mutex<BTreeMap<u64, u32>>,
     faulted: AtomicBool,
     stats: LeafStats,
 }
@@ -67,6 +73,7 @@ impl Leaf {
             next_queue: AtomicUsize::new(0),
             pending: AtomicU64::new(0),
             last_end: AtomicU64::new(0),
+            pending_ends: Mutex::new(BTreeMap::new()),
             faulted: AtomicBool::new(false),
             stats: LeafStats::default(),
         })
@@ -103,6 +110,14 @@ impl Leaf {
     /// child where they would have merged with their predecessors.
     pub fn last_end(&self) -> u64 {
         self.last_end.load(Ordering::Relaxed)
+    }
+
+    /// Distance from `offset` to the nearest end of a pending I/O at or before it, if one
+    /// lies within `window` bytes. `Some(0)`: the read continues a pending I/O exactly.
+    pub fn pending_end_distance(&self, offset: u64, window: u64) -> Option<u64> {
+        let ends = self.pending_ends.lock();
+        let (&end, _) = ends.range(offset.saturating_sub(window)..=offset).next_back()?;
+        Some(offset - end)
     }
 
     /// A leaf is faulted once its device reported itself gone; mirrors stop reading from it.
@@ -193,6 +208,7 @@ impl Leaf {
     fn enqueue(self: &Arc<Self>, io: QueuedIo<(Waiter, crate::rt::Time)>) {
         self.pending.fetch_add(1, Ordering::Relaxed);
         self.last_end.store(io.offset + io.len, Ordering::Relaxed);
+        *self.pending_ends.lock().entry(io.offset + io.len).or_insert(0) += 1;
         let queue = self.next_queue.fetch_add(1, Ordering::Relaxed) % self.queues.len();
         self.queues[queue].lock().enqueue(io, self.env.now());
         self.pump(queue);
@@ -210,6 +226,7 @@ impl Leaf {
     /// Runs one device command and hands each member its result.
     async fn execute(self: Arc<Self>, queue: usize, issue: Issue<(Waiter, crate::rt::Time)>) {
         let class = issue.class;
+        let ends: Vec<u64> = issue.members.iter().map(|m| m.offset + m.len).collect();
         if issue.members.len() > 1 {
             self.stats.aggregated.add(issue.members.len() as u64 - 1);
         }
@@ -220,7 +237,7 @@ impl Leaf {
                 if result.is_err() {
                     self.stats.read_errors.inc();
                 }
-                self.finish(queue, class, issue.members.len());
+                self.finish(queue, class, &ends);
                 let now = self.env.now();
                 let single = issue.members.len() == 1;
                 let mut whole = None;
@@ -263,7 +280,7 @@ impl Leaf {
                     joined.into_shared()
                 };
                 let result = self.device.write_at(issue.offset, data).await;
-                self.finish(queue, class, issue.members.len());
+                self.finish(queue, class, &ends);
                 for member in issue.members {
                     let (Waiter::Write(_, done), started) = member.payload else { continue };
                     self.stats.latency[member.class.index()].record(self.env.now().since(started));
@@ -278,8 +295,20 @@ impl Leaf {
         }
     }
 
-    fn finish(self: &Arc<Self>, queue: usize, class: IoClass, members: usize) {
+    fn finish(self: &Arc<Self>, queue: usize, class: IoClass, ends: &[u64]) {
+        let members = ends.len();
         self.pending.fetch_sub(members as u64, Ordering::Relaxed);
+        {
+            let mut pending_ends = self.pending_ends.lock();
+            for end in ends {
+                if let Some(count) = pending_ends.get_mut(end) {
+                    *count -= 1;
+                    if *count == 0 {
+                        pending_ends.remove(end);
+                    }
+                }
+            }
+        }
         self.queues[queue].lock().done(class, members);
         self.pump(queue);
     }

@@ -3,9 +3,12 @@
 //!
 //! Read selection ([`ReadPolicy`]):
 //! - `least-pending` (default): each readable child's load is its pending I/O count plus a
-//!   locality penalty against the end of its last command (rotational: nothing when the read
-//!   continues it, half a seek within `mirror.rotating_seek_offset`, a whole seek beyond;
-//!   non-rotational: a small constant unless it continues). The least-loaded child wins; among
+//!   locality penalty (rotational: nothing when the read continues one of the child's pending
+//!   I/Os or its last one, half a seek when a pending I/O ends within
+//!   `mirror.rotating_seek_offset` before it, a whole seek otherwise; non-rotational: a small
+//!   constant unless it continues). ZFS compares against the child's last issued offset only;
+//!   with many interleaved streams that offset belongs to some other stream, every read looks
+//!   like a seek everywhere, and streams lose their disk (measured in docs/bench). The least-loaded child wins; among
 //!   ties one is drawn at random and kept for `mirror.switch_us`, so a sequential stream stays
 //!   on one disk where its reads merge (seed 002's batching). Faster children drain their queue
 //!   sooner and so get more work, which is what lets an SSD+HDD mirror read near SSD speed.
@@ -258,21 +261,22 @@ impl Mirror {
     fn least_loaded(&self, offset: u64, usable: &[usize]) -> Option<usize> {
         let load = |child: usize| {
             let leaf = &self.children[child];
-            let last = leaf.last_end();
-            let penalty = if leaf.is_rotational() {
-                if offset == last {
-                    self.load.rotating_inc
-                } else if offset.abs_diff(last) <= self.load.rotating_seek_offset {
-                    self.load.rotating_seek_inc / 2
-                } else {
-                    self.load.rotating_seek_inc
+            let pending = leaf.pending();
+            if leaf.is_rotational() {
+                match leaf.pending_end_distance(offset, self.load.rotating_seek_offset) {
+                    // A continuation merges with its predecessor: it costs a transfer, where a
+                    // seek costs more than ten. It stays until this child is about twice as
+                    // loaded as another, whatever the absolute queue lengths.
+                    Some(0) => pending / 2 + self.load.rotating_inc,
+                    Some(_) => pending + self.load.rotating_seek_inc / 2,
+                    None if leaf.last_end() == offset => pending / 2 + self.load.rotating_inc,
+                    None => pending + self.load.rotating_seek_inc,
                 }
-            } else if offset == last {
-                self.load.non_rotating_inc
+            } else if leaf.pending_end_distance(offset, 0) == Some(0) || leaf.last_end() == offset {
+                pending + self.load.non_rotating_inc
             } else {
-                self.load.non_rotating_seek_inc
-            };
-            leaf.pending() + penalty
+                pending + self.load.non_rotating_seek_inc
+            }
         };
         let loads: Vec<(usize, u64)> = usable.iter().map(|&c| (c, load(c))).collect();
         let lowest = loads.iter().map(|&(_, l)| l).min()?;
