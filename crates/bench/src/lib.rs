@@ -14,3 +14,15 @@ pub fn gain_pct(before: f64, after: f64) -> f64 {
     }
     (after - before) / before * 100.0
 }
+
+/// Settings given on the command line, applied before the experiment's own.
+pub type Settings = [(String, String)];
+
+/// Tunables from `base` settings followed by an experiment's own.
+pub fn tunables_with(
+    base: &Settings,
+    own: &[(&str, &str)],
+) -> Result<sluice_engine::tunables::Tunables, sluice_engine::tunables::TunableError> {
+    let all = base.iter().map(|(n, v)| (n.as_str(), v.as_str())).chain(own.iter().copied());
+    sluice_engine::tunables::Tunables::with(all)
+}

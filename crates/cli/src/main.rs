@@ -53,6 +53,10 @@ enum BenchCommand {
         /// Simulator seed: the same seed gives the same figures.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Extra tunables for every point, as name=value (repeatable). Settings the experiment
+        /// itself varies (the read policy, the queue settings) are applied after these.
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        settings: Vec<String>,
     },
 }
 
@@ -92,18 +96,21 @@ fn tune_allocator() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Tunables { settings } => tunables(&settings),
-        Command::Bench { bench: BenchCommand::Seeds { experiment, json, seconds, seed } } => {
+        Command::Bench {
+            bench: BenchCommand::Seeds { experiment, json, seconds, seed, settings },
+        } => {
             anyhow::ensure!(
                 seconds > 0.0 && seconds <= 3600.0,
                 "--seconds must be in (0, 3600], got {seconds}"
             );
+            let base = parse_settings(&settings)?;
             let (markdown, value) = match experiment {
                 Experiment::Mirror => {
-                    let report = sluice_bench::seeds::mirror::run(seconds, seed);
+                    let report = sluice_bench::seeds::mirror::run(seconds, seed, &base)?;
                     (report.markdown(), serde_json::to_value(&report)?)
                 }
                 Experiment::Queue => {
-                    let report = sluice_bench::seeds::queue::run(seconds, seed);
+                    let report = sluice_bench::seeds::queue::run(seconds, seed, &base)?;
                     (report.markdown(), serde_json::to_value(&report)?)
                 }
             };
@@ -117,15 +124,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn tunables(settings: &[String]) -> anyhow::Result<()> {
-    let pairs = settings
+fn parse_settings(settings: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    settings
         .iter()
         .map(|s| {
             s.split_once('=')
+                .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
                 .with_context(|| format!("{s:?} is not name=value (for example vdev.queues=1)"))
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let values = Tunables::with(pairs.iter().copied())?;
+        .collect()
+}
+
+fn tunables(settings: &[String]) -> anyhow::Result<()> {
+    let pairs = parse_settings(settings)?;
+    let values = Tunables::with(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())))?;
     for &tunable in Tunable::all() {
         let def = tunable.def();
         if settings.is_empty() {

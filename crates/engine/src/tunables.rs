@@ -10,9 +10,23 @@ use std::fmt;
 /// How a tunable's value is read and bounded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    Count { min: u64, max: u64 },
-    Bytes { min: u64, max: u64 },
-    Micros { min: u64, max: u64 },
+    Count {
+        min: u64,
+        max: u64,
+    },
+    /// A count, or `auto` (stored as 0): the engine measures and chooses.
+    CountOrAuto {
+        min: u64,
+        max: u64,
+    },
+    Bytes {
+        min: u64,
+        max: u64,
+    },
+    Micros {
+        min: u64,
+        max: u64,
+    },
     Choice(&'static [&'static str]),
 }
 
@@ -47,9 +61,13 @@ tunable_table! {
         "Submission queues per leaf. Each has its own scheduler and its own vdev.max_active, so \
          the device may hold queues x max_active commands. More than 1 reproduces seed 003's \
          many-hardware-queue setup, where a sync write waits behind every queued read.";
-    VdevMaxActive = "vdev.max_active", Kind::Count { min: 1, max: 65536 }, "1000",
-        "Commands a submission queue keeps in the device at once (queue depth). The per-class \
-         maxima below bound it in practice, as in ZFS.";
+    VdevMaxActive = "vdev.max_active", Kind::CountOrAuto { min: 1, max: 65536 }, "1000",
+        "I/Os a submission queue keeps in the device at once (queue depth). A number caps all \
+         classes together and the per-class maxima below apply, as in ZFS (whose default this \
+         is). auto (experimental): each queue measures its throughput and gives reads, async \
+         writes and scrub the shallowest depth whose last step up still paid in throughput; \
+         sync and log writes get their own slots on top, so they never wait for one. See \
+         docs/design.md for what it measured and what is still unexplained.";
     SyncReadMin = "vdev.sync_read_min_active", Kind::Count { min: 0, max: 65536 }, "10", "Minimum active sync reads per submission queue.";
     SyncReadMax = "vdev.sync_read_max_active", Kind::Count { min: 1, max: 65536 }, "10", "Maximum active sync reads per submission queue.";
     SyncWriteMin = "vdev.sync_write_min_active", Kind::Count { min: 0, max: 65536 }, "10", "Minimum active sync writes per submission queue.";
@@ -222,7 +240,10 @@ fn parse(def: &TunableDef, text: &str) -> Result<u64, TunableError> {
         digits.parse::<u64>().ok().and_then(|n| n.checked_mul(multiplier)).ok_or_else(not_a_number)
     };
     let (value, min, max) = match def.kind {
-        Kind::Count { min, max } | Kind::Micros { min, max } => (number(false)?, min, max),
+        Kind::CountOrAuto { .. } if text.trim() == "auto" => return Ok(0),
+        Kind::Count { min, max } | Kind::CountOrAuto { min, max } | Kind::Micros { min, max } => {
+            (number(false)?, min, max)
+        }
         Kind::Bytes { min, max } => (number(true)?, min, max),
         Kind::Choice(choices) => {
             return choices.iter().position(|c| *c == text.trim()).map(|i| i as u64).ok_or_else(
@@ -275,7 +296,7 @@ impl Tunables {
             }
             // A minimum the queue depth cannot hold would never be honoured; refusing it keeps
             // the configuration honest. (A maximum above the depth is fine: the depth caps it.)
-            if min_value > max_active {
+            if !self.is_auto(Tunable::VdevMaxActive) && min_value > max_active {
                 return Err(TunableError::Inconsistent {
                     name: min.def().name,
                     value: min_value,
@@ -285,6 +306,11 @@ impl Tunables {
             }
         }
         Ok(())
+    }
+
+    /// True when a `CountOrAuto` tunable is set to `auto`.
+    pub fn is_auto(&self, tunable: Tunable) -> bool {
+        matches!(tunable.def().kind, Kind::CountOrAuto { .. }) && self.get(tunable) == 0
     }
 
     pub fn get(&self, tunable: Tunable) -> u64 {
@@ -303,6 +329,7 @@ impl Tunables {
     pub fn display(&self, tunable: Tunable) -> String {
         match tunable.def().kind {
             Kind::Choice(_) => self.choice(tunable).to_owned(),
+            Kind::CountOrAuto { .. } if self.is_auto(tunable) => "auto".to_owned(),
             _ => self.get(tunable).to_string(),
         }
     }
@@ -320,6 +347,7 @@ impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Kind::Count { min, max } => write!(f, "{min}..={max}"),
+            Kind::CountOrAuto { min, max } => write!(f, "auto or {min}..={max}"),
             Kind::Bytes { min, max } => write!(f, "{min}..={max} bytes"),
             Kind::Micros { min, max } => write!(f, "{min}..={max} us"),
             Kind::Choice(choices) => write!(f, "{}", choices.join("|")),
@@ -365,6 +393,21 @@ mod tests {
         assert!(matches!(
             Tunables::with([("vdev.aggregation_limit", "1X")]),
             Err(TunableError::NotANumber { .. })
+        ));
+    }
+
+    #[test]
+    fn auto_parses_and_displays() {
+        let t = Tunables::with([("vdev.max_active", "auto")]).unwrap();
+        assert!(t.is_auto(Tunable::VdevMaxActive));
+        assert_eq!(t.display(Tunable::VdevMaxActive), "auto");
+        assert!(!Tunables::default().is_auto(Tunable::VdevMaxActive));
+        let t = Tunables::with([("vdev.max_active", "32")]).unwrap();
+        assert!(!t.is_auto(Tunable::VdevMaxActive));
+        assert_eq!(t.get(Tunable::VdevMaxActive), 32);
+        assert!(matches!(
+            Tunables::with([("vdev.max_active", "0")]),
+            Err(TunableError::OutOfRange { .. })
         ));
     }
 

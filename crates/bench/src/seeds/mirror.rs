@@ -28,12 +28,12 @@ use serde::Serialize;
 use sluice_engine::device::sim::{HddParams, SsdParams};
 use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
 use sluice_engine::rt::{Env, Rng, Time};
-use sluice_engine::tunables::{IoClass, Tunables};
+use sluice_engine::tunables::{IoClass, TunableError, Tunables};
 use sluice_engine::vdev::{Mirror, Root, Vdev, VdevId};
 use sluice_sim::Sim;
 
 use super::sim_leaf;
-use crate::gain_pct;
+use crate::{gain_pct, tunables_with, Settings};
 
 const READERS: u64 = 16;
 const RECORD_BYTES: u64 = 128 << 10;
@@ -138,26 +138,31 @@ pub struct Row {
 pub struct Report {
     pub seconds_per_point: f64,
     pub seed: u64,
+    /// Tunables given with `--set`.
+    pub settings: Vec<String>,
     pub rows: Vec<Row>,
 }
 
 /// Runs every layout, workload and policy.
-pub fn run(seconds: f64, seed: u64) -> Report {
+pub fn run(seconds: f64, seed: u64, settings: &Settings) -> Result<Report, TunableError> {
+    let modulo = tunables_with(settings, &[("mirror.read_policy", "offset-modulo")])?;
+    let least = tunables_with(settings, &[("mirror.read_policy", "least-pending")])?;
     let rows = layouts()
         .into_iter()
         .map(|layout| {
             let measure =
-                |policy: &str| Workload::ALL.map(|w| run_point(&layout, policy, w, seconds, seed));
+                |t: &Tunables| Workload::ALL.map(|w| run_point(&layout, t, w, seconds, seed));
             Row {
                 layout: layout.name.clone(),
-                offset_modulo: measure("offset-modulo"),
-                least_pending: measure("least-pending"),
+                offset_modulo: measure(&modulo),
+                least_pending: measure(&least),
                 seed_pristine: layout.seed.map(|s| s.0),
                 seed_with_1461: layout.seed.map(|s| s.1),
             }
         })
         .collect();
-    Report { seconds_per_point: seconds, seed, rows }
+    let settings = settings.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    Ok(Report { seconds_per_point: seconds, seed, settings, rows })
 }
 
 fn build_root(env: &Env, layout: &Layout, tunables: &Tunables) -> (Root, Vec<SimDevice>) {
@@ -190,18 +195,15 @@ fn build_root(env: &Env, layout: &Layout, tunables: &Tunables) -> (Root, Vec<Sim
 /// One figure: MB/s for sequential workloads, IO/s for random ones.
 pub fn run_point(
     layout: &Layout,
-    policy: &str,
+    tunables: &Tunables,
     workload: Workload,
     seconds: f64,
     seed: u64,
 ) -> f64 {
     let sim = Sim::new(seed);
     let env = sim.env();
-    let tunables = match Tunables::with([("mirror.read_policy", policy)]) {
-        Ok(t) => t,
-        Err(e) => panic!("bench tunables: {e}"),
-    };
-    let (root, devices) = build_root(&env, layout, &tunables);
+    let policy = tunables.choice(sluice_engine::tunables::Tunable::MirrorReadPolicy);
+    let (root, devices) = build_root(&env, layout, tunables);
     let root = Arc::new(root);
     let pool_bytes: u64 = root.top_level().iter().map(Vdev::len_bytes).sum();
     let spacing = (pool_bytes / READERS) / STRIPE_BYTES * STRIPE_BYTES;
@@ -231,6 +233,8 @@ pub fn run_point(
         panic!("mirror bench {} {policy} {workload:?}: {e}", layout.name);
     }
     if std::env::var_os("SLUICE_BENCH_DEBUG").is_some() {
+        let depths: Vec<u32> = root.leaves().iter().map(|l| l.queue_depth()).collect();
+        eprintln!("{} {policy} {workload:?}: queue depths {depths:?}", layout.name);
         for device in &devices {
             let s = device.stats();
             eprintln!(
@@ -355,8 +359,10 @@ impl Report {
             }
         }
         out.push_str(&format!(
-            "\nVirtual time: {:.0} s per point, simulator seed {}. MB = 10^6 bytes.\n",
-            self.seconds_per_point, self.seed
+            "\nVirtual time: {:.0} s per point, simulator seed {}, tunables: {}. MB = 10^6 bytes.\n",
+            self.seconds_per_point,
+            self.seed,
+            if self.settings.is_empty() { "defaults".to_owned() } else { self.settings.join(" ") }
         ));
         out
     }

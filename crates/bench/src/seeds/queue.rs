@@ -10,7 +10,9 @@
 //! (a) `deep`: `vdev.queues=32`, `vdev.max_active=11`, reads allowed the whole depth, and
 //! (b) `shallow`: `vdev.queues=1`, `vdev.max_active=13`, sync reads capped at 12, so the device
 //! holds just enough reads to keep its 170 MB/s busy and the writer always finds a free slot.
-//! Each setting runs reads alone, the writer alone, and both together.
+//! Each setting runs reads alone, the writer alone, and both together. Two more rows show the
+//! defaults (ZFS's depths: sync reads at most 10) and the experimental `vdev.max_active=auto`.
+//! With `SLUICE_BENCH_DEBUG` set, each run prints the leaf's queue depth every half second.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -23,10 +25,11 @@ use serde::Serialize;
 use sluice_engine::device::sim::SsdParams;
 use sluice_engine::device::{SharedBuf, SimProfile};
 use sluice_engine::rt::Time;
-use sluice_engine::tunables::{IoClass, Tunables};
+use sluice_engine::tunables::{IoClass, TunableError, Tunables};
 use sluice_sim::Sim;
 
 use super::sim_leaf;
+use crate::{tunables_with, Settings};
 
 const DISK_BYTES: u64 = 16 << 30;
 const READ_BYTES: u64 = 32 << 10;
@@ -50,6 +53,11 @@ pub fn settings() -> Vec<Setting> {
                 ("vdev.max_active", "11"),
                 ("vdev.sync_read_max_active", "11"),
             ],
+        },
+        Setting { name: "defaults (1 queue, ZFS depths)", tunables: vec![] },
+        Setting {
+            name: "auto (1 queue, max_active=auto)",
+            tunables: vec![("vdev.max_active", "auto")],
         },
         Setting {
             name: "shallow (1 queue x 13, reads <= 12)",
@@ -85,18 +93,15 @@ pub struct Report {
     pub seed_read_mb_s: (f64, f64),
 }
 
-pub fn run(seconds: f64, seed: u64) -> Report {
+pub fn run(seconds: f64, seed: u64, base: &Settings) -> Result<Report, TunableError> {
     let mut rows: Vec<Row> = settings()
         .into_iter()
         .map(|setting| {
-            let tunables = match Tunables::with(setting.tunables.iter().copied()) {
-                Ok(t) => t,
-                Err(e) => panic!("queue bench setting {}: {e}", setting.name),
-            };
+            let tunables = tunables_with(base, &setting.tunables)?;
             let (read_alone, _) = run_point(&tunables, true, false, seconds, seed);
             let (_, write_alone) = run_point(&tunables, false, true, seconds, seed);
             let (read_both, write_both) = run_point(&tunables, true, true, seconds, seed);
-            Row {
+            Ok(Row {
                 setting: setting.name.to_owned(),
                 read_alone_mb_s: read_alone,
                 write_alone_iops: write_alone,
@@ -104,20 +109,20 @@ pub fn run(seconds: f64, seed: u64) -> Report {
                 write_with_readers_iops: write_both,
                 write_ratio: write_both / write_alone,
                 read_ratio: 0.0,
-            }
+            })
         })
-        .collect();
+        .collect::<Result<_, TunableError>>()?;
     let best_read = rows.iter().map(|r| r.read_alone_mb_s).fold(0.0, f64::max);
     for row in &mut rows {
         row.read_ratio = row.read_with_writer_mb_s / best_read;
     }
-    Report {
+    Ok(Report {
         seconds_per_point: seconds,
         seed,
         rows,
         seed_write_iops: (56.0, 346.0),
         seed_read_mb_s: (123.0, 165.0),
-    }
+    })
 }
 
 /// Returns (read MB/s, write IOPS) of one run.
@@ -157,6 +162,17 @@ fn run_point(
                 }));
             }
         }
+    }
+    if std::env::var_os("SLUICE_BENCH_DEBUG").is_some() {
+        let (leaf, env) = (Arc::clone(&leaf), env.clone());
+        jobs.push(Box::pin(async move {
+            let mut trace = Vec::new();
+            while env.now() < end {
+                env.sleep(Duration::from_millis(500)).await;
+                trace.push(leaf.queue_depth());
+            }
+            eprintln!("queue depth every 0.5 s: {trace:?}");
+        }));
     }
     if writer {
         let (leaf, env, counts) = (Arc::clone(&leaf), env.clone(), Rc::clone(&counts));

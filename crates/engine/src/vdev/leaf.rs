@@ -120,6 +120,12 @@ impl Leaf {
         Some(offset - end)
     }
 
+    /// The depth reads and async writes may use in each submission queue (the measured one
+    /// with `vdev.max_active=auto`).
+    pub fn queue_depth(&self) -> u32 {
+        self.queues.iter().map(|q| q.lock().depth()).max().unwrap_or(0)
+    }
+
     /// A leaf is faulted once its device reported itself gone; mirrors stop reading from it.
     pub fn is_faulted(&self) -> bool {
         self.faulted.load(Ordering::Relaxed)
@@ -237,7 +243,7 @@ impl Leaf {
                 if result.is_err() {
                     self.stats.read_errors.inc();
                 }
-                self.finish(queue, class, &ends);
+                self.finish(queue, class, &ends, issue.len);
                 let now = self.env.now();
                 let single = issue.members.len() == 1;
                 let mut whole = None;
@@ -280,7 +286,7 @@ impl Leaf {
                     joined.into_shared()
                 };
                 let result = self.device.write_at(issue.offset, data).await;
-                self.finish(queue, class, &ends);
+                self.finish(queue, class, &ends, issue.len);
                 for member in issue.members {
                     let (Waiter::Write(_, done), started) = member.payload else { continue };
                     self.stats.latency[member.class.index()].record(self.env.now().since(started));
@@ -295,7 +301,7 @@ impl Leaf {
         }
     }
 
-    fn finish(self: &Arc<Self>, queue: usize, class: IoClass, ends: &[u64]) {
+    fn finish(self: &Arc<Self>, queue: usize, class: IoClass, ends: &[u64], bytes: u64) {
         let members = ends.len();
         self.pending.fetch_sub(members as u64, Ordering::Relaxed);
         {
@@ -309,7 +315,7 @@ impl Leaf {
                 }
             }
         }
-        self.queues[queue].lock().done(class, members);
+        self.queues[queue].lock().done(class, members, bytes, self.env.now());
         self.pump(queue);
     }
 }
