@@ -10,8 +10,9 @@
 //! (a) `deep`: `vdev.queues=32`, `vdev.max_active=11`, reads allowed the whole depth, and
 //! (b) `shallow`: `vdev.queues=1`, `vdev.max_active=13`, sync reads capped at 12, so the device
 //! holds just enough reads to keep its 170 MB/s busy and the writer always finds a free slot.
-//! Each setting runs reads alone, the writer alone, and both together. Two more rows show the
-//! defaults (ZFS's depths: sync reads at most 10) and the experimental `vdev.max_active=auto`.
+//! Each setting runs reads alone, the writer alone, and both together. Two more rows show ZFS's
+//! fixed depths (sync reads at most 10, 128 KiB merging) and sluice's defaults
+//! (`vdev.max_active=auto`: the depth is measured, nothing is set by hand).
 //! With `SLUICE_BENCH_DEBUG` set, each run prints the leaf's queue depth every half second.
 
 use std::cell::RefCell;
@@ -54,11 +55,14 @@ pub fn settings() -> Vec<Setting> {
                 ("vdev.sync_read_max_active", "11"),
             ],
         },
-        Setting { name: "defaults (1 queue, ZFS depths)", tunables: vec![] },
         Setting {
-            name: "auto (1 queue, max_active=auto)",
-            tunables: vec![("vdev.max_active", "auto")],
+            name: "ZFS depths (1 queue, max_active=1000, reads <= 10, 128K merges)",
+            tunables: vec![
+                ("vdev.max_active", "1000"),
+                ("vdev.aggregation_limit_non_rotating", "128K"),
+            ],
         },
+        Setting { name: "defaults (1 queue, max_active=auto)", tunables: vec![] },
         Setting {
             name: "shallow (1 queue x 13, reads <= 12)",
             tunables: vec![
