@@ -495,6 +495,28 @@ impl SimDevice {
         Some(image)
     }
 
+    /// Checks the range, submits the request and waits for its answer; a request dropped
+    /// unanswered (the device was torn down) reports the device gone.
+    fn call<T: Send + 'static>(
+        &self,
+        op: DeviceOp,
+        offset: u64,
+        len: u64,
+        request: impl FnOnce(oneshot::Sender<Result<T, DeviceError>>) -> Request,
+    ) -> BoxFuture<Result<T, DeviceError>> {
+        let inner = &self.inner;
+        if op != DeviceOp::Flush {
+            if let Err(e) = check_range(&inner.name, op, offset, len, inner.len_bytes, SECTOR_BYTES)
+            {
+                return async move { Err(e) }.boxed();
+            }
+        }
+        let (done, wait) = oneshot::channel();
+        self.submit(offset, request(done));
+        let name = inner.name.clone();
+        async move { wait.await.unwrap_or(Err(DeviceError::Gone { device: name })) }.boxed()
+    }
+
     fn fail_gone(&self, request: Request) {
         let gone = || DeviceError::Gone { device: self.inner.name.clone() };
         match request {
@@ -956,73 +978,22 @@ impl BlockDevice for SimDevice {
     }
 
     fn read_at(&self, offset: u64, len: u32) -> BoxFuture<Result<AlignedBuf, DeviceError>> {
-        let inner = &self.inner;
-        if let Err(e) = check_range(
-            &inner.name,
-            DeviceOp::Read,
-            offset,
-            len.into(),
-            inner.len_bytes,
-            SECTOR_BYTES,
-        ) {
-            return async move { Err(e) }.boxed();
-        }
-        let (done, wait) = oneshot::channel();
-        self.submit(offset, Request::Read { len, done });
-        let device = self.clone();
-        async move {
-            wait.await
-                .unwrap_or_else(|_| Err(DeviceError::Gone { device: device.inner.name.clone() }))
-        }
-        .boxed()
+        self.call(DeviceOp::Read, offset, u64::from(len), |done| Request::Read { len, done })
     }
 
     fn write_at(&self, offset: u64, data: SharedBuf) -> BoxFuture<Result<(), DeviceError>> {
-        let inner = &self.inner;
         let len = u64::from(data.len_bytes());
-        if let Err(e) =
-            check_range(&inner.name, DeviceOp::Write, offset, len, inner.len_bytes, SECTOR_BYTES)
-        {
-            return async move { Err(e) }.boxed();
-        }
-        let (done, wait) = oneshot::channel();
-        self.submit(offset, Request::Write { data, done });
-        let device = self.clone();
-        async move {
-            wait.await
-                .unwrap_or_else(|_| Err(DeviceError::Gone { device: device.inner.name.clone() }))
-        }
-        .boxed()
+        self.call(DeviceOp::Write, offset, len, |done| Request::Write { data, done })
     }
 
     fn flush(&self) -> BoxFuture<Result<(), DeviceError>> {
-        let (done, wait) = oneshot::channel();
         // Flush is ordered behind the head's current position like any command: offset 0
         // would make C-LOOK serve it first, so it queues at the head.
         let at = self.inner.state.lock().hdd.head_offset;
-        self.submit(at, Request::Flush { done });
-        let device = self.clone();
-        async move {
-            wait.await
-                .unwrap_or_else(|_| Err(DeviceError::Gone { device: device.inner.name.clone() }))
-        }
-        .boxed()
+        self.call(DeviceOp::Flush, at, 0, |done| Request::Flush { done })
     }
 
     fn discard(&self, offset: u64, len: u64) -> BoxFuture<Result<(), DeviceError>> {
-        let inner = &self.inner;
-        if let Err(e) =
-            check_range(&inner.name, DeviceOp::Discard, offset, len, inner.len_bytes, SECTOR_BYTES)
-        {
-            return async move { Err(e) }.boxed();
-        }
-        let (done, wait) = oneshot::channel();
-        self.submit(offset, Request::Discard { len, done });
-        let device = self.clone();
-        async move {
-            wait.await
-                .unwrap_or_else(|_| Err(DeviceError::Gone { device: device.inner.name.clone() }))
-        }
-        .boxed()
+        self.call(DeviceOp::Discard, offset, len, |done| Request::Discard { len, done })
     }
 }
