@@ -1,0 +1,202 @@
+//! Block pointers (ZFS: `blkptr_t` in `spa.h`): where a block's copies live and how to verify it.
+//!
+//! A block pointer is embedded in its parent (an indirect block, an object's root, the
+//! uberblock), whose own checksum covers it, so it carries no magic or checksum of its own. All
+//! zeros is a hole: no block, reads as zeros.
+//!
+//! ```text
+//! offset size field
+//!      0   16 dva[0]: vdev u32 | asize_sectors u32 | offset_sectors u64
+//!     16   16 dva[1] (all zero when unused)
+//!     32   16 dva[2]
+//!     48    4 lsize_sectors u32     logical size / 512
+//!     52    4 psize_sectors u32     physical size / 512 (after compression)
+//!     56    8 birth_txg u64         txg in which the block was written
+//!     64    1 checksum_alg u8
+//!     65    1 compression u8        0 = none (the only value so far)
+//!     66    1 kind u8               BlockKind
+//!     67    1 level u8              0 = data, n = indirect block n levels above data
+//!     68    4 reserved (zero)
+//!     72    8 fill u64              data blocks beneath this pointer that are not holes
+//!     80   16 checksum              of the block's physical bytes
+//!     96   32 reserved (zero)
+//! ```
+
+use crate::codec::{Reader, Writer};
+use crate::{Checksum, ChecksumAlg, FormatError, SECTOR_BYTES};
+
+pub const BLKPTR_BYTES: usize = 128;
+/// Copies a block pointer can name (ZFS's ditto blocks: 3).
+pub const DVAS_MAX: usize = 3;
+const DVA_BYTES: usize = 16;
+
+const OFF_LSIZE: usize = 48;
+const OFF_PSIZE: usize = 52;
+const OFF_BIRTH: usize = 56;
+const OFF_ALG: usize = 64;
+const OFF_COMPRESSION: usize = 65;
+const OFF_KIND: usize = 66;
+const OFF_LEVEL: usize = 67;
+const OFF_RESERVED_A: usize = 68;
+const OFF_FILL: usize = 72;
+const OFF_CHECKSUM: usize = 80;
+const OFF_RESERVED_B: usize = 96;
+
+const _: () = assert!(DVAS_MAX * DVA_BYTES == OFF_LSIZE);
+const _: () = assert!(OFF_RESERVED_B + 32 == BLKPTR_BYTES);
+
+const WHAT: &str = "block pointer";
+
+/// One copy's address: a top-level vdev and an offset inside it, both in sectors.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Dva {
+    pub vdev: u32,
+    pub asize_sectors: u32,
+    pub offset_sectors: u64,
+}
+
+impl Dva {
+    pub fn is_empty(&self) -> bool {
+        *self == Dva::default()
+    }
+
+    pub fn offset_bytes(&self) -> u64 {
+        self.offset_sectors * u64::from(SECTOR_BYTES)
+    }
+
+    pub fn asize_bytes(&self) -> u64 {
+        u64::from(self.asize_sectors) * u64::from(SECTOR_BYTES)
+    }
+}
+
+/// What a block holds; lets scrub and debugging tools tell metadata from data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockKind {
+    /// A hole: nothing is stored.
+    None = 0,
+    /// Volume data.
+    Data = 1,
+    /// An indirect block: an array of block pointers.
+    Indirect = 2,
+    /// Pool metadata (object directory, space maps, volume roots).
+    Metadata = 3,
+}
+
+impl BlockKind {
+    fn decode(raw: u8) -> Result<BlockKind, FormatError> {
+        match raw {
+            0 => Ok(BlockKind::None),
+            1 => Ok(BlockKind::Data),
+            2 => Ok(BlockKind::Indirect),
+            3 => Ok(BlockKind::Metadata),
+            value => {
+                Err(FormatError::Invalid { what: WHAT, field: "kind", value: u64::from(value) })
+            }
+        }
+    }
+}
+
+/// A decoded block pointer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BlockPointer {
+    pub dvas: [Dva; DVAS_MAX],
+    pub lsize_sectors: u32,
+    pub psize_sectors: u32,
+    pub birth_txg: u64,
+    pub checksum_alg: ChecksumAlg,
+    pub kind: BlockKind,
+    pub level: u8,
+    pub fill: u64,
+    pub checksum: Checksum,
+}
+
+impl BlockPointer {
+    /// Copies named (non-empty DVAs).
+    pub fn copies(&self) -> impl Iterator<Item = &Dva> {
+        self.dvas.iter().filter(|d| !d.is_empty())
+    }
+
+    pub fn lsize_bytes(&self) -> u64 {
+        u64::from(self.lsize_sectors) * u64::from(SECTOR_BYTES)
+    }
+
+    pub fn psize_bytes(&self) -> u64 {
+        u64::from(self.psize_sectors) * u64::from(SECTOR_BYTES)
+    }
+
+    /// True when `bytes` (the block's physical contents) match this pointer's checksum.
+    pub fn verifies(&self, bytes: &[u8]) -> bool {
+        bytes.len() as u64 == self.psize_bytes()
+            && self.checksum_alg.compute(bytes) == self.checksum
+    }
+
+    /// Encodes `pointer`, or a hole for `None`.
+    pub fn encode(pointer: Option<&BlockPointer>) -> [u8; BLKPTR_BYTES] {
+        let mut out = [0u8; BLKPTR_BYTES];
+        let Some(bp) = pointer else { return out };
+        debug_assert!(bp.copies().count() > 0, "a block pointer names at least one copy");
+        let mut w = Writer::new(&mut out);
+        for (i, dva) in bp.dvas.iter().enumerate() {
+            let at = i * DVA_BYTES;
+            w.u32(at, dva.vdev);
+            w.u32(at + 4, dva.asize_sectors);
+            w.u64(at + 8, dva.offset_sectors);
+        }
+        w.u32(OFF_LSIZE, bp.lsize_sectors);
+        w.u32(OFF_PSIZE, bp.psize_sectors);
+        w.u64(OFF_BIRTH, bp.birth_txg);
+        w.u8(OFF_ALG, bp.checksum_alg as u8);
+        w.u8(OFF_COMPRESSION, 0);
+        w.u8(OFF_KIND, bp.kind as u8);
+        w.u8(OFF_LEVEL, bp.level);
+        w.u64(OFF_FILL, bp.fill);
+        w.put(OFF_CHECKSUM, &bp.checksum.0);
+        out
+    }
+
+    /// Decodes a block pointer; `Ok(None)` is a hole.
+    pub fn decode(bytes: &[u8]) -> Result<Option<BlockPointer>, FormatError> {
+        let r = Reader::new(WHAT, bytes, BLKPTR_BYTES)?;
+        if r.slice(0, BLKPTR_BYTES)?.iter().all(|&b| b == 0) {
+            return Ok(None);
+        }
+        let mut dvas = [Dva::default(); DVAS_MAX];
+        for (i, dva) in dvas.iter_mut().enumerate() {
+            let at = i * DVA_BYTES;
+            *dva = Dva {
+                vdev: r.u32(at)?,
+                asize_sectors: r.u32(at + 4)?,
+                offset_sectors: r.u64(at + 8)?,
+            };
+        }
+        if dvas[0].is_empty() {
+            return Err(FormatError::Invalid { what: WHAT, field: "dva[0]", value: 0 });
+        }
+        let compression = r.u8(OFF_COMPRESSION)?;
+        if compression != 0 {
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                field: "compression",
+                value: u64::from(compression),
+            });
+        }
+        r.zeros(OFF_RESERVED_A, OFF_FILL - OFF_RESERVED_A)?;
+        r.zeros(OFF_RESERVED_B, BLKPTR_BYTES - OFF_RESERVED_B)?;
+        let psize_sectors = r.u32(OFF_PSIZE)?;
+        let lsize_sectors = r.u32(OFF_LSIZE)?;
+        if psize_sectors == 0 || lsize_sectors == 0 {
+            return Err(FormatError::Invalid { what: WHAT, field: "size", value: 0 });
+        }
+        Ok(Some(BlockPointer {
+            dvas,
+            lsize_sectors,
+            psize_sectors,
+            birth_txg: r.u64(OFF_BIRTH)?,
+            checksum_alg: ChecksumAlg::decode(WHAT, r.u8(OFF_ALG)?)?,
+            kind: BlockKind::decode(r.u8(OFF_KIND)?)?,
+            level: r.u8(OFF_LEVEL)?,
+            fill: r.u64(OFF_FILL)?,
+            checksum: Checksum(r.bytes16(OFF_CHECKSUM)?),
+        }))
+    }
+}

@@ -1,0 +1,101 @@
+//! Bounds-checked little-endian field access at fixed offsets. Callers check the buffer length
+//! once against the structure size; every accessor still checks, so a wrong constant becomes an
+//! error, not a panic or a silent misread.
+
+use crate::FormatError;
+
+pub(crate) struct Reader<'a> {
+    what: &'static str,
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(
+        what: &'static str,
+        bytes: &'a [u8],
+        need: usize,
+    ) -> Result<Self, FormatError> {
+        if bytes.len() < need {
+            return Err(FormatError::Truncated { what, need, have: bytes.len() });
+        }
+        Ok(Reader { what, bytes })
+    }
+
+    pub(crate) fn slice(&self, at: usize, len: usize) -> Result<&'a [u8], FormatError> {
+        let end = at.checked_add(len).filter(|&end| end <= self.bytes.len());
+        match end {
+            Some(end) => Ok(&self.bytes[at..end]),
+            None => Err(FormatError::Truncated {
+                what: self.what,
+                need: at.saturating_add(len),
+                have: self.bytes.len(),
+            }),
+        }
+    }
+
+    fn array<const N: usize>(&self, at: usize) -> Result<[u8; N], FormatError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.slice(at, N)?);
+        Ok(out)
+    }
+
+    pub(crate) fn u8(&self, at: usize) -> Result<u8, FormatError> {
+        Ok(self.array::<1>(at)?[0])
+    }
+
+    pub(crate) fn u16(&self, at: usize) -> Result<u16, FormatError> {
+        Ok(u16::from_le_bytes(self.array(at)?))
+    }
+
+    pub(crate) fn u32(&self, at: usize) -> Result<u32, FormatError> {
+        Ok(u32::from_le_bytes(self.array(at)?))
+    }
+
+    pub(crate) fn u64(&self, at: usize) -> Result<u64, FormatError> {
+        Ok(u64::from_le_bytes(self.array(at)?))
+    }
+
+    pub(crate) fn bytes16(&self, at: usize) -> Result<[u8; 16], FormatError> {
+        self.array(at)
+    }
+
+    /// Fails unless `[at, at+len)` is all zero.
+    pub(crate) fn zeros(&self, at: usize, len: usize) -> Result<(), FormatError> {
+        match self.slice(at, len)?.iter().position(|&b| b != 0) {
+            Some(i) => Err(FormatError::NonZeroReserved { what: self.what, offset: at + i }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Writes fields into a zeroed buffer; offsets come from the same constants the reader uses.
+pub(crate) struct Writer<'a> {
+    bytes: &'a mut [u8],
+}
+
+impl<'a> Writer<'a> {
+    pub(crate) fn new(bytes: &'a mut [u8]) -> Self {
+        Writer { bytes }
+    }
+
+    pub(crate) fn put(&mut self, at: usize, field: &[u8]) {
+        // Offsets are compile-time constants checked by each module's layout asserts.
+        self.bytes[at..at + field.len()].copy_from_slice(field);
+    }
+
+    pub(crate) fn u8(&mut self, at: usize, v: u8) {
+        self.put(at, &[v]);
+    }
+
+    pub(crate) fn u16(&mut self, at: usize, v: u16) {
+        self.put(at, &v.to_le_bytes());
+    }
+
+    pub(crate) fn u32(&mut self, at: usize, v: u32) {
+        self.put(at, &v.to_le_bytes());
+    }
+
+    pub(crate) fn u64(&mut self, at: usize, v: u64) {
+        self.put(at, &v.to_le_bytes());
+    }
+}
