@@ -2,12 +2,14 @@
 //!
 //! Layers, bottom up (DESIGN.md §1): [`device`] (the `BlockDevice` seam: files, block devices,
 //! simulated disks), [`vdev`] (leaves with their queues, mirrors, the root), with [`tunables`]
-//! and [`stats`] beside them and [`rt`] as the runtime seam. Pools, transaction groups, the
+//! and [`stats`] beside them and [`rt`] as the runtime seam; [`alloc`] hands out space on the
+//! top-level vdevs. Pools, transaction groups, the
 //! intent log, dedup and volumes build on these.
 //!
 //! Lock order (outer to inner; never held across an `.await`):
 //! vdev submission queue -> sim device state. Nothing else takes two locks.
 
+pub mod alloc;
 pub mod device;
 pub mod rt;
 pub mod stats;

@@ -1,4 +1,4 @@
-//! On-disk types only: block pointers, uberblocks and labels (ZFS: `spa.h`, `uberblock_impl.h`,
+//! On-disk types only: block pointers, uberblocks, labels and space maps (ZFS: `spa.h`, `uberblock_impl.h`,
 //! `vdev_impl.h`); intent-log blocks and dedup entries join them in their issues.
 //!
 //! Rules every structure here keeps (STYLE.md §7): little-endian integers encoded by hand at
@@ -13,6 +13,7 @@ mod checksum;
 mod codec;
 mod error;
 mod label;
+mod space_map;
 mod uberblock;
 
 pub use blkptr::{BlockKind, BlockPointer, Dva, BLKPTR_BYTES, DVAS_MAX};
@@ -23,6 +24,7 @@ pub use label::{
     VdevTreeConfig, DATA_START_BYTES, LABEL_BYTES, LABEL_COUNT, LABEL_HEADER_BYTES,
     POOL_NAME_BYTES_MAX, UBERBLOCK_SLOTS,
 };
+pub use space_map::SpaceMap;
 pub use uberblock::{Uberblock, UBERBLOCK_BYTES};
 
 /// Every on-disk structure is a whole number of these.

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use proptest::prelude::*;
 use sluice_format::{
     label_offsets, uberblock_offset, BlockKind, BlockPointer, Checksum, ChecksumAlg, Dva,
-    FormatError, LabelHeader, LeafConfig, TopConfig, TopKind, Uberblock, VdevTreeConfig,
+    FormatError, LabelHeader, LeafConfig, SpaceMap, TopConfig, TopKind, Uberblock, VdevTreeConfig,
     BLKPTR_BYTES, DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
 };
 
@@ -151,6 +151,22 @@ fn bad_inputs_name_the_problem() {
     assert!(matches!(label.encode(), Err(FormatError::TooLarge { .. })));
 }
 
+#[test]
+fn golden_space_map() {
+    let map = SpaceMap {
+        ashift: 12,
+        synced_txg: 9,
+        free: vec![(4 << 20, 1 << 20), (8 << 20, 4096)],
+        deferred: vec![(8, 6 << 20, 8192)],
+    };
+    let bytes = map.encode().unwrap();
+    golden("space_map.bin", &bytes);
+    assert_eq!(SpaceMap::decode(&bytes).unwrap(), map);
+    // Overlapping or unordered ranges are refused even with a valid checksum.
+    let bad = SpaceMap { free: vec![(8192, 8192), (4096, 8192)], ..map };
+    assert!(matches!(SpaceMap::decode(&bad.encode().unwrap()), Err(FormatError::Invalid { .. })));
+}
+
 fn arb_dva() -> impl Strategy<Value = Dva> {
     (0u32..64, 1u32..65536, 0u64..1 << 40).prop_map(|(vdev, asize_sectors, offset_sectors)| Dva {
         vdev,
@@ -228,6 +244,7 @@ proptest! {
         let _ = BlockPointer::decode(&bytes);
         let _ = Uberblock::decode(&bytes);
         let _ = LabelHeader::decode(&bytes);
+        let _ = SpaceMap::decode(&bytes);
     }
 
     /// Label headers whose checksum was recomputed over random contents (as a buggy writer or

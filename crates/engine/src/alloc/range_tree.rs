@@ -1,0 +1,165 @@
+//! A set of disjoint byte ranges, merged on insert (ZFS: `range_tree.c`).
+//!
+//! Inserting a range that overlaps one already present is a double free or a double
+//! allocation: a programmer's bug that would corrupt data, so it is asserted (STYLE.md §5).
+//! Ranges read from disk go through [`RangeTree::try_insert`] instead, which reports overlap
+//! as an error.
+
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RangeTree {
+    /// start -> end (exclusive)
+    ranges: BTreeMap<u64, u64>,
+    total: u64,
+}
+
+impl RangeTree {
+    pub fn total_bytes(&self) -> u64 {
+        self.total
+    }
+
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.ranges.iter().map(|(&start, &end)| (start, end - start))
+    }
+
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        let before = self.ranges.range(..end).next_back();
+        before.is_some_and(|(_, &e)| e > start)
+    }
+
+    /// Inserts `[start, start+len)`, merging with neighbours; `false` if it overlaps.
+    pub fn try_insert(&mut self, start: u64, len: u64) -> bool {
+        let Some(end) = start.checked_add(len) else { return false };
+        if len == 0 || self.overlaps(start, end) {
+            return false;
+        }
+        let (mut new_start, mut new_end) = (start, end);
+        if let Some((&s, &e)) = self.ranges.range(..start).next_back() {
+            if e == start {
+                new_start = s;
+                self.ranges.remove(&s);
+            }
+        }
+        if let Some(&e) = self.ranges.get(&end) {
+            new_end = e;
+            self.ranges.remove(&end);
+        }
+        self.ranges.insert(new_start, new_end);
+        self.total += len;
+        true
+    }
+
+    /// Inserts a range that must not overlap (a free of allocated space).
+    pub fn insert(&mut self, start: u64, len: u64) {
+        assert!(
+            self.try_insert(start, len),
+            "range tree: [{start}, +{len}) overlaps free space (double free)"
+        );
+    }
+
+    /// Whether `[start, start+len)` lies entirely inside one range.
+    pub fn contains(&self, start: u64, len: u64) -> bool {
+        let end = start.saturating_add(len);
+        self.ranges.range(..=start).next_back().is_some_and(|(_, &e)| e >= end)
+    }
+
+    /// Removes `[start, start+len)`, which must lie inside one range (an allocation of free
+    /// space).
+    pub fn remove(&mut self, start: u64, len: u64) {
+        let end = start + len;
+        let (&s, &e) = match self.ranges.range(..=start).next_back() {
+            Some(found) if *found.1 >= end => found,
+            _ => panic!("range tree: [{start}, +{len}) is not free (double allocation)"),
+        };
+        self.ranges.remove(&s);
+        if s < start {
+            self.ranges.insert(s, start);
+        }
+        if end < e {
+            self.ranges.insert(end, e);
+        }
+        self.total -= len;
+    }
+
+    /// The first range start at or after `cursor` (wrapping once) with room for `len` bytes
+    /// aligned to `align`; returns the aligned start.
+    pub fn first_fit(&self, len: u64, align: u64, cursor: u64) -> Option<u64> {
+        let fits = |(&s, &e): (&u64, &u64), from: u64| {
+            let at = s.max(from).div_ceil(align) * align;
+            (at.checked_add(len)? <= e).then_some(at)
+        };
+        // The range containing the cursor, then everything after it, then from the start.
+        let containing = self.ranges.range(..=cursor).next_back().and_then(|r| fits(r, cursor));
+        containing
+            .or_else(|| self.ranges.range(cursor.saturating_add(1)..).find_map(|r| fits(r, 0)))
+            .or_else(|| self.ranges.range(..=cursor).find_map(|r| fits(r, 0)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn inserts_merge_and_removes_split() {
+        let mut tree = RangeTree::default();
+        tree.insert(0, 4096);
+        tree.insert(8192, 4096);
+        tree.insert(4096, 4096);
+        assert_eq!(tree.iter().collect::<Vec<_>>(), vec![(0, 12288)]);
+        tree.remove(4096, 4096);
+        assert_eq!(tree.iter().collect::<Vec<_>>(), vec![(0, 4096), (8192, 4096)]);
+        assert!(!tree.try_insert(0, 1), "overlap refused");
+        assert_eq!(tree.total_bytes(), 8192);
+    }
+
+    #[test]
+    fn first_fit_honours_cursor_and_alignment() {
+        let mut tree = RangeTree::default();
+        tree.insert(0, 1 << 20);
+        tree.insert(2 << 20, 1 << 20);
+        assert_eq!(tree.first_fit(4096, 4096, 0), Some(0));
+        assert_eq!(tree.first_fit(4096, 4096, 100), Some(4096));
+        assert_eq!(tree.first_fit(4096, 4096, (1 << 20) + 5), Some(2 << 20));
+        assert_eq!(tree.first_fit(4096, 4096, 3 << 20), Some(0), "wraps around");
+        assert_eq!(tree.first_fit(2 << 20, 4096, 0), None);
+    }
+
+    proptest! {
+        /// Against a bitmap model: allocations never overlap free space, frees never double,
+        /// and the total matches the model after any sequence.
+        #[test]
+        fn matches_a_bitmap(ops in proptest::collection::vec((any::<bool>(), 0u64..64, 1u64..8), 1..200)) {
+            let mut tree = RangeTree::default();
+            tree.insert(0, 64 * 512);
+            let mut free = [true; 64];
+            for (allocate, at, n) in ops {
+                let n = n.min(64 - at);
+                let range_free = free[at as usize..(at + n) as usize].iter().all(|f| *f);
+                let range_used = free[at as usize..(at + n) as usize].iter().all(|f| !*f);
+                prop_assert_eq!(tree.contains(at * 512, n * 512), range_free);
+                if allocate && range_free {
+                    tree.remove(at * 512, n * 512);
+                    free[at as usize..(at + n) as usize].iter_mut().for_each(|f| *f = false);
+                } else if !allocate && range_used {
+                    tree.insert(at * 512, n * 512);
+                    free[at as usize..(at + n) as usize].iter_mut().for_each(|f| *f = true);
+                } else if !allocate {
+                    prop_assert_eq!(tree.try_insert(at * 512, n * 512), false);
+                }
+                prop_assert_eq!(tree.total_bytes(), free.iter().filter(|f| **f).count() as u64 * 512);
+            }
+        }
+    }
+}
