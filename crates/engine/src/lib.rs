@@ -11,6 +11,7 @@
 
 pub mod alloc;
 pub mod device;
+pub mod pool;
 pub mod rt;
 pub mod stats;
 pub mod tunables;

@@ -11,6 +11,7 @@ use std::fmt;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,6 +73,8 @@ pub struct Env {
     clock: Arc<dyn Clock>,
     spawner: Arc<dyn Spawn>,
     seed: u64,
+    /// Draws of [`Env::unique_rng`] so far, shared by clones.
+    draws: Arc<AtomicU64>,
 }
 
 impl fmt::Debug for Env {
@@ -82,7 +85,7 @@ impl fmt::Debug for Env {
 
 impl Env {
     pub fn new(clock: Arc<dyn Clock>, spawner: Arc<dyn Spawn>, seed: u64) -> Env {
-        Env { clock, spawner, seed }
+        Env { clock, spawner, seed, draws: Arc::new(AtomicU64::new(0)) }
     }
 
     pub fn now(&self) -> Time {
@@ -107,8 +110,19 @@ impl Env {
 
     /// An independent random stream for the component called `stream`. Forking by name rather
     /// than by call order keeps one component's draws from shifting another's when code changes.
+    /// The same name gives the same stream every time: use it for behaviour (latencies, fault
+    /// odds), never for identities.
     pub fn rng(&self, stream: &str) -> Rng {
         Rng::new(mix_seed(self.seed, stream))
+    }
+
+    /// A stream that no other call on this `Env` (or its clones) gets, for identities such as
+    /// pool and vdev guids: two pools created with the same name must not share a guid, or a
+    /// stale label of one could be taken for the other. Still a function of the seed and the
+    /// order of calls, so simulations repeat.
+    pub fn unique_rng(&self, stream: &str) -> Rng {
+        let draw = self.draws.fetch_add(1, Ordering::Relaxed);
+        Rng::new(mix_seed(self.seed ^ splitmix64(draw), stream))
     }
 }
 
@@ -202,6 +216,29 @@ mod tests {
         let b = Rng::new(mix_seed(7, "ssd")).u64();
         assert_eq!(a1, a2);
         assert_ne!(a1, b);
+    }
+
+    /// Identities drawn from one Env never repeat, even for the same stream name.
+    #[test]
+    fn unique_streams_differ() {
+        struct NoClock;
+        impl Clock for NoClock {
+            fn now(&self) -> Time {
+                Time::ZERO
+            }
+            fn sleep_until(&self, _: Time) -> BoxFuture<()> {
+                Box::pin(async {})
+            }
+        }
+        struct NoSpawn;
+        impl Spawn for NoSpawn {
+            fn spawn(&self, _: &'static str, _: BoxFuture<()>) {}
+        }
+        let env = Env::new(Arc::new(NoClock), Arc::new(NoSpawn), 3);
+        let a = env.unique_rng("pool_create/tank").u64();
+        let b = env.clone().unique_rng("pool_create/tank").u64();
+        assert_ne!(a, b);
+        assert_eq!(env.rng("x").u64(), env.rng("x").u64());
     }
 
     #[test]

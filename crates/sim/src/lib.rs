@@ -39,6 +39,9 @@ struct Shared {
 pub struct Sim {
     shared: Arc<Mutex<Shared>>,
     seed: u64,
+    /// One environment for the whole world: clones share its identity counter, so guids drawn
+    /// through any of them never repeat.
+    env: Env,
 }
 
 impl std::fmt::Debug for Sim {
@@ -159,17 +162,18 @@ impl Spawn for Spawner {
 
 impl Sim {
     pub fn new(seed: u64) -> Sim {
-        let shared = Shared { next_task: 1, ..Shared::default() };
-        Sim { shared: Arc::new(Mutex::new(shared)), seed }
+        let shared = Arc::new(Mutex::new(Shared { next_task: 1, ..Shared::default() }));
+        let env = Env::new(
+            Arc::new(VirtualClock { shared: Arc::clone(&shared) }),
+            Arc::new(Spawner { shared: Arc::clone(&shared) }),
+            seed,
+        );
+        Sim { shared, seed, env }
     }
 
     /// The engine's view of this simulated world.
     pub fn env(&self) -> Env {
-        Env::new(
-            Arc::new(VirtualClock { shared: Arc::clone(&self.shared) }),
-            Arc::new(Spawner { shared: Arc::clone(&self.shared) }),
-            self.seed,
-        )
+        self.env.clone()
     }
 
     pub fn now(&self) -> Time {

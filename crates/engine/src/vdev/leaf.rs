@@ -131,6 +131,11 @@ impl Leaf {
         self.faulted.load(Ordering::Relaxed)
     }
 
+    /// Marks the leaf faulted (its device is known to be missing).
+    pub fn mark_faulted(&self) {
+        self.faulted.store(true, Ordering::Relaxed);
+    }
+
     /// Marks the leaf healthy again (the device came back).
     pub fn clear_fault(&self) {
         self.faulted.store(false, Ordering::Relaxed);

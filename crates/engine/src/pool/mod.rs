@@ -1,0 +1,571 @@
+//! Pools: identity, layout and the uberblock ring (ZFS: `spa.c`, `vdev_label.c`).
+//!
+//! A pool is a named set of top-level vdevs, each a leaf or a mirror. Every leaf carries four
+//! labels (crates/format `label`): who it is, which pool and top-level vdev it belongs to, the
+//! whole vdev tree, and a ring of uberblocks.
+//!
+//! - `create` checks the layout (name, mirror widths, leaf sizes), draws guids from the `Env`,
+//!   writes every label and a first uberblock, and flushes.
+//! - `import` reads the labels of the devices it is given, groups them by pool, rebuilds the
+//!   vdev tree from the newest configuration, and picks the newest uberblock that verifies on
+//!   any leaf. A mirror with missing children opens degraded (the missing ones are stand-ins
+//!   that fail every I/O); a top-level vdev with no child present is beyond redundancy, and
+//!   import refuses, naming the missing leaves.
+//! - `sync_uberblock` makes a new txg's root durable: flush every leaf (the tree below the root
+//!   must be durable first), write the uberblock into every label's ring, flush again. A crash
+//!   in between leaves the previous uberblock in its own slot, so import finds one or the other,
+//!   never a mix.
+//!
+//! Lock order: none taken here besides the pool state mutex, never held across an `.await`.
+
+mod missing;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::future::join_all;
+use parking_lot::Mutex;
+use sluice_format::{
+    label_offsets, uberblock_offset, BlockPointer, FormatError, LabelHeader, LeafConfig, TopConfig,
+    TopKind, Uberblock, VdevTreeConfig, DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES,
+    POOL_NAME_BYTES_MAX, UBERBLOCK_BYTES, UBERBLOCK_SLOTS,
+};
+
+pub use self::missing::MissingDevice;
+use crate::device::{BlockDevice, DeviceError, SharedBuf};
+use crate::rt::Env;
+use crate::tunables::{IoClass, Tunables};
+use crate::vdev::{Leaf, Mirror, Root, Vdev, VdevError, VdevId, MIRROR_CHILDREN_MAX};
+
+/// Smallest leaf: labels, the reserved start and room for data.
+pub const LEAF_BYTES_MIN: u64 = 16 << 20;
+
+/// A device offered to a pool, with the path or name it is known by.
+#[derive(Clone)]
+pub struct LeafSpec {
+    pub path: String,
+    pub device: Arc<dyn BlockDevice>,
+}
+
+impl std::fmt::Debug for LeafSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeafSpec").field("path", &self.path).finish()
+    }
+}
+
+/// One top-level vdev of a pool to create.
+#[derive(Clone, Debug)]
+pub enum TopSpec {
+    Leaf(LeafSpec),
+    Mirror(Vec<LeafSpec>),
+}
+
+/// What `create` builds.
+#[derive(Clone, Debug)]
+pub struct PoolSpec {
+    pub name: String,
+    /// log2 of the smallest allocation; raised to the leaves' sector size if smaller.
+    pub ashift: u8,
+    pub top: Vec<TopSpec>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PoolError {
+    #[error("pool name {name:?} is invalid: {reason}")]
+    InvalidName { name: String, reason: &'static str },
+    #[error("pool {pool}: invalid layout: {reason}")]
+    InvalidLayout { pool: String, reason: String },
+    #[error("pool {pool}: leaf {path} has {len_bytes} bytes; leaves need at least {min_bytes}")]
+    LeafTooSmall { pool: String, path: String, len_bytes: u64, min_bytes: u64 },
+    #[error("no pool named {name} on the {searched} devices searched; check the paths (and -d)")]
+    NotFound { name: String, searched: usize },
+    #[error("several pools are named {name} (guids {guids:?}); import by guid instead")]
+    Ambiguous { name: String, guids: Vec<u64> },
+    #[error(
+        "pool {pool}: top-level vdev {top} has no usable leaf (missing: {missing}); the pool \
+         cannot be opened until at least one of them is attached again"
+    )]
+    MissingLeaves { pool: String, top: usize, missing: String },
+    #[error("pool {pool}: no valid uberblock on any leaf; the labels are damaged")]
+    NoUberblock { pool: String },
+    #[error("pool {pool}: leaf {path}: {source}")]
+    Device {
+        pool: String,
+        path: String,
+        #[source]
+        source: DeviceError,
+    },
+    #[error("pool {pool}: {source}")]
+    Vdev {
+        pool: String,
+        #[source]
+        source: VdevError,
+    },
+    #[error("pool {pool}: {source}")]
+    Format {
+        pool: String,
+        #[source]
+        source: FormatError,
+    },
+}
+
+/// One leaf of an open pool.
+#[derive(Clone, Debug)]
+pub struct PoolLeaf {
+    pub guid: u64,
+    pub top: usize,
+    pub path: String,
+    pub leaf: Arc<Leaf>,
+    /// False for a leaf missing at import (a stand-in fills its place).
+    pub present: bool,
+}
+
+#[derive(Debug)]
+struct PoolState {
+    uberblock: Uberblock,
+}
+
+/// An open pool.
+#[derive(Debug)]
+pub struct Pool {
+    env: Env,
+    name: String,
+    guid: u64,
+    ashift: u8,
+    config: VdevTreeConfig,
+    root: Root,
+    leaves: Vec<PoolLeaf>,
+    state: Mutex<PoolState>,
+}
+
+fn check_name(name: &str) -> Result<(), PoolError> {
+    let invalid = |reason| PoolError::InvalidName { name: name.to_owned(), reason };
+    if name.is_empty() || name.len() > POOL_NAME_BYTES_MAX {
+        return Err(invalid("it must be 1 to 64 bytes long"));
+    }
+    if !name.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        return Err(invalid("it must start with a letter"));
+    }
+    if !name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c)) {
+        return Err(invalid("use only letters, digits and _ - . :"));
+    }
+    Ok(())
+}
+
+impl Pool {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn guid(&self) -> u64 {
+        self.guid
+    }
+
+    pub fn ashift(&self) -> u8 {
+        self.ashift
+    }
+
+    pub fn root(&self) -> &Root {
+        &self.root
+    }
+
+    pub fn leaves(&self) -> &[PoolLeaf] {
+        &self.leaves
+    }
+
+    pub fn config(&self) -> &VdevTreeConfig {
+        &self.config
+    }
+
+    /// The uberblock of the last synced txg.
+    pub fn uberblock(&self) -> Uberblock {
+        self.state.lock().uberblock
+    }
+
+    /// Data area `[start, end)` of each top-level vdev (its smallest leaf decides).
+    pub fn data_areas(&self) -> Vec<(u64, u64)> {
+        self.root
+            .top_level()
+            .iter()
+            .map(|vdev| (DATA_START_BYTES, sluice_format::data_end_bytes(vdev.len_bytes())))
+            .collect()
+    }
+
+    fn device_error(&self, path: &str, source: DeviceError) -> PoolError {
+        PoolError::Device { pool: self.name.clone(), path: path.to_owned(), source }
+    }
+
+    /// Creates a pool on the given devices.
+    pub async fn create(env: &Env, spec: PoolSpec, tunables: &Tunables) -> Result<Pool, PoolError> {
+        check_name(&spec.name)?;
+        let pool = spec.name.clone();
+        let layout = |reason: String| PoolError::InvalidLayout { pool: pool.clone(), reason };
+        if spec.top.is_empty() {
+            return Err(layout("a pool needs at least one leaf or mirror".into()));
+        }
+        let mut rng = env.unique_rng(&format!("pool_create/{}", spec.name));
+        let mut guid = || loop {
+            let g = rng.u64();
+            if g != 0 {
+                break g;
+            }
+        };
+        let pool_guid = guid();
+        let mut ashift = spec.ashift.clamp(9, 16);
+        let mut seen_paths = std::collections::HashSet::new();
+        let mut tops = Vec::new();
+        for top in &spec.top {
+            let (kind, leaves) = match top {
+                TopSpec::Leaf(leaf) => (TopKind::Leaf, vec![leaf.clone()]),
+                TopSpec::Mirror(leaves) => (TopKind::Mirror, leaves.clone()),
+            };
+            if kind == TopKind::Mirror && !(2..=MIRROR_CHILDREN_MAX).contains(&leaves.len()) {
+                return Err(layout(format!(
+                    "a mirror needs 2 to {MIRROR_CHILDREN_MAX} leaves, got {}",
+                    leaves.len()
+                )));
+            }
+            for leaf in &leaves {
+                if !seen_paths.insert(leaf.path.clone()) {
+                    return Err(layout(format!("leaf {} is named twice", leaf.path)));
+                }
+                let len = leaf.device.len_bytes();
+                if len < LEAF_BYTES_MIN {
+                    return Err(PoolError::LeafTooSmall {
+                        pool,
+                        path: leaf.path.clone(),
+                        len_bytes: len,
+                        min_bytes: LEAF_BYTES_MIN,
+                    });
+                }
+                ashift = ashift.max(leaf.device.sector_bytes().trailing_zeros() as u8);
+            }
+            let top_guid = guid();
+            let children: Vec<(LeafConfig, LeafSpec)> = leaves
+                .into_iter()
+                .map(|l| (LeafConfig { guid: guid(), path: l.path.clone() }, l))
+                .collect();
+            tops.push((kind, top_guid, children));
+        }
+        let config = VdevTreeConfig {
+            top: tops
+                .iter()
+                .map(|(kind, guid, children)| TopConfig {
+                    kind: *kind,
+                    guid: *guid,
+                    children: children.iter().map(|(c, _)| c.clone()).collect(),
+                })
+                .collect(),
+        };
+        let members: Vec<(usize, LeafConfig, Arc<dyn BlockDevice>, bool)> = tops
+            .iter()
+            .enumerate()
+            .flat_map(|(top, (_, _, children))| {
+                children.iter().map(move |(c, l)| (top, c.clone(), Arc::clone(&l.device), true))
+            })
+            .collect();
+        let pool = Pool::assemble(env, &spec.name, pool_guid, ashift, config, members, tunables)?;
+        // Labels first, then the first uberblock: a leaf with a label but no uberblock is
+        // recognisably a half-created pool, never a valid one.
+        let mut writes = Vec::new();
+        for pool_leaf in &pool.leaves {
+            let header = pool.label_header(pool_leaf, 1);
+            let bytes = header
+                .encode()
+                .map_err(|source| PoolError::Format { pool: pool.name.clone(), source })?;
+            let data = SharedBuf::copy_from(&bytes);
+            for offset in label_offsets(pool_leaf.leaf.device().len_bytes()) {
+                let leaf = Arc::clone(&pool_leaf.leaf);
+                let data = data.clone();
+                let path = pool_leaf.path.clone();
+                writes.push(async move {
+                    leaf.write(offset, data, IoClass::AsyncWrite).await.map_err(|e| (path, e))
+                });
+            }
+        }
+        for result in join_all(writes).await {
+            result.map_err(|(_, source)| PoolError::Vdev { pool: pool.name.clone(), source })?;
+        }
+        let first = Uberblock {
+            txg: 1,
+            pool_guid,
+            guid_sum: pool.guid_sum(),
+            timestamp_secs: 0,
+            root: None,
+        };
+        pool.write_uberblock(first).await?;
+        pool.state.lock().uberblock = first;
+        Ok(pool)
+    }
+
+    fn guid_sum(&self) -> u64 {
+        self.leaves.iter().fold(0u64, |sum, l| sum.wrapping_add(l.guid))
+    }
+
+    fn label_header(&self, pool_leaf: &PoolLeaf, config_txg: u64) -> LabelHeader {
+        LabelHeader {
+            ashift: self.ashift,
+            pool_guid: self.guid,
+            leaf_guid: pool_leaf.guid,
+            top_guid: self.config.top[pool_leaf.top].guid,
+            config_txg,
+            leaf_bytes: pool_leaf.leaf.device().len_bytes(),
+            pool_name: self.name.clone(),
+            config: self.config.clone(),
+        }
+    }
+
+    /// Builds the in-memory vdev tree.
+    fn assemble(
+        env: &Env,
+        name: &str,
+        guid: u64,
+        ashift: u8,
+        config: VdevTreeConfig,
+        members: Vec<(usize, LeafConfig, Arc<dyn BlockDevice>, bool)>,
+        tunables: &Tunables,
+    ) -> Result<Pool, PoolError> {
+        let mut leaves = Vec::new();
+        let mut by_top: BTreeMap<usize, Vec<Arc<Leaf>>> = BTreeMap::new();
+        for (index, (top, leaf_config, device, present)) in members.into_iter().enumerate() {
+            let id = u32::try_from(index).unwrap_or(u32::MAX);
+            let leaf = Leaf::new(VdevId(id), env, device, tunables);
+            if !present {
+                // Stand-ins start faulted: mirrors read them only as a last resort.
+                leaf.mark_faulted();
+            }
+            by_top.entry(top).or_default().push(Arc::clone(&leaf));
+            leaves.push(PoolLeaf {
+                guid: leaf_config.guid,
+                top,
+                path: leaf_config.path,
+                leaf,
+                present,
+            });
+        }
+        let top = config
+            .top
+            .iter()
+            .enumerate()
+            .map(|(index, top)| {
+                let children = by_top.remove(&index).unwrap_or_default();
+                match top.kind {
+                    TopKind::Leaf => children.into_iter().next().map(Vdev::Leaf),
+                    TopKind::Mirror => Some(Vdev::Mirror(Arc::new(Mirror::new(
+                        VdevId(1000 + index as u32),
+                        env,
+                        children,
+                        tunables,
+                    )))),
+                }
+            })
+            .collect::<Option<Vec<Vdev>>>()
+            .ok_or_else(|| PoolError::InvalidLayout {
+                pool: name.to_owned(),
+                reason: "a top-level vdev has no leaf".into(),
+            })?;
+        Ok(Pool {
+            env: env.clone(),
+            name: name.to_owned(),
+            guid,
+            ashift,
+            config,
+            root: Root::new(top),
+            leaves,
+            state: Mutex::new(PoolState {
+                uberblock: Uberblock {
+                    txg: 0,
+                    pool_guid: guid,
+                    guid_sum: 0,
+                    timestamp_secs: 0,
+                    root: None,
+                },
+            }),
+        })
+    }
+
+    /// Makes `root` the root of a new txg, durably; returns the txg.
+    pub async fn sync_uberblock(&self, root: Option<BlockPointer>) -> Result<u64, PoolError> {
+        let txg = self.state.lock().uberblock.txg + 1;
+        self.flush_all().await?;
+        let timestamp_secs = self.env.now().as_nanos() / 1_000_000_000;
+        let uberblock = Uberblock {
+            txg,
+            pool_guid: self.guid,
+            guid_sum: self.guid_sum(),
+            timestamp_secs,
+            root,
+        };
+        self.write_uberblock(uberblock).await?;
+        self.state.lock().uberblock = uberblock;
+        Ok(txg)
+    }
+
+    /// Writes `uberblock` into every label's ring of every present leaf, then flushes. At least
+    /// one leaf of every top-level vdev must take it.
+    async fn write_uberblock(&self, uberblock: Uberblock) -> Result<(), PoolError> {
+        let data = SharedBuf::copy_from(&uberblock.encode());
+        let writes = self.leaves.iter().filter(|l| l.present).map(|pool_leaf| {
+            let data = data.clone();
+            async move {
+                let mut ok = false;
+                for label in label_offsets(pool_leaf.leaf.device().len_bytes()) {
+                    let at = uberblock_offset(label, uberblock.txg);
+                    ok |= pool_leaf.leaf.write(at, data.clone(), IoClass::AsyncWrite).await.is_ok();
+                }
+                (pool_leaf.top, ok)
+            }
+        });
+        let results = join_all(writes).await;
+        self.flush_all().await?;
+        for top in 0..self.config.top.len() {
+            if !results.iter().any(|&(t, ok)| t == top && ok) {
+                let path = self
+                    .leaves
+                    .iter()
+                    .find(|l| l.top == top)
+                    .map(|l| l.path.clone())
+                    .unwrap_or_default();
+                return Err(self.device_error(&path, DeviceError::Gone { device: path.clone() }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes every top-level vdev; a top-level vdev none of whose leaves flushed is an error.
+    async fn flush_all(&self) -> Result<(), PoolError> {
+        self.root
+            .flush()
+            .await
+            .map_err(|source| PoolError::Vdev { pool: self.name.clone(), source })
+    }
+
+    /// Flushes everything and closes the pool.
+    pub async fn export(self) -> Result<(), PoolError> {
+        self.flush_all().await
+    }
+
+    /// Opens the pool called `name` (or with guid `guid`) from the given devices.
+    pub async fn import(
+        env: &Env,
+        candidates: Vec<LeafSpec>,
+        name: &str,
+        tunables: &Tunables,
+    ) -> Result<Pool, PoolError> {
+        let searched = candidates.len();
+        // The newest valid label header of each device.
+        let mut labelled: Vec<(LabelHeader, LeafSpec)> = Vec::new();
+        for candidate in candidates {
+            if let Some(header) = read_best_label(candidate.device.as_ref()).await {
+                labelled.push((header, candidate));
+            }
+        }
+        let wanted: Vec<&(LabelHeader, LeafSpec)> = labelled
+            .iter()
+            .filter(|(h, _)| h.pool_name == name || format!("{:016x}", h.pool_guid) == name)
+            .collect();
+        let mut guids: Vec<u64> = wanted.iter().map(|(h, _)| h.pool_guid).collect();
+        guids.sort_unstable();
+        guids.dedup();
+        let pool_guid = match guids.as_slice() {
+            [] => return Err(PoolError::NotFound { name: name.to_owned(), searched }),
+            [one] => *one,
+            _ => return Err(PoolError::Ambiguous { name: name.to_owned(), guids }),
+        };
+        let members: Vec<&(LabelHeader, LeafSpec)> =
+            wanted.into_iter().filter(|(h, _)| h.pool_guid == pool_guid).collect();
+        let newest = members.iter().max_by_key(|(h, _)| h.config_txg).map(|(h, _)| h.clone());
+        let Some(header) = newest else {
+            return Err(PoolError::NotFound { name: name.to_owned(), searched });
+        };
+        let mut assembled = Vec::new();
+        for (top_index, top) in header.config.top.iter().enumerate() {
+            let mut present_any = false;
+            let mut missing = Vec::new();
+            for child in &top.children {
+                match members.iter().find(|(h, _)| h.leaf_guid == child.guid) {
+                    Some((_, spec)) => {
+                        present_any = true;
+                        assembled.push((
+                            top_index,
+                            LeafConfig { guid: child.guid, path: spec.path.clone() },
+                            Arc::clone(&spec.device),
+                            true,
+                        ));
+                    }
+                    None => {
+                        missing.push(child.path.clone());
+                        let stand_in: Arc<dyn BlockDevice> = Arc::new(MissingDevice {
+                            name: child.path.clone(),
+                            len_bytes: header.leaf_bytes,
+                        });
+                        assembled.push((top_index, child.clone(), stand_in, false));
+                    }
+                }
+            }
+            if !present_any {
+                return Err(PoolError::MissingLeaves {
+                    pool: header.pool_name.clone(),
+                    top: top_index,
+                    missing: missing.join(", "),
+                });
+            }
+        }
+        let pool = Pool::assemble(
+            env,
+            &header.pool_name,
+            pool_guid,
+            header.ashift,
+            header.config.clone(),
+            assembled,
+            tunables,
+        )?;
+        let mut best: Option<Uberblock> = None;
+        for pool_leaf in pool.leaves.iter().filter(|l| l.present) {
+            for uberblock in read_uberblocks(pool_leaf.leaf.device().as_ref()).await {
+                if uberblock.pool_guid == pool_guid && best.is_none_or(|b| uberblock.txg > b.txg) {
+                    best = Some(uberblock);
+                }
+            }
+        }
+        let Some(uberblock) = best else {
+            return Err(PoolError::NoUberblock { pool: pool.name.clone() });
+        };
+        pool.state.lock().uberblock = uberblock;
+        Ok(pool)
+    }
+}
+
+/// The newest label header on a device that decodes, if any.
+async fn read_best_label(device: &dyn BlockDevice) -> Option<LabelHeader> {
+    let mut best: Option<LabelHeader> = None;
+    for offset in label_offsets(device.len_bytes()) {
+        if offset + LABEL_BYTES > device.len_bytes() {
+            continue;
+        }
+        let Ok(bytes) = device.read_at(offset, LABEL_HEADER_BYTES as u32).await else { continue };
+        if let Ok(header) = LabelHeader::decode(&bytes) {
+            if best.as_ref().is_none_or(|b| header.config_txg > b.config_txg) {
+                best = Some(header);
+            }
+        }
+    }
+    best
+}
+
+/// Every uberblock that decodes in any label ring of a device.
+async fn read_uberblocks(device: &dyn BlockDevice) -> Vec<Uberblock> {
+    let mut found = Vec::new();
+    let ring_bytes = UBERBLOCK_SLOTS * UBERBLOCK_BYTES as u64;
+    for label in label_offsets(device.len_bytes()) {
+        let start = uberblock_offset(label, 0);
+        let Ok(ring) = device.read_at(start, ring_bytes as u32).await else { continue };
+        for slot in ring.chunks_exact(UBERBLOCK_BYTES) {
+            if let Ok(uberblock) = Uberblock::decode(slot) {
+                found.push(uberblock);
+            }
+        }
+    }
+    found
+}
