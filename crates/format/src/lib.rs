@@ -1,4 +1,4 @@
-//! On-disk types only: block pointers, uberblocks, labels and space maps (ZFS: `spa.h`, `uberblock_impl.h`,
+//! On-disk types only: block pointers, uberblocks, labels, space maps and the pool directory (ZFS: `spa.h`, `uberblock_impl.h`,
 //! `vdev_impl.h`); intent-log blocks and dedup entries join them in their issues.
 //!
 //! Rules every structure here keeps (STYLE.md §7): little-endian integers encoded by hand at
@@ -11,6 +11,7 @@
 mod blkptr;
 mod checksum;
 mod codec;
+mod directory;
 mod error;
 mod label;
 mod space_map;
@@ -18,6 +19,7 @@ mod uberblock;
 
 pub use blkptr::{BlockKind, BlockPointer, Dva, BLKPTR_BYTES, DVAS_MAX};
 pub use checksum::{Checksum, ChecksumAlg};
+pub use directory::{PoolDirectory, VolumeEntry, VOLUME_NAME_BYTES_MAX};
 pub use error::FormatError;
 pub use label::{
     data_end_bytes, label_offsets, uberblock_offset, LabelHeader, LeafConfig, TopConfig, TopKind,

@@ -12,8 +12,9 @@ use std::path::PathBuf;
 use proptest::prelude::*;
 use sluice_format::{
     label_offsets, uberblock_offset, BlockKind, BlockPointer, Checksum, ChecksumAlg, Dva,
-    FormatError, LabelHeader, LeafConfig, SpaceMap, TopConfig, TopKind, Uberblock, VdevTreeConfig,
-    BLKPTR_BYTES, DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
+    FormatError, LabelHeader, LeafConfig, PoolDirectory, SpaceMap, TopConfig, TopKind, Uberblock,
+    VdevTreeConfig, VolumeEntry, BLKPTR_BYTES, DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES,
+    UBERBLOCK_BYTES,
 };
 
 fn golden(name: &str, bytes: &[u8]) {
@@ -167,6 +168,40 @@ fn golden_space_map() {
     assert!(matches!(SpaceMap::decode(&bad.encode().unwrap()), Err(FormatError::Invalid { .. })));
 }
 
+#[test]
+fn golden_directory() {
+    let dir = PoolDirectory {
+        txg: 12,
+        next_volume_id: 3,
+        space_maps: vec![Some(sample_bp()), None],
+        volumes: vec![
+            VolumeEntry {
+                id: 1,
+                name: "vm1".into(),
+                size_bytes: 1 << 30,
+                block_bytes: 16384,
+                levels: 2,
+                root: Some(sample_bp()),
+            },
+            VolumeEntry {
+                id: 2,
+                name: "empty".into(),
+                size_bytes: 1 << 20,
+                block_bytes: 4096,
+                levels: 1,
+                root: None,
+            },
+        ],
+    };
+    let bytes = dir.encode(512).unwrap();
+    assert_eq!(bytes.len() % 512, 0);
+    golden("directory.bin", &bytes);
+    assert_eq!(PoolDirectory::decode(&bytes).unwrap(), dir);
+    let mut padded = bytes.clone();
+    *padded.last_mut().unwrap() = 1;
+    assert!(PoolDirectory::decode(&padded).is_err(), "padding must be zero");
+}
+
 fn arb_dva() -> impl Strategy<Value = Dva> {
     (0u32..64, 1u32..65536, 0u64..1 << 40).prop_map(|(vdev, asize_sectors, offset_sectors)| Dva {
         vdev,
@@ -245,6 +280,7 @@ proptest! {
         let _ = Uberblock::decode(&bytes);
         let _ = LabelHeader::decode(&bytes);
         let _ = SpaceMap::decode(&bytes);
+        let _ = PoolDirectory::decode(&bytes);
     }
 
     /// Label headers whose checksum was recomputed over random contents (as a buggy writer or

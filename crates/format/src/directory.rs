@@ -1,0 +1,169 @@
+//! The pool directory (ZFS: the MOS object directory): the one metadata block each uberblock
+//! points at. It names every volume with its block-tree root and every top-level vdev's space
+//! map. It sits in a block whose parent pointer carries its checksum, so it has a magic and a
+//! version but no checksum of its own.
+//!
+//! ```text
+//! offset size field
+//!      0    8 magic u64                "SLUICEDR" as little-endian bytes
+//!      8    2 version u16
+//!     10    2 reserved (zero)
+//!     12    4 encoded_len u32          bytes used; the rest of the block is zero
+//!     16    8 txg u64
+//!     24    8 next_volume_id u64
+//!     32    4 vdev_count u32
+//!     36    4 volume_count u32
+//!     40  128 space map pointer of each top-level vdev, in order (zeros: none yet)
+//!      .      volumes, each:
+//!               id u64, size_bytes u64, block_bytes u32, levels u8, reserved 1,
+//!               name_len u16, name (UTF-8), root block pointer (128; zeros: empty)
+//! ```
+
+use crate::codec::{Reader, Writer};
+use crate::{BlockPointer, FormatError, FormatVersion, BLKPTR_BYTES};
+
+const MAGIC: u64 = u64::from_le_bytes(*b"SLUICEDR");
+const HEADER_BYTES: usize = 40;
+const VOLUME_FIXED_BYTES: usize = 8 + 8 + 4 + 1 + 1 + 2;
+/// Longest volume name.
+pub const VOLUME_NAME_BYTES_MAX: usize = 255;
+const WHAT: &str = "pool directory";
+
+/// One volume as recorded in the directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeEntry {
+    pub id: u64,
+    pub name: String,
+    pub size_bytes: u64,
+    pub block_bytes: u32,
+    /// Levels of indirect blocks above the data blocks.
+    pub levels: u8,
+    pub root: Option<BlockPointer>,
+}
+
+/// The decoded directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolDirectory {
+    pub txg: u64,
+    pub next_volume_id: u64,
+    pub space_maps: Vec<Option<BlockPointer>>,
+    pub volumes: Vec<VolumeEntry>,
+}
+
+impl PoolDirectory {
+    pub fn encoded_len(&self) -> usize {
+        HEADER_BYTES
+            + self.space_maps.len() * BLKPTR_BYTES
+            + self
+                .volumes
+                .iter()
+                .map(|v| VOLUME_FIXED_BYTES + v.name.len() + BLKPTR_BYTES)
+                .sum::<usize>()
+    }
+
+    /// Encodes into a buffer padded with zeros to a multiple of `align` bytes.
+    pub fn encode(&self, align: usize) -> Result<Vec<u8>, FormatError> {
+        let len = self.encoded_len();
+        let len32 = u32::try_from(len).map_err(|_| FormatError::TooLarge {
+            what: WHAT,
+            len,
+            max: u32::MAX as usize,
+        })?;
+        for volume in &self.volumes {
+            if volume.name.is_empty() || volume.name.len() > VOLUME_NAME_BYTES_MAX {
+                return Err(FormatError::Invalid {
+                    what: WHAT,
+                    field: "volume name length",
+                    value: volume.name.len() as u64,
+                });
+            }
+        }
+        let mut out = vec![0u8; len.div_ceil(align.max(1)) * align.max(1)];
+        let mut w = Writer::new(&mut out);
+        w.u64(0, MAGIC);
+        w.u16(8, FormatVersion::CURRENT as u16);
+        w.u32(12, len32);
+        w.u64(16, self.txg);
+        w.u64(24, self.next_volume_id);
+        w.u32(32, self.space_maps.len() as u32);
+        w.u32(36, self.volumes.len() as u32);
+        let mut at = HEADER_BYTES;
+        for map in &self.space_maps {
+            w.put(at, &BlockPointer::encode(map.as_ref()));
+            at += BLKPTR_BYTES;
+        }
+        for volume in &self.volumes {
+            w.u64(at, volume.id);
+            w.u64(at + 8, volume.size_bytes);
+            w.u32(at + 16, volume.block_bytes);
+            w.u8(at + 20, volume.levels);
+            w.u16(at + 22, volume.name.len() as u16);
+            w.put(at + 24, volume.name.as_bytes());
+            at += VOLUME_FIXED_BYTES + volume.name.len();
+            w.put(at, &BlockPointer::encode(volume.root.as_ref()));
+            at += BLKPTR_BYTES;
+        }
+        debug_assert_eq!(at, len);
+        Ok(out)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<PoolDirectory, FormatError> {
+        let r = Reader::new(WHAT, bytes, HEADER_BYTES)?;
+        let magic = r.u64(0)?;
+        if magic != MAGIC {
+            return Err(FormatError::BadMagic { what: WHAT, found: magic });
+        }
+        FormatVersion::decode(WHAT, r.u16(8)?)?;
+        r.zeros(10, 2)?;
+        let len = r.u32(12)? as usize;
+        let r = Reader::new(WHAT, bytes, len.max(HEADER_BYTES))?;
+        r.zeros(len, bytes.len() - len)?;
+        let vdev_count = r.u32(32)? as usize;
+        let volume_count = r.u32(36)? as usize;
+        let mut at = HEADER_BYTES;
+        let mut space_maps = Vec::new();
+        for _ in 0..vdev_count {
+            space_maps.push(BlockPointer::decode(r.slice(at, BLKPTR_BYTES)?)?);
+            at += BLKPTR_BYTES;
+        }
+        let mut volumes = Vec::new();
+        for _ in 0..volume_count {
+            let name_len = usize::from(r.u16(at + 22)?);
+            r.zeros(at + 21, 1)?;
+            let name = std::str::from_utf8(r.slice(at + 24, name_len)?)
+                .map_err(|_| FormatError::Invalid {
+                    what: WHAT,
+                    field: "volume name",
+                    value: name_len as u64,
+                })?
+                .to_owned();
+            let block_bytes = r.u32(at + 16)?;
+            if !block_bytes.is_power_of_two() || !(512..=(1 << 20)).contains(&block_bytes) {
+                return Err(FormatError::Invalid {
+                    what: WHAT,
+                    field: "block_bytes",
+                    value: u64::from(block_bytes),
+                });
+            }
+            let entry_at = at;
+            at += VOLUME_FIXED_BYTES + name_len;
+            volumes.push(VolumeEntry {
+                id: r.u64(entry_at)?,
+                size_bytes: r.u64(entry_at + 8)?,
+                block_bytes,
+                levels: r.u8(entry_at + 20)?,
+                name,
+                root: BlockPointer::decode(r.slice(at, BLKPTR_BYTES)?)?,
+            });
+            at += BLKPTR_BYTES;
+        }
+        if at != len {
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                field: "encoded_len",
+                value: len as u64,
+            });
+        }
+        Ok(PoolDirectory { txg: r.u64(16)?, next_volume_id: r.u64(24)?, space_maps, volumes })
+    }
+}
