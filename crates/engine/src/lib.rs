@@ -11,8 +11,10 @@
 
 pub mod alloc;
 pub mod device;
+pub mod objset;
 pub mod pool;
 pub mod rt;
 pub mod stats;
 pub mod tunables;
+pub mod txg;
 pub mod vdev;

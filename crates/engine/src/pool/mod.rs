@@ -18,6 +18,7 @@
 //!
 //! Lock order: none taken here besides the pool state mutex, never held across an `.await`.
 
+mod io;
 mod missing;
 
 use std::collections::BTreeMap;
@@ -101,6 +102,12 @@ pub enum PoolError {
         pool: String,
         #[source]
         source: VdevError,
+    },
+    #[error("pool {pool}: {source}")]
+    NoSpace {
+        pool: String,
+        #[source]
+        source: crate::alloc::AllocError,
     },
     #[error("pool {pool}: {source}")]
     Format {

@@ -1,0 +1,198 @@
+//! Volume block trees (ZFS: `dnode`/`dbuf`, the DMU's indirect blocks).
+//!
+//! A volume's data blocks hang under a tree of indirect blocks, each an array of
+//! `INDIRECT_BPS` block pointers (16 KiB). With `levels` levels, data block `i` is reached from
+//! the root through slot `(i / INDIRECT_BPS^(l-1)) % INDIRECT_BPS` of the indirect block at
+//! each level `l`; with zero levels the root points at data block 0 itself. A hole at any level
+//! means zeros below it.
+//!
+//! Updates are copy-on-write: [`update_tree`] rewrites every indirect block on the path to a
+//! changed data block into new space and returns the new root, collecting the pointers it
+//! replaced so the caller frees them in the syncing txg. An indirect block whose children all
+//! became holes becomes a hole itself.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+
+use sluice_format::{BlockKind, BlockPointer, FormatError, BLKPTR_BYTES};
+
+use crate::alloc::{AllocClass, Allocator};
+use crate::device::{AlignedBuf, SharedBuf};
+use crate::pool::{Pool, PoolError};
+use crate::tunables::IoClass;
+
+/// Block pointers per indirect block.
+pub const INDIRECT_BPS: u64 = 128;
+pub const INDIRECT_BYTES: usize = INDIRECT_BPS as usize * BLKPTR_BYTES;
+
+/// Levels of indirection needed to address `blocks` data blocks.
+pub fn levels_for(blocks: u64) -> u8 {
+    let mut levels = 0u8;
+    let mut span = 1u64;
+    while span < blocks {
+        span = span.saturating_mul(INDIRECT_BPS);
+        levels += 1;
+    }
+    levels
+}
+
+fn span_of(level: u8) -> u64 {
+    INDIRECT_BPS.saturating_pow(u32::from(level))
+}
+
+fn format_error(pool: &Pool, source: FormatError) -> PoolError {
+    PoolError::Format { pool: pool.name().to_owned(), source }
+}
+
+fn decode_indirect(pool: &Pool, bytes: &[u8]) -> Result<Vec<Option<BlockPointer>>, PoolError> {
+    bytes
+        .chunks_exact(BLKPTR_BYTES)
+        .take(INDIRECT_BPS as usize)
+        .map(|slot| BlockPointer::decode(slot).map_err(|e| format_error(pool, e)))
+        .collect()
+}
+
+/// Reads data block `index`; `None` is a hole.
+pub async fn read_data_block(
+    pool: &Pool,
+    root: Option<BlockPointer>,
+    levels: u8,
+    index: u64,
+) -> Result<Option<AlignedBuf>, PoolError> {
+    let mut bp = root;
+    for level in (1..=levels).rev() {
+        let Some(indirect) = bp else { return Ok(None) };
+        let bytes = pool.read_block(&indirect, IoClass::SyncRead).await?;
+        let slot = ((index / span_of(level - 1)) % INDIRECT_BPS) as usize;
+        let at = slot * BLKPTR_BYTES;
+        bp = BlockPointer::decode(&bytes[at..at + BLKPTR_BYTES])
+            .map_err(|e| format_error(pool, e))?;
+    }
+    match bp {
+        Some(data) => Ok(Some(pool.read_block(&data, IoClass::SyncRead).await?)),
+        None => Ok(None),
+    }
+}
+
+/// What a copy-on-write update needs besides the tree.
+#[derive(Debug)]
+pub struct TreeUpdate<'a> {
+    pub pool: &'a Pool,
+    pub allocator: &'a parking_lot::Mutex<Allocator>,
+    pub txg: u64,
+    /// Pointers replaced by the update, to be freed in `txg`.
+    pub replaced: Vec<BlockPointer>,
+}
+
+type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Applies `updates` (data block index -> new pointer, `None` for a hole) and returns the
+/// new root.
+pub fn update_tree<'a>(
+    ctx: &'a mut TreeUpdate<'_>,
+    root: Option<BlockPointer>,
+    levels: u8,
+    updates: &'a BTreeMap<u64, Option<BlockPointer>>,
+) -> Boxed<'a, Result<Option<BlockPointer>, PoolError>> {
+    update_node(ctx, root, levels, 0, updates)
+}
+
+fn update_node<'a>(
+    ctx: &'a mut TreeUpdate<'_>,
+    old: Option<BlockPointer>,
+    level: u8,
+    base: u64,
+    updates: &'a BTreeMap<u64, Option<BlockPointer>>,
+) -> Boxed<'a, Result<Option<BlockPointer>, PoolError>> {
+    Box::pin(async move {
+        if level == 0 {
+            let new = updates.get(&base).copied().unwrap_or(old);
+            if let Some(previous) = old {
+                if new != Some(previous) {
+                    ctx.replaced.push(previous);
+                }
+            }
+            return Ok(new);
+        }
+        let mut slots = match old {
+            Some(bp) => {
+                let bytes = ctx.pool.read_block(&bp, IoClass::SyncRead).await?;
+                decode_indirect(ctx.pool, &bytes)?
+            }
+            None => vec![None; INDIRECT_BPS as usize],
+        };
+        let child_span = span_of(level - 1);
+        let end = base.saturating_add(span_of(level));
+        let touched: Vec<u64> =
+            updates.range(base..end).map(|(&i, _)| (i - base) / child_span).collect();
+        let mut last = None;
+        for slot in touched {
+            if last == Some(slot) {
+                continue;
+            }
+            last = Some(slot);
+            let child_base = base + slot * child_span;
+            let child_updates: BTreeMap<u64, Option<BlockPointer>> = updates
+                .range(child_base..child_base.saturating_add(child_span))
+                .map(|(&i, &b)| (i, b))
+                .collect();
+            let updated =
+                update_node(ctx, slots[slot as usize], level - 1, child_base, &child_updates)
+                    .await?;
+            slots[slot as usize] = updated;
+        }
+        if let Some(previous) = old {
+            ctx.replaced.push(previous);
+        }
+        if slots.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let mut bytes = AlignedBuf::zeroed(INDIRECT_BYTES);
+        let mut fill = 0u64;
+        for (index, slot) in slots.iter().enumerate() {
+            bytes[index * BLKPTR_BYTES..(index + 1) * BLKPTR_BYTES]
+                .copy_from_slice(&BlockPointer::encode(slot.as_ref()));
+            fill += slot.map_or(0, |bp| bp.fill);
+        }
+        let (vdev, offset, _) = ctx
+            .allocator
+            .lock()
+            .allocate(INDIRECT_BYTES as u64, AllocClass::Reserved, &[])
+            .map_err(|e| PoolError::NoSpace { pool: ctx.pool.name().to_owned(), source: e })?;
+        let bp = ctx
+            .pool
+            .write_block_at(
+                vdev,
+                offset,
+                bytes.into_shared(),
+                INDIRECT_BYTES as u64,
+                BlockKind::Indirect,
+                level,
+                fill,
+                ctx.txg,
+            )
+            .await?;
+        Ok(Some(bp))
+    })
+}
+
+/// Writes one data block into newly allocated space.
+pub async fn write_data_block(
+    ctx: &TreeUpdate<'_>,
+    data: &[u8],
+    class: AllocClass,
+) -> Result<BlockPointer, PoolError> {
+    let asize = ctx.allocator.lock().asize(data.len() as u64);
+    let mut padded = AlignedBuf::zeroed(asize as usize);
+    padded[..data.len()].copy_from_slice(data);
+    let (vdev, offset, _) = ctx
+        .allocator
+        .lock()
+        .allocate(asize, class, &[])
+        .map_err(|e| PoolError::NoSpace { pool: ctx.pool.name().to_owned(), source: e })?;
+    let shared: SharedBuf = padded.into_shared();
+    ctx.pool
+        .write_block_at(vdev, offset, shared, data.len() as u64, BlockKind::Data, 0, 1, ctx.txg)
+        .await
+}

@@ -1,0 +1,79 @@
+//! Block I/O on an open pool (ZFS: the read and write halves of the zio pipeline).
+//!
+//! A block is read from the first of its copies whose bytes match the checksum in its pointer;
+//! each copy is read through its top-level vdev with that checksum as the verify callback, so a
+//! mirror tries its other children and rewrites the bad one before a copy is given up on. A
+//! block is written to space the caller allocated, and its pointer records the copy's address,
+//! sizes, birth txg and checksum. Data handed out has always passed its checksum.
+
+use sluice_format::{BlockKind, BlockPointer, ChecksumAlg, Dva, SECTOR_BYTES};
+
+use super::{Pool, PoolError};
+use crate::device::{AlignedBuf, SharedBuf};
+use crate::tunables::IoClass;
+use crate::vdev;
+
+impl Pool {
+    /// Reads and verifies a block.
+    pub async fn read_block(
+        &self,
+        bp: &BlockPointer,
+        class: IoClass,
+    ) -> Result<AlignedBuf, PoolError> {
+        let psize = u32::try_from(bp.psize_bytes()).unwrap_or(u32::MAX);
+        let verify = |bytes: &[u8]| bp.verifies(bytes);
+        let mut last = None;
+        for dva in bp.copies() {
+            let at = vdev::Dva { vdev: dva.vdev, offset_bytes: dva.offset_bytes() };
+            match self.root().read(at, psize, class, &verify).await {
+                Ok(buf) => return Ok(buf),
+                Err(error) => last = Some(error),
+            }
+        }
+        Err(PoolError::Vdev {
+            pool: self.name().to_owned(),
+            source: last.unwrap_or(vdev::VdevError::NoSuchVdev { vdev: u32::MAX, count: 0 }),
+        })
+    }
+
+    /// Writes `data` (already padded to whole sectors) at `(vdev, offset)` and returns the block
+    /// pointer describing it.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn write_block_at(
+        &self,
+        vdev: u32,
+        offset_bytes: u64,
+        data: SharedBuf,
+        lsize_bytes: u64,
+        kind: BlockKind,
+        level: u8,
+        fill: u64,
+        txg: u64,
+    ) -> Result<BlockPointer, PoolError> {
+        let sector = u64::from(SECTOR_BYTES);
+        let psize = data.len() as u64;
+        assert!(psize > 0 && psize % sector == 0, "block data must be whole sectors");
+        assert!(offset_bytes % sector == 0, "blocks start on sector boundaries");
+        let checksum = ChecksumAlg::Xxh3_128.compute(&data);
+        self.root()
+            .write(vdev::Dva { vdev, offset_bytes }, data, IoClass::AsyncWrite)
+            .await
+            .map_err(|source| PoolError::Vdev { pool: self.name().to_owned(), source })?;
+        let sectors = |bytes: u64| u32::try_from(bytes / sector).unwrap_or(u32::MAX);
+        Ok(BlockPointer {
+            dvas: [
+                Dva { vdev, asize_sectors: sectors(psize), offset_sectors: offset_bytes / sector },
+                Dva::default(),
+                Dva::default(),
+            ],
+            lsize_sectors: sectors(lsize_bytes.div_ceil(sector) * sector),
+            psize_sectors: sectors(psize),
+            birth_txg: txg,
+            checksum_alg: ChecksumAlg::Xxh3_128,
+            kind,
+            level,
+            fill,
+            checksum,
+        })
+    }
+}

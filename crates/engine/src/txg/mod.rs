@@ -1,0 +1,551 @@
+//! Transaction groups and the pool's data (ZFS: `txg.c`, `spa_sync`, `dsl_pool.c`).
+//!
+//! Writes land in the open txg as dirty blocks in memory; [`Store::sync`] turns the open txg into
+//! the syncing one and writes it out in this order:
+//! 1. every dirty data block, copy-on-write, into new space;
+//! 2. the indirect blocks above them, up to each volume's new root;
+//! 3. the pool directory and a space map per top-level vdev, into space allocated before the
+//!    maps are encoded, so each map describes the state that includes its own block;
+//! 4. the uberblock: flush every leaf, write it to every label ring, flush again
+//!    (`Pool::sync_uberblock`).
+//!
+//! Replaced blocks are freed in the syncing txg and reused only after the deferral
+//! (crate::alloc), so a crash at any point imports to the previous txg intact.
+//!
+//! While a txg syncs, new writes go to the next open txg and reads look at the open txg, then
+//! the syncing one, then the trees on disk. Syncs run one at a time. A sync that fails suspends
+//! the store: every later operation fails until the pool is imported again, which returns it
+//! to the last synced txg.
+//!
+//! Lock order: `state` -> `allocator`; neither is held across an `.await`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use sluice_format::{
+    BlockKind, BlockPointer, PoolDirectory, SpaceMap, VolumeEntry, VOLUME_NAME_BYTES_MAX,
+};
+
+use crate::alloc::{AllocClass, AllocError, Allocator};
+use crate::device::AlignedBuf;
+use crate::objset::{self, TreeUpdate};
+use crate::pool::{Pool, PoolError};
+
+/// Volume block sizes allowed.
+pub const BLOCK_BYTES_MIN: u32 = 4096;
+pub const BLOCK_BYTES_MAX: u32 = 128 << 10;
+pub const BLOCK_BYTES_DEFAULT: u32 = 16 << 10;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    #[error("volume {pool}/{volume} does not exist; `sluice vol list` shows the volumes")]
+    NoSuchVolume { pool: String, volume: String },
+    #[error("volume {pool}/{volume} already exists")]
+    VolumeExists { pool: String, volume: String },
+    #[error("volume name {name:?} is invalid: use 1 to 255 letters, digits and _ - . :")]
+    InvalidVolumeName { name: String },
+    #[error(
+        "volume {volume}: block size {block_bytes} is invalid; use a power of two from \
+         {BLOCK_BYTES_MIN} to {BLOCK_BYTES_MAX}"
+    )]
+    InvalidBlockSize { volume: String, block_bytes: u32 },
+    #[error("volume {volume}: size {size_bytes} must be a positive multiple of the block size {block_bytes}")]
+    InvalidSize { volume: String, size_bytes: u64, block_bytes: u32 },
+    #[error("volume {volume}: {len} bytes at offset {offset} are outside its {size_bytes} bytes or not 512-byte aligned")]
+    OutOfRange { volume: String, offset: u64, len: u64, size_bytes: u64 },
+    #[error("pool {pool}: no space for {requested_bytes} more bytes; trim or delete data, or add a vdev")]
+    NoSpace { pool: String, requested_bytes: u64 },
+    #[error("pool {pool} is suspended after a failed sync; export it and import it again")]
+    Suspended { pool: String },
+}
+
+#[derive(Clone, Debug)]
+enum Block {
+    Data(Arc<Vec<u8>>),
+    Zero,
+}
+
+#[derive(Debug)]
+struct Volume {
+    entry: VolumeEntry,
+    open: BTreeMap<u64, Block>,
+    syncing: BTreeMap<u64, Block>,
+}
+
+#[derive(Debug)]
+struct State {
+    open_txg: u64,
+    next_volume_id: u64,
+    volumes: BTreeMap<String, Volume>,
+    /// Space-map and directory blocks of the last synced txg, freed when replaced.
+    space_maps: Vec<Option<BlockPointer>>,
+    directory: Option<BlockPointer>,
+    dirty_bytes: u64,
+}
+
+/// An open pool with its volumes.
+#[derive(Debug)]
+pub struct Store {
+    pool: Pool,
+    allocator: Mutex<Allocator>,
+    state: Mutex<State>,
+    sync_lock: futures::lock::Mutex<()>,
+    suspended: AtomicBool,
+}
+
+fn check_volume_name(name: &str) -> Result<(), StoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= VOLUME_NAME_BYTES_MAX
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidVolumeName { name: name.to_owned() })
+    }
+}
+
+impl Store {
+    /// A store on a freshly created pool.
+    pub fn create(pool: Pool) -> Store {
+        let allocator = Allocator::new(pool.ashift(), &pool.data_areas());
+        let txg = pool.uberblock().txg;
+        let vdevs = pool.root().top_level().len();
+        Store {
+            allocator: Mutex::new(allocator),
+            state: Mutex::new(State {
+                open_txg: txg + 1,
+                next_volume_id: 1,
+                volumes: BTreeMap::new(),
+                space_maps: vec![None; vdevs],
+                directory: None,
+                dirty_bytes: 0,
+            }),
+            pool,
+            sync_lock: futures::lock::Mutex::new(()),
+            suspended: AtomicBool::new(false),
+        }
+    }
+
+    /// Opens the data of an imported pool as of its newest uberblock.
+    pub async fn open(pool: Pool) -> Result<Store, StoreError> {
+        let uberblock = pool.uberblock();
+        let Some(root) = uberblock.root else { return Ok(Store::create(pool)) };
+        let format = |source| PoolError::Format { pool: pool.name().to_owned(), source };
+        let bytes = pool.read_block(&root, crate::tunables::IoClass::SyncRead).await?;
+        let directory = PoolDirectory::decode(&bytes).map_err(format)?;
+        let areas = pool.data_areas();
+        let mut maps = Vec::new();
+        for (index, bp) in directory.space_maps.iter().enumerate() {
+            let area = areas.get(index).copied().unwrap_or((0, 0));
+            let map = match bp {
+                Some(bp) => {
+                    let bytes = pool.read_block(bp, crate::tunables::IoClass::SyncRead).await?;
+                    SpaceMap::decode(&bytes).map_err(format)?
+                }
+                None => SpaceMap {
+                    ashift: pool.ashift(),
+                    synced_txg: 0,
+                    free: vec![(area.0, area.1 - area.0)],
+                    deferred: vec![],
+                },
+            };
+            maps.push((map, area));
+        }
+        let mut allocator = Allocator::load(pool.ashift(), &maps)
+            .map_err(|e| PoolError::NoSpace { pool: pool.name().to_owned(), source: e })?;
+        allocator.synced(uberblock.txg);
+        let volumes = directory
+            .volumes
+            .iter()
+            .map(|entry| {
+                (
+                    entry.name.clone(),
+                    Volume {
+                        entry: entry.clone(),
+                        open: BTreeMap::new(),
+                        syncing: BTreeMap::new(),
+                    },
+                )
+            })
+            .collect();
+        Ok(Store {
+            allocator: Mutex::new(allocator),
+            state: Mutex::new(State {
+                open_txg: uberblock.txg + 1,
+                next_volume_id: directory.next_volume_id,
+                volumes,
+                space_maps: directory.space_maps.clone(),
+                directory: Some(root),
+                dirty_bytes: 0,
+            }),
+            pool,
+            sync_lock: futures::lock::Mutex::new(()),
+            suspended: AtomicBool::new(false),
+        })
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The txg that writes go into now.
+    pub fn open_txg(&self) -> u64 {
+        self.state.lock().open_txg
+    }
+
+    pub fn free_bytes(&self) -> u64 {
+        self.allocator.lock().free_bytes()
+    }
+
+    fn check_live(&self) -> Result<(), StoreError> {
+        if self.suspended.load(Ordering::Relaxed) {
+            Err(StoreError::Suspended { pool: self.pool.name().to_owned() })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Creates a volume; it is durable once the next sync completes.
+    pub fn create_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_bytes: u32,
+    ) -> Result<(), StoreError> {
+        self.check_live()?;
+        check_volume_name(name)?;
+        if !block_bytes.is_power_of_two()
+            || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&block_bytes)
+        {
+            return Err(StoreError::InvalidBlockSize { volume: name.to_owned(), block_bytes });
+        }
+        if size_bytes == 0 || size_bytes % u64::from(block_bytes) != 0 {
+            return Err(StoreError::InvalidSize {
+                volume: name.to_owned(),
+                size_bytes,
+                block_bytes,
+            });
+        }
+        let mut state = self.state.lock();
+        if state.volumes.contains_key(name) {
+            return Err(StoreError::VolumeExists {
+                pool: self.pool.name().to_owned(),
+                volume: name.to_owned(),
+            });
+        }
+        let id = state.next_volume_id;
+        state.next_volume_id += 1;
+        let levels = objset::levels_for(size_bytes / u64::from(block_bytes));
+        let entry =
+            VolumeEntry { id, name: name.to_owned(), size_bytes, block_bytes, levels, root: None };
+        state.volumes.insert(
+            name.to_owned(),
+            Volume { entry, open: BTreeMap::new(), syncing: BTreeMap::new() },
+        );
+        Ok(())
+    }
+
+    /// Names and sizes of the volumes.
+    pub fn volumes(&self) -> Vec<VolumeEntry> {
+        self.state.lock().volumes.values().map(|v| v.entry.clone()).collect()
+    }
+
+    fn volume_entry(&self, name: &str) -> Result<VolumeEntry, StoreError> {
+        self.state.lock().volumes.get(name).map(|v| v.entry.clone()).ok_or_else(|| {
+            StoreError::NoSuchVolume { pool: self.pool.name().to_owned(), volume: name.to_owned() }
+        })
+    }
+
+    fn check_range(entry: &VolumeEntry, offset: u64, len: u64) -> Result<(), StoreError> {
+        let inside = offset.checked_add(len).is_some_and(|end| end <= entry.size_bytes);
+        if inside && offset % 512 == 0 && len % 512 == 0 {
+            Ok(())
+        } else {
+            Err(StoreError::OutOfRange {
+                volume: entry.name.clone(),
+                offset,
+                len,
+                size_bytes: entry.size_bytes,
+            })
+        }
+    }
+
+    /// The current contents of block `index`: open txg, then syncing txg, then disk.
+    async fn block(
+        &self,
+        entry: &VolumeEntry,
+        index: u64,
+    ) -> Result<Option<Arc<Vec<u8>>>, StoreError> {
+        let cached = {
+            let state = self.state.lock();
+            let volume = state.volumes.get(&entry.name);
+            volume.and_then(|v| v.open.get(&index).or_else(|| v.syncing.get(&index)).cloned())
+        };
+        match cached {
+            Some(Block::Data(data)) => Ok(Some(data)),
+            Some(Block::Zero) => Ok(None),
+            None => {
+                // The on-disk root may move under us when a sync completes; freed blocks stay
+                // intact through the deferral, so reading the root we saw is still correct.
+                let root = self.state.lock().volumes.get(&entry.name).and_then(|v| v.entry.root);
+                let data = objset::read_data_block(&self.pool, root, entry.levels, index).await?;
+                Ok(data.map(|d| Arc::new(d[..entry.block_bytes as usize].to_vec())))
+            }
+        }
+    }
+
+    /// Reads `len` bytes at `offset`.
+    pub async fn read(&self, volume: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
+        self.check_live()?;
+        let entry = self.volume_entry(volume)?;
+        Self::check_range(&entry, offset, len)?;
+        let bs = u64::from(entry.block_bytes);
+        let mut out = vec![0u8; len as usize];
+        let mut at = offset;
+        while at < offset + len {
+            let index = at / bs;
+            let in_block = at % bs;
+            let n = (bs - in_block).min(offset + len - at);
+            if let Some(data) = self.block(&entry, index).await? {
+                let dst = (at - offset) as usize;
+                out[dst..dst + n as usize]
+                    .copy_from_slice(&data[in_block as usize..(in_block + n) as usize]);
+            }
+            at += n;
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `offset` into the open txg. `None` writes zeros (trim, write-zeroes):
+    /// whole blocks become holes.
+    async fn modify(
+        &self,
+        volume: &str,
+        offset: u64,
+        len: u64,
+        data: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
+        self.check_live()?;
+        let entry = self.volume_entry(volume)?;
+        Self::check_range(&entry, offset, len)?;
+        let bs = u64::from(entry.block_bytes);
+        // Refuse what could not be synced: new dirty data beyond the free space above the slop.
+        {
+            let allocator = self.allocator.lock();
+            let usable = allocator.free_bytes().saturating_sub(allocator.slop_bytes());
+            let dirty = self.state.lock().dirty_bytes;
+            if data.is_some() && dirty.saturating_add(len) > usable {
+                return Err(StoreError::NoSpace {
+                    pool: self.pool.name().to_owned(),
+                    requested_bytes: len,
+                });
+            }
+        }
+        let mut at = offset;
+        while at < offset + len {
+            let index = at / bs;
+            let in_block = at % bs;
+            let n = (bs - in_block).min(offset + len - at);
+            let src = (at - offset) as usize..(at - offset + n) as usize;
+            let block = if n == bs {
+                match data {
+                    Some(d) => Block::Data(Arc::new(d[src].to_vec())),
+                    None => Block::Zero,
+                }
+            } else {
+                // Read-modify-write inside a block.
+                let mut whole = match self.block(&entry, index).await? {
+                    Some(current) => current.as_ref().clone(),
+                    None => vec![0u8; bs as usize],
+                };
+                let dst = in_block as usize..(in_block + n) as usize;
+                match data {
+                    Some(d) => whole[dst].copy_from_slice(&d[src]),
+                    None => whole[dst].fill(0),
+                }
+                Block::Data(Arc::new(whole))
+            };
+            let mut state = self.state.lock();
+            if let Block::Data(_) = &block {
+                state.dirty_bytes += bs;
+            }
+            if let Some(v) = state.volumes.get_mut(volume) {
+                v.open.insert(index, block);
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    pub async fn write(&self, volume: &str, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        self.modify(volume, offset, data.len() as u64, Some(data)).await
+    }
+
+    /// Zeroes a range; whole blocks become holes and their space is freed at the next sync.
+    pub async fn zero(&self, volume: &str, offset: u64, len: u64) -> Result<(), StoreError> {
+        self.modify(volume, offset, len, None).await
+    }
+
+    /// Writes the open txg out and makes it durable. Returns the synced txg.
+    pub async fn sync(&self) -> Result<u64, StoreError> {
+        let _one_at_a_time = self.sync_lock.lock().await;
+        self.check_live()?;
+        let result = self.sync_locked().await;
+        if result.is_err() {
+            self.suspended.store(true, Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn sync_locked(&self) -> Result<u64, StoreError> {
+        let name = self.pool.name().to_owned();
+        let no_space = |source: AllocError| PoolError::NoSpace { pool: name.clone(), source };
+        // Quiesce: the open txg becomes the syncing one.
+        let (txg, work) = {
+            let mut state = self.state.lock();
+            let txg = state.open_txg;
+            state.open_txg += 1;
+            state.dirty_bytes = 0;
+            let mut work = Vec::new();
+            for volume in state.volumes.values_mut() {
+                volume.syncing = std::mem::take(&mut volume.open);
+                work.push((volume.entry.clone(), volume.syncing.clone()));
+            }
+            (txg, work)
+        };
+        let mut ctx =
+            TreeUpdate { pool: &self.pool, allocator: &self.allocator, txg, replaced: Vec::new() };
+        let mut roots = BTreeMap::new();
+        for (entry, blocks) in work {
+            let mut updates = BTreeMap::new();
+            for (index, block) in blocks {
+                let bp = match block {
+                    Block::Data(data) => {
+                        Some(objset::write_data_block(&ctx, &data, AllocClass::Reserved).await?)
+                    }
+                    Block::Zero => None,
+                };
+                updates.insert(index, bp);
+            }
+            let root = if updates.is_empty() {
+                entry.root
+            } else {
+                objset::update_tree(&mut ctx, entry.root, entry.levels, &updates).await?
+            };
+            roots.insert(entry.name.clone(), root);
+        }
+        let replaced = std::mem::take(&mut ctx.replaced);
+        // Free what this txg replaced, and the previous directory and space maps.
+        let (old_maps, old_directory, vdevs) = {
+            let state = self.state.lock();
+            (state.space_maps.clone(), state.directory, state.space_maps.len())
+        };
+        {
+            let mut allocator = self.allocator.lock();
+            for bp in replaced.iter().chain(old_maps.iter().flatten()).chain(old_directory.iter()) {
+                for dva in bp.copies() {
+                    allocator.free(txg, dva.vdev, dva.offset_bytes(), dva.asize_bytes());
+                }
+            }
+        }
+        // Allocate the space-map blocks before encoding any map, so every map includes them.
+        let mut directory = {
+            let state = self.state.lock();
+            PoolDirectory {
+                txg,
+                next_volume_id: state.next_volume_id,
+                space_maps: vec![None; vdevs],
+                volumes: state
+                    .volumes
+                    .values()
+                    .map(|v| VolumeEntry {
+                        root: roots.get(&v.entry.name).copied().flatten(),
+                        ..v.entry.clone()
+                    })
+                    .collect(),
+            }
+        };
+        let (map_blocks, directory_block, maps) = {
+            let mut allocator = self.allocator.lock();
+            let mut blocks = Vec::new();
+            for vdev in 0..vdevs as u32 {
+                // Room for the map as it is now plus the entries this txg's own allocations add.
+                let estimate = allocator.space_map(vdev).encoded_len() as u64 + 64 * 24;
+                blocks.push(
+                    allocator.allocate(estimate, AllocClass::Reserved, &[]).map_err(no_space)?,
+                );
+            }
+            let directory_bytes = allocator.asize(directory.encoded_len() as u64);
+            let directory_block =
+                allocator.allocate(directory_bytes, AllocClass::Reserved, &[]).map_err(no_space)?;
+            let maps: Vec<SpaceMap> = (0..vdevs as u32).map(|v| allocator.space_map(v)).collect();
+            (blocks, directory_block, maps)
+        };
+        for (vdev, (map, &(at_vdev, offset, asize))) in maps.iter().zip(&map_blocks).enumerate() {
+            let bytes =
+                map.encode().map_err(|source| PoolError::Format { pool: name.clone(), source })?;
+            assert!(
+                bytes.len() as u64 <= asize,
+                "space map outgrew its block ({} > {asize})",
+                bytes.len()
+            );
+            let mut padded = AlignedBuf::zeroed(asize as usize);
+            padded[..bytes.len()].copy_from_slice(&bytes);
+            let bp = self
+                .pool
+                .write_block_at(
+                    at_vdev,
+                    offset,
+                    padded.into_shared(),
+                    bytes.len() as u64,
+                    BlockKind::Metadata,
+                    0,
+                    1,
+                    txg,
+                )
+                .await?;
+            directory.space_maps[vdev] = Some(bp);
+        }
+        let (at_vdev, offset, asize) = directory_block;
+        let bytes = directory
+            .encode(asize as usize)
+            .map_err(|source| PoolError::Format { pool: name.clone(), source })?;
+        let directory_bp = self
+            .pool
+            .write_block_at(
+                at_vdev,
+                offset,
+                AlignedBuf::copy_from(&bytes).into_shared(),
+                asize,
+                BlockKind::Metadata,
+                0,
+                1,
+                txg,
+            )
+            .await?;
+        let synced = self.pool.sync_uberblock(Some(directory_bp)).await?;
+        debug_assert_eq!(synced, txg, "the uberblock txg follows the store's txgs");
+        self.allocator.lock().synced(txg);
+        let mut state = self.state.lock();
+        for volume in state.volumes.values_mut() {
+            if let Some(root) = roots.get(&volume.entry.name) {
+                volume.entry.root = *root;
+            }
+            volume.syncing.clear();
+        }
+        state.space_maps = directory.space_maps;
+        state.directory = Some(directory_bp);
+        Ok(txg)
+    }
+
+    /// Syncs and closes.
+    pub async fn export(self) -> Result<(), StoreError> {
+        self.sync().await?;
+        Ok(self.pool.export().await?)
+    }
+}
