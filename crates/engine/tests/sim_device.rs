@@ -157,6 +157,12 @@ fn faults_behave_as_documented() {
     dev.inject(Fault::ReadError { offset_bytes: 0, len_bytes: 512 });
     write(&sim, &dev, 0, block(4, 4096));
     assert!(read(&sim, &dev, 0, 4096).unwrap().iter().all(|&b| b == 4));
+    // A partial rewrite cures only what it covers.
+    dev.inject(Fault::ReadError { offset_bytes: 0, len_bytes: 8192 });
+    write(&sim, &dev, 0, block(4, 4096));
+    assert!(read(&sim, &dev, 0, 4096).is_ok());
+    assert!(read(&sim, &dev, 4096, 4096).is_err());
+    dev.clear_faults();
     // Phantom writes report success and store nothing.
     dev.inject(Fault::Phantom { offset_bytes: 8192, len_bytes: 4096 });
     write(&sim, &dev, 8192, block(5, 4096));

@@ -232,13 +232,25 @@ fn crash_swarm() {
 fn full_pool_refuses_writes_then_recovers() {
     let sim = Sim::new(77);
     let legs: Vec<SimDevice> = (0..2)
-        .map(|i| SimDevice::new(&sim.env(), &format!("leg{i}"), SimProfile::Instant, 16 << 20, SimOptions::default()))
+        .map(|i| {
+            SimDevice::new(
+                &sim.env(),
+                &format!("leg{i}"),
+                SimProfile::Instant,
+                16 << 20,
+                SimOptions::default(),
+            )
+        })
         .collect();
     let env = sim.env();
     let specs = leaf_specs(&legs);
     let (written, error_text) = sim
         .run(async move {
-            let spec = PoolSpec { name: "small".into(), ashift: 12, top: vec![TopSpec::Mirror(specs.clone())] };
+            let spec = PoolSpec {
+                name: "small".into(),
+                ashift: 12,
+                top: vec![TopSpec::Mirror(specs.clone())],
+            };
             let pool = Pool::create(&env, spec, &Tunables::default()).await.unwrap();
             let store = Store::create(pool);
             // Sparse and larger than the pool: thin provisioning.
@@ -267,8 +279,18 @@ fn full_pool_refuses_writes_then_recovers() {
             store.export().await.unwrap();
             let pool = Pool::import(&env, specs, "small", &Tunables::default()).await.unwrap();
             let store = Store::open(pool).await.unwrap();
-            assert!(store.read("thin", 0, chunk.len() as u64).await.unwrap().iter().all(|&b| b == 0x5a));
-            assert!(store.read("thin", written / 2, written / 2).await.unwrap().iter().all(|&b| b == 0x5a));
+            assert!(store
+                .read("thin", 0, chunk.len() as u64)
+                .await
+                .unwrap()
+                .iter()
+                .all(|&b| b == 0x5a));
+            assert!(store
+                .read("thin", written / 2, written / 2)
+                .await
+                .unwrap()
+                .iter()
+                .all(|&b| b == 0x5a));
             (written, error.to_string())
         })
         .unwrap()

@@ -778,15 +778,10 @@ fn write_with_faults(
         }
     }
     if let Some(at) = target {
-        // Rewriting a sector cures its latent read faults, as a real drive remaps on write.
-        state.faults.retain(|fault| match *fault {
-            Fault::BitFlip { offset_bytes, .. } => !(at..at + len).contains(&offset_bytes),
-            Fault::ReadError { offset_bytes, len_bytes }
-            | Fault::Misdirect { offset_bytes, len_bytes, .. } => {
-                !(at <= offset_bytes && offset_bytes + len_bytes <= at + len)
-            }
-            _ => true,
-        });
+        // Rewriting a sector cures its latent read faults, as a real drive remaps on write:
+        // ranged faults keep only the parts outside the rewritten range.
+        let faults = std::mem::take(&mut state.faults);
+        state.faults = faults.into_iter().flat_map(|fault| cure(fault, at, len)).collect();
         if inner.options.store_data {
             state.volatile.push(PendingWrite { offset: at, len, data: Some(data.clone()) });
         }
@@ -802,6 +797,42 @@ fn write_with_faults(
         }
     }
     Ok(())
+}
+
+/// What remains of `fault` after `[at, at+len)` was rewritten.
+fn cure(fault: Fault, at: u64, len: u64) -> Vec<Fault> {
+    let end = at + len;
+    let remainder = |offset: u64, fault_len: u64, make: &dyn Fn(u64, u64) -> Fault| {
+        let fault_end = offset + fault_len;
+        if !overlaps(offset, fault_len, at, len) {
+            return vec![make(offset, fault_len)];
+        }
+        let mut kept = Vec::new();
+        if offset < at {
+            kept.push(make(offset, at - offset));
+        }
+        if end < fault_end {
+            kept.push(make(end, fault_end - end));
+        }
+        kept
+    };
+    match fault {
+        Fault::BitFlip { offset_bytes, .. } if (at..end).contains(&offset_bytes) => vec![],
+        Fault::ReadError { offset_bytes, len_bytes } => {
+            remainder(offset_bytes, len_bytes, &|o, l| Fault::ReadError {
+                offset_bytes: o,
+                len_bytes: l,
+            })
+        }
+        Fault::Misdirect { offset_bytes, len_bytes, from_offset_bytes } => {
+            remainder(offset_bytes, len_bytes, &|o, l| Fault::Misdirect {
+                offset_bytes: o,
+                len_bytes: l,
+                from_offset_bytes: from_offset_bytes + (o - offset_bytes),
+            })
+        }
+        other => vec![other],
+    }
 }
 
 /// Applies the unflushed writes that survive a crash to `image`.

@@ -20,6 +20,7 @@
 
 mod io;
 mod missing;
+mod scrub;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,6 +34,7 @@ use sluice_format::{
 };
 
 pub use self::missing::MissingDevice;
+pub use self::scrub::ScrubReport;
 use crate::device::{BlockDevice, DeviceError, SharedBuf};
 use crate::rt::Env;
 use crate::tunables::{IoClass, Tunables};

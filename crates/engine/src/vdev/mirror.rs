@@ -36,6 +36,17 @@ use crate::tunables::{IoClass, Tunable, Tunables};
 /// Mirror children are addressed with a bitmask of tried children.
 pub const MIRROR_CHILDREN_MAX: usize = 64;
 
+/// What scrubbing one block of a mirror found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScrubOutcome {
+    /// Children whose copy failed to read or verify.
+    pub errors: u32,
+    /// Of those, how many were rewritten from a good copy.
+    pub repaired: u32,
+    /// No child had a good copy.
+    pub unrecoverable: bool,
+}
+
 /// How a mirror picks the child to read from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadPolicy {
@@ -168,6 +179,48 @@ impl Mirror {
             tried: tried.count_ones(),
             last: last_error.map(Box::new),
         })
+    }
+
+    /// Reads every child's copy of `[offset, offset+len)`, checks each with `verify`, and
+    /// rewrites the bad ones from a good one (scrub). Children that are faulted are skipped.
+    pub async fn scrub(
+        &self,
+        offset: u64,
+        len: u32,
+        verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
+    ) -> ScrubOutcome {
+        let reads = self.children.iter().map(|child| async move {
+            if child.is_faulted() {
+                return None;
+            }
+            Some(child.read(offset, len, IoClass::Scrub).await)
+        });
+        let results = join_all(reads).await;
+        let mut outcome = ScrubOutcome::default();
+        let mut good = None;
+        let mut bad = Vec::new();
+        for (child, result) in results.into_iter().enumerate() {
+            match result {
+                None => {}
+                Some(Ok(buf)) if verify(&buf) => good = good.or(Some(buf)),
+                Some(Ok(_)) => {
+                    self.children[child].stats().checksum_errors.inc();
+                    bad.push(child);
+                }
+                Some(Err(_)) => bad.push(child),
+            }
+        }
+        outcome.errors = bad.len() as u32;
+        match good {
+            Some(buf) => {
+                let before: u64 = bad.iter().map(|&c| self.children[c].stats().repairs.get()).sum();
+                self.repair(&bad, offset, &buf).await;
+                let after: u64 = bad.iter().map(|&c| self.children[c].stats().repairs.get()).sum();
+                outcome.repaired = (after - before) as u32;
+            }
+            None => outcome.unrecoverable = true,
+        }
+        outcome
     }
 
     /// Writes to every child; succeeds when at least one child took the write. Children that

@@ -15,7 +15,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use leaf::Leaf;
-pub use mirror::{Mirror, ReadPolicy, MIRROR_CHILDREN_MAX};
+pub use mirror::{Mirror, ReadPolicy, ScrubOutcome, MIRROR_CHILDREN_MAX};
 
 use crate::device::{AlignedBuf, DeviceError, SharedBuf};
 use crate::tunables::IoClass;
@@ -149,6 +149,26 @@ impl Vdev {
         match self {
             Vdev::Leaf(leaf) => leaf.write(offset, data, class).await,
             Vdev::Mirror(mirror) => mirror.write(offset, data, class).await,
+        }
+    }
+
+    /// Checks every copy of a block on this vdev and repairs what it can.
+    pub async fn scrub(
+        &self,
+        offset: u64,
+        len: u32,
+        verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
+    ) -> ScrubOutcome {
+        match self {
+            Vdev::Leaf(leaf) => {
+                let good =
+                    matches!(leaf.read(offset, len, IoClass::Scrub).await, Ok(buf) if verify(&buf));
+                if !good {
+                    leaf.stats().checksum_errors.inc();
+                }
+                ScrubOutcome { errors: u32::from(!good), repaired: 0, unrecoverable: !good }
+            }
+            Vdev::Mirror(mirror) => mirror.scrub(offset, len, verify).await,
         }
     }
 

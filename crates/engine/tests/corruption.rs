@@ -1,0 +1,188 @@
+//! Corruption and healing on a mirrored pool (F4, F5, F6): damage within redundancy is
+//! detected, healed and counted with zero wrong bytes returned; beyond redundancy the damaged
+//! blocks fail with an error and everything else still reads; after a scrub, a second scrub
+//! finds nothing.
+
+// Test helpers unwrap freely: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use sluice_engine::device::sim::{Fault, SimOptions};
+use sluice_engine::device::{SimDevice, SimProfile};
+use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
+use sluice_engine::rt::Rng;
+use sluice_engine::tunables::Tunables;
+use sluice_engine::txg::Store;
+use sluice_format::DATA_START_BYTES;
+use sluice_sim::Sim;
+
+const VOLUME_BYTES: u64 = 2 << 20;
+const BLOCK: u32 = 4096;
+
+/// A pool on two legs with one volume full of random data, synced.
+fn setup(seed: u64) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
+    let sim = Sim::new(seed);
+    let legs: Vec<SimDevice> = (0..2)
+        .map(|i| {
+            SimDevice::new(
+                &sim.env(),
+                &format!("leg{i}"),
+                SimProfile::Instant,
+                64 << 20,
+                SimOptions::default(),
+            )
+        })
+        .collect();
+    let specs: Vec<LeafSpec> = legs
+        .iter()
+        .map(|d| LeafSpec { path: d.name_owned(), device: Arc::new(d.clone()) })
+        .collect();
+    let mut rng = Rng::new(seed);
+    let data: Vec<u8> = (0..VOLUME_BYTES).map(|_| rng.u64() as u8).collect();
+    let env = sim.env();
+    let d = data.clone();
+    let store = sim
+        .run(async move {
+            let spec =
+                PoolSpec { name: "tank".into(), ashift: 12, top: vec![TopSpec::Mirror(specs)] };
+            let store =
+                Store::create(Pool::create(&env, spec, &Tunables::default()).await.unwrap());
+            store.create_volume("v", VOLUME_BYTES, BLOCK).unwrap();
+            store.write("v", 0, &d).await.unwrap();
+            store.sync().await.unwrap();
+            Arc::new(store)
+        })
+        .unwrap()
+        .0;
+    (sim, legs, store, data)
+}
+
+trait Named {
+    fn name_owned(&self) -> String;
+}
+
+impl Named for SimDevice {
+    fn name_owned(&self) -> String {
+        sluice_engine::device::BlockDevice::name(self).to_owned()
+    }
+}
+
+/// Reads every block; returns (blocks that failed, blocks that returned wrong bytes).
+fn read_all(sim: &Sim, store: &Arc<Store>, data: &[u8]) -> (u64, u64) {
+    let s = Arc::clone(store);
+    let expected = data.to_vec();
+    sim.run(async move {
+        let (mut failed, mut wrong) = (0, 0);
+        for block in 0..VOLUME_BYTES / u64::from(BLOCK) {
+            let at = block * u64::from(BLOCK);
+            match s.read("v", at, u64::from(BLOCK)).await {
+                Ok(got) => {
+                    wrong +=
+                        u64::from(got != expected[at as usize..(at + u64::from(BLOCK)) as usize])
+                }
+                Err(_) => failed += 1,
+            }
+        }
+        (failed, wrong)
+    })
+    .unwrap()
+    .0
+}
+
+fn scrub(sim: &Sim, store: &Arc<Store>) -> sluice_engine::pool::ScrubReport {
+    let s = Arc::clone(store);
+    sim.run(async move { s.pool().scrub().await.unwrap() }).unwrap().0
+}
+
+fn flip_every_block(leg: &SimDevice, start: u64, len: u64, bit: u8) -> u64 {
+    let mut count = 0;
+    let mut at = start;
+    while at < start + len {
+        leg.inject(Fault::BitFlip { offset_bytes: at + 100, bit });
+        at += u64::from(BLOCK);
+        count += 1;
+    }
+    count
+}
+
+#[test]
+fn bit_flips_on_one_leg_heal() {
+    let (sim, legs, store, data) = setup(1);
+    // Every allocated block of leg 0 (data, indirect, space maps, directory) is damaged.
+    let injected = flip_every_block(&legs[0], DATA_START_BYTES, 4 << 20, 5);
+    assert_eq!(
+        read_all(&sim, &store, &data),
+        (0, 0),
+        "no read fails and no wrong byte is returned"
+    );
+    let report = scrub(&sim, &store);
+    assert!(report.unrecoverable.is_empty());
+    assert_eq!(report.repaired, report.errors, "every bad copy found by scrub was rewritten");
+    let leaf0 = &store.pool().leaves()[0].leaf;
+    let detected = leaf0.stats().checksum_errors.get();
+    assert!(
+        detected >= VOLUME_BYTES / u64::from(BLOCK),
+        "{detected} of {injected} damaged copies detected"
+    );
+    assert_eq!(leaf0.stats().repairs.get(), detected, "healed exactly what was detected");
+    let second = scrub(&sim, &store);
+    assert_eq!((second.errors, second.repaired), (0, 0), "a second scrub finds nothing");
+    assert_eq!(second.blocks, report.blocks);
+}
+
+#[test]
+fn misdirected_data_is_caught() {
+    let (sim, legs, store, data) = setup(2);
+    // Leg 1 returns the bytes of a neighbouring region for 512 KiB of its data area.
+    legs[1].inject(Fault::Misdirect {
+        offset_bytes: DATA_START_BYTES,
+        len_bytes: 512 << 10,
+        from_offset_bytes: DATA_START_BYTES + (1 << 20),
+    });
+    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+    let report = scrub(&sim, &store);
+    assert!(report.unrecoverable.is_empty());
+    assert_eq!(report.repaired, report.errors);
+    assert_eq!(scrub(&sim, &store).errors, 0);
+}
+
+#[test]
+fn lost_leg_runs_degraded() {
+    let (sim, legs, store, data) = setup(3);
+    legs[0].inject(Fault::Lost);
+    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+    let s = Arc::clone(&store);
+    sim.run(async move {
+        s.write("v", 0, &[7u8; 4096]).await.unwrap();
+        s.sync().await.unwrap();
+        assert_eq!(s.read("v", 0, 4096).await.unwrap(), vec![7u8; 4096]);
+    })
+    .unwrap();
+    assert!(store.pool().leaves()[0].leaf.is_faulted());
+    let report = scrub(&sim, &store);
+    assert!(report.unrecoverable.is_empty(), "the surviving leg holds every block");
+}
+
+#[test]
+fn damage_beyond_redundancy_fails_only_those_blocks() {
+    let (sim, legs, store, data) = setup(4);
+    // The same 64 KiB of data damaged on both legs.
+    let start = DATA_START_BYTES + (256 << 10);
+    for leg in &legs {
+        flip_every_block(leg, start, 64 << 10, 1);
+    }
+    let (failed, wrong) = read_all(&sim, &store, &data);
+    assert_eq!(wrong, 0, "never wrong bytes");
+    assert!((1..=16).contains(&failed), "{failed} blocks failed; 16 were damaged on both legs");
+    let report = scrub(&sim, &store);
+    assert!(!report.unrecoverable.is_empty());
+    assert!(report.unrecoverable.len() <= 16);
+    // The pool keeps working for everything else.
+    let s = Arc::clone(&store);
+    sim.run(async move {
+        s.write("v", VOLUME_BYTES - 4096, &[9u8; 4096]).await.unwrap();
+        s.sync().await.unwrap();
+    })
+    .unwrap();
+}
