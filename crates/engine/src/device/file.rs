@@ -51,11 +51,14 @@ pub struct FileDeviceOptions {
     pub direct: bool,
     /// Create a sparse regular file of this length when the path does not exist.
     pub create_len_bytes: Option<u64>,
+    /// Take an exclusive lock on the device for as long as it is open, so that two processes
+    /// (or two pools in one process) never open the same leaf.
+    pub exclusive: bool,
 }
 
 impl Default for FileDeviceOptions {
     fn default() -> Self {
-        FileDeviceOptions { io_threads: 4, direct: true, create_len_bytes: None }
+        FileDeviceOptions { io_threads: 4, direct: true, create_len_bytes: None, exclusive: false }
     }
 }
 
@@ -81,6 +84,7 @@ struct Inner {
 pub struct FileDevice {
     inner: Arc<Inner>,
     jobs: Mutex<Option<SyncSender<Job>>>,
+    threads: Mutex<Vec<thread::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for FileDevice {
@@ -109,6 +113,9 @@ impl FileDevice {
             }
         }
         let buffered = OpenOptions::new().read(true).write(true).open(path).map_err(open_error)?;
+        if options.exclusive {
+            lock_exclusive(&buffered, path)?;
+        }
         let metadata = buffered.metadata().map_err(open_error)?;
         let is_block_device = metadata.file_type().is_block_device();
         let (len_bytes, sector_bytes, rotational) = if is_block_device {
@@ -141,15 +148,17 @@ impl FileDevice {
         });
         let (sender, receiver) = sync_channel(FILE_JOBS_QUEUED_MAX);
         let receiver = Arc::new(std::sync::Mutex::new(receiver));
+        let mut threads = Vec::new();
         for index in 0..options.io_threads.max(1) {
             let inner = Arc::clone(&inner);
             let receiver = Arc::clone(&receiver);
-            thread::Builder::new()
+            let handle = thread::Builder::new()
                 .name(format!("vdev_io/{index}"))
                 .spawn(move || io_thread(&inner, &receiver))
                 .map_err(open_error)?;
+            threads.push(handle);
         }
-        Ok(FileDevice { inner, jobs: Mutex::new(Some(sender)) })
+        Ok(FileDevice { inner, jobs: Mutex::new(Some(sender)), threads: Mutex::new(threads) })
     }
 
     pub fn path(&self) -> PathBuf {
@@ -198,8 +207,12 @@ impl FileDevice {
 
 impl Drop for FileDevice {
     fn drop(&mut self) {
-        // Closing the channel ends the I/O threads once they finish what they hold.
+        // Closing the channel ends the I/O threads once they finish what they hold; waiting for
+        // them closes the file, so the device's lock is released when the device is dropped.
         self.jobs.lock().take();
+        for handle in self.threads.lock().drain(..) {
+            let _ = handle.join();
+        }
     }
 }
 
@@ -368,6 +381,60 @@ impl Inner {
     }
 }
 
+/// Takes an open-file-description write lock on the whole file. OFD locks belong to this open
+/// file, not to the process, so a second open in the same process conflicts too, and the lock
+/// goes away when the device is dropped or the process dies.
+fn lock_exclusive(file: &File, path: &Path) -> Result<(), DeviceError> {
+    // SAFETY: flock is a plain C struct; all-zero is a valid value that we then fill in.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: F_OFD_SETLK reads the flock struct, which outlives the call.
+    let result = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock as *const libc::flock) };
+    if result == 0 {
+        return Ok(());
+    }
+    let error = io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::EAGAIN | libc::EACCES) => {
+            let holder = file
+                .metadata()
+                .ok()
+                .and_then(|m| lock_holder(m.dev(), m.ino()))
+                .unwrap_or_else(|| "another process".to_owned());
+            Err(DeviceError::Locked { path: path.to_owned(), holder })
+        }
+        _ => Err(DeviceError::Open { path: path.to_owned(), source: error }),
+    }
+}
+
+/// Names a process that has the file with this device and inode open, from /proc/*/fd.
+/// (For open-file-description locks /proc/locks shows no pid, so the open files are the only
+/// trace of the holder.) Prefers another process over this one.
+fn lock_holder(dev: u64, ino: u64) -> Option<String> {
+    let me = std::process::id();
+    let mut found: Option<u32> = None;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else { continue };
+        let holds = fds.flatten().any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino));
+        if holds {
+            found = Some(pid);
+            if pid != me {
+                break;
+            }
+        }
+    }
+    let pid = found?;
+    let command = std::fs::read(format!("/proc/{pid}/cmdline")).ok().map(|raw| {
+        raw.split(|&b| b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect::<Vec<_>>().join(" ")
+    });
+    Some(match command {
+        Some(command) if !command.is_empty() => format!("process {pid} ({command})"),
+        _ => format!("process {pid}"),
+    })
+}
+
 fn ioctl_u64(file: &File, request: libc::c_ulong) -> io::Result<u64> {
     let mut value: u64 = 0;
     // SAFETY: the request writes one u64 into `value`, which outlives the call.
@@ -457,6 +524,20 @@ mod tests {
         // but every filesystem CI runs on (ext4, xfs, tmpfs) punches.
         assert!(back.iter().all(|&b| b == 0));
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 1 << 20);
+    }
+
+    /// A second exclusive open is refused, naming the holder; the lock ends with the device.
+    #[test]
+    fn exclusive_opens_conflict() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("leaf3");
+        let options = FileDeviceOptions { create_len_bytes: Some(1 << 20), exclusive: true, ..Default::default() };
+        let first = FileDevice::open(&path, &options).unwrap();
+        let error = FileDevice::open(&path, &options).unwrap_err();
+        assert!(matches!(error, DeviceError::Locked { .. }), "{error}");
+        assert!(error.to_string().contains(&format!("process {}", std::process::id())), "{error}");
+        drop(first);
+        FileDevice::open(&path, &options).unwrap();
     }
 
     /// A missing file without a create length is an open error that names the path.

@@ -357,5 +357,8 @@ fn clone_device_error(error: &crate::device::DeviceError) -> crate::device::Devi
             source: std::io::Error::new(source.kind(), source.to_string()),
         },
         DeviceError::Gone { device } => DeviceError::Gone { device: device.clone() },
+        DeviceError::Locked { path, holder } => {
+            DeviceError::Locked { path: path.clone(), holder: holder.clone() }
+        }
     }
 }
