@@ -1,10 +1,14 @@
 //! The `sluice` command. `main` only turns a result into an exit code; each subcommand is a
 //! function that returns `anyhow::Result`.
 //!
-//! Commands so far: `sluice tunables` (the table, or one value validated) and `sluice bench
-//! seeds mirror|queue` (seed 002 and 003 in virtual time). Pool, volume and serve commands
-//! arrive with the pool, intent-log and NBD issues.
+//! Commands: `sluice pool create|import|export|status|scrub|destroy`, `sluice vol create|list`
+//! (pools on files and block devices, see pools.rs), `sluice tunables` (the table, or settings
+//! validated) and `sluice bench seeds mirror|queue` (seed 002 and 003 in virtual time). The
+//! serve command arrives with the NBD issue.
 
+mod pools;
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -24,6 +28,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Create, import, inspect and check pools.
+    Pool {
+        #[command(subcommand)]
+        pool: PoolCommand,
+    },
+    /// Create and list volumes.
+    Vol {
+        #[command(subcommand)]
+        vol: VolCommand,
+    },
     /// List every tunable with its default, range and meaning; with NAME=VALUE arguments,
     /// validate those settings together and print the resulting values.
     Tunables {
@@ -35,6 +49,56 @@ enum Command {
         #[command(subcommand)]
         bench: BenchCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum PoolCommand {
+    /// Create a pool: `sluice pool create tank mirror /d/a /d/b [mirror /d/c /d/d]`; plain
+    /// paths are striped. Missing files are created sparse with --size.
+    Create {
+        name: String,
+        /// Leaves: paths, each group of mirrored ones preceded by `mirror`.
+        #[arg(required = true)]
+        vdevs: Vec<String>,
+        /// Create missing files of this size (like 1G).
+        #[arg(long, value_parser = pools::parse_size)]
+        size: Option<u64>,
+        /// log2 of the smallest allocation.
+        #[arg(long, default_value_t = 12)]
+        ashift: u8,
+    },
+    /// Find a pool's leaves by their labels and make it known here.
+    Import {
+        name: String,
+        /// Directories to search for leaves.
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        /// Individual leaves.
+        #[arg(long = "device")]
+        devices: Vec<String>,
+    },
+    /// Sync and release a pool so another host or process can import it.
+    Export { name: String },
+    /// Show layout, health, error counts, space and volumes.
+    Status { names: Vec<String> },
+    /// Read every copy of every block, repair bad copies, report.
+    Scrub { name: String },
+    /// Erase the pool's labels: its leaves are no longer a pool.
+    Destroy { name: String },
+}
+
+#[derive(Subcommand)]
+enum VolCommand {
+    /// Create a sparse volume: `sluice vol create tank/vm1 --size 20G [--block-size 16K]`.
+    Create {
+        spec: String,
+        #[arg(long, value_parser = pools::parse_size)]
+        size: u64,
+        #[arg(long, value_parser = pools::parse_size)]
+        block_size: Option<u64>,
+    },
+    /// List volumes of the given pools (default: all known pools).
+    List { pools: Vec<String> },
 }
 
 #[derive(Subcommand)]
@@ -93,8 +157,45 @@ fn tune_allocator() {
     }
 }
 
+/// Runs an engine task on a fresh tokio runtime with a random seed (guids must differ between
+/// processes; only the simulator fixes seeds).
+fn on_runtime<F>(task: impl FnOnce(sluice_engine::rt::Env) -> F) -> anyhow::Result<()>
+where
+    F: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let runtime = sluice_host::runtime()?;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ (u64::from(std::process::id()) << 32);
+    runtime.block_on(async move { task(sluice_host::tokio_env(seed)).await })
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Pool { pool } => on_runtime(|env| async move {
+            match pool {
+                PoolCommand::Create { name, vdevs, size, ashift } => {
+                    pools::create(&env, &name, size, ashift, &vdevs).await
+                }
+                PoolCommand::Import { name, dirs, devices } => {
+                    pools::import(&env, &name, &dirs, &devices).await
+                }
+                PoolCommand::Export { name } => pools::export(&env, &name).await,
+                PoolCommand::Status { names } => pools::status(&env, &names).await,
+                PoolCommand::Scrub { name } => pools::scrub(&env, &name).await,
+                PoolCommand::Destroy { name } => pools::destroy(&env, &name).await,
+            }
+        }),
+        Command::Vol { vol } => on_runtime(|env| async move {
+            match vol {
+                VolCommand::Create { spec, size, block_size } => {
+                    pools::vol_create(&env, &spec, size, block_size).await
+                }
+                VolCommand::List { pools } => pools::vol_list(&env, &pools).await,
+            }
+        }),
         Command::Tunables { settings } => tunables(&settings),
         Command::Bench {
             bench: BenchCommand::Seeds { experiment, json, seconds, seed, settings },

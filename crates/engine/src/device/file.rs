@@ -390,7 +390,8 @@ fn lock_exclusive(file: &File, path: &Path) -> Result<(), DeviceError> {
     lock.l_type = libc::F_WRLCK as libc::c_short;
     lock.l_whence = libc::SEEK_SET as libc::c_short;
     // SAFETY: F_OFD_SETLK reads the flock struct, which outlives the call.
-    let result = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock as *const libc::flock) };
+    let result =
+        unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock as *const libc::flock) };
     if result == 0 {
         return Ok(());
     }
@@ -415,9 +416,13 @@ fn lock_holder(dev: u64, ino: u64) -> Option<String> {
     let me = std::process::id();
     let mut found: Option<u32> = None;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
         let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else { continue };
-        let holds = fds.flatten().any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino));
+        let holds = fds
+            .flatten()
+            .any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino));
         if holds {
             found = Some(pid);
             if pid != me {
@@ -427,7 +432,11 @@ fn lock_holder(dev: u64, ino: u64) -> Option<String> {
     }
     let pid = found?;
     let command = std::fs::read(format!("/proc/{pid}/cmdline")).ok().map(|raw| {
-        raw.split(|&b| b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect::<Vec<_>>().join(" ")
+        raw.split(|&b| b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
     });
     Some(match command {
         Some(command) if !command.is_empty() => format!("process {pid} ({command})"),
@@ -531,7 +540,11 @@ mod tests {
     fn exclusive_opens_conflict() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("leaf3");
-        let options = FileDeviceOptions { create_len_bytes: Some(1 << 20), exclusive: true, ..Default::default() };
+        let options = FileDeviceOptions {
+            create_len_bytes: Some(1 << 20),
+            exclusive: true,
+            ..Default::default()
+        };
         let first = FileDevice::open(&path, &options).unwrap();
         let error = FileDevice::open(&path, &options).unwrap_err();
         assert!(matches!(error, DeviceError::Locked { .. }), "{error}");

@@ -83,7 +83,9 @@ pub enum DeviceError {
     },
     #[error("device {device} is gone (removed or failed); its mirror runs degraded")]
     Gone { device: String },
-    #[error("device {path} is in use by {holder}; stop that process or export the pool there first")]
+    #[error(
+        "device {path} is in use by {holder}; stop that process or export the pool there first"
+    )]
     Locked { path: PathBuf, holder: String },
 }
 

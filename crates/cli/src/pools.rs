@@ -1,0 +1,371 @@
+//! `sluice pool` and `sluice vol`: pools on files and block devices, in the shape zpool users
+//! know.
+//!
+//! Each command opens the pool it names, does its work, syncs and exports, so no state lingers
+//! between commands but the pools themselves. Which devices belong to which pool is remembered
+//! in a cache file (`$SLUICE_CACHE_FILE`, default `~/.local/state/sluice/pools`): one line per
+//! pool, its name then its leaf paths, tab-separated. `pool import -d DIR` finds a pool by
+//! reading the labels of every file and block device in DIR, so a lost cache costs nothing.
+//! Every leaf is opened with an exclusive lock: a second process is refused, and told who holds
+//! the pool.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use sluice_engine::device::{BlockDevice, FileDevice, FileDeviceOptions};
+use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
+use sluice_engine::rt::Env;
+use sluice_engine::tunables::Tunables;
+use sluice_engine::txg::{Store, BLOCK_BYTES_DEFAULT};
+
+/// Parses sizes like 64M, 20G, 4096.
+pub fn parse_size(text: &str) -> anyhow::Result<u64> {
+    let text = text.trim();
+    let (digits, shift) = match text.chars().last() {
+        Some('K' | 'k') => (&text[..text.len() - 1], 10),
+        Some('M' | 'm') => (&text[..text.len() - 1], 20),
+        Some('G' | 'g') => (&text[..text.len() - 1], 30),
+        Some('T' | 't') => (&text[..text.len() - 1], 40),
+        _ => (text, 0),
+    };
+    let value: u64 = digits
+        .parse()
+        .with_context(|| format!("{text:?} is not a size (like 64M, 20G or 4096)"))?;
+    value.checked_mul(1u64 << shift).with_context(|| format!("size {text} is too large"))
+}
+
+fn cache_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("SLUICE_CACHE_FILE") {
+        return PathBuf::from(path);
+    }
+    let home =
+        std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    home.join(".local/state/sluice/pools")
+}
+
+fn read_cache() -> anyhow::Result<BTreeMap<String, Vec<String>>> {
+    let path = cache_path();
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(e) => {
+            return Err(e).with_context(|| format!("reading the pool cache {}", path.display()))
+        }
+    };
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split('\t');
+            let name = fields.next()?.to_owned();
+            Some((name, fields.map(str::to_owned).collect()))
+        })
+        .collect())
+}
+
+fn write_cache(cache: &BTreeMap<String, Vec<String>>) -> anyhow::Result<()> {
+    let path = cache_path();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let text: String =
+        cache.iter().map(|(name, paths)| format!("{name}\t{}\n", paths.join("\t"))).collect();
+    let temp = path.with_extension("tmp");
+    std::fs::write(&temp, text).with_context(|| format!("writing {}", temp.display()))?;
+    std::fs::rename(&temp, &path).with_context(|| format!("replacing {}", path.display()))
+}
+
+fn open_leaf(path: &str, create_len: Option<u64>) -> anyhow::Result<LeafSpec> {
+    let options =
+        FileDeviceOptions { create_len_bytes: create_len, exclusive: true, ..Default::default() };
+    let device = FileDevice::open(Path::new(path), &options)?;
+    Ok(LeafSpec { path: path.to_owned(), device: Arc::new(device) })
+}
+
+/// Opens the pool called `name` from the cache.
+async fn open_store(env: &Env, name: &str) -> anyhow::Result<Store> {
+    let cache = read_cache()?;
+    let Some(paths) = cache.get(name) else {
+        bail!(
+            "no pool named {name} is known here; import it with `sluice pool import {name} -d DIR`"
+        );
+    };
+    let leaves = paths
+        .iter()
+        .filter(|p| Path::new(p).exists())
+        .map(|p| open_leaf(p, None))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let pool = Pool::import(env, leaves, name, &Tunables::default()).await?;
+    Ok(Store::open(pool).await?)
+}
+
+fn remember(pool: &Pool) -> anyhow::Result<()> {
+    let mut cache = read_cache()?;
+    cache.insert(
+        pool.name().to_owned(),
+        pool.leaves().iter().filter(|l| l.present).map(|l| l.path.clone()).collect(),
+    );
+    write_cache(&cache)
+}
+
+fn forget(name: &str) -> anyhow::Result<()> {
+    let mut cache = read_cache()?;
+    cache.remove(name);
+    write_cache(&cache)
+}
+
+/// `sluice pool create NAME [--size S] VDEV...`, VDEV being paths, or `mirror` followed by
+/// paths.
+pub async fn create(
+    env: &Env,
+    name: &str,
+    size: Option<u64>,
+    ashift: u8,
+    vdevs: &[String],
+) -> anyhow::Result<()> {
+    if read_cache()?.contains_key(name) {
+        bail!("a pool named {name} already exists here; destroy or export it first");
+    }
+    let mut top = Vec::new();
+    let mut mirror: Option<Vec<LeafSpec>> = None;
+    for word in vdevs {
+        if word == "mirror" {
+            if let Some(children) = mirror.take() {
+                top.push(TopSpec::Mirror(children));
+            }
+            mirror = Some(Vec::new());
+            continue;
+        }
+        let leaf = open_leaf(word, size)?;
+        match &mut mirror {
+            Some(children) => children.push(leaf),
+            None => top.push(TopSpec::Leaf(leaf)),
+        }
+    }
+    if let Some(children) = mirror.take() {
+        top.push(TopSpec::Mirror(children));
+    }
+    let pool =
+        Pool::create(env, PoolSpec { name: name.to_owned(), ashift, top }, &Tunables::default())
+            .await?;
+    remember(&pool)?;
+    let store = Store::create(pool);
+    store.export().await?;
+    println!("created pool {name}");
+    Ok(())
+}
+
+/// `sluice pool import NAME -d DIR...`: finds the pool's leaves by their labels.
+pub async fn import(
+    env: &Env,
+    name: &str,
+    dirs: &[PathBuf],
+    devices: &[String],
+) -> anyhow::Result<()> {
+    let mut paths: Vec<String> = devices.to_vec();
+    for dir in dirs {
+        let entries = std::fs::read_dir(dir)
+            .with_context(|| format!("reading directory {}", dir.display()))?;
+        for entry in entries.flatten() {
+            let file_type = entry.file_type()?;
+            use std::os::unix::fs::FileTypeExt;
+            if file_type.is_file() || file_type.is_block_device() {
+                paths.push(entry.path().display().to_string());
+            }
+        }
+    }
+    paths.sort();
+    // Read labels without locking (another pool's leaves may be in use), then lock only ours.
+    let mut candidates = Vec::new();
+    for path in &paths {
+        let options = FileDeviceOptions { io_threads: 1, direct: false, ..Default::default() };
+        if let Ok(device) = FileDevice::open(Path::new(path), &options) {
+            candidates.push(LeafSpec {
+                path: path.clone(),
+                device: Arc::new(device) as Arc<dyn BlockDevice>,
+            });
+        }
+    }
+    let members: Vec<String> = {
+        let pool = Pool::import(env, candidates, name, &Tunables::default()).await?;
+        pool.leaves().iter().filter(|l| l.present).map(|l| l.path.clone()).collect()
+    };
+    let leaves = members.iter().map(|p| open_leaf(p, None)).collect::<anyhow::Result<Vec<_>>>()?;
+    let pool = Pool::import(env, leaves, name, &Tunables::default()).await?;
+    remember(&pool)?;
+    let missing: Vec<String> =
+        pool.leaves().iter().filter(|l| !l.present).map(|l| l.path.clone()).collect();
+    let store = Store::open(pool).await?;
+    store.export().await?;
+    if missing.is_empty() {
+        println!("imported pool {name}");
+    } else {
+        println!("imported pool {name}, DEGRADED: missing {}", missing.join(", "));
+    }
+    Ok(())
+}
+
+pub async fn export(env: &Env, name: &str) -> anyhow::Result<()> {
+    let store = open_store(env, name).await?;
+    store.export().await?;
+    forget(name)?;
+    println!("exported pool {name}");
+    Ok(())
+}
+
+pub async fn destroy(env: &Env, name: &str) -> anyhow::Result<()> {
+    let store = open_store(env, name).await?;
+    let pool = store.pool();
+    // Zeroing the label headers is what makes the leaves no longer a pool.
+    for leaf in pool.leaves().iter().filter(|l| l.present) {
+        let device = leaf.leaf.device();
+        for offset in sluice_format::label_offsets(device.len_bytes()) {
+            let zeros = sluice_engine::device::SharedBuf::copy_from(
+                &[0u8; sluice_format::LABEL_HEADER_BYTES],
+            );
+            device.write_at(offset, zeros).await?;
+        }
+        device.flush().await?;
+    }
+    forget(name)?;
+    println!("destroyed pool {name}");
+    Ok(())
+}
+
+pub async fn scrub(env: &Env, name: &str) -> anyhow::Result<()> {
+    let store = open_store(env, name).await?;
+    let report = store.pool().scrub().await?;
+    println!(
+        "scrub of {name}: {} blocks, {} bytes checked; {} bad copies found, {} repaired, {} blocks unrecoverable",
+        report.blocks,
+        report.bytes,
+        report.errors,
+        report.repaired,
+        report.unrecoverable.len()
+    );
+    store.export().await?;
+    if !report.unrecoverable.is_empty() {
+        bail!(
+            "pool {name} has {} blocks with no good copy; restore the affected volumes",
+            report.unrecoverable.len()
+        );
+    }
+    Ok(())
+}
+
+pub async fn status(env: &Env, names: &[String]) -> anyhow::Result<()> {
+    let names: Vec<String> =
+        if names.is_empty() { read_cache()?.into_keys().collect() } else { names.to_vec() };
+    if names.is_empty() {
+        println!("no pools");
+    }
+    for name in names {
+        let store = open_store(env, &name).await?;
+        let pool = store.pool();
+        let degraded = pool.leaves().iter().any(|l| !l.present || l.leaf.is_faulted());
+        println!(
+            "pool: {name}  guid: {:016x}  txg: {}  state: {}",
+            pool.guid(),
+            pool.uberblock().txg,
+            if degraded { "DEGRADED" } else { "ONLINE" }
+        );
+        println!("  {:<40} {:<8} {:>6} {:>6} {:>6}", "NAME", "STATE", "READ", "WRITE", "CKSUM");
+        for (index, top) in pool.config().top.iter().enumerate() {
+            if top.kind == sluice_format::TopKind::Mirror {
+                println!("  {:<40}", format!("mirror-{index}"));
+            }
+            for leaf in pool.leaves().iter().filter(|l| l.top == index) {
+                let stats = leaf.leaf.stats();
+                let state = if !leaf.present {
+                    "MISSING"
+                } else if leaf.leaf.is_faulted() {
+                    "FAULTED"
+                } else {
+                    "ONLINE"
+                };
+                println!(
+                    "    {:<38} {:<8} {:>6} {:>6} {:>6}",
+                    leaf.path,
+                    state,
+                    stats.read_errors.get(),
+                    stats.write_errors.get(),
+                    stats.checksum_errors.get()
+                );
+            }
+        }
+        let capacity: u64 = pool.data_areas().iter().map(|(s, e)| e - s).sum();
+        let free = store.free_bytes();
+        println!(
+            "  space: {} used, {} free, {} capacity",
+            human(capacity - free),
+            human(free),
+            human(capacity)
+        );
+        for volume in store.volumes() {
+            println!(
+                "  volume {name}/{}: {} ({} blocks)",
+                volume.name,
+                human(volume.size_bytes),
+                human(u64::from(volume.block_bytes))
+            );
+        }
+        store.export().await?;
+    }
+    Ok(())
+}
+
+fn split_volume(spec: &str) -> anyhow::Result<(&str, &str)> {
+    spec.split_once('/')
+        .with_context(|| format!("{spec:?} is not POOL/VOLUME (for example tank/vm1)"))
+}
+
+pub async fn vol_create(
+    env: &Env,
+    spec: &str,
+    size: u64,
+    block_bytes: Option<u64>,
+) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let store = open_store(env, pool).await?;
+    let block =
+        u32::try_from(block_bytes.unwrap_or(u64::from(BLOCK_BYTES_DEFAULT))).unwrap_or(u32::MAX);
+    store.create_volume(volume, size, block)?;
+    store.export().await?;
+    println!("created volume {spec} ({})", human(size));
+    Ok(())
+}
+
+pub async fn vol_list(env: &Env, pools: &[String]) -> anyhow::Result<()> {
+    let names: Vec<String> =
+        if pools.is_empty() { read_cache()?.into_keys().collect() } else { pools.to_vec() };
+    println!("{:<40} {:>12} {:>10}", "NAME", "SIZE", "BLOCK");
+    for name in names {
+        let store = open_store(env, &name).await?;
+        for volume in store.volumes() {
+            println!(
+                "{:<40} {:>12} {:>10}",
+                format!("{name}/{}", volume.name),
+                human(volume.size_bytes),
+                human(u64::from(volume.block_bytes))
+            );
+        }
+        store.export().await?;
+    }
+    Ok(())
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "K", "M", "G", "T"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes}B")
+    } else {
+        format!("{value:.1}{}", UNITS[unit])
+    }
+}
