@@ -106,6 +106,8 @@ tunable_table! {
         "Load added to a non-rotational child for a read that continues its last I/O.";
     MirrorNonRotatingSeekInc = "mirror.non_rotating_seek_inc", Kind::Count { min: 0, max: 1000 }, "1",
         "Load added to a non-rotational child for any other read.";
+    CacheBytesMax = "cache.bytes_max", Kind::Bytes { min: 0, max: 1 << 40 }, "256M",
+        "Memory for verified blocks read from the pool (indirect and data). 0 disables caching.";
     MirrorSwitchUs = "mirror.switch_us", Kind::Micros { min: 1, max: 10_000_000 }, "10000",
         "Among equally loaded children, one is chosen at random and kept for this long, so a \
          sequential stream stays on one disk and its reads merge (seed 002).";

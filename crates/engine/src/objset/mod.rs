@@ -59,18 +59,18 @@ pub async fn read_data_block(
     root: Option<BlockPointer>,
     levels: u8,
     index: u64,
-) -> Result<Option<AlignedBuf>, PoolError> {
+) -> Result<Option<std::sync::Arc<AlignedBuf>>, PoolError> {
     let mut bp = root;
     for level in (1..=levels).rev() {
         let Some(indirect) = bp else { return Ok(None) };
-        let bytes = pool.read_block(&indirect, IoClass::SyncRead).await?;
+        let bytes = pool.read_block_cached(&indirect, IoClass::SyncRead).await?;
         let slot = ((index / span_of(level - 1)) % INDIRECT_BPS) as usize;
         let at = slot * BLKPTR_BYTES;
         bp = BlockPointer::decode(&bytes[at..at + BLKPTR_BYTES])
             .map_err(|e| format_error(pool, e))?;
     }
     match bp {
-        Some(data) => Ok(Some(pool.read_block(&data, IoClass::SyncRead).await?)),
+        Some(data) => Ok(Some(pool.read_block_cached(&data, IoClass::SyncRead).await?)),
         None => Ok(None),
     }
 }
@@ -117,7 +117,7 @@ fn update_node<'a>(
         }
         let mut slots = match old {
             Some(bp) => {
-                let bytes = ctx.pool.read_block(&bp, IoClass::SyncRead).await?;
+                let bytes = ctx.pool.read_block_cached(&bp, IoClass::SyncRead).await?;
                 decode_indirect(ctx.pool, &bytes)?
             }
             None => vec![None; INDIRECT_BPS as usize],

@@ -6,6 +6,8 @@
 //! block is written to space the caller allocated, and its pointer records the copy's address,
 //! sizes, birth txg and checksum. Data handed out has always passed its checksum.
 
+use std::sync::Arc;
+
 use sluice_format::{BlockKind, BlockPointer, ChecksumAlg, Dva, SECTOR_BYTES};
 
 use super::{Pool, PoolError};
@@ -14,7 +16,21 @@ use crate::tunables::IoClass;
 use crate::vdev;
 
 impl Pool {
-    /// Reads and verifies a block.
+    /// Reads and verifies a block, through the block cache.
+    pub async fn read_block_cached(
+        &self,
+        bp: &BlockPointer,
+        class: IoClass,
+    ) -> Result<Arc<AlignedBuf>, PoolError> {
+        if let Some(hit) = self.cache().get(bp) {
+            return Ok(hit);
+        }
+        let block = Arc::new(self.read_block(bp, class).await?);
+        self.cache().insert(bp, Arc::clone(&block));
+        Ok(block)
+    }
+
+    /// Reads and verifies a block from disk, bypassing the cache (scrub must see the disk).
     pub async fn read_block(
         &self,
         bp: &BlockPointer,

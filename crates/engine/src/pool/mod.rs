@@ -18,6 +18,7 @@
 //!
 //! Lock order: none taken here besides the pool state mutex, never held across an `.await`.
 
+mod cache;
 mod io;
 mod missing;
 mod scrub;
@@ -33,6 +34,7 @@ use sluice_format::{
     POOL_NAME_BYTES_MAX, UBERBLOCK_BYTES, UBERBLOCK_SLOTS,
 };
 
+pub use self::cache::BlockCache;
 pub use self::missing::MissingDevice;
 pub use self::scrub::ScrubReport;
 use crate::device::{BlockDevice, DeviceError, SharedBuf};
@@ -146,6 +148,7 @@ pub struct Pool {
     root: Root,
     leaves: Vec<PoolLeaf>,
     state: Mutex<PoolState>,
+    cache: BlockCache,
 }
 
 fn check_name(name: &str) -> Result<(), PoolError> {
@@ -181,6 +184,14 @@ impl Pool {
 
     pub fn leaves(&self) -> &[PoolLeaf] {
         &self.leaves
+    }
+
+    pub fn cache(&self) -> &BlockCache {
+        &self.cache
+    }
+
+    pub fn env(&self) -> &Env {
+        &self.env
     }
 
     pub fn config(&self) -> &VdevTreeConfig {
@@ -391,6 +402,7 @@ impl Pool {
                     root: None,
                 },
             }),
+            cache: BlockCache::new(tunables.get(crate::tunables::Tunable::CacheBytesMax)),
         })
     }
 
