@@ -97,7 +97,7 @@ async fn open_store(env: &Env, name: &str) -> anyhow::Result<Store> {
         .map(|p| open_leaf(p, None))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let pool = Pool::import(env, leaves, name, &Tunables::default()).await?;
-    Ok(Store::open(pool).await?)
+    Ok(Store::open(pool, &Tunables::default()).await?)
 }
 
 fn remember(pool: &Pool) -> anyhow::Result<()> {
@@ -150,7 +150,7 @@ pub async fn create(
         Pool::create(env, PoolSpec { name: name.to_owned(), ashift, top }, &Tunables::default())
             .await?;
     remember(&pool)?;
-    let store = Store::create(pool);
+    let store = Store::create(pool, &Tunables::default());
     store.export().await?;
     println!("created pool {name}");
     Ok(())
@@ -196,7 +196,7 @@ pub async fn import(
     remember(&pool)?;
     let missing: Vec<String> =
         pool.leaves().iter().filter(|l| !l.present).map(|l| l.path.clone()).collect();
-    let store = Store::open(pool).await?;
+    let store = Store::open(pool, &Tunables::default()).await?;
     store.export().await?;
     if missing.is_empty() {
         println!("imported pool {name}");

@@ -106,6 +106,15 @@ tunable_table! {
         "Load added to a non-rotational child for a read that continues its last I/O.";
     MirrorNonRotatingSeekInc = "mirror.non_rotating_seek_inc", Kind::Count { min: 0, max: 1000 }, "1",
         "Load added to a non-rotational child for any other read.";
+    TxgTimeoutMs = "txg.timeout_ms", Kind::Count { min: 1, max: 3_600_000 }, "5000",
+        "A txg syncs at least this often (milliseconds), so acknowledged writes without a flush \
+         reach the disk within about this time.";
+    TxgDirtyMax = "txg.dirty_max", Kind::Bytes { min: 1 << 20, max: 1 << 40 }, "256M",
+        "Dirty data the open txg may hold. A sync starts at a quarter of it; writers are \
+         delayed more and more from txg.delay_min_dirty_pct of it, and at the maximum a writer \
+         syncs before it may continue.";
+    TxgDelayMinDirtyPct = "txg.delay_min_dirty_pct", Kind::Count { min: 1, max: 99 }, "60",
+        "Percent of txg.dirty_max above which writers are delayed (ZFS: zfs_delay_min_dirty_percent).";
     CacheBytesMax = "cache.bytes_max", Kind::Bytes { min: 0, max: 1 << 40 }, "256M",
         "Memory for verified blocks read from the pool (indirect and data). 0 disables caching.";
     MirrorSwitchUs = "mirror.switch_us", Kind::Micros { min: 1, max: 10_000_000 }, "10000",

@@ -46,8 +46,10 @@ fn setup(seed: u64) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
         .run(async move {
             let spec =
                 PoolSpec { name: "tank".into(), ashift: 12, top: vec![TopSpec::Mirror(specs)] };
-            let store =
-                Store::create(Pool::create(&env, spec, &Tunables::default()).await.unwrap());
+            let store = Store::create(
+                Pool::create(&env, spec, &Tunables::default()).await.unwrap(),
+                &Tunables::default(),
+            );
             store.create_volume("v", VOLUME_BYTES, BLOCK).unwrap();
             store.write("v", 0, &d).await.unwrap();
             store.sync().await.unwrap();

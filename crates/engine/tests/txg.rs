@@ -88,7 +88,7 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                 let spec =
                     PoolSpec { name: "tank".into(), ashift: 12, top: vec![TopSpec::Mirror(d)] };
                 let pool = Pool::create(&e, spec, &tunables).await.unwrap();
-                let store = Store::create(pool);
+                let store = Store::create(pool, &tunables);
                 for (name, size, block) in VOLUMES {
                     store.create_volume(name, size, block).unwrap();
                 }
@@ -104,7 +104,7 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                 store
             } else {
                 let pool = Pool::import(&e, d, "tank", &tunables).await.unwrap();
-                let store = Store::open(pool).await.unwrap();
+                let store = Store::open(pool, &tunables).await.unwrap();
                 // The pool holds the last synced state, or the interrupted sync's if it landed.
                 let mut found = Vec::new();
                 for (name, size, _) in VOLUMES {
@@ -252,7 +252,7 @@ fn full_pool_refuses_writes_then_recovers() {
                 top: vec![TopSpec::Mirror(specs.clone())],
             };
             let pool = Pool::create(&env, spec, &Tunables::default()).await.unwrap();
-            let store = Store::create(pool);
+            let store = Store::create(pool, &Tunables::default());
             // Sparse and larger than the pool: thin provisioning.
             store.create_volume("thin", 64 << 20, 16384).unwrap();
             store.sync().await.unwrap();
@@ -278,7 +278,7 @@ fn full_pool_refuses_writes_then_recovers() {
             store.sync().await.unwrap();
             store.export().await.unwrap();
             let pool = Pool::import(&env, specs, "small", &Tunables::default()).await.unwrap();
-            let store = Store::open(pool).await.unwrap();
+            let store = Store::open(pool, &Tunables::default()).await.unwrap();
             assert!(store
                 .read("thin", 0, chunk.len() as u64)
                 .await
@@ -297,4 +297,69 @@ fn full_pool_refuses_writes_then_recovers() {
         .0;
     assert!(written >= 8 << 20, "only {written} bytes fit in a 16 MiB mirror");
     assert!(error_text.contains("small") && error_text.contains("trim"), "{error_text}");
+}
+
+/// The syncer makes acknowledged writes durable within txg.timeout without any explicit sync,
+/// and a writer streaming far more than txg.dirty_max is held back by early syncs and delays:
+/// dirty data never runs far past the maximum, and the writer always finishes.
+#[test]
+fn syncer_and_write_throttle() {
+    let sim = Sim::new(88);
+    let legs: Vec<SimDevice> = (0..2)
+        .map(|i| {
+            SimDevice::new(
+                &sim.env(),
+                &format!("leg{i}"),
+                SimProfile::ssd(),
+                LEAF_BYTES,
+                SimOptions::default(),
+            )
+        })
+        .collect();
+    let env = sim.env();
+    let specs = leaf_specs(&legs);
+    let tunables = Tunables::with([("txg.timeout_ms", "1000"), ("txg.dirty_max", "1M")]).unwrap();
+    let crash_legs = legs.clone();
+    let (syncs_streaming, dirty_peak, elapsed) = sim
+        .run(async move {
+            let spec = PoolSpec {
+                name: "tank".into(),
+                ashift: 12,
+                top: vec![TopSpec::Mirror(specs.clone())],
+            };
+            let pool = Pool::create(&env, spec, &tunables).await.unwrap();
+            let store = Arc::new(Store::create(pool, &tunables));
+            store.create_volume("v", 16 << 20, 16384).unwrap();
+            store.sync().await.unwrap();
+            store.run_syncer();
+            store.write("v", 0, &[0x11; 4096]).await.unwrap();
+            env.sleep(Duration::from_millis(1500)).await;
+            assert!(store.syncs() >= 2, "the timer synced the write");
+            let before = store.syncs();
+            let start = env.now();
+            let mut dirty_peak = 0;
+            for chunk in 0..128u64 {
+                store.write("v", (1 << 20) + chunk * (64 << 10), &[0x22; 64 << 10]).await.unwrap();
+                dirty_peak = dirty_peak.max(store.dirty_bytes());
+            }
+            let elapsed = env.now().since(start);
+            let streaming = store.syncs() - before;
+            drop(store);
+            // Cut power, dropping every unflushed write; the timer-synced write must survive.
+            for leg in &crash_legs {
+                leg.crash(CrashPolicy::DropAll);
+            }
+            let pool = Pool::import(&env, specs, "tank", &tunables).await.unwrap();
+            let store = Store::open(pool, &tunables).await.unwrap();
+            assert_eq!(store.read("v", 0, 4096).await.unwrap(), vec![0x11; 4096]);
+            (streaming, dirty_peak, elapsed)
+        })
+        .unwrap()
+        .0;
+    assert!(
+        syncs_streaming >= 4,
+        "8 MiB through a 1 MiB dirty limit took only {syncs_streaming} syncs"
+    );
+    assert!(dirty_peak <= (1 << 20) + (64 << 10), "dirty data reached {dirty_peak}");
+    assert!(elapsed > Duration::ZERO);
 }

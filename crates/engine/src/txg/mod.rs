@@ -12,6 +12,13 @@
 //! Replaced blocks are freed in the syncing txg and reused only after the deferral
 //! (crate::alloc), so a crash at any point imports to the previous txg intact.
 //!
+//! A txg syncs when `txg.timeout_ms` has passed since the last one, or as soon as its dirty
+//! data passes a quarter of `txg.dirty_max` ([`Store::run_syncer`]). Above
+//! `txg.delay_min_dirty_pct` of the maximum each write is delayed by
+//! `DELAY_SCALE * (dirty - min) / (max - dirty)`, which grows smoothly towards the maximum
+//! instead of stalling writers at a cliff (ZFS: `dmu_tx_delay`); at the maximum a writer syncs
+//! before it continues.
+//!
 //! While a txg syncs, new writes go to the next open txg and reads look at the open txg, then
 //! the syncing one, then the trees on disk. Syncs run one at a time. A sync that fails suspends
 //! the store: every later operation fails until the pool is imported again, which returns it
@@ -32,6 +39,7 @@ use crate::alloc::{AllocClass, AllocError, Allocator};
 use crate::device::AlignedBuf;
 use crate::objset::{self, TreeUpdate};
 use crate::pool::{Pool, PoolError};
+use crate::tunables::{Tunable, Tunables};
 
 /// Volume block sizes allowed.
 pub const BLOCK_BYTES_MIN: u32 = 4096;
@@ -96,6 +104,45 @@ pub struct Store {
     state: Mutex<State>,
     sync_lock: futures::lock::Mutex<()>,
     suspended: AtomicBool,
+    limits: TxgLimits,
+    /// Wakes the syncer early when dirty data builds up.
+    kick: Mutex<Option<futures::channel::mpsc::Sender<()>>>,
+    syncs: crate::stats::Counter,
+}
+
+/// How much may be dirty and how often txgs sync.
+#[derive(Clone, Copy, Debug)]
+struct TxgLimits {
+    timeout: std::time::Duration,
+    dirty_max: u64,
+    delay_min: u64,
+}
+
+/// Delay of a write when dirty data is halfway between the delay threshold and the maximum
+/// (ZFS: zfs_delay_scale).
+const DELAY_SCALE: std::time::Duration = std::time::Duration::from_micros(500);
+/// No single delay exceeds this; beyond it the writer would rather sync itself.
+const DELAY_MAX: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl TxgLimits {
+    fn from_tunables(tunables: &Tunables) -> TxgLimits {
+        let dirty_max = tunables.get(Tunable::TxgDirtyMax);
+        TxgLimits {
+            timeout: std::time::Duration::from_millis(tunables.get(Tunable::TxgTimeoutMs)),
+            dirty_max,
+            delay_min: dirty_max / 100 * tunables.get(Tunable::TxgDelayMinDirtyPct),
+        }
+    }
+
+    /// How long a writer waits with `dirty` bytes dirty.
+    fn delay(&self, dirty: u64) -> std::time::Duration {
+        if dirty <= self.delay_min || dirty >= self.dirty_max {
+            return std::time::Duration::ZERO;
+        }
+        let over = (dirty - self.delay_min) as f64;
+        let room = (self.dirty_max - dirty) as f64;
+        DELAY_SCALE.mul_f64(over / room).min(DELAY_MAX)
+    }
 }
 
 fn check_volume_name(name: &str) -> Result<(), StoreError> {
@@ -111,7 +158,7 @@ fn check_volume_name(name: &str) -> Result<(), StoreError> {
 
 impl Store {
     /// A store on a freshly created pool.
-    pub fn create(pool: Pool) -> Store {
+    pub fn create(pool: Pool, tunables: &Tunables) -> Store {
         let allocator = Allocator::new(pool.ashift(), &pool.data_areas());
         let txg = pool.uberblock().txg;
         let vdevs = pool.root().top_level().len();
@@ -128,13 +175,16 @@ impl Store {
             pool,
             sync_lock: futures::lock::Mutex::new(()),
             suspended: AtomicBool::new(false),
+            limits: TxgLimits::from_tunables(tunables),
+            kick: Mutex::new(None),
+            syncs: crate::stats::Counter::default(),
         }
     }
 
     /// Opens the data of an imported pool as of its newest uberblock.
-    pub async fn open(pool: Pool) -> Result<Store, StoreError> {
+    pub async fn open(pool: Pool, tunables: &Tunables) -> Result<Store, StoreError> {
         let uberblock = pool.uberblock();
-        let Some(root) = uberblock.root else { return Ok(Store::create(pool)) };
+        let Some(root) = uberblock.root else { return Ok(Store::create(pool, tunables)) };
         let format = |source| PoolError::Format { pool: pool.name().to_owned(), source };
         let bytes = pool.read_block(&root, crate::tunables::IoClass::SyncRead).await?;
         let directory = PoolDirectory::decode(&bytes).map_err(format)?;
@@ -186,7 +236,48 @@ impl Store {
             pool,
             sync_lock: futures::lock::Mutex::new(()),
             suspended: AtomicBool::new(false),
+            limits: TxgLimits::from_tunables(tunables),
+            kick: Mutex::new(None),
+            syncs: crate::stats::Counter::default(),
         })
+    }
+
+    /// Txgs synced by this store so far.
+    pub fn syncs(&self) -> u64 {
+        self.syncs.get()
+    }
+
+    /// Dirty bytes in the open txg.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.state.lock().dirty_bytes
+    }
+
+    /// Starts the task that syncs every `txg.timeout_ms`, or early when dirty data builds up.
+    /// It holds only a weak reference: it ends when the store is dropped, and after a failed
+    /// sync (the store is then suspended).
+    pub fn run_syncer(self: &Arc<Self>) {
+        use futures::StreamExt;
+        let (sender, mut kicks) = futures::channel::mpsc::channel::<()>(1);
+        *self.kick.lock() = Some(sender);
+        let weak = Arc::downgrade(self);
+        let env = self.pool.env().clone();
+        let timeout = self.limits.timeout;
+        env.clone().spawn("txg_sync", async move {
+            loop {
+                let sleep = env.sleep(timeout);
+                let kicked = kicks.next();
+                futures::pin_mut!(kicked);
+                if let futures::future::Either::Right((None, _)) =
+                    futures::future::select(sleep, kicked).await
+                {
+                    return;
+                }
+                let Some(store) = weak.upgrade() else { return };
+                if store.sync().await.is_err() {
+                    return;
+                }
+            }
+        });
     }
 
     pub fn pool(&self) -> &Pool {
@@ -346,6 +437,7 @@ impl Store {
                 });
             }
         }
+        self.throttle().await?;
         let mut at = offset;
         while at < offset + len {
             let index = at / bs;
@@ -378,6 +470,27 @@ impl Store {
                 v.open.insert(index, block);
             }
             at += n;
+        }
+        Ok(())
+    }
+
+    /// Applies backpressure before a write: wake the syncer early, delay smoothly above the
+    /// threshold, and at the maximum sync before continuing.
+    async fn throttle(&self) -> Result<(), StoreError> {
+        let dirty = self.state.lock().dirty_bytes;
+        if dirty >= self.limits.dirty_max / 4 {
+            if let Some(kick) = self.kick.lock().as_mut() {
+                // A full channel means a kick is already pending; that is enough.
+                let _ = kick.try_send(());
+            }
+        }
+        if dirty >= self.limits.dirty_max {
+            self.sync().await?;
+            return Ok(());
+        }
+        let delay = self.limits.delay(dirty);
+        if !delay.is_zero() {
+            self.pool.env().sleep(delay).await;
         }
         Ok(())
     }
@@ -529,6 +642,7 @@ impl Store {
             )
             .await?;
         let synced = self.pool.sync_uberblock(Some(directory_bp)).await?;
+        self.syncs.inc();
         debug_assert_eq!(synced, txg, "the uberblock txg follows the store's txgs");
         self.allocator.lock().synced(txg);
         let mut state = self.state.lock();
@@ -547,5 +661,27 @@ impl Store {
     pub async fn export(self) -> Result<(), StoreError> {
         self.sync().await?;
         Ok(self.pool.export().await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The write delay is zero below the threshold, grows monotonically towards the maximum,
+    /// and is capped.
+    #[test]
+    fn delay_curve() {
+        let limits =
+            TxgLimits::from_tunables(&Tunables::with([("txg.dirty_max", "100M")]).unwrap());
+        assert_eq!(limits.delay(limits.delay_min), std::time::Duration::ZERO);
+        let mut last = std::time::Duration::ZERO;
+        for step in 1..100u64 {
+            let dirty = limits.delay_min + (limits.dirty_max - limits.delay_min) * step / 100;
+            let delay = limits.delay(dirty);
+            assert!(delay >= last && delay <= DELAY_MAX, "delay at {dirty}: {delay:?}");
+            last = delay;
+        }
+        assert!(last > DELAY_SCALE);
     }
 }
