@@ -103,6 +103,21 @@ enum VolCommand {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Volume throughput through the engine API on file leaves (real time), beside the same
+    /// patterns on a raw file.
+    Engine {
+        /// Directory for the benchmark's files (on the disk to measure).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        #[arg(long, value_parser = pools::parse_size, default_value = "512M")]
+        volume_size: u64,
+        #[arg(long, default_value_t = 20000)]
+        random_ops: u64,
+        #[arg(long, default_value_t = 16)]
+        queue_depth: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Reproduce a seed document's experiment in virtual time, ours beside the published figures.
     Seeds {
         /// Which experiment.
@@ -197,6 +212,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }),
         Command::Tunables { settings } => tunables(&settings),
+        Command::Bench {
+            bench: BenchCommand::Engine { dir, volume_size, random_ops, queue_depth, json },
+        } => {
+            let report =
+                sluice_bench::engine::run(&dir, volume_size, random_ops, queue_depth.max(1))
+                    .map_err(|e| anyhow::anyhow!("engine benchmark in {}: {e}", dir.display()))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.markdown());
+            }
+            Ok(())
+        }
         Command::Bench {
             bench: BenchCommand::Seeds { experiment, json, seconds, seed, settings },
         } => {

@@ -30,6 +30,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use sluice_format::{
     BlockKind, BlockPointer, PoolDirectory, SpaceMap, VolumeEntry, VOLUME_NAME_BYTES_MAX,
@@ -40,6 +41,11 @@ use crate::device::AlignedBuf;
 use crate::objset::{self, TreeUpdate};
 use crate::pool::{Pool, PoolError};
 use crate::tunables::{Tunable, Tunables};
+
+/// Data blocks a sync writes concurrently.
+const SYNC_WRITES_IN_FLIGHT: usize = 64;
+/// Blocks one read fetches concurrently.
+const READ_BLOCKS_IN_FLIGHT: usize = 32;
 
 /// Volume block sizes allowed.
 pub const BLOCK_BYTES_MIN: u32 = 4096;
@@ -397,17 +403,24 @@ impl Store {
         Self::check_range(&entry, offset, len)?;
         let bs = u64::from(entry.block_bytes);
         let mut out = vec![0u8; len as usize];
-        let mut at = offset;
-        while at < offset + len {
-            let index = at / bs;
-            let in_block = at % bs;
-            let n = (bs - in_block).min(offset + len - at);
-            if let Some(data) = self.block(&entry, index).await? {
-                let dst = (at - offset) as usize;
-                out[dst..dst + n as usize]
-                    .copy_from_slice(&data[in_block as usize..(in_block + n) as usize]);
+        let first = offset / bs;
+        let last = (offset + len - 1) / bs;
+        // Blocks are fetched concurrently (in order), then copied into place.
+        let entry_ref = &entry;
+        let mut blocks = futures::stream::iter(first..=last)
+            .map(|index| async move { self.block(entry_ref, index).await.map(|b| (index, b)) })
+            .buffered(READ_BLOCKS_IN_FLIGHT);
+        while let Some(result) = blocks.next().await {
+            let (index, block) = result?;
+            let block_start = index * bs;
+            let from = offset.max(block_start);
+            let to = (offset + len).min(block_start + bs);
+            if let Some(data) = block {
+                let dst = (from - offset) as usize..(to - offset) as usize;
+                out[dst].copy_from_slice(
+                    &data[(from - block_start) as usize..(to - block_start) as usize],
+                );
             }
-            at += n;
         }
         Ok(out)
     }
@@ -535,16 +548,22 @@ impl Store {
             TreeUpdate { pool: &self.pool, allocator: &self.allocator, txg, replaced: Vec::new() };
         let mut roots = BTreeMap::new();
         for (entry, blocks) in work {
-            let mut updates = BTreeMap::new();
-            for (index, block) in blocks {
-                let bp = match block {
-                    Block::Data(data) => {
-                        Some(objset::write_data_block(&ctx, &data, AllocClass::Reserved).await?)
-                    }
-                    Block::Zero => None,
-                };
-                updates.insert(index, bp);
-            }
+            // Data blocks are independent: write up to SYNC_WRITES_IN_FLIGHT at once, so the
+            // devices see a queue instead of one block at a time.
+            let writes = futures::stream::iter(blocks.into_iter().map(|(index, block)| {
+                let ctx = &ctx;
+                async move {
+                    let bp = match block {
+                        Block::Data(data) => {
+                            Some(objset::write_data_block(ctx, &data, AllocClass::Reserved).await?)
+                        }
+                        Block::Zero => None,
+                    };
+                    Ok::<_, PoolError>((index, bp))
+                }
+            }))
+            .buffer_unordered(SYNC_WRITES_IN_FLIGHT);
+            let updates: BTreeMap<u64, Option<BlockPointer>> = writes.try_collect().await?;
             let root = if updates.is_empty() {
                 entry.root
             } else {

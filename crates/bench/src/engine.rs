@@ -1,0 +1,214 @@
+//! Volume throughput through the engine API on file leaves, in real time (issue: pools and
+//! txgs). Not a test: it measures, and its table goes to docs/bench/engine.md.
+//!
+//! A pool is created on a 2-way mirror of sparse files in the given directory, with one volume.
+//! Workloads, each timed with its sync (a write counts once it is durable):
+//! - sequential write: 1 MiB writes over the whole volume, then sync;
+//! - random write: 4 KiB writes at random 4 KiB offsets from `queue_depth` concurrent writers,
+//!   then sync;
+//! - sequential read: 1 MiB reads over the volume after reopening the pool (cold cache);
+//! - random read: 4 KiB reads at random offsets from `queue_depth` concurrent readers, cold.
+//!
+//! The same patterns run straight on one `FileDevice` (no pool, no checksums, no mirror) as the
+//! baseline, so the table shows what the engine costs on this machine's disk.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::join_all;
+use serde::Serialize;
+use sluice_engine::device::{BlockDevice, FileDevice, FileDeviceOptions, SharedBuf};
+use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
+use sluice_engine::rt::Rng;
+use sluice_engine::tunables::Tunables;
+use sluice_engine::txg::Store;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub workload: &'static str,
+    pub unit: &'static str,
+    pub sluice: f64,
+    pub raw_file: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub volume_bytes: u64,
+    pub queue_depth: usize,
+    pub rows: Vec<Row>,
+}
+
+impl Report {
+    pub fn markdown(&self) -> String {
+        let mut out = String::from("| workload | unit | sluice (2-way mirror) | raw file | ratio |\n|---|---|---:|---:|---:|\n");
+        for row in &self.rows {
+            out.push_str(&format!(
+                "| {} | {} | {:.0} | {:.0} | {:.2} |\n",
+                row.workload,
+                row.unit,
+                row.sluice,
+                row.raw_file,
+                row.sluice / row.raw_file
+            ));
+        }
+        out.push_str(&format!(
+            "\nVolume {} MiB, 16 KiB blocks; random I/O at queue depth {}. The raw-file column runs the \
+             same pattern on one file with O_DIRECT and one fdatasync at the end of each write phase.\n",
+            self.volume_bytes >> 20,
+            self.queue_depth
+        ));
+        out
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+fn leaf(path: &Path, len: u64) -> Result<LeafSpec, Box<dyn std::error::Error>> {
+    let options =
+        FileDeviceOptions { create_len_bytes: Some(len), exclusive: true, ..Default::default() };
+    let device = FileDevice::open(path, &options)?;
+    Ok(LeafSpec { path: path.display().to_string(), device: Arc::new(device) })
+}
+
+/// Runs the benchmark in `dir` (created files are removed at the end).
+pub fn run(
+    dir: &Path,
+    volume_bytes: u64,
+    random_ops: u64,
+    queue_depth: usize,
+) -> Result<Report, Box<dyn std::error::Error>> {
+    let runtime = sluice_host::runtime()?;
+    let result = runtime.block_on(async {
+        let env = sluice_host::tokio_env(0x5eed);
+        let tunables = Tunables::default();
+        let leaf_bytes = volume_bytes * 2 + 256 * MIB;
+        let paths = [dir.join("bench-leaf-a"), dir.join("bench-leaf-b"), dir.join("bench-raw")];
+        for path in &paths {
+            let _ = std::fs::remove_file(path);
+        }
+        let specs = vec![leaf(&paths[0], leaf_bytes)?, leaf(&paths[1], leaf_bytes)?];
+        let spec = PoolSpec { name: "bench".into(), ashift: 12, top: vec![TopSpec::Mirror(specs)] };
+        let store = Arc::new(Store::create(Pool::create(&env, spec, &tunables).await?, &tunables));
+        store.create_volume("v", volume_bytes, 16384)?;
+        store.sync().await?;
+        let raw = FileDevice::open(
+            &paths[2],
+            &FileDeviceOptions { create_len_bytes: Some(volume_bytes), ..Default::default() },
+        )?;
+        let chunk = vec![0xa5u8; MIB as usize];
+        let mut rows = Vec::new();
+
+        // Sequential write.
+        let start = Instant::now();
+        for at in (0..volume_bytes).step_by(MIB as usize) {
+            store.write("v", at, &chunk).await?;
+        }
+        store.sync().await?;
+        let sluice = volume_bytes as f64 / MIB as f64 / start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        let data = SharedBuf::copy_from(&chunk);
+        for at in (0..volume_bytes).step_by(MIB as usize) {
+            raw.write_at(at, data.clone()).await?;
+        }
+        raw.flush().await?;
+        let raw_file = volume_bytes as f64 / MIB as f64 / start.elapsed().as_secs_f64();
+        rows.push(Row {
+            workload: "sequential write 1 MiB + sync",
+            unit: "MiB/s",
+            sluice,
+            raw_file,
+        });
+
+        // Random write.
+        let blocks = volume_bytes / 4096;
+        let per_writer = random_ops / queue_depth as u64;
+        let start = Instant::now();
+        let writers = (0..queue_depth).map(|w| {
+            let store = Arc::clone(&store);
+            let mut rng = Rng::new(w as u64);
+            async move {
+                for _ in 0..per_writer {
+                    store.write("v", rng.below(blocks) * 4096, &[0x3c; 4096]).await?;
+                }
+                Ok::<(), sluice_engine::txg::StoreError>(())
+            }
+        });
+        join_all(writers).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+        store.sync().await?;
+        let sluice = (per_writer * queue_depth as u64) as f64 / start.elapsed().as_secs_f64();
+        let small = SharedBuf::copy_from(&[0x3c; 4096]);
+        let start = Instant::now();
+        let raw_ref = &raw;
+        let writers = (0..queue_depth).map(|w| {
+            let small = small.clone();
+            let mut rng = Rng::new(w as u64);
+            async move {
+                for _ in 0..per_writer {
+                    raw_ref.write_at(rng.below(blocks) * 4096, small.clone()).await?;
+                }
+                Ok::<(), sluice_engine::device::DeviceError>(())
+            }
+        });
+        join_all(writers).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+        raw.flush().await?;
+        let raw_file = (per_writer * queue_depth as u64) as f64 / start.elapsed().as_secs_f64();
+        rows.push(Row { workload: "random write 4 KiB + sync", unit: "IOPS", sluice, raw_file });
+
+        // Reopen for a cold cache, then read.
+        let store = match Arc::try_unwrap(store) {
+            Ok(store) => store,
+            Err(_) => return Err("benchmark store still shared".into()),
+        };
+        store.export().await?;
+        let specs = vec![leaf(&paths[0], leaf_bytes)?, leaf(&paths[1], leaf_bytes)?];
+        let store = Arc::new(
+            Store::open(Pool::import(&env, specs, "bench", &tunables).await?, &tunables).await?,
+        );
+        let start = Instant::now();
+        for at in (0..volume_bytes).step_by(MIB as usize) {
+            store.read("v", at, MIB).await?;
+        }
+        let sluice = volume_bytes as f64 / MIB as f64 / start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        for at in (0..volume_bytes).step_by(MIB as usize) {
+            raw.read_at(at, MIB as u32).await?;
+        }
+        let raw_file = volume_bytes as f64 / MIB as f64 / start.elapsed().as_secs_f64();
+        rows.push(Row { workload: "sequential read 1 MiB", unit: "MiB/s", sluice, raw_file });
+
+        let start = Instant::now();
+        let readers = (0..queue_depth).map(|r| {
+            let store = Arc::clone(&store);
+            let mut rng = Rng::new(1000 + r as u64);
+            async move {
+                for _ in 0..per_writer {
+                    store.read("v", rng.below(blocks) * 4096, 4096).await?;
+                }
+                Ok::<(), sluice_engine::txg::StoreError>(())
+            }
+        });
+        join_all(readers).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let sluice = (per_writer * queue_depth as u64) as f64 / start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        let readers = (0..queue_depth).map(|r| {
+            let mut rng = Rng::new(1000 + r as u64);
+            async move {
+                for _ in 0..per_writer {
+                    raw_ref.read_at(rng.below(blocks) * 4096, 4096).await?;
+                }
+                Ok::<(), sluice_engine::device::DeviceError>(())
+            }
+        });
+        join_all(readers).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let raw_file = (per_writer * queue_depth as u64) as f64 / start.elapsed().as_secs_f64();
+        rows.push(Row { workload: "random read 4 KiB", unit: "IOPS", sluice, raw_file });
+        drop(store);
+        drop(raw);
+        for path in &paths {
+            let _ = std::fs::remove_file(path);
+        }
+        Ok::<Report, Box<dyn std::error::Error>>(Report { volume_bytes, queue_depth, rows })
+    });
+    result
+}
