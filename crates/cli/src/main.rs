@@ -1,7 +1,8 @@
 //! The `sluice` command. `main` only turns a result into an exit code; each subcommand is a
 //! function that returns `anyhow::Result`.
 //!
-//! Commands: `sluice pool create|import|export|status|scrub|destroy`, `sluice vol create|list`
+//! Commands: `sluice pool create|import|export|status|scrub|destroy`,
+//! `sluice vol create|list|destroy|resize`
 //! (pools on files and block devices, see pools.rs), `sluice tunables` (the table, or settings
 //! validated) and `sluice bench seeds mirror|queue` (seed 002 and 003 in virtual time). The
 //! serve command arrives with the NBD issue.
@@ -99,6 +100,14 @@ enum VolCommand {
     },
     /// List volumes of the given pools (default: all known pools).
     List { pools: Vec<String> },
+    /// Destroy a volume and free its space.
+    Destroy { spec: String },
+    /// Grow or shrink a volume; shrinking discards the data past the new end.
+    Resize {
+        spec: String,
+        #[arg(long, value_parser = pools::parse_size)]
+        size: u64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -209,6 +218,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     pools::vol_create(&env, &spec, size, block_size).await
                 }
                 VolCommand::List { pools } => pools::vol_list(&env, &pools).await,
+                VolCommand::Destroy { spec } => pools::vol_destroy(&env, &spec).await,
+                VolCommand::Resize { spec, size } => pools::vol_resize(&env, &spec, size).await,
             }
         }),
         Command::Tunables { settings } => tunables(&settings),

@@ -336,6 +336,24 @@ pub async fn vol_create(
     Ok(())
 }
 
+pub async fn vol_destroy(env: &Env, spec: &str) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let store = open_store(env, pool).await?;
+    store.destroy_volume(volume)?;
+    store.export().await?;
+    println!("destroyed volume {spec}");
+    Ok(())
+}
+
+pub async fn vol_resize(env: &Env, spec: &str, size: u64) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let store = open_store(env, pool).await?;
+    store.resize_volume(volume, size).await?;
+    store.export().await?;
+    println!("resized volume {spec} to {}", human(size));
+    Ok(())
+}
+
 pub async fn vol_list(env: &Env, pools: &[String]) -> anyhow::Result<()> {
     let names: Vec<String> =
         if pools.is_empty() { read_cache()?.into_keys().collect() } else { pools.to_vec() };

@@ -91,6 +91,12 @@ fn pool_lifecycle() {
     assert!(fails(&cache, &["vol", "create", "novolume", "--size", "1M"]).contains("POOL/VOLUME"));
     assert!(fails(&cache, &["pool", "create", "tank", a]).contains("already exists"));
 
+    ok(&cache, &["vol", "resize", "tank/vm1", "--size", "32M"]);
+    assert!(ok(&cache, &["vol", "list", "tank"]).contains("32.0M"));
+    ok(&cache, &["vol", "destroy", "tank/vm1"]);
+    assert!(!ok(&cache, &["vol", "list", "tank"]).contains("vm1"));
+    assert!(fails(&cache, &["vol", "destroy", "tank/vm1"]).contains("does not exist"));
+
     ok(&cache, &["pool", "destroy", "tank"]);
     assert!(fails(&cache, &["pool", "import", "tank", "-d", leaves.to_str().unwrap()])
         .contains("no pool named tank"));

@@ -363,3 +363,69 @@ fn syncer_and_write_throttle() {
     assert!(dirty_peak <= (1 << 20) + (64 << 10), "dirty data reached {dirty_peak}");
     assert!(elapsed > Duration::ZERO);
 }
+
+/// Volumes resize and are destroyed: growing past what the tree's levels address keeps every
+/// block and adds levels; shrinking drops the blocks past the end and frees their space;
+/// destroying frees the whole tree. All of it survives export and import.
+#[test]
+fn resize_and_destroy_volumes() {
+    let sim = Sim::new(99);
+    let legs: Vec<SimDevice> = (0..2)
+        .map(|i| {
+            SimDevice::new(
+                &sim.env(),
+                &format!("leg{i}"),
+                SimProfile::Instant,
+                LEAF_BYTES,
+                SimOptions::default(),
+            )
+        })
+        .collect();
+    let env = sim.env();
+    let specs = leaf_specs(&legs);
+    sim.run(async move {
+        let tunables = Tunables::default();
+        let spec =
+            PoolSpec { name: "tank".into(), ashift: 12, top: vec![TopSpec::Mirror(specs.clone())] };
+        let store = Store::create(Pool::create(&env, spec, &tunables).await.unwrap(), &tunables);
+        // 64 blocks of 4 KiB: one level of indirection.
+        store.create_volume("v", 64 * 4096, 4096).unwrap();
+        store.create_volume("gone", 1 << 20, 4096).unwrap();
+        store.write("v", 0, &[1; 4096]).await.unwrap();
+        store.write("v", 63 * 4096, &[2; 4096]).await.unwrap();
+        store.write("gone", 0, &vec![3; 1 << 20]).await.unwrap();
+        store.sync().await.unwrap();
+        let full = store.free_bytes();
+        // Grow to 1000 blocks: needs two levels; old blocks stay, new space is writable.
+        store.resize_volume("v", 1000 * 4096).await.unwrap();
+        store.write("v", 999 * 4096, &[4; 4096]).await.unwrap();
+        store.sync().await.unwrap();
+        assert_eq!(store.read("v", 0, 4096).await.unwrap(), vec![1; 4096]);
+        assert_eq!(store.read("v", 63 * 4096, 4096).await.unwrap(), vec![2; 4096]);
+        // Shrink to 32 blocks: block 63 and 999 go; reads past the end are refused.
+        store.resize_volume("v", 32 * 4096).await.unwrap();
+        assert!(store.read("v", 63 * 4096, 4096).await.is_err());
+        store.destroy_volume("gone").unwrap();
+        assert!(store.read("gone", 0, 4096).await.is_err());
+        for _ in 0..(sluice_engine::alloc::FREE_DEFER_TXGS + 2) {
+            store.sync().await.unwrap();
+        }
+        assert!(
+            store.free_bytes() > full + (1 << 20) - 65536,
+            "destroyed and cut blocks were freed"
+        );
+        store.export().await.unwrap();
+        let store =
+            Store::open(Pool::import(&env, specs, "tank", &tunables).await.unwrap(), &tunables)
+                .await
+                .unwrap();
+        let volumes = store.volumes();
+        assert_eq!(volumes.len(), 1);
+        assert_eq!(volumes[0].size_bytes, 32 * 4096);
+        assert_eq!(store.read("v", 0, 4096).await.unwrap(), vec![1; 4096]);
+        // Growing again exposes zeros, not the old block 63.
+        store.resize_volume("v", 64 * 4096).await.unwrap();
+        assert_eq!(store.read("v", 63 * 4096, 4096).await.unwrap(), vec![0; 4096]);
+    })
+    .unwrap();
+}

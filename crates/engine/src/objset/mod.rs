@@ -196,3 +196,63 @@ pub async fn write_data_block(
         .write_block_at(vdev, offset, shared, data.len() as u64, BlockKind::Data, 0, 1, ctx.txg)
         .await
 }
+
+/// Every block of a tree, as (level, first data block index it covers, pointer), parents
+/// before children. Used to free a destroyed volume and to find what a shrink cuts off.
+pub async fn walk(
+    pool: &Pool,
+    root: Option<BlockPointer>,
+    levels: u8,
+) -> Result<Vec<(u8, u64, BlockPointer)>, PoolError> {
+    let mut out = Vec::new();
+    let mut stack: Vec<(u8, u64, BlockPointer)> =
+        root.map(|bp| (levels, 0, bp)).into_iter().collect();
+    while let Some((level, base, bp)) = stack.pop() {
+        out.push((level, base, bp));
+        if level == 0 {
+            continue;
+        }
+        let bytes = pool.read_block_cached(&bp, IoClass::SyncRead).await?;
+        for (slot, child) in decode_indirect(pool, &bytes)?.into_iter().enumerate() {
+            if let Some(child) = child {
+                stack.push((level - 1, base + slot as u64 * span_of(level - 1), child));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Adds levels above `root` until it has `to` levels: the old root becomes slot 0 of a new
+/// indirect block. Returns the new root.
+pub async fn grow_levels(
+    ctx: &TreeUpdate<'_>,
+    mut root: Option<BlockPointer>,
+    from: u8,
+    to: u8,
+) -> Result<Option<BlockPointer>, PoolError> {
+    for level in (from + 1)..=to {
+        let Some(child) = root else { return Ok(None) };
+        let mut bytes = AlignedBuf::zeroed(INDIRECT_BYTES);
+        bytes[..BLKPTR_BYTES].copy_from_slice(&BlockPointer::encode(Some(&child)));
+        let (vdev, offset, _) = ctx
+            .allocator
+            .lock()
+            .allocate(INDIRECT_BYTES as u64, AllocClass::Reserved, &[])
+            .map_err(|e| PoolError::NoSpace { pool: ctx.pool.name().to_owned(), source: e })?;
+        root = Some(
+            ctx.pool
+                .write_block_at(
+                    vdev,
+                    offset,
+                    bytes.into_shared(),
+                    INDIRECT_BYTES as u64,
+                    BlockKind::Indirect,
+                    level,
+                    child.fill,
+                    ctx.txg,
+                )
+                .await?,
+        );
+    }
+    Ok(root)
+}

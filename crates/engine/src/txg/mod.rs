@@ -87,6 +87,8 @@ enum Block {
 #[derive(Debug)]
 struct Volume {
     entry: VolumeEntry,
+    /// Levels of the tree on disk; below `entry.levels` after a grow until the next sync.
+    disk_levels: u8,
     open: BTreeMap<u64, Block>,
     syncing: BTreeMap<u64, Block>,
 }
@@ -100,6 +102,8 @@ struct State {
     space_maps: Vec<Option<BlockPointer>>,
     directory: Option<BlockPointer>,
     dirty_bytes: u64,
+    /// Trees of destroyed volumes, freed by the next sync: (root, levels).
+    destroyed: Vec<(BlockPointer, u8)>,
 }
 
 /// An open pool with its volumes.
@@ -177,6 +181,7 @@ impl Store {
                 space_maps: vec![None; vdevs],
                 directory: None,
                 dirty_bytes: 0,
+                destroyed: Vec::new(),
             }),
             pool,
             sync_lock: futures::lock::Mutex::new(()),
@@ -223,6 +228,7 @@ impl Store {
                     entry.name.clone(),
                     Volume {
                         entry: entry.clone(),
+                        disk_levels: entry.levels,
                         open: BTreeMap::new(),
                         syncing: BTreeMap::new(),
                     },
@@ -238,6 +244,7 @@ impl Store {
                 space_maps: directory.space_maps.clone(),
                 directory: Some(root),
                 dirty_bytes: 0,
+                destroyed: Vec::new(),
             }),
             pool,
             sync_lock: futures::lock::Mutex::new(()),
@@ -342,8 +349,63 @@ impl Store {
             VolumeEntry { id, name: name.to_owned(), size_bytes, block_bytes, levels, root: None };
         state.volumes.insert(
             name.to_owned(),
-            Volume { entry, open: BTreeMap::new(), syncing: BTreeMap::new() },
+            Volume { entry, disk_levels: levels, open: BTreeMap::new(), syncing: BTreeMap::new() },
         );
+        Ok(())
+    }
+
+    /// Destroys a volume; its blocks are freed by the next sync.
+    pub fn destroy_volume(&self, name: &str) -> Result<(), StoreError> {
+        self.check_live()?;
+        let mut state = self.state.lock();
+        let volume = state.volumes.remove(name).ok_or_else(|| StoreError::NoSuchVolume {
+            pool: self.pool.name().to_owned(),
+            volume: name.to_owned(),
+        })?;
+        if let Some(root) = volume.entry.root {
+            state.destroyed.push((root, volume.disk_levels));
+        }
+        Ok(())
+    }
+
+    /// Changes a volume's size. Growing keeps every block; shrinking discards the blocks past
+    /// the new end (their space is freed by the next sync).
+    pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<(), StoreError> {
+        self.check_live()?;
+        let entry = self.volume_entry(name)?;
+        let bs = u64::from(entry.block_bytes);
+        if size_bytes == 0 || size_bytes % bs != 0 {
+            return Err(StoreError::InvalidSize {
+                volume: name.to_owned(),
+                size_bytes,
+                block_bytes: entry.block_bytes,
+            });
+        }
+        let new_blocks = size_bytes / bs;
+        let missing = || StoreError::NoSuchVolume {
+            pool: self.pool.name().to_owned(),
+            volume: name.to_owned(),
+        };
+        if size_bytes < entry.size_bytes {
+            // Find the stored blocks past the end, then drop them (and any dirty ones).
+            let disk_levels =
+                self.state.lock().volumes.get(name).map_or(entry.levels, |v| v.disk_levels);
+            let stored = objset::walk(&self.pool, entry.root, disk_levels).await?;
+            let mut state = self.state.lock();
+            let volume = state.volumes.get_mut(name).ok_or_else(missing)?;
+            volume.open.retain(|&index, _| index < new_blocks);
+            for (level, index, _) in stored {
+                if level == 0 && index >= new_blocks {
+                    volume.open.insert(index, Block::Zero);
+                }
+            }
+            volume.entry.size_bytes = size_bytes;
+        } else {
+            let mut state = self.state.lock();
+            let volume = state.volumes.get_mut(name).ok_or_else(missing)?;
+            volume.entry.size_bytes = size_bytes;
+            volume.entry.levels = volume.entry.levels.max(objset::levels_for(new_blocks));
+        }
         Ok(())
     }
 
@@ -532,7 +594,7 @@ impl Store {
         let name = self.pool.name().to_owned();
         let no_space = |source: AllocError| PoolError::NoSpace { pool: name.clone(), source };
         // Quiesce: the open txg becomes the syncing one.
-        let (txg, work) = {
+        let (txg, work, destroyed) = {
             let mut state = self.state.lock();
             let txg = state.open_txg;
             state.open_txg += 1;
@@ -540,14 +602,20 @@ impl Store {
             let mut work = Vec::new();
             for volume in state.volumes.values_mut() {
                 volume.syncing = std::mem::take(&mut volume.open);
-                work.push((volume.entry.clone(), volume.syncing.clone()));
+                work.push((volume.entry.clone(), volume.disk_levels, volume.syncing.clone()));
             }
-            (txg, work)
+            let destroyed = std::mem::take(&mut state.destroyed);
+            (txg, work, destroyed)
         };
         let mut ctx =
             TreeUpdate { pool: &self.pool, allocator: &self.allocator, txg, replaced: Vec::new() };
         let mut roots = BTreeMap::new();
-        for (entry, blocks) in work {
+        for (root, levels) in destroyed {
+            for (_, _, bp) in objset::walk(&self.pool, Some(root), levels).await? {
+                ctx.replaced.push(bp);
+            }
+        }
+        for (entry, disk_levels, blocks) in work {
             // Data blocks are independent: write up to SYNC_WRITES_IN_FLIGHT at once, so the
             // devices see a queue instead of one block at a time.
             let writes = futures::stream::iter(blocks.into_iter().map(|(index, block)| {
@@ -564,10 +632,11 @@ impl Store {
             }))
             .buffer_unordered(SYNC_WRITES_IN_FLIGHT);
             let updates: BTreeMap<u64, Option<BlockPointer>> = writes.try_collect().await?;
+            let grown = objset::grow_levels(&ctx, entry.root, disk_levels, entry.levels).await?;
             let root = if updates.is_empty() {
-                entry.root
+                grown
             } else {
-                objset::update_tree(&mut ctx, entry.root, entry.levels, &updates).await?
+                objset::update_tree(&mut ctx, grown, entry.levels, &updates).await?
             };
             roots.insert(entry.name.clone(), root);
         }
@@ -668,6 +737,7 @@ impl Store {
         for volume in state.volumes.values_mut() {
             if let Some(root) = roots.get(&volume.entry.name) {
                 volume.entry.root = *root;
+                volume.disk_levels = volume.entry.levels;
             }
             volume.syncing.clear();
         }
