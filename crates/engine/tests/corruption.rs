@@ -188,3 +188,61 @@ fn damage_beyond_redundancy_fails_only_those_blocks() {
     })
     .unwrap();
 }
+
+/// A mirror child that was missing while the pool kept writing comes back: import resilvers
+/// exactly the blocks born while it was away (not the ones it already had), after which it
+/// alone serves every block correctly and a scrub finds nothing.
+#[test]
+fn returning_child_is_resilvered_with_only_what_it_missed() {
+    let (sim, legs, store, mut data) = setup(5);
+    let env = sim.env();
+    let store = Arc::try_unwrap(store).unwrap();
+    sim.run(async move { store.export().await.unwrap() }).unwrap();
+    let all: Vec<LeafSpec> = legs
+        .iter()
+        .map(|d| LeafSpec { path: d.name_owned(), device: Arc::new(d.clone()) })
+        .collect();
+    let only_first = vec![all[0].clone()];
+    // Degraded: leg1 away while 64 KiB of new data is written over three txgs.
+    let changed = vec![0xabu8; 64 << 10];
+    data[(512 << 10)..(512 << 10) + changed.len()].copy_from_slice(&changed);
+    let e = env.clone();
+    let c = changed.clone();
+    sim.run(async move {
+        let tunables = Tunables::default();
+        let store =
+            Store::open(Pool::import(&e, only_first, "tank", &tunables).await.unwrap(), &tunables)
+                .await
+                .unwrap();
+        for (i, piece) in c.chunks(16 << 10).enumerate() {
+            store.write("v", (512 << 10) + (i as u64) * (16 << 10), piece).await.unwrap();
+            store.sync().await.unwrap();
+        }
+        store.export().await.unwrap();
+    })
+    .unwrap();
+    // Both legs back: leg1 is behind and gets resilvered at open.
+    let e = env.clone();
+    let (behind, report, store) = sim
+        .run(async move {
+            let tunables = Tunables::default();
+            let pool = Pool::import(&e, all, "tank", &tunables).await.unwrap();
+            let behind = pool.leaves_behind();
+            let report = pool.resilver().await.unwrap().unwrap();
+            assert!(pool.leaves_behind().is_empty());
+            (behind, report, Arc::new(Store::open(pool, &tunables).await.unwrap()))
+        })
+        .unwrap()
+        .0;
+    assert_eq!(behind.len(), 1, "leg1 was behind");
+    let all_blocks = scrub(&sim, &store).blocks;
+    assert!(report.repaired >= 16, "the 16 new data blocks were copied, got {}", report.repaired);
+    assert!(
+        report.blocks < all_blocks / 2,
+        "resilver visited {} of {all_blocks} blocks",
+        report.blocks
+    );
+    // Leg0 gone: leg1 alone must hold everything.
+    legs[0].inject(Fault::Lost);
+    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+}

@@ -135,6 +135,12 @@ pub struct PoolLeaf {
 #[derive(Debug)]
 struct PoolState {
     uberblock: Uberblock,
+    /// Per leaf (same order as `leaves`): the newest txg the leaf is known to hold completely,
+    /// from its own uberblock rings at import, then advanced by each sync it took without
+    /// errors. A leaf behind the pool's txg needs a resilver of the blocks born after it.
+    leaf_txg: Vec<u64>,
+    /// Write errors of each leaf at the last sync, to notice a leaf that missed a write.
+    leaf_write_errors: Vec<u64>,
 }
 
 /// An open pool.
@@ -196,6 +202,24 @@ impl Pool {
 
     pub fn config(&self) -> &VdevTreeConfig {
         &self.config
+    }
+
+    /// Present leaves that are behind the pool, with the newest txg each is known to hold.
+    pub fn leaves_behind(&self) -> Vec<(usize, u64)> {
+        let state = self.state.lock();
+        let txg = state.uberblock.txg;
+        self.leaves
+            .iter()
+            .enumerate()
+            .filter(|(i, l)| l.present && !l.leaf.is_faulted() && state.leaf_txg[*i] < txg)
+            .map(|(i, _)| (i, state.leaf_txg[i]))
+            .collect()
+    }
+
+    /// Records that leaf `index` now holds everything up to `txg` (after a resilver).
+    fn mark_complete(&self, index: usize, txg: u64) {
+        let mut state = self.state.lock();
+        state.leaf_txg[index] = state.leaf_txg[index].max(txg);
     }
 
     /// The uberblock of the last synced txg.
@@ -385,6 +409,7 @@ impl Pool {
                 pool: name.to_owned(),
                 reason: "a top-level vdev has no leaf".into(),
             })?;
+        let leaf_count = leaves.len();
         Ok(Pool {
             env: env.clone(),
             name: name.to_owned(),
@@ -401,6 +426,8 @@ impl Pool {
                     timestamp_secs: 0,
                     root: None,
                 },
+                leaf_txg: vec![0; leaf_count],
+                leaf_write_errors: vec![0; leaf_count],
             }),
             cache: BlockCache::new(tunables.get(crate::tunables::Tunable::CacheBytesMax)),
         })
@@ -440,6 +467,21 @@ impl Pool {
         });
         let results = join_all(writes).await;
         self.flush_all().await?;
+        {
+            // A leaf that took this uberblock and no write failed on it since the last sync
+            // holds everything up to this txg.
+            let mut state = self.state.lock();
+            let mut took = results.iter();
+            for (index, pool_leaf) in self.leaves.iter().enumerate() {
+                let ok =
+                    if pool_leaf.present { took.next().is_some_and(|&(_, ok)| ok) } else { false };
+                let errors = pool_leaf.leaf.stats().write_errors.get();
+                if ok && errors == state.leaf_write_errors[index] && !pool_leaf.leaf.is_faulted() {
+                    state.leaf_txg[index] = uberblock.txg;
+                }
+                state.leaf_write_errors[index] = errors;
+            }
+        }
         for top in 0..self.config.top.len() {
             if !results.iter().any(|&(t, ok)| t == top && ok) {
                 let path = self
@@ -543,13 +585,19 @@ impl Pool {
             tunables,
         )?;
         let mut best: Option<Uberblock> = None;
-        for pool_leaf in pool.leaves.iter().filter(|l| l.present) {
+        let mut leaf_txg = vec![0u64; pool.leaves.len()];
+        for (index, pool_leaf) in pool.leaves.iter().enumerate().filter(|(_, l)| l.present) {
             for uberblock in read_uberblocks(pool_leaf.leaf.device().as_ref()).await {
-                if uberblock.pool_guid == pool_guid && best.is_none_or(|b| uberblock.txg > b.txg) {
+                if uberblock.pool_guid != pool_guid {
+                    continue;
+                }
+                leaf_txg[index] = leaf_txg[index].max(uberblock.txg);
+                if best.is_none_or(|b| uberblock.txg > b.txg) {
                     best = Some(uberblock);
                 }
             }
         }
+        pool.state.lock().leaf_txg = leaf_txg;
         let Some(uberblock) = best else {
             return Err(PoolError::NoUberblock { pool: pool.name.clone() });
         };

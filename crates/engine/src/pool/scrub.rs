@@ -48,6 +48,29 @@ impl Pool {
 
     /// Scrubs everything the newest uberblock reaches.
     pub async fn scrub(&self) -> Result<ScrubReport, PoolError> {
+        self.scan(0).await
+    }
+
+    /// Resilvers the leaves that are behind (returned after being missing, or that missed
+    /// writes): only blocks born after the oldest such leaf's last complete txg are visited,
+    /// and a subtree born before it is skipped whole, since copy-on-write gives a parent a
+    /// birth txg no older than any of its children. Each visited block is checked on every
+    /// mirror child and rewritten where stale. Returns `None` when no leaf is behind.
+    pub async fn resilver(&self) -> Result<Option<ScrubReport>, PoolError> {
+        let behind = self.leaves_behind();
+        let Some(since) = behind.iter().map(|&(_, txg)| txg).min() else { return Ok(None) };
+        let txg = self.uberblock().txg;
+        let report = self.scan(since + 1).await?;
+        if report.unrecoverable.is_empty() {
+            for (index, _) in behind {
+                self.mark_complete(index, txg);
+            }
+        }
+        Ok(Some(report))
+    }
+
+    /// Visits every reachable block born at or after `min_birth`.
+    async fn scan(&self, min_birth: u64) -> Result<ScrubReport, PoolError> {
         let mut report = ScrubReport::default();
         let Some(root) = self.uberblock().root else { return Ok(report) };
         self.scrub_block(&root, &mut report).await;
@@ -57,13 +80,16 @@ impl Pool {
         let bytes = self.read_block(&root, IoClass::Scrub).await?;
         let directory = PoolDirectory::decode(&bytes)
             .map_err(|source| PoolError::Format { pool: self.name().to_owned(), source })?;
-        for bp in directory.space_maps.iter().flatten() {
+        for bp in directory.space_maps.iter().flatten().filter(|bp| bp.birth_txg >= min_birth) {
             self.scrub_block(bp, &mut report).await;
         }
         // Depth-first over each volume's tree, with an explicit stack (no async recursion).
         let mut stack: Vec<BlockPointer> =
             directory.volumes.iter().filter_map(|v| v.root).collect();
         while let Some(bp) = stack.pop() {
+            if bp.birth_txg < min_birth {
+                continue;
+            }
             let before = report.unrecoverable.len();
             self.scrub_block(&bp, &mut report).await;
             if bp.kind != BlockKind::Indirect || report.unrecoverable.len() > before {

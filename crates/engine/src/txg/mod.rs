@@ -192,8 +192,10 @@ impl Store {
         }
     }
 
-    /// Opens the data of an imported pool as of its newest uberblock.
+    /// Opens the data of an imported pool as of its newest uberblock. Leaves that are behind
+    /// (a mirror child that was missing and is back) are resilvered first.
     pub async fn open(pool: Pool, tunables: &Tunables) -> Result<Store, StoreError> {
+        pool.resilver().await?;
         let uberblock = pool.uberblock();
         let Some(root) = uberblock.root else { return Ok(Store::create(pool, tunables)) };
         let format = |source| PoolError::Format { pool: pool.name().to_owned(), source };
