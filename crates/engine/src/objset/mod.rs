@@ -75,6 +75,25 @@ pub async fn read_data_block(
     }
 }
 
+/// Whether data block `index` is stored (not a hole), reading only indirect blocks.
+pub async fn is_allocated(
+    pool: &Pool,
+    root: Option<BlockPointer>,
+    levels: u8,
+    index: u64,
+) -> Result<bool, PoolError> {
+    let mut bp = root;
+    for level in (1..=levels).rev() {
+        let Some(indirect) = bp else { return Ok(false) };
+        let bytes = pool.read_block_cached(&indirect, IoClass::SyncRead).await?;
+        let slot = ((index / span_of(level - 1)) % INDIRECT_BPS) as usize;
+        let at = slot * BLKPTR_BYTES;
+        bp = BlockPointer::decode(&bytes[at..at + BLKPTR_BYTES])
+            .map_err(|e| format_error(pool, e))?;
+    }
+    Ok(bp.is_some())
+}
+
 /// What a copy-on-write update needs besides the tree.
 #[derive(Debug)]
 pub struct TreeUpdate<'a> {

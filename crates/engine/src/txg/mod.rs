@@ -551,6 +551,50 @@ impl Store {
         Ok(())
     }
 
+    /// Which parts of `[offset, offset+len)` hold data and which are holes (never written,
+    /// trimmed or zeroed), as runs of (length, allocated), at block granularity. Holes read
+    /// as zeros; a block written with zeros counts as allocated.
+    pub async fn block_status(
+        &self,
+        volume: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, bool)>, StoreError> {
+        self.check_live()?;
+        let entry = self.volume_entry(volume)?;
+        Self::check_range(&entry, offset, len)?;
+        let bs = u64::from(entry.block_bytes);
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        let mut at = offset;
+        while at < offset + len {
+            let index = at / bs;
+            let n = (bs - at % bs).min(offset + len - at);
+            let cached = {
+                let state = self.state.lock();
+                let volume = state.volumes.get(&entry.name);
+                volume.and_then(|v| v.open.get(&index).or_else(|| v.syncing.get(&index)).cloned())
+            };
+            let allocated = match cached {
+                Some(Block::Data(_)) => true,
+                Some(Block::Zero) => false,
+                None => {
+                    let (root, levels) = {
+                        let state = self.state.lock();
+                        let v = state.volumes.get(&entry.name);
+                        (v.and_then(|v| v.entry.root), v.map_or(entry.levels, |v| v.disk_levels))
+                    };
+                    objset::is_allocated(&self.pool, root, levels, index).await?
+                }
+            };
+            match runs.last_mut() {
+                Some((run, kind)) if *kind == allocated => *run += n,
+                _ => runs.push((n, allocated)),
+            }
+            at += n;
+        }
+        Ok(runs)
+    }
+
     /// Applies backpressure before a write: wake the syncer early, delay smoothly above the
     /// threshold, and at the maximum sync before continuing.
     async fn throttle(&self) -> Result<(), StoreError> {
