@@ -34,7 +34,7 @@ enum Command {
         #[command(subcommand)]
         pool: PoolCommand,
     },
-    /// Create and list volumes.
+    /// Create, list, resize and destroy volumes.
     Vol {
         #[command(subcommand)]
         vol: VolCommand,
