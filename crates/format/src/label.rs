@@ -34,8 +34,8 @@
 //!   per child: guid u64, path_len u16, path (UTF-8, a hint for finding the leaf again)
 //! ```
 
-use crate::codec::{Reader, Writer};
-use crate::{Checksum, ChecksumAlg, FormatError, FormatVersion, UBERBLOCK_BYTES};
+use crate::codec::{check_header, Reader, Writer};
+use crate::{ChecksumAlg, FormatError, FormatVersion, UBERBLOCK_BYTES};
 
 pub const LABEL_BYTES: u64 = 256 << 10;
 pub const LABEL_COUNT: usize = 4;
@@ -276,15 +276,7 @@ impl LabelHeader {
 
     pub fn decode(bytes: &[u8]) -> Result<LabelHeader, FormatError> {
         let r = Reader::new(WHAT, bytes, LABEL_HEADER_BYTES)?;
-        let magic = r.u64(0)?;
-        if magic != MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT, found: magic });
-        }
-        FormatVersion::decode(WHAT, r.u16(OFF_VERSION)?)?;
-        let alg = ChecksumAlg::decode(WHAT, r.u8(OFF_ALG)?)?;
-        if alg.compute(r.slice(0, OFF_CHECKSUM)?) != Checksum(r.bytes16(OFF_CHECKSUM)?) {
-            return Err(FormatError::ChecksumMismatch { what: WHAT });
-        }
+        check_header(&r, WHAT, MAGIC, OFF_VERSION, OFF_ALG, OFF_CHECKSUM)?;
         r.zeros(OFF_RESERVED_A, OFF_POOL_GUID - OFF_RESERVED_A)?;
         r.zeros(OFF_RESERVED_B, OFF_CONFIG_LEN - OFF_RESERVED_B)?;
         let ashift = r.u8(OFF_ASHIFT)?;

@@ -19,8 +19,8 @@
 //!   1008   16 checksum                 over bytes 0..1008
 //! ```
 
-use crate::codec::{Reader, Writer};
-use crate::{BlockPointer, Checksum, ChecksumAlg, FormatError, FormatVersion, BLKPTR_BYTES};
+use crate::codec::{check_header, Reader, Writer};
+use crate::{BlockPointer, ChecksumAlg, FormatError, FormatVersion, BLKPTR_BYTES};
 
 pub const UBERBLOCK_BYTES: usize = 1024;
 const MAGIC: u64 = u64::from_le_bytes(*b"SLUICEUB");
@@ -70,15 +70,7 @@ impl Uberblock {
 
     pub fn decode(bytes: &[u8]) -> Result<Uberblock, FormatError> {
         let r = Reader::new(WHAT, bytes, UBERBLOCK_BYTES)?;
-        let magic = r.u64(0)?;
-        if magic != MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT, found: magic });
-        }
-        FormatVersion::decode(WHAT, r.u16(OFF_VERSION)?)?;
-        let alg = ChecksumAlg::decode(WHAT, r.u8(OFF_ALG)?)?;
-        if alg.compute(r.slice(0, OFF_CHECKSUM)?) != Checksum(r.bytes16(OFF_CHECKSUM)?) {
-            return Err(FormatError::ChecksumMismatch { what: WHAT });
-        }
+        check_header(&r, WHAT, MAGIC, OFF_VERSION, OFF_ALG, OFF_CHECKSUM)?;
         r.zeros(OFF_RESERVED_A, OFF_TXG - OFF_RESERVED_A)?;
         r.zeros(OFF_RESERVED_B, OFF_CHECKSUM - OFF_RESERVED_B)?;
         Ok(Uberblock {

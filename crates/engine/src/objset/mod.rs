@@ -53,13 +53,13 @@ fn decode_indirect(pool: &Pool, bytes: &[u8]) -> Result<Vec<Option<BlockPointer>
         .collect()
 }
 
-/// Reads data block `index`; `None` is a hole.
-pub async fn read_data_block(
+/// The pointer of data block `index`, reading only indirect blocks; `None` is a hole.
+async fn data_block_pointer(
     pool: &Pool,
     root: Option<BlockPointer>,
     levels: u8,
     index: u64,
-) -> Result<Option<std::sync::Arc<AlignedBuf>>, PoolError> {
+) -> Result<Option<BlockPointer>, PoolError> {
     let mut bp = root;
     for level in (1..=levels).rev() {
         let Some(indirect) = bp else { return Ok(None) };
@@ -69,7 +69,17 @@ pub async fn read_data_block(
         bp = BlockPointer::decode(&bytes[at..at + BLKPTR_BYTES])
             .map_err(|e| format_error(pool, e))?;
     }
-    match bp {
+    Ok(bp)
+}
+
+/// Reads data block `index`; `None` is a hole.
+pub async fn read_data_block(
+    pool: &Pool,
+    root: Option<BlockPointer>,
+    levels: u8,
+    index: u64,
+) -> Result<Option<std::sync::Arc<AlignedBuf>>, PoolError> {
+    match data_block_pointer(pool, root, levels, index).await? {
         Some(data) => Ok(Some(pool.read_block_cached(&data, IoClass::SyncRead).await?)),
         None => Ok(None),
     }
@@ -82,16 +92,7 @@ pub async fn is_allocated(
     levels: u8,
     index: u64,
 ) -> Result<bool, PoolError> {
-    let mut bp = root;
-    for level in (1..=levels).rev() {
-        let Some(indirect) = bp else { return Ok(false) };
-        let bytes = pool.read_block_cached(&indirect, IoClass::SyncRead).await?;
-        let slot = ((index / span_of(level - 1)) % INDIRECT_BPS) as usize;
-        let at = slot * BLKPTR_BYTES;
-        bp = BlockPointer::decode(&bytes[at..at + BLKPTR_BYTES])
-            .map_err(|e| format_error(pool, e))?;
-    }
-    Ok(bp.is_some())
+    Ok(data_block_pointer(pool, root, levels, index).await?.is_some())
 }
 
 /// What a copy-on-write update needs besides the tree.

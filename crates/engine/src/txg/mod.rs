@@ -172,17 +172,22 @@ impl Store {
         let allocator = Allocator::new(pool.ashift(), &pool.data_areas());
         let txg = pool.uberblock().txg;
         let vdevs = pool.root().top_level().len();
+        let state = State {
+            open_txg: txg + 1,
+            next_volume_id: 1,
+            volumes: BTreeMap::new(),
+            space_maps: vec![None; vdevs],
+            directory: None,
+            dirty_bytes: 0,
+            destroyed: Vec::new(),
+        };
+        Store::assemble(pool, allocator, state, tunables)
+    }
+
+    fn assemble(pool: Pool, allocator: Allocator, state: State, tunables: &Tunables) -> Store {
         Store {
             allocator: Mutex::new(allocator),
-            state: Mutex::new(State {
-                open_txg: txg + 1,
-                next_volume_id: 1,
-                volumes: BTreeMap::new(),
-                space_maps: vec![None; vdevs],
-                directory: None,
-                dirty_bytes: 0,
-                destroyed: Vec::new(),
-            }),
+            state: Mutex::new(state),
             pool,
             sync_lock: futures::lock::Mutex::new(()),
             suspended: AtomicBool::new(false),
@@ -237,24 +242,16 @@ impl Store {
                 )
             })
             .collect();
-        Ok(Store {
-            allocator: Mutex::new(allocator),
-            state: Mutex::new(State {
-                open_txg: uberblock.txg + 1,
-                next_volume_id: directory.next_volume_id,
-                volumes,
-                space_maps: directory.space_maps.clone(),
-                directory: Some(root),
-                dirty_bytes: 0,
-                destroyed: Vec::new(),
-            }),
-            pool,
-            sync_lock: futures::lock::Mutex::new(()),
-            suspended: AtomicBool::new(false),
-            limits: TxgLimits::from_tunables(tunables),
-            kick: Mutex::new(None),
-            syncs: crate::stats::Counter::default(),
-        })
+        let state = State {
+            open_txg: uberblock.txg + 1,
+            next_volume_id: directory.next_volume_id,
+            volumes,
+            space_maps: directory.space_maps.clone(),
+            directory: Some(root),
+            dirty_bytes: 0,
+            destroyed: Vec::new(),
+        };
+        Ok(Store::assemble(pool, allocator, state, tunables))
     }
 
     /// Txgs synced by this store so far.
