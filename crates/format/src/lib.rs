@@ -1,4 +1,5 @@
-//! On-disk types only: block pointers, uberblocks, labels, space maps and the pool directory (ZFS: `spa.h`, `uberblock_impl.h`,
+//! On-disk types only: block pointers, uberblocks, labels, space maps, the pool directory and
+//! intent-log blocks (ZFS: `spa.h`, `uberblock_impl.h`,
 //! `vdev_impl.h`); intent-log blocks and dedup entries join them in their issues.
 //!
 //! Rules every structure here keeps (STYLE.md §7): little-endian integers encoded by hand at
@@ -14,6 +15,7 @@ mod codec;
 mod directory;
 mod error;
 mod label;
+mod log_block;
 mod space_map;
 mod uberblock;
 
@@ -26,6 +28,7 @@ pub use label::{
     VdevTreeConfig, DATA_START_BYTES, LABEL_BYTES, LABEL_COUNT, LABEL_HEADER_BYTES,
     POOL_NAME_BYTES_MAX, UBERBLOCK_SLOTS,
 };
+pub use log_block::{LogBlock, LogRecord, LogVerifier, LOG_HEADER_BYTES, LOG_WRITE_UNIT_BYTES};
 pub use space_map::SpaceMap;
 pub use uberblock::{Uberblock, UBERBLOCK_BYTES};
 
