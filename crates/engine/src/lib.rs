@@ -11,6 +11,7 @@
 
 pub mod alloc;
 pub mod device;
+pub mod intent_log;
 pub mod objset;
 pub mod pool;
 pub mod rt;
