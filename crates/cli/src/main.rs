@@ -154,6 +154,8 @@ enum Experiment {
     Mirror,
     /// Seed 003: submission queues and queue depth against a queue-depth-1 sync writer.
     Queue,
+    /// Seed 004: intent-log commits, batch against pipelined, 1 to 1024 writers on 1-8 disks.
+    Zil,
 }
 
 fn main() -> ExitCode {
@@ -251,6 +253,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 Experiment::Queue => {
                     let report = sluice_bench::seeds::queue::run(seconds, seed, &base)?;
+                    (report.markdown(), serde_json::to_value(&report)?)
+                }
+                Experiment::Zil => {
+                    anyhow::ensure!(base.is_empty(), "bench seeds zil takes no --set yet");
+                    let report = sluice_bench::seeds::zil::run(seconds, seed, &[1, 2, 4, 8], 1024);
                     (report.markdown(), serde_json::to_value(&report)?)
                 }
             };

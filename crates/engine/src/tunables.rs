@@ -115,6 +115,10 @@ tunable_table! {
          syncs before it may continue.";
     TxgDelayMinDirtyPct = "txg.delay_min_dirty_pct", Kind::Count { min: 1, max: 99 }, "60",
         "Percent of txg.dirty_max above which writers are delayed (ZFS: zfs_delay_min_dirty_percent).";
+    IntentLogCommitTimeoutPct = "intent_log.commit_timeout_pct", Kind::Count { min: 0, max: 100 }, "10",
+        "How long an open log block may wait for more records while another is in flight, as a \
+         percentage of the smoothed log-block latency (ZFS: zfs_commit_timeout_pct). A lone \
+         writer never waits.";
     CacheBytesMax = "cache.bytes_max", Kind::Bytes { min: 0, max: 1 << 40 }, "256M",
         "Memory for verified blocks read from the pool (indirect and data). 0 disables caching.";
     MirrorSwitchUs = "mirror.switch_us", Kind::Micros { min: 1, max: 10_000_000 }, "10000",

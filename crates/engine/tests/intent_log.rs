@@ -59,8 +59,9 @@ fn run(seed: u64, policy: CommitPolicy, crash: bool) {
                 PoolSpec { name: "tank".into(), ashift: 12, top: vec![TopSpec::Mirror(specs)] };
             let pool = Arc::new(Pool::create(&env, spec, &tunables).await.unwrap());
             let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
-            let log =
-                Arc::new(LogWriter::new(&allocator, policy, 0xabc ^ seed, 1, 16 << 10).unwrap());
+            let log = Arc::new(
+                LogWriter::new(&allocator, policy, 10, 0xabc ^ seed, 1, 16 << 10).unwrap(),
+            );
             if crash {
                 let (clock, legs) = (env.clone(), crash_legs.clone());
                 env.spawn("crasher", async move {
@@ -74,10 +75,11 @@ fn run(seed: u64, policy: CommitPolicy, crash: bool) {
             let writers = (0..WRITERS).map(|w| {
                 let (pool, allocator, log, a) =
                     (Arc::clone(&pool), Arc::clone(&allocator), Arc::clone(&log), Rc::clone(&a));
+                let env = env.clone();
                 async move {
                     for i in 0..20u64 {
                         let offset = (w * 100 + i) * 4096;
-                        let sequence = log.append(|sequence| LogRecord::Write {
+                        let sequence = log.append(env.now(), |sequence| LogRecord::Write {
                             txg: 1,
                             sequence,
                             offset,

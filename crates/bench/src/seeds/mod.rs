@@ -1,7 +1,8 @@
-//! One module per seed experiment: `mirror` (seed 002) and `queue` (seed 003).
+//! One module per seed experiment: `mirror` (seed 002), `queue` (seed 003), `zil` (seed 004).
 
 pub mod mirror;
 pub mod queue;
+pub mod zil;
 
 use std::sync::Arc;
 

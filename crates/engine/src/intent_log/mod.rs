@@ -7,8 +7,12 @@
 //! it and every earlier lwb are; waiters are woken lwb by lwb as that frontier advances.
 //!
 //! Two policies, both first-class:
-//! - `Pipelined` (default, the seed's "after"): any committer with records not yet in an lwb
-//!   issues one, whatever else is in flight, so a stream of committers keeps many lwbs moving.
+//! - `Pipelined` (default, the seed's "after"): a committer with records not yet in an lwb
+//!   issues one while others are in flight, so a stream of committers keeps many lwbs moving.
+//!   When another lwb is in flight and the pending records do not fill a block, the open lwb
+//!   waits up to `commit_timeout_pct` of the smoothed lwb latency for more records; a lone
+//!   writer never waits. Without this wait every committer would send a one-record block and
+//!   its flush (measured: -58% IOPS against batch on 8 HDDs).
 //! - `Batch` (the seed's "before"): one batch in flight. It writes all its lwbs, flushes once,
 //!   then wakes everyone; records arriving meanwhile wait for the next batch.
 //!
@@ -18,7 +22,7 @@
 //! torn) ends the log.
 //!
 //! Not yet here (intent-log issue): the directory's log header, claim and replay into volumes,
-//! freeing log blocks after their txg syncs, the commit timeout, and Store integration.
+//! freeing log blocks after their txg syncs, and Store integration.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -116,11 +120,18 @@ struct State {
     batch_in_flight: bool,
     waiters: Vec<(u64, oneshot::Sender<()>)>,
     failed: bool,
+    /// lwbs issued and not yet written and flushed.
+    in_flight: u32,
+    /// When the oldest pending record arrived (the open lwb's age).
+    open_since: Option<crate::rt::Time>,
+    /// Smoothed time from an lwb's write to its flush completing, in nanoseconds.
+    lwb_latency_ns: f64,
 }
 
 /// What a committer does next.
 enum Step {
     Issue(Vec<(LogAddress, u64, Vec<u8>)>),
+    Linger(crate::rt::Time),
     Wait(oneshot::Receiver<()>),
 }
 
@@ -128,6 +139,7 @@ enum Step {
 #[derive(Debug)]
 pub struct LogWriter {
     policy: CommitPolicy,
+    commit_timeout_pct: u64,
     block_bytes: u32,
     head: LogAddress,
     chain: LogVerifier,
@@ -140,6 +152,7 @@ impl LogWriter {
     pub fn new(
         allocator: &Mutex<Allocator>,
         policy: CommitPolicy,
+        commit_timeout_pct: u64,
         chain_id: u64,
         volume_id: u64,
         block_bytes: u32,
@@ -148,6 +161,7 @@ impl LogWriter {
         let chain = LogVerifier { chain_id, volume_id, sequence: 1 };
         Ok(LogWriter {
             policy,
+            commit_timeout_pct,
             block_bytes,
             head,
             chain,
@@ -163,6 +177,9 @@ impl LogWriter {
                 batch_in_flight: false,
                 waiters: Vec::new(),
                 failed: false,
+                in_flight: 0,
+                open_since: None,
+                lwb_latency_ns: 0.0,
             }),
         })
     }
@@ -173,8 +190,9 @@ impl LogWriter {
     }
 
     /// Appends a record (its sequence is assigned here) and returns the sequence.
-    pub fn append(&self, record: impl FnOnce(u64) -> LogRecord) -> u64 {
+    pub fn append(&self, now: crate::rt::Time, record: impl FnOnce(u64) -> LogRecord) -> u64 {
         let mut state = self.state.lock();
+        state.open_since.get_or_insert(now);
         let sequence = state.next_record;
         state.next_record += 1;
         state.pending.push_back(record(sequence));
@@ -204,11 +222,25 @@ impl LogWriter {
                     return Ok(());
                 }
                 let mine_pending = state.pending.front().is_some_and(|r| r.sequence() <= sequence);
-                let may_issue = match self.policy {
-                    CommitPolicy::Pipelined => mine_pending,
-                    CommitPolicy::Batch => mine_pending && !state.batch_in_flight,
+                let now = pool.env().now();
+                let (may_issue, linger_until) = match self.policy {
+                    CommitPolicy::Pipelined => {
+                        let pending_bytes: usize =
+                            state.pending.iter().map(LogRecord::encoded_len).sum();
+                        let full = LOG_HEADER_BYTES + pending_bytes >= self.block_bytes as usize;
+                        let timeout = std::time::Duration::from_nanos(
+                            (state.lwb_latency_ns * self.commit_timeout_pct as f64 / 100.0) as u64,
+                        );
+                        let deadline = state.open_since.unwrap_or(now).plus(timeout);
+                        let lone = state.in_flight == 0;
+                        let issue_now = mine_pending && (lone || full || now >= deadline);
+                        (issue_now, (mine_pending && !issue_now).then_some(deadline))
+                    }
+                    CommitPolicy::Batch => (mine_pending && !state.batch_in_flight, None),
                 };
-                if may_issue {
+                if let Some(deadline) = linger_until {
+                    Step::Linger(deadline)
+                } else if may_issue {
                     if self.policy == CommitPolicy::Batch {
                         state.batch_in_flight = true;
                     }
@@ -221,6 +253,8 @@ impl LogWriter {
             };
             match step {
                 Step::Issue(lwbs) => self.issue(pool, lwbs).await?,
+                // The open lwb waits a little for more records (commit timeout).
+                Step::Linger(deadline) => pool.env().sleep_until(deadline).await,
                 // Woken when the frontier moves (or a batch ends); then look again.
                 Step::Wait(rx) => drop(rx.await),
             }
@@ -261,10 +295,13 @@ impl LogWriter {
             lwbs.push((here, state.verifier.sequence, bytes));
             state.verifier = state.verifier.next();
             state.next_address = successor;
+            state.in_flight += 1;
             if self.policy == CommitPolicy::Pipelined {
                 break;
             }
         }
+        // Records left behind open a new lwb now.
+        state.open_since = if state.pending.is_empty() { None } else { state.open_since };
         Ok(lwbs)
     }
 
@@ -274,6 +311,7 @@ impl LogWriter {
         pool: &Pool,
         lwbs: Vec<(LogAddress, u64, Vec<u8>)>,
     ) -> Result<(), LogError> {
+        let started = pool.env().now();
         let writes = lwbs.iter().map(|(at, _, bytes)| {
             let data = SharedBuf::copy_from(bytes);
             let dva = vdev::Dva { vdev: at.vdev, offset_bytes: at.offset_bytes };
@@ -294,6 +332,13 @@ impl LogWriter {
             if !ok {
                 state.failed = true;
             }
+            let took = pool.env().now().since(started).as_nanos() as f64;
+            state.lwb_latency_ns = if state.lwb_latency_ns == 0.0 {
+                took
+            } else {
+                state.lwb_latency_ns * 0.875 + took * 0.125
+            };
+            state.in_flight = state.in_flight.saturating_sub(lwbs.len() as u32);
             for (_, sequence, _) in &lwbs {
                 state.done.insert(*sequence);
             }
