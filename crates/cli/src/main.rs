@@ -145,6 +145,12 @@ enum BenchCommand {
         /// itself varies (the read policy, the queue settings) are applied after these.
         #[arg(long = "set", value_name = "NAME=VALUE")]
         settings: Vec<String>,
+        /// zil only: pool sizes to run (disks per pool).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        disks: Vec<usize>,
+        /// zil only: the largest writer count (powers of two from 1).
+        #[arg(long, default_value_t = 1024)]
+        max_writers: usize,
     },
 }
 
@@ -239,7 +245,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench {
-            bench: BenchCommand::Seeds { experiment, json, seconds, seed, settings },
+            bench:
+                BenchCommand::Seeds { experiment, json, seconds, seed, settings, disks, max_writers },
         } => {
             anyhow::ensure!(
                 seconds > 0.0 && seconds <= 3600.0,
@@ -257,7 +264,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 Experiment::Zil => {
                     anyhow::ensure!(base.is_empty(), "bench seeds zil takes no --set yet");
-                    let report = sluice_bench::seeds::zil::run(seconds, seed, &[1, 2, 4, 8], 1024);
+                    let report = sluice_bench::seeds::zil::run(seconds, seed, &disks, max_writers);
                     (report.markdown(), serde_json::to_value(&report)?)
                 }
             };
