@@ -8,7 +8,9 @@
 //! simulator (a run of minutes takes milliseconds and repeats exactly), real in production-mode
 //! benchmarks (the device sleeps).
 //!
-//! - `Hdd`: one actuator. Positioning by distance: zero when a request starts where the head is
+//! - `Hdd`: one actuator and a write-back cache (64 MiB by default): writes are acknowledged
+//!   once they reach the cache at the interface rate, and a flush writes the cached writes to
+//!   the platter in elevator order, paying their mechanical cost. Positioning by distance: zero when a request starts where the head is
 //!   (so adjacent queued requests merge into one stream); otherwise a seek of
 //!   `track_to_track + (full_stroke - track_to_track) * sqrt(distance / 1 TB)` plus a
 //!   rotational delay drawn uniformly from one revolution, or, for a short forward gap, the time
@@ -64,6 +66,11 @@ pub struct HddParams {
     /// Fixed controller cost per command (merged commands pay it once).
     pub command_overhead: Duration,
     pub flush_latency: Duration,
+    /// Write-back cache: writes up to this many bytes are acknowledged once they reach the
+    /// cache, and a flush pays their mechanical cost. 0 means write-through.
+    pub write_cache_bytes: u64,
+    /// Host interface rate, at which writes enter the cache.
+    pub interface_bytes_per_sec: u64,
 }
 
 impl Default for HddParams {
@@ -77,6 +84,8 @@ impl Default for HddParams {
             ncq_depth: 32,
             command_overhead: Duration::from_micros(50),
             flush_latency: Duration::from_micros(200),
+            write_cache_bytes: 64 << 20,
+            interface_bytes_per_sec: 600_000_000,
         }
     }
 }
@@ -318,6 +327,9 @@ struct HddState {
     ncq: Vec<Queued>,
     waiting: VecDeque<Queued>,
     serving: bool,
+    /// Writes acknowledged from the drive's cache and not yet on the platter: (offset, len).
+    cached_writes: Vec<(u64, u64)>,
+    cached_bytes: u64,
 }
 
 struct SsdState {
@@ -403,6 +415,8 @@ impl SimDevice {
                 ncq: Vec::new(),
                 waiting: VecDeque::new(),
                 serving: false,
+                cached_writes: Vec::new(),
+                cached_bytes: 0,
             },
             ssd: SsdState { bus_free: Time::ZERO, channel_free: vec![Time::ZERO; channels] },
             rng: env.rng(&format!("sim_device/{name}")),
@@ -454,6 +468,8 @@ impl SimDevice {
         let generation = state.generation;
         // Requests queued in the drive die with the power; their submitters see the device gone.
         let hdd = &mut state.hdd;
+        hdd.cached_writes.clear();
+        hdd.cached_bytes = 0;
         let dead: Vec<Queued> = hdd.ncq.drain(..).chain(hdd.waiting.drain(..)).collect();
         state.hdd.serving = false;
         state.hdd.head_offset = 0;
@@ -924,35 +940,55 @@ fn transfer(bytes: u64, bytes_per_sec: u64) -> Duration {
     Duration::from_nanos(bytes.saturating_mul(1_000_000_000) / bytes_per_sec.max(1))
 }
 
-/// Service time of one HDD command, moving the head.
+/// Time to move the head from where it is to `target`, then transfer `len` bytes; moves it.
+fn hdd_mechanical(params: &HddParams, state: &mut State, target: u64, len: u64) -> Duration {
+    let head = state.hdd.head_offset;
+    let positioning = if target == head {
+        state.stats.merged += 1;
+        Duration::ZERO
+    } else {
+        let distance = target.abs_diff(head) as f64;
+        let fraction = (distance / 1e12_f64.max(distance)).sqrt();
+        let span = params.full_stroke.saturating_sub(params.track_to_track);
+        let revolution = Duration::from_nanos(60_000_000_000 / u64::from(params.rpm.max(1)));
+        let seek =
+            params.track_to_track + span.mul_f64(fraction) + revolution.mul_f64(state.rng.unit());
+        // A short forward gap can be passed over by letting the platter turn; the drive
+        // takes whichever is sooner.
+        let pass_over = (target > head && target - head <= params.skip_window_bytes)
+            .then(|| transfer(target - head, params.media_bytes_per_sec));
+        pass_over.map_or(seek, |p| p.min(seek)) + params.command_overhead
+    };
+    state.hdd.head_offset = target + len;
+    positioning + transfer(len, params.media_bytes_per_sec)
+}
+
+/// Service time of one HDD command, moving the head. With a write cache, writes are
+/// acknowledged from the cache and a flush writes every cached write to the platter in
+/// elevator order: that is where a sync write's mechanical cost is paid.
 fn hdd_service(params: &HddParams, state: &mut State, queued: &Queued) -> Duration {
     let len = request_len(queued);
-    let head = state.hdd.head_offset;
-    let target = queued.offset;
     let service = match queued.request {
-        Request::Flush { .. } => params.flush_latency,
+        Request::Flush { .. } => {
+            let mut cached = std::mem::take(&mut state.hdd.cached_writes);
+            state.hdd.cached_bytes = 0;
+            let head = state.hdd.head_offset;
+            // C-LOOK from the head: everything ahead in offset order, then wrap.
+            cached.sort_by_key(|&(offset, _)| (offset < head, offset));
+            let mut total = params.flush_latency;
+            for (offset, write_len) in cached {
+                total += hdd_mechanical(params, state, offset, write_len);
+            }
+            total
+        }
         Request::Discard { .. } => params.command_overhead,
+        Request::Write { .. } if state.hdd.cached_bytes + len <= params.write_cache_bytes => {
+            state.hdd.cached_writes.push((queued.offset, len));
+            state.hdd.cached_bytes += len;
+            params.command_overhead + transfer(len, params.interface_bytes_per_sec)
+        }
         Request::Read { .. } | Request::Write { .. } => {
-            let positioning = if target == head {
-                state.stats.merged += 1;
-                Duration::ZERO
-            } else {
-                let distance = target.abs_diff(head) as f64;
-                let fraction = (distance / 1e12_f64.max(distance)).sqrt();
-                let span = params.full_stroke.saturating_sub(params.track_to_track);
-                let revolution =
-                    Duration::from_nanos(60_000_000_000 / u64::from(params.rpm.max(1)));
-                let seek = params.track_to_track
-                    + span.mul_f64(fraction)
-                    + revolution.mul_f64(state.rng.unit());
-                // A short forward gap can be passed over by letting the platter turn; the drive
-                // takes whichever is sooner.
-                let pass_over = (target > head && target - head <= params.skip_window_bytes)
-                    .then(|| transfer(target - head, params.media_bytes_per_sec));
-                pass_over.map_or(seek, |p| p.min(seek)) + params.command_overhead
-            };
-            state.hdd.head_offset = target + len;
-            positioning + transfer(len, params.media_bytes_per_sec)
+            hdd_mechanical(params, state, queued.offset, len)
         }
     };
     let service = service * slow_factor(state);
