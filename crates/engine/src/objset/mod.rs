@@ -175,24 +175,16 @@ fn update_node<'a>(
                 .copy_from_slice(&BlockPointer::encode(slot.as_ref()));
             fill += slot.map_or(0, |bp| bp.fill);
         }
-        let (vdev, offset, _) = ctx
-            .allocator
-            .lock()
-            .allocate(INDIRECT_BYTES as u64, AllocClass::Reserved, &[])
-            .map_err(|e| PoolError::NoSpace { pool: ctx.pool.name().to_owned(), source: e })?;
-        let bp = ctx
-            .pool
-            .write_block_at(
-                vdev,
-                offset,
-                bytes.into_shared(),
-                INDIRECT_BYTES as u64,
-                BlockKind::Indirect,
-                level,
-                fill,
-                ctx.txg,
-            )
-            .await?;
+        let bp = write_new_block(
+            ctx,
+            bytes,
+            INDIRECT_BYTES as u64,
+            BlockKind::Indirect,
+            level,
+            fill,
+            AllocClass::Reserved,
+        )
+        .await?;
         Ok(Some(bp))
     })
 }
@@ -206,15 +198,27 @@ pub async fn write_data_block(
     let asize = ctx.allocator.lock().asize(data.len() as u64);
     let mut padded = AlignedBuf::zeroed(asize as usize);
     padded[..data.len()].copy_from_slice(data);
+    write_new_block(ctx, padded, data.len() as u64, BlockKind::Data, 0, 1, class).await
+}
+
+/// Allocates space for `bytes` (already whole allocation units) and writes it there: the one
+/// way new blocks of a tree reach the disk.
+async fn write_new_block(
+    ctx: &TreeUpdate<'_>,
+    bytes: AlignedBuf,
+    lsize_bytes: u64,
+    kind: BlockKind,
+    level: u8,
+    fill: u64,
+    class: AllocClass,
+) -> Result<BlockPointer, PoolError> {
     let (vdev, offset, _) = ctx
         .allocator
         .lock()
-        .allocate(asize, class, &[])
+        .allocate(bytes.len() as u64, class, &[])
         .map_err(|e| PoolError::NoSpace { pool: ctx.pool.name().to_owned(), source: e })?;
-    let shared: SharedBuf = padded.into_shared();
-    ctx.pool
-        .write_block_at(vdev, offset, shared, data.len() as u64, BlockKind::Data, 0, 1, ctx.txg)
-        .await
+    let shared: SharedBuf = bytes.into_shared();
+    ctx.pool.write_block_at(vdev, offset, shared, lsize_bytes, kind, level, fill, ctx.txg).await
 }
 
 /// Every block of a tree, as (level, first data block index it covers, pointer), parents
@@ -254,25 +258,17 @@ pub async fn grow_levels(
         let Some(child) = root else { return Ok(None) };
         let mut bytes = AlignedBuf::zeroed(INDIRECT_BYTES);
         bytes[..BLKPTR_BYTES].copy_from_slice(&BlockPointer::encode(Some(&child)));
-        let (vdev, offset, _) = ctx
-            .allocator
-            .lock()
-            .allocate(INDIRECT_BYTES as u64, AllocClass::Reserved, &[])
-            .map_err(|e| PoolError::NoSpace { pool: ctx.pool.name().to_owned(), source: e })?;
-        root = Some(
-            ctx.pool
-                .write_block_at(
-                    vdev,
-                    offset,
-                    bytes.into_shared(),
-                    INDIRECT_BYTES as u64,
-                    BlockKind::Indirect,
-                    level,
-                    child.fill,
-                    ctx.txg,
-                )
-                .await?,
-        );
+        let level_bp = write_new_block(
+            ctx,
+            bytes,
+            INDIRECT_BYTES as u64,
+            BlockKind::Indirect,
+            level,
+            child.fill,
+            AllocClass::Reserved,
+        )
+        .await?;
+        root = Some(level_bp);
     }
     Ok(root)
 }
