@@ -6,11 +6,13 @@
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::Arc;
 
-use sluice_engine::device::sim::{Fault, SimOptions};
+use sluice_engine::device::sim::Fault;
 use sluice_engine::device::{SimDevice, SimProfile};
-use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
+use sluice_engine::pool::Pool;
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::Store;
@@ -23,29 +25,15 @@ const BLOCK: u32 = 4096;
 /// A pool on two legs with one volume full of random data, synced.
 fn setup(seed: u64) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
     let sim = Sim::new(seed);
-    let legs: Vec<SimDevice> = (0..2)
-        .map(|i| {
-            SimDevice::new(
-                &sim.env(),
-                &format!("leg{i}"),
-                SimProfile::Instant,
-                64 << 20,
-                SimOptions::default(),
-            )
-        })
-        .collect();
-    let specs: Vec<LeafSpec> = legs
-        .iter()
-        .map(|d| LeafSpec { path: d.name_owned(), device: Arc::new(d.clone()) })
-        .collect();
+    let legs = common::legs(&sim, 2, SimProfile::Instant, 64 << 20);
+    let specs = common::leaf_specs(&legs);
     let mut rng = Rng::new(seed);
     let data: Vec<u8> = (0..VOLUME_BYTES).map(|_| rng.u64() as u8).collect();
     let env = sim.env();
     let d = data.clone();
     let store = sim
         .run(async move {
-            let spec =
-                PoolSpec { name: "tank".into(), ashift: 12, top: vec![TopSpec::Mirror(specs)] };
+            let spec = common::mirror_pool(specs);
             let store = Store::create(
                 Pool::create(&env, spec, &Tunables::default()).await.unwrap(),
                 &Tunables::default(),
@@ -58,16 +46,6 @@ fn setup(seed: u64) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
         .unwrap()
         .0;
     (sim, legs, store, data)
-}
-
-trait Named {
-    fn name_owned(&self) -> String;
-}
-
-impl Named for SimDevice {
-    fn name_owned(&self) -> String {
-        sluice_engine::device::BlockDevice::name(self).to_owned()
-    }
 }
 
 /// Reads every block; returns (blocks that failed, blocks that returned wrong bytes).
@@ -198,10 +176,7 @@ fn returning_child_is_resilvered_with_only_what_it_missed() {
     let env = sim.env();
     let store = Arc::try_unwrap(store).unwrap();
     sim.run(async move { store.export().await.unwrap() }).unwrap();
-    let all: Vec<LeafSpec> = legs
-        .iter()
-        .map(|d| LeafSpec { path: d.name_owned(), device: Arc::new(d.clone()) })
-        .collect();
+    let all = common::leaf_specs(&legs);
     let only_first = vec![all[0].clone()];
     // Degraded: leg1 away while 64 KiB of new data is written over three txgs.
     let changed = vec![0xabu8; 64 << 10];

@@ -5,6 +5,8 @@
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::rc::Rc;
@@ -13,10 +15,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use sluice_engine::alloc::Allocator;
-use sluice_engine::device::sim::{CrashPolicy, Fault, SimOptions};
+use sluice_engine::device::sim::{CrashPolicy, Fault};
 use sluice_engine::device::{SimDevice, SimProfile};
 use sluice_engine::intent_log::{read_chain, CommitPolicy, LogWriter};
-use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
+use sluice_engine::pool::Pool;
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_format::LogRecord;
@@ -31,22 +33,8 @@ fn payload(sequence: u64) -> Vec<u8> {
 
 fn run(seed: u64, policy: CommitPolicy, crash: bool) {
     let sim = Sim::new(seed);
-    let legs: Vec<SimDevice> = (0..2)
-        .map(|i| {
-            SimDevice::new(
-                &sim.env(),
-                &format!("leg{i}"),
-                SimProfile::ssd(),
-                LEAF_BYTES,
-                SimOptions::default(),
-            )
-        })
-        .collect();
-    let specs: Vec<LeafSpec> = legs
-        .iter()
-        .enumerate()
-        .map(|(i, d)| LeafSpec { path: format!("leg{i}"), device: Arc::new(d.clone()) })
-        .collect();
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let specs = common::leaf_specs(&legs);
     let env = sim.env();
     let acked = Rc::new(RefCell::new(BTreeSet::new()));
     let mut rng = Rng::new(seed);
@@ -55,8 +43,7 @@ fn run(seed: u64, policy: CommitPolicy, crash: bool) {
     let (head, verifier) = sim
         .run(async move {
             let tunables = Tunables::default();
-            let spec =
-                PoolSpec { name: "tank".into(), ashift: 12, top: vec![TopSpec::Mirror(specs)] };
+            let spec = common::mirror_pool(specs);
             let pool = Arc::new(Pool::create(&env, spec, &tunables).await.unwrap());
             let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
             let log = Arc::new(
@@ -109,21 +96,8 @@ fn run(seed: u64, policy: CommitPolicy, crash: bool) {
     }
     let images: Vec<_> = legs.iter().map(SimDevice::durable_image).collect();
     let fresh = Sim::new(seed + 1);
-    let revived: Vec<LeafSpec> = images
-        .into_iter()
-        .enumerate()
-        .map(|(i, image)| {
-            let device = SimDevice::from_image(
-                &fresh.env(),
-                &format!("leg{i}"),
-                SimProfile::ssd(),
-                LEAF_BYTES,
-                SimOptions::default(),
-                image,
-            );
-            LeafSpec { path: format!("leg{i}"), device: Arc::new(device) }
-        })
-        .collect();
+    let revived =
+        common::leaf_specs(&common::revive(&fresh, images, SimProfile::ssd(), LEAF_BYTES));
     let env = fresh.env();
     let blocks = fresh
         .run(async move {

@@ -12,14 +12,16 @@
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_engine::device::sim::{CrashPolicy, Fault, SimImage, SimOptions};
+use sluice_engine::device::sim::{CrashPolicy, Fault, SimImage};
 use sluice_engine::device::{SimDevice, SimProfile};
-use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
+use sluice_engine::pool::{Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::Store;
@@ -41,31 +43,6 @@ struct Model {
     syncing: Option<Vec<Vec<u8>>>,
 }
 
-fn devices_from(sim: &Sim, images: Vec<SimImage>) -> Vec<SimDevice> {
-    images
-        .into_iter()
-        .enumerate()
-        .map(|(i, image)| {
-            SimDevice::from_image(
-                &sim.env(),
-                &format!("leg{i}"),
-                SimProfile::ssd(),
-                LEAF_BYTES,
-                SimOptions::default(),
-                image,
-            )
-        })
-        .collect()
-}
-
-fn leaf_specs(devices: &[SimDevice]) -> Vec<LeafSpec> {
-    devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| LeafSpec { path: format!("leg{i}"), device: Arc::new(d.clone()) })
-        .collect()
-}
-
 /// Runs one seed; returns the number of crash/import cycles.
 fn run_seed(seed: u64, generations: u32) -> u32 {
     let mut rng = Rng::new(seed);
@@ -74,19 +51,18 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
     for generation in 0..generations {
         let sim = Sim::new(seed.wrapping_mul(1000) + u64::from(generation));
         let env = sim.env();
-        let devices = devices_from(&sim, images);
+        let devices = common::revive(&sim, images, SimProfile::ssd(), LEAF_BYTES);
         let shared = Rc::new(RefCell::new(model.clone()));
         let steps = 10 + rng.below(40);
         let op_seed = rng.u64();
         let crash_after = Duration::from_micros(rng.below(4_000));
         let crashed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (m, e, d) = (Rc::clone(&shared), env.clone(), leaf_specs(&devices));
+        let (m, e, d) = (Rc::clone(&shared), env.clone(), common::leaf_specs(&devices));
         let (crash_flag, crash_devices) = (Arc::clone(&crashed), devices.clone());
         let main = async move {
             let tunables = Tunables::default();
             let store = if generation == 0 {
-                let spec =
-                    PoolSpec { name: "tank".into(), ashift: 12, top: vec![TopSpec::Mirror(d)] };
+                let spec = common::mirror_pool(d);
                 let pool = Pool::create(&e, spec, &tunables).await.unwrap();
                 let store = Store::create(pool, &tunables);
                 for (name, size, block) in VOLUMES {
@@ -240,19 +216,9 @@ fn crash_swarm() {
 #[test]
 fn full_pool_refuses_writes_then_recovers() {
     let sim = Sim::new(77);
-    let legs: Vec<SimDevice> = (0..2)
-        .map(|i| {
-            SimDevice::new(
-                &sim.env(),
-                &format!("leg{i}"),
-                SimProfile::Instant,
-                16 << 20,
-                SimOptions::default(),
-            )
-        })
-        .collect();
+    let legs = common::legs(&sim, 2, SimProfile::Instant, 16 << 20);
     let env = sim.env();
-    let specs = leaf_specs(&legs);
+    let specs = common::leaf_specs(&legs);
     let (written, error_text) = sim
         .run(async move {
             let spec = PoolSpec {
@@ -314,19 +280,9 @@ fn full_pool_refuses_writes_then_recovers() {
 #[test]
 fn syncer_and_write_throttle() {
     let sim = Sim::new(88);
-    let legs: Vec<SimDevice> = (0..2)
-        .map(|i| {
-            SimDevice::new(
-                &sim.env(),
-                &format!("leg{i}"),
-                SimProfile::ssd(),
-                LEAF_BYTES,
-                SimOptions::default(),
-            )
-        })
-        .collect();
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
     let env = sim.env();
-    let specs = leaf_specs(&legs);
+    let specs = common::leaf_specs(&legs);
     let tunables = Tunables::with([("txg.timeout_ms", "1000"), ("txg.dirty_max", "1M")]).unwrap();
     let crash_legs = legs.clone();
     let (syncs_streaming, dirty_peak, elapsed) = sim
@@ -379,23 +335,12 @@ fn syncer_and_write_throttle() {
 #[test]
 fn resize_and_destroy_volumes() {
     let sim = Sim::new(99);
-    let legs: Vec<SimDevice> = (0..2)
-        .map(|i| {
-            SimDevice::new(
-                &sim.env(),
-                &format!("leg{i}"),
-                SimProfile::Instant,
-                LEAF_BYTES,
-                SimOptions::default(),
-            )
-        })
-        .collect();
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEAF_BYTES);
     let env = sim.env();
-    let specs = leaf_specs(&legs);
+    let specs = common::leaf_specs(&legs);
     sim.run(async move {
         let tunables = Tunables::default();
-        let spec =
-            PoolSpec { name: "tank".into(), ashift: 12, top: vec![TopSpec::Mirror(specs.clone())] };
+        let spec = common::mirror_pool(specs.clone());
         let store = Store::create(Pool::create(&env, spec, &tunables).await.unwrap(), &tunables);
         // 64 blocks of 4 KiB: one level of indirection.
         store.create_volume("v", 64 * 4096, 4096).unwrap();
@@ -444,22 +389,12 @@ fn resize_and_destroy_volumes() {
 #[test]
 fn block_status_reports_holes() {
     let sim = Sim::new(5);
-    let legs: Vec<SimDevice> = (0..2)
-        .map(|i| {
-            SimDevice::new(
-                &sim.env(),
-                &format!("leg{i}"),
-                SimProfile::Instant,
-                LEAF_BYTES,
-                SimOptions::default(),
-            )
-        })
-        .collect();
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEAF_BYTES);
     let env = sim.env();
-    let specs = leaf_specs(&legs);
+    let specs = common::leaf_specs(&legs);
     sim.run(async move {
         let tunables = Tunables::default();
-        let spec = PoolSpec { name: "tank".into(), ashift: 12, top: vec![TopSpec::Mirror(specs)] };
+        let spec = common::mirror_pool(specs);
         let store = Store::create(Pool::create(&env, spec, &tunables).await.unwrap(), &tunables);
         store.create_volume("v", 1 << 20, 4096).unwrap();
         assert_eq!(store.block_status("v", 0, 1 << 20).await.unwrap(), vec![(1 << 20, false)]);

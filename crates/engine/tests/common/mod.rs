@@ -1,0 +1,63 @@
+//! Setup shared by the engine's integration tests: simulated legs, the leaf specs that name
+//! them, a one-mirror pool spec, and devices rebuilt from crash images.
+
+// Each test file uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use sluice_engine::device::sim::{SimImage, SimOptions};
+use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
+use sluice_engine::pool::{LeafSpec, PoolSpec, TopSpec};
+use sluice_sim::Sim;
+
+/// `count` simulated disks named leg0, leg1, ...
+pub fn legs(sim: &Sim, count: usize, profile: SimProfile, len_bytes: u64) -> Vec<SimDevice> {
+    (0..count)
+        .map(|i| {
+            SimDevice::new(
+                &sim.env(),
+                &format!("leg{i}"),
+                profile.clone(),
+                len_bytes,
+                SimOptions::default(),
+            )
+        })
+        .collect()
+}
+
+/// The same disks, rebuilt from crash images in another simulated world.
+pub fn revive(
+    sim: &Sim,
+    images: Vec<SimImage>,
+    profile: SimProfile,
+    len_bytes: u64,
+) -> Vec<SimDevice> {
+    images
+        .into_iter()
+        .enumerate()
+        .map(|(i, image)| {
+            SimDevice::from_image(
+                &sim.env(),
+                &format!("leg{i}"),
+                profile.clone(),
+                len_bytes,
+                SimOptions::default(),
+                image,
+            )
+        })
+        .collect()
+}
+
+/// Leaf specs naming each device by its own name.
+pub fn leaf_specs(devices: &[SimDevice]) -> Vec<LeafSpec> {
+    devices
+        .iter()
+        .map(|d| LeafSpec { path: d.name().to_owned(), device: Arc::new(d.clone()) })
+        .collect()
+}
+
+/// Pool "tank": one mirror of `leaves`.
+pub fn mirror_pool(leaves: Vec<LeafSpec>) -> PoolSpec {
+    PoolSpec { name: "tank".into(), ashift: 12, top: vec![TopSpec::Mirror(leaves)] }
+}
