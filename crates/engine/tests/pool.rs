@@ -51,6 +51,28 @@ fn import(sim: &Sim, devices: &[SimDevice], name: &str) -> Result<Pool, PoolErro
         .0
 }
 
+/// Rebuilds legs "a" and "b" from crash images in a fresh world, imports the pool, and
+/// returns the txg it found.
+fn import_images(images: Vec<SimImage>, seed: u64) -> u64 {
+    let fresh = Sim::new(seed);
+    let crashed: Vec<SimDevice> = images
+        .into_iter()
+        .zip(["a", "b"])
+        .map(|(image, name)| {
+            let options = SimOptions::default();
+            SimDevice::from_image(
+                &fresh.env(),
+                name,
+                SimProfile::Instant,
+                LEAF_BYTES,
+                options,
+                image,
+            )
+        })
+        .collect();
+    import(&fresh, &crashed, "tank").unwrap().uberblock().txg
+}
+
 /// Create writes labels and a first uberblock; import finds the same pool, layout and txg.
 #[test]
 fn create_then_import() {
@@ -130,23 +152,7 @@ fn uberblock_ring_survives_crashes_at_every_point() {
                     dev.crash_image(cut, CrashPolicy::Any, &mut rng).unwrap()
                 })
                 .collect();
-            let fresh = Sim::new(3);
-            let crashed: Vec<SimDevice> = images
-                .into_iter()
-                .zip(["a", "b"])
-                .map(|(image, name)| {
-                    SimDevice::from_image(
-                        &fresh.env(),
-                        name,
-                        SimProfile::Instant,
-                        LEAF_BYTES,
-                        SimOptions::default(),
-                        image,
-                    )
-                })
-                .collect();
-            let pool = import(&fresh, &crashed, "tank").unwrap();
-            let found = pool.uberblock().txg;
+            let found = import_images(images, 3);
             assert!(
                 found == txg || found == txg - 1,
                 "after crash during txg {txg}: imported txg {found}"
@@ -159,22 +165,7 @@ fn uberblock_ring_survives_crashes_at_every_point() {
             .enumerate()
             .map(|(d, dev)| dev.crash_image(done[d], CrashPolicy::DropAll, &mut rng).unwrap())
             .collect();
-        let fresh = Sim::new(4);
-        let crashed: Vec<SimDevice> = images
-            .into_iter()
-            .zip(["a", "b"])
-            .map(|(image, name)| {
-                SimDevice::from_image(
-                    &fresh.env(),
-                    name,
-                    SimProfile::Instant,
-                    LEAF_BYTES,
-                    SimOptions::default(),
-                    image,
-                )
-            })
-            .collect();
-        assert_eq!(import(&fresh, &crashed, "tank").unwrap().uberblock().txg, txg);
+        assert_eq!(import_images(images, 4), txg);
     }
     assert!(states >= 200);
 }
