@@ -19,3 +19,4 @@ pub mod stats;
 pub mod tunables;
 pub mod txg;
 pub mod vdev;
+pub mod volume;

@@ -55,6 +55,7 @@ macro_rules! tunable_table {
 }
 
 const READ_POLICIES: &[&str] = &["least-pending", "offset-modulo", "round-robin"];
+const LOG_POLICIES: &[&str] = &["pipelined", "batch"];
 
 tunable_table! {
     VdevQueues = "vdev.queues", Kind::Count { min: 1, max: 256 }, "1",
@@ -119,6 +120,18 @@ tunable_table! {
         "How long an open log block may wait for more records while another is in flight, as a \
          percentage of the smoothed log-block latency (ZFS: zfs_commit_timeout_pct). A lone \
          writer never waits.";
+    IntentLogPolicy = "intent_log.policy", Kind::Choice(LOG_POLICIES), "pipelined",
+        "How sync writes are grouped into log writes. pipelined (seed 004's after): many log \
+         blocks in flight, each written then flushed, waiters woken block by block. batch \
+         (the before): one batch in flight; commits arriving meanwhile wait for the next.";
+    IntentLogBlockBytesMax = "intent_log.block_bytes_max", Kind::Bytes { min: 4096, max: 1 << 20 }, "128K",
+        "Largest log block (a power of two). Blocks are sized from the recent workload between \
+         4 KiB and this (ZFS: zil_maxblocksize); larger writes are logged in pieces.";
+    VolumeRequestThreads = "volume.request_threads", Kind::Count { min: 0, max: 65536 }, "0",
+        "Requests one volume serves at once; 0 means unbounded (the client's queue depth and the \
+         dirty-data throttle bound it). A number reproduces seed 000's capped zvol dispatch \
+         (old ZFS default: one per CPU; the seed's fix: 32), where committers waiting for the \
+         log hold every slot and log blocks stay small.";
     CacheBytesMax = "cache.bytes_max", Kind::Bytes { min: 0, max: 1 << 40 }, "256M",
         "Memory for verified blocks read from the pool (indirect and data). 0 disables caching.";
     MirrorSwitchUs = "mirror.switch_us", Kind::Micros { min: 1, max: 10_000_000 }, "10000",
@@ -189,6 +202,8 @@ pub enum TunableError {
     NotAChoice { name: &'static str, value: String, choices: &'static [&'static str] },
     #[error("tunable {name}={value} must not exceed {other}={other_value}; raise {other} or lower {name}")]
     Inconsistent { name: &'static str, value: u64, other: &'static str, other_value: u64 },
+    #[error("tunable {name}: {value} is not a power of two; use 4K, 8K, 16K, ...")]
+    NotPowerOfTwo { name: &'static str, value: u64 },
 }
 
 /// A full, validated set of tunable values.
@@ -300,6 +315,13 @@ impl Tunables {
 
     /// Checks the relations between tunables.
     pub fn validate(&self) -> Result<(), TunableError> {
+        let log_block = self.get(Tunable::IntentLogBlockBytesMax);
+        if !log_block.is_power_of_two() {
+            return Err(TunableError::NotPowerOfTwo {
+                name: Tunable::IntentLogBlockBytesMax.def().name,
+                value: log_block,
+            });
+        }
         let max_active = self.get(Tunable::VdevMaxActive);
         for class in IoClass::ALL {
             let (min, max) = class.min_max();

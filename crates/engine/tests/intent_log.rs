@@ -107,7 +107,7 @@ fn run(seed: u64, policy: CommitPolicy, crash: bool) {
         .unwrap()
         .0;
     let mut found = Vec::new();
-    for block in &blocks {
+    for block in &blocks.blocks {
         for record in &block.records {
             let LogRecord::Write { sequence, data, .. } = record else {
                 panic!("unexpected record")

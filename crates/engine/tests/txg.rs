@@ -235,7 +235,7 @@ fn full_pool_refuses_writes_then_recovers() {
             let mut written = 0u64;
             let error = loop {
                 match store.write("thin", written, &chunk).await {
-                    Ok(()) => written += chunk.len() as u64,
+                    Ok(_) => written += chunk.len() as u64,
                     Err(error) => break error,
                 }
                 store.sync().await.unwrap();

@@ -16,8 +16,15 @@
 //!     40  128 space map pointer of each top-level vdev, in order (zeros: none yet)
 //!      .      volumes, each:
 //!               id u64, size_bytes u64, block_bytes u32, levels u8, reserved 1,
-//!               name_len u16, name (UTF-8), root block pointer (128; zeros: empty)
+//!               name_len u16, name (UTF-8), root block pointer (128; zeros: empty),
+//!               log header: chain_id u64 (0: no log), head_sequence u64,
+//!               replayed_record u64, head block pointer (128)
 //! ```
+//!
+//! The log header (ZFS: `zil_header_t`) names the first intent-log block still needed after
+//! this txg: replay walks the chain from `head`, expecting `chain_id` and `head_sequence`, and
+//! skips records up to `replayed_record`, which a replay that spans several txgs has already
+//! applied.
 
 use crate::codec::{Reader, Writer};
 use crate::{BlockPointer, FormatError, FormatVersion, BLKPTR_BYTES};
@@ -25,6 +32,7 @@ use crate::{BlockPointer, FormatError, FormatVersion, BLKPTR_BYTES};
 const MAGIC: u64 = u64::from_le_bytes(*b"SLUICEDR");
 const HEADER_BYTES: usize = 40;
 const VOLUME_FIXED_BYTES: usize = 8 + 8 + 4 + 1 + 1 + 2;
+const LOG_HEADER_FIXED_BYTES: usize = 24;
 /// Longest volume name.
 pub const VOLUME_NAME_BYTES_MAX: usize = 255;
 const WHAT: &str = "pool directory";
@@ -39,6 +47,18 @@ pub struct VolumeEntry {
     /// Levels of indirect blocks above the data blocks.
     pub levels: u8,
     pub root: Option<BlockPointer>,
+    pub log: Option<LogHeader>,
+}
+
+/// Where a volume's intent log starts (ZFS: `zil_header_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogHeader {
+    /// Never 0 (0 encodes "no log").
+    pub chain_id: u64,
+    pub head_sequence: u64,
+    /// Records up to this sequence were replayed already.
+    pub replayed_record: u64,
+    pub head: BlockPointer,
 }
 
 /// The decoded directory.
@@ -57,7 +77,13 @@ impl PoolDirectory {
             + self
                 .volumes
                 .iter()
-                .map(|v| VOLUME_FIXED_BYTES + v.name.len() + BLKPTR_BYTES)
+                .map(|v| {
+                    VOLUME_FIXED_BYTES
+                        + v.name.len()
+                        + BLKPTR_BYTES
+                        + LOG_HEADER_FIXED_BYTES
+                        + BLKPTR_BYTES
+                })
                 .sum::<usize>()
     }
 
@@ -102,6 +128,20 @@ impl PoolDirectory {
             at += VOLUME_FIXED_BYTES + volume.name.len();
             w.put(at, &BlockPointer::encode(volume.root.as_ref()));
             at += BLKPTR_BYTES;
+            if let Some(log) = &volume.log {
+                if log.chain_id == 0 {
+                    return Err(FormatError::Invalid {
+                        what: WHAT,
+                        field: "log chain_id",
+                        value: 0,
+                    });
+                }
+                w.u64(at, log.chain_id);
+                w.u64(at + 8, log.head_sequence);
+                w.u64(at + 16, log.replayed_record);
+                w.put(at + 24, &BlockPointer::encode(Some(&log.head)));
+            }
+            at += LOG_HEADER_FIXED_BYTES + BLKPTR_BYTES;
         }
         debug_assert_eq!(at, len);
         Ok(out)
@@ -154,8 +194,34 @@ impl PoolDirectory {
                 levels: r.u8(entry_at + 20)?,
                 name,
                 root: BlockPointer::decode(r.slice(at, BLKPTR_BYTES)?)?,
+                log: None,
             });
             at += BLKPTR_BYTES;
+            let chain_id = r.u64(at)?;
+            let head = BlockPointer::decode(r.slice(at + 24, BLKPTR_BYTES)?)?;
+            let log = match (chain_id, head) {
+                (0, None) => {
+                    r.zeros(at, LOG_HEADER_FIXED_BYTES)?;
+                    None
+                }
+                (0, Some(_)) | (_, None) => {
+                    return Err(FormatError::Invalid {
+                        what: WHAT,
+                        field: "log header",
+                        value: chain_id,
+                    })
+                }
+                (chain_id, Some(head)) => Some(LogHeader {
+                    chain_id,
+                    head_sequence: r.u64(at + 8)?,
+                    replayed_record: r.u64(at + 16)?,
+                    head,
+                }),
+            };
+            if let Some(volume) = volumes.last_mut() {
+                volume.log = log;
+            }
+            at += LOG_HEADER_FIXED_BYTES + BLKPTR_BYTES;
         }
         if at != len {
             return Err(FormatError::Invalid {

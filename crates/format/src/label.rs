@@ -30,7 +30,7 @@
 //!   4080   16 checksum                 over bytes 0..4080
 //!
 //! config: top_count u16, then per top-level vdev:
-//!   kind u8 (0 leaf, 1 mirror), guid u64, child_count u16,
+//!   kind u8 (0 leaf, 1 mirror; bit 7 set: a separate log device), guid u64, child_count u16,
 //!   per child: guid u64, path_len u16, path (UTF-8, a hint for finding the leaf again)
 //! ```
 
@@ -86,6 +86,9 @@ pub fn uberblock_offset(label_offset: u64, txg: u64) -> u64 {
     label_offset + RING_OFFSET + (txg % UBERBLOCK_SLOTS) * UBERBLOCK_BYTES as u64
 }
 
+/// Set in a top-level vdev's kind byte when it is a separate log device.
+const LOG_VDEV_BIT: u8 = 0x80;
+
 /// The kind of a top-level vdev.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TopKind {
@@ -102,6 +105,8 @@ pub struct LeafConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopConfig {
     pub kind: TopKind,
+    /// A separate intent-log device (SLOG): only log blocks are allocated on it.
+    pub log: bool,
     pub guid: u64,
     pub children: Vec<LeafConfig>,
 }
@@ -120,7 +125,7 @@ impl VdevTreeConfig {
         let count = u16::try_from(self.top.len()).map_err(|_| too_large(self.top.len()))?;
         out.extend_from_slice(&count.to_le_bytes());
         for top in &self.top {
-            out.push(top.kind as u8);
+            out.push(top.kind as u8 | if top.log { LOG_VDEV_BIT } else { 0 });
             out.extend_from_slice(&top.guid.to_le_bytes());
             let children =
                 u16::try_from(top.children.len()).map_err(|_| too_large(top.children.len()))?;
@@ -144,7 +149,9 @@ impl VdevTreeConfig {
         let count = cursor.u16()?;
         let mut top = Vec::new();
         for _ in 0..count {
-            let kind = match cursor.u8()? {
+            let byte = cursor.u8()?;
+            let log = byte & LOG_VDEV_BIT != 0;
+            let kind = match byte & !LOG_VDEV_BIT {
                 0 => TopKind::Leaf,
                 1 => TopKind::Mirror,
                 value => {
@@ -173,7 +180,7 @@ impl VdevTreeConfig {
                     value: u64::from(child_count),
                 });
             }
-            top.push(TopConfig { kind, guid, children });
+            top.push(TopConfig { kind, log, guid, children });
         }
         if cursor.at != bytes.len() {
             return Err(FormatError::Invalid {

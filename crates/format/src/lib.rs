@@ -21,7 +21,7 @@ mod uberblock;
 
 pub use blkptr::{BlockKind, BlockPointer, Dva, BLKPTR_BYTES, DVAS_MAX};
 pub use checksum::{Checksum, ChecksumAlg};
-pub use directory::{PoolDirectory, VolumeEntry, VOLUME_NAME_BYTES_MAX};
+pub use directory::{LogHeader, PoolDirectory, VolumeEntry, VOLUME_NAME_BYTES_MAX};
 pub use error::FormatError;
 pub use label::{
     data_end_bytes, label_offsets, uberblock_offset, LabelHeader, LeafConfig, TopConfig, TopKind,

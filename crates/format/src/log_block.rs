@@ -173,6 +173,18 @@ impl LogBlock {
         Ok(out)
     }
 
+    /// The verifier a block's header claims, without checking its checksum: lets a reader tell
+    /// a block that was started but not completed (torn) from one that was never written.
+    pub fn claimed_verifier(bytes: &[u8]) -> Option<LogVerifier> {
+        let r = Reader::new(WHAT, bytes, LOG_HEADER_BYTES).ok()?;
+        (r.u64(0).ok()? == MAGIC).then_some(())?;
+        Some(LogVerifier {
+            chain_id: r.u64(OFF_CHAIN).ok()?,
+            volume_id: r.u64(OFF_VOLUME).ok()?,
+            sequence: r.u64(OFF_SEQUENCE).ok()?,
+        })
+    }
+
     /// Decodes a block read from disk, which must be the block `expected` describes.
     pub fn decode(bytes: &[u8], expected: LogVerifier) -> Result<LogBlock, FormatError> {
         let r = Reader::new(WHAT, bytes, LOG_HEADER_BYTES)?;

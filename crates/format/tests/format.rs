@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use proptest::prelude::*;
 use sluice_format::{
     label_offsets, uberblock_offset, BlockKind, BlockPointer, Checksum, ChecksumAlg, Dva,
-    FormatError, LabelHeader, LeafConfig, PoolDirectory, SpaceMap, TopConfig, TopKind, Uberblock,
-    VdevTreeConfig, VolumeEntry, BLKPTR_BYTES, DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES,
-    UBERBLOCK_BYTES,
+    FormatError, LabelHeader, LeafConfig, LogHeader, PoolDirectory, SpaceMap, TopConfig, TopKind,
+    Uberblock, VdevTreeConfig, VolumeEntry, BLKPTR_BYTES, DATA_START_BYTES, LABEL_BYTES,
+    LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
 };
 
 fn golden(name: &str, bytes: &[u8]) {
@@ -60,6 +60,7 @@ fn sample_label() -> LabelHeader {
             top: vec![
                 TopConfig {
                     kind: TopKind::Mirror,
+                    log: false,
                     guid: 0x0a0b_0c0d_0e0f_1011,
                     children: vec![
                         LeafConfig { guid: 0x0102_0304_0506_0708, path: "/dev/disk/a".into() },
@@ -68,6 +69,7 @@ fn sample_label() -> LabelHeader {
                 },
                 TopConfig {
                     kind: TopKind::Leaf,
+                    log: true,
                     guid: 99,
                     children: vec![LeafConfig { guid: 98, path: "c.img".into() }],
                 },
@@ -142,6 +144,7 @@ fn bad_inputs_name_the_problem() {
     assert!(matches!(label.encode(), Err(FormatError::Invalid { field: "ashift", .. })));
     let big = TopConfig {
         kind: TopKind::Mirror,
+        log: false,
         guid: 1,
         children: (0..200)
             .map(|i| LeafConfig { guid: i, path: "/very/long/path/to/a/disk".into() })
@@ -182,6 +185,12 @@ fn golden_directory() {
                 block_bytes: 16384,
                 levels: 2,
                 root: Some(sample_bp()),
+                log: Some(LogHeader {
+                    chain_id: 0x5eed,
+                    head_sequence: 7,
+                    replayed_record: 40,
+                    head: sample_bp(),
+                }),
             },
             VolumeEntry {
                 id: 2,
@@ -190,6 +199,7 @@ fn golden_directory() {
                 block_bytes: 4096,
                 levels: 1,
                 root: None,
+                log: None,
             },
         ],
     };

@@ -15,6 +15,13 @@
 //! allocations and open only to [`AllocClass::Reserved`] ones: txg sync metadata, log replay and
 //! the bookkeeping of frees, so a full pool can still sync, import and free space.
 //!
+//! Intent-log blocks are allocated here too, but they live outside the txgs: the space maps
+//! record them as free, and import claims the blocks it finds by walking each log chain
+//! (ZFS: `zil_claim`). So a block allocated for a log that never reached the disk, or beyond
+//! a torn tail, is free again after a crash instead of leaking. Log blocks come from log vdevs
+//! (separate intent-log devices) when the pool has them, with their own cursor so consecutive
+//! log blocks are consecutive on disk; ordinary allocations never use log vdevs.
+//!
 //! Unlike ZFS, the whole free tree of a vdev is in memory (ZFS splits it into metaslabs loaded
 //! on demand). That is simpler and fine up to millions of free fragments; metaslabs can come
 //! later behind the same interface.
@@ -58,7 +65,12 @@ pub enum AllocError {
 #[derive(Clone, Debug)]
 struct VdevSpace {
     free: RangeTree,
+    /// Live intent-log blocks: allocated in memory, free in the space map.
+    log: RangeTree,
     cursor: u64,
+    log_cursor: u64,
+    /// A separate intent-log device: only log blocks go here.
+    log_only: bool,
     data_start: u64,
     data_end: u64,
 }
@@ -70,6 +82,8 @@ pub struct Allocator {
     vdevs: Vec<VdevSpace>,
     /// Frees waiting out their deferral: txg -> (vdev, start, len).
     deferred: BTreeMap<u64, Vec<(u32, u64, u64)>>,
+    /// Log blocks waiting out their deferral (they return to `free` from `log`).
+    deferred_log: BTreeMap<u64, Vec<(u32, u64, u64)>>,
     rotor: usize,
     rotor_bytes: u64,
     synced_txg: u64,
@@ -85,13 +99,22 @@ impl Allocator {
                 assert!(start < end, "empty data area");
                 let mut free = RangeTree::default();
                 free.insert(start, end - start);
-                VdevSpace { free, cursor: start, data_start: start, data_end: end }
+                VdevSpace {
+                    free,
+                    log: RangeTree::default(),
+                    cursor: start,
+                    log_cursor: start,
+                    log_only: false,
+                    data_start: start,
+                    data_end: end,
+                }
             })
             .collect();
         Allocator {
             ashift,
             vdevs,
             deferred: BTreeMap::new(),
+            deferred_log: BTreeMap::new(),
             rotor: 0,
             rotor_bytes: 0,
             synced_txg: 0,
@@ -107,13 +130,92 @@ impl Allocator {
         psize.div_ceil(self.unit_bytes()) * self.unit_bytes()
     }
 
-    pub fn capacity_bytes(&self) -> u64 {
-        self.vdevs.iter().map(|v| v.data_end - v.data_start).sum()
+    /// Marks top-level vdevs as separate log devices: from now on only log blocks go there.
+    pub fn set_log_vdevs(&mut self, vdevs: &[u32]) {
+        for (index, space) in self.vdevs.iter_mut().enumerate() {
+            space.log_only = vdevs.contains(&(index as u32));
+        }
+        assert!(
+            self.vdevs.iter().any(|v| !v.log_only),
+            "a pool needs at least one vdev that is not a log device"
+        );
     }
 
-    /// Allocatable now (excluding deferred frees).
+    /// Data capacity (log devices excluded).
+    pub fn capacity_bytes(&self) -> u64 {
+        self.vdevs.iter().filter(|v| !v.log_only).map(|v| v.data_end - v.data_start).sum()
+    }
+
+    /// Allocatable now for data (excluding deferred frees and log devices).
     pub fn free_bytes(&self) -> u64 {
-        self.vdevs.iter().map(|v| v.free.total_bytes()).sum()
+        self.vdevs.iter().filter(|v| !v.log_only).map(|v| v.free.total_bytes()).sum()
+    }
+
+    /// Bytes held by live intent-log blocks.
+    pub fn log_bytes(&self) -> u64 {
+        self.vdevs.iter().map(|v| v.log.total_bytes()).sum()
+    }
+
+    /// Allocates an intent-log block: on a log device when there is one with room, else on
+    /// the data vdevs (from the slop reserve if need be, as a log block is short-lived).
+    pub fn allocate_log(&mut self, psize: u64) -> Result<(u32, u64, u64), AllocError> {
+        let asize = self.asize(psize.max(1));
+        let unit = self.unit_bytes();
+        let count = self.vdevs.len();
+        let order: Vec<usize> = (0..count)
+            .map(|i| (self.rotor + i) % count)
+            .filter(|&v| self.vdevs[v].log_only)
+            .chain(
+                (0..count).map(|i| (self.rotor + i) % count).filter(|&v| !self.vdevs[v].log_only),
+            )
+            .collect();
+        for vdev in order {
+            let space = &mut self.vdevs[vdev];
+            let at = space
+                .free
+                .first_fit(asize, unit, space.log_cursor)
+                .or_else(|| space.free.first_fit(asize, unit, space.data_start));
+            if let Some(at) = at {
+                space.free.remove(at, asize);
+                space.log.insert(at, asize);
+                space.log_cursor = at + asize;
+                return Ok((vdev as u32, at, asize));
+            }
+        }
+        Err(AllocError::NoSpace {
+            requested_bytes: asize,
+            free_bytes: self.free_bytes(),
+            slop_bytes: self.slop_bytes(),
+        })
+    }
+
+    /// Frees a log block in `txg` (deferred like any free: an older uberblock's log header
+    /// may still lead to it).
+    pub fn free_log(&mut self, txg: u64, vdev: u32, start: u64, len: u64) {
+        let space = &self.vdevs[vdev as usize];
+        assert!(
+            space.log.contains(start, len),
+            "free of [{start}, +{len}) on vdev {vdev}, not a live log block"
+        );
+        assert!(txg > self.synced_txg, "free in txg {txg}, which has already synced");
+        self.deferred_log.entry(txg).or_default().push((vdev, start, len));
+    }
+
+    /// Claims a log block found on disk at import: it must be free in the space map.
+    pub fn claim_log(&mut self, vdev: u32, start: u64, len: u64) -> Result<(), AllocError> {
+        let corrupt = |reason: String| AllocError::Corrupt { vdev, reason };
+        let space = self
+            .vdevs
+            .get_mut(vdev as usize)
+            .ok_or_else(|| corrupt(String::from("log block on a vdev the pool does not have")))?;
+        if len == 0 || !space.free.contains(start, len) {
+            return Err(corrupt(format!(
+                "log block [{start}, +{len}) is not free space; the log chain crosses live data"
+            )));
+        }
+        space.free.remove(start, len);
+        space.log.insert(start, len);
+        Ok(())
     }
 
     pub fn deferred_bytes(&self) -> u64 {
@@ -149,7 +251,8 @@ impl Allocator {
             self.rotor = (self.rotor + 1) % count;
             self.rotor_bytes = 0;
         }
-        let order = (0..count).map(|i| (self.rotor + i) % count);
+        let vdevs = &self.vdevs;
+        let order = (0..count).map(|i| (self.rotor + i) % count).filter(|&v| !vdevs[v].log_only);
         let preferred: Vec<usize> =
             order.clone().filter(|v| !exclude.contains(&(*v as u32))).collect();
         let fallback: Vec<usize> = order.filter(|v| exclude.contains(&(*v as u32))).collect();
@@ -193,11 +296,29 @@ impl Allocator {
                 self.vdevs[vdev as usize].free.insert(start, len);
             }
         }
+        let ready: Vec<u64> = self
+            .deferred_log
+            .range(..=txg.saturating_sub(FREE_DEFER_TXGS))
+            .map(|(t, _)| *t)
+            .collect();
+        for t in ready {
+            for (vdev, start, len) in self.deferred_log.remove(&t).unwrap_or_default() {
+                let space = &mut self.vdevs[vdev as usize];
+                space.log.remove(start, len);
+                space.free.insert(start, len);
+            }
+        }
     }
 
     /// The persisted state of vdev `vdev`, as of the last synced txg plus the given allocations.
+    /// Live log blocks count as free (import claims them from the chains).
     pub fn space_map(&self, vdev: u32) -> SpaceMap {
-        let free = self.vdevs[vdev as usize].free.iter().collect();
+        let space = &self.vdevs[vdev as usize];
+        let mut on_disk = space.free.clone();
+        for (start, len) in space.log.iter() {
+            on_disk.insert(start, len);
+        }
+        let free = on_disk.iter().collect();
         let deferred = self
             .deferred
             .iter()

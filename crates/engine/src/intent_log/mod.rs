@@ -21,8 +21,20 @@
 //! healed from another leg. The first block that is not the expected one (never written, stale,
 //! torn) ends the log.
 //!
-//! Not yet here (intent-log issue): the directory's log header, claim and replay into volumes,
-//! freeing log blocks after their txg syncs, and Store integration.
+//! Block sizes follow the workload (reference §1.7): the successor's size is chosen when it
+//! is allocated, from the largest of the last few lwbs and the records already waiting,
+//! rounded up to a power of two between 4 KiB and the maximum. A record that does not fit the
+//! block already allocated closes it as it is (possibly empty) and gets a larger successor.
+//!
+//! Each txg sync calls [`LogWriter::anchor`]: lwbs whose records all belong to synced txgs are
+//! no longer needed, and the first lwb that is becomes the head recorded in the pool
+//! directory. Records of synced txgs that were never issued are dropped
+//! ([`LogWriter::synced`]), and their committers return: the txg made them durable. A chain
+//! that no sync has anchored yet is not reachable after a crash, so the store syncs instead of
+//! committing to it.
+//!
+//! After a failed log write the writer refuses commits (its chain has a hole; later blocks
+//! would be unreachable) and the store falls back to txg syncs, then starts a new chain.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -34,7 +46,7 @@ use sluice_format::{
     LOG_HEADER_BYTES, SECTOR_BYTES,
 };
 
-use crate::alloc::{AllocClass, Allocator};
+use crate::alloc::Allocator;
 use crate::device::SharedBuf;
 use crate::pool::{Pool, PoolError};
 use crate::tunables::IoClass;
@@ -47,6 +59,20 @@ pub enum CommitPolicy {
     Batch,
 }
 
+impl CommitPolicy {
+    pub fn from_tunables(tunables: &crate::tunables::Tunables) -> CommitPolicy {
+        match tunables.choice(crate::tunables::Tunable::IntentLogPolicy) {
+            "batch" => CommitPolicy::Batch,
+            _ => CommitPolicy::Pipelined,
+        }
+    }
+}
+
+/// Smallest log block.
+pub const LOG_BLOCK_BYTES_MIN: u32 = 4096;
+/// lwbs whose sizes choose the next one's.
+const SIZE_HISTORY: usize = 8;
+
 /// Where a log block lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogAddress {
@@ -56,9 +82,10 @@ pub struct LogAddress {
 }
 
 impl LogAddress {
-    /// As a block pointer (the chain's `next` field): address and size; the checksum is not
-    /// used, since a log block is verified by its embedded checksum and verifier.
-    fn pointer(self, txg: u64) -> BlockPointer {
+    /// As a block pointer (the chain's `next` field and the directory's log head): address and
+    /// size; the checksum is not used, since a log block is verified by its embedded checksum
+    /// and verifier.
+    pub fn pointer(self, txg: u64) -> BlockPointer {
         let sectors = self.len_bytes / SECTOR_BYTES;
         BlockPointer {
             dvas: [
@@ -81,7 +108,7 @@ impl LogAddress {
         }
     }
 
-    fn from_pointer(bp: &BlockPointer) -> LogAddress {
+    pub fn from_pointer(bp: &BlockPointer) -> LogAddress {
         LogAddress {
             vdev: bp.dvas[0].vdev,
             offset_bytes: bp.dvas[0].offset_bytes(),
@@ -115,11 +142,22 @@ struct State {
     done: BTreeSet<u64>,
     /// Every lwb up to here is durable.
     durable_lwb: u64,
-    /// Every record up to here is durable.
+    /// Every record up to here is durable in the log.
     durable_record: u64,
+    /// Every record up to here belongs to a synced txg.
+    synced_record: u64,
+    /// The last record appended in each txg not yet synced.
+    txg_last_record: BTreeMap<u64, u64>,
+    /// lwbs issued and still needed (their txgs have not all synced), in chain order:
+    /// (lwb sequence, address, highest txg of its records).
+    live: VecDeque<(u64, LogAddress, u64)>,
+    /// Used sizes of the last lwbs, for sizing the next.
+    recent_used: VecDeque<usize>,
     batch_in_flight: bool,
     waiters: Vec<(u64, oneshot::Sender<()>)>,
     failed: bool,
+    /// A synced txg recorded this chain's head: a crash now finds it.
+    anchored: bool,
     /// lwbs issued and not yet written and flushed.
     in_flight: u32,
     /// When the oldest pending record arrived (the open lwb's age).
@@ -140,68 +178,235 @@ enum Step {
 pub struct LogWriter {
     policy: CommitPolicy,
     commit_timeout_pct: u64,
-    block_bytes: u32,
-    head: LogAddress,
+    max_block_bytes: u32,
     chain: LogVerifier,
     state: Mutex<State>,
+    lwbs_written: crate::stats::Counter,
+}
+
+/// The records and sequence state a new chain takes over from a failed one.
+#[derive(Debug)]
+pub struct Handover {
+    next_record: u64,
+    covered: u64,
+    txg_last_record: BTreeMap<u64, u64>,
+    carried: VecDeque<LogRecord>,
+}
+
+/// The head a synced txg records, and the blocks that txg no longer needs.
+#[derive(Debug)]
+pub struct Anchor {
+    pub head: LogAddress,
+    pub head_verifier: LogVerifier,
+    pub freed: Vec<LogAddress>,
 }
 
 impl LogWriter {
-    /// Starts a chain: allocates its first block. `chain_id` must be unique (draw it from
-    /// `Env::unique_rng`).
+    /// Starts a chain: allocates its first block. `chain_id` must be unique and nonzero (draw
+    /// it from `Env::unique_rng`).
     pub fn new(
         allocator: &Mutex<Allocator>,
         policy: CommitPolicy,
         commit_timeout_pct: u64,
         chain_id: u64,
         volume_id: u64,
-        block_bytes: u32,
+        max_block_bytes: u32,
     ) -> Result<LogWriter, PoolError> {
-        let head = allocate(allocator, block_bytes)?;
+        let fresh = Handover {
+            next_record: 1,
+            covered: 0,
+            txg_last_record: BTreeMap::new(),
+            carried: VecDeque::new(),
+        };
+        LogWriter::continuing(
+            allocator,
+            policy,
+            commit_timeout_pct,
+            chain_id,
+            volume_id,
+            max_block_bytes,
+            fresh,
+        )
+    }
+
+    /// A new chain that takes over from a failed one (see [`LogWriter::hand_over`]).
+    pub fn continuing(
+        allocator: &Mutex<Allocator>,
+        policy: CommitPolicy,
+        commit_timeout_pct: u64,
+        chain_id: u64,
+        volume_id: u64,
+        max_block_bytes: u32,
+        handover: Handover,
+    ) -> Result<LogWriter, PoolError> {
+        assert!(chain_id != 0, "chain id 0 means no log");
+        assert!(
+            max_block_bytes.is_power_of_two() && max_block_bytes >= LOG_BLOCK_BYTES_MIN,
+            "log block size {max_block_bytes}"
+        );
+        let head = allocate(allocator, LOG_BLOCK_BYTES_MIN.max(max_block_bytes / 8))?;
         let chain = LogVerifier { chain_id, volume_id, sequence: 1 };
         Ok(LogWriter {
             policy,
             commit_timeout_pct,
-            block_bytes,
-            head,
+            max_block_bytes,
             chain,
+            lwbs_written: crate::stats::Counter::default(),
             state: Mutex::new(State {
                 verifier: chain,
                 next_address: head,
-                pending: VecDeque::new(),
-                next_record: 1,
+                open_since: None,
+                pending: handover.carried,
+                next_record: handover.next_record,
                 lwb_last_record: BTreeMap::new(),
                 done: BTreeSet::new(),
                 durable_lwb: 0,
-                durable_record: 0,
+                // Records before the carried ones that no txg covers yet (they were in failed
+                // lwbs) become durable only through the txg map: a commit of them waits for
+                // a sync, which the store performs while this chain is not anchored.
+                durable_record: handover.covered,
+                synced_record: handover.covered,
+                txg_last_record: handover.txg_last_record,
+                live: VecDeque::new(),
+                recent_used: VecDeque::new(),
                 batch_in_flight: false,
                 waiters: Vec::new(),
                 failed: false,
+                anchored: false,
                 in_flight: 0,
-                open_since: None,
                 lwb_latency_ns: 0.0,
             }),
         })
     }
 
-    /// The first block and its verifier: what a reader needs to walk the chain.
+    /// The first block and its verifier: what a reader of a chain no sync has trimmed needs.
     pub fn head(&self) -> (LogAddress, LogVerifier) {
-        (self.head, self.chain)
+        let state = self.state.lock();
+        match state.live.front() {
+            Some(&(sequence, address, _)) => (address, LogVerifier { sequence, ..self.chain }),
+            None => (state.next_address, state.verifier),
+        }
     }
 
-    /// Appends a record (its sequence is assigned here) and returns the sequence.
+    pub fn chain_id(&self) -> u64 {
+        self.chain.chain_id
+    }
+
+    /// lwbs written so far.
+    pub fn lwbs_written(&self) -> u64 {
+        self.lwbs_written.get()
+    }
+
+    /// Appends a record (its sequence is assigned here) and returns the sequence. Records
+    /// must be appended in txg order (the store appends under the lock that assigns txgs).
     pub fn append(&self, now: crate::rt::Time, record: impl FnOnce(u64) -> LogRecord) -> u64 {
         let mut state = self.state.lock();
-        state.open_since.get_or_insert(now);
         let sequence = state.next_record;
         state.next_record += 1;
-        state.pending.push_back(record(sequence));
+        let record = record(sequence);
+        let txg = record.txg();
+        debug_assert!(
+            state.txg_last_record.last_key_value().is_none_or(|(&t, _)| t <= txg),
+            "records are appended in txg order"
+        );
+        state.txg_last_record.insert(txg, sequence);
+        if state.pending.is_empty() {
+            state.open_since = Some(now);
+        }
+        state.pending.push_back(record);
         sequence
     }
 
-    /// Every record up to here is durable.
+    /// The last record appended so far (0: none).
+    pub fn last_record(&self) -> u64 {
+        self.state.lock().next_record - 1
+    }
+
+    /// Every record up to here is durable (in the log or through a synced txg).
     pub fn durable_record(&self) -> u64 {
-        self.state.lock().durable_record
+        let state = self.state.lock();
+        state.durable_record.max(state.synced_record)
+    }
+
+    /// Whether a synced txg recorded this chain, so its records survive a crash.
+    pub fn anchored(&self) -> bool {
+        self.state.lock().anchored
+    }
+
+    /// Whether a log write failed; commits are refused from then on.
+    pub fn failed(&self) -> bool {
+        self.state.lock().failed
+    }
+
+    /// For the directory of txg `txg`, which is being synced: the first block still needed
+    /// once it is durable, and the blocks it no longer needs (to be freed in `txg`).
+    pub fn anchor(&self, txg: u64) -> Anchor {
+        let mut state = self.state.lock();
+        let mut freed = Vec::new();
+        while let Some(&(_, address, max_txg)) = state.live.front() {
+            if max_txg > txg {
+                break;
+            }
+            freed.push(address);
+            state.live.pop_front();
+        }
+        let (head, head_verifier) = match state.live.front() {
+            Some(&(sequence, address, _)) => (address, LogVerifier { sequence, ..self.chain }),
+            None => (state.next_address, state.verifier),
+        };
+        Anchor { head, head_verifier, freed }
+    }
+
+    /// `txg` is durable, and recorded this chain's head if `anchored`: records of that txg
+    /// and earlier need no log write any more, and their committers may return.
+    pub fn synced(&self, txg: u64, anchored: bool) {
+        let waiters = {
+            let mut state = self.state.lock();
+            state.anchored |= anchored;
+            let mut covered = state.synced_record;
+            while let Some((&t, &last)) = state.txg_last_record.first_key_value() {
+                if t > txg {
+                    break;
+                }
+                covered = covered.max(last);
+                state.txg_last_record.pop_first();
+            }
+            state.synced_record = covered;
+            while state.pending.front().is_some_and(|r| r.txg() <= txg) {
+                state.pending.pop_front();
+            }
+            if state.pending.is_empty() {
+                state.open_since = None;
+            }
+            std::mem::take(&mut state.waiters)
+        };
+        for (_, waiter) in waiters {
+            let _ = waiter.send(());
+        }
+    }
+
+    /// Every block this chain holds (issued and still needed, plus the allocated successor),
+    /// for freeing when the chain is retired. The writer must not be used afterwards.
+    pub fn retire(&self) -> Vec<LogAddress> {
+        let mut state = self.state.lock();
+        state.failed = true;
+        let mut blocks: Vec<LogAddress> = state.live.drain(..).map(|(_, a, _)| a).collect();
+        blocks.push(state.next_address);
+        blocks
+    }
+
+    /// What a chain taking over from this failed one needs, after txg `txg` synced: records
+    /// not yet issued (older ones are covered by the txg), the next sequence, the sequence
+    /// every txg-synced record is at or below, and the last record of each later txg.
+    pub fn hand_over(&self, txg: u64) -> Handover {
+        let mut state = self.state.lock();
+        let carried = state.pending.drain(..).filter(|r| r.txg() > txg).collect();
+        Handover {
+            next_record: state.next_record,
+            covered: state.synced_record,
+            txg_last_record: state.txg_last_record.split_off(&(txg + 1)),
+            carried,
+        }
     }
 
     /// Returns once every record up to `sequence` is durable.
@@ -215,11 +420,11 @@ impl LogWriter {
             // Decide under the lock; wait or write outside it.
             let step = {
                 let mut state = self.state.lock();
+                if state.durable_record.max(state.synced_record) >= sequence {
+                    return Ok(());
+                }
                 if state.failed {
                     return Err(LogError::Failed { volume_id: self.chain.volume_id });
-                }
-                if state.durable_record >= sequence {
-                    return Ok(());
                 }
                 let mine_pending = state.pending.front().is_some_and(|r| r.sequence() <= sequence);
                 let now = pool.env().now();
@@ -227,7 +432,8 @@ impl LogWriter {
                     CommitPolicy::Pipelined => {
                         let pending_bytes: usize =
                             state.pending.iter().map(LogRecord::encoded_len).sum();
-                        let full = LOG_HEADER_BYTES + pending_bytes >= self.block_bytes as usize;
+                        let full = LOG_HEADER_BYTES + pending_bytes
+                            >= state.next_address.len_bytes as usize;
                         let timeout = std::time::Duration::from_nanos(
                             (state.lwb_latency_ns * self.commit_timeout_pct as f64 / 100.0) as u64,
                         );
@@ -244,7 +450,19 @@ impl LogWriter {
                     if self.policy == CommitPolicy::Batch {
                         state.batch_in_flight = true;
                     }
-                    Step::Issue(self.build_lwbs(&mut state, allocator)?)
+                    match self.build_lwbs(&mut state, allocator) {
+                        Ok(lwbs) => Step::Issue(lwbs),
+                        Err(error) => {
+                            state.failed = true;
+                            state.batch_in_flight = false;
+                            let waiters = std::mem::take(&mut state.waiters);
+                            drop(state);
+                            for (_, waiter) in waiters {
+                                let _ = waiter.send(());
+                            }
+                            return Err(error.into());
+                        }
+                    }
                 } else {
                     let (tx, rx) = oneshot::channel();
                     state.waiters.push((sequence, tx));
@@ -261,6 +479,16 @@ impl LogWriter {
         }
     }
 
+    /// The size of the next lwb: the largest of the recent ones and of what is waiting,
+    /// rounded up to a power of two (reference §1.7).
+    fn next_block_bytes(&self, state: &State) -> u32 {
+        let waiting =
+            LOG_HEADER_BYTES + state.pending.iter().map(LogRecord::encoded_len).sum::<usize>();
+        let recent = state.recent_used.iter().copied().max().unwrap_or(0);
+        let want = waiting.max(recent).min(self.max_block_bytes as usize);
+        (want.next_power_of_two() as u32).clamp(LOG_BLOCK_BYTES_MIN, self.max_block_bytes)
+    }
+
     /// Takes pending records into lwbs: one for `Pipelined`, all of them for `Batch`. Each
     /// lwb's successor is allocated here, before the lwb is written.
     fn build_lwbs(
@@ -270,11 +498,13 @@ impl LogWriter {
     ) -> Result<Vec<(LogAddress, u64, Vec<u8>)>, PoolError> {
         let mut lwbs = Vec::new();
         while !state.pending.is_empty() {
+            let capacity = state.next_address.len_bytes as usize;
             let mut records = Vec::new();
             let mut used = LOG_HEADER_BYTES;
             while let Some(record) = state.pending.front() {
                 let len = record.encoded_len();
-                if used + len > self.block_bytes as usize && !records.is_empty() {
+                if used + len > capacity {
+                    // Stays for the next lwb, which is sized to hold it.
                     break;
                 }
                 used += len;
@@ -284,19 +514,24 @@ impl LogWriter {
             }
             let last = records.last().map_or(0, LogRecord::sequence);
             let txg = records.iter().map(LogRecord::txg).max().unwrap_or(0);
-            let successor = allocate(allocator, self.block_bytes)?;
+            if state.recent_used.len() == SIZE_HISTORY {
+                state.recent_used.pop_front();
+            }
+            state.recent_used.push_back(used);
+            let successor = allocate(allocator, self.next_block_bytes(state))?;
             let block =
                 LogBlock { verifier: state.verifier, next: Some(successor.pointer(txg)), records };
             let bytes = block
-                .encode(self.block_bytes as usize)
+                .encode(capacity)
                 .map_err(|source| PoolError::Format { pool: String::from("log"), source })?;
             let here = state.next_address;
             state.lwb_last_record.insert(state.verifier.sequence, last);
+            state.live.push_back((state.verifier.sequence, here, txg));
             lwbs.push((here, state.verifier.sequence, bytes));
             state.verifier = state.verifier.next();
             state.next_address = successor;
             state.in_flight += 1;
-            if self.policy == CommitPolicy::Pipelined {
+            if self.policy == CommitPolicy::Pipelined && last != 0 {
                 break;
             }
         }
@@ -312,6 +547,7 @@ impl LogWriter {
         lwbs: Vec<(LogAddress, u64, Vec<u8>)>,
     ) -> Result<(), LogError> {
         let started = pool.env().now();
+        self.lwbs_written.add(lwbs.len() as u64);
         let writes = lwbs.iter().map(|(at, _, bytes)| {
             let data = SharedBuf::copy_from(bytes);
             let dva = vdev::Dva { vdev: at.vdev, offset_bytes: at.offset_bytes };
@@ -339,8 +575,11 @@ impl LogWriter {
                 state.lwb_latency_ns * 0.875 + took * 0.125
             };
             state.in_flight = state.in_flight.saturating_sub(lwbs.len() as u32);
-            for (_, sequence, _) in &lwbs {
-                state.done.insert(*sequence);
+            if ok {
+                // A failed lwb never joins the frontier: nothing after it counts as durable.
+                for (_, sequence, _) in &lwbs {
+                    state.done.insert(*sequence);
+                }
             }
             loop {
                 let next = state.durable_lwb + 1;
@@ -373,28 +612,48 @@ impl LogWriter {
 fn allocate(allocator: &Mutex<Allocator>, block_bytes: u32) -> Result<LogAddress, PoolError> {
     let (vdev, offset_bytes, _) = allocator
         .lock()
-        .allocate(u64::from(block_bytes), AllocClass::Reserved, &[])
+        .allocate_log(u64::from(block_bytes))
         .map_err(|source| PoolError::NoSpace { pool: String::from("log"), source })?;
     Ok(LogAddress { vdev, offset_bytes, len_bytes: block_bytes })
 }
 
+/// A chain as found on disk.
+#[derive(Debug, Default)]
+pub struct Chain {
+    pub blocks: Vec<LogBlock>,
+    /// Where each block of `blocks` is.
+    pub addresses: Vec<LogAddress>,
+    /// The chain ended at a block that claims to be the expected one but fails its checksum
+    /// on every copy: a write cut short by the crash (a torn tail).
+    pub torn_tail: bool,
+}
+
 /// Walks a chain from its head; returns its blocks in order. Ends at the first block that is
-/// not the expected one.
-pub async fn read_chain(pool: &Pool, head: LogAddress, first: LogVerifier) -> Vec<LogBlock> {
-    let mut blocks = Vec::new();
+/// not the expected one. A copy that fails verification is healed from one that passes.
+pub async fn read_chain(pool: &Pool, head: LogAddress, first: LogVerifier) -> Chain {
+    let mut chain = Chain::default();
     let mut at = Some(head);
     let mut expected = first;
     while let Some(address) = at {
         let verify = |bytes: &[u8]| LogBlock::decode(bytes, expected).is_ok();
         let dva = vdev::Dva { vdev: address.vdev, offset_bytes: address.offset_bytes };
-        let Ok(bytes) = pool.root().read(dva, address.len_bytes, IoClass::SyncRead, &verify).await
-        else {
+        let read =
+            pool.root().read_maybe_absent(dva, address.len_bytes, IoClass::SyncRead, &verify).await;
+        let block = read.ok().and_then(|bytes| LogBlock::decode(&bytes, expected).ok());
+        let Some(block) = block else {
+            // Was the end written at all? Look at any copy's header.
+            let any = |_: &[u8]| true;
+            if let Ok(bytes) =
+                pool.root().read_maybe_absent(dva, address.len_bytes, IoClass::SyncRead, &any).await
+            {
+                chain.torn_tail = LogBlock::claimed_verifier(&bytes) == Some(expected);
+            }
             break;
         };
-        let Ok(block) = LogBlock::decode(&bytes, expected) else { break };
         at = block.next.as_ref().map(LogAddress::from_pointer);
         expected = expected.next();
-        blocks.push(block);
+        chain.blocks.push(block);
+        chain.addresses.push(address);
     }
-    blocks
+    chain
 }

@@ -63,6 +63,8 @@ impl std::fmt::Debug for LeafSpec {
 pub enum TopSpec {
     Leaf(LeafSpec),
     Mirror(Vec<LeafSpec>),
+    /// A separate intent-log device (SLOG): a leaf or a mirror that holds only log blocks.
+    Log(Box<TopSpec>),
 }
 
 /// What `create` builds.
@@ -228,6 +230,11 @@ impl Pool {
     }
 
     /// Data area `[start, end)` of each top-level vdev (its smallest leaf decides).
+    /// Top-level vdevs that are separate log devices.
+    pub fn log_vdevs(&self) -> Vec<u32> {
+        (0..self.config.top.len() as u32).filter(|&i| self.config.top[i as usize].log).collect()
+    }
+
     pub fn data_areas(&self) -> Vec<(u64, u64)> {
         self.root
             .top_level()
@@ -260,9 +267,16 @@ impl Pool {
         let mut seen_paths = std::collections::HashSet::new();
         let mut tops = Vec::new();
         for top in &spec.top {
-            let (kind, leaves) = match top {
-                TopSpec::Leaf(leaf) => (TopKind::Leaf, vec![leaf.clone()]),
-                TopSpec::Mirror(leaves) => (TopKind::Mirror, leaves.clone()),
+            let (kind, log, leaves) = match top {
+                TopSpec::Leaf(leaf) => (TopKind::Leaf, false, vec![leaf.clone()]),
+                TopSpec::Mirror(leaves) => (TopKind::Mirror, false, leaves.clone()),
+                TopSpec::Log(inner) => match inner.as_ref() {
+                    TopSpec::Leaf(leaf) => (TopKind::Leaf, true, vec![leaf.clone()]),
+                    TopSpec::Mirror(leaves) => (TopKind::Mirror, true, leaves.clone()),
+                    TopSpec::Log(_) => {
+                        return Err(layout(String::from("a log device cannot contain another")))
+                    }
+                },
             };
             if kind == TopKind::Mirror && !(2..=MIRROR_CHILDREN_MAX).contains(&leaves.len()) {
                 return Err(layout(format!(
@@ -290,13 +304,14 @@ impl Pool {
                 .into_iter()
                 .map(|l| (LeafConfig { guid: guid(), path: l.path.clone() }, l))
                 .collect();
-            tops.push((kind, top_guid, children));
+            tops.push((kind, log, top_guid, children));
         }
         let config = VdevTreeConfig {
             top: tops
                 .iter()
-                .map(|(kind, guid, children)| TopConfig {
+                .map(|(kind, log, guid, children)| TopConfig {
                     kind: *kind,
+                    log: *log,
                     guid: *guid,
                     children: children.iter().map(|(c, _)| c.clone()).collect(),
                 })
@@ -305,10 +320,13 @@ impl Pool {
         let members: Vec<(usize, LeafConfig, Arc<dyn BlockDevice>, bool)> = tops
             .iter()
             .enumerate()
-            .flat_map(|(top, (_, _, children))| {
+            .flat_map(|(top, (_, _, _, children))| {
                 children.iter().map(move |(c, l)| (top, c.clone(), Arc::clone(&l.device), true))
             })
             .collect();
+        if config.top.iter().all(|t| t.log) {
+            return Err(layout(String::from("a pool needs a data vdev besides its log devices")));
+        }
         let pool = Pool::assemble(env, &spec.name, pool_guid, ashift, config, members, tunables)?;
         // Labels first, then the first uberblock: a leaf with a label but no uberblock is
         // recognisably a half-created pool, never a valid one.

@@ -33,11 +33,13 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use sluice_format::{
-    BlockKind, BlockPointer, PoolDirectory, SpaceMap, VolumeEntry, VOLUME_NAME_BYTES_MAX,
+    BlockKind, BlockPointer, LogHeader, LogRecord, LogVerifier, PoolDirectory, SpaceMap,
+    VolumeEntry, LOG_HEADER_BYTES, VOLUME_NAME_BYTES_MAX,
 };
 
 use crate::alloc::{AllocClass, AllocError, Allocator};
 use crate::device::AlignedBuf;
+use crate::intent_log::{self, CommitPolicy, LogAddress, LogError, LogWriter};
 use crate::objset::{self, TreeUpdate};
 use crate::pool::{Pool, PoolError};
 use crate::tunables::{Tunable, Tunables};
@@ -86,11 +88,36 @@ enum Block {
 
 #[derive(Debug)]
 struct Volume {
+    /// `entry.log` is the log header of the last synced txg.
     entry: VolumeEntry,
     /// Levels of the tree on disk; below `entry.levels` after a grow until the next sync.
     disk_levels: u8,
     open: BTreeMap<u64, Block>,
     syncing: BTreeMap<u64, Block>,
+    /// The volume's intent log; `None` while import replays the old chain (the directory
+    /// keeps pointing at it until replay is complete).
+    log: Option<Arc<LogWriter>>,
+    /// Bounds the requests served at once when `volume.request_threads` is set.
+    gate: Option<Arc<async_lock::Semaphore>>,
+}
+
+impl Volume {
+    fn new(entry: VolumeEntry, log: Option<Arc<LogWriter>>, limits: &TxgLimits) -> Volume {
+        Volume {
+            disk_levels: entry.levels,
+            entry,
+            open: BTreeMap::new(),
+            syncing: BTreeMap::new(),
+            log,
+            gate: (limits.request_threads > 0)
+                .then(|| Arc::new(async_lock::Semaphore::new(limits.request_threads))),
+        }
+    }
+
+    /// The newest in-memory version of block `index`, if any.
+    fn cached(&self, index: u64) -> Option<&Block> {
+        self.open.get(&index).or_else(|| self.syncing.get(&index))
+    }
 }
 
 #[derive(Debug)]
@@ -104,6 +131,12 @@ struct State {
     dirty_bytes: u64,
     /// Trees of destroyed volumes, freed by the next sync: (root, levels).
     destroyed: Vec<(BlockPointer, u8)>,
+    /// Log blocks of retired chains (destroyed volumes, replayed or failed logs), freed by the
+    /// next sync.
+    retired_log: Vec<LogAddress>,
+    /// Counts completed syncs; a read-modify-write that read a block from disk checks that no
+    /// sync replaced it meanwhile.
+    sync_generation: u64,
 }
 
 /// An open pool with its volumes.
@@ -118,6 +151,29 @@ pub struct Store {
     /// Wakes the syncer early when dirty data builds up.
     kick: Mutex<Option<futures::channel::mpsc::Sender<()>>>,
     syncs: crate::stats::Counter,
+    log_stats: LogStats,
+}
+
+/// What the intent logs did: commits, fallbacks to txg syncs, and what import found.
+#[derive(Debug, Default)]
+pub struct LogStats {
+    /// Commits (FUA writes and flushes) that had records to make durable.
+    pub commits: crate::stats::Counter,
+    /// Commits answered by a txg sync: the chain was not yet anchored, or a log write failed.
+    pub commits_via_txg: crate::stats::Counter,
+    /// Chains walked at import, and the blocks found in them.
+    pub chains_claimed: crate::stats::Counter,
+    pub blocks_claimed: crate::stats::Counter,
+    /// Records applied by replay.
+    pub records_replayed: crate::stats::Counter,
+    /// Records an interrupted replay had already applied in an earlier import, skipped now.
+    pub records_already_replayed: crate::stats::Counter,
+    /// Records of txgs that had synced before the crash, skipped.
+    pub records_already_synced: crate::stats::Counter,
+    /// Chains that ended at a block written only in part.
+    pub torn_tails: crate::stats::Counter,
+    /// Records that no longer fit the volume (it shrank after they were logged), skipped.
+    pub records_out_of_range: crate::stats::Counter,
 }
 
 /// How much may be dirty and how often txgs sync.
@@ -126,6 +182,10 @@ struct TxgLimits {
     timeout: std::time::Duration,
     dirty_max: u64,
     delay_min: u64,
+    log_policy: CommitPolicy,
+    commit_timeout_pct: u64,
+    log_block_bytes_max: u32,
+    request_threads: usize,
 }
 
 /// Delay of a write when dirty data is halfway between the delay threshold and the maximum
@@ -141,6 +201,12 @@ impl TxgLimits {
             timeout: std::time::Duration::from_millis(tunables.get(Tunable::TxgTimeoutMs)),
             dirty_max,
             delay_min: dirty_max / 100 * tunables.get(Tunable::TxgDelayMinDirtyPct),
+            log_policy: CommitPolicy::from_tunables(tunables),
+            commit_timeout_pct: tunables.get(Tunable::IntentLogCommitTimeoutPct),
+            log_block_bytes_max: u32::try_from(tunables.get(Tunable::IntentLogBlockBytesMax))
+                .unwrap_or(128 << 10),
+            request_threads: usize::try_from(tunables.get(Tunable::VolumeRequestThreads))
+                .unwrap_or(0),
         }
     }
 
@@ -180,11 +246,14 @@ impl Store {
             directory: None,
             dirty_bytes: 0,
             destroyed: Vec::new(),
+            retired_log: Vec::new(),
+            sync_generation: 0,
         };
         Store::assemble(pool, allocator, state, tunables)
     }
 
-    fn assemble(pool: Pool, allocator: Allocator, state: State, tunables: &Tunables) -> Store {
+    fn assemble(pool: Pool, mut allocator: Allocator, state: State, tunables: &Tunables) -> Store {
+        allocator.set_log_vdevs(&pool.log_vdevs());
         Store {
             allocator: Mutex::new(allocator),
             state: Mutex::new(state),
@@ -194,11 +263,30 @@ impl Store {
             limits: TxgLimits::from_tunables(tunables),
             kick: Mutex::new(None),
             syncs: crate::stats::Counter::default(),
+            log_stats: LogStats::default(),
         }
     }
 
+    /// A new, not yet anchored log chain for a volume.
+    fn new_log(&self, volume_id: u64) -> Result<Arc<LogWriter>, StoreError> {
+        Ok(Arc::new(LogWriter::new(
+            &self.allocator,
+            self.limits.log_policy,
+            self.limits.commit_timeout_pct,
+            self.chain_id(),
+            volume_id,
+            self.limits.log_block_bytes_max,
+        )?))
+    }
+
+    fn chain_id(&self) -> u64 {
+        self.pool.env().unique_rng("intent log chain").u64().max(1)
+    }
+
     /// Opens the data of an imported pool as of its newest uberblock. Leaves that are behind
-    /// (a mirror child that was missing and is back) are resilvered first.
+    /// (a mirror child that was missing and is back) are resilvered first. Then every
+    /// volume's intent log is claimed and replayed (records of txgs after the last synced
+    /// one, each exactly once), a txg makes the result durable, and new chains start.
     pub async fn open(pool: Pool, tunables: &Tunables) -> Result<Store, StoreError> {
         pool.resilver().await?;
         let uberblock = pool.uberblock();
@@ -224,23 +312,38 @@ impl Store {
             };
             maps.push((map, area));
         }
-        let mut allocator = Allocator::load(pool.ashift(), &maps)
-            .map_err(|e| PoolError::NoSpace { pool: pool.name().to_owned(), source: e })?;
+        let no_space = |e| PoolError::NoSpace { pool: pool.name().to_owned(), source: e };
+        let mut allocator = Allocator::load(pool.ashift(), &maps).map_err(no_space)?;
         allocator.synced(uberblock.txg);
+        // Claim every chain before anything allocates, so no log block is handed out again.
+        let mut chains = Vec::new();
+        let log_stats = LogStats::default();
+        for entry in &directory.volumes {
+            let Some(header) = entry.log else { continue };
+            let head = LogAddress::from_pointer(&header.head);
+            let verifier = LogVerifier {
+                chain_id: header.chain_id,
+                volume_id: entry.id,
+                sequence: header.head_sequence,
+            };
+            let chain = intent_log::read_chain(&pool, head, verifier).await;
+            for at in &chain.addresses {
+                allocator
+                    .claim_log(at.vdev, at.offset_bytes, u64::from(at.len_bytes))
+                    .map_err(no_space)?;
+            }
+            log_stats.chains_claimed.inc();
+            log_stats.blocks_claimed.add(chain.addresses.len() as u64);
+            if chain.torn_tail {
+                log_stats.torn_tails.inc();
+            }
+            chains.push((entry.name.clone(), header, chain));
+        }
+        let limits = TxgLimits::from_tunables(tunables);
         let volumes = directory
             .volumes
             .iter()
-            .map(|entry| {
-                (
-                    entry.name.clone(),
-                    Volume {
-                        entry: entry.clone(),
-                        disk_levels: entry.levels,
-                        open: BTreeMap::new(),
-                        syncing: BTreeMap::new(),
-                    },
-                )
-            })
+            .map(|entry| (entry.name.clone(), Volume::new(entry.clone(), None, &limits)))
             .collect();
         let state = State {
             open_txg: uberblock.txg + 1,
@@ -250,8 +353,87 @@ impl Store {
             directory: Some(root),
             dirty_bytes: 0,
             destroyed: Vec::new(),
+            retired_log: Vec::new(),
+            sync_generation: 0,
         };
-        Ok(Store::assemble(pool, allocator, state, tunables))
+        let mut store = Store::assemble(pool, allocator, state, tunables);
+        store.log_stats = log_stats;
+        store.replay(uberblock.txg, chains).await?;
+        Ok(store)
+    }
+
+    /// Applies each claimed chain's records that are newer than `synced_txg` and than what an
+    /// interrupted replay already applied, then retires the chains and starts new ones. Syncs
+    /// that happen during replay (dirty data) record the progress in the old header, so an
+    /// import interrupted here replays every record exactly once in the end.
+    async fn replay(
+        &self,
+        synced_txg: u64,
+        chains: Vec<(String, LogHeader, intent_log::Chain)>,
+    ) -> Result<(), StoreError> {
+        let stats = &self.log_stats;
+        for (name, header, chain) in &chains {
+            for record in chain.blocks.iter().flat_map(|b| b.records.iter()) {
+                if record.txg() <= synced_txg {
+                    stats.records_already_synced.inc();
+                    continue;
+                }
+                if record.sequence() <= header.replayed_record {
+                    stats.records_already_replayed.inc();
+                    continue;
+                }
+                let (offset, len, data) = match record {
+                    LogRecord::Write { offset, data, .. } => {
+                        (*offset, data.len() as u64, Some(&data[..]))
+                    }
+                    LogRecord::Zero { offset, len, .. } => (*offset, *len, None),
+                    LogRecord::WriteIndirect { .. } => {
+                        return Err(StoreError::Pool(PoolError::Format {
+                            pool: self.pool.name().to_owned(),
+                            source: sluice_format::FormatError::Invalid {
+                                what: "log record",
+                                field: "kind (indirect writes are not written by this version)",
+                                value: 2,
+                            },
+                        }));
+                    }
+                };
+                let entry = self.volume_entry(name)?;
+                if Self::check_range(&entry, offset, len).is_err() {
+                    stats.records_out_of_range.inc();
+                    continue;
+                }
+                self.modify(name, offset, len, data, Apply::Replay(record.sequence())).await?;
+                stats.records_replayed.inc();
+            }
+        }
+        // Retire the old chains and start new ones; one sync makes it all durable.
+        {
+            let mut state = self.state.lock();
+            for (_, _, chain) in &chains {
+                state.retired_log.extend(chain.addresses.iter().copied());
+            }
+        }
+        let names: Vec<(String, u64)> = self
+            .state
+            .lock()
+            .volumes
+            .values()
+            .map(|v| (v.entry.name.clone(), v.entry.id))
+            .collect();
+        for (name, id) in names {
+            let log = self.new_log(id)?;
+            if let Some(volume) = self.state.lock().volumes.get_mut(&name) {
+                volume.log = Some(log);
+            }
+        }
+        self.sync().await?;
+        Ok(())
+    }
+
+    /// What the intent logs did.
+    pub fn log_stats(&self) -> &LogStats {
+        &self.log_stats
     }
 
     /// Txgs synced by this store so far.
@@ -342,14 +524,19 @@ impl Store {
             });
         }
         let id = state.next_volume_id;
+        let log = self.new_log(id)?;
         state.next_volume_id += 1;
         let levels = objset::levels_for(size_bytes / u64::from(block_bytes));
-        let entry =
-            VolumeEntry { id, name: name.to_owned(), size_bytes, block_bytes, levels, root: None };
-        state.volumes.insert(
-            name.to_owned(),
-            Volume { entry, disk_levels: levels, open: BTreeMap::new(), syncing: BTreeMap::new() },
-        );
+        let entry = VolumeEntry {
+            id,
+            name: name.to_owned(),
+            size_bytes,
+            block_bytes,
+            levels,
+            root: None,
+            log: None,
+        };
+        state.volumes.insert(name.to_owned(), Volume::new(entry, Some(log), &self.limits));
         Ok(())
     }
 
@@ -361,6 +548,9 @@ impl Store {
             pool: self.pool.name().to_owned(),
             volume: name.to_owned(),
         })?;
+        if let Some(log) = &volume.log {
+            state.retired_log.extend(log.retire());
+        }
         if let Some(root) = volume.entry.root {
             state.destroyed.push((root, volume.disk_levels));
         }
@@ -487,20 +677,25 @@ impl Store {
     }
 
     /// Writes `data` at `offset` into the open txg. `None` writes zeros (trim, write-zeroes):
-    /// whole blocks become holes.
+    /// whole blocks become holes. Live writes are appended to the volume's intent log in the
+    /// same critical section that puts their blocks in the open txg, so the log's order is
+    /// the order in which the blocks changed; returns the record's sequence. Replayed writes
+    /// are not logged again; they advance the volume's replayed sequence instead, which the
+    /// sync that writes their blocks records.
     async fn modify(
         &self,
         volume: &str,
         offset: u64,
         len: u64,
         data: Option<&[u8]>,
-    ) -> Result<(), StoreError> {
+        apply: Apply,
+    ) -> Result<u64, StoreError> {
         self.check_live()?;
         let entry = self.volume_entry(volume)?;
         Self::check_range(&entry, offset, len)?;
         let bs = u64::from(entry.block_bytes);
         // Refuse what could not be synced: new dirty data beyond the free space above the slop.
-        {
+        if apply == Apply::Live {
             let allocator = self.allocator.lock();
             let usable = allocator.free_bytes().saturating_sub(allocator.slop_bytes());
             let dirty = self.state.lock().dirty_bytes;
@@ -512,40 +707,119 @@ impl Store {
             }
         }
         self.throttle().await?;
-        let mut at = offset;
-        while at < offset + len {
-            let index = at / bs;
-            let in_block = at % bs;
-            let n = (bs - in_block).min(offset + len - at);
-            let src = (at - offset) as usize..(at - offset + n) as usize;
-            let block = if n == bs {
-                match data {
-                    Some(d) => Block::Data(Arc::new(d[src].to_vec())),
+        let end = offset + len;
+        let (first, last) = (offset / bs, (end - 1) / bs);
+        // Whole blocks are built outside the lock.
+        let mut whole: Vec<(u64, Block)> = Vec::new();
+        for index in first..=last {
+            let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
+            if to - from == bs {
+                let block = match data {
+                    Some(d) => Block::Data(Arc::new(
+                        d[(from - offset) as usize..(to - offset) as usize].to_vec(),
+                    )),
                     None => Block::Zero,
-                }
-            } else {
-                // Read-modify-write inside a block.
-                let mut whole = match self.block(&entry, index).await? {
-                    Some(current) => current.as_ref().clone(),
-                    None => vec![0u8; bs as usize],
                 };
-                let dst = in_block as usize..(in_block + n) as usize;
-                match data {
-                    Some(d) => whole[dst].copy_from_slice(&d[src]),
-                    None => whole[dst].fill(0),
-                }
-                Block::Data(Arc::new(whole))
-            };
-            let mut state = self.state.lock();
-            if let Block::Data(_) = &block {
-                state.dirty_bytes += bs;
+                whole.push((index, block));
             }
-            if let Some(v) = state.volumes.get_mut(volume) {
+        }
+        let partial: Vec<u64> = [first, last]
+            .into_iter()
+            .filter(|&i| {
+                let (from, to) = ((i * bs).max(offset), ((i + 1) * bs).min(end));
+                to - from != bs
+            })
+            .collect::<std::collections::BTreeSet<u64>>()
+            .into_iter()
+            .collect();
+        loop {
+            // A partial block not in memory is read from disk first. If a sync completes
+            // before the block is applied, the disk copy may be stale: read again.
+            let generation = self.state.lock().sync_generation;
+            let mut from_disk = BTreeMap::new();
+            for &index in &partial {
+                let in_memory = {
+                    let state = self.state.lock();
+                    state.volumes.get(volume).is_some_and(|v| v.cached(index).is_some())
+                };
+                if !in_memory {
+                    from_disk.insert(index, self.disk_block(&entry, index).await?);
+                }
+            }
+            let mut state = self.state.lock();
+            let state = &mut *state;
+            if state.sync_generation != generation && !from_disk.is_empty() {
+                continue;
+            }
+            let open_txg = state.open_txg;
+            let v = state.volumes.get_mut(volume).ok_or_else(|| StoreError::NoSuchVolume {
+                pool: self.pool.name().to_owned(),
+                volume: volume.to_owned(),
+            })?;
+            let mut added = 0u64;
+            for &index in &partial {
+                let base = match v.cached(index) {
+                    Some(Block::Data(current)) => Some(Arc::clone(current)),
+                    Some(Block::Zero) => None,
+                    None => from_disk.get(&index).cloned().flatten(),
+                };
+                let mut bytes = base.map_or_else(|| vec![0u8; bs as usize], |b| b.as_ref().clone());
+                let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
+                let dst = (from - index * bs) as usize..(to - index * bs) as usize;
+                match data {
+                    Some(d) => bytes[dst]
+                        .copy_from_slice(&d[(from - offset) as usize..(to - offset) as usize]),
+                    None => bytes[dst].fill(0),
+                }
+                v.open.insert(index, Block::Data(Arc::new(bytes)));
+                added += bs;
+            }
+            for (index, block) in whole.drain(..) {
+                if let Block::Data(_) = &block {
+                    added += bs;
+                }
                 v.open.insert(index, block);
             }
-            at += n;
+            let sequence = match apply {
+                Apply::Live => match &v.log {
+                    Some(log) => append_records(
+                        log,
+                        self.pool.env().now(),
+                        open_txg,
+                        offset,
+                        len,
+                        data,
+                        self.limits.log_block_bytes_max,
+                    ),
+                    None => 0,
+                },
+                Apply::Replay(sequence) => {
+                    if let Some(header) = v.entry.log.as_mut() {
+                        header.replayed_record = sequence;
+                    }
+                    0
+                }
+            };
+            state.dirty_bytes += added;
+            return Ok(sequence);
         }
-        Ok(())
+    }
+
+    /// Block `index` as the last synced txg has it.
+    async fn disk_block(
+        &self,
+        entry: &VolumeEntry,
+        index: u64,
+    ) -> Result<Option<Arc<Vec<u8>>>, StoreError> {
+        // Freed blocks stay intact through the deferral, so reading the root we saw is still
+        // correct even if a sync moves it meanwhile.
+        let (root, levels) = {
+            let state = self.state.lock();
+            let v = state.volumes.get(&entry.name);
+            (v.and_then(|v| v.entry.root), v.map_or(entry.levels, |v| v.disk_levels))
+        };
+        let data = objset::read_data_block(&self.pool, root, levels, index).await?;
+        Ok(data.map(|d| Arc::new(d[..entry.block_bytes as usize].to_vec())))
     }
 
     /// Which parts of `[offset, offset+len)` hold data and which are holes (never written,
@@ -613,13 +887,83 @@ impl Store {
         Ok(())
     }
 
-    pub async fn write(&self, volume: &str, offset: u64, data: &[u8]) -> Result<(), StoreError> {
-        self.modify(volume, offset, data.len() as u64, Some(data)).await
+    /// Writes `data` at `offset`. The write is visible at once and durable after the next
+    /// txg sync or a [`Store::commit`] of the returned record sequence (FUA, flush).
+    pub async fn write(&self, volume: &str, offset: u64, data: &[u8]) -> Result<u64, StoreError> {
+        self.modify(volume, offset, data.len() as u64, Some(data), Apply::Live).await
     }
 
     /// Zeroes a range; whole blocks become holes and their space is freed at the next sync.
-    pub async fn zero(&self, volume: &str, offset: u64, len: u64) -> Result<(), StoreError> {
-        self.modify(volume, offset, len, None).await
+    /// Logged like a write; returns the record sequence.
+    pub async fn zero(&self, volume: &str, offset: u64, len: u64) -> Result<u64, StoreError> {
+        self.modify(volume, offset, len, None, Apply::Live).await
+    }
+
+    /// A write that is durable when this returns (NBD's FUA): commits up to its own record.
+    pub async fn write_durable(
+        &self,
+        volume: &str,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), StoreError> {
+        let sequence = self.write(volume, offset, data).await?;
+        self.commit(volume, sequence).await
+    }
+
+    /// Makes every write and zero on `volume` that returned before this call durable (NBD's
+    /// FLUSH; it covers every connection to the volume).
+    pub async fn flush(&self, volume: &str) -> Result<(), StoreError> {
+        let log = self.volume_log(volume)?;
+        let last = log.as_ref().map_or(0, |log| log.last_record());
+        self.commit(volume, last).await
+    }
+
+    /// The volume's request limit, shared by every handle on it (`volume.request_threads`).
+    pub fn request_gate(
+        &self,
+        volume: &str,
+    ) -> Result<Option<Arc<async_lock::Semaphore>>, StoreError> {
+        self.state.lock().volumes.get(volume).map(|v| v.gate.clone()).ok_or_else(|| {
+            StoreError::NoSuchVolume {
+                pool: self.pool.name().to_owned(),
+                volume: volume.to_owned(),
+            }
+        })
+    }
+
+    fn volume_log(&self, volume: &str) -> Result<Option<Arc<LogWriter>>, StoreError> {
+        self.state.lock().volumes.get(volume).map(|v| v.log.clone()).ok_or_else(|| {
+            StoreError::NoSuchVolume {
+                pool: self.pool.name().to_owned(),
+                volume: volume.to_owned(),
+            }
+        })
+    }
+
+    /// Returns once record `sequence` of `volume`'s log and every earlier one are durable:
+    /// through the log when its chain is anchored and healthy, else through a txg sync.
+    pub async fn commit(&self, volume: &str, sequence: u64) -> Result<(), StoreError> {
+        self.check_live()?;
+        let Some(log) = self.volume_log(volume)? else {
+            // Replay is still running: only a sync makes anything durable.
+            self.sync().await?;
+            return Ok(());
+        };
+        if log.durable_record() >= sequence {
+            return Ok(());
+        }
+        self.log_stats.commits.inc();
+        if log.anchored() {
+            match log.commit(&self.pool, &self.allocator, sequence).await {
+                Ok(()) => return Ok(()),
+                // The sync below covers the record, and replaces the failed chain.
+                Err(LogError::Failed { .. } | LogError::Pool(_)) => {}
+            }
+        }
+        self.log_stats.commits_via_txg.inc();
+        // The record's txg is at most the open one, which this sync makes durable.
+        self.sync().await?;
+        Ok(())
     }
 
     /// Writes the open txg out and makes it durable. Returns the synced txg.
@@ -697,9 +1041,35 @@ impl Store {
                 }
             }
         }
-        // Allocate the space-map blocks before encoding any map, so every map includes them.
+        // Each log's head as of this txg; blocks holding only records of this txg or earlier
+        // are freed in it, as are retired chains.
+        let mut anchored = Vec::new();
+        let mut headers = BTreeMap::new();
         let mut directory = {
-            let state = self.state.lock();
+            let mut state = self.state.lock();
+            let mut freed_log = std::mem::take(&mut state.retired_log);
+            for v in state.volumes.values() {
+                let header = match &v.log {
+                    Some(log) => {
+                        let anchor = log.anchor(txg);
+                        freed_log.extend(anchor.freed);
+                        anchored.push(Arc::clone(log));
+                        Some(LogHeader {
+                            chain_id: log.chain_id(),
+                            head_sequence: anchor.head_verifier.sequence,
+                            replayed_record: 0,
+                            head: anchor.head.pointer(txg),
+                        })
+                    }
+                    None => v.entry.log,
+                };
+                headers.insert(v.entry.name.clone(), header);
+            }
+            let mut allocator = self.allocator.lock();
+            for at in freed_log {
+                allocator.free_log(txg, at.vdev, at.offset_bytes, u64::from(at.len_bytes));
+            }
+            drop(allocator);
             PoolDirectory {
                 txg,
                 next_volume_id: state.next_volume_id,
@@ -709,11 +1079,13 @@ impl Store {
                     .values()
                     .map(|v| VolumeEntry {
                         root: roots.get(&v.entry.name).copied().flatten(),
+                        log: headers.get(&v.entry.name).copied().flatten(),
                         ..v.entry.clone()
                     })
                     .collect(),
             }
         };
+        // Allocate the space-map blocks before encoding any map, so every map includes them.
         let (map_blocks, directory_block, maps) = {
             let mut allocator = self.allocator.lock();
             let mut blocks = Vec::new();
@@ -777,15 +1149,40 @@ impl Store {
         debug_assert_eq!(synced, txg, "the uberblock txg follows the store's txgs");
         self.allocator.lock().synced(txg);
         let mut state = self.state.lock();
+        state.sync_generation += 1;
         for volume in state.volumes.values_mut() {
             if let Some(root) = roots.get(&volume.entry.name) {
                 volume.entry.root = *root;
                 volume.disk_levels = volume.entry.levels;
             }
+            if let Some(header) = headers.get(&volume.entry.name) {
+                volume.entry.log = *header;
+            }
             volume.syncing.clear();
         }
         state.space_maps = directory.space_maps;
         state.directory = Some(directory_bp);
+        // Records of this txg need no log any more. A chain with a failed write is replaced:
+        // records not yet issued move to a new chain, which the next sync anchors.
+        let mut replaced = Vec::new();
+        for volume in state.volumes.values_mut() {
+            let Some(log) = &volume.log else { continue };
+            log.synced(txg, anchored.iter().any(|a| Arc::ptr_eq(a, log)));
+            if log.failed() {
+                let fresh = LogWriter::continuing(
+                    &self.allocator,
+                    self.limits.log_policy,
+                    self.limits.commit_timeout_pct,
+                    self.pool.env().unique_rng("intent log chain").u64().max(1),
+                    volume.entry.id,
+                    self.limits.log_block_bytes_max,
+                    log.hand_over(txg),
+                )?;
+                replaced.extend(log.retire());
+                volume.log = Some(Arc::new(fresh));
+            }
+        }
+        state.retired_log.extend(replaced);
         Ok(txg)
     }
 
@@ -794,6 +1191,43 @@ impl Store {
         self.sync().await?;
         Ok(self.pool.export().await?)
     }
+}
+
+/// Whether a change comes from a client (and is logged) or from replaying the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Apply {
+    Live,
+    /// Replaying the record with this sequence.
+    Replay(u64),
+}
+
+/// Appends the records of one change: a zero as one record, a write in pieces that each fit
+/// the largest log block. Returns the last sequence.
+fn append_records(
+    log: &LogWriter,
+    now: crate::rt::Time,
+    txg: u64,
+    offset: u64,
+    len: u64,
+    data: Option<&[u8]>,
+    block_bytes_max: u32,
+) -> u64 {
+    let Some(data) = data else {
+        return log.append(now, |sequence| LogRecord::Zero { txg, sequence, offset, len });
+    };
+    // Header, record header and write fields, rounded down to whole 4 KiB pieces.
+    let piece = (block_bytes_max as usize - LOG_HEADER_BYTES - 40) / 4096 * 4096;
+    let mut sequence = 0;
+    for (i, chunk) in data.chunks(piece.max(512)).enumerate() {
+        let at = offset + (i * piece.max(512)) as u64;
+        sequence = log.append(now, |sequence| LogRecord::Write {
+            txg,
+            sequence,
+            offset: at,
+            data: chunk.to_vec(),
+        });
+    }
+    sequence
 }
 
 #[cfg(test)]

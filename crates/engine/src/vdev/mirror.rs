@@ -149,19 +149,36 @@ impl Mirror {
         class: IoClass,
         verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
     ) -> Result<AlignedBuf, VdevError> {
+        self.read_counting(offset, len, class, verify, true).await
+    }
+
+    /// As `read`; with `count_if_none` false, copies that fail `verify` are counted as
+    /// checksum errors only when another copy passes (see `Vdev::read_counting`).
+    pub async fn read_counting(
+        &self,
+        offset: u64,
+        len: u32,
+        class: IoClass,
+        verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
+        count_if_none: bool,
+    ) -> Result<AlignedBuf, VdevError> {
         let mut tried = 0u64;
         let mut bad = Vec::new();
+        let mut mismatched: Vec<usize> = Vec::new();
         let mut last_error = None;
         while let Some(child) = self.select(offset, tried) {
             tried |= 1 << child;
             let leaf = &self.children[child];
             match leaf.read(offset, len, class).await {
                 Ok(buf) if verify(&buf) => {
+                    for &child in &mismatched {
+                        self.children[child].stats().checksum_errors.inc();
+                    }
                     self.repair(&bad, offset, &buf).await;
                     return Ok(buf);
                 }
                 Ok(_) => {
-                    leaf.stats().checksum_errors.inc();
+                    mismatched.push(child);
                     bad.push(child);
                 }
                 Err(error) => {
@@ -170,6 +187,11 @@ impl Mirror {
                     }
                     last_error = Some(error);
                 }
+            }
+        }
+        if count_if_none {
+            for &child in &mismatched {
+                self.children[child].stats().checksum_errors.inc();
             }
         }
         Err(VdevError::NoValidCopy {
