@@ -18,13 +18,15 @@
 //!               id u64, size_bytes u64, block_bytes u32, levels u8, reserved 1,
 //!               name_len u16, name (UTF-8), root block pointer (128; zeros: empty),
 //!               log header: chain_id u64 (0: no log), head_sequence u64,
-//!               replayed_record u64, head block pointer (128)
+//!               replayed_record u64, claim_txg u64, head block pointer (128)
 //! ```
 //!
 //! The log header (ZFS: `zil_header_t`) names the first intent-log block still needed after
 //! this txg: replay walks the chain from `head`, expecting `chain_id` and `head_sequence`, and
 //! skips records up to `replayed_record`, which a replay that spans several txgs has already
-//! applied.
+//! applied. `claim_txg` (0 while the log is live) is the last txg that synced before the crash
+//! whose log is being replayed: records of that txg or earlier are already in the pool, and the
+//! txgs that replay itself syncs must not move that line.
 
 use crate::codec::{Reader, Writer};
 use crate::{BlockPointer, FormatError, FormatVersion, BLKPTR_BYTES};
@@ -32,7 +34,7 @@ use crate::{BlockPointer, FormatError, FormatVersion, BLKPTR_BYTES};
 const MAGIC: u64 = u64::from_le_bytes(*b"SLUICEDR");
 const HEADER_BYTES: usize = 40;
 const VOLUME_FIXED_BYTES: usize = 8 + 8 + 4 + 1 + 1 + 2;
-const LOG_HEADER_FIXED_BYTES: usize = 24;
+const LOG_HEADER_FIXED_BYTES: usize = 32;
 /// Longest volume name.
 pub const VOLUME_NAME_BYTES_MAX: usize = 255;
 const WHAT: &str = "pool directory";
@@ -58,6 +60,9 @@ pub struct LogHeader {
     pub head_sequence: u64,
     /// Records up to this sequence were replayed already.
     pub replayed_record: u64,
+    /// Nonzero while a replay is in progress: records of this txg or earlier were in the pool
+    /// before the crash (ZFS: `zh_claim_txg`).
+    pub claim_txg: u64,
     pub head: BlockPointer,
 }
 
@@ -139,7 +144,8 @@ impl PoolDirectory {
                 w.u64(at, log.chain_id);
                 w.u64(at + 8, log.head_sequence);
                 w.u64(at + 16, log.replayed_record);
-                w.put(at + 24, &BlockPointer::encode(Some(&log.head)));
+                w.u64(at + 24, log.claim_txg);
+                w.put(at + 32, &BlockPointer::encode(Some(&log.head)));
             }
             at += LOG_HEADER_FIXED_BYTES + BLKPTR_BYTES;
         }
@@ -198,7 +204,7 @@ impl PoolDirectory {
             });
             at += BLKPTR_BYTES;
             let chain_id = r.u64(at)?;
-            let head = BlockPointer::decode(r.slice(at + 24, BLKPTR_BYTES)?)?;
+            let head = BlockPointer::decode(r.slice(at + 32, BLKPTR_BYTES)?)?;
             let log = match (chain_id, head) {
                 (0, None) => {
                     r.zeros(at, LOG_HEADER_FIXED_BYTES)?;
@@ -215,6 +221,7 @@ impl PoolDirectory {
                     chain_id,
                     head_sequence: r.u64(at + 8)?,
                     replayed_record: r.u64(at + 16)?,
+                    claim_txg: r.u64(at + 24)?,
                     head,
                 }),
             };

@@ -189,6 +189,7 @@ fn golden_directory() {
                     chain_id: 0x5eed,
                     head_sequence: 7,
                     replayed_record: 40,
+                    claim_txg: 11,
                     head: sample_bp(),
                 }),
             },

@@ -204,6 +204,8 @@ pub struct LogEntry {
     pub len_bytes: u64,
     /// Flushes completed before this operation.
     pub flush_epoch: u64,
+    /// When the device completed it (the cache took the write, the flush made it durable).
+    pub at: crate::rt::Time,
     /// The bytes a write stored (after write-time faults), when the log keeps payloads.
     data: Option<SharedBuf>,
 }
@@ -649,6 +651,7 @@ impl SimDevice {
                         offset_bytes: offset,
                         len_bytes: len,
                         flush_epoch: epoch,
+                        at: inner.env.now(),
                         data: None,
                     };
                     state.log.push(entry);
@@ -674,6 +677,7 @@ impl SimDevice {
                         offset_bytes: 0,
                         len_bytes: 0,
                         flush_epoch: epoch,
+                        at: inner.env.now(),
                         data: None,
                     };
                     state.log.push(entry);
@@ -807,6 +811,7 @@ fn write_with_faults(
                 offset_bytes: at,
                 len_bytes: len,
                 flush_epoch: epoch,
+                at: inner.env.now(),
                 data: Some(data),
             };
             state.log.push(entry);

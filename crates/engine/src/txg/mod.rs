@@ -319,7 +319,11 @@ impl Store {
         let mut chains = Vec::new();
         let log_stats = LogStats::default();
         for entry in &directory.volumes {
-            let Some(header) = entry.log else { continue };
+            let Some(mut header) = entry.log else { continue };
+            if header.claim_txg == 0 {
+                // First import since the crash: what synced before it is the line.
+                header.claim_txg = uberblock.txg;
+            }
             let head = LogAddress::from_pointer(&header.head);
             let verifier = LogVerifier {
                 chain_id: header.chain_id,
@@ -343,7 +347,14 @@ impl Store {
         let volumes = directory
             .volumes
             .iter()
-            .map(|entry| (entry.name.clone(), Volume::new(entry.clone(), None, &limits)))
+            .map(|entry| {
+                let mut entry = entry.clone();
+                if let Some((_, header, _)) = chains.iter().find(|(name, _, _)| *name == entry.name)
+                {
+                    entry.log = Some(*header);
+                }
+                (entry.name.clone(), Volume::new(entry, None, &limits))
+            })
             .collect();
         let state = State {
             open_txg: uberblock.txg + 1,
@@ -358,23 +369,22 @@ impl Store {
         };
         let mut store = Store::assemble(pool, allocator, state, tunables);
         store.log_stats = log_stats;
-        store.replay(uberblock.txg, chains).await?;
+        store.replay(chains).await?;
         Ok(store)
     }
 
-    /// Applies each claimed chain's records that are newer than `synced_txg` and than what an
-    /// interrupted replay already applied, then retires the chains and starts new ones. Syncs
+    /// Applies each claimed chain's records that are newer than its claim txg (the last txg
+    /// synced before the crash) and than what an interrupted replay already applied, then retires the chains and starts new ones. Syncs
     /// that happen during replay (dirty data) record the progress in the old header, so an
     /// import interrupted here replays every record exactly once in the end.
     async fn replay(
         &self,
-        synced_txg: u64,
         chains: Vec<(String, LogHeader, intent_log::Chain)>,
     ) -> Result<(), StoreError> {
         let stats = &self.log_stats;
         for (name, header, chain) in &chains {
             for record in chain.blocks.iter().flat_map(|b| b.records.iter()) {
-                if record.txg() <= synced_txg {
+                if record.txg() <= header.claim_txg {
                     stats.records_already_synced.inc();
                     continue;
                 }
@@ -429,6 +439,12 @@ impl Store {
         }
         self.sync().await?;
         Ok(())
+    }
+
+    /// Where `volume`'s log chain starts now (its oldest block still needed), if it has one.
+    pub fn log_head(&self, volume: &str) -> Option<(LogAddress, LogVerifier)> {
+        let log = self.state.lock().volumes.get(volume).and_then(|v| v.log.clone())?;
+        Some(log.head())
     }
 
     /// What the intent logs did.
@@ -994,6 +1010,10 @@ impl Store {
             let destroyed = std::mem::take(&mut state.destroyed);
             (txg, work, destroyed)
         };
+        // A volume still replaying records its progress as of this quiesce: records applied
+        // after it belong to the next txg.
+        let replay_progress: BTreeMap<String, Option<LogHeader>> =
+            work.iter().map(|(entry, _, _)| (entry.name.clone(), entry.log)).collect();
         let mut ctx =
             TreeUpdate { pool: &self.pool, allocator: &self.allocator, txg, replaced: Vec::new() };
         let mut roots = BTreeMap::new();
@@ -1058,10 +1078,11 @@ impl Store {
                             chain_id: log.chain_id(),
                             head_sequence: anchor.head_verifier.sequence,
                             replayed_record: 0,
+                            claim_txg: 0,
                             head: anchor.head.pointer(txg),
                         })
                     }
-                    None => v.entry.log,
+                    None => replay_progress.get(&v.entry.name).copied().unwrap_or(v.entry.log),
                 };
                 headers.insert(v.entry.name.clone(), header);
             }
