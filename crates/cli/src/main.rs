@@ -54,11 +54,14 @@ enum Command {
 
 #[derive(Subcommand)]
 enum PoolCommand {
-    /// Create a pool: `sluice pool create tank mirror /d/a /d/b [mirror /d/c /d/d]`; plain
-    /// paths are striped. Missing files are created sparse with --size.
+    /// Create a pool: `sluice pool create tank mirror /d/a /d/b [mirror /d/c /d/d] [log
+    /// mirror /d/e /d/f]`; plain paths are striped, and what follows `log` holds only intent-log
+    /// blocks (a separate log device: put it on the fastest medium). Missing files are created
+    /// sparse with --size.
     Create {
         name: String,
-        /// Leaves: paths, each group of mirrored ones preceded by `mirror`.
+        /// Leaves: paths, each group of mirrored ones preceded by `mirror`; log devices after
+        /// `log`.
         #[arg(required = true)]
         vdevs: Vec<String>,
         /// Create missing files of this size (like 1G).
@@ -151,6 +154,9 @@ enum BenchCommand {
         /// zil only: the largest writer count (powers of two from 1).
         #[arg(long, default_value_t = 1024)]
         max_writers: usize,
+        /// zvol only: the pools to run, ssd and/or hdd (each a 2-way mirror).
+        #[arg(long, value_delimiter = ',', default_value = "ssd,hdd")]
+        media: Vec<String>,
     },
 }
 
@@ -162,6 +168,8 @@ enum Experiment {
     Queue,
     /// Seed 004: intent-log commits, batch against pipelined, 1 to 1024 writers on 1-8 disks.
     Zil,
+    /// Seed 000: 64 sequential FUA writers on a volume, request_threads 8, 32 and unbounded.
+    Zvol,
 }
 
 fn main() -> ExitCode {
@@ -246,7 +254,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Bench {
             bench:
-                BenchCommand::Seeds { experiment, json, seconds, seed, settings, disks, max_writers },
+                BenchCommand::Seeds {
+                    experiment,
+                    json,
+                    seconds,
+                    seed,
+                    settings,
+                    disks,
+                    max_writers,
+                    media,
+                },
         } => {
             anyhow::ensure!(
                 seconds > 0.0 && seconds <= 3600.0,
@@ -265,6 +282,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Experiment::Zil => {
                     anyhow::ensure!(base.is_empty(), "bench seeds zil takes no --set yet");
                     let report = sluice_bench::seeds::zil::run(seconds, seed, &disks, max_writers);
+                    (report.markdown(), serde_json::to_value(&report)?)
+                }
+                Experiment::Zvol => {
+                    if let Some(bad) = media.iter().find(|m| !["ssd", "hdd"].contains(&m.as_str()))
+                    {
+                        anyhow::bail!("--media {bad:?}: use ssd, hdd or ssd,hdd");
+                    }
+                    let report = sluice_bench::seeds::zvol::run(seconds, seed, &media, &base)?;
                     (report.markdown(), serde_json::to_value(&report)?)
                 }
             };

@@ -115,8 +115,8 @@ fn forget(name: &str) -> anyhow::Result<()> {
     write_cache(&cache)
 }
 
-/// `sluice pool create NAME [--size S] VDEV...`, VDEV being paths, or `mirror` followed by
-/// paths.
+/// `sluice pool create NAME [--size S] VDEV... [log VDEV...]`, VDEV being paths, or
+/// `mirror` followed by paths; what follows `log` becomes separate intent-log devices.
 pub async fn create(
     env: &Env,
     name: &str,
@@ -129,22 +129,34 @@ pub async fn create(
     }
     let mut top = Vec::new();
     let mut mirror: Option<Vec<LeafSpec>> = None;
+    let mut log = false;
+    // Wraps a top-level vdev as a log device after the `log` keyword.
+    let place = |spec: TopSpec, log: bool| if log { TopSpec::Log(Box::new(spec)) } else { spec };
     for word in vdevs {
-        if word == "mirror" {
+        if word == "mirror" || word == "log" {
             if let Some(children) = mirror.take() {
-                top.push(TopSpec::Mirror(children));
+                top.push(place(TopSpec::Mirror(children), log));
             }
-            mirror = Some(Vec::new());
+            if word == "log" {
+                if log {
+                    bail!(
+                        "pool {name}: `log` appears twice; list every log device after one `log`"
+                    );
+                }
+                log = true;
+            } else {
+                mirror = Some(Vec::new());
+            }
             continue;
         }
         let leaf = open_leaf(word, size)?;
         match &mut mirror {
             Some(children) => children.push(leaf),
-            None => top.push(TopSpec::Leaf(leaf)),
+            None => top.push(place(TopSpec::Leaf(leaf), log)),
         }
     }
     if let Some(children) = mirror.take() {
-        top.push(TopSpec::Mirror(children));
+        top.push(place(TopSpec::Mirror(children), log));
     }
     let pool =
         Pool::create(env, PoolSpec { name: name.to_owned(), ashift, top }, &Tunables::default())
@@ -271,7 +283,12 @@ pub async fn status(env: &Env, names: &[String]) -> anyhow::Result<()> {
             if degraded { "DEGRADED" } else { "ONLINE" }
         );
         println!("  {:<40} {:<8} {:>6} {:>6} {:>6}", "NAME", "STATE", "READ", "WRITE", "CKSUM");
+        let mut logs_shown = false;
         for (index, top) in pool.config().top.iter().enumerate() {
+            if top.log && !logs_shown {
+                println!("  logs");
+                logs_shown = true;
+            }
             if top.kind == sluice_format::TopKind::Mirror {
                 println!("  {:<40}", format!("mirror-{index}"));
             }

@@ -100,4 +100,15 @@ fn pool_lifecycle() {
     ok(&cache, &["pool", "destroy", "tank"]);
     assert!(fails(&cache, &["pool", "import", "tank", "-d", leaves.to_str().unwrap()])
         .contains("no pool named tank"));
+
+    // A separate log device is listed under "logs"; a pool of log devices alone is refused.
+    let (c, d) = (leaves.join("c"), leaves.join("d"));
+    let (c, d) = (c.to_str().unwrap(), d.to_str().unwrap());
+    ok(&cache, &["pool", "create", "fast", "mirror", a, b, "log", c, "--size", "64M"]);
+    let status = ok(&cache, &["pool", "status", "fast"]);
+    let logs_at = status.find("logs").expect(&status);
+    assert!(status[logs_at..].contains(c) && !status[logs_at..].contains(a), "{status}");
+    ok(&cache, &["pool", "destroy", "fast"]);
+    assert!(fails(&cache, &["pool", "create", "nodata", "log", d, "--size", "64M"])
+        .contains("data vdev"));
 }

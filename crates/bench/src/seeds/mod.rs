@@ -1,8 +1,10 @@
-//! One module per seed experiment: `mirror` (seed 002), `queue` (seed 003), `zil` (seed 004).
+//! One module per seed experiment: `zvol` (seed 000), `mirror` (seed 002), `queue` (seed 003),
+//! `zil` (seed 004).
 
 pub mod mirror;
 pub mod queue;
 pub mod zil;
+pub mod zvol;
 
 use std::sync::Arc;
 

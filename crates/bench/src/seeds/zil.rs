@@ -6,11 +6,12 @@
 //! Published averages on 8 disks: +83% IOPS (HDD), +48% (SSD); -27% and -16% latency.
 //!
 //! Ours: pools of 1, 2, 4 and 8 simulated disks striped (default `HddParams` / `SsdParams`),
-//! one volume's log ([`sluice_engine::intent_log::LogWriter`], 128 KiB log blocks) shared by
-//! all writers, each writer appending a 4 KiB write record and committing it. Virtual time:
-//! the figures repeat exactly for a seed. The log's allocations stripe over the disks like
-//! any other allocation. Not yet in the model: the commit timeout (an open lwb waiting briefly
-//! for more records), which the intent-log issue adds; every lwb here is issued at once.
+//! one volume's log ([`sluice_engine::intent_log::LogWriter`], blocks sized by the workload up
+//! to 128 KiB, `intent_log.commit_timeout_pct=10`) shared by all writers, each writer
+//! appending a 4 KiB write record and committing it. This measures the commit path alone;
+//! `bench seeds zvol` runs the whole stack. Consecutive log blocks rotate over the disks, as
+//! any pool without a separate log device spreads them. Virtual time: the figures repeat
+//! exactly for a seed.
 
 use std::cell::RefCell;
 use std::rc::Rc;

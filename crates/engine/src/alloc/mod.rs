@@ -86,6 +86,7 @@ pub struct Allocator {
     deferred_log: BTreeMap<u64, Vec<(u32, u64, u64)>>,
     rotor: usize,
     rotor_bytes: u64,
+    log_rotor: usize,
     synced_txg: u64,
 }
 
@@ -117,6 +118,7 @@ impl Allocator {
             deferred_log: BTreeMap::new(),
             rotor: 0,
             rotor_bytes: 0,
+            log_rotor: 0,
             synced_txg: 0,
         }
     }
@@ -162,12 +164,14 @@ impl Allocator {
         let asize = self.asize(psize.max(1));
         let unit = self.unit_bytes();
         let count = self.vdevs.len();
+        // Consecutive log blocks rotate over the candidates, so lwbs in flight together go to
+        // different devices, and each device still sees its log blocks in address order.
+        self.log_rotor = (self.log_rotor + 1) % count;
+        let start = self.log_rotor;
         let order: Vec<usize> = (0..count)
-            .map(|i| (self.rotor + i) % count)
+            .map(|i| (start + i) % count)
             .filter(|&v| self.vdevs[v].log_only)
-            .chain(
-                (0..count).map(|i| (self.rotor + i) % count).filter(|&v| !self.vdevs[v].log_only),
-            )
+            .chain((0..count).map(|i| (start + i) % count).filter(|&v| !self.vdevs[v].log_only))
             .collect();
         for vdev in order {
             let space = &mut self.vdevs[vdev];

@@ -151,7 +151,8 @@ struct State {
     /// lwbs issued and still needed (their txgs have not all synced), in chain order:
     /// (lwb sequence, address, highest txg of its records).
     live: VecDeque<(u64, LogAddress, u64)>,
-    /// Used sizes of the last lwbs, for sizing the next.
+    /// Bytes the last lwbs were asked to carry (pending when they were built), for sizing
+    /// the next.
     recent_used: VecDeque<usize>,
     batch_in_flight: bool,
     waiters: Vec<(u64, oneshot::Sender<()>)>,
@@ -499,6 +500,10 @@ impl LogWriter {
         let mut lwbs = Vec::new();
         while !state.pending.is_empty() {
             let capacity = state.next_address.len_bytes as usize;
+            // What this lwb was asked to carry, not what fit: sizing from what fit would keep
+            // a block that holds one record at that size forever.
+            let demand =
+                LOG_HEADER_BYTES + state.pending.iter().map(LogRecord::encoded_len).sum::<usize>();
             let mut records = Vec::new();
             let mut used = LOG_HEADER_BYTES;
             while let Some(record) = state.pending.front() {
@@ -517,7 +522,7 @@ impl LogWriter {
             if state.recent_used.len() == SIZE_HISTORY {
                 state.recent_used.pop_front();
             }
-            state.recent_used.push_back(used);
+            state.recent_used.push_back(demand.max(used));
             let successor = allocate(allocator, self.next_block_bytes(state))?;
             let block =
                 LogBlock { verifier: state.verifier, next: Some(successor.pointer(txg)), records };

@@ -447,6 +447,17 @@ impl Store {
         Some(log.head())
     }
 
+    /// Log blocks written by the volumes' current chains.
+    pub fn log_blocks_written(&self) -> u64 {
+        self.state
+            .lock()
+            .volumes
+            .values()
+            .filter_map(|v| v.log.as_ref())
+            .map(|l| l.lwbs_written())
+            .sum()
+    }
+
     /// What the intent logs did.
     pub fn log_stats(&self) -> &LogStats {
         &self.log_stats
