@@ -311,13 +311,29 @@ pub async fn status(env: &Env, names: &[String]) -> anyhow::Result<()> {
                 );
             }
         }
-        let capacity: u64 = pool.data_areas().iter().map(|(s, e)| e - s).sum();
+        let logs = pool.log_vdevs();
+        let capacity: u64 = pool
+            .data_areas()
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| !logs.contains(&(*index as u32)))
+            .map(|(_, (s, e))| e - s)
+            .sum();
         let free = store.free_bytes();
         println!(
             "  space: {} used, {} free, {} capacity",
             human(capacity - free),
             human(free),
             human(capacity)
+        );
+        let log = store.log_stats();
+        println!(
+            "  intent log: {} chains claimed at import, {} records replayed ({} already \
+             applied by an interrupted replay), {} torn tails",
+            log.chains_claimed.get(),
+            log.records_replayed.get(),
+            log.records_already_replayed.get(),
+            log.torn_tails.get()
         );
         for volume in store.volumes() {
             println!(
