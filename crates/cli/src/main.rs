@@ -4,10 +4,11 @@
 //! Commands: `sluice pool create|import|export|status|scrub|destroy`,
 //! `sluice vol create|list|destroy|resize`
 //! (pools on files and block devices, see pools.rs), `sluice tunables` (the table, or settings
-//! validated) and `sluice bench seeds mirror|queue` (seed 002 and 003 in virtual time). The
-//! serve command arrives with the NBD issue.
+//! validated), `sluice serve` (volumes over NBD, serve.rs) and `sluice bench seeds
+//! mirror|queue|zil|zvol` (the seeds' experiments in virtual time).
 
 mod pools;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,6 +30,35 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve volumes over NBD. With no POOL, uses (or creates) a 2-way mirror pool on sparse
+    /// files in --dir with a volume vol0, and listens on DIR/nbd.sock and 127.0.0.1:10809.
+    /// Stops cleanly on SIGINT/SIGTERM: requests in flight finish, the pool is synced and
+    /// exported.
+    Serve {
+        /// A pool known to `sluice pool` (created or imported) to serve instead of --dir's.
+        pool: Option<String>,
+        /// Where the default pool's files and the Unix socket live.
+        #[arg(long, default_value = "sluice-data")]
+        dir: PathBuf,
+        /// Unix socket path (default: DIR/nbd.sock).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// TCP address to listen on, or `none`.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+        /// Serve one client on stdin/stdout (for libnbd's nbd_connect_command).
+        #[arg(long)]
+        stdio: bool,
+        /// Size of each of the default pool's two files, when it is created.
+        #[arg(long, value_parser = pools::parse_size, default_value = "16G")]
+        leaf_size: u64,
+        /// Size of vol0, when the default pool is created.
+        #[arg(long, value_parser = pools::parse_size, default_value = "8G")]
+        volume_size: u64,
+        /// Tunables, as name=value (repeatable); `sluice tunables` lists them.
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        settings: Vec<String>,
+    },
     /// Create, import, inspect and check pools.
     Pool {
         #[command(subcommand)]
@@ -214,6 +244,21 @@ where
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Serve { pool, dir, socket, listen, stdio, leaf_size, volume_size, settings } => {
+            let pairs = parse_settings(&settings)?;
+            let tunables = Tunables::with(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())))?;
+            let options = serve::ServeOptions {
+                pool,
+                dir,
+                socket,
+                listen,
+                stdio,
+                leaf_bytes: leaf_size,
+                volume_bytes: volume_size,
+                tunables,
+            };
+            on_runtime(|env| async move { serve::serve(&env, options).await })
+        }
         Command::Pool { pool } => on_runtime(|env| async move {
             match pool {
                 PoolCommand::Create { name, vdevs, size, ashift } => {

@@ -76,7 +76,7 @@ fn write_cache(cache: &BTreeMap<String, Vec<String>>) -> anyhow::Result<()> {
     std::fs::rename(&temp, &path).with_context(|| format!("replacing {}", path.display()))
 }
 
-fn open_leaf(path: &str, create_len: Option<u64>) -> anyhow::Result<LeafSpec> {
+pub(crate) fn open_leaf(path: &str, create_len: Option<u64>) -> anyhow::Result<LeafSpec> {
     let options =
         FileDeviceOptions { create_len_bytes: create_len, exclusive: true, ..Default::default() };
     let device = FileDevice::open(Path::new(path), &options)?;
@@ -84,7 +84,7 @@ fn open_leaf(path: &str, create_len: Option<u64>) -> anyhow::Result<LeafSpec> {
 }
 
 /// Opens the pool called `name` from the cache.
-async fn open_store(env: &Env, name: &str) -> anyhow::Result<Store> {
+pub(crate) async fn open_store(env: &Env, name: &str) -> anyhow::Result<Store> {
     let cache = read_cache()?;
     let Some(paths) = cache.get(name) else {
         bail!(
@@ -100,7 +100,7 @@ async fn open_store(env: &Env, name: &str) -> anyhow::Result<Store> {
     Ok(Store::open(pool, &Tunables::default()).await?)
 }
 
-fn remember(pool: &Pool) -> anyhow::Result<()> {
+pub(crate) fn remember(pool: &Pool) -> anyhow::Result<()> {
     let mut cache = read_cache()?;
     cache.insert(
         pool.name().to_owned(),

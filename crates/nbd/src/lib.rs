@@ -1,3 +1,14 @@
-//! NBD server (fixed newstyle handshake, structured replies) for sluice volumes.
+//! NBD server for sluice volumes (DESIGN.md §6; reference/landscape.md §3).
 //!
-//! Built in the NBD issue on top of the engine's public volume API; empty until volumes exist.
+//! [`proto`] is the wire format as pure functions (what the fuzz target drives), [`server`]
+//! one connection (handshake, then transmission with out-of-order replies), and [`listen`]
+//! the ways a server is reached: Unix sockets, TCP, an inherited listening socket (systemd's
+//! `LISTEN_FDS`), or NBD on stdin/stdout for one client (libnbd's `nbd_connect_command`).
+//! Written here rather than taken from a crate: the Rust NBD crates lack structured replies or
+//! are GPL (landscape.md §4), and the durability semantics of FUA and FLUSH are ours.
+
+pub mod listen;
+pub mod proto;
+pub mod server;
+
+pub use server::{serve_connection, ConnectionError, Exports};

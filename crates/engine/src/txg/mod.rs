@@ -625,6 +625,11 @@ impl Store {
         Ok(())
     }
 
+    /// One volume's entry (name, size, block size), if it exists.
+    pub fn volume_info(&self, name: &str) -> Option<VolumeEntry> {
+        self.state.lock().volumes.get(name).map(|v| v.entry.clone())
+    }
+
     /// Names and sizes of the volumes.
     pub fn volumes(&self) -> Vec<VolumeEntry> {
         self.state.lock().volumes.values().map(|v| v.entry.clone()).collect()

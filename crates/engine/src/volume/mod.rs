@@ -39,6 +39,17 @@ impl Volume {
         &self.store
     }
 
+    /// The volume's size now (it may be resized while a handle is open), or `None` once it is
+    /// destroyed.
+    pub fn size_bytes(&self) -> Option<u64> {
+        self.store.volume_info(&self.name).map(|e| e.size_bytes)
+    }
+
+    /// The volume's block size: the best request size and alignment.
+    pub fn block_bytes(&self) -> Option<u32> {
+        self.store.volume_info(&self.name).map(|e| e.block_bytes)
+    }
+
     /// Holds one of the volume's request slots when it has a limit.
     async fn slot(&self) -> Option<async_lock::SemaphoreGuardArc> {
         match &self.gate {

@@ -1,0 +1,198 @@
+//! `sluice serve`: serve a pool's volumes over NBD until SIGINT or SIGTERM.
+//!
+//! With no pool named, the pool lives in `./sluice-data`: a 2-way mirror of two sparse files,
+//! created on first use with a volume `vol0`, imported afterwards. Every volume of the pool is
+//! an export, including volumes created while serving; the export named "" is `vol0` if it
+//! exists, else the first volume. On a signal the server stops accepting, answers what it
+//! has read, syncs and exports the pool.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use sluice_engine::pool::{Pool, PoolSpec, TopSpec};
+use sluice_engine::rt::Env;
+use sluice_engine::tunables::Tunables;
+use sluice_engine::txg::Store;
+use sluice_engine::volume::Volume;
+use sluice_nbd::listen::{self, Listener};
+use sluice_nbd::Exports;
+
+use crate::pools;
+
+/// How `sluice serve` was asked to run.
+pub struct ServeOptions {
+    pub pool: Option<String>,
+    pub dir: PathBuf,
+    pub socket: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub stdio: bool,
+    pub leaf_bytes: u64,
+    pub volume_bytes: u64,
+    pub tunables: Tunables,
+}
+
+/// The pool name used for `./sluice-data`.
+pub const DEFAULT_POOL: &str = "sluice";
+/// The volume created in a new default pool.
+pub const DEFAULT_VOLUME: &str = "vol0";
+
+struct StoreExports {
+    store: Arc<Store>,
+}
+
+impl Exports for StoreExports {
+    fn names(&self) -> Vec<String> {
+        self.store.volumes().into_iter().map(|v| v.name).collect()
+    }
+
+    fn open(&self, name: &str) -> Option<Volume> {
+        let name = if name.is_empty() {
+            let names = self.names();
+            names.iter().find(|n| *n == DEFAULT_VOLUME).or(names.first()).cloned()?
+        } else {
+            name.to_owned()
+        };
+        Volume::open(&self.store, &name).ok()
+    }
+}
+
+/// Opens (or creates) the default pool in `dir`.
+async fn default_store(env: &Env, options: &ServeOptions) -> anyhow::Result<Store> {
+    let dir = &options.dir;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Absolute paths: the pool cache and the printed URIs must work from any directory.
+    let dir =
+        &std::fs::canonicalize(dir).with_context(|| format!("resolving {}", dir.display()))?;
+    let legs: Vec<String> = ["leg0.img", "leg1.img"]
+        .iter()
+        .map(|f| dir.join(f).to_string_lossy().into_owned())
+        .collect();
+    if legs.iter().any(|p| Path::new(p).exists()) {
+        let leaves = legs
+            .iter()
+            .filter(|p| Path::new(p).exists())
+            .map(|p| pools::open_leaf(p, None))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let pool = Pool::import(env, leaves, DEFAULT_POOL, &options.tunables).await?;
+        pools::remember(&pool)?;
+        return Ok(Store::open(pool, &options.tunables).await?);
+    }
+    let leaves = legs
+        .iter()
+        .map(|p| pools::open_leaf(p, Some(options.leaf_bytes)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let spec =
+        PoolSpec { name: DEFAULT_POOL.into(), ashift: 12, top: vec![TopSpec::Mirror(leaves)] };
+    let pool = Pool::create(env, spec, &options.tunables).await?;
+    pools::remember(&pool)?;
+    let store = Store::create(pool, &options.tunables);
+    store.create_volume(DEFAULT_VOLUME, options.volume_bytes, 16 << 10)?;
+    store.sync().await?;
+    eprintln!(
+        "created pool {DEFAULT_POOL} (a mirror of {} and {}) with volume {DEFAULT_VOLUME} ({} bytes)",
+        legs[0], legs[1], options.volume_bytes
+    );
+    Ok(store)
+}
+
+pub async fn serve(env: &Env, options: ServeOptions) -> anyhow::Result<()> {
+    let store = match &options.pool {
+        Some(name) => pools::open_store(env, name).await?,
+        None => default_store(env, &options).await?,
+    };
+    let store = Arc::new(store);
+    store.run_syncer();
+    let exports: Arc<dyn Exports> = Arc::new(StoreExports { store: Arc::clone(&store) });
+    if options.stdio {
+        // One client on stdin/stdout; stdout carries the protocol, so nothing else is printed.
+        let result = listen::serve_stdio(exports).await;
+        finish(store).await?;
+        return result.map_err(Into::into);
+    }
+    let mut listeners = listen::inherited().context("adopting inherited sockets (LISTEN_FDS)")?;
+    let mut addresses = Vec::new();
+    if listeners.is_empty() {
+        let socket = match options.socket.clone() {
+            Some(socket) => socket,
+            None => std::fs::create_dir_all(&options.dir)
+                .and_then(|()| std::fs::canonicalize(&options.dir))
+                .with_context(|| format!("resolving {}", options.dir.display()))?
+                .join("nbd.sock"),
+        };
+        if socket.exists() {
+            // A socket left by a server that died; a live one holds the pool's leaves, so we
+            // would not have got this far.
+            std::fs::remove_file(&socket)
+                .with_context(|| format!("removing stale {}", socket.display()))?;
+        }
+        let unix = tokio::net::UnixListener::bind(&socket)
+            .with_context(|| format!("listening on {}", socket.display()))?;
+        listeners.push(Listener::Unix(unix));
+        addresses.push(format!("unix:{}", socket.display()));
+        let tcp_address = options.listen.clone().unwrap_or_else(|| String::from("127.0.0.1:10809"));
+        if tcp_address != "none" {
+            let tcp = tokio::net::TcpListener::bind(&tcp_address).await.with_context(|| {
+                format!("listening on {tcp_address} (use --listen ADDR, or --listen none)")
+            })?;
+            addresses.push(format!("tcp:{}", tcp.local_addr()?));
+            listeners.push(Listener::Tcp(tcp));
+        }
+        print_help(&store, &socket, options.listen.as_deref().unwrap_or("127.0.0.1:10809"));
+    } else {
+        addresses.push(format!("{} inherited socket(s)", listeners.len()));
+    }
+    eprintln!("sluice: serving pool {} on {}", store.pool().name(), addresses.join(", "));
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    let signals = tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut interrupt), Ok(mut terminate)) =
+            (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+        else {
+            return;
+        };
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        eprintln!("sluice: stopping: finishing requests in flight, then syncing");
+        let _ = stop.send(true);
+    });
+    listen::serve(listeners, exports, shutdown).await;
+    signals.abort();
+    finish(store).await
+}
+
+/// Syncs and exports the pool once every connection is gone.
+async fn finish(store: Arc<Store>) -> anyhow::Result<()> {
+    let name = store.pool().name().to_owned();
+    store.sync().await?;
+    match Arc::try_unwrap(store) {
+        Ok(store) => store.export().await?,
+        // A handle outlived its connection; the sync above made everything durable.
+        Err(_) => {
+            eprintln!("sluice: pool {name} synced; a task still holds it, so it was not exported")
+        }
+    }
+    eprintln!("sluice: pool {name} exported");
+    Ok(())
+}
+
+fn print_help(store: &Store, socket: &Path, tcp: &str) {
+    let volume = store
+        .volumes()
+        .into_iter()
+        .map(|v| v.name)
+        .find(|n| n == DEFAULT_VOLUME)
+        .or_else(|| store.volumes().first().map(|v| v.name.clone()))
+        .unwrap_or_else(|| String::from("VOLUME"));
+    let socket = socket.display();
+    eprintln!(
+        "\nConnect with:\n  \
+         nbdinfo 'nbd+unix:///{volume}?socket={socket}'\n  \
+         qemu-img info 'nbd+unix:///{volume}?socket={socket}'\n  \
+         qemu-img convert -n -O raw disk.img 'nbd://{tcp}/{volume}'\n  \
+         fio --name=sync --ioengine=nbd --uri='nbd://{tcp}/{volume}' --rw=randwrite --bs=4k --fsync=1 --size=256M\n\
+         Stop with Ctrl-C (the pool is synced and exported).\n"
+    );
+}

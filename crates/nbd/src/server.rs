@@ -1,0 +1,603 @@
+//! One NBD connection: the fixed-newstyle handshake, then transmission.
+//!
+//! Transmission reads requests in order and runs each as its own task, so replies go out as
+//! requests complete, not as they arrived (a FUA write waits only for its own log block). A
+//! writer task owns the socket's sending half and sends replies as the tasks hand them over.
+//! A write's payload is read in full before its task starts: a client that disconnects in the
+//! middle of one leaves no partial write. What a connection may hold in flight is bounded
+//! (requests and payload bytes), so a client cannot make the server allocate without limit.
+//!
+//! Bad input never panics and never reaches the engine: a request is checked
+//! ([`proto::check`]) against what was negotiated before anything runs, bad magic closes the
+//! connection, and an oversized write payload is drained and refused (or, beyond
+//! [`proto::PAYLOAD_DRAIN_MAX`], the connection is closed without reading it).
+
+use std::sync::Arc;
+
+use sluice_engine::txg::StoreError;
+use sluice_engine::volume::Volume;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use crate::proto::{self, Limits, Request};
+
+/// What a server offers: the volumes it serves by name.
+pub trait Exports: Send + Sync + 'static {
+    /// Names for OPT_LIST, in order.
+    fn names(&self) -> Vec<String>;
+    /// The volume a client asked for; "" names the default export.
+    fn open(&self, name: &str) -> Option<Volume>;
+}
+
+/// Why a connection ended other than by the client's choice.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectionError {
+    #[error("connection I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("client broke the protocol: {0}")]
+    Protocol(String),
+}
+
+/// Requests one connection may have in flight.
+const IN_FLIGHT_MAX: usize = 256;
+/// Payload bytes one connection may hold in flight, in KiB (permits of the byte semaphore).
+const IN_FLIGHT_KIB: u32 = 256 << 10;
+
+/// What the handshake settled.
+struct Session {
+    volume: Volume,
+    structured: bool,
+    meta_context: bool,
+}
+
+/// Serves one connection until the client leaves, breaks the protocol, or `shutdown` turns
+/// true (then requests already read finish and are answered first).
+pub async fn serve_connection<S>(
+    stream: S,
+    exports: Arc<dyn Exports>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (mut reader, writer) = tokio::io::split(stream);
+    let mut writer = BufWriter::new(writer);
+    let Some(session) = negotiate(&mut reader, &mut writer, exports.as_ref()).await? else {
+        return Ok(());
+    };
+    transmission(reader, writer, session, shutdown).await
+}
+
+async fn send<W: AsyncWrite + Unpin>(writer: &mut W, bytes: &[u8]) -> std::io::Result<()> {
+    writer.write_all(bytes).await?;
+    writer.flush().await
+}
+
+/// Reads and drops `len` bytes without holding them.
+async fn drain<R: AsyncRead + Unpin>(reader: &mut R, mut len: u64) -> std::io::Result<()> {
+    let mut sink = [0u8; 8192];
+    while len > 0 {
+        let n = (len as usize).min(sink.len());
+        reader.read_exact(&mut sink[..n]).await?;
+        len -= n as u64;
+    }
+    Ok(())
+}
+
+fn protocol(message: impl Into<String>) -> ConnectionError {
+    ConnectionError::Protocol(message.into())
+}
+
+/// The handshake; `None` when the client ended it (ABORT, or an unknown EXPORT_NAME).
+async fn negotiate<R, W>(
+    reader: &mut R,
+    writer: &mut W,
+    exports: &dyn Exports,
+) -> Result<Option<Session>, ConnectionError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut hello = Vec::with_capacity(18);
+    hello.extend_from_slice(&proto::INIT_MAGIC.to_be_bytes());
+    hello.extend_from_slice(&proto::OPTS_MAGIC.to_be_bytes());
+    hello.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
+    send(writer, &hello).await?;
+    let client_flags = reader.read_u32().await?;
+    if client_flags & !(proto::CLIENT_FIXED_NEWSTYLE | proto::CLIENT_NO_ZEROES) != 0 {
+        return Err(protocol(format!("unknown client flags {client_flags:#x}")));
+    }
+    let no_zeroes = client_flags & proto::CLIENT_NO_ZEROES != 0;
+    let mut structured = false;
+    let mut meta_context = false;
+    for _ in 0..proto::OPTIONS_MAX {
+        let magic = reader.read_u64().await?;
+        if magic != proto::OPTS_MAGIC {
+            return Err(protocol(format!("option magic {magic:#x}")));
+        }
+        let option = reader.read_u32().await?;
+        let len = reader.read_u32().await?;
+        if len > proto::OPTION_BYTES_MAX {
+            if len > proto::OPTION_BYTES_DRAIN_MAX {
+                return Err(protocol(format!("option {option} with {len} bytes of data")));
+            }
+            drain(reader, u64::from(len)).await?;
+            let message = format!("option data over {} bytes", proto::OPTION_BYTES_MAX);
+            send(writer, &proto::option_error(option, proto::REP_ERR_TOO_BIG, &message)).await?;
+            continue;
+        }
+        // Bounded by OPTION_BYTES_MAX above.
+        let mut data = vec![0u8; len as usize];
+        reader.read_exact(&mut data).await?;
+        let reply = |kind, data: &[u8]| proto::option_reply(option, kind, data);
+        match option {
+            proto::OPT_EXPORT_NAME => {
+                let volume = std::str::from_utf8(&data).ok().and_then(|name| exports.open(name));
+                // No error reply exists for this option: an unknown export ends the connection.
+                let Some(volume) = volume else { return Ok(None) };
+                let Some(size) = volume.size_bytes() else { return Ok(None) };
+                let mut out = Vec::with_capacity(134);
+                out.extend_from_slice(&size.to_be_bytes());
+                out.extend_from_slice(&transmission_flags(structured).to_be_bytes());
+                if !no_zeroes {
+                    out.extend_from_slice(&[0u8; 124]);
+                }
+                send(writer, &out).await?;
+                return Ok(Some(Session { volume, structured, meta_context }));
+            }
+            proto::OPT_ABORT => {
+                // The client may already have closed; its loss.
+                let _ = send(writer, &reply(proto::REP_ACK, &[])).await;
+                return Ok(None);
+            }
+            proto::OPT_LIST => {
+                if !data.is_empty() {
+                    send(
+                        writer,
+                        &proto::option_error(option, proto::REP_ERR_INVALID, "LIST takes no data"),
+                    )
+                    .await?;
+                    continue;
+                }
+                let mut out = Vec::new();
+                for name in exports.names() {
+                    let mut entry = (name.len() as u32).to_be_bytes().to_vec();
+                    entry.extend_from_slice(name.as_bytes());
+                    out.extend_from_slice(&reply(proto::REP_SERVER, &entry));
+                }
+                out.extend_from_slice(&reply(proto::REP_ACK, &[]));
+                send(writer, &out).await?;
+            }
+            proto::OPT_INFO | proto::OPT_GO => {
+                let Some((name, requests)) = proto::parse_go(&data) else {
+                    send(
+                        writer,
+                        &proto::option_error(
+                            option,
+                            proto::REP_ERR_INVALID,
+                            "malformed INFO/GO data",
+                        ),
+                    )
+                    .await?;
+                    continue;
+                };
+                let found =
+                    exports.open(&name).and_then(|v| Some((v.size_bytes()?, v.block_bytes()?, v)));
+                let Some((size, block, volume)) = found else {
+                    let message = format!("no export named {name:?}; OPT_LIST shows them");
+                    send(writer, &proto::option_error(option, proto::REP_ERR_UNKNOWN, &message))
+                        .await?;
+                    continue;
+                };
+                let mut out = Vec::new();
+                let mut sizes = proto::INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+                sizes.extend_from_slice(&proto::BLOCK_BYTES_MIN.to_be_bytes());
+                sizes.extend_from_slice(&block.max(proto::BLOCK_BYTES_MIN).to_be_bytes());
+                sizes.extend_from_slice(&proto::PAYLOAD_BYTES_MAX.to_be_bytes());
+                out.extend_from_slice(&reply(proto::REP_INFO, &sizes));
+                if requests.contains(&proto::INFO_NAME) {
+                    let mut info = proto::INFO_NAME.to_be_bytes().to_vec();
+                    info.extend_from_slice(volume.name().as_bytes());
+                    out.extend_from_slice(&reply(proto::REP_INFO, &info));
+                }
+                if requests.contains(&proto::INFO_DESCRIPTION) {
+                    let mut info = proto::INFO_DESCRIPTION.to_be_bytes().to_vec();
+                    info.extend_from_slice(format!("sluice volume {}", volume.name()).as_bytes());
+                    out.extend_from_slice(&reply(proto::REP_INFO, &info));
+                }
+                let mut export = proto::INFO_EXPORT.to_be_bytes().to_vec();
+                export.extend_from_slice(&size.to_be_bytes());
+                export.extend_from_slice(&transmission_flags(structured).to_be_bytes());
+                out.extend_from_slice(&reply(proto::REP_INFO, &export));
+                out.extend_from_slice(&reply(proto::REP_ACK, &[]));
+                send(writer, &out).await?;
+                if option == proto::OPT_GO {
+                    return Ok(Some(Session { volume, structured, meta_context }));
+                }
+            }
+            proto::OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() || structured {
+                    send(
+                        writer,
+                        &proto::option_error(
+                            option,
+                            proto::REP_ERR_INVALID,
+                            "structured replies take no data and are set once",
+                        ),
+                    )
+                    .await?;
+                    continue;
+                }
+                structured = true;
+                send(writer, &reply(proto::REP_ACK, &[])).await?;
+            }
+            proto::OPT_LIST_META_CONTEXT | proto::OPT_SET_META_CONTEXT => {
+                let set = option == proto::OPT_SET_META_CONTEXT;
+                if set && !structured {
+                    send(
+                        writer,
+                        &proto::option_error(
+                            option,
+                            proto::REP_ERR_INVALID,
+                            "negotiate structured replies first",
+                        ),
+                    )
+                    .await?;
+                    continue;
+                }
+                let Some((name, queries)) = proto::parse_meta_context(&data) else {
+                    send(
+                        writer,
+                        &proto::option_error(
+                            option,
+                            proto::REP_ERR_INVALID,
+                            "malformed meta context data",
+                        ),
+                    )
+                    .await?;
+                    continue;
+                };
+                if exports.open(&name).is_none() {
+                    let message = format!("no export named {name:?}");
+                    send(writer, &proto::option_error(option, proto::REP_ERR_UNKNOWN, &message))
+                        .await?;
+                    continue;
+                }
+                // Only base:allocation exists. LIST with no query, or the "base:" namespace,
+                // lists it; unknown contexts are simply not returned.
+                let wanted = queries
+                    .iter()
+                    .any(|q| q == proto::META_BASE_ALLOCATION || (!set && q == "base:"))
+                    || (!set && queries.is_empty());
+                let mut out = Vec::new();
+                if wanted {
+                    let mut context = proto::META_BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+                    context.extend_from_slice(proto::META_BASE_ALLOCATION.as_bytes());
+                    out.extend_from_slice(&reply(proto::REP_META_CONTEXT, &context));
+                }
+                if set {
+                    meta_context = wanted;
+                }
+                out.extend_from_slice(&reply(proto::REP_ACK, &[]));
+                send(writer, &out).await?;
+            }
+            proto::OPT_STARTTLS => {
+                send(
+                    writer,
+                    &proto::option_error(
+                        option,
+                        proto::REP_ERR_POLICY,
+                        "TLS is not offered; connect over a Unix socket or a trusted network",
+                    ),
+                )
+                .await?;
+            }
+            _ => {
+                send(writer, &proto::option_error(option, proto::REP_ERR_UNSUP, "unknown option"))
+                    .await?;
+            }
+        }
+    }
+    Err(protocol(format!("more than {} options", proto::OPTIONS_MAX)))
+}
+
+/// The flags every export advertises: flush, FUA, trim, write-zeroes with fast zero, and
+/// multi-connection (a flush covers every connection: the log is per volume).
+fn transmission_flags(structured: bool) -> u16 {
+    let mut flags = proto::FLAG_HAS_FLAGS
+        | proto::FLAG_SEND_FLUSH
+        | proto::FLAG_SEND_FUA
+        | proto::FLAG_SEND_TRIM
+        | proto::FLAG_SEND_WRITE_ZEROES
+        | proto::FLAG_SEND_FAST_ZERO
+        | proto::FLAG_CAN_MULTI_CONN;
+    if structured {
+        flags |= proto::FLAG_SEND_DF;
+    }
+    flags
+}
+
+/// A reply ready to send, with the request's in-flight budget released when it is dropped.
+struct Reply {
+    bytes: Vec<u8>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    _budget: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+async fn transmission<R, W>(
+    mut reader: R,
+    writer: W,
+    session: Session,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnectionError>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (replies, mut outbox) = mpsc::unbounded_channel::<Reply>();
+    let sender = tokio::spawn(async move {
+        let mut writer = writer;
+        while let Some(reply) = outbox.recv().await {
+            writer.write_all(&reply.bytes).await?;
+            // Send as soon as nothing else is ready, so replies are not held back.
+            if outbox.is_empty() {
+                writer.flush().await?;
+            }
+        }
+        writer.flush().await?;
+        writer.shutdown().await
+    });
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT_MAX));
+    let budget = Arc::new(Semaphore::new(IN_FLIGHT_KIB as usize));
+    let session = Arc::new(session);
+    let mut header = [0u8; proto::REQUEST_BYTES];
+    let result = loop {
+        let read = tokio::select! {
+            read = reader.read_exact(&mut header) => read,
+            _ = shutdown.wait_for(|stop| *stop) => break Ok(()),
+        };
+        match read {
+            Ok(_) => {}
+            // The client went away between requests: a normal end.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break Ok(()),
+            Err(e) => break Err(e.into()),
+        }
+        let request = match Request::parse(&header) {
+            Ok(request) => request,
+            Err(proto::BadMagic(magic)) => {
+                break Err(protocol(format!("request magic {magic:#x}")))
+            }
+        };
+        if request.kind == proto::CMD_DISC {
+            break Ok(());
+        }
+        let Some(size_bytes) = session.volume.size_bytes() else {
+            break Err(protocol(format!("volume {} was destroyed", session.volume.name())));
+        };
+        let limits = Limits {
+            size_bytes,
+            structured: session.structured,
+            meta_context: session.meta_context,
+        };
+        let slot = Arc::clone(&slots).acquire_owned().await.expect("never closed");
+        let payload_len = request.payload_len();
+        let checked = proto::check(&request, &limits);
+        if payload_len > 0 && (checked.is_err() || payload_len > proto::PAYLOAD_BYTES_MAX) {
+            // Refused writes still carry their payload: drain it (within reason) to stay in
+            // step with the client.
+            if payload_len > proto::PAYLOAD_DRAIN_MAX {
+                break Err(protocol(format!("write payload of {payload_len} bytes")));
+            }
+            if let Err(e) = drain(&mut reader, u64::from(payload_len)).await {
+                break Err(e.into());
+            }
+        }
+        if let Err(proto::Refusal(error)) = checked {
+            let bytes = error_reply(&session, &request, error, "request refused");
+            let _ = replies.send(Reply { bytes, _slot: slot, _budget: None });
+            continue;
+        }
+        let kib = payload_len.div_ceil(1024).max(1);
+        let budget = Arc::clone(&budget).acquire_many_owned(kib).await.expect("never closed");
+        let payload = if payload_len > 0 {
+            let mut data = vec![0u8; payload_len as usize];
+            if let Err(e) = reader.read_exact(&mut data).await {
+                // A write cut off mid-payload is dropped whole.
+                break Err(e.into());
+            }
+            data
+        } else {
+            Vec::new()
+        };
+        let (session, replies) = (Arc::clone(&session), replies.clone());
+        tokio::spawn(async move {
+            let bytes = execute(&session, &request, payload).await;
+            let _ = replies.send(Reply { bytes, _slot: slot, _budget: Some(budget) });
+        });
+    };
+    // Every task still running holds a sender; the writer ends when the last one is answered.
+    drop(replies);
+    let sent = sender.await.map_err(|e| protocol(format!("reply writer: {e}")))?;
+    result?;
+    sent.map_err(ConnectionError::from)
+}
+
+/// The reply to a request that failed with `error`.
+fn error_reply(session: &Session, request: &Request, error: u32, message: &str) -> Vec<u8> {
+    let structured_only = matches!(request.kind, proto::CMD_READ | proto::CMD_BLOCK_STATUS);
+    if session.structured && structured_only {
+        proto::error_chunk(request.cookie, error, message)
+    } else {
+        proto::simple_reply(request.cookie, error).to_vec()
+    }
+}
+
+fn errno(error: &StoreError) -> u32 {
+    match error {
+        StoreError::OutOfRange { .. } => proto::EINVAL,
+        StoreError::NoSpace { .. } => proto::ENOSPC,
+        StoreError::Suspended { .. } => proto::ESHUTDOWN,
+        _ => proto::EIO,
+    }
+}
+
+/// Runs one checked request and encodes its reply.
+async fn execute(session: &Session, request: &Request, payload: Vec<u8>) -> Vec<u8> {
+    let volume = &session.volume;
+    let fua = request.flags & proto::CMD_FLAG_FUA != 0;
+    let (offset, len) = (request.offset, u64::from(request.len));
+    let done = |result: Result<(), StoreError>| match result {
+        Ok(()) => proto::simple_reply(request.cookie, 0).to_vec(),
+        Err(e) => error_reply(session, request, errno(&e), &e.to_string()),
+    };
+    match request.kind {
+        proto::CMD_READ => read(session, request).await,
+        proto::CMD_WRITE if len == 0 => done(Ok(())),
+        proto::CMD_WRITE => done(volume.write(offset, &payload, fua).await),
+        proto::CMD_FLUSH => done(volume.flush().await),
+        proto::CMD_TRIM if len == 0 => done(Ok(())),
+        proto::CMD_TRIM => done(volume.zero(offset, len, fua).await),
+        proto::CMD_WRITE_ZEROES if len == 0 => done(Ok(())),
+        proto::CMD_WRITE_ZEROES => {
+            if request.flags & proto::CMD_FLAG_NO_HOLE == 0 {
+                // Zeroing makes holes: metadata only, as fast as zeroing gets.
+                done(volume.zero(offset, len, fua).await)
+            } else if request.flags & proto::CMD_FLAG_FAST_ZERO != 0 {
+                // Allocated zeros are written like data: no faster than a write.
+                proto::simple_reply(request.cookie, proto::ENOTSUP).to_vec()
+            } else {
+                done(write_zeros(volume, offset, len, fua).await)
+            }
+        }
+        proto::CMD_BLOCK_STATUS => block_status(session, request).await,
+        // `check` admits nothing else.
+        _ => error_reply(session, request, proto::EINVAL, "unknown command"),
+    }
+}
+
+/// Writes allocated zeros (WRITE_ZEROES with NO_HOLE), a MiB at a time.
+async fn write_zeros(volume: &Volume, offset: u64, len: u64, fua: bool) -> Result<(), StoreError> {
+    const PIECE: u64 = 1 << 20;
+    let zeros = vec![0u8; PIECE.min(len) as usize];
+    let mut at = offset;
+    while at < offset + len {
+        let n = PIECE.min(offset + len - at);
+        volume.write(at, &zeros[..n as usize], false).await?;
+        at += n;
+    }
+    if fua {
+        volume.flush().await?;
+    }
+    Ok(())
+}
+
+async fn read(session: &Session, request: &Request) -> Vec<u8> {
+    let volume = &session.volume;
+    let (offset, len) = (request.offset, u64::from(request.len));
+    if !session.structured {
+        return match volume.read(offset, len).await {
+            Ok(data) => {
+                let mut out = proto::simple_reply(request.cookie, 0).to_vec();
+                out.extend_from_slice(&data);
+                out
+            }
+            Err(e) => proto::simple_reply(request.cookie, errno(&e)).to_vec(),
+        };
+    }
+    if len == 0 {
+        return proto::chunk_header(
+            request.cookie,
+            proto::REPLY_FLAG_DONE,
+            proto::REPLY_TYPE_NONE,
+            0,
+        )
+        .to_vec();
+    }
+    // Holes go out as hole chunks unless the client asked for one piece (DF).
+    let runs = if request.flags & proto::CMD_FLAG_DF != 0 {
+        vec![(len, true)]
+    } else {
+        match volume.block_status(offset, len).await {
+            Ok(runs) => runs,
+            Err(e) => return error_reply(session, request, errno(&e), &e.to_string()),
+        }
+    };
+    let mut out = Vec::with_capacity(len as usize + 64);
+    let mut at = offset;
+    for (i, &(run, allocated)) in runs.iter().enumerate() {
+        let flags = if i + 1 == runs.len() { proto::REPLY_FLAG_DONE } else { 0 };
+        if allocated {
+            let data = match volume.read(at, run).await {
+                Ok(data) => data,
+                // Chunks already built are not sent: the reply is this error alone.
+                Err(e) => return error_reply(session, request, errno(&e), &e.to_string()),
+            };
+            out.extend_from_slice(&proto::chunk_header(
+                request.cookie,
+                flags,
+                proto::REPLY_TYPE_OFFSET_DATA,
+                8 + run as u32,
+            ));
+            out.extend_from_slice(&at.to_be_bytes());
+            out.extend_from_slice(&data);
+        } else {
+            out.extend_from_slice(&proto::chunk_header(
+                request.cookie,
+                flags,
+                proto::REPLY_TYPE_OFFSET_HOLE,
+                12,
+            ));
+            out.extend_from_slice(&at.to_be_bytes());
+            out.extend_from_slice(&(run as u32).to_be_bytes());
+        }
+        at += run;
+    }
+    out
+}
+
+/// Largest range one BLOCK_STATUS answers; the client asks again for the rest.
+const BLOCK_STATUS_BYTES_MAX: u64 = 1 << 30;
+
+async fn block_status(session: &Session, request: &Request) -> Vec<u8> {
+    let volume = &session.volume;
+    let size = volume.size_bytes().unwrap_or(0);
+    // Whole sectors that cover the request, within the volume.
+    let start = request.offset / 512 * 512;
+    let end = (request.offset + u64::from(request.len)).div_ceil(512) * 512;
+    let end = end.min(size).min(start + BLOCK_STATUS_BYTES_MAX);
+    if end <= start {
+        return error_reply(session, request, proto::EINVAL, "range outside the volume");
+    }
+    let runs = match volume.block_status(start, end - start).await {
+        Ok(runs) => runs,
+        Err(e) => return error_reply(session, request, errno(&e), &e.to_string()),
+    };
+    let one = request.flags & proto::CMD_FLAG_REQ_ONE != 0;
+    let mut descriptors = Vec::new();
+    // The first descriptor starts at the requested offset, not the sector before it.
+    let mut skip = request.offset - start;
+    for (run, allocated) in runs {
+        let run = run - skip.min(run);
+        skip = 0;
+        if run == 0 {
+            continue;
+        }
+        let flags = if allocated { 0 } else { proto::STATE_HOLE | proto::STATE_ZERO };
+        descriptors.extend_from_slice(&(run.min(u64::from(u32::MAX)) as u32).to_be_bytes());
+        descriptors.extend_from_slice(&flags.to_be_bytes());
+        if one {
+            break;
+        }
+    }
+    let mut out = proto::chunk_header(
+        request.cookie,
+        proto::REPLY_FLAG_DONE,
+        proto::REPLY_TYPE_BLOCK_STATUS,
+        4 + descriptors.len() as u32,
+    )
+    .to_vec();
+    out.extend_from_slice(&proto::META_BASE_ALLOCATION_ID.to_be_bytes());
+    out.extend_from_slice(&descriptors);
+    out
+}
