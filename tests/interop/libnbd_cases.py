@@ -1,0 +1,78 @@
+"""Protocol corner cases against `sluice serve`, through python3-libnbd with strict mode off
+so that deliberately bad requests reach the server. Each case names what it expects; the
+connection must stay usable after every refused request."""
+import errno
+import sys
+
+import nbd
+
+uri = sys.argv[1]
+h = nbd.NBD()
+h.set_strict_mode(0)
+h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+h.connect_uri(uri)
+size = h.get_size()
+
+
+def refused(what, expected, call):
+    try:
+        call()
+    except nbd.Error as e:
+        assert e.errnum == expected, f"{what}: got {errno.errorcode.get(e.errnum, e.errnum)}, want {errno.errorcode[expected]}"
+        return
+    raise AssertionError(f"{what}: succeeded, want {errno.errorcode[expected]}")
+
+
+refused("misaligned read", errno.EINVAL, lambda: h.pread(512, 100))
+refused("misaligned write", errno.EINVAL, lambda: h.pwrite(b"x" * 100, 0))
+refused("read past the end", errno.EINVAL, lambda: h.pread(4096, size - 512))
+refused("write past the end", errno.ENOSPC, lambda: h.pwrite(b"x" * 4096, size - 512))
+refused("trim past the end", errno.EINVAL, lambda: h.trim(4096, size))
+refused("unknown write flag", errno.EINVAL, lambda: h.pwrite(b"y" * 512, 0, flags=1 << 9))
+refused("FUA on a read", errno.EINVAL, lambda: h.pread(512, 0, flags=nbd.CMD_FLAG_FUA))
+refused("read above the payload limit", errno.EINVAL, lambda: h.pread((32 << 20) + 512, 0))
+refused("fast zero that must allocate", errno.ENOTSUP,
+        lambda: h.zero(1 << 20, 0, flags=nbd.CMD_FLAG_NO_HOLE | nbd.CMD_FLAG_FAST_ZERO))
+assert h.pread(0, 0) == b"", "zero-length read"
+h.pwrite(b"", 0)
+h.flush()
+
+# A FUA write is readable at once; zeroing with and without holes reads as zeros.
+data = bytes(range(256)) * 64
+h.pwrite(data, 1 << 20, flags=nbd.CMD_FLAG_FUA)
+assert h.pread(len(data), 1 << 20) == data, "FUA write read back"
+h.zero(16384, 1 << 20, flags=nbd.CMD_FLAG_NO_HOLE)
+assert h.pread(16384, 1 << 20) == bytes(16384), "zeroed with NO_HOLE"
+h.pwrite(data, 2 << 20)
+h.zero(16384, 2 << 20, flags=nbd.CMD_FLAG_FAST_ZERO)
+assert h.pread(16384, 2 << 20) == bytes(16384), "fast zero"
+
+# base:allocation: a trimmed block range is a hole, a written one is data.
+h.pwrite(b"d" * 65536, 4 << 20)
+h.trim(65536, 5 << 20)
+extents = []
+h.block_status(2 << 20, 4 << 20,
+               lambda ctx, off, ents, err: extents.append((ctx, list(ents))) or 0)
+flags = dict()
+at = 4 << 20
+for ctx, ents in extents:
+    assert ctx == "base:allocation", ctx
+    for i in range(0, len(ents), 2):
+        flags[at] = ents[i + 1]
+        at += ents[i]
+assert flags.get(4 << 20) == 0, f"written range not data: {flags}"
+assert flags.get(5 << 20, 0) & 1 == 1, f"trimmed range not a hole: {flags}"
+
+# Multi-connection: a flush on another connection covers this one's writes.
+h2 = nbd.NBD()
+h2.connect_uri(uri)
+assert h2.can_multi_conn()
+h.pwrite(b"m" * 4096, 6 << 20)
+h2.flush()
+assert h2.pread(4096, 6 << 20) == b"m" * 4096, "write seen on another connection"
+
+# After everything refused above, the first connection still works.
+assert h.pread(65536, 4 << 20) == b"d" * 65536
+h.shutdown()
+h2.shutdown()
+print("libnbd cases: all passed")
