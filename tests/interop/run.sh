@@ -59,6 +59,14 @@ EOF
 nbdinfo --list "nbd+unix://?socket=$sock" | grep -q 'export="vol0"' || fail "nbdinfo --list does not show vol0"
 nbdinfo "nbd://$tcp/vol0" >/dev/null || fail "TCP connection failed"
 
+step "control socket: commands reach the running server"
+"$bin" pool status sluice | grep -q "served by sluice serve" || fail "pool status did not go through the server"
+"$bin" vol create sluice/extra --size 64M >/dev/null
+nbdinfo --list "nbd+unix://?socket=$sock" | grep -q 'export="extra"' || fail "a volume created while serving is not exported"
+"$bin" vol list | grep -q "sluice/extra" || fail "vol list does not show the new volume"
+"$bin" vol destroy sluice/extra >/dev/null
+if "$bin" pool export sluice 2>/dev/null; then fail "pool export of a served pool was not refused"; fi
+
 step "qemu-img: convert a random image in and out, compare, map"
 head -c 24M /dev/urandom >"$work/rand.img"
 truncate -s 256M "$work/rand.img"

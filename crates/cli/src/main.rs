@@ -7,6 +7,7 @@
 //! validated), `sluice serve` (volumes over NBD, serve.rs) and `sluice bench seeds
 //! mirror|queue|zil|zvol` (the seeds' experiments in virtual time).
 
+mod control;
 mod pools;
 mod serve;
 
@@ -242,6 +243,59 @@ where
     runtime.block_on(async move { task(sluice_host::tokio_env(seed)).await })
 }
 
+/// Runs a command about one pool and prints its output: through the pool's server when it is
+/// being served, else here.
+async fn per_pool(
+    env: &sluice_engine::rt::Env,
+    pool: &str,
+    args: Vec<String>,
+) -> anyhow::Result<()> {
+    let out = run_for_pool(env, pool, args).await?;
+    print!("{out}");
+    Ok(())
+}
+
+async fn run_for_pool(
+    env: &sluice_engine::rt::Env,
+    pool: &str,
+    args: Vec<String>,
+) -> anyhow::Result<String> {
+    if let Some(forwarded) = control::forward(pool, &args) {
+        return forwarded;
+    }
+    let mut ctx = pools::Ctx { env, live: None, out: String::new() };
+    let result = run_pool_command(&mut ctx, args).await;
+    if result.is_err() {
+        print!("{}", ctx.out);
+    }
+    result.map(|()| ctx.out)
+}
+
+/// The pool and volume commands that may run against a pool held elsewhere in this process
+/// (the server's live store, for its control socket).
+pub(crate) async fn run_pool_command(
+    ctx: &mut pools::Ctx<'_>,
+    args: Vec<String>,
+) -> anyhow::Result<()> {
+    let cli = Cli::try_parse_from(std::iter::once(String::from("sluice")).chain(args))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    match cli.command {
+        Command::Pool { pool: PoolCommand::Status { names } } => pools::status(ctx, &names).await,
+        Command::Pool { pool: PoolCommand::Scrub { name } } => pools::scrub(ctx, &name).await,
+        Command::Vol { vol: VolCommand::Create { spec, size, block_size } } => {
+            pools::vol_create(ctx, &spec, size, block_size).await
+        }
+        Command::Vol { vol: VolCommand::List { pools } } => pools::vol_list(ctx, &pools).await,
+        Command::Vol { vol: VolCommand::Destroy { spec } } => pools::vol_destroy(ctx, &spec).await,
+        Command::Vol { vol: VolCommand::Resize { spec, size } } => {
+            pools::vol_resize(ctx, &spec, size).await
+        }
+        _ => anyhow::bail!(
+            "only pool status|scrub and vol create|list|resize|destroy run on a served pool"
+        ),
+    }
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve { pool, dir, socket, listen, stdio, leaf_size, volume_size, settings } => {
@@ -260,27 +314,75 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             on_runtime(|env| async move { serve::serve(&env, options).await })
         }
         Command::Pool { pool } => on_runtime(|env| async move {
+            let refuse_if_served = |name: &str| {
+                if control::is_served(name) {
+                    anyhow::bail!(
+                        "pool {name} is being served by `sluice serve` (control socket {}); stop \
+                         the server first (Ctrl-C or SIGTERM)",
+                        control::socket_path(name).display()
+                    );
+                }
+                Ok(())
+            };
             match pool {
                 PoolCommand::Create { name, vdevs, size, ashift } => {
+                    refuse_if_served(&name)?;
                     pools::create(&env, &name, size, ashift, &vdevs).await
                 }
                 PoolCommand::Import { name, dirs, devices } => {
+                    refuse_if_served(&name)?;
                     pools::import(&env, &name, &dirs, &devices).await
                 }
-                PoolCommand::Export { name } => pools::export(&env, &name).await,
-                PoolCommand::Status { names } => pools::status(&env, &names).await,
-                PoolCommand::Scrub { name } => pools::scrub(&env, &name).await,
-                PoolCommand::Destroy { name } => pools::destroy(&env, &name).await,
+                PoolCommand::Export { name } => {
+                    refuse_if_served(&name)?;
+                    pools::export(&env, &name).await
+                }
+                PoolCommand::Destroy { name } => {
+                    refuse_if_served(&name)?;
+                    pools::destroy(&env, &name).await
+                }
+                PoolCommand::Status { names } => {
+                    let names = if names.is_empty() { pools::known_pools()? } else { names };
+                    if names.is_empty() {
+                        println!("no pools");
+                    }
+                    for name in names {
+                        per_pool(&env, &name, vec!["pool".into(), "status".into(), name.clone()])
+                            .await?;
+                    }
+                    Ok(())
+                }
+                PoolCommand::Scrub { name } => {
+                    per_pool(&env, &name, vec!["pool".into(), "scrub".into(), name.clone()]).await
+                }
             }
         }),
         Command::Vol { vol } => on_runtime(|env| async move {
+            let args: Vec<String> = std::env::args().skip(1).collect();
             match vol {
-                VolCommand::Create { spec, size, block_size } => {
-                    pools::vol_create(&env, &spec, size, block_size).await
+                VolCommand::List { pools } => {
+                    let names = if pools.is_empty() { pools::known_pools()? } else { pools };
+                    for (i, name) in names.iter().enumerate() {
+                        let args = vec!["vol".into(), "list".into(), name.clone()];
+                        let out = run_for_pool(&env, name, args).await?;
+                        // One header for the whole list.
+                        print!(
+                            "{}",
+                            if i == 0 {
+                                &out[..]
+                            } else {
+                                out.split_once('\n').map_or("", |x| x.1)
+                            }
+                        );
+                    }
+                    Ok(())
                 }
-                VolCommand::List { pools } => pools::vol_list(&env, &pools).await,
-                VolCommand::Destroy { spec } => pools::vol_destroy(&env, &spec).await,
-                VolCommand::Resize { spec, size } => pools::vol_resize(&env, &spec, size).await,
+                VolCommand::Create { spec, .. }
+                | VolCommand::Destroy { spec }
+                | VolCommand::Resize { spec, .. } => {
+                    let pool = spec.split_once('/').map_or(spec.as_str(), |(p, _)| p).to_owned();
+                    per_pool(&env, &pool, args).await
+                }
             }
         }),
         Command::Tunables { settings } => tunables(&settings),

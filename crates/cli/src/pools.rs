@@ -20,6 +20,59 @@ use sluice_engine::rt::Env;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{Store, BLOCK_BYTES_DEFAULT};
 
+/// Where a command's output goes and which pool, if any, is already open in this process
+/// (`sluice serve` runs the same commands for its control socket against its live store).
+pub struct Ctx<'a> {
+    pub env: &'a Env,
+    pub live: Option<Arc<Store>>,
+    pub out: String,
+}
+
+impl Ctx<'_> {
+    fn say(&mut self, line: impl AsRef<str>) {
+        self.out.push_str(line.as_ref());
+        self.out.push('\n');
+    }
+
+    /// The pool `name`: the live one, or opened from its leaves.
+    async fn hold(&self, name: &str) -> anyhow::Result<Held> {
+        match &self.live {
+            Some(store) if store.pool().name() == name => Ok(Held::Live(Arc::clone(store))),
+            _ => Ok(Held::Local(Box::new(open_store(self.env, name).await?))),
+        }
+    }
+}
+
+/// A pool a command works on: one this process serves, or one it opened for the command (and
+/// syncs and exports after it).
+enum Held {
+    Live(Arc<Store>),
+    Local(Box<Store>),
+}
+
+impl std::ops::Deref for Held {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        match self {
+            Held::Live(store) => store,
+            Held::Local(store) => store,
+        }
+    }
+}
+
+impl Held {
+    /// Ends the command: a pool opened for it is synced and exported; a live one is synced.
+    async fn release(self) -> anyhow::Result<()> {
+        match self {
+            Held::Live(store) => {
+                store.sync().await?;
+            }
+            Held::Local(store) => (*store).export().await?,
+        }
+        Ok(())
+    }
+}
+
 /// Parses sizes like 64M, 20G, 4096.
 pub fn parse_size(text: &str) -> anyhow::Result<u64> {
     let text = text.trim();
@@ -36,7 +89,12 @@ pub fn parse_size(text: &str) -> anyhow::Result<u64> {
     value.checked_mul(1u64 << shift).with_context(|| format!("size {text} is too large"))
 }
 
-fn cache_path() -> PathBuf {
+/// Pools named in the cache file.
+pub fn known_pools() -> anyhow::Result<Vec<String>> {
+    Ok(read_cache()?.into_keys().collect())
+}
+
+pub(crate) fn cache_path() -> PathBuf {
     if let Some(path) = std::env::var_os("SLUICE_CACHE_FILE") {
         return PathBuf::from(path);
     }
@@ -245,18 +303,18 @@ pub async fn destroy(env: &Env, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn scrub(env: &Env, name: &str) -> anyhow::Result<()> {
-    let store = open_store(env, name).await?;
+pub async fn scrub(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<()> {
+    let store = ctx.hold(name).await?;
     let report = store.pool().scrub().await?;
-    println!(
+    ctx.say(format!(
         "scrub of {name}: {} blocks, {} bytes checked; {} bad copies found, {} repaired, {} blocks unrecoverable",
         report.blocks,
         report.bytes,
         report.errors,
         report.repaired,
         report.unrecoverable.len()
-    );
-    store.export().await?;
+    ));
+    store.release().await?;
     if !report.unrecoverable.is_empty() {
         bail!(
             "pool {name} has {} blocks with no good copy; restore the affected volumes",
@@ -266,31 +324,37 @@ pub async fn scrub(env: &Env, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn status(env: &Env, names: &[String]) -> anyhow::Result<()> {
+pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
     let names: Vec<String> =
         if names.is_empty() { read_cache()?.into_keys().collect() } else { names.to_vec() };
     if names.is_empty() {
-        println!("no pools");
+        ctx.say("no pools");
     }
     for name in names {
-        let store = open_store(env, &name).await?;
+        let store = ctx.hold(&name).await?;
         let pool = store.pool();
+        if matches!(store, Held::Live(_)) {
+            ctx.say(format!("(served by sluice serve, process {})", std::process::id()));
+        }
         let degraded = pool.leaves().iter().any(|l| !l.present || l.leaf.is_faulted());
-        println!(
+        ctx.say(format!(
             "pool: {name}  guid: {:016x}  txg: {}  state: {}",
             pool.guid(),
             pool.uberblock().txg,
             if degraded { "DEGRADED" } else { "ONLINE" }
-        );
-        println!("  {:<40} {:<8} {:>6} {:>6} {:>6}", "NAME", "STATE", "READ", "WRITE", "CKSUM");
+        ));
+        ctx.say(format!(
+            "  {:<40} {:<8} {:>6} {:>6} {:>6}",
+            "NAME", "STATE", "READ", "WRITE", "CKSUM"
+        ));
         let mut logs_shown = false;
         for (index, top) in pool.config().top.iter().enumerate() {
             if top.log && !logs_shown {
-                println!("  logs");
+                ctx.say("  logs");
                 logs_shown = true;
             }
             if top.kind == sluice_format::TopKind::Mirror {
-                println!("  {:<40}", format!("mirror-{index}"));
+                ctx.say(format!("  {:<40}", format!("mirror-{index}")));
             }
             for leaf in pool.leaves().iter().filter(|l| l.top == index) {
                 let stats = leaf.leaf.stats();
@@ -301,14 +365,14 @@ pub async fn status(env: &Env, names: &[String]) -> anyhow::Result<()> {
                 } else {
                     "ONLINE"
                 };
-                println!(
+                ctx.say(format!(
                     "    {:<38} {:<8} {:>6} {:>6} {:>6}",
                     leaf.path,
                     state,
                     stats.read_errors.get(),
                     stats.write_errors.get(),
                     stats.checksum_errors.get()
-                );
+                ));
             }
         }
         let logs = pool.log_vdevs();
@@ -320,30 +384,34 @@ pub async fn status(env: &Env, names: &[String]) -> anyhow::Result<()> {
             .map(|(_, (s, e))| e - s)
             .sum();
         let free = store.free_bytes();
-        println!(
+        ctx.say(format!(
             "  space: {} used, {} free, {} capacity",
             human(capacity - free),
             human(free),
             human(capacity)
-        );
+        ));
         let log = store.log_stats();
-        println!(
-            "  intent log: {} chains claimed at import, {} records replayed ({} already \
-             applied by an interrupted replay), {} torn tails",
+        ctx.say(format!(
+            "  intent log: {} commits ({} through a txg sync), {} log blocks written; at \
+             import {} chains claimed, {} records replayed ({} already applied by an \
+             interrupted replay), {} torn tails",
+            log.commits.get(),
+            log.commits_via_txg.get(),
+            store.log_blocks_written(),
             log.chains_claimed.get(),
             log.records_replayed.get(),
             log.records_already_replayed.get(),
             log.torn_tails.get()
-        );
+        ));
         for volume in store.volumes() {
-            println!(
+            ctx.say(format!(
                 "  volume {name}/{}: {} ({} blocks)",
                 volume.name,
                 human(volume.size_bytes),
                 human(u64::from(volume.block_bytes))
-            );
+            ));
         }
-        store.export().await?;
+        store.release().await?;
     }
     Ok(())
 }
@@ -354,54 +422,53 @@ fn split_volume(spec: &str) -> anyhow::Result<(&str, &str)> {
 }
 
 pub async fn vol_create(
-    env: &Env,
+    ctx: &mut Ctx<'_>,
     spec: &str,
     size: u64,
     block_bytes: Option<u64>,
 ) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
-    let store = open_store(env, pool).await?;
+    let store = ctx.hold(pool).await?;
     let block =
         u32::try_from(block_bytes.unwrap_or(u64::from(BLOCK_BYTES_DEFAULT))).unwrap_or(u32::MAX);
     store.create_volume(volume, size, block)?;
-    store.export().await?;
-    println!("created volume {spec} ({})", human(size));
+    store.release().await?;
+    ctx.say(format!("created volume {spec} ({})", human(size)));
     Ok(())
 }
 
-pub async fn vol_destroy(env: &Env, spec: &str) -> anyhow::Result<()> {
+pub async fn vol_destroy(ctx: &mut Ctx<'_>, spec: &str) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
-    let store = open_store(env, pool).await?;
+    let store = ctx.hold(pool).await?;
     store.destroy_volume(volume)?;
-    store.export().await?;
-    println!("destroyed volume {spec}");
+    store.release().await?;
+    ctx.say(format!("destroyed volume {spec}"));
     Ok(())
 }
 
-pub async fn vol_resize(env: &Env, spec: &str, size: u64) -> anyhow::Result<()> {
+pub async fn vol_resize(ctx: &mut Ctx<'_>, spec: &str, size: u64) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
-    let store = open_store(env, pool).await?;
+    let store = ctx.hold(pool).await?;
     store.resize_volume(volume, size).await?;
-    store.export().await?;
-    println!("resized volume {spec} to {}", human(size));
+    store.release().await?;
+    ctx.say(format!("resized volume {spec} to {}", human(size)));
     Ok(())
 }
 
-pub async fn vol_list(env: &Env, pools: &[String]) -> anyhow::Result<()> {
-    let names: Vec<String> =
-        if pools.is_empty() { read_cache()?.into_keys().collect() } else { pools.to_vec() };
-    println!("{:<40} {:>12} {:>10}", "NAME", "SIZE", "BLOCK");
-    for name in names {
-        let store = open_store(env, &name).await?;
+pub async fn vol_list(ctx: &mut Ctx<'_>, pools: &[String]) -> anyhow::Result<()> {
+    ctx.say(format!("{:<40} {:>12} {:>10}", "NAME", "SIZE", "BLOCK"));
+    for name in pools {
+        let name = name.clone();
+        let store = ctx.hold(&name).await?;
         for volume in store.volumes() {
-            println!(
+            ctx.say(format!(
                 "{:<40} {:>12} {:>10}",
                 format!("{name}/{}", volume.name),
                 human(volume.size_bytes),
                 human(u64::from(volume.block_bytes))
-            );
+            ));
         }
-        store.export().await?;
+        store.release().await?;
     }
     Ok(())
 }

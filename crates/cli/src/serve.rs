@@ -103,10 +103,13 @@ pub async fn serve(env: &Env, options: ServeOptions) -> anyhow::Result<()> {
     };
     let store = Arc::new(store);
     store.run_syncer();
+    let control = crate::control::serve(env.clone(), Arc::clone(&store)).await?;
     let exports: Arc<dyn Exports> = Arc::new(StoreExports { store: Arc::clone(&store) });
     if options.stdio {
         // One client on stdin/stdout; stdout carries the protocol, so nothing else is printed.
         let result = listen::serve_stdio(exports).await;
+        control.abort();
+        crate::control::remove(store.pool().name());
         finish(store).await?;
         return result.map_err(Into::into);
     }
@@ -160,6 +163,9 @@ pub async fn serve(env: &Env, options: ServeOptions) -> anyhow::Result<()> {
     });
     listen::serve(listeners, exports, shutdown).await;
     signals.abort();
+    control.abort();
+    let _ = control.await;
+    crate::control::remove(store.pool().name());
     finish(store).await
 }
 

@@ -24,7 +24,7 @@
 //! the store: every later operation fails until the pool is imported again, which returns it
 //! to the last synced txg.
 //!
-//! Lock order: `state` -> `allocator`; neither is held across an `.await`.
+//! Lock order: `state` -> a volume's log writer -> `allocator`; none is held across an `.await`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -728,9 +728,12 @@ impl Store {
         let bs = u64::from(entry.block_bytes);
         // Refuse what could not be synced: new dirty data beyond the free space above the slop.
         if apply == Apply::Live {
-            let allocator = self.allocator.lock();
-            let usable = allocator.free_bytes().saturating_sub(allocator.slop_bytes());
+            // One lock at a time: the lock order is state -> allocator.
             let dirty = self.state.lock().dirty_bytes;
+            let usable = {
+                let allocator = self.allocator.lock();
+                allocator.free_bytes().saturating_sub(allocator.slop_bytes())
+            };
             if data.is_some() && dirty.saturating_add(len) > usable {
                 return Err(StoreError::NoSpace {
                     pool: self.pool.name().to_owned(),

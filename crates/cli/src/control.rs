@@ -1,0 +1,111 @@
+//! The control socket of `sluice serve`: while a pool is served, its leaves are locked by the
+//! server, so `sluice pool status|scrub` and `sluice vol create|list|resize|destroy` naming that
+//! pool are sent to the server, which runs them against its live store (a volume created this
+//! way is exported at once) and sends back their output.
+//!
+//! The socket sits next to the pool cache file, named after the pool. One request per
+//! connection: the command's arguments as a JSON array on one line; the answer is a JSON object
+//! `{"ok": bool, "out": text, "error": text}`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use sluice_engine::rt::Env;
+use sluice_engine::txg::Store;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+use crate::pools;
+
+/// Where the control socket of pool `name` is.
+pub fn socket_path(name: &str) -> PathBuf {
+    pools::cache_path().with_file_name(format!("{name}.control"))
+}
+
+/// Whether a server is serving `name` now.
+pub fn is_served(name: &str) -> bool {
+    UnixStream::connect(socket_path(name)).is_ok()
+}
+
+/// Sends `args` to the server of `pool`, if there is one; returns its output.
+pub fn forward(pool: &str, args: &[String]) -> Option<anyhow::Result<String>> {
+    let path = socket_path(pool);
+    let stream = UnixStream::connect(&path).ok()?;
+    Some((|| {
+        let mut stream = stream;
+        let mut line = serde_json::to_string(args)?;
+        line.push('\n');
+        stream.write_all(line.as_bytes())?;
+        let mut answer = String::new();
+        BufReader::new(&stream).read_line(&mut answer)?;
+        let answer: serde_json::Value = serde_json::from_str(&answer)
+            .with_context(|| format!("reading the answer of the server on {}", path.display()))?;
+        let out = answer["out"].as_str().unwrap_or_default().to_owned();
+        if answer["ok"].as_bool() == Some(true) {
+            Ok(out)
+        } else {
+            print!("{out}");
+            anyhow::bail!(
+                "{}",
+                answer["error"].as_str().unwrap_or("the server refused the command")
+            )
+        }
+    })())
+}
+
+/// Listens on the control socket of the served pool until the task is dropped.
+pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let name = store.pool().name().to_owned();
+    let path = socket_path(&name);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if path.exists() {
+        if is_served(&name) {
+            anyhow::bail!("pool {name} is already served (control socket {})", path.display());
+        }
+        std::fs::remove_file(&path)
+            .with_context(|| format!("removing stale {}", path.display()))?;
+    }
+    let listener = tokio::net::UnixListener::bind(&path)
+        .with_context(|| format!("listening on {}", path.display()))?;
+    Ok(tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let (env, store) = (env.clone(), Arc::clone(&store));
+            tokio::spawn(async move {
+                let (reader, mut writer) = stream.into_split();
+                let mut line = String::new();
+                let mut reader = tokio::io::BufReader::new(reader);
+                if reader.read_line(&mut line).await.is_err() {
+                    return;
+                }
+                let answer = match serde_json::from_str::<Vec<String>>(&line) {
+                    Ok(args) => run(&env, store, args).await,
+                    Err(e) => {
+                        serde_json::json!({"ok": false, "out": "", "error": format!("bad request: {e}")})
+                    }
+                };
+                let mut text = answer.to_string();
+                text.push('\n');
+                let _ = writer.write_all(text.as_bytes()).await;
+            });
+        }
+    }))
+}
+
+/// Removes the control socket (at shutdown).
+pub fn remove(name: &str) {
+    let _ = std::fs::remove_file(socket_path(name));
+}
+
+async fn run(env: &Env, store: Arc<Store>, args: Vec<String>) -> serde_json::Value {
+    let mut ctx = pools::Ctx { env, live: Some(store), out: String::new() };
+    let result = crate::run_pool_command(&mut ctx, args).await;
+    match result {
+        Ok(()) => serde_json::json!({"ok": true, "out": ctx.out, "error": ""}),
+        Err(e) => serde_json::json!({"ok": false, "out": ctx.out, "error": format!("{e:#}")}),
+    }
+}
