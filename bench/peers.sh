@@ -5,7 +5,8 @@
 #
 # Jobs: 4 KiB random writes with a flush after every write (fio --fsync=1) at 1, 8 and 32 jobs
 # (one connection each); 4 KiB random reads at queue depth 32; 1 MiB sequential reads and
-# writes. sluice serves a pool of one file leaf, like the peers' one raw file.
+# writes. sluice serves a pool of one file leaf, like the peers' one raw file, with a volume of
+# the default 16 KiB blocks.
 #
 # Usage: bench/peers.sh [--seconds N] [--dir DIR] [--size SIZE]
 # Needs: fio, qemu-utils (qemu-nbd), nbdkit, libnbd-bin; builds target/release/sluice.
@@ -101,7 +102,11 @@ kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 
 # 4. sluice: a pool of one file leaf, one volume.
 export SLUICE_CACHE_FILE=$dir/sluice-pools
-"$bin" pool create peers "$dir/sluice.img" --size "$size" >/dev/null
+# Written once, like the peers' images after their prefill: a sparse leaf would make ext4
+# allocate extents (and commit its journal at every flush) on the first write to each region,
+# a cost of the sparse file rather than of the server.
+dd if=/dev/zero of="$dir/sluice.img" bs=1M count="$(( $(numfmt --from=iec "$size") >> 20 ))" oflag=direct status=none
+"$bin" pool create peers "$dir/sluice.img" >/dev/null
 vol_bytes=$(( $(numfmt --from=iec "$size") * 3 / 4 / 16384 * 16384 ))
 "$bin" vol create peers/disk --size "$vol_bytes" >/dev/null
 "$bin" serve peers --socket "$dir/sluice.sock" --listen none --dir "$dir" 2>"$dir/sluice.log" &

@@ -274,6 +274,64 @@ fn full_pool_refuses_writes_then_recovers() {
     assert!(error_text.contains("small") && error_text.contains("trim"), "{error_text}");
 }
 
+/// A pool whose free space is fragmented into thousands of 4 KiB holes (every other block of
+/// a full volume trimmed) keeps syncing and importing: its space map, far larger than any
+/// free range, is written in small pieces. (A single-block map needed a contiguous range of
+/// the map's size and suspended the pool, found by the peers benchmark at 80% full.)
+#[test]
+fn fragmented_pool_syncs_and_imports() {
+    let sim = Sim::new(78);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, 64 << 20);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        let spec =
+            PoolSpec { name: "frag".into(), ashift: 12, top: vec![TopSpec::Mirror(specs.clone())] };
+        let pool = Pool::create(&env, spec, &Tunables::default()).await.unwrap();
+        let store = Store::create(pool, &Tunables::default());
+        let blocks = 10_000u64;
+        store.create_volume("v", blocks * 4096, 4096).unwrap();
+        let data: Vec<u8> = (0..blocks * 4096).map(|i| (i / 4096) as u8 | 1).collect();
+        for chunk in 0..10 {
+            let range =
+                (chunk * blocks / 10 * 4096) as usize..((chunk + 1) * blocks / 10 * 4096) as usize;
+            store.write("v", range.start as u64, &data[range]).await.unwrap();
+            store.sync().await.unwrap();
+        }
+        for block in (0..blocks).step_by(2) {
+            store.zero("v", block * 4096, 4096).await.unwrap();
+        }
+        for _ in 0..(sluice_engine::alloc::FREE_DEFER_TXGS + 2) {
+            store.sync().await.unwrap();
+        }
+        // Fill the holes again with fresh copies: allocations land in the 4 KiB holes.
+        for block in (1..blocks).step_by(2).take(2000) {
+            store
+                .write(
+                    "v",
+                    block * 4096,
+                    &data[(block * 4096) as usize..((block + 1) * 4096) as usize],
+                )
+                .await
+                .unwrap();
+        }
+        store.sync().await.unwrap();
+        store.export().await.unwrap();
+        let pool = Pool::import(&env, specs, "frag", &Tunables::default()).await.unwrap();
+        let store = Store::open(pool, &Tunables::default()).await.unwrap();
+        for block in [1u64, 3, 4001, 9999] {
+            let got = store.read("v", block * 4096, 4096).await.unwrap();
+            assert_eq!(
+                got,
+                data[(block * 4096) as usize..((block + 1) * 4096) as usize],
+                "block {block}"
+            );
+        }
+        assert!(store.read("v", 0, 4096).await.unwrap().iter().all(|&b| b == 0));
+    })
+    .unwrap();
+}
+
 /// The syncer makes acknowledged writes durable within txg.timeout without any explicit sync,
 /// and a writer streaming far more than txg.dirty_max is held back by early syncs and delays:
 /// dirty data never runs far past the maximum, and the writer always finishes.

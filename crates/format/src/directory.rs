@@ -13,7 +13,10 @@
 //!     24    8 next_volume_id u64
 //!     32    4 vdev_count u32
 //!     36    4 volume_count u32
-//!     40  128 space map pointer of each top-level vdev, in order (zeros: none yet)
+//!     40      space map of each top-level vdev, in order: piece_count u32, then the
+//!               block pointer (128) of each piece (0 pieces: none yet). A map is split in
+//!               pieces so that no single block must find a large free range in a
+//!               fragmented pool; the pieces' ranges, concatenated, are the map.
 //!      .      volumes, each:
 //!               id u64, size_bytes u64, block_bytes u32, levels u8, reserved 1,
 //!               name_len u16, name (UTF-8), root block pointer (128; zeros: empty),
@@ -71,14 +74,15 @@ pub struct LogHeader {
 pub struct PoolDirectory {
     pub txg: u64,
     pub next_volume_id: u64,
-    pub space_maps: Vec<Option<BlockPointer>>,
+    /// Per top-level vdev, the blocks of its space map's pieces, in order.
+    pub space_maps: Vec<Vec<BlockPointer>>,
     pub volumes: Vec<VolumeEntry>,
 }
 
 impl PoolDirectory {
     pub fn encoded_len(&self) -> usize {
         HEADER_BYTES
-            + self.space_maps.len() * BLKPTR_BYTES
+            + self.space_maps.iter().map(|p| 4 + p.len() * BLKPTR_BYTES).sum::<usize>()
             + self
                 .volumes
                 .iter()
@@ -119,9 +123,13 @@ impl PoolDirectory {
         w.u32(32, self.space_maps.len() as u32);
         w.u32(36, self.volumes.len() as u32);
         let mut at = HEADER_BYTES;
-        for map in &self.space_maps {
-            w.put(at, &BlockPointer::encode(map.as_ref()));
-            at += BLKPTR_BYTES;
+        for pieces in &self.space_maps {
+            w.u32(at, pieces.len() as u32);
+            at += 4;
+            for piece in pieces {
+                w.put(at, &BlockPointer::encode(Some(piece)));
+                at += BLKPTR_BYTES;
+            }
         }
         for volume in &self.volumes {
             w.u64(at, volume.id);
@@ -169,8 +177,25 @@ impl PoolDirectory {
         let mut at = HEADER_BYTES;
         let mut space_maps = Vec::new();
         for _ in 0..vdev_count {
-            space_maps.push(BlockPointer::decode(r.slice(at, BLKPTR_BYTES)?)?);
-            at += BLKPTR_BYTES;
+            let count = r.u32(at)? as usize;
+            at += 4;
+            // Bounded by the bytes present: each piece takes its 128 bytes.
+            if count > len.saturating_sub(at) / BLKPTR_BYTES {
+                return Err(FormatError::Invalid {
+                    what: WHAT,
+                    field: "space map piece count",
+                    value: count as u64,
+                });
+            }
+            let mut pieces = Vec::with_capacity(count);
+            for _ in 0..count {
+                let piece = BlockPointer::decode(r.slice(at, BLKPTR_BYTES)?)?.ok_or(
+                    FormatError::Invalid { what: WHAT, field: "space map piece", value: 0 },
+                )?;
+                pieces.push(piece);
+                at += BLKPTR_BYTES;
+            }
+            space_maps.push(pieces);
         }
         let mut volumes = Vec::new();
         for _ in 0..volume_count {

@@ -176,7 +176,7 @@ fn golden_directory() {
     let dir = PoolDirectory {
         txg: 12,
         next_volume_id: 3,
-        space_maps: vec![Some(sample_bp()), None],
+        space_maps: vec![vec![sample_bp(), sample_bp()], vec![]],
         volumes: vec![
             VolumeEntry {
                 id: 1,

@@ -76,8 +76,10 @@ pub enum StoreError {
     OutOfRange { volume: String, offset: u64, len: u64, size_bytes: u64 },
     #[error("pool {pool}: no space for {requested_bytes} more bytes; trim or delete data, or add a vdev")]
     NoSpace { pool: String, requested_bytes: u64 },
-    #[error("pool {pool} is suspended after a failed sync; export it and import it again")]
-    Suspended { pool: String },
+    #[error(
+        "pool {pool} is suspended after a failed sync ({cause}); export it and import it again"
+    )]
+    Suspended { pool: String, cause: String },
 }
 
 #[derive(Clone, Debug)]
@@ -126,7 +128,7 @@ struct State {
     next_volume_id: u64,
     volumes: BTreeMap<String, Volume>,
     /// Space-map and directory blocks of the last synced txg, freed when replaced.
-    space_maps: Vec<Option<BlockPointer>>,
+    space_maps: Vec<Vec<BlockPointer>>,
     directory: Option<BlockPointer>,
     dirty_bytes: u64,
     /// Trees of destroyed volumes, freed by the next sync: (root, levels).
@@ -147,6 +149,8 @@ pub struct Store {
     state: Mutex<State>,
     sync_lock: futures::lock::Mutex<()>,
     suspended: AtomicBool,
+    /// Why the store was suspended, for the error every later operation returns.
+    suspend_cause: Mutex<Option<String>>,
     limits: TxgLimits,
     /// Wakes the syncer early when dirty data builds up.
     kick: Mutex<Option<futures::channel::mpsc::Sender<()>>>,
@@ -242,7 +246,7 @@ impl Store {
             open_txg: txg + 1,
             next_volume_id: 1,
             volumes: BTreeMap::new(),
-            space_maps: vec![None; vdevs],
+            space_maps: vec![Vec::new(); vdevs],
             directory: None,
             dirty_bytes: 0,
             destroyed: Vec::new(),
@@ -260,6 +264,7 @@ impl Store {
             pool,
             sync_lock: futures::lock::Mutex::new(()),
             suspended: AtomicBool::new(false),
+            suspend_cause: Mutex::new(None),
             limits: TxgLimits::from_tunables(tunables),
             kick: Mutex::new(None),
             syncs: crate::stats::Counter::default(),
@@ -296,20 +301,26 @@ impl Store {
         let directory = PoolDirectory::decode(&bytes).map_err(format)?;
         let areas = pool.data_areas();
         let mut maps = Vec::new();
-        for (index, bp) in directory.space_maps.iter().enumerate() {
+        for (index, pieces) in directory.space_maps.iter().enumerate() {
             let area = areas.get(index).copied().unwrap_or((0, 0));
-            let map = match bp {
-                Some(bp) => {
-                    let bytes = pool.read_block(bp, crate::tunables::IoClass::SyncRead).await?;
-                    SpaceMap::decode(&bytes).map_err(format)?
-                }
-                None => SpaceMap {
-                    ashift: pool.ashift(),
-                    synced_txg: 0,
-                    free: vec![(area.0, area.1 - area.0)],
-                    deferred: vec![],
-                },
+            let mut map = SpaceMap {
+                ashift: pool.ashift(),
+                synced_txg: 0,
+                free: vec![(area.0, area.1 - area.0)],
+                deferred: vec![],
             };
+            if !pieces.is_empty() {
+                map.free.clear();
+            }
+            // The pieces' ranges, in order, are the map (the allocator checks they are sane).
+            for bp in pieces {
+                let bytes = pool.read_block(bp, crate::tunables::IoClass::SyncRead).await?;
+                let piece = SpaceMap::decode(&bytes).map_err(format)?;
+                map.ashift = piece.ashift;
+                map.synced_txg = piece.synced_txg;
+                map.free.extend(piece.free);
+                map.deferred.extend(piece.deferred);
+            }
             maps.push((map, area));
         }
         let no_space = |e| PoolError::NoSpace { pool: pool.name().to_owned(), source: e };
@@ -516,7 +527,8 @@ impl Store {
 
     fn check_live(&self) -> Result<(), StoreError> {
         if self.suspended.load(Ordering::Relaxed) {
-            Err(StoreError::Suspended { pool: self.pool.name().to_owned() })
+            let cause = self.suspend_cause.lock().clone().unwrap_or_default();
+            Err(StoreError::Suspended { pool: self.pool.name().to_owned(), cause })
         } else {
             Ok(())
         }
@@ -727,18 +739,30 @@ impl Store {
         Self::check_range(&entry, offset, len)?;
         let bs = u64::from(entry.block_bytes);
         // Refuse what could not be synced: new dirty data beyond the free space above the slop.
-        if apply == Apply::Live {
-            // One lock at a time: the lock order is state -> allocator.
-            let dirty = self.state.lock().dirty_bytes;
-            let usable = {
-                let allocator = self.allocator.lock();
-                allocator.free_bytes().saturating_sub(allocator.slop_bytes())
-            };
-            if data.is_some() && dirty.saturating_add(len) > usable {
-                return Err(StoreError::NoSpace {
-                    pool: self.pool.name().to_owned(),
-                    requested_bytes: len,
-                });
+        // Space that is only in flight (dirty data about to replace old blocks, frees waiting
+        // out their deferral) comes back as txgs sync: wait for it, as ZFS does, before
+        // saying no. After the deferral window has passed, what is still missing is missing.
+        if apply == Apply::Live && data.is_some() {
+            let mut waited = 0;
+            loop {
+                // One lock at a time: the lock order is state -> allocator.
+                let dirty = self.state.lock().dirty_bytes;
+                let (usable, deferred) = {
+                    let allocator = self.allocator.lock();
+                    let usable = allocator.free_bytes().saturating_sub(allocator.slop_bytes());
+                    (usable, allocator.deferred_bytes())
+                };
+                if dirty.saturating_add(len) <= usable {
+                    break;
+                }
+                if waited > crate::alloc::FREE_DEFER_TXGS || (dirty == 0 && deferred == 0) {
+                    return Err(StoreError::NoSpace {
+                        pool: self.pool.name().to_owned(),
+                        requested_bytes: len,
+                    });
+                }
+                self.sync().await?;
+                waited += 1;
             }
         }
         self.throttle().await?;
@@ -1006,7 +1030,8 @@ impl Store {
         let _one_at_a_time = self.sync_lock.lock().await;
         self.check_live()?;
         let result = self.sync_locked().await;
-        if result.is_err() {
+        if let Err(error) = &result {
+            *self.suspend_cause.lock() = Some(error.to_string());
             self.suspended.store(true, Ordering::Relaxed);
         }
         result
@@ -1113,7 +1138,7 @@ impl Store {
             PoolDirectory {
                 txg,
                 next_volume_id: state.next_volume_id,
-                space_maps: vec![None; vdevs],
+                space_maps: vec![Vec::new(); vdevs],
                 volumes: state
                     .volumes
                     .values()
@@ -1125,47 +1150,73 @@ impl Store {
                     .collect(),
             }
         };
-        // Allocate the space-map blocks before encoding any map, so every map includes them.
+        // Allocate the space-map pieces before encoding any map, so every map includes them.
+        // One piece more than the map needs now leaves room for the entries that these
+        // allocations and the directory's add.
         let (map_blocks, directory_block, maps) = {
             let mut allocator = self.allocator.lock();
             let mut blocks = Vec::new();
             for vdev in 0..vdevs as u32 {
-                // Room for the map as it is now plus the entries this txg's own allocations add.
-                let estimate = allocator.space_map(vdev).encoded_len() as u64 + 64 * 24;
-                blocks.push(
-                    allocator.allocate(estimate, AllocClass::Reserved, &[]).map_err(no_space)?,
-                );
+                let need = split_space_map(&allocator.space_map(vdev)).len() + 1;
+                let mut pieces = Vec::with_capacity(need);
+                for _ in 0..need {
+                    pieces.push(
+                        allocator
+                            .allocate(SPACE_MAP_PIECE_BYTES, AllocClass::Reserved, &[])
+                            .map_err(no_space)?,
+                    );
+                }
+                blocks.push(pieces);
             }
-            let directory_bytes = allocator.asize(directory.encoded_len() as u64);
+            let pieces: usize = blocks.iter().map(Vec::len).sum();
+            let directory_bytes = allocator
+                .asize((directory.encoded_len() + pieces * sluice_format::BLKPTR_BYTES) as u64);
             let directory_block =
                 allocator.allocate(directory_bytes, AllocClass::Reserved, &[]).map_err(no_space)?;
             let maps: Vec<SpaceMap> = (0..vdevs as u32).map(|v| allocator.space_map(v)).collect();
             (blocks, directory_block, maps)
         };
-        for (vdev, (map, &(at_vdev, offset, asize))) in maps.iter().zip(&map_blocks).enumerate() {
-            let bytes =
-                map.encode().map_err(|source| PoolError::Format { pool: name.clone(), source })?;
+        for (vdev, (map, blocks)) in maps.iter().zip(&map_blocks).enumerate() {
+            let mut pieces = split_space_map(map);
             assert!(
-                bytes.len() as u64 <= asize,
-                "space map outgrew its block ({} > {asize})",
-                bytes.len()
+                pieces.len() <= blocks.len(),
+                "space map of vdev {vdev} outgrew its pieces ({} > {})",
+                pieces.len(),
+                blocks.len()
             );
-            let mut padded = AlignedBuf::zeroed(asize as usize);
-            padded[..bytes.len()].copy_from_slice(&bytes);
-            let bp = self
-                .pool
-                .write_block_at(
-                    at_vdev,
-                    offset,
-                    padded.into_shared(),
-                    bytes.len() as u64,
-                    BlockKind::Metadata,
-                    0,
-                    1,
-                    txg,
-                )
-                .await?;
-            directory.space_maps[vdev] = Some(bp);
+            // Unused pieces are written empty: every allocated block is part of the map.
+            while pieces.len() < blocks.len() {
+                pieces.push(SpaceMap {
+                    ashift: map.ashift,
+                    synced_txg: map.synced_txg,
+                    free: Vec::new(),
+                    deferred: Vec::new(),
+                });
+            }
+            let writes = pieces.iter().zip(blocks).map(|(piece, &(at_vdev, offset, asize))| {
+                let name = name.clone();
+                async move {
+                    let bytes = piece
+                        .encode()
+                        .map_err(|source| PoolError::Format { pool: name.clone(), source })?;
+                    debug_assert!(bytes.len() as u64 <= asize, "a piece fits its block");
+                    let mut padded = AlignedBuf::zeroed(asize as usize);
+                    padded[..bytes.len()].copy_from_slice(&bytes);
+                    self.pool
+                        .write_block_at(
+                            at_vdev,
+                            offset,
+                            padded.into_shared(),
+                            bytes.len() as u64,
+                            BlockKind::Metadata,
+                            0,
+                            1,
+                            txg,
+                        )
+                        .await
+                }
+            });
+            directory.space_maps[vdev] = futures::future::try_join_all(writes).await?;
         }
         let (at_vdev, offset, asize) = directory_block;
         let bytes = directory
@@ -1233,6 +1284,45 @@ impl Store {
     }
 }
 
+/// Bytes of one space-map piece: small enough to fit the holes of a fragmented pool.
+const SPACE_MAP_PIECE_BYTES: u64 = 16 << 10;
+
+/// Splits a space map into pieces that each encode within `SPACE_MAP_PIECE_BYTES`, keeping the
+/// order of its ranges (concatenated, the pieces are the map).
+fn split_space_map(map: &SpaceMap) -> Vec<SpaceMap> {
+    let empty = || SpaceMap {
+        ashift: map.ashift,
+        synced_txg: map.synced_txg,
+        free: Vec::new(),
+        deferred: Vec::new(),
+    };
+    let limit = SPACE_MAP_PIECE_BYTES as usize;
+    let mut pieces = vec![empty()];
+    // Entry sizes: 16 bytes per free range, 24 per deferred free (space_map.rs).
+    let mut used = empty().encoded_len();
+    for &range in &map.free {
+        if used + 16 > limit {
+            pieces.push(empty());
+            used = empty().encoded_len();
+        }
+        if let Some(piece) = pieces.last_mut() {
+            piece.free.push(range);
+        }
+        used += 16;
+    }
+    for &deferred in &map.deferred {
+        if used + 24 > limit {
+            pieces.push(empty());
+            used = empty().encoded_len();
+        }
+        if let Some(piece) = pieces.last_mut() {
+            piece.deferred.push(deferred);
+        }
+        used += 24;
+    }
+    pieces
+}
+
 /// Whether a change comes from a client (and is logged) or from replaying the log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Apply {
@@ -1273,6 +1363,28 @@ fn append_records(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A space map split in pieces: each piece encodes within the piece size, and the pieces'
+    /// ranges, in order, are the map's.
+    #[test]
+    fn space_maps_split_into_pieces() {
+        let map = SpaceMap {
+            ashift: 12,
+            synced_txg: 9,
+            free: (0..5000u64).map(|i| (i * 8192, 4096)).collect(),
+            deferred: (0..3000u64).map(|i| (7, 1 << 40 | i * 8192, 4096)).collect(),
+        };
+        let pieces = split_space_map(&map);
+        assert!(pieces.len() > 5, "{} pieces", pieces.len());
+        for piece in &pieces {
+            assert!(piece.encode().unwrap().len() as u64 <= SPACE_MAP_PIECE_BYTES);
+        }
+        let free: Vec<_> = pieces.iter().flat_map(|p| p.free.iter().copied()).collect();
+        let deferred: Vec<_> = pieces.iter().flat_map(|p| p.deferred.iter().copied()).collect();
+        assert_eq!((free, deferred), (map.free.clone(), map.deferred.clone()));
+        let small = SpaceMap { free: vec![(0, 4096)], deferred: vec![], ..map };
+        assert_eq!(split_space_map(&small).len(), 1);
+    }
 
     /// The write delay is zero below the threshold, grows monotonically towards the maximum,
     /// and is capped.
