@@ -1372,7 +1372,7 @@ mod tests {
             ashift: 12,
             synced_txg: 9,
             free: (0..5000u64).map(|i| (i * 8192, 4096)).collect(),
-            deferred: (0..3000u64).map(|i| (7, 1 << 40 | i * 8192, 4096)).collect(),
+            deferred: (0..3000u64).map(|i| (7, (1 << 40) | (i * 8192), 4096)).collect(),
         };
         let pieces = split_space_map(&map);
         assert!(pieces.len() > 5, "{} pieces", pieces.len());
