@@ -81,6 +81,12 @@ for text, job, key, want in goals:
     r = s / q if q else 0.0
     out.append(f"| {text} | {r:.2f}x | {'yes' if r >= want else 'no'} |")
 out.append("\n![IOPS and bandwidth relative to the raw file](peers.svg)\n")
+# The analysis of the latest run, kept by hand next to the generated tables.
+notes = md_path.replace("peers.md", "peers-notes.md")
+try:
+    out.append(open(notes).read())
+except OSError:
+    pass
 open(md_path, "w").write("\n".join(out) + "\n")
 
 # The plot: for each job, each target's figure as a share of the raw file's.

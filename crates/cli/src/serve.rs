@@ -141,7 +141,8 @@ pub async fn serve(env: &Env, options: ServeOptions) -> anyhow::Result<()> {
             addresses.push(format!("tcp:{}", tcp.local_addr()?));
             listeners.push(Listener::Tcp(tcp));
         }
-        print_help(&store, &socket, options.listen.as_deref().unwrap_or("127.0.0.1:10809"));
+        let tcp = addresses.iter().find_map(|a| a.strip_prefix("tcp:")).map(str::to_owned);
+        print_help(&store, &socket, tcp.as_deref());
     } else {
         addresses.push(format!("{} inherited socket(s)", listeners.len()));
     }
@@ -184,7 +185,7 @@ async fn finish(store: Arc<Store>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_help(store: &Store, socket: &Path, tcp: &str) {
+fn print_help(store: &Store, socket: &Path, tcp: Option<&str>) {
     let volume = store
         .volumes()
         .into_iter()
@@ -193,12 +194,15 @@ fn print_help(store: &Store, socket: &Path, tcp: &str) {
         .or_else(|| store.volumes().first().map(|v| v.name.clone()))
         .unwrap_or_else(|| String::from("VOLUME"));
     let socket = socket.display();
+    let unix = format!("nbd+unix:///{volume}?socket={socket}");
+    // fio and qemu-img take either URI; TCP is shown when the server listens on it.
+    let uri = tcp.map_or_else(|| unix.clone(), |tcp| format!("nbd://{tcp}/{volume}"));
     eprintln!(
         "\nConnect with:\n  \
-         nbdinfo 'nbd+unix:///{volume}?socket={socket}'\n  \
-         qemu-img info 'nbd+unix:///{volume}?socket={socket}'\n  \
-         qemu-img convert -n -O raw disk.img 'nbd://{tcp}/{volume}'\n  \
-         fio --name=sync --ioengine=nbd --uri='nbd://{tcp}/{volume}' --rw=randwrite --bs=4k --fsync=1 --size=256M\n\
+         nbdinfo '{unix}'\n  \
+         qemu-img info '{unix}'\n  \
+         qemu-img convert -n -O raw disk.img '{uri}'\n  \
+         fio --name=sync --ioengine=nbd --uri='{uri}' --rw=randwrite --bs=4k --fsync=1 --size=256M\n\
          Stop with Ctrl-C (the pool is synced and exported).\n"
     );
 }
