@@ -4,6 +4,7 @@
 //! replays the corpus (crates/nbd/tests/fuzz_corpus.rs). A panic anywhere is a failure; so is
 //! a session that does not end once the client's input does.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -34,9 +35,18 @@ impl Exports for StoreExports {
     }
 }
 
+/// Set by any panic in the process, including one the server caught in a request task (it
+/// answers EIO, but it is still a bug the fuzzer must report).
+static PANICKED: AtomicBool = AtomicBool::new(false);
+
 fn fixture() -> &'static Fixture {
     static FIXTURE: OnceLock<Fixture> = OnceLock::new();
     FIXTURE.get_or_init(|| {
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICKED.store(true, Ordering::SeqCst);
+            default_hook(info);
+        }));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -94,6 +104,7 @@ pub fn run(input: &[u8]) -> Vec<u8> {
             Ok(Err(panic)) => std::panic::resume_unwind(panic.into_panic()),
             Err(_) => panic!("the connection task did not end"),
         }
+        assert!(!PANICKED.load(Ordering::SeqCst), "a request task panicked (see above)");
         output
     })
 }

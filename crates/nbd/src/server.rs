@@ -412,7 +412,12 @@ where
         };
         let (session, replies) = (Arc::clone(&session), replies.clone());
         tokio::spawn(async move {
-            let bytes = execute(&session, &request, payload).await;
+            // A bug below must not leave the client waiting forever: a panic answers EIO.
+            let run = std::panic::AssertUnwindSafe(execute(&session, &request, payload));
+            let bytes = match futures::FutureExt::catch_unwind(run).await {
+                Ok(bytes) => bytes,
+                Err(_) => error_reply(&session, &request, proto::EIO, "internal error"),
+            };
             let _ = replies.send(Reply { bytes, _slot: slot, _budget: Some(budget) });
         });
     };
@@ -495,6 +500,9 @@ async fn write_zeros(volume: &Volume, offset: u64, len: u64, fua: bool) -> Resul
 async fn read(session: &Session, request: &Request) -> Vec<u8> {
     let volume = &session.volume;
     let (offset, len) = (request.offset, u64::from(request.len));
+    if !session.structured && len == 0 {
+        return proto::simple_reply(request.cookie, 0).to_vec();
+    }
     if !session.structured {
         return match volume.read(offset, len).await {
             Ok(data) => {

@@ -696,6 +696,9 @@ impl Store {
         self.check_live()?;
         let entry = self.volume_entry(volume)?;
         Self::check_range(&entry, offset, len)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
         let bs = u64::from(entry.block_bytes);
         let mut out = vec![0u8; len as usize];
         let first = offset / bs;
@@ -737,6 +740,10 @@ impl Store {
         self.check_live()?;
         let entry = self.volume_entry(volume)?;
         Self::check_range(&entry, offset, len)?;
+        if len == 0 {
+            // Nothing changes, so nothing is logged; the last record still covers the caller.
+            return Ok(self.volume_log(volume)?.map_or(0, |log| log.last_record()));
+        }
         let bs = u64::from(entry.block_bytes);
         // Refuse what could not be synced: new dirty data beyond the free space above the slop.
         // Space that is only in flight (dirty data about to replace old blocks, frees waiting
