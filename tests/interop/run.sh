@@ -125,4 +125,20 @@ start
 qemu-io -f raw -c 'read -P 0x3c 8M 64k' -c 'read -P 0x7e 9M 64k' "$uri" >"$work/after.log" 2>&1
 if grep -qi "fail" "$work/after.log"; then cat "$work/after.log"; fail "acknowledged writes lost after SIGKILL"; fi
 stop
+
+step "launched by the client: socket activation (LISTEN_FDS) and NBD on stdin/stdout"
+"$bin" pool create solo "$work/solo.img" --size 256M >/dev/null
+"$bin" vol create solo/v --size 64M >/dev/null
+size=$(nbdinfo --size -- [ "$bin" serve solo --dir "$work/solo" ])
+[ "$size" = 67108864 ] || fail "socket-activated server reported size $size"
+/usr/bin/python3 - "$bin" "$work/solo" <<'EOF'
+import sys
+import nbd
+h = nbd.NBD()
+h.connect_command([sys.argv[1], "serve", "solo", "--stdio", "--dir", sys.argv[2]])
+assert h.get_size() == 64 << 20
+h.pwrite(b"s" * 4096, 8192, flags=nbd.CMD_FLAG_FUA)
+assert h.pread(4096, 8192) == b"s" * 4096
+h.shutdown()
+EOF
 step "all passed"
