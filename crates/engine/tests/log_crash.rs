@@ -181,33 +181,10 @@ fn tunables(policy: &str, dirty_max: &str) -> Tunables {
 }
 
 fn legs(sim: &Sim, images: Option<Vec<SimImage>>) -> Vec<SimDevice> {
-    let options = || SimOptions { store_data: true, record_log: true };
+    let options = SimOptions { store_data: true, record_log: true };
     match images {
-        None => (0..2)
-            .map(|i| {
-                SimDevice::new(
-                    &sim.env(),
-                    &format!("leg{i}"),
-                    SimProfile::ssd(),
-                    LEAF_BYTES,
-                    options(),
-                )
-            })
-            .collect(),
-        Some(images) => images
-            .into_iter()
-            .enumerate()
-            .map(|(i, image)| {
-                SimDevice::from_image(
-                    &sim.env(),
-                    &format!("leg{i}"),
-                    SimProfile::ssd(),
-                    LEAF_BYTES,
-                    options(),
-                    image,
-                )
-            })
-            .collect(),
+        None => common::legs_with(sim, 2, SimProfile::ssd(), LEAF_BYTES, options),
+        Some(images) => common::revive_with(sim, images, SimProfile::ssd(), LEAF_BYTES, options),
     }
 }
 

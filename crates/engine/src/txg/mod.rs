@@ -676,18 +676,12 @@ impl Store {
         let cached = {
             let state = self.state.lock();
             let volume = state.volumes.get(&entry.name);
-            volume.and_then(|v| v.open.get(&index).or_else(|| v.syncing.get(&index)).cloned())
+            volume.and_then(|v| v.cached(index).cloned())
         };
         match cached {
             Some(Block::Data(data)) => Ok(Some(data)),
             Some(Block::Zero) => Ok(None),
-            None => {
-                // The on-disk root may move under us when a sync completes; freed blocks stay
-                // intact through the deferral, so reading the root we saw is still correct.
-                let root = self.state.lock().volumes.get(&entry.name).and_then(|v| v.entry.root);
-                let data = objset::read_data_block(&self.pool, root, entry.levels, index).await?;
-                Ok(data.map(|d| Arc::new(d[..entry.block_bytes as usize].to_vec())))
-            }
+            None => self.disk_block(entry, index).await,
         }
     }
 
@@ -909,7 +903,7 @@ impl Store {
             let cached = {
                 let state = self.state.lock();
                 let volume = state.volumes.get(&entry.name);
-                volume.and_then(|v| v.open.get(&index).or_else(|| v.syncing.get(&index)).cloned())
+                volume.and_then(|v| v.cached(index).cloned())
             };
             let allocated = match cached {
                 Some(Block::Data(_)) => true,
@@ -1271,7 +1265,7 @@ impl Store {
                     &self.allocator,
                     self.limits.log_policy,
                     self.limits.commit_timeout_pct,
-                    self.pool.env().unique_rng("intent log chain").u64().max(1),
+                    self.chain_id(),
                     volume.entry.id,
                     self.limits.log_block_bytes_max,
                     log.hand_over(txg),

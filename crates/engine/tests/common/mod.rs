@@ -13,15 +13,20 @@ use sluice_sim::Sim;
 
 /// `count` simulated disks named leg0, leg1, ...
 pub fn legs(sim: &Sim, count: usize, profile: SimProfile, len_bytes: u64) -> Vec<SimDevice> {
+    legs_with(sim, count, profile, len_bytes, SimOptions::default())
+}
+
+/// As [`legs`], with the given device options (a write log for crash points, say).
+pub fn legs_with(
+    sim: &Sim,
+    count: usize,
+    profile: SimProfile,
+    len_bytes: u64,
+    options: SimOptions,
+) -> Vec<SimDevice> {
     (0..count)
         .map(|i| {
-            SimDevice::new(
-                &sim.env(),
-                &format!("leg{i}"),
-                profile.clone(),
-                len_bytes,
-                SimOptions::default(),
-            )
+            SimDevice::new(&sim.env(), &format!("leg{i}"), profile.clone(), len_bytes, options)
         })
         .collect()
 }
@@ -33,6 +38,17 @@ pub fn revive(
     profile: SimProfile,
     len_bytes: u64,
 ) -> Vec<SimDevice> {
+    revive_with(sim, images, profile, len_bytes, SimOptions::default())
+}
+
+/// As [`revive`], with the given device options.
+pub fn revive_with(
+    sim: &Sim,
+    images: Vec<SimImage>,
+    profile: SimProfile,
+    len_bytes: u64,
+    options: SimOptions,
+) -> Vec<SimDevice> {
     images
         .into_iter()
         .enumerate()
@@ -42,7 +58,7 @@ pub fn revive(
                 &format!("leg{i}"),
                 profile.clone(),
                 len_bytes,
-                SimOptions::default(),
+                options,
                 image,
             )
         })
