@@ -10,6 +10,7 @@
 //! vdev submission queue -> sim device state. Nothing else takes two locks.
 
 pub mod alloc;
+pub mod dedup;
 pub mod device;
 pub mod intent_log;
 pub mod objset;

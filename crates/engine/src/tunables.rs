@@ -56,6 +56,7 @@ macro_rules! tunable_table {
 
 const READ_POLICIES: &[&str] = &["least-pending", "offset-modulo", "round-robin"];
 const LOG_POLICIES: &[&str] = &["pipelined", "batch"];
+const DEDUP_LOCKING: &[&str] = &["entry", "global"];
 
 tunable_table! {
     VdevQueues = "vdev.queues", Kind::Count { min: 1, max: 256 }, "1",
@@ -134,6 +135,14 @@ tunable_table! {
          log hold every slot and log blocks stay small.";
     CacheBytesMax = "cache.bytes_max", Kind::Bytes { min: 0, max: 1 << 40 }, "256M",
         "Memory for verified blocks read from the pool (indirect and data). 0 disables caching.";
+    DedupLocking = "dedup.locking", Kind::Choice(DEDUP_LOCKING), "entry",
+        "What guards a dedup entry while its block is written. entry (seed 001's after): a \
+         per-entry lock covers the write's ready and done stages, so the table-wide lock is \
+         taken twice per written block. global (the before): the table-wide lock, four times \
+         per block.";
+    DedupTableMemMax = "dedup.table_mem_max", Kind::Bytes { min: 1 << 20, max: 1 << 40 }, "64M",
+        "Memory for dedup entries kept between txgs; beyond it, entries are dropped after each \
+         sync and read back from their on-disk bucket when next needed.";
     MirrorSwitchUs = "mirror.switch_us", Kind::Micros { min: 1, max: 10_000_000 }, "10000",
         "Among equally loaded children, one is chosen at random and kept for this long, so a \
          sequential stream stays on one disk and its reads merge (seed 002).";

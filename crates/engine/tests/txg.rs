@@ -25,10 +25,18 @@ use sluice_engine::pool::{Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::Store;
+use sluice_format::DedupMode;
 use sluice_sim::Sim;
 
 const LEAF_BYTES: u64 = 64 << 20;
-const VOLUMES: [(&str, u64, u32); 2] = [("big", 4 << 20, 16384), ("small", 1 << 20, 4096)];
+const VOLUMES: [(&str, u64, u32); 3] =
+    [("big", 4 << 20, 16384), ("small", 1 << 20, 4096), ("dd", 1 << 20, 4096)];
+/// The volume with dedup on; its writes draw from few patterns, so blocks are shared.
+const DEDUP_VOLUME: usize = 2;
+
+/// Dedup work seen across the swarm (code probes: the test fails if there was none).
+static DEDUP_SHARED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static DEDUP_DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Crashes that cut a sync short (a code probe: the test fails if none happened).
 static MID_SYNC_CRASHES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -68,6 +76,7 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                 for (name, size, block) in VOLUMES {
                     store.create_volume(name, size, block).unwrap();
                 }
+                store.set_dedup(VOLUMES[DEDUP_VOLUME].0, DedupMode::On).unwrap();
                 let contents: Vec<Vec<u8>> =
                     VOLUMES.iter().map(|(_, size, _)| vec![0u8; *size as usize]).collect();
                 m.borrow_mut().syncing = Some(contents);
@@ -86,17 +95,25 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                 for (name, size, _) in VOLUMES {
                     found.push(store.read(name, 0, size).await.unwrap());
                 }
-                let mut model = m.borrow_mut();
-                let landed = model.syncing.take();
-                if found != model.synced {
-                    assert!(
-                        landed.as_ref() == Some(&found),
-                        "seed {seed} generation {generation}: imported contents match neither the last synced txg nor the interrupted one; replay with SLUICE_SWARM_SEED={seed} cargo test -p sluice-engine --test txg crash_swarm"
-                    );
-                    model.synced = found.clone();
+                {
+                    let mut model = m.borrow_mut();
+                    let landed = model.syncing.take();
+                    if found != model.synced {
+                        assert!(
+                            landed.as_ref() == Some(&found),
+                            "seed {seed} generation {generation}: imported contents match neither the last synced txg nor the interrupted one; replay with SLUICE_SWARM_SEED={seed} cargo test -p sluice-engine --test txg crash_swarm"
+                        );
+                        model.synced = found.clone();
+                    }
+                    model.open = model.synced.clone();
                 }
-                model.open = model.synced.clone();
-                drop(model);
+                // Reference counts and space balance after every crash and import.
+                let audit = store.audit().await.unwrap();
+                assert!(
+                    audit.is_clean(),
+                    "seed {seed} generation {generation}: audit after import: {:#?}",
+                    audit.problems
+                );
                 store
             };
             // Power is cut at a random moment of the workload, possibly mid-sync. Each leg
@@ -122,7 +139,8 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                 let (offset, bytes) = (at * 512, len * 512);
                 match ops.below(10) {
                     0..=4 => {
-                        let fill = ops.u64() as u8;
+                        let fill =
+                            if v == DEDUP_VOLUME { ops.below(3) as u8 } else { ops.u64() as u8 };
                         let data: Vec<u8> =
                             (0..bytes).map(|i| fill.wrapping_add((i / 512) as u8)).collect();
                         if store.write(name, offset, &data).await.is_err() && cut() {
@@ -164,6 +182,10 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                     }
                 }
             }
+            let stats = store.dedup_table().stats();
+            DEDUP_SHARED.fetch_add(stats.blocks_shared.get(), std::sync::atomic::Ordering::Relaxed);
+            DEDUP_DROPPED
+                .fetch_add(stats.references_dropped.get(), std::sync::atomic::Ordering::Relaxed);
             if !cut() {
                 crash_flag.store(true, std::sync::atomic::Ordering::SeqCst);
                 for leg in &crash_devices {
@@ -207,7 +229,16 @@ fn crash_swarm() {
     assert!(cycles >= 7 * seeds as u32);
     let mid_sync = MID_SYNC_CRASHES.load(std::sync::atomic::Ordering::Relaxed);
     assert!(mid_sync * 10 >= cycles, "only {mid_sync} of {cycles} crashes interrupted a sync");
-    eprintln!("crash swarm: {seeds} seeds, {cycles} crash/import cycles, {mid_sync} during a sync");
+    let shared = DEDUP_SHARED.load(std::sync::atomic::Ordering::Relaxed);
+    let dropped = DEDUP_DROPPED.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        shared > 0 && dropped > 0,
+        "dedup shared {shared} blocks and dropped {dropped} references"
+    );
+    eprintln!(
+        "crash swarm: {seeds} seeds, {cycles} crash/import cycles, {mid_sync} during a sync; \
+         dedup: {shared} blocks shared, {dropped} references dropped, every import audited"
+    );
 }
 
 /// A full pool (F9): writes get a no-space error naming the pool, the pool still syncs and

@@ -16,14 +16,16 @@
 //!     65    1 compression u8        0 = none (the only value so far)
 //!     66    1 kind u8               BlockKind
 //!     67    1 level u8              0 = data, n = indirect block n levels above data
-//!     68    4 reserved (zero)
+//!     68    1 flags u8              bit 0: dedup (the block is shared through the dedup table)
+//!     69    3 reserved (zero)
 //!     72    8 fill u64              data blocks beneath this pointer that are not holes
 //!     80   16 checksum              of the block's physical bytes
-//!     96   32 reserved (zero)
+//!     96   32 dedup key             keyed BLAKE3 of the block's contents when the dedup flag
+//!                                   is set (how a free finds its table entry), else zero
 //! ```
 
 use crate::codec::{Reader, Writer};
-use crate::{Checksum, ChecksumAlg, FormatError, SECTOR_BYTES};
+use crate::{Checksum, ChecksumAlg, DdtKey, FormatError, DDT_KEY_BYTES, SECTOR_BYTES};
 
 pub const BLKPTR_BYTES: usize = 128;
 /// Copies a block pointer can name (ZFS's ditto blocks: 3).
@@ -37,13 +39,15 @@ const OFF_ALG: usize = 64;
 const OFF_COMPRESSION: usize = 65;
 const OFF_KIND: usize = 66;
 const OFF_LEVEL: usize = 67;
-const OFF_RESERVED_A: usize = 68;
+const OFF_FLAGS: usize = 68;
+const OFF_RESERVED_A: usize = 69;
 const OFF_FILL: usize = 72;
 const OFF_CHECKSUM: usize = 80;
-const OFF_RESERVED_B: usize = 96;
+const OFF_DEDUP_KEY: usize = 96;
+const FLAG_DEDUP: u8 = 1;
 
 const _: () = assert!(DVAS_MAX * DVA_BYTES == OFF_LSIZE);
-const _: () = assert!(OFF_RESERVED_B + 32 == BLKPTR_BYTES);
+const _: () = assert!(OFF_DEDUP_KEY + DDT_KEY_BYTES == BLKPTR_BYTES);
 
 const WHAT: &str = "block pointer";
 
@@ -108,6 +112,9 @@ pub struct BlockPointer {
     pub level: u8,
     pub fill: u64,
     pub checksum: Checksum,
+    /// Set on data blocks written through the dedup table: the entry that counts their
+    /// references. Freeing such a pointer drops a reference instead of the space.
+    pub dedup: Option<DdtKey>,
 }
 
 impl BlockPointer {
@@ -149,6 +156,10 @@ impl BlockPointer {
         w.u8(OFF_COMPRESSION, 0);
         w.u8(OFF_KIND, bp.kind as u8);
         w.u8(OFF_LEVEL, bp.level);
+        if let Some(key) = &bp.dedup {
+            w.u8(OFF_FLAGS, FLAG_DEDUP);
+            w.put(OFF_DEDUP_KEY, &key.0);
+        }
         w.u64(OFF_FILL, bp.fill);
         w.put(OFF_CHECKSUM, &bp.checksum.0);
         out
@@ -181,7 +192,24 @@ impl BlockPointer {
             });
         }
         r.zeros(OFF_RESERVED_A, OFF_FILL - OFF_RESERVED_A)?;
-        r.zeros(OFF_RESERVED_B, BLKPTR_BYTES - OFF_RESERVED_B)?;
+        let dedup = match r.u8(OFF_FLAGS)? {
+            0 => {
+                r.zeros(OFF_DEDUP_KEY, DDT_KEY_BYTES)?;
+                None
+            }
+            FLAG_DEDUP => {
+                let mut key = [0u8; DDT_KEY_BYTES];
+                key.copy_from_slice(r.slice(OFF_DEDUP_KEY, DDT_KEY_BYTES)?);
+                Some(DdtKey(key))
+            }
+            flags => {
+                return Err(FormatError::Invalid {
+                    what: WHAT,
+                    field: "flags",
+                    value: u64::from(flags),
+                })
+            }
+        };
         let psize_sectors = r.u32(OFF_PSIZE)?;
         let lsize_sectors = r.u32(OFF_LSIZE)?;
         if psize_sectors == 0 || lsize_sectors == 0 {
@@ -197,6 +225,7 @@ impl BlockPointer {
             level: r.u8(OFF_LEVEL)?,
             fill: r.u64(OFF_FILL)?,
             checksum: Checksum(r.bytes16(OFF_CHECKSUM)?),
+            dedup,
         }))
     }
 }

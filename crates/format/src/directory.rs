@@ -18,10 +18,13 @@
 //!               pieces so that no single block must find a large free range in a
 //!               fragmented pool; the pieces' ranges, concatenated, are the map.
 //!      .      volumes, each:
-//!               id u64, size_bytes u64, block_bytes u32, levels u8, reserved 1,
-//!               name_len u16, name (UTF-8), root block pointer (128; zeros: empty),
-//!               log header: chain_id u64 (0: no log), head_sequence u64,
+//!               id u64, size_bytes u64, block_bytes u32, levels u8, dedup u8 (0 off,
+//!               1 on, 2 verify), name_len u16, name (UTF-8), root block pointer (128;
+//!               zeros: empty), log header: chain_id u64 (0: no log), head_sequence u64,
 //!               replayed_record u64, claim_txg u64, head block pointer (128)
+//!      .      dedup table header (crate::ddt), 192 bytes: salt (32), bucket_bits u8,
+//!               levels u8, reserved 6, entries u64, references u64, allocated_bytes u64,
+//!               root block pointer (128; zeros: empty table)
 //! ```
 //!
 //! The log header (ZFS: `zil_header_t`) names the first intent-log block still needed after
@@ -32,7 +35,8 @@
 //! txgs that replay itself syncs must not move that line.
 
 use crate::codec::{Reader, Writer};
-use crate::{BlockPointer, FormatError, FormatVersion, BLKPTR_BYTES};
+use crate::ddt::DDT_HEADER_BYTES;
+use crate::{BlockPointer, DdtHeader, FormatError, FormatVersion, BLKPTR_BYTES};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"SLUICEDR");
 const HEADER_BYTES: usize = 40;
@@ -53,6 +57,42 @@ pub struct VolumeEntry {
     pub levels: u8,
     pub root: Option<BlockPointer>,
     pub log: Option<LogHeader>,
+    /// Whether new writes go through the dedup table.
+    pub dedup: DedupMode,
+}
+
+/// A volume's dedup property (ZFS: `dedup=off|on|verify`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DedupMode {
+    /// Every block is written on its own.
+    #[default]
+    Off = 0,
+    /// A block whose key is in the table shares the stored copy.
+    On = 1,
+    /// As `On`, after comparing the bytes with the stored copy (a block that differs is
+    /// written on its own).
+    Verify = 2,
+}
+
+impl DedupMode {
+    pub fn decode(raw: u8) -> Result<DedupMode, FormatError> {
+        match raw {
+            0 => Ok(DedupMode::Off),
+            1 => Ok(DedupMode::On),
+            2 => Ok(DedupMode::Verify),
+            value => {
+                Err(FormatError::Invalid { what: WHAT, field: "dedup", value: u64::from(value) })
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DedupMode::Off => "off",
+            DedupMode::On => "on",
+            DedupMode::Verify => "verify",
+        }
+    }
 }
 
 /// Where a volume's intent log starts (ZFS: `zil_header_t`).
@@ -77,6 +117,7 @@ pub struct PoolDirectory {
     /// Per top-level vdev, the blocks of its space map's pieces, in order.
     pub space_maps: Vec<Vec<BlockPointer>>,
     pub volumes: Vec<VolumeEntry>,
+    pub ddt: DdtHeader,
 }
 
 impl PoolDirectory {
@@ -94,6 +135,7 @@ impl PoolDirectory {
                         + BLKPTR_BYTES
                 })
                 .sum::<usize>()
+            + DDT_HEADER_BYTES
     }
 
     /// Encodes into a buffer padded with zeros to a multiple of `align` bytes.
@@ -136,6 +178,7 @@ impl PoolDirectory {
             w.u64(at + 8, volume.size_bytes);
             w.u32(at + 16, volume.block_bytes);
             w.u8(at + 20, volume.levels);
+            w.u8(at + 21, volume.dedup as u8);
             w.u16(at + 22, volume.name.len() as u16);
             w.put(at + 24, volume.name.as_bytes());
             at += VOLUME_FIXED_BYTES + volume.name.len();
@@ -157,6 +200,8 @@ impl PoolDirectory {
             }
             at += LOG_HEADER_FIXED_BYTES + BLKPTR_BYTES;
         }
+        self.ddt.encode_into(&mut w, at);
+        at += DDT_HEADER_BYTES;
         debug_assert_eq!(at, len);
         Ok(out)
     }
@@ -200,7 +245,7 @@ impl PoolDirectory {
         let mut volumes = Vec::new();
         for _ in 0..volume_count {
             let name_len = usize::from(r.u16(at + 22)?);
-            r.zeros(at + 21, 1)?;
+            let dedup = DedupMode::decode(r.u8(at + 21)?)?;
             let name = std::str::from_utf8(r.slice(at + 24, name_len)?)
                 .map_err(|_| FormatError::Invalid {
                     what: WHAT,
@@ -226,6 +271,7 @@ impl PoolDirectory {
                 name,
                 root: BlockPointer::decode(r.slice(at, BLKPTR_BYTES)?)?,
                 log: None,
+                dedup,
             });
             at += BLKPTR_BYTES;
             let chain_id = r.u64(at)?;
@@ -255,6 +301,8 @@ impl PoolDirectory {
             }
             at += LOG_HEADER_FIXED_BYTES + BLKPTR_BYTES;
         }
+        let ddt = DdtHeader::decode_from(&r, at)?;
+        at += DDT_HEADER_BYTES;
         if at != len {
             return Err(FormatError::Invalid {
                 what: WHAT,
@@ -262,6 +310,6 @@ impl PoolDirectory {
                 value: len as u64,
             });
         }
-        Ok(PoolDirectory { txg: r.u64(16)?, next_volume_id: r.u64(24)?, space_maps, volumes })
+        Ok(PoolDirectory { txg: r.u64(16)?, next_volume_id: r.u64(24)?, space_maps, volumes, ddt })
     }
 }

@@ -1,6 +1,6 @@
 //! On-disk types only: block pointers, uberblocks, labels, space maps, the pool directory and
 //! intent-log blocks (ZFS: `spa.h`, `uberblock_impl.h`,
-//! `vdev_impl.h`); intent-log blocks and dedup entries join them in their issues.
+//! `vdev_impl.h`, `zil.h`, `ddt.h`).
 //!
 //! Rules every structure here keeps (STYLE.md §7): little-endian integers encoded by hand at
 //! fixed offsets given in a byte table at the top of each module; a magic number, a version that
@@ -12,6 +12,7 @@
 mod blkptr;
 mod checksum;
 mod codec;
+mod ddt;
 mod directory;
 mod error;
 mod label;
@@ -21,7 +22,11 @@ mod uberblock;
 
 pub use blkptr::{BlockKind, BlockPointer, Dva, BLKPTR_BYTES, DVAS_MAX};
 pub use checksum::{Checksum, ChecksumAlg};
-pub use directory::{LogHeader, PoolDirectory, VolumeEntry, VOLUME_NAME_BYTES_MAX};
+pub use ddt::{
+    DdtBucket, DdtEntry, DdtHeader, DdtKey, DDT_BUCKET_BITS_MAX, DDT_ENTRY_BYTES, DDT_HEADER_BYTES,
+    DDT_KEY_BYTES,
+};
+pub use directory::{DedupMode, LogHeader, PoolDirectory, VolumeEntry, VOLUME_NAME_BYTES_MAX};
 pub use error::FormatError;
 pub use label::{
     data_end_bytes, label_offsets, uberblock_offset, LabelHeader, LeafConfig, TopConfig, TopKind,

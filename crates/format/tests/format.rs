@@ -11,10 +11,10 @@ use std::path::PathBuf;
 
 use proptest::prelude::*;
 use sluice_format::{
-    label_offsets, uberblock_offset, BlockKind, BlockPointer, Checksum, ChecksumAlg, Dva,
-    FormatError, LabelHeader, LeafConfig, LogHeader, PoolDirectory, SpaceMap, TopConfig, TopKind,
-    Uberblock, VdevTreeConfig, VolumeEntry, BLKPTR_BYTES, DATA_START_BYTES, LABEL_BYTES,
-    LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
+    label_offsets, uberblock_offset, BlockKind, BlockPointer, Checksum, ChecksumAlg, DdtBucket,
+    DdtEntry, DdtHeader, DdtKey, DedupMode, Dva, FormatError, LabelHeader, LeafConfig, LogHeader,
+    PoolDirectory, SpaceMap, TopConfig, TopKind, Uberblock, VdevTreeConfig, VolumeEntry,
+    BLKPTR_BYTES, DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
 };
 
 fn golden(name: &str, bytes: &[u8]) {
@@ -44,7 +44,12 @@ fn sample_bp() -> BlockPointer {
         level: 0,
         fill: 1,
         checksum: ChecksumAlg::Xxh3_128.compute(&[7u8; 16384]),
+        dedup: None,
     }
+}
+
+fn sample_dedup_bp(key: DdtKey) -> BlockPointer {
+    BlockPointer { dedup: Some(key), ..sample_bp() }
 }
 
 fn sample_label() -> LabelHeader {
@@ -192,6 +197,7 @@ fn golden_directory() {
                     claim_txg: 11,
                     head: sample_bp(),
                 }),
+                dedup: DedupMode::Verify,
             },
             VolumeEntry {
                 id: 2,
@@ -201,8 +207,18 @@ fn golden_directory() {
                 levels: 1,
                 root: None,
                 log: None,
+                dedup: DedupMode::Off,
             },
         ],
+        ddt: DdtHeader {
+            salt: [0x5a; 32],
+            bucket_bits: 6,
+            levels: 1,
+            entries: 10,
+            references: 25,
+            allocated_bytes: 40960,
+            root: Some(sample_bp()),
+        },
     };
     let bytes = dir.encode(512).unwrap();
     assert_eq!(bytes.len() % 512, 0);
@@ -211,6 +227,63 @@ fn golden_directory() {
     let mut padded = bytes.clone();
     *padded.last_mut().unwrap() = 1;
     assert!(PoolDirectory::decode(&padded).is_err(), "padding must be zero");
+}
+
+#[test]
+fn golden_dedup_bucket() {
+    let key = |first: u8| {
+        let mut k = [first; 32];
+        k[1] = 0x77;
+        DdtKey(k)
+    };
+    // Bucket 1 of a 2-bit table holds the keys starting with binary 01.
+    let bucket = DdtBucket {
+        index: 1,
+        bucket_bits: 2,
+        entries: vec![
+            DdtEntry { key: key(0x40), refcount: 1, bp: sample_dedup_bp(key(0x40)) },
+            DdtEntry { key: key(0x7f), refcount: 9, bp: sample_dedup_bp(key(0x7f)) },
+        ],
+    };
+    let bytes = bucket.encode(512).unwrap();
+    golden("ddt_bucket.bin", &bytes);
+    assert_eq!(DdtBucket::decode(&bytes).unwrap(), bucket);
+    assert_eq!(key(0x7f).bucket(2), 1);
+    assert_eq!(key(0xc0).bucket(2), 3);
+    assert_eq!(key(0xc0).bucket(0), 0);
+    // What a bucket must never hold is refused both ways.
+    let wrong_bucket = DdtBucket {
+        entries: vec![DdtEntry { key: key(0xc0), refcount: 1, bp: sample_dedup_bp(key(0xc0)) }],
+        ..bucket.clone()
+    };
+    assert!(wrong_bucket.encode(512).is_err());
+    let zero_refs = DdtBucket {
+        entries: vec![DdtEntry { key: key(0x40), refcount: 0, bp: sample_dedup_bp(key(0x40)) }],
+        ..bucket.clone()
+    };
+    assert!(zero_refs.encode(512).is_err());
+    let unsorted =
+        DdtBucket { entries: bucket.entries.iter().rev().copied().collect(), ..bucket.clone() };
+    assert!(unsorted.encode(512).is_err());
+    let mut zero_refs_on_disk = bytes.clone();
+    zero_refs_on_disk[32 + 32..32 + 40].fill(0);
+    assert!(matches!(
+        DdtBucket::decode(&zero_refs_on_disk),
+        Err(FormatError::Invalid { field: "refcount", .. })
+    ));
+}
+
+#[test]
+fn dedup_flag_round_trips_and_unknown_flags_are_refused() {
+    let bp = sample_dedup_bp(DdtKey([3; 32]));
+    let bytes = BlockPointer::encode(Some(&bp));
+    assert_eq!(BlockPointer::decode(&bytes).unwrap(), Some(bp));
+    let mut bad = bytes;
+    bad[68] = 2;
+    assert!(BlockPointer::decode(&bad).is_err());
+    let mut stray_key = BlockPointer::encode(Some(&sample_bp()));
+    stray_key[100] = 1;
+    assert!(BlockPointer::decode(&stray_key).is_err());
 }
 
 fn arb_dva() -> impl Strategy<Value = Dva> {
@@ -235,9 +308,16 @@ fn arb_bp() -> impl Strategy<Value = BlockPointer> {
             any::<u64>(),
             any::<[u8; 16]>(),
         ),
+        proptest::option::of(any::<[u8; 32]>()),
     )
         .prop_map(
-            |(d0, d1, d2, (lsize_sectors, psize_sectors, birth_txg, kind, level, fill, sum))| {
+            |(
+                d0,
+                d1,
+                d2,
+                (lsize_sectors, psize_sectors, birth_txg, kind, level, fill, sum),
+                key,
+            )| {
                 BlockPointer {
                     dvas: [d0, d1.unwrap_or_default(), d2.unwrap_or_default()],
                     lsize_sectors,
@@ -253,6 +333,7 @@ fn arb_bp() -> impl Strategy<Value = BlockPointer> {
                     level,
                     fill,
                     checksum: Checksum(sum),
+                    dedup: key.map(DdtKey),
                 }
             },
         )
@@ -292,6 +373,7 @@ proptest! {
         let _ = LabelHeader::decode(&bytes);
         let _ = SpaceMap::decode(&bytes);
         let _ = PoolDirectory::decode(&bytes);
+        let _ = DdtBucket::decode(&bytes);
     }
 
     /// Label headers whose checksum was recomputed over random contents (as a buggy writer or

@@ -30,6 +30,7 @@ fn sample() -> LogBlock {
         level: 0,
         fill: 1,
         checksum: Checksum([5; 16]),
+        dedup: None,
     };
     LogBlock {
         verifier: VERIFIER,

@@ -222,6 +222,14 @@ impl Allocator {
         Ok(())
     }
 
+    /// Where every byte of the vdevs' data areas is, for audits: (area, free, held by log
+    /// blocks, waiting out a free's deferral). The rest is allocated to blocks.
+    pub fn accounting(&self) -> (u64, u64, u64, u64) {
+        let area = self.vdevs.iter().map(|v| v.data_end - v.data_start).sum();
+        let free = self.vdevs.iter().map(|v| v.free.total_bytes()).sum();
+        (area, free, self.log_bytes(), self.deferred_bytes())
+    }
+
     pub fn deferred_bytes(&self) -> u64 {
         self.deferred.values().flatten().map(|&(_, _, len)| len).sum()
     }

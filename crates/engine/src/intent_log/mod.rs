@@ -105,6 +105,7 @@ impl LogAddress {
             level: 0,
             fill: 1,
             checksum: Checksum::default(),
+            dedup: None,
         }
     }
 

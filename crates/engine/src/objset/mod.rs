@@ -127,11 +127,11 @@ fn update_node<'a>(
 ) -> Boxed<'a, Result<Option<BlockPointer>, PoolError>> {
     Box::pin(async move {
         if level == 0 {
-            let new = updates.get(&base).copied().unwrap_or(old);
+            let Some(&new) = updates.get(&base) else { return Ok(old) };
+            // Replaced even when the new pointer is the same (a dedup block rewritten with its
+            // own contents): the write took a reference, which the old pointer's free drops.
             if let Some(previous) = old {
-                if new != Some(previous) {
-                    ctx.replaced.push(previous);
-                }
+                ctx.replaced.push(previous);
             }
             return Ok(new);
         }

@@ -118,6 +118,7 @@ mod tests {
             level: 0,
             fill: 1,
             checksum: Checksum::default(),
+            dedup: None,
         }
     }
 

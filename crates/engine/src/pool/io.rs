@@ -66,30 +66,58 @@ impl Pool {
         fill: u64,
         txg: u64,
     ) -> Result<BlockPointer, PoolError> {
-        let sector = u64::from(SECTOR_BYTES);
-        let psize = data.len() as u64;
-        assert!(psize > 0 && psize % sector == 0, "block data must be whole sectors");
-        assert!(offset_bytes % sector == 0, "blocks start on sector boundaries");
-        let checksum = ChecksumAlg::Xxh3_128.compute(&data);
+        let bp = describe_block(vdev, offset_bytes, &data, lsize_bytes, kind, level, fill, txg);
+        self.write_copy(vdev, offset_bytes, data).await?;
+        Ok(bp)
+    }
+
+    /// Writes one copy of a block already described by [`describe_block`].
+    pub async fn write_copy(
+        &self,
+        vdev: u32,
+        offset_bytes: u64,
+        data: SharedBuf,
+    ) -> Result<(), PoolError> {
         self.root()
             .write(vdev::Dva { vdev, offset_bytes }, data, IoClass::AsyncWrite)
             .await
-            .map_err(|source| PoolError::Vdev { pool: self.name().to_owned(), source })?;
-        let sectors = |bytes: u64| u32::try_from(bytes / sector).unwrap_or(u32::MAX);
-        Ok(BlockPointer {
-            dvas: [
-                Dva { vdev, asize_sectors: sectors(psize), offset_sectors: offset_bytes / sector },
-                Dva::default(),
-                Dva::default(),
-            ],
-            lsize_sectors: sectors(lsize_bytes.div_ceil(sector) * sector),
-            psize_sectors: sectors(psize),
-            birth_txg: txg,
-            checksum_alg: ChecksumAlg::Xxh3_128,
-            kind,
-            level,
-            fill,
-            checksum,
-        })
+            .map_err(|source| PoolError::Vdev { pool: self.name().to_owned(), source })
+    }
+}
+
+/// The pointer of a block holding `data` (whole sectors) at `(vdev, offset)`, before it is
+/// written: the dedup table hands it to writers of the same block while the write is in flight
+/// (ZFS: a zio's ready stage).
+#[allow(clippy::too_many_arguments)]
+pub fn describe_block(
+    vdev: u32,
+    offset_bytes: u64,
+    data: &[u8],
+    lsize_bytes: u64,
+    kind: BlockKind,
+    level: u8,
+    fill: u64,
+    txg: u64,
+) -> BlockPointer {
+    let sector = u64::from(SECTOR_BYTES);
+    let psize = data.len() as u64;
+    assert!(psize > 0 && psize % sector == 0, "block data must be whole sectors");
+    assert!(offset_bytes % sector == 0, "blocks start on sector boundaries");
+    let sectors = |bytes: u64| u32::try_from(bytes / sector).unwrap_or(u32::MAX);
+    BlockPointer {
+        dvas: [
+            Dva { vdev, asize_sectors: sectors(psize), offset_sectors: offset_bytes / sector },
+            Dva::default(),
+            Dva::default(),
+        ],
+        lsize_sectors: sectors(lsize_bytes.div_ceil(sector) * sector),
+        psize_sectors: sectors(psize),
+        birth_txg: txg,
+        checksum_alg: ChecksumAlg::Xxh3_128,
+        kind,
+        level,
+        fill,
+        checksum: ChecksumAlg::Xxh3_128.compute(data),
+        dedup: None,
     }
 }

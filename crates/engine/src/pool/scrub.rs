@@ -2,7 +2,7 @@
 //! repair the bad ones.
 //!
 //! The walk starts at the uberblock's root (the pool directory), visits each top-level vdev's
-//! space map and each volume's tree, indirect blocks before the blocks under them. Every copy
+//! space map, each volume's tree and the dedup table's tree, indirect blocks before the blocks under them. Every copy
 //! on every mirror child is read at scrub priority and checked against the checksum in its
 //! parent pointer; bad copies are rewritten from a good one. A block with no good copy anywhere
 //! is reported, and scrub goes on with the rest.
@@ -84,8 +84,10 @@ impl Pool {
             self.scrub_block(bp, &mut report).await;
         }
         // Depth-first over each volume's tree, with an explicit stack (no async recursion).
+        // The dedup table's tree too: its buckets are leaves here (the blocks their entries
+        // name are reached through the volumes that share them).
         let mut stack: Vec<BlockPointer> =
-            directory.volumes.iter().filter_map(|v| v.root).collect();
+            directory.volumes.iter().filter_map(|v| v.root).chain(directory.ddt.root).collect();
         while let Some(bp) = stack.pop() {
             if bp.birth_txg < min_birth {
                 continue;

@@ -33,11 +33,16 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use sluice_format::{
-    BlockKind, BlockPointer, LogHeader, LogRecord, LogVerifier, PoolDirectory, SpaceMap,
-    VolumeEntry, LOG_HEADER_BYTES, VOLUME_NAME_BYTES_MAX,
+    BlockKind, BlockPointer, DdtHeader, DedupMode, LogHeader, LogRecord, LogVerifier,
+    PoolDirectory, SpaceMap, VolumeEntry, LOG_HEADER_BYTES, VOLUME_NAME_BYTES_MAX,
 };
 
+mod audit;
+
+pub use audit::AuditReport;
+
 use crate::alloc::{AllocClass, AllocError, Allocator};
+use crate::dedup::Ddt;
 use crate::device::AlignedBuf;
 use crate::intent_log::{self, CommitPolicy, LogAddress, LogError, LogWriter};
 use crate::objset::{self, TreeUpdate};
@@ -144,8 +149,10 @@ struct State {
 /// An open pool with its volumes.
 #[derive(Debug)]
 pub struct Store {
-    pool: Pool,
-    allocator: Mutex<Allocator>,
+    pool: Arc<Pool>,
+    /// Shared with the tasks a sync spawns to write dedup blocks in parallel.
+    allocator: Arc<Mutex<Allocator>>,
+    ddt: Arc<Ddt>,
     state: Mutex<State>,
     sync_lock: futures::lock::Mutex<()>,
     suspended: AtomicBool,
@@ -253,15 +260,29 @@ impl Store {
             retired_log: Vec::new(),
             sync_generation: 0,
         };
-        Store::assemble(pool, allocator, state, tunables)
+        // The dedup salt: drawn once per pool, so keys cannot be predicted from outside.
+        let mut salt_rng = pool.env().unique_rng("dedup salt");
+        let mut salt = [0u8; 32];
+        for chunk in salt.chunks_exact_mut(8) {
+            chunk.copy_from_slice(&salt_rng.u64().to_le_bytes());
+        }
+        let ddt = DdtHeader { salt, ..DdtHeader::default() };
+        Store::assemble(pool, allocator, state, ddt, tunables)
     }
 
-    fn assemble(pool: Pool, mut allocator: Allocator, state: State, tunables: &Tunables) -> Store {
+    fn assemble(
+        pool: Pool,
+        mut allocator: Allocator,
+        state: State,
+        ddt: DdtHeader,
+        tunables: &Tunables,
+    ) -> Store {
         allocator.set_log_vdevs(&pool.log_vdevs());
         Store {
-            allocator: Mutex::new(allocator),
+            allocator: Arc::new(Mutex::new(allocator)),
+            ddt: Arc::new(Ddt::new(pool.name(), ddt, tunables)),
             state: Mutex::new(state),
-            pool,
+            pool: Arc::new(pool),
             sync_lock: futures::lock::Mutex::new(()),
             suspended: AtomicBool::new(false),
             suspend_cause: Mutex::new(None),
@@ -378,7 +399,7 @@ impl Store {
             retired_log: Vec::new(),
             sync_generation: 0,
         };
-        let mut store = Store::assemble(pool, allocator, state, tunables);
+        let mut store = Store::assemble(pool, allocator, state, directory.ddt, tunables);
         store.log_stats = log_stats;
         store.replay(chains).await?;
         Ok(store)
@@ -574,9 +595,28 @@ impl Store {
             levels,
             root: None,
             log: None,
+            dedup: DedupMode::Off,
         };
         state.volumes.insert(name.to_owned(), Volume::new(entry, Some(log), &self.limits));
         Ok(())
+    }
+
+    /// Sets a volume's dedup property; blocks written from the next sync on follow it (blocks
+    /// already stored stay as they are). Durable with the next sync.
+    pub fn set_dedup(&self, name: &str, mode: DedupMode) -> Result<(), StoreError> {
+        self.check_live()?;
+        let mut state = self.state.lock();
+        let volume = state.volumes.get_mut(name).ok_or_else(|| StoreError::NoSuchVolume {
+            pool: self.pool.name().to_owned(),
+            volume: name.to_owned(),
+        })?;
+        volume.entry.dedup = mode;
+        Ok(())
+    }
+
+    /// The dedup table: its totals as of the last sync and what it did since the pool opened.
+    pub fn dedup_table(&self) -> &Ddt {
+        &self.ddt
     }
 
     /// Destroys a volume; its blocks are freed by the next sync.
@@ -1069,15 +1109,21 @@ impl Store {
         }
         for (entry, disk_levels, blocks) in work {
             // Data blocks are independent: write up to SYNC_WRITES_IN_FLIGHT at once, so the
-            // devices see a queue instead of one block at a time.
+            // devices see a queue instead of one block at a time. Blocks of dedup volumes are
+            // hashed and looked up in tasks of their own, so that work spreads over the
+            // runtime's threads, as ZFS's write-issue taskq spreads it over CPUs.
+            let dedup = entry.dedup;
             let writes = futures::stream::iter(blocks.into_iter().map(|(index, block)| {
                 let ctx = &ctx;
                 async move {
-                    let bp = match block {
-                        Block::Data(data) => {
+                    let bp = match (block, dedup) {
+                        (Block::Data(data), DedupMode::Off) => {
                             Some(objset::write_data_block(ctx, &data, AllocClass::Reserved).await?)
                         }
-                        Block::Zero => None,
+                        (Block::Data(data), mode) => Some(
+                            self.spawn_dedup_write(txg, data, mode == DedupMode::Verify).await?,
+                        ),
+                        (Block::Zero, _) => None,
                     };
                     Ok::<_, PoolError>((index, bp))
                 }
@@ -1092,7 +1138,19 @@ impl Store {
             };
             roots.insert(entry.name.clone(), root);
         }
-        let replaced = std::mem::take(&mut ctx.replaced);
+        // Replaced dedup blocks drop a reference; then the table is written, which hands back
+        // the blocks left without references along with its own replaced blocks.
+        let (shared, mut replaced): (Vec<BlockPointer>, Vec<BlockPointer>) =
+            std::mem::take(&mut ctx.replaced).into_iter().partition(|bp| bp.dedup.is_some());
+        let (ddt, pool) = (&*self.ddt, &*self.pool);
+        futures::stream::iter(
+            shared.into_iter().map(|bp| async move { ddt.free(pool, &bp).await }),
+        )
+        .buffer_unordered(SYNC_WRITES_IN_FLIGHT)
+        .try_collect::<Vec<()>>()
+        .await?;
+        let ddt_header = self.ddt.flush(&mut ctx).await?;
+        replaced.append(&mut ctx.replaced);
         // Free what this txg replaced, and the previous directory and space maps.
         let (old_maps, old_directory, vdevs) = {
             let state = self.state.lock();
@@ -1149,6 +1207,7 @@ impl Store {
                         ..v.entry.clone()
                     })
                     .collect(),
+                ddt: ddt_header,
             }
         };
         // Allocate the space-map pieces before encoding any map, so every map includes them.
@@ -1278,10 +1337,50 @@ impl Store {
         Ok(txg)
     }
 
+    /// Writes one block of a dedup volume through the table, in a task of its own.
+    async fn spawn_dedup_write(
+        &self,
+        txg: u64,
+        data: Arc<Vec<u8>>,
+        verify: bool,
+    ) -> Result<BlockPointer, PoolError> {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        let (ddt, pool, allocator) =
+            (Arc::clone(&self.ddt), Arc::clone(&self.pool), Arc::clone(&self.allocator));
+        self.pool.env().spawn("dedup write", async move {
+            let written = ddt.write(&pool, &allocator, txg, data, verify).await;
+            // Dropped before answering, so that no task still holds the pool when the sync
+            // that waits for this answer returns (export unwraps it).
+            drop((ddt, pool, allocator));
+            let _ = tx.send(written);
+        });
+        rx.await.unwrap_or_else(|_| {
+            Err(PoolError::Format {
+                pool: self.pool.name().to_owned(),
+                source: sluice_format::FormatError::Invalid {
+                    what: "dedup write task",
+                    field: "ended without an answer in txg",
+                    value: txg,
+                },
+            })
+        })
+    }
+
     /// Syncs and closes.
     pub async fn export(self) -> Result<(), StoreError> {
         self.sync().await?;
-        Ok(self.pool.export().await?)
+        let name = self.pool.name().to_owned();
+        let pool = Arc::try_unwrap(self.pool).map_err(|_| {
+            StoreError::Pool(PoolError::Format {
+                pool: name,
+                source: sluice_format::FormatError::Invalid {
+                    what: "pool",
+                    field: "still in use by a task at export",
+                    value: 0,
+                },
+            })
+        })?;
+        Ok(pool.export().await?)
     }
 }
 
