@@ -124,14 +124,22 @@ enum PoolCommand {
 
 #[derive(Subcommand)]
 enum VolCommand {
-    /// Create a sparse volume: `sluice vol create tank/vm1 --size 20G [--block-size 16K]`.
+    /// Create a sparse volume: `sluice vol create tank/vm1 --size 20G [--block-size 16K]
+    /// [--dedup on]`.
     Create {
         spec: String,
         #[arg(long, value_parser = pools::parse_size)]
         size: u64,
         #[arg(long, value_parser = pools::parse_size)]
         block_size: Option<u64>,
+        /// off (default), on (blocks with equal contents are stored once, through the pool's
+        /// dedup table) or verify (as on, comparing the bytes before sharing).
+        #[arg(long, value_parser = pools::parse_dedup, default_value = "off")]
+        dedup: sluice_format::DedupMode,
     },
+    /// Set a volume property: `sluice vol set tank/vm1 dedup=on` (dedup=off|on|verify; it
+    /// applies to blocks written from now on).
+    Set { spec: String, property: String },
     /// List volumes of the given pools (default: all known pools).
     List { pools: Vec<String> },
     /// Destroy a volume and free its space.
@@ -282,8 +290,11 @@ pub(crate) async fn run_pool_command(
     match cli.command {
         Command::Pool { pool: PoolCommand::Status { names } } => pools::status(ctx, &names).await,
         Command::Pool { pool: PoolCommand::Scrub { name } } => pools::scrub(ctx, &name).await,
-        Command::Vol { vol: VolCommand::Create { spec, size, block_size } } => {
-            pools::vol_create(ctx, &spec, size, block_size).await
+        Command::Vol { vol: VolCommand::Create { spec, size, block_size, dedup } } => {
+            pools::vol_create(ctx, &spec, size, block_size, dedup).await
+        }
+        Command::Vol { vol: VolCommand::Set { spec, property } } => {
+            pools::vol_set(ctx, &spec, &property).await
         }
         Command::Vol { vol: VolCommand::List { pools } } => pools::vol_list(ctx, &pools).await,
         Command::Vol { vol: VolCommand::Destroy { spec } } => pools::vol_destroy(ctx, &spec).await,
@@ -291,7 +302,7 @@ pub(crate) async fn run_pool_command(
             pools::vol_resize(ctx, &spec, size).await
         }
         _ => anyhow::bail!(
-            "only pool status|scrub and vol create|list|resize|destroy run on a served pool"
+            "only pool status|scrub and vol create|list|set|resize|destroy run on a served pool"
         ),
     }
 }
@@ -378,6 +389,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     Ok(())
                 }
                 VolCommand::Create { spec, .. }
+                | VolCommand::Set { spec, .. }
                 | VolCommand::Destroy { spec }
                 | VolCommand::Resize { spec, .. } => {
                     let pool = spec.split_once('/').map_or(spec.as_str(), |(p, _)| p).to_owned();

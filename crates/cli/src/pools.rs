@@ -19,6 +19,7 @@ use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::Env;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{Store, BLOCK_BYTES_DEFAULT};
+use sluice_format::DedupMode;
 
 /// Where a command's output goes and which pool, if any, is already open in this process
 /// (`sluice serve` runs the same commands for its control socket against its live store).
@@ -403,12 +404,50 @@ pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
             log.records_already_replayed.get(),
             log.torn_tails.get()
         ));
+        let ddt = store.dedup_table();
+        let summary = ddt.summary();
+        let stats = ddt.stats();
+        ctx.say(format!(
+            "  dedup: ratio {:.2}x ({} references to {} stored blocks, {} stored for {} \
+             referenced); table: {} entries in {} buckets, {} encoded, {} in memory",
+            summary.ratio(),
+            summary.references,
+            summary.entries,
+            human(summary.allocated_bytes),
+            human(summary.referenced_bytes),
+            summary.entries,
+            1u64 << summary.bucket_bits,
+            human(summary.table_bytes()),
+            summary.in_memory
+        ));
+        let stages: Vec<String> = stats
+            .by_stage()
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(stage, n)| format!("{stage} {n}"))
+            .collect();
+        ctx.say(format!(
+            "  dedup table lock ({}): {} acquisitions ({}), {} contended, {:.3} ms waited; \
+             {} blocks written, {} shared, {} verify mismatches",
+            match ddt.locking() {
+                sluice_engine::dedup::Locking::Entry => "per-entry I/O lock",
+                sluice_engine::dedup::Locking::Global => "global",
+            },
+            stats.by_stage().iter().map(|(_, n)| n).sum::<u64>(),
+            if stages.is_empty() { String::from("none yet") } else { stages.join(", ") },
+            stats.table_lock_contended.get(),
+            stats.table_lock_wait_nanos.get() as f64 / 1e6,
+            stats.blocks_written.get(),
+            stats.blocks_shared.get(),
+            stats.verify_mismatches.get()
+        ));
         for volume in store.volumes() {
             ctx.say(format!(
-                "  volume {name}/{}: {} ({} blocks)",
+                "  volume {name}/{}: {} ({} blocks, dedup={})",
                 volume.name,
                 human(volume.size_bytes),
-                human(u64::from(volume.block_bytes))
+                human(u64::from(volume.block_bytes)),
+                volume.dedup.name()
             ));
         }
         store.release().await?;
@@ -426,14 +465,42 @@ pub async fn vol_create(
     spec: &str,
     size: u64,
     block_bytes: Option<u64>,
+    dedup: DedupMode,
 ) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
     let store = ctx.hold(pool).await?;
     let block =
         u32::try_from(block_bytes.unwrap_or(u64::from(BLOCK_BYTES_DEFAULT))).unwrap_or(u32::MAX);
     store.create_volume(volume, size, block)?;
+    store.set_dedup(volume, dedup)?;
     store.release().await?;
-    ctx.say(format!("created volume {spec} ({})", human(size)));
+    ctx.say(format!("created volume {spec} ({}, dedup={})", human(size), dedup.name()));
+    Ok(())
+}
+
+/// Parses a dedup property value.
+pub fn parse_dedup(value: &str) -> Result<DedupMode, String> {
+    match value {
+        "off" => Ok(DedupMode::Off),
+        "on" => Ok(DedupMode::On),
+        "verify" => Ok(DedupMode::Verify),
+        other => Err(format!("dedup={other} is not a dedup mode; use off, on or verify")),
+    }
+}
+
+pub async fn vol_set(ctx: &mut Ctx<'_>, spec: &str, property: &str) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let (name, value) = property
+        .split_once('=')
+        .with_context(|| format!("{property:?} is not NAME=VALUE (for example dedup=on)"))?;
+    if name != "dedup" {
+        anyhow::bail!("volume property {name:?} does not exist; the settable one is dedup");
+    }
+    let mode = parse_dedup(value).map_err(|e| anyhow::anyhow!(e))?;
+    let store = ctx.hold(pool).await?;
+    store.set_dedup(volume, mode)?;
+    store.release().await?;
+    ctx.say(format!("set dedup={} on {spec}; blocks written from now on follow it", mode.name()));
     Ok(())
 }
 
@@ -456,16 +523,17 @@ pub async fn vol_resize(ctx: &mut Ctx<'_>, spec: &str, size: u64) -> anyhow::Res
 }
 
 pub async fn vol_list(ctx: &mut Ctx<'_>, pools: &[String]) -> anyhow::Result<()> {
-    ctx.say(format!("{:<40} {:>12} {:>10}", "NAME", "SIZE", "BLOCK"));
+    ctx.say(format!("{:<40} {:>12} {:>10} {:>7}", "NAME", "SIZE", "BLOCK", "DEDUP"));
     for name in pools {
         let name = name.clone();
         let store = ctx.hold(&name).await?;
         for volume in store.volumes() {
             ctx.say(format!(
-                "{:<40} {:>12} {:>10}",
+                "{:<40} {:>12} {:>10} {:>7}",
                 format!("{name}/{}", volume.name),
                 human(volume.size_bytes),
-                human(u64::from(volume.block_bytes))
+                human(u64::from(volume.block_bytes)),
+                volume.dedup.name()
             ));
         }
         store.release().await?;
