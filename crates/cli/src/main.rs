@@ -2,10 +2,11 @@
 //! function that returns `anyhow::Result`.
 //!
 //! Commands: `sluice pool create|import|export|status|scrub|destroy`,
-//! `sluice vol create|list|destroy|resize`
+//! `sluice vol create|list|set|destroy|resize`
 //! (pools on files and block devices, see pools.rs), `sluice tunables` (the table, or settings
 //! validated), `sluice serve` (volumes over NBD, serve.rs) and `sluice bench seeds
-//! mirror|queue|zil|zvol` (the seeds' experiments in virtual time).
+//! ddt|mirror|queue|zil|zvol` (the seeds' experiments; ddt in real time, the others in
+//! virtual time).
 
 mod control;
 mod pools;
@@ -196,6 +197,15 @@ enum BenchCommand {
         /// zvol only: the pools to run, ssd and/or hdd (each a 2-way mirror).
         #[arg(long, value_delimiter = ',', default_value = "ssd,hdd")]
         media: Vec<String>,
+        /// ddt only: concurrent writer tasks.
+        #[arg(long, default_value_t = 64)]
+        writers: usize,
+        /// ddt only: runtime worker threads (default: one per core).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// ddt only: runs per locking mode (the table gives medians).
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
     },
 }
 
@@ -209,6 +219,9 @@ enum Experiment {
     Zil,
     /// Seed 000: 64 sequential FUA writers on a volume, request_threads 8, 32 and unbounded.
     Zvol,
+    /// Seed 001: dedup table locking, global against per-entry, unique 4 KiB blocks from many
+    /// writers on in-memory leaves. Real time: --seconds are wall-clock seconds per run.
+    Ddt,
 }
 
 fn main() -> ExitCode {
@@ -422,6 +435,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     disks,
                     max_writers,
                     media,
+                    writers,
+                    threads,
+                    repeats,
                 },
         } => {
             anyhow::ensure!(
@@ -449,6 +465,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         anyhow::bail!("--media {bad:?}: use ssd, hdd or ssd,hdd");
                     }
                     let report = sluice_bench::seeds::zvol::run(seconds, seed, &media, &base)?;
+                    (report.markdown(), serde_json::to_value(&report)?)
+                }
+                Experiment::Ddt => {
+                    anyhow::ensure!(writers > 0, "--writers must be at least 1");
+                    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    let report = sluice_bench::seeds::ddt::run(
+                        seconds,
+                        seed,
+                        writers,
+                        threads.unwrap_or(cores).max(1),
+                        repeats,
+                        &base,
+                    )
+                    .map_err(|e| anyhow::anyhow!("bench seeds ddt: {e}"))?;
                     (report.markdown(), serde_json::to_value(&report)?)
                 }
             };

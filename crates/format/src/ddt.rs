@@ -127,6 +127,51 @@ impl DdtBucket {
         Ok(bucket)
     }
 
+    /// Finds `key` in an encoded bucket by binary search over the fixed-size entries, decoding
+    /// only the header and the entry found: a lookup costs O(log n), not a whole decode. The
+    /// block has passed its checksum, so its order is the one [`DdtBucket::encode`] checked;
+    /// the entry found is still checked on its own.
+    pub fn find(bytes: &[u8], key: &DdtKey) -> Result<Option<DdtEntry>, FormatError> {
+        let r = Reader::new(WHAT, bytes, HEADER_BYTES)?;
+        let magic = r.u64(0)?;
+        if magic != MAGIC {
+            return Err(FormatError::BadMagic { what: WHAT, found: magic });
+        }
+        FormatVersion::decode(WHAT, r.u16(8)?)?;
+        let count = r.u32(12)? as usize;
+        if count > (bytes.len() - HEADER_BYTES) / DDT_ENTRY_BYTES {
+            return Err(FormatError::Invalid { what: WHAT, field: "count", value: count as u64 });
+        }
+        let (mut low, mut high) = (0usize, count);
+        while low < high {
+            let mid = low + (high - low) / 2;
+            let at = HEADER_BYTES + mid * DDT_ENTRY_BYTES;
+            match r.slice(at, DDT_KEY_BYTES)?.cmp(&key.0[..]) {
+                std::cmp::Ordering::Less => low = mid + 1,
+                std::cmp::Ordering::Greater => high = mid,
+                std::cmp::Ordering::Equal => {
+                    let bp = BlockPointer::decode(r.slice(at + DDT_KEY_BYTES + 8, BLKPTR_BYTES)?)?
+                        .filter(|bp| bp.dedup == Some(*key))
+                        .ok_or(FormatError::Invalid {
+                            what: WHAT,
+                            field: "entry block pointer",
+                            value: mid as u64,
+                        })?;
+                    let refcount = r.u64(at + DDT_KEY_BYTES)?;
+                    if refcount == 0 {
+                        return Err(FormatError::Invalid {
+                            what: WHAT,
+                            field: "refcount",
+                            value: 0,
+                        });
+                    }
+                    return Ok(Some(DdtEntry { key: *key, refcount, bp }));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// The rules both directions keep: keys ascending and in this bucket, no entry at zero
     /// references, each pointer naming its own key.
     fn check(&self) -> Result<(), FormatError> {

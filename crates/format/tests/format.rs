@@ -248,6 +248,12 @@ fn golden_dedup_bucket() {
     let bytes = bucket.encode(512).unwrap();
     golden("ddt_bucket.bin", &bytes);
     assert_eq!(DdtBucket::decode(&bytes).unwrap(), bucket);
+    for entry in &bucket.entries {
+        assert_eq!(DdtBucket::find(&bytes, &entry.key).unwrap(), Some(*entry));
+    }
+    assert_eq!(DdtBucket::find(&bytes, &key(0x41)).unwrap(), None);
+    assert_eq!(DdtBucket::find(&bytes, &key(0x00)).unwrap(), None);
+    assert_eq!(DdtBucket::find(&bytes, &key(0xff)).unwrap(), None);
     assert_eq!(key(0x7f).bucket(2), 1);
     assert_eq!(key(0xc0).bucket(2), 3);
     assert_eq!(key(0xc0).bucket(0), 0);
@@ -374,6 +380,7 @@ proptest! {
         let _ = SpaceMap::decode(&bytes);
         let _ = PoolDirectory::decode(&bytes);
         let _ = DdtBucket::decode(&bytes);
+        let _ = DdtBucket::find(&bytes, &DdtKey([0x40; 32]));
     }
 
     /// Label headers whose checksum was recomputed over random contents (as a buggy writer or

@@ -1,6 +1,7 @@
-//! One module per seed experiment: `zvol` (seed 000), `mirror` (seed 002), `queue` (seed 003),
-//! `zil` (seed 004).
+//! One module per seed experiment: `zvol` (seed 000), `ddt` (seed 001, in real time), `mirror`
+//! (seed 002), `queue` (seed 003), `zil` (seed 004).
 
+pub mod ddt;
 pub mod mirror;
 pub mod queue;
 pub mod zil;

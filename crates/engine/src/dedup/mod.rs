@@ -359,18 +359,15 @@ impl Ddt {
         entry
             .loaded
             .get_or_try_init(|| async {
-                let Some(bucket) =
-                    self.read_bucket(pool, disk, entry.key.bucket(disk.bucket_bits)).await?
+                let index = entry.key.bucket(disk.bucket_bits);
+                let Some(bytes) =
+                    objset::read_data_block(pool, disk.root, disk.levels, index).await?
                 else {
                     return Ok(None);
                 };
-                Ok::<_, PoolError>(
-                    bucket
-                        .entries
-                        .binary_search_by(|e| e.key.cmp(&entry.key))
-                        .ok()
-                        .map(|at| bucket.entries[at]),
-                )
+                self.stats.bucket_reads.inc();
+                DdtBucket::find(&bytes, &entry.key)
+                    .map_err(|source| PoolError::Format { pool: self.pool_name.clone(), source })
             })
             .await?;
         Ok(())
