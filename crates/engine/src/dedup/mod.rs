@@ -44,6 +44,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::{StreamExt, TryStreamExt};
 use parking_lot::{Mutex, MutexGuard};
 use sluice_format::{
     BlockKind, BlockPointer, DdtBucket, DdtEntry, DdtHeader, DdtKey, FormatError,
@@ -175,6 +176,8 @@ impl DdtSummary {
 /// Average entries per bucket that makes the flush double the buckets (a 16 KiB block holds
 /// 97 entries; doubling at 96 leaves 48).
 const BUCKET_ENTRIES_GROW: u64 = 96;
+/// Buckets a flush reads and writes at once.
+const FLUSH_IN_FLIGHT: usize = 64;
 /// Memory one cached entry costs, roughly: the entry, its map slot, its lock.
 const ENTRY_MEMORY_BYTES: u64 = 320;
 
@@ -657,16 +660,19 @@ impl Ddt {
         while bits < DDT_BUCKET_BITS_MAX && header.entries > (1u64 << bits) * BUCKET_ENTRIES_GROW {
             bits += 1;
         }
-        // Buckets to write: every bucket of the table when it grows, else the changed ones.
-        let mut buckets: BTreeMap<u64, Vec<DdtEntry>> = BTreeMap::new();
+        // Buckets to write: every bucket of the table when it grows, else the changed ones,
+        // each read, merged, encoded and written concurrently with the others.
         let levels = objset::levels_for(1u64 << bits);
-        if bits != disk.bucket_bits {
-            for (level, index, bp) in objset::walk(ctx.pool, disk.root, disk.levels).await? {
-                ctx.replaced.push(bp);
+        let shared: &TreeUpdate<'_> = ctx;
+        let updates: BTreeMap<u64, Option<BlockPointer>> = if bits != disk.bucket_bits {
+            let mut buckets: BTreeMap<u64, Vec<DdtEntry>> = BTreeMap::new();
+            let mut old_tree = Vec::new();
+            for (level, index, bp) in objset::walk(shared.pool, disk.root, disk.levels).await? {
+                old_tree.push(bp);
                 if level != 0 {
                     continue;
                 }
-                if let Some(bucket) = self.read_bucket(ctx.pool, &disk, index).await? {
+                if let Some(bucket) = self.read_bucket(shared.pool, &disk, index).await? {
                     for e in bucket.entries {
                         buckets.entry(e.key.bucket(bits)).or_default().push(e);
                     }
@@ -677,12 +683,24 @@ impl Ddt {
                 bucket.retain(|e| e.key != *key);
                 bucket.extend(change.iter().copied());
             }
+            let written = futures::stream::iter(
+                buckets
+                    .into_iter()
+                    .map(|(index, entries)| self.write_bucket(shared, index, bits, entries)),
+            )
+            .buffer_unordered(FLUSH_IN_FLIGHT)
+            .try_collect()
+            .await?;
+            ctx.replaced.extend(old_tree);
+            written
         } else {
             let touched: std::collections::BTreeSet<u64> =
                 changes.keys().map(|k| k.bucket(bits)).collect();
-            for index in touched {
+            let changes = &changes;
+            let disk = &disk;
+            futures::stream::iter(touched.into_iter().map(|index| async move {
                 let mut entries: BTreeMap<DdtKey, DdtEntry> = self
-                    .read_bucket(ctx.pool, &disk, index)
+                    .read_bucket(shared.pool, disk, index)
                     .await?
                     .map(|b| b.entries.into_iter().map(|e| (e.key, e)).collect())
                     .unwrap_or_default();
@@ -692,24 +710,12 @@ impl Ddt {
                         None => entries.remove(key),
                     };
                 }
-                buckets.insert(index, entries.into_values().collect());
-            }
-        }
-        let align = ctx.allocator.lock().unit_bytes() as usize;
-        let mut updates = BTreeMap::new();
-        for (index, mut entries) in buckets {
-            entries.sort_by_key(|e| e.key);
-            if entries.is_empty() {
-                updates.insert(index, None);
-                continue;
-            }
-            let bucket = DdtBucket { index, bucket_bits: bits, entries };
-            let bytes = bucket
-                .encode(align)
-                .map_err(|source| PoolError::Format { pool: self.pool_name.clone(), source })?;
-            let bp = objset::write_data_block(ctx, &bytes, AllocClass::Reserved).await?;
-            updates.insert(index, Some(bp));
-        }
+                self.write_bucket(shared, index, bits, entries.into_values().collect()).await
+            }))
+            .buffer_unordered(FLUSH_IN_FLIGHT)
+            .try_collect()
+            .await?
+        };
         let old_root = if bits != disk.bucket_bits { None } else { disk.root };
         header.root = objset::update_tree(ctx, old_root, levels, &updates).await?;
         header.bucket_bits = bits;
@@ -738,6 +744,26 @@ impl Ddt {
             }
         }
         Ok(header)
+    }
+
+    /// Writes one bucket (sorted here); an empty bucket becomes a hole.
+    async fn write_bucket(
+        &self,
+        ctx: &TreeUpdate<'_>,
+        index: u64,
+        bits: u8,
+        mut entries: Vec<DdtEntry>,
+    ) -> Result<(u64, Option<BlockPointer>), PoolError> {
+        if entries.is_empty() {
+            return Ok((index, None));
+        }
+        entries.sort_by_key(|e| e.key);
+        let align = ctx.allocator.lock().unit_bytes() as usize;
+        let bytes = DdtBucket { index, bucket_bits: bits, entries }
+            .encode(align)
+            .map_err(|source| PoolError::Format { pool: self.pool_name.clone(), source })?;
+        let bp = objset::write_data_block(ctx, &bytes, AllocClass::Reserved).await?;
+        Ok((index, Some(bp)))
     }
 
     /// The table as of the last flush.

@@ -977,7 +977,13 @@ impl Store {
             }
         }
         if dirty >= self.limits.dirty_max {
-            self.sync().await?;
+            // Every writer that finds the maximum waits for a sync, but one sync is enough for
+            // all of them: whoever gets the lock after it finds the dirty data gone and goes
+            // on. (Each syncing in turn made a storm of empty syncs that serialized writers.)
+            let one_at_a_time = self.sync_lock.lock().await;
+            if self.state.lock().dirty_bytes >= self.limits.dirty_max {
+                self.sync_holding_lock(one_at_a_time).await?;
+            }
             return Ok(());
         }
         let delay = self.limits.delay(dirty);
@@ -1068,7 +1074,14 @@ impl Store {
 
     /// Writes the open txg out and makes it durable. Returns the synced txg.
     pub async fn sync(&self) -> Result<u64, StoreError> {
-        let _one_at_a_time = self.sync_lock.lock().await;
+        let one_at_a_time = self.sync_lock.lock().await;
+        self.sync_holding_lock(one_at_a_time).await
+    }
+
+    async fn sync_holding_lock(
+        &self,
+        _one_at_a_time: futures::lock::MutexGuard<'_, ()>,
+    ) -> Result<u64, StoreError> {
         self.check_live()?;
         let result = self.sync_locked().await;
         if let Err(error) = &result {
