@@ -119,6 +119,8 @@ head -c 1M /dev/urandom >"$work/chunk"
 for _ in 1 2 3 4 5 6 7 8; do cat "$work/chunk"; done >"$work/dd.img"
 truncate -s 64M "$work/dd.img"
 nbdcopy "$work/dd.img" "$dd_uri"
+"$bin" vol set sluice/dd dedup=verify >/dev/null
+"$bin" vol list sluice | grep -Eq "sluice/dd .* verify$" || fail "vol set dedup=verify did not reach the served volume"
 
 step "clean stop, restart, data intact"
 nbdcopy "$uri" "$work/before.img"

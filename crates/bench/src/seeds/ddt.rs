@@ -262,6 +262,16 @@ impl Report {
             e.cpu_us_per_block,
             crate::gain_pct(g.cpu_us_per_block, e.cpu_us_per_block),
         ));
+        for locking in ["global", "entry"] {
+            let each: Vec<String> = self
+                .runs
+                .iter()
+                .filter(|r| r.locking == locking)
+                .map(|r| format!("{:.0}", r.blocks_per_sec))
+                .collect();
+            out.push_str(&format!("\nEach {locking} run, blocks/s: {}.", each.join(", ")));
+        }
+        out.push('\n');
         out.push_str(&format!(
             "\nMedians of {} runs per mode ({} s measured each, in steady state), alternating.\n",
             self.runs.len() / 2,
