@@ -91,6 +91,64 @@ pub enum StoreError {
 enum Block {
     Data(Arc<Vec<u8>>),
     Zero,
+    /// Sectors written over a version of the block not read yet: the version below (the
+    /// syncing txg's block, else the disk's) with the `covered` sectors replaced by `data`'s.
+    /// A partial write so costs no read; the read happens when the block is read or synced.
+    Patched(Arc<Patch>),
+}
+
+#[derive(Clone, Debug)]
+struct Patch {
+    /// The whole block's bytes; only covered sectors count.
+    data: Vec<u8>,
+    /// One bit per 512-byte sector.
+    covered: Vec<u64>,
+}
+
+const SECTOR: u64 = 512;
+
+impl Patch {
+    fn new(block_bytes: u64) -> Patch {
+        let sectors = block_bytes / SECTOR;
+        Patch {
+            data: vec![0u8; block_bytes as usize],
+            covered: vec![0; sectors.div_ceil(64) as usize],
+        }
+    }
+
+    /// Writes `bytes` (or zeros) at `at` (sector-aligned) within the block.
+    fn write(&mut self, at: usize, len: usize, bytes: Option<&[u8]>) {
+        match bytes {
+            Some(b) => self.data[at..at + len].copy_from_slice(b),
+            None => self.data[at..at + len].fill(0),
+        }
+        for sector in at as u64 / SECTOR..(at + len) as u64 / SECTOR {
+            self.covered[(sector / 64) as usize] |= 1 << (sector % 64);
+        }
+    }
+
+    fn complete(&self) -> bool {
+        let sectors = self.data.len() as u64 / SECTOR;
+        (0..sectors).all(|s| self.covered[(s / 64) as usize] & (1 << (s % 64)) != 0)
+    }
+
+    /// The block: `base` (None: zeros) with the covered sectors replaced.
+    fn apply(&self, base: Option<&[u8]>) -> Vec<u8> {
+        let mut out = match base {
+            Some(b) => b[..self.data.len()].to_vec(),
+            None => vec![0u8; self.data.len()],
+        };
+        for (word_index, &word) in self.covered.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let sector = word_index as u64 * 64 + u64::from(bits.trailing_zeros());
+                bits &= bits - 1;
+                let range = (sector * SECTOR) as usize..((sector + 1) * SECTOR) as usize;
+                out[range.clone()].copy_from_slice(&self.data[range]);
+            }
+        }
+        out
+    }
 }
 
 #[derive(Debug)]
@@ -141,9 +199,6 @@ struct State {
     /// Log blocks of retired chains (destroyed volumes, replayed or failed logs), freed by the
     /// next sync.
     retired_log: Vec<LogAddress>,
-    /// Counts completed syncs; a read-modify-write that read a block from disk checks that no
-    /// sync replaced it meanwhile.
-    sync_generation: u64,
 }
 
 /// An open pool with its volumes.
@@ -258,7 +313,6 @@ impl Store {
             dirty_bytes: 0,
             destroyed: Vec::new(),
             retired_log: Vec::new(),
-            sync_generation: 0,
         };
         // The dedup salt: drawn once per pool, so keys cannot be predicted from outside.
         let mut salt_rng = pool.env().unique_rng("dedup salt");
@@ -397,7 +451,6 @@ impl Store {
             dirty_bytes: 0,
             destroyed: Vec::new(),
             retired_log: Vec::new(),
-            sync_generation: 0,
         };
         let mut store = Store::assemble(pool, allocator, state, directory.ddt, tunables);
         store.log_stats = log_stats;
@@ -707,22 +760,44 @@ impl Store {
         }
     }
 
-    /// The current contents of block `index`: open txg, then syncing txg, then disk.
+    /// The current contents of block `index`: open txg, then syncing txg, then disk, with
+    /// patches applied over the version below them.
     async fn block(
         &self,
         entry: &VolumeEntry,
         index: u64,
     ) -> Result<Option<Arc<Vec<u8>>>, StoreError> {
-        let cached = {
+        // One snapshot: the versions in memory and the root they lie on. Freed blocks stay
+        // intact through the deferral, so that root can be read even if a sync moves it.
+        let (open, syncing, root, levels) = {
             let state = self.state.lock();
-            let volume = state.volumes.get(&entry.name);
-            volume.and_then(|v| v.cached(index).cloned())
+            let v = state.volumes.get(&entry.name);
+            (
+                v.and_then(|v| v.open.get(&index).cloned()),
+                v.and_then(|v| v.syncing.get(&index).cloned()),
+                v.and_then(|v| v.entry.root),
+                v.map_or(entry.levels, |v| v.disk_levels),
+            )
         };
-        match cached {
-            Some(Block::Data(data)) => Ok(Some(data)),
-            Some(Block::Zero) => Ok(None),
-            None => self.disk_block(entry, index).await,
+        let mut layers: Vec<Block> = open.into_iter().collect();
+        if !matches!(layers.last(), Some(Block::Data(_) | Block::Zero)) {
+            layers.extend(syncing);
         }
+        let mut below = match layers.last() {
+            Some(Block::Data(data)) => Some(Arc::clone(data)),
+            Some(Block::Zero) => None,
+            Some(Block::Patched(_)) | None => {
+                objset::read_data_block(&self.pool, root, levels, index)
+                    .await?
+                    .map(|d| Arc::new(d[..entry.block_bytes as usize].to_vec()))
+            }
+        };
+        for layer in layers.iter().rev() {
+            if let Block::Patched(patch) = layer {
+                below = Some(Arc::new(patch.apply(below.as_deref().map(Vec::as_slice))));
+            }
+        }
+        Ok(below)
     }
 
     /// Reads `len` bytes at `offset`.
@@ -832,94 +907,76 @@ impl Store {
             .collect::<std::collections::BTreeSet<u64>>()
             .into_iter()
             .collect();
-        loop {
-            // A partial block not in memory is read from disk first. If a sync completes
-            // before the block is applied, the disk copy may be stale: read again.
-            let generation = self.state.lock().sync_generation;
-            let mut from_disk = BTreeMap::new();
-            for &index in &partial {
-                let in_memory = {
-                    let state = self.state.lock();
-                    state.volumes.get(volume).is_some_and(|v| v.cached(index).is_some())
-                };
-                if !in_memory {
-                    from_disk.insert(index, self.disk_block(&entry, index).await?);
+        let mut state = self.state.lock();
+        let state = &mut *state;
+        let open_txg = state.open_txg;
+        let v = state.volumes.get_mut(volume).ok_or_else(|| StoreError::NoSuchVolume {
+            pool: self.pool.name().to_owned(),
+            volume: volume.to_owned(),
+        })?;
+        let mut added = 0u64;
+        for &index in &partial {
+            let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
+            let (at, n) = ((from - index * bs) as usize, (to - from) as usize);
+            let bytes = data.map(|d| &d[(from - offset) as usize..(to - offset) as usize]);
+            // A version in memory is patched in place; none means the version below is on
+            // disk, and this write becomes a patch over it, read only when needed.
+            let base = match v.open.get(&index).or_else(|| v.syncing.get(&index)) {
+                Some(Block::Data(current)) => Ok(current.as_ref().clone()),
+                Some(Block::Zero) => Ok(vec![0u8; bs as usize]),
+                Some(Block::Patched(patch)) if v.open.contains_key(&index) => {
+                    Err(patch.as_ref().clone())
                 }
-            }
-            let mut state = self.state.lock();
-            let state = &mut *state;
-            if state.sync_generation != generation && !from_disk.is_empty() {
-                continue;
-            }
-            let open_txg = state.open_txg;
-            let v = state.volumes.get_mut(volume).ok_or_else(|| StoreError::NoSuchVolume {
-                pool: self.pool.name().to_owned(),
-                volume: volume.to_owned(),
-            })?;
-            let mut added = 0u64;
-            for &index in &partial {
-                let base = match v.cached(index) {
-                    Some(Block::Data(current)) => Some(Arc::clone(current)),
-                    Some(Block::Zero) => None,
-                    None => from_disk.get(&index).cloned().flatten(),
-                };
-                let mut bytes = base.map_or_else(|| vec![0u8; bs as usize], |b| b.as_ref().clone());
-                let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
-                let dst = (from - index * bs) as usize..(to - index * bs) as usize;
-                match data {
-                    Some(d) => bytes[dst]
-                        .copy_from_slice(&d[(from - offset) as usize..(to - offset) as usize]),
-                    None => bytes[dst].fill(0),
-                }
-                v.open.insert(index, Block::Data(Arc::new(bytes)));
-                added += bs;
-            }
-            for (index, block) in whole.drain(..) {
-                if let Block::Data(_) = &block {
-                    added += bs;
-                }
-                v.open.insert(index, block);
-            }
-            let sequence = match apply {
-                Apply::Live => match &v.log {
-                    Some(log) => append_records(
-                        log,
-                        self.pool.env().now(),
-                        open_txg,
-                        offset,
-                        len,
-                        data,
-                        self.limits.log_block_bytes_max,
-                    ),
-                    None => 0,
-                },
-                Apply::Replay(sequence) => {
-                    if let Some(header) = v.entry.log.as_mut() {
-                        header.replayed_record = sequence;
+                Some(Block::Patched(_)) | None => Err(Patch::new(bs)),
+            };
+            let block = match base {
+                Ok(mut whole) => {
+                    match bytes {
+                        Some(b) => whole[at..at + n].copy_from_slice(b),
+                        None => whole[at..at + n].fill(0),
                     }
-                    0
+                    Block::Data(Arc::new(whole))
+                }
+                Err(mut patch) => {
+                    patch.write(at, n, bytes);
+                    if patch.complete() {
+                        Block::Data(Arc::new(patch.data))
+                    } else {
+                        Block::Patched(Arc::new(patch))
+                    }
                 }
             };
-            state.dirty_bytes += added;
-            return Ok(sequence);
+            v.open.insert(index, block);
+            added += bs;
         }
-    }
-
-    /// Block `index` as the last synced txg has it.
-    async fn disk_block(
-        &self,
-        entry: &VolumeEntry,
-        index: u64,
-    ) -> Result<Option<Arc<Vec<u8>>>, StoreError> {
-        // Freed blocks stay intact through the deferral, so reading the root we saw is still
-        // correct even if a sync moves it meanwhile.
-        let (root, levels) = {
-            let state = self.state.lock();
-            let v = state.volumes.get(&entry.name);
-            (v.and_then(|v| v.entry.root), v.map_or(entry.levels, |v| v.disk_levels))
+        for (index, block) in whole.drain(..) {
+            if let Block::Data(_) = &block {
+                added += bs;
+            }
+            v.open.insert(index, block);
+        }
+        let sequence = match apply {
+            Apply::Live => match &v.log {
+                Some(log) => append_records(
+                    log,
+                    self.pool.env().now(),
+                    open_txg,
+                    offset,
+                    len,
+                    data,
+                    self.limits.log_block_bytes_max,
+                ),
+                None => 0,
+            },
+            Apply::Replay(sequence) => {
+                if let Some(header) = v.entry.log.as_mut() {
+                    header.replayed_record = sequence;
+                }
+                0
+            }
         };
-        let data = objset::read_data_block(&self.pool, root, levels, index).await?;
-        Ok(data.map(|d| Arc::new(d[..entry.block_bytes as usize].to_vec())))
+        state.dirty_bytes += added;
+        Ok(sequence)
     }
 
     /// Which parts of `[offset, offset+len)` hold data and which are holes (never written,
@@ -946,7 +1003,7 @@ impl Store {
                 volume.and_then(|v| v.cached(index).cloned())
             };
             let allocated = match cached {
-                Some(Block::Data(_)) => true,
+                Some(Block::Data(_) | Block::Patched(_)) => true,
                 Some(Block::Zero) => false,
                 None => {
                     let (root, levels) = {
@@ -1126,9 +1183,22 @@ impl Store {
             // hashed and looked up in tasks of their own, so that work spreads over the
             // runtime's threads, as ZFS's write-issue taskq spreads it over CPUs.
             let dedup = entry.dedup;
+            let (root, block_bytes) = (entry.root, entry.block_bytes as usize);
             let writes = futures::stream::iter(blocks.into_iter().map(|(index, block)| {
                 let ctx = &ctx;
                 async move {
+                    // A patched block is completed now from the version on disk, which is
+                    // the one it was written over (syncs run one at a time).
+                    let block = match block {
+                        Block::Patched(patch) => {
+                            let base =
+                                objset::read_data_block(&self.pool, root, disk_levels, index)
+                                    .await?;
+                            let base = base.as_ref().map(|b| &b[..block_bytes]);
+                            Block::Data(Arc::new(patch.apply(base)))
+                        }
+                        other => other,
+                    };
                     let bp = match (block, dedup) {
                         (Block::Data(data), DedupMode::Off) => {
                             Some(objset::write_data_block(ctx, &data, AllocClass::Reserved).await?)
@@ -1137,6 +1207,7 @@ impl Store {
                             self.spawn_dedup_write(txg, data, mode == DedupMode::Verify).await?,
                         ),
                         (Block::Zero, _) => None,
+                        (Block::Patched(_), _) => unreachable!("patches are completed above"),
                     };
                     Ok::<_, PoolError>((index, bp))
                 }
@@ -1313,7 +1384,6 @@ impl Store {
         debug_assert_eq!(synced, txg, "the uberblock txg follows the store's txgs");
         self.allocator.lock().synced(txg);
         let mut state = self.state.lock();
-        state.sync_generation += 1;
         for volume in state.volumes.values_mut() {
             if let Some(root) = roots.get(&volume.entry.name) {
                 volume.entry.root = *root;
