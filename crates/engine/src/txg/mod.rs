@@ -21,7 +21,7 @@
 //!
 //! While a txg syncs, new writes go to the next open txg and reads look at the open txg, then
 //! the syncing one, then the trees on disk. A write covering part of a block keeps only the
-//! sectors it wrote, as a patch over the version below ([`Block::Patched`]); the block is
+//! sectors it wrote, as a patch over the version below (`Block::Patched`); the block is
 //! read when it is read or synced, not before the write is answered. Syncs run one at a time. A sync that fails suspends
 //! the store: every later operation fails until the pool is imported again, which returns it
 //! to the last synced txg.
