@@ -82,6 +82,8 @@ pub struct Allocator {
     vdevs: Vec<VdevSpace>,
     /// Frees waiting out their deferral: txg -> (vdev, start, len).
     deferred: BTreeMap<u64, Vec<(u32, u64, u64)>>,
+    /// Bytes in `deferred`, kept as a total: every write's space check reads it.
+    deferred_total: u64,
     /// Log blocks waiting out their deferral (they return to `free` from `log`).
     deferred_log: BTreeMap<u64, Vec<(u32, u64, u64)>>,
     rotor: usize,
@@ -115,6 +117,7 @@ impl Allocator {
             ashift,
             vdevs,
             deferred: BTreeMap::new(),
+            deferred_total: 0,
             deferred_log: BTreeMap::new(),
             rotor: 0,
             rotor_bytes: 0,
@@ -231,7 +234,7 @@ impl Allocator {
     }
 
     pub fn deferred_bytes(&self) -> u64 {
-        self.deferred.values().flatten().map(|&(_, _, len)| len).sum()
+        self.deferred_total
     }
 
     pub fn slop_bytes(&self) -> u64 {
@@ -295,6 +298,7 @@ impl Allocator {
         );
         assert!(txg > self.synced_txg, "free in txg {txg}, which has already synced");
         self.deferred.entry(txg).or_default().push((vdev, start, len));
+        self.deferred_total += len;
     }
 
     /// Records that `txg` is durable: frees whose deferral has ended become allocatable.
@@ -305,6 +309,7 @@ impl Allocator {
             self.deferred.range(..=txg.saturating_sub(FREE_DEFER_TXGS)).map(|(t, _)| *t).collect();
         for t in ready {
             for (vdev, start, len) in self.deferred.remove(&t).unwrap_or_default() {
+                self.deferred_total -= len;
                 self.vdevs[vdev as usize].free.insert(start, len);
             }
         }
@@ -373,6 +378,7 @@ impl Allocator {
                     return Err(corrupt(format!("deferred free [{s}, +{l}) is invalid")));
                 }
                 allocator.deferred.entry(txg).or_default().push((vdev as u32, s, l));
+                allocator.deferred_total += l;
             }
             let space = &mut allocator.vdevs[vdev];
             space.free = free;
@@ -504,6 +510,8 @@ mod tests {
                 }
                 let live_bytes: u64 = live.iter().map(|b| b.2).sum();
                 prop_assert_eq!(a.free_bytes() + a.deferred_bytes() + live_bytes, a.capacity_bytes());
+                let listed: u64 = a.deferred.values().flatten().map(|&(_, _, len)| len).sum();
+                prop_assert_eq!(a.deferred_bytes(), listed, "the running total matches the list");
             }
         }
     }
