@@ -1,7 +1,8 @@
 //! Simulated disks for benchmarks and fault testing (DESIGN.md §5; reliability.md §3.1).
 //!
 //! A `SimDevice` keeps two things apart, as redb's crash test does: the *durable image* and the
-//! *volatile cache* of writes completed since the last flush. Reads see both; a crash keeps a
+//! *volatile cache* of writes completed since the last flush (a flush covers the writes that
+//! completed before it was submitted, not those completing while it runs). Reads see both; a crash keeps a
 //! subset chosen by a seeded [`CrashPolicy`]. Flush is the only barrier.
 //!
 //! Timing follows a [`SimProfile`], in whatever time the [`Env`] clock gives: virtual in the
@@ -208,6 +209,8 @@ pub struct LogEntry {
     pub at: crate::rt::Time,
     /// The bytes a write stored (after write-time faults), when the log keeps payloads.
     data: Option<SharedBuf>,
+    /// A write's or discard's completion number; for a flush, the last write it covers.
+    seq: u64,
 }
 
 /// A durable image: sparse pages of the device. A page whose bytes are all equal is kept as
@@ -328,6 +331,8 @@ impl SimImage {
 /// (a discarded range may read back as zeros or as its old data: both are allowed).
 #[derive(Clone, Debug)]
 struct PendingWrite {
+    /// Completion order: a flush covers the writes completed before it was submitted.
+    seq: u64,
     offset: u64,
     len: u64,
     /// `None`: a discard, which reads back as zeros.
@@ -358,10 +363,25 @@ pub struct SimStats {
 }
 
 enum Request {
-    Read { len: u32, done: oneshot::Sender<Result<AlignedBuf, DeviceError>> },
-    Write { data: SharedBuf, done: oneshot::Sender<Result<(), DeviceError>> },
-    Flush { done: oneshot::Sender<Result<(), DeviceError>> },
-    Discard { len: u64, done: oneshot::Sender<Result<(), DeviceError>> },
+    Read {
+        len: u32,
+        done: oneshot::Sender<Result<AlignedBuf, DeviceError>>,
+    },
+    Write {
+        data: SharedBuf,
+        done: oneshot::Sender<Result<(), DeviceError>>,
+    },
+    /// `upto`: the last write completed when the flush was submitted; later ones stay
+    /// volatile, as a real cache flush promises nothing about writes that completed after it
+    /// was issued.
+    Flush {
+        upto: u64,
+        done: oneshot::Sender<Result<(), DeviceError>>,
+    },
+    Discard {
+        len: u64,
+        done: oneshot::Sender<Result<(), DeviceError>>,
+    },
 }
 
 struct Queued {
@@ -389,6 +409,8 @@ struct SsdState {
 struct State {
     durable: SimImage,
     volatile: Vec<PendingWrite>,
+    /// Writes completed so far (the last `PendingWrite::seq`).
+    completed_writes: u64,
     faults: Vec<Fault>,
     log: Vec<LogEntry>,
     /// Image when the log started, so crash images can be rebuilt from it.
@@ -454,6 +476,7 @@ impl SimDevice {
         let state = State {
             durable: image,
             volatile: Vec::new(),
+            completed_writes: 0,
             faults: Vec::new(),
             log: Vec::new(),
             log_base,
@@ -546,9 +569,13 @@ impl SimDevice {
         for entry in state.log.iter().take(ops) {
             match entry.op {
                 DeviceOp::Flush => {
-                    pending.drain(..).for_each(|write: PendingWrite| write.apply(&mut image));
+                    let (covered, later): (Vec<PendingWrite>, Vec<PendingWrite>) =
+                        pending.drain(..).partition(|w: &PendingWrite| w.seq <= entry.seq);
+                    covered.iter().for_each(|write| write.apply(&mut image));
+                    pending = later;
                 }
                 DeviceOp::Write | DeviceOp::Discard => pending.push(PendingWrite {
+                    seq: entry.seq,
                     offset: entry.offset_bytes,
                     len: entry.len_bytes,
                     data: entry.data.clone(),
@@ -587,7 +614,7 @@ impl SimDevice {
         match request {
             Request::Read { done, .. } => drop(done.send(Err(gone()))),
             Request::Write { done, .. }
-            | Request::Flush { done }
+            | Request::Flush { done, .. }
             | Request::Discard { done, .. } => drop(done.send(Err(gone()))),
         }
     }
@@ -689,8 +716,10 @@ impl SimDevice {
             }
             Request::Discard { len, done } => {
                 state.stats.discards += 1;
+                state.completed_writes += 1;
+                let seq = state.completed_writes;
                 if inner.options.store_data {
-                    state.volatile.push(PendingWrite { offset, len, data: None });
+                    state.volatile.push(PendingWrite { seq, offset, len, data: None });
                 }
                 if inner.options.record_log {
                     let entry = LogEntry {
@@ -700,23 +729,26 @@ impl SimDevice {
                         flush_epoch: epoch,
                         at: inner.env.now(),
                         data: None,
+                        seq,
                     };
                     state.log.push(entry);
                 }
                 drop(state);
                 let _ = done.send(Ok(()));
             }
-            Request::Flush { done } => {
+            Request::Flush { upto, done } => {
                 state.stats.flushes += 1;
                 if state.faults.contains(&Fault::FlushError) {
                     drop(state);
                     let _ = done.send(Err(io_error(inner, DeviceOp::Flush, 0, 0)));
                     return;
                 }
-                let pending = std::mem::take(&mut state.volatile);
-                for write in &pending {
+                let (covered, later): (Vec<PendingWrite>, Vec<PendingWrite>) =
+                    std::mem::take(&mut state.volatile).into_iter().partition(|w| w.seq <= upto);
+                for write in &covered {
                     write.apply(&mut state.durable);
                 }
+                state.volatile = later;
                 state.flush_epoch += 1;
                 if inner.options.record_log {
                     let entry = LogEntry {
@@ -726,6 +758,7 @@ impl SimDevice {
                         flush_epoch: epoch,
                         at: inner.env.now(),
                         data: None,
+                        seq: upto,
                     };
                     state.log.push(entry);
                 }
@@ -849,8 +882,10 @@ fn write_with_faults(
         // ranged faults keep only the parts outside the rewritten range.
         let faults = std::mem::take(&mut state.faults);
         state.faults = faults.into_iter().flat_map(|fault| cure(fault, at, len)).collect();
+        state.completed_writes += 1;
+        let seq = state.completed_writes;
         if inner.options.store_data {
-            state.volatile.push(PendingWrite { offset: at, len, data: Some(data.clone()) });
+            state.volatile.push(PendingWrite { seq, offset: at, len, data: Some(data.clone()) });
         }
         if inner.options.record_log {
             let entry = LogEntry {
@@ -860,6 +895,7 @@ fn write_with_faults(
                 flush_epoch: epoch,
                 at: inner.env.now(),
                 data: Some(data),
+                seq,
             };
             state.log.push(entry);
         }
@@ -1108,8 +1144,11 @@ impl BlockDevice for SimDevice {
     fn flush(&self) -> BoxFuture<Result<(), DeviceError>> {
         // Flush is ordered behind the head's current position like any command: offset 0
         // would make C-LOOK serve it first, so it queues at the head.
-        let at = self.inner.state.lock().hdd.head_offset;
-        self.call(DeviceOp::Flush, at, 0, |done| Request::Flush { done })
+        let (at, upto) = {
+            let state = self.inner.state.lock();
+            (state.hdd.head_offset, state.completed_writes)
+        };
+        self.call(DeviceOp::Flush, at, 0, move |done| Request::Flush { upto, done })
     }
 
     fn discard(&self, offset: u64, len: u64) -> BoxFuture<Result<(), DeviceError>> {
