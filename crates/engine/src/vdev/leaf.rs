@@ -8,11 +8,6 @@
 //! holds a lock across the I/O. Flush and discard bypass the scheduler: they are barriers and
 //! hints, not data transfers, and ordering them behind queued reads would only delay them.
 //!
-//! Concurrent flushes share device flushes: a flush is satisfied by any device flush that
-//! starts after it was asked for, so callers that ask while one runs wait for the next, and one
-//! device flush answers all of them (ZFS gets the same from its flush zios being merged per
-//! vdev). Under many committers each log block no longer pays its own flush.
-//!
 //! Mirror read selection asks a leaf how many I/Os are pending on it (an atomic) and whether a
 //! read would continue one of its pending I/Os: the end offsets of every queued or in-flight
 //! I/O are kept in a small ordered map. With many interleaved streams a single "last offset"
@@ -53,45 +48,6 @@ pub struct Leaf {
     pending_ends: Mutex<BTreeMap<u64, u32>>,
     faulted: AtomicBool,
     stats: LeafStats,
-    flushes: Mutex<FlushState>,
-}
-
-/// Flush requests and the device flushes that answer them.
-#[derive(Debug, Default)]
-struct FlushState {
-    /// Requests so far; a request's number is its generation.
-    requested: u64,
-    /// A device flush is running (its caller leads).
-    running: bool,
-    /// Callers waiting for a device flush that starts after their request.
-    waiters: Vec<(u64, oneshot::Sender<FlushTurn>)>,
-}
-
-/// Resets the flush state if a leading caller is dropped mid-flush.
-struct LeadGuard<'a> {
-    leaf: &'a Leaf,
-    armed: bool,
-}
-
-impl Drop for LeadGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let mut state = self.leaf.flushes.lock();
-            state.running = false;
-            self.leaf.release_waiters(&mut state);
-        }
-    }
-}
-
-/// What a waiting flush caller is told.
-#[derive(Debug)]
-enum FlushTurn {
-    /// A device flush that started after the request succeeded.
-    Done,
-    /// It failed: flush again alone, to get this caller's own error.
-    Failed,
-    /// No flush is running: this caller runs the next one.
-    Lead,
 }
 
 impl std::fmt::Debug for Leaf {
@@ -120,7 +76,6 @@ impl Leaf {
             pending_ends: Mutex::new(BTreeMap::new()),
             faulted: AtomicBool::new(false),
             stats: LeafStats::default(),
-            flushes: Mutex::new(FlushState::default()),
         })
     }
 
@@ -234,69 +189,7 @@ impl Leaf {
         result
     }
 
-    /// Makes every write completed before this call durable; shares a device flush with
-    /// concurrent callers when one starts after their requests (see the module doc).
     pub async fn flush(&self) -> Result<(), VdevError> {
-        let wait = {
-            let mut state = self.flushes.lock();
-            state.requested += 1;
-            if state.running {
-                let (tx, rx) = oneshot::channel();
-                let generation = state.requested;
-                state.waiters.push((generation, tx));
-                Some(rx)
-            } else {
-                state.running = true;
-                None
-            }
-        };
-        if let Some(rx) = wait {
-            match rx.await {
-                Ok(FlushTurn::Done) => return Ok(()),
-                Ok(FlushTurn::Lead) => {}
-                Ok(FlushTurn::Failed) | Err(_) => return self.flush_device().await,
-            }
-        }
-        // Leading: this device flush covers every request made before it starts. If this
-        // future is dropped while leading, the guard hands the waiters back their own flushes.
-        let guard = LeadGuard { leaf: self, armed: true };
-        let covered = self.flushes.lock().requested;
-        let result = self.flush_device().await;
-        let mut guard = guard;
-        guard.armed = false;
-        let mut state = self.flushes.lock();
-        let waiters = std::mem::take(&mut state.waiters);
-        let mut next_lead = None;
-        for (generation, tx) in waiters {
-            if generation <= covered {
-                let _ = tx.send(if result.is_ok() { FlushTurn::Done } else { FlushTurn::Failed });
-            } else if next_lead.is_none() {
-                next_lead = Some(tx);
-            } else {
-                state.waiters.push((generation, tx));
-            }
-        }
-        match next_lead {
-            // A waiter that outlived its caller cannot lead: whoever asks next will.
-            Some(tx) => {
-                if tx.send(FlushTurn::Lead).is_err() {
-                    state.running = false;
-                    self.release_waiters(&mut state);
-                }
-            }
-            None => state.running = false,
-        }
-        result
-    }
-
-    /// With no flush running and no leader, the remaining waiters flush on their own.
-    fn release_waiters(&self, state: &mut FlushState) {
-        for (_, tx) in state.waiters.drain(..) {
-            let _ = tx.send(FlushTurn::Failed);
-        }
-    }
-
-    async fn flush_device(&self) -> Result<(), VdevError> {
         self.stats.flushes.inc();
         let result = self.device.flush().await.map_err(|e| self.device_error(e));
         if result.is_err() {
