@@ -24,6 +24,10 @@ const BLOCK: u32 = 4096;
 
 /// A pool on two legs with one volume full of random data, synced.
 fn setup(seed: u64) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
+    setup_with(seed, Tunables::default())
+}
+
+fn setup_with(seed: u64, tunables: Tunables) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
     let sim = Sim::new(seed);
     let legs = common::legs(&sim, 2, SimProfile::Instant, 64 << 20);
     let specs = common::leaf_specs(&legs);
@@ -34,10 +38,8 @@ fn setup(seed: u64) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
     let store = sim
         .run(async move {
             let spec = common::mirror_pool(specs);
-            let store = Store::create(
-                Pool::create(&env, spec, &Tunables::default()).await.unwrap(),
-                &Tunables::default(),
-            );
+            let store =
+                Store::create(Pool::create(&env, spec, &tunables).await.unwrap(), &tunables);
             store.create_volume("v", VOLUME_BYTES, BLOCK).unwrap();
             store.write("v", 0, &d).await.unwrap();
             store.sync().await.unwrap();
@@ -109,6 +111,33 @@ fn bit_flips_on_one_leg_heal() {
     let second = scrub(&sim, &store);
     assert_eq!((second.errors, second.repaired), (0, 0), "a second scrub finds nothing");
     assert_eq!(second.blocks, report.blocks);
+}
+
+/// A read of many adjacent blocks goes to the disk as one span; a bad copy anywhere in it
+/// sends the whole span to the other child and rewrites it, so the data comes back true and
+/// the spans read from the damaged leg are healed.
+#[test]
+fn span_reads_heal_too() {
+    // Round-robin, so some spans go to the damaged leg (least-pending might avoid it).
+    let mut tunables = Tunables::default();
+    tunables.set("mirror.read_policy", "round-robin").unwrap();
+    let (sim, legs, store, data) = setup_with(7, tunables);
+    flip_every_block(&legs[0], DATA_START_BYTES, 4 << 20, 2);
+    let s = Arc::clone(&store);
+    let expected = data.clone();
+    let healed = sim
+        .run(async move {
+            let got = s.read("v", 0, VOLUME_BYTES).await.unwrap();
+            assert!(got == expected, "a whole-volume read returned wrong bytes");
+            s.pool().leaves()[0].leaf.stats().repairs.get()
+        })
+        .unwrap()
+        .0;
+    assert!(healed > 0, "no span was repaired");
+    assert_eq!(read_all(&sim, &store, &data), (0, 0), "block by block, too");
+    let report = scrub(&sim, &store);
+    assert!(report.unrecoverable.is_empty());
+    assert_eq!(scrub(&sim, &store).errors, 0, "a second scrub finds nothing to heal");
 }
 
 #[test]

@@ -54,7 +54,7 @@ fn decode_indirect(pool: &Pool, bytes: &[u8]) -> Result<Vec<Option<BlockPointer>
 }
 
 /// The pointer of data block `index`, reading only indirect blocks; `None` is a hole.
-async fn data_block_pointer(
+pub async fn data_block_pointer(
     pool: &Pool,
     root: Option<BlockPointer>,
     levels: u8,

@@ -52,6 +52,41 @@ impl Pool {
         })
     }
 
+    /// Reads blocks that lie back to back on one top-level vdev (each with a single copy) in
+    /// one I/O, verifying every block against its own pointer; returns the span's bytes. On
+    /// any failure the caller reads the blocks one by one, which finds and heals each bad copy.
+    /// Not cached: a span is a bulk read (the cache would split and copy it).
+    pub async fn read_span(&self, bps: &[BlockPointer]) -> Result<AlignedBuf, PoolError> {
+        let first = bps.first().map(|bp| bp.dvas[0]).unwrap_or_default();
+        let mut ends = Vec::with_capacity(bps.len());
+        let mut total = 0u64;
+        for (i, bp) in bps.iter().enumerate() {
+            let dva = bp.dvas[0];
+            assert!(
+                bp.copies().count() == 1
+                    && dva.vdev == first.vdev
+                    && dva.offset_bytes() == first.offset_bytes() + total
+                    && dva.asize_bytes() == bp.psize_bytes(),
+                "block {i} of a span does not follow the one before it"
+            );
+            total += bp.psize_bytes();
+            ends.push(total as usize);
+        }
+        let verify = |bytes: &[u8]| {
+            bytes.len() == total as usize
+                && bps.iter().zip(&ends).all(|(bp, &end)| {
+                    let start = end - bp.psize_bytes() as usize;
+                    bp.verifies(&bytes[start..end])
+                })
+        };
+        let at = vdev::Dva { vdev: first.vdev, offset_bytes: first.offset_bytes() };
+        let len = u32::try_from(total).unwrap_or(u32::MAX);
+        self.root()
+            .read(at, len, IoClass::SyncRead, &verify)
+            .await
+            .map_err(|source| PoolError::Vdev { pool: self.name().to_owned(), source })
+    }
+
     /// Writes `data` (already padded to whole sectors) at `(vdev, offset)` and returns the block
     /// pointer describing it.
     #[allow(clippy::too_many_arguments)]

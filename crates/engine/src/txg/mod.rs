@@ -51,6 +51,35 @@ use crate::objset::{self, TreeUpdate};
 use crate::pool::{Pool, PoolError};
 use crate::tunables::{Tunable, Tunables};
 
+/// Largest span of adjacent blocks one read fetches in one I/O.
+const READ_SPAN_BYTES_MAX: u64 = 1 << 20;
+
+/// How `Store::read` fetches a block or a run of them.
+enum Read {
+    /// A block with a version in memory.
+    Memory(u64),
+    /// Adjacent blocks on disk from this index on, with their pointers.
+    Span(u64, Vec<BlockPointer>),
+}
+
+/// A fetched block's bytes, wherever they are.
+enum Fetched {
+    Memory(Arc<Vec<u8>>),
+    Disk(Arc<AlignedBuf>),
+    /// Within a span's buffer, at this offset.
+    Span(Arc<AlignedBuf>, usize),
+}
+
+impl Fetched {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Fetched::Memory(data) => data,
+            Fetched::Disk(buf) => buf,
+            Fetched::Span(buf, at) => &buf[*at..],
+        }
+    }
+}
+
 /// Data blocks a sync writes concurrently.
 const SYNC_WRITES_IN_FLIGHT: usize = 64;
 /// Blocks one read fetches concurrently.
@@ -814,22 +843,96 @@ impl Store {
         let mut out = vec![0u8; len as usize];
         let first = offset / bs;
         let last = (offset + len - 1) / bs;
-        // Blocks are fetched concurrently (in order), then copied into place.
-        let entry_ref = &entry;
-        let mut blocks = futures::stream::iter(first..=last)
-            .map(|index| async move { self.block(entry_ref, index).await.map(|b| (index, b)) })
-            .buffered(READ_BLOCKS_IN_FLIGHT);
-        while let Some(result) = blocks.next().await {
-            let (index, block) = result?;
-            let block_start = index * bs;
-            let from = offset.max(block_start);
-            let to = (offset + len).min(block_start + bs);
-            if let Some(data) = block {
-                let dst = (from - offset) as usize..(to - offset) as usize;
-                out[dst].copy_from_slice(
-                    &data[(from - block_start) as usize..(to - block_start) as usize],
-                );
+        // Blocks with a version in memory go through `block`; the others are read from the
+        // root of the same snapshot, adjacent ones in spans of one I/O each.
+        let (in_memory, root, levels) = {
+            let state = self.state.lock();
+            let v = state.volumes.get(&entry.name);
+            let in_memory: Vec<u64> =
+                (first..=last).filter(|i| v.is_some_and(|v| v.cached(*i).is_some())).collect();
+            (in_memory, v.and_then(|v| v.entry.root), v.map_or(entry.levels, |v| v.disk_levels))
+        };
+        let mut reads: Vec<Read> = Vec::new();
+        for index in first..=last {
+            if in_memory.binary_search(&index).is_ok() {
+                reads.push(Read::Memory(index));
+                continue;
             }
+            let Some(bp) = objset::data_block_pointer(&self.pool, root, levels, index).await?
+            else {
+                continue;
+            };
+            if let Some(Read::Span(start, bps)) = reads.last_mut() {
+                let prev = bps[bps.len() - 1];
+                let follows = *start + bps.len() as u64 == index
+                    && bp.copies().count() == 1
+                    && prev.copies().count() == 1
+                    && bp.dvas[0].vdev == prev.dvas[0].vdev
+                    && bp.dvas[0].offset_bytes()
+                        == prev.dvas[0].offset_bytes() + prev.dvas[0].asize_bytes()
+                    && bp.dvas[0].asize_bytes() == bp.psize_bytes()
+                    && prev.dvas[0].asize_bytes() == prev.psize_bytes()
+                    && (bps.len() as u64 + 1) * bs <= READ_SPAN_BYTES_MAX;
+                if follows {
+                    bps.push(bp);
+                    continue;
+                }
+            }
+            reads.push(Read::Span(index, vec![bp]));
+        }
+        // Fetched concurrently (in order), then copied into place.
+        let entry_ref = &entry;
+        let mut fetched = futures::stream::iter(reads)
+            .map(|read| async move {
+                match read {
+                    Read::Memory(index) => {
+                        let block = self.block(entry_ref, index).await?;
+                        Ok::<_, StoreError>(vec![(index, block.map(Fetched::Memory))])
+                    }
+                    Read::Span(start, bps) => self.read_blocks(start, &bps).await,
+                }
+            })
+            .buffered(READ_BLOCKS_IN_FLIGHT);
+        while let Some(result) = fetched.next().await {
+            for (index, block) in result? {
+                let block_start = index * bs;
+                let from = offset.max(block_start);
+                let to = (offset + len).min(block_start + bs);
+                if let Some(block) = block {
+                    let dst = (from - offset) as usize..(to - offset) as usize;
+                    out[dst].copy_from_slice(
+                        &block.bytes()[(from - block_start) as usize..(to - block_start) as usize],
+                    );
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Data blocks `start..` with pointers `bps`: in one I/O when there are several, else (or
+    /// when the span fails) one by one through the cache, which heals bad copies.
+    async fn read_blocks(
+        &self,
+        start: u64,
+        bps: &[BlockPointer],
+    ) -> Result<Vec<(u64, Option<Fetched>)>, StoreError> {
+        if bps.len() > 1 {
+            if let Ok(span) = self.pool.read_span(bps).await {
+                let span = Arc::new(span);
+                let mut at = 0usize;
+                let mut out = Vec::with_capacity(bps.len());
+                for (i, bp) in bps.iter().enumerate() {
+                    let len = bp.psize_bytes() as usize;
+                    out.push((start + i as u64, Some(Fetched::Span(Arc::clone(&span), at))));
+                    at += len;
+                }
+                return Ok(out);
+            }
+        }
+        let mut out = Vec::with_capacity(bps.len());
+        for (i, bp) in bps.iter().enumerate() {
+            let block = self.pool.read_block_cached(bp, crate::tunables::IoClass::SyncRead).await?;
+            out.push((start + i as u64, Some(Fetched::Disk(block))));
         }
         Ok(out)
     }
