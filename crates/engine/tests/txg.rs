@@ -508,12 +508,24 @@ fn block_status_reports_holes() {
 /// read, during the run and after an import, must see exactly what was written.
 #[test]
 fn partial_writes_during_syncs_read_back() {
+    partial_writes_during_syncs(Tunables::default());
+}
+
+/// The same under write pressure (a small dirty limit): writers complete their patches
+/// themselves, racing the quiesces of the syncer.
+#[test]
+fn partial_writes_under_pressure_read_back() {
+    let mut t = Tunables::default();
+    t.set("txg.dirty_max", "1M").unwrap();
+    partial_writes_during_syncs(t);
+}
+
+fn partial_writes_during_syncs(t: Tunables) {
     let sim = Sim::new(21);
     let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
     let specs = common::leaf_specs(&legs);
     let env = sim.env();
     sim.run(async move {
-        let t = Tunables::default();
         let pool = Pool::create(&env, common::mirror_pool(specs.clone()), &t).await.unwrap();
         let store = Arc::new(Store::create(pool, &t));
         const SIZE: u64 = 256 << 10;

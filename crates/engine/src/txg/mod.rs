@@ -195,6 +195,8 @@ struct Volume {
     log: Option<Arc<LogWriter>>,
     /// Bounds the requests served at once when `volume.request_threads` is set.
     gate: Option<Arc<async_lock::Semaphore>>,
+    /// Requests the volume front is serving now (crate::volume counts them).
+    requests: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Volume {
@@ -207,6 +209,7 @@ impl Volume {
             log,
             gate: (limits.request_threads > 0)
                 .then(|| Arc::new(async_lock::Semaphore::new(limits.request_threads))),
+            requests: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         }
     }
 
@@ -1012,76 +1015,137 @@ impl Store {
             .collect::<std::collections::BTreeSet<u64>>()
             .into_iter()
             .collect();
-        let mut state = self.state.lock();
-        let state = &mut *state;
-        let open_txg = state.open_txg;
-        let v = state.volumes.get_mut(volume).ok_or_else(|| StoreError::NoSuchVolume {
-            pool: self.pool.name().to_owned(),
-            volume: volume.to_owned(),
-        })?;
-        let mut added = 0u64;
-        for &index in &partial {
-            let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
-            let (at, n) = ((from - index * bs) as usize, (to - from) as usize);
-            let bytes = data.map(|d| &d[(from - offset) as usize..(to - offset) as usize]);
-            // A version in memory is patched in place; none means the version below is on
-            // disk, and this write becomes a patch over it, read only when needed.
-            let base = match v.open.get(&index).or_else(|| v.syncing.get(&index)) {
-                Some(Block::Data(current)) => Ok(current.as_ref().clone()),
-                Some(Block::Zero) => Ok(vec![0u8; bs as usize]),
-                Some(Block::Patched(patch)) if v.open.contains_key(&index) => {
-                    Err(patch.as_ref().clone())
-                }
-                Some(Block::Patched(_)) | None => Err(Patch::new(bs)),
-            };
-            let block = match base {
-                Ok(mut whole) => {
-                    match bytes {
-                        Some(b) => whole[at..at + n].copy_from_slice(b),
-                        None => whole[at..at + n].fill(0),
+        let (sequence, resolve_now) = {
+            let mut state_guard = self.state.lock();
+            let state = &mut *state_guard;
+            let open_txg = state.open_txg;
+            let v = state.volumes.get_mut(volume).ok_or_else(|| StoreError::NoSuchVolume {
+                pool: self.pool.name().to_owned(),
+                volume: volume.to_owned(),
+            })?;
+            let mut added = 0u64;
+            // A lone request keeps its patches for later: it is answered without a read, and
+            // the sync reads the blocks. With other requests in flight, or under write
+            // pressure, the writer completes its own patches now (below), as before patches
+            // existed: measured with 8 and 32 sync writers, a sync that must read a txg's worth
+            // of blocks at once delays the log flushes every writer waits for
+            // (docs/bench/peers-notes.md).
+            let pressure = v.requests.load(Ordering::Relaxed) > 1
+                || state.dirty_bytes >= self.limits.delay_min / 2;
+            let mut resolve_now = Vec::new();
+            for &index in &partial {
+                let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
+                let (at, n) = ((from - index * bs) as usize, (to - from) as usize);
+                let bytes = data.map(|d| &d[(from - offset) as usize..(to - offset) as usize]);
+                // A version in memory is patched in place; none means the version below is on
+                // disk, and this write becomes a patch over it, read only when needed.
+                let base = match v.open.get(&index).or_else(|| v.syncing.get(&index)) {
+                    Some(Block::Data(current)) => Ok(current.as_ref().clone()),
+                    Some(Block::Zero) => Ok(vec![0u8; bs as usize]),
+                    Some(Block::Patched(patch)) if v.open.contains_key(&index) => {
+                        Err(patch.as_ref().clone())
                     }
-                    Block::Data(Arc::new(whole))
-                }
-                Err(mut patch) => {
-                    patch.write(at, n, bytes);
-                    if patch.complete() {
-                        Block::Data(Arc::new(patch.data))
-                    } else {
-                        Block::Patched(Arc::new(patch))
+                    Some(Block::Patched(_)) | None => Err(Patch::new(bs)),
+                };
+                let block = match base {
+                    Ok(mut whole) => {
+                        match bytes {
+                            Some(b) => whole[at..at + n].copy_from_slice(b),
+                            None => whole[at..at + n].fill(0),
+                        }
+                        Block::Data(Arc::new(whole))
                     }
-                }
-            };
-            v.open.insert(index, block);
-            added += bs;
-        }
-        for (index, block) in whole.drain(..) {
-            if let Block::Data(_) = &block {
+                    Err(mut patch) => {
+                        patch.write(at, n, bytes);
+                        if patch.complete() {
+                            Block::Data(Arc::new(patch.data))
+                        } else {
+                            if pressure {
+                                resolve_now.push(index);
+                            }
+                            Block::Patched(Arc::new(patch))
+                        }
+                    }
+                };
+                v.open.insert(index, block);
                 added += bs;
             }
-            v.open.insert(index, block);
-        }
-        let sequence = match apply {
-            Apply::Live => match &v.log {
-                Some(log) => append_records(
-                    log,
-                    self.pool.env().now(),
-                    open_txg,
-                    offset,
-                    len,
-                    data,
-                    self.limits.log_block_bytes_max,
-                ),
-                None => 0,
-            },
-            Apply::Replay(sequence) => {
-                if let Some(header) = v.entry.log.as_mut() {
-                    header.replayed_record = sequence;
+            for (index, block) in whole.drain(..) {
+                if let Block::Data(_) = &block {
+                    added += bs;
                 }
-                0
+                v.open.insert(index, block);
             }
+            let sequence = match apply {
+                Apply::Live => match &v.log {
+                    Some(log) => append_records(
+                        log,
+                        self.pool.env().now(),
+                        open_txg,
+                        offset,
+                        len,
+                        data,
+                        self.limits.log_block_bytes_max,
+                    ),
+                    None => 0,
+                },
+                Apply::Replay(sequence) => {
+                    if let Some(header) = v.entry.log.as_mut() {
+                        header.replayed_record = sequence;
+                    }
+                    0
+                }
+            };
+            state.dirty_bytes += added;
+            (sequence, resolve_now)
         };
-        state.dirty_bytes += added;
+        for index in resolve_now {
+            self.resolve_patch(volume, &entry, index).await?;
+        }
         Ok(sequence)
+    }
+
+    /// Completes block `index`'s patch in the open txg from the version below it, unless a
+    /// quiesce moved the layers meanwhile (then the sync completes it).
+    async fn resolve_patch(
+        &self,
+        volume: &str,
+        entry: &VolumeEntry,
+        index: u64,
+    ) -> Result<(), StoreError> {
+        let (open_txg, syncing, root, levels) = {
+            let state = self.state.lock();
+            let Some(v) = state.volumes.get(volume) else { return Ok(()) };
+            if !matches!(v.open.get(&index), Some(Block::Patched(_))) {
+                return Ok(());
+            }
+            (state.open_txg, v.syncing.get(&index).cloned(), v.entry.root, v.disk_levels)
+        };
+        let bs = entry.block_bytes as usize;
+        let disk = || async {
+            Ok::<_, StoreError>(
+                objset::read_data_block(&self.pool, root, levels, index)
+                    .await?
+                    .map(|d| d[..bs].to_vec()),
+            )
+        };
+        let base: Option<Vec<u8>> = match syncing {
+            Some(Block::Data(data)) => Some(data.as_ref().clone()),
+            Some(Block::Zero) => None,
+            Some(Block::Patched(patch)) => Some(patch.apply(disk().await?.as_deref())),
+            None => disk().await?,
+        };
+        let mut state = self.state.lock();
+        if state.open_txg != open_txg {
+            return Ok(());
+        }
+        if let Some(v) = state.volumes.get_mut(volume) {
+            if let Some(Block::Patched(patch)) = v.open.get(&index) {
+                let whole = patch.apply(base.as_deref());
+                v.open.insert(index, Block::Data(Arc::new(whole)));
+            }
+        }
+        Ok(())
     }
 
     /// Which parts of `[offset, offset+len)` hold data and which are holes (never written,
@@ -1199,6 +1263,19 @@ impl Store {
         })
     }
 
+    /// The counter of requests in flight on `volume`, shared by every handle on it.
+    pub fn request_counter(
+        &self,
+        volume: &str,
+    ) -> Result<Arc<std::sync::atomic::AtomicUsize>, StoreError> {
+        self.state.lock().volumes.get(volume).map(|v| Arc::clone(&v.requests)).ok_or_else(|| {
+            StoreError::NoSuchVolume {
+                pool: self.pool.name().to_owned(),
+                volume: volume.to_owned(),
+            }
+        })
+    }
+
     fn volume_log(&self, volume: &str) -> Result<Option<Arc<LogWriter>>, StoreError> {
         self.state.lock().volumes.get(volume).map(|v| v.log.clone()).ok_or_else(|| {
             StoreError::NoSuchVolume {
@@ -1294,11 +1371,21 @@ impl Store {
                 async move {
                     // A patched block is completed now from the version on disk, which is
                     // the one it was written over (syncs run one at a time).
+                    // Read at async priority and not cached: the sync must not crowd out the
+                    // log writes and reads clients wait for, and the old block is going away.
                     let block = match block {
                         Block::Patched(patch) => {
-                            let base =
-                                objset::read_data_block(&self.pool, root, disk_levels, index)
+                            let bp =
+                                objset::data_block_pointer(&self.pool, root, disk_levels, index)
                                     .await?;
+                            let base = match bp {
+                                Some(bp) => Some(
+                                    self.pool
+                                        .read_block(&bp, crate::tunables::IoClass::AsyncRead)
+                                        .await?,
+                                ),
+                                None => None,
+                            };
                             let base = base.as_ref().map(|b| &b[..block_bytes]);
                             Block::Data(Arc::new(patch.apply(base)))
                         }

@@ -11,6 +11,7 @@
 //! volume, shared by every handle, to reproduce seed 000: with a cap, committers parked on the
 //! log hold every slot, so later writes cannot join the next log block and blocks stay small.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::txg::{Store, StoreError};
@@ -22,13 +23,33 @@ pub struct Volume {
     store: Arc<Store>,
     name: String,
     gate: Option<Arc<async_lock::Semaphore>>,
+    /// Requests in flight on the volume (all handles): the store keeps a lone writer's
+    /// partial-block writes as patches, and completes them at once under concurrency.
+    requests: Arc<AtomicUsize>,
+}
+
+/// Counts one request while it is served.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn new(counter: &'a AtomicUsize) -> InFlight<'a> {
+        counter.fetch_add(1, Ordering::Relaxed);
+        InFlight(counter)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Volume {
     /// A handle on the volume `name`.
     pub fn open(store: &Arc<Store>, name: &str) -> Result<Volume, StoreError> {
         let gate = store.request_gate(name)?;
-        Ok(Volume { store: Arc::clone(store), name: name.to_owned(), gate })
+        let requests = store.request_counter(name)?;
+        Ok(Volume { store: Arc::clone(store), name: name.to_owned(), gate, requests })
     }
 
     pub fn name(&self) -> &str {
@@ -60,12 +81,14 @@ impl Volume {
 
     pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
         let _slot = self.slot().await;
+        let _counted = InFlight::new(&self.requests);
         self.store.read(&self.name, offset, len).await
     }
 
     /// Writes `data` at `offset`; with `fua` it is durable when this returns.
     pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
         let _slot = self.slot().await;
+        let _counted = InFlight::new(&self.requests);
         let sequence = self.store.write(&self.name, offset, data).await?;
         if fua {
             self.store.commit(&self.name, sequence).await?;
@@ -76,6 +99,7 @@ impl Volume {
     /// Zeroes a range (trim and write-zeroes); whole blocks become holes.
     pub async fn zero(&self, offset: u64, len: u64, fua: bool) -> Result<(), StoreError> {
         let _slot = self.slot().await;
+        let _counted = InFlight::new(&self.requests);
         let sequence = self.store.zero(&self.name, offset, len).await?;
         if fua {
             self.store.commit(&self.name, sequence).await?;
@@ -86,6 +110,7 @@ impl Volume {
     /// Makes every completed write and zero of this volume durable.
     pub async fn flush(&self) -> Result<(), StoreError> {
         let _slot = self.slot().await;
+        let _counted = InFlight::new(&self.requests);
         self.store.flush(&self.name).await
     }
 
