@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 use sluice_engine::device::sim::Fault;
 use sluice_engine::device::SimProfile;
-use sluice_engine::pool::Pool;
+use sluice_engine::pool::{LeafSpec, Pool};
+use sluice_engine::rt::Env;
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::Store;
@@ -34,6 +35,11 @@ fn random_blocks(seed: u64, count: usize) -> Vec<Vec<u8>> {
     (0..count).map(|_| (0..BLOCK).map(|_| rng.u64() as u8).collect()).collect()
 }
 
+/// A store on a fresh pool over `specs` (one mirror).
+async fn new_store(env: &Env, specs: Vec<LeafSpec>, t: &Tunables) -> Store {
+    Store::create(Pool::create(env, common::mirror_pool(specs), t).await.unwrap(), t)
+}
+
 async fn audit_clean(store: &Store) -> sluice_engine::txg::AuditReport {
     let report = store.audit().await.unwrap();
     assert!(report.is_clean(), "audit: {:#?}", report.problems);
@@ -48,10 +54,7 @@ fn shared_blocks_survive_freeing_one_reference() {
     let env = sim.env();
     sim.run(async move {
         let t = Tunables::default();
-        let store = Store::create(
-            Pool::create(&env, common::mirror_pool(specs.clone()), &t).await.unwrap(),
-            &t,
-        );
+        let store = new_store(&env, specs.clone(), &t).await;
         store.sync().await.unwrap();
         for name in ["a", "b"] {
             store.create_volume(name, 1 << 20, BLOCK as u32).unwrap();
@@ -113,10 +116,7 @@ fn verify_never_shares_different_data() {
         let env = sim.env();
         sim.run(async move {
             let t = Tunables::default();
-            let store = Store::create(
-                Pool::create(&env, common::mirror_pool(specs), &t).await.unwrap(),
-                &t,
-            );
+            let store = new_store(&env, specs, &t).await;
             store.dedup_table().truncate_keys_for_tests(6);
             store.create_volume("v", 1 << 20, BLOCK as u32).unwrap();
             store.set_dedup("v", mode).unwrap();
@@ -166,10 +166,7 @@ fn corrupted_shared_block_heals_from_its_mirror_copy() {
     let store = sim
         .run(async move {
             let t = Tunables::default();
-            let store = Store::create(
-                Pool::create(&env, common::mirror_pool(specs), &t).await.unwrap(),
-                &t,
-            );
+            let store = new_store(&env, specs, &t).await;
             for name in ["a", "b"] {
                 store.create_volume(name, 1 << 20, BLOCK as u32).unwrap();
                 store.set_dedup(name, DedupMode::On).unwrap();
@@ -217,10 +214,7 @@ fn table_lock_acquisitions_per_written_block() {
         let env = sim.env();
         sim.run(async move {
             let t = tunables(locking);
-            let store = Store::create(
-                Pool::create(&env, common::mirror_pool(specs), &t).await.unwrap(),
-                &t,
-            );
+            let store = new_store(&env, specs, &t).await;
             store.create_volume("v", 4 << 20, BLOCK as u32).unwrap();
             store.set_dedup("v", DedupMode::On).unwrap();
             let data: Vec<u8> = random_blocks(9, 512).concat();

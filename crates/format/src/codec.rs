@@ -100,6 +100,21 @@ impl<'a> Writer<'a> {
     }
 }
 
+/// Magic at offset 0 and the version (u16) at `version_at`: the start of every structure.
+pub(crate) fn check_magic_version(
+    r: &Reader<'_>,
+    what: &'static str,
+    magic: u64,
+    version_at: usize,
+) -> Result<(), FormatError> {
+    let found = r.u64(0)?;
+    if found != magic {
+        return Err(FormatError::BadMagic { what, found });
+    }
+    crate::FormatVersion::decode(what, r.u16(version_at)?)?;
+    Ok(())
+}
+
 /// The preamble every checksummed structure shares: magic at 0, then the version (u16) and
 /// checksum algorithm (u8) at the given offsets, and the checksum over everything before
 /// `checksum_at`, stored there. Checked in that order, so a foreign or damaged structure is
@@ -112,11 +127,7 @@ pub(crate) fn check_header(
     alg_at: usize,
     checksum_at: usize,
 ) -> Result<(), FormatError> {
-    let found = r.u64(0)?;
-    if found != magic {
-        return Err(FormatError::BadMagic { what, found });
-    }
-    crate::FormatVersion::decode(what, r.u16(version_at)?)?;
+    check_magic_version(r, what, magic, version_at)?;
     let alg = crate::ChecksumAlg::decode(what, r.u8(alg_at)?)?;
     if alg.compute(r.slice(0, checksum_at)?) != crate::Checksum(r.bytes16(checksum_at)?) {
         return Err(FormatError::ChecksumMismatch { what });

@@ -99,11 +99,7 @@ impl DdtBucket {
 
     pub fn decode(bytes: &[u8]) -> Result<DdtBucket, FormatError> {
         let r = Reader::new(WHAT, bytes, HEADER_BYTES)?;
-        let magic = r.u64(0)?;
-        if magic != MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT, found: magic });
-        }
-        FormatVersion::decode(WHAT, r.u16(8)?)?;
+        crate::codec::check_magic_version(&r, WHAT, MAGIC, 8)?;
         r.zeros(10, 2)?;
         r.zeros(25, 7)?;
         let count = r.u32(12)? as usize;
@@ -133,11 +129,7 @@ impl DdtBucket {
     /// the entry found is still checked on its own.
     pub fn find(bytes: &[u8], key: &DdtKey) -> Result<Option<DdtEntry>, FormatError> {
         let r = Reader::new(WHAT, bytes, HEADER_BYTES)?;
-        let magic = r.u64(0)?;
-        if magic != MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT, found: magic });
-        }
-        FormatVersion::decode(WHAT, r.u16(8)?)?;
+        crate::codec::check_magic_version(&r, WHAT, MAGIC, 8)?;
         let count = r.u32(12)? as usize;
         if count > (bytes.len() - HEADER_BYTES) / DDT_ENTRY_BYTES {
             return Err(FormatError::Invalid { what: WHAT, field: "count", value: count as u64 });

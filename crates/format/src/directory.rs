@@ -208,11 +208,7 @@ impl PoolDirectory {
 
     pub fn decode(bytes: &[u8]) -> Result<PoolDirectory, FormatError> {
         let r = Reader::new(WHAT, bytes, HEADER_BYTES)?;
-        let magic = r.u64(0)?;
-        if magic != MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT, found: magic });
-        }
-        FormatVersion::decode(WHAT, r.u16(8)?)?;
+        crate::codec::check_magic_version(&r, WHAT, MAGIC, 8)?;
         r.zeros(10, 2)?;
         let len = r.u32(12)? as usize;
         let r = Reader::new(WHAT, bytes, len.max(HEADER_BYTES))?;

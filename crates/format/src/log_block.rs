@@ -188,11 +188,7 @@ impl LogBlock {
     /// Decodes a block read from disk, which must be the block `expected` describes.
     pub fn decode(bytes: &[u8], expected: LogVerifier) -> Result<LogBlock, FormatError> {
         let r = Reader::new(WHAT, bytes, LOG_HEADER_BYTES)?;
-        let magic = r.u64(0)?;
-        if magic != MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT, found: magic });
-        }
-        FormatVersion::decode(WHAT, r.u16(OFF_VERSION)?)?;
+        crate::codec::check_magic_version(&r, WHAT, MAGIC, OFF_VERSION)?;
         let alg = ChecksumAlg::decode(WHAT, r.u8(OFF_ALG)?)?;
         let used = r.u32(OFF_USED)? as usize;
         if used < LOG_HEADER_BYTES {

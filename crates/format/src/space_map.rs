@@ -92,11 +92,7 @@ impl SpaceMap {
     /// Decodes and validates: ranges must be non-empty, ascending and disjoint.
     pub fn decode(bytes: &[u8]) -> Result<SpaceMap, FormatError> {
         let r = Reader::new(WHAT, bytes, HEADER_BYTES + 16)?;
-        let magic = r.u64(0)?;
-        if magic != MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT, found: magic });
-        }
-        FormatVersion::decode(WHAT, r.u16(OFF_VERSION)?)?;
+        crate::codec::check_magic_version(&r, WHAT, MAGIC, OFF_VERSION)?;
         let alg = ChecksumAlg::decode(WHAT, r.u8(OFF_ALG)?)?;
         let free_count = r.u32(OFF_FREE_COUNT)? as usize;
         let deferred_count = r.u32(OFF_DEFERRED_COUNT)? as usize;
