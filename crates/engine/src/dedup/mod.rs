@@ -259,6 +259,8 @@ enum Claim {
 #[derive(Debug)]
 pub struct Ddt {
     pool_name: String,
+    /// The pool's key for the keyed hash; fixed at creation, so read without the table lock.
+    salt: [u8; 32],
     locking: Locking,
     table: TableLock,
     stats: DdtStats,
@@ -273,6 +275,7 @@ impl Ddt {
     pub fn new(pool_name: &str, header: DdtHeader, tunables: &Tunables) -> Ddt {
         Ddt {
             pool_name: pool_name.to_owned(),
+            salt: header.salt,
             locking: Locking::from_tunables(tunables),
             table: TableLock {
                 inner: Mutex::new(Table {
@@ -325,10 +328,6 @@ impl Ddt {
             *byte &= !(0xffu16 >> kept) as u8;
         }
         DdtKey(key)
-    }
-
-    fn salt(&self) -> [u8; 32] {
-        self.table.inner.lock().disk.salt
     }
 
     fn corrupt(&self, field: &'static str, value: u64) -> PoolError {
@@ -443,7 +442,7 @@ impl Ddt {
         data: Arc<Vec<u8>>,
         verify: bool,
     ) -> Result<BlockPointer, PoolError> {
-        let key = self.key(&self.salt(), &data);
+        let key = self.key(&self.salt, &data);
         let (entry, disk) = self.lookup(key, Stage::Lookup);
         self.load(pool, &entry, &disk).await?;
         let mut stage = Stage::Claim;
@@ -788,13 +787,6 @@ impl Ddt {
             }
         }
         Ok((entries, blocks))
-    }
-
-    /// The table was rolled back to its last flush (a sync failed): forget what memory holds.
-    pub fn discard_unflushed(&self) {
-        let mut table = self.table.inner.lock();
-        table.entries.clear();
-        table.dirty.clear();
     }
 }
 

@@ -61,12 +61,8 @@ impl Pool {
         let mut ends = Vec::with_capacity(bps.len());
         let mut total = 0u64;
         for (i, bp) in bps.iter().enumerate() {
-            let dva = bp.dvas[0];
             assert!(
-                bp.copies().count() == 1
-                    && dva.vdev == first.vdev
-                    && dva.offset_bytes() == first.offset_bytes() + total
-                    && dva.asize_bytes() == bp.psize_bytes(),
+                i == 0 || follows(&bps[i - 1], bp),
                 "block {i} of a span does not follow the one before it"
             );
             total += bp.psize_bytes();
@@ -118,6 +114,19 @@ impl Pool {
             .await
             .map_err(|source| PoolError::Vdev { pool: self.name().to_owned(), source })
     }
+}
+
+/// Whether `next` lies right after `prev` on the same top-level vdev, both with a single
+/// copy that fills its allocation: the rule for blocks one span may read together.
+pub fn follows(prev: &BlockPointer, next: &BlockPointer) -> bool {
+    let single = |bp: &BlockPointer| {
+        bp.copies().count() == 1 && bp.dvas[0].asize_bytes() == bp.psize_bytes()
+    };
+    let (p, n) = (prev.dvas[0], next.dvas[0]);
+    single(prev)
+        && single(next)
+        && n.vdev == p.vdev
+        && n.offset_bytes() == p.offset_bytes() + p.asize_bytes()
 }
 
 /// The pointer of a block holding `data` (whole sectors) at `(vdev, offset)`, before it is

@@ -35,7 +35,7 @@ use sluice_format::{
 };
 
 pub use self::cache::BlockCache;
-pub use self::io::describe_block;
+pub use self::io::{describe_block, follows};
 pub use self::missing::MissingDevice;
 pub use self::scrub::ScrubReport;
 use crate::device::{BlockDevice, DeviceError, SharedBuf};

@@ -633,6 +633,10 @@ impl Store {
         self.allocator.lock().free_bytes()
     }
 
+    fn no_such_volume(&self, volume: &str) -> StoreError {
+        StoreError::NoSuchVolume { pool: self.pool.name().to_owned(), volume: volume.to_owned() }
+    }
+
     fn check_live(&self) -> Result<(), StoreError> {
         if self.suspended.load(Ordering::Relaxed) {
             let cause = self.suspend_cause.lock().clone().unwrap_or_default();
@@ -693,10 +697,7 @@ impl Store {
     pub fn set_dedup(&self, name: &str, mode: DedupMode) -> Result<(), StoreError> {
         self.check_live()?;
         let mut state = self.state.lock();
-        let volume = state.volumes.get_mut(name).ok_or_else(|| StoreError::NoSuchVolume {
-            pool: self.pool.name().to_owned(),
-            volume: name.to_owned(),
-        })?;
+        let volume = state.volumes.get_mut(name).ok_or_else(|| self.no_such_volume(name))?;
         volume.entry.dedup = mode;
         Ok(())
     }
@@ -710,10 +711,7 @@ impl Store {
     pub fn destroy_volume(&self, name: &str) -> Result<(), StoreError> {
         self.check_live()?;
         let mut state = self.state.lock();
-        let volume = state.volumes.remove(name).ok_or_else(|| StoreError::NoSuchVolume {
-            pool: self.pool.name().to_owned(),
-            volume: name.to_owned(),
-        })?;
+        let volume = state.volumes.remove(name).ok_or_else(|| self.no_such_volume(name))?;
         if let Some(log) = &volume.log {
             state.retired_log.extend(log.retire());
         }
@@ -737,10 +735,7 @@ impl Store {
             });
         }
         let new_blocks = size_bytes / bs;
-        let missing = || StoreError::NoSuchVolume {
-            pool: self.pool.name().to_owned(),
-            volume: name.to_owned(),
-        };
+        let missing = || self.no_such_volume(name);
         if size_bytes < entry.size_bytes {
             // Find the stored blocks past the end, then drop them (and any dirty ones).
             let disk_levels =
@@ -775,9 +770,12 @@ impl Store {
     }
 
     fn volume_entry(&self, name: &str) -> Result<VolumeEntry, StoreError> {
-        self.state.lock().volumes.get(name).map(|v| v.entry.clone()).ok_or_else(|| {
-            StoreError::NoSuchVolume { pool: self.pool.name().to_owned(), volume: name.to_owned() }
-        })
+        self.state
+            .lock()
+            .volumes
+            .get(name)
+            .map(|v| v.entry.clone())
+            .ok_or_else(|| self.no_such_volume(name))
     }
 
     fn check_range(entry: &VolumeEntry, offset: u64, len: u64) -> Result<(), StoreError> {
@@ -866,17 +864,10 @@ impl Store {
                 continue;
             };
             if let Some(Read::Span(start, bps)) = reads.last_mut() {
-                let prev = bps[bps.len() - 1];
-                let follows = *start + bps.len() as u64 == index
-                    && bp.copies().count() == 1
-                    && prev.copies().count() == 1
-                    && bp.dvas[0].vdev == prev.dvas[0].vdev
-                    && bp.dvas[0].offset_bytes()
-                        == prev.dvas[0].offset_bytes() + prev.dvas[0].asize_bytes()
-                    && bp.dvas[0].asize_bytes() == bp.psize_bytes()
-                    && prev.dvas[0].asize_bytes() == prev.psize_bytes()
+                let joins = *start + bps.len() as u64 == index
+                    && crate::pool::follows(&bps[bps.len() - 1], &bp)
                     && (bps.len() as u64 + 1) * bs <= READ_SPAN_BYTES_MAX;
-                if follows {
+                if joins {
                     bps.push(bp);
                     continue;
                 }
@@ -1019,10 +1010,7 @@ impl Store {
             let mut state_guard = self.state.lock();
             let state = &mut *state_guard;
             let open_txg = state.open_txg;
-            let v = state.volumes.get_mut(volume).ok_or_else(|| StoreError::NoSuchVolume {
-                pool: self.pool.name().to_owned(),
-                volume: volume.to_owned(),
-            })?;
+            let v = state.volumes.get_mut(volume).ok_or_else(|| self.no_such_volume(volume))?;
             let mut added = 0u64;
             // A lone request keeps its patches for later: it is answered without a read, and
             // the sync reads the blocks. With other requests in flight, or under write
@@ -1255,12 +1243,12 @@ impl Store {
         &self,
         volume: &str,
     ) -> Result<Option<Arc<async_lock::Semaphore>>, StoreError> {
-        self.state.lock().volumes.get(volume).map(|v| v.gate.clone()).ok_or_else(|| {
-            StoreError::NoSuchVolume {
-                pool: self.pool.name().to_owned(),
-                volume: volume.to_owned(),
-            }
-        })
+        self.state
+            .lock()
+            .volumes
+            .get(volume)
+            .map(|v| v.gate.clone())
+            .ok_or_else(|| self.no_such_volume(volume))
     }
 
     /// The counter of requests in flight on `volume`, shared by every handle on it.
@@ -1268,21 +1256,21 @@ impl Store {
         &self,
         volume: &str,
     ) -> Result<Arc<std::sync::atomic::AtomicUsize>, StoreError> {
-        self.state.lock().volumes.get(volume).map(|v| Arc::clone(&v.requests)).ok_or_else(|| {
-            StoreError::NoSuchVolume {
-                pool: self.pool.name().to_owned(),
-                volume: volume.to_owned(),
-            }
-        })
+        self.state
+            .lock()
+            .volumes
+            .get(volume)
+            .map(|v| Arc::clone(&v.requests))
+            .ok_or_else(|| self.no_such_volume(volume))
     }
 
     fn volume_log(&self, volume: &str) -> Result<Option<Arc<LogWriter>>, StoreError> {
-        self.state.lock().volumes.get(volume).map(|v| v.log.clone()).ok_or_else(|| {
-            StoreError::NoSuchVolume {
-                pool: self.pool.name().to_owned(),
-                volume: volume.to_owned(),
-            }
-        })
+        self.state
+            .lock()
+            .volumes
+            .get(volume)
+            .map(|v| v.log.clone())
+            .ok_or_else(|| self.no_such_volume(volume))
     }
 
     /// Returns once record `sequence` of `volume`'s log and every earlier one are durable:
