@@ -422,7 +422,9 @@ fn scripted_workloads_cut_at_every_operation() {
         }
     }
     eprintln!("scripted: {probes:?}");
-    assert!(probes.states >= 600, "{probes:?}");
+    // Every device operation is a cut point; new blocks written in spans make fewer of them
+    // (568 states with spans, 616 block by block).
+    assert!(probes.states >= 500, "{probes:?}");
     assert!(probes.replayed > 0, "no crash state needed replay: {probes:?}");
     assert!(probes.torn_tails > 0, "no crash state tore the log tail: {probes:?}");
 }

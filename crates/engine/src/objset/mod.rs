@@ -9,22 +9,39 @@
 //! Updates are copy-on-write: [`update_tree`] rewrites every indirect block on the path to a
 //! changed data block into new space and returns the new root, collecting the pointers it
 //! replaced so the caller frees them in the syncing txg. An indirect block whose children all
-//! became holes becomes a hole itself.
+//! became holes becomes a hole itself. The tree is rewritten a level at a time, bottom up:
+//! the touched blocks of one level are read concurrently and written together.
+//!
+//! New blocks reach the disk in spans ([`write_blocks`]): blocks allocated back to back are
+//! written as one I/O of up to [`WRITE_SPAN_BYTES_MAX`] (ZFS gets the same from write
+//! aggregation in the vdev queue). The allocator's next-fit cursor places consecutive
+//! allocations next to each other, so a txg's blocks lie in runs even when the client wrote
+//! at random offsets. The leaf queue also merges neighbours, but only those that wait in it
+//! together: with free slots it issued each block alone, so a txg of 4 KiB random writes cost
+//! a device command per block, each with its own I/O-thread trip (measured with 32 sync
+//! writers: 124k device writes for 96k client writes). A span is only how blocks are written:
+//! each keeps its own pointer and checksum, and reads, scrub and healing see ordinary blocks.
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
+use std::sync::Arc;
 
+use futures::{StreamExt, TryStreamExt};
 use sluice_format::{BlockKind, BlockPointer, FormatError, BLKPTR_BYTES};
 
 use crate::alloc::{AllocClass, Allocator};
 use crate::device::{AlignedBuf, SharedBuf};
-use crate::pool::{Pool, PoolError};
+use crate::pool::{describe_block, Pool, PoolError};
 use crate::tunables::IoClass;
 
 /// Block pointers per indirect block.
 pub const INDIRECT_BPS: u64 = 128;
 pub const INDIRECT_BYTES: usize = INDIRECT_BPS as usize * BLKPTR_BYTES;
+/// Largest run of new blocks written as one I/O (ZFS's write aggregation limit).
+pub const WRITE_SPAN_BYTES_MAX: u64 = 1 << 20;
+/// Indirect blocks of one level read and rebuilt concurrently.
+const NODES_IN_FLIGHT: usize = 64;
+/// Groups of new blocks (each up to a span) being written at once.
+const SPANS_IN_FLIGHT: usize = 8;
 
 /// Levels of indirection needed to address `blocks` data blocks.
 pub fn levels_for(blocks: u64) -> u8 {
@@ -60,11 +77,24 @@ pub async fn data_block_pointer(
     levels: u8,
     index: u64,
 ) -> Result<Option<BlockPointer>, PoolError> {
+    node_pointer(pool, root, levels, 0, index).await
+}
+
+/// The pointer of block `node` of `level` (level 0: data block `node`), reading the indirect
+/// blocks above it; `None` is a hole.
+async fn node_pointer(
+    pool: &Pool,
+    root: Option<BlockPointer>,
+    levels: u8,
+    level: u8,
+    node: u64,
+) -> Result<Option<BlockPointer>, PoolError> {
+    assert!(level <= levels, "level {level} of a tree with {levels} levels");
     let mut bp = root;
-    for level in (1..=levels).rev() {
+    for above in ((level + 1)..=levels).rev() {
         let Some(indirect) = bp else { return Ok(None) };
         let bytes = pool.read_block_cached(&indirect, IoClass::SyncRead).await?;
-        let slot = ((index / span_of(level - 1)) % INDIRECT_BPS) as usize;
+        let slot = ((node / span_of(above - 1 - level)) % INDIRECT_BPS) as usize;
         let at = slot * BLKPTR_BYTES;
         bp = BlockPointer::decode(&bytes[at..at + BLKPTR_BYTES])
             .map_err(|e| format_error(pool, e))?;
@@ -105,88 +135,200 @@ pub struct TreeUpdate<'a> {
     pub replaced: Vec<BlockPointer>,
 }
 
-type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
 /// Applies `updates` (data block index -> new pointer, `None` for a hole) and returns the
 /// new root.
-pub fn update_tree<'a>(
-    ctx: &'a mut TreeUpdate<'_>,
+pub async fn update_tree(
+    ctx: &mut TreeUpdate<'_>,
     root: Option<BlockPointer>,
     levels: u8,
-    updates: &'a BTreeMap<u64, Option<BlockPointer>>,
-) -> Boxed<'a, Result<Option<BlockPointer>, PoolError>> {
-    update_node(ctx, root, levels, 0, updates)
-}
-
-fn update_node<'a>(
-    ctx: &'a mut TreeUpdate<'_>,
-    old: Option<BlockPointer>,
-    level: u8,
-    base: u64,
-    updates: &'a BTreeMap<u64, Option<BlockPointer>>,
-) -> Boxed<'a, Result<Option<BlockPointer>, PoolError>> {
-    Box::pin(async move {
-        if level == 0 {
-            let Some(&new) = updates.get(&base) else { return Ok(old) };
-            // Replaced even when the new pointer is the same (a dedup block rewritten with its
-            // own contents): the write took a reference, which the old pointer's free drops.
-            if let Some(previous) = old {
-                ctx.replaced.push(previous);
-            }
-            return Ok(new);
-        }
-        let mut slots = match old {
-            Some(bp) => {
-                let bytes = ctx.pool.read_block_cached(&bp, IoClass::SyncRead).await?;
-                decode_indirect(ctx.pool, &bytes)?
-            }
-            None => vec![None; INDIRECT_BPS as usize],
-        };
-        let child_span = span_of(level - 1);
-        let end = base.saturating_add(span_of(level));
-        let touched: Vec<u64> =
-            updates.range(base..end).map(|(&i, _)| (i - base) / child_span).collect();
-        let mut last = None;
-        for slot in touched {
-            if last == Some(slot) {
-                continue;
-            }
-            last = Some(slot);
-            let child_base = base + slot * child_span;
-            let child_updates: BTreeMap<u64, Option<BlockPointer>> = updates
-                .range(child_base..child_base.saturating_add(child_span))
-                .map(|(&i, &b)| (i, b))
-                .collect();
-            let updated =
-                update_node(ctx, slots[slot as usize], level - 1, child_base, &child_updates)
-                    .await?;
-            slots[slot as usize] = updated;
-        }
-        if let Some(previous) = old {
+    updates: &BTreeMap<u64, Option<BlockPointer>>,
+) -> Result<Option<BlockPointer>, PoolError> {
+    if updates.is_empty() {
+        return Ok(root);
+    }
+    if levels == 0 {
+        assert!(updates.keys().all(|&i| i == 0), "a tree without levels holds block 0 only");
+        // Replaced even when the new pointer is the same (a dedup block rewritten with its own
+        // contents): the write took a reference, which the old pointer's free drops.
+        if let Some(previous) = root {
             ctx.replaced.push(previous);
         }
-        if slots.iter().all(Option::is_none) {
-            return Ok(None);
-        }
-        let mut bytes = AlignedBuf::zeroed(INDIRECT_BYTES);
-        let mut fill = 0u64;
-        for (index, slot) in slots.iter().enumerate() {
-            bytes[index * BLKPTR_BYTES..(index + 1) * BLKPTR_BYTES]
-                .copy_from_slice(&BlockPointer::encode(slot.as_ref()));
-            fill += slot.map_or(0, |bp| bp.fill);
-        }
-        let bp = write_new_block(
-            ctx,
-            bytes,
-            INDIRECT_BYTES as u64,
-            BlockKind::Indirect,
-            level,
-            fill,
-            AllocClass::Reserved,
+        return Ok(updates[&0]);
+    }
+    // New pointers of the level below the one being rebuilt, by block number in that level.
+    let mut below = updates.clone();
+    for level in 1..=levels {
+        let mut nodes: Vec<u64> = below.keys().map(|&child| child / INDIRECT_BPS).collect();
+        nodes.dedup();
+        let (pool, changes) = (ctx.pool, &below);
+        let rebuilt: Vec<Vec<Written>> = futures::stream::iter(
+            nodes.into_iter().map(|node| rebuild_node(pool, root, levels, level, node, changes)),
         )
+        .buffered(NODES_IN_FLIGHT)
+        .try_chunks((WRITE_SPAN_BYTES_MAX as usize / INDIRECT_BYTES).max(1))
+        .map_err(|futures::stream::TryChunksError(_, e)| e)
+        .map_ok(|chunk| write_nodes(ctx_view(ctx), level, chunk))
+        .try_buffer_unordered(SPANS_IN_FLIGHT)
+        .try_collect()
         .await?;
-        Ok(Some(bp))
-    })
+        below = BTreeMap::new();
+        for (node, bp, mut replaced) in rebuilt.into_iter().flatten() {
+            below.insert(node, bp);
+            ctx.replaced.append(&mut replaced);
+        }
+    }
+    assert!(below.len() == 1 && below.contains_key(&0), "the top level is the root alone");
+    Ok(below[&0])
+}
+
+/// What writing needs of a [`TreeUpdate`], without its list of replaced pointers (which the
+/// caller extends once the writes are done).
+fn ctx_view<'a>(ctx: &TreeUpdate<'a>) -> TreeUpdate<'a> {
+    TreeUpdate { pool: ctx.pool, allocator: ctx.allocator, txg: ctx.txg, replaced: Vec::new() }
+}
+
+/// An indirect block of `level` with `changes` (the level below's new pointers) applied:
+/// its new contents (`None`: every child is a hole) and fill, and the pointers it replaces
+/// (its old self, and at level 1 the data blocks it no longer points at).
+type Rebuilt = (u64, Option<(Vec<u8>, u64)>, Vec<BlockPointer>);
+/// A rebuilt indirect block once written: its new pointer and the pointers it replaces.
+type Written = (u64, Option<BlockPointer>, Vec<BlockPointer>);
+
+async fn rebuild_node(
+    pool: &Pool,
+    root: Option<BlockPointer>,
+    levels: u8,
+    level: u8,
+    node: u64,
+    changes: &BTreeMap<u64, Option<BlockPointer>>,
+) -> Result<Rebuilt, PoolError> {
+    let old = node_pointer(pool, root, levels, level, node).await?;
+    let mut slots = match old {
+        Some(bp) => decode_indirect(pool, &pool.read_block_cached(&bp, IoClass::SyncRead).await?)?,
+        None => vec![None; INDIRECT_BPS as usize],
+    };
+    let mut replaced: Vec<BlockPointer> = old.into_iter().collect();
+    let first = node * INDIRECT_BPS;
+    for (&child, &new) in changes.range(first..first + INDIRECT_BPS) {
+        let slot = &mut slots[(child - first) as usize];
+        // Replaced indirect children pushed themselves; data blocks are replaced here, even
+        // by the same pointer (a dedup block rewritten with its own contents took a
+        // reference, which the old pointer's free drops).
+        if level == 1 {
+            replaced.extend(*slot);
+        }
+        *slot = new;
+    }
+    if slots.iter().all(Option::is_none) {
+        return Ok((node, None, replaced));
+    }
+    let mut bytes = vec![0u8; INDIRECT_BYTES];
+    let mut fill = 0u64;
+    for (index, slot) in slots.iter().enumerate() {
+        bytes[index * BLKPTR_BYTES..(index + 1) * BLKPTR_BYTES]
+            .copy_from_slice(&BlockPointer::encode(slot.as_ref()));
+        fill += slot.map_or(0, |bp| bp.fill);
+    }
+    Ok((node, Some((bytes, fill)), replaced))
+}
+
+/// Writes a chunk of rebuilt indirect blocks of `level`; returns each one's new pointer.
+async fn write_nodes(
+    ctx: TreeUpdate<'_>,
+    level: u8,
+    chunk: Vec<Rebuilt>,
+) -> Result<Vec<Written>, PoolError> {
+    let blocks: Vec<NewBlock> = chunk
+        .iter()
+        .filter_map(|(_, contents, _)| contents.as_ref())
+        .map(|(bytes, fill)| NewBlock {
+            bytes: Arc::new(bytes.clone()),
+            kind: BlockKind::Indirect,
+            level,
+            fill: *fill,
+        })
+        .collect();
+    let mut written = write_blocks(&ctx, blocks, AllocClass::Reserved).await?.into_iter();
+    Ok(chunk
+        .into_iter()
+        .map(|(node, contents, replaced)| {
+            let bp = contents.map(|_| written.next().expect("one pointer per block written"));
+            (node, bp, replaced)
+        })
+        .collect())
+}
+
+/// A block to write into new space, and what its pointer says about it.
+#[derive(Clone, Debug)]
+pub struct NewBlock {
+    pub bytes: Arc<Vec<u8>>,
+    pub kind: BlockKind,
+    pub level: u8,
+    pub fill: u64,
+}
+
+/// Allocates `blocks` in order and writes them, runs that landed back to back as one I/O each
+/// (see the module doc); returns their pointers in the same order.
+pub async fn write_blocks(
+    ctx: &TreeUpdate<'_>,
+    blocks: Vec<NewBlock>,
+    class: AllocClass,
+) -> Result<Vec<BlockPointer>, PoolError> {
+    let placed: Vec<(u32, u64, u64)> = {
+        let mut allocator = ctx.allocator.lock();
+        blocks
+            .iter()
+            .map(|b| allocator.allocate(b.bytes.len() as u64, class, &[]))
+            .collect::<Result<_, _>>()
+            .map_err(|e| PoolError::NoSpace { pool: ctx.pool.name().to_owned(), source: e })?
+    };
+    // Runs of blocks back to back on one vdev, each within the span limit.
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, &(vdev, offset, asize)) in placed.iter().enumerate() {
+        if let Some(run) = runs.last_mut() {
+            let (first_vdev, first_offset, _) = placed[run.start];
+            let (_, last_offset, last_asize) = placed[run.end - 1];
+            if vdev == first_vdev
+                && offset == last_offset + last_asize
+                && offset + asize - first_offset <= WRITE_SPAN_BYTES_MAX
+            {
+                run.end = i + 1;
+                continue;
+            }
+        }
+        runs.push(i..i + 1);
+    }
+    let (pool, txg) = (ctx.pool, ctx.txg);
+    let (blocks, placed) = (&blocks, &placed);
+    let written: Vec<Vec<BlockPointer>> =
+        futures::future::try_join_all(runs.into_iter().map(|run| async move {
+            let (vdev, start, _) = placed[run.start];
+            let (_, last, last_asize) = placed[run.end - 1];
+            let mut buf = AlignedBuf::zeroed((last + last_asize - start) as usize);
+            let mut pointers = Vec::with_capacity(run.len());
+            for i in run {
+                let (_, offset, asize) = placed[i];
+                let block = &blocks[i];
+                let at = (offset - start) as usize;
+                let slot = &mut buf[at..at + asize as usize];
+                slot[..block.bytes.len()].copy_from_slice(&block.bytes);
+                let lsize = block.bytes.len() as u64;
+                pointers.push(describe_block(
+                    vdev,
+                    offset,
+                    slot,
+                    lsize,
+                    block.kind,
+                    block.level,
+                    block.fill,
+                    txg,
+                ));
+            }
+            pool.write_copy(vdev, start, buf.into_shared()).await?;
+            Ok::<_, PoolError>(pointers)
+        }))
+        .await?;
+    Ok(written.into_iter().flatten().collect())
 }
 
 /// Writes one data block into newly allocated space.

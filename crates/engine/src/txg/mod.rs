@@ -80,8 +80,10 @@ impl Fetched {
     }
 }
 
-/// Data blocks a sync writes concurrently.
+/// Data blocks a sync completes (patches) or writes (dedup) concurrently.
 const SYNC_WRITES_IN_FLIGHT: usize = 64;
+/// Spans of data blocks a sync writes concurrently.
+const SPANS_IN_FLIGHT: usize = 8;
 /// Blocks one read fetches concurrently.
 const READ_BLOCKS_IN_FLIGHT: usize = 32;
 
@@ -1348,52 +1350,71 @@ impl Store {
             }
         }
         for (entry, disk_levels, blocks) in work {
-            // Data blocks are independent: write up to SYNC_WRITES_IN_FLIGHT at once, so the
-            // devices see a queue instead of one block at a time. Blocks of dedup volumes are
-            // hashed and looked up in tasks of their own, so that work spreads over the
-            // runtime's threads, as ZFS's write-issue taskq spreads it over CPUs.
+            // Patched blocks are completed first, up to SYNC_WRITES_IN_FLIGHT at once, in
+            // block order. Blocks of ordinary volumes are then allocated in that order and
+            // written in spans (objset::write_blocks). Blocks of dedup volumes are hashed and
+            // looked up in tasks of their own, so that work spreads over the runtime's
+            // threads, as ZFS's write-issue taskq spreads it over CPUs.
             let dedup = entry.dedup;
             let (root, block_bytes) = (entry.root, entry.block_bytes as usize);
-            let writes = futures::stream::iter(blocks.into_iter().map(|(index, block)| {
-                let ctx = &ctx;
-                async move {
-                    // A patched block is completed now from the version on disk, which is
-                    // the one it was written over (syncs run one at a time).
-                    // Read at async priority and not cached: the sync must not crowd out the
-                    // log writes and reads clients wait for, and the old block is going away.
-                    let block = match block {
-                        Block::Patched(patch) => {
-                            let bp =
-                                objset::data_block_pointer(&self.pool, root, disk_levels, index)
-                                    .await?;
-                            let base = match bp {
-                                Some(bp) => Some(
-                                    self.pool
-                                        .read_block(&bp, crate::tunables::IoClass::AsyncRead)
-                                        .await?,
-                                ),
-                                None => None,
-                            };
-                            let base = base.as_ref().map(|b| &b[..block_bytes]);
-                            Block::Data(Arc::new(patch.apply(base)))
-                        }
-                        other => other,
-                    };
-                    let bp = match (block, dedup) {
-                        (Block::Data(data), DedupMode::Off) => {
-                            Some(objset::write_data_block(ctx, &data, AllocClass::Reserved).await?)
-                        }
-                        (Block::Data(data), mode) => Some(
-                            self.spawn_dedup_write(txg, data, mode == DedupMode::Verify).await?,
-                        ),
-                        (Block::Zero, _) => None,
-                        (Block::Patched(_), _) => unreachable!("patches are completed above"),
-                    };
-                    Ok::<_, PoolError>((index, bp))
-                }
+            let completed = futures::stream::iter(blocks.into_iter().map(|(index, block)| {
+                self.complete_block(root, disk_levels, block_bytes, index, block)
             }))
-            .buffer_unordered(SYNC_WRITES_IN_FLIGHT);
-            let updates: BTreeMap<u64, Option<BlockPointer>> = writes.try_collect().await?;
+            .buffered(SYNC_WRITES_IN_FLIGHT);
+            let updates: BTreeMap<u64, Option<BlockPointer>> = if dedup == DedupMode::Off {
+                let per_span = (objset::WRITE_SPAN_BYTES_MAX as usize / block_bytes).max(1);
+                let ctx = &ctx;
+                let written: Vec<Vec<(u64, Option<BlockPointer>)>> = completed
+                    .try_chunks(per_span)
+                    .map_err(|futures::stream::TryChunksError(_, e)| e)
+                    .map_ok(|chunk| async move {
+                        let mut data = Vec::with_capacity(chunk.len());
+                        for (_, block) in &chunk {
+                            match block {
+                                Block::Data(bytes) => data.push(objset::NewBlock {
+                                    bytes: Arc::clone(bytes),
+                                    kind: BlockKind::Data,
+                                    level: 0,
+                                    fill: 1,
+                                }),
+                                Block::Zero => {}
+                                Block::Patched(_) => unreachable!("patches are completed above"),
+                            }
+                        }
+                        let mut bps = objset::write_blocks(ctx, data, AllocClass::Reserved)
+                            .await?
+                            .into_iter();
+                        Ok::<_, PoolError>(
+                            chunk
+                                .into_iter()
+                                .map(|(index, block)| match block {
+                                    Block::Data(_) => (index, bps.next()),
+                                    _ => (index, None),
+                                })
+                                .collect(),
+                        )
+                    })
+                    .try_buffer_unordered(SPANS_IN_FLIGHT)
+                    .try_collect()
+                    .await?;
+                written.into_iter().flatten().collect()
+            } else {
+                let verify = dedup == DedupMode::Verify;
+                completed
+                    .map_ok(|(index, block)| async move {
+                        let bp = match block {
+                            Block::Data(data) => {
+                                Some(self.spawn_dedup_write(txg, data, verify).await?)
+                            }
+                            Block::Zero => None,
+                            Block::Patched(_) => unreachable!("patches are completed above"),
+                        };
+                        Ok::<_, PoolError>((index, bp))
+                    })
+                    .try_buffer_unordered(SYNC_WRITES_IN_FLIGHT)
+                    .try_collect()
+                    .await?
+            };
             let grown = objset::grow_levels(&ctx, entry.root, disk_levels, entry.levels).await?;
             let root = if updates.is_empty() {
                 grown
@@ -1598,6 +1619,27 @@ impl Store {
         }
         state.retired_log.extend(replaced);
         Ok(txg)
+    }
+
+    /// A syncing block ready to write: a patch is completed from the version on disk, which
+    /// is the one it was written over (syncs run one at a time). Read at async priority and
+    /// not cached: the sync must not crowd out the log writes and reads clients wait for, and
+    /// the old block is going away.
+    async fn complete_block(
+        &self,
+        root: Option<BlockPointer>,
+        disk_levels: u8,
+        block_bytes: usize,
+        index: u64,
+        block: Block,
+    ) -> Result<(u64, Block), PoolError> {
+        let Block::Patched(patch) = block else { return Ok((index, block)) };
+        let base = match objset::data_block_pointer(&self.pool, root, disk_levels, index).await? {
+            Some(bp) => Some(self.pool.read_block(&bp, crate::tunables::IoClass::AsyncRead).await?),
+            None => None,
+        };
+        let base = base.as_ref().map(|b| &b[..block_bytes]);
+        Ok((index, Block::Data(Arc::new(patch.apply(base)))))
     }
 
     /// Writes one block of a dedup volume through the table, in a task of its own.
