@@ -305,6 +305,61 @@ fn full_pool_refuses_writes_then_recovers() {
     assert!(error_text.contains("small") && error_text.contains("trim"), "{error_text}");
 }
 
+/// Random 4 KiB overwrites of a nearly full pool: every txg rewrites indirect blocks all over
+/// the volume, and each overwrite needs new space while the old block waits out its deferral.
+/// Writes may be refused (NoSpace), but every sync must succeed: a sync that runs out of space
+/// suspends the pool. (Found by the peers benchmark on a 4 KiB-block volume.)
+#[test]
+fn random_overwrites_of_a_full_pool_never_fail_a_sync() {
+    let sim = Sim::new(79);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, 24 << 20);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    let refused = sim
+        .run(async move {
+            let spec = PoolSpec {
+                name: "tight".into(),
+                ashift: 12,
+                top: vec![TopSpec::Mirror(specs.clone())],
+            };
+            let pool = Pool::create(&env, spec, &Tunables::default()).await.unwrap();
+            let store = Store::create(pool, &Tunables::default());
+            let blocks = 4096u64;
+            store.create_volume("v", blocks * 4096, 4096).unwrap();
+            let mut model = vec![1u8; (blocks * 4096) as usize];
+            store.write("v", 0, &model).await.unwrap();
+            store.sync().await.unwrap();
+            let mut rng = Rng::new(4);
+            let mut refused = 0u32;
+            for round in 0..40u32 {
+                for _ in 0..600 {
+                    let block = rng.below(blocks);
+                    let at = (block * 4096) as usize;
+                    let byte = (round % 250) as u8 + 2;
+                    match store.write("v", at as u64, &[byte; 4096]).await {
+                        Ok(_) => model[at..at + 4096].fill(byte),
+                        Err(error) => {
+                            assert!(
+                                matches!(error, sluice_engine::txg::StoreError::NoSpace { .. }),
+                                "{error}"
+                            );
+                            refused += 1;
+                        }
+                    }
+                }
+                store.sync().await.unwrap();
+            }
+            store.export().await.unwrap();
+            let pool = Pool::import(&env, specs, "tight", &Tunables::default()).await.unwrap();
+            let store = Store::open(pool, &Tunables::default()).await.unwrap();
+            assert!(store.read("v", 0, blocks * 4096).await.unwrap() == model);
+            refused
+        })
+        .unwrap()
+        .0;
+    eprintln!("refused {refused} writes");
+}
+
 /// A pool whose free space is fragmented into thousands of 4 KiB holes (every other block of
 /// a full volume trimmed) keeps syncing and importing: its space map, far larger than any
 /// free range, is written in small pieces. (A single-block map needed a contiguous range of

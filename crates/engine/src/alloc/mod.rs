@@ -5,6 +5,9 @@
 //! from a per-vdev cursor (blocks written together land together, which keeps sequential
 //! streams sequential on disk) in units of `1 << ashift`. A rotor moves to the next top-level
 //! vdev every `ROTOR_ALIQUOT_BYTES`, which is how the pool stripes; a full vdev is skipped.
+//! A vdev short of space (under `BEST_FIT_FREE_PCT` free, or no free range of
+//! `BEST_FIT_LARGEST_BYTES`) switches to best fit, as ZFS's metaslab allocator does, so that
+//! small blocks fill small holes and larger metadata blocks still find room.
 //!
 //! Frees are deferred: a block freed in txg T stays allocated until T has synced and
 //! `FREE_DEFER_TXGS` more txgs have synced too. Until then the previous uberblocks (which an
@@ -37,6 +40,13 @@ use sluice_format::SpaceMap;
 pub const FREE_DEFER_TXGS: u64 = 2;
 /// Bytes written to one top-level vdev before the rotor moves on (ZFS's metaslab aliquot).
 pub const ROTOR_ALIQUOT_BYTES: u64 = 1 << 20;
+/// The largest block a sync writes for itself (indirect blocks, space-map pieces): free
+/// ranges at least this long are what its metadata can use ([`Allocator::metadata_room_bytes`]).
+pub const METADATA_BLOCK_BYTES_MAX: u64 = 16 << 10;
+/// Below this percentage of a vdev's space free, allocations take the smallest range that fits.
+const BEST_FIT_FREE_PCT: u64 = 4;
+/// ... and likewise once no free range of the vdev is this long.
+const BEST_FIT_LARGEST_BYTES: u64 = 128 << 10;
 /// Smallest slop reserve.
 pub const SLOP_BYTES_MIN: u64 = 1 << 20;
 /// Slop is this fraction of the pool (1 / 2^5, as ZFS's spa_slop_shift).
@@ -100,7 +110,7 @@ impl Allocator {
             .iter()
             .map(|&(start, end)| {
                 assert!(start < end, "empty data area");
-                let mut free = RangeTree::default();
+                let mut free = RangeTree::with_large_min(METADATA_BLOCK_BYTES_MAX);
                 free.insert(start, end - start);
                 VdevSpace {
                     free,
@@ -237,6 +247,12 @@ impl Allocator {
         self.deferred_total
     }
 
+    /// Free bytes (on data vdevs) in ranges that can hold any metadata block. Free space in
+    /// smaller holes holds data blocks but not the indirect blocks above them.
+    pub fn metadata_room_bytes(&self) -> u64 {
+        self.vdevs.iter().filter(|v| !v.log_only).map(|v| v.free.large_bytes()).sum()
+    }
+
     pub fn slop_bytes(&self) -> u64 {
         (self.capacity_bytes() >> SLOP_SHIFT).max(SLOP_BYTES_MIN).min(self.capacity_bytes() / 2)
     }
@@ -273,7 +289,23 @@ impl Allocator {
         let fallback: Vec<usize> = order.filter(|v| exclude.contains(&(*v as u32))).collect();
         for vdev in preferred.into_iter().chain(fallback) {
             let space = &mut self.vdevs[vdev];
-            if let Some(at) = space.free.first_fit(asize, 1 << self.ashift, space.cursor) {
+            // Near the cursor while the vdev has room, so blocks written together land
+            // together (spans); once it is short of room, the smallest range that fits, so
+            // small blocks fill small holes and the ranges that larger blocks (indirect
+            // blocks, space-map pieces) need survive (ZFS: metaslab_df_free_pct and
+            // metaslab_df_alloc_threshold). Cursor fits alone ate every 16 KiB range of a
+            // nearly full pool with 4 KiB blocks, and the next sync could not place its
+            // indirect blocks.
+            let unit = 1 << self.ashift;
+            let tight = space.free.total_bytes()
+                < (space.data_end - space.data_start) / 100 * BEST_FIT_FREE_PCT
+                || space.free.largest() < BEST_FIT_LARGEST_BYTES;
+            let found = if tight {
+                space.free.best_fit(asize, unit)
+            } else {
+                space.free.first_fit(asize, unit, space.cursor)
+            };
+            if let Some(at) = found {
                 space.free.remove(at, asize);
                 space.cursor = at + asize;
                 if vdev == self.rotor {
@@ -360,7 +392,7 @@ impl Allocator {
                     map.ashift
                 )));
             }
-            let mut free = RangeTree::default();
+            let mut free = RangeTree::with_large_min(METADATA_BLOCK_BYTES_MAX);
             let mut claimed = RangeTree::default();
             for &(s, l) in &map.free {
                 if s < *start || s.saturating_add(l) > *end || !free.try_insert(s, l) {

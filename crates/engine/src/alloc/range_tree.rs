@@ -4,17 +4,36 @@
 //! allocation: a programmer's bug that would corrupt data, so it is asserted (STYLE.md §5).
 //! Ranges read from disk go through [`RangeTree::try_insert`] instead, which reports overlap
 //! as an error.
+//!
+//! Ranges are indexed by start and by size (ZFS keeps both trees too): the allocator fits
+//! near its cursor while space is plentiful and takes the smallest range that fits once it is
+//! not ([`RangeTree::best_fit`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RangeTree {
     /// start -> end (exclusive)
     ranges: BTreeMap<u64, u64>,
+    /// (length, start) of every range.
+    by_size: BTreeSet<(u64, u64)>,
     total: u64,
+    /// Ranges at least this long count in `large`.
+    large_min: u64,
+    large: u64,
 }
 
 impl RangeTree {
+    /// An empty tree that also keeps the total of its ranges at least `large_min` long.
+    pub fn with_large_min(large_min: u64) -> RangeTree {
+        RangeTree { large_min, ..RangeTree::default() }
+    }
+
+    /// Bytes in ranges at least `large_min` long (see [`RangeTree::with_large_min`]).
+    pub fn large_bytes(&self) -> u64 {
+        self.large
+    }
+
     pub fn total_bytes(&self) -> u64 {
         self.total
     }
@@ -29,6 +48,23 @@ impl RangeTree {
 
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.ranges.iter().map(|(&start, &end)| (start, end - start))
+    }
+
+    fn add_range(&mut self, start: u64, end: u64) {
+        self.ranges.insert(start, end);
+        self.by_size.insert((end - start, start));
+        if end - start >= self.large_min {
+            self.large += end - start;
+        }
+    }
+
+    fn drop_range(&mut self, start: u64) {
+        if let Some(end) = self.ranges.remove(&start) {
+            self.by_size.remove(&(end - start, start));
+            if end - start >= self.large_min {
+                self.large -= end - start;
+            }
+        }
     }
 
     fn overlaps(&self, start: u64, end: u64) -> bool {
@@ -46,14 +82,14 @@ impl RangeTree {
         if let Some((&s, &e)) = self.ranges.range(..start).next_back() {
             if e == start {
                 new_start = s;
-                self.ranges.remove(&s);
+                self.drop_range(s);
             }
         }
         if let Some(&e) = self.ranges.get(&end) {
             new_end = e;
-            self.ranges.remove(&end);
+            self.drop_range(end);
         }
-        self.ranges.insert(new_start, new_end);
+        self.add_range(new_start, new_end);
         self.total += len;
         true
     }
@@ -80,14 +116,27 @@ impl RangeTree {
             Some(found) if *found.1 >= end => found,
             _ => panic!("range tree: [{start}, +{len}) is not free (double allocation)"),
         };
-        self.ranges.remove(&s);
+        self.drop_range(s);
         if s < start {
-            self.ranges.insert(s, start);
+            self.add_range(s, start);
         }
         if end < e {
-            self.ranges.insert(end, e);
+            self.add_range(end, e);
         }
         self.total -= len;
+    }
+
+    /// The start of the smallest range that holds `len` bytes at an `align`ed start.
+    pub fn best_fit(&self, len: u64, align: u64) -> Option<u64> {
+        self.by_size.range((len, 0)..).find_map(|&(size, start)| {
+            let at = start.div_ceil(align) * align;
+            (at + len <= start + size).then_some(at)
+        })
+    }
+
+    /// Length of the largest range (0 when empty).
+    pub fn largest(&self) -> u64 {
+        self.by_size.last().map_or(0, |&(size, _)| size)
     }
 
     /// The first range start at or after `cursor` (wrapping once) with room for `len` bytes
@@ -141,7 +190,7 @@ mod tests {
         /// and the total matches the model after any sequence.
         #[test]
         fn matches_a_bitmap(ops in proptest::collection::vec((any::<bool>(), 0u64..64, 1u64..8), 1..200)) {
-            let mut tree = RangeTree::default();
+            let mut tree = RangeTree::with_large_min(2048);
             tree.insert(0, 64 * 512);
             let mut free = [true; 64];
             for (allocate, at, n) in ops {
@@ -159,6 +208,23 @@ mod tests {
                     prop_assert_eq!(tree.try_insert(at * 512, n * 512), false);
                 }
                 prop_assert_eq!(tree.total_bytes(), free.iter().filter(|f| **f).count() as u64 * 512);
+                // The size index agrees with the model's runs of free sectors.
+                let mut runs = Vec::new();
+                let mut i = 0;
+                while i < 64 {
+                    if free[i] {
+                        let start = i;
+                        while i < 64 && free[i] { i += 1; }
+                        runs.push(((i - start) as u64 * 512, start as u64 * 512));
+                    }
+                    i += 1;
+                }
+                prop_assert_eq!(tree.largest(), runs.iter().map(|r| r.0).max().unwrap_or(0));
+                prop_assert_eq!(tree.large_bytes(), runs.iter().map(|r| r.0).filter(|&l| l >= 2048).sum::<u64>());
+                for want in [512u64, 2048, 4096] {
+                    let smallest = runs.iter().filter(|r| r.0 >= want).min().map(|r| r.1);
+                    prop_assert_eq!(tree.best_fit(want, 512), smallest);
+                }
             }
         }
     }

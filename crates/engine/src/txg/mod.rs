@@ -230,6 +230,14 @@ struct State {
     space_maps: Vec<Vec<BlockPointer>>,
     directory: Option<BlockPointer>,
     dirty_bytes: u64,
+    /// Indirect blocks the open txg will rewrite, estimated: the path to the root for each
+    /// group of `INDIRECT_BPS` blocks it dirtied.
+    dirty_metadata_bytes: u64,
+    /// What the syncing txg will allocate (its dirty data and metadata at quiesce), until its
+    /// sync ends: admission counts it, since its blocks are not allocated yet.
+    syncing_bytes: u64,
+    /// The metadata part of `syncing_bytes`.
+    syncing_metadata_bytes: u64,
     /// Trees of destroyed volumes, freed by the next sync: (root, levels).
     destroyed: Vec<(BlockPointer, u8)>,
     /// Log blocks of retired chains (destroyed volumes, replayed or failed logs), freed by the
@@ -347,6 +355,9 @@ impl Store {
             space_maps: vec![Vec::new(); vdevs],
             directory: None,
             dirty_bytes: 0,
+            dirty_metadata_bytes: 0,
+            syncing_bytes: 0,
+            syncing_metadata_bytes: 0,
             destroyed: Vec::new(),
             retired_log: Vec::new(),
         };
@@ -485,6 +496,9 @@ impl Store {
             space_maps: directory.space_maps.clone(),
             directory: Some(root),
             dirty_bytes: 0,
+            dirty_metadata_bytes: 0,
+            syncing_bytes: 0,
+            syncing_metadata_bytes: 0,
             destroyed: Vec::new(),
             retired_log: Vec::new(),
         };
@@ -955,21 +969,33 @@ impl Store {
             return Ok(self.volume_log(volume)?.map_or(0, |log| log.last_record()));
         }
         let bs = u64::from(entry.block_bytes);
-        // Refuse what could not be synced: new dirty data beyond the free space above the slop.
-        // Space that is only in flight (dirty data about to replace old blocks, frees waiting
-        // out their deferral) comes back as txgs sync: wait for it, as ZFS does, before
-        // saying no. After the deferral window has passed, what is still missing is missing.
+        // Refuse what could not be synced: new dirty data beyond the free space above the slop,
+        // after what the open and syncing txgs will allocate (their data and an estimate of
+        // their indirect blocks; counting data alone let random 4 KiB overwrites of a nearly
+        // full pool spend the slop on indirect blocks and fail a sync). Space that is only in
+        // flight (dirty data about to replace old blocks, frees waiting out their deferral)
+        // comes back as txgs sync: wait for it, as ZFS does, before saying no. After the
+        // deferral window has passed, what is still missing is missing. The indirect blocks
+        // need whole free ranges of their size, which a pool full of 4 KiB holes lacks even
+        // with bytes to spare, so their estimate is also checked against the free space in
+        // ranges that can hold them, less part of the slop (space maps, the directory).
         if apply == Apply::Live && data.is_some() {
             let mut waited = 0;
             loop {
                 // One lock at a time: the lock order is state -> allocator.
-                let dirty = self.state.lock().dirty_bytes;
-                let (usable, deferred) = {
-                    let allocator = self.allocator.lock();
-                    let usable = allocator.free_bytes().saturating_sub(allocator.slop_bytes());
-                    (usable, allocator.deferred_bytes())
+                let (dirty, metadata) = {
+                    let state = self.state.lock();
+                    let metadata = state.dirty_metadata_bytes + state.syncing_metadata_bytes;
+                    (state.dirty_bytes + state.dirty_metadata_bytes + state.syncing_bytes, metadata)
                 };
-                if dirty.saturating_add(len) <= usable {
+                let (usable, room, deferred) = {
+                    let allocator = self.allocator.lock();
+                    let slop = allocator.slop_bytes();
+                    let usable = allocator.free_bytes().saturating_sub(slop);
+                    let room = allocator.metadata_room_bytes().saturating_sub(slop / 4);
+                    (usable, room, allocator.deferred_bytes())
+                };
+                if dirty.saturating_add(len) <= usable && metadata <= room {
                     break;
                 }
                 if waited > crate::alloc::FREE_DEFER_TXGS || (dirty == 0 && deferred == 0) {
@@ -1014,6 +1040,13 @@ impl Store {
             let open_txg = state.open_txg;
             let v = state.volumes.get_mut(volume).ok_or_else(|| self.no_such_volume(volume))?;
             let mut added = 0u64;
+            // Groups of blocks under one level-1 indirect block that had nothing dirty yet:
+            // each will rewrite its path to the root.
+            let metadata_per_group = u64::from(v.entry.levels) * objset::INDIRECT_BYTES as u64;
+            let group = objset::INDIRECT_BPS;
+            let new_groups = (first / group..=last / group)
+                .filter(|g| v.open.range(g * group..(g + 1) * group).next().is_none())
+                .count() as u64;
             // A lone request keeps its patches for later: it is answered without a read, and
             // the sync reads the blocks. With other requests in flight, or under write
             // pressure, the writer completes its own patches now (below), as before patches
@@ -1087,6 +1120,7 @@ impl Store {
                 }
             };
             state.dirty_bytes += added;
+            state.dirty_metadata_bytes += new_groups * metadata_per_group;
             (sequence, resolve_now)
         };
         for index in resolve_now {
@@ -1313,6 +1347,13 @@ impl Store {
     ) -> Result<u64, StoreError> {
         self.check_live()?;
         let result = self.sync_locked().await;
+        // Synced, the txg's blocks are allocated (and counted as such); failed, the store is
+        // suspended.
+        {
+            let mut state = self.state.lock();
+            state.syncing_bytes = 0;
+            state.syncing_metadata_bytes = 0;
+        }
         if let Err(error) = &result {
             *self.suspend_cause.lock() = Some(error.to_string());
             self.suspended.store(true, Ordering::Relaxed);
@@ -1328,7 +1369,10 @@ impl Store {
             let mut state = self.state.lock();
             let txg = state.open_txg;
             state.open_txg += 1;
+            state.syncing_bytes = state.dirty_bytes + state.dirty_metadata_bytes;
+            state.syncing_metadata_bytes = state.dirty_metadata_bytes;
             state.dirty_bytes = 0;
+            state.dirty_metadata_bytes = 0;
             let mut work = Vec::new();
             for volume in state.volumes.values_mut() {
                 volume.syncing = std::mem::take(&mut volume.open);
