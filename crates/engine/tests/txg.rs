@@ -420,7 +420,8 @@ fn fragmented_pool_syncs_and_imports() {
 
 /// A txg's blocks, written by the client at random offsets, reach the disk in spans: a few
 /// device writes per leg instead of one per block. Each block still has its own pointer: all
-/// read back, after an import too, and scrub checks every one against its own checksum.
+/// read back, after an import too, and scrub checks every one against its own checksum. The
+/// indirect blocks written stay cached for the next txg.
 #[test]
 fn random_writes_reach_the_disk_in_spans() {
     let sim = Sim::new(5);
@@ -457,6 +458,14 @@ fn random_writes_reach_the_disk_in_spans() {
             // every block was written on its own.
             let writes = leg.stats().writes - before;
             assert!(writes <= 24, "{writes} device writes for {blocks} blocks");
+        }
+        // The indirect blocks just written are cached: the next txg rewrites them without
+        // reading any back.
+        let reads: Vec<u64> = legs.iter().map(|leg| leg.stats().reads).collect();
+        store.write("v", 77 * 4096, &pattern(77)).await.unwrap();
+        store.sync().await.unwrap();
+        for (leg, before) in legs.iter().zip(reads) {
+            assert_eq!(leg.stats().reads, before, "the sync read indirect blocks back");
         }
         let scrubbed = store.pool().scrub().await.unwrap();
         assert!(scrubbed.errors == 0 && scrubbed.blocks > blocks, "{scrubbed:?}");
