@@ -12,6 +12,7 @@
 mod buf;
 mod file;
 pub mod sim;
+mod uring;
 
 use std::io;
 use std::path::PathBuf;
