@@ -74,10 +74,30 @@ impl Default for FileDeviceOptions {
 }
 
 enum Job {
-    Read { offset: u64, len: u32, done: oneshot::Sender<Result<AlignedBuf, DeviceError>> },
-    Write { offset: u64, data: SharedBuf, done: oneshot::Sender<Result<(), DeviceError>> },
-    Flush { done: oneshot::Sender<Result<(), DeviceError>> },
-    Discard { offset: u64, len: u64, done: oneshot::Sender<Result<(), DeviceError>> },
+    Read {
+        offset: u64,
+        len: u32,
+        done: oneshot::Sender<Result<AlignedBuf, DeviceError>>,
+    },
+    Write {
+        offset: u64,
+        data: SharedBuf,
+        done: oneshot::Sender<Result<(), DeviceError>>,
+    },
+    Flush {
+        done: oneshot::Sender<Result<(), DeviceError>>,
+    },
+    /// A write, then a flush, on one thread: one trip instead of two.
+    WriteFlush {
+        offset: u64,
+        data: SharedBuf,
+        done: oneshot::Sender<Result<(), DeviceError>>,
+    },
+    Discard {
+        offset: u64,
+        len: u64,
+        done: oneshot::Sender<Result<(), DeviceError>>,
+    },
 }
 
 pub(super) struct Inner {
@@ -312,6 +332,22 @@ impl BlockDevice for FileDevice {
         self.submit(DeviceOp::Flush, 0, 0, |done| Job::Flush { done })
     }
 
+    fn write_durable_at(
+        &self,
+        offset: u64,
+        data: SharedBuf,
+    ) -> Option<BoxFuture<Result<(), DeviceError>>> {
+        let len = u64::from(data.len_bytes());
+        if let Err(error) = self.check(DeviceOp::Write, offset, len) {
+            return Some(async move { Err(error) }.boxed());
+        }
+        Some(self.submit(DeviceOp::Write, offset, len, |done| Job::WriteFlush {
+            offset,
+            data,
+            done,
+        }))
+    }
+
     fn discard(&self, offset: u64, len: u64) -> BoxFuture<Result<(), DeviceError>> {
         if let Err(error) = self.check(DeviceOp::Discard, offset, len) {
             return async move { Err(error) }.boxed();
@@ -339,6 +375,12 @@ fn io_thread(inner: &Inner, receiver: &std::sync::Mutex<Receiver<Job>>) {
             Job::Flush { done } => {
                 let result = inner.buffered.sync_data();
                 let _ = done.send(result.map_err(|e| inner.error(DeviceOp::Flush, 0, 0, e)));
+            }
+            Job::WriteFlush { offset, data, done } => {
+                let result = inner.write(offset, &data).and_then(|()| {
+                    inner.buffered.sync_data().map_err(|e| inner.error(DeviceOp::Flush, 0, 0, e))
+                });
+                let _ = done.send(result);
             }
             Job::Discard { offset, len, done } => {
                 let _ = done.send(inner.discard(offset, len));
@@ -586,6 +628,13 @@ mod tests {
         block_on(device.flush()).unwrap();
         assert_eq!(&block_on(device.read_at(4096, 8192)).unwrap()[..], &aligned[..]);
         assert_eq!(&block_on(device.read_at(512, 1536)).unwrap()[..], &small[..]);
+        // A write and its flush in one trip (intent-log blocks); out of range is still refused.
+        let durable = pattern(4096, 3);
+        let fused = device.write_durable_at(65536, SharedBuf::copy_from(&durable)).unwrap();
+        block_on(fused).unwrap();
+        assert_eq!(&block_on(device.read_at(65536, 4096)).unwrap()[..], &durable[..]);
+        let outside = device.write_durable_at(1 << 20, SharedBuf::copy_from(&durable)).unwrap();
+        assert!(matches!(block_on(outside), Err(DeviceError::OutOfRange { .. })));
     }
 
     #[test]

@@ -115,6 +115,15 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn write_at(&self, offset_bytes: u64, data: SharedBuf) -> BoxFuture<Result<(), DeviceError>>;
     /// Makes every completed write durable.
     fn flush(&self) -> BoxFuture<Result<(), DeviceError>>;
+    /// Writes and then flushes in one trip to the device, where it has such a path (`None`:
+    /// the caller writes, then flushes). An intent-log block is written this way.
+    fn write_durable_at(
+        &self,
+        _offset_bytes: u64,
+        _data: SharedBuf,
+    ) -> Option<BoxFuture<Result<(), DeviceError>>> {
+        None
+    }
     /// Tells the device the range is unused; later reads may return zeros or old data.
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> BoxFuture<Result<(), DeviceError>>;
 }

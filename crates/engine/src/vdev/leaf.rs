@@ -32,7 +32,8 @@ use crate::tunables::{IoClass, Tunable, Tunables};
 #[derive(Debug)]
 enum Waiter {
     Read(oneshot::Sender<Result<AlignedBuf, VdevError>>),
-    Write(SharedBuf, oneshot::Sender<Result<(), VdevError>>),
+    /// Data, whether the write must be flushed before it is answered, and who to tell.
+    Write(SharedBuf, bool, oneshot::Sender<Result<(), VdevError>>),
 }
 
 /// A leaf vdev.
@@ -169,6 +170,28 @@ impl Leaf {
         data: SharedBuf,
         class: IoClass,
     ) -> Result<(), VdevError> {
+        self.write_flushed(offset, data, class, false).await
+    }
+
+    /// Writes, then flushes this leaf before answering: in one trip to the device where it can
+    /// (an intent-log block: the write and its flush used to be two trips through the I/O
+    /// thread and the runtime).
+    pub async fn write_durable(
+        self: &Arc<Self>,
+        offset: u64,
+        data: SharedBuf,
+        class: IoClass,
+    ) -> Result<(), VdevError> {
+        self.write_flushed(offset, data, class, true).await
+    }
+
+    async fn write_flushed(
+        self: &Arc<Self>,
+        offset: u64,
+        data: SharedBuf,
+        class: IoClass,
+        durable: bool,
+    ) -> Result<(), VdevError> {
         let (done, wait) = oneshot::channel();
         let len = u64::from(data.len_bytes());
         self.enqueue(QueuedIo {
@@ -176,7 +199,7 @@ impl Leaf {
             direction: Direction::Write,
             offset,
             len,
-            payload: (Waiter::Write(data, done), self.env.now()),
+            payload: (Waiter::Write(data, durable, done), self.env.now()),
         });
         let result = wait.await.unwrap_or_else(|_| Err(self.gone()));
         match &result {
@@ -277,23 +300,41 @@ impl Leaf {
             Direction::Write => {
                 let data = if issue.members.len() == 1 {
                     match &issue.members[0].payload.0 {
-                        Waiter::Write(data, _) => data.clone(),
+                        Waiter::Write(data, _, _) => data.clone(),
                         Waiter::Read(_) => unreachable!("write command with a read member"),
                     }
                 } else {
                     let mut joined = AlignedBuf::zeroed(issue.len as usize);
                     for member in &issue.members {
-                        if let Waiter::Write(data, _) = &member.payload.0 {
+                        if let Waiter::Write(data, _, _) = &member.payload.0 {
                             let at = (member.offset - issue.offset) as usize;
                             joined[at..at + data.len()].copy_from_slice(data);
                         }
                     }
                     joined.into_shared()
                 };
-                let result = self.device.write_at(issue.offset, data).await;
+                // A flush after the command covers every member that asked for one.
+                let durable =
+                    issue.members.iter().any(|m| matches!(m.payload.0, Waiter::Write(_, true, _)));
+                let result = if !durable {
+                    self.device.write_at(issue.offset, data).await
+                } else {
+                    self.stats.flushes.inc();
+                    let result = match self.device.write_durable_at(issue.offset, data.clone()) {
+                        Some(fused) => fused.await,
+                        None => match self.device.write_at(issue.offset, data).await {
+                            Ok(()) => self.device.flush().await,
+                            Err(e) => Err(e),
+                        },
+                    };
+                    if result.is_err() {
+                        self.stats.flush_errors.inc();
+                    }
+                    result
+                };
                 self.finish(queue, class, &ends, issue.len);
                 for member in issue.members {
-                    let (Waiter::Write(_, done), started) = member.payload else { continue };
+                    let (Waiter::Write(_, _, done), started) = member.payload else { continue };
                     self.stats.latency[member.class.index()].record(self.env.now().since(started));
                     let _ = done.send(
                         result

@@ -258,6 +258,19 @@ impl Mirror {
         self.any_succeeded(results, "write", offset, u64::from(data.len_bytes()))
     }
 
+    /// As [`Mirror::write`], each child flushing its copy before it answers.
+    pub async fn write_durable(
+        &self,
+        offset: u64,
+        data: SharedBuf,
+        class: IoClass,
+    ) -> Result<(), VdevError> {
+        let writes =
+            self.children.iter().map(|child| child.write_durable(offset, data.clone(), class));
+        let results = join_all(writes).await;
+        self.any_succeeded(results, "write", offset, u64::from(data.len_bytes()))
+    }
+
     /// Flushes every child; succeeds when at least one child flushed.
     pub async fn flush(&self) -> Result<(), VdevError> {
         let results = join_all(self.children.iter().map(|child| child.flush())).await;

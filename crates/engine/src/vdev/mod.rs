@@ -169,6 +169,19 @@ impl Vdev {
         }
     }
 
+    /// Writes and flushes what was written before answering.
+    pub async fn write_durable(
+        &self,
+        offset: u64,
+        data: SharedBuf,
+        class: IoClass,
+    ) -> Result<(), VdevError> {
+        match self {
+            Vdev::Leaf(leaf) => leaf.write_durable(offset, data, class).await,
+            Vdev::Mirror(mirror) => mirror.write_durable(offset, data, class).await,
+        }
+    }
+
     /// Checks every copy of a block on this vdev and repairs what it can.
     pub async fn scrub(
         &self,
@@ -264,6 +277,16 @@ impl Root {
 
     pub async fn write(&self, dva: Dva, data: SharedBuf, class: IoClass) -> Result<(), VdevError> {
         self.vdev(dva)?.write(dva.offset_bytes, data, class).await
+    }
+
+    /// Writes and flushes the copy at `dva` (every mirror child) before answering.
+    pub async fn write_durable(
+        &self,
+        dva: Dva,
+        data: SharedBuf,
+        class: IoClass,
+    ) -> Result<(), VdevError> {
+        self.vdev(dva)?.write_durable(dva.offset_bytes, data, class).await
     }
 
     /// Flushes every top-level vdev; fails if any top-level vdev could not flush at all.
