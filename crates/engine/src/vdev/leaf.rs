@@ -173,19 +173,10 @@ impl Leaf {
         self.write_flushed(offset, data, class, false).await
     }
 
-    /// Writes, then flushes this leaf before answering: in one trip to the device where it can
-    /// (an intent-log block: the write and its flush used to be two trips through the I/O
-    /// thread and the runtime).
-    pub async fn write_durable(
-        self: &Arc<Self>,
-        offset: u64,
-        data: SharedBuf,
-        class: IoClass,
-    ) -> Result<(), VdevError> {
-        self.write_flushed(offset, data, class, true).await
-    }
-
-    async fn write_flushed(
+    /// Writes, and when `durable` flushes this leaf before answering: in one trip to the
+    /// device where it can (an intent-log block: the write and its flush used to be two trips
+    /// through the I/O thread and the runtime).
+    pub async fn write_flushed(
         self: &Arc<Self>,
         offset: u64,
         data: SharedBuf,

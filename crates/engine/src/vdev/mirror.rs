@@ -253,20 +253,21 @@ impl Mirror {
         data: SharedBuf,
         class: IoClass,
     ) -> Result<(), VdevError> {
-        let writes = self.children.iter().map(|child| child.write(offset, data.clone(), class));
-        let results = join_all(writes).await;
-        self.any_succeeded(results, "write", offset, u64::from(data.len_bytes()))
+        self.write_flushed(offset, data, class, false).await
     }
 
-    /// As [`Mirror::write`], each child flushing its copy before it answers.
-    pub async fn write_durable(
+    /// As [`Mirror::write`], each child flushing its copy before it answers when `durable`.
+    pub async fn write_flushed(
         &self,
         offset: u64,
         data: SharedBuf,
         class: IoClass,
+        durable: bool,
     ) -> Result<(), VdevError> {
-        let writes =
-            self.children.iter().map(|child| child.write_durable(offset, data.clone(), class));
+        let writes = self
+            .children
+            .iter()
+            .map(|child| child.write_flushed(offset, data.clone(), class, durable));
         let results = join_all(writes).await;
         self.any_succeeded(results, "write", offset, u64::from(data.len_bytes()))
     }

@@ -157,28 +157,17 @@ impl Vdev {
         }
     }
 
+    /// Writes, and when `durable` flushes what was written before answering.
     pub async fn write(
         &self,
         offset: u64,
         data: SharedBuf,
         class: IoClass,
+        durable: bool,
     ) -> Result<(), VdevError> {
         match self {
-            Vdev::Leaf(leaf) => leaf.write(offset, data, class).await,
-            Vdev::Mirror(mirror) => mirror.write(offset, data, class).await,
-        }
-    }
-
-    /// Writes and flushes what was written before answering.
-    pub async fn write_durable(
-        &self,
-        offset: u64,
-        data: SharedBuf,
-        class: IoClass,
-    ) -> Result<(), VdevError> {
-        match self {
-            Vdev::Leaf(leaf) => leaf.write_durable(offset, data, class).await,
-            Vdev::Mirror(mirror) => mirror.write_durable(offset, data, class).await,
+            Vdev::Leaf(leaf) => leaf.write_flushed(offset, data, class, durable).await,
+            Vdev::Mirror(mirror) => mirror.write_flushed(offset, data, class, durable).await,
         }
     }
 
@@ -276,7 +265,7 @@ impl Root {
     }
 
     pub async fn write(&self, dva: Dva, data: SharedBuf, class: IoClass) -> Result<(), VdevError> {
-        self.vdev(dva)?.write(dva.offset_bytes, data, class).await
+        self.vdev(dva)?.write(dva.offset_bytes, data, class, false).await
     }
 
     /// Writes and flushes the copy at `dva` (every mirror child) before answering.
@@ -286,7 +275,7 @@ impl Root {
         data: SharedBuf,
         class: IoClass,
     ) -> Result<(), VdevError> {
-        self.vdev(dva)?.write_durable(dva.offset_bytes, data, class).await
+        self.vdev(dva)?.write(dva.offset_bytes, data, class, true).await
     }
 
     /// Flushes every top-level vdev; fails if any top-level vdev could not flush at all.
