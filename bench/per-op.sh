@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# What one client operation costs the server: IOPS, server CPU, context switches and disk
+# commands per operation, for one fio job against sluice or qemu-nbd on a fresh image.
+#
+# Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|randread] [JOBS] [--bin PATH]
+#        [--block-size 4K] [--seconds N] [--disk vda]
+#   syncwrite: 4 KiB random writes, each followed by a flush, JOBS jobs at queue depth 1
+#   randread:  4 KiB random reads at queue depth 32
+# The image is a 1 GiB volume (sluice: in a 3 GiB zeroed leaf; qemu-nbd: a 1.5 GiB zeroed raw
+# file, cache=none, aio=native) written sequentially first, as bench/peers.sh does. Disk
+# commands come from /proc/diskstats of --disk (the device under the data directory), so run
+# nothing else meanwhile. Needs fio, qemu-utils, python3; builds nothing.
+set -euo pipefail
+
+target=${1:-sluice}; job=${2:-syncwrite}; jobs=${3:-32}
+shift $(( $# < 3 ? $# : 3 ))
+bin=target/release/sluice; block=""; seconds=6; disk=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --bin) bin=$2; shift 2 ;;
+    --block-size) block=$2; shift 2 ;;
+    --seconds) seconds=$2; shift 2 ;;
+    --disk) disk=$2; shift 2 ;;
+    *) echo "per-op: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+dir=$(mktemp -d "${TMPDIR:-/tmp}/per-op.XXXXXX")
+if [ -z "$disk" ]; then
+  disk=$(lsblk -no PKNAME "$(df --output=source "$dir" | tail -1)" 2>/dev/null || true)
+  disk=${disk:-$(basename "$(df --output=source "$dir" | tail -1)")}
+fi
+pid=""
+cleanup() { [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; rm -rf "$dir"; }
+trap cleanup EXIT
+
+case $target in
+  sluice)
+    export SLUICE_CACHE_FILE=$dir/pools
+    dd if=/dev/zero of="$dir/leaf.img" bs=1M count=3072 oflag=direct status=none
+    "$bin" pool create perop "$dir/leaf.img" >/dev/null
+    "$bin" vol create perop/disk --size 1536M ${block:+--block-size "$block"} >/dev/null
+    "$bin" serve perop --socket "$dir/s.sock" --listen none --dir "$dir" 2>"$dir/serve.log" &
+    pid=$! ;;
+  qemu-nbd)
+    dd if=/dev/zero of="$dir/q.img" bs=1M count=1536 oflag=direct status=none
+    qemu-nbd -f raw --cache=none --aio=native -e 64 -t -k "$dir/s.sock" -x disk "$dir/q.img" &
+    pid=$! ;;
+  *) echo "per-op: target is sluice or qemu-nbd" >&2; exit 2 ;;
+esac
+for _ in $(seq 1 100); do [ -S "$dir/s.sock" ] && break; sleep 0.1; done
+uri="nbd+unix:///disk?socket=$dir/s.sock"
+fio --name=prefill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size=1G >/dev/null 2>&1
+case $job in
+  syncwrite) args=(--rw=randwrite --fsync=1 --numjobs="$jobs" --iodepth=1) ;;
+  randread) args=(--rw=randread --iodepth=32) ;;
+  *) echo "per-op: job is syncwrite or randread" >&2; exit 2 ;;
+esac
+sample() {
+  local cpu switches disk_io
+  cpu=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+  switches=$(cat /proc/"$pid"/task/*/status | awk '/ctxt_switches/ {s += $2} END {print s}')
+  disk_io=$(awk -v d="$disk" '$3 == d {print $4, $8, $20}' /proc/diskstats)
+  echo "$cpu $switches ${disk_io:-0 0 0}"
+}
+before=$(sample)
+fio --name=op --ioengine=nbd --uri="$uri" --bs=4k --size=1G --runtime="$seconds" --time_based \
+  --group_reporting --output-format=json "${args[@]}" 2>/dev/null | grep -v '^fio: ' >"$dir/fio.json"
+after=$(sample)
+/usr/bin/python3 - "$dir/fio.json" "$seconds" "$before" "$after" "$target" "$job" "$jobs" "${block:-default}" <<'PY'
+import json, os, sys
+path, seconds, before, after, target, job, jobs, block = sys.argv[1:]
+j = json.load(open(path))["jobs"][0]
+iops = j["write" if "write" in job else "read"]["iops"]
+ops = iops * float(seconds)
+b = [float(x) for x in before.split()]; a = [float(x) for x in after.split()]
+tick = os.sysconf("SC_CLK_TCK")
+print(f"{target} {job} jobs={jobs} block={block}: {iops:,.0f} IOPS; server CPU {(a[0]-b[0])/tick/ops*1e6:.0f} us/op; "
+      f"context switches {(a[1]-b[1])/ops:.2f}/op; disk reads {(a[2]-b[2])/ops:.2f}/op, "
+      f"writes {(a[3]-b[3])/ops:.2f}/op, flushes {(a[4]-b[4])/ops:.3f}/op")
+PY
