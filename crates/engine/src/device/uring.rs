@@ -36,6 +36,9 @@ use super::{AlignedBuf, DeviceError, DeviceOp, SharedBuf};
 const RING_ENTRIES: u32 = 256;
 /// The user data of the entry that tells the completion thread to stop.
 const STOP: u64 = u64::MAX;
+/// Tries at a full submission queue before an operation is failed instead (each try submits
+/// and yields, so the completion thread can drain the ring meanwhile).
+const PUSH_ATTEMPTS_MAX: u32 = 100_000;
 
 type Done<T> = oneshot::Sender<Result<T, DeviceError>>;
 
@@ -50,12 +53,15 @@ pub(super) struct Uring {
     ring: IoUring,
     /// Serializes access to the submission queue (the crate's shared access needs it).
     submit: Mutex<()>,
-    pending: Mutex<(u64, HashMap<u64, Op>)>,
+    /// Next key, and the operations the kernel holds by key; `None` once the ring has failed
+    /// (every later operation is answered with an error at once instead of waiting forever).
+    pending: Mutex<Option<(u64, HashMap<u64, Op>)>>,
 }
 
 impl std::fmt::Debug for Uring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Uring").field("pending", &self.pending.lock().1.len()).finish()
+        let pending = self.pending.lock().as_ref().map(|p| p.1.len());
+        f.debug_struct("Uring").field("pending", &pending).finish()
     }
 }
 
@@ -69,7 +75,7 @@ impl Uring {
         let uring = Arc::new(Uring {
             ring,
             submit: Mutex::new(()),
-            pending: Mutex::new((0, HashMap::new())),
+            pending: Mutex::new(Some((0, HashMap::new()))),
         });
         // A first operation proves the kernel accepts submissions (a seccomp profile may allow
         // setup and refuse enter).
@@ -85,7 +91,7 @@ impl Uring {
         let mut buf = AlignedBuf::zeroed(len as usize);
         let fd = inner.fd_for(offset, buf.len(), buf.as_ptr());
         let entry = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len).offset(offset).build();
-        self.push(entry, Op::Read { offset, buf, done });
+        self.push(inner, entry, Op::Read { offset, buf, done });
     }
 
     pub(super) fn write(&self, inner: &Inner, offset: u64, data: SharedBuf, done: Done<()>) {
@@ -93,28 +99,41 @@ impl Uring {
         let entry = opcode::Write::new(types::Fd(fd), data.as_ptr(), data.len_bytes())
             .offset(offset)
             .build();
-        self.push(entry, Op::Write { offset, data, done });
+        self.push(inner, entry, Op::Write { offset, data, done });
     }
 
     /// Tells the completion thread to stop once nothing is pending.
     pub(super) fn stop(&self) {
-        self.push_entry(opcode::Nop::new().build().user_data(STOP));
+        // Refused only by a ring that has already failed, whose completion thread has ended.
+        let _ = self.push_entry(opcode::Nop::new().build().user_data(STOP));
     }
 
-    fn push(&self, entry: io_uring::squeue::Entry, op: Op) {
+    fn push(&self, inner: &Inner, entry: io_uring::squeue::Entry, op: Op) {
         let key = {
-            let mut pending = self.pending.lock();
+            let mut guard = self.pending.lock();
+            let Some(pending) = guard.as_mut() else {
+                drop(guard);
+                let error = io::Error::other("the device's io_uring failed earlier");
+                return fail(inner, op, &error, false);
+            };
             let key = pending.0;
             pending.0 += 1;
             pending.1.insert(key, op);
             key
         };
-        self.push_entry(entry.user_data(key));
+        if let Err(error) = self.push_entry(entry.user_data(key)) {
+            let op = self.pending.lock().as_mut().and_then(|p| p.1.remove(&key));
+            if let Some(op) = op {
+                fail(inner, op, &error, false);
+            }
+        }
     }
 
-    fn push_entry(&self, entry: io_uring::squeue::Entry) {
+    /// Queues an entry and submits it; gives up when the queue stays full, which only a ring
+    /// whose completions stopped can cause.
+    fn push_entry(&self, entry: io_uring::squeue::Entry) -> io::Result<()> {
         let _one_at_a_time = self.submit.lock();
-        loop {
+        for _ in 0..PUSH_ATTEMPTS_MAX {
             // SAFETY: `submit` is held, so no other SubmissionQueue exists. The entry's buffer
             // (if any) is owned by the pending-op table until its completion is reaped.
             let pushed = unsafe { self.ring.submission_shared().push(&entry) };
@@ -130,15 +149,16 @@ impl Uring {
                 Err(_) => {}
             }
             if pushed.is_ok() {
-                return;
+                return Ok(());
             }
         }
+        Err(io::Error::other("the device's io_uring submission queue stayed full"))
     }
 
     fn complete_forever(&self, inner: &Inner) {
         let mut stopping = false;
         loop {
-            if stopping && self.pending.lock().1.is_empty() {
+            if stopping && self.pending.lock().as_ref().is_none_or(|p| p.1.is_empty()) {
                 return;
             }
             if let Err(e) = self.ring.submitter().submit_and_wait(1) {
@@ -157,26 +177,41 @@ impl Uring {
                     stopping = true;
                     continue;
                 }
-                let Some(op) = self.pending.lock().1.remove(&key) else { continue };
+                let op = self.pending.lock().as_mut().and_then(|p| p.1.remove(&key));
+                let Some(op) = op else { continue };
                 finish(inner, op, result);
             }
         }
     }
 
     fn fail_all(&self, inner: &Inner, error: io::Error) {
-        let ops: Vec<Op> = self.pending.lock().1.drain().map(|(_, op)| op).collect();
-        for op in ops {
-            let e = io::Error::new(error.kind(), error.to_string());
-            match op {
-                Op::Read { offset, buf, done } => {
-                    let len = buf.len() as u64;
-                    let _ = done.send(Err(inner.error(DeviceOp::Read, offset, len, e)));
-                }
-                Op::Write { offset, data, done } => {
-                    let len = data.len() as u64;
-                    let _ = done.send(Err(inner.error(DeviceOp::Write, offset, len, e)));
-                }
+        // Taken under the lock, so no operation can be added after the drain and wait forever.
+        let ops = self.pending.lock().take().map(|p| p.1).unwrap_or_default();
+        for (_, op) in ops {
+            fail(inner, op, &error, true);
+        }
+    }
+}
+
+/// Answers an operation the kernel never completed with `error`. When the kernel may still
+/// hold it (`submitted`: the ring failed with it in flight), its buffer is leaked rather than
+/// freed, since the kernel could still write into it.
+fn fail(inner: &Inner, op: Op, error: &io::Error, submitted: bool) {
+    let e = io::Error::new(error.kind(), error.to_string());
+    match op {
+        Op::Read { offset, buf, done } => {
+            let len = buf.len() as u64;
+            if submitted {
+                std::mem::forget(buf);
             }
+            let _ = done.send(Err(inner.error(DeviceOp::Read, offset, len, e)));
+        }
+        Op::Write { offset, data, done } => {
+            let len = data.len() as u64;
+            if submitted {
+                std::mem::forget(data.clone());
+            }
+            let _ = done.send(Err(inner.error(DeviceOp::Write, offset, len, e)));
         }
     }
 }
