@@ -493,7 +493,7 @@ impl Ddt {
             };
             if !same {
                 self.stats.verify_mismatches.inc();
-                return write_plain(pool, allocator, txg, &data).await;
+                return write_plain(pool, allocator, txg, data).await;
             }
             compared = true;
             stage = Stage::Verify;
@@ -761,7 +761,7 @@ impl Ddt {
         let bytes = DdtBucket { index, bucket_bits: bits, entries }
             .encode(align)
             .map_err(|source| PoolError::Format { pool: self.pool_name.clone(), source })?;
-        let bp = objset::write_data_block(ctx, &bytes, AllocClass::Reserved).await?;
+        let bp = objset::write_data_block(ctx, Arc::new(bytes), AllocClass::Reserved).await?;
         Ok((index, Some(bp)))
     }
 
@@ -808,7 +808,7 @@ async fn write_plain(
     pool: &Pool,
     allocator: &Mutex<Allocator>,
     txg: u64,
-    data: &[u8],
+    data: Arc<Vec<u8>>,
 ) -> Result<BlockPointer, PoolError> {
     let ctx = TreeUpdate { pool, allocator, txg, replaced: Vec::new() };
     objset::write_data_block(&ctx, data, AllocClass::Reserved).await

@@ -29,7 +29,7 @@ use futures::{StreamExt, TryStreamExt};
 use sluice_format::{BlockKind, BlockPointer, FormatError, BLKPTR_BYTES};
 
 use crate::alloc::{AllocClass, Allocator};
-use crate::device::{AlignedBuf, SharedBuf};
+use crate::device::AlignedBuf;
 use crate::pool::{describe_block, Pool, PoolError};
 use crate::tunables::IoClass;
 
@@ -238,21 +238,24 @@ async fn write_nodes(
     level: u8,
     chunk: Vec<Rebuilt>,
 ) -> Result<Vec<Written>, PoolError> {
-    let blocks: Vec<NewBlock> = chunk
-        .iter()
-        .filter_map(|(_, contents, _)| contents.as_ref())
-        .map(|(bytes, fill)| NewBlock {
-            bytes: Arc::new(bytes.clone()),
-            kind: BlockKind::Indirect,
-            level,
-            fill: *fill,
-        })
-        .collect();
+    let mut blocks = Vec::with_capacity(chunk.len());
+    let mut nodes = Vec::with_capacity(chunk.len());
+    for (node, contents, replaced) in chunk {
+        nodes.push((node, contents.is_some(), replaced));
+        if let Some((bytes, fill)) = contents {
+            blocks.push(NewBlock {
+                bytes: Arc::new(bytes),
+                kind: BlockKind::Indirect,
+                level,
+                fill,
+            });
+        }
+    }
     let mut written = write_blocks(&ctx, blocks, AllocClass::Reserved).await?.into_iter();
-    Ok(chunk
+    Ok(nodes
         .into_iter()
-        .map(|(node, contents, replaced)| {
-            let bp = contents.map(|_| written.next().expect("one pointer per block written"));
+        .map(|(node, stored, replaced)| {
+            let bp = stored.then(|| written.next().expect("one pointer per block written"));
             (node, bp, replaced)
         })
         .collect())
@@ -346,33 +349,21 @@ pub async fn write_blocks(
 /// Writes one data block into newly allocated space.
 pub async fn write_data_block(
     ctx: &TreeUpdate<'_>,
-    data: &[u8],
+    data: Arc<Vec<u8>>,
     class: AllocClass,
 ) -> Result<BlockPointer, PoolError> {
-    let asize = ctx.allocator.lock().asize(data.len() as u64);
-    let mut padded = AlignedBuf::zeroed(asize as usize);
-    padded[..data.len()].copy_from_slice(data);
-    write_new_block(ctx, padded, data.len() as u64, BlockKind::Data, 0, 1, class).await
+    write_block(ctx, NewBlock { bytes: data, kind: BlockKind::Data, level: 0, fill: 1 }, class)
+        .await
 }
 
-/// Allocates space for `bytes` (already whole allocation units) and writes it there: the one
-/// way new blocks of a tree reach the disk.
-async fn write_new_block(
+/// Writes one block through [`write_blocks`].
+async fn write_block(
     ctx: &TreeUpdate<'_>,
-    bytes: AlignedBuf,
-    lsize_bytes: u64,
-    kind: BlockKind,
-    level: u8,
-    fill: u64,
+    block: NewBlock,
     class: AllocClass,
 ) -> Result<BlockPointer, PoolError> {
-    let (vdev, offset, _) = ctx
-        .allocator
-        .lock()
-        .allocate(bytes.len() as u64, class, &[])
-        .map_err(|e| PoolError::NoSpace { pool: ctx.pool.name().to_owned(), source: e })?;
-    let shared: SharedBuf = bytes.into_shared();
-    ctx.pool.write_block_at(vdev, offset, shared, lsize_bytes, kind, level, fill, ctx.txg).await
+    let written = write_blocks(ctx, vec![block], class).await?;
+    Ok(written.into_iter().next().expect("one pointer per block written"))
 }
 
 /// Every block of a tree, as (level, first data block index it covers, pointer), parents
@@ -410,18 +401,11 @@ pub async fn grow_levels(
 ) -> Result<Option<BlockPointer>, PoolError> {
     for level in (from + 1)..=to {
         let Some(child) = root else { return Ok(None) };
-        let mut bytes = AlignedBuf::zeroed(INDIRECT_BYTES);
+        let mut bytes = vec![0u8; INDIRECT_BYTES];
         bytes[..BLKPTR_BYTES].copy_from_slice(&BlockPointer::encode(Some(&child)));
-        let level_bp = write_new_block(
-            ctx,
-            bytes,
-            INDIRECT_BYTES as u64,
-            BlockKind::Indirect,
-            level,
-            child.fill,
-            AllocClass::Reserved,
-        )
-        .await?;
+        let block =
+            NewBlock { bytes: Arc::new(bytes), kind: BlockKind::Indirect, level, fill: child.fill };
+        let level_bp = write_block(ctx, block, AllocClass::Reserved).await?;
         root = Some(level_bp);
     }
     Ok(root)
