@@ -391,6 +391,16 @@ pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
             human(free),
             human(capacity)
         ));
+        let cache = pool.cache();
+        let (hits, misses) = (cache.hits.get(), cache.misses.get());
+        ctx.say(format!(
+            "  block cache: {} of {} held; {} hits, {} misses ({:.0}% hits since import)",
+            human(cache.bytes()),
+            human(cache.bytes_max()),
+            hits,
+            misses,
+            100.0 * hits as f64 / (hits + misses).max(1) as f64
+        ));
         let log = store.log_stats();
         ctx.say(format!(
             "  intent log: {} commits ({} through a txg sync), {} log blocks written; at \

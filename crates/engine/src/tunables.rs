@@ -23,6 +23,11 @@ pub enum Kind {
         min: u64,
         max: u64,
     },
+    /// A byte count, or `auto` (stored as [`AUTO_BYTES`]): the engine sizes it from the machine.
+    BytesOrAuto {
+        min: u64,
+        max: u64,
+    },
     Micros {
         min: u64,
         max: u64,
@@ -53,6 +58,12 @@ macro_rules! tunable_table {
         const ALL: &[Tunable] = &[$(Tunable::$variant),*];
     };
 }
+
+/// The smallest cache `cache.bytes_max=auto` chooses.
+pub const CACHE_AUTO_BYTES_MIN: u64 = 64 << 20;
+
+/// How an `auto` byte count is stored.
+pub const AUTO_BYTES: u64 = u64::MAX;
 
 const READ_POLICIES: &[&str] = &["least-pending", "offset-modulo", "round-robin"];
 const LOG_POLICIES: &[&str] = &["pipelined", "batch"];
@@ -133,8 +144,10 @@ tunable_table! {
          dirty-data throttle bound it). A number reproduces seed 000's capped zvol dispatch \
          (old ZFS default: one per CPU; the seed's fix: 32), where committers waiting for the \
          log hold every slot and log blocks stay small.";
-    CacheBytesMax = "cache.bytes_max", Kind::Bytes { min: 0, max: 1 << 40 }, "256M",
-        "Memory for verified blocks read from the pool (indirect and data). 0 disables caching.";
+    CacheBytesMax = "cache.bytes_max", Kind::BytesOrAuto { min: 0, max: 1 << 40 }, "auto",
+        "Memory for verified blocks (indirect and data), read from the pool or written by a \
+         sync (ZFS: the ARC). auto: an eighth of the machine's memory, at least 64 MiB. 0 \
+         disables caching.";
     DedupLocking = "dedup.locking", Kind::Choice(DEDUP_LOCKING), "entry",
         "What guards a dedup entry while its block is written. entry (seed 001's after): a \
          per-entry lock covers the write's ready and done stages, so the table-wide lock is \
@@ -286,7 +299,8 @@ fn parse(def: &TunableDef, text: &str) -> Result<u64, TunableError> {
         Kind::Count { min, max } | Kind::CountOrAuto { min, max } | Kind::Micros { min, max } => {
             (number(false)?, min, max)
         }
-        Kind::Bytes { min, max } => (number(true)?, min, max),
+        Kind::BytesOrAuto { .. } if text.trim() == "auto" => return Ok(AUTO_BYTES),
+        Kind::Bytes { min, max } | Kind::BytesOrAuto { min, max } => (number(true)?, min, max),
         Kind::Choice(choices) => {
             return choices.iter().position(|c| *c == text.trim()).map(|i| i as u64).ok_or_else(
                 || TunableError::NotAChoice { name: def.name, value: text.to_owned(), choices },
@@ -357,9 +371,23 @@ impl Tunables {
         Ok(())
     }
 
-    /// True when a `CountOrAuto` tunable is set to `auto`.
+    /// True when a `CountOrAuto` or `BytesOrAuto` tunable is set to `auto`.
     pub fn is_auto(&self, tunable: Tunable) -> bool {
-        matches!(tunable.def().kind, Kind::CountOrAuto { .. }) && self.get(tunable) == 0
+        match tunable.def().kind {
+            Kind::CountOrAuto { .. } => self.get(tunable) == 0,
+            Kind::BytesOrAuto { .. } => self.get(tunable) == AUTO_BYTES,
+            _ => false,
+        }
+    }
+
+    /// The block cache's size: `cache.bytes_max`, with `auto` resolved from the machine's
+    /// memory (`memory_bytes`; `None` when it cannot be learned).
+    pub fn cache_bytes(&self, memory_bytes: Option<u64>) -> u64 {
+        if self.is_auto(Tunable::CacheBytesMax) {
+            (memory_bytes.unwrap_or(0) / 8).max(CACHE_AUTO_BYTES_MIN)
+        } else {
+            self.get(Tunable::CacheBytesMax)
+        }
     }
 
     pub fn get(&self, tunable: Tunable) -> u64 {
@@ -378,7 +406,9 @@ impl Tunables {
     pub fn display(&self, tunable: Tunable) -> String {
         match tunable.def().kind {
             Kind::Choice(_) => self.choice(tunable).to_owned(),
-            Kind::CountOrAuto { .. } if self.is_auto(tunable) => "auto".to_owned(),
+            Kind::CountOrAuto { .. } | Kind::BytesOrAuto { .. } if self.is_auto(tunable) => {
+                "auto".to_owned()
+            }
             _ => self.get(tunable).to_string(),
         }
     }
@@ -398,6 +428,7 @@ impl fmt::Display for Kind {
             Kind::Count { min, max } => write!(f, "{min}..={max}"),
             Kind::CountOrAuto { min, max } => write!(f, "auto or {min}..={max}"),
             Kind::Bytes { min, max } => write!(f, "{min}..={max} bytes"),
+            Kind::BytesOrAuto { min, max } => write!(f, "auto or {min}..={max} bytes"),
             Kind::Micros { min, max } => write!(f, "{min}..={max} us"),
             Kind::Choice(choices) => write!(f, "{}", choices.join("|")),
         }
@@ -457,6 +488,23 @@ mod tests {
             Tunables::with([("vdev.max_active", "0")]),
             Err(TunableError::OutOfRange { .. })
         ));
+    }
+
+    /// `cache.bytes_max=auto` is an eighth of memory with a floor; a number is taken as given,
+    /// and 0 (caching off) stays 0.
+    #[test]
+    fn cache_size_resolves_auto() {
+        let t = Tunables::default();
+        assert!(t.is_auto(Tunable::CacheBytesMax));
+        assert_eq!(t.display(Tunable::CacheBytesMax), "auto");
+        assert_eq!(t.cache_bytes(Some(24 << 30)), 3 << 30);
+        assert_eq!(t.cache_bytes(Some(128 << 20)), CACHE_AUTO_BYTES_MIN);
+        assert_eq!(t.cache_bytes(None), CACHE_AUTO_BYTES_MIN);
+        let t = Tunables::with([("cache.bytes_max", "1G")]).unwrap();
+        assert_eq!(t.cache_bytes(Some(24 << 30)), 1 << 30);
+        assert_eq!(t.display(Tunable::CacheBytesMax), (1u64 << 30).to_string());
+        let t = Tunables::with([("cache.bytes_max", "0")]).unwrap();
+        assert_eq!(t.cache_bytes(Some(24 << 30)), 0);
     }
 
     #[test]

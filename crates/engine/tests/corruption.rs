@@ -24,7 +24,13 @@ const BLOCK: u32 = 4096;
 
 /// A pool on two legs with one volume full of random data, synced.
 fn setup(seed: u64) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
-    setup_with(seed, Tunables::default())
+    setup_with(seed, uncached())
+}
+
+/// Defaults with the block cache off: the sync caches what it writes, and these tests are
+/// about what reads find on the devices.
+fn uncached() -> Tunables {
+    Tunables::with([("cache.bytes_max", "0")]).unwrap()
 }
 
 fn setup_with(seed: u64, tunables: Tunables) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
@@ -119,7 +125,7 @@ fn bit_flips_on_one_leg_heal() {
 #[test]
 fn span_reads_heal_too() {
     // Round-robin, so some spans go to the damaged leg (least-pending might avoid it).
-    let mut tunables = Tunables::default();
+    let mut tunables = uncached();
     tunables.set("mirror.read_policy", "round-robin").unwrap();
     let (sim, legs, store, data) = setup_with(7, tunables);
     flip_every_block(&legs[0], DATA_START_BYTES, 4 << 20, 2);

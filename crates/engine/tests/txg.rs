@@ -480,6 +480,66 @@ fn random_writes_reach_the_disk_in_spans() {
     .unwrap();
 }
 
+/// A sync caches the data blocks it writes, so 4 KiB writes into 16 KiB blocks written by an
+/// earlier sync merge with the cached bytes instead of reading each block back; and the blocks a
+/// sync frees leave the cache, so overwriting the volume again and again does not fill it with
+/// dead versions.
+#[test]
+fn partial_overwrites_of_recently_written_blocks_read_nothing() {
+    let sim = Sim::new(12);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, 64 << 20);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        let spec = PoolSpec {
+            name: "cached".into(),
+            ashift: 12,
+            top: vec![TopSpec::Mirror(specs.clone())],
+        };
+        let tunables = Tunables::default();
+        let pool = Pool::create(&env, spec, &tunables).await.unwrap();
+        let store = Store::create(pool, &tunables);
+        let (blocks, block) = (256u64, 16384u64);
+        store.create_volume("v", blocks * block, block as u32).unwrap();
+        store.write("v", 0, &vec![0x5a; (blocks * block) as usize]).await.unwrap();
+        store.sync().await.unwrap();
+        let cached_after_fill = store.pool().cache().bytes();
+        assert!(cached_after_fill >= blocks * block, "{cached_after_fill} bytes cached");
+        let reads = |legs: &[SimDevice]| legs.iter().map(|l| l.stats().reads).sum::<u64>();
+        let before = reads(&legs);
+        for round in 0..4u64 {
+            // One 4 KiB piece per block, a different one each round; every block is synced
+            // (and so replaced) each round.
+            for b in 0..blocks {
+                let at = b * block + (round % 4) * 4096;
+                store.write("v", at, &[round as u8 + 1; 4096]).await.unwrap();
+            }
+            store.sync().await.unwrap();
+        }
+        assert_eq!(reads(&legs), before, "partial writes read their blocks back");
+        let cached = store.pool().cache().bytes();
+        assert!(
+            cached <= cached_after_fill + cached_after_fill / 4,
+            "{cached} bytes cached after four overwrites of {cached_after_fill}: freed blocks stayed"
+        );
+        for b in 0..blocks {
+            let got = store.read("v", b * block, block).await.unwrap();
+            for (piece, bytes) in got.chunks(4096).enumerate() {
+                assert!(bytes.iter().all(|&x| x == piece as u8 + 1), "block {b} piece {piece}");
+            }
+        }
+        // The same bytes come back from the disk.
+        store.export().await.unwrap();
+        let pool = Pool::import(&env, specs, "cached", &tunables).await.unwrap();
+        let store = Store::open(pool, &tunables).await.unwrap();
+        let got = store.read("v", 0, blocks * block).await.unwrap();
+        for (piece, bytes) in got.chunks(4096).enumerate() {
+            assert!(bytes.iter().all(|&x| x == (piece % 4) as u8 + 1), "piece {piece} on disk");
+        }
+    })
+    .unwrap();
+}
+
 /// The syncer makes acknowledged writes durable within txg.timeout without any explicit sync,
 /// and a writer streaming far more than txg.dirty_max is held back by early syncs and delays:
 /// dirty data never runs far past the maximum, and the writer always finishes.

@@ -21,10 +21,10 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread;
 
+use crossbeam_channel::{bounded, Receiver, Sender};
 use futures::channel::oneshot;
 use futures::FutureExt;
 use parking_lot::Mutex;
@@ -114,7 +114,7 @@ pub(super) struct Inner {
 /// A regular file or block device used as a leaf.
 pub struct FileDevice {
     inner: Arc<Inner>,
-    jobs: Mutex<Option<SyncSender<Job>>>,
+    jobs: Mutex<Option<Sender<Job>>>,
     threads: Mutex<Vec<thread::JoinHandle<()>>>,
     uring: Option<Arc<Uring>>,
 }
@@ -190,11 +190,10 @@ impl FileDevice {
             None
         };
         let io_threads = options.io_threads.max(1);
-        let (sender, receiver) = sync_channel(FILE_JOBS_QUEUED_MAX);
-        let receiver = Arc::new(std::sync::Mutex::new(receiver));
+        let (sender, receiver) = bounded(FILE_JOBS_QUEUED_MAX);
         for index in 0..io_threads {
             let inner = Arc::clone(&inner);
-            let receiver = Arc::clone(&receiver);
+            let receiver = receiver.clone();
             let handle = thread::Builder::new()
                 .name(format!("vdev_io/{index}"))
                 .spawn(move || io_thread(&inner, &receiver))
@@ -356,14 +355,12 @@ impl BlockDevice for FileDevice {
     }
 }
 
-fn io_thread(inner: &Inner, receiver: &std::sync::Mutex<Receiver<Job>>) {
+fn io_thread(inner: &Inner, receiver: &Receiver<Job>) {
+    // Every thread waits on the channel itself, so a job wakes one thread. (Behind a shared
+    // mutex, as before, the thread that took a job woke the next one to wait in its place:
+    // two wake-ups per job, measured with strace on 1-job sync writes.)
     loop {
-        // The lock is held only to take one job; the I/O itself runs unlocked.
-        let job = match receiver.lock() {
-            Ok(receiver) => receiver.recv(),
-            Err(_) => return,
-        };
-        let Ok(job) = job else { return };
+        let Ok(job) = receiver.recv() else { return };
         // A dropped receiver means the caller gave up waiting; the result is simply discarded.
         match job {
             Job::Read { offset, len, done } => {

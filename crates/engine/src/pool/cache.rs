@@ -3,7 +3,12 @@
 //! Copy-on-write never overwrites a live block in place, so a block read and verified once stays
 //! valid for as long as anything points at it. Blocks are keyed by their first copy's address
 //! *and* birth txg: when freed space is reused, the new block has a later birth txg, so a stale
-//! entry can never be returned for it. Only verified bytes enter the cache. Memory is bounded by
+//! entry can never be returned for it. Only verified bytes enter the cache: blocks read and
+//! checked, and blocks a sync has just written from memory (as ZFS keeps a written dbuf's data
+//! in the ARC). The second matters for partial writes: a 4 KiB write into a 16 KiB block needs
+//! the block's old bytes, and a block the pool wrote recently is then found here rather than
+//! read back. A freed block leaves the cache when the sync frees it, so memory holds live
+//! blocks, not the old versions random overwrites leave behind. Memory is bounded by
 //! `cache.bytes_max`; the least recently used blocks go first.
 
 use std::collections::{BTreeMap, HashMap};
@@ -92,8 +97,21 @@ impl BlockCache {
         debug_assert_eq!(inner.blocks.len(), inner.by_use.len());
     }
 
+    /// Drops a block that was freed; it can never be read again under this pointer.
+    pub fn remove(&self, bp: &BlockPointer) {
+        let mut inner = self.inner.lock();
+        if let Some((buf, used)) = inner.blocks.remove(&key(bp)) {
+            inner.by_use.remove(&used);
+            inner.bytes -= buf.len() as u64;
+        }
+    }
+
     pub fn bytes(&self) -> u64 {
         self.inner.lock().bytes
+    }
+
+    pub fn bytes_max(&self) -> u64 {
+        self.bytes_max
     }
 }
 
@@ -136,5 +154,10 @@ mod tests {
         assert!(cache.get(&bp(0, 1)).is_some());
         assert!(cache.get(&bp(0, 2)).is_none(), "same address, newer block: a miss");
         assert_eq!(cache.bytes(), 3 * 4096);
+        cache.remove(&bp(0, 1));
+        assert!(cache.get(&bp(0, 1)).is_none(), "removed");
+        assert_eq!(cache.bytes(), 2 * 4096);
+        cache.remove(&bp(0, 1));
+        assert_eq!(cache.bytes(), 2 * 4096, "removing twice changes nothing");
     }
 }

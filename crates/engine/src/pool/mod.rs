@@ -448,7 +448,7 @@ impl Pool {
                 leaf_txg: vec![0; leaf_count],
                 leaf_write_errors: vec![0; leaf_count],
             }),
-            cache: BlockCache::new(tunables.get(crate::tunables::Tunable::CacheBytesMax)),
+            cache: BlockCache::new(tunables.cache_bytes(memory_bytes())),
         })
     }
 
@@ -656,4 +656,14 @@ async fn read_uberblocks(device: &dyn BlockDevice) -> Vec<Uberblock> {
         }
     }
     found
+}
+
+/// The machine's physical memory, for sizing the block cache; `None` if the OS will not say.
+fn memory_bytes() -> Option<u64> {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page_bytes) =
+        unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGE_SIZE)) };
+    let pages = u64::try_from(pages).ok()?;
+    let page_bytes = u64::try_from(page_bytes).ok()?;
+    pages.checked_mul(page_bytes)
 }

@@ -58,6 +58,8 @@ const READ_SPAN_BYTES_MAX: u64 = 1 << 20;
 enum Read {
     /// A block with a version in memory.
     Memory(u64),
+    /// A block found in the pool's block cache.
+    Cached(u64, Arc<AlignedBuf>),
     /// Adjacent blocks on disk from this index on, with their pointers.
     Span(u64, Vec<BlockPointer>),
 }
@@ -879,6 +881,10 @@ impl Store {
             else {
                 continue;
             };
+            if let Some(hit) = self.pool.cache().get(&bp) {
+                reads.push(Read::Cached(index, hit));
+                continue;
+            }
             if let Some(Read::Span(start, bps)) = reads.last_mut() {
                 let joins = *start + bps.len() as u64 == index
                     && crate::pool::follows(&bps[bps.len() - 1], &bp)
@@ -899,6 +905,7 @@ impl Store {
                         let block = self.block(entry_ref, index).await?;
                         Ok::<_, StoreError>(vec![(index, block.map(Fetched::Memory))])
                     }
+                    Read::Cached(index, hit) => Ok(vec![(index, Some(Fetched::Disk(hit)))]),
                     Read::Span(start, bps) => self.read_blocks(start, &bps).await,
                 }
             })
@@ -1488,6 +1495,7 @@ impl Store {
         {
             let mut allocator = self.allocator.lock();
             for bp in replaced.iter().chain(old_maps.iter().flatten()).chain(old_directory.iter()) {
+                self.pool.cache().remove(bp);
                 for dva in bp.copies() {
                     allocator.free(txg, dva.vdev, dva.offset_bytes(), dva.asize_bytes());
                 }
@@ -1678,8 +1686,15 @@ impl Store {
         block: Block,
     ) -> Result<(u64, Block), PoolError> {
         let Block::Patched(patch) = block else { return Ok((index, block)) };
+        // The version below is about to be replaced: taken from the cache when there, but a
+        // miss is read past it (caching a block this sync frees would only evict live ones).
         let base = match objset::data_block_pointer(&self.pool, root, disk_levels, index).await? {
-            Some(bp) => Some(self.pool.read_block(&bp, crate::tunables::IoClass::AsyncRead).await?),
+            Some(bp) => Some(match self.pool.cache().get(&bp) {
+                Some(hit) => hit,
+                None => {
+                    Arc::new(self.pool.read_block(&bp, crate::tunables::IoClass::AsyncRead).await?)
+                }
+            }),
             None => None,
         };
         let base = base.as_ref().map(|b| &b[..block_bytes]);
