@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the same fio jobs against sluice, qemu-nbd (raw file, cache=none), nbdkit (file plugin,
 # cache=none) and fio directly on a raw file (the limit), one after the other on the same disk,
-# and writes a table and a plot to docs/bench/peers.md (and peers.svg).
+# and writes a table and a plot to docs/bench/peers.md (and peers.svg). sluice runs twice: as
+# it comes, and with its block cache off (cache.bytes_max=0), like the peers' cache=none.
 #
 # Jobs: 4 KiB random writes with a flush after every write (fio --fsync=1) at 1, 8 and 32 jobs
 # (one connection each); 4 KiB random reads at queue depth 32; 1 MiB sequential reads and
@@ -100,21 +101,30 @@ prefill --ioengine=nbd --uri="$uri"
 jobs nbdkit --ioengine=nbd --uri="$uri"
 kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 
-# 4. sluice: a pool of one file leaf, one volume.
+# 4. sluice: a pool of one file leaf, one volume; label, then `serve` arguments.
 export SLUICE_CACHE_FILE=$dir/sluice-pools
-# Written once, like the peers' images after their prefill: a sparse leaf would make ext4
-# allocate extents (and commit its journal at every flush) on the first write to each region,
-# a cost of the sparse file rather than of the server.
-dd if=/dev/zero of="$dir/sluice.img" bs=1M count="$(( $(numfmt --from=iec "$size") >> 20 ))" oflag=direct status=none
-"$bin" pool create peers "$dir/sluice.img" >/dev/null
-vol_bytes=$(( $(numfmt --from=iec "$size") * 3 / 4 / 16384 * 16384 ))
-"$bin" vol create peers/disk --size "$vol_bytes" >/dev/null
-"$bin" serve peers --socket "$dir/sluice.sock" --listen none --dir "$dir" 2>"$dir/sluice.log" &
-pids+=($!); wait_socket "$dir/sluice.sock" disk
-uri="nbd+unix:///disk?socket=$dir/sluice.sock"
-prefill --ioengine=nbd --uri="$uri"
-jobs sluice --ioengine=nbd --uri="$uri"
-kill -TERM "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+sluice_target() {
+  local label=$1; shift
+  rm -f "$dir/sluice.img" "$SLUICE_CACHE_FILE"
+  # Written once, like the peers' images after their prefill: a sparse leaf would make ext4
+  # allocate extents (and commit its journal at every flush) on the first write to each
+  # region, a cost of the sparse file rather than of the server.
+  dd if=/dev/zero of="$dir/sluice.img" bs=1M count="$(( $(numfmt --from=iec "$size") >> 20 ))" oflag=direct status=none
+  "$bin" pool create peers "$dir/sluice.img" >/dev/null
+  local vol_bytes=$(( $(numfmt --from=iec "$size") * 3 / 4 / 16384 * 16384 ))
+  "$bin" vol create peers/disk --size "$vol_bytes" >/dev/null
+  "$bin" serve peers --socket "$dir/sluice.sock" --listen none --dir "$dir" "$@" 2>"$dir/$label.log" &
+  pids+=($!); wait_socket "$dir/sluice.sock" disk
+  uri="nbd+unix:///disk?socket=$dir/sluice.sock"
+  prefill --ioengine=nbd --uri="$uri"
+  jobs "$label" --ioengine=nbd --uri="$uri"
+  kill -TERM "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+}
+sluice_target sluice
+# 5. The same with the block cache off: qemu-nbd and nbdkit run cache=none, and sluice's
+# default cache (an eighth of memory) holds this whole volume, so this column shows what the
+# disk path alone does.
+sluice_target sluice-nocache --set cache.bytes_max=0
 
 /usr/bin/python3 bench/peers_report.py "$results" "$seconds" docs/bench/peers.md docs/bench/peers.svg
 echo "peers: wrote docs/bench/peers.md and docs/bench/peers.svg" >&2

@@ -3,7 +3,7 @@
 # commands per operation, for one fio job against sluice or qemu-nbd on a fresh image.
 #
 # Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|randread] [JOBS] [--bin PATH]
-#        [--block-size 4K] [--seconds N] [--disk vda]
+#        [--block-size 4K] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
 #   syncwrite: 4 KiB random writes, each followed by a flush, JOBS jobs at queue depth 1
 #   randread:  4 KiB random reads at queue depth 32
 # The image is a 1 GiB volume (sluice: in a 3 GiB zeroed leaf; qemu-nbd: a 1.5 GiB zeroed raw
@@ -14,13 +14,14 @@ set -euo pipefail
 
 target=${1:-sluice}; job=${2:-syncwrite}; jobs=${3:-32}
 shift $(( $# < 3 ? $# : 3 ))
-bin=target/release/sluice; block=""; seconds=6; disk=""
+bin=target/release/sluice; block=""; seconds=6; disk=""; serve_args=()
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) bin=$2; shift 2 ;;
     --block-size) block=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --disk) disk=$2; shift 2 ;;
+    --set) serve_args+=(--set "$2"); shift 2 ;;
     *) echo "per-op: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -39,7 +40,7 @@ case $target in
     dd if=/dev/zero of="$dir/leaf.img" bs=1M count=3072 oflag=direct status=none
     "$bin" pool create perop "$dir/leaf.img" >/dev/null
     "$bin" vol create perop/disk --size 1536M ${block:+--block-size "$block"} >/dev/null
-    "$bin" serve perop --socket "$dir/s.sock" --listen none --dir "$dir" 2>"$dir/serve.log" &
+    "$bin" serve perop --socket "$dir/s.sock" --listen none --dir "$dir" ${serve_args[@]+"${serve_args[@]}"} 2>"$dir/serve.log" &
     pid=$! ;;
   qemu-nbd)
     dd if=/dev/zero of="$dir/q.img" bs=1M count=1536 oflag=direct status=none

@@ -39,7 +39,7 @@ impl Ctx<'_> {
     async fn hold(&self, name: &str) -> anyhow::Result<Held> {
         match &self.live {
             Some(store) if store.pool().name() == name => Ok(Held::Live(Arc::clone(store))),
-            _ => Ok(Held::Local(Box::new(open_store(self.env, name).await?))),
+            _ => Ok(Held::Local(Box::new(open_store(self.env, name, &Tunables::default()).await?))),
         }
     }
 }
@@ -142,8 +142,12 @@ pub(crate) fn open_leaf(path: &str, create_len: Option<u64>) -> anyhow::Result<L
     Ok(LeafSpec { path: path.to_owned(), device: Arc::new(device) })
 }
 
-/// Opens the pool called `name` from the cache.
-pub(crate) async fn open_store(env: &Env, name: &str) -> anyhow::Result<Store> {
+/// Opens the pool called `name` from the cache, with `tunables` (`sluice serve --set`).
+pub(crate) async fn open_store(
+    env: &Env,
+    name: &str,
+    tunables: &Tunables,
+) -> anyhow::Result<Store> {
     let cache = read_cache()?;
     let Some(paths) = cache.get(name) else {
         bail!(
@@ -155,8 +159,8 @@ pub(crate) async fn open_store(env: &Env, name: &str) -> anyhow::Result<Store> {
         .filter(|p| Path::new(p).exists())
         .map(|p| open_leaf(p, None))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let pool = Pool::import(env, leaves, name, &Tunables::default()).await?;
-    Ok(Store::open(pool, &Tunables::default()).await?)
+    let pool = Pool::import(env, leaves, name, tunables).await?;
+    Ok(Store::open(pool, tunables).await?)
 }
 
 pub(crate) fn remember(pool: &Pool) -> anyhow::Result<()> {
@@ -278,7 +282,7 @@ pub async fn import(
 }
 
 pub async fn export(env: &Env, name: &str) -> anyhow::Result<()> {
-    let store = open_store(env, name).await?;
+    let store = open_store(env, name, &Tunables::default()).await?;
     store.export().await?;
     forget(name)?;
     println!("exported pool {name}");
@@ -286,7 +290,7 @@ pub async fn export(env: &Env, name: &str) -> anyhow::Result<()> {
 }
 
 pub async fn destroy(env: &Env, name: &str) -> anyhow::Result<()> {
-    let store = open_store(env, name).await?;
+    let store = open_store(env, name, &Tunables::default()).await?;
     let pool = store.pool();
     // Zeroing the label headers is what makes the leaves no longer a pool.
     for leaf in pool.leaves().iter().filter(|l| l.present) {

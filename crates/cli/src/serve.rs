@@ -98,7 +98,7 @@ async fn default_store(env: &Env, options: &ServeOptions) -> anyhow::Result<Stor
 
 pub async fn serve(env: &Env, options: ServeOptions) -> anyhow::Result<()> {
     let store = match &options.pool {
-        Some(name) => pools::open_store(env, name).await?,
+        Some(name) => pools::open_store(env, name, &options.tunables).await?,
         None => default_store(env, &options).await?,
     };
     let store = Arc::new(store);

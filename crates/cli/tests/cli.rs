@@ -112,3 +112,39 @@ fn pool_lifecycle() {
     assert!(fails(&cache, &["pool", "create", "nodata", "log", d, "--size", "64M"])
         .contains("data vdev"));
 }
+
+/// `sluice serve POOL --set NAME=VALUE` opens the named pool with those tunables (it once
+/// opened it with the defaults and dropped them silently); `pool status` reaches the server
+/// over its control socket and shows the block cache at the size that was set.
+#[test]
+fn serve_applies_tunables_to_a_named_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let leaf = dir.path().join("leaf");
+    let leaf = leaf.to_str().unwrap();
+    ok(&cache, &["pool", "create", "tank", leaf, "--size", "64M"]);
+    let socket = dir.path().join("nbd.sock");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "tank", "--listen", "none", "--set", "cache.bytes_max=3M"])
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--dir")
+        .arg(dir.path())
+        .env("SLUICE_CACHE_FILE", &cache)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut status = String::new();
+    for _ in 0..100 {
+        if socket.exists() {
+            status = ok(&cache, &["pool", "status", "tank"]);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let stopped = Command::new("kill").arg(server.id().to_string()).status().unwrap();
+    let exited = server.wait().unwrap();
+    assert!(stopped.success() && exited.success(), "the server did not stop cleanly: {exited}");
+    assert!(status.contains("served by sluice serve"), "{status}");
+    assert!(status.contains("of 3.0M held"), "the cache size set was not applied: {status}");
+}
