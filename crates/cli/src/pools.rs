@@ -407,11 +407,12 @@ pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
         ));
         let log = store.log_stats();
         ctx.say(format!(
-            "  intent log: {} commits ({} through a txg sync), {} log blocks written; at \
+            "  intent log: {} commits ({} through a txg sync, {} early), {} log blocks written; at \
              import {} chains claimed, {} records replayed ({} already applied by an \
              interrupted replay), {} torn tails",
             log.commits.get(),
             log.commits_via_txg.get(),
+            log.early_commits.get(),
             store.log_blocks_written(),
             log.chains_claimed.get(),
             log.records_replayed.get(),

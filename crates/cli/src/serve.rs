@@ -174,10 +174,24 @@ pub async fn serve(env: &Env, options: ServeOptions) -> anyhow::Result<()> {
 async fn finish(store: Arc<Store>) -> anyhow::Result<()> {
     let name = store.pool().name().to_owned();
     store.sync().await?;
-    match Arc::try_unwrap(store) {
-        Ok(store) => store.export().await?,
+    // Tasks a request left behind (an early log commit) end within a log write's latency.
+    let mut store = store;
+    let mut waited = 0;
+    let store = loop {
+        match Arc::try_unwrap(store) {
+            Ok(store) => break Some(store),
+            Err(held) if waited < 100 => {
+                store = held;
+                waited += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            Err(_) => break None,
+        }
+    };
+    match store {
+        Some(store) => store.export().await?,
         // A handle outlived its connection; the sync above made everything durable.
-        Err(_) => {
+        None => {
             eprintln!("sluice: pool {name} synced; a task still holds it, so it was not exported")
         }
     }

@@ -68,6 +68,7 @@ pub const AUTO_BYTES: u64 = u64::MAX;
 const READ_POLICIES: &[&str] = &["least-pending", "offset-modulo", "round-robin"];
 const LOG_POLICIES: &[&str] = &["pipelined", "batch"];
 const DEDUP_LOCKING: &[&str] = &["entry", "global"];
+const EARLY_COMMIT: &[&str] = &["auto", "off"];
 
 tunable_table! {
     VdevQueues = "vdev.queues", Kind::Count { min: 1, max: 256 }, "1",
@@ -136,6 +137,11 @@ tunable_table! {
         "How sync writes are grouped into log writes. pipelined (seed 004's after): many log \
          blocks in flight, each written then flushed, waiters woken block by block. batch \
          (the before): one batch in flight; commits arriving meanwhile wait for the next.";
+    IntentLogEarlyCommit = "intent_log.early_commit", Kind::Choice(EARLY_COMMIT), "auto",
+        "auto: when a volume's clients flush after nearly every write, a lone writer's record \
+         is written to the log as soon as it is logged, so its flush finds the log block \
+         already on its way (pipelined policy only). off: the log is written only when a \
+         client commits, as ZFS does.";
     IntentLogBlockBytesMax = "intent_log.block_bytes_max", Kind::Bytes { min: 4096, max: 1 << 20 }, "128K",
         "Largest log block (a power of two). Blocks are sized from the recent workload between \
          4 KiB and this (ZFS: zil_maxblocksize); larger writes are logged in pieces.";

@@ -167,6 +167,11 @@ struct State {
     open_since: Option<crate::rt::Time>,
     /// Smoothed time from an lwb's write to its flush completing, in nanoseconds.
     lwb_latency_ns: f64,
+    /// Records appended since a client last committed (see [`LogWriter::wants_early`]).
+    appended_since_commit: u64,
+    /// Smoothed commits per appended record, over client commits: 1 when every write is
+    /// followed by a flush, near 0 when writes stream without flushes.
+    commit_density: f64,
 }
 
 /// What a committer does next.
@@ -278,6 +283,8 @@ impl LogWriter {
                 anchored: false,
                 in_flight: 0,
                 lwb_latency_ns: 0.0,
+                appended_since_commit: 0,
+                commit_density: 0.0,
             }),
         })
     }
@@ -317,7 +324,36 @@ impl LogWriter {
             state.open_since = Some(now);
         }
         state.pending.push_back(record);
+        state.appended_since_commit += 1;
         sequence
+    }
+
+    /// Counts a client's commit (a flush or FUA write, not an early one) for
+    /// [`LogWriter::wants_early`].
+    pub fn note_commit(&self) {
+        let mut state = self.state.lock();
+        if state.appended_since_commit > 0 {
+            let density = 1.0 / state.appended_since_commit as f64;
+            state.commit_density = state.commit_density * 0.875 + density * 0.125;
+            state.appended_since_commit = 0;
+        }
+    }
+
+    /// Whether the record just appended should go to the disk now, before any client asks
+    /// (an early commit): when the volume's clients have committed after nearly every write
+    /// lately (smoothed density at least one commit per two records, and at most two records
+    /// since the last commit, so a switch to streaming writes stops it at once) and no lwb is
+    /// in flight to group it with. A lone sync writer then finds its lwb already written,
+    /// or on its way, when its flush arrives: the flush waits for the rest of one lwb's
+    /// latency instead of all of it. Pipelined policy only; `Batch` is the seed's "before".
+    pub fn wants_early(&self) -> bool {
+        let state = self.state.lock();
+        self.policy == CommitPolicy::Pipelined
+            && state.commit_density >= 0.5
+            && (1..=2).contains(&state.appended_since_commit)
+            && state.in_flight == 0
+            && state.anchored
+            && !state.failed
     }
 
     /// The last record appended so far (0: none).

@@ -273,6 +273,8 @@ pub struct LogStats {
     pub commits: crate::stats::Counter,
     /// Commits answered by a txg sync: the chain was not yet anchored, or a log write failed.
     pub commits_via_txg: crate::stats::Counter,
+    /// Early commits: a lone sync writer's record sent to the log before its flush arrived.
+    pub early_commits: crate::stats::Counter,
     /// Chains walked at import, and the blocks found in them.
     pub chains_claimed: crate::stats::Counter,
     pub blocks_claimed: crate::stats::Counter,
@@ -296,6 +298,7 @@ struct TxgLimits {
     delay_min: u64,
     log_policy: CommitPolicy,
     commit_timeout_pct: u64,
+    early_commit: bool,
     log_block_bytes_max: u32,
     request_threads: usize,
 }
@@ -315,6 +318,7 @@ impl TxgLimits {
             delay_min: dirty_max / 100 * tunables.get(Tunable::TxgDelayMinDirtyPct),
             log_policy: CommitPolicy::from_tunables(tunables),
             commit_timeout_pct: tunables.get(Tunable::IntentLogCommitTimeoutPct),
+            early_commit: tunables.choice(Tunable::IntentLogEarlyCommit) == "auto",
             log_block_bytes_max: u32::try_from(tunables.get(Tunable::IntentLogBlockBytesMax))
                 .unwrap_or(128 << 10),
             request_threads: usize::try_from(tunables.get(Tunable::VolumeRequestThreads))
@@ -1325,6 +1329,7 @@ impl Store {
             self.sync().await?;
             return Ok(());
         };
+        log.note_commit();
         if log.durable_record() >= sequence {
             return Ok(());
         }
@@ -1340,6 +1345,25 @@ impl Store {
         // The record's txg is at most the open one, which this sync makes durable.
         self.sync().await?;
         Ok(())
+    }
+
+    /// Starts writing record `sequence` to `volume`'s log now, without waiting, when the log
+    /// asks for it (`intent_log.early_commit`, [`LogWriter::wants_early`]); the caller is a
+    /// write that was the only request in flight on the volume. A failure is left to the
+    /// client's own commit, which falls back to a txg sync.
+    pub fn commit_early(self: &Arc<Self>, volume: &str, sequence: u64) {
+        if !self.limits.early_commit {
+            return;
+        }
+        let Ok(Some(log)) = self.volume_log(volume) else { return };
+        if !log.wants_early() {
+            return;
+        }
+        self.log_stats.early_commits.inc();
+        let store = Arc::clone(self);
+        self.pool.env().spawn("early log commit", async move {
+            let _ = log.commit(&store.pool, &store.allocator, sequence).await;
+        });
     }
 
     /// Writes the open txg out and makes it durable. Returns the synced txg.

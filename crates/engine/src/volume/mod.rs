@@ -85,13 +85,17 @@ impl Volume {
         self.store.read(&self.name, offset, len).await
     }
 
-    /// Writes `data` at `offset`; with `fua` it is durable when this returns.
+    /// Writes `data` at `offset`; with `fua` it is durable when this returns. Without it, a
+    /// write that is the volume's only request may start its log write early
+    /// ([`Store::commit_early`]).
     pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
         let sequence = self.store.write(&self.name, offset, data).await?;
         if fua {
             self.store.commit(&self.name, sequence).await?;
+        } else if self.requests.load(Ordering::Relaxed) == 1 {
+            self.store.commit_early(&self.name, sequence);
         }
         Ok(())
     }
