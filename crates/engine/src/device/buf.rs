@@ -39,11 +39,24 @@ impl AlignedBuf {
         AlignedBuf { ptr, len }
     }
 
-    /// A buffer holding a copy of `bytes`.
+    /// A buffer holding a copy of `bytes`. Not zeroed first: every byte is written by the copy
+    /// (zeroing cost as much as the copy on the sync path, measured with `perf`).
     pub fn copy_from(bytes: &[u8]) -> AlignedBuf {
-        let mut buf = AlignedBuf::zeroed(bytes.len());
-        buf.copy_from_slice(bytes);
-        buf
+        let len = bytes.len();
+        if len == 0 {
+            return AlignedBuf::zeroed(0);
+        }
+        let layout = Self::layout(len);
+        // SAFETY: layout has a non-zero size and a valid alignment; the copy initialises all
+        // `len` bytes before the buffer is handed out, and the regions cannot overlap (one was
+        // just allocated).
+        let ptr = unsafe {
+            let raw = alloc::alloc(layout);
+            let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr.as_ptr(), len);
+            ptr
+        };
+        AlignedBuf { ptr, len }
     }
 
     fn layout(len: usize) -> Layout {

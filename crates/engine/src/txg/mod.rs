@@ -169,10 +169,15 @@ impl Patch {
 
     /// The block: `base` (None: zeros) with the covered sectors replaced.
     fn apply(&self, base: Option<&[u8]>) -> Vec<u8> {
-        let mut out = match base {
+        self.apply_onto(match base {
             Some(b) => b[..self.data.len()].to_vec(),
             None => vec![0u8; self.data.len()],
-        };
+        })
+    }
+
+    /// [`Patch::apply`] over a copy of the base the caller already owns (one copy fewer).
+    fn apply_onto(&self, mut out: Vec<u8>) -> Vec<u8> {
+        assert_eq!(out.len(), self.data.len(), "a patch applies to a whole block");
         for (word_index, &word) in self.covered.iter().enumerate() {
             let mut bits = word;
             while bits != 0 {
@@ -1167,7 +1172,10 @@ impl Store {
         let base: Option<Vec<u8>> = match syncing {
             Some(Block::Data(data)) => Some(data.as_ref().clone()),
             Some(Block::Zero) => None,
-            Some(Block::Patched(patch)) => Some(patch.apply(disk().await?.as_deref())),
+            Some(Block::Patched(patch)) => Some(match disk().await? {
+                Some(below) => patch.apply_onto(below),
+                None => patch.apply(None),
+            }),
             None => disk().await?,
         };
         let mut state = self.state.lock();
@@ -1176,7 +1184,10 @@ impl Store {
         }
         if let Some(v) = state.volumes.get_mut(volume) {
             if let Some(Block::Patched(patch)) = v.open.get(&index) {
-                let whole = patch.apply(base.as_deref());
+                let whole = match base {
+                    Some(base) => patch.apply_onto(base),
+                    None => patch.apply(None),
+                };
                 v.open.insert(index, Block::Data(Arc::new(whole)));
             }
         }
