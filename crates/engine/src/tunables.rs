@@ -69,6 +69,7 @@ const READ_POLICIES: &[&str] = &["least-pending", "offset-modulo", "round-robin"
 const LOG_POLICIES: &[&str] = &["pipelined", "batch"];
 const DEDUP_LOCKING: &[&str] = &["entry", "global"];
 const EARLY_COMMIT: &[&str] = &["auto", "off"];
+const CACHE_CONTENTS: &[&str] = &["all", "metadata"];
 
 tunable_table! {
     VdevQueues = "vdev.queues", Kind::Count { min: 1, max: 256 }, "1",
@@ -154,6 +155,10 @@ tunable_table! {
         "Memory for verified blocks (indirect and data), read from the pool or written by a \
          sync (ZFS: the ARC). auto: an eighth of the machine's memory, at least 64 MiB. 0 \
          disables caching.";
+    CacheContents = "cache.contents", Kind::Choice(CACHE_CONTENTS), "all",
+        "What the block cache keeps (ZFS: primarycache). all: data and metadata. metadata: \
+         indirect blocks and pool metadata only, so every data read and every partial write's \
+         completion goes to the devices (for comparisons with servers that run cache=none).";
     DedupLocking = "dedup.locking", Kind::Choice(DEDUP_LOCKING), "entry",
         "What guards a dedup entry while its block is written. entry (seed 001's after): a \
          per-entry lock covers the write's ready and done stages, so the table-wide lock is \

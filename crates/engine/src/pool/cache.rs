@@ -9,13 +9,14 @@
 //! the block's old bytes, and a block the pool wrote recently is then found here rather than
 //! read back. A freed block leaves the cache when the sync frees it, so memory holds live
 //! blocks, not the old versions random overwrites leave behind. Memory is bounded by
-//! `cache.bytes_max`; the least recently used blocks go first.
+//! `cache.bytes_max`; the least recently used blocks go first. With `cache.contents=metadata`
+//! data blocks are never kept (ZFS's `primarycache=metadata`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use sluice_format::BlockPointer;
+use sluice_format::{BlockKind, BlockPointer};
 
 use crate::device::AlignedBuf;
 use crate::stats::Counter;
@@ -38,15 +39,18 @@ struct Inner {
 #[derive(Debug)]
 pub struct BlockCache {
     bytes_max: u64,
+    /// Whether data blocks are kept, or only indirect blocks and metadata.
+    data: bool,
     inner: Mutex<Inner>,
     pub hits: Counter,
     pub misses: Counter,
 }
 
 impl BlockCache {
-    pub fn new(bytes_max: u64) -> BlockCache {
+    pub fn new(bytes_max: u64, data: bool) -> BlockCache {
         BlockCache {
             bytes_max,
+            data,
             inner: Mutex::new(Inner::default()),
             hits: Counter::default(),
             misses: Counter::default(),
@@ -76,7 +80,7 @@ impl BlockCache {
     /// Adds a block that has passed its checksum.
     pub fn insert(&self, bp: &BlockPointer, buf: Arc<AlignedBuf>) {
         let len = buf.len() as u64;
-        if len > self.bytes_max {
+        if len > self.bytes_max || (!self.data && bp.kind == BlockKind::Data) {
             return;
         }
         let mut inner = self.inner.lock();
@@ -144,7 +148,7 @@ mod tests {
     /// with a newer birth txg never returns the old block.
     #[test]
     fn bounded_lru_keyed_by_birth() {
-        let cache = BlockCache::new(3 * 4096);
+        let cache = BlockCache::new(3 * 4096, true);
         for i in 0..3 {
             cache.insert(&bp(i * 8, 1), Arc::new(AlignedBuf::copy_from(&[i as u8; 4096])));
         }
@@ -159,5 +163,19 @@ mod tests {
         assert_eq!(cache.bytes(), 2 * 4096);
         cache.remove(&bp(0, 1));
         assert_eq!(cache.bytes(), 2 * 4096, "removing twice changes nothing");
+    }
+
+    /// `cache.contents=metadata` keeps indirect blocks and drops data blocks.
+    #[test]
+    fn metadata_only_keeps_no_data() {
+        let cache = BlockCache::new(1 << 20, false);
+        let data = bp(0, 1);
+        let mut indirect = bp(8, 1);
+        indirect.kind = BlockKind::Indirect;
+        cache.insert(&data, Arc::new(AlignedBuf::zeroed(4096)));
+        cache.insert(&indirect, Arc::new(AlignedBuf::zeroed(4096)));
+        assert!(cache.get(&data).is_none());
+        assert!(cache.get(&indirect).is_some());
+        assert_eq!(cache.bytes(), 4096);
     }
 }

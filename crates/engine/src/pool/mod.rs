@@ -448,7 +448,10 @@ impl Pool {
                 leaf_txg: vec![0; leaf_count],
                 leaf_write_errors: vec![0; leaf_count],
             }),
-            cache: BlockCache::new(tunables.cache_bytes(memory_bytes())),
+            cache: BlockCache::new(
+                tunables.cache_bytes(memory_bytes()),
+                tunables.choice(crate::tunables::Tunable::CacheContents) == "all",
+            ),
         })
     }
 
