@@ -333,7 +333,7 @@ pub async fn write_blocks(
             // are the ones the next txg's update reads (measured with 4 KiB random writes:
             // every txg re-read each level-1 block the previous one wrote, 2,000 reads a
             // second); data blocks are what the next partial write of the block reads.
-            for bp in &pointers {
+            for bp in pointers.iter().filter(|bp| pool.cache().keeps(bp)) {
                 let at = (bp.dvas[0].offset_bytes() - start) as usize;
                 let bytes = &shared[at..at + bp.psize_bytes() as usize];
                 pool.cache().insert(bp, Arc::new(AlignedBuf::copy_from(bytes)));

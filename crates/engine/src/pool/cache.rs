@@ -77,6 +77,12 @@ impl BlockCache {
         }
     }
 
+    /// Whether a block like `bp` would be kept (so a caller can skip copying one that would
+    /// not).
+    pub fn keeps(&self, bp: &BlockPointer) -> bool {
+        bp.psize_bytes() <= self.bytes_max && (self.data || bp.kind != BlockKind::Data)
+    }
+
     /// Adds a block that has passed its checksum.
     pub fn insert(&self, bp: &BlockPointer, buf: Arc<AlignedBuf>) {
         let len = buf.len() as u64;
@@ -176,6 +182,7 @@ mod tests {
         cache.insert(&indirect, Arc::new(AlignedBuf::zeroed(4096)));
         assert!(cache.get(&data).is_none());
         assert!(cache.get(&indirect).is_some());
+        assert!(!cache.keeps(&data) && cache.keeps(&indirect));
         assert_eq!(cache.bytes(), 4096);
     }
 }
