@@ -491,13 +491,9 @@ fn partial_overwrites_of_recently_written_blocks_read_nothing() {
     let env = sim.env();
     let specs = common::leaf_specs(&legs);
     sim.run(async move {
-        let spec = PoolSpec {
-            name: "cached".into(),
-            ashift: 12,
-            top: vec![TopSpec::Mirror(specs.clone())],
-        };
         let tunables = Tunables::default();
-        let pool = Pool::create(&env, spec, &tunables).await.unwrap();
+        let pool =
+            Pool::create(&env, common::mirror_pool(specs.clone()), &tunables).await.unwrap();
         let store = Store::create(pool, &tunables);
         let (blocks, block) = (256u64, 16384u64);
         store.create_volume("v", blocks * block, block as u32).unwrap();
@@ -530,7 +526,7 @@ fn partial_overwrites_of_recently_written_blocks_read_nothing() {
         }
         // The same bytes come back from the disk.
         store.export().await.unwrap();
-        let pool = Pool::import(&env, specs, "cached", &tunables).await.unwrap();
+        let pool = Pool::import(&env, specs, "tank", &tunables).await.unwrap();
         let store = Store::open(pool, &tunables).await.unwrap();
         let got = store.read("v", 0, blocks * block).await.unwrap();
         for (piece, bytes) in got.chunks(4096).enumerate() {

@@ -58,6 +58,10 @@ impl BlockCache {
     }
 
     pub fn get(&self, bp: &BlockPointer) -> Option<Arc<AlignedBuf>> {
+        // A block the cache never keeps is neither looked up nor counted as a miss.
+        if !self.keeps(bp) {
+            return None;
+        }
         let mut inner = self.inner.lock();
         inner.tick += 1;
         let tick = inner.tick;
@@ -86,7 +90,7 @@ impl BlockCache {
     /// Adds a block that has passed its checksum.
     pub fn insert(&self, bp: &BlockPointer, buf: Arc<AlignedBuf>) {
         let len = buf.len() as u64;
-        if len > self.bytes_max || (!self.data && bp.kind == BlockKind::Data) {
+        if len > self.bytes_max || !self.keeps(bp) {
             return;
         }
         let mut inner = self.inner.lock();

@@ -169,14 +169,12 @@ impl Patch {
 
     /// The block: `base` (None: zeros) with the covered sectors replaced.
     fn apply(&self, base: Option<&[u8]>) -> Vec<u8> {
-        self.apply_onto(match base {
-            Some(b) => b[..self.data.len()].to_vec(),
-            None => vec![0u8; self.data.len()],
-        })
+        self.apply_owned(base.map(|b| b[..self.data.len()].to_vec()))
     }
 
-    /// [`Patch::apply`] over a copy of the base the caller already owns (one copy fewer).
-    fn apply_onto(&self, mut out: Vec<u8>) -> Vec<u8> {
+    /// [`Patch::apply`] over a base the caller already owns (one copy fewer).
+    fn apply_owned(&self, base: Option<Vec<u8>>) -> Vec<u8> {
+        let mut out = base.unwrap_or_else(|| vec![0u8; self.data.len()]);
         assert_eq!(out.len(), self.data.len(), "a patch applies to a whole block");
         for (word_index, &word) in self.covered.iter().enumerate() {
             let mut bits = word;
@@ -1172,10 +1170,7 @@ impl Store {
         let base: Option<Vec<u8>> = match syncing {
             Some(Block::Data(data)) => Some(data.as_ref().clone()),
             Some(Block::Zero) => None,
-            Some(Block::Patched(patch)) => Some(match disk().await? {
-                Some(below) => patch.apply_onto(below),
-                None => patch.apply(None),
-            }),
+            Some(Block::Patched(patch)) => Some(patch.apply_owned(disk().await?)),
             None => disk().await?,
         };
         let mut state = self.state.lock();
@@ -1184,10 +1179,7 @@ impl Store {
         }
         if let Some(v) = state.volumes.get_mut(volume) {
             if let Some(Block::Patched(patch)) = v.open.get(&index) {
-                let whole = match base {
-                    Some(base) => patch.apply_onto(base),
-                    None => patch.apply(None),
-                };
+                let whole = patch.apply_owned(base);
                 v.open.insert(index, Block::Data(Arc::new(whole)));
             }
         }
