@@ -60,7 +60,7 @@ sample() {
   local cpu switches disk_io
   cpu=$(awk '{print $14 + $15}' "/proc/$pid/stat")
   switches=$(cat /proc/"$pid"/task/*/status | awk '/ctxt_switches/ {s += $2} END {print s}')
-  disk_io=$(awk -v d="$disk" '$3 == d {print $4, $8, $20}' /proc/diskstats)
+  disk_io=$(awk -v d="$disk" '$3 == d {print $4, $8, $19}' /proc/diskstats)
   echo "$cpu $switches ${disk_io:-0 0 0}"
 }
 before=$(sample)
@@ -71,11 +71,17 @@ after=$(sample)
 import json, os, sys
 path, seconds, before, after, target, job, jobs, block = sys.argv[1:]
 j = json.load(open(path))["jobs"][0]
-iops = j["write" if "write" in job else "read"]["iops"]
+side = j["write" if "write" in job else "read"]
+iops = side["iops"]
+p50 = lambda lat: lat["percentile"]["50.000000"] / 1000 if lat.get("percentile") else float("nan")
+latency = f"{side['clat_ns']['mean'] / 1000:.0f} us mean, {p50(side['clat_ns']):.0f} us p50"
+if "write" in job and j.get("sync", {}).get("lat_ns", {}).get("N"):
+    sync = j["sync"]["lat_ns"]
+    latency = f"write {latency}; flush {sync['mean'] / 1000:.0f} us mean, {p50(sync):.0f} us p50"
 ops = iops * float(seconds)
 b = [float(x) for x in before.split()]; a = [float(x) for x in after.split()]
 tick = os.sysconf("SC_CLK_TCK")
 print(f"{target} {job} jobs={jobs} block={block}: {iops:,.0f} IOPS; server CPU {(a[0]-b[0])/tick/ops*1e6:.0f} us/op; "
       f"context switches {(a[1]-b[1])/ops:.2f}/op; disk reads {(a[2]-b[2])/ops:.2f}/op, "
-      f"writes {(a[3]-b[3])/ops:.2f}/op, flushes {(a[4]-b[4])/ops:.3f}/op")
+      f"writes {(a[3]-b[3])/ops:.2f}/op, flushes {(a[4]-b[4])/ops:.3f}/op; {latency}")
 PY
