@@ -71,6 +71,22 @@ h.pwrite(b"m" * 4096, 6 << 20)
 h2.flush()
 assert h2.pread(4096, 6 << 20) == b"m" * 4096, "write seen on another connection"
 
+# Many requests in flight on one connection: replies come back in any order, some sent by the
+# request itself and some queued behind another reply, and each one answers its own request.
+base, piece, count = 8 << 20, 65536, 64
+payloads = [nbd.Buffer.from_bytearray(bytearray([i + 1]) * piece) for i in range(count)]
+writes = [h.aio_pwrite(payloads[i], base + i * piece) for i in range(count)]
+while h.aio_in_flight() > 0:
+    h.poll(-1)
+assert all(h.aio_command_completed(c) for c in writes), "every write answered"
+buffers = [nbd.Buffer(piece) for _ in range(count)]
+reads = [h.aio_pread(buffers[i], base + i * piece) for i in range(count)]
+while h.aio_in_flight() > 0:
+    h.poll(-1)
+for i, c in enumerate(reads):
+    assert h.aio_command_completed(c), f"read {i} answered"
+    assert buffers[i].to_bytearray() == bytearray([i + 1]) * piece, f"read {i} got another's data"
+
 # After everything refused above, the first connection still works.
 assert h.pread(65536, 4 << 20) == b"d" * 65536
 h.shutdown()
