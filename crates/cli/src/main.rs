@@ -194,6 +194,14 @@ enum BenchCommand {
         /// zil only: the largest writer count (powers of two from 1).
         #[arg(long, default_value_t = 1024)]
         max_writers: usize,
+        /// mirror only: how far ahead each sequential reader's prefetch runs, in MiB (ZFS's
+        /// zfetch_max_distance).
+        #[arg(
+            long,
+            default_value_t = sluice_bench::seeds::mirror::PREFETCH_BYTES >> 20,
+            value_parser = clap::value_parser!(u64).range(1..=1024)
+        )]
+        prefetch_mib: u64,
         /// zvol only: the pools to run, ssd and/or hdd (each a 2-way mirror).
         #[arg(long, value_delimiter = ',', default_value = "ssd,hdd")]
         media: Vec<String>,
@@ -434,6 +442,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     settings,
                     disks,
                     max_writers,
+                    prefetch_mib,
                     media,
                     writers,
                     threads,
@@ -447,7 +456,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let base = parse_settings(&settings)?;
             let (markdown, value) = match experiment {
                 Experiment::Mirror => {
-                    let report = sluice_bench::seeds::mirror::run(seconds, seed, &base)?;
+                    let prefetch = prefetch_mib << 20;
+                    let report = sluice_bench::seeds::mirror::run(seconds, seed, prefetch, &base)?;
                     (report.markdown(), serde_json::to_value(&report)?)
                 }
                 Experiment::Queue => {

@@ -111,7 +111,8 @@ tunable_table! {
     MirrorRotatingInc = "mirror.rotating_inc", Kind::Count { min: 0, max: 1000 }, "0",
         "Load added to a rotational child when the read starts where its last I/O ended.";
     MirrorRotatingSeekInc = "mirror.rotating_seek_inc", Kind::Count { min: 0, max: 1000 }, "16",
-        "Load added to a rotational child for a seek; half of it within mirror.rotating_seek_offset. \
+        "Load added to a rotational child for a seek; half of it within mirror.rotating_seek_offset \
+         or in the child's own slice (zone) of the address range. \
          16, not ZFS's 5: on the default HDD model a seek costs about 14 transfers of a 128 KiB \
          record, and with 5 a 1 MiB read's records split across children (measured in \
          docs/bench/seeds-mirror.md).";

@@ -237,6 +237,53 @@ fn least_pending_favours_the_fast_child() {
     assert!((0.3..0.7).contains(&modulo), "offset-modulo sent {modulo:.2} to the SSD");
 }
 
+/// On a mirror of HDDs, least-pending deals reads that continue nothing to the child whose zone
+/// (its share of the address range) holds them, so each disk seeks over half the stroke; load
+/// still wins: when every read falls in one zone, the other child takes a share of them.
+#[test]
+fn least_pending_zones_hdd_reads_and_still_balances() {
+    // Returns, per read, the child that served it (when one reader runs alone), and the reads
+    // per child.
+    let run = |readers: u64, span: u64| {
+        let sim = Sim::new(18);
+        let env = sim.env();
+        let tunables = Tunables::default();
+        let (mirror, devices) = mirror_of(&env, &[SimProfile::hdd(), SimProfile::hdd()], &tunables);
+        let m = Arc::clone(&mirror);
+        let served = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (s, d) = (Arc::clone(&served), devices.clone());
+        sim.run(async move {
+            let tasks = (0..readers).map(|reader| {
+                let (m, s, d) = (Arc::clone(&m), Arc::clone(&s), d.clone());
+                async move {
+                    for i in 1..=40u64 {
+                        let offset = (reader * 7_919 + i * 104_729) % (span / 16384) * 16384;
+                        let before = d[0].stats().reads;
+                        m.read(offset, 16384, IoClass::SyncRead, &|_: &[u8]| true).await.unwrap();
+                        let child = if d[0].stats().reads > before { 0 } else { 1 };
+                        s.lock().push((offset, child));
+                    }
+                }
+            });
+            futures::future::join_all(tasks).await;
+        })
+        .unwrap();
+        let served = served.lock().clone();
+        (served, devices[0].stats().reads, devices[1].stats().reads)
+    };
+    // One reader at a time over the whole device: each read goes to its zone's child.
+    let (served, _, _) = run(1, DEVICE_BYTES);
+    let low = served.iter().filter(|&&(offset, _)| offset < DEVICE_BYTES / 2).count();
+    assert!(low > 5 && low < 35, "the offsets should cover both zones ({low} of 40 low)");
+    for (offset, child) in served {
+        assert_eq!(child, usize::from(offset >= DEVICE_BYTES / 2), "read at {offset}");
+    }
+    // Sixteen readers, all in the first zone: the second child still serves a share.
+    let (served, first, second) = run(16, DEVICE_BYTES / 2);
+    assert!(served.iter().all(|&(offset, _)| offset < DEVICE_BYTES / 2));
+    assert!(second * 5 > first + second, "child 1 served {second} of {} reads", first + second);
+}
+
 /// Log writes and reads through a leaf on a deep-queued HDD: a sync write enqueued behind a
 /// pile of reads completes before most of them when reads are capped below the queue depth.
 #[test]

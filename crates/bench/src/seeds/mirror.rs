@@ -8,9 +8,9 @@
 //! of 16 GiB spread over the pool, striped over the two top-level vdevs in 1 MiB units. As in
 //! ZFS with its default 128 KiB recordsize, every read goes through 128 KiB records, and
 //! sequential readers prefetch as ZFS's zfetch does: records up to 8 MiB ahead of each stream
-//! are always in flight, so a 4 KiB and a 1 MiB sequential reader both stream. A random read
-//! fetches the whole records it touches, with no prefetch. Each point runs for a fixed span of
-//! virtual time and counts what completed.
+//! (`--prefetch-mib`) are always in flight, so a 4 KiB and a 1 MiB sequential reader both
+//! stream. A random read fetches the whole records it touches, with no prefetch. Each point
+//! runs for a fixed span of virtual time and counts what completed.
 //!
 //! Why prefetch matters to the result: with it, a stream hands each disk long runs. Offset-modulo
 //! deals a stream's 2 MiB chunks out to the children in turn, so each child reads a chunk, skips
@@ -39,8 +39,9 @@ const READERS: u64 = 16;
 const RECORD_BYTES: u64 = 128 << 10;
 const REGION_BYTES: u64 = 16 << 30;
 const STRIPE_BYTES: u64 = 1 << 20;
-/// How far ahead a sequential stream's prefetch runs (zfetch_max_distance).
-const PREFETCH_BYTES: u64 = 8 << 20;
+/// How far ahead a sequential stream's prefetch runs by default: OpenZFS's
+/// zfetch_max_distance. `--prefetch-mib` varies it.
+pub const PREFETCH_BYTES: u64 = 8 << 20;
 const DISK_BYTES: u64 = 1_000_000_000_000 / 4096 * 4096;
 
 /// The four workloads of the seed's table, in its column order.
@@ -138,20 +139,28 @@ pub struct Row {
 pub struct Report {
     pub seconds_per_point: f64,
     pub seed: u64,
+    /// How far ahead each sequential reader's prefetch ran.
+    pub prefetch_bytes: u64,
     /// Tunables given with `--set`.
     pub settings: Vec<String>,
     pub rows: Vec<Row>,
 }
 
 /// Runs every layout, workload and policy.
-pub fn run(seconds: f64, seed: u64, settings: &Settings) -> Result<Report, TunableError> {
+pub fn run(
+    seconds: f64,
+    seed: u64,
+    prefetch_bytes: u64,
+    settings: &Settings,
+) -> Result<Report, TunableError> {
     let modulo = tunables_with(settings, &[("mirror.read_policy", "offset-modulo")])?;
     let least = tunables_with(settings, &[("mirror.read_policy", "least-pending")])?;
     let rows = layouts()
         .into_iter()
         .map(|layout| {
-            let measure =
-                |t: &Tunables| Workload::ALL.map(|w| run_point(&layout, t, w, seconds, seed));
+            let measure = |t: &Tunables| {
+                Workload::ALL.map(|w| run_point(&layout, t, w, prefetch_bytes, seconds, seed))
+            };
             Row {
                 layout: layout.name.clone(),
                 offset_modulo: measure(&modulo),
@@ -162,7 +171,7 @@ pub fn run(seconds: f64, seed: u64, settings: &Settings) -> Result<Report, Tunab
         })
         .collect();
     let settings = settings.iter().map(|(n, v)| format!("{n}={v}")).collect();
-    Ok(Report { seconds_per_point: seconds, seed, settings, rows })
+    Ok(Report { seconds_per_point: seconds, seed, prefetch_bytes, settings, rows })
 }
 
 fn build_root(env: &Env, layout: &Layout, tunables: &Tunables) -> (Root, Vec<SimDevice>) {
@@ -197,6 +206,7 @@ pub fn run_point(
     layout: &Layout,
     tunables: &Tunables,
     workload: Workload,
+    prefetch_bytes: u64,
     seconds: f64,
     seed: u64,
 ) -> f64 {
@@ -219,7 +229,8 @@ pub fn run_point(
             let base = reader * spacing;
             async move {
                 if workload.sequential() {
-                    read_sequential(&root, &env, base, workload.block_bytes(), end, &done).await;
+                    let block = workload.block_bytes();
+                    read_sequential(&root, &env, base, block, prefetch_bytes, end, &done).await;
                 } else {
                     read_random(&root, &env, base, workload.block_bytes(), end, &done, rng).await;
                 }
@@ -263,20 +274,21 @@ async fn read_record(root: Arc<Root>, base: u64, record: u64) -> bool {
     root.read(dva, RECORD_BYTES as u32, IoClass::SyncRead, &|_: &[u8]| true).await.is_ok()
 }
 
-/// A sequential reader with ZFS-style prefetch: records up to `PREFETCH_BYTES` ahead of the
+/// A sequential reader with ZFS-style prefetch: records up to `prefetch_bytes` ahead of the
 /// reader are always in flight, and the reader consumes them in order.
 async fn read_sequential(
     root: &Arc<Root>,
     env: &Env,
     base: u64,
     block: u64,
+    prefetch_bytes: u64,
     end: Time,
     done: &Rc<RefCell<(u64, u64)>>,
 ) {
     let mut in_flight = FuturesOrdered::new();
     let (mut next_record, mut position, mut available) = (0u64, 0u64, 0u64);
     while env.now() < end {
-        while next_record * RECORD_BYTES < position + block + PREFETCH_BYTES {
+        while next_record * RECORD_BYTES < position + block + prefetch_bytes {
             in_flight.push_back(read_record(Arc::clone(root), base, next_record));
             next_record += 1;
         }
@@ -359,9 +371,11 @@ impl Report {
             }
         }
         out.push_str(&format!(
-            "\nVirtual time: {:.0} s per point, simulator seed {}, tunables: {}. MB = 10^6 bytes.\n",
+            "\nVirtual time: {:.0} s per point, simulator seed {}, prefetch {} MiB per sequential \
+             reader, tunables: {}. MB = 10^6 bytes.\n",
             self.seconds_per_point,
             self.seed,
+            self.prefetch_bytes >> 20,
             if self.settings.is_empty() { "defaults".to_owned() } else { self.settings.join(" ") }
         ));
         out
