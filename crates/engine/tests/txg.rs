@@ -646,8 +646,18 @@ fn resize_and_destroy_volumes() {
     .unwrap();
 }
 
+/// A volume's allocation map, asserting that a read's map (`read_with_status`, what NBD reads
+/// use) agrees with `block_status`, and its data with `read`.
+async fn block_status_checked(store: &Store, offset: u64, len: u64) -> Vec<(u64, bool)> {
+    let status = store.block_status("v", offset, len).await.unwrap();
+    let (data, runs) = store.read_with_status("v", offset, len).await.unwrap();
+    assert_eq!(runs, status, "the read's map at {offset}+{len}");
+    assert_eq!(data, store.read("v", offset, len).await.unwrap(), "the read's data");
+    status
+}
+
 /// Holes are reported as such: never-written, trimmed and zeroed ranges are holes (and read as
-/// zeros), written ones are data, before and after a sync.
+/// zeros), written ones are data, before and after a sync, and a read's map agrees.
 #[test]
 fn block_status_reports_holes() {
     let sim = Sim::new(5);
@@ -659,19 +669,39 @@ fn block_status_reports_holes() {
         let spec = common::mirror_pool(specs);
         let store = Store::create(Pool::create(&env, spec, &tunables).await.unwrap(), &tunables);
         store.create_volume("v", 1 << 20, 4096).unwrap();
-        assert_eq!(store.block_status("v", 0, 1 << 20).await.unwrap(), vec![(1 << 20, false)]);
+        assert_eq!(block_status_checked(&store, 0, 1 << 20).await, vec![(1 << 20, false)]);
         store.write("v", 8192, &[1; 8192]).await.unwrap();
         let expected = vec![(8192, false), (8192, true), ((1 << 20) - 16384, false)];
-        assert_eq!(store.block_status("v", 0, 1 << 20).await.unwrap(), expected);
+        assert_eq!(block_status_checked(&store, 0, 1 << 20).await, expected);
         store.sync().await.unwrap();
-        assert_eq!(store.block_status("v", 0, 1 << 20).await.unwrap(), expected);
+        assert_eq!(block_status_checked(&store, 0, 1 << 20).await, expected);
+        // A partial write over a synced block and one over a hole, both still in memory.
+        store.write("v", 8192 + 512, &[2; 512]).await.unwrap();
+        store.write("v", 40960 + 1024, &[3; 1024]).await.unwrap();
+        let patched = vec![
+            (8192, false),
+            (8192, true),
+            (40960 - 16384, false),
+            (4096, true),
+            ((1 << 20) - 45056, false),
+        ];
+        assert_eq!(block_status_checked(&store, 0, 1 << 20).await, patched);
+        store.sync().await.unwrap();
+        assert_eq!(block_status_checked(&store, 0, 1 << 20).await, patched);
+        store.zero("v", 40960, 4096).await.unwrap();
+        // A zeroed block in memory, not yet synced, is a hole.
         store.zero("v", 8192, 4096).await.unwrap();
-        store.sync().await.unwrap();
         let after = vec![(12288, false), (4096, true), ((1 << 20) - 16384, false)];
-        assert_eq!(store.block_status("v", 0, 1 << 20).await.unwrap(), after);
+        assert_eq!(block_status_checked(&store, 0, 1 << 20).await, after);
+        store.sync().await.unwrap();
+        assert_eq!(block_status_checked(&store, 0, 1 << 20).await, after);
         assert_eq!(store.read("v", 8192, 4096).await.unwrap(), vec![0; 4096]);
         // Partial ranges are clipped to the request.
-        assert_eq!(store.block_status("v", 12800, 1024).await.unwrap(), vec![(1024, true)]);
+        assert_eq!(block_status_checked(&store, 12800, 1024).await, vec![(1024, true)]);
+        assert_eq!(
+            block_status_checked(&store, 11776, 1024).await,
+            vec![(512, false), (512, true)]
+        );
     })
     .unwrap();
 }

@@ -544,25 +544,18 @@ async fn read(session: &Session, request: &Request) -> Vec<u8> {
         )
         .to_vec();
     }
-    // Holes go out as hole chunks unless the client asked for one piece (DF).
-    let runs = if request.flags & proto::CMD_FLAG_DF != 0 {
-        vec![(len, true)]
-    } else {
-        match volume.block_status(offset, len).await {
-            Ok(runs) => runs,
-            Err(e) => return error_reply(session, request, errno(&e), &e.to_string()),
-        }
+    // Holes go out as hole chunks unless the client asked for one piece (DF). One read of the
+    // whole range gives both the data and the map, from the same snapshot.
+    let (data, runs) = match volume.read_with_status(offset, len).await {
+        Ok(read) => read,
+        Err(e) => return error_reply(session, request, errno(&e), &e.to_string()),
     };
+    let runs = if request.flags & proto::CMD_FLAG_DF != 0 { vec![(len, true)] } else { runs };
     let mut out = Vec::with_capacity(len as usize + 64);
     let mut at = offset;
     for (i, &(run, allocated)) in runs.iter().enumerate() {
         let flags = if i + 1 == runs.len() { proto::REPLY_FLAG_DONE } else { 0 };
         if allocated {
-            let data = match volume.read(at, run).await {
-                Ok(data) => data,
-                // Chunks already built are not sent: the reply is this error alone.
-                Err(e) => return error_reply(session, request, errno(&e), &e.to_string()),
-            };
             out.extend_from_slice(&proto::chunk_header(
                 request.cookie,
                 flags,
@@ -570,7 +563,8 @@ async fn read(session: &Session, request: &Request) -> Vec<u8> {
                 8 + run as u32,
             ));
             out.extend_from_slice(&at.to_be_bytes());
-            out.extend_from_slice(&data);
+            let from = (at - offset) as usize;
+            out.extend_from_slice(&data[from..from + run as usize]);
         } else {
             out.extend_from_slice(&proto::chunk_header(
                 request.cookie,

@@ -859,16 +859,32 @@ impl Store {
 
     /// Reads `len` bytes at `offset`.
     pub async fn read(&self, volume: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
+        Ok(self.read_with_status(volume, offset, len).await?.0)
+    }
+
+    /// Reads `len` bytes at `offset`, and says which parts are allocated as
+    /// [`Store::block_status`] would: runs of (bytes, allocated) in order. The read looks up
+    /// every block's pointer anyway, so an NBD read that sends holes as hole chunks gets the
+    /// map without a second walk of the tree (that walk was 6% of the server's CPU on uncached
+    /// random reads).
+    pub async fn read_with_status(
+        &self,
+        volume: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Vec<u8>, Vec<(u64, bool)>), StoreError> {
         self.check_live()?;
         let entry = self.volume_entry(volume)?;
         Self::check_range(&entry, offset, len)?;
         if len == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let bs = u64::from(entry.block_bytes);
         let mut out = vec![0u8; len as usize];
         let first = offset / bs;
         let last = (offset + len - 1) / bs;
+        // Whether each block `first..=last` holds data; holes and zeroed blocks do not.
+        let mut allocated = vec![true; (last - first + 1) as usize];
         // Blocks with a version in memory go through `block`; the others are read from the
         // root of the same snapshot, adjacent ones in spans of one I/O each.
         let (in_memory, root, levels) = {
@@ -886,6 +902,7 @@ impl Store {
             }
             let Some(bp) = objset::data_block_pointer(&self.pool, root, levels, index).await?
             else {
+                allocated[(index - first) as usize] = false;
                 continue;
             };
             if let Some(hit) = self.pool.cache().get(&bp) {
@@ -927,10 +944,22 @@ impl Store {
                     out[dst].copy_from_slice(
                         &block.bytes()[(from - block_start) as usize..(to - block_start) as usize],
                     );
+                } else {
+                    allocated[(index - first) as usize] = false;
                 }
             }
         }
-        Ok(out)
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        for (i, &data) in allocated.iter().enumerate() {
+            let block_start = (first + i as u64) * bs;
+            let n = (offset + len).min(block_start + bs) - offset.max(block_start);
+            match runs.last_mut() {
+                Some((run, kind)) if *kind == data => *run += n,
+                _ => runs.push((n, data)),
+            }
+        }
+        debug_assert_eq!(runs.iter().map(|&(n, _)| n).sum::<u64>(), len);
+        Ok((out, runs))
     }
 
     /// Data blocks `start..` with pointers `bps`: in one I/O when there are several, else (or

@@ -85,6 +85,17 @@ impl Volume {
         self.store.read(&self.name, offset, len).await
     }
 
+    /// Reads, and maps what is allocated (see [`Store::read_with_status`]).
+    pub async fn read_with_status(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Vec<u8>, Vec<(u64, bool)>), StoreError> {
+        let _slot = self.slot().await;
+        let _counted = InFlight::new(&self.requests);
+        self.store.read_with_status(&self.name, offset, len).await
+    }
+
     /// Writes `data` at `offset`; with `fua` it is durable when this returns. Without it, a
     /// write that is the volume's only request may start its log write early
     /// ([`Store::commit_early`]).
