@@ -2,10 +2,11 @@
 # What one client operation costs the server: IOPS, server CPU, context switches and disk
 # commands per operation, for one fio job against sluice or qemu-nbd on a fresh image.
 #
-# Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|randread] [JOBS] [--bin PATH]
+# Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|randread|seqread] [JOBS] [--bin PATH]
 #        [--block-size 4K] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
 #   syncwrite: 4 KiB random writes, each followed by a flush, JOBS jobs at queue depth 1
 #   randread:  4 KiB random reads at queue depth 32
+#   seqread:   1 MiB sequential reads at queue depth 8 (IOPS are MiB/s)
 # The image is a 1 GiB volume (sluice: in a 3 GiB zeroed leaf; qemu-nbd: a 1.5 GiB zeroed raw
 # file, cache=none, aio=native) written sequentially first, as bench/peers.sh does. Disk
 # commands come from /proc/diskstats of --disk (the device under the data directory), so run
@@ -54,7 +55,8 @@ fio --name=prefill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --
 case $job in
   syncwrite) args=(--rw=randwrite --fsync=1 --numjobs="$jobs" --iodepth=1) ;;
   randread) args=(--rw=randread --iodepth=32) ;;
-  *) echo "per-op: job is syncwrite or randread" >&2; exit 2 ;;
+  seqread) args=(--rw=read --bs=1M --iodepth=8) ;;
+  *) echo "per-op: job is syncwrite, randread or seqread" >&2; exit 2 ;;
 esac
 sample() {
   local cpu switches disk_io
