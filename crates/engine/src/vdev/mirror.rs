@@ -361,6 +361,7 @@ impl Mirror {
     }
 
     fn least_loaded(&self, offset: u64, usable: &[usize]) -> Option<usize> {
+        let home = self.zone(offset);
         let load = |child: usize| {
             let leaf = &self.children[child];
             let pending = leaf.pending();
@@ -373,7 +374,7 @@ impl Mirror {
                     Some(_) => pending + self.load.rotating_seek_inc / 2,
                     None if leaf.last_end() == offset => pending / 2 + self.load.rotating_inc,
                     // A seek within the child's own zone is a short one (see `zone`).
-                    None if self.zone(offset) == child => pending + self.load.rotating_seek_inc / 2,
+                    None if child == home => pending + self.load.rotating_seek_inc / 2,
                     None => pending + self.load.rotating_seek_inc,
                 }
             } else if leaf.pending_end_distance(offset, 0) == Some(0) || leaf.last_end() == offset {
