@@ -67,6 +67,43 @@ nbdinfo --list "nbd+unix://?socket=$sock" | grep -q 'export="extra"' || fail "a 
 "$bin" vol destroy sluice/extra >/dev/null
 if "$bin" pool export sluice 2>/dev/null; then fail "pool export of a served pool was not refused"; fi
 
+step "pool iostat: counts what clients asked of a volume"
+"$bin" vol create sluice/watched --size 64M >/dev/null
+/usr/bin/python3 - "nbd+unix:///watched?socket=$sock" <<'EOF'
+import sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+for i in range(5):
+    h.pwrite(bytes([i + 1]) * 4096, i * 65536)
+h.flush()
+assert h.pread(4096, 65536) == bytes([2]) * 4096
+h.shutdown()
+EOF
+"$bin" pool iostat sluice --latency 0.2 2 >"$work/iostat.txt" || fail "pool iostat failed"
+/usr/bin/python3 - "$work/iostat.txt" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+first, second = text.split("\n\n")[:2]
+assert first.startswith("pool sluice: since import") and "the last" in second, text
+def counts(report):
+    # Latency rows of the volume: its name on the first, the request type then the count.
+    rows, inside = {}, False
+    for line in report.splitlines():
+        if line.startswith("  watched (arrival to answer)"):
+            inside = True
+        elif line.startswith("  ") and not line.startswith("   "):
+            inside = False
+        if inside:
+            m = re.search(r"(read|write|flush|zero)\s+(\d+)\s", line)
+            rows[m.group(1)] = int(m.group(2))
+    return rows
+assert counts(first) == {"read": 1, "write": 5, "flush": 1}, (counts(first), first)
+# Nothing reached the volume in the second report's interval.
+assert counts(second) == {}, second
+assert re.search(r"^  watched\s", first, re.M), first
+EOF
+"$bin" vol destroy sluice/watched >/dev/null
+
 step "qemu-img: convert a random image in and out, compare, map"
 head -c 24M /dev/urandom >"$work/rand.img"
 truncate -s 256M "$work/rand.img"

@@ -9,6 +9,7 @@
 //! virtual time).
 
 mod control;
+mod iostat;
 mod pools;
 mod serve;
 
@@ -117,6 +118,25 @@ enum PoolCommand {
     Export { name: String },
     /// Show layout, health, error counts, space and volumes.
     Status { names: Vec<String> },
+    /// Show what a served pool is doing: I/Os, bytes and flushes per second for the pool,
+    /// each top-level vdev and each leaf (a mirror's row adds up its leaves); I/Os queued and
+    /// in the device now, and the depth the device queue allows; client requests per volume;
+    /// intent-log commits and blocks; txg syncs. The first report covers the time since
+    /// import, each later one the INTERVAL before it. `--latency` adds percentiles per leaf and
+    /// I/O class (queued to done) and per volume and request type (arrival to answer).
+    Iostat {
+        name: String,
+        /// Seconds between reports; without it, one report.
+        interval: Option<f64>,
+        /// Reports to print (default: one without INTERVAL, endless with it).
+        count: Option<u64>,
+        /// Add latency percentiles.
+        #[arg(short, long)]
+        latency: bool,
+    },
+    /// The counters `iostat` reads, as JSON (answered by the server).
+    #[command(hide = true)]
+    Stats { name: String },
     /// Read every copy of every block, repair bad copies, report.
     Scrub { name: String },
     /// Erase the pool's labels: its leaves are no longer a pool.
@@ -311,6 +331,7 @@ pub(crate) async fn run_pool_command(
     match cli.command {
         Command::Pool { pool: PoolCommand::Status { names } } => pools::status(ctx, &names).await,
         Command::Pool { pool: PoolCommand::Scrub { name } } => pools::scrub(ctx, &name).await,
+        Command::Pool { pool: PoolCommand::Stats { name } } => pools::stats(ctx, &name),
         Command::Vol { vol: VolCommand::Create { spec, size, block_size, dedup } } => {
             pools::vol_create(ctx, &spec, size, block_size, dedup).await
         }
@@ -323,7 +344,8 @@ pub(crate) async fn run_pool_command(
             pools::vol_resize(ctx, &spec, size).await
         }
         _ => anyhow::bail!(
-            "only pool status|scrub and vol create|list|set|resize|destroy run on a served pool"
+            "only pool status|stats|scrub and vol create|list|set|resize|destroy run on a served \
+             pool"
         ),
     }
 }
@@ -344,6 +366,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 tunables,
             };
             on_runtime(|env| async move { serve::serve(&env, options).await })
+        }
+        // A loop of requests to the server and sleeps: no runtime needed.
+        Command::Pool { pool: PoolCommand::Iostat { name, interval, count, latency } } => {
+            let interval = interval
+                .map(|s| {
+                    anyhow::ensure!(
+                        s > 0.0 && s <= 86_400.0,
+                        "the iostat INTERVAL is in seconds, above 0 and at most 86400; got {s}"
+                    );
+                    Ok(std::time::Duration::from_secs_f64(s))
+                })
+                .transpose()?;
+            anyhow::ensure!(count != Some(0), "the iostat COUNT must be at least 1");
+            iostat::run(&iostat::Options { pool: name, interval, count, latency })
         }
         Command::Pool { pool } => on_runtime(|env| async move {
             let refuse_if_served = |name: &str| {
@@ -387,6 +423,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 PoolCommand::Scrub { name } => {
                     per_pool(&env, &name, vec!["pool".into(), "scrub".into(), name.clone()]).await
                 }
+                PoolCommand::Stats { name } => {
+                    per_pool(&env, &name, vec!["pool".into(), "stats".into(), name.clone()]).await
+                }
+                PoolCommand::Iostat { .. } => unreachable!("iostat runs without a runtime"),
             }
         }),
         Command::Vol { vol } => on_runtime(|env| async move {

@@ -329,6 +329,19 @@ pub async fn scrub(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The served pool's counters as JSON, for `sluice pool iostat` (see `crate::iostat`).
+pub fn stats(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<()> {
+    let Some(store) = ctx.live.as_ref().filter(|s| s.pool().name() == name) else {
+        bail!(
+            "pool {name} is not being served: its statistics come from a running `sluice serve \
+             {name}`"
+        );
+    };
+    let text = crate::iostat::snapshot(store).to_string();
+    ctx.say(text);
+    Ok(())
+}
+
 pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
     let names: Vec<String> =
         if names.is_empty() { read_cache()?.into_keys().collect() } else { names.to_vec() };

@@ -857,6 +857,56 @@ fn concurrent_patches_across_quiesces_keep_every_sector() {
 /// (`intent_log.early_commit=auto`): its flushes find the records already on their way. Writes
 /// that stream without flushes stop it within two records, `off` never does it, and what was
 /// written early is durable the same way: it reads back after an export and import.
+/// The volume front counts every answered request per type, across all handles, with its
+/// bytes and its latency from arrival to answer; errors are counted too.
+#[test]
+fn volumes_count_requests_and_their_latency() {
+    use sluice_engine::stats::VolumeOp;
+    let sim = Sim::new(32);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        let t = Tunables::default();
+        let pool = Pool::create(&env, common::mirror_pool(specs), &t).await.unwrap();
+        let store = Arc::new(Store::create(pool, &t));
+        store.create_volume("v", 4 << 20, 16384).unwrap();
+        store.sync().await.unwrap();
+        let a = sluice_engine::volume::Volume::open(&store, "v").unwrap();
+        let b = sluice_engine::volume::Volume::open(&store, "v").unwrap();
+        for i in 0..3u64 {
+            a.write(i * 4096, &[1; 4096], false).await.unwrap();
+        }
+        b.write(65536, &[2; 8192], true).await.unwrap();
+        // The FUA write made everything before it durable; this one leaves the flush work.
+        a.write(12288, &[1; 4096], false).await.unwrap();
+        a.flush().await.unwrap();
+        assert_eq!(b.read(0, 4096).await.unwrap(), vec![1; 4096]);
+        b.zero(0, 16384, false).await.unwrap();
+        assert!(a.read(8 << 20, 4096).await.is_err(), "a read beyond the end must fail");
+        let stats = store.volume_stats("v").unwrap();
+        let requests = |op: VolumeOp| stats.requests[op.index()].get();
+        assert_eq!(
+            VolumeOp::ALL.map(requests),
+            [2, 5, 1, 1],
+            "reads, writes, flushes, zeroes counted over both handles"
+        );
+        assert_eq!(stats.write_bytes.get(), 4 * 4096 + 8192);
+        assert_eq!(stats.read_bytes.get(), 4096, "the failed read moved no bytes");
+        assert_eq!(stats.errors.get(), 1);
+        for op in VolumeOp::ALL {
+            assert_eq!(stats.latency[op.index()].count(), requests(op), "{op:?} latencies");
+        }
+        // The flush waited for the log's device write and flush (300 us on this SSD model);
+        // the plain writes only for memory.
+        let flush = stats.latency[VolumeOp::Flush.index()].mean();
+        assert!(flush >= Duration::from_micros(300), "flush latency {flush:?}");
+        assert!(stats.latency[VolumeOp::Write.index()].quantile(0.5) < flush);
+        assert!(store.volume_stats("nope").is_err());
+    })
+    .unwrap();
+}
+
 #[test]
 fn a_lone_sync_writer_commits_early() {
     for setting in ["auto", "off"] {

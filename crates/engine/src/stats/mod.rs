@@ -1,8 +1,9 @@
-//! Counters and latency histograms per vdev (and later per pool and volume).
+//! Counters and latency histograms per vdev and per volume.
 //!
 //! Everything here is updated with relaxed atomics on the I/O path and read as a consistent
 //! enough snapshot by `status`/`iostat`: counters only go up, so a reader never sees a total go
-//! backwards. The histogram is fixed-size (log-linear buckets, 4 sub-buckets per power of two,
+//! backwards, and the difference of two snapshots (a [`HistogramSnapshot`] too) describes what
+//! happened between them. The histogram is fixed-size (log-linear buckets, 4 sub-buckets per power of two,
 //! about 19% relative error) so recording is allocation-free and lock-free; written here because
 //! hdrhistogram needs `&mut` to record and would put a lock on every I/O completion.
 
@@ -73,19 +74,88 @@ impl Histogram {
 
     /// The latency below which `quantile` (0..=1) of the samples fall, to bucket precision.
     pub fn quantile(&self, quantile: f64) -> Duration {
-        let count = self.count();
-        if count == 0 {
-            return Duration::ZERO;
+        quantile_of(self.buckets.iter().map(|b| b.load(Ordering::Relaxed)), self.count(), quantile)
+    }
+
+    /// The counts now, to subtract an earlier snapshot from or to send elsewhere.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            buckets: self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect(),
+            count: self.count(),
+            sum_nanos: self.sum_nanos.load(Ordering::Relaxed),
         }
-        let rank = ((count as f64 * quantile.clamp(0.0, 1.0)).ceil() as u64).max(1);
-        let mut seen = 0;
-        for (index, bucket) in self.buckets.iter().enumerate() {
-            seen += bucket.load(Ordering::Relaxed);
-            if seen >= rank {
-                return Duration::from_nanos(bucket_limit(index));
-            }
+    }
+}
+
+fn quantile_of(buckets: impl Iterator<Item = u64>, count: u64, quantile: f64) -> Duration {
+    if count == 0 {
+        return Duration::ZERO;
+    }
+    let rank = ((count as f64 * quantile.clamp(0.0, 1.0)).ceil() as u64).max(1);
+    let mut seen = 0;
+    for (index, bucket) in buckets.enumerate() {
+        seen += bucket;
+        if seen >= rank {
+            return Duration::from_nanos(bucket_limit(index));
         }
-        Duration::from_nanos(bucket_limit(BUCKET_COUNT - 1))
+    }
+    Duration::from_nanos(bucket_limit(BUCKET_COUNT - 1))
+}
+
+/// A histogram's counts at one moment. Recording and snapshotting race (a sample may be in
+/// `count` and not yet in its bucket), so quantiles of a snapshot are as precise as the
+/// buckets, not exact.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HistogramSnapshot {
+    /// One count per bucket; empty for a snapshot of nothing.
+    pub buckets: Vec<u64>,
+    pub count: u64,
+    pub sum_nanos: u64,
+}
+
+impl HistogramSnapshot {
+    /// What was recorded after `earlier` (a snapshot of the same histogram).
+    pub fn since(&self, earlier: &HistogramSnapshot) -> HistogramSnapshot {
+        let buckets = self
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, n)| n.saturating_sub(earlier.buckets.get(i).copied().unwrap_or(0)))
+            .collect();
+        HistogramSnapshot {
+            buckets,
+            count: self.count.saturating_sub(earlier.count),
+            sum_nanos: self.sum_nanos.saturating_sub(earlier.sum_nanos),
+        }
+    }
+
+    pub fn mean(&self) -> Duration {
+        Duration::from_nanos(self.sum_nanos.checked_div(self.count).unwrap_or(0))
+    }
+
+    /// As [`Histogram::quantile`].
+    pub fn quantile(&self, quantile: f64) -> Duration {
+        let count = self.count.min(self.buckets.iter().sum());
+        quantile_of(self.buckets.iter().copied(), count, quantile)
+    }
+
+    /// The nonzero buckets as (index, count) pairs: a compact form to send.
+    pub fn sparse(&self) -> Vec<(usize, u64)> {
+        self.buckets.iter().copied().enumerate().filter(|(_, n)| *n > 0).collect()
+    }
+
+    /// Rebuilds a snapshot from [`HistogramSnapshot::sparse`]; `None` if an index is out of
+    /// range.
+    pub fn from_sparse(
+        pairs: &[(usize, u64)],
+        count: u64,
+        sum_nanos: u64,
+    ) -> Option<HistogramSnapshot> {
+        let mut buckets = vec![0; BUCKET_COUNT];
+        for &(index, n) in pairs {
+            *buckets.get_mut(index)? = n;
+        }
+        Some(HistogramSnapshot { buckets, count, sum_nanos })
     }
 }
 
@@ -128,6 +198,50 @@ pub struct LeafStats {
     pub latency: [Histogram; crate::tunables::IoClass::COUNT],
 }
 
+/// What a volume's clients asked of it, counted by the volume front ([`crate::volume`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VolumeOp {
+    Read,
+    Write,
+    Flush,
+    /// Trim and write-zeroes.
+    Zero,
+}
+
+impl VolumeOp {
+    pub const COUNT: usize = 4;
+    pub const ALL: [VolumeOp; VolumeOp::COUNT] =
+        [VolumeOp::Read, VolumeOp::Write, VolumeOp::Flush, VolumeOp::Zero];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            VolumeOp::Read => "read",
+            VolumeOp::Write => "write",
+            VolumeOp::Flush => "flush",
+            VolumeOp::Zero => "zero",
+        }
+    }
+}
+
+/// What one volume's clients asked of it since import, shared by every handle on the volume.
+/// A request counts when it is answered; `latency` runs from the volume front taking it to
+/// the answer, so it includes waiting for the log (flushes, FUA writes) and for the throttle.
+#[derive(Debug, Default)]
+pub struct VolumeStats {
+    /// Requests answered, successfully or not, per [`VolumeOp`].
+    pub requests: [Counter; VolumeOp::COUNT],
+    /// Bytes read and written (zeroed ranges are not counted).
+    pub read_bytes: Counter,
+    pub write_bytes: Counter,
+    /// Requests answered with an error.
+    pub errors: Counter,
+    pub latency: [Histogram; VolumeOp::COUNT],
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,5 +271,31 @@ mod tests {
         assert!((p50 - 500.0).abs() / 500.0 < 0.25, "p50 {p50}");
         assert!((p99 - 990.0).abs() / 990.0 < 0.25, "p99 {p99}");
         assert_eq!(histogram.count(), 1000);
+    }
+
+    /// The difference of two snapshots holds exactly the samples recorded between them, and
+    /// survives the sparse form.
+    #[test]
+    fn snapshots_subtract_and_round_trip() {
+        let histogram = Histogram::default();
+        for micros in 1..=100u64 {
+            histogram.record(Duration::from_micros(micros));
+        }
+        let before = histogram.snapshot();
+        for _ in 0..50 {
+            histogram.record(Duration::from_millis(10));
+        }
+        let after = histogram.snapshot();
+        let between = after.since(&before);
+        assert_eq!(between.count, 50);
+        assert_eq!(between.mean(), Duration::from_millis(10));
+        let p50 = between.quantile(0.5).as_micros() as f64;
+        assert!((p50 - 10_000.0).abs() / 10_000.0 < 0.25, "p50 {p50}");
+        // The earlier samples are gone from the difference: its smallest sample is 10 ms.
+        assert!(between.quantile(0.0) >= Duration::from_millis(8));
+        let sparse = after.sparse();
+        let rebuilt = HistogramSnapshot::from_sparse(&sparse, after.count, after.sum_nanos);
+        assert_eq!(rebuilt.as_ref(), Some(&after));
+        assert_eq!(HistogramSnapshot::from_sparse(&[(BUCKET_COUNT, 1)], 1, 1), None);
     }
 }

@@ -49,6 +49,7 @@ use crate::device::AlignedBuf;
 use crate::intent_log::{self, CommitPolicy, LogAddress, LogError, LogWriter};
 use crate::objset::{self, TreeUpdate};
 use crate::pool::{Pool, PoolError};
+use crate::stats::VolumeStats;
 use crate::tunables::{Tunable, Tunables};
 
 /// Largest span of adjacent blocks one read fetches in one I/O.
@@ -204,6 +205,8 @@ struct Volume {
     gate: Option<Arc<async_lock::Semaphore>>,
     /// Requests the volume front is serving now (crate::volume counts them).
     requests: Arc<std::sync::atomic::AtomicUsize>,
+    /// What the volume front has answered since import.
+    stats: Arc<VolumeStats>,
 }
 
 impl Volume {
@@ -217,6 +220,7 @@ impl Volume {
             gate: (limits.request_threads > 0)
                 .then(|| Arc::new(async_lock::Semaphore::new(limits.request_threads))),
             requests: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            stats: Arc::new(VolumeStats::default()),
         }
     }
 
@@ -267,6 +271,8 @@ pub struct Store {
     kick: Mutex<Option<futures::channel::mpsc::Sender<()>>>,
     syncs: crate::stats::Counter,
     log_stats: LogStats,
+    /// When this store was created or imported: what "since import" counts from.
+    opened: crate::rt::Time,
 }
 
 /// What the intent logs did: commits, fallbacks to txg syncs, and what import found.
@@ -388,6 +394,7 @@ impl Store {
         tunables: &Tunables,
     ) -> Store {
         allocator.set_log_vdevs(&pool.log_vdevs());
+        let opened = pool.env().now();
         Store {
             allocator: Arc::new(Mutex::new(allocator)),
             ddt: Arc::new(Ddt::new(pool.name(), ddt, tunables)),
@@ -400,6 +407,7 @@ impl Store {
             kick: Mutex::new(None),
             syncs: crate::stats::Counter::default(),
             log_stats: LogStats::default(),
+            opened,
         }
     }
 
@@ -610,6 +618,21 @@ impl Store {
     /// Txgs synced by this store so far.
     pub fn syncs(&self) -> u64 {
         self.syncs.get()
+    }
+
+    /// When the store was created or imported (the counters start there).
+    pub fn opened(&self) -> crate::rt::Time {
+        self.opened
+    }
+
+    /// What `volume`'s clients have asked of it since import, shared by every handle on it.
+    pub fn volume_stats(&self, volume: &str) -> Result<Arc<VolumeStats>, StoreError> {
+        self.state
+            .lock()
+            .volumes
+            .get(volume)
+            .map(|v| Arc::clone(&v.stats))
+            .ok_or_else(|| self.no_such_volume(volume))
     }
 
     /// Dirty bytes in the open txg.

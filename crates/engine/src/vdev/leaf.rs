@@ -127,6 +127,19 @@ impl Leaf {
         self.queues.iter().map(|q| q.lock().depth()).max().unwrap_or(0)
     }
 
+    /// I/Os in the device now, per class, over all submission queues (`pending` less these
+    /// are waiting to be issued).
+    pub fn active_by_class(&self) -> [u32; IoClass::COUNT] {
+        let mut active = [0; IoClass::COUNT];
+        for queue in &self.queues {
+            let queue = queue.lock();
+            for class in IoClass::ALL {
+                active[class.index()] += queue.active(class);
+            }
+        }
+        active
+    }
+
     /// A leaf is faulted once its device reported itself gone; mirrors stop reading from it.
     pub fn is_faulted(&self) -> bool {
         self.faulted.load(Ordering::Relaxed)

@@ -10,10 +10,15 @@
 //! queue depths and the dirty-data throttle. `volume.request_threads=N` caps it at N per
 //! volume, shared by every handle, to reproduce seed 000: with a cap, committers parked on the
 //! log hold every slot, so later writes cannot join the next log block and blocks stay small.
+//!
+//! Every answered request is counted in the volume's [`VolumeStats`], with its latency from
+//! arrival (before any wait for a slot) to answer: what `sluice pool iostat` shows per volume.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::rt::Time;
+use crate::stats::{VolumeOp, VolumeStats};
 use crate::txg::{Store, StoreError};
 
 /// A handle on one volume of a store. Cheap to clone; every clone shares the volume's
@@ -26,6 +31,7 @@ pub struct Volume {
     /// Requests in flight on the volume (all handles): the store keeps a lone writer's
     /// partial-block writes as patches, and completes them at once under concurrency.
     requests: Arc<AtomicUsize>,
+    stats: Arc<VolumeStats>,
 }
 
 /// Counts one request while it is served.
@@ -49,7 +55,32 @@ impl Volume {
     pub fn open(store: &Arc<Store>, name: &str) -> Result<Volume, StoreError> {
         let gate = store.request_gate(name)?;
         let requests = store.request_counter(name)?;
-        Ok(Volume { store: Arc::clone(store), name: name.to_owned(), gate, requests })
+        let stats = store.volume_stats(name)?;
+        Ok(Volume { store: Arc::clone(store), name: name.to_owned(), gate, requests, stats })
+    }
+
+    fn now(&self) -> Time {
+        self.store.pool().env().now()
+    }
+
+    /// Counts an answered request; `bytes` are the data it moved, if it succeeded.
+    fn answered<T>(
+        &self,
+        op: VolumeOp,
+        arrived: Time,
+        bytes: u64,
+        result: Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let stats = &self.stats;
+        stats.requests[op.index()].inc();
+        match (&result, op) {
+            (Ok(_), VolumeOp::Read) => stats.read_bytes.add(bytes),
+            (Ok(_), VolumeOp::Write) => stats.write_bytes.add(bytes),
+            (Ok(_), _) => {}
+            (Err(_), _) => stats.errors.inc(),
+        }
+        stats.latency[op.index()].record(self.now().since(arrived));
+        result
     }
 
     pub fn name(&self) -> &str {
@@ -80,9 +111,11 @@ impl Volume {
     }
 
     pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
+        let arrived = self.now();
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
-        self.store.read(&self.name, offset, len).await
+        let result = self.store.read(&self.name, offset, len).await;
+        self.answered(VolumeOp::Read, arrived, len, result)
     }
 
     /// Reads, and maps what is allocated (see [`Store::read_with_status`]).
@@ -91,42 +124,56 @@ impl Volume {
         offset: u64,
         len: u64,
     ) -> Result<(Vec<u8>, Vec<(u64, bool)>), StoreError> {
+        let arrived = self.now();
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
-        self.store.read_with_status(&self.name, offset, len).await
+        let result = self.store.read_with_status(&self.name, offset, len).await;
+        self.answered(VolumeOp::Read, arrived, len, result)
     }
 
     /// Writes `data` at `offset`; with `fua` it is durable when this returns. Without it, a
     /// write that is the volume's only request may start its log write early
     /// ([`Store::commit_early`]).
     pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
+        let arrived = self.now();
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
-        let sequence = self.store.write(&self.name, offset, data).await?;
-        if fua {
-            self.store.commit(&self.name, sequence).await?;
-        } else if self.requests.load(Ordering::Relaxed) == 1 {
-            self.store.commit_early(&self.name, sequence);
+        let result = async {
+            let sequence = self.store.write(&self.name, offset, data).await?;
+            if fua {
+                self.store.commit(&self.name, sequence).await?;
+            } else if self.requests.load(Ordering::Relaxed) == 1 {
+                self.store.commit_early(&self.name, sequence);
+            }
+            Ok(())
         }
-        Ok(())
+        .await;
+        self.answered(VolumeOp::Write, arrived, data.len() as u64, result)
     }
 
     /// Zeroes a range (trim and write-zeroes); whole blocks become holes.
     pub async fn zero(&self, offset: u64, len: u64, fua: bool) -> Result<(), StoreError> {
+        let arrived = self.now();
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
-        let sequence = self.store.zero(&self.name, offset, len).await?;
-        if fua {
-            self.store.commit(&self.name, sequence).await?;
+        let result = async {
+            let sequence = self.store.zero(&self.name, offset, len).await?;
+            if fua {
+                self.store.commit(&self.name, sequence).await?;
+            }
+            Ok(())
         }
-        Ok(())
+        .await;
+        self.answered(VolumeOp::Zero, arrived, 0, result)
     }
 
     /// Makes every completed write and zero of this volume durable.
     pub async fn flush(&self) -> Result<(), StoreError> {
+        let arrived = self.now();
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
-        self.store.flush(&self.name).await
+        let result = self.store.flush(&self.name).await;
+        self.answered(VolumeOp::Flush, arrived, 0, result)
     }
 
     /// Runs of (length, allocated) over `[offset, offset+len)`.
