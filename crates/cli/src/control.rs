@@ -1,7 +1,8 @@
 //! The control socket of `sluice serve`: while a pool is served, its leaves are locked by the
 //! server, so `sluice pool status|scrub` and `sluice vol create|list|set|resize|destroy` naming that
 //! pool are sent to the server, which runs them against its live store (a volume created this
-//! way is exported at once) and sends back their output.
+//! way is exported at once) and sends back their output. `sluice pool iostat` sends the hidden
+//! `pool stats` for the live counters (crate::iostat).
 //!
 //! The socket sits next to the pool cache file, named after the pool. One request per
 //! connection: the command's arguments as a JSON array on one line; the answer is a JSON object
