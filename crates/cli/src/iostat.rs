@@ -69,10 +69,12 @@ pub fn snapshot(store: &Store) -> Value {
             let s = store.volume_stats(&entry.name).ok()?;
             Some(json!({
                 "name": entry.name,
+                "block_bytes": entry.block_bytes,
                 "requests": s.requests.iter().map(|c| c.get()).collect::<Vec<_>>(),
                 "read_bytes": s.read_bytes.get(),
                 "write_bytes": s.write_bytes.get(),
                 "errors": s.errors.get(),
+                "partial_writes": s.partial_writes.get(),
                 "latency": histograms(&s.latency),
             }))
         })
@@ -162,8 +164,9 @@ struct LeafSnapshot {
 #[derive(Clone, Debug, Default)]
 struct VolumeSnapshot {
     name: String,
-    /// Requests per [`VolumeOp`], read bytes, write bytes, errors.
-    counts: [u64; VolumeOp::COUNT + 3],
+    block_bytes: u64,
+    /// Requests per [`VolumeOp`], read bytes, write bytes, errors, partial-block writes.
+    counts: [u64; VolumeOp::COUNT + 4],
     latency: Vec<HistogramSnapshot>,
 }
 
@@ -212,15 +215,17 @@ impl Snapshot {
             .iter()
             .map(|vol| {
                 let requests = vol["requests"].as_array()?;
-                let mut counts = [0; VolumeOp::COUNT + 3];
+                let mut counts = [0; VolumeOp::COUNT + 4];
                 for op in VolumeOp::ALL {
                     counts[op.index()] = requests.get(op.index())?.as_u64()?;
                 }
                 counts[VolumeOp::COUNT] = u(vol, "read_bytes")?;
                 counts[VolumeOp::COUNT + 1] = u(vol, "write_bytes")?;
                 counts[VolumeOp::COUNT + 2] = u(vol, "errors")?;
+                counts[VolumeOp::COUNT + 3] = u(vol, "partial_writes")?;
                 Some(VolumeSnapshot {
                     name: vol["name"].as_str()?.to_owned(),
+                    block_bytes: u(vol, "block_bytes")?,
                     counts,
                     latency: histograms(&vol["latency"])?,
                 })
@@ -334,23 +339,41 @@ fn report(now: &Snapshot, earlier: Option<&Snapshot>, latency: bool) -> String {
         }
     }
     out.push_str(&format!(
-        "{:<36} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>8} {:>6}\n",
-        "volume", "reads", "writes", "flushes", "zeroes", "read", "written", "errors", ""
+        "{:<36} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>6}\n",
+        "volume", "reads", "writes", "partial", "flushes", "zeroes", "read", "written", "errors"
     ));
+    let mut hints = String::new();
     for volume in &d.volumes {
         let c = &volume.counts;
+        let writes = c[VolumeOp::Write.index()];
+        let partial = c[VolumeOp::COUNT + 3];
         out.push_str(&format!(
-            "  {:<34} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>8}\n",
+            "  {:<34} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>6}\n",
             volume.name,
             rate(c[VolumeOp::Read.index()]),
-            rate(c[VolumeOp::Write.index()]),
+            rate(writes),
+            (100 * partial).checked_div(writes).map_or("-".to_owned(), |p| format!("{p}%")),
             rate(c[VolumeOp::Flush.index()]),
             rate(c[VolumeOp::Zero.index()]),
             bytes(c[VolumeOp::COUNT]),
             bytes(c[VolumeOp::COUNT + 1]),
             c[VolumeOp::COUNT + 2]
         ));
+        // Worth saying when most writes rewrite a bigger block than they carry.
+        if writes >= 100 && partial * 2 > writes && volume.block_bytes > 4096 {
+            let written = c[VolumeOp::COUNT + 1] / writes.max(1);
+            hints.push_str(&format!(
+                "  {}: {}% of writes cover part of a {} block (about {} each), and the txg \
+                 sync writes each such block whole; a volume made with `--block-size` near the \
+                 write size writes less.\n",
+                volume.name,
+                100 * partial / writes,
+                size(volume.block_bytes),
+                size(written),
+            ));
+        }
     }
+    out.push_str(&hints);
     let [commits, early, via_txg, blocks] = d.log;
     out.push_str(&format!(
         "intent log: {} commits/s ({} early, {} through a txg sync), {} log blocks/s, {:.2} commits \
@@ -428,6 +451,21 @@ fn scaled(value: f64, step: f64, unit: &str) -> String {
     }
 }
 
+/// A size in bytes as `16K` when it is a whole number of units, else as [`scaled`] gives it.
+fn size(bytes: u64) -> String {
+    let mut unit = 0;
+    let mut value = bytes;
+    while value >= 1024 && value % 1024 == 0 && unit < 4 {
+        value /= 1024;
+        unit += 1;
+    }
+    if unit > 0 || bytes < 1024 {
+        format!("{value}{}", ["B", "K", "M", "G", "T"][unit])
+    } else {
+        scaled(bytes as f64, 1024.0, "B")
+    }
+}
+
 fn duration(d: Duration) -> String {
     let micros = d.as_secs_f64() * 1e6;
     if d.is_zero() {
@@ -455,6 +493,10 @@ mod tests {
         assert_eq!(duration(Duration::from_micros(180)), "180us");
         assert_eq!(duration(Duration::from_micros(2500)), "2.5ms");
         assert_eq!(duration(Duration::ZERO), "-");
+        assert_eq!(size(16384), "16K");
+        assert_eq!(size(4096), "4K");
+        assert_eq!(size(512), "512B");
+        assert_eq!(size(6000), "5.86KB");
     }
 
     /// A report of two snapshots counts only what happened between them.
@@ -480,9 +522,18 @@ mod tests {
         for _ in 0..20 {
             histogram.record(Duration::from_micros(200));
         }
+        let volume = |writes: u64, partial: u64| VolumeSnapshot {
+            name: "vm".into(),
+            block_bytes: 16384,
+            counts: [0, writes, 0, 0, 0, writes * 4096, 0, partial],
+            latency: Vec::new(),
+        };
+        earlier.volumes.push(volume(500, 100));
         let mut now = earlier.clone();
         now.uptime = Duration::from_secs(12);
         now.leaves[0] = leaf(3000, histogram.snapshot());
+        // 400 writes in the interval, 300 of them partial: 75%, and worth a hint.
+        now.volumes[0] = volume(900, 400);
         let text = report(&now, Some(&earlier), true);
         // 2000 writes in 2 s: 1000 per second; the 20 samples of 200 us (recorded as sync
         // reads, the first class) in the latency table.
@@ -491,6 +542,12 @@ mod tests {
         assert_eq!(row.split_whitespace().nth(2), Some("1.00k"), "{row}");
         let latency = text.lines().find(|l| l.contains("sync_read")).expect("latency row");
         assert!(latency.contains(" 20 "), "{latency}");
+        let row = text.lines().find(|l| l.starts_with("  vm ")).expect("volume row");
+        assert_eq!(row.split_whitespace().nth(3), Some("75%"), "{row}");
+        assert!(
+            text.contains("vm: 75% of writes cover part of a 16K block (about 4K each)"),
+            "{text}"
+        );
         let first = report(&now, None, false);
         assert!(first.contains("since import, 12.0 s"), "{first}");
         assert!(!first.contains("latency"), "{first}");

@@ -880,6 +880,8 @@ fn volumes_count_requests_and_their_latency() {
         b.write(65536, &[2; 8192], true).await.unwrap();
         // The FUA write made everything before it durable; this one leaves the flush work.
         a.write(12288, &[1; 4096], false).await.unwrap();
+        // A whole block: the only write that is not partial.
+        b.write(16384 * 8, &[3; 16384], false).await.unwrap();
         a.flush().await.unwrap();
         assert_eq!(b.read(0, 4096).await.unwrap(), vec![1; 4096]);
         b.zero(0, 16384, false).await.unwrap();
@@ -888,10 +890,11 @@ fn volumes_count_requests_and_their_latency() {
         let requests = |op: VolumeOp| stats.requests[op.index()].get();
         assert_eq!(
             VolumeOp::ALL.map(requests),
-            [2, 5, 1, 1],
+            [2, 6, 1, 1],
             "reads, writes, flushes, zeroes counted over both handles"
         );
-        assert_eq!(stats.write_bytes.get(), 4 * 4096 + 8192);
+        assert_eq!(stats.write_bytes.get(), 4 * 4096 + 8192 + 16384);
+        assert_eq!(stats.partial_writes.get(), 5, "writes covering part of a 16 KiB block");
         assert_eq!(stats.read_bytes.get(), 4096, "the failed read moved no bytes");
         assert_eq!(stats.errors.get(), 1);
         for op in VolumeOp::ALL {

@@ -239,6 +239,10 @@ pub struct VolumeStats {
     pub write_bytes: Counter,
     /// Requests answered with an error.
     pub errors: Counter,
+    /// Writes that covered only part of a volume block: the txg sync rewrites the whole block
+    /// for each (read-modify-write), so a volume whose writes are mostly partial would do
+    /// better with a smaller block size.
+    pub partial_writes: Counter,
     pub latency: [Histogram; VolumeOp::COUNT],
 }
 

@@ -32,6 +32,8 @@ pub struct Volume {
     /// partial-block writes as patches, and completes them at once under concurrency.
     requests: Arc<AtomicUsize>,
     stats: Arc<VolumeStats>,
+    /// Fixed when the volume is made.
+    block_bytes: u64,
 }
 
 /// Counts one request while it is served.
@@ -56,7 +58,15 @@ impl Volume {
         let gate = store.request_gate(name)?;
         let requests = store.request_counter(name)?;
         let stats = store.volume_stats(name)?;
-        Ok(Volume { store: Arc::clone(store), name: name.to_owned(), gate, requests, stats })
+        let block_bytes = store.volume_info(name).map_or(1, |e| u64::from(e.block_bytes).max(1));
+        Ok(Volume {
+            store: Arc::clone(store),
+            name: name.to_owned(),
+            gate,
+            requests,
+            stats,
+            block_bytes,
+        })
     }
 
     fn now(&self) -> Time {
@@ -148,7 +158,11 @@ impl Volume {
             Ok(())
         }
         .await;
-        self.answered(VolumeOp::Write, arrived, data.len() as u64, result)
+        let len = data.len() as u64;
+        if result.is_ok() && (offset % self.block_bytes != 0 || len % self.block_bytes != 0) {
+            self.stats.partial_writes.inc();
+        }
+        self.answered(VolumeOp::Write, arrived, len, result)
     }
 
     /// Zeroes a range (trim and write-zeroes); whole blocks become holes.
