@@ -55,7 +55,7 @@ pub fn snapshot(store: &Store) -> Value {
                 "flushes": s.flushes.get(),
                 "errors": s.read_errors.get() + s.write_errors.get() + s.flush_errors.get()
                     + s.checksum_errors.get(),
-                "pending": l.leaf.pending(),
+                "queued": l.leaf.queued(),
                 "active": l.leaf.active_by_class().to_vec(),
                 "depth": l.leaf.queue_depth(),
                 "latency": histograms(&s.latency),
@@ -155,7 +155,8 @@ struct LeafSnapshot {
     top: usize,
     /// reads, writes, read bytes, write bytes, flushes, errors.
     counts: [u64; 6],
-    pending: u64,
+    /// I/Os waiting to be issued, and what is in the device (see `Leaf::active_by_class`).
+    queued: u64,
     active: u64,
     depth: u64,
     latency: Vec<HistogramSnapshot>,
@@ -203,7 +204,7 @@ impl Snapshot {
                         u(l, "flushes")?,
                         u(l, "errors")?,
                     ],
-                    pending: u(l, "pending")?,
+                    queued: u(l, "queued")?,
                     active: l["active"].as_array()?.iter().filter_map(Value::as_u64).sum(),
                     depth: u(l, "depth")?,
                     latency: histograms(&l["latency"])?,
@@ -250,7 +251,7 @@ impl Snapshot {
 }
 
 /// Counts are totals; what they became since `earlier` (a leaf or volume it lacks counts from
-/// zero). Gauges (pending, active, depth) stay as they are now.
+/// zero). Gauges (queued, active, depth) stay as they are now.
 fn difference(now: &Snapshot, earlier: &Snapshot) -> Snapshot {
     let sub = |a: &[u64], b: &[u64]| -> Vec<u64> {
         a.iter()
@@ -305,7 +306,7 @@ fn report(now: &Snapshot, earlier: Option<&Snapshot>, latency: bool) -> String {
     ));
     let row = |name: String, leaves: &[&LeafSnapshot], depth: Option<u64>| -> String {
         let sum = |i: usize| leaves.iter().map(|l| l.counts[i]).sum::<u64>();
-        let pending: u64 = leaves.iter().map(|l| l.pending).sum();
+        let queued: u64 = leaves.iter().map(|l| l.queued).sum();
         let active: u64 = leaves.iter().map(|l| l.active).sum();
         format!(
             "{:<36} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>6} {:>5} {:>6}\n",
@@ -315,7 +316,7 @@ fn report(now: &Snapshot, earlier: Option<&Snapshot>, latency: bool) -> String {
             bytes(sum(2)),
             bytes(sum(3)),
             rate(sum(4)),
-            pending.saturating_sub(active),
+            queued,
             active,
             depth.map_or(String::new(), |x| x.to_string()),
             sum(5)
@@ -507,7 +508,7 @@ mod tests {
             path: "/d/a".into(),
             top: 0,
             counts: [0, writes, 0, writes * 4096, writes, 0],
-            pending: 1,
+            queued: 1,
             active: 1,
             depth: 32,
             latency: vec![latency],

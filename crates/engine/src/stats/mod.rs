@@ -3,9 +3,10 @@
 //! Everything here is updated with relaxed atomics on the I/O path and read as a consistent
 //! enough snapshot by `status`/`iostat`: counters only go up, so a reader never sees a total go
 //! backwards, and the difference of two snapshots (a [`HistogramSnapshot`] too) describes what
-//! happened between them. The histogram is fixed-size (log-linear buckets, 4 sub-buckets per power of two,
-//! about 19% relative error) so recording is allocation-free and lock-free; written here because
-//! hdrhistogram needs `&mut` to record and would put a lock on every I/O completion.
+//! happened between them. The histogram is fixed-size (log-linear buckets, 4 sub-buckets per
+//! power of two, about 19% relative error) so recording is allocation-free and lock-free;
+//! written here because hdrhistogram needs `&mut` to record and would put a lock on every I/O
+//! completion.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -127,8 +127,14 @@ impl Leaf {
         self.queues.iter().map(|q| q.lock().depth()).max().unwrap_or(0)
     }
 
-    /// I/Os in the device now, per class, over all submission queues (`pending` less these
-    /// are waiting to be issued).
+    /// I/Os waiting in the submission queues to be issued.
+    pub fn queued(&self) -> usize {
+        self.queues.iter().map(|q| q.lock().queued_count()).sum()
+    }
+
+    /// What is in the device now, per class, over all submission queues: device commands on
+    /// rotational leaves (an aggregated command counts once), I/Os on others, as the scheduler
+    /// counts them against its limits.
     pub fn active_by_class(&self) -> [u32; IoClass::COUNT] {
         let mut active = [0; IoClass::COUNT];
         for queue in &self.queues {
