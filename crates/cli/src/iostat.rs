@@ -411,21 +411,22 @@ fn latency_table(d: &Snapshot) -> String {
             duration(h.quantile(1.0))
         )
     };
-    for leaf in &d.leaves {
-        let mut name = format!("  {} (queued to done)", leaf.path);
-        for class in IoClass::ALL {
-            let Some(h) = leaf.latency.get(class.index()).filter(|h| h.count > 0) else { continue };
-            out.push_str(&line(&name, class.name(), h));
+    // One line per kind with samples; the owner's name on the first.
+    let mut group = |mut name: String, rows: Vec<(&str, Option<&HistogramSnapshot>)>| {
+        for (what, h) in rows {
+            let Some(h) = h.filter(|h| h.count > 0) else { continue };
+            out.push_str(&line(&name, what, h));
             name.clear();
         }
+    };
+    for leaf in &d.leaves {
+        let rows = IoClass::ALL.iter().map(|c| (c.name(), leaf.latency.get(c.index()))).collect();
+        group(format!("  {} (queued to done)", leaf.path), rows);
     }
     for volume in &d.volumes {
-        let mut name = format!("  {} (arrival to answer)", volume.name);
-        for op in VolumeOp::ALL {
-            let Some(h) = volume.latency.get(op.index()).filter(|h| h.count > 0) else { continue };
-            out.push_str(&line(&name, op.name(), h));
-            name.clear();
-        }
+        let rows =
+            VolumeOp::ALL.iter().map(|o| (o.name(), volume.latency.get(o.index()))).collect();
+        group(format!("  {} (arrival to answer)", volume.name), rows);
     }
     out
 }
