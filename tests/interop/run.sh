@@ -102,6 +102,17 @@ assert counts(first) == {"read": 1, "write": 5, "flush": 1}, (counts(first), fir
 assert counts(second) == {}, second
 assert re.search(r"^  watched\s", first, re.M), first
 EOF
+"$bin" pool iostat sluice --json >"$work/iostat.json" || fail "pool iostat --json failed"
+/usr/bin/python3 - "$work/iostat.json" <<'EOF'
+import json, sys
+report = json.load(open(sys.argv[1]))
+vol = next(v for v in report["volumes"] if v["name"] == "watched")
+counts = {op: h["count"] for op, h in vol["latency"].items()}
+assert counts == {"read": 1, "write": 5, "flush": 1}, vol
+# 4 KiB writes on a 16 KiB-block volume each cover part of a block.
+assert vol["partial_writes"] == 5 and vol["block_bytes"] == 16384, vol
+assert report["since_import"] and report["leaves"], report
+EOF
 "$bin" vol destroy sluice/watched >/dev/null
 
 step "qemu-img: convert a random image in and out, compare, map"

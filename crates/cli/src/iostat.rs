@@ -104,6 +104,8 @@ pub struct Options {
     pub interval: Option<Duration>,
     pub count: Option<u64>,
     pub latency: bool,
+    /// One JSON document per report (a line each), with every figure.
+    pub json: bool,
 }
 
 /// Prints reports until `count` have been printed (one without an interval).
@@ -115,7 +117,11 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
             std::thread::sleep(options.interval.unwrap_or_default());
         }
         let now = fetch(&options.pool)?;
-        print!("{}", report(&now, earlier.as_ref(), options.latency));
+        if options.json {
+            println!("{}", report_json(&now, earlier.as_ref()));
+        } else {
+            print!("{}", report(&now, earlier.as_ref(), options.latency));
+        }
         earlier = Some(now);
     }
     Ok(())
@@ -286,6 +292,93 @@ fn difference(now: &Snapshot, earlier: &Snapshot) -> Snapshot {
         volume.latency = hist(&volume.latency, before.map(|e| &e.latency[..]));
     }
     out
+}
+
+/// A report as JSON: rates per second over the span, gauges as they are, and latency
+/// percentiles in microseconds for every kind with samples.
+fn report_json(now: &Snapshot, earlier: Option<&Snapshot>) -> Value {
+    let d = match earlier {
+        Some(earlier) => difference(now, earlier),
+        None => now.clone(),
+    };
+    let seconds = d.uptime.as_secs_f64().max(1e-3);
+    let per_second = |n: u64| n as f64 / seconds;
+    let micros = |t: Duration| t.as_secs_f64() * 1e6;
+    let latency = |names: &[&str], histograms: &[HistogramSnapshot]| -> Value {
+        let mut map = serde_json::Map::new();
+        for (name, h) in names.iter().zip(histograms).filter(|(_, h)| h.count > 0) {
+            map.insert(
+                (*name).to_owned(),
+                json!({
+                    "count": h.count,
+                    "mean_us": micros(h.mean()),
+                    "p50_us": micros(h.quantile(0.5)),
+                    "p99_us": micros(h.quantile(0.99)),
+                    "max_us": micros(h.quantile(1.0)),
+                }),
+            );
+        }
+        Value::Object(map)
+    };
+    let classes = IoClass::ALL.map(IoClass::name);
+    let ops = VolumeOp::ALL.map(VolumeOp::name);
+    let leaves: Vec<Value> = d
+        .leaves
+        .iter()
+        .map(|l| {
+            let c = &l.counts;
+            json!({
+                "path": l.path,
+                "top": l.top,
+                "reads_per_s": per_second(c[0]),
+                "writes_per_s": per_second(c[1]),
+                "read_bytes_per_s": per_second(c[2]),
+                "write_bytes_per_s": per_second(c[3]),
+                "flushes_per_s": per_second(c[4]),
+                "errors": c[5],
+                "queued": l.queued,
+                "active": l.active,
+                "depth": l.depth,
+                "latency": latency(&classes, &l.latency),
+            })
+        })
+        .collect();
+    let volumes: Vec<Value> = d
+        .volumes
+        .iter()
+        .map(|v| {
+            let c = &v.counts;
+            json!({
+                "name": v.name,
+                "block_bytes": v.block_bytes,
+                "reads_per_s": per_second(c[VolumeOp::Read.index()]),
+                "writes_per_s": per_second(c[VolumeOp::Write.index()]),
+                "flushes_per_s": per_second(c[VolumeOp::Flush.index()]),
+                "zeroes_per_s": per_second(c[VolumeOp::Zero.index()]),
+                "read_bytes_per_s": per_second(c[VolumeOp::COUNT]),
+                "write_bytes_per_s": per_second(c[VolumeOp::COUNT + 1]),
+                "errors": c[VolumeOp::COUNT + 2],
+                "partial_writes": c[VolumeOp::COUNT + 3],
+                "latency": latency(&ops, &v.latency),
+            })
+        })
+        .collect();
+    let [commits, early, via_txg, blocks] = d.log;
+    json!({
+        "pool": d.pool,
+        "since_import": earlier.is_none(),
+        "seconds": seconds,
+        "tops": d.tops.iter().map(|(mirror, log)| json!({"mirror": mirror, "log": log})).collect::<Vec<_>>(),
+        "leaves": leaves,
+        "volumes": volumes,
+        "intent_log": {
+            "commits_per_s": per_second(commits),
+            "early_commits_per_s": per_second(early),
+            "txg_commits_per_s": per_second(via_txg),
+            "blocks_per_s": per_second(blocks),
+        },
+        "txg_syncs_per_s": per_second(d.syncs),
+    })
 }
 
 /// One report: `now` less `earlier` (or since import), per second.
@@ -550,6 +643,11 @@ mod tests {
             text.contains("vm: 75% of writes cover part of a 16K block (about 4K each)"),
             "{text}"
         );
+        let json = report_json(&now, Some(&earlier));
+        assert_eq!(json["leaves"][0]["writes_per_s"], 1000.0, "{json}");
+        assert_eq!(json["leaves"][0]["latency"]["sync_read"]["count"], 20, "{json}");
+        assert_eq!(json["volumes"][0]["partial_writes"], 300, "{json}");
+        assert_eq!(json["since_import"], false);
         let first = report(&now, None, false);
         assert!(first.contains("since import, 12.0 s"), "{first}");
         assert!(!first.contains("latency"), "{first}");

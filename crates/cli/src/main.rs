@@ -133,6 +133,9 @@ enum PoolCommand {
         /// Add latency percentiles.
         #[arg(short, long)]
         latency: bool,
+        /// Print each report as one line of JSON, with every figure (latency included).
+        #[arg(long)]
+        json: bool,
     },
     /// The counters `iostat` reads, as JSON (answered by the server).
     #[command(hide = true)]
@@ -368,7 +371,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             on_runtime(|env| async move { serve::serve(&env, options).await })
         }
         // A loop of requests to the server and sleeps: no runtime needed.
-        Command::Pool { pool: PoolCommand::Iostat { name, interval, count, latency } } => {
+        Command::Pool { pool: PoolCommand::Iostat { name, interval, count, latency, json } } => {
             let interval = interval
                 .map(|s| {
                     anyhow::ensure!(
@@ -379,7 +382,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 })
                 .transpose()?;
             anyhow::ensure!(count != Some(0), "the iostat COUNT must be at least 1");
-            iostat::run(&iostat::Options { pool: name, interval, count, latency })
+            iostat::run(&iostat::Options { pool: name, interval, count, latency, json })
         }
         Command::Pool { pool } => on_runtime(|env| async move {
             let refuse_if_served = |name: &str| {
