@@ -80,6 +80,7 @@ pub fn snapshot(store: &Store) -> Value {
         })
         .collect();
     let log = store.log_stats();
+    let throttle = store.throttle_stats();
     json!({
         "pool": pool.name(),
         "uptime_ns": u64::try_from(pool.env().now().since(store.opened()).as_nanos())
@@ -94,6 +95,13 @@ pub fn snapshot(store: &Store) -> Value {
             "early": log.early_commits.get(),
             "via_txg": log.commits_via_txg.get(),
             "blocks": store.log_blocks_written(),
+        },
+        "throttle": {
+            "delayed": throttle.delayed.get(),
+            "delayed_ns": throttle.delayed_nanos.get(),
+            "waited": throttle.waited_for_sync.get(),
+            "waited_ns": throttle.waited_nanos.get(),
+            "spared": throttle.spared.get(),
         },
     })
 }
@@ -153,6 +161,9 @@ struct Snapshot {
     volumes: Vec<VolumeSnapshot>,
     /// commits, early, through a txg sync, log blocks.
     log: [u64; 4],
+    /// Writes delayed and their total delay (ns), writes that waited for a sync and their
+    /// wait, writes spared the delay.
+    throttle: [u64; 5],
 }
 
 #[derive(Clone, Debug, Default)]
@@ -244,6 +255,7 @@ impl Snapshot {
             .map(|t| Some((t["mirror"].as_bool()?, t["log"].as_bool()?)))
             .collect::<Option<Vec<_>>>()?;
         let log = &v["log"];
+        let t = &v["throttle"];
         Some(Snapshot {
             pool: v["pool"].as_str()?.to_owned(),
             uptime: Duration::from_nanos(u(v, "uptime_ns")?),
@@ -252,6 +264,13 @@ impl Snapshot {
             leaves,
             volumes,
             log: [u(log, "commits")?, u(log, "early")?, u(log, "via_txg")?, u(log, "blocks")?],
+            throttle: [
+                u(t, "delayed")?,
+                u(t, "delayed_ns")?,
+                u(t, "waited")?,
+                u(t, "waited_ns")?,
+                u(t, "spared")?,
+            ],
         })
     }
 }
@@ -279,6 +298,7 @@ fn difference(now: &Snapshot, earlier: &Snapshot) -> Snapshot {
     out.uptime = now.uptime.saturating_sub(earlier.uptime);
     out.syncs = now.syncs.saturating_sub(earlier.syncs);
     out.log.copy_from_slice(&sub(&now.log, &earlier.log));
+    out.throttle.copy_from_slice(&sub(&now.throttle, &earlier.throttle));
     for leaf in &mut out.leaves {
         let before = earlier.leaves.iter().find(|e| e.path == leaf.path);
         let counts = sub(&leaf.counts, before.map_or(&[][..], |e| &e.counts[..]));
@@ -378,6 +398,13 @@ fn report_json(now: &Snapshot, earlier: Option<&Snapshot>) -> Value {
             "blocks_per_s": per_second(blocks),
         },
         "txg_syncs_per_s": per_second(d.syncs),
+        "throttle": {
+            "delayed_per_s": per_second(d.throttle[0]),
+            "delay_mean_us": d.throttle[1] as f64 / 1e3 / d.throttle[0].max(1) as f64,
+            "waited_for_sync_per_s": per_second(d.throttle[2]),
+            "wait_mean_us": d.throttle[3] as f64 / 1e3 / d.throttle[2].max(1) as f64,
+            "spared_per_s": per_second(d.throttle[4]),
+        },
     })
 }
 
@@ -478,6 +505,18 @@ fn report(now: &Snapshot, earlier: Option<&Snapshot>, latency: bool) -> String {
         rate(blocks),
         commits as f64 / blocks.max(1) as f64,
         rate(d.syncs)
+    ));
+    let [delayed, delayed_ns, waited, waited_ns, spared] = d.throttle;
+    let mean =
+        |total: u64, n: u64| duration(Duration::from_nanos(total.checked_div(n).unwrap_or(0)));
+    out.push_str(&format!(
+        "write throttle: {} writes delayed/s (mean {}), {} spared/s (their volume was not the \
+         one filling the dirty data), {} waited for a txg sync/s (mean {})\n",
+        rate(delayed),
+        mean(delayed_ns, delayed),
+        rate(spared),
+        rate(waited),
+        mean(waited_ns, waited)
     ));
     if latency {
         out.push_str(&latency_table(&d));
@@ -624,7 +663,9 @@ mod tests {
             latency: Vec::new(),
         };
         earlier.volumes.push(volume(500, 100));
+        earlier.throttle = [10, 10_000_000, 0, 0, 0];
         let mut now = earlier.clone();
+        now.throttle = [30, 50_000_000, 2, 4_000_000, 8];
         now.uptime = Duration::from_secs(12);
         now.leaves[0] = leaf(3000, histogram.snapshot());
         // 400 writes in the interval, 300 of them partial: 75%, and worth a hint.
@@ -643,7 +684,15 @@ mod tests {
             text.contains("vm: 75% of writes cover part of a 16K block (about 4K each)"),
             "{text}"
         );
+        assert!(
+            text.contains(
+                "write throttle: 10 writes delayed/s (mean 2.0ms), 4 spared/s (their volume was \
+                 not the one filling the dirty data), 1 waited for a txg sync/s (mean 2.0ms)"
+            ),
+            "{text}"
+        );
         let json = report_json(&now, Some(&earlier));
+        assert_eq!(json["throttle"]["delay_mean_us"], 2000.0, "{json}");
         assert_eq!(json["leaves"][0]["writes_per_s"], 1000.0, "{json}");
         assert_eq!(json["leaves"][0]["latency"]["sync_read"]["count"], 20, "{json}");
         assert_eq!(json["volumes"][0]["partial_writes"], 300, "{json}");

@@ -571,6 +571,11 @@ fn syncer_and_write_throttle() {
             }
             let elapsed = env.now().since(start);
             let streaming = store.syncs() - before;
+            // The throttle says what it did: with the syncer running, delays, not waits.
+            let throttle = store.throttle_stats();
+            assert!(throttle.delayed.get() > 0, "no write was delayed");
+            assert!(throttle.delayed_nanos.get() > 0);
+            assert_eq!(throttle.waited_for_sync.get(), 0, "the syncer kept up");
             drop(store);
             // Cut power, dropping every unflushed write; the timer-synced write must survive.
             for leg in &crash_legs {
@@ -589,6 +594,85 @@ fn syncer_and_write_throttle() {
     );
     assert!(dirty_peak <= (1 << 20) + (64 << 10), "dirty data reached {dirty_peak}");
     assert!(elapsed > Duration::ZERO);
+}
+
+/// Without a syncer to wake, a writer past `txg.dirty_max` waits for a sync it runs itself;
+/// the throttle counts those waits and the delays before them, with their time.
+#[test]
+fn throttle_counts_delays_and_waits() {
+    let sim = Sim::new(89);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        let t = Tunables::with([("txg.dirty_max", "1M")]).unwrap();
+        let pool = Pool::create(&env, common::mirror_pool(specs), &t).await.unwrap();
+        let store = Store::create(pool, &t);
+        store.create_volume("v", 16 << 20, 16384).unwrap();
+        store.sync().await.unwrap();
+        for chunk in 0..64u64 {
+            store.write("v", chunk * (64 << 10), &[0x33; 64 << 10]).await.unwrap();
+        }
+        let throttle = store.throttle_stats();
+        // 4 MiB through a 1 MiB budget: every fill past 60% is delayed, every fill to the top
+        // waits for a sync.
+        assert!(throttle.delayed.get() > 0, "no write was delayed");
+        assert!(throttle.waited_for_sync.get() >= 3, "{} waits", throttle.waited_for_sync.get());
+        assert!(throttle.waited_nanos.get() > 0 && throttle.delayed_nanos.get() > 0);
+        assert!(store.syncs() >= 3);
+    })
+    .unwrap();
+}
+
+/// The delay and the stop at the maximum fall on the volume filling the dirty-data budget, not
+/// on another volume's small writes, which may use a bounded reserve past the maximum.
+#[test]
+fn throttle_delays_the_volume_that_fills_it() {
+    let sim = Sim::new(90);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        let t = Tunables::with([("txg.dirty_max", "1M")]).unwrap();
+        let pool = Pool::create(&env, common::mirror_pool(specs), &t).await.unwrap();
+        let store = Store::create(pool, &t);
+        store.create_volume("bulk", 8 << 20, 16384).unwrap();
+        store.create_volume("db", 8 << 20, 4096).unwrap();
+        store.sync().await.unwrap();
+        // 640 KiB dirty: past the delay threshold (60% of 1 MiB), below the maximum.
+        for chunk in 0..10u64 {
+            store.write("bulk", chunk * (64 << 10), &[1; 64 << 10]).await.unwrap();
+        }
+        let throttle = store.throttle_stats();
+        let (delayed, spared) = (throttle.delayed.get(), throttle.spared.get());
+        let before = env.now();
+        store.write("db", 0, &[2; 4096]).await.unwrap();
+        assert_eq!(env.now(), before, "the small writer was delayed");
+        assert_eq!((throttle.delayed.get(), throttle.spared.get()), (delayed, spared + 1));
+        store.write("bulk", 10 << 16, &[1; 64 << 10]).await.unwrap();
+        assert!(env.now() > before, "the bulk writer was not delayed");
+        assert_eq!(throttle.delayed.get(), delayed + 1);
+        // At the maximum the bulk writer would wait for a sync; the small one goes on into a
+        // reserve of an eighth of the maximum, and waits only past it.
+        for chunk in 11..16u64 {
+            store.write("bulk", chunk * (64 << 10), &[1; 64 << 10]).await.unwrap();
+        }
+        let syncs = store.syncs();
+        assert!(store.dirty_bytes() >= 1 << 20, "{} dirty", store.dirty_bytes());
+        let spared = throttle.spared.get();
+        for chunk in 0..2u64 {
+            store.write("db", 65536 + chunk * (64 << 10), &[2; 64 << 10]).await.unwrap();
+        }
+        assert_eq!(store.syncs(), syncs, "the small writer waited for a sync");
+        assert_eq!(throttle.spared.get(), spared + 2);
+        // 1 MiB from bulk, 4 KiB and 128 KiB from db: the reserve is used up.
+        assert_eq!(store.dirty_bytes(), (1 << 20) + (132 << 10));
+        let waited = throttle.waited_for_sync.get();
+        store.write("db", 4096, &[2; 4096]).await.unwrap();
+        assert_eq!(throttle.waited_for_sync.get(), waited + 1);
+        assert_eq!(store.syncs(), syncs + 1);
+    })
+    .unwrap();
 }
 
 /// Volumes resize and are destroyed: growing past what the tree's levels address keeps every

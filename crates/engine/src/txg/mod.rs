@@ -17,7 +17,11 @@
 //! `txg.delay_min_dirty_pct` of the maximum each write is delayed by
 //! `DELAY_SCALE * (dirty - min) / (max - dirty)`, which grows smoothly towards the maximum
 //! instead of stalling writers at a cliff (ZFS: `dmu_tx_delay`); at the maximum a writer syncs
-//! before it continues.
+//! before it continues. Unlike ZFS, both fall only on volumes that hold at least an equal share
+//! of the dirty data: a database's small sync writes are not slowed because another volume
+//! streams (landscape.md §2 item 1, measured in docs/design.md). The others go undelayed and
+//! may pass the maximum by a reserve of an eighth of it, so dirty memory stays bounded at 9/8
+//! of `txg.dirty_max`.
 //!
 //! While a txg syncs, new writes go to the next open txg and reads look at the open txg, then
 //! the syncing one, then the trees on disk. A write covering part of a block keeps only the
@@ -207,6 +211,8 @@ struct Volume {
     requests: Arc<std::sync::atomic::AtomicUsize>,
     /// What the volume front has answered since import.
     stats: Arc<VolumeStats>,
+    /// This volume's part of the open txg's `dirty_bytes`.
+    dirty_bytes: u64,
 }
 
 impl Volume {
@@ -221,6 +227,7 @@ impl Volume {
                 .then(|| Arc::new(async_lock::Semaphore::new(limits.request_threads))),
             requests: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             stats: Arc::new(VolumeStats::default()),
+            dirty_bytes: 0,
         }
     }
 
@@ -271,8 +278,25 @@ pub struct Store {
     kick: Mutex<Option<futures::channel::mpsc::Sender<()>>>,
     syncs: crate::stats::Counter,
     log_stats: LogStats,
+    throttle_stats: ThrottleStats,
     /// When this store was created or imported: what "since import" counts from.
     opened: crate::rt::Time,
+}
+
+/// What the write throttle did to writers (zeroes included): the answer to "why are my writes
+/// slow" when one writer fills the dirty-data budget for every volume (landscape.md §2 item 1).
+#[derive(Debug, Default)]
+pub struct ThrottleStats {
+    /// Writes delayed because dirty data was above `txg.delay_min_dirty_pct`, and for how long.
+    pub delayed: crate::stats::Counter,
+    pub delayed_nanos: crate::stats::Counter,
+    /// Writes that found `txg.dirty_max` reached and waited for a txg sync, and for how long.
+    pub waited_for_sync: crate::stats::Counter,
+    pub waited_nanos: crate::stats::Counter,
+    /// Writes that would have been delayed, or stopped at the maximum, but were not: their
+    /// volume held less than an equal share of the dirty data, so another volume was filling
+    /// it.
+    pub spared: crate::stats::Counter,
 }
 
 /// What the intent logs did: commits, fallbacks to txg syncs, and what import found.
@@ -407,6 +431,7 @@ impl Store {
             kick: Mutex::new(None),
             syncs: crate::stats::Counter::default(),
             log_stats: LogStats::default(),
+            throttle_stats: ThrottleStats::default(),
             opened,
         }
     }
@@ -618,6 +643,11 @@ impl Store {
     /// Txgs synced by this store so far.
     pub fn syncs(&self) -> u64 {
         self.syncs.get()
+    }
+
+    /// What the write throttle did.
+    pub fn throttle_stats(&self) -> &ThrottleStats {
+        &self.throttle_stats
     }
 
     /// When the store was created or imported (the counters start there).
@@ -1074,7 +1104,7 @@ impl Store {
                 waited += 1;
             }
         }
-        self.throttle().await?;
+        self.throttle(volume).await?;
         let end = offset + len;
         let (first, last) = (offset / bs, (end - 1) / bs);
         // Whole blocks are built outside the lock.
@@ -1186,6 +1216,7 @@ impl Store {
                 }
             };
             state.dirty_bytes += added;
+            v.dirty_bytes += added;
             state.dirty_metadata_bytes += new_groups * metadata_per_group;
             (sequence, resolve_now)
         };
@@ -1282,29 +1313,66 @@ impl Store {
         Ok(runs)
     }
 
-    /// Applies backpressure before a write: wake the syncer early, delay smoothly above the
-    /// threshold, and at the maximum sync before continuing.
-    async fn throttle(&self) -> Result<(), StoreError> {
-        let dirty = self.state.lock().dirty_bytes;
+    /// Applies backpressure before a write to `volume`: wake the syncer early, delay smoothly
+    /// above the threshold, and at the maximum sync before continuing. Volumes holding less
+    /// than an equal share of the dirty data skip the delay and may use a reserve past the
+    /// maximum (an eighth of it); past that they wait too.
+    async fn throttle(&self, volume: &str) -> Result<(), StoreError> {
+        let (dirty, under_share) = {
+            let state = self.state.lock();
+            let mine = state.volumes.get(volume).map_or(0, |v| v.dirty_bytes);
+            // The writer's volume counts even before its first dirty block.
+            let dirtying = state
+                .volumes
+                .iter()
+                .filter(|(name, v)| v.dirty_bytes > 0 || name.as_str() == volume)
+                .count() as u64;
+            (state.dirty_bytes, dirtying > 1 && mine.saturating_mul(dirtying) < state.dirty_bytes)
+        };
         if dirty >= self.limits.dirty_max / 4 {
             if let Some(kick) = self.kick.lock().as_mut() {
                 // A full channel means a kick is already pending; that is enough.
                 let _ = kick.try_send(());
             }
         }
-        if dirty >= self.limits.dirty_max {
+        let stats = &self.throttle_stats;
+        let since = |start: crate::rt::Time| {
+            u64::try_from(self.pool.env().now().since(start).as_nanos()).unwrap_or(u64::MAX)
+        };
+        // A volume that is not filling the budget may go into a reserve past the maximum (an
+        // eighth of it), so another volume's stream does not stall it behind a whole sync.
+        let limit = if under_share {
+            self.limits.dirty_max + self.limits.dirty_max / 8
+        } else {
+            self.limits.dirty_max
+        };
+        if under_share && dirty >= self.limits.dirty_max && dirty < limit {
+            stats.spared.inc();
+            return Ok(());
+        }
+        if dirty >= limit {
             // Every writer that finds the maximum waits for a sync, but one sync is enough for
             // all of them: whoever gets the lock after it finds the dirty data gone and goes
             // on. (Each syncing in turn made a storm of empty syncs that serialized writers.)
+            let start = self.pool.env().now();
             let one_at_a_time = self.sync_lock.lock().await;
-            if self.state.lock().dirty_bytes >= self.limits.dirty_max {
-                self.sync_holding_lock(one_at_a_time).await?;
-            }
-            return Ok(());
+            let result = if self.state.lock().dirty_bytes >= limit {
+                self.sync_holding_lock(one_at_a_time).await.map(drop)
+            } else {
+                Ok(())
+            };
+            stats.waited_for_sync.inc();
+            stats.waited_nanos.add(since(start));
+            return result;
         }
         let delay = self.limits.delay(dirty);
-        if !delay.is_zero() {
+        if under_share && !delay.is_zero() {
+            stats.spared.inc();
+        } else if !delay.is_zero() {
+            let start = self.pool.env().now();
             self.pool.env().sleep(delay).await;
+            stats.delayed.inc();
+            stats.delayed_nanos.add(since(start));
         }
         Ok(())
     }
@@ -1461,6 +1529,7 @@ impl Store {
             state.dirty_metadata_bytes = 0;
             let mut work = Vec::new();
             for volume in state.volumes.values_mut() {
+                volume.dirty_bytes = 0;
                 volume.syncing = std::mem::take(&mut volume.open);
                 work.push((volume.entry.clone(), volume.disk_levels, volume.syncing.clone()));
             }
