@@ -937,10 +937,6 @@ fn concurrent_patches_across_quiesces_keep_every_sector() {
     .unwrap();
 }
 
-/// A lone writer that flushes after every write gets its log writes started early
-/// (`intent_log.early_commit=auto`): its flushes find the records already on their way. Writes
-/// that stream without flushes stop it within two records, `off` never does it, and what was
-/// written early is durable the same way: it reads back after an export and import.
 /// The volume front counts every answered request per type, across all handles, with its
 /// bytes and its latency from arrival to answer; errors are counted too.
 #[test]
@@ -994,6 +990,10 @@ fn volumes_count_requests_and_their_latency() {
     .unwrap();
 }
 
+/// A lone writer that flushes after every write gets its log writes started early
+/// (`intent_log.early_commit=auto`): its flushes find the records already on their way. Writes
+/// that stream without flushes stop it within two records, `off` never does it, and what was
+/// written early is durable the same way: it reads back after an export and import.
 #[test]
 fn a_lone_sync_writer_commits_early() {
     for setting in ["auto", "off"] {
