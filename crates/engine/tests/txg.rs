@@ -29,6 +29,15 @@ use sluice_format::DedupMode;
 use sluice_sim::Sim;
 
 const LEAF_BYTES: u64 = 64 << 20;
+
+/// A new store on a 2-way mirror of `specs`.
+async fn mirror_store(
+    env: &sluice_engine::rt::Env,
+    specs: Vec<sluice_engine::pool::LeafSpec>,
+    t: &Tunables,
+) -> Store {
+    Store::create(Pool::create(env, common::mirror_pool(specs), t).await.unwrap(), t)
+}
 const VOLUMES: [(&str, u64, u32); 3] =
     [("big", 4 << 20, 16384), ("small", 1 << 20, 4096), ("dd", 1 << 20, 4096)];
 /// The volume with dedup on; its writes draw from few patterns, so blocks are shared.
@@ -606,8 +615,7 @@ fn throttle_counts_delays_and_waits() {
     let specs = common::leaf_specs(&legs);
     sim.run(async move {
         let t = Tunables::with([("txg.dirty_max", "1M")]).unwrap();
-        let pool = Pool::create(&env, common::mirror_pool(specs), &t).await.unwrap();
-        let store = Store::create(pool, &t);
+        let store = mirror_store(&env, specs, &t).await;
         store.create_volume("v", 16 << 20, 16384).unwrap();
         store.sync().await.unwrap();
         for chunk in 0..64u64 {
@@ -634,8 +642,7 @@ fn throttle_delays_the_volume_that_fills_it() {
     let specs = common::leaf_specs(&legs);
     sim.run(async move {
         let t = Tunables::with([("txg.dirty_max", "1M")]).unwrap();
-        let pool = Pool::create(&env, common::mirror_pool(specs), &t).await.unwrap();
-        let store = Store::create(pool, &t);
+        let store = mirror_store(&env, specs, &t).await;
         store.create_volume("bulk", 8 << 20, 16384).unwrap();
         store.create_volume("db", 8 << 20, 4096).unwrap();
         store.sync().await.unwrap();
@@ -948,8 +955,7 @@ fn volumes_count_requests_and_their_latency() {
     let specs = common::leaf_specs(&legs);
     sim.run(async move {
         let t = Tunables::default();
-        let pool = Pool::create(&env, common::mirror_pool(specs), &t).await.unwrap();
-        let store = Arc::new(Store::create(pool, &t));
+        let store = Arc::new(mirror_store(&env, specs, &t).await);
         store.create_volume("v", 4 << 20, 16384).unwrap();
         store.sync().await.unwrap();
         let a = sluice_engine::volume::Volume::open(&store, "v").unwrap();
