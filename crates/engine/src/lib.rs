@@ -21,3 +21,26 @@ pub mod tunables;
 pub mod txg;
 pub mod vdev;
 pub mod volume;
+
+/// What kind of failure an engine error is, for callers that must answer in another vocabulary
+/// (the NBD server's errno values, exit codes). Match on this, not on error variants: a
+/// no-space condition can come from the store's admission check, the allocator or the intent
+/// log, and all of them are `NoSpace` here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The pool has no room for the request; freeing space (trim, delete) helps.
+    NoSpace,
+    /// The request itself is malformed or out of range.
+    Invalid,
+    /// A named pool, volume or device does not exist.
+    NotFound,
+    /// The name is taken.
+    Exists,
+    /// The pool stopped serving (a failed sync or a panic) until it is imported again.
+    Suspended,
+    /// The data failed its checksum on every copy.
+    Checksum,
+    /// A device failed, or the pool's own state is inconsistent.
+    Io,
+}

@@ -47,7 +47,7 @@ fn run(seed: u64, policy: CommitPolicy, crash: bool) {
             let pool = Arc::new(Pool::create(&env, spec, &tunables).await.unwrap());
             let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
             let log = Arc::new(
-                LogWriter::new(&allocator, policy, 10, 0xabc ^ seed, 1, 16 << 10).unwrap(),
+                LogWriter::new("tank", &allocator, policy, 10, 0xabc ^ seed, 1, 16 << 10).unwrap(),
             );
             if crash {
                 let (clock, legs) = (env.clone(), crash_legs.clone());

@@ -461,10 +461,11 @@ fn error_reply(session: &Session, request: &Request, error: u32, message: &str) 
 }
 
 fn errno(error: &StoreError) -> u32 {
-    match error {
-        StoreError::OutOfRange { .. } => proto::EINVAL,
-        StoreError::NoSpace { .. } => proto::ENOSPC,
-        StoreError::Suspended { .. } => proto::ESHUTDOWN,
+    use sluice_engine::ErrorKind;
+    match error.kind() {
+        ErrorKind::Invalid => proto::EINVAL,
+        ErrorKind::NoSpace => proto::ENOSPC,
+        ErrorKind::Suspended => proto::ESHUTDOWN,
         _ => proto::EIO,
     }
 }

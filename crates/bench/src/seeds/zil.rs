@@ -152,7 +152,7 @@ fn run_point(
         );
         let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
         let log = Arc::new(
-            LogWriter::new(&allocator, policy, 10, seed, 1, LOG_BLOCK_BYTES)
+            LogWriter::new("sim", &allocator, policy, 10, seed, 1, LOG_BLOCK_BYTES)
                 .unwrap_or_else(|e| panic!("zil bench log: {e}")),
         );
         let start = env.now();

@@ -38,6 +38,7 @@
 //! would be unreachable) and the store falls back to txg syncs, then starts a new chain.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use futures::channel::oneshot;
 use futures::future::join_all;
@@ -184,6 +185,8 @@ enum Step {
 /// One volume's log writer.
 #[derive(Debug)]
 pub struct LogWriter {
+    /// The pool's name, for errors.
+    pool: Arc<str>,
     policy: CommitPolicy,
     commit_timeout_pct: u64,
     max_block_bytes: u32,
@@ -212,7 +215,9 @@ pub struct Anchor {
 impl LogWriter {
     /// Starts a chain: allocates its first block. `chain_id` must be unique and nonzero (draw
     /// it from `Env::unique_rng`).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
+        pool: &str,
         allocator: &Mutex<Allocator>,
         policy: CommitPolicy,
         commit_timeout_pct: u64,
@@ -227,6 +232,7 @@ impl LogWriter {
             carried: VecDeque::new(),
         };
         LogWriter::continuing(
+            pool,
             allocator,
             policy,
             commit_timeout_pct,
@@ -238,7 +244,9 @@ impl LogWriter {
     }
 
     /// A new chain that takes over from a failed one (see [`LogWriter::hand_over`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn continuing(
+        pool: &str,
         allocator: &Mutex<Allocator>,
         policy: CommitPolicy,
         commit_timeout_pct: u64,
@@ -252,9 +260,10 @@ impl LogWriter {
             max_block_bytes.is_power_of_two() && max_block_bytes >= LOG_BLOCK_BYTES_MIN,
             "log block size {max_block_bytes}"
         );
-        let head = allocate(allocator, LOG_BLOCK_BYTES_MIN.max(max_block_bytes / 8))?;
+        let head = allocate(pool, allocator, LOG_BLOCK_BYTES_MIN.max(max_block_bytes / 8))?;
         let chain = LogVerifier { chain_id, volume_id, sequence: 1 };
         Ok(LogWriter {
+            pool: Arc::from(pool),
             policy,
             commit_timeout_pct,
             max_block_bytes,
@@ -561,12 +570,12 @@ impl LogWriter {
                 state.recent_used.pop_front();
             }
             state.recent_used.push_back(demand.max(used));
-            let successor = allocate(allocator, self.next_block_bytes(state))?;
+            let successor = allocate(&self.pool, allocator, self.next_block_bytes(state))?;
             let block =
                 LogBlock { verifier: state.verifier, next: Some(successor.pointer(txg)), records };
             let bytes = block
                 .encode(capacity)
-                .map_err(|source| PoolError::Format { pool: String::from("log"), source })?;
+                .map_err(|source| PoolError::Format { pool: self.pool.to_string(), source })?;
             let here = state.next_address;
             state.lwb_last_record.insert(state.verifier.sequence, last);
             state.live.push_back((state.verifier.sequence, here, txg));
@@ -662,11 +671,15 @@ impl LogWriter {
     }
 }
 
-fn allocate(allocator: &Mutex<Allocator>, block_bytes: u32) -> Result<LogAddress, PoolError> {
+fn allocate(
+    pool: &str,
+    allocator: &Mutex<Allocator>,
+    block_bytes: u32,
+) -> Result<LogAddress, PoolError> {
     let (vdev, offset_bytes, _) = allocator
         .lock()
         .allocate_log(u64::from(block_bytes))
-        .map_err(|source| PoolError::NoSpace { pool: String::from("log"), source })?;
+        .map_err(|source| PoolError::NoSpace { pool: pool.to_owned(), source })?;
     Ok(LogAddress { vdev, offset_bytes, len_bytes: block_bytes })
 }
 

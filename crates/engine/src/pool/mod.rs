@@ -124,6 +124,27 @@ pub enum PoolError {
     },
 }
 
+impl PoolError {
+    /// What a caller does about it: the NBD server turns this into the errno a client sees.
+    pub fn kind(&self) -> crate::ErrorKind {
+        use crate::ErrorKind;
+        match self {
+            PoolError::NoSpace { source: crate::alloc::AllocError::NoSpace { .. }, .. } => {
+                ErrorKind::NoSpace
+            }
+            PoolError::InvalidName { .. }
+            | PoolError::InvalidLayout { .. }
+            | PoolError::LeafTooSmall { .. } => ErrorKind::Invalid,
+            PoolError::NotFound { .. } | PoolError::Ambiguous { .. } => ErrorKind::NotFound,
+            PoolError::Vdev { source, .. } => match source.kind() {
+                crate::vdev::ErrorKind::Checksum => ErrorKind::Checksum,
+                _ => ErrorKind::Io,
+            },
+            _ => ErrorKind::Io,
+        }
+    }
+}
+
 /// One leaf of an open pool.
 #[derive(Clone, Debug)]
 pub struct PoolLeaf {

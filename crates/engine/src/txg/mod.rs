@@ -127,6 +127,24 @@ pub enum StoreError {
     Suspended { pool: String, cause: String },
 }
 
+impl StoreError {
+    /// What kind of failure this is (see [`crate::ErrorKind`]).
+    pub fn kind(&self) -> crate::ErrorKind {
+        use crate::ErrorKind;
+        match self {
+            StoreError::Pool(error) => error.kind(),
+            StoreError::NoSuchVolume { .. } => ErrorKind::NotFound,
+            StoreError::VolumeExists { .. } => ErrorKind::Exists,
+            StoreError::InvalidVolumeName { .. }
+            | StoreError::InvalidBlockSize { .. }
+            | StoreError::InvalidSize { .. }
+            | StoreError::OutOfRange { .. } => ErrorKind::Invalid,
+            StoreError::NoSpace { .. } => ErrorKind::NoSpace,
+            StoreError::Suspended { .. } => ErrorKind::Suspended,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Block {
     Data(Arc<Vec<u8>>),
@@ -439,6 +457,7 @@ impl Store {
     /// A new, not yet anchored log chain for a volume.
     fn new_log(&self, volume_id: u64) -> Result<Arc<LogWriter>, StoreError> {
         Ok(Arc::new(LogWriter::new(
+            self.pool.name(),
             &self.allocator,
             self.limits.log_policy,
             self.limits.commit_timeout_pct,
@@ -1805,6 +1824,7 @@ impl Store {
             log.synced(txg, anchored.iter().any(|a| Arc::ptr_eq(a, log)));
             if log.failed() {
                 let fresh = LogWriter::continuing(
+                    self.pool.name(),
                     &self.allocator,
                     self.limits.log_policy,
                     self.limits.commit_timeout_pct,
