@@ -29,13 +29,31 @@ refused("read past the end", errno.EINVAL, lambda: h.pread(4096, size - 512))
 refused("write past the end", errno.ENOSPC, lambda: h.pwrite(b"x" * 4096, size - 512))
 refused("trim past the end", errno.EINVAL, lambda: h.trim(4096, size))
 refused("unknown write flag", errno.EINVAL, lambda: h.pwrite(b"y" * 512, 0, flags=1 << 9))
-refused("FUA on a read", errno.EINVAL, lambda: h.pread(512, 0, flags=nbd.CMD_FLAG_FUA))
+refused("unknown flag beside FUA on a read", errno.EINVAL,
+        lambda: h.pread(512, 0, flags=nbd.CMD_FLAG_FUA | 1 << 9))
 refused("read above the payload limit", errno.EINVAL, lambda: h.pread((32 << 20) + 512, 0))
 refused("fast zero that must allocate", errno.ENOTSUP,
         lambda: h.zero(1 << 20, 0, flags=nbd.CMD_FLAG_NO_HOLE | nbd.CMD_FLAG_FAST_ZERO))
 assert h.pread(0, 0) == b"", "zero-length read"
 h.pwrite(b"", 0)
 h.flush()
+
+# FUA is negotiated, so every command accepts it (the spec: the server may ignore it where it
+# means nothing; older qemu sends FLUSH with FUA). READ, FLUSH and BLOCK_STATUS were refused
+# with EINVAL.
+assert h.can_fua()
+fua = nbd.CMD_FLAG_FUA
+h.pwrite(b"u" * 8192, 3 << 20, flags=fua)
+assert h.pread(8192, 3 << 20, flags=fua) == b"u" * 8192, "read with FUA"
+assert h.pread(8192, 3 << 20, flags=fua | nbd.CMD_FLAG_DF) == b"u" * 8192, "read with FUA and DF"
+h.flush(flags=fua)
+h.trim(4096, 3 << 20, flags=fua)
+h.zero(4096, (3 << 20) + 4096, flags=fua)
+h.zero(4096, (3 << 20) + 4096, flags=fua | nbd.CMD_FLAG_NO_HOLE)
+assert h.pread(8192, 3 << 20, flags=fua) == bytes(8192), "trimmed and zeroed with FUA"
+seen = []
+h.block_status(65536, 3 << 20, lambda ctx, off, ents, err: seen.append(ctx) or 0, flags=fua)
+assert seen == ["base:allocation"], f"block status with FUA: {seen}"
 
 # A FUA write is readable at once; zeroing with and without holes reads as zeros.
 data = bytes(range(256)) * 64

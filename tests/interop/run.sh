@@ -150,9 +150,12 @@ step "python3-libnbd: protocol corner cases"
 /usr/bin/python3 "$here/libnbd_cases.py" "$uri"
 
 step "fio: verify job through the nbd engine"
-fio --name=verify --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --size=16M --iodepth=16 \
-  --verify=crc32c --verify_fatal=1 --do_verify=1 --output-format=json >"$work/fio.out" 2>&1 \
-  || { cat "$work/fio.out"; fail "fio verify"; }
+# fio writes its verify state (local-verify-0-verify.state) to its working directory, whatever
+# --directory says: run it inside the temporary directory so nothing lands in the caller's tree.
+(cd "$work" && fio --name=verify --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --size=16M \
+  --iodepth=16 --verify=crc32c --verify_fatal=1 --do_verify=1 --output-format=json) \
+  >"$work/fio.out" 2>&1 || { cat "$work/fio.out"; fail "fio verify"; }
+[ -e "$work/local-verify-0-verify.state" ] || fail "fio's verify state is not in the temporary directory"
 grep -v '^fio: ' "$work/fio.out" | /usr/bin/python3 -c '
 import json, sys
 job = json.load(sys.stdin)["jobs"][0]
@@ -210,4 +213,23 @@ h.pwrite(b"s" * 4096, 8192, flags=nbd.CMD_FLAG_FUA)
 assert h.pread(4096, 8192) == b"s" * 4096
 h.shutdown()
 EOF
+
+step "no space: every way a full pool refuses a write answers ENOSPC, and it still serves"
+# Two 64 MiB leaves (about 119 MiB of data space) under a 256 MiB volume: clients can ask for
+# more than the pool holds.
+"$bin" pool create full "$work/full-a.img" "$work/full-b.img" --size 64M >/dev/null
+"$bin" vol create full/big --size 256M >/dev/null
+full_sock=$work/full.sock
+"$bin" serve full --socket "$full_sock" --listen none --dir "$work/full" >"$work/full.log" 2>&1 &
+server=$!
+for _ in $(seq 1 100); do
+  grep -q "sluice: serving" "$work/full.log" 2>/dev/null && break
+  kill -0 "$server" 2>/dev/null || { cat "$work/full.log"; fail "server of pool full exited at start"; }
+  sleep 0.1
+done
+/usr/bin/python3 "$here/enospc_cases.py" "nbd+unix:///big?socket=$full_sock" \
+  || { grep -v '^  ' "$work/full.log"; fail "no-space cases"; }
+kill -TERM "$server"
+wait "$server" || fail "server of pool full exited with $? after SIGTERM"
+server=""
 step "all passed"

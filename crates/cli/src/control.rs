@@ -5,8 +5,9 @@
 //! `pool stats` for the live counters (crate::iostat).
 //!
 //! The socket sits next to the pool cache file, named after the pool. One request per
-//! connection: the command's arguments as a JSON array on one line; the answer is a JSON object
-//! `{"ok": bool, "out": text, "error": text}`.
+//! connection: the command's arguments as a JSON array on one line; the answer is an
+//! [`Answer`] as a JSON object on one line, `{"ok": bool, "out": text, "error": text}`. For
+//! `pool stats`, `out` is a `crate::snapshot::PoolSnapshot` in JSON.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -14,11 +15,38 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use serde::{Deserialize, Serialize};
 use sluice_engine::rt::Env;
 use sluice_engine::txg::Store;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use crate::pools;
+
+/// The server's answer to one command.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Answer {
+    /// Whether the command succeeded.
+    pub ok: bool,
+    /// What the command printed (on failure too: what it printed before failing).
+    #[serde(default)]
+    pub out: String,
+    /// Why it failed, when it did.
+    #[serde(default)]
+    pub error: String,
+}
+
+impl Answer {
+    /// The answer as the one line the socket carries.
+    fn to_line(&self) -> String {
+        // Strings and a bool: serializing cannot fail; were it to, the client reads a refusal.
+        let mut line = serde_json::to_string(self).unwrap_or_else(|e| {
+            let error = format!("the server could not encode its answer: {e}");
+            serde_json::json!({ "ok": false, "out": "", "error": error }).to_string()
+        });
+        line.push('\n');
+        line
+    }
+}
 
 /// Where the control socket of pool `name` is.
 pub fn socket_path(name: &str) -> PathBuf {
@@ -41,17 +69,16 @@ pub fn forward(pool: &str, args: &[String]) -> Option<anyhow::Result<String>> {
         stream.write_all(line.as_bytes())?;
         let mut answer = String::new();
         BufReader::new(&stream).read_line(&mut answer)?;
-        let answer: serde_json::Value = serde_json::from_str(&answer)
+        let answer: Answer = serde_json::from_str(&answer)
             .with_context(|| format!("reading the answer of the server on {}", path.display()))?;
-        let out = answer["out"].as_str().unwrap_or_default().to_owned();
-        if answer["ok"].as_bool() == Some(true) {
-            Ok(out)
+        if answer.ok {
+            Ok(answer.out)
         } else {
-            print!("{out}");
-            anyhow::bail!(
-                "{}",
-                answer["error"].as_str().unwrap_or("the server refused the command")
-            )
+            print!("{}", answer.out);
+            if answer.error.is_empty() {
+                anyhow::bail!("the server on {} refused the command", path.display())
+            }
+            anyhow::bail!("{}", answer.error)
         }
     })())
 }
@@ -85,13 +112,13 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
                 }
                 let answer = match serde_json::from_str::<Vec<String>>(&line) {
                     Ok(args) => run(&env, store, args).await,
-                    Err(e) => {
-                        serde_json::json!({"ok": false, "out": "", "error": format!("bad request: {e}")})
-                    }
+                    Err(e) => Answer {
+                        ok: false,
+                        out: String::new(),
+                        error: format!("bad request (a JSON array of arguments on one line): {e}"),
+                    },
                 };
-                let mut text = answer.to_string();
-                text.push('\n');
-                let _ = writer.write_all(text.as_bytes()).await;
+                let _ = writer.write_all(answer.to_line().as_bytes()).await;
             });
         }
     }))
@@ -102,11 +129,11 @@ pub fn remove(name: &str) {
     let _ = std::fs::remove_file(socket_path(name));
 }
 
-async fn run(env: &Env, store: Arc<Store>, args: Vec<String>) -> serde_json::Value {
+async fn run(env: &Env, store: Arc<Store>, args: Vec<String>) -> Answer {
     let mut ctx = pools::Ctx { env, live: Some(store), out: String::new() };
     let result = crate::run_pool_command(&mut ctx, args).await;
     match result {
-        Ok(()) => serde_json::json!({"ok": true, "out": ctx.out, "error": ""}),
-        Err(e) => serde_json::json!({"ok": false, "out": ctx.out, "error": format!("{e:#}")}),
+        Ok(()) => Answer { ok: true, out: ctx.out, error: String::new() },
+        Err(e) => Answer { ok: false, out: ctx.out, error: format!("{e:#}") },
     }
 }

@@ -1,10 +1,10 @@
 //! `sluice pool iostat`: what a served pool is doing (ZFS: `zpool iostat -v`, `-l`, `-q`).
 //!
 //! The server answers a hidden control command, `pool stats NAME`, with its counters and
-//! latency histograms as one JSON document ([`snapshot`]). The command asks for one per
-//! interval and prints the difference between consecutive ones, so the server keeps no state
-//! per watcher and any number of them can watch at once. The first report covers the time
-//! since import, as `zpool iostat` does.
+//! latency histograms as one typed [`PoolSnapshot`] (crate::snapshot) in JSON. The command
+//! asks for one per interval and prints the difference between consecutive ones, so the
+//! server keeps no state per watcher and any number of them can watch at once. The first
+//! report covers the time since import, as `zpool iostat` does.
 //!
 //! Rows: the pool, each top-level vdev and each leaf (I/Os and bytes per second, flushes, what
 //! is queued and in the device now, and the depth the device queue allows), then each volume
@@ -17,93 +17,18 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::{json, Value};
-use sluice_engine::stats::{Histogram, HistogramSnapshot, VolumeOp};
-use sluice_engine::tunables::IoClass;
+use sluice_engine::stats::{HistogramSnapshot, VolumeOp};
 use sluice_engine::txg::Store;
 
 use crate::control;
+use crate::snapshot::{class_names, op_names, LeafSnapshot, PoolSnapshot, VolumeSnapshot};
 
-/// The served store's counters now, as the JSON the `iostat` command reads.
-pub fn snapshot(store: &Store) -> Value {
-    let pool = store.pool();
-    let histograms = |list: &[Histogram]| -> Vec<Value> {
-        list.iter()
-            .map(|h| {
-                let s = h.snapshot();
-                json!({"count": s.count, "sum": s.sum_nanos, "buckets": s.sparse()})
-            })
-            .collect()
-    };
-    let tops: Vec<Value> = pool
-        .config()
-        .top
-        .iter()
-        .map(|t| json!({"mirror": t.kind == sluice_format::TopKind::Mirror, "log": t.log}))
-        .collect();
-    let leaves: Vec<Value> = pool
-        .leaves()
-        .iter()
-        .map(|l| {
-            let s = l.leaf.stats();
-            json!({
-                "path": l.path,
-                "top": l.top,
-                "reads": s.reads.get(),
-                "writes": s.writes.get(),
-                "read_bytes": s.read_bytes.get(),
-                "write_bytes": s.write_bytes.get(),
-                "flushes": s.flushes.get(),
-                "errors": s.read_errors.get() + s.write_errors.get() + s.flush_errors.get()
-                    + s.checksum_errors.get(),
-                "queued": l.leaf.queued(),
-                "active": l.leaf.active_by_class().to_vec(),
-                "depth": l.leaf.queue_depth(),
-                "latency": histograms(&s.latency),
-            })
-        })
-        .collect();
-    let volumes: Vec<Value> = store
-        .volumes()
-        .iter()
-        .filter_map(|entry| {
-            let s = store.volume_stats(&entry.name).ok()?;
-            Some(json!({
-                "name": entry.name,
-                "block_bytes": entry.block_bytes,
-                "requests": s.requests.iter().map(|c| c.get()).collect::<Vec<_>>(),
-                "read_bytes": s.read_bytes.get(),
-                "write_bytes": s.write_bytes.get(),
-                "errors": s.errors.get(),
-                "partial_writes": s.partial_writes.get(),
-                "latency": histograms(&s.latency),
-            }))
-        })
-        .collect();
-    let log = store.log_stats();
-    let throttle = store.throttle_stats();
-    json!({
-        "pool": pool.name(),
-        "uptime_ns": u64::try_from(pool.env().now().since(store.opened()).as_nanos())
-            .unwrap_or(u64::MAX),
-        "txg": pool.uberblock().txg,
-        "syncs": store.syncs(),
-        "tops": tops,
-        "leaves": leaves,
-        "volumes": volumes,
-        "log": {
-            "commits": log.commits.get(),
-            "early": log.early_commits.get(),
-            "via_txg": log.commits_via_txg.get(),
-            "blocks": store.log_blocks_written(),
-        },
-        "throttle": {
-            "delayed": throttle.delayed.get(),
-            "delayed_ns": throttle.delayed_nanos.get(),
-            "waited": throttle.waited_for_sync.get(),
-            "waited_ns": throttle.waited_nanos.get(),
-            "spared": throttle.spared.get(),
-        },
-    })
+/// The served store's counters now, as the JSON `pool stats` answers with.
+///
+/// Only `pools::stats` calls this; it belongs to another change in flight and should call
+/// `crate::snapshot::PoolSnapshot::capture(store).to_json()` itself, after which this goes.
+pub fn snapshot(store: &Store) -> String {
+    PoolSnapshot::capture(store).to_json()
 }
 
 /// What to print and how often.
@@ -119,7 +44,7 @@ pub struct Options {
 /// Prints reports until `count` have been printed (one without an interval).
 pub fn run(options: &Options) -> anyhow::Result<()> {
     let count = options.count.unwrap_or(if options.interval.is_some() { u64::MAX } else { 1 });
-    let mut earlier: Option<Snapshot> = None;
+    let mut earlier: Option<PoolSnapshot> = None;
     for n in 0..count {
         if n > 0 {
             std::thread::sleep(options.interval.unwrap_or_default());
@@ -135,7 +60,7 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn fetch(pool: &str) -> anyhow::Result<Snapshot> {
+fn fetch(pool: &str) -> anyhow::Result<PoolSnapshot> {
     let args = ["pool", "stats", pool].map(String::from);
     let text = control::forward(pool, &args).unwrap_or_else(|| {
         anyhow::bail!(
@@ -144,184 +69,110 @@ fn fetch(pool: &str) -> anyhow::Result<Snapshot> {
             control::socket_path(pool).display()
         )
     })?;
-    let value: Value = serde_json::from_str(&text)
-        .with_context(|| format!("reading the statistics the server of {pool} sent"))?;
-    Snapshot::parse(&value)
-        .with_context(|| format!("the statistics the server of {pool} sent are incomplete"))
+    PoolSnapshot::from_json(text.trim_end())
+        .with_context(|| format!("reading the statistics the server of {pool} sent"))
 }
 
-#[derive(Clone, Debug, Default)]
-struct Snapshot {
-    pool: String,
-    uptime: Duration,
-    syncs: u64,
-    /// (mirror, log) per top-level vdev.
-    tops: Vec<(bool, bool)>,
-    leaves: Vec<LeafSnapshot>,
-    volumes: Vec<VolumeSnapshot>,
-    /// commits, early, through a txg sync, log blocks.
-    log: [u64; 4],
-    /// Writes delayed and their total delay (ns), writes that waited for a sync and their
-    /// wait, writes spared the delay.
-    throttle: [u64; 5],
+/// What a counter became since `earlier`'s value (a counter `earlier` lacks counts from zero).
+fn since(now: u64, earlier: Option<u64>) -> u64 {
+    now.saturating_sub(earlier.unwrap_or(0))
 }
 
-#[derive(Clone, Debug, Default)]
-struct LeafSnapshot {
-    path: String,
-    top: usize,
-    /// reads, writes, read bytes, write bytes, flushes, errors.
-    counts: [u64; 6],
-    /// I/Os waiting to be issued, and what is in the device (see `Leaf::active_by_class`).
-    queued: u64,
-    active: u64,
-    depth: u64,
-    latency: Vec<HistogramSnapshot>,
-}
-
-#[derive(Clone, Debug, Default)]
-struct VolumeSnapshot {
-    name: String,
-    block_bytes: u64,
-    /// Requests per [`VolumeOp`], read bytes, write bytes, errors, partial-block writes.
-    counts: [u64; VolumeOp::COUNT + 4],
-    latency: Vec<HistogramSnapshot>,
-}
-
-fn histograms(value: &Value) -> Option<Vec<HistogramSnapshot>> {
-    value
-        .as_array()?
-        .iter()
-        .map(|h| {
-            let pairs: Option<Vec<(usize, u64)>> = h["buckets"]
-                .as_array()?
-                .iter()
-                .map(|p| Some((usize::try_from(p[0].as_u64()?).ok()?, p[1].as_u64()?)))
-                .collect();
-            HistogramSnapshot::from_sparse(&pairs?, h["count"].as_u64()?, h["sum"].as_u64()?)
+fn histograms_since(
+    now: &[HistogramSnapshot],
+    earlier: Option<&[HistogramSnapshot]>,
+) -> Vec<HistogramSnapshot> {
+    now.iter()
+        .enumerate()
+        .map(|(i, h)| match earlier.and_then(|e| e.get(i)) {
+            Some(e) => h.since(e),
+            None => h.clone(),
         })
         .collect()
 }
 
-impl Snapshot {
-    fn parse(v: &Value) -> Option<Snapshot> {
-        let u = |v: &Value, key: &str| v[key].as_u64();
-        let leaves = v["leaves"]
-            .as_array()?
+fn leaf_since(now: &LeafSnapshot, earlier: Option<&LeafSnapshot>) -> LeafSnapshot {
+    let was = |f: fn(&LeafSnapshot) -> u64| since(f(now), earlier.map(f));
+    LeafSnapshot {
+        path: now.path.clone(),
+        top: now.top,
+        reads: was(|l| l.reads),
+        writes: was(|l| l.writes),
+        read_bytes: was(|l| l.read_bytes),
+        write_bytes: was(|l| l.write_bytes),
+        flushes: was(|l| l.flushes),
+        read_errors: was(|l| l.read_errors),
+        write_errors: was(|l| l.write_errors),
+        flush_errors: was(|l| l.flush_errors),
+        checksum_errors: was(|l| l.checksum_errors),
+        repairs: was(|l| l.repairs),
+        aggregated: was(|l| l.aggregated),
+        // Gauges: as they are now.
+        queued: now.queued,
+        active: now.active.clone(),
+        queue_depth: now.queue_depth,
+        latency: histograms_since(&now.latency, earlier.map(|e| &e.latency[..])),
+    }
+}
+
+fn volume_since(now: &VolumeSnapshot, earlier: Option<&VolumeSnapshot>) -> VolumeSnapshot {
+    let was = |f: fn(&VolumeSnapshot) -> u64| since(f(now), earlier.map(f));
+    VolumeSnapshot {
+        name: now.name.clone(),
+        block_bytes: now.block_bytes,
+        requests: now
+            .requests
             .iter()
-            .map(|l| {
-                Some(LeafSnapshot {
-                    path: l["path"].as_str()?.to_owned(),
-                    top: usize::try_from(u(l, "top")?).ok()?,
-                    counts: [
-                        u(l, "reads")?,
-                        u(l, "writes")?,
-                        u(l, "read_bytes")?,
-                        u(l, "write_bytes")?,
-                        u(l, "flushes")?,
-                        u(l, "errors")?,
-                    ],
-                    queued: u(l, "queued")?,
-                    active: l["active"].as_array()?.iter().filter_map(Value::as_u64).sum(),
-                    depth: u(l, "depth")?,
-                    latency: histograms(&l["latency"])?,
-                })
-            })
-            .collect::<Option<Vec<_>>>()?;
-        let volumes = v["volumes"]
-            .as_array()?
-            .iter()
-            .map(|vol| {
-                let requests = vol["requests"].as_array()?;
-                let mut counts = [0; VolumeOp::COUNT + 4];
-                for op in VolumeOp::ALL {
-                    counts[op.index()] = requests.get(op.index())?.as_u64()?;
-                }
-                counts[VolumeOp::COUNT] = u(vol, "read_bytes")?;
-                counts[VolumeOp::COUNT + 1] = u(vol, "write_bytes")?;
-                counts[VolumeOp::COUNT + 2] = u(vol, "errors")?;
-                counts[VolumeOp::COUNT + 3] = u(vol, "partial_writes")?;
-                Some(VolumeSnapshot {
-                    name: vol["name"].as_str()?.to_owned(),
-                    block_bytes: u(vol, "block_bytes")?,
-                    counts,
-                    latency: histograms(&vol["latency"])?,
-                })
-            })
-            .collect::<Option<Vec<_>>>()?;
-        let tops = v["tops"]
-            .as_array()?
-            .iter()
-            .map(|t| Some((t["mirror"].as_bool()?, t["log"].as_bool()?)))
-            .collect::<Option<Vec<_>>>()?;
-        let log = &v["log"];
-        let t = &v["throttle"];
-        Some(Snapshot {
-            pool: v["pool"].as_str()?.to_owned(),
-            uptime: Duration::from_nanos(u(v, "uptime_ns")?),
-            syncs: u(v, "syncs")?,
-            tops,
-            leaves,
-            volumes,
-            log: [u(log, "commits")?, u(log, "early")?, u(log, "via_txg")?, u(log, "blocks")?],
-            throttle: [
-                u(t, "delayed")?,
-                u(t, "delayed_ns")?,
-                u(t, "waited")?,
-                u(t, "waited_ns")?,
-                u(t, "spared")?,
-            ],
-        })
+            .enumerate()
+            .map(|(i, &n)| since(n, earlier.and_then(|e| e.requests.get(i).copied())))
+            .collect(),
+        read_bytes: was(|v| v.read_bytes),
+        write_bytes: was(|v| v.write_bytes),
+        errors: was(|v| v.errors),
+        partial_writes: was(|v| v.partial_writes),
+        latency: histograms_since(&now.latency, earlier.map(|e| &e.latency[..])),
     }
 }
 
 /// Counts are totals; what they became since `earlier` (a leaf or volume it lacks counts from
-/// zero). Gauges (queued, active, depth) stay as they are now.
-fn difference(now: &Snapshot, earlier: &Snapshot) -> Snapshot {
-    let sub = |a: &[u64], b: &[u64]| -> Vec<u64> {
-        a.iter()
-            .enumerate()
-            .map(|(i, x)| x.saturating_sub(b.get(i).copied().unwrap_or(0)))
-            .collect()
-    };
-    let hist =
-        |a: &[HistogramSnapshot], b: Option<&[HistogramSnapshot]>| -> Vec<HistogramSnapshot> {
-            a.iter()
-                .enumerate()
-                .map(|(i, h)| match b.and_then(|b| b.get(i)) {
-                    Some(e) => h.since(e),
-                    None => h.clone(),
-                })
-                .collect()
-        };
+/// zero). Gauges (queued, active, depth) stay as they are now, and so does the dedup table,
+/// which iostat does not show.
+fn difference(now: &PoolSnapshot, earlier: &PoolSnapshot) -> PoolSnapshot {
     let mut out = now.clone();
-    out.uptime = now.uptime.saturating_sub(earlier.uptime);
-    out.syncs = now.syncs.saturating_sub(earlier.syncs);
-    out.log.copy_from_slice(&sub(&now.log, &earlier.log));
-    out.throttle.copy_from_slice(&sub(&now.throttle, &earlier.throttle));
-    for leaf in &mut out.leaves {
-        let before = earlier.leaves.iter().find(|e| e.path == leaf.path);
-        let counts = sub(&leaf.counts, before.map_or(&[][..], |e| &e.counts[..]));
-        leaf.counts.copy_from_slice(&counts);
-        leaf.latency = hist(&leaf.latency, before.map(|e| &e.latency[..]));
-    }
-    for volume in &mut out.volumes {
-        let before = earlier.volumes.iter().find(|e| e.name == volume.name);
-        let counts = sub(&volume.counts, before.map_or(&[][..], |e| &e.counts[..]));
-        volume.counts.copy_from_slice(&counts);
-        volume.latency = hist(&volume.latency, before.map(|e| &e.latency[..]));
-    }
+    out.uptime_nanos = now.uptime_nanos.saturating_sub(earlier.uptime_nanos);
+    out.txg_syncs = now.txg_syncs.saturating_sub(earlier.txg_syncs);
+    let (log, was) = (&now.intent_log, &earlier.intent_log);
+    out.intent_log.commits = since(log.commits, Some(was.commits));
+    out.intent_log.early_commits = since(log.early_commits, Some(was.early_commits));
+    out.intent_log.commits_via_txg = since(log.commits_via_txg, Some(was.commits_via_txg));
+    out.intent_log.blocks_written = since(log.blocks_written, Some(was.blocks_written));
+    let (throttle, was) = (&now.throttle, &earlier.throttle);
+    out.throttle.delayed = since(throttle.delayed, Some(was.delayed));
+    out.throttle.delayed_nanos = since(throttle.delayed_nanos, Some(was.delayed_nanos));
+    out.throttle.waited_for_sync = since(throttle.waited_for_sync, Some(was.waited_for_sync));
+    out.throttle.waited_nanos = since(throttle.waited_nanos, Some(was.waited_nanos));
+    out.throttle.spared = since(throttle.spared, Some(was.spared));
+    out.leaves = now
+        .leaves
+        .iter()
+        .map(|leaf| leaf_since(leaf, earlier.leaves.iter().find(|e| e.path == leaf.path)))
+        .collect();
+    out.volumes = now
+        .volumes
+        .iter()
+        .map(|volume| volume_since(volume, earlier.volumes.iter().find(|e| e.name == volume.name)))
+        .collect();
     out
 }
 
 /// A report as JSON: rates per second over the span, gauges as they are, and latency
 /// percentiles in microseconds for every kind with samples.
-fn report_json(now: &Snapshot, earlier: Option<&Snapshot>) -> Value {
+fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
     let d = match earlier {
         Some(earlier) => difference(now, earlier),
         None => now.clone(),
     };
-    let seconds = d.uptime.as_secs_f64().max(1e-3);
+    let seconds = Duration::from_nanos(d.uptime_nanos).as_secs_f64().max(1e-3);
     let per_second = |n: u64| n as f64 / seconds;
     let micros = |t: Duration| t.as_secs_f64() * 1e6;
     let latency = |names: &[&str], histograms: &[HistogramSnapshot]| -> Value {
@@ -340,25 +191,24 @@ fn report_json(now: &Snapshot, earlier: Option<&Snapshot>) -> Value {
         }
         Value::Object(map)
     };
-    let classes = IoClass::ALL.map(IoClass::name);
-    let ops = VolumeOp::ALL.map(VolumeOp::name);
+    let classes = class_names();
+    let ops = op_names();
     let leaves: Vec<Value> = d
         .leaves
         .iter()
         .map(|l| {
-            let c = &l.counts;
             json!({
                 "path": l.path,
                 "top": l.top,
-                "reads_per_s": per_second(c[0]),
-                "writes_per_s": per_second(c[1]),
-                "read_bytes_per_s": per_second(c[2]),
-                "write_bytes_per_s": per_second(c[3]),
-                "flushes_per_s": per_second(c[4]),
-                "errors": c[5],
+                "reads_per_s": per_second(l.reads),
+                "writes_per_s": per_second(l.writes),
+                "read_bytes_per_s": per_second(l.read_bytes),
+                "write_bytes_per_s": per_second(l.write_bytes),
+                "flushes_per_s": per_second(l.flushes),
+                "errors": l.errors(),
                 "queued": l.queued,
-                "active": l.active,
-                "depth": l.depth,
+                "active": l.active_total(),
+                "depth": l.queue_depth,
                 "latency": latency(&classes, &l.latency),
             })
         })
@@ -367,54 +217,55 @@ fn report_json(now: &Snapshot, earlier: Option<&Snapshot>) -> Value {
         .volumes
         .iter()
         .map(|v| {
-            let c = &v.counts;
             json!({
                 "name": v.name,
                 "block_bytes": v.block_bytes,
-                "reads_per_s": per_second(c[VolumeOp::Read.index()]),
-                "writes_per_s": per_second(c[VolumeOp::Write.index()]),
-                "flushes_per_s": per_second(c[VolumeOp::Flush.index()]),
-                "zeroes_per_s": per_second(c[VolumeOp::Zero.index()]),
-                "read_bytes_per_s": per_second(c[VolumeOp::COUNT]),
-                "write_bytes_per_s": per_second(c[VolumeOp::COUNT + 1]),
-                "errors": c[VolumeOp::COUNT + 2],
-                "partial_writes": c[VolumeOp::COUNT + 3],
+                "reads_per_s": per_second(v.requests(VolumeOp::Read)),
+                "writes_per_s": per_second(v.requests(VolumeOp::Write)),
+                "flushes_per_s": per_second(v.requests(VolumeOp::Flush)),
+                "zeroes_per_s": per_second(v.requests(VolumeOp::Zero)),
+                "read_bytes_per_s": per_second(v.read_bytes),
+                "write_bytes_per_s": per_second(v.write_bytes),
+                "errors": v.errors,
+                "partial_writes": v.partial_writes,
                 "latency": latency(&ops, &v.latency),
             })
         })
         .collect();
-    let [commits, early, via_txg, blocks] = d.log;
+    let log = &d.intent_log;
+    let throttle = &d.throttle;
     json!({
         "pool": d.pool,
         "since_import": earlier.is_none(),
         "seconds": seconds,
-        "tops": d.tops.iter().map(|(mirror, log)| json!({"mirror": mirror, "log": log})).collect::<Vec<_>>(),
+        "tops": d.tops.iter().map(|t| json!({"mirror": t.mirror, "log": t.log})).collect::<Vec<_>>(),
         "leaves": leaves,
         "volumes": volumes,
         "intent_log": {
-            "commits_per_s": per_second(commits),
-            "early_commits_per_s": per_second(early),
-            "txg_commits_per_s": per_second(via_txg),
-            "blocks_per_s": per_second(blocks),
+            "commits_per_s": per_second(log.commits),
+            "early_commits_per_s": per_second(log.early_commits),
+            "txg_commits_per_s": per_second(log.commits_via_txg),
+            "blocks_per_s": per_second(log.blocks_written),
         },
-        "txg_syncs_per_s": per_second(d.syncs),
+        "txg_syncs_per_s": per_second(d.txg_syncs),
         "throttle": {
-            "delayed_per_s": per_second(d.throttle[0]),
-            "delay_mean_us": d.throttle[1] as f64 / 1e3 / d.throttle[0].max(1) as f64,
-            "waited_for_sync_per_s": per_second(d.throttle[2]),
-            "wait_mean_us": d.throttle[3] as f64 / 1e3 / d.throttle[2].max(1) as f64,
-            "spared_per_s": per_second(d.throttle[4]),
+            "delayed_per_s": per_second(throttle.delayed),
+            "delay_mean_us": throttle.delayed_nanos as f64 / 1e3 / throttle.delayed.max(1) as f64,
+            "waited_for_sync_per_s": per_second(throttle.waited_for_sync),
+            "wait_mean_us":
+                throttle.waited_nanos as f64 / 1e3 / throttle.waited_for_sync.max(1) as f64,
+            "spared_per_s": per_second(throttle.spared),
         },
     })
 }
 
 /// One report: `now` less `earlier` (or since import), per second.
-fn report(now: &Snapshot, earlier: Option<&Snapshot>, latency: bool) -> String {
+fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> String {
     let d = match earlier {
         Some(earlier) => difference(now, earlier),
         None => now.clone(),
     };
-    let seconds = d.uptime.as_secs_f64().max(1e-3);
+    let seconds = Duration::from_nanos(d.uptime_nanos).as_secs_f64().max(1e-3);
     let rate = |n: u64| scaled(n as f64 / seconds, 1000.0, "");
     let bytes = |n: u64| scaled(n as f64 / seconds, 1024.0, "B");
     let mut out = String::new();
@@ -425,38 +276,36 @@ fn report(now: &Snapshot, earlier: Option<&Snapshot>, latency: bool) -> String {
         "active", "depth", "errors"
     ));
     let row = |name: String, leaves: &[&LeafSnapshot], depth: Option<u64>| -> String {
-        let sum = |i: usize| leaves.iter().map(|l| l.counts[i]).sum::<u64>();
-        let queued: u64 = leaves.iter().map(|l| l.queued).sum();
-        let active: u64 = leaves.iter().map(|l| l.active).sum();
+        let sum = |f: fn(&LeafSnapshot) -> u64| leaves.iter().map(|l| f(l)).sum::<u64>();
         format!(
             "{:<36} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>6} {:>5} {:>6}\n",
             name,
-            rate(sum(0)),
-            rate(sum(1)),
-            bytes(sum(2)),
-            bytes(sum(3)),
-            rate(sum(4)),
-            queued,
-            active,
+            rate(sum(|l| l.reads)),
+            rate(sum(|l| l.writes)),
+            bytes(sum(|l| l.read_bytes)),
+            bytes(sum(|l| l.write_bytes)),
+            rate(sum(|l| l.flushes)),
+            sum(|l| l.queued),
+            sum(LeafSnapshot::active_total),
             depth.map_or(String::new(), |x| x.to_string()),
-            sum(5)
+            sum(LeafSnapshot::errors)
         )
     };
     let all: Vec<&LeafSnapshot> = d.leaves.iter().collect();
     out.push_str(&row(d.pool.clone(), &all, None));
-    for (index, (mirror, log)) in d.tops.iter().enumerate() {
+    for (index, top) in d.tops.iter().enumerate() {
         let members: Vec<&LeafSnapshot> = d.leaves.iter().filter(|l| l.top == index).collect();
-        let indent = if *mirror {
-            let kind = if *log { "log mirror" } else { "mirror" };
+        let indent = if top.mirror {
+            let kind = if top.log { "log mirror" } else { "mirror" };
             out.push_str(&row(format!("  {kind}-{index}"), &members, None));
             "    "
         } else {
             "  "
         };
         for leaf in members {
-            let name =
-                format!("{indent}{}{}", leaf.path, if *log && !*mirror { " (log)" } else { "" });
-            out.push_str(&row(name, &[leaf], Some(leaf.depth)));
+            let log = if top.log && !top.mirror { " (log)" } else { "" };
+            let name = format!("{indent}{}{log}", leaf.path);
+            out.push_str(&row(name, &[leaf], Some(leaf.queue_depth)));
         }
     }
     out.push_str(&format!(
@@ -465,24 +314,23 @@ fn report(now: &Snapshot, earlier: Option<&Snapshot>, latency: bool) -> String {
     ));
     let mut hints = String::new();
     for volume in &d.volumes {
-        let c = &volume.counts;
-        let writes = c[VolumeOp::Write.index()];
-        let partial = c[VolumeOp::COUNT + 3];
+        let writes = volume.requests(VolumeOp::Write);
+        let partial = volume.partial_writes;
         out.push_str(&format!(
             "  {:<34} {:>7} {:>7} {:>8} {:>7} {:>7} {:>8} {:>8} {:>6}\n",
             volume.name,
-            rate(c[VolumeOp::Read.index()]),
+            rate(volume.requests(VolumeOp::Read)),
             rate(writes),
             (100 * partial).checked_div(writes).map_or("-".to_owned(), |p| format!("{p}%")),
-            rate(c[VolumeOp::Flush.index()]),
-            rate(c[VolumeOp::Zero.index()]),
-            bytes(c[VolumeOp::COUNT]),
-            bytes(c[VolumeOp::COUNT + 1]),
-            c[VolumeOp::COUNT + 2]
+            rate(volume.requests(VolumeOp::Flush)),
+            rate(volume.requests(VolumeOp::Zero)),
+            bytes(volume.read_bytes),
+            bytes(volume.write_bytes),
+            volume.errors
         ));
         // Worth saying when most writes rewrite a bigger block than they carry.
         if writes >= 100 && partial * 2 > writes && volume.block_bytes > 4096 {
-            let written = c[VolumeOp::COUNT + 1] / writes.max(1);
+            let written = volume.write_bytes / writes.max(1);
             hints.push_str(&format!(
                 "  {}: {}% of writes cover part of a {} block (about {} each), and the txg \
                  sync writes each such block whole; a volume made with `--block-size` near the \
@@ -495,18 +343,21 @@ fn report(now: &Snapshot, earlier: Option<&Snapshot>, latency: bool) -> String {
         }
     }
     out.push_str(&hints);
-    let [commits, early, via_txg, blocks] = d.log;
+    let log = &d.intent_log;
+    let (commits, blocks) = (log.commits, log.blocks_written);
     out.push_str(&format!(
         "intent log: {} commits/s ({} early, {} through a txg sync), {} log blocks/s, {:.2} commits \
          per block; txgs synced: {}/s\n",
         rate(commits),
-        rate(early),
-        rate(via_txg),
+        rate(log.early_commits),
+        rate(log.commits_via_txg),
         rate(blocks),
         commits as f64 / blocks.max(1) as f64,
-        rate(d.syncs)
+        rate(d.txg_syncs)
     ));
-    let [delayed, delayed_ns, waited, waited_ns, spared] = d.throttle;
+    let throttle = &d.throttle;
+    let (delayed, waited, spared) = (throttle.delayed, throttle.waited_for_sync, throttle.spared);
+    let (delayed_ns, waited_ns) = (throttle.delayed_nanos, throttle.waited_nanos);
     let mean =
         |total: u64, n: u64| duration(Duration::from_nanos(total.checked_div(n).unwrap_or(0)));
     out.push_str(&format!(
@@ -526,7 +377,7 @@ fn report(now: &Snapshot, earlier: Option<&Snapshot>, latency: bool) -> String {
 }
 
 /// Percentiles per leaf and I/O class, and per volume and request type, for the report's span.
-fn latency_table(d: &Snapshot) -> String {
+fn latency_table(d: &PoolSnapshot) -> String {
     let mut out = format!(
         "{:<36} {:<11} {:>9} {:>8} {:>8} {:>8} {:>8}\n",
         "latency", "", "count", "mean", "p50", "p99", "max"
@@ -552,12 +403,11 @@ fn latency_table(d: &Snapshot) -> String {
         }
     };
     for leaf in &d.leaves {
-        let rows = IoClass::ALL.iter().map(|c| (c.name(), leaf.latency.get(c.index()))).collect();
+        let rows = class_names().into_iter().zip(leaf.latency.iter().map(Some)).collect();
         group(format!("  {} (queued to done)", leaf.path), rows);
     }
     for volume in &d.volumes {
-        let rows =
-            VolumeOp::ALL.iter().map(|o| (o.name(), volume.latency.get(o.index()))).collect();
+        let rows = op_names().into_iter().zip(volume.latency.iter().map(Some)).collect();
         group(format!("  {} (arrival to answer)", volume.name), rows);
     }
     out
@@ -636,21 +486,27 @@ mod tests {
     /// A report of two snapshots counts only what happened between them.
     #[test]
     fn reports_show_the_difference() {
+        use sluice_engine::stats::Histogram;
+
+        use crate::snapshot::{ThrottleSnapshot, TopSnapshot};
         let histogram = Histogram::default();
         let leaf = |writes: u64, latency: HistogramSnapshot| LeafSnapshot {
             path: "/d/a".into(),
             top: 0,
-            counts: [0, writes, 0, writes * 4096, writes, 0],
+            writes,
+            write_bytes: writes * 4096,
+            flushes: writes,
             queued: 1,
-            active: 1,
-            depth: 32,
+            active: vec![1],
+            queue_depth: 32,
             latency: vec![latency],
+            ..LeafSnapshot::default()
         };
-        let mut earlier = Snapshot {
+        let mut earlier = PoolSnapshot {
             pool: "tank".into(),
-            uptime: Duration::from_secs(10),
-            tops: vec![(false, false)],
-            ..Snapshot::default()
+            uptime_nanos: 10_000_000_000,
+            tops: vec![TopSnapshot { mirror: false, log: false }],
+            ..PoolSnapshot::default()
         };
         earlier.leaves.push(leaf(1000, histogram.snapshot()));
         for _ in 0..20 {
@@ -659,14 +515,26 @@ mod tests {
         let volume = |writes: u64, partial: u64| VolumeSnapshot {
             name: "vm".into(),
             block_bytes: 16384,
-            counts: [0, writes, 0, 0, 0, writes * 4096, 0, partial],
-            latency: Vec::new(),
+            requests: vec![0, writes, 0, 0],
+            write_bytes: writes * 4096,
+            partial_writes: partial,
+            ..VolumeSnapshot::default()
         };
         earlier.volumes.push(volume(500, 100));
-        earlier.throttle = [10, 10_000_000, 0, 0, 0];
+        earlier.throttle = ThrottleSnapshot {
+            delayed: 10,
+            delayed_nanos: 10_000_000,
+            ..ThrottleSnapshot::default()
+        };
         let mut now = earlier.clone();
-        now.throttle = [30, 50_000_000, 2, 4_000_000, 8];
-        now.uptime = Duration::from_secs(12);
+        now.throttle = ThrottleSnapshot {
+            delayed: 30,
+            delayed_nanos: 50_000_000,
+            waited_for_sync: 2,
+            waited_nanos: 4_000_000,
+            spared: 8,
+        };
+        now.uptime_nanos = 12_000_000_000;
         now.leaves[0] = leaf(3000, histogram.snapshot());
         // 400 writes in the interval, 300 of them partial: 75%, and worth a hint.
         now.volumes[0] = volume(900, 400);
@@ -700,5 +568,11 @@ mod tests {
         let first = report(&now, None, false);
         assert!(first.contains("since import, 12.0 s"), "{first}");
         assert!(!first.contains("latency"), "{first}");
+        // What crossed the control socket as JSON reports the same.
+        let wired = |s: &PoolSnapshot| {
+            let s = PoolSnapshot { version: crate::snapshot::SNAPSHOT_VERSION, ..s.clone() };
+            PoolSnapshot::from_json(&s.to_json()).expect("snapshot round trip")
+        };
+        assert_eq!(report(&wired(&now), Some(&wired(&earlier)), true), text);
     }
 }

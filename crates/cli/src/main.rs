@@ -10,8 +10,10 @@
 
 mod control;
 mod iostat;
+mod metrics;
 mod pools;
 mod serve;
+mod snapshot;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -61,6 +63,12 @@ enum Command {
         /// Tunables, as name=value (repeatable); `sluice tunables` lists them.
         #[arg(long = "set", value_name = "NAME=VALUE")]
         settings: Vec<String>,
+        /// Also answer HTTP `GET /metrics` on this address (for example 127.0.0.1:9127) with
+        /// the pool's counters and latency histograms in the Prometheus/OpenMetrics text
+        /// format. Unauthenticated: anyone who can reach the address reads the pool's layout,
+        /// device paths and volume names, so prefer loopback or a private network.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<String>,
     },
     /// Create, import, inspect and check pools.
     Pool {
@@ -90,7 +98,9 @@ enum PoolCommand {
     /// Create a pool: `sluice pool create tank mirror /d/a /d/b [mirror /d/c /d/d] [log
     /// mirror /d/e /d/f]`; plain paths are striped, and what follows `log` holds only intent-log
     /// blocks (a separate log device: put it on the fastest medium). Missing files are created
-    /// sparse with --size.
+    /// sparse with --size. A leaf that already holds something (another pool's labels, a
+    /// filesystem, a partition table, any data in its first or last MiB) is refused, saying
+    /// what was found, unless --force is given.
     Create {
         name: String,
         /// Leaves: paths, each group of mirrored ones preceded by `mirror`; log devices after
@@ -103,6 +113,10 @@ enum PoolCommand {
         /// log2 of the smallest allocation.
         #[arg(long, default_value_t = 12)]
         ashift: u8,
+        /// Overwrite leaves that hold data, a filesystem, a partition table or another pool
+        /// (exported, destroyed or imported here); what they hold is lost.
+        #[arg(short, long)]
+        force: bool,
     },
     /// Find a pool's leaves by their labels and make it known here.
     Import {
@@ -257,8 +271,11 @@ enum Experiment {
 }
 
 fn main() -> ExitCode {
+    // SAFETY: first thing in main: no runtime, pool or other thread has started, so nothing
+    // reads the environment while the socket-activation variables are removed.
+    let inherited = unsafe { sluice_nbd::listen::take_inherited() };
     tune_allocator();
-    match run(Cli::parse()) {
+    match run(Cli::parse(), inherited) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("sluice: {error:#}");
@@ -354,9 +371,24 @@ pub(crate) async fn run_pool_command(
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+/// `inherited`: the sockets socket activation passed, taken at startup; only `serve` uses
+/// them (or reports why they could not be taken).
+fn run(
+    cli: Cli,
+    inherited: Result<sluice_nbd::listen::Inherited, sluice_nbd::listen::InheritError>,
+) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve { pool, dir, socket, listen, stdio, leaf_size, volume_size, settings } => {
+        Command::Serve {
+            pool,
+            dir,
+            socket,
+            listen,
+            stdio,
+            leaf_size,
+            volume_size,
+            settings,
+            metrics,
+        } => {
             let pairs = parse_settings(&settings)?;
             let tunables = Tunables::with(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())))?;
             let options = serve::ServeOptions {
@@ -368,6 +400,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 leaf_bytes: leaf_size,
                 volume_bytes: volume_size,
                 tunables,
+                inherited: inherited.context("taking the sockets passed by socket activation")?,
+                metrics,
             };
             on_runtime(|env| async move { serve::serve(&env, options).await })
         }
@@ -397,9 +431,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             };
             match pool {
-                PoolCommand::Create { name, vdevs, size, ashift } => {
+                PoolCommand::Create { name, vdevs, size, ashift, force } => {
                     refuse_if_served(&name)?;
-                    pools::create(&env, &name, size, ashift, &vdevs).await
+                    pools::create(&env, &name, size, ashift, &vdevs, force).await
                 }
                 PoolCommand::Import { name, dirs, devices } => {
                     refuse_if_served(&name)?;

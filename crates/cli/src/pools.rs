@@ -7,14 +7,16 @@
 //! pool, its name then its leaf paths, tab-separated. `pool import -d DIR` finds a pool by
 //! reading the labels of every file and block device in DIR, so a lost cache costs nothing.
 //! Every leaf is opened with an exclusive lock: a second process is refused, and told who holds
-//! the pool.
+//! the pool. `pool create` first looks at what each leaf holds (`sluice_engine::pool::probe`)
+//! and, like `zpool create`, overwrites another pool, a filesystem or data only with --force.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use sluice_engine::device::{BlockDevice, FileDevice, FileDeviceOptions};
+use sluice_engine::device::{BlockDevice, DeviceError, FileDevice, FileDeviceOptions};
+use sluice_engine::pool::probe::{self, Finding};
 use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::Env;
 use sluice_engine::tunables::Tunables;
@@ -138,7 +140,16 @@ fn write_cache(cache: &BTreeMap<String, Vec<String>>) -> anyhow::Result<()> {
 pub(crate) fn open_leaf(path: &str, create_len: Option<u64>) -> anyhow::Result<LeafSpec> {
     let options =
         FileDeviceOptions { create_len_bytes: create_len, exclusive: true, ..Default::default() };
-    let device = FileDevice::open(Path::new(path), &options)?;
+    let device = FileDevice::open(Path::new(path), &options).map_err(|error| match error {
+        // An error the engine wrote itself rather than one from the OS (the leaf's lock refused
+        // by its filesystem, a path that is neither file nor block device): it says what went
+        // wrong and what to do, which the generic "cannot open; check the path exists" of
+        // DeviceError::Open would bury.
+        DeviceError::Open { path, source } if source.raw_os_error().is_none() => {
+            anyhow::Error::new(source).context(format!("device {}", path.display()))
+        }
+        error => error.into(),
+    })?;
     Ok(LeafSpec { path: path.to_owned(), device: Arc::new(device) })
 }
 
@@ -172,20 +183,50 @@ pub(crate) fn remember(pool: &Pool) -> anyhow::Result<()> {
     write_cache(&cache)
 }
 
+/// Drops the leaves of a new pool from the cache entries of other pools (a leaf of an imported
+/// pool taken with --force): else the old pool would keep pointing at a leaf that is no longer
+/// its own, and one left with no leaf could not even be exported.
+fn forget_taken_leaves(pool: &Pool) -> anyhow::Result<()> {
+    let taken: Vec<PathBuf> =
+        pool.leaves().iter().filter_map(|l| std::fs::canonicalize(&l.path).ok()).collect();
+    let mut cache = read_cache()?;
+    let mut changed = false;
+    for (other, paths) in cache.iter_mut() {
+        let before = paths.len();
+        paths.retain(|p| std::fs::canonicalize(p).map_or(true, |p| !taken.contains(&p)));
+        if paths.len() != before {
+            changed = true;
+            let left = if paths.is_empty() {
+                "it has no leaf left and is forgotten".to_owned()
+            } else {
+                format!("it keeps {}", paths.join(", "))
+            };
+            eprintln!("sluice: pool {other} lost leaves to pool {}; {left}", pool.name());
+        }
+    }
+    if changed {
+        cache.retain(|_, paths| !paths.is_empty());
+        write_cache(&cache)?;
+    }
+    Ok(())
+}
+
 fn forget(name: &str) -> anyhow::Result<()> {
     let mut cache = read_cache()?;
     cache.remove(name);
     write_cache(&cache)
 }
 
-/// `sluice pool create NAME [--size S] VDEV... [log VDEV...]`, VDEV being paths, or
-/// `mirror` followed by paths; what follows `log` becomes separate intent-log devices.
+/// `sluice pool create NAME [--size S] [--force] VDEV... [log VDEV...]`, VDEV being paths, or
+/// `mirror` followed by paths; what follows `log` becomes separate intent-log devices. Leaves
+/// that already hold something are refused unless `force` (see [`check_leaves`]).
 pub async fn create(
     env: &Env,
     name: &str,
     size: Option<u64>,
     ashift: u8,
     vdevs: &[String],
+    force: bool,
 ) -> anyhow::Result<()> {
     if read_cache()?.contains_key(name) {
         bail!("a pool named {name} already exists here; destroy or export it first");
@@ -193,6 +234,9 @@ pub async fn create(
     let mut top = Vec::new();
     let mut mirror: Option<Vec<LeafSpec>> = None;
     let mut log = false;
+    let mut leaves = Vec::new();
+    // Files this command creates: removed again if the pool is refused.
+    let mut created = Vec::new();
     // Wraps a top-level vdev as a log device after the `log` keyword.
     let place = |spec: TopSpec, log: bool| if log { TopSpec::Log(Box::new(spec)) } else { spec };
     for word in vdevs {
@@ -212,7 +256,12 @@ pub async fn create(
             }
             continue;
         }
+        let existed = Path::new(word).exists();
         let leaf = open_leaf(word, size)?;
+        if !existed {
+            created.push(word.clone());
+        }
+        leaves.push(leaf.clone());
         match &mut mirror {
             Some(children) => children.push(leaf),
             None => top.push(place(TopSpec::Leaf(leaf), log)),
@@ -221,14 +270,70 @@ pub async fn create(
     if let Some(children) = mirror.take() {
         top.push(place(TopSpec::Mirror(children), log));
     }
+    if let Err(refusal) = check_leaves(name, &leaves, force).await {
+        // The devices (and their locks) go before the files this command made are removed.
+        drop((top, leaves));
+        for path in &created {
+            let _ = std::fs::remove_file(path);
+        }
+        return Err(refusal);
+    }
     let pool =
         Pool::create(env, PoolSpec { name: name.to_owned(), ashift, top }, &Tunables::default())
             .await?;
+    forget_taken_leaves(&pool)?;
     remember(&pool)?;
     let store = Store::create(pool, &Tunables::default());
     store.export().await?;
     println!("created pool {name}");
     Ok(())
+}
+
+/// What a leaf of a new pool already holds, in the words `zpool create` uses: a sluice pool is
+/// "imported on this machine" when the pool cache lists it with this leaf, else "exported".
+async fn finding(leaf: &LeafSpec) -> anyhow::Result<Option<String>> {
+    let found = probe::probe(leaf.device.as_ref())
+        .await
+        .with_context(|| format!("reading {} to see what it holds", leaf.path))?;
+    let Some(found) = found else { return Ok(None) };
+    let Finding::Pool { name, guid } = &found else { return Ok(Some(found.to_string())) };
+    let here = std::fs::canonicalize(&leaf.path).ok();
+    let imported = read_cache()?.get(name).is_some_and(|paths| {
+        paths.iter().any(|p| here.is_some() && std::fs::canonicalize(p).ok() == here)
+    });
+    Ok(Some(if imported {
+        format!("is part of pool '{name}', imported on this machine (guid {guid:016x})")
+    } else {
+        format!("is part of exported pool '{name}' (guid {guid:016x})")
+    }))
+}
+
+/// Refuses to create pool `name` over leaves that hold something (another pool's labels, a
+/// filesystem or partition table, any data where the labels go), naming what each holds,
+/// unless `force`; forced, it says what is being overwritten. A leaf a running server holds
+/// never gets here: its lock already refused it.
+async fn check_leaves(name: &str, leaves: &[LeafSpec], force: bool) -> anyhow::Result<()> {
+    let mut found = Vec::new();
+    for leaf in leaves {
+        if let Some(what) = finding(leaf).await? {
+            found.push((leaf.path.clone(), what));
+        }
+    }
+    if found.is_empty() {
+        return Ok(());
+    }
+    if force {
+        for (path, what) in &found {
+            eprintln!("sluice: pool {name}: overwriting {path}, which {what}");
+        }
+        return Ok(());
+    }
+    let lines: Vec<String> = found.iter().map(|(path, what)| format!("{path} {what}")).collect();
+    bail!(
+        "pool {name} not created, its leaves are not empty:\n  {}\nuse --force to overwrite \
+         them (what they hold is lost)",
+        lines.join("\n  ")
+    )
 }
 
 /// `sluice pool import NAME -d DIR...`: finds the pool's leaves by their labels.

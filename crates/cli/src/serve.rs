@@ -4,7 +4,8 @@
 //! created on first use with a volume `vol0`, imported afterwards. Every volume of the pool is
 //! an export, including volumes created while serving; the export named "" is `vol0` if it
 //! exists, else the first volume. On a signal the server stops accepting, answers what it
-//! has read, syncs and exports the pool.
+//! has read, syncs and exports the pool. With `--metrics ADDR` it also answers Prometheus
+//! scrapes (crate::metrics) until then.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,6 +31,10 @@ pub struct ServeOptions {
     pub leaf_bytes: u64,
     pub volume_bytes: u64,
     pub tunables: Tunables,
+    /// Sockets passed by socket activation, taken at startup; used instead of the defaults.
+    pub inherited: listen::Inherited,
+    /// Where to answer `GET /metrics`, if anywhere.
+    pub metrics: Option<String>,
 }
 
 /// The pool name used for `./sluice-data`.
@@ -104,16 +109,24 @@ pub async fn serve(env: &Env, options: ServeOptions) -> anyhow::Result<()> {
     let store = Arc::new(store);
     store.run_syncer();
     let control = crate::control::serve(env.clone(), Arc::clone(&store)).await?;
+    let metrics = match &options.metrics {
+        Some(address) => Some(crate::metrics::serve(&store, address).await?),
+        None => None,
+    };
     let exports: Arc<dyn Exports> = Arc::new(StoreExports { store: Arc::clone(&store) });
     if options.stdio {
         // One client on stdin/stdout; stdout carries the protocol, so nothing else is printed.
         let result = listen::serve_stdio(exports).await;
         control.abort();
+        if let Some((_, task)) = metrics {
+            task.abort();
+        }
         crate::control::remove(store.pool().name());
         finish(store).await?;
         return result.map_err(Into::into);
     }
-    let mut listeners = listen::inherited().context("adopting inherited sockets (LISTEN_FDS)")?;
+    let mut listeners =
+        options.inherited.into_listeners().context("adopting inherited sockets (LISTEN_FDS)")?;
     let mut addresses = Vec::new();
     if listeners.is_empty() {
         let socket = match options.socket.clone() {
@@ -146,6 +159,9 @@ pub async fn serve(env: &Env, options: ServeOptions) -> anyhow::Result<()> {
     } else {
         addresses.push(format!("{} inherited socket(s)", listeners.len()));
     }
+    if let Some((address, _)) = &metrics {
+        addresses.push(format!("metrics http://{address}/metrics"));
+    }
     eprintln!("sluice: serving pool {} on {}", store.pool().name(), addresses.join(", "));
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     let signals = tokio::spawn(async move {
@@ -166,6 +182,10 @@ pub async fn serve(env: &Env, options: ServeOptions) -> anyhow::Result<()> {
     signals.abort();
     control.abort();
     let _ = control.await;
+    if let Some((_, task)) = metrics {
+        task.abort();
+        let _ = task.await;
+    }
     crate::control::remove(store.pool().name());
     finish(store).await
 }

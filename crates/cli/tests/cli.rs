@@ -1,6 +1,7 @@
 //! The `sluice pool` and `sluice vol` commands as a person runs them, on sparse files in a
 //! temporary directory: create, volumes, status, scrub, export, import by searching a
-//! directory, refusal while another process holds a leaf, and destroy.
+//! directory, refusal while another process holds a leaf, and destroy; `pool create` refusing
+//! leaves that hold something unless forced, and leaf locks on a filesystem that refuses them.
 
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
@@ -26,6 +27,15 @@ fn ok(cache: &Path, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+fn sluice_with(cache: &Path, args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command.args(args).env("SLUICE_CACHE_FILE", cache);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().unwrap()
 }
 
 fn fails(cache: &Path, args: &[&str]) -> String {
@@ -102,9 +112,15 @@ fn pool_lifecycle() {
         .contains("no pool named tank"));
 
     // A separate log device is listed under "logs"; a pool of log devices alone is refused.
+    // The destroyed pool's leaves still hold its uberblocks: reusing them takes --force, as
+    // with `zpool create`.
     let (c, d) = (leaves.join("c"), leaves.join("d"));
     let (c, d) = (c.to_str().unwrap(), d.to_str().unwrap());
-    ok(&cache, &["pool", "create", "fast", "mirror", a, b, "log", c, "--size", "64M"]);
+    let error =
+        fails(&cache, &["pool", "create", "fast", "mirror", a, b, "log", c, "--size", "64M"]);
+    assert!(error.contains(&format!("{a} holds a destroyed sluice pool")), "{error}");
+    assert!(!Path::new(c).exists(), "the refused create left the file it made: {c}");
+    ok(&cache, &["pool", "create", "fast", "-f", "mirror", a, b, "log", c, "--size", "64M"]);
     let status = ok(&cache, &["pool", "status", "fast"]);
     let logs_at = status.find("logs").expect(&status);
     assert!(status[logs_at..].contains(c) && !status[logs_at..].contains(a), "{status}");
@@ -147,4 +163,183 @@ fn serve_applies_tunables_to_a_named_pool() {
     assert!(stopped.success() && exited.success(), "the server did not stop cleanly: {exited}");
     assert!(status.contains("served by sluice serve"), "{status}");
     assert!(status.contains("of 3.0M held"), "the cache size set was not applied: {status}");
+}
+
+/// `pool create` once overwrote whatever its leaves held without a word: a file full of
+/// someone's data, or a leaf of another pool (which was then gone). Like `zpool create` it now
+/// refuses, saying what it found on each leaf, and goes ahead only with --force (or -f).
+#[test]
+fn pool_create_refuses_leaves_that_hold_something() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let (data, exported, imported, fresh) =
+        (path("data"), path("exported"), path("imported"), path("fresh"));
+
+    // 64 MiB of someone's data: refused, the offset of the first byte named; forced, it works.
+    let bytes: Vec<u8> = (0..64u32 << 20).map(|i| (i % 251) as u8 + 1).collect();
+    std::fs::write(&data, &bytes).unwrap();
+    let error = fails(&cache, &["pool", "create", "mine", &data]);
+    assert!(error.contains(&format!("{data} holds data: non-zero bytes at offset 0")), "{error}");
+    assert!(error.contains("use --force"), "{error}");
+    assert!(std::fs::read(&data).unwrap() == bytes, "a refused create changed the data");
+    ok(&cache, &["pool", "create", "mine", &data, "--force"]);
+    ok(&cache, &["pool", "destroy", "mine"]);
+
+    // A leaf of an exported pool: refused with the pool's name and guid, then forced.
+    ok(&cache, &["pool", "create", "tank", &exported, "--size", "64M"]);
+    ok(&cache, &["vol", "create", "tank/v", "--size", "16M"]);
+    ok(&cache, &["pool", "export", "tank"]);
+    let error = fails(&cache, &["pool", "create", "new", &exported]);
+    assert!(
+        error.contains(&format!("{exported} is part of exported pool 'tank' (guid ")),
+        "{error}"
+    );
+    ok(&cache, &["pool", "create", "new", &exported, "-f"]);
+    assert!(fails(&cache, &["pool", "import", "tank", "-d", dir.path().to_str().unwrap()])
+        .contains("no pool named tank"));
+
+    // A leaf of a pool imported here (in the pool cache, not served): refused, then forced; the
+    // old pool's cache entry lets go of the leaf.
+    ok(&cache, &["pool", "create", "home", &imported, "--size", "64M"]);
+    let error = fails(&cache, &["pool", "create", "other", &imported]);
+    assert!(
+        error.contains(&format!("{imported} is part of pool 'home', imported on this machine")),
+        "{error}"
+    );
+    assert!(ok(&cache, &["pool", "status", "home"]).contains("state: ONLINE"));
+    ok(&cache, &["pool", "create", "other", &imported, "-f"]);
+    assert!(!std::fs::read_to_string(&cache).unwrap().contains("home"), "home still cached");
+
+    // Several leaves: each one that holds something is listed; a new file is fine.
+    let error = fails(&cache, &["pool", "create", "two", &fresh, &data, "--size", "64M"]);
+    assert!(
+        error.contains(&format!("{data} holds")) && !error.contains(&format!("{fresh} ")),
+        "{error}"
+    );
+    assert!(!Path::new(&fresh).exists(), "the refused create left the file it made");
+    ok(&cache, &["pool", "create", "two", &fresh, "--size", "64M"]);
+    // An all-zero file goes ahead too.
+    let zeros = path("zeros");
+    std::fs::write(&zeros, vec![0u8; 32 << 20]).unwrap();
+    ok(&cache, &["pool", "create", "zeros", &zeros]);
+}
+
+/// A preloaded shim that makes `fcntl(F_OFD_SETLK)` fail with EINVAL, the way some FUSE and
+/// network filesystems refuse OFD locks, and, with SHIM_REFUSE_FLOCK set, `flock` with ENOLCK.
+/// Each refusal is appended to $SHIM_LOG, so a test can tell the shim really intercepted.
+/// `sluice` calls `fcntl` (checked with `nm -D`); `fcntl64` is covered too in case a libc
+/// update moves it there.
+const LOCK_SHIM: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/file.h>
+
+static void note(const char *what) {
+    const char *path = getenv("SHIM_LOG");
+    FILE *log = path ? fopen(path, "a") : NULL;
+    if (log) { fprintf(log, "%s\n", what); fclose(log); }
+}
+
+static int forward(const char *name, int fd, int cmd, void *arg) {
+    if (cmd == F_OFD_SETLK || cmd == F_OFD_SETLKW) {
+        note("refused F_OFD_SETLK");
+        errno = EINVAL;
+        return -1;
+    }
+    int (*real)(int, int, ...) = (int (*)(int, int, ...))dlsym(RTLD_NEXT, name);
+    return real(fd, cmd, arg);
+}
+
+int fcntl(int fd, int cmd, ...) {
+    va_list ap; va_start(ap, cmd); void *arg = va_arg(ap, void *); va_end(ap);
+    return forward("fcntl", fd, cmd, arg);
+}
+
+int fcntl64(int fd, int cmd, ...) {
+    va_list ap; va_start(ap, cmd); void *arg = va_arg(ap, void *); va_end(ap);
+    return forward("fcntl64", fd, cmd, arg);
+}
+
+int flock(int fd, int op) {
+    if (getenv("SHIM_REFUSE_FLOCK")) {
+        note("refused flock");
+        errno = ENOLCK;
+        return -1;
+    }
+    int (*real)(int, int) = (int (*)(int, int))dlsym(RTLD_NEXT, "flock");
+    return real(fd, op);
+}
+"#;
+
+/// On a filesystem that refuses OFD locks, leaves are locked with flock instead: a pool is
+/// created, and a leaf flock-locked by another open file is still refused, naming the holder.
+/// When flock is refused too, the error says the lock failed, on which path, with each errno,
+/// and what to do; before, it read "cannot open ... check the path exists".
+#[test]
+fn leaf_locks_fall_back_to_flock_and_say_why_they_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("shim.c");
+    let shim = dir.path().join("shim.so");
+    std::fs::write(&source, LOCK_SHIM).unwrap();
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&shim)
+        .arg(&source)
+        .arg("-ldl")
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "cc: {}", String::from_utf8_lossy(&built.stderr));
+    let cache = dir.path().join("cache");
+    let log = dir.path().join("shim.log");
+    let leaf = dir.path().join("leaf");
+    let leaf_text = leaf.to_str().unwrap();
+
+    // OFD refused: the pool is made through flock.
+    let env = [("LD_PRELOAD", shim.as_path()), ("SHIM_LOG", log.as_path())];
+    let out = sluice_with(&cache, &["pool", "create", "tank", leaf_text, "--size", "64M"], &env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "create with OFD locks refused: {stderr}");
+    let noted = std::fs::read_to_string(&log).unwrap();
+    assert!(noted.contains("refused F_OFD_SETLK"), "the shim did not intercept: {noted:?}");
+
+    // The flock taken instead still keeps a second holder out.
+    let held = std::fs::OpenOptions::new().read(true).write(true).open(&leaf).unwrap();
+    // SAFETY: flock on a descriptor this test holds open.
+    let locked = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_EX) };
+    assert_eq!(locked, 0);
+    let out = sluice_with(&cache, &["pool", "status", "tank"], &env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a flock-held leaf was opened");
+    assert!(
+        stderr.contains("in use by process") && stderr.contains(&std::process::id().to_string()),
+        "{stderr}"
+    );
+    drop(held);
+
+    // Both refused: the error is about the lock, with the path, each errno and what to do.
+    let env = [
+        ("LD_PRELOAD", shim.as_path()),
+        ("SHIM_LOG", log.as_path()),
+        ("SHIM_REFUSE_FLOCK", Path::new("1")),
+    ];
+    let out = sluice_with(&cache, &["pool", "status", "tank"], &env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "opened a leaf that could not be locked");
+    for part in [
+        &format!("the exclusive lock on {leaf_text} failed"),
+        "fcntl(F_OFD_SETLK) answered EINVAL (Invalid argument)",
+        "flock(LOCK_EX|LOCK_NB) answered ENOLCK (No locks available)",
+        "put the leaf on a local filesystem",
+    ] {
+        assert!(stderr.contains(part), "{part:?} missing from: {stderr}");
+    }
+    assert!(std::fs::read_to_string(&log).unwrap().contains("refused flock"));
+    // Without the shim, the same pool opens.
+    assert!(ok(&cache, &["pool", "status", "tank"]).contains("state: ONLINE"));
 }

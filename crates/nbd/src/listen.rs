@@ -3,8 +3,13 @@
 //! Each accepted connection runs as its own task. On shutdown the listeners stop accepting,
 //! every connection stops reading new requests, answers those it has, and closes; the caller
 //! then syncs and exports the pool.
+//!
+//! Sockets passed by socket activation are taken in two steps. [`take_inherited`] reads and
+//! clears `LISTEN_PID`/`LISTEN_FDS`/`LISTEN_FDNAMES` and owns the fds; it changes the
+//! environment, so it runs at the start of `main` while the process has one thread.
+//! [`Inherited::into_listeners`] registers them with tokio, so it runs inside the runtime.
 
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, UnixListener};
@@ -21,18 +26,14 @@ pub enum Listener {
 }
 
 impl Listener {
-    /// Adopts an inherited listening socket (already bound and listening).
-    ///
-    /// # Safety
-    /// `fd` must be an open listening socket that nothing else in the process owns.
-    pub unsafe fn from_fd(fd: RawFd) -> std::io::Result<Listener> {
-        // SAFETY: the caller hands over ownership of an open socket.
-        let socket = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    /// Adopts an inherited listening socket (already bound and listening). Must run inside a
+    /// tokio runtime, which registers the socket with its reactor.
+    pub fn from_owned(socket: OwnedFd) -> std::io::Result<Listener> {
         // SAFETY: sockaddr_storage is plain old data; all zeros is a valid value.
         let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        use std::os::fd::AsRawFd;
-        // SAFETY: storage is large enough for any address, len says how large.
+        // SAFETY: storage is large enough for any address, len says how large, and the fd is
+        // open for as long as `socket` lives.
         let rc = unsafe {
             libc::getsockname(
                 socket.as_raw_fd(),
@@ -55,26 +56,97 @@ impl Listener {
     }
 }
 
-/// Listening sockets passed by systemd-style socket activation (`LISTEN_PID` is this process,
-/// `LISTEN_FDS` counts them from fd 3). Takes them: the variables are removed.
-pub fn inherited() -> std::io::Result<Vec<Listener>> {
+/// The first file descriptor socket activation passes (after stdin, stdout, stderr).
+const LISTEN_FDS_START: RawFd = 3;
+/// More inherited sockets than this are not a configuration anyone means; the rest are left
+/// alone.
+pub const INHERITED_FDS_MAX: RawFd = 64;
+
+/// Listening sockets passed by systemd-style socket activation, taken from the environment at
+/// startup ([`take_inherited`]) and turned into listeners once a runtime runs
+/// ([`Inherited::into_listeners`]).
+#[derive(Debug, Default)]
+pub struct Inherited {
+    fds: Vec<OwnedFd>,
+}
+
+impl Inherited {
+    /// The sockets as listeners. Must run inside a tokio runtime.
+    pub fn into_listeners(self) -> Result<Vec<Listener>, InheritError> {
+        self.fds
+            .into_iter()
+            .map(|fd| {
+                let number = fd.as_raw_fd();
+                Listener::from_owned(fd)
+                    .map_err(|source| InheritError::Adopt { fd: number, source })
+            })
+            .collect()
+    }
+}
+
+/// Why inherited sockets could not be taken or adopted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InheritError {
+    #[error(
+        "LISTEN_FDS says fd {fd} is passed, but it is not open: check the socket unit (or \
+         the program that started sluice) passes what LISTEN_FDS counts"
+    )]
+    NotOpen {
+        fd: RawFd,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("inherited fd {fd} (LISTEN_FDS) is not a listening socket sluice can use")]
+    Adopt {
+        fd: RawFd,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Takes the listening sockets passed by systemd-style socket activation (`LISTEN_PID` is
+/// this process, `LISTEN_FDS` counts them from fd 3), and removes `LISTEN_PID`, `LISTEN_FDS`
+/// and `LISTEN_FDNAMES` so no child adopts the same sockets. Variables meant for another
+/// process (a different `LISTEN_PID`) are left as they are, and so are their fds. The fds
+/// taken are marked close-on-exec, as `sd_listen_fds` does.
+///
+/// # Safety
+/// The process must have a single thread: removing environment variables races with any
+/// other thread reading or writing the environment (libc's `getenv` included), so call this
+/// at the start of `main`, before a runtime, a thread pool or any thread starts. Call it at
+/// most once: from then on the fds belong to the [`Inherited`] it returns.
+pub unsafe fn take_inherited() -> Result<Inherited, InheritError> {
     let pid_matches = std::env::var("LISTEN_PID")
         .ok()
         .and_then(|p| p.parse::<u32>().ok())
         .is_some_and(|p| p == std::process::id());
-    let count = std::env::var("LISTEN_FDS").ok().and_then(|n| n.parse::<i32>().ok());
-    let (true, Some(count)) = (pid_matches, count) else { return Ok(Vec::new()) };
-    // SAFETY: single-threaded at this point in startup is the caller's duty; removing the
-    // variables keeps children from adopting the same sockets.
+    if !pid_matches {
+        return Ok(Inherited::default());
+    }
+    let count = std::env::var("LISTEN_FDS").ok().and_then(|n| n.parse::<RawFd>().ok());
+    // SAFETY: the caller guarantees no other thread exists to read the environment while it
+    // changes.
     unsafe {
         std::env::remove_var("LISTEN_PID");
         std::env::remove_var("LISTEN_FDS");
         std::env::remove_var("LISTEN_FDNAMES");
     }
-    (0..count.clamp(0, 64))
-        // SAFETY: socket activation hands these fds to this process.
-        .map(|i| unsafe { Listener::from_fd(3 + i) })
-        .collect()
+    let Some(count) = count else { return Ok(Inherited::default()) };
+    let mut fds = Vec::new();
+    for fd in LISTEN_FDS_START..LISTEN_FDS_START + count.clamp(0, INHERITED_FDS_MAX) {
+        // SAFETY: F_GETFD only reads the descriptor's flags, and fails on a closed fd.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        if flags < 0 {
+            return Err(InheritError::NotOpen { fd, source: std::io::Error::last_os_error() });
+        }
+        // SAFETY: as above; setting FD_CLOEXEC changes only what exec does with the fd.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) };
+        // SAFETY: socket activation hands fds 3.. to this process (LISTEN_PID says so), the
+        // fd is open (checked above), and the caller takes them once, so nothing else owns it.
+        fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    Ok(Inherited { fds })
 }
 
 /// Accepts connections on every listener until `shutdown` turns true, then waits for the open

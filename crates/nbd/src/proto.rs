@@ -189,20 +189,23 @@ pub struct Limits {
 /// Checks a request's command, flags, range and alignment (reference/reliability.md §3.4).
 /// Zero-length requests pass: they succeed with no effect.
 pub fn check(request: &Request, limits: &Limits) -> Result<(), Refusal> {
-    let allowed = match request.kind {
-        CMD_READ => {
-            if limits.structured {
-                CMD_FLAG_DF
-            } else {
-                0
+    // Every export advertises SEND_FUA, and the spec then lets a client set FUA on any command:
+    // the server must accept it and may ignore it where it means nothing (READ, BLOCK_STATUS;
+    // a FLUSH is durable anyway). Older qemu sends FLUSH with FUA, so refusing it broke them.
+    let allowed = CMD_FLAG_FUA
+        | match request.kind {
+            CMD_READ => {
+                if limits.structured {
+                    CMD_FLAG_DF
+                } else {
+                    0
+                }
             }
-        }
-        CMD_WRITE | CMD_TRIM => CMD_FLAG_FUA,
-        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
-        CMD_FLUSH => 0,
-        CMD_BLOCK_STATUS if limits.structured && limits.meta_context => CMD_FLAG_REQ_ONE,
-        _ => return Err(Refusal(EINVAL)),
-    };
+            CMD_WRITE | CMD_TRIM | CMD_FLUSH => 0,
+            CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+            CMD_BLOCK_STATUS if limits.structured && limits.meta_context => CMD_FLAG_REQ_ONE,
+            _ => return Err(Refusal(EINVAL)),
+        };
     if request.flags & !allowed != 0 {
         return Err(Refusal(EINVAL));
     }
@@ -387,7 +390,10 @@ mod tests {
         assert_eq!(check(&request(CMD_READ, 0, 100, 512), &l), Err(Refusal(EINVAL)));
         assert_eq!(check(&request(CMD_WRITE, 0, 0, 100), &l), Err(Refusal(EINVAL)));
         assert_eq!(check(&request(99, 0, 0, 512), &l), Err(Refusal(EINVAL)));
-        assert_eq!(check(&request(CMD_READ, CMD_FLAG_FUA, 0, 512), &l), Err(Refusal(EINVAL)));
+        assert_eq!(
+            check(&request(CMD_READ, CMD_FLAG_DF | 1 << 9, 0, 512), &l),
+            Err(Refusal(EINVAL))
+        );
         assert_eq!(check(&request(CMD_WRITE, 1 << 9, 0, 512), &l), Err(Refusal(EINVAL)));
         assert_eq!(check(&request(CMD_FLUSH, 0, 0, 0), &l), Ok(()));
         assert_eq!(check(&request(CMD_FLUSH, 0, 512, 0), &l), Err(Refusal(EINVAL)));
@@ -400,6 +406,34 @@ mod tests {
         let huge = Limits { size_bytes: u64::MAX, ..l };
         assert_eq!(check(&request(CMD_READ, 0, 0, big), &huge), Err(Refusal(EINVAL)));
         assert_eq!(check(&request(CMD_TRIM, 0, 0, big), &huge), Ok(()), "trim is not a payload");
+    }
+
+    /// With SEND_FUA advertised, FUA is accepted on every command a client may send (older
+    /// qemu sends FLUSH with FUA; it was refused with EINVAL), alone or beside the command's
+    /// own flags; it still does not make an unknown command or flag acceptable.
+    #[test]
+    fn fua_is_accepted_on_every_command() {
+        let l = limits();
+        let fua = CMD_FLAG_FUA;
+        assert_eq!(check(&request(CMD_READ, fua, 0, 512), &l), Ok(()));
+        assert_eq!(check(&request(CMD_READ, fua | CMD_FLAG_DF, 0, 512), &l), Ok(()));
+        assert_eq!(check(&request(CMD_WRITE, fua, 0, 512), &l), Ok(()));
+        assert_eq!(check(&request(CMD_FLUSH, fua, 0, 0), &l), Ok(()));
+        assert_eq!(check(&request(CMD_TRIM, fua, 0, 512), &l), Ok(()));
+        let zero_flags = fua | CMD_FLAG_NO_HOLE;
+        assert_eq!(check(&request(CMD_WRITE_ZEROES, zero_flags, 0, 512), &l), Ok(()));
+        assert_eq!(check(&request(CMD_WRITE_ZEROES, fua | CMD_FLAG_FAST_ZERO, 0, 512), &l), Ok(()));
+        assert_eq!(check(&request(CMD_BLOCK_STATUS, fua | CMD_FLAG_REQ_ONE, 0, 512), &l), Ok(()));
+        let simple = Limits { structured: false, meta_context: false, ..l };
+        assert_eq!(check(&request(CMD_READ, fua, 0, 512), &simple), Ok(()));
+        assert_eq!(check(&request(CMD_FLUSH, fua, 512, 0), &l), Err(Refusal(EINVAL)));
+        assert_eq!(check(&request(99, fua, 0, 512), &l), Err(Refusal(EINVAL)));
+        assert_eq!(check(&request(CMD_READ, fua | 1 << 9, 0, 512), &l), Err(Refusal(EINVAL)));
+        let no_context = Limits { meta_context: false, ..l };
+        assert_eq!(
+            check(&request(CMD_BLOCK_STATUS, fua, 0, 512), &no_context),
+            Err(Refusal(EINVAL))
+        );
     }
 
     #[test]

@@ -473,6 +473,9 @@ fn errno(error: &StoreError) -> u32 {
 /// Runs one checked request and encodes its reply.
 async fn execute(session: &Session, request: &Request, payload: Vec<u8>) -> Vec<u8> {
     let volume = &session.volume;
+    // FUA may come with any command (`proto::check`). It matters where a request changes the
+    // volume (WRITE, TRIM, WRITE_ZEROES: durable before the reply); a FLUSH is durable anyway,
+    // and READ and BLOCK_STATUS change nothing to make durable.
     let fua = request.flags & proto::CMD_FLAG_FUA != 0;
     let (offset, len) = (request.offset, u64::from(request.len));
     let done = |result: Result<(), StoreError>| match result {
@@ -625,4 +628,167 @@ async fn block_status(session: &Session, request: &Request) -> Vec<u8> {
     out.extend_from_slice(&proto::META_BASE_ALLOCATION_ID.to_be_bytes());
     out.extend_from_slice(&descriptors);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    //! One session against a real store on instant simulated disks, as a client sees it.
+
+    use std::sync::Arc;
+
+    use sluice_engine::device::sim::SimOptions;
+    use sluice_engine::device::{SimDevice, SimProfile};
+    use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
+    use sluice_engine::tunables::Tunables;
+    use sluice_engine::txg::Store;
+    use sluice_engine::volume::Volume;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    use super::{serve_connection, Exports};
+    use crate::proto::{self, Request};
+
+    struct OneVolume(Arc<Store>);
+
+    impl Exports for OneVolume {
+        fn names(&self) -> Vec<String> {
+            vec!["vol0".into()]
+        }
+
+        fn open(&self, _name: &str) -> Option<Volume> {
+            Volume::open(&self.0, "vol0").ok()
+        }
+    }
+
+    async fn store() -> Arc<Store> {
+        let env = sluice_host::tokio_env(3);
+        let device =
+            SimDevice::new(&env, "leaf0", SimProfile::Instant, 64 << 20, SimOptions::default());
+        let leaf = LeafSpec { path: "leaf0".into(), device: Arc::new(device) };
+        let spec = PoolSpec { name: "t".into(), ashift: 12, top: vec![TopSpec::Leaf(leaf)] };
+        let tunables = Tunables::default();
+        let pool = Pool::create(&env, spec, &tunables).await.unwrap();
+        let store = Arc::new(Store::create(pool, &tunables));
+        store.create_volume("vol0", 16 << 20, 4096).unwrap();
+        store
+    }
+
+    async fn option(client: &mut DuplexStream, option: u32, data: &[u8]) {
+        client.write_u64(proto::OPTS_MAGIC).await.unwrap();
+        client.write_u32(option).await.unwrap();
+        client.write_u32(data.len() as u32).await.unwrap();
+        client.write_all(data).await.unwrap();
+    }
+
+    /// Reads option replies up to and including the final one (ACK or an error).
+    async fn option_replies(client: &mut DuplexStream) {
+        loop {
+            assert_eq!(client.read_u64().await.unwrap(), proto::REP_MAGIC);
+            let _option = client.read_u32().await.unwrap();
+            let kind = client.read_u32().await.unwrap();
+            let len = client.read_u32().await.unwrap();
+            let mut data = vec![0u8; len as usize];
+            client.read_exact(&mut data).await.unwrap();
+            assert!(kind & (1 << 31) == 0, "option refused: {}", String::from_utf8_lossy(&data));
+            if kind == proto::REP_ACK {
+                return;
+            }
+        }
+    }
+
+    /// Fixed newstyle with structured replies and base:allocation, then GO.
+    async fn connect(client: &mut DuplexStream) {
+        let mut hello = [0u8; 18];
+        client.read_exact(&mut hello).await.unwrap();
+        client.write_u32(proto::CLIENT_FIXED_NEWSTYLE | proto::CLIENT_NO_ZEROES).await.unwrap();
+        option(client, proto::OPT_STRUCTURED_REPLY, &[]).await;
+        option_replies(client).await;
+        let mut context = 4u32.to_be_bytes().to_vec();
+        context.extend_from_slice(b"vol0");
+        context.extend_from_slice(&1u32.to_be_bytes());
+        context.extend_from_slice(&(proto::META_BASE_ALLOCATION.len() as u32).to_be_bytes());
+        context.extend_from_slice(proto::META_BASE_ALLOCATION.as_bytes());
+        option(client, proto::OPT_SET_META_CONTEXT, &context).await;
+        option_replies(client).await;
+        let mut go = 4u32.to_be_bytes().to_vec();
+        go.extend_from_slice(b"vol0");
+        go.extend_from_slice(&0u16.to_be_bytes());
+        option(client, proto::OPT_GO, &go).await;
+        option_replies(client).await;
+    }
+
+    /// Sends one request and returns the error of its reply (0 on success), reading past any
+    /// structured chunks.
+    async fn request(client: &mut DuplexStream, request: Request, payload: &[u8]) -> u32 {
+        client.write_all(&request.encode()).await.unwrap();
+        client.write_all(payload).await.unwrap();
+        loop {
+            match client.read_u32().await.unwrap() {
+                proto::SIMPLE_REPLY_MAGIC => {
+                    let error = client.read_u32().await.unwrap();
+                    assert_eq!(client.read_u64().await.unwrap(), request.cookie);
+                    if request.kind == proto::CMD_READ && error == 0 {
+                        let mut data = vec![0u8; request.len as usize];
+                        client.read_exact(&mut data).await.unwrap();
+                    }
+                    return error;
+                }
+                proto::STRUCTURED_REPLY_MAGIC => {
+                    let flags = client.read_u16().await.unwrap();
+                    let kind = client.read_u16().await.unwrap();
+                    assert_eq!(client.read_u64().await.unwrap(), request.cookie);
+                    let len = client.read_u32().await.unwrap();
+                    let mut data = vec![0u8; len as usize];
+                    client.read_exact(&mut data).await.unwrap();
+                    if kind == proto::REPLY_TYPE_ERROR {
+                        return u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
+                    }
+                    if flags & proto::REPLY_FLAG_DONE != 0 {
+                        return 0;
+                    }
+                }
+                magic => panic!("reply magic {magic:#x}"),
+            }
+        }
+    }
+
+    /// With SEND_FUA advertised, every command the export offers succeeds with FUA set (older
+    /// qemu sends FLUSH with FUA; READ and FLUSH with FUA were refused with EINVAL).
+    #[tokio::test]
+    async fn fua_is_accepted_on_every_command() {
+        let store = store().await;
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let exports: Arc<dyn Exports> = Arc::new(OneVolume(Arc::clone(&store)));
+        let session = tokio::spawn(serve_connection(server, exports, shutdown));
+        connect(&mut client).await;
+        let fua = proto::CMD_FLAG_FUA;
+        let cases = [
+            ("WRITE", proto::CMD_WRITE, fua, 0, 4096),
+            ("READ", proto::CMD_READ, fua, 0, 4096),
+            ("READ with DF", proto::CMD_READ, fua | proto::CMD_FLAG_DF, 0, 4096),
+            ("FLUSH", proto::CMD_FLUSH, fua, 0, 0),
+            ("TRIM", proto::CMD_TRIM, fua, 0, 4096),
+            ("WRITE_ZEROES", proto::CMD_WRITE_ZEROES, fua, 8192, 4096),
+            (
+                "WRITE_ZEROES NO_HOLE",
+                proto::CMD_WRITE_ZEROES,
+                fua | proto::CMD_FLAG_NO_HOLE,
+                0,
+                4096,
+            ),
+            ("BLOCK_STATUS", proto::CMD_BLOCK_STATUS, fua, 0, 65536),
+        ];
+        for (cookie, (name, kind, flags, offset, len)) in cases.into_iter().enumerate() {
+            let r = Request { flags, kind, cookie: cookie as u64, offset, len };
+            let payload = if kind == proto::CMD_WRITE { vec![7u8; len as usize] } else { vec![] };
+            assert_eq!(request(&mut client, r, &payload).await, 0, "{name} with FUA");
+        }
+        // An unknown flag beside FUA is still refused, and the session goes on.
+        let bad =
+            Request { flags: fua | 1 << 9, kind: proto::CMD_READ, cookie: 99, offset: 0, len: 512 };
+        assert_eq!(request(&mut client, bad, &[]).await, proto::EINVAL);
+        let disc = Request { flags: 0, kind: proto::CMD_DISC, cookie: 100, offset: 0, len: 0 };
+        client.write_all(&disc.encode()).await.unwrap();
+        session.await.unwrap().unwrap();
+    }
 }

@@ -499,31 +499,124 @@ impl Inner {
     }
 }
 
-/// Takes an open-file-description write lock on the whole file. OFD locks belong to this open
-/// file, not to the process, so a second open in the same process conflicts too, and the lock
-/// goes away when the device is dropped or the process dies.
+/// The exclusive lock could not be taken, and not because someone else holds it: the
+/// filesystem under the leaf refused both kinds of lock.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    #[error(
+        "the exclusive lock on {path} failed: fcntl(F_OFD_SETLK) answered {ofd} and \
+         flock(LOCK_EX|LOCK_NB) answered {flock}, so the filesystem holding it does not lock \
+         files; put the leaf on a local filesystem (ext4, xfs, btrfs, tmpfs) or one that locks \
+         (NFS mounted without `nolock`)"
+    )]
+    Refused { path: PathBuf, ofd: Errno, flock: Errno },
+}
+
+/// An errno, shown by name and meaning ("EINVAL (Invalid argument)").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Errno(pub i32);
+
+impl Errno {
+    fn of(error: &io::Error) -> Errno {
+        Errno(error.raw_os_error().unwrap_or(0))
+    }
+}
+
+impl std::fmt::Display for Errno {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self.0 {
+            libc::EINVAL => "EINVAL",
+            libc::ENOLCK => "ENOLCK",
+            libc::EOPNOTSUPP => "EOPNOTSUPP",
+            libc::ENOSYS => "ENOSYS",
+            libc::EBADF => "EBADF",
+            libc::EPERM => "EPERM",
+            libc::EACCES => "EACCES",
+            libc::EAGAIN => "EAGAIN",
+            libc::EINTR => "EINTR",
+            libc::EIO => "EIO",
+            _ => return write!(f, "{}", io::Error::from_raw_os_error(self.0)),
+        };
+        let text = io::Error::from_raw_os_error(self.0).to_string();
+        let suffix = format!(" (os error {})", self.0);
+        write!(f, "{name} ({})", text.strip_suffix(&suffix).unwrap_or(&text))
+    }
+}
+
+/// The two lock calls, behind a seam so tests can make them fail the way a filesystem without
+/// locks does.
+struct LockCalls {
+    ofd: fn(std::os::fd::RawFd) -> io::Result<()>,
+    flock: fn(std::os::fd::RawFd) -> io::Result<()>,
+}
+
+const SYSTEM_LOCKS: LockCalls = LockCalls { ofd: ofd_lock, flock: flock_lock };
+
+/// Takes an exclusive lock on the whole file: an open-file-description write lock, or, where
+/// the filesystem refuses those (EINVAL, ENOLCK, EOPNOTSUPP: some FUSE and network
+/// filesystems), a `flock`. Both belong to this open file, not to the process, so a second open
+/// in the same process conflicts too, and the lock goes away when the device is dropped or the
+/// process dies. The two kinds do not see each other, but a filesystem that refuses OFD locks
+/// refuses them to every process, so all of them fall back alike.
 fn lock_exclusive(file: &File, path: &Path) -> Result<(), DeviceError> {
+    lock_with(file, path, &SYSTEM_LOCKS)
+}
+
+fn lock_with(file: &File, path: &Path, calls: &LockCalls) -> Result<(), DeviceError> {
+    let fd = file.as_raw_fd();
+    let ofd = match (calls.ofd)(fd) {
+        Ok(()) => return Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => {
+            return Err(locked(file, path));
+        }
+        Err(e) => e,
+    };
+    match (calls.flock)(fd) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Err(locked(file, path)),
+        Err(flock) => {
+            let refused = LockError::Refused {
+                path: path.to_owned(),
+                ofd: Errno::of(&ofd),
+                flock: Errno::of(&flock),
+            };
+            Err(DeviceError::Open { path: path.to_owned(), source: io::Error::other(refused) })
+        }
+    }
+}
+
+/// Another open file holds the lock: says who, when /proc tells.
+fn locked(file: &File, path: &Path) -> DeviceError {
+    let holder = file
+        .metadata()
+        .ok()
+        .and_then(|m| lock_holder(m.dev(), m.ino()))
+        .unwrap_or_else(|| "another process".to_owned());
+    DeviceError::Locked { path: path.to_owned(), holder }
+}
+
+fn ofd_lock(fd: std::os::fd::RawFd) -> io::Result<()> {
     // SAFETY: flock is a plain C struct; all-zero is a valid value that we then fill in.
     let mut lock: libc::flock = unsafe { std::mem::zeroed() };
     lock.l_type = libc::F_WRLCK as libc::c_short;
     lock.l_whence = libc::SEEK_SET as libc::c_short;
     // SAFETY: F_OFD_SETLK reads the flock struct, which outlives the call.
-    let result =
-        unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock as *const libc::flock) };
+    let result = unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &lock as *const libc::flock) };
     if result == 0 {
-        return Ok(());
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
-    let error = io::Error::last_os_error();
-    match error.raw_os_error() {
-        Some(libc::EAGAIN | libc::EACCES) => {
-            let holder = file
-                .metadata()
-                .ok()
-                .and_then(|m| lock_holder(m.dev(), m.ino()))
-                .unwrap_or_else(|| "another process".to_owned());
-            Err(DeviceError::Locked { path: path.to_owned(), holder })
-        }
-        _ => Err(DeviceError::Open { path: path.to_owned(), source: error }),
+}
+
+fn flock_lock(fd: std::os::fd::RawFd) -> io::Result<()> {
+    // SAFETY: flock on an open descriptor with plain integer arguments.
+    let result = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -725,6 +818,69 @@ mod tests {
         assert!(error.to_string().contains(&format!("process {}", std::process::id())), "{error}");
         drop(first);
         FileDevice::open(&path, &options).unwrap();
+    }
+
+    fn fails_with(code: i32) -> fn(std::os::fd::RawFd) -> io::Result<()> {
+        match code {
+            libc::EINVAL => |_| Err(io::Error::from_raw_os_error(libc::EINVAL)),
+            libc::ENOLCK => |_| Err(io::Error::from_raw_os_error(libc::ENOLCK)),
+            libc::EWOULDBLOCK => |_| Err(io::Error::from_raw_os_error(libc::EWOULDBLOCK)),
+            _ => unreachable!("no stand-in for errno {code}"),
+        }
+    }
+
+    fn lock_file(dir: &Path) -> (PathBuf, File) {
+        let path = dir.join("leaf5");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .unwrap();
+        (path, file)
+    }
+
+    /// Where OFD locks are refused, the lock falls back to flock, which still keeps a second
+    /// open out (flock locks belong to the open file too) and names who holds it.
+    #[test]
+    fn refused_ofd_lock_falls_back_to_flock() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, first) = lock_file(dir.path());
+        let no_ofd = LockCalls { ofd: fails_with(libc::EINVAL), flock: flock_lock };
+        lock_with(&first, &path, &no_ofd).unwrap();
+        let second = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let error = lock_with(&second, &path, &no_ofd).unwrap_err();
+        assert!(matches!(error, DeviceError::Locked { .. }), "{error}");
+        assert!(error.to_string().contains(&format!("process {}", std::process::id())), "{error}");
+        drop(first);
+        lock_with(&second, &path, &no_ofd).unwrap();
+    }
+
+    /// When both kinds of lock are refused, the error says the lock failed, on which path, with
+    /// which errno from each call, and what to do; it is not called a conflict.
+    #[test]
+    fn refused_locks_say_why_and_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = lock_file(dir.path());
+        let none = LockCalls { ofd: fails_with(libc::EINVAL), flock: fails_with(libc::ENOLCK) };
+        let error = lock_with(&file, &path, &none).unwrap_err();
+        assert!(matches!(error, DeviceError::Open { .. }), "{error}");
+        let message = error.to_string();
+        for part in [
+            "exclusive lock on",
+            path.to_str().unwrap(),
+            "F_OFD_SETLK) answered EINVAL (Invalid argument)",
+            "answered ENOLCK (No locks available)",
+            "local filesystem",
+        ] {
+            assert!(message.contains(part), "{part:?} missing from: {message}");
+        }
+        // A conflict reported by flock is still a conflict.
+        let busy =
+            LockCalls { ofd: fails_with(libc::EINVAL), flock: fails_with(libc::EWOULDBLOCK) };
+        let error = lock_with(&file, &path, &busy).unwrap_err();
+        assert!(matches!(error, DeviceError::Locked { .. }), "{error}");
     }
 
     /// A missing file without a create length is an open error that names the path.

@@ -21,6 +21,7 @@
 mod cache;
 mod io;
 mod missing;
+pub mod probe;
 mod scrub;
 
 use std::collections::BTreeMap;

@@ -7,9 +7,15 @@
 //! power of two, about 19% relative error) so recording is allocation-free and lock-free;
 //! written here because hdrhistogram needs `&mut` to record and would put a lock on every I/O
 //! completion.
+//!
+//! A [`HistogramSnapshot`] serializes (serde) in its sparse form, only the nonzero buckets,
+//! so the statistics a server sends to `sluice pool iostat` stay small; reading one back
+//! rejects a bucket index this build does not have.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 const SUB_BUCKET_BITS: u32 = 2;
 const SUB_BUCKETS: usize = 1 << SUB_BUCKET_BITS;
@@ -41,6 +47,13 @@ fn bucket_of(nanos: u64) -> usize {
     let exponent = 63 - nanos.leading_zeros();
     let sub = (nanos >> (exponent - SUB_BUCKET_BITS)) as usize & (SUB_BUCKETS - 1);
     (((exponent - SUB_BUCKET_BITS + 1) as usize) * SUB_BUCKETS + sub).min(BUCKET_COUNT - 1)
+}
+
+/// The upper edge, in nanoseconds, of bucket `index` of a [`HistogramSnapshot`]: every sample
+/// counted in that bucket took at most this long (up to the last bucket, which also holds
+/// everything slower). Exporters use it to regroup the buckets into their own.
+pub fn bucket_upper_nanos(index: usize) -> u64 {
+    bucket_limit(index.min(BUCKET_COUNT - 1))
 }
 
 /// Upper edge of a bucket, in nanoseconds.
@@ -106,7 +119,8 @@ fn quantile_of(buckets: impl Iterator<Item = u64>, count: u64, quantile: f64) ->
 /// A histogram's counts at one moment. Recording and snapshotting race (a sample may be in
 /// `count` and not yet in its bucket), so quantiles of a snapshot are as precise as the
 /// buckets, not exact.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "SparseHistogram", try_from = "SparseHistogram")]
 pub struct HistogramSnapshot {
     /// One count per bucket; empty for a snapshot of nothing.
     pub buckets: Vec<u64>,
@@ -157,6 +171,46 @@ impl HistogramSnapshot {
             *buckets.get_mut(index)? = n;
         }
         Some(HistogramSnapshot { buckets, count, sum_nanos })
+    }
+}
+
+/// The serialized form of a [`HistogramSnapshot`]: most buckets of a latency histogram are
+/// empty, so only the others travel, as (index, count) pairs.
+#[derive(Serialize, Deserialize)]
+struct SparseHistogram {
+    count: u64,
+    sum_nanos: u64,
+    buckets: Vec<(usize, u64)>,
+}
+
+impl From<HistogramSnapshot> for SparseHistogram {
+    fn from(snapshot: HistogramSnapshot) -> SparseHistogram {
+        SparseHistogram {
+            count: snapshot.count,
+            sum_nanos: snapshot.sum_nanos,
+            buckets: snapshot.sparse(),
+        }
+    }
+}
+
+/// A serialized histogram names a bucket this build does not have (a different version of
+/// sluice wrote it).
+#[derive(Debug, thiserror::Error)]
+#[error("histogram bucket {index} does not exist (this build has {BUCKET_COUNT} buckets)")]
+pub struct BucketOutOfRange {
+    pub index: usize,
+}
+
+impl TryFrom<SparseHistogram> for HistogramSnapshot {
+    type Error = BucketOutOfRange;
+
+    fn try_from(sparse: SparseHistogram) -> Result<HistogramSnapshot, BucketOutOfRange> {
+        HistogramSnapshot::from_sparse(&sparse.buckets, sparse.count, sparse.sum_nanos).ok_or_else(
+            || {
+                let index = sparse.buckets.iter().map(|(i, _)| *i).max().unwrap_or(BUCKET_COUNT);
+                BucketOutOfRange { index }
+            },
+        )
     }
 }
 
@@ -302,5 +356,35 @@ mod tests {
         let rebuilt = HistogramSnapshot::from_sparse(&sparse, after.count, after.sum_nanos);
         assert_eq!(rebuilt.as_ref(), Some(&after));
         assert_eq!(HistogramSnapshot::from_sparse(&[(BUCKET_COUNT, 1)], 1, 1), None);
+    }
+
+    /// A snapshot survives serde (in its sparse form), and a bucket index past the last is
+    /// refused rather than dropped or panicked on.
+    #[test]
+    fn snapshots_serialize_sparse_and_reject_bad_buckets() {
+        let histogram = Histogram::default();
+        histogram.record(Duration::from_micros(3));
+        histogram.record(Duration::from_millis(7));
+        let snapshot = histogram.snapshot();
+        let text = serde_json::to_string(&snapshot).expect("serialize");
+        assert_eq!(text.matches('[').count(), 3, "two nonzero buckets only: {text}");
+        let back: HistogramSnapshot = serde_json::from_str(&text).expect("deserialize");
+        assert_eq!(back, snapshot);
+        let bad = format!(r#"{{"count":1,"sum_nanos":1,"buckets":[[{BUCKET_COUNT},1]]}}"#);
+        let error = serde_json::from_str::<HistogramSnapshot>(&bad).expect_err("out of range");
+        assert!(error.to_string().contains(&format!("bucket {BUCKET_COUNT}")), "{error}");
+    }
+
+    /// Every sample lies at or below the upper edge of the bucket it is counted in, and the
+    /// edges never shrink with the index: what an exporter regrouping buckets relies on.
+    #[test]
+    fn bucket_upper_edges_bound_their_samples() {
+        for nanos in [1u64, 5, 1023, 1024, 1025, 999_999, 1 << 30] {
+            assert!(bucket_upper_nanos(bucket_of(nanos)) >= nanos, "{nanos}");
+        }
+        for index in 1..BUCKET_COUNT {
+            assert!(bucket_upper_nanos(index) >= bucket_upper_nanos(index - 1), "{index}");
+        }
+        assert_eq!(bucket_upper_nanos(BUCKET_COUNT + 5), bucket_upper_nanos(BUCKET_COUNT - 1));
     }
 }

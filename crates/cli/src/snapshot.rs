@@ -1,0 +1,399 @@
+//! A served pool's statistics at one moment, as one typed value: the pool, its top-level
+//! vdevs, each leaf (I/O counters, what is queued and in the device per I/O class, latency
+//! histograms per class), each volume (client requests and their latency per request type),
+//! the intent log, txg syncs, the write throttle and, when the pool uses it, the dedup table.
+//!
+//! The server builds one from its live [`Store`] ([`PoolSnapshot::capture`]); the control
+//! socket carries it as JSON to `sluice pool iostat` (crate::iostat), which diffs two of them,
+//! and the metrics endpoint (crate::metrics) renders one per scrape. Everything here is a
+//! total since import or a gauge as it is now; rates and differences belong to the readers.
+//! This module depends only on the engine, so both sides use it without depending on each
+//! other.
+//!
+//! Per-class and per-request-type figures are vectors indexed by [`IoClass::index`] and
+//! [`VolumeOp::index`]; `version` changes whenever a field changes meaning, so a client and a
+//! server of different builds say so instead of misreading each other.
+
+use serde::{Deserialize, Serialize};
+use sluice_engine::stats::{HistogramSnapshot, VolumeOp};
+use sluice_engine::tunables::IoClass;
+use sluice_engine::txg::Store;
+
+/// The layout of [`PoolSnapshot`] this build reads and writes.
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// Everything `iostat` and the metrics endpoint show about one served pool.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PoolSnapshot {
+    /// [`SNAPSHOT_VERSION`] of the build that captured it.
+    pub version: u32,
+    pub pool: String,
+    /// Time since the store was created or imported: the span every total covers.
+    pub uptime_nanos: u64,
+    /// The txg of the pool's newest uberblock.
+    pub txg: u64,
+    /// Txgs synced since import.
+    pub txg_syncs: u64,
+    /// Top-level vdevs, in the pool's order (leaves name theirs by index).
+    pub tops: Vec<TopSnapshot>,
+    pub leaves: Vec<LeafSnapshot>,
+    pub volumes: Vec<VolumeSnapshot>,
+    pub intent_log: LogSnapshot,
+    pub throttle: ThrottleSnapshot,
+    /// The dedup table, when a volume has dedup on or the table holds entries.
+    pub dedup: Option<DedupSnapshot>,
+}
+
+/// One top-level vdev.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopSnapshot {
+    /// A mirror (else a single leaf).
+    pub mirror: bool,
+    /// Holds only intent-log blocks (a separate log device).
+    pub log: bool,
+}
+
+impl TopSnapshot {
+    /// The name iostat and the metrics give the top-level vdev at `index`, after `zpool
+    /// status`: `mirror-0`, `log-mirror-2`, `disk-1`, `log-3`.
+    pub fn name(self, index: usize) -> String {
+        match (self.mirror, self.log) {
+            (true, false) => format!("mirror-{index}"),
+            (true, true) => format!("log-mirror-{index}"),
+            (false, false) => format!("disk-{index}"),
+            (false, true) => format!("log-{index}"),
+        }
+    }
+}
+
+/// What one leaf did since import, and its queue now.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LeafSnapshot {
+    pub path: String,
+    /// Index of its top-level vdev in [`PoolSnapshot::tops`].
+    pub top: usize,
+    pub reads: u64,
+    pub writes: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub flushes: u64,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub flush_errors: u64,
+    pub checksum_errors: u64,
+    /// Bad copies rewritten from a good one.
+    pub repairs: u64,
+    /// I/Os that rode in another's device command.
+    pub aggregated: u64,
+    /// I/Os waiting in the submission queues now.
+    pub queued: u64,
+    /// What is in the device now, per [`IoClass`] (see `Leaf::active_by_class`).
+    pub active: Vec<u64>,
+    /// The depth the device queue allows now.
+    pub queue_depth: u64,
+    /// Enqueue to completion, per [`IoClass`].
+    pub latency: Vec<HistogramSnapshot>,
+}
+
+impl LeafSnapshot {
+    /// Errors of every kind.
+    pub fn errors(&self) -> u64 {
+        self.read_errors + self.write_errors + self.flush_errors + self.checksum_errors
+    }
+
+    /// I/Os in the device now, over every class.
+    pub fn active_total(&self) -> u64 {
+        self.active.iter().sum()
+    }
+}
+
+/// What one volume's clients asked of it since import.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct VolumeSnapshot {
+    pub name: String,
+    pub block_bytes: u64,
+    /// Requests answered, per [`VolumeOp`].
+    pub requests: Vec<u64>,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub errors: u64,
+    /// Writes that covered only part of a volume block.
+    pub partial_writes: u64,
+    /// Arrival to answer, per [`VolumeOp`].
+    pub latency: Vec<HistogramSnapshot>,
+}
+
+impl VolumeSnapshot {
+    /// Requests of type `op` answered.
+    pub fn requests(&self, op: VolumeOp) -> u64 {
+        self.requests.get(op.index()).copied().unwrap_or(0)
+    }
+}
+
+/// What the intent logs did since import.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogSnapshot {
+    /// Commits (FUA writes and flushes) that had records to make durable.
+    pub commits: u64,
+    /// Lone sync writers' records sent before their flush arrived.
+    pub early_commits: u64,
+    /// Commits answered by a txg sync instead of a log write.
+    pub commits_via_txg: u64,
+    /// Log blocks written by the volumes' current chains (a destroyed volume's leave the sum).
+    pub blocks_written: u64,
+    /// What import found and replayed.
+    pub chains_claimed: u64,
+    pub blocks_claimed: u64,
+    pub records_replayed: u64,
+    pub torn_tails: u64,
+}
+
+/// What the write throttle did since import.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThrottleSnapshot {
+    /// Writes delayed, and their delays added up.
+    pub delayed: u64,
+    pub delayed_nanos: u64,
+    /// Writes that waited for a txg sync at the dirty-data maximum, and their waits.
+    pub waited_for_sync: u64,
+    pub waited_nanos: u64,
+    /// Writes spared a delay because another volume was filling the dirty data.
+    pub spared: u64,
+}
+
+/// The dedup table: its size as of the last sync and what it did since import.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DedupSnapshot {
+    pub entries: u64,
+    pub references: u64,
+    pub allocated_bytes: u64,
+    pub referenced_bytes: u64,
+    pub entries_in_memory: u64,
+    /// Table-lock acquisitions by stage name.
+    pub table_lock: Vec<(String, u64)>,
+    pub table_lock_contended: u64,
+    pub table_lock_wait_nanos: u64,
+    pub blocks_written: u64,
+    pub blocks_shared: u64,
+    pub blocks_piggybacked: u64,
+    pub verify_compares: u64,
+    pub verify_mismatches: u64,
+    pub blocks_freed: u64,
+}
+
+impl PoolSnapshot {
+    /// The served store's counters now. Each counter is read once, without a lock across
+    /// them, so figures of one snapshot may be a few I/Os apart; every one only grows.
+    pub fn capture(store: &Store) -> PoolSnapshot {
+        let pool = store.pool();
+        let tops = pool
+            .config()
+            .top
+            .iter()
+            .map(|t| TopSnapshot { mirror: t.kind == sluice_format::TopKind::Mirror, log: t.log })
+            .collect();
+        let leaves = pool
+            .leaves()
+            .iter()
+            .map(|l| {
+                let s = l.leaf.stats();
+                LeafSnapshot {
+                    path: l.path.clone(),
+                    top: l.top,
+                    reads: s.reads.get(),
+                    writes: s.writes.get(),
+                    read_bytes: s.read_bytes.get(),
+                    write_bytes: s.write_bytes.get(),
+                    flushes: s.flushes.get(),
+                    read_errors: s.read_errors.get(),
+                    write_errors: s.write_errors.get(),
+                    flush_errors: s.flush_errors.get(),
+                    checksum_errors: s.checksum_errors.get(),
+                    repairs: s.repairs.get(),
+                    aggregated: s.aggregated.get(),
+                    queued: u64::try_from(l.leaf.queued()).unwrap_or(u64::MAX),
+                    active: l.leaf.active_by_class().iter().map(|&n| u64::from(n)).collect(),
+                    queue_depth: u64::from(l.leaf.queue_depth()),
+                    latency: s.latency.iter().map(|h| h.snapshot()).collect(),
+                }
+            })
+            .collect();
+        let entries = store.volumes();
+        let volumes = entries
+            .iter()
+            .filter_map(|entry| {
+                // A volume destroyed since `volumes()` has no statistics left to show.
+                let s = store.volume_stats(&entry.name).ok()?;
+                Some(VolumeSnapshot {
+                    name: entry.name.clone(),
+                    block_bytes: u64::from(entry.block_bytes),
+                    requests: s.requests.iter().map(|c| c.get()).collect(),
+                    read_bytes: s.read_bytes.get(),
+                    write_bytes: s.write_bytes.get(),
+                    errors: s.errors.get(),
+                    partial_writes: s.partial_writes.get(),
+                    latency: s.latency.iter().map(|h| h.snapshot()).collect(),
+                })
+            })
+            .collect();
+        let log = store.log_stats();
+        let throttle = store.throttle_stats();
+        let ddt = store.dedup_table();
+        let summary = ddt.summary();
+        let dedup_used =
+            summary.entries > 0 || entries.iter().any(|e| e.dedup != sluice_format::DedupMode::Off);
+        let dedup = dedup_used.then(|| {
+            let stats = ddt.stats();
+            DedupSnapshot {
+                entries: summary.entries,
+                references: summary.references,
+                allocated_bytes: summary.allocated_bytes,
+                referenced_bytes: summary.referenced_bytes,
+                entries_in_memory: summary.in_memory,
+                table_lock: stats
+                    .by_stage()
+                    .into_iter()
+                    .map(|(stage, n)| (stage.to_owned(), n))
+                    .collect(),
+                table_lock_contended: stats.table_lock_contended.get(),
+                table_lock_wait_nanos: stats.table_lock_wait_nanos.get(),
+                blocks_written: stats.blocks_written.get(),
+                blocks_shared: stats.blocks_shared.get(),
+                blocks_piggybacked: stats.blocks_piggybacked.get(),
+                verify_compares: stats.verify_compares.get(),
+                verify_mismatches: stats.verify_mismatches.get(),
+                blocks_freed: stats.blocks_freed.get(),
+            }
+        });
+        PoolSnapshot {
+            version: SNAPSHOT_VERSION,
+            pool: pool.name().to_owned(),
+            uptime_nanos: u64::try_from(pool.env().now().since(store.opened()).as_nanos())
+                .unwrap_or(u64::MAX),
+            txg: pool.uberblock().txg,
+            txg_syncs: store.syncs(),
+            tops,
+            leaves,
+            volumes,
+            intent_log: LogSnapshot {
+                commits: log.commits.get(),
+                early_commits: log.early_commits.get(),
+                commits_via_txg: log.commits_via_txg.get(),
+                blocks_written: store.log_blocks_written(),
+                chains_claimed: log.chains_claimed.get(),
+                blocks_claimed: log.blocks_claimed.get(),
+                records_replayed: log.records_replayed.get(),
+                torn_tails: log.torn_tails.get(),
+            },
+            throttle: ThrottleSnapshot {
+                delayed: throttle.delayed.get(),
+                delayed_nanos: throttle.delayed_nanos.get(),
+                waited_for_sync: throttle.waited_for_sync.get(),
+                waited_nanos: throttle.waited_nanos.get(),
+                spared: throttle.spared.get(),
+            },
+            dedup,
+        }
+    }
+
+    /// The snapshot as the one line of JSON the control socket carries.
+    pub fn to_json(&self) -> String {
+        // Integers, strings and string-keyed structs only: serializing cannot fail. Were it
+        // to, the reader is told why instead of getting half a document.
+        serde_json::to_string(self).unwrap_or_else(|e| {
+            serde_json::json!({ "error": format!("serializing the statistics: {e}") }).to_string()
+        })
+    }
+
+    /// Reads what [`PoolSnapshot::to_json`] wrote, refusing another build's layout.
+    pub fn from_json(text: &str) -> Result<PoolSnapshot, SnapshotError> {
+        // The version first, so a different layout is named as such rather than as a
+        // missing field.
+        #[derive(Deserialize)]
+        struct Header {
+            version: Option<u32>,
+            error: Option<String>,
+        }
+        let header = serde_json::from_str::<Header>(text)
+            .map_err(|source| SnapshotError::Malformed { source })?;
+        if let Some(message) = header.error {
+            return Err(SnapshotError::Server { message });
+        }
+        let version = header.version;
+        if version != Some(SNAPSHOT_VERSION) {
+            return Err(SnapshotError::Version { found: version, expected: SNAPSHOT_VERSION });
+        }
+        serde_json::from_str(text).map_err(|source| SnapshotError::Malformed { source })
+    }
+}
+
+/// Why a snapshot could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    #[error(
+        "the statistics have layout {found:?}, this sluice reads layout {expected}: run \
+         `sluice pool iostat` from the same build as the server"
+    )]
+    Version { found: Option<u32>, expected: u32 },
+    #[error("the server could not send its statistics: {message}")]
+    Server { message: String },
+    #[error("the statistics are not a valid snapshot")]
+    Malformed {
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// The names of the I/O classes, in [`IoClass::index`] order.
+pub fn class_names() -> [&'static str; IoClass::COUNT] {
+    IoClass::ALL.map(IoClass::name)
+}
+
+/// The names of the request types, in [`VolumeOp::index`] order.
+pub fn op_names() -> [&'static str; VolumeOp::COUNT] {
+    VolumeOp::ALL.map(VolumeOp::name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A snapshot survives the JSON the control socket carries, and one from a build with
+    /// another layout is refused by name rather than misread.
+    #[test]
+    fn round_trips_and_refuses_other_layouts() {
+        let histogram = sluice_engine::stats::Histogram::default();
+        histogram.record(std::time::Duration::from_micros(250));
+        let snapshot = PoolSnapshot {
+            version: SNAPSHOT_VERSION,
+            pool: "tank".into(),
+            uptime_nanos: 5,
+            tops: vec![TopSnapshot { mirror: true, log: false }],
+            leaves: vec![LeafSnapshot {
+                path: "/d/a".into(),
+                writes: 3,
+                active: vec![0; IoClass::COUNT],
+                latency: vec![histogram.snapshot(); IoClass::COUNT],
+                ..LeafSnapshot::default()
+            }],
+            dedup: Some(DedupSnapshot { entries: 2, ..DedupSnapshot::default() }),
+            ..PoolSnapshot::default()
+        };
+        let back = PoolSnapshot::from_json(&snapshot.to_json()).expect("round trip");
+        assert_eq!(back, snapshot);
+        let other = snapshot.to_json().replace("\"version\":1", "\"version\":99");
+        let error = PoolSnapshot::from_json(&other).expect_err("another layout");
+        assert!(matches!(error, SnapshotError::Version { found: Some(99), .. }), "{error}");
+        let old = r#"{"pool":"tank","uptime_ns":1}"#;
+        assert!(matches!(
+            PoolSnapshot::from_json(old),
+            Err(SnapshotError::Version { found: None, .. })
+        ));
+        assert!(matches!(
+            PoolSnapshot::from_json("nonsense"),
+            Err(SnapshotError::Malformed { .. })
+        ));
+        assert_eq!(TopSnapshot { mirror: true, log: true }.name(2), "log-mirror-2");
+    }
+}
