@@ -159,19 +159,34 @@ impl Store {
         let new_blocks = size_bytes / bs;
         let missing = || self.no_such_volume(name);
         if size_bytes < entry.size_bytes {
-            // Find the stored blocks past the end, then drop them (and any dirty ones).
-            let disk_levels =
-                self.state.lock().volumes.get(name).map_or(entry.levels, |v| v.disk_levels);
-            let stored = objset::walk(&self.pool, entry.root, disk_levels).await?;
-            let mut state = self.state.lock();
-            let volume = state.volumes.get_mut(name).ok_or_else(missing)?;
-            volume.open.retain(|&index, _| index < new_blocks);
-            for (level, index, _) in stored {
-                if level == 0 && index >= new_blocks {
+            // Find the stored blocks past the end, then drop them (and any dirty ones). A sync
+            // that ends during the walk moves the tree: walk the new one.
+            loop {
+                let (root, disk_levels) = {
+                    let state = self.state.lock();
+                    let volume = state.volumes.get(name).ok_or_else(missing)?;
+                    (volume.entry.root, volume.disk_levels)
+                };
+                let stored = objset::walk(&self.pool, root, disk_levels).await?;
+                let mut state = self.state.lock();
+                let volume = state.volumes.get_mut(name).ok_or_else(missing)?;
+                if (volume.entry.root, volume.disk_levels) != (root, disk_levels) {
+                    continue;
+                }
+                volume.open.retain(|&index, _| index < new_blocks);
+                // The syncing txg stores its blocks past the end; the next sync frees them.
+                let syncing: Vec<u64> =
+                    volume.syncing.range(new_blocks..).map(|(&i, _)| i).collect();
+                let stored = stored
+                    .into_iter()
+                    .filter(|&(level, index, _)| level == 0 && index >= new_blocks)
+                    .map(|(_, index, _)| index);
+                for index in stored.chain(syncing) {
                     volume.open.insert(index, Block::Zero);
                 }
+                volume.entry.size_bytes = size_bytes;
+                break;
             }
-            volume.entry.size_bytes = size_bytes;
         } else {
             let mut state = self.state.lock();
             let volume = state.volumes.get_mut(name).ok_or_else(missing)?;

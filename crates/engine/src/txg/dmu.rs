@@ -336,6 +336,13 @@ impl Store {
             let state = &mut *state_guard;
             let open_txg = state.open_txg;
             let v = state.volumes.get_mut(volume).ok_or_else(|| self.no_such_volume(volume))?;
+            // Checked again where a resize cannot run: one may have run since the check above
+            // (this write waited for space or the throttle, or another thread got the lock
+            // first), and blocks past a shrunken end would be stored by the next sync.
+            if v.entry.id != entry.id {
+                return Err(self.no_such_volume(volume));
+            }
+            Self::check_range(&v.entry, offset, len)?;
             let mut added = 0u64;
             // Groups of blocks under one level-1 indirect block that had nothing dirty yet:
             // each will rewrite its path to the root.
