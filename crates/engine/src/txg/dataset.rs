@@ -147,6 +147,7 @@ impl Store {
     /// the new end (their space is freed by the next sync).
     pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<(), StoreError> {
         self.check_live()?;
+        let _guard = self.panic_guard("a volume resize");
         let entry = self.volume_entry(name)?;
         let bs = u64::from(entry.block_bytes);
         if size_bytes == 0 || size_bytes % bs != 0 {

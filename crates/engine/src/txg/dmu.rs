@@ -259,6 +259,7 @@ impl Store {
         apply: Apply,
     ) -> Result<u64, StoreError> {
         self.check_live()?;
+        let _guard = self.panic_guard("the write path");
         let entry = self.volume_entry(volume)?;
         Self::check_range(&entry, offset, len)?;
         if len == 0 {
@@ -403,6 +404,7 @@ impl Store {
                 }
                 v.open.insert(index, block);
             }
+            self.fail_point("dmu.modify");
             let sequence = match apply {
                 Apply::Live => match &v.log {
                     Some(log) => append_records(

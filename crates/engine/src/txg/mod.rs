@@ -25,7 +25,7 @@
 //! Lock order (outer to inner; a thread holding one may take only those to its right, and none
 //! is held across an `.await`): `Store::sync_lock` (async, held for a whole sync) -> `state` ->
 //! a volume's `LogWriter` state -> the DDT's locks (crate::dedup) -> `allocator`.
-//! `suspend_cause` and `kick` are leaves: nothing is taken while holding them. The whole
+//! `suspend_cause`, `fail_points` and `kick` are leaves: nothing is taken while holding them. The whole
 //! crate's order is in `lib.rs`.
 
 use std::collections::BTreeMap;
@@ -83,7 +83,8 @@ pub enum StoreError {
     #[error("pool {pool}: no space for {requested_bytes} more bytes; trim or delete data, or add a vdev")]
     NoSpace { pool: String, requested_bytes: u64 },
     #[error(
-        "pool {pool} is suspended after a failed sync ({cause}); export it and import it again"
+        "pool {pool} is suspended: {cause}; nothing more is written to it. Stop serving it and \
+         import it again, which returns it to the last synced txg and replays the intent log"
     )]
     Suspended { pool: String, cause: String },
 }
@@ -142,6 +143,8 @@ pub struct Store {
     suspended: AtomicBool,
     /// Why the store was suspended, for the error every later operation returns.
     suspend_cause: Mutex<Option<String>>,
+    /// Fail points armed by tests ([`Store::arm_fail_point`]).
+    fail_points: Mutex<Vec<&'static str>>,
     limits: TxgLimits,
     /// Wakes the syncer early when dirty data builds up.
     kick: Mutex<Option<futures::channel::mpsc::Sender<()>>>,
@@ -238,6 +241,7 @@ impl Store {
             sync_lock: futures::lock::Mutex::new(()),
             suspended: AtomicBool::new(false),
             suspend_cause: Mutex::new(None),
+            fail_points: Mutex::new(Vec::new()),
             limits: TxgLimits::from_tunables(tunables),
             kick: Mutex::new(None),
             syncs: crate::stats::Counter::default(),
@@ -285,8 +289,50 @@ impl Store {
         self.allocator.lock().free_bytes()
     }
 
+    /// Whether the store is suspended (a failed sync or a panic); see [`StoreError::Suspended`].
+    pub fn is_suspended(&self) -> bool {
+        self.suspended.load(Ordering::Acquire)
+    }
+
+    /// Suspends the store: every later operation fails with [`StoreError::Suspended`] and
+    /// nothing more is written. The first cause is kept.
+    pub(super) fn suspend(&self, cause: String) {
+        let mut first = self.suspend_cause.lock();
+        if first.is_none() {
+            *first = Some(cause);
+        }
+        self.suspended.store(true, Ordering::Release);
+    }
+
+    /// A guard that suspends the store if it is dropped by a panic's unwinding. parking_lot's
+    /// locks do not poison, so after a panic caught above (the NBD server answers the request
+    /// with an error and goes on) the store would otherwise keep serving from whatever
+    /// half-updated state the panic left; a failed sync already suspends it, and so must this.
+    pub(super) fn panic_guard(&self, what: &'static str) -> PanicGuard<'_> {
+        PanicGuard { store: self, what }
+    }
+
+    /// Arms a fail point: the next time the store passes `point` it panics (tests use this to
+    /// show that a panic suspends the store). Points: `dmu.modify` (a write, inside the
+    /// store's lock after its blocks went into the open txg and before its log record) and
+    /// `spa_sync.write_volumes` (a sync, after the quiesce).
+    #[doc(hidden)]
+    pub fn arm_fail_point(&self, point: &'static str) {
+        self.fail_points.lock().push(point);
+    }
+
+    /// Panics if `point` is armed (once).
+    pub(super) fn fail_point(&self, point: &'static str) {
+        let armed = {
+            let mut points = self.fail_points.lock();
+            let at = points.iter().position(|&p| p == point);
+            at.map(|at| points.swap_remove(at)).is_some()
+        };
+        assert!(!armed, "fail point {point} reached");
+    }
+
     fn check_live(&self) -> Result<(), StoreError> {
-        if self.suspended.load(Ordering::Relaxed) {
+        if self.suspended.load(Ordering::Acquire) {
             let cause = self.suspend_cause.lock().clone().unwrap_or_default();
             Err(StoreError::Suspended { pool: self.pool.name().to_owned(), cause })
         } else {
@@ -314,5 +360,19 @@ impl Store {
             })
         })?;
         Ok(pool.export().await?)
+    }
+}
+
+/// Suspends its store when dropped during a panic ([`Store::panic_guard`]).
+pub(super) struct PanicGuard<'a> {
+    store: &'a Store,
+    what: &'static str,
+}
+
+impl Drop for PanicGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.store.suspend(format!("a panic in {}", self.what));
+        }
     }
 }

@@ -17,7 +17,6 @@
 //! imports to the previous txg intact. A failed sync suspends the store.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
@@ -88,6 +87,7 @@ impl Store {
         _one_at_a_time: futures::lock::MutexGuard<'_, ()>,
     ) -> Result<u64, StoreError> {
         self.check_live()?;
+        let _guard = self.panic_guard("a txg sync");
         let result = self.sync_locked().await;
         // Synced, the txg's blocks are allocated (and counted as such); failed, the store is
         // suspended.
@@ -97,8 +97,7 @@ impl Store {
             state.syncing_metadata_bytes = 0;
         }
         if let Err(error) = &result {
-            *self.suspend_cause.lock() = Some(error.to_string());
-            self.suspended.store(true, Ordering::Relaxed);
+            self.suspend(format!("the sync failed: {error}"));
         }
         result
     }
@@ -117,6 +116,7 @@ impl Store {
                 ctx.replaced.push(bp);
             }
         }
+        self.fail_point("spa_sync.write_volumes");
         let roots = self.write_volumes(&mut ctx, work).await?;
         let (ddt_header, replaced) = self.write_dedup_table(&mut ctx).await?;
         let vdevs = self.free_replaced(txg, &replaced);

@@ -149,6 +149,7 @@ impl Store {
     /// through the log when its chain is anchored and healthy, else through a txg sync.
     pub async fn commit(&self, volume: &str, sequence: u64) -> Result<(), StoreError> {
         self.check_live()?;
+        let _guard = self.panic_guard("a log commit");
         let Some(log) = self.volume_log(volume)? else {
             // Replay is still running: only a sync makes anything durable.
             self.sync().await?;
