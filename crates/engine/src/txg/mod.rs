@@ -25,7 +25,7 @@
 //! Lock order (outer to inner; a thread holding one may take only those to its right, and none
 //! is held across an `.await`): `Store::sync_lock` (async, held for a whole sync) -> `state` ->
 //! a volume's `LogWriter` state -> the DDT's locks (crate::dedup) -> `allocator`.
-//! `suspend_cause`, `fail_points` and `kick` are leaves: nothing is taken while holding them. The whole
+//! `suspend_cause`, `fail_points`, `sync_history` and `kick` are leaves: nothing is taken while holding them. The whole
 //! crate's order is in `lib.rs`.
 
 use std::collections::BTreeMap;
@@ -48,6 +48,8 @@ mod zil;
 pub use audit::AuditReport;
 use dataset::VolumeState;
 use dmu_tx::TxgLimits;
+pub use spa_load::{ImportOptions, ImportReport, LostLog, Rewind};
+pub use spa_sync::SyncRecord;
 
 use crate::alloc::Allocator;
 use crate::dedup::Ddt;
@@ -87,6 +89,29 @@ pub enum StoreError {
          import it again, which returns it to the last synced txg and replays the intent log"
     )]
     Suspended { pool: String, cause: String },
+    #[error(
+        "pool {pool}: txg {txg}, the newest, does not verify: {damage}. Import with --rewind \
+         to return to the newest earlier txg whose blocks all verify (--rewind --dry-run says \
+         which, and how many seconds of writes that loses, without writing anything)"
+    )]
+    DamagedTxg { pool: String, txg: u64, damage: String },
+    #[error(
+        "pool {pool}: no txg found on its leaves verifies ({tried}); it cannot be imported. \
+         Check that every leaf is given (-d), then restore from a backup"
+    )]
+    NoIntactTxg { pool: String, tried: String },
+    #[error(
+        "pool {pool}, volume {volume}: its intent log holds writes acknowledged as durable, and \
+         {source}. Nothing was changed: import again once the device answers; to import \
+         without the unreadable part of the log, losing its records and every later one of \
+         this volume, use --discard-unreadable-log"
+    )]
+    UnreadableLog {
+        pool: String,
+        volume: String,
+        #[source]
+        source: Box<crate::intent_log::UnreadableBlock>,
+    },
 }
 
 impl StoreError {
@@ -103,6 +128,8 @@ impl StoreError {
             | StoreError::OutOfRange { .. } => ErrorKind::Invalid,
             StoreError::NoSpace { .. } => ErrorKind::NoSpace,
             StoreError::Suspended { .. } => ErrorKind::Suspended,
+            StoreError::DamagedTxg { .. } | StoreError::NoIntactTxg { .. } => ErrorKind::Checksum,
+            StoreError::UnreadableLog { .. } => ErrorKind::Io,
         }
     }
 }
@@ -143,6 +170,8 @@ pub struct Store {
     suspended: AtomicBool,
     /// Why the store was suspended, for the error every later operation returns.
     suspend_cause: Mutex<Option<String>>,
+    /// The last txgs synced, with when ([`Store::sync_history`]).
+    sync_history: Mutex<std::collections::VecDeque<spa_sync::SyncRecord>>,
     /// Fail points armed by tests ([`Store::arm_fail_point`]).
     fail_points: Mutex<Vec<&'static str>>,
     limits: TxgLimits,
@@ -242,6 +271,7 @@ impl Store {
             suspended: AtomicBool::new(false),
             suspend_cause: Mutex::new(None),
             fail_points: Mutex::new(Vec::new()),
+            sync_history: Mutex::new(std::collections::VecDeque::new()),
             limits: TxgLimits::from_tunables(tunables),
             kick: Mutex::new(None),
             syncs: crate::stats::Counter::default(),

@@ -38,6 +38,19 @@ pub(super) const SYNC_WRITES_IN_FLIGHT: usize = 64;
 /// Spans of data blocks a sync writes concurrently.
 pub(super) const SPANS_IN_FLIGHT: usize = 8;
 
+/// Syncs [`Store::sync_history`] keeps.
+const SYNC_HISTORY_MAX: usize = 128;
+
+/// One txg this store synced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncRecord {
+    pub txg: u64,
+    /// When the txg stopped taking writes: every write that returned before this is in it.
+    pub quiesced: crate::rt::Time,
+    /// When its uberblock was durable.
+    pub synced: crate::rt::Time,
+}
+
 /// What a quiesce hands to the rest of the sync.
 struct Quiesced {
     txg: u64,
@@ -102,9 +115,15 @@ impl Store {
         result
     }
 
+    /// The last txgs this store synced (up to 128), oldest first.
+    pub fn sync_history(&self) -> Vec<SyncRecord> {
+        self.sync_history.lock().iter().copied().collect()
+    }
+
     /// One sync, in its named steps (the module doc lists them).
     pub(super) async fn sync_locked(&self) -> Result<u64, StoreError> {
         let Quiesced { txg, work, destroyed } = self.quiesce();
+        let quiesced = self.pool.env().now();
         // A volume still replaying records its progress as of this quiesce: records applied
         // after it belong to the next txg.
         let replay_progress: BTreeMap<String, Option<LogHeader>> =
@@ -125,6 +144,13 @@ impl Store {
         let directory_bp = self.write_space_maps_and_directory(txg, vdevs, directory).await?;
         let synced = self.pool.sync_uberblock(Some(directory_bp.0)).await?;
         debug_assert_eq!(synced, txg, "the uberblock txg follows the store's txgs");
+        {
+            let mut history = self.sync_history.lock();
+            if history.len() == SYNC_HISTORY_MAX {
+                history.pop_front();
+            }
+            history.push_back(SyncRecord { txg, quiesced, synced: self.pool.env().now() });
+        }
         self.finish(txg, &roots, &headers, directory_bp, &anchored)?;
         Ok(txg)
     }

@@ -66,6 +66,11 @@ pub enum VdevError {
         offset_bytes: u64,
         len_bytes: u32,
         tried: u32,
+        /// Children that answered with bytes that failed verification.
+        mismatched: u32,
+        /// Present children whose read failed outright (an I/O error, not a faulted leaf):
+        /// their copy may be good, so the block's contents are unknown, not wrong.
+        unreadable: u32,
         #[source]
         last: Option<Box<VdevError>>,
     },
@@ -83,6 +88,20 @@ pub enum VdevError {
 }
 
 impl VdevError {
+    /// Whether every copy that could be read was read, and none verified: the block holds
+    /// something else. An I/O error on a present copy means its contents are unknown, so
+    /// callers that treat "not this block" as an answer (the end of an intent-log chain) must
+    /// not take this error as one.
+    pub fn is_definite_mismatch(&self) -> bool {
+        match self {
+            VdevError::Checksum { .. } => true,
+            VdevError::NoValidCopy { mismatched, unreadable, .. } => {
+                *mismatched > 0 && *unreadable == 0
+            }
+            _ => false,
+        }
+    }
+
     pub fn kind(&self) -> ErrorKind {
         match self {
             VdevError::Checksum { .. } | VdevError::NoValidCopy { .. } => ErrorKind::Checksum,
@@ -224,6 +243,15 @@ impl Root {
 
     pub fn leaves(&self) -> Vec<Arc<Leaf>> {
         self.top.iter().flat_map(Vdev::leaves).collect()
+    }
+
+    /// Turns the rewriting of bad mirror copies on or off (off while opened read-only).
+    pub fn set_repairs(&self, on: bool) {
+        for vdev in &self.top {
+            if let Vdev::Mirror(mirror) = vdev {
+                mirror.set_repairs(on);
+            }
+        }
     }
 
     fn vdev(&self, dva: Dva) -> Result<&Vdev, VdevError> {
