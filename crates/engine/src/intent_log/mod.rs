@@ -604,13 +604,13 @@ impl LogWriter {
         // (docs/design.md: 1 job +13%). Several (a batch) are all written first, then the
         // top-level vdevs they touched are flushed once.
         let ok = if let [(at, _, bytes)] = &lwbs[..] {
-            let dva = vdev::Dva { vdev: at.vdev, offset_bytes: at.offset_bytes };
+            let dva = vdev::VdevAddress { vdev: at.vdev, offset_bytes: at.offset_bytes };
             let data = SharedBuf::copy_from(bytes);
             pool.root().write_durable(dva, data, IoClass::LogWrite).await.is_ok()
         } else {
             let writes = lwbs.iter().map(|(at, _, bytes)| {
                 let data = SharedBuf::copy_from(bytes);
-                let dva = vdev::Dva { vdev: at.vdev, offset_bytes: at.offset_bytes };
+                let dva = vdev::VdevAddress { vdev: at.vdev, offset_bytes: at.offset_bytes };
                 async move { pool.root().write(dva, data, IoClass::LogWrite).await }
             });
             let mut ok = join_all(writes).await.iter().all(Result::is_ok);
@@ -730,7 +730,7 @@ pub async fn read_chain(
     let mut expected = first;
     while let Some(address) = at {
         let verify = |bytes: &[u8]| LogBlock::decode(bytes, expected).is_ok();
-        let dva = vdev::Dva { vdev: address.vdev, offset_bytes: address.offset_bytes };
+        let dva = vdev::VdevAddress { vdev: address.vdev, offset_bytes: address.offset_bytes };
         let read =
             pool.root().read_maybe_absent(dva, address.len_bytes, IoClass::SyncRead, &verify).await;
         let block = match read {

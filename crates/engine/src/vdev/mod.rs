@@ -2,7 +2,7 @@
 //! (ZFS: `vdev.c`, `vdev_root.c`; DESIGN.md §1).
 //!
 //! Shape: a [`Root`] holds top-level vdevs; each top-level vdev is a single [`Leaf`] or a
-//! [`Mirror`] of leaves. Blocks are addressed by [`Dva`] (top-level vdev, offset): the allocator
+//! [`Mirror`] of leaves. Blocks are addressed by [`VdevAddress`] (top-level vdev, offset): the allocator
 //! decides which top-level vdev a block goes to, which is how the pool stripes. Every read takes
 //! a verify callback (the checksum from the parent block pointer), so a mirror can tell a good
 //! copy from a bad one and heal.
@@ -30,9 +30,10 @@ impl fmt::Display for VdevId {
     }
 }
 
-/// A data virtual address: which top-level vdev, and where in it.
+/// Where one copy of a block is: which top-level vdev, and the byte offset in it. (A block
+/// pointer's on-disk `sluice_format::Dva` also carries the allocated size, in sectors.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Dva {
+pub struct VdevAddress {
     pub vdev: u32,
     pub offset_bytes: u64,
 }
@@ -254,7 +255,7 @@ impl Root {
         }
     }
 
-    fn vdev(&self, dva: Dva) -> Result<&Vdev, VdevError> {
+    fn vdev(&self, dva: VdevAddress) -> Result<&Vdev, VdevError> {
         self.top
             .get(dva.vdev as usize)
             .ok_or(VdevError::NoSuchVdev { vdev: dva.vdev, count: self.top.len() })
@@ -262,10 +263,10 @@ impl Root {
 
     /// Maps a logical offset striped in `stripe_bytes` units round-robin over the top-level
     /// vdevs to its address (the layout the allocator produces for sequentially written data).
-    pub fn stripe(&self, logical_offset: u64, stripe_bytes: u64) -> Dva {
+    pub fn stripe(&self, logical_offset: u64, stripe_bytes: u64) -> VdevAddress {
         let count = self.top.len() as u64;
         let unit = logical_offset / stripe_bytes;
-        Dva {
+        VdevAddress {
             vdev: (unit % count) as u32,
             offset_bytes: (unit / count) * stripe_bytes + logical_offset % stripe_bytes,
         }
@@ -273,7 +274,7 @@ impl Root {
 
     pub async fn read(
         &self,
-        dva: Dva,
+        dva: VdevAddress,
         len: u32,
         class: IoClass,
         verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
@@ -284,7 +285,7 @@ impl Root {
     /// Reads a block that may legitimately verify on no copy (see `Vdev::read_counting`).
     pub async fn read_maybe_absent(
         &self,
-        dva: Dva,
+        dva: VdevAddress,
         len: u32,
         class: IoClass,
         verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
@@ -292,14 +293,19 @@ impl Root {
         self.vdev(dva)?.read_counting(dva.offset_bytes, len, class, verify, false).await
     }
 
-    pub async fn write(&self, dva: Dva, data: SharedBuf, class: IoClass) -> Result<(), VdevError> {
+    pub async fn write(
+        &self,
+        dva: VdevAddress,
+        data: SharedBuf,
+        class: IoClass,
+    ) -> Result<(), VdevError> {
         self.vdev(dva)?.write(dva.offset_bytes, data, class, false).await
     }
 
     /// Writes and flushes the copy at `dva` (every mirror child) before answering.
     pub async fn write_durable(
         &self,
-        dva: Dva,
+        dva: VdevAddress,
         data: SharedBuf,
         class: IoClass,
     ) -> Result<(), VdevError> {
