@@ -10,7 +10,7 @@
 //! `parking_lot` lock is held across an `.await`):
 //!
 //! `txg::Store::sync_lock` (async, one sync at a time) -> `Store` state -> a volume's
-//! `intent_log::LogWriter` state -> the dedup table -> a dedup entry -> the allocator -> a
+//! `txg::Dataset` state -> its `intent_log::LogWriter` state -> the dedup table -> a dedup entry -> the allocator -> a
 //! leaf's queue (`vdev::queue`) -> a simulated device's state. The block cache, the pool's
 //! state and the store's suspension cause are leaves: nothing is taken while holding them.
 //!

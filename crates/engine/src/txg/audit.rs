@@ -40,12 +40,18 @@ impl Store {
     pub async fn audit(&self) -> Result<AuditReport, StoreError> {
         let (roots, space_maps, directory) = {
             let state = self.state.lock();
-            let dirty = state.volumes.values().any(|v| !v.open.is_empty() || !v.syncing.is_empty());
+            let dirty = state.volumes.values().any(|d| {
+                let v = d.state.lock();
+                !v.open.is_empty() || !v.syncing.is_empty()
+            });
             assert!(!dirty, "audit of a store with unsynced writes");
             let roots: Vec<_> = state
                 .volumes
                 .values()
-                .map(|v| (v.entry.clone(), v.entry.root, v.disk_levels))
+                .map(|d| {
+                    let v = d.state.lock();
+                    (v.entry.clone(), v.entry.root, v.disk_levels)
+                })
                 .collect();
             (roots, state.space_maps.clone(), state.directory)
         };

@@ -2,7 +2,10 @@
 //! create, destroy, resize, properties, and each volume's in-memory state.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use sluice_format::{DedupMode, VolumeEntry};
 
@@ -14,6 +17,29 @@ use crate::objset::{self};
 use crate::stats::VolumeStats;
 use sluice_format::VOLUME_NAME_BYTES_MAX;
 
+/// A volume of the store: what does not change while it exists, the counters every handle
+/// shares, and its changing state behind a lock of its own. The store's map and every
+/// [`crate::volume::Volume`] handle hold it by `Arc`, so a request reaches its volume without
+/// looking its name up or copying its entry under the store's lock.
+#[derive(Debug)]
+pub struct Dataset {
+    pub(super) id: u64,
+    pub(super) name: String,
+    pub(super) block_bytes: u32,
+    /// Bounds the requests served at once when `volume.request_threads` is set.
+    pub(super) gate: Option<Arc<async_lock::Semaphore>>,
+    /// Requests the volume front is serving now (crate::volume counts them).
+    pub(super) requests: Arc<AtomicUsize>,
+    /// What the volume front has answered since import.
+    pub(super) stats: Arc<VolumeStats>,
+    /// Set, under the store's state lock, when the volume is destroyed: requests through
+    /// handles still holding it then fail.
+    pub(super) destroyed: AtomicBool,
+    /// Taken inside the store's state lock, never the other way round (crate::txg's lock order).
+    pub(super) state: Mutex<VolumeState>,
+}
+
+/// What changes in a volume as it is written and synced.
 #[derive(Debug)]
 pub(super) struct VolumeState {
     /// `entry.log` is the log header of the last synced txg.
@@ -25,36 +51,66 @@ pub(super) struct VolumeState {
     /// The volume's intent log; `None` while import replays the old chain (the directory
     /// keeps pointing at it until replay is complete).
     pub(super) log: Option<Arc<LogWriter>>,
-    /// Bounds the requests served at once when `volume.request_threads` is set.
-    pub(super) gate: Option<Arc<async_lock::Semaphore>>,
-    /// Requests the volume front is serving now (crate::volume counts them).
-    pub(super) requests: Arc<std::sync::atomic::AtomicUsize>,
-    /// What the volume front has answered since import.
-    pub(super) stats: Arc<VolumeStats>,
     /// This volume's part of the open txg's `dirty_bytes`.
     pub(super) dirty_bytes: u64,
 }
 
-impl VolumeState {
+impl Dataset {
     pub(super) fn new(
         entry: VolumeEntry,
         log: Option<Arc<LogWriter>>,
         limits: &TxgLimits,
-    ) -> VolumeState {
-        VolumeState {
-            disk_levels: entry.levels,
-            entry,
-            open: BTreeMap::new(),
-            syncing: BTreeMap::new(),
-            log,
+    ) -> Arc<Dataset> {
+        Arc::new(Dataset {
+            id: entry.id,
+            name: entry.name.clone(),
+            block_bytes: entry.block_bytes,
             gate: (limits.request_threads > 0)
                 .then(|| Arc::new(async_lock::Semaphore::new(limits.request_threads))),
-            requests: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            requests: Arc::new(AtomicUsize::new(0)),
             stats: Arc::new(VolumeStats::default()),
-            dirty_bytes: 0,
-        }
+            destroyed: AtomicBool::new(false),
+            state: Mutex::new(VolumeState {
+                disk_levels: entry.levels,
+                entry,
+                open: BTreeMap::new(),
+                syncing: BTreeMap::new(),
+                log,
+                dirty_bytes: 0,
+            }),
+        })
     }
 
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn block_bytes(&self) -> u32 {
+        self.block_bytes
+    }
+
+    /// The volume's size now.
+    pub fn size_bytes(&self) -> u64 {
+        self.state.lock().entry.size_bytes
+    }
+
+    /// What the volume's clients have asked of it since import, shared by every handle.
+    pub fn stats(&self) -> &Arc<VolumeStats> {
+        &self.stats
+    }
+
+    /// Requests in flight on the volume, shared by every handle.
+    pub fn requests(&self) -> &Arc<AtomicUsize> {
+        &self.requests
+    }
+
+    /// The volume's request limit (`volume.request_threads`), shared by every handle.
+    pub fn gate(&self) -> Option<&Arc<async_lock::Semaphore>> {
+        self.gate.as_ref()
+    }
+}
+
+impl VolumeState {
     /// The newest in-memory version of block `index`, if any.
     pub(super) fn cached(&self, index: u64) -> Option<&Block> {
         self.open.get(&index).or_else(|| self.syncing.get(&index))
@@ -115,7 +171,7 @@ impl Store {
             log: None,
             dedup: DedupMode::Off,
         };
-        state.volumes.insert(name.to_owned(), VolumeState::new(entry, Some(log), &self.limits));
+        state.volumes.insert(name.to_owned(), Dataset::new(entry, Some(log), &self.limits));
         Ok(())
     }
 
@@ -123,9 +179,9 @@ impl Store {
     /// already stored stay as they are). Durable with the next sync.
     pub fn set_dedup(&self, name: &str, mode: DedupMode) -> Result<(), StoreError> {
         self.check_live()?;
-        let mut state = self.state.lock();
-        let volume = state.volumes.get_mut(name).ok_or_else(|| self.no_such_volume(name))?;
-        volume.entry.dedup = mode;
+        let state = self.state.lock();
+        let dataset = state.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?;
+        dataset.state.lock().entry.dedup = mode;
         Ok(())
     }
 
@@ -133,7 +189,9 @@ impl Store {
     pub fn destroy_volume(&self, name: &str) -> Result<(), StoreError> {
         self.check_live()?;
         let mut state = self.state.lock();
-        let volume = state.volumes.remove(name).ok_or_else(|| self.no_such_volume(name))?;
+        let dataset = state.volumes.remove(name).ok_or_else(|| self.no_such_volume(name))?;
+        dataset.destroyed.store(true, Ordering::Release);
+        let volume = dataset.state.lock();
         if let Some(log) = &volume.log {
             state.retired_log.extend(log.retire());
         }
@@ -148,32 +206,40 @@ impl Store {
     pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<(), StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a volume resize");
-        let entry = self.volume_entry(name)?;
-        let bs = u64::from(entry.block_bytes);
+        let dataset = self.dataset(name)?;
+        let bs = u64::from(dataset.block_bytes);
         if size_bytes == 0 || size_bytes % bs != 0 {
             return Err(StoreError::InvalidSize {
                 volume: name.to_owned(),
                 size_bytes,
-                block_bytes: entry.block_bytes,
+                block_bytes: dataset.block_bytes,
             });
         }
         let new_blocks = size_bytes / bs;
-        let missing = || self.no_such_volume(name);
-        if size_bytes < entry.size_bytes {
-            // Find the stored blocks past the end, then drop them (and any dirty ones). A sync
-            // that ends during the walk moves the tree: walk the new one.
-            loop {
-                let (root, disk_levels) = {
-                    let state = self.state.lock();
-                    let volume = state.volumes.get(name).ok_or_else(missing)?;
-                    (volume.entry.root, volume.disk_levels)
-                };
-                let stored = objset::walk(&self.pool, root, disk_levels).await?;
-                let mut state = self.state.lock();
-                let volume = state.volumes.get_mut(name).ok_or_else(missing)?;
-                if (volume.entry.root, volume.disk_levels) != (root, disk_levels) {
-                    continue;
-                }
+        // Find the stored blocks past a new end, then drop them (and any dirty ones). A sync
+        // that ends during the walk moves the tree: walk the new one.
+        loop {
+            let (root, disk_levels, shrinks) = {
+                let volume = dataset.state.lock();
+                (volume.entry.root, volume.disk_levels, size_bytes < volume.entry.size_bytes)
+            };
+            let stored = if shrinks {
+                objset::walk(&self.pool, root, disk_levels).await?
+            } else {
+                Vec::new()
+            };
+            // The store's lock keeps writes out while the size changes (they check it there).
+            let _state = self.state.lock();
+            if dataset.destroyed.load(Ordering::Acquire) {
+                return Err(self.no_such_volume(name));
+            }
+            let mut volume = dataset.state.lock();
+            if (volume.entry.root, volume.disk_levels) != (root, disk_levels)
+                || shrinks != (size_bytes < volume.entry.size_bytes)
+            {
+                continue;
+            }
+            if shrinks {
                 volume.open.retain(|&index, _| index < new_blocks);
                 // The syncing txg stores its blocks past the end; the next sync frees them.
                 let syncing: Vec<u64> =
@@ -185,71 +251,32 @@ impl Store {
                 for index in stored.chain(syncing) {
                     volume.open.insert(index, Block::Zero);
                 }
-                volume.entry.size_bytes = size_bytes;
-                break;
+            } else {
+                volume.entry.levels = volume.entry.levels.max(objset::levels_for(new_blocks));
             }
-        } else {
-            let mut state = self.state.lock();
-            let volume = state.volumes.get_mut(name).ok_or_else(missing)?;
             volume.entry.size_bytes = size_bytes;
-            volume.entry.levels = volume.entry.levels.max(objset::levels_for(new_blocks));
+            return Ok(());
         }
-        Ok(())
+    }
+
+    /// A volume, for handles that serve it ([`crate::volume::Volume`]).
+    pub fn dataset(&self, name: &str) -> Result<Arc<Dataset>, StoreError> {
+        self.state.lock().volumes.get(name).cloned().ok_or_else(|| self.no_such_volume(name))
     }
 
     /// One volume's entry (name, size, block size), if it exists.
     pub fn volume_info(&self, name: &str) -> Option<VolumeEntry> {
-        self.state.lock().volumes.get(name).map(|v| v.entry.clone())
+        self.dataset(name).ok().map(|d| d.state.lock().entry.clone())
     }
 
     /// Names and sizes of the volumes.
     pub fn volumes(&self) -> Vec<VolumeEntry> {
-        self.state.lock().volumes.values().map(|v| v.entry.clone()).collect()
-    }
-
-    pub(super) fn volume_entry(&self, name: &str) -> Result<VolumeEntry, StoreError> {
-        self.state
-            .lock()
-            .volumes
-            .get(name)
-            .map(|v| v.entry.clone())
-            .ok_or_else(|| self.no_such_volume(name))
+        self.state.lock().volumes.values().map(|d| d.state.lock().entry.clone()).collect()
     }
 
     /// What `volume`'s clients have asked of it since import, shared by every handle on it.
     pub fn volume_stats(&self, volume: &str) -> Result<Arc<VolumeStats>, StoreError> {
-        self.state
-            .lock()
-            .volumes
-            .get(volume)
-            .map(|v| Arc::clone(&v.stats))
-            .ok_or_else(|| self.no_such_volume(volume))
-    }
-
-    /// The volume's request limit, shared by every handle on it (`volume.request_threads`).
-    pub fn request_gate(
-        &self,
-        volume: &str,
-    ) -> Result<Option<Arc<async_lock::Semaphore>>, StoreError> {
-        self.state
-            .lock()
-            .volumes
-            .get(volume)
-            .map(|v| v.gate.clone())
-            .ok_or_else(|| self.no_such_volume(volume))
-    }
-
-    /// The counter of requests in flight on `volume`, shared by every handle on it.
-    pub fn request_counter(
-        &self,
-        volume: &str,
-    ) -> Result<Arc<std::sync::atomic::AtomicUsize>, StoreError> {
-        self.state
-            .lock()
-            .volumes
-            .get(volume)
-            .map(|v| Arc::clone(&v.requests))
-            .ok_or_else(|| self.no_such_volume(volume))
+        Ok(Arc::clone(&self.dataset(volume)?.stats))
     }
 
     pub(super) fn no_such_volume(&self, volume: &str) -> StoreError {

@@ -10,11 +10,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use sluice_format::{BlockPointer, VolumeEntry};
+use sluice_format::BlockPointer;
 
 use super::dbuf::{Block, Patch};
 use super::zil::append_records;
-use super::{Store, StoreError};
+use super::{Dataset, Store, StoreError};
 use crate::device::AlignedBuf;
 use crate::objset::{self};
 
@@ -54,20 +54,26 @@ pub(super) const READ_BLOCKS_IN_FLIGHT: usize = 32;
 
 impl Store {
     pub(super) fn check_range(
-        entry: &VolumeEntry,
+        dataset: &Dataset,
+        size_bytes: u64,
         offset: u64,
         len: u64,
     ) -> Result<(), StoreError> {
-        let inside = offset.checked_add(len).is_some_and(|end| end <= entry.size_bytes);
+        let inside = offset.checked_add(len).is_some_and(|end| end <= size_bytes);
         if inside && offset % 512 == 0 && len % 512 == 0 {
             Ok(())
         } else {
-            Err(StoreError::OutOfRange {
-                volume: entry.name.clone(),
-                offset,
-                len,
-                size_bytes: entry.size_bytes,
-            })
+            Err(StoreError::OutOfRange { volume: dataset.name.clone(), offset, len, size_bytes })
+        }
+    }
+
+    /// Fails for a handle whose volume was destroyed (checked again under the store's lock
+    /// where it matters: `modify`).
+    pub fn check_exists(&self, dataset: &Dataset) -> Result<(), StoreError> {
+        if dataset.destroyed.load(Ordering::Acquire) {
+            Err(self.no_such_volume(&dataset.name))
+        } else {
+            Ok(())
         }
     }
 
@@ -75,19 +81,18 @@ impl Store {
     /// patches applied over the version below them.
     pub(super) async fn block(
         &self,
-        entry: &VolumeEntry,
+        dataset: &Dataset,
         index: u64,
     ) -> Result<Option<Arc<Vec<u8>>>, StoreError> {
         // One snapshot: the versions in memory and the root they lie on. Freed blocks stay
         // intact through the deferral, so that root can be read even if a sync moves it.
         let (open, syncing, root, levels) = {
-            let state = self.state.lock();
-            let v = state.volumes.get(&entry.name);
+            let v = dataset.state.lock();
             (
-                v.and_then(|v| v.open.get(&index).cloned()),
-                v.and_then(|v| v.syncing.get(&index).cloned()),
-                v.and_then(|v| v.entry.root),
-                v.map_or(entry.levels, |v| v.disk_levels),
+                v.open.get(&index).cloned(),
+                v.syncing.get(&index).cloned(),
+                v.entry.root,
+                v.disk_levels,
             )
         };
         let mut layers: Vec<Block> = open.into_iter().collect();
@@ -100,7 +105,7 @@ impl Store {
             Some(Block::Patched(_)) | None => {
                 objset::read_data_block(&self.pool, root, levels, index)
                     .await?
-                    .map(|d| Arc::new(d[..entry.block_bytes as usize].to_vec()))
+                    .map(|d| Arc::new(d[..dataset.block_bytes as usize].to_vec()))
             }
         };
         for layer in layers.iter().rev() {
@@ -116,24 +121,35 @@ impl Store {
         Ok(self.read_with_status(volume, offset, len).await?.0)
     }
 
-    /// Reads `len` bytes at `offset`, and says which parts are allocated as
-    /// [`Store::block_status`] would: runs of (bytes, allocated) in order. The read looks up
-    /// every block's pointer anyway, so an NBD read that sends holes as hole chunks gets the
-    /// map without a second walk of the tree (that walk was 6% of the server's CPU on uncached
-    /// random reads).
+    /// [`Store::read_with_status`] by name.
     pub async fn read_with_status(
         &self,
         volume: &str,
         offset: u64,
         len: u64,
     ) -> Result<(Vec<u8>, Vec<(u64, bool)>), StoreError> {
+        let dataset = self.dataset(volume)?;
+        self.read_with_status_in(&dataset, offset, len).await
+    }
+
+    /// Reads `len` bytes at `offset`, and says which parts are allocated as
+    /// [`Store::block_status`] would: runs of (bytes, allocated) in order. The read looks up
+    /// every block's pointer anyway, so an NBD read that sends holes as hole chunks gets the
+    /// map without a second walk of the tree (that walk was 6% of the server's CPU on uncached
+    /// random reads).
+    pub async fn read_with_status_in(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Vec<u8>, Vec<(u64, bool)>), StoreError> {
         self.check_live()?;
-        let entry = self.volume_entry(volume)?;
-        Self::check_range(&entry, offset, len)?;
+        self.check_exists(dataset)?;
+        Self::check_range(dataset, dataset.size_bytes(), offset, len)?;
         if len == 0 {
             return Ok((Vec::new(), Vec::new()));
         }
-        let bs = u64::from(entry.block_bytes);
+        let bs = u64::from(dataset.block_bytes);
         let mut out = vec![0u8; len as usize];
         let first = offset / bs;
         let last = (offset + len - 1) / bs;
@@ -142,11 +158,9 @@ impl Store {
         // Blocks with a version in memory go through `block`; the others are read from the
         // root of the same snapshot, adjacent ones in spans of one I/O each.
         let (in_memory, root, levels) = {
-            let state = self.state.lock();
-            let v = state.volumes.get(&entry.name);
-            let in_memory: Vec<u64> =
-                (first..=last).filter(|i| v.is_some_and(|v| v.cached(*i).is_some())).collect();
-            (in_memory, v.and_then(|v| v.entry.root), v.map_or(entry.levels, |v| v.disk_levels))
+            let v = dataset.state.lock();
+            let in_memory: Vec<u64> = (first..=last).filter(|i| v.cached(*i).is_some()).collect();
+            (in_memory, v.entry.root, v.disk_levels)
         };
         let mut reads: Vec<Read> = Vec::new();
         for index in first..=last {
@@ -175,12 +189,11 @@ impl Store {
             reads.push(Read::Span(index, vec![bp]));
         }
         // Fetched concurrently (in order), then copied into place.
-        let entry_ref = &entry;
         let mut fetched = futures::stream::iter(reads)
             .map(|read| async move {
                 match read {
                     Read::Memory(index) => {
-                        let block = self.block(entry_ref, index).await?;
+                        let block = self.block(dataset, index).await?;
                         Ok::<_, StoreError>(vec![(index, block.map(Fetched::Memory))])
                     }
                     Read::Cached(index, hit) => Ok(vec![(index, Some(Fetched::Disk(hit)))]),
@@ -252,7 +265,7 @@ impl Store {
     /// sync that writes their blocks records.
     pub(super) async fn modify(
         &self,
-        volume: &str,
+        dataset: &Dataset,
         offset: u64,
         len: u64,
         data: Option<&[u8]>,
@@ -260,53 +273,15 @@ impl Store {
     ) -> Result<u64, StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("the write path");
-        let entry = self.volume_entry(volume)?;
-        Self::check_range(&entry, offset, len)?;
+        self.check_exists(dataset)?;
+        Self::check_range(dataset, dataset.size_bytes(), offset, len)?;
         if len == 0 {
             // Nothing changes, so nothing is logged; the last record still covers the caller.
-            return Ok(self.volume_log(volume)?.map_or(0, |log| log.last_record()));
+            let log = dataset.state.lock().log.clone();
+            return Ok(log.map_or(0, |log| log.last_record()));
         }
-        let bs = u64::from(entry.block_bytes);
-        // Refuse what could not be synced: new dirty data beyond the free space above the slop,
-        // after what the open and syncing txgs will allocate (their data and an estimate of
-        // their indirect blocks; counting data alone let random 4 KiB overwrites of a nearly
-        // full pool spend the slop on indirect blocks and fail a sync). Space that is only in
-        // flight (dirty data about to replace old blocks, frees waiting out their deferral)
-        // comes back as txgs sync: wait for it, as ZFS does, before saying no. After the
-        // deferral window has passed, what is still missing is missing. The indirect blocks
-        // need whole free ranges of their size, which a pool full of 4 KiB holes lacks even
-        // with bytes to spare, so their estimate is also checked against the free space in
-        // ranges that can hold them, less part of the slop (space maps, the directory).
-        if apply == Apply::Live && data.is_some() {
-            let mut waited = 0;
-            loop {
-                // One lock at a time: the lock order is state -> allocator.
-                let (dirty, metadata) = {
-                    let state = self.state.lock();
-                    let metadata = state.dirty_metadata_bytes + state.syncing_metadata_bytes;
-                    (state.dirty_bytes + state.dirty_metadata_bytes + state.syncing_bytes, metadata)
-                };
-                let (usable, room, deferred) = {
-                    let allocator = self.allocator.lock();
-                    let slop = allocator.slop_bytes();
-                    let usable = allocator.free_bytes().saturating_sub(slop);
-                    let room = allocator.metadata_room_bytes().saturating_sub(slop / 4);
-                    (usable, room, allocator.deferred_bytes())
-                };
-                if dirty.saturating_add(len) <= usable && metadata <= room {
-                    break;
-                }
-                if waited > crate::alloc::FREE_DEFER_TXGS || (dirty == 0 && deferred == 0) {
-                    return Err(StoreError::NoSpace {
-                        pool: self.pool.name().to_owned(),
-                        requested_bytes: len,
-                    });
-                }
-                self.sync().await?;
-                waited += 1;
-            }
-        }
-        self.throttle(volume).await?;
+        let bs = u64::from(dataset.block_bytes);
+        self.assign(dataset, len, apply == Apply::Live && data.is_some()).await?;
         let end = offset + len;
         let (first, last) = (offset / bs, (end - 1) / bs);
         // Whole blocks are built outside the lock.
@@ -336,14 +311,13 @@ impl Store {
             let mut state_guard = self.state.lock();
             let state = &mut *state_guard;
             let open_txg = state.open_txg;
-            let v = state.volumes.get_mut(volume).ok_or_else(|| self.no_such_volume(volume))?;
-            // Checked again where a resize cannot run: one may have run since the check above
-            // (this write waited for space or the throttle, or another thread got the lock
-            // first), and blocks past a shrunken end would be stored by the next sync.
-            if v.entry.id != entry.id {
-                return Err(self.no_such_volume(volume));
-            }
-            Self::check_range(&v.entry, offset, len)?;
+            // Checked again where neither a destroy nor a resize can run: one may have run
+            // since the checks above (this write waited for space or the throttle, or another
+            // thread got the lock first), and blocks past a shrunken end would be stored by
+            // the next sync.
+            self.check_exists(dataset)?;
+            let mut v = dataset.state.lock();
+            Self::check_range(dataset, v.entry.size_bytes, offset, len)?;
             let mut added = 0u64;
             // Groups of blocks under one level-1 indirect block that had nothing dirty yet:
             // each will rewrite its path to the root.
@@ -358,7 +332,7 @@ impl Store {
             // existed: measured with 8 and 32 sync writers, a sync that must read a txg's worth
             // of blocks at once delays the log flushes every writer waits for
             // (docs/bench/peers-notes.md).
-            let pressure = v.requests.load(Ordering::Relaxed) > 1
+            let pressure = dataset.requests.load(Ordering::Relaxed) > 1
                 || state.dirty_bytes >= self.limits.delay_min / 2;
             let mut resolve_now = Vec::new();
             for &index in &partial {
@@ -431,7 +405,7 @@ impl Store {
             (sequence, resolve_now)
         };
         for index in resolve_now {
-            self.resolve_patch(volume, &entry, index).await?;
+            self.resolve_patch(dataset, index).await?;
         }
         Ok(sequence)
     }
@@ -440,19 +414,18 @@ impl Store {
     /// quiesce moved the layers meanwhile (then the sync completes it).
     pub(super) async fn resolve_patch(
         &self,
-        volume: &str,
-        entry: &VolumeEntry,
+        dataset: &Dataset,
         index: u64,
     ) -> Result<(), StoreError> {
         let (open_txg, syncing, root, levels) = {
             let state = self.state.lock();
-            let Some(v) = state.volumes.get(volume) else { return Ok(()) };
+            let v = dataset.state.lock();
             if !matches!(v.open.get(&index), Some(Block::Patched(_))) {
                 return Ok(());
             }
             (state.open_txg, v.syncing.get(&index).cloned(), v.entry.root, v.disk_levels)
         };
-        let bs = entry.block_bytes as usize;
+        let bs = dataset.block_bytes as usize;
         let disk = || async {
             Ok::<_, StoreError>(
                 objset::read_data_block(&self.pool, root, levels, index)
@@ -466,15 +439,14 @@ impl Store {
             Some(Block::Patched(patch)) => Some(patch.apply_owned(disk().await?)),
             None => disk().await?,
         };
-        let mut state = self.state.lock();
+        let state = self.state.lock();
         if state.open_txg != open_txg {
             return Ok(());
         }
-        if let Some(v) = state.volumes.get_mut(volume) {
-            if let Some(Block::Patched(patch)) = v.open.get(&index) {
-                let whole = patch.apply_owned(base);
-                v.open.insert(index, Block::Data(Arc::new(whole)));
-            }
+        let mut v = dataset.state.lock();
+        if let Some(Block::Patched(patch)) = v.open.get(&index) {
+            let whole = patch.apply_owned(base);
+            v.open.insert(index, Block::Data(Arc::new(whole)));
         }
         Ok(())
     }
@@ -488,28 +460,34 @@ impl Store {
         offset: u64,
         len: u64,
     ) -> Result<Vec<(u64, bool)>, StoreError> {
+        let dataset = self.dataset(volume)?;
+        self.block_status_in(&dataset, offset, len).await
+    }
+
+    /// [`Store::block_status`] through a handle's dataset.
+    pub async fn block_status_in(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, bool)>, StoreError> {
         self.check_live()?;
-        let entry = self.volume_entry(volume)?;
-        Self::check_range(&entry, offset, len)?;
-        let bs = u64::from(entry.block_bytes);
+        self.check_exists(dataset)?;
+        Self::check_range(dataset, dataset.size_bytes(), offset, len)?;
+        let bs = u64::from(dataset.block_bytes);
         let mut runs: Vec<(u64, bool)> = Vec::new();
         let mut at = offset;
         while at < offset + len {
             let index = at / bs;
             let n = (bs - at % bs).min(offset + len - at);
-            let cached = {
-                let state = self.state.lock();
-                let volume = state.volumes.get(&entry.name);
-                volume.and_then(|v| v.cached(index).cloned())
-            };
+            let cached = dataset.state.lock().cached(index).cloned();
             let allocated = match cached {
                 Some(Block::Data(_) | Block::Patched(_)) => true,
                 Some(Block::Zero) => false,
                 None => {
                     let (root, levels) = {
-                        let state = self.state.lock();
-                        let v = state.volumes.get(&entry.name);
-                        (v.and_then(|v| v.entry.root), v.map_or(entry.levels, |v| v.disk_levels))
+                        let v = dataset.state.lock();
+                        (v.entry.root, v.disk_levels)
                     };
                     objset::is_allocated(&self.pool, root, levels, index).await?
                 }
@@ -526,13 +504,35 @@ impl Store {
     /// Writes `data` at `offset`. The write is visible at once and durable after the next
     /// txg sync or a [`Store::commit`] of the returned record sequence (FUA, flush).
     pub async fn write(&self, volume: &str, offset: u64, data: &[u8]) -> Result<u64, StoreError> {
-        self.modify(volume, offset, data.len() as u64, Some(data), Apply::Live).await
+        let dataset = self.dataset(volume)?;
+        self.write_in(&dataset, offset, data).await
+    }
+
+    /// [`Store::write`] through a handle's dataset.
+    pub async fn write_in(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<u64, StoreError> {
+        self.modify(dataset, offset, data.len() as u64, Some(data), Apply::Live).await
     }
 
     /// Zeroes a range; whole blocks become holes and their space is freed at the next sync.
     /// Logged like a write; returns the record sequence.
     pub async fn zero(&self, volume: &str, offset: u64, len: u64) -> Result<u64, StoreError> {
-        self.modify(volume, offset, len, None, Apply::Live).await
+        let dataset = self.dataset(volume)?;
+        self.zero_in(&dataset, offset, len).await
+    }
+
+    /// [`Store::zero`] through a handle's dataset.
+    pub async fn zero_in(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        len: u64,
+    ) -> Result<u64, StoreError> {
+        self.modify(dataset, offset, len, None, Apply::Live).await
     }
 }
 

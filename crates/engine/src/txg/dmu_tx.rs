@@ -9,7 +9,7 @@
 //! docs/design.md). The others go undelayed and may pass the maximum by a reserve of an eighth
 //! of it, so dirty memory stays bounded at 9/8 of `txg.dirty_max`.
 
-use super::{Store, StoreError};
+use super::{Dataset, Store, StoreError};
 use crate::intent_log::CommitPolicy;
 use crate::tunables::{Tunable, Tunables};
 
@@ -61,19 +61,69 @@ impl TxgLimits {
 }
 
 impl Store {
+    /// Admits a write of `len` bytes to `dataset` into the open txg (ZFS: `dmu_tx_assign`):
+    /// with `check_space`, refuses what could not be synced, then applies the throttle.
+    pub(super) async fn assign(
+        &self,
+        dataset: &Dataset,
+        len: u64,
+        check_space: bool,
+    ) -> Result<(), StoreError> {
+        // Refuse what could not be synced: new dirty data beyond the free space above the slop,
+        // after what the open and syncing txgs will allocate (their data and an estimate of
+        // their indirect blocks; counting data alone let random 4 KiB overwrites of a nearly
+        // full pool spend the slop on indirect blocks and fail a sync). Space that is only in
+        // flight (dirty data about to replace old blocks, frees waiting out their deferral)
+        // comes back as txgs sync: wait for it, as ZFS does, before saying no. After the
+        // deferral window has passed, what is still missing is missing. The indirect blocks
+        // need whole free ranges of their size, which a pool full of 4 KiB holes lacks even
+        // with bytes to spare, so their estimate is also checked against the free space in
+        // ranges that can hold them, less part of the slop (space maps, the directory).
+        if check_space {
+            let mut waited = 0;
+            loop {
+                // One lock at a time: the lock order is state -> allocator.
+                let (dirty, metadata) = {
+                    let state = self.state.lock();
+                    let metadata = state.dirty_metadata_bytes + state.syncing_metadata_bytes;
+                    (state.dirty_bytes + state.dirty_metadata_bytes + state.syncing_bytes, metadata)
+                };
+                let (usable, room, deferred) = {
+                    let allocator = self.allocator.lock();
+                    let slop = allocator.slop_bytes();
+                    let usable = allocator.free_bytes().saturating_sub(slop);
+                    let room = allocator.metadata_room_bytes().saturating_sub(slop / 4);
+                    (usable, room, allocator.deferred_bytes())
+                };
+                if dirty.saturating_add(len) <= usable && metadata <= room {
+                    break;
+                }
+                if waited > crate::alloc::FREE_DEFER_TXGS || (dirty == 0 && deferred == 0) {
+                    return Err(StoreError::NoSpace {
+                        pool: self.pool.name().to_owned(),
+                        requested_bytes: len,
+                    });
+                }
+                self.sync().await?;
+                waited += 1;
+            }
+        }
+        self.throttle(dataset).await
+    }
+
     /// Applies backpressure before a write to `volume`: wake the syncer early, delay smoothly
     /// above the threshold, and at the maximum sync before continuing. Volumes holding less
     /// than an equal share of the dirty data skip the delay and may use a reserve past the
     /// maximum (an eighth of it); past that they wait too.
-    pub(super) async fn throttle(&self, volume: &str) -> Result<(), StoreError> {
+    pub(super) async fn throttle(&self, dataset: &Dataset) -> Result<(), StoreError> {
         let (dirty, under_share) = {
             let state = self.state.lock();
-            let mine = state.volumes.get(volume).map_or(0, |v| v.dirty_bytes);
+            let mine = dataset.state.lock().dirty_bytes;
             // The writer's volume counts even before its first dirty block.
             let dirtying = state
                 .volumes
-                .iter()
-                .filter(|(name, v)| v.dirty_bytes > 0 || name.as_str() == volume)
+                .values()
+                .filter(|d| d.id == dataset.id || d.state.lock().dirty_bytes > 0)
                 .count() as u64;
             (state.dirty_bytes, dirtying > 1 && mine.saturating_mul(dirtying) < state.dirty_bytes)
         };

@@ -24,7 +24,7 @@
 //!
 //! Lock order (outer to inner; a thread holding one may take only those to its right, and none
 //! is held across an `.await`): `Store::sync_lock` (async, held for a whole sync) -> `state` ->
-//! a volume's `LogWriter` state -> the DDT's locks (crate::dedup) -> `allocator`.
+//! a volume's `Dataset::state` -> its `LogWriter` state -> the DDT's locks (crate::dedup) -> `allocator`.
 //! `suspend_cause`, `fail_points`, `sync_history` and `kick` are leaves: nothing is taken while holding them. The whole
 //! crate's order is in `lib.rs`.
 
@@ -46,7 +46,7 @@ mod space_map;
 mod zil;
 
 pub use audit::AuditReport;
-use dataset::VolumeState;
+pub use dataset::Dataset;
 use dmu_tx::TxgLimits;
 pub use spa_load::{ImportOptions, ImportReport, LostLog, Rewind};
 pub use spa_sync::SyncRecord;
@@ -138,7 +138,7 @@ impl StoreError {
 struct State {
     open_txg: u64,
     next_volume_id: u64,
-    volumes: BTreeMap<String, VolumeState>,
+    volumes: BTreeMap<String, Arc<Dataset>>,
     /// Space-map and directory blocks of the last synced txg, freed when replaced.
     space_maps: Vec<Vec<BlockPointer>>,
     directory: Option<BlockPointer>,

@@ -22,7 +22,7 @@
 
 use sluice_format::{LogHeader, LogVerifier, PoolDirectory, SpaceMap, Uberblock};
 
-use super::dataset::VolumeState;
+use super::dataset::Dataset;
 use super::dmu_tx::TxgLimits;
 use super::{LogStats, State, Store, StoreError};
 use crate::alloc::{Allocator, FREE_DEFER_TXGS};
@@ -149,7 +149,7 @@ impl Store {
                 {
                     entry.log = Some(*header);
                 }
-                (entry.name.clone(), VolumeState::new(entry, None, &limits))
+                (entry.name.clone(), Dataset::new(entry, None, &limits))
             })
             .collect();
         let state = State {

@@ -166,7 +166,9 @@ impl Store {
         state.dirty_bytes = 0;
         state.dirty_metadata_bytes = 0;
         let mut work = Vec::new();
-        for volume in state.volumes.values_mut() {
+        for dataset in state.volumes.values() {
+            let mut volume = dataset.state.lock();
+            let volume = &mut *volume;
             volume.dirty_bytes = 0;
             volume.syncing = std::mem::take(&mut volume.open);
             work.push((volume.entry.clone(), volume.disk_levels, volume.syncing.clone()));
@@ -317,7 +319,8 @@ impl Store {
         let directory = {
             let mut state = self.state.lock();
             let mut freed_log = std::mem::take(&mut state.retired_log);
-            for v in state.volumes.values() {
+            for dataset in state.volumes.values() {
+                let v = dataset.state.lock();
                 let header = match &v.log {
                     Some(log) => {
                         let anchor = log.anchor(txg);
@@ -347,10 +350,13 @@ impl Store {
                 volumes: state
                     .volumes
                     .values()
-                    .map(|v| VolumeEntry {
-                        root: roots.get(&v.entry.name).copied().flatten(),
-                        log: headers.get(&v.entry.name).copied().flatten(),
-                        ..v.entry.clone()
+                    .map(|dataset| {
+                        let v = dataset.state.lock();
+                        VolumeEntry {
+                            root: roots.get(&v.entry.name).copied().flatten(),
+                            log: headers.get(&v.entry.name).copied().flatten(),
+                            ..v.entry.clone()
+                        }
                     })
                     .collect(),
                 ddt: ddt_header,
@@ -470,7 +476,8 @@ impl Store {
         self.syncs.inc();
         self.allocator.lock().synced(txg);
         let mut state = self.state.lock();
-        for volume in state.volumes.values_mut() {
+        for dataset in state.volumes.values() {
+            let mut volume = dataset.state.lock();
             if let Some(root) = roots.get(&volume.entry.name) {
                 volume.entry.root = *root;
                 volume.disk_levels = volume.entry.levels;
@@ -485,9 +492,10 @@ impl Store {
         // Records of this txg need no log any more. A chain with a failed write is replaced:
         // records not yet issued move to a new chain, which the next sync anchors.
         let mut replaced = Vec::new();
-        for volume in state.volumes.values_mut() {
-            let Some(log) = &volume.log else { continue };
-            log.synced(txg, anchored.iter().any(|a| Arc::ptr_eq(a, log)));
+        for dataset in state.volumes.values() {
+            let mut volume = dataset.state.lock();
+            let Some(log) = volume.log.clone() else { continue };
+            log.synced(txg, anchored.iter().any(|a| Arc::ptr_eq(a, &log)));
             if log.failed() {
                 let fresh = LogWriter::continuing(
                     self.pool.name(),

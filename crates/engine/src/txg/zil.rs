@@ -10,7 +10,7 @@ use std::sync::Arc;
 use sluice_format::{LogHeader, LogRecord, LogVerifier, LOG_HEADER_BYTES};
 
 use super::dmu::Apply;
-use super::{Store, StoreError};
+use super::{Dataset, Store, StoreError};
 use crate::intent_log::{self, LogAddress, LogError, LogWriter};
 use crate::pool::PoolError;
 
@@ -42,6 +42,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let stats = &self.log_stats;
         for (name, header, chain) in &chains {
+            let dataset = self.dataset(name)?;
             for record in chain.blocks.iter().flat_map(|b| b.records.iter()) {
                 if record.txg() <= header.claim_txg {
                     stats.records_already_synced.inc();
@@ -67,12 +68,11 @@ impl Store {
                         }));
                     }
                 };
-                let entry = self.volume_entry(name)?;
-                if Self::check_range(&entry, offset, len).is_err() {
+                if Self::check_range(&dataset, dataset.size_bytes(), offset, len).is_err() {
                     stats.records_out_of_range.inc();
                     continue;
                 }
-                self.modify(name, offset, len, data, Apply::Replay(record.sequence())).await?;
+                self.modify(&dataset, offset, len, data, Apply::Replay(record.sequence())).await?;
                 stats.records_replayed.inc();
             }
         }
@@ -83,18 +83,10 @@ impl Store {
                 state.retired_log.extend(chain.addresses.iter().copied());
             }
         }
-        let names: Vec<(String, u64)> = self
-            .state
-            .lock()
-            .volumes
-            .values()
-            .map(|v| (v.entry.name.clone(), v.entry.id))
-            .collect();
-        for (name, id) in names {
-            let log = self.new_log(id)?;
-            if let Some(volume) = self.state.lock().volumes.get_mut(&name) {
-                volume.log = Some(log);
-            }
+        let datasets: Vec<Arc<Dataset>> = self.state.lock().volumes.values().cloned().collect();
+        for dataset in datasets {
+            let log = self.new_log(dataset.id)?;
+            dataset.state.lock().log = Some(log);
         }
         self.sync().await?;
         Ok(())
@@ -102,7 +94,7 @@ impl Store {
 
     /// Where `volume`'s log chain starts now (its oldest block still needed), if it has one.
     pub fn log_head(&self, volume: &str) -> Option<(LogAddress, LogVerifier)> {
-        let log = self.state.lock().volumes.get(volume).and_then(|v| v.log.clone())?;
+        let log = self.dataset(volume).ok()?.state.lock().log.clone()?;
         Some(log.head())
     }
 
@@ -112,8 +104,7 @@ impl Store {
             .lock()
             .volumes
             .values()
-            .filter_map(|v| v.log.as_ref())
-            .map(|l| l.lwbs_written())
+            .filter_map(|d| d.state.lock().log.as_ref().map(|l| l.lwbs_written()))
             .sum()
     }
 
@@ -131,26 +122,31 @@ impl Store {
     /// Makes every write and zero on `volume` that returned before this call durable (NBD's
     /// FLUSH; it covers every connection to the volume).
     pub async fn flush(&self, volume: &str) -> Result<(), StoreError> {
-        let log = self.volume_log(volume)?;
-        let last = log.as_ref().map_or(0, |log| log.last_record());
-        self.commit(volume, last).await
+        let dataset = self.dataset(volume)?;
+        self.flush_in(&dataset).await
     }
 
-    pub(super) fn volume_log(&self, volume: &str) -> Result<Option<Arc<LogWriter>>, StoreError> {
-        self.state
-            .lock()
-            .volumes
-            .get(volume)
-            .map(|v| v.log.clone())
-            .ok_or_else(|| self.no_such_volume(volume))
+    /// [`Store::flush`] through a handle's dataset.
+    pub async fn flush_in(&self, dataset: &Dataset) -> Result<(), StoreError> {
+        let log = dataset.state.lock().log.clone();
+        let last = log.as_ref().map_or(0, |log| log.last_record());
+        self.commit_in(dataset, last).await
     }
 
     /// Returns once record `sequence` of `volume`'s log and every earlier one are durable:
     /// through the log when its chain is anchored and healthy, else through a txg sync.
     pub async fn commit(&self, volume: &str, sequence: u64) -> Result<(), StoreError> {
+        let dataset = self.dataset(volume)?;
+        self.commit_in(&dataset, sequence).await
+    }
+
+    /// [`Store::commit`] through a handle's dataset.
+    pub async fn commit_in(&self, dataset: &Dataset, sequence: u64) -> Result<(), StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a log commit");
-        let Some(log) = self.volume_log(volume)? else {
+        self.check_exists(dataset)?;
+        let log = dataset.state.lock().log.clone();
+        let Some(log) = log else {
             // Replay is still running: only a sync makes anything durable.
             self.sync().await?;
             return Ok(());
@@ -177,11 +173,11 @@ impl Store {
     /// asks for it (`intent_log.early_commit`, [`LogWriter::wants_early`]); the caller is a
     /// write that was the only request in flight on the volume. A failure is left to the
     /// client's own commit, which falls back to a txg sync.
-    pub fn commit_early(self: &Arc<Self>, volume: &str, sequence: u64) {
+    pub fn commit_early(self: &Arc<Self>, dataset: &Dataset, sequence: u64) {
         if !self.limits.early_commit {
             return;
         }
-        let Ok(Some(log)) = self.volume_log(volume) else { return };
+        let Some(log) = dataset.state.lock().log.clone() else { return };
         if !log.wants_early() {
             return;
         }
