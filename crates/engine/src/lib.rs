@@ -6,8 +6,15 @@
 //! top-level vdevs. Pools, transaction groups, the
 //! intent log, dedup and volumes build on these.
 //!
-//! Lock order (outer to inner; never held across an `.await`):
-//! vdev submission queue -> sim device state. Nothing else takes two locks.
+//! Lock order, outer to inner (a thread holding one lock takes only locks to its right; no
+//! `parking_lot` lock is held across an `.await`):
+//!
+//! `txg::Store::sync_lock` (async, one sync at a time) -> `Store` state -> a volume's
+//! `txg::Dataset` state -> its `intent_log::LogWriter` state -> the dedup table -> a dedup entry -> the allocator -> a
+//! leaf's queue (`vdev::queue`) -> a simulated device's state. The block cache, the pool's
+//! state and the store's suspension cause are leaves: nothing is taken while holding them.
+//!
+//! Each module that takes two of these writes the part it enforces in its own doc.
 
 pub mod alloc;
 pub mod dedup;

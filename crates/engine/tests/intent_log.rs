@@ -102,7 +102,7 @@ fn run(seed: u64, policy: CommitPolicy, crash: bool) {
     let blocks = fresh
         .run(async move {
             let pool = Pool::import(&env, revived, "tank", &Tunables::default()).await.unwrap();
-            read_chain(&pool, head, verifier).await
+            read_chain(&pool, head, verifier).await.unwrap()
         })
         .unwrap()
         .0;

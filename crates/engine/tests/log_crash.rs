@@ -30,7 +30,7 @@ use sluice_engine::device::{SimDevice, SimProfile};
 use sluice_engine::pool::{LeafSpec, Pool};
 use sluice_engine::rt::{Env, Rng, Time};
 use sluice_engine::tunables::{IoClass, Tunables};
-use sluice_engine::txg::Store;
+use sluice_engine::txg::{ImportOptions, Store, SyncRecord};
 use sluice_engine::volume::Volume;
 use sluice_sim::Sim;
 
@@ -86,6 +86,26 @@ impl Ledger {
     fn allowed(&self, unit: u64, cut: Time) -> Vec<u64> {
         let versions = &self.units[unit as usize];
         let durable = versions.iter().rposition(|v| v.durable.is_some_and(|d| d <= cut));
+        let mut allowed: Vec<u64> = Vec::new();
+        if durable.is_none() {
+            allowed.push(0);
+        }
+        for v in &versions[durable.unwrap_or(0)..] {
+            if v.started <= cut {
+                allowed.push(v.id);
+            }
+        }
+        allowed
+    }
+}
+
+impl Ledger {
+    /// Versions a rewind to a txg that quiesced at `quiesced` may leave in `unit` after a crash
+    /// at `cut`: the txg holds every write acknowledged before it quiesced, and replay may add
+    /// any later one.
+    fn allowed_rewound(&self, unit: u64, quiesced: Time, cut: Time) -> Vec<u64> {
+        let versions = &self.units[unit as usize];
+        let durable = versions.iter().rposition(|v| v.durable.is_some_and(|d| d < quiesced));
         let mut allowed: Vec<u64> = Vec::new();
         if durable.is_none() {
             allowed.push(0);
@@ -270,6 +290,8 @@ async fn run_writer(
 struct Run {
     devices: Vec<SimDevice>,
     ledger: Ledger,
+    /// Every txg the store synced, with when it quiesced and when it was durable.
+    syncs: Vec<SyncRecord>,
     /// The pool and volume exist durably from here on; cuts come later.
     setup_done: Time,
 }
@@ -281,7 +303,7 @@ fn run_workload(seed: u64, policy: &str, script: &Script) -> Run {
     let env = sim.env();
     let ledger = Rc::new(RefCell::new(Ledger::new()));
     let (l, script, policy) = (Rc::clone(&ledger), script.clone(), policy.to_owned());
-    let setup_done = sim
+    let (setup_done, syncs) = sim
         .run(async move {
             let tunables = tunables(&policy, "64M");
             let pool = Pool::create(&env, common::mirror_pool(specs), &tunables).await.unwrap();
@@ -295,12 +317,12 @@ fn run_workload(seed: u64, policy: &str, script: &Script) -> Run {
             });
             futures::future::join_all(writers).await;
             // The pool is left as it is: no export. The crash cuts decide what survived.
-            setup_done
+            (setup_done, store.sync_history())
         })
         .unwrap()
         .0;
     let ledger = Rc::try_unwrap(ledger).ok().unwrap().into_inner();
-    Run { devices, ledger, setup_done }
+    Run { devices, ledger, syncs, setup_done }
 }
 
 /// Probes: counts of the rare paths, summed over every crash state.
@@ -623,4 +645,118 @@ fn separate_log_device_holds_the_chain() {
         .unwrap()
         .0;
     assert_eq!(replayed, 16);
+}
+
+/// A write cache that lied about its flushes (the fault model's "flush that lies", within the
+/// free-deferral window): after the writes of their last one or two txg syncs went in, the
+/// leaves lose all or some of them, and every log block since, though the uberblocks that point
+/// at those txgs arrived. Plain import either opens the newest txg (the lost writes did not
+/// matter) or names it as damaged; import with rewind always succeeds, at a txg whose every
+/// block reads back as the model says for it.
+#[test]
+fn lying_flushes_rewind_to_an_intact_txg() {
+    use sluice_format::{data_end_bytes, DATA_START_BYTES};
+    let mut rewound = 0u64;
+    let mut states = 0u64;
+    for policy in ["pipelined", "batch"] {
+        for seed in 0..150u64 {
+            let mut rng = Rng::new(seed ^ 0x11e);
+            let script = random_script(&mut rng);
+            let run = run_workload(seed, policy, &script);
+            let syncs: Vec<SyncRecord> =
+                run.syncs.iter().copied().filter(|s| s.quiesced >= run.setup_done).collect();
+            if syncs.len() < 2 {
+                continue;
+            }
+            for _ in 0..5 {
+                // The cut falls after sync `last` was durable; the lie takes the writes of its
+                // last `lost` syncs.
+                let last = 1 + rng.below(syncs.len() as u64 - 1) as usize;
+                let lost = 1 + rng.below(2.min(last as u64)) as usize;
+                let cut = syncs[last].synced;
+                let lie_from = syncs[last + 1 - lost].quiesced;
+                let all = rng.chance(0.5);
+                let images: Vec<SimImage> = run
+                    .devices
+                    .iter()
+                    .map(|d| {
+                        let len = LEAF_BYTES;
+                        let ops = d.write_log().iter().take_while(|e| e.at <= cut).count();
+                        let mut coin = Rng::new(rng.u64());
+                        d.crash_image_lying(ops, CrashPolicy::Any, &mut rng, |e| {
+                            let data =
+                                (DATA_START_BYTES..data_end_bytes(len)).contains(&e.offset_bytes);
+                            data && e.at > lie_from && (all || coin.chance(0.5))
+                        })
+                        .unwrap()
+                    })
+                    .collect();
+                let what =
+                    format!("lying seed {seed} policy {policy} cut {cut:?} lost {lost} all {all}");
+                let sim = Sim::new(seed ^ cut.0);
+                let devices = legs(&sim, Some(images));
+                let specs = common::leaf_specs(&devices);
+                let env = sim.env();
+                let tunables = tunables(policy, "1M");
+                let what_in = what.clone();
+                let (txg, found) = sim
+                    .run(async move {
+                        let pool =
+                            Pool::import(&env, specs.clone(), "tank", &tunables).await.unwrap();
+                        let plain = Store::check_import(&pool, ImportOptions::default()).await;
+                        drop(pool);
+                        if let Err(error) = &plain {
+                            assert!(
+                                matches!(error, sluice_engine::txg::StoreError::DamagedTxg { .. }),
+                                "{what_in}: plain import failed otherwise: {error}"
+                            );
+                        }
+                        let pool = Pool::import(&env, specs, "tank", &tunables).await.unwrap();
+                        let rewind = ImportOptions { rewind: true, ..ImportOptions::default() };
+                        let (store, report) = match Store::import(pool, &tunables, rewind).await {
+                            Ok(opened) => opened,
+                            Err(error) => panic!("{what_in}: import with rewind failed: {error}"),
+                        };
+                        let mut found = Vec::new();
+                        for unit in 0..UNITS {
+                            found.push(store.read("v", unit * UNIT, UNIT).await.unwrap());
+                        }
+                        let audit = store.audit().await.unwrap();
+                        assert!(audit.is_clean(), "{what_in}: {:?}", audit.problems);
+                        (report.txg, found)
+                    })
+                    .unwrap()
+                    .0;
+                states += 1;
+                let Some(opened) = run.syncs.iter().find(|s| s.txg == txg) else {
+                    panic!("{what}: rewound to txg {txg}, which the run never synced")
+                };
+                assert!(txg >= syncs[last - lost].txg, "{what}: rewound past the lie to txg {txg}");
+                if txg < syncs[last].txg {
+                    rewound += 1;
+                }
+                for (unit, data) in found.iter().enumerate() {
+                    let unit = unit as u64;
+                    let allowed = run.ledger.allowed_rewound(unit, opened.quiesced, cut);
+                    let id = if data.iter().all(|&b| b == 0) {
+                        0
+                    } else {
+                        u64::from_le_bytes(data[..8].try_into().unwrap())
+                    };
+                    assert!(
+                        allowed.contains(&id),
+                        "{what}: txg {txg}: unit {unit} holds version {id}, allowed {allowed:?}"
+                    );
+                    assert_eq!(
+                        *data,
+                        pattern(id, unit),
+                        "{what}: unit {unit} holds a damaged version"
+                    );
+                }
+            }
+        }
+    }
+    eprintln!("lying flushes: {states} crash states, {rewound} rewound");
+    assert!(states >= 1000, "{states} states");
+    assert!(rewound > 0, "no crash state needed a rewind");
 }

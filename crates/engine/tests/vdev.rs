@@ -10,7 +10,7 @@ use sluice_engine::device::sim::{Fault, SimOptions};
 use sluice_engine::device::{SharedBuf, SimDevice, SimProfile};
 use sluice_engine::rt::Env;
 use sluice_engine::tunables::{IoClass, Tunables};
-use sluice_engine::vdev::{Dva, Leaf, Mirror, ReadPolicy, Root, Vdev, VdevError, VdevId};
+use sluice_engine::vdev::{Leaf, Mirror, ReadPolicy, Root, Vdev, VdevAddress, VdevError, VdevId};
 use sluice_sim::Sim;
 
 const DEVICE_BYTES: u64 = 64 << 20;
@@ -353,9 +353,9 @@ fn root_stripes_and_routes() {
         })
         .collect();
     let root = Root::new(tops);
-    assert_eq!(root.stripe(0, 1 << 20), Dva { vdev: 0, offset_bytes: 0 });
-    assert_eq!(root.stripe((1 << 20) + 5, 1 << 20), Dva { vdev: 1, offset_bytes: 5 });
-    assert_eq!(root.stripe(2 << 20, 1 << 20), Dva { vdev: 0, offset_bytes: 1 << 20 });
+    assert_eq!(root.stripe(0, 1 << 20), VdevAddress { vdev: 0, offset_bytes: 0 });
+    assert_eq!(root.stripe((1 << 20) + 5, 1 << 20), VdevAddress { vdev: 1, offset_bytes: 5 });
+    assert_eq!(root.stripe(2 << 20, 1 << 20), VdevAddress { vdev: 0, offset_bytes: 1 << 20 });
     let r = root.clone();
     let data = pattern(9, 4096);
     let d = data.clone();
@@ -365,7 +365,12 @@ fn root_stripes_and_routes() {
             r.write(dva, SharedBuf::copy_from(&d), IoClass::AsyncWrite).await.unwrap();
             r.flush().await.unwrap();
             let bad = r
-                .read(Dva { vdev: 9, offset_bytes: 0 }, 512, IoClass::SyncRead, &|_: &[u8]| true)
+                .read(
+                    VdevAddress { vdev: 9, offset_bytes: 0 },
+                    512,
+                    IoClass::SyncRead,
+                    &|_: &[u8]| true,
+                )
                 .await;
             assert!(matches!(bad, Err(VdevError::NoSuchVdev { vdev: 9, count: 2 })));
             let check = expect(d);

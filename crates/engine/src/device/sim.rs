@@ -563,10 +563,26 @@ impl SimDevice {
     /// The durable image a power cut right after the first `ops` logged operations would leave,
     /// with the unflushed writes among them resolved by `policy`. Needs `record_log`.
     pub fn crash_image(&self, ops: usize, policy: CrashPolicy, rng: &mut Rng) -> Option<SimImage> {
+        self.crash_image_lying(ops, policy, rng, |_| false)
+    }
+
+    /// As [`SimDevice::crash_image`], for a drive whose write cache lied about its flushes:
+    /// the writes `lost` picks never reach the medium, flushed or not. A disk behind a cheap
+    /// USB bridge or a controller with a volatile cache and no battery does this.
+    pub fn crash_image_lying(
+        &self,
+        ops: usize,
+        policy: CrashPolicy,
+        rng: &mut Rng,
+        mut lost: impl FnMut(&LogEntry) -> bool,
+    ) -> Option<SimImage> {
         let state = self.inner.state.lock();
         let mut image = state.log_base.clone()?;
         let mut pending = Vec::new();
         for entry in state.log.iter().take(ops) {
+            if entry.op == DeviceOp::Write && lost(entry) {
+                continue;
+            }
             match entry.op {
                 DeviceOp::Flush => {
                     let (covered, later): (Vec<PendingWrite>, Vec<PendingWrite>) =

@@ -604,13 +604,13 @@ impl LogWriter {
         // (docs/design.md: 1 job +13%). Several (a batch) are all written first, then the
         // top-level vdevs they touched are flushed once.
         let ok = if let [(at, _, bytes)] = &lwbs[..] {
-            let dva = vdev::Dva { vdev: at.vdev, offset_bytes: at.offset_bytes };
+            let dva = vdev::VdevAddress { vdev: at.vdev, offset_bytes: at.offset_bytes };
             let data = SharedBuf::copy_from(bytes);
             pool.root().write_durable(dva, data, IoClass::LogWrite).await.is_ok()
         } else {
             let writes = lwbs.iter().map(|(at, _, bytes)| {
                 let data = SharedBuf::copy_from(bytes);
-                let dva = vdev::Dva { vdev: at.vdev, offset_bytes: at.offset_bytes };
+                let dva = vdev::VdevAddress { vdev: at.vdev, offset_bytes: at.offset_bytes };
                 async move { pool.root().write(dva, data, IoClass::LogWrite).await }
             });
             let mut ok = join_all(writes).await.iter().all(Result::is_ok);
@@ -694,18 +694,60 @@ pub struct Chain {
     pub torn_tail: bool,
 }
 
-/// Walks a chain from its head; returns its blocks in order. Ends at the first block that is
-/// not the expected one. A copy that fails verification is healed from one that passes.
-pub async fn read_chain(pool: &Pool, head: LogAddress, first: LogVerifier) -> Chain {
+/// A chain block that could not be read: no copy verified, and at least one present copy
+/// failed with an I/O error, so whether the chain continues there is unknown.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "log block {position} of the chain (sequence {sequence}, {len_bytes} bytes at offset \
+     {offset_bytes} of top-level vdev {vdev}) cannot be read: {source}"
+)]
+pub struct UnreadableBlock {
+    /// 0 for the chain's head.
+    pub position: usize,
+    pub sequence: u64,
+    pub vdev: u32,
+    pub offset_bytes: u64,
+    pub len_bytes: u32,
+    #[source]
+    pub source: vdev::VdevError,
+    /// The blocks read before it, which are good.
+    pub before: Chain,
+}
+
+/// Walks a chain from its head; returns its blocks in order. The chain ends at the first block
+/// that is not the expected one on every copy that could be read (a block never written, or a
+/// torn one). A copy that fails verification is healed from one that passes. A block that no
+/// copy verifies while some copy failed to read is an error, never an end: the records past it
+/// were acknowledged as durable, and treating a transient EIO as the end of the log would drop
+/// them silently.
+pub async fn read_chain(
+    pool: &Pool,
+    head: LogAddress,
+    first: LogVerifier,
+) -> Result<Chain, Box<UnreadableBlock>> {
     let mut chain = Chain::default();
     let mut at = Some(head);
     let mut expected = first;
     while let Some(address) = at {
         let verify = |bytes: &[u8]| LogBlock::decode(bytes, expected).is_ok();
-        let dva = vdev::Dva { vdev: address.vdev, offset_bytes: address.offset_bytes };
+        let dva = vdev::VdevAddress { vdev: address.vdev, offset_bytes: address.offset_bytes };
         let read =
             pool.root().read_maybe_absent(dva, address.len_bytes, IoClass::SyncRead, &verify).await;
-        let block = read.ok().and_then(|bytes| LogBlock::decode(&bytes, expected).ok());
+        let block = match read {
+            Ok(bytes) => LogBlock::decode(&bytes, expected).ok(),
+            Err(error) if error.is_definite_mismatch() => None,
+            Err(source) => {
+                return Err(Box::new(UnreadableBlock {
+                    position: chain.blocks.len(),
+                    sequence: expected.sequence,
+                    vdev: address.vdev,
+                    offset_bytes: address.offset_bytes,
+                    len_bytes: address.len_bytes,
+                    source,
+                    before: chain,
+                }));
+            }
+        };
         let Some(block) = block else {
             // Was the end written at all? Look at any copy's header.
             let any = |_: &[u8]| true;
@@ -721,5 +763,5 @@ pub async fn read_chain(pool: &Pool, head: LogAddress, first: LogVerifier) -> Ch
         chain.blocks.push(block);
         chain.addresses.push(address);
     }
-    chain
+    Ok(chain)
 }

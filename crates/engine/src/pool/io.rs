@@ -40,7 +40,7 @@ impl Pool {
         let verify = |bytes: &[u8]| bp.verifies(bytes);
         let mut last = None;
         for dva in bp.copies() {
-            let at = vdev::Dva { vdev: dva.vdev, offset_bytes: dva.offset_bytes() };
+            let at = vdev::VdevAddress { vdev: dva.vdev, offset_bytes: dva.offset_bytes() };
             match self.root().read(at, psize, class, &verify).await {
                 Ok(buf) => return Ok(buf),
                 Err(error) => last = Some(error),
@@ -75,7 +75,7 @@ impl Pool {
                     bp.verifies(&bytes[start..end])
                 })
         };
-        let at = vdev::Dva { vdev: first.vdev, offset_bytes: first.offset_bytes() };
+        let at = vdev::VdevAddress { vdev: first.vdev, offset_bytes: first.offset_bytes() };
         let len = u32::try_from(total).unwrap_or(u32::MAX);
         self.root()
             .read(at, len, IoClass::SyncRead, &verify)
@@ -110,7 +110,7 @@ impl Pool {
         data: SharedBuf,
     ) -> Result<(), PoolError> {
         self.root()
-            .write(vdev::Dva { vdev, offset_bytes }, data, IoClass::AsyncWrite)
+            .write(vdev::VdevAddress { vdev, offset_bytes }, data, IoClass::AsyncWrite)
             .await
             .map_err(|source| PoolError::Vdev { pool: self.name().to_owned(), source })
     }

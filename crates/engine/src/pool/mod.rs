@@ -38,7 +38,7 @@ use sluice_format::{
 pub use self::cache::BlockCache;
 pub use self::io::{describe_block, follows};
 pub use self::missing::MissingDevice;
-pub use self::scrub::ScrubReport;
+pub use self::scrub::{ScrubReport, VerifyReport};
 use crate::device::{BlockDevice, DeviceError, SharedBuf};
 use crate::rt::Env;
 use crate::tunables::{IoClass, Tunables};
@@ -160,6 +160,9 @@ pub struct PoolLeaf {
 #[derive(Debug)]
 struct PoolState {
     uberblock: Uberblock,
+    /// Every valid uberblock import found, one per txg, newest first: what a rewind can go
+    /// back to.
+    found: Vec<Uberblock>,
     /// Per leaf (same order as `leaves`): the newest txg the leaf is known to hold completely,
     /// from its own uberblock rings at import, then advanced by each sync it took without
     /// errors. A leaf behind the pool's txg needs a resilver of the blocks born after it.
@@ -250,6 +253,56 @@ impl Pool {
     /// The uberblock of the last synced txg.
     pub fn uberblock(&self) -> Uberblock {
         self.state.lock().uberblock
+    }
+
+    /// Every valid uberblock found at import, newest first (one per txg): the txgs a rewind
+    /// can return to.
+    pub fn uberblocks_found(&self) -> Vec<Uberblock> {
+        self.state.lock().found.clone()
+    }
+
+    /// Opens the pool read-only (`true`) or writable: while read-only, reads that find a bad
+    /// mirror copy leave it as it is. An import's dry run reads this way; nothing else writes
+    /// until the store is opened.
+    pub fn set_read_only(&self, read_only: bool) {
+        self.root.set_repairs(!read_only);
+    }
+
+    /// Makes `uberblock`, an older one found at import, the pool's newest: the uberblocks of
+    /// later txgs are erased from every present leaf's label rings (and flushed), so that no
+    /// later import returns to the abandoned txgs, whose trees do not verify. The next sync
+    /// writes `uberblock.txg + 1`.
+    pub async fn rewind_to(&self, uberblock: Uberblock) -> Result<(), PoolError> {
+        let abandoned: Vec<u64> = {
+            let state = self.state.lock();
+            assert!(
+                state.found.iter().any(|u| u.txg == uberblock.txg),
+                "rewind to txg {} that import did not find",
+                uberblock.txg
+            );
+            state.found.iter().map(|u| u.txg).filter(|&t| t > uberblock.txg).collect()
+        };
+        let blank = SharedBuf::copy_from(&[0u8; UBERBLOCK_BYTES]);
+        for pool_leaf in self.leaves.iter().filter(|l| l.present) {
+            for label in label_offsets(pool_leaf.leaf.device().len_bytes()) {
+                for &txg in &abandoned {
+                    let at = uberblock_offset(label, txg);
+                    pool_leaf
+                        .leaf
+                        .write(at, blank.clone(), IoClass::SyncWrite)
+                        .await
+                        .map_err(|source| PoolError::Vdev { pool: self.name.clone(), source })?;
+                }
+            }
+        }
+        self.flush_all().await?;
+        let mut state = self.state.lock();
+        state.uberblock = uberblock;
+        state.found.retain(|u| u.txg <= uberblock.txg);
+        for txg in &mut state.leaf_txg {
+            *txg = (*txg).min(uberblock.txg);
+        }
+        Ok(())
     }
 
     /// Data area `[start, end)` of each top-level vdev (its smallest leaf decides).
@@ -467,6 +520,7 @@ impl Pool {
                     timestamp_secs: 0,
                     root: None,
                 },
+                found: Vec::new(),
                 leaf_txg: vec![0; leaf_count],
                 leaf_write_errors: vec![0; leaf_count],
             }),
@@ -629,6 +683,7 @@ impl Pool {
             tunables,
         )?;
         let mut best: Option<Uberblock> = None;
+        let mut found = Vec::new();
         let mut leaf_txg = vec![0u64; pool.leaves.len()];
         for (index, pool_leaf) in pool.leaves.iter().enumerate().filter(|(_, l)| l.present) {
             for uberblock in read_uberblocks(pool_leaf.leaf.device().as_ref()).await {
@@ -639,13 +694,19 @@ impl Pool {
                 if best.is_none_or(|b| uberblock.txg > b.txg) {
                     best = Some(uberblock);
                 }
+                found.push(uberblock);
             }
         }
-        pool.state.lock().leaf_txg = leaf_txg;
         let Some(uberblock) = best else {
             return Err(PoolError::NoUberblock { pool: pool.name.clone() });
         };
-        pool.state.lock().uberblock = uberblock;
+        found.sort_by_key(|u| std::cmp::Reverse(u.txg));
+        found.dedup_by_key(|u| u.txg);
+        let mut state = pool.state.lock();
+        state.leaf_txg = leaf_txg;
+        state.uberblock = uberblock;
+        state.found = found;
+        drop(state);
         Ok(pool)
     }
 }

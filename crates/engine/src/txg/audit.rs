@@ -5,7 +5,8 @@
 //! however many pointers share it, and the pointers are counted per key. Then two books must
 //! balance: the space the allocator holds as allocated (neither free, nor log, nor waiting out
 //! a deferral) equals the space of the blocks found, and each dedup entry's refcount equals the
-//! pointers found for its key. Tests run it after every crash and import.
+//! pointers found for its key. No volume holds a data block past its end. Tests run it after
+//! every crash and import.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -39,10 +40,19 @@ impl Store {
     pub async fn audit(&self) -> Result<AuditReport, StoreError> {
         let (roots, space_maps, directory) = {
             let state = self.state.lock();
-            let dirty = state.volumes.values().any(|v| !v.open.is_empty() || !v.syncing.is_empty());
+            let dirty = state.volumes.values().any(|d| {
+                let v = d.state.lock();
+                !v.open.is_empty() || !v.syncing.is_empty()
+            });
             assert!(!dirty, "audit of a store with unsynced writes");
-            let roots: Vec<_> =
-                state.volumes.values().map(|v| (v.entry.root, v.disk_levels)).collect();
+            let roots: Vec<_> = state
+                .volumes
+                .values()
+                .map(|d| {
+                    let v = d.state.lock();
+                    (v.entry.clone(), v.entry.root, v.disk_levels)
+                })
+                .collect();
             (roots, state.space_maps.clone(), state.directory)
         };
         let mut report = AuditReport::default();
@@ -62,8 +72,15 @@ impl Store {
             add(bp, &mut report);
         }
         let mut pointers: BTreeMap<DdtKey, (u64, BlockPointer)> = BTreeMap::new();
-        for (root, levels) in roots {
-            for (_, _, bp) in objset::walk(&self.pool, root, levels).await? {
+        for (entry, root, levels) in roots {
+            let blocks = entry.size_bytes / u64::from(entry.block_bytes);
+            for (level, index, bp) in objset::walk(&self.pool, root, levels).await? {
+                if level == 0 && index >= blocks {
+                    report.problems.push(format!(
+                        "volume {} holds block {index} past its end ({blocks} blocks)",
+                        entry.name
+                    ));
+                }
                 match bp.dedup {
                     Some(key) => pointers.entry(key).or_insert((0, bp)).0 += 1,
                     None => add(&bp, &mut report),

@@ -23,7 +23,7 @@
 //! copy would destroy it) and the repair is counted. With none, the read fails with
 //! [`VdevError::NoValidCopy`] and nothing else is affected.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures::future::join_all;
@@ -94,6 +94,9 @@ pub struct Mirror {
     policy: ReadPolicy,
     load: LoadParams,
     round_robin: AtomicU64,
+    /// False while the pool is opened read-only (an import's dry run): a read that finds a
+    /// bad copy then leaves it as it is.
+    repairs: AtomicBool,
 }
 
 impl Mirror {
@@ -121,6 +124,7 @@ impl Mirror {
                 switch_nanos: tunables.get(Tunable::MirrorSwitchUs).saturating_mul(1000).max(1),
             },
             round_robin: AtomicU64::new(0),
+            repairs: AtomicBool::new(true),
         }
     }
 
@@ -167,6 +171,7 @@ impl Mirror {
         let mut bad = Vec::new();
         let mut mismatched: Vec<usize> = Vec::new();
         let mut last_error = None;
+        let mut unreadable = 0u32;
         while let Some(child) = self.select(offset, tried) {
             tried |= 1 << child;
             let leaf = &self.children[child];
@@ -185,6 +190,7 @@ impl Mirror {
                 Err(error) => {
                     if !leaf.is_faulted() {
                         bad.push(child);
+                        unreadable += 1;
                     }
                     last_error = Some(error);
                 }
@@ -200,6 +206,8 @@ impl Mirror {
             offset_bytes: offset,
             len_bytes: len,
             tried: tried.count_ones(),
+            mismatched: mismatched.len() as u32,
+            unreadable,
             last: last_error.map(Box::new),
         })
     }
@@ -305,8 +313,13 @@ impl Mirror {
     }
 
     /// Rewrites the good copy onto the children that failed it.
+    /// Turns the rewriting of bad copies found by reads and scrubs on or off.
+    pub fn set_repairs(&self, on: bool) {
+        self.repairs.store(on, Ordering::Relaxed);
+    }
+
     async fn repair(&self, bad: &[usize], offset: u64, good: &[u8]) {
-        if bad.is_empty() {
+        if bad.is_empty() || !self.repairs.load(Ordering::Relaxed) {
             return;
         }
         let data = SharedBuf::copy_from(good);

@@ -2,7 +2,7 @@
 //! (ZFS: `vdev.c`, `vdev_root.c`; DESIGN.md §1).
 //!
 //! Shape: a [`Root`] holds top-level vdevs; each top-level vdev is a single [`Leaf`] or a
-//! [`Mirror`] of leaves. Blocks are addressed by [`Dva`] (top-level vdev, offset): the allocator
+//! [`Mirror`] of leaves. Blocks are addressed by [`VdevAddress`] (top-level vdev, offset): the allocator
 //! decides which top-level vdev a block goes to, which is how the pool stripes. Every read takes
 //! a verify callback (the checksum from the parent block pointer), so a mirror can tell a good
 //! copy from a bad one and heal.
@@ -30,9 +30,10 @@ impl fmt::Display for VdevId {
     }
 }
 
-/// A data virtual address: which top-level vdev, and where in it.
+/// Where one copy of a block is: which top-level vdev, and the byte offset in it. (A block
+/// pointer's on-disk `sluice_format::Dva` also carries the allocated size, in sectors.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Dva {
+pub struct VdevAddress {
     pub vdev: u32,
     pub offset_bytes: u64,
 }
@@ -66,6 +67,11 @@ pub enum VdevError {
         offset_bytes: u64,
         len_bytes: u32,
         tried: u32,
+        /// Children that answered with bytes that failed verification.
+        mismatched: u32,
+        /// Present children whose read failed outright (an I/O error, not a faulted leaf):
+        /// their copy may be good, so the block's contents are unknown, not wrong.
+        unreadable: u32,
         #[source]
         last: Option<Box<VdevError>>,
     },
@@ -83,6 +89,20 @@ pub enum VdevError {
 }
 
 impl VdevError {
+    /// Whether every copy that could be read was read, and none verified: the block holds
+    /// something else. An I/O error on a present copy means its contents are unknown, so
+    /// callers that treat "not this block" as an answer (the end of an intent-log chain) must
+    /// not take this error as one.
+    pub fn is_definite_mismatch(&self) -> bool {
+        match self {
+            VdevError::Checksum { .. } => true,
+            VdevError::NoValidCopy { mismatched, unreadable, .. } => {
+                *mismatched > 0 && *unreadable == 0
+            }
+            _ => false,
+        }
+    }
+
     pub fn kind(&self) -> ErrorKind {
         match self {
             VdevError::Checksum { .. } | VdevError::NoValidCopy { .. } => ErrorKind::Checksum,
@@ -226,7 +246,16 @@ impl Root {
         self.top.iter().flat_map(Vdev::leaves).collect()
     }
 
-    fn vdev(&self, dva: Dva) -> Result<&Vdev, VdevError> {
+    /// Turns the rewriting of bad mirror copies on or off (off while opened read-only).
+    pub fn set_repairs(&self, on: bool) {
+        for vdev in &self.top {
+            if let Vdev::Mirror(mirror) = vdev {
+                mirror.set_repairs(on);
+            }
+        }
+    }
+
+    fn vdev(&self, dva: VdevAddress) -> Result<&Vdev, VdevError> {
         self.top
             .get(dva.vdev as usize)
             .ok_or(VdevError::NoSuchVdev { vdev: dva.vdev, count: self.top.len() })
@@ -234,10 +263,10 @@ impl Root {
 
     /// Maps a logical offset striped in `stripe_bytes` units round-robin over the top-level
     /// vdevs to its address (the layout the allocator produces for sequentially written data).
-    pub fn stripe(&self, logical_offset: u64, stripe_bytes: u64) -> Dva {
+    pub fn stripe(&self, logical_offset: u64, stripe_bytes: u64) -> VdevAddress {
         let count = self.top.len() as u64;
         let unit = logical_offset / stripe_bytes;
-        Dva {
+        VdevAddress {
             vdev: (unit % count) as u32,
             offset_bytes: (unit / count) * stripe_bytes + logical_offset % stripe_bytes,
         }
@@ -245,7 +274,7 @@ impl Root {
 
     pub async fn read(
         &self,
-        dva: Dva,
+        dva: VdevAddress,
         len: u32,
         class: IoClass,
         verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
@@ -256,7 +285,7 @@ impl Root {
     /// Reads a block that may legitimately verify on no copy (see `Vdev::read_counting`).
     pub async fn read_maybe_absent(
         &self,
-        dva: Dva,
+        dva: VdevAddress,
         len: u32,
         class: IoClass,
         verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
@@ -264,14 +293,19 @@ impl Root {
         self.vdev(dva)?.read_counting(dva.offset_bytes, len, class, verify, false).await
     }
 
-    pub async fn write(&self, dva: Dva, data: SharedBuf, class: IoClass) -> Result<(), VdevError> {
+    pub async fn write(
+        &self,
+        dva: VdevAddress,
+        data: SharedBuf,
+        class: IoClass,
+    ) -> Result<(), VdevError> {
         self.vdev(dva)?.write(dva.offset_bytes, data, class, false).await
     }
 
     /// Writes and flushes the copy at `dva` (every mirror child) before answering.
     pub async fn write_durable(
         &self,
-        dva: Dva,
+        dva: VdevAddress,
         data: SharedBuf,
         class: IoClass,
     ) -> Result<(), VdevError> {

@@ -19,14 +19,15 @@ use std::sync::Arc;
 
 use crate::rt::Time;
 use crate::stats::{VolumeOp, VolumeStats};
-use crate::txg::{Store, StoreError};
+use crate::txg::{Dataset, Store, StoreError};
 
 /// A handle on one volume of a store. Cheap to clone; every clone shares the volume's
 /// request limit.
 #[derive(Clone, Debug)]
 pub struct Volume {
     store: Arc<Store>,
-    name: String,
+    /// The volume itself: requests reach it without a lookup by name.
+    dataset: Arc<Dataset>,
     gate: Option<Arc<async_lock::Semaphore>>,
     /// Requests in flight on the volume (all handles): the store keeps a lone writer's
     /// partial-block writes as patches, and completes them at once under concurrency.
@@ -55,17 +56,14 @@ impl Drop for InFlight<'_> {
 impl Volume {
     /// A handle on the volume `name`.
     pub fn open(store: &Arc<Store>, name: &str) -> Result<Volume, StoreError> {
-        let gate = store.request_gate(name)?;
-        let requests = store.request_counter(name)?;
-        let stats = store.volume_stats(name)?;
-        let block_bytes = store.volume_info(name).map_or(1, |e| u64::from(e.block_bytes).max(1));
+        let dataset = store.dataset(name)?;
         Ok(Volume {
             store: Arc::clone(store),
-            name: name.to_owned(),
-            gate,
-            requests,
-            stats,
-            block_bytes,
+            gate: dataset.gate().cloned(),
+            requests: Arc::clone(dataset.requests()),
+            stats: Arc::clone(dataset.stats()),
+            block_bytes: u64::from(dataset.block_bytes()).max(1),
+            dataset,
         })
     }
 
@@ -94,7 +92,7 @@ impl Volume {
     }
 
     pub fn name(&self) -> &str {
-        &self.name
+        self.dataset.name()
     }
 
     pub fn store(&self) -> &Arc<Store> {
@@ -104,12 +102,12 @@ impl Volume {
     /// The volume's size now (it may be resized while a handle is open), or `None` once it is
     /// destroyed.
     pub fn size_bytes(&self) -> Option<u64> {
-        self.store.volume_info(&self.name).map(|e| e.size_bytes)
+        self.store.check_exists(&self.dataset).ok().map(|()| self.dataset.size_bytes())
     }
 
     /// The volume's block size: the best request size and alignment.
     pub fn block_bytes(&self) -> Option<u32> {
-        self.store.volume_info(&self.name).map(|e| e.block_bytes)
+        self.store.check_exists(&self.dataset).ok().map(|()| self.dataset.block_bytes())
     }
 
     /// Holds one of the volume's request slots when it has a limit.
@@ -124,7 +122,8 @@ impl Volume {
         let arrived = self.now();
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
-        let result = self.store.read(&self.name, offset, len).await;
+        let result =
+            self.store.read_with_status_in(&self.dataset, offset, len).await.map(|(data, _)| data);
         self.answered(VolumeOp::Read, arrived, len, result)
     }
 
@@ -137,7 +136,7 @@ impl Volume {
         let arrived = self.now();
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
-        let result = self.store.read_with_status(&self.name, offset, len).await;
+        let result = self.store.read_with_status_in(&self.dataset, offset, len).await;
         self.answered(VolumeOp::Read, arrived, len, result)
     }
 
@@ -149,11 +148,11 @@ impl Volume {
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
         let result = async {
-            let sequence = self.store.write(&self.name, offset, data).await?;
+            let sequence = self.store.write_in(&self.dataset, offset, data).await?;
             if fua {
-                self.store.commit(&self.name, sequence).await?;
+                self.store.commit_in(&self.dataset, sequence).await?;
             } else if self.requests.load(Ordering::Relaxed) == 1 {
-                self.store.commit_early(&self.name, sequence);
+                self.store.commit_early(&self.dataset, sequence);
             }
             Ok(())
         }
@@ -171,9 +170,9 @@ impl Volume {
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
         let result = async {
-            let sequence = self.store.zero(&self.name, offset, len).await?;
+            let sequence = self.store.zero_in(&self.dataset, offset, len).await?;
             if fua {
-                self.store.commit(&self.name, sequence).await?;
+                self.store.commit_in(&self.dataset, sequence).await?;
             }
             Ok(())
         }
@@ -186,7 +185,7 @@ impl Volume {
         let arrived = self.now();
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
-        let result = self.store.flush(&self.name).await;
+        let result = self.store.flush_in(&self.dataset).await;
         self.answered(VolumeOp::Flush, arrived, 0, result)
     }
 
@@ -197,6 +196,6 @@ impl Volume {
         len: u64,
     ) -> Result<Vec<(u64, bool)>, StoreError> {
         let _slot = self.slot().await;
-        self.store.block_status(&self.name, offset, len).await
+        self.store.block_status_in(&self.dataset, offset, len).await
     }
 }

@@ -1,0 +1,285 @@
+//! Volumes as datasets of the pool (ZFS: `dsl_dataset.c`, `zvol.c`'s administration):
+//! create, destroy, resize, properties, and each volume's in-memory state.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use sluice_format::{DedupMode, VolumeEntry};
+
+use super::dbuf::Block;
+use super::dmu_tx::TxgLimits;
+use super::{Store, StoreError, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN};
+use crate::intent_log::LogWriter;
+use crate::objset::{self};
+use crate::stats::VolumeStats;
+use sluice_format::VOLUME_NAME_BYTES_MAX;
+
+/// A volume of the store: what does not change while it exists, the counters every handle
+/// shares, and its changing state behind a lock of its own. The store's map and every
+/// [`crate::volume::Volume`] handle hold it by `Arc`, so a request reaches its volume without
+/// looking its name up or copying its entry under the store's lock.
+#[derive(Debug)]
+pub struct Dataset {
+    pub(super) id: u64,
+    pub(super) name: String,
+    pub(super) block_bytes: u32,
+    /// Bounds the requests served at once when `volume.request_threads` is set.
+    pub(super) gate: Option<Arc<async_lock::Semaphore>>,
+    /// Requests the volume front is serving now (crate::volume counts them).
+    pub(super) requests: Arc<AtomicUsize>,
+    /// What the volume front has answered since import.
+    pub(super) stats: Arc<VolumeStats>,
+    /// Set, under the store's state lock, when the volume is destroyed: requests through
+    /// handles still holding it then fail.
+    pub(super) destroyed: AtomicBool,
+    /// Taken inside the store's state lock, never the other way round (crate::txg's lock order).
+    pub(super) state: Mutex<VolumeState>,
+}
+
+/// What changes in a volume as it is written and synced.
+#[derive(Debug)]
+pub(super) struct VolumeState {
+    /// `entry.log` is the log header of the last synced txg.
+    pub(super) entry: VolumeEntry,
+    /// Levels of the tree on disk; below `entry.levels` after a grow until the next sync.
+    pub(super) disk_levels: u8,
+    pub(super) open: BTreeMap<u64, Block>,
+    pub(super) syncing: BTreeMap<u64, Block>,
+    /// The volume's intent log; `None` while import replays the old chain (the directory
+    /// keeps pointing at it until replay is complete).
+    pub(super) log: Option<Arc<LogWriter>>,
+    /// This volume's part of the open txg's `dirty_bytes`.
+    pub(super) dirty_bytes: u64,
+}
+
+impl Dataset {
+    pub(super) fn new(
+        entry: VolumeEntry,
+        log: Option<Arc<LogWriter>>,
+        limits: &TxgLimits,
+    ) -> Arc<Dataset> {
+        Arc::new(Dataset {
+            id: entry.id,
+            name: entry.name.clone(),
+            block_bytes: entry.block_bytes,
+            gate: (limits.request_threads > 0)
+                .then(|| Arc::new(async_lock::Semaphore::new(limits.request_threads))),
+            requests: Arc::new(AtomicUsize::new(0)),
+            stats: Arc::new(VolumeStats::default()),
+            destroyed: AtomicBool::new(false),
+            state: Mutex::new(VolumeState {
+                disk_levels: entry.levels,
+                entry,
+                open: BTreeMap::new(),
+                syncing: BTreeMap::new(),
+                log,
+                dirty_bytes: 0,
+            }),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn block_bytes(&self) -> u32 {
+        self.block_bytes
+    }
+
+    /// The volume's size now.
+    pub fn size_bytes(&self) -> u64 {
+        self.state.lock().entry.size_bytes
+    }
+
+    /// What the volume's clients have asked of it since import, shared by every handle.
+    pub fn stats(&self) -> &Arc<VolumeStats> {
+        &self.stats
+    }
+
+    /// Requests in flight on the volume, shared by every handle.
+    pub fn requests(&self) -> &Arc<AtomicUsize> {
+        &self.requests
+    }
+
+    /// The volume's request limit (`volume.request_threads`), shared by every handle.
+    pub fn gate(&self) -> Option<&Arc<async_lock::Semaphore>> {
+        self.gate.as_ref()
+    }
+}
+
+impl VolumeState {
+    /// The newest in-memory version of block `index`, if any.
+    pub(super) fn cached(&self, index: u64) -> Option<&Block> {
+        self.open.get(&index).or_else(|| self.syncing.get(&index))
+    }
+}
+
+pub(super) fn check_volume_name(name: &str) -> Result<(), StoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= VOLUME_NAME_BYTES_MAX
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidVolumeName { name: name.to_owned() })
+    }
+}
+
+impl Store {
+    /// Creates a volume; it is durable once the next sync completes.
+    pub fn create_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_bytes: u32,
+    ) -> Result<(), StoreError> {
+        self.check_live()?;
+        check_volume_name(name)?;
+        if !block_bytes.is_power_of_two()
+            || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&block_bytes)
+        {
+            return Err(StoreError::InvalidBlockSize { volume: name.to_owned(), block_bytes });
+        }
+        if size_bytes == 0 || size_bytes % u64::from(block_bytes) != 0 {
+            return Err(StoreError::InvalidSize {
+                volume: name.to_owned(),
+                size_bytes,
+                block_bytes,
+            });
+        }
+        let mut state = self.state.lock();
+        if state.volumes.contains_key(name) {
+            return Err(StoreError::VolumeExists {
+                pool: self.pool.name().to_owned(),
+                volume: name.to_owned(),
+            });
+        }
+        let id = state.next_volume_id;
+        let log = self.new_log(id)?;
+        state.next_volume_id += 1;
+        let levels = objset::levels_for(size_bytes / u64::from(block_bytes));
+        let entry = VolumeEntry {
+            id,
+            name: name.to_owned(),
+            size_bytes,
+            block_bytes,
+            levels,
+            root: None,
+            log: None,
+            dedup: DedupMode::Off,
+        };
+        state.volumes.insert(name.to_owned(), Dataset::new(entry, Some(log), &self.limits));
+        Ok(())
+    }
+
+    /// Sets a volume's dedup property; blocks written from the next sync on follow it (blocks
+    /// already stored stay as they are). Durable with the next sync.
+    pub fn set_dedup(&self, name: &str, mode: DedupMode) -> Result<(), StoreError> {
+        self.check_live()?;
+        let state = self.state.lock();
+        let dataset = state.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?;
+        dataset.state.lock().entry.dedup = mode;
+        Ok(())
+    }
+
+    /// Destroys a volume; its blocks are freed by the next sync.
+    pub fn destroy_volume(&self, name: &str) -> Result<(), StoreError> {
+        self.check_live()?;
+        let mut state = self.state.lock();
+        let dataset = state.volumes.remove(name).ok_or_else(|| self.no_such_volume(name))?;
+        dataset.destroyed.store(true, Ordering::Release);
+        let volume = dataset.state.lock();
+        if let Some(log) = &volume.log {
+            state.retired_log.extend(log.retire());
+        }
+        if let Some(root) = volume.entry.root {
+            state.destroyed.push((root, volume.disk_levels));
+        }
+        Ok(())
+    }
+
+    /// Changes a volume's size. Growing keeps every block; shrinking discards the blocks past
+    /// the new end (their space is freed by the next sync).
+    pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<(), StoreError> {
+        self.check_live()?;
+        let _guard = self.panic_guard("a volume resize");
+        let dataset = self.dataset(name)?;
+        let bs = u64::from(dataset.block_bytes);
+        if size_bytes == 0 || size_bytes % bs != 0 {
+            return Err(StoreError::InvalidSize {
+                volume: name.to_owned(),
+                size_bytes,
+                block_bytes: dataset.block_bytes,
+            });
+        }
+        let new_blocks = size_bytes / bs;
+        // Find the stored blocks past a new end, then drop them (and any dirty ones). A sync
+        // that ends during the walk moves the tree: walk the new one.
+        loop {
+            let (root, disk_levels, shrinks) = {
+                let volume = dataset.state.lock();
+                (volume.entry.root, volume.disk_levels, size_bytes < volume.entry.size_bytes)
+            };
+            let stored = if shrinks {
+                objset::walk(&self.pool, root, disk_levels).await?
+            } else {
+                Vec::new()
+            };
+            // The store's lock keeps writes out while the size changes (they check it there).
+            let _state = self.state.lock();
+            if dataset.destroyed.load(Ordering::Acquire) {
+                return Err(self.no_such_volume(name));
+            }
+            let mut volume = dataset.state.lock();
+            if (volume.entry.root, volume.disk_levels) != (root, disk_levels)
+                || shrinks != (size_bytes < volume.entry.size_bytes)
+            {
+                continue;
+            }
+            if shrinks {
+                volume.open.retain(|&index, _| index < new_blocks);
+                // The syncing txg stores its blocks past the end; the next sync frees them.
+                let syncing: Vec<u64> =
+                    volume.syncing.range(new_blocks..).map(|(&i, _)| i).collect();
+                let stored = stored
+                    .into_iter()
+                    .filter(|&(level, index, _)| level == 0 && index >= new_blocks)
+                    .map(|(_, index, _)| index);
+                for index in stored.chain(syncing) {
+                    volume.open.insert(index, Block::Zero);
+                }
+            } else {
+                volume.entry.levels = volume.entry.levels.max(objset::levels_for(new_blocks));
+            }
+            volume.entry.size_bytes = size_bytes;
+            return Ok(());
+        }
+    }
+
+    /// A volume, for handles that serve it ([`crate::volume::Volume`]).
+    pub fn dataset(&self, name: &str) -> Result<Arc<Dataset>, StoreError> {
+        self.state.lock().volumes.get(name).cloned().ok_or_else(|| self.no_such_volume(name))
+    }
+
+    /// One volume's entry (name, size, block size), if it exists.
+    pub fn volume_info(&self, name: &str) -> Option<VolumeEntry> {
+        self.dataset(name).ok().map(|d| d.state.lock().entry.clone())
+    }
+
+    /// Names and sizes of the volumes.
+    pub fn volumes(&self) -> Vec<VolumeEntry> {
+        self.state.lock().volumes.values().map(|d| d.state.lock().entry.clone()).collect()
+    }
+
+    /// What `volume`'s clients have asked of it since import, shared by every handle on it.
+    pub fn volume_stats(&self, volume: &str) -> Result<Arc<VolumeStats>, StoreError> {
+        Ok(Arc::clone(&self.dataset(volume)?.stats))
+    }
+
+    pub(super) fn no_such_volume(&self, volume: &str) -> StoreError {
+        StoreError::NoSuchVolume { pool: self.pool.name().to_owned(), volume: volume.to_owned() }
+    }
+}

@@ -1,0 +1,545 @@
+//! The read and write paths of volumes (ZFS: `dmu.c`, `dmu_tx.c`'s callers).
+//!
+//! A read looks at the open txg's dirty blocks, then the syncing txg's, then the trees on disk
+//! (through the block cache), fetching runs of adjacent blocks in one I/O. A write puts whole
+//! blocks or patches (`dbuf.rs`) into the open txg after the admission check and throttle
+//! (`dmu_tx.rs`), and appends its log record in the same critical section (`zil.rs`), so the
+//! log's order is the order in which blocks changed.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use sluice_format::BlockPointer;
+
+use super::dbuf::{Block, Patch};
+use super::zil::append_records;
+use super::{Dataset, Store, StoreError};
+use crate::device::AlignedBuf;
+use crate::objset::{self};
+
+/// Largest span of adjacent blocks one read fetches in one I/O.
+pub(super) const READ_SPAN_BYTES_MAX: u64 = 1 << 20;
+
+/// How `Store::read` fetches a block or a run of them.
+pub(super) enum Read {
+    /// A block with a version in memory.
+    Memory(u64),
+    /// A block found in the pool's block cache.
+    Cached(u64, Arc<AlignedBuf>),
+    /// Adjacent blocks on disk from this index on, with their pointers.
+    Span(u64, Vec<BlockPointer>),
+}
+
+/// A fetched block's bytes, wherever they are.
+pub(super) enum Fetched {
+    Memory(Arc<Vec<u8>>),
+    Disk(Arc<AlignedBuf>),
+    /// Within a span's buffer, at this offset.
+    Span(Arc<AlignedBuf>, usize),
+}
+
+impl Fetched {
+    pub(super) fn bytes(&self) -> &[u8] {
+        match self {
+            Fetched::Memory(data) => data,
+            Fetched::Disk(buf) => buf,
+            Fetched::Span(buf, at) => &buf[*at..],
+        }
+    }
+}
+
+/// Blocks one read fetches concurrently.
+pub(super) const READ_BLOCKS_IN_FLIGHT: usize = 32;
+
+impl Store {
+    pub(super) fn check_range(
+        dataset: &Dataset,
+        size_bytes: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), StoreError> {
+        let inside = offset.checked_add(len).is_some_and(|end| end <= size_bytes);
+        if inside && offset % 512 == 0 && len % 512 == 0 {
+            Ok(())
+        } else {
+            Err(StoreError::OutOfRange { volume: dataset.name.clone(), offset, len, size_bytes })
+        }
+    }
+
+    /// Fails for a handle whose volume was destroyed (checked again under the store's lock
+    /// where it matters: `modify`).
+    pub fn check_exists(&self, dataset: &Dataset) -> Result<(), StoreError> {
+        if dataset.destroyed.load(Ordering::Acquire) {
+            Err(self.no_such_volume(&dataset.name))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The current contents of block `index`: open txg, then syncing txg, then disk, with
+    /// patches applied over the version below them.
+    pub(super) async fn block(
+        &self,
+        dataset: &Dataset,
+        index: u64,
+    ) -> Result<Option<Arc<Vec<u8>>>, StoreError> {
+        // One snapshot: the versions in memory and the root they lie on. Freed blocks stay
+        // intact through the deferral, so that root can be read even if a sync moves it.
+        let (open, syncing, root, levels) = {
+            let v = dataset.state.lock();
+            (
+                v.open.get(&index).cloned(),
+                v.syncing.get(&index).cloned(),
+                v.entry.root,
+                v.disk_levels,
+            )
+        };
+        let mut layers: Vec<Block> = open.into_iter().collect();
+        if !matches!(layers.last(), Some(Block::Data(_) | Block::Zero)) {
+            layers.extend(syncing);
+        }
+        let mut below = match layers.last() {
+            Some(Block::Data(data)) => Some(Arc::clone(data)),
+            Some(Block::Zero) => None,
+            Some(Block::Patched(_)) | None => {
+                objset::read_data_block(&self.pool, root, levels, index)
+                    .await?
+                    .map(|d| Arc::new(d[..dataset.block_bytes as usize].to_vec()))
+            }
+        };
+        for layer in layers.iter().rev() {
+            if let Block::Patched(patch) = layer {
+                below = Some(Arc::new(patch.apply(below.as_deref().map(Vec::as_slice))));
+            }
+        }
+        Ok(below)
+    }
+
+    /// Reads `len` bytes at `offset`.
+    pub async fn read(&self, volume: &str, offset: u64, len: u64) -> Result<Vec<u8>, StoreError> {
+        Ok(self.read_with_status(volume, offset, len).await?.0)
+    }
+
+    /// [`Store::read_with_status`] by name.
+    pub async fn read_with_status(
+        &self,
+        volume: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Vec<u8>, Vec<(u64, bool)>), StoreError> {
+        let dataset = self.dataset(volume)?;
+        self.read_with_status_in(&dataset, offset, len).await
+    }
+
+    /// Reads `len` bytes at `offset`, and says which parts are allocated as
+    /// [`Store::block_status`] would: runs of (bytes, allocated) in order. The read looks up
+    /// every block's pointer anyway, so an NBD read that sends holes as hole chunks gets the
+    /// map without a second walk of the tree (that walk was 6% of the server's CPU on uncached
+    /// random reads).
+    pub async fn read_with_status_in(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Vec<u8>, Vec<(u64, bool)>), StoreError> {
+        self.check_live()?;
+        self.check_exists(dataset)?;
+        Self::check_range(dataset, dataset.size_bytes(), offset, len)?;
+        if len == 0 {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let bs = u64::from(dataset.block_bytes);
+        let mut out = vec![0u8; len as usize];
+        let first = offset / bs;
+        let last = (offset + len - 1) / bs;
+        // Whether each block `first..=last` holds data; holes and zeroed blocks do not.
+        let mut allocated = vec![true; (last - first + 1) as usize];
+        // Blocks with a version in memory go through `block`; the others are read from the
+        // root of the same snapshot, adjacent ones in spans of one I/O each.
+        let (in_memory, root, levels) = {
+            let v = dataset.state.lock();
+            let in_memory: Vec<u64> = (first..=last).filter(|i| v.cached(*i).is_some()).collect();
+            (in_memory, v.entry.root, v.disk_levels)
+        };
+        let mut reads: Vec<Read> = Vec::new();
+        for index in first..=last {
+            if in_memory.binary_search(&index).is_ok() {
+                reads.push(Read::Memory(index));
+                continue;
+            }
+            let Some(bp) = objset::data_block_pointer(&self.pool, root, levels, index).await?
+            else {
+                allocated[(index - first) as usize] = false;
+                continue;
+            };
+            if let Some(hit) = self.pool.cache().get(&bp) {
+                reads.push(Read::Cached(index, hit));
+                continue;
+            }
+            if let Some(Read::Span(start, bps)) = reads.last_mut() {
+                let joins = *start + bps.len() as u64 == index
+                    && crate::pool::follows(&bps[bps.len() - 1], &bp)
+                    && (bps.len() as u64 + 1) * bs <= READ_SPAN_BYTES_MAX;
+                if joins {
+                    bps.push(bp);
+                    continue;
+                }
+            }
+            reads.push(Read::Span(index, vec![bp]));
+        }
+        // Fetched concurrently (in order), then copied into place.
+        let mut fetched = futures::stream::iter(reads)
+            .map(|read| async move {
+                match read {
+                    Read::Memory(index) => {
+                        let block = self.block(dataset, index).await?;
+                        Ok::<_, StoreError>(vec![(index, block.map(Fetched::Memory))])
+                    }
+                    Read::Cached(index, hit) => Ok(vec![(index, Some(Fetched::Disk(hit)))]),
+                    Read::Span(start, bps) => self.read_blocks(start, &bps).await,
+                }
+            })
+            .buffered(READ_BLOCKS_IN_FLIGHT);
+        while let Some(result) = fetched.next().await {
+            for (index, block) in result? {
+                let block_start = index * bs;
+                let from = offset.max(block_start);
+                let to = (offset + len).min(block_start + bs);
+                if let Some(block) = block {
+                    let dst = (from - offset) as usize..(to - offset) as usize;
+                    out[dst].copy_from_slice(
+                        &block.bytes()[(from - block_start) as usize..(to - block_start) as usize],
+                    );
+                } else {
+                    allocated[(index - first) as usize] = false;
+                }
+            }
+        }
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        for (i, &data) in allocated.iter().enumerate() {
+            let block_start = (first + i as u64) * bs;
+            let n = (offset + len).min(block_start + bs) - offset.max(block_start);
+            match runs.last_mut() {
+                Some((run, kind)) if *kind == data => *run += n,
+                _ => runs.push((n, data)),
+            }
+        }
+        debug_assert_eq!(runs.iter().map(|&(n, _)| n).sum::<u64>(), len);
+        Ok((out, runs))
+    }
+
+    /// Data blocks `start..` with pointers `bps`: in one I/O when there are several, else (or
+    /// when the span fails) one by one through the cache, which heals bad copies.
+    pub(super) async fn read_blocks(
+        &self,
+        start: u64,
+        bps: &[BlockPointer],
+    ) -> Result<Vec<(u64, Option<Fetched>)>, StoreError> {
+        if bps.len() > 1 {
+            if let Ok(span) = self.pool.read_span(bps).await {
+                let span = Arc::new(span);
+                let mut at = 0usize;
+                let mut out = Vec::with_capacity(bps.len());
+                for (i, bp) in bps.iter().enumerate() {
+                    let len = bp.psize_bytes() as usize;
+                    out.push((start + i as u64, Some(Fetched::Span(Arc::clone(&span), at))));
+                    at += len;
+                }
+                return Ok(out);
+            }
+        }
+        let mut out = Vec::with_capacity(bps.len());
+        for (i, bp) in bps.iter().enumerate() {
+            let block = self.pool.read_block_cached(bp, crate::tunables::IoClass::SyncRead).await?;
+            out.push((start + i as u64, Some(Fetched::Disk(block))));
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `offset` into the open txg. `None` writes zeros (trim, write-zeroes):
+    /// whole blocks become holes. Live writes are appended to the volume's intent log in the
+    /// same critical section that puts their blocks in the open txg, so the log's order is
+    /// the order in which the blocks changed; returns the record's sequence. Replayed writes
+    /// are not logged again; they advance the volume's replayed sequence instead, which the
+    /// sync that writes their blocks records.
+    pub(super) async fn modify(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        len: u64,
+        data: Option<&[u8]>,
+        apply: Apply,
+    ) -> Result<u64, StoreError> {
+        self.check_live()?;
+        let _guard = self.panic_guard("the write path");
+        self.check_exists(dataset)?;
+        Self::check_range(dataset, dataset.size_bytes(), offset, len)?;
+        if len == 0 {
+            // Nothing changes, so nothing is logged; the last record still covers the caller.
+            let log = dataset.state.lock().log.clone();
+            return Ok(log.map_or(0, |log| log.last_record()));
+        }
+        let bs = u64::from(dataset.block_bytes);
+        self.assign(dataset, len, apply == Apply::Live && data.is_some()).await?;
+        let end = offset + len;
+        let (first, last) = (offset / bs, (end - 1) / bs);
+        // Whole blocks are built outside the lock.
+        let mut whole: Vec<(u64, Block)> = Vec::new();
+        for index in first..=last {
+            let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
+            if to - from == bs {
+                let block = match data {
+                    Some(d) => Block::Data(Arc::new(
+                        d[(from - offset) as usize..(to - offset) as usize].to_vec(),
+                    )),
+                    None => Block::Zero,
+                };
+                whole.push((index, block));
+            }
+        }
+        let partial: Vec<u64> = [first, last]
+            .into_iter()
+            .filter(|&i| {
+                let (from, to) = ((i * bs).max(offset), ((i + 1) * bs).min(end));
+                to - from != bs
+            })
+            .collect::<std::collections::BTreeSet<u64>>()
+            .into_iter()
+            .collect();
+        let (sequence, resolve_now) = {
+            let mut state_guard = self.state.lock();
+            let state = &mut *state_guard;
+            let open_txg = state.open_txg;
+            // Checked again where neither a destroy nor a resize can run: one may have run
+            // since the checks above (this write waited for space or the throttle, or another
+            // thread got the lock first), and blocks past a shrunken end would be stored by
+            // the next sync.
+            self.check_exists(dataset)?;
+            let mut v = dataset.state.lock();
+            Self::check_range(dataset, v.entry.size_bytes, offset, len)?;
+            let mut added = 0u64;
+            // Groups of blocks under one level-1 indirect block that had nothing dirty yet:
+            // each will rewrite its path to the root.
+            let metadata_per_group = u64::from(v.entry.levels) * objset::INDIRECT_BYTES as u64;
+            let group = objset::INDIRECT_BPS;
+            let new_groups = (first / group..=last / group)
+                .filter(|g| v.open.range(g * group..(g + 1) * group).next().is_none())
+                .count() as u64;
+            // A lone request keeps its patches for later: it is answered without a read, and
+            // the sync reads the blocks. With other requests in flight, or under write
+            // pressure, the writer completes its own patches now (below), as before patches
+            // existed: measured with 8 and 32 sync writers, a sync that must read a txg's worth
+            // of blocks at once delays the log flushes every writer waits for
+            // (docs/bench/peers-notes.md).
+            let pressure = dataset.requests.load(Ordering::Relaxed) > 1
+                || state.dirty_bytes >= self.limits.delay_min / 2;
+            let mut resolve_now = Vec::new();
+            for &index in &partial {
+                let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
+                let (at, n) = ((from - index * bs) as usize, (to - from) as usize);
+                let bytes = data.map(|d| &d[(from - offset) as usize..(to - offset) as usize]);
+                // A version in memory is patched in place; none means the version below is on
+                // disk, and this write becomes a patch over it, read only when needed.
+                let base = match v.open.get(&index).or_else(|| v.syncing.get(&index)) {
+                    Some(Block::Data(current)) => Ok(current.as_ref().clone()),
+                    Some(Block::Zero) => Ok(vec![0u8; bs as usize]),
+                    Some(Block::Patched(patch)) if v.open.contains_key(&index) => {
+                        Err(patch.as_ref().clone())
+                    }
+                    Some(Block::Patched(_)) | None => Err(Patch::new(bs)),
+                };
+                let block = match base {
+                    Ok(mut whole) => {
+                        match bytes {
+                            Some(b) => whole[at..at + n].copy_from_slice(b),
+                            None => whole[at..at + n].fill(0),
+                        }
+                        Block::Data(Arc::new(whole))
+                    }
+                    Err(mut patch) => {
+                        patch.write(at, n, bytes);
+                        if patch.complete() {
+                            Block::Data(Arc::new(patch.data))
+                        } else {
+                            if pressure {
+                                resolve_now.push(index);
+                            }
+                            Block::Patched(Arc::new(patch))
+                        }
+                    }
+                };
+                v.open.insert(index, block);
+                added += bs;
+            }
+            for (index, block) in whole.drain(..) {
+                if let Block::Data(_) = &block {
+                    added += bs;
+                }
+                v.open.insert(index, block);
+            }
+            self.fail_point("dmu.modify");
+            let sequence = match apply {
+                Apply::Live => match &v.log {
+                    Some(log) => append_records(
+                        log,
+                        self.pool.env().now(),
+                        open_txg,
+                        offset,
+                        len,
+                        data,
+                        self.limits.log_block_bytes_max,
+                    ),
+                    None => 0,
+                },
+                Apply::Replay(sequence) => {
+                    if let Some(header) = v.entry.log.as_mut() {
+                        header.replayed_record = sequence;
+                    }
+                    0
+                }
+            };
+            state.dirty_bytes += added;
+            v.dirty_bytes += added;
+            state.dirty_metadata_bytes += new_groups * metadata_per_group;
+            (sequence, resolve_now)
+        };
+        for index in resolve_now {
+            self.resolve_patch(dataset, index).await?;
+        }
+        Ok(sequence)
+    }
+
+    /// Completes block `index`'s patch in the open txg from the version below it, unless a
+    /// quiesce moved the layers meanwhile (then the sync completes it).
+    pub(super) async fn resolve_patch(
+        &self,
+        dataset: &Dataset,
+        index: u64,
+    ) -> Result<(), StoreError> {
+        let (open_txg, syncing, root, levels) = {
+            let state = self.state.lock();
+            let v = dataset.state.lock();
+            if !matches!(v.open.get(&index), Some(Block::Patched(_))) {
+                return Ok(());
+            }
+            (state.open_txg, v.syncing.get(&index).cloned(), v.entry.root, v.disk_levels)
+        };
+        let bs = dataset.block_bytes as usize;
+        let disk = || async {
+            Ok::<_, StoreError>(
+                objset::read_data_block(&self.pool, root, levels, index)
+                    .await?
+                    .map(|d| d[..bs].to_vec()),
+            )
+        };
+        let base: Option<Vec<u8>> = match syncing {
+            Some(Block::Data(data)) => Some(data.as_ref().clone()),
+            Some(Block::Zero) => None,
+            Some(Block::Patched(patch)) => Some(patch.apply_owned(disk().await?)),
+            None => disk().await?,
+        };
+        let state = self.state.lock();
+        if state.open_txg != open_txg {
+            return Ok(());
+        }
+        let mut v = dataset.state.lock();
+        if let Some(Block::Patched(patch)) = v.open.get(&index) {
+            let whole = patch.apply_owned(base);
+            v.open.insert(index, Block::Data(Arc::new(whole)));
+        }
+        Ok(())
+    }
+
+    /// Which parts of `[offset, offset+len)` hold data and which are holes (never written,
+    /// trimmed or zeroed), as runs of (length, allocated), at block granularity. Holes read
+    /// as zeros; a block written with zeros counts as allocated.
+    pub async fn block_status(
+        &self,
+        volume: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, bool)>, StoreError> {
+        let dataset = self.dataset(volume)?;
+        self.block_status_in(&dataset, offset, len).await
+    }
+
+    /// [`Store::block_status`] through a handle's dataset.
+    pub async fn block_status_in(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, bool)>, StoreError> {
+        self.check_live()?;
+        self.check_exists(dataset)?;
+        Self::check_range(dataset, dataset.size_bytes(), offset, len)?;
+        let bs = u64::from(dataset.block_bytes);
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        let mut at = offset;
+        while at < offset + len {
+            let index = at / bs;
+            let n = (bs - at % bs).min(offset + len - at);
+            let cached = dataset.state.lock().cached(index).cloned();
+            let allocated = match cached {
+                Some(Block::Data(_) | Block::Patched(_)) => true,
+                Some(Block::Zero) => false,
+                None => {
+                    let (root, levels) = {
+                        let v = dataset.state.lock();
+                        (v.entry.root, v.disk_levels)
+                    };
+                    objset::is_allocated(&self.pool, root, levels, index).await?
+                }
+            };
+            match runs.last_mut() {
+                Some((run, kind)) if *kind == allocated => *run += n,
+                _ => runs.push((n, allocated)),
+            }
+            at += n;
+        }
+        Ok(runs)
+    }
+
+    /// Writes `data` at `offset`. The write is visible at once and durable after the next
+    /// txg sync or a [`Store::commit`] of the returned record sequence (FUA, flush).
+    pub async fn write(&self, volume: &str, offset: u64, data: &[u8]) -> Result<u64, StoreError> {
+        let dataset = self.dataset(volume)?;
+        self.write_in(&dataset, offset, data).await
+    }
+
+    /// [`Store::write`] through a handle's dataset.
+    pub async fn write_in(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<u64, StoreError> {
+        self.modify(dataset, offset, data.len() as u64, Some(data), Apply::Live).await
+    }
+
+    /// Zeroes a range; whole blocks become holes and their space is freed at the next sync.
+    /// Logged like a write; returns the record sequence.
+    pub async fn zero(&self, volume: &str, offset: u64, len: u64) -> Result<u64, StoreError> {
+        let dataset = self.dataset(volume)?;
+        self.zero_in(&dataset, offset, len).await
+    }
+
+    /// [`Store::zero`] through a handle's dataset.
+    pub async fn zero_in(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        len: u64,
+    ) -> Result<u64, StoreError> {
+        self.modify(dataset, offset, len, None, Apply::Live).await
+    }
+}
+
+/// Whether a change comes from a client (and is logged) or from replaying the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Apply {
+    Live,
+    /// Replaying the record with this sequence.
+    Replay(u64),
+}

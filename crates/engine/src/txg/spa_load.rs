@@ -1,0 +1,351 @@
+//! Opening an imported pool's data (ZFS: `spa_load`, `spa_load_verify`, `zil_claim`).
+//!
+//! Import reads before it writes (only a read that finds a bad mirror copy rewrites it from a
+//! good one, as every read does; a dry run does not even that). It loads the newest txg: the pool directory, the space maps, and every block born in the last
+//! `FREE_DEFER_TXGS + 1` txgs, data included, which is what a disk that acknowledged flushes
+//! it had not made durable can lose (OpenZFS verifies the same window). Then it walks every
+//! volume's intent-log chain. Only when all of that reads does it write: a resilver of leaves
+//! that are behind, the replay of each chain's records newer than the last synced txg (each
+//! exactly once, `zil.rs`), a sync, and new chains.
+//!
+//! Two failures are never papered over:
+//! - A newest txg whose blocks do not verify is reported with its txg and the way out:
+//!   [`ImportOptions::rewind`] goes back to the newest earlier txg whose whole tree verifies
+//!   (the frees of the abandoned txgs were still deferred, so its blocks were not reused; the
+//!   walk checks that they were not) and erases the abandoned uberblocks, as `zpool import -F`
+//!   does. [`Store::check_import`] says which txg and how much time that loses, writing nothing.
+//! - A log block that cannot be read (an I/O error on every copy, not a block that was never
+//!   written) fails the import with the pool, volume and block, and changes nothing: the
+//!   records past it were acknowledged as durable. Once the device answers, import replays
+//!   them all. [`ImportOptions::discard_unreadable_log`] imports anyway, replaying the chain up
+//!   to the unreadable block and reporting what was dropped (`zpool import -m`).
+
+use sluice_format::{LogHeader, LogVerifier, PoolDirectory, SpaceMap, Uberblock};
+
+use super::dataset::Dataset;
+use super::dmu_tx::TxgLimits;
+use super::{LogStats, State, Store, StoreError};
+use crate::alloc::{Allocator, FREE_DEFER_TXGS};
+use crate::intent_log::{self, Chain, LogAddress};
+use crate::pool::{Pool, PoolError};
+use crate::tunables::{IoClass, Tunables};
+
+/// How to import a pool's data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// When the newest txg does not verify, go back to the newest earlier one whose whole tree
+    /// does (`zpool import -F`). The writes of the txgs in between are lost; the report says
+    /// how many seconds of them.
+    pub rewind: bool,
+    /// Import even when a volume's intent log cannot be read: replay the chain up to the
+    /// unreadable block and drop the rest (`zpool import -m`). The report names each volume
+    /// and block.
+    pub discard_unreadable_log: bool,
+}
+
+/// What an import found, and did or (for [`Store::check_import`]) would do.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImportReport {
+    /// The txg opened, and when it was synced (seconds on the pool's clock).
+    pub txg: u64,
+    pub timestamp_secs: u64,
+    /// Blocks read and verified before anything was written.
+    pub blocks_verified: u64,
+    /// Set when the import went back past damaged txgs.
+    pub rewound: Option<Rewind>,
+    /// Intent-log records newer than the txg opened: replayed (or to be replayed).
+    pub records_to_replay: u64,
+    /// Logs cut short at an unreadable block ([`ImportOptions::discard_unreadable_log`]).
+    pub lost_logs: Vec<LostLog>,
+}
+
+/// A rewind past damaged txgs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rewind {
+    /// The newest txg found, which did not verify, and when it was synced.
+    pub from_txg: u64,
+    pub from_timestamp_secs: u64,
+    /// Why it did not verify (the first damaged block).
+    pub damage: String,
+    /// Txgs abandoned, and the seconds of writes between the txg opened and the newest.
+    pub txgs_lost: u64,
+    pub seconds_lost: u64,
+}
+
+/// A volume's log cut short at a block no copy of which could be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostLog {
+    pub volume: String,
+    /// The unreadable block, in words (position in the chain, address, the read's error).
+    pub block: String,
+    /// Records before it that replay applies.
+    pub records_replayed: u64,
+    /// Every record from this sequence on is lost. How many there were cannot be known: the
+    /// count was written in the blocks that cannot be read.
+    pub first_lost_sequence: u64,
+}
+
+/// A txg's data as loaded, not yet written to.
+struct Loaded {
+    uberblock: Uberblock,
+    directory: PoolDirectory,
+    allocator: Allocator,
+    /// Each volume's chain, with its header's claim txg set.
+    chains: Vec<(String, LogHeader, Chain)>,
+    log_stats: LogStats,
+    report: ImportReport,
+}
+
+/// Why one txg could not be loaded, in words.
+type Damage = String;
+
+impl Store {
+    /// Opens the data of an imported pool as of its newest uberblock; see the module doc.
+    pub async fn open(pool: Pool, tunables: &Tunables) -> Result<Store, StoreError> {
+        Ok(Store::import(pool, tunables, ImportOptions::default()).await?.0)
+    }
+
+    /// Says what [`Store::import`] with `options` would do (which txg, what a rewind loses,
+    /// how many log records replay, which logs would be cut short) without writing anything:
+    /// `zpool import -n`.
+    pub async fn check_import(
+        pool: &Pool,
+        options: ImportOptions,
+    ) -> Result<ImportReport, StoreError> {
+        if pool.uberblock().root.is_none() {
+            return Ok(ImportReport { txg: pool.uberblock().txg, ..ImportReport::default() });
+        }
+        pool.set_read_only(true);
+        let loaded = load(pool, options).await;
+        pool.set_read_only(false);
+        Ok(loaded?.report)
+    }
+
+    /// Opens the data of an imported pool; see the module doc. Returns the store and what the
+    /// import found.
+    pub async fn import(
+        pool: Pool,
+        tunables: &Tunables,
+        options: ImportOptions,
+    ) -> Result<(Store, ImportReport), StoreError> {
+        if pool.uberblock().root.is_none() {
+            pool.resilver().await?;
+            let report = ImportReport { txg: pool.uberblock().txg, ..ImportReport::default() };
+            return Ok((Store::create(pool, tunables), report));
+        }
+        let loaded = load(&pool, options).await;
+        let Loaded { uberblock, directory, allocator, chains, log_stats, report } = loaded?;
+        if report.rewound.is_some() {
+            pool.rewind_to(uberblock).await?;
+        }
+        pool.resilver().await?;
+        let limits = TxgLimits::from_tunables(tunables);
+        let volumes = directory
+            .volumes
+            .iter()
+            .map(|entry| {
+                let mut entry = entry.clone();
+                if let Some((_, header, _)) = chains.iter().find(|(name, _, _)| *name == entry.name)
+                {
+                    entry.log = Some(*header);
+                }
+                (entry.name.clone(), Dataset::new(entry, None, &limits))
+            })
+            .collect();
+        let state = State {
+            open_txg: uberblock.txg + 1,
+            next_volume_id: directory.next_volume_id,
+            volumes,
+            space_maps: directory.space_maps.clone(),
+            directory: uberblock.root,
+            dirty_bytes: 0,
+            dirty_metadata_bytes: 0,
+            syncing_bytes: 0,
+            syncing_metadata_bytes: 0,
+            destroyed: Vec::new(),
+            retired_log: Vec::new(),
+        };
+        let mut store = Store::assemble(pool, allocator, state, directory.ddt, tunables);
+        store.log_stats = log_stats;
+        store.replay(chains).await?;
+        Ok((store, report))
+    }
+}
+
+/// Picks the txg to open and loads it, reading only (bad mirror copies are healed unless the
+/// caller made the pool read-only).
+async fn load(pool: &Pool, options: ImportOptions) -> Result<Loaded, StoreError> {
+    let newest = pool.uberblock();
+    let candidates = if options.rewind { pool.uberblocks_found() } else { vec![newest] };
+    let mut newest_damage: Option<Damage> = None;
+    let mut tried = Vec::new();
+    for uberblock in candidates {
+        if uberblock.root.is_none() {
+            continue;
+        }
+        // The newest txg is checked where a lying disk could have hurt it; an older one, which
+        // is only opened after the newest failed, is checked whole.
+        let min_birth = if uberblock.txg == newest.txg {
+            uberblock.txg.saturating_sub(FREE_DEFER_TXGS + 1)
+        } else {
+            0
+        };
+        match load_txg(pool, uberblock, min_birth).await {
+            Ok((directory, allocator, blocks_verified)) => {
+                let rewound = (uberblock.txg != newest.txg).then(|| Rewind {
+                    from_txg: newest.txg,
+                    from_timestamp_secs: newest.timestamp_secs,
+                    damage: newest_damage.clone().unwrap_or_default(),
+                    txgs_lost: newest.txg - uberblock.txg,
+                    seconds_lost: newest.timestamp_secs.saturating_sub(uberblock.timestamp_secs),
+                });
+                let report = ImportReport {
+                    txg: uberblock.txg,
+                    timestamp_secs: uberblock.timestamp_secs,
+                    blocks_verified,
+                    rewound,
+                    ..ImportReport::default()
+                };
+                return claim(pool, uberblock, directory, allocator, report, options).await;
+            }
+            Err(damage) => {
+                if uberblock.txg == newest.txg {
+                    if !options.rewind {
+                        return Err(StoreError::DamagedTxg {
+                            pool: pool.name().to_owned(),
+                            txg: newest.txg,
+                            damage,
+                        });
+                    }
+                    newest_damage = Some(damage.clone());
+                }
+                tried.push(format!("txg {}: {damage}", uberblock.txg));
+            }
+        }
+    }
+    Err(StoreError::NoIntactTxg { pool: pool.name().to_owned(), tried: tried.join("; ") })
+}
+
+/// Loads one txg: its directory, space maps and allocator, and verifies the blocks born after
+/// `min_birth`. Any failure is damage to this txg.
+async fn load_txg(
+    pool: &Pool,
+    uberblock: Uberblock,
+    min_birth: u64,
+) -> Result<(PoolDirectory, Allocator, u64), Damage> {
+    let Some(root) = uberblock.root else { return Err("it has no pool directory".into()) };
+    let verified = pool.verify_txg(&root, min_birth).await.map_err(|e| e.to_string())?;
+    if let Some((bp, error)) = verified.damaged.first() {
+        return Err(format!(
+            "{} block(s) verify on no copy; the first, a {:?} block of level {} born in txg {}: \
+             {error}",
+            verified.damaged.len(),
+            bp.kind,
+            bp.level,
+            bp.birth_txg
+        ));
+    }
+    let format = |source| PoolError::Format { pool: pool.name().to_owned(), source }.to_string();
+    let read =
+        |bp| async move { pool.read_block(bp, IoClass::SyncRead).await.map_err(|e| e.to_string()) };
+    let directory = PoolDirectory::decode(&read(&root).await?).map_err(format)?;
+    let areas = pool.data_areas();
+    let mut maps = Vec::new();
+    for (index, pieces) in directory.space_maps.iter().enumerate() {
+        let area = areas.get(index).copied().unwrap_or((0, 0));
+        let mut map = SpaceMap {
+            ashift: pool.ashift(),
+            synced_txg: 0,
+            free: vec![(area.0, area.1 - area.0)],
+            deferred: vec![],
+        };
+        if !pieces.is_empty() {
+            map.free.clear();
+        }
+        // The pieces' ranges, in order, are the map (the allocator checks they are sane).
+        for bp in pieces {
+            let piece = SpaceMap::decode(&read(bp).await?).map_err(format)?;
+            map.ashift = piece.ashift;
+            map.synced_txg = piece.synced_txg;
+            map.free.extend(piece.free);
+            map.deferred.extend(piece.deferred);
+        }
+        maps.push((map, area));
+    }
+    let mut allocator = Allocator::load(pool.ashift(), &maps).map_err(|source| {
+        PoolError::NoSpace { pool: pool.name().to_owned(), source }.to_string()
+    })?;
+    allocator.synced(uberblock.txg);
+    Ok((directory, allocator, verified.blocks))
+}
+
+/// Walks every volume's log chain and claims its blocks in the allocator, so that none is
+/// handed out again before replay retires the chain.
+async fn claim(
+    pool: &Pool,
+    uberblock: Uberblock,
+    directory: PoolDirectory,
+    mut allocator: Allocator,
+    mut report: ImportReport,
+    options: ImportOptions,
+) -> Result<Loaded, StoreError> {
+    let no_space = |e| PoolError::NoSpace { pool: pool.name().to_owned(), source: e };
+    let mut chains = Vec::new();
+    let log_stats = LogStats::default();
+    for entry in &directory.volumes {
+        let Some(mut header) = entry.log else { continue };
+        if header.claim_txg == 0 {
+            // First import since the crash: what synced before it is the line.
+            header.claim_txg = uberblock.txg;
+        }
+        let head = LogAddress::from_pointer(&header.head);
+        let verifier = LogVerifier {
+            chain_id: header.chain_id,
+            volume_id: entry.id,
+            sequence: header.head_sequence,
+        };
+        let replays = |chain: &Chain| {
+            chain
+                .blocks
+                .iter()
+                .flat_map(|b| b.records.iter())
+                .filter(|r| r.txg() > header.claim_txg && r.sequence() > header.replayed_record)
+                .count() as u64
+        };
+        let chain = match intent_log::read_chain(pool, head, verifier).await {
+            Ok(chain) => chain,
+            Err(unreadable) if options.discard_unreadable_log => {
+                let block = unreadable.to_string();
+                let chain = unreadable.before;
+                let last = chain.blocks.iter().flat_map(|b| b.records.iter()).map(|r| r.sequence());
+                report.lost_logs.push(LostLog {
+                    volume: entry.name.clone(),
+                    block,
+                    records_replayed: replays(&chain),
+                    first_lost_sequence: last.max().unwrap_or(header.replayed_record) + 1,
+                });
+                chain
+            }
+            Err(unreadable) => {
+                return Err(StoreError::UnreadableLog {
+                    pool: pool.name().to_owned(),
+                    volume: entry.name.clone(),
+                    source: unreadable,
+                });
+            }
+        };
+        for at in &chain.addresses {
+            allocator
+                .claim_log(at.vdev, at.offset_bytes, u64::from(at.len_bytes))
+                .map_err(no_space)?;
+        }
+        log_stats.chains_claimed.inc();
+        log_stats.blocks_claimed.add(chain.addresses.len() as u64);
+        if chain.torn_tail {
+            log_stats.torn_tails.inc();
+        }
+        report.records_to_replay += replays(&chain);
+        chains.push((entry.name.clone(), header, chain));
+    }
+    Ok(Loaded { uberblock, directory, allocator, chains, log_stats, report })
+}

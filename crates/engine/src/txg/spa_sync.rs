@@ -1,0 +1,574 @@
+//! Writing a txg out (ZFS: `spa_sync`, `dsl_pool_sync`, `txg_sync_thread`).
+//!
+//! [`Store::sync`] quiesces the open txg (it becomes the syncing one; new writes go to the next)
+//! and writes it out in named steps:
+//! 1. `write_volumes`: every dirty data block, copy-on-write into new space (patches completed
+//!    first, dedup volumes through the table), then the indirect blocks up to each new root;
+//! 2. `write_dedup_table`: references dropped by replaced blocks, then the table's buckets;
+//! 3. `free_replaced`: what this txg replaced, and the previous directory and space maps, into
+//!    the allocator's deferred frees;
+//! 4. `anchor_logs`: each volume's log head as of this txg, and the log blocks it frees;
+//! 5. `write_space_maps` and `write_directory`: space allocated before any map is encoded, so
+//!    every map includes its own blocks;
+//! 6. `Pool::sync_uberblock`: flush every leaf, write the uberblock to every label ring, flush;
+//! 7. `finish`: the new roots become the volumes' trees, failed log chains are replaced.
+//!
+//! Replaced blocks are reused only after the deferral (crate::alloc), so a crash at any point
+//! imports to the previous txg intact. A failed sync suspends the store.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+use sluice_format::{
+    BlockKind, BlockPointer, DdtHeader, DedupMode, LogHeader, PoolDirectory, SpaceMap, VolumeEntry,
+};
+
+use super::dbuf::Block;
+use super::space_map::{split_space_map, SPACE_MAP_PIECE_BYTES};
+use super::{Store, StoreError};
+use crate::alloc::{AllocClass, AllocError};
+use crate::device::AlignedBuf;
+use crate::intent_log::LogWriter;
+use crate::objset::{self, TreeUpdate};
+use crate::pool::PoolError;
+
+/// Data blocks a sync completes (patches) or writes (dedup) concurrently.
+pub(super) const SYNC_WRITES_IN_FLIGHT: usize = 64;
+/// Spans of data blocks a sync writes concurrently.
+pub(super) const SPANS_IN_FLIGHT: usize = 8;
+
+/// Syncs [`Store::sync_history`] keeps.
+const SYNC_HISTORY_MAX: usize = 128;
+
+/// One txg this store synced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncRecord {
+    pub txg: u64,
+    /// When the txg stopped taking writes: every write that returned before this is in it.
+    pub quiesced: crate::rt::Time,
+    /// When its uberblock was durable.
+    pub synced: crate::rt::Time,
+}
+
+/// What a quiesce hands to the rest of the sync.
+struct Quiesced {
+    txg: u64,
+    /// Each volume's entry, levels on disk and syncing blocks.
+    work: Vec<(VolumeEntry, u8, BTreeMap<u64, Block>)>,
+    /// Trees of volumes destroyed since the last sync: (root, levels).
+    destroyed: Vec<(BlockPointer, u8)>,
+}
+
+impl Store {
+    /// Starts the task that syncs every `txg.timeout_ms`, or early when dirty data builds up.
+    /// It holds only a weak reference: it ends when the store is dropped, and after a failed
+    /// sync (the store is then suspended).
+    pub fn run_syncer(self: &Arc<Self>) {
+        use futures::StreamExt;
+        let (sender, mut kicks) = futures::channel::mpsc::channel::<()>(1);
+        *self.kick.lock() = Some(sender);
+        let weak = Arc::downgrade(self);
+        let env = self.pool.env().clone();
+        let timeout = self.limits.timeout;
+        env.clone().spawn("txg_sync", async move {
+            loop {
+                let sleep = env.sleep(timeout);
+                let kicked = kicks.next();
+                futures::pin_mut!(kicked);
+                if let futures::future::Either::Right((None, _)) =
+                    futures::future::select(sleep, kicked).await
+                {
+                    return;
+                }
+                let Some(store) = weak.upgrade() else { return };
+                if store.sync().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Writes the open txg out and makes it durable. Returns the synced txg.
+    pub async fn sync(&self) -> Result<u64, StoreError> {
+        let one_at_a_time = self.sync_lock.lock().await;
+        self.sync_holding_lock(one_at_a_time).await
+    }
+
+    pub(super) async fn sync_holding_lock(
+        &self,
+        _one_at_a_time: futures::lock::MutexGuard<'_, ()>,
+    ) -> Result<u64, StoreError> {
+        self.check_live()?;
+        let _guard = self.panic_guard("a txg sync");
+        let result = self.sync_locked().await;
+        // Synced, the txg's blocks are allocated (and counted as such); failed, the store is
+        // suspended.
+        {
+            let mut state = self.state.lock();
+            state.syncing_bytes = 0;
+            state.syncing_metadata_bytes = 0;
+        }
+        if let Err(error) = &result {
+            self.suspend(format!("the sync failed: {error}"));
+        }
+        result
+    }
+
+    /// The last txgs this store synced (up to 128), oldest first.
+    pub fn sync_history(&self) -> Vec<SyncRecord> {
+        self.sync_history.lock().iter().copied().collect()
+    }
+
+    /// One sync, in its named steps (the module doc lists them).
+    pub(super) async fn sync_locked(&self) -> Result<u64, StoreError> {
+        let Quiesced { txg, work, destroyed } = self.quiesce();
+        let quiesced = self.pool.env().now();
+        // A volume still replaying records its progress as of this quiesce: records applied
+        // after it belong to the next txg.
+        let replay_progress: BTreeMap<String, Option<LogHeader>> =
+            work.iter().map(|(entry, _, _)| (entry.name.clone(), entry.log)).collect();
+        let mut ctx =
+            TreeUpdate { pool: &self.pool, allocator: &self.allocator, txg, replaced: Vec::new() };
+        for (root, levels) in destroyed {
+            for (_, _, bp) in objset::walk(&self.pool, Some(root), levels).await? {
+                ctx.replaced.push(bp);
+            }
+        }
+        self.fail_point("spa_sync.write_volumes");
+        let roots = self.write_volumes(&mut ctx, work).await?;
+        let (ddt_header, replaced) = self.write_dedup_table(&mut ctx).await?;
+        let vdevs = self.free_replaced(txg, &replaced);
+        let (anchored, headers, directory) =
+            self.anchor_logs(txg, vdevs, &roots, &replay_progress, ddt_header);
+        let directory_bp = self.write_space_maps_and_directory(txg, vdevs, directory).await?;
+        let synced = self.pool.sync_uberblock(Some(directory_bp.0)).await?;
+        debug_assert_eq!(synced, txg, "the uberblock txg follows the store's txgs");
+        {
+            let mut history = self.sync_history.lock();
+            if history.len() == SYNC_HISTORY_MAX {
+                history.pop_front();
+            }
+            history.push_back(SyncRecord { txg, quiesced, synced: self.pool.env().now() });
+        }
+        self.finish(txg, &roots, &headers, directory_bp, &anchored)?;
+        Ok(txg)
+    }
+
+    /// The open txg becomes the syncing one: its dirty blocks move to each volume's `syncing`
+    /// layer, where reads still find them, and new writes go to the next txg.
+    fn quiesce(&self) -> Quiesced {
+        let mut state = self.state.lock();
+        let txg = state.open_txg;
+        state.open_txg += 1;
+        state.syncing_bytes = state.dirty_bytes + state.dirty_metadata_bytes;
+        state.syncing_metadata_bytes = state.dirty_metadata_bytes;
+        state.dirty_bytes = 0;
+        state.dirty_metadata_bytes = 0;
+        let mut work = Vec::new();
+        for dataset in state.volumes.values() {
+            let mut volume = dataset.state.lock();
+            let volume = &mut *volume;
+            volume.dirty_bytes = 0;
+            volume.syncing = std::mem::take(&mut volume.open);
+            work.push((volume.entry.clone(), volume.disk_levels, volume.syncing.clone()));
+        }
+        let destroyed = std::mem::take(&mut state.destroyed);
+        Quiesced { txg, work, destroyed }
+    }
+
+    /// Writes every volume's dirty blocks and the indirect blocks above them; returns each
+    /// volume's new root.
+    async fn write_volumes(
+        &self,
+        ctx: &mut TreeUpdate<'_>,
+        work: Vec<(VolumeEntry, u8, BTreeMap<u64, Block>)>,
+    ) -> Result<BTreeMap<String, Option<BlockPointer>>, PoolError> {
+        let txg = ctx.txg;
+        let mut roots = BTreeMap::new();
+        for (entry, disk_levels, blocks) in work {
+            // Patched blocks are completed first, up to SYNC_WRITES_IN_FLIGHT at once, in
+            // block order. Blocks of ordinary volumes are then allocated in that order and
+            // written in spans (objset::write_blocks). Blocks of dedup volumes are hashed and
+            // looked up in tasks of their own, so that work spreads over the runtime's
+            // threads, as ZFS's write-issue taskq spreads it over CPUs.
+            let dedup = entry.dedup;
+            let (root, block_bytes) = (entry.root, entry.block_bytes as usize);
+            let completed = futures::stream::iter(blocks.into_iter().map(|(index, block)| {
+                self.complete_block(root, disk_levels, block_bytes, index, block)
+            }))
+            .buffered(SYNC_WRITES_IN_FLIGHT);
+            let updates: BTreeMap<u64, Option<BlockPointer>> = if dedup == DedupMode::Off {
+                let per_span = (objset::WRITE_SPAN_BYTES_MAX as usize / block_bytes).max(1);
+                let ctx = &*ctx;
+                let written: Vec<Vec<(u64, Option<BlockPointer>)>> = completed
+                    .try_chunks(per_span)
+                    .map_err(|futures::stream::TryChunksError(_, e)| e)
+                    .map_ok(|chunk| async move {
+                        let mut data = Vec::with_capacity(chunk.len());
+                        for (_, block) in &chunk {
+                            match block {
+                                Block::Data(bytes) => data.push(objset::NewBlock {
+                                    bytes: Arc::clone(bytes),
+                                    kind: BlockKind::Data,
+                                    level: 0,
+                                    fill: 1,
+                                }),
+                                Block::Zero => {}
+                                Block::Patched(_) => unreachable!("patches are completed above"),
+                            }
+                        }
+                        let mut bps = objset::write_blocks(ctx, data, AllocClass::Reserved)
+                            .await?
+                            .into_iter();
+                        Ok::<_, PoolError>(
+                            chunk
+                                .into_iter()
+                                .map(|(index, block)| match block {
+                                    Block::Data(_) => (index, bps.next()),
+                                    _ => (index, None),
+                                })
+                                .collect(),
+                        )
+                    })
+                    .try_buffer_unordered(SPANS_IN_FLIGHT)
+                    .try_collect()
+                    .await?;
+                written.into_iter().flatten().collect()
+            } else {
+                let verify = dedup == DedupMode::Verify;
+                completed
+                    .map_ok(|(index, block)| async move {
+                        let bp = match block {
+                            Block::Data(data) => {
+                                Some(self.spawn_dedup_write(txg, data, verify).await?)
+                            }
+                            Block::Zero => None,
+                            Block::Patched(_) => unreachable!("patches are completed above"),
+                        };
+                        Ok::<_, PoolError>((index, bp))
+                    })
+                    .try_buffer_unordered(SYNC_WRITES_IN_FLIGHT)
+                    .try_collect()
+                    .await?
+            };
+            let grown = objset::grow_levels(ctx, entry.root, disk_levels, entry.levels).await?;
+            let root = if updates.is_empty() {
+                grown
+            } else {
+                objset::update_tree(ctx, grown, entry.levels, &updates).await?
+            };
+            roots.insert(entry.name.clone(), root);
+        }
+        Ok(roots)
+    }
+
+    /// Drops the references of replaced dedup blocks, then writes the table; returns its new
+    /// header and every block this txg replaced that is now free (the table hands back the
+    /// blocks left without references, with its own replaced blocks).
+    async fn write_dedup_table(
+        &self,
+        ctx: &mut TreeUpdate<'_>,
+    ) -> Result<(DdtHeader, Vec<BlockPointer>), PoolError> {
+        let (shared, mut replaced): (Vec<BlockPointer>, Vec<BlockPointer>) =
+            std::mem::take(&mut ctx.replaced).into_iter().partition(|bp| bp.dedup.is_some());
+        let (ddt, pool) = (&*self.ddt, &*self.pool);
+        futures::stream::iter(
+            shared.into_iter().map(|bp| async move { ddt.free(pool, &bp).await }),
+        )
+        .buffer_unordered(SYNC_WRITES_IN_FLIGHT)
+        .try_collect::<Vec<()>>()
+        .await?;
+        let ddt_header = self.ddt.flush(ctx).await?;
+        replaced.append(&mut ctx.replaced);
+        Ok((ddt_header, replaced))
+    }
+
+    /// Frees what this txg replaced, and the previous directory and space maps, in `txg`
+    /// (reusable after the deferral). Returns the number of top-level vdevs.
+    fn free_replaced(&self, txg: u64, replaced: &[BlockPointer]) -> usize {
+        let (old_maps, old_directory, vdevs) = {
+            let state = self.state.lock();
+            (state.space_maps.clone(), state.directory, state.space_maps.len())
+        };
+        {
+            let mut allocator = self.allocator.lock();
+            for bp in replaced.iter().chain(old_maps.iter().flatten()).chain(old_directory.iter()) {
+                self.pool.cache().remove(bp);
+                for dva in bp.copies() {
+                    allocator.free(txg, dva.vdev, dva.offset_bytes(), dva.asize_bytes());
+                }
+            }
+        }
+        vdevs
+    }
+
+    /// Each volume's log head as of this txg (log blocks holding only records of this txg or
+    /// earlier are freed in it, as are retired chains), and the new pool directory without
+    /// its space maps. Returns the logs anchored, the headers and the directory.
+    fn anchor_logs(
+        &self,
+        txg: u64,
+        vdevs: usize,
+        roots: &BTreeMap<String, Option<BlockPointer>>,
+        replay_progress: &BTreeMap<String, Option<LogHeader>>,
+        ddt_header: DdtHeader,
+    ) -> (Vec<Arc<LogWriter>>, BTreeMap<String, Option<LogHeader>>, PoolDirectory) {
+        let mut anchored = Vec::new();
+        let mut headers = BTreeMap::new();
+        let directory = {
+            let mut state = self.state.lock();
+            let mut freed_log = std::mem::take(&mut state.retired_log);
+            for dataset in state.volumes.values() {
+                let v = dataset.state.lock();
+                let header = match &v.log {
+                    Some(log) => {
+                        let anchor = log.anchor(txg);
+                        freed_log.extend(anchor.freed);
+                        anchored.push(Arc::clone(log));
+                        Some(LogHeader {
+                            chain_id: log.chain_id(),
+                            head_sequence: anchor.head_verifier.sequence,
+                            replayed_record: 0,
+                            claim_txg: 0,
+                            head: anchor.head.pointer(txg),
+                        })
+                    }
+                    None => replay_progress.get(&v.entry.name).copied().unwrap_or(v.entry.log),
+                };
+                headers.insert(v.entry.name.clone(), header);
+            }
+            let mut allocator = self.allocator.lock();
+            for at in freed_log {
+                allocator.free_log(txg, at.vdev, at.offset_bytes, u64::from(at.len_bytes));
+            }
+            drop(allocator);
+            PoolDirectory {
+                txg,
+                next_volume_id: state.next_volume_id,
+                space_maps: vec![Vec::new(); vdevs],
+                volumes: state
+                    .volumes
+                    .values()
+                    .map(|dataset| {
+                        let v = dataset.state.lock();
+                        VolumeEntry {
+                            root: roots.get(&v.entry.name).copied().flatten(),
+                            log: headers.get(&v.entry.name).copied().flatten(),
+                            ..v.entry.clone()
+                        }
+                    })
+                    .collect(),
+                ddt: ddt_header,
+            }
+        };
+        (anchored, headers, directory)
+    }
+
+    /// Writes the space maps and the directory that points at them: the pieces are allocated
+    /// before any map is encoded, so every map includes its own blocks and the directory's.
+    async fn write_space_maps_and_directory(
+        &self,
+        txg: u64,
+        vdevs: usize,
+        mut directory: PoolDirectory,
+    ) -> Result<(BlockPointer, Vec<Vec<BlockPointer>>), PoolError> {
+        let name = self.pool.name().to_owned();
+        let no_space = |source: AllocError| PoolError::NoSpace { pool: name.clone(), source };
+        // Allocate the space-map pieces before encoding any map, so every map includes them.
+        // One piece more than the map needs now leaves room for the entries that these
+        // allocations and the directory's add.
+        let (map_blocks, directory_block, maps) = {
+            let mut allocator = self.allocator.lock();
+            let mut blocks = Vec::new();
+            for vdev in 0..vdevs as u32 {
+                let need = split_space_map(&allocator.space_map(vdev)).len() + 1;
+                let mut pieces = Vec::with_capacity(need);
+                for _ in 0..need {
+                    pieces.push(
+                        allocator
+                            .allocate(SPACE_MAP_PIECE_BYTES, AllocClass::Reserved, &[])
+                            .map_err(no_space)?,
+                    );
+                }
+                blocks.push(pieces);
+            }
+            let pieces: usize = blocks.iter().map(Vec::len).sum();
+            let directory_bytes = allocator
+                .asize((directory.encoded_len() + pieces * sluice_format::BLKPTR_BYTES) as u64);
+            let directory_block =
+                allocator.allocate(directory_bytes, AllocClass::Reserved, &[]).map_err(no_space)?;
+            let maps: Vec<SpaceMap> = (0..vdevs as u32).map(|v| allocator.space_map(v)).collect();
+            (blocks, directory_block, maps)
+        };
+        for (vdev, (map, blocks)) in maps.iter().zip(&map_blocks).enumerate() {
+            let mut pieces = split_space_map(map);
+            assert!(
+                pieces.len() <= blocks.len(),
+                "space map of vdev {vdev} outgrew its pieces ({} > {})",
+                pieces.len(),
+                blocks.len()
+            );
+            // Unused pieces are written empty: every allocated block is part of the map.
+            while pieces.len() < blocks.len() {
+                pieces.push(SpaceMap {
+                    ashift: map.ashift,
+                    synced_txg: map.synced_txg,
+                    free: Vec::new(),
+                    deferred: Vec::new(),
+                });
+            }
+            let writes = pieces.iter().zip(blocks).map(|(piece, &(at_vdev, offset, asize))| {
+                let name = name.clone();
+                async move {
+                    let bytes = piece
+                        .encode()
+                        .map_err(|source| PoolError::Format { pool: name.clone(), source })?;
+                    debug_assert!(bytes.len() as u64 <= asize, "a piece fits its block");
+                    let mut padded = AlignedBuf::zeroed(asize as usize);
+                    padded[..bytes.len()].copy_from_slice(&bytes);
+                    self.pool
+                        .write_block_at(
+                            at_vdev,
+                            offset,
+                            padded.into_shared(),
+                            bytes.len() as u64,
+                            BlockKind::Metadata,
+                            0,
+                            1,
+                            txg,
+                        )
+                        .await
+                }
+            });
+            directory.space_maps[vdev] = futures::future::try_join_all(writes).await?;
+        }
+        let (at_vdev, offset, asize) = directory_block;
+        let bytes = directory
+            .encode(asize as usize)
+            .map_err(|source| PoolError::Format { pool: name.clone(), source })?;
+        let directory_bp = self
+            .pool
+            .write_block_at(
+                at_vdev,
+                offset,
+                AlignedBuf::copy_from(&bytes).into_shared(),
+                asize,
+                BlockKind::Metadata,
+                0,
+                1,
+                txg,
+            )
+            .await?;
+        Ok((directory_bp, directory.space_maps))
+    }
+
+    /// After the uberblock: the new roots become the volumes' trees on disk, and failed log
+    /// chains are replaced.
+    fn finish(
+        &self,
+        txg: u64,
+        roots: &BTreeMap<String, Option<BlockPointer>>,
+        headers: &BTreeMap<String, Option<LogHeader>>,
+        (directory_bp, space_maps): (BlockPointer, Vec<Vec<BlockPointer>>),
+        anchored: &[Arc<LogWriter>],
+    ) -> Result<(), StoreError> {
+        self.syncs.inc();
+        self.allocator.lock().synced(txg);
+        let mut state = self.state.lock();
+        for dataset in state.volumes.values() {
+            let mut volume = dataset.state.lock();
+            if let Some(root) = roots.get(&volume.entry.name) {
+                volume.entry.root = *root;
+                volume.disk_levels = volume.entry.levels;
+            }
+            if let Some(header) = headers.get(&volume.entry.name) {
+                volume.entry.log = *header;
+            }
+            volume.syncing.clear();
+        }
+        state.space_maps = space_maps;
+        state.directory = Some(directory_bp);
+        // Records of this txg need no log any more. A chain with a failed write is replaced:
+        // records not yet issued move to a new chain, which the next sync anchors.
+        let mut replaced = Vec::new();
+        for dataset in state.volumes.values() {
+            let mut volume = dataset.state.lock();
+            let Some(log) = volume.log.clone() else { continue };
+            log.synced(txg, anchored.iter().any(|a| Arc::ptr_eq(a, &log)));
+            if log.failed() {
+                let fresh = LogWriter::continuing(
+                    self.pool.name(),
+                    &self.allocator,
+                    self.limits.log_policy,
+                    self.limits.commit_timeout_pct,
+                    self.chain_id(),
+                    volume.entry.id,
+                    self.limits.log_block_bytes_max,
+                    log.hand_over(txg),
+                )?;
+                replaced.extend(log.retire());
+                volume.log = Some(Arc::new(fresh));
+            }
+        }
+        state.retired_log.extend(replaced);
+        Ok(())
+    }
+
+    /// A syncing block ready to write: a patch is completed from the version on disk, which
+    /// is the one it was written over (syncs run one at a time). Read at async priority and
+    /// not cached: the sync must not crowd out the log writes and reads clients wait for, and
+    /// the old block is going away.
+    pub(super) async fn complete_block(
+        &self,
+        root: Option<BlockPointer>,
+        disk_levels: u8,
+        block_bytes: usize,
+        index: u64,
+        block: Block,
+    ) -> Result<(u64, Block), PoolError> {
+        let Block::Patched(patch) = block else { return Ok((index, block)) };
+        // The version below is about to be replaced: taken from the cache when there, but a
+        // miss is read past it (caching a block this sync frees would only evict live ones).
+        let base = match objset::data_block_pointer(&self.pool, root, disk_levels, index).await? {
+            Some(bp) => Some(match self.pool.cache().get(&bp) {
+                Some(hit) => hit,
+                None => {
+                    Arc::new(self.pool.read_block(&bp, crate::tunables::IoClass::AsyncRead).await?)
+                }
+            }),
+            None => None,
+        };
+        let base = base.as_ref().map(|b| &b[..block_bytes]);
+        Ok((index, Block::Data(Arc::new(patch.apply(base)))))
+    }
+
+    /// Writes one block of a dedup volume through the table, in a task of its own.
+    pub(super) async fn spawn_dedup_write(
+        &self,
+        txg: u64,
+        data: Arc<Vec<u8>>,
+        verify: bool,
+    ) -> Result<BlockPointer, PoolError> {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        let (ddt, pool, allocator) =
+            (Arc::clone(&self.ddt), Arc::clone(&self.pool), Arc::clone(&self.allocator));
+        self.pool.env().spawn("dedup write", async move {
+            let written = ddt.write(&pool, &allocator, txg, data, verify).await;
+            // Dropped before answering, so that no task still holds the pool when the sync
+            // that waits for this answer returns (export unwraps it).
+            drop((ddt, pool, allocator));
+            let _ = tx.send(written);
+        });
+        rx.await.unwrap_or_else(|_| {
+            Err(PoolError::Format {
+                pool: self.pool.name().to_owned(),
+                source: sluice_format::FormatError::Invalid {
+                    what: "dedup write task",
+                    field: "ended without an answer in txg",
+                    value: txg,
+                },
+            })
+        })
+    }
+}
