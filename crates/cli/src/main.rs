@@ -21,6 +21,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice_engine::tunables::{Tunable, Tunables};
+use sluice_engine::txg::ImportOptions;
 
 #[derive(Parser)]
 #[command(
@@ -119,6 +120,12 @@ enum PoolCommand {
         force: bool,
     },
     /// Find a pool's leaves by their labels and make it known here.
+    ///
+    /// Import verifies the blocks the newest txg wrote before it writes anything, and walks
+    /// every volume's intent log. A newest txg that does not verify (a disk lost writes it had
+    /// acknowledged) is named, and --rewind is the way back; a log block that cannot be read
+    /// fails the import, changing nothing, until the device answers or
+    /// --discard-unreadable-log is given.
     Import {
         name: String,
         /// Directories to search for leaves.
@@ -127,6 +134,20 @@ enum PoolCommand {
         /// Individual leaves.
         #[arg(long = "device")]
         devices: Vec<String>,
+        /// When the newest txg does not verify, open the newest earlier txg whose whole tree
+        /// does (zpool import -F). The writes after it are lost; the import says how many
+        /// seconds of them.
+        #[arg(short = 'F', long)]
+        rewind: bool,
+        /// Say what the import would do (which txg, what a rewind loses, how many log records
+        /// replay, which logs would be cut short) and write nothing (zpool import -n).
+        #[arg(short = 'n', long)]
+        dry_run: bool,
+        /// Import even if a volume's intent log cannot be read: replay it up to the unreadable
+        /// block and drop that block's records and every later one (zpool import -m). The
+        /// import names each volume and block.
+        #[arg(long)]
+        discard_unreadable_log: bool,
     },
     /// Sync and release a pool so another host or process can import it.
     Export { name: String },
@@ -278,10 +299,28 @@ fn main() -> ExitCode {
     match run(Cli::parse(), inherited) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("sluice: {error:#}");
+            eprintln!("sluice: {}", error_chain(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, joined by ": ", leaving out a cause whose text the message so far
+/// already holds: engine errors put their source in their own message as well, so anyhow's
+/// `{:#}` printed such text twice ("X: X").
+fn error_chain(error: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 /// I/O buffers of up to a few MiB are allocated and freed at a high rate. glibc hands
@@ -435,9 +474,17 @@ fn run(
                     refuse_if_served(&name)?;
                     pools::create(&env, &name, size, ashift, &vdevs, force).await
                 }
-                PoolCommand::Import { name, dirs, devices } => {
+                PoolCommand::Import {
+                    name,
+                    dirs,
+                    devices,
+                    rewind,
+                    dry_run,
+                    discard_unreadable_log,
+                } => {
                     refuse_if_served(&name)?;
-                    pools::import(&env, &name, &dirs, &devices).await
+                    let options = ImportOptions { rewind, discard_unreadable_log };
+                    pools::import(&env, &name, &dirs, &devices, options, dry_run).await
                 }
                 PoolCommand::Export { name } => {
                     refuse_if_served(&name)?;

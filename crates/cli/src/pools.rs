@@ -20,7 +20,7 @@ use sluice_engine::pool::probe::{self, Finding};
 use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::Env;
 use sluice_engine::tunables::Tunables;
-use sluice_engine::txg::{Store, BLOCK_BYTES_DEFAULT};
+use sluice_engine::txg::{ImportOptions, ImportReport, Store, BLOCK_BYTES_DEFAULT};
 use sluice_format::DedupMode;
 
 /// Where a command's output goes and which pool, if any, is already open in this process
@@ -342,6 +342,8 @@ pub async fn import(
     name: &str,
     dirs: &[PathBuf],
     devices: &[String],
+    options: ImportOptions,
+    dry_run: bool,
 ) -> anyhow::Result<()> {
     let mut paths: Vec<String> = devices.to_vec();
     for dir in dirs {
@@ -373,17 +375,50 @@ pub async fn import(
     };
     let leaves = members.iter().map(|p| open_leaf(p, None)).collect::<anyhow::Result<Vec<_>>>()?;
     let pool = Pool::import(env, leaves, name, &Tunables::default()).await?;
-    remember(&pool)?;
     let missing: Vec<String> =
         pool.leaves().iter().filter(|l| !l.present).map(|l| l.path.clone()).collect();
-    let store = Store::open(pool, &Tunables::default()).await?;
-    store.export().await?;
-    if missing.is_empty() {
-        println!("imported pool {name}");
+    let degraded = if missing.is_empty() {
+        String::new()
     } else {
-        println!("imported pool {name}, DEGRADED: missing {}", missing.join(", "));
+        format!(", DEGRADED: missing {}", missing.join(", "))
+    };
+    if dry_run {
+        let report = Store::check_import(&pool, options).await?;
+        println!(
+            "pool {name} would be imported at txg {}{degraded} (dry run: nothing written)",
+            report.txg
+        );
+        print_import_report(&report);
+        return Ok(());
     }
+    remember(&pool)?;
+    let (store, report) = Store::import(pool, &Tunables::default(), options).await?;
+    store.export().await?;
+    println!("imported pool {name} at txg {}{degraded}", report.txg);
+    print_import_report(&report);
     Ok(())
+}
+
+/// What an import found beyond the txg: a rewind, logs cut short, records replayed.
+fn print_import_report(report: &ImportReport) {
+    if let Some(rewind) = &report.rewound {
+        println!(
+            "  rewound from txg {}, which does not verify ({}): {} txg(s) abandoned, {} s of \
+             writes lost",
+            rewind.from_txg, rewind.damage, rewind.txgs_lost, rewind.seconds_lost
+        );
+    }
+    for lost in &report.lost_logs {
+        println!(
+            "  volume {}: intent log cut short: {}; {} record(s) before it replayed, every \
+             record from sequence {} on is lost",
+            lost.volume, lost.block, lost.records_replayed, lost.first_lost_sequence
+        );
+    }
+    println!(
+        "  {} block(s) verified, {} intent-log record(s) to replay",
+        report.blocks_verified, report.records_to_replay
+    );
 }
 
 pub async fn export(env: &Env, name: &str) -> anyhow::Result<()> {
