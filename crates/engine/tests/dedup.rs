@@ -12,11 +12,12 @@ use std::sync::Arc;
 
 use sluice_engine::device::sim::Fault;
 use sluice_engine::device::SimProfile;
-use sluice_engine::pool::{LeafSpec, Pool};
+use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::Env;
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
-use sluice_engine::txg::Store;
+use sluice_engine::txg::{Store, StoreError};
+use sluice_engine::volume::Volume;
 use sluice_format::{DedupMode, DATA_START_BYTES};
 use sluice_sim::Sim;
 
@@ -269,6 +270,60 @@ fn table_grows_and_pages_entries_from_disk() {
         assert!(store.dedup_table().stats().bucket_reads.get() > reads, "entries were paged in");
         assert_eq!(store.read("b", 0, data.len() as u64).await.unwrap(), data);
         audit_clean(&store).await;
+    })
+    .unwrap();
+}
+
+/// A nearly full pool with a dedup volume of unique 4 KiB blocks: writes get ENOSPC, then a
+/// trim, a flush and a write must each either succeed or be refused with NoSpace; no sync may
+/// fail. Rewriting the table's buckets costs space that admission used not to count, so the
+/// writes ate the slop reserve, and the sync after the trim (which drops references and so
+/// rewrites buckets too) failed and suspended the pool: the user's only remedy killed it.
+#[test]
+fn full_dedup_pool_trims_without_suspending() {
+    let sim = Sim::new(81);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, 64 << 20);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        let spec = PoolSpec { name: "tiny".into(), ashift: 12, top: vec![TopSpec::Mirror(specs)] };
+        let pool = Pool::create(&env, spec, &Tunables::default()).await.unwrap();
+        let store = Arc::new(Store::create(pool, &Tunables::default()));
+        store.create_volume("big", 256 << 20, 4096).unwrap();
+        store.set_dedup("big", DedupMode::Verify).unwrap();
+        let volume = Volume::open(&store, "big").unwrap();
+        let no_space = |e: &StoreError| e.kind() == sluice_engine::ErrorKind::NoSpace;
+        let mut rng = Rng::new(5);
+        let mut refused = 0;
+        let mut written = Vec::new();
+        for i in 0..40_000u64 {
+            let block = rng.below(65536);
+            let mut data = vec![0u8; 4096];
+            data[..8].copy_from_slice(&i.to_le_bytes());
+            data[8..16].copy_from_slice(&rng.u64().to_le_bytes());
+            match volume.write(block * 4096, &data, true).await {
+                Ok(()) => written.push(block),
+                Err(error) => {
+                    assert!(no_space(&error), "write {i}: {error}");
+                    refused += 1;
+                    if refused > 2000 {
+                        break;
+                    }
+                }
+            }
+        }
+        assert!(refused > 0, "the pool never filled");
+        // The remedy: trim a quarter of the volume, flush, write again.
+        volume.zero(0, 64 << 20, false).await.unwrap();
+        volume.flush().await.unwrap();
+        for _ in 0..4 {
+            store.sync().await.unwrap();
+        }
+        let result = volume.write(0, &[7u8; 65536], true).await;
+        assert!(result.is_ok() || result.as_ref().is_err_and(no_space), "{result:?}");
+        assert!(!store.is_suspended(), "the pool suspended");
+        store.sync().await.unwrap();
+        assert_eq!(store.read("big", 0, 4096).await.unwrap()[0], 7, "the write after the trim");
     })
     .unwrap();
 }

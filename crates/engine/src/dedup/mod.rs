@@ -765,6 +765,26 @@ impl Ddt {
         Ok((index, Some(bp)))
     }
 
+    /// Space a txg's flush may need to rewrite the table: every bucket once, each rounded up to
+    /// the allocation unit, with room for this txg's new entries (one per unique block written,
+    /// `new_blocks`), plus the tree above the buckets. Copy-on-write allocates the new buckets
+    /// before the old ones are freed, and those frees wait out the deferral, so admission keeps
+    /// this much free beyond the slop, `FREE_DEFER_TXGS + 1` times over: a trim, which drops
+    /// references and so rewrites buckets on a full pool, must always be able to sync.
+    pub fn rewrite_reserve_bytes(&self, unit_bytes: u64, new_blocks: u64) -> u64 {
+        let disk = self.synced_header();
+        if disk.entries == 0 && new_blocks == 0 {
+            return 0;
+        }
+        let buckets = 1u64 << disk.bucket_bits;
+        let entries = disk.entries + new_blocks;
+        let buckets_bytes = entries * DDT_ENTRY_BYTES as u64 + buckets * unit_bytes;
+        let tree_bytes = buckets.div_ceil(objset::INDIRECT_BPS)
+            * objset::INDIRECT_BYTES as u64
+            * u64::from(disk.levels.max(1));
+        (buckets_bytes + tree_bytes) * (crate::alloc::FREE_DEFER_TXGS + 1)
+    }
+
     /// The table as of the last flush.
     pub fn synced_header(&self) -> DdtHeader {
         self.table.inner.lock().disk

@@ -80,6 +80,7 @@ impl Store {
         // with bytes to spare, so their estimate is also checked against the free space in
         // ranges that can hold them, less part of the slop (space maps, the directory).
         if check_space {
+            let dedup = dataset.state.lock().entry.dedup != sluice_format::DedupMode::Off;
             let mut waited = 0;
             loop {
                 // One lock at a time: the lock order is state -> allocator.
@@ -88,11 +89,17 @@ impl Store {
                     let metadata = state.dirty_metadata_bytes + state.syncing_metadata_bytes;
                     (state.dirty_bytes + state.dirty_metadata_bytes + state.syncing_bytes, metadata)
                 };
+                // Room a sync needs to rewrite the dedup table, kept beyond the slop (taken
+                // before the allocator: the lock order is dedup table -> allocator).
+                let unit = 1u64 << self.pool.ashift();
+                let new_entries = if dedup { dirty.saturating_add(len) / unit } else { 0 };
+                let ddt_reserve = self.ddt.rewrite_reserve_bytes(unit, new_entries);
                 let (usable, room, deferred) = {
                     let allocator = self.allocator.lock();
                     let slop = allocator.slop_bytes();
-                    let usable = allocator.free_bytes().saturating_sub(slop);
-                    let room = allocator.metadata_room_bytes().saturating_sub(slop / 4);
+                    let usable = allocator.free_bytes().saturating_sub(slop + ddt_reserve);
+                    let room =
+                        allocator.metadata_room_bytes().saturating_sub(slop / 4 + ddt_reserve);
                     (usable, room, allocator.deferred_bytes())
                 };
                 if dirty.saturating_add(len) <= usable && metadata <= room {
