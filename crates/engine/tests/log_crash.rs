@@ -84,8 +84,15 @@ impl Ledger {
 
     /// Versions a crash at `cut` may leave in `unit`.
     fn allowed(&self, unit: u64, cut: Time) -> Vec<u64> {
+        self.allowed_since(unit, |durable| durable <= cut, cut)
+    }
+
+    /// Versions `unit` may hold after a crash at `cut`: the newest version whose durability
+    /// `required` says must survive, and every later one started by then (0 for zeros when
+    /// none must).
+    fn allowed_since(&self, unit: u64, required: impl Fn(Time) -> bool, cut: Time) -> Vec<u64> {
         let versions = &self.units[unit as usize];
-        let durable = versions.iter().rposition(|v| v.durable.is_some_and(|d| d <= cut));
+        let durable = versions.iter().rposition(|v| v.durable.is_some_and(&required));
         let mut allowed: Vec<u64> = Vec::new();
         if durable.is_none() {
             allowed.push(0);
@@ -104,18 +111,7 @@ impl Ledger {
     /// at `cut`: the txg holds every write acknowledged before it quiesced, and replay may add
     /// any later one.
     fn allowed_rewound(&self, unit: u64, quiesced: Time, cut: Time) -> Vec<u64> {
-        let versions = &self.units[unit as usize];
-        let durable = versions.iter().rposition(|v| v.durable.is_some_and(|d| d < quiesced));
-        let mut allowed: Vec<u64> = Vec::new();
-        if durable.is_none() {
-            allowed.push(0);
-        }
-        for v in &versions[durable.unwrap_or(0)..] {
-            if v.started <= cut {
-                allowed.push(v.id);
-            }
-        }
-        allowed
+        self.allowed_since(unit, |durable| durable < quiesced, cut)
     }
 }
 

@@ -712,7 +712,7 @@ impl Pool {
 }
 
 /// The newest label header on a device that decodes, if any.
-async fn read_best_label(device: &dyn BlockDevice) -> Option<LabelHeader> {
+pub(super) async fn read_best_label(device: &dyn BlockDevice) -> Option<LabelHeader> {
     let mut best: Option<LabelHeader> = None;
     for offset in label_offsets(device.len_bytes()) {
         if offset + LABEL_BYTES > device.len_bytes() {
@@ -729,7 +729,7 @@ async fn read_best_label(device: &dyn BlockDevice) -> Option<LabelHeader> {
 }
 
 /// Every uberblock that decodes in any label ring of a device.
-async fn read_uberblocks(device: &dyn BlockDevice) -> Vec<Uberblock> {
+pub(super) async fn read_uberblocks(device: &dyn BlockDevice) -> Vec<Uberblock> {
     let mut found = Vec::new();
     let ring_bytes = UBERBLOCK_SLOTS * UBERBLOCK_BYTES as u64;
     for label in label_offsets(device.len_bytes()) {

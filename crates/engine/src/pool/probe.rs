@@ -8,11 +8,6 @@
 //! all-zero device holds nothing. The probe only reads; whether a pool it finds is imported on
 //! this machine is for the caller to say, since only the caller knows the pool cache.
 
-use sluice_format::{
-    label_offsets, uberblock_offset, LabelHeader, Uberblock, LABEL_BYTES, LABEL_HEADER_BYTES,
-    UBERBLOCK_BYTES, UBERBLOCK_SLOTS,
-};
-
 use crate::device::{BlockDevice, DeviceError};
 
 /// Bytes read at each end of the device: the sluice labels live there, and so does every
@@ -98,10 +93,11 @@ impl std::fmt::Display for Finding {
 /// small to read). Only a failed read of the device's first or last MiB is an error: a pool
 /// could not be created there either.
 pub async fn probe(device: &dyn BlockDevice) -> Result<Option<Finding>, DeviceError> {
-    if let Some(header) = read_best_label(device).await {
+    if let Some(header) = super::read_best_label(device).await {
         return Ok(Some(Finding::Pool { name: header.pool_name, guid: header.pool_guid }));
     }
-    if let Some(uberblock) = newest_uberblock(device).await {
+    let newest = super::read_uberblocks(device).await.into_iter().max_by_key(|u| u.txg);
+    if let Some(uberblock) = newest {
         return Ok(Some(Finding::DestroyedPool { guid: uberblock.pool_guid }));
     }
     let sector = u64::from(device.sector_bytes().max(1));
@@ -126,44 +122,6 @@ pub async fn probe(device: &dyn BlockDevice) -> Result<Option<Finding>, DeviceEr
         }
     }
     Ok(None)
-}
-
-/// The newest label header on a device that decodes, as pool import reads it.
-async fn read_best_label(device: &dyn BlockDevice) -> Option<LabelHeader> {
-    let mut best: Option<LabelHeader> = None;
-    for offset in label_offsets(device.len_bytes()) {
-        if offset + LABEL_BYTES > device.len_bytes() {
-            continue;
-        }
-        let Ok(bytes) = device.read_at(offset, LABEL_HEADER_BYTES as u32).await else { continue };
-        if let Ok(header) = LabelHeader::decode(&bytes) {
-            if best.as_ref().is_none_or(|b| header.config_txg > b.config_txg) {
-                best = Some(header);
-            }
-        }
-    }
-    best
-}
-
-/// The newest uberblock that decodes in any label ring.
-async fn newest_uberblock(device: &dyn BlockDevice) -> Option<Uberblock> {
-    let ring_bytes = UBERBLOCK_SLOTS * UBERBLOCK_BYTES as u64;
-    let mut best: Option<Uberblock> = None;
-    for label in label_offsets(device.len_bytes()) {
-        if label + LABEL_BYTES > device.len_bytes() {
-            continue;
-        }
-        let start = uberblock_offset(label, 0);
-        let Ok(ring) = device.read_at(start, ring_bytes as u32).await else { continue };
-        for slot in ring.chunks_exact(UBERBLOCK_BYTES) {
-            if let Ok(uberblock) = Uberblock::decode(slot) {
-                if best.is_none_or(|b| uberblock.txg > b.txg) {
-                    best = Some(uberblock);
-                }
-            }
-        }
-    }
-    best
 }
 
 /// Page sizes a swap area may have been made with (on this machine or another): its signature
@@ -215,7 +173,10 @@ mod tests {
     use std::path::Path;
 
     use futures::executor::block_on;
-    use sluice_format::{LeafConfig, TopConfig, TopKind, VdevTreeConfig};
+    use sluice_format::{
+        uberblock_offset, LabelHeader, LeafConfig, TopConfig, TopKind, Uberblock, VdevTreeConfig,
+        LABEL_BYTES, LABEL_HEADER_BYTES,
+    };
 
     use super::*;
     use crate::device::{FileDevice, FileDeviceOptions, SharedBuf};

@@ -158,6 +158,31 @@ struct State {
     retired_log: Vec<LogAddress>,
 }
 
+impl State {
+    /// The state of a store whose last synced txg is `synced_txg`, with nothing dirty.
+    fn new(
+        synced_txg: u64,
+        next_volume_id: u64,
+        volumes: BTreeMap<String, Arc<Dataset>>,
+        space_maps: Vec<Vec<BlockPointer>>,
+        directory: Option<BlockPointer>,
+    ) -> State {
+        State {
+            open_txg: synced_txg + 1,
+            next_volume_id,
+            volumes,
+            space_maps,
+            directory,
+            dirty_bytes: 0,
+            dirty_metadata_bytes: 0,
+            syncing_bytes: 0,
+            syncing_metadata_bytes: 0,
+            destroyed: Vec::new(),
+            retired_log: Vec::new(),
+        }
+    }
+}
+
 /// An open pool with its volumes.
 #[derive(Debug)]
 pub struct Store {
@@ -230,19 +255,7 @@ impl Store {
         let allocator = Allocator::new(pool.ashift(), &pool.data_areas());
         let txg = pool.uberblock().txg;
         let vdevs = pool.root().top_level().len();
-        let state = State {
-            open_txg: txg + 1,
-            next_volume_id: 1,
-            volumes: BTreeMap::new(),
-            space_maps: vec![Vec::new(); vdevs],
-            directory: None,
-            dirty_bytes: 0,
-            dirty_metadata_bytes: 0,
-            syncing_bytes: 0,
-            syncing_metadata_bytes: 0,
-            destroyed: Vec::new(),
-            retired_log: Vec::new(),
-        };
+        let state = State::new(txg, 1, BTreeMap::new(), vec![Vec::new(); vdevs], None);
         // The dedup salt: drawn once per pool, so keys cannot be predicted from outside.
         let mut salt_rng = pool.env().unique_rng("dedup salt");
         let mut salt = [0u8; 32];

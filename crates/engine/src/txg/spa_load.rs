@@ -152,19 +152,13 @@ impl Store {
                 (entry.name.clone(), Dataset::new(entry, None, &limits))
             })
             .collect();
-        let state = State {
-            open_txg: uberblock.txg + 1,
-            next_volume_id: directory.next_volume_id,
+        let state = State::new(
+            uberblock.txg,
+            directory.next_volume_id,
             volumes,
-            space_maps: directory.space_maps.clone(),
-            directory: uberblock.root,
-            dirty_bytes: 0,
-            dirty_metadata_bytes: 0,
-            syncing_bytes: 0,
-            syncing_metadata_bytes: 0,
-            destroyed: Vec::new(),
-            retired_log: Vec::new(),
-        };
+            directory.space_maps.clone(),
+            uberblock.root,
+        );
         let mut store = Store::assemble(pool, allocator, state, directory.ddt, tunables);
         store.log_stats = log_stats;
         store.replay(chains).await?;
