@@ -675,7 +675,7 @@ pub async fn vol_set(ctx: &mut Ctx<'_>, spec: &str, property: &str) -> anyhow::R
 pub async fn vol_destroy(ctx: &mut Ctx<'_>, spec: &str) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
     let store = ctx.hold(pool).await?;
-    store.destroy_volume(volume)?;
+    store.destroy_volume(volume).await?;
     store.release().await?;
     ctx.say(format!("destroyed volume {spec}"));
     Ok(())

@@ -92,7 +92,7 @@ fn shared_blocks_survive_freeing_one_reference() {
         audit_clean(&store).await;
 
         // Dropping every reference frees every block: the pool is back to empty.
-        store.destroy_volume("b").unwrap();
+        store.destroy_volume("b").await.unwrap();
         store.zero("a", 0, 1 << 20).await.unwrap();
         for _ in 0..(sluice_engine::alloc::FREE_DEFER_TXGS + 2) {
             store.sync().await.unwrap();

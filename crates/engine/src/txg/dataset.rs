@@ -186,8 +186,13 @@ impl Store {
     }
 
     /// Destroys a volume; its blocks are freed by the next sync.
-    pub fn destroy_volume(&self, name: &str) -> Result<(), StoreError> {
+    ///
+    /// Waits for a sync in flight: the sync writes the volume's new tree and records it by
+    /// the volume's name, so a destroy (or a destroy and a create under the same name) inside
+    /// it would free the old tree twice and leak the new one.
+    pub async fn destroy_volume(&self, name: &str) -> Result<(), StoreError> {
         self.check_live()?;
+        let _no_sync = self.sync_lock.lock().await;
         let mut state = self.state.lock();
         let dataset = state.volumes.remove(name).ok_or_else(|| self.no_such_volume(name))?;
         dataset.destroyed.store(true, Ordering::Release);
@@ -206,6 +211,10 @@ impl Store {
     pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<(), StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a volume resize");
+        // No sync may be in flight: it writes the tree at the levels of its quiesce but
+        // records the entry as it is when it ends, so a grow across a level boundary (or a
+        // shrink) inside it would leave a root read with the wrong number of levels.
+        let _no_sync = self.sync_lock.lock().await;
         let dataset = self.dataset(name)?;
         let bs = u64::from(dataset.block_bytes);
         if size_bytes == 0 || size_bytes % bs != 0 {
