@@ -1,4 +1,4 @@
-//! Seed experiments and peer comparisons (DESIGN.md §7).
+//! Seed experiments and peer comparisons (docs/bench/).
 //!
 //! Each seed experiment builds the seed's setup from simulated devices, runs it in virtual time
 //! under the deterministic simulator (so a figure is exactly repeatable and a minute of eight

@@ -1,6 +1,6 @@
 //! sluice's storage engine: devices, the vdev tree, device queues, tunables and stats.
 //!
-//! Layers, bottom up (DESIGN.md §1): [`device`] (the `BlockDevice` seam: files, block devices,
+//! Layers, bottom up (docs/design.md, "Layers"): [`device`] (the `BlockDevice` seam: files, block devices,
 //! simulated disks), [`vdev`] (leaves with their queues, mirrors, the root), with [`tunables`]
 //! and [`stats`] beside them and [`rt`] as the runtime seam; [`alloc`] hands out space on the
 //! top-level vdevs. Pools, transaction groups, the

@@ -1,6 +1,6 @@
 //! Runtime seam: the only way engine code reaches time, task spawning and randomness.
 //!
-//! The engine is runtime-agnostic async Rust (DESIGN.md §2). Production passes a tokio-backed
+//! The engine is runtime-agnostic async Rust (docs/design.md, "Runtime model"). Production passes a tokio-backed
 //! [`Env`] (crate `sluice-host`); the simulator passes one whose clock is virtual and whose
 //! executor is single-threaded and deterministic (crate `sluice-sim`). Engine code never names a
 //! runtime: it asks its `Env` for the time, sleeps through it, spawns through it and draws random

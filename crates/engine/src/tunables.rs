@@ -1,4 +1,4 @@
-//! Every tunable in one table: name, default, allowed range, documentation (DESIGN.md §1).
+//! Every tunable in one table: name, default, allowed range, documentation.
 //!
 //! Values are set by name from the command line or a config file and validated twice: each on
 //! its own against its range or choices, then together (a class's minimum must not exceed its

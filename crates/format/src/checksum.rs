@@ -1,7 +1,7 @@
 //! Checksums of on-disk structures and blocks.
 //!
 //! One algorithm for now, XXH3-128: fast in pure Rust, and 128 bits make an accidental
-//! collision negligible for integrity checking (landscape.md §4). The algorithm byte stored
+//! collision negligible for integrity checking. The algorithm byte stored
 //! beside every checksum lets stronger ones (BLAKE3 for dedup) be added without a version bump.
 
 use crate::FormatError;

@@ -1,4 +1,4 @@
-//! Intent-log blocks and records (ZFS: `zil_chain_t`, `lr_t`, `lr_write_t`; reference §1.10).
+//! Intent-log blocks and records (ZFS: `zil_chain_t`, `lr_t`, `lr_write_t`).
 //!
 //! A volume's intent log is a chain of blocks. Each block names its pre-allocated successor,
 //! so a block can be written, and made durable, before the next one exists. The header holds the

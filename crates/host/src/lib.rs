@@ -1,4 +1,4 @@
-//! Production runtime glue: the engine's `Clock` and `Spawn` on tokio (DESIGN.md §2).
+//! Production runtime glue: the engine's `Clock` and `Spawn` on tokio (docs/design.md, "Runtime model").
 //!
 //! Kept out of the engine so the engine never names a runtime; the simulator provides the
 //! other implementation (crate `sluice-sim`). Disk I/O does not run here: `FileDevice` has its

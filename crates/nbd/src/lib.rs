@@ -1,11 +1,11 @@
-//! NBD server for sluice volumes (DESIGN.md §6; reference/landscape.md §3).
+//! NBD server for sluice volumes (docs/design.md, "NBD server").
 //!
 //! [`proto`] is the wire format as pure functions (what the fuzz target drives), [`server`]
 //! one connection (handshake, then transmission with out-of-order replies), and [`listen`]
 //! the ways a server is reached: Unix sockets, TCP, an inherited listening socket (systemd's
 //! `LISTEN_FDS`), or NBD on stdin/stdout for one client (libnbd's `nbd_connect_command`).
 //! Written here rather than taken from a crate: the Rust NBD crates lack structured replies or
-//! are GPL (landscape.md §4), and the durability semantics of FUA and FLUSH are ours.
+//! are GPL, and the durability semantics of FUA and FLUSH are ours.
 
 pub mod listen;
 pub mod proto;

@@ -1,5 +1,5 @@
 //! NBD wire format: constants, request parsing and reply encoding (the `doc/proto.md` of
-//! NetworkBlockDevice/nbd; reference/landscape.md §3). Everything here is a pure function of
+//! NetworkBlockDevice/nbd). Everything here is a pure function of
 //! bytes, so the fuzz target drives it directly; every length is checked before anything is
 //! allocated from it.
 //!
@@ -186,7 +186,7 @@ pub struct Limits {
     pub meta_context: bool,
 }
 
-/// Checks a request's command, flags, range and alignment (reference/reliability.md §3.4).
+/// Checks a request's command, flags, range and alignment, by the NBD spec's rules.
 /// Zero-length requests pass: they succeed with no effect.
 pub fn check(request: &Request, limits: &Limits) -> Result<(), Refusal> {
     // Every export advertises SEND_FUA, and the spec then lets a client set FUA on any command:
@@ -376,7 +376,7 @@ mod tests {
         assert!(Request::parse(&bytes).is_err());
     }
 
-    /// The rules of reliability.md §3.4, one by one.
+    /// The spec's request rules, one by one.
     #[test]
     fn checks_follow_the_spec() {
         let l = limits();

@@ -1,11 +1,11 @@
-//! Deterministic simulation: a single-threaded executor with a virtual clock (DESIGN.md §2).
+//! Deterministic simulation: a single-threaded executor with a virtual clock (docs/design.md, "Runtime model").
 //!
 //! The engine runs unchanged on top of it: [`Sim::env`] hands out an [`Env`] whose `Clock` is
 //! virtual and whose `Spawn` queues tasks here. Time only moves when every task is waiting: the
 //! executor then jumps to the earliest timer. Ready tasks run in FIFO order of wake-up, timers
 //! with equal deadlines fire in registration order, and no thread or wall clock is consulted,
 //! so one seed reproduces a run bit for bit. Each poll folds (virtual time, task id) into an
-//! event-trace hash; two runs of the same seed must give the same hash (reliability.md I6).
+//! event-trace hash; two runs of the same seed must give the same hash.
 //!
 //! A simulated minute of eight HDDs costs milliseconds, which is what lets the seed experiments
 //! (up to 1024 writers) run in CI-sized time.

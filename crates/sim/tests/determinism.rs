@@ -1,4 +1,4 @@
-//! Determinism (reliability.md I6): the same seed gives the same event trace hash and the same
+//! Determinism: the same seed gives the same event trace hash and the same
 //! device state; a different seed gives a different trace. The workload exercises the whole I/O
 //! layer: a mirror of an HDD and an SSD, concurrent readers and writers, the queue, and a crash.
 

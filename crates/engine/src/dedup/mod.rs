@@ -776,8 +776,13 @@ impl Ddt {
         if disk.entries == 0 && new_blocks == 0 {
             return 0;
         }
-        let buckets = 1u64 << disk.bucket_bits;
+        // The buckets the flush will write: it doubles them while the entries outgrow them.
         let entries = disk.entries + new_blocks;
+        let mut bits = disk.bucket_bits;
+        while bits < DDT_BUCKET_BITS_MAX && entries > (1u64 << bits) * BUCKET_ENTRIES_GROW {
+            bits += 1;
+        }
+        let buckets = 1u64 << bits;
         let buckets_bytes = entries * DDT_ENTRY_BYTES as u64 + buckets * unit_bytes;
         let tree_bytes = buckets.div_ceil(objset::INDIRECT_BPS)
             * objset::INDIRECT_BYTES as u64

@@ -4,8 +4,8 @@
 //! caller submits and a completion thread per device completes the engine's futures.
 //! Otherwise, and for flushes and discards, a small pool of named I/O threads (`vdev_io/<n>`) runs blocking
 //! `pread`/`pwrite`/`fdatasync`/discard calls and completes the futures through oneshot
-//! channels. Either way no executor thread ever blocks on a disk (landscape.md §4: tokio's file
-//! I/O is a blocking-pool hop we do not want on the commit path).
+//! channels. Either way no executor thread ever blocks on a disk (tokio's file I/O is a
+//! blocking-pool hop we do not want on the commit path).
 //!
 //! O_DIRECT is used when the filesystem accepts it and the buffer, offset and length are aligned
 //! to the device's logical block size; otherwise the I/O goes through a second, buffered

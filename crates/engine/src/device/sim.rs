@@ -1,4 +1,4 @@
-//! Simulated disks for benchmarks and fault testing (DESIGN.md §5; reliability.md §3.1).
+//! Simulated disks for benchmarks and fault testing (docs/design.md, "Devices").
 //!
 //! A `SimDevice` keeps two things apart, as redb's crash test does: the *durable image* and the
 //! *volatile cache* of writes completed since the last flush (a flush covers the writes that

@@ -1,4 +1,4 @@
-//! The intent log's commit path (ZFS: `zil.c`; seed 004; reference §1.3-1.5, §1.13).
+//! The intent log's commit path (ZFS: `zil.c`; seed 004).
 //!
 //! Records (itxs) are appended with increasing sequence numbers. `commit(seq)` returns once
 //! every record up to `seq` is durable. Records travel in log write blocks (lwbs): each lwb is
@@ -22,7 +22,7 @@
 //! healed from another leg. The first block that is not the expected one (never written, stale,
 //! torn) ends the log.
 //!
-//! Block sizes follow the workload (reference §1.7): the successor's size is chosen when it
+//! Block sizes follow the workload, as ZFS sizes its lwbs: the successor's size is chosen when it
 //! is allocated, from the largest of the last few lwbs and the records already waiting,
 //! rounded up to a power of two between 4 KiB and the maximum. A record that does not fit the
 //! block already allocated closes it as it is (possibly empty) and gets a larger successor.
@@ -528,7 +528,7 @@ impl LogWriter {
     }
 
     /// The size of the next lwb: the largest of the recent ones and of what is waiting,
-    /// rounded up to a power of two (reference §1.7).
+    /// rounded up to a power of two.
     fn next_block_bytes(&self, state: &State) -> u32 {
         let waiting =
             LOG_HEADER_BYTES + state.pending.iter().map(LogRecord::encoded_len).sum::<usize>();

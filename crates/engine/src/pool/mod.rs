@@ -96,6 +96,12 @@ pub enum PoolError {
          cannot be opened until at least one of them is attached again"
     )]
     MissingLeaves { pool: String, top: usize, missing: String },
+    #[error(
+        "pool {pool}: the rewind could not erase the abandoned txgs' uberblocks on any leaf of \
+         top-level vdev {top}, so a later import could return to them; nothing else was \
+         written. Check that vdev's devices and import with --rewind again"
+    )]
+    RewindNotRecorded { pool: String, top: usize },
     #[error("pool {pool}: no valid uberblock on any leaf; the labels are damaged")]
     NoUberblock { pool: String },
     #[error("pool {pool}: leaf {path}: {source}")]
@@ -282,18 +288,36 @@ impl Pool {
             );
             state.found.iter().map(|u| u.txg).filter(|&t| t > uberblock.txg).collect()
         };
+        // Each slot is read first and blanked only if it holds an abandoned txg: a slot's txg
+        // is its number modulo the ring, so going by number alone could blank the very txg
+        // rewound to. A leaf that cannot be written is left as it is, as an uberblock write
+        // does, but every top-level vdev must keep at least one leaf that took the erasure.
         let blank = SharedBuf::copy_from(&[0u8; UBERBLOCK_BYTES]);
+        let mut erased_tops = vec![false; self.config.top.len()];
         for pool_leaf in self.leaves.iter().filter(|l| l.present) {
+            let mut ok = true;
             for label in label_offsets(pool_leaf.leaf.device().len_bytes()) {
                 for &txg in &abandoned {
                     let at = uberblock_offset(label, txg);
-                    pool_leaf
-                        .leaf
-                        .write(at, blank.clone(), IoClass::SyncWrite)
-                        .await
-                        .map_err(|source| PoolError::Vdev { pool: self.name.clone(), source })?;
+                    let slot = pool_leaf.leaf.read(at, UBERBLOCK_BYTES as u32, IoClass::SyncRead);
+                    let holds_abandoned = match slot.await {
+                        Ok(bytes) => Uberblock::decode(&bytes)
+                            .is_ok_and(|u| u.pool_guid == self.guid && u.txg > uberblock.txg),
+                        Err(_) => true,
+                    };
+                    if holds_abandoned {
+                        ok &= pool_leaf
+                            .leaf
+                            .write(at, blank.clone(), IoClass::SyncWrite)
+                            .await
+                            .is_ok();
+                    }
                 }
             }
+            erased_tops[pool_leaf.top] |= ok;
+        }
+        if let Some(top) = erased_tops.iter().position(|&erased| !erased) {
+            return Err(PoolError::RewindNotRecorded { pool: self.name.clone(), top });
         }
         self.flush_all().await?;
         let mut state = self.state.lock();

@@ -137,6 +137,7 @@ impl Store {
         block_bytes: u32,
     ) -> Result<(), StoreError> {
         self.check_live()?;
+        let _guard = self.panic_guard("a volume create");
         check_volume_name(name)?;
         if !block_bytes.is_power_of_two()
             || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&block_bytes)
@@ -179,6 +180,7 @@ impl Store {
     /// already stored stay as they are). Durable with the next sync.
     pub fn set_dedup(&self, name: &str, mode: DedupMode) -> Result<(), StoreError> {
         self.check_live()?;
+        let _guard = self.panic_guard("a property change");
         let state = self.state.lock();
         let dataset = state.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?;
         dataset.state.lock().entry.dedup = mode;
@@ -192,6 +194,7 @@ impl Store {
     /// it would free the old tree twice and leak the new one.
     pub async fn destroy_volume(&self, name: &str) -> Result<(), StoreError> {
         self.check_live()?;
+        let _guard = self.panic_guard("a volume destroy");
         let _no_sync = self.sync_lock.lock().await;
         let mut state = self.state.lock();
         let dataset = state.volumes.remove(name).ok_or_else(|| self.no_such_volume(name))?;

@@ -210,7 +210,7 @@ pub struct Store {
 }
 
 /// What the write throttle did to writers (zeroes included): the answer to "why are my writes
-/// slow" when one writer fills the dirty-data budget for every volume (landscape.md §2 item 1).
+/// slow" when one writer fills the dirty-data budget for every volume, as ZFS's does.
 #[derive(Debug, Default)]
 pub struct ThrottleStats {
     /// Writes delayed because dirty data was above `txg.delay_min_dirty_pct`, and for how long.

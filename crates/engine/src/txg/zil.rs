@@ -184,6 +184,7 @@ impl Store {
         self.log_stats.early_commits.inc();
         let store = Arc::clone(self);
         self.pool.env().spawn("early log commit", async move {
+            let _guard = store.panic_guard("an early log commit");
             let _ = log.commit(&store.pool, &store.allocator, sequence).await;
         });
     }

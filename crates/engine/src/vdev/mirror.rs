@@ -1,5 +1,5 @@
 //! N-way mirrors: writes to every child, reads from one chosen by policy, healing from the
-//! others (ZFS: `vdev_mirror.c`; reference §3, seed 002).
+//! others (ZFS: `vdev_mirror.c`; seed 002).
 //!
 //! Read selection ([`ReadPolicy`]):
 //! - `least-pending` (default): each readable child's load is its pending I/O count plus a

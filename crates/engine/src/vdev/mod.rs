@@ -1,5 +1,5 @@
 //! The vdev tree: leaves, N-way mirrors and the root that stripes across top-level vdevs
-//! (ZFS: `vdev.c`, `vdev_root.c`; DESIGN.md §1).
+//! (ZFS: `vdev.c`, `vdev_root.c`; docs/design.md, "Layers").
 //!
 //! Shape: a [`Root`] holds top-level vdevs; each top-level vdev is a single [`Leaf`] or a
 //! [`Mirror`] of leaves. Blocks are addressed by [`VdevAddress`] (top-level vdev, offset): the allocator

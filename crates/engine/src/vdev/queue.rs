@@ -1,4 +1,4 @@
-//! The per-leaf I/O scheduler (ZFS: `vdev_queue.c`; reference §4, seed 003).
+//! The per-leaf I/O scheduler (ZFS: `vdev_queue.c`; seed 003).
 //!
 //! Each submission queue holds I/Os of six classes and decides which to send to the device
 //! next. Rules, in order:

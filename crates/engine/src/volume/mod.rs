@@ -1,4 +1,4 @@
-//! The volume front (ZFS: `zvol.c`; seed 000; reference §2): what a client's requests turn
+//! The volume front (ZFS: `zvol.c`; seed 000): what a client's requests turn
 //! into.
 //!
 //! A write with FUA commits the intent log up to its own record; a flush commits everything
