@@ -354,3 +354,58 @@ fn damaged_directory_of_the_newest_txg_rewinds() {
 fn damaged_data_block_of_the_newest_txg_rewinds() {
     damaged_newest_txg_rewinds(Target::DataBlock, 42);
 }
+
+/// A log write that reaches one leg of a mirror only. It used to be acknowledged (any child
+/// sufficed), so an import that found only the other leg read a block that was never written
+/// there, took it for the end of the chain, and dropped the acknowledged write without a word.
+/// Now a log block must reach every child that is not faulted, else the commit falls back to
+/// a txg sync: an import from the leg that missed writes either returns the write or refuses,
+/// naming what is damaged; it never answers with the old data.
+#[test]
+fn a_log_write_that_missed_a_leg_is_never_lost_silently() {
+    use sluice_format::{data_end_bytes, DATA_START_BYTES};
+    let sim = Sim::new(34);
+    let legs = two_legs(&sim);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    let crash_legs = legs.clone();
+    sim.run(async move {
+        let tunables = Tunables::default();
+        let pool = Pool::create(&env, common::mirror_pool(specs.clone()), &tunables).await.unwrap();
+        let store = Arc::new(Store::create(pool, &tunables));
+        store.create_volume("v", 1 << 20, 4096).unwrap();
+        store.sync().await.unwrap();
+        // Leg 0 stops taking data-area writes (labels still work): a failing stretch of disk.
+        let data = DATA_START_BYTES..data_end_bytes(LEAF_BYTES);
+        crash_legs[0].inject(Fault::WriteError {
+            offset_bytes: data.start,
+            len_bytes: data.end - data.start,
+        });
+        let v = Volume::open(&store, "v").unwrap();
+        v.write(0, &unit(9, 0), true).await.unwrap();
+        drop(v);
+        drop(store);
+        for leg in &crash_legs {
+            leg.crash(CrashPolicy::DropAll);
+            leg.clear_faults();
+        }
+        // Leg 1 is gone; import from leg 0 alone.
+        let only_leg0 = vec![specs[0].clone()];
+        let pool = Pool::import(&env, only_leg0, "tank", &tunables).await.unwrap();
+        match Store::open(pool, &tunables).await {
+            Ok(store) => {
+                let data = store.read("v", 0, UNIT).await;
+                assert!(
+                    matches!(&data, Ok(d) if *d == unit(9, 0)) || data.is_err(),
+                    "the acknowledged write was replaced by old data: {:?}",
+                    data.map(|d| d[..16].to_vec())
+                );
+            }
+            Err(error) => assert!(
+                matches!(error, StoreError::DamagedTxg { .. } | StoreError::UnreadableLog { .. }),
+                "{error}"
+            ),
+        }
+    })
+    .unwrap();
+}

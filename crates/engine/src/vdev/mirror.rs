@@ -281,6 +281,51 @@ impl Mirror {
         self.any_succeeded(results, "write", offset, u64::from(data.len_bytes()))
     }
 
+    /// Writes and flushes on every child; fails if a child that is not faulted failed (see
+    /// `Root::write_durable`).
+    pub async fn write_flushed_everywhere(
+        &self,
+        offset: u64,
+        data: SharedBuf,
+        class: IoClass,
+    ) -> Result<(), VdevError> {
+        let len = u64::from(data.len_bytes());
+        let writes = self
+            .children
+            .iter()
+            .map(|child| child.write_flushed(offset, data.clone(), class, true));
+        let results = join_all(writes).await;
+        let mut any_ok = false;
+        let mut failed_present = None;
+        for (result, child) in results.into_iter().zip(&self.children) {
+            match result {
+                Ok(()) => any_ok = true,
+                // A child that went missing marks itself faulted; it holds nothing an import
+                // will trust.
+                Err(error) if !child.is_faulted() => {
+                    failed_present.get_or_insert(error);
+                }
+                Err(_) => {}
+            }
+        }
+        match failed_present {
+            None if any_ok => Ok(()),
+            Some(error) if any_ok => Err(VdevError::ChildWriteFailed {
+                vdev: self.id,
+                offset_bytes: offset,
+                len_bytes: len,
+                source: Box::new(error),
+            }),
+            last => Err(VdevError::AllChildrenFailed {
+                vdev: self.id,
+                op: "write",
+                offset_bytes: offset,
+                len_bytes: len,
+                last: last.map(Box::new),
+            }),
+        }
+    }
+
     /// Flushes every child; succeeds when at least one child flushed.
     pub async fn flush(&self) -> Result<(), VdevError> {
         let results = join_all(self.children.iter().map(|child| child.flush())).await;
@@ -312,12 +357,12 @@ impl Mirror {
         })
     }
 
-    /// Rewrites the good copy onto the children that failed it.
     /// Turns the rewriting of bad copies found by reads and scrubs on or off.
     pub fn set_repairs(&self, on: bool) {
         self.repairs.store(on, Ordering::Relaxed);
     }
 
+    /// Rewrites the good copy onto the children that failed it.
     async fn repair(&self, bad: &[usize], offset: u64, good: &[u8]) {
         if bad.is_empty() || !self.repairs.load(Ordering::Relaxed) {
             return;

@@ -84,6 +84,14 @@ pub enum VdevError {
         #[source]
         last: Option<Box<VdevError>>,
     },
+    #[error("{vdev}: a write of {len_bytes} bytes at offset {offset_bytes} that must reach every child failed on one")]
+    ChildWriteFailed {
+        vdev: VdevId,
+        offset_bytes: u64,
+        len_bytes: u64,
+        #[source]
+        source: Box<VdevError>,
+    },
     #[error("no top-level vdev {vdev} in this pool (it has {count})")]
     NoSuchVdev { vdev: u32, count: usize },
 }
@@ -107,7 +115,9 @@ impl VdevError {
         match self {
             VdevError::Checksum { .. } | VdevError::NoValidCopy { .. } => ErrorKind::Checksum,
             VdevError::NoSuchVdev { .. } => ErrorKind::Invalid,
-            VdevError::Device { .. } | VdevError::AllChildrenFailed { .. } => ErrorKind::Io,
+            VdevError::Device { .. }
+            | VdevError::AllChildrenFailed { .. }
+            | VdevError::ChildWriteFailed { .. } => ErrorKind::Io,
         }
     }
 }
@@ -302,14 +312,24 @@ impl Root {
         self.vdev(dva)?.write(dva.offset_bytes, data, class, false).await
     }
 
-    /// Writes and flushes the copy at `dva` (every mirror child) before answering.
+    /// Writes and flushes the copy at `dva` on every mirror child before answering, and fails
+    /// if any child that is not faulted failed. The intent log writes this way: an import
+    /// ends a chain at a block that no readable copy holds, so an acknowledged record must be
+    /// on every copy an import may find alone (a write that reached only one child, read
+    /// back from the other after the first went missing, would end the chain silently). A
+    /// failed log write makes the commit fall back to a txg sync.
     pub async fn write_durable(
         &self,
         dva: VdevAddress,
         data: SharedBuf,
         class: IoClass,
     ) -> Result<(), VdevError> {
-        self.vdev(dva)?.write(dva.offset_bytes, data, class, true).await
+        match self.vdev(dva)? {
+            Vdev::Leaf(leaf) => leaf.write_flushed(dva.offset_bytes, data, class, true).await,
+            Vdev::Mirror(mirror) => {
+                mirror.write_flushed_everywhere(dva.offset_bytes, data, class).await
+            }
+        }
     }
 
     /// Flushes every top-level vdev; fails if any top-level vdev could not flush at all.
