@@ -18,18 +18,9 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::{json, Value};
 use sluice_engine::stats::{HistogramSnapshot, VolumeOp};
-use sluice_engine::txg::Store;
 
 use crate::control;
 use crate::snapshot::{class_names, op_names, LeafSnapshot, PoolSnapshot, VolumeSnapshot};
-
-/// The served store's counters now, as the JSON `pool stats` answers with.
-///
-/// Only `pools::stats` calls this; it belongs to another change in flight and should call
-/// `crate::snapshot::PoolSnapshot::capture(store).to_json()` itself, after which this goes.
-pub fn snapshot(store: &Store) -> String {
-    PoolSnapshot::capture(store).to_json()
-}
 
 /// What to print and how often.
 pub struct Options {

@@ -477,7 +477,7 @@ pub fn stats(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<()> {
              {name}`"
         );
     };
-    let text = crate::iostat::snapshot(store).to_string();
+    let text = crate::snapshot::PoolSnapshot::capture(store).to_json();
     ctx.say(text);
     Ok(())
 }
