@@ -106,7 +106,12 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
             tokio::spawn(async move {
                 let (reader, mut writer) = stream.into_split();
                 let mut line = String::new();
-                let mut reader = tokio::io::BufReader::new(reader);
+                // A request is a few arguments; a client that sends more than this without a
+                // newline gets an error instead of growing the server's memory.
+                let mut reader = tokio::io::AsyncReadExt::take(
+                    tokio::io::BufReader::new(reader),
+                    REQUEST_BYTES_MAX,
+                );
                 if reader.read_line(&mut line).await.is_err() {
                     return;
                 }
@@ -123,6 +128,9 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
         }
     }))
 }
+
+/// Longest control request taken, newline included.
+const REQUEST_BYTES_MAX: u64 = 64 << 10;
 
 /// Removes the control socket (at shutdown).
 pub fn remove(name: &str) {
