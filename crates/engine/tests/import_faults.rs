@@ -48,8 +48,7 @@ fn logged_writes_then_crash(sim: &Sim, legs: &[SimDevice]) {
     let crash_legs = legs.to_vec();
     sim.run(async move {
         let tunables = Tunables::default();
-        let pool = Pool::create(&env, common::mirror_pool(specs), &tunables).await.unwrap();
-        let store = Arc::new(Store::create(pool, &tunables));
+        let store = Arc::new(common::mirror_store(&env, specs, &tunables).await);
         store.create_volume("v", 1 << 20, 4096).unwrap();
         store.create_volume("w", 1 << 20, 4096).unwrap();
         store.write("v", 0, &unit(1, 0)).await.unwrap();
@@ -100,12 +99,14 @@ async fn import(
     Store::import(pool, &tunables, options).await
 }
 
-async fn units_of_v(store: &Store) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    for i in 0..=LOGGED {
-        out.push(store.read("v", i * UNIT, UNIT).await.unwrap());
+/// Checks that the logged units 1..=`replayed` of volume "v" hold their FUA write and the
+/// later ones are zeros (their records were dropped).
+async fn assert_logged_units(store: &Store, replayed: u64, what: &str) {
+    for i in 1..=LOGGED {
+        let data = store.read("v", i * UNIT, UNIT).await.unwrap();
+        let expected = if i <= replayed { unit(2, i) } else { vec![0; UNIT as usize] };
+        assert_eq!(data, expected, "{what}: unit {i}");
     }
-    out
 }
 
 /// EIO on both copies of a log block: the import fails, naming the pool, the volume and the
@@ -143,10 +144,7 @@ fn unreadable_log_block_fails_import_until_it_clears() {
         let (store, report) = import(&env, specs, ImportOptions::default()).await.unwrap();
         assert_eq!(report.records_to_replay, LOGGED);
         assert_eq!(store.log_stats().records_replayed.get(), LOGGED);
-        let units = units_of_v(&store).await;
-        for (i, data) in units.iter().enumerate().skip(1) {
-            assert_eq!(*data, unit(2, i as u64), "unit {i} after the fault cleared");
-        }
+        assert_logged_units(&store, LOGGED, "after the fault cleared").await;
         assert!(store.audit().await.unwrap().is_clean());
     })
     .unwrap();
@@ -171,10 +169,7 @@ fn log_block_unreadable_on_one_copy_heals_from_the_other() {
         let (store, report) = import(&env, specs, ImportOptions::default()).await.unwrap();
         assert_eq!(report.records_to_replay, LOGGED);
         assert!(report.lost_logs.is_empty());
-        let units = units_of_v(&store).await;
-        for (i, data) in units.iter().enumerate().skip(1) {
-            assert_eq!(*data, unit(2, i as u64), "unit {i}");
-        }
+        assert_logged_units(&store, LOGGED, "healed").await;
         let repairs: u64 = store.pool().leaves().iter().map(|l| l.leaf.stats().repairs.get()).sum();
         assert!(repairs >= LOGGED / 2, "only {repairs} unreadable copies were rewritten");
     })
@@ -214,11 +209,7 @@ fn discarding_an_unreadable_log_reports_what_was_lost() {
         // Sequence 1 was the synced write; the FUA writes took 2, 3, 4 (replayed), 5...
         assert_eq!(lost.first_lost_sequence, 5);
         assert!(lost.block.contains("log block 3 of the chain"), "{}", lost.block);
-        let units = units_of_v(&store).await;
-        for (i, data) in units.iter().enumerate().skip(1) {
-            let expected = if i <= 3 { unit(2, i as u64) } else { vec![0; UNIT as usize] };
-            assert_eq!(*data, expected, "unit {i}");
-        }
+        assert_logged_units(&store, 3, "log discarded from block 3").await;
         assert_eq!(store.read("w", 0, UNIT).await.unwrap(), unit(1, 0), "volume w");
         assert!(store.audit().await.unwrap().is_clean());
     })
@@ -244,9 +235,7 @@ fn three_txgs_then_damage(sim: &Sim, legs: &[SimDevice], target: Target) -> [u64
     let txgs = sim
         .run(async move {
             let tunables = Tunables::default();
-            let pool =
-                Pool::create(&env, common::mirror_pool(specs.clone()), &tunables).await.unwrap();
-            let store = Store::create(pool, &tunables);
+            let store = common::mirror_store(&env, specs.clone(), &tunables).await;
             store.create_volume("v", 1 << 20, 16384).unwrap();
             let mut txgs = [0; 3];
             for (version, txg) in txgs.iter_mut().enumerate() {
@@ -371,8 +360,7 @@ fn a_log_write_that_missed_a_leg_is_never_lost_silently() {
     let crash_legs = legs.clone();
     sim.run(async move {
         let tunables = Tunables::default();
-        let pool = Pool::create(&env, common::mirror_pool(specs.clone()), &tunables).await.unwrap();
-        let store = Arc::new(Store::create(pool, &tunables));
+        let store = Arc::new(common::mirror_store(&env, specs.clone(), &tunables).await);
         store.create_volume("v", 1 << 20, 4096).unwrap();
         store.sync().await.unwrap();
         // Leg 0 stops taking data-area writes (labels still work): a failing stretch of disk.

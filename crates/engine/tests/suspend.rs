@@ -44,8 +44,7 @@ fn panic_suspends_at(point: &'static str, seed: u64) {
     let crash_legs = legs.clone();
     sim.run(async move {
         let tunables = Tunables::default();
-        let pool = Pool::create(&env, common::mirror_pool(specs.clone()), &tunables).await.unwrap();
-        let store = Arc::new(Store::create(pool, &tunables));
+        let store = Arc::new(common::mirror_store(&env, specs.clone(), &tunables).await);
         store.create_volume("v", 4 << 20, 4096).unwrap();
         store.sync().await.unwrap();
         let volume = Volume::open(&store, "v").unwrap();

@@ -30,14 +30,6 @@ use sluice_sim::Sim;
 
 const LEAF_BYTES: u64 = 64 << 20;
 
-/// A new store on a 2-way mirror of `specs`.
-async fn mirror_store(
-    env: &sluice_engine::rt::Env,
-    specs: Vec<sluice_engine::pool::LeafSpec>,
-    t: &Tunables,
-) -> Store {
-    Store::create(Pool::create(env, common::mirror_pool(specs), t).await.unwrap(), t)
-}
 const VOLUMES: [(&str, u64, u32); 3] =
     [("big", 4 << 20, 16384), ("small", 1 << 20, 4096), ("dd", 1 << 20, 4096)];
 /// The volume with dedup on; its writes draw from few patterns, so blocks are shared.
@@ -615,7 +607,7 @@ fn throttle_counts_delays_and_waits() {
     let specs = common::leaf_specs(&legs);
     sim.run(async move {
         let t = Tunables::with([("txg.dirty_max", "1M")]).unwrap();
-        let store = mirror_store(&env, specs, &t).await;
+        let store = common::mirror_store(&env, specs, &t).await;
         store.create_volume("v", 16 << 20, 16384).unwrap();
         store.sync().await.unwrap();
         for chunk in 0..64u64 {
@@ -642,7 +634,7 @@ fn throttle_delays_the_volume_that_fills_it() {
     let specs = common::leaf_specs(&legs);
     sim.run(async move {
         let t = Tunables::with([("txg.dirty_max", "1M")]).unwrap();
-        let store = mirror_store(&env, specs, &t).await;
+        let store = common::mirror_store(&env, specs, &t).await;
         store.create_volume("bulk", 8 << 20, 16384).unwrap();
         store.create_volume("db", 8 << 20, 4096).unwrap();
         store.sync().await.unwrap();
@@ -955,7 +947,7 @@ fn volumes_count_requests_and_their_latency() {
     let specs = common::leaf_specs(&legs);
     sim.run(async move {
         let t = Tunables::default();
-        let store = Arc::new(mirror_store(&env, specs, &t).await);
+        let store = Arc::new(common::mirror_store(&env, specs, &t).await);
         store.create_volume("v", 4 << 20, 16384).unwrap();
         store.sync().await.unwrap();
         let a = sluice_engine::volume::Volume::open(&store, "v").unwrap();
@@ -1062,7 +1054,7 @@ fn resize_and_destroy_during_a_sync() {
     let specs = common::leaf_specs(&legs);
     sim.run(async move {
         let tunables = Tunables::default();
-        let store = Arc::new(mirror_store(&env, specs.clone(), &tunables).await);
+        let store = Arc::new(common::mirror_store(&env, specs.clone(), &tunables).await);
         // 64 blocks: one level; growing to 256 crosses to two.
         store.create_volume("grow", 64 * 4096, 4096).unwrap();
         store.create_volume("gone", 64 * 4096, 4096).unwrap();

@@ -2,7 +2,7 @@
 //! create, destroy, resize, properties, and each volume's in-memory state.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -32,6 +32,10 @@ pub struct Dataset {
     pub(super) requests: Arc<AtomicUsize>,
     /// What the volume front has answered since import.
     pub(super) stats: Arc<VolumeStats>,
+    /// This volume's part of the open txg's `dirty_bytes`. Changed only under the store's
+    /// state lock (with the total), read without any: the throttle reads every volume's on
+    /// each write.
+    pub(super) dirty_bytes: AtomicU64,
     /// Set, under the store's state lock, when the volume is destroyed: requests through
     /// handles still holding it then fail.
     pub(super) destroyed: AtomicBool,
@@ -51,8 +55,6 @@ pub(super) struct VolumeState {
     /// The volume's intent log; `None` while import replays the old chain (the directory
     /// keeps pointing at it until replay is complete).
     pub(super) log: Option<Arc<LogWriter>>,
-    /// This volume's part of the open txg's `dirty_bytes`.
-    pub(super) dirty_bytes: u64,
 }
 
 impl Dataset {
@@ -69,6 +71,7 @@ impl Dataset {
                 .then(|| Arc::new(async_lock::Semaphore::new(limits.request_threads))),
             requests: Arc::new(AtomicUsize::new(0)),
             stats: Arc::new(VolumeStats::default()),
+            dirty_bytes: AtomicU64::new(0),
             destroyed: AtomicBool::new(false),
             state: Mutex::new(VolumeState {
                 disk_levels: entry.levels,
@@ -76,7 +79,6 @@ impl Dataset {
                 open: BTreeMap::new(),
                 syncing: BTreeMap::new(),
                 log,
-                dirty_bytes: 0,
             }),
         })
     }

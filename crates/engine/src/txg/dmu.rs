@@ -400,7 +400,7 @@ impl Store {
                 }
             };
             state.dirty_bytes += added;
-            v.dirty_bytes += added;
+            dataset.dirty_bytes.fetch_add(added, Ordering::Relaxed);
             state.dirty_metadata_bytes += new_groups * metadata_per_group;
             (sequence, resolve_now)
         };

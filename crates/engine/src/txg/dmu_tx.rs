@@ -12,6 +12,7 @@
 use super::{Dataset, Store, StoreError};
 use crate::intent_log::CommitPolicy;
 use crate::tunables::{Tunable, Tunables};
+use std::sync::atomic::Ordering;
 
 /// How much may be dirty and how often txgs sync.
 #[derive(Clone, Copy, Debug)]
@@ -125,12 +126,12 @@ impl Store {
     pub(super) async fn throttle(&self, dataset: &Dataset) -> Result<(), StoreError> {
         let (dirty, under_share) = {
             let state = self.state.lock();
-            let mine = dataset.state.lock().dirty_bytes;
+            let mine = dataset.dirty_bytes.load(Ordering::Relaxed);
             // The writer's volume counts even before its first dirty block.
             let dirtying = state
                 .volumes
                 .values()
-                .filter(|d| d.id == dataset.id || d.state.lock().dirty_bytes > 0)
+                .filter(|d| d.id == dataset.id || d.dirty_bytes.load(Ordering::Relaxed) > 0)
                 .count() as u64;
             (state.dirty_bytes, dirtying > 1 && mine.saturating_mul(dirtying) < state.dirty_bytes)
         };

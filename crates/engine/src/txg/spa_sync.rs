@@ -17,6 +17,7 @@
 //! imports to the previous txg intact. A failed sync suspends the store.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
@@ -169,7 +170,7 @@ impl Store {
         for dataset in state.volumes.values() {
             let mut volume = dataset.state.lock();
             let volume = &mut *volume;
-            volume.dirty_bytes = 0;
+            dataset.dirty_bytes.store(0, Ordering::Relaxed);
             volume.syncing = std::mem::take(&mut volume.open);
             work.push((volume.entry.clone(), volume.disk_levels, volume.syncing.clone()));
         }

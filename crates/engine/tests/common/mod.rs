@@ -1,5 +1,5 @@
 //! Setup shared by the engine's integration tests: simulated legs, the leaf specs that name
-//! them, a one-mirror pool spec, and devices rebuilt from crash images.
+//! them, a one-mirror pool spec and a store on it, and devices rebuilt from crash images.
 
 // Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
@@ -8,7 +8,10 @@ use std::sync::Arc;
 
 use sluice_engine::device::sim::{SimImage, SimOptions};
 use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
-use sluice_engine::pool::{LeafSpec, PoolSpec, TopSpec};
+use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
+use sluice_engine::rt::Env;
+use sluice_engine::tunables::Tunables;
+use sluice_engine::txg::Store;
 use sluice_sim::Sim;
 
 /// `count` simulated disks named leg0, leg1, ...
@@ -76,4 +79,12 @@ pub fn leaf_specs(devices: &[SimDevice]) -> Vec<LeafSpec> {
 /// Pool "tank": one mirror of `leaves`.
 pub fn mirror_pool(leaves: Vec<LeafSpec>) -> PoolSpec {
     PoolSpec { name: "tank".into(), ashift: 12, top: vec![TopSpec::Mirror(leaves)] }
+}
+
+/// A store on a freshly created pool "tank" of one mirror of `leaves`.
+pub async fn mirror_store(env: &Env, leaves: Vec<LeafSpec>, tunables: &Tunables) -> Store {
+    let pool = Pool::create(env, mirror_pool(leaves), tunables).await.unwrap_or_else(|e| {
+        panic!("creating the test pool: {e}");
+    });
+    Store::create(pool, tunables)
 }
