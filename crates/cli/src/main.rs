@@ -70,6 +70,10 @@ enum Command {
         /// device paths and volume names, so prefer loopback or a private network.
         #[arg(long, value_name = "ADDR")]
         metrics: Option<String>,
+        /// Serving cores: event loops, each on its own thread with its own io_uring; every
+        /// connection lives on one of them. 0 means one per CPU the process may run on.
+        #[arg(long, default_value_t = 0)]
+        cores: usize,
     },
     /// Create, import, inspect and check pools.
     Pool {
@@ -344,12 +348,17 @@ where
     F: std::future::Future<Output = anyhow::Result<()>>,
 {
     let runtime = sluice_host::runtime()?;
-    let seed = std::time::SystemTime::now()
+    let seed = random_seed();
+    runtime.block_on(async move { task(sluice_host::tokio_env(seed)).await })
+}
+
+/// A seed that differs between processes.
+fn random_seed() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
-        ^ (u64::from(std::process::id()) << 32);
-    runtime.block_on(async move { task(sluice_host::tokio_env(seed)).await })
+        ^ (u64::from(std::process::id()) << 32)
 }
 
 /// Runs a command about one pool and prints its output: through the pool's server when it is
@@ -427,6 +436,7 @@ fn run(
             volume_size,
             settings,
             metrics,
+            cores,
         } => {
             let pairs = parse_settings(&settings)?;
             let tunables = Tunables::with(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())))?;
@@ -442,7 +452,14 @@ fn run(
                 inherited: inherited.context("taking the sockets passed by socket activation")?,
                 metrics,
             };
-            on_runtime(|env| async move { serve::serve(&env, options).await })
+            let cores = match cores {
+                0 => std::thread::available_parallelism().map_or(1, usize::from),
+                n => n,
+            };
+            let cores = sluice_host::Cores::start(cores).context("starting the serving cores")?;
+            let env = cores.env(random_seed());
+            let placement = sluice_nbd::listen::Placement::cores(cores.handles().to_vec());
+            cores.block_on(serve::serve(&env, options, placement))
         }
         // A loop of requests to the server and sleeps: no runtime needed.
         Command::Pool { pool: PoolCommand::Iostat { name, interval, count, latency, json } } => {

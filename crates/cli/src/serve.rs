@@ -101,7 +101,12 @@ async fn default_store(env: &Env, options: &ServeOptions) -> anyhow::Result<Stor
     Ok(store)
 }
 
-pub async fn serve(env: &Env, options: ServeOptions) -> anyhow::Result<()> {
+/// Serves until a signal; connections are spread over `placement`'s cores.
+pub async fn serve(
+    env: &Env,
+    options: ServeOptions,
+    placement: listen::Placement,
+) -> anyhow::Result<()> {
     let store = match &options.pool {
         Some(name) => pools::open_store(env, name, &options.tunables).await?,
         None => default_store(env, &options).await?,
@@ -178,7 +183,7 @@ pub async fn serve(env: &Env, options: ServeOptions) -> anyhow::Result<()> {
         eprintln!("sluice: stopping: finishing requests in flight, then syncing");
         let _ = stop.send(true);
     });
-    listen::serve(listeners, exports, shutdown).await;
+    listen::serve(listeners, exports, shutdown, placement).await;
     signals.abort();
     control.abort();
     let _ = control.await;

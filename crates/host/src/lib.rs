@@ -4,8 +4,12 @@
 //! other implementation (crate `sluice-sim`). Disk I/O does not run here: `FileDevice` has its
 //! own per-leaf I/O threads and only completes futures that these tasks await.
 
+mod cores;
+
 use std::sync::Arc;
 use std::time::Instant;
+
+pub use cores::Cores;
 
 use sluice_engine::rt::{BoxFuture, Clock, Env, Spawn, Time};
 

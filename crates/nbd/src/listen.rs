@@ -149,17 +149,41 @@ pub unsafe fn take_inherited() -> Result<Inherited, InheritError> {
     Ok(Inherited { fds })
 }
 
+/// Where accepted connections run: the current runtime, or one of several single-threaded
+/// cores (thread-per-core serving), round robin. A connection never leaves its core.
+#[derive(Clone, Debug, Default)]
+pub struct Placement {
+    cores: Arc<Vec<tokio::runtime::Handle>>,
+    next: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Placement {
+    /// Spreads connections over `cores`; an empty list keeps them on the accepting runtime.
+    pub fn cores(cores: Vec<tokio::runtime::Handle>) -> Placement {
+        Placement { cores: Arc::new(cores), next: Arc::default() }
+    }
+
+    fn next(&self) -> Option<&tokio::runtime::Handle> {
+        if self.cores.is_empty() {
+            return None;
+        }
+        let index = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(&self.cores[index % self.cores.len()])
+    }
+}
+
 /// Accepts connections on every listener until `shutdown` turns true, then waits for the open
 /// connections to finish their requests.
 pub async fn serve(
     listeners: Vec<Listener>,
     exports: Arc<dyn Exports>,
     shutdown: watch::Receiver<bool>,
+    placement: Placement,
 ) {
     let mut acceptors = JoinSet::new();
     for listener in listeners {
         let (exports, shutdown) = (Arc::clone(&exports), shutdown.clone());
-        acceptors.spawn(accept_loop(listener, exports, shutdown));
+        acceptors.spawn(accept_loop(listener, exports, shutdown, placement.clone()));
     }
     while acceptors.join_next().await.is_some() {}
 }
@@ -168,6 +192,7 @@ async fn accept_loop(
     listener: Listener,
     exports: Arc<dyn Exports>,
     mut shutdown: watch::Receiver<bool>,
+    placement: Placement,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -175,23 +200,51 @@ async fn accept_loop(
             _ = shutdown.wait_for(|stop| *stop) => break,
             accepted = accept(&listener) => accepted,
         };
-        match accepted {
-            Ok(Stream::Unix(stream)) => {
-                let (exports, shutdown) = (Arc::clone(&exports), shutdown.clone());
-                connections.spawn(async move {
-                    report(serve_connection(stream, exports, shutdown).await)
-                });
-            }
-            Ok(Stream::Tcp(stream)) => {
+        let (exports, shutdown) = (Arc::clone(&exports), shutdown.clone());
+        let core = placement.next();
+        // A connection placed on another core is handed over as a plain socket and registered
+        // with that core's reactor there, so all its I/O happens on that core.
+        let placed = match (accepted, core) {
+            (Ok(Stream::Unix(stream)), None) => Ok(connections
+                .spawn(async move { report(serve_connection(stream, exports, shutdown).await) })),
+            (Ok(Stream::Unix(stream)), Some(core)) => stream.into_std().map(|stream| {
+                connections.spawn_on(
+                    async move {
+                        match tokio::net::UnixStream::from_std(stream) {
+                            Ok(stream) => report(serve_connection(stream, exports, shutdown).await),
+                            Err(e) => report(Err(e.into())),
+                        }
+                    },
+                    core,
+                )
+            }),
+            (Ok(Stream::Tcp(stream)), core) => {
                 // Replies are small and latency matters more than packing them.
                 let _ = stream.set_nodelay(true);
-                let (exports, shutdown) = (Arc::clone(&exports), shutdown.clone());
-                connections.spawn(async move {
-                    report(serve_connection(stream, exports, shutdown).await)
-                });
+                match core {
+                    None => Ok(connections.spawn(async move {
+                        report(serve_connection(stream, exports, shutdown).await)
+                    })),
+                    Some(core) => stream.into_std().map(|stream| {
+                        connections.spawn_on(
+                            async move {
+                                match tokio::net::TcpStream::from_std(stream) {
+                                    Ok(stream) => {
+                                        report(serve_connection(stream, exports, shutdown).await)
+                                    }
+                                    Err(e) => report(Err(e.into())),
+                                }
+                            },
+                            core,
+                        )
+                    }),
+                }
             }
             // A failed accept (a client gone before we took it, fd pressure) ends no one else.
-            Err(error) => eprintln!("sluice: accepting a connection: {error}"),
+            (Err(error), _) => Err(error),
+        };
+        if let Err(error) = placed {
+            eprintln!("sluice: accepting a connection: {error}");
         }
         // Reap finished connections as we go.
         while connections.try_join_next().is_some() {}

@@ -29,6 +29,7 @@ use futures::channel::oneshot;
 use futures::FutureExt;
 use parking_lot::Mutex;
 
+use super::core_ring;
 use super::uring::Uring;
 use super::{
     check_range, AlignedBuf, BlockDevice, DeviceError, DeviceOp, SharedBuf, BUF_ALIGN_BYTES,
@@ -263,6 +264,83 @@ impl FileDevice {
         .boxed()
     }
 
+    /// A read on this thread's serving-core ring, if it has one (`device::core_ring`). A short
+    /// read or a refused O_DIRECT is finished with the blocking call on the core: rare, and
+    /// cheaper than a second path through the ring.
+    fn core_read(
+        &self,
+        offset: u64,
+        len: u32,
+    ) -> Option<BoxFuture<Result<AlignedBuf, DeviceError>>> {
+        self.uring.as_ref()?;
+        // The ring reads into a fresh buffer, which is always aligned: offset and length decide.
+        let aligned = std::ptr::without_provenance::<u8>(BUF_ALIGN_BYTES);
+        let fd = self.inner.fd_for(offset, len as usize, aligned);
+        let op = core_ring::read(fd, offset, len)?;
+        let inner = Arc::clone(&self.inner);
+        Some(
+            async move {
+                let outcome = op.await;
+                match outcome.buf {
+                    Some(buf) if outcome.result >= 0 && outcome.result as usize == buf.len() => {
+                        Ok(buf)
+                    }
+                    _ if outcome.result < 0 && outcome.result != -libc::EINVAL => {
+                        let error = io::Error::from_raw_os_error(-outcome.result);
+                        Err(inner.error(DeviceOp::Read, offset, u64::from(len), error))
+                    }
+                    _ => {
+                        if outcome.result == -libc::EINVAL {
+                            inner.refuse_direct();
+                        }
+                        inner.read(offset, len)
+                    }
+                }
+            }
+            .boxed(),
+        )
+    }
+
+    /// A write on this thread's serving-core ring, if it has one; with `dsync` durable when it
+    /// completes (`RWF_DSYNC`).
+    fn core_write(
+        &self,
+        offset: u64,
+        data: &SharedBuf,
+        dsync: bool,
+    ) -> Option<BoxFuture<Result<(), DeviceError>>> {
+        self.uring.as_ref()?;
+        let fd = self.inner.fd_for(offset, data.len(), data.as_ptr());
+        let op = core_ring::write(fd, offset, data.clone(), dsync)?;
+        let inner = Arc::clone(&self.inner);
+        let data = data.clone();
+        Some(
+            async move {
+                let outcome = op.await;
+                let len = data.len() as u64;
+                if outcome.result >= 0 && outcome.result as usize == data.len() {
+                    return Ok(());
+                }
+                if outcome.result < 0 && outcome.result != -libc::EINVAL {
+                    let error = io::Error::from_raw_os_error(-outcome.result);
+                    return Err(inner.error(DeviceOp::Write, offset, len, error));
+                }
+                if outcome.result == -libc::EINVAL {
+                    inner.refuse_direct();
+                }
+                inner.write(offset, &data)?;
+                if dsync {
+                    inner
+                        .buffered
+                        .sync_data()
+                        .map_err(|e| inner.error(DeviceOp::Flush, 0, 0, e))?;
+                }
+                Ok(())
+            }
+            .boxed(),
+        )
+    }
+
     fn check(&self, op: DeviceOp, offset: u64, len: u64) -> Result<(), DeviceError> {
         let inner = &self.inner;
         check_range(&inner.name, op, offset, len, inner.len_bytes, inner.sector_bytes)
@@ -305,6 +383,9 @@ impl BlockDevice for FileDevice {
         if let Err(error) = self.check(DeviceOp::Read, offset, u64::from(len)) {
             return async move { Err(error) }.boxed();
         }
+        if let Some(op) = self.core_read(offset, len) {
+            return op;
+        }
         if let Some(uring) = &self.uring {
             let (done, wait) = oneshot::channel();
             uring.read(&self.inner, offset, len, done);
@@ -318,6 +399,9 @@ impl BlockDevice for FileDevice {
         if let Err(error) = self.check(DeviceOp::Write, offset, len) {
             return async move { Err(error) }.boxed();
         }
+        if let Some(op) = self.core_write(offset, &data, false) {
+            return op;
+        }
         if let Some(uring) = &self.uring {
             let (done, wait) = oneshot::channel();
             uring.write(&self.inner, offset, data, done);
@@ -327,7 +411,22 @@ impl BlockDevice for FileDevice {
     }
 
     fn flush(&self) -> BoxFuture<Result<(), DeviceError>> {
-        // On an I/O thread even with io_uring (see device::uring).
+        // On a serving core the ring runs it (on a kernel worker; no user-space thread between
+        // the core and the disk). Elsewhere on an I/O thread even with io_uring (device::uring).
+        if self.uring.is_some() {
+            if let Some(op) = core_ring::fdatasync(self.inner.buffered.as_raw_fd()) {
+                let inner = Arc::clone(&self.inner);
+                return async move {
+                    let outcome = op.await;
+                    if outcome.result < 0 {
+                        let error = io::Error::from_raw_os_error(-outcome.result);
+                        return Err(inner.error(DeviceOp::Flush, 0, 0, error));
+                    }
+                    Ok(())
+                }
+                .boxed();
+            }
+        }
         self.submit(DeviceOp::Flush, 0, 0, |done| Job::Flush { done })
     }
 
@@ -339,6 +438,9 @@ impl BlockDevice for FileDevice {
         let len = u64::from(data.len_bytes());
         if let Err(error) = self.check(DeviceOp::Write, offset, len) {
             return Some(async move { Err(error) }.boxed());
+        }
+        if let Some(op) = self.core_write(offset, &data, true) {
+            return Some(op);
         }
         Some(self.submit(DeviceOp::Write, offset, len, |done| Job::WriteFlush {
             offset,

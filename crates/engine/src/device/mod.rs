@@ -10,6 +10,7 @@
 //! are checked against the device length and sector size before any I/O is attempted.
 
 mod buf;
+pub mod core_ring;
 mod file;
 pub mod sim;
 mod uring;

@@ -1,0 +1,356 @@
+//! The serving core's own io_uring: device commands submitted and completed on the thread that
+//! asked for them (run-to-completion, docs/design.md "Runtime model").
+//!
+//! `sluice serve` runs one event loop per core (crate `sluice-host`, `cores`). Each loop thread
+//! [`install`]s a ring here; from then on every file-leaf read, write and durable write made on
+//! that thread is pushed to that ring by the caller itself, and the loop reaps completions
+//! ([`reap`]) when the ring's descriptor turns readable, waking the waiting futures on the same
+//! thread. No I/O thread, completion thread or channel sits between a request and its disk: a
+//! 4 KiB sync write and its reply stay on one core, where before they crossed about fourteen
+//! thread boundaries (docs/bench/peers-notes.md).
+//!
+//! A thread without a ring (the CLI's commands, tests, the simulator) keeps the device's own
+//! paths (`device::uring` and the I/O threads), so nothing here is needed for correctness.
+//!
+//! Ownership rules the kernel imposes (pitfalls seen in other io_uring runtimes): the ring's
+//! table owns every buffer until that operation's completion is reaped, whether or not its
+//! future is still waiting, so a dropped request never frees memory the kernel writes into; the
+//! descriptor is submitted at once, so a file closed later cannot lend its number to another.
+//! The ring is created on the thread that uses it and never leaves it (`SINGLE_ISSUER`).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use io_uring::{opcode, squeue, types, IoUring};
+use parking_lot::Mutex;
+
+use super::{AlignedBuf, SharedBuf};
+
+/// Submission queue entries: more than the leaf queues of a core keep in flight. The
+/// completion queue is twice as large (the kernel's default), so it cannot overflow.
+const RING_ENTRIES: u32 = 1024;
+/// Tries at a kernel short of completion room before leaving entries queued for the reaper.
+const SUBMIT_ATTEMPTS_MAX: u32 = 8;
+
+/// What a finished operation hands back to its future.
+#[derive(Debug)]
+pub(super) struct Outcome {
+    /// The kernel's result: bytes transferred, or a negative errno.
+    pub result: i32,
+    /// The read buffer, returned to the reader.
+    pub buf: Option<AlignedBuf>,
+}
+
+/// Where a completion meets its future; shared because a future may be dropped (or, in
+/// principle, polled) elsewhere while the ring still holds the operation.
+#[derive(Debug, Default)]
+struct Slot {
+    outcome: Option<Outcome>,
+    waker: Option<Waker>,
+}
+
+/// An operation the kernel holds, with what it reads into or writes from.
+struct InFlight {
+    slot: Arc<Mutex<Slot>>,
+    /// Kept alive until the completion is reaped; handed to the reader then.
+    read_buf: Option<AlignedBuf>,
+    _write_buf: Option<SharedBuf>,
+}
+
+/// One core's ring and the operations it holds.
+pub struct CoreRing {
+    ring: RefCell<IoUring>,
+    inflight: RefCell<HashMap<u64, InFlight>>,
+    next_key: Cell<u64>,
+}
+
+impl std::fmt::Debug for CoreRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoreRing").field("inflight", &self.inflight.borrow().len()).finish()
+    }
+}
+
+thread_local! {
+    static CORE: RefCell<Option<Rc<CoreRing>>> = const { RefCell::new(None) };
+}
+
+/// Creates this thread's ring and returns its descriptor, which turns readable when
+/// completions wait to be reaped. Fails where the kernel (or a seccomp profile) refuses
+/// io_uring; the thread then keeps the devices' own paths.
+pub fn install() -> io::Result<RawFd> {
+    // Single issuer: only this thread submits, which lets the kernel skip its locking.
+    let ring = IoUring::builder()
+        .setup_single_issuer()
+        .build(RING_ENTRIES)
+        .or_else(|_| IoUring::new(RING_ENTRIES))?;
+    // A first submission proves the kernel accepts them (seccomp may allow setup, refuse enter).
+    ring.submitter().submit()?;
+    let fd = ring.as_raw_fd();
+    let core = Rc::new(CoreRing {
+        ring: RefCell::new(ring),
+        inflight: RefCell::new(HashMap::with_capacity(RING_ENTRIES as usize)),
+        next_key: Cell::new(0),
+    });
+    CORE.with(|c| *c.borrow_mut() = Some(core));
+    Ok(fd)
+}
+
+/// Whether this thread has a ring.
+pub fn installed() -> bool {
+    CORE.with(|c| c.borrow().is_some())
+}
+
+/// Operations this thread's ring holds (0 without a ring).
+pub fn inflight() -> usize {
+    CORE.with(|c| c.borrow().as_ref().map_or(0, |core| core.inflight.borrow().len()))
+}
+
+/// Completes every operation whose completion has arrived, waking its future. Returns how many.
+pub fn reap() -> usize {
+    let Some(core) = CORE.with(|c| c.borrow().clone()) else { return 0 };
+    core.reap()
+}
+
+/// Removes this thread's ring. Operations still in flight keep their buffers: the ring's memory
+/// (and theirs) is freed only after the kernel has dropped the ring, when it no longer uses them.
+pub fn uninstall() {
+    CORE.with(|c| c.borrow_mut().take());
+}
+
+/// Pushes an operation onto this thread's ring, or returns `None` when the thread has none.
+pub(super) fn push(
+    entry: squeue::Entry,
+    read_buf: Option<AlignedBuf>,
+    write_buf: Option<SharedBuf>,
+) -> Option<RingOp> {
+    let core = CORE.with(|c| c.borrow().clone())?;
+    Some(core.push(entry, read_buf, write_buf))
+}
+
+/// A read into a fresh buffer of `len` bytes.
+pub(super) fn read(fd: RawFd, offset: u64, len: u32) -> Option<RingOp> {
+    if !installed() {
+        return None;
+    }
+    let mut buf = AlignedBuf::zeroed(len as usize);
+    let entry = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len).offset(offset).build();
+    push(entry, Some(buf), None)
+}
+
+/// A write; with `dsync` it is durable when it completes (`RWF_DSYNC`: on a device with FUA one
+/// FUA write, else the kernel's write-then-flush, with no second trip from user space).
+pub(super) fn write(fd: RawFd, offset: u64, data: SharedBuf, dsync: bool) -> Option<RingOp> {
+    if !installed() {
+        return None;
+    }
+    let flags = if dsync { libc::RWF_DSYNC } else { 0 };
+    let entry = opcode::Write::new(types::Fd(fd), data.as_ptr(), data.len_bytes())
+        .offset(offset)
+        .rw_flags(flags)
+        .build();
+    push(entry, None, Some(data))
+}
+
+/// `fdatasync` through the ring (the kernel runs it on a worker of its own).
+pub(super) fn fdatasync(fd: RawFd) -> Option<RingOp> {
+    if !installed() {
+        return None;
+    }
+    let entry = opcode::Fsync::new(types::Fd(fd)).flags(types::FsyncFlags::DATASYNC).build();
+    push(entry, None, None)
+}
+
+impl CoreRing {
+    fn push(
+        &self,
+        entry: squeue::Entry,
+        read_buf: Option<AlignedBuf>,
+        write_buf: Option<SharedBuf>,
+    ) -> RingOp {
+        let key = self.next_key.get();
+        self.next_key.set(key.wrapping_add(1));
+        let slot = Arc::new(Mutex::new(Slot::default()));
+        self.inflight
+            .borrow_mut()
+            .insert(key, InFlight { slot: Arc::clone(&slot), read_buf, _write_buf: write_buf });
+        let entry = entry.user_data(key);
+        // Room in the submission queue: a full one is submitted first.
+        loop {
+            let mut ring = self.ring.borrow_mut();
+            // SAFETY: the entry's buffer (if any) is owned by `inflight` until its completion
+            // is reaped, and its descriptor is submitted below, before the caller can close it.
+            if unsafe { ring.submission().push(&entry) }.is_ok() {
+                break;
+            }
+            if let Err(e) = self.submit_or_reap(ring) {
+                self.complete(key, -e.raw_os_error().unwrap_or(libc::EIO));
+                return RingOp { slot };
+            }
+        }
+        let ring = self.ring.borrow_mut();
+        if let Err(e) = self.submit_or_reap(ring) {
+            // The ring is unusable: answer this operation with the error at once. (Its entry
+            // may still be queued; a ring that refuses `enter` never runs it.)
+            self.complete(key, -e.raw_os_error().unwrap_or(libc::EIO));
+        }
+        RingOp { slot }
+    }
+
+    /// Submits what is queued. A kernel short of room for completions (`EBUSY`) gets them
+    /// reaped here, on the one thread that may; after a few tries the entries stay queued for
+    /// the next submission, which the reaper also makes.
+    fn submit_or_reap(&self, ring: std::cell::RefMut<'_, IoUring>) -> io::Result<()> {
+        let mut ring = Some(ring);
+        for _ in 0..SUBMIT_ATTEMPTS_MAX {
+            let result = ring.as_mut().map_or(Ok(0), |r| r.submit());
+            match result {
+                Ok(_) => return Ok(()),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EAGAIN)) => {
+                    // Released first: reaping borrows the ring.
+                    drop(ring.take());
+                    self.reap();
+                    ring = Some(self.ring.borrow_mut());
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn reap(&self) -> usize {
+        let mut reaped = 0;
+        {
+            let mut ring = self.ring.borrow_mut();
+            if !ring.submission().is_empty() {
+                // Left queued by a kernel that was short of room; EBUSY again leaves them for
+                // the next turn.
+                let _ = ring.submit();
+            }
+        }
+        loop {
+            // Copied out first: completing wakes futures, which may push (and borrow the ring).
+            let batch: Vec<(u64, i32)> = {
+                let mut ring = self.ring.borrow_mut();
+                ring.completion().take(256).map(|cqe| (cqe.user_data(), cqe.result())).collect()
+            };
+            if batch.is_empty() {
+                return reaped;
+            }
+            for (key, result) in batch {
+                self.complete(key, result);
+                reaped += 1;
+            }
+        }
+    }
+
+    fn complete(&self, key: u64, result: i32) {
+        let Some(op) = self.inflight.borrow_mut().remove(&key) else { return };
+        let waker = {
+            let mut slot = op.slot.lock();
+            slot.outcome = Some(Outcome { result, buf: op.read_buf });
+            slot.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+impl Drop for CoreRing {
+    fn drop(&mut self) {
+        // The kernel may still write into buffers of operations in flight: wait for them (a
+        // bounded while), and leak what never completes rather than free memory it may use.
+        for _ in 0..DRAIN_WAITS_MAX {
+            if self.inflight.borrow().is_empty() {
+                return;
+            }
+            let timeout = types::Timespec::new().nsec(10_000_000);
+            let args = types::SubmitArgs::new().timespec(&timeout);
+            let _ = self.ring.borrow().submitter().submit_with_args(1, &args);
+            self.reap();
+        }
+        for (_, op) in self.inflight.borrow_mut().drain() {
+            std::mem::forget(op);
+        }
+    }
+}
+
+/// Waits of 10 ms for operations in flight when a ring is removed.
+const DRAIN_WAITS_MAX: u32 = 500;
+
+/// The future of one ring operation: ready with the kernel's answer.
+#[derive(Debug)]
+pub(super) struct RingOp {
+    slot: Arc<Mutex<Slot>>,
+}
+
+impl Future for RingOp {
+    type Output = Outcome;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+        let mut slot = self.slot.lock();
+        match slot.outcome.take() {
+            Some(outcome) => Poll::Ready(outcome),
+            None => {
+                if !slot.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    slot.waker = Some(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Operations pushed on a thread with a ring complete once reaped, and a thread without one
+    /// gets `None`.
+    #[test]
+    fn pushes_and_reaps_on_this_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![0u8; 8192]).unwrap();
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        std::thread::spawn(move || {
+            assert!(
+                write(file.as_raw_fd(), 0, AlignedBuf::zeroed(4096).into_shared(), false).is_none()
+            );
+            if install().is_err() {
+                return; // io_uring refused here; the device paths cover this thread.
+            }
+            let data = AlignedBuf::copy_from(&[7u8; 4096]).into_shared();
+            let op = write(file.as_raw_fd(), 4096, data, true).unwrap();
+            let outcome = futures::executor::block_on(async {
+                while inflight() > 0 {
+                    reap();
+                    std::thread::yield_now();
+                }
+                op.await
+            });
+            assert_eq!(outcome.result, 4096);
+            let op = read(file.as_raw_fd(), 4096, 4096).unwrap();
+            let outcome = futures::executor::block_on(async {
+                while inflight() > 0 {
+                    reap();
+                    std::thread::yield_now();
+                }
+                op.await
+            });
+            assert_eq!(outcome.result, 4096);
+            assert!(outcome.buf.unwrap().iter().all(|&b| b == 7));
+            uninstall();
+        })
+        .join()
+        .unwrap();
+    }
+}

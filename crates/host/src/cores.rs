@@ -1,0 +1,203 @@
+//! Thread-per-core serving: one single-threaded event loop per core, each owning an io_uring.
+//!
+//! Each core is a tokio current-thread runtime on a thread of its own (the first one on the
+//! caller's thread). A connection is placed on one core for its life: that core reads its
+//! requests, runs the engine's write and log append, submits the device commands to its own ring
+//! (`sluice_engine::device::core_ring`), reaps their completions and sends the replies. Tasks the
+//! engine spawns from a core stay on that core, so a request, its device commands and its reply
+//! never change thread; only work that is shared by nature crosses cores (a commit that waits
+//! for a log block another core's connection is writing, and the txg sync).
+//!
+//! Why tokio current-thread runtimes and not a thread-per-core runtime crate (glommio, monoio,
+//! compio, tokio-uring): the engine and the NBD server are written against tokio's sockets,
+//! timers and sync primitives, and keep working unchanged; the one thing the loop needs that
+//! tokio lacks, a ring it owns, is the engine's `core_ring`, driven from here by a task that
+//! waits on the ring's descriptor. glommio and tokio-uring are unmaintained, monoio lacks linked
+//! operations, and compio's 0.x API breaks often (docs/design.md, "Runtime model"). The cost is
+//! one `epoll_wait` and one `io_uring_enter` per loop turn instead of one combined wait.
+
+use std::future::Future;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+
+use sluice_engine::device::core_ring;
+use sluice_engine::rt::{BoxFuture, Env, Spawn};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::runtime::{Handle, Runtime};
+use tokio::sync::oneshot;
+
+/// The serving cores. Dropping it stops the other cores' threads.
+#[derive(Debug)]
+pub struct Cores {
+    /// Core 0's runtime; its loop runs on the thread that calls [`Cores::block_on`].
+    first: Runtime,
+    handles: Vec<Handle>,
+    stops: Vec<oneshot::Sender<()>>,
+    threads: Vec<thread::JoinHandle<()>>,
+    next: AtomicUsize,
+}
+
+impl Cores {
+    /// Starts `count` cores (at least one). Core 0 runs when [`Cores::block_on`] is called.
+    pub fn start(count: usize) -> io::Result<Cores> {
+        let count = count.max(1);
+        let first = current_thread("sluice_core/0")?;
+        let mut handles = vec![first.handle().clone()];
+        let (mut stops, mut threads) = (Vec::new(), Vec::new());
+        for index in 1..count {
+            let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+            let (stop, stopped) = oneshot::channel::<()>();
+            let name = format!("sluice_core/{index}");
+            let thread = thread::Builder::new().name(name.clone()).spawn(move || {
+                let runtime = match current_thread(&name) {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = handle_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = handle_tx.send(Ok(runtime.handle().clone()));
+                runtime.block_on(async move {
+                    let reaper = start_ring();
+                    let _ = stopped.await;
+                    if let Some(reaper) = reaper {
+                        reaper.abort();
+                    }
+                });
+                drop(runtime);
+                core_ring::uninstall();
+            })?;
+            let handle = handle_rx.recv().map_err(|_| io::Error::other("core thread died"))??;
+            handles.push(handle);
+            stops.push(stop);
+            threads.push(thread);
+        }
+        Ok(Cores { first, handles, stops, threads, next: AtomicUsize::new(0) })
+    }
+
+    /// Runs `task` on core 0, on this thread, with core 0's ring installed.
+    pub fn block_on<F: Future>(&self, task: F) -> F::Output {
+        self.first.block_on(async move {
+            let reaper = start_ring();
+            let output = task.await;
+            if let Some(reaper) = reaper {
+                reaper.abort();
+            }
+            output
+        })
+    }
+
+    pub fn count(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// The core for the next connection, round robin.
+    pub fn next_core(&self) -> &Handle {
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.handles.len();
+        &self.handles[index]
+    }
+
+    pub fn handles(&self) -> &[Handle] {
+        &self.handles
+    }
+
+    /// An engine environment whose tasks run on the core that spawns them (core 0 when spawned
+    /// from elsewhere).
+    pub fn env(&self, seed: u64) -> Env {
+        Env::new(
+            Arc::new(crate::TokioClock::default()),
+            Arc::new(CoreSpawn { fallback: self.handles[0].clone() }),
+            seed,
+        )
+    }
+}
+
+impl Drop for Cores {
+    fn drop(&mut self) {
+        for stop in self.stops.drain(..) {
+            let _ = stop.send(());
+        }
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+        core_ring::uninstall();
+    }
+}
+
+fn current_thread(name: &str) -> io::Result<Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().thread_name(name).build()
+}
+
+/// Spawns onto the core the caller runs on: a task and whatever it spawns share a thread.
+#[derive(Debug)]
+struct CoreSpawn {
+    fallback: Handle,
+}
+
+impl Spawn for CoreSpawn {
+    fn spawn(&self, _name: &'static str, task: BoxFuture<()>) {
+        match Handle::try_current() {
+            Ok(handle) => drop(handle.spawn(task)),
+            Err(_) => drop(self.fallback.spawn(task)),
+        }
+    }
+}
+
+/// Installs this core's ring and starts the task that reaps it; `None` where io_uring is
+/// refused (the devices then use their own threads).
+fn start_ring() -> Option<tokio::task::JoinHandle<()>> {
+    let fd = core_ring::install().ok()?;
+    // A duplicate the reaper owns: readiness is the ring's, and the descriptor stays open for
+    // as long as the reactor watches it, whenever the ring itself is removed.
+    // SAFETY: `fd` is the ring's open descriptor; dup only reads it.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return None;
+    }
+    // SAFETY: `dup` was just returned by F_DUPFD_CLOEXEC, so it is open and nothing else owns it.
+    let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+    // SAFETY: the OwnedFd is open and owned by the AsyncFd for its whole life, so the
+    // descriptor it reports stays the same open file description.
+    let ring = unsafe { AsyncFd::register_with_interest(owned, Interest::READABLE) }.ok()?;
+    Some(tokio::spawn(async move {
+        loop {
+            let Ok(mut ready) = ring.readable().await else { return };
+            core_ring::reap();
+            ready.clear_ready();
+            // Completions that arrived between the reap and clearing readiness raised no new
+            // edge; reaping again after clearing leaves none behind.
+            core_ring::reap();
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tasks spawned through a core's environment run on that core's thread.
+    #[test]
+    fn spawned_tasks_stay_on_their_core() {
+        let cores = Cores::start(2).unwrap();
+        let env = cores.env(1);
+        let handle = cores.handles()[1].clone();
+        let same = cores.block_on(async move {
+            handle
+                .spawn(async move {
+                    let here = thread::current().id();
+                    let (tx, rx) = oneshot::channel();
+                    env.spawn("test", async move {
+                        let _ = tx.send(thread::current().id());
+                    });
+                    rx.await.unwrap() == here
+                })
+                .await
+                .unwrap()
+        });
+        assert!(same);
+    }
+}
