@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use sluice_engine::txg::StoreError;
 use sluice_engine::volume::Volume;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::proto::{self, Limits, Request};
@@ -42,6 +42,8 @@ pub enum ConnectionError {
     Protocol(String),
 }
 
+/// Bytes one receive may take from a connection's socket.
+const READ_BUFFER_BYTES: usize = 64 << 10;
 /// Requests one connection may have in flight.
 const IN_FLIGHT_MAX: usize = 256;
 /// Payload bytes one connection may hold in flight, in KiB (permits of the byte semaphore).
@@ -64,7 +66,10 @@ pub async fn serve_connection<S>(
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let (mut reader, writer) = tokio::io::split(stream);
+    let (reader, writer) = tokio::io::split(stream);
+    // A request's header and its payload usually arrive together: one receive takes both
+    // (and any requests behind them) instead of one call each.
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
     let mut writer = BufWriter::new(writer);
     let Some(session) = negotiate(&mut reader, &mut writer, exports.as_ref()).await? else {
         return Ok(());

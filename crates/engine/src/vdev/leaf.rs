@@ -29,6 +29,9 @@ use crate::stats::LeafStats;
 use crate::tunables::{IoClass, Tunable, Tunables};
 
 /// What a queued I/O carries: its data (writes) and who to tell when it is done.
+/// A device command the caller runs itself ([`Leaf::enqueue`]).
+type OwnIssue = Issue<(Waiter, crate::rt::Time)>;
+
 #[derive(Debug)]
 enum Waiter {
     Read(oneshot::Sender<Result<AlignedBuf, VdevError>>),
@@ -168,13 +171,19 @@ impl Leaf {
         class: IoClass,
     ) -> Result<AlignedBuf, VdevError> {
         let (done, wait) = oneshot::channel();
-        self.enqueue(QueuedIo {
-            class,
-            direction: Direction::Read,
-            offset,
-            len: u64::from(len),
-            payload: (Waiter::Read(done), self.env.now()),
-        });
+        let own = self.enqueue(
+            QueuedIo {
+                class,
+                direction: Direction::Read,
+                offset,
+                len: u64::from(len),
+                payload: (Waiter::Read(done), self.env.now()),
+            },
+            |waiter| matches!(waiter, Waiter::Read(done) if done.is_connected_to(&wait)),
+        );
+        if let Some((queue, issue)) = own {
+            Arc::clone(self).execute(queue, issue).await;
+        }
         let result = wait.await.unwrap_or_else(|_| Err(self.gone()));
         if result.is_ok() {
             self.stats.reads.inc();
@@ -204,13 +213,19 @@ impl Leaf {
     ) -> Result<(), VdevError> {
         let (done, wait) = oneshot::channel();
         let len = u64::from(data.len_bytes());
-        self.enqueue(QueuedIo {
-            class,
-            direction: Direction::Write,
-            offset,
-            len,
-            payload: (Waiter::Write(data, durable, done), self.env.now()),
-        });
+        let own = self.enqueue(
+            QueuedIo {
+                class,
+                direction: Direction::Write,
+                offset,
+                len,
+                payload: (Waiter::Write(data, durable, done), self.env.now()),
+            },
+            |waiter| matches!(waiter, Waiter::Write(_, _, done) if done.is_connected_to(&wait)),
+        );
+        if let Some((queue, issue)) = own {
+            Arc::clone(self).execute(queue, issue).await;
+        }
         let result = wait.await.unwrap_or_else(|_| Err(self.gone()));
         match &result {
             Ok(()) => {
@@ -249,19 +264,40 @@ impl Leaf {
         VdevError::Device { vdev: self.id, source }
     }
 
-    fn enqueue(self: &Arc<Self>, io: QueuedIo<(Waiter, crate::rt::Time)>) {
+    /// Queues an I/O and issues what the scheduler allows. When the caller's own I/O
+    /// (`is_own`) goes out at once as a command of its own, it is returned for the caller to
+    /// run in its own task: no task is spawned and no wake-up crosses between the request and
+    /// its device command (the common case, a queue below its limits).
+    fn enqueue(
+        self: &Arc<Self>,
+        io: QueuedIo<(Waiter, crate::rt::Time)>,
+        is_own: impl Fn(&Waiter) -> bool,
+    ) -> Option<(usize, OwnIssue)> {
         self.pending.fetch_add(1, Ordering::Relaxed);
         self.last_end.store(io.offset + io.len, Ordering::Relaxed);
         *self.pending_ends.lock().entry(io.offset + io.len).or_insert(0) += 1;
         let queue = self.next_queue.fetch_add(1, Ordering::Relaxed) % self.queues.len();
         self.queues[queue].lock().enqueue(io, self.env.now());
-        self.pump(queue);
+        self.pump(queue, Some(&is_own)).map(|issue| (queue, issue))
     }
 
-    /// Issues every command the scheduler allows now.
-    fn pump(self: &Arc<Self>, queue: usize) {
+    /// Issues every command the scheduler allows now, each on a task of its own, except one
+    /// that carries only the caller's I/O, which is returned.
+    fn pump(
+        self: &Arc<Self>,
+        queue: usize,
+        is_own: Option<&dyn Fn(&Waiter) -> bool>,
+    ) -> Option<OwnIssue> {
+        let mut own = None;
         loop {
-            let Some(issue) = self.queues[queue].lock().next_issue() else { return };
+            let Some(issue) = self.queues[queue].lock().next_issue() else { return own };
+            let single_own = own.is_none()
+                && issue.members.len() == 1
+                && is_own.is_some_and(|is_own| is_own(&issue.members[0].payload.0));
+            if single_own {
+                own = Some(issue);
+                continue;
+            }
             let leaf = Arc::clone(self);
             self.env.spawn("vdev_io", async move { leaf.execute(queue, issue).await });
         }
@@ -271,6 +307,9 @@ impl Leaf {
     async fn execute(self: Arc<Self>, queue: usize, issue: Issue<(Waiter, crate::rt::Time)>) {
         let class = issue.class;
         let ends: Vec<u64> = issue.members.iter().map(|m| m.offset + m.len).collect();
+        // A command run inside a request's task ends with that task, which may be dropped
+        // (a runtime shutting down): its slots in the queue are given back either way.
+        let mut slots = Slots { leaf: &self, queue, class, ends, bytes: issue.len, held: true };
         if issue.members.len() > 1 {
             self.stats.aggregated.add(issue.members.len() as u64 - 1);
         }
@@ -281,7 +320,7 @@ impl Leaf {
                 if result.is_err() {
                     self.stats.read_errors.inc();
                 }
-                self.finish(queue, class, &ends, issue.len);
+                slots.release();
                 let now = self.env.now();
                 let single = issue.members.len() == 1;
                 let mut whole = None;
@@ -342,7 +381,7 @@ impl Leaf {
                     }
                     result
                 };
-                self.finish(queue, class, &ends, issue.len);
+                slots.release();
                 for member in issue.members {
                     let (Waiter::Write(_, _, done), started) = member.payload else { continue };
                     self.stats.latency[member.class.index()].record(self.env.now().since(started));
@@ -372,7 +411,31 @@ impl Leaf {
             }
         }
         self.queues[queue].lock().done(class, members, bytes, self.env.now());
-        self.pump(queue);
+        self.pump(queue, None);
+    }
+}
+
+/// The queue slots an issued command holds, released when it completes or is abandoned.
+struct Slots<'a> {
+    leaf: &'a Arc<Leaf>,
+    queue: usize,
+    class: IoClass,
+    ends: Vec<u64>,
+    bytes: u64,
+    held: bool,
+}
+
+impl Slots<'_> {
+    fn release(&mut self) {
+        if std::mem::take(&mut self.held) {
+            self.leaf.finish(self.queue, self.class, &self.ends, self.bytes);
+        }
+    }
+}
+
+impl Drop for Slots<'_> {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
