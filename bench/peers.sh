@@ -1,39 +1,119 @@
 #!/usr/bin/env bash
-# Runs the same fio jobs against sluice, qemu-nbd (raw file, cache=none), nbdkit (file plugin,
-# cache=none) and fio directly on a raw file (the limit), one after the other on the same disk,
-# and writes a table and a plot to docs/bench/peers.md (and peers.svg). sluice runs twice: as
-# it comes, and caching no data (cache.contents=metadata), like the peers' cache=none.
-#
+# Runs the same fio jobs against sluice and its peers on the same disk and writes a table, the
+# goals and a plot to docs/bench/peers.md (and peers.svg). Targets, all on files in one data dir:
+#   raw            fio itself on a raw file (libaio, O_DIRECT): the disk's limit, no server
+#   qemu-nbd       a raw file, cache=none, aio=native
+#   nbdkit         the file plugin, cache=none
+#   nbdkit-memory  the memory plugin: no disk and no durability, the cost of the protocol alone
+#   sluice         `sluice serve` on a pool of one file leaf, a volume of the default 16 KiB blocks
+#   sluice-nocache the same caching no data (cache.contents=metadata), like the peers' cache=none;
+#                  4 KiB writes and the reads only
+#   sluice-mirror  (--mirror) the same on a 2-way mirror of two files, as the default pool is;
+#                  write + flush jobs only
+#   sluice[K=V]    (--sluice-tunable K=V) the same with tunables
 # Jobs: 4 KiB random writes with a flush after every write (fio --fsync=1) at 1, 8 and 32 jobs
-# (one connection each); 4 KiB random reads at queue depth 32; 1 MiB sequential reads and
-# writes. sluice serves a pool of one file leaf, like the peers' one raw file, with a volume of
-# the default 16 KiB blocks.
+# (one connection each); 4 KiB random reads at queue depth 32; 1 MiB sequential reads; 1 MiB
+# sequential writes; 1 MiB sequential writes each followed by a flush at 1 and 4 jobs.
 #
-# Usage: bench/peers.sh [--seconds N] [--dir DIR] [--size SIZE]
-# Needs: fio, qemu-utils (qemu-nbd), nbdkit, libnbd-bin; builds target/release/sluice.
+# All servers run side by side for the whole run. Each round runs every job on every target in
+# turn (job-major, the target order rotated each round), so the targets of a job run minutes
+# apart at most and a slow phase of the VM hits all of them alike; each target's volume sees the
+# same jobs in the same order. The report gives the median of three rounds and their spread.
+# (An idle sluice server still syncs an empty txg every txg.timeout_ms: a few small writes and
+# two flushes a leaf every 5 s, next to the thousands a second of the target being measured.)
+# Besides fio's figures, each server's CPU time (/proc/PID/stat) and context switches (every
+# thread's, /proc/PID/task/*/status) are sampled while fio runs and given per operation (a
+# write-and-flush job's operation is one write and its flush).
+#
+# Usage: bench/peers.sh [--seconds N] [--rounds N] [--dir DIR] [--size SIZE] [--no-build]
+#          [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...] [--targets NAME,...]
+# The default run (10 s a job, 3 rounds: 45 runs of about 11.5 s a round, and 6 s after each of
+# sluice's 9 write runs) takes about 30 minutes; --mirror adds about 4.
+# Needs: fio, qemu-utils (qemu-nbd), nbdkit, libnbd-bin; builds target/release/sluice unless
+# --no-build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export LC_ALL=C  # $EPOCHREALTIME and numfmt must use a decimal point
+cmdline="bench/peers.sh"
+for a in "$@"; do
+  if [[ $a =~ ^[A-Za-z0-9_./=,:+@%-]+$ ]]; then cmdline+=" $a"; else cmdline+=" $(printf '%q' "$a")"; fi
+done
 seconds=10
+rounds=3
 dir=${TMPDIR:-/tmp}/sluice-peers
 size=2G
+build=1
+mirror=0
+tunables=()
+only_jobs=""
+only_targets=""
+usage="usage: $0 [--seconds N] [--rounds N] [--dir DIR] [--size SIZE] [--no-build] [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...] [--targets NAME,...]"
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
-    *) echo "usage: $0 [--seconds N] [--dir DIR] [--size SIZE]" >&2; exit 2 ;;
+    --no-build) build=0; shift ;;
+    --mirror) mirror=1; shift ;;
+    --sluice-tunable) tunables+=("$2"); shift 2 ;;
+    --jobs) only_jobs=$2; shift 2 ;;
+    --targets) only_targets=$2; shift 2 ;;
+    *) echo "$usage" >&2; exit 2 ;;
   esac
 done
+[[ $seconds =~ ^[0-9]+$ && $seconds -ge 2 ]] || { echo "peers: --seconds must be 2 or more" >&2; exit 2; }
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "peers: --rounds must be a positive number" >&2; exit 2; }
+# The socket paths go into NBD URIs unescaped.
+[[ $dir =~ ^[A-Za-z0-9_./+-]+$ ]] || { echo "peers: --dir must be a plain path (letters, digits, _ . / + -)" >&2; exit 2; }
 for tool in fio qemu-nbd nbdkit nbdinfo; do
   command -v "$tool" >/dev/null || { echo "peers: $tool is missing (apt-get install fio qemu-utils nbdkit libnbd-bin)" >&2; exit 1; }
 done
-cargo build -q --release -p sluice-cli
+[ "$build" = 1 ] && cargo build -q --release -p sluice-cli
 bin=$PWD/target/release/sluice
+[ -x "$bin" ] || { echo "peers: $bin is missing (run without --no-build)" >&2; exit 1; }
+# Taken now: the servers keep running this binary even if a build replaces the file meanwhile.
+bin_mtime=$(date -u -r "$bin" +%Y-%m-%dT%H:%MZ)
+
+all_jobs=(syncwrite-1 syncwrite-8 syncwrite-32 randread-qd32 seqread-1m seqwrite-1m syncwrite-1m-1 syncwrite-1m-4)
+if [ -n "$only_jobs" ]; then
+  IFS=, read -ra jobs <<<"$only_jobs"
+  for j in "${jobs[@]}"; do
+    [[ " ${all_jobs[*]} " == *" $j "* ]] || { echo "peers: unknown job $j (jobs: ${all_jobs[*]})" >&2; exit 2; }
+  done
+else
+  jobs=("${all_jobs[@]}")
+fi
+wanted() { [ -z "$only_targets" ] || [[ ",$only_targets," == *",$1,"* ]]; }
+
+bytes=$(numfmt --from=iec "$size")
+# The region every job works in: 1 GiB, or less on a small --size; a multiple of 4 MiB so the
+# 4-job 1 MiB job splits it evenly.
+vol_bytes=$(( bytes * 3 / 4 / 16384 * 16384 ))
+span_mib=$(( vol_bytes >> 20 )); [ "$span_mib" -gt 1024 ] && span_mib=1024
+span_mib=$(( span_mib / 4 * 4 ))
+[ "$span_mib" -ge 16 ] || { echo "peers: --size is too small" >&2; exit 2; }
+span=${span_mib}M
+ramp=1
+tck=$(getconf CLK_TCK)
+
 rm -rf "$dir"; mkdir -p "$dir"
 results=$dir/results.jsonl
 : >"$results"
+export SLUICE_CACHE_FILE=$dir/sluice-pools
+
+# Per target: how fio reaches it (nbd URI or file), the server's PID (none for raw), what it
+# is, the jobs it runs, and how long to wait after a write job (see run_one).
+targets=()
+declare -A uri_of file_of pid_of desc_of jobs_of settle_of
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+fio_pid=""
+cleanup() {
+  [ -n "$fio_pid" ] && kill "$fio_pid" 2>/dev/null
+  # TERM lets sluice finish its requests, sync and export the pool.
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
 trap cleanup EXIT
 
 wait_socket() {
@@ -41,90 +121,278 @@ wait_socket() {
   echo "peers: no server on $1" >&2; exit 1
 }
 
-# One fio job: name, target label, then fio arguments.
-run_fio() {
-  local job=$1 target=$2; shift 2
-  local out=$dir/$target-$job.json
-  fio --name="$job" --time_based --runtime="$seconds" --ramp_time=1 --group_reporting \
-    --output-format=json "$@" 2>/dev/null | grep -v '^fio: ' >"$out" || true
-  /usr/bin/python3 - "$out" "$job" "$target" >>"$results" <<'EOF'
-import json, sys
-path, job, target = sys.argv[1:]
-try:
-    j = json.load(open(path))["jobs"][0]
-except Exception as e:
-    print(json.dumps({"job": job, "target": target, "error": str(e)}))
-    sys.exit(0)
-rw = j["write"] if j["write"]["io_bytes"] > 0 else j["read"]
-lat = rw.get("clat_ns", {})
-print(json.dumps({"job": job, "target": target, "iops": rw["iops"], "mb_s": rw["bw_bytes"] / 1e6,
-                  "p50_us": lat.get("percentile", {}).get("50.000000", 0) / 1000,
-                  "p99_us": lat.get("percentile", {}).get("99.000000", 0) / 1000}))
-EOF
+# The PID sampled must be the server itself, not a shell around it: `cmd &` execs cmd in the
+# child, and qemu-nbd and nbdkit -f do not fork, but say so loudly if that ever changes.
+check_pid() {
+  local comm; comm=$(cat "/proc/$1/comm" 2>/dev/null || true)
+  [ "$comm" = "$2" ] || { echo "peers: process $1 is '$comm', not $2" >&2; exit 1; }
 }
 
-jobs() {  # target label, then the fio arguments that reach it
-  local target=$1; shift
-  echo "peers: $target" >&2
-  for n in 1 8 32; do
-    run_fio "syncwrite-$n" "$target" "$@" --rw=randwrite --bs=4k --fsync=1 --numjobs="$n" --iodepth=1 --size=1G
-  done
-  run_fio "randread-qd32" "$target" "$@" --rw=randread --bs=4k --iodepth=32 --numjobs=1 --size=1G
-  run_fio "seqread-1m" "$target" "$@" --rw=read --bs=1M --iodepth=8 --numjobs=1 --size=1G
-  run_fio "seqwrite-1m" "$target" "$@" --rw=write --bs=1M --iodepth=8 --numjobs=1 --size=1G
+prefill() {  # writes the whole region once, so reads read data and writes overwrite it
+  fio --name=prefill --rw=write --bs=1M --iodepth=8 --size="$span" "$@" >/dev/null 2>&1
 }
 
-prefill() {  # writes 1 GiB of data so reads read something
-  fio --name=prefill --rw=write --bs=1M --iodepth=8 --size=1G "$@" >/dev/null 2>&1
+add_target() {  # name, description, jobs (space-separated), seconds to settle after a write job
+  targets+=("$1"); desc_of[$1]=$2; jobs_of[$1]=" $3 "; settle_of[$1]=$4
 }
 
 # 1. The raw file, directly (the limit).
-truncate -s "$size" "$dir/raw.img"
-prefill --ioengine=libaio --direct=1 --filename="$dir/raw.img"
-jobs raw --ioengine=libaio --direct=1 --filename="$dir/raw.img"
+if wanted raw; then
+  truncate -s "$size" "$dir/raw.img"
+  prefill --ioengine=libaio --direct=1 --filename="$dir/raw.img"
+  add_target raw "fio directly on a raw file (libaio, O_DIRECT): the disk's limit, no server" "${all_jobs[*]}" 0
+  file_of[raw]=$dir/raw.img
+fi
 
 # 2. qemu-nbd on a raw file, cache=none, as many connections as jobs.
-truncate -s "$size" "$dir/qemu.img"
-qemu-nbd -f raw --cache=none --aio=native -e 64 -t -k "$dir/qemu.sock" -x disk "$dir/qemu.img" &
-pids+=($!); wait_socket "$dir/qemu.sock" disk
-uri="nbd+unix:///disk?socket=$dir/qemu.sock"
-prefill --ioengine=nbd --uri="$uri"
-jobs qemu-nbd --ioengine=nbd --uri="$uri"
-kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+if wanted qemu-nbd; then
+  truncate -s "$size" "$dir/qemu.img"
+  qemu-nbd -f raw --cache=none --aio=native -e 64 -t -k "$dir/qemu.sock" -x disk "$dir/qemu.img" &
+  pid_of[qemu-nbd]=$!; pids+=($!); wait_socket "$dir/qemu.sock" disk; check_pid "$!" qemu-nbd
+  uri_of[qemu-nbd]="nbd+unix:///disk?socket=$dir/qemu.sock"
+  prefill --ioengine=nbd --uri="${uri_of[qemu-nbd]}"
+  add_target qemu-nbd "qemu-nbd on a raw file, cache=none, aio=native, up to 64 connections" "${all_jobs[*]}" 0
+fi
 
-# 3. nbdkit's file plugin, cache=none.
-truncate -s "$size" "$dir/nbdkit.img"
-nbdkit -f -U "$dir/nbdkit.sock" file file="$dir/nbdkit.img" cache=none &
-pids+=($!); wait_socket "$dir/nbdkit.sock" ""
-uri="nbd+unix:///?socket=$dir/nbdkit.sock"
-prefill --ioengine=nbd --uri="$uri"
-jobs nbdkit --ioengine=nbd --uri="$uri"
-kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+# 3. nbdkit's file plugin, cache=none. nbdkit runs a fixed number of threads per connection
+# (16 by default), each holding one request: 32 lets the QD 32 job have its whole queue served.
+if wanted nbdkit; then
+  truncate -s "$size" "$dir/nbdkit.img"
+  nbdkit -f --threads=32 -U "$dir/nbdkit.sock" file file="$dir/nbdkit.img" cache=none &
+  pid_of[nbdkit]=$!; pids+=($!); wait_socket "$dir/nbdkit.sock" ""; check_pid "$!" nbdkit
+  uri_of[nbdkit]="nbd+unix:///?socket=$dir/nbdkit.sock"
+  prefill --ioengine=nbd --uri="${uri_of[nbdkit]}"
+  add_target nbdkit "nbdkit's file plugin on a raw file, cache=none, 32 threads per connection" "${all_jobs[*]}" 0
+fi
 
-# 4. sluice: a pool of one file leaf, one volume; label, then `serve` arguments.
-export SLUICE_CACHE_FILE=$dir/sluice-pools
+# 4. nbdkit's memory plugin: the ceiling. allocator=malloc, a flat array, is the plugin's
+# fastest (the default sparse array takes a lock on every write).
+if wanted nbdkit-memory; then
+  nbdkit -f --threads=32 -U "$dir/memory.sock" memory size="$size" allocator=malloc &
+  pid_of[nbdkit-memory]=$!; pids+=($!); wait_socket "$dir/memory.sock" ""; check_pid "$!" nbdkit
+  uri_of[nbdkit-memory]="nbd+unix:///?socket=$dir/memory.sock"
+  prefill --ioengine=nbd --uri="${uri_of[nbdkit-memory]}"
+  add_target nbdkit-memory "nbdkit's memory plugin (allocator=malloc, 32 threads per connection): no disk, no durability, the cost of the protocol alone" "${all_jobs[*]}" 0
+fi
+
+# 5. sluice: label, description, jobs, `mirror` or `single`, then `serve` arguments. Each has a
+# pool and a directory of its own (pool names also name the control sockets).
+sluice_n=0
 sluice_target() {
-  local label=$1; shift
-  rm -f "$dir/sluice.img" "$SLUICE_CACHE_FILE"
+  local label=$1 desc=$2 target_jobs=$3 layout=$4; shift 4
+  local d=$dir/sluice$sluice_n pool=peers$sluice_n
+  sluice_n=$(( sluice_n + 1 ))
+  mkdir -p "$d"
+  local leaves=("$d/leaf0.img")
+  [ "$layout" = mirror ] && leaves=(mirror "$d/leaf0.img" "$d/leaf1.img")
   # Written once, like the peers' images after their prefill: a sparse leaf would make ext4
   # allocate extents (and commit its journal at every flush) on the first write to each
   # region, a cost of the sparse file rather than of the server.
-  dd if=/dev/zero of="$dir/sluice.img" bs=1M count="$(( $(numfmt --from=iec "$size") >> 20 ))" oflag=direct status=none
-  "$bin" pool create peers "$dir/sluice.img" >/dev/null
-  local vol_bytes=$(( $(numfmt --from=iec "$size") * 3 / 4 / 16384 * 16384 ))
-  "$bin" vol create peers/disk --size "$vol_bytes" >/dev/null
-  "$bin" serve peers --socket "$dir/sluice.sock" --listen none --dir "$dir" "$@" 2>"$dir/$label.log" &
-  pids+=($!); wait_socket "$dir/sluice.sock" disk
-  uri="nbd+unix:///disk?socket=$dir/sluice.sock"
-  prefill --ioengine=nbd --uri="$uri"
-  jobs "$label" --ioengine=nbd --uri="$uri"
-  kill -TERM "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+  local leaf
+  for leaf in "${leaves[@]}"; do
+    [ "$leaf" = mirror ] && continue
+    dd if=/dev/zero of="$leaf" bs=1M count="$(( bytes >> 20 ))" oflag=direct status=none
+  done
+  "$bin" pool create "$pool" "${leaves[@]}" >/dev/null
+  "$bin" vol create "$pool/disk" --size "$vol_bytes" >/dev/null
+  "$bin" serve "$pool" --socket "$d/nbd.sock" --listen none --dir "$d" "$@" 2>"$d/serve.log" &
+  pid_of[$label]=$!; pids+=($!); wait_socket "$d/nbd.sock" disk; check_pid "$!" sluice
+  uri_of[$label]="nbd+unix:///disk?socket=$d/nbd.sock"
+  prefill --ioengine=nbd --uri="${uri_of[$label]}"
+  # A write job leaves its last txg to the sync that txg.timeout_ms (5 s by default) starts.
+  # Waiting it out keeps that work off the next target's run and charges it to this job.
+  local timeout_ms=5000 a
+  for a in "$@"; do [[ $a == txg.timeout_ms=* ]] && timeout_ms=${a#txg.timeout_ms=}; done
+  add_target "$label" "$desc" "$target_jobs" "$(( timeout_ms / 1000 + 1 ))"
 }
-sluice_target sluice
-# 5. The same caching no data (ZFS's primarycache=metadata): qemu-nbd and nbdkit run
-# cache=none, and sluice's default cache (an eighth of memory) holds this whole volume, so this
-# column shows what the disk path does. Indirect blocks stay cached, as in any ZFS setting.
-sluice_target sluice-nocache --set cache.contents=metadata
+if wanted sluice; then
+  sluice_target sluice "sluice serve on a pool of one file leaf, a volume of 16 KiB blocks, default tunables" "${all_jobs[*]}" single
+fi
+# ZFS's primarycache=metadata: qemu-nbd and nbdkit run cache=none, and sluice's default cache
+# (an eighth of memory) holds this whole volume, so this target shows what the disk path does.
+# Indirect blocks stay cached, as in any ZFS setting. It skips the 1 MiB writes, which cover
+# whole blocks and so do not depend on the cache; the 4 KiB writes stay, both for their own
+# figures and so that its volume is as scattered by copy-on-write as sluice's when read.
+if wanted sluice-nocache; then
+  sluice_target sluice-nocache "the same with cache.contents=metadata (caches no data, like ZFS's primarycache=metadata)" \
+    "syncwrite-1 syncwrite-8 syncwrite-32 randread-qd32 seqread-1m" single --set cache.contents=metadata
+fi
+# What the default pool layout costs: every log block and txg write goes to both files, on the
+# same disk here. Only the jobs that wait for the disk on every operation.
+if [ "$mirror" = 1 ] && wanted sluice-mirror; then
+  sluice_target sluice-mirror "the same on a 2-way mirror of two files in the same dir (the default pool's layout)" \
+    "syncwrite-1 syncwrite-8 syncwrite-32 syncwrite-1m-1 syncwrite-1m-4" mirror
+fi
+for t in ${tunables[@]+"${tunables[@]}"}; do
+  label="sluice[$t]"
+  wanted "$label" || continue
+  IFS=, read -ra kv <<<"$t"
+  set_args=(); desc="the same as sluice with"
+  for x in "${kv[@]}"; do set_args+=(--set "$x"); desc+=" --set $x"; done
+  sluice_target "$label" "$desc" "${all_jobs[*]}" single "${set_args[@]}"
+done
+[ ${#targets[@]} -gt 0 ] || { echo "peers: no targets selected" >&2; exit 2; }
+# Every prefill's last txg synced before the first measurement.
+max_settle=0
+for t in "${targets[@]}"; do [ "${settle_of[$t]}" -gt "$max_settle" ] && max_settle=${settle_of[$t]}; done
+sleep "$max_settle"
 
-/usr/bin/python3 bench/peers_report.py "$results" "$seconds" docs/bench/peers.md docs/bench/peers.svg
-echo "peers: wrote docs/bench/peers.md and docs/bench/peers.svg" >&2
+job_args() {  # the fio arguments of a job, into jargs
+  local n
+  case $1 in
+    syncwrite-1m-*) n=${1##*-}
+      # Each job its own slice of the region, written sequentially.
+      jargs=(--rw=write --bs=1M --fsync=1 --iodepth=1 --numjobs="$n" --size="$(( span_mib / n ))M" --offset_increment="$(( span_mib / n ))M") ;;
+    syncwrite-*) jargs=(--rw=randwrite --bs=4k --fsync=1 --iodepth=1 --numjobs="${1#syncwrite-}" --size="$span") ;;
+    randread-qd32) jargs=(--rw=randread --bs=4k --iodepth=32 --numjobs=1 --size="$span") ;;
+    seqread-1m) jargs=(--rw=read --bs=1M --iodepth=8 --numjobs=1 --size="$span") ;;
+    seqwrite-1m) jargs=(--rw=write --bs=1M --iodepth=8 --numjobs=1 --size="$span") ;;
+  esac
+}
+
+sample() {  # time, then the server's /proc/PID/stat, then every thread's context switches
+  { echo "$EPOCHREALTIME"; cat "/proc/$1/stat"; grep -H ctxt_switches /proc/"$1"/task/*/status; } 2>/dev/null || true
+}
+
+sleep_until() {
+  local d; d=$(awk -v t="$1" -v now="$EPOCHREALTIME" 'BEGIN { d = t - now; printf "%.3f", (d > 0 ? d : 0) }')
+  sleep "$d"
+}
+
+# One fio job on one target: round, position in the round, job, target.
+run_one() {
+  local round=$1 pos=$2 job=$3 target=$4
+  local base; base=$dir/r$round-$job-$(printf %s "$target" | tr -c 'A-Za-z0-9_.=-' '_')
+  local pid=${pid_of[$target]:-}
+  local where
+  if [ -n "${file_of[$target]:-}" ]; then
+    where=(--ioengine=libaio --direct=1 --filename="${file_of[$target]}")
+  else
+    where=(--ioengine=nbd --uri="${uri_of[$target]}")
+  fi
+  job_args "$job"
+  echo "peers: round $round/$rounds, $job, $target" >&2
+  rm -f "$base".{before,after,end,settled}
+  local start=$EPOCHREALTIME
+  fio --name="$job" --time_based --runtime="$seconds" --ramp_time="$ramp" --group_reporting \
+    --output-format=json "${where[@]}" "${jargs[@]}" >"$base.out" 2>"$base.err" &
+  fio_pid=$!
+  if [ -n "$pid" ]; then
+    # Both samples inside the measured period (which starts after fio's setup and the ramp),
+    # so the CPU and switches counted are those of the steady state fio's figures describe;
+    # they are divided by the time between the samples and by fio's IOPS.
+    sleep_until "$(awk -v s="$start" -v r="$ramp" 'BEGIN { printf "%.6f", s + r + 0.5 }')"
+    sample "$pid" >"$base.before"
+    sleep_until "$(awk -v s="$start" -v r="$ramp" -v n="$seconds" 'BEGIN { printf "%.6f", s + r + n }')"
+    sample "$pid" >"$base.after"
+  fi
+  wait "$fio_pid" || true
+  fio_pid=""
+  local settle=${settle_of[$target]}
+  if [ -n "$pid" ] && [ "$settle" -gt 0 ] && [[ $job == *write* ]]; then
+    sample "$pid" >"$base.end"
+    sleep "$settle"
+    sample "$pid" >"$base.settled"
+  fi
+  grep -v '^fio: ' "$base.out" >"$base.json" || true
+  /usr/bin/python3 - "$base" "$round" "$pos" "$job" "$target" "$tck" "$start" >>"$results" <<'EOF'
+import json, sys
+base, rnd, pos, job, target, tck, start = sys.argv[1:]
+row = {"round": int(rnd), "pos": int(pos), "job": job, "target": target, "start": float(start)}
+def done(**kw):
+    row.update(kw)
+    print(json.dumps(row))
+    sys.exit(0)
+try:
+    j = json.load(open(base + ".json"))["jobs"][0]
+except Exception as e:
+    err = open(base + ".err").read().strip().splitlines()
+    done(error=f"fio: {err[-1] if err else e}")
+if j.get("error"):
+    done(error=f"fio error {j['error']}")
+rw = j["write"] if "write" in job else j["read"]
+if not rw["total_ios"]:
+    done(error="fio did no I/O")
+pct = lambda lat, p: lat.get("percentile", {}).get(p, 0) / 1000
+iops = rw["iops"]
+row.update(iops=iops, ops=rw["total_ios"], mb_s=rw["bw_bytes"] / 1e6,
+           p50_us=pct(rw["clat_ns"], "50.000000"), p99_us=pct(rw["clat_ns"], "99.000000"))
+sync = j.get("sync", {}).get("lat_ns", {})
+if sync.get("N"):
+    row.update(flush_p50_us=pct(sync, "50.000000"), flush_p99_us=pct(sync, "99.000000"))
+
+def read_sample(name):
+    try:
+        lines = open(f"{base}.{name}").read().splitlines()
+        t = float(lines[0])
+        stat = lines[1].rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        ticks = int(stat[11]) + int(stat[12])      # fields 14 and 15: utime, stime
+    except (OSError, IndexError, ValueError):
+        return None
+    switches = {}
+    for line in lines[2:]:  # /proc/P/task/T/status:voluntary_ctxt_switches:\tN
+        path, _, n = line.rsplit(":", 2)
+        tid = path.split("/")[4]
+        switches[tid] = switches.get(tid, 0) + int(n)
+    return t, ticks, switches
+
+def since(a, b):  # CPU seconds and switches from sample a to sample b
+    # Per thread: a thread that exits between the samples takes its count with it, and one
+    # born between them counts from zero.
+    return (b[1] - a[1]) / int(tck), sum(n - a[2].get(tid, 0) for tid, n in b[2].items())
+
+before, after = read_sample("before"), read_sample("after")
+if before and after and after[0] > before[0]:
+    cpu, switches = since(before, after)
+    per_s = iops * (after[0] - before[0])
+    row.update(cpu_us_op=cpu / per_s * 1e6, ctx_op=switches / per_s)
+elif before or after:
+    row.update(error="the server is gone")
+end, settled = read_sample("end"), read_sample("settled")
+if end and settled:
+    # The work the job left behind (its last txg), over the job's operations.
+    cpu, switches = since(end, settled)
+    row.update(settle_cpu_us_op=cpu / rw["total_ios"] * 1e6, settle_ctx_op=switches / rw["total_ios"])
+done()
+EOF
+}
+
+started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+n=${#targets[@]}
+for round in $(seq 1 "$rounds"); do
+  k=$(( (round - 1) % n ))
+  order=("${targets[@]:k}" "${targets[@]:0:k}")
+  pos=0
+  for job in "${jobs[@]}"; do
+    for target in "${order[@]}"; do
+      [[ ${jobs_of[$target]} == *" $job "* ]] || continue
+      run_one "$round" "$pos" "$job" "$target"
+      pos=$(( pos + 1 ))
+    done
+  done
+done
+finished=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+
+# What the report needs to say how the figures were made.
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit="$commit+changes"
+for t in "${targets[@]}"; do printf '%s\t%s\t%s\n' "$t" "${jobs_of[$t]}" "${desc_of[$t]}"; done >"$dir/targets.tsv"
+COMMAND=$cmdline SECONDS_=$seconds ROUNDS=$rounds RAMP=$ramp SIZE=$size SPAN=$span DIR=$dir \
+  BUILT=$build COMMIT=$commit BINARY_MTIME=$bin_mtime STARTED=$started \
+  FINISHED=$finished JOBS="${jobs[*]}" FIO=$(fio --version) QEMU_NBD=$(qemu-nbd --version | head -1) \
+  NBDKIT=$(nbdkit --version) /usr/bin/python3 - "$dir/targets.tsv" "$dir/meta.json" <<'EOF'
+import json, os, sys
+e = os.environ
+targets = [dict(zip(("name", "jobs", "description"), line.rstrip("\n").split("\t")))
+           for line in open(sys.argv[1])]
+for t in targets:
+    t["jobs"] = t["jobs"].split()
+json.dump({"command": e["COMMAND"], "seconds": int(e["SECONDS_"]), "rounds": int(e["ROUNDS"]),
+           "ramp": int(e["RAMP"]), "size": e["SIZE"], "span": e["SPAN"], "dir": e["DIR"],
+           "built": e["BUILT"] == "1", "commit": e["COMMIT"], "binary_mtime": e["BINARY_MTIME"],
+           "started": e["STARTED"], "finished": e["FINISHED"], "jobs": e["JOBS"].split(),
+           "targets": targets, "fio": e["FIO"], "qemu_nbd": e["QEMU_NBD"], "nbdkit": e["NBDKIT"]},
+          open(sys.argv[2], "w"), indent=1)
+EOF
+/usr/bin/python3 bench/peers_report.py "$results" "$dir/meta.json" docs/bench/peers.md docs/bench/peers.svg
+echo "peers: wrote docs/bench/peers.md and docs/bench/peers.svg (raw results in $dir)" >&2

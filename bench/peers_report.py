@@ -1,17 +1,23 @@
-"""Turns bench/peers.sh results into docs/bench/peers.md (table, goals) and peers.svg (plot).
+"""Turns bench/peers.sh results into docs/bench/peers.md (goals, tables) and peers.svg (plot).
 
-Usage: peers_report.py RESULTS.jsonl SECONDS OUT.md OUT.svg
+Usage: peers_report.py RESULTS.jsonl META.json OUT.md OUT.svg
+
+RESULTS.jsonl holds one line per round, job and target (fio's figures, the server's CPU and
+context switches per operation); META.json what peers.sh ran and how. Every figure shown is
+the median over the rounds, each metric on its own; the spread is the rounds' min-max.
 """
-import datetime
 import json
+import os
 import platform
+import statistics
 import subprocess
 import sys
 
-results_path, seconds, md_path, svg_path = sys.argv[1:]
+results_path, meta_path, md_path, svg_path = sys.argv[1:]
+meta = json.load(open(meta_path))
 rows = [json.loads(line) for line in open(results_path) if line.strip()]
-targets = ["raw", "qemu-nbd", "nbdkit", "sluice", "sluice-nocache"]
-jobs = ["syncwrite-1", "syncwrite-8", "syncwrite-32", "randread-qd32", "seqread-1m", "seqwrite-1m"]
+targets = [t["name"] for t in meta["targets"]]
+jobs = meta["jobs"]
 labels = {
     "syncwrite-1": "4K random write + flush, 1 job",
     "syncwrite-8": "4K random write + flush, 8 jobs",
@@ -19,16 +25,75 @@ labels = {
     "randread-qd32": "4K random read, QD 32",
     "seqread-1m": "1M sequential read",
     "seqwrite-1m": "1M sequential write",
+    "syncwrite-1m-1": "1M sequential write + flush, 1 job",
+    "syncwrite-1m-4": "1M sequential write + flush, 4 jobs",
 }
-get = {(r["job"], r["target"]): r for r in rows}
+names = {"raw": "raw file", "sluice-nocache": "sluice, no data cached"}
 
 
-def value(job, target, key="iops"):
-    r = get.get((job, target), {})
-    return r.get(key, 0.0) if "error" not in r else 0.0
+def mb_job(job):
+    """The 1 MiB jobs are given in MB/s, the others in IOPS."""
+    return "1m" in job
 
 
-def cpu():
+def headline(job):
+    return "mb_s" if mb_job(job) else "iops"
+
+
+runs = {}  # (job, target) -> successful rows, by round
+errors = {}
+for r in rows:
+    if "error" in r:
+        errors.setdefault((r["job"], r["target"]), []).append(r)
+    else:
+        runs.setdefault((r["job"], r["target"]), []).append(r)
+
+
+def values(job, target, key):
+    return [r[key] for r in runs.get((job, target), []) if r.get(key) is not None]
+
+
+def median(job, target, key):
+    v = values(job, target, key)
+    return statistics.median(v) if v else None
+
+
+def by_round(job, target, key):
+    return {r["round"]: r[key] for r in runs.get((job, target), []) if r.get(key) is not None}
+
+
+def cpu_total(job, target):
+    """CPU per operation while fio ran plus, for a write job, the sync that followed it."""
+    cpu = median(job, target, "cpu_us_op")
+    if cpu is None:
+        return None
+    return cpu + (median(job, target, "settle_cpu_us_op") or 0.0)
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def fmt(v, digits=None):
+    if v is None:
+        return "n/a"
+    if digits is None:
+        digits = 0 if abs(v) >= 10 else 1
+    return f"{v:,.{digits}f}"
+
+
+def fmt_ratio(v):
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def shell(*cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def cpu_model():
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("model name"):
@@ -38,98 +103,219 @@ def cpu():
     return platform.processor()
 
 
-mem_gib = 0
-try:
-    mem_gib = round(int(open("/proc/meminfo").readline().split()[1]) / (1 << 20))
-except (OSError, ValueError, IndexError):
-    pass
-cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-today = datetime.date.today().isoformat()
-
-out = []
-out.append("# sluice against qemu-nbd, nbdkit and the raw file\n")
-out.append(
-    f"Command: `bench/peers.sh --seconds {seconds}`. Machine: {cores}-core {cpu()}, {mem_gib} GiB, "
-    f"{platform.system()} {platform.release()}; date {today}. All targets use files on the "
-    "same filesystem, one after the other, with the same fio jobs (fio's nbd engine for the "
-    "servers, libaio with O_DIRECT for the raw file). sluice serves a pool of one file leaf, "
-    "as it comes (its block cache, like ZFS's ARC, is an eighth of memory and holds this "
-    "volume) and caching no data (`--set cache.contents=metadata`, ZFS's "
-    "primarycache=metadata), the fair match for the peers' cache=none. The goals are judged "
-    "on the first. "
-    "Figures: IOPS (MB/s for the 1M jobs), median and 99th percentile completion latency in us.\n"
-)
-out.append(
-    "| job | raw file | qemu-nbd | nbdkit | sluice | sluice, no data cached | sluice / qemu-nbd "
-    "| sluice, no data cached / qemu-nbd | sluice / nbdkit |"
-)
-out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-for job in jobs:
-    key = "mb_s" if job.endswith("1m") else "iops"
-    cells = []
-    for t in targets:
-        v = value(job, t, key)
-        p50, p99 = value(job, t, "p50_us"), value(job, t, "p99_us")
-        cells.append(f"{v:,.0f} ({p50:,.0f} / {p99:,.0f} us)")
-    q, n, s = value(job, "qemu-nbd", key), value(job, "nbdkit", key), value(job, "sluice", key)
-    cold = value(job, "sluice-nocache", key)
-    ratio = lambda a, b: f"{a / b:.2f}x" if b else "n/a"
-    out.append(
-        f"| {labels[job]} | " + " | ".join(cells)
-        + f" | {ratio(s, q)} | {ratio(cold, q)} | {ratio(s, n)} |"
+def machine():
+    mem_gib = 0
+    try:
+        mem_gib = round(int(open("/proc/meminfo").readline().split()[1]) / (1 << 20))
+    except (OSError, ValueError, IndexError):
+        pass
+    fs = shell("df", "--output=fstype,source", meta["dir"]).splitlines()
+    fstype, source = fs[-1].split() if len(fs) > 1 else ("?", "?")
+    # The disk under the filesystem: the partition's parent, else the device itself.
+    disk = shell("lsblk", "-ndo", "PKNAME", source) or os.path.basename(source)
+    info = shell("lsblk", "-ndo", "MODEL,SIZE,ROTA", f"/dev/{disk}").split()
+    kind = ""
+    if len(info) >= 2:
+        # As the kernel reports it: a virtio disk says rotational unless the host tells it.
+        rota = {"0": "non-rotational", "1": "rotational"}.get(info[-1], "")
+        model = " ".join(info[:-2]) or ("virtio" if disk.startswith("vd") else "")
+        kind = ", ".join(x for x in [model, info[-2], rota and f"{rota} per the kernel"] if x)
+    return (
+        f"{shell('nproc')}-core {cpu_model()}, {mem_gib} GiB, {platform.system()} "
+        f"{platform.release()}; data dir {meta['dir']} on {fstype} ({source}), disk {disk}"
+        + (f" ({kind})" if kind else "")
     )
 
+
+def cmd_line():
+    built = (
+        f"sluice binary built from commit {meta['commit']}"
+        if meta["built"]
+        else f"sluice binary not rebuilt (`--no-build`; built {meta['binary_mtime']}, "
+        f"tree at commit {meta['commit']})"
+    )
+    return (
+        f"Command: `{meta['command']}` ({meta['rounds']} rounds of {meta['seconds']} s per job "
+        f"after {meta['ramp']} s of ramp; {built}). Machine: {machine()}. "
+        f"Run {meta['started']} to {meta['finished']}. {meta['fio']}, {meta['qemu_nbd']}, "
+        f"{meta['nbdkit']}."
+    )
+
+
+out = ["# sluice against qemu-nbd, nbdkit and the raw file\n", cmd_line() + "\n"]
+out.append("Targets, each on files in the data dir, all served side by side:\n")
+for t in meta["targets"]:
+    only = "" if set(jobs) <= set(t["jobs"]) else f" Jobs: {', '.join(t['jobs'])}."
+    out.append(f"- **{t['name']}**: {t['description']}.{only}")
+out.append(
+    f"\nEach round runs every job on every target in turn (the order of targets rotated each "
+    f"round); every figure is the median of the {meta['rounds']} rounds, each metric on its own, "
+    f"with the rounds' range beside the headline figure. Jobs work in the first {meta['span']} "
+    "of each image or volume, written once before the first round. Latencies are fio's "
+    "completion latencies (for write + flush jobs, of the write; the flush's are separate). "
+    "CPU is the server process's user + system time (/proc/PID/stat) and ctx the context "
+    "switches of all its threads (/proc/PID/task/*/status), both sampled inside fio's measured "
+    "period and divided by the operations done meanwhile; an operation of a write + flush job is "
+    "one write and its flush. For sluice's write jobs, \"+N\" is the CPU per operation of the "
+    "txg sync the job left behind, measured after fio ends (peers.sh waits for it before the "
+    "next target runs); the CPU goals count it.\n"
+)
+
+# The goals, judged from the medians.
 goals = [
-    ("sync writes, 32 jobs: sluice >= 2x qemu-nbd", "syncwrite-32", "iops", 2.0),
-    ("sync writes, 1 job: sluice >= 0.9x qemu-nbd", "syncwrite-1", "iops", 0.9),
-    ("random reads: sluice >= 0.9x qemu-nbd", "randread-qd32", "iops", 0.9),
-    ("sequential reads: sluice >= 0.9x qemu-nbd", "seqread-1m", "mb_s", 0.9),
+    # text, kind, job, target, bound
+    ("4K write + flush, 1 job: sluice IOPS >= 1.0x qemu-nbd", "ratio", "syncwrite-1", "sluice", 1.0),
+    ("4K write + flush, 8 jobs: sluice IOPS >= 1.3x qemu-nbd", "ratio", "syncwrite-8", "sluice", 1.3),
+    ("4K write + flush, 32 jobs: sluice IOPS >= 1.3x qemu-nbd", "ratio", "syncwrite-32", "sluice", 1.3),
+    ("4K write + flush, 8 jobs: sluice CPU per op <= qemu-nbd's", "cpu", "syncwrite-8", "sluice", 1.0),
+    ("4K write + flush, 32 jobs: sluice CPU per op <= qemu-nbd's", "cpu", "syncwrite-32", "sluice", 1.0),
+    ("4K random read QD 32, no data cached: sluice >= 0.9x qemu-nbd", "ratio", "randread-qd32", "sluice-nocache", 0.9),
+    ("1M sequential read, no data cached: sluice >= 0.9x qemu-nbd", "ratio", "seqread-1m", "sluice-nocache", 0.9),
+    ("4K random read QD 32, cached: sluice >= 1.5x qemu-nbd", "ratio", "randread-qd32", "sluice", 1.5),
+    ("1M sequential read, cached: sluice >= 1.5x qemu-nbd", "ratio", "seqread-1m", "sluice", 1.5),
+    ("1M write + flush, 1 job: sluice >= 0.9x qemu-nbd", "ratio", "syncwrite-1m-1", "sluice", 0.9),
+    ("1M write + flush, 4 jobs: sluice >= 0.9x qemu-nbd", "ratio", "syncwrite-1m-4", "sluice", 0.9),
 ]
-out.append("\n| goal | measured | met |")
-out.append("|---|---:|---|")
-for text, job, key, want in goals:
-    q, s = value(job, "qemu-nbd", key), value(job, "sluice", key)
-    r = s / q if q else 0.0
-    out.append(f"| {text} | {r:.2f}x | {'yes' if r >= want else 'no'} |")
-out.append("\n![IOPS and bandwidth relative to the raw file](peers.svg)\n")
+out.append("## Goals\n")
+out.append("| goal | measured (medians) | per round | met |")
+out.append("|---|---|---|---|")
+for text, kind, job, target, bound in goals:
+    if job not in jobs:
+        continue
+    if kind == "ratio":
+        key = headline(job)
+        s, q = median(job, target, key), median(job, "qemu-nbd", key)
+        r = ratio(s, q)
+        unit = "MB/s" if key == "mb_s" else "IOPS"
+        measured = f"{fmt_ratio(r)} ({names.get(target, target)} {fmt(s)}, qemu-nbd {fmt(q)} {unit})"
+        met = None if r is None else r >= bound
+        a, b = by_round(job, target, key), by_round(job, "qemu-nbd", key)
+    else:
+        s, q = cpu_total(job, target), median(job, "qemu-nbd", "cpu_us_op")
+        r = ratio(s, q)
+        during = median(job, target, "cpu_us_op")
+        measured = (
+            f"{fmt_ratio(r)} (sluice {fmt(during)} + {fmt(median(job, target, 'settle_cpu_us_op'))} us, "
+            f"qemu-nbd {fmt(q)} us)" if r is not None else "n/a"
+        )
+        met = None if r is None else r <= bound
+        a = {
+            k: v + by_round(job, target, "settle_cpu_us_op").get(k, 0.0)
+            for k, v in by_round(job, target, "cpu_us_op").items()
+        }
+        b = by_round(job, "qemu-nbd", "cpu_us_op")
+    per_round = ", ".join(fmt_ratio(a[k] / b[k]) for k in sorted(a) if b.get(k)) or "n/a"
+    out.append(f"| {text} | {measured} | {per_round} | {'n/a' if met is None else 'yes' if met else 'no'} |")
+
+# One line per job: the headline figure of every target.
+out.append("\n## Summary\n")
+out.append("IOPS (MB/s for the 1M jobs), medians.\n")
+shown = [t for t in targets if any((j, t) in runs for j in jobs)]
+compared = [t for t in ["sluice", "sluice-nocache"] if t in shown]
+out.append(
+    "| job | " + " | ".join(names.get(t, t) for t in shown)
+    + "".join(f" | {names.get(t, t)} / qemu-nbd" for t in compared) + " |"
+)
+out.append("|---|" + "---:|" * (len(shown) + len(compared)))
+for job in jobs:
+    key = headline(job)
+    cells = [fmt(median(job, t, key)) if (job, t) in runs else "-" for t in shown]
+    cells += [fmt_ratio(ratio(median(job, t, key), median(job, "qemu-nbd", key))) for t in compared]
+    out.append(f"| {labels[job]} | " + " | ".join(cells) + " |")
+
+# Per job: every metric of every target.
+out.append("\n## Per job\n")
+for job in jobs:
+    key = headline(job)
+    flush = any(values(job, t, "flush_p50_us") for t in targets)
+    unit = "MB/s" if key == "mb_s" else "IOPS"
+    out.append(f"### {labels[job]}\n")
+    head = f"| target | {unit} | range | / qemu-nbd | p50 us | p99 us |"
+    head += " flush p50 us | flush p99 us |" if flush else ""
+    out.append(head + " CPU us/op | ctx/op |")
+    out.append("|---|" + "---:|" * (9 if flush else 7))
+    metrics = ["p50_us", "p99_us"] + (["flush_p50_us", "flush_p99_us"] if flush else [])
+    for t in targets:
+        if (job, t) not in runs and (job, t) not in errors:
+            continue
+        v = values(job, t, key)
+        spread = f"{fmt(min(v))}-{fmt(max(v))}" if v else "n/a"
+        failed = len(errors.get((job, t), []))
+        if failed:
+            spread += f" ({failed} failed)"
+        cells = [fmt(median(job, t, key)), spread, fmt_ratio(ratio(median(job, t, key), median(job, "qemu-nbd", key)))]
+        cells += [fmt(median(job, t, m)) for m in metrics]
+        if t == "raw":
+            cells += ["-", "-"]
+        else:
+            cpu = fmt(median(job, t, "cpu_us_op"))
+            settle = median(job, t, "settle_cpu_us_op")
+            if settle is not None:
+                cpu += f" (+{fmt(settle)})"
+            cells += [cpu, fmt(median(job, t, "ctx_op"), 2)]
+        out.append(f"| {names.get(t, t)} | " + " | ".join(cells) + " |")
+    if (job, "sluice") in runs and (job, "qemu-nbd") in runs:
+        cells = [fmt_ratio(ratio(median(job, "sluice", key), median(job, "qemu-nbd", key))), "", ""]
+        cells += [fmt_ratio(ratio(median(job, "sluice", m), median(job, "qemu-nbd", m))) for m in metrics]
+        cells += [fmt_ratio(ratio(cpu_total(job, "sluice"), median(job, "qemu-nbd", "cpu_us_op"))),
+                  fmt_ratio(ratio(median(job, "sluice", "ctx_op"), median(job, "qemu-nbd", "ctx_op")))]
+        out.append("| *sluice / qemu-nbd* | " + " | ".join(cells) + " |")
+    out.append("")
+
+failed = [r for r in rows if "error" in r]
+if failed:
+    out.append("Failed runs (left out of the medians):\n")
+    out += [f"- round {r['round']}, {labels.get(r['job'], r['job'])}, {r['target']}: {r['error']}" for r in failed]
+    out.append("")
+out.append("![IOPS and bandwidth relative to the raw file](peers.svg)\n")
 # The analysis of the latest run, kept by hand next to the generated tables.
-notes = md_path.replace("peers.md", "peers-notes.md")
+notes = os.path.join(os.path.dirname(md_path), "peers-notes.md")
 try:
     out.append(open(notes).read())
 except OSError:
     pass
 open(md_path, "w").write("\n".join(out) + "\n")
 
-# The plot: for each job, each target's figure as a share of the raw file's.
-colors = {
-    "raw": "#888888",
-    "qemu-nbd": "#4e79a7",
-    "nbdkit": "#f28e2b",
-    "sluice": "#59a14f",
-    "sluice-nocache": "#8cd17d",
-}
-width, row_h, left = 760, 45, 250
-height = 40 + len(jobs) * (row_h * 1 + 14) + 40
+# The plot: for each job, each target's median as a share of the raw file's, with the rounds'
+# range as a whisker. The memory plugin can be many times the disk's figure; bars are cut at
+# `cap` so the others stay readable, and their labels give the real share.
+palette = ["#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#8cd17d", "#b6992d", "#499894", "#d37295", "#9d7660"]
+colors = {"raw": "#888888"}
+for i, t in enumerate(t for t in targets if t != "raw"):
+    colors[t] = palette[i % len(palette)]
+plotted = [j for j in jobs if any((j, t) in runs for t in targets)]
+width, left, bar_h = 780, 250, 9
+group_h = lambda job: bar_h * sum((job, t) in runs for t in targets) + 14
+height = 50 + sum(group_h(j) for j in plotted) + 30
 svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">']
-svg.append('<text x="10" y="20" font-size="14">Share of the raw file\'s IOPS / bandwidth (longer is better)</text>')
-y = 40
+svg.append(f'<text x="10" y="20" font-size="14">Share of the raw file\'s IOPS / bandwidth (longer is better; median of {meta["rounds"]} rounds, whisker: range)</text>')
+cap = 2.5
 scale_max = 1.0
-for job in jobs:
-    key = "mb_s" if job.endswith("1m") else "iops"
-    raw = value(job, "raw", key) or 1.0
+for job in plotted:
+    raw = median(job, "raw", headline(job)) or 1.0
     for t in targets:
-        scale_max = max(scale_max, value(job, t, key) / raw)
-bar_w = (width - left - 60) / scale_max
-for job in jobs:
-    key = "mb_s" if job.endswith("1m") else "iops"
-    raw = value(job, "raw", key) or 1.0
-    svg.append(f'<text x="10" y="{y + 16}">{labels[job]}</text>')
-    for i, t in enumerate(targets):
-        share = value(job, t, key) / raw
-        h = row_h / len(targets)
-        svg.append(f'<rect x="{left}" y="{y + i * h:.1f}" width="{share * bar_w:.1f}" height="{h - 1:.1f}" fill="{colors[t]}"/>')
-        svg.append(f'<text x="{left + share * bar_w + 4:.1f}" y="{y + i * h + h - 2:.1f}" font-size="9">{t} {share:.2f}</text>')
-    y += row_h + 14
+        for v in values(job, t, headline(job)):
+            scale_max = max(scale_max, min(cap, v / raw))
+bar_w = (width - left - 130) / scale_max
+y = 40
+for job in plotted:
+    key = headline(job)
+    raw = median(job, "raw", key) or 1.0
+    svg.append(f'<text x="10" y="{y + 12}">{labels[job]}</text>')
+    for t in targets:
+        if (job, t) not in runs:
+            continue
+        share = median(job, t, key) / raw
+        lo, hi = (min(values(job, t, key)) / raw, max(values(job, t, key)) / raw)
+        w = min(share, cap) * bar_w
+        svg.append(f'<rect x="{left}" y="{y:.1f}" width="{w:.1f}" height="{bar_h - 1}" fill="{colors[t]}"/>')
+        x0, x1 = left + min(lo, cap) * bar_w, left + min(hi, cap) * bar_w
+        mid = y + (bar_h - 1) / 2
+        svg.append(f'<line x1="{x0:.1f}" y1="{mid:.1f}" x2="{x1:.1f}" y2="{mid:.1f}" stroke="#000" stroke-width="0.8"/>')
+        mark = " (cut)" if share > cap else ""
+        svg.append(f'<text x="{max(w, x1 - left) + left + 4:.1f}" y="{y + bar_h - 1.5:.1f}" font-size="8">{t} {share:.2f}{mark}</text>')
+        y += bar_h
+    y += 14
 svg.append(f'<line x1="{left + bar_w:.1f}" y1="35" x2="{left + bar_w:.1f}" y2="{y}" stroke="#000" stroke-dasharray="3,3"/>')
 svg.append(f'<text x="{left + bar_w - 30:.1f}" y="{y + 14}">raw = 1.0</text>')
 svg.append("</svg>")

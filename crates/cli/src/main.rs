@@ -36,8 +36,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve volumes over NBD. With no POOL, uses (or creates) a 2-way mirror pool on sparse
-    /// files in --dir with a volume vol0, and listens on DIR/nbd.sock and 127.0.0.1:10809.
+    /// Serve volumes over NBD. With no POOL, uses (or creates) a 2-way mirror pool on two
+    /// files in --dir (allocated in full unless --sparse) with a volume vol0, and listens on DIR/nbd.sock and 127.0.0.1:10809.
     /// Stops cleanly on SIGINT/SIGTERM: requests in flight finish, the pool is synced and
     /// exported.
     Serve {
@@ -58,6 +58,9 @@ enum Command {
         /// Size of each of the default pool's two files, when it is created.
         #[arg(long, value_parser = pools::parse_size, default_value = "16G")]
         leaf_size: u64,
+        /// Create the default pool's files sparse (thin), not allocated in full.
+        #[arg(long)]
+        sparse: bool,
         /// Size of vol0, when the default pool is created.
         #[arg(long, value_parser = pools::parse_size, default_value = "8G")]
         volume_size: u64,
@@ -103,7 +106,7 @@ enum PoolCommand {
     /// Create a pool: `sluice pool create tank mirror /d/a /d/b [mirror /d/c /d/d] [log
     /// mirror /d/e /d/f]`; plain paths are striped, and what follows `log` holds only intent-log
     /// blocks (a separate log device: put it on the fastest medium). Missing files are created
-    /// sparse with --size. A leaf that already holds something (another pool's labels, a
+    /// with --size, allocated in full (--sparse: thin). A leaf that already holds something (another pool's labels, a
     /// filesystem, a partition table, any data in its first or last MiB) is refused, saying
     /// what was found, unless --force is given.
     Create {
@@ -115,6 +118,9 @@ enum PoolCommand {
         /// Create missing files of this size (like 1G).
         #[arg(long, value_parser = pools::parse_size)]
         size: Option<u64>,
+        /// Create missing files sparse (thin) instead of allocated in full.
+        #[arg(long)]
+        sparse: bool,
         /// log2 of the smallest allocation.
         #[arg(long, default_value_t = 12)]
         ashift: u8,
@@ -433,6 +439,7 @@ fn run(
             listen,
             stdio,
             leaf_size,
+            sparse,
             volume_size,
             settings,
             metrics,
@@ -447,6 +454,7 @@ fn run(
                 listen,
                 stdio,
                 leaf_bytes: leaf_size,
+                sparse,
                 volume_bytes: volume_size,
                 tunables,
                 inherited: inherited.context("taking the sockets passed by socket activation")?,
@@ -487,9 +495,9 @@ fn run(
                 Ok(())
             };
             match pool {
-                PoolCommand::Create { name, vdevs, size, ashift, force } => {
+                PoolCommand::Create { name, vdevs, size, sparse, ashift, force } => {
                     refuse_if_served(&name)?;
-                    pools::create(&env, &name, size, ashift, &vdevs, force).await
+                    pools::create(&env, &name, (size, sparse), ashift, &vdevs, force).await
                 }
                 PoolCommand::Import {
                     name,

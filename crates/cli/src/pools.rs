@@ -137,9 +137,19 @@ fn write_cache(cache: &BTreeMap<String, Vec<String>>) -> anyhow::Result<()> {
     std::fs::rename(&temp, &path).with_context(|| format!("replacing {}", path.display()))
 }
 
-pub(crate) fn open_leaf(path: &str, create_len: Option<u64>) -> anyhow::Result<LeafSpec> {
-    let options =
-        FileDeviceOptions { create_len_bytes: create_len, exclusive: true, ..Default::default() };
+/// Opens a leaf; a missing file is created with `create_len` bytes, allocated in full unless
+/// `sparse`.
+pub(crate) fn open_leaf(
+    path: &str,
+    create_len: Option<u64>,
+    sparse: bool,
+) -> anyhow::Result<LeafSpec> {
+    let options = FileDeviceOptions {
+        create_len_bytes: create_len,
+        sparse,
+        exclusive: true,
+        ..Default::default()
+    };
     let device = FileDevice::open(Path::new(path), &options).map_err(|error| match error {
         // An error the engine wrote itself rather than one from the OS (the leaf's lock refused
         // by its filesystem, a path that is neither file nor block device): it says what went
@@ -168,7 +178,7 @@ pub(crate) async fn open_store(
     let leaves = paths
         .iter()
         .filter(|p| Path::new(p).exists())
-        .map(|p| open_leaf(p, None))
+        .map(|p| open_leaf(p, None, false))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let pool = Pool::import(env, leaves, name, tunables).await?;
     Ok(Store::open(pool, tunables).await?)
@@ -217,13 +227,14 @@ fn forget(name: &str) -> anyhow::Result<()> {
     write_cache(&cache)
 }
 
-/// `sluice pool create NAME [--size S] [--force] VDEV... [log VDEV...]`, VDEV being paths, or
-/// `mirror` followed by paths; what follows `log` becomes separate intent-log devices. Leaves
-/// that already hold something are refused unless `force` (see [`check_leaves`]).
+/// `sluice pool create NAME [--size S [--sparse]] [--force] VDEV... [log VDEV...]`, VDEV being
+/// paths, or `mirror` followed by paths; what follows `log` becomes separate intent-log
+/// devices. `create` is the size of missing files and whether they are sparse. Leaves that
+/// already hold something are refused unless `force` (see [`check_leaves`]).
 pub async fn create(
     env: &Env,
     name: &str,
-    size: Option<u64>,
+    (size, sparse): (Option<u64>, bool),
     ashift: u8,
     vdevs: &[String],
     force: bool,
@@ -257,7 +268,7 @@ pub async fn create(
             continue;
         }
         let existed = Path::new(word).exists();
-        let leaf = open_leaf(word, size)?;
+        let leaf = open_leaf(word, size, sparse)?;
         if !existed {
             created.push(word.clone());
         }
@@ -373,7 +384,8 @@ pub async fn import(
         let pool = Pool::import(env, candidates, name, &Tunables::default()).await?;
         pool.leaves().iter().filter(|l| l.present).map(|l| l.path.clone()).collect()
     };
-    let leaves = members.iter().map(|p| open_leaf(p, None)).collect::<anyhow::Result<Vec<_>>>()?;
+    let leaves =
+        members.iter().map(|p| open_leaf(p, None, false)).collect::<anyhow::Result<Vec<_>>>()?;
     let pool = Pool::import(env, leaves, name, &Tunables::default()).await?;
     let missing: Vec<String> =
         pool.leaves().iter().filter(|l| !l.present).map(|l| l.path.clone()).collect();

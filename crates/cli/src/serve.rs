@@ -1,6 +1,6 @@
 //! `sluice serve`: serve a pool's volumes over NBD until SIGINT or SIGTERM.
 //!
-//! With no pool named, the pool lives in `./sluice-data`: a 2-way mirror of two sparse files,
+//! With no pool named, the pool lives in `./sluice-data`: a 2-way mirror of two files (allocated in full unless --sparse),
 //! created on first use with a volume `vol0`, imported afterwards. Every volume of the pool is
 //! an export, including volumes created while serving; the export named "" is `vol0` if it
 //! exists, else the first volume. On a signal the server stops accepting, answers what it
@@ -29,6 +29,8 @@ pub struct ServeOptions {
     pub listen: Option<String>,
     pub stdio: bool,
     pub leaf_bytes: u64,
+    /// Create the default pool's files sparse instead of allocated in full.
+    pub sparse: bool,
     pub volume_bytes: u64,
     pub tunables: Tunables,
     /// Sockets passed by socket activation, taken at startup; used instead of the defaults.
@@ -77,7 +79,7 @@ async fn default_store(env: &Env, options: &ServeOptions) -> anyhow::Result<Stor
         let leaves = legs
             .iter()
             .filter(|p| Path::new(p).exists())
-            .map(|p| pools::open_leaf(p, None))
+            .map(|p| pools::open_leaf(p, None, false))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let pool = Pool::import(env, leaves, DEFAULT_POOL, &options.tunables).await?;
         pools::remember(&pool)?;
@@ -85,7 +87,7 @@ async fn default_store(env: &Env, options: &ServeOptions) -> anyhow::Result<Stor
     }
     let leaves = legs
         .iter()
-        .map(|p| pools::open_leaf(p, Some(options.leaf_bytes)))
+        .map(|p| pools::open_leaf(p, Some(options.leaf_bytes), options.sparse))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let spec =
         PoolSpec { name: DEFAULT_POOL.into(), ashift: 12, top: vec![TopSpec::Mirror(leaves)] };

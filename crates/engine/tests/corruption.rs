@@ -10,16 +10,23 @@ mod common;
 
 use std::sync::Arc;
 
+use sluice_engine::alloc::log_region_bytes;
 use sluice_engine::device::sim::Fault;
 use sluice_engine::device::{SimDevice, SimProfile};
 use sluice_engine::pool::Pool;
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::Store;
-use sluice_format::DATA_START_BYTES;
+use sluice_format::{data_end_bytes, DATA_START_BYTES};
 use sluice_sim::Sim;
 
 const VOLUME_BYTES: u64 = 2 << 20;
+const LEG_BYTES: u64 = 64 << 20;
+
+/// Where volume data starts on a leg: after the labels and the log region.
+fn data_start() -> u64 {
+    DATA_START_BYTES + log_region_bytes(data_end_bytes(LEG_BYTES) - DATA_START_BYTES)
+}
 const BLOCK: u32 = 4096;
 
 /// A pool on two legs with one volume full of random data, synced.
@@ -35,7 +42,7 @@ fn uncached() -> Tunables {
 
 fn setup_with(seed: u64, tunables: Tunables) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
     let sim = Sim::new(seed);
-    let legs = common::legs(&sim, 2, SimProfile::Instant, 64 << 20);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
     let specs = common::leaf_specs(&legs);
     let mut rng = Rng::new(seed);
     let data: Vec<u8> = (0..VOLUME_BYTES).map(|_| rng.u64() as u8).collect();
@@ -98,7 +105,7 @@ fn flip_every_block(leg: &SimDevice, start: u64, len: u64, bit: u8) -> u64 {
 fn bit_flips_on_one_leg_heal() {
     let (sim, legs, store, data) = setup(1);
     // Every allocated block of leg 0 (data, indirect, space maps, directory) is damaged.
-    let injected = flip_every_block(&legs[0], DATA_START_BYTES, 4 << 20, 5);
+    let injected = flip_every_block(&legs[0], data_start(), 4 << 20, 5);
     assert_eq!(
         read_all(&sim, &store, &data),
         (0, 0),
@@ -128,7 +135,7 @@ fn span_reads_heal_too() {
     let mut tunables = uncached();
     tunables.set("mirror.read_policy", "round-robin").unwrap();
     let (sim, legs, store, data) = setup_with(7, tunables);
-    flip_every_block(&legs[0], DATA_START_BYTES, 4 << 20, 2);
+    flip_every_block(&legs[0], data_start(), 4 << 20, 2);
     let s = Arc::clone(&store);
     let expected = data.clone();
     let healed = sim
@@ -151,9 +158,9 @@ fn misdirected_data_is_caught() {
     let (sim, legs, store, data) = setup(2);
     // Leg 1 returns the bytes of a neighbouring region for 512 KiB of its data area.
     legs[1].inject(Fault::Misdirect {
-        offset_bytes: DATA_START_BYTES,
+        offset_bytes: data_start(),
         len_bytes: 512 << 10,
-        from_offset_bytes: DATA_START_BYTES + (1 << 20),
+        from_offset_bytes: data_start() + (1 << 20),
     });
     assert_eq!(read_all(&sim, &store, &data), (0, 0));
     let report = scrub(&sim, &store);
@@ -183,7 +190,7 @@ fn lost_leg_runs_degraded() {
 fn damage_beyond_redundancy_fails_only_those_blocks() {
     let (sim, legs, store, data) = setup(4);
     // The same 64 KiB of data damaged on both legs.
-    let start = DATA_START_BYTES + (256 << 10);
+    let start = data_start() + (256 << 10);
     for leg in &legs {
         flip_every_block(leg, start, 64 << 10, 1);
     }

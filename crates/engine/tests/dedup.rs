@@ -179,7 +179,12 @@ fn corrupted_shared_block_heals_from_its_mirror_copy() {
         .unwrap()
         .0;
     // Damage every allocated block on leg 0: the 8 shared blocks among them.
-    for at in (DATA_START_BYTES..DATA_START_BYTES + (2 << 20)).step_by(BLOCK) {
+    // Data starts after the labels and the log region.
+    let start = DATA_START_BYTES
+        + sluice_engine::alloc::log_region_bytes(
+            sluice_format::data_end_bytes(LEAF_BYTES) - DATA_START_BYTES,
+        );
+    for at in (start..start + (2 << 20)).step_by(BLOCK) {
         legs[0].inject(Fault::BitFlip { offset_bytes: at + 17, bit: 3 });
     }
     let s = Arc::clone(&store);

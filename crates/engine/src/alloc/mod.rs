@@ -25,6 +25,14 @@
 //! (separate intent-log devices) when the pool has them, with their own cursor so consecutive
 //! log blocks are consecutive on disk; ordinary allocations never use log vdevs.
 //!
+//! Each data vdev keeps a log region at the start of its data area ([`log_region_bytes`]: a
+//! sixteenth of the area, at most 256 MiB), as OpenZFS keeps one metaslab per vdev for its
+//! embedded log class. Log blocks are placed there first and data is placed after it (data
+//! reaches it only once the rest is full, and log blocks then go elsewhere): pool creation
+//! writes the region's bytes once (`BlockDevice::prepare_log_region`), so on a file leaf a log
+//! write lands on extents the filesystem has already allocated and written, and its durable
+//! write needs no extent allocation and no journal commit, only the data and a cache flush.
+//!
 //! Unlike ZFS, the whole free tree of a vdev is in memory (ZFS splits it into metaslabs loaded
 //! on demand). That is simpler and fine up to millions of free fragments; metaslabs can come
 //! later behind the same interface.
@@ -51,6 +59,17 @@ const BEST_FIT_LARGEST_BYTES: u64 = 128 << 10;
 pub const SLOP_BYTES_MIN: u64 = 1 << 20;
 /// Slop is this fraction of the pool (1 / 2^5, as ZFS's spa_slop_shift).
 const SLOP_SHIFT: u32 = 5;
+/// The largest log region of one vdev: sync writes in flight between two txg syncs fit in it
+/// many times over (the dirty-data limit bounds them), and a larger one only costs a longer
+/// write at pool creation.
+pub const LOG_REGION_BYTES_MAX: u64 = 256 << 20;
+/// The log region is this fraction of a data area (1 / 2^4).
+const LOG_REGION_SHIFT: u32 = 4;
+
+/// The log region of a data area of `area_bytes`: `[start, start + this)`, in whole MiB.
+pub fn log_region_bytes(area_bytes: u64) -> u64 {
+    (area_bytes >> LOG_REGION_SHIFT).min(LOG_REGION_BYTES_MAX) >> 20 << 20
+}
 
 /// Who is allocating: ordinary writes stop at the slop reserve, reserved work may use it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +100,8 @@ struct VdevSpace {
     log_cursor: u64,
     /// A separate intent-log device: only log blocks go here.
     log_only: bool,
+    /// End of the log region, `[data_start, log_region_end)`.
+    log_region_end: u64,
     data_start: u64,
     data_end: u64,
 }
@@ -112,12 +133,14 @@ impl Allocator {
                 assert!(start < end, "empty data area");
                 let mut free = RangeTree::with_large_min(METADATA_BLOCK_BYTES_MAX);
                 free.insert(start, end - start);
+                let log_region_end = start + log_region_bytes(end - start);
                 VdevSpace {
                     free,
                     log: RangeTree::default(),
-                    cursor: start,
+                    cursor: log_region_end,
                     log_cursor: start,
                     log_only: false,
+                    log_region_end,
                     data_start: start,
                     data_end: end,
                 }
@@ -188,9 +211,12 @@ impl Allocator {
             .collect();
         for vdev in order {
             let space = &mut self.vdevs[vdev];
-            let at = space
-                .free
-                .first_fit(asize, unit, space.log_cursor)
+            let region = (space.data_start, space.log_region_end);
+            let in_region = (!space.log_only)
+                .then(|| space.free.first_fit_within(asize, unit, space.log_cursor, region))
+                .flatten();
+            let at = in_region
+                .or_else(|| space.free.first_fit(asize, unit, space.log_cursor))
                 .or_else(|| space.free.first_fit(asize, unit, space.data_start));
             if let Some(at) = at {
                 space.free.remove(at, asize);
@@ -216,6 +242,11 @@ impl Allocator {
         );
         assert!(txg > self.synced_txg, "free in txg {txg}, which has already synced");
         self.deferred_log.entry(txg).or_default().push((vdev, start, len));
+    }
+
+    /// Whether `[start, start+len)` of `vdev` is free space.
+    pub fn is_free(&self, vdev: u32, start: u64, len: u64) -> bool {
+        self.vdevs.get(vdev as usize).is_some_and(|space| space.free.contains(start, len))
     }
 
     /// Claims a log block found on disk at import: it must be free in the space map.
@@ -414,7 +445,7 @@ impl Allocator {
             }
             let space = &mut allocator.vdevs[vdev];
             space.free = free;
-            space.cursor = *start;
+            space.cursor = space.log_region_end;
             synced_txg = synced_txg.max(map.synced_txg);
         }
         allocator.synced_txg = synced_txg;
@@ -434,6 +465,28 @@ mod tests {
         Allocator::new(12, &[(4 * MIB, 68 * MIB), (4 * MIB, 68 * MIB)])
     }
 
+    /// Log blocks go to the log region at the start of each data area and data after it, so
+    /// the region pool creation wrote is where the log writes; a full region spills.
+    #[test]
+    fn log_blocks_use_the_log_region() {
+        let mut a = allocator();
+        let region = log_region_bytes(64 * MIB);
+        assert_eq!(region, 4 * MIB);
+        let (_, data_at, _) = a.allocate(64 << 10, AllocClass::Normal, &[]).unwrap();
+        assert!(data_at >= 4 * MIB + region, "data at {data_at} is inside the log region");
+        let mut log_blocks = 0u64;
+        loop {
+            let (_, at, len) = a.allocate_log(128 << 10).unwrap();
+            if at >= 4 * MIB + region {
+                break;
+            }
+            assert!(at + len <= 4 * MIB + region, "log block crosses the region's end");
+            log_blocks += 1;
+        }
+        // Both vdevs' regions were used before a block spilled.
+        assert_eq!(log_blocks, 2 * region / (128 << 10));
+    }
+
     /// Sequential allocations are contiguous and rotate over vdevs every aliquot.
     #[test]
     fn allocations_stripe_in_aliquots() {
@@ -442,8 +495,10 @@ mod tests {
         for _ in 0..64 {
             placements.push(a.allocate(64 << 10, AllocClass::Normal, &[]).unwrap());
         }
-        assert_eq!(placements[0], (0, 4 * MIB, 64 << 10));
-        assert_eq!(placements[1], (0, 4 * MIB + (64 << 10), 64 << 10));
+        // Data starts after the log region.
+        let base = 4 * MIB + log_region_bytes(64 * MIB);
+        assert_eq!(placements[0], (0, base, 64 << 10));
+        assert_eq!(placements[1], (0, base + (64 << 10), 64 << 10));
         assert_eq!(placements[16].0, 1, "after 1 MiB the rotor moves to vdev 1");
         assert_eq!(placements[32].0, 0);
         // Copies avoid the vdev of the first copy.

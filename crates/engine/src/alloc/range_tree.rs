@@ -154,11 +154,54 @@ impl RangeTree {
     }
 }
 
+impl RangeTree {
+    /// Like [`RangeTree::first_fit`], but only inside `[lo, hi)`: from `cursor` to `hi`, then
+    /// from `lo`.
+    pub fn first_fit_within(
+        &self,
+        len: u64,
+        align: u64,
+        cursor: u64,
+        (lo, hi): (u64, u64),
+    ) -> Option<u64> {
+        let fits = |(&s, &e): (&u64, &u64), from: u64| {
+            let at = s.max(from).div_ceil(align) * align;
+            (at.checked_add(len)? <= e.min(hi)).then_some(at)
+        };
+        let from = |start: u64| {
+            if start >= hi {
+                return None;
+            }
+            let containing = self.ranges.range(..=start).next_back().and_then(|r| fits(r, start));
+            containing.or_else(|| {
+                self.ranges.range(start.saturating_add(1)..hi).find_map(|r| fits(r, start))
+            })
+        };
+        if lo >= hi {
+            return None;
+        }
+        from(cursor.clamp(lo, hi)).or_else(|| from(lo))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// A bounded first fit stays inside its bounds and wraps from the cursor to the start.
+    #[test]
+    fn first_fit_within_bounds() {
+        let mut tree = RangeTree::default();
+        tree.insert(0, 100 << 10);
+        assert_eq!(tree.first_fit_within(4096, 4096, 8192, (0, 16384)), Some(8192));
+        assert_eq!(tree.first_fit_within(8192, 4096, 12288, (0, 16384)), Some(0));
+        assert_eq!(tree.first_fit_within(32768, 4096, 0, (0, 16384)), None);
+        tree.remove(0, 12288);
+        assert_eq!(tree.first_fit_within(4096, 4096, 0, (0, 16384)), Some(12288));
+        assert_eq!(tree.first_fit_within(8192, 4096, 0, (0, 16384)), None);
+    }
 
     #[test]
     fn inserts_merge_and_removes_split() {

@@ -40,6 +40,25 @@ use crate::rt::BoxFuture;
 /// already bounds what it issues; this bound only keeps a misbehaving caller from growing memory.
 const FILE_JOBS_QUEUED_MAX: usize = 4096;
 
+/// `fallocate` mode that allocates written, zeroed extents (Linux 6.17; not yet in libc).
+const FALLOC_FL_WRITE_ZEROES: libc::c_int = 0x80;
+
+/// Allocates a new file's blocks (unwritten extents) so the filesystem cannot run out of room
+/// under the pool later; a filesystem without fallocate leaves the file sparse.
+fn preallocate(file: &File, len: u64) -> io::Result<()> {
+    let Ok(len) = i64::try_from(len) else { return Ok(()) };
+    // SAFETY: fallocate on an open descriptor with plain integer arguments.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let error = io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::EOPNOTSUPP) => Ok(()),
+        _ => Err(error),
+    }
+}
+
 // Linux block-device ioctls (linux/fs.h); the libc crate does not export all of them.
 const BLKSSZGET: libc::c_ulong = 0x1268;
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
@@ -55,8 +74,12 @@ pub struct FileDeviceOptions {
     pub io_uring: bool,
     /// Try O_DIRECT (bypass the page cache). Off, or refused, means buffered I/O.
     pub direct: bool,
-    /// Create a sparse regular file of this length when the path does not exist.
+    /// Create a regular file of this length when the path does not exist: allocated in full
+    /// (`fallocate`), so the filesystem can never run out of room under the pool, unless
+    /// `sparse`.
     pub create_len_bytes: Option<u64>,
+    /// Create the file sparse (thin): blocks are allocated as they are first written.
+    pub sparse: bool,
     /// Take an exclusive lock on the device for as long as it is open, so that two processes
     /// (or two pools in one process) never open the same leaf.
     pub exclusive: bool,
@@ -69,6 +92,7 @@ impl Default for FileDeviceOptions {
             io_uring: true,
             direct: true,
             create_len_bytes: None,
+            sparse: false,
             exclusive: false,
         }
     }
@@ -95,6 +119,11 @@ enum Job {
         done: oneshot::Sender<Result<(), DeviceError>>,
     },
     Discard {
+        offset: u64,
+        len: u64,
+        done: oneshot::Sender<Result<(), DeviceError>>,
+    },
+    PrepareLog {
         offset: u64,
         len: u64,
         done: oneshot::Sender<Result<(), DeviceError>>,
@@ -144,6 +173,9 @@ impl FileDevice {
                     .open(path)
                     .map_err(open_error)?;
                 file.set_len(len).map_err(open_error)?;
+                if !options.sparse {
+                    preallocate(&file, len).map_err(open_error)?;
+                }
             }
         }
         let buffered = OpenOptions::new().read(true).write(true).open(path).map_err(open_error)?;
@@ -449,6 +481,13 @@ impl BlockDevice for FileDevice {
         }))
     }
 
+    fn prepare_log_region(&self, offset: u64, len: u64) -> BoxFuture<Result<(), DeviceError>> {
+        if let Err(error) = self.check(DeviceOp::Write, offset, len) {
+            return async move { Err(error) }.boxed();
+        }
+        self.submit(DeviceOp::Write, offset, len, |done| Job::PrepareLog { offset, len, done })
+    }
+
     fn discard(&self, offset: u64, len: u64) -> BoxFuture<Result<(), DeviceError>> {
         if let Err(error) = self.check(DeviceOp::Discard, offset, len) {
             return async move { Err(error) }.boxed();
@@ -483,6 +522,9 @@ fn io_thread(inner: &Inner, receiver: &Receiver<Job>) {
             }
             Job::Discard { offset, len, done } => {
                 let _ = done.send(inner.discard(offset, len));
+            }
+            Job::PrepareLog { offset, len, done } => {
+                let _ = done.send(inner.prepare_log_region(offset, len));
             }
         }
     }
@@ -562,6 +604,40 @@ impl Inner {
         self.buffered
             .write_all_at(data, offset)
             .map_err(|e| self.error(DeviceOp::Write, offset, len, e))
+    }
+
+    /// Writes zeros over a range of a regular file (block devices have no extents to
+    /// prepare), then makes the file's new extents durable. Linux 6.17's
+    /// `FALLOC_FL_WRITE_ZEROES` does it without moving the bytes where the device can; else
+    /// zeros are written a MiB at a time.
+    fn prepare_log_region(&self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        if self.is_block_device {
+            return Ok(());
+        }
+        let error = |e: io::Error| self.error(DeviceOp::Write, offset, len, e);
+        let (Ok(off), Ok(length)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(error(io::Error::from(io::ErrorKind::InvalidInput)));
+        };
+        // SAFETY: fallocate on an open descriptor with plain integer arguments.
+        let rc = unsafe {
+            libc::fallocate(self.buffered.as_raw_fd(), FALLOC_FL_WRITE_ZEROES, off, length)
+        };
+        if rc != 0 {
+            const PIECE: u64 = 1 << 20;
+            let zeros = AlignedBuf::zeroed(PIECE.min(len) as usize).into_shared();
+            let mut at = offset;
+            while at < offset + len {
+                let n = PIECE.min(offset + len - at);
+                let piece = if n == zeros.len() as u64 {
+                    zeros.clone()
+                } else {
+                    AlignedBuf::zeroed(n as usize).into_shared()
+                };
+                self.write(at, &piece)?;
+                at += n;
+            }
+        }
+        self.buffered.sync_all().map_err(error)
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), DeviceError> {

@@ -125,6 +125,18 @@ pub trait BlockDevice: Send + Sync + 'static {
     ) -> Option<BoxFuture<Result<(), DeviceError>>> {
         None
     }
+    /// Makes `[offset, offset+len)` ready for the intent log: on a file, allocated and written
+    /// once, so that a durable write there later needs no extent allocation and no filesystem
+    /// journal commit, only the data and a cache flush. Called at pool creation for each
+    /// vdev's log region (`alloc::log_region_bytes`); the range holds nothing yet. Devices with
+    /// nothing to prepare do nothing.
+    fn prepare_log_region(
+        &self,
+        _offset_bytes: u64,
+        _len_bytes: u64,
+    ) -> BoxFuture<Result<(), DeviceError>> {
+        Box::pin(async { Ok(()) })
+    }
     /// Tells the device the range is unused; later reads may return zeros or old data.
     fn discard(&self, offset_bytes: u64, len_bytes: u64) -> BoxFuture<Result<(), DeviceError>>;
 }

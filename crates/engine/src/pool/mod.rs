@@ -39,6 +39,7 @@ pub use self::cache::BlockCache;
 pub use self::io::{describe_block, follows};
 pub use self::missing::MissingDevice;
 pub use self::scrub::{ScrubReport, VerifyReport};
+use crate::alloc::log_region_bytes;
 use crate::device::{BlockDevice, DeviceError, SharedBuf};
 use crate::rt::Env;
 use crate::tunables::{IoClass, Tunables};
@@ -448,6 +449,23 @@ impl Pool {
         }
         for result in join_all(writes).await {
             result.map_err(|(_, source)| PoolError::Vdev { pool: pool.name.clone(), source })?;
+        }
+        // Each vdev's log region is written once now, so log writes never allocate
+        // (crate::alloc, "log region").
+        let areas = pool.data_areas();
+        let prepares = pool.leaves.iter().map(|pool_leaf| {
+            let (start, end) = areas[pool_leaf.top];
+            let (device, vdev) = (Arc::clone(pool_leaf.leaf.device()), pool_leaf.leaf.id());
+            async move {
+                let region = log_region_bytes(end - start);
+                device.prepare_log_region(start, region).await.map_err(|source| (vdev, source))
+            }
+        });
+        for result in join_all(prepares).await {
+            result.map_err(|(vdev, source)| PoolError::Vdev {
+                pool: pool.name.clone(),
+                source: VdevError::Device { vdev, source },
+            })?;
         }
         let first = Uberblock {
             txg: 1,

@@ -328,6 +328,19 @@ async fn claim(
                 });
             }
         };
+        let mut chain = chain;
+        if options.rewind {
+            // A rewound txg's chain can lead on into blocks written after that txg, on space its
+            // maps still give to data (freed and reused later): the log ends at the first such
+            // block, as a chain ends at any block that is not what it expects.
+            let crosses = chain.addresses.iter().position(|at| {
+                !allocator.is_free(at.vdev, at.offset_bytes, u64::from(at.len_bytes))
+            });
+            if let Some(cut) = crosses {
+                chain.blocks.truncate(cut);
+                chain.addresses.truncate(cut);
+            }
+        }
         for at in &chain.addresses {
             allocator
                 .claim_log(at.vdev, at.offset_bytes, u64::from(at.len_bytes))
