@@ -19,7 +19,6 @@
 use std::future::Future;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 
@@ -38,7 +37,6 @@ pub struct Cores {
     handles: Vec<Handle>,
     stops: Vec<oneshot::Sender<()>>,
     threads: Vec<thread::JoinHandle<()>>,
-    next: AtomicUsize,
 }
 
 impl Cores {
@@ -76,7 +74,7 @@ impl Cores {
             stops.push(stop);
             threads.push(thread);
         }
-        Ok(Cores { first, handles, stops, threads, next: AtomicUsize::new(0) })
+        Ok(Cores { first, handles, stops, threads })
     }
 
     /// Runs `task` on core 0, on this thread, with core 0's ring installed.
@@ -89,16 +87,6 @@ impl Cores {
             }
             output
         })
-    }
-
-    pub fn count(&self) -> usize {
-        self.handles.len()
-    }
-
-    /// The core for the next connection, round robin.
-    pub fn next_core(&self) -> &Handle {
-        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.handles.len();
-        &self.handles[index]
     }
 
     pub fn handles(&self) -> &[Handle] {

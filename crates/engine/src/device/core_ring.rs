@@ -313,6 +313,15 @@ impl Future for RingOp {
 mod tests {
     use super::*;
 
+    /// Reaps this thread's ring until `op` has its answer.
+    fn wait(op: RingOp) -> Outcome {
+        while inflight() > 0 {
+            reap();
+            std::thread::yield_now();
+        }
+        futures::executor::block_on(op)
+    }
+
     /// Operations pushed on a thread with a ring complete once reaped, and a thread without one
     /// gets `None`.
     #[test]
@@ -330,22 +339,10 @@ mod tests {
             }
             let data = AlignedBuf::copy_from(&[7u8; 4096]).into_shared();
             let op = write(file.as_raw_fd(), 4096, data, true).unwrap();
-            let outcome = futures::executor::block_on(async {
-                while inflight() > 0 {
-                    reap();
-                    std::thread::yield_now();
-                }
-                op.await
-            });
+            let outcome = wait(op);
             assert_eq!(outcome.result, 4096);
             let op = read(file.as_raw_fd(), 4096, 4096).unwrap();
-            let outcome = futures::executor::block_on(async {
-                while inflight() > 0 {
-                    reap();
-                    std::thread::yield_now();
-                }
-                op.await
-            });
+            let outcome = wait(op);
             assert_eq!(outcome.result, 4096);
             assert!(outcome.buf.unwrap().iter().all(|&b| b == 7));
             uninstall();

@@ -314,19 +314,14 @@ impl FileDevice {
             async move {
                 let outcome = op.await;
                 match outcome.buf {
-                    Some(buf) if outcome.result >= 0 && outcome.result as usize == buf.len() => {
-                        Ok(buf)
-                    }
-                    _ if outcome.result < 0 && outcome.result != -libc::EINVAL => {
-                        let error = io::Error::from_raw_os_error(-outcome.result);
-                        Err(inner.error(DeviceOp::Read, offset, u64::from(len), error))
-                    }
-                    _ => {
-                        if outcome.result == -libc::EINVAL {
-                            inner.refuse_direct();
-                        }
-                        inner.read(offset, len)
-                    }
+                    Some(buf) => inner.complete_read(offset, buf, outcome.result),
+                    // Only a ring that failed before taking the read answers without its buffer.
+                    None => Err(inner.error(
+                        DeviceOp::Read,
+                        offset,
+                        u64::from(len),
+                        io::Error::from_raw_os_error(-outcome.result),
+                    )),
                 }
             }
             .boxed(),
@@ -348,20 +343,11 @@ impl FileDevice {
         let data = data.clone();
         Some(
             async move {
-                let outcome = op.await;
-                let len = data.len() as u64;
-                if outcome.result >= 0 && outcome.result as usize == data.len() {
-                    return Ok(());
-                }
-                if outcome.result < 0 && outcome.result != -libc::EINVAL {
-                    let error = io::Error::from_raw_os_error(-outcome.result);
-                    return Err(inner.error(DeviceOp::Write, offset, len, error));
-                }
-                if outcome.result == -libc::EINVAL {
-                    inner.refuse_direct();
-                }
-                inner.write(offset, &data)?;
-                if dsync {
+                let result = op.await.result;
+                inner.complete_write(offset, &data, result)?;
+                let redone = usize::try_from(result).ok() != Some(data.len());
+                if dsync && redone {
+                    // Redone with the blocking call, which did not make it durable.
                     inner
                         .buffered
                         .sync_data()
@@ -566,6 +552,48 @@ impl Inner {
             Some(direct) => direct.as_raw_fd(),
             None => self.buffered.as_raw_fd(),
         }
+    }
+
+    /// The answer to a read the kernel completed with `result` (bytes, or a negative errno): a
+    /// short read, or O_DIRECT refused (EINVAL, which switches the device to buffered I/O), is
+    /// redone with the blocking call, which finishes it or says why not.
+    pub(super) fn complete_read(
+        &self,
+        offset: u64,
+        buf: AlignedBuf,
+        result: i32,
+    ) -> Result<AlignedBuf, DeviceError> {
+        if result >= 0 && result as usize == buf.len() {
+            return Ok(buf);
+        }
+        if result < 0 && result != -libc::EINVAL {
+            let error = io::Error::from_raw_os_error(-result);
+            return Err(self.error(DeviceOp::Read, offset, buf.len() as u64, error));
+        }
+        if result == -libc::EINVAL {
+            self.refuse_direct();
+        }
+        self.read(offset, buf.len() as u32)
+    }
+
+    /// [`Inner::complete_read`] for a write.
+    pub(super) fn complete_write(
+        &self,
+        offset: u64,
+        data: &SharedBuf,
+        result: i32,
+    ) -> Result<(), DeviceError> {
+        if result >= 0 && result as usize == data.len() {
+            return Ok(());
+        }
+        if result < 0 && result != -libc::EINVAL {
+            let error = io::Error::from_raw_os_error(-result);
+            return Err(self.error(DeviceOp::Write, offset, data.len() as u64, error));
+        }
+        if result == -libc::EINVAL {
+            self.refuse_direct();
+        }
+        self.write(offset, data)
     }
 
     /// The filesystem accepted O_DIRECT at open but refused an I/O: buffered from now on.

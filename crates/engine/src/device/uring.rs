@@ -219,40 +219,12 @@ fn fail(inner: &Inner, op: Op, error: &io::Error, submitted: bool) {
 /// Answers a completed operation; short transfers and refused O_DIRECT are redone with the
 /// blocking calls, which finish them or say why not.
 fn finish(inner: &Inner, op: Op, result: i32) {
-    let refused_direct = result == -libc::EINVAL;
     match op {
         Op::Read { offset, buf, done } => {
-            let answer = if result >= 0 && result as usize == buf.len() {
-                Ok(buf)
-            } else if result < 0 && !refused_direct {
-                let len = buf.len() as u64;
-                Err(inner.error(DeviceOp::Read, offset, len, io::Error::from_raw_os_error(-result)))
-            } else {
-                if refused_direct {
-                    inner.refuse_direct();
-                }
-                inner.read(offset, buf.len() as u32)
-            };
-            let _ = done.send(answer);
+            let _ = done.send(inner.complete_read(offset, buf, result));
         }
         Op::Write { offset, data, done } => {
-            let answer = if result >= 0 && result as usize == data.len() {
-                Ok(())
-            } else if result < 0 && !refused_direct {
-                let len = data.len() as u64;
-                Err(inner.error(
-                    DeviceOp::Write,
-                    offset,
-                    len,
-                    io::Error::from_raw_os_error(-result),
-                ))
-            } else {
-                if refused_direct {
-                    inner.refuse_direct();
-                }
-                inner.write(offset, &data)
-            };
-            let _ = done.send(answer);
+            let _ = done.send(inner.complete_write(offset, &data, result));
         }
     }
 }
