@@ -1,7 +1,9 @@
 //! File and block-device leaves (ZFS: `vdev_file.c`, `vdev_disk.c`).
 //!
-//! Reads and writes go through io_uring where the kernel offers it (`device::uring`): the
-//! caller submits and a completion thread per device completes the engine's futures.
+//! On a serving core (`device::core_ring`) reads, writes, durable (`RWF_DSYNC`) writes and
+//! flushes go through that core's own ring, submitted and completed on the caller's thread.
+//! Elsewhere reads and writes go through io_uring where the kernel offers it (`device::uring`):
+//! the caller submits and a completion thread per device completes the engine's futures.
 //! Otherwise, and for flushes and discards, a small pool of named I/O threads (`vdev_io/<n>`) runs blocking
 //! `pread`/`pwrite`/`fdatasync`/discard calls and completes the futures through oneshot
 //! channels. Either way no executor thread ever blocks on a disk (tokio's file I/O is a
