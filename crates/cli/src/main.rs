@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice_engine::tunables::{Tunable, Tunables};
-use sluice_engine::txg::ImportOptions;
+use sluice_engine::txg::{ImportOptions, VolumeProperty};
 
 #[derive(Parser)]
 #[command(
@@ -195,7 +195,7 @@ enum PoolCommand {
 #[derive(Subcommand)]
 enum VolCommand {
     /// Create a sparse volume: `sluice vol create tank/vm1 --size 20G [--block-size 16K]
-    /// [--dedup on]`.
+    /// [--dedup on] [--sync standard] [--logbias latency]`.
     Create {
         spec: String,
         #[arg(long, value_parser = pools::parse_size)]
@@ -206,9 +206,20 @@ enum VolCommand {
         /// dedup table) or verify (as on, comparing the bytes before sharing).
         #[arg(long, value_parser = pools::parse_dedup, default_value = "off")]
         dedup: sluice_format::DedupMode,
+        /// standard (default: flushes and FUA writes are durable when answered), always (every
+        /// write is, as if it carried FUA) or disabled (flushes are answered at once; writes
+        /// are durable with the next txg sync, within txg.timeout_ms; a crash loses them).
+        #[arg(long, value_parser = pools::parse_sync, default_value = "standard")]
+        sync: sluice_format::SyncMode,
+        /// latency (default: writes from intent_log.immediate_write_bytes up are written in
+        /// place and logged by pointer, smaller ones copied into the log) or throughput (every
+        /// whole block is written in place and logged by pointer: each byte written once).
+        #[arg(long, value_parser = pools::parse_logbias, default_value = "latency")]
+        logbias: sluice_format::LogBias,
     },
-    /// Set a volume property: `sluice vol set tank/vm1 dedup=on` (dedup=off|on|verify; it
-    /// applies to blocks written from now on).
+    /// Set a volume property: `sluice vol set tank/vm1 sync=always`. dedup=off|on|verify
+    /// applies to blocks written from now on; sync=standard|always|disabled and
+    /// logbias=latency|throughput to requests from now on.
     Set { spec: String, property: String },
     /// List volumes of the given pools (default: all known pools).
     List { pools: Vec<String> },
@@ -407,8 +418,15 @@ pub(crate) async fn run_pool_command(
         Command::Pool { pool: PoolCommand::Status { names } } => pools::status(ctx, &names).await,
         Command::Pool { pool: PoolCommand::Scrub { name } } => pools::scrub(ctx, &name).await,
         Command::Pool { pool: PoolCommand::Stats { name } } => pools::stats(ctx, &name),
-        Command::Vol { vol: VolCommand::Create { spec, size, block_size, dedup } } => {
-            pools::vol_create(ctx, &spec, size, block_size, dedup).await
+        Command::Vol {
+            vol: VolCommand::Create { spec, size, block_size, dedup, sync, logbias },
+        } => {
+            let properties = [
+                VolumeProperty::Dedup(dedup),
+                VolumeProperty::Sync(sync),
+                VolumeProperty::LogBias(logbias),
+            ];
+            pools::vol_create(ctx, &spec, size, block_size, &properties).await
         }
         Command::Vol { vol: VolCommand::Set { spec, property } } => {
             pools::vol_set(ctx, &spec, &property).await

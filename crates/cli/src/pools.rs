@@ -20,8 +20,8 @@ use sluice_engine::pool::probe::{self, Finding};
 use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::Env;
 use sluice_engine::tunables::Tunables;
-use sluice_engine::txg::{ImportOptions, ImportReport, Store, BLOCK_BYTES_DEFAULT};
-use sluice_format::DedupMode;
+use sluice_engine::txg::{ImportOptions, ImportReport, Store, VolumeProperty, BLOCK_BYTES_DEFAULT};
+use sluice_format::{DedupMode, LogBias, SyncMode};
 
 /// Where a command's output goes and which pool, if any, is already open in this process
 /// (`sluice serve` runs the same commands for its control socket against its live store).
@@ -572,17 +572,24 @@ pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
         ));
         let log = store.log_stats();
         ctx.say(format!(
-            "  intent log: {} commits ({} through a txg sync, {} early), {} log blocks written; at \
-             import {} chains claimed, {} records replayed ({} already applied by an \
-             interrupted replay), {} torn tails",
+            "  intent log: {} commits ({} through a txg sync, {} early, {} not waited for: \
+             sync=disabled), {} log blocks written, {} blocks written in place for indirect \
+             records ({} records copied instead); at import {} chains claimed, {} records \
+             replayed ({} indirect; {} already applied by an interrupted replay), {} torn \
+             tails, {} chains ended at an indirect block never written",
             log.commits.get(),
             log.commits_via_txg.get(),
             log.early_commits.get(),
+            log.commits_ignored.get(),
             store.log_blocks_written(),
+            log.indirect_blocks_written.get(),
+            log.indirect_records_copied.get(),
             log.chains_claimed.get(),
             log.records_replayed.get(),
+            log.indirect_records_replayed.get(),
             log.records_already_replayed.get(),
-            log.torn_tails.get()
+            log.torn_tails.get(),
+            log.indirect_chain_ends.get()
         ));
         let ddt = store.dedup_table();
         let summary = ddt.summary();
@@ -645,17 +652,29 @@ pub async fn vol_create(
     spec: &str,
     size: u64,
     block_bytes: Option<u64>,
-    dedup: DedupMode,
+    properties: &[VolumeProperty],
 ) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
     let store = ctx.hold(pool).await?;
     let block =
         u32::try_from(block_bytes.unwrap_or(u64::from(BLOCK_BYTES_DEFAULT))).unwrap_or(u32::MAX);
     store.create_volume(volume, size, block)?;
-    store.set_dedup(volume, dedup)?;
+    for &property in properties {
+        store.set_property(volume, property)?;
+    }
     store.release().await?;
-    ctx.say(format!("created volume {spec} ({}, dedup={})", human(size), dedup.name()));
+    let settings: Vec<String> = properties.iter().map(|&p| property_text(p)).collect();
+    ctx.say(format!("created volume {spec} ({}, {})", human(size), settings.join(", ")));
     Ok(())
+}
+
+/// `name=value` of a property.
+fn property_text(property: VolumeProperty) -> String {
+    match property {
+        VolumeProperty::Dedup(mode) => format!("dedup={}", mode.name()),
+        VolumeProperty::Sync(mode) => format!("sync={}", mode.name()),
+        VolumeProperty::LogBias(bias) => format!("logbias={}", bias.name()),
+    }
 }
 
 /// Parses a dedup property value.
@@ -668,19 +687,48 @@ pub fn parse_dedup(value: &str) -> Result<DedupMode, String> {
     }
 }
 
+/// Parses a sync property value.
+pub fn parse_sync(value: &str) -> Result<SyncMode, String> {
+    match value {
+        "standard" => Ok(SyncMode::Standard),
+        "always" => Ok(SyncMode::Always),
+        "disabled" => Ok(SyncMode::Disabled),
+        other => Err(format!("sync={other} is not a sync mode; use standard, always or disabled")),
+    }
+}
+
+/// Parses a logbias property value.
+pub fn parse_logbias(value: &str) -> Result<LogBias, String> {
+    match value {
+        "latency" => Ok(LogBias::Latency),
+        "throughput" => Ok(LogBias::Throughput),
+        other => Err(format!("logbias={other} is not a log bias; use latency or throughput")),
+    }
+}
+
 pub async fn vol_set(ctx: &mut Ctx<'_>, spec: &str, property: &str) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
     let (name, value) = property
         .split_once('=')
-        .with_context(|| format!("{property:?} is not NAME=VALUE (for example dedup=on)"))?;
-    if name != "dedup" {
-        anyhow::bail!("volume property {name:?} does not exist; the settable one is dedup");
-    }
-    let mode = parse_dedup(value).map_err(|e| anyhow::anyhow!(e))?;
+        .with_context(|| format!("{property:?} is not NAME=VALUE (for example sync=always)"))?;
+    let parsed = match name {
+        "dedup" => parse_dedup(value).map(VolumeProperty::Dedup),
+        "sync" => parse_sync(value).map(VolumeProperty::Sync),
+        "logbias" => parse_logbias(value).map(VolumeProperty::LogBias),
+        _ => Err(format!(
+            "volume property {name:?} does not exist; the settable ones are dedup, sync and \
+             logbias"
+        )),
+    };
+    let property = parsed.map_err(|e| anyhow::anyhow!(e))?;
     let store = ctx.hold(pool).await?;
-    store.set_dedup(volume, mode)?;
+    store.set_property(volume, property)?;
     store.release().await?;
-    ctx.say(format!("set dedup={} on {spec}; blocks written from now on follow it", mode.name()));
+    let applies = match property {
+        VolumeProperty::Dedup(_) => "blocks written from now on follow it",
+        _ => "requests from now on follow it",
+    };
+    ctx.say(format!("set {} on {spec}; {applies}", property_text(property)));
     Ok(())
 }
 
@@ -703,17 +751,21 @@ pub async fn vol_resize(ctx: &mut Ctx<'_>, spec: &str, size: u64) -> anyhow::Res
 }
 
 pub async fn vol_list(ctx: &mut Ctx<'_>, pools: &[String]) -> anyhow::Result<()> {
-    ctx.say(format!("{:<40} {:>12} {:>10} {:>7}", "NAME", "SIZE", "BLOCK", "DEDUP"));
+    let row = |name: &str, size: &str, block: &str, dedup: &str, sync: &str, logbias: &str| {
+        format!("{name:<40} {size:>12} {block:>10} {dedup:>7} {sync:>9} {logbias:>10}")
+    };
+    ctx.say(row("NAME", "SIZE", "BLOCK", "DEDUP", "SYNC", "LOGBIAS"));
     for name in pools {
         let name = name.clone();
         let store = ctx.hold(&name).await?;
         for volume in store.volumes() {
-            ctx.say(format!(
-                "{:<40} {:>12} {:>10} {:>7}",
-                format!("{name}/{}", volume.name),
-                human(volume.size_bytes),
-                human(u64::from(volume.block_bytes)),
-                volume.dedup.name()
+            ctx.say(row(
+                &format!("{name}/{}", volume.name),
+                &human(volume.size_bytes),
+                &human(u64::from(volume.block_bytes)),
+                volume.dedup.name(),
+                volume.sync.name(),
+                volume.logbias.name(),
             ));
         }
         store.release().await?;

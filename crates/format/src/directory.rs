@@ -18,8 +18,10 @@
 //!               pieces so that no single block must find a large free range in a
 //!               fragmented pool; the pieces' ranges, concatenated, are the map.
 //!      .      volumes, each:
-//!               id u64, size_bytes u64, block_bytes u32, levels u8, dedup u8 (0 off,
-//!               1 on, 2 verify), name_len u16, name (UTF-8), root block pointer (128;
+//!               id u64, size_bytes u64, block_bytes u32, levels u8, properties u8 (bits
+//!               0-1 dedup: 0 off, 1 on, 2 verify; bits 2-3 sync: 0 standard, 1 always,
+//!               2 disabled; bit 4 logbias: 0 latency, 1 throughput; the rest zero),
+//!               name_len u16, name (UTF-8), root block pointer (128;
 //!               zeros: empty), log header: chain_id u64 (0: no log), head_sequence u64,
 //!               replayed_record u64, claim_txg u64, head block pointer (128)
 //!      .      dedup table header (crate::ddt), 192 bytes: salt (32), bucket_bits u8,
@@ -59,6 +61,82 @@ pub struct VolumeEntry {
     pub log: Option<LogHeader>,
     /// Whether new writes go through the dedup table.
     pub dedup: DedupMode,
+    /// When a flush or FUA write is made durable through the intent log.
+    pub sync: SyncMode,
+    /// Whether large writes are logged as copies or written in place (see [`LogBias`]).
+    pub logbias: LogBias,
+}
+
+/// A volume's sync property (ZFS: `sync=standard|always|disabled`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SyncMode {
+    /// Flushes and FUA writes are durable when answered; other writes at the next txg sync.
+    #[default]
+    Standard = 0,
+    /// Every write is durable when answered, as if it carried FUA.
+    Always = 1,
+    /// Nothing is logged: flushes and FUA writes are answered at once, and writes become
+    /// durable with the txg sync (within `txg.timeout_ms`). A crash loses up to that much.
+    Disabled = 2,
+}
+
+impl SyncMode {
+    pub fn decode(raw: u8) -> Result<SyncMode, FormatError> {
+        match raw {
+            0 => Ok(SyncMode::Standard),
+            1 => Ok(SyncMode::Always),
+            2 => Ok(SyncMode::Disabled),
+            value => {
+                Err(FormatError::Invalid { what: WHAT, field: "sync", value: u64::from(value) })
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SyncMode::Standard => "standard",
+            SyncMode::Always => "always",
+            SyncMode::Disabled => "disabled",
+        }
+    }
+}
+
+/// A volume's logbias property (ZFS: `logbias=latency|throughput`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LogBias {
+    /// Writes below the immediate-write size are copied into the log; larger whole blocks are
+    /// written in place and logged as pointers.
+    #[default]
+    Latency = 0,
+    /// Every whole block is written in place and logged as a pointer: each byte is written
+    /// once, at the cost of a block write per commit.
+    Throughput = 1,
+}
+
+impl LogBias {
+    pub fn name(self) -> &'static str {
+        match self {
+            LogBias::Latency => "latency",
+            LogBias::Throughput => "throughput",
+        }
+    }
+}
+
+/// The properties byte of a volume entry.
+fn encode_properties(volume: &VolumeEntry) -> u8 {
+    volume.dedup as u8 | (volume.sync as u8) << 2 | (volume.logbias as u8) << 4
+}
+
+fn decode_properties(raw: u8) -> Result<(DedupMode, SyncMode, LogBias), FormatError> {
+    if raw >> 5 != 0 {
+        return Err(FormatError::Invalid {
+            what: WHAT,
+            field: "volume properties",
+            value: u64::from(raw),
+        });
+    }
+    let logbias = if raw & 0x10 != 0 { LogBias::Throughput } else { LogBias::Latency };
+    Ok((DedupMode::decode(raw & 3)?, SyncMode::decode((raw >> 2) & 3)?, logbias))
 }
 
 /// A volume's dedup property (ZFS: `dedup=off|on|verify`).
@@ -178,7 +256,7 @@ impl PoolDirectory {
             w.u64(at + 8, volume.size_bytes);
             w.u32(at + 16, volume.block_bytes);
             w.u8(at + 20, volume.levels);
-            w.u8(at + 21, volume.dedup as u8);
+            w.u8(at + 21, encode_properties(volume));
             w.u16(at + 22, volume.name.len() as u16);
             w.put(at + 24, volume.name.as_bytes());
             at += VOLUME_FIXED_BYTES + volume.name.len();
@@ -241,7 +319,7 @@ impl PoolDirectory {
         let mut volumes = Vec::new();
         for _ in 0..volume_count {
             let name_len = usize::from(r.u16(at + 22)?);
-            let dedup = DedupMode::decode(r.u8(at + 21)?)?;
+            let (dedup, sync, logbias) = decode_properties(r.u8(at + 21)?)?;
             let name = std::str::from_utf8(r.slice(at + 24, name_len)?)
                 .map_err(|_| FormatError::Invalid {
                     what: WHAT,
@@ -268,6 +346,8 @@ impl PoolDirectory {
                 root: BlockPointer::decode(r.slice(at, BLKPTR_BYTES)?)?,
                 log: None,
                 dedup,
+                sync,
+                logbias,
             });
             at += BLKPTR_BYTES;
             let chain_id = r.u64(at)?;

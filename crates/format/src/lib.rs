@@ -26,7 +26,9 @@ pub use ddt::{
     DdtBucket, DdtEntry, DdtHeader, DdtKey, DDT_BUCKET_BITS_MAX, DDT_ENTRY_BYTES, DDT_HEADER_BYTES,
     DDT_KEY_BYTES,
 };
-pub use directory::{DedupMode, LogHeader, PoolDirectory, VolumeEntry, VOLUME_NAME_BYTES_MAX};
+pub use directory::{
+    DedupMode, LogBias, LogHeader, PoolDirectory, SyncMode, VolumeEntry, VOLUME_NAME_BYTES_MAX,
+};
 pub use error::FormatError;
 pub use label::{
     data_end_bytes, label_offsets, uberblock_offset, LabelHeader, LeafConfig, TopConfig, TopKind,

@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use proptest::prelude::*;
 use sluice_format::{
     label_offsets, uberblock_offset, BlockKind, BlockPointer, Checksum, ChecksumAlg, DdtBucket,
-    DdtEntry, DdtHeader, DdtKey, DedupMode, Dva, FormatError, LabelHeader, LeafConfig, LogHeader,
-    PoolDirectory, SpaceMap, TopConfig, TopKind, Uberblock, VdevTreeConfig, VolumeEntry,
-    BLKPTR_BYTES, DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
+    DdtEntry, DdtHeader, DdtKey, DedupMode, Dva, FormatError, LabelHeader, LeafConfig, LogBias,
+    LogHeader, PoolDirectory, SpaceMap, SyncMode, TopConfig, TopKind, Uberblock, VdevTreeConfig,
+    VolumeEntry, BLKPTR_BYTES, DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
 };
 
 fn golden(name: &str, bytes: &[u8]) {
@@ -198,6 +198,8 @@ fn golden_directory() {
                     head: sample_bp(),
                 }),
                 dedup: DedupMode::Verify,
+                sync: SyncMode::Standard,
+                logbias: LogBias::Latency,
             },
             VolumeEntry {
                 id: 2,
@@ -208,6 +210,8 @@ fn golden_directory() {
                 root: None,
                 log: None,
                 dedup: DedupMode::Off,
+                sync: SyncMode::Standard,
+                logbias: LogBias::Latency,
             },
         ],
         ddt: DdtHeader {
@@ -395,5 +399,34 @@ proptest! {
         let sum = ChecksumAlg::Xxh3_128.compute(&bytes);
         bytes.extend_from_slice(&sum.0);
         let _ = LabelHeader::decode(&bytes);
+    }
+}
+
+/// The properties byte of a volume entry (offset 21): dedup in bits 0-1, sync in 2-3, logbias
+/// in 4. A pool written before sync and logbias existed has zeros there, which decode as
+/// sync=standard and logbias=latency (the golden directory above); unknown bits are refused.
+#[test]
+fn volume_properties_byte() {
+    let volume = VolumeEntry {
+        id: 1,
+        name: "v".into(),
+        size_bytes: 1 << 20,
+        block_bytes: 16384,
+        levels: 1,
+        root: None,
+        log: None,
+        dedup: DedupMode::On,
+        sync: SyncMode::Disabled,
+        logbias: LogBias::Throughput,
+    };
+    let dir = PoolDirectory { volumes: vec![volume], ..PoolDirectory::default() };
+    let mut bytes = dir.encode(4096).unwrap();
+    // Header (40 bytes), no space maps, then the volume: byte 21 of its entry.
+    let at = 40 + 21;
+    assert_eq!(bytes[at], 1 | 2 << 2 | 1 << 4);
+    assert_eq!(PoolDirectory::decode(&bytes).unwrap(), dir);
+    for bad in [0x20u8, 3 << 2, 3] {
+        bytes[at] = bad;
+        assert!(PoolDirectory::decode(&bytes).is_err(), "properties byte {bad:#x} accepted");
     }
 }

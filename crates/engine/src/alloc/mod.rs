@@ -244,6 +244,28 @@ impl Allocator {
         self.deferred_log.entry(txg).or_default().push((vdev, start, len));
     }
 
+    /// Allocates a block written in place for the intent log (an indirect write record,
+    /// ZFS's `dmu_sync`): placed like data, near the data cursor, but held like a log block
+    /// (free in the space maps) until the sync of its txg links it into a volume's tree
+    /// ([`Allocator::adopt_log`]) or frees it ([`Allocator::free_log`]). A crash before then
+    /// leaves it free on disk, and import claims it from the log record that points at it.
+    pub fn allocate_indirect(&mut self, psize: u64) -> Result<(u32, u64, u64), AllocError> {
+        let (vdev, at, asize) = self.allocate(psize, AllocClass::Normal, &[])?;
+        self.vdevs[vdev as usize].log.insert(at, asize);
+        Ok((vdev, at, asize))
+    }
+
+    /// A block from [`Allocator::allocate_indirect`] (or claimed at import) becomes part of
+    /// the tree being synced: allocated in the space maps from this txg on.
+    pub fn adopt_log(&mut self, vdev: u32, start: u64, len: u64) {
+        let space = &mut self.vdevs[vdev as usize];
+        assert!(
+            space.log.contains(start, len),
+            "adopt of [{start}, +{len}) on vdev {vdev}, not a live log block"
+        );
+        space.log.remove(start, len);
+    }
+
     /// Whether `[start, start+len)` of `vdev` is free space.
     pub fn is_free(&self, vdev: u32, start: u64, len: u64) -> bool {
         self.vdevs.get(vdev as usize).is_some_and(|space| space.free.contains(start, len))

@@ -34,6 +34,14 @@
 //! that no sync has anchored yet is not reachable after a crash, so the store syncs instead of
 //! committing to it.
 //!
+//! Large writes are logged by pointer (ZFS's `WR_INDIRECT`): the store appends such a record
+//! unfilled ([`LogWriter::append_unfilled`]), and a committer that needs it writes the block to
+//! its final place and fills in the pointer ([`LogWriter::claim_unfilled`],
+//! [`LogWriter::fill`]) before the lwb that carries it is built. The block's write is started
+//! at once; the lwb counts as durable only once that write is durable too, so no committer is
+//! answered while a record points at a block that might not be there. An lwb never carries a
+//! record that is still unfilled: the chain waits for it, and records keep their order.
+//!
 //! After a failed log write the writer refuses commits (its chain has a hole; later blocks
 //! would be unreachable) and the store falls back to txg syncs, then starts a new chain.
 
@@ -41,7 +49,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use futures::channel::oneshot;
-use futures::future::join_all;
+use futures::future::{join_all, BoxFuture, Shared};
 use parking_lot::Mutex;
 use sluice_format::{
     BlockKind, BlockPointer, Checksum, ChecksumAlg, Dva, LogBlock, LogRecord, LogVerifier,
@@ -131,6 +139,19 @@ pub enum LogError {
     Failed { volume_id: u64 },
 }
 
+/// The durable write of an indirect record's block: true once it is on stable storage, false
+/// if it failed. Shared by the lwb that carries the record and the sync that links the block.
+pub type DataWrite = Shared<BoxFuture<'static, bool>>;
+
+/// An lwb ready to write: where, its sequence, its bytes, and the block writes of the
+/// indirect records it carries.
+struct Lwb {
+    at: LogAddress,
+    sequence: u64,
+    bytes: Vec<u8>,
+    writes: Vec<DataWrite>,
+}
+
 #[derive(Debug)]
 struct State {
     /// Verifier of the next lwb to issue.
@@ -138,6 +159,13 @@ struct State {
     /// Where the next lwb goes (allocated when the previous one was issued).
     next_address: LogAddress,
     pending: VecDeque<LogRecord>,
+    /// Pending indirect records whose block pointer is not known yet (a subset of
+    /// `pending`): no lwb takes them, or anything after them, until they are filled.
+    unfilled: BTreeSet<u64>,
+    /// Of `unfilled`, those a committer is filling now.
+    filling: BTreeSet<u64>,
+    /// The block writes filled records depend on, by record sequence.
+    data_writes: BTreeMap<u64, DataWrite>,
     next_record: u64,
     /// Highest record sequence in each issued lwb, by lwb sequence.
     lwb_last_record: BTreeMap<u64, u64>,
@@ -177,7 +205,7 @@ struct State {
 
 /// What a committer does next.
 enum Step {
-    Issue(Vec<(LogAddress, u64, Vec<u8>)>),
+    Issue(Vec<Lwb>),
     Linger(crate::rt::Time),
     Wait(oneshot::Receiver<()>),
 }
@@ -202,6 +230,9 @@ pub struct Handover {
     covered: u64,
     txg_last_record: BTreeMap<u64, u64>,
     carried: VecDeque<LogRecord>,
+    /// Carried records still unfilled (any filling of them was for the failed chain).
+    unfilled: BTreeSet<u64>,
+    data_writes: BTreeMap<u64, DataWrite>,
 }
 
 /// The head a synced txg records, and the blocks that txg no longer needs.
@@ -230,6 +261,8 @@ impl LogWriter {
             covered: 0,
             txg_last_record: BTreeMap::new(),
             carried: VecDeque::new(),
+            unfilled: BTreeSet::new(),
+            data_writes: BTreeMap::new(),
         };
         LogWriter::continuing(
             pool,
@@ -274,6 +307,9 @@ impl LogWriter {
                 next_address: head,
                 open_since: None,
                 pending: handover.carried,
+                unfilled: handover.unfilled,
+                filling: BTreeSet::new(),
+                data_writes: handover.data_writes,
                 next_record: handover.next_record,
                 lwb_last_record: BTreeMap::new(),
                 done: BTreeSet::new(),
@@ -311,6 +347,13 @@ impl LogWriter {
         self.chain.chain_id
     }
 
+    /// Bytes of the blocks this chain holds: issued lwbs still needed, and the next one.
+    pub fn held_bytes(&self) -> u64 {
+        let state = self.state.lock();
+        let live: u64 = state.live.iter().map(|(_, at, _)| u64::from(at.len_bytes)).sum();
+        live + u64::from(state.next_address.len_bytes)
+    }
+
     /// lwbs written so far.
     pub fn lwbs_written(&self) -> u64 {
         self.lwbs_written.get()
@@ -335,6 +378,82 @@ impl LogWriter {
         state.pending.push_back(record);
         state.appended_since_commit += 1;
         sequence
+    }
+
+    /// Appends an indirect record whose block is not written yet; a committer fills it
+    /// ([`LogWriter::claim_unfilled`], [`LogWriter::fill`]).
+    pub fn append_unfilled(
+        &self,
+        now: crate::rt::Time,
+        record: impl FnOnce(u64) -> LogRecord,
+    ) -> u64 {
+        let sequence = self.append(now, record);
+        self.state.lock().unfilled.insert(sequence);
+        sequence
+    }
+
+    /// Takes the unfilled records up to `sequence` that no other committer is filling; the
+    /// caller must [`LogWriter::fill`] each one.
+    pub fn claim_unfilled(&self, sequence: u64) -> Vec<LogRecord> {
+        let mut state = self.state.lock();
+        let state = &mut *state;
+        if state.unfilled.first().is_none_or(|&first| first > sequence) {
+            return Vec::new();
+        }
+        let claimed: Vec<u64> = state
+            .unfilled
+            .range(..=sequence)
+            .filter(|s| !state.filling.contains(s))
+            .copied()
+            .collect();
+        state.filling.extend(claimed.iter().copied());
+        state
+            .pending
+            .iter()
+            .filter(|r| claimed.binary_search(&r.sequence()).is_ok())
+            .cloned()
+            .collect()
+    }
+
+    /// Gives claimed records back unfilled (the claimer failed); the next committer fills them.
+    pub fn unclaim(&self, records: &[LogRecord]) {
+        let waiters = {
+            let mut state = self.state.lock();
+            for record in records {
+                state.filling.remove(&record.sequence());
+            }
+            std::mem::take(&mut state.waiters)
+        };
+        for (_, waiter) in waiters {
+            let _ = waiter.send(());
+        }
+    }
+
+    /// Completes a claimed record: `record` replaces it (an indirect record with its block
+    /// pointer, or the data copied after all), and an lwb carrying it counts as durable only
+    /// once `write` is. Returns false if the record is gone (its txg synced meanwhile).
+    pub fn fill(&self, record: LogRecord, write: Option<DataWrite>) -> bool {
+        let sequence = record.sequence();
+        let (present, waiters) = {
+            let mut state = self.state.lock();
+            state.filling.remove(&sequence);
+            let present = state.unfilled.remove(&sequence);
+            if present {
+                let slot = state.pending.iter_mut().find(|r| r.sequence() == sequence);
+                let slot = slot.expect("an unfilled record is pending");
+                debug_assert_eq!(slot.txg(), record.txg(), "a fill keeps the record's txg");
+                *slot = record;
+                if let Some(write) = write {
+                    state.data_writes.insert(sequence, write);
+                }
+            }
+            (present, std::mem::take(&mut state.waiters))
+        };
+        // Committers waiting behind the record look again.
+        for (_, waiter) in waiters {
+            let _ = waiter.send(());
+        }
+        present
     }
 
     /// Counts a client's commit (a flush or FUA write, not an early one) for
@@ -423,6 +542,12 @@ impl LogWriter {
             while state.pending.front().is_some_and(|r| r.txg() <= txg) {
                 state.pending.pop_front();
             }
+            // Unfilled records dropped with them need no block any more; a committer filling
+            // one finds it gone (`fill` returns false), and the sync frees its block.
+            let floor = state.pending.front().map_or(u64::MAX, LogRecord::sequence);
+            state.unfilled = state.unfilled.split_off(&floor);
+            state.filling = state.filling.split_off(&floor);
+            state.data_writes = state.data_writes.split_off(&floor);
             if state.pending.is_empty() {
                 state.open_since = None;
             }
@@ -448,12 +573,20 @@ impl LogWriter {
     /// every txg-synced record is at or below, and the last record of each later txg.
     pub fn hand_over(&self, txg: u64) -> Handover {
         let mut state = self.state.lock();
-        let carried = state.pending.drain(..).filter(|r| r.txg() > txg).collect();
+        let carried: VecDeque<LogRecord> =
+            state.pending.drain(..).filter(|r| r.txg() > txg).collect();
+        let kept = |s: &u64| carried.iter().any(|r| r.sequence() == *s);
+        let unfilled = std::mem::take(&mut state.unfilled).into_iter().filter(kept).collect();
+        state.filling.clear();
+        let data_writes =
+            std::mem::take(&mut state.data_writes).into_iter().filter(|(s, _)| kept(s)).collect();
         Handover {
             next_record: state.next_record,
             covered: state.synced_record,
             txg_last_record: state.txg_last_record.split_off(&(txg + 1)),
             carried,
+            unfilled,
+            data_writes,
         }
     }
 
@@ -474,7 +607,11 @@ impl LogWriter {
                 if state.failed {
                     return Err(LogError::Failed { volume_id: self.chain.volume_id });
                 }
-                let mine_pending = state.pending.front().is_some_and(|r| r.sequence() <= sequence);
+                // An unfilled record at the front holds the chain until its committer fills it
+                // (`fill` wakes the waiters).
+                let mine_pending = state.pending.front().is_some_and(|r| {
+                    r.sequence() <= sequence && !state.unfilled.contains(&r.sequence())
+                });
                 let now = pool.env().now();
                 let (may_issue, linger_until) = match self.policy {
                     CommitPolicy::Pipelined => {
@@ -543,9 +680,12 @@ impl LogWriter {
         &self,
         state: &mut State,
         allocator: &Mutex<Allocator>,
-    ) -> Result<Vec<(LogAddress, u64, Vec<u8>)>, PoolError> {
+    ) -> Result<Vec<Lwb>, PoolError> {
         let mut lwbs = Vec::new();
-        while !state.pending.is_empty() {
+        let ready = |state: &State| {
+            state.pending.front().is_some_and(|r| !state.unfilled.contains(&r.sequence()))
+        };
+        while ready(state) {
             let capacity = state.next_address.len_bytes as usize;
             // What this lwb was asked to carry, not what fit: sizing from what fit would keep
             // a block that holds one record at that size forever.
@@ -555,7 +695,7 @@ impl LogWriter {
             let mut used = LOG_HEADER_BYTES;
             while let Some(record) = state.pending.front() {
                 let len = record.encoded_len();
-                if used + len > capacity {
+                if used + len > capacity || state.unfilled.contains(&record.sequence()) {
                     // Stays for the next lwb, which is sized to hold it.
                     break;
                 }
@@ -565,6 +705,8 @@ impl LogWriter {
                 }
             }
             let last = records.last().map_or(0, LogRecord::sequence);
+            let writes: Vec<DataWrite> =
+                records.iter().filter_map(|r| state.data_writes.remove(&r.sequence())).collect();
             let txg = records.iter().map(LogRecord::txg).max().unwrap_or(0);
             if state.recent_used.len() == SIZE_HISTORY {
                 state.recent_used.pop_front();
@@ -579,7 +721,7 @@ impl LogWriter {
             let here = state.next_address;
             state.lwb_last_record.insert(state.verifier.sequence, last);
             state.live.push_back((state.verifier.sequence, here, txg));
-            lwbs.push((here, state.verifier.sequence, bytes));
+            lwbs.push(Lwb { at: here, sequence: state.verifier.sequence, bytes, writes });
             state.verifier = state.verifier.next();
             state.next_address = successor;
             state.in_flight += 1;
@@ -593,29 +735,31 @@ impl LogWriter {
     }
 
     /// Writes lwbs, flushes what they touched, and advances the durable frontier.
-    async fn issue(
-        &self,
-        pool: &Pool,
-        lwbs: Vec<(LogAddress, u64, Vec<u8>)>,
-    ) -> Result<(), LogError> {
+    async fn issue(&self, pool: &Pool, lwbs: Vec<Lwb>) -> Result<(), LogError> {
         let started = pool.env().now();
         self.lwbs_written.add(lwbs.len() as u64);
         // A lone lwb (always, when pipelined) is written and flushed by each leaf in one trip
         // (docs/design.md: 1 job +13%). Several (a batch) are all written first, then the
         // top-level vdevs they touched are flushed once.
-        let ok = if let [(at, _, bytes)] = &lwbs[..] {
-            let dva = vdev::VdevAddress { vdev: at.vdev, offset_bytes: at.offset_bytes };
-            let data = SharedBuf::copy_from(bytes);
-            pool.root().write_durable(dva, data, IoClass::LogWrite).await.is_ok()
-        } else {
-            let writes = lwbs.iter().map(|(at, _, bytes)| {
-                let data = SharedBuf::copy_from(bytes);
-                let dva = vdev::VdevAddress { vdev: at.vdev, offset_bytes: at.offset_bytes };
+        // The blocks of indirect records are already being written (durably); the lwbs that
+        // point at them are durable only once those writes are.
+        let data_writes = join_all(lwbs.iter().flat_map(|lwb| lwb.writes.iter().cloned()));
+        let lwb_writes = async {
+            if let [lwb] = &lwbs[..] {
+                let dva =
+                    vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
+                let data = SharedBuf::copy_from(&lwb.bytes);
+                return pool.root().write_durable(dva, data, IoClass::LogWrite).await.is_ok();
+            }
+            let writes = lwbs.iter().map(|lwb| {
+                let data = SharedBuf::copy_from(&lwb.bytes);
+                let dva =
+                    vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
                 async move { pool.root().write(dva, data, IoClass::LogWrite).await }
             });
             let mut ok = join_all(writes).await.iter().all(Result::is_ok);
             // Flush only after the writes completed, and only the top-level vdevs touched.
-            let mut touched: Vec<u32> = lwbs.iter().map(|(at, _, _)| at.vdev).collect();
+            let mut touched: Vec<u32> = lwbs.iter().map(|lwb| lwb.at.vdev).collect();
             touched.sort_unstable();
             touched.dedup();
             for vdev in touched {
@@ -625,6 +769,10 @@ impl LogWriter {
             }
             ok
         };
+        let (data_ok, lwbs_ok) = futures::future::join(data_writes, lwb_writes).await;
+        // A failed block write fails the lwb like a failed lwb write: the store falls back to
+        // a txg sync, which writes the block again.
+        let ok = lwbs_ok && data_ok.into_iter().all(|written| written);
         let waiters = {
             let mut state = self.state.lock();
             if !ok {
@@ -639,8 +787,8 @@ impl LogWriter {
             state.in_flight = state.in_flight.saturating_sub(lwbs.len() as u32);
             if ok {
                 // A failed lwb never joins the frontier: nothing after it counts as durable.
-                for (_, sequence, _) in &lwbs {
-                    state.done.insert(*sequence);
+                for lwb in &lwbs {
+                    state.done.insert(lwb.sequence);
                 }
             }
             loop {
@@ -689,6 +837,9 @@ pub struct Chain {
     pub blocks: Vec<LogBlock>,
     /// Where each block of `blocks` is.
     pub addresses: Vec<LogAddress>,
+    /// The blocks of the indirect records import claimed (held like log blocks until the
+    /// chain is retired).
+    pub indirect: Vec<LogAddress>,
     /// The chain ended at a block that claims to be the expected one but fails its checksum
     /// on every copy: a write cut short by the crash (a torn tail).
     pub torn_tail: bool,

@@ -22,6 +22,12 @@ pub struct AuditReport {
     pub referenced_bytes: u64,
     /// Bytes the allocator holds as allocated.
     pub allocated_bytes: u64,
+    /// Bytes the allocator holds for the intent log (live log blocks, blocks written in place
+    /// for indirect records, and log blocks waiting out a free's deferral).
+    pub log_bytes: u64,
+    /// Bytes the volumes' log chains hold now (issued blocks still needed and each chain's
+    /// next block). Equal to `log_bytes` once frees have waited out their deferral.
+    pub chain_bytes: u64,
     pub dedup_entries: u64,
     pub dedup_references: u64,
     /// Each inconsistency, in words; empty when the books balance.
@@ -122,7 +128,22 @@ impl Store {
                 header.entries, header.references, report.dedup_entries, report.dedup_references
             ));
         }
+        report.chain_bytes = {
+            let state = self.state.lock();
+            state
+                .volumes
+                .values()
+                .filter_map(|d| d.state.lock().log.as_ref().map(|l| l.held_bytes()))
+                .sum()
+        };
         let (area, free, log, deferred) = self.allocator.lock().accounting();
+        report.log_bytes = log;
+        if log < report.chain_bytes {
+            report.problems.push(format!(
+                "the volumes' log chains hold {} bytes, the allocator only {log}",
+                report.chain_bytes
+            ));
+        }
         report.allocated_bytes = area - free - log - deferred;
         if report.allocated_bytes != report.referenced_bytes {
             report.problems.push(format!(

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use sluice_format::{DedupMode, VolumeEntry};
+use sluice_format::{DedupMode, LogBias, SyncMode, VolumeEntry};
 
-use super::dbuf::Block;
+use super::dbuf::{Block, Prewritten};
 use super::dmu_tx::TxgLimits;
 use super::{Store, StoreError, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN};
 use crate::intent_log::LogWriter;
@@ -52,9 +52,19 @@ pub(super) struct VolumeState {
     pub(super) disk_levels: u8,
     pub(super) open: BTreeMap<u64, Block>,
     pub(super) syncing: BTreeMap<u64, Block>,
+    /// Blocks of `open` already written in place for indirect log records, by block index.
+    pub(super) prewritten: BTreeMap<u64, Prewritten>,
     /// The volume's intent log; `None` while import replays the old chain (the directory
     /// keeps pointing at it until replay is complete).
     pub(super) log: Option<Arc<LogWriter>>,
+}
+
+/// A settable volume property (`sluice vol set`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VolumeProperty {
+    Dedup(DedupMode),
+    Sync(SyncMode),
+    LogBias(LogBias),
 }
 
 impl Dataset {
@@ -78,6 +88,7 @@ impl Dataset {
                 entry,
                 open: BTreeMap::new(),
                 syncing: BTreeMap::new(),
+                prewritten: BTreeMap::new(),
                 log,
             }),
         })
@@ -85,6 +96,11 @@ impl Dataset {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The volume's sync property now.
+    pub fn sync_mode(&self) -> SyncMode {
+        self.state.lock().entry.sync
     }
 
     pub fn block_bytes(&self) -> u32 {
@@ -173,6 +189,8 @@ impl Store {
             root: None,
             log: None,
             dedup: DedupMode::Off,
+            sync: SyncMode::Standard,
+            logbias: LogBias::Latency,
         };
         state.volumes.insert(name.to_owned(), Dataset::new(entry, Some(log), &self.limits));
         Ok(())
@@ -181,11 +199,22 @@ impl Store {
     /// Sets a volume's dedup property; blocks written from the next sync on follow it (blocks
     /// already stored stay as they are). Durable with the next sync.
     pub fn set_dedup(&self, name: &str, mode: DedupMode) -> Result<(), StoreError> {
+        self.set_property(name, VolumeProperty::Dedup(mode))
+    }
+
+    /// Sets a volume property. `dedup` applies to blocks synced from now on; `sync` and
+    /// `logbias` to requests from now on. Durable with the next sync.
+    pub fn set_property(&self, name: &str, property: VolumeProperty) -> Result<(), StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a property change");
         let state = self.state.lock();
         let dataset = state.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?;
-        dataset.state.lock().entry.dedup = mode;
+        let entry = &mut dataset.state.lock().entry;
+        match property {
+            VolumeProperty::Dedup(mode) => entry.dedup = mode,
+            VolumeProperty::Sync(mode) => entry.sync = mode,
+            VolumeProperty::LogBias(bias) => entry.logbias = bias,
+        }
         Ok(())
     }
 
@@ -205,6 +234,7 @@ impl Store {
         if let Some(log) = &volume.log {
             state.retired_log.extend(log.retire());
         }
+        state.orphaned.extend(volume.prewritten.values().cloned());
         if let Some(root) = volume.entry.root {
             state.destroyed.push((root, volume.disk_levels));
         }

@@ -4,8 +4,32 @@
 //! sectors a partial write covered over the version below it. A patch lets a 4 KiB write into a
 //! 16 KiB block be answered without reading the block first; the read happens when the block is
 //! read or synced (`dmu.rs`, `spa_sync.rs`).
+//!
+//! A whole block of the open txg may also have been written in place already, for an indirect
+//! log record (`zil.rs`): a [`Prewritten`] block, which the sync links into the tree instead
+//! of writing the bytes again (ZFS: a dirty record's override, `dmu_sync`).
 
 use std::sync::Arc;
+
+use sluice_format::BlockPointer;
+
+use crate::intent_log::DataWrite;
+
+/// A block of the open txg written in place for the intent log. The sync links `bp` if the
+/// block it syncs is still `data` (the same allocation, not a later write's) and `write`
+/// succeeded; otherwise it waits for `write` to end and frees `bp`'s space.
+#[derive(Clone)]
+pub(super) struct Prewritten {
+    pub(super) data: Arc<Vec<u8>>,
+    pub(super) bp: BlockPointer,
+    pub(super) write: DataWrite,
+}
+
+impl std::fmt::Debug for Prewritten {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prewritten").field("bp", &self.bp).finish_non_exhaustive()
+    }
+}
 
 #[derive(Clone, Debug)]
 pub(super) enum Block {

@@ -389,6 +389,7 @@ impl Store {
                         len,
                         data,
                         self.limits.log_block_bytes_max,
+                        self.indirect(&v.entry, len).then_some(bs),
                     ),
                     None => 0,
                 },

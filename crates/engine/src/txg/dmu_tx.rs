@@ -24,6 +24,8 @@ pub(super) struct TxgLimits {
     pub(super) commit_timeout_pct: u64,
     pub(super) early_commit: bool,
     pub(super) log_block_bytes_max: u32,
+    /// Writes at least this large are logged by pointer (0: never).
+    pub(super) immediate_write_bytes: u64,
     pub(super) request_threads: usize,
 }
 
@@ -43,6 +45,7 @@ impl TxgLimits {
             log_policy: CommitPolicy::from_tunables(tunables),
             commit_timeout_pct: tunables.get(Tunable::IntentLogCommitTimeoutPct),
             early_commit: tunables.choice(Tunable::IntentLogEarlyCommit) == "auto",
+            immediate_write_bytes: tunables.get(Tunable::IntentLogImmediateWriteBytes),
             log_block_bytes_max: u32::try_from(tunables.get(Tunable::IntentLogBlockBytesMax))
                 .unwrap_or(128 << 10),
             request_threads: usize::try_from(tunables.get(Tunable::VolumeRequestThreads))

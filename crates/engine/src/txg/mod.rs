@@ -46,7 +46,7 @@ mod space_map;
 mod zil;
 
 pub use audit::AuditReport;
-pub use dataset::Dataset;
+pub use dataset::{Dataset, VolumeProperty};
 use dmu_tx::TxgLimits;
 pub use spa_load::{ImportOptions, ImportReport, LostLog, Rewind};
 pub use spa_sync::SyncRecord;
@@ -156,6 +156,10 @@ struct State {
     /// Log blocks of retired chains (destroyed volumes, replayed or failed logs), freed by the
     /// next sync.
     retired_log: Vec<LogAddress>,
+    /// Blocks written in place for indirect log records that no volume will link (their
+    /// volume was destroyed, or their block changed before the fill could record them): the
+    /// next sync waits for their writes and frees them.
+    orphaned: Vec<dbuf::Prewritten>,
 }
 
 impl State {
@@ -179,6 +183,7 @@ impl State {
             syncing_metadata_bytes: 0,
             destroyed: Vec::new(),
             retired_log: Vec::new(),
+            orphaned: Vec::new(),
         }
     }
 }
@@ -247,6 +252,18 @@ pub struct LogStats {
     pub torn_tails: crate::stats::Counter,
     /// Records that no longer fit the volume (it shrank after they were logged), skipped.
     pub records_out_of_range: crate::stats::Counter,
+    /// Commits answered at once because the volume has sync=disabled.
+    pub commits_ignored: crate::stats::Counter,
+    /// Blocks written in place for indirect records (each written once: the sync links it).
+    pub indirect_blocks_written: crate::stats::Counter,
+    /// Indirect records filled with a copy of their block instead (its txg was syncing, or a
+    /// later write had replaced it).
+    pub indirect_records_copied: crate::stats::Counter,
+    /// Indirect records applied by replay (their blocks read from where the record points).
+    pub indirect_records_replayed: crate::stats::Counter,
+    /// Chains that ended at an indirect record whose block is not intact or not free: written
+    /// after its log block, never acknowledged (ZFS: zil_claim_write).
+    pub indirect_chain_ends: crate::stats::Counter,
 }
 
 impl Store {

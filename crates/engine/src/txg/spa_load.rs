@@ -20,7 +20,9 @@
 //!   them all. [`ImportOptions::discard_unreadable_log`] imports anyway, replaying the chain up
 //!   to the unreadable block and reporting what was dropped (`zpool import -m`).
 
-use sluice_format::{LogHeader, LogVerifier, PoolDirectory, SpaceMap, Uberblock};
+use sluice_format::{
+    BlockPointer, LogHeader, LogRecord, LogVerifier, PoolDirectory, SpaceMap, Uberblock,
+};
 
 use super::dataset::Dataset;
 use super::dmu_tx::TxgLimits;
@@ -341,6 +343,13 @@ async fn claim(
                 chain.addresses.truncate(cut);
             }
         }
+        claim_indirect(pool, &mut chain, &header, &mut allocator, &log_stats, options)
+            .await
+            .map_err(|source| StoreError::UnreadableLog {
+                pool: pool.name().to_owned(),
+                volume: entry.name.clone(),
+                source,
+            })?;
         for at in &chain.addresses {
             allocator
                 .claim_log(at.vdev, at.offset_bytes, u64::from(at.len_bytes))
@@ -355,4 +364,89 @@ async fn claim(
         chains.push((entry.name.clone(), header, chain));
     }
     Ok(Loaded { uberblock, directory, allocator, chains, log_stats, report })
+}
+
+/// Claims the blocks that the chain's indirect records still to replay point at (ZFS:
+/// `zil_claim_write`). Each must be intact and on space the maps give as free. One that is
+/// not was written after the log block that points at it and before a crash that came before
+/// the flush both waited for, so its write was never acknowledged: the log ends at that
+/// record, as it ends at a log block that is not the expected one. A block that could not be
+/// read at all (an I/O error, not a mismatch) is an error unless `discard_unreadable_log`.
+async fn claim_indirect(
+    pool: &Pool,
+    chain: &mut Chain,
+    header: &LogHeader,
+    allocator: &mut Allocator,
+    log_stats: &LogStats,
+    options: ImportOptions,
+) -> Result<(), Box<intent_log::UnreadableBlock>> {
+    let mut end: Option<(usize, usize)> = None;
+    let to_claim: Vec<(usize, usize, u64, BlockPointer)> = chain
+        .blocks
+        .iter()
+        .enumerate()
+        .flat_map(|(b, block)| {
+            block.records.iter().enumerate().filter_map(move |(r, record)| match record {
+                LogRecord::WriteIndirect { block: bp, .. }
+                    if record.txg() > header.claim_txg
+                        && record.sequence() > header.replayed_record =>
+                {
+                    Some((b, r, block.verifier.sequence, *bp))
+                }
+                _ => None,
+            })
+        })
+        .collect();
+    for (b, r, lwb_sequence, bp) in to_claim {
+        let dva = bp.dvas[0];
+        let (vdev, offset, len) = (dva.vdev, dva.offset_bytes(), dva.asize_bytes());
+        let overlaps_chain = chain.addresses.iter().any(|at| {
+            at.vdev == vdev
+                && at.offset_bytes < offset + len
+                && offset < at.offset_bytes + u64::from(at.len_bytes)
+        });
+        if len == 0 || overlaps_chain || !allocator.is_free(vdev, offset, len) {
+            end = Some((b, r));
+            break;
+        }
+        match pool.read_block(&bp, IoClass::SyncRead).await {
+            Ok(_) => {}
+            Err(PoolError::Vdev { source, .. })
+                if !source.is_definite_mismatch() && !options.discard_unreadable_log =>
+            {
+                let mut before = std::mem::take(chain);
+                before.blocks.truncate(b);
+                before.addresses.truncate(b);
+                return Err(Box::new(intent_log::UnreadableBlock {
+                    position: b,
+                    sequence: lwb_sequence,
+                    vdev,
+                    offset_bytes: offset,
+                    len_bytes: u32::try_from(len).unwrap_or(u32::MAX),
+                    source,
+                    before,
+                }));
+            }
+            Err(_) => {
+                end = Some((b, r));
+                break;
+            }
+        }
+        if allocator.claim_log(vdev, offset, len).is_err() {
+            end = Some((b, r));
+            break;
+        }
+        chain.indirect.push(LogAddress {
+            vdev,
+            offset_bytes: offset,
+            len_bytes: u32::try_from(len).unwrap_or(u32::MAX),
+        });
+    }
+    if let Some((b, r)) = end {
+        log_stats.indirect_chain_ends.inc();
+        chain.blocks[b].records.truncate(r);
+        chain.blocks.truncate(b + 1);
+        chain.addresses.truncate(b + 1);
+    }
+    Ok(())
 }

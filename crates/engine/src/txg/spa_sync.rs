@@ -25,7 +25,7 @@ use sluice_format::{
     BlockKind, BlockPointer, DdtHeader, DedupMode, LogHeader, PoolDirectory, SpaceMap, VolumeEntry,
 };
 
-use super::dbuf::Block;
+use super::dbuf::{Block, Prewritten};
 use super::space_map::{split_space_map, SPACE_MAP_PIECE_BYTES};
 use super::{Store, StoreError};
 use crate::alloc::{AllocClass, AllocError};
@@ -55,11 +55,16 @@ pub struct SyncRecord {
 /// What a quiesce hands to the rest of the sync.
 struct Quiesced {
     txg: u64,
-    /// Each volume's entry, levels on disk and syncing blocks.
-    work: Vec<(VolumeEntry, u8, BTreeMap<u64, Block>)>,
+    /// Each volume's entry, levels on disk, syncing blocks and the blocks among them already
+    /// written in place for the intent log.
+    work: Vec<VolumeWork>,
     /// Trees of volumes destroyed since the last sync: (root, levels).
     destroyed: Vec<(BlockPointer, u8)>,
+    /// Blocks written in place that no volume links (`State::orphaned`).
+    orphaned: Vec<Prewritten>,
 }
+
+type VolumeWork = (VolumeEntry, u8, BTreeMap<u64, Block>, BTreeMap<u64, Prewritten>);
 
 impl Store {
     /// Starts the task that syncs every `txg.timeout_ms`, or early when dirty data builds up.
@@ -123,12 +128,12 @@ impl Store {
 
     /// One sync, in its named steps (the module doc lists them).
     pub(super) async fn sync_locked(&self) -> Result<u64, StoreError> {
-        let Quiesced { txg, work, destroyed } = self.quiesce();
+        let Quiesced { txg, work, destroyed, orphaned } = self.quiesce();
         let quiesced = self.pool.env().now();
         // A volume still replaying records its progress as of this quiesce: records applied
         // after it belong to the next txg.
         let replay_progress: BTreeMap<String, Option<LogHeader>> =
-            work.iter().map(|(entry, _, _)| (entry.name.clone(), entry.log)).collect();
+            work.iter().map(|(entry, ..)| (entry.name.clone(), entry.log)).collect();
         let mut ctx =
             TreeUpdate { pool: &self.pool, allocator: &self.allocator, txg, replaced: Vec::new() };
         for (root, levels) in destroyed {
@@ -138,6 +143,7 @@ impl Store {
         }
         self.fail_point("spa_sync.write_volumes");
         let roots = self.write_volumes(&mut ctx, work).await?;
+        self.release_prewritten(txg, orphaned).await;
         let (ddt_header, replaced) = self.write_dedup_table(&mut ctx).await?;
         let vdevs = self.free_replaced(txg, &replaced);
         let (anchored, headers, directory) =
@@ -172,10 +178,16 @@ impl Store {
             let volume = &mut *volume;
             dataset.dirty_bytes.store(0, Ordering::Relaxed);
             volume.syncing = std::mem::take(&mut volume.open);
-            work.push((volume.entry.clone(), volume.disk_levels, volume.syncing.clone()));
+            work.push((
+                volume.entry.clone(),
+                volume.disk_levels,
+                volume.syncing.clone(),
+                std::mem::take(&mut volume.prewritten),
+            ));
         }
         let destroyed = std::mem::take(&mut state.destroyed);
-        Quiesced { txg, work, destroyed }
+        let orphaned = std::mem::take(&mut state.orphaned);
+        Quiesced { txg, work, destroyed, orphaned }
     }
 
     /// Writes every volume's dirty blocks and the indirect blocks above them; returns each
@@ -183,11 +195,11 @@ impl Store {
     async fn write_volumes(
         &self,
         ctx: &mut TreeUpdate<'_>,
-        work: Vec<(VolumeEntry, u8, BTreeMap<u64, Block>)>,
+        work: Vec<VolumeWork>,
     ) -> Result<BTreeMap<String, Option<BlockPointer>>, PoolError> {
         let txg = ctx.txg;
         let mut roots = BTreeMap::new();
-        for (entry, disk_levels, blocks) in work {
+        for (entry, disk_levels, blocks, prewritten) in work {
             // Patched blocks are completed first, up to SYNC_WRITES_IN_FLIGHT at once, in
             // block order. Blocks of ordinary volumes are then allocated in that order and
             // written in spans (objset::write_blocks). Blocks of dedup volumes are hashed and
@@ -201,13 +213,26 @@ impl Store {
             .buffered(SYNC_WRITES_IN_FLIGHT);
             let updates: BTreeMap<u64, Option<BlockPointer>> = if dedup == DedupMode::Off {
                 let per_span = (objset::WRITE_SPAN_BYTES_MAX as usize / block_bytes).max(1);
-                let ctx = &*ctx;
+                let (ctx, prewritten) = (&*ctx, &prewritten);
                 let written: Vec<Vec<(u64, Option<BlockPointer>)>> = completed
                     .try_chunks(per_span)
                     .map_err(|futures::stream::TryChunksError(_, e)| e)
                     .map_ok(|chunk| async move {
                         let mut data = Vec::with_capacity(chunk.len());
-                        for (_, block) in &chunk {
+                        // Blocks an indirect log record already wrote where they belong are
+                        // linked, not written again (ZFS: dbuf_sync_leaf's override).
+                        let mut linked: Vec<(u64, BlockPointer)> = Vec::new();
+                        for (index, block) in &chunk {
+                            if let Block::Data(bytes) = block {
+                                let same =
+                                    prewritten.get(index).filter(|p| Arc::ptr_eq(&p.data, bytes));
+                                if let Some(p) = same {
+                                    if p.write.clone().await {
+                                        linked.push((*index, p.bp));
+                                        continue;
+                                    }
+                                }
+                            }
                             match block {
                                 Block::Data(bytes) => data.push(objset::NewBlock {
                                     bytes: Arc::clone(bytes),
@@ -226,7 +251,10 @@ impl Store {
                             chunk
                                 .into_iter()
                                 .map(|(index, block)| match block {
-                                    Block::Data(_) => (index, bps.next()),
+                                    Block::Data(_) => match linked.iter().find(|l| l.0 == index) {
+                                        Some(&(_, bp)) => (index, Some(bp)),
+                                        None => (index, bps.next()),
+                                    },
                                     _ => (index, None),
                                 })
                                 .collect(),
@@ -253,6 +281,21 @@ impl Store {
                     .try_collect()
                     .await?
             };
+            // Linked blocks become allocated in this txg's maps; the others are freed once
+            // their writes have ended.
+            let mut unused = Vec::new();
+            {
+                let mut allocator = self.allocator.lock();
+                for (index, p) in prewritten {
+                    if updates.get(&index) == Some(&Some(p.bp)) {
+                        let dva = p.bp.dvas[0];
+                        allocator.adopt_log(dva.vdev, dva.offset_bytes(), dva.asize_bytes());
+                    } else {
+                        unused.push(p);
+                    }
+                }
+            }
+            self.release_prewritten(txg, unused).await;
             let grown = objset::grow_levels(ctx, entry.root, disk_levels, entry.levels).await?;
             let root = if updates.is_empty() {
                 grown
@@ -262,6 +305,19 @@ impl Store {
             roots.insert(entry.name.clone(), root);
         }
         Ok(roots)
+    }
+
+    /// Frees blocks written in place that no tree links, in `txg`, once their writes have
+    /// ended (a write still in flight must not land on space handed out again).
+    async fn release_prewritten(&self, txg: u64, unused: Vec<Prewritten>) {
+        for p in &unused {
+            p.write.clone().await;
+        }
+        let mut allocator = self.allocator.lock();
+        for p in unused {
+            let dva = p.bp.dvas[0];
+            allocator.free_log(txg, dva.vdev, dva.offset_bytes(), dva.asize_bytes());
+        }
     }
 
     /// Drops the references of replaced dedup blocks, then writes the table; returns its new

@@ -7,12 +7,21 @@
 
 use std::sync::Arc;
 
-use sluice_format::{LogHeader, LogRecord, LogVerifier, LOG_HEADER_BYTES};
+use futures::FutureExt;
+use sluice_format::{
+    BlockKind, BlockPointer, Checksum, ChecksumAlg, DedupMode, Dva, LogBias, LogHeader, LogRecord,
+    LogVerifier, SyncMode, VolumeEntry, LOG_HEADER_BYTES,
+};
 
+use super::dbuf::{Block, Prewritten};
 use super::dmu::Apply;
 use super::{Dataset, Store, StoreError};
-use crate::intent_log::{self, LogAddress, LogError, LogWriter};
-use crate::pool::PoolError;
+use crate::device::AlignedBuf;
+use crate::intent_log::{self, DataWrite, LogAddress, LogError, LogWriter};
+use crate::objset::WRITE_SPAN_BYTES_MAX;
+use crate::pool::describe_block;
+use crate::tunables::IoClass;
+use crate::vdev::VdevAddress;
 
 impl Store {
     /// A new, not yet anchored log chain for a volume.
@@ -52,20 +61,18 @@ impl Store {
                     stats.records_already_replayed.inc();
                     continue;
                 }
+                // The block of an indirect record was verified when import claimed it.
+                let block;
                 let (offset, len, data) = match record {
                     LogRecord::Write { offset, data, .. } => {
                         (*offset, data.len() as u64, Some(&data[..]))
                     }
                     LogRecord::Zero { offset, len, .. } => (*offset, *len, None),
-                    LogRecord::WriteIndirect { .. } => {
-                        return Err(StoreError::Pool(PoolError::Format {
-                            pool: self.pool.name().to_owned(),
-                            source: sluice_format::FormatError::Invalid {
-                                what: "log record",
-                                field: "kind (indirect writes are not written by this version)",
-                                value: 2,
-                            },
-                        }));
+                    LogRecord::WriteIndirect { offset, len, block: bp, .. } => {
+                        block = self.pool.read_block(bp, IoClass::SyncRead).await?;
+                        stats.indirect_records_replayed.inc();
+                        let len = u64::from(*len).min(block.len() as u64);
+                        (*offset, len, Some(&block[..len as usize]))
                     }
                 };
                 if Self::check_range(&dataset, dataset.size_bytes(), offset, len).is_err() {
@@ -81,6 +88,7 @@ impl Store {
             let mut state = self.state.lock();
             for (_, _, chain) in &chains {
                 state.retired_log.extend(chain.addresses.iter().copied());
+                state.retired_log.extend(chain.indirect.iter().copied());
             }
         }
         let datasets: Vec<Arc<Dataset>> = self.state.lock().volumes.values().cloned().collect();
@@ -145,7 +153,15 @@ impl Store {
         self.check_live()?;
         let _guard = self.panic_guard("a log commit");
         self.check_exists(dataset)?;
-        let log = dataset.state.lock().log.clone();
+        let (log, sync) = {
+            let v = dataset.state.lock();
+            (v.log.clone(), v.entry.sync)
+        };
+        if sync == SyncMode::Disabled {
+            // The volume's writes become durable with the txg sync; commits are not waited for.
+            self.log_stats.commits_ignored.inc();
+            return Ok(());
+        }
         let Some(log) = log else {
             // Replay is still running: only a sync makes anything durable.
             self.sync().await?;
@@ -156,7 +172,7 @@ impl Store {
             return Ok(());
         }
         self.log_stats.commits.inc();
-        if log.anchored() {
+        if log.anchored() && self.fill_indirect(dataset, &log, sequence).await.is_ok() {
             match log.commit(&self.pool, &self.allocator, sequence).await {
                 Ok(()) => return Ok(()),
                 // The sync below covers the record, and replaces the failed chain.
@@ -173,7 +189,7 @@ impl Store {
     /// asks for it (`intent_log.early_commit`, [`LogWriter::wants_early`]); the caller is a
     /// write that was the only request in flight on the volume. A failure is left to the
     /// client's own commit, which falls back to a txg sync.
-    pub fn commit_early(self: &Arc<Self>, dataset: &Dataset, sequence: u64) {
+    pub fn commit_early(self: &Arc<Self>, dataset: &Arc<Dataset>, sequence: u64) {
         if !self.limits.early_commit {
             return;
         }
@@ -183,15 +199,200 @@ impl Store {
         }
         self.log_stats.early_commits.inc();
         let store = Arc::clone(self);
+        let dataset = Arc::clone(dataset);
         self.pool.env().spawn("early log commit", async move {
             let _guard = store.panic_guard("an early log commit");
-            let _ = log.commit(&store.pool, &store.allocator, sequence).await;
+            if store.fill_indirect(&dataset, &log, sequence).await.is_ok() {
+                let _ = log.commit(&store.pool, &store.allocator, sequence).await;
+            }
         });
+    }
+
+    /// Whether a write of `len` bytes to the volume `entry` logs its whole blocks by pointer:
+    /// with logbias=throughput, or from `intent_log.immediate_write_bytes` on. Not on dedup
+    /// volumes (their blocks are placed through the dedup table at sync), nor where a block
+    /// would not fit one copied record (the fill copies a block it cannot place).
+    pub(super) fn indirect(&self, entry: &VolumeEntry, len: u64) -> bool {
+        let limit = self.limits.immediate_write_bytes;
+        let large = entry.logbias == LogBias::Throughput || (limit > 0 && len >= limit);
+        large
+            && entry.dedup == DedupMode::Off
+            && entry.block_bytes as usize <= copied_piece_bytes(self.limits.log_block_bytes_max)
+    }
+
+    /// Fills `log`'s unfilled indirect records up to `sequence` that no other committer is
+    /// filling (ZFS: `zil_get_data`, `dmu_sync`). A record whose block is still the open txg's
+    /// version gets that block written in place (durably, started now) and its pointer; the
+    /// sync links the same block instead of writing it again. Any other (its txg is syncing,
+    /// or a later write replaced or zeroed the block) gets the block's current bytes copied:
+    /// replay applies later records after it, so newer bytes are as good. An error leaves the
+    /// records to the next committer; the caller falls back to a txg sync.
+    pub(super) async fn fill_indirect(
+        &self,
+        dataset: &Dataset,
+        log: &LogWriter,
+        sequence: u64,
+    ) -> Result<(), StoreError> {
+        let claimed = log.claim_unfilled(sequence);
+        if claimed.is_empty() {
+            return Ok(());
+        }
+        let result = self.fill_claimed(dataset, log, &claimed).await;
+        if result.is_err() {
+            log.unclaim(&claimed);
+        }
+        result
+    }
+
+    async fn fill_claimed(
+        &self,
+        dataset: &Dataset,
+        log: &LogWriter,
+        claimed: &[LogRecord],
+    ) -> Result<(), StoreError> {
+        let bs = u64::from(dataset.block_bytes);
+        let index_of = |record: &LogRecord| match record {
+            LogRecord::WriteIndirect { offset, .. } => offset / bs,
+            other => unreachable!("only indirect records are unfilled: {other:?}"),
+        };
+        // Records whose block is the open txg's current version are placed; the rest copied.
+        let mut place: Vec<(&LogRecord, Arc<Vec<u8>>)> = Vec::new();
+        let mut copy: Vec<&LogRecord> = Vec::new();
+        {
+            let state = self.state.lock();
+            let v = dataset.state.lock();
+            for record in claimed {
+                match v.open.get(&index_of(record)) {
+                    Some(Block::Data(data)) if record.txg() == state.open_txg => {
+                        place.push((record, Arc::clone(data)));
+                    }
+                    _ => copy.push(record),
+                }
+            }
+        }
+        // Space for each placed block, as data is placed (near the data cursor, so a large
+        // write's blocks land back to back), but held like a log block until a sync links it.
+        let mut placed: Vec<(u32, u64, u64)> = Vec::with_capacity(place.len());
+        {
+            let mut allocator = self.allocator.lock();
+            for (i, _) in place.iter().enumerate() {
+                match allocator.allocate_indirect(bs) {
+                    Ok(at) => placed.push(at),
+                    Err(_) => {
+                        // No room for a block in place: the rest are copied.
+                        copy.extend(place.drain(i..).map(|(record, _)| record));
+                        break;
+                    }
+                }
+            }
+        }
+        self.log_stats.indirect_blocks_written.add(place.len() as u64);
+        // Runs of blocks back to back on one vdev, each written as one I/O.
+        let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+        for (i, &(vdev, offset, asize)) in placed.iter().enumerate() {
+            if let Some(run) = runs.last_mut() {
+                let (first_vdev, first_offset, _) = placed[run.start];
+                let (_, last_offset, last_asize) = placed[run.end - 1];
+                if vdev == first_vdev
+                    && offset == last_offset + last_asize
+                    && offset + asize - first_offset <= WRITE_SPAN_BYTES_MAX
+                {
+                    run.end = i + 1;
+                    continue;
+                }
+            }
+            runs.push(i..i + 1);
+        }
+        let mut blocks: Vec<Prewritten> = Vec::with_capacity(place.len());
+        let mut writes = Vec::with_capacity(runs.len());
+        for run in runs {
+            let (vdev, start, _) = placed[run.start];
+            let (_, last, last_asize) = placed[run.end - 1];
+            let mut buf = AlignedBuf::zeroed((last + last_asize - start) as usize);
+            let (done, written) = futures::channel::oneshot::channel::<bool>();
+            let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
+            for i in run {
+                let (_, offset, asize) = placed[i];
+                let (record, data) = &place[i];
+                let at = (offset - start) as usize;
+                let slot = &mut buf[at..at + asize as usize];
+                slot[..data.len()].copy_from_slice(data);
+                let bp =
+                    describe_block(vdev, offset, slot, bs, BlockKind::Data, 0, 1, record.txg());
+                blocks.push(Prewritten { data: Arc::clone(data), bp, write: write.clone() });
+            }
+            writes.push((VdevAddress { vdev, offset_bytes: start }, buf.into_shared(), done));
+        }
+        // Recorded for the sync before the writes start, so that a sync beginning now waits
+        // for them; a block that changed since it was looked at is orphaned (the next sync
+        // frees it once its write ends) and its record copied instead.
+        let mut filled: Vec<(LogRecord, Option<DataWrite>)> = Vec::new();
+        {
+            let mut state = self.state.lock();
+            let state = &mut *state;
+            let mut v = dataset.state.lock();
+            for ((record, _), block) in place.iter().zip(blocks) {
+                let index = index_of(record);
+                let current = match v.open.get(&index) {
+                    Some(Block::Data(data)) => Arc::ptr_eq(data, &block.data),
+                    _ => false,
+                };
+                if current && record.txg() == state.open_txg {
+                    let indirect = match record {
+                        LogRecord::WriteIndirect { txg, sequence, offset, len, .. } => {
+                            LogRecord::WriteIndirect {
+                                txg: *txg,
+                                sequence: *sequence,
+                                offset: *offset,
+                                len: *len,
+                                block: block.bp,
+                            }
+                        }
+                        _ => unreachable!("only indirect records are placed"),
+                    };
+                    filled.push((indirect, Some(block.write.clone())));
+                    if let Some(replaced) = v.prewritten.insert(index, block) {
+                        state.orphaned.push(replaced);
+                    }
+                } else {
+                    state.orphaned.push(block);
+                    copy.push(record);
+                }
+            }
+        }
+        for (at, data, done) in writes {
+            let pool = Arc::clone(&self.pool);
+            self.pool.env().spawn("indirect block write", async move {
+                let ok = pool.root().write_durable(at, data, IoClass::SyncWrite).await.is_ok();
+                let _ = done.send(ok);
+            });
+        }
+        for (record, write) in filled {
+            log.fill(record, write);
+        }
+        for record in copy {
+            let (txg, sequence, offset) = (record.txg(), record.sequence(), index_of(record) * bs);
+            let filled = match self.block(dataset, offset / bs).await? {
+                Some(data) => LogRecord::Write {
+                    txg,
+                    sequence,
+                    offset,
+                    data: Arc::try_unwrap(data).unwrap_or_else(|data| data.as_ref().clone()),
+                },
+                None => LogRecord::Zero { txg, sequence, offset, len: bs },
+            };
+            self.log_stats.indirect_records_copied.inc();
+            log.fill(filled, None);
+        }
+        Ok(())
     }
 }
 
 /// Appends the records of one change: a zero as one record, a write in pieces that each fit
-/// the largest log block. Returns the last sequence.
+/// the largest log block. With `indirect_block` (the volume's block size), the write's whole
+/// blocks are appended as unfilled indirect records, one per block, and only its partial
+/// blocks at either end are copied. Returns the last sequence.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn append_records(
     log: &LogWriter,
     now: crate::rt::Time,
@@ -200,21 +401,67 @@ pub(super) fn append_records(
     len: u64,
     data: Option<&[u8]>,
     block_bytes_max: u32,
+    indirect_block: Option<u64>,
 ) -> u64 {
     let Some(data) = data else {
         return log.append(now, |sequence| LogRecord::Zero { txg, sequence, offset, len });
     };
-    // Header, record header and write fields, rounded down to whole 4 KiB pieces.
-    let piece = (block_bytes_max as usize - LOG_HEADER_BYTES - 40) / 4096 * 4096;
+    let copy = |at: u64, bytes: &[u8]| {
+        let mut sequence = 0;
+        for (i, chunk) in bytes.chunks(copied_piece_bytes(block_bytes_max)).enumerate() {
+            let at = at + (i * copied_piece_bytes(block_bytes_max)) as u64;
+            sequence = log.append(now, |sequence| LogRecord::Write {
+                txg,
+                sequence,
+                offset: at,
+                data: chunk.to_vec(),
+            });
+        }
+        sequence
+    };
+    let Some(bs) = indirect_block else { return copy(offset, data) };
+    let end = offset + len;
+    let (first_whole, end_whole) = (offset.div_ceil(bs) * bs, end / bs * bs);
+    if first_whole >= end_whole {
+        return copy(offset, data);
+    }
+    let slice = |from: u64, to: u64| &data[(from - offset) as usize..(to - offset) as usize];
     let mut sequence = 0;
-    for (i, chunk) in data.chunks(piece.max(512)).enumerate() {
-        let at = offset + (i * piece.max(512)) as u64;
-        sequence = log.append(now, |sequence| LogRecord::Write {
+    if offset < first_whole {
+        copy(offset, slice(offset, first_whole));
+    }
+    for at in (first_whole..end_whole).step_by(bs as usize) {
+        sequence = log.append_unfilled(now, |sequence| LogRecord::WriteIndirect {
             txg,
             sequence,
             offset: at,
-            data: chunk.to_vec(),
+            len: bs as u32,
+            block: UNFILLED,
         });
     }
+    if end_whole < end {
+        sequence = copy(end_whole, slice(end_whole, end));
+    }
     sequence
+}
+
+/// The pointer an indirect record carries until it is filled (never encoded: no lwb takes an
+/// unfilled record).
+const UNFILLED: BlockPointer = BlockPointer {
+    dvas: [Dva { vdev: 0, asize_sectors: 0, offset_sectors: 0 }; sluice_format::DVAS_MAX],
+    lsize_sectors: 0,
+    psize_sectors: 0,
+    birth_txg: 0,
+    checksum_alg: ChecksumAlg::Xxh3_128,
+    kind: BlockKind::Data,
+    level: 0,
+    fill: 0,
+    checksum: Checksum([0; 16]),
+    dedup: None,
+};
+
+/// The largest piece of a write one copied record holds: the largest log block less its
+/// header and the record's, in whole 4 KiB.
+pub(super) fn copied_piece_bytes(block_bytes_max: u32) -> usize {
+    ((block_bytes_max as usize - LOG_HEADER_BYTES - 40) / 4096 * 4096).max(512)
 }

@@ -1,7 +1,8 @@
 //! The volume front (ZFS: `zvol.c`; seed 000): what a client's requests turn
 //! into.
 //!
-//! A write with FUA commits the intent log up to its own record; a flush commits everything
+//! A write with FUA (every write, with the volume property sync=always) commits the intent log
+//! up to its own record; a flush commits everything
 //! written to the volume before it, whichever connection wrote it, so one flush covers all of
 //! a client's connections (NBD's CAN_MULTI_CONN is honest). Trim and write-zeroes are logged
 //! like writes.
@@ -16,6 +17,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+use sluice_format::SyncMode;
 
 use crate::rt::Time;
 use crate::stats::{VolumeOp, VolumeStats};
@@ -149,7 +152,7 @@ impl Volume {
         let _counted = InFlight::new(&self.requests);
         let result = async {
             let sequence = self.store.write_in(&self.dataset, offset, data).await?;
-            if fua {
+            if fua || self.dataset.sync_mode() == SyncMode::Always {
                 self.store.commit_in(&self.dataset, sequence).await?;
             } else if self.requests.load(Ordering::Relaxed) == 1 {
                 self.store.commit_early(&self.dataset, sequence);
@@ -171,7 +174,7 @@ impl Volume {
         let _counted = InFlight::new(&self.requests);
         let result = async {
             let sequence = self.store.zero_in(&self.dataset, offset, len).await?;
-            if fua {
+            if fua || self.dataset.sync_mode() == SyncMode::Always {
                 self.store.commit_in(&self.dataset, sequence).await?;
             }
             Ok(())

@@ -1,0 +1,184 @@
+//! Large sync writes written once (ZFS's WR_INDIRECT) and the volume properties that steer
+//! the intent log: `sync=standard|always|disabled` and `logbias=latency|throughput`.
+//!
+//! Counted on simulated devices, which report the bytes each leaf wrote: a 1 MiB write and
+//! its flush write the data once (in place, logged by pointer), and the sync that follows
+//! links those blocks instead of writing them again. Blocks written in place and then
+//! replaced before the sync are freed: the space audit balances. Crashes around indirect
+//! records are in `log_crash.rs`.
+
+// Test helpers unwrap freely: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use sluice_engine::device::{SimDevice, SimProfile};
+use sluice_engine::pool::Pool;
+use sluice_engine::tunables::Tunables;
+use sluice_engine::txg::{Store, VolumeProperty};
+use sluice_engine::volume::Volume;
+use sluice_format::{LogBias, SyncMode};
+use sluice_sim::Sim;
+
+const LEAF_BYTES: u64 = 64 << 20;
+const MIB: usize = 1 << 20;
+
+fn written(legs: &[SimDevice]) -> u64 {
+    legs.iter().map(|l| l.stats().write_bytes).sum()
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| seed.wrapping_add((i / 4096) as u8).wrapping_mul(7)).collect()
+}
+
+#[test]
+fn a_large_sync_write_is_written_once() {
+    let sim = Sim::new(7);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    let counted = legs.clone();
+    sim.run(async move {
+        let t = Tunables::default();
+        let store = Arc::new(common::mirror_store(&env, specs.clone(), &t).await);
+        store.create_volume("v", 8 << 20, 16384).unwrap();
+        store.sync().await.unwrap();
+        let volume = Volume::open(&store, "v").unwrap();
+        let data = pattern(1, MIB);
+        let before = written(&counted);
+        volume.write(0, &data, false).await.unwrap();
+        volume.flush().await.unwrap();
+        let commit = written(&counted) - before;
+        let stats = store.log_stats();
+        assert_eq!(stats.indirect_blocks_written.get(), 64, "64 blocks of 16 KiB in place");
+        assert_eq!(stats.indirect_records_copied.get(), 0);
+        // Each leg: the MiB once, and a log block of 64 pointers (well under 64 KiB).
+        assert!(commit >= 2 * MIB as u64, "{commit} bytes for a MiB on a 2-way mirror");
+        assert!(commit < 2 * (MIB as u64 + (64 << 10)), "{commit} bytes: data logged twice?");
+        let before = written(&counted);
+        store.sync().await.unwrap();
+        let sync = written(&counted) - before;
+        assert!(sync < 2 * (256 << 10), "the sync wrote {sync} bytes: it rewrote the data");
+        assert_eq!(volume.read(0, MIB as u64).await.unwrap(), data);
+        let audit = store.audit().await.unwrap();
+        assert!(audit.is_clean(), "{:?}", audit.problems);
+        drop(volume);
+        Arc::try_unwrap(store).unwrap().export().await.unwrap();
+        let pool = Pool::import(&env, specs, "tank", &t).await.unwrap();
+        let store = Store::open(pool, &t).await.unwrap();
+        assert_eq!(store.read("v", 0, MIB as u64).await.unwrap(), data);
+        assert!(store.audit().await.unwrap().is_clean());
+    })
+    .unwrap();
+}
+
+/// Blocks written in place and replaced in the same txg (overwritten, zeroed, or written
+/// again by another flush) are freed by the sync; partial blocks at a write's ends are copied
+/// into the log; a record whose txg is syncing when its commit comes is filled with a copy.
+#[test]
+fn replaced_blocks_are_freed_and_the_audit_balances() {
+    let sim = Sim::new(8);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        let t = Tunables::default();
+        let store = Arc::new(common::mirror_store(&env, specs.clone(), &t).await);
+        store.create_volume("v", 8 << 20, 16384).unwrap();
+        store.sync().await.unwrap();
+        let volume = Volume::open(&store, "v").unwrap();
+        // 128 KiB at an offset that is not block aligned: 7 whole blocks and two partial.
+        let first = pattern(2, 128 << 10);
+        volume.write(4096, &first, false).await.unwrap();
+        volume.flush().await.unwrap();
+        assert_eq!(store.log_stats().indirect_blocks_written.get(), 7);
+        // The same range again, then a zero over part of it, each flushed: the first
+        // version's blocks, and the second's under the zero, are never linked.
+        let second = pattern(3, 128 << 10);
+        volume.write(4096, &second, false).await.unwrap();
+        volume.flush().await.unwrap();
+        volume.zero(16384, 32768, false).await.unwrap();
+        volume.flush().await.unwrap();
+        // A write whose commit comes only after its txg started syncing.
+        let third = pattern(4, 64 << 10);
+        volume.write(1 << 20, &third, false).await.unwrap();
+        let syncing = Arc::clone(&store);
+        let (done, synced) = futures::channel::oneshot::channel();
+        env.spawn("sync", async move {
+            let _ = done.send(syncing.sync().await.map(drop));
+        });
+        env.sleep(std::time::Duration::from_micros(1)).await;
+        volume.flush().await.unwrap();
+        synced.await.unwrap().unwrap();
+        store.sync().await.unwrap();
+        store.sync().await.unwrap();
+        store.sync().await.unwrap();
+        let mut expected = second.clone();
+        expected[(16384 - 4096)..(16384 - 4096 + 32768)].fill(0);
+        assert_eq!(volume.read(4096, 128 << 10).await.unwrap(), expected);
+        assert_eq!(volume.read(1 << 20, 64 << 10).await.unwrap(), third);
+        let audit = store.audit().await.unwrap();
+        assert!(audit.is_clean(), "{:?}", audit.problems);
+        // Every block written in place was linked or freed: the log holds its chain alone.
+        assert_eq!(audit.log_bytes, audit.chain_bytes, "blocks written in place leaked");
+    })
+    .unwrap();
+}
+
+/// sync=disabled answers flushes without writing the log; sync=always makes every write
+/// durable when answered; logbias=throughput writes even small whole blocks in place. The
+/// properties survive an export and import.
+#[test]
+fn sync_and_logbias_properties() {
+    let sim = Sim::new(9);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        let t = Tunables::default();
+        let store = Arc::new(common::mirror_store(&env, specs.clone(), &t).await);
+        for name in ["off", "always", "bias"] {
+            store.create_volume(name, 4 << 20, 16384).unwrap();
+        }
+        store.set_property("off", VolumeProperty::Sync(SyncMode::Disabled)).unwrap();
+        store.set_property("always", VolumeProperty::Sync(SyncMode::Always)).unwrap();
+        store.set_property("bias", VolumeProperty::LogBias(LogBias::Throughput)).unwrap();
+        store.sync().await.unwrap();
+        let stats = store.log_stats();
+
+        let off = Volume::open(&store, "off").unwrap();
+        for i in 0..8u64 {
+            off.write(i * 4096, &[i as u8; 4096], false).await.unwrap();
+            off.flush().await.unwrap();
+        }
+        assert_eq!(store.log_blocks_written(), 0, "sync=disabled wrote the log");
+        assert_eq!(stats.commits_ignored.get(), 8);
+        assert_eq!(stats.commits.get(), 0);
+
+        let always = Volume::open(&store, "always").unwrap();
+        always.write(0, &[7; 4096], false).await.unwrap();
+        assert_eq!(stats.commits.get(), 1, "sync=always commits a write without FUA");
+        assert!(store.log_blocks_written() >= 1);
+
+        let bias = Volume::open(&store, "bias").unwrap();
+        bias.write(16384, &[9; 16384], false).await.unwrap();
+        bias.flush().await.unwrap();
+        assert_eq!(stats.indirect_blocks_written.get(), 1, "logbias=throughput: 16 KiB in place");
+
+        drop((off, always, bias));
+        Arc::try_unwrap(store).unwrap().export().await.unwrap();
+        let pool = Pool::import(&env, specs, "tank", &t).await.unwrap();
+        let store = Store::open(pool, &t).await.unwrap();
+        let volumes = store.volumes();
+        let find = |name: &str| volumes.iter().find(|v| v.name == name).unwrap().clone();
+        assert_eq!(find("off").sync, SyncMode::Disabled);
+        assert_eq!(find("always").sync, SyncMode::Always);
+        assert_eq!(find("bias").logbias, LogBias::Throughput);
+        assert_eq!(find("bias").sync, SyncMode::Standard);
+        assert_eq!(store.read("bias", 16384, 16384).await.unwrap(), vec![9; 16384]);
+        assert_eq!(store.read("off", 7 * 4096, 4096).await.unwrap(), vec![7; 4096]);
+    })
+    .unwrap();
+}
