@@ -196,9 +196,10 @@ struct State {
     open_since: Option<crate::rt::Time>,
     /// Smoothed time from an lwb's write to its flush completing, in nanoseconds.
     lwb_latency_ns: f64,
-    /// Records appended since a client last committed (see [`LogWriter::wants_early`]).
+    /// Changes (writes and zeroes, [`LogWriter::note_change`]) appended since a client last
+    /// committed (see [`LogWriter::wants_early`]).
     appended_since_commit: u64,
-    /// Smoothed commits per appended record, over client commits: 1 when every write is
+    /// Smoothed commits per appended change, over client commits: 1 when every write is
     /// followed by a flush, near 0 when writes stream without flushes.
     commit_density: f64,
 }
@@ -376,7 +377,6 @@ impl LogWriter {
             state.open_since = Some(now);
         }
         state.pending.push_back(record);
-        state.appended_since_commit += 1;
         sequence
     }
 
@@ -454,6 +454,12 @@ impl LogWriter {
             let _ = waiter.send(());
         }
         present
+    }
+
+    /// Counts one client change (a write or zero, however many records it took: a large
+    /// write logged by pointer takes one per block) for [`LogWriter::wants_early`].
+    pub fn note_change(&self) {
+        self.state.lock().appended_since_commit += 1;
     }
 
     /// Counts a client's commit (a flush or FUA write, not an early one) for

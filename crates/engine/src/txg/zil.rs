@@ -5,6 +5,7 @@
 //! `crate::intent_log`; this file decides when to use it and when a txg sync must answer
 //! instead (a chain not yet anchored by a sync, or a failed log write).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::FutureExt;
@@ -354,6 +355,16 @@ impl Store {
                     if let Some(replaced) = v.prewritten.insert(index, block) {
                         state.orphaned.push(replaced);
                     }
+                    // The block is on its way to the disk and the sync will not write it: it
+                    // no longer counts as dirty data (the throttle and the space check would
+                    // count it twice, since its space is allocated already). A later write
+                    // of the block counts it again.
+                    state.dirty_bytes = state.dirty_bytes.saturating_sub(bs);
+                    let _ = dataset.dirty_bytes.fetch_update(
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                        |d| Some(d.saturating_sub(bs)),
+                    );
                 } else {
                     state.orphaned.push(block);
                     copy.push(record);
@@ -403,6 +414,7 @@ pub(super) fn append_records(
     block_bytes_max: u32,
     indirect_block: Option<u64>,
 ) -> u64 {
+    log.note_change();
     let Some(data) = data else {
         return log.append(now, |sequence| LogRecord::Zero { txg, sequence, offset, len });
     };
