@@ -285,22 +285,7 @@ pub async fn write_blocks(
             .collect::<Result<_, _>>()
             .map_err(|e| PoolError::NoSpace { pool: ctx.pool.name().to_owned(), source: e })?
     };
-    // Runs of blocks back to back on one vdev, each within the span limit.
-    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
-    for (i, &(vdev, offset, asize)) in placed.iter().enumerate() {
-        if let Some(run) = runs.last_mut() {
-            let (first_vdev, first_offset, _) = placed[run.start];
-            let (_, last_offset, last_asize) = placed[run.end - 1];
-            if vdev == first_vdev
-                && offset == last_offset + last_asize
-                && offset + asize - first_offset <= WRITE_SPAN_BYTES_MAX
-            {
-                run.end = i + 1;
-                continue;
-            }
-        }
-        runs.push(i..i + 1);
-    }
+    let runs = span_runs(&placed);
     let (pool, txg) = (ctx.pool, ctx.txg);
     let (blocks, placed) = (&blocks, &placed);
     let written: Vec<Vec<BlockPointer>> =
@@ -342,6 +327,27 @@ pub async fn write_blocks(
         }))
         .await?;
     Ok(written.into_iter().flatten().collect())
+}
+
+/// Runs of allocations `(vdev, offset, asize)` that lie back to back on one vdev, each within
+/// [`WRITE_SPAN_BYTES_MAX`]: what one I/O writes.
+pub fn span_runs(placed: &[(u32, u64, u64)]) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, &(vdev, offset, asize)) in placed.iter().enumerate() {
+        if let Some(run) = runs.last_mut() {
+            let (first_vdev, first_offset, _) = placed[run.start];
+            let (_, last_offset, last_asize) = placed[run.end - 1];
+            if vdev == first_vdev
+                && offset == last_offset + last_asize
+                && offset + asize - first_offset <= WRITE_SPAN_BYTES_MAX
+            {
+                run.end = i + 1;
+                continue;
+            }
+        }
+        runs.push(i..i + 1);
+    }
+    runs
 }
 
 /// Writes one data block into newly allocated space.

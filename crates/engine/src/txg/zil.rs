@@ -19,7 +19,7 @@ use super::dmu::Apply;
 use super::{Dataset, Store, StoreError};
 use crate::device::AlignedBuf;
 use crate::intent_log::{self, DataWrite, LogAddress, LogError, LogWriter};
-use crate::objset::WRITE_SPAN_BYTES_MAX;
+use crate::objset::span_runs;
 use crate::pool::describe_block;
 use crate::tunables::IoClass;
 use crate::vdev::VdevAddress;
@@ -289,21 +289,7 @@ impl Store {
         }
         self.log_stats.indirect_blocks_written.add(place.len() as u64);
         // Runs of blocks back to back on one vdev, each written as one I/O.
-        let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
-        for (i, &(vdev, offset, asize)) in placed.iter().enumerate() {
-            if let Some(run) = runs.last_mut() {
-                let (first_vdev, first_offset, _) = placed[run.start];
-                let (_, last_offset, last_asize) = placed[run.end - 1];
-                if vdev == first_vdev
-                    && offset == last_offset + last_asize
-                    && offset + asize - first_offset <= WRITE_SPAN_BYTES_MAX
-                {
-                    run.end = i + 1;
-                    continue;
-                }
-            }
-            runs.push(i..i + 1);
-        }
+        let runs = span_runs(&placed);
         let mut blocks: Vec<Prewritten> = Vec::with_capacity(place.len());
         let mut writes = Vec::with_capacity(runs.len());
         for run in runs {
