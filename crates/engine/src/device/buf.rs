@@ -59,6 +59,42 @@ impl AlignedBuf {
         AlignedBuf { ptr, len }
     }
 
+    /// A buffer of `len` bytes holding each of `pieces` at its offset and zeros elsewhere.
+    /// Every byte is written once: a txg sync builds one buffer per run of blocks this way, and
+    /// zeroing the whole run first cost as much as the copies (measured with `perf`, 4 KiB sync
+    /// writes). Pieces come in ascending order of offset and must not overlap.
+    pub fn gathered<'a>(
+        len: usize,
+        pieces: impl IntoIterator<Item = (usize, &'a [u8])>,
+    ) -> AlignedBuf {
+        if len == 0 {
+            return AlignedBuf::zeroed(0);
+        }
+        let layout = Self::layout(len);
+        // SAFETY: layout has a non-zero size and a valid alignment. The loop writes the bytes
+        // before each piece (zeros) and the piece itself, in ascending order, after checking
+        // that the piece lies within `len` and after the bytes already written; the tail is
+        // zeroed last, so all `len` bytes are initialised before the buffer is handed out.
+        unsafe {
+            let raw = alloc::alloc(layout);
+            let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
+            let mut written = 0usize;
+            for (at, bytes) in pieces {
+                let end = at.checked_add(bytes.len()).filter(|&end| at >= written && end <= len);
+                let Some(end) = end else {
+                    // Free what was allocated before refusing the caller's broken layout.
+                    alloc::dealloc(raw, layout);
+                    panic!("AlignedBuf::gathered: piece at {at} of {} bytes does not fit after {written} of {len}", bytes.len());
+                };
+                std::ptr::write_bytes(raw.add(written), 0, at - written);
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), raw.add(at), bytes.len());
+                written = end;
+            }
+            std::ptr::write_bytes(raw.add(written), 0, len - written);
+            AlignedBuf { ptr, len }
+        }
+    }
+
     fn layout(len: usize) -> Layout {
         match Layout::from_size_align(len, BUF_ALIGN_BYTES) {
             Ok(layout) => layout,
@@ -158,5 +194,25 @@ mod tests {
         let shared = SharedBuf::copy_from(&data);
         assert_eq!(&shared[..], &data[..]);
         assert_eq!(shared.len_bytes(), 9000);
+    }
+
+    #[test]
+    fn gathered_places_pieces_and_zeroes_the_rest() {
+        let a = [7u8; 100];
+        let b = [9u8; 4096];
+        let buf = AlignedBuf::gathered(12288, [(0, &a[..]), (4096, &b[..])]);
+        assert_eq!(buf.as_ptr() as usize % BUF_ALIGN_BYTES, 0);
+        assert_eq!(&buf[..100], &a[..]);
+        assert!(buf[100..4096].iter().all(|&x| x == 0));
+        assert_eq!(&buf[4096..8192], &b[..]);
+        assert!(buf[8192..].iter().all(|&x| x == 0));
+        assert!(AlignedBuf::gathered(4096, []).iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    #[should_panic(expected = "does not fit")]
+    fn gathered_refuses_overlapping_pieces() {
+        let a = [1u8; 4096];
+        let _ = AlignedBuf::gathered(8192, [(0, &a[..]), (2048, &a[..])]);
     }
 }

@@ -292,14 +292,16 @@ pub async fn write_blocks(
         futures::future::try_join_all(runs.into_iter().map(|run| async move {
             let (vdev, start, _) = placed[run.start];
             let (_, last, last_asize) = placed[run.end - 1];
-            let mut buf = AlignedBuf::zeroed((last + last_asize - start) as usize);
+            let buf = AlignedBuf::gathered(
+                (last + last_asize - start) as usize,
+                run.clone().map(|i| ((placed[i].1 - start) as usize, &blocks[i].bytes[..])),
+            );
             let mut pointers = Vec::with_capacity(run.len());
             for i in run {
                 let (_, offset, asize) = placed[i];
                 let block = &blocks[i];
                 let at = (offset - start) as usize;
-                let slot = &mut buf[at..at + asize as usize];
-                slot[..block.bytes.len()].copy_from_slice(&block.bytes);
+                let slot = &buf[at..at + asize as usize];
                 let lsize = block.bytes.len() as u64;
                 pointers.push(describe_block(
                     vdev,

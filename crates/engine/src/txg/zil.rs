@@ -295,15 +295,17 @@ impl Store {
         for run in runs {
             let (vdev, start, _) = placed[run.start];
             let (_, last, last_asize) = placed[run.end - 1];
-            let mut buf = AlignedBuf::zeroed((last + last_asize - start) as usize);
+            let buf = AlignedBuf::gathered(
+                (last + last_asize - start) as usize,
+                run.clone().map(|i| ((placed[i].1 - start) as usize, &place[i].1[..])),
+            );
             let (done, written) = futures::channel::oneshot::channel::<bool>();
             let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
             for i in run {
                 let (_, offset, asize) = placed[i];
                 let (record, data) = &place[i];
                 let at = (offset - start) as usize;
-                let slot = &mut buf[at..at + asize as usize];
-                slot[..data.len()].copy_from_slice(data);
+                let slot = &buf[at..at + asize as usize];
                 let bp =
                     describe_block(vdev, offset, slot, bs, BlockKind::Data, 0, 1, record.txg());
                 blocks.push(Prewritten { data: Arc::clone(data), bp, write: write.clone() });
