@@ -92,6 +92,7 @@ pub fn run(
         let store = Arc::new(Store::create(Pool::create(&env, spec, &tunables).await?, &tunables));
         store.create_volume("v", volume_bytes, 16384)?;
         store.sync().await?;
+        store.run_syncer();
         let raw = FileDevice::open(
             &paths[2],
             &FileDeviceOptions { create_len_bytes: Some(volume_bytes), ..Default::default() },

@@ -243,7 +243,7 @@ struct Lead {
     /// Writers sharing the copy being written; each took a reference.
     waiters: Vec<futures::channel::oneshot::Sender<BlockPointer>>,
     /// The bytes being written, for `dedup=verify` comparisons.
-    data: Arc<Vec<u8>>,
+    data: Arc<AlignedBuf>,
 }
 
 /// What a claim decided.
@@ -252,7 +252,7 @@ enum Claim {
     Wait(futures::channel::oneshot::Receiver<BlockPointer>),
     Lead,
     /// `dedup=verify`: compare with these bytes (`Ok`) or this stored copy (`Err`) first.
-    Compare(Result<Arc<Vec<u8>>, BlockPointer>),
+    Compare(Result<Arc<AlignedBuf>, BlockPointer>),
 }
 
 /// The dedup table of one pool.
@@ -439,7 +439,7 @@ impl Ddt {
         pool: &Pool,
         allocator: &Mutex<Allocator>,
         txg: u64,
-        data: Arc<Vec<u8>>,
+        data: Arc<AlignedBuf>,
         verify: bool,
     ) -> Result<BlockPointer, PoolError> {
         let key = self.key(&self.salt, &data);
@@ -761,7 +761,12 @@ impl Ddt {
         let bytes = DdtBucket { index, bucket_bits: bits, entries }
             .encode(align)
             .map_err(|source| PoolError::Format { pool: self.pool_name.clone(), source })?;
-        let bp = objset::write_data_block(ctx, Arc::new(bytes), AllocClass::Reserved).await?;
+        let bp = objset::write_data_block(
+            ctx,
+            Arc::new(AlignedBuf::copy_from(&bytes)),
+            AllocClass::Reserved,
+        )
+        .await?;
         Ok((index, Some(bp)))
     }
 
@@ -833,7 +838,7 @@ async fn write_plain(
     pool: &Pool,
     allocator: &Mutex<Allocator>,
     txg: u64,
-    data: Arc<Vec<u8>>,
+    data: Arc<AlignedBuf>,
 ) -> Result<BlockPointer, PoolError> {
     let ctx = TreeUpdate { pool, allocator, txg, replaced: Vec::new() };
     objset::write_data_block(&ctx, data, AllocClass::Reserved).await

@@ -190,7 +190,7 @@ fn ctx_view<'a>(ctx: &TreeUpdate<'a>) -> TreeUpdate<'a> {
 /// An indirect block of `level` with `changes` (the level below's new pointers) applied:
 /// its new contents (`None`: every child is a hole) and fill, and the pointers it replaces
 /// (its old self, and at level 1 the data blocks it no longer points at).
-type Rebuilt = (u64, Option<(Vec<u8>, u64)>, Vec<BlockPointer>);
+type Rebuilt = (u64, Option<(AlignedBuf, u64)>, Vec<BlockPointer>);
 /// A rebuilt indirect block once written: its new pointer and the pointers it replaces.
 type Written = (u64, Option<BlockPointer>, Vec<BlockPointer>);
 
@@ -222,7 +222,7 @@ async fn rebuild_node(
     if slots.iter().all(Option::is_none) {
         return Ok((node, None, replaced));
     }
-    let mut bytes = vec![0u8; INDIRECT_BYTES];
+    let mut bytes = AlignedBuf::zeroed(INDIRECT_BYTES);
     let mut fill = 0u64;
     for (index, slot) in slots.iter().enumerate() {
         bytes[index * BLKPTR_BYTES..(index + 1) * BLKPTR_BYTES]
@@ -264,7 +264,7 @@ async fn write_nodes(
 /// A block to write into new space, and what its pointer says about it.
 #[derive(Clone, Debug)]
 pub struct NewBlock {
-    pub bytes: Arc<Vec<u8>>,
+    pub bytes: Arc<AlignedBuf>,
     pub kind: BlockKind,
     pub level: u8,
     pub fill: u64,
@@ -297,6 +297,7 @@ pub async fn write_blocks(
                 run.clone().map(|i| ((placed[i].1 - start) as usize, &blocks[i].bytes[..])),
             );
             let mut pointers = Vec::with_capacity(run.len());
+            let run_blocks = run.clone();
             for i in run {
                 let (_, offset, asize) = placed[i];
                 let block = &blocks[i];
@@ -320,10 +321,20 @@ pub async fn write_blocks(
             // are the ones the next txg's update reads (measured with 4 KiB random writes:
             // every txg re-read each level-1 block the previous one wrote, 2,000 reads a
             // second); data blocks are what the next partial write of the block reads.
-            for bp in pointers.iter().filter(|bp| pool.cache().keeps(bp)) {
-                let at = (bp.dvas[0].offset_bytes() - start) as usize;
-                let bytes = &shared[at..at + bp.psize_bytes() as usize];
-                pool.cache().insert(bp, Arc::new(AlignedBuf::copy_from(bytes)));
+            // A block whose buffer holds exactly its bytes on disk is cached as that buffer,
+            // with no copy (dirty data blocks: `txg::dbuf`).
+            for (i, bp) in run_blocks.clone().zip(&pointers) {
+                if !pool.cache().keeps(bp) {
+                    continue;
+                }
+                let block = &blocks[i].bytes;
+                let kept = if block.len() as u64 == bp.psize_bytes() {
+                    Arc::clone(block)
+                } else {
+                    let at = (bp.dvas[0].offset_bytes() - start) as usize;
+                    Arc::new(AlignedBuf::copy_from(&shared[at..at + bp.psize_bytes() as usize]))
+                };
+                pool.cache().insert(bp, kept);
             }
             Ok::<_, PoolError>(pointers)
         }))
@@ -355,7 +366,7 @@ pub fn span_runs(placed: &[(u32, u64, u64)]) -> Vec<std::ops::Range<usize>> {
 /// Writes one data block into newly allocated space.
 pub async fn write_data_block(
     ctx: &TreeUpdate<'_>,
-    data: Arc<Vec<u8>>,
+    data: Arc<AlignedBuf>,
     class: AllocClass,
 ) -> Result<BlockPointer, PoolError> {
     write_block(ctx, NewBlock { bytes: data, kind: BlockKind::Data, level: 0, fill: 1 }, class)
@@ -407,7 +418,7 @@ pub async fn grow_levels(
 ) -> Result<Option<BlockPointer>, PoolError> {
     for level in (from + 1)..=to {
         let Some(child) = root else { return Ok(None) };
-        let mut bytes = vec![0u8; INDIRECT_BYTES];
+        let mut bytes = AlignedBuf::zeroed(INDIRECT_BYTES);
         bytes[..BLKPTR_BYTES].copy_from_slice(&BlockPointer::encode(Some(&child)));
         let block =
             NewBlock { bytes: Arc::new(bytes), kind: BlockKind::Indirect, level, fill: child.fill };

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use sluice_format::BlockPointer;
 
+use crate::device::AlignedBuf;
 use crate::intent_log::DataWrite;
 
 /// A block of the open txg written in place for the intent log. The sync links `bp` if the
@@ -20,7 +21,7 @@ use crate::intent_log::DataWrite;
 /// succeeded; otherwise it waits for `write` to end and frees `bp`'s space.
 #[derive(Clone)]
 pub(super) struct Prewritten {
-    pub(super) data: Arc<Vec<u8>>,
+    pub(super) data: Arc<AlignedBuf>,
     pub(super) bp: BlockPointer,
     pub(super) write: DataWrite,
 }
@@ -33,7 +34,9 @@ impl std::fmt::Debug for Prewritten {
 
 #[derive(Clone, Debug)]
 pub(super) enum Block {
-    Data(Arc<Vec<u8>>),
+    /// Whole bytes, in an I/O buffer: the sync writes them and the block cache keeps this very
+    /// buffer afterwards, without copies.
+    Data(Arc<AlignedBuf>),
     Zero,
     /// Sectors written over a version of the block not read yet: the version below (the
     /// syncing txg's block, else the disk's) with the `covered` sectors replaced by `data`'s.
@@ -44,7 +47,7 @@ pub(super) enum Block {
 #[derive(Clone, Debug)]
 pub(super) struct Patch {
     /// The whole block's bytes; only covered sectors count.
-    pub(super) data: Vec<u8>,
+    pub(super) data: AlignedBuf,
     /// One bit per 512-byte sector.
     pub(super) covered: Vec<u64>,
 }
@@ -55,7 +58,7 @@ impl Patch {
     pub(super) fn new(block_bytes: u64) -> Patch {
         let sectors = block_bytes / SECTOR;
         Patch {
-            data: vec![0u8; block_bytes as usize],
+            data: AlignedBuf::zeroed(block_bytes as usize),
             covered: vec![0; sectors.div_ceil(64) as usize],
         }
     }
@@ -77,13 +80,13 @@ impl Patch {
     }
 
     /// The block: `base` (None: zeros) with the covered sectors replaced.
-    pub(super) fn apply(&self, base: Option<&[u8]>) -> Vec<u8> {
-        self.apply_owned(base.map(|b| b[..self.data.len()].to_vec()))
+    pub(super) fn apply(&self, base: Option<&[u8]>) -> AlignedBuf {
+        self.apply_owned(base.map(|b| AlignedBuf::copy_from(&b[..self.data.len()])))
     }
 
     /// [`Patch::apply`] over a base the caller already owns (one copy fewer).
-    pub(super) fn apply_owned(&self, base: Option<Vec<u8>>) -> Vec<u8> {
-        let mut out = base.unwrap_or_else(|| vec![0u8; self.data.len()]);
+    pub(super) fn apply_owned(&self, base: Option<AlignedBuf>) -> AlignedBuf {
+        let mut out = base.unwrap_or_else(|| AlignedBuf::zeroed(self.data.len()));
         assert_eq!(out.len(), self.data.len(), "a patch applies to a whole block");
         for (word_index, &word) in self.covered.iter().enumerate() {
             let mut bits = word;

@@ -33,7 +33,7 @@ pub(super) enum Read {
 
 /// A fetched block's bytes, wherever they are.
 pub(super) enum Fetched {
-    Memory(Arc<Vec<u8>>),
+    Memory(Arc<AlignedBuf>),
     Disk(Arc<AlignedBuf>),
     /// Within a span's buffer, at this offset.
     Span(Arc<AlignedBuf>, usize),
@@ -46,6 +46,16 @@ impl Fetched {
             Fetched::Disk(buf) => buf,
             Fetched::Span(buf, at) => &buf[*at..],
         }
+    }
+}
+
+/// A block read from disk as a whole block's bytes: the buffer itself when it is exactly one
+/// block (the usual case), a copy of its first `block_bytes` otherwise.
+fn whole_block(read: Arc<AlignedBuf>, block_bytes: usize) -> Arc<AlignedBuf> {
+    if read.len() == block_bytes {
+        read
+    } else {
+        Arc::new(AlignedBuf::copy_from(&read[..block_bytes]))
     }
 }
 
@@ -83,7 +93,7 @@ impl Store {
         &self,
         dataset: &Dataset,
         index: u64,
-    ) -> Result<Option<Arc<Vec<u8>>>, StoreError> {
+    ) -> Result<Option<Arc<AlignedBuf>>, StoreError> {
         // One snapshot: the versions in memory and the root they lie on. Freed blocks stay
         // intact through the deferral, so that root can be read even if a sync moves it.
         let (open, syncing, root, levels) = {
@@ -105,12 +115,12 @@ impl Store {
             Some(Block::Patched(_)) | None => {
                 objset::read_data_block(&self.pool, root, levels, index)
                     .await?
-                    .map(|d| Arc::new(d[..dataset.block_bytes as usize].to_vec()))
+                    .map(|d| whole_block(d, dataset.block_bytes as usize))
             }
         };
         for layer in layers.iter().rev() {
             if let Block::Patched(patch) = layer {
-                below = Some(Arc::new(patch.apply(below.as_deref().map(Vec::as_slice))));
+                below = Some(Arc::new(patch.apply(below.as_deref().map(|b| &b[..]))));
             }
         }
         Ok(below)
@@ -290,9 +300,9 @@ impl Store {
             let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
             if to - from == bs {
                 let block = match data {
-                    Some(d) => Block::Data(Arc::new(
-                        d[(from - offset) as usize..(to - offset) as usize].to_vec(),
-                    )),
+                    Some(d) => Block::Data(Arc::new(AlignedBuf::copy_from(
+                        &d[(from - offset) as usize..(to - offset) as usize],
+                    ))),
                     None => Block::Zero,
                 };
                 whole.push((index, block));
@@ -343,7 +353,7 @@ impl Store {
                 // disk, and this write becomes a patch over it, read only when needed.
                 let base = match v.open.get(&index).or_else(|| v.syncing.get(&index)) {
                     Some(Block::Data(current)) => Ok(current.as_ref().clone()),
-                    Some(Block::Zero) => Ok(vec![0u8; bs as usize]),
+                    Some(Block::Zero) => Ok(AlignedBuf::zeroed(bs as usize)),
                     Some(Block::Patched(patch)) if v.open.contains_key(&index) => {
                         Err(patch.as_ref().clone())
                     }
@@ -431,10 +441,10 @@ impl Store {
             Ok::<_, StoreError>(
                 objset::read_data_block(&self.pool, root, levels, index)
                     .await?
-                    .map(|d| d[..bs].to_vec()),
+                    .map(|d| AlignedBuf::copy_from(&d[..bs])),
             )
         };
-        let base: Option<Vec<u8>> = match syncing {
+        let base: Option<AlignedBuf> = match syncing {
             Some(Block::Data(data)) => Some(data.as_ref().clone()),
             Some(Block::Zero) => None,
             Some(Block::Patched(patch)) => Some(patch.apply_owned(disk().await?)),

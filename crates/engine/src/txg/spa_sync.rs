@@ -604,7 +604,7 @@ impl Store {
     pub(super) async fn spawn_dedup_write(
         &self,
         txg: u64,
-        data: Arc<Vec<u8>>,
+        data: Arc<AlignedBuf>,
         verify: bool,
     ) -> Result<BlockPointer, PoolError> {
         let (tx, rx) = futures::channel::oneshot::channel();

@@ -257,7 +257,7 @@ impl Store {
             other => unreachable!("only indirect records are unfilled: {other:?}"),
         };
         // Records whose block is the open txg's current version are placed; the rest copied.
-        let mut place: Vec<(&LogRecord, Arc<Vec<u8>>)> = Vec::new();
+        let mut place: Vec<(&LogRecord, Arc<AlignedBuf>)> = Vec::new();
         let mut copy: Vec<&LogRecord> = Vec::new();
         {
             let state = self.state.lock();
@@ -372,12 +372,7 @@ impl Store {
         for record in copy {
             let (txg, sequence, offset) = (record.txg(), record.sequence(), index_of(record) * bs);
             let filled = match self.block(dataset, offset / bs).await? {
-                Some(data) => LogRecord::Write {
-                    txg,
-                    sequence,
-                    offset,
-                    data: Arc::try_unwrap(data).unwrap_or_else(|data| data.as_ref().clone()),
-                },
+                Some(data) => LogRecord::Write { txg, sequence, offset, data: data.to_vec() },
                 None => LogRecord::Zero { txg, sequence, offset, len: bs },
             };
             self.log_stats.indirect_records_copied.inc();
