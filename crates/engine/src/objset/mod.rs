@@ -297,8 +297,7 @@ pub async fn write_blocks(
                 run.clone().map(|i| ((placed[i].1 - start) as usize, &blocks[i].bytes[..])),
             );
             let mut pointers = Vec::with_capacity(run.len());
-            let run_blocks = run.clone();
-            for i in run {
+            for i in run.clone() {
                 let (_, offset, asize) = placed[i];
                 let block = &blocks[i];
                 let at = (offset - start) as usize;
@@ -323,7 +322,7 @@ pub async fn write_blocks(
             // second); data blocks are what the next partial write of the block reads.
             // A block whose buffer holds exactly its bytes on disk is cached as that buffer,
             // with no copy (dirty data blocks: `txg::dbuf`).
-            for (i, bp) in run_blocks.clone().zip(&pointers) {
+            for (i, bp) in run.zip(&pointers) {
                 if !pool.cache().keeps(bp) {
                     continue;
                 }

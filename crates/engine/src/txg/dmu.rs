@@ -33,8 +33,8 @@ pub(super) enum Read {
 
 /// A fetched block's bytes, wherever they are.
 pub(super) enum Fetched {
-    Memory(Arc<AlignedBuf>),
-    Disk(Arc<AlignedBuf>),
+    /// A whole block: from memory, the block cache or a lone read.
+    Whole(Arc<AlignedBuf>),
     /// Within a span's buffer, at this offset.
     Span(Arc<AlignedBuf>, usize),
 }
@@ -42,8 +42,7 @@ pub(super) enum Fetched {
 impl Fetched {
     pub(super) fn bytes(&self) -> &[u8] {
         match self {
-            Fetched::Memory(data) => data,
-            Fetched::Disk(buf) => buf,
+            Fetched::Whole(buf) => buf,
             Fetched::Span(buf, at) => &buf[*at..],
         }
     }
@@ -204,9 +203,9 @@ impl Store {
                 match read {
                     Read::Memory(index) => {
                         let block = self.block(dataset, index).await?;
-                        Ok::<_, StoreError>(vec![(index, block.map(Fetched::Memory))])
+                        Ok::<_, StoreError>(vec![(index, block.map(Fetched::Whole))])
                     }
-                    Read::Cached(index, hit) => Ok(vec![(index, Some(Fetched::Disk(hit)))]),
+                    Read::Cached(index, hit) => Ok(vec![(index, Some(Fetched::Whole(hit)))]),
                     Read::Span(start, bps) => self.read_blocks(start, &bps).await,
                 }
             })
@@ -262,7 +261,7 @@ impl Store {
         let mut out = Vec::with_capacity(bps.len());
         for (i, bp) in bps.iter().enumerate() {
             let block = self.pool.read_block_cached(bp, crate::tunables::IoClass::SyncRead).await?;
-            out.push((start + i as u64, Some(Fetched::Disk(block))));
+            out.push((start + i as u64, Some(Fetched::Whole(block))));
         }
         Ok(out)
     }
