@@ -204,6 +204,25 @@ impl Rng {
     }
 }
 
+/// Returns after letting every task that is ready now run first: wakes itself and is pending
+/// once. Both runtimes queue a woken task behind those already ready (the simulator in FIFO
+/// order, tokio's local queue likewise), so this is a yield on either side of the seam.
+pub fn yield_now() -> impl Future<Output = ()> {
+    struct YieldNow(bool);
+    impl Future for YieldNow {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+            if self.0 {
+                return std::task::Poll::Ready(());
+            }
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    }
+    YieldNow(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

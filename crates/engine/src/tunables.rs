@@ -66,7 +66,7 @@ pub const CACHE_AUTO_BYTES_MIN: u64 = 64 << 20;
 pub const AUTO_BYTES: u64 = u64::MAX;
 
 const READ_POLICIES: &[&str] = &["least-pending", "offset-modulo", "round-robin"];
-const LOG_POLICIES: &[&str] = &["pipelined", "batch"];
+const LOG_POLICIES: &[&str] = &["auto", "pipelined", "batch"];
 const DEDUP_LOCKING: &[&str] = &["entry", "global"];
 const EARLY_COMMIT: &[&str] = &["auto", "off"];
 const CACHE_CONTENTS: &[&str] = &["all", "metadata"];
@@ -138,7 +138,10 @@ tunable_table! {
     IntentLogPolicy = "intent_log.policy", Kind::Choice(LOG_POLICIES), "pipelined",
         "How sync writes are grouped into log writes. pipelined (seed 004's after): many log \
          blocks in flight, each written then flushed, waiters woken block by block. batch \
-         (the before): one batch in flight; commits arriving meanwhile wait for the next.";
+         (the before): one batch in flight; commits arriving meanwhile wait for the next. \
+         auto: groups of every waiting record, each on one device with one flush, up to 1 \
+         group in flight per rotational device and 8 per other device; records that arrive \
+         together are spread over the free slots.";
     IntentLogEarlyCommit = "intent_log.early_commit", Kind::Choice(EARLY_COMMIT), "auto",
         "auto: when a volume's clients flush after nearly every write, a lone writer's record \
          is written to the log as soon as it is logged, so its flush finds the log block \

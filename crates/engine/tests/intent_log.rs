@@ -1,6 +1,7 @@
-//! The intent log's commit path under crashes, for both policies (seed 004): every record
+//! The intent log's commit path under crashes, for every policy (seed 004): every record
 //! whose commit returned is found when the chain is walked after a power cut, with its data
-//! intact and in order; a chain ends cleanly at the first block that was not written.
+//! intact and in order; a chain ends cleanly at the first block that was not written. Also
+//! how `auto` groups records on a disk without parallelism.
 
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
@@ -31,9 +32,42 @@ fn payload(sequence: u64) -> Vec<u8> {
     (0..(64 + sequence % 700)).map(|i| (sequence as u8).wrapping_add(i as u8)).collect()
 }
 
+/// The pools the crash test runs on: a mirror of two SSDs, or two HDDs striped (so that one
+/// commit's groups and blocks land on several top-level vdevs, in sizes that are not powers
+/// of two under `auto`).
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    SsdMirror,
+    HddStripe,
+}
+
+impl Layout {
+    fn profile(self) -> SimProfile {
+        match self {
+            Layout::SsdMirror => SimProfile::ssd(),
+            Layout::HddStripe => SimProfile::hdd(),
+        }
+    }
+
+    fn spec(self, leaves: Vec<sluice_engine::pool::LeafSpec>) -> sluice_engine::pool::PoolSpec {
+        match self {
+            Layout::SsdMirror => common::mirror_pool(leaves),
+            Layout::HddStripe => sluice_engine::pool::PoolSpec {
+                name: "tank".into(),
+                ashift: 12,
+                top: leaves.into_iter().map(sluice_engine::pool::TopSpec::Leaf).collect(),
+            },
+        }
+    }
+}
+
 fn run(seed: u64, policy: CommitPolicy, crash: bool) {
+    run_on(seed, policy, crash, Layout::SsdMirror);
+}
+
+fn run_on(seed: u64, policy: CommitPolicy, crash: bool, layout: Layout) {
     let sim = Sim::new(seed);
-    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let legs = common::legs(&sim, 2, layout.profile(), LEAF_BYTES);
     let specs = common::leaf_specs(&legs);
     let env = sim.env();
     let acked = Rc::new(RefCell::new(BTreeSet::new()));
@@ -43,7 +77,7 @@ fn run(seed: u64, policy: CommitPolicy, crash: bool) {
     let (head, verifier) = sim
         .run(async move {
             let tunables = Tunables::default();
-            let spec = common::mirror_pool(specs);
+            let spec = layout.spec(specs);
             let pool = Arc::new(Pool::create(&env, spec, &tunables).await.unwrap());
             let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
             let log = Arc::new(
@@ -96,8 +130,7 @@ fn run(seed: u64, policy: CommitPolicy, crash: bool) {
     }
     let images: Vec<_> = legs.iter().map(SimDevice::durable_image).collect();
     let fresh = Sim::new(seed + 1);
-    let revived =
-        common::leaf_specs(&common::revive(&fresh, images, SimProfile::ssd(), LEAF_BYTES));
+    let revived = common::leaf_specs(&common::revive(&fresh, images, layout.profile(), LEAF_BYTES));
     let env = fresh.env();
     let blocks = fresh
         .run(async move {
@@ -124,10 +157,87 @@ fn run(seed: u64, policy: CommitPolicy, crash: bool) {
 
 #[test]
 fn committed_records_survive_crashes() {
-    for policy in [CommitPolicy::Pipelined, CommitPolicy::Batch] {
+    for policy in [CommitPolicy::Auto, CommitPolicy::Pipelined, CommitPolicy::Batch] {
         run(1000, policy, false);
         for seed in 0..150 {
             run(seed, policy, true);
         }
     }
+    for policy in [CommitPolicy::Auto, CommitPolicy::Pipelined] {
+        run_on(2000, policy, false, Layout::HddStripe);
+        for seed in 0..60 {
+            run_on(seed, policy, true, Layout::HddStripe);
+        }
+    }
+}
+
+/// Closed-loop writers on one HDD for 200 ms of virtual time: (commits, lwb figures).
+fn hdd_closed_loop(
+    policy: CommitPolicy,
+    writers: u64,
+) -> (u64, sluice_engine::intent_log::LogFigures) {
+    let sim = Sim::new(7);
+    let legs = common::legs(&sim, 1, SimProfile::hdd(), LEAF_BYTES);
+    let specs = common::leaf_specs(&legs);
+    let env = sim.env();
+    let end = sluice_engine::rt::Time::ZERO.plus(Duration::from_millis(200));
+    sim.run(async move {
+        let pool = Arc::new(
+            Pool::create(&env, Layout::HddStripe.spec(specs), &Tunables::default()).await.unwrap(),
+        );
+        let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
+        let log =
+            Arc::new(LogWriter::new("tank", &allocator, policy, 10, 9, 1, 128 << 10).unwrap());
+        let commits = Rc::new(RefCell::new(0u64));
+        let tasks = (0..writers).map(|w| {
+            let (pool, allocator, log, env, commits) = (
+                Arc::clone(&pool),
+                Arc::clone(&allocator),
+                Arc::clone(&log),
+                env.clone(),
+                Rc::clone(&commits),
+            );
+            async move {
+                let mut i = 0;
+                while env.now() < end {
+                    let sequence = log.append(env.now(), |sequence| LogRecord::Write {
+                        txg: 1,
+                        sequence,
+                        offset: (w * 1000 + i) * 4096,
+                        data: vec![7; 4096],
+                    });
+                    i += 1;
+                    log.commit(&pool, &allocator, sequence).await.unwrap();
+                    *commits.borrow_mut() += 1;
+                }
+            }
+        });
+        futures::future::join_all(tasks).await;
+        let commits = *commits.borrow();
+        (commits, log.figures())
+    })
+    .unwrap()
+    .0
+}
+
+/// On one disk with a single actuator, `auto` keeps one group in flight carrying every
+/// waiting record: 16 writers' records share a flush, where pipelined pays one per block and
+/// batch alternates between a lone record and the rest.
+#[test]
+fn auto_groups_everything_waiting_on_one_disk() {
+    let (auto, figures) = hdd_closed_loop(CommitPolicy::Auto, 16);
+    let (pipelined, _) = hdd_closed_loop(CommitPolicy::Pipelined, 16);
+    let (batch, _) = hdd_closed_loop(CommitPolicy::Batch, 16);
+    eprintln!("commits in 200 ms: auto {auto}, pipelined {pipelined}, batch {batch}; {figures:?}");
+    assert_eq!(figures.group_cap_per_vdev, Some(1), "{figures:?}");
+    let per_group = figures.records_written as f64 / figures.groups_written as f64;
+    assert!(per_group >= 12.0, "{per_group} records per group: {figures:?}");
+    // Blocks are allocated at the size their group needs: little space is left unwritten.
+    let unwritten = figures.block_bytes_allocated - figures.block_bytes_written;
+    assert!(
+        unwritten * 10 < figures.block_bytes_allocated,
+        "{unwritten} of {} bytes allocated unwritten",
+        figures.block_bytes_allocated
+    );
+    assert!(auto > pipelined && auto > batch, "auto {auto}, pipelined {pipelined}, batch {batch}");
 }

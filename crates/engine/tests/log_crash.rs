@@ -450,7 +450,7 @@ fn cut_points(run: &Run) -> Vec<Time> {
 #[test]
 fn scripted_workloads_cut_at_every_operation() {
     let mut probes = Probes::default();
-    for policy in ["pipelined", "batch"] {
+    for policy in ["auto", "pipelined", "batch"] {
         for name in ["sync-writes", "flush-mid-txg", "chain-crosses-blocks"] {
             let run = run_workload(11, policy, &scripted(name));
             let mut rng = Rng::new(3);
@@ -500,7 +500,7 @@ fn indirect_records_cut_at_every_operation() {
 /// imported again; some have one copy of a log block damaged.
 #[test]
 fn random_workloads_and_interrupted_replay() {
-    for policy in ["pipelined", "batch"] {
+    for policy in ["auto", "pipelined", "batch"] {
         let mut probes = Probes::default();
         for seed in 0..100u64 {
             // Every other seed logs whole blocks by pointer.
@@ -546,7 +546,7 @@ fn random_workloads_and_interrupted_replay() {
 #[test]
 fn replay_resumes_after_an_interrupted_import() {
     let mut probes = Probes::default();
-    for policy in ["pipelined", "batch"] {
+    for policy in ["auto", "pipelined", "batch"] {
         // 4 writers x 12 FUA writes of all their 8 units (32 KiB): 1.5 MiB of records, which
         // a 1 MiB dirty limit cannot replay in one txg.
         let script: Script = (0..4)
@@ -707,7 +707,7 @@ fn lying_flushes_rewind_to_an_intact_txg() {
     use sluice_format::{data_end_bytes, DATA_START_BYTES};
     let mut rewound = 0u64;
     let mut states = 0u64;
-    for policy in ["pipelined", "batch"] {
+    for policy in ["auto", "pipelined", "batch"] {
         for seed in 0..150u64 {
             let mut rng = Rng::new(seed ^ 0x11e);
             let script = random_script(&mut rng);

@@ -5,6 +5,9 @@
 //! HDDs and of SSDs, with 1 to 1024 threads; batch ("before") against pipelined ("after").
 //! Published averages on 8 disks: +83% IOPS (HDD), +48% (SSD); -27% and -16% latency.
 //!
+//! Each point also runs `auto` (the policy that groups records per device) and says whether
+//! it came within 5% of the better fixed policy in IOPS and in latency (or 20 us).
+//!
 //! Ours: pools of 1, 2, 4 and 8 simulated disks striped (default `HddParams` / `SsdParams`),
 //! one volume's log ([`sluice_engine::intent_log::LogWriter`], blocks sized by the workload up
 //! to 128 KiB, `intent_log.commit_timeout_pct=10`) shared by all writers, each writer
@@ -48,6 +51,26 @@ pub struct Point {
     pub batch_latency_us: f64,
     pub pipelined_latency_us: f64,
     pub latency_change_pct: f64,
+    /// The default policy, which chooses from what it measures.
+    pub auto_iops: f64,
+    pub auto_latency_us: f64,
+    /// Whether `auto` is within 5% of the better fixed policy in IOPS, and within 5% (or
+    /// 20 us) of the better one in latency.
+    pub auto_ok: bool,
+}
+
+/// How close `auto` must come to the better fixed policy.
+pub const AUTO_SLACK: f64 = 0.05;
+/// ... or, for latency, this close in microseconds.
+pub const AUTO_SLACK_US: f64 = 20.0;
+
+/// Whether `auto`'s figures are within the slack of the better of batch and pipelined.
+pub fn auto_within(p: &Point) -> bool {
+    let best_iops = p.batch_iops.max(p.pipelined_iops);
+    let best_latency = p.batch_latency_us.min(p.pipelined_latency_us);
+    p.auto_iops >= best_iops * (1.0 - AUTO_SLACK)
+        && p.auto_latency_us
+            <= (best_latency * (1.0 + AUTO_SLACK)).max(best_latency + AUTO_SLACK_US)
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -86,7 +109,11 @@ pub fn run(seconds: f64, seed: u64, disks: &[usize], max_writers: usize) -> Repo
                         run_point(media, n, writers, CommitPolicy::Batch, true, seconds, seed);
                     let (_, pipelined_latency) =
                         run_point(media, n, writers, CommitPolicy::Pipelined, true, seconds, seed);
-                    Point {
+                    let (auto_iops, _) =
+                        run_point(media, n, writers, CommitPolicy::Auto, false, seconds, seed);
+                    let (_, auto_latency) =
+                        run_point(media, n, writers, CommitPolicy::Auto, true, seconds, seed);
+                    let mut point = Point {
                         writers,
                         batch_iops,
                         pipelined_iops,
@@ -94,7 +121,12 @@ pub fn run(seconds: f64, seed: u64, disks: &[usize], max_writers: usize) -> Repo
                         batch_latency_us: batch_latency,
                         pipelined_latency_us: pipelined_latency,
                         latency_change_pct: gain_pct(batch_latency, pipelined_latency),
-                    }
+                        auto_iops,
+                        auto_latency_us: auto_latency,
+                        auto_ok: false,
+                    };
+                    point.auto_ok = auto_within(&point);
+                    point
                 })
                 .collect();
             let count = points.len().max(1) as f64;
@@ -206,36 +238,46 @@ impl Report {
         let mut out = String::new();
         for s in &self.series {
             out.push_str(&format!("\n### {} x {}\n\n", s.media.to_uppercase(), s.disks));
-            out.push_str("| writers | batch IOPS | pipelined IOPS | change | batch latency us | pipelined latency us | change |\n");
-            out.push_str("|---:|---:|---:|---:|---:|---:|---:|\n");
+            out.push_str("| writers | batch IOPS | pipelined IOPS | change | auto IOPS | auto vs better | batch latency us | pipelined latency us | change | auto latency us | auto vs better |\n");
+            out.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
             for p in &s.points {
+                let best_iops = p.batch_iops.max(p.pipelined_iops);
+                let best_latency = p.batch_latency_us.min(p.pipelined_latency_us);
                 out.push_str(&format!(
-                    "| {} | {:.0} | {:.0} | {:+.0}% | {:.0} | {:.0} | {:+.0}% |\n",
+                    "| {} | {:.0} | {:.0} | {:+.0}% | {:.0} | {:+.0}% | {:.0} | {:.0} | {:+.0}% | {:.0} | {:+.0}%{} |\n",
                     p.writers,
                     p.batch_iops,
                     p.pipelined_iops,
                     p.iops_change_pct,
+                    p.auto_iops,
+                    gain_pct(best_iops, p.auto_iops),
                     p.batch_latency_us,
                     p.pipelined_latency_us,
-                    p.latency_change_pct
+                    p.latency_change_pct,
+                    p.auto_latency_us,
+                    gain_pct(best_latency, p.auto_latency_us),
+                    if p.auto_ok { "" } else { " (miss)" }
                 ));
             }
         }
-        out.push_str("\n| pool | average IOPS change | seed 004 | average latency change | seed 004 |\n|---|---:|---:|---:|---:|\n");
+        out.push_str("\n| pool | average IOPS change | seed 004 | average latency change | seed 004 | auto within 5% of the better |\n|---|---:|---:|---:|---:|---:|\n");
         for s in &self.series {
             let (seed_iops, seed_latency) = match (s.media, s.disks) {
                 ("hdd", 8) => ("+83%", "-27%"),
                 ("ssd", 8) => ("+48%", "-16%"),
                 _ => ("", ""),
             };
+            let within = s.points.iter().filter(|p| p.auto_ok).count();
             out.push_str(&format!(
-                "| {} x {} | {:+.0}% | {} | {:+.0}% | {} |\n",
+                "| {} x {} | {:+.0}% | {} | {:+.0}% | {} | {} of {} |\n",
                 s.media.to_uppercase(),
                 s.disks,
                 s.average_iops_change_pct,
                 seed_iops,
                 s.average_latency_change_pct,
-                seed_latency
+                seed_latency,
+                within,
+                s.points.len()
             ));
         }
         out.push_str(&format!(

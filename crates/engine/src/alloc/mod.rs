@@ -197,12 +197,31 @@ impl Allocator {
     /// Allocates an intent-log block: on a log device when there is one with room, else on
     /// the data vdevs (from the slop reserve if need be, as a log block is short-lived).
     pub fn allocate_log(&mut self, psize: u64) -> Result<(u32, u64, u64), AllocError> {
+        self.allocate_log_near(psize, None)
+    }
+
+    /// [`Allocator::allocate_log`], on top-level vdev `near` first when it is a candidate (a
+    /// log device, or any vdev when the pool has none): the intent log keeps the blocks of
+    /// one group, which share a flush, on one device, and starts a group where fewest are in
+    /// flight.
+    pub fn allocate_log_near(
+        &mut self,
+        psize: u64,
+        near: Option<u32>,
+    ) -> Result<(u32, u64, u64), AllocError> {
         let asize = self.asize(psize.max(1));
         let unit = self.unit_bytes();
         let count = self.vdevs.len();
+        let has_log_devices = self.vdevs.iter().any(|v| v.log_only);
+        let near = near
+            .map(|v| v as usize)
+            .filter(|&v| v < count && self.vdevs[v].log_only == has_log_devices);
         // Consecutive log blocks rotate over the candidates, so lwbs in flight together go to
         // different devices, and each device still sees its log blocks in address order.
-        self.log_rotor = (self.log_rotor + 1) % count;
+        self.log_rotor = match near {
+            Some(v) => v,
+            None => (self.log_rotor + 1) % count,
+        };
         let start = self.log_rotor;
         let order: Vec<usize> = (0..count)
             .map(|i| (start + i) % count)

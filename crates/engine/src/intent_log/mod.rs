@@ -7,7 +7,7 @@
 //! each top-level vdev touched once all are written. An lwb counts as durable only once
 //! it and every earlier lwb are; waiters are woken lwb by lwb as that frontier advances.
 //!
-//! Two policies, both first-class:
+//! Three policies, all first-class:
 //! - `Pipelined` (default, the seed's "after"): a committer with records not yet in an lwb
 //!   issues one while others are in flight, so a stream of committers keeps many lwbs moving.
 //!   When another lwb is in flight and the pending records do not fill a block, the open lwb
@@ -16,6 +16,16 @@
 //!   its flush (measured: -58% IOPS against batch on 8 HDDs).
 //! - `Batch` (the seed's "before"): one batch in flight. It writes all its lwbs, flushes once,
 //!   then wakes everyone; records arriving meanwhile wait for the next batch.
+//! - `Auto`: groups. A group is every ready record (or its share, below), written in blocks
+//!   sized to hold exactly what it carries, all on one top-level vdev, and made durable by one
+//!   flush of that vdev. A vdev runs at most a few groups at once ([`GroupTuner`]: one on a
+//!   rotational device, where each extra flush costs a rotation, eight otherwise); a committer
+//!   whose vdev is at its cap waits for a group to finish. Records that find several slots
+//!   free are spread evenly over them, so a burst uses the parallel flushes a device offers,
+//!   and each group's last block allocates the next group's first block on the vdev with the
+//!   fewest groups in flight. When a finishing group wakes writers, the next committer yields
+//!   once first, so the next group carries the records they append instead of its own alone
+//!   (without this, batches alternated between one record and all the others).
 //!
 //! The reader ([`read_chain`]) walks the chain from its head. Each block is read through the
 //! mirror with "decodes as the expected block" as the verify callback, so a damaged copy is
@@ -62,9 +72,35 @@ use crate::pool::{Pool, PoolError};
 use crate::tunables::IoClass;
 use crate::vdev;
 
+mod tuner;
+pub use tuner::GroupTuner;
+
+/// A log writer's counters and current choices (`pool iostat` shows them per pool).
+#[derive(Clone, Copy, Debug)]
+pub struct LogFigures {
+    pub policy: CommitPolicy,
+    pub lwbs_written: u64,
+    /// Groups of lwbs written and flushed together (one lwb each under `Pipelined`).
+    pub groups_written: u64,
+    pub records_written: u64,
+    /// Bytes written to lwbs, and bytes allocated for them (the rest of each block is left
+    /// unwritten).
+    pub block_bytes_written: u64,
+    pub block_bytes_allocated: u64,
+    pub groups_in_flight: u32,
+    pub lwbs_in_flight: u32,
+    /// `Auto`: how many groups may be in flight per top-level vdev (none before the first
+    /// commit).
+    pub group_cap_per_vdev: Option<u32>,
+    /// Size of the block allocated for the next lwb.
+    pub next_block_bytes: u32,
+}
+
 /// How commits are grouped into log writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CommitPolicy {
+    /// Groups sized and paced by what the log measures (the default).
+    Auto,
     Pipelined,
     Batch,
 }
@@ -73,7 +109,9 @@ impl CommitPolicy {
     pub fn from_tunables(tunables: &crate::tunables::Tunables) -> CommitPolicy {
         match tunables.choice(crate::tunables::Tunable::IntentLogPolicy) {
             "batch" => CommitPolicy::Batch,
-            _ => CommitPolicy::Pipelined,
+            "pipelined" => CommitPolicy::Pipelined,
+            // The tunables accept only the listed choices; "auto" is the rest.
+            _ => CommitPolicy::Auto,
         }
     }
 }
@@ -148,6 +186,8 @@ pub type DataWrite = Shared<BoxFuture<'static, bool>>;
 struct Lwb {
     at: LogAddress,
     sequence: u64,
+    /// Records it carries.
+    records: u32,
     bytes: Vec<u8>,
     writes: Vec<DataWrite>,
 }
@@ -186,6 +226,18 @@ struct State {
     /// the next.
     recent_used: VecDeque<usize>,
     batch_in_flight: bool,
+    /// `Auto`: groups issued and not yet durable.
+    groups_in_flight: u32,
+    /// `Auto`: of those, how many started on each top-level vdev.
+    groups_on_vdev: Vec<u32>,
+    /// `Auto`: a committer found every group slot taken since the last group was formed, so
+    /// the writers a finishing group wakes should append before the next group is built.
+    slot_waited: bool,
+    /// `Auto`: smoothed bytes a group was asked to carry (header included), which sizes the
+    /// block that will open the next group.
+    group_demand: f64,
+    /// `Auto`: how many groups may be in flight.
+    tuner: Option<GroupTuner>,
     waiters: Vec<(u64, oneshot::Sender<()>)>,
     failed: bool,
     /// A synced txg recorded this chain's head: a crash now finds it.
@@ -206,7 +258,10 @@ struct State {
 
 /// What a committer does next.
 enum Step {
-    Issue(Vec<Lwb>),
+    /// Groups of lwbs, each written and flushed as one (one group unless `Auto`).
+    Issue(Vec<Vec<Lwb>>),
+    /// Let the writers a finished group woke append first (`Auto`).
+    Yield,
     Linger(crate::rt::Time),
     Wait(oneshot::Receiver<()>),
 }
@@ -222,6 +277,13 @@ pub struct LogWriter {
     chain: LogVerifier,
     state: Mutex<State>,
     lwbs_written: crate::stats::Counter,
+    /// Groups issued (each lwb is its own group unless `Auto` or `Batch`).
+    groups_written: crate::stats::Counter,
+    /// Records carried by the lwbs written.
+    records_written: crate::stats::Counter,
+    /// Bytes of the lwbs written, and of the blocks allocated for them.
+    block_bytes_written: crate::stats::Counter,
+    block_bytes_allocated: crate::stats::Counter,
 }
 
 /// The records and sequence state a new chain takes over from a failed one.
@@ -294,7 +356,7 @@ impl LogWriter {
             max_block_bytes.is_power_of_two() && max_block_bytes >= LOG_BLOCK_BYTES_MIN,
             "log block size {max_block_bytes}"
         );
-        let head = allocate(pool, allocator, LOG_BLOCK_BYTES_MIN.max(max_block_bytes / 8))?;
+        let head = allocate(pool, allocator, LOG_BLOCK_BYTES_MIN.max(max_block_bytes / 8), None)?;
         let chain = LogVerifier { chain_id, volume_id, sequence: 1 };
         Ok(LogWriter {
             pool: Arc::from(pool),
@@ -303,6 +365,10 @@ impl LogWriter {
             max_block_bytes,
             chain,
             lwbs_written: crate::stats::Counter::default(),
+            groups_written: crate::stats::Counter::default(),
+            records_written: crate::stats::Counter::default(),
+            block_bytes_written: crate::stats::Counter::default(),
+            block_bytes_allocated: crate::stats::Counter::default(),
             state: Mutex::new(State {
                 verifier: chain,
                 next_address: head,
@@ -324,6 +390,11 @@ impl LogWriter {
                 live: VecDeque::new(),
                 recent_used: VecDeque::new(),
                 batch_in_flight: false,
+                groups_in_flight: 0,
+                groups_on_vdev: Vec::new(),
+                slot_waited: false,
+                group_demand: 0.0,
+                tuner: None,
                 waiters: Vec::new(),
                 failed: false,
                 anchored: false,
@@ -358,6 +429,23 @@ impl LogWriter {
     /// lwbs written so far.
     pub fn lwbs_written(&self) -> u64 {
         self.lwbs_written.get()
+    }
+
+    /// What the writer has written so far and what it chose: see [`LogFigures`].
+    pub fn figures(&self) -> LogFigures {
+        let state = self.state.lock();
+        LogFigures {
+            policy: self.policy,
+            lwbs_written: self.lwbs_written.get(),
+            groups_written: self.groups_written.get(),
+            records_written: self.records_written.get(),
+            block_bytes_written: self.block_bytes_written.get(),
+            block_bytes_allocated: self.block_bytes_allocated.get(),
+            groups_in_flight: state.groups_in_flight,
+            lwbs_in_flight: state.in_flight,
+            group_cap_per_vdev: state.tuner.as_ref().map(GroupTuner::cap),
+            next_block_bytes: state.next_address.len_bytes,
+        }
     }
 
     /// Appends a record (its sequence is assigned here) and returns the sequence. Records
@@ -482,7 +570,7 @@ impl LogWriter {
     /// latency instead of all of it. Pipelined policy only; `Batch` is the seed's "before".
     pub fn wants_early(&self) -> bool {
         let state = self.state.lock();
-        self.policy == CommitPolicy::Pipelined
+        self.policy != CommitPolicy::Batch
             && state.commit_density >= 0.5
             && (1..=2).contains(&state.appended_since_commit)
             && state.in_flight == 0
@@ -603,6 +691,7 @@ impl LogWriter {
         allocator: &Mutex<Allocator>,
         sequence: u64,
     ) -> Result<(), LogError> {
+        let mut yielded = false;
         loop {
             // Decide under the lock; wait or write outside it.
             let step = {
@@ -634,15 +723,44 @@ impl LogWriter {
                         (issue_now, (mine_pending && !issue_now).then_some(deadline))
                     }
                     CommitPolicy::Batch => (mine_pending && !state.batch_in_flight, None),
+                    CommitPolicy::Auto => {
+                        if state.tuner.is_none() {
+                            state.tuner = Some(GroupTuner::for_pool(pool));
+                            state.groups_on_vdev = vec![0; pool.root().top_level().len()];
+                        }
+                        let cap = state.tuner.as_ref().map_or(1, GroupTuner::cap);
+                        let home = state.next_address.vdev as usize;
+                        let free = state.groups_on_vdev.get(home).is_none_or(|&n| n < cap);
+                        (mine_pending && free, None)
+                    }
                 };
                 if let Some(deadline) = linger_until {
                     Step::Linger(deadline)
+                } else if may_issue && state.slot_waited && !yielded {
+                    // A group just finished while others waited for a slot: the writers it
+                    // woke append their next records first, so the next group carries them
+                    // all instead of this committer's record alone.
+                    yielded = true;
+                    Step::Yield
                 } else if may_issue {
-                    if self.policy == CommitPolicy::Batch {
-                        state.batch_in_flight = true;
-                    }
-                    match self.build_lwbs(&mut state, allocator) {
-                        Ok(lwbs) => Step::Issue(lwbs),
+                    let built = match self.policy {
+                        CommitPolicy::Auto => {
+                            let cap = state.tuner.as_ref().map_or(1, GroupTuner::cap);
+                            self.build_groups(&mut state, allocator, cap).inspect(|groups| {
+                                state.groups_in_flight += groups.len() as u32;
+                                state.slot_waited = false;
+                            })
+                        }
+                        CommitPolicy::Batch => {
+                            state.batch_in_flight = true;
+                            self.build_lwbs(&mut state, allocator).map(|lwbs| vec![lwbs])
+                        }
+                        CommitPolicy::Pipelined => {
+                            self.build_lwbs(&mut state, allocator).map(|lwbs| vec![lwbs])
+                        }
+                    };
+                    match built {
+                        Ok(groups) => Step::Issue(groups),
                         Err(error) => {
                             state.failed = true;
                             state.batch_in_flight = false;
@@ -661,7 +779,16 @@ impl LogWriter {
                 }
             };
             match step {
-                Step::Issue(lwbs) => self.issue(pool, lwbs).await?,
+                // Groups formed together are written at once; each advances the frontier as
+                // it completes.
+                Step::Issue(mut groups) if groups.len() == 1 => {
+                    self.issue(pool, groups.pop().unwrap_or_default()).await?
+                }
+                Step::Issue(groups) => {
+                    let issued = join_all(groups.into_iter().map(|lwbs| self.issue(pool, lwbs)));
+                    issued.await.into_iter().collect::<Result<(), LogError>>()?
+                }
+                Step::Yield => crate::rt::yield_now().await,
                 // The open lwb waits a little for more records (commit timeout).
                 Step::Linger(deadline) => pool.env().sleep_until(deadline).await,
                 // Woken when the frontier moves (or a batch ends); then look again.
@@ -711,26 +838,12 @@ impl LogWriter {
                 }
             }
             let last = records.last().map_or(0, LogRecord::sequence);
-            let writes: Vec<DataWrite> =
-                records.iter().filter_map(|r| state.data_writes.remove(&r.sequence())).collect();
-            let txg = records.iter().map(LogRecord::txg).max().unwrap_or(0);
             if state.recent_used.len() == SIZE_HISTORY {
                 state.recent_used.pop_front();
             }
             state.recent_used.push_back(demand.max(used));
-            let successor = allocate(&self.pool, allocator, self.next_block_bytes(state))?;
-            let block =
-                LogBlock { verifier: state.verifier, next: Some(successor.pointer(txg)), records };
-            let bytes = block
-                .encode(capacity)
-                .map_err(|source| PoolError::Format { pool: self.pool.to_string(), source })?;
-            let here = state.next_address;
-            state.lwb_last_record.insert(state.verifier.sequence, last);
-            state.live.push_back((state.verifier.sequence, here, txg));
-            lwbs.push(Lwb { at: here, sequence: state.verifier.sequence, bytes, writes });
-            state.verifier = state.verifier.next();
-            state.next_address = successor;
-            state.in_flight += 1;
+            let successor_bytes = self.next_block_bytes(state);
+            lwbs.push(self.seal(state, allocator, records, successor_bytes, None)?);
             if self.policy == CommitPolicy::Pipelined && last != 0 {
                 break;
             }
@@ -740,10 +853,143 @@ impl LogWriter {
         Ok(lwbs)
     }
 
+    /// `Auto`: takes the ready records into up to `slots` groups of nearly equal size, so that
+    /// records that arrived together spread over the flushes the devices can run at once.
+    /// Each group's blocks are sized to hold exactly what it carries; the block that will open
+    /// the next group, whose records have not arrived yet, is sized from what groups have
+    /// carried lately. (Space allocated and left unwritten costs a rotation on a disk, while
+    /// one block more in a group costs only a write, since the group shares one flush.)
+    fn build_groups(
+        &self,
+        state: &mut State,
+        allocator: &Mutex<Allocator>,
+        cap: u32,
+    ) -> Result<Vec<Vec<Lwb>>, PoolError> {
+        let ready: Vec<usize> = state
+            .pending
+            .iter()
+            .take_while(|r| !state.unfilled.contains(&r.sequence()))
+            .map(LogRecord::encoded_len)
+            .collect();
+        debug_assert!(!ready.is_empty(), "a group is formed for a ready record");
+        let slots: u32 = state.groups_on_vdev.iter().map(|&n| cap.saturating_sub(n)).sum();
+        let count = (slots as usize).clamp(1, ready.len().max(1));
+        let demand = |from: usize, n: usize| -> usize {
+            LOG_HEADER_BYTES + ready[from..from + n].iter().sum::<usize>()
+        };
+        let unit = LOG_BLOCK_BYTES_MIN as usize;
+        let block_for = |bytes: usize| -> u32 {
+            let bytes = bytes.div_ceil(unit) * unit;
+            (bytes.min(self.max_block_bytes as usize) as u32)
+                .clamp(LOG_BLOCK_BYTES_MIN, self.max_block_bytes)
+        };
+        // Records per group: what is left, spread over the groups still to form.
+        let share = |taken: usize, g: usize| (ready.len() - taken).div_ceil(count - g);
+        let mut groups = Vec::with_capacity(count);
+        let mut taken = 0;
+        for g in 0..count {
+            let home = state.next_address.vdev;
+            if g > 0 && state.groups_on_vdev.get(home as usize).is_some_and(|&n| n >= cap) {
+                // The rest waits for a slot on the device this group would start on.
+                break;
+            }
+            let size = share(taken, g);
+            if let Some(n) = state.groups_on_vdev.get_mut(home as usize) {
+                *n += 1;
+            }
+            let group_bytes = demand(taken, size);
+            state.group_demand = if state.group_demand == 0.0 {
+                group_bytes as f64
+            } else {
+                state.group_demand * 0.5 + group_bytes as f64 * 0.5
+            };
+            let mut left = size;
+            let mut lwbs = Vec::new();
+            while left > 0 {
+                let capacity = state.next_address.len_bytes as usize;
+                let mut records = Vec::new();
+                let mut used = LOG_HEADER_BYTES;
+                while left > 0 {
+                    let Some(record) = state.pending.front() else { break };
+                    let len = record.encoded_len();
+                    if used + len > capacity {
+                        break;
+                    }
+                    used += len;
+                    left -= 1;
+                    if let Some(record) = state.pending.pop_front() {
+                        records.push(record);
+                    }
+                }
+                let (bytes, near) = if left > 0 {
+                    // The group's next block, on the same device: one flush covers both.
+                    (block_for(demand(taken + size - left, left)), home)
+                } else {
+                    // The next group's first block, where fewest groups are in flight (the
+                    // next device in turn on a tie).
+                    let vdevs = state.groups_on_vdev.len() as u32;
+                    let near = (1..=vdevs)
+                        .map(|i| (home + i) % vdevs.max(1))
+                        .min_by_key(|&v| state.groups_on_vdev.get(v as usize).copied())
+                        .unwrap_or(home);
+                    let bytes = if g + 1 < count {
+                        block_for(demand(taken + size, share(taken + size, g + 1)))
+                    } else {
+                        block_for(state.group_demand as usize)
+                    };
+                    (bytes, near)
+                };
+                lwbs.push(self.seal(state, allocator, records, bytes, Some(near))?);
+            }
+            taken += size;
+            groups.push(lwbs);
+        }
+        state.open_since = if state.pending.is_empty() { None } else { state.open_since };
+        Ok(groups)
+    }
+
+    /// Encodes `records` as the next lwb, allocating its successor of `successor_bytes`.
+    fn seal(
+        &self,
+        state: &mut State,
+        allocator: &Mutex<Allocator>,
+        records: Vec<LogRecord>,
+        successor_bytes: u32,
+        near: Option<u32>,
+    ) -> Result<Lwb, PoolError> {
+        let capacity = state.next_address.len_bytes as usize;
+        let last = records.last().map_or(0, LogRecord::sequence);
+        let count = records.len() as u32;
+        let writes: Vec<DataWrite> =
+            records.iter().filter_map(|r| state.data_writes.remove(&r.sequence())).collect();
+        let txg = records.iter().map(LogRecord::txg).max().unwrap_or(0);
+        let successor = allocate(&self.pool, allocator, successor_bytes, near)?;
+        let block =
+            LogBlock { verifier: state.verifier, next: Some(successor.pointer(txg)), records };
+        let bytes = block
+            .encode(capacity)
+            .map_err(|source| PoolError::Format { pool: self.pool.to_string(), source })?;
+        let here = state.next_address;
+        state.lwb_last_record.insert(state.verifier.sequence, last);
+        state.live.push_back((state.verifier.sequence, here, txg));
+        let lwb =
+            Lwb { at: here, sequence: state.verifier.sequence, records: count, bytes, writes };
+        state.verifier = state.verifier.next();
+        state.next_address = successor;
+        state.in_flight += 1;
+        Ok(lwb)
+    }
+
     /// Writes lwbs, flushes what they touched, and advances the durable frontier.
     async fn issue(&self, pool: &Pool, lwbs: Vec<Lwb>) -> Result<(), LogError> {
         let started = pool.env().now();
         self.lwbs_written.add(lwbs.len() as u64);
+        self.groups_written.inc();
+        for lwb in &lwbs {
+            self.records_written.add(u64::from(lwb.records));
+            self.block_bytes_written.add(lwb.bytes.len() as u64);
+            self.block_bytes_allocated.add(u64::from(lwb.at.len_bytes));
+        }
         // A lone lwb (always, when pipelined) is written and flushed by each leaf in one trip
         // (docs/design.md: 1 job +13%). Several (a batch) are all written first, then the
         // top-level vdevs they touched are flushed once.
@@ -756,6 +1002,9 @@ impl LogWriter {
                     vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
                 let data = SharedBuf::copy_from(&lwb.bytes);
                 return pool.root().write_durable(dva, data, IoClass::LogWrite).await.is_ok();
+            }
+            if self.policy == CommitPolicy::Auto {
+                return self.write_group(pool, &lwbs).await;
             }
             let writes = lwbs.iter().map(|lwb| {
                 let data = SharedBuf::copy_from(&lwb.bytes);
@@ -811,6 +1060,18 @@ impl LogWriter {
                 state.durable_record = state.durable_record.max(last);
             }
             state.batch_in_flight = false;
+            if self.policy == CommitPolicy::Auto {
+                assert!(state.groups_in_flight > 0, "a group ends that was counted");
+                state.groups_in_flight -= 1;
+                if let Some(n) =
+                    lwbs.first().and_then(|l| state.groups_on_vdev.get_mut(l.at.vdev as usize))
+                {
+                    assert!(*n > 0, "a group ends on the vdev it started on");
+                    *n -= 1;
+                }
+                // The writers woken below append again; the next group should carry them.
+                state.slot_waited = !state.waiters.is_empty();
+            }
             // Everyone looks again: satisfied waiters return, others may issue the next lwb.
             std::mem::take(&mut state.waiters)
         };
@@ -825,14 +1086,53 @@ impl LogWriter {
     }
 }
 
+impl LogWriter {
+    /// Writes an `Auto` group: on each top-level vdev it touches, at the same time, a lone
+    /// block is written and flushed in one trip, and several are written and then flushed
+    /// once. (The batch policy flushes its vdevs one after another: the seed's "before".)
+    async fn write_group(&self, pool: &Pool, lwbs: &[Lwb]) -> bool {
+        let mut vdevs: Vec<u32> = lwbs.iter().map(|lwb| lwb.at.vdev).collect();
+        vdevs.sort_unstable();
+        vdevs.dedup();
+        let per_vdev = vdevs.into_iter().map(|vdev| {
+            let mine: Vec<&Lwb> = lwbs.iter().filter(|lwb| lwb.at.vdev == vdev).collect();
+            async move {
+                let address =
+                    |lwb: &Lwb| vdev::VdevAddress { vdev, offset_bytes: lwb.at.offset_bytes };
+                if let [lwb] = &mine[..] {
+                    let data = SharedBuf::copy_from(&lwb.bytes);
+                    return pool
+                        .root()
+                        .write_durable(address(lwb), data, IoClass::LogWrite)
+                        .await
+                        .is_ok();
+                }
+                let writes = mine.iter().map(|lwb| {
+                    let data = SharedBuf::copy_from(&lwb.bytes);
+                    pool.root().write(address(lwb), data, IoClass::LogWrite)
+                });
+                let written = join_all(writes).await.iter().all(Result::is_ok);
+                // Flushed only once every write to it has completed.
+                let flushed = match pool.root().top_level().get(vdev as usize) {
+                    Some(top) => top.flush().await.is_ok(),
+                    None => false,
+                };
+                written && flushed
+            }
+        });
+        join_all(per_vdev).await.into_iter().all(|ok| ok)
+    }
+}
+
 fn allocate(
     pool: &str,
     allocator: &Mutex<Allocator>,
     block_bytes: u32,
+    near: Option<u32>,
 ) -> Result<LogAddress, PoolError> {
     let (vdev, offset_bytes, _) = allocator
         .lock()
-        .allocate_log(u64::from(block_bytes))
+        .allocate_log_near(u64::from(block_bytes), near)
         .map_err(|source| PoolError::NoSpace { pool: pool.to_owned(), source })?;
     Ok(LogAddress { vdev, offset_bytes, len_bytes: block_bytes })
 }
