@@ -226,13 +226,11 @@ struct State {
     /// the next.
     recent_used: VecDeque<usize>,
     batch_in_flight: bool,
-    /// `Auto`: groups issued and not yet durable.
-    groups_in_flight: u32,
-    /// `Auto`: of those, how many started on each top-level vdev.
+    /// `Auto`: groups issued and not yet durable, by the top-level vdev each started on.
     groups_on_vdev: Vec<u32>,
-    /// `Auto`: a committer found every group slot taken since the last group was formed, so
-    /// the writers a finishing group wakes should append before the next group is built.
-    slot_waited: bool,
+    /// `Auto`: a group finished and woke writers, which should append before the next group
+    /// is built (the next committer yields once).
+    gather: bool,
     /// `Auto`: smoothed bytes a group was asked to carry (header included), which sizes the
     /// block that will open the next group.
     group_demand: f64,
@@ -390,9 +388,8 @@ impl LogWriter {
                 live: VecDeque::new(),
                 recent_used: VecDeque::new(),
                 batch_in_flight: false,
-                groups_in_flight: 0,
                 groups_on_vdev: Vec::new(),
-                slot_waited: false,
+                gather: false,
                 group_demand: 0.0,
                 tuner: None,
                 waiters: Vec::new(),
@@ -441,7 +438,7 @@ impl LogWriter {
             records_written: self.records_written.get(),
             block_bytes_written: self.block_bytes_written.get(),
             block_bytes_allocated: self.block_bytes_allocated.get(),
-            groups_in_flight: state.groups_in_flight,
+            groups_in_flight: state.groups_on_vdev.iter().sum(),
             lwbs_in_flight: state.in_flight,
             group_cap_per_vdev: state.tuner.as_ref().map(GroupTuner::cap),
             next_block_bytes: state.next_address.len_bytes,
@@ -736,7 +733,7 @@ impl LogWriter {
                 };
                 if let Some(deadline) = linger_until {
                     Step::Linger(deadline)
-                } else if may_issue && state.slot_waited && !yielded {
+                } else if may_issue && state.gather && !yielded {
                     // A group just finished while others waited for a slot: the writers it
                     // woke append their next records first, so the next group carries them
                     // all instead of this committer's record alone.
@@ -746,10 +743,8 @@ impl LogWriter {
                     let built = match self.policy {
                         CommitPolicy::Auto => {
                             let cap = state.tuner.as_ref().map_or(1, GroupTuner::cap);
-                            self.build_groups(&mut state, allocator, cap).inspect(|groups| {
-                                state.groups_in_flight += groups.len() as u32;
-                                state.slot_waited = false;
-                            })
+                            state.gather = false;
+                            self.build_groups(&mut state, allocator, cap)
                         }
                         CommitPolicy::Batch => {
                             state.batch_in_flight = true;
@@ -824,19 +819,7 @@ impl LogWriter {
             // a block that holds one record at that size forever.
             let demand =
                 LOG_HEADER_BYTES + state.pending.iter().map(LogRecord::encoded_len).sum::<usize>();
-            let mut records = Vec::new();
-            let mut used = LOG_HEADER_BYTES;
-            while let Some(record) = state.pending.front() {
-                let len = record.encoded_len();
-                if used + len > capacity || state.unfilled.contains(&record.sequence()) {
-                    // Stays for the next lwb, which is sized to hold it.
-                    break;
-                }
-                used += len;
-                if let Some(record) = state.pending.pop_front() {
-                    records.push(record);
-                }
-            }
+            let (records, used) = take_records(state, capacity, usize::MAX);
             let last = records.last().map_or(0, LogRecord::sequence);
             if state.recent_used.len() == SIZE_HISTORY {
                 state.recent_used.pop_front();
@@ -907,20 +890,8 @@ impl LogWriter {
             let mut lwbs = Vec::new();
             while left > 0 {
                 let capacity = state.next_address.len_bytes as usize;
-                let mut records = Vec::new();
-                let mut used = LOG_HEADER_BYTES;
-                while left > 0 {
-                    let Some(record) = state.pending.front() else { break };
-                    let len = record.encoded_len();
-                    if used + len > capacity {
-                        break;
-                    }
-                    used += len;
-                    left -= 1;
-                    if let Some(record) = state.pending.pop_front() {
-                        records.push(record);
-                    }
-                }
+                let (records, _) = take_records(state, capacity, left);
+                left -= records.len();
                 let (bytes, near) = if left > 0 {
                     // The group's next block, on the same device: one flush covers both.
                     (block_for(demand(taken + size - left, left)), home)
@@ -1061,8 +1032,6 @@ impl LogWriter {
             }
             state.batch_in_flight = false;
             if self.policy == CommitPolicy::Auto {
-                assert!(state.groups_in_flight > 0, "a group ends that was counted");
-                state.groups_in_flight -= 1;
                 if let Some(n) =
                     lwbs.first().and_then(|l| state.groups_on_vdev.get_mut(l.at.vdev as usize))
                 {
@@ -1070,7 +1039,7 @@ impl LogWriter {
                     *n -= 1;
                 }
                 // The writers woken below append again; the next group should carry them.
-                state.slot_waited = !state.waiters.is_empty();
+                state.gather = !state.waiters.is_empty();
             }
             // Everyone looks again: satisfied waiters return, others may issue the next lwb.
             std::mem::take(&mut state.waiters)
@@ -1122,6 +1091,26 @@ impl LogWriter {
         });
         join_all(per_vdev).await.into_iter().all(|ok| ok)
     }
+}
+
+/// Takes pending records in order into a block of `capacity` bytes: at most `max` of them,
+/// stopping before one that does not fit (it stays for the next block, which is sized to
+/// hold it) or is still unfilled. Returns them and the bytes they use, header included.
+fn take_records(state: &mut State, capacity: usize, max: usize) -> (Vec<LogRecord>, usize) {
+    let mut records = Vec::new();
+    let mut used = LOG_HEADER_BYTES;
+    while records.len() < max {
+        let Some(record) = state.pending.front() else { break };
+        let len = record.encoded_len();
+        if used + len > capacity || state.unfilled.contains(&record.sequence()) {
+            break;
+        }
+        used += len;
+        if let Some(record) = state.pending.pop_front() {
+            records.push(record);
+        }
+    }
+    (records, used)
 }
 
 fn allocate(
