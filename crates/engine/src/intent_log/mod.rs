@@ -190,6 +190,8 @@ struct Lwb {
     records: u32,
     bytes: Vec<u8>,
     writes: Vec<DataWrite>,
+    /// `Auto`: when the group this lwb opens was formed (`None` for the rest).
+    group_formed: Option<crate::rt::Time>,
 }
 
 #[derive(Debug)]
@@ -226,8 +228,11 @@ struct State {
     /// the next.
     recent_used: VecDeque<usize>,
     batch_in_flight: bool,
-    /// `Auto`: groups issued and not yet durable, by the top-level vdev each started on.
-    groups_on_vdev: Vec<u32>,
+    /// `Auto`: when each group issued and not yet durable was formed and how many records it
+    /// carries, by the top-level vdev it started on (oldest first).
+    groups_on_vdev: Vec<Vec<(crate::rt::Time, usize)>>,
+    /// `Auto`: records in those groups.
+    records_in_groups: usize,
     /// `Auto`: a group finished and woke writers, which should append before the next group
     /// is built (the next committer yields once).
     gather: bool,
@@ -389,6 +394,7 @@ impl LogWriter {
                 recent_used: VecDeque::new(),
                 batch_in_flight: false,
                 groups_on_vdev: Vec::new(),
+                records_in_groups: 0,
                 gather: false,
                 group_demand: 0.0,
                 tuner: None,
@@ -438,7 +444,7 @@ impl LogWriter {
             records_written: self.records_written.get(),
             block_bytes_written: self.block_bytes_written.get(),
             block_bytes_allocated: self.block_bytes_allocated.get(),
-            groups_in_flight: state.groups_on_vdev.iter().sum(),
+            groups_in_flight: state.groups_on_vdev.iter().map(|g| g.len() as u32).sum(),
             lwbs_in_flight: state.in_flight,
             group_cap_per_vdev: state.tuner.as_ref().map(GroupTuner::cap),
             next_block_bytes: state.next_address.len_bytes,
@@ -723,12 +729,33 @@ impl LogWriter {
                     CommitPolicy::Auto => {
                         if state.tuner.is_none() {
                             state.tuner = Some(GroupTuner::for_pool(pool));
-                            state.groups_on_vdev = vec![0; pool.root().top_level().len()];
+                            state.groups_on_vdev = vec![Vec::new(); pool.root().top_level().len()];
                         }
                         let cap = state.tuner.as_ref().map_or(1, GroupTuner::cap);
                         let home = state.next_address.vdev as usize;
-                        let free = state.groups_on_vdev.get(home).is_none_or(|&n| n < cap);
-                        (mine_pending && free, None)
+                        let free =
+                            state.groups_on_vdev.get(home).is_none_or(|g| (g.len() as u32) < cap);
+                        // Near saturation (three quarters of the slots taken) a slot is worth
+                        // more than a few microseconds: a group smaller than an even share of
+                        // what is outstanding waits for more records, up to the commit
+                        // timeout, instead of taking one of the last slots for a flush that
+                        // carries one record while the next ones pile up behind it.
+                        let slots = cap as usize * state.groups_on_vdev.len().max(1);
+                        let groups: usize = state.groups_on_vdev.iter().map(Vec::len).sum();
+                        let ready = state
+                            .pending
+                            .iter()
+                            .take_while(|r| !state.unfilled.contains(&r.sequence()))
+                            .count();
+                        let even = (state.records_in_groups + ready).div_ceil(slots);
+                        let busy = groups * 4 >= slots * 3 && groups > 0;
+                        let timeout = std::time::Duration::from_nanos(
+                            (state.lwb_latency_ns * self.commit_timeout_pct as f64 / 100.0) as u64,
+                        );
+                        let deadline = state.open_since.unwrap_or(now).plus(timeout);
+                        let issue_now = !busy || ready >= even || now >= deadline;
+                        let may = mine_pending && free;
+                        (may && issue_now, (may && !issue_now).then_some(deadline))
                     }
                 };
                 if let Some(deadline) = linger_until {
@@ -743,8 +770,10 @@ impl LogWriter {
                     let built = match self.policy {
                         CommitPolicy::Auto => {
                             let cap = state.tuner.as_ref().map_or(1, GroupTuner::cap);
+                            let rotational =
+                                state.tuner.as_ref().is_some_and(GroupTuner::rotational);
                             state.gather = false;
-                            self.build_groups(&mut state, allocator, cap)
+                            self.build_groups(&mut state, allocator, cap, rotational, now)
                         }
                         CommitPolicy::Batch => {
                             state.batch_in_flight = true;
@@ -847,6 +876,8 @@ impl LogWriter {
         state: &mut State,
         allocator: &Mutex<Allocator>,
         cap: u32,
+        rotational: bool,
+        now: crate::rt::Time,
     ) -> Result<Vec<Vec<Lwb>>, PoolError> {
         let ready: Vec<usize> = state
             .pending
@@ -855,8 +886,16 @@ impl LogWriter {
             .map(LogRecord::encoded_len)
             .collect();
         debug_assert!(!ready.is_empty(), "a group is formed for a ready record");
-        let slots: u32 = state.groups_on_vdev.iter().map(|&n| cap.saturating_sub(n)).sum();
-        let count = (slots as usize).clamp(1, ready.len().max(1));
+        let slots: u32 =
+            state.groups_on_vdev.iter().map(|g| cap.saturating_sub(g.len() as u32)).sum();
+        // Records per group: what is left, spread over the groups still to form, and no more
+        // than an even share of everything outstanding over every slot. Records are durable
+        // in chain order, so a group much bigger than those around it holds back the writers
+        // of every group after it; the records beyond the share wait for the next slot. Nor
+        // are fewer records than a share spread over more groups: each group pays a flush.
+        let slots_in_all = cap as usize * state.groups_on_vdev.len().max(1);
+        let even = (state.records_in_groups + ready.len()).div_ceil(slots_in_all).max(1);
+        let count = (slots as usize).clamp(1, ready.len().div_ceil(even).max(1));
         let demand = |from: usize, n: usize| -> usize {
             LOG_HEADER_BYTES + ready[from..from + n].iter().sum::<usize>()
         };
@@ -866,19 +905,39 @@ impl LogWriter {
             (bytes.min(self.max_block_bytes as usize) as u32)
                 .clamp(LOG_BLOCK_BYTES_MIN, self.max_block_bytes)
         };
-        // Records per group: what is left, spread over the groups still to form.
-        let share = |taken: usize, g: usize| (ready.len() - taken).div_ceil(count - g);
+        let share = |taken: usize, g: usize| {
+            (ready.len() - taken).div_ceil(count.saturating_sub(g).max(1)).min(even)
+        };
         let mut groups = Vec::with_capacity(count);
         let mut taken = 0;
-        for g in 0..count {
+        // Groups go on while records are left and the next one's device has a slot (records
+        // held back by the share take any slot still free).
+        let mut g = 0;
+        while taken < ready.len() {
             let home = state.next_address.vdev;
-            if g > 0 && state.groups_on_vdev.get(home as usize).is_some_and(|&n| n >= cap) {
+            if g > 0
+                && state.groups_on_vdev.get(home as usize).is_some_and(|g| g.len() as u32 >= cap)
+            {
                 // The rest waits for a slot on the device this group would start on.
                 break;
             }
-            let size = share(taken, g);
-            if let Some(n) = state.groups_on_vdev.get_mut(home as usize) {
-                *n += 1;
+            let mut size = share(taken, g);
+            if g == 0 && count > 1 {
+                // The first group's block was allocated before its records arrived: give it
+                // what that block holds (at least one record) and the other groups the rest,
+                // rather than a second block that makes it the last to finish.
+                let capacity = state.next_address.len_bytes as usize - LOG_HEADER_BYTES;
+                let fits = ready.iter().scan(0, |used, &len| {
+                    *used += len;
+                    Some(*used)
+                });
+                let fits = fits.take_while(|&used| used <= capacity).count().max(1);
+                size = size.min(fits);
+            }
+            debug_assert!(size > 0, "a group carries a record");
+            state.records_in_groups += size;
+            if let Some(formed) = state.groups_on_vdev.get_mut(home as usize) {
+                formed.push((now, size));
             }
             let group_bytes = demand(taken, size);
             state.group_demand = if state.group_demand == 0.0 {
@@ -886,6 +945,10 @@ impl LogWriter {
             } else {
                 state.group_demand * 0.5 + group_bytes as f64 * 0.5
             };
+            if state.recent_used.len() == SIZE_HISTORY {
+                state.recent_used.pop_front();
+            }
+            state.recent_used.push_back(group_bytes);
             let mut left = size;
             let mut lwbs = Vec::new();
             while left > 0 {
@@ -896,24 +959,47 @@ impl LogWriter {
                     // The group's next block, on the same device: one flush covers both.
                     (block_for(demand(taken + size - left, left)), home)
                 } else {
-                    // The next group's first block, where fewest groups are in flight (the
-                    // next device in turn on a tie).
+                    // The next group's first block, on the device expected to have a slot
+                    // first: one with a free slot (fewest groups in flight), else the one
+                    // whose oldest group was formed first, and then carries least (the next
+                    // device in turn on a tie).
+                    // A chain's next block is fixed before its records arrive, so a choice
+                    // that frees late holds every later record back while other devices idle.
                     let vdevs = state.groups_on_vdev.len() as u32;
+                    let expected_free = |v: u32| {
+                        let formed = &state.groups_on_vdev[v as usize];
+                        let full = formed.len() as u32 >= cap;
+                        match formed.first() {
+                            Some(&(at, records)) if full => (true, at.0, records),
+                            _ => (false, 0, formed.len()),
+                        }
+                    };
                     let near = (1..=vdevs)
                         .map(|i| (home + i) % vdevs.max(1))
-                        .min_by_key(|&v| state.groups_on_vdev.get(v as usize).copied())
+                        .min_by_key(|&v| expected_free(v))
                         .unwrap_or(home);
-                    let bytes = if g + 1 < count {
+                    let bytes = if taken + size < ready.len() {
                         block_for(demand(taken + size, share(taken + size, g + 1)))
-                    } else {
+                    } else if rotational {
+                        // Unwritten space costs a pass of the head over it; too small a block
+                        // costs one more write under the same flush.
                         block_for(state.group_demand as usize)
+                    } else {
+                        // Unwritten space costs nothing, while a second block would make the
+                        // group a write and then a flush instead of one fused write.
+                        self.next_block_bytes(state)
                     };
                     (bytes, near)
                 };
-                lwbs.push(self.seal(state, allocator, records, bytes, Some(near))?);
+                let mut lwb = self.seal(state, allocator, records, bytes, Some(near))?;
+                if lwbs.is_empty() {
+                    lwb.group_formed = Some(now);
+                }
+                lwbs.push(lwb);
             }
             taken += size;
             groups.push(lwbs);
+            g += 1;
         }
         state.open_since = if state.pending.is_empty() { None } else { state.open_since };
         Ok(groups)
@@ -943,8 +1029,14 @@ impl LogWriter {
         let here = state.next_address;
         state.lwb_last_record.insert(state.verifier.sequence, last);
         state.live.push_back((state.verifier.sequence, here, txg));
-        let lwb =
-            Lwb { at: here, sequence: state.verifier.sequence, records: count, bytes, writes };
+        let lwb = Lwb {
+            at: here,
+            sequence: state.verifier.sequence,
+            records: count,
+            bytes,
+            writes,
+            group_formed: None,
+        };
         state.verifier = state.verifier.next();
         state.next_address = successor;
         state.in_flight += 1;
@@ -1032,14 +1124,17 @@ impl LogWriter {
             }
             state.batch_in_flight = false;
             if self.policy == CommitPolicy::Auto {
-                if let Some(n) =
-                    lwbs.first().and_then(|l| state.groups_on_vdev.get_mut(l.at.vdev as usize))
-                {
-                    assert!(*n > 0, "a group ends on the vdev it started on");
-                    *n -= 1;
+                if let Some(first) = lwbs.first() {
+                    let formed = first.group_formed.expect("a group's first lwb knows its start");
+                    let records: usize = lwbs.iter().map(|l| l.records as usize).sum();
+                    state.records_in_groups -= records;
+                    let on_vdev = &mut state.groups_on_vdev[first.at.vdev as usize];
+                    let at = on_vdev.iter().position(|&(t, _)| t == formed);
+                    let at = at.expect("a group ends on the vdev it started on");
+                    on_vdev.remove(at);
                 }
                 // The writers woken below append again; the next group should carry them.
-                state.gather = !state.waiters.is_empty();
+                state.gather |= !state.waiters.is_empty();
             }
             // Everyone looks again: satisfied waiters return, others may issue the next lwb.
             std::mem::take(&mut state.waiters)

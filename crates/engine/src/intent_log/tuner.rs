@@ -24,6 +24,7 @@ const SOLID_STATE_GROUPS: u32 = 8;
 #[derive(Debug)]
 pub struct GroupTuner {
     cap: u32,
+    rotational: bool,
 }
 
 impl GroupTuner {
@@ -33,11 +34,17 @@ impl GroupTuner {
         let tops = pool.root().top_level();
         let rotational = !tops.is_empty()
             && tops.iter().all(|top| top.leaves().iter().any(|l| l.is_rotational()));
-        GroupTuner { cap: if rotational { ROTATIONAL_GROUPS } else { SOLID_STATE_GROUPS } }
+        let cap = if rotational { ROTATIONAL_GROUPS } else { SOLID_STATE_GROUPS };
+        GroupTuner { cap, rotational }
     }
 
     /// Groups that may be in flight per top-level vdev.
     pub fn cap(&self) -> u32 {
         self.cap
+    }
+
+    /// Whether every top-level vdev has a rotational leaf.
+    pub fn rotational(&self) -> bool {
+        self.rotational
     }
 }
