@@ -27,6 +27,9 @@
 #
 # Usage: bench/peers.sh [--seconds N] [--rounds N] [--dir DIR] [--size SIZE] [--no-build]
 #          [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...] [--targets NAME,...]
+#          [--report PATH.md]
+# --report writes the table somewhere other than docs/bench/peers.md (and the plot beside it),
+# so a run of a few jobs or targets leaves the main table alone.
 # The default run (10 s a job, 3 rounds: 45 runs of about 11.5 s a round, and 6 s after each of
 # sluice's 9 write runs) takes about 30 minutes; --mirror adds about 4.
 # Needs: fio, qemu-utils (qemu-nbd), nbdkit, libnbd-bin; builds target/release/sluice unless
@@ -47,7 +50,8 @@ mirror=0
 tunables=()
 only_jobs=""
 only_targets=""
-usage="usage: $0 [--seconds N] [--rounds N] [--dir DIR] [--size SIZE] [--no-build] [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...] [--targets NAME,...]"
+report=docs/bench/peers.md
+usage="usage: $0 [--seconds N] [--rounds N] [--dir DIR] [--size SIZE] [--no-build] [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...] [--targets NAME,...] [--report PATH.md]"
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
@@ -59,11 +63,13 @@ while [ $# -gt 0 ]; do
     --sluice-tunable) tunables+=("$2"); shift 2 ;;
     --jobs) only_jobs=$2; shift 2 ;;
     --targets) only_targets=$2; shift 2 ;;
+    --report) report=$2; shift 2 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
 [[ $seconds =~ ^[0-9]+$ && $seconds -ge 2 ]] || { echo "peers: --seconds must be 2 or more" >&2; exit 2; }
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "peers: --rounds must be a positive number" >&2; exit 2; }
+[[ $report == *.md ]] || { echo "peers: --report must name a .md file (the plot goes beside it as .svg)" >&2; exit 2; }
 # The socket paths go into NBD URIs unescaped.
 [[ $dir =~ ^[A-Za-z0-9_./+-]+$ ]] || { echo "peers: --dir must be a plain path (letters, digits, _ . / + -)" >&2; exit 2; }
 for tool in fio qemu-nbd nbdkit nbdinfo; do
@@ -394,5 +400,5 @@ json.dump({"command": e["COMMAND"], "seconds": int(e["SECONDS_"]), "rounds": int
            "targets": targets, "fio": e["FIO"], "qemu_nbd": e["QEMU_NBD"], "nbdkit": e["NBDKIT"]},
           open(sys.argv[2], "w"), indent=1)
 EOF
-/usr/bin/python3 bench/peers_report.py "$results" "$dir/meta.json" docs/bench/peers.md docs/bench/peers.svg
-echo "peers: wrote docs/bench/peers.md and docs/bench/peers.svg (raw results in $dir)" >&2
+/usr/bin/python3 bench/peers_report.py "$results" "$dir/meta.json" "$report" "${report%.md}.svg"
+echo "peers: wrote $report and ${report%.md}.svg (raw results in $dir)" >&2

@@ -267,9 +267,10 @@ if failed:
     out.append("Failed runs (left out of the medians):\n")
     out += [f"- round {r['round']}, {labels.get(r['job'], r['job'])}, {r['target']}: {r['error']}" for r in failed]
     out.append("")
-out.append("![IOPS and bandwidth relative to the raw file](peers.svg)\n")
-# The analysis of the latest run, kept by hand next to the generated tables.
-notes = os.path.join(os.path.dirname(md_path), "peers-notes.md")
+out.append(f"![IOPS and bandwidth relative to the raw file]({os.path.basename(svg_path)})\n")
+# The analysis of the latest run, kept by hand next to the generated tables (peers-notes.md
+# for peers.md; a report elsewhere takes its own NAME-notes.md if there is one).
+notes = md_path[:-3] + "-notes.md" if md_path.endswith(".md") else md_path + "-notes.md"
 try:
     out.append(open(notes).read())
 except OSError:

@@ -110,6 +110,8 @@ fn volume_since(now: &VolumeSnapshot, earlier: Option<&VolumeSnapshot>) -> Volum
     let was = |f: fn(&VolumeSnapshot) -> u64| since(f(now), earlier.map(f));
     VolumeSnapshot {
         name: now.name.clone(),
+        // What the log chose is a gauge: as it is now.
+        log: now.log.clone(),
         block_bytes: now.block_bytes,
         requests: now
             .requests
@@ -137,6 +139,12 @@ fn difference(now: &PoolSnapshot, earlier: &PoolSnapshot) -> PoolSnapshot {
     out.intent_log.early_commits = since(log.early_commits, Some(was.early_commits));
     out.intent_log.commits_via_txg = since(log.commits_via_txg, Some(was.commits_via_txg));
     out.intent_log.blocks_written = since(log.blocks_written, Some(was.blocks_written));
+    out.intent_log.groups_written = since(log.groups_written, Some(was.groups_written));
+    out.intent_log.records_written = since(log.records_written, Some(was.records_written));
+    out.intent_log.block_bytes_written =
+        since(log.block_bytes_written, Some(was.block_bytes_written));
+    out.intent_log.block_bytes_allocated =
+        since(log.block_bytes_allocated, Some(was.block_bytes_allocated));
     let (throttle, was) = (&now.throttle, &earlier.throttle);
     out.throttle.delayed = since(throttle.delayed, Some(was.delayed));
     out.throttle.delayed_nanos = since(throttle.delayed_nanos, Some(was.delayed_nanos));
@@ -220,10 +228,19 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
                 "errors": v.errors,
                 "partial_writes": v.partial_writes,
                 "latency": latency(&ops, &v.latency),
+                "log": v.log.as_ref().map(|l| json!({
+                    "policy": l.policy,
+                    "groups_in_flight": l.groups_in_flight,
+                    "blocks_in_flight": l.blocks_in_flight,
+                    "group_cap_per_vdev": l.group_cap_per_vdev,
+                    "next_block_bytes": l.next_block_bytes,
+                    "group_latency_us": l.group_latency_nanos as f64 / 1e3,
+                })),
             })
         })
         .collect();
     let log = &d.intent_log;
+    let per_block = |n: u64| n as f64 / log.blocks_written.max(1) as f64;
     let throttle = &d.throttle;
     json!({
         "pool": d.pool,
@@ -237,6 +254,10 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
             "early_commits_per_s": per_second(log.early_commits),
             "txg_commits_per_s": per_second(log.commits_via_txg),
             "blocks_per_s": per_second(log.blocks_written),
+            "groups_per_s": per_second(log.groups_written),
+            "records_per_block": per_block(log.records_written),
+            "bytes_per_block": per_block(log.block_bytes_written),
+            "allocated_bytes_per_block": per_block(log.block_bytes_allocated),
         },
         "txg_syncs_per_s": per_second(d.txg_syncs),
         "throttle": {
@@ -337,15 +358,42 @@ fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> 
     let log = &d.intent_log;
     let (commits, blocks) = (log.commits, log.blocks_written);
     out.push_str(&format!(
-        "intent log: {} commits/s ({} early, {} through a txg sync), {} log blocks/s, {:.2} commits \
-         per block; txgs synced: {}/s\n",
+        "intent log: {} commits/s ({} early, {} through a txg sync), {} log blocks/s in {} \
+         groups/s (one flush each), {:.2} commits per block; txgs synced: {}/s\n",
         rate(commits),
         rate(log.early_commits),
         rate(log.commits_via_txg),
         rate(blocks),
+        rate(log.groups_written),
         commits as f64 / blocks.max(1) as f64,
         rate(d.txg_syncs)
     ));
+    if blocks > 0 {
+        out.push_str(&format!(
+            "  log blocks: {:.1} records, {} written of {} allocated per block\n",
+            log.records_written as f64 / blocks as f64,
+            size(log.block_bytes_written / blocks),
+            size(log.block_bytes_allocated / blocks),
+        ));
+    }
+    // Why the log writes as it does: what each volume's log has in flight and chose now.
+    for volume in &d.volumes {
+        let Some(l) = &volume.log else { continue };
+        let cap = match l.group_cap_per_vdev {
+            Some(cap) => format!(" (at most {cap} per device)"),
+            None => String::new(),
+        };
+        out.push_str(&format!(
+            "  {}: log {}, {} groups{} and {} blocks in flight, next block {}, group latency {}\n",
+            volume.name,
+            l.policy,
+            l.groups_in_flight,
+            cap,
+            l.blocks_in_flight,
+            size(l.next_block_bytes),
+            duration(Duration::from_nanos(l.group_latency_nanos)),
+        ));
+    }
     let throttle = &d.throttle;
     let (delayed, waited, spared) = (throttle.delayed, throttle.waited_for_sync, throttle.spared);
     let (delayed_ns, waited_ns) = (throttle.delayed_nanos, throttle.waited_nanos);
@@ -479,7 +527,7 @@ mod tests {
     fn reports_show_the_difference() {
         use sluice_engine::stats::Histogram;
 
-        use crate::snapshot::{ThrottleSnapshot, TopSnapshot};
+        use crate::snapshot::{LogSnapshot, ThrottleSnapshot, TopSnapshot};
         let histogram = Histogram::default();
         let leaf = |writes: u64, latency: HistogramSnapshot| LeafSnapshot {
             path: "/d/a".into(),
@@ -512,6 +560,15 @@ mod tests {
             ..VolumeSnapshot::default()
         };
         earlier.volumes.push(volume(500, 100));
+        earlier.intent_log = LogSnapshot {
+            commits: 1000,
+            blocks_written: 500,
+            groups_written: 400,
+            records_written: 1500,
+            block_bytes_written: 500 * 8192,
+            block_bytes_allocated: 500 * 12288,
+            ..LogSnapshot::default()
+        };
         earlier.throttle = ThrottleSnapshot {
             delayed: 10,
             delayed_nanos: 10_000_000,
@@ -529,7 +586,42 @@ mod tests {
         now.leaves[0] = leaf(3000, histogram.snapshot());
         // 400 writes in the interval, 300 of them partial: 75%, and worth a hint.
         now.volumes[0] = volume(900, 400);
+        now.volumes[0].log = Some(crate::snapshot::VolumeLogSnapshot {
+            policy: "auto".into(),
+            groups_in_flight: 3,
+            blocks_in_flight: 4,
+            group_cap_per_vdev: Some(8),
+            next_block_bytes: 24576,
+            group_latency_nanos: 350_000,
+        });
+        // 200 blocks in 100 groups carrying 1000 records, 16K written of 20K each.
+        now.intent_log = LogSnapshot {
+            commits: 1800,
+            blocks_written: 700,
+            groups_written: 500,
+            records_written: 2500,
+            block_bytes_written: 500 * 8192 + 200 * 16384,
+            block_bytes_allocated: 500 * 12288 + 200 * 20480,
+            ..LogSnapshot::default()
+        };
         let text = report(&now, Some(&earlier), true);
+        assert!(
+            text.contains(
+                "100 log blocks/s in 50 groups/s (one flush each), 4.00 commits per block"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("  log blocks: 5.0 records, 16K written of 20K allocated per block"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  vm: log auto, 3 groups (at most 8 per device) and 4 blocks in flight, next block \
+                 24K, group latency 350us"
+            ),
+            "{text}"
+        );
         // 2000 writes in 2 s: 1000 per second; the 20 samples of 200 us (recorded as sync
         // reads, the first class) in the latency table.
         assert!(text.contains("the last 2.0 s"), "{text}");
@@ -556,9 +648,12 @@ mod tests {
         assert_eq!(json["leaves"][0]["latency"]["sync_read"]["count"], 20, "{json}");
         assert_eq!(json["volumes"][0]["partial_writes"], 300, "{json}");
         assert_eq!(json["since_import"], false);
+        assert_eq!(json["intent_log"]["records_per_block"], 5.0, "{json}");
+        assert_eq!(json["intent_log"]["groups_per_s"], 50.0, "{json}");
+        assert_eq!(json["volumes"][0]["log"]["group_cap_per_vdev"], 8, "{json}");
         let first = report(&now, None, false);
         assert!(first.contains("since import, 12.0 s"), "{first}");
-        assert!(!first.contains("latency"), "{first}");
+        assert!(!first.lines().any(|l| l.starts_with("latency ")), "{first}");
         // What crossed the control socket as JSON reports the same.
         let wired = |s: &PoolSnapshot| {
             let s = PoolSnapshot { version: crate::snapshot::SNAPSHOT_VERSION, ..s.clone() };

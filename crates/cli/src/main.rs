@@ -274,6 +274,10 @@ enum BenchCommand {
         /// zil only: the largest writer count (powers of two from 1).
         #[arg(long, default_value_t = 1024)]
         max_writers: usize,
+        /// zil only: after the table, fail (exit 1) if the auto policy falls more than 5% short
+        /// of the better fixed policy anywhere (IOPS, or latency by more than 5% and 20 us).
+        #[arg(long)]
+        check: bool,
         /// mirror only: how far ahead each sequential reader's prefetch runs, in MiB (ZFS's
         /// zfetch_max_distance).
         #[arg(
@@ -297,7 +301,7 @@ enum BenchCommand {
     },
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Experiment {
     /// Seed 002: mirror read selection, offset-modulo against least-pending, on simulated HDDs.
     Mirror,
@@ -610,6 +614,7 @@ fn run(
                     settings,
                     disks,
                     max_writers,
+                    check,
                     prefetch_mib,
                     media,
                     writers,
@@ -622,6 +627,7 @@ fn run(
                 "--seconds must be in (0, 3600], got {seconds}"
             );
             let base = parse_settings(&settings)?;
+            let mut misses = Vec::new();
             let (markdown, value) = match experiment {
                 Experiment::Mirror => {
                     let prefetch = prefetch_mib << 20;
@@ -635,6 +641,9 @@ fn run(
                 Experiment::Zil => {
                     anyhow::ensure!(base.is_empty(), "bench seeds zil takes no --set yet");
                     let report = sluice_bench::seeds::zil::run(seconds, seed, &disks, max_writers);
+                    if check {
+                        misses = report.misses();
+                    }
                     (report.markdown(), serde_json::to_value(&report)?)
                 }
                 Experiment::Zvol => {
@@ -665,6 +674,16 @@ fn run(
             } else {
                 print!("{markdown}");
             }
+            anyhow::ensure!(
+                !check || experiment == Experiment::Zil,
+                "--check applies to bench seeds zil only"
+            );
+            anyhow::ensure!(
+                misses.is_empty(),
+                "the auto intent-log policy is more than 5% short of the better fixed policy at: \
+                 {}",
+                misses.join("; ")
+            );
             Ok(())
         }
     }

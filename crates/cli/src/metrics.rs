@@ -309,6 +309,24 @@ const POOL_COUNTERS: &[Figure<PoolSnapshot>] = &[
         Count,
         |p| p.intent_log.blocks_written,
     ),
+    figure(
+        "log_groups_written",
+        "Groups of log blocks written and made durable by one flush, by the current chains.",
+        Count,
+        |p| p.intent_log.groups_written,
+    ),
+    figure("log_records_written", "Records the current chains' log blocks carried.", Count, |p| {
+        p.intent_log.records_written
+    }),
+    figure("log_block_written", "Bytes of log blocks written by the current chains.", Bytes, |p| {
+        p.intent_log.block_bytes_written
+    }),
+    figure(
+        "log_block_allocated",
+        "Bytes allocated for those log blocks (what is not written is left unwritten).",
+        Bytes,
+        |p| p.intent_log.block_bytes_allocated,
+    ),
     figure("log_claimed_chains", "Log chains claimed at import.", Count, |p| {
         p.intent_log.chains_claimed
     }),
@@ -417,8 +435,27 @@ const VOLUME_COUNTERS: &[Figure<VolumeSnapshot>] = &[
     ),
 ];
 
-const VOLUME_GAUGES: &[Figure<VolumeSnapshot>] =
-    &[figure("volume_block_size", "A volume's block size.", Bytes, |v| v.block_bytes)];
+const VOLUME_GAUGES: &[Figure<VolumeSnapshot>] = &[
+    figure("volume_block_size", "A volume's block size.", Bytes, |v| v.block_bytes),
+    figure(
+        "volume_log_groups_in_flight",
+        "Groups of log blocks a volume's intent log has written and not yet seen durable.",
+        Count,
+        |v| v.log.as_ref().map_or(0, |l| l.groups_in_flight),
+    ),
+    figure(
+        "volume_log_next_block_size",
+        "Size of the block a volume's intent log allocated for its next log block.",
+        Bytes,
+        |v| v.log.as_ref().map_or(0, |l| l.next_block_bytes),
+    ),
+    figure(
+        "volume_log_group_latency",
+        "Smoothed time from a log group's issue to its being durable.",
+        Nanos,
+        |v| v.log.as_ref().map_or(0, |l| l.group_latency_nanos),
+    ),
+];
 
 const DEDUP_COUNTERS: &[Figure<DedupSnapshot>] = &[
     figure(

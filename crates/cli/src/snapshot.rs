@@ -121,6 +121,25 @@ pub struct VolumeSnapshot {
     pub partial_writes: u64,
     /// Arrival to answer, per [`VolumeOp`].
     pub latency: Vec<HistogramSnapshot>,
+    /// What its intent log chose, when it has a log chain.
+    #[serde(default)]
+    pub log: Option<VolumeLogSnapshot>,
+}
+
+/// What a volume's intent log has in flight and chose, now (gauges).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeLogSnapshot {
+    /// `intent_log.policy` in force for this chain.
+    pub policy: String,
+    /// Groups (each written and flushed as one) and log blocks not yet durable.
+    pub groups_in_flight: u64,
+    pub blocks_in_flight: u64,
+    /// Under `auto`: how many groups may be in flight per top-level vdev.
+    pub group_cap_per_vdev: Option<u64>,
+    /// Size of the block allocated for the next log block.
+    pub next_block_bytes: u64,
+    /// Smoothed time from a group's issue to its being durable.
+    pub group_latency_nanos: u64,
 }
 
 impl VolumeSnapshot {
@@ -141,6 +160,17 @@ pub struct LogSnapshot {
     pub commits_via_txg: u64,
     /// Log blocks written by the volumes' current chains (a destroyed volume's leave the sum).
     pub blocks_written: u64,
+    /// Of those chains: groups written (blocks made durable by one flush), the records the
+    /// blocks carried, and the blocks' bytes written and allocated (the rest of a block is
+    /// left unwritten).
+    #[serde(default)]
+    pub groups_written: u64,
+    #[serde(default)]
+    pub records_written: u64,
+    #[serde(default)]
+    pub block_bytes_written: u64,
+    #[serde(default)]
+    pub block_bytes_allocated: u64,
     /// What import found and replayed.
     pub chains_claimed: u64,
     pub blocks_claimed: u64,
@@ -219,11 +249,19 @@ impl PoolSnapshot {
             })
             .collect();
         let entries = store.volumes();
+        let mut log_totals = LogSnapshot::default();
         let volumes = entries
             .iter()
             .filter_map(|entry| {
                 // A volume destroyed since `volumes()` has no statistics left to show.
                 let s = store.volume_stats(&entry.name).ok()?;
+                let log = store.log_figures(&entry.name);
+                if let Some(f) = &log {
+                    log_totals.groups_written += f.groups_written;
+                    log_totals.records_written += f.records_written;
+                    log_totals.block_bytes_written += f.block_bytes_written;
+                    log_totals.block_bytes_allocated += f.block_bytes_allocated;
+                }
                 Some(VolumeSnapshot {
                     name: entry.name.clone(),
                     block_bytes: u64::from(entry.block_bytes),
@@ -233,6 +271,14 @@ impl PoolSnapshot {
                     errors: s.errors.get(),
                     partial_writes: s.partial_writes.get(),
                     latency: s.latency.iter().map(|h| h.snapshot()).collect(),
+                    log: log.map(|f| VolumeLogSnapshot {
+                        policy: f.policy.name().to_owned(),
+                        groups_in_flight: u64::from(f.groups_in_flight),
+                        blocks_in_flight: u64::from(f.lwbs_in_flight),
+                        group_cap_per_vdev: f.group_cap_per_vdev.map(u64::from),
+                        next_block_bytes: u64::from(f.next_block_bytes),
+                        group_latency_nanos: f.group_latency_nanos,
+                    }),
                 })
             })
             .collect();
@@ -280,6 +326,10 @@ impl PoolSnapshot {
                 early_commits: log.early_commits.get(),
                 commits_via_txg: log.commits_via_txg.get(),
                 blocks_written: store.log_blocks_written(),
+                groups_written: log_totals.groups_written,
+                records_written: log_totals.records_written,
+                block_bytes_written: log_totals.block_bytes_written,
+                block_bytes_allocated: log_totals.block_bytes_allocated,
                 chains_claimed: log.chains_claimed.get(),
                 blocks_claimed: log.blocks_claimed.get(),
                 records_replayed: log.records_replayed.get(),

@@ -132,20 +132,23 @@ tunable_table! {
     TxgDelayMinDirtyPct = "txg.delay_min_dirty_pct", Kind::Count { min: 1, max: 99 }, "60",
         "Percent of txg.dirty_max above which writers are delayed (ZFS: zfs_delay_min_dirty_percent).";
     IntentLogCommitTimeoutPct = "intent_log.commit_timeout_pct", Kind::Count { min: 0, max: 100 }, "10",
-        "How long an open log block may wait for more records while another is in flight, as a \
-         percentage of the smoothed log-block latency (ZFS: zfs_commit_timeout_pct). A lone \
-         writer never waits.";
-    IntentLogPolicy = "intent_log.policy", Kind::Choice(LOG_POLICIES), "pipelined",
-        "How sync writes are grouped into log writes. pipelined (seed 004's after): many log \
-         blocks in flight, each written then flushed, waiters woken block by block. batch \
-         (the before): one batch in flight; commits arriving meanwhile wait for the next. \
-         auto: groups of every waiting record, each on one device with one flush, up to 1 \
-         group in flight per rotational device and 8 per other device; records that arrive \
-         together are spread over the free slots.";
+        "How long an open log block may wait for more records, as a percentage of the smoothed \
+         log-block latency (ZFS: zfs_commit_timeout_pct): under pipelined while another block \
+         is in flight, under auto only while three quarters of the log's slots are busy. A \
+         lone writer never waits.";
+    IntentLogPolicy = "intent_log.policy", Kind::Choice(LOG_POLICIES), "auto",
+        "How sync writes are grouped into log writes. auto: groups of the waiting records, each \
+         on one device and made durable by one flush; up to 1 group in flight per rotational \
+         device and 8 per other device; records that arrive together are spread over the free \
+         slots in even shares of what is outstanding; blocks sized to what groups carry; near \
+         saturation a group waits briefly for more records (intent_log.commit_timeout_pct). \
+         pipelined (seed 004's after): many log blocks in flight, each written then flushed, \
+         waiters woken block by block. batch (the before): one batch in flight; commits \
+         arriving meanwhile wait for the next.";
     IntentLogEarlyCommit = "intent_log.early_commit", Kind::Choice(EARLY_COMMIT), "auto",
         "auto: when a volume's clients flush after nearly every write, a lone writer's record \
          is written to the log as soon as it is logged, so its flush finds the log block \
-         already on its way (pipelined policy only). off: the log is written only when a \
+         already on its way (not under the batch policy). off: the log is written only when a \
          client commits, as ZFS does.";
     IntentLogBlockBytesMax = "intent_log.block_bytes_max", Kind::Bytes { min: 4096, max: 1 << 20 }, "128K",
         "Largest log block (a power of two). Blocks are sized from the recent workload between \

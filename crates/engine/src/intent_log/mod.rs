@@ -94,6 +94,9 @@ pub struct LogFigures {
     pub group_cap_per_vdev: Option<u32>,
     /// Size of the block allocated for the next lwb.
     pub next_block_bytes: u32,
+    /// Smoothed time from a group's (or lwb's) issue to its being durable, in nanoseconds;
+    /// the commit timeout is a share of it.
+    pub group_latency_nanos: u64,
 }
 
 /// How commits are grouped into log writes.
@@ -112,6 +115,15 @@ impl CommitPolicy {
             "pipelined" => CommitPolicy::Pipelined,
             // The tunables accept only the listed choices; "auto" is the rest.
             _ => CommitPolicy::Auto,
+        }
+    }
+
+    /// The policy's name, as `intent_log.policy` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CommitPolicy::Auto => "auto",
+            CommitPolicy::Pipelined => "pipelined",
+            CommitPolicy::Batch => "batch",
         }
     }
 }
@@ -448,6 +460,7 @@ impl LogWriter {
             lwbs_in_flight: state.in_flight,
             group_cap_per_vdev: state.tuner.as_ref().map(GroupTuner::cap),
             next_block_bytes: state.next_address.len_bytes,
+            group_latency_nanos: state.lwb_latency_ns as u64,
         }
     }
 
@@ -570,7 +583,7 @@ impl LogWriter {
     /// since the last commit, so a switch to streaming writes stops it at once) and no lwb is
     /// in flight to group it with. A lone sync writer then finds its lwb already written,
     /// or on its way, when its flush arrives: the flush waits for the rest of one lwb's
-    /// latency instead of all of it. Pipelined policy only; `Batch` is the seed's "before".
+    /// latency instead of all of it. Not under `Batch`, the seed's "before".
     pub fn wants_early(&self) -> bool {
         let state = self.state.lock();
         self.policy != CommitPolicy::Batch

@@ -117,6 +117,12 @@ impl Store {
             .sum()
     }
 
+    /// What `volume`'s current log chain has written and chosen, if it has a chain.
+    pub fn log_figures(&self, volume: &str) -> Option<crate::intent_log::LogFigures> {
+        let log = self.dataset(volume).ok()?.state.lock().log.clone()?;
+        Some(log.figures())
+    }
+
     /// A write that is durable when this returns (NBD's FUA): commits up to its own record.
     pub async fn write_durable(
         &self,
