@@ -478,7 +478,7 @@ fn scripted_workloads_cut_at_every_operation() {
 #[test]
 fn indirect_records_cut_at_every_operation() {
     let mut probes = Probes::default();
-    for policy in ["pipelined+indirect", "batch+indirect"] {
+    for policy in ["auto+indirect", "pipelined+indirect", "batch+indirect"] {
         for name in ["sync-writes-indirect", "flush-mid-txg", "chain-crosses-blocks"] {
             let run = run_workload(12, policy, &scripted(name));
             let mut rng = Rng::new(5);
@@ -580,7 +580,7 @@ fn damaged_log_block_heals_from_the_mirror() {
         let script: Script = (0..3)
             .map(|_| (0..6).map(|i| Op::Write { first: i % 8, count: 1, fua: true }).collect())
             .collect();
-        let run = run_workload(100 + seed, "pipelined", &script);
+        let run = run_workload(100 + seed, "auto", &script);
         let last = *cut_points(&run).last().unwrap();
         let mut rng = Rng::new(seed);
         let images = images_at(&run.devices, last, &mut rng);
@@ -589,7 +589,7 @@ fn damaged_log_block_heals_from_the_mirror() {
         let fault = Fault::BitFlip { offset_bytes: offset + 200, bit: 3 };
         let what = format!("heal seed {seed}");
         let leg = (seed % 2) as usize;
-        import_and_check(&what, &run, images, last, "pipelined", &[(leg, fault)], &mut probes);
+        import_and_check(&what, &run, images, last, "auto", &[(leg, fault)], &mut probes);
     }
     eprintln!("heal: {probes:?}");
     assert!(probes.healed > 0, "no log block was healed: {probes:?}");
@@ -634,7 +634,7 @@ fn separate_log_device_holds_the_chain() {
     let env = sim.env();
     let head_vdev = sim
         .run(async move {
-            let tunables = tunables("pipelined", "64M");
+            let tunables = tunables("auto", "64M");
             let spec = PoolSpec {
                 name: "tank".into(),
                 ashift: 12,
@@ -682,7 +682,7 @@ fn separate_log_device_holds_the_chain() {
     let env = fresh.env();
     let replayed = fresh
         .run(async move {
-            let tunables = tunables("pipelined", "64M");
+            let tunables = tunables("auto", "64M");
             let pool = Pool::import(&env, specs, "tank", &tunables).await.unwrap();
             let store = Store::open(pool, &tunables).await.unwrap();
             for unit in 0..16 {
