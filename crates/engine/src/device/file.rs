@@ -399,6 +399,10 @@ impl BlockDevice for FileDevice {
         self.inner.rotational
     }
 
+    fn parallel_flushes(&self) -> bool {
+        self.inner.is_block_device && !self.inner.rotational
+    }
+
     fn read_at(&self, offset: u64, len: u32) -> BoxFuture<Result<AlignedBuf, DeviceError>> {
         if let Err(error) = self.check(DeviceOp::Read, offset, u64::from(len)) {
             return async move { Err(error) }.boxed();

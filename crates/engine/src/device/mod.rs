@@ -108,6 +108,13 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn sector_bytes(&self) -> u32;
     /// Whether seeks are expensive (HDD); mirror read selection and aggregation use it.
     fn is_rotational(&self) -> bool;
+    /// Whether several flushes in flight finish sooner than the same flushes one after
+    /// another: an SSD's parallel channels do; a disk's one actuator does not, nor does a
+    /// file's `fdatasync`, which covers the whole file and waits for the filesystem's journal.
+    /// The intent log's `auto` policy keeps one group in flight per device that cannot.
+    fn parallel_flushes(&self) -> bool {
+        !self.is_rotational()
+    }
     fn read_at(
         &self,
         offset_bytes: u64,

@@ -764,7 +764,7 @@ impl LogWriter {
                         // what is outstanding waits for more records, up to the commit
                         // timeout, instead of taking one of the last slots for a flush that
                         // carries one record while the next ones pile up behind it.
-                        let slots = cap as usize * state.groups_on_vdev.len().max(1);
+                        let slots = state.tuner.as_ref().map_or(1, GroupTuner::slots);
                         let groups: usize = state.groups_on_vdev.iter().map(Vec::len).sum();
                         let ready = state
                             .pending
@@ -793,11 +793,9 @@ impl LogWriter {
                 } else if may_issue {
                     let built = match self.policy {
                         CommitPolicy::Auto => {
-                            let cap = state.tuner.as_ref().map_or(1, GroupTuner::cap);
-                            let rotational =
-                                state.tuner.as_ref().is_some_and(GroupTuner::rotational);
+                            let tuner = state.tuner.clone().expect("auto's tuner is set above");
                             state.gather = false;
-                            self.build_groups(&mut state, allocator, cap, rotational, now)
+                            self.build_groups(&mut state, allocator, &tuner, now)
                         }
                         CommitPolicy::Batch => {
                             state.batch_in_flight = true;
@@ -899,10 +897,10 @@ impl LogWriter {
         &self,
         state: &mut State,
         allocator: &Mutex<Allocator>,
-        cap: u32,
-        rotational: bool,
+        tuner: &GroupTuner,
         now: crate::rt::Time,
     ) -> Result<Vec<Vec<Lwb>>, PoolError> {
+        let (cap, rotational) = (tuner.cap(), tuner.rotational());
         let ready: Vec<usize> = state
             .pending
             .iter()
@@ -910,14 +908,16 @@ impl LogWriter {
             .map(LogRecord::encoded_len)
             .collect();
         debug_assert!(!ready.is_empty(), "a group is formed for a ready record");
-        let slots: u32 =
-            state.groups_on_vdev.iter().map(|g| cap.saturating_sub(g.len() as u32)).sum();
+        let slots: u32 = (state.groups_on_vdev.iter().enumerate())
+            .filter(|&(v, _)| tuner.holds_log(v))
+            .map(|(_, g)| cap.saturating_sub(g.len() as u32))
+            .sum();
         // Records per group: what is left, spread over the groups still to form, and no more
         // than an even share of everything outstanding over every slot. Records are durable
         // in chain order, so a group much bigger than those around it holds back the writers
         // of every group after it; the records beyond the share wait for the next slot. Nor
         // are fewer records than a share spread over more groups: each group pays a flush.
-        let slots_in_all = cap as usize * state.groups_on_vdev.len().max(1);
+        let slots_in_all = tuner.slots();
         let even = (state.records_in_groups + ready.len()).div_ceil(slots_in_all).max(1);
         let count = (slots as usize).clamp(1, ready.len().div_ceil(even).max(1));
         let demand = |from: usize, n: usize| -> usize {
@@ -1000,6 +1000,7 @@ impl LogWriter {
                     };
                     let near = (1..=vdevs)
                         .map(|i| (home + i) % vdevs.max(1))
+                        .filter(|&v| tuner.holds_log(v as usize))
                         .min_by_key(|&v| expected_free(v))
                         .unwrap_or(home);
                     let bytes = if taken + size < ready.len() {

@@ -103,6 +103,11 @@ impl Leaf {
         self.device.is_rotational()
     }
 
+    /// See [`BlockDevice::parallel_flushes`].
+    pub fn parallel_flushes(&self) -> bool {
+        self.device.parallel_flushes()
+    }
+
     /// I/Os queued or in the device.
     pub fn pending(&self) -> u64 {
         self.pending.load(Ordering::Relaxed)
