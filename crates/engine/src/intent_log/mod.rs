@@ -251,6 +251,8 @@ struct State {
     /// `Auto`: smoothed bytes a group was asked to carry (header included), which sizes the
     /// block that will open the next group.
     group_demand: f64,
+    /// `Auto`: smoothed records per group; near 1 when one writer commits at a time.
+    group_records: f64,
     /// `Auto`: how many groups may be in flight.
     tuner: Option<GroupTuner>,
     waiters: Vec<(u64, oneshot::Sender<()>)>,
@@ -409,6 +411,7 @@ impl LogWriter {
                 records_in_groups: 0,
                 gather: false,
                 group_demand: 0.0,
+                group_records: 0.0,
                 tuner: None,
                 waiters: Vec::new(),
                 failed: false,
@@ -594,10 +597,16 @@ impl LogWriter {
     /// since the last commit, so a switch to streaming writes stops it at once) and no lwb is
     /// in flight to group it with. A lone sync writer then finds its lwb already written,
     /// or on its way, when its flush arrives: the flush waits for the rest of one lwb's
-    /// latency instead of all of it. Not under `Batch`, the seed's "before".
+    /// latency instead of all of it. Not under `Batch`, the seed's "before"; under `Auto`
+    /// only while recent groups carried about one record each (a lone writer): with one
+    /// group in flight per device, an early group of one record would hold the slot while
+    /// the other writers' records, arriving just after, wait for it (measured on a file leaf,
+    /// 8 write+flush clients: 8,663 / 9,481 IOPS with early commits, 10,367 / 10,914 without).
     pub fn wants_early(&self) -> bool {
         let state = self.state.lock();
+        let lone = self.policy != CommitPolicy::Auto || state.group_records < 1.5;
         self.policy != CommitPolicy::Batch
+            && lone
             && state.commit_density >= 0.5
             && (1..=2).contains(&state.appended_since_commit)
             && state.in_flight == 0
@@ -964,6 +973,7 @@ impl LogWriter {
                 formed.push((now, size));
             }
             let group_bytes = demand(taken, size);
+            state.group_records = state.group_records * 0.75 + size as f64 * 0.25;
             state.group_demand = if state.group_demand == 0.0 {
                 group_bytes as f64
             } else {
