@@ -138,8 +138,8 @@ tunable_table! {
          lone writer never waits.";
     IntentLogPolicy = "intent_log.policy", Kind::Choice(LOG_POLICIES), "auto",
         "How sync writes are grouped into log writes. auto: groups of the waiting records, each \
-         on one device and made durable by one flush; up to 1 group in flight per rotational \
-         device and 8 per other device; records that arrive together are spread over the free \
+         on one device and made durable by one flush; up to 1 group in flight per disk or file \
+         (whose flushes cannot overlap) and 8 per other device; records that arrive together are spread over the free \
          slots in even shares of what is outstanding; blocks sized to what groups carry; near \
          saturation a group waits briefly for more records (intent_log.commit_timeout_pct). \
          pipelined (seed 004's after): many log blocks in flight, each written then flushed, \
@@ -148,8 +148,9 @@ tunable_table! {
     IntentLogEarlyCommit = "intent_log.early_commit", Kind::Choice(EARLY_COMMIT), "auto",
         "auto: when a volume's clients flush after nearly every write, a lone writer's record \
          is written to the log as soon as it is logged, so its flush finds the log block \
-         already on its way (not under the batch policy). off: the log is written only when a \
-         client commits, as ZFS does.";
+         already on its way (not under the batch policy; under auto only while log groups \
+         carry about one record each). off: the log is written only when a client commits, \
+         as ZFS does.";
     IntentLogBlockBytesMax = "intent_log.block_bytes_max", Kind::Bytes { min: 4096, max: 1 << 20 }, "128K",
         "Largest log block (a power of two). Blocks are sized from the recent workload between \
          4 KiB and this (ZFS: zil_maxblocksize); larger writes are logged in pieces.";

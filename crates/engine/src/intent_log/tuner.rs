@@ -12,9 +12,10 @@
 //!
 //! The cap comes from the device class of the vdevs that hold log blocks (the log devices
 //! when the pool has any): 1 if every one of them has a leaf whose flushes cannot overlap
-//! (a disk's one actuator, or a file, whose `fdatasync` covers the whole file: measured on
-//! this project's VM, 8 groups in flight on a file leaf lost 8-10% of 4 KiB write+flush IOPS
-//! at 8 and 32 clients against one group), else 8. What the log measures
+//! (a disk's one actuator, or a file, whose `fdatasync` covers the whole file: on this
+//! project's VM, with 8 groups per file leaf auto was 7% to 12% behind batch at 8 and 32
+//! write+flush clients in every round of `bench/peers.sh`; with one it is level or ahead,
+//! docs/bench/peers-zil-auto.md), else 8. What the log measures
 //! decides the rest (intent_log/mod.rs: group sizes from what is outstanding, the next block's
 //! place from which groups will finish first, its size from what groups carried, a short wait
 //! from the measured group latency); with that, a cap per class is within 5% of the better
