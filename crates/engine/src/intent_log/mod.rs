@@ -459,7 +459,12 @@ impl LogWriter {
             records_written: self.records_written.get(),
             block_bytes_written: self.block_bytes_written.get(),
             block_bytes_allocated: self.block_bytes_allocated.get(),
-            groups_in_flight: state.groups_on_vdev.iter().map(|g| g.len() as u32).sum(),
+            // Each lwb is its own group when pipelined, and a batch is one group.
+            groups_in_flight: match self.policy {
+                CommitPolicy::Auto => state.groups_on_vdev.iter().map(|g| g.len() as u32).sum(),
+                CommitPolicy::Pipelined => state.in_flight,
+                CommitPolicy::Batch => u32::from(state.batch_in_flight),
+            },
             lwbs_in_flight: state.in_flight,
             group_cap_per_vdev: state.tuner.as_ref().map(GroupTuner::cap),
             next_block_bytes: state.next_address.len_bytes,
