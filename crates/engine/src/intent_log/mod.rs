@@ -273,6 +273,35 @@ struct State {
     commit_density: f64,
 }
 
+impl State {
+    /// The pending records an lwb may take now: those before the first unfilled one.
+    fn ready(&self) -> impl Iterator<Item = &LogRecord> {
+        self.pending.iter().take_while(|r| !self.unfilled.contains(&r.sequence()))
+    }
+
+    /// `Auto`: an even share of every record outstanding (in groups in flight, plus `ready`
+    /// waiting) over `slots` groups.
+    fn even_share(&self, ready: usize, slots: usize) -> usize {
+        (self.records_in_groups + ready).div_ceil(slots.max(1)).max(1)
+    }
+
+    /// Until when the open lwb or group may wait for more records: `pct` percent of the
+    /// smoothed lwb latency after its oldest record arrived.
+    fn linger_deadline(&self, now: crate::rt::Time, pct: u64) -> crate::rt::Time {
+        let timeout =
+            std::time::Duration::from_nanos((self.lwb_latency_ns * pct as f64 / 100.0) as u64);
+        self.open_since.unwrap_or(now).plus(timeout)
+    }
+
+    /// Remembers what a block or group was asked to carry, for sizing the next block.
+    fn note_demand(&mut self, bytes: usize) {
+        if self.recent_used.len() == SIZE_HISTORY {
+            self.recent_used.pop_front();
+        }
+        self.recent_used.push_back(bytes);
+    }
+}
+
 /// What a committer does next.
 enum Step {
     /// Groups of lwbs, each written and flushed as one (one group unless `Auto`).
@@ -755,10 +784,7 @@ impl LogWriter {
                             state.pending.iter().map(LogRecord::encoded_len).sum();
                         let full = LOG_HEADER_BYTES + pending_bytes
                             >= state.next_address.len_bytes as usize;
-                        let timeout = std::time::Duration::from_nanos(
-                            (state.lwb_latency_ns * self.commit_timeout_pct as f64 / 100.0) as u64,
-                        );
-                        let deadline = state.open_since.unwrap_or(now).plus(timeout);
+                        let deadline = state.linger_deadline(now, self.commit_timeout_pct);
                         let lone = state.in_flight == 0;
                         let issue_now = mine_pending && (lone || full || now >= deadline);
                         (issue_now, (mine_pending && !issue_now).then_some(deadline))
@@ -780,17 +806,10 @@ impl LogWriter {
                         // carries one record while the next ones pile up behind it.
                         let slots = state.tuner.as_ref().map_or(1, GroupTuner::slots);
                         let groups: usize = state.groups_on_vdev.iter().map(Vec::len).sum();
-                        let ready = state
-                            .pending
-                            .iter()
-                            .take_while(|r| !state.unfilled.contains(&r.sequence()))
-                            .count();
-                        let even = (state.records_in_groups + ready).div_ceil(slots);
+                        let ready = state.ready().count();
+                        let even = state.even_share(ready, slots);
                         let busy = groups * 4 >= slots * 3 && groups > 0;
-                        let timeout = std::time::Duration::from_nanos(
-                            (state.lwb_latency_ns * self.commit_timeout_pct as f64 / 100.0) as u64,
-                        );
-                        let deadline = state.open_since.unwrap_or(now).plus(timeout);
+                        let deadline = state.linger_deadline(now, self.commit_timeout_pct);
                         let issue_now = !busy || ready >= even || now >= deadline;
                         let may = mine_pending && free;
                         (may && issue_now, (may && !issue_now).then_some(deadline))
@@ -875,10 +894,7 @@ impl LogWriter {
         allocator: &Mutex<Allocator>,
     ) -> Result<Vec<Lwb>, PoolError> {
         let mut lwbs = Vec::new();
-        let ready = |state: &State| {
-            state.pending.front().is_some_and(|r| !state.unfilled.contains(&r.sequence()))
-        };
-        while ready(state) {
+        while state.ready().next().is_some() {
             let capacity = state.next_address.len_bytes as usize;
             // What this lwb was asked to carry, not what fit: sizing from what fit would keep
             // a block that holds one record at that size forever.
@@ -886,10 +902,7 @@ impl LogWriter {
                 LOG_HEADER_BYTES + state.pending.iter().map(LogRecord::encoded_len).sum::<usize>();
             let (records, used) = take_records(state, capacity, usize::MAX);
             let last = records.last().map_or(0, LogRecord::sequence);
-            if state.recent_used.len() == SIZE_HISTORY {
-                state.recent_used.pop_front();
-            }
-            state.recent_used.push_back(demand.max(used));
+            state.note_demand(demand.max(used));
             let successor_bytes = self.next_block_bytes(state);
             lwbs.push(self.seal(state, allocator, records, successor_bytes, None)?);
             if self.policy == CommitPolicy::Pipelined && last != 0 {
@@ -915,12 +928,7 @@ impl LogWriter {
         now: crate::rt::Time,
     ) -> Result<Vec<Vec<Lwb>>, PoolError> {
         let (cap, rotational) = (tuner.cap(), tuner.rotational());
-        let ready: Vec<usize> = state
-            .pending
-            .iter()
-            .take_while(|r| !state.unfilled.contains(&r.sequence()))
-            .map(LogRecord::encoded_len)
-            .collect();
+        let ready: Vec<usize> = state.ready().map(LogRecord::encoded_len).collect();
         debug_assert!(!ready.is_empty(), "a group is formed for a ready record");
         let slots: u32 = (state.groups_on_vdev.iter().enumerate())
             .filter(|&(v, _)| tuner.holds_log(v))
@@ -932,7 +940,7 @@ impl LogWriter {
         // of every group after it; the records beyond the share wait for the next slot. Nor
         // are fewer records than a share spread over more groups: each group pays a flush.
         let slots_in_all = tuner.slots();
-        let even = (state.records_in_groups + ready.len()).div_ceil(slots_in_all).max(1);
+        let even = state.even_share(ready.len(), slots_in_all);
         let count = (slots as usize).clamp(1, ready.len().div_ceil(even).max(1));
         let demand = |from: usize, n: usize| -> usize {
             LOG_HEADER_BYTES + ready[from..from + n].iter().sum::<usize>()
@@ -984,10 +992,7 @@ impl LogWriter {
             } else {
                 state.group_demand * 0.5 + group_bytes as f64 * 0.5
             };
-            if state.recent_used.len() == SIZE_HISTORY {
-                state.recent_used.pop_front();
-            }
-            state.recent_used.push_back(group_bytes);
+            state.note_demand(group_bytes);
             let mut left = size;
             let mut lwbs = Vec::new();
             while left > 0 {
