@@ -70,6 +70,7 @@ done
 [[ $seconds =~ ^[0-9]+$ && $seconds -ge 2 ]] || { echo "peers: --seconds must be 2 or more" >&2; exit 2; }
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "peers: --rounds must be a positive number" >&2; exit 2; }
 [[ $report == *.md ]] || { echo "peers: --report must name a .md file (the plot goes beside it as .svg)" >&2; exit 2; }
+[ -d "$(dirname "$report")" ] || { echo "peers: --report $report: the directory $(dirname "$report") does not exist (create it first)" >&2; exit 2; }
 # The socket paths go into NBD URIs unescaped.
 [[ $dir =~ ^[A-Za-z0-9_./+-]+$ ]] || { echo "peers: --dir must be a plain path (letters, digits, _ . / + -)" >&2; exit 2; }
 for tool in fio qemu-nbd nbdkit nbdinfo; do
