@@ -186,8 +186,41 @@ enum PoolCommand {
     /// The counters `iostat` reads, as JSON (answered by the server).
     #[command(hide = true)]
     Stats { name: String },
-    /// Read every copy of every block, repair bad copies, report.
-    Scrub { name: String },
+    /// Read every copy of every block and rewrite bad copies from good ones, in the
+    /// background while the pool serves (zpool scrub); `pool status` shows the progress. On a
+    /// pool that is not being served, the scrub runs to its end before the command returns.
+    /// Running `scrub` on a paused scrub resumes it.
+    Scrub {
+        name: String,
+        /// Pause the running scrub (resume it with `pool scrub` again).
+        #[arg(short = 'p', long, conflicts_with_all = ["stop", "wait"])]
+        pause: bool,
+        /// Stop the scrub, running or paused.
+        #[arg(short = 's', long, conflicts_with = "wait")]
+        stop: bool,
+        /// Wait until the scrub ends and report what it found (exit 1 if a block has no good
+        /// copy).
+        #[arg(short = 'w', long)]
+        wait: bool,
+    },
+    /// Take a leaf out of service on a served pool: no I/O reaches it until `pool online`,
+    /// and its mirror serves from the other leaves (zpool offline -t). Refused when no other
+    /// leaf of its vdev holds everything. The leaf is named by its path, the last part of
+    /// its path, or its guid.
+    Offline {
+        name: String,
+        leaf: String,
+        /// Until `pool online` or the next import (the only kind built so far: an offline
+        /// that survives export is not).
+        #[arg(short = 't', long)]
+        temporary: bool,
+    },
+    /// Return a leaf to service; what it missed is resilvered in the background (zpool
+    /// online).
+    Online { name: String, leaf: String },
+    /// Clear the error counts of one leaf or all, and return faulted leaves to service; what
+    /// they missed is resilvered in the background (zpool clear).
+    Clear { name: String, leaf: Option<String> },
     /// Erase the pool's labels: its leaves are no longer a pool.
     Destroy { name: String },
 }
@@ -420,7 +453,18 @@ pub(crate) async fn run_pool_command(
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     match cli.command {
         Command::Pool { pool: PoolCommand::Status { names } } => pools::status(ctx, &names).await,
-        Command::Pool { pool: PoolCommand::Scrub { name } } => pools::scrub(ctx, &name).await,
+        Command::Pool { pool: PoolCommand::Scrub { name, pause, stop, wait } } => {
+            pools::scrub(ctx, &name, pools::ScrubAction::from_flags(pause, stop, wait)).await
+        }
+        Command::Pool { pool: PoolCommand::Offline { name, leaf, temporary } } => {
+            pools::offline(ctx, &name, &leaf, temporary).await
+        }
+        Command::Pool { pool: PoolCommand::Online { name, leaf } } => {
+            pools::online(ctx, &name, &leaf).await
+        }
+        Command::Pool { pool: PoolCommand::Clear { name, leaf } } => {
+            pools::clear(ctx, &name, leaf.as_deref()).await
+        }
         Command::Pool { pool: PoolCommand::Stats { name } } => pools::stats(ctx, &name),
         Command::Vol {
             vol: VolCommand::Create { spec, size, block_size, dedup, sync, logbias },
@@ -441,8 +485,8 @@ pub(crate) async fn run_pool_command(
             pools::vol_resize(ctx, &spec, size).await
         }
         _ => anyhow::bail!(
-            "only pool status|stats|scrub and vol create|list|set|resize|destroy run on a served \
-             pool"
+            "only pool status|stats|scrub|offline|online|clear and vol \
+             create|list|set|resize|destroy run on a served pool"
         ),
     }
 }
@@ -552,8 +596,12 @@ fn run(
                     }
                     Ok(())
                 }
-                PoolCommand::Scrub { name } => {
-                    per_pool(&env, &name, vec!["pool".into(), "scrub".into(), name.clone()]).await
+                PoolCommand::Scrub { ref name, .. }
+                | PoolCommand::Offline { ref name, .. }
+                | PoolCommand::Online { ref name, .. }
+                | PoolCommand::Clear { ref name, .. } => {
+                    let args: Vec<String> = std::env::args().skip(1).collect();
+                    per_pool(&env, name, args).await
                 }
                 PoolCommand::Stats { name } => {
                     per_pool(&env, &name, vec!["pool".into(), "stats".into(), name.clone()]).await

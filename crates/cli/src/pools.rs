@@ -17,10 +17,14 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use sluice_engine::device::{BlockDevice, DeviceError, FileDevice, FileDeviceOptions};
 use sluice_engine::pool::probe::{self, Finding};
-use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
+use sluice_engine::pool::{LeafSpec, Pool, PoolLeaf, PoolSpec, TopSpec};
 use sluice_engine::rt::Env;
 use sluice_engine::tunables::Tunables;
-use sluice_engine::txg::{ImportOptions, ImportReport, Store, VolumeProperty, BLOCK_BYTES_DEFAULT};
+use sluice_engine::txg::{
+    ImportOptions, ImportReport, ScanFunc, ScanPhase, ScanStatus, Store, VolumeProperty,
+    BLOCK_BYTES_DEFAULT,
+};
+use sluice_engine::vdev::LeafState;
 use sluice_format::{DedupMode, LogBias, SyncMode};
 
 /// Where a command's output goes and which pool, if any, is already open in this process
@@ -41,7 +45,7 @@ impl Ctx<'_> {
     async fn hold(&self, name: &str) -> anyhow::Result<Held> {
         match &self.live {
             Some(store) if store.pool().name() == name => Ok(Held::Live(Arc::clone(store))),
-            _ => Ok(Held::Local(Box::new(open_store(self.env, name, &Tunables::default()).await?))),
+            _ => Ok(Held::Local(Arc::new(open_store(self.env, name, &Tunables::default()).await?))),
         }
     }
 }
@@ -50,7 +54,7 @@ impl Ctx<'_> {
 /// syncs and exports after it).
 enum Held {
     Live(Arc<Store>),
-    Local(Box<Store>),
+    Local(Arc<Store>),
 }
 
 impl std::ops::Deref for Held {
@@ -64,15 +68,31 @@ impl std::ops::Deref for Held {
 }
 
 impl Held {
-    /// Ends the command: a pool opened for it is synced and exported; a live one is synced.
+    /// Ends the command: a pool opened for it finishes its scrub or resilver, and is synced
+    /// and exported; a live one is synced.
     async fn release(self) -> anyhow::Result<()> {
         match self {
             Held::Live(store) => {
                 store.sync().await?;
             }
-            Held::Local(store) => (*store).export().await?,
+            Held::Local(store) => {
+                store.wait_scan().await;
+                match Arc::try_unwrap(store) {
+                    Ok(store) => store.export().await?,
+                    Err(store) => {
+                        store.sync().await?;
+                    }
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The store as the background scan needs it.
+    fn shared(&self) -> &Arc<Store> {
+        match self {
+            Held::Live(store) | Held::Local(store) => store,
+        }
     }
 }
 
@@ -460,24 +480,242 @@ pub async fn destroy(env: &Env, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn scrub(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<()> {
+/// zpool's `status:` and `action:` lines for a pool that is not healthy.
+fn health_lines(name: &str, leaves: &[PoolLeaf], scan: Option<&ScanStatus>) -> Vec<String> {
+    let with = |f: &dyn Fn(&PoolLeaf) -> bool| -> Vec<&str> {
+        leaves.iter().filter(|l| f(l)).map(|l| l.path.as_str()).collect()
+    };
+    let missing = with(&|l| !l.present);
+    let faulted = with(&|l| l.present && matches!(l.leaf.state(), LeafState::Faulted(_)));
+    let offline = with(&|l| l.present && l.leaf.state() == LeafState::Offline);
+    let degraded = with(&|l| l.present && l.leaf.state() == LeafState::Degraded);
+    let erring = with(&|l| l.leaf.errors().iter().any(|&e| e > 0));
+    let resilvering =
+        scan.is_some_and(|s| s.func == ScanFunc::Resilver && s.phase == ScanPhase::Scanning);
+    let (status, action) = if !missing.is_empty() {
+        (
+            format!(
+                "{} could not be found at import; the pool runs without it",
+                missing.join(", ")
+            ),
+            String::from("export the pool, attach the device and import it again (-d)"),
+        )
+    } else if !faulted.is_empty() {
+        (
+            format!(
+                "{} failed and is out of service; its mirror serves without it",
+                faulted.join(", ")
+            ),
+            format!("once its device works again, return it with `sluice pool clear {name} LEAF`"),
+        )
+    } else if resilvering {
+        (
+            String::from("a leaf is being resilvered: it is copied what it missed"),
+            String::from("wait for the resilver to finish"),
+        )
+    } else if !offline.is_empty() {
+        (
+            format!("{} was taken offline; its mirror serves without it", offline.join(", ")),
+            format!("return it with `sluice pool online {name} LEAF`"),
+        )
+    } else if !degraded.is_empty() || !erring.is_empty() {
+        let which = if degraded.is_empty() { erring } else { degraded };
+        (
+            format!("{} returned errors; applications were not affected", which.join(", ")),
+            format!(
+                "check the device; `sluice pool clear {name}` resets the counts, and a \
+                 replacement is due if they grow"
+            ),
+        )
+    } else {
+        return Vec::new();
+    };
+    vec![format!("  status: {status}"), format!("  action: {action}")]
+}
+
+/// zpool's `scan:` line.
+fn scan_line(scan: &ScanStatus, now: sluice_engine::rt::Time) -> String {
+    let func = scan.func.name();
+    let end = scan.ended.unwrap_or(now);
+    let elapsed = end.since(scan.started);
+    let secs = elapsed.as_secs_f64();
+    let clock = |secs: f64| {
+        let secs = secs.max(0.0) as u64;
+        format!("{}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+    };
+    let fixed = if scan.func == ScanFunc::Scrub { "repaired" } else { "resilvered" };
+    let found = format!(
+        "{} {fixed}, {} errors, {} blocks unrecoverable",
+        human(scan.repaired_bytes),
+        scan.errors,
+        scan.unrecoverable
+    );
+    match (scan.phase, scan.paused) {
+        (ScanPhase::Scanning, paused) => {
+            let done = scan.progress();
+            let rate = if secs > 0.0 { scan.issued_bytes as f64 / secs } else { 0.0 };
+            let left = if done > 0.0 && !paused {
+                format!(", {} to go", clock(secs * (1.0 - done) / done))
+            } else {
+                String::new()
+            };
+            format!(
+                "{func} {} for {}: {:.1}% done, {} issued at {}/s, {found}{left}",
+                if paused { "paused" } else { "in progress" },
+                clock(secs),
+                done * 100.0,
+                human(scan.issued_bytes),
+                human(rate as u64),
+            )
+        }
+        (ScanPhase::Finished, _) => {
+            format!("{func} took {}: {} checked, {found}", clock(secs), human(scan.issued_bytes))
+        }
+        (ScanPhase::Canceled, _) => format!(
+            "{func} canceled after {}: {} checked, {found}{}",
+            clock(secs),
+            human(scan.issued_bytes),
+            scan.failure.as_ref().map(|f| format!(" ({f})")).unwrap_or_default()
+        ),
+    }
+}
+
+/// What `pool scrub` was asked to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScrubAction {
+    Start { wait: bool },
+    Pause,
+    Stop,
+}
+
+impl ScrubAction {
+    pub fn from_flags(pause: bool, stop: bool, wait: bool) -> ScrubAction {
+        match (pause, stop) {
+            (true, _) => ScrubAction::Pause,
+            (_, true) => ScrubAction::Stop,
+            _ => ScrubAction::Start { wait },
+        }
+    }
+}
+
+pub async fn scrub(ctx: &mut Ctx<'_>, name: &str, action: ScrubAction) -> anyhow::Result<()> {
     let store = ctx.hold(name).await?;
-    let report = store.pool().scrub().await?;
-    ctx.say(format!(
-        "scrub of {name}: {} blocks, {} bytes checked; {} bad copies found, {} repaired, {} blocks unrecoverable",
-        report.blocks,
-        report.bytes,
-        report.errors,
-        report.repaired,
-        report.unrecoverable.len()
-    ));
+    let live = matches!(store, Held::Live(_));
+    let result = match action {
+        ScrubAction::Pause => store.scrub_pause().map(|()| format!("scrub of {name} paused")),
+        ScrubAction::Stop => store.scrub_stop().map(|()| format!("scrub of {name} stopped")),
+        ScrubAction::Start { .. } => store.shared().scrub_start().map(|()| {
+            format!("scrub of {name} started; `sluice pool status {name}` shows its progress")
+        }),
+    };
+    let said = match result {
+        Ok(said) => said,
+        Err(error) => {
+            store.release().await?;
+            return Err(error.into());
+        }
+    };
+    // A pool opened only for this command is scrubbed to the end before it is exported.
+    let wait = matches!(action, ScrubAction::Start { wait: true }) || !live;
+    if !wait {
+        ctx.say(said);
+        return store.release().await;
+    }
+    store.wait_scan().await;
+    let status = store.scan_status();
     store.release().await?;
-    if !report.unrecoverable.is_empty() {
+    let Some(status) = status else { bail!("pool {name}: the scrub left no status") };
+    ctx.say(format!(
+        "scrub of {name}: {} blocks, {} bytes checked; {} bad copies found, {} repaired, {} \
+         blocks unrecoverable",
+        status.issued_blocks,
+        status.issued_bytes,
+        status.errors,
+        status.repaired_copies,
+        status.unrecoverable
+    ));
+    if let Some(failure) = &status.failure {
+        bail!("pool {name}: the scrub ended early: {failure}");
+    }
+    if status.phase != ScanPhase::Finished {
+        bail!("pool {name}: the scrub was {} before it finished", phase_word(&status));
+    }
+    if status.unrecoverable > 0 {
         bail!(
             "pool {name} has {} blocks with no good copy; restore the affected volumes",
-            report.unrecoverable.len()
+            status.unrecoverable
         );
     }
+    Ok(())
+}
+
+fn phase_word(status: &ScanStatus) -> &'static str {
+    match (status.phase, status.paused) {
+        (ScanPhase::Scanning, true) => "paused",
+        (ScanPhase::Scanning, false) => "in progress",
+        (ScanPhase::Finished, _) => "finished",
+        (ScanPhase::Canceled, _) => "canceled",
+    }
+}
+
+/// `pool offline`: only on a served pool, where the offline lasts until `pool online` or the
+/// next import.
+pub async fn offline(
+    ctx: &mut Ctx<'_>,
+    name: &str,
+    leaf: &str,
+    temporary: bool,
+) -> anyhow::Result<()> {
+    if !temporary {
+        bail!(
+            "pool {name}: an offline that survives export is not built yet; take {leaf} offline \
+             until the next import with `sluice pool offline -t {name} {leaf}`"
+        );
+    }
+    let store = ctx.hold(name).await?;
+    if !matches!(store, Held::Live(_)) {
+        store.release().await?;
+        bail!(
+            "pool {name} is not being served: a temporary offline ends when the command does; \
+             take the leaf offline on the pool `sluice serve {name}` serves"
+        );
+    }
+    let result = store.offline_leaf(leaf);
+    store.release().await?;
+    let path = result?;
+    ctx.say(format!(
+        "{path} of pool {name} is offline; `sluice pool online {name} {leaf}` returns it"
+    ));
+    Ok(())
+}
+
+pub async fn online(ctx: &mut Ctx<'_>, name: &str, leaf: &str) -> anyhow::Result<()> {
+    let store = ctx.hold(name).await?;
+    let result = store.shared().online_leaf(leaf).await;
+    let live = matches!(store, Held::Live(_));
+    store.release().await?;
+    let (path, resilvering) = result?;
+    ctx.say(match (resilvering, live) {
+        (true, true) => format!(
+            "{path} of pool {name} is online; resilvering what it missed (`sluice pool status \
+             {name}` shows the progress)"
+        ),
+        (true, false) => format!("{path} of pool {name} is online and resilvered"),
+        (false, _) => format!("{path} of pool {name} is online; it missed nothing"),
+    });
+    Ok(())
+}
+
+pub async fn clear(ctx: &mut Ctx<'_>, name: &str, leaf: Option<&str>) -> anyhow::Result<()> {
+    let store = ctx.hold(name).await?;
+    let result = store.shared().clear_leaves(leaf).await;
+    store.release().await?;
+    let (paths, resilvering) = result?;
+    ctx.say(format!(
+        "cleared the errors of {} in pool {name}{}",
+        paths.join(", "),
+        if resilvering { "; resilvering what the returned leaves missed" } else { "" }
+    ));
     Ok(())
 }
 
@@ -506,13 +744,26 @@ pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
         if matches!(store, Held::Live(_)) {
             ctx.say(format!("(served by sluice serve, process {})", std::process::id()));
         }
-        let degraded = pool.leaves().iter().any(|l| !l.present || l.leaf.is_faulted());
+        let scan = store.scan_status();
+        let leaves = pool.leaves();
+        let degraded = leaves.iter().any(|l| !l.present || l.leaf.state() != LeafState::Online);
         ctx.say(format!(
             "pool: {name}  guid: {:016x}  txg: {}  state: {}",
             pool.guid(),
             pool.uberblock().txg,
             if degraded { "DEGRADED" } else { "ONLINE" }
         ));
+        for line in health_lines(&name, &leaves, scan.as_ref()) {
+            ctx.say(line);
+        }
+        if let Some(scan) = &scan {
+            ctx.say(format!("  scan: {}", scan_line(scan, pool.env().now())));
+        }
+        let resilvering: Vec<String> = scan
+            .as_ref()
+            .filter(|s| s.func == ScanFunc::Resilver && s.phase == ScanPhase::Scanning)
+            .map(|s| s.targets.clone())
+            .unwrap_or_default();
         ctx.say(format!(
             "  {:<40} {:<8} {:>6} {:>6} {:>6}",
             "NAME", "STATE", "READ", "WRITE", "CKSUM"
@@ -526,22 +777,21 @@ pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
             if top.kind == sluice_format::TopKind::Mirror {
                 ctx.say(format!("  {:<40}", format!("mirror-{index}")));
             }
-            for leaf in pool.leaves().iter().filter(|l| l.top == index) {
-                let stats = leaf.leaf.stats();
-                let state = if !leaf.present {
-                    "MISSING"
-                } else if leaf.leaf.is_faulted() {
-                    "FAULTED"
+            for leaf in leaves.iter().filter(|l| l.top == index) {
+                let [read, write, checksum] = leaf.leaf.errors();
+                let (state, reason) = if leaf.present {
+                    (leaf.leaf.state().name(), leaf.leaf.state().reason())
                 } else {
-                    "ONLINE"
+                    ("MISSING", Some("not found at import"))
+                };
+                let note = if resilvering.contains(&leaf.path) {
+                    String::from("  (resilvering)")
+                } else {
+                    reason.map(|r| format!("  ({r})")).unwrap_or_default()
                 };
                 ctx.say(format!(
-                    "    {:<38} {:<8} {:>6} {:>6} {:>6}",
-                    leaf.path,
-                    state,
-                    stats.read_errors.get(),
-                    stats.write_errors.get(),
-                    stats.checksum_errors.get()
+                    "    {:<38} {:<8} {:>6} {:>6} {:>6}{note}",
+                    leaf.path, state, read, write, checksum,
                 ));
             }
         }

@@ -200,6 +200,9 @@ pub async fn serve(
 /// Syncs and exports the pool once every connection is gone.
 async fn finish(store: Arc<Store>) -> anyhow::Result<()> {
     let name = store.pool().name().to_owned();
+    // A scrub or resilver stops after its current chunk (a leaf still behind is resilvered
+    // again at the next import).
+    store.halt_scan().await;
     store.sync().await?;
     // Tasks a request left behind (an early log commit) end within a log write's latency.
     let mut store = store;

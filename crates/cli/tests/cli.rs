@@ -62,6 +62,15 @@ fn pool_lifecycle() {
         "{status}"
     );
     assert!(ok(&cache, &["pool", "scrub", "tank"]).contains("0 bad copies"));
+    // Leaf administration: a temporary offline needs the serving process; online and clear
+    // work on the pool opened for the command; an unknown leaf is named with the real ones.
+    assert!(fails(&cache, &["pool", "offline", "-t", "tank", "b"]).contains("not being served"));
+    assert!(fails(&cache, &["pool", "offline", "tank", "b"]).contains("offline -t tank b"));
+    assert!(ok(&cache, &["pool", "online", "tank", "b"]).contains("missed nothing"));
+    assert!(ok(&cache, &["pool", "clear", "tank"]).contains("cleared the errors of"));
+    let unknown = fails(&cache, &["pool", "online", "tank", "zz"]);
+    assert!(unknown.contains("no leaf zz") && unknown.contains(a), "{unknown}");
+    assert!(fails(&cache, &["pool", "scrub", "-s", "tank"]).contains("no scrub in progress"));
 
     // A leaf held by another process: the command is refused and names the holder.
     let held = FileDevice::open(

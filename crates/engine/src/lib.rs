@@ -11,8 +11,10 @@
 //!
 //! `txg::Store::sync_lock` (async, one sync at a time) -> `Store` state -> a volume's
 //! `txg::Dataset` state -> its `intent_log::LogWriter` state -> the dedup table -> a dedup entry -> the allocator -> a
-//! leaf's queue (`vdev::queue`) -> a simulated device's state. The block cache, the pool's
-//! state and the store's suspension cause are leaves: nothing is taken while holding them.
+//! leaf's queue (`vdev::queue`) -> a simulated device's state. The background scan's state
+//! (`txg::dsl_scan`) is taken alone or before the pool's locks. The block cache, the pool's
+//! state, the pool's vdev tree (held only to clone or swap an `Arc`) and the store's
+//! suspension cause are leaves: nothing is taken while holding them.
 //!
 //! Each module that takes two of these writes the part it enforces in its own doc.
 

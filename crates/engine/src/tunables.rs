@@ -180,6 +180,14 @@ tunable_table! {
     DedupTableMemMax = "dedup.table_mem_max", Kind::Bytes { min: 1 << 20, max: 1 << 40 }, "64M",
         "Memory for dedup entries kept between txgs; beyond it, entries are dropped after each \
          sync and read back from their on-disk bucket when next needed.";
+    ScanChunkBytes = "scan.chunk_bytes", Kind::Bytes { min: 1 << 20, max: 1 << 34 }, "64M",
+        "Bytes of blocks a scrub or resilver gathers from the newest tree, sorts by device \
+         offset and reads (or copies) before it looks at the tree again. While a chunk is in \
+         work, the space of blocks freed since its tree stays allocated, so a repair never \
+         lands on reused space; a smaller chunk holds less back, a larger one sorts better.";
+    ScanIosInFlight = "scan.ios_in_flight", Kind::Count { min: 1, max: 4096 }, "32",
+        "Blocks a scrub or resilver has in flight at once (the leaves' scrub class limits \
+         what reaches each device: vdev.scrub_max_active).";
     MirrorSwitchUs = "mirror.switch_us", Kind::Micros { min: 1, max: 10_000_000 }, "10000",
         "Among equally loaded children, one is chosen at random and kept for this long, so a \
          sequential stream stays on one disk and its reads merge (seed 002).";

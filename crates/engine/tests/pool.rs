@@ -90,7 +90,7 @@ fn create_then_import() {
     let other = disk(&sim, "stranger", false);
     let pool = import(&sim, &[c.clone(), other, b.clone(), a.clone()], "tank").unwrap();
     assert_eq!(pool.guid(), created.guid());
-    assert_eq!(pool.config(), created.config());
+    assert_eq!(*pool.config(), *created.config());
     assert_eq!(pool.uberblock().txg, 1);
     assert_eq!(pool.root().top_level().len(), 2);
     assert!(pool.leaves().iter().all(|l| l.present));

@@ -10,7 +10,9 @@ use sluice_engine::device::sim::{Fault, SimOptions};
 use sluice_engine::device::{SharedBuf, SimDevice, SimProfile};
 use sluice_engine::rt::Env;
 use sluice_engine::tunables::{IoClass, Tunables};
-use sluice_engine::vdev::{Leaf, Mirror, ReadPolicy, Root, Vdev, VdevAddress, VdevError, VdevId};
+use sluice_engine::vdev::{
+    Leaf, LeafState, Mirror, ReadPolicy, Root, Vdev, VdevAddress, VdevError, VdevId,
+};
 use sluice_sim::Sim;
 
 const DEVICE_BYTES: u64 = 64 << 20;
@@ -440,4 +442,65 @@ proptest::proptest! {
         let detected = stats.checksum_errors.get() + stats.read_errors.get();
         proptest::prop_assert_eq!(stats.repairs.get(), detected, "every detected bad copy was rewritten");
     }
+}
+
+/// An offline child gets no I/O: writes and flushes skip it, reads never choose it, and a read
+/// asked of it directly says it is offline. Back online, it is read again; a degraded child is
+/// read only when every healthy one failed, and the copy it gives heals the healthy one.
+#[test]
+fn offline_child_gets_no_io_and_degraded_child_is_a_last_resort() {
+    let sim = Sim::new(17);
+    let env = sim.env();
+    let tunables = Tunables::with([("mirror.read_policy", "round-robin")]).unwrap();
+    let (mirror, _devices) = mirror_of(&env, &[SimProfile::ssd(), SimProfile::ssd()], &tunables);
+    let (first, second) = (Arc::clone(&mirror.children()[0]), Arc::clone(&mirror.children()[1]));
+    second.set_state(LeafState::Offline);
+    let data = pattern(5, 8192);
+    let m = Arc::clone(&mirror);
+    let d = data.clone();
+    let leaf = Arc::clone(&second);
+    let (reads, direct) = sim
+        .run(async move {
+            m.write(0, SharedBuf::copy_from(&d), IoClass::SyncWrite).await.unwrap();
+            m.flush().await.unwrap();
+            let check = expect(d.clone());
+            let mut reads = Vec::new();
+            for _ in 0..6 {
+                reads.push(m.read(0, 8192, IoClass::SyncRead, &check).await.unwrap().to_vec());
+            }
+            (reads, leaf.read(0, 8192, IoClass::SyncRead).await.map(|_| ()))
+        })
+        .unwrap()
+        .0;
+    assert!(reads.iter().all(|r| *r == data));
+    assert!(matches!(direct, Err(VdevError::Offline { .. })), "{direct:?}");
+    let stats = second.stats();
+    assert_eq!(
+        (stats.writes.get(), stats.reads.get(), stats.flushes.get()),
+        (0, 0, 0),
+        "the offline child was touched"
+    );
+    assert_eq!(first.stats().reads.get(), 6);
+
+    // Online again but missing the write; the first child degraded. Reads go to the second
+    // child, fail its check, fall back to the degraded first child once, and heal the second.
+    second.set_state(LeafState::Online);
+    first.set_state(LeafState::Degraded);
+    let m = Arc::clone(&mirror);
+    let d = data.clone();
+    let reads = sim
+        .run(async move {
+            let check = expect(d.clone());
+            let mut reads = Vec::new();
+            for _ in 0..6 {
+                reads.push(m.read(0, 8192, IoClass::SyncRead, &check).await.unwrap().to_vec());
+            }
+            reads
+        })
+        .unwrap()
+        .0;
+    assert!(reads.iter().all(|r| *r == data));
+    assert_eq!(first.stats().reads.get(), 7, "the degraded child was read beyond the one fallback");
+    assert_eq!(second.stats().reads.get(), 6);
+    assert_eq!(second.stats().repairs.get(), 1);
 }

@@ -14,6 +14,11 @@
 //! import after a crash may fall back to) still reference it, so reusing it sooner could
 //! overwrite the only copy of live data.
 //!
+//! A scrub or resilver reading the tree of synced txg T pins T ([`Allocator::pin`]): frees of
+//! later txgs then stay deferred until the pin goes, so no block the scan may still read or
+//! repair is handed out again while it works (a repair write would land on someone else's
+//! data). Frees of T and earlier are of blocks that tree no longer holds.
+//!
 //! A slop reserve (1/32 of the space, at least `SLOP_BYTES_MIN`) is kept back from ordinary
 //! allocations and open only to [`AllocClass::Reserved`] ones: txg sync metadata, log replay and
 //! the bookkeeping of frees, so a full pool can still sync, import and free space.
@@ -121,6 +126,8 @@ pub struct Allocator {
     rotor_bytes: u64,
     log_rotor: usize,
     synced_txg: u64,
+    /// Txgs whose trees a scan is reading, with how many scans read each.
+    pins: BTreeMap<u64, u32>,
 }
 
 impl Allocator {
@@ -156,6 +163,23 @@ impl Allocator {
             rotor_bytes: 0,
             log_rotor: 0,
             synced_txg: 0,
+            pins: BTreeMap::new(),
+        }
+    }
+
+    /// Keeps every block of synced txg `txg`'s tree allocated until [`Allocator::unpin`]:
+    /// frees of later txgs wait, however long their deferral has run.
+    pub fn pin(&mut self, txg: u64) {
+        assert!(txg <= self.synced_txg + 1, "pin of txg {txg}, beyond the last synced");
+        *self.pins.entry(txg).or_insert(0) += 1;
+    }
+
+    /// Ends a [`Allocator::pin`] of `txg`; frees it held back are released at the next sync.
+    pub fn unpin(&mut self, txg: u64) {
+        let count = self.pins.get_mut(&txg).expect("unpin of a txg that is not pinned");
+        *count -= 1;
+        if *count == 0 {
+            self.pins.remove(&txg);
         }
     }
 
@@ -409,8 +433,10 @@ impl Allocator {
     pub fn synced(&mut self, txg: u64) {
         assert!(txg >= self.synced_txg, "txgs sync in order");
         self.synced_txg = txg;
-        let ready: Vec<u64> =
-            self.deferred.range(..=txg.saturating_sub(FREE_DEFER_TXGS)).map(|(t, _)| *t).collect();
+        // A pinned tree's blocks freed after it stay allocated.
+        let pinned = self.pins.keys().next().copied().unwrap_or(u64::MAX);
+        let last = txg.saturating_sub(FREE_DEFER_TXGS).min(pinned);
+        let ready: Vec<u64> = self.deferred.range(..=last).map(|(t, _)| *t).collect();
         for t in ready {
             for (vdev, start, len) in self.deferred.remove(&t).unwrap_or_default() {
                 self.deferred_total -= len;

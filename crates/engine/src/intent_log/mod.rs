@@ -1216,9 +1216,10 @@ impl LogWriter {
                         .await
                         .is_ok();
                 }
+                let root = pool.root();
                 let writes = mine.iter().map(|lwb| {
                     let data = SharedBuf::copy_from(&lwb.bytes);
-                    pool.root().write(address(lwb), data, IoClass::LogWrite)
+                    root.write(address(lwb), data, IoClass::LogWrite)
                 });
                 let written = join_all(writes).await.iter().all(Result::is_ok);
                 // Flushed only once every write to it has completed.

@@ -42,7 +42,8 @@ impl GroupTuner {
     /// The starting cap for `pool`'s top-level vdevs that hold log blocks: the solid-state
     /// one unless every one of them has a rotational leaf.
     pub fn for_pool(pool: &Pool) -> GroupTuner {
-        let tops = pool.root().top_level();
+        let root = pool.root();
+        let tops = root.top_level();
         let log_only: Vec<bool> =
             (0..tops.len()).map(|v| pool.config().top.get(v).is_some_and(|t| t.log)).collect();
         let has_log_devices = log_only.iter().any(|&l| l);

@@ -16,8 +16,15 @@
 //!   in between leaves the previous uberblock in its own slot, so import finds one or the other,
 //!   never a mix.
 //!
-//! Lock order: none taken here besides the pool state mutex, never held across an `.await`.
+//! The vdev tree (configuration, I/O tree and leaves) is one `Arc<VdevTree>` behind a lock held
+//! only to clone or replace the Arc: a change of leaves builds a new tree around the same
+//! `Arc<Leaf>`s and swaps it in, and I/O already under way finishes on the tree it started
+//! with. What the pool remembers per leaf is kept by leaf guid, not by position.
+//!
+//! Lock order: the administration lock (`admin.rs`) -> the pool state mutex and the tree
+//! lock, none held across an `.await`, and the last two never while taking the other.
 
+mod admin;
 mod cache;
 mod io;
 mod missing;
@@ -28,7 +35,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::future::join_all;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use sluice_format::{
     label_offsets, uberblock_offset, BlockPointer, FormatError, LabelHeader, LeafConfig, TopConfig,
     TopKind, Uberblock, VdevTreeConfig, DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES,
@@ -103,6 +110,18 @@ pub enum PoolError {
          written. Check that vdev's devices and import with --rewind again"
     )]
     RewindNotRecorded { pool: String, top: usize },
+    #[error("pool {pool} has no leaf {leaf}; its leaves are: {leaves}")]
+    NoSuchLeaf { pool: String, leaf: String, leaves: String },
+    #[error(
+        "pool {pool}: cannot {action} {leaf}: no valid replicas (no other leaf of its vdev is \
+         in service with every txg); bring another leaf online or let its resilver finish first"
+    )]
+    NoValidReplicas { pool: String, leaf: String, action: &'static str },
+    #[error(
+        "pool {pool}: leaf {leaf} was not found when the pool was imported; export the pool and \
+         import it again with the device present (-d), or replace the leaf"
+    )]
+    LeafMissing { pool: String, leaf: String },
     #[error("pool {pool}: no valid uberblock on any leaf; the labels are damaged")]
     NoUberblock { pool: String },
     #[error("pool {pool}: leaf {path}: {source}")]
@@ -143,7 +162,10 @@ impl PoolError {
             PoolError::InvalidName { .. }
             | PoolError::InvalidLayout { .. }
             | PoolError::LeafTooSmall { .. } => ErrorKind::Invalid,
-            PoolError::NotFound { .. } | PoolError::Ambiguous { .. } => ErrorKind::NotFound,
+            PoolError::NotFound { .. }
+            | PoolError::Ambiguous { .. }
+            | PoolError::NoSuchLeaf { .. } => ErrorKind::NotFound,
+            PoolError::NoValidReplicas { .. } | PoolError::LeafMissing { .. } => ErrorKind::Invalid,
             PoolError::Vdev { source, .. } => match source.kind() {
                 crate::vdev::ErrorKind::Checksum => ErrorKind::Checksum,
                 _ => ErrorKind::Io,
@@ -170,12 +192,63 @@ struct PoolState {
     /// Every valid uberblock import found, one per txg, newest first: what a rewind can go
     /// back to.
     found: Vec<Uberblock>,
-    /// Per leaf (same order as `leaves`): the newest txg the leaf is known to hold completely,
-    /// from its own uberblock rings at import, then advanced by each sync it took without
-    /// errors. A leaf behind the pool's txg needs a resilver of the blocks born after it.
-    leaf_txg: Vec<u64>,
-    /// Write errors of each leaf at the last sync, to notice a leaf that missed a write.
-    leaf_write_errors: Vec<u64>,
+    /// By leaf guid: the newest txg the leaf is known to hold completely, from its own
+    /// uberblock rings at import, then advanced by each sync that found it complete up to the
+    /// txg before and saw it miss no write. A leaf behind the pool's txg needs a resilver of
+    /// the blocks born after it.
+    leaf_txg: BTreeMap<u64, u64>,
+    /// By leaf guid: [`Leaf::writes_missed`] at the end of the last sync.
+    leaf_missed: BTreeMap<u64, u64>,
+    /// For the last few txgs: [`Leaf::writes_missed`] of each leaf (by guid) when the txg
+    /// became the open one. A leaf whose count has not moved since txg T opened missed no
+    /// block born in T or later.
+    missed_when_opened: BTreeMap<u64, BTreeMap<u64, u64>>,
+}
+
+/// Txgs whose [`PoolState::missed_when_opened`] counts are kept.
+const OPENED_TXGS_KEPT: usize = 8;
+
+impl PoolState {
+    /// [`Leaf::writes_missed`] of `leaf` when txg `txg` opened, if known; else at the end of
+    /// the last sync (a pool synced without a store noting its txgs).
+    fn missed_since(&self, txg: u64, leaf: &PoolLeaf) -> u64 {
+        self.missed_when_opened
+            .get(&txg)
+            .and_then(|counts| counts.get(&leaf.guid))
+            .or_else(|| self.leaf_missed.get(&leaf.guid))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// The pool's vdev tree as it stands: the configuration its labels carry, the tree I/O goes
+/// through, and its leaves.
+#[derive(Debug)]
+pub struct VdevTree {
+    pub config: VdevTreeConfig,
+    pub root: Root,
+    pub leaves: Vec<PoolLeaf>,
+}
+
+/// A part of the vdev tree that was current when the view was taken; the view keeps that
+/// tree alive, so it stays valid across a change of leaves.
+pub struct TreeView<T: ?Sized + 'static> {
+    tree: Arc<VdevTree>,
+    part: fn(&VdevTree) -> &T,
+}
+
+impl<T: ?Sized + std::fmt::Debug> std::fmt::Debug for TreeView<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+impl<T: ?Sized> std::ops::Deref for TreeView<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        (self.part)(&self.tree)
+    }
 }
 
 /// An open pool.
@@ -185,11 +258,12 @@ pub struct Pool {
     name: String,
     guid: u64,
     ashift: u8,
-    config: VdevTreeConfig,
-    root: Root,
-    leaves: Vec<PoolLeaf>,
+    tree: RwLock<Arc<VdevTree>>,
     state: Mutex<PoolState>,
     cache: BlockCache,
+    /// Held across an administrative change's check and its effect (`admin.rs`), so two at
+    /// once cannot both pass "another copy is in service" and take both out.
+    admin: Mutex<()>,
 }
 
 fn check_name(name: &str) -> Result<(), PoolError> {
@@ -219,12 +293,19 @@ impl Pool {
         self.ashift
     }
 
-    pub fn root(&self) -> &Root {
-        &self.root
+    /// The vdev tree as it stands now.
+    pub fn tree(&self) -> Arc<VdevTree> {
+        Arc::clone(&self.tree.read())
     }
 
-    pub fn leaves(&self) -> &[PoolLeaf] {
-        &self.leaves
+    /// The I/O tree of [`Pool::tree`].
+    pub fn root(&self) -> TreeView<Root> {
+        TreeView { tree: self.tree(), part: |tree| &tree.root }
+    }
+
+    /// The leaves of [`Pool::tree`].
+    pub fn leaves(&self) -> TreeView<[PoolLeaf]> {
+        TreeView { tree: self.tree(), part: |tree| tree.leaves.as_slice() }
     }
 
     pub fn cache(&self) -> &BlockCache {
@@ -235,26 +316,86 @@ impl Pool {
         &self.env
     }
 
-    pub fn config(&self) -> &VdevTreeConfig {
-        &self.config
+    /// The configuration of [`Pool::tree`], as the labels carry it.
+    pub fn config(&self) -> TreeView<VdevTreeConfig> {
+        TreeView { tree: self.tree(), part: |tree| &tree.config }
     }
 
-    /// Present leaves that are behind the pool, with the newest txg each is known to hold.
-    pub fn leaves_behind(&self) -> Vec<(usize, u64)> {
+    /// Leaves in service that are behind the pool and can be brought up to date (another leaf
+    /// of their mirror is in service to copy from): each one's guid, the newest txg it is
+    /// known to hold, and its [`Leaf::writes_missed`] when the txg after the last synced one
+    /// opened (what [`Pool::mark_caught_up`] compares). A lone leaf that missed a write has
+    /// no other copy to take it from.
+    pub fn leaves_behind(&self) -> Vec<(u64, u64, u64)> {
+        let tree = self.tree();
         let state = self.state.lock();
         let txg = state.uberblock.txg;
-        self.leaves
+        let held = |l: &PoolLeaf| state.leaf_txg.get(&l.guid).copied().unwrap_or(0);
+        let serving = |l: &PoolLeaf| l.present && !l.leaf.is_out_of_service();
+        tree.leaves
             .iter()
-            .enumerate()
-            .filter(|(i, l)| l.present && !l.leaf.is_faulted() && state.leaf_txg[*i] < txg)
-            .map(|(i, _)| (i, state.leaf_txg[i]))
+            .filter(|l| serving(l) && held(l) < txg)
+            .filter(|l| {
+                tree.leaves.iter().any(|o| o.top == l.top && o.guid != l.guid && serving(o))
+            })
+            .map(|l| (l.guid, held(l), state.missed_since(txg + 1, l)))
             .collect()
     }
 
-    /// Records that leaf `index` now holds everything up to `txg` (after a resilver).
-    fn mark_complete(&self, index: usize, txg: u64) {
+    /// Records [`Leaf::writes_missed`] of every leaf as txg `txg` becomes the open one (the
+    /// store calls this when it quiesces `txg - 1`).
+    pub fn note_txg_open(&self, txg: u64) {
+        let counts = self.leaves().iter().map(|l| (l.guid, l.leaf.writes_missed())).collect();
         let mut state = self.state.lock();
-        state.leaf_txg[index] = state.leaf_txg[index].max(txg);
+        state.missed_when_opened.insert(txg, counts);
+        while state.missed_when_opened.len() > OPENED_TXGS_KEPT {
+            state.missed_when_opened.pop_first();
+        }
+    }
+
+    /// Records that the leaf with guid `guid` now holds everything up to `txg` (after a
+    /// resilver).
+    fn mark_complete(&self, guid: u64, txg: u64) {
+        let leaves = self.leaves();
+        let mut state = self.state.lock();
+        let held = state.leaf_txg.entry(guid).or_insert(0);
+        *held = (*held).max(txg);
+        let synced = state.uberblock.txg;
+        Self::mark_behind(&leaves, &state, synced);
+    }
+
+    /// After a resilver copied onto the leaf with guid `guid` every block born up to txg
+    /// `resilvered` (a synced txg: nothing born then is written any more), the leaf holds
+    /// everything up to it. If it has also missed no write since the txg after it opened
+    /// (`missed_then`, from [`Pool::leaves_behind`] when `resilvered` was the last synced
+    /// txg), it holds every synced txg, and the syncs advance it again; returns whether it
+    /// does. The caller holds the store's sync lock, so no sync is between writing uberblocks
+    /// and counting who took them.
+    pub fn mark_caught_up(&self, guid: u64, resilvered: u64, missed_then: u64) -> bool {
+        let leaves = self.leaves();
+        let Some(leaf) = leaves.iter().find(|l| l.guid == guid) else { return false };
+        let missed = leaf.leaf.writes_missed();
+        let current = missed == missed_then && !leaf.leaf.is_out_of_service();
+        let mut state = self.state.lock();
+        let txg = if current { state.uberblock.txg } else { resilvered };
+        let held = state.leaf_txg.entry(guid).or_insert(0);
+        *held = (*held).max(txg);
+        if current {
+            state.leaf_missed.insert(guid, missed);
+        }
+        let synced = state.uberblock.txg;
+        Self::mark_behind(&leaves, &state, synced);
+        current
+    }
+
+    /// Tells each leaf of a mirror whether it misses txgs up to `synced` (mirror reads go to
+    /// it last). A lone leaf is all there is: never marked.
+    fn mark_behind(leaves: &[PoolLeaf], state: &PoolState, synced: u64) {
+        for leaf in leaves {
+            let mirrored = leaves.iter().any(|o| o.top == leaf.top && o.guid != leaf.guid);
+            let held = state.leaf_txg.get(&leaf.guid).copied().unwrap_or(0);
+            leaf.leaf.set_behind(mirrored && leaf.present && held < synced);
+        }
     }
 
     /// The uberblock of the last synced txg.
@@ -272,7 +413,7 @@ impl Pool {
     /// mirror copy leave it as it is. An import's dry run reads this way; nothing else writes
     /// until the store is opened.
     pub fn set_read_only(&self, read_only: bool) {
-        self.root.set_repairs(!read_only);
+        self.root().set_repairs(!read_only);
     }
 
     /// Makes `uberblock`, an older one found at import, the pool's newest: the uberblocks of
@@ -294,8 +435,9 @@ impl Pool {
         // rewound to. A leaf that cannot be written is left as it is, as an uberblock write
         // does, but every top-level vdev must keep at least one leaf that took the erasure.
         let blank = SharedBuf::copy_from(&[0u8; UBERBLOCK_BYTES]);
-        let mut erased_tops = vec![false; self.config.top.len()];
-        for pool_leaf in self.leaves.iter().filter(|l| l.present) {
+        let tree = self.tree();
+        let mut erased_tops = vec![false; tree.config.top.len()];
+        for pool_leaf in tree.leaves.iter().filter(|l| l.present) {
             let mut ok = true;
             for label in label_offsets(pool_leaf.leaf.device().len_bytes()) {
                 for &txg in &abandoned {
@@ -324,20 +466,22 @@ impl Pool {
         let mut state = self.state.lock();
         state.uberblock = uberblock;
         state.found.retain(|u| u.txg <= uberblock.txg);
-        for txg in &mut state.leaf_txg {
+        for txg in state.leaf_txg.values_mut() {
             *txg = (*txg).min(uberblock.txg);
         }
+        Self::mark_behind(&tree.leaves, &state, uberblock.txg);
         Ok(())
     }
 
     /// Data area `[start, end)` of each top-level vdev (its smallest leaf decides).
     /// Top-level vdevs that are separate log devices.
     pub fn log_vdevs(&self) -> Vec<u32> {
-        (0..self.config.top.len() as u32).filter(|&i| self.config.top[i as usize].log).collect()
+        let tree = self.tree();
+        (0..tree.config.top.len() as u32).filter(|&i| tree.config.top[i as usize].log).collect()
     }
 
     pub fn data_areas(&self) -> Vec<(u64, u64)> {
-        self.root
+        self.root()
             .top_level()
             .iter()
             .map(|vdev| (DATA_START_BYTES, sluice_format::data_end_bytes(vdev.len_bytes())))
@@ -432,7 +576,8 @@ impl Pool {
         // Labels first, then the first uberblock: a leaf with a label but no uberblock is
         // recognisably a half-created pool, never a valid one.
         let mut writes = Vec::new();
-        for pool_leaf in &pool.leaves {
+        let tree = pool.tree();
+        for pool_leaf in &tree.leaves {
             let header = pool.label_header(pool_leaf, 1);
             let bytes = header
                 .encode()
@@ -453,7 +598,7 @@ impl Pool {
         // Each vdev's log region is written once now, so log writes never allocate
         // (crate::alloc, "log region").
         let areas = pool.data_areas();
-        let prepares = pool.leaves.iter().map(|pool_leaf| {
+        let prepares = tree.leaves.iter().map(|pool_leaf| {
             let (start, end) = areas[pool_leaf.top];
             let (device, vdev) = (Arc::clone(pool_leaf.leaf.device()), pool_leaf.leaf.id());
             async move {
@@ -480,19 +625,20 @@ impl Pool {
     }
 
     fn guid_sum(&self) -> u64 {
-        self.leaves.iter().fold(0u64, |sum, l| sum.wrapping_add(l.guid))
+        self.leaves().iter().fold(0u64, |sum, l| sum.wrapping_add(l.guid))
     }
 
     fn label_header(&self, pool_leaf: &PoolLeaf, config_txg: u64) -> LabelHeader {
+        let config = self.config();
         LabelHeader {
             ashift: self.ashift,
             pool_guid: self.guid,
             leaf_guid: pool_leaf.guid,
-            top_guid: self.config.top[pool_leaf.top].guid,
+            top_guid: config.top[pool_leaf.top].guid,
             config_txg,
             leaf_bytes: pool_leaf.leaf.device().len_bytes(),
             pool_name: self.name.clone(),
-            config: self.config.clone(),
+            config: config.clone(),
         }
     }
 
@@ -513,7 +659,7 @@ impl Pool {
             let leaf = Leaf::new(VdevId(id), env, device, tunables);
             if !present {
                 // Stand-ins start faulted: mirrors read them only as a last resort.
-                leaf.mark_faulted();
+                leaf.mark_gone();
             }
             by_top.entry(top).or_default().push(Arc::clone(&leaf));
             leaves.push(PoolLeaf {
@@ -545,15 +691,13 @@ impl Pool {
                 pool: name.to_owned(),
                 reason: "a top-level vdev has no leaf".into(),
             })?;
-        let leaf_count = leaves.len();
         Ok(Pool {
             env: env.clone(),
             name: name.to_owned(),
             guid,
             ashift,
-            config,
-            root: Root::new(top),
-            leaves,
+            tree: RwLock::new(Arc::new(VdevTree { config, root: Root::new(top), leaves })),
+            admin: Mutex::new(()),
             state: Mutex::new(PoolState {
                 uberblock: Uberblock {
                     txg: 0,
@@ -563,8 +707,9 @@ impl Pool {
                     root: None,
                 },
                 found: Vec::new(),
-                leaf_txg: vec![0; leaf_count],
-                leaf_write_errors: vec![0; leaf_count],
+                leaf_txg: BTreeMap::new(),
+                leaf_missed: BTreeMap::new(),
+                missed_when_opened: BTreeMap::new(),
             }),
             cache: BlockCache::new(
                 tunables.cache_bytes(memory_bytes()),
@@ -592,9 +737,31 @@ impl Pool {
 
     /// Writes `uberblock` into every label's ring of every present leaf, then flushes. At least
     /// one leaf of every top-level vdev must take it.
+    ///
+    /// A leaf's complete-txg advances to this txg only if it was complete up to the txg
+    /// before and missed no write since this txg opened; a mirror leaf that is behind stays
+    /// behind until a resilver catches it up ([`Pool::mark_caught_up`]). (A lone leaf
+    /// advances whenever it took the sync without missing a write: it is all there is.) The
+    /// uberblock still goes to a leaf that is behind, so that a pool imported with only that
+    /// leaf finds the newest txg and reports the blocks it misses, rather than opening an
+    /// older txg without a word; the price is that a restart forgets the leaf was behind
+    /// (reads and scrubs then heal its stale blocks from the other copies).
     async fn write_uberblock(&self, uberblock: Uberblock) -> Result<(), PoolError> {
         let data = SharedBuf::copy_from(&uberblock.encode());
-        let writes = self.leaves.iter().filter(|l| l.present).map(|pool_leaf| {
+        let tree = self.tree();
+        let complete_before: Vec<u64> = {
+            let state = self.state.lock();
+            let previous = state.uberblock.txg;
+            let lone = |l: &PoolLeaf| tree.leaves.iter().filter(|o| o.top == l.top).count() == 1;
+            tree.leaves
+                .iter()
+                .filter(|l| {
+                    lone(l) || state.leaf_txg.get(&l.guid).copied().unwrap_or(0) >= previous
+                })
+                .map(|l| l.guid)
+                .collect()
+        };
+        let writes = tree.leaves.iter().filter(|l| l.present).map(|pool_leaf| {
             let data = data.clone();
             async move {
                 let mut ok = false;
@@ -608,23 +775,27 @@ impl Pool {
         let results = join_all(writes).await;
         self.flush_all().await?;
         {
-            // A leaf that took this uberblock and no write failed on it since the last sync
-            // holds everything up to this txg.
             let mut state = self.state.lock();
             let mut took = results.iter();
-            for (index, pool_leaf) in self.leaves.iter().enumerate() {
+            for pool_leaf in &tree.leaves {
                 let ok =
                     if pool_leaf.present { took.next().is_some_and(|&(_, ok)| ok) } else { false };
-                let errors = pool_leaf.leaf.stats().write_errors.get();
-                if ok && errors == state.leaf_write_errors[index] && !pool_leaf.leaf.is_faulted() {
-                    state.leaf_txg[index] = uberblock.txg;
+                let missed = pool_leaf.leaf.writes_missed();
+                let missed_before = state.missed_since(uberblock.txg, pool_leaf);
+                state.leaf_missed.insert(pool_leaf.guid, missed);
+                if ok
+                    && missed == missed_before
+                    && complete_before.contains(&pool_leaf.guid)
+                    && !pool_leaf.leaf.is_out_of_service()
+                {
+                    state.leaf_txg.insert(pool_leaf.guid, uberblock.txg);
                 }
-                state.leaf_write_errors[index] = errors;
             }
+            Self::mark_behind(&tree.leaves, &state, uberblock.txg);
         }
-        for top in 0..self.config.top.len() {
+        for top in 0..tree.config.top.len() {
             if !results.iter().any(|&(t, ok)| t == top && ok) {
-                let path = self
+                let path = tree
                     .leaves
                     .iter()
                     .find(|l| l.top == top)
@@ -638,7 +809,7 @@ impl Pool {
 
     /// Flushes every top-level vdev; a top-level vdev none of whose leaves flushed is an error.
     async fn flush_all(&self) -> Result<(), PoolError> {
-        self.root
+        self.root()
             .flush()
             .await
             .map_err(|source| PoolError::Vdev { pool: self.name.clone(), source })
@@ -726,13 +897,14 @@ impl Pool {
         )?;
         let mut best: Option<Uberblock> = None;
         let mut found = Vec::new();
-        let mut leaf_txg = vec![0u64; pool.leaves.len()];
-        for (index, pool_leaf) in pool.leaves.iter().enumerate().filter(|(_, l)| l.present) {
+        let mut leaf_txg = BTreeMap::new();
+        for pool_leaf in pool.leaves().iter().filter(|l| l.present) {
             for uberblock in read_uberblocks(pool_leaf.leaf.device().as_ref()).await {
                 if uberblock.pool_guid != pool_guid {
                     continue;
                 }
-                leaf_txg[index] = leaf_txg[index].max(uberblock.txg);
+                let held = leaf_txg.entry(pool_leaf.guid).or_insert(0);
+                *held = (*held).max(uberblock.txg);
                 if best.is_none_or(|b| uberblock.txg > b.txg) {
                     best = Some(uberblock);
                 }
@@ -744,10 +916,12 @@ impl Pool {
         };
         found.sort_by_key(|u| std::cmp::Reverse(u.txg));
         found.dedup_by_key(|u| u.txg);
+        let leaves = pool.leaves();
         let mut state = pool.state.lock();
         state.leaf_txg = leaf_txg;
         state.uberblock = uberblock;
         state.found = found;
+        Self::mark_behind(&leaves, &state, uberblock.txg);
         drop(state);
         Ok(pool)
     }

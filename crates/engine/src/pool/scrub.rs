@@ -11,7 +11,7 @@ use sluice_format::{BlockKind, BlockPointer, PoolDirectory, BLKPTR_BYTES};
 
 use super::{Pool, PoolError};
 use crate::tunables::IoClass;
-use crate::vdev::ScrubOutcome;
+use crate::vdev::{ScrubOutcome, VdevId};
 
 /// What a scrub found and fixed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -32,8 +32,9 @@ impl Pool {
         report.bytes += bp.psize_bytes();
         let verify = |bytes: &[u8]| bp.verifies(bytes);
         let mut any_good = false;
+        let root = self.root();
         for dva in bp.copies() {
-            let Some(vdev) = self.root().top_level().get(dva.vdev as usize) else { continue };
+            let Some(vdev) = root.top_level().get(dva.vdev as usize) else { continue };
             let len = u32::try_from(bp.psize_bytes()).unwrap_or(u32::MAX);
             let ScrubOutcome { errors, repaired, unrecoverable } =
                 vdev.scrub(dva.offset_bytes(), len, &verify).await;
@@ -44,6 +45,29 @@ impl Pool {
         if !any_good {
             report.unrecoverable.push(*bp);
         }
+    }
+
+    /// Checks every copy of one block (a scrub: `targets` empty) or copies it onto the
+    /// `targets` leaves (a resilver), for the background scan (crate::txg::dsl_scan).
+    pub async fn scan_block(&self, bp: &BlockPointer, targets: &[VdevId]) -> ScrubOutcome {
+        let verify = |bytes: &[u8]| bp.verifies(bytes);
+        let len = u32::try_from(bp.psize_bytes()).unwrap_or(u32::MAX);
+        let mut total = ScrubOutcome::default();
+        let mut any_good = false;
+        let root = self.root();
+        for dva in bp.copies() {
+            let Some(vdev) = root.top_level().get(dva.vdev as usize) else { continue };
+            let outcome = if targets.is_empty() {
+                vdev.scrub(dva.offset_bytes(), len, &verify).await
+            } else {
+                vdev.resilver(dva.offset_bytes(), len, &verify, targets).await
+            };
+            total.errors += outcome.errors;
+            total.repaired += outcome.repaired;
+            any_good |= !outcome.unrecoverable;
+        }
+        total.unrecoverable = !any_good && bp.copies().next().is_some();
+        total
     }
 
     /// Scrubs everything the newest uberblock reaches.
@@ -58,12 +82,12 @@ impl Pool {
     /// mirror child and rewritten where stale. Returns `None` when no leaf is behind.
     pub async fn resilver(&self) -> Result<Option<ScrubReport>, PoolError> {
         let behind = self.leaves_behind();
-        let Some(since) = behind.iter().map(|&(_, txg)| txg).min() else { return Ok(None) };
+        let Some(since) = behind.iter().map(|&(_, txg, _)| txg).min() else { return Ok(None) };
         let txg = self.uberblock().txg;
         let report = self.scan(since + 1).await?;
         if report.unrecoverable.is_empty() {
-            for (index, _) in behind {
-                self.mark_complete(index, txg);
+            for (guid, _, _) in behind {
+                self.mark_complete(guid, txg);
             }
         }
         Ok(Some(report))

@@ -19,12 +19,16 @@
 //! | `zil.rs` | `zil.c` | commits (FUA, flush), early commits, claim and replay at import |
 //! | `spa_sync.rs` | `spa_sync`, `txg_sync_thread` | the sync, as named steps; the syncer task |
 //! | `spa_load.rs` | `spa_load` | opening an imported pool's data, rewind |
+//! | `dsl_scan.rs` | `dsl_scan.c` | scrub and resilver in the background |
+//! | `spa_vdev.rs` | `spa.c`, `vdev.c` | offline, online and clear of leaves on an open store |
 //! | `space_map.rs` | `space_map.c` | space maps written in pieces and read back |
 //! | `audit.rs` | `zdb -b` | walks every tree and checks the space accounting |
 //!
 //! Lock order (outer to inner; a thread holding one may take only those to its right, and none
 //! is held across an `.await`): `Store::sync_lock` (async, held for a whole sync) -> `state` ->
 //! a volume's `Dataset::state` -> its `LogWriter` state -> the DDT's locks (crate::dedup) -> `allocator`.
+//! The scan's state (`scan`) comes before the pool's locks (it reads the pool's tree and
+//! uberblock while held) and after `sync_lock`; nothing else is taken while holding it.
 //! `suspend_cause`, `fail_points`, `sync_history` and `kick` are leaves: nothing is taken while holding them. The whole
 //! crate's order is in `lib.rs`.
 
@@ -40,14 +44,17 @@ mod dataset;
 mod dbuf;
 mod dmu;
 mod dmu_tx;
+mod dsl_scan;
 mod spa_load;
 mod spa_sync;
+mod spa_vdev;
 mod space_map;
 mod zil;
 
 pub use audit::AuditReport;
 pub use dataset::{Dataset, VolumeProperty};
 use dmu_tx::TxgLimits;
+pub use dsl_scan::{ScanFunc, ScanPhase, ScanStatus};
 pub use spa_load::{ImportOptions, ImportReport, LostLog, Rewind};
 pub use spa_sync::SyncRecord;
 
@@ -89,6 +96,8 @@ pub enum StoreError {
          import it again, which returns it to the last synced txg and replays the intent log"
     )]
     Suspended { pool: String, cause: String },
+    #[error("pool {pool}: {reason}")]
+    ScanRefused { pool: String, reason: String },
     #[error(
         "pool {pool}: txg {txg}, the newest, does not verify: {damage}. Import with --rewind \
          to return to the newest earlier txg whose blocks all verify (--rewind --dry-run says \
@@ -125,7 +134,8 @@ impl StoreError {
             StoreError::InvalidVolumeName { .. }
             | StoreError::InvalidBlockSize { .. }
             | StoreError::InvalidSize { .. }
-            | StoreError::OutOfRange { .. } => ErrorKind::Invalid,
+            | StoreError::OutOfRange { .. }
+            | StoreError::ScanRefused { .. } => ErrorKind::Invalid,
             StoreError::NoSpace { .. } => ErrorKind::NoSpace,
             StoreError::Suspended { .. } => ErrorKind::Suspended,
             StoreError::DamagedTxg { .. } | StoreError::NoIntactTxg { .. } => ErrorKind::Checksum,
@@ -212,6 +222,11 @@ pub struct Store {
     throttle_stats: ThrottleStats,
     /// When this store was created or imported: what "since import" counts from.
     opened: crate::rt::Time,
+    /// The background scrub or resilver (`dsl_scan`).
+    scan: Mutex<dsl_scan::ScanState>,
+    /// `scan.chunk_bytes` and `scan.ios_in_flight`.
+    scan_chunk_bytes: u64,
+    scan_ios_in_flight: usize,
 }
 
 /// What the write throttle did to writers (zeroes included): the answer to "why are my writes
@@ -291,6 +306,7 @@ impl Store {
         tunables: &Tunables,
     ) -> Store {
         allocator.set_log_vdevs(&pool.log_vdevs());
+        pool.note_txg_open(pool.uberblock().txg + 1);
         let opened = pool.env().now();
         Store {
             allocator: Arc::new(Mutex::new(allocator)),
@@ -308,6 +324,13 @@ impl Store {
             log_stats: LogStats::default(),
             throttle_stats: ThrottleStats::default(),
             opened,
+            scan: Mutex::new(dsl_scan::ScanState::new()),
+            scan_chunk_bytes: tunables.get(crate::tunables::Tunable::ScanChunkBytes).max(1),
+            scan_ios_in_flight: usize::try_from(
+                tunables.get(crate::tunables::Tunable::ScanIosInFlight),
+            )
+            .unwrap_or(32)
+            .max(1),
         }
     }
 
@@ -407,6 +430,8 @@ impl Store {
 
     /// Syncs and closes.
     pub async fn export(self) -> Result<(), StoreError> {
+        // Owning the store, no scan chunk is in work: a task between chunks finds it gone.
+        self.forget_scan();
         self.sync().await?;
         let name = self.pool.name().to_owned();
         let pool = Arc::try_unwrap(self.pool).map_err(|_| {

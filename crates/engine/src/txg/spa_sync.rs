@@ -91,6 +91,8 @@ impl Store {
                 if store.sync().await.is_err() {
                     return;
                 }
+                // A leaf that missed writes in that txg is copied back in the background.
+                store.resilver_if_needed();
             }
         });
     }
@@ -168,6 +170,9 @@ impl Store {
         let mut state = self.state.lock();
         let txg = state.open_txg;
         state.open_txg += 1;
+        // What each leaf had missed when the next txg opened: a resilver or a sync compares it
+        // to tell whether the leaf missed a block born since.
+        self.pool.note_txg_open(state.open_txg);
         state.syncing_bytes = state.dirty_bytes + state.dirty_metadata_bytes;
         state.syncing_metadata_bytes = state.dirty_metadata_bytes;
         state.dirty_bytes = 0;

@@ -15,7 +15,7 @@
 //! a continuation merges with its predecessor at no positioning cost.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use futures::channel::oneshot;
@@ -39,6 +39,95 @@ enum Waiter {
     Write(SharedBuf, bool, oneshot::Sender<Result<(), VdevError>>),
 }
 
+/// A leaf's health, as `pool status` shows it (ZFS's vdev states). Mirrors decide from it
+/// which children get I/O; it is one atomic load on every read and write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LeafState {
+    /// In service.
+    Online,
+    /// In service, but it returned bad data too often: a mirror reads it only when no
+    /// healthy child is left to try.
+    Degraded,
+    /// Out of service because its device failed: mirrors send it no writes and read it only
+    /// as the last resort (a device that vanished may have come back).
+    Faulted(FaultReason),
+    /// Taken out of service by the administrator (`pool offline`): no I/O at all until
+    /// `pool online`.
+    Offline,
+}
+
+/// Why a leaf was faulted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FaultReason {
+    /// The device reported itself gone (unplugged, its file deleted or its path unreachable).
+    Gone,
+    /// Its I/O errors passed the diagnosis threshold.
+    TooManyErrors,
+}
+
+impl LeafState {
+    const ONLINE: u8 = 0;
+    const DEGRADED: u8 = 1;
+    const FAULTED_GONE: u8 = 2;
+    const FAULTED_ERRORS: u8 = 3;
+    const OFFLINE: u8 = 4;
+
+    fn encode(self) -> u8 {
+        match self {
+            LeafState::Online => Self::ONLINE,
+            LeafState::Degraded => Self::DEGRADED,
+            LeafState::Faulted(FaultReason::Gone) => Self::FAULTED_GONE,
+            LeafState::Faulted(FaultReason::TooManyErrors) => Self::FAULTED_ERRORS,
+            LeafState::Offline => Self::OFFLINE,
+        }
+    }
+
+    fn decode(raw: u8) -> LeafState {
+        match raw {
+            Self::ONLINE => LeafState::Online,
+            Self::DEGRADED => LeafState::Degraded,
+            Self::FAULTED_GONE => LeafState::Faulted(FaultReason::Gone),
+            Self::FAULTED_ERRORS => LeafState::Faulted(FaultReason::TooManyErrors),
+            _ => LeafState::Offline,
+        }
+    }
+
+    /// Whether writes go to the leaf: a leaf out of service misses them, and a resilver
+    /// brings it up to date when it returns.
+    pub fn takes_writes(self) -> bool {
+        matches!(self, LeafState::Online | LeafState::Degraded)
+    }
+
+    /// The word `pool status` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            LeafState::Online => "ONLINE",
+            LeafState::Degraded => "DEGRADED",
+            LeafState::Faulted(_) => "FAULTED",
+            LeafState::Offline => "OFFLINE",
+        }
+    }
+
+    /// Why the leaf is in this state, for the status line beside it.
+    pub fn reason(self) -> Option<&'static str> {
+        match self {
+            LeafState::Online | LeafState::Offline => None,
+            LeafState::Degraded => Some("too many checksum errors"),
+            LeafState::Faulted(FaultReason::Gone) => Some("device gone"),
+            LeafState::Faulted(FaultReason::TooManyErrors) => Some("too many I/O errors"),
+        }
+    }
+}
+
+impl std::fmt::Display for LeafState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.reason() {
+            Some(reason) => write!(f, "{} ({reason})", self.name()),
+            None => f.write_str(self.name()),
+        }
+    }
+}
+
 /// A leaf vdev.
 pub struct Leaf {
     id: VdevId,
@@ -50,8 +139,19 @@ pub struct Leaf {
     last_end: AtomicU64,
     /// End offsets of queued and in-flight I/Os, with how many end there.
     pending_ends: Mutex<BTreeMap<u64, u32>>,
-    faulted: AtomicBool,
+    /// A [`LeafState`], encoded.
+    state: AtomicU8,
     stats: LeafStats,
+    /// Read, write and checksum errors counted when the errors were last cleared (`pool
+    /// clear`): the counters themselves only grow, as the metrics expect.
+    cleared: Mutex<[u64; 3]>,
+    /// Writes a mirror did not send here because the leaf was out of service, and writes
+    /// refused because it was offline: with the write errors, what it missed.
+    skipped_writes: AtomicU64,
+    /// Set by the pool while the leaf misses txgs its mirror has (until a resilver catches
+    /// it up): mirrors read it only when no up-to-date child is left, and a stale copy there
+    /// is not counted as a checksum error.
+    behind: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Leaf {
@@ -78,8 +178,11 @@ impl Leaf {
             pending: AtomicU64::new(0),
             last_end: AtomicU64::new(0),
             pending_ends: Mutex::new(BTreeMap::new()),
-            faulted: AtomicBool::new(false),
+            state: AtomicU8::new(LeafState::ONLINE),
             stats: LeafStats::default(),
+            cleared: Mutex::new([0; 3]),
+            skipped_writes: AtomicU64::new(0),
+            behind: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -154,19 +257,74 @@ impl Leaf {
         active
     }
 
-    /// A leaf is faulted once its device reported itself gone; mirrors stop reading from it.
+    /// Read, write and checksum errors since the last [`Leaf::clear_errors`], as `pool
+    /// status` shows them.
+    pub fn errors(&self) -> [u64; 3] {
+        let cleared = *self.cleared.lock();
+        let now = [
+            self.stats.read_errors.get(),
+            self.stats.write_errors.get(),
+            self.stats.checksum_errors.get(),
+        ];
+        [0, 1, 2].map(|i| now[i].saturating_sub(cleared[i]))
+    }
+
+    /// Writes this leaf did not take (failed, skipped out of service, refused offline). It
+    /// only grows; the pool compares it across txgs to tell whether the leaf missed a block.
+    pub fn writes_missed(&self) -> u64 {
+        self.stats.write_errors.get() + self.skipped_writes.load(Ordering::Relaxed)
+    }
+
+    /// Whether the leaf misses txgs its mirror has (see the field).
+    pub fn is_behind(&self) -> bool {
+        self.behind.load(Ordering::Relaxed)
+    }
+
+    pub fn set_behind(&self, behind: bool) {
+        self.behind.store(behind, Ordering::Relaxed);
+    }
+
+    /// Counts a write a mirror did not send here (the leaf is out of service).
+    pub fn note_skipped_write(&self) {
+        self.skipped_writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Starts the error counts of [`Leaf::errors`] again from zero.
+    pub fn clear_errors(&self) {
+        *self.cleared.lock() = [
+            self.stats.read_errors.get(),
+            self.stats.write_errors.get(),
+            self.stats.checksum_errors.get(),
+        ];
+    }
+
+    pub fn state(&self) -> LeafState {
+        LeafState::decode(self.state.load(Ordering::Relaxed))
+    }
+
+    /// Sets the leaf's state (an administrator's offline, online or clear, or a diagnosis).
+    pub fn set_state(&self, state: LeafState) {
+        self.state.store(state.encode(), Ordering::Relaxed);
+    }
+
+    /// Whether the leaf is out of service because its device failed.
     pub fn is_faulted(&self) -> bool {
-        self.faulted.load(Ordering::Relaxed)
+        matches!(self.state(), LeafState::Faulted(_))
     }
 
-    /// Marks the leaf faulted (its device is known to be missing).
-    pub fn mark_faulted(&self) {
-        self.faulted.store(true, Ordering::Relaxed);
+    /// Whether the leaf is out of service (faulted or offline): it holds nothing written
+    /// since, so what it returns is not trusted and its failures are not errors.
+    pub fn is_out_of_service(&self) -> bool {
+        !self.state().takes_writes()
     }
 
-    /// Marks the leaf healthy again (the device came back).
-    pub fn clear_fault(&self) {
-        self.faulted.store(false, Ordering::Relaxed);
+    /// Marks the leaf faulted because its device is known to be missing. An administrator's
+    /// offline stays: the device is not in use either way.
+    pub fn mark_gone(&self) {
+        let gone = LeafState::Faulted(FaultReason::Gone).encode();
+        let _ = self.state.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |raw| {
+            (raw != LeafState::OFFLINE).then_some(gone)
+        });
     }
 
     pub async fn read(
@@ -175,6 +333,7 @@ impl Leaf {
         len: u32,
         class: IoClass,
     ) -> Result<AlignedBuf, VdevError> {
+        self.check_online()?;
         let (done, wait) = oneshot::channel();
         let own = self.enqueue(
             QueuedIo {
@@ -216,6 +375,10 @@ impl Leaf {
         class: IoClass,
         durable: bool,
     ) -> Result<(), VdevError> {
+        if let Err(offline) = self.check_online() {
+            self.note_skipped_write();
+            return Err(offline);
+        }
         let (done, wait) = oneshot::channel();
         let len = u64::from(data.len_bytes());
         let own = self.enqueue(
@@ -243,6 +406,7 @@ impl Leaf {
     }
 
     pub async fn flush(&self) -> Result<(), VdevError> {
+        self.check_online()?;
         self.stats.flushes.inc();
         let result = self.device.flush().await.map_err(|e| self.device_error(e));
         if result.is_err() {
@@ -252,7 +416,19 @@ impl Leaf {
     }
 
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), VdevError> {
+        self.check_online()?;
         self.device.discard(offset, len).await.map_err(|e| self.device_error(e))
+    }
+
+    /// An offline leaf's device is not touched at all, whoever asks.
+    fn check_online(&self) -> Result<(), VdevError> {
+        if self.state() == LeafState::Offline {
+            return Err(VdevError::Offline {
+                vdev: self.id,
+                device: self.device.name().to_owned(),
+            });
+        }
+        Ok(())
     }
 
     fn gone(&self) -> VdevError {
@@ -264,7 +440,7 @@ impl Leaf {
 
     fn device_error(&self, source: crate::device::DeviceError) -> VdevError {
         if source.is_gone() {
-            self.faulted.store(true, Ordering::Relaxed);
+            self.mark_gone();
         }
         VdevError::Device { vdev: self.id, source }
     }

@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 
-use super::leaf::Leaf;
+use super::leaf::{Leaf, LeafState};
 use super::{VdevError, VdevId};
 use crate::device::{AlignedBuf, SharedBuf};
 use crate::rt::Env;
@@ -178,7 +178,7 @@ impl Mirror {
             match leaf.read(offset, len, class).await {
                 Ok(buf) if verify(&buf) => {
                     for &child in &mismatched {
-                        self.children[child].stats().checksum_errors.inc();
+                        self.count_mismatch(child);
                     }
                     self.repair(&bad, offset, &buf).await;
                     return Ok(buf);
@@ -188,7 +188,7 @@ impl Mirror {
                     bad.push(child);
                 }
                 Err(error) => {
-                    if !leaf.is_faulted() {
+                    if !leaf.is_out_of_service() {
                         bad.push(child);
                         unreadable += 1;
                     }
@@ -198,7 +198,7 @@ impl Mirror {
         }
         if count_if_none {
             for &child in &mismatched {
-                self.children[child].stats().checksum_errors.inc();
+                self.count_mismatch(child);
             }
         }
         Err(VdevError::NoValidCopy {
@@ -213,7 +213,7 @@ impl Mirror {
     }
 
     /// Reads every child's copy of `[offset, offset+len)`, checks each with `verify`, and
-    /// rewrites the bad ones from a good one (scrub). Children that are faulted are skipped.
+    /// rewrites the bad ones from a good one (scrub). Children out of service are skipped.
     pub async fn scrub(
         &self,
         offset: u64,
@@ -221,7 +221,7 @@ impl Mirror {
         verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
     ) -> ScrubOutcome {
         let reads = self.children.iter().map(|child| async move {
-            if child.is_faulted() {
+            if child.is_out_of_service() {
                 return None;
             }
             Some(child.read(offset, len, IoClass::Scrub).await)
@@ -235,7 +235,7 @@ impl Mirror {
                 None => {}
                 Some(Ok(buf)) if verify(&buf) => good = good.or(Some(buf)),
                 Some(Ok(_)) => {
-                    self.children[child].stats().checksum_errors.inc();
+                    self.count_mismatch(child);
                     bad.push(child);
                 }
                 Some(Err(_)) => bad.push(child),
@@ -243,19 +243,65 @@ impl Mirror {
         }
         outcome.errors = bad.len() as u32;
         match good {
-            Some(buf) => {
-                let before: u64 = bad.iter().map(|&c| self.children[c].stats().repairs.get()).sum();
-                self.repair(&bad, offset, &buf).await;
-                let after: u64 = bad.iter().map(|&c| self.children[c].stats().repairs.get()).sum();
-                outcome.repaired = (after - before) as u32;
-            }
+            Some(buf) => outcome.repaired = self.repair(&bad, offset, &buf).await,
             None => outcome.unrecoverable = true,
         }
         outcome
     }
 
-    /// Writes to every child; succeeds when at least one child took the write. Children that
-    /// failed have their error counted (the pool's resilver bookkeeping uses the result).
+    /// Copies `[offset, offset+len)` onto the children in `targets` from the first other child
+    /// whose copy verifies (ZFS's resilver writes a DTL child without reading it: its copy is
+    /// known to be stale or missing). When every other copy fails (or every child is a target:
+    /// each missed different writes), a target's own copy that verifies serves. Other children
+    /// whose copy failed are repaired too.
+    pub async fn resilver(
+        &self,
+        offset: u64,
+        len: u32,
+        verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
+        targets: &[VdevId],
+    ) -> ScrubOutcome {
+        let mut outcome = ScrubOutcome::default();
+        let mut bad = Vec::new();
+        let mut good = None;
+        let is_target = |c: usize| targets.contains(&self.children[c].id());
+        let in_service = |c: usize| !self.children[c].is_out_of_service();
+        let others = (0..self.children.len()).filter(|&c| !is_target(c) && in_service(c));
+        let stale = (0..self.children.len()).filter(|&c| is_target(c) && in_service(c));
+        for c in others.chain(stale) {
+            match self.children[c].read(offset, len, IoClass::Scrub).await {
+                Ok(buf) if verify(&buf) => {
+                    good = Some((c, buf));
+                    break;
+                }
+                // A target's stale copy is expected, not an error.
+                Ok(_) if is_target(c) => {}
+                Ok(_) => {
+                    self.children[c].stats().checksum_errors.inc();
+                    bad.push(c);
+                }
+                Err(_) => bad.push(c),
+            }
+        }
+        outcome.errors = bad.len() as u32;
+        let Some((source, buf)) = good else {
+            outcome.unrecoverable = true;
+            return outcome;
+        };
+        let copies = SharedBuf::copy_from(&buf);
+        let writes = (0..self.children.len())
+            .filter(|&c| c != source && (bad.contains(&c) || is_target(c)) && in_service(c))
+            .map(|c| {
+                let (leaf, data) = (&self.children[c], copies.clone());
+                async move { leaf.write(offset, data, IoClass::AsyncWrite).await.is_ok() }
+            });
+        outcome.repaired = join_all(writes).await.into_iter().filter(|&ok| ok).count() as u32;
+        outcome
+    }
+
+    /// Writes to every child in service; succeeds when at least one child took the write.
+    /// Children that failed have their error counted (the pool's resilver bookkeeping uses the
+    /// result). Children out of service miss the write; a resilver brings them up to date.
     pub async fn write(
         &self,
         offset: u64,
@@ -274,15 +320,14 @@ impl Mirror {
         durable: bool,
     ) -> Result<(), VdevError> {
         let writes = self
-            .children
-            .iter()
+            .taking_writes()
             .map(|child| child.write_flushed(offset, data.clone(), class, durable));
         let results = join_all(writes).await;
         self.any_succeeded(results, "write", offset, u64::from(data.len_bytes()))
     }
 
-    /// Writes and flushes on every child; fails if a child that is not faulted failed (see
-    /// `Root::write_durable`).
+    /// Writes and flushes on every child in service; fails if one of them failed and did not
+    /// turn out to be gone (see `Root::write_durable`).
     pub async fn write_flushed_everywhere(
         &self,
         offset: u64,
@@ -290,19 +335,19 @@ impl Mirror {
         class: IoClass,
     ) -> Result<(), VdevError> {
         let len = u64::from(data.len_bytes());
-        let writes = self
-            .children
-            .iter()
-            .map(|child| child.write_flushed(offset, data.clone(), class, true));
+        let writes = self.taking_writes().map(|child| {
+            let data = data.clone();
+            async move { (child.write_flushed(offset, data, class, true).await, child) }
+        });
         let results = join_all(writes).await;
         let mut any_ok = false;
         let mut failed_present = None;
-        for (result, child) in results.into_iter().zip(&self.children) {
+        for (result, child) in results {
             match result {
                 Ok(()) => any_ok = true,
-                // A child that went missing marks itself faulted; it holds nothing an import
-                // will trust.
-                Err(error) if !child.is_faulted() => {
+                // A child that went missing marks itself faulted (and one taken offline
+                // meanwhile refuses); either holds nothing an import will trust.
+                Err(error) if !child.is_out_of_service() => {
                     failed_present.get_or_insert(error);
                 }
                 Err(_) => {}
@@ -326,15 +371,40 @@ impl Mirror {
         }
     }
 
-    /// Flushes every child; succeeds when at least one child flushed.
+    /// Flushes every child in service; succeeds when at least one child flushed.
     pub async fn flush(&self) -> Result<(), VdevError> {
-        let results = join_all(self.children.iter().map(|child| child.flush())).await;
+        let results = join_all(self.in_service().map(|child| child.flush())).await;
         self.any_succeeded(results, "flush", 0, 0)
     }
 
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), VdevError> {
-        let results = join_all(self.children.iter().map(|child| child.discard(offset, len))).await;
+        let results = join_all(self.in_service().map(|child| child.discard(offset, len))).await;
         self.any_succeeded(results, "discard", offset, len)
+    }
+
+    /// Counts a copy that failed its checksum against `child`, unless the child is known to
+    /// be behind: its stale copies are expected, and its resilver is on the way.
+    fn count_mismatch(&self, child: usize) {
+        if !self.children[child].is_behind() {
+            self.children[child].stats().checksum_errors.inc();
+        }
+    }
+
+    /// The children that take writes, counting a skipped write on each of the others (what
+    /// they missed decides when a resilver has brought them up to date).
+    fn taking_writes(&self) -> impl Iterator<Item = &Arc<Leaf>> {
+        self.children.iter().filter(|child| {
+            let takes = !child.is_out_of_service();
+            if !takes {
+                child.note_skipped_write();
+            }
+            takes
+        })
+    }
+
+    /// The children that take writes (each state is read as the iterator reaches it).
+    fn in_service(&self) -> impl Iterator<Item = &Arc<Leaf>> + Clone {
+        self.children.iter().filter(|child| !child.is_out_of_service())
     }
 
     fn any_succeeded(
@@ -362,38 +432,44 @@ impl Mirror {
         self.repairs.store(on, Ordering::Relaxed);
     }
 
-    /// Rewrites the good copy onto the children that failed it.
-    async fn repair(&self, bad: &[usize], offset: u64, good: &[u8]) {
+    /// Rewrites the good copy onto the children that failed it; returns how many took it.
+    async fn repair(&self, bad: &[usize], offset: u64, good: &[u8]) -> u32 {
         if bad.is_empty() || !self.repairs.load(Ordering::Relaxed) {
-            return;
+            return 0;
         }
         let data = SharedBuf::copy_from(good);
-        let repairs = bad.iter().map(|&child| {
-            let leaf = &self.children[child];
-            let data = data.clone();
-            async move {
-                if leaf.write(offset, data, IoClass::AsyncWrite).await.is_ok() {
-                    leaf.stats().repairs.inc();
+        let repairs =
+            bad.iter().filter(|&&c| !self.children[c].is_out_of_service()).map(|&child| {
+                let leaf = &self.children[child];
+                let data = data.clone();
+                async move {
+                    let ok = leaf.write(offset, data, IoClass::AsyncWrite).await.is_ok();
+                    if ok {
+                        leaf.stats().repairs.inc();
+                    }
+                    ok
                 }
-            }
-        });
-        join_all(repairs).await;
+            });
+        join_all(repairs).await.into_iter().filter(|&ok| ok).count() as u32
     }
 
     /// The child to try next, or `None` when every child has been tried.
     fn select(&self, offset: u64, tried: u64) -> Option<usize> {
         let count = self.children.len();
         let untried = |c: usize| tried & (1 << c) == 0;
-        let healthy = |c: usize| untried(c) && !self.children[c].is_faulted();
-        // Faulted children are a last resort: they fail fast, but may have come back.
-        let usable: Vec<usize> = {
-            let healthy: Vec<usize> = (0..count).filter(|&c| healthy(c)).collect();
-            if healthy.is_empty() {
-                (0..count).filter(|&c| untried(c)).collect()
-            } else {
-                healthy
-            }
+        // Up-to-date online children first; a degraded one (bad data too often) or one behind
+        // (a resilver has yet to copy what it missed) when none is left; a faulted one last,
+        // since it fails fast but its device may have come back. An offline child is never
+        // read: the administrator took it out of service.
+        let rank = |c: usize| match self.children[c].state() {
+            LeafState::Online if !self.children[c].is_behind() => Some(0),
+            LeafState::Online | LeafState::Degraded => Some(1),
+            LeafState::Faulted(_) => Some(2),
+            LeafState::Offline => None,
         };
+        let best = (0..count).filter(|&c| untried(c)).filter_map(rank).min()?;
+        let usable: Vec<usize> =
+            (0..count).filter(|&c| untried(c) && rank(c) == Some(best)).collect();
         let first_from =
             |start: usize| (0..count).map(|i| (start + i) % count).find(|c| usable.contains(c));
         match self.policy {

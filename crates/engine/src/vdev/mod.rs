@@ -14,7 +14,7 @@ pub mod queue;
 use std::fmt;
 use std::sync::Arc;
 
-pub use leaf::Leaf;
+pub use leaf::{FaultReason, Leaf, LeafState};
 pub use mirror::{Mirror, ReadPolicy, ScrubOutcome, MIRROR_CHILDREN_MAX};
 
 use crate::device::{AlignedBuf, DeviceError, SharedBuf};
@@ -92,6 +92,8 @@ pub enum VdevError {
         #[source]
         source: Box<VdevError>,
     },
+    #[error("{vdev}: leaf {device} is offline (bring it back with `sluice pool online`)")]
+    Offline { vdev: VdevId, device: String },
     #[error("no top-level vdev {vdev} in this pool (it has {count})")]
     NoSuchVdev { vdev: u32, count: usize },
 }
@@ -116,6 +118,7 @@ impl VdevError {
             VdevError::Checksum { .. } | VdevError::NoValidCopy { .. } => ErrorKind::Checksum,
             VdevError::NoSuchVdev { .. } => ErrorKind::Invalid,
             VdevError::Device { .. }
+            | VdevError::Offline { .. }
             | VdevError::AllChildrenFailed { .. }
             | VdevError::ChildWriteFailed { .. } => ErrorKind::Io,
         }
@@ -218,6 +221,21 @@ impl Vdev {
                 ScrubOutcome { errors: u32::from(!good), repaired: 0, unrecoverable: !good }
             }
             Vdev::Mirror(mirror) => mirror.scrub(offset, len, verify).await,
+        }
+    }
+
+    /// Copies a block onto the `targets` leaves (ones that missed writes) from a copy on
+    /// another child that verifies. A lone leaf has nowhere to copy from: nothing is done.
+    pub async fn resilver(
+        &self,
+        offset: u64,
+        len: u32,
+        verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
+        targets: &[VdevId],
+    ) -> ScrubOutcome {
+        match self {
+            Vdev::Leaf(_) => ScrubOutcome::default(),
+            Vdev::Mirror(mirror) => mirror.resilver(offset, len, verify, targets).await,
         }
     }
 

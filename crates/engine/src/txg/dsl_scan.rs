@@ -1,0 +1,762 @@
+//! Scrub and resilver in the background while the pool serves (ZFS: `dsl_scan.c`).
+//!
+//! A scan walks the pool's trees in a fixed order (the pool directory and the space maps, the
+//! dedup table's buckets and the blocks their entries name, then each volume by id and its
+//! blocks by index, skipping the blocks it shares through the dedup table) and remembers how
+//! far it got as a bookmark. The shared blocks are visited through the table, as ZFS does:
+//! a shared block is born once but referenced from many places, and a reference added behind
+//! the bookmark to an old block whose other references were then overwritten would otherwise
+//! never be visited. (A table that grows its bucket count while a scan runs moves entries
+//! between buckets; the bookmark may then pass some of them: a known gap.) It works in chunks: each chunk pins the newest synced txg in the
+//! allocator (so no block of that tree is handed out again while the chunk reads or repairs
+//! it), walks that txg's tree from the bookmark gathering up to `scan.chunk_bytes` of block
+//! pointers, sorts them by device offset (the heads sweep instead of seeking), issues them
+//! `scan.ios_in_flight` at a time at the scrub I/O class, advances the bookmark and unpins.
+//! Between chunks the syncer goes on, so the next chunk walks a newer tree from the same
+//! bookmark: blocks written meanwhile were born after the scan began and reached every leaf
+//! in service, which is why only births in `[min_birth, max_birth]` are issued.
+//!
+//! - A **scrub** reads every copy of every block born up to the txg it started at, checks it
+//!   against its pointer's checksum and rewrites bad copies from a good one.
+//! - A **resilver** copies onto the leaves that missed writes (returned after being offline or
+//!   faulted, or that had write errors) every block born after the newest txg each of them
+//!   holds, reading a copy that verifies from another child; it writes without reading the
+//!   stale copy first, as ZFS does for the ranges a leaf is known to miss. When it ends, each
+//!   such leaf that stayed in service without a write error holds every txg again, so the
+//!   syncs write its uberblocks once more (crate::pool, `write_uberblock`).
+//!
+//! A resilver starts by itself after a sync that leaves a leaf behind, and when a leaf comes
+//! back online. It takes precedence: a running scrub is canceled (as `zpool` does), and a
+//! scrub is refused while a resilver runs. A resilver cannot be stopped; a scrub can be
+//! paused, resumed and stopped. The scan's state lives in memory: a scan interrupted by an
+//! export ends there (a leaf still behind is resilvered again at the next import).
+//!
+//! Why a bookmark and chunks rather than one walk of one pinned tree: a pin holds back every
+//! free made after its txg, so one walk of a large pool under a write load would hold back
+//! the space of everything overwritten for its whole duration.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use sluice_format::{BlockKind, BlockPointer, DdtBucket, PoolDirectory, BLKPTR_BYTES};
+
+use super::{Store, StoreError};
+use crate::pool::PoolError;
+use crate::rt::Time;
+use crate::tunables::IoClass;
+use crate::vdev::VdevId;
+
+/// What a scan does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScanFunc {
+    Scrub,
+    Resilver,
+}
+
+impl ScanFunc {
+    pub fn name(self) -> &'static str {
+        match self {
+            ScanFunc::Scrub => "scrub",
+            ScanFunc::Resilver => "resilver",
+        }
+    }
+}
+
+/// Where a scan is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScanPhase {
+    Scanning,
+    Finished,
+    Canceled,
+}
+
+/// A scan's progress and findings, as `pool status` shows them.
+#[derive(Clone, Debug)]
+pub struct ScanStatus {
+    pub func: ScanFunc,
+    pub phase: ScanPhase,
+    pub paused: bool,
+    /// Blocks born in `[min_birth, max_birth]` are issued.
+    pub min_birth: u64,
+    pub max_birth: u64,
+    pub started: Time,
+    pub ended: Option<Time>,
+    /// Volume bytes (logical) the walk has passed, of `total_bytes`, as of the last chunk.
+    pub examined_bytes: u64,
+    pub total_bytes: u64,
+    /// Blocks and bytes (as stored) read and checked, or copied.
+    pub issued_blocks: u64,
+    pub issued_bytes: u64,
+    /// Copies rewritten (a scrub's repairs, a resilver's copies).
+    pub repaired_copies: u64,
+    pub repaired_bytes: u64,
+    /// Copies that failed to read or verify.
+    pub errors: u64,
+    /// Blocks with no good copy anywhere.
+    pub unrecoverable: u64,
+    /// The leaves a resilver copies onto, by path.
+    pub targets: Vec<String>,
+    /// Why the scan ended early, when a tree could not be read.
+    pub failure: Option<String>,
+}
+
+impl ScanStatus {
+    /// Share of the walk done, from 0 to 1.
+    pub fn progress(&self) -> f64 {
+        match self.phase {
+            ScanPhase::Finished => 1.0,
+            _ if self.total_bytes == 0 => 0.0,
+            _ => (self.examined_bytes as f64 / self.total_bytes as f64).min(1.0),
+        }
+    }
+}
+
+/// How far the walk got: everything before it is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Bookmark {
+    /// The pool directory and the space maps come first.
+    Start,
+    /// The dedup table's buckets, from `block` on.
+    Ddt {
+        block: u64,
+    },
+    /// Volume `id`, from data block `block` on.
+    Volume {
+        id: u64,
+        block: u64,
+    },
+    Done,
+}
+
+/// The scan's shared state (`Store::scan`).
+#[derive(Debug)]
+pub(super) struct ScanState {
+    status: Option<ScanStatus>,
+    bookmark: Bookmark,
+    /// Leaves a resilver copies onto: guid, vdev id, and the writes it had missed when the
+    /// txg after the resilver's last birth opened ([`crate::pool::Pool::mark_caught_up`]).
+    targets: Vec<(u64, VdevId, u64)>,
+    /// The leaves behind (guid, writes missed) when a resilver last ended with blocks it
+    /// could not copy: it is not started again for the same leaves until something changes,
+    /// or it would run after every sync.
+    gave_up: Option<Vec<(u64, u64)>>,
+    /// A task is working on the scan.
+    running: bool,
+    pause_requested: bool,
+    /// Counts the scans begun; a chunk's results count only for the scan it was run for (one
+    /// stopped or replaced meanwhile keeps the figures it had).
+    generation: u64,
+    /// The store is closing: the task stops after its chunk without changing the status.
+    halt: bool,
+    /// A resilver was asked for while one ran (another leaf fell behind): run again after.
+    resilver_again: bool,
+    /// Woken whenever the task stops.
+    stopped: Vec<futures::channel::oneshot::Sender<()>>,
+}
+
+impl ScanState {
+    pub(super) fn new() -> ScanState {
+        ScanState {
+            status: None,
+            bookmark: Bookmark::Done,
+            targets: Vec::new(),
+            running: false,
+            pause_requested: false,
+            generation: 0,
+            halt: false,
+            resilver_again: false,
+            gave_up: None,
+            stopped: Vec::new(),
+        }
+    }
+
+    fn active(&self) -> Option<&ScanStatus> {
+        self.status.as_ref().filter(|s| s.phase == ScanPhase::Scanning)
+    }
+}
+
+/// Which kind of tree a walk goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Walk {
+    Volume,
+    DedupTable,
+}
+
+/// What a chunk left to do.
+enum Next {
+    More,
+    Done,
+}
+
+/// A pin of one synced txg's tree in the allocator, released on drop.
+struct Pinned<'a> {
+    store: &'a Store,
+    txg: u64,
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        self.store.allocator.lock().unpin(self.txg);
+    }
+}
+
+impl Store {
+    /// The scan running, paused, or last finished or canceled since the store opened.
+    pub fn scan_status(&self) -> Option<ScanStatus> {
+        self.scan.lock().status.clone()
+    }
+
+    /// Starts a scrub, or resumes a paused one (`zpool scrub`).
+    pub fn scrub_start(self: &Arc<Self>) -> Result<(), StoreError> {
+        let refuse = |reason: &str| StoreError::ScanRefused {
+            pool: self.pool.name().to_owned(),
+            reason: reason.to_owned(),
+        };
+        {
+            let mut scan = self.scan.lock();
+            if scan.halt {
+                return Err(refuse("the pool is closing"));
+            }
+            match scan.active() {
+                Some(s) if s.func == ScanFunc::Resilver => {
+                    return Err(refuse(
+                        "a resilver is in progress; scrub when it has finished (`pool status` \
+                         shows its progress)",
+                    ))
+                }
+                Some(s) if !s.paused => {
+                    return Err(refuse(
+                        "a scrub is already in progress; pause it with `pool scrub -p` or stop \
+                         it with `pool scrub -s`",
+                    ))
+                }
+                Some(_) => {
+                    if let Some(status) = scan.status.as_mut() {
+                        status.paused = false;
+                    }
+                    scan.pause_requested = false;
+                }
+                None => {
+                    let txg = self.pool.uberblock().txg;
+                    scan.status = Some(self.new_status(ScanFunc::Scrub, 0, txg, Vec::new()));
+                    scan.bookmark = Bookmark::Start;
+                    scan.targets.clear();
+                    scan.generation += 1;
+                    scan.pause_requested = false;
+                }
+            }
+        }
+        self.spawn_scan();
+        Ok(())
+    }
+
+    /// Pauses a running scrub after its current chunk (`zpool scrub -p`).
+    pub fn scrub_pause(&self) -> Result<(), StoreError> {
+        let mut scan = self.scan.lock();
+        match scan.active().map(|s| (s.func, s.paused)) {
+            Some((ScanFunc::Scrub, false)) => {
+                scan.pause_requested = true;
+                if let Some(status) = scan.status.as_mut() {
+                    status.paused = true;
+                }
+                Ok(())
+            }
+            Some((ScanFunc::Scrub, true)) => Ok(()),
+            Some((ScanFunc::Resilver, _)) => Err(self.scan_refused("a resilver cannot be paused")),
+            None => Err(self.scan_refused("there is no scrub in progress to pause")),
+        }
+    }
+
+    /// Stops a scrub, running or paused (`zpool scrub -s`).
+    pub fn scrub_stop(&self) -> Result<(), StoreError> {
+        let mut scan = self.scan.lock();
+        match scan.active().map(|s| s.func) {
+            Some(ScanFunc::Scrub) => {
+                // At once: a chunk in work finishes, and its figures are dropped.
+                let now = self.pool.env().now();
+                Self::end(&mut scan, ScanPhase::Canceled, now);
+                Ok(())
+            }
+            Some(ScanFunc::Resilver) => Err(self.scan_refused(
+                "a resilver cannot be stopped: the leaves it copies onto are missing data until \
+                 it ends",
+            )),
+            None => Err(self.scan_refused("there is no scrub in progress to stop")),
+        }
+    }
+
+    /// Starts a resilver when a leaf in service is behind the pool and another leaf of its
+    /// mirror holds everything; a running scrub is canceled for it. Returns whether one runs.
+    pub fn resilver_if_needed(self: &Arc<Self>) -> bool {
+        let behind = self.pool.leaves_behind();
+        if behind.is_empty() {
+            return false;
+        }
+        let evidence = self.behind_now(&behind);
+        {
+            let mut scan = self.scan.lock();
+            if scan.halt || scan.gave_up.as_ref() == Some(&evidence) {
+                return false;
+            }
+            match scan.active().map(|s| s.func) {
+                Some(ScanFunc::Resilver) => {
+                    let targets: Vec<u64> = scan.targets.iter().map(|t| t.0).collect();
+                    if behind.iter().any(|(guid, _, _)| !targets.contains(guid)) {
+                        scan.resilver_again = true;
+                    }
+                    return true;
+                }
+                Some(ScanFunc::Scrub) => {
+                    // The resilver replaces it (a running task goes on with the resilver).
+                    let now = self.pool.env().now();
+                    Self::end(&mut scan, ScanPhase::Canceled, now);
+                }
+                None => {}
+            }
+            self.begin_resilver(&mut scan, &behind);
+        }
+        self.spawn_scan();
+        true
+    }
+
+    /// Waits until no scan task is working (the scan finished, was paused or canceled).
+    pub async fn wait_scan(&self) {
+        loop {
+            let wait = {
+                let mut scan = self.scan.lock();
+                if !scan.running {
+                    return;
+                }
+                let (tx, rx) = futures::channel::oneshot::channel();
+                scan.stopped.push(tx);
+                rx
+            };
+            let _ = wait.await;
+        }
+    }
+
+    /// Stops the scan task after its current chunk and starts no other (the server stopping).
+    pub async fn halt_scan(&self) {
+        self.scan.lock().halt = true;
+        self.wait_scan().await;
+    }
+
+    /// As [`Store::halt_scan`], for a store no task can hold any more (export owns it): a task
+    /// between chunks finds the store gone and ends without saying so.
+    pub(super) fn forget_scan(&self) {
+        let waiters = {
+            let mut scan = self.scan.lock();
+            scan.halt = true;
+            scan.running = false;
+            std::mem::take(&mut scan.stopped)
+        };
+        for waiter in waiters {
+            let _ = waiter.send(());
+        }
+    }
+
+    /// The leaves behind with what each has missed by now, to tell a new reason to resilver
+    /// from the one a resilver gave up on.
+    fn behind_now(&self, behind: &[(u64, u64, u64)]) -> Vec<(u64, u64)> {
+        let leaves = self.pool.leaves();
+        behind
+            .iter()
+            .filter_map(|&(guid, _, _)| leaves.iter().find(|l| l.guid == guid))
+            .map(|l| (l.guid, l.leaf.writes_missed()))
+            .collect()
+    }
+
+    fn scan_refused(&self, reason: &str) -> StoreError {
+        StoreError::ScanRefused { pool: self.pool.name().to_owned(), reason: reason.to_owned() }
+    }
+
+    fn new_status(
+        &self,
+        func: ScanFunc,
+        min_birth: u64,
+        max_birth: u64,
+        targets: Vec<String>,
+    ) -> ScanStatus {
+        ScanStatus {
+            func,
+            phase: ScanPhase::Scanning,
+            paused: false,
+            min_birth,
+            max_birth,
+            started: self.pool.env().now(),
+            ended: None,
+            examined_bytes: 0,
+            total_bytes: 0,
+            issued_blocks: 0,
+            issued_bytes: 0,
+            repaired_copies: 0,
+            repaired_bytes: 0,
+            errors: 0,
+            unrecoverable: 0,
+            targets,
+            failure: None,
+        }
+    }
+
+    fn begin_resilver(&self, scan: &mut ScanState, behind: &[(u64, u64, u64)]) {
+        let tree = self.pool.tree();
+        let min_birth = behind.iter().map(|&(_, held, _)| held + 1).min().unwrap_or(1);
+        let found: Vec<_> = behind
+            .iter()
+            .filter_map(|&(guid, _, missed)| {
+                tree.leaves.iter().find(|l| l.guid == guid).map(|l| (l, missed))
+            })
+            .collect();
+        scan.targets = found.iter().map(|(l, missed)| (l.guid, l.leaf.id(), *missed)).collect();
+        let paths = found.iter().map(|(l, _)| l.path.clone()).collect();
+        let txg = self.pool.uberblock().txg;
+        scan.status = Some(self.new_status(ScanFunc::Resilver, min_birth, txg, paths));
+        scan.bookmark = Bookmark::Start;
+        scan.generation += 1;
+        scan.pause_requested = false;
+        scan.resilver_again = false;
+        scan.gave_up = None;
+    }
+
+    /// Starts the scan task unless one is working. It holds the store only while a chunk is in
+    /// work, so an export waits for at most one chunk.
+    fn spawn_scan(self: &Arc<Self>) {
+        {
+            let mut scan = self.scan.lock();
+            if scan.running || scan.active().is_none_or(|s| s.paused) {
+                return;
+            }
+            scan.running = true;
+        }
+        let weak = Arc::downgrade(self);
+        self.pool.env().spawn("dsl_scan", async move {
+            loop {
+                let Some(store) = weak.upgrade() else { return };
+                if !store.scan_step().await {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Runs one chunk, or ends the scan. Returns whether the task goes on.
+    async fn scan_step(self: &Arc<Self>) -> bool {
+        let (go, generation) = {
+            let scan = self.scan.lock();
+            let go = !scan.halt && !scan.pause_requested && scan.active().is_some();
+            (go, scan.generation)
+        };
+        if go {
+            match self.scan_chunk(generation).await {
+                Ok(Next::More) => return true,
+                Ok(Next::Done) => self.finish_scan(generation).await,
+                Err(error) => {
+                    // The store is suspended or its newest tree did not read: the scan ends,
+                    // canceled, saying why.
+                    let now = self.pool.env().now();
+                    let mut scan = self.scan.lock();
+                    if scan.generation == generation {
+                        if let Some(status) = scan.status.as_mut() {
+                            status.failure = Some(error.to_string());
+                        }
+                        Self::end(&mut scan, ScanPhase::Canceled, now);
+                    }
+                }
+            }
+        }
+        self.next_or_stop()
+    }
+
+    /// Decides, in one critical section with anything that starts or resumes a scan, whether
+    /// the task goes on: with a resilver that was asked for, or a scan started or resumed
+    /// while this one ended (whose `spawn_scan` saw the task still running). Otherwise the
+    /// task stops and its waiters are woken.
+    fn next_or_stop(self: &Arc<Self>) -> bool {
+        let waiters = {
+            let mut scan = self.scan.lock();
+            if std::mem::take(&mut scan.resilver_again) && !scan.halt {
+                let behind = self.pool.leaves_behind();
+                if !behind.is_empty() {
+                    self.begin_resilver(&mut scan, &behind);
+                }
+            }
+            let more =
+                !scan.halt && !scan.pause_requested && scan.active().is_some_and(|s| !s.paused);
+            if more {
+                return true;
+            }
+            scan.running = false;
+            std::mem::take(&mut scan.stopped)
+        };
+        for waiter in waiters {
+            let _ = waiter.send(());
+        }
+        false
+    }
+
+    /// Ends the current scan, if it is still scanning.
+    fn end(scan: &mut ScanState, phase: ScanPhase, now: Time) {
+        if let Some(status) = scan.status.as_mut().filter(|s| s.phase == ScanPhase::Scanning) {
+            status.phase = phase;
+            status.ended = Some(now);
+            status.paused = false;
+            scan.bookmark = Bookmark::Done;
+            scan.pause_requested = false;
+        }
+    }
+
+    /// A finished resilver brings its targets up to date: each holds every block born up to
+    /// the resilver's last birth, and one that missed no write since then holds every synced
+    /// txg. One that did (it went out of service again, or a write failed on it) is behind
+    /// by the txgs since, and the next sync starts a resilver of those. Under the sync lock,
+    /// so that no sync is between writing its uberblocks and counting who took them.
+    async fn finish_scan(&self, generation: u64) {
+        let (func, targets, clean, resilvered) = {
+            let scan = self.scan.lock();
+            if scan.generation != generation || scan.active().is_none() {
+                return;
+            }
+            let status = scan.status.as_ref();
+            let clean = status.is_some_and(|s| s.unrecoverable == 0);
+            let resilvered = status.map_or(0, |s| s.max_birth);
+            (status.map(|s| s.func), scan.targets.clone(), clean, resilvered)
+        };
+        if func == Some(ScanFunc::Resilver) {
+            if clean {
+                let _one_at_a_time = self.sync_lock.lock().await;
+                for &(guid, _, missed_then) in &targets {
+                    self.pool.mark_caught_up(guid, resilvered, missed_then);
+                }
+            } else {
+                let behind = self.pool.leaves_behind();
+                self.scan.lock().gave_up = Some(self.behind_now(&behind));
+            }
+        }
+        let now = self.pool.env().now();
+        let mut scan = self.scan.lock();
+        if scan.generation == generation {
+            Self::end(&mut scan, ScanPhase::Finished, now);
+        }
+    }
+
+    /// Pins the newest synced tree; walks it from the bookmark; issues what it gathered.
+    async fn scan_chunk(&self, generation: u64) -> Result<Next, StoreError> {
+        let (bookmark, min_birth, max_birth, targets) = {
+            let scan = self.scan.lock();
+            let Some(status) = scan.status.as_ref() else { return Ok(Next::Done) };
+            let targets: Vec<VdevId> = scan.targets.iter().map(|t| t.1).collect();
+            (scan.bookmark, status.min_birth, status.max_birth, targets)
+        };
+        if bookmark == Bookmark::Done {
+            return Ok(Next::Done);
+        }
+        let (pin, root) = {
+            let mut allocator = self.allocator.lock();
+            let uberblock = self.pool.uberblock();
+            allocator.pin(uberblock.txg);
+            (Pinned { store: self, txg: uberblock.txg }, uberblock.root)
+        };
+        let Some(root) = root else {
+            drop(pin);
+            return Ok(Next::Done);
+        };
+        let directory = self.read_directory(&root).await?;
+        let budget = self.scan_chunk_bytes;
+        let in_range = |bp: &BlockPointer| (min_birth..=max_birth).contains(&bp.birth_txg);
+        let mut gathered: Vec<BlockPointer> = Vec::new();
+        let mut gathered_bytes = 0u64;
+        let mut unreadable = 0u64;
+        let mut next = bookmark;
+        if next == Bookmark::Start {
+            let pieces = directory.space_maps.iter().flatten();
+            for bp in std::iter::once(&root).chain(pieces).filter(|bp| in_range(bp)) {
+                gathered_bytes += bp.psize_bytes();
+                gathered.push(*bp);
+            }
+            next = Bookmark::Ddt { block: 0 };
+        }
+        let mut volumes: Vec<_> = directory.volumes.iter().collect();
+        volumes.sort_by_key(|v| v.id);
+        let total_bytes: u64 = volumes.iter().map(|v| v.size_bytes).sum();
+        while gathered_bytes < budget && next != Bookmark::Done {
+            match next {
+                Bookmark::Start => unreachable!("the start is gathered above"),
+                Bookmark::Volume { id, block } => {
+                    let Some(volume) = volumes.iter().find(|v| v.id >= id) else {
+                        next = Bookmark::Done;
+                        continue;
+                    };
+                    let from = if volume.id == id { block } else { 0 };
+                    let walked = self
+                        .walk_tree(
+                            volume.root,
+                            volume.levels,
+                            Walk::Volume,
+                            from,
+                            (min_birth, max_birth),
+                            budget - gathered_bytes,
+                            &mut gathered,
+                            &mut unreadable,
+                        )
+                        .await;
+                    gathered_bytes = gathered.iter().map(BlockPointer::psize_bytes).sum();
+                    next = match walked {
+                        Some(block) => Bookmark::Volume { id: volume.id, block },
+                        None => Bookmark::Volume { id: volume.id + 1, block: 0 },
+                    };
+                }
+                Bookmark::Ddt { block } => {
+                    let walked = self
+                        .walk_tree(
+                            directory.ddt.root,
+                            directory.ddt.levels,
+                            Walk::DedupTable,
+                            block,
+                            (min_birth, max_birth),
+                            budget - gathered_bytes,
+                            &mut gathered,
+                            &mut unreadable,
+                        )
+                        .await;
+                    gathered_bytes = gathered.iter().map(BlockPointer::psize_bytes).sum();
+                    next = walked.map_or(Bookmark::Volume { id: 0, block: 0 }, |block| {
+                        Bookmark::Ddt { block }
+                    });
+                }
+                Bookmark::Done => {}
+            }
+        }
+        // Issue in device order: a scan of an aged pool otherwise seeks for every block.
+        gathered.sort_by_key(|bp| bp.copies().next().map(|d| (d.vdev, d.offset_bytes())));
+        let in_flight = self.scan_ios_in_flight;
+        let targets = &targets;
+        let outcomes: Vec<_> =
+            futures::stream::iter(gathered.iter().copied().map(|bp| async move {
+                (bp.psize_bytes(), self.pool.scan_block(&bp, targets).await)
+            }))
+            .buffer_unordered(in_flight)
+            .collect()
+            .await;
+        drop(pin);
+        let examined = match next {
+            Bookmark::Start | Bookmark::Ddt { .. } => 0,
+            Bookmark::Volume { id, block } => volumes
+                .iter()
+                .map(|v| match v.id.cmp(&id) {
+                    std::cmp::Ordering::Less => v.size_bytes,
+                    std::cmp::Ordering::Equal => {
+                        (block * u64::from(v.block_bytes)).min(v.size_bytes)
+                    }
+                    std::cmp::Ordering::Greater => 0,
+                })
+                .sum(),
+            Bookmark::Done => total_bytes,
+        };
+        let mut scan = self.scan.lock();
+        if scan.generation != generation || scan.active().is_none() {
+            // Stopped or replaced while the chunk ran: its figures belong to no scan.
+            return Ok(Next::More);
+        }
+        scan.bookmark = next;
+        if let Some(status) = scan.status.as_mut() {
+            status.total_bytes = total_bytes;
+            status.examined_bytes = examined;
+            status.unrecoverable += unreadable;
+            for (bytes, outcome) in outcomes {
+                status.issued_blocks += 1;
+                status.issued_bytes += bytes;
+                status.errors += u64::from(outcome.errors);
+                status.repaired_copies += u64::from(outcome.repaired);
+                status.repaired_bytes += u64::from(outcome.repaired) * bytes;
+                status.unrecoverable += u64::from(outcome.unrecoverable);
+            }
+        }
+        Ok(if next == Bookmark::Done { Next::Done } else { Next::More })
+    }
+
+    async fn read_directory(&self, root: &BlockPointer) -> Result<PoolDirectory, StoreError> {
+        let bytes = self.pool.read_block(root, IoClass::Scrub).await?;
+        PoolDirectory::decode(&bytes).map_err(|source| {
+            StoreError::Pool(PoolError::Format { pool: self.pool.name().to_owned(), source })
+        })
+    }
+
+    /// Walks a tree of `levels` levels of indirect blocks (a volume's, or the dedup table's)
+    /// in block order from data block `from`, adding to `gathered` the blocks born in `births`
+    /// until about `budget` bytes are gathered. Returns the block to resume from, or `None`
+    /// when the tree is done. A subtree born before `births` is skipped whole: copy-on-write
+    /// gives a parent a birth no older than any of its children. An indirect block is
+    /// gathered on the walk that first enters it (one whose first block is where a chunk
+    /// stopped may be issued again by the next, at most one per level). An indirect block
+    /// that cannot be read on any copy is counted in `unreadable` and its subtree skipped:
+    /// the scan goes on with the rest, as ZFS's does.
+    #[allow(clippy::too_many_arguments)]
+    async fn walk_tree(
+        &self,
+        root: Option<BlockPointer>,
+        levels: u8,
+        walk: Walk,
+        from: u64,
+        births: (u64, u64),
+        budget: u64,
+        gathered: &mut Vec<BlockPointer>,
+        unreadable: &mut u64,
+    ) -> Option<u64> {
+        let root = root?;
+        let span = |level: u8| crate::objset::INDIRECT_BPS.saturating_pow(u32::from(level));
+        let mut bytes = 0u64;
+        // (pointer, level, first data block under it), popped in block order.
+        let mut stack = vec![(root, levels, 0u64)];
+        while let Some((bp, level, first)) = stack.pop() {
+            if first.saturating_add(span(level)) <= from || bp.birth_txg < births.0 {
+                continue;
+            }
+            if bytes >= budget {
+                return Some(first.max(from));
+            }
+            // A volume's shared blocks are visited through the dedup table.
+            let shared = walk == Walk::Volume && level == 0 && bp.dedup.is_some();
+            let issue = !shared && bp.birth_txg <= births.1 && (level == 0 || first >= from);
+            if issue {
+                bytes += bp.psize_bytes();
+                gathered.push(bp);
+            }
+            if level == 0 && walk == Walk::DedupTable {
+                // A bucket: the blocks its entries name (a bucket rewritten since the scan
+                // began may still name older blocks).
+                let Ok(bucket) = self.pool.read_block(&bp, IoClass::Scrub).await else {
+                    *unreadable += 1;
+                    continue;
+                };
+                let Ok(bucket) = DdtBucket::decode(&bucket) else {
+                    *unreadable += 1;
+                    continue;
+                };
+                for entry in bucket.entries {
+                    if (births.0..=births.1).contains(&entry.bp.birth_txg) {
+                        bytes += entry.bp.psize_bytes();
+                        gathered.push(entry.bp);
+                    }
+                }
+                continue;
+            }
+            if level == 0 || bp.kind != BlockKind::Indirect {
+                continue;
+            }
+            let Ok(node) = self.pool.read_block(&bp, IoClass::Scrub).await else {
+                *unreadable += 1;
+                continue;
+            };
+            let child_span = span(level - 1);
+            let children = node.chunks_exact(BLKPTR_BYTES).enumerate().rev();
+            for (slot, bytes) in children {
+                if let Ok(Some(child)) = BlockPointer::decode(bytes) {
+                    let child_first =
+                        first.saturating_add((slot as u64).saturating_mul(child_span));
+                    stack.push((child, level - 1, child_first));
+                }
+            }
+        }
+        None
+    }
+}

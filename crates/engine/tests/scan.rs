@@ -1,0 +1,299 @@
+//! Leaves out of service and back, and the background scan (scrub and resilver) while the pool
+//! keeps writing: an offline leaf gets no I/O, comes back through a resilver of only what it
+//! missed, and then alone holds everything; a scrub interleaved with overwrites and syncs never
+//! repairs onto reused space; pause, resume, stop and zpool's refusals.
+
+// Test helpers unwrap freely: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use sluice_engine::alloc::log_region_bytes;
+use sluice_engine::device::sim::Fault;
+use sluice_engine::device::{SimDevice, SimProfile};
+use sluice_engine::pool::{Pool, PoolError};
+use sluice_engine::rt::Rng;
+use sluice_engine::tunables::Tunables;
+use sluice_engine::txg::{ScanFunc, ScanPhase, Store, StoreError};
+use sluice_engine::vdev::LeafState;
+use sluice_format::{data_end_bytes, DATA_START_BYTES};
+use sluice_sim::Sim;
+
+const VOLUME_BYTES: u64 = 4 << 20;
+const LEG_BYTES: u64 = 64 << 20;
+const BLOCK: u32 = 4096;
+
+/// The block cache off (reads must reach the legs) and chunks of 1 MiB, so a scan of the
+/// 4 MiB volume takes several chunks with syncs between them.
+fn tunables() -> Tunables {
+    Tunables::with([("cache.bytes_max", "0"), ("scan.chunk_bytes", "1M")]).unwrap()
+}
+
+/// A pool on two legs with one volume full of random data, synced.
+fn setup(seed: u64) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
+    let sim = Sim::new(seed);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEG_BYTES);
+    let specs = common::leaf_specs(&legs);
+    let mut rng = Rng::new(seed);
+    let data: Vec<u8> = (0..VOLUME_BYTES).map(|_| rng.u64() as u8).collect();
+    let env = sim.env();
+    let d = data.clone();
+    let store = sim
+        .run(async move {
+            let tunables = tunables();
+            let store = common::mirror_store(&env, specs, &tunables).await;
+            store.create_volume("v", VOLUME_BYTES, BLOCK).unwrap();
+            store.write("v", 0, &d).await.unwrap();
+            store.sync().await.unwrap();
+            Arc::new(store)
+        })
+        .unwrap()
+        .0;
+    (sim, legs, store, data)
+}
+
+/// Reads every block; returns (blocks that failed, blocks that returned wrong bytes).
+fn read_all(sim: &Sim, store: &Arc<Store>, data: &[u8]) -> (u64, u64) {
+    let s = Arc::clone(store);
+    let expected = data.to_vec();
+    sim.run(async move {
+        let (mut failed, mut wrong) = (0, 0);
+        for block in 0..VOLUME_BYTES / u64::from(BLOCK) {
+            let at = block * u64::from(BLOCK);
+            match s.read("v", at, u64::from(BLOCK)).await {
+                Ok(got) => {
+                    wrong += u64::from(got != expected[at as usize..][..BLOCK as usize]);
+                }
+                Err(_) => failed += 1,
+            }
+        }
+        (failed, wrong)
+    })
+    .unwrap()
+    .0
+}
+
+/// Writes `pieces` runs of 16 KiB of a new pattern at spread offsets, a sync after each, into
+/// both the store and `data`.
+fn overwrite(sim: &Sim, store: &Arc<Store>, data: &mut [u8], pieces: u64, seed: u8) {
+    let mut writes = Vec::new();
+    for i in 0..pieces {
+        let at = (i * 37 % (VOLUME_BYTES / (16 << 10))) * (16 << 10);
+        let bytes = vec![seed.wrapping_add(i as u8); 16 << 10];
+        data[at as usize..][..bytes.len()].copy_from_slice(&bytes);
+        writes.push((at, bytes));
+    }
+    let s = Arc::clone(store);
+    sim.run(async move {
+        for (at, bytes) in writes {
+            s.write("v", at, &bytes).await.unwrap();
+            s.sync().await.unwrap();
+        }
+    })
+    .unwrap();
+}
+
+fn leaf_stats(store: &Store, index: usize) -> (u64, u64, u64) {
+    let leaves = store.pool().leaves();
+    let stats = leaves[index].leaf.stats();
+    (stats.reads.get(), stats.writes.get(), stats.flushes.get())
+}
+
+/// An offline leg gets no I/O while the pool writes; the other leg cannot go offline then.
+/// Online again, a background resilver copies the blocks born while it was away and no
+/// others, after which it alone reads back every block, and the audit balances.
+#[test]
+fn offline_leaf_is_resilvered_with_only_what_it_missed() {
+    let (sim, legs, store, mut data) = setup(3);
+    assert_eq!(store.offline_leaf("leg1").unwrap(), "leg1");
+    let refused = store.offline_leaf("leg0").unwrap_err();
+    assert!(matches!(refused, StoreError::Pool(PoolError::NoValidReplicas { .. })), "{refused}");
+    assert!(refused.to_string().contains("no valid replicas"), "{refused}");
+    let unknown = store.offline_leaf("leg9").unwrap_err().to_string();
+    assert!(unknown.contains("leg0, leg1"), "{unknown}");
+    let before = leaf_stats(&store, 1);
+    overwrite(&sim, &store, &mut data, 8, 0x40);
+    assert_eq!(leaf_stats(&store, 1), before, "the offline leg was touched");
+    assert_eq!(store.pool().leaves()[1].leaf.state(), LeafState::Offline);
+
+    let s = Arc::clone(&store);
+    let (path, resilvering) =
+        sim.run(async move { s.online_leaf("leg1").await.unwrap() }).unwrap().0;
+    assert_eq!(path, "leg1");
+    assert!(resilvering, "the leg missed eight txgs");
+    let s = Arc::clone(&store);
+    sim.run(async move { s.wait_scan().await }).unwrap();
+    let status = store.scan_status().unwrap();
+    assert_eq!((status.func, status.phase), (ScanFunc::Resilver, ScanPhase::Finished));
+    assert_eq!(status.targets, vec![String::from("leg1")]);
+    assert_eq!(status.unrecoverable, 0);
+    assert!(status.repaired_copies >= 32, "the 8 x 4 new data blocks were copied: {status:?}");
+    assert!(
+        status.issued_blocks < VOLUME_BYTES / u64::from(BLOCK) / 4,
+        "the resilver copied {} blocks of a {}-block volume",
+        status.issued_blocks,
+        VOLUME_BYTES / u64::from(BLOCK)
+    );
+    assert!(store.pool().leaves_behind().is_empty());
+
+    // Leg0 gone: leg1 alone holds everything, and the accounting balances.
+    legs[0].inject(Fault::Lost);
+    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+    let s = Arc::clone(&store);
+    let audit = sim.run(async move { s.audit().await.unwrap() }).unwrap().0;
+    assert!(audit.is_clean(), "{:?}", audit.problems);
+}
+
+/// An offline that ends with the process (`-t`) still leaves the leg's uberblock rings at the
+/// last txg it took: the next import finds it behind and resilvers it.
+#[test]
+fn a_leg_offline_at_export_is_resilvered_at_the_next_import() {
+    let (sim, legs, store, mut data) = setup(4);
+    store.offline_leaf("leg1").unwrap();
+    overwrite(&sim, &store, &mut data, 4, 0x70);
+    let store = Arc::try_unwrap(store).unwrap();
+    sim.run(async move { store.export().await.unwrap() }).unwrap();
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    let (behind, store) = sim
+        .run(async move {
+            let tunables = tunables();
+            let pool = Pool::import(&env, specs, "tank", &tunables).await.unwrap();
+            let behind: Vec<String> = {
+                let leaves = pool.leaves();
+                let guids: Vec<u64> = pool.leaves_behind().iter().map(|b| b.0).collect();
+                leaves.iter().filter(|l| guids.contains(&l.guid)).map(|l| l.path.clone()).collect()
+            };
+            (behind, Arc::new(Store::open(pool, &tunables).await.unwrap()))
+        })
+        .unwrap()
+        .0;
+    assert_eq!(behind, vec![String::from("leg1")]);
+    assert!(store.pool().leaves_behind().is_empty(), "the import resilvered it");
+    legs[0].inject(Fault::Lost);
+    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+}
+
+/// Write errors on one leg during a txg leave it behind; the resilver that follows the sync
+/// copies what it missed.
+#[test]
+fn write_errors_on_a_leg_are_resilvered_after_the_sync() {
+    let (sim, legs, store, mut data) = setup(5);
+    legs[1].inject(Fault::WriteError { offset_bytes: 0, len_bytes: LEG_BYTES });
+    overwrite(&sim, &store, &mut data, 3, 0x11);
+    legs[1].clear_faults();
+    let behind = store.pool().leaves_behind();
+    assert_eq!(behind.len(), 1, "leg1 missed writes");
+    let s = Arc::clone(&store);
+    sim.run(async move {
+        assert!(s.resilver_if_needed());
+        s.wait_scan().await;
+    })
+    .unwrap();
+    let status = store.scan_status().unwrap();
+    assert_eq!((status.func, status.phase), (ScanFunc::Resilver, ScanPhase::Finished));
+    assert!(store.pool().leaves_behind().is_empty());
+    legs[0].inject(Fault::Lost);
+    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+}
+
+/// A scrub runs chunk by chunk while the volume is overwritten and synced between chunks: the
+/// damaged copies it finds are repaired, no repair lands on space a later txg reused (every
+/// block reads back as last written from either leg alone), and the audit balances.
+#[test]
+fn scrub_in_the_background_repairs_without_touching_reused_space() {
+    let (sim, legs, store, mut data) = setup(6);
+    // Every block of leg0's first 8 MiB of data damaged (the volume and the txgs after it).
+    let start = DATA_START_BYTES + log_region_bytes(data_end_bytes(LEG_BYTES) - DATA_START_BYTES);
+    let mut at = start;
+    while at < start + (8 << 20) {
+        legs[0].inject(Fault::BitFlip { offset_bytes: at + 100, bit: 3 });
+        at += u64::from(BLOCK);
+    }
+    store.scrub_start().unwrap();
+    // A second start while it runs is refused, naming the ways out.
+    let again = store.scrub_start().unwrap_err().to_string();
+    assert!(again.contains("already in progress") && again.contains("-p"), "{again}");
+    // Overwrites and syncs while the scrub works (its chunks run between them).
+    overwrite(&sim, &store, &mut data, 24, 0x90);
+    let s = Arc::clone(&store);
+    sim.run(async move { s.wait_scan().await }).unwrap();
+    let status = store.scan_status().unwrap();
+    assert_eq!((status.func, status.phase), (ScanFunc::Scrub, ScanPhase::Finished));
+    assert_eq!(status.unrecoverable, 0, "{status:?}");
+    assert!(status.repaired_copies > 0, "{status:?}");
+    assert_eq!(status.repaired_copies, status.errors, "{status:?}");
+    // Leg0 alone, its read-time bit flips still armed: every block reads back as last
+    // written, so every damaged copy the volume uses was rewritten (a write clears a flip).
+    legs[1].inject(Fault::Lost);
+    assert_eq!(read_all(&sim, &store, &data), (0, 0), "leg0 alone");
+    // Leg1 back (cleared: losing its device faulted it), then alone.
+    legs[1].clear_faults();
+    let s = Arc::clone(&store);
+    sim.run(async move { s.clear_leaves(Some("leg1")).await.unwrap() }).unwrap();
+    legs[0].inject(Fault::Lost);
+    assert_eq!(read_all(&sim, &store, &data), (0, 0), "leg1 alone");
+    legs[0].clear_faults();
+    let s = Arc::clone(&store);
+    let audit = sim.run(async move { s.audit().await.unwrap() }).unwrap().0;
+    assert!(audit.is_clean(), "{:?}", audit.problems);
+}
+
+/// Pause, resume and stop, and zpool's refusals: nothing to pause or stop, a resilver
+/// neither paused nor stopped, a scrub refused while a resilver runs.
+#[test]
+fn scrub_pause_resume_stop_and_refusals() {
+    let (sim, _legs, store, _data) = setup(7);
+    assert!(store.scrub_pause().unwrap_err().to_string().contains("no scrub in progress"));
+    assert!(store.scrub_stop().unwrap_err().to_string().contains("no scrub in progress"));
+
+    store.scrub_start().unwrap();
+    store.scrub_pause().unwrap();
+    let s = Arc::clone(&store);
+    sim.run(async move { s.wait_scan().await }).unwrap();
+    let paused = store.scan_status().unwrap();
+    assert!(paused.phase == ScanPhase::Scanning && paused.paused, "{paused:?}");
+    assert!(paused.progress() < 1.0);
+    // Resume: it goes on from its bookmark to the end.
+    store.scrub_start().unwrap();
+    let s = Arc::clone(&store);
+    sim.run(async move { s.wait_scan().await }).unwrap();
+    let done = store.scan_status().unwrap();
+    assert_eq!(done.phase, ScanPhase::Finished);
+    assert!(done.issued_blocks >= VOLUME_BYTES / u64::from(BLOCK), "{done:?}");
+
+    // Stop a paused scrub.
+    store.scrub_start().unwrap();
+    store.scrub_pause().unwrap();
+    let s = Arc::clone(&store);
+    sim.run(async move { s.wait_scan().await }).unwrap();
+    store.scrub_stop().unwrap();
+    assert_eq!(store.scan_status().unwrap().phase, ScanPhase::Canceled);
+
+    // A resilver: a scrub is refused meanwhile, and it cannot be paused or stopped.
+    let mut data = vec![0u8; VOLUME_BYTES as usize];
+    store.offline_leaf("leg1").unwrap();
+    overwrite(&sim, &store, &mut data, 2, 1);
+    let s = Arc::clone(&store);
+    let refusals = sim
+        .run(async move {
+            s.pool().online("leg1").unwrap();
+            s.sync().await.unwrap();
+            assert!(s.resilver_if_needed());
+            let refusals = [
+                s.scrub_start().unwrap_err().to_string(),
+                s.scrub_pause().unwrap_err().to_string(),
+                s.scrub_stop().unwrap_err().to_string(),
+            ];
+            s.wait_scan().await;
+            refusals
+        })
+        .unwrap()
+        .0;
+    assert!(refusals[0].contains("resilver is in progress"), "{}", refusals[0]);
+    assert!(refusals[1].contains("cannot be paused"), "{}", refusals[1]);
+    assert!(refusals[2].contains("cannot be stopped"), "{}", refusals[2]);
+    assert_eq!(store.scan_status().unwrap().phase, ScanPhase::Finished);
+}
