@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# A mirror leg taken out of service and back while a client writes: `sluice serve` on its
+# default pool (a 2-way mirror of two files), fio writing 4 KiB blocks with crc32c
+# verification; meanwhile `pool offline -t` takes leg1 out (status DEGRADED, leg1 OFFLINE with
+# an action line), `pool online` returns it and a background resilver copies what it missed.
+# fio must end without an error (its read-back verifies every block), `pool scrub -w` must
+# find nothing to repair, and, with leg0 moved away, the server on leg1 alone must return
+# every block fio wrote (fio --verify_only). Run by scripts/test; needs the sluice binary as
+# $1 (default target/release/sluice) and fio.
+set -euo pipefail
+bin=$(realpath "${1:-target/release/sluice}")
+work=$(mktemp -d)
+server=""
+fio_pid=""
+cleanup() {
+  if [ -n "$fio_pid" ] && kill -0 "$fio_pid" 2>/dev/null; then kill -KILL "$fio_pid" 2>/dev/null || true; fi
+  if [ -n "$server" ] && kill -0 "$server" 2>/dev/null; then kill -KILL "$server" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+export SLUICE_CACHE_FILE=$work/cache
+fail() { echo "failover: FAIL: $*" >&2; exit 1; }
+step() { echo "failover: $*"; }
+command -v fio >/dev/null || fail "fio is missing (scripts/test installs it)"
+
+start() {
+  "$bin" serve --dir "$work/data" --leaf-size 512M --volume-size 128M --listen 127.0.0.1:0 \
+    >"$work/server.log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 100); do
+    if grep -q "sluice: serving" "$work/server.log" 2>/dev/null; then break; fi
+    kill -0 "$server" 2>/dev/null || { cat "$work/server.log"; fail "server exited at start"; }
+    sleep 0.1
+  done
+  grep -q "sluice: serving" "$work/server.log" || { cat "$work/server.log"; fail "server did not start"; }
+  tcp=$(sed -n 's/.*tcp:\(127\.0\.0\.1:[0-9]*\).*/\1/p' "$work/server.log" | head -1)
+  [ -n "$tcp" ] || { cat "$work/server.log"; fail "no NBD TCP address in the server log"; }
+}
+stop() {
+  kill -TERM "$server"
+  wait "$server" || fail "server exited with $? after SIGTERM"
+  server=""
+}
+# The same job (offsets, data, seed) for the write and for the later read-back.
+job() {
+  fio --name=failover --ioengine=nbd --uri="nbd://$tcp/vol0" --rw=randwrite --bs=4k \
+    --size=96M --fsync=16 --verify=crc32c --verify_fatal=1 --randseed=18 "$@"
+}
+status() { "$bin" pool status sluice; }
+
+start
+step "fio writes 96 MiB in 4 KiB blocks with verification; leg1 goes offline and back meanwhile"
+job --output="$work/fio.out" >/dev/null 2>&1 &
+fio_pid=$!
+sleep 1
+"$bin" pool offline -t sluice leg1.img | grep -q "is offline" || fail "offline refused"
+out=$(status)
+echo "$out" | grep -q "state: DEGRADED" || { echo "$out"; fail "pool not DEGRADED with a leg offline"; }
+echo "$out" | grep -q "leg1.img *OFFLINE" || { echo "$out"; fail "leg1 not shown OFFLINE"; }
+echo "$out" | grep -q "action: return it with .sluice pool online" || { echo "$out"; fail "no action line"; }
+refused=$("$bin" pool offline -t sluice leg0.img 2>&1) && fail "offline of the last leg in service was accepted"
+echo "$refused" | grep -q "no valid replicas" || fail "offline of leg0 refused without the reason: $refused"
+sleep 2
+"$bin" pool online sluice leg1.img | grep -q "is online" || fail "online refused"
+resilvered=""
+for _ in $(seq 1 300); do
+  out=$(status)
+  if echo "$out" | grep -q "scan: resilver took"; then resilvered=yes; break; fi
+  sleep 0.1
+done
+[ -n "$resilvered" ] || { echo "$out"; fail "the resilver did not finish in 30 s"; }
+echo "$out" | grep "scan:"
+echo "$out" | grep -q "0 blocks unrecoverable" || { echo "$out"; fail "the resilver left blocks behind"; }
+wait "$fio_pid" || { cat "$work/fio.out"; fail "fio failed or a block did not verify"; }
+fio_pid=""
+grep -q "err= 0" "$work/fio.out" || { cat "$work/fio.out"; fail "fio reported errors"; }
+
+step "scrub -w: nothing to repair"
+scrub=$("$bin" pool scrub -w sluice)
+echo "$scrub"
+echo "$scrub" | grep -q "0 bad copies found" || fail "scrub found bad copies after the resilver"
+out=$(status)
+echo "$out" | grep -q "state: ONLINE" || { echo "$out"; fail "pool not ONLINE at the end"; }
+
+step "leg1 alone returns every block fio wrote"
+stop
+mv "$work/data/leg0.img" "$work/leg0.away"
+start
+job --verify_only --output="$work/verify.out" >/dev/null 2>&1 \
+  || { cat "$work/verify.out"; fail "leg1 alone does not hold what fio wrote"; }
+stop
+step "all passed"
