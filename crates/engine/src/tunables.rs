@@ -180,6 +180,17 @@ tunable_table! {
     DedupTableMemMax = "dedup.table_mem_max", Kind::Bytes { min: 1 << 20, max: 1 << 40 }, "64M",
         "Memory for dedup entries kept between txgs; beyond it, entries are dropped after each \
          sync and read back from their on-disk bucket when next needed.";
+    VdevIoErrorsMax = "vdev.io_errors_max", Kind::Count { min: 1, max: 1_000_000 }, "10",
+        "I/O errors (failed reads, writes and flushes, scrub's excepted) within \
+         vdev.errors_window_ms after which a mirror leaf is faulted: taken out of service until \
+         `pool clear` or `pool online` (zed's io_n). Never the leaf with the only good copy.";
+    VdevChecksumErrorsMax = "vdev.checksum_errors_max", Kind::Count { min: 1, max: 1_000_000 }, "10",
+        "Copies failing their checksum on reads (scrub's excepted) within \
+         vdev.errors_window_ms after which a mirror leaf is degraded: read only when no \
+         healthy copy is left (zed's checksum_n).";
+    VdevErrorsWindowMs = "vdev.errors_window_ms", Kind::Count { min: 1, max: 86_400_000 }, "600000",
+        "The window, in milliseconds, over which vdev.io_errors_max and \
+         vdev.checksum_errors_max count (zed's io_t and checksum_t: 10 minutes).";
     ScanChunkBytes = "scan.chunk_bytes", Kind::Bytes { min: 1 << 20, max: 1 << 34 }, "64M",
         "Bytes of blocks a scrub or resilver gathers from the newest tree, sorts by device \
          offset and reads (or copies) before it looks at the tree again. While a chunk is in \

@@ -17,7 +17,7 @@ use sluice_engine::pool::{Pool, PoolError};
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{ScanFunc, ScanPhase, Store, StoreError};
-use sluice_engine::vdev::LeafState;
+use sluice_engine::vdev::{FaultReason, LeafState};
 use sluice_format::{data_end_bytes, DATA_START_BYTES};
 use sluice_sim::Sim;
 
@@ -26,13 +26,23 @@ const LEG_BYTES: u64 = 64 << 20;
 const BLOCK: u32 = 4096;
 
 /// The block cache off (reads must reach the legs) and chunks of 1 MiB, so a scan of the
-/// 4 MiB volume takes several chunks with syncs between them.
+/// 4 MiB volume takes several chunks with syncs between them; then `extra`.
+fn tunables_with(extra: &[(&str, &str)]) -> Tunables {
+    let mut all = vec![("cache.bytes_max", "0"), ("scan.chunk_bytes", "1M")];
+    all.extend_from_slice(extra);
+    Tunables::with(all).unwrap()
+}
+
 fn tunables() -> Tunables {
-    Tunables::with([("cache.bytes_max", "0"), ("scan.chunk_bytes", "1M")]).unwrap()
+    tunables_with(&[])
 }
 
 /// A pool on two legs with one volume full of random data, synced.
 fn setup(seed: u64) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
+    setup_with(seed, tunables())
+}
+
+fn setup_with(seed: u64, tunables: Tunables) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
     let sim = Sim::new(seed);
     let legs = common::legs(&sim, 2, SimProfile::ssd(), LEG_BYTES);
     let specs = common::leaf_specs(&legs);
@@ -42,7 +52,6 @@ fn setup(seed: u64) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
     let d = data.clone();
     let store = sim
         .run(async move {
-            let tunables = tunables();
             let store = common::mirror_store(&env, specs, &tunables).await;
             store.create_volume("v", VOLUME_BYTES, BLOCK).unwrap();
             store.write("v", 0, &d).await.unwrap();
@@ -177,10 +186,11 @@ fn a_leg_offline_at_export_is_resilvered_at_the_next_import() {
 }
 
 /// Write errors on one leg during a txg leave it behind; the resilver that follows the sync
-/// copies what it missed.
+/// copies what it missed. (The diagnosis is set not to fault the leg for them.)
 #[test]
 fn write_errors_on_a_leg_are_resilvered_after_the_sync() {
-    let (sim, legs, store, mut data) = setup(5);
+    let (sim, legs, store, mut data) =
+        setup_with(5, tunables_with(&[("vdev.io_errors_max", "100000")]));
     legs[1].inject(Fault::WriteError { offset_bytes: 0, len_bytes: LEG_BYTES });
     overwrite(&sim, &store, &mut data, 3, 0x11);
     legs[1].clear_faults();
@@ -296,4 +306,79 @@ fn scrub_pause_resume_stop_and_refusals() {
     assert!(refusals[1].contains("cannot be paused"), "{}", refusals[1]);
     assert!(refusals[2].contains("cannot be stopped"), "{}", refusals[2]);
     assert_eq!(store.scan_status().unwrap().phase, ScanPhase::Finished);
+}
+
+/// Write errors across a whole leg fault it once `vdev.io_errors_max` of them pile up: the
+/// pool keeps taking writes on the other leg and stops sending them to the faulted one.
+/// Cleared once its device works, the leg is resilvered and alone holds everything.
+#[test]
+fn a_leg_failing_writes_is_faulted_then_cleared_and_resilvered() {
+    let (sim, legs, store, mut data) = setup(8);
+    legs[1].inject(Fault::WriteError { offset_bytes: 0, len_bytes: LEG_BYTES });
+    overwrite(&sim, &store, &mut data, 6, 0x21);
+    let (state, errors_at_fault) = {
+        let leaves = store.pool().leaves();
+        (leaves[1].leaf.state(), leaves[1].leaf.stats().write_errors.get())
+    };
+    assert_eq!(state, LeafState::Faulted(FaultReason::TooManyErrors));
+    overwrite(&sim, &store, &mut data, 4, 0x31);
+    let leaves = store.pool().leaves();
+    assert_eq!(leaves[1].leaf.stats().write_errors.get(), errors_at_fault, "written while faulted");
+    assert_eq!(leaves[0].leaf.state(), LeafState::Online);
+    drop(leaves);
+    legs[1].clear_faults();
+    let s = Arc::clone(&store);
+    let (_, resilvering) =
+        sim.run(async move { s.clear_leaves(Some("leg1")).await.unwrap() }).unwrap().0;
+    assert!(resilvering);
+    let s = Arc::clone(&store);
+    sim.run(async move { s.wait_scan().await }).unwrap();
+    assert!(store.pool().leaves_behind().is_empty());
+    legs[0].inject(Fault::Lost);
+    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+}
+
+/// Bad copies found by reads degrade a leg after `vdev.checksum_errors_max` of them (reads go
+/// to the other leg from then on); a scrub's findings alone do not. The leg with the only
+/// good copy is never taken out, whatever it returns.
+#[test]
+fn checksum_errors_degrade_a_leg_but_never_the_last_good_copy() {
+    // Round-robin reads, so that half of them meet leg1's bad copies.
+    let (sim, legs, store, data) =
+        setup_with(9, tunables_with(&[("mirror.read_policy", "round-robin")]));
+    let start = DATA_START_BYTES + log_region_bytes(data_end_bytes(LEG_BYTES) - DATA_START_BYTES);
+    // Scrub-found damage on leg0 does not count against it.
+    for block in 0..64u64 {
+        legs[0].inject(Fault::BitFlip { offset_bytes: start + block * 4096 + 7, bit: 1 });
+    }
+    store.scrub_start().unwrap();
+    let s = Arc::clone(&store);
+    sim.run(async move { s.wait_scan().await }).unwrap();
+    assert!(store.scan_status().unwrap().repaired_copies >= 64);
+    assert_eq!(store.pool().leaves()[0].leaf.state(), LeafState::Online);
+    // Reads that find leg1's copies bad degrade it.
+    for block in 0..64u64 {
+        legs[1].inject(Fault::BitFlip { offset_bytes: start + block * 4096 + 7, bit: 1 });
+    }
+    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+    assert_eq!(store.pool().leaves()[1].leaf.state(), LeafState::Degraded);
+    // Leg1 out of service: leg0 holds the only good copies, and its read errors, however
+    // many, leave it online (the reads fail instead).
+    store.pool().leaves()[1].leaf.set_state(LeafState::Offline);
+    legs[0].inject(Fault::ReadError { offset_bytes: start, len_bytes: 64 << 10 });
+    let s = Arc::clone(&store);
+    let failed = sim
+        .run(async move {
+            let mut failed = 0;
+            for _ in 0..3 {
+                for at in (0..64u64 << 10).step_by(4096) {
+                    failed += u32::from(s.read("v", at, 4096).await.is_err());
+                }
+            }
+            failed
+        })
+        .unwrap()
+        .0;
+    assert!(failed > 10, "{failed} reads failed");
+    assert_eq!(store.pool().leaves()[0].leaf.state(), LeafState::Online);
 }

@@ -76,6 +76,9 @@ impl Pool {
                 leaf: leaf.path.clone(),
             });
         }
+        // A leaf brought back starts its diagnosis afresh: the errors that faulted it were
+        // the device's before whatever the administrator did about it.
+        leaf.leaf.clear_diagnosis();
         leaf.leaf.set_state(LeafState::Online);
         Ok(leaf)
     }
@@ -91,6 +94,7 @@ impl Pool {
         };
         for leaf in &leaves {
             leaf.leaf.clear_errors();
+            leaf.leaf.clear_diagnosis();
             let state = leaf.leaf.state();
             let back = matches!(state, LeafState::Degraded)
                 || (state == LeafState::Faulted(FaultReason::TooManyErrors))

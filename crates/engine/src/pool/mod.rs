@@ -761,11 +761,15 @@ impl Pool {
                 .map(|l| l.guid)
                 .collect()
         };
+        // A leaf out of service (offline, or faulted) is sent nothing, uberblocks included.
         let writes = tree.leaves.iter().filter(|l| l.present).map(|pool_leaf| {
             let data = data.clone();
             async move {
                 let mut ok = false;
                 for label in label_offsets(pool_leaf.leaf.device().len_bytes()) {
+                    if pool_leaf.leaf.is_out_of_service() {
+                        break;
+                    }
                     let at = uberblock_offset(label, uberblock.txg);
                     ok |= pool_leaf.leaf.write(at, data.clone(), IoClass::AsyncWrite).await.is_ok();
                 }

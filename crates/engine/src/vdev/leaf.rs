@@ -152,6 +152,36 @@ pub struct Leaf {
     /// it up): mirrors read it only when no up-to-date child is left, and a stale copy there
     /// is not counted as a checksum error.
     behind: std::sync::atomic::AtomicBool,
+    /// Recent errors, for the fault diagnosis (see [`Leaf::verdict`]).
+    diagnosis: Mutex<Diagnosis>,
+}
+
+/// When the recent errors of a leaf happened, and how many within what window make a
+/// verdict (zed's SERD engines: N events in T).
+#[derive(Debug)]
+struct Diagnosis {
+    io: std::collections::VecDeque<crate::rt::Time>,
+    checksum: std::collections::VecDeque<crate::rt::Time>,
+    io_max: usize,
+    checksum_max: usize,
+    window: std::time::Duration,
+}
+
+impl Diagnosis {
+    fn note(
+        events: &mut std::collections::VecDeque<crate::rt::Time>,
+        max: usize,
+        window: std::time::Duration,
+        now: crate::rt::Time,
+    ) {
+        while events.front().is_some_and(|&t| now.since(t) > window) {
+            events.pop_front();
+        }
+        events.push_back(now);
+        while events.len() > max {
+            events.pop_front();
+        }
+    }
 }
 
 impl std::fmt::Debug for Leaf {
@@ -183,6 +213,14 @@ impl Leaf {
             cleared: Mutex::new([0; 3]),
             skipped_writes: AtomicU64::new(0),
             behind: std::sync::atomic::AtomicBool::new(false),
+            diagnosis: Mutex::new(Diagnosis {
+                io: std::collections::VecDeque::new(),
+                checksum: std::collections::VecDeque::new(),
+                io_max: usize::try_from(tunables.get(Tunable::VdevIoErrorsMax)).unwrap_or(10),
+                checksum_max: usize::try_from(tunables.get(Tunable::VdevChecksumErrorsMax))
+                    .unwrap_or(10),
+                window: std::time::Duration::from_millis(tunables.get(Tunable::VdevErrorsWindowMs)),
+            }),
         })
     }
 
@@ -275,6 +313,50 @@ impl Leaf {
         self.stats.write_errors.get() + self.skipped_writes.load(Ordering::Relaxed)
     }
 
+    /// Records an I/O error for the diagnosis (scrub's are not: a scrub reads what nothing
+    /// else does, and its findings are repaired, not held against the device).
+    pub fn note_io_error(&self, class: IoClass) {
+        if class != IoClass::Scrub {
+            let now = self.env.now();
+            let mut d = self.diagnosis.lock();
+            let (max, window) = (d.io_max, d.window);
+            Diagnosis::note(&mut d.io, max, window, now);
+        }
+    }
+
+    /// Records a copy that failed its checksum on a read that was not a scrub's.
+    pub fn note_checksum_error(&self) {
+        let now = self.env.now();
+        let mut d = self.diagnosis.lock();
+        let (max, window) = (d.checksum_max, d.window);
+        Diagnosis::note(&mut d.checksum, max, window, now);
+    }
+
+    /// What the recent errors say: faulted after `vdev.io_errors_max` I/O errors within
+    /// `vdev.errors_window_ms`, degraded after `vdev.checksum_errors_max` bad copies. The
+    /// mirror decides whether to act on it (never on the leaf with the only good copy).
+    pub fn verdict(&self) -> Option<LeafState> {
+        let now = self.env.now();
+        let d = self.diagnosis.lock();
+        let within = |events: &std::collections::VecDeque<crate::rt::Time>| {
+            events.iter().filter(|&&t| now.since(t) <= d.window).count()
+        };
+        if within(&d.io) >= d.io_max {
+            Some(LeafState::Faulted(FaultReason::TooManyErrors))
+        } else if within(&d.checksum) >= d.checksum_max {
+            Some(LeafState::Degraded)
+        } else {
+            None
+        }
+    }
+
+    /// Forgets the recent errors (`pool clear`).
+    pub fn clear_diagnosis(&self) {
+        let mut d = self.diagnosis.lock();
+        d.io.clear();
+        d.checksum.clear();
+    }
+
     /// Whether the leaf misses txgs its mirror has (see the field).
     pub fn is_behind(&self) -> bool {
         self.behind.load(Ordering::Relaxed)
@@ -352,6 +434,8 @@ impl Leaf {
         if result.is_ok() {
             self.stats.reads.inc();
             self.stats.read_bytes.add(u64::from(len));
+        } else {
+            self.note_io_error(class);
         }
         result
     }
@@ -400,7 +484,10 @@ impl Leaf {
                 self.stats.writes.inc();
                 self.stats.write_bytes.add(len);
             }
-            Err(_) => self.stats.write_errors.inc(),
+            Err(_) => {
+                self.stats.write_errors.inc();
+                self.note_io_error(class);
+            }
         }
         result
     }
@@ -411,6 +498,7 @@ impl Leaf {
         let result = self.device.flush().await.map_err(|e| self.device_error(e));
         if result.is_err() {
             self.stats.flush_errors.inc();
+            self.note_io_error(IoClass::AsyncWrite);
         }
         result
     }

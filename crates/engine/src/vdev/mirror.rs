@@ -97,6 +97,9 @@ pub struct Mirror {
     /// False while the pool is opened read-only (an import's dry run): a read that finds a
     /// bad copy then leaves it as it is.
     repairs: AtomicBool,
+    /// Held while a child's diagnosis is acted on, so two children failing at once cannot
+    /// each see the other online and both be taken out.
+    diagnosis: parking_lot::Mutex<()>,
 }
 
 impl Mirror {
@@ -113,6 +116,7 @@ impl Mirror {
         Mirror {
             id,
             env: env.clone(),
+            diagnosis: parking_lot::Mutex::new(()),
             children,
             policy: ReadPolicy::from_tunables(tunables),
             load: LoadParams {
@@ -178,7 +182,7 @@ impl Mirror {
             match leaf.read(offset, len, class).await {
                 Ok(buf) if verify(&buf) => {
                     for &child in &mismatched {
-                        self.count_mismatch(child);
+                        self.count_mismatch(child, class);
                     }
                     self.repair(&bad, offset, &buf).await;
                     return Ok(buf);
@@ -193,12 +197,13 @@ impl Mirror {
                         unreadable += 1;
                     }
                     last_error = Some(error);
+                    self.diagnose(child);
                 }
             }
         }
         if count_if_none {
             for &child in &mismatched {
-                self.count_mismatch(child);
+                self.count_mismatch(child, class);
             }
         }
         Err(VdevError::NoValidCopy {
@@ -235,7 +240,7 @@ impl Mirror {
                 None => {}
                 Some(Ok(buf)) if verify(&buf) => good = good.or(Some(buf)),
                 Some(Ok(_)) => {
-                    self.count_mismatch(child);
+                    self.count_mismatch(child, IoClass::Scrub);
                     bad.push(child);
                 }
                 Some(Err(_)) => bad.push(child),
@@ -319,10 +324,20 @@ impl Mirror {
         class: IoClass,
         durable: bool,
     ) -> Result<(), VdevError> {
-        let writes = self
-            .taking_writes()
-            .map(|child| child.write_flushed(offset, data.clone(), class, durable));
-        let results = join_all(writes).await;
+        let writes = self.taking_writes().map(|child| {
+            let data = data.clone();
+            async move { (child.write_flushed(offset, data, class, durable).await, child) }
+        });
+        let results: Vec<Result<(), VdevError>> = join_all(writes)
+            .await
+            .into_iter()
+            .map(|(result, child)| {
+                if result.is_err() {
+                    self.diagnose_leaf(child);
+                }
+                result
+            })
+            .collect();
         self.any_succeeded(results, "write", offset, u64::from(data.len_bytes()))
     }
 
@@ -343,6 +358,9 @@ impl Mirror {
         let mut any_ok = false;
         let mut failed_present = None;
         for (result, child) in results {
+            if result.is_err() {
+                self.diagnose_leaf(child);
+            }
             match result {
                 Ok(()) => any_ok = true,
                 // A child that went missing marks itself faulted (and one taken offline
@@ -383,10 +401,43 @@ impl Mirror {
     }
 
     /// Counts a copy that failed its checksum against `child`, unless the child is known to
-    /// be behind: its stale copies are expected, and its resilver is on the way.
-    fn count_mismatch(&self, child: usize) {
-        if !self.children[child].is_behind() {
-            self.children[child].stats().checksum_errors.inc();
+    /// be behind: its stale copies are expected, and its resilver is on the way. A read's
+    /// (not a scrub's) also feeds the child's diagnosis.
+    fn count_mismatch(&self, child: usize, class: IoClass) {
+        let leaf = &self.children[child];
+        if leaf.is_behind() {
+            return;
+        }
+        leaf.stats().checksum_errors.inc();
+        if class != IoClass::Scrub {
+            leaf.note_checksum_error();
+            self.diagnose(child);
+        }
+    }
+
+    fn diagnose_leaf(&self, leaf: &Arc<Leaf>) {
+        if let Some(child) = self.children.iter().position(|c| Arc::ptr_eq(c, leaf)) {
+            self.diagnose(child);
+        }
+    }
+
+    /// Acts on a child's recent errors ([`Leaf::verdict`]): faults or degrades it, unless no
+    /// other child is online and up to date, since the only good copy is never taken out of
+    /// service (ZFS's vdev_fault rule). Only an online child is degraded, and only an online
+    /// or degraded one faulted: an administrator's offline, or a fault already found, stays.
+    fn diagnose(&self, child: usize) {
+        let leaf = &self.children[child];
+        let Some(verdict) = leaf.verdict() else { return };
+        let _one_verdict_at_a_time = self.diagnosis.lock();
+        let applies = matches!(
+            (leaf.state(), verdict),
+            (LeafState::Online, _) | (LeafState::Degraded, LeafState::Faulted(_))
+        );
+        let another = self.children.iter().enumerate().any(|(c, other)| {
+            c != child && other.state() == LeafState::Online && !other.is_behind()
+        });
+        if applies && another {
+            leaf.set_state(verdict);
         }
     }
 
