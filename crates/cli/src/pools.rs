@@ -539,9 +539,11 @@ fn scan_line(scan: &ScanStatus, now: sluice_engine::rt::Time) -> String {
     let end = scan.ended.unwrap_or(now);
     let elapsed = end.since(scan.started);
     let secs = elapsed.as_secs_f64();
+    // Tenths of a second: a resilver of what a short offline missed takes a second or two.
     let clock = |secs: f64| {
-        let secs = secs.max(0.0) as u64;
-        format!("{}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+        let tenths = (secs.max(0.0) * 10.0).round() as u64;
+        let whole = tenths / 10;
+        format!("{}:{:02}:{:02}.{}", whole / 3600, whole / 60 % 60, whole % 60, tenths % 10)
     };
     let fixed = if scan.func == ScanFunc::Scrub { "repaired" } else { "resilvered" };
     let found = format!(
