@@ -70,6 +70,34 @@ impl Pool {
         total
     }
 
+    /// Copies `run`, blocks that lie back to back on one vdev, onto the `targets` leaves as
+    /// one read and one write (a resilver after a sequential rewrite meets long runs of them;
+    /// block by block, it spent its time per I/O). Returns the outcome when the run was read
+    /// whole from a child on which every block verifies; `None` otherwise, and the caller goes
+    /// block by block (a source child's bad copy is then counted a second time).
+    pub async fn resilver_span(
+        &self,
+        run: &[BlockPointer],
+        targets: &[VdevId],
+    ) -> Option<ScrubOutcome> {
+        let first = run.first()?.copies().next()?;
+        let len: u64 = run.iter().map(BlockPointer::psize_bytes).sum();
+        let verify = |bytes: &[u8]| {
+            let mut at = 0usize;
+            run.iter().all(|bp| {
+                let n = bp.psize_bytes() as usize;
+                let ok = bytes.get(at..at + n).is_some_and(|b| bp.verifies(b));
+                at += n;
+                ok
+            })
+        };
+        let root = self.root();
+        let vdev = root.top_level().get(first.vdev as usize)?;
+        let len = u32::try_from(len).ok()?;
+        let outcome = vdev.resilver(first.offset_bytes(), len, &verify, targets).await;
+        (outcome.errors == 0 && !outcome.unrecoverable).then_some(outcome)
+    }
+
     /// Scrubs everything the newest uberblock reaches.
     pub async fn scrub(&self) -> Result<ScrubReport, PoolError> {
         self.scan(0).await

@@ -44,7 +44,7 @@ use super::{Store, StoreError};
 use crate::pool::PoolError;
 use crate::rt::Time;
 use crate::tunables::IoClass;
-use crate::vdev::VdevId;
+use crate::vdev::{ScrubOutcome, VdevId};
 
 /// What a scan does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,6 +173,42 @@ impl ScanState {
     fn active(&self) -> Option<&ScanStatus> {
         self.status.as_ref().filter(|s| s.phase == ScanPhase::Scanning)
     }
+}
+
+/// Largest run of back-to-back blocks a resilver copies as one I/O (the size the syncs write
+/// spans of).
+const SPAN_BYTES_MAX: u64 = crate::objset::WRITE_SPAN_BYTES_MAX;
+
+/// Cuts blocks sorted by device offset into the runs issued together: with `spans` (a
+/// resilver), blocks with one copy each that lie back to back on one vdev, up to
+/// [`SPAN_BYTES_MAX`]; otherwise one block per run.
+fn runs_of(sorted: &[BlockPointer], spans: bool) -> Vec<Vec<BlockPointer>> {
+    let mut runs: Vec<Vec<BlockPointer>> = Vec::new();
+    let mut run_bytes = 0u64;
+    for &bp in sorted {
+        let single = bp.copies().count() == 1;
+        let joins = spans
+            && single
+            && runs.last().and_then(|run| run.last()).is_some_and(|last| {
+                let (Some(a), Some(b)) = (last.copies().next(), bp.copies().next()) else {
+                    return false;
+                };
+                last.copies().count() == 1
+                    && a.vdev == b.vdev
+                    && a.offset_bytes() + last.psize_bytes() == b.offset_bytes()
+                    && run_bytes + bp.psize_bytes() <= SPAN_BYTES_MAX
+            });
+        if joins {
+            run_bytes += bp.psize_bytes();
+            if let Some(run) = runs.last_mut() {
+                run.push(bp);
+            }
+        } else {
+            run_bytes = bp.psize_bytes();
+            runs.push(vec![bp]);
+        }
+    }
+    runs
 }
 
 /// Which kind of tree a walk goes through.
@@ -629,14 +665,28 @@ impl Store {
         // Issue in device order: a scan of an aged pool otherwise seeks for every block.
         gathered.sort_by_key(|bp| bp.copies().next().map(|d| (d.vdev, d.offset_bytes())));
         let in_flight = self.scan_ios_in_flight;
+        let runs = runs_of(&gathered, !targets.is_empty());
         let targets = &targets;
-        let outcomes: Vec<_> =
-            futures::stream::iter(gathered.iter().copied().map(|bp| async move {
-                (bp.psize_bytes(), self.pool.scan_block(&bp, targets).await)
-            }))
-            .buffer_unordered(in_flight)
-            .collect()
-            .await;
+        let outcomes: Vec<_> = futures::stream::iter(runs.into_iter().map(|run| async move {
+            let mut outcomes = Vec::with_capacity(run.len());
+            if run.len() > 1 {
+                if let Some(whole) = self.pool.resilver_span(&run, targets).await {
+                    let each = ScrubOutcome { repaired: whole.repaired, ..ScrubOutcome::default() };
+                    outcomes.extend(run.iter().map(|bp| (bp.psize_bytes(), each)));
+                    return outcomes;
+                }
+            }
+            for bp in run {
+                outcomes.push((bp.psize_bytes(), self.pool.scan_block(&bp, targets).await));
+            }
+            outcomes
+        }))
+        .buffer_unordered(in_flight)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
         drop(pin);
         let examined = match next {
             Bookmark::Start | Bookmark::Ddt { .. } => 0,
