@@ -163,6 +163,14 @@ enum PoolCommand {
     Export { name: String },
     /// Show layout, health, error counts, space and volumes.
     Status { names: Vec<String> },
+    /// One line per pool: name, size, allocated, free, health (zpool list). Without names,
+    /// every pool this host knows.
+    List {
+        names: Vec<String>,
+        /// For scripts: no header, fields separated by tabs, sizes in bytes.
+        #[arg(short = 'H')]
+        scripted: bool,
+    },
     /// Show what a served pool is doing: I/Os, bytes and flushes per second for the pool,
     /// each top-level vdev and each leaf (a mirror's row adds up its leaves); I/Os queued and
     /// in the device now, and the depth the device queue allows; client requests per volume;
@@ -453,6 +461,9 @@ pub(crate) async fn run_pool_command(
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     match cli.command {
         Command::Pool { pool: PoolCommand::Status { names } } => pools::status(ctx, &names).await,
+        Command::Pool { pool: PoolCommand::List { names, scripted } } => {
+            pools::list_line(ctx, &names, scripted).await
+        }
         Command::Pool { pool: PoolCommand::Scrub { name, pause, stop, wait } } => {
             pools::scrub(ctx, &name, pools::ScrubAction::from_flags(pause, stop, wait)).await
         }
@@ -485,7 +496,7 @@ pub(crate) async fn run_pool_command(
             pools::vol_resize(ctx, &spec, size).await
         }
         _ => anyhow::bail!(
-            "only pool status|stats|scrub|offline|online|clear and vol \
+            "only pool status|list|stats|scrub|offline|online|clear and vol \
              create|list|set|resize|destroy run on a served pool"
         ),
     }
@@ -584,6 +595,20 @@ fn run(
                 PoolCommand::Destroy { name } => {
                     refuse_if_served(&name)?;
                     pools::destroy(&env, &name).await
+                }
+                PoolCommand::List { names, scripted } => {
+                    let names = if names.is_empty() { pools::known_pools()? } else { names };
+                    if !scripted {
+                        println!("{}", pools::LIST_HEADER);
+                    }
+                    for name in names {
+                        let mut args = vec![String::from("pool"), "list".into(), name.clone()];
+                        if scripted {
+                            args.push("-H".into());
+                        }
+                        per_pool(&env, &name, args).await?;
+                    }
+                    Ok(())
                 }
                 PoolCommand::Status { names } => {
                     let names = if names.is_empty() { pools::known_pools()? } else { names };

@@ -480,6 +480,42 @@ pub async fn destroy(env: &Env, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The header of `pool list`.
+pub const LIST_HEADER: &str = "NAME                     SIZE   ALLOC    FREE  HEALTH";
+
+/// `pool list`'s line for each named pool (the header is printed once by the caller).
+pub async fn list_line(ctx: &mut Ctx<'_>, names: &[String], scripted: bool) -> anyhow::Result<()> {
+    for name in names {
+        let store = ctx.hold(name).await?;
+        let pool = store.pool();
+        let logs = pool.log_vdevs();
+        let size: u64 = pool
+            .data_areas()
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| !logs.contains(&(*index as u32)))
+            .map(|(_, (s, e))| e - s)
+            .sum();
+        let free = store.free_bytes();
+        let healthy =
+            pool.leaves().iter().all(|l| l.present && l.leaf.state() == LeafState::Online);
+        let health = if healthy { "ONLINE" } else { "DEGRADED" };
+        let line = if scripted {
+            format!("{name}\t{size}\t{}\t{free}\t{health}", size - free)
+        } else {
+            format!(
+                "{name:<20} {:>8} {:>7} {:>7}  {health}",
+                human(size),
+                human(size - free),
+                human(free)
+            )
+        };
+        store.release().await?;
+        ctx.say(line);
+    }
+    Ok(())
+}
+
 /// zpool's `status:` and `action:` lines for a pool that is not healthy.
 fn health_lines(name: &str, leaves: &[PoolLeaf], scan: Option<&ScanStatus>) -> Vec<String> {
     let with = |f: &dyn Fn(&PoolLeaf) -> bool| -> Vec<&str> {

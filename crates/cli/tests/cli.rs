@@ -71,6 +71,14 @@ fn pool_lifecycle() {
     let unknown = fails(&cache, &["pool", "online", "tank", "zz"]);
     assert!(unknown.contains("no leaf zz") && unknown.contains(a), "{unknown}");
     assert!(fails(&cache, &["pool", "scrub", "-s", "tank"]).contains("no scrub in progress"));
+    let list = ok(&cache, &["pool", "list"]);
+    assert!(list.starts_with("NAME") && list.contains("tank") && list.contains("ONLINE"), "{list}");
+    let scripted = ok(&cache, &["pool", "list", "-H", "tank"]);
+    let fields: Vec<&str> = scripted.trim_end().split('\t').collect();
+    assert_eq!(fields.len(), 5, "{scripted}");
+    assert_eq!((fields[0], fields[4]), ("tank", "ONLINE"));
+    let [size, alloc, free] = [1, 2, 3].map(|i| fields[i].parse::<u64>().unwrap());
+    assert_eq!(size, alloc + free, "{scripted}");
 
     // A leaf held by another process: the command is refused and names the holder.
     let held = FileDevice::open(
