@@ -403,7 +403,14 @@ proptest::proptest! {
         let sim = Sim::new(blocks.len() as u64);
         let env = sim.env();
         let policy = ["least-pending", "offset-modulo", "round-robin"][policy];
-        let tunables = Tunables::with([("mirror.read_policy", policy)]).unwrap();
+        // Healing, not the fault diagnosis, is under test: up to 11 errors on the bad child
+        // would otherwise fault it (vdev.io_errors_max), and a faulted child gets no repairs.
+        let tunables = Tunables::with([
+            ("mirror.read_policy", policy),
+            ("vdev.io_errors_max", "1000"),
+            ("vdev.checksum_errors_max", "1000"),
+        ])
+        .unwrap();
         let (mirror, devices) = mirror_of(&env, &vec![SimProfile::Instant; width], &tunables);
         let m = Arc::clone(&mirror);
         let written = blocks.clone();
