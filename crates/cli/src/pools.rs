@@ -480,6 +480,15 @@ pub async fn destroy(env: &Env, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Bytes of the data areas of a pool's vdevs, separate log devices left out.
+fn data_capacity(pool: &Pool) -> u64 {
+    let logs = pool.log_vdevs();
+    (pool.data_areas().iter().enumerate())
+        .filter(|(index, _)| !logs.contains(&(*index as u32)))
+        .map(|(_, (s, e))| e - s)
+        .sum()
+}
+
 /// The header of `pool list`.
 pub const LIST_HEADER: &str = "NAME                     SIZE   ALLOC    FREE  HEALTH";
 
@@ -488,14 +497,7 @@ pub async fn list_line(ctx: &mut Ctx<'_>, names: &[String], scripted: bool) -> a
     for name in names {
         let store = ctx.hold(name).await?;
         let pool = store.pool();
-        let logs = pool.log_vdevs();
-        let size: u64 = pool
-            .data_areas()
-            .iter()
-            .enumerate()
-            .filter(|(index, _)| !logs.contains(&(*index as u32)))
-            .map(|(_, (s, e))| e - s)
-            .sum();
+        let size = data_capacity(pool);
         let free = store.free_bytes();
         let healthy =
             pool.leaves().iter().all(|l| l.present && l.leaf.state() == LeafState::Online);
@@ -833,14 +835,7 @@ pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
                 ));
             }
         }
-        let logs = pool.log_vdevs();
-        let capacity: u64 = pool
-            .data_areas()
-            .iter()
-            .enumerate()
-            .filter(|(index, _)| !logs.contains(&(*index as u32)))
-            .map(|(_, (s, e))| e - s)
-            .sum();
+        let capacity = data_capacity(pool);
         let free = store.free_bytes();
         ctx.say(format!(
             "  space: {} used, {} free, {} capacity",

@@ -30,19 +30,10 @@ impl Pool {
     async fn scrub_block(&self, bp: &BlockPointer, report: &mut ScrubReport) {
         report.blocks += 1;
         report.bytes += bp.psize_bytes();
-        let verify = |bytes: &[u8]| bp.verifies(bytes);
-        let mut any_good = false;
-        let root = self.root();
-        for dva in bp.copies() {
-            let Some(vdev) = root.top_level().get(dva.vdev as usize) else { continue };
-            let len = u32::try_from(bp.psize_bytes()).unwrap_or(u32::MAX);
-            let ScrubOutcome { errors, repaired, unrecoverable } =
-                vdev.scrub(dva.offset_bytes(), len, &verify).await;
-            report.errors += u64::from(errors);
-            report.repaired += u64::from(repaired);
-            any_good |= !unrecoverable;
-        }
-        if !any_good {
+        let outcome = self.scan_block(bp, &[]).await;
+        report.errors += u64::from(outcome.errors);
+        report.repaired += u64::from(outcome.repaired);
+        if outcome.unrecoverable {
             report.unrecoverable.push(*bp);
         }
     }

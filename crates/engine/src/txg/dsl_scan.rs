@@ -615,7 +615,8 @@ impl Store {
         volumes.sort_by_key(|v| v.id);
         let total_bytes: u64 = volumes.iter().map(|v| v.size_bytes).sum();
         while gathered_bytes < budget && next != Bookmark::Done {
-            match next {
+            // The tree the bookmark is in, where in it, and (a volume's) its id.
+            let (root, levels, walk, from, volume_id) = match next {
                 Bookmark::Start => unreachable!("the start is gathered above"),
                 Bookmark::Volume { id, block } => {
                     let Some(volume) = volumes.iter().find(|v| v.id >= id) else {
@@ -623,44 +624,33 @@ impl Store {
                         continue;
                     };
                     let from = if volume.id == id { block } else { 0 };
-                    let walked = self
-                        .walk_tree(
-                            volume.root,
-                            volume.levels,
-                            Walk::Volume,
-                            from,
-                            (min_birth, max_birth),
-                            budget - gathered_bytes,
-                            &mut gathered,
-                            &mut unreadable,
-                        )
-                        .await;
-                    gathered_bytes = gathered.iter().map(BlockPointer::psize_bytes).sum();
-                    next = match walked {
-                        Some(block) => Bookmark::Volume { id: volume.id, block },
-                        None => Bookmark::Volume { id: volume.id + 1, block: 0 },
-                    };
+                    (volume.root, volume.levels, Walk::Volume, from, volume.id)
                 }
                 Bookmark::Ddt { block } => {
-                    let walked = self
-                        .walk_tree(
-                            directory.ddt.root,
-                            directory.ddt.levels,
-                            Walk::DedupTable,
-                            block,
-                            (min_birth, max_birth),
-                            budget - gathered_bytes,
-                            &mut gathered,
-                            &mut unreadable,
-                        )
-                        .await;
-                    gathered_bytes = gathered.iter().map(BlockPointer::psize_bytes).sum();
-                    next = walked.map_or(Bookmark::Volume { id: 0, block: 0 }, |block| {
-                        Bookmark::Ddt { block }
-                    });
+                    (directory.ddt.root, directory.ddt.levels, Walk::DedupTable, block, 0)
                 }
-                Bookmark::Done => {}
-            }
+                Bookmark::Done => break,
+            };
+            let before = gathered.len();
+            let walked = self
+                .walk_tree(
+                    root,
+                    levels,
+                    walk,
+                    from,
+                    (min_birth, max_birth),
+                    budget - gathered_bytes,
+                    &mut gathered,
+                    &mut unreadable,
+                )
+                .await;
+            gathered_bytes += gathered[before..].iter().map(BlockPointer::psize_bytes).sum::<u64>();
+            next = match (walk, walked) {
+                (Walk::Volume, Some(block)) => Bookmark::Volume { id: volume_id, block },
+                (Walk::Volume, None) => Bookmark::Volume { id: volume_id + 1, block: 0 },
+                (Walk::DedupTable, Some(block)) => Bookmark::Ddt { block },
+                (Walk::DedupTable, None) => Bookmark::Volume { id: 0, block: 0 },
+            };
         }
         // Issue in device order: a scan of an aged pool otherwise seeks for every block.
         gathered.sort_by_key(|bp| bp.copies().next().map(|d| (d.vdev, d.offset_bytes())));
