@@ -211,15 +211,15 @@ enum PoolCommand {
         #[arg(short = 'w', long)]
         wait: bool,
     },
-    /// Take a leaf out of service on a served pool: no I/O reaches it until `pool online`,
-    /// and its mirror serves from the other leaves (zpool offline -t). Refused when no other
-    /// leaf of its vdev holds everything. The leaf is named by its path, the last part of
+    /// Take a leaf out of service: no I/O reaches it until `pool online`, and its mirror
+    /// serves from the other leaves (zpool offline). Refused when no other leaf of its vdev
+    /// holds everything. The leaf is named by its path, the last part of
     /// its path, or its guid.
     Offline {
         name: String,
         leaf: String,
-        /// Until `pool online` or the next import (the only kind built so far: an offline
-        /// that survives export is not).
+        /// Until `pool online` or the next import, and only on a served pool; without it the
+        /// leaf stays offline across exports and imports until `pool online`.
         #[arg(short = 't', long)]
         temporary: bool,
     },
@@ -229,6 +229,43 @@ enum PoolCommand {
     /// Clear the error counts of one leaf or all, and return faulted leaves to service; what
     /// they missed is resilvered in the background (zpool clear).
     Clear { name: String, leaf: Option<String> },
+    /// Add NEW beside leaf EXISTING: a lone leaf becomes a mirror, a mirror gets wider; NEW is
+    /// resilvered in the background (zpool attach). A missing NEW file is created at
+    /// EXISTING's size (--size to choose), allocated in full unless --sparse. NEW must be at
+    /// least as large as the vdev's data area; one that holds something is refused unless
+    /// --force.
+    Attach {
+        name: String,
+        existing: String,
+        new: String,
+        #[arg(long, value_parser = pools::parse_size)]
+        size: Option<u64>,
+        #[arg(long)]
+        sparse: bool,
+        #[arg(short, long)]
+        force: bool,
+    },
+    /// Make a served pool's leaf fail reads, writes or everything, or stop (zinject): for
+    /// tests and failure drills.
+    #[command(hide = true)]
+    Inject { name: String, leaf: String, what: String },
+    /// Take a leaf out of its mirror for good; its labels are erased (zpool detach). Refused
+    /// for a vdev's only leaf, and when no other leaf of the mirror holds everything.
+    Detach { name: String, leaf: String },
+    /// Replace leaf OLD by NEW: NEW is attached beside OLD and resilvered in the background,
+    /// then OLD is detached (zpool replace). OLD may be faulted or missing if another leaf of
+    /// its mirror holds everything; a lone leaf must still read. NEW is made as for `attach`.
+    Replace {
+        name: String,
+        old: String,
+        new: String,
+        #[arg(long, value_parser = pools::parse_size)]
+        size: Option<u64>,
+        #[arg(long)]
+        sparse: bool,
+        #[arg(short, long)]
+        force: bool,
+    },
     /// Erase the pool's labels: its leaves are no longer a pool.
     Destroy { name: String },
 }
@@ -476,6 +513,22 @@ pub(crate) async fn run_pool_command(
         Command::Pool { pool: PoolCommand::Clear { name, leaf } } => {
             pools::clear(ctx, &name, leaf.as_deref()).await
         }
+        Command::Pool {
+            pool: PoolCommand::Attach { name, existing, new, size, sparse, force },
+        } => {
+            let new = pools::NewLeaf { path: new, size, sparse, force };
+            pools::attach(ctx, &name, &existing, new, false).await
+        }
+        Command::Pool { pool: PoolCommand::Replace { name, old, new, size, sparse, force } } => {
+            let new = pools::NewLeaf { path: new, size, sparse, force };
+            pools::attach(ctx, &name, &old, new, true).await
+        }
+        Command::Pool { pool: PoolCommand::Detach { name, leaf } } => {
+            pools::detach(ctx, &name, &leaf).await
+        }
+        Command::Pool { pool: PoolCommand::Inject { name, leaf, what } } => {
+            pools::inject(ctx, &name, &leaf, &what).await
+        }
         Command::Pool { pool: PoolCommand::Stats { name } } => pools::stats(ctx, &name),
         Command::Vol {
             vol: VolCommand::Create { spec, size, block_size, dedup, sync, logbias },
@@ -624,7 +677,11 @@ fn run(
                 PoolCommand::Scrub { ref name, .. }
                 | PoolCommand::Offline { ref name, .. }
                 | PoolCommand::Online { ref name, .. }
-                | PoolCommand::Clear { ref name, .. } => {
+                | PoolCommand::Clear { ref name, .. }
+                | PoolCommand::Attach { ref name, .. }
+                | PoolCommand::Replace { ref name, .. }
+                | PoolCommand::Detach { ref name, .. }
+                | PoolCommand::Inject { ref name, .. } => {
                     let args: Vec<String> = std::env::args().skip(1).collect();
                     per_pool(&env, name, args).await
                 }

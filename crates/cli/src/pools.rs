@@ -15,9 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use sluice_engine::device::inject::{InjectHandle, Injected, Injection};
 use sluice_engine::device::{BlockDevice, DeviceError, FileDevice, FileDeviceOptions};
 use sluice_engine::pool::probe::{self, Finding};
-use sluice_engine::pool::{LeafSpec, Pool, PoolLeaf, PoolSpec, TopSpec};
+use sluice_engine::pool::{LeafSpec, Pool, PoolError, PoolLeaf, PoolSpec, TopSpec};
 use sluice_engine::rt::Env;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{
@@ -180,7 +181,37 @@ pub(crate) fn open_leaf(
         }
         error => error.into(),
     })?;
+    // Every leaf can be made to fail on demand (`pool inject`, hidden: for tests and drills).
+    let (device, handle) = Injected::new(Arc::new(device));
+    injections().insert(path.to_owned(), handle);
     Ok(LeafSpec { path: path.to_owned(), device: Arc::new(device) })
+}
+
+/// The fault-injection handle of every leaf this process opened, by path.
+static INJECTIONS: std::sync::Mutex<BTreeMap<String, InjectHandle>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+fn injections() -> std::sync::MutexGuard<'static, BTreeMap<String, InjectHandle>> {
+    // A panic elsewhere while holding it left a map that is still whole.
+    INJECTIONS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `pool inject NAME LEAF read-errors|write-errors|gone|clear` (zinject): on a served pool,
+/// makes a leaf's device fail from now on, or stop failing.
+pub async fn inject(ctx: &mut Ctx<'_>, name: &str, leaf: &str, what: &str) -> anyhow::Result<()> {
+    let Some(injection) = Injection::parse(what) else {
+        bail!("pool inject: {what:?} is not one of read-errors, write-errors, gone, clear");
+    };
+    let Some(store) = ctx.live.as_ref().filter(|s| s.pool().name() == name) else {
+        bail!("pool {name} is not being served: faults are injected into a running `sluice serve`");
+    };
+    let path = store.pool().find_leaf(leaf)?.path;
+    let Some(handle) = injections().get(&path).cloned() else {
+        bail!("pool {name}: leaf {path} was not opened by this server");
+    };
+    handle.set(injection);
+    ctx.say(format!("{path} of pool {name}: injecting {what}"));
+    Ok(())
 }
 
 /// Opens the pool called `name` from the cache, with `tunables` (`sluice serve --set`).
@@ -536,7 +567,10 @@ fn health_lines(name: &str, leaves: &[PoolLeaf], scan: Option<&ScanStatus>) -> V
                 "{} could not be found at import; the pool runs without it",
                 missing.join(", ")
             ),
-            String::from("export the pool, attach the device and import it again (-d)"),
+            format!(
+                "export the pool, attach the device and import it again (-d), or replace it \
+                 with `sluice pool replace {name} LEAF NEW`"
+            ),
         )
     } else if !faulted.is_empty() {
         (
@@ -544,7 +578,10 @@ fn health_lines(name: &str, leaves: &[PoolLeaf], scan: Option<&ScanStatus>) -> V
                 "{} failed and is out of service; its mirror serves without it",
                 faulted.join(", ")
             ),
-            format!("once its device works again, return it with `sluice pool clear {name} LEAF`"),
+            format!(
+                "replace the device with `sluice pool replace {name} LEAF NEW`, or once it \
+                 works again return it with `sluice pool clear {name} LEAF`"
+            ),
         )
     } else if resilvering {
         (
@@ -575,8 +612,8 @@ fn health_lines(name: &str, leaves: &[PoolLeaf], scan: Option<&ScanStatus>) -> V
 fn scan_line(scan: &ScanStatus, now: sluice_engine::rt::Time) -> String {
     let func = scan.func.name();
     let end = scan.ended.unwrap_or(now);
-    let elapsed = end.since(scan.started);
-    let secs = elapsed.as_secs_f64();
+    // Time before this import counts too (a scan resumed from the pool directory).
+    let secs = scan.earlier_secs as f64 + end.since(scan.started).as_secs_f64();
     // Tenths of a second: a resilver of what a short offline missed takes a second or two.
     let clock = |secs: f64| {
         let tenths = (secs.max(0.0) * 10.0).round() as u64;
@@ -698,33 +735,30 @@ fn phase_word(status: &ScanStatus) -> &'static str {
     }
 }
 
-/// `pool offline`: only on a served pool, where the offline lasts until `pool online` or the
-/// next import.
+/// `pool offline`: a persistent offline works on any pool (the pool directory records it);
+/// a temporary one only on a served pool, where it lasts until `pool online` or the next
+/// import.
 pub async fn offline(
     ctx: &mut Ctx<'_>,
     name: &str,
     leaf: &str,
     temporary: bool,
 ) -> anyhow::Result<()> {
-    if !temporary {
-        bail!(
-            "pool {name}: an offline that survives export is not built yet; take {leaf} offline \
-             until the next import with `sluice pool offline -t {name} {leaf}`"
-        );
-    }
     let store = ctx.hold(name).await?;
-    if !matches!(store, Held::Live(_)) {
+    if temporary && !matches!(store, Held::Live(_)) {
         store.release().await?;
         bail!(
             "pool {name} is not being served: a temporary offline ends when the command does; \
-             take the leaf offline on the pool `sluice serve {name}` serves"
+             take the leaf offline on the pool `sluice serve {name}` serves, or without -t to \
+             keep it offline across imports"
         );
     }
-    let result = store.offline_leaf(leaf);
+    let result = store.offline_leaf(leaf, temporary).await;
     store.release().await?;
     let path = result?;
+    let until = if temporary { "until the next import or " } else { "" };
     ctx.say(format!(
-        "{path} of pool {name} is offline; `sluice pool online {name} {leaf}` returns it"
+        "{path} of pool {name} is offline {until}until `sluice pool online {name} {leaf}`"
     ));
     Ok(())
 }
@@ -756,6 +790,88 @@ pub async fn clear(ctx: &mut Ctx<'_>, name: &str, leaf: Option<&str>) -> anyhow:
         paths.join(", "),
         if resilvering { "; resilvering what the returned leaves missed" } else { "" }
     ));
+    Ok(())
+}
+
+/// A leaf to attach or replace with, as the command line gave it.
+pub struct NewLeaf {
+    pub path: String,
+    /// Size of the file to create if it is missing (default: the existing leaf's).
+    pub size: Option<u64>,
+    pub sparse: bool,
+    pub force: bool,
+}
+
+/// `pool attach` (`replacing`: `pool replace`).
+pub async fn attach(
+    ctx: &mut Ctx<'_>,
+    name: &str,
+    existing: &str,
+    new: NewLeaf,
+    replacing: bool,
+) -> anyhow::Result<()> {
+    let store = ctx.hold(name).await?;
+    let result = async {
+        let shared = store.shared();
+        let old = shared.pool().find_leaf(existing)?;
+        let size = new.size.unwrap_or_else(|| old.leaf.device().len_bytes());
+        // A leaf of this pool is refused by name before opening it (its lock is ours).
+        let same = |p: &str| match (std::fs::canonicalize(p), std::fs::canonicalize(&new.path)) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => p == new.path,
+        };
+        if shared.pool().leaves().iter().any(|l| same(&l.path)) {
+            return Err(PoolError::AlreadyMember { pool: name.to_owned(), path: new.path }.into());
+        }
+        let exists = Path::new(&new.path).exists();
+        let spec = open_leaf(&new.path, (!exists).then_some(size), new.sparse)?;
+        if exists {
+            if let Some(what) = finding(&spec).await? {
+                if !new.force {
+                    bail!(
+                        "pool {name}: {} {what}; use --force to overwrite it (what it holds is \
+                         lost)",
+                        new.path
+                    );
+                }
+                eprintln!("sluice: pool {name}: overwriting {}, which {what}", new.path);
+            }
+        }
+        let path = if replacing {
+            shared.replace_leaf(existing, spec).await?
+        } else {
+            shared.attach_leaf(existing, spec).await?
+        };
+        remember(shared.pool())?;
+        anyhow::Ok((old.path, path))
+    }
+    .await;
+    let live = matches!(store, Held::Live(_));
+    store.release().await?;
+    let (old, path) = result?;
+    let verb =
+        if replacing { format!("replacing {old}") } else { format!("attached beside {old}") };
+    let progress = if live {
+        format!("resilvering in the background (`sluice pool status {name}` shows the progress)")
+    } else {
+        format!("it is resilvered when the pool is served (`sluice serve {name}`)")
+    };
+    ctx.say(format!("{path} of pool {name} is {verb}; {progress}"));
+    Ok(())
+}
+
+/// `pool detach`.
+pub async fn detach(ctx: &mut Ctx<'_>, name: &str, leaf: &str) -> anyhow::Result<()> {
+    let store = ctx.hold(name).await?;
+    let result = async {
+        let path = store.shared().detach_leaf(leaf).await?;
+        remember(store.shared().pool())?;
+        anyhow::Ok(path)
+    }
+    .await;
+    store.release().await?;
+    let path = result?;
+    ctx.say(format!("{path} is detached from pool {name}; its labels are erased"));
     Ok(())
 }
 
@@ -815,7 +931,10 @@ pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
                 logs_shown = true;
             }
             if top.kind == sluice_format::TopKind::Mirror {
-                ctx.say(format!("  {:<40}", format!("mirror-{index}")));
+                // ZFS shows a mirror with a leaf being replaced as `replacing-N`.
+                let replacing = leaves.iter().any(|l| l.top == index && pool.is_replaced(l.guid));
+                let kind = if replacing { "replacing" } else { "mirror" };
+                ctx.say(format!("  {:<40}", format!("{kind}-{index}")));
             }
             for leaf in leaves.iter().filter(|l| l.top == index) {
                 let [read, write, checksum] = leaf.leaf.errors();
@@ -826,6 +945,11 @@ pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
                 };
                 let note = if resilvering.contains(&leaf.path) {
                     String::from("  (resilvering)")
+                } else if pool.is_replaced(leaf.guid) {
+                    format!(
+                        "  (being replaced{})",
+                        reason.map(|r| format!("; {r}")).unwrap_or_default()
+                    )
                 } else {
                     reason.map(|r| format!("  ({r})")).unwrap_or_default()
                 };

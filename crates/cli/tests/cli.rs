@@ -62,11 +62,27 @@ fn pool_lifecycle() {
         "{status}"
     );
     assert!(ok(&cache, &["pool", "scrub", "tank"]).contains("0 bad copies"));
-    // Leaf administration: a temporary offline needs the serving process; online and clear
-    // work on the pool opened for the command; an unknown leaf is named with the real ones.
+    // Leaf administration: a temporary offline needs the serving process; a lasting one, online
+    // and clear work on the pool opened for the command; an unknown leaf is named with the
+    // real ones.
     assert!(fails(&cache, &["pool", "offline", "-t", "tank", "b"]).contains("not being served"));
-    assert!(fails(&cache, &["pool", "offline", "tank", "b"]).contains("offline -t tank b"));
-    assert!(ok(&cache, &["pool", "online", "tank", "b"]).contains("missed nothing"));
+    assert!(ok(&cache, &["pool", "offline", "tank", "b"]).contains("is offline until"));
+    let status = ok(&cache, &["pool", "status", "tank"]);
+    assert!(status.contains("OFFLINE") && status.contains("state: DEGRADED"), "{status}");
+    assert!(ok(&cache, &["pool", "online", "tank", "b"]).contains("is online"));
+    let status = ok(&cache, &["pool", "status", "tank"]);
+    assert!(!status.contains("OFFLINE"), "{status}");
+    // Attach a third leaf (a missing file is made at the existing leaf's size), detach it.
+    let e = leaves.join("e");
+    let e = e.to_str().unwrap();
+    assert!(ok(&cache, &["pool", "attach", "tank", "a", e]).contains("attached beside"));
+    assert!(ok(&cache, &["pool", "status", "tank"]).contains(e));
+    assert_eq!(std::fs::metadata(e).unwrap().len(), std::fs::metadata(a).unwrap().len());
+    let again = fails(&cache, &["pool", "attach", "tank", "a", e]);
+    assert!(again.contains("already one of its leaves"), "{again}");
+    assert!(ok(&cache, &["pool", "detach", "tank", e]).contains("labels are erased"));
+    assert!(!ok(&cache, &["pool", "status", "tank"]).contains(e));
+    std::fs::remove_file(e).unwrap();
     assert!(ok(&cache, &["pool", "clear", "tank"]).contains("cleared the errors of"));
     let unknown = fails(&cache, &["pool", "online", "tank", "zz"]);
     assert!(unknown.contains("no leaf zz") && unknown.contains(a), "{unknown}");

@@ -63,28 +63,6 @@ fn setup_with(seed: u64, tunables: Tunables) -> (Sim, Vec<SimDevice>, Arc<Store>
     (sim, legs, store, data)
 }
 
-/// Reads every block; returns (blocks that failed, blocks that returned wrong bytes).
-fn read_all(sim: &Sim, store: &Arc<Store>, data: &[u8]) -> (u64, u64) {
-    let s = Arc::clone(store);
-    let expected = data.to_vec();
-    sim.run(async move {
-        let (mut failed, mut wrong) = (0, 0);
-        for block in 0..VOLUME_BYTES / u64::from(BLOCK) {
-            let at = block * u64::from(BLOCK);
-            match s.read("v", at, u64::from(BLOCK)).await {
-                Ok(got) => {
-                    wrong +=
-                        u64::from(got != expected[at as usize..(at + u64::from(BLOCK)) as usize])
-                }
-                Err(_) => failed += 1,
-            }
-        }
-        (failed, wrong)
-    })
-    .unwrap()
-    .0
-}
-
 fn scrub(sim: &Sim, store: &Arc<Store>) -> sluice_engine::pool::ScrubReport {
     let s = Arc::clone(store);
     sim.run(async move { s.pool().scrub().await.unwrap() }).unwrap().0
@@ -107,7 +85,7 @@ fn bit_flips_on_one_leg_heal() {
     // Every allocated block of leg 0 (data, indirect, space maps, directory) is damaged.
     let injected = flip_every_block(&legs[0], data_start(), 4 << 20, 5);
     assert_eq!(
-        read_all(&sim, &store, &data),
+        common::read_all(&sim, &store, &data, BLOCK),
         (0, 0),
         "no read fails and no wrong byte is returned"
     );
@@ -147,7 +125,7 @@ fn span_reads_heal_too() {
         .unwrap()
         .0;
     assert!(healed > 0, "no span was repaired");
-    assert_eq!(read_all(&sim, &store, &data), (0, 0), "block by block, too");
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0), "block by block, too");
     let report = scrub(&sim, &store);
     assert!(report.unrecoverable.is_empty());
     assert_eq!(scrub(&sim, &store).errors, 0, "a second scrub finds nothing to heal");
@@ -162,7 +140,7 @@ fn misdirected_data_is_caught() {
         len_bytes: 512 << 10,
         from_offset_bytes: data_start() + (1 << 20),
     });
-    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
     let report = scrub(&sim, &store);
     assert!(report.unrecoverable.is_empty());
     assert_eq!(report.repaired, report.errors);
@@ -173,7 +151,7 @@ fn misdirected_data_is_caught() {
 fn lost_leg_runs_degraded() {
     let (sim, legs, store, data) = setup(3);
     legs[0].inject(Fault::Lost);
-    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
     let s = Arc::clone(&store);
     sim.run(async move {
         s.write("v", 0, &[7u8; 4096]).await.unwrap();
@@ -194,7 +172,7 @@ fn damage_beyond_redundancy_fails_only_those_blocks() {
     for leg in &legs {
         flip_every_block(leg, start, 64 << 10, 1);
     }
-    let (failed, wrong) = read_all(&sim, &store, &data);
+    let (failed, wrong) = common::read_all(&sim, &store, &data, BLOCK);
     assert_eq!(wrong, 0, "never wrong bytes");
     assert!((1..=16).contains(&failed), "{failed} blocks failed; 16 were damaged on both legs");
     let report = scrub(&sim, &store);
@@ -261,5 +239,5 @@ fn returning_child_is_resilvered_with_only_what_it_missed() {
     );
     // Leg0 gone: leg1 alone must hold everything.
     legs[0].inject(Fault::Lost);
-    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
 }

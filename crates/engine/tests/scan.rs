@@ -11,10 +11,10 @@ mod common;
 use std::sync::Arc;
 
 use sluice_engine::alloc::log_region_bytes;
-use sluice_engine::device::sim::Fault;
+use sluice_engine::device::sim::{CrashPolicy, Fault, SimOptions};
 use sluice_engine::device::{SimDevice, SimProfile};
 use sluice_engine::pool::{Pool, PoolError};
-use sluice_engine::rt::Rng;
+use sluice_engine::rt::{Rng, Time};
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{ScanFunc, ScanPhase, Store, StoreError};
 use sluice_engine::vdev::{FaultReason, LeafState};
@@ -63,42 +63,37 @@ fn setup_with(seed: u64, tunables: Tunables) -> (Sim, Vec<SimDevice>, Arc<Store>
     (sim, legs, store, data)
 }
 
-/// Reads every block; returns (blocks that failed, blocks that returned wrong bytes).
-fn read_all(sim: &Sim, store: &Arc<Store>, data: &[u8]) -> (u64, u64) {
+/// `pool offline -t`.
+fn offline(sim: &Sim, store: &Arc<Store>, leaf: &str) -> Result<String, StoreError> {
     let s = Arc::clone(store);
-    let expected = data.to_vec();
+    let leaf = leaf.to_owned();
+    sim.run(async move { s.offline_leaf(&leaf, true).await }).unwrap().0
+}
+
+/// Exports the store and imports the pool again from the same legs, without serving it yet.
+fn reimport(sim: &Sim, legs: &[SimDevice], store: Arc<Store>, tunables: Tunables) -> Arc<Store> {
+    let store = Arc::try_unwrap(store).ok().unwrap();
+    sim.run(async move { store.export().await.unwrap() }).unwrap();
+    let env = sim.env();
+    let specs = common::leaf_specs(legs);
     sim.run(async move {
-        let (mut failed, mut wrong) = (0, 0);
-        for block in 0..VOLUME_BYTES / u64::from(BLOCK) {
-            let at = block * u64::from(BLOCK);
-            match s.read("v", at, u64::from(BLOCK)).await {
-                Ok(got) => {
-                    wrong += u64::from(got != expected[at as usize..][..BLOCK as usize]);
-                }
-                Err(_) => failed += 1,
-            }
-        }
-        (failed, wrong)
+        let pool = Pool::import(&env, specs, "tank", &tunables).await.unwrap();
+        Arc::new(Store::open(pool, &tunables).await.unwrap())
     })
     .unwrap()
     .0
 }
 
-/// Writes `pieces` runs of 16 KiB of a new pattern at spread offsets, a sync after each, into
-/// both the store and `data`.
-fn overwrite(sim: &Sim, store: &Arc<Store>, data: &mut [u8], pieces: u64, seed: u8) {
-    let mut writes = Vec::new();
-    for i in 0..pieces {
-        let at = (i * 37 % (VOLUME_BYTES / (16 << 10))) * (16 << 10);
-        let bytes = vec![seed.wrapping_add(i as u8); 16 << 10];
-        data[at as usize..][..bytes.len()].copy_from_slice(&bytes);
-        writes.push((at, bytes));
-    }
+/// What serving the store does first: the scan it opened with goes on, or a resilver starts
+/// for a leaf behind; then waits until no scan works.
+fn serve_scans(sim: &Sim, store: &Arc<Store>) {
     let s = Arc::clone(store);
     sim.run(async move {
-        for (at, bytes) in writes {
-            s.write("v", at, &bytes).await.unwrap();
-            s.sync().await.unwrap();
+        // A resumed resilver ends knowing its leaves hold up to its range only: the txgs
+        // after it are resilvered by the next one.
+        for _ in 0..3 {
+            s.resume_scan();
+            s.wait_scan().await;
         }
     })
     .unwrap();
@@ -116,14 +111,14 @@ fn leaf_stats(store: &Store, index: usize) -> (u64, u64, u64) {
 #[test]
 fn offline_leaf_is_resilvered_with_only_what_it_missed() {
     let (sim, legs, store, mut data) = setup(3);
-    assert_eq!(store.offline_leaf("leg1").unwrap(), "leg1");
-    let refused = store.offline_leaf("leg0").unwrap_err();
+    assert_eq!(offline(&sim, &store, "leg1").unwrap(), "leg1");
+    let refused = offline(&sim, &store, "leg0").unwrap_err();
     assert!(matches!(refused, StoreError::Pool(PoolError::NoValidReplicas { .. })), "{refused}");
     assert!(refused.to_string().contains("no valid replicas"), "{refused}");
-    let unknown = store.offline_leaf("leg9").unwrap_err().to_string();
+    let unknown = offline(&sim, &store, "leg9").unwrap_err().to_string();
     assert!(unknown.contains("leg0, leg1"), "{unknown}");
     let before = leaf_stats(&store, 1);
-    overwrite(&sim, &store, &mut data, 8, 0x40);
+    common::overwrite(&sim, &store, &mut data, 8, 0x40);
     assert_eq!(leaf_stats(&store, 1), before, "the offline leg was touched");
     assert_eq!(store.pool().leaves()[1].leaf.state(), LeafState::Offline);
 
@@ -149,7 +144,7 @@ fn offline_leaf_is_resilvered_with_only_what_it_missed() {
 
     // Leg0 gone: leg1 alone holds everything, and the accounting balances.
     legs[0].inject(Fault::Lost);
-    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
     let s = Arc::clone(&store);
     let audit = sim.run(async move { s.audit().await.unwrap() }).unwrap().0;
     assert!(audit.is_clean(), "{:?}", audit.problems);
@@ -160,8 +155,8 @@ fn offline_leaf_is_resilvered_with_only_what_it_missed() {
 #[test]
 fn a_leg_offline_at_export_is_resilvered_at_the_next_import() {
     let (sim, legs, store, mut data) = setup(4);
-    store.offline_leaf("leg1").unwrap();
-    overwrite(&sim, &store, &mut data, 4, 0x70);
+    offline(&sim, &store, "leg1").unwrap();
+    common::overwrite(&sim, &store, &mut data, 4, 0x70);
     let store = Arc::try_unwrap(store).unwrap();
     sim.run(async move { store.export().await.unwrap() }).unwrap();
     let env = sim.env();
@@ -180,9 +175,10 @@ fn a_leg_offline_at_export_is_resilvered_at_the_next_import() {
         .unwrap()
         .0;
     assert_eq!(behind, vec![String::from("leg1")]);
-    assert!(store.pool().leaves_behind().is_empty(), "the import resilvered it");
+    serve_scans(&sim, &store);
+    assert!(store.pool().leaves_behind().is_empty(), "serving resilvered it");
     legs[0].inject(Fault::Lost);
-    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
 }
 
 /// Write errors on one leg during a txg leave it behind; the resilver that follows the sync
@@ -192,7 +188,7 @@ fn write_errors_on_a_leg_are_resilvered_after_the_sync() {
     let (sim, legs, store, mut data) =
         setup_with(5, tunables_with(&[("vdev.io_errors_max", "100000")]));
     legs[1].inject(Fault::WriteError { offset_bytes: 0, len_bytes: LEG_BYTES });
-    overwrite(&sim, &store, &mut data, 3, 0x11);
+    common::overwrite(&sim, &store, &mut data, 3, 0x11);
     legs[1].clear_faults();
     let behind = store.pool().leaves_behind();
     assert_eq!(behind.len(), 1, "leg1 missed writes");
@@ -206,7 +202,7 @@ fn write_errors_on_a_leg_are_resilvered_after_the_sync() {
     assert_eq!((status.func, status.phase), (ScanFunc::Resilver, ScanPhase::Finished));
     assert!(store.pool().leaves_behind().is_empty());
     legs[0].inject(Fault::Lost);
-    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
 }
 
 /// A scrub runs chunk by chunk while the volume is overwritten and synced between chunks: the
@@ -227,7 +223,7 @@ fn scrub_in_the_background_repairs_without_touching_reused_space() {
     let again = store.scrub_start().unwrap_err().to_string();
     assert!(again.contains("already in progress") && again.contains("-p"), "{again}");
     // Overwrites and syncs while the scrub works (its chunks run between them).
-    overwrite(&sim, &store, &mut data, 24, 0x90);
+    common::overwrite(&sim, &store, &mut data, 24, 0x90);
     let s = Arc::clone(&store);
     sim.run(async move { s.wait_scan().await }).unwrap();
     let status = store.scan_status().unwrap();
@@ -238,13 +234,13 @@ fn scrub_in_the_background_repairs_without_touching_reused_space() {
     // Leg0 alone, its read-time bit flips still armed: every block reads back as last
     // written, so every damaged copy the volume uses was rewritten (a write clears a flip).
     legs[1].inject(Fault::Lost);
-    assert_eq!(read_all(&sim, &store, &data), (0, 0), "leg0 alone");
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0), "leg0 alone");
     // Leg1 back (cleared: losing its device faulted it), then alone.
     legs[1].clear_faults();
     let s = Arc::clone(&store);
     sim.run(async move { s.clear_leaves(Some("leg1")).await.unwrap() }).unwrap();
     legs[0].inject(Fault::Lost);
-    assert_eq!(read_all(&sim, &store, &data), (0, 0), "leg1 alone");
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0), "leg1 alone");
     legs[0].clear_faults();
     let s = Arc::clone(&store);
     let audit = sim.run(async move { s.audit().await.unwrap() }).unwrap().0;
@@ -284,8 +280,8 @@ fn scrub_pause_resume_stop_and_refusals() {
 
     // A resilver: a scrub is refused meanwhile, and it cannot be paused or stopped.
     let mut data = vec![0u8; VOLUME_BYTES as usize];
-    store.offline_leaf("leg1").unwrap();
-    overwrite(&sim, &store, &mut data, 2, 1);
+    offline(&sim, &store, "leg1").unwrap();
+    common::overwrite(&sim, &store, &mut data, 2, 1);
     let s = Arc::clone(&store);
     let refusals = sim
         .run(async move {
@@ -315,13 +311,13 @@ fn scrub_pause_resume_stop_and_refusals() {
 fn a_leg_failing_writes_is_faulted_then_cleared_and_resilvered() {
     let (sim, legs, store, mut data) = setup(8);
     legs[1].inject(Fault::WriteError { offset_bytes: 0, len_bytes: LEG_BYTES });
-    overwrite(&sim, &store, &mut data, 6, 0x21);
+    common::overwrite(&sim, &store, &mut data, 6, 0x21);
     let (state, errors_at_fault) = {
         let leaves = store.pool().leaves();
         (leaves[1].leaf.state(), leaves[1].leaf.stats().write_errors.get())
     };
     assert_eq!(state, LeafState::Faulted(FaultReason::TooManyErrors));
-    overwrite(&sim, &store, &mut data, 4, 0x31);
+    common::overwrite(&sim, &store, &mut data, 4, 0x31);
     let leaves = store.pool().leaves();
     assert_eq!(leaves[1].leaf.stats().write_errors.get(), errors_at_fault, "written while faulted");
     assert_eq!(leaves[0].leaf.state(), LeafState::Online);
@@ -335,7 +331,7 @@ fn a_leg_failing_writes_is_faulted_then_cleared_and_resilvered() {
     sim.run(async move { s.wait_scan().await }).unwrap();
     assert!(store.pool().leaves_behind().is_empty());
     legs[0].inject(Fault::Lost);
-    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
 }
 
 /// Bad copies found by reads degrade a leg after `vdev.checksum_errors_max` of them (reads go
@@ -360,7 +356,7 @@ fn checksum_errors_degrade_a_leg_but_never_the_last_good_copy() {
     for block in 0..64u64 {
         legs[1].inject(Fault::BitFlip { offset_bytes: start + block * 4096 + 7, bit: 1 });
     }
-    assert_eq!(read_all(&sim, &store, &data), (0, 0));
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
     assert_eq!(store.pool().leaves()[1].leaf.state(), LeafState::Degraded);
     // Leg1 out of service: leg0 holds the only good copies, and its read errors, however
     // many, leave it online (the reads fail instead).
@@ -381,4 +377,222 @@ fn checksum_errors_degrade_a_leg_but_never_the_last_good_copy() {
         .0;
     assert!(failed > 10, "{failed} reads failed");
     assert_eq!(store.pool().leaves()[0].leaf.state(), LeafState::Online);
+}
+
+/// An offline without `-t`, error counts and a fault by the diagnosis are in the pool
+/// directory: after export and import the leg is still offline (and gets no I/O), the counts
+/// are the same, and `online` brings it back through a resilver.
+#[test]
+fn leaf_states_and_error_counts_survive_export_and_import() {
+    let (sim, legs, store, mut data) = setup(11);
+    // Some write errors on leg1, below the threshold: counted, then the leg goes offline.
+    legs[1].inject(Fault::WriteError { offset_bytes: 0, len_bytes: LEG_BYTES });
+    common::overwrite(&sim, &store, &mut data, 1, 0x51);
+    legs[1].clear_faults();
+    let errors = store.pool().leaves()[1].leaf.errors();
+    assert!(errors[1] > 0 && store.pool().leaves()[1].leaf.state() == LeafState::Online);
+    let s = Arc::clone(&store);
+    sim.run(async move { s.offline_leaf("leg1", false).await.unwrap() }).unwrap();
+    common::overwrite(&sim, &store, &mut data, 3, 0x52);
+
+    let store = reimport(&sim, &legs, store, tunables());
+    let leaves = store.pool().leaves();
+    assert_eq!(leaves[1].leaf.state(), LeafState::Offline, "the offline was kept");
+    assert_eq!(leaves[1].leaf.errors(), errors, "the error counts were kept");
+    assert_eq!(leaves[0].leaf.errors(), [0, 0, 0]);
+    drop(leaves);
+    let before = leaf_stats(&store, 1);
+    serve_scans(&sim, &store);
+    common::overwrite(&sim, &store, &mut data, 2, 0x53);
+    assert_eq!(leaf_stats(&store, 1), before, "the offline leg was touched");
+
+    // Online: resilvered; then the counts clear, and a clear is kept too.
+    let s = Arc::clone(&store);
+    sim.run(async move {
+        s.online_leaf("leg1").await.unwrap();
+        s.wait_scan().await;
+        s.clear_leaves(None).await.unwrap();
+    })
+    .unwrap();
+    assert!(store.pool().leaves_behind().is_empty());
+    let store = reimport(&sim, &legs, store, tunables());
+    assert_eq!(store.pool().leaves()[1].leaf.state(), LeafState::Online);
+    assert_eq!(store.pool().leaves()[1].leaf.errors(), [0, 0, 0]);
+    legs[0].inject(Fault::Lost);
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+
+    // A leg faulted by the diagnosis stays faulted across an import, until cleared.
+    legs[0].clear_faults();
+    let store = {
+        let s = Arc::clone(&store);
+        sim.run(async move { s.clear_leaves(Some("leg0")).await.unwrap() }).unwrap();
+        serve_scans(&sim, &store);
+        store
+    };
+    legs[1].inject(Fault::WriteError { offset_bytes: 0, len_bytes: LEG_BYTES });
+    common::overwrite(&sim, &store, &mut data, 6, 0x54);
+    legs[1].clear_faults();
+    assert_eq!(
+        store.pool().leaves()[1].leaf.state(),
+        LeafState::Faulted(FaultReason::TooManyErrors)
+    );
+    let store = reimport(&sim, &legs, store, tunables());
+    assert_eq!(
+        store.pool().leaves()[1].leaf.state(),
+        LeafState::Faulted(FaultReason::TooManyErrors),
+        "the fault was kept"
+    );
+}
+
+/// A resilver stopped by an export after its first chunks goes on from its bookmark when the
+/// pool is served again (its figures carry on from where they were), and then the leg alone
+/// holds everything.
+#[test]
+fn a_resilver_interrupted_by_export_resumes_from_its_bookmark() {
+    let (sim, legs, store, mut data) = setup(12);
+    offline(&sim, &store, "leg1").unwrap();
+    // Most of the volume rewritten while leg1 is away: several chunks to copy.
+    let mut writes = Vec::new();
+    for i in 0..48u64 {
+        let at = i * (64 << 10);
+        let bytes = vec![0x60 + i as u8; 64 << 10];
+        data[at as usize..][..bytes.len()].copy_from_slice(&bytes);
+        writes.push((at, bytes));
+    }
+    let s = Arc::clone(&store);
+    let halted = sim
+        .run(async move {
+            for (at, bytes) in writes {
+                s.write("v", at, &bytes).await.unwrap();
+            }
+            s.sync().await.unwrap();
+            s.pool().online("leg1").unwrap();
+            s.sync().await.unwrap();
+            assert!(s.resilver_if_needed());
+            // Stopped after its first chunk, as the server stopping does.
+            while s.scan_status().unwrap().examined_bytes == 0 {
+                s.pool().env().sleep(std::time::Duration::from_micros(100)).await;
+            }
+            s.halt_scan().await;
+            s.scan_status().unwrap()
+        })
+        .unwrap()
+        .0;
+    assert_eq!((halted.func, halted.phase), (ScanFunc::Resilver, ScanPhase::Scanning));
+    assert!(halted.examined_bytes > 0 && halted.progress() < 1.0, "{halted:?}");
+
+    let store = reimport(&sim, &legs, store, tunables());
+    let resumed = store.scan_status().expect("the directory carried the scan");
+    assert_eq!((resumed.func, resumed.phase), (ScanFunc::Resilver, ScanPhase::Scanning));
+    assert_eq!(resumed.examined_bytes, halted.examined_bytes, "it goes on from its bookmark");
+    assert_eq!(resumed.issued_blocks, halted.issued_blocks);
+    assert_eq!(resumed.targets, vec![String::from("leg1")]);
+    serve_scans(&sim, &store);
+    let done = store.scan_status().unwrap();
+    assert_eq!(
+        (done.func, done.phase, done.unrecoverable),
+        (ScanFunc::Resilver, ScanPhase::Finished, 0)
+    );
+    assert!(store.pool().leaves_behind().is_empty());
+    legs[0].inject(Fault::Lost);
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+}
+
+/// Power cuts at points spread over a resilver that runs while the pool syncs: after each
+/// import the resilver goes on (from its bookmark when a sync had recorded one) and finishes,
+/// and then each leg alone reads every block as written.
+#[test]
+fn power_cuts_during_a_resilver() {
+    let seed = 21;
+    let sim = Sim::new(seed);
+    let options = SimOptions { store_data: true, record_log: true };
+    let legs = common::legs_with(&sim, 2, SimProfile::ssd(), LEG_BYTES, options);
+    let specs = common::leaf_specs(&legs);
+    let mut rng = Rng::new(seed);
+    let mut data: Vec<u8> = (0..VOLUME_BYTES).map(|_| rng.u64() as u8).collect();
+    let env = sim.env();
+    let first = data.clone();
+    let store = sim
+        .run(async move {
+            let store = common::mirror_store(&env, specs, &tunables()).await;
+            store.create_volume("v", VOLUME_BYTES, BLOCK).unwrap();
+            store.write("v", 0, &first).await.unwrap();
+            store.sync().await.unwrap();
+            Arc::new(store)
+        })
+        .unwrap()
+        .0;
+    offline(&sim, &store, "leg1").unwrap();
+    let mut writes = Vec::new();
+    for i in 0..48u64 {
+        let at = i * (64 << 10);
+        let bytes = vec![0x30 + i as u8; 64 << 10];
+        data[at as usize..][..bytes.len()].copy_from_slice(&bytes);
+        writes.push((at, bytes));
+    }
+    let s = Arc::clone(&store);
+    let (start, end) = sim
+        .run(async move {
+            for (at, bytes) in writes {
+                s.write("v", at, &bytes).await.unwrap();
+            }
+            s.sync().await.unwrap();
+            s.pool().online("leg1").unwrap();
+            let start = s.pool().env().now();
+            s.sync().await.unwrap();
+            assert!(s.resilver_if_needed());
+            // Syncs go on while it runs, recording its bookmark.
+            while s.scan_status().is_some_and(|st| st.phase == ScanPhase::Scanning) {
+                s.pool().env().sleep(std::time::Duration::from_millis(2)).await;
+                s.sync().await.unwrap();
+            }
+            (start, s.pool().env().now())
+        })
+        .unwrap()
+        .0;
+    assert!(store.pool().leaves_behind().is_empty());
+
+    let cuts = 10u64;
+    let mut resumed = 0;
+    for k in 0..=cuts {
+        let cut = Time::from_nanos(
+            start.as_nanos() + (end.as_nanos() - start.as_nanos()) * k / cuts + rng.below(1000),
+        );
+        let images: Vec<_> = legs
+            .iter()
+            .map(|d| {
+                let ops = d.write_log().iter().take_while(|e| e.at <= cut).count();
+                d.crash_image(ops, CrashPolicy::Any, &mut rng).unwrap()
+            })
+            .collect();
+        let after = Sim::new(seed + k);
+        let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
+        let env = after.env();
+        let specs = common::leaf_specs(&revived);
+        let store = after
+            .run(async move {
+                let tunables = tunables();
+                let pool = Pool::import(&env, specs, "tank", &tunables).await.unwrap();
+                Arc::new(Store::open(pool, &tunables).await.unwrap())
+            })
+            .unwrap()
+            .0;
+        let what = format!("seed {seed}, cut {k} of {cuts} at {cut:?}");
+        if store.scan_status().is_some_and(|s| {
+            s.func == ScanFunc::Resilver && s.phase == ScanPhase::Scanning && s.examined_bytes > 0
+        }) {
+            resumed += 1;
+        }
+        serve_scans(&after, &store);
+        assert!(store.pool().leaves_behind().is_empty(), "{what}: a leg is still behind");
+        revived[0].inject(Fault::Lost);
+        assert_eq!(common::read_all(&after, &store, &data, BLOCK), (0, 0), "{what}: leg1 alone");
+        revived[0].clear_faults();
+        let s = Arc::clone(&store);
+        after.run(async move { s.clear_leaves(Some("leg0")).await.unwrap() }).unwrap();
+        serve_scans(&after, &store);
+        revived[1].inject(Fault::Lost);
+        assert_eq!(common::read_all(&after, &store, &data, BLOCK), (0, 0), "{what}: leg0 alone");
+    }
+    assert!(resumed > 0, "no cut fell where a sync had recorded the resilver's bookmark");
 }

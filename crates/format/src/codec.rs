@@ -106,13 +106,13 @@ pub(crate) fn check_magic_version(
     what: &'static str,
     magic: u64,
     version_at: usize,
-) -> Result<(), FormatError> {
+    newest: crate::FormatVersion,
+) -> Result<crate::FormatVersion, FormatError> {
     let found = r.u64(0)?;
     if found != magic {
         return Err(FormatError::BadMagic { what, found });
     }
-    crate::FormatVersion::decode(what, r.u16(version_at)?)?;
-    Ok(())
+    crate::FormatVersion::decode(what, r.u16(version_at)?, newest)
 }
 
 /// The preamble every checksummed structure shares: magic at 0, then the version (u16) and
@@ -126,11 +126,12 @@ pub(crate) fn check_header(
     version_at: usize,
     alg_at: usize,
     checksum_at: usize,
-) -> Result<(), FormatError> {
-    check_magic_version(r, what, magic, version_at)?;
+    newest: crate::FormatVersion,
+) -> Result<crate::FormatVersion, FormatError> {
+    let version = check_magic_version(r, what, magic, version_at, newest)?;
     let alg = crate::ChecksumAlg::decode(what, r.u8(alg_at)?)?;
     if alg.compute(r.slice(0, checksum_at)?) != crate::Checksum(r.bytes16(checksum_at)?) {
         return Err(FormatError::ChecksumMismatch { what });
     }
-    Ok(())
+    Ok(version)
 }

@@ -35,6 +35,8 @@ pub const DDT_BUCKET_BITS_MAX: u8 = 32;
 const MAGIC: u64 = u64::from_le_bytes(*b"SLUICEDT");
 const HEADER_BYTES: usize = 32;
 const WHAT: &str = "dedup bucket";
+/// The version this structure is written at, and the newest it reads.
+const VERSION: FormatVersion = FormatVersion::V1;
 
 /// A dedup key: keyed BLAKE3 of a block's logical contents.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -83,7 +85,7 @@ impl DdtBucket {
         let mut out = vec![0u8; len.div_ceil(align.max(1)) * align.max(1)];
         let mut w = Writer::new(&mut out);
         w.u64(0, MAGIC);
-        w.u16(8, FormatVersion::CURRENT as u16);
+        w.u16(8, VERSION as u16);
         w.u32(12, self.entries.len() as u32);
         w.u64(16, self.index);
         w.u8(24, self.bucket_bits);
@@ -99,7 +101,7 @@ impl DdtBucket {
 
     pub fn decode(bytes: &[u8]) -> Result<DdtBucket, FormatError> {
         let r = Reader::new(WHAT, bytes, HEADER_BYTES)?;
-        crate::codec::check_magic_version(&r, WHAT, MAGIC, 8)?;
+        crate::codec::check_magic_version(&r, WHAT, MAGIC, 8, VERSION)?;
         r.zeros(10, 2)?;
         r.zeros(25, 7)?;
         let count = r.u32(12)? as usize;
@@ -129,7 +131,7 @@ impl DdtBucket {
     /// the entry found is still checked on its own.
     pub fn find(bytes: &[u8], key: &DdtKey) -> Result<Option<DdtEntry>, FormatError> {
         let r = Reader::new(WHAT, bytes, HEADER_BYTES)?;
-        crate::codec::check_magic_version(&r, WHAT, MAGIC, 8)?;
+        crate::codec::check_magic_version(&r, WHAT, MAGIC, 8, VERSION)?;
         let count = r.u32(12)? as usize;
         if count > (bytes.len() - HEADER_BYTES) / DDT_ENTRY_BYTES {
             return Err(FormatError::Invalid { what: WHAT, field: "count", value: count as u64 });

@@ -27,7 +27,10 @@
 //!      .      dedup table header (crate::ddt), 192 bytes: salt (32), bucket_bits u8,
 //!               levels u8, reserved 6, entries u64, references u64, allocated_bytes u64,
 //!               root block pointer (128; zeros: empty table)
+//!      .      (V2) the vdev tree, leaf records and scan record (see `records`)
 //! ```
+//!
+//! A directory without records (a pool made before V2) is written and read as V1.
 //!
 //! The log header (ZFS: `zil_header_t`) names the first intent-log block still needed after
 //! this txg: replay walks the chain from `head`, expecting `chain_id` and `head_sequence`, and
@@ -36,9 +39,15 @@
 //! whose log is being replayed: records of that txg or earlier are already in the pool, and the
 //! txgs that replay itself syncs must not move that line.
 
+mod records;
+
 use crate::codec::{Reader, Writer};
 use crate::ddt::DDT_HEADER_BYTES;
 use crate::{BlockPointer, DdtHeader, FormatError, FormatVersion, BLKPTR_BYTES};
+pub use records::{
+    DirectoryRecords, LeafRecord, LeafRecordState, ScanBookmark, ScanKind, ScanRecord,
+    ScanRecordPhase,
+};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"SLUICEDR");
 const HEADER_BYTES: usize = 40;
@@ -47,6 +56,8 @@ const LOG_HEADER_FIXED_BYTES: usize = 32;
 /// Longest volume name.
 pub const VOLUME_NAME_BYTES_MAX: usize = 255;
 const WHAT: &str = "pool directory";
+/// The newest version this structure has (V2 added the records).
+const VERSION: FormatVersion = FormatVersion::V2;
 
 /// One volume as recorded in the directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -196,11 +207,17 @@ pub struct PoolDirectory {
     pub space_maps: Vec<Vec<BlockPointer>>,
     pub volumes: Vec<VolumeEntry>,
     pub ddt: DdtHeader,
+    /// The vdev tree, leaf records and scan record (V2); `None` in a V1 directory.
+    pub records: Option<DirectoryRecords>,
 }
 
 impl PoolDirectory {
-    pub fn encoded_len(&self) -> usize {
-        HEADER_BYTES
+    pub fn encoded_len(&self) -> Result<usize, FormatError> {
+        let records = match &self.records {
+            Some(records) => records.encoded_len()?,
+            None => 0,
+        };
+        Ok(HEADER_BYTES
             + self.space_maps.iter().map(|p| 4 + p.len() * BLKPTR_BYTES).sum::<usize>()
             + self
                 .volumes
@@ -214,11 +231,12 @@ impl PoolDirectory {
                 })
                 .sum::<usize>()
             + DDT_HEADER_BYTES
+            + records)
     }
 
     /// Encodes into a buffer padded with zeros to a multiple of `align` bytes.
     pub fn encode(&self, align: usize) -> Result<Vec<u8>, FormatError> {
-        let len = self.encoded_len();
+        let len = self.encoded_len()?;
         let len32 = u32::try_from(len).map_err(|_| FormatError::TooLarge {
             what: WHAT,
             len,
@@ -236,7 +254,8 @@ impl PoolDirectory {
         let mut out = vec![0u8; len.div_ceil(align.max(1)) * align.max(1)];
         let mut w = Writer::new(&mut out);
         w.u64(0, MAGIC);
-        w.u16(8, FormatVersion::CURRENT as u16);
+        let version = if self.records.is_some() { VERSION } else { FormatVersion::V1 };
+        w.u16(8, version as u16);
         w.u32(12, len32);
         w.u64(16, self.txg);
         w.u64(24, self.next_volume_id);
@@ -280,13 +299,16 @@ impl PoolDirectory {
         }
         self.ddt.encode_into(&mut w, at);
         at += DDT_HEADER_BYTES;
+        if let Some(records) = &self.records {
+            at = records.encode_into(&mut w, at)?;
+        }
         debug_assert_eq!(at, len);
         Ok(out)
     }
 
     pub fn decode(bytes: &[u8]) -> Result<PoolDirectory, FormatError> {
         let r = Reader::new(WHAT, bytes, HEADER_BYTES)?;
-        crate::codec::check_magic_version(&r, WHAT, MAGIC, 8)?;
+        let version = crate::codec::check_magic_version(&r, WHAT, MAGIC, 8, VERSION)?;
         r.zeros(10, 2)?;
         let len = r.u32(12)? as usize;
         let r = Reader::new(WHAT, bytes, len.max(HEADER_BYTES))?;
@@ -379,6 +401,13 @@ impl PoolDirectory {
         }
         let ddt = DdtHeader::decode_from(&r, at)?;
         at += DDT_HEADER_BYTES;
+        let records = if version >= FormatVersion::V2 {
+            let (records, end) = DirectoryRecords::decode_from(&r, at)?;
+            at = end;
+            Some(records)
+        } else {
+            None
+        };
         if at != len {
             return Err(FormatError::Invalid {
                 what: WHAT,
@@ -386,6 +415,13 @@ impl PoolDirectory {
                 value: len as u64,
             });
         }
-        Ok(PoolDirectory { txg: r.u64(16)?, next_volume_id: r.u64(24)?, space_maps, volumes, ddt })
+        Ok(PoolDirectory {
+            txg: r.u64(16)?,
+            next_volume_id: r.u64(24)?,
+            space_maps,
+            volumes,
+            ddt,
+            records,
+        })
     }
 }

@@ -68,6 +68,8 @@ const _: () = assert!(RING_OFFSET >= LABEL_HEADER_BYTES as u64);
 const _: () = assert!(DATA_START_BYTES >= 2 * LABEL_BYTES);
 
 const WHAT: &str = "label";
+/// The version this structure is written at, and the newest it reads.
+const VERSION: FormatVersion = FormatVersion::V1;
 
 /// Offsets of the four labels on a leaf of `leaf_bytes` (the end labels aligned down to the
 /// label size, so a leaf that grows by less than a label keeps them in place).
@@ -118,7 +120,8 @@ pub struct VdevTreeConfig {
 }
 
 impl VdevTreeConfig {
-    fn encode(&self) -> Result<Vec<u8>, FormatError> {
+    /// The config's bytes as labels and the pool directory carry them.
+    pub fn encode(&self) -> Result<Vec<u8>, FormatError> {
         let too_large =
             |len| FormatError::TooLarge { what: "vdev tree config", len, max: CONFIG_BYTES_MAX };
         let mut out = Vec::new();
@@ -143,7 +146,7 @@ impl VdevTreeConfig {
         Ok(out)
     }
 
-    fn decode(bytes: &[u8]) -> Result<VdevTreeConfig, FormatError> {
+    pub fn decode(bytes: &[u8]) -> Result<VdevTreeConfig, FormatError> {
         let what = "vdev tree config";
         let mut cursor = Cursor { what, bytes, at: 0 };
         let count = cursor.u16()?;
@@ -263,7 +266,7 @@ impl LabelHeader {
         let mut out = [0u8; LABEL_HEADER_BYTES];
         let mut w = Writer::new(&mut out);
         w.u64(0, MAGIC);
-        w.u16(OFF_VERSION, FormatVersion::CURRENT as u16);
+        w.u16(OFF_VERSION, VERSION as u16);
         w.u8(OFF_ALG, ChecksumAlg::Xxh3_128 as u8);
         w.u8(OFF_ASHIFT, self.ashift);
         w.u64(OFF_POOL_GUID, self.pool_guid);
@@ -283,7 +286,7 @@ impl LabelHeader {
 
     pub fn decode(bytes: &[u8]) -> Result<LabelHeader, FormatError> {
         let r = Reader::new(WHAT, bytes, LABEL_HEADER_BYTES)?;
-        check_header(&r, WHAT, MAGIC, OFF_VERSION, OFF_ALG, OFF_CHECKSUM)?;
+        check_header(&r, WHAT, MAGIC, OFF_VERSION, OFF_ALG, OFF_CHECKSUM, VERSION)?;
         r.zeros(OFF_RESERVED_A, OFF_POOL_GUID - OFF_RESERVED_A)?;
         r.zeros(OFF_RESERVED_B, OFF_CONFIG_LEN - OFF_RESERVED_B)?;
         let ashift = r.u8(OFF_ASHIFT)?;

@@ -27,7 +27,9 @@ pub use ddt::{
     DDT_KEY_BYTES,
 };
 pub use directory::{
-    DedupMode, LogBias, LogHeader, PoolDirectory, SyncMode, VolumeEntry, VOLUME_NAME_BYTES_MAX,
+    DedupMode, DirectoryRecords, LeafRecord, LeafRecordState, LogBias, LogHeader, PoolDirectory,
+    ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase, SyncMode, VolumeEntry,
+    VOLUME_NAME_BYTES_MAX,
 };
 pub use error::FormatError;
 pub use label::{
@@ -45,18 +47,37 @@ pub const SECTOR_BYTES: u32 = 512;
 const _: () = assert!(SECTOR_BYTES.is_power_of_two());
 
 /// On-disk format versions. Unknown versions are refused, never guessed at.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// Each structure carries its own version and is written at the newest one its layout has:
+/// V2 changed only the uberblock (each leaf's copy says which txgs that leaf holds) and the
+/// pool directory (the trusted vdev tree, each leaf's state and error counts, the scan
+/// record); the others are still written, and only read, as V1. A V1 uberblock or directory,
+/// from a pool made before V2, still decodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FormatVersion {
     V1 = 1,
+    V2 = 2,
 }
 
 impl FormatVersion {
-    pub const CURRENT: FormatVersion = FormatVersion::V1;
+    /// The newest version any structure is written at.
+    pub const CURRENT: FormatVersion = FormatVersion::V2;
 
-    pub(crate) fn decode(what: &'static str, raw: u16) -> Result<FormatVersion, FormatError> {
-        match raw {
-            1 => Ok(FormatVersion::V1),
-            found => Err(FormatError::UnsupportedVersion { what, found }),
+    /// Decodes a structure's version field, refusing versions newer than `newest`, the
+    /// newest one that structure has.
+    pub(crate) fn decode(
+        what: &'static str,
+        raw: u16,
+        newest: FormatVersion,
+    ) -> Result<FormatVersion, FormatError> {
+        let version = match raw {
+            1 => FormatVersion::V1,
+            2 => FormatVersion::V2,
+            found => return Err(FormatError::UnsupportedVersion { what, found }),
+        };
+        if version > newest {
+            return Err(FormatError::UnsupportedVersion { what, found: raw });
         }
+        Ok(version)
     }
 }

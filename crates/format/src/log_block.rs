@@ -51,6 +51,8 @@ pub const LOG_WRITE_UNIT_BYTES: usize = 4096;
 
 const _: () = assert!(LOG_HEADER_BYTES == 192);
 const WHAT: &str = "log block";
+/// The version this structure is written at, and the newest it reads.
+const VERSION: FormatVersion = FormatVersion::V1;
 
 /// What the reader expects a block to be: its place in a particular chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,7 +133,7 @@ impl LogBlock {
         let mut out = vec![0u8; written];
         let mut w = Writer::new(&mut out);
         w.u64(0, MAGIC);
-        w.u16(OFF_VERSION, FormatVersion::CURRENT as u16);
+        w.u16(OFF_VERSION, VERSION as u16);
         w.u8(OFF_ALG, ChecksumAlg::Xxh3_128 as u8);
         w.u64(OFF_CHAIN, self.verifier.chain_id);
         w.u64(OFF_VOLUME, self.verifier.volume_id);
@@ -188,7 +190,7 @@ impl LogBlock {
     /// Decodes a block read from disk, which must be the block `expected` describes.
     pub fn decode(bytes: &[u8], expected: LogVerifier) -> Result<LogBlock, FormatError> {
         let r = Reader::new(WHAT, bytes, LOG_HEADER_BYTES)?;
-        crate::codec::check_magic_version(&r, WHAT, MAGIC, OFF_VERSION)?;
+        crate::codec::check_magic_version(&r, WHAT, MAGIC, OFF_VERSION, VERSION)?;
         let alg = ChecksumAlg::decode(WHAT, r.u8(OFF_ALG)?)?;
         let used = r.u32(OFF_USED)? as usize;
         if used < LOG_HEADER_BYTES {

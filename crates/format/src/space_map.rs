@@ -35,6 +35,8 @@ const HEADER_BYTES: usize = 32;
 const FREE_ENTRY_BYTES: usize = 16;
 const DEFERRED_ENTRY_BYTES: usize = 24;
 const WHAT: &str = "space map";
+/// The version this structure is written at, and the newest it reads.
+const VERSION: FormatVersion = FormatVersion::V1;
 
 /// A decoded space map.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -65,7 +67,7 @@ impl SpaceMap {
         {
             let mut w = Writer::new(&mut out);
             w.u64(0, MAGIC);
-            w.u16(OFF_VERSION, FormatVersion::CURRENT as u16);
+            w.u16(OFF_VERSION, VERSION as u16);
             w.u8(OFF_ALG, ChecksumAlg::Xxh3_128 as u8);
             w.u8(OFF_ASHIFT, self.ashift);
             w.u64(OFF_TXG, self.synced_txg);
@@ -92,7 +94,7 @@ impl SpaceMap {
     /// Decodes and validates: ranges must be non-empty, ascending and disjoint.
     pub fn decode(bytes: &[u8]) -> Result<SpaceMap, FormatError> {
         let r = Reader::new(WHAT, bytes, HEADER_BYTES + 16)?;
-        crate::codec::check_magic_version(&r, WHAT, MAGIC, OFF_VERSION)?;
+        crate::codec::check_magic_version(&r, WHAT, MAGIC, OFF_VERSION, VERSION)?;
         let alg = ChecksumAlg::decode(WHAT, r.u8(OFF_ALG)?)?;
         let free_count = r.u32(OFF_FREE_COUNT)? as usize;
         let deferred_count = r.u32(OFF_DEFERRED_COUNT)? as usize;

@@ -12,9 +12,11 @@ use std::path::PathBuf;
 use proptest::prelude::*;
 use sluice_format::{
     label_offsets, uberblock_offset, BlockKind, BlockPointer, Checksum, ChecksumAlg, DdtBucket,
-    DdtEntry, DdtHeader, DdtKey, DedupMode, Dva, FormatError, LabelHeader, LeafConfig, LogBias,
-    LogHeader, PoolDirectory, SpaceMap, SyncMode, TopConfig, TopKind, Uberblock, VdevTreeConfig,
-    VolumeEntry, BLKPTR_BYTES, DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
+    DdtEntry, DdtHeader, DdtKey, DedupMode, DirectoryRecords, Dva, FormatError, LabelHeader,
+    LeafConfig, LeafRecord, LeafRecordState, LogBias, LogHeader, PoolDirectory, ScanBookmark,
+    ScanKind, ScanRecord, ScanRecordPhase, SpaceMap, SyncMode, TopConfig, TopKind, Uberblock,
+    VdevTreeConfig, VolumeEntry, BLKPTR_BYTES, DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES,
+    UBERBLOCK_BYTES,
 };
 
 fn golden(name: &str, bytes: &[u8]) {
@@ -99,10 +101,32 @@ fn golden_uberblock() {
         guid_sum: 11,
         timestamp_secs: 1_700_000_000,
         root: Some(sample_bp()),
+        complete_txg: 40,
     };
     let bytes = ub.encode();
     golden("uberblock.bin", &bytes);
     assert_eq!(Uberblock::decode(&bytes).unwrap(), ub);
+}
+
+/// A V1 uberblock (written before each leaf's copy said which txgs it holds) still decodes,
+/// as a copy whose leaf holds every txg up to its own.
+#[test]
+fn v1_uberblock_still_decodes() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/uberblock_v1.bin");
+    let bytes = std::fs::read(path).unwrap();
+    let ub = Uberblock::decode(&bytes).unwrap();
+    assert_eq!((ub.txg, ub.pool_guid, ub.guid_sum, ub.complete_txg), (42, 5, 11, 42));
+    // A V2 copy that claims more than its txg is refused.
+    let mut ub = ub;
+    ub.complete_txg = 40;
+    let mut bytes = ub.encode();
+    bytes[176] = 43;
+    let sum = ChecksumAlg::Xxh3_128.compute(&bytes[..UBERBLOCK_BYTES - 16]);
+    bytes[UBERBLOCK_BYTES - 16..].copy_from_slice(&sum.0);
+    assert!(matches!(
+        Uberblock::decode(&bytes),
+        Err(FormatError::Invalid { field: "complete_txg", .. })
+    ));
 }
 
 #[test]
@@ -136,8 +160,15 @@ fn layout_is_consistent() {
 
 #[test]
 fn bad_inputs_name_the_problem() {
-    let mut bytes =
-        Uberblock { txg: 1, pool_guid: 1, guid_sum: 1, timestamp_secs: 1, root: None }.encode();
+    let mut bytes = Uberblock {
+        txg: 1,
+        pool_guid: 1,
+        guid_sum: 1,
+        timestamp_secs: 1,
+        root: None,
+        complete_txg: 1,
+    }
+    .encode();
     assert!(matches!(Uberblock::decode(&bytes[..100]), Err(FormatError::Truncated { .. })));
     bytes[0] ^= 1;
     assert!(matches!(Uberblock::decode(&bytes), Err(FormatError::BadMagic { .. })));
@@ -223,6 +254,7 @@ fn golden_directory() {
             allocated_bytes: 40960,
             root: Some(sample_bp()),
         },
+        records: None,
     };
     let bytes = dir.encode(512).unwrap();
     assert_eq!(bytes.len() % 512, 0);
@@ -231,6 +263,87 @@ fn golden_directory() {
     let mut padded = bytes.clone();
     *padded.last_mut().unwrap() = 1;
     assert!(PoolDirectory::decode(&padded).is_err(), "padding must be zero");
+
+    // V2: the same directory with the vdev tree, leaf records and a scan record.
+    let mut v2 = dir.clone();
+    v2.records = Some(sample_records());
+    let bytes = v2.encode(512).unwrap();
+    golden("directory_v2.bin", &bytes);
+    assert_eq!(PoolDirectory::decode(&bytes).unwrap(), v2);
+    // No scan yet: the record is all zeros.
+    let mut idle = v2.clone();
+    idle.records.as_mut().unwrap().scan = None;
+    assert_eq!(PoolDirectory::decode(&idle.encode(512).unwrap()).unwrap(), idle);
+}
+
+fn sample_records() -> DirectoryRecords {
+    DirectoryRecords {
+        config: sample_label().config,
+        leaves: vec![
+            LeafRecord {
+                guid: 0x1111,
+                state: LeafRecordState::Online,
+                replaced: true,
+                read_errors: 0,
+                write_errors: 2,
+                checksum_errors: 3,
+            },
+            LeafRecord {
+                guid: 0x2222,
+                state: LeafRecordState::Faulted,
+                replaced: false,
+                read_errors: 11,
+                write_errors: 0,
+                checksum_errors: 0,
+            },
+        ],
+        scan: Some(ScanRecord {
+            kind: ScanKind::Resilver,
+            phase: ScanRecordPhase::Scanning,
+            paused: false,
+            bookmark: ScanBookmark::Volume { id: 2, block: 4096 },
+            min_birth: 7,
+            max_birth: 30,
+            start_secs: 1_700_000_000,
+            end_secs: 0,
+            run_secs: 12,
+            examined_bytes: 1 << 30,
+            total_bytes: 4 << 30,
+            issued_blocks: 8192,
+            issued_bytes: 1 << 29,
+            repaired_copies: 8000,
+            repaired_bytes: 1 << 29,
+            errors: 1,
+            unrecoverable: 0,
+        }),
+    }
+}
+
+/// Every record field that is out of range, and every reserved byte set, is refused.
+#[test]
+fn directory_records_refuse_bad_fields() {
+    let mut dir = PoolDirectory { records: Some(sample_records()), ..PoolDirectory::default() };
+    dir.ddt.bucket_bits = 6;
+    dir.ddt.levels = 1;
+    let good = dir.encode(512).unwrap();
+    PoolDirectory::decode(&good).unwrap();
+    let len = u32::from_le_bytes(good[12..16].try_into().unwrap()) as usize;
+    let scan_at = len - 128;
+    let leaves_at = scan_at - 2 * 40;
+    for (at, value) in [
+        (leaves_at + 8, 4u8), // leaf state
+        (leaves_at + 9, 2),   // flags
+        (leaves_at + 10, 1),  // reserved
+        (scan_at, 3),         // scan func
+        (scan_at + 1, 3),     // scan phase
+        (scan_at + 2, 2),     // paused
+        (scan_at + 3, 4),     // bookmark kind
+        (scan_at + 4, 1),     // reserved
+    ] {
+        let mut bad = good.clone();
+        bad[at] = value;
+        assert!(PoolDirectory::decode(&bad).is_err(), "byte {at} = {value} was accepted");
+    }
 }
 
 #[test]
@@ -359,15 +472,16 @@ proptest! {
     }
 
     #[test]
-    fn uberblocks_round_trip(txg: u64, pool_guid: u64, guid_sum: u64, timestamp_secs: u64, root in proptest::option::of(arb_bp())) {
-        let ub = Uberblock { txg, pool_guid, guid_sum, timestamp_secs, root };
+    fn uberblocks_round_trip(txg: u64, pool_guid: u64, guid_sum: u64, timestamp_secs: u64, root in proptest::option::of(arb_bp()), behind: u64) {
+        let complete_txg = txg.saturating_sub(behind);
+        let ub = Uberblock { txg, pool_guid, guid_sum, timestamp_secs, root, complete_txg };
         prop_assert_eq!(Uberblock::decode(&ub.encode()).unwrap(), ub);
     }
 
     /// Any bit flipped anywhere in an uberblock or label header is detected.
     #[test]
     fn bit_flips_are_detected(bit in 0usize..(UBERBLOCK_BYTES * 8), label_bit in 0usize..(LABEL_HEADER_BYTES * 8)) {
-        let mut ub = Uberblock { txg: 3, pool_guid: 4, guid_sum: 5, timestamp_secs: 6, root: Some(sample_bp()) }.encode();
+        let mut ub = Uberblock { txg: 3, pool_guid: 4, guid_sum: 5, timestamp_secs: 6, root: Some(sample_bp()), complete_txg: 2 }.encode();
         ub[bit / 8] ^= 1 << (bit % 8);
         prop_assert!(Uberblock::decode(&ub).is_err());
         let mut label = sample_label().encode().unwrap();
@@ -383,6 +497,13 @@ proptest! {
         let _ = LabelHeader::decode(&bytes);
         let _ = SpaceMap::decode(&bytes);
         let _ = PoolDirectory::decode(&bytes);
+        let mut v2 = bytes.clone();
+        if v2.len() >= 16 {
+            v2[..8].copy_from_slice(b"SLUICEDR");
+            v2[8] = 2;
+            v2[9] = 0;
+        }
+        let _ = PoolDirectory::decode(&v2);
         let _ = DdtBucket::decode(&bytes);
         let _ = DdtBucket::find(&bytes, &DdtKey([0x40; 32]));
     }

@@ -12,6 +12,7 @@
 mod buf;
 pub mod core_ring;
 mod file;
+pub mod inject;
 pub mod sim;
 mod uring;
 

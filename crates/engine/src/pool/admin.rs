@@ -6,10 +6,18 @@
 //! the store starts (crate::txg::dsl_scan). A leaf is found by its path as the pool knows it,
 //! by the last part of that path, or by its guid in hex, as `pool status` prints them.
 //!
+//! What should outlive the process (a leaf taken offline without `-t`, a leaf faulted or
+//! degraded by the diagnosis, every leaf's error counts) goes into each txg's pool directory
+//! as leaf records ([`Pool::leaf_records`]) and is put back at import
+//! ([`Pool::apply_leaf_records`]). A leaf faulted because its device was gone is not kept: the
+//! next import looks for the device again.
+//!
 //! The refusals are zpool's: a leaf whose vdev would be left without a copy of everything
 //! (a lone leaf, or a mirror whose other children are out of service or behind) cannot be
 //! taken offline, and a leaf that was missing at import cannot come online until the pool is
 //! imported again with its device.
+
+use sluice_format::{LeafRecord, LeafRecordState};
 
 use super::{Pool, PoolError, PoolLeaf};
 use crate::vdev::{FaultReason, LeafState};
@@ -46,12 +54,20 @@ impl Pool {
         }
     }
 
-    /// Takes a leaf out of service (`zpool offline -t`): it gets no I/O until
-    /// [`Pool::online`]. Refused when no other leaf of its vdev holds everything.
-    pub fn offline(&self, name: &str) -> Result<PoolLeaf, PoolError> {
+    /// Takes a leaf out of service (`zpool offline`): it gets no I/O until [`Pool::online`].
+    /// `temporary` (`-t`) ends it at the next import; otherwise the pool directory keeps it
+    /// offline from the next sync on. Refused when no other leaf of its vdev holds
+    /// everything.
+    pub fn offline(&self, name: &str, temporary: bool) -> Result<PoolLeaf, PoolError> {
         let _one_change = self.admin.lock();
         let leaf = self.find_leaf(name)?;
         if leaf.leaf.state() == LeafState::Offline {
+            let mut state = self.state.lock();
+            if temporary {
+                state.offline_kept.remove(&leaf.guid);
+            } else {
+                state.offline_kept.insert(leaf.guid);
+            }
             return Ok(leaf);
         }
         if !self.has_other_copy(&leaf) {
@@ -62,6 +78,9 @@ impl Pool {
             });
         }
         leaf.leaf.set_state(LeafState::Offline);
+        if !temporary {
+            self.state.lock().offline_kept.insert(leaf.guid);
+        }
         Ok(leaf)
     }
 
@@ -80,6 +99,7 @@ impl Pool {
         // the device's before whatever the administrator did about it.
         leaf.leaf.clear_diagnosis();
         leaf.leaf.set_state(LeafState::Online);
+        self.state.lock().offline_kept.remove(&leaf.guid);
         Ok(leaf)
     }
 
@@ -104,6 +124,69 @@ impl Pool {
             }
         }
         Ok(leaves)
+    }
+
+    /// Each leaf's record for the pool directory of the txg being synced.
+    pub fn leaf_records(&self) -> Vec<LeafRecord> {
+        let leaves = self.leaves();
+        let kept = self.state.lock();
+        leaves
+            .iter()
+            .map(|l| {
+                let [read_errors, write_errors, checksum_errors] = l.leaf.errors();
+                let state = match l.leaf.state() {
+                    LeafState::Degraded => LeafRecordState::Degraded,
+                    LeafState::Faulted(FaultReason::TooManyErrors) => LeafRecordState::Faulted,
+                    LeafState::Offline if kept.offline_kept.contains(&l.guid) => {
+                        LeafRecordState::Offline
+                    }
+                    _ => LeafRecordState::Online,
+                };
+                LeafRecord {
+                    guid: l.guid,
+                    state,
+                    replaced: kept.replaced.contains(&l.guid),
+                    read_errors,
+                    write_errors,
+                    checksum_errors,
+                }
+            })
+            .collect()
+    }
+
+    /// Puts back what the directory opened at import recorded of each leaf: its error counts,
+    /// and a state set by the administrator or the diagnosis. A leaf whose device is missing
+    /// stays faulted as missing, whatever was recorded, but keeps an offline.
+    pub fn apply_leaf_records(&self, records: &[LeafRecord]) {
+        let leaves = self.leaves();
+        let mut state = self.state.lock();
+        for record in records {
+            let Some(leaf) = leaves.iter().find(|l| l.guid == record.guid) else { continue };
+            leaf.leaf.carry_errors([
+                record.read_errors,
+                record.write_errors,
+                record.checksum_errors,
+            ]);
+            if record.replaced {
+                state.replaced.insert(leaf.guid);
+            }
+            match record.state {
+                LeafRecordState::Online => {}
+                LeafRecordState::Offline => {
+                    leaf.leaf.set_state(LeafState::Offline);
+                    state.offline_kept.insert(leaf.guid);
+                }
+                LeafRecordState::Faulted if leaf.present => {
+                    leaf.leaf.set_state(LeafState::Faulted(FaultReason::TooManyErrors));
+                }
+                LeafRecordState::Degraded if leaf.present => {
+                    leaf.leaf.set_state(LeafState::Degraded);
+                }
+                LeafRecordState::Faulted | LeafRecordState::Degraded => {}
+            }
+        }
+        let synced = state.uberblock.txg;
+        Self::mark_behind(&leaves, &state, synced);
     }
 
     /// Whether another leaf of `leaf`'s vdev is in service and holds every synced txg.

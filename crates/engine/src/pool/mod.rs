@@ -25,6 +25,7 @@
 //! lock, none held across an `.await`, and the last two never while taking the other.
 
 mod admin;
+mod attach;
 mod cache;
 mod io;
 mod missing;
@@ -122,6 +123,28 @@ pub enum PoolError {
          import it again with the device present (-d), or replace the leaf"
     )]
     LeafMissing { pool: String, leaf: String },
+    #[error("pool {pool}: {path} is already one of its leaves")]
+    AlreadyMember { pool: String, path: String },
+    #[error(
+        "pool {pool}: cannot attach to {leaf}: its mirror already has {max} leaves, the most a \
+         mirror may have; detach one first"
+    )]
+    MirrorFull { pool: String, leaf: String, max: usize },
+    #[error(
+        "pool {pool}: {path} has {sector}-byte sectors, larger than the pool's allocation unit \
+         (2^{ashift} bytes); use a device with sectors of at most that size"
+    )]
+    SectorTooLarge { pool: String, path: String, sector: u32, ashift: u8 },
+    #[error(
+        "pool {pool}: cannot detach {leaf}: it is its vdev's only leaf (only a leaf of a mirror \
+         can be detached); use `sluice pool replace` to swap it for another device"
+    )]
+    NotMirror { pool: String, leaf: String },
+    #[error(
+        "pool {pool}: the new vdev tree could not be written to any leaf's labels (the first \
+         tried: {path}); check the devices and `sluice pool status`"
+    )]
+    LabelsNotWritten { pool: String, path: String },
     #[error("pool {pool}: no valid uberblock on any leaf; the labels are damaged")]
     NoUberblock { pool: String },
     #[error("pool {pool}: leaf {path}: {source}")]
@@ -165,7 +188,12 @@ impl PoolError {
             PoolError::NotFound { .. }
             | PoolError::Ambiguous { .. }
             | PoolError::NoSuchLeaf { .. } => ErrorKind::NotFound,
-            PoolError::NoValidReplicas { .. } | PoolError::LeafMissing { .. } => ErrorKind::Invalid,
+            PoolError::NoValidReplicas { .. }
+            | PoolError::LeafMissing { .. }
+            | PoolError::AlreadyMember { .. }
+            | PoolError::MirrorFull { .. }
+            | PoolError::SectorTooLarge { .. }
+            | PoolError::NotMirror { .. } => ErrorKind::Invalid,
             PoolError::Vdev { source, .. } => match source.kind() {
                 crate::vdev::ErrorKind::Checksum => ErrorKind::Checksum,
                 _ => ErrorKind::Io,
@@ -203,6 +231,12 @@ struct PoolState {
     /// became the open one. A leaf whose count has not moved since txg T opened missed no
     /// block born in T or later.
     missed_when_opened: BTreeMap<u64, BTreeMap<u64, u64>>,
+    /// Leaves (by guid) taken offline to stay offline across imports (`pool offline` without
+    /// `-t`): the pool directory records them.
+    offline_kept: std::collections::BTreeSet<u64>,
+    /// Leaves (by guid) being replaced (`pool replace`): each is detached once the other
+    /// leaves of its mirror that are not being replaced hold everything.
+    replaced: std::collections::BTreeSet<u64>,
 }
 
 /// Txgs whose [`PoolState::missed_when_opened`] counts are kept.
@@ -264,6 +298,10 @@ pub struct Pool {
     /// Held across an administrative change's check and its effect (`admin.rs`), so two at
     /// once cannot both pass "another copy is in service" and take both out.
     admin: Mutex<()>,
+    /// For the leaves and mirrors a change of leaves builds (`attach.rs`).
+    tunables: Tunables,
+    /// The next leaf's [`VdevId`]: ids are never reused within an import.
+    next_leaf_id: std::sync::atomic::AtomicU32,
 }
 
 fn check_name(name: &str) -> Result<(), PoolError> {
@@ -618,6 +656,7 @@ impl Pool {
             guid_sum: pool.guid_sum(),
             timestamp_secs: 0,
             root: None,
+            complete_txg: 1,
         };
         pool.write_uberblock(first).await?;
         pool.state.lock().uberblock = first;
@@ -629,17 +668,7 @@ impl Pool {
     }
 
     fn label_header(&self, pool_leaf: &PoolLeaf, config_txg: u64) -> LabelHeader {
-        let config = self.config();
-        LabelHeader {
-            ashift: self.ashift,
-            pool_guid: self.guid,
-            leaf_guid: pool_leaf.guid,
-            top_guid: config.top[pool_leaf.top].guid,
-            config_txg,
-            leaf_bytes: pool_leaf.leaf.device().len_bytes(),
-            pool_name: self.name.clone(),
-            config: config.clone(),
-        }
+        self.label_header_for(pool_leaf, &self.config(), config_txg)
     }
 
     /// Builds the in-memory vdev tree.
@@ -654,6 +683,7 @@ impl Pool {
     ) -> Result<Pool, PoolError> {
         let mut leaves = Vec::new();
         let mut by_top: BTreeMap<usize, Vec<Arc<Leaf>>> = BTreeMap::new();
+        let next_leaf_id = u32::try_from(members.len()).unwrap_or(u32::MAX);
         for (index, (top, leaf_config, device, present)) in members.into_iter().enumerate() {
             let id = u32::try_from(index).unwrap_or(u32::MAX);
             let leaf = Leaf::new(VdevId(id), env, device, tunables);
@@ -698,6 +728,8 @@ impl Pool {
             ashift,
             tree: RwLock::new(Arc::new(VdevTree { config, root: Root::new(top), leaves })),
             admin: Mutex::new(()),
+            tunables: tunables.clone(),
+            next_leaf_id: std::sync::atomic::AtomicU32::new(next_leaf_id),
             state: Mutex::new(PoolState {
                 uberblock: Uberblock {
                     txg: 0,
@@ -705,11 +737,14 @@ impl Pool {
                     guid_sum: 0,
                     timestamp_secs: 0,
                     root: None,
+                    complete_txg: 0,
                 },
                 found: Vec::new(),
                 leaf_txg: BTreeMap::new(),
                 leaf_missed: BTreeMap::new(),
                 missed_when_opened: BTreeMap::new(),
+                offline_kept: Default::default(),
+                replaced: Default::default(),
             }),
             cache: BlockCache::new(
                 tunables.cache_bytes(memory_bytes()),
@@ -729,6 +764,7 @@ impl Pool {
             guid_sum: self.guid_sum(),
             timestamp_secs,
             root,
+            complete_txg: txg,
         };
         self.write_uberblock(uberblock).await?;
         self.state.lock().uberblock = uberblock;
@@ -744,52 +780,69 @@ impl Pool {
     /// advances whenever it took the sync without missing a write: it is all there is.) The
     /// uberblock still goes to a leaf that is behind, so that a pool imported with only that
     /// leaf finds the newest txg and reports the blocks it misses, rather than opening an
-    /// older txg without a word; the price is that a restart forgets the leaf was behind
-    /// (reads and scrubs then heal its stale blocks from the other copies).
+    /// older txg without a word; its copy's `complete_txg` keeps what it actually holds, so
+    /// an import after a crash or an export resilvers it from there.
     async fn write_uberblock(&self, uberblock: Uberblock) -> Result<(), PoolError> {
-        let data = SharedBuf::copy_from(&uberblock.encode());
         let tree = self.tree();
-        let complete_before: Vec<u64> = {
+        // Each leaf's copy says which txgs that leaf holds: this one if it held the txg before
+        // and missed no write since this txg opened, else what it held already.
+        let complete: Vec<u64> = {
             let state = self.state.lock();
             let previous = state.uberblock.txg;
             let lone = |l: &PoolLeaf| tree.leaves.iter().filter(|o| o.top == l.top).count() == 1;
             tree.leaves
                 .iter()
-                .filter(|l| {
-                    lone(l) || state.leaf_txg.get(&l.guid).copied().unwrap_or(0) >= previous
+                .map(|l| {
+                    let held = state.leaf_txg.get(&l.guid).copied().unwrap_or(0);
+                    let whole = (lone(l) || held >= previous)
+                        && l.leaf.writes_missed() == state.missed_since(uberblock.txg, l)
+                        && !l.leaf.is_out_of_service();
+                    if whole {
+                        uberblock.txg
+                    } else {
+                        held.min(uberblock.txg)
+                    }
                 })
-                .map(|l| l.guid)
                 .collect()
         };
         // A leaf out of service (offline, or faulted) is sent nothing, uberblocks included.
-        let writes = tree.leaves.iter().filter(|l| l.present).map(|pool_leaf| {
-            let data = data.clone();
-            async move {
-                let mut ok = false;
-                for label in label_offsets(pool_leaf.leaf.device().len_bytes()) {
-                    if pool_leaf.leaf.is_out_of_service() {
-                        break;
+        let writes = tree.leaves.iter().zip(&complete).filter(|(l, _)| l.present).map(
+            |(pool_leaf, &complete_txg)| {
+                let data = SharedBuf::copy_from(&Uberblock { complete_txg, ..uberblock }.encode());
+                async move {
+                    let mut ok = false;
+                    for label in label_offsets(pool_leaf.leaf.device().len_bytes()) {
+                        if pool_leaf.leaf.is_out_of_service() {
+                            break;
+                        }
+                        let at = uberblock_offset(label, uberblock.txg);
+                        ok |= pool_leaf
+                            .leaf
+                            .write(at, data.clone(), IoClass::AsyncWrite)
+                            .await
+                            .is_ok();
                     }
-                    let at = uberblock_offset(label, uberblock.txg);
-                    ok |= pool_leaf.leaf.write(at, data.clone(), IoClass::AsyncWrite).await.is_ok();
+                    (pool_leaf.top, ok)
                 }
-                (pool_leaf.top, ok)
-            }
-        });
+            },
+        );
         let results = join_all(writes).await;
         self.flush_all().await?;
         {
             let mut state = self.state.lock();
             let mut took = results.iter();
-            for pool_leaf in &tree.leaves {
+            for (pool_leaf, &complete_txg) in tree.leaves.iter().zip(&complete) {
                 let ok =
                     if pool_leaf.present { took.next().is_some_and(|&(_, ok)| ok) } else { false };
                 let missed = pool_leaf.leaf.writes_missed();
                 let missed_before = state.missed_since(uberblock.txg, pool_leaf);
                 state.leaf_missed.insert(pool_leaf.guid, missed);
+                // A copy that claimed the txg but then missed a write (an uberblock write
+                // failed) is overstated on that leaf; its other labels' copies of older txgs
+                // are not, and a resilver started now catches it up either way.
                 if ok
+                    && complete_txg == uberblock.txg
                     && missed == missed_before
-                    && complete_before.contains(&pool_leaf.guid)
                     && !pool_leaf.leaf.is_out_of_service()
                 {
                     state.leaf_txg.insert(pool_leaf.guid, uberblock.txg);
@@ -907,8 +960,11 @@ impl Pool {
                 if uberblock.pool_guid != pool_guid {
                     continue;
                 }
-                let held = leaf_txg.entry(pool_leaf.guid).or_insert(0);
-                *held = (*held).max(uberblock.txg);
+                // What the leaf holds is what its newest copy says.
+                let newest = leaf_txg.entry(pool_leaf.guid).or_insert((0, 0));
+                if uberblock.txg > newest.0 {
+                    *newest = (uberblock.txg, uberblock.complete_txg);
+                }
                 if best.is_none_or(|b| uberblock.txg > b.txg) {
                     best = Some(uberblock);
                 }
@@ -922,7 +978,7 @@ impl Pool {
         found.dedup_by_key(|u| u.txg);
         let leaves = pool.leaves();
         let mut state = pool.state.lock();
-        state.leaf_txg = leaf_txg;
+        state.leaf_txg = leaf_txg.into_iter().map(|(guid, (_, held))| (guid, held)).collect();
         state.uberblock = uberblock;
         state.found = found;
         Self::mark_behind(&leaves, &state, uberblock.txg);

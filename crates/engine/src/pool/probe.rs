@@ -296,8 +296,14 @@ mod tests {
         assert_eq!(finding, Finding::Pool { name: "tank".into(), guid: 0xabc });
         assert_eq!(finding.to_string(), "is part of sluice pool 'tank' (guid 0000000000000abc)");
 
-        let uberblock =
-            Uberblock { txg: 9, pool_guid: 0xdef, guid_sum: 1, timestamp_secs: 1, root: None };
+        let uberblock = Uberblock {
+            txg: 9,
+            pool_guid: 0xdef,
+            guid_sum: 1,
+            timestamp_secs: 1,
+            root: None,
+            complete_txg: 9,
+        };
         let remains = leaf(dir.path(), "destroyed", uberblock_offset(0, 9), &uberblock.encode());
         assert_eq!(found(&remains), Some(Finding::DestroyedPool { guid: 0xdef }));
     }

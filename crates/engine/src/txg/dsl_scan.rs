@@ -28,8 +28,15 @@
 //! A resilver starts by itself after a sync that leaves a leaf behind, and when a leaf comes
 //! back online. It takes precedence: a running scrub is canceled (as `zpool` does), and a
 //! scrub is refused while a resilver runs. A resilver cannot be stopped; a scrub can be
-//! paused, resumed and stopped. The scan's state lives in memory: a scan interrupted by an
-//! export ends there (a leaf still behind is resilvered again at the next import).
+//! paused, resumed and stopped.
+//!
+//! Each txg's pool directory carries the scan's record (what, where its bookmark is, its
+//! figures), so a scan interrupted by an export or a crash goes on from its bookmark when the
+//! pool is served again; a paused scrub stays paused. A resumed resilver finishes the range
+//! it had, `[min_birth, max_birth]`, and its leaves are then known to hold up to `max_birth`
+//! only (what they missed while the pool was closed is not known), so the next sync starts a
+//! resilver of the txgs after it, if any. A leaf that is further behind than the record's
+//! range (it was attached or went missing since) starts a new resilver instead.
 //!
 //! Why a bookmark and chunks rather than one walk of one pinned tree: a pin holds back every
 //! free made after its txg, so one walk of a large pool under a write load would hold back
@@ -38,7 +45,10 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use sluice_format::{BlockKind, BlockPointer, DdtBucket, PoolDirectory, BLKPTR_BYTES};
+use sluice_format::{
+    BlockKind, BlockPointer, DdtBucket, PoolDirectory, ScanBookmark, ScanKind, ScanRecord,
+    ScanRecordPhase, BLKPTR_BYTES,
+};
 
 use super::{Store, StoreError};
 use crate::pool::PoolError;
@@ -81,6 +91,8 @@ pub struct ScanStatus {
     pub max_birth: u64,
     pub started: Time,
     pub ended: Option<Time>,
+    /// Seconds spent scanning before this import (the scan resumed from a pool directory).
+    pub earlier_secs: u64,
     /// Volume bytes (logical) the walk has passed, of `total_bytes`, as of the last chunk.
     pub examined_bytes: u64,
     pub total_bytes: u64,
@@ -101,6 +113,11 @@ pub struct ScanStatus {
 }
 
 impl ScanStatus {
+    /// Seconds spent scanning, across imports, as of `now`.
+    pub fn run_secs(&self, now: Time) -> u64 {
+        self.earlier_secs + self.ended.unwrap_or(now).since(self.started).as_secs()
+    }
+
     /// Share of the walk done, from 0 to 1.
     pub fn progress(&self) -> f64 {
         match self.phase {
@@ -286,6 +303,122 @@ impl Store {
         Ok(())
     }
 
+    /// The scan's record for the pool directory of the txg being synced: the last or current
+    /// scan and its bookmark.
+    pub(super) fn scan_record(&self) -> Option<ScanRecord> {
+        let scan = self.scan.lock();
+        let status = scan.status.as_ref()?;
+        let now = self.pool.env().now();
+        let secs = |t: Time| t.as_nanos() / 1_000_000_000;
+        Some(ScanRecord {
+            kind: match status.func {
+                ScanFunc::Scrub => ScanKind::Scrub,
+                ScanFunc::Resilver => ScanKind::Resilver,
+            },
+            phase: match status.phase {
+                ScanPhase::Scanning => ScanRecordPhase::Scanning,
+                ScanPhase::Finished => ScanRecordPhase::Finished,
+                ScanPhase::Canceled => ScanRecordPhase::Canceled,
+            },
+            paused: status.paused,
+            bookmark: match scan.bookmark {
+                Bookmark::Start => ScanBookmark::Start,
+                Bookmark::Ddt { block } => ScanBookmark::DedupTable { block },
+                Bookmark::Volume { id, block } => ScanBookmark::Volume { id, block },
+                Bookmark::Done => ScanBookmark::Done,
+            },
+            min_birth: status.min_birth,
+            max_birth: status.max_birth,
+            start_secs: secs(status.started),
+            end_secs: status.ended.map_or(0, secs),
+            run_secs: status.run_secs(now),
+            examined_bytes: status.examined_bytes,
+            total_bytes: status.total_bytes,
+            issued_blocks: status.issued_blocks,
+            issued_bytes: status.issued_bytes,
+            repaired_copies: status.repaired_copies,
+            repaired_bytes: status.repaired_bytes,
+            errors: status.errors,
+            unrecoverable: status.unrecoverable,
+        })
+    }
+
+    /// Takes up the scan recorded in the directory the store opened (see the module doc); the
+    /// syncer starts it ([`Store::resume_scan`]).
+    pub(super) fn restore_scan(&self, record: &ScanRecord) {
+        let now = self.pool.env().now();
+        let func = match record.kind {
+            ScanKind::Scrub => ScanFunc::Scrub,
+            ScanKind::Resilver => ScanFunc::Resilver,
+        };
+        let mut status = self.new_status(func, record.min_birth, record.max_birth, Vec::new());
+        status.earlier_secs = record.run_secs;
+        status.examined_bytes = record.examined_bytes;
+        status.total_bytes = record.total_bytes;
+        status.issued_blocks = record.issued_blocks;
+        status.issued_bytes = record.issued_bytes;
+        status.repaired_copies = record.repaired_copies;
+        status.repaired_bytes = record.repaired_bytes;
+        status.errors = record.errors;
+        status.unrecoverable = record.unrecoverable;
+        status.paused = record.paused;
+        let bookmark = match record.bookmark {
+            ScanBookmark::Start => Bookmark::Start,
+            ScanBookmark::DedupTable { block } => Bookmark::Ddt { block },
+            ScanBookmark::Volume { id, block } => Bookmark::Volume { id, block },
+            ScanBookmark::Done => Bookmark::Done,
+        };
+        let mut scan = self.scan.lock();
+        match record.phase {
+            ScanRecordPhase::Scanning if func == ScanFunc::Resilver => {
+                // Only the leaves still behind, and only if the record's range covers them.
+                let behind = self.pool.leaves_behind();
+                let covered = !behind.is_empty()
+                    && behind.iter().all(|&(_, held, _)| held + 1 >= record.min_birth);
+                if !covered {
+                    // Nothing left to copy, or more than the record knew: `resume_scan`
+                    // starts afresh if anything is behind.
+                    return;
+                }
+                let tree = self.pool.tree();
+                let found: Vec<_> = behind
+                    .iter()
+                    .filter_map(|&(guid, _, _)| tree.leaves.iter().find(|l| l.guid == guid))
+                    .collect();
+                // What they missed before this import is not known: never "current" at the
+                // end (`finish_scan`), so the txgs after the range are resilvered next.
+                scan.targets = found.iter().map(|l| (l.guid, l.leaf.id(), u64::MAX)).collect();
+                status.targets = found.iter().map(|l| l.path.clone()).collect();
+                status.paused = false;
+            }
+            ScanRecordPhase::Scanning => {}
+            ScanRecordPhase::Finished | ScanRecordPhase::Canceled => {
+                status.phase = if record.phase == ScanRecordPhase::Finished {
+                    ScanPhase::Finished
+                } else {
+                    ScanPhase::Canceled
+                };
+                status.earlier_secs = 0;
+                let run = record.run_secs.saturating_mul(1_000_000_000);
+                status.started = Time::from_nanos(now.as_nanos().saturating_sub(run));
+                status.ended = Some(now);
+                status.paused = false;
+            }
+        }
+        scan.status = Some(status);
+        scan.bookmark =
+            if record.phase == ScanRecordPhase::Scanning { bookmark } else { Bookmark::Done };
+        scan.generation += 1;
+        scan.pause_requested = false;
+    }
+
+    /// Starts the scan the store opened with, or a resilver if a leaf is behind: called when
+    /// the store begins serving ([`Store::run_syncer`]).
+    pub fn resume_scan(self: &Arc<Self>) {
+        self.resilver_if_needed();
+        self.spawn_scan();
+    }
+
     /// Pauses a running scrub after its current chunk (`zpool scrub -p`).
     pub fn scrub_pause(&self) -> Result<(), StoreError> {
         let mut scan = self.scan.lock();
@@ -323,9 +456,12 @@ impl Store {
 
     /// Starts a resilver when a leaf in service is behind the pool and another leaf of its
     /// mirror holds everything; a running scrub is canceled for it. Returns whether one runs.
+    /// With nothing behind, detaches the leaves whose replacements have caught up.
     pub fn resilver_if_needed(self: &Arc<Self>) -> bool {
         let behind = self.pool.leaves_behind();
         if behind.is_empty() {
+            // A replacement that holds everything now: its old leaf goes.
+            self.finish_replacements();
             return false;
         }
         let evidence = self.behind_now(&behind);
@@ -421,6 +557,7 @@ impl Store {
             max_birth,
             started: self.pool.env().now(),
             ended: None,
+            earlier_secs: 0,
             examined_bytes: 0,
             total_bytes: 0,
             issued_blocks: 0,

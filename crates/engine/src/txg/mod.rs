@@ -20,12 +20,13 @@
 //! | `spa_sync.rs` | `spa_sync`, `txg_sync_thread` | the sync, as named steps; the syncer task |
 //! | `spa_load.rs` | `spa_load` | opening an imported pool's data, rewind |
 //! | `dsl_scan.rs` | `dsl_scan.c` | scrub and resilver in the background |
-//! | `spa_vdev.rs` | `spa.c`, `vdev.c` | offline, online and clear of leaves on an open store |
+//! | `spa_vdev.rs` | `spa.c`, `vdev.c` | offline, online, clear, attach, detach and replace of leaves on an open store |
 //! | `space_map.rs` | `space_map.c` | space maps written in pieces and read back |
 //! | `audit.rs` | `zdb -b` | walks every tree and checks the space accounting |
 //!
 //! Lock order (outer to inner; a thread holding one may take only those to its right, and none
-//! is held across an `.await`): `Store::sync_lock` (async, held for a whole sync) -> `state` ->
+//! is held across an `.await`, but for the two async ones): `Store::vdev_lock` (async, held for
+//! a whole change of leaves) -> `Store::sync_lock` (async, held for a whole sync) -> `state` ->
 //! a volume's `Dataset::state` -> its `LogWriter` state -> the DDT's locks (crate::dedup) -> `allocator`.
 //! The scan's state (`scan`) comes before the pool's locks (it reads the pool's tree and
 //! uberblock while held) and after `sync_lock`; nothing else is taken while holding it.
@@ -207,6 +208,9 @@ pub struct Store {
     ddt: Arc<Ddt>,
     state: Mutex<State>,
     sync_lock: futures::lock::Mutex<()>,
+    /// Held for a whole change of leaves (attach, detach, replace: their sync and label
+    /// rewrites), so that two do not interleave; taken before `sync_lock`.
+    vdev_lock: futures::lock::Mutex<()>,
     suspended: AtomicBool,
     /// Why the store was suspended, for the error every later operation returns.
     suspend_cause: Mutex<Option<String>>,
@@ -314,6 +318,7 @@ impl Store {
             state: Mutex::new(state),
             pool: Arc::new(pool),
             sync_lock: futures::lock::Mutex::new(()),
+            vdev_lock: futures::lock::Mutex::new(()),
             suspended: AtomicBool::new(false),
             suspend_cause: Mutex::new(None),
             fail_points: Mutex::new(Vec::new()),

@@ -4,9 +4,11 @@
 //! good one, as every read does; a dry run does not even that). It loads the newest txg: the pool directory, the space maps, and every block born in the last
 //! `FREE_DEFER_TXGS + 1` txgs, data included, which is what a disk that acknowledged flushes
 //! it had not made durable can lose (OpenZFS verifies the same window). Then it walks every
-//! volume's intent-log chain. Only when all of that reads does it write: a resilver of leaves
-//! that are behind, the replay of each chain's records newer than the last synced txg (each
-//! exactly once, `zil.rs`), a sync, and new chains.
+//! volume's intent-log chain. Only when all of that reads does it write: the replay of each
+//! chain's records newer than the last synced txg (each exactly once, `zil.rs`), a sync, and
+//! new chains. The directory's leaf records give the leaves back their states and error
+//! counts; a leaf that is behind (each leaf's newest uberblock says which txgs it holds) is
+//! resilvered in the background once the store serves, from where a recorded resilver got.
 //!
 //! Two failures are never papered over:
 //! - A newest txg whose blocks do not verify is reported with its txg and the way out:
@@ -140,7 +142,16 @@ impl Store {
         if report.rewound.is_some() {
             pool.rewind_to(uberblock).await?;
         }
-        pool.resilver().await?;
+        // Leaves keep their recorded states and error counts; a leaf behind is resilvered in
+        // the background once the store serves (`Store::resume_scan`).
+        if let Some(records) = &directory.records {
+            // The directory says which leaves are members; a change of leaves that a crash
+            // cut short between its sync and its label rewrite is finished here.
+            if pool.adopt_config(&records.config).await {
+                pool.write_labels(uberblock.txg).await?;
+            }
+            pool.apply_leaf_records(&records.leaves);
+        }
         let limits = TxgLimits::from_tunables(tunables);
         let volumes = directory
             .volumes
@@ -163,6 +174,10 @@ impl Store {
         );
         let mut store = Store::assemble(pool, allocator, state, directory.ddt, tunables);
         store.log_stats = log_stats;
+        // Before replay, whose syncs write the scan record again.
+        if let Some(scan) = directory.records.as_ref().and_then(|r| r.scan.as_ref()) {
+            store.restore_scan(scan);
+        }
         store.replay(chains).await?;
         Ok((store, report))
     }

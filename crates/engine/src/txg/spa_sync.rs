@@ -22,7 +22,8 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use sluice_format::{
-    BlockKind, BlockPointer, DdtHeader, DedupMode, LogHeader, PoolDirectory, SpaceMap, VolumeEntry,
+    BlockKind, BlockPointer, DdtHeader, DedupMode, DirectoryRecords, LogHeader, PoolDirectory,
+    SpaceMap, VolumeEntry,
 };
 
 use super::dbuf::{Block, Prewritten};
@@ -77,6 +78,8 @@ impl Store {
         let weak = Arc::downgrade(self);
         let env = self.pool.env().clone();
         let timeout = self.limits.timeout;
+        // A scan the store opened with goes on, and a leaf behind is resilvered.
+        self.resume_scan();
         env.clone().spawn("txg_sync", async move {
             loop {
                 let sleep = env.sleep(timeout);
@@ -422,6 +425,11 @@ impl Store {
                     })
                     .collect(),
                 ddt: ddt_header,
+                records: Some(DirectoryRecords {
+                    config: self.pool.config().clone(),
+                    leaves: self.pool.leaf_records(),
+                    scan: self.scan_record(),
+                }),
             }
         };
         (anchored, headers, directory)
@@ -440,6 +448,9 @@ impl Store {
         // Allocate the space-map pieces before encoding any map, so every map includes them.
         // One piece more than the map needs now leaves room for the entries that these
         // allocations and the directory's add.
+        let directory_len = directory
+            .encoded_len()
+            .map_err(|source| PoolError::Format { pool: name.clone(), source })?;
         let (map_blocks, directory_block, maps) = {
             let mut allocator = self.allocator.lock();
             let mut blocks = Vec::new();
@@ -456,8 +467,8 @@ impl Store {
                 blocks.push(pieces);
             }
             let pieces: usize = blocks.iter().map(Vec::len).sum();
-            let directory_bytes = allocator
-                .asize((directory.encoded_len() + pieces * sluice_format::BLKPTR_BYTES) as u64);
+            let directory_bytes =
+                allocator.asize((directory_len + pieces * sluice_format::BLKPTR_BYTES) as u64);
             let directory_block =
                 allocator.allocate(directory_bytes, AllocClass::Reserved, &[]).map_err(no_space)?;
             let maps: Vec<SpaceMap> = (0..vdevs as u32).map(|v| allocator.space_map(v)).collect();

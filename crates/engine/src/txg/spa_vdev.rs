@@ -1,22 +1,35 @@
 //! Leaf administration on an open store (ZFS: `spa_vdev_*` in `spa.c`, with `vdev_online`,
-//! `vdev_offline` and `vdev_clear`): the pool changes the leaf's state, and the store makes
-//! sure what the leaf missed is copied back.
+//! `vdev_offline` and `vdev_clear`): the pool changes the leaf's state or the vdev tree, and
+//! the store makes sure what a leaf misses is copied onto it.
 //!
 //! A leaf returning to service (online, or cleared after a fault) takes every write from that
 //! moment. What it missed before is in synced trees only once the open txg syncs, including
 //! blocks written in place ahead of their txg (large sync writes), so the store syncs first
 //! and then starts a resilver of every block born after the last txg the leaf holds, up to
 //! that sync (crate::txg::dsl_scan).
+//!
+//! A change of leaves (attach, detach, replace; crate::pool `attach.rs`) swaps the tree while
+//! holding the sync lock and syncs at once, so the txg that first carries the new tree in its
+//! pool directory is the one the new labels name; then every label is rewritten. A replaced
+//! leaf is detached once its replacement's resilver has finished, checked after every sync
+//! ([`Store::resilver_if_needed`]) and when the store starts serving.
 
 use std::sync::Arc;
 
 use super::{Store, StoreError};
+use crate::pool::LeafSpec;
 
 impl Store {
-    /// Takes a leaf out of service until [`Store::online_leaf`] (`zpool offline -t`). Returns
-    /// its path.
-    pub fn offline_leaf(&self, name: &str) -> Result<String, StoreError> {
-        Ok(self.pool.offline(name)?.path)
+    /// Takes a leaf out of service until [`Store::online_leaf`] (`zpool offline`); unless
+    /// `temporary`, across imports too, from the next sync on. Returns its path.
+    pub async fn offline_leaf(&self, name: &str, temporary: bool) -> Result<String, StoreError> {
+        let path = self.pool.offline(name, temporary)?.path;
+        if !temporary {
+            // The directory records it: written now, so an export or a crash right after
+            // still finds the leaf offline.
+            self.sync().await?;
+        }
+        Ok(path)
     }
 
     /// Returns a leaf to service and resilvers what it missed (`zpool online`). Returns its
@@ -37,5 +50,85 @@ impl Store {
         let leaves = self.pool.clear(name)?;
         self.sync().await?;
         Ok((leaves.into_iter().map(|l| l.path).collect(), self.resilver_if_needed()))
+    }
+
+    /// Adds `new` to the vdev of leaf `existing` (`zpool attach`): a lone leaf becomes a
+    /// mirror, a mirror gets wider. A resilver copies everything onto it in the background.
+    pub async fn attach_leaf(
+        self: &Arc<Self>,
+        existing: &str,
+        new: LeafSpec,
+    ) -> Result<String, StoreError> {
+        self.add_leaf(existing, new, false).await
+    }
+
+    /// Replaces leaf `old` by `new` (`zpool replace`): `new` is attached beside it and
+    /// resilvered in the background, and `old` is detached when that has finished. `old` may
+    /// be faulted or missing, as long as another leaf of its vdev holds everything.
+    pub async fn replace_leaf(
+        self: &Arc<Self>,
+        old: &str,
+        new: LeafSpec,
+    ) -> Result<String, StoreError> {
+        self.add_leaf(old, new, true).await
+    }
+
+    async fn add_leaf(
+        self: &Arc<Self>,
+        existing: &str,
+        new: LeafSpec,
+        replacing: bool,
+    ) -> Result<String, StoreError> {
+        self.check_live()?;
+        let _one_change = self.vdev_lock.lock().await;
+        let one_at_a_time = self.sync_lock.lock().await;
+        let txg = self.pool.uberblock().txg + 1;
+        let leaf = self.pool.attach(existing, new, txg, replacing).await?;
+        self.fail_point("spa_vdev.attach_synced");
+        let synced = self.sync_holding_lock(one_at_a_time).await?;
+        debug_assert_eq!(synced, txg, "the attach's labels name the txg that first carries it");
+        self.fail_point("spa_vdev.attach_labels");
+        self.pool.write_labels(synced).await?;
+        self.resilver_if_needed();
+        Ok(leaf.path)
+    }
+
+    /// Takes leaf `name` out of its mirror for good (`zpool detach`): its labels are blanked.
+    /// Returns its path.
+    pub async fn detach_leaf(&self, name: &str) -> Result<String, StoreError> {
+        self.check_live()?;
+        let _one_change = self.vdev_lock.lock().await;
+        let one_at_a_time = self.sync_lock.lock().await;
+        let gone = self.pool.detach(name)?;
+        let synced = self.sync_holding_lock(one_at_a_time).await?;
+        self.fail_point("spa_vdev.detach_labels");
+        self.pool.write_labels(synced).await?;
+        self.pool.blank_labels(&gone).await;
+        Ok(gone.path)
+    }
+
+    /// Detaches the replaced leaves whose replacements hold everything; returns their paths.
+    /// A detach refused now (a leaf went out of service meanwhile) is tried again later.
+    pub async fn detach_replaced(&self) -> Vec<String> {
+        let mut detached = Vec::new();
+        for guid in self.pool.replacements_done() {
+            if let Ok(path) = self.detach_leaf(&guid).await {
+                detached.push(path);
+            }
+        }
+        detached
+    }
+
+    /// [`Store::detach_replaced`] in a task, if there is anything to detach (the caller may be
+    /// the syncer).
+    pub(super) fn finish_replacements(self: &Arc<Self>) {
+        if self.pool.replacements_done().is_empty() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        self.pool.env().spawn("replace done", async move {
+            let Some(store) = weak.upgrade() else { return };
+            store.detach_replaced().await;
+        });
     }
 }

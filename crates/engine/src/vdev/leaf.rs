@@ -143,8 +143,9 @@ pub struct Leaf {
     state: AtomicU8,
     stats: LeafStats,
     /// Read, write and checksum errors counted when the errors were last cleared (`pool
-    /// clear`): the counters themselves only grow, as the metrics expect.
-    cleared: Mutex<[u64; 3]>,
+    /// clear`), and those carried over from before the pool was imported (the pool
+    /// directory's leaf records): the counters themselves only grow, as the metrics expect.
+    cleared: Mutex<ErrorBase>,
     /// Writes a mirror did not send here because the leaf was out of service, and writes
     /// refused because it was offline: with the write errors, what it missed.
     skipped_writes: AtomicU64,
@@ -154,6 +155,14 @@ pub struct Leaf {
     behind: std::sync::atomic::AtomicBool,
     /// Recent errors, for the fault diagnosis (see [`Leaf::verdict`]).
     diagnosis: Mutex<Diagnosis>,
+}
+
+/// What [`Leaf::errors`] counts from: the counters' values at the last clear, and the errors
+/// recorded before this import.
+#[derive(Debug, Default)]
+struct ErrorBase {
+    cleared: [u64; 3],
+    carried: [u64; 3],
 }
 
 /// When the recent errors of a leaf happened, and how many within what window make a
@@ -210,7 +219,7 @@ impl Leaf {
             pending_ends: Mutex::new(BTreeMap::new()),
             state: AtomicU8::new(LeafState::ONLINE),
             stats: LeafStats::default(),
-            cleared: Mutex::new([0; 3]),
+            cleared: Mutex::new(ErrorBase::default()),
             skipped_writes: AtomicU64::new(0),
             behind: std::sync::atomic::AtomicBool::new(false),
             diagnosis: Mutex::new(Diagnosis {
@@ -298,13 +307,23 @@ impl Leaf {
     /// Read, write and checksum errors since the last [`Leaf::clear_errors`], as `pool
     /// status` shows them.
     pub fn errors(&self) -> [u64; 3] {
-        let cleared = *self.cleared.lock();
-        let now = [
+        let base = self.cleared.lock();
+        let now = self.counted_errors();
+        [0, 1, 2].map(|i| base.carried[i] + now[i].saturating_sub(base.cleared[i]))
+    }
+
+    fn counted_errors(&self) -> [u64; 3] {
+        [
             self.stats.read_errors.get(),
             self.stats.write_errors.get(),
             self.stats.checksum_errors.get(),
-        ];
-        [0, 1, 2].map(|i| now[i].saturating_sub(cleared[i]))
+        ]
+    }
+
+    /// Adds the errors a previous import recorded (read, write, checksum) to what
+    /// [`Leaf::errors`] shows, until the next clear.
+    pub fn carry_errors(&self, errors: [u64; 3]) {
+        self.cleared.lock().carried = errors;
     }
 
     /// Writes this leaf did not take (failed, skipped out of service, refused offline). It
@@ -373,11 +392,8 @@ impl Leaf {
 
     /// Starts the error counts of [`Leaf::errors`] again from zero.
     pub fn clear_errors(&self) {
-        *self.cleared.lock() = [
-            self.stats.read_errors.get(),
-            self.stats.write_errors.get(),
-            self.stats.checksum_errors.get(),
-        ];
+        let now = self.counted_errors();
+        *self.cleared.lock() = ErrorBase { cleared: now, carried: [0; 3] };
     }
 
     pub fn state(&self) -> LeafState {

@@ -88,3 +88,45 @@ pub async fn mirror_store(env: &Env, leaves: Vec<LeafSpec>, tunables: &Tunables)
     });
     Store::create(pool, tunables)
 }
+
+/// Reads volume "v" block by block against `data` (the whole volume); returns (blocks that
+/// failed, blocks that returned wrong bytes).
+pub fn read_all(sim: &Sim, store: &Arc<Store>, data: &[u8], block: u32) -> (u64, u64) {
+    let s = Arc::clone(store);
+    let expected = data.to_vec();
+    let block = u64::from(block);
+    sim.run(async move {
+        let (mut failed, mut wrong) = (0, 0);
+        for index in 0..expected.len() as u64 / block {
+            let at = index * block;
+            match s.read("v", at, block).await {
+                Ok(got) => wrong += u64::from(got != expected[at as usize..][..block as usize]),
+                Err(_) => failed += 1,
+            }
+        }
+        (failed, wrong)
+    })
+    .unwrap()
+    .0
+}
+
+/// Writes 16 KiB of a new pattern into volume "v" at `pieces` spread offsets, a sync after
+/// each, and into `data` (the whole volume) alike.
+pub fn overwrite(sim: &Sim, store: &Arc<Store>, data: &mut [u8], pieces: u64, seed: u8) {
+    let run = 16u64 << 10;
+    let mut writes = Vec::new();
+    for i in 0..pieces {
+        let at = (i * 37 % (data.len() as u64 / run)) * run;
+        let bytes = vec![seed.wrapping_add(i as u8); run as usize];
+        data[at as usize..][..bytes.len()].copy_from_slice(&bytes);
+        writes.push((at, bytes));
+    }
+    let s = Arc::clone(store);
+    sim.run(async move {
+        for (at, bytes) in writes {
+            s.write("v", at, &bytes).await.unwrap();
+            s.sync().await.unwrap();
+        }
+    })
+    .unwrap();
+}

@@ -1,0 +1,420 @@
+//! Changing which leaves a pool has while it serves (ZFS: `spa_vdev_attach`,
+//! `spa_vdev_detach`, `spa_vdev_resilver_done` in `spa.c`; `vdev_config_sync` in
+//! `vdev_label.c`).
+//!
+//! - **attach** adds a leaf to a mirror, or turns a lone leaf into a mirror. The new leaf's
+//!   labels are written first (with the new tree and the txg that will first carry it), then
+//!   the tree is swapped, and the store syncs that txg at once: every block written from the
+//!   swap on reaches the new leaf, everything before is copied by a resilver of every birth
+//!   (it holds no txg). The other leaves' labels are rewritten after the sync.
+//! - **detach** takes a leaf out of its mirror (a mirror of two becomes a lone leaf with the
+//!   same top-level guid); refused when no other leaf of the mirror holds everything, or when
+//!   the leaf is its vdev's only one. The tree is swapped, the txg synced, the other leaves'
+//!   labels rewritten, and the detached leaf's labels blanked, so neither `pool import` nor a
+//!   later probe takes it for a member.
+//! - **replace** is an attach whose old leaf is marked as being replaced: once the leaves of
+//!   its mirror that are not being replaced hold everything (the resilver finished), the old
+//!   leaf is detached (crate::txg::spa_vdev).
+//!
+//! Which leaves are members is decided by the pool directory of the txg the pool opens (its
+//! vdev tree, crates/format `directory::records`), not by the labels: a crash between a
+//! change's sync and its label rewrite leaves some labels behind, and one before the sync
+//! leaves the new leaf's labels ahead. Import builds the tree from the newest label config,
+//! which always includes the leaves the directory names (an attached leaf's labels are
+//! written before its sync), and [`Pool::adopt_config`] then drops the leaves the directory
+//! does not name and rewrites every label, which finishes the interrupted change.
+//!
+//! Labels are rewritten in two rounds (the first and third label of every leaf, a flush, then
+//! the second and fourth, a flush), as ZFS does, so a torn rewrite leaves a whole label at each
+//! end of every leaf.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::future::join_all;
+use sluice_format::{
+    data_end_bytes, label_offsets, LabelHeader, LeafConfig, TopKind, VdevTreeConfig, LABEL_BYTES,
+};
+
+use super::missing::MissingDevice;
+use super::{LeafSpec, Pool, PoolError, PoolLeaf, VdevTree};
+use crate::device::SharedBuf;
+use crate::tunables::IoClass;
+use crate::vdev::{Leaf, Mirror, Root, Vdev, VdevId, MIRROR_CHILDREN_MAX};
+
+impl Pool {
+    /// Adds `new` to the vdev of the leaf called `existing` (see the module doc), marking
+    /// `existing` as being replaced if `replacing`. Writes the new leaf's labels for
+    /// `config_txg`, the txg the caller syncs next while holding the sync lock, and swaps the
+    /// tree. Returns the new leaf.
+    pub async fn attach(
+        &self,
+        existing: &str,
+        new: LeafSpec,
+        config_txg: u64,
+        replacing: bool,
+    ) -> Result<PoolLeaf, PoolError> {
+        let (config, leaf) = {
+            let _one_change = self.admin.lock();
+            let old = self.find_leaf(existing)?;
+            let tree = self.tree();
+            let action = if replacing { "replace" } else { "attach to" };
+            if tree.leaves.iter().any(|l| l.path == new.path) {
+                return Err(PoolError::AlreadyMember { pool: self.name.clone(), path: new.path });
+            }
+            let siblings = tree.leaves.iter().filter(|l| l.top == old.top).count();
+            if siblings >= MIRROR_CHILDREN_MAX {
+                return Err(PoolError::MirrorFull {
+                    pool: self.name.clone(),
+                    leaf: old.path.clone(),
+                    max: MIRROR_CHILDREN_MAX,
+                });
+            }
+            // What the new leaf copies from: a leaf of the vdev in service with every txg.
+            if !self.has_complete_copy(&tree, old.top, None) {
+                return Err(PoolError::NoValidReplicas {
+                    pool: self.name.clone(),
+                    leaf: old.path.clone(),
+                    action,
+                });
+            }
+            let (_, end) = self.data_areas()[old.top];
+            let len = new.device.len_bytes();
+            if data_end_bytes(len) < end {
+                return Err(PoolError::LeafTooSmall {
+                    pool: self.name.clone(),
+                    path: new.path,
+                    len_bytes: len,
+                    min_bytes: end + 2 * LABEL_BYTES,
+                });
+            }
+            let sector = new.device.sector_bytes();
+            if sector > 1 << self.ashift {
+                return Err(PoolError::SectorTooLarge {
+                    pool: self.name.clone(),
+                    path: new.path,
+                    sector,
+                    ashift: self.ashift,
+                });
+            }
+            let guid = self.fresh_guid(&tree);
+            let mut config = tree.config.clone();
+            let top = &mut config.top[old.top];
+            top.kind = TopKind::Mirror;
+            top.children.push(LeafConfig { guid, path: new.path.clone() });
+            let id = VdevId(self.next_leaf_id.fetch_add(1, Ordering::Relaxed));
+            let leaf = Leaf::new(id, &self.env, Arc::clone(&new.device), &self.tunables);
+            let leaf = PoolLeaf { guid, top: old.top, path: new.path, leaf, present: true };
+            (config, leaf)
+        };
+        // The new leaf's labels first: a crash before the sync leaves a leaf whose labels
+        // name a txg the pool never reached, which import sets aside.
+        self.write_leaf_labels(&leaf, &config, config_txg).await?;
+        let (start, end) = self.data_areas()[leaf.top];
+        let region = crate::alloc::log_region_bytes(end - start);
+        leaf.leaf.device().prepare_log_region(start, region).await.map_err(|source| {
+            PoolError::Device { pool: self.name.clone(), path: leaf.path.clone(), source }
+        })?;
+        {
+            let _one_change = self.admin.lock();
+            let mut added = BTreeMap::new();
+            added.insert(leaf.guid, leaf.clone());
+            let tree = self.build_tree(config, added);
+            let old = self.find_leaf(existing).ok();
+            {
+                let mut state = self.state.lock();
+                // It holds no txg yet: the resilver copies every birth onto it.
+                state.leaf_txg.insert(leaf.guid, 0);
+                if let Some(old) = old.filter(|_| replacing) {
+                    state.replaced.insert(old.guid);
+                }
+            }
+            self.install(tree);
+        }
+        Ok(leaf)
+    }
+
+    /// Takes the leaf called `name` out of its mirror and swaps the tree (see the module
+    /// doc). The caller syncs next, holding the sync lock, then rewrites the labels
+    /// ([`Pool::write_labels`]) and blanks the detached leaf's ([`Pool::blank_labels`]).
+    pub fn detach(&self, name: &str) -> Result<PoolLeaf, PoolError> {
+        let _one_change = self.admin.lock();
+        let leaf = self.find_leaf(name)?;
+        let tree = self.tree();
+        let siblings = tree.leaves.iter().filter(|l| l.top == leaf.top).count();
+        if siblings < 2 {
+            return Err(PoolError::NotMirror { pool: self.name.clone(), leaf: leaf.path });
+        }
+        if !self.has_complete_copy(&tree, leaf.top, Some(leaf.guid)) {
+            return Err(PoolError::NoValidReplicas {
+                pool: self.name.clone(),
+                leaf: leaf.path,
+                action: "detach",
+            });
+        }
+        let mut config = tree.config.clone();
+        let top = &mut config.top[leaf.top];
+        top.children.retain(|c| c.guid != leaf.guid);
+        if top.children.len() == 1 {
+            top.kind = TopKind::Leaf;
+        }
+        let tree = self.build_tree(config, BTreeMap::new());
+        self.forget_leaves(&tree, &[leaf.guid]);
+        self.install(tree);
+        Ok(leaf)
+    }
+
+    /// Makes `config`, the vdev tree of the pool directory the store opened, the pool's: leaves
+    /// the labels named but the directory does not are dropped (their labels blanked), and
+    /// leaves it names that are not here stand in as missing. Returns whether anything
+    /// changed; the caller then rewrites every label.
+    pub async fn adopt_config(&self, config: &VdevTreeConfig) -> bool {
+        let dropped = {
+            let _one_change = self.admin.lock();
+            let tree = self.tree();
+            let members = |c: &VdevTreeConfig| -> Vec<(usize, u64)> {
+                let mut all: Vec<(usize, u64)> = c
+                    .top
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(t, top)| top.children.iter().map(move |l| (t, l.guid)))
+                    .collect();
+                all.sort_unstable();
+                all
+            };
+            let kinds = |c: &VdevTreeConfig| c.top.iter().map(|t| t.kind).collect::<Vec<_>>();
+            if members(config) == members(&tree.config) && kinds(config) == kinds(&tree.config) {
+                return false;
+            }
+            let named: Vec<u64> = members(config).into_iter().map(|(_, g)| g).collect();
+            let dropped: Vec<PoolLeaf> =
+                tree.leaves.iter().filter(|l| !named.contains(&l.guid)).cloned().collect();
+            let new = self.build_tree(config.clone(), BTreeMap::new());
+            let guids: Vec<u64> = dropped.iter().map(|l| l.guid).collect();
+            self.forget_leaves(&new, &guids);
+            self.install(new);
+            dropped
+        };
+        for leaf in dropped.iter().filter(|l| l.present) {
+            self.blank_labels(leaf).await;
+        }
+        true
+    }
+
+    /// Writes every present leaf's labels with the current tree and `config_txg`, in two
+    /// rounds (see the module doc). At least one leaf must take them.
+    pub async fn write_labels(&self, config_txg: u64) -> Result<(), PoolError> {
+        let tree = self.tree();
+        let present: Vec<&PoolLeaf> = tree.leaves.iter().filter(|l| l.present).collect();
+        let mut took = vec![true; present.len()];
+        for round in [[0usize, 2], [1, 3]] {
+            let writes = present.iter().map(|pool_leaf| {
+                let header = self.label_header_for(pool_leaf, &tree.config, config_txg);
+                async move {
+                    let Ok(bytes) = header.encode() else { return false };
+                    let data = SharedBuf::copy_from(&bytes);
+                    let offsets = label_offsets(pool_leaf.leaf.device().len_bytes());
+                    let mut ok = true;
+                    for index in round {
+                        ok &= pool_leaf
+                            .leaf
+                            .write(offsets[index], data.clone(), IoClass::SyncWrite)
+                            .await
+                            .is_ok();
+                    }
+                    ok &= pool_leaf.leaf.flush().await.is_ok();
+                    ok
+                }
+            });
+            for (t, ok) in took.iter_mut().zip(join_all(writes).await) {
+                *t &= ok;
+            }
+        }
+        if !present.is_empty() && !took.iter().any(|&ok| ok) {
+            let path = present[0].path.clone();
+            return Err(PoolError::LabelsNotWritten { pool: self.name.clone(), path });
+        }
+        Ok(())
+    }
+
+    /// Zeroes the four labels of a leaf that left the pool (header and uberblock rings), so
+    /// that nothing takes it for a member again. Best effort: the device may be dead.
+    pub async fn blank_labels(&self, pool_leaf: &PoolLeaf) {
+        let device = Arc::clone(pool_leaf.leaf.device());
+        let zeros = SharedBuf::copy_from(&vec![0u8; LABEL_BYTES as usize]);
+        for offset in label_offsets(device.len_bytes()) {
+            let _ = device.write_at(offset, zeros.clone()).await;
+        }
+        let _ = device.flush().await;
+    }
+
+    /// Whether a leaf of top-level vdev `top` other than `except` is present, in service and
+    /// holds every synced txg.
+    fn has_complete_copy(&self, tree: &VdevTree, top: usize, except: Option<u64>) -> bool {
+        let state = self.state.lock();
+        let txg = state.uberblock.txg;
+        tree.leaves.iter().any(|l| {
+            l.top == top
+                && Some(l.guid) != except
+                && l.present
+                && !l.leaf.is_out_of_service()
+                && state.leaf_txg.get(&l.guid).copied().unwrap_or(0) >= txg
+        })
+    }
+
+    /// Leaves being replaced whose replacements now hold everything: what to detach.
+    pub fn replacements_done(&self) -> Vec<String> {
+        let tree = self.tree();
+        let state = self.state.lock();
+        let txg = state.uberblock.txg;
+        state
+            .replaced
+            .iter()
+            .filter_map(|guid| tree.leaves.iter().find(|l| l.guid == *guid))
+            .filter(|old| {
+                let mut others = tree
+                    .leaves
+                    .iter()
+                    .filter(|l| l.top == old.top && !state.replaced.contains(&l.guid))
+                    .peekable();
+                others.peek().is_some()
+                    && others.all(|l| {
+                        l.present
+                            && !l.leaf.is_out_of_service()
+                            && state.leaf_txg.get(&l.guid).copied().unwrap_or(0) >= txg
+                    })
+            })
+            .map(|old| format!("{:016x}", old.guid))
+            .collect()
+    }
+
+    /// Whether the leaf with guid `guid` is being replaced.
+    pub fn is_replaced(&self, guid: u64) -> bool {
+        self.state.lock().replaced.contains(&guid)
+    }
+
+    fn fresh_guid(&self, tree: &VdevTree) -> u64 {
+        let mut rng = self.env.unique_rng(&format!("pool_attach/{}", self.name));
+        loop {
+            let guid = rng.u64();
+            if guid != 0 && guid != self.guid && tree.leaves.iter().all(|l| l.guid != guid) {
+                return guid;
+            }
+        }
+    }
+
+    /// Builds the tree `config` describes around this pool's leaves (by guid), the `added`
+    /// ones, and stand-ins for any other it names.
+    fn build_tree(&self, config: VdevTreeConfig, mut added: BTreeMap<u64, PoolLeaf>) -> VdevTree {
+        let old = self.tree();
+        let mut leaves = Vec::new();
+        let mut top = Vec::new();
+        for (index, top_config) in config.top.iter().enumerate() {
+            let mut children = Vec::new();
+            for child in &top_config.children {
+                let found = old.leaves.iter().find(|l| l.guid == child.guid).cloned();
+                let mut leaf = found.or_else(|| added.remove(&child.guid)).unwrap_or_else(|| {
+                    let id = VdevId(self.next_leaf_id.fetch_add(1, Ordering::Relaxed));
+                    let len_bytes = old.leaves.iter().map(|l| l.leaf.device().len_bytes()).max();
+                    let stand_in = MissingDevice {
+                        name: child.path.clone(),
+                        len_bytes: len_bytes.unwrap_or(0),
+                    };
+                    let leaf = Leaf::new(id, &self.env, Arc::new(stand_in), &self.tunables);
+                    leaf.mark_gone();
+                    PoolLeaf {
+                        guid: child.guid,
+                        top: index,
+                        path: child.path.clone(),
+                        leaf,
+                        present: false,
+                    }
+                });
+                leaf.top = index;
+                children.push(Arc::clone(&leaf.leaf));
+                leaves.push(leaf);
+            }
+            top.push(match top_config.kind {
+                TopKind::Leaf => Vdev::Leaf(Arc::clone(&children[0])),
+                TopKind::Mirror => Vdev::Mirror(Arc::new(Mirror::new(
+                    VdevId(1000 + index as u32),
+                    &self.env,
+                    children,
+                    &self.tunables,
+                ))),
+            });
+        }
+        VdevTree { config, root: Root::new(top), leaves }
+    }
+
+    /// Swaps `tree` in, and tells each leaf whether it is behind in its new mirror.
+    fn install(&self, tree: VdevTree) {
+        let tree = Arc::new(tree);
+        *self.tree.write() = Arc::clone(&tree);
+        let state = self.state.lock();
+        let synced = state.uberblock.txg;
+        Self::mark_behind(&tree.leaves, &state, synced);
+    }
+
+    /// Drops what the pool remembers of leaves that left it (`tree` is the tree without them).
+    fn forget_leaves(&self, tree: &VdevTree, guids: &[u64]) {
+        let mut state = self.state.lock();
+        for guid in guids {
+            state.leaf_txg.remove(guid);
+            state.leaf_missed.remove(guid);
+            state.offline_kept.remove(guid);
+            state.replaced.remove(guid);
+        }
+        // A leaf being replaced whose replacement left is not being replaced any more.
+        let replaced: Vec<u64> = state.replaced.iter().copied().collect();
+        for guid in replaced {
+            let Some(old) = tree.leaves.iter().find(|l| l.guid == guid) else { continue };
+            let alone = tree
+                .leaves
+                .iter()
+                .filter(|l| l.top == old.top)
+                .all(|l| state.replaced.contains(&l.guid));
+            if alone {
+                state.replaced.remove(&guid);
+            }
+        }
+    }
+
+    async fn write_leaf_labels(
+        &self,
+        leaf: &PoolLeaf,
+        config: &VdevTreeConfig,
+        config_txg: u64,
+    ) -> Result<(), PoolError> {
+        let header = self.label_header_for(leaf, config, config_txg);
+        let bytes = header
+            .encode()
+            .map_err(|source| PoolError::Format { pool: self.name.clone(), source })?;
+        let data = SharedBuf::copy_from(&bytes);
+        let device_error =
+            |source| PoolError::Device { pool: self.name.clone(), path: leaf.path.clone(), source };
+        for offset in label_offsets(leaf.leaf.device().len_bytes()) {
+            leaf.leaf.device().write_at(offset, data.clone()).await.map_err(device_error)?;
+        }
+        leaf.leaf.device().flush().await.map_err(device_error)
+    }
+
+    pub(super) fn label_header_for(
+        &self,
+        pool_leaf: &PoolLeaf,
+        config: &VdevTreeConfig,
+        config_txg: u64,
+    ) -> LabelHeader {
+        LabelHeader {
+            ashift: self.ashift,
+            pool_guid: self.guid,
+            leaf_guid: pool_leaf.guid,
+            top_guid: config.top[pool_leaf.top].guid,
+            config_txg,
+            leaf_bytes: pool_leaf.leaf.device().len_bytes(),
+            pool_name: self.name.clone(),
+            config: config.clone(),
+        }
+    }
+}
