@@ -410,10 +410,13 @@ fn import_rewinds_past_a_damaged_txg() {
     ok(&cache, &["vol", "create", "tank/new", "--size", "16M"]);
     ok(&cache, &["pool", "export", "tank"]);
     let newest = newest_uberblock(&a);
-    let directory = newest.root.unwrap().dvas[0].offset_bytes();
+    // Every copy of the directory (it has three).
+    let root = newest.root.unwrap();
     for leaf in [&a, &b] {
         let file = std::fs::OpenOptions::new().write(true).open(leaf).unwrap();
-        file.write_all_at(&[0xa5; 512], directory).unwrap();
+        for copy in root.copies() {
+            file.write_all_at(&[0xa5; 512], copy.offset_bytes()).unwrap();
+        }
     }
     let error = fails(&cache, &["pool", "import", "tank", "-d", leaves_s]);
     assert!(error.contains(&format!("txg {}, the newest, does not verify", newest.txg)), "{error}");

@@ -191,6 +191,12 @@ tunable_table! {
     VdevErrorsWindowMs = "vdev.errors_window_ms", Kind::Count { min: 1, max: 86_400_000 }, "600000",
         "The window, in milliseconds, over which vdev.io_errors_max and \
          vdev.checksum_errors_max count (zed's io_t and checksum_t: 10 minutes).";
+    PoolMetadataCopies = "pool.metadata_copies", Kind::Count { min: 1, max: 2 }, "2",
+        "Copies of each indirect block and space-map piece (the pool directory gets one \
+         more), on different top-level vdevs or, on one, an eighth of it apart: one bad \
+         sector in an indirect block then costs nothing, even without a mirror, and reads \
+         and scrubs heal one copy from the other (ZFS's ditto blocks, redundant_metadata=all). \
+         1 keeps a single copy.";
     ScanChunkBytes = "scan.chunk_bytes", Kind::Bytes { min: 1 << 20, max: 1 << 34 }, "64M",
         "Bytes of blocks a scrub or resilver gathers from the newest tree, sorts by device \
          offset and reads (or copies) before it looks at the tree again. While a chunk is in \

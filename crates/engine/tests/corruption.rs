@@ -13,11 +13,13 @@ use std::sync::Arc;
 use sluice_engine::alloc::log_region_bytes;
 use sluice_engine::device::sim::Fault;
 use sluice_engine::device::{SimDevice, SimProfile};
-use sluice_engine::pool::Pool;
+use sluice_engine::objset;
+use sluice_engine::pool::{Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::Rng;
+use sluice_engine::tunables::IoClass;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::Store;
-use sluice_format::{data_end_bytes, DATA_START_BYTES};
+use sluice_format::{data_end_bytes, BlockPointer, PoolDirectory, DATA_START_BYTES};
 use sluice_sim::Sim;
 
 const VOLUME_BYTES: u64 = 2 << 20;
@@ -240,4 +242,83 @@ fn returning_child_is_resilvered_with_only_what_it_missed() {
     // Leg0 gone: leg1 alone must hold everything.
     legs[0].inject(Fault::Lost);
     assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+}
+
+/// A pool of one leaf keeps two copies of every indirect block and space-map piece, and three
+/// of the pool directory, an eighth of the leaf apart. With the first copy of every indirect
+/// block and two of the directory's three damaged, every read still returns the right bytes;
+/// the bad copies are counted as checksum errors and rewritten from the good ones, by the
+/// reads themselves and then by a scrub, and a second scrub finds nothing.
+#[test]
+fn metadata_copies_heal_each_other_on_one_leaf() {
+    let sim = Sim::new(12);
+    let legs = common::legs(&sim, 1, SimProfile::Instant, LEG_BYTES);
+    let specs = common::leaf_specs(&legs);
+    let mut rng = Rng::new(12);
+    let data: Vec<u8> = (0..VOLUME_BYTES).map(|_| rng.u64() as u8).collect();
+    let env = sim.env();
+    let d = data.clone();
+    let (store, metadata) = sim
+        .run(async move {
+            let tunables = uncached();
+            let spec = PoolSpec {
+                name: "tank".into(),
+                ashift: 12,
+                top: vec![TopSpec::Leaf(specs.into_iter().next().unwrap())],
+            };
+            let store =
+                Store::create(Pool::create(&env, spec, &tunables).await.unwrap(), &tunables);
+            store.create_volume("v", VOLUME_BYTES, BLOCK).unwrap();
+            store.write("v", 0, &d).await.unwrap();
+            store.sync().await.unwrap();
+            // The directory, and every indirect block of the volume.
+            let pool = store.pool();
+            let root = pool.uberblock().root.unwrap();
+            let bytes = pool.read_block(&root, IoClass::SyncRead).await.unwrap();
+            let directory = PoolDirectory::decode(&bytes).unwrap();
+            let volume = &directory.volumes[0];
+            let tree = objset::walk(pool, volume.root, volume.levels).await.unwrap();
+            let indirect: Vec<BlockPointer> =
+                tree.into_iter().filter(|(level, _, _)| *level > 0).map(|(_, _, bp)| bp).collect();
+            let mut metadata = vec![root];
+            metadata.extend(indirect);
+            metadata.extend(directory.space_maps.iter().flatten().copied());
+            (Arc::new(store), metadata)
+        })
+        .unwrap()
+        .0;
+    let (root, indirect) = (metadata[0], &metadata[1..]);
+    assert_eq!(root.copies().count(), 3, "the directory has three copies");
+    assert!(indirect.len() >= 2, "{} indirect blocks and space-map pieces", indirect.len());
+    let area = data_end_bytes(LEG_BYTES) - data_start();
+    for bp in &metadata {
+        assert!(bp.copies().count() >= 2, "{bp:?} has one copy");
+        let offsets: Vec<u64> = bp.copies().map(|c| c.offset_bytes()).collect();
+        for (i, a) in offsets.iter().enumerate() {
+            for b in &offsets[i + 1..] {
+                assert!(a.abs_diff(*b) >= area / 8, "copies {a} and {b} of {bp:?} are close");
+            }
+        }
+    }
+    // Damage: two of the directory's copies, the first copy of everything else.
+    let mut damaged = 0u64;
+    for (i, bp) in metadata.iter().enumerate() {
+        let bad = if i == 0 { 2 } else { 1 };
+        for copy in bp.copies().take(bad) {
+            legs[0].inject(Fault::BitFlip { offset_bytes: copy.offset_bytes() + 64, bit: 2 });
+            damaged += 1;
+        }
+    }
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0), "every read is right");
+    let leaf = &store.pool().leaves()[0].leaf;
+    let (found, repaired) = (leaf.stats().checksum_errors.get(), leaf.stats().repairs.get());
+    assert!(found > 0 && repaired == found, "reads found {found} bad copies, repaired {repaired}");
+    // The scrub finds and rewrites the rest (the directory's and the space maps' copies,
+    // which the reads above did not need).
+    let report = scrub(&sim, &store);
+    assert!(report.unrecoverable.is_empty(), "{report:?}");
+    assert_eq!(report.repaired, report.errors, "{report:?}");
+    assert!(found + report.errors >= damaged, "{found} + {} of {damaged} found", report.errors);
+    let second = scrub(&sim, &store);
+    assert_eq!((second.errors, second.repaired), (0, 0), "a second scrub finds nothing");
 }

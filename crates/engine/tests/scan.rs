@@ -384,7 +384,10 @@ fn checksum_errors_degrade_a_leg_but_never_the_last_good_copy() {
 /// are the same, and `online` brings it back through a resilver.
 #[test]
 fn leaf_states_and_error_counts_survive_export_and_import() {
-    let (sim, legs, store, mut data) = setup(11);
+    // Room for the write errors of one txg below the fault threshold (each sync writes
+    // metadata in two copies), and six txgs of them above it.
+    let (sim, legs, store, mut data) =
+        setup_with(11, tunables_with(&[("vdev.io_errors_max", "40")]));
     // Some write errors on leg1, below the threshold: counted, then the leg goes offline.
     legs[1].inject(Fault::WriteError { offset_bytes: 0, len_bytes: LEG_BYTES });
     common::overwrite(&sim, &store, &mut data, 1, 0x51);

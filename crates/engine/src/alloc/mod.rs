@@ -102,6 +102,9 @@ struct VdevSpace {
     /// Live intent-log blocks: allocated in memory, free in the space map.
     log: RangeTree,
     cursor: u64,
+    /// Where the next extra copy of a metadata block is looked for on this vdev when it must
+    /// share the vdev with the block's other copies ([`Allocator::allocate_ditto`]).
+    ditto_cursor: u64,
     log_cursor: u64,
     /// A separate intent-log device: only log blocks go here.
     log_only: bool,
@@ -145,6 +148,7 @@ impl Allocator {
                     free,
                     log: RangeTree::default(),
                     cursor: log_region_end,
+                    ditto_cursor: log_region_end + (end - log_region_end) / 2,
                     log_cursor: start,
                     log_only: false,
                     log_region_end,
@@ -417,6 +421,62 @@ impl Allocator {
         Err(no_space)
     }
 
+    /// Places another copy of a metadata block whose other copies are at `copies` (vdev,
+    /// offset), as ZFS places ditto blocks: on a data vdev that holds none of them, if one has
+    /// room; else on the first copy's vdev at least an eighth of its data area away from each
+    /// copy there, so that one damaged region of a disk does not take every copy. Copies on a
+    /// shared vdev come from a cursor of their own (starting mid-area), so the extra copies of
+    /// blocks written together lie together and go out as one write.
+    pub fn allocate_ditto(
+        &mut self,
+        psize: u64,
+        class: AllocClass,
+        copies: &[(u32, u64)],
+    ) -> Result<(u32, u64, u64), AllocError> {
+        assert!(!copies.is_empty(), "a ditto copy is placed relative to another copy");
+        let asize = self.asize(psize.max(1));
+        let free = self.free_bytes();
+        let floor = if class == AllocClass::Normal { self.slop_bytes() } else { 0 };
+        let no_space = AllocError::NoSpace {
+            requested_bytes: asize,
+            free_bytes: free,
+            slop_bytes: self.slop_bytes(),
+        };
+        if free < asize.saturating_add(floor) {
+            return Err(no_space);
+        }
+        let unit = 1 << self.ashift;
+        for vdev in 0..self.vdevs.len() {
+            let space = &mut self.vdevs[vdev];
+            if space.log_only || copies.iter().any(|&(v, _)| v as usize == vdev) {
+                continue;
+            }
+            if let Some(at) = space.free.first_fit(asize, unit, space.cursor) {
+                space.free.remove(at, asize);
+                space.cursor = at + asize;
+                return Ok((vdev as u32, at, asize));
+            }
+        }
+        let vdev = copies[0].0;
+        let space = &mut self.vdevs[vdev as usize];
+        let (lo, hi) = (space.log_region_end, space.data_end);
+        let distance = (hi - lo) / 8;
+        let here: Vec<u64> = copies.iter().filter(|c| c.0 == vdev).map(|c| c.1).collect();
+        let far = |at: u64| here.iter().all(|&o| at.abs_diff(o) >= distance.max(asize));
+        let wrap = |at: u64| lo + (at.saturating_sub(lo)) % (hi - lo);
+        let starts =
+            [space.ditto_cursor, wrap(here[0] + (hi - lo) / 2), wrap(here[0] + distance), lo];
+        let found = starts
+            .into_iter()
+            .filter_map(|start| space.free.first_fit(asize, unit, start))
+            .find(|&at| far(at))
+            .or_else(|| space.free.best_fit(asize, unit).filter(|&at| far(at)));
+        let Some(at) = found else { return Err(no_space) };
+        space.free.remove(at, asize);
+        space.ditto_cursor = at + asize;
+        Ok((vdev, at, asize))
+    }
+
     /// Frees a range in `txg`; it becomes allocatable once `txg + FREE_DEFER_TXGS` has synced.
     pub fn free(&mut self, txg: u64, vdev: u32, start: u64, len: u64) {
         let space = &self.vdevs[vdev as usize];
@@ -571,6 +631,47 @@ mod tests {
         // Copies avoid the vdev of the first copy.
         let (vdev, _, _) = a.allocate(4096, AllocClass::Normal, &[0]).unwrap();
         assert_eq!(vdev, 1);
+    }
+
+    /// Extra copies of metadata: on another vdev when there is one; on a lone vdev at least
+    /// an eighth of the data area from every other copy, and those of blocks placed one after
+    /// another lie back to back; a full vdev refuses rather than placing them close.
+    #[test]
+    fn ditto_copies_land_apart() {
+        let mut a = allocator();
+        let (v, at, _) = a.allocate(16 << 10, AllocClass::Reserved, &[]).unwrap();
+        let (v2, _, _) = a.allocate_ditto(16 << 10, AllocClass::Reserved, &[(v, at)]).unwrap();
+        assert_ne!(v, v2, "another vdev first");
+
+        let mut one = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
+        let area = 64 * MIB - log_region_bytes(64 * MIB);
+        let mut last_ditto = None;
+        for _ in 0..16 {
+            let (v, at, len) = one.allocate(16 << 10, AllocClass::Reserved, &[]).unwrap();
+            let (v2, d, _) =
+                one.allocate_ditto(16 << 10, AllocClass::Reserved, &[(v, at)]).unwrap();
+            assert_eq!(v2, 0);
+            assert!(d.abs_diff(at) >= area / 8, "copies {at} and {d} too close");
+            if let Some(prev) = last_ditto {
+                assert_eq!(d, prev, "ditto copies follow their own cursor");
+            }
+            last_ditto = Some(d + len);
+        }
+        let (v, at, _) = one.allocate(16 << 10, AllocClass::Reserved, &[]).unwrap();
+        let (_, d, _) = one.allocate_ditto(16 << 10, AllocClass::Reserved, &[(v, at)]).unwrap();
+        let (_, third, _) =
+            one.allocate_ditto(16 << 10, AllocClass::Reserved, &[(v, at), (v, d)]).unwrap();
+        assert!(third.abs_diff(at) >= area / 8 && third.abs_diff(d) >= area / 8);
+        // Nearly everything far from the first copy taken: refused, not placed close.
+        let mut tight = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
+        let (_, at, _) = tight.allocate(16 << 10, AllocClass::Reserved, &[]).unwrap();
+        let region_end = 4 * MIB + log_region_bytes(64 * MIB);
+        let keep = (at + (16 << 10), area / 8);
+        let mut free = RangeTree::default();
+        free.insert(keep.0, keep.1 - (16 << 10));
+        tight.vdevs[0].free = free;
+        assert!(tight.allocate_ditto(16 << 10, AllocClass::Reserved, &[(0, at)]).is_err());
+        assert!(region_end <= at);
     }
 
     /// Freed space is not reused before the freeing txg plus the deferral has synced.

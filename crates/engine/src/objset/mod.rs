@@ -271,23 +271,63 @@ pub struct NewBlock {
 }
 
 /// Allocates `blocks` in order and writes them, runs that landed back to back as one I/O each
-/// (see the module doc); returns their pointers in the same order.
+/// (see the module doc); returns their pointers in the same order. Indirect blocks get
+/// `pool.metadata_copies` copies (crate::alloc `allocate_ditto`), written as runs of their own
+/// beside the first copies.
 pub async fn write_blocks(
     ctx: &TreeUpdate<'_>,
     blocks: Vec<NewBlock>,
     class: AllocClass,
 ) -> Result<Vec<BlockPointer>, PoolError> {
-    let placed: Vec<(u32, u64, u64)> = {
+    let copies = ctx.pool.metadata_copies();
+    let no_space = |e| PoolError::NoSpace { pool: ctx.pool.name().to_owned(), source: e };
+    let (placed, ditto) = {
         let mut allocator = ctx.allocator.lock();
-        blocks
+        let placed: Vec<(u32, u64, u64)> = blocks
             .iter()
             .map(|b| allocator.allocate(b.bytes.len() as u64, class, &[]))
             .collect::<Result<_, _>>()
-            .map_err(|e| PoolError::NoSpace { pool: ctx.pool.name().to_owned(), source: e })?
+            .map_err(no_space)?;
+        // Extra copies: (block index, placement). Best effort, as ZFS's: a pool too full or
+        // too fragmented for one keeps the block's single copy.
+        let mut ditto: Vec<(usize, (u32, u64, u64))> = Vec::new();
+        if copies > 1 {
+            for (i, block) in blocks.iter().enumerate() {
+                if block.kind != BlockKind::Indirect {
+                    continue;
+                }
+                let first = [(placed[i].0, placed[i].1)];
+                if let Ok(at) = allocator.allocate_ditto(block.bytes.len() as u64, class, &first) {
+                    ditto.push((i, at));
+                }
+            }
+        }
+        (placed, ditto)
     };
-    let runs = span_runs(&placed);
+    let ditto_blocks: Vec<NewBlock> = ditto.iter().map(|&(i, _)| blocks[i].clone()).collect();
+    let ditto_placed: Vec<(u32, u64, u64)> = ditto.iter().map(|&(_, at)| at).collect();
+    let (mut pointers, extra) = futures::future::try_join(
+        write_placed(ctx, &blocks, &placed, true),
+        write_placed(ctx, &ditto_blocks, &ditto_placed, false),
+    )
+    .await?;
+    for (&(i, _), other) in ditto.iter().zip(extra) {
+        debug_assert_eq!(pointers[i].checksum, other.checksum, "copies hold the same bytes");
+        pointers[i].dvas[1] = other.dvas[0];
+    }
+    Ok(pointers)
+}
+
+/// Writes `blocks` at the places allocated for them, in runs; returns their pointers (one
+/// copy each). With `cache`, written blocks the cache keeps go into it.
+async fn write_placed(
+    ctx: &TreeUpdate<'_>,
+    blocks: &[NewBlock],
+    placed: &[(u32, u64, u64)],
+    cache: bool,
+) -> Result<Vec<BlockPointer>, PoolError> {
+    let runs = span_runs(placed);
     let (pool, txg) = (ctx.pool, ctx.txg);
-    let (blocks, placed) = (&blocks, &placed);
     let written: Vec<Vec<BlockPointer>> =
         futures::future::try_join_all(runs.into_iter().map(|run| async move {
             let (vdev, start, _) = placed[run.start];
@@ -316,6 +356,9 @@ pub async fn write_blocks(
             }
             let shared = buf.into_shared();
             pool.write_copy(vdev, start, shared.clone()).await?;
+            if !cache {
+                return Ok::<_, PoolError>(pointers);
+            }
             // Written blocks are cached (crate::pool::BlockCache). Indirect blocks written now
             // are the ones the next txg's update reads (measured with 4 KiB random writes:
             // every txg re-read each level-1 block the previous one wrote, 2,000 reads a

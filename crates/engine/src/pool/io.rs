@@ -3,6 +3,8 @@
 //! A block is read from the first of its copies whose bytes match the checksum in its pointer;
 //! each copy is read through its top-level vdev with that checksum as the verify callback, so a
 //! mirror tries its other children and rewrites the bad one before a copy is given up on. A
+//! metadata block has more than one copy (`pool.metadata_copies`): copies that failed before
+//! a good one was found are rewritten from it. A
 //! block is written to space the caller allocated, and its pointer records the copy's address,
 //! sizes, birth txg and checksum. Data handed out has always passed its checksum.
 
@@ -39,17 +41,51 @@ impl Pool {
         let psize = u32::try_from(bp.psize_bytes()).unwrap_or(u32::MAX);
         let verify = |bytes: &[u8]| bp.verifies(bytes);
         let mut last = None;
+        let mut bad = Vec::new();
         for dva in bp.copies() {
             let at = vdev::VdevAddress { vdev: dva.vdev, offset_bytes: dva.offset_bytes() };
             match self.root().read(at, psize, class, &verify).await {
-                Ok(buf) => return Ok(buf),
-                Err(error) => last = Some(error),
+                Ok(buf) => {
+                    // Earlier copies that failed are rewritten from this one (a metadata
+                    // block's ditto copies heal each other, as a mirror's children do).
+                    if !bad.is_empty() {
+                        self.heal_copies(&bad, &buf).await;
+                    }
+                    return Ok(buf);
+                }
+                Err(error) => {
+                    // Bad or unreadable: either way a rewrite gives it back its bytes (a
+                    // device that is gone refuses the write, and nothing is lost).
+                    bad.push(*dva);
+                    last = Some(error);
+                }
             }
         }
         Err(PoolError::Vdev {
             pool: self.name().to_owned(),
             source: last.unwrap_or(vdev::VdevError::NoSuchVdev { vdev: u32::MAX, count: 0 }),
         })
+    }
+
+    /// Rewrites the copies `bad` of a block from `good`, its verified bytes, unless the pool
+    /// is read-only; each leaf written counts a repair. Returns how many copies were rewritten.
+    pub(super) async fn heal_copies(&self, bad: &[sluice_format::Dva], good: &[u8]) -> u32 {
+        if self.read_only.load(std::sync::atomic::Ordering::Relaxed) {
+            return 0;
+        }
+        let mut healed = 0;
+        let root = self.root();
+        for dva in bad {
+            let Some(top) = root.top_level().get(dva.vdev as usize) else { continue };
+            let data = SharedBuf::copy_from(good);
+            if top.write(dva.offset_bytes(), data, IoClass::AsyncWrite, false).await.is_ok() {
+                healed += 1;
+                for leaf in top.leaves() {
+                    leaf.stats().repairs.inc();
+                }
+            }
+        }
+        healed
     }
 
     /// Reads blocks that lie back to back on one top-level vdev (each with a single copy) in

@@ -302,6 +302,8 @@ pub struct Pool {
     tunables: Tunables,
     /// The next leaf's [`VdevId`]: ids are never reused within an import.
     next_leaf_id: std::sync::atomic::AtomicU32,
+    /// Set for an import's dry run: nothing is written, bad copies included (`set_read_only`).
+    read_only: std::sync::atomic::AtomicBool,
 }
 
 fn check_name(name: &str) -> Result<(), PoolError> {
@@ -448,10 +450,17 @@ impl Pool {
     }
 
     /// Opens the pool read-only (`true`) or writable: while read-only, reads that find a bad
-    /// mirror copy leave it as it is. An import's dry run reads this way; nothing else writes
-    /// until the store is opened.
+    /// mirror copy or a bad copy of a metadata block leave it as it is. An import's dry run
+    /// reads this way; nothing else writes until the store is opened.
     pub fn set_read_only(&self, read_only: bool) {
         self.root().set_repairs(!read_only);
+        self.read_only.store(read_only, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Copies each indirect block and space-map piece is written with (`pool.metadata_copies`);
+    /// the pool directory gets one more.
+    pub fn metadata_copies(&self) -> usize {
+        self.tunables.get(crate::tunables::Tunable::PoolMetadataCopies) as usize
     }
 
     /// Makes `uberblock`, an older one found at import, the pool's newest: the uberblocks of
@@ -730,6 +739,7 @@ impl Pool {
             admin: Mutex::new(()),
             tunables: tunables.clone(),
             next_leaf_id: std::sync::atomic::AtomicU32::new(next_leaf_id),
+            read_only: std::sync::atomic::AtomicBool::new(false),
             state: Mutex::new(PoolState {
                 uberblock: Uberblock {
                     txg: 0,

@@ -44,7 +44,8 @@ impl Pool {
         let verify = |bytes: &[u8]| bp.verifies(bytes);
         let len = u32::try_from(bp.psize_bytes()).unwrap_or(u32::MAX);
         let mut total = ScrubOutcome::default();
-        let mut any_good = false;
+        let mut good = None;
+        let mut lost = Vec::new();
         let root = self.root();
         for dva in bp.copies() {
             let Some(vdev) = root.top_level().get(dva.vdev as usize) else { continue };
@@ -55,9 +56,22 @@ impl Pool {
             };
             total.errors += outcome.errors;
             total.repaired += outcome.repaired;
-            any_good |= !outcome.unrecoverable;
+            if outcome.unrecoverable {
+                lost.push(*dva);
+            } else {
+                good.get_or_insert(*dva);
+            }
         }
-        total.unrecoverable = !any_good && bp.copies().next().is_some();
+        // A copy no child of its vdev holds intact is rewritten from another copy (a scrub
+        // only: a resilver copies within each vdev).
+        if let (Some(good), false, true) = (good, lost.is_empty(), targets.is_empty()) {
+            let at =
+                crate::vdev::VdevAddress { vdev: good.vdev, offset_bytes: good.offset_bytes() };
+            if let Ok(bytes) = root.read(at, len, IoClass::Scrub, &verify).await {
+                total.repaired += self.heal_copies(&lost, &bytes).await;
+            }
+        }
+        total.unrecoverable = good.is_none() && bp.copies().next().is_some();
         total
     }
 

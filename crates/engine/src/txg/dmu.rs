@@ -330,7 +330,10 @@ impl Store {
             let mut added = 0u64;
             // Groups of blocks under one level-1 indirect block that had nothing dirty yet:
             // each will rewrite its path to the root.
-            let metadata_per_group = u64::from(v.entry.levels) * objset::INDIRECT_BYTES as u64;
+            // Each in `pool.metadata_copies` copies.
+            let metadata_per_group = u64::from(v.entry.levels)
+                * objset::INDIRECT_BYTES as u64
+                * self.pool.metadata_copies() as u64;
             let group = objset::INDIRECT_BPS;
             let new_groups = (first / group..=last / group)
                 .filter(|g| v.open.range(g * group..(g + 1) * group).next().is_none())

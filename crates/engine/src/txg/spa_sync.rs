@@ -22,15 +22,15 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use sluice_format::{
-    BlockKind, BlockPointer, DdtHeader, DedupMode, DirectoryRecords, LogHeader, PoolDirectory,
-    SpaceMap, VolumeEntry,
+    BlockKind, BlockPointer, DdtHeader, DedupMode, DirectoryRecords, Dva, LogHeader, PoolDirectory,
+    SpaceMap, VolumeEntry, DVAS_MAX,
 };
 
 use super::dbuf::{Block, Prewritten};
 use super::space_map::{split_space_map, SPACE_MAP_PIECE_BYTES};
 use super::{Store, StoreError};
-use crate::alloc::{AllocClass, AllocError};
-use crate::device::AlignedBuf;
+use crate::alloc::{AllocClass, AllocError, Allocator};
+use crate::device::{AlignedBuf, SharedBuf};
 use crate::intent_log::LogWriter;
 use crate::objset::{self, TreeUpdate};
 use crate::pool::PoolError;
@@ -453,16 +453,28 @@ impl Store {
             .map_err(|source| PoolError::Format { pool: name.clone(), source })?;
         let (map_blocks, directory_block, maps) = {
             let mut allocator = self.allocator.lock();
+            // Each piece in `copies` copies, the directory in one more (ditto blocks); an
+            // extra copy that finds no room is left out.
+            let copies = self.pool.metadata_copies();
+            let place = |allocator: &mut Allocator, bytes: u64, copies: usize| {
+                let first =
+                    allocator.allocate(bytes, AllocClass::Reserved, &[]).map_err(no_space)?;
+                let mut placed = vec![first];
+                while placed.len() < copies {
+                    let others: Vec<(u32, u64)> = placed.iter().map(|p| (p.0, p.1)).collect();
+                    match allocator.allocate_ditto(bytes, AllocClass::Reserved, &others) {
+                        Ok(at) => placed.push(at),
+                        Err(_) => break,
+                    }
+                }
+                Ok::<_, PoolError>(placed)
+            };
             let mut blocks = Vec::new();
             for vdev in 0..vdevs as u32 {
                 let need = split_space_map(&allocator.space_map(vdev)).len() + 1;
                 let mut pieces = Vec::with_capacity(need);
                 for _ in 0..need {
-                    pieces.push(
-                        allocator
-                            .allocate(SPACE_MAP_PIECE_BYTES, AllocClass::Reserved, &[])
-                            .map_err(no_space)?,
-                    );
+                    pieces.push(place(&mut allocator, SPACE_MAP_PIECE_BYTES, copies)?);
                 }
                 blocks.push(pieces);
             }
@@ -470,7 +482,7 @@ impl Store {
             let directory_bytes =
                 allocator.asize((directory_len + pieces * sluice_format::BLKPTR_BYTES) as u64);
             let directory_block =
-                allocator.allocate(directory_bytes, AllocClass::Reserved, &[]).map_err(no_space)?;
+                place(&mut allocator, directory_bytes, (copies + 1).min(DVAS_MAX))?;
             let maps: Vec<SpaceMap> = (0..vdevs as u32).map(|v| allocator.space_map(v)).collect();
             (blocks, directory_block, maps)
         };
@@ -491,49 +503,64 @@ impl Store {
                     deferred: Vec::new(),
                 });
             }
-            let writes = pieces.iter().zip(blocks).map(|(piece, &(at_vdev, offset, asize))| {
+            let writes = pieces.iter().zip(blocks).map(|(piece, places)| {
                 let name = name.clone();
                 async move {
+                    let asize = places[0].2;
                     let bytes = piece
                         .encode()
                         .map_err(|source| PoolError::Format { pool: name.clone(), source })?;
                     debug_assert!(bytes.len() as u64 <= asize, "a piece fits its block");
                     let mut padded = AlignedBuf::zeroed(asize as usize);
                     padded[..bytes.len()].copy_from_slice(&bytes);
-                    self.pool
-                        .write_block_at(
-                            at_vdev,
-                            offset,
-                            padded.into_shared(),
-                            bytes.len() as u64,
-                            BlockKind::Metadata,
-                            0,
-                            1,
-                            txg,
-                        )
-                        .await
+                    self.write_metadata(places, padded.into_shared(), bytes.len() as u64, txg).await
                 }
             });
             directory.space_maps[vdev] = futures::future::try_join_all(writes).await?;
         }
-        let (at_vdev, offset, asize) = directory_block;
+        let asize = directory_block[0].2;
         let bytes = directory
             .encode(asize as usize)
             .map_err(|source| PoolError::Format { pool: name.clone(), source })?;
-        let directory_bp = self
-            .pool
-            .write_block_at(
-                at_vdev,
-                offset,
-                AlignedBuf::copy_from(&bytes).into_shared(),
-                asize,
-                BlockKind::Metadata,
-                0,
-                1,
-                txg,
-            )
-            .await?;
+        let data = AlignedBuf::copy_from(&bytes).into_shared();
+        let directory_bp = self.write_metadata(&directory_block, data, asize, txg).await?;
         Ok((directory_bp, directory.space_maps))
+    }
+
+    /// Writes one metadata block to every place allocated for it (its first copy and ditto
+    /// copies, all of one size) and returns its pointer, with a DVA per copy.
+    async fn write_metadata(
+        &self,
+        places: &[(u32, u64, u64)],
+        data: SharedBuf,
+        lsize: u64,
+        txg: u64,
+    ) -> Result<BlockPointer, PoolError> {
+        let (vdev, offset, _) = places[0];
+        let first = self.pool.write_block_at(
+            vdev,
+            offset,
+            data.clone(),
+            lsize,
+            BlockKind::Metadata,
+            0,
+            1,
+            txg,
+        );
+        let others = places[1..]
+            .iter()
+            .map(|&(vdev, offset, _)| self.pool.write_copy(vdev, offset, data.clone()));
+        let (mut bp, _) =
+            futures::future::try_join(first, futures::future::try_join_all(others)).await?;
+        for (slot, &(vdev, offset, asize)) in places.iter().enumerate().skip(1) {
+            let sector = u64::from(sluice_format::SECTOR_BYTES);
+            bp.dvas[slot] = Dva {
+                vdev,
+                asize_sectors: (asize / sector) as u32,
+                offset_sectors: offset / sector,
+            };
+        }
+        Ok(bp)
     }
 
     /// After the uberblock: the new roots become the volumes' trees on disk, and failed log
