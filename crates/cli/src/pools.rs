@@ -842,21 +842,38 @@ pub async fn attach(
         } else {
             shared.attach_leaf(existing, spec).await?
         };
+        // A pool opened for this command only: the resilver runs to its end here, and the
+        // replaced leaf goes once it has.
+        let live = matches!(store, Held::Live(_));
+        if !live {
+            shared.wait_scan().await;
+            shared.detach_replaced().await;
+        }
         remember(shared.pool())?;
-        anyhow::Ok((old.path, path))
+        let old_left = shared.pool().find_leaf(&old.path).is_err();
+        anyhow::Ok((old.path, path, live, old_left))
     }
     .await;
-    let live = matches!(store, Held::Live(_));
     store.release().await?;
-    let (old, path) = result?;
-    let verb =
-        if replacing { format!("replacing {old}") } else { format!("attached beside {old}") };
-    let progress = if live {
-        format!("resilvering in the background (`sluice pool status {name}` shows the progress)")
-    } else {
-        format!("it is resilvered when the pool is served (`sluice serve {name}`)")
-    };
-    ctx.say(format!("{path} of pool {name} is {verb}; {progress}"));
+    let (old, path, live, old_left) = result?;
+    ctx.say(match (live, replacing) {
+        (true, true) => format!(
+            "{path} of pool {name} is replacing {old}; resilvering in the background (`sluice \
+             pool status {name}` shows the progress), then {old} is detached"
+        ),
+        (true, false) => format!(
+            "{path} of pool {name} is attached beside {old}; resilvering in the background \
+             (`sluice pool status {name}` shows the progress)"
+        ),
+        (false, true) if old_left => {
+            format!("{path} of pool {name} replaced {old}: resilvered, and {old} is detached")
+        }
+        (false, true) => format!(
+            "{path} of pool {name} is replacing {old}, but the resilver did not finish; `sluice \
+             pool status {name}` says why"
+        ),
+        (false, false) => format!("{path} of pool {name} is attached beside {old} and resilvered"),
+    });
     Ok(())
 }
 

@@ -306,3 +306,23 @@ fn power_cuts_during_a_replace() {
     }
     assert!(seen.len() >= 2, "the cuts saw only {seen:?}");
 }
+
+/// Detaching the leaf that was replacing another cancels the replace: the old leaf stays, and
+/// is not detached later when the resilvers are done.
+#[test]
+fn detaching_the_new_leaf_cancels_a_replace() {
+    let sim = Sim::new(5);
+    let legs = common::legs(&sim, 3, SimProfile::ssd(), LEG_BYTES);
+    let (store, data) = setup(&sim, &legs[..2], TopSpec::Mirror, 5);
+    let s = Arc::clone(&store);
+    let new = spec(&legs[2]);
+    sim.run(async move {
+        s.replace_leaf("leg1", new).await.unwrap();
+        s.detach_leaf("leg2").await.unwrap();
+    })
+    .unwrap();
+    assert!(!store.pool().is_replaced(store.pool().find_leaf("leg1").unwrap().guid));
+    settle(&sim, &store);
+    assert_eq!(paths(&store), ["leg0", "leg1"], "the replace was canceled");
+    each_leaf_alone(&sim, &store, &legs, &data, "after a canceled replace");
+}

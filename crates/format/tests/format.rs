@@ -283,7 +283,7 @@ fn sample_records() -> DirectoryRecords {
             LeafRecord {
                 guid: 0x1111,
                 state: LeafRecordState::Online,
-                replaced: true,
+                replaced_by: 0x3333,
                 read_errors: 0,
                 write_errors: 2,
                 checksum_errors: 3,
@@ -291,7 +291,7 @@ fn sample_records() -> DirectoryRecords {
             LeafRecord {
                 guid: 0x2222,
                 state: LeafRecordState::Faulted,
-                replaced: false,
+                replaced_by: 0,
                 read_errors: 11,
                 write_errors: 0,
                 checksum_errors: 0,
@@ -315,6 +315,7 @@ fn sample_records() -> DirectoryRecords {
             repaired_bytes: 1 << 29,
             errors: 1,
             unrecoverable: 0,
+            targets: vec![0x3333],
         }),
     }
 }
@@ -328,8 +329,8 @@ fn directory_records_refuse_bad_fields() {
     let good = dir.encode(512).unwrap();
     PoolDirectory::decode(&good).unwrap();
     let len = u32::from_le_bytes(good[12..16].try_into().unwrap()) as usize;
-    let scan_at = len - 128;
-    let leaves_at = scan_at - 2 * 40;
+    let scan_at = len - 12 - 128;
+    let leaves_at = scan_at - 2 * 48;
     for (at, value) in [
         (leaves_at + 8, 4u8), // leaf state
         (leaves_at + 9, 2),   // flags

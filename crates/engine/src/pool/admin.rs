@@ -145,7 +145,7 @@ impl Pool {
                 LeafRecord {
                     guid: l.guid,
                     state,
-                    replaced: kept.replaced.contains(&l.guid),
+                    replaced_by: kept.replaced.get(&l.guid).copied().unwrap_or(0),
                     read_errors,
                     write_errors,
                     checksum_errors,
@@ -167,8 +167,8 @@ impl Pool {
                 record.write_errors,
                 record.checksum_errors,
             ]);
-            if record.replaced {
-                state.replaced.insert(leaf.guid);
+            if record.replaced_by != 0 && leaves.iter().any(|l| l.guid == record.replaced_by) {
+                state.replaced.insert(leaf.guid, record.replaced_by);
             }
             match record.state {
                 LeafRecordState::Online => {}

@@ -12,9 +12,9 @@
 //!   the leaf is its vdev's only one. The tree is swapped, the txg synced, the other leaves'
 //!   labels rewritten, and the detached leaf's labels blanked, so neither `pool import` nor a
 //!   later probe takes it for a member.
-//! - **replace** is an attach whose old leaf is marked as being replaced: once the leaves of
-//!   its mirror that are not being replaced hold everything (the resilver finished), the old
-//!   leaf is detached (crate::txg::spa_vdev).
+//! - **replace** is an attach whose old leaf is marked as being replaced by the new one: once
+//!   the new leaf holds everything (its resilver finished), the old leaf is detached
+//!   (crate::txg::spa_vdev). Detaching the new leaf instead cancels the replace.
 //!
 //! Which leaves are members is decided by the pool directory of the txg the pool opens (its
 //! vdev tree, crates/format `directory::records`), not by the labels: a crash between a
@@ -43,19 +43,32 @@ use crate::device::SharedBuf;
 use crate::tunables::IoClass;
 use crate::vdev::{Leaf, Mirror, Root, Vdev, VdevId, MIRROR_CHILDREN_MAX};
 
+/// A leaf made ready to join the pool ([`Pool::prepare_attach`]), not in its tree yet.
+#[derive(Debug)]
+pub struct PreparedAttach {
+    leaf: PoolLeaf,
+    /// The tree it was prepared against, and the tree with it.
+    base: VdevTreeConfig,
+    config: VdevTreeConfig,
+    /// The guid of the leaf it replaces, if it replaces one.
+    replaces: Option<u64>,
+    existing: String,
+}
+
 impl Pool {
-    /// Adds `new` to the vdev of the leaf called `existing` (see the module doc), marking
-    /// `existing` as being replaced if `replacing`. Writes the new leaf's labels for
-    /// `config_txg`, the txg the caller syncs next while holding the sync lock, and swaps the
-    /// tree. Returns the new leaf.
-    pub async fn attach(
+    /// Makes `new` ready to join the vdev of the leaf called `existing` (see the module doc):
+    /// checks zpool's refusals, writes its labels for `config_txg` (the next txg to sync; the
+    /// one that first carries it may be later, which only makes its labels older than they
+    /// could be) and prepares its log region, all without holding up syncs. Marks `existing`
+    /// as being replaced by it if `replacing`. [`Pool::install_attach`] puts it in the tree.
+    pub async fn prepare_attach(
         &self,
         existing: &str,
         new: LeafSpec,
         config_txg: u64,
         replacing: bool,
-    ) -> Result<PoolLeaf, PoolError> {
-        let (config, leaf) = {
+    ) -> Result<PreparedAttach, PoolError> {
+        let (base, config, leaf, replaces) = {
             let _one_change = self.admin.lock();
             let old = self.find_leaf(existing)?;
             let tree = self.tree();
@@ -106,7 +119,7 @@ impl Pool {
             let id = VdevId(self.next_leaf_id.fetch_add(1, Ordering::Relaxed));
             let leaf = Leaf::new(id, &self.env, Arc::clone(&new.device), &self.tunables);
             let leaf = PoolLeaf { guid, top: old.top, path: new.path, leaf, present: true };
-            (config, leaf)
+            (tree.config.clone(), config, leaf, replacing.then_some(old.guid))
         };
         // The new leaf's labels first: a crash before the sync leaves a leaf whose labels
         // name a txg the pool never reached, which import sets aside.
@@ -116,22 +129,45 @@ impl Pool {
         leaf.leaf.device().prepare_log_region(start, region).await.map_err(|source| {
             PoolError::Device { pool: self.name.clone(), path: leaf.path.clone(), source }
         })?;
-        {
-            let _one_change = self.admin.lock();
-            let mut added = BTreeMap::new();
-            added.insert(leaf.guid, leaf.clone());
-            let tree = self.build_tree(config, added);
-            let old = self.find_leaf(existing).ok();
-            {
-                let mut state = self.state.lock();
-                // It holds no txg yet: the resilver copies every birth onto it.
-                state.leaf_txg.insert(leaf.guid, 0);
-                if let Some(old) = old.filter(|_| replacing) {
-                    state.replaced.insert(old.guid);
-                }
-            }
-            self.install(tree);
+        Ok(PreparedAttach { leaf, base, config, replaces, existing: existing.to_owned() })
+    }
+
+    /// Puts a prepared leaf in the tree; the caller holds the sync lock and syncs next, so
+    /// every block from then on reaches it. Refused if the tree changed since, or the copy to
+    /// resilver from is gone.
+    pub fn install_attach(&self, prepared: PreparedAttach) -> Result<PoolLeaf, PoolError> {
+        let PreparedAttach { leaf, base, config, replaces, existing } = prepared;
+        let _one_change = self.admin.lock();
+        let tree = self.tree();
+        if tree.config != base {
+            return Err(PoolError::InvalidLayout {
+                pool: self.name.clone(),
+                reason: format!(
+                    "the pool's leaves changed while {} was being prepared; try again",
+                    leaf.path
+                ),
+            });
         }
+        if !self.has_complete_copy(&tree, leaf.top, None) {
+            let action = if replaces.is_some() { "replace" } else { "attach to" };
+            return Err(PoolError::NoValidReplicas {
+                pool: self.name.clone(),
+                leaf: existing,
+                action,
+            });
+        }
+        let mut added = BTreeMap::new();
+        added.insert(leaf.guid, leaf.clone());
+        let new_tree = self.build_tree(config, added);
+        {
+            let mut state = self.state.lock();
+            // It holds no txg yet: the resilver copies every birth onto it.
+            state.leaf_txg.insert(leaf.guid, 0);
+            if let Some(old) = replaces {
+                state.replaced.insert(old, leaf.guid);
+            }
+        }
+        self.install(new_tree);
         Ok(leaf)
     }
 
@@ -160,7 +196,7 @@ impl Pool {
             top.kind = TopKind::Leaf;
         }
         let tree = self.build_tree(config, BTreeMap::new());
-        self.forget_leaves(&tree, &[leaf.guid]);
+        self.forget_leaves(&[leaf.guid]);
         self.install(tree);
         Ok(leaf)
     }
@@ -192,7 +228,7 @@ impl Pool {
                 tree.leaves.iter().filter(|l| !named.contains(&l.guid)).cloned().collect();
             let new = self.build_tree(config.clone(), BTreeMap::new());
             let guids: Vec<u64> = dropped.iter().map(|l| l.guid).collect();
-            self.forget_leaves(&new, &guids);
+            self.forget_leaves(&guids);
             self.install(new);
             dropped
         };
@@ -268,30 +304,25 @@ impl Pool {
         let tree = self.tree();
         let state = self.state.lock();
         let txg = state.uberblock.txg;
+        let complete = |guid: u64| {
+            tree.leaves.iter().any(|l| {
+                l.guid == guid
+                    && l.present
+                    && !l.leaf.is_out_of_service()
+                    && state.leaf_txg.get(&l.guid).copied().unwrap_or(0) >= txg
+            })
+        };
         state
             .replaced
             .iter()
-            .filter_map(|guid| tree.leaves.iter().find(|l| l.guid == *guid))
-            .filter(|old| {
-                let mut others = tree
-                    .leaves
-                    .iter()
-                    .filter(|l| l.top == old.top && !state.replaced.contains(&l.guid))
-                    .peekable();
-                others.peek().is_some()
-                    && others.all(|l| {
-                        l.present
-                            && !l.leaf.is_out_of_service()
-                            && state.leaf_txg.get(&l.guid).copied().unwrap_or(0) >= txg
-                    })
-            })
-            .map(|old| format!("{:016x}", old.guid))
+            .filter(|&(_, &new)| complete(new))
+            .map(|(old, _)| format!("{old:016x}"))
             .collect()
     }
 
     /// Whether the leaf with guid `guid` is being replaced.
     pub fn is_replaced(&self, guid: u64) -> bool {
-        self.state.lock().replaced.contains(&guid)
+        self.state.lock().replaced.contains_key(&guid)
     }
 
     fn fresh_guid(&self, tree: &VdevTree) -> u64 {
@@ -357,28 +388,16 @@ impl Pool {
         Self::mark_behind(&tree.leaves, &state, synced);
     }
 
-    /// Drops what the pool remembers of leaves that left it (`tree` is the tree without them).
-    fn forget_leaves(&self, tree: &VdevTree, guids: &[u64]) {
+    /// Drops what the pool remembers of leaves that left it; a replace whose old or new leaf
+    /// left is over (a detached new leaf cancels it).
+    fn forget_leaves(&self, guids: &[u64]) {
         let mut state = self.state.lock();
         for guid in guids {
             state.leaf_txg.remove(guid);
             state.leaf_missed.remove(guid);
             state.offline_kept.remove(guid);
-            state.replaced.remove(guid);
         }
-        // A leaf being replaced whose replacement left is not being replaced any more.
-        let replaced: Vec<u64> = state.replaced.iter().copied().collect();
-        for guid in replaced {
-            let Some(old) = tree.leaves.iter().find(|l| l.guid == guid) else { continue };
-            let alone = tree
-                .leaves
-                .iter()
-                .filter(|l| l.top == old.top)
-                .all(|l| state.replaced.contains(&l.guid));
-            if alone {
-                state.replaced.remove(&guid);
-            }
-        }
+        state.replaced.retain(|old, new| !guids.contains(old) && !guids.contains(new));
     }
 
     async fn write_leaf_labels(

@@ -43,6 +43,7 @@ use sluice_format::{
     POOL_NAME_BYTES_MAX, UBERBLOCK_BYTES, UBERBLOCK_SLOTS,
 };
 
+pub use self::attach::PreparedAttach;
 pub use self::cache::BlockCache;
 pub use self::io::{describe_block, follows};
 pub use self::missing::MissingDevice;
@@ -115,7 +116,9 @@ pub enum PoolError {
     NoSuchLeaf { pool: String, leaf: String, leaves: String },
     #[error(
         "pool {pool}: cannot {action} {leaf}: no valid replicas (no other leaf of its vdev is \
-         in service with every txg); bring another leaf online or let its resilver finish first"
+         in service with every txg, so nothing could be copied from or served instead); \
+         bring such a leaf online or let its resilver finish first; if none is left, the \
+         data on this vdev can only come back from a backup"
     )]
     NoValidReplicas { pool: String, leaf: String, action: &'static str },
     #[error(
@@ -141,8 +144,9 @@ pub enum PoolError {
     )]
     NotMirror { pool: String, leaf: String },
     #[error(
-        "pool {pool}: the new vdev tree could not be written to any leaf's labels (the first \
-         tried: {path}); check the devices and `sluice pool status`"
+        "pool {pool}: the change of leaves took effect (the pool directory records it), but \
+         no leaf's labels could be rewritten (the first tried: {path}); the next import \
+         rewrites them. Check the devices with `sluice pool status`"
     )]
     LabelsNotWritten { pool: String, path: String },
     #[error("pool {pool}: no valid uberblock on any leaf; the labels are damaged")]
@@ -234,9 +238,10 @@ struct PoolState {
     /// Leaves (by guid) taken offline to stay offline across imports (`pool offline` without
     /// `-t`): the pool directory records them.
     offline_kept: std::collections::BTreeSet<u64>,
-    /// Leaves (by guid) being replaced (`pool replace`): each is detached once the other
-    /// leaves of its mirror that are not being replaced hold everything.
-    replaced: std::collections::BTreeSet<u64>,
+    /// Leaves being replaced (`pool replace`): old leaf's guid -> the guid of the leaf
+    /// replacing it. The old leaf is detached once the new one holds everything; detaching
+    /// the new one cancels the replace.
+    replaced: BTreeMap<u64, u64>,
 }
 
 /// Txgs whose [`PoolState::missed_when_opened`] counts are kept.

@@ -145,14 +145,27 @@ enum Bookmark {
     Done,
 }
 
+/// A leaf a resilver copies onto.
+#[derive(Clone, Copy, Debug)]
+struct Target {
+    guid: u64,
+    id: VdevId,
+    /// The writes it had missed when the txg after the resilver's last birth opened
+    /// ([`crate::pool::Pool::mark_caught_up`]); `u64::MAX` when not known (a resilver resumed
+    /// at import), so that it is never taken to hold the txgs after the resilver's range.
+    missed_then: u64,
+    /// Its [`crate::vdev::Leaf::resilver_misses`] when it became a target: a copy it did not
+    /// take since means the resilver does not credit it.
+    resilver_misses: u64,
+}
+
 /// The scan's shared state (`Store::scan`).
 #[derive(Debug)]
 pub(super) struct ScanState {
     status: Option<ScanStatus>,
     bookmark: Bookmark,
-    /// Leaves a resilver copies onto: guid, vdev id, and the writes it had missed when the
-    /// txg after the resilver's last birth opened ([`crate::pool::Pool::mark_caught_up`]).
-    targets: Vec<(u64, VdevId, u64)>,
+    /// Leaves a resilver copies onto.
+    targets: Vec<Target>,
     /// The leaves behind (guid, writes missed) when a resilver last ended with blocks it
     /// could not copy: it is not started again for the same leaves until something changes,
     /// or it would run after every sync.
@@ -340,6 +353,7 @@ impl Store {
             repaired_bytes: status.repaired_bytes,
             errors: status.errors,
             unrecoverable: status.unrecoverable,
+            targets: scan.targets.iter().map(|t| t.guid).collect(),
         })
     }
 
@@ -371,23 +385,35 @@ impl Store {
         let mut scan = self.scan.lock();
         match record.phase {
             ScanRecordPhase::Scanning if func == ScanFunc::Resilver => {
-                // Only the leaves still behind, and only if the record's range covers them.
+                // Only the leaves it was copying onto, still behind and within its range: a
+                // leaf that was not a target missed the copies before the bookmark. Any other
+                // leaf behind gets a resilver of its own once this one ends.
                 let behind = self.pool.leaves_behind();
-                let covered = !behind.is_empty()
-                    && behind.iter().all(|&(_, held, _)| held + 1 >= record.min_birth);
-                if !covered {
-                    // Nothing left to copy, or more than the record knew: `resume_scan`
-                    // starts afresh if anything is behind.
-                    return;
-                }
                 let tree = self.pool.tree();
                 let found: Vec<_> = behind
                     .iter()
+                    .filter(|&&(guid, held, _)| {
+                        record.targets.contains(&guid) && held + 1 >= record.min_birth
+                    })
                     .filter_map(|&(guid, _, _)| tree.leaves.iter().find(|l| l.guid == guid))
                     .collect();
+                if found.is_empty() {
+                    // Nothing it was copying for is left: `resume_scan` starts afresh if
+                    // anything is behind.
+                    return;
+                }
+                scan.resilver_again = found.len() < behind.len();
                 // What they missed before this import is not known: never "current" at the
                 // end (`finish_scan`), so the txgs after the range are resilvered next.
-                scan.targets = found.iter().map(|l| (l.guid, l.leaf.id(), u64::MAX)).collect();
+                scan.targets = found
+                    .iter()
+                    .map(|l| Target {
+                        guid: l.guid,
+                        id: l.leaf.id(),
+                        missed_then: u64::MAX,
+                        resilver_misses: l.leaf.resilver_misses(),
+                    })
+                    .collect();
                 status.targets = found.iter().map(|l| l.path.clone()).collect();
                 status.paused = false;
             }
@@ -472,7 +498,7 @@ impl Store {
             }
             match scan.active().map(|s| s.func) {
                 Some(ScanFunc::Resilver) => {
-                    let targets: Vec<u64> = scan.targets.iter().map(|t| t.0).collect();
+                    let targets: Vec<u64> = scan.targets.iter().map(|t| t.guid).collect();
                     if behind.iter().any(|(guid, _, _)| !targets.contains(guid)) {
                         scan.resilver_again = true;
                     }
@@ -580,7 +606,15 @@ impl Store {
                 tree.leaves.iter().find(|l| l.guid == guid).map(|l| (l, missed))
             })
             .collect();
-        scan.targets = found.iter().map(|(l, missed)| (l.guid, l.leaf.id(), *missed)).collect();
+        scan.targets = found
+            .iter()
+            .map(|(l, missed)| Target {
+                guid: l.guid,
+                id: l.leaf.id(),
+                missed_then: *missed,
+                resilver_misses: l.leaf.resilver_misses(),
+            })
+            .collect();
         let paths = found.iter().map(|(l, _)| l.path.clone()).collect();
         let txg = self.pool.uberblock().txg;
         scan.status = Some(self.new_status(ScanFunc::Resilver, min_birth, txg, paths));
@@ -697,8 +731,17 @@ impl Store {
         if func == Some(ScanFunc::Resilver) {
             if clean {
                 let _one_at_a_time = self.sync_lock.lock().await;
-                for &(guid, _, missed_then) in &targets {
-                    self.pool.mark_caught_up(guid, resilvered, missed_then);
+                let leaves = self.pool.leaves();
+                for target in &targets {
+                    // A copy it did not take (out of service, or a failed write) leaves it
+                    // behind as it was: the next resilver starts over for it.
+                    let missed_copies = leaves
+                        .iter()
+                        .find(|l| l.guid == target.guid)
+                        .is_none_or(|l| l.leaf.resilver_misses() != target.resilver_misses);
+                    if !missed_copies {
+                        self.pool.mark_caught_up(target.guid, resilvered, target.missed_then);
+                    }
                 }
             } else {
                 let behind = self.pool.leaves_behind();
@@ -717,7 +760,7 @@ impl Store {
         let (bookmark, min_birth, max_birth, targets) = {
             let scan = self.scan.lock();
             let Some(status) = scan.status.as_ref() else { return Ok(Next::Done) };
-            let targets: Vec<VdevId> = scan.targets.iter().map(|t| t.1).collect();
+            let targets: Vec<VdevId> = scan.targets.iter().map(|t| t.id).collect();
             (scan.bookmark, status.min_birth, status.max_birth, targets)
         };
         if bookmark == Bookmark::Done {

@@ -81,15 +81,18 @@ impl Store {
     ) -> Result<String, StoreError> {
         self.check_live()?;
         let _one_change = self.vdev_lock.lock().await;
-        let one_at_a_time = self.sync_lock.lock().await;
+        // Labels and the log region (up to hundreds of MiB on a file) are written before the
+        // sync lock is taken: syncs, and writers waiting on them, go on meanwhile.
         let txg = self.pool.uberblock().txg + 1;
-        let leaf = self.pool.attach(existing, new, txg, replacing).await?;
+        let prepared = self.pool.prepare_attach(existing, new, txg, replacing).await?;
+        let one_at_a_time = self.sync_lock.lock().await;
+        let leaf = self.pool.install_attach(prepared)?;
         self.fail_point("spa_vdev.attach_synced");
         let synced = self.sync_holding_lock(one_at_a_time).await?;
-        debug_assert_eq!(synced, txg, "the attach's labels name the txg that first carries it");
         self.fail_point("spa_vdev.attach_labels");
-        self.pool.write_labels(synced).await?;
+        let labels = self.pool.write_labels(synced).await;
         self.resilver_if_needed();
+        labels?;
         Ok(leaf.path)
     }
 
@@ -102,8 +105,18 @@ impl Store {
         let gone = self.pool.detach(name)?;
         let synced = self.sync_holding_lock(one_at_a_time).await?;
         self.fail_point("spa_vdev.detach_labels");
-        self.pool.write_labels(synced).await?;
+        let labels = self.pool.write_labels(synced).await;
+        // I/O already under way on the old tree may still reach the leaf: let it drain (for
+        // up to ten seconds: a dead device may never answer), so that nothing lands on the
+        // device after its labels are blanked.
+        for _ in 0..10_000 {
+            if gone.leaf.pending() == 0 {
+                break;
+            }
+            self.pool.env().sleep(std::time::Duration::from_millis(1)).await;
+        }
         self.pool.blank_labels(&gone).await;
+        labels?;
         Ok(gone.path)
     }
 

@@ -149,6 +149,9 @@ pub struct Leaf {
     /// Writes a mirror did not send here because the leaf was out of service, and writes
     /// refused because it was offline: with the write errors, what it missed.
     skipped_writes: AtomicU64,
+    /// Resilver copies meant for this leaf that it did not take (it was out of service, or
+    /// the write failed): a resilver that counted any does not credit the leaf.
+    resilver_misses: AtomicU64,
     /// Set by the pool while the leaf misses txgs its mirror has (until a resilver catches
     /// it up): mirrors read it only when no up-to-date child is left, and a stale copy there
     /// is not counted as a checksum error.
@@ -220,6 +223,7 @@ impl Leaf {
             state: AtomicU8::new(LeafState::ONLINE),
             stats: LeafStats::default(),
             cleared: Mutex::new(ErrorBase::default()),
+            resilver_misses: AtomicU64::new(0),
             skipped_writes: AtomicU64::new(0),
             behind: std::sync::atomic::AtomicBool::new(false),
             diagnosis: Mutex::new(Diagnosis {
@@ -383,6 +387,16 @@ impl Leaf {
 
     pub fn set_behind(&self, behind: bool) {
         self.behind.store(behind, Ordering::Relaxed);
+    }
+
+    /// Counts a resilver copy this leaf did not take.
+    pub fn note_resilver_miss(&self) {
+        self.resilver_misses.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Resilver copies this leaf did not take, since it was opened.
+    pub fn resilver_misses(&self) -> u64 {
+        self.resilver_misses.load(Ordering::Relaxed)
     }
 
     /// Counts a write a mirror did not send here (the leaf is out of service).

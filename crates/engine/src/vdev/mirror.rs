@@ -294,11 +294,21 @@ impl Mirror {
             return outcome;
         };
         let copies = SharedBuf::copy_from(&buf);
+        // A target out of service misses this copy: its resilver must not credit it.
+        for c in (0..self.children.len()).filter(|&c| is_target(c) && !in_service(c)) {
+            self.children[c].note_resilver_miss();
+        }
         let writes = (0..self.children.len())
             .filter(|&c| c != source && (bad.contains(&c) || is_target(c)) && in_service(c))
             .map(|c| {
                 let (leaf, data) = (&self.children[c], copies.clone());
-                async move { leaf.write(offset, data, IoClass::AsyncWrite).await.is_ok() }
+                async move {
+                    let ok = leaf.write(offset, data, IoClass::AsyncWrite).await.is_ok();
+                    if !ok && is_target(c) {
+                        leaf.note_resilver_miss();
+                    }
+                    ok
+                }
             });
         outcome.repaired = join_all(writes).await.into_iter().filter(|&ok| ok).count() as u32;
         outcome

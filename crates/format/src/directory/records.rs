@@ -10,9 +10,9 @@
 //!      0    4 config_len u32
 //!      4    . config                   VdevTreeConfig, as labels carry it
 //!      .    4 leaf_count u32
-//!      .   40 per leaf: guid u64, state u8 (0 online, 1 degraded, 2 faulted, 3 offline),
-//!             flags u8 (bit 0: being replaced), reserved 6 (zero), read_errors u64,
-//!             write_errors u64, checksum_errors u64
+//!      .   48 per leaf: guid u64, state u8 (0 online, 1 degraded, 2 faulted, 3 offline),
+//!             reserved 7 (zero), replaced_by u64 (the guid of the leaf replacing it; 0:
+//!             none), read_errors u64, write_errors u64, checksum_errors u64
 //!      .  128 scan record:
 //!               0 func u8 (0 none, 1 scrub, 2 resilver)   1 phase u8 (0 scanning,
 //!               1 finished, 2 canceled)   2 paused u8   3 bookmark u8 (0 start, 1 dedup
@@ -22,13 +22,14 @@
 //!              56 run_secs (scanning time so far)  64 examined_bytes  72 total_bytes
 //!              80 issued_blocks  88 issued_bytes  96 repaired_copies  104 repaired_bytes
 //!             112 errors  120 unrecoverable   (all u64)
+//!      .    4 target_count u32, then the guid (u64) of each leaf a resilver copies onto
 //! ```
 
 use crate::codec::{Reader, Writer};
 use crate::{FormatError, VdevTreeConfig};
 
 const WHAT: &str = "pool directory";
-pub(super) const LEAF_RECORD_BYTES: usize = 40;
+pub(super) const LEAF_RECORD_BYTES: usize = 48;
 pub(super) const SCAN_RECORD_BYTES: usize = 128;
 
 /// A leaf's state as the directory keeps it. Only what should outlive the process is kept:
@@ -51,9 +52,9 @@ pub enum LeafRecordState {
 pub struct LeafRecord {
     pub guid: u64,
     pub state: LeafRecordState,
-    /// Being replaced (`pool replace`): detached once the leaves of its mirror that are not
-    /// being replaced hold everything.
-    pub replaced: bool,
+    /// Being replaced (`pool replace`) by the leaf with this guid (0: not being replaced):
+    /// detached once that leaf holds everything.
+    pub replaced_by: u64,
     pub read_errors: u64,
     pub write_errors: u64,
     pub checksum_errors: u64,
@@ -84,7 +85,7 @@ pub enum ScanBookmark {
 }
 
 /// The last or current scrub or resilver (ZFS: `dsl_scan_phys_t`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScanRecord {
     pub kind: ScanKind,
     pub phase: ScanRecordPhase,
@@ -105,6 +106,9 @@ pub struct ScanRecord {
     pub repaired_bytes: u64,
     pub errors: u64,
     pub unrecoverable: u64,
+    /// The leaves a resilver copies onto, by guid (a resumed resilver copies onto these only:
+    /// another leaf missed the copies before the bookmark).
+    pub targets: Vec<u64>,
 }
 
 /// The V2 records of a directory.
@@ -120,10 +124,13 @@ pub struct DirectoryRecords {
 
 impl DirectoryRecords {
     pub(super) fn encoded_len(&self) -> Result<usize, FormatError> {
+        let targets = self.scan.as_ref().map_or(0, |s| s.targets.len());
         Ok(4 + self.config.encode()?.len()
             + 4
             + self.leaves.len() * LEAF_RECORD_BYTES
-            + SCAN_RECORD_BYTES)
+            + SCAN_RECORD_BYTES
+            + 4
+            + targets * 8)
     }
 
     pub(super) fn encode_into(
@@ -145,10 +152,10 @@ impl DirectoryRecords {
         for leaf in &self.leaves {
             w.u64(at, leaf.guid);
             w.u8(at + 8, leaf.state as u8);
-            w.u8(at + 9, u8::from(leaf.replaced));
-            w.u64(at + 16, leaf.read_errors);
-            w.u64(at + 24, leaf.write_errors);
-            w.u64(at + 32, leaf.checksum_errors);
+            w.u64(at + 16, leaf.replaced_by);
+            w.u64(at + 24, leaf.read_errors);
+            w.u64(at + 32, leaf.write_errors);
+            w.u64(at + 40, leaf.checksum_errors);
             at += LEAF_RECORD_BYTES;
         }
         if let Some(scan) = &self.scan {
@@ -183,7 +190,15 @@ impl DirectoryRecords {
                 w.u64(at + 8 + 8 * i, value);
             }
         }
-        Ok(at + SCAN_RECORD_BYTES)
+        at += SCAN_RECORD_BYTES;
+        let targets = self.scan.as_ref().map_or(&[][..], |s| &s.targets[..]);
+        w.u32(at, targets.len() as u32);
+        at += 4;
+        for &guid in targets {
+            w.u64(at, guid);
+            at += 8;
+        }
+        Ok(at)
     }
 
     pub(super) fn decode_from(r: &Reader<'_>, mut at: usize) -> Result<(Self, usize), FormatError> {
@@ -204,19 +219,14 @@ impl DirectoryRecords {
                 3 => LeafRecordState::Offline,
                 value => return Err(invalid("leaf state", u64::from(value))),
             };
-            let replaced = match r.u8(at + 9)? {
-                0 => false,
-                1 => true,
-                value => return Err(invalid("leaf flags", u64::from(value))),
-            };
-            r.zeros(at + 10, 6)?;
+            r.zeros(at + 9, 7)?;
             leaves.push(LeafRecord {
                 guid: r.u64(at)?,
                 state,
-                replaced,
-                read_errors: r.u64(at + 16)?,
-                write_errors: r.u64(at + 24)?,
-                checksum_errors: r.u64(at + 32)?,
+                replaced_by: r.u64(at + 16)?,
+                read_errors: r.u64(at + 24)?,
+                write_errors: r.u64(at + 32)?,
+                checksum_errors: r.u64(at + 40)?,
             });
             at += LEAF_RECORD_BYTES;
         }
@@ -269,9 +279,27 @@ impl DirectoryRecords {
                     repaired_bytes: field(12)?,
                     errors: field(13)?,
                     unrecoverable: field(14)?,
+                    targets: Vec::new(),
                 })
             }
         };
-        Ok((DirectoryRecords { config, leaves, scan }, at + SCAN_RECORD_BYTES))
+        at += SCAN_RECORD_BYTES;
+        let count = r.u32(at)? as usize;
+        at += 4;
+        r.slice(at, count.saturating_mul(8))?;
+        let mut targets = Vec::with_capacity(count);
+        for _ in 0..count {
+            targets.push(r.u64(at)?);
+            at += 8;
+        }
+        let scan = match scan {
+            Some(mut scan) => {
+                scan.targets = targets;
+                Some(scan)
+            }
+            None if targets.is_empty() => None,
+            None => return Err(invalid("scan targets", count as u64)),
+        };
+        Ok((DirectoryRecords { config, leaves, scan }, at))
     }
 }
