@@ -162,7 +162,13 @@ enum PoolCommand {
     /// Sync and release a pool so another host or process can import it.
     Export { name: String },
     /// Show layout, health, error counts, space and volumes.
-    Status { names: Vec<String> },
+    Status {
+        names: Vec<String>,
+        /// One JSON object per pool, one per line: state, status and action, scan progress,
+        /// every vdev and leaf with its state and error counts, space.
+        #[arg(long)]
+        json: bool,
+    },
     /// One line per pool: name, size, allocated, free, health (zpool list). Without names,
     /// every pool this host knows.
     List {
@@ -170,6 +176,9 @@ enum PoolCommand {
         /// For scripts: no header, fields separated by tabs, sizes in bytes.
         #[arg(short = 'H')]
         scripted: bool,
+        /// One JSON object per pool, one per line.
+        #[arg(long, conflicts_with = "scripted")]
+        json: bool,
     },
     /// Show what a served pool is doing: I/Os, bytes and flushes per second for the pool,
     /// each top-level vdev and each leaf (a mirror's row adds up its leaves); I/Os queued and
@@ -497,9 +506,14 @@ pub(crate) async fn run_pool_command(
     let cli = Cli::try_parse_from(std::iter::once(String::from("sluice")).chain(args))
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     match cli.command {
-        Command::Pool { pool: PoolCommand::Status { names } } => pools::status(ctx, &names).await,
-        Command::Pool { pool: PoolCommand::List { names, scripted } } => {
-            pools::list_line(ctx, &names, scripted).await
+        Command::Pool { pool: PoolCommand::Status { names, json: false } } => {
+            pools::status(ctx, &names).await
+        }
+        Command::Pool { pool: PoolCommand::Status { names, json: true } } => {
+            pools::status_json(ctx, &names).await
+        }
+        Command::Pool { pool: PoolCommand::List { names, scripted, json } } => {
+            pools::list_line(ctx, &names, scripted, json).await
         }
         Command::Pool { pool: PoolCommand::Scrub { name, pause, stop, wait } } => {
             pools::scrub(ctx, &name, pools::ScrubAction::from_flags(pause, stop, wait)).await
@@ -649,9 +663,9 @@ fn run(
                     refuse_if_served(&name)?;
                     pools::destroy(&env, &name).await
                 }
-                PoolCommand::List { names, scripted } => {
+                PoolCommand::List { names, scripted, json } => {
                     let names = if names.is_empty() { pools::known_pools()? } else { names };
-                    if !scripted {
+                    if !scripted && !json {
                         println!("{}", pools::LIST_HEADER);
                     }
                     for name in names {
@@ -659,18 +673,24 @@ fn run(
                         if scripted {
                             args.push("-H".into());
                         }
+                        if json {
+                            args.push("--json".into());
+                        }
                         per_pool(&env, &name, args).await?;
                     }
                     Ok(())
                 }
-                PoolCommand::Status { names } => {
+                PoolCommand::Status { names, json } => {
                     let names = if names.is_empty() { pools::known_pools()? } else { names };
-                    if names.is_empty() {
+                    if names.is_empty() && !json {
                         println!("no pools");
                     }
                     for name in names {
-                        per_pool(&env, &name, vec!["pool".into(), "status".into(), name.clone()])
-                            .await?;
+                        let mut args = vec!["pool".into(), "status".into(), name.clone()];
+                        if json {
+                            args.push("--json".into());
+                        }
+                        per_pool(&env, &name, args).await?;
                     }
                     Ok(())
                 }

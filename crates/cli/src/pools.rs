@@ -524,7 +524,12 @@ fn data_capacity(pool: &Pool) -> u64 {
 pub const LIST_HEADER: &str = "NAME                     SIZE   ALLOC    FREE  HEALTH";
 
 /// `pool list`'s line for each named pool (the header is printed once by the caller).
-pub async fn list_line(ctx: &mut Ctx<'_>, names: &[String], scripted: bool) -> anyhow::Result<()> {
+pub async fn list_line(
+    ctx: &mut Ctx<'_>,
+    names: &[String],
+    scripted: bool,
+    json: bool,
+) -> anyhow::Result<()> {
     for name in names {
         let store = ctx.hold(name).await?;
         let pool = store.pool();
@@ -533,6 +538,18 @@ pub async fn list_line(ctx: &mut Ctx<'_>, names: &[String], scripted: bool) -> a
         let healthy =
             pool.leaves().iter().all(|l| l.present && l.leaf.state() == LeafState::Online);
         let health = if healthy { "ONLINE" } else { "DEGRADED" };
+        if json {
+            let row = serde_json::json!({
+                "name": name,
+                "size_bytes": size,
+                "allocated_bytes": size - free,
+                "free_bytes": free,
+                "health": health,
+            });
+            store.release().await?;
+            ctx.say(row.to_string());
+            continue;
+        }
         let line = if scripted {
             format!("{name}\t{size}\t{}\t{free}\t{health}", size - free)
         } else {
@@ -551,6 +568,16 @@ pub async fn list_line(ctx: &mut Ctx<'_>, names: &[String], scripted: bool) -> a
 
 /// zpool's `status:` and `action:` lines for a pool that is not healthy.
 fn health_lines(name: &str, leaves: &[PoolLeaf], scan: Option<&ScanStatus>) -> Vec<String> {
+    match health(name, leaves, scan) {
+        Some((status, action)) => {
+            vec![format!("  status: {status}"), format!("  action: {action}")]
+        }
+        None => Vec::new(),
+    }
+}
+
+/// What is wrong with a pool that is not healthy, and what to do: zpool's status and action.
+fn health(name: &str, leaves: &[PoolLeaf], scan: Option<&ScanStatus>) -> Option<(String, String)> {
     let with = |f: &dyn Fn(&PoolLeaf) -> bool| -> Vec<&str> {
         leaves.iter().filter(|l| f(l)).map(|l| l.path.as_str()).collect()
     };
@@ -603,9 +630,103 @@ fn health_lines(name: &str, leaves: &[PoolLeaf], scan: Option<&ScanStatus>) -> V
             ),
         )
     } else {
-        return Vec::new();
+        return None;
     };
-    vec![format!("  status: {status}"), format!("  action: {action}")]
+    Some((status, action))
+}
+
+/// `pool status --json`: one JSON object per pool, one per line (the same facts as the text,
+/// for scripts).
+pub async fn status_json(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
+    let names: Vec<String> =
+        if names.is_empty() { read_cache()?.into_keys().collect() } else { names.to_vec() };
+    for name in names {
+        let store = ctx.hold(&name).await?;
+        let pool = store.pool();
+        let scan = store.scan_status();
+        let leaves = pool.leaves();
+        let degraded = leaves.iter().any(|l| !l.present || l.leaf.state() != LeafState::Online);
+        let (status, action) = health(&name, &leaves, scan.as_ref()).unzip();
+        let resilvering: Vec<String> = scan
+            .as_ref()
+            .filter(|s| s.func == ScanFunc::Resilver && s.phase == ScanPhase::Scanning)
+            .map(|s| s.targets.clone())
+            .unwrap_or_default();
+        let now = pool.env().now();
+        let vdevs: Vec<serde_json::Value> = pool
+            .config()
+            .top
+            .iter()
+            .enumerate()
+            .map(|(index, top)| {
+                let members: Vec<serde_json::Value> = leaves
+                    .iter()
+                    .filter(|l| l.top == index)
+                    .map(|l| {
+                        let [read, write, checksum] = l.leaf.errors();
+                        let state = if l.present { l.leaf.state().name() } else { "MISSING" };
+                        serde_json::json!({
+                            "path": l.path,
+                            "guid": format!("{:016x}", l.guid),
+                            "state": state,
+                            "reason": l.leaf.state().reason(),
+                            "read_errors": read,
+                            "write_errors": write,
+                            "checksum_errors": checksum,
+                            "resilvering": resilvering.contains(&l.path),
+                            "being_replaced": pool.is_replaced(l.guid),
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "kind": if top.kind == sluice_format::TopKind::Mirror { "mirror" } else { "leaf" },
+                    "log": top.log,
+                    "guid": format!("{:016x}", top.guid),
+                    "leaves": members,
+                })
+            })
+            .collect();
+        let scan_json = scan.as_ref().map(|s| {
+            serde_json::json!({
+                "func": s.func.name(),
+                "phase": match s.phase {
+                    ScanPhase::Scanning => "scanning",
+                    ScanPhase::Finished => "finished",
+                    ScanPhase::Canceled => "canceled",
+                },
+                "paused": s.paused,
+                "progress": s.progress(),
+                "seconds": s.run_secs(now),
+                "examined_bytes": s.examined_bytes,
+                "total_bytes": s.total_bytes,
+                "issued_bytes": s.issued_bytes,
+                "repaired_bytes": s.repaired_bytes,
+                "errors": s.errors,
+                "unrecoverable": s.unrecoverable,
+                "targets": s.targets,
+                "failure": s.failure,
+            })
+        });
+        let capacity = data_capacity(pool);
+        let free = store.free_bytes();
+        let object = serde_json::json!({
+            "name": name,
+            "guid": format!("{:016x}", pool.guid()),
+            "txg": pool.uberblock().txg,
+            "state": if degraded { "DEGRADED" } else { "ONLINE" },
+            "status": status,
+            "action": action,
+            "scan": scan_json,
+            "vdevs": vdevs,
+            "capacity_bytes": capacity,
+            "allocated_bytes": capacity - free,
+            "free_bytes": free,
+        });
+        drop(leaves);
+        store.release().await?;
+        ctx.say(object.to_string());
+    }
+    Ok(())
 }
 
 /// zpool's `scan:` line.

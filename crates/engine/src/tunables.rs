@@ -205,6 +205,14 @@ tunable_table! {
     ScanIosInFlight = "scan.ios_in_flight", Kind::Count { min: 1, max: 4096 }, "32",
         "Blocks a scrub or resilver has in flight at once (the leaves' scrub class limits \
          what reaches each device: vdev.scrub_max_active).";
+    ScanIdleMs = "scan.idle_ms", Kind::Count { min: 0, max: 60_000 }, "50",
+        "A scrub or resilver counts the pool as busy while its clients made a request within \
+         this many milliseconds; busy, it issues one block (or run of blocks) at a time, \
+         scan.busy_delay_ms apart, so that client writes keep their latency (ZFS's \
+         zfs_scan_idle). 0: never busy.";
+    ScanBusyDelayMs = "scan.busy_delay_ms", Kind::Count { min: 0, max: 10_000 }, "4",
+        "The pause, in milliseconds, before each block (or run) a scrub or resilver issues \
+         while clients are busy (see scan.idle_ms; ZFS's scan delay).";
     MirrorSwitchUs = "mirror.switch_us", Kind::Micros { min: 1, max: 10_000_000 }, "10000",
         "Among equally loaded children, one is chosen at random and kept for this long, so a \
          sequential stream stays on one disk and its reads merge (seed 002).";

@@ -182,6 +182,10 @@ pub(super) struct ScanState {
     resilver_again: bool,
     /// Woken whenever the task stops.
     stopped: Vec<futures::channel::oneshot::Sender<()>>,
+    /// Client requests answered so far (all volumes), and when that count last moved: the
+    /// scan yields while it moved within `scan.idle_ms`.
+    client_requests: u64,
+    clients_seen: Time,
 }
 
 impl ScanState {
@@ -197,6 +201,8 @@ impl ScanState {
             resilver_again: false,
             gave_up: None,
             stopped: Vec::new(),
+            client_requests: 0,
+            clients_seen: Time::ZERO,
         }
     }
 
@@ -755,6 +761,43 @@ impl Store {
         }
     }
 
+    /// Whether the pool's clients made a request within `scan.idle_ms`.
+    fn clients_busy(&self) -> bool {
+        if self.scan_idle.is_zero() {
+            return false;
+        }
+        let total: u64 = {
+            let state = self.state.lock();
+            state
+                .volumes
+                .values()
+                .map(|d| d.stats.requests.iter().map(|c| c.get()).sum::<u64>())
+                .sum()
+        };
+        let now = self.pool.env().now();
+        let mut scan = self.scan.lock();
+        if total != scan.client_requests {
+            scan.client_requests = total;
+            scan.clients_seen = now;
+        }
+        now.since(scan.clients_seen) < self.scan_idle
+    }
+
+    /// While clients are busy, makes scan I/O wait its turn behind `gate` (one run at a
+    /// time) and pause `scan.busy_delay_ms` first (ZFS delays scan I/O on a busy pool the same
+    /// way); returns the turn, held while the run is issued. Otherwise returns at once.
+    async fn yield_to_clients<'a>(
+        &self,
+        gate: &'a futures::lock::Mutex<()>,
+    ) -> Option<futures::lock::MutexGuard<'a, ()>> {
+        if !self.clients_busy() {
+            return None;
+        }
+        let turn = gate.lock().await;
+        self.pool.env().sleep(self.scan_busy_delay).await;
+        Some(turn)
+    }
+
     /// Pins the newest synced tree; walks it from the bookmark; issues what it gathered.
     async fn scan_chunk(&self, generation: u64) -> Result<Next, StoreError> {
         let (bookmark, min_birth, max_birth, targets) = {
@@ -837,7 +880,11 @@ impl Store {
         let in_flight = self.scan_ios_in_flight;
         let runs = runs_of(&gathered, !targets.is_empty());
         let targets = &targets;
+        let gate = futures::lock::Mutex::new(());
+        let gate = &gate;
         let outcomes: Vec<_> = futures::stream::iter(runs.into_iter().map(|run| async move {
+            // Clients busy: one run at a time, each after a pause.
+            let _one_at_a_time = self.yield_to_clients(gate).await;
             let mut outcomes = Vec::with_capacity(run.len());
             if run.len() > 1 {
                 if let Some(whole) = self.pool.resilver_span(&run, targets).await {

@@ -231,6 +231,9 @@ pub struct Store {
     /// `scan.chunk_bytes` and `scan.ios_in_flight`.
     scan_chunk_bytes: u64,
     scan_ios_in_flight: usize,
+    /// `scan.idle_ms` and `scan.busy_delay_ms` (`dsl_scan`: yielding to clients).
+    scan_idle: std::time::Duration,
+    scan_busy_delay: std::time::Duration,
 }
 
 /// What the write throttle did to writers (zeroes included): the answer to "why are my writes
@@ -336,6 +339,12 @@ impl Store {
             )
             .unwrap_or(32)
             .max(1),
+            scan_idle: std::time::Duration::from_millis(
+                tunables.get(crate::tunables::Tunable::ScanIdleMs),
+            ),
+            scan_busy_delay: std::time::Duration::from_millis(
+                tunables.get(crate::tunables::Tunable::ScanBusyDelayMs),
+            ),
         }
     }
 
