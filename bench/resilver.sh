@@ -53,6 +53,9 @@ miss_and_return() {
   "$bin" pool offline -t sluice leg1.img >/dev/null
   fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --size="$bytes" --iodepth=4 \
     --output="$dir/fill.out" >/dev/null 2>&1
+  # Past a txg timeout (5 s), so the rewrite is synced while leg1 is away: otherwise what is
+  # still dirty when it returns goes to both legs, and the resilver has little to copy.
+  sleep 6
   "$bin" pool online sluice leg1.img >/dev/null
 }
 wait_resilver() {
@@ -76,6 +79,7 @@ w=json.load(sys.stdin)['jobs'][0]['write']
 print('%.0f %.0f' % (w['iops'], w['clat_ns']['percentile']['99.000000']/1000))"
 }
 echo "| round | resilvered | resilver s | resilver MB/s | dd MB/s | resilver / dd | IOPS without | IOPS during | p99 us without | p99 us during |" >"$dir/rows.md"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" >>"$dir/rows.md"
 for round in $(seq 1 "$rounds"); do
   echo "resilver: round $round/$rounds" >&2
   t0=$(now); miss_and_return; t1=$(now)

@@ -95,6 +95,20 @@ fn pool_lifecycle() {
     assert_eq!((fields[0], fields[4]), ("tank", "ONLINE"));
     let [size, alloc, free] = [1, 2, 3].map(|i| fields[i].parse::<u64>().unwrap());
     assert_eq!(size, alloc + free, "{scripted}");
+    // JSON, one object per pool per line.
+    let listed: serde_json::Value =
+        serde_json::from_str(ok(&cache, &["pool", "list", "--json", "tank"]).trim()).unwrap();
+    assert_eq!(listed["name"], "tank");
+    assert_eq!(listed["size_bytes"].as_u64(), Some(size));
+    let status: serde_json::Value =
+        serde_json::from_str(ok(&cache, &["pool", "status", "--json", "tank"]).trim()).unwrap();
+    assert_eq!(status["state"], "ONLINE", "{status}");
+    assert!(status["status"].is_null(), "{status}");
+    let members = status["vdevs"][0]["leaves"].as_array().unwrap();
+    assert_eq!(status["vdevs"][0]["kind"], "mirror");
+    assert_eq!(members.len(), 2);
+    assert!(members.iter().all(|l| l["state"] == "ONLINE" && l["write_errors"] == 0), "{status}");
+    assert_eq!(status["scan"]["phase"], "finished", "the last scan, kept by the pool: {status}");
 
     // A leaf held by another process: the command is refused and names the holder.
     let held = FileDevice::open(
