@@ -309,7 +309,15 @@ enum VolCommand {
     /// logbias=latency|throughput to requests from now on.
     Set { spec: String, property: String },
     /// List volumes of the given pools (default: all known pools).
-    List { pools: Vec<String> },
+    List {
+        pools: Vec<String>,
+        /// For scripts: no header, fields separated by tabs, sizes in bytes.
+        #[arg(short = 'H')]
+        scripted: bool,
+        /// One JSON object per volume, one per line.
+        #[arg(long, conflicts_with = "scripted")]
+        json: bool,
+    },
     /// Destroy a volume and free its space.
     Destroy { spec: String },
     /// Grow or shrink a volume; shrinking discards the data past the new end.
@@ -557,14 +565,16 @@ pub(crate) async fn run_pool_command(
         Command::Vol { vol: VolCommand::Set { spec, property } } => {
             pools::vol_set(ctx, &spec, &property).await
         }
-        Command::Vol { vol: VolCommand::List { pools } } => pools::vol_list(ctx, &pools).await,
+        Command::Vol { vol: VolCommand::List { pools, scripted, json } } => {
+            pools::vol_list(ctx, &pools, scripted, json).await
+        }
         Command::Vol { vol: VolCommand::Destroy { spec } } => pools::vol_destroy(ctx, &spec).await,
         Command::Vol { vol: VolCommand::Resize { spec, size } } => {
             pools::vol_resize(ctx, &spec, size).await
         }
         _ => anyhow::bail!(
-            "only pool status|list|stats|scrub|offline|online|clear and vol \
-             create|list|set|resize|destroy run on a served pool"
+            "only pool status|list|stats|scrub|offline|online|clear|attach|detach|replace and \
+             vol create|list|set|resize|destroy run on a served pool"
         ),
     }
 }
@@ -714,15 +724,22 @@ fn run(
         Command::Vol { vol } => on_runtime(|env| async move {
             let args: Vec<String> = std::env::args().skip(1).collect();
             match vol {
-                VolCommand::List { pools } => {
+                VolCommand::List { pools, scripted, json } => {
                     let names = if pools.is_empty() { pools::known_pools()? } else { pools };
                     for (i, name) in names.iter().enumerate() {
-                        let args = vec!["vol".into(), "list".into(), name.clone()];
+                        let mut args = vec!["vol".into(), "list".into(), name.clone()];
+                        if scripted {
+                            args.push("-H".into());
+                        }
+                        if json {
+                            args.push("--json".into());
+                        }
                         let out = run_for_pool(&env, name, args).await?;
-                        // One header for the whole list.
+                        // One header for the whole list (none for scripts).
+                        let headed = !scripted && !json;
                         print!(
                             "{}",
-                            if i == 0 {
+                            if i == 0 || !headed {
                                 &out[..]
                             } else {
                                 out.split_once('\n').map_or("", |x| x.1)

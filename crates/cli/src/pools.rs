@@ -1295,19 +1295,52 @@ pub async fn vol_resize(ctx: &mut Ctx<'_>, spec: &str, size: u64) -> anyhow::Res
     Ok(())
 }
 
-pub async fn vol_list(ctx: &mut Ctx<'_>, pools: &[String]) -> anyhow::Result<()> {
+/// `vol list [-H | --json]`.
+pub async fn vol_list(
+    ctx: &mut Ctx<'_>,
+    pools: &[String],
+    scripted: bool,
+    json: bool,
+) -> anyhow::Result<()> {
     let row = |name: &str, size: &str, block: &str, dedup: &str, sync: &str, logbias: &str| {
-        format!("{name:<40} {size:>12} {block:>10} {dedup:>7} {sync:>9} {logbias:>10}")
+        if scripted {
+            format!("{name}\t{size}\t{block}\t{dedup}\t{sync}\t{logbias}")
+        } else {
+            format!("{name:<40} {size:>12} {block:>10} {dedup:>7} {sync:>9} {logbias:>10}")
+        }
     };
-    ctx.say(row("NAME", "SIZE", "BLOCK", "DEDUP", "SYNC", "LOGBIAS"));
+    if !scripted && !json {
+        ctx.say(row("NAME", "SIZE", "BLOCK", "DEDUP", "SYNC", "LOGBIAS"));
+    }
     for name in pools {
         let name = name.clone();
         let store = ctx.hold(&name).await?;
         for volume in store.volumes() {
+            let full = format!("{name}/{}", volume.name);
+            let block = u64::from(volume.block_bytes);
+            if json {
+                ctx.say(
+                    serde_json::json!({
+                        "name": full,
+                        "size_bytes": volume.size_bytes,
+                        "block_bytes": block,
+                        "dedup": volume.dedup.name(),
+                        "sync": volume.sync.name(),
+                        "logbias": volume.logbias.name(),
+                    })
+                    .to_string(),
+                );
+                continue;
+            }
+            let (size, block) = if scripted {
+                (volume.size_bytes.to_string(), block.to_string())
+            } else {
+                (human(volume.size_bytes), human(block))
+            };
             ctx.say(row(
-                &format!("{name}/{}", volume.name),
-                &human(volume.size_bytes),
-                &human(u64::from(volume.block_bytes)),
+                &full,
+                &size,
+                &block,
                 volume.dedup.name(),
                 volume.sync.name(),
                 volume.logbias.name(),

@@ -56,6 +56,14 @@ fn pool_lifecycle() {
     ok(&cache, &["pool", "create", "tank", "mirror", a, b, "--size", "64M"]);
     ok(&cache, &["vol", "create", "tank/vm1", "--size", "16M", "--block-size", "4K"]);
     assert!(ok(&cache, &["vol", "list"]).contains("tank/vm1"));
+    let scripted = ok(&cache, &["vol", "list", "-H"]);
+    assert!(scripted.starts_with("tank/vm1\t16777216\t4096\t"), "{scripted}");
+    let volume: serde_json::Value =
+        serde_json::from_str(ok(&cache, &["vol", "list", "--json", "tank"]).trim()).unwrap();
+    assert_eq!(
+        (volume["name"].as_str(), volume["size_bytes"].as_u64()),
+        (Some("tank/vm1"), Some(16 << 20))
+    );
     let status = ok(&cache, &["pool", "status", "tank"]);
     assert!(
         status.contains("state: ONLINE") && status.contains(a) && status.contains("mirror-0"),

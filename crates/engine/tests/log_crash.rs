@@ -310,9 +310,23 @@ struct Run {
 }
 
 fn run_workload(seed: u64, policy: &str, script: &Script) -> Run {
+    run_workload_with(seed, policy, script, false)
+}
+
+/// As [`run_workload`]; with `admin`, a third disk (leg2) is swapped in while the writers run:
+/// by the seed, a replace of leg1 or of leg0, or an attach beside leg0 and then a detach of
+/// leg0, each followed through its resilver and detach.
+fn run_workload_with(seed: u64, policy: &str, script: &Script, admin: bool) -> Run {
     let sim = Sim::new(seed);
-    let devices = legs(&sim, None);
-    let specs = common::leaf_specs(&devices);
+    let devices = if admin {
+        let options = SimOptions { store_data: true, record_log: true };
+        common::legs_with(&sim, 3, SimProfile::ssd(), LEAF_BYTES, options)
+    } else {
+        legs(&sim, None)
+    };
+    let specs = common::leaf_specs(&devices[..2]);
+    let spare =
+        devices.get(2).map(|d| LeafSpec { path: "leg2".into(), device: Arc::new(d.clone()) });
     let env = sim.env();
     let ledger = Rc::new(RefCell::new(Ledger::new()));
     let (l, script, policy) = (Rc::clone(&ledger), script.clone(), policy.to_owned());
@@ -328,7 +342,28 @@ fn run_workload(seed: u64, policy: &str, script: &Script) -> Run {
             let writers = script.into_iter().enumerate().map(|(w, ops)| {
                 run_writer(env.clone(), volume.clone(), w as u64, ops, Rc::clone(&l))
             });
-            futures::future::join_all(writers).await;
+            let swap = async {
+                let Some(spare) = spare else { return };
+                env.sleep(std::time::Duration::from_micros(100 + seed * 7919 % 3000)).await;
+                match seed % 3 {
+                    0 => drop(store.replace_leaf("leg1", spare).await.unwrap()),
+                    1 => drop(store.replace_leaf("leg0", spare).await.unwrap()),
+                    _ => drop(store.attach_leaf("leg0", spare).await.unwrap()),
+                }
+                for _ in 0..1000 {
+                    store.resilver_if_needed();
+                    store.wait_scan().await;
+                    store.detach_replaced().await;
+                    if store.pool().leaves_behind().is_empty() {
+                        break;
+                    }
+                    env.sleep(std::time::Duration::from_millis(1)).await;
+                }
+                if seed % 3 == 2 {
+                    store.detach_leaf("leg0").await.unwrap();
+                }
+            };
+            futures::future::join(futures::future::join_all(writers), swap).await;
             // The pool is left as it is: no export. The crash cuts decide what survived.
             (setup_done, store.sync_history())
         })
@@ -350,6 +385,9 @@ struct Probes {
     indirect_replayed: u64,
     /// Chains that ended at an indirect record whose block never reached the disk.
     indirect_ends: u64,
+    /// Imports that opened a pool whose leaves were not leg0 and leg1 alone: a cut during or
+    /// after a swap of disks.
+    swapped: u64,
 }
 
 /// Images of the devices as a cut at `cut` leaves them.
@@ -399,18 +437,21 @@ fn import_and_check(
         let stats = store.log_stats();
         let leaves_repaired: u64 =
             store.pool().leaves().iter().map(|l| l.leaf.stats().repairs.get()).sum();
+        let paths: Vec<String> = store.pool().leaves().iter().map(|l| l.path.clone()).collect();
+        let swapped = u64::from(paths != ["leg0", "leg1"]);
         (
             stats.records_replayed.get(),
             stats.torn_tails.get(),
             stats.records_already_replayed.get(),
             leaves_repaired,
-            (stats.indirect_records_replayed.get(), stats.indirect_chain_ends.get()),
+            (stats.indirect_records_replayed.get(), stats.indirect_chain_ends.get(), swapped),
         )
     });
-    let (replayed, torn, resumed, healed, (indirect_replayed, indirect_ends)) = match outcome {
-        Ok((result, _)) => result,
-        Err(error) => panic!("{what}: simulation failed: {error}"),
-    };
+    let (replayed, torn, resumed, healed, (indirect_replayed, indirect_ends, swapped)) =
+        match outcome {
+            Ok((result, _)) => result,
+            Err(error) => panic!("{what}: simulation failed: {error}"),
+        };
     probes.states += 1;
     probes.replayed += replayed;
     probes.torn_tails += torn;
@@ -418,6 +459,7 @@ fn import_and_check(
     probes.healed += healed;
     probes.indirect_replayed += indirect_replayed;
     probes.indirect_ends += indirect_ends;
+    probes.swapped += swapped;
     for (unit, data) in found.borrow().iter().enumerate() {
         let unit = unit as u64;
         let allowed = run.ledger.allowed(unit, cut);
@@ -508,7 +550,9 @@ fn random_workloads_and_interrupted_replay() {
             let policy = policy.as_str();
             let mut rng = Rng::new(seed);
             let script = random_script(&mut rng);
-            let run = run_workload(seed, policy, &script);
+            // Every fourth seed swaps a disk while the writers run (attach, replace, detach,
+            // and the resilvers between).
+            let run = run_workload_with(seed, policy, &script, seed % 4 == 3);
             let cuts = cut_points(&run);
             let last = *cuts.last().unwrap();
             for k in 0..50 {
@@ -538,6 +582,7 @@ fn random_workloads_and_interrupted_replay() {
         assert!(probes.states >= 5000, "{policy}: {probes:?}");
         assert!(probes.torn_tails > 0, "{policy}: no torn log tail: {probes:?}");
         assert!(probes.indirect_replayed > 0, "{policy}: no indirect record replayed: {probes:?}");
+        assert!(probes.swapped > 0, "{policy}: no cut fell during a swap of disks: {probes:?}");
     }
 }
 
@@ -711,7 +756,9 @@ fn lying_flushes_rewind_to_an_intact_txg() {
         for seed in 0..150u64 {
             let mut rng = Rng::new(seed ^ 0x11e);
             let script = random_script(&mut rng);
-            let run = run_workload(seed, policy, &script);
+            // Every fourth seed swaps a disk while the writers run (attach, replace, detach,
+            // and the resilvers between).
+            let run = run_workload_with(seed, policy, &script, seed % 4 == 3);
             let syncs: Vec<SyncRecord> =
                 run.syncs.iter().copied().filter(|s| s.quiesced >= run.setup_done).collect();
             if syncs.len() < 2 {
