@@ -9,12 +9,15 @@
 //! Lock order, outer to inner (a thread holding one lock takes only locks to its right; no
 //! `parking_lot` lock is held across an `.await`):
 //!
+//! `txg::Store::vdev_lock` (async, one change of leaves at a time) ->
 //! `txg::Store::sync_lock` (async, one sync at a time) -> `Store` state -> a volume's
 //! `txg::Dataset` state -> its `intent_log::LogWriter` state -> the dedup table -> a dedup entry -> the allocator -> a
 //! leaf's queue (`vdev::queue`) -> a simulated device's state. The background scan's state
 //! (`txg::dsl_scan`) is taken alone or before the pool's locks. The block cache, the pool's
 //! state, the pool's vdev tree (held only to clone or swap an `Arc`) and the store's
-//! suspension cause are leaves: nothing is taken while holding them.
+//! suspension cause are leaves: nothing is taken while holding them, but for the pool's
+//! administration lock (`pool/admin.rs`, `pool/attach.rs`), which is taken before the
+//! pool's state and tree, never across an `.await`.
 //!
 //! Each module that takes two of these writes the part it enforces in its own doc.
 
