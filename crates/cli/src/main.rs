@@ -101,6 +101,28 @@ enum Command {
     },
 }
 
+/// The new leaf of `pool attach` and `pool replace`.
+#[derive(clap::Args)]
+struct NewLeafArgs {
+    /// The new leaf's path.
+    new: String,
+    /// Size of the file to create if it is missing (default: the existing leaf's size).
+    #[arg(long, value_parser = pools::parse_size)]
+    size: Option<u64>,
+    /// Create a missing file sparse (thin) instead of allocated in full.
+    #[arg(long)]
+    sparse: bool,
+    /// Overwrite a leaf that holds data, a filesystem or another pool.
+    #[arg(short, long)]
+    force: bool,
+}
+
+impl From<NewLeafArgs> for pools::NewLeaf {
+    fn from(a: NewLeafArgs) -> pools::NewLeaf {
+        pools::NewLeaf { path: a.new, size: a.size, sparse: a.sparse, force: a.force }
+    }
+}
+
 #[derive(Subcommand)]
 enum PoolCommand {
     /// Create a pool: `sluice pool create tank mirror /d/a /d/b [mirror /d/c /d/d] [log
@@ -246,13 +268,8 @@ enum PoolCommand {
     Attach {
         name: String,
         existing: String,
-        new: String,
-        #[arg(long, value_parser = pools::parse_size)]
-        size: Option<u64>,
-        #[arg(long)]
-        sparse: bool,
-        #[arg(short, long)]
-        force: bool,
+        #[command(flatten)]
+        new: NewLeafArgs,
     },
     /// Make a served pool's leaf fail reads, writes or everything, or stop (zinject): for
     /// tests and failure drills.
@@ -267,13 +284,8 @@ enum PoolCommand {
     Replace {
         name: String,
         old: String,
-        new: String,
-        #[arg(long, value_parser = pools::parse_size)]
-        size: Option<u64>,
-        #[arg(long)]
-        sparse: bool,
-        #[arg(short, long)]
-        force: bool,
+        #[command(flatten)]
+        new: NewLeafArgs,
     },
     /// Erase the pool's labels: its leaves are no longer a pool.
     Destroy { name: String },
@@ -535,15 +547,11 @@ pub(crate) async fn run_pool_command(
         Command::Pool { pool: PoolCommand::Clear { name, leaf } } => {
             pools::clear(ctx, &name, leaf.as_deref()).await
         }
-        Command::Pool {
-            pool: PoolCommand::Attach { name, existing, new, size, sparse, force },
-        } => {
-            let new = pools::NewLeaf { path: new, size, sparse, force };
-            pools::attach(ctx, &name, &existing, new, false).await
+        Command::Pool { pool: PoolCommand::Attach { name, existing, new } } => {
+            pools::attach(ctx, &name, &existing, new.into(), false).await
         }
-        Command::Pool { pool: PoolCommand::Replace { name, old, new, size, sparse, force } } => {
-            let new = pools::NewLeaf { path: new, size, sparse, force };
-            pools::attach(ctx, &name, &old, new, true).await
+        Command::Pool { pool: PoolCommand::Replace { name, old, new } } => {
+            pools::attach(ctx, &name, &old, new.into(), true).await
         }
         Command::Pool { pool: PoolCommand::Detach { name, leaf } } => {
             pools::detach(ctx, &name, &leaf).await

@@ -367,16 +367,7 @@ impl Allocator {
         exclude: &[u32],
     ) -> Result<(u32, u64, u64), AllocError> {
         let asize = self.asize(psize.max(1));
-        let free = self.free_bytes();
-        let floor = if class == AllocClass::Normal { self.slop_bytes() } else { 0 };
-        let no_space = AllocError::NoSpace {
-            requested_bytes: asize,
-            free_bytes: free,
-            slop_bytes: self.slop_bytes(),
-        };
-        if free < asize.saturating_add(floor) {
-            return Err(no_space);
-        }
+        let no_space = self.check_space(asize, class)?;
         let count = self.vdevs.len();
         if self.rotor_bytes >= ROTOR_ALIQUOT_BYTES {
             self.rotor = (self.rotor + 1) % count;
@@ -421,6 +412,23 @@ impl Allocator {
         Err(no_space)
     }
 
+    /// Refuses `asize` bytes of `class` when the pool has not that much free above the slop
+    /// reserve (which only `Normal` allocations must leave); otherwise returns the error to
+    /// give if no free range turns out to fit.
+    fn check_space(&self, asize: u64, class: AllocClass) -> Result<AllocError, AllocError> {
+        let free = self.free_bytes();
+        let floor = if class == AllocClass::Normal { self.slop_bytes() } else { 0 };
+        let no_space = AllocError::NoSpace {
+            requested_bytes: asize,
+            free_bytes: free,
+            slop_bytes: self.slop_bytes(),
+        };
+        if free < asize.saturating_add(floor) {
+            return Err(no_space);
+        }
+        Ok(no_space)
+    }
+
     /// Places another copy of a metadata block whose other copies are at `copies` (vdev,
     /// offset), as ZFS places ditto blocks: on a data vdev that holds none of them, if one has
     /// room; else on the first copy's vdev at least an eighth of its data area away from each
@@ -435,16 +443,7 @@ impl Allocator {
     ) -> Result<(u32, u64, u64), AllocError> {
         assert!(!copies.is_empty(), "a ditto copy is placed relative to another copy");
         let asize = self.asize(psize.max(1));
-        let free = self.free_bytes();
-        let floor = if class == AllocClass::Normal { self.slop_bytes() } else { 0 };
-        let no_space = AllocError::NoSpace {
-            requested_bytes: asize,
-            free_bytes: free,
-            slop_bytes: self.slop_bytes(),
-        };
-        if free < asize.saturating_add(floor) {
-            return Err(no_space);
-        }
+        let no_space = self.check_space(asize, class)?;
         let unit = 1 << self.ashift;
         for vdev in 0..self.vdevs.len() {
             let space = &mut self.vdevs[vdev];

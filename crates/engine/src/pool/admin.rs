@@ -70,7 +70,7 @@ impl Pool {
             }
             return Ok(leaf);
         }
-        if !self.has_other_copy(&leaf) {
+        if !self.has_complete_copy(&self.tree(), leaf.top, Some(leaf.guid)) {
             return Err(PoolError::NoValidReplicas {
                 pool: self.name.clone(),
                 leaf: leaf.path.clone(),
@@ -187,19 +187,5 @@ impl Pool {
         }
         let synced = state.uberblock.txg;
         Self::mark_behind(&leaves, &state, synced);
-    }
-
-    /// Whether another leaf of `leaf`'s vdev is in service and holds every synced txg.
-    fn has_other_copy(&self, leaf: &PoolLeaf) -> bool {
-        let leaves = self.leaves();
-        let state = self.state.lock();
-        let txg = state.uberblock.txg;
-        leaves.iter().any(|other| {
-            other.top == leaf.top
-                && other.guid != leaf.guid
-                && other.present
-                && !other.leaf.is_out_of_service()
-                && state.leaf_txg.get(&other.guid).copied().unwrap_or(0) >= txg
-        })
     }
 }

@@ -287,31 +287,21 @@ impl Pool {
 
     /// Whether a leaf of top-level vdev `top` other than `except` is present, in service and
     /// holds every synced txg.
-    fn has_complete_copy(&self, tree: &VdevTree, top: usize, except: Option<u64>) -> bool {
+    pub(super) fn has_complete_copy(
+        &self,
+        tree: &VdevTree,
+        top: usize,
+        except: Option<u64>,
+    ) -> bool {
         let state = self.state.lock();
-        let txg = state.uberblock.txg;
-        tree.leaves.iter().any(|l| {
-            l.top == top
-                && Some(l.guid) != except
-                && l.present
-                && !l.leaf.is_out_of_service()
-                && state.leaf_txg.get(&l.guid).copied().unwrap_or(0) >= txg
-        })
+        tree.leaves.iter().any(|l| l.top == top && Some(l.guid) != except && state.holds_all(l))
     }
 
     /// Leaves being replaced whose replacements now hold everything: what to detach.
     pub fn replacements_done(&self) -> Vec<String> {
         let tree = self.tree();
         let state = self.state.lock();
-        let txg = state.uberblock.txg;
-        let complete = |guid: u64| {
-            tree.leaves.iter().any(|l| {
-                l.guid == guid
-                    && l.present
-                    && !l.leaf.is_out_of_service()
-                    && state.leaf_txg.get(&l.guid).copied().unwrap_or(0) >= txg
-            })
-        };
+        let complete = |guid: u64| tree.leaves.iter().any(|l| l.guid == guid && state.holds_all(l));
         state
             .replaced
             .iter()

@@ -248,6 +248,14 @@ struct PoolState {
 const OPENED_TXGS_KEPT: usize = 8;
 
 impl PoolState {
+    /// Whether `leaf` is present, in service and holds every synced txg: a copy of everything
+    /// its vdev stores, to serve from or resilver from.
+    fn holds_all(&self, leaf: &PoolLeaf) -> bool {
+        leaf.present
+            && !leaf.leaf.is_out_of_service()
+            && self.leaf_txg.get(&leaf.guid).copied().unwrap_or(0) >= self.uberblock.txg
+    }
+
     /// [`Leaf::writes_missed`] of `leaf` when txg `txg` opened, if known; else at the end of
     /// the last sync (a pool synced without a store noting its txgs).
     fn missed_since(&self, txg: u64, leaf: &PoolLeaf) -> u64 {

@@ -159,6 +159,17 @@ struct Target {
     resilver_misses: u64,
 }
 
+impl Target {
+    fn of(leaf: &crate::pool::PoolLeaf, missed_then: u64) -> Target {
+        Target {
+            guid: leaf.guid,
+            id: leaf.leaf.id(),
+            missed_then,
+            resilver_misses: leaf.leaf.resilver_misses(),
+        }
+    }
+}
+
 /// The scan's shared state (`Store::scan`).
 #[derive(Debug)]
 pub(super) struct ScanState {
@@ -186,6 +197,8 @@ pub(super) struct ScanState {
     /// scan yields while it moved within `scan.idle_ms`.
     client_requests: u64,
     clients_seen: Time,
+    /// When the counters were last summed: at most once a millisecond, not per run issued.
+    clients_checked: Time,
 }
 
 impl ScanState {
@@ -203,6 +216,7 @@ impl ScanState {
             stopped: Vec::new(),
             client_requests: 0,
             clients_seen: Time::ZERO,
+            clients_checked: Time::ZERO,
         }
     }
 
@@ -411,15 +425,7 @@ impl Store {
                 scan.resilver_again = found.len() < behind.len();
                 // What they missed before this import is not known: never "current" at the
                 // end (`finish_scan`), so the txgs after the range are resilvered next.
-                scan.targets = found
-                    .iter()
-                    .map(|l| Target {
-                        guid: l.guid,
-                        id: l.leaf.id(),
-                        missed_then: u64::MAX,
-                        resilver_misses: l.leaf.resilver_misses(),
-                    })
-                    .collect();
+                scan.targets = found.iter().map(|l| Target::of(l, u64::MAX)).collect();
                 status.targets = found.iter().map(|l| l.path.clone()).collect();
                 status.paused = false;
             }
@@ -612,15 +618,7 @@ impl Store {
                 tree.leaves.iter().find(|l| l.guid == guid).map(|l| (l, missed))
             })
             .collect();
-        scan.targets = found
-            .iter()
-            .map(|(l, missed)| Target {
-                guid: l.guid,
-                id: l.leaf.id(),
-                missed_then: *missed,
-                resilver_misses: l.leaf.resilver_misses(),
-            })
-            .collect();
+        scan.targets = found.iter().map(|(l, missed)| Target::of(l, *missed)).collect();
         let paths = found.iter().map(|(l, _)| l.path.clone()).collect();
         let txg = self.pool.uberblock().txg;
         scan.status = Some(self.new_status(ScanFunc::Resilver, min_birth, txg, paths));
@@ -766,6 +764,13 @@ impl Store {
         if self.scan_idle.is_zero() {
             return false;
         }
+        let now = self.pool.env().now();
+        {
+            let scan = self.scan.lock();
+            if now.since(scan.clients_checked) < std::time::Duration::from_millis(1) {
+                return now.since(scan.clients_seen) < self.scan_idle;
+            }
+        }
         let total: u64 = {
             let state = self.state.lock();
             state
@@ -774,8 +779,8 @@ impl Store {
                 .map(|d| d.stats.requests.iter().map(|c| c.get()).sum::<u64>())
                 .sum()
         };
-        let now = self.pool.env().now();
         let mut scan = self.scan.lock();
+        scan.clients_checked = now;
         if total != scan.client_requests {
             scan.client_requests = total;
             scan.clients_seen = now;
