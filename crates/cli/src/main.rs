@@ -294,7 +294,7 @@ enum PoolCommand {
 #[derive(Subcommand)]
 enum VolCommand {
     /// Create a sparse volume: `sluice vol create tank/vm1 --size 20G [--block-size 16K]
-    /// [--dedup on] [--sync standard] [--logbias latency]`.
+    /// [--dedup on] [--sync standard] [--logbias latency] [--compression lz4]`.
     Create {
         spec: String,
         #[arg(long, value_parser = pools::parse_size)]
@@ -315,9 +315,13 @@ enum VolCommand {
         /// whole block is written in place and logged by pointer: each byte written once).
         #[arg(long, value_parser = pools::parse_logbias, default_value = "latency")]
         logbias: sluice_format::LogBias,
+        /// lz4 (default, as in OpenZFS), zstd (level 3), zstd-1 to zstd-19, or off. A block is
+        /// stored compressed when that saves at least an eighth of its space.
+        #[arg(long, value_parser = pools::parse_compression, default_value = "lz4")]
+        compression: sluice_format::Compression,
     },
     /// Set a volume property: `sluice vol set tank/vm1 sync=always`. dedup=off|on|verify
-    /// applies to blocks written from now on; sync=standard|always|disabled and
+    /// and compression=off|lz4|zstd|zstd-N apply to blocks written from now on; sync=standard|always|disabled and
     /// logbias=latency|throughput to requests from now on.
     Set { spec: String, property: String },
     /// List volumes of the given pools (default: all known pools).
@@ -561,12 +565,13 @@ pub(crate) async fn run_pool_command(
         }
         Command::Pool { pool: PoolCommand::Stats { name } } => pools::stats(ctx, &name),
         Command::Vol {
-            vol: VolCommand::Create { spec, size, block_size, dedup, sync, logbias },
+            vol: VolCommand::Create { spec, size, block_size, dedup, sync, logbias, compression },
         } => {
             let properties = [
                 VolumeProperty::Dedup(dedup),
                 VolumeProperty::Sync(sync),
                 VolumeProperty::LogBias(logbias),
+                VolumeProperty::Compression(compression),
             ];
             pools::vol_create(ctx, &spec, size, block_size, &properties).await
         }

@@ -26,7 +26,7 @@ use sluice_engine::txg::{
     BLOCK_BYTES_DEFAULT,
 };
 use sluice_engine::vdev::LeafState;
-use sluice_format::{DedupMode, LogBias, SyncMode};
+use sluice_format::{Compression, DedupMode, LogBias, SyncMode};
 
 /// Where a command's output goes and which pool, if any, is already open in this process
 /// (`sluice serve` runs the same commands for its control socket against its live store).
@@ -1174,12 +1174,17 @@ pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
             stats.verify_mismatches.get()
         ));
         for volume in store.volumes() {
+            let space = volume.space.unwrap_or_default();
             ctx.say(format!(
-                "  volume {name}/{}: {} ({} blocks, dedup={})",
+                "  volume {name}/{}: {} ({} blocks, dedup={}, compression={}), {} used, \
+                 compress ratio {:.2}x",
                 volume.name,
                 human(volume.size_bytes),
                 human(u64::from(volume.block_bytes)),
-                volume.dedup.name()
+                volume.dedup.name(),
+                volume.compression.name(),
+                human(space.referenced_bytes),
+                compress_ratio(&space)
             ));
         }
         store.release().await?;
@@ -1219,7 +1224,18 @@ fn property_text(property: VolumeProperty) -> String {
         VolumeProperty::Dedup(mode) => format!("dedup={}", mode.name()),
         VolumeProperty::Sync(mode) => format!("sync={}", mode.name()),
         VolumeProperty::LogBias(bias) => format!("logbias={}", bias.name()),
+        VolumeProperty::Compression(compression) => format!("compression={}", compression.name()),
     }
+}
+
+/// Parses a compression property value.
+pub fn parse_compression(value: &str) -> Result<Compression, String> {
+    Compression::parse(value).ok_or_else(|| {
+        format!(
+            "compression={value} is not a compression; use off, lz4 (or on), zstd, or zstd-1 to \
+             zstd-19"
+        )
+    })
 }
 
 /// Parses a dedup property value.
@@ -1260,9 +1276,10 @@ pub async fn vol_set(ctx: &mut Ctx<'_>, spec: &str, property: &str) -> anyhow::R
         "dedup" => parse_dedup(value).map(VolumeProperty::Dedup),
         "sync" => parse_sync(value).map(VolumeProperty::Sync),
         "logbias" => parse_logbias(value).map(VolumeProperty::LogBias),
+        "compression" | "compress" => parse_compression(value).map(VolumeProperty::Compression),
         _ => Err(format!(
-            "volume property {name:?} does not exist; the settable ones are dedup, sync and \
-             logbias"
+            "volume property {name:?} does not exist; the settable ones are dedup, sync, \
+             logbias and compression"
         )),
     };
     let property = parsed.map_err(|e| anyhow::anyhow!(e))?;
@@ -1270,7 +1287,9 @@ pub async fn vol_set(ctx: &mut Ctx<'_>, spec: &str, property: &str) -> anyhow::R
     store.set_property(volume, property)?;
     store.release().await?;
     let applies = match property {
-        VolumeProperty::Dedup(_) => "blocks written from now on follow it",
+        VolumeProperty::Dedup(_) | VolumeProperty::Compression(_) => {
+            "blocks written from now on follow it"
+        }
         _ => "requests from now on follow it",
     };
     ctx.say(format!("set {} on {spec}; {applies}", property_text(property)));
@@ -1302,15 +1321,21 @@ pub async fn vol_list(
     scripted: bool,
     json: bool,
 ) -> anyhow::Result<()> {
-    let row = |name: &str, size: &str, block: &str, dedup: &str, sync: &str, logbias: &str| {
+    let row = |cells: [&str; 9]| {
         if scripted {
-            format!("{name}\t{size}\t{block}\t{dedup}\t{sync}\t{logbias}")
+            cells.join("\t")
         } else {
-            format!("{name:<40} {size:>12} {block:>10} {dedup:>7} {sync:>9} {logbias:>10}")
+            let [name, size, used, block, compress, ratio, dedup, sync, logbias] = cells;
+            format!(
+                "{name:<32} {size:>9} {used:>9} {block:>6} {compress:>8} {ratio:>6} {dedup:>7} \
+                 {sync:>9} {logbias:>10}"
+            )
         }
     };
     if !scripted && !json {
-        ctx.say(row("NAME", "SIZE", "BLOCK", "DEDUP", "SYNC", "LOGBIAS"));
+        ctx.say(row([
+            "NAME", "SIZE", "USED", "BLOCK", "COMPRESS", "RATIO", "DEDUP", "SYNC", "LOGBIAS",
+        ]));
     }
     for name in pools {
         let name = name.clone();
@@ -1318,12 +1343,19 @@ pub async fn vol_list(
         for volume in store.volumes() {
             let full = format!("{name}/{}", volume.name);
             let block = u64::from(volume.block_bytes);
+            let space = volume.space.unwrap_or_default();
+            let ratio = compress_ratio(&space);
             if json {
                 ctx.say(
                     serde_json::json!({
                         "name": full,
                         "size_bytes": volume.size_bytes,
+                        "used_bytes": space.referenced_bytes,
+                        "logical_bytes": space.logical_bytes,
+                        "physical_bytes": space.physical_bytes,
                         "block_bytes": block,
+                        "compression": volume.compression.name(),
+                        "compress_ratio": (ratio * 100.0).round() / 100.0,
                         "dedup": volume.dedup.name(),
                         "sync": volume.sync.name(),
                         "logbias": volume.logbias.name(),
@@ -1332,23 +1364,40 @@ pub async fn vol_list(
                 );
                 continue;
             }
-            let (size, block) = if scripted {
-                (volume.size_bytes.to_string(), block.to_string())
+            let (size, used, block) = if scripted {
+                (
+                    volume.size_bytes.to_string(),
+                    space.referenced_bytes.to_string(),
+                    block.to_string(),
+                )
             } else {
-                (human(volume.size_bytes), human(block))
+                (human(volume.size_bytes), human(space.referenced_bytes), human(block))
             };
-            ctx.say(row(
+            ctx.say(row([
                 &full,
                 &size,
+                &used,
                 &block,
+                &volume.compression.name(),
+                &format!("{ratio:.2}x"),
                 volume.dedup.name(),
                 volume.sync.name(),
                 volume.logbias.name(),
-            ));
+            ]));
         }
         store.release().await?;
     }
     Ok(())
+}
+
+/// Logical over stored bytes of a volume's data blocks (ZFS's compressratio); 1.00 when
+/// empty.
+fn compress_ratio(space: &sluice_format::VolumeSpace) -> f64 {
+    if space.physical_bytes == 0 {
+        1.0
+    } else {
+        space.logical_bytes as f64 / space.physical_bytes as f64
+    }
 }
 
 fn human(bytes: u64) -> String {

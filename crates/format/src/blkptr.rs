@@ -13,7 +13,7 @@
 //!     52    4 psize_sectors u32     physical size / 512 (after compression)
 //!     56    8 birth_txg u64         txg in which the block was written
 //!     64    1 checksum_alg u8
-//!     65    1 compression u8        0 = none (the only value so far)
+//!     65    1 compression u8        BlockCompression: 0 none, 1 lz4, 2 zstd
 //!     66    1 kind u8               BlockKind
 //!     67    1 level u8              0 = data, n = indirect block n levels above data
 //!     68    1 flags u8              bit 0: dedup (the block is shared through the dedup table)
@@ -23,6 +23,12 @@
 //!     96   32 dedup key             keyed BLAKE3 of the block's contents when the dedup flag
 //!                                   is set (how a free finds its table entry), else zero
 //! ```
+//!
+//! A compressed block (ZFS: `zio_compress.c`) is stored as a 4-byte little-endian length, that
+//! many compressed bytes, and zeros up to whole sectors: `psize` counts all of it and the
+//! checksum covers all of it, so scrub and resilver verify and copy it without decompressing.
+//! The length is there because neither lz4's block format nor a zstd frame followed by padding
+//! says where the compressed bytes end (ZFS stores the same 4-byte header for lz4).
 
 use crate::codec::{Reader, Writer};
 use crate::{Checksum, ChecksumAlg, DdtKey, FormatError, DDT_KEY_BYTES, SECTOR_BYTES};
@@ -100,6 +106,34 @@ impl BlockKind {
     }
 }
 
+/// How a block's physical bytes encode its logical bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BlockCompression {
+    /// Stored as it is: physical and logical bytes are the same.
+    #[default]
+    None = 0,
+    Lz4 = 1,
+    Zstd = 2,
+}
+
+impl BlockCompression {
+    fn decode(raw: u8) -> Result<BlockCompression, FormatError> {
+        match raw {
+            0 => Ok(BlockCompression::None),
+            1 => Ok(BlockCompression::Lz4),
+            2 => Ok(BlockCompression::Zstd),
+            value => Err(FormatError::Invalid {
+                what: WHAT,
+                field: "compression",
+                value: u64::from(value),
+            }),
+        }
+    }
+}
+
+/// Bytes of the length that starts a compressed block's physical bytes.
+pub const COMPRESSED_HEADER_BYTES: usize = 4;
+
 /// A decoded block pointer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BlockPointer {
@@ -108,6 +142,8 @@ pub struct BlockPointer {
     pub psize_sectors: u32,
     pub birth_txg: u64,
     pub checksum_alg: ChecksumAlg,
+    /// `None` unless the block is stored compressed (then `psize < lsize`).
+    pub compression: BlockCompression,
     pub kind: BlockKind,
     pub level: u8,
     pub fill: u64,
@@ -153,7 +189,7 @@ impl BlockPointer {
         w.u32(OFF_PSIZE, bp.psize_sectors);
         w.u64(OFF_BIRTH, bp.birth_txg);
         w.u8(OFF_ALG, bp.checksum_alg as u8);
-        w.u8(OFF_COMPRESSION, 0);
+        w.u8(OFF_COMPRESSION, bp.compression as u8);
         w.u8(OFF_KIND, bp.kind as u8);
         w.u8(OFF_LEVEL, bp.level);
         if let Some(key) = &bp.dedup {
@@ -183,14 +219,7 @@ impl BlockPointer {
         if dvas[0].is_empty() {
             return Err(FormatError::Invalid { what: WHAT, field: "dva[0]", value: 0 });
         }
-        let compression = r.u8(OFF_COMPRESSION)?;
-        if compression != 0 {
-            return Err(FormatError::Invalid {
-                what: WHAT,
-                field: "compression",
-                value: u64::from(compression),
-            });
-        }
+        let compression = BlockCompression::decode(r.u8(OFF_COMPRESSION)?)?;
         r.zeros(OFF_RESERVED_A, OFF_FILL - OFF_RESERVED_A)?;
         let dedup = match r.u8(OFF_FLAGS)? {
             0 => {
@@ -215,12 +244,21 @@ impl BlockPointer {
         if psize_sectors == 0 || lsize_sectors == 0 {
             return Err(FormatError::Invalid { what: WHAT, field: "size", value: 0 });
         }
+        if compression != BlockCompression::None && psize_sectors >= lsize_sectors {
+            // Stored compressed only when that saves space: anything else is damage.
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                field: "psize of a compressed block",
+                value: u64::from(psize_sectors),
+            });
+        }
         Ok(Some(BlockPointer {
             dvas,
             lsize_sectors,
             psize_sectors,
             birth_txg: r.u64(OFF_BIRTH)?,
             checksum_alg: ChecksumAlg::decode(WHAT, r.u8(OFF_ALG)?)?,
+            compression,
             kind: BlockKind::decode(r.u8(OFF_KIND)?)?,
             level: r.u8(OFF_LEVEL)?,
             fill: r.u64(OFF_FILL)?,

@@ -23,14 +23,18 @@
 //!               2 disabled; bit 4 logbias: 0 latency, 1 throughput; the rest zero),
 //!               name_len u16, name (UTF-8), root block pointer (128;
 //!               zeros: empty), log header: chain_id u64 (0: no log), head_sequence u64,
-//!               replayed_record u64, claim_txg u64, head block pointer (128)
+//!               replayed_record u64, claim_txg u64, head block pointer (128);
+//!               (V3) compression u8 (0 off, 1 lz4, 2..=20 zstd levels 1..19), reserved 7,
+//!               referenced_bytes u64 (allocated for the volume's tree), logical_bytes u64
+//!               and physical_bytes u64 (its data blocks before and after compression)
 //!      .      dedup table header (crate::ddt), 192 bytes: salt (32), bucket_bits u8,
 //!               levels u8, reserved 6, entries u64, references u64, allocated_bytes u64,
 //!               root block pointer (128; zeros: empty table)
 //!      .      (V2) the vdev tree, leaf records and scan record (see `records`)
 //! ```
 //!
-//! A directory without records (a pool made before V2) is written and read as V1.
+//! A directory without records (a pool made before V2) is written and read as V1; a V2 one
+//! (no compression, no space figures) still decodes, and is written back as V3.
 //!
 //! The log header (ZFS: `zil_header_t`) names the first intent-log block still needed after
 //! this txg: replay walks the chain from `head`, expecting `chain_id` and `head_sequence`, and
@@ -53,11 +57,14 @@ const MAGIC: u64 = u64::from_le_bytes(*b"SLUICEDR");
 const HEADER_BYTES: usize = 40;
 const VOLUME_FIXED_BYTES: usize = 8 + 8 + 4 + 1 + 1 + 2;
 const LOG_HEADER_FIXED_BYTES: usize = 32;
+/// What V3 adds to each volume: compression, reserved, three space figures.
+const VOLUME_V3_BYTES: usize = 1 + 7 + 3 * 8;
 /// Longest volume name.
 pub const VOLUME_NAME_BYTES_MAX: usize = 255;
 const WHAT: &str = "pool directory";
-/// The newest version this structure has (V2 added the records).
-const VERSION: FormatVersion = FormatVersion::V2;
+/// The newest version this structure has (V2 added the records, V3 each volume's compression
+/// and space figures).
+const VERSION: FormatVersion = FormatVersion::V3;
 
 /// One volume as recorded in the directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,6 +83,87 @@ pub struct VolumeEntry {
     pub sync: SyncMode,
     /// Whether large writes are logged as copies or written in place (see [`LogBias`]).
     pub logbias: LogBias,
+    /// How data blocks written from now on are compressed.
+    pub compression: Compression,
+    /// What the volume's blocks take; `None` in a directory older than V3, until import has
+    /// counted it.
+    pub space: Option<VolumeSpace>,
+}
+
+/// A volume's space figures (ZFS: `ds_referenced_bytes`, `ds_uncompressed_bytes`,
+/// `ds_compressed_bytes`), kept up to date by each sync.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct VolumeSpace {
+    /// Allocated for every block of the volume's tree (data and indirect, every copy).
+    pub referenced_bytes: u64,
+    /// Logical size of its data blocks.
+    pub logical_bytes: u64,
+    /// Stored size of its data blocks (after compression, before rounding to allocation
+    /// units).
+    pub physical_bytes: u64,
+}
+
+/// A volume's compression property (ZFS: `compression=off|lz4|zstd|zstd-N`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Compression {
+    Off,
+    /// The default for new volumes, as in OpenZFS: fast enough that it usually saves time.
+    #[default]
+    Lz4,
+    /// zstd at a level from 1 to 19.
+    Zstd(u8),
+}
+
+impl Compression {
+    /// The level plain `zstd` means (OpenZFS's default).
+    pub const ZSTD_DEFAULT_LEVEL: u8 = 3;
+    /// The highest zstd level accepted.
+    pub const ZSTD_LEVEL_MAX: u8 = 19;
+
+    /// The property's value as `vol set` takes it.
+    pub fn name(self) -> String {
+        match self {
+            Compression::Off => "off".to_owned(),
+            Compression::Lz4 => "lz4".to_owned(),
+            Compression::Zstd(level) => format!("zstd-{level}"),
+        }
+    }
+
+    /// Parses `off`, `on` (lz4), `lz4`, `zstd` or `zstd-1`..`zstd-19`.
+    pub fn parse(text: &str) -> Option<Compression> {
+        match text {
+            "off" => Some(Compression::Off),
+            "on" | "lz4" => Some(Compression::Lz4),
+            "zstd" => Some(Compression::Zstd(Compression::ZSTD_DEFAULT_LEVEL)),
+            _ => {
+                let level: u8 = text.strip_prefix("zstd-")?.parse().ok()?;
+                (1..=Compression::ZSTD_LEVEL_MAX)
+                    .contains(&level)
+                    .then_some(Compression::Zstd(level))
+            }
+        }
+    }
+
+    fn encode(self) -> u8 {
+        match self {
+            Compression::Off => 0,
+            Compression::Lz4 => 1,
+            Compression::Zstd(level) => 1 + level,
+        }
+    }
+
+    fn decode(raw: u8) -> Result<Compression, FormatError> {
+        match raw {
+            0 => Ok(Compression::Off),
+            1 => Ok(Compression::Lz4),
+            2..=20 => Ok(Compression::Zstd(raw - 1)),
+            value => Err(FormatError::Invalid {
+                what: WHAT,
+                field: "volume compression",
+                value: u64::from(value),
+            }),
+        }
+    }
 }
 
 /// A volume's sync property (ZFS: `sync=standard|always|disabled`).
@@ -228,6 +316,7 @@ impl PoolDirectory {
                         + BLKPTR_BYTES
                         + LOG_HEADER_FIXED_BYTES
                         + BLKPTR_BYTES
+                        + if self.records.is_some() { VOLUME_V3_BYTES } else { 0 }
                 })
                 .sum::<usize>()
             + DDT_HEADER_BYTES
@@ -296,6 +385,26 @@ impl PoolDirectory {
                 w.put(at + 32, &BlockPointer::encode(Some(&log.head)));
             }
             at += LOG_HEADER_FIXED_BYTES + BLKPTR_BYTES;
+            if self.records.is_some() {
+                // Zeros would read back as an empty volume: the figures must be counted first.
+                let space = volume.space.ok_or(FormatError::Invalid {
+                    what: WHAT,
+                    field: "volume space figures (not counted)",
+                    value: volume.id,
+                })?;
+                w.u8(at, volume.compression.encode());
+                w.u64(at + 8, space.referenced_bytes);
+                w.u64(at + 16, space.logical_bytes);
+                w.u64(at + 24, space.physical_bytes);
+                at += VOLUME_V3_BYTES;
+            } else if volume.compression != Compression::Off || volume.space.is_some() {
+                // A V1 directory has no place for them: a pool written as V1 has no records.
+                return Err(FormatError::Invalid {
+                    what: WHAT,
+                    field: "V1 volume compression",
+                    value: u64::from(volume.compression.encode()),
+                });
+            }
         }
         self.ddt.encode_into(&mut w, at);
         at += DDT_HEADER_BYTES;
@@ -370,6 +479,8 @@ impl PoolDirectory {
                 dedup,
                 sync,
                 logbias,
+                compression: Compression::Off,
+                space: None,
             });
             at += BLKPTR_BYTES;
             let chain_id = r.u64(at)?;
@@ -394,10 +505,25 @@ impl PoolDirectory {
                     head,
                 }),
             };
+            at += LOG_HEADER_FIXED_BYTES + BLKPTR_BYTES;
+            let (compression, space) = if version >= FormatVersion::V3 {
+                let compression = Compression::decode(r.u8(at)?)?;
+                r.zeros(at + 1, 7)?;
+                let space = VolumeSpace {
+                    referenced_bytes: r.u64(at + 8)?,
+                    logical_bytes: r.u64(at + 16)?,
+                    physical_bytes: r.u64(at + 24)?,
+                };
+                at += VOLUME_V3_BYTES;
+                (compression, Some(space))
+            } else {
+                (Compression::Off, None)
+            };
             if let Some(volume) = volumes.last_mut() {
                 volume.log = log;
+                volume.compression = compression;
+                volume.space = space;
             }
-            at += LOG_HEADER_FIXED_BYTES + BLKPTR_BYTES;
         }
         let ddt = DdtHeader::decode_from(&r, at)?;
         at += DDT_HEADER_BYTES;

@@ -20,16 +20,18 @@ mod log_block;
 mod space_map;
 mod uberblock;
 
-pub use blkptr::{BlockKind, BlockPointer, Dva, BLKPTR_BYTES, DVAS_MAX};
+pub use blkptr::{
+    BlockCompression, BlockKind, BlockPointer, Dva, BLKPTR_BYTES, COMPRESSED_HEADER_BYTES, DVAS_MAX,
+};
 pub use checksum::{Checksum, ChecksumAlg};
 pub use ddt::{
     DdtBucket, DdtEntry, DdtHeader, DdtKey, DDT_BUCKET_BITS_MAX, DDT_ENTRY_BYTES, DDT_HEADER_BYTES,
     DDT_KEY_BYTES,
 };
 pub use directory::{
-    DedupMode, DirectoryRecords, LeafRecord, LeafRecordState, LogBias, LogHeader, PoolDirectory,
-    ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase, SyncMode, VolumeEntry,
-    VOLUME_NAME_BYTES_MAX,
+    Compression, DedupMode, DirectoryRecords, LeafRecord, LeafRecordState, LogBias, LogHeader,
+    PoolDirectory, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase, SyncMode, VolumeEntry,
+    VolumeSpace, VOLUME_NAME_BYTES_MAX,
 };
 pub use error::FormatError;
 pub use label::{
@@ -57,11 +59,12 @@ const _: () = assert!(SECTOR_BYTES.is_power_of_two());
 pub enum FormatVersion {
     V1 = 1,
     V2 = 2,
+    V3 = 3,
 }
 
 impl FormatVersion {
     /// The newest version any structure is written at.
-    pub const CURRENT: FormatVersion = FormatVersion::V2;
+    pub const CURRENT: FormatVersion = FormatVersion::V3;
 
     /// Decodes a structure's version field, refusing versions newer than `newest`, the
     /// newest one that structure has.
@@ -73,6 +76,7 @@ impl FormatVersion {
         let version = match raw {
             1 => FormatVersion::V1,
             2 => FormatVersion::V2,
+            3 => FormatVersion::V3,
             found => return Err(FormatError::UnsupportedVersion { what, found }),
         };
         if version > newest {

@@ -11,12 +11,12 @@ use std::path::PathBuf;
 
 use proptest::prelude::*;
 use sluice_format::{
-    label_offsets, uberblock_offset, BlockKind, BlockPointer, Checksum, ChecksumAlg, DdtBucket,
-    DdtEntry, DdtHeader, DdtKey, DedupMode, DirectoryRecords, Dva, FormatError, LabelHeader,
-    LeafConfig, LeafRecord, LeafRecordState, LogBias, LogHeader, PoolDirectory, ScanBookmark,
-    ScanKind, ScanRecord, ScanRecordPhase, SpaceMap, SyncMode, TopConfig, TopKind, Uberblock,
-    VdevTreeConfig, VolumeEntry, BLKPTR_BYTES, DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES,
-    UBERBLOCK_BYTES,
+    label_offsets, uberblock_offset, BlockCompression, BlockKind, BlockPointer, Checksum,
+    ChecksumAlg, Compression, DdtBucket, DdtEntry, DdtHeader, DdtKey, DedupMode, DirectoryRecords,
+    Dva, FormatError, LabelHeader, LeafConfig, LeafRecord, LeafRecordState, LogBias, LogHeader,
+    PoolDirectory, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase, SpaceMap, SyncMode,
+    TopConfig, TopKind, Uberblock, VdevTreeConfig, VolumeEntry, VolumeSpace, BLKPTR_BYTES,
+    DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
 };
 
 fn golden(name: &str, bytes: &[u8]) {
@@ -42,6 +42,7 @@ fn sample_bp() -> BlockPointer {
         psize_sectors: 32,
         birth_txg: 42,
         checksum_alg: ChecksumAlg::Xxh3_128,
+        compression: BlockCompression::None,
         kind: BlockKind::Data,
         level: 0,
         fill: 1,
@@ -231,6 +232,8 @@ fn golden_directory() {
                 dedup: DedupMode::Verify,
                 sync: SyncMode::Standard,
                 logbias: LogBias::Latency,
+                compression: Compression::Off,
+                space: None,
             },
             VolumeEntry {
                 id: 2,
@@ -243,6 +246,8 @@ fn golden_directory() {
                 dedup: DedupMode::Off,
                 sync: SyncMode::Standard,
                 logbias: LogBias::Latency,
+                compression: Compression::Off,
+                space: None,
             },
         ],
         ddt: DdtHeader {
@@ -264,16 +269,72 @@ fn golden_directory() {
     *padded.last_mut().unwrap() = 1;
     assert!(PoolDirectory::decode(&padded).is_err(), "padding must be zero");
 
-    // V2: the same directory with the vdev tree, leaf records and a scan record.
+    // V2: the same directory with the vdev tree, leaf records and a scan record. It is no
+    // longer written, but a pool made then still opens.
     let mut v2 = dir.clone();
     v2.records = Some(sample_records());
-    let bytes = v2.encode(512).unwrap();
-    golden("directory_v2.bin", &bytes);
-    assert_eq!(PoolDirectory::decode(&bytes).unwrap(), v2);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/directory_v2.bin");
+    assert_eq!(PoolDirectory::decode(&std::fs::read(path).unwrap()).unwrap(), v2);
+    // V3 writes each volume's space figures; uncounted ones are refused, not written as zeros.
+    assert!(matches!(v2.encode(512), Err(FormatError::Invalid { .. })));
+
+    // V3: each volume's compression and space figures.
+    let mut v3 = v2.clone();
+    v3.volumes[0].compression = Compression::Zstd(19);
+    v3.volumes[0].space = Some(VolumeSpace {
+        referenced_bytes: 5 << 20,
+        logical_bytes: 8 << 20,
+        physical_bytes: 3 << 20,
+    });
+    v3.volumes[1].compression = Compression::Lz4;
+    v3.volumes[1].space = Some(VolumeSpace::default());
+    let bytes = v3.encode(512).unwrap();
+    golden("directory_v3.bin", &bytes);
+    assert_eq!(PoolDirectory::decode(&bytes).unwrap(), v3);
     // No scan yet: the record is all zeros.
-    let mut idle = v2.clone();
+    let mut idle = v3.clone();
     idle.records.as_mut().unwrap().scan = None;
     assert_eq!(PoolDirectory::decode(&idle.encode(512).unwrap()).unwrap(), idle);
+    // A V1 directory has no place for a compression property.
+    let mut v1 = dir.clone();
+    v1.volumes[1].compression = Compression::Lz4;
+    assert!(v1.encode(512).is_err());
+}
+
+/// The compression property's names and codes.
+#[test]
+fn compression_property() {
+    for (text, value) in [
+        ("off", Compression::Off),
+        ("lz4", Compression::Lz4),
+        ("on", Compression::Lz4),
+        ("zstd", Compression::Zstd(3)),
+        ("zstd-1", Compression::Zstd(1)),
+        ("zstd-19", Compression::Zstd(19)),
+    ] {
+        assert_eq!(Compression::parse(text), Some(value), "{text}");
+        assert_eq!(Compression::parse(&value.name()), Some(value));
+    }
+    for bad in ["zstd-0", "zstd-20", "gzip", "", "zstd-", "LZ4"] {
+        assert_eq!(Compression::parse(bad), None, "{bad} accepted");
+    }
+}
+
+/// A compressed block pointer round-trips; one that claims to save nothing is refused.
+#[test]
+fn compressed_block_pointer() {
+    let mut bp = sample_bp();
+    bp.compression = BlockCompression::Lz4;
+    bp.lsize_sectors = 32;
+    bp.psize_sectors = 8;
+    let bytes = BlockPointer::encode(Some(&bp));
+    assert_eq!(BlockPointer::decode(&bytes).unwrap(), Some(bp));
+    bp.psize_sectors = 32;
+    let bytes = BlockPointer::encode(Some(&bp));
+    assert!(BlockPointer::decode(&bytes).is_err());
+    let mut bytes = BlockPointer::encode(Some(&sample_bp()));
+    bytes[65] = 3;
+    assert!(BlockPointer::decode(&bytes).is_err(), "unknown compression accepted");
 }
 
 fn sample_records() -> DirectoryRecords {
@@ -448,6 +509,7 @@ fn arb_bp() -> impl Strategy<Value = BlockPointer> {
                     psize_sectors,
                     birth_txg,
                     checksum_alg: ChecksumAlg::Xxh3_128,
+                    compression: BlockCompression::None,
                     kind: [
                         BlockKind::None,
                         BlockKind::Data,
@@ -540,6 +602,8 @@ fn volume_properties_byte() {
         dedup: DedupMode::On,
         sync: SyncMode::Disabled,
         logbias: LogBias::Throughput,
+        compression: Compression::Off,
+        space: None,
     };
     let dir = PoolDirectory { volumes: vec![volume], ..PoolDirectory::default() };
     let mut bytes = dir.encode(4096).unwrap();

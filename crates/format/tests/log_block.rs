@@ -26,6 +26,7 @@ fn sample() -> LogBlock {
         psize_sectors: 32,
         birth_txg: 9,
         checksum_alg: ChecksumAlg::Xxh3_128,
+        compression: sluice_format::BlockCompression::None,
         kind: BlockKind::Data,
         level: 0,
         fill: 1,

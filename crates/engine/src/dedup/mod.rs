@@ -840,7 +840,7 @@ async fn write_plain(
     txg: u64,
     data: Arc<AlignedBuf>,
 ) -> Result<BlockPointer, PoolError> {
-    let ctx = TreeUpdate { pool, allocator, txg, replaced: Vec::new() };
+    let ctx = TreeUpdate::new(pool, allocator, txg);
     objset::write_data_block(&ctx, data, AllocClass::Reserved).await
 }
 

@@ -161,6 +161,7 @@ impl LogAddress {
             psize_sectors: sectors,
             birth_txg: txg,
             checksum_alg: ChecksumAlg::Xxh3_128,
+            compression: sluice_format::BlockCompression::None,
             kind: BlockKind::Metadata,
             level: 0,
             fill: 1,

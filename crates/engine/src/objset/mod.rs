@@ -26,7 +26,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
-use sluice_format::{BlockKind, BlockPointer, FormatError, BLKPTR_BYTES};
+use sluice_format::{
+    BlockCompression, BlockKind, BlockPointer, FormatError, VolumeSpace, BLKPTR_BYTES,
+};
 
 use crate::alloc::{AllocClass, Allocator};
 use crate::device::AlignedBuf;
@@ -133,6 +135,55 @@ pub struct TreeUpdate<'a> {
     pub txg: u64,
     /// Pointers replaced by the update, to be freed in `txg`.
     pub replaced: Vec<BlockPointer>,
+    /// Indirect blocks the update wrote (the caller knows the data blocks it wrote): with
+    /// `replaced`, what the volume's space figures gain and lose.
+    pub born: Vec<BlockPointer>,
+}
+
+impl<'a> TreeUpdate<'a> {
+    pub fn new(pool: &'a Pool, allocator: &'a parking_lot::Mutex<Allocator>, txg: u64) -> Self {
+        TreeUpdate { pool, allocator, txg, replaced: Vec::new(), born: Vec::new() }
+    }
+}
+
+/// What one block adds to its volume's space figures.
+pub fn space_of(bp: &BlockPointer) -> VolumeSpace {
+    let data = bp.kind == BlockKind::Data;
+    VolumeSpace {
+        referenced_bytes: bp.copies().map(|d| d.asize_bytes()).sum(),
+        logical_bytes: if data { bp.lsize_bytes() } else { 0 },
+        physical_bytes: if data { bp.psize_bytes() } else { 0 },
+    }
+}
+
+/// A volume's space figures counted from its tree: for a volume of a pool written before
+/// they were kept, counted once at import.
+pub async fn count_space(
+    pool: &Pool,
+    root: Option<BlockPointer>,
+    levels: u8,
+) -> Result<VolumeSpace, PoolError> {
+    let mut space = VolumeSpace::default();
+    for (_, _, bp) in walk(pool, root, levels).await? {
+        add_space(&mut space, &bp, true);
+    }
+    Ok(space)
+}
+
+/// Adds (`gained`) or takes away `bp`'s share of `space`.
+pub fn add_space(space: &mut VolumeSpace, bp: &BlockPointer, gained: bool) {
+    let of = space_of(bp);
+    let apply = |total: &mut u64, bytes: u64| {
+        *total = if gained {
+            total.saturating_add(bytes)
+        } else {
+            debug_assert!(*total >= bytes, "a volume loses space it had counted");
+            total.saturating_sub(bytes)
+        };
+    };
+    apply(&mut space.referenced_bytes, of.referenced_bytes);
+    apply(&mut space.logical_bytes, of.logical_bytes);
+    apply(&mut space.physical_bytes, of.physical_bytes);
 }
 
 /// Applies `updates` (data block index -> new pointer, `None` for a hole) and returns the
@@ -174,6 +225,7 @@ pub async fn update_tree(
         below = BTreeMap::new();
         for (node, bp, mut replaced) in rebuilt.into_iter().flatten() {
             below.insert(node, bp);
+            ctx.born.extend(bp);
             ctx.replaced.append(&mut replaced);
         }
     }
@@ -184,7 +236,7 @@ pub async fn update_tree(
 /// What writing needs of a [`TreeUpdate`], without its list of replaced pointers (which the
 /// caller extends once the writes are done).
 fn ctx_view<'a>(ctx: &TreeUpdate<'a>) -> TreeUpdate<'a> {
-    TreeUpdate { pool: ctx.pool, allocator: ctx.allocator, txg: ctx.txg, replaced: Vec::new() }
+    TreeUpdate::new(ctx.pool, ctx.allocator, ctx.txg)
 }
 
 /// An indirect block of `level` with `changes` (the level below's new pointers) applied:
@@ -248,6 +300,7 @@ async fn write_nodes(
                 kind: BlockKind::Indirect,
                 level,
                 fill,
+                compressed: None,
             });
         }
     }
@@ -264,10 +317,13 @@ async fn write_nodes(
 /// A block to write into new space, and what its pointer says about it.
 #[derive(Clone, Debug)]
 pub struct NewBlock {
+    /// What is stored: the block itself, or its compressed form.
     pub bytes: Arc<AlignedBuf>,
     pub kind: BlockKind,
     pub level: u8,
     pub fill: u64,
+    /// When `bytes` is compressed: how, and the logical bytes (which the cache keeps).
+    pub compressed: Option<(BlockCompression, Arc<AlignedBuf>)>,
 }
 
 /// Allocates `blocks` in order and writes them, runs that landed back to back as one I/O each
@@ -342,17 +398,21 @@ async fn write_placed(
                 let block = &blocks[i];
                 let at = (offset - start) as usize;
                 let slot = &buf[at..at + asize as usize];
-                let lsize = block.bytes.len() as u64;
-                pointers.push(describe_block(
+                let lsize = block.compressed.as_ref().map_or(block.bytes.len(), |c| c.1.len());
+                let mut bp = describe_block(
                     vdev,
                     offset,
                     slot,
-                    lsize,
+                    lsize as u64,
                     block.kind,
                     block.level,
                     block.fill,
                     txg,
-                ));
+                );
+                if let Some((alg, _)) = &block.compressed {
+                    bp.compression = *alg;
+                }
+                pointers.push(bp);
             }
             let shared = buf.into_shared();
             pool.write_copy(vdev, start, shared.clone()).await?;
@@ -367,6 +427,11 @@ async fn write_placed(
             // with no copy (dirty data blocks: `txg::dbuf`).
             for (i, bp) in run.zip(&pointers) {
                 if !pool.cache().keeps(bp) {
+                    continue;
+                }
+                // The cache holds logical bytes.
+                if let Some((_, logical)) = &blocks[i].compressed {
+                    pool.cache().insert(bp, Arc::clone(logical));
                     continue;
                 }
                 let block = &blocks[i].bytes;
@@ -411,8 +476,9 @@ pub async fn write_data_block(
     data: Arc<AlignedBuf>,
     class: AllocClass,
 ) -> Result<BlockPointer, PoolError> {
-    write_block(ctx, NewBlock { bytes: data, kind: BlockKind::Data, level: 0, fill: 1 }, class)
-        .await
+    let block =
+        NewBlock { bytes: data, kind: BlockKind::Data, level: 0, fill: 1, compressed: None };
+    write_block(ctx, block, class).await
 }
 
 /// Writes one block through [`write_blocks`].
@@ -453,7 +519,7 @@ pub async fn walk(
 /// Adds levels above `root` until it has `to` levels: the old root becomes slot 0 of a new
 /// indirect block. Returns the new root.
 pub async fn grow_levels(
-    ctx: &TreeUpdate<'_>,
+    ctx: &mut TreeUpdate<'_>,
     mut root: Option<BlockPointer>,
     from: u8,
     to: u8,
@@ -462,9 +528,15 @@ pub async fn grow_levels(
         let Some(child) = root else { return Ok(None) };
         let mut bytes = AlignedBuf::zeroed(INDIRECT_BYTES);
         bytes[..BLKPTR_BYTES].copy_from_slice(&BlockPointer::encode(Some(&child)));
-        let block =
-            NewBlock { bytes: Arc::new(bytes), kind: BlockKind::Indirect, level, fill: child.fill };
+        let block = NewBlock {
+            bytes: Arc::new(bytes),
+            kind: BlockKind::Indirect,
+            level,
+            fill: child.fill,
+            compressed: None,
+        };
         let level_bp = write_block(ctx, block, AllocClass::Reserved).await?;
+        ctx.born.push(level_bp);
         root = Some(level_bp);
     }
     Ok(root)

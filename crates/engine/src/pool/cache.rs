@@ -146,6 +146,7 @@ mod tests {
             psize_sectors: 8,
             birth_txg,
             checksum_alg: ChecksumAlg::Xxh3_128,
+            compression: sluice_format::BlockCompression::None,
             kind: BlockKind::Data,
             level: 0,
             fill: 1,

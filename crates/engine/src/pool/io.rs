@@ -10,15 +10,16 @@
 
 use std::sync::Arc;
 
-use sluice_format::{BlockKind, BlockPointer, ChecksumAlg, Dva, SECTOR_BYTES};
+use sluice_format::{BlockCompression, BlockKind, BlockPointer, ChecksumAlg, Dva, SECTOR_BYTES};
 
-use super::{Pool, PoolError};
+use super::{compress, Pool, PoolError};
 use crate::device::{AlignedBuf, SharedBuf};
 use crate::tunables::IoClass;
 use crate::vdev;
 
 impl Pool {
-    /// Reads and verifies a block, through the block cache.
+    /// Reads and verifies a block, through the block cache; returns its logical bytes (the
+    /// cache holds those).
     pub async fn read_block_cached(
         &self,
         bp: &BlockPointer,
@@ -27,12 +28,40 @@ impl Pool {
         if let Some(hit) = self.cache().get(bp) {
             return Ok(hit);
         }
-        let block = Arc::new(self.read_block(bp, class).await?);
+        let block = Arc::new(self.read_block_logical(bp, class).await?);
         self.cache().insert(bp, Arc::clone(&block));
         Ok(block)
     }
 
-    /// Reads and verifies a block from disk, bypassing the cache (scrub must see the disk).
+    /// Reads and verifies a block from disk, bypassing the cache; returns its logical bytes.
+    pub async fn read_block_logical(
+        &self,
+        bp: &BlockPointer,
+        class: IoClass,
+    ) -> Result<AlignedBuf, PoolError> {
+        let stored = self.read_block(bp, class).await?;
+        if bp.compression == BlockCompression::None {
+            return Ok(stored);
+        }
+        self.decompress(bp, &stored)
+    }
+
+    /// The logical bytes of a block whose stored bytes passed its checksum.
+    pub fn decompress(&self, bp: &BlockPointer, stored: &[u8]) -> Result<AlignedBuf, PoolError> {
+        compress::decompress(bp, stored).map_err(|source| PoolError::Decompress {
+            pool: self.name().to_owned(),
+            block: format!(
+                "the block of txg {} at offset {} of top-level vdev {}",
+                bp.birth_txg,
+                bp.dvas[0].offset_bytes(),
+                bp.dvas[0].vdev
+            ),
+            source,
+        })
+    }
+
+    /// Reads and verifies a block's stored bytes from disk, bypassing the cache (scrub must see
+    /// the disk); a compressed block comes back compressed.
     pub async fn read_block(
         &self,
         bp: &BlockPointer,
@@ -194,6 +223,7 @@ pub fn describe_block(
         psize_sectors: sectors(psize),
         birth_txg: txg,
         checksum_alg: ChecksumAlg::Xxh3_128,
+        compression: BlockCompression::None,
         kind,
         level,
         fill,

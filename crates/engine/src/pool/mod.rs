@@ -27,6 +27,7 @@
 mod admin;
 mod attach;
 mod cache;
+pub mod compress;
 mod io;
 mod missing;
 pub mod probe;
@@ -149,6 +150,16 @@ pub enum PoolError {
          rewrites them. Check the devices with `sluice pool status`"
     )]
     LabelsNotWritten { pool: String, path: String },
+    #[error(
+        "pool {pool}: {block} passed its checksum but does not decompress ({source}); this is \
+         a bug in whatever wrote it, please report it"
+    )]
+    Decompress {
+        pool: String,
+        block: String,
+        #[source]
+        source: compress::DecompressError,
+    },
     #[error("pool {pool}: no valid uberblock on any leaf; the labels are damaged")]
     NoUberblock { pool: String },
     #[error("pool {pool}: leaf {path}: {source}")]

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use sluice_format::{BlockPointer, DdtKey};
+use sluice_format::{BlockPointer, DdtKey, VolumeSpace};
 
 use super::{Store, StoreError};
 use crate::objset;
@@ -80,7 +80,9 @@ impl Store {
         let mut pointers: BTreeMap<DdtKey, (u64, BlockPointer)> = BTreeMap::new();
         for (entry, root, levels) in roots {
             let blocks = entry.size_bytes / u64::from(entry.block_bytes);
+            let mut space = VolumeSpace::default();
             for (level, index, bp) in objset::walk(&self.pool, root, levels).await? {
+                objset::add_space(&mut space, &bp, true);
                 if level == 0 && index >= blocks {
                     report.problems.push(format!(
                         "volume {} holds block {index} past its end ({blocks} blocks)",
@@ -91,6 +93,14 @@ impl Store {
                     Some(key) => pointers.entry(key).or_insert((0, bp)).0 += 1,
                     None => add(&bp, &mut report),
                 }
+            }
+            // The figures each sync keeps by adding what it wrote and taking away what it
+            // replaced must be what the tree holds.
+            if entry.space != Some(space) {
+                report.problems.push(format!(
+                    "volume {} counts {:?}, its tree holds {space:?}",
+                    entry.name, entry.space
+                ));
             }
         }
         let (entries, table_blocks) = self.ddt.stored(&self.pool).await?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use sluice_format::{DedupMode, LogBias, SyncMode, VolumeEntry};
+use sluice_format::{Compression, DedupMode, LogBias, SyncMode, VolumeEntry, VolumeSpace};
 
 use super::dbuf::{Block, Prewritten};
 use super::dmu_tx::TxgLimits;
@@ -65,6 +65,7 @@ pub enum VolumeProperty {
     Dedup(DedupMode),
     Sync(SyncMode),
     LogBias(LogBias),
+    Compression(Compression),
 }
 
 impl Dataset {
@@ -191,6 +192,8 @@ impl Store {
             dedup: DedupMode::Off,
             sync: SyncMode::Standard,
             logbias: LogBias::Latency,
+            compression: Compression::default(),
+            space: Some(VolumeSpace::default()),
         };
         state.volumes.insert(name.to_owned(), Dataset::new(entry, Some(log), &self.limits));
         Ok(())
@@ -202,8 +205,8 @@ impl Store {
         self.set_property(name, VolumeProperty::Dedup(mode))
     }
 
-    /// Sets a volume property. `dedup` applies to blocks synced from now on; `sync` and
-    /// `logbias` to requests from now on. Durable with the next sync.
+    /// Sets a volume property. `dedup` and `compression` apply to blocks synced from now on;
+    /// `sync` and `logbias` to requests from now on. Durable with the next sync.
     pub fn set_property(&self, name: &str, property: VolumeProperty) -> Result<(), StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a property change");
@@ -214,6 +217,7 @@ impl Store {
             VolumeProperty::Dedup(mode) => entry.dedup = mode,
             VolumeProperty::Sync(mode) => entry.sync = mode,
             VolumeProperty::LogBias(bias) => entry.logbias = bias,
+            VolumeProperty::Compression(compression) => entry.compression = compression,
         }
         Ok(())
     }

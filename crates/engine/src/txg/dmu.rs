@@ -252,7 +252,12 @@ impl Store {
                 let mut out = Vec::with_capacity(bps.len());
                 for (i, bp) in bps.iter().enumerate() {
                     let len = bp.psize_bytes() as usize;
-                    out.push((start + i as u64, Some(Fetched::Span(Arc::clone(&span), at))));
+                    let fetched = if bp.compression == sluice_format::BlockCompression::None {
+                        Fetched::Span(Arc::clone(&span), at)
+                    } else {
+                        Fetched::Whole(Arc::new(self.pool.decompress(bp, &span[at..at + len])?))
+                    };
+                    out.push((start + i as u64, Some(fetched)));
                     at += len;
                 }
                 return Ok(out);

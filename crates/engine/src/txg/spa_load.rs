@@ -22,6 +22,8 @@
 //!   them all. [`ImportOptions::discard_unreadable_log`] imports anyway, replaying the chain up
 //!   to the unreadable block and reporting what was dropped (`zpool import -m`).
 
+use std::collections::BTreeMap;
+
 use sluice_format::{
     BlockPointer, LogHeader, LogRecord, LogVerifier, PoolDirectory, SpaceMap, Uberblock,
 };
@@ -31,6 +33,7 @@ use super::dmu_tx::TxgLimits;
 use super::{LogStats, State, Store, StoreError};
 use crate::alloc::{Allocator, FREE_DEFER_TXGS};
 use crate::intent_log::{self, Chain, LogAddress};
+use crate::objset;
 use crate::pool::{Pool, PoolError};
 use crate::tunables::{IoClass, Tunables};
 
@@ -153,18 +156,18 @@ impl Store {
             pool.apply_leaf_records(&records.leaves);
         }
         let limits = TxgLimits::from_tunables(tunables);
-        let volumes = directory
-            .volumes
-            .iter()
-            .map(|entry| {
-                let mut entry = entry.clone();
-                if let Some((_, header, _)) = chains.iter().find(|(name, _, _)| *name == entry.name)
-                {
-                    entry.log = Some(*header);
-                }
-                (entry.name.clone(), Dataset::new(entry, None, &limits))
-            })
-            .collect();
+        let mut volumes = BTreeMap::new();
+        for entry in &directory.volumes {
+            let mut entry = entry.clone();
+            if let Some((_, header, _)) = chains.iter().find(|(name, _, _)| *name == entry.name) {
+                entry.log = Some(*header);
+            }
+            // A pool written before the figures were kept: count them once, from the tree.
+            if entry.space.is_none() {
+                entry.space = Some(objset::count_space(&pool, entry.root, entry.levels).await?);
+            }
+            volumes.insert(entry.name.clone(), Dataset::new(entry, None, &limits));
+        }
         let state = State::new(
             uberblock.txg,
             directory.next_volume_id,

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 use sluice_format::{
     BlockKind, BlockPointer, DdtHeader, DedupMode, DirectoryRecords, Dva, LogHeader, PoolDirectory,
-    SpaceMap, VolumeEntry, DVAS_MAX,
+    SpaceMap, VolumeEntry, VolumeSpace, DVAS_MAX,
 };
 
 use super::dbuf::{Block, Prewritten};
@@ -33,6 +33,7 @@ use crate::alloc::{AllocClass, AllocError, Allocator};
 use crate::device::{AlignedBuf, SharedBuf};
 use crate::intent_log::LogWriter;
 use crate::objset::{self, TreeUpdate};
+use crate::pool::compress::compress;
 use crate::pool::PoolError;
 
 /// Data blocks a sync completes (patches) or writes (dedup) concurrently.
@@ -66,6 +67,12 @@ struct Quiesced {
 }
 
 type VolumeWork = (VolumeEntry, u8, BTreeMap<u64, Block>, BTreeMap<u64, Prewritten>);
+
+/// A volume's tree as a sync wrote it.
+struct SyncedTree {
+    root: Option<BlockPointer>,
+    space: VolumeSpace,
+}
 
 impl Store {
     /// Starts the task that syncs every `txg.timeout_ms`, or early when dirty data builds up.
@@ -139,8 +146,7 @@ impl Store {
         // after it belong to the next txg.
         let replay_progress: BTreeMap<String, Option<LogHeader>> =
             work.iter().map(|(entry, ..)| (entry.name.clone(), entry.log)).collect();
-        let mut ctx =
-            TreeUpdate { pool: &self.pool, allocator: &self.allocator, txg, replaced: Vec::new() };
+        let mut ctx = TreeUpdate::new(&self.pool, &self.allocator, txg);
         for (root, levels) in destroyed {
             for (_, _, bp) in objset::walk(&self.pool, Some(root), levels).await? {
                 ctx.replaced.push(bp);
@@ -199,21 +205,23 @@ impl Store {
     }
 
     /// Writes every volume's dirty blocks and the indirect blocks above them; returns each
-    /// volume's new root.
+    /// volume's new root and space figures.
     async fn write_volumes(
         &self,
         ctx: &mut TreeUpdate<'_>,
         work: Vec<VolumeWork>,
-    ) -> Result<BTreeMap<String, Option<BlockPointer>>, PoolError> {
+    ) -> Result<BTreeMap<String, SyncedTree>, PoolError> {
         let txg = ctx.txg;
         let mut roots = BTreeMap::new();
         for (entry, disk_levels, blocks, prewritten) in work {
+            let (replaced_before, born_before) = (ctx.replaced.len(), ctx.born.len());
             // Patched blocks are completed first, up to SYNC_WRITES_IN_FLIGHT at once, in
             // block order. Blocks of ordinary volumes are then allocated in that order and
             // written in spans (objset::write_blocks). Blocks of dedup volumes are hashed and
             // looked up in tasks of their own, so that work spreads over the runtime's
             // threads, as ZFS's write-issue taskq spreads it over CPUs.
             let dedup = entry.dedup;
+            let (compression, unit) = (entry.compression, 1u64 << self.pool.ashift());
             let (root, block_bytes) = (entry.root, entry.block_bytes as usize);
             let completed = futures::stream::iter(blocks.into_iter().map(|(index, block)| {
                 self.complete_block(root, disk_levels, block_bytes, index, block)
@@ -242,12 +250,22 @@ impl Store {
                                 }
                             }
                             match block {
-                                Block::Data(bytes) => data.push(objset::NewBlock {
-                                    bytes: Arc::clone(bytes),
-                                    kind: BlockKind::Data,
-                                    level: 0,
-                                    fill: 1,
-                                }),
+                                Block::Data(bytes) => {
+                                    let (stored, compressed) =
+                                        match compress(compression, bytes, unit) {
+                                            Some((stored, alg)) => {
+                                                (Arc::new(stored), Some((alg, Arc::clone(bytes))))
+                                            }
+                                            None => (Arc::clone(bytes), None),
+                                        };
+                                    data.push(objset::NewBlock {
+                                        bytes: stored,
+                                        kind: BlockKind::Data,
+                                        level: 0,
+                                        fill: 1,
+                                        compressed,
+                                    })
+                                }
                                 Block::Zero => {}
                                 Block::Patched(_) => unreachable!("patches are completed above"),
                             }
@@ -310,7 +328,17 @@ impl Store {
             } else {
                 objset::update_tree(ctx, grown, entry.levels, &updates).await?
             };
-            roots.insert(entry.name.clone(), root);
+            // Only the sync changes the figures, and it holds the sync lock: the quiesced
+            // entry's are current.
+            let mut space = entry.space.expect("import counts every volume's space");
+            let born = updates.values().flatten().chain(&ctx.born[born_before..]);
+            for bp in born {
+                objset::add_space(&mut space, bp, true);
+            }
+            for bp in &ctx.replaced[replaced_before..] {
+                objset::add_space(&mut space, bp, false);
+            }
+            roots.insert(entry.name.clone(), SyncedTree { root, space });
         }
         Ok(roots)
     }
@@ -375,7 +403,7 @@ impl Store {
         &self,
         txg: u64,
         vdevs: usize,
-        roots: &BTreeMap<String, Option<BlockPointer>>,
+        roots: &BTreeMap<String, SyncedTree>,
         replay_progress: &BTreeMap<String, Option<LogHeader>>,
         ddt_header: DdtHeader,
     ) -> (Vec<Arc<LogWriter>>, BTreeMap<String, Option<LogHeader>>, PoolDirectory) {
@@ -417,8 +445,11 @@ impl Store {
                     .values()
                     .map(|dataset| {
                         let v = dataset.state.lock();
+                        let synced = roots.get(&v.entry.name);
                         VolumeEntry {
-                            root: roots.get(&v.entry.name).copied().flatten(),
+                            // A volume created since the quiesce has no tree yet.
+                            root: synced.and_then(|s| s.root),
+                            space: synced.map_or(v.entry.space, |s| Some(s.space)),
                             log: headers.get(&v.entry.name).copied().flatten(),
                             ..v.entry.clone()
                         }
@@ -568,7 +599,7 @@ impl Store {
     fn finish(
         &self,
         txg: u64,
-        roots: &BTreeMap<String, Option<BlockPointer>>,
+        roots: &BTreeMap<String, SyncedTree>,
         headers: &BTreeMap<String, Option<LogHeader>>,
         (directory_bp, space_maps): (BlockPointer, Vec<Vec<BlockPointer>>),
         anchored: &[Arc<LogWriter>],
@@ -578,8 +609,9 @@ impl Store {
         let mut state = self.state.lock();
         for dataset in state.volumes.values() {
             let mut volume = dataset.state.lock();
-            if let Some(root) = roots.get(&volume.entry.name) {
-                volume.entry.root = *root;
+            if let Some(synced) = roots.get(&volume.entry.name) {
+                volume.entry.root = synced.root;
+                volume.entry.space = Some(synced.space);
                 volume.disk_levels = volume.entry.levels;
             }
             if let Some(header) = headers.get(&volume.entry.name) {
@@ -634,7 +666,8 @@ impl Store {
             Some(bp) => Some(match self.pool.cache().get(&bp) {
                 Some(hit) => hit,
                 None => {
-                    Arc::new(self.pool.read_block(&bp, crate::tunables::IoClass::AsyncRead).await?)
+                    let class = crate::tunables::IoClass::AsyncRead;
+                    Arc::new(self.pool.read_block_logical(&bp, class).await?)
                 }
             }),
             None => None,

@@ -70,7 +70,7 @@ impl Store {
                     }
                     LogRecord::Zero { offset, len, .. } => (*offset, *len, None),
                     LogRecord::WriteIndirect { offset, len, block: bp, .. } => {
-                        block = self.pool.read_block(bp, IoClass::SyncRead).await?;
+                        block = self.pool.read_block_logical(bp, IoClass::SyncRead).await?;
                         stats.indirect_records_replayed.inc();
                         let len = u64::from(*len).min(block.len() as u64);
                         (*offset, len, Some(&block[..len as usize]))
@@ -454,6 +454,7 @@ const UNFILLED: BlockPointer = BlockPointer {
     psize_sectors: 0,
     birth_txg: 0,
     checksum_alg: ChecksumAlg::Xxh3_128,
+    compression: sluice_format::BlockCompression::None,
     kind: BlockKind::Data,
     level: 0,
     fill: 0,

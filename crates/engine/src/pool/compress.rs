@@ -1,0 +1,184 @@
+//! Block compression (ZFS: `zio_compress.c`): a data block is stored compressed when that
+//! saves at least an eighth of its space, rounded to the pool's allocation unit, as OpenZFS
+//! decides; otherwise it is stored as it is and its pointer says so.
+//!
+//! The stored bytes are a 4-byte little-endian length, the compressed bytes, and zeros up to
+//! the allocation unit (sluice_format's blkptr.rs): the block pointer's `psize` is all of it
+//! and its checksum covers all of it, so scrub, resilver and healing read, verify and copy
+//! stored bytes without decompressing them. Readers decompress after the checksum passed; the
+//! block cache holds logical bytes.
+//!
+//! lz4 comes from `lz4_flex` (pure Rust; its safe encoder and decoder, so a damaged block can
+//! never make the decoder read or write out of bounds) and zstd from the `zstd` crate (the
+//! reference C library). Each thread keeps one zstd context per direction: creating one per
+//! block would cost more than compressing a 16 KiB block.
+
+use std::cell::RefCell;
+
+use sluice_format::{BlockCompression, BlockPointer, Compression, COMPRESSED_HEADER_BYTES};
+
+use crate::device::AlignedBuf;
+
+/// Why stored bytes that passed their checksum did not decompress: a bug that wrote them, never
+/// a damaged disk (the checksum catches those first).
+#[derive(Debug, thiserror::Error)]
+pub enum DecompressError {
+    #[error("its length header says {claimed} bytes of {stored} stored")]
+    BadLength { claimed: usize, stored: usize },
+    #[error("{alg:?} decompression failed: {reason}")]
+    Failed { alg: BlockCompression, reason: String },
+    #[error("it decompressed to {got} bytes, not the {want} its pointer names")]
+    WrongSize { got: usize, want: usize },
+}
+
+thread_local! {
+    static ZSTD_COMPRESSOR: RefCell<Option<(u8, zstd::bulk::Compressor<'static>)>> =
+        const { RefCell::new(None) };
+    static ZSTD_DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { RefCell::new(None) };
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Compresses `logical` as `property` asks. Returns the bytes to store (whole allocation units
+/// of `unit` bytes) and the algorithm when that saves at least an eighth of `logical`'s
+/// size; `None` when the block is to be stored as it is.
+pub fn compress(
+    property: Compression,
+    logical: &[u8],
+    unit: u64,
+) -> Option<(AlignedBuf, BlockCompression)> {
+    let unit = unit.max(1) as usize;
+    let len = logical.len();
+    // The most a stored block may take and still be worth it.
+    let limit = len - len / 8;
+    if property == Compression::Off || limit < unit {
+        return None;
+    }
+    // Anything longer than this would round past `limit`.
+    let room = (limit / unit) * unit - COMPRESSED_HEADER_BYTES;
+    SCRATCH.with_borrow_mut(|scratch| {
+        let (alg, written) = match property {
+            Compression::Off => return None,
+            Compression::Lz4 => {
+                scratch.resize(lz4_flex::block::get_maximum_output_size(len), 0);
+                let n = lz4_flex::block::compress_into(logical, scratch).ok()?;
+                (BlockCompression::Lz4, n)
+            }
+            Compression::Zstd(level) => {
+                scratch.resize(zstd::zstd_safe::compress_bound(len), 0);
+                let n = ZSTD_COMPRESSOR.with_borrow_mut(|slot| {
+                    if slot.as_ref().is_none_or(|(l, _)| *l != level) {
+                        let compressor = zstd::bulk::Compressor::new(i32::from(level)).ok()?;
+                        *slot = Some((level, compressor));
+                    }
+                    let (_, compressor) = slot.as_mut()?;
+                    compressor.compress_to_buffer(logical, &mut scratch[..]).ok()
+                })?;
+                (BlockCompression::Zstd, n)
+            }
+        };
+        if written > room {
+            return None;
+        }
+        let stored = (COMPRESSED_HEADER_BYTES + written).div_ceil(unit) * unit;
+        let header = (written as u32).to_le_bytes();
+        let pieces = [(0, &header[..]), (COMPRESSED_HEADER_BYTES, &scratch[..written])];
+        Some((AlignedBuf::gathered(stored, pieces), alg))
+    })
+}
+
+/// The logical bytes of a block whose stored bytes `stored` passed `bp`'s checksum.
+pub fn decompress(bp: &BlockPointer, stored: &[u8]) -> Result<AlignedBuf, DecompressError> {
+    let want = bp.lsize_bytes() as usize;
+    if bp.compression == BlockCompression::None {
+        return Ok(AlignedBuf::copy_from(stored));
+    }
+    let claimed = stored
+        .get(..COMPRESSED_HEADER_BYTES)
+        .map_or(usize::MAX, |h| u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize);
+    let body = stored
+        .get(COMPRESSED_HEADER_BYTES..COMPRESSED_HEADER_BYTES.saturating_add(claimed))
+        .ok_or(DecompressError::BadLength { claimed, stored: stored.len() })?;
+    let mut out = AlignedBuf::zeroed(want);
+    let failed = |reason: String| DecompressError::Failed { alg: bp.compression, reason };
+    let got = match bp.compression {
+        BlockCompression::None => unreachable!("handled above"),
+        BlockCompression::Lz4 => {
+            lz4_flex::block::decompress_into(body, &mut out).map_err(|e| failed(e.to_string()))?
+        }
+        BlockCompression::Zstd => ZSTD_DECOMPRESSOR.with_borrow_mut(|slot| {
+            if slot.is_none() {
+                *slot = Some(zstd::bulk::Decompressor::new().map_err(|e| failed(e.to_string()))?);
+            }
+            let decompressor = slot.as_mut().expect("set above");
+            decompressor.decompress_to_buffer(body, &mut out[..]).map_err(|e| failed(e.to_string()))
+        })?,
+    };
+    if got != want {
+        return Err(DecompressError::WrongSize { got, want });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_format::{BlockKind, ChecksumAlg};
+
+    fn pointer(alg: BlockCompression, logical: usize, stored: &[u8]) -> BlockPointer {
+        let mut bp =
+            crate::pool::describe_block(0, 0, stored, logical as u64, BlockKind::Data, 0, 1, 1);
+        bp.compression = alg;
+        bp
+    }
+
+    #[test]
+    fn round_trip_each_algorithm() {
+        // Text-like data: compresses well.
+        let logical: Vec<u8> =
+            (0..16384u32).map(|i| b"sluice stores blocks "[(i % 21) as usize]).collect();
+        for property in [Compression::Lz4, Compression::Zstd(1), Compression::Zstd(19)] {
+            let (stored, alg) = compress(property, &logical, 4096).expect("compressible");
+            assert_eq!(stored.len(), 4096, "{property:?}: one allocation unit");
+            let bp = pointer(alg, logical.len(), &stored);
+            assert_eq!(&decompress(&bp, &stored).unwrap()[..], &logical[..]);
+            assert_eq!(bp.checksum, ChecksumAlg::Xxh3_128.compute(&stored));
+        }
+    }
+
+    #[test]
+    fn stored_as_is_unless_an_eighth_is_saved() {
+        // Random bytes do not compress.
+        let mut rng = fastrand::Rng::with_seed(7);
+        let random: Vec<u8> = (0..16384).map(|_| rng.u8(..)).collect();
+        assert!(compress(Compression::Lz4, &random, 4096).is_none());
+        assert!(compress(Compression::Zstd(3), &random, 4096).is_none());
+        // Half random, half zeros: 8 KiB + header rounds to 12 KiB of 16: saved a quarter.
+        let mut half = random.clone();
+        half[8192..].fill(0);
+        assert_eq!(compress(Compression::Lz4, &half, 4096).unwrap().0.len(), 12288);
+        // 15/16 random: rounding to 16 KiB saves nothing.
+        let mut most = random;
+        most[15360..].fill(0);
+        assert!(compress(Compression::Lz4, &most, 4096).is_none());
+        // A 4 KiB block on 4 KiB units can never save an eighth.
+        assert!(compress(Compression::Lz4, &[0u8; 4096], 4096).is_none());
+        assert!(compress(Compression::Off, &[0u8; 16384], 512).is_none());
+    }
+
+    #[test]
+    fn damaged_headers_are_errors_not_panics() {
+        let logical = vec![3u8; 16384];
+        let (stored, alg) = compress(Compression::Lz4, &logical, 512).unwrap();
+        let bp = pointer(alg, logical.len(), &stored);
+        let mut bad = stored.to_vec();
+        bad[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(decompress(&bp, &bad), Err(DecompressError::BadLength { .. })));
+        let mut bad = stored.to_vec();
+        bad[..4].copy_from_slice(&1u32.to_le_bytes());
+        assert!(decompress(&bp, &bad).is_err());
+        let mut wrong = bp;
+        wrong.lsize_sectors *= 2;
+        assert!(decompress(&wrong, &stored).is_err());
+    }
+}

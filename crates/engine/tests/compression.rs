@@ -1,0 +1,245 @@
+//! Compressed volumes: what is read back is what was written, through the cache and around it,
+//! across export and import, after partial overwrites of compressed blocks, and when one leg's
+//! copy is damaged; each volume's space figures match its tree (the audit checks them), and a
+//! block is stored compressed only when that saves an eighth.
+
+// Test helpers unwrap freely: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use sluice_engine::alloc::log_region_bytes;
+use sluice_engine::device::sim::Fault;
+use sluice_engine::device::{SimDevice, SimProfile};
+use sluice_engine::objset;
+use sluice_engine::pool::Pool;
+use sluice_engine::rt::Rng;
+use sluice_engine::tunables::Tunables;
+use sluice_engine::txg::{Store, VolumeProperty};
+use sluice_format::{data_end_bytes, BlockCompression, Compression, DATA_START_BYTES};
+use sluice_sim::Sim;
+
+const VOLUME_BYTES: u64 = 4 << 20;
+const LEG_BYTES: u64 = 64 << 20;
+const BLOCK: u32 = 16384;
+
+/// Volume contents of three kinds, 64 KiB each in turn: text-like (compresses well), random
+/// (does not), and half of each within every block (saves a quarter, rounded to 4 KiB).
+fn contents(seed: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    let words: [&[u8]; 6] = [b"volume ", b"block ", b"sluice ", b"pool ", b"txg ", b"log "];
+    let mut data = Vec::with_capacity(VOLUME_BYTES as usize);
+    while data.len() < VOLUME_BYTES as usize {
+        match data.len() / 65536 % 3 {
+            0 => data.extend_from_slice(words[rng.u64() as usize % words.len()]),
+            1 => data.push(rng.u64() as u8),
+            _ if data.len() % BLOCK as usize >= BLOCK as usize / 2 => data.push(0),
+            _ => data.push(rng.u64() as u8),
+        }
+    }
+    data.truncate(VOLUME_BYTES as usize);
+    data
+}
+
+/// A pool on two legs with volume "v" (compressed as asked) holding [`contents`], synced.
+fn setup(
+    seed: u64,
+    compression: Compression,
+    tunables: &Tunables,
+) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
+    let sim = Sim::new(seed);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
+    let specs = common::leaf_specs(&legs);
+    let data = contents(seed);
+    let (env, d, t) = (sim.env(), data.clone(), tunables.clone());
+    let store = sim
+        .run(async move {
+            let store = common::mirror_store(&env, specs, &t).await;
+            store.create_volume("v", VOLUME_BYTES, BLOCK).unwrap();
+            store.set_property("v", VolumeProperty::Compression(compression)).unwrap();
+            store.write("v", 0, &d).await.unwrap();
+            store.sync().await.unwrap();
+            Arc::new(store)
+        })
+        .unwrap()
+        .0;
+    (sim, legs, store, data)
+}
+
+fn uncached() -> Tunables {
+    Tunables::with([("cache.bytes_max", "0")]).unwrap()
+}
+
+/// How many of the volume's data blocks are stored with each algorithm.
+fn stored_as(sim: &Sim, store: &Arc<Store>) -> (u64, u64, u64) {
+    let s = Arc::clone(store);
+    sim.run(async move {
+        let entry = s.volume_info("v").unwrap();
+        let tree = objset::walk(s.pool(), entry.root, entry.levels).await.unwrap();
+        let (mut none, mut lz4, mut zstd) = (0, 0, 0);
+        for (level, _, bp) in tree {
+            if level > 0 {
+                continue;
+            }
+            match bp.compression {
+                BlockCompression::None => none += 1,
+                BlockCompression::Lz4 => lz4 += 1,
+                BlockCompression::Zstd => zstd += 1,
+            }
+            if bp.compression != BlockCompression::None {
+                assert!(bp.psize_bytes() <= bp.lsize_bytes() * 7 / 8, "saves an eighth");
+                assert_eq!(bp.psize_bytes() % 4096, 0, "whole allocation units");
+            }
+        }
+        (none, lz4, zstd)
+    })
+    .unwrap()
+    .0
+}
+
+fn audit_clean(sim: &Sim, store: &Arc<Store>) {
+    let s = Arc::clone(store);
+    let report = sim.run(async move { s.audit().await.unwrap() }).unwrap().0;
+    assert!(report.is_clean(), "audit: {:?}", report.problems);
+}
+
+#[test]
+fn each_algorithm_reads_back_what_was_written_across_import() {
+    for (seed, compression) in
+        [(1, Compression::Lz4), (2, Compression::Zstd(3)), (3, Compression::Zstd(19))]
+    {
+        let (sim, legs, store, data) = setup(seed, compression, &uncached());
+        let (none, lz4, zstd) = stored_as(&sim, &store);
+        let blocks = VOLUME_BYTES / u64::from(BLOCK);
+        assert_eq!(none + lz4 + zstd, blocks);
+        // Random thirds stay as they are; the others are compressed by the volume's algorithm.
+        let compressed = if compression == Compression::Lz4 { lz4 } else { zstd };
+        assert!(none >= blocks / 3 - 1 && none <= blocks / 3 + 1, "{compression:?}: {none}");
+        assert_eq!(compressed, blocks - none, "{compression:?}");
+        assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0), "{compression:?}");
+        audit_clean(&sim, &store);
+        let space = store.volume_info("v").unwrap().space.unwrap();
+        assert_eq!(space.logical_bytes, VOLUME_BYTES);
+        assert!(
+            space.physical_bytes < VOLUME_BYTES * 3 / 4,
+            "{compression:?}: {} stored",
+            space.physical_bytes
+        );
+        // Export and import: the same bytes and figures.
+        let store = Arc::try_unwrap(store).ok().unwrap();
+        let (env, specs) = (sim.env(), common::leaf_specs(&legs));
+        let store = sim
+            .run(async move {
+                store.export().await.unwrap();
+                let pool = Pool::import(&env, specs, "tank", &uncached()).await.unwrap();
+                Arc::new(Store::open(pool, &uncached()).await.unwrap())
+            })
+            .unwrap()
+            .0;
+        assert_eq!(store.volume_info("v").unwrap().space, Some(space));
+        assert_eq!(store.volume_info("v").unwrap().compression, compression);
+        assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0), "{compression:?}");
+        audit_clean(&sim, &store);
+    }
+}
+
+/// Partial writes into compressed blocks read the old block (decompressing it) to complete
+/// the new one; with the cache on and off; the figures follow overwrites, zeroes and a shrink.
+#[test]
+fn partial_overwrites_zeroes_and_shrinks_keep_data_and_figures() {
+    for tunables in [Tunables::default(), uncached()] {
+        let (sim, _legs, store, mut data) = setup(4, Compression::Lz4, &tunables);
+        let s = Arc::clone(&store);
+        let mut rng = Rng::new(9);
+        let mut writes = Vec::new();
+        for i in 0..40u64 {
+            let len = 512 * (1 + rng.u64() % 16);
+            let at = (rng.u64() % ((VOLUME_BYTES - len) / 512)) * 512;
+            let bytes: Vec<u8> = if i % 2 == 0 {
+                vec![i as u8; len as usize]
+            } else {
+                (0..len).map(|_| rng.u64() as u8).collect()
+            };
+            data[at as usize..][..len as usize].copy_from_slice(&bytes);
+            writes.push((at, bytes));
+        }
+        let zero_at = 5 * u64::from(BLOCK) + 1024;
+        data[zero_at as usize..][..3 * BLOCK as usize].fill(0);
+        sim.run(async move {
+            for (at, bytes) in writes {
+                s.write("v", at, &bytes).await.unwrap();
+            }
+            s.zero("v", zero_at, 3 * u64::from(BLOCK)).await.unwrap();
+            s.sync().await.unwrap();
+        })
+        .unwrap();
+        assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+        audit_clean(&sim, &store);
+        // Shrink to half: the figures lose the blocks cut off.
+        let before = store.volume_info("v").unwrap().space.unwrap();
+        let s = Arc::clone(&store);
+        sim.run(async move {
+            s.resize_volume("v", VOLUME_BYTES / 2).await.unwrap();
+            s.sync().await.unwrap();
+        })
+        .unwrap();
+        let after = store.volume_info("v").unwrap().space.unwrap();
+        assert!(
+            after.logical_bytes <= VOLUME_BYTES / 2
+                && after.referenced_bytes < before.referenced_bytes
+        );
+        assert_eq!(
+            common::read_all(&sim, &store, &data[..VOLUME_BYTES as usize / 2], BLOCK),
+            (0, 0)
+        );
+        audit_clean(&sim, &store);
+    }
+}
+
+/// Compression off, then on: blocks written before stay as they are and still read; the
+/// figures count both kinds.
+#[test]
+fn changing_the_property_applies_to_new_blocks() {
+    let (sim, _legs, store, data) = setup(5, Compression::Off, &uncached());
+    assert_eq!(stored_as(&sim, &store).1, 0);
+    store.set_property("v", VolumeProperty::Compression(Compression::Lz4)).unwrap();
+    let s = Arc::clone(&store);
+    let half = data[..VOLUME_BYTES as usize / 2].to_vec();
+    sim.run(async move {
+        s.write("v", 0, &half).await.unwrap();
+        s.sync().await.unwrap();
+    })
+    .unwrap();
+    let (none, lz4, _) = stored_as(&sim, &store);
+    assert!(lz4 > 0 && none > lz4, "{none} as they are, {lz4} lz4");
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+    audit_clean(&sim, &store);
+}
+
+/// One leg's copies of every block damaged: reads verify the stored (compressed) bytes, take
+/// the other leg's copy and heal; nothing wrong is returned, and a scrub then finds nothing.
+#[test]
+fn a_damaged_leg_heals_compressed_blocks() {
+    let (sim, legs, store, data) = setup(6, Compression::Zstd(3), &uncached());
+    let start = DATA_START_BYTES + log_region_bytes(data_end_bytes(LEG_BYTES) - DATA_START_BYTES);
+    let mut at = start;
+    while at < start + VOLUME_BYTES {
+        legs[0].inject(Fault::BitFlip { offset_bytes: at + 100, bit: 3 });
+        at += 4096;
+    }
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+    let s = Arc::clone(&store);
+    let (first, second) = sim
+        .run(async move {
+            let first = s.pool().scrub().await.unwrap();
+            let second = s.pool().scrub().await.unwrap();
+            (first, second)
+        })
+        .unwrap()
+        .0;
+    assert!(first.unrecoverable.is_empty(), "{first:?}");
+    assert!(second.errors == 0 && second.unrecoverable.is_empty(), "{second:?}");
+    audit_clean(&sim, &store);
+}
