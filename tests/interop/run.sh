@@ -221,9 +221,9 @@ EOF
 
 step "no space: every way a full pool refuses a write answers ENOSPC, and it still serves"
 # Two 64 MiB leaves (about 119 MiB of data space) under a 256 MiB volume: clients can ask for
-# more than the pool holds.
+# more than the pool holds (thin, and uncompressed: the fill bytes repeat and would compress).
 "$bin" pool create full "$work/full-a.img" "$work/full-b.img" --size 64M >/dev/null
-"$bin" vol create full/big --size 256M >/dev/null
+"$bin" vol create full/big --size 256M --sparse --compression off >/dev/null
 full_sock=$work/full.sock
 "$bin" serve full --socket "$full_sock" --listen none --dir "$work/full" >"$work/full.log" 2>&1 &
 server=$!

@@ -293,7 +293,7 @@ enum PoolCommand {
 
 #[derive(Subcommand)]
 enum VolCommand {
-    /// Create a sparse volume: `sluice vol create tank/vm1 --size 20G [--block-size 16K]
+    /// Create a volume: `sluice vol create tank/vm1 --size 20G [--sparse] [--block-size 16K]
     /// [--dedup on] [--sync standard] [--logbias latency] [--compression lz4]`.
     Create {
         spec: String,
@@ -319,6 +319,11 @@ enum VolCommand {
         /// stored compressed when that saves at least an eighth of its space.
         #[arg(long, value_parser = pools::parse_compression, default_value = "lz4")]
         compression: sluice_format::Compression,
+        /// Thin: take space only as blocks are written (writes may fail when the pool fills).
+        /// Without it the volume is thick, as `zfs create -V` makes it: its whole size (and
+        /// the indirect blocks above it) is set aside now, and refused if the pool cannot.
+        #[arg(long, short = 's')]
+        sparse: bool,
     },
     /// Set a volume property: `sluice vol set tank/vm1 sync=always`. dedup=off|on|verify
     /// and compression=off|lz4|zstd|zstd-N apply to blocks written from now on; sync=standard|always|disabled and
@@ -565,7 +570,8 @@ pub(crate) async fn run_pool_command(
         }
         Command::Pool { pool: PoolCommand::Stats { name } } => pools::stats(ctx, &name),
         Command::Vol {
-            vol: VolCommand::Create { spec, size, block_size, dedup, sync, logbias, compression },
+            vol:
+                VolCommand::Create { spec, size, block_size, dedup, sync, logbias, compression, sparse },
         } => {
             let properties = [
                 VolumeProperty::Dedup(dedup),
@@ -573,7 +579,7 @@ pub(crate) async fn run_pool_command(
                 VolumeProperty::LogBias(logbias),
                 VolumeProperty::Compression(compression),
             ];
-            pools::vol_create(ctx, &spec, size, block_size, &properties).await
+            pools::vol_create(ctx, &spec, size, block_size, !sparse, &properties).await
         }
         Command::Vol { vol: VolCommand::Set { spec, property } } => {
             pools::vol_set(ctx, &spec, &property).await

@@ -94,7 +94,8 @@ async fn default_store(env: &Env, options: &ServeOptions) -> anyhow::Result<Stor
     let pool = Pool::create(env, spec, &options.tunables).await?;
     pools::remember(&pool)?;
     let store = Store::create(pool, &options.tunables);
-    store.create_volume(DEFAULT_VOLUME, options.volume_bytes, 16 << 10)?;
+    // Thick, as `vol create` makes volumes by default.
+    store.create_volume_with(DEFAULT_VOLUME, options.volume_bytes, 16 << 10, true)?;
     store.sync().await?;
     eprintln!(
         "created pool {DEFAULT_POOL} (a mirror of {} and {}) with volume {DEFAULT_VOLUME} ({} bytes)",

@@ -57,7 +57,20 @@ fn pool_lifecycle() {
     ok(&cache, &["vol", "create", "tank/vm1", "--size", "16M", "--block-size", "4K"]);
     assert!(ok(&cache, &["vol", "list"]).contains("tank/vm1"));
     let scripted = ok(&cache, &["vol", "list", "-H"]);
-    assert!(scripted.starts_with("tank/vm1\t16777216\t0\t4096\tlz4\t1.00x\t"), "{scripted}");
+    // name, size, used, avail, refer, reserv, block, compression, ratio, dedup, sync, logbias
+    let fields: Vec<&str> = scripted.trim().split('\t').collect();
+    assert_eq!(fields.len(), 12, "{scripted}");
+    assert_eq!((fields[0], fields[1], fields[4]), ("tank/vm1", "16777216", "0"), "{scripted}");
+    // Thick by default: the whole size and the indirect blocks above it are set aside, and
+    // count as used.
+    let reserved: u64 = fields[5].parse().unwrap();
+    assert!(reserved > 16 << 20 && fields[2] == fields[5], "{scripted}");
+    assert_eq!((fields[6], fields[7], fields[8]), ("4096", "lz4", "1.00x"), "{scripted}");
+    // --sparse makes a thin one; a thick one the pool cannot set aside is refused, and says so.
+    ok(&cache, &["vol", "create", "tank/thin", "--size", "1G", "--sparse"]);
+    let refused = fails(&cache, &["vol", "create", "tank/thick", "--size", "1G"]);
+    assert!(refused.contains("set aside") && refused.contains("--sparse"), "{refused}");
+    ok(&cache, &["vol", "destroy", "tank/thin"]);
     let volume: serde_json::Value =
         serde_json::from_str(ok(&cache, &["vol", "list", "--json", "tank"]).trim()).unwrap();
     assert_eq!(

@@ -244,6 +244,16 @@ impl BlockPointer {
         if psize_sectors == 0 || lsize_sectors == 0 {
             return Err(FormatError::Invalid { what: WHAT, field: "size", value: 0 });
         }
+        let kind = BlockKind::decode(r.u8(OFF_KIND)?)?;
+        if compression != BlockCompression::None && kind != BlockKind::Data {
+            // Only data blocks are stored compressed; metadata readers take stored bytes as
+            // they are.
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                field: "compression of a block that is not data",
+                value: compression as u64,
+            });
+        }
         if compression != BlockCompression::None && psize_sectors >= lsize_sectors {
             // Stored compressed only when that saves space: anything else is damage.
             return Err(FormatError::Invalid {
@@ -259,7 +269,7 @@ impl BlockPointer {
             birth_txg: r.u64(OFF_BIRTH)?,
             checksum_alg: ChecksumAlg::decode(WHAT, r.u8(OFF_ALG)?)?,
             compression,
-            kind: BlockKind::decode(r.u8(OFF_KIND)?)?,
+            kind,
             level: r.u8(OFF_LEVEL)?,
             fill: r.u64(OFF_FILL)?,
             checksum: Checksum(r.bytes16(OFF_CHECKSUM)?),

@@ -25,8 +25,9 @@
 //!               zeros: empty), log header: chain_id u64 (0: no log), head_sequence u64,
 //!               replayed_record u64, claim_txg u64, head block pointer (128);
 //!               (V3) compression u8 (0 off, 1 lz4, 2..=20 zstd levels 1..19), reserved 7,
-//!               referenced_bytes u64 (allocated for the volume's tree), logical_bytes u64
-//!               and physical_bytes u64 (its data blocks before and after compression)
+//!               reservation_bytes u64 (0: thin), referenced_bytes u64 (allocated for the
+//!               volume's tree), logical_bytes u64 and physical_bytes u64 (its data blocks
+//!               before and after compression)
 //!      .      dedup table header (crate::ddt), 192 bytes: salt (32), bucket_bits u8,
 //!               levels u8, reserved 6, entries u64, references u64, allocated_bytes u64,
 //!               root block pointer (128; zeros: empty table)
@@ -57,8 +58,8 @@ const MAGIC: u64 = u64::from_le_bytes(*b"SLUICEDR");
 const HEADER_BYTES: usize = 40;
 const VOLUME_FIXED_BYTES: usize = 8 + 8 + 4 + 1 + 1 + 2;
 const LOG_HEADER_FIXED_BYTES: usize = 32;
-/// What V3 adds to each volume: compression, reserved, three space figures.
-const VOLUME_V3_BYTES: usize = 1 + 7 + 3 * 8;
+/// What V3 adds to each volume: compression, reserved, the reservation, three space figures.
+const VOLUME_V3_BYTES: usize = 1 + 7 + 4 * 8;
 /// Longest volume name.
 pub const VOLUME_NAME_BYTES_MAX: usize = 255;
 const WHAT: &str = "pool directory";
@@ -85,6 +86,9 @@ pub struct VolumeEntry {
     pub logbias: LogBias,
     /// How data blocks written from now on are compressed.
     pub compression: Compression,
+    /// Space set aside for the volume whatever else the pool holds (ZFS: `refreservation`);
+    /// 0 for a thin volume.
+    pub reservation_bytes: u64,
     /// What the volume's blocks take; `None` in a directory older than V3, until import has
     /// counted it.
     pub space: Option<VolumeSpace>,
@@ -98,8 +102,8 @@ pub struct VolumeSpace {
     pub referenced_bytes: u64,
     /// Logical size of its data blocks.
     pub logical_bytes: u64,
-    /// Stored size of its data blocks (after compression, before rounding to allocation
-    /// units).
+    /// Stored size of its data blocks (after compression, in whole allocation units, as
+    /// their `psize`).
     pub physical_bytes: u64,
 }
 
@@ -144,11 +148,24 @@ impl Compression {
         }
     }
 
-    fn encode(self) -> u8 {
+    /// Whether the value can be stored (a zstd level from 1 to 19).
+    pub fn is_valid(self) -> bool {
         match self {
-            Compression::Off => 0,
-            Compression::Lz4 => 1,
-            Compression::Zstd(level) => 1 + level,
+            Compression::Zstd(level) => (1..=Compression::ZSTD_LEVEL_MAX).contains(&level),
+            _ => true,
+        }
+    }
+
+    fn encode(self) -> Result<u8, FormatError> {
+        match self {
+            Compression::Off => Ok(0),
+            Compression::Lz4 => Ok(1),
+            Compression::Zstd(level) if self.is_valid() => Ok(1 + level),
+            Compression::Zstd(level) => Err(FormatError::Invalid {
+                what: WHAT,
+                field: "volume compression zstd level",
+                value: u64::from(level),
+            }),
         }
     }
 
@@ -392,17 +409,21 @@ impl PoolDirectory {
                     field: "volume space figures (not counted)",
                     value: volume.id,
                 })?;
-                w.u8(at, volume.compression.encode());
-                w.u64(at + 8, space.referenced_bytes);
-                w.u64(at + 16, space.logical_bytes);
-                w.u64(at + 24, space.physical_bytes);
+                w.u8(at, volume.compression.encode()?);
+                w.u64(at + 8, volume.reservation_bytes);
+                w.u64(at + 16, space.referenced_bytes);
+                w.u64(at + 24, space.logical_bytes);
+                w.u64(at + 32, space.physical_bytes);
                 at += VOLUME_V3_BYTES;
-            } else if volume.compression != Compression::Off || volume.space.is_some() {
+            } else if volume.compression != Compression::Off
+                || volume.space.is_some()
+                || volume.reservation_bytes != 0
+            {
                 // A V1 directory has no place for them: a pool written as V1 has no records.
                 return Err(FormatError::Invalid {
                     what: WHAT,
-                    field: "V1 volume compression",
-                    value: u64::from(volume.compression.encode()),
+                    field: "V1 volume compression, reservation or space figures",
+                    value: volume.id,
                 });
             }
         }
@@ -480,6 +501,7 @@ impl PoolDirectory {
                 sync,
                 logbias,
                 compression: Compression::Off,
+                reservation_bytes: 0,
                 space: None,
             });
             at += BLKPTR_BYTES;
@@ -506,22 +528,24 @@ impl PoolDirectory {
                 }),
             };
             at += LOG_HEADER_FIXED_BYTES + BLKPTR_BYTES;
-            let (compression, space) = if version >= FormatVersion::V3 {
+            let (compression, reservation, space) = if version >= FormatVersion::V3 {
                 let compression = Compression::decode(r.u8(at)?)?;
                 r.zeros(at + 1, 7)?;
                 let space = VolumeSpace {
-                    referenced_bytes: r.u64(at + 8)?,
-                    logical_bytes: r.u64(at + 16)?,
-                    physical_bytes: r.u64(at + 24)?,
+                    referenced_bytes: r.u64(at + 16)?,
+                    logical_bytes: r.u64(at + 24)?,
+                    physical_bytes: r.u64(at + 32)?,
                 };
+                let reservation = r.u64(at + 8)?;
                 at += VOLUME_V3_BYTES;
-                (compression, Some(space))
+                (compression, reservation, Some(space))
             } else {
-                (Compression::Off, None)
+                (Compression::Off, 0, None)
             };
             if let Some(volume) = volumes.last_mut() {
                 volume.log = log;
                 volume.compression = compression;
+                volume.reservation_bytes = reservation;
                 volume.space = space;
             }
         }

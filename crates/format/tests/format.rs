@@ -233,6 +233,7 @@ fn golden_directory() {
                 sync: SyncMode::Standard,
                 logbias: LogBias::Latency,
                 compression: Compression::Off,
+                reservation_bytes: 0,
                 space: None,
             },
             VolumeEntry {
@@ -247,6 +248,7 @@ fn golden_directory() {
                 sync: SyncMode::Standard,
                 logbias: LogBias::Latency,
                 compression: Compression::Off,
+                reservation_bytes: 0,
                 space: None,
             },
         ],
@@ -281,6 +283,7 @@ fn golden_directory() {
     // V3: each volume's compression and space figures.
     let mut v3 = v2.clone();
     v3.volumes[0].compression = Compression::Zstd(19);
+    v3.volumes[0].reservation_bytes = (1 << 30) + (17 << 20);
     v3.volumes[0].space = Some(VolumeSpace {
         referenced_bytes: 5 << 20,
         logical_bytes: 8 << 20,
@@ -329,6 +332,9 @@ fn compressed_block_pointer() {
     bp.psize_sectors = 8;
     let bytes = BlockPointer::encode(Some(&bp));
     assert_eq!(BlockPointer::decode(&bytes).unwrap(), Some(bp));
+    let mut indirect = bp;
+    indirect.kind = BlockKind::Indirect;
+    assert!(BlockPointer::decode(&BlockPointer::encode(Some(&indirect))).is_err());
     bp.psize_sectors = 32;
     let bytes = BlockPointer::encode(Some(&bp));
     assert!(BlockPointer::decode(&bytes).is_err());
@@ -603,6 +609,7 @@ fn volume_properties_byte() {
         sync: SyncMode::Disabled,
         logbias: LogBias::Throughput,
         compression: Compression::Off,
+        reservation_bytes: 0,
         space: None,
     };
     let dir = PoolDirectory { volumes: vec![volume], ..PoolDirectory::default() };

@@ -147,13 +147,83 @@ pub(super) fn check_volume_name(name: &str) -> Result<(), StoreError> {
     }
 }
 
+impl Dataset {
+    /// Reserved bytes the volume has not used yet (ZFS: `usedbyrefreservation`): its
+    /// reservation less what its tree takes and what it has dirty.
+    pub(super) fn unused_reservation(&self) -> u64 {
+        let volume = self.state.lock();
+        let used = volume.entry.space.map_or(0, |s| s.referenced_bytes);
+        let dirty = self.dirty_bytes.load(Ordering::Relaxed);
+        volume.entry.reservation_bytes.saturating_sub(used.saturating_add(dirty))
+    }
+}
+
 impl Store {
-    /// Creates a volume; it is durable once the next sync completes.
+    /// Creates a thin volume (blocks take space as they are written); it is durable once the
+    /// next sync completes.
     pub fn create_volume(
         &self,
         name: &str,
         size_bytes: u64,
         block_bytes: u32,
+    ) -> Result<(), StoreError> {
+        self.create_volume_with(name, size_bytes, block_bytes, false)
+    }
+
+    /// What a thick volume of `size_bytes` in blocks of `block_bytes` sets aside (ZFS:
+    /// `zvol_volsize_to_reservation`): every data block, and every indirect block above
+    /// them with each of its copies, in whole allocation units.
+    pub fn thick_reservation(&self, size_bytes: u64, block_bytes: u32) -> u64 {
+        let unit = 1u64 << self.pool.ashift();
+        let whole = |bytes: u64| bytes.div_ceil(unit) * unit;
+        let blocks = size_bytes / u64::from(block_bytes);
+        let (mut indirect, mut level) = (0, blocks);
+        while level > 1 {
+            level = level.div_ceil(objset::INDIRECT_BPS);
+            indirect += level;
+        }
+        let copies = self.pool.metadata_copies().max(1) as u64;
+        blocks * whole(u64::from(block_bytes))
+            + indirect * copies * whole(objset::INDIRECT_BYTES as u64)
+    }
+
+    /// Bytes that could still be set aside: free space beyond the slop, what the open and
+    /// syncing txgs will write, and every volume's unused reservation.
+    fn reservable_bytes(&self, state: &super::State) -> u64 {
+        let reserved: u64 = state.volumes.values().map(|d| d.unused_reservation()).sum();
+        let dirty = state.dirty_bytes + state.dirty_metadata_bytes + state.syncing_bytes;
+        let allocator = self.allocator.lock();
+        allocator
+            .free_bytes()
+            .saturating_sub(allocator.slop_bytes())
+            .saturating_sub(dirty)
+            .saturating_sub(reserved)
+    }
+
+    /// Bytes a volume could still be given (ZFS: `avail`): what the pool can still set aside,
+    /// plus the volume's own unused reservation. `None` for the pool as a whole.
+    pub fn available_bytes(&self, volume: Option<&str>) -> Result<u64, StoreError> {
+        let state = self.state.lock();
+        let own = match volume {
+            Some(name) => state
+                .volumes
+                .get(name)
+                .ok_or_else(|| self.no_such_volume(name))?
+                .unused_reservation(),
+            None => 0,
+        };
+        Ok(self.reservable_bytes(&state) + own)
+    }
+
+    /// Creates a volume, thick (its whole size set aside at once, as `zfs create -V` does,
+    /// so its writes never fail for space however full the pool gets) or thin. A thick volume
+    /// larger than the space that can still be set aside is refused.
+    pub fn create_volume_with(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_bytes: u32,
+        thick: bool,
     ) -> Result<(), StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a volume create");
@@ -177,6 +247,17 @@ impl Store {
                 volume: name.to_owned(),
             });
         }
+        let reservation_bytes =
+            if thick { self.thick_reservation(size_bytes, block_bytes) } else { 0 };
+        let available = self.reservable_bytes(&state);
+        if reservation_bytes > available {
+            return Err(StoreError::NoSpaceToReserve {
+                pool: self.pool.name().to_owned(),
+                volume: name.to_owned(),
+                needed_bytes: reservation_bytes,
+                available_bytes: available,
+            });
+        }
         let id = state.next_volume_id;
         let log = self.new_log(id)?;
         state.next_volume_id += 1;
@@ -193,6 +274,7 @@ impl Store {
             sync: SyncMode::Standard,
             logbias: LogBias::Latency,
             compression: Compression::default(),
+            reservation_bytes,
             space: Some(VolumeSpace::default()),
         };
         state.volumes.insert(name.to_owned(), Dataset::new(entry, Some(log), &self.limits));
@@ -210,6 +292,17 @@ impl Store {
     pub fn set_property(&self, name: &str, property: VolumeProperty) -> Result<(), StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a property change");
+        if let VolumeProperty::Compression(compression) = property {
+            if !compression.is_valid() {
+                return Err(StoreError::InvalidProperty {
+                    volume: name.to_owned(),
+                    reason: format!(
+                        "compression {compression:?}: zstd levels go from 1 to {}",
+                        Compression::ZSTD_LEVEL_MAX
+                    ),
+                });
+            }
+        }
         let state = self.state.lock();
         let dataset = state.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?;
         let entry = &mut dataset.state.lock().entry;
@@ -287,6 +380,28 @@ impl Store {
             {
                 continue;
             }
+            // A thick volume's reservation follows its size (ZFS does so while refreservation
+            // is the volume's own); a grow must find the space first.
+            let reservation = if volume.entry.reservation_bytes == 0 {
+                0
+            } else {
+                self.thick_reservation(size_bytes, dataset.block_bytes)
+            };
+            if reservation > volume.entry.reservation_bytes {
+                drop(volume);
+                let available = self.reservable_bytes(&_state);
+                volume = dataset.state.lock();
+                let more = reservation - volume.entry.reservation_bytes;
+                if more > available {
+                    return Err(StoreError::NoSpaceToReserve {
+                        pool: self.pool.name().to_owned(),
+                        volume: name.to_owned(),
+                        needed_bytes: more,
+                        available_bytes: available,
+                    });
+                }
+            }
+            volume.entry.reservation_bytes = reservation;
             if shrinks {
                 volume.open.retain(|&index, _| index < new_blocks);
                 // The syncing txg stores its blocks past the end; the next sync frees them.

@@ -83,15 +83,33 @@ impl Store {
         // need whole free ranges of their size, which a pool full of 4 KiB holes lacks even
         // with bytes to spare, so their estimate is also checked against the free space in
         // ranges that can hold them, less part of the slop (space maps, the directory).
+        //
+        // Space other volumes have reserved and not used is not there to take. A thick volume
+        // (one with a reservation) may go into the slop down to a quarter of it: overwriting
+        // its blocks needs new space before the old comes back, and without this a pool that
+        // thin volumes filled would refuse the writes it promised (ZFS keeps its slop for the
+        // same kind of need).
         if check_space {
-            let dedup = dataset.state.lock().entry.dedup != sluice_format::DedupMode::Off;
+            let (dedup, thick) = {
+                let volume = dataset.state.lock();
+                (
+                    volume.entry.dedup != sluice_format::DedupMode::Off,
+                    volume.entry.reservation_bytes > 0,
+                )
+            };
             let mut waited = 0;
             loop {
                 // One lock at a time: the lock order is state -> allocator.
-                let (dirty, metadata) = {
+                let (dirty, metadata, reserved) = {
                     let state = self.state.lock();
                     let metadata = state.dirty_metadata_bytes + state.syncing_metadata_bytes;
-                    (state.dirty_bytes + state.dirty_metadata_bytes + state.syncing_bytes, metadata)
+                    let reserved: u64 = (state.volumes.values())
+                        .filter(|d| d.id != dataset.id)
+                        .map(|d| d.unused_reservation())
+                        .sum();
+                    let dirty =
+                        state.dirty_bytes + state.dirty_metadata_bytes + state.syncing_bytes;
+                    (dirty, metadata, reserved)
                 };
                 // Room a sync needs to rewrite the dedup table, kept beyond the slop (taken
                 // before the allocator: the lock order is dedup table -> allocator).
@@ -101,7 +119,9 @@ impl Store {
                 let (usable, room, deferred) = {
                     let allocator = self.allocator.lock();
                     let slop = allocator.slop_bytes();
-                    let usable = allocator.free_bytes().saturating_sub(slop + ddt_reserve);
+                    let kept = if thick { slop / 4 } else { slop };
+                    let usable =
+                        allocator.free_bytes().saturating_sub(kept + ddt_reserve + reserved);
                     let room =
                         allocator.metadata_room_bytes().saturating_sub(slop / 4 + ddt_reserve);
                     (usable, room, allocator.deferred_bytes())

@@ -93,6 +93,14 @@ pub enum StoreError {
     #[error("pool {pool}: no space for {requested_bytes} more bytes; trim or delete data, or add a vdev")]
     NoSpace { pool: String, requested_bytes: u64 },
     #[error(
+        "pool {pool}: volume {volume} needs {needed_bytes} bytes set aside, and only \
+         {available_bytes} are free beyond what other volumes have reserved; make it smaller, \
+         create it --sparse (thin: its writes may then fail when the pool fills), or free space"
+    )]
+    NoSpaceToReserve { pool: String, volume: String, needed_bytes: u64, available_bytes: u64 },
+    #[error("volume {volume}: {reason}")]
+    InvalidProperty { volume: String, reason: String },
+    #[error(
         "pool {pool} is suspended: {cause}; nothing more is written to it. Stop serving it and \
          import it again, which returns it to the last synced txg and replays the intent log"
     )]
@@ -136,8 +144,9 @@ impl StoreError {
             | StoreError::InvalidBlockSize { .. }
             | StoreError::InvalidSize { .. }
             | StoreError::OutOfRange { .. }
-            | StoreError::ScanRefused { .. } => ErrorKind::Invalid,
-            StoreError::NoSpace { .. } => ErrorKind::NoSpace,
+            | StoreError::ScanRefused { .. }
+            | StoreError::InvalidProperty { .. } => ErrorKind::Invalid,
+            StoreError::NoSpace { .. } | StoreError::NoSpaceToReserve { .. } => ErrorKind::NoSpace,
             StoreError::Suspended { .. } => ErrorKind::Suspended,
             StoreError::DamagedTxg { .. } | StoreError::NoIntactTxg { .. } => ErrorKind::Checksum,
             StoreError::UnreadableLog { .. } => ErrorKind::Io,

@@ -64,6 +64,10 @@ pub struct ImportReport {
     pub records_to_replay: u64,
     /// Logs cut short at an unreadable block ([`ImportOptions::discard_unreadable_log`]).
     pub lost_logs: Vec<LostLog>,
+    /// Volumes of a pool written before space figures were kept whose figures were counted
+    /// past indirect blocks that could not be read: (volume, blocks skipped). Their used
+    /// bytes show low.
+    pub space_counted_short: Vec<(String, u64)>,
 }
 
 /// A rewind past damaged txgs.
@@ -141,7 +145,7 @@ impl Store {
             return Ok((Store::create(pool, tunables), report));
         }
         let loaded = load(&pool, options).await;
-        let Loaded { uberblock, directory, allocator, chains, log_stats, report } = loaded?;
+        let Loaded { uberblock, directory, allocator, chains, log_stats, mut report } = loaded?;
         if report.rewound.is_some() {
             pool.rewind_to(uberblock).await?;
         }
@@ -164,7 +168,12 @@ impl Store {
             }
             // A pool written before the figures were kept: count them once, from the tree.
             if entry.space.is_none() {
-                entry.space = Some(objset::count_space(&pool, entry.root, entry.levels).await?);
+                let (space, unreadable) =
+                    objset::count_space(&pool, entry.root, entry.levels).await?;
+                if unreadable > 0 {
+                    report.space_counted_short.push((entry.name.clone(), unreadable));
+                }
+                entry.space = Some(space);
             }
             volumes.insert(entry.name.clone(), Dataset::new(entry, None, &limits));
         }

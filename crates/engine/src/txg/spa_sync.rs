@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use sluice_format::{
-    BlockKind, BlockPointer, DdtHeader, DedupMode, DirectoryRecords, Dva, LogHeader, PoolDirectory,
-    SpaceMap, VolumeEntry, VolumeSpace, DVAS_MAX,
+    BlockCompression, BlockKind, BlockPointer, Compression, DdtHeader, DedupMode, DirectoryRecords,
+    Dva, LogHeader, PoolDirectory, SpaceMap, VolumeEntry, VolumeSpace, DVAS_MAX,
 };
 
 use super::dbuf::{Block, Prewritten};
@@ -234,42 +234,46 @@ impl Store {
                     .try_chunks(per_span)
                     .map_err(|futures::stream::TryChunksError(_, e)| e)
                     .map_ok(|chunk| async move {
-                        let mut data = Vec::with_capacity(chunk.len());
+                        let mut plain = Vec::with_capacity(chunk.len());
                         // Blocks an indirect log record already wrote where they belong are
                         // linked, not written again (ZFS: dbuf_sync_leaf's override).
                         let mut linked: Vec<(u64, BlockPointer)> = Vec::new();
                         for (index, block) in &chunk {
-                            if let Block::Data(bytes) = block {
-                                let same =
-                                    prewritten.get(index).filter(|p| Arc::ptr_eq(&p.data, bytes));
-                                if let Some(p) = same {
-                                    if p.write.clone().await {
-                                        linked.push((*index, p.bp));
-                                        continue;
-                                    }
-                                }
-                            }
                             match block {
                                 Block::Data(bytes) => {
-                                    let (stored, compressed) =
-                                        match compress(compression, bytes, unit) {
-                                            Some((stored, alg)) => {
-                                                (Arc::new(stored), Some((alg, Arc::clone(bytes))))
-                                            }
-                                            None => (Arc::clone(bytes), None),
-                                        };
-                                    data.push(objset::NewBlock {
-                                        bytes: stored,
-                                        kind: BlockKind::Data,
-                                        level: 0,
-                                        fill: 1,
-                                        compressed,
-                                    })
+                                    let same = prewritten
+                                        .get(index)
+                                        .filter(|p| Arc::ptr_eq(&p.data, bytes));
+                                    if let Some(p) = same {
+                                        if p.write.clone().await {
+                                            linked.push((*index, p.bp));
+                                            continue;
+                                        }
+                                    }
+                                    plain.push(Arc::clone(bytes));
                                 }
                                 Block::Zero => {}
                                 Block::Patched(_) => unreachable!("patches are completed above"),
                             }
                         }
+                        let compressed = self.compress_blocks(compression, unit, &plain).await;
+                        let data = plain
+                            .into_iter()
+                            .zip(compressed)
+                            .map(|(bytes, compressed)| {
+                                let (stored, compressed) = match compressed {
+                                    Some((stored, alg)) => (Arc::new(stored), Some((alg, bytes))),
+                                    None => (bytes, None),
+                                };
+                                objset::NewBlock {
+                                    bytes: stored,
+                                    kind: BlockKind::Data,
+                                    level: 0,
+                                    fill: 1,
+                                    compressed,
+                                }
+                            })
+                            .collect();
                         let mut bps = objset::write_blocks(ctx, data, AllocClass::Reserved)
                             .await?
                             .into_iter();
@@ -674,6 +678,28 @@ impl Store {
         };
         let base = base.as_ref().map(|b| &b[..block_bytes]);
         Ok((index, Block::Data(Arc::new(patch.apply(base)))))
+    }
+
+    /// Compresses `blocks` as `compression` asks (`None` for each one stored as it is), in a
+    /// task of its own: the sync's chunks then compress on every runtime thread instead of
+    /// one after another on the sync's (zstd at high levels takes milliseconds per block).
+    async fn compress_blocks(
+        &self,
+        compression: Compression,
+        unit: u64,
+        blocks: &[Arc<AlignedBuf>],
+    ) -> Vec<Option<(AlignedBuf, BlockCompression)>> {
+        if compression == Compression::Off || blocks.is_empty() {
+            return blocks.iter().map(|_| None).collect();
+        }
+        let (tx, rx) = futures::channel::oneshot::channel();
+        let owned: Vec<Arc<AlignedBuf>> = blocks.to_vec();
+        self.pool.env().spawn("compress", async move {
+            let _ = tx.send(owned.iter().map(|b| compress(compression, b, unit)).collect());
+        });
+        // A task that ended without an answer leaves the blocks as they are: stored larger,
+        // never wrong.
+        rx.await.unwrap_or_else(|_| blocks.iter().map(|_| None).collect())
     }
 
     /// Writes one block of a dedup volume through the table, in a task of its own.

@@ -1,0 +1,128 @@
+//! Thick and thin volumes (ZFS: `refreservation`): a thick volume's writes, first writes and
+//! overwrites alike, never fail for space however full thin volumes make the pool; the thin
+//! one that fills it is refused; a thick volume (or a grow of one) that the pool cannot set
+//! aside is refused; the reservation survives export and import; the audit balances throughout.
+
+// Test helpers unwrap freely: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use sluice_engine::device::SimProfile;
+use sluice_engine::pool::Pool;
+use sluice_engine::rt::Rng;
+use sluice_engine::tunables::Tunables;
+use sluice_engine::txg::{Store, StoreError, VolumeProperty};
+use sluice_format::Compression;
+use sluice_sim::Sim;
+
+const LEG_BYTES: u64 = 64 << 20;
+const THICK_BYTES: u64 = 16 << 20;
+const CHUNK: usize = 1 << 20;
+
+fn random(rng: &mut Rng, len: usize) -> Vec<u8> {
+    (0..len).map(|_| rng.u64() as u8).collect()
+}
+
+async fn audit_clean(store: &Store) {
+    let report = store.audit().await.unwrap();
+    assert!(report.is_clean(), "audit: {:?}", report.problems);
+}
+
+#[test]
+fn a_thick_volume_writes_into_a_pool_thin_volumes_filled() {
+    let sim = Sim::new(11);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
+    let specs = common::leaf_specs(&legs);
+    let env = sim.env();
+    let tunables = Tunables::default();
+    let (written_by_thin, overwrites) = sim
+        .run(async move {
+            let store = common::mirror_store(&env, specs, &tunables).await;
+            store.create_volume_with("thick", THICK_BYTES, 16384, true).unwrap();
+            store.create_volume("thin", 256 << 20, 16384).unwrap();
+            // Random bytes: compression saves nothing, so the figures are the worst case.
+            for volume in ["thick", "thin"] {
+                store.set_property(volume, VolumeProperty::Compression(Compression::Off)).unwrap();
+            }
+            let reserved = store.volume_info("thick").unwrap().reservation_bytes;
+            assert!(reserved > THICK_BYTES, "data and indirect blocks: {reserved}");
+            let mut rng = Rng::new(3);
+            // The thin volume fills the pool before the thick one has written anything.
+            let mut at = 0u64;
+            let refused = loop {
+                match store.write("thin", at, &random(&mut rng, CHUNK)).await {
+                    Ok(_) => at += CHUNK as u64,
+                    Err(error) => break error,
+                }
+                store.sync().await.unwrap();
+            };
+            assert!(matches!(refused, StoreError::NoSpace { .. }), "{refused}");
+            // The space held back for the thick volume is what the thin one could not take.
+            assert!(store.available_bytes(Some("thin")).unwrap() < CHUNK as u64);
+            assert!(store.available_bytes(Some("thick")).unwrap() >= THICK_BYTES);
+            // Every block of the thick volume, then three overwrites of all of it.
+            let mut overwrites = 0;
+            for pass in 0..4 {
+                for at in (0..THICK_BYTES).step_by(CHUNK) {
+                    store.write("thick", at, &random(&mut rng, CHUNK)).await.unwrap_or_else(|e| {
+                        panic!("pass {pass}: write at {at} of the thick volume: {e}")
+                    });
+                    overwrites += u64::from(pass > 0);
+                }
+                store.sync().await.unwrap();
+            }
+            // The thin volume is still refused.
+            assert!(store.write("thin", at, &random(&mut rng, CHUNK)).await.is_err());
+            audit_clean(&store).await;
+            (at, overwrites)
+        })
+        .unwrap()
+        .0;
+    assert!(written_by_thin > 32 << 20, "the thin volume wrote {written_by_thin} bytes");
+    assert_eq!(overwrites, 3 * THICK_BYTES / CHUNK as u64);
+}
+
+#[test]
+fn reservations_the_pool_cannot_hold_are_refused_and_survive_import() {
+    let sim = Sim::new(12);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    let env2 = env.clone();
+    sim.run(async move {
+        let tunables = Tunables::default();
+        let store = common::mirror_store(&env, specs, &tunables).await;
+        // More than the pool holds: refused, and nothing is created.
+        let refused = store.create_volume_with("huge", 96 << 20, 16384, true).unwrap_err();
+        assert!(matches!(refused, StoreError::NoSpaceToReserve { .. }), "{refused}");
+        assert!(store.volume_info("huge").is_none());
+        // Thin, the same size is accepted.
+        store.create_volume("huge", 96 << 20, 16384).unwrap();
+        // Two thick volumes that fit one at a time but not together.
+        let half = store.available_bytes(None).unwrap() * 3 / 5 / 16384 * 16384;
+        store.create_volume_with("a", half, 16384, true).unwrap();
+        assert!(store.create_volume_with("b", half, 16384, true).is_err());
+        // A grow past what is free is refused and leaves the volume as it was; a shrink
+        // gives the reservation back.
+        assert!(store.resize_volume("a", half * 2).await.is_err());
+        assert_eq!(store.volume_info("a").unwrap().size_bytes, half);
+        let before = store.volume_info("a").unwrap().reservation_bytes;
+        store.resize_volume("a", half / 2).await.unwrap();
+        let after = store.volume_info("a").unwrap().reservation_bytes;
+        assert!(after < before && after >= half / 2, "{before} -> {after}");
+        store.create_volume_with("b", half / 2, 16384, true).unwrap();
+        store.sync().await.unwrap();
+        store.export().await.unwrap();
+        let specs = common::leaf_specs(&legs);
+        let pool = Pool::import(&env2, specs, "tank", &tunables).await.unwrap();
+        let store = Arc::new(Store::open(pool, &tunables).await.unwrap());
+        assert_eq!(store.volume_info("a").unwrap().reservation_bytes, after);
+        assert_eq!(store.volume_info("huge").unwrap().reservation_bytes, 0);
+        assert!(store.create_volume_with("c", half, 16384, true).is_err());
+        audit_clean(&store).await;
+    })
+    .unwrap();
+}
