@@ -64,7 +64,31 @@ step "control socket: commands reach the running server"
 "$bin" vol create sluice/extra --size 64M >/dev/null
 nbdinfo --list "nbd+unix://?socket=$sock" | grep -q 'export="extra"' || fail "a volume created while serving is not exported"
 "$bin" vol list | grep -q "sluice/extra" || fail "vol list does not show the new volume"
-"$bin" vol destroy sluice/extra >/dev/null
+# A rename while a client holds the volume: the client keeps it, new clients use the new name.
+/usr/bin/python3 - "$bin" "$sock" <<'EOF' || fail "vol rename of a served volume"
+import subprocess, sys, nbd
+binary, sock = sys.argv[1:]
+h = nbd.NBD()
+h.connect_uri(f"nbd+unix:///extra?socket={sock}")
+h.pwrite(b"\x5a" * 65536, 0)
+h.flush()
+subprocess.run([binary, "vol", "rename", "sluice/extra", "sluice/renamed"], check=True,
+               stdout=subprocess.DEVNULL)
+h.pwrite(b"\x6b" * 4096, 4096)
+h.flush()
+g = nbd.NBD()
+g.connect_uri(f"nbd+unix:///renamed?socket={sock}")
+data = g.pread(65536, 0)
+assert data[:4096] == b"\x5a" * 4096 and data[4096:8192] == b"\x6b" * 4096, "renamed volume lost data"
+old = nbd.NBD()
+try:
+    old.connect_uri(f"nbd+unix:///extra?socket={sock}")
+    raise SystemExit("the old name is still exported after a rename")
+except nbd.Error:
+    pass
+EOF
+"$bin" vol get sluice/renamed compression -H | grep -q "compression.lz4" || fail "vol get through the server"
+"$bin" vol destroy sluice/renamed >/dev/null
 if "$bin" pool export sluice 2>/dev/null; then fail "pool export of a served pool was not refused"; fi
 
 step "pool iostat: counts what clients asked of a volume"

@@ -1,5 +1,5 @@
 //! The control socket of `sluice serve`: while a pool is served, its leaves are locked by the
-//! server, so `sluice pool status|scrub` and `sluice vol create|list|set|resize|destroy` naming that
+//! server, so `sluice pool status|scrub` and `sluice vol create|list|get|set|rename|resize|destroy` naming that
 //! pool are sent to the server, which runs them against its live store (a volume created this
 //! way is exported at once) and sends back their output. `sluice pool iostat` sends the hidden
 //! `pool stats` for the live counters (crate::iostat).

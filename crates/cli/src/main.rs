@@ -341,6 +341,20 @@ enum VolCommand {
     },
     /// Destroy a volume and free its space.
     Destroy { spec: String },
+    /// Rename a volume within its pool: `sluice vol rename tank/vm1 tank/web` (or just `web`).
+    /// Clients connected to it keep it; new ones use the new export name.
+    Rename { spec: String, to: String },
+    /// Show a volume's properties and space, one per line (zfs get): all, or the ones named.
+    Get {
+        spec: String,
+        properties: Vec<String>,
+        /// For scripts: no header, fields separated by tabs, sizes in bytes.
+        #[arg(short = 'H')]
+        scripted: bool,
+        /// One JSON object with every property.
+        #[arg(long, conflicts_with = "scripted")]
+        json: bool,
+    },
     /// Grow or shrink a volume; shrinking discards the data past the new end.
     Resize {
         spec: String,
@@ -588,12 +602,18 @@ pub(crate) async fn run_pool_command(
             pools::vol_list(ctx, &pools, scripted, json).await
         }
         Command::Vol { vol: VolCommand::Destroy { spec } } => pools::vol_destroy(ctx, &spec).await,
+        Command::Vol { vol: VolCommand::Rename { spec, to } } => {
+            pools::vol_rename(ctx, &spec, &to).await
+        }
+        Command::Vol { vol: VolCommand::Get { spec, properties, scripted, json } } => {
+            pools::vol_get(ctx, &spec, &properties, scripted, json).await
+        }
         Command::Vol { vol: VolCommand::Resize { spec, size } } => {
             pools::vol_resize(ctx, &spec, size).await
         }
         _ => anyhow::bail!(
             "only pool status|list|stats|scrub|offline|online|clear|attach|detach|replace and \
-             vol create|list|set|resize|destroy run on a served pool"
+             vol create|list|get|set|rename|resize|destroy run on a served pool"
         ),
     }
 }
@@ -770,6 +790,8 @@ fn run(
                 VolCommand::Create { spec, .. }
                 | VolCommand::Set { spec, .. }
                 | VolCommand::Destroy { spec }
+                | VolCommand::Rename { spec, .. }
+                | VolCommand::Get { spec, .. }
                 | VolCommand::Resize { spec, .. } => {
                     let pool = spec.split_once('/').map_or(spec.as_str(), |(p, _)| p).to_owned();
                     per_pool(&env, &pool, args).await

@@ -1322,6 +1322,98 @@ pub async fn vol_destroy(ctx: &mut Ctx<'_>, spec: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+pub async fn vol_rename(ctx: &mut Ctx<'_>, spec: &str, to: &str) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let new = match to.split_once('/') {
+        Some((other, _)) if other != pool => anyhow::bail!(
+            "{to} is in pool {other}, {spec} in pool {pool}; a volume is renamed within its pool"
+        ),
+        Some((_, name)) => name,
+        None => to,
+    };
+    let store = ctx.hold(pool).await?;
+    store.rename_volume(volume, new).await?;
+    store.release().await?;
+    ctx.say(format!("renamed volume {spec} to {pool}/{new}"));
+    Ok(())
+}
+
+/// `vol get POOL/VOL [PROPERTY...] [-H | --json]`: every property, or the ones named.
+pub async fn vol_get(
+    ctx: &mut Ctx<'_>,
+    spec: &str,
+    wanted: &[String],
+    scripted: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let store = ctx.hold(pool).await?;
+    let entry = store.volume_info(volume).ok_or_else(|| {
+        anyhow::anyhow!("volume {spec} does not exist; `sluice vol list {pool}` shows the volumes")
+    })?;
+    let available = store.available_bytes(Some(volume))?;
+    store.release().await?;
+    let space = entry.space.unwrap_or_default();
+    let bytes = |b: u64| if scripted || json { b.to_string() } else { human(b) };
+    let all: Vec<(&str, String)> = vec![
+        ("volsize", bytes(entry.size_bytes)),
+        ("volblocksize", bytes(u64::from(entry.block_bytes))),
+        ("used", bytes(space.referenced_bytes.max(entry.reservation_bytes))),
+        ("available", bytes(available)),
+        ("referenced", bytes(space.referenced_bytes)),
+        ("logicalreferenced", bytes(space.logical_bytes)),
+        (
+            "refreservation",
+            if entry.reservation_bytes == 0 {
+                "none".into()
+            } else {
+                bytes(entry.reservation_bytes)
+            },
+        ),
+        ("compression", entry.compression.name()),
+        ("compressratio", format!("{:.2}x", compress_ratio(&space))),
+        ("dedup", entry.dedup.name().to_owned()),
+        ("sync", entry.sync.name().to_owned()),
+        ("logbias", entry.logbias.name().to_owned()),
+    ];
+    for name in wanted {
+        if !all.iter().any(|(p, _)| p == name) {
+            let names: Vec<&str> = all.iter().map(|(p, _)| *p).collect();
+            anyhow::bail!(
+                "volume property {name:?} does not exist; the properties are {}",
+                names.join(", ")
+            );
+        }
+    }
+    // In the order asked for, as zfs get prints them.
+    let shown: Vec<(&str, String)> = if wanted.is_empty() {
+        all
+    } else {
+        wanted.iter().filter_map(|w| all.iter().find(|(p, _)| p == w).cloned()).collect()
+    };
+    if json {
+        let mut object = serde_json::Map::new();
+        object.insert("name".into(), spec.into());
+        for (property, value) in shown {
+            let value = value.parse::<u64>().map_or(serde_json::Value::from(value), Into::into);
+            object.insert(property.into(), value);
+        }
+        ctx.say(serde_json::Value::Object(object).to_string());
+        return Ok(());
+    }
+    if !scripted {
+        ctx.say(format!("{:<24} {:<18} {}", "NAME", "PROPERTY", "VALUE"));
+    }
+    for (property, value) in shown {
+        ctx.say(if scripted {
+            format!("{spec}\t{property}\t{value}")
+        } else {
+            format!("{spec:<24} {property:<18} {value}")
+        });
+    }
+    Ok(())
+}
+
 pub async fn vol_resize(ctx: &mut Ctx<'_>, spec: &str, size: u64) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
     let store = ctx.hold(pool).await?;

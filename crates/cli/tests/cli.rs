@@ -84,6 +84,14 @@ fn pool_lifecycle() {
     assert!(ok(&cache, &["vol", "list", "-H"]).contains("\tzstd-7\t"));
     let refused = fails(&cache, &["vol", "set", "tank/vm1", "compression=gzip"]);
     assert!(refused.contains("zstd-1 to zstd-19"), "{refused}");
+    // Rename within the pool (by full name or the new name alone); vol get names properties in
+    // the order asked, and refuses unknown ones with the list.
+    ok(&cache, &["vol", "rename", "tank/vm1", "tank/web"]);
+    ok(&cache, &["vol", "rename", "tank/web", "vm1"]);
+    assert!(fails(&cache, &["vol", "rename", "tank/vm1", "other/vm1"]).contains("within its pool"));
+    let got = ok(&cache, &["vol", "get", "tank/vm1", "compression", "volsize", "-H"]);
+    assert_eq!(got, "tank/vm1\tcompression\tzstd-7\ntank/vm1\tvolsize\t16777216\n", "{got:?}");
+    assert!(fails(&cache, &["vol", "get", "tank/vm1", "colour"]).contains("refreservation"));
     let status = ok(&cache, &["pool", "status", "tank"]);
     assert!(
         status.contains("state: ONLINE") && status.contains(a) && status.contains("mirror-0"),

@@ -24,7 +24,8 @@ use sluice_format::VOLUME_NAME_BYTES_MAX;
 #[derive(Debug)]
 pub struct Dataset {
     pub(super) id: u64,
-    pub(super) name: String,
+    /// Changes only on a rename, under the store's lock.
+    pub(super) name: Mutex<String>,
     pub(super) block_bytes: u32,
     /// Bounds the requests served at once when `volume.request_threads` is set.
     pub(super) gate: Option<Arc<async_lock::Semaphore>>,
@@ -76,7 +77,7 @@ impl Dataset {
     ) -> Arc<Dataset> {
         Arc::new(Dataset {
             id: entry.id,
-            name: entry.name.clone(),
+            name: Mutex::new(entry.name.clone()),
             block_bytes: entry.block_bytes,
             gate: (limits.request_threads > 0)
                 .then(|| Arc::new(async_lock::Semaphore::new(limits.request_threads))),
@@ -95,8 +96,9 @@ impl Dataset {
         })
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
+    /// The volume's name now (a rename changes it while handles are open).
+    pub fn name(&self) -> String {
+        self.name.lock().clone()
     }
 
     /// The volume's sync property now.
@@ -335,6 +337,29 @@ impl Store {
         if let Some(root) = volume.entry.root {
             state.destroyed.push((root, volume.disk_levels));
         }
+        Ok(())
+    }
+
+    /// Renames a volume (ZFS: `zfs rename`). Clients connected to it keep it; new ones find it
+    /// by the new name. Durable with the next sync.
+    ///
+    /// Waits for a sync in flight, which records each volume's new tree by its name.
+    pub async fn rename_volume(&self, from: &str, to: &str) -> Result<(), StoreError> {
+        self.check_live()?;
+        let _guard = self.panic_guard("a volume rename");
+        check_volume_name(to)?;
+        let _no_sync = self.sync_lock.lock().await;
+        let mut state = self.state.lock();
+        if state.volumes.contains_key(to) {
+            return Err(StoreError::VolumeExists {
+                pool: self.pool.name().to_owned(),
+                volume: to.to_owned(),
+            });
+        }
+        let dataset = state.volumes.remove(from).ok_or_else(|| self.no_such_volume(from))?;
+        dataset.state.lock().entry.name = to.to_owned();
+        *dataset.name.lock() = to.to_owned();
+        state.volumes.insert(to.to_owned(), dataset);
         Ok(())
     }
 

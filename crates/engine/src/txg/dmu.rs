@@ -72,7 +72,7 @@ impl Store {
         if inside && offset % 512 == 0 && len % 512 == 0 {
             Ok(())
         } else {
-            Err(StoreError::OutOfRange { volume: dataset.name.clone(), offset, len, size_bytes })
+            Err(StoreError::OutOfRange { volume: dataset.name(), offset, len, size_bytes })
         }
     }
 
@@ -80,7 +80,7 @@ impl Store {
     /// where it matters: `modify`).
     pub fn check_exists(&self, dataset: &Dataset) -> Result<(), StoreError> {
         if dataset.destroyed.load(Ordering::Acquire) {
-            Err(self.no_such_volume(&dataset.name))
+            Err(self.no_such_volume(&dataset.name()))
         } else {
             Ok(())
         }

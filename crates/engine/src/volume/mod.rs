@@ -94,7 +94,7 @@ impl Volume {
         result
     }
 
-    pub fn name(&self) -> &str {
+    pub fn name(&self) -> String {
         self.dataset.name()
     }
 
