@@ -12,13 +12,14 @@ use std::sync::Arc;
 
 use sluice_engine::device::sim::Fault;
 use sluice_engine::device::SimProfile;
+use sluice_engine::objset;
 use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::Env;
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
-use sluice_engine::txg::{Store, StoreError};
+use sluice_engine::txg::{Store, StoreError, VolumeProperty};
 use sluice_engine::volume::Volume;
-use sluice_format::{DedupMode, DATA_START_BYTES};
+use sluice_format::{BlockCompression, Compression, DedupMode, DATA_START_BYTES};
 use sluice_sim::Sim;
 
 const LEAF_BYTES: u64 = 64 << 20;
@@ -103,6 +104,64 @@ fn shared_blocks_survive_freeing_one_reference() {
         audit_clean(&store).await;
         // The audit above balanced the allocator's books against every block found: no
         // space leaked.
+    })
+    .unwrap();
+}
+
+/// New copies of a dedup volume are stored compressed; the key is of the logical bytes, so a
+/// volume with compression off shares them, and verify compares logical bytes.
+#[test]
+fn shared_blocks_are_stored_compressed() {
+    let sim = Sim::new(6);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEAF_BYTES);
+    let specs = common::leaf_specs(&legs);
+    let env = sim.env();
+    sim.run(async move {
+        let t = Tunables::default();
+        let store = new_store(&env, specs.clone(), &t).await;
+        let block = 16384usize;
+        for (name, mode, compression) in [
+            ("lz4", DedupMode::On, Compression::Lz4),
+            ("zstd", DedupMode::Verify, Compression::Zstd(3)),
+            ("plain", DedupMode::Verify, Compression::Off),
+        ] {
+            store.create_volume(name, 1 << 20, block as u32).unwrap();
+            store.set_dedup(name, mode).unwrap();
+            store.set_property(name, VolumeProperty::Compression(compression)).unwrap();
+        }
+        // 8 distinct compressible blocks, each twice per volume.
+        let blocks: Vec<Vec<u8>> = (0..8u8)
+            .map(|i| (0..block).map(|j| if j % 64 < 8 { i } else { (j / 512) as u8 }).collect())
+            .collect();
+        let data: Vec<u8> = (0..16).flat_map(|i| blocks[i % 8].clone()).collect();
+        store.write("lz4", 0, &data).await.unwrap();
+        store.sync().await.unwrap();
+        store.write("zstd", 0, &data).await.unwrap();
+        store.write("plain", 0, &data).await.unwrap();
+        store.sync().await.unwrap();
+        let summary = store.dedup_table().summary();
+        assert_eq!((summary.entries, summary.references), (8, 48));
+        assert!(
+            summary.allocated_bytes < 8 * block as u64 / 2,
+            "{} bytes stored for 8 blocks of 16 KiB",
+            summary.allocated_bytes
+        );
+        for name in ["lz4", "zstd", "plain"] {
+            let entry = store.volume_info(name).unwrap();
+            let tree = objset::walk(store.pool(), entry.root, entry.levels).await.unwrap();
+            // The copies the first volume wrote, compressed with lz4, are shared by all three.
+            assert!(tree
+                .iter()
+                .filter(|(level, _, _)| *level == 0)
+                .all(|(_, _, bp)| bp.compression == BlockCompression::Lz4 && bp.dedup.is_some()));
+            assert_eq!(store.read(name, 0, data.len() as u64).await.unwrap(), data);
+        }
+        audit_clean(&store).await;
+        store.export().await.unwrap();
+        let store =
+            Store::open(Pool::import(&env, specs, "tank", &t).await.unwrap(), &t).await.unwrap();
+        assert_eq!(store.read("plain", 0, data.len() as u64).await.unwrap(), data);
+        audit_clean(&store).await;
     })
     .unwrap();
 }

@@ -47,13 +47,14 @@ use std::time::Instant;
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::{Mutex, MutexGuard};
 use sluice_format::{
-    BlockKind, BlockPointer, DdtBucket, DdtEntry, DdtHeader, DdtKey, FormatError,
+    BlockKind, BlockPointer, Compression, DdtBucket, DdtEntry, DdtHeader, DdtKey, FormatError,
     DDT_BUCKET_BITS_MAX, DDT_ENTRY_BYTES, DDT_KEY_BYTES,
 };
 
 use crate::alloc::{AllocClass, Allocator};
 use crate::device::AlignedBuf;
 use crate::objset::{self, TreeUpdate};
+use crate::pool::compress::compress;
 use crate::pool::{describe_block, Pool, PoolError};
 use crate::stats::Counter;
 use crate::tunables::{IoClass, Tunable, Tunables};
@@ -433,7 +434,9 @@ impl Ddt {
     /// Writes one data block of a dedup volume in `txg` and returns its pointer: a shared one
     /// when the table has (or is writing) the same block, else a new copy that the table
     /// now counts. With `verify`, the bytes are compared first, and a block whose key matches
-    /// different bytes is written on its own, outside the table.
+    /// different bytes is written on its own, outside the table. A new copy is stored
+    /// compressed as `compression` asks; the key is of the logical bytes, so volumes that
+    /// compress differently still share blocks.
     pub async fn write(
         &self,
         pool: &Pool,
@@ -441,6 +444,7 @@ impl Ddt {
         txg: u64,
         data: Arc<AlignedBuf>,
         verify: bool,
+        compression: Compression,
     ) -> Result<BlockPointer, PoolError> {
         let key = self.key(&self.salt, &data);
         let (entry, disk) = self.lookup(key, Stage::Lookup);
@@ -493,7 +497,7 @@ impl Ddt {
             };
             if !same {
                 self.stats.verify_mismatches.inc();
-                return write_plain(pool, allocator, txg, data).await;
+                return write_plain(pool, allocator, txg, data, compression).await;
             }
             compared = true;
             stage = Stage::Verify;
@@ -510,7 +514,7 @@ impl Ddt {
                 // error fails this sync).
                 rx.await.map_err(|_| self.corrupt("write of the shared copy failed in txg", txg))
             }
-            Claim::Lead => self.write_lead(pool, allocator, txg, &entry, &data).await,
+            Claim::Lead => self.write_lead(pool, allocator, txg, &entry, &data, compression).await,
             Claim::Compare(_) => unreachable!("the loop breaks only on a decision"),
         }
     }
@@ -523,10 +527,14 @@ impl Ddt {
         txg: u64,
         entry: &Entry,
         data: &[u8],
+        compression: Compression,
     ) -> Result<BlockPointer, PoolError> {
+        let unit = 1u64 << pool.ashift();
+        let compressed = compress(compression, data, unit);
+        let stored = compressed.as_ref().map_or(data, |(bytes, _)| &bytes[..]);
         let allocated = {
             let mut allocator = allocator.lock();
-            let asize = allocator.asize(data.len() as u64);
+            let asize = allocator.asize(stored.len() as u64);
             allocator.allocate(asize, AllocClass::Reserved, &[]).map(|at| (at, asize))
         };
         let ((vdev, offset, _), asize) = match allocated {
@@ -537,9 +545,12 @@ impl Ddt {
             }
         };
         let mut padded = AlignedBuf::zeroed(asize as usize);
-        padded[..data.len()].copy_from_slice(data);
+        padded[..stored.len()].copy_from_slice(stored);
         let mut bp =
             describe_block(vdev, offset, &padded, data.len() as u64, BlockKind::Data, 0, 1, txg);
+        if let Some((_, alg)) = &compressed {
+            bp.compression = *alg;
+        }
         bp.dedup = Some(entry.key);
         // Ready: the copy is known before it is written, so waiters need not wait for the I/O.
         {
@@ -839,9 +850,16 @@ async fn write_plain(
     allocator: &Mutex<Allocator>,
     txg: u64,
     data: Arc<AlignedBuf>,
+    compression: Compression,
 ) -> Result<BlockPointer, PoolError> {
     let ctx = TreeUpdate::new(pool, allocator, txg);
-    objset::write_data_block(&ctx, data, AllocClass::Reserved).await
+    let (bytes, compressed) = match compress(compression, &data, 1 << pool.ashift()) {
+        Some((stored, alg)) => (Arc::new(stored), Some((alg, data))),
+        None => (data, None),
+    };
+    let block = objset::NewBlock { bytes, kind: BlockKind::Data, level: 0, fill: 1, compressed };
+    let written = objset::write_blocks(&ctx, vec![block], AllocClass::Reserved).await?;
+    Ok(written.into_iter().next().expect("one pointer per block written"))
 }
 
 #[cfg(test)]

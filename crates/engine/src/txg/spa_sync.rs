@@ -300,7 +300,9 @@ impl Store {
                     .map_ok(|(index, block)| async move {
                         let bp = match block {
                             Block::Data(data) => {
-                                Some(self.spawn_dedup_write(txg, data, verify).await?)
+                                let written =
+                                    self.spawn_dedup_write(txg, data, verify, compression);
+                                Some(written.await?)
                             }
                             Block::Zero => None,
                             Block::Patched(_) => unreachable!("patches are completed above"),
@@ -708,12 +710,13 @@ impl Store {
         txg: u64,
         data: Arc<AlignedBuf>,
         verify: bool,
+        compression: Compression,
     ) -> Result<BlockPointer, PoolError> {
         let (tx, rx) = futures::channel::oneshot::channel();
         let (ddt, pool, allocator) =
             (Arc::clone(&self.ddt), Arc::clone(&self.pool), Arc::clone(&self.allocator));
         self.pool.env().spawn("dedup write", async move {
-            let written = ddt.write(&pool, &allocator, txg, data, verify).await;
+            let written = ddt.write(&pool, &allocator, txg, data, verify, compression).await;
             // Dropped before answering, so that no task still holds the pool when the sync
             // that waits for this answer returns (export unwraps it).
             drop((ddt, pool, allocator));

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use sluice_format::{
-    BlockKind, BlockPointer, Checksum, ChecksumAlg, DedupMode, Dva, LogBias, LogHeader, LogRecord,
-    LogVerifier, SyncMode, VolumeEntry, LOG_HEADER_BYTES,
+    BlockCompression, BlockKind, BlockPointer, Checksum, ChecksumAlg, DedupMode, Dva, LogBias,
+    LogHeader, LogRecord, LogVerifier, SyncMode, VolumeEntry, LOG_HEADER_BYTES,
 };
 
 use super::dbuf::{Block, Prewritten};
@@ -20,6 +20,7 @@ use super::{Dataset, Store, StoreError};
 use crate::device::AlignedBuf;
 use crate::intent_log::{self, DataWrite, LogAddress, LogError, LogWriter};
 use crate::objset::span_runs;
+use crate::pool::compress::compress;
 use crate::pool::describe_block;
 use crate::tunables::IoClass;
 use crate::vdev::VdevAddress;
@@ -277,17 +278,25 @@ impl Store {
                 }
             }
         }
+        // Compressed as the sync would (ZFS's dmu_sync does the same), so that a volume written
+        // through indirect records is stored as compactly as one written by syncs.
+        let compression = dataset.state.lock().entry.compression;
+        let unit = 1u64 << self.pool.ashift();
+        let mut stored: Vec<Option<(AlignedBuf, BlockCompression)>> =
+            place.iter().map(|(_, data)| compress(compression, data, unit)).collect();
         // Space for each placed block, as data is placed (near the data cursor, so a large
         // write's blocks land back to back), but held like a log block until a sync links it.
         let mut placed: Vec<(u32, u64, u64)> = Vec::with_capacity(place.len());
         {
             let mut allocator = self.allocator.lock();
             for (i, _) in place.iter().enumerate() {
-                match allocator.allocate_indirect(bs) {
+                let len = stored[i].as_ref().map_or(bs, |(bytes, _)| bytes.len() as u64);
+                match allocator.allocate_indirect(len) {
                     Ok(at) => placed.push(at),
                     Err(_) => {
                         // No room for a block in place: the rest are copied.
                         copy.extend(place.drain(i..).map(|(record, _)| record));
+                        stored.truncate(i);
                         break;
                     }
                 }
@@ -301,9 +310,13 @@ impl Store {
         for run in runs {
             let (vdev, start, _) = placed[run.start];
             let (_, last, last_asize) = placed[run.end - 1];
+            let bytes_of = |i: usize| match &stored[i] {
+                Some((bytes, _)) => &bytes[..],
+                None => &place[i].1[..],
+            };
             let buf = AlignedBuf::gathered(
                 (last + last_asize - start) as usize,
-                run.clone().map(|i| ((placed[i].1 - start) as usize, &place[i].1[..])),
+                run.clone().map(|i| ((placed[i].1 - start) as usize, bytes_of(i))),
             );
             let (done, written) = futures::channel::oneshot::channel::<bool>();
             let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
@@ -312,8 +325,11 @@ impl Store {
                 let (record, data) = &place[i];
                 let at = (offset - start) as usize;
                 let slot = &buf[at..at + asize as usize];
-                let bp =
+                let mut bp =
                     describe_block(vdev, offset, slot, bs, BlockKind::Data, 0, 1, record.txg());
+                if let Some((_, alg)) = &stored[i] {
+                    bp.compression = *alg;
+                }
                 blocks.push(Prewritten { data: Arc::clone(data), bp, write: write.clone() });
             }
             writes.push((VdevAddress { vdev, offset_bytes: start }, buf.into_shared(), done));
