@@ -91,6 +91,50 @@ EOF
 "$bin" vol destroy sluice/renamed >/dev/null
 if "$bin" pool export sluice 2>/dev/null; then fail "pool export of a served pool was not refused"; fi
 
+step "snapshots: a read-only export that stays as taken"
+"$bin" vol create sluice/snap --size 32M --sparse >/dev/null
+/usr/bin/python3 - "nbd+unix:///snap?socket=$sock" <<'EOF'
+import os, sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+for i in range(0, 32 << 20, 1 << 20):
+    h.pwrite(os.urandom(65536), i)
+h.flush()
+h.shutdown()
+EOF
+# The copy taken at snapshot time (nothing writes in between), then the snapshot.
+nbdcopy "nbd+unix:///snap?socket=$sock" "$work/at-snapshot.raw" || fail "nbdcopy of the volume"
+"$bin" snapshot create sluice/snap@one | grep -q "took snapshot sluice/snap@one" || fail "snapshot create through the server"
+# The volume moves on; the snapshot does not.
+qemu-io -f raw -c "write -P 0x77 0 4M" "nbd+unix:///snap?socket=$sock" >/dev/null || fail "write after the snapshot"
+qemu-img compare -f raw -F raw "nbd+unix:///snap@one?socket=$sock" "$work/at-snapshot.raw" >/dev/null \
+  || fail "qemu-img compare: the snapshot export differs from the copy taken at snapshot time"
+qemu-img convert -f raw -O qcow2 "nbd+unix:///snap@one?socket=$sock" "$work/snap.qcow2" || fail "qemu-img convert from a snapshot export"
+qemu-img compare -f qcow2 -F raw "$work/snap.qcow2" "$work/at-snapshot.raw" >/dev/null || fail "the converted snapshot differs"
+nbdinfo --json "nbd+unix:///snap@one?socket=$sock" | /usr/bin/python3 -c '
+import json, sys
+e = json.load(sys.stdin)["exports"][0]
+assert e["is_read_only"] and not e["can_trim"] and not e["can_zero"], e' || fail "a snapshot export is not advertised read-only"
+/usr/bin/python3 - "nbd+unix:///snap@one?socket=$sock" <<'EOF' || fail "a write to a snapshot export was not refused with EPERM"
+import errno, sys, nbd
+h = nbd.NBD()
+h.set_strict_mode(0)  # send the write anyway: the server must refuse it
+h.connect_uri(sys.argv[1])
+try:
+    h.pwrite(b"x" * 4096, 0)
+    raise SystemExit("the write was accepted")
+except nbd.Error as e:
+    assert "EPERM" in str(e) or e.errno == errno.EPERM, e
+EOF
+"$bin" snapshot list sluice/snap | grep -q "sluice/snap@one" || fail "snapshot list"
+"$bin" vol rollback sluice/snap@one >/dev/null || fail "vol rollback through the server"
+qemu-img compare -f raw -F raw "nbd+unix:///snap?socket=$sock" "$work/at-snapshot.raw" >/dev/null \
+  || fail "after rollback the volume differs from the snapshot"
+if "$bin" vol destroy sluice/snap 2>/dev/null; then fail "a volume with snapshots was destroyed without -r"; fi
+"$bin" snapshot destroy sluice/snap@one >/dev/null || fail "snapshot destroy"
+"$bin" vol destroy sluice/snap >/dev/null
+rm -f "$work/at-snapshot.raw" "$work/snap.qcow2"
+
 step "pool iostat: counts what clients asked of a volume"
 "$bin" vol create sluice/watched --size 64M >/dev/null
 /usr/bin/python3 - "nbd+unix:///watched?socket=$sock" <<'EOF'

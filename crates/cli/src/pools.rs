@@ -22,8 +22,8 @@ use sluice_engine::pool::{LeafSpec, Pool, PoolError, PoolLeaf, PoolSpec, TopSpec
 use sluice_engine::rt::Env;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{
-    ImportOptions, ImportReport, ScanFunc, ScanPhase, ScanStatus, Store, VolumeProperty,
-    BLOCK_BYTES_DEFAULT,
+    ImportOptions, ImportReport, ScanFunc, ScanPhase, ScanStatus, SnapshotSpace, Store,
+    VolumeProperty, BLOCK_BYTES_DEFAULT,
 };
 use sluice_engine::vdev::LeafState;
 use sluice_format::{Compression, DedupMode, LogBias, SyncMode};
@@ -1313,13 +1313,176 @@ pub async fn vol_set(ctx: &mut Ctx<'_>, spec: &str, property: &str) -> anyhow::R
     Ok(())
 }
 
-pub async fn vol_destroy(ctx: &mut Ctx<'_>, spec: &str) -> anyhow::Result<()> {
+pub async fn vol_destroy(ctx: &mut Ctx<'_>, spec: &str, recursive: bool) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
     let store = ctx.hold(pool).await?;
-    store.destroy_volume(volume).await?;
+    let snapshots = store.snapshots(volume).map(|s| s.len()).unwrap_or(0);
+    store.destroy_volume_with(volume, recursive).await?;
     store.release().await?;
-    ctx.say(format!("destroyed volume {spec}"));
+    if snapshots > 0 {
+        ctx.say(format!("destroyed volume {spec} and its {snapshots} snapshot(s)"));
+    } else {
+        ctx.say(format!("destroyed volume {spec}"));
+    }
     Ok(())
+}
+
+/// Splits `POOL/VOL@SNAP`.
+fn split_snapshot(spec: &str) -> anyhow::Result<(&str, &str, &str)> {
+    let (pool, rest) = split_volume(spec)?;
+    let (volume, snapshot) = rest.split_once('@').with_context(|| {
+        format!("{spec:?} is not POOL/VOLUME@SNAPSHOT (for example tank/vm1@before-upgrade)")
+    })?;
+    Ok((pool, volume, snapshot))
+}
+
+/// `vol rollback POOL/VOL@SNAP [-r]`.
+pub async fn vol_rollback(ctx: &mut Ctx<'_>, spec: &str, recursive: bool) -> anyhow::Result<()> {
+    let (pool, volume, snapshot) = split_snapshot(spec)?;
+    let store = ctx.hold(pool).await?;
+    store.rollback_volume(volume, snapshot, recursive).await?;
+    store.release().await?;
+    ctx.say(format!("rolled volume {pool}/{volume} back to {spec}"));
+    Ok(())
+}
+
+/// `snapshot create POOL/VOL@SNAP...`: every one in one txg.
+pub async fn snapshot_create(ctx: &mut Ctx<'_>, specs: &[String]) -> anyhow::Result<()> {
+    let mut pairs = Vec::with_capacity(specs.len());
+    let mut pool = None;
+    for spec in specs {
+        let (p, volume, snapshot) = split_snapshot(spec)?;
+        match pool {
+            Some(first) if first != p => anyhow::bail!(
+                "{spec} is in pool {p}, {} in pool {first}; snapshots taken together (in one \
+                 txg) must be of one pool",
+                specs[0]
+            ),
+            _ => pool = Some(p),
+        }
+        pairs.push((volume.to_owned(), snapshot.to_owned()));
+    }
+    let pool = pool.context("no snapshot named")?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let store = ctx.hold(pool).await?;
+    let txg = store.create_snapshots(&pairs, now).await?;
+    store.release().await?;
+    for spec in specs {
+        ctx.say(format!("took snapshot {spec} in txg {txg}"));
+    }
+    Ok(())
+}
+
+/// `snapshot destroy POOL/VOL@SNAP`.
+pub async fn snapshot_destroy(ctx: &mut Ctx<'_>, spec: &str) -> anyhow::Result<()> {
+    let (pool, volume, snapshot) = split_snapshot(spec)?;
+    let store = ctx.hold(pool).await?;
+    let used = store
+        .snapshots(volume)?
+        .into_iter()
+        .find(|s| s.name == snapshot)
+        .map_or(0, |s| s.used_bytes);
+    store.destroy_snapshot(volume, snapshot).await?;
+    store.release().await?;
+    ctx.say(format!("destroyed snapshot {spec}, freeing {}", human(used)));
+    Ok(())
+}
+
+/// `snapshot list [POOL | POOL/VOL]... [-H | --json]`.
+pub async fn snapshot_list(
+    ctx: &mut Ctx<'_>,
+    targets: &[String],
+    scripted: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let row = |cells: [&str; 7]| {
+        if scripted {
+            cells.join("\t")
+        } else {
+            let [name, used, refer, written, size, ratio, creation] = cells;
+            format!("{name:<36} {used:>8} {refer:>8} {written:>8} {size:>8} {ratio:>6}  {creation}")
+        }
+    };
+    if !scripted && !json {
+        ctx.say(row(["NAME", "USED", "REFER", "WRITTEN", "SIZE", "RATIO", "CREATION"]));
+    }
+    for target in targets {
+        let (pool, only) = match target.split_once('/') {
+            Some((pool, volume)) => (pool, Some(volume)),
+            None => (target.as_str(), None),
+        };
+        let store = ctx.hold(pool).await?;
+        let volumes: Vec<String> = match only {
+            Some(volume) => vec![volume.to_owned()],
+            None => store.volumes().into_iter().map(|v| v.name).collect(),
+        };
+        for volume in volumes {
+            for s in store.snapshots(&volume)? {
+                let full = format!("{pool}/{}@{}", s.volume, s.name);
+                let ratio = compress_ratio(&sluice_format::VolumeSpace {
+                    referenced_bytes: s.referenced_bytes,
+                    logical_bytes: s.logical_bytes,
+                    physical_bytes: s.physical_bytes,
+                });
+                if json {
+                    ctx.say(
+                        serde_json::json!({
+                            "name": full,
+                            "txg": s.txg,
+                            "creation_secs": s.creation_secs,
+                            "size_bytes": s.size_bytes,
+                            "used_bytes": s.used_bytes,
+                            "referenced_bytes": s.referenced_bytes,
+                            "written_bytes": s.written_bytes,
+                            "logical_bytes": s.logical_bytes,
+                            "physical_bytes": s.physical_bytes,
+                            "compress_ratio": (ratio * 100.0).round() / 100.0,
+                        })
+                        .to_string(),
+                    );
+                    continue;
+                }
+                let bytes = |b: u64| if scripted { b.to_string() } else { human(b) };
+                let creation =
+                    if scripted { s.creation_secs.to_string() } else { utc(s.creation_secs) };
+                ctx.say(row([
+                    &full,
+                    &bytes(s.used_bytes),
+                    &bytes(s.referenced_bytes),
+                    &bytes(s.written_bytes),
+                    &bytes(s.size_bytes),
+                    &format!("{ratio:.2}x"),
+                    &creation,
+                ]));
+            }
+        }
+        store.release().await?;
+    }
+    Ok(())
+}
+
+/// Seconds since the epoch as `YYYY-MM-DD HH:MM:SS UTC` (days to a civil date as in Howard
+/// Hinnant's `civil_from_days`).
+fn utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rest = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60
+    )
 }
 
 pub async fn vol_rename(ctx: &mut Ctx<'_>, spec: &str, to: &str) -> anyhow::Result<()> {
@@ -1352,13 +1515,16 @@ pub async fn vol_get(
         anyhow::anyhow!("volume {spec} does not exist; `sluice vol list {pool}` shows the volumes")
     })?;
     let available = store.available_bytes(Some(volume))?;
+    let snapshots = store.snapshot_space(volume)?;
     store.release().await?;
     let space = entry.space.unwrap_or_default();
     let bytes = |b: u64| if scripted || json { b.to_string() } else { human(b) };
     let all: Vec<(&str, String)> = vec![
         ("volsize", bytes(entry.size_bytes)),
         ("volblocksize", bytes(u64::from(entry.block_bytes))),
-        ("used", bytes(space.referenced_bytes.max(entry.reservation_bytes))),
+        ("used", bytes(used_bytes(&entry, &snapshots))),
+        ("usedbysnapshots", bytes(snapshots.snapshots_bytes)),
+        ("written", bytes(snapshots.written_bytes)),
         ("available", bytes(available)),
         ("referenced", bytes(space.referenced_bytes)),
         ("logicalreferenced", bytes(space.logical_bytes)),
@@ -1456,8 +1622,7 @@ pub async fn vol_list(
             let block = u64::from(volume.block_bytes);
             let space = volume.space.unwrap_or_default();
             let ratio = compress_ratio(&space);
-            // ZFS's used: what the tree takes plus what is still set aside for it.
-            let used = space.referenced_bytes.max(volume.reservation_bytes);
+            let used = used_bytes(&volume, &store.snapshot_space(&volume.name)?);
             let avail = store.available_bytes(Some(&volume.name))?;
             if json {
                 ctx.say(
@@ -1510,12 +1675,21 @@ pub async fn vol_list(
 /// to new data or new reservations (free space less the slop, those reservations and what
 /// is dirty).
 fn reserved_and_available(store: &Store) -> anyhow::Result<(u64, u64)> {
-    let reserved = store
-        .volumes()
-        .iter()
-        .map(|v| v.reservation_bytes.saturating_sub(v.space.map_or(0, |s| s.referenced_bytes)))
-        .sum();
+    let mut reserved = 0;
+    for v in store.volumes() {
+        let unique = store.snapshot_space(&v.name)?.written_bytes;
+        reserved += v.reservation_bytes.saturating_sub(unique);
+    }
     Ok((reserved, store.available_bytes(None)?))
+}
+
+/// ZFS's `used` of a volume: what its tree references, what only its snapshots hold, and
+/// what is still set aside for it (its reservation less what it alone references).
+fn used_bytes(volume: &sluice_format::VolumeEntry, snapshots: &SnapshotSpace) -> u64 {
+    let referenced = volume.space.map_or(0, |s| s.referenced_bytes);
+    referenced
+        + snapshots.snapshots_bytes
+        + volume.reservation_bytes.saturating_sub(snapshots.written_bytes)
 }
 
 /// Logical over stored bytes of a volume's data blocks (ZFS's compressratio); 1.00 when

@@ -55,4 +55,6 @@ pub enum ErrorKind {
     Checksum,
     /// A device failed, or the pool's own state is inconsistent.
     Io,
+    /// A write to something that never changes (a snapshot).
+    ReadOnly,
 }

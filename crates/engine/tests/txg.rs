@@ -6,7 +6,9 @@
 //! crash at a random virtual time, often in the middle of a sync, with each leg keeping, losing,
 //! reordering or tearing its unflushed writes on its own. After the crash the pool must import
 //! and hold exactly the last synced state, or the state being synced when its uberblock had
-//! already reached the disk. A failure prints the seed; replay it with
+//! already reached the disk. Snapshots are taken, destroyed and rolled back to at random points
+//! too (each a sync of its own), and must read back as taken after every import, with the
+//! audit (space, dedup references, dead lists) balanced. A failure prints the seed; replay it with
 //! `SLUICE_SWARM_SEED=<seed> cargo test -p sluice-engine --test txg`.
 
 // Test helpers unwrap freely: a failure there is a test failure.
@@ -42,14 +44,28 @@ static DEDUP_DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 /// Crashes that cut a sync short (a code probe: the test fails if none happened).
 static MID_SYNC_CRASHES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// Snapshot changes seen across the swarm (a code probe: the test fails if there were none).
+static SNAPSHOT_OPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Snapshots kept per volume at most.
+const SNAPSHOTS_MAX: usize = 3;
+
+/// What the pool holds: each volume's contents and its snapshots' (by name, oldest first).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Contents {
+    volumes: Vec<Vec<u8>>,
+    snapshots: Vec<Vec<(String, Vec<u8>)>>,
+}
+
 #[derive(Clone, Default)]
 struct Model {
     /// Contents as written so far (what reads must return now).
-    open: Vec<Vec<u8>>,
+    open: Contents,
     /// Contents as of the last completed sync.
-    synced: Vec<Vec<u8>>,
+    synced: Contents,
     /// Contents being synced when the crash came, if a sync was in progress.
-    syncing: Option<Vec<Vec<u8>>>,
+    syncing: Option<Contents>,
+    /// Snapshots taken so far, for fresh names.
+    taken: u64,
 }
 
 /// Runs one seed; returns the number of crash/import cycles.
@@ -78,8 +94,10 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                     store.create_volume(name, size, block).unwrap();
                 }
                 store.set_dedup(VOLUMES[DEDUP_VOLUME].0, DedupMode::On).unwrap();
-                let contents: Vec<Vec<u8>> =
-                    VOLUMES.iter().map(|(_, size, _)| vec![0u8; *size as usize]).collect();
+                let contents = Contents {
+                    volumes: VOLUMES.iter().map(|(_, size, _)| vec![0u8; *size as usize]).collect(),
+                    snapshots: vec![Vec::new(); VOLUMES.len()],
+                };
                 m.borrow_mut().syncing = Some(contents);
                 store.sync().await.unwrap();
                 let mut model = m.borrow_mut();
@@ -92,9 +110,16 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                 let pool = Pool::import(&e, d, "tank", &tunables).await.unwrap();
                 let store = Store::open(pool, &tunables).await.unwrap();
                 // The pool holds the last synced state, or the interrupted sync's if it landed.
-                let mut found = Vec::new();
+                let mut found = Contents::default();
                 for (name, size, _) in VOLUMES {
-                    found.push(store.read(name, 0, size).await.unwrap());
+                    found.volumes.push(store.read(name, 0, size).await.unwrap());
+                    let mut snapshots = Vec::new();
+                    for snapshot in store.snapshots(name).unwrap() {
+                        let at = format!("{name}@{}", snapshot.name);
+                        let size = snapshot.size_bytes;
+                        snapshots.push((snapshot.name, store.read(&at, 0, size).await.unwrap()));
+                    }
+                    found.snapshots.push(snapshots);
                 }
                 {
                     let mut model = m.borrow_mut();
@@ -138,7 +163,7 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                 let at = ops.below(sectors);
                 let len = (1 + ops.below(64)).min(sectors - at);
                 let (offset, bytes) = (at * 512, len * 512);
-                match ops.below(10) {
+                match ops.below(11) {
                     0..=4 => {
                         let fill =
                             if v == DEDUP_VOLUME { ops.below(3) as u8 } else { ops.u64() as u8 };
@@ -147,27 +172,87 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                         if store.write(name, offset, &data).await.is_err() && cut() {
                             break;
                         }
-                        m.borrow_mut().open[v][offset as usize..(offset + bytes) as usize]
+                        m.borrow_mut().open.volumes[v][offset as usize..(offset + bytes) as usize]
                             .copy_from_slice(&data);
                     }
                     5 => {
                         if store.zero(name, offset, bytes).await.is_err() && cut() {
                             break;
                         }
-                        m.borrow_mut().open[v][offset as usize..(offset + bytes) as usize].fill(0);
+                        m.borrow_mut().open.volumes[v][offset as usize..(offset + bytes) as usize]
+                            .fill(0);
                     }
                     6..=7 => {
-                        let got = match store.read(name, offset, bytes).await {
+                        // The volume, or one of its snapshots.
+                        let (source, expect) = {
+                            let model = m.borrow();
+                            let snapshots = &model.open.snapshots[v];
+                            let pick = ops.below(snapshots.len() as u64 + 1) as usize;
+                            let range = offset as usize..(offset + bytes) as usize;
+                            match snapshots.get(pick) {
+                                Some((snap, contents)) => {
+                                    (format!("{name}@{snap}"), contents[range].to_vec())
+                                }
+                                None => (name.to_owned(), model.open.volumes[v][range].to_vec()),
+                            }
+                        };
+                        let got = match store.read(&source, offset, bytes).await {
                             Ok(got) => got,
                             Err(_) if cut() => break,
                             Err(error) => panic!("seed {seed}: read failed: {error}"),
                         };
-                        let expect =
-                            m.borrow().open[v][offset as usize..(offset + bytes) as usize].to_vec();
                         assert!(
                             got == expect,
-                            "seed {seed}: read of {name} at {offset} differs from what was written"
+                            "seed {seed}: read of {source} at {offset} differs from what was written"
                         );
+                    }
+                    8 => {
+                        // A snapshot taken, destroyed, or rolled back to: a sync of its own.
+                        let (name_taken, pick) = {
+                            let mut model = m.borrow_mut();
+                            model.taken += 1;
+                            let count = model.open.snapshots[v].len() as u64;
+                            (format!("s{}", model.taken), ops.below(count.max(1)) as usize)
+                        };
+                        let kind = ops.below(3);
+                        let count = m.borrow().open.snapshots[v].len();
+                        let result = if count == 0 || (kind == 0 && count < SNAPSHOTS_MAX) {
+                            {
+                                let mut model = m.borrow_mut();
+                                let contents = model.open.volumes[v].clone();
+                                model.open.snapshots[v].push((name_taken.clone(), contents));
+                                model.syncing = Some(model.open.clone());
+                            }
+                            let names = [(name.to_owned(), name_taken)];
+                            store.create_snapshots(&names, 0).await.map(|_| ())
+                        } else if kind == 1 {
+                            let gone = {
+                                let mut model = m.borrow_mut();
+                                let (gone, _) = model.open.snapshots[v].remove(pick);
+                                model.syncing = Some(model.open.clone());
+                                gone
+                            };
+                            store.destroy_snapshot(name, &gone).await
+                        } else {
+                            let to = {
+                                let mut model = m.borrow_mut();
+                                model.open.snapshots[v].truncate(pick + 1);
+                                let (to, contents) = model.open.snapshots[v][pick].clone();
+                                model.open.volumes[v] = contents;
+                                model.syncing = Some(model.open.clone());
+                                to
+                            };
+                            store.rollback_volume(name, &to, true).await
+                        };
+                        match result {
+                            Ok(()) => {
+                                SNAPSHOT_OPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                let mut model = m.borrow_mut();
+                                model.synced = model.syncing.take().unwrap();
+                            }
+                            Err(_) if cut() => break,
+                            Err(error) => panic!("seed {seed}: snapshot change failed: {error}"),
+                        }
                     }
                     _ => {
                         let snapshot = m.borrow().open.clone();
@@ -236,9 +321,12 @@ fn crash_swarm() {
         shared > 0 && dropped > 0,
         "dedup shared {shared} blocks and dropped {dropped} references"
     );
+    let snapshot_ops = SNAPSHOT_OPS.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(snapshot_ops >= seeds, "only {snapshot_ops} snapshot changes completed");
     eprintln!(
         "crash swarm: {seeds} seeds, {cycles} crash/import cycles, {mid_sync} during a sync; \
-         dedup: {shared} blocks shared, {dropped} references dropped, every import audited"
+         dedup: {shared} blocks shared, {dropped} references dropped; {snapshot_ops} snapshot \
+         changes; every import audited"
     );
 }
 

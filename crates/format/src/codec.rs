@@ -21,6 +21,11 @@ impl<'a> Reader<'a> {
         Ok(Reader { what, bytes })
     }
 
+    /// Bytes readable.
+    pub(crate) fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
     pub(crate) fn slice(&self, at: usize, len: usize) -> Result<&'a [u8], FormatError> {
         let end = at.checked_add(len).filter(|&end| end <= self.bytes.len());
         match end {

@@ -27,7 +27,14 @@
 //!               (V3) compression u8 (0 off, 1 lz4, 2..=20 zstd levels 1..19), reserved 7,
 //!               reservation_bytes u64 (0: thin), referenced_bytes u64 (allocated for the
 //!               volume's tree), logical_bytes u64 and physical_bytes u64 (its data blocks
-//!               before and after compression)
+//!               before and after compression);
+//!               (V4) prev_snap_txg u64 (txg of its newest snapshot; 0: none), origin u64 (a
+//!               clone: the id of the snapshot it was cloned from; 0: none), its dead list
+//!               (crate::deadlist), snapshot_count u32, then each snapshot, oldest first:
+//!                 id u64, guid u64, txg u64, creation_secs u64, size_bytes u64, levels u8,
+//!                 reserved 1, name_len u16, name (UTF-8), root block pointer (128; zeros:
+//!                 empty), referenced_bytes u64, logical_bytes u64, physical_bytes u64, its
+//!                 dead list
 //!      .      dedup table header (crate::ddt), 192 bytes: salt (32), bucket_bits u8,
 //!               levels u8, reserved 6, entries u64, references u64, allocated_bytes u64,
 //!               root block pointer (128; zeros: empty table)
@@ -35,7 +42,8 @@
 //! ```
 //!
 //! A directory without records (a pool made before V2) is written and read as V1; a V2 one
-//! (no compression, no space figures) still decodes, and is written back as V3.
+//! (no compression, no space figures) and a V3 one (no snapshots) still decode, and are
+//! written back as V4.
 //!
 //! The log header (ZFS: `zil_header_t`) names the first intent-log block still needed after
 //! this txg: replay walks the chain from `head`, expecting `chain_id` and `head_sequence`, and
@@ -48,7 +56,7 @@ mod records;
 
 use crate::codec::{Reader, Writer};
 use crate::ddt::DDT_HEADER_BYTES;
-use crate::{BlockPointer, DdtHeader, FormatError, FormatVersion, BLKPTR_BYTES};
+use crate::{BlockPointer, DdtHeader, Deadlist, FormatError, FormatVersion, BLKPTR_BYTES};
 pub use records::{
     DirectoryRecords, LeafRecord, LeafRecordState, ScanBookmark, ScanKind, ScanRecord,
     ScanRecordPhase,
@@ -60,12 +68,18 @@ const VOLUME_FIXED_BYTES: usize = 8 + 8 + 4 + 1 + 1 + 2;
 const LOG_HEADER_FIXED_BYTES: usize = 32;
 /// What V3 adds to each volume: compression, reserved, the reservation, three space figures.
 const VOLUME_V3_BYTES: usize = 1 + 7 + 4 * 8;
+/// What V4 adds to each volume before its dead list and snapshots: prev_snap_txg, origin,
+/// snapshot_count.
+const VOLUME_V4_FIXED_BYTES: usize = 8 + 8 + 4;
+/// A snapshot's fixed fields, before its name (and after it: root, figures).
+const SNAPSHOT_FIXED_BYTES: usize = 5 * 8 + 1 + 1 + 2;
+const SNAPSHOT_AFTER_NAME_BYTES: usize = BLKPTR_BYTES + 3 * 8;
 /// Longest volume name.
 pub const VOLUME_NAME_BYTES_MAX: usize = 255;
 const WHAT: &str = "pool directory";
 /// The newest version this structure has (V2 added the records, V3 each volume's compression
-/// and space figures).
-const VERSION: FormatVersion = FormatVersion::V3;
+/// and space figures, V4 snapshots and dead lists).
+const VERSION: FormatVersion = FormatVersion::V4;
 
 /// One volume as recorded in the directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +106,124 @@ pub struct VolumeEntry {
     /// What the volume's blocks take; `None` in a directory older than V3, until import has
     /// counted it.
     pub space: Option<VolumeSpace>,
+    /// The txg of its newest snapshot (ZFS: `ds_prev_snap_txg`), or of the snapshot a clone
+    /// was made from; 0 for none. A block born after it belongs to the volume alone: replaced,
+    /// it is freed; one born at or before it goes on `deadlist`.
+    pub prev_snap_txg: u64,
+    /// For a clone, the id of the snapshot it was made from.
+    pub origin: Option<u64>,
+    /// Blocks its newest snapshot references that the volume no longer does.
+    pub deadlist: Deadlist,
+    /// Its snapshots, oldest first.
+    pub snapshots: Vec<SnapshotEntry>,
+}
+
+impl VolumeEntry {
+    /// A new, empty volume's entry with default properties.
+    pub fn new(id: u64, name: &str, size_bytes: u64, block_bytes: u32, levels: u8) -> VolumeEntry {
+        VolumeEntry {
+            id,
+            name: name.to_owned(),
+            size_bytes,
+            block_bytes,
+            levels,
+            root: None,
+            log: None,
+            dedup: DedupMode::Off,
+            sync: SyncMode::Standard,
+            logbias: LogBias::Latency,
+            compression: Compression::default(),
+            reservation_bytes: 0,
+            space: Some(VolumeSpace::default()),
+            prev_snap_txg: 0,
+            origin: None,
+            deadlist: Deadlist::default(),
+            snapshots: Vec::new(),
+        }
+    }
+}
+
+/// One tree of a volume, as walkers (scrub, resilver, verify, audit) visit it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeRef {
+    /// The volume's id, or the snapshot's.
+    pub id: u64,
+    pub root: Option<BlockPointer>,
+    pub levels: u8,
+    pub size_bytes: u64,
+    pub block_bytes: u32,
+    /// Its blocks born at or before this txg are the previous tree's too (copy-on-write keeps
+    /// a block where it was), so a walk that has visited that tree skips them, and every
+    /// subtree born so early: each block of the volume is then visited once.
+    pub shared_through: u64,
+}
+
+impl VolumeEntry {
+    /// Its snapshots' trees, oldest first, then its own: together they reach every block a
+    /// snapshot or the volume holds.
+    pub fn trees(&self) -> Vec<TreeRef> {
+        let mut shared_through = 0;
+        let mut trees = Vec::with_capacity(self.snapshots.len() + 1);
+        for snapshot in &self.snapshots {
+            trees.push(TreeRef {
+                id: snapshot.id,
+                root: snapshot.root,
+                levels: snapshot.levels,
+                size_bytes: snapshot.size_bytes,
+                block_bytes: self.block_bytes,
+                shared_through,
+            });
+            shared_through = snapshot.txg;
+        }
+        trees.push(TreeRef {
+            id: self.id,
+            root: self.root,
+            levels: self.levels,
+            size_bytes: self.size_bytes,
+            block_bytes: self.block_bytes,
+            shared_through: self.prev_snap_txg,
+        });
+        trees
+    }
+
+    /// The pieces of its dead lists and its snapshots'.
+    pub fn deadlist_pieces(&self) -> impl Iterator<Item = &BlockPointer> {
+        std::iter::once(&self.deadlist)
+            .chain(self.snapshots.iter().map(|s| &s.deadlist))
+            .flat_map(|list| list.pieces.iter())
+    }
+}
+
+/// A snapshot of a volume (ZFS: a snapshot's `dsl_dataset_phys_t`): the tree as it was synced
+/// in `txg`, read-only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotEntry {
+    /// Unique in the pool, drawn from the same counter as volume ids.
+    pub id: u64,
+    /// Random, for telling snapshots apart across pools (send and receive).
+    pub guid: u64,
+    pub name: String,
+    /// The txg whose sync took it: it holds every block born then or earlier that the volume
+    /// held at the end of that txg.
+    pub txg: u64,
+    /// Seconds since the Unix epoch when it was taken.
+    pub creation_secs: u64,
+    pub size_bytes: u64,
+    pub levels: u8,
+    pub root: Option<BlockPointer>,
+    /// The volume's figures when it was taken (what the snapshot references).
+    pub space: VolumeSpace,
+    /// Blocks the snapshot before it references that this one does not.
+    pub deadlist: Deadlist,
+}
+
+impl SnapshotEntry {
+    fn encoded_len(&self) -> usize {
+        SNAPSHOT_FIXED_BYTES
+            + self.name.len()
+            + SNAPSHOT_AFTER_NAME_BYTES
+            + self.deadlist.encoded_len()
+    }
 }
 
 /// A volume's space figures (ZFS: `ds_referenced_bytes`, `ds_uncompressed_bytes`,
@@ -333,7 +465,14 @@ impl PoolDirectory {
                         + BLKPTR_BYTES
                         + LOG_HEADER_FIXED_BYTES
                         + BLKPTR_BYTES
-                        + if self.records.is_some() { VOLUME_V3_BYTES } else { 0 }
+                        + if self.records.is_some() {
+                            VOLUME_V3_BYTES
+                                + VOLUME_V4_FIXED_BYTES
+                                + v.deadlist.encoded_len()
+                                + v.snapshots.iter().map(SnapshotEntry::encoded_len).sum::<usize>()
+                        } else {
+                            0
+                        }
                 })
                 .sum::<usize>()
             + DDT_HEADER_BYTES
@@ -415,14 +554,47 @@ impl PoolDirectory {
                 w.u64(at + 24, space.logical_bytes);
                 w.u64(at + 32, space.physical_bytes);
                 at += VOLUME_V3_BYTES;
+                w.u64(at, volume.prev_snap_txg);
+                w.u64(at + 8, volume.origin.unwrap_or(0));
+                at = volume.deadlist.encode_into(&mut w, at + 16);
+                w.u32(at, volume.snapshots.len() as u32);
+                at += 4;
+                for snapshot in &volume.snapshots {
+                    if snapshot.name.is_empty() || snapshot.name.len() > VOLUME_NAME_BYTES_MAX {
+                        return Err(FormatError::Invalid {
+                            what: WHAT,
+                            field: "snapshot name length",
+                            value: snapshot.name.len() as u64,
+                        });
+                    }
+                    w.u64(at, snapshot.id);
+                    w.u64(at + 8, snapshot.guid);
+                    w.u64(at + 16, snapshot.txg);
+                    w.u64(at + 24, snapshot.creation_secs);
+                    w.u64(at + 32, snapshot.size_bytes);
+                    w.u8(at + 40, snapshot.levels);
+                    w.u16(at + 42, snapshot.name.len() as u16);
+                    w.put(at + 44, snapshot.name.as_bytes());
+                    at += SNAPSHOT_FIXED_BYTES + snapshot.name.len();
+                    w.put(at, &BlockPointer::encode(snapshot.root.as_ref()));
+                    w.u64(at + BLKPTR_BYTES, snapshot.space.referenced_bytes);
+                    w.u64(at + BLKPTR_BYTES + 8, snapshot.space.logical_bytes);
+                    w.u64(at + BLKPTR_BYTES + 16, snapshot.space.physical_bytes);
+                    at += SNAPSHOT_AFTER_NAME_BYTES;
+                    at = snapshot.deadlist.encode_into(&mut w, at);
+                }
             } else if volume.compression != Compression::Off
                 || volume.space.is_some()
                 || volume.reservation_bytes != 0
+                || volume.prev_snap_txg != 0
+                || volume.origin.is_some()
+                || !volume.deadlist.is_empty()
+                || !volume.snapshots.is_empty()
             {
                 // A V1 directory has no place for them: a pool written as V1 has no records.
                 return Err(FormatError::Invalid {
                     what: WHAT,
-                    field: "V1 volume compression, reservation or space figures",
+                    field: "V1 volume compression, reservation, space figures or snapshots",
                     value: volume.id,
                 });
             }
@@ -503,6 +675,10 @@ impl PoolDirectory {
                 compression: Compression::Off,
                 reservation_bytes: 0,
                 space: None,
+                prev_snap_txg: 0,
+                origin: None,
+                deadlist: Deadlist::default(),
+                snapshots: Vec::new(),
             });
             at += BLKPTR_BYTES;
             let chain_id = r.u64(at)?;
@@ -542,7 +718,72 @@ impl PoolDirectory {
             } else {
                 (Compression::Off, 0, None)
             };
+            let mut snapshots = Vec::new();
+            let (mut prev_snap_txg, mut origin, mut deadlist) = (0, None, Deadlist::default());
+            if version >= FormatVersion::V4 {
+                prev_snap_txg = r.u64(at)?;
+                origin = Some(r.u64(at + 8)?).filter(|&id| id != 0);
+                let (list, end) = Deadlist::decode_from(&r, WHAT, at + 16)?;
+                deadlist = list;
+                let count = r.u32(end)? as usize;
+                at = end + 4;
+                if count > len.saturating_sub(at) / SNAPSHOT_FIXED_BYTES {
+                    return Err(FormatError::Invalid {
+                        what: WHAT,
+                        field: "snapshot count",
+                        value: count as u64,
+                    });
+                }
+                for _ in 0..count {
+                    let name_len = usize::from(r.u16(at + 42)?);
+                    r.zeros(at + 41, 1)?;
+                    let name = std::str::from_utf8(r.slice(at + 44, name_len)?)
+                        .map_err(|_| FormatError::Invalid {
+                            what: WHAT,
+                            field: "snapshot name",
+                            value: name_len as u64,
+                        })?
+                        .to_owned();
+                    let fixed = at;
+                    at += SNAPSHOT_FIXED_BYTES + name_len;
+                    let root = BlockPointer::decode(r.slice(at, BLKPTR_BYTES)?)?;
+                    let space = VolumeSpace {
+                        referenced_bytes: r.u64(at + BLKPTR_BYTES)?,
+                        logical_bytes: r.u64(at + BLKPTR_BYTES + 8)?,
+                        physical_bytes: r.u64(at + BLKPTR_BYTES + 16)?,
+                    };
+                    let (deadlist, end) =
+                        Deadlist::decode_from(&r, WHAT, at + SNAPSHOT_AFTER_NAME_BYTES)?;
+                    at = end;
+                    let txg = r.u64(fixed + 16)?;
+                    if snapshots.last().is_some_and(|s: &SnapshotEntry| s.txg >= txg)
+                        || txg > prev_snap_txg
+                    {
+                        return Err(FormatError::Invalid {
+                            what: WHAT,
+                            field: "snapshot txg (out of order)",
+                            value: txg,
+                        });
+                    }
+                    snapshots.push(SnapshotEntry {
+                        id: r.u64(fixed)?,
+                        guid: r.u64(fixed + 8)?,
+                        name,
+                        txg,
+                        creation_secs: r.u64(fixed + 24)?,
+                        size_bytes: r.u64(fixed + 32)?,
+                        levels: r.u8(fixed + 40)?,
+                        root,
+                        space,
+                        deadlist,
+                    });
+                }
+            }
             if let Some(volume) = volumes.last_mut() {
+                volume.prev_snap_txg = prev_snap_txg;
+                volume.origin = origin;
+                volume.deadlist = deadlist;
+                volume.snapshots = snapshots;
                 volume.log = log;
                 volume.compression = compression;
                 volume.reservation_bytes = reservation;

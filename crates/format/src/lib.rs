@@ -13,6 +13,7 @@ mod blkptr;
 mod checksum;
 mod codec;
 mod ddt;
+mod deadlist;
 mod directory;
 mod error;
 mod label;
@@ -28,10 +29,11 @@ pub use ddt::{
     DdtBucket, DdtEntry, DdtHeader, DdtKey, DDT_BUCKET_BITS_MAX, DDT_ENTRY_BYTES, DDT_HEADER_BYTES,
     DDT_KEY_BYTES,
 };
+pub use deadlist::{Deadlist, DeadlistPiece, DEADLIST_PIECE_BYTES, DEADLIST_PIECE_ENTRIES};
 pub use directory::{
     Compression, DedupMode, DirectoryRecords, LeafRecord, LeafRecordState, LogBias, LogHeader,
-    PoolDirectory, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase, SyncMode, VolumeEntry,
-    VolumeSpace, VOLUME_NAME_BYTES_MAX,
+    PoolDirectory, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase, SnapshotEntry, SyncMode,
+    TreeRef, VolumeEntry, VolumeSpace, VOLUME_NAME_BYTES_MAX,
 };
 pub use error::FormatError;
 pub use label::{
@@ -54,17 +56,19 @@ const _: () = assert!(SECTOR_BYTES.is_power_of_two());
 /// V2 changed only the uberblock (each leaf's copy says which txgs that leaf holds) and the
 /// pool directory (the trusted vdev tree, each leaf's state and error counts, the scan
 /// record); the others are still written, and only read, as V1. A V1 uberblock or directory,
-/// from a pool made before V2, still decodes.
+/// from a pool made before V2, still decodes. V3 and V4 changed only the directory: V3 added
+/// each volume's compression, reservation and space figures, V4 its snapshots and dead lists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FormatVersion {
     V1 = 1,
     V2 = 2,
     V3 = 3,
+    V4 = 4,
 }
 
 impl FormatVersion {
     /// The newest version any structure is written at.
-    pub const CURRENT: FormatVersion = FormatVersion::V3;
+    pub const CURRENT: FormatVersion = FormatVersion::V4;
 
     /// Decodes a structure's version field, refusing versions newer than `newest`, the
     /// newest one that structure has.
@@ -77,6 +81,7 @@ impl FormatVersion {
             1 => FormatVersion::V1,
             2 => FormatVersion::V2,
             3 => FormatVersion::V3,
+            4 => FormatVersion::V4,
             found => return Err(FormatError::UnsupportedVersion { what, found }),
         };
         if version > newest {

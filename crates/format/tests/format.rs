@@ -12,11 +12,12 @@ use std::path::PathBuf;
 use proptest::prelude::*;
 use sluice_format::{
     label_offsets, uberblock_offset, BlockCompression, BlockKind, BlockPointer, Checksum,
-    ChecksumAlg, Compression, DdtBucket, DdtEntry, DdtHeader, DdtKey, DedupMode, DirectoryRecords,
-    Dva, FormatError, LabelHeader, LeafConfig, LeafRecord, LeafRecordState, LogBias, LogHeader,
-    PoolDirectory, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase, SpaceMap, SyncMode,
-    TopConfig, TopKind, Uberblock, VdevTreeConfig, VolumeEntry, VolumeSpace, BLKPTR_BYTES,
-    DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
+    ChecksumAlg, Compression, DdtBucket, DdtEntry, DdtHeader, DdtKey, Deadlist, DeadlistPiece,
+    DedupMode, DirectoryRecords, Dva, FormatError, LabelHeader, LeafConfig, LeafRecord,
+    LeafRecordState, LogBias, LogHeader, PoolDirectory, ScanBookmark, ScanKind, ScanRecord,
+    ScanRecordPhase, SnapshotEntry, SpaceMap, SyncMode, TopConfig, TopKind, Uberblock,
+    VdevTreeConfig, VolumeEntry, VolumeSpace, BLKPTR_BYTES, DATA_START_BYTES, DEADLIST_PIECE_BYTES,
+    DEADLIST_PIECE_ENTRIES, LABEL_BYTES, LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
 };
 
 fn golden(name: &str, bytes: &[u8]) {
@@ -235,6 +236,10 @@ fn golden_directory() {
                 compression: Compression::Off,
                 reservation_bytes: 0,
                 space: None,
+                prev_snap_txg: 0,
+                origin: None,
+                deadlist: Deadlist::default(),
+                snapshots: Vec::new(),
             },
             VolumeEntry {
                 id: 2,
@@ -250,6 +255,10 @@ fn golden_directory() {
                 compression: Compression::Off,
                 reservation_bytes: 0,
                 space: None,
+                prev_snap_txg: 0,
+                origin: None,
+                deadlist: Deadlist::default(),
+                snapshots: Vec::new(),
             },
         ],
         ddt: DdtHeader {
@@ -291,11 +300,67 @@ fn golden_directory() {
     });
     v3.volumes[1].compression = Compression::Lz4;
     v3.volumes[1].space = Some(VolumeSpace::default());
-    let bytes = v3.encode(512).unwrap();
-    golden("directory_v3.bin", &bytes);
-    assert_eq!(PoolDirectory::decode(&bytes).unwrap(), v3);
+    // V3 is no longer written; a pool made then still opens, with no snapshots.
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/directory_v3.bin");
+    assert_eq!(PoolDirectory::decode(&std::fs::read(path).unwrap()).unwrap(), v3);
+
+    // V4: snapshots and dead lists.
+    let mut v4 = v3.clone();
+    let dead = Deadlist {
+        entries: 1500,
+        buckets: vec![(0, 1 << 20), (9, 3 << 20)],
+        pieces: vec![sample_bp(), sample_bp()],
+    };
+    v4.volumes[0].prev_snap_txg = 11;
+    v4.volumes[0].deadlist = dead.clone();
+    v4.volumes[0].snapshots = vec![
+        SnapshotEntry {
+            id: 4,
+            guid: 0x1234_5678_9abc_def0,
+            name: "before-upgrade".into(),
+            txg: 8,
+            creation_secs: 1_795_000_000,
+            size_bytes: 1 << 29,
+            levels: 2,
+            root: Some(sample_bp()),
+            space: VolumeSpace {
+                referenced_bytes: 4 << 20,
+                logical_bytes: 6 << 20,
+                physical_bytes: 2 << 20,
+            },
+            deadlist: Deadlist::default(),
+        },
+        SnapshotEntry {
+            id: 5,
+            guid: 7,
+            name: "daily".into(),
+            txg: 11,
+            creation_secs: 1_795_000_100,
+            size_bytes: 1 << 30,
+            levels: 2,
+            root: None,
+            space: VolumeSpace::default(),
+            deadlist: dead,
+        },
+    ];
+    v4.volumes[1].origin = Some(4);
+    v4.volumes[1].prev_snap_txg = 8;
+    let bytes = v4.encode(512).unwrap();
+    golden("directory_v4.bin", &bytes);
+    assert_eq!(PoolDirectory::decode(&bytes).unwrap(), v4);
+    // Snapshots out of txg order, or newer than the volume's newest, are refused.
+    let mut disordered = v4.clone();
+    disordered.volumes[0].snapshots.swap(0, 1);
+    assert!(PoolDirectory::decode(&disordered.encode(512).unwrap()).is_err());
+    let mut ahead = v4.clone();
+    ahead.volumes[0].prev_snap_txg = 10;
+    assert!(PoolDirectory::decode(&ahead.encode(512).unwrap()).is_err());
+    // A V1 directory has no place for snapshots.
+    let mut v1 = dir.clone();
+    v1.volumes[0].snapshots = v4.volumes[0].snapshots.clone();
+    assert!(v1.encode(512).is_err());
     // No scan yet: the record is all zeros.
-    let mut idle = v3.clone();
+    let mut idle = v4.clone();
     idle.records.as_mut().unwrap().scan = None;
     assert_eq!(PoolDirectory::decode(&idle.encode(512).unwrap()).unwrap(), idle);
     // A V1 directory has no place for a compression property.
@@ -611,6 +676,10 @@ fn volume_properties_byte() {
         compression: Compression::Off,
         reservation_bytes: 0,
         space: None,
+        prev_snap_txg: 0,
+        origin: None,
+        deadlist: Deadlist::default(),
+        snapshots: Vec::new(),
     };
     let dir = PoolDirectory { volumes: vec![volume], ..PoolDirectory::default() };
     let mut bytes = dir.encode(4096).unwrap();
@@ -622,4 +691,22 @@ fn volume_properties_byte() {
         bytes[at] = bad;
         assert!(PoolDirectory::decode(&bytes).is_err(), "properties byte {bad:#x} accepted");
     }
+}
+
+/// A dead list piece: its pointers, refused when the count overruns the block or a slot is a
+/// hole.
+#[test]
+fn golden_deadlist_piece() {
+    let piece = DeadlistPiece { entries: vec![sample_bp(); 3] };
+    let bytes = piece.encode(4096).unwrap();
+    assert_eq!(bytes.len(), 4096);
+    golden("deadlist_piece.bin", &bytes);
+    assert_eq!(DeadlistPiece::decode(&bytes).unwrap(), piece);
+    let mut long = bytes.clone();
+    long[12] = 4;
+    assert!(DeadlistPiece::decode(&long).is_err(), "a count past the entries");
+    let full = DeadlistPiece { entries: vec![sample_bp(); DEADLIST_PIECE_ENTRIES] };
+    assert_eq!(full.encode(4096).unwrap().len(), DEADLIST_PIECE_BYTES);
+    let over = DeadlistPiece { entries: vec![sample_bp(); DEADLIST_PIECE_ENTRIES + 1] };
+    assert!(over.encode(4096).is_err());
 }

@@ -147,7 +147,9 @@ where
                 let Some(size) = volume.size_bytes() else { return Ok(None) };
                 let mut out = Vec::with_capacity(134);
                 out.extend_from_slice(&size.to_be_bytes());
-                out.extend_from_slice(&transmission_flags(structured).to_be_bytes());
+                out.extend_from_slice(
+                    &transmission_flags(structured, volume.is_read_only()).to_be_bytes(),
+                );
                 if !no_zeroes {
                     out.extend_from_slice(&[0u8; 124]);
                 }
@@ -216,7 +218,9 @@ where
                 }
                 let mut export = proto::INFO_EXPORT.to_be_bytes().to_vec();
                 export.extend_from_slice(&size.to_be_bytes());
-                export.extend_from_slice(&transmission_flags(structured).to_be_bytes());
+                export.extend_from_slice(
+                    &transmission_flags(structured, volume.is_read_only()).to_be_bytes(),
+                );
                 out.extend_from_slice(&reply(proto::REP_INFO, &export));
                 out.extend_from_slice(&reply(proto::REP_ACK, &[]));
                 send(writer, &out).await?;
@@ -310,16 +314,20 @@ where
     Err(protocol(format!("more than {} options", proto::OPTIONS_MAX)))
 }
 
-/// The flags every export advertises: flush, FUA, trim, write-zeroes with fast zero, and
-/// multi-connection (a flush covers every connection: the log is per volume).
-fn transmission_flags(structured: bool) -> u16 {
-    let mut flags = proto::FLAG_HAS_FLAGS
-        | proto::FLAG_SEND_FLUSH
-        | proto::FLAG_SEND_FUA
-        | proto::FLAG_SEND_TRIM
-        | proto::FLAG_SEND_WRITE_ZEROES
-        | proto::FLAG_SEND_FAST_ZERO
-        | proto::FLAG_CAN_MULTI_CONN;
+/// The flags a volume's export advertises: flush, FUA, trim, write-zeroes with fast zero, and
+/// multi-connection (a flush covers every connection: the log is per volume). A snapshot's
+/// export is read-only: it says so and offers nothing that writes (a client that writes
+/// anyway gets EPERM).
+fn transmission_flags(structured: bool, read_only: bool) -> u16 {
+    let mut flags = proto::FLAG_HAS_FLAGS | proto::FLAG_SEND_FLUSH | proto::FLAG_CAN_MULTI_CONN;
+    if read_only {
+        flags |= proto::FLAG_READ_ONLY;
+    } else {
+        flags |= proto::FLAG_SEND_FUA
+            | proto::FLAG_SEND_TRIM
+            | proto::FLAG_SEND_WRITE_ZEROES
+            | proto::FLAG_SEND_FAST_ZERO;
+    }
     if structured {
         flags |= proto::FLAG_SEND_DF;
     }
@@ -471,6 +479,7 @@ fn errno(error: &StoreError) -> u32 {
         ErrorKind::Invalid => proto::EINVAL,
         ErrorKind::NoSpace => proto::ENOSPC,
         ErrorKind::Suspended => proto::ESHUTDOWN,
+        ErrorKind::ReadOnly => proto::EPERM,
         _ => proto::EIO,
     }
 }

@@ -502,17 +502,24 @@ impl Ddt {
             compared = true;
             stage = Stage::Verify;
         };
+        // A shared copy's pointer is born now, where it is written (ZFS: the logical birth,
+        // against the copy's physical one): snapshots tell by birth which pointers they
+        // hold, and this place held something else until now. Its copies' places and
+        // checksum are the table's; the scan reaches them through the table, by its birth.
+        let born_now = |phys: BlockPointer| BlockPointer { birth_txg: txg, ..phys };
         match claim {
             Claim::Share(phys) => {
                 self.stats.blocks_shared.inc();
-                Ok(phys)
+                Ok(born_now(phys))
             }
             Claim::Wait(rx) => {
                 self.stats.blocks_shared.inc();
                 self.stats.blocks_piggybacked.inc();
                 // The lead answers at its ready stage, or drops the sender when it failed (its
                 // error fails this sync).
-                rx.await.map_err(|_| self.corrupt("write of the shared copy failed in txg", txg))
+                rx.await
+                    .map(born_now)
+                    .map_err(|_| self.corrupt("write of the shared copy failed in txg", txg))
             }
             Claim::Lead => self.write_lead(pool, allocator, txg, &entry, &data, compression).await,
             Claim::Compare(_) => unreachable!("the loop breaks only on a decision"),

@@ -529,6 +529,32 @@ pub async fn walk(
     Ok(out)
 }
 
+/// Every block of a tree born after `txg` (ZFS: what `zfs rollback` frees), parents before
+/// children. A subtree born at or before `txg` is skipped whole: copy-on-write gives a parent
+/// a birth no older than any of its children, so the walk costs what changed since `txg`,
+/// not the volume's size.
+pub async fn walk_born_after(
+    pool: &Pool,
+    root: Option<BlockPointer>,
+    levels: u8,
+    txg: u64,
+) -> Result<Vec<BlockPointer>, PoolError> {
+    let mut out = Vec::new();
+    let mut stack: Vec<(u8, BlockPointer)> = root.map(|bp| (levels, bp)).into_iter().collect();
+    while let Some((level, bp)) = stack.pop() {
+        if bp.birth_txg <= txg {
+            continue;
+        }
+        out.push(bp);
+        if level == 0 {
+            continue;
+        }
+        let bytes = pool.read_block_cached(&bp, IoClass::SyncRead).await?;
+        stack.extend(decode_indirect(pool, &bytes)?.into_iter().flatten().map(|c| (level - 1, c)));
+    }
+    Ok(out)
+}
+
 /// Adds levels above `root` until it has `to` levels: the old root becomes slot 0 of a new
 /// indirect block. Returns the new root.
 pub async fn grow_levels(

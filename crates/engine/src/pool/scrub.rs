@@ -137,16 +137,23 @@ impl Pool {
         let bytes = self.read_block(&root, IoClass::Scrub).await?;
         let directory = PoolDirectory::decode(&bytes)
             .map_err(|source| PoolError::Format { pool: self.name().to_owned(), source })?;
-        for bp in directory.space_maps.iter().flatten().filter(|bp| bp.birth_txg >= min_birth) {
-            self.scrub_block(bp, &mut report).await;
+        let pieces = directory.volumes.iter().flat_map(|v| v.deadlist_pieces());
+        for bp in directory.space_maps.iter().flatten().chain(pieces) {
+            if bp.birth_txg >= min_birth {
+                self.scrub_block(bp, &mut report).await;
+            }
         }
-        // Depth-first over each volume's tree, with an explicit stack (no async recursion).
-        // The dedup table's tree too: its buckets are leaves here (the blocks their entries
-        // name are reached through the volumes that share them).
-        let mut stack: Vec<BlockPointer> =
-            directory.volumes.iter().filter_map(|v| v.root).chain(directory.ddt.root).collect();
-        while let Some(bp) = stack.pop() {
-            if bp.birth_txg < min_birth {
+        // Depth-first over each volume's trees (its snapshots', then its own), with an
+        // explicit stack (no async recursion); a tree's blocks shared with the one before it
+        // were visited there. The dedup table's tree too: its buckets are leaves here (the
+        // blocks their entries name are reached through the volumes that share them).
+        let trees = directory.volumes.iter().flat_map(|v| v.trees());
+        let mut stack: Vec<(BlockPointer, u64)> = trees
+            .filter_map(|t| t.root.map(|root| (root, t.shared_through)))
+            .chain(directory.ddt.root.map(|root| (root, 0)))
+            .collect();
+        while let Some((bp, shared_through)) = stack.pop() {
+            if bp.birth_txg < min_birth || bp.birth_txg <= shared_through {
                 continue;
             }
             let before = report.unrecoverable.len();
@@ -157,7 +164,7 @@ impl Pool {
             let bytes = self.read_block(&bp, IoClass::Scrub).await?;
             for slot in bytes.chunks_exact(BLKPTR_BYTES) {
                 if let Ok(Some(child)) = BlockPointer::decode(slot) {
-                    stack.push(child);
+                    stack.push((child, shared_through));
                 }
             }
         }
@@ -215,7 +222,8 @@ impl Pool {
             .iter()
             .flatten()
             .copied()
-            .chain(directory.volumes.iter().filter_map(|v| v.root))
+            .chain(directory.volumes.iter().flat_map(|v| v.deadlist_pieces()).copied())
+            .chain(directory.volumes.iter().flat_map(|v| v.trees()).filter_map(|t| t.root))
             .chain(directory.ddt.root)
             .filter(|bp| bp.birth_txg > min_birth)
             .collect();

@@ -1,7 +1,11 @@
 //! A full check of a quiet store's space and references (ZFS: `zdb -b`, leak detection).
 //!
 //! Every block the last synced txg reaches is found by walking it: the directory, the space-map
-//! pieces, each volume's tree and the dedup table's tree. A dedup data block is counted once,
+//! pieces, each volume's tree and its snapshots' trees (a block shared with the tree before
+//! counted once), the dead lists' pieces and the dedup table's tree. Each volume's blocks must
+//! also be owned exactly once: their bytes equal what its tree references plus what its dead
+//! lists hold, each list's figures match its entries, and no entry is younger than the
+//! snapshot that holds it. A dedup data block is counted once,
 //! however many pointers share it, and the pointers are counted per key. Then two books must
 //! balance: the space the allocator holds as allocated (neither free, nor log, nor waiting out
 //! a deferral) equals the space of the blocks found, and each dedup entry's refcount equals the
@@ -10,7 +14,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use sluice_format::{BlockPointer, DdtKey, VolumeSpace};
+use sluice_format::{BlockPointer, DdtKey, Deadlist, VolumeSpace};
+
+use super::dsl_deadlist::{count_entry, dead_bytes};
 
 use super::{Store, StoreError};
 use crate::objset;
@@ -79,27 +85,54 @@ impl Store {
         }
         let mut pointers: BTreeMap<DdtKey, (u64, BlockPointer)> = BTreeMap::new();
         for (entry, root, levels) in roots {
-            let blocks = entry.size_bytes / u64::from(entry.block_bytes);
-            let mut space = VolumeSpace::default();
-            for (level, index, bp) in objset::walk(&self.pool, root, levels).await? {
-                objset::add_space(&mut space, &bp, true);
-                if level == 0 && index >= blocks {
-                    report.problems.push(format!(
-                        "volume {} holds block {index} past its end ({blocks} blocks)",
-                        entry.name
-                    ));
+            let mut owned = 0u64;
+            for (i, tree) in entry.trees().into_iter().enumerate() {
+                let snapshot = entry.snapshots.get(i);
+                let what = match snapshot {
+                    Some(s) => format!("snapshot {}@{}", entry.name, s.name),
+                    None => format!("volume {}", entry.name),
+                };
+                let blocks = tree.size_bytes / u64::from(entry.block_bytes);
+                let mut space = VolumeSpace::default();
+                // The volume's own tree as on disk (a grow adds its levels at the next sync).
+                let (root, levels) =
+                    if snapshot.is_none() { (root, levels) } else { (tree.root, tree.levels) };
+                for (level, index, bp) in objset::walk(&self.pool, root, levels).await? {
+                    objset::add_space(&mut space, &bp, true);
+                    if level == 0 && index >= blocks {
+                        report.problems.push(format!(
+                            "{what} holds block {index} past its end ({blocks} blocks)"
+                        ));
+                    }
+                    if bp.birth_txg <= tree.shared_through {
+                        // The tree before holds it at the same place.
+                        continue;
+                    }
+                    owned += dead_bytes(&bp);
+                    match bp.dedup {
+                        Some(key) => pointers.entry(key).or_insert((0, bp)).0 += 1,
+                        None => add(&bp, &mut report),
+                    }
                 }
-                match bp.dedup {
-                    Some(key) => pointers.entry(key).or_insert((0, bp)).0 += 1,
-                    None => add(&bp, &mut report),
+                // The figures each sync keeps by adding what it wrote and taking away what it
+                // replaced must be what the tree holds.
+                let counted = snapshot.map_or(entry.space, |s| Some(s.space));
+                if counted != Some(space) {
+                    report
+                        .problems
+                        .push(format!("{what} counts {counted:?}, its tree holds {space:?}"));
                 }
             }
-            // The figures each sync keeps by adding what it wrote and taking away what it
-            // replaced must be what the tree holds.
-            if entry.space != Some(space) {
+            for bp in entry.deadlist_pieces() {
+                add(bp, &mut report);
+            }
+            let held = self.audit_deadlists(&entry, &mut report).await?;
+            let referenced = entry.space.map_or(0, |s| s.referenced_bytes);
+            if owned != referenced + held {
                 report.problems.push(format!(
-                    "volume {} counts {:?}, its tree holds {space:?}",
-                    entry.name, entry.space
+                    "volume {}: its trees hold {owned} bytes, but it references {referenced} \
+                     and its dead lists hold {held}",
+                    entry.name
                 ));
             }
         }
@@ -164,5 +197,45 @@ impl Store {
             ));
         }
         Ok(report)
+    }
+
+    /// Checks each dead list of `entry` against its entries; returns the bytes they hold.
+    async fn audit_deadlists(
+        &self,
+        entry: &sluice_format::VolumeEntry,
+        report: &mut AuditReport,
+    ) -> Result<u64, StoreError> {
+        let starts: Vec<u64> =
+            std::iter::once(0).chain(entry.snapshots.iter().map(|s| s.txg + 1)).collect();
+        // Each list with the txg of the snapshot that holds its blocks (0: none may).
+        let mut lists: Vec<(String, &Deadlist, u64)> = Vec::new();
+        for (i, snapshot) in entry.snapshots.iter().enumerate() {
+            let holder = i.checked_sub(1).map_or(0, |p| entry.snapshots[p].txg);
+            lists.push((format!("{}@{}", entry.name, snapshot.name), &snapshot.deadlist, holder));
+        }
+        lists.push((entry.name.clone(), &entry.deadlist, entry.prev_snap_txg));
+        let mut held = 0;
+        for (name, list, holder) in lists {
+            let entries = self.deadlist_entries(list).await?;
+            let mut counted = Deadlist::default();
+            for bp in &entries {
+                count_entry(&mut counted, &starts, bp);
+                if bp.birth_txg > holder {
+                    report.problems.push(format!(
+                        "the dead list of {name} holds a block born in txg {}, after its \
+                         snapshot's txg {holder}",
+                        bp.birth_txg
+                    ));
+                }
+            }
+            if counted.buckets != list.buckets {
+                report.problems.push(format!(
+                    "the dead list of {name} counts {:?} by birth range, its entries {:?}",
+                    list.buckets, counted.buckets
+                ));
+            }
+            held += list.bytes();
+        }
+        Ok(held)
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use sluice_format::{Compression, DedupMode, LogBias, SyncMode, VolumeEntry, VolumeSpace};
+use sluice_format::{Compression, DedupMode, LogBias, SyncMode, VolumeEntry};
 
 use super::dbuf::{Block, Prewritten};
 use super::dmu_tx::TxgLimits;
@@ -40,6 +40,8 @@ pub struct Dataset {
     /// Set, under the store's state lock, when the volume is destroyed: requests through
     /// handles still holding it then fail.
     pub(super) destroyed: AtomicBool,
+    /// A snapshot's dataset (its NBD export): reads only, from a tree that never changes.
+    pub(super) read_only: bool,
     /// Taken inside the store's state lock, never the other way round (crate::txg's lock order).
     pub(super) state: Mutex<VolumeState>,
 }
@@ -85,6 +87,7 @@ impl Dataset {
             stats: Arc::new(VolumeStats::default()),
             dirty_bytes: AtomicU64::new(0),
             destroyed: AtomicBool::new(false),
+            read_only: false,
             state: Mutex::new(VolumeState {
                 disk_levels: entry.levels,
                 entry,
@@ -94,6 +97,18 @@ impl Dataset {
                 log,
             }),
         })
+    }
+
+    /// The read-only dataset of a snapshot, whose entry names its tree; it has no log.
+    pub(super) fn snapshot(entry: VolumeEntry, limits: &TxgLimits) -> Arc<Dataset> {
+        let mut dataset = Dataset::new(entry, None, limits);
+        Arc::get_mut(&mut dataset).expect("a new dataset has one owner").read_only = true;
+        dataset
+    }
+
+    /// Whether this is a snapshot's dataset, which refuses writes.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     /// The volume's name now (a rename changes it while handles are open).
@@ -152,9 +167,11 @@ pub(super) fn check_volume_name(name: &str) -> Result<(), StoreError> {
 impl Dataset {
     /// Reserved bytes the volume has not used yet (ZFS: `usedbyrefreservation`): its
     /// reservation less what its tree takes and what it has dirty.
+    /// Blocks shared with its newest snapshot do not count: overwriting them takes new space
+    /// (ZFS: the head's unique bytes against `refreservation`).
     pub(super) fn unused_reservation(&self) -> u64 {
         let volume = self.state.lock();
-        let used = volume.entry.space.map_or(0, |s| s.referenced_bytes);
+        let used = super::dsl_snapshot::unique_bytes(&volume.entry);
         let dirty = self.dirty_bytes.load(Ordering::Relaxed);
         volume.entry.reservation_bytes.saturating_sub(used.saturating_add(dirty))
     }
@@ -191,7 +208,7 @@ impl Store {
 
     /// Bytes that could still be set aside: free space beyond the slop, what the open and
     /// syncing txgs will write, and every volume's unused reservation.
-    fn reservable_bytes(&self, state: &super::State) -> u64 {
+    pub(super) fn reservable_bytes(&self, state: &super::State) -> u64 {
         let reserved: u64 = state.volumes.values().map(|d| d.unused_reservation()).sum();
         let dirty = state.dirty_bytes + state.dirty_metadata_bytes + state.syncing_bytes;
         let allocator = self.allocator.lock();
@@ -264,21 +281,8 @@ impl Store {
         let log = self.new_log(id)?;
         state.next_volume_id += 1;
         let levels = objset::levels_for(size_bytes / u64::from(block_bytes));
-        let entry = VolumeEntry {
-            id,
-            name: name.to_owned(),
-            size_bytes,
-            block_bytes,
-            levels,
-            root: None,
-            log: None,
-            dedup: DedupMode::Off,
-            sync: SyncMode::Standard,
-            logbias: LogBias::Latency,
-            compression: Compression::default(),
-            reservation_bytes,
-            space: Some(VolumeSpace::default()),
-        };
+        let mut entry = VolumeEntry::new(id, name, size_bytes, block_bytes, levels);
+        entry.reservation_bytes = reservation_bytes;
         state.volumes.insert(name.to_owned(), Dataset::new(entry, Some(log), &self.limits));
         Ok(())
     }
@@ -317,19 +321,47 @@ impl Store {
         Ok(())
     }
 
-    /// Destroys a volume; its blocks are freed by the next sync.
+    /// Destroys a volume that has no snapshots; its blocks are freed by the next sync.
+    pub async fn destroy_volume(&self, name: &str) -> Result<(), StoreError> {
+        self.destroy_volume_with(name, false).await
+    }
+
+    /// Destroys a volume, and with `snapshots` its snapshots too (`-r`; without, a volume
+    /// with snapshots is refused, naming them). Its blocks are freed by the next sync: its
+    /// tree's, and those on its and its snapshots' dead lists, which between them are every
+    /// block a snapshot holds (crate::txg::dsl_snapshot).
     ///
     /// Waits for a sync in flight: the sync writes the volume's new tree and records it by
     /// the volume's name, so a destroy (or a destroy and a create under the same name) inside
     /// it would free the old tree twice and leak the new one.
-    pub async fn destroy_volume(&self, name: &str) -> Result<(), StoreError> {
+    pub async fn destroy_volume_with(&self, name: &str, snapshots: bool) -> Result<(), StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a volume destroy");
         let _no_sync = self.sync_lock.lock().await;
         let mut state = self.state.lock();
-        let dataset = state.volumes.remove(name).ok_or_else(|| self.no_such_volume(name))?;
+        let dataset = Arc::clone(state.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?);
+        let (names, ids): (Vec<String>, Vec<u64>) = {
+            let v = dataset.state.lock();
+            v.entry.snapshots.iter().map(|s| (s.name.clone(), s.id)).unzip()
+        };
+        if !names.is_empty() && !snapshots {
+            return Err(StoreError::HasSnapshots {
+                pool: self.pool.name().to_owned(),
+                volume: name.to_owned(),
+                snapshots: names.join(", "),
+            });
+        }
+        state.volumes.remove(name);
         dataset.destroyed.store(true, Ordering::Release);
+        for id in ids {
+            if let Some(open) = state.snapshot_exports.remove(&id).and_then(|w| w.upgrade()) {
+                open.destroyed.store(true, Ordering::Release);
+            }
+        }
         let volume = dataset.state.lock();
+        let lists = std::iter::once(&volume.entry.deadlist)
+            .chain(volume.entry.snapshots.iter().map(|s| &s.deadlist));
+        state.destroyed_deadlists.extend(lists.filter(|l| !l.pieces.is_empty()).cloned());
         if let Some(log) = &volume.log {
             state.retired_log.extend(log.retire());
         }
@@ -447,7 +479,16 @@ impl Store {
         }
     }
 
-    /// A volume, for handles that serve it ([`crate::volume::Volume`]).
+    /// What a handle serves ([`crate::volume::Volume`]): a volume, or for `VOL@SNAP` a
+    /// snapshot, read-only.
+    pub fn export_dataset(&self, name: &str) -> Result<Arc<Dataset>, StoreError> {
+        match name.split_once('@') {
+            Some((volume, snapshot)) => self.snapshot_dataset(volume, snapshot),
+            None => self.dataset(name),
+        }
+    }
+
+    /// A volume by name.
     pub fn dataset(&self, name: &str) -> Result<Arc<Dataset>, StoreError> {
         self.state.lock().volumes.get(name).cloned().ok_or_else(|| self.no_such_volume(name))
     }

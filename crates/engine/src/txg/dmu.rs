@@ -137,7 +137,7 @@ impl Store {
         offset: u64,
         len: u64,
     ) -> Result<(Vec<u8>, Vec<(u64, bool)>), StoreError> {
-        let dataset = self.dataset(volume)?;
+        let dataset = self.export_dataset(volume)?;
         self.read_with_status_in(&dataset, offset, len).await
     }
 
@@ -288,6 +288,12 @@ impl Store {
         self.check_live()?;
         let _guard = self.panic_guard("the write path");
         self.check_exists(dataset)?;
+        if dataset.read_only {
+            return Err(StoreError::ReadOnly {
+                pool: self.pool.name().to_owned(),
+                volume: dataset.name(),
+            });
+        }
         Self::check_range(dataset, dataset.size_bytes(), offset, len)?;
         if len == 0 {
             // Nothing changes, so nothing is logged; the last record still covers the caller.
@@ -478,7 +484,7 @@ impl Store {
         offset: u64,
         len: u64,
     ) -> Result<Vec<(u64, bool)>, StoreError> {
-        let dataset = self.dataset(volume)?;
+        let dataset = self.export_dataset(volume)?;
         self.block_status_in(&dataset, offset, len).await
     }
 
@@ -522,7 +528,7 @@ impl Store {
     /// Writes `data` at `offset`. The write is visible at once and durable after the next
     /// txg sync or a [`Store::commit`] of the returned record sequence (FUA, flush).
     pub async fn write(&self, volume: &str, offset: u64, data: &[u8]) -> Result<u64, StoreError> {
-        let dataset = self.dataset(volume)?;
+        let dataset = self.export_dataset(volume)?;
         self.write_in(&dataset, offset, data).await
     }
 
@@ -539,7 +545,7 @@ impl Store {
     /// Zeroes a range; whole blocks become holes and their space is freed at the next sync.
     /// Logged like a write; returns the record sequence.
     pub async fn zero(&self, volume: &str, offset: u64, len: u64) -> Result<u64, StoreError> {
-        let dataset = self.dataset(volume)?;
+        let dataset = self.export_dataset(volume)?;
         self.zero_in(&dataset, offset, len).await
     }
 

@@ -47,7 +47,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use sluice_format::{
     BlockKind, BlockPointer, DdtBucket, PoolDirectory, ScanBookmark, ScanKind, ScanRecord,
-    ScanRecordPhase, BLKPTR_BYTES,
+    ScanRecordPhase, TreeRef, BLKPTR_BYTES,
 };
 
 use super::{Store, StoreError};
@@ -833,18 +833,22 @@ impl Store {
         let mut next = bookmark;
         if next == Bookmark::Start {
             let pieces = directory.space_maps.iter().flatten();
-            for bp in std::iter::once(&root).chain(pieces).filter(|bp| in_range(bp)) {
+            let dead = directory.volumes.iter().flat_map(|v| v.deadlist_pieces());
+            for bp in std::iter::once(&root).chain(pieces).chain(dead).filter(|bp| in_range(bp)) {
                 gathered_bytes += bp.psize_bytes();
                 gathered.push(*bp);
             }
             next = Bookmark::Ddt { block: 0 };
         }
-        let mut volumes: Vec<_> = directory.volumes.iter().collect();
+        // Every volume's trees, its snapshots' included, in id order (snapshot ids come from
+        // the same counter): the bookmark names one by id. A tree's blocks shared with the
+        // one before it are skipped, having been visited there.
+        let mut volumes: Vec<TreeRef> = directory.volumes.iter().flat_map(|v| v.trees()).collect();
         volumes.sort_by_key(|v| v.id);
         let total_bytes: u64 = volumes.iter().map(|v| v.size_bytes).sum();
         while gathered_bytes < budget && next != Bookmark::Done {
             // The tree the bookmark is in, where in it, and (a volume's) its id.
-            let (root, levels, walk, from, volume_id) = match next {
+            let (root, levels, walk, from, volume_id, shared_through) = match next {
                 Bookmark::Start => unreachable!("the start is gathered above"),
                 Bookmark::Volume { id, block } => {
                     let Some(volume) = volumes.iter().find(|v| v.id >= id) else {
@@ -852,10 +856,11 @@ impl Store {
                         continue;
                     };
                     let from = if volume.id == id { block } else { 0 };
-                    (volume.root, volume.levels, Walk::Volume, from, volume.id)
+                    let shared = volume.shared_through;
+                    (volume.root, volume.levels, Walk::Volume, from, volume.id, shared)
                 }
                 Bookmark::Ddt { block } => {
-                    (directory.ddt.root, directory.ddt.levels, Walk::DedupTable, block, 0)
+                    (directory.ddt.root, directory.ddt.levels, Walk::DedupTable, block, 0, 0)
                 }
                 Bookmark::Done => break,
             };
@@ -866,7 +871,7 @@ impl Store {
                     levels,
                     walk,
                     from,
-                    (min_birth, max_birth),
+                    (min_birth.max(shared_through + 1), max_birth),
                     budget - gathered_bytes,
                     &mut gathered,
                     &mut unreadable,

@@ -13,6 +13,8 @@
 //! |---|---|---|
 //! | `mod.rs` | `dsl_pool.c` | [`Store`], its shared state, errors, suspension |
 //! | `dataset.rs` | `dsl_dataset.c`, `zvol.c` | volume create, destroy, resize, properties |
+//! | `dsl_snapshot.rs` | `dsl_dataset.c`, `dsl_destroy.c` | snapshot create and destroy, rollback, snapshot exports |
+//! | `dsl_deadlist.rs` | `dsl_deadlist.c`, `bpobj.c` | dead lists: appended by each sync, read back by a destroy |
 //! | `dbuf.rs` | `dbuf.c` | dirty blocks and patches of the open and syncing txgs |
 //! | `dmu.rs` | `dmu.c` | the read and write paths |
 //! | `dmu_tx.rs` | `dmu_tx.c` | admission: the free-space check and the write throttle |
@@ -45,7 +47,9 @@ mod dataset;
 mod dbuf;
 mod dmu;
 mod dmu_tx;
+mod dsl_deadlist;
 mod dsl_scan;
+mod dsl_snapshot;
 mod spa_load;
 mod spa_sync;
 mod spa_vdev;
@@ -56,6 +60,7 @@ pub use audit::AuditReport;
 pub use dataset::{Dataset, VolumeProperty};
 use dmu_tx::TxgLimits;
 pub use dsl_scan::{ScanFunc, ScanPhase, ScanStatus};
+pub use dsl_snapshot::{SnapshotInfo, SnapshotSpace};
 pub use spa_load::{ImportOptions, ImportReport, LostLog, Rewind};
 pub use spa_sync::SyncRecord;
 
@@ -101,6 +106,35 @@ pub enum StoreError {
     #[error("volume {volume}: {reason}")]
     InvalidProperty { volume: String, reason: String },
     #[error(
+        "snapshot {pool}/{volume}@{snapshot} does not exist; `sluice snapshot list` shows the \
+         snapshots"
+    )]
+    NoSuchSnapshot { pool: String, volume: String, snapshot: String },
+    #[error("snapshot {pool}/{volume}@{snapshot} already exists")]
+    SnapshotExists { pool: String, volume: String, snapshot: String },
+    #[error(
+        "pool {pool}: cannot roll volume {volume} back to {snapshot}: later snapshots exist \
+         ({later}); destroy them first, or roll back with -r to destroy them too"
+    )]
+    NotNewestSnapshot { pool: String, volume: String, snapshot: String, later: String },
+    #[error(
+        "pool {pool}: volume {volume} has snapshots ({snapshots}); destroy them first, or \
+         destroy with -r to destroy them too"
+    )]
+    HasSnapshots { pool: String, volume: String, snapshots: String },
+    #[error(
+        "pool {pool}: a snapshot of {volumes} needs {needed_bytes} more bytes set aside (a thick \
+         volume's reservation must cover rewriting every block its snapshot will hold), and \
+         only {available_bytes} are free beyond what volumes have reserved; free space or \
+         destroy older snapshots"
+    )]
+    SnapshotNeedsSpace { pool: String, volumes: String, needed_bytes: u64, available_bytes: u64 },
+    #[error(
+        "{pool}/{volume} is a snapshot, read-only: its blocks never change. To write, roll the \
+         volume back to it or clone it"
+    )]
+    ReadOnly { pool: String, volume: String },
+    #[error(
         "pool {pool} is suspended: {cause}; nothing more is written to it. Stop serving it and \
          import it again, which returns it to the last synced txg and replays the intent log"
     )]
@@ -145,7 +179,13 @@ impl StoreError {
             | StoreError::InvalidSize { .. }
             | StoreError::OutOfRange { .. }
             | StoreError::ScanRefused { .. }
-            | StoreError::InvalidProperty { .. } => ErrorKind::Invalid,
+            | StoreError::InvalidProperty { .. }
+            | StoreError::NotNewestSnapshot { .. }
+            | StoreError::HasSnapshots { .. } => ErrorKind::Invalid,
+            StoreError::NoSuchSnapshot { .. } => ErrorKind::NotFound,
+            StoreError::SnapshotExists { .. } => ErrorKind::Exists,
+            StoreError::SnapshotNeedsSpace { .. } => ErrorKind::NoSpace,
+            StoreError::ReadOnly { .. } => ErrorKind::ReadOnly,
             StoreError::NoSpace { .. } | StoreError::NoSpaceToReserve { .. } => ErrorKind::NoSpace,
             StoreError::Suspended { .. } => ErrorKind::Suspended,
             StoreError::DamagedTxg { .. } | StoreError::NoIntactTxg { .. } => ErrorKind::Checksum,
@@ -173,6 +213,13 @@ struct State {
     syncing_metadata_bytes: u64,
     /// Trees of destroyed volumes, freed by the next sync: (root, levels).
     destroyed: Vec<(BlockPointer, u8)>,
+    /// Dead lists of destroyed volumes and their snapshots: their entries and pieces are
+    /// freed by the next sync.
+    destroyed_deadlists: Vec<sluice_format::Deadlist>,
+    /// Snapshot changes asked in the open txg, made by its sync in this order.
+    snapshot_ops: Vec<dsl_snapshot::SnapshotOp>,
+    /// Datasets of snapshots served read-only, by snapshot id, while a handle holds one.
+    snapshot_exports: BTreeMap<u64, std::sync::Weak<Dataset>>,
     /// Log blocks of retired chains (destroyed volumes, replayed or failed logs), freed by the
     /// next sync.
     retired_log: Vec<LogAddress>,
@@ -202,6 +249,9 @@ impl State {
             syncing_bytes: 0,
             syncing_metadata_bytes: 0,
             destroyed: Vec::new(),
+            destroyed_deadlists: Vec::new(),
+            snapshot_ops: Vec::new(),
+            snapshot_exports: BTreeMap::new(),
             retired_log: Vec::new(),
             orphaned: Vec::new(),
         }

@@ -22,11 +22,12 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use sluice_format::{
-    BlockCompression, BlockKind, BlockPointer, Compression, DdtHeader, DedupMode, DirectoryRecords,
-    Dva, LogHeader, PoolDirectory, SpaceMap, VolumeEntry, VolumeSpace, DVAS_MAX,
+    BlockCompression, BlockKind, BlockPointer, Compression, DdtHeader, Deadlist, DedupMode,
+    DirectoryRecords, Dva, LogHeader, PoolDirectory, SpaceMap, VolumeEntry, VolumeSpace, DVAS_MAX,
 };
 
 use super::dbuf::{Block, Prewritten};
+use super::dsl_snapshot::{Family, SnapshotOp};
 use super::space_map::{split_space_map, SPACE_MAP_PIECE_BYTES};
 use super::{Store, StoreError};
 use crate::alloc::{AllocClass, AllocError, Allocator};
@@ -64,14 +65,23 @@ struct Quiesced {
     destroyed: Vec<(BlockPointer, u8)>,
     /// Blocks written in place that no volume links (`State::orphaned`).
     orphaned: Vec<Prewritten>,
+    /// Dead lists of destroyed volumes and their snapshots.
+    destroyed_deadlists: Vec<Deadlist>,
+    /// Snapshot changes asked in this txg.
+    snapshot_ops: Vec<SnapshotOp>,
 }
 
 type VolumeWork = (VolumeEntry, u8, BTreeMap<u64, Block>, BTreeMap<u64, Prewritten>);
 
 /// A volume's tree as a sync wrote it.
-struct SyncedTree {
-    root: Option<BlockPointer>,
-    space: VolumeSpace,
+pub(super) struct SyncedTree {
+    pub(super) root: Option<BlockPointer>,
+    pub(super) space: VolumeSpace,
+    /// Blocks the sync replaced that the volume's newest snapshot still holds: they go on its
+    /// dead list, not back to the allocator.
+    pub(super) dead: Vec<BlockPointer>,
+    /// Its snapshots and dead list as this sync leaves them.
+    pub(super) family: Family,
 }
 
 impl Store {
@@ -140,7 +150,8 @@ impl Store {
 
     /// One sync, in its named steps (the module doc lists them).
     pub(super) async fn sync_locked(&self) -> Result<u64, StoreError> {
-        let Quiesced { txg, work, destroyed, orphaned } = self.quiesce();
+        let Quiesced { txg, work, destroyed, orphaned, destroyed_deadlists, snapshot_ops } =
+            self.quiesce();
         let quiesced = self.pool.env().now();
         // A volume still replaying records its progress as of this quiesce: records applied
         // after it belong to the next txg.
@@ -152,9 +163,14 @@ impl Store {
                 ctx.replaced.push(bp);
             }
         }
+        for list in destroyed_deadlists {
+            ctx.replaced.extend(self.deadlist_entries(&list).await?);
+            ctx.replaced.extend(list.pieces);
+        }
         self.fail_point("spa_sync.write_volumes");
-        let roots = self.write_volumes(&mut ctx, work).await?;
+        let mut roots = self.write_volumes(&mut ctx, work).await?;
         self.release_prewritten(txg, orphaned).await;
+        self.sync_snapshots(&mut ctx, &mut roots, snapshot_ops).await?;
         let (ddt_header, replaced) = self.write_dedup_table(&mut ctx).await?;
         let vdevs = self.free_replaced(txg, &replaced);
         let (anchored, headers, directory) =
@@ -201,7 +217,9 @@ impl Store {
         }
         let destroyed = std::mem::take(&mut state.destroyed);
         let orphaned = std::mem::take(&mut state.orphaned);
-        Quiesced { txg, work, destroyed, orphaned }
+        let destroyed_deadlists = std::mem::take(&mut state.destroyed_deadlists);
+        let snapshot_ops = std::mem::take(&mut state.snapshot_ops);
+        Quiesced { txg, work, destroyed, orphaned, destroyed_deadlists, snapshot_ops }
     }
 
     /// Writes every volume's dirty blocks and the indirect blocks above them; returns each
@@ -344,7 +362,18 @@ impl Store {
             for bp in &ctx.replaced[replaced_before..] {
                 objset::add_space(&mut space, bp, false);
             }
-            roots.insert(entry.name.clone(), SyncedTree { root, space });
+            // What the newest snapshot holds stays allocated, on the dead list.
+            let mut dead = Vec::new();
+            if entry.prev_snap_txg > 0 {
+                let replaced = ctx.replaced.split_off(replaced_before);
+                let prev = entry.prev_snap_txg;
+                let (own, held): (Vec<_>, Vec<_>) =
+                    replaced.into_iter().partition(|bp| bp.birth_txg > prev);
+                ctx.replaced.extend(own);
+                dead = held;
+            }
+            let family = Family::of(&entry);
+            roots.insert(entry.name.clone(), SyncedTree { root, space, dead, family });
         }
         Ok(roots)
     }
@@ -452,13 +481,21 @@ impl Store {
                     .map(|dataset| {
                         let v = dataset.state.lock();
                         let synced = roots.get(&v.entry.name);
-                        VolumeEntry {
+                        let mut entry = VolumeEntry {
                             // A volume created since the quiesce has no tree yet.
                             root: synced.and_then(|s| s.root),
                             space: synced.map_or(v.entry.space, |s| Some(s.space)),
                             log: headers.get(&v.entry.name).copied().flatten(),
                             ..v.entry.clone()
+                        };
+                        if let Some(synced) = synced {
+                            synced.family.apply(&mut entry);
+                            if synced.family.rolled_back && entry.reservation_bytes != 0 {
+                                entry.reservation_bytes =
+                                    self.thick_reservation(entry.size_bytes, entry.block_bytes);
+                            }
                         }
+                        entry
                     })
                     .collect(),
                 ddt: ddt_header,
@@ -490,21 +527,10 @@ impl Store {
             .map_err(|source| PoolError::Format { pool: name.clone(), source })?;
         let (map_blocks, directory_block, maps) = {
             let mut allocator = self.allocator.lock();
-            // Each piece in `copies` copies, the directory in one more (ditto blocks); an
-            // extra copy that finds no room is left out.
+            // Each piece in `copies` copies, the directory in one more (ditto blocks).
             let copies = self.pool.metadata_copies();
             let place = |allocator: &mut Allocator, bytes: u64, copies: usize| {
-                let first =
-                    allocator.allocate(bytes, AllocClass::Reserved, &[]).map_err(no_space)?;
-                let mut placed = vec![first];
-                while placed.len() < copies {
-                    let others: Vec<(u32, u64)> = placed.iter().map(|p| (p.0, p.1)).collect();
-                    match allocator.allocate_ditto(bytes, AllocClass::Reserved, &others) {
-                        Ok(at) => placed.push(at),
-                        Err(_) => break,
-                    }
-                }
-                Ok::<_, PoolError>(placed)
+                place_metadata(allocator, bytes, copies).map_err(no_space)
             };
             let mut blocks = Vec::new();
             for vdev in 0..vdevs as u32 {
@@ -566,7 +592,7 @@ impl Store {
 
     /// Writes one metadata block to every place allocated for it (its first copy and ditto
     /// copies, all of one size) and returns its pointer, with a DVA per copy.
-    async fn write_metadata(
+    pub(super) async fn write_metadata(
         &self,
         places: &[(u32, u64, u64)],
         data: SharedBuf,
@@ -618,6 +644,16 @@ impl Store {
             if let Some(synced) = roots.get(&volume.entry.name) {
                 volume.entry.root = synced.root;
                 volume.entry.space = Some(synced.space);
+                synced.family.apply(&mut volume.entry);
+                if synced.family.rolled_back {
+                    // Writes that came in during the sync lie past a smaller size, perhaps.
+                    let blocks = volume.entry.size_bytes / u64::from(volume.entry.block_bytes);
+                    volume.open.retain(|&index, _| index < blocks);
+                    if volume.entry.reservation_bytes != 0 {
+                        volume.entry.reservation_bytes = self
+                            .thick_reservation(volume.entry.size_bytes, volume.entry.block_bytes);
+                    }
+                }
                 volume.disk_levels = volume.entry.levels;
             }
             if let Some(header) = headers.get(&volume.entry.name) {
@@ -733,4 +769,23 @@ impl Store {
             })
         })
     }
+}
+
+/// Allocates a metadata block of `bytes` in `copies` copies (ditto blocks); an extra copy that
+/// finds no room is left out, as in ZFS.
+pub(super) fn place_metadata(
+    allocator: &mut Allocator,
+    bytes: u64,
+    copies: usize,
+) -> Result<Vec<(u32, u64, u64)>, AllocError> {
+    let first = allocator.allocate(bytes, AllocClass::Reserved, &[])?;
+    let mut placed = vec![first];
+    while placed.len() < copies {
+        let others: Vec<(u32, u64)> = placed.iter().map(|p| (p.0, p.1)).collect();
+        match allocator.allocate_ditto(bytes, AllocClass::Reserved, &others) {
+            Ok(at) => placed.push(at),
+            Err(_) => break,
+        }
+    }
+    Ok(placed)
 }

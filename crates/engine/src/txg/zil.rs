@@ -138,7 +138,7 @@ impl Store {
     /// Makes every write and zero on `volume` that returned before this call durable (NBD's
     /// FLUSH; it covers every connection to the volume).
     pub async fn flush(&self, volume: &str) -> Result<(), StoreError> {
-        let dataset = self.dataset(volume)?;
+        let dataset = self.export_dataset(volume)?;
         self.flush_in(&dataset).await
     }
 
@@ -152,7 +152,7 @@ impl Store {
     /// Returns once record `sequence` of `volume`'s log and every earlier one are durable:
     /// through the log when its chain is anchored and healthy, else through a txg sync.
     pub async fn commit(&self, volume: &str, sequence: u64) -> Result<(), StoreError> {
-        let dataset = self.dataset(volume)?;
+        let dataset = self.export_dataset(volume)?;
         self.commit_in(&dataset, sequence).await
     }
 
@@ -161,6 +161,10 @@ impl Store {
         self.check_live()?;
         let _guard = self.panic_guard("a log commit");
         self.check_exists(dataset)?;
+        if dataset.read_only {
+            // A snapshot has nothing to make durable.
+            return Ok(());
+        }
         let (log, sync) = {
             let v = dataset.state.lock();
             (v.log.clone(), v.entry.sync)

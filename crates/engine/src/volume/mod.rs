@@ -57,9 +57,9 @@ impl Drop for InFlight<'_> {
 }
 
 impl Volume {
-    /// A handle on the volume `name`.
+    /// A handle on the volume `name`, or on snapshot `VOL@SNAP` (read-only).
     pub fn open(store: &Arc<Store>, name: &str) -> Result<Volume, StoreError> {
-        let dataset = store.dataset(name)?;
+        let dataset = store.export_dataset(name)?;
         Ok(Volume {
             store: Arc::clone(store),
             gate: dataset.gate().cloned(),
@@ -96,6 +96,11 @@ impl Volume {
 
     pub fn name(&self) -> String {
         self.dataset.name()
+    }
+
+    /// Whether this is a snapshot, served read-only.
+    pub fn is_read_only(&self) -> bool {
+        self.dataset.is_read_only()
     }
 
     pub fn store(&self) -> &Arc<Store> {

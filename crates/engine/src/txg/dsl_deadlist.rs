@@ -1,0 +1,149 @@
+//! Dead lists on disk (ZFS: `dsl_deadlist.c`, `bpobj.c`): appending what a sync replaced,
+//! reading a list back, and keeping its bytes by birth range.
+//!
+//! A list's pieces are metadata blocks of up to [`DEADLIST_PIECE_ENTRIES`] pointers, written
+//! in as many copies as the pool's other metadata. A sync appends by rewriting the list's
+//! last piece, when it has room, with the new pointers after its own, so a list that grows a
+//! little each txg keeps about one piece per thousand entries instead of one per txg. The
+//! bytes are kept per birth range (sluice_format::Deadlist), so a snapshot's unique space is
+//! read off the directory: `snapshot list` reads no pieces.
+
+use sluice_format::{
+    BlockPointer, Deadlist, DeadlistPiece, FormatError, DEADLIST_PIECE_BYTES,
+    DEADLIST_PIECE_ENTRIES,
+};
+
+use super::spa_sync::place_metadata;
+use super::Store;
+use crate::device::AlignedBuf;
+use crate::pool::PoolError;
+use crate::tunables::IoClass;
+
+/// Allocated bytes of a block, every copy: what a dead list counts for it.
+pub(super) fn dead_bytes(bp: &BlockPointer) -> u64 {
+    bp.copies().map(|d| d.asize_bytes()).sum()
+}
+
+/// Adds `bp` to the birth range of `list` it falls in. `starts` are the ranges' starts for
+/// the list's volume: 0 and the txg after each of its snapshots, ascending.
+pub(super) fn count_entry(list: &mut Deadlist, starts: &[u64], bp: &BlockPointer) {
+    debug_assert!(starts.first() == Some(&0), "ranges start at 0");
+    let start = starts.iter().rev().copied().find(|&s| s <= bp.birth_txg).unwrap_or(0);
+    let bytes = dead_bytes(bp);
+    match list.buckets.binary_search_by_key(&start, |&(s, _)| s) {
+        Ok(at) => list.buckets[at].1 += bytes,
+        Err(at) => list.buckets.insert(at, (start, bytes)),
+    }
+}
+
+/// Merges the birth range starting at `start` into the one starting at `below` (the range
+/// before it once the snapshot that made `start` a boundary is gone).
+pub(super) fn merge_range(list: &mut Deadlist, start: u64, below: u64) {
+    let Ok(at) = list.buckets.binary_search_by_key(&start, |&(s, _)| s) else { return };
+    let (_, bytes) = list.buckets.remove(at);
+    match list.buckets.binary_search_by_key(&below, |&(s, _)| s) {
+        Ok(at) => list.buckets[at].1 += bytes,
+        Err(at) => list.buckets.insert(at, (below, bytes)),
+    }
+}
+
+/// The bytes of `list` born in the range that starts at `start`.
+pub(super) fn range_bytes(list: &Deadlist, start: u64) -> u64 {
+    list.buckets.iter().find(|&&(s, _)| s == start).map_or(0, |&(_, bytes)| bytes)
+}
+
+impl Store {
+    fn deadlist_error(&self, field: &'static str, value: u64) -> PoolError {
+        PoolError::Format {
+            pool: self.pool.name().to_owned(),
+            source: FormatError::Invalid { what: "dead list", field, value },
+        }
+    }
+
+    /// Reads one piece of a dead list.
+    async fn read_piece(&self, bp: &BlockPointer) -> Result<DeadlistPiece, PoolError> {
+        let bytes = self.pool.read_block(bp, IoClass::AsyncRead).await?;
+        DeadlistPiece::decode(&bytes)
+            .map_err(|source| PoolError::Format { pool: self.pool.name().to_owned(), source })
+    }
+
+    /// Every pointer of `list`, in the order appended.
+    pub(super) async fn deadlist_entries(
+        &self,
+        list: &Deadlist,
+    ) -> Result<Vec<BlockPointer>, PoolError> {
+        let mut entries = Vec::with_capacity(usize::try_from(list.entries).unwrap_or(0));
+        for piece in &list.pieces {
+            entries.extend(self.read_piece(piece).await?.entries);
+        }
+        if entries.len() as u64 != list.entries {
+            return Err(
+                self.deadlist_error("entries (pieces hold a different count)", list.entries)
+            );
+        }
+        Ok(entries)
+    }
+
+    /// Writes `entries` as new pieces in `txg`; returns the pieces' pointers.
+    pub(super) async fn write_deadlist_pieces(
+        &self,
+        txg: u64,
+        entries: &[BlockPointer],
+    ) -> Result<Vec<BlockPointer>, PoolError> {
+        let unit = 1usize << self.pool.ashift();
+        let copies = self.pool.metadata_copies();
+        let mut pieces = Vec::with_capacity(entries.len().div_ceil(DEADLIST_PIECE_ENTRIES));
+        for chunk in entries.chunks(DEADLIST_PIECE_ENTRIES) {
+            let piece = DeadlistPiece { entries: chunk.to_vec() };
+            let bytes = piece.encode(unit).map_err(|source| PoolError::Format {
+                pool: self.pool.name().to_owned(),
+                source,
+            })?;
+            debug_assert!(bytes.len() <= DEADLIST_PIECE_BYTES.next_multiple_of(unit));
+            let places = {
+                let mut allocator = self.allocator.lock();
+                place_metadata(&mut allocator, bytes.len() as u64, copies).map_err(|source| {
+                    PoolError::NoSpace { pool: self.pool.name().to_owned(), source }
+                })?
+            };
+            let lsize = bytes.len() as u64;
+            let data = AlignedBuf::copy_from(&bytes).into_shared();
+            pieces.push(self.write_metadata(&places, data, lsize, txg).await?);
+        }
+        Ok(pieces)
+    }
+
+    /// Appends `new` to `list` in `txg`, counting each in its birth range (`starts`). The
+    /// last piece, when it has room, is rewritten with the new pointers after its own; the
+    /// piece it replaces goes into `freed`.
+    pub(super) async fn append_deadlist(
+        &self,
+        txg: u64,
+        list: &mut Deadlist,
+        starts: &[u64],
+        new: Vec<BlockPointer>,
+        freed: &mut Vec<BlockPointer>,
+    ) -> Result<(), PoolError> {
+        if new.is_empty() {
+            return Ok(());
+        }
+        for bp in &new {
+            count_entry(list, starts, bp);
+        }
+        list.entries += new.len() as u64;
+        let mut write = new;
+        if let Some(last) = list.pieces.last().copied() {
+            let piece = self.read_piece(&last).await?;
+            if piece.entries.len() < DEADLIST_PIECE_ENTRIES {
+                list.pieces.pop();
+                freed.push(last);
+                let mut merged = piece.entries;
+                merged.append(&mut write);
+                write = merged;
+            }
+        }
+        let pieces = self.write_deadlist_pieces(txg, &write).await?;
+        list.pieces.extend(pieces);
+        Ok(())
+    }
+}

@@ -1,0 +1,514 @@
+//! Snapshots (ZFS: `dsl_dataset.c`'s snapshot half, `dsl_destroy.c`, `zfs rollback`).
+//!
+//! A snapshot is a volume's tree as one txg's sync left it, kept read-only. Taking one costs
+//! the same whatever the volume's size: the sync records the new root it has just written,
+//! hands the volume's dead list to the snapshot, and starts the volume's next list; nothing
+//! is copied or walked. From then on the sync routes what it replaces by birth txg: a block
+//! born after the newest snapshot is the volume's alone and is freed, one born at or before
+//! it goes on the volume's dead list (crate::txg::dsl_deadlist), which is how every block
+//! stays owned exactly once: by the volume's tree or by one dead list.
+//!
+//! Destroying snapshot S (the one before it P, the dataset after it N, a later snapshot or the
+//! volume): the entries of N's dead list born after P are referenced by S alone and are
+//! freed; the rest, with S's own list, become N's list. Only N's list is read. Rollback to the
+//! newest snapshot frees the volume's blocks born after it, found by a walk that skips every
+//! subtree born before (copy-on-write gives a parent a birth no older than its children),
+//! and the volume's dead list is dropped, its blocks being the snapshot's again.
+//!
+//! Every change is made by the sync of the txg it was asked in (`SnapshotOp`), so several
+//! volumes' snapshots taken by one command share a txg and are consistent with each other,
+//! and a crash leaves either all of a change or none of it. The calls hold the sync lock
+//! from their checks to the end of that sync, so nothing they checked changes before it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use sluice_format::{BlockPointer, Deadlist, SnapshotEntry, VolumeEntry, VolumeSpace};
+
+use super::dataset::{check_volume_name, Dataset};
+use super::dsl_deadlist::{count_entry, merge_range, range_bytes};
+use super::{State, Store, StoreError};
+use crate::objset::{self, TreeUpdate};
+use crate::pool::PoolError;
+
+/// A change to a volume's snapshots, made by the sync of the txg it was asked in.
+#[derive(Clone, Debug)]
+pub(super) enum SnapshotOp {
+    /// Take a snapshot: the sync fills in its txg, tree and figures.
+    Create {
+        volume: String,
+        snapshot: Box<SnapshotEntry>,
+    },
+    Destroy {
+        volume: String,
+        name: String,
+    },
+    /// Return the volume to its newest snapshot, `name`.
+    Rollback {
+        volume: String,
+        name: String,
+    },
+}
+
+/// A volume's snapshots and dead list as a sync carries them, from the quiesced entry to the
+/// directory it writes and the entry it leaves.
+#[derive(Clone, Debug)]
+pub(super) struct Family {
+    pub(super) prev_snap_txg: u64,
+    pub(super) deadlist: Deadlist,
+    pub(super) snapshots: Vec<SnapshotEntry>,
+    /// The volume's size and levels (a rollback changes them).
+    pub(super) size_bytes: u64,
+    pub(super) levels: u8,
+    /// Set by a rollback in this sync.
+    pub(super) rolled_back: bool,
+}
+
+impl Family {
+    pub(super) fn of(entry: &VolumeEntry) -> Family {
+        Family {
+            prev_snap_txg: entry.prev_snap_txg,
+            deadlist: entry.deadlist.clone(),
+            snapshots: entry.snapshots.clone(),
+            size_bytes: entry.size_bytes,
+            levels: entry.levels,
+            rolled_back: false,
+        }
+    }
+
+    /// The starts of the birth ranges its dead lists count bytes in: 0, and the txg after
+    /// each snapshot.
+    pub(super) fn starts(&self) -> Vec<u64> {
+        std::iter::once(0).chain(self.snapshots.iter().map(|s| s.txg + 1)).collect()
+    }
+
+    /// Copies what the sync decided into a volume's entry.
+    pub(super) fn apply(&self, entry: &mut VolumeEntry) {
+        entry.prev_snap_txg = self.prev_snap_txg;
+        entry.deadlist = self.deadlist.clone();
+        entry.snapshots = self.snapshots.clone();
+        if self.rolled_back {
+            entry.size_bytes = self.size_bytes;
+            entry.levels = self.levels;
+        }
+    }
+}
+
+/// One snapshot as `snapshot list` shows it (ZFS: `used`, `referenced`, `written`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub volume: String,
+    pub name: String,
+    pub txg: u64,
+    pub creation_secs: u64,
+    pub size_bytes: u64,
+    /// What destroying it alone would free: blocks no other snapshot or the volume holds.
+    pub used_bytes: u64,
+    /// What it references (the volume's figure when it was taken).
+    pub referenced_bytes: u64,
+    /// What it references that the snapshot before it did not (written between the two).
+    pub written_bytes: u64,
+    pub logical_bytes: u64,
+    pub physical_bytes: u64,
+}
+
+/// A volume's space beyond its tree (ZFS: `usedbysnapshots`, `written`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotSpace {
+    /// Blocks only snapshots hold: freed if every snapshot were destroyed.
+    pub snapshots_bytes: u64,
+    /// What the volume references that its newest snapshot does not.
+    pub written_bytes: u64,
+}
+
+/// Bytes a volume references that its newest snapshot does not (ZFS: the head's
+/// `ds_unique_bytes`, as `dsl_dataset_recalc_head_uniq` works it out): all it references
+/// when it has none.
+pub(super) fn unique_bytes(entry: &VolumeEntry) -> u64 {
+    let referenced = entry.space.map_or(0, |s| s.referenced_bytes);
+    match entry.snapshots.last() {
+        None => referenced,
+        Some(newest) => {
+            (referenced + entry.deadlist.bytes()).saturating_sub(newest.space.referenced_bytes)
+        }
+    }
+}
+
+fn check_snapshot_name(volume: &str, name: &str) -> Result<(), StoreError> {
+    check_volume_name(name)
+        .map_err(|_| StoreError::InvalidVolumeName { name: format!("{volume}@{name}") })
+}
+
+impl Store {
+    /// Takes a snapshot of each named volume, `(volume, snapshot)`, all in one txg (ZFS:
+    /// `zfs snapshot a@s b@s`), and returns that txg once it is durable. Writes answered
+    /// before the call are in it. A thick volume must find the space its reservation will
+    /// need again: after a snapshot, every block it overwrites is new space.
+    pub async fn create_snapshots(
+        &self,
+        names: &[(String, String)],
+        creation_secs: u64,
+    ) -> Result<u64, StoreError> {
+        self.check_live()?;
+        let _guard = self.panic_guard("a snapshot create");
+        for (i, (volume, name)) in names.iter().enumerate() {
+            check_volume_name(volume)?;
+            check_snapshot_name(volume, name)?;
+            if names[..i].iter().any(|(other, _)| other == volume) {
+                return Err(StoreError::InvalidProperty {
+                    volume: volume.clone(),
+                    reason: "named twice: one snapshot per volume per command".to_owned(),
+                });
+            }
+        }
+        let one_at_a_time = self.sync_lock.lock().await;
+        {
+            let mut state = self.state.lock();
+            let mut more_reserved = 0u64;
+            for (volume, name) in names {
+                let dataset =
+                    state.volumes.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
+                let v = dataset.state.lock();
+                if v.entry.snapshots.iter().any(|s| &s.name == name) {
+                    return Err(StoreError::SnapshotExists {
+                        pool: self.pool.name().to_owned(),
+                        volume: volume.clone(),
+                        snapshot: name.clone(),
+                    });
+                }
+                // After the snapshot the volume's unique bytes are zero: its whole
+                // reservation is unused again (ZFS refuses such a snapshot the same way).
+                let dirty = dataset.dirty_bytes.load(Ordering::Relaxed);
+                let reservation = v.entry.reservation_bytes;
+                drop(v);
+                more_reserved +=
+                    reservation.saturating_sub(dirty).saturating_sub(dataset.unused_reservation());
+            }
+            let available = self.reservable_bytes(&state);
+            if more_reserved > available {
+                return Err(StoreError::SnapshotNeedsSpace {
+                    pool: self.pool.name().to_owned(),
+                    volumes: names.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>().join(", "),
+                    needed_bytes: more_reserved,
+                    available_bytes: available,
+                });
+            }
+            let mut guids = self.pool.env().unique_rng("snapshot guid");
+            for (volume, name) in names {
+                let id = state.next_volume_id;
+                state.next_volume_id += 1;
+                let snapshot = SnapshotEntry {
+                    id,
+                    guid: guids.u64() | 1,
+                    name: name.clone(),
+                    txg: 0,
+                    creation_secs,
+                    size_bytes: 0,
+                    levels: 0,
+                    root: None,
+                    space: VolumeSpace::default(),
+                    deadlist: Deadlist::default(),
+                };
+                let snapshot = Box::new(snapshot);
+                state.snapshot_ops.push(SnapshotOp::Create { volume: volume.clone(), snapshot });
+            }
+        }
+        self.sync_holding_lock(one_at_a_time).await
+    }
+
+    /// Destroys a snapshot (ZFS: `zfs destroy vol@snap`): frees the blocks no other snapshot
+    /// and not the volume hold, reading only the next dataset's dead list. Durable when this
+    /// returns. A client reading it through its export gets errors from then on.
+    pub async fn destroy_snapshot(&self, volume: &str, name: &str) -> Result<(), StoreError> {
+        self.check_live()?;
+        let _guard = self.panic_guard("a snapshot destroy");
+        let one_at_a_time = self.sync_lock.lock().await;
+        let id = {
+            let mut state = self.state.lock();
+            let id = self.snapshot_of(&state, volume, name)?.id;
+            state
+                .snapshot_ops
+                .push(SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() });
+            id
+        };
+        self.sync_holding_lock(one_at_a_time).await?;
+        self.retire_snapshot_exports(&[id]);
+        Ok(())
+    }
+
+    /// Returns a volume to a snapshot (ZFS: `zfs rollback`): its contents, size and space as
+    /// they were when the snapshot was taken; writes since are gone. The snapshot must be the
+    /// newest unless `destroy_later`, which destroys the later ones first (`-r`). Connected
+    /// clients see the old contents at once (as with ZFS, they should not be writing). Durable
+    /// when this returns.
+    pub async fn rollback_volume(
+        &self,
+        volume: &str,
+        name: &str,
+        destroy_later: bool,
+    ) -> Result<(), StoreError> {
+        self.check_live()?;
+        let _guard = self.panic_guard("a rollback");
+        let one_at_a_time = self.sync_lock.lock().await;
+        let later_ids = {
+            let mut state = self.state.lock();
+            let dataset =
+                Arc::clone(state.volumes.get(volume).ok_or_else(|| self.no_such_volume(volume))?);
+            let later: Vec<(u64, String)> = {
+                let v = dataset.state.lock();
+                let at =
+                    v.entry.snapshots.iter().position(|s| s.name == name).ok_or_else(|| {
+                        StoreError::NoSuchSnapshot {
+                            pool: self.pool.name().to_owned(),
+                            volume: volume.to_owned(),
+                            snapshot: name.to_owned(),
+                        }
+                    })?;
+                v.entry.snapshots[at + 1..].iter().map(|s| (s.id, s.name.clone())).collect()
+            };
+            if !later.is_empty() && !destroy_later {
+                return Err(StoreError::NotNewestSnapshot {
+                    pool: self.pool.name().to_owned(),
+                    volume: volume.to_owned(),
+                    snapshot: name.to_owned(),
+                    later: later.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>().join(", "),
+                });
+            }
+            for (_, later) in later.iter().rev() {
+                state
+                    .snapshot_ops
+                    .push(SnapshotOp::Destroy { volume: volume.to_owned(), name: later.clone() });
+            }
+            state
+                .snapshot_ops
+                .push(SnapshotOp::Rollback { volume: volume.to_owned(), name: name.to_owned() });
+            // Writes not yet synced are dropped rather than written and freed again; blocks
+            // already written in place for the log are freed by the sync.
+            let mut v = dataset.state.lock();
+            v.open.clear();
+            let prewritten = std::mem::take(&mut v.prewritten);
+            drop(v);
+            state.orphaned.extend(prewritten.into_values());
+            later.into_iter().map(|(id, _)| id).collect::<Vec<_>>()
+        };
+        self.sync_holding_lock(one_at_a_time).await?;
+        self.retire_snapshot_exports(&later_ids);
+        Ok(())
+    }
+
+    /// The snapshots of `volume`, oldest first, with their space figures.
+    pub fn snapshots(&self, volume: &str) -> Result<Vec<SnapshotInfo>, StoreError> {
+        let entry = self.dataset(volume)?.state.lock().entry.clone();
+        let snapshots = &entry.snapshots;
+        Ok(snapshots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let prev = i.checked_sub(1).map(|p| &snapshots[p]);
+                let next_list = snapshots.get(i + 1).map_or(&entry.deadlist, |n| &n.deadlist);
+                let prev_start = prev.map_or(0, |p| p.txg + 1);
+                let prev_referenced = prev.map_or(0, |p| p.space.referenced_bytes);
+                SnapshotInfo {
+                    volume: entry.name.clone(),
+                    name: s.name.clone(),
+                    txg: s.txg,
+                    creation_secs: s.creation_secs,
+                    size_bytes: s.size_bytes,
+                    used_bytes: range_bytes(next_list, prev_start),
+                    referenced_bytes: s.space.referenced_bytes,
+                    written_bytes: (s.space.referenced_bytes + s.deadlist.bytes())
+                        .saturating_sub(prev_referenced),
+                    logical_bytes: s.space.logical_bytes,
+                    physical_bytes: s.space.physical_bytes,
+                }
+            })
+            .collect())
+    }
+
+    /// What a volume's snapshots hold beyond its tree, and what it wrote since the newest.
+    pub fn snapshot_space(&self, volume: &str) -> Result<SnapshotSpace, StoreError> {
+        let dataset = self.dataset(volume)?;
+        let v = dataset.state.lock();
+        let lists =
+            std::iter::once(&v.entry.deadlist).chain(v.entry.snapshots.iter().map(|s| &s.deadlist));
+        Ok(SnapshotSpace {
+            snapshots_bytes: lists.map(Deadlist::bytes).sum(),
+            written_bytes: unique_bytes(&v.entry),
+        })
+    }
+
+    /// A read-only handle's dataset for `volume@snapshot` (its NBD export), made on first use
+    /// and shared while any handle holds it.
+    pub(super) fn snapshot_dataset(
+        &self,
+        volume: &str,
+        name: &str,
+    ) -> Result<Arc<Dataset>, StoreError> {
+        let mut state = self.state.lock();
+        let snapshot = self.snapshot_of(&state, volume, name)?;
+        let block_bytes = state.volumes[volume].block_bytes;
+        if let Some(open) = state.snapshot_exports.get(&snapshot.id).and_then(Weak::upgrade) {
+            return Ok(open);
+        }
+        let mut entry = VolumeEntry::new(
+            snapshot.id,
+            &format!("{volume}@{name}"),
+            snapshot.size_bytes,
+            block_bytes,
+            snapshot.levels,
+        );
+        entry.root = snapshot.root;
+        entry.space = Some(snapshot.space);
+        let dataset = Dataset::snapshot(entry, &self.limits);
+        state.snapshot_exports.retain(|_, weak| weak.strong_count() > 0);
+        state.snapshot_exports.insert(snapshot.id, Arc::downgrade(&dataset));
+        Ok(dataset)
+    }
+
+    /// Handles on destroyed snapshots fail from now on.
+    pub(super) fn retire_snapshot_exports(&self, ids: &[u64]) {
+        let mut state = self.state.lock();
+        for id in ids {
+            if let Some(dataset) = state.snapshot_exports.remove(id).and_then(|w| w.upgrade()) {
+                dataset.destroyed.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    fn snapshot_of(
+        &self,
+        state: &State,
+        volume: &str,
+        name: &str,
+    ) -> Result<SnapshotEntry, StoreError> {
+        let dataset = state.volumes.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
+        let found = dataset.state.lock().entry.snapshots.iter().find(|s| s.name == name).cloned();
+        found.ok_or_else(|| StoreError::NoSuchSnapshot {
+            pool: self.pool.name().to_owned(),
+            volume: volume.to_owned(),
+            snapshot: name.to_owned(),
+        })
+    }
+
+    /// The sync's snapshot step, after the volumes' trees are written: appends what each
+    /// volume's newest snapshot still needs to its dead list, then makes the changes asked in
+    /// this txg, in order. Blocks and pieces they free go into `ctx.replaced`.
+    pub(super) async fn sync_snapshots(
+        &self,
+        ctx: &mut TreeUpdate<'_>,
+        trees: &mut BTreeMap<String, super::spa_sync::SyncedTree>,
+        ops: Vec<SnapshotOp>,
+    ) -> Result<(), PoolError> {
+        let txg = ctx.txg;
+        for tree in trees.values_mut() {
+            let dead = std::mem::take(&mut tree.dead);
+            let starts = tree.family.starts();
+            let list = &mut tree.family.deadlist;
+            self.append_deadlist(txg, list, &starts, dead, &mut ctx.replaced).await?;
+        }
+        for op in ops {
+            let volume = match &op {
+                SnapshotOp::Create { volume, .. }
+                | SnapshotOp::Destroy { volume, .. }
+                | SnapshotOp::Rollback { volume, .. } => volume.clone(),
+            };
+            // Checked under the sync lock, which the caller held until this sync.
+            let Some(tree) = trees.get_mut(&volume) else {
+                debug_assert!(false, "a snapshot change for volume {volume}, not quiesced");
+                continue;
+            };
+            match op {
+                SnapshotOp::Create { mut snapshot, .. } => {
+                    let family = &mut tree.family;
+                    snapshot.txg = txg;
+                    snapshot.root = tree.root;
+                    snapshot.space = tree.space;
+                    snapshot.size_bytes = family.size_bytes;
+                    snapshot.levels = family.levels;
+                    snapshot.deadlist = std::mem::take(&mut family.deadlist);
+                    family.snapshots.push(*snapshot);
+                    family.prev_snap_txg = txg;
+                }
+                SnapshotOp::Destroy { name, .. } => {
+                    self.destroy_in_sync(ctx, &mut tree.family, &name).await?;
+                }
+                SnapshotOp::Rollback { name, .. } => {
+                    let family = &mut tree.family;
+                    let Some(newest) = family.snapshots.last().filter(|s| s.name == name) else {
+                        debug_assert!(false, "rollback of {volume} to {name}, not its newest");
+                        continue;
+                    };
+                    let newest = newest.clone();
+                    // The volume's blocks born after the snapshot are its alone.
+                    let born =
+                        objset::walk_born_after(ctx.pool, tree.root, family.levels, newest.txg)
+                            .await?;
+                    ctx.replaced.extend(born);
+                    // Its dead list names the snapshot's blocks, which it holds again.
+                    ctx.replaced.append(&mut family.deadlist.pieces);
+                    family.deadlist = Deadlist::default();
+                    tree.root = newest.root;
+                    tree.space = newest.space;
+                    family.size_bytes = newest.size_bytes;
+                    family.levels = newest.levels;
+                    family.rolled_back = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Destroys snapshot `name` of `family` in the syncing txg (see the module doc).
+    async fn destroy_in_sync(
+        &self,
+        ctx: &mut TreeUpdate<'_>,
+        family: &mut Family,
+        name: &str,
+    ) -> Result<(), PoolError> {
+        let Some(at) = family.snapshots.iter().position(|s| s.name == name) else {
+            debug_assert!(false, "destroy of snapshot {name}, which does not exist");
+            return Ok(());
+        };
+        let prev_txg = at.checked_sub(1).map_or(0, |p| family.snapshots[p].txg);
+        let prev_start = if at == 0 { 0 } else { prev_txg + 1 };
+        let gone = family.snapshots.remove(at);
+        let next_is_volume = at == family.snapshots.len();
+        let starts = family.starts();
+        let next =
+            if next_is_volume { &mut family.deadlist } else { &mut family.snapshots[at].deadlist };
+        let entries = self.deadlist_entries(next).await?;
+        // Born after the snapshot before: only the destroyed one held them.
+        let (freed, kept): (Vec<BlockPointer>, Vec<BlockPointer>) =
+            entries.into_iter().partition(|bp| bp.birth_txg > prev_txg);
+        ctx.replaced.extend(freed);
+        ctx.replaced.append(&mut next.pieces);
+        let mut list = Deadlist::default();
+        for bp in &kept {
+            count_entry(&mut list, &starts, bp);
+        }
+        list.entries = kept.len() as u64;
+        list.pieces = self.write_deadlist_pieces(ctx.txg, &kept).await?;
+        // The destroyed snapshot's own list names blocks the one before still holds: they
+        // are now dead to the next dataset, whose list takes its pieces as they are.
+        list.entries += gone.deadlist.entries;
+        list.pieces.extend(gone.deadlist.pieces.iter().copied());
+        for &(start, bytes) in &gone.deadlist.buckets {
+            match list.buckets.binary_search_by_key(&start, |&(s, _)| s) {
+                Ok(i) => list.buckets[i].1 += bytes,
+                Err(i) => list.buckets.insert(i, (start, bytes)),
+            }
+        }
+        *next = list;
+        // Its txg no longer bounds a birth range.
+        for list in std::iter::once(&mut family.deadlist)
+            .chain(family.snapshots.iter_mut().map(|s| &mut s.deadlist))
+        {
+            merge_range(list, gone.txg + 1, prev_start);
+        }
+        if next_is_volume {
+            family.prev_snap_txg = prev_txg;
+        }
+        Ok(())
+    }
+}
