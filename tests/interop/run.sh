@@ -131,8 +131,33 @@ EOF
 qemu-img compare -f raw -F raw "nbd+unix:///snap?socket=$sock" "$work/at-snapshot.raw" >/dev/null \
   || fail "after rollback the volume differs from the snapshot"
 if "$bin" vol destroy sluice/snap 2>/dev/null; then fail "a volume with snapshots was destroyed without -r"; fi
-"$bin" snapshot destroy sluice/snap@one >/dev/null || fail "snapshot destroy"
-"$bin" vol destroy sluice/snap >/dev/null
+# A clone shares the snapshot's blocks, holes included, and diverges on its own.
+"$bin" clone sluice/snap@one sluice/snapclone >/dev/null || fail "clone through the server"
+nbdinfo --map "nbd+unix:///snapclone?socket=$sock" >"$work/map.txt" || fail "nbdinfo --map of a clone"
+/usr/bin/python3 - "$work/map.txt" <<'EOF' || fail "nbdinfo --map of a clone does not show its holes"
+import sys
+rows = [line.split() for line in open(sys.argv[1]) if line.strip()]
+# offset, length, type code, description: 64 KiB of data at each MiB, holes between.
+data = [(int(r[0]), int(r[1])) for r in rows if r[2] == "0"]
+holes = [(int(r[0]), int(r[1])) for r in rows if int(r[2]) & 1]
+assert (0, 65536) in data and any(o == 65536 for o, _ in holes), rows[:6]
+assert sum(l for _, l in data) == 32 * 65536, sum(l for _, l in data)
+EOF
+qemu-img compare -f raw -F raw "nbd+unix:///snapclone?socket=$sock" "$work/at-snapshot.raw" >/dev/null \
+  || fail "a clone differs from its snapshot"
+qemu-io -f raw -c "write -P 0x31 1M 64k" "nbd+unix:///snapclone?socket=$sock" >/dev/null || fail "write to a clone"
+qemu-img compare -f raw -F raw "nbd+unix:///snap@one?socket=$sock" "$work/at-snapshot.raw" >/dev/null \
+  || fail "a write to a clone changed its origin"
+if "$bin" snapshot destroy sluice/snap@one 2>"$work/err.txt"; then fail "a snapshot with a clone was destroyed"; fi
+grep -q snapclone "$work/err.txt" || fail "the refusal does not name the clone: $(cat "$work/err.txt")"
+# Promote: the snapshot moves to the clone; the old volume, now its clone, can go.
+"$bin" vol promote sluice/snapclone >/dev/null || fail "vol promote through the server"
+"$bin" snapshot list sluice/snapclone | grep -q "sluice/snapclone@one" || fail "the snapshot did not move on promote"
+"$bin" vol destroy sluice/snap >/dev/null || fail "destroying the old parent after promote"
+qemu-img compare -f raw -F raw "nbd+unix:///snapclone@one?socket=$sock" "$work/at-snapshot.raw" >/dev/null \
+  || fail "the promoted snapshot differs"
+"$bin" vol destroy -r sluice/snapclone >/dev/null || fail "vol destroy -r"
+rm -f "$work/map.txt" "$work/err.txt"
 rm -f "$work/at-snapshot.raw" "$work/snap.qcow2"
 
 step "pool iostat: counts what clients asked of a volume"

@@ -1,7 +1,9 @@
 //! The control socket of `sluice serve`: while a pool is served, its leaves are locked by the
-//! server, so `sluice pool status|scrub` and `sluice vol create|list|get|set|rename|resize|destroy` naming that
-//! pool are sent to the server, which runs them against its live store (a volume created this
-//! way is exported at once) and sends back their output. `sluice pool iostat` sends the hidden
+//! server, so `sluice pool status|scrub`, `sluice vol
+//! create|list|get|set|rename|resize|rollback|promote|destroy`, `sluice snapshot
+//! create|list|destroy` and `sluice clone` naming that pool are sent to the server, which
+//! runs them against its live store (a volume created this way is exported at once) and sends
+//! back their output. `sluice pool iostat` sends the hidden
 //! `pool stats` for the live counters (crate::iostat).
 //!
 //! The socket sits next to the pool cache file, named after the pool. One request per

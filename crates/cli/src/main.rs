@@ -94,6 +94,10 @@ enum Command {
         #[command(subcommand)]
         snapshot: SnapshotCommand,
     },
+    /// Make a writable volume from a snapshot: `sluice clone tank/template@golden tank/vm7`.
+    /// It shares every block with the snapshot until it writes its own (thin, instant
+    /// whatever the size); the snapshot cannot be destroyed while it has clones.
+    Clone { snapshot: String, volume: String },
     /// List every tunable with its default, range and meaning; with NAME=VALUE arguments,
     /// validate those settings together and print the resulting values.
     Tunables {
@@ -361,6 +365,10 @@ enum VolCommand {
         #[arg(short = 'r')]
         recursive: bool,
     },
+    /// Make a clone independent of its origin (zfs promote): the origin snapshot and the
+    /// snapshots before it move to the clone, and the volume they came from becomes a clone
+    /// of it, which can then be destroyed.
+    Promote { spec: String },
     /// Rename a volume within its pool: `sluice vol rename tank/vm1 tank/web` (or just `web`).
     /// Clients connected to it keep it; new ones use the new export name.
     Rename { spec: String, to: String },
@@ -653,6 +661,8 @@ pub(crate) async fn run_pool_command(
         Command::Vol { vol: VolCommand::Rollback { spec, recursive } } => {
             pools::vol_rollback(ctx, &spec, recursive).await
         }
+        Command::Vol { vol: VolCommand::Promote { spec } } => pools::vol_promote(ctx, &spec).await,
+        Command::Clone { snapshot, volume } => pools::clone(ctx, &snapshot, &volume).await,
         Command::Snapshot { snapshot: SnapshotCommand::Create { specs } } => {
             pools::snapshot_create(ctx, &specs).await
         }
@@ -673,8 +683,8 @@ pub(crate) async fn run_pool_command(
         }
         _ => anyhow::bail!(
             "only pool status|list|stats|scrub|offline|online|clear|attach|detach|replace, \
-             vol create|list|get|set|rename|resize|rollback|destroy and snapshot \
-             create|list|destroy run on a served pool"
+             vol create|list|get|set|rename|resize|rollback|promote|destroy, snapshot \
+             create|list|destroy and clone run on a served pool"
         ),
     }
 }
@@ -852,6 +862,7 @@ fn run(
                 | VolCommand::Set { spec, .. }
                 | VolCommand::Destroy { spec, .. }
                 | VolCommand::Rollback { spec, .. }
+                | VolCommand::Promote { spec }
                 | VolCommand::Rename { spec, .. }
                 | VolCommand::Get { spec, .. }
                 | VolCommand::Resize { spec, .. } => {
@@ -894,6 +905,11 @@ fn run(
                 }
                 SnapshotCommand::Destroy { spec } => per_pool(&env, &pool_of(&spec), args).await,
             }
+        }),
+        Command::Clone { snapshot, .. } => on_runtime(|env| async move {
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            let pool = snapshot.split(['/', '@']).next().unwrap_or(&snapshot).to_owned();
+            per_pool(&env, &pool, args).await
         }),
         Command::Tunables { settings } => tunables(&settings),
         Command::Bench {

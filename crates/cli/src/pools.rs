@@ -1346,6 +1346,35 @@ pub async fn vol_rollback(ctx: &mut Ctx<'_>, spec: &str, recursive: bool) -> any
     Ok(())
 }
 
+/// `vol promote POOL/VOL`.
+pub async fn vol_promote(ctx: &mut Ctx<'_>, spec: &str) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let store = ctx.hold(pool).await?;
+    store.promote_volume(volume).await?;
+    let moved: Vec<String> = store.snapshots(volume)?.into_iter().map(|s| s.name).collect();
+    store.release().await?;
+    ctx.say(format!("promoted {spec}; its snapshots now: {}", moved.join(", ")));
+    Ok(())
+}
+
+/// `clone POOL/VOL@SNAP POOL/NEW` (or just `NEW`).
+pub async fn clone(ctx: &mut Ctx<'_>, snapshot: &str, to: &str) -> anyhow::Result<()> {
+    let (pool, volume, name) = split_snapshot(snapshot)?;
+    let new = match to.split_once('/') {
+        Some((other, _)) if other != pool => anyhow::bail!(
+            "{to} is in pool {other}, {snapshot} in pool {pool}; a clone is made in its \
+             snapshot's pool"
+        ),
+        Some((_, new)) => new,
+        None => to,
+    };
+    let store = ctx.hold(pool).await?;
+    store.clone_snapshot(volume, name, new).await?;
+    store.release().await?;
+    ctx.say(format!("cloned {snapshot} as {pool}/{new}"));
+    Ok(())
+}
+
 /// `snapshot create POOL/VOL@SNAP...`: every one in one txg.
 pub async fn snapshot_create(ctx: &mut Ctx<'_>, specs: &[String]) -> anyhow::Result<()> {
     let mut pairs = Vec::with_capacity(specs.len());
@@ -1439,6 +1468,7 @@ pub async fn snapshot_list(
                             "logical_bytes": s.logical_bytes,
                             "physical_bytes": s.physical_bytes,
                             "compress_ratio": (ratio * 100.0).round() / 100.0,
+                            "clones": s.clones,
                         })
                         .to_string(),
                     );
@@ -1516,6 +1546,12 @@ pub async fn vol_get(
     })?;
     let available = store.available_bytes(Some(volume))?;
     let snapshots = store.snapshot_space(volume)?;
+    let origin = entry.origin.and_then(|o| {
+        store.volumes().into_iter().find_map(|v| {
+            let s = v.snapshots.iter().find(|s| s.id == o.snapshot)?;
+            Some(format!("{pool}/{}@{}", v.name, s.name))
+        })
+    });
     store.release().await?;
     let space = entry.space.unwrap_or_default();
     let bytes = |b: u64| if scripted || json { b.to_string() } else { human(b) };
@@ -1541,6 +1577,7 @@ pub async fn vol_get(
         ("dedup", entry.dedup.name().to_owned()),
         ("sync", entry.sync.name().to_owned()),
         ("logbias", entry.logbias.name().to_owned()),
+        ("origin", origin.unwrap_or_else(|| "-".to_owned())),
     ];
     for name in wanted {
         if !all.iter().any(|(p, _)| p == name) {

@@ -340,3 +340,183 @@ fn a_thick_volume_s_snapshot_sets_aside_its_overwrites() {
     })
     .unwrap();
 }
+
+#[test]
+fn a_clone_diverges_without_touching_its_origin_and_promote_swaps_them() {
+    let sim = Sim::new(25);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
+    let env = sim.env();
+    let env2 = env.clone();
+    let legs2 = legs.clone();
+    sim.run(async move {
+        let mut rng = Rng::new(9);
+        let (store, mut data) = store_with_volume(&env, &legs, &mut rng).await;
+        store.create_snapshots(&[pair("v", "a")], 1).await.unwrap();
+        let at_a = data.clone();
+        change(&store, &mut rng, &mut data, 40).await;
+        store.create_snapshots(&[pair("v", "b")], 2).await.unwrap();
+        let at_b = data.clone();
+        change(&store, &mut rng, &mut data, 40).await;
+        store.create_snapshots(&[pair("v", "c")], 3).await.unwrap();
+        let at_c = data.clone();
+        change(&store, &mut rng, &mut data, 40).await;
+        store.sync().await.unwrap();
+        // A clone of b starts as b, thin, and takes no space of its own.
+        store.clone_snapshot("v", "b", "web").await.unwrap();
+        let clone = store.volume_info("web").unwrap();
+        assert_eq!((clone.size_bytes, clone.reservation_bytes), (VOLUME_BYTES, 0));
+        assert_eq!(store.snapshot_space("web").unwrap().written_bytes, 0);
+        assert!(store.read("web", 0, VOLUME_BYTES).await.unwrap() == at_b);
+        assert_eq!(store.snapshots("v").unwrap()[1].clones, ["web"]);
+        audit_clean(&store, "a clone").await;
+        // It diverges; the volume and its snapshots do not move.
+        let mut web = at_b.clone();
+        let blocks = VOLUME_BYTES / u64::from(BLOCK);
+        for _ in 0..30 {
+            let at = rng.below(blocks) * u64::from(BLOCK);
+            let bytes = random(&mut rng, BLOCK as usize);
+            store.write("web", at, &bytes).await.unwrap();
+            web[at as usize..][..BLOCK as usize].copy_from_slice(&bytes);
+        }
+        store.sync().await.unwrap();
+        store.create_snapshots(&[pair("web", "w1")], 4).await.unwrap();
+        store.write("web", 0, &random(&mut rng, 65536)).await.unwrap();
+        web[..65536].copy_from_slice(&store.read("web", 0, 65536).await.unwrap());
+        store.sync().await.unwrap();
+        for (name, expected) in
+            [("v", &data), ("v@a", &at_a), ("v@b", &at_b), ("v@c", &at_c), ("web", &web)]
+        {
+            assert!(store.read(name, 0, VOLUME_BYTES).await.unwrap() == *expected, "{name}");
+        }
+        assert!(store.snapshot_space("web").unwrap().written_bytes > 0);
+        audit_clean(&store, "a clone that diverged").await;
+        // Its origin cannot be destroyed (the error names the clone), nor rolled back past.
+        let refused = store.destroy_snapshot("v", "b").await.unwrap_err();
+        assert!(matches!(refused, StoreError::HasClones { .. }), "{refused}");
+        assert!(refused.to_string().contains("web"), "{refused}");
+        assert!(matches!(
+            store.rollback_volume("v", "a", true).await,
+            Err(StoreError::HasClones { .. })
+        ));
+        assert!(store.destroy_volume_with("v", true).await.is_err());
+        // Snapshots before and after the origin can go.
+        store.destroy_snapshot("v", "c").await.unwrap();
+        audit_clean(&store, "destroying the snapshot after the origin").await;
+        // Promote: a and b move to the clone, and v becomes a clone of b.
+        store.promote_volume("web").await.unwrap();
+        let names = |volume: &str| -> Vec<String> {
+            store.snapshots(volume).unwrap().into_iter().map(|s| s.name).collect()
+        };
+        assert_eq!(names("web"), ["a", "b", "w1"]);
+        assert!(names("v").is_empty());
+        assert_eq!(store.snapshots("web").unwrap()[1].clones, ["v"]);
+        assert!(matches!(
+            store.promote_volume("web").await,
+            Err(StoreError::InvalidProperty { .. })
+        ));
+        for (name, expected) in [("v", &data), ("web@a", &at_a), ("web@b", &at_b), ("web", &web)] {
+            assert!(store.read(name, 0, VOLUME_BYTES).await.unwrap() == *expected, "{name}");
+        }
+        audit_clean(&store, "promote").await;
+        // The old parent, a clone now, can be destroyed; the snapshots it came with stay.
+        store.destroy_volume("v").await.unwrap();
+        store.sync().await.unwrap();
+        audit_clean(&store, "destroying the old parent").await;
+        assert!(store.read("web@a", 0, VOLUME_BYTES).await.unwrap() == at_a);
+        // Survives an import, then every snapshot goes, in an order of its own.
+        let store = Arc::new(store);
+        let store = Arc::into_inner(store).unwrap();
+        store.export().await.unwrap();
+        let pool = Pool::import(&env2, common::leaf_specs(&legs2), "tank", &Tunables::default())
+            .await
+            .unwrap();
+        let store = Store::open(pool, &Tunables::default()).await.unwrap();
+        assert!(store.read("web", 0, VOLUME_BYTES).await.unwrap() == web);
+        audit_clean(&store, "import after promote").await;
+        for name in ["b", "w1", "a"] {
+            store.destroy_snapshot("web", name).await.unwrap();
+            audit_clean(&store, &format!("destroying web@{name}")).await;
+        }
+        assert_eq!(store.snapshot_space("web").unwrap().snapshots_bytes, 0);
+        assert!(store.read("web", 0, VOLUME_BYTES).await.unwrap() == web);
+    })
+    .unwrap();
+}
+
+#[test]
+fn destroying_a_clone_frees_only_its_own_blocks() {
+    let sim = Sim::new(26);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
+    let env = sim.env();
+    sim.run(async move {
+        let mut rng = Rng::new(10);
+        let (store, mut data) = store_with_volume(&env, &legs, &mut rng).await;
+        store.create_snapshots(&[pair("v", "s")], 1).await.unwrap();
+        let at_s = data.clone();
+        change(&store, &mut rng, &mut data, 20).await;
+        store.sync().await.unwrap();
+        let before = store.audit().await.unwrap().allocated_bytes;
+        store.clone_snapshot("v", "s", "c1").await.unwrap();
+        store.clone_snapshot("v", "s", "c2").await.unwrap();
+        for clone in ["c1", "c2"] {
+            for i in 0..10u64 {
+                store.write(clone, i * 65536, &random(&mut rng, 16384)).await.unwrap();
+            }
+            store.sync().await.unwrap();
+            store.create_snapshots(&[pair(clone, "x")], 0).await.unwrap();
+            store.write(clone, 0, &random(&mut rng, 16384)).await.unwrap();
+        }
+        store.sync().await.unwrap();
+        audit_clean(&store, "two clones").await;
+        assert!(store.destroy_volume("c1").await.is_err(), "it has a snapshot");
+        store.destroy_volume_with("c1", true).await.unwrap();
+        store.destroy_volume_with("c2", true).await.unwrap();
+        // Freed only after the deferral; then the pool holds what it held before the clones.
+        for _ in 0..(sluice_engine::alloc::FREE_DEFER_TXGS + 2) {
+            store.sync().await.unwrap();
+        }
+        let report = store.audit().await.unwrap();
+        assert!(report.is_clean(), "{:?}", report.problems);
+        assert!(store.read("v@s", 0, VOLUME_BYTES).await.unwrap() == at_s);
+        assert!(store.read("v", 0, VOLUME_BYTES).await.unwrap() == data);
+        // Metadata (the directory, space maps) may differ by a few blocks.
+        let diff = report.allocated_bytes.abs_diff(before);
+        assert!(
+            diff < 64 << 10,
+            "allocated {before} before the clones, {} after",
+            report.allocated_bytes
+        );
+        store.destroy_snapshot("v", "s").await.unwrap();
+        audit_clean(&store, "the origin, once its clones are gone").await;
+    })
+    .unwrap();
+}
+
+#[test]
+fn rollback_of_a_dedup_volume_with_unsynced_writes() {
+    let sim = Sim::new(27);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
+    let env = sim.env();
+    sim.run(async move {
+        let mut rng = Rng::new(11);
+        let (store, _) = store_with_volume(&env, &legs, &mut rng).await;
+        store.set_property("v", VolumeProperty::Dedup(DedupMode::On)).unwrap();
+        let pattern = random(&mut rng, BLOCK as usize);
+        for i in 0..4u64 {
+            store.write("v", i * u64::from(BLOCK), &pattern).await.unwrap();
+        }
+        store.sync().await.unwrap();
+        store.create_snapshots(&[pair("v", "s")], 0).await.unwrap();
+        let at_s = store.read("v", 0, VOLUME_BYTES).await.unwrap();
+        // Unsynced: new copies, shares of the snapshot's copy and of each other.
+        let other = random(&mut rng, BLOCK as usize);
+        for i in 10..14u64 {
+            store.write("v", i * u64::from(BLOCK), &pattern).await.unwrap();
+            store.write("v", (i + 10) * u64::from(BLOCK), &other).await.unwrap();
+        }
+        store.rollback_volume("v", "s", false).await.unwrap();
+        assert!(store.read("v", 0, VOLUME_BYTES).await.unwrap() == at_s);
+        audit_clean(&store, "rollback over unsynced dedup writes").await;
+    })
+    .unwrap();
+}

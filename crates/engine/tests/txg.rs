@@ -6,10 +6,12 @@
 //! crash at a random virtual time, often in the middle of a sync, with each leg keeping, losing,
 //! reordering or tearing its unflushed writes on its own. After the crash the pool must import
 //! and hold exactly the last synced state, or the state being synced when its uberblock had
-//! already reached the disk. Snapshots are taken, destroyed and rolled back to at random points
-//! too (each a sync of its own), and must read back as taken after every import, with the
-//! audit (space, dedup references, dead lists) balanced. A failure prints the seed; replay it with
-//! `SLUICE_SWARM_SEED=<seed> cargo test -p sluice-engine --test txg`.
+//! already reached the disk. Snapshots are taken, destroyed and rolled back to, and a clone
+//! made, promoted and destroyed, at random points too (each a sync of its own); after every
+//! import every volume and snapshot must read back as the model says, each clone must name its
+//! origin, and the audit (space, dedup references, dead lists) must balance. A failure prints
+//! the seed; replay it with `SLUICE_SWARM_SEED=<seed> cargo test -p sluice-engine --test txg`,
+//! adding `SLUICE_SWARM_TRACE=1` to print each operation.
 
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
@@ -26,7 +28,7 @@ use sluice_engine::device::{SimDevice, SimProfile};
 use sluice_engine::pool::{Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
-use sluice_engine::txg::Store;
+use sluice_engine::txg::{Store, StoreError};
 use sluice_format::DedupMode;
 use sluice_sim::Sim;
 
@@ -46,14 +48,75 @@ static MID_SYNC_CRASHES: std::sync::atomic::AtomicU32 = std::sync::atomic::Atomi
 
 /// Snapshot changes seen across the swarm (a code probe: the test fails if there were none).
 static SNAPSHOT_OPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Clones made, promoted or destroyed (likewise).
+static CLONE_OPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A change the model says must be refused because a snapshot has clones.
+fn expect_has_clones(result: Result<(), StoreError>, seed: u64, cut: &dyn Fn() -> bool) {
+    match result {
+        Err(StoreError::HasClones { .. }) => {}
+        Err(_) if cut() => {}
+        other => panic!("seed {seed}: expected a refusal naming clones, got {other:?}"),
+    }
+}
 /// Snapshots kept per volume at most.
 const SNAPSHOTS_MAX: usize = 3;
 
-/// What the pool holds: each volume's contents and its snapshots' (by name, oldest first).
+/// The volume slot clones are made in, after the fixed `VOLUMES`.
+const CLONE: &str = "cl";
+
+fn volume_name(v: usize) -> &'static str {
+    VOLUMES.get(v).map_or(CLONE, |v| v.0)
+}
+
+/// What the pool holds: each volume's contents (the clone slot's empty while it has none),
+/// its snapshots' (by name, oldest first), and a clone's origin (volume slot, snapshot).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Contents {
     volumes: Vec<Vec<u8>>,
     snapshots: Vec<Vec<(String, Vec<u8>)>>,
+    origins: Vec<Option<(usize, String)>>,
+}
+
+impl Contents {
+    /// Whether a volume's snapshot `name` has clones.
+    fn cloned(&self, v: usize, name: &str) -> bool {
+        self.origins.iter().flatten().any(|(o, n)| *o == v && n == name)
+    }
+}
+
+/// Everything the store holds, as a [`Contents`].
+async fn found_contents(store: &Store) -> Contents {
+    let mut found = Contents::default();
+    let entries = store.volumes();
+    for v in 0..=VOLUMES.len() {
+        let name = volume_name(v);
+        let Some(entry) = entries.iter().find(|e| e.name == name) else {
+            found.volumes.push(Vec::new());
+            found.snapshots.push(Vec::new());
+            found.origins.push(None);
+            continue;
+        };
+        found.volumes.push(store.read(name, 0, entry.size_bytes).await.unwrap());
+        let mut snapshots = Vec::new();
+        for snapshot in &entry.snapshots {
+            let at = format!("{name}@{}", snapshot.name);
+            let size = snapshot.size_bytes;
+            snapshots.push((snapshot.name.clone(), store.read(&at, 0, size).await.unwrap()));
+        }
+        found.snapshots.push(snapshots);
+        found.origins.push(entry.origin.map(|origin| {
+            entries
+                .iter()
+                .find_map(|e| {
+                    let s = e.snapshots.iter().find(|s| s.id == origin.snapshot)?;
+                    let slot = (0..=VOLUMES.len()).find(|&v| volume_name(v) == e.name)?;
+                    Some((slot, s.name.clone()))
+                })
+                .expect("a clone's origin is a snapshot of a volume")
+        }));
+    }
+    found
 }
 
 #[derive(Clone, Default)]
@@ -94,9 +157,13 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                     store.create_volume(name, size, block).unwrap();
                 }
                 store.set_dedup(VOLUMES[DEDUP_VOLUME].0, DedupMode::On).unwrap();
+                let mut volumes: Vec<Vec<u8>> =
+                    VOLUMES.iter().map(|(_, size, _)| vec![0u8; *size as usize]).collect();
+                volumes.push(Vec::new());
                 let contents = Contents {
-                    volumes: VOLUMES.iter().map(|(_, size, _)| vec![0u8; *size as usize]).collect(),
-                    snapshots: vec![Vec::new(); VOLUMES.len()],
+                    volumes,
+                    snapshots: vec![Vec::new(); VOLUMES.len() + 1],
+                    origins: vec![None; VOLUMES.len() + 1],
                 };
                 m.borrow_mut().syncing = Some(contents);
                 store.sync().await.unwrap();
@@ -110,17 +177,7 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                 let pool = Pool::import(&e, d, "tank", &tunables).await.unwrap();
                 let store = Store::open(pool, &tunables).await.unwrap();
                 // The pool holds the last synced state, or the interrupted sync's if it landed.
-                let mut found = Contents::default();
-                for (name, size, _) in VOLUMES {
-                    found.volumes.push(store.read(name, 0, size).await.unwrap());
-                    let mut snapshots = Vec::new();
-                    for snapshot in store.snapshots(name).unwrap() {
-                        let at = format!("{name}@{}", snapshot.name);
-                        let size = snapshot.size_bytes;
-                        snapshots.push((snapshot.name, store.read(&at, 0, size).await.unwrap()));
-                    }
-                    found.snapshots.push(snapshots);
-                }
+                let found = found_contents(&store).await;
                 {
                     let mut model = m.borrow_mut();
                     let landed = model.syncing.take();
@@ -157,13 +214,21 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
             let cut = || crash_flag.load(std::sync::atomic::Ordering::SeqCst);
             let mut ops = Rng::new(op_seed);
             for _ in 0..steps {
-                let v = ops.below(VOLUMES.len() as u64) as usize;
-                let (name, size, _) = VOLUMES[v];
+                let mut v = ops.below(VOLUMES.len() as u64 + 1) as usize;
+                if m.borrow().open.volumes[v].is_empty() {
+                    v = 0;
+                }
+                let name = volume_name(v);
+                let size = m.borrow().open.volumes[v].len() as u64;
                 let sectors = size / 512;
                 let at = ops.below(sectors);
                 let len = (1 + ops.below(64)).min(sectors - at);
                 let (offset, bytes) = (at * 512, len * 512);
-                match ops.below(11) {
+                let op = ops.below(12);
+                if std::env::var_os("SLUICE_SWARM_TRACE").is_some() {
+                    eprintln!("gen {generation}: op {op} on {name}");
+                }
+                match op {
                     0..=4 => {
                         let fill =
                             if v == DEDUP_VOLUME { ops.below(3) as u8 } else { ops.u64() as u8 };
@@ -216,6 +281,9 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                         };
                         let kind = ops.below(3);
                         let count = m.borrow().open.snapshots[v].len();
+                        if std::env::var_os("SLUICE_SWARM_TRACE").is_some() {
+                            eprintln!("  snapshot kind {kind}, {count} snapshots, pick {pick}");
+                        }
                         let result = if count == 0 || (kind == 0 && count < SNAPSHOTS_MAX) {
                             {
                                 let mut model = m.borrow_mut();
@@ -226,24 +294,42 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                             let names = [(name.to_owned(), name_taken)];
                             store.create_snapshots(&names, 0).await.map(|_| ())
                         } else if kind == 1 {
-                            let gone = {
+                            let gone = m.borrow().open.snapshots[v][pick].0.clone();
+                            if m.borrow().open.cloned(v, &gone) {
+                                let refused = store.destroy_snapshot(name, &gone).await;
+                                expect_has_clones(refused, seed, &cut);
+                                continue;
+                            }
+                            {
                                 let mut model = m.borrow_mut();
-                                let (gone, _) = model.open.snapshots[v].remove(pick);
+                                model.open.snapshots[v].remove(pick);
                                 model.syncing = Some(model.open.clone());
-                                gone
-                            };
+                            }
                             store.destroy_snapshot(name, &gone).await
                         } else {
-                            let to = {
+                            let (to, refused) = {
+                                let model = m.borrow();
+                                let later = &model.open.snapshots[v][pick + 1..];
+                                let refused = later.iter().any(|(n, _)| model.open.cloned(v, n));
+                                (model.open.snapshots[v][pick].0.clone(), refused)
+                            };
+                            if refused {
+                                let refused = store.rollback_volume(name, &to, true).await;
+                                expect_has_clones(refused, seed, &cut);
+                                continue;
+                            }
+                            {
                                 let mut model = m.borrow_mut();
                                 model.open.snapshots[v].truncate(pick + 1);
-                                let (to, contents) = model.open.snapshots[v][pick].clone();
+                                let contents = model.open.snapshots[v][pick].1.clone();
                                 model.open.volumes[v] = contents;
                                 model.syncing = Some(model.open.clone());
-                                to
-                            };
+                            }
                             store.rollback_volume(name, &to, true).await
                         };
+                        if std::env::var_os("SLUICE_SWARM_TRACE").is_some() {
+                            eprintln!("  -> {result:?}");
+                        }
                         match result {
                             Ok(()) => {
                                 SNAPSHOT_OPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -252,6 +338,100 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                             }
                             Err(_) if cut() => break,
                             Err(error) => panic!("seed {seed}: snapshot change failed: {error}"),
+                        }
+                    }
+                    9 => {
+                        // A clone made from a snapshot, promoted, or destroyed.
+                        let slot = VOLUMES.len();
+                        let result = if m.borrow().open.volumes[slot].is_empty() {
+                            let source = {
+                                let model = m.borrow();
+                                let with: Vec<usize> = (0..slot)
+                                    .filter(|&s| !model.open.snapshots[s].is_empty())
+                                    .collect();
+                                if with.is_empty() {
+                                    continue;
+                                }
+                                let s = with[ops.below(with.len() as u64) as usize];
+                                let pick = ops.below(model.open.snapshots[s].len() as u64);
+                                (s, model.open.snapshots[s][pick as usize].clone())
+                            };
+                            let (s, (snapshot, contents)) = source;
+                            {
+                                let mut model = m.borrow_mut();
+                                model.open.volumes[slot] = contents;
+                                model.open.snapshots[slot].clear();
+                                model.open.origins[slot] = Some((s, snapshot.clone()));
+                                model.syncing = Some(model.open.clone());
+                            }
+                            store.clone_snapshot(volume_name(s), &snapshot, CLONE).await
+                        } else if ops.below(2) == 0 {
+                            // Promote one of the clones (the slot's, or a volume a promote made
+                            // a clone).
+                            let clones: Vec<usize> = {
+                                let model = m.borrow();
+                                (0..=slot).filter(|&c| model.open.origins[c].is_some()).collect()
+                            };
+                            if clones.is_empty() {
+                                continue;
+                            }
+                            let c = clones[ops.below(clones.len() as u64) as usize];
+                            {
+                                let mut model = m.borrow_mut();
+                                let open = &mut model.open;
+                                let (p, s) = open.origins[c].clone().unwrap();
+                                let at =
+                                    open.snapshots[p].iter().position(|(n, _)| *n == s).unwrap();
+                                let moved: Vec<_> = open.snapshots[p].drain(..=at).collect();
+                                let own = std::mem::take(&mut open.snapshots[c]);
+                                open.snapshots[c] = moved.iter().cloned().chain(own).collect();
+                                open.origins[c] = open.origins[p].take();
+                                open.origins[p] = Some((c, s));
+                                // Other clones of the moved snapshots follow them.
+                                for (o, origin) in open.origins.iter_mut().enumerate() {
+                                    if let Some((from, n)) = origin {
+                                        if o != p && *from == p && moved.iter().any(|(m, _)| m == n)
+                                        {
+                                            *from = c;
+                                        }
+                                    }
+                                }
+                                model.syncing = Some(model.open.clone());
+                            }
+                            store.promote_volume(volume_name(c)).await
+                        } else {
+                            let refused = {
+                                let model = m.borrow();
+                                model.open.origins.iter().flatten().any(|(o, _)| *o == slot)
+                            };
+                            if refused {
+                                let refused = store.destroy_volume_with(CLONE, true).await;
+                                expect_has_clones(refused, seed, &cut);
+                                continue;
+                            }
+                            {
+                                let mut model = m.borrow_mut();
+                                model.open.volumes[slot].clear();
+                                model.open.snapshots[slot].clear();
+                                model.open.origins[slot] = None;
+                            }
+                            // Destroyed with the next sync.
+                            let destroyed = store.destroy_volume_with(CLONE, true).await;
+                            let snapshot = m.borrow().open.clone();
+                            m.borrow_mut().syncing = Some(snapshot);
+                            match destroyed {
+                                Ok(()) => store.sync().await.map(|_| ()),
+                                Err(error) => Err(error),
+                            }
+                        };
+                        match result {
+                            Ok(()) => {
+                                CLONE_OPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                let mut model = m.borrow_mut();
+                                model.synced = model.syncing.take().unwrap();
+                            }
+                            Err(_) if cut() => break,
+                            Err(error) => panic!("seed {seed}: clone change failed: {error}"),
                         }
                     }
                     _ => {
@@ -323,10 +503,12 @@ fn crash_swarm() {
     );
     let snapshot_ops = SNAPSHOT_OPS.load(std::sync::atomic::Ordering::Relaxed);
     assert!(snapshot_ops >= seeds, "only {snapshot_ops} snapshot changes completed");
+    let clone_ops = CLONE_OPS.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(clone_ops >= seeds / 2, "only {clone_ops} clone changes completed");
     eprintln!(
         "crash swarm: {seeds} seeds, {cycles} crash/import cycles, {mid_sync} during a sync; \
          dedup: {shared} blocks shared, {dropped} references dropped; {snapshot_ops} snapshot \
-         changes; every import audited"
+         changes, {clone_ops} clones made, promoted or destroyed; every import audited"
     );
 }
 

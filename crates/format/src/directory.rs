@@ -28,8 +28,9 @@
 //!               reservation_bytes u64 (0: thin), referenced_bytes u64 (allocated for the
 //!               volume's tree), logical_bytes u64 and physical_bytes u64 (its data blocks
 //!               before and after compression);
-//!               (V4) prev_snap_txg u64 (txg of its newest snapshot; 0: none), origin u64 (a
-//!               clone: the id of the snapshot it was cloned from; 0: none), its dead list
+//!               (V4) prev_snap_txg u64 (txg of its newest snapshot, or a clone's origin;
+//!               0: none), origin of a clone: snapshot id u64 (0: not a clone), its txg u64
+//!               and referenced_bytes u64 (copies: a snapshot never changes), its dead list
 //!               (crate::deadlist), snapshot_count u32, then each snapshot, oldest first:
 //!                 id u64, guid u64, txg u64, creation_secs u64, size_bytes u64, levels u8,
 //!                 reserved 1, name_len u16, name (UTF-8), root block pointer (128; zeros:
@@ -68,9 +69,9 @@ const VOLUME_FIXED_BYTES: usize = 8 + 8 + 4 + 1 + 1 + 2;
 const LOG_HEADER_FIXED_BYTES: usize = 32;
 /// What V3 adds to each volume: compression, reserved, the reservation, three space figures.
 const VOLUME_V3_BYTES: usize = 1 + 7 + 4 * 8;
-/// What V4 adds to each volume before its dead list and snapshots: prev_snap_txg, origin,
-/// snapshot_count.
-const VOLUME_V4_FIXED_BYTES: usize = 8 + 8 + 4;
+/// What V4 adds to each volume besides its dead list and snapshots: prev_snap_txg, origin
+/// (id, txg, referenced), snapshot_count.
+const VOLUME_V4_FIXED_BYTES: usize = 8 + 3 * 8 + 4;
 /// A snapshot's fixed fields, before its name (and after it: root, figures).
 const SNAPSHOT_FIXED_BYTES: usize = 5 * 8 + 1 + 1 + 2;
 const SNAPSHOT_AFTER_NAME_BYTES: usize = BLKPTR_BYTES + 3 * 8;
@@ -110,8 +111,8 @@ pub struct VolumeEntry {
     /// was made from; 0 for none. A block born after it belongs to the volume alone: replaced,
     /// it is freed; one born at or before it goes on `deadlist`.
     pub prev_snap_txg: u64,
-    /// For a clone, the id of the snapshot it was made from.
-    pub origin: Option<u64>,
+    /// For a clone, the snapshot it was made from.
+    pub origin: Option<Origin>,
     /// Blocks its newest snapshot references that the volume no longer does.
     pub deadlist: Deadlist,
     /// Its snapshots, oldest first.
@@ -143,6 +144,17 @@ impl VolumeEntry {
     }
 }
 
+/// The snapshot a clone was made from (ZFS: `dd_origin_obj`), with the figures of it the
+/// clone's own need (copied: a snapshot never changes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// The snapshot's id (unique in the pool; it may have moved to another volume since, by a
+    /// promote).
+    pub snapshot: u64,
+    pub txg: u64,
+    pub referenced_bytes: u64,
+}
+
 /// One tree of a volume, as walkers (scrub, resilver, verify, audit) visit it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TreeRef {
@@ -162,7 +174,7 @@ impl VolumeEntry {
     /// Its snapshots' trees, oldest first, then its own: together they reach every block a
     /// snapshot or the volume holds.
     pub fn trees(&self) -> Vec<TreeRef> {
-        let mut shared_through = 0;
+        let mut shared_through = self.origin.map_or(0, |o| o.txg);
         let mut trees = Vec::with_capacity(self.snapshots.len() + 1);
         for snapshot in &self.snapshots {
             trees.push(TreeRef {
@@ -555,8 +567,19 @@ impl PoolDirectory {
                 w.u64(at + 32, space.physical_bytes);
                 at += VOLUME_V3_BYTES;
                 w.u64(at, volume.prev_snap_txg);
-                w.u64(at + 8, volume.origin.unwrap_or(0));
-                at = volume.deadlist.encode_into(&mut w, at + 16);
+                if let Some(origin) = volume.origin {
+                    if origin.snapshot == 0 {
+                        return Err(FormatError::Invalid {
+                            what: WHAT,
+                            field: "origin snapshot id",
+                            value: 0,
+                        });
+                    }
+                    w.u64(at + 8, origin.snapshot);
+                    w.u64(at + 16, origin.txg);
+                    w.u64(at + 24, origin.referenced_bytes);
+                }
+                at = volume.deadlist.encode_into(&mut w, at + 32);
                 w.u32(at, volume.snapshots.len() as u32);
                 at += 4;
                 for snapshot in &volume.snapshots {
@@ -722,8 +745,18 @@ impl PoolDirectory {
             let (mut prev_snap_txg, mut origin, mut deadlist) = (0, None, Deadlist::default());
             if version >= FormatVersion::V4 {
                 prev_snap_txg = r.u64(at)?;
-                origin = Some(r.u64(at + 8)?).filter(|&id| id != 0);
-                let (list, end) = Deadlist::decode_from(&r, WHAT, at + 16)?;
+                origin = match r.u64(at + 8)? {
+                    0 => {
+                        r.zeros(at + 16, 16)?;
+                        None
+                    }
+                    snapshot => Some(Origin {
+                        snapshot,
+                        txg: r.u64(at + 16)?,
+                        referenced_bytes: r.u64(at + 24)?,
+                    }),
+                };
+                let (list, end) = Deadlist::decode_from(&r, WHAT, at + 32)?;
                 deadlist = list;
                 let count = r.u32(end)? as usize;
                 at = end + 4;

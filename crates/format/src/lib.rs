@@ -32,8 +32,8 @@ pub use ddt::{
 pub use deadlist::{Deadlist, DeadlistPiece, DEADLIST_PIECE_BYTES, DEADLIST_PIECE_ENTRIES};
 pub use directory::{
     Compression, DedupMode, DirectoryRecords, LeafRecord, LeafRecordState, LogBias, LogHeader,
-    PoolDirectory, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase, SnapshotEntry, SyncMode,
-    TreeRef, VolumeEntry, VolumeSpace, VOLUME_NAME_BYTES_MAX,
+    Origin, PoolDirectory, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase, SnapshotEntry,
+    SyncMode, TreeRef, VolumeEntry, VolumeSpace, VOLUME_NAME_BYTES_MAX,
 };
 pub use error::FormatError;
 pub use label::{

@@ -14,7 +14,7 @@ use sluice_format::{
     label_offsets, uberblock_offset, BlockCompression, BlockKind, BlockPointer, Checksum,
     ChecksumAlg, Compression, DdtBucket, DdtEntry, DdtHeader, DdtKey, Deadlist, DeadlistPiece,
     DedupMode, DirectoryRecords, Dva, FormatError, LabelHeader, LeafConfig, LeafRecord,
-    LeafRecordState, LogBias, LogHeader, PoolDirectory, ScanBookmark, ScanKind, ScanRecord,
+    LeafRecordState, LogBias, LogHeader, Origin, PoolDirectory, ScanBookmark, ScanKind, ScanRecord,
     ScanRecordPhase, SnapshotEntry, SpaceMap, SyncMode, TopConfig, TopKind, Uberblock,
     VdevTreeConfig, VolumeEntry, VolumeSpace, BLKPTR_BYTES, DATA_START_BYTES, DEADLIST_PIECE_BYTES,
     DEADLIST_PIECE_ENTRIES, LABEL_BYTES, LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
@@ -343,7 +343,7 @@ fn golden_directory() {
             deadlist: dead,
         },
     ];
-    v4.volumes[1].origin = Some(4);
+    v4.volumes[1].origin = Some(Origin { snapshot: 4, txg: 8, referenced_bytes: 4 << 20 });
     v4.volumes[1].prev_snap_txg = 8;
     let bytes = v4.encode(512).unwrap();
     golden("directory_v4.bin", &bytes);

@@ -644,7 +644,13 @@ impl Ddt {
         let mut changes: BTreeMap<DdtKey, Option<DdtEntry>> = BTreeMap::new();
         for (entry, refcount, phys, synced) in &dirty {
             if *refcount == 0 && *synced == 0 {
-                // Never stored (its only write failed): nothing to write or free.
+                // Never in the table on disk. Written in this txg and freed in it too (a
+                // rollback frees what its own sync wrote): the block goes. Its only write
+                // failed (`fail_lead` left no block): nothing to write or free.
+                if let Some(phys) = phys {
+                    self.stats.blocks_freed.inc();
+                    ctx.replaced.push(BlockPointer { dedup: None, ..*phys });
+                }
                 continue;
             }
             let phys = phys.ok_or_else(|| self.corrupt("entry without a block", *refcount))?;

@@ -16,7 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use sluice_format::{BlockPointer, DdtKey, Deadlist, VolumeSpace};
 
-use super::dsl_deadlist::{count_entry, dead_bytes};
+use super::dsl_deadlist::{count_entry, dead_bytes, range_bytes};
+use super::dsl_snapshot::range_starts;
 
 use super::{Store, StoreError};
 use crate::objset;
@@ -85,7 +86,10 @@ impl Store {
         }
         let mut pointers: BTreeMap<DdtKey, (u64, BlockPointer)> = BTreeMap::new();
         for (entry, root, levels) in roots {
-            let mut owned = 0u64;
+            // Bytes of the blocks the volume's trees hold that no tree before holds; of its
+            // own tree's, those a clone's origin holds.
+            let (mut owned, mut from_origin) = (0u64, 0u64);
+            let origin_txg = entry.origin.map_or(0, |o| o.txg);
             for (i, tree) in entry.trees().into_iter().enumerate() {
                 let snapshot = entry.snapshots.get(i);
                 let what = match snapshot {
@@ -99,6 +103,9 @@ impl Store {
                     if snapshot.is_none() { (root, levels) } else { (tree.root, tree.levels) };
                 for (level, index, bp) in objset::walk(&self.pool, root, levels).await? {
                     objset::add_space(&mut space, &bp, true);
+                    if snapshot.is_none() && bp.birth_txg <= origin_txg {
+                        from_origin += dead_bytes(&bp);
+                    }
                     if level == 0 && index >= blocks {
                         report.problems.push(format!(
                             "{what} holds block {index} past its end ({blocks} blocks)"
@@ -128,10 +135,11 @@ impl Store {
             }
             let held = self.audit_deadlists(&entry, &mut report).await?;
             let referenced = entry.space.map_or(0, |s| s.referenced_bytes);
-            if owned != referenced + held {
+            if owned + from_origin != referenced + held {
                 report.problems.push(format!(
-                    "volume {}: its trees hold {owned} bytes, but it references {referenced} \
-                     and its dead lists hold {held}",
+                    "volume {}: its trees hold {owned} bytes of their own and {from_origin} of \
+                     its origin's, but it references {referenced} and its dead lists hold \
+                     {held} of their own",
                     entry.name
                 ));
             }
@@ -199,18 +207,19 @@ impl Store {
         Ok(report)
     }
 
-    /// Checks each dead list of `entry` against its entries; returns the bytes they hold.
+    /// Checks each dead list of `entry` against its entries; returns the bytes they hold that
+    /// are the volume's own (not a clone's origin's).
     async fn audit_deadlists(
         &self,
         entry: &sluice_format::VolumeEntry,
         report: &mut AuditReport,
     ) -> Result<u64, StoreError> {
-        let starts: Vec<u64> =
-            std::iter::once(0).chain(entry.snapshots.iter().map(|s| s.txg + 1)).collect();
+        let starts = range_starts(entry.origin, &entry.snapshots);
+        let origin_txg = entry.origin.map_or(0, |o| o.txg);
         // Each list with the txg of the snapshot that holds its blocks (0: none may).
         let mut lists: Vec<(String, &Deadlist, u64)> = Vec::new();
         for (i, snapshot) in entry.snapshots.iter().enumerate() {
-            let holder = i.checked_sub(1).map_or(0, |p| entry.snapshots[p].txg);
+            let holder = i.checked_sub(1).map_or(origin_txg, |p| entry.snapshots[p].txg);
             lists.push((format!("{}@{}", entry.name, snapshot.name), &snapshot.deadlist, holder));
         }
         lists.push((entry.name.clone(), &entry.deadlist, entry.prev_snap_txg));
@@ -234,7 +243,9 @@ impl Store {
                     list.buckets, counted.buckets
                 ));
             }
-            held += list.bytes();
+            // A clone's entries born by its origin's txg are the origin's.
+            let origins = if entry.origin.is_some() { range_bytes(list, 0) } else { 0 };
+            held += list.bytes() - origins;
         }
         Ok(held)
     }

@@ -42,6 +42,10 @@ pub struct Dataset {
     pub(super) destroyed: AtomicBool,
     /// A snapshot's dataset (its NBD export): reads only, from a tree that never changes.
     pub(super) read_only: bool,
+    /// Held shared by every change (`Store::modify`), exclusively by a rollback from before its
+    /// op until its sync has ended (ZFS suspends the dataset the same way): a write during the
+    /// rollback would otherwise build its block on the tree being rolled away.
+    pub(super) rollback_gate: async_lock::RwLock<()>,
     /// Taken inside the store's state lock, never the other way round (crate::txg's lock order).
     pub(super) state: Mutex<VolumeState>,
 }
@@ -88,6 +92,7 @@ impl Dataset {
             dirty_bytes: AtomicU64::new(0),
             destroyed: AtomicBool::new(false),
             read_only: false,
+            rollback_gate: async_lock::RwLock::new(()),
             state: Mutex::new(VolumeState {
                 disk_levels: entry.levels,
                 entry,
@@ -351,6 +356,9 @@ impl Store {
                 snapshots: names.join(", "),
             });
         }
+        for (id, snapshot) in ids.iter().zip(&names) {
+            self.refuse_if_cloned(&state, name, snapshot, *id)?;
+        }
         state.volumes.remove(name);
         dataset.destroyed.store(true, Ordering::Release);
         for id in ids {
@@ -359,15 +367,17 @@ impl Store {
             }
         }
         let volume = dataset.state.lock();
+        let origin_txg = volume.entry.origin.map_or(0, |o| o.txg);
         let lists = std::iter::once(&volume.entry.deadlist)
             .chain(volume.entry.snapshots.iter().map(|s| &s.deadlist));
-        state.destroyed_deadlists.extend(lists.filter(|l| !l.pieces.is_empty()).cloned());
+        let lists = lists.filter(|l| !l.pieces.is_empty()).map(|l| (l.clone(), origin_txg));
+        state.destroyed_deadlists.extend(lists);
         if let Some(log) = &volume.log {
             state.retired_log.extend(log.retire());
         }
         state.orphaned.extend(volume.prewritten.values().cloned());
         if let Some(root) = volume.entry.root {
-            state.destroyed.push((root, volume.disk_levels));
+            state.destroyed.push((root, volume.disk_levels, origin_txg));
         }
         Ok(())
     }

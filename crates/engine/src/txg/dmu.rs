@@ -294,6 +294,8 @@ impl Store {
                 volume: dataset.name(),
             });
         }
+        // Waits out a rollback of the volume (its sync); the size may change with it.
+        let _not_rolling_back = dataset.rollback_gate.read().await;
         Self::check_range(dataset, dataset.size_bytes(), offset, len)?;
         if len == 0 {
             // Nothing changes, so nothing is logged; the last record still covers the caller.

@@ -199,6 +199,9 @@ pub(super) struct ScanState {
     clients_seen: Time,
     /// When the counters were last summed: at most once a millisecond, not per run issued.
     clients_checked: Time,
+    /// Where a snapshot change moved the bookmark back to: a chunk in flight, which walked
+    /// the trees as they were, ends no later (`Store::rewind_scan`).
+    rewind: Option<Bookmark>,
 }
 
 impl ScanState {
@@ -217,6 +220,7 @@ impl ScanState {
             client_requests: 0,
             clients_seen: Time::ZERO,
             clients_checked: Time::ZERO,
+            rewind: None,
         }
     }
 
@@ -803,6 +807,23 @@ impl Store {
         Some(turn)
     }
 
+    /// Moves a scan's bookmark back to the start of volume `volume_id`, if it is past it: a
+    /// snapshot destroy, a rollback or a promote changes which of a volume's trees holds a
+    /// block, and the volume is walked before its snapshots (their ids come later), so a block
+    /// the volume's walk left to a snapshot that is now gone must be found again (ZFS:
+    /// `dsl_scan_ds_destroyed`). Walking a tree twice costs time, never a missed block.
+    pub(super) fn rewind_scan(&self, volume_id: u64) {
+        let mut scan = self.scan.lock();
+        if scan.active().is_none() {
+            return;
+        }
+        let target = Bookmark::Volume { id: volume_id, block: 0 };
+        if scan.bookmark > target {
+            scan.bookmark = target;
+        }
+        scan.rewind = Some(scan.rewind.map_or(target, |r| r.min(target)));
+    }
+
     /// Pins the newest synced tree; walks it from the bookmark; issues what it gathered.
     async fn scan_chunk(&self, generation: u64) -> Result<Next, StoreError> {
         let (bookmark, min_birth, max_birth, targets) = {
@@ -934,7 +955,10 @@ impl Store {
             // Stopped or replaced while the chunk ran: its figures belong to no scan.
             return Ok(Next::More);
         }
-        scan.bookmark = next;
+        scan.bookmark = match scan.rewind.take() {
+            Some(rewind) => next.min(rewind),
+            None => next,
+        };
         if let Some(status) = scan.status.as_mut() {
             status.total_bytes = total_bytes;
             status.examined_bytes = examined;

@@ -15,6 +15,14 @@
 //! subtree born before (copy-on-write gives a parent a birth no older than its children),
 //! and the volume's dead list is dropped, its blocks being the snapshot's again.
 //!
+//! A clone (ZFS: `zfs clone`) is a new volume whose tree starts as a snapshot's: its origin.
+//! Blocks born by the origin's txg are the origin's; the clone routes them to its dead list
+//! when it replaces them and leaves them when it is destroyed, exactly as a volume treats its
+//! newest snapshot's. A snapshot with clones cannot be destroyed. Promote (ZFS: `zfs
+//! promote`) swaps the roles: the origin and the snapshots before it move to the clone, and
+//! the old parent becomes a clone of it; only the clone's own dead lists are read, to count
+//! their bytes by the ranges the moved snapshots bring.
+//!
 //! Every change is made by the sync of the txg it was asked in (`SnapshotOp`), so several
 //! volumes' snapshots taken by one command share a txg and are consistent with each other,
 //! and a crash leaves either all of a change or none of it. The calls hold the sync lock
@@ -24,7 +32,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-use sluice_format::{BlockPointer, Deadlist, SnapshotEntry, VolumeEntry, VolumeSpace};
+use sluice_format::{BlockPointer, Deadlist, Origin, SnapshotEntry, VolumeEntry, VolumeSpace};
 
 use super::dataset::{check_volume_name, Dataset};
 use super::dsl_deadlist::{count_entry, merge_range, range_bytes};
@@ -49,6 +57,11 @@ pub(super) enum SnapshotOp {
         volume: String,
         name: String,
     },
+    /// Make clone `volume` the parent of its origin, which belongs to `parent`.
+    Promote {
+        volume: String,
+        parent: String,
+    },
 }
 
 /// A volume's snapshots and dead list as a sync carries them, from the quiesced entry to the
@@ -56,6 +69,7 @@ pub(super) enum SnapshotOp {
 #[derive(Clone, Debug)]
 pub(super) struct Family {
     pub(super) prev_snap_txg: u64,
+    pub(super) origin: Option<Origin>,
     pub(super) deadlist: Deadlist,
     pub(super) snapshots: Vec<SnapshotEntry>,
     /// The volume's size and levels (a rollback changes them).
@@ -69,6 +83,7 @@ impl Family {
     pub(super) fn of(entry: &VolumeEntry) -> Family {
         Family {
             prev_snap_txg: entry.prev_snap_txg,
+            origin: entry.origin,
             deadlist: entry.deadlist.clone(),
             snapshots: entry.snapshots.clone(),
             size_bytes: entry.size_bytes,
@@ -80,12 +95,28 @@ impl Family {
     /// The starts of the birth ranges its dead lists count bytes in: 0, and the txg after
     /// each snapshot.
     pub(super) fn starts(&self) -> Vec<u64> {
-        std::iter::once(0).chain(self.snapshots.iter().map(|s| s.txg + 1)).collect()
+        range_starts(self.origin, &self.snapshots)
+    }
+
+    /// The txg of the snapshot before snapshot `at` (its origin's for the first; 0 for none)
+    /// and the start of the birth range that follows it.
+    fn before(&self, at: usize) -> (u64, u64) {
+        match at.checked_sub(1) {
+            Some(p) => (self.snapshots[p].txg, self.snapshots[p].txg + 1),
+            None => self.origin.map_or((0, 0), |o| (o.txg, o.txg + 1)),
+        }
+    }
+
+    /// Every dead list: the snapshots', then the volume's.
+    fn lists_mut(&mut self) -> impl Iterator<Item = &mut Deadlist> {
+        let snapshots = self.snapshots.iter_mut().map(|s| &mut s.deadlist);
+        snapshots.chain(std::iter::once(&mut self.deadlist))
     }
 
     /// Copies what the sync decided into a volume's entry.
     pub(super) fn apply(&self, entry: &mut VolumeEntry) {
         entry.prev_snap_txg = self.prev_snap_txg;
+        entry.origin = self.origin;
         entry.deadlist = self.deadlist.clone();
         entry.snapshots = self.snapshots.clone();
         if self.rolled_back {
@@ -93,6 +124,15 @@ impl Family {
             entry.levels = self.levels;
         }
     }
+}
+
+/// The starts of the birth ranges of a volume's dead lists: 0, and the txg after its
+/// origin's and each of its snapshots'.
+pub(super) fn range_starts(origin: Option<Origin>, snapshots: &[SnapshotEntry]) -> Vec<u64> {
+    std::iter::once(0)
+        .chain(origin.map(|o| o.txg + 1))
+        .chain(snapshots.iter().map(|s| s.txg + 1))
+        .collect()
 }
 
 /// One snapshot as `snapshot list` shows it (ZFS: `used`, `referenced`, `written`).
@@ -111,6 +151,8 @@ pub struct SnapshotInfo {
     pub written_bytes: u64,
     pub logical_bytes: u64,
     pub physical_bytes: u64,
+    /// Volumes cloned from it.
+    pub clones: Vec<String>,
 }
 
 /// A volume's space beyond its tree (ZFS: `usedbysnapshots`, `written`).
@@ -127,12 +169,15 @@ pub struct SnapshotSpace {
 /// when it has none.
 pub(super) fn unique_bytes(entry: &VolumeEntry) -> u64 {
     let referenced = entry.space.map_or(0, |s| s.referenced_bytes);
-    match entry.snapshots.last() {
-        None => referenced,
-        Some(newest) => {
-            (referenced + entry.deadlist.bytes()).saturating_sub(newest.space.referenced_bytes)
-        }
-    }
+    let newest = match entry.snapshots.last() {
+        Some(newest) => newest.space.referenced_bytes,
+        // A clone starts out sharing everything its origin references.
+        None => match entry.origin {
+            Some(origin) => origin.referenced_bytes,
+            None => return referenced,
+        },
+    };
+    (referenced + entry.deadlist.bytes()).saturating_sub(newest)
 }
 
 fn check_snapshot_name(volume: &str, name: &str) -> Result<(), StoreError> {
@@ -189,6 +234,7 @@ impl Store {
             if more_reserved > available {
                 return Err(StoreError::SnapshotNeedsSpace {
                     pool: self.pool.name().to_owned(),
+                    what: "a snapshot of",
                     volumes: names.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>().join(", "),
                     needed_bytes: more_reserved,
                     available_bytes: available,
@@ -227,6 +273,7 @@ impl Store {
         let id = {
             let mut state = self.state.lock();
             let id = self.snapshot_of(&state, volume, name)?.id;
+            self.refuse_if_cloned(&state, volume, name, id)?;
             state
                 .snapshot_ops
                 .push(SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() });
@@ -250,11 +297,17 @@ impl Store {
     ) -> Result<(), StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a rollback");
+        // Changes to the volume wait until the rollback's sync has ended, and those under way
+        // end first: each then lands wholly before or wholly after it.
+        let dataset = self.dataset(volume)?;
+        let _no_writes = dataset.rollback_gate.write().await;
         let one_at_a_time = self.sync_lock.lock().await;
         let later_ids = {
             let mut state = self.state.lock();
-            let dataset =
-                Arc::clone(state.volumes.get(volume).ok_or_else(|| self.no_such_volume(volume))?);
+            // Destroyed (and perhaps made again) while this waited for the gate.
+            if !state.volumes.get(volume).is_some_and(|d| Arc::ptr_eq(d, &dataset)) {
+                return Err(self.no_such_volume(volume));
+            }
             let later: Vec<(u64, String)> = {
                 let v = dataset.state.lock();
                 let at =
@@ -275,6 +328,30 @@ impl Store {
                     later: later.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>().join(", "),
                 });
             }
+            for (id, later) in &later {
+                self.refuse_if_cloned(&state, volume, later, *id)?;
+            }
+            // A thick volume's reservation follows the snapshot's size, and all of it is unused
+            // again once the volume shares everything with the snapshot.
+            let (reservation, size) = {
+                let v = dataset.state.lock();
+                let size = v.entry.snapshots.iter().find(|s| s.name == name).map(|s| s.size_bytes);
+                (v.entry.reservation_bytes, size.unwrap_or(v.entry.size_bytes))
+            };
+            if reservation != 0 {
+                let target = self.thick_reservation(size, dataset.block_bytes);
+                let more = target.saturating_sub(dataset.unused_reservation());
+                let available = self.reservable_bytes(&state);
+                if more > available {
+                    return Err(StoreError::SnapshotNeedsSpace {
+                        pool: self.pool.name().to_owned(),
+                        what: "a rollback of",
+                        volumes: volume.to_owned(),
+                        needed_bytes: more,
+                        available_bytes: available,
+                    });
+                }
+            }
             for (_, later) in later.iter().rev() {
                 state
                     .snapshot_ops
@@ -283,13 +360,9 @@ impl Store {
             state
                 .snapshot_ops
                 .push(SnapshotOp::Rollback { volume: volume.to_owned(), name: name.to_owned() });
-            // Writes not yet synced are dropped rather than written and freed again; blocks
-            // already written in place for the log are freed by the sync.
-            let mut v = dataset.state.lock();
-            v.open.clear();
-            let prewritten = std::mem::take(&mut v.prewritten);
-            drop(v);
-            state.orphaned.extend(prewritten.into_values());
+            // Writes not yet synced are written by the rollback's sync and freed by it, not
+            // dropped now: an intent-log record of theirs not yet filled must still find its
+            // bytes, in case the rollback never becomes durable and the log is replayed.
             later.into_iter().map(|(id, _)| id).collect::<Vec<_>>()
         };
         self.sync_holding_lock(one_at_a_time).await?;
@@ -300,6 +373,7 @@ impl Store {
     /// The snapshots of `volume`, oldest first, with their space figures.
     pub fn snapshots(&self, volume: &str) -> Result<Vec<SnapshotInfo>, StoreError> {
         let entry = self.dataset(volume)?.state.lock().entry.clone();
+        let clones = self.clones_by_origin();
         let snapshots = &entry.snapshots;
         Ok(snapshots
             .iter()
@@ -307,8 +381,12 @@ impl Store {
             .map(|(i, s)| {
                 let prev = i.checked_sub(1).map(|p| &snapshots[p]);
                 let next_list = snapshots.get(i + 1).map_or(&entry.deadlist, |n| &n.deadlist);
-                let prev_start = prev.map_or(0, |p| p.txg + 1);
-                let prev_referenced = prev.map_or(0, |p| p.space.referenced_bytes);
+                let origin = entry.origin.filter(|_| i == 0);
+                let (prev_start, prev_referenced) = match (prev, origin) {
+                    (Some(p), _) => (p.txg + 1, p.space.referenced_bytes),
+                    (None, Some(o)) => (o.txg + 1, o.referenced_bytes),
+                    (None, None) => (0, 0),
+                };
                 SnapshotInfo {
                     volume: entry.name.clone(),
                     name: s.name.clone(),
@@ -321,9 +399,195 @@ impl Store {
                         .saturating_sub(prev_referenced),
                     logical_bytes: s.space.logical_bytes,
                     physical_bytes: s.space.physical_bytes,
+                    clones: clones.get(&s.id).cloned().unwrap_or_default(),
                 }
             })
             .collect())
+    }
+
+    /// The clones of every snapshot, by snapshot id.
+    fn clones_by_origin(&self) -> BTreeMap<u64, Vec<String>> {
+        let state = self.state.lock();
+        let mut clones: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        for (name, dataset) in &state.volumes {
+            if let Some(origin) = dataset.state.lock().entry.origin {
+                clones.entry(origin.snapshot).or_default().push(name.clone());
+            }
+        }
+        clones
+    }
+
+    /// Refuses to destroy snapshot `volume@snapshot` (id `id`) while volumes are cloned
+    /// from it, naming them.
+    pub(super) fn refuse_if_cloned(
+        &self,
+        state: &State,
+        volume: &str,
+        snapshot: &str,
+        id: u64,
+    ) -> Result<(), StoreError> {
+        let clones: Vec<&str> = state
+            .volumes
+            .iter()
+            .filter(|(_, d)| d.state.lock().entry.origin.is_some_and(|o| o.snapshot == id))
+            .map(|(name, _)| name.as_str())
+            .collect();
+        if clones.is_empty() {
+            return Ok(());
+        }
+        Err(StoreError::HasClones {
+            pool: self.pool.name().to_owned(),
+            volume: volume.to_owned(),
+            snapshot: snapshot.to_owned(),
+            clones: clones.join(", "),
+        })
+    }
+
+    /// Makes volume `clone` from snapshot `volume@name` (ZFS: `zfs clone`): writable, sharing
+    /// every block with the snapshot until it writes its own. It takes the snapshot's size
+    /// and the volume's properties, and is thin. Durable when this returns.
+    pub async fn clone_snapshot(
+        &self,
+        volume: &str,
+        name: &str,
+        clone: &str,
+    ) -> Result<(), StoreError> {
+        self.check_live()?;
+        let _guard = self.panic_guard("a clone");
+        check_volume_name(clone)?;
+        let one_at_a_time = self.sync_lock.lock().await;
+        {
+            let mut state = self.state.lock();
+            if state.volumes.contains_key(clone) {
+                return Err(StoreError::VolumeExists {
+                    pool: self.pool.name().to_owned(),
+                    volume: clone.to_owned(),
+                });
+            }
+            let snapshot = self.snapshot_of(&state, volume, name)?;
+            let parent = state.volumes[volume].state.lock().entry.clone();
+            let id = state.next_volume_id;
+            let log = self.new_log(id)?;
+            state.next_volume_id += 1;
+            let (size, levels) = (snapshot.size_bytes, snapshot.levels);
+            let mut entry = VolumeEntry::new(id, clone, size, parent.block_bytes, levels);
+            entry.root = snapshot.root;
+            entry.space = Some(snapshot.space);
+            entry.prev_snap_txg = snapshot.txg;
+            entry.origin = Some(Origin {
+                snapshot: snapshot.id,
+                txg: snapshot.txg,
+                referenced_bytes: snapshot.space.referenced_bytes,
+            });
+            entry.dedup = parent.dedup;
+            entry.sync = parent.sync;
+            entry.logbias = parent.logbias;
+            entry.compression = parent.compression;
+            let dataset = Dataset::new(entry, Some(log), &self.limits);
+            state.volumes.insert(clone.to_owned(), dataset);
+        }
+        self.sync_holding_lock(one_at_a_time).await?;
+        Ok(())
+    }
+
+    /// Makes clone `volume` the parent of its origin (ZFS: `zfs promote`): the origin snapshot
+    /// and those before it move to the clone, and the volume they came from becomes a clone
+    /// of it, which can then be destroyed. Refused when a moving snapshot's name is taken
+    /// among the clone's own. Durable when this returns.
+    pub async fn promote_volume(&self, volume: &str) -> Result<(), StoreError> {
+        self.check_live()?;
+        let _guard = self.panic_guard("a promote");
+        let one_at_a_time = self.sync_lock.lock().await;
+        {
+            let mut state = self.state.lock();
+            let dataset = state.volumes.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
+            let entry = dataset.state.lock().entry.clone();
+            let Some(origin) = entry.origin else {
+                return Err(StoreError::InvalidProperty {
+                    volume: volume.to_owned(),
+                    reason: "is not a clone, so there is nothing to promote it over".to_owned(),
+                });
+            };
+            let holds = |d: &Arc<Dataset>| {
+                d.state.lock().entry.snapshots.iter().position(|s| s.id == origin.snapshot)
+            };
+            let found =
+                state.volumes.iter().find_map(|(name, d)| Some((name.clone(), holds(d)?, d)));
+            let Some((parent, at, parent_dataset)) = found else {
+                return Err(StoreError::InvalidProperty {
+                    volume: volume.to_owned(),
+                    reason: format!("its origin (snapshot id {}) is in no volume", origin.snapshot),
+                });
+            };
+            let moving: Vec<String> = parent_dataset.state.lock().entry.snapshots[..=at]
+                .iter()
+                .map(|s| s.name.clone())
+                .collect();
+            if let Some(taken) =
+                moving.iter().find(|m| entry.snapshots.iter().any(|s| &s.name == *m))
+            {
+                return Err(StoreError::SnapshotExists {
+                    pool: self.pool.name().to_owned(),
+                    volume: volume.to_owned(),
+                    snapshot: taken.clone(),
+                });
+            }
+            state.snapshot_ops.push(SnapshotOp::Promote { volume: volume.to_owned(), parent });
+        }
+        self.sync_holding_lock(one_at_a_time).await?;
+        Ok(())
+    }
+
+    /// Promotes clone `clone` over `parent` in the syncing txg (see the module doc).
+    async fn promote_in_sync(
+        &self,
+        trees: &mut BTreeMap<String, super::spa_sync::SyncedTree>,
+        clone: &str,
+        parent: &str,
+    ) -> Result<(), PoolError> {
+        let (Some(mut c), Some(mut o)) = (trees.remove(clone), trees.remove(parent)) else {
+            debug_assert!(false, "promote of {clone} over {parent}, not both quiesced");
+            return Ok(());
+        };
+        let origin = c.family.origin;
+        let at = origin
+            .and_then(|origin| o.family.snapshots.iter().position(|s| s.id == origin.snapshot));
+        if let Some(at) = at {
+            let moved: Vec<SnapshotEntry> = o.family.snapshots.drain(..=at).collect();
+            let s = moved.last().expect("the origin moves").clone();
+            // The old parent becomes a clone of S: everything born by S's txg is S's now, one
+            // range in its lists.
+            let folded =
+                moved[..at].iter().map(|m| m.txg + 1).chain(o.family.origin.map(|p| p.txg + 1));
+            let folded: Vec<u64> = folded.collect();
+            for list in o.family.lists_mut() {
+                for &start in &folded {
+                    merge_range(list, start, 0);
+                }
+            }
+            let grandparent = o.family.origin;
+            o.family.origin = Some(Origin {
+                snapshot: s.id,
+                txg: s.txg,
+                referenced_bytes: s.space.referenced_bytes,
+            });
+            // The clone takes them before its own snapshots, and the parent's origin; its own
+            // lists are counted again by the ranges they bring.
+            c.family.origin = grandparent;
+            let own = std::mem::take(&mut c.family.snapshots);
+            c.family.snapshots = moved;
+            c.family.snapshots.extend(own);
+            let starts = c.family.starts();
+            for i in at + 1..c.family.snapshots.len() {
+                recount(self, &mut c.family.snapshots[i].deadlist, &starts).await?;
+            }
+            recount(self, &mut c.family.deadlist, &starts).await?;
+        } else {
+            debug_assert!(false, "promote of {clone}: its origin is not in {parent}");
+        }
+        trees.insert(clone.to_owned(), c);
+        trees.insert(parent.to_owned(), o);
+        Ok(())
     }
 
     /// What a volume's snapshots hold beyond its tree, and what it wrote since the newest.
@@ -401,6 +665,11 @@ impl Store {
         ops: Vec<SnapshotOp>,
     ) -> Result<(), PoolError> {
         let txg = ctx.txg;
+        let volume_ids: BTreeMap<String, u64> = if ops.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.state.lock().volumes.iter().map(|(name, d)| (name.clone(), d.id)).collect()
+        };
         for tree in trees.values_mut() {
             let dead = std::mem::take(&mut tree.dead);
             let starts = tree.family.starts();
@@ -411,8 +680,21 @@ impl Store {
             let volume = match &op {
                 SnapshotOp::Create { volume, .. }
                 | SnapshotOp::Destroy { volume, .. }
-                | SnapshotOp::Rollback { volume, .. } => volume.clone(),
+                | SnapshotOp::Rollback { volume, .. }
+                | SnapshotOp::Promote { volume, .. } => volume.clone(),
             };
+            if let SnapshotOp::Promote { parent, .. } = &op {
+                self.promote_in_sync(trees, &volume, parent).await?;
+                for id in [&volume, parent].into_iter().filter_map(|v| volume_ids.get(v)) {
+                    self.rewind_scan(*id);
+                }
+                continue;
+            }
+            if !matches!(op, SnapshotOp::Create { .. }) {
+                if let Some(&id) = volume_ids.get(&volume) {
+                    self.rewind_scan(id);
+                }
+            }
             // Checked under the sync lock, which the caller held until this sync.
             let Some(tree) = trees.get_mut(&volume) else {
                 debug_assert!(false, "a snapshot change for volume {volume}, not quiesced");
@@ -433,6 +715,7 @@ impl Store {
                 SnapshotOp::Destroy { name, .. } => {
                     self.destroy_in_sync(ctx, &mut tree.family, &name).await?;
                 }
+                SnapshotOp::Promote { .. } => unreachable!("made above"),
                 SnapshotOp::Rollback { name, .. } => {
                     let family = &mut tree.family;
                     let Some(newest) = family.snapshots.last().filter(|s| s.name == name) else {
@@ -470,8 +753,7 @@ impl Store {
             debug_assert!(false, "destroy of snapshot {name}, which does not exist");
             return Ok(());
         };
-        let prev_txg = at.checked_sub(1).map_or(0, |p| family.snapshots[p].txg);
-        let prev_start = if at == 0 { 0 } else { prev_txg + 1 };
+        let (prev_txg, prev_start) = family.before(at);
         let gone = family.snapshots.remove(at);
         let next_is_volume = at == family.snapshots.len();
         let starts = family.starts();
@@ -501,9 +783,7 @@ impl Store {
         }
         *next = list;
         // Its txg no longer bounds a birth range.
-        for list in std::iter::once(&mut family.deadlist)
-            .chain(family.snapshots.iter_mut().map(|s| &mut s.deadlist))
-        {
+        for list in family.lists_mut() {
             merge_range(list, gone.txg + 1, prev_start);
         }
         if next_is_volume {
@@ -511,4 +791,14 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Counts `list`'s bytes again by the birth ranges `starts` (reading its entries).
+async fn recount(store: &Store, list: &mut Deadlist, starts: &[u64]) -> Result<(), PoolError> {
+    let entries = store.deadlist_entries(list).await?;
+    list.buckets.clear();
+    for bp in &entries {
+        count_entry(list, starts, bp);
+    }
+    Ok(())
 }

@@ -123,12 +123,24 @@ pub enum StoreError {
     )]
     HasSnapshots { pool: String, volume: String, snapshots: String },
     #[error(
-        "pool {pool}: a snapshot of {volumes} needs {needed_bytes} more bytes set aside (a thick \
-         volume's reservation must cover rewriting every block its snapshot will hold), and \
-         only {available_bytes} are free beyond what volumes have reserved; free space or \
-         destroy older snapshots"
+        "pool {pool}: snapshot {volume}@{snapshot} has clones ({clones}), which share its \
+         blocks; destroy them first, or `sluice vol promote` one to make it the parent"
     )]
-    SnapshotNeedsSpace { pool: String, volumes: String, needed_bytes: u64, available_bytes: u64 },
+    HasClones { pool: String, volume: String, snapshot: String, clones: String },
+    #[error(
+        "pool {pool}: {what} {volumes} needs {needed_bytes} more bytes set aside (a thick \
+         volume's reservation must cover rewriting every block a snapshot holds), and only \
+         {available_bytes} are free beyond what volumes have reserved; free space or destroy \
+         snapshots"
+    )]
+    SnapshotNeedsSpace {
+        pool: String,
+        /// "a snapshot of", "a rollback of".
+        what: &'static str,
+        volumes: String,
+        needed_bytes: u64,
+        available_bytes: u64,
+    },
     #[error(
         "{pool}/{volume} is a snapshot, read-only: its blocks never change. To write, roll the \
          volume back to it or clone it"
@@ -181,7 +193,8 @@ impl StoreError {
             | StoreError::ScanRefused { .. }
             | StoreError::InvalidProperty { .. }
             | StoreError::NotNewestSnapshot { .. }
-            | StoreError::HasSnapshots { .. } => ErrorKind::Invalid,
+            | StoreError::HasSnapshots { .. }
+            | StoreError::HasClones { .. } => ErrorKind::Invalid,
             StoreError::NoSuchSnapshot { .. } => ErrorKind::NotFound,
             StoreError::SnapshotExists { .. } => ErrorKind::Exists,
             StoreError::SnapshotNeedsSpace { .. } => ErrorKind::NoSpace,
@@ -211,11 +224,12 @@ struct State {
     syncing_bytes: u64,
     /// The metadata part of `syncing_bytes`.
     syncing_metadata_bytes: u64,
-    /// Trees of destroyed volumes, freed by the next sync: (root, levels).
-    destroyed: Vec<(BlockPointer, u8)>,
-    /// Dead lists of destroyed volumes and their snapshots: their entries and pieces are
-    /// freed by the next sync.
-    destroyed_deadlists: Vec<sluice_format::Deadlist>,
+    /// Trees of destroyed volumes, freed by the next sync: (root, levels, the txg through
+    /// which its blocks are its origin's, for a clone; 0 otherwise).
+    destroyed: Vec<(BlockPointer, u8, u64)>,
+    /// Dead lists of destroyed volumes and their snapshots, with the txg through which their
+    /// entries are an origin's: the others and the pieces are freed by the next sync.
+    destroyed_deadlists: Vec<(sluice_format::Deadlist, u64)>,
     /// Snapshot changes asked in the open txg, made by its sync in this order.
     snapshot_ops: Vec<dsl_snapshot::SnapshotOp>,
     /// Datasets of snapshots served read-only, by snapshot id, while a handle holds one.

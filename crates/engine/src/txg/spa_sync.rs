@@ -61,12 +61,12 @@ struct Quiesced {
     /// Each volume's entry, levels on disk, syncing blocks and the blocks among them already
     /// written in place for the intent log.
     work: Vec<VolumeWork>,
-    /// Trees of volumes destroyed since the last sync: (root, levels).
-    destroyed: Vec<(BlockPointer, u8)>,
+    /// Trees of volumes destroyed since the last sync (`State::destroyed`).
+    destroyed: Vec<(BlockPointer, u8, u64)>,
     /// Blocks written in place that no volume links (`State::orphaned`).
     orphaned: Vec<Prewritten>,
     /// Dead lists of destroyed volumes and their snapshots.
-    destroyed_deadlists: Vec<Deadlist>,
+    destroyed_deadlists: Vec<(Deadlist, u64)>,
     /// Snapshot changes asked in this txg.
     snapshot_ops: Vec<SnapshotOp>,
 }
@@ -158,13 +158,14 @@ impl Store {
         let replay_progress: BTreeMap<String, Option<LogHeader>> =
             work.iter().map(|(entry, ..)| (entry.name.clone(), entry.log)).collect();
         let mut ctx = TreeUpdate::new(&self.pool, &self.allocator, txg);
-        for (root, levels) in destroyed {
-            for (_, _, bp) in objset::walk(&self.pool, Some(root), levels).await? {
-                ctx.replaced.push(bp);
-            }
+        // A clone's blocks born by its origin's txg are the origin's: they stay.
+        for (root, levels, origin_txg) in destroyed {
+            ctx.replaced
+                .extend(objset::walk_born_after(&self.pool, Some(root), levels, origin_txg).await?);
         }
-        for list in destroyed_deadlists {
-            ctx.replaced.extend(self.deadlist_entries(&list).await?);
+        for (list, origin_txg) in destroyed_deadlists {
+            let entries = self.deadlist_entries(&list).await?;
+            ctx.replaced.extend(entries.into_iter().filter(|bp| bp.birth_txg > origin_txg));
             ctx.replaced.extend(list.pieces);
         }
         self.fail_point("spa_sync.write_volumes");
