@@ -8,10 +8,12 @@
 # 65,536 for 64 GiB). Then, per round and size, alternating the sizes:
 #   - create: wall time of `sluice snapshot create` through the server's control socket (a new
 #     process, the socket round trip and the txg sync that takes the snapshot);
-#   - 1,000 random blocks of the volume overwritten and flushed (the same count whatever the
-#     size: what the snapshot then holds alone);
+#   - 1,000 random blocks of the volume's first GiB overwritten and flushed (the same blocks
+#     whatever the size, so the snapshot then holds alone the same data and nearly the same
+#     indirect blocks: the larger tree has one level more);
+#   - `sluice pool sync` writes them out (the snapshot's USED then counts them);
 #   - destroy: wall time of `sluice snapshot destroy` (reads the volume's dead list, frees the
-#     1,000 blocks, in one sync).
+#     blocks the snapshot held alone, in one sync).
 # For scale, `nbdinfo --map` of each volume: a walk of every pointer of its tree, which is what
 # a create or destroy that walked the volume would cost at least.
 # Usage: bench/snapshot.sh [--rounds 5] [--dir DIR] [--no-build] [--report PATH.md]
@@ -56,7 +58,7 @@ h.shutdown()
 EOF
 done
 elapsed() { local start end; start=$(date +%s.%N); "$@" >/dev/null; end=$(date +%s.%N); python3 -c "print(f'{($end - $start) * 1000:.1f}')"; }
-declare -A create destroy walk
+declare -A create destroy walk held
 for round in $(seq 1 "$rounds"); do
   for size in $sizes; do
     create[$size]+="$(elapsed "$bin" snapshot create "bench/v$size@r$round") "
@@ -64,31 +66,32 @@ for round in $(seq 1 "$rounds"); do
 import os, random, sys, nbd
 h = nbd.NBD()
 h.connect_uri(sys.argv[1])
-blocks = h.get_size() // 16384
+blocks = min(h.get_size(), 1 << 30) // 16384
 rng = random.Random(int(sys.argv[2]))
 for _ in range(1000):
     h.pwrite(os.urandom(16384), rng.randrange(blocks) * 16384)
 h.flush()
 h.shutdown()
 EOF
+    "$bin" pool sync bench >/dev/null
+    held[$size]+="$("$bin" snapshot list "bench/v$size" -H | awk -v s="bench/v$size@r$round" '$1 == s {print $2}') "
     destroy[$size]+="$(elapsed "$bin" snapshot destroy "bench/v$size@r$round") "
     walk[$size]+="$(elapsed nbdinfo --map "nbd+unix:///v$size?socket=$sock") "
   done
 done
-used=$("$bin" vol list bench -H | awk '{print $1, $3}' | tr '\n' ' ')
 kill -INT "$server"; wait "$server" 2>/dev/null || true; server=""
 median() { python3 -c "import statistics, sys; print(f'{statistics.median(map(float, sys.argv[1:])):.1f}')" $1; }
 table() {
-  echo "| volume | snapshot create, ms | snapshot destroy (1,000 blocks held alone), ms | nbdinfo --map (a walk of the tree), ms |"
-  echo "|---|---:|---:|---:|"
+  echo "| volume | snapshot create, ms | snapshot destroy, ms | what it freed (its USED) | nbdinfo --map (a walk of the tree), ms |"
+  echo "|---|---:|---:|---:|---:|"
   for size in $sizes; do
-    echo "| $size | $(median "${create[$size]}") | $(median "${destroy[$size]}") | $(median "${walk[$size]}") |"
+    echo "| $size | $(median "${create[$size]}") | $(median "${destroy[$size]}") | $(python3 -c "import statistics, sys; print(f'{statistics.median(map(int, sys.argv[1:])) / 1048576:.1f} MiB')" ${held[$size]}) | $(median "${walk[$size]}") |"
   done
   echo
   echo "Each round's figures, in order:"
   echo
   for size in $sizes; do
-    echo "- $size: create ${create[$size]}; destroy ${destroy[$size]}; map ${walk[$size]}"
+    echo "- $size: create ${create[$size]}; destroy ${destroy[$size]}; freed ${held[$size]}; map ${walk[$size]}"
   done
 }
 table
@@ -102,9 +105,11 @@ if [ -n "$report" ]; then
     echo "\`sluice\` command through the served pool's control socket: process start, the socket"
     echo "round trip and the txg sync that makes the change. Volumes thin, compression off, one"
     echo "16 KiB block written in every MiB, so each tree spans its volume (1,024 and 65,536 data"
-    echo "blocks). Before each destroy, 1,000 random blocks of the volume were overwritten: what the"
-    echo "snapshot then held alone. \`nbdinfo --map\` reads every pointer of the tree: the least a"
-    echo "create or destroy that walked the volume would cost."
+    echo "blocks). Before each destroy, the same 1,000 random blocks of each volume's first GiB were"
+    echo "overwritten: the snapshot then held those alone, with the indirect blocks above them"
+    echo "(one level more in the larger tree), which is what the destroy reads and frees. \`nbdinfo"
+    echo "--map\` reads every pointer of the tree: the least a create or destroy that walked the"
+    echo "volume would cost."
     echo
     table
   } >"$report"

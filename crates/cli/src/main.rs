@@ -235,6 +235,9 @@ enum PoolCommand {
     /// The counters `iostat` reads, as JSON (answered by the server).
     #[command(hide = true)]
     Stats { name: String },
+    /// Write the open txg out now and wait until it is durable (zpool sync): space figures,
+    /// snapshot USED and the like then count every write made so far.
+    Sync { name: String },
     /// Read every copy of every block and rewrite bad copies from good ones, in the
     /// background while the pool serves (zpool scrub); `pool status` shows the progress. On a
     /// pool that is not being served, the scrub runs to its end before the command returns.
@@ -612,6 +615,7 @@ pub(crate) async fn run_pool_command(
         Command::Pool { pool: PoolCommand::List { names, scripted, json } } => {
             pools::list_line(ctx, &names, scripted, json).await
         }
+        Command::Pool { pool: PoolCommand::Sync { name } } => pools::sync(ctx, &name).await,
         Command::Pool { pool: PoolCommand::Scrub { name, pause, stop, wait } } => {
             pools::scrub(ctx, &name, pools::ScrubAction::from_flags(pause, stop, wait)).await
         }
@@ -682,7 +686,7 @@ pub(crate) async fn run_pool_command(
             pools::vol_resize(ctx, &spec, size).await
         }
         _ => anyhow::bail!(
-            "only pool status|list|stats|scrub|offline|online|clear|attach|detach|replace, \
+            "only pool status|list|stats|sync|scrub|offline|online|clear|attach|detach|replace, \
              vol create|list|get|set|rename|resize|rollback|promote|destroy, snapshot \
              create|list|destroy and clone run on a served pool"
         ),
@@ -815,6 +819,7 @@ fn run(
                     Ok(())
                 }
                 PoolCommand::Scrub { ref name, .. }
+                | PoolCommand::Sync { ref name }
                 | PoolCommand::Offline { ref name, .. }
                 | PoolCommand::Online { ref name, .. }
                 | PoolCommand::Clear { ref name, .. }

@@ -1346,6 +1346,15 @@ pub async fn vol_rollback(ctx: &mut Ctx<'_>, spec: &str, recursive: bool) -> any
     Ok(())
 }
 
+/// `pool sync POOL`.
+pub async fn sync(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<()> {
+    let store = ctx.hold(name).await?;
+    let txg = store.sync().await?;
+    store.release().await?;
+    ctx.say(format!("pool {name}: txg {txg} synced"));
+    Ok(())
+}
+
 /// `vol promote POOL/VOL`.
 pub async fn vol_promote(ctx: &mut Ctx<'_>, spec: &str) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
