@@ -118,6 +118,19 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
                     return;
                 }
                 let answer = match serde_json::from_str::<Vec<String>>(&line) {
+                    Ok(args) if is_streaming(&args) => {
+                        // Bytes the line reader took past the request belong to the stream.
+                        let buffered = reader.get_ref().buffer().to_vec();
+                        let read_half = reader.into_inner().into_inner();
+                        let Ok(stream) = read_half.reunite(writer) else { return };
+                        let Ok(stream) = stream.into_std() else { return };
+                        let handle = tokio::runtime::Handle::current();
+                        let _ = tokio::task::spawn_blocking(move || {
+                            stream_command(&handle, &store, &args, buffered, stream)
+                        })
+                        .await;
+                        return;
+                    }
                     Ok(args) => run(&env, store, args).await,
                     Err(e) => Answer {
                         ok: false,
@@ -129,6 +142,192 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
             });
         }
     }))
+}
+
+/// `send` and `recv` carry a stream after the request line (`recv`) or before the answer
+/// (`send`), in the same connection.
+fn is_streaming(args: &[String]) -> bool {
+    matches!(args.first().map(String::as_str), Some("send" | "recv"))
+}
+
+/// `send [-i OLDER] POOL/VOL@SNAP` or `recv POOL/VOL`: (command, spec, older).
+fn stream_args(args: &[String]) -> Option<(&str, &str, Option<&str>)> {
+    let command = args.first()?.as_str();
+    let mut from = None;
+    let mut spec = None;
+    let mut rest = args[1..].iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "-i" => from = Some(rest.next()?.as_str()),
+            other if other.starts_with('-') => return None,
+            other => spec = Some(other),
+        }
+    }
+    Some((command, spec?, from))
+}
+
+/// Runs a streaming command on a blocking thread, the connection switched to blocking I/O.
+/// `send`: an answer line, the stream, then a second answer line once the stream is whole (a
+/// failure part way ends the connection without the end record, which the client and any
+/// receiver refuse). `recv`: the stream from the client, then one answer line.
+fn stream_command(
+    handle: &tokio::runtime::Handle,
+    store: &Arc<Store>,
+    args: &[String],
+    buffered: Vec<u8>,
+    stream: UnixStream,
+) {
+    use std::io::Read;
+    if stream.set_nonblocking(false).is_err() {
+        return;
+    }
+    let answer_line = |ok: bool, out: String, error: String| Answer { ok, out, error }.to_line();
+    let Some((command, spec, from)) = stream_args(args) else {
+        let error = format!("bad {} request: {args:?}", args.first().map_or("", |a| a.as_str()));
+        let _ = (&stream).write_all(answer_line(false, String::new(), error).as_bytes());
+        return;
+    };
+    let parsed = if command == "send" {
+        pools::split_snapshot_spec(spec).map(|(_, v, s)| (v.to_owned(), Some(s.to_owned())))
+    } else {
+        pools::split_volume_spec(spec).map(|(_, v)| (v.to_owned(), None))
+    };
+    let (volume, snapshot) = match parsed {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            let _ =
+                (&stream).write_all(answer_line(false, String::new(), format!("{e:#}")).as_bytes());
+            return;
+        }
+    };
+    if let Some(snapshot) = snapshot {
+        let from = from.map(|f| f.rsplit('@').next().unwrap_or(f).to_owned());
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, &stream);
+        if out.write_all(answer_line(true, String::new(), String::new()).as_bytes()).is_err() {
+            return;
+        }
+        let mut writer = sluice_format::StreamWriter::new(out);
+        let result = {
+            let mut emit = |record| writer.write(&record);
+            handle.block_on(store.send_snapshot(&volume, &snapshot, from.as_deref(), &mut emit))
+        };
+        match result {
+            Ok(summary) => {
+                let Ok(_) = writer.finish() else { return };
+                let said = format!(
+                    "sent {spec}: {} records, {} data blocks, {} frees",
+                    summary.records + 1,
+                    summary.data_blocks,
+                    summary.free_records
+                );
+                let _ = (&stream).write_all(answer_line(true, said, String::new()).as_bytes());
+            }
+            Err(e) => eprintln!("sluice: send of {spec} failed part way: {e}"),
+        }
+        return;
+    }
+    let Ok(read_half) = stream.try_clone() else { return };
+    let input = std::io::Cursor::new(buffered).chain(read_half);
+    let mut reader =
+        sluice_format::StreamReader::new(std::io::BufReader::with_capacity(1 << 20, input));
+    let result = {
+        let mut next = || reader.next_record();
+        handle.block_on(store.receive(&volume, &mut next))
+    };
+    let line = match result {
+        Ok(summary) => answer_line(
+            true,
+            format!(
+                "received {spec}: {} records, {} data blocks, {} frees\n",
+                summary.records, summary.data_blocks, summary.free_records
+            ),
+            String::new(),
+        ),
+        Err(e) => answer_line(false, String::new(), e.to_string()),
+    };
+    let _ = (&stream).write_all(line.as_bytes());
+}
+
+/// `sluice send` of a served pool: the server's stream, checked record by record as it is
+/// copied to `out`; `Some` if the pool is served.
+pub fn forward_send(
+    pool: &str,
+    args: &[String],
+    out: &mut dyn Write,
+) -> Option<anyhow::Result<()>> {
+    let path = socket_path(pool);
+    let stream = UnixStream::connect(&path).ok()?;
+    Some((|| {
+        let mut line = serde_json::to_string(args)?;
+        line.push('\n');
+        (&stream).write_all(line.as_bytes())?;
+        let mut input = BufReader::with_capacity(1 << 20, &stream);
+        let answer = read_answer(&mut input, &path)?;
+        if !answer.ok {
+            anyhow::bail!("{}", answer.error);
+        }
+        {
+            let mut reader = sluice_format::StreamReader::new(Tee { input: &mut input, out });
+            while reader.next_record()?.is_some() {}
+        }
+        let answer = read_answer(&mut input, &path)?;
+        eprint!("{}", answer.out);
+        if !answer.out.ends_with('\n') {
+            eprintln!();
+        }
+        Ok(())
+    })())
+}
+
+/// `sluice recv` into a served pool: standard input to the server, then its answer.
+pub fn forward_recv(
+    pool: &str,
+    args: &[String],
+    input: &mut dyn std::io::Read,
+) -> Option<anyhow::Result<String>> {
+    let path = socket_path(pool);
+    let stream = UnixStream::connect(&path).ok()?;
+    Some((|| {
+        let mut line = serde_json::to_string(args)?;
+        line.push('\n');
+        (&stream).write_all(line.as_bytes())?;
+        // A server that refuses early stops reading: its answer says why.
+        let _ = std::io::copy(input, &mut &stream);
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let answer = read_answer(&mut BufReader::new(&stream), &path)?;
+        if answer.ok {
+            Ok(answer.out)
+        } else {
+            anyhow::bail!("{}", answer.error)
+        }
+    })())
+}
+
+fn read_answer(input: &mut impl BufRead, path: &std::path::Path) -> anyhow::Result<Answer> {
+    let mut line = String::new();
+    input.read_line(&mut line)?;
+    if line.is_empty() {
+        anyhow::bail!(
+            "the server on {} ended the connection without an answer; its log says why",
+            path.display()
+        );
+    }
+    serde_json::from_str(&line)
+        .with_context(|| format!("reading the answer of the server on {}", path.display()))
+}
+
+/// Copies what it reads to `out`.
+struct Tee<'a, R> {
+    input: R,
+    out: &'a mut dyn Write,
+}
+
+impl<R: std::io::Read> std::io::Read for Tee<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.input.read(buf)?;
+        self.out.write_all(&buf[..n])?;
+        Ok(n)
+    }
 }
 
 /// Longest control request taken, newline included.

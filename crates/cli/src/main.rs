@@ -94,6 +94,22 @@ enum Command {
         #[command(subcommand)]
         snapshot: SnapshotCommand,
     },
+    /// Write snapshot POOL/VOL@SNAP as a stream to standard output (zfs send): whole, or with
+    /// -i only what changed since an older snapshot of the volume, so `sluice send -i @mon
+    /// tank/db@tue | ssh host sluice recv backup/db` replicates. Every record is checksummed;
+    /// compressed blocks go compressed. The pool must not be served (stop the server first).
+    Send {
+        spec: String,
+        /// The older snapshot (`@NAME`, `NAME` or `POOL/VOL@NAME`).
+        #[arg(short = 'i', value_name = "OLDER")]
+        from: Option<String>,
+    },
+    /// Read a stream from standard input into POOL/VOL (zfs receive): a full stream makes the
+    /// volume, an incremental one adds its snapshot to the volume holding the older one. The
+    /// stream lands in a hidden volume and takes the target's place only once every record has
+    /// checked; a damaged or cut stream is refused, naming the record, and nothing of it stays.
+    /// The pool must not be served (stop the server first).
+    Recv { spec: String },
     /// Make a writable volume from a snapshot: `sluice clone tank/template@golden tank/vm7`.
     /// It shares every block with the snapshot until it writes its own (thin, instant
     /// whatever the size); the snapshot cannot be destroyed while it has clones.
@@ -910,6 +926,37 @@ fn run(
                 }
                 SnapshotCommand::Destroy { spec } => per_pool(&env, &pool_of(&spec), args).await,
             }
+        }),
+        Command::Send { spec, from } => {
+            use std::io::IsTerminal;
+            if std::io::stdout().is_terminal() {
+                anyhow::bail!(
+                    "send writes a binary stream: redirect it to a file or pipe it to `sluice recv`"
+                );
+            }
+            let pool = spec.split(['/', '@']).next().unwrap_or(&spec).to_owned();
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout());
+            if let Some(forwarded) = control::forward_send(&pool, &args, &mut out) {
+                forwarded?;
+                return Ok(std::io::Write::flush(&mut out)?);
+            }
+            on_runtime(|env| async move {
+                let mut ctx = pools::Ctx { env: &env, live: None, out: String::new() };
+                pools::send(&mut ctx, &spec, from.as_deref()).await
+            })
+        }
+        Command::Recv { spec } => on_runtime(|env| async move {
+            let pool = spec.split('/').next().unwrap_or(&spec).to_owned();
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            if let Some(forwarded) = control::forward_recv(&pool, &args, &mut std::io::stdin()) {
+                eprint!("{}", forwarded?);
+                return Ok(());
+            }
+            let mut ctx = pools::Ctx { env: &env, live: None, out: String::new() };
+            let result = pools::recv(&mut ctx, &spec).await;
+            eprint!("{}", ctx.out);
+            result
         }),
         Command::Clone { snapshot, .. } => on_runtime(|env| async move {
             let args: Vec<String> = std::env::args().skip(1).collect();

@@ -1327,6 +1327,16 @@ pub async fn vol_destroy(ctx: &mut Ctx<'_>, spec: &str, recursive: bool) -> anyh
     Ok(())
 }
 
+/// `POOL/VOL` split (for the control socket's streaming commands).
+pub fn split_volume_spec(spec: &str) -> anyhow::Result<(&str, &str)> {
+    split_volume(spec)
+}
+
+/// `POOL/VOL@SNAP` split.
+pub fn split_snapshot_spec(spec: &str) -> anyhow::Result<(&str, &str, &str)> {
+    split_snapshot(spec)
+}
+
 /// Splits `POOL/VOL@SNAP`.
 fn split_snapshot(spec: &str) -> anyhow::Result<(&str, &str, &str)> {
     let (pool, rest) = split_volume(spec)?;
@@ -1344,6 +1354,68 @@ pub async fn vol_rollback(ctx: &mut Ctx<'_>, spec: &str, recursive: bool) -> any
     store.release().await?;
     ctx.say(format!("rolled volume {pool}/{volume} back to {spec}"));
     Ok(())
+}
+
+/// `send [-i OLDER] POOL/VOL@SNAP`: the stream to standard output.
+pub async fn send(ctx: &mut Ctx<'_>, spec: &str, from: Option<&str>) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let (pool, volume, snapshot) = split_snapshot(spec)?;
+    let from = from.map(|f| f.rsplit('@').next().unwrap_or(f).to_owned());
+    let stdout = std::io::stdout();
+    if stdout.is_terminal() {
+        anyhow::bail!(
+            "send writes a binary stream: redirect it to a file or pipe it to `sluice recv`"
+        );
+    }
+    let store = ctx.hold(pool).await?;
+    let mut writer =
+        sluice_format::StreamWriter::new(std::io::BufWriter::with_capacity(1 << 20, stdout));
+    let result = {
+        let mut emit = |record| writer.write(&record);
+        store.send_snapshot(volume, snapshot, from.as_deref(), &mut emit).await
+    };
+    let summary = result?;
+    writer.finish()?;
+    store.release().await?;
+    eprintln!(
+        "sent {spec}{}: {} records, {} data blocks ({}), {} frees",
+        from.map(|f| format!(" from @{f}")).unwrap_or_default(),
+        summary.records + 1,
+        summary.data_blocks,
+        human(summary.data_bytes),
+        summary.free_records
+    );
+    Ok(())
+}
+
+/// `recv POOL/VOL`: a stream from standard input.
+pub async fn recv(ctx: &mut Ctx<'_>, spec: &str) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let store = ctx.hold(pool).await?;
+    let mut reader = sluice_format::StreamReader::new(std::io::BufReader::with_capacity(
+        1 << 20,
+        std::io::stdin(),
+    ));
+    let result = {
+        let mut next = || reader.next_record();
+        store.receive(volume, &mut next).await
+    };
+    let released = store.release().await;
+    let summary = result?;
+    released?;
+    let newest = store_snapshot_note(&summary);
+    ctx.say(format!("received {spec}: {newest}"));
+    Ok(())
+}
+
+fn store_snapshot_note(summary: &sluice_engine::txg::StreamSummary) -> String {
+    format!(
+        "{} records, {} data blocks ({}), {} frees",
+        summary.records,
+        summary.data_blocks,
+        human(summary.data_bytes),
+        summary.free_records
+    )
 }
 
 /// `pool sync POOL`.
@@ -1477,7 +1549,7 @@ pub async fn snapshot_list(
                             "logical_bytes": s.logical_bytes,
                             "physical_bytes": s.physical_bytes,
                             "compress_ratio": (ratio * 100.0).round() / 100.0,
-                            "clones": s.clones,
+                            "clones": s.clones.iter().map(|c| format!("{pool}/{c}")).collect::<Vec<_>>(),
                         })
                         .to_string(),
                     );
@@ -1729,11 +1801,11 @@ fn reserved_and_available(store: &Store) -> anyhow::Result<(u64, u64)> {
     Ok((reserved, store.available_bytes(None)?))
 }
 
-/// ZFS's `used` of a volume: what its tree references, what only its snapshots hold, and
-/// what is still set aside for it (its reservation less what it alone references).
+/// ZFS's `used` of a volume: what its tree holds of its own (for a clone, not what it shares
+/// with its origin), what only its snapshots hold, and what is still set aside for it (its
+/// reservation less what it alone references).
 fn used_bytes(volume: &sluice_format::VolumeEntry, snapshots: &SnapshotSpace) -> u64 {
-    let referenced = volume.space.map_or(0, |s| s.referenced_bytes);
-    referenced
+    snapshots.dataset_bytes
         + snapshots.snapshots_bytes
         + volume.reservation_bytes.saturating_sub(snapshots.written_bytes)
 }

@@ -35,7 +35,11 @@
 //!                 id u64, guid u64, txg u64, creation_secs u64, size_bytes u64, levels u8,
 //!                 reserved 1, name_len u16, name (UTF-8), root block pointer (128; zeros:
 //!                 empty), referenced_bytes u64, logical_bytes u64, physical_bytes u64, its
-//!                 dead list
+//!                 dead list;
+//!               (V5) a receive that can be resumed into it (ZFS: the receive_resume_token's
+//!               fields): to_guid u64 (0: none), from_guid u64 (0: a full stream),
+//!               next_block u64 (blocks before it are received and synced), source_len u16,
+//!               source (UTF-8: the sender's POOL/VOL)
 //!      .      dedup table header (crate::ddt), 192 bytes: salt (32), bucket_bits u8,
 //!               levels u8, reserved 6, entries u64, references u64, allocated_bytes u64,
 //!               root block pointer (128; zeros: empty table)
@@ -43,8 +47,8 @@
 //! ```
 //!
 //! A directory without records (a pool made before V2) is written and read as V1; a V2 one
-//! (no compression, no space figures) and a V3 one (no snapshots) still decode, and are
-//! written back as V4.
+//! (no compression, no space figures), a V3 one (no snapshots) and a V4 one (no receive
+//! state) still decode, and are written back as V5.
 //!
 //! The log header (ZFS: `zil_header_t`) names the first intent-log block still needed after
 //! this txg: replay walks the chain from `head`, expecting `chain_id` and `head_sequence`, and
@@ -75,12 +79,15 @@ const VOLUME_V4_FIXED_BYTES: usize = 8 + 3 * 8 + 4;
 /// A snapshot's fixed fields, before its name (and after it: root, figures).
 const SNAPSHOT_FIXED_BYTES: usize = 5 * 8 + 1 + 1 + 2;
 const SNAPSHOT_AFTER_NAME_BYTES: usize = BLKPTR_BYTES + 3 * 8;
+/// What V5 adds to each volume before the source name: to_guid, from_guid, next_block,
+/// source_len.
+const VOLUME_V5_FIXED_BYTES: usize = 3 * 8 + 2;
 /// Longest volume name.
 pub const VOLUME_NAME_BYTES_MAX: usize = 255;
 const WHAT: &str = "pool directory";
 /// The newest version this structure has (V2 added the records, V3 each volume's compression
-/// and space figures, V4 snapshots and dead lists).
-const VERSION: FormatVersion = FormatVersion::V4;
+/// and space figures, V4 snapshots and dead lists, V5 resumable receive state).
+const VERSION: FormatVersion = FormatVersion::V5;
 
 /// One volume as recorded in the directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +124,22 @@ pub struct VolumeEntry {
     pub deadlist: Deadlist,
     /// Its snapshots, oldest first.
     pub snapshots: Vec<SnapshotEntry>,
+    /// For the hidden volume of an interrupted receive, where it can resume.
+    pub receive: Option<ReceiveState>,
+}
+
+/// Where an interrupted receive stopped (ZFS: the fields of `receive_resume_token`): the
+/// stream it was applying and the first block not yet received and synced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReceiveState {
+    /// The guid of the snapshot the stream carries (never 0).
+    pub to_guid: u64,
+    /// The older snapshot of an incremental stream.
+    pub from_guid: Option<u64>,
+    /// Blocks before it are in the volume, durable.
+    pub next_block: u64,
+    /// The sender's POOL/VOL, so a resumed send finds the snapshot.
+    pub source: String,
 }
 
 impl VolumeEntry {
@@ -140,6 +163,7 @@ impl VolumeEntry {
             origin: None,
             deadlist: Deadlist::default(),
             snapshots: Vec::new(),
+            receive: None,
         }
     }
 }
@@ -482,6 +506,8 @@ impl PoolDirectory {
                                 + VOLUME_V4_FIXED_BYTES
                                 + v.deadlist.encoded_len()
                                 + v.snapshots.iter().map(SnapshotEntry::encoded_len).sum::<usize>()
+                                + VOLUME_V5_FIXED_BYTES
+                                + v.receive.as_ref().map_or(0, |r| r.source.len())
                         } else {
                             0
                         }
@@ -606,6 +632,23 @@ impl PoolDirectory {
                     at += SNAPSHOT_AFTER_NAME_BYTES;
                     at = snapshot.deadlist.encode_into(&mut w, at);
                 }
+                if let Some(receive) = &volume.receive {
+                    if receive.to_guid == 0 || receive.source.len() > usize::from(u16::MAX) {
+                        return Err(FormatError::Invalid {
+                            what: WHAT,
+                            field: "receive state (guid 0 or source name too long)",
+                            value: volume.id,
+                        });
+                    }
+                    w.u64(at, receive.to_guid);
+                    w.u64(at + 8, receive.from_guid.unwrap_or(0));
+                    w.u64(at + 16, receive.next_block);
+                    w.u16(at + 24, receive.source.len() as u16);
+                    w.put(at + 26, receive.source.as_bytes());
+                    at += VOLUME_V5_FIXED_BYTES + receive.source.len();
+                } else {
+                    at += VOLUME_V5_FIXED_BYTES;
+                }
             } else if volume.compression != Compression::Off
                 || volume.space.is_some()
                 || volume.reservation_bytes != 0
@@ -613,6 +656,7 @@ impl PoolDirectory {
                 || volume.origin.is_some()
                 || !volume.deadlist.is_empty()
                 || !volume.snapshots.is_empty()
+                || volume.receive.is_some()
             {
                 // A V1 directory has no place for them: a pool written as V1 has no records.
                 return Err(FormatError::Invalid {
@@ -702,6 +746,7 @@ impl PoolDirectory {
                 origin: None,
                 deadlist: Deadlist::default(),
                 snapshots: Vec::new(),
+                receive: None,
             });
             at += BLKPTR_BYTES;
             let chain_id = r.u64(at)?;
@@ -812,7 +857,37 @@ impl PoolDirectory {
                     });
                 }
             }
+            let mut receive = None;
+            if version >= FormatVersion::V5 {
+                let to_guid = r.u64(at)?;
+                let source_len = usize::from(r.u16(at + 24)?);
+                let source = std::str::from_utf8(r.slice(at + 26, source_len)?)
+                    .map_err(|_| FormatError::Invalid {
+                        what: WHAT,
+                        field: "receive source name",
+                        value: source_len as u64,
+                    })?
+                    .to_owned();
+                if to_guid != 0 {
+                    receive = Some(ReceiveState {
+                        to_guid,
+                        from_guid: Some(r.u64(at + 8)?).filter(|&g| g != 0),
+                        next_block: r.u64(at + 16)?,
+                        source,
+                    });
+                } else if source_len != 0 {
+                    return Err(FormatError::Invalid {
+                        what: WHAT,
+                        field: "receive source without a receive",
+                        value: source_len as u64,
+                    });
+                } else {
+                    r.zeros(at + 8, 16)?;
+                }
+                at += VOLUME_V5_FIXED_BYTES + source_len;
+            }
             if let Some(volume) = volumes.last_mut() {
+                volume.receive = receive;
                 volume.prev_snap_txg = prev_snap_txg;
                 volume.origin = origin;
                 volume.deadlist = deadlist;

@@ -18,6 +18,7 @@ mod directory;
 mod error;
 mod label;
 mod log_block;
+mod send_stream;
 mod space_map;
 mod uberblock;
 
@@ -32,7 +33,7 @@ pub use ddt::{
 pub use deadlist::{Deadlist, DeadlistPiece, DEADLIST_PIECE_BYTES, DEADLIST_PIECE_ENTRIES};
 pub use directory::{
     Compression, DedupMode, DirectoryRecords, LeafRecord, LeafRecordState, LogBias, LogHeader,
-    Origin, PoolDirectory, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase, SnapshotEntry,
+    Origin, ReceiveState, PoolDirectory, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase, SnapshotEntry,
     SyncMode, TreeRef, VolumeEntry, VolumeSpace, VOLUME_NAME_BYTES_MAX,
 };
 pub use error::FormatError;
@@ -42,6 +43,10 @@ pub use label::{
     POOL_NAME_BYTES_MAX, UBERBLOCK_SLOTS,
 };
 pub use log_block::{LogBlock, LogRecord, LogVerifier, LOG_HEADER_BYTES, LOG_WRITE_UNIT_BYTES};
+pub use send_stream::{
+    StreamBegin, StreamError, StreamReader, StreamRecord, StreamWriter, STREAM_PAYLOAD_MAX,
+    STREAM_VERSION,
+};
 pub use space_map::SpaceMap;
 pub use uberblock::{Uberblock, UBERBLOCK_BYTES};
 
@@ -57,18 +62,20 @@ const _: () = assert!(SECTOR_BYTES.is_power_of_two());
 /// pool directory (the trusted vdev tree, each leaf's state and error counts, the scan
 /// record); the others are still written, and only read, as V1. A V1 uberblock or directory,
 /// from a pool made before V2, still decodes. V3 and V4 changed only the directory: V3 added
-/// each volume's compression, reservation and space figures, V4 its snapshots and dead lists.
+/// each volume's compression, reservation and space figures, V4 its snapshots and dead lists,
+/// V5 the state of a receive that can be resumed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FormatVersion {
     V1 = 1,
     V2 = 2,
     V3 = 3,
     V4 = 4,
+    V5 = 5,
 }
 
 impl FormatVersion {
     /// The newest version any structure is written at.
-    pub const CURRENT: FormatVersion = FormatVersion::V4;
+    pub const CURRENT: FormatVersion = FormatVersion::V5;
 
     /// Decodes a structure's version field, refusing versions newer than `newest`, the
     /// newest one that structure has.
@@ -82,6 +89,7 @@ impl FormatVersion {
             2 => FormatVersion::V2,
             3 => FormatVersion::V3,
             4 => FormatVersion::V4,
+            5 => FormatVersion::V5,
             found => return Err(FormatError::UnsupportedVersion { what, found }),
         };
         if version > newest {

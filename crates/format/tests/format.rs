@@ -14,7 +14,7 @@ use sluice_format::{
     label_offsets, uberblock_offset, BlockCompression, BlockKind, BlockPointer, Checksum,
     ChecksumAlg, Compression, DdtBucket, DdtEntry, DdtHeader, DdtKey, Deadlist, DeadlistPiece,
     DedupMode, DirectoryRecords, Dva, FormatError, LabelHeader, LeafConfig, LeafRecord,
-    LeafRecordState, LogBias, LogHeader, Origin, PoolDirectory, ScanBookmark, ScanKind, ScanRecord,
+    LeafRecordState, LogBias, LogHeader, Origin, PoolDirectory, ReceiveState, ScanBookmark, ScanKind, ScanRecord,
     ScanRecordPhase, SnapshotEntry, SpaceMap, SyncMode, TopConfig, TopKind, Uberblock,
     VdevTreeConfig, VolumeEntry, VolumeSpace, BLKPTR_BYTES, DATA_START_BYTES, DEADLIST_PIECE_BYTES,
     DEADLIST_PIECE_ENTRIES, LABEL_BYTES, LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
@@ -240,6 +240,7 @@ fn golden_directory() {
                 origin: None,
                 deadlist: Deadlist::default(),
                 snapshots: Vec::new(),
+                receive: None,
             },
             VolumeEntry {
                 id: 2,
@@ -259,6 +260,7 @@ fn golden_directory() {
                 origin: None,
                 deadlist: Deadlist::default(),
                 snapshots: Vec::new(),
+                receive: None,
             },
         ],
         ddt: DdtHeader {
@@ -345,9 +347,28 @@ fn golden_directory() {
     ];
     v4.volumes[1].origin = Some(Origin { snapshot: 4, txg: 8, referenced_bytes: 4 << 20 });
     v4.volumes[1].prev_snap_txg = 8;
-    let bytes = v4.encode(512).unwrap();
-    golden("directory_v4.bin", &bytes);
-    assert_eq!(PoolDirectory::decode(&bytes).unwrap(), v4);
+    // V4 is no longer written; a pool made then still opens, with no receive state.
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/directory_v4.bin");
+    assert_eq!(PoolDirectory::decode(&std::fs::read(path).unwrap()).unwrap(), v4);
+
+    // V5: the state of a receive that can be resumed.
+    let mut v5 = v4.clone();
+    v5.volumes[1].receive = Some(ReceiveState {
+        to_guid: 0xfeed_f00d,
+        from_guid: Some(7),
+        next_block: 4096,
+        source: "tank/db".into(),
+    });
+    let bytes = v5.encode(512).unwrap();
+    golden("directory_v5.bin", &bytes);
+    assert_eq!(PoolDirectory::decode(&bytes).unwrap(), v5);
+    let mut full = v5.clone();
+    full.volumes[1].receive.as_mut().unwrap().from_guid = None;
+    assert_eq!(PoolDirectory::decode(&full.encode(512).unwrap()).unwrap(), full);
+    // A receive state with guid 0 is not written.
+    let mut zero = v5.clone();
+    zero.volumes[1].receive.as_mut().unwrap().to_guid = 0;
+    assert!(zero.encode(512).is_err());
     // Snapshots out of txg order, or newer than the volume's newest, are refused.
     let mut disordered = v4.clone();
     disordered.volumes[0].snapshots.swap(0, 1);
@@ -680,6 +701,7 @@ fn volume_properties_byte() {
         origin: None,
         deadlist: Deadlist::default(),
         snapshots: Vec::new(),
+        receive: None,
     };
     let dir = PoolDirectory { volumes: vec![volume], ..PoolDirectory::default() };
     let mut bytes = dir.encode(4096).unwrap();

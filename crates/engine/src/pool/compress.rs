@@ -89,8 +89,17 @@ pub fn compress(
 
 /// The logical bytes of a block whose stored bytes `stored` passed `bp`'s checksum.
 pub fn decompress(bp: &BlockPointer, stored: &[u8]) -> Result<AlignedBuf, DecompressError> {
-    let want = bp.lsize_bytes() as usize;
-    if bp.compression == BlockCompression::None {
+    decompress_stored(bp.compression, bp.lsize_bytes() as usize, stored)
+}
+
+/// The `want` logical bytes of a block stored as `stored`, compressed as `alg` says (a block
+/// received in a send stream, which carries no block pointer).
+pub fn decompress_stored(
+    alg: BlockCompression,
+    want: usize,
+    stored: &[u8],
+) -> Result<AlignedBuf, DecompressError> {
+    if alg == BlockCompression::None {
         return Ok(AlignedBuf::copy_from(stored));
     }
     let claimed = stored
@@ -100,8 +109,8 @@ pub fn decompress(bp: &BlockPointer, stored: &[u8]) -> Result<AlignedBuf, Decomp
         .get(COMPRESSED_HEADER_BYTES..COMPRESSED_HEADER_BYTES.saturating_add(claimed))
         .ok_or(DecompressError::BadLength { claimed, stored: stored.len() })?;
     let mut out = AlignedBuf::zeroed(want);
-    let failed = |reason: String| DecompressError::Failed { alg: bp.compression, reason };
-    let got = match bp.compression {
+    let failed = |reason: String| DecompressError::Failed { alg, reason };
+    let got = match alg {
         BlockCompression::None => unreachable!("handled above"),
         BlockCompression::Lz4 => {
             lz4_flex::block::decompress_into(body, &mut out).map_err(|e| failed(e.to_string()))?

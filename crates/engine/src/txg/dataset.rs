@@ -158,6 +158,11 @@ impl VolumeState {
     }
 }
 
+/// A receive's hidden volume (`dmu_send.rs`): its name is the one `%` a name may hold.
+pub(super) fn is_hidden(name: &str) -> bool {
+    name.strip_prefix(super::dmu_send::RECEIVE_PREFIX).is_some_and(|t| check_volume_name(t).is_ok())
+}
+
 pub(super) fn check_volume_name(name: &str) -> Result<(), StoreError> {
     let ok = !name.is_empty()
         && name.len() <= VOLUME_NAME_BYTES_MAX
@@ -251,7 +256,9 @@ impl Store {
     ) -> Result<(), StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a volume create");
-        check_volume_name(name)?;
+        if !is_hidden(name) {
+            check_volume_name(name)?;
+        }
         if !block_bytes.is_power_of_two()
             || !(BLOCK_BYTES_MIN..=BLOCK_BYTES_MAX).contains(&block_bytes)
         {

@@ -158,7 +158,11 @@ pub struct SnapshotInfo {
 /// A volume's space beyond its tree (ZFS: `usedbysnapshots`, `written`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotSpace {
-    /// Blocks only snapshots hold: freed if every snapshot were destroyed.
+    /// What the volume's tree holds of its own (ZFS: `usedbydataset`): all it references, or
+    /// for a clone what it does not share with its origin.
+    pub dataset_bytes: u64,
+    /// Blocks only snapshots hold: freed if every snapshot were destroyed (a clone's origin's
+    /// blocks not counted).
     pub snapshots_bytes: u64,
     /// What the volume references that its newest snapshot does not.
     pub written_bytes: u64,
@@ -195,10 +199,23 @@ impl Store {
         names: &[(String, String)],
         creation_secs: u64,
     ) -> Result<u64, StoreError> {
+        self.create_snapshots_with(names, creation_secs, None).await
+    }
+
+    /// [`Store::create_snapshots`], with the snapshots' guids given (a received snapshot
+    /// keeps its sender's).
+    pub(super) async fn create_snapshots_with(
+        &self,
+        names: &[(String, String)],
+        creation_secs: u64,
+        guid: Option<u64>,
+    ) -> Result<u64, StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a snapshot create");
         for (i, (volume, name)) in names.iter().enumerate() {
-            check_volume_name(volume)?;
+            if !super::dataset::is_hidden(volume) {
+                check_volume_name(volume)?;
+            }
             check_snapshot_name(volume, name)?;
             if names[..i].iter().any(|(other, _)| other == volume) {
                 return Err(StoreError::InvalidProperty {
@@ -246,7 +263,7 @@ impl Store {
                 state.next_volume_id += 1;
                 let snapshot = SnapshotEntry {
                     id,
-                    guid: guids.u64() | 1,
+                    guid: guid.unwrap_or_else(|| guids.u64() | 1),
                     name: name.clone(),
                     txg: 0,
                     creation_secs,
@@ -454,7 +471,9 @@ impl Store {
     ) -> Result<(), StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a clone");
-        check_volume_name(clone)?;
+        if !super::dataset::is_hidden(clone) {
+            check_volume_name(clone)?;
+        }
         let one_at_a_time = self.sync_lock.lock().await;
         {
             let mut state = self.state.lock();
@@ -596,8 +615,17 @@ impl Store {
         let v = dataset.state.lock();
         let lists =
             std::iter::once(&v.entry.deadlist).chain(v.entry.snapshots.iter().map(|s| &s.deadlist));
+        // A clone's lists' first range holds its origin's blocks.
+        let (mut held, mut origins) = (0, 0);
+        for list in lists {
+            held += list.bytes();
+            origins += if v.entry.origin.is_some() { range_bytes(list, 0) } else { 0 };
+        }
+        let referenced = v.entry.space.map_or(0, |s| s.referenced_bytes);
+        let shared = v.entry.origin.map_or(0, |o| o.referenced_bytes.saturating_sub(origins));
         Ok(SnapshotSpace {
-            snapshots_bytes: lists.map(Deadlist::bytes).sum(),
+            dataset_bytes: referenced.saturating_sub(shared),
+            snapshots_bytes: held - origins,
             written_bytes: unique_bytes(&v.entry),
         })
     }
@@ -657,14 +685,17 @@ impl Store {
 
     /// The sync's snapshot step, after the volumes' trees are written: appends what each
     /// volume's newest snapshot still needs to its dead list, then makes the changes asked in
-    /// this txg, in order. Blocks and pieces they free go into `ctx.replaced`.
+    /// this txg, in order. Blocks and pieces they free go into `ctx.replaced`. Returns the
+    /// volumes whose trees a scan must walk again once this txg's uberblock is written
+    /// (`Store::rewind_scan`: before it, a scan's chunk may still start on the old trees).
     pub(super) async fn sync_snapshots(
         &self,
         ctx: &mut TreeUpdate<'_>,
         trees: &mut BTreeMap<String, super::spa_sync::SyncedTree>,
         ops: Vec<SnapshotOp>,
-    ) -> Result<(), PoolError> {
+    ) -> Result<Vec<u64>, PoolError> {
         let txg = ctx.txg;
+        let mut rewind = Vec::new();
         let volume_ids: BTreeMap<String, u64> = if ops.is_empty() {
             BTreeMap::new()
         } else {
@@ -685,15 +716,11 @@ impl Store {
             };
             if let SnapshotOp::Promote { parent, .. } = &op {
                 self.promote_in_sync(trees, &volume, parent).await?;
-                for id in [&volume, parent].into_iter().filter_map(|v| volume_ids.get(v)) {
-                    self.rewind_scan(*id);
-                }
+                rewind.extend([&volume, parent].into_iter().filter_map(|v| volume_ids.get(v)));
                 continue;
             }
             if !matches!(op, SnapshotOp::Create { .. }) {
-                if let Some(&id) = volume_ids.get(&volume) {
-                    self.rewind_scan(id);
-                }
+                rewind.extend(volume_ids.get(&volume));
             }
             // Checked under the sync lock, which the caller held until this sync.
             let Some(tree) = trees.get_mut(&volume) else {
@@ -739,7 +766,7 @@ impl Store {
                 }
             }
         }
-        Ok(())
+        Ok(rewind)
     }
 
     /// Destroys snapshot `name` of `family` in the syncing txg (see the module doc).

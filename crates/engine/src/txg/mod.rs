@@ -14,6 +14,7 @@
 //! | `mod.rs` | `dsl_pool.c` | [`Store`], its shared state, errors, suspension |
 //! | `dataset.rs` | `dsl_dataset.c`, `zvol.c` | volume create, destroy, resize, properties |
 //! | `dsl_snapshot.rs` | `dsl_dataset.c`, `dsl_destroy.c` | snapshot create and destroy, rollback, snapshot exports |
+//! | `dmu_send.rs` | `dmu_send.c`, `dmu_recv.c` | send streams of snapshots, full and incremental; receive into a hidden volume |
 //! | `dsl_deadlist.rs` | `dsl_deadlist.c`, `bpobj.c` | dead lists: appended by each sync, read back by a destroy |
 //! | `dbuf.rs` | `dbuf.c` | dirty blocks and patches of the open and syncing txgs |
 //! | `dmu.rs` | `dmu.c` | the read and write paths |
@@ -46,6 +47,7 @@ mod audit;
 mod dataset;
 mod dbuf;
 mod dmu;
+mod dmu_send;
 mod dmu_tx;
 mod dsl_deadlist;
 mod dsl_scan;
@@ -58,6 +60,7 @@ mod zil;
 
 pub use audit::AuditReport;
 pub use dataset::{Dataset, VolumeProperty};
+pub use dmu_send::{StreamSummary, RECEIVE_PREFIX};
 use dmu_tx::TxgLimits;
 pub use dsl_scan::{ScanFunc, ScanPhase, ScanStatus};
 pub use dsl_snapshot::{SnapshotInfo, SnapshotSpace};
@@ -141,6 +144,14 @@ pub enum StoreError {
         needed_bytes: u64,
         available_bytes: u64,
     },
+    #[error("volume {volume}: {source}")]
+    Stream {
+        volume: String,
+        #[source]
+        source: sluice_format::StreamError,
+    },
+    #[error("pool {pool}: cannot receive into {volume}: {reason}")]
+    ReceiveRefused { pool: String, volume: String, reason: String },
     #[error(
         "{pool}/{volume} is a snapshot, read-only: its blocks never change. To write, roll the \
          volume back to it or clone it"
@@ -199,6 +210,7 @@ impl StoreError {
             StoreError::SnapshotExists { .. } => ErrorKind::Exists,
             StoreError::SnapshotNeedsSpace { .. } => ErrorKind::NoSpace,
             StoreError::ReadOnly { .. } => ErrorKind::ReadOnly,
+            StoreError::Stream { .. } | StoreError::ReceiveRefused { .. } => ErrorKind::Invalid,
             StoreError::NoSpace { .. } | StoreError::NoSpaceToReserve { .. } => ErrorKind::NoSpace,
             StoreError::Suspended { .. } => ErrorKind::Suspended,
             StoreError::DamagedTxg { .. } | StoreError::NoIntactTxg { .. } => ErrorKind::Checksum,

@@ -171,13 +171,16 @@ impl Store {
         self.fail_point("spa_sync.write_volumes");
         let mut roots = self.write_volumes(&mut ctx, work).await?;
         self.release_prewritten(txg, orphaned).await;
-        self.sync_snapshots(&mut ctx, &mut roots, snapshot_ops).await?;
+        let rewind = self.sync_snapshots(&mut ctx, &mut roots, snapshot_ops).await?;
         let (ddt_header, replaced) = self.write_dedup_table(&mut ctx).await?;
         let vdevs = self.free_replaced(txg, &replaced);
         let (anchored, headers, directory) =
             self.anchor_logs(txg, vdevs, &roots, &replay_progress, ddt_header);
         let directory_bp = self.write_space_maps_and_directory(txg, vdevs, directory).await?;
         let synced = self.pool.sync_uberblock(Some(directory_bp.0)).await?;
+        for volume in rewind {
+            self.rewind_scan(volume);
+        }
         debug_assert_eq!(synced, txg, "the uberblock txg follows the store's txgs");
         {
             let mut history = self.sync_history.lock();

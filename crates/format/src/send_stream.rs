@@ -1,0 +1,452 @@
+//! Send streams (ZFS: `dmu_send.c`'s replication stream, `zfs send | zfs receive`): a
+//! snapshot of a volume, whole or as the change since an older snapshot, as a sequence of
+//! records that `sluice recv` applies on another pool.
+//!
+//! Every record carries its sequence number and its own checksum, so a receiver refuses a
+//! damaged, truncated or reordered stream at the record where it goes wrong, naming it. The
+//! first record says what the stream holds (and its version); the last counts the records
+//! before it. A block compressed on the sender travels compressed, as it is stored.
+//!
+//! ```text
+//! record, every kind:
+//! offset size field
+//!      0    4 magic u32                "SLSR" as little-endian bytes
+//!      4    1 kind u8                  1 begin, 2 data, 3 free, 4 end
+//!      5    3 reserved (zero)
+//!      8    8 sequence u64             0 for the begin record, then one more each
+//!     16    4 payload_len u32
+//!     20    4 reserved (zero)
+//!     24    n payload
+//!   24+n   16 checksum                 XXH3-128 of the 24 + n bytes before it
+//!
+//! begin payload:
+//!      0    8 magic u64                "SLUICESS"
+//!      8    2 version u16
+//!     10    2 reserved (zero)
+//!     12    4 block_bytes u32
+//!     16    8 size_bytes u64           the volume's size at the snapshot
+//!     24    8 guid u64                 the snapshot's
+//!     32    8 txg u64                  the snapshot's, on the sender (informational)
+//!     40    8 creation_secs u64
+//!     48    8 from_guid u64            the older snapshot of an incremental stream; 0: full
+//!     56    2 name_len u16
+//!     58    6 reserved (zero)
+//!     64      name (UTF-8)             the snapshot's name
+//! data payload: block u64, lsize u32, compression u8 (as a block pointer's), reserved 3,
+//!               then the block as stored (a compressed block's 4-byte length, its bytes, and
+//!               no padding)
+//! free payload: first block u64, count u64 (holes from then on)
+//! end payload:  records u64 (before this one), data_bytes u64 (data payload bytes sent)
+//! ```
+
+use std::io::{Read, Write};
+
+use crate::codec::{Reader, Writer};
+use crate::{BlockCompression, ChecksumAlg, FormatError, FormatVersion};
+
+const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"SLSR");
+const STREAM_MAGIC: u64 = u64::from_le_bytes(*b"SLUICESS");
+const HEADER_BYTES: usize = 24;
+const CHECKSUM_BYTES: usize = 16;
+const BEGIN_FIXED_BYTES: usize = 64;
+const WHAT: &str = "send stream record";
+/// The stream version this build writes, and the newest it reads.
+pub const STREAM_VERSION: FormatVersion = FormatVersion::V1;
+/// Largest payload a record may carry (a 1 MiB block and its header, with room).
+pub const STREAM_PAYLOAD_MAX: usize = 2 << 20;
+
+/// What a stream holds (its first record).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamBegin {
+    pub block_bytes: u32,
+    pub size_bytes: u64,
+    pub guid: u64,
+    pub txg: u64,
+    pub creation_secs: u64,
+    /// The older snapshot an incremental stream applies to; `None`: a full stream.
+    pub from_guid: Option<u64>,
+    pub name: String,
+}
+
+/// One record of a stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StreamRecord {
+    Begin(StreamBegin),
+    /// Data block `block`, as stored: `lsize` logical bytes, compressed as `compression` says.
+    Data {
+        block: u64,
+        lsize: u32,
+        compression: BlockCompression,
+        bytes: Vec<u8>,
+    },
+    /// `count` blocks from `first` on are holes.
+    Free {
+        first: u64,
+        count: u64,
+    },
+    End {
+        records: u64,
+        data_bytes: u64,
+    },
+}
+
+/// Why a stream was refused, with the record where it went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("send stream, record {record}: {source}")]
+    Record {
+        record: u64,
+        #[source]
+        source: FormatError,
+    },
+    #[error(
+        "send stream version {found} is newer than this sluice reads (up to {newest}); receive \
+         it with a newer sluice, or send it from an older one"
+    )]
+    NewerVersion { found: u16, newest: u16 },
+    #[error(
+        "send stream: record {found} came where record {expected} was due (records lost or \
+         reordered)"
+    )]
+    OutOfOrder { expected: u64, found: u64 },
+    #[error("send stream: record {record} is a {kind} record where {wanted} was due")]
+    Unexpected { record: u64, kind: &'static str, wanted: &'static str },
+    #[error(
+        "send stream ended after record {last} without its end record: it was cut short; \
+         nothing of it was kept"
+    )]
+    Truncated { last: u64 },
+    #[error("send stream: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl StreamRecord {
+    fn kind(&self) -> u8 {
+        match self {
+            StreamRecord::Begin(_) => 1,
+            StreamRecord::Data { .. } => 2,
+            StreamRecord::Free { .. } => 3,
+            StreamRecord::End { .. } => 4,
+        }
+    }
+
+    /// The record's kind in words, for errors.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            StreamRecord::Begin(_) => "begin",
+            StreamRecord::Data { .. } => "data",
+            StreamRecord::Free { .. } => "free",
+            StreamRecord::End { .. } => "end",
+        }
+    }
+
+    fn payload(&self) -> Result<Vec<u8>, FormatError> {
+        Ok(match self {
+            StreamRecord::Begin(begin) => {
+                let name_len = begin.name.len();
+                if name_len == 0 || name_len > crate::VOLUME_NAME_BYTES_MAX {
+                    return Err(FormatError::Invalid {
+                        what: WHAT,
+                        field: "snapshot name length",
+                        value: name_len as u64,
+                    });
+                }
+                let mut out = vec![0u8; BEGIN_FIXED_BYTES + name_len];
+                let mut w = Writer::new(&mut out);
+                w.u64(0, STREAM_MAGIC);
+                w.u16(8, STREAM_VERSION as u16);
+                w.u32(12, begin.block_bytes);
+                w.u64(16, begin.size_bytes);
+                w.u64(24, begin.guid);
+                w.u64(32, begin.txg);
+                w.u64(40, begin.creation_secs);
+                w.u64(48, begin.from_guid.unwrap_or(0));
+                w.u16(56, name_len as u16);
+                w.put(64, begin.name.as_bytes());
+                out
+            }
+            StreamRecord::Data { block, lsize, compression, bytes } => {
+                let mut out = vec![0u8; 16 + bytes.len()];
+                let mut w = Writer::new(&mut out);
+                w.u64(0, *block);
+                w.u32(8, *lsize);
+                w.u8(12, *compression as u8);
+                w.put(16, bytes);
+                out
+            }
+            StreamRecord::Free { first, count } => {
+                let mut out = vec![0u8; 16];
+                let mut w = Writer::new(&mut out);
+                w.u64(0, *first);
+                w.u64(8, *count);
+                out
+            }
+            StreamRecord::End { records, data_bytes } => {
+                let mut out = vec![0u8; 16];
+                let mut w = Writer::new(&mut out);
+                w.u64(0, *records);
+                w.u64(8, *data_bytes);
+                out
+            }
+        })
+    }
+
+    /// The record as it travels, numbered `sequence`.
+    pub fn encode(&self, sequence: u64) -> Result<Vec<u8>, FormatError> {
+        let payload = self.payload()?;
+        if payload.len() > STREAM_PAYLOAD_MAX {
+            return Err(FormatError::TooLarge {
+                what: WHAT,
+                len: payload.len(),
+                max: STREAM_PAYLOAD_MAX,
+            });
+        }
+        let mut out = vec![0u8; HEADER_BYTES + payload.len() + CHECKSUM_BYTES];
+        let sum_at = HEADER_BYTES + payload.len();
+        {
+            let mut w = Writer::new(&mut out);
+            w.u32(0, RECORD_MAGIC);
+            w.u8(4, self.kind());
+            w.u64(8, sequence);
+            w.u32(16, payload.len() as u32);
+            w.put(HEADER_BYTES, &payload);
+        }
+        let sum = ChecksumAlg::Xxh3_128.compute(&out[..sum_at]);
+        out[sum_at..].copy_from_slice(&sum.0);
+        Ok(out)
+    }
+
+    fn decode(kind: u8, payload: &[u8]) -> Result<StreamRecord, StreamError> {
+        let err = |source| StreamError::Record { record: 0, source };
+        let r = Reader::new(WHAT, payload, 0).map_err(err)?;
+        let fixed = |need: usize| {
+            if payload.len() < need {
+                Err(err(FormatError::Truncated { what: WHAT, need, have: payload.len() }))
+            } else {
+                Ok(())
+            }
+        };
+        Ok(match kind {
+            1 => {
+                fixed(BEGIN_FIXED_BYTES)?;
+                let magic = r.u64(0).map_err(err)?;
+                if magic != STREAM_MAGIC {
+                    return Err(err(FormatError::BadMagic { what: "send stream", found: magic }));
+                }
+                let version = r.u16(8).map_err(err)?;
+                if version > STREAM_VERSION as u16 {
+                    return Err(StreamError::NewerVersion {
+                        found: version,
+                        newest: STREAM_VERSION as u16,
+                    });
+                }
+                if version == 0 {
+                    return Err(err(FormatError::UnsupportedVersion { what: WHAT, found: 0 }));
+                }
+                r.zeros(10, 2).map_err(err)?;
+                r.zeros(58, 6).map_err(err)?;
+                let name_len = usize::from(r.u16(56).map_err(err)?);
+                fixed(BEGIN_FIXED_BYTES + name_len)?;
+                let name = std::str::from_utf8(r.slice(64, name_len).map_err(err)?)
+                    .map_err(|_| {
+                        err(FormatError::Invalid {
+                            what: WHAT,
+                            field: "snapshot name",
+                            value: name_len as u64,
+                        })
+                    })?
+                    .to_owned();
+                let from = r.u64(48).map_err(err)?;
+                StreamRecord::Begin(StreamBegin {
+                    block_bytes: r.u32(12).map_err(err)?,
+                    size_bytes: r.u64(16).map_err(err)?,
+                    guid: r.u64(24).map_err(err)?,
+                    txg: r.u64(32).map_err(err)?,
+                    creation_secs: r.u64(40).map_err(err)?,
+                    from_guid: (from != 0).then_some(from),
+                    name,
+                })
+            }
+            2 => {
+                fixed(16)?;
+                r.zeros(13, 3).map_err(err)?;
+                let compression = match r.u8(12).map_err(err)? {
+                    0 => BlockCompression::None,
+                    1 => BlockCompression::Lz4,
+                    2 => BlockCompression::Zstd,
+                    value => {
+                        return Err(err(FormatError::Invalid {
+                            what: WHAT,
+                            field: "data compression",
+                            value: u64::from(value),
+                        }))
+                    }
+                };
+                StreamRecord::Data {
+                    block: r.u64(0).map_err(err)?,
+                    lsize: r.u32(8).map_err(err)?,
+                    compression,
+                    bytes: payload[16..].to_vec(),
+                }
+            }
+            3 => {
+                fixed(16)?;
+                StreamRecord::Free { first: r.u64(0).map_err(err)?, count: r.u64(8).map_err(err)? }
+            }
+            4 => {
+                fixed(16)?;
+                StreamRecord::End {
+                    records: r.u64(0).map_err(err)?,
+                    data_bytes: r.u64(8).map_err(err)?,
+                }
+            }
+            value => {
+                return Err(err(FormatError::Invalid {
+                    what: WHAT,
+                    field: "kind",
+                    value: u64::from(value),
+                }))
+            }
+        })
+    }
+}
+
+/// Writes records in order, numbering them.
+#[derive(Debug)]
+pub struct StreamWriter<W: Write> {
+    out: W,
+    sequence: u64,
+    data_bytes: u64,
+}
+
+impl<W: Write> StreamWriter<W> {
+    pub fn new(out: W) -> Self {
+        StreamWriter { out, sequence: 0, data_bytes: 0 }
+    }
+
+    /// Writes one record (the begin record first; the end record is written by `finish`).
+    pub fn write(&mut self, record: &StreamRecord) -> Result<(), StreamError> {
+        let bytes = record
+            .encode(self.sequence)
+            .map_err(|source| StreamError::Record { record: self.sequence, source })?;
+        if let StreamRecord::Data { bytes, .. } = record {
+            self.data_bytes += bytes.len() as u64;
+        }
+        self.out.write_all(&bytes)?;
+        self.sequence += 1;
+        Ok(())
+    }
+
+    /// Writes the end record and flushes; returns the records written before it and the data
+    /// bytes they carried.
+    pub fn finish(mut self) -> Result<(u64, u64), StreamError> {
+        let (records, data_bytes) = (self.sequence, self.data_bytes);
+        self.write(&StreamRecord::End { records, data_bytes })?;
+        self.out.flush()?;
+        Ok((records, data_bytes))
+    }
+}
+
+/// Reads and checks records in order: the begin record first, the end record last.
+#[derive(Debug)]
+pub struct StreamReader<R: Read> {
+    input: R,
+    sequence: u64,
+    data_bytes: u64,
+    ended: bool,
+}
+
+impl<R: Read> StreamReader<R> {
+    pub fn new(input: R) -> Self {
+        StreamReader { input, sequence: 0, data_bytes: 0, ended: false }
+    }
+
+    /// Records read so far.
+    pub fn records(&self) -> u64 {
+        self.sequence
+    }
+
+    /// The input, positioned after the last record read.
+    pub fn into_inner(self) -> R {
+        self.input
+    }
+
+    /// The next record; `None` after the end record (which is checked against what came
+    /// before it).
+    pub fn next_record(&mut self) -> Result<Option<StreamRecord>, StreamError> {
+        if self.ended {
+            return Ok(None);
+        }
+        let record = self.sequence;
+        let at = |source| StreamError::Record { record, source };
+        let mut header = [0u8; HEADER_BYTES];
+        if !read_full(&mut self.input, &mut header)? {
+            return Err(StreamError::Truncated { last: record.saturating_sub(1) });
+        }
+        let r = Reader::new(WHAT, &header, HEADER_BYTES).map_err(at)?;
+        let magic = r.u32(0).map_err(at)?;
+        if magic != RECORD_MAGIC {
+            return Err(at(FormatError::BadMagic { what: WHAT, found: u64::from(magic) }));
+        }
+        r.zeros(5, 3).map_err(at)?;
+        r.zeros(20, 4).map_err(at)?;
+        let kind = r.u8(4).map_err(at)?;
+        let found = r.u64(8).map_err(at)?;
+        let len = r.u32(16).map_err(at)? as usize;
+        if len > STREAM_PAYLOAD_MAX {
+            return Err(at(FormatError::TooLarge { what: WHAT, len, max: STREAM_PAYLOAD_MAX }));
+        }
+        let mut rest = vec![0u8; len + CHECKSUM_BYTES];
+        if !read_full(&mut self.input, &mut rest)? {
+            return Err(StreamError::Truncated { last: record.saturating_sub(1) });
+        }
+        let mut whole = header.to_vec();
+        whole.extend_from_slice(&rest[..len]);
+        if ChecksumAlg::Xxh3_128.compute(&whole).0[..] != rest[len..] {
+            return Err(at(FormatError::ChecksumMismatch { what: WHAT }));
+        }
+        if found != record {
+            return Err(StreamError::OutOfOrder { expected: record, found });
+        }
+        let decoded = StreamRecord::decode(kind, &rest[..len]).map_err(|e| match e {
+            StreamError::Record { source, .. } => StreamError::Record { record, source },
+            other => other,
+        })?;
+        let first = record == 0;
+        let wanted = if first { "begin" } else { "data, free or end" };
+        if first != matches!(decoded, StreamRecord::Begin(_)) {
+            return Err(StreamError::Unexpected { record, kind: decoded.kind_name(), wanted });
+        }
+        match &decoded {
+            StreamRecord::Data { bytes, .. } => self.data_bytes += bytes.len() as u64,
+            StreamRecord::End { records, data_bytes } => {
+                if (*records, *data_bytes) != (record, self.data_bytes) {
+                    return Err(at(FormatError::Invalid {
+                        what: WHAT,
+                        field: "end record counts (records or bytes went missing)",
+                        value: *records,
+                    }));
+                }
+                self.ended = true;
+            }
+            _ => {}
+        }
+        self.sequence += 1;
+        Ok(Some(decoded))
+    }
+}
+
+/// Fills `buf`; `false` if the input ended first (at any point: a record cut in two is as
+/// truncated as a missing one).
+fn read_full<R: Read>(input: &mut R, buf: &mut [u8]) -> Result<bool, std::io::Error> {
+    let mut got = 0;
+    while got < buf.len() {
+        match input.read(&mut buf[got..]) {
+            Ok(0) => return Ok(false),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
