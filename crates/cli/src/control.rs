@@ -19,7 +19,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use sluice_engine::rt::Env;
-use sluice_engine::txg::Store;
+use sluice_engine::txg::{ReceiveMode, Store};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use crate::pools;
@@ -145,25 +145,35 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
 }
 
 /// `send` and `recv` carry a stream after the request line (`recv`) or before the answer
-/// (`send`), in the same connection.
+/// (`send`), in the same connection; `recv -A` reads no stream.
 fn is_streaming(args: &[String]) -> bool {
-    matches!(args.first().map(String::as_str), Some("send" | "recv"))
+    match args.first().map(String::as_str) {
+        Some("send") => true,
+        Some("recv") => !args.iter().any(|a| a == "-A"),
+        _ => false,
+    }
 }
 
-/// `send [-i OLDER] POOL/VOL@SNAP` or `recv POOL/VOL`: (command, spec, older).
-fn stream_args(args: &[String]) -> Option<(&str, &str, Option<&str>)> {
-    let command = args.first()?.as_str();
-    let mut from = None;
-    let mut spec = None;
-    let mut rest = args[1..].iter();
-    while let Some(arg) = rest.next() {
-        match arg.as_str() {
-            "-i" => from = Some(rest.next()?.as_str()),
-            other if other.starts_with('-') => return None,
-            other => spec = Some(other),
+/// A streaming request, parsed as the command line it came from.
+enum Streaming {
+    Send(pools::SendWhat),
+    Recv { spec: String, resumable: bool },
+}
+
+fn streaming_request(args: &[String]) -> anyhow::Result<Streaming> {
+    let cli = <crate::Cli as clap::Parser>::try_parse_from(
+        std::iter::once("sluice".to_owned()).chain(args.iter().cloned()),
+    )?;
+    match cli.command {
+        crate::Command::Send { spec, from, token } => {
+            Ok(Streaming::Send(pools::SendWhat::new(spec, from, token)?))
         }
+        crate::Command::Recv { spec, resumable, abort: false } => {
+            pools::split_volume_spec(&spec)?;
+            Ok(Streaming::Recv { spec, resumable })
+        }
+        _ => anyhow::bail!("not a streaming request: {args:?}"),
     }
-    Some((command, spec?, from))
 }
 
 /// Runs a streaming command on a blocking thread, the connection switched to blocking I/O.
@@ -182,65 +192,48 @@ fn stream_command(
         return;
     }
     let answer_line = |ok: bool, out: String, error: String| Answer { ok, out, error }.to_line();
-    let Some((command, spec, from)) = stream_args(args) else {
-        let error = format!("bad {} request: {args:?}", args.first().map_or("", |a| a.as_str()));
-        let _ = (&stream).write_all(answer_line(false, String::new(), error).as_bytes());
-        return;
-    };
-    let parsed = if command == "send" {
-        pools::split_snapshot_spec(spec).map(|(_, v, s)| (v.to_owned(), Some(s.to_owned())))
-    } else {
-        pools::split_volume_spec(spec).map(|(_, v)| (v.to_owned(), None))
-    };
-    let (volume, snapshot) = match parsed {
-        Ok(parsed) => parsed,
+    let (spec, resumable) = match streaming_request(args) {
+        Ok(Streaming::Recv { spec, resumable }) => (spec, resumable),
+        Ok(Streaming::Send(what)) => {
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, &stream);
+            if out.write_all(answer_line(true, String::new(), String::new()).as_bytes()).is_err() {
+                return;
+            }
+            let mut writer = sluice_format::StreamWriter::new(out);
+            match handle.block_on(what.send_from(store, &mut writer)) {
+                Ok(said) => {
+                    let Ok(_) = writer.finish() else { return };
+                    let _ = (&stream).write_all(answer_line(true, said, String::new()).as_bytes());
+                }
+                Err(e) => {
+                    eprintln!("sluice: send from pool {} failed part way: {e:#}", what.pool())
+                }
+            }
+            return;
+        }
         Err(e) => {
             let _ =
                 (&stream).write_all(answer_line(false, String::new(), format!("{e:#}")).as_bytes());
             return;
         }
     };
-    if let Some(snapshot) = snapshot {
-        let from = from.map(|f| f.rsplit('@').next().unwrap_or(f).to_owned());
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, &stream);
-        if out.write_all(answer_line(true, String::new(), String::new()).as_bytes()).is_err() {
-            return;
-        }
-        let mut writer = sluice_format::StreamWriter::new(out);
-        let result = {
-            let mut emit = |record| writer.write(&record);
-            handle.block_on(store.send_snapshot(&volume, &snapshot, from.as_deref(), &mut emit))
-        };
-        match result {
-            Ok(summary) => {
-                let Ok(_) = writer.finish() else { return };
-                let said = format!(
-                    "sent {spec}: {} records, {} data blocks, {} frees",
-                    summary.records + 1,
-                    summary.data_blocks,
-                    summary.free_records
-                );
-                let _ = (&stream).write_all(answer_line(true, said, String::new()).as_bytes());
-            }
-            Err(e) => eprintln!("sluice: send of {spec} failed part way: {e}"),
-        }
-        return;
-    }
+    let volume = match pools::split_volume_spec(&spec) {
+        Ok((_, volume)) => volume.to_owned(),
+        Err(_) => return,
+    };
     let Ok(read_half) = stream.try_clone() else { return };
     let input = std::io::Cursor::new(buffered).chain(read_half);
     let mut reader =
         sluice_format::StreamReader::new(std::io::BufReader::with_capacity(1 << 20, input));
     let result = {
         let mut next = || reader.next_record();
-        handle.block_on(store.receive(&volume, &mut next))
+        let mode = if resumable { ReceiveMode::Resumable } else { ReceiveMode::Whole };
+        handle.block_on(store.receive(&volume, mode, &mut next))
     };
     let line = match result {
         Ok(summary) => answer_line(
             true,
-            format!(
-                "received {spec}: {} records, {} data blocks, {} frees\n",
-                summary.records, summary.data_blocks, summary.free_records
-            ),
+            format!("received {spec}: {}\n", pools::store_snapshot_note(&summary)),
             String::new(),
         ),
         Err(e) => answer_line(false, String::new(), e.to_string()),

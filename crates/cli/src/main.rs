@@ -97,19 +97,37 @@ enum Command {
     /// Write snapshot POOL/VOL@SNAP as a stream to standard output (zfs send): whole, or with
     /// -i only what changed since an older snapshot of the volume, so `sluice send -i @mon
     /// tank/db@tue | ssh host sluice recv backup/db` replicates. Every record is checksummed;
-    /// compressed blocks go compressed. The pool must not be served (stop the server first).
+    /// holes go as holes, compressed blocks compressed. With -t, the rest of the stream an
+    /// interrupted `recv -s` needs. Works on a served pool too (through its control socket).
     Send {
-        spec: String,
+        /// The snapshot, POOL/VOL@SNAP.
+        #[arg(required_unless_present = "token", conflicts_with = "token")]
+        spec: Option<String>,
         /// The older snapshot (`@NAME`, `NAME` or `POOL/VOL@NAME`).
-        #[arg(short = 'i', value_name = "OLDER")]
+        #[arg(short = 'i', value_name = "OLDER", conflicts_with = "token")]
         from: Option<String>,
+        /// Resume an interrupted receive: the token `sluice vol list` shows for it on the
+        /// receiving pool (zfs send -t).
+        #[arg(short = 't', value_name = "TOKEN")]
+        token: Option<String>,
     },
     /// Read a stream from standard input into POOL/VOL (zfs receive): a full stream makes the
     /// volume, an incremental one adds its snapshot to the volume holding the older one. The
     /// stream lands in a hidden volume and takes the target's place only once every record has
-    /// checked; a damaged or cut stream is refused, naming the record, and nothing of it stays.
-    /// The pool must not be served (stop the server first).
-    Recv { spec: String },
+    /// checked; a damaged or cut stream is refused, naming the record, and nothing of it stays
+    /// (with -s, what arrived stays hidden and `vol list` shows the token that resumes it).
+    /// Works on a served pool too (through its control socket).
+    Recv {
+        spec: String,
+        /// Keep what arrived if the stream stops part way, so `sluice send -t TOKEN` can
+        /// resume it (zfs receive -s).
+        #[arg(short = 's')]
+        resumable: bool,
+        /// Drop what an interrupted `recv -s` into POOL/VOL kept (zfs receive -A); reads no
+        /// stream.
+        #[arg(short = 'A', conflicts_with = "resumable")]
+        abort: bool,
+    },
     /// Make a writable volume from a snapshot: `sluice clone tank/template@golden tank/vm7`.
     /// It shares every block with the snapshot until it writes its own (thin, instant
     /// whatever the size); the snapshot cannot be destroyed while it has clones.
@@ -683,6 +701,7 @@ pub(crate) async fn run_pool_command(
         }
         Command::Vol { vol: VolCommand::Promote { spec } } => pools::vol_promote(ctx, &spec).await,
         Command::Clone { snapshot, volume } => pools::clone(ctx, &snapshot, &volume).await,
+        Command::Recv { spec, abort: true, .. } => pools::recv_abort(ctx, &spec).await,
         Command::Snapshot { snapshot: SnapshotCommand::Create { specs } } => {
             pools::snapshot_create(ctx, &specs).await
         }
@@ -927,26 +946,31 @@ fn run(
                 SnapshotCommand::Destroy { spec } => per_pool(&env, &pool_of(&spec), args).await,
             }
         }),
-        Command::Send { spec, from } => {
+        Command::Send { spec, from, token } => {
             use std::io::IsTerminal;
             if std::io::stdout().is_terminal() {
                 anyhow::bail!(
                     "send writes a binary stream: redirect it to a file or pipe it to `sluice recv`"
                 );
             }
-            let pool = spec.split(['/', '@']).next().unwrap_or(&spec).to_owned();
+            let what = pools::SendWhat::new(spec, from, token)?;
             let args: Vec<String> = std::env::args().skip(1).collect();
             let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout());
-            if let Some(forwarded) = control::forward_send(&pool, &args, &mut out) {
+            if let Some(forwarded) = control::forward_send(&what.pool(), &args, &mut out) {
                 forwarded?;
                 return Ok(std::io::Write::flush(&mut out)?);
             }
             on_runtime(|env| async move {
                 let mut ctx = pools::Ctx { env: &env, live: None, out: String::new() };
-                pools::send(&mut ctx, &spec, from.as_deref()).await
+                pools::send(&mut ctx, &what).await
             })
         }
-        Command::Recv { spec } => on_runtime(|env| async move {
+        Command::Recv { spec, abort: true, .. } => on_runtime(|env| async move {
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            let pool = spec.split('/').next().unwrap_or(&spec).to_owned();
+            per_pool(&env, &pool, args).await
+        }),
+        Command::Recv { spec, resumable, abort: false } => on_runtime(|env| async move {
             let pool = spec.split('/').next().unwrap_or(&spec).to_owned();
             let args: Vec<String> = std::env::args().skip(1).collect();
             if let Some(forwarded) = control::forward_recv(&pool, &args, &mut std::io::stdin()) {
@@ -954,7 +978,7 @@ fn run(
                 return Ok(());
             }
             let mut ctx = pools::Ctx { env: &env, live: None, out: String::new() };
-            let result = pools::recv(&mut ctx, &spec).await;
+            let result = pools::recv(&mut ctx, &spec, resumable).await;
             eprint!("{}", ctx.out);
             result
         }),

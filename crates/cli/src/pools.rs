@@ -22,8 +22,8 @@ use sluice_engine::pool::{LeafSpec, Pool, PoolError, PoolLeaf, PoolSpec, TopSpec
 use sluice_engine::rt::Env;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{
-    ImportOptions, ImportReport, ScanFunc, ScanPhase, ScanStatus, SnapshotSpace, Store,
-    VolumeProperty, BLOCK_BYTES_DEFAULT,
+    ImportOptions, ImportReport, ReceiveMode, ScanFunc, ScanPhase, ScanStatus, SnapshotSpace,
+    Store, VolumeProperty, BLOCK_BYTES_DEFAULT, RECEIVE_PREFIX,
 };
 use sluice_engine::vdev::LeafState;
 use sluice_format::{Compression, DedupMode, LogBias, SyncMode};
@@ -1332,11 +1332,6 @@ pub fn split_volume_spec(spec: &str) -> anyhow::Result<(&str, &str)> {
     split_volume(spec)
 }
 
-/// `POOL/VOL@SNAP` split.
-pub fn split_snapshot_spec(spec: &str) -> anyhow::Result<(&str, &str, &str)> {
-    split_snapshot(spec)
-}
-
 /// Splits `POOL/VOL@SNAP`.
 fn split_snapshot(spec: &str) -> anyhow::Result<(&str, &str, &str)> {
     let (pool, rest) = split_volume(spec)?;
@@ -1356,49 +1351,102 @@ pub async fn vol_rollback(ctx: &mut Ctx<'_>, spec: &str, recursive: bool) -> any
     Ok(())
 }
 
-/// `send [-i OLDER] POOL/VOL@SNAP`: the stream to standard output.
-pub async fn send(ctx: &mut Ctx<'_>, spec: &str, from: Option<&str>) -> anyhow::Result<()> {
+/// What `sluice send` sends.
+#[derive(Clone, Debug)]
+pub enum SendWhat {
+    /// `POOL/VOL@SNAP`, whole or (`from`) since an older snapshot.
+    Snapshot { spec: String, from: Option<String> },
+    /// `-t TOKEN`: the rest of an interrupted receive's stream.
+    Resume(sluice_format::ResumeToken),
+}
+
+impl SendWhat {
+    pub fn new(
+        spec: Option<String>,
+        from: Option<String>,
+        token: Option<String>,
+    ) -> anyhow::Result<SendWhat> {
+        match (spec, token) {
+            (Some(spec), None) => Ok(SendWhat::Snapshot { spec, from }),
+            (None, Some(token)) => {
+                Ok(SendWhat::Resume(sluice_format::ResumeToken::decode(&token)?))
+            }
+            _ => anyhow::bail!("send takes POOL/VOL@SNAP, or -t TOKEN to resume a receive"),
+        }
+    }
+
+    /// The pool the stream comes from.
+    pub fn pool(&self) -> String {
+        let spec = match self {
+            SendWhat::Snapshot { spec, .. } => spec,
+            SendWhat::Resume(token) => &token.source,
+        };
+        spec.split(['/', '@']).next().unwrap_or(spec).to_owned()
+    }
+
+    /// Sends it from `store` into `writer`.
+    pub async fn send_from<W: std::io::Write + Send>(
+        &self,
+        store: &Store,
+        writer: &mut sluice_format::StreamWriter<W>,
+    ) -> anyhow::Result<String> {
+        let mut emit = |record| writer.write(&record);
+        let (what, summary) = match self {
+            SendWhat::Snapshot { spec, from } => {
+                let (_, volume, snapshot) = split_snapshot(spec)?;
+                let from = from.as_deref().map(|f| f.rsplit('@').next().unwrap_or(f));
+                let summary = store.send_snapshot(volume, snapshot, from, &mut emit).await?;
+                (
+                    format!("{spec}{}", from.map(|f| format!(" from @{f}")).unwrap_or_default()),
+                    summary,
+                )
+            }
+            SendWhat::Resume(token) => {
+                let summary = store.send_resume(token, &mut emit).await?;
+                (format!("{} from block {} (resumed)", token.source, token.next_block), summary)
+            }
+        };
+        Ok(format!(
+            "sent {what}: {} records, {} data blocks ({}), {} frees",
+            summary.records + 1,
+            summary.data_blocks,
+            human(summary.data_bytes),
+            summary.free_records
+        ))
+    }
+}
+
+/// `send [-i OLDER] POOL/VOL@SNAP` or `send -t TOKEN`: the stream to standard output.
+pub async fn send(ctx: &mut Ctx<'_>, what: &SendWhat) -> anyhow::Result<()> {
     use std::io::IsTerminal;
-    let (pool, volume, snapshot) = split_snapshot(spec)?;
-    let from = from.map(|f| f.rsplit('@').next().unwrap_or(f).to_owned());
     let stdout = std::io::stdout();
     if stdout.is_terminal() {
         anyhow::bail!(
             "send writes a binary stream: redirect it to a file or pipe it to `sluice recv`"
         );
     }
-    let store = ctx.hold(pool).await?;
+    let store = ctx.hold(&what.pool()).await?;
     let mut writer =
         sluice_format::StreamWriter::new(std::io::BufWriter::with_capacity(1 << 20, stdout));
-    let result = {
-        let mut emit = |record| writer.write(&record);
-        store.send_snapshot(volume, snapshot, from.as_deref(), &mut emit).await
-    };
-    let summary = result?;
+    let said = what.send_from(&store, &mut writer).await?;
     writer.finish()?;
     store.release().await?;
-    eprintln!(
-        "sent {spec}{}: {} records, {} data blocks ({}), {} frees",
-        from.map(|f| format!(" from @{f}")).unwrap_or_default(),
-        summary.records + 1,
-        summary.data_blocks,
-        human(summary.data_bytes),
-        summary.free_records
-    );
+    eprintln!("{said}");
     Ok(())
 }
 
-/// `recv POOL/VOL`: a stream from standard input.
-pub async fn recv(ctx: &mut Ctx<'_>, spec: &str) -> anyhow::Result<()> {
+/// `recv [-s] POOL/VOL`: a stream from standard input.
+pub async fn recv(ctx: &mut Ctx<'_>, spec: &str, resumable: bool) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
     let store = ctx.hold(pool).await?;
     let mut reader = sluice_format::StreamReader::new(std::io::BufReader::with_capacity(
         1 << 20,
         std::io::stdin(),
     ));
+    let mode = if resumable { ReceiveMode::Resumable } else { ReceiveMode::Whole };
     let result = {
         let mut next = || reader.next_record();
-        store.receive(volume, &mut next).await
+        store.receive(volume, mode, &mut next).await
     };
     let released = store.release().await;
     let summary = result?;
@@ -1408,7 +1456,17 @@ pub async fn recv(ctx: &mut Ctx<'_>, spec: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn store_snapshot_note(summary: &sluice_engine::txg::StreamSummary) -> String {
+/// `recv -A POOL/VOL`: drops what an interrupted receive kept.
+pub async fn recv_abort(ctx: &mut Ctx<'_>, spec: &str) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let store = ctx.hold(pool).await?;
+    store.abort_receive(volume).await?;
+    store.release().await?;
+    ctx.say(format!("dropped the interrupted receive into {spec}"));
+    Ok(())
+}
+
+pub fn store_snapshot_note(summary: &sluice_engine::txg::StreamSummary) -> String {
     format!(
         "{} records, {} data blocks ({}), {} frees",
         summary.records,
@@ -1622,6 +1680,27 @@ pub async fn vol_get(
 ) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
     let store = ctx.hold(pool).await?;
+    let token = store
+        .interrupted_receives()
+        .into_iter()
+        .find(|(target, _)| target == volume)
+        .map_or_else(|| "-".to_owned(), |(_, token)| token.encode());
+    if wanted.len() == 1
+        && wanted[0] == "receive_resume_token"
+        && store.volume_info(volume).is_none()
+    {
+        // A full stream's target does not exist until it is whole; its token does.
+        store.release().await?;
+        if json {
+            ctx.say(serde_json::json!({"name": spec, "receive_resume_token": token}).to_string());
+        } else if scripted {
+            ctx.say(format!("{spec}\treceive_resume_token\t{token}"));
+        } else {
+            ctx.say(format!("{:<24} {:<18} {}", "NAME", "PROPERTY", "VALUE"));
+            ctx.say(format!("{spec:<24} {:<18} {token}", "receive_resume_token"));
+        }
+        return Ok(());
+    }
     let entry = store.volume_info(volume).ok_or_else(|| {
         anyhow::anyhow!("volume {spec} does not exist; `sluice vol list {pool}` shows the volumes")
     })?;
@@ -1659,6 +1738,7 @@ pub async fn vol_get(
         ("sync", entry.sync.name().to_owned()),
         ("logbias", entry.logbias.name().to_owned()),
         ("origin", origin.unwrap_or_else(|| "-".to_owned())),
+        ("receive_resume_token", token),
     ];
     for name in wanted {
         if !all.iter().any(|(p, _)| p == name) {
@@ -1736,6 +1816,10 @@ pub async fn vol_list(
         let name = name.clone();
         let store = ctx.hold(&name).await?;
         for volume in store.volumes() {
+            // A receive's hidden volume shows as its target's resume token, below.
+            if volume.name.starts_with(RECEIVE_PREFIX) {
+                continue;
+            }
             let full = format!("{name}/{}", volume.name);
             let block = u64::from(volume.block_bytes);
             let space = volume.space.unwrap_or_default();
@@ -1783,6 +1867,28 @@ pub async fn vol_list(
                 volume.sync.name(),
                 volume.logbias.name(),
             ]));
+        }
+        for (target, token) in store.interrupted_receives() {
+            let full = format!("{name}/{target}");
+            if json {
+                ctx.say(
+                    serde_json::json!({
+                        "name": full,
+                        "receive_resume_token": token.encode(),
+                        "received_blocks": token.next_block,
+                    })
+                    .to_string(),
+                );
+            } else if !scripted {
+                // Scripts read it with `vol get POOL/VOL receive_resume_token -H`: a row
+                // here would not have the table's columns.
+                ctx.say(format!(
+                    "{full}: interrupted receive, blocks before {} kept; resume: `sluice send -t \
+                     {} | sluice recv -s {full}` (drop it: `sluice recv -A {full}`)",
+                    token.next_block,
+                    token.encode()
+                ));
+            }
         }
         store.release().await?;
     }

@@ -1,7 +1,8 @@
 //! Send and receive between two pools: a full stream makes the volume and its snapshot
 //! byte for byte; an incremental one carries only what changed and adds the newer snapshot; a
-//! stream cut short or damaged is refused naming the record and leaves nothing visible; the
-//! audit balances on both pools.
+//! stream cut short or damaged is refused naming the record and leaves nothing visible; a
+//! resumable receive interrupted keeps what arrived, across an export and import, and resumes
+//! from its token to the same bytes; the audit balances on both pools.
 
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
@@ -12,8 +13,8 @@ use sluice_engine::device::SimProfile;
 use sluice_engine::pool::Pool;
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
-use sluice_engine::txg::{Store, StoreError};
-use sluice_format::{StreamReader, StreamWriter};
+use sluice_engine::txg::{ReceiveMode, Store, StoreError};
+use sluice_format::{ResumeToken, StreamReader, StreamWriter};
 use sluice_sim::Sim;
 
 const VOLUME_BYTES: u64 = 4 << 20;
@@ -34,7 +35,36 @@ async fn send(store: &Store, snapshot: &str, from: Option<&str>) -> Vec<u8> {
 async fn receive(store: &Store, target: &str, stream: &[u8]) -> Result<(), StoreError> {
     let mut reader = StreamReader::new(stream);
     let mut next = || reader.next_record();
-    store.receive(target, &mut next).await.map(|_| ())
+    store.receive(target, ReceiveMode::Whole, &mut next).await.map(|_| ())
+}
+
+async fn receive_resumable(store: &Store, target: &str, stream: &[u8]) -> Result<(), StoreError> {
+    let mut reader = StreamReader::new(stream);
+    let mut next = || reader.next_record();
+    store.receive(target, ReceiveMode::Resumable, &mut next).await.map(|_| ())
+}
+
+async fn send_resume(store: &Store, token: &ResumeToken) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut writer = StreamWriter::new(&mut out);
+    {
+        let mut emit = |record| writer.write(&record);
+        store.send_resume(token, &mut emit).await.unwrap();
+    }
+    writer.finish().unwrap();
+    out
+}
+
+/// The token an interruption reported, checked against the one the pool lists.
+fn token_of(store: &Store, target: &str, error: &StoreError) -> ResumeToken {
+    let StoreError::ReceiveInterrupted { token, .. } = error else {
+        panic!("not an interrupted receive: {error}")
+    };
+    let listed = store.interrupted_receives();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].0, target);
+    assert_eq!(&listed[0].1.encode(), token);
+    ResumeToken::decode(token).unwrap()
 }
 
 async fn audit_clean(store: &Store, step: &str) {
@@ -127,6 +157,97 @@ fn full_and_incremental_streams_replicate_snapshots() {
         let b = Store::open(pool, &tunables).await.unwrap();
         assert!(b.read("w", 0, VOLUME_BYTES).await.unwrap() == data);
         audit_clean(&b, "import").await;
+    })
+    .unwrap();
+}
+
+#[test]
+fn interrupted_receives_resume_from_their_token() {
+    let sim = Sim::new(32);
+    let a_legs = common::legs(&sim, 2, SimProfile::Instant, 64 << 20);
+    let b_legs = common::legs(&sim, 2, SimProfile::Instant, 64 << 20);
+    let env = sim.env();
+    sim.run(async move {
+        let tunables = Tunables::default();
+        let a = common::mirror_store(&env, common::leaf_specs(&a_legs), &tunables).await;
+        let mut b = common::mirror_store(&env, common::leaf_specs(&b_legs), &tunables).await;
+        let mut rng = Rng::new(4);
+        a.create_volume("v", VOLUME_BYTES, BLOCK as u32).unwrap();
+        let mut data: Vec<u8> = (0..VOLUME_BYTES).map(|_| rng.u64() as u8).collect();
+        a.write("v", 0, &data).await.unwrap();
+        a.create_snapshots(&[("v".into(), "one".into())], 100).await.unwrap();
+        let full = send(&a, "one", None).await;
+
+        // Cut at 40%: the target does not exist, nor can a client open what arrived; the
+        // token says where it stopped.
+        let error = receive_resumable(&b, "w", &full[..full.len() * 2 / 5]).await.unwrap_err();
+        assert!(error.to_string().contains("sluice send -t"), "{error}");
+        let token = token_of(&b, "w", &error);
+        assert!(token.next_block > 0 && token.next_block < VOLUME_BYTES / BLOCK, "{token:?}");
+        assert!(b.volumes().is_empty());
+        assert!(b.read("w", 0, BLOCK).await.is_err());
+        assert!(b.export_dataset("%recv-w").is_err());
+        // The whole stream again is refused while the kept one waits; so is a resume that
+        // starts elsewhere.
+        let again = receive(&b, "w", &full).await.unwrap_err();
+        assert!(again.to_string().contains("recv -A"), "{again}");
+        let early = ResumeToken { next_block: token.next_block - 1, ..token.clone() };
+        let wrong = receive(&b, "w", &send_resume(&a, &early).await).await.unwrap_err();
+        assert!(wrong.to_string().contains("stopped at block"), "{wrong}");
+        audit_clean(&b, "an interrupted receive").await;
+
+        // It survives an export and import; damaged on resume, it keeps going.
+        b.export().await.unwrap();
+        let pool =
+            Pool::import(&env, common::leaf_specs(&b_legs), "tank", &tunables).await.unwrap();
+        b = Store::open(pool, &tunables).await.unwrap();
+        assert_eq!(b.interrupted_receives()[0].1, token);
+        let mut rest = send_resume(&a, &token).await;
+        assert!(rest.len() < full.len() * 7 / 10, "resumed {} of {}", rest.len(), full.len());
+        let at = rest.len() / 2;
+        rest[at] ^= 1;
+        let error = receive(&b, "w", &rest).await.unwrap_err();
+        let later = token_of(&b, "w", &error);
+        assert!(later.next_block > token.next_block, "{later:?} after {token:?}");
+        receive(&b, "w", &send_resume(&a, &later).await).await.unwrap();
+        assert!(b.interrupted_receives().is_empty());
+        assert!(b.read("w", 0, VOLUME_BYTES).await.unwrap() == data);
+        assert!(b.read("w@one", 0, VOLUME_BYTES).await.unwrap() == data);
+
+        // An incremental one: interrupted, then the target is written, so resuming would
+        // lose that write: refused; rolled back, it resumes.
+        for i in (0..VOLUME_BYTES / BLOCK).step_by(5) {
+            let block: Vec<u8> = (0..BLOCK).map(|_| rng.u64() as u8).collect();
+            a.write("v", i * BLOCK, &block).await.unwrap();
+            data[(i * BLOCK) as usize..][..BLOCK as usize].copy_from_slice(&block);
+        }
+        a.create_snapshots(&[("v".into(), "two".into())], 200).await.unwrap();
+        let incremental = send(&a, "two", Some("one")).await;
+        let error =
+            receive_resumable(&b, "w", &incremental[..incremental.len() / 2]).await.unwrap_err();
+        let token = token_of(&b, "w", &error);
+        assert_eq!(b.snapshots("w").unwrap().len(), 1);
+        b.write("w", 0, &[7u8; BLOCK as usize]).await.unwrap();
+        let changed = receive(&b, "w", &send_resume(&a, &token).await).await.unwrap_err();
+        assert!(changed.to_string().contains("roll it back"), "{changed}");
+        b.rollback_volume("w", "one", false).await.unwrap();
+        receive(&b, "w", &send_resume(&a, &token).await).await.unwrap();
+        assert!(b.read("w", 0, VOLUME_BYTES).await.unwrap() == data);
+        let names: Vec<String> = b.snapshots("w").unwrap().into_iter().map(|s| s.name).collect();
+        assert_eq!(names, ["one", "two"]);
+
+        // Dropped instead: nothing of it stays.
+        a.write("v", 0, &[9u8; BLOCK as usize]).await.unwrap();
+        a.create_snapshots(&[("v".into(), "three".into())], 300).await.unwrap();
+        let third = send(&a, "three", Some("two")).await;
+        receive_resumable(&b, "w", &third[..third.len() - 20]).await.unwrap_err();
+        assert_eq!(b.interrupted_receives().len(), 1);
+        b.abort_receive("w").await.unwrap();
+        assert!(b.interrupted_receives().is_empty());
+        assert!(b.abort_receive("w").await.is_err());
+        assert!(b.read("w", 0, VOLUME_BYTES).await.unwrap() == data);
+        audit_clean(&a, "sends").await;
+        audit_clean(&b, "resumed receives").await;
     })
     .unwrap();
 }

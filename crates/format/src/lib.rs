@@ -33,8 +33,8 @@ pub use ddt::{
 pub use deadlist::{Deadlist, DeadlistPiece, DEADLIST_PIECE_BYTES, DEADLIST_PIECE_ENTRIES};
 pub use directory::{
     Compression, DedupMode, DirectoryRecords, LeafRecord, LeafRecordState, LogBias, LogHeader,
-    Origin, ReceiveState, PoolDirectory, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase, SnapshotEntry,
-    SyncMode, TreeRef, VolumeEntry, VolumeSpace, VOLUME_NAME_BYTES_MAX,
+    Origin, PoolDirectory, ReceiveState, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase,
+    SnapshotEntry, SyncMode, TreeRef, VolumeEntry, VolumeSpace, VOLUME_NAME_BYTES_MAX,
 };
 pub use error::FormatError;
 pub use label::{
@@ -44,8 +44,8 @@ pub use label::{
 };
 pub use log_block::{LogBlock, LogRecord, LogVerifier, LOG_HEADER_BYTES, LOG_WRITE_UNIT_BYTES};
 pub use send_stream::{
-    StreamBegin, StreamError, StreamReader, StreamRecord, StreamWriter, STREAM_PAYLOAD_MAX,
-    STREAM_VERSION,
+    ResumeToken, StreamBegin, StreamError, StreamReader, StreamRecord, StreamWriter, TokenError,
+    STREAM_PAYLOAD_MAX, STREAM_VERSION,
 };
 pub use space_map::SpaceMap;
 pub use uberblock::{Uberblock, UBERBLOCK_BYTES};

@@ -30,8 +30,11 @@
 //!     40    8 creation_secs u64
 //!     48    8 from_guid u64            the older snapshot of an incremental stream; 0: full
 //!     56    2 name_len u16
-//!     58    6 reserved (zero)
-//!     64      name (UTF-8)             the snapshot's name
+//!     58    2 source_len u16
+//!     60    4 reserved (zero)
+//!     64    8 resume_block u64         a resumed stream holds no block before it; 0: whole
+//!     72      name (UTF-8)             the snapshot's name
+//!      .      source (UTF-8)           the sender's POOL/VOL (a resume token names it)
 //! data payload: block u64, lsize u32, compression u8 (as a block pointer's), reserved 3,
 //!               then the block as stored (a compressed block's 4-byte length, its bytes, and
 //!               no padding)
@@ -48,7 +51,7 @@ const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"SLSR");
 const STREAM_MAGIC: u64 = u64::from_le_bytes(*b"SLUICESS");
 const HEADER_BYTES: usize = 24;
 const CHECKSUM_BYTES: usize = 16;
-const BEGIN_FIXED_BYTES: usize = 64;
+const BEGIN_FIXED_BYTES: usize = 72;
 const WHAT: &str = "send stream record";
 /// The stream version this build writes, and the newest it reads.
 pub const STREAM_VERSION: FormatVersion = FormatVersion::V1;
@@ -66,6 +69,10 @@ pub struct StreamBegin {
     /// The older snapshot an incremental stream applies to; `None`: a full stream.
     pub from_guid: Option<u64>,
     pub name: String,
+    /// The sender's POOL/VOL.
+    pub source: String,
+    /// A stream resumed from a token holds no block before this one (0: the whole stream).
+    pub resume_block: u64,
 }
 
 /// One record of a stream.
@@ -151,7 +158,15 @@ impl StreamRecord {
                         value: name_len as u64,
                     });
                 }
-                let mut out = vec![0u8; BEGIN_FIXED_BYTES + name_len];
+                let source_len = begin.source.len();
+                if source_len > usize::from(u16::MAX) {
+                    return Err(FormatError::Invalid {
+                        what: WHAT,
+                        field: "source name length",
+                        value: source_len as u64,
+                    });
+                }
+                let mut out = vec![0u8; BEGIN_FIXED_BYTES + name_len + source_len];
                 let mut w = Writer::new(&mut out);
                 w.u64(0, STREAM_MAGIC);
                 w.u16(8, STREAM_VERSION as u16);
@@ -162,7 +177,10 @@ impl StreamRecord {
                 w.u64(40, begin.creation_secs);
                 w.u64(48, begin.from_guid.unwrap_or(0));
                 w.u16(56, name_len as u16);
-                w.put(64, begin.name.as_bytes());
+                w.u16(58, source_len as u16);
+                w.u64(64, begin.resume_block);
+                w.put(BEGIN_FIXED_BYTES, begin.name.as_bytes());
+                w.put(BEGIN_FIXED_BYTES + name_len, begin.source.as_bytes());
                 out
             }
             StreamRecord::Data { block, lsize, compression, bytes } => {
@@ -244,18 +262,18 @@ impl StreamRecord {
                     return Err(err(FormatError::UnsupportedVersion { what: WHAT, found: 0 }));
                 }
                 r.zeros(10, 2).map_err(err)?;
-                r.zeros(58, 6).map_err(err)?;
+                r.zeros(60, 4).map_err(err)?;
                 let name_len = usize::from(r.u16(56).map_err(err)?);
-                fixed(BEGIN_FIXED_BYTES + name_len)?;
-                let name = std::str::from_utf8(r.slice(64, name_len).map_err(err)?)
-                    .map_err(|_| {
-                        err(FormatError::Invalid {
-                            what: WHAT,
-                            field: "snapshot name",
-                            value: name_len as u64,
-                        })
-                    })?
-                    .to_owned();
+                let source_len = usize::from(r.u16(58).map_err(err)?);
+                fixed(BEGIN_FIXED_BYTES + name_len + source_len)?;
+                let text = |at: usize, len: usize, field: &'static str| {
+                    let bytes = r.slice(at, len).map_err(err)?;
+                    std::str::from_utf8(bytes).map(str::to_owned).map_err(|_| {
+                        err(FormatError::Invalid { what: WHAT, field, value: len as u64 })
+                    })
+                };
+                let name = text(BEGIN_FIXED_BYTES, name_len, "snapshot name")?;
+                let source = text(BEGIN_FIXED_BYTES + name_len, source_len, "source name")?;
                 let from = r.u64(48).map_err(err)?;
                 StreamRecord::Begin(StreamBegin {
                     block_bytes: r.u32(12).map_err(err)?,
@@ -265,6 +283,8 @@ impl StreamRecord {
                     creation_secs: r.u64(40).map_err(err)?,
                     from_guid: (from != 0).then_some(from),
                     name,
+                    source,
+                    resume_block: r.u64(64).map_err(err)?,
                 })
             }
             2 => {
@@ -449,4 +469,97 @@ fn read_full<R: Read>(input: &mut R, buf: &mut [u8]) -> Result<bool, std::io::Er
         }
     }
     Ok(true)
+}
+
+/// Where an interrupted receive can resume (ZFS: `receive_resume_token`), as the text
+/// `sluice vol list` shows and `sluice send -t` takes: `1-` and the hex of to_guid u64,
+/// from_guid u64 (0: full), next_block u64, source_len u16, source (UTF-8), then the first 8
+/// bytes of the XXH3-128 of all that, so a token pasted wrong is refused, not misread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResumeToken {
+    pub to_guid: u64,
+    pub from_guid: Option<u64>,
+    /// The first block the resumed stream sends.
+    pub next_block: u64,
+    /// The sender's POOL/VOL.
+    pub source: String,
+}
+
+/// Why a resume token could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenError {
+    #[error(
+        "resume token is not one sluice wrote (it starts with `1-`, then hex digits): copy it \
+         whole from `sluice vol list -o name,resume` on the receiving pool"
+    )]
+    Malformed,
+    #[error("resume token is damaged (its checksum does not match): copy it again, whole")]
+    Damaged,
+}
+
+impl ResumeToken {
+    const PREFIX: &'static str = "1-";
+
+    /// The token as text.
+    pub fn encode(&self) -> String {
+        let mut bytes = Vec::with_capacity(26 + self.source.len() + 8);
+        bytes.extend_from_slice(&self.to_guid.to_le_bytes());
+        bytes.extend_from_slice(&self.from_guid.unwrap_or(0).to_le_bytes());
+        bytes.extend_from_slice(&self.next_block.to_le_bytes());
+        // Source names are volume names (at most 255 bytes) after a pool name.
+        bytes.extend_from_slice(
+            &(self.source.len().min(usize::from(u16::MAX)) as u16).to_le_bytes(),
+        );
+        bytes.extend_from_slice(self.source.as_bytes());
+        let sum = ChecksumAlg::Xxh3_128.compute(&bytes);
+        bytes.extend_from_slice(&sum.0[..8]);
+        let mut text = String::with_capacity(Self::PREFIX.len() + bytes.len() * 2);
+        text.push_str(Self::PREFIX);
+        for byte in bytes {
+            text.push_str(&format!("{byte:02x}"));
+        }
+        text
+    }
+
+    /// Reads a token written by [`ResumeToken::encode`].
+    pub fn decode(text: &str) -> Result<ResumeToken, TokenError> {
+        let hex = text.trim().strip_prefix(Self::PREFIX).ok_or(TokenError::Malformed)?;
+        if hex.len() % 2 != 0 || !hex.is_ascii() {
+            return Err(TokenError::Malformed);
+        }
+        let bytes = (0..hex.len() / 2)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16))
+            .collect::<Result<Vec<u8>, _>>()
+            .map_err(|_| TokenError::Malformed)?;
+        if bytes.len() < 26 + 8 {
+            return Err(TokenError::Malformed);
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - 8);
+        if ChecksumAlg::Xxh3_128.compute(body).0[..8] != *sum {
+            return Err(TokenError::Damaged);
+        }
+        let u64_at = |at: usize| {
+            let mut raw = [0u8; 8];
+            raw.copy_from_slice(&body[at..at + 8]);
+            u64::from_le_bytes(raw)
+        };
+        let source_len = usize::from(u16::from_le_bytes([body[24], body[25]]));
+        if body.len() != 26 + source_len {
+            return Err(TokenError::Malformed);
+        }
+        let source =
+            std::str::from_utf8(&body[26..]).map_err(|_| TokenError::Malformed)?.to_owned();
+        let to_guid = u64_at(0);
+        if to_guid == 0 {
+            return Err(TokenError::Malformed);
+        }
+        let from = u64_at(8);
+        Ok(ResumeToken {
+            to_guid,
+            from_guid: (from != 0).then_some(from),
+            next_block: u64_at(16),
+            source,
+        })
+    }
 }

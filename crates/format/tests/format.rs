@@ -14,10 +14,10 @@ use sluice_format::{
     label_offsets, uberblock_offset, BlockCompression, BlockKind, BlockPointer, Checksum,
     ChecksumAlg, Compression, DdtBucket, DdtEntry, DdtHeader, DdtKey, Deadlist, DeadlistPiece,
     DedupMode, DirectoryRecords, Dva, FormatError, LabelHeader, LeafConfig, LeafRecord,
-    LeafRecordState, LogBias, LogHeader, Origin, PoolDirectory, ReceiveState, ScanBookmark, ScanKind, ScanRecord,
-    ScanRecordPhase, SnapshotEntry, SpaceMap, SyncMode, TopConfig, TopKind, Uberblock,
-    VdevTreeConfig, VolumeEntry, VolumeSpace, BLKPTR_BYTES, DATA_START_BYTES, DEADLIST_PIECE_BYTES,
-    DEADLIST_PIECE_ENTRIES, LABEL_BYTES, LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
+    LeafRecordState, LogBias, LogHeader, Origin, PoolDirectory, ReceiveState, ScanBookmark,
+    ScanKind, ScanRecord, ScanRecordPhase, SnapshotEntry, SpaceMap, SyncMode, TopConfig, TopKind,
+    Uberblock, VdevTreeConfig, VolumeEntry, VolumeSpace, BLKPTR_BYTES, DATA_START_BYTES,
+    DEADLIST_PIECE_BYTES, DEADLIST_PIECE_ENTRIES, LABEL_BYTES, LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
 };
 
 fn golden(name: &str, bytes: &[u8]) {

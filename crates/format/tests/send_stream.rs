@@ -5,7 +5,8 @@
 #![allow(clippy::unwrap_used)]
 
 use sluice_format::{
-    BlockCompression, StreamBegin, StreamError, StreamReader, StreamRecord, StreamWriter,
+    BlockCompression, ResumeToken, StreamBegin, StreamError, StreamReader, StreamRecord,
+    StreamWriter, TokenError,
 };
 
 fn records() -> Vec<StreamRecord> {
@@ -18,6 +19,8 @@ fn records() -> Vec<StreamRecord> {
             creation_secs: 1_795_000_000,
             from_guid: Some(0x99),
             name: "nightly".into(),
+            source: "tank/db".into(),
+            resume_block: 12,
         }),
         StreamRecord::Data {
             block: 3,
@@ -101,4 +104,30 @@ fn a_newer_version_is_refused_clearly() {
     let error = read_all(&begin).unwrap_err();
     assert!(matches!(error, StreamError::NewerVersion { found: 9, newest: 1 }), "{error}");
     assert!(error.to_string().contains("newer sluice"), "{error}");
+}
+
+/// A resume token round-trips; one cut, altered or not hex is refused with the reason.
+#[test]
+fn resume_tokens() {
+    let token = ResumeToken {
+        to_guid: 0xdead_beef,
+        from_guid: Some(5),
+        next_block: 40_000,
+        source: "tank/db".into(),
+    };
+    let text = token.encode();
+    assert!(text.starts_with("1-"));
+    assert_eq!(ResumeToken::decode(&text).unwrap(), token);
+    let full = ResumeToken { from_guid: None, ..token.clone() };
+    assert_eq!(ResumeToken::decode(&full.encode()).unwrap(), full);
+    // One hex digit changed: the checksum catches it.
+    let mut altered = text.clone().into_bytes();
+    let at = 10;
+    altered[at] = if altered[at] == b'0' { b'1' } else { b'0' };
+    let altered = String::from_utf8(altered).unwrap();
+    assert!(matches!(ResumeToken::decode(&altered), Err(TokenError::Damaged)));
+    assert!(matches!(ResumeToken::decode(&text[..text.len() - 2]), Err(TokenError::Damaged)));
+    assert!(matches!(ResumeToken::decode("1-xyz0"), Err(TokenError::Malformed)));
+    assert!(matches!(ResumeToken::decode("2-00"), Err(TokenError::Malformed)));
+    assert!(matches!(ResumeToken::decode("1-00"), Err(TokenError::Malformed)));
 }

@@ -499,6 +499,10 @@ impl Store {
     /// What a handle serves ([`crate::volume::Volume`]): a volume, or for `VOL@SNAP` a
     /// snapshot, read-only.
     pub fn export_dataset(&self, name: &str) -> Result<Arc<Dataset>, StoreError> {
+        // A receive's hidden volume is nobody's to read or write until it is whole.
+        if is_hidden(name.split('@').next().unwrap_or(name)) {
+            return Err(self.no_such_volume(name));
+        }
         match name.split_once('@') {
             Some((volume, snapshot)) => self.snapshot_dataset(volume, snapshot),
             None => self.dataset(name),
@@ -515,8 +519,15 @@ impl Store {
         self.dataset(name).ok().map(|d| d.state.lock().entry.clone())
     }
 
-    /// Names and sizes of the volumes.
+    /// The volumes, without the hidden ones receives are writing.
     pub fn volumes(&self) -> Vec<VolumeEntry> {
+        let mut all = self.all_volumes();
+        all.retain(|v| !is_hidden(&v.name));
+        all
+    }
+
+    /// The volumes, hidden ones too.
+    pub(super) fn all_volumes(&self) -> Vec<VolumeEntry> {
         self.state.lock().volumes.values().map(|d| d.state.lock().entry.clone()).collect()
     }
 

@@ -18,8 +18,8 @@
 //! damaged, cut or reordered record) leaves nothing visible: the hidden volume is destroyed.
 
 use sluice_format::{
-    BlockCompression, BlockPointer, StreamBegin, StreamError, StreamRecord, BLKPTR_BYTES,
-    COMPRESSED_HEADER_BYTES,
+    BlockCompression, BlockPointer, ReceiveState, ResumeToken, StreamBegin, StreamError,
+    StreamRecord, BLKPTR_BYTES, COMPRESSED_HEADER_BYTES,
 };
 
 use super::{Store, StoreError};
@@ -51,6 +51,67 @@ impl Store {
         volume: &str,
         snapshot: &str,
         from: Option<&str>,
+        emit: &mut (dyn FnMut(StreamRecord) -> Result<(), StreamError> + Send),
+    ) -> Result<StreamSummary, StoreError> {
+        self.send_snapshot_from(volume, snapshot, from, 0, emit).await
+    }
+
+    /// Sends what an interrupted receive still needs (ZFS: `zfs send -t TOKEN`): the stream
+    /// the token names, from its next block on. The snapshots are found by guid, so a renamed
+    /// one still resumes.
+    pub async fn send_resume(
+        &self,
+        token: &ResumeToken,
+        emit: &mut (dyn FnMut(StreamRecord) -> Result<(), StreamError> + Send),
+    ) -> Result<StreamSummary, StoreError> {
+        let pool = self.pool.name().to_owned();
+        let refuse = |volume: &str, reason: String| StoreError::ReceiveRefused {
+            pool: pool.clone(),
+            volume: volume.to_owned(),
+            reason,
+        };
+        let volume = match token.source.split_once('/') {
+            Some((p, v)) if p == pool => v.to_owned(),
+            _ => {
+                return Err(refuse(
+                    &token.source,
+                    format!("the resume token is for {}, not a volume of this pool", token.source),
+                ))
+            }
+        };
+        let entry = self.dataset(&volume)?.state.lock().entry.clone();
+        let by_guid = |guid: u64| entry.snapshots.iter().find(|s| s.guid == guid);
+        let to = by_guid(token.to_guid).ok_or_else(|| {
+            refuse(
+                &volume,
+                format!(
+                    "it no longer has the snapshot the resume token names (guid {:#x}): it \
+                     was destroyed; send again from the start and drop the partial receive \
+                     with `sluice recv -A`",
+                    token.to_guid
+                ),
+            )
+        })?;
+        let from = match token.from_guid {
+            None => None,
+            Some(guid) => Some(by_guid(guid).ok_or_else(|| {
+                refuse(
+                    &volume,
+                    format!("it no longer has the older snapshot the token names ({guid:#x})"),
+                )
+            })?),
+        };
+        let (to, from) = (to.name.clone(), from.map(|f| f.name.clone()));
+        self.send_snapshot_from(&volume, &to, from.as_deref(), token.next_block, emit).await
+    }
+
+    /// [`Store::send_snapshot`], leaving out every block before `resume_block`.
+    async fn send_snapshot_from(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        from: Option<&str>,
+        resume_block: u64,
         emit: &mut (dyn FnMut(StreamRecord) -> Result<(), StreamError> + Send),
     ) -> Result<StreamSummary, StoreError> {
         self.check_live()?;
@@ -89,12 +150,15 @@ impl Store {
             creation_secs: to.creation_secs,
             from_guid: older.as_ref().map(|o| o.guid),
             name: to.name.clone(),
+            source: format!("{}/{volume}", self.pool.name()),
+            resume_block,
         }))
         .map_err(stream_error)?;
         summary.records += 1;
         let since = older.as_ref().map_or(0, |o| o.txg);
         let blocks = to.size_bytes / u64::from(entry.block_bytes);
-        let mut out = Emitter { emit, summary: &mut summary, pending_free: None, blocks };
+        let mut out =
+            Emitter { emit, summary: &mut summary, pending_free: None, blocks, resume_block };
         match to.root {
             None if older.is_some() => out.free(0, blocks).map_err(stream_error)?,
             None => {}
@@ -109,10 +173,14 @@ impl Store {
                         }
                         Visit::Tree { level, first, bp } => (level, first, bp),
                     };
-                    if bp.birth_txg <= since {
+                    let span = INDIRECT_BPS.saturating_pow(u32::from(level));
+                    if bp.birth_txg <= since || first.saturating_add(span) <= resume_block {
                         continue;
                     }
                     if level == 0 {
+                        if first < resume_block {
+                            continue;
+                        }
                         let record = self.data_record(first, &bp).await?;
                         out.data(record).map_err(stream_error)?;
                         continue;
@@ -174,11 +242,15 @@ struct Emitter<'a> {
     pending_free: Option<(u64, u64)>,
     /// The snapshot's blocks: nothing past them is sent.
     blocks: u64,
+    /// Nothing before it is sent (a resumed stream).
+    resume_block: u64,
 }
 
 impl Emitter<'_> {
     fn free(&mut self, first: u64, count: u64) -> Result<(), StreamError> {
-        let count = count.min(self.blocks.saturating_sub(first));
+        let end = first.saturating_add(count).min(self.blocks);
+        let first = first.max(self.resume_block);
+        let count = end.saturating_sub(first);
         if count == 0 {
             return Ok(());
         }
@@ -235,15 +307,31 @@ impl Store {
     }
 }
 
+/// How a receive treats an interruption.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReceiveMode {
+    /// A stream refused part way leaves nothing.
+    Whole,
+    /// What arrived before an interruption is kept, hidden, and can be resumed from the
+    /// token `Store::interrupted_receives` shows (ZFS: `zfs receive -s`).
+    Resumable,
+}
+
+/// Data a resumable receive applies between two syncs that record how far it got: a crash
+/// loses at most this much of the stream, and the syncs cost little beside it.
+const CHECKPOINT_BYTES: u64 = 256 << 20;
+
 impl Store {
     /// Receives a stream into volume `target` (ZFS: `zfs receive`): a full stream makes a new
     /// volume; an incremental one applies to the volume whose newest snapshot is the stream's
     /// older one, unchanged since (roll it back first otherwise). `next` yields the records,
     /// checked (sluice_format's `StreamReader`). Nothing is visible under `target` until the
     /// end record has checked every record; a refused stream leaves the target as it was.
+    /// A stream resumed from a token continues the hidden volume its interruption left.
     pub async fn receive(
         &self,
         target: &str,
+        mode: ReceiveMode,
         next: &mut (dyn FnMut() -> Result<Option<StreamRecord>, StreamError> + Send),
     ) -> Result<StreamSummary, StoreError> {
         self.check_live()?;
@@ -262,29 +350,170 @@ impl Store {
             refuse(format!("the stream's snapshot name {:?} is invalid", begin.name))
         })?;
         let hidden = format!("{RECEIVE_PREFIX}{target}");
-        // What an interrupted receive left goes first.
-        if self.dataset(&hidden).is_ok() {
-            self.destroy_volume_with(&hidden, true).await?;
+        let partial = self.dataset(&hidden).ok().map(|d| d.state.lock().entry.receive.clone());
+        if begin.from_guid.is_some() {
+            // So the target's figures count every write it acknowledged: one since its newest
+            // snapshot refuses the stream.
+            self.sync().await?;
         }
         let existing = self.dataset(target).ok().map(|d| d.state.lock().entry.clone());
-        match (begin.from_guid, &existing) {
-            (None, Some(_)) => {
-                return Err(refuse(
-                    "it exists, and a full stream makes a new volume: receive into a new name, \
-                     or send incrementally from a snapshot both pools have"
-                        .to_owned(),
-                ))
+        let incremental = existing.is_some() && begin.from_guid.is_some();
+        if begin.resume_block > 0 {
+            // A resumed stream continues exactly where the interruption left the volume.
+            let Some(Some(state)) = &partial else {
+                return Err(refuse(format!(
+                    "the stream resumes an interrupted receive from block {}, and none into \
+                     {target} is kept; send the whole stream again",
+                    begin.resume_block
+                )));
+            };
+            if state.to_guid != begin.guid || state.from_guid != begin.from_guid {
+                return Err(refuse(format!(
+                    "the stream resumes snapshot {:#x}, and the interrupted receive kept is of \
+                     snapshot {:#x}; send with the token `sluice vol list` shows for {target}",
+                    begin.guid, state.to_guid
+                )));
             }
+            if begin.from_guid.is_some() {
+                self.check_unchanged(target, &begin)?;
+            }
+            if state.next_block != begin.resume_block {
+                return Err(refuse(format!(
+                    "the stream resumes at block {}, and the receive kept stopped at block {}; \
+                     send with the token `sluice vol list` shows now",
+                    begin.resume_block, state.next_block
+                )));
+            }
+        } else {
+            match &partial {
+                Some(Some(_)) => {
+                    return Err(refuse(format!(
+                        "an interrupted receive into it is kept; resume it (`sluice send -t \
+                         TOKEN`, the token `sluice vol list` shows) or drop it with `sluice \
+                         recv -A {}/{target}`",
+                        self.pool.name()
+                    )))
+                }
+                // What an interrupted whole receive left goes first.
+                Some(None) => self.destroy_volume_with(&hidden, true).await?,
+                None => {}
+            }
+            self.receive_target(target, &hidden, &begin, existing.as_ref()).await?;
+            if mode == ReceiveMode::Resumable {
+                let dataset = self.dataset(&hidden)?;
+                dataset.state.lock().entry.receive = Some(ReceiveState {
+                    to_guid: begin.guid,
+                    from_guid: begin.from_guid,
+                    next_block: 0,
+                    source: begin.source.clone(),
+                });
+            }
+        }
+        // A resumed receive stays resumable.
+        let resumable = mode == ReceiveMode::Resumable || begin.resume_block > 0;
+        let mut progress = begin.resume_block;
+        let mut applied = self.apply_stream(&hidden, &begin, resumable, &mut progress, next).await;
+        if applied.is_ok() && incremental {
+            // The clone takes the target's place: a write the target took meanwhile would be
+            // lost. Synced, its figures count every write acknowledged so far.
+            if let Err(error) = self.sync().await.and_then(|_| self.check_unchanged(target, &begin))
+            {
+                applied = Err(error);
+            }
+        }
+        match applied {
+            Ok(mut summary) => {
+                summary.records += 1;
+                self.finish_receive(target, &hidden, &begin, incremental).await?;
+                Ok(summary)
+            }
+            Err(error) if resumable && self.dataset(&hidden).is_ok() => {
+                // What arrived stays: synced, then marked as received, so a crash in between
+                // resumes from the mark before.
+                self.sync().await?;
+                let dataset = self.dataset(&hidden)?;
+                let token = {
+                    let mut state = dataset.state.lock();
+                    let receive = state.entry.receive.get_or_insert_with(|| ReceiveState {
+                        to_guid: begin.guid,
+                        from_guid: begin.from_guid,
+                        next_block: 0,
+                        source: begin.source.clone(),
+                    });
+                    receive.next_block = progress;
+                    token_of(receive)
+                };
+                self.sync().await?;
+                Err(StoreError::ReceiveInterrupted {
+                    pool: self.pool.name().to_owned(),
+                    volume: target.to_owned(),
+                    cause: error.to_string(),
+                    next_block: progress,
+                    token: token.encode(),
+                })
+            }
+            Err(error) => {
+                // Nothing of it stays.
+                if self.dataset(&hidden).is_ok() {
+                    let _ = self.destroy_volume_with(&hidden, true).await;
+                    let _ = self.sync().await;
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// For an incremental stream: the target's newest snapshot is still the stream's older
+    /// one and nothing was written since (as of the last sync).
+    fn check_unchanged(&self, target: &str, begin: &StreamBegin) -> Result<(), StoreError> {
+        let entry = self.dataset(target)?.state.lock().entry.clone();
+        let newest = entry.snapshots.last();
+        if newest.map(|s| s.guid) == begin.from_guid
+            && super::dsl_snapshot::unique_bytes(&entry) == 0
+        {
+            return Ok(());
+        }
+        Err(StoreError::ReceiveRefused {
+            pool: self.pool.name().to_owned(),
+            volume: target.to_owned(),
+            reason: format!(
+                "it changed since the receive began (written or snapshotted since {}): roll it \
+                 back to that snapshot, then resume (`sluice vol list` shows the token) or send \
+                 again",
+                newest.map_or("its older snapshot", |s| s.name.as_str())
+            ),
+        })
+    }
+
+    /// Makes the hidden volume a stream from its start lands in: a new volume for a full
+    /// stream, a clone of the target's newest snapshot for an incremental one.
+    async fn receive_target(
+        &self,
+        target: &str,
+        hidden: &str,
+        begin: &StreamBegin,
+        existing: Option<&sluice_format::VolumeEntry>,
+    ) -> Result<(), StoreError> {
+        let refuse = |reason: String| StoreError::ReceiveRefused {
+            pool: self.pool.name().to_owned(),
+            volume: target.to_owned(),
+            reason,
+        };
+        match (begin.from_guid, existing) {
+            (None, Some(_)) => Err(refuse(
+                "it exists, and a full stream makes a new volume: receive into a new name, or \
+                 send incrementally from a snapshot both pools have"
+                    .to_owned(),
+            )),
             (None, None) => {
-                self.create_volume_with(&hidden, begin.size_bytes, begin.block_bytes, false)?;
+                self.create_volume_with(hidden, begin.size_bytes, begin.block_bytes, false)?;
+                Ok(())
             }
-            (Some(_), None) => {
-                return Err(refuse(
-                    "it does not exist, and an incremental stream applies to a volume with its \
-                     older snapshot; send the whole snapshot first"
-                        .to_owned(),
-                ))
-            }
+            (Some(_), None) => Err(refuse(
+                "it does not exist, and an incremental stream applies to a volume with its older \
+                 snapshot; send the whole snapshot first"
+                    .to_owned(),
+            )),
             (Some(from), Some(entry)) => {
                 let newest = entry.snapshots.last();
                 if let Some(have) = entry.snapshots.iter().find(|s| s.guid == begin.guid) {
@@ -311,35 +540,52 @@ impl Store {
                     return Err(refuse(format!("it already has a snapshot {}", begin.name)));
                 }
                 let newest = newest.map(|s| s.name.clone()).unwrap_or_default();
-                self.clone_snapshot(target, &newest, &hidden).await?;
-                let size = self.dataset(&hidden)?.size_bytes();
+                self.clone_snapshot(target, &newest, hidden).await?;
+                let size = self.dataset(hidden)?.size_bytes();
                 if size != begin.size_bytes {
-                    self.resize_volume(&hidden, begin.size_bytes).await?;
+                    self.resize_volume(hidden, begin.size_bytes).await?;
                 }
-            }
-        }
-        match self.apply_stream(&hidden, &begin, next).await {
-            Ok(mut summary) => {
-                summary.records += 1;
-                self.finish_receive(target, &hidden, &begin, existing.is_some()).await?;
-                Ok(summary)
-            }
-            Err(error) => {
-                // Nothing of it stays.
-                if self.dataset(&hidden).is_ok() {
-                    let _ = self.destroy_volume_with(&hidden, true).await;
-                    let _ = self.sync().await;
-                }
-                Err(error)
+                Ok(())
             }
         }
     }
 
+    /// Interrupted resumable receives kept in this pool: each target and its resume token.
+    pub fn interrupted_receives(&self) -> Vec<(String, ResumeToken)> {
+        self.all_volumes()
+            .into_iter()
+            .filter_map(|v| {
+                let target = v.name.strip_prefix(RECEIVE_PREFIX)?.to_owned();
+                Some((target, token_of(v.receive.as_ref()?)))
+            })
+            .collect()
+    }
+
+    /// Drops what an interrupted receive into `target` kept (ZFS: `zfs receive -A`).
+    pub async fn abort_receive(&self, target: &str) -> Result<(), StoreError> {
+        self.check_live()?;
+        let hidden = format!("{RECEIVE_PREFIX}{target}");
+        if self.dataset(&hidden).is_err() {
+            return Err(StoreError::ReceiveRefused {
+                pool: self.pool.name().to_owned(),
+                volume: target.to_owned(),
+                reason: "no interrupted receive into it is kept; nothing to drop".to_owned(),
+            });
+        }
+        self.destroy_volume_with(&hidden, true).await?;
+        self.sync().await?;
+        Ok(())
+    }
+
     /// Writes the stream's records into the hidden volume, up to and with the end record.
+    /// `progress` ends at the first block not yet applied; a resumable receive syncs every
+    /// [`CHECKPOINT_BYTES`] and records it, so a crash resumes from there.
     async fn apply_stream(
         &self,
         hidden: &str,
         begin: &StreamBegin,
+        resumable: bool,
+        progress: &mut u64,
         next: &mut (dyn FnMut() -> Result<Option<StreamRecord>, StreamError> + Send),
     ) -> Result<StreamSummary, StoreError> {
         let dataset = self.dataset(hidden)?;
@@ -351,13 +597,30 @@ impl Store {
             volume: hidden.to_owned(),
             reason: format!("the stream names {what}, outside the volume's {blocks} blocks"),
         };
+        let out_of_order = |what: String, at: u64| StoreError::ReceiveRefused {
+            pool: self.pool.name().to_owned(),
+            volume: hidden.to_owned(),
+            reason: format!("the stream names {what} after block {at}: blocks go in order"),
+        };
         let mut summary = StreamSummary::default();
+        let mut since_checkpoint = 0u64;
         loop {
+            if resumable && since_checkpoint >= CHECKPOINT_BYTES {
+                self.sync().await?;
+                if let Some(receive) = dataset.state.lock().entry.receive.as_mut() {
+                    receive.next_block = *progress;
+                }
+                since_checkpoint = 0;
+            }
             let record = next().map_err(stream_error)?;
             match record {
                 Some(StreamRecord::Data { block, lsize, compression, bytes }) => {
                     if block >= blocks || u64::from(lsize) != bs {
                         return Err(bad(format!("block {block}")));
+                    }
+                    // In order, so the blocks before `progress` are the ones received.
+                    if block < *progress {
+                        return Err(out_of_order(format!("block {block}"), *progress));
                     }
                     let logical =
                         decompress_stored(compression, lsize as usize, &bytes).map_err(|e| {
@@ -368,6 +631,8 @@ impl Store {
                             }
                         })?;
                     self.write_in(&dataset, block * bs, &logical).await?;
+                    *progress = block + 1;
+                    since_checkpoint += bs;
                     summary.records += 1;
                     summary.data_blocks += 1;
                     summary.data_bytes += bytes.len() as u64;
@@ -375,7 +640,11 @@ impl Store {
                 Some(StreamRecord::Free { first, count }) => {
                     let end = first.checked_add(count).filter(|&end| end <= blocks);
                     let Some(end) = end else { return Err(bad(format!("free {first}+{count}"))) };
+                    if first < *progress {
+                        return Err(out_of_order(format!("free {first}+{count}"), *progress));
+                    }
                     self.zero_in(&dataset, first * bs, (end - first) * bs).await?;
+                    *progress = end;
                     summary.records += 1;
                     summary.free_records += 1;
                 }
@@ -402,6 +671,7 @@ impl Store {
         begin: &StreamBegin,
         incremental: bool,
     ) -> Result<(), StoreError> {
+        self.dataset(hidden)?.state.lock().entry.receive = None;
         let names = [(hidden.to_owned(), begin.name.clone())];
         self.create_snapshots_with(&names, begin.creation_secs, Some(begin.guid)).await?;
         if incremental {
@@ -414,5 +684,15 @@ impl Store {
         self.rename_volume(hidden, target).await?;
         self.sync().await?;
         Ok(())
+    }
+}
+
+/// The token that resumes a kept receive.
+fn token_of(state: &ReceiveState) -> ResumeToken {
+    ResumeToken {
+        to_guid: state.to_guid,
+        from_guid: state.from_guid,
+        next_block: state.next_block,
+        source: state.source.clone(),
     }
 }

@@ -60,7 +60,7 @@ mod zil;
 
 pub use audit::AuditReport;
 pub use dataset::{Dataset, VolumeProperty};
-pub use dmu_send::{StreamSummary, RECEIVE_PREFIX};
+pub use dmu_send::{ReceiveMode, StreamSummary, RECEIVE_PREFIX};
 use dmu_tx::TxgLimits;
 pub use dsl_scan::{ScanFunc, ScanPhase, ScanStatus};
 pub use dsl_snapshot::{SnapshotInfo, SnapshotSpace};
@@ -153,6 +153,18 @@ pub enum StoreError {
     #[error("pool {pool}: cannot receive into {volume}: {reason}")]
     ReceiveRefused { pool: String, volume: String, reason: String },
     #[error(
+        "pool {pool}: the receive into {volume} stopped at block {next_block}: {cause}. What \
+         arrived is kept; resume with `sluice send -t {token}` piped to `sluice recv -s \
+         {pool}/{volume}`, or drop it with `sluice recv -A {pool}/{volume}`"
+    )]
+    ReceiveInterrupted {
+        pool: String,
+        volume: String,
+        cause: String,
+        next_block: u64,
+        token: String,
+    },
+    #[error(
         "{pool}/{volume} is a snapshot, read-only: its blocks never change. To write, roll the \
          volume back to it or clone it"
     )]
@@ -210,7 +222,9 @@ impl StoreError {
             StoreError::SnapshotExists { .. } => ErrorKind::Exists,
             StoreError::SnapshotNeedsSpace { .. } => ErrorKind::NoSpace,
             StoreError::ReadOnly { .. } => ErrorKind::ReadOnly,
-            StoreError::Stream { .. } | StoreError::ReceiveRefused { .. } => ErrorKind::Invalid,
+            StoreError::Stream { .. }
+            | StoreError::ReceiveRefused { .. }
+            | StoreError::ReceiveInterrupted { .. } => ErrorKind::Invalid,
             StoreError::NoSpace { .. } | StoreError::NoSpaceToReserve { .. } => ErrorKind::NoSpace,
             StoreError::Suspended { .. } => ErrorKind::Suspended,
             StoreError::DamagedTxg { .. } | StoreError::NoIntactTxg { .. } => ErrorKind::Checksum,
