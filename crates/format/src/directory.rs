@@ -38,7 +38,8 @@
 //!                 dead list;
 //!               (V5) a receive that can be resumed into it (ZFS: the receive_resume_token's
 //!               fields): to_guid u64 (0: none), from_guid u64 (0: a full stream),
-//!               next_block u64 (blocks before it are received and synced), source_len u16,
+//!               next_block u64 (blocks before it are received and synced; u64::MAX: all
+//!               of them, and the volume is being put in its target's place), source_len u16,
 //!               source (UTF-8: the sender's POOL/VOL)
 //!      .      dedup table header (crate::ddt), 192 bytes: salt (32), bucket_bits u8,
 //!               levels u8, reserved 6, entries u64, references u64, allocated_bytes u64,

@@ -31,8 +31,10 @@
 //!     48    8 from_guid u64            the older snapshot of an incremental stream; 0: full
 //!     56    2 name_len u16
 //!     58    2 source_len u16
-//!     60    4 reserved (zero)
-//!     64    8 resume_block u64         a resumed stream holds no block before it; 0: whole
+//!     60    1 flags u8                 bit 0: resumed (from a token); the rest zero
+//!     61    3 reserved (zero)
+//!     64    8 resume_block u64         a resumed stream holds no block before it (0 if not
+//!                                      resumed)
 //!     72      name (UTF-8)             the snapshot's name
 //!      .      source (UTF-8)           the sender's POOL/VOL (a resume token names it)
 //! data payload: block u64, lsize u32, compression u8 (as a block pointer's), reserved 3,
@@ -71,8 +73,9 @@ pub struct StreamBegin {
     pub name: String,
     /// The sender's POOL/VOL.
     pub source: String,
-    /// A stream resumed from a token holds no block before this one (0: the whole stream).
-    pub resume_block: u64,
+    /// A stream resumed from a token holds no block before this one; `None`: the whole
+    /// stream.
+    pub resume_block: Option<u64>,
 }
 
 /// One record of a stream.
@@ -178,7 +181,8 @@ impl StreamRecord {
                 w.u64(48, begin.from_guid.unwrap_or(0));
                 w.u16(56, name_len as u16);
                 w.u16(58, source_len as u16);
-                w.u64(64, begin.resume_block);
+                w.u8(60, u8::from(begin.resume_block.is_some()));
+                w.u64(64, begin.resume_block.unwrap_or(0));
                 w.put(BEGIN_FIXED_BYTES, begin.name.as_bytes());
                 w.put(BEGIN_FIXED_BYTES + name_len, begin.source.as_bytes());
                 out
@@ -262,7 +266,18 @@ impl StreamRecord {
                     return Err(err(FormatError::UnsupportedVersion { what: WHAT, found: 0 }));
                 }
                 r.zeros(10, 2).map_err(err)?;
-                r.zeros(60, 4).map_err(err)?;
+                r.zeros(61, 3).map_err(err)?;
+                let resumed = match r.u8(60).map_err(err)? {
+                    0 => false,
+                    1 => true,
+                    value => {
+                        return Err(err(FormatError::Invalid {
+                            what: WHAT,
+                            field: "begin flags",
+                            value: u64::from(value),
+                        }))
+                    }
+                };
                 let name_len = usize::from(r.u16(56).map_err(err)?);
                 let source_len = usize::from(r.u16(58).map_err(err)?);
                 fixed(BEGIN_FIXED_BYTES + name_len + source_len)?;
@@ -284,7 +299,7 @@ impl StreamRecord {
                     from_guid: (from != 0).then_some(from),
                     name,
                     source,
-                    resume_block: r.u64(64).map_err(err)?,
+                    resume_block: if resumed { Some(r.u64(64).map_err(err)?) } else { None },
                 })
             }
             2 => {

@@ -20,7 +20,7 @@ fn records() -> Vec<StreamRecord> {
             from_guid: Some(0x99),
             name: "nightly".into(),
             source: "tank/db".into(),
-            resume_block: 12,
+            resume_block: Some(12),
         }),
         StreamRecord::Data {
             block: 3,

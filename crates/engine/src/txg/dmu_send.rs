@@ -53,7 +53,7 @@ impl Store {
         from: Option<&str>,
         emit: &mut (dyn FnMut(StreamRecord) -> Result<(), StreamError> + Send),
     ) -> Result<StreamSummary, StoreError> {
-        self.send_snapshot_from(volume, snapshot, from, 0, emit).await
+        self.send_snapshot_from(volume, snapshot, from, None, emit).await
     }
 
     /// Sends what an interrupted receive still needs (ZFS: `zfs send -t TOKEN`): the stream
@@ -102,16 +102,17 @@ impl Store {
             })?),
         };
         let (to, from) = (to.name.clone(), from.map(|f| f.name.clone()));
-        self.send_snapshot_from(&volume, &to, from.as_deref(), token.next_block, emit).await
+        self.send_snapshot_from(&volume, &to, from.as_deref(), Some(token.next_block), emit).await
     }
 
-    /// [`Store::send_snapshot`], leaving out every block before `resume_block`.
+    /// [`Store::send_snapshot`]; a resumed stream leaves out every block before
+    /// `resume_block`.
     async fn send_snapshot_from(
         &self,
         volume: &str,
         snapshot: &str,
         from: Option<&str>,
-        resume_block: u64,
+        resume_block: Option<u64>,
         emit: &mut (dyn FnMut(StreamRecord) -> Result<(), StreamError> + Send),
     ) -> Result<StreamSummary, StoreError> {
         self.check_live()?;
@@ -159,6 +160,7 @@ impl Store {
         let blocks = to.size_bytes / u64::from(entry.block_bytes);
         let mut out =
             Emitter { emit, summary: &mut summary, pending_free: None, blocks, resume_block };
+        let resume_block = resume_block.unwrap_or(0);
         match to.root {
             None if older.is_some() => out.free(0, blocks).map_err(stream_error)?,
             None => {}
@@ -243,13 +245,13 @@ struct Emitter<'a> {
     /// The snapshot's blocks: nothing past them is sent.
     blocks: u64,
     /// Nothing before it is sent (a resumed stream).
-    resume_block: u64,
+    resume_block: Option<u64>,
 }
 
 impl Emitter<'_> {
     fn free(&mut self, first: u64, count: u64) -> Result<(), StreamError> {
         let end = first.saturating_add(count).min(self.blocks);
-        let first = first.max(self.resume_block);
+        let first = first.max(self.resume_block.unwrap_or(0));
         let count = end.saturating_sub(first);
         if count == 0 {
             return Ok(());
@@ -321,6 +323,11 @@ pub enum ReceiveMode {
 /// loses at most this much of the stream, and the syncs cost little beside it.
 const CHECKPOINT_BYTES: u64 = 256 << 20;
 
+/// A receive state's `next_block` once the stream is whole and checked: the hidden volume is
+/// being put in the target's place, which takes more than one txg (snapshot, promote,
+/// destroy and rename); a crash part way is rolled forward at import.
+const RECEIVE_COMPLETE: u64 = u64::MAX;
+
 impl Store {
     /// Receives a stream into volume `target` (ZFS: `zfs receive`): a full stream makes a new
     /// volume; an incremental one applies to the volume whose newest snapshot is the stream's
@@ -350,6 +357,9 @@ impl Store {
             refuse(format!("the stream's snapshot name {:?} is invalid", begin.name))
         })?;
         let hidden = format!("{RECEIVE_PREFIX}{target}");
+        // A receive that ended whole but was not yet in place is finished; what a crash left
+        // of one that was all or nothing goes.
+        self.settle_receive(target).await?;
         let partial = self.dataset(&hidden).ok().map(|d| d.state.lock().entry.receive.clone());
         if begin.from_guid.is_some() {
             // So the target's figures count every write it acknowledged: one since its newest
@@ -358,13 +368,13 @@ impl Store {
         }
         let existing = self.dataset(target).ok().map(|d| d.state.lock().entry.clone());
         let incremental = existing.is_some() && begin.from_guid.is_some();
-        if begin.resume_block > 0 {
+        if let Some(resume_block) = begin.resume_block {
             // A resumed stream continues exactly where the interruption left the volume.
             let Some(Some(state)) = &partial else {
                 return Err(refuse(format!(
                     "the stream resumes an interrupted receive from block {}, and none into \
                      {target} is kept; send the whole stream again",
-                    begin.resume_block
+                    resume_block
                 )));
             };
             if state.to_guid != begin.guid || state.from_guid != begin.from_guid {
@@ -377,26 +387,21 @@ impl Store {
             if begin.from_guid.is_some() {
                 self.check_unchanged(target, &begin)?;
             }
-            if state.next_block != begin.resume_block {
+            if state.next_block != resume_block {
                 return Err(refuse(format!(
                     "the stream resumes at block {}, and the receive kept stopped at block {}; \
                      send with the token `sluice vol list` shows now",
-                    begin.resume_block, state.next_block
+                    resume_block, state.next_block
                 )));
             }
         } else {
-            match &partial {
-                Some(Some(_)) => {
-                    return Err(refuse(format!(
-                        "an interrupted receive into it is kept; resume it (`sluice send -t \
-                         TOKEN`, the token `sluice vol list` shows) or drop it with `sluice \
-                         recv -A {}/{target}`",
-                        self.pool.name()
-                    )))
-                }
-                // What an interrupted whole receive left goes first.
-                Some(None) => self.destroy_volume_with(&hidden, true).await?,
-                None => {}
+            if let Some(Some(_)) = &partial {
+                return Err(refuse(format!(
+                    "an interrupted receive into it is kept; resume it (`sluice send -t TOKEN`, \
+                     the token `sluice vol list` shows) or drop it with `sluice recv -A \
+                     {}/{target}`",
+                    self.pool.name()
+                )));
             }
             self.receive_target(target, &hidden, &begin, existing.as_ref()).await?;
             if mode == ReceiveMode::Resumable {
@@ -410,8 +415,8 @@ impl Store {
             }
         }
         // A resumed receive stays resumable.
-        let resumable = mode == ReceiveMode::Resumable || begin.resume_block > 0;
-        let mut progress = begin.resume_block;
+        let resumable = mode == ReceiveMode::Resumable || begin.resume_block.is_some();
+        let mut progress = begin.resume_block.unwrap_or(0);
         let mut applied = self.apply_stream(&hidden, &begin, resumable, &mut progress, next).await;
         if applied.is_ok() && incremental {
             // The clone takes the target's place: a write the target took meanwhile would be
@@ -424,7 +429,7 @@ impl Store {
         match applied {
             Ok(mut summary) => {
                 summary.records += 1;
-                self.finish_receive(target, &hidden, &begin, incremental).await?;
+                self.finish_receive(target, &hidden, &begin).await?;
                 Ok(summary)
             }
             Err(error) if resumable && self.dataset(&hidden).is_ok() => {
@@ -556,7 +561,8 @@ impl Store {
             .into_iter()
             .filter_map(|v| {
                 let target = v.name.strip_prefix(RECEIVE_PREFIX)?.to_owned();
-                Some((target, token_of(v.receive.as_ref()?)))
+                let state = v.receive.as_ref().filter(|r| r.next_block != RECEIVE_COMPLETE)?;
+                Some((target, token_of(state)))
             })
             .collect()
     }
@@ -663,27 +669,92 @@ impl Store {
     }
 
     /// Snapshots the complete hidden volume as the sender's snapshot and puts it in the
-    /// target's place.
+    /// target's place. The mark that it is complete goes out with the snapshot, so from then
+    /// on a crash is rolled forward (`Store::settle_receives`), never back.
     async fn finish_receive(
         &self,
         target: &str,
         hidden: &str,
         begin: &StreamBegin,
-        incremental: bool,
     ) -> Result<(), StoreError> {
-        self.dataset(hidden)?.state.lock().entry.receive = None;
+        self.dataset(hidden)?.state.lock().entry.receive = Some(ReceiveState {
+            to_guid: begin.guid,
+            from_guid: begin.from_guid,
+            next_block: RECEIVE_COMPLETE,
+            source: begin.source.clone(),
+        });
         let names = [(hidden.to_owned(), begin.name.clone())];
         self.create_snapshots_with(&names, begin.creation_secs, Some(begin.guid)).await?;
-        if incremental {
-            // The clone takes the target's snapshots; the old target, now a clone of its
-            // newest one with nothing of its own, goes, and the clone takes its name in the
-            // same txg.
-            self.promote_volume(hidden).await?;
+        self.put_in_place(target, hidden).await
+    }
+
+    /// The steps after the snapshot, each done only if not done yet, so a crash between them
+    /// is finished by running them again: an incremental stream's clone is promoted over the
+    /// target; the old target, then a clone of the received volume's older snapshot with
+    /// nothing of its own, is destroyed; the received volume takes the target's name.
+    async fn put_in_place(&self, target: &str, hidden: &str) -> Result<(), StoreError> {
+        let entry = self.dataset(hidden)?.state.lock().entry.clone();
+        if let Some(origin) = entry.origin {
+            let parent_is_target = self.dataset(target).is_ok_and(|d| {
+                d.state.lock().entry.snapshots.iter().any(|s| s.id == origin.snapshot)
+            });
+            if parent_is_target {
+                self.promote_volume(hidden).await?;
+            }
+        }
+        if let Ok(old) = self.dataset(target) {
+            let old = old.state.lock().entry.clone();
+            let received = self.dataset(hidden)?.state.lock().entry.snapshots.clone();
+            let replaced = old.snapshots.is_empty()
+                && old.origin.is_some_and(|o| received.iter().any(|s| s.id == o.snapshot));
+            if !replaced {
+                return Err(StoreError::ReceiveRefused {
+                    pool: self.pool.name().to_owned(),
+                    volume: target.to_owned(),
+                    reason: "the stream is received, and a volume of that name was made \
+                             meanwhile: rename that volume; the received one takes the name \
+                             at the next receive or import"
+                        .to_owned(),
+                });
+            }
             self.destroy_volume_with(target, false).await?;
         }
+        self.dataset(hidden)?.state.lock().entry.receive = None;
         self.rename_volume(hidden, target).await?;
         self.sync().await?;
         Ok(())
+    }
+
+    /// Settles what receives left at a crash (run at import): a complete one is put in place;
+    /// one that was all or nothing (not `recv -s`) goes. Resumable ones wait for their token.
+    pub(super) async fn settle_receives(&self) -> Result<(), StoreError> {
+        let targets: Vec<String> = self
+            .all_volumes()
+            .into_iter()
+            .filter_map(|v| v.name.strip_prefix(RECEIVE_PREFIX).map(str::to_owned))
+            .collect();
+        for target in targets {
+            self.settle_receive(&target).await?;
+        }
+        Ok(())
+    }
+
+    /// [`Store::settle_receives`] for the receive into `target`.
+    async fn settle_receive(&self, target: &str) -> Result<(), StoreError> {
+        let hidden = format!("{RECEIVE_PREFIX}{target}");
+        let Ok(dataset) = self.dataset(&hidden) else { return Ok(()) };
+        let state = dataset.state.lock().entry.receive.clone();
+        match state {
+            None => {
+                self.destroy_volume_with(&hidden, true).await?;
+                self.sync().await?;
+                Ok(())
+            }
+            Some(state) if state.next_block == RECEIVE_COMPLETE => {
+                self.put_in_place(target, &hidden).await
+            }
+            Some(_) => Ok(()),
+        }
     }
 }
 

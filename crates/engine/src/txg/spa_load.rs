@@ -191,6 +191,7 @@ impl Store {
             store.restore_scan(scan);
         }
         store.replay(chains).await?;
+        store.settle_receives().await?;
         Ok((store, report))
     }
 }
