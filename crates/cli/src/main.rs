@@ -77,6 +77,8 @@ enum Command {
         /// connection lives on one of them. 0 means one per CPU the process may run on.
         #[arg(long, default_value_t = 0)]
         cores: usize,
+        #[command(flatten)]
+        tls: serve::TlsArgs,
     },
     /// Create, import, inspect and check pools.
     Pool {
@@ -747,6 +749,7 @@ fn run(
             settings,
             metrics,
             cores,
+            tls,
         } => {
             let pairs = parse_settings(&settings)?;
             let tunables = Tunables::with(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())))?;
@@ -762,6 +765,7 @@ fn run(
                 tunables,
                 inherited: inherited.context("taking the sockets passed by socket activation")?,
                 metrics,
+                tls,
             };
             let cores = match cores {
                 0 => std::thread::available_parallelism().map_or(1, usize::from),

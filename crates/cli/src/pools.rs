@@ -69,6 +69,15 @@ impl std::ops::Deref for Held {
 }
 
 impl Held {
+    /// Starts the background syncer of a pool opened for a command that writes much (a
+    /// receive): without it, dirty data waits at the write throttle for syncs nothing starts.
+    /// A served pool's runs already.
+    fn run_syncer(&self) {
+        if let Held::Local(store) = self {
+            store.run_syncer();
+        }
+    }
+
     /// Ends the command: a pool opened for it finishes its scrub or resilver, and is synced
     /// and exported; a live one is synced.
     async fn release(self) -> anyhow::Result<()> {
@@ -1439,6 +1448,7 @@ pub async fn send(ctx: &mut Ctx<'_>, what: &SendWhat) -> anyhow::Result<()> {
 pub async fn recv(ctx: &mut Ctx<'_>, spec: &str, resumable: bool) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
     let store = ctx.hold(pool).await?;
+    store.run_syncer();
     let mut reader = sluice_format::StreamReader::new(std::io::BufReader::with_capacity(
         1 << 20,
         std::io::stdin(),

@@ -5,7 +5,9 @@
 //! an export, including volumes created while serving; the export named "" is `vol0` if it
 //! exists, else the first volume. On a signal the server stops accepting, answers what it
 //! has read, syncs and exports the pool. With `--metrics ADDR` it also answers Prometheus
-//! scrapes (crate::metrics) until then.
+//! scrapes (crate::metrics) until then. `--tls` and its credentials (docs/tls.md) are read and
+//! checked before the pool is touched, and so is the rule that a TCP listener on an address
+//! other than loopback needs `--tls` said explicitly.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::Store;
 use sluice_engine::volume::Volume;
 use sluice_nbd::listen::{self, Listener};
+use sluice_nbd::tls::{AllowList, TlsServer, TlsSettings};
 use sluice_nbd::Exports;
 
 use crate::pools;
@@ -37,6 +40,102 @@ pub struct ServeOptions {
     pub inherited: listen::Inherited,
     /// Where to answer `GET /metrics`, if anywhere.
     pub metrics: Option<String>,
+    /// TLS for NBD clients.
+    pub tls: TlsArgs,
+}
+
+/// `--tls`: whether NBD clients may, must or cannot use TLS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TlsChoice {
+    /// No TLS: STARTTLS is refused, every client talks in plain text.
+    Off,
+    /// TLS for clients that ask (STARTTLS); plain-text clients are served too.
+    On,
+    /// TLS or nothing: every option but STARTTLS is refused until TLS is up.
+    Require,
+}
+
+/// The TLS flags of `sluice serve` (docs/tls.md).
+#[derive(Clone, Debug, clap::Args)]
+#[command(next_help_heading = "TLS (docs/tls.md)")]
+pub struct TlsArgs {
+    /// TLS for NBD clients (STARTTLS), on every listener including the Unix socket. Default:
+    /// off, but a TCP listener on an address other than loopback needs --tls given
+    /// explicitly. `on` and `require` need --tls-certificates and/or --tls-psk.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub tls: Option<TlsChoice>,
+    /// x509 credentials: DIR/server-cert.pem (the server's certificate, intermediates after
+    /// it), DIR/server-key.pem (its unencrypted key), and optionally DIR/ca-cert.pem (client
+    /// certificates are asked for, and checked against it, only when it exists) and
+    /// DIR/ca-crl.pem (revoked client certificates): the layout of qemu's tls-creds-x509 dir
+    /// and nbdkit's --tls-certificates.
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Refuse x509 clients without a certificate signed by DIR/ca-cert.pem (PSK clients are
+    /// proven by their key and need none).
+    #[arg(long)]
+    pub tls_verify_peer: bool,
+    /// Pre-shared keys: one IDENTITY:HEXKEY per line, as `psktool -u IDENTITY -p FILE` writes
+    /// them (the keys.psk of qemu's tls-creds-psk, nbdkit's --tls-psk). With
+    /// --tls-certificates too, clients may use either.
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+    /// Open volume EXPORT (and its snapshots) only to clients whose PSK identity or verified
+    /// certificate common name is listed; others are refused it (NBD_REP_ERR_POLICY) and do
+    /// not see it in LIST. Repeatable; volumes without an entry stay open to every TLS
+    /// client. Needs --tls require.
+    #[arg(long, value_name = "EXPORT=NAME[,NAME...]")]
+    pub tls_allow: Vec<String>,
+}
+
+impl TlsArgs {
+    /// The server's TLS, read and checked: `None` when off.
+    fn server(&self) -> anyhow::Result<Option<Arc<TlsServer>>> {
+        let credentials = self.tls_certificates.is_some() || self.tls_psk.is_some();
+        let mode = match self.tls {
+            Some(mode) => mode,
+            None if credentials => anyhow::bail!(
+                "TLS credentials were given without --tls: pass --tls require (TLS or nothing) \
+                 or --tls on (TLS for clients that ask)"
+            ),
+            None if !self.tls_allow.is_empty() || self.tls_verify_peer => {
+                anyhow::bail!(
+                    "--tls-allow needs --tls require, and --tls-verify-peer --tls on or \
+                     require, each with credentials (--tls-certificates, --tls-psk)"
+                )
+            }
+            None => return Ok(None),
+        };
+        if mode == TlsChoice::Off {
+            anyhow::ensure!(
+                !credentials && !self.tls_verify_peer && self.tls_allow.is_empty(),
+                "--tls off with TLS credentials or policy (--tls-certificates, --tls-psk, \
+                 --tls-verify-peer, --tls-allow): drop them, or pass --tls on|require"
+            );
+            return Ok(None);
+        }
+        let settings = TlsSettings {
+            require: mode == TlsChoice::Require,
+            certificates: self.tls_certificates.clone(),
+            verify_peer: self.tls_verify_peer,
+            psk: self.tls_psk.clone(),
+            allow: AllowList::parse(&self.tls_allow)?,
+        };
+        Ok(Some(Arc::new(TlsServer::new(&settings)?)))
+    }
+}
+
+/// Refuses a TCP listener on an address other than loopback unless `--tls` was given: there,
+/// anyone who can reach the address would read and write the volumes.
+fn check_exposure(tls: &TlsArgs, address: std::net::SocketAddr, named: &str) -> anyhow::Result<()> {
+    if tls.tls.is_some() || address.ip().is_loopback() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{named} ({address}) is not a loopback address: anyone who reaches it could read and \
+         write the volumes in plain text. Pass --tls require with --tls-certificates DIR \
+         and/or --tls-psk FILE, or --tls off to serve without TLS anyway"
+    )
 }
 
 /// The pool name used for `./sluice-data`.
@@ -107,9 +206,33 @@ async fn default_store(env: &Env, options: &ServeOptions) -> anyhow::Result<Stor
 /// Serves until a signal; connections are spread over `placement`'s cores.
 pub async fn serve(
     env: &Env,
-    options: ServeOptions,
+    mut options: ServeOptions,
     placement: listen::Placement,
 ) -> anyhow::Result<()> {
+    // Credentials and listeners are checked before the pool is opened: a mistake there must
+    // not leave a pool imported by a server that never served.
+    let tls = options.tls.server()?;
+    let inherited = if options.stdio {
+        Vec::new()
+    } else {
+        std::mem::take(&mut options.inherited)
+            .into_listeners()
+            .context("adopting inherited sockets (LISTEN_FDS)")?
+    };
+    for listener in &inherited {
+        if let Listener::Tcp(tcp) = listener {
+            check_exposure(&options.tls, tcp.local_addr()?, "an inherited socket")?;
+        }
+    }
+    let tcp_address = options.listen.clone().unwrap_or_else(|| String::from("127.0.0.1:10809"));
+    if !options.stdio && inherited.is_empty() && tcp_address != "none" {
+        let resolved = tokio::net::lookup_host(&tcp_address)
+            .await
+            .with_context(|| format!("resolving --listen {tcp_address}"))?;
+        for address in resolved {
+            check_exposure(&options.tls, address, &format!("--listen {tcp_address}"))?;
+        }
+    }
     let store = match &options.pool {
         Some(name) => pools::open_store(env, name, &options.tunables).await?,
         None => default_store(env, &options).await?,
@@ -124,7 +247,7 @@ pub async fn serve(
     let exports: Arc<dyn Exports> = Arc::new(StoreExports { store: Arc::clone(&store) });
     if options.stdio {
         // One client on stdin/stdout; stdout carries the protocol, so nothing else is printed.
-        let result = listen::serve_stdio(exports).await;
+        let result = listen::serve_stdio(exports, tls).await;
         control.abort();
         if let Some((_, task)) = metrics {
             task.abort();
@@ -133,8 +256,7 @@ pub async fn serve(
         finish(store).await?;
         return result.map_err(Into::into);
     }
-    let mut listeners =
-        options.inherited.into_listeners().context("adopting inherited sockets (LISTEN_FDS)")?;
+    let mut listeners = inherited;
     let mut addresses = Vec::new();
     if listeners.is_empty() {
         let socket = match options.socket.clone() {
@@ -154,7 +276,6 @@ pub async fn serve(
             .with_context(|| format!("listening on {}", socket.display()))?;
         listeners.push(Listener::Unix(unix));
         addresses.push(format!("unix:{}", socket.display()));
-        let tcp_address = options.listen.clone().unwrap_or_else(|| String::from("127.0.0.1:10809"));
         if tcp_address != "none" {
             let tcp = tokio::net::TcpListener::bind(&tcp_address).await.with_context(|| {
                 format!("listening on {tcp_address} (use --listen ADDR, or --listen none)")
@@ -163,12 +284,16 @@ pub async fn serve(
             listeners.push(Listener::Tcp(tcp));
         }
         let tcp = addresses.iter().find_map(|a| a.strip_prefix("tcp:")).map(str::to_owned);
-        print_help(&store, &socket, tcp.as_deref());
+        print_help(&store, &socket, tcp.as_deref(), tls.as_deref());
     } else {
         addresses.push(format!("{} inherited socket(s)", listeners.len()));
     }
     if let Some((address, _)) = &metrics {
         addresses.push(format!("metrics http://{address}/metrics"));
+    }
+    match &tls {
+        Some(tls) => eprintln!("sluice: {}", tls.summary()),
+        None => eprintln!("sluice: TLS off (plain text)"),
     }
     eprintln!("sluice: serving pool {} on {}", store.pool().name(), addresses.join(", "));
     let (stop, shutdown) = tokio::sync::watch::channel(false);
@@ -186,7 +311,7 @@ pub async fn serve(
         eprintln!("sluice: stopping: finishing requests in flight, then syncing");
         let _ = stop.send(true);
     });
-    listen::serve(listeners, exports, shutdown, placement).await;
+    listen::serve(listeners, exports, shutdown, placement, tls).await;
     signals.abort();
     control.abort();
     let _ = control.await;
@@ -230,7 +355,7 @@ async fn finish(store: Arc<Store>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_help(store: &Store, socket: &Path, tcp: Option<&str>) {
+fn print_help(store: &Store, socket: &Path, tcp: Option<&str>, tls: Option<&TlsServer>) {
     let volume = store
         .volumes()
         .into_iter()
@@ -239,6 +364,17 @@ fn print_help(store: &Store, socket: &Path, tcp: Option<&str>) {
         .or_else(|| store.volumes().first().map(|v| v.name.clone()))
         .unwrap_or_else(|| String::from("VOLUME"));
     let socket = socket.display();
+    if tls.is_some_and(TlsServer::required) {
+        // Every client needs credentials: the plain URIs below would be refused.
+        let tcp = tcp.unwrap_or("HOST:PORT");
+        eprintln!(
+            "\nConnect with TLS (docs/tls.md), for example:\n  \
+             nbdinfo 'nbds://IDENTITY@{tcp}/{volume}?tls-psk-file=KEYS.psk'\n  \
+             nbdinfo 'nbds://{tcp}/{volume}?tls-certificates=CLIENT-DIR'\n\
+             Stop with Ctrl-C (the pool is synced and exported).\n"
+        );
+        return;
+    }
     let unix = format!("nbd+unix:///{volume}?socket={socket}");
     // fio and qemu-img take either URI; TCP is shown when the server listens on it.
     let uri = tcp.map_or_else(|| unix.clone(), |tcp| format!("nbd://{tcp}/{volume}"));

@@ -4,11 +4,13 @@
 //! one connection (handshake, then transmission with out-of-order replies), and [`listen`]
 //! the ways a server is reached: Unix sockets, TCP, an inherited listening socket (systemd's
 //! `LISTEN_FDS`), or NBD on stdin/stdout for one client (libnbd's `nbd_connect_command`).
+//! [`tls`] is STARTTLS's other half: credentials (x509, pre-shared keys) and the handshake.
 //! Written here rather than taken from a crate: the Rust NBD crates lack structured replies or
 //! are GPL, and the durability semantics of FUA and FLUSH are ours.
 
 pub mod listen;
 pub mod proto;
 pub mod server;
+pub mod tls;
 
-pub use server::{serve_connection, ConnectionError, Exports};
+pub use server::{serve_connection, serve_connection_tls, ConnectionError, Exports};

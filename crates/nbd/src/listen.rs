@@ -16,7 +16,8 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::server::{serve_connection, Exports};
+use crate::server::{serve_connection_tls, Exports};
+use crate::tls::TlsServer;
 
 /// A listening socket of either family.
 #[derive(Debug)]
@@ -173,17 +174,19 @@ impl Placement {
 }
 
 /// Accepts connections on every listener until `shutdown` turns true, then waits for the open
-/// connections to finish their requests.
+/// connections to finish their requests. `tls` applies to every listener alike.
 pub async fn serve(
     listeners: Vec<Listener>,
     exports: Arc<dyn Exports>,
     shutdown: watch::Receiver<bool>,
     placement: Placement,
+    tls: Option<Arc<TlsServer>>,
 ) {
     let mut acceptors = JoinSet::new();
     for listener in listeners {
         let (exports, shutdown) = (Arc::clone(&exports), shutdown.clone());
-        acceptors.spawn(accept_loop(listener, exports, shutdown, placement.clone()));
+        let tls = tls.clone();
+        acceptors.spawn(accept_loop(listener, exports, shutdown, placement.clone(), tls));
     }
     while acceptors.join_next().await.is_some() {}
 }
@@ -193,6 +196,7 @@ async fn accept_loop(
     exports: Arc<dyn Exports>,
     mut shutdown: watch::Receiver<bool>,
     placement: Placement,
+    tls: Option<Arc<TlsServer>>,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -200,18 +204,21 @@ async fn accept_loop(
             _ = shutdown.wait_for(|stop| *stop) => break,
             accepted = accept(&listener) => accepted,
         };
-        let (exports, shutdown) = (Arc::clone(&exports), shutdown.clone());
+        let (exports, shutdown, tls) = (Arc::clone(&exports), shutdown.clone(), tls.clone());
         let core = placement.next();
         // A connection placed on another core is handed over as a plain socket and registered
         // with that core's reactor there, so all its I/O happens on that core.
         let placed = match (accepted, core) {
-            (Ok(Stream::Unix(stream)), None) => Ok(connections
-                .spawn(async move { report(serve_connection(stream, exports, shutdown).await) })),
+            (Ok(Stream::Unix(stream)), None) => Ok(connections.spawn(async move {
+                report(serve_connection_tls(stream, exports, shutdown, tls).await)
+            })),
             (Ok(Stream::Unix(stream)), Some(core)) => stream.into_std().map(|stream| {
                 connections.spawn_on(
                     async move {
                         match tokio::net::UnixStream::from_std(stream) {
-                            Ok(stream) => report(serve_connection(stream, exports, shutdown).await),
+                            Ok(stream) => {
+                                report(serve_connection_tls(stream, exports, shutdown, tls).await)
+                            }
                             Err(e) => report(Err(e.into())),
                         }
                     },
@@ -223,15 +230,15 @@ async fn accept_loop(
                 let _ = stream.set_nodelay(true);
                 match core {
                     None => Ok(connections.spawn(async move {
-                        report(serve_connection(stream, exports, shutdown).await)
+                        report(serve_connection_tls(stream, exports, shutdown, tls).await)
                     })),
                     Some(core) => stream.into_std().map(|stream| {
                         connections.spawn_on(
                             async move {
                                 match tokio::net::TcpStream::from_std(stream) {
-                                    Ok(stream) => {
-                                        report(serve_connection(stream, exports, shutdown).await)
-                                    }
+                                    Ok(stream) => report(
+                                        serve_connection_tls(stream, exports, shutdown, tls).await,
+                                    ),
                                     Err(e) => report(Err(e.into())),
                                 }
                             },
@@ -271,8 +278,11 @@ fn report(result: Result<(), crate::ConnectionError>) {
 }
 
 /// Serves one client on stdin/stdout (libnbd's `nbd_connect_command`), until it leaves.
-pub async fn serve_stdio(exports: Arc<dyn Exports>) -> Result<(), crate::ConnectionError> {
+pub async fn serve_stdio(
+    exports: Arc<dyn Exports>,
+    tls: Option<Arc<TlsServer>>,
+) -> Result<(), crate::ConnectionError> {
     let stream = tokio::io::join(tokio::io::stdin(), tokio::io::stdout());
     let (_keep, shutdown) = watch::channel(false);
-    serve_connection(stream, exports, shutdown).await
+    serve_connection_tls(stream, exports, shutdown, tls).await
 }

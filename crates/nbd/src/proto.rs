@@ -41,6 +41,8 @@ const REP_ERROR: u32 = 1 << 31;
 pub const REP_ERR_UNSUP: u32 = REP_ERROR | 1;
 pub const REP_ERR_POLICY: u32 = REP_ERROR | 2;
 pub const REP_ERR_INVALID: u32 = REP_ERROR | 3;
+/// Refused until the client starts TLS (`--tls require`).
+pub const REP_ERR_TLS_REQD: u32 = REP_ERROR | 5;
 pub const REP_ERR_UNKNOWN: u32 = REP_ERROR | 6;
 pub const REP_ERR_TOO_BIG: u32 = REP_ERROR | 9;
 

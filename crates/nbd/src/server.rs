@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, B
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::proto::{self, Limits, Request};
+use crate::tls::{HandshakeError, Peer, TlsServer};
 
 /// What a server offers: the volumes it serves by name.
 pub trait Exports: Send + Sync + 'static {
@@ -40,6 +41,10 @@ pub enum ConnectionError {
     Io(#[from] std::io::Error),
     #[error("client broke the protocol: {0}")]
     Protocol(String),
+    #[error(transparent)]
+    Tls(#[from] HandshakeError),
+    #[error("refused: {0}")]
+    Refused(String),
 }
 
 /// Bytes one receive may take from a connection's socket.
@@ -56,12 +61,68 @@ struct Session {
     meta_context: bool,
 }
 
+/// How one round of option haggling ended.
+enum Negotiated {
+    /// The client chose an export: transmission follows.
+    Session(Session),
+    /// The client asked for TLS and was told yes: the handshake follows, then haggling again.
+    StartTls,
+    /// The client ended it (ABORT, or an EXPORT_NAME that cannot be served).
+    Ended,
+}
+
+/// What haggling needs to know about the connection.
+struct Link<'a> {
+    /// The server's TLS, if it offers any.
+    tls: Option<&'a TlsServer>,
+    /// Who the client proved to be, once TLS is up; `None` in plain text.
+    peer: Option<Peer>,
+    /// The client asked for no zero padding after EXPORT_NAME's reply.
+    no_zeroes: bool,
+}
+
+impl Link<'_> {
+    /// TLS is required and not up yet: every option but STARTTLS and ABORT is refused.
+    fn tls_required(&self) -> bool {
+        self.peer.is_none() && self.tls.is_some_and(TlsServer::required)
+    }
+
+    /// Whether this client may open `export` (the allow-list; see [`TlsServer::admits`]).
+    fn admits(&self, export: &str) -> Result<(), String> {
+        match (self.tls, &self.peer) {
+            (Some(tls), Some(peer)) => tls.admits(export, peer),
+            // A plain-text client: an allow-list exists only with TLS required, and then no
+            // option gets this far without TLS.
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Serves one connection until the client leaves, breaks the protocol, or `shutdown` turns
-/// true (then requests already read finish and are answered first).
+/// true (then requests already read finish and are answered first). No TLS: a client's
+/// STARTTLS is refused.
 pub async fn serve_connection<S>(
     stream: S,
     exports: Arc<dyn Exports>,
     shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    serve_connection_tls(stream, exports, shutdown, None).await
+}
+
+/// [`serve_connection`] with TLS as `tls` says: offered or required, with its credentials.
+///
+/// After STARTTLS the same haggling and transmission code runs again over the TLS stream
+/// (generic over the stream, so the plain path has no indirection per request). Nothing
+/// settled before TLS carries over: options a man in the middle could have sent in plain
+/// text (structured replies, meta contexts) must be asked for again inside TLS.
+pub async fn serve_connection_tls<S>(
+    stream: S,
+    exports: Arc<dyn Exports>,
+    shutdown: watch::Receiver<bool>,
+    tls: Option<Arc<TlsServer>>,
 ) -> Result<(), ConnectionError>
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
@@ -71,10 +132,68 @@ where
     // (and any requests behind them) instead of one call each.
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
     let mut writer = BufWriter::new(writer);
-    let Some(session) = negotiate(&mut reader, &mut writer, exports.as_ref()).await? else {
+    // Haggling, TLS handshake included, has a deadline and ends at shutdown: a client that
+    // never finishes it would otherwise hold its connection, and a clean stop, for ever.
+    let deadline = tokio::time::Instant::now() + HAGGLING_LIMIT;
+    let mut stop = shutdown.clone();
+    let Some(no_zeroes) = haggling(greet(&mut reader, &mut writer), deadline, &mut stop).await?
+    else {
         return Ok(());
     };
-    transmission(reader, writer, session, shutdown).await
+    let plain = Link { tls: tls.as_deref(), peer: None, no_zeroes };
+    let negotiated = negotiate(&mut reader, &mut writer, exports.as_ref(), &plain);
+    match haggling(negotiated, deadline, &mut stop).await? {
+        Some(Negotiated::Session(session)) => {
+            return transmission(reader, writer, session, shutdown).await
+        }
+        Some(Negotiated::Ended) | None => return Ok(()),
+        Some(Negotiated::StartTls) => {}
+    }
+    // `negotiate` acknowledges STARTTLS only when the server has TLS.
+    let Some(tls) = tls else { return Err(protocol("STARTTLS without TLS configured")) };
+    // The client must wait for the reply before its handshake: anything read past the option
+    // was sent in plain text where TLS was asked for (an injection, or a broken client).
+    if !reader.buffer().is_empty() {
+        return Err(protocol("data after NBD_OPT_STARTTLS, before the server's reply"));
+    }
+    let stream = reader.into_inner().unsplit(writer.into_inner());
+    let accepted = async { tls.accept(stream).await.map_err(ConnectionError::from) };
+    let Some((stream, peer)) = haggling(accepted, deadline, &mut stop).await? else {
+        return Ok(());
+    };
+    let (reader, writer) = tokio::io::split(stream);
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
+    let mut writer = BufWriter::new(writer);
+    // The greeting is not sent again: haggling goes on inside TLS.
+    let secured = Link { tls: Some(&tls), peer: Some(peer), no_zeroes };
+    let negotiated = negotiate(&mut reader, &mut writer, exports.as_ref(), &secured);
+    match haggling(negotiated, deadline, &mut stop).await? {
+        Some(Negotiated::Session(session)) => transmission(reader, writer, session, shutdown).await,
+        Some(Negotiated::Ended) | None => Ok(()),
+        Some(Negotiated::StartTls) => Err(protocol("STARTTLS inside TLS")),
+    }
+}
+
+/// How long a client has from connecting to choosing an export (qemu-nbd's default
+/// `--handshake-limit`): greeting, options and any TLS handshake.
+const HAGGLING_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs a step of haggling until `deadline`; `None` if the server is stopping.
+async fn haggling<T>(
+    step: impl std::future::Future<Output = Result<T, ConnectionError>>,
+    deadline: tokio::time::Instant,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<Option<T>, ConnectionError> {
+    tokio::select! {
+        done = tokio::time::timeout_at(deadline, step) => match done {
+            Ok(result) => result.map(Some),
+            Err(_) => Err(protocol(format!(
+                "option haggling took longer than {} s: the connection is closed",
+                HAGGLING_LIMIT.as_secs()
+            ))),
+        },
+        _ = stop.wait_for(|stop| *stop) => Ok(None),
+    }
 }
 
 async fn send<W: AsyncWrite + Unpin>(writer: &mut W, bytes: &[u8]) -> std::io::Result<()> {
@@ -97,12 +216,9 @@ fn protocol(message: impl Into<String>) -> ConnectionError {
     ConnectionError::Protocol(message.into())
 }
 
-/// The handshake; `None` when the client ended it (ABORT, or an unknown EXPORT_NAME).
-async fn negotiate<R, W>(
-    reader: &mut R,
-    writer: &mut W,
-    exports: &dyn Exports,
-) -> Result<Option<Session>, ConnectionError>
+/// The server's greeting and the client's flags; returns whether the client wants no zero
+/// padding after EXPORT_NAME's reply.
+async fn greet<R, W>(reader: &mut R, writer: &mut W) -> Result<bool, ConnectionError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -116,7 +232,20 @@ where
     if client_flags & !(proto::CLIENT_FIXED_NEWSTYLE | proto::CLIENT_NO_ZEROES) != 0 {
         return Err(protocol(format!("unknown client flags {client_flags:#x}")));
     }
-    let no_zeroes = client_flags & proto::CLIENT_NO_ZEROES != 0;
+    Ok(client_flags & proto::CLIENT_NO_ZEROES != 0)
+}
+
+/// Option haggling, until the client chooses an export, asks for TLS, or ends it.
+async fn negotiate<R, W>(
+    reader: &mut R,
+    writer: &mut W,
+    exports: &dyn Exports,
+    link: &Link<'_>,
+) -> Result<Negotiated, ConnectionError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let mut structured = false;
     let mut meta_context = false;
     for _ in 0..proto::OPTIONS_MAX {
@@ -126,40 +255,57 @@ where
         }
         let option = reader.read_u32().await?;
         let len = reader.read_u32().await?;
+        // With TLS required, only STARTTLS and ABORT are answered in plain text (the spec's
+        // FORCEDTLS mode). EXPORT_NAME has no error reply, so it ends the connection.
+        let gated = link.tls_required()
+            && !matches!(option, proto::OPT_STARTTLS | proto::OPT_ABORT | proto::OPT_EXPORT_NAME);
         if len > proto::OPTION_BYTES_MAX {
             if len > proto::OPTION_BYTES_DRAIN_MAX {
                 return Err(protocol(format!("option {option} with {len} bytes of data")));
             }
             drain(reader, u64::from(len)).await?;
             let message = format!("option data over {} bytes", proto::OPTION_BYTES_MAX);
-            send(writer, &proto::option_error(option, proto::REP_ERR_TOO_BIG, &message)).await?;
+            let error = if gated { tls_required(option) } else { too_big(option, &message) };
+            send(writer, &error).await?;
             continue;
         }
         // Bounded by OPTION_BYTES_MAX above.
         let mut data = vec![0u8; len as usize];
         reader.read_exact(&mut data).await?;
+        if gated {
+            send(writer, &tls_required(option)).await?;
+            continue;
+        }
         let reply = |kind, data: &[u8]| proto::option_reply(option, kind, data);
         match option {
             proto::OPT_EXPORT_NAME => {
+                if link.tls_required() {
+                    return Err(ConnectionError::Refused(String::from(
+                        "NBD_OPT_EXPORT_NAME before STARTTLS, with TLS required",
+                    )));
+                }
                 let volume = std::str::from_utf8(&data).ok().and_then(|name| exports.open(name));
                 // No error reply exists for this option: an unknown export ends the connection.
-                let Some(volume) = volume else { return Ok(None) };
-                let Some(size) = volume.size_bytes() else { return Ok(None) };
+                let Some(volume) = volume else { return Ok(Negotiated::Ended) };
+                if let Err(why) = link.admits(&volume.name()) {
+                    return Err(ConnectionError::Refused(why));
+                }
+                let Some(size) = volume.size_bytes() else { return Ok(Negotiated::Ended) };
                 let mut out = Vec::with_capacity(134);
                 out.extend_from_slice(&size.to_be_bytes());
                 out.extend_from_slice(
                     &transmission_flags(structured, volume.is_read_only()).to_be_bytes(),
                 );
-                if !no_zeroes {
+                if !link.no_zeroes {
                     out.extend_from_slice(&[0u8; 124]);
                 }
                 send(writer, &out).await?;
-                return Ok(Some(Session { volume, structured, meta_context }));
+                return Ok(Negotiated::Session(Session { volume, structured, meta_context }));
             }
             proto::OPT_ABORT => {
                 // The client may already have closed; its loss.
                 let _ = send(writer, &reply(proto::REP_ACK, &[])).await;
-                return Ok(None);
+                return Ok(Negotiated::Ended);
             }
             proto::OPT_LIST => {
                 if !data.is_empty() {
@@ -171,7 +317,8 @@ where
                     continue;
                 }
                 let mut out = Vec::new();
-                for name in exports.names() {
+                // Exports this client may not open are left out.
+                for name in exports.names().into_iter().filter(|n| link.admits(n).is_ok()) {
                     let mut entry = (name.len() as u32).to_be_bytes().to_vec();
                     entry.extend_from_slice(name.as_bytes());
                     out.extend_from_slice(&reply(proto::REP_SERVER, &entry));
@@ -200,6 +347,10 @@ where
                         .await?;
                     continue;
                 };
+                if let Err(why) = link.admits(&volume.name()) {
+                    send(writer, &proto::option_error(option, proto::REP_ERR_POLICY, &why)).await?;
+                    continue;
+                }
                 let mut out = Vec::new();
                 let mut sizes = proto::INFO_BLOCK_SIZE.to_be_bytes().to_vec();
                 sizes.extend_from_slice(&proto::BLOCK_BYTES_MIN.to_be_bytes());
@@ -225,7 +376,7 @@ where
                 out.extend_from_slice(&reply(proto::REP_ACK, &[]));
                 send(writer, &out).await?;
                 if option == proto::OPT_GO {
-                    return Ok(Some(Session { volume, structured, meta_context }));
+                    return Ok(Negotiated::Session(Session { volume, structured, meta_context }));
                 }
             }
             proto::OPT_STRUCTURED_REPLY => {
@@ -270,10 +421,14 @@ where
                     .await?;
                     continue;
                 };
-                if exports.open(&name).is_none() {
+                let Some(volume) = exports.open(&name) else {
                     let message = format!("no export named {name:?}");
                     send(writer, &proto::option_error(option, proto::REP_ERR_UNKNOWN, &message))
                         .await?;
+                    continue;
+                };
+                if let Err(why) = link.admits(&volume.name()) {
+                    send(writer, &proto::option_error(option, proto::REP_ERR_POLICY, &why)).await?;
                     continue;
                 }
                 // Only base:allocation exists. LIST with no query, or the "base:" namespace,
@@ -295,15 +450,24 @@ where
                 send(writer, &out).await?;
             }
             proto::OPT_STARTTLS => {
-                send(
-                    writer,
-                    &proto::option_error(
-                        option,
+                let refusal = match (link.tls, &link.peer) {
+                    (None, _) => Some((
                         proto::REP_ERR_POLICY,
-                        "TLS is not offered; connect over a Unix socket or a trusted network",
-                    ),
-                )
-                .await?;
+                        "TLS is not offered (sluice serve --tls off); connect over a Unix \
+                         socket or a trusted network, or restart the server with --tls",
+                    )),
+                    (Some(_), Some(_)) => Some((proto::REP_ERR_INVALID, "TLS is already on")),
+                    (Some(_), None) if !data.is_empty() => {
+                        Some((proto::REP_ERR_INVALID, "STARTTLS takes no data"))
+                    }
+                    (Some(_), None) => None,
+                };
+                if let Some((error, message)) = refusal {
+                    send(writer, &proto::option_error(option, error, message)).await?;
+                    continue;
+                }
+                send(writer, &reply(proto::REP_ACK, &[])).await?;
+                return Ok(Negotiated::StartTls);
             }
             _ => {
                 send(writer, &proto::option_error(option, proto::REP_ERR_UNSUP, "unknown option"))
@@ -312,6 +476,16 @@ where
         }
     }
     Err(protocol(format!("more than {} options", proto::OPTIONS_MAX)))
+}
+
+/// The reply to an option sent in plain text when TLS is required.
+fn tls_required(option: u32) -> Vec<u8> {
+    let message = "TLS is required: send NBD_OPT_STARTTLS first (for example an nbds:// URI)";
+    proto::option_error(option, proto::REP_ERR_TLS_REQD, message)
+}
+
+fn too_big(option: u32, message: &str) -> Vec<u8> {
+    proto::option_error(option, proto::REP_ERR_TOO_BIG, message)
 }
 
 /// The flags a volume's export advertises: flush, FUA, trim, write-zeroes with fast zero, and
@@ -656,10 +830,15 @@ mod tests {
     use sluice_engine::tunables::Tunables;
     use sluice_engine::txg::Store;
     use sluice_engine::volume::Volume;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-    use super::{serve_connection, Exports};
+    use super::{serve_connection, serve_connection_tls, ConnectionError, Exports};
     use crate::proto::{self, Request};
+    use crate::tls::{TlsServer, TlsSettings};
+
+    /// A connection's client end: plain, or inside TLS.
+    trait Client: AsyncRead + AsyncWrite + Unpin {}
+    impl<S: AsyncRead + AsyncWrite + Unpin> Client for S {}
 
     struct OneVolume(Arc<Store>);
 
@@ -686,7 +865,7 @@ mod tests {
         store
     }
 
-    async fn option(client: &mut DuplexStream, option: u32, data: &[u8]) {
+    async fn option(client: &mut impl Client, option: u32, data: &[u8]) {
         client.write_u64(proto::OPTS_MAGIC).await.unwrap();
         client.write_u32(option).await.unwrap();
         client.write_u32(data.len() as u32).await.unwrap();
@@ -694,7 +873,7 @@ mod tests {
     }
 
     /// Reads option replies up to and including the final one (ACK or an error).
-    async fn option_replies(client: &mut DuplexStream) {
+    async fn option_replies(client: &mut impl Client) {
         loop {
             assert_eq!(client.read_u64().await.unwrap(), proto::REP_MAGIC);
             let _option = client.read_u32().await.unwrap();
@@ -710,10 +889,20 @@ mod tests {
     }
 
     /// Fixed newstyle with structured replies and base:allocation, then GO.
-    async fn connect(client: &mut DuplexStream) {
+    async fn connect(client: &mut impl Client) {
+        hello(client).await;
+        go(client).await;
+    }
+
+    /// The greeting and the client's flags.
+    async fn hello(client: &mut impl Client) {
         let mut hello = [0u8; 18];
         client.read_exact(&mut hello).await.unwrap();
         client.write_u32(proto::CLIENT_FIXED_NEWSTYLE | proto::CLIENT_NO_ZEROES).await.unwrap();
+    }
+
+    /// Structured replies and base:allocation, then GO for vol0.
+    async fn go(client: &mut impl Client) {
         option(client, proto::OPT_STRUCTURED_REPLY, &[]).await;
         option_replies(client).await;
         let mut context = 4u32.to_be_bytes().to_vec();
@@ -732,7 +921,7 @@ mod tests {
 
     /// Sends one request and returns the error of its reply (0 on success), reading past any
     /// structured chunks.
-    async fn request(client: &mut DuplexStream, request: Request, payload: &[u8]) -> u32 {
+    async fn request(client: &mut impl Client, request: Request, payload: &[u8]) -> u32 {
         client.write_all(&request.encode()).await.unwrap();
         client.write_all(payload).await.unwrap();
         loop {
@@ -802,6 +991,288 @@ mod tests {
             Request { flags: fua | 1 << 9, kind: proto::CMD_READ, cookie: 99, offset: 0, len: 512 };
         assert_eq!(request(&mut client, bad, &[]).await, proto::EINVAL);
         let disc = Request { flags: 0, kind: proto::CMD_DISC, cookie: 100, offset: 0, len: 0 };
+        client.write_all(&disc.encode()).await.unwrap();
+        session.await.unwrap().unwrap();
+    }
+
+    const KEY: [u8; 32] = [0x5a; 32];
+
+    /// A server with one PSK identity, alice, whose key is KEY.
+    fn tls(dir: &std::path::Path, require: bool) -> Arc<TlsServer> {
+        let hex: String = KEY.iter().map(|b| format!("{b:02x}")).collect();
+        let psk = dir.join("keys.psk");
+        std::fs::write(&psk, format!("alice:{hex}\n")).unwrap();
+        let settings = TlsSettings { require, psk: Some(psk), ..TlsSettings::default() };
+        Arc::new(TlsServer::new(&settings).unwrap())
+    }
+
+    /// One option reply: (option, kind, data).
+    async fn reply(client: &mut impl Client) -> (u32, u32, Vec<u8>) {
+        assert_eq!(client.read_u64().await.unwrap(), proto::REP_MAGIC);
+        let option = client.read_u32().await.unwrap();
+        let kind = client.read_u32().await.unwrap();
+        let len = client.read_u32().await.unwrap();
+        let mut data = vec![0u8; len as usize];
+        client.read_exact(&mut data).await.unwrap();
+        (option, kind, data)
+    }
+
+    /// The client side of a PSK handshake (OpenSSL's client, as identity `identity`).
+    async fn psk_handshake<S: Client>(
+        stream: S,
+        identity: &'static str,
+        key: [u8; 32],
+    ) -> Result<tokio_openssl::SslStream<S>, openssl::ssl::Error> {
+        psk_handshake_up_to(stream, identity, key, None).await
+    }
+
+    /// [`psk_handshake`] offering TLS versions up to `max` only.
+    async fn psk_handshake_up_to<S: Client>(
+        stream: S,
+        identity: &'static str,
+        key: [u8; 32],
+        max: Option<openssl::ssl::SslVersion>,
+    ) -> Result<tokio_openssl::SslStream<S>, openssl::ssl::Error> {
+        use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
+        let mut builder = SslConnector::builder(SslMethod::tls_client()).unwrap();
+        builder.set_verify(SslVerifyMode::NONE);
+        builder.set_max_proto_version(max).unwrap();
+        // The PSK suites a TLS 1.2 client of ours would offer (OpenSSL's client default has
+        // none that this PSK-only server accepts).
+        builder.set_cipher_list("kECDHEPSK").unwrap();
+        builder.set_psk_client_callback(move |_, _, id, psk| {
+            id[..identity.len()].copy_from_slice(identity.as_bytes());
+            id[identity.len()] = 0;
+            psk[..key.len()].copy_from_slice(&key);
+            Ok(key.len())
+        });
+        let ssl = builder.build().configure().unwrap().into_ssl("localhost").unwrap();
+        let mut stream = tokio_openssl::SslStream::new(ssl, stream).unwrap();
+        std::pin::Pin::new(&mut stream).connect().await?;
+        Ok(stream)
+    }
+
+    fn go_data() -> Vec<u8> {
+        let mut go = 4u32.to_be_bytes().to_vec();
+        go.extend_from_slice(b"vol0");
+        go.extend_from_slice(&0u16.to_be_bytes());
+        go
+    }
+
+    /// With TLS required, options before STARTTLS get TLS_REQD and nothing else; after it,
+    /// haggling starts over inside TLS (no second greeting) and the session works.
+    #[tokio::test]
+    async fn tls_required_refuses_options_until_starttls() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store().await;
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let exports: Arc<dyn Exports> = Arc::new(OneVolume(Arc::clone(&store)));
+        let tls = Some(tls(dir.path(), true));
+        let session = tokio::spawn(serve_connection_tls(server, exports, shutdown, tls));
+        hello(&mut client).await;
+        for (opt, data) in [
+            (proto::OPT_GO, go_data()),
+            (proto::OPT_INFO, go_data()),
+            (proto::OPT_LIST, vec![]),
+            (proto::OPT_STRUCTURED_REPLY, vec![]),
+            (99, vec![1, 2, 3]),
+        ] {
+            option(&mut client, opt, &data).await;
+            let (replied, kind, _) = reply(&mut client).await;
+            assert_eq!((replied, kind), (opt, proto::REP_ERR_TLS_REQD), "option {opt}");
+        }
+        option(&mut client, proto::OPT_STARTTLS, b"x").await;
+        assert_eq!(reply(&mut client).await.1, proto::REP_ERR_INVALID, "STARTTLS with data");
+        option(&mut client, proto::OPT_STARTTLS, &[]).await;
+        assert_eq!(reply(&mut client).await.1, proto::REP_ACK);
+        let mut client = psk_handshake(client, "alice", KEY).await.unwrap();
+        option(&mut client, proto::OPT_STARTTLS, &[]).await;
+        assert_eq!(reply(&mut client).await.1, proto::REP_ERR_INVALID, "a second STARTTLS");
+        go(&mut client).await;
+        let write = Request { flags: 0, kind: proto::CMD_WRITE, cookie: 1, offset: 0, len: 4096 };
+        assert_eq!(request(&mut client, write, &[7u8; 4096]).await, 0);
+        let read = Request { flags: 0, kind: proto::CMD_READ, cookie: 2, offset: 0, len: 4096 };
+        assert_eq!(request(&mut client, read, &[]).await, 0);
+        let disc = Request { flags: 0, kind: proto::CMD_DISC, cookie: 3, offset: 0, len: 0 };
+        client.write_all(&disc.encode()).await.unwrap();
+        session.await.unwrap().unwrap();
+    }
+
+    /// A client naming a PSK identity it has no key for, offering only a suite OpenSSL will
+    /// not use that key with, may finish a certificate handshake instead; it must not pass an
+    /// allow-list as that identity.
+    #[tokio::test]
+    async fn a_psk_identity_without_its_key_does_not_pass_the_allow_list() {
+        use openssl::asn1::Asn1Time;
+        use openssl::bn::BigNum;
+        use openssl::hash::MessageDigest;
+        use openssl::pkey::PKey;
+        use openssl::rsa::Rsa;
+        use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
+        use openssl::x509::{X509Builder, X509NameBuilder};
+        let dir = tempfile::tempdir().unwrap();
+        let key = PKey::from_rsa(Rsa::generate(2048).unwrap()).unwrap();
+        let mut name = X509NameBuilder::new().unwrap();
+        name.append_entry_by_text("CN", "localhost").unwrap();
+        let name = name.build();
+        let mut cert = X509Builder::new().unwrap();
+        cert.set_version(2).unwrap();
+        cert.set_serial_number(&BigNum::from_u32(1).unwrap().to_asn1_integer().unwrap()).unwrap();
+        cert.set_subject_name(&name).unwrap();
+        cert.set_issuer_name(&name).unwrap();
+        cert.set_pubkey(&key).unwrap();
+        cert.set_not_before(&Asn1Time::days_from_now(0).unwrap()).unwrap();
+        cert.set_not_after(&Asn1Time::days_from_now(1).unwrap()).unwrap();
+        cert.sign(&key, MessageDigest::sha256()).unwrap();
+        let cert = cert.build();
+        std::fs::write(dir.path().join("server-cert.pem"), cert.to_pem().unwrap()).unwrap();
+        let pem = key.private_key_to_pem_pkcs8().unwrap();
+        std::fs::write(dir.path().join("server-key.pem"), pem).unwrap();
+        let hex: String = KEY.iter().map(|b| format!("{b:02x}")).collect();
+        let psk = dir.path().join("keys.psk");
+        std::fs::write(&psk, format!("alice:{hex}\n")).unwrap();
+        let settings = TlsSettings {
+            require: true,
+            certificates: Some(dir.path().to_owned()),
+            psk: Some(psk),
+            allow: crate::tls::AllowList::parse(&["vol0=alice"]).unwrap(),
+            ..TlsSettings::default()
+        };
+        let tls = Some(Arc::new(TlsServer::new(&settings).unwrap()));
+        let store = store().await;
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let exports: Arc<dyn Exports> = Arc::new(OneVolume(Arc::clone(&store)));
+        let session = tokio::spawn(serve_connection_tls(server, exports, shutdown, tls));
+        hello(&mut client).await;
+        option(&mut client, proto::OPT_STARTTLS, &[]).await;
+        assert_eq!(reply(&mut client).await.1, proto::REP_ACK);
+        let mut builder = SslConnector::builder(SslMethod::tls_client()).unwrap();
+        builder.set_verify(SslVerifyMode::NONE);
+        builder.set_ciphersuites("TLS_AES_256_GCM_SHA384").unwrap();
+        builder.set_psk_client_callback(|_, _, id, psk| {
+            id[..5].copy_from_slice(b"alice");
+            id[5] = 0;
+            psk[..32].fill(0x55);
+            Ok(32)
+        });
+        let ssl = builder.build().configure().unwrap().into_ssl("localhost").unwrap();
+        let mut stream = tokio_openssl::SslStream::new(ssl, client).unwrap();
+        if std::pin::Pin::new(&mut stream).connect().await.is_ok() {
+            option(&mut stream, proto::OPT_GO, &go_data()).await;
+            let (_, kind, _) = reply(&mut stream).await;
+            assert_eq!(kind, proto::REP_ERR_POLICY, "the allow-list took a forged identity");
+        }
+        drop(stream);
+        let _ = session.await.unwrap();
+    }
+
+    /// EXPORT_NAME has no error reply: before STARTTLS under require it closes the connection.
+    #[tokio::test]
+    async fn export_name_before_starttls_closes_under_require() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store().await;
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let exports: Arc<dyn Exports> = Arc::new(OneVolume(Arc::clone(&store)));
+        let tls = Some(tls(dir.path(), true));
+        let session = tokio::spawn(serve_connection_tls(server, exports, shutdown, tls));
+        hello(&mut client).await;
+        option(&mut client, proto::OPT_EXPORT_NAME, b"vol0").await;
+        let result = session.await.unwrap();
+        assert!(matches!(result, Err(ConnectionError::Refused(_))), "{result:?}");
+        let mut rest = Vec::new();
+        client.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "the server answered: {rest:?}");
+    }
+
+    /// A wrong key fails the handshake; bytes sent behind STARTTLS before its reply end the
+    /// connection; with TLS offered (not required) a plain client is served.
+    #[tokio::test]
+    async fn wrong_keys_early_bytes_and_plain_clients_under_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store().await;
+        let exports: Arc<dyn Exports> = Arc::new(OneVolume(Arc::clone(&store)));
+        let tls = tls(dir.path(), false);
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let session = tokio::spawn(serve_connection_tls(
+            server,
+            Arc::clone(&exports),
+            shutdown.clone(),
+            Some(Arc::clone(&tls)),
+        ));
+        hello(&mut client).await;
+        option(&mut client, proto::OPT_STARTTLS, &[]).await;
+        assert_eq!(reply(&mut client).await.1, proto::REP_ACK);
+        assert!(psk_handshake(client, "alice", [1; 32]).await.is_err());
+        let result = session.await.unwrap();
+        assert!(matches!(result, Err(ConnectionError::Tls(_))), "{result:?}");
+
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let session = tokio::spawn(serve_connection_tls(
+            server,
+            Arc::clone(&exports),
+            shutdown.clone(),
+            Some(Arc::clone(&tls)),
+        ));
+        hello(&mut client).await;
+        let mut early = proto::OPTS_MAGIC.to_be_bytes().to_vec();
+        early.extend_from_slice(&proto::OPT_STARTTLS.to_be_bytes());
+        early.extend_from_slice(&0u32.to_be_bytes());
+        early.extend_from_slice(b"too soon");
+        client.write_all(&early).await.unwrap();
+        let result = session.await.unwrap();
+        assert!(matches!(result, Err(ConnectionError::Protocol(_))), "{result:?}");
+
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let session =
+            tokio::spawn(serve_connection_tls(server, exports, shutdown, Some(Arc::clone(&tls))));
+        connect(&mut client).await;
+        let read = Request { flags: 0, kind: proto::CMD_READ, cookie: 1, offset: 0, len: 512 };
+        assert_eq!(request(&mut client, read, &[]).await, 0);
+        let disc = Request { flags: 0, kind: proto::CMD_DISC, cookie: 2, offset: 0, len: 0 };
+        client.write_all(&disc.encode()).await.unwrap();
+        session.await.unwrap().unwrap();
+    }
+
+    /// A TLS 1.2 client with a PSK gets an ECDHE-PSK suite from a server with no certificate.
+    #[tokio::test]
+    async fn tls12_psk_clients_are_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store().await;
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let exports: Arc<dyn Exports> = Arc::new(OneVolume(Arc::clone(&store)));
+        let tls = Some(tls(dir.path(), true));
+        let session = tokio::spawn(serve_connection_tls(server, exports, shutdown, tls));
+        hello(&mut client).await;
+        option(&mut client, proto::OPT_STARTTLS, &[]).await;
+        assert_eq!(reply(&mut client).await.1, proto::REP_ACK);
+        let tls12 = Some(openssl::ssl::SslVersion::TLS1_2);
+        let mut client = psk_handshake_up_to(client, "alice", KEY, tls12).await.unwrap();
+        assert_eq!(client.ssl().version_str(), "TLSv1.2");
+        go(&mut client).await;
+        let disc = Request { flags: 0, kind: proto::CMD_DISC, cookie: 1, offset: 0, len: 0 };
+        client.write_all(&disc.encode()).await.unwrap();
+        session.await.unwrap().unwrap();
+    }
+
+    /// Without TLS, STARTTLS is refused with POLICY and the session goes on in plain text.
+    #[tokio::test]
+    async fn starttls_is_refused_when_tls_is_off() {
+        let store = store().await;
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let exports: Arc<dyn Exports> = Arc::new(OneVolume(Arc::clone(&store)));
+        let session = tokio::spawn(serve_connection(server, exports, shutdown));
+        hello(&mut client).await;
+        option(&mut client, proto::OPT_STARTTLS, &[]).await;
+        assert_eq!(reply(&mut client).await.1, proto::REP_ERR_POLICY);
+        go(&mut client).await;
+        let disc = Request { flags: 0, kind: proto::CMD_DISC, cookie: 1, offset: 0, len: 0 };
         client.write_all(&disc.encode()).await.unwrap();
         session.await.unwrap().unwrap();
     }

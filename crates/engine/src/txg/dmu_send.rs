@@ -22,6 +22,8 @@ use sluice_format::{
     StreamRecord, BLKPTR_BYTES, COMPRESSED_HEADER_BYTES,
 };
 
+use futures::StreamExt;
+
 use super::{Store, StoreError};
 use crate::objset::INDIRECT_BPS;
 use crate::pool::compress::decompress_stored;
@@ -214,13 +216,51 @@ impl Store {
                             None => {}
                         }
                     }
-                    stack.extend(children.into_iter().rev());
+                    if level > 1 {
+                        stack.extend(children.into_iter().rev());
+                        continue;
+                    }
+                    // Data blocks: read several at once (one at a time, a send would go at
+                    // one device latency per block), emitted in order as they arrive.
+                    let depth = (SEND_READ_BYTES / u64::from(entry.block_bytes).max(1))
+                        .clamp(1, INDIRECT_BPS) as usize;
+                    let steps = children.into_iter().filter_map(|child| match child {
+                        Visit::Tree { first, bp, .. } => (bp.birth_txg > since
+                            && first >= resume_block)
+                            .then_some(Leaf::Data(first, bp)),
+                        Visit::Hole { first, count } => Some(Leaf::Hole(first, count)),
+                    });
+                    let mut ready = futures::stream::iter(steps)
+                        .map(|step| async move {
+                            match step {
+                                Leaf::Data(first, bp) => self.data_record(first, &bp).await,
+                                Leaf::Hole(first, count) => Ok(StreamRecord::Free { first, count }),
+                            }
+                        })
+                        .buffered(depth);
+                    while let Some(record) = ready.next().await {
+                        match record? {
+                            StreamRecord::Free { first, count } => {
+                                out.free(first, count).map_err(stream_error)?;
+                            }
+                            record => out.data(record).map_err(stream_error)?,
+                        }
+                    }
                 }
             }
         }
         out.flush_free().map_err(stream_error)?;
         Ok(summary)
     }
+}
+
+/// Data a send reads ahead of what it has written out.
+const SEND_READ_BYTES: u64 = 8 << 20;
+
+/// A child of a level-1 indirect block, as a send emits it.
+enum Leaf {
+    Data(u64, BlockPointer),
+    Hole(u64, u64),
 }
 
 /// A step of a send's walk.
