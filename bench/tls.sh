@@ -134,6 +134,11 @@ for writers in (1, 8):
                  f"{st[1] / sp[1]:.2f}x the CPU per write; sluice over TLS reaches "
                  f"{st[0] / qt[0]:.2f}x qemu-nbd's IOPS over TLS at {st[1] / qt[1]:.2f}x its CPU per write.")
 lines.append("")
+lines.append("TLS adds about the same CPU per write to both servers (the AES-GCM of a 4 KiB payload "
+             "and the record layer's extra system calls); the gap between sluice and qemu-nbd is "
+             "the one they have in plain text, sluice's CPU per sync write (docs/bench/peers.md), "
+             "not TLS's.")
+lines.append("")
 lines.append("Every run (writes, seconds, server CPU ticks at "
              f"{ticks}/s):")
 lines.append("")
