@@ -292,7 +292,18 @@ pub async fn serve(
         addresses.push(format!("metrics http://{address}/metrics"));
     }
     match &tls {
-        Some(tls) => eprintln!("sluice: {}", tls.summary()),
+        Some(tls) => {
+            eprintln!("sluice: {}", tls.summary());
+            // A typo in --tls-allow would restrict nothing that exists.
+            let volumes: Vec<String> = store.volumes().into_iter().map(|v| v.name).collect();
+            for export in tls.allow_list().exports().filter(|e| !volumes.iter().any(|v| v == e)) {
+                eprintln!(
+                    "sluice: warning: --tls-allow names volume {export}, which pool {} does not \
+                     have (yet): check the name",
+                    store.pool().name()
+                );
+            }
+        }
         None => eprintln!("sluice: TLS off (plain text)"),
     }
     eprintln!("sluice: serving pool {} on {}", store.pool().name(), addresses.join(", "));

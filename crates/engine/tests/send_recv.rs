@@ -2,7 +2,8 @@
 //! byte for byte; an incremental one carries only what changed and adds the newer snapshot; a
 //! stream cut short or damaged is refused naming the record and leaves nothing visible; a
 //! resumable receive interrupted keeps what arrived, across an export and import, and resumes
-//! from its token to the same bytes; the audit balances on both pools.
+//! from its token to the same bytes; a stream from a newer sluice is refused saying so; the
+//! audit balances on both pools.
 
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
@@ -149,6 +150,16 @@ fn full_and_incremental_streams_replicate_snapshots() {
         ));
         // A full stream into an existing volume is refused too.
         assert!(matches!(receive(&b, "w", &full).await, Err(StoreError::ReceiveRefused { .. })));
+        // A stream from a newer sluice (its begin record says version 2, checksum made good)
+        // is refused saying so, and nothing of it is kept.
+        let mut newer = full.clone();
+        let payload = u32::from_le_bytes(newer[16..20].try_into().unwrap()) as usize;
+        newer[24 + 8] = 2;
+        let sum = sluice_format::ChecksumAlg::Xxh3_128.compute(&newer[..24 + payload]);
+        newer[24 + payload..24 + payload + 16].copy_from_slice(&sum.0);
+        let error = receive(&b, "fresh", &newer).await.unwrap_err();
+        assert!(error.to_string().contains("newer sluice"), "{error}");
+        assert!(b.volume_info("fresh").is_none() && b.interrupted_receives().is_empty());
         audit_clean(&a, "sends").await;
         audit_clean(&b, "receives").await;
         b.export().await.unwrap();

@@ -228,18 +228,24 @@ async fn accept_loop(
             (Ok(Stream::Tcp(stream)), core) => {
                 // Replies are small and latency matters more than packing them.
                 let _ = stream.set_nodelay(true);
+                // Which client a failure was (a failed TLS handshake, say) on a network.
+                let peer = stream.peer_addr().map_or_else(|_| String::from("?"), |a| a.to_string());
                 match core {
                     None => Ok(connections.spawn(async move {
-                        report(serve_connection_tls(stream, exports, shutdown, tls).await)
+                        report_from(
+                            serve_connection_tls(stream, exports, shutdown, tls).await,
+                            &peer,
+                        )
                     })),
                     Some(core) => stream.into_std().map(|stream| {
                         connections.spawn_on(
                             async move {
                                 match tokio::net::TcpStream::from_std(stream) {
-                                    Ok(stream) => report(
+                                    Ok(stream) => report_from(
                                         serve_connection_tls(stream, exports, shutdown, tls).await,
+                                        &peer,
                                     ),
-                                    Err(e) => report(Err(e.into())),
+                                    Err(e) => report_from(Err(e.into()), &peer),
                                 }
                             },
                             core,
@@ -274,6 +280,13 @@ async fn accept(listener: &Listener) -> std::io::Result<Stream> {
 fn report(result: Result<(), crate::ConnectionError>) {
     if let Err(error) = result {
         eprintln!("sluice: NBD connection closed: {error}");
+    }
+}
+
+/// [`report`] for a TCP client, naming its address.
+fn report_from(result: Result<(), crate::ConnectionError>, peer: &str) {
+    if let Err(error) = result {
+        eprintln!("sluice: NBD connection from {peer} closed: {error}");
     }
 }
 

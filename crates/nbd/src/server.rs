@@ -96,6 +96,16 @@ impl Link<'_> {
             _ => Ok(()),
         }
     }
+
+    /// [`Link::admits`] for the volume a client asked for by `requested`, checked under both
+    /// names: a snapshot handle opened before a rename may still carry the volume's old name.
+    fn admits_volume(&self, requested: &str, volume: &Volume) -> Result<(), String> {
+        self.admits(&volume.name())?;
+        if requested.is_empty() {
+            return Ok(());
+        }
+        self.admits(requested)
+    }
 }
 
 /// Serves one connection until the client leaves, breaks the protocol, or `shutdown` turns
@@ -284,10 +294,11 @@ where
                         "NBD_OPT_EXPORT_NAME before STARTTLS, with TLS required",
                     )));
                 }
+                let requested = std::str::from_utf8(&data).unwrap_or_default();
                 let volume = std::str::from_utf8(&data).ok().and_then(|name| exports.open(name));
                 // No error reply exists for this option: an unknown export ends the connection.
                 let Some(volume) = volume else { return Ok(Negotiated::Ended) };
-                if let Err(why) = link.admits(&volume.name()) {
+                if let Err(why) = link.admits_volume(requested, &volume) {
                     return Err(ConnectionError::Refused(why));
                 }
                 let Some(size) = volume.size_bytes() else { return Ok(Negotiated::Ended) };
@@ -347,7 +358,7 @@ where
                         .await?;
                     continue;
                 };
-                if let Err(why) = link.admits(&volume.name()) {
+                if let Err(why) = link.admits_volume(&name, &volume) {
                     send(writer, &proto::option_error(option, proto::REP_ERR_POLICY, &why)).await?;
                     continue;
                 }
@@ -427,7 +438,7 @@ where
                         .await?;
                     continue;
                 };
-                if let Err(why) = link.admits(&volume.name()) {
+                if let Err(why) = link.admits_volume(&name, &volume) {
                     send(writer, &proto::option_error(option, proto::REP_ERR_POLICY, &why)).await?;
                     continue;
                 }

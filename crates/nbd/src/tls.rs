@@ -261,6 +261,11 @@ impl AllowList {
         self.entries.is_empty()
     }
 
+    /// The exports it restricts.
+    pub fn exports(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
     /// Whether `peer` may open `export`; the error says why not, for the client.
     pub fn admits(&self, export: &str, peer: &Peer) -> Result<(), String> {
         let volume = export.split('@').next().unwrap_or(export);
@@ -430,6 +435,11 @@ impl TlsServer {
     /// One line for the server's log: the mode and the credentials in use.
     pub fn summary(&self) -> &str {
         &self.summary
+    }
+
+    /// Its allow-list.
+    pub fn allow_list(&self) -> &AllowList {
+        &self.allow
     }
 
     /// Whether `peer` may open `export` (see [`AllowList::admits`]).
