@@ -81,10 +81,11 @@ pub struct TlsArgs {
     #[arg(long, value_name = "FILE")]
     pub tls_psk: Option<PathBuf>,
     /// Open volume EXPORT (and its snapshots) only to clients whose PSK identity or verified
-    /// certificate common name is listed; others are refused it (NBD_REP_ERR_POLICY) and do
-    /// not see it in LIST. Repeatable; volumes without an entry stay open to every TLS
-    /// client. Needs --tls require.
-    #[arg(long, value_name = "EXPORT=NAME[,NAME...]")]
+    /// certificate common name is listed (`psk:NAME` or `cert:NAME` says which kind; a bare
+    /// NAME matches either); others are refused it (NBD_REP_ERR_POLICY) and do not see it in
+    /// LIST. Repeatable; volumes without an entry stay open to every TLS client. Needs --tls
+    /// require.
+    #[arg(long, value_name = "EXPORT=[psk:|cert:]NAME[,...]")]
     pub tls_allow: Vec<String>,
 }
 

@@ -294,8 +294,10 @@ impl Store {
                 volume: dataset.name(),
             });
         }
-        // Waits out a rollback of the volume (its sync); the size may change with it.
+        // Waits out a rollback of the volume (its sync); the size may change with it. A
+        // receive that replaces the volume holds the gate too, and destroys it meanwhile.
         let _not_rolling_back = dataset.rollback_gate.read().await;
+        self.check_exists(dataset)?;
         Self::check_range(dataset, dataset.size_bytes(), offset, len)?;
         if len == 0 {
             // Nothing changes, so nothing is logged; the last record still covers the caller.

@@ -458,9 +458,15 @@ impl Store {
         let resumable = mode == ReceiveMode::Resumable || begin.resume_block.is_some();
         let mut progress = begin.resume_block.unwrap_or(0);
         let mut applied = self.apply_stream(&hidden, &begin, resumable, &mut progress, next).await;
+        // The clone takes the target's place: a write the target took meanwhile would be lost.
+        // So writes to the target wait (as they wait out a rollback) from the check until it
+        // is replaced; synced first, its figures count every write acknowledged before.
+        let target_dataset = if incremental { self.dataset(target).ok() } else { None };
+        let _no_writes = match &target_dataset {
+            Some(dataset) if applied.is_ok() => Some(dataset.rollback_gate.write().await),
+            _ => None,
+        };
         if applied.is_ok() && incremental {
-            // The clone takes the target's place: a write the target took meanwhile would be
-            // lost. Synced, its figures count every write acknowledged so far.
             if let Err(error) = self.sync().await.and_then(|_| self.check_unchanged(target, &begin))
             {
                 applied = Err(error);
