@@ -1,6 +1,7 @@
 //! Block compression (ZFS: `zio_compress.c`): a data block is stored compressed when that
 //! saves at least an eighth of its space, rounded to the pool's allocation unit, as OpenZFS
-//! decides; otherwise it is stored as it is and its pointer says so.
+//! decides; otherwise it is stored as it is and its pointer says so. A block whose sample
+//! does not compress is not compressed at all (early abort, `sample_compresses`).
 //!
 //! The stored bytes are a 4-byte little-endian length, the compressed bytes, and zeros up to
 //! the allocation unit (sluice_format's blkptr.rs): the block pointer's `psize` is all of it
