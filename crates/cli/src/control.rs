@@ -60,15 +60,19 @@ pub fn is_served(name: &str) -> bool {
     UnixStream::connect(socket_path(name)).is_ok()
 }
 
+/// Writes a request: the command line `args` as one JSON line.
+fn send_request(stream: &UnixStream, args: &[String]) -> anyhow::Result<()> {
+    let mut line = serde_json::to_string(args)?;
+    line.push('\n');
+    Ok((&*stream).write_all(line.as_bytes())?)
+}
+
 /// Sends `args` to the server of `pool`, if there is one; returns its output.
 pub fn forward(pool: &str, args: &[String]) -> Option<anyhow::Result<String>> {
     let path = socket_path(pool);
     let stream = UnixStream::connect(&path).ok()?;
     Some((|| {
-        let mut stream = stream;
-        let mut line = serde_json::to_string(args)?;
-        line.push('\n');
-        stream.write_all(line.as_bytes())?;
+        send_request(&stream, args)?;
         let mut answer = String::new();
         BufReader::new(&stream).read_line(&mut answer)?;
         let answer: Answer = serde_json::from_str(&answer)
@@ -251,9 +255,7 @@ pub fn forward_send(
     let path = socket_path(pool);
     let stream = UnixStream::connect(&path).ok()?;
     Some((|| {
-        let mut line = serde_json::to_string(args)?;
-        line.push('\n');
-        (&stream).write_all(line.as_bytes())?;
+        send_request(&stream, args)?;
         let mut input = BufReader::with_capacity(1 << 20, &stream);
         let answer = read_answer(&mut input, &path)?;
         if !answer.ok {
@@ -281,9 +283,7 @@ pub fn forward_recv(
     let path = socket_path(pool);
     let stream = UnixStream::connect(&path).ok()?;
     Some((|| {
-        let mut line = serde_json::to_string(args)?;
-        line.push('\n');
-        (&stream).write_all(line.as_bytes())?;
+        send_request(&stream, args)?;
         // A server that refuses early stops reading: its answer says why.
         let _ = std::io::copy(input, &mut &stream);
         let _ = stream.shutdown(std::net::Shutdown::Write);
