@@ -5,12 +5,19 @@
 //! does): every buffer the engine hands to a device starts on a 4 KiB boundary and is zeroed on
 //! allocation, so a short read can never expose stale heap memory. Written by hand because it
 //! is one allocation call and a slice view; no crate offers exactly this without pulling in more.
+//!
+//! A [`SharedBuf`] may also be a list of pieces that tile it (`SharedBuf::gather`): a txg sync
+//! writes each run of blocks that landed back to back from the blocks' own buffers, as one
+//! vectored write, instead of copying them into one buffer first. That copy and the page faults
+//! of its fresh buffer were the txg sync's largest cost (perf, 2026-11-24). Devices that take
+//! the pieces (the file device's io_uring paths, `IORING_OP_WRITEV`) never join them; anything
+//! else that reads the bytes gets them joined once, on first use.
 
 use std::alloc::{self, Layout};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Alignment of every buffer: the largest logical block size we support (4 KiB sectors).
 pub const BUF_ALIGN_BYTES: usize = 4096;
@@ -104,7 +111,13 @@ impl AlignedBuf {
     }
 
     pub fn into_shared(self) -> SharedBuf {
-        SharedBuf(Arc::new(self))
+        let len = self.len;
+        SharedBuf(Arc::new(Shared {
+            pieces: Vec::new(),
+            iovecs: Vec::new(),
+            len,
+            whole: OnceLock::from(self),
+        }))
     }
 }
 
@@ -151,25 +164,119 @@ impl PartialEq for AlignedBuf {
     }
 }
 
+/// The most pieces one vectored write takes (Linux's `UIO_MAXIOV`); a buffer of more pieces is
+/// joined instead.
+pub const IOVECS_MAX: usize = 1024;
+
 /// An immutable, reference-counted aligned buffer: one write's data shared by every mirror
-/// child and every queue that carries it, without copies.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SharedBuf(Arc<AlignedBuf>);
+/// child and every queue that carries it, without copies. Either one buffer or pieces that
+/// tile it (see the module doc).
+#[derive(Clone)]
+pub struct SharedBuf(Arc<Shared>);
+
+struct Shared {
+    /// Pieces in order, back to back; empty for a buffer made whole.
+    pieces: Vec<Arc<AlignedBuf>>,
+    /// One per piece, pointing into it: what a vectored write hands the kernel.
+    iovecs: Vec<libc::iovec>,
+    len: usize,
+    /// The bytes as one buffer: set at once for a whole buffer, joined on first use for pieces.
+    whole: OnceLock<AlignedBuf>,
+}
+
+// SAFETY: the iovecs point into `pieces`, which the same value owns and never changes; every
+// other field is Send and Sync. Shared access only reads.
+unsafe impl Send for Shared {}
+// SAFETY: as for Send.
+unsafe impl Sync for Shared {}
 
 impl SharedBuf {
     pub fn copy_from(bytes: &[u8]) -> SharedBuf {
         AlignedBuf::copy_from(bytes).into_shared()
     }
 
+    /// A buffer made of `pieces` back to back, each whole 512-byte sectors (each already starts
+    /// on a [`BUF_ALIGN_BYTES`] boundary), without copying them.
+    pub fn gather(pieces: Vec<Arc<AlignedBuf>>) -> SharedBuf {
+        assert!(
+            pieces.iter().all(|p| !p.is_empty() && p.len() % 512 == 0),
+            "SharedBuf::gather: every piece is whole sectors"
+        );
+        let len = pieces.iter().map(|p| p.len()).sum();
+        let iovecs = pieces
+            .iter()
+            .map(|p| libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() })
+            .collect();
+        SharedBuf(Arc::new(Shared { pieces, iovecs, len, whole: OnceLock::new() }))
+    }
+
+    /// Bytes held (without joining pieces).
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+
     pub fn len_bytes(&self) -> u32 {
-        u32::try_from(self.0.len()).unwrap_or(u32::MAX)
+        u32::try_from(self.0.len).unwrap_or(u32::MAX)
+    }
+
+    /// The pieces as a vectored write takes them, if this buffer is pieces (at most
+    /// [`IOVECS_MAX`]) not joined yet; `None` means: write it whole.
+    pub fn iovecs(&self) -> Option<&[libc::iovec]> {
+        let shared = &self.0;
+        let unjoined = shared.whole.get().is_none();
+        (unjoined && !shared.pieces.is_empty() && shared.pieces.len() <= IOVECS_MAX)
+            .then_some(&shared.iovecs[..])
+    }
+
+    /// The address of the first byte, without joining pieces: where O_DIRECT's alignment is
+    /// checked (every piece starts aligned).
+    pub fn addr(&self) -> *const u8 {
+        match self.0.pieces.first() {
+            Some(first) if self.0.whole.get().is_none() => first.as_ptr(),
+            _ => self.as_ptr(),
+        }
+    }
+
+    /// Whether every piece (or the whole buffer) is a multiple of `align` bytes long.
+    pub fn pieces_multiple_of(&self, align: usize) -> bool {
+        match self.iovecs() {
+            Some(iovecs) => iovecs.iter().all(|v| v.iov_len % align == 0),
+            None => self.0.len % align == 0,
+        }
     }
 }
 
 impl Deref for SharedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.0
+        let shared = &self.0;
+        shared.whole.get_or_init(|| {
+            let mut at = 0;
+            AlignedBuf::gathered(
+                shared.len,
+                shared.pieces.iter().map(|p| {
+                    let piece = (at, &p[..]);
+                    at += p.len();
+                    piece
+                }),
+            )
+        })
+    }
+}
+
+impl fmt::Debug for SharedBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SharedBuf({} bytes in {} pieces)", self.0.len, self.0.pieces.len().max(1))
+    }
+}
+
+impl PartialEq for SharedBuf {
+    fn eq(&self, other: &Self) -> bool {
+        self[..] == other[..]
     }
 }
 
@@ -207,6 +314,31 @@ mod tests {
         assert_eq!(&buf[4096..8192], &b[..]);
         assert!(buf[8192..].iter().all(|&x| x == 0));
         assert!(AlignedBuf::gathered(4096, []).iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn gathered_pieces_read_as_their_bytes_back_to_back() {
+        let a = Arc::new(AlignedBuf::copy_from(&[1u8; 4096]));
+        let b = Arc::new(AlignedBuf::copy_from(&[2u8; 1024]));
+        let shared = SharedBuf::gather(vec![Arc::clone(&a), Arc::clone(&b)]);
+        assert_eq!(shared.len(), 5120);
+        let iovecs = shared.iovecs().expect("pieces not joined yet");
+        assert_eq!(iovecs.len(), 2);
+        assert_eq!(iovecs[0].iov_base as *const u8, a.as_ptr());
+        assert_eq!((iovecs[1].iov_base as *const u8, iovecs[1].iov_len), (b.as_ptr(), 1024));
+        assert_eq!(shared.addr(), a.as_ptr());
+        assert!(shared.pieces_multiple_of(1024) && !shared.pieces_multiple_of(4096));
+        // Read as bytes: joined once, and from then on written whole.
+        assert!(shared[..4096].iter().all(|&x| x == 1) && shared[4096..].iter().all(|&x| x == 2));
+        assert!(shared.iovecs().is_none());
+        assert_eq!(shared.addr(), shared.as_ptr());
+        assert_eq!(shared, SharedBuf::copy_from(&shared[..]));
+    }
+
+    #[test]
+    #[should_panic(expected = "whole sectors")]
+    fn gather_refuses_pieces_of_part_sectors() {
+        let _ = SharedBuf::gather(vec![Arc::new(AlignedBuf::zeroed(100))]);
     }
 
     #[test]

@@ -95,10 +95,8 @@ impl Uring {
     }
 
     pub(super) fn write(&self, inner: &Inner, offset: u64, data: SharedBuf, done: Done<()>) {
-        let fd = inner.fd_for(offset, data.len(), data.as_ptr());
-        let entry = opcode::Write::new(types::Fd(fd), data.as_ptr(), data.len_bytes())
-            .offset(offset)
-            .build();
+        let fd = inner.fd_for_write(offset, &data);
+        let entry = super::core_ring::write_entry(fd, offset, &data, 0);
         self.push(inner, entry, Op::Write { offset, data, done });
     }
 

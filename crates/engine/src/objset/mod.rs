@@ -31,7 +31,7 @@ use sluice_format::{
 };
 
 use crate::alloc::{AllocClass, Allocator};
-use crate::device::AlignedBuf;
+use crate::device::{AlignedBuf, SharedBuf};
 use crate::pool::{describe_block, Pool, PoolError};
 use crate::tunables::IoClass;
 
@@ -400,22 +400,33 @@ async fn write_placed(
     let written: Vec<Vec<BlockPointer>> =
         futures::future::try_join_all(runs.into_iter().map(|run| async move {
             let (vdev, start, _) = placed[run.start];
-            let (_, last, last_asize) = placed[run.end - 1];
-            let buf = AlignedBuf::gathered(
-                (last + last_asize - start) as usize,
-                run.clone().map(|i| ((placed[i].1 - start) as usize, &blocks[i].bytes[..])),
-            );
+            // Each block's bytes as its allocation holds them (padded with zeros where the
+            // allocation is longer), written from its own buffer: the run is one vectored
+            // write of these pieces, not a copy of them (device::buf, `SharedBuf::gather`).
+            let mut next = start;
+            let pieces: Vec<Arc<AlignedBuf>> = run
+                .clone()
+                .map(|i| {
+                    let (_, offset, asize) = placed[i];
+                    assert_eq!(offset, next, "a run's blocks lie back to back");
+                    next = offset + asize;
+                    let bytes = &blocks[i].bytes;
+                    if bytes.len() as u64 == asize {
+                        Arc::clone(bytes)
+                    } else {
+                        Arc::new(AlignedBuf::gathered(asize as usize, [(0, &bytes[..])]))
+                    }
+                })
+                .collect();
             let mut pointers = Vec::with_capacity(run.len());
-            for i in run.clone() {
-                let (_, offset, asize) = placed[i];
+            for (i, piece) in run.clone().zip(&pieces) {
+                let (_, offset, _) = placed[i];
                 let block = &blocks[i];
-                let at = (offset - start) as usize;
-                let slot = &buf[at..at + asize as usize];
                 let lsize = block.compressed.as_ref().map_or(block.bytes.len(), |c| c.1.len());
                 let mut bp = describe_block(
                     vdev,
                     offset,
-                    slot,
+                    piece,
                     lsize as u64,
                     block.kind,
                     block.level,
@@ -427,18 +438,17 @@ async fn write_placed(
                 }
                 pointers.push(bp);
             }
-            let shared = buf.into_shared();
-            pool.write_copy(vdev, start, shared.clone()).await?;
+            pool.write_copy(vdev, start, SharedBuf::gather(pieces.clone())).await?;
             if !cache {
                 return Ok::<_, PoolError>(pointers);
             }
             // Written blocks are cached (crate::pool::BlockCache). Indirect blocks written now
             // are the ones the next txg's update reads (measured with 4 KiB random writes:
             // every txg re-read each level-1 block the previous one wrote, 2,000 reads a
-            // second); data blocks are what the next partial write of the block reads.
-            // A block whose buffer holds exactly its bytes on disk is cached as that buffer,
-            // with no copy (dirty data blocks: `txg::dbuf`).
-            for (i, bp) in run.zip(&pointers) {
+            // second); data blocks are what the next partial write of the block reads. A
+            // block is cached as the very buffer it was written from, with no copy (dirty data
+            // blocks: `txg::dbuf`).
+            for ((i, bp), piece) in run.zip(&pointers).zip(pieces) {
                 if !pool.cache().keeps(bp) {
                     continue;
                 }
@@ -447,14 +457,8 @@ async fn write_placed(
                     pool.cache().insert(bp, Arc::clone(logical));
                     continue;
                 }
-                let block = &blocks[i].bytes;
-                let kept = if block.len() as u64 == bp.psize_bytes() {
-                    Arc::clone(block)
-                } else {
-                    let at = (bp.dvas[0].offset_bytes() - start) as usize;
-                    Arc::new(AlignedBuf::copy_from(&shared[at..at + bp.psize_bytes() as usize]))
-                };
-                pool.cache().insert(bp, kept);
+                debug_assert_eq!(piece.len() as u64, bp.psize_bytes());
+                pool.cache().insert(bp, piece);
             }
             Ok::<_, PoolError>(pointers)
         }))

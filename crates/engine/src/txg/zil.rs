@@ -17,7 +17,7 @@ use sluice_format::{
 use super::dbuf::{Block, Prewritten};
 use super::dmu::Apply;
 use super::{Dataset, Store, StoreError};
-use crate::device::AlignedBuf;
+use crate::device::{AlignedBuf, SharedBuf};
 use crate::intent_log::{self, DataWrite, LogAddress, LogError, LogWriter};
 use crate::objset::span_runs;
 use crate::pool::compress::compress;
@@ -286,8 +286,10 @@ impl Store {
         // through indirect records is stored as compactly as one written by syncs.
         let compression = dataset.state.lock().entry.compression;
         let unit = 1u64 << self.pool.ashift();
-        let mut stored: Vec<Option<(AlignedBuf, BlockCompression)>> =
-            place.iter().map(|(_, data)| compress(compression, data, unit)).collect();
+        let mut stored: Vec<Option<(Arc<AlignedBuf>, BlockCompression)>> = place
+            .iter()
+            .map(|(_, data)| compress(compression, data, unit).map(|(b, alg)| (Arc::new(b), alg)))
+            .collect();
         // Space for each placed block, as data is placed (near the data cursor, so a large
         // write's blocks land back to back), but held like a log block until a sync links it.
         let mut placed: Vec<(u32, u64, u64)> = Vec::with_capacity(place.len());
@@ -313,30 +315,43 @@ impl Store {
         let mut writes = Vec::with_capacity(runs.len());
         for run in runs {
             let (vdev, start, _) = placed[run.start];
-            let (_, last, last_asize) = placed[run.end - 1];
-            let bytes_of = |i: usize| match &stored[i] {
-                Some((bytes, _)) => &bytes[..],
-                None => &place[i].1[..],
-            };
-            let buf = AlignedBuf::gathered(
-                (last + last_asize - start) as usize,
-                run.clone().map(|i| ((placed[i].1 - start) as usize, bytes_of(i))),
-            );
+            // Written from the blocks' own buffers as one vectored write (as a sync writes its
+            // runs: objset::write_placed), each padded to its allocation where that is longer.
+            let mut next = start;
+            let pieces: Vec<Arc<AlignedBuf>> = run
+                .clone()
+                .map(|i| {
+                    let (_, offset, asize) = placed[i];
+                    assert_eq!(offset, next, "a run's blocks lie back to back");
+                    next = offset + asize;
+                    let bytes = match &stored[i] {
+                        Some((bytes, _)) => bytes,
+                        None => &place[i].1,
+                    };
+                    if bytes.len() as u64 == asize {
+                        Arc::clone(bytes)
+                    } else {
+                        Arc::new(AlignedBuf::gathered(asize as usize, [(0, &bytes[..])]))
+                    }
+                })
+                .collect();
             let (done, written) = futures::channel::oneshot::channel::<bool>();
             let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
-            for i in run {
-                let (_, offset, asize) = placed[i];
+            for (i, piece) in run.zip(&pieces) {
+                let (_, offset, _) = placed[i];
                 let (record, data) = &place[i];
-                let at = (offset - start) as usize;
-                let slot = &buf[at..at + asize as usize];
                 let mut bp =
-                    describe_block(vdev, offset, slot, bs, BlockKind::Data, 0, 1, record.txg());
+                    describe_block(vdev, offset, piece, bs, BlockKind::Data, 0, 1, record.txg());
                 if let Some((_, alg)) = &stored[i] {
                     bp.compression = *alg;
                 }
                 blocks.push(Prewritten { data: Arc::clone(data), bp, write: write.clone() });
             }
-            writes.push((VdevAddress { vdev, offset_bytes: start }, buf.into_shared(), done));
+            writes.push((
+                VdevAddress { vdev, offset_bytes: start },
+                SharedBuf::gather(pieces),
+                done,
+            ));
         }
         // Recorded for the sync before the writes start, so that a sync beginning now waits
         // for them; a block that changed since it was looked at is orphaned (the next sync
