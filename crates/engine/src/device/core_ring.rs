@@ -69,6 +69,9 @@ pub struct CoreRing {
     ring: RefCell<IoUring>,
     inflight: RefCell<HashMap<u64, InFlight>>,
     next_key: Cell<u64>,
+    /// Set when `enter` failed with entries queued: nothing is submitted from then on, so an
+    /// entry whose operation was answered with the error can never reach the kernel later.
+    dead: Cell<bool>,
 }
 
 impl std::fmt::Debug for CoreRing {
@@ -97,6 +100,7 @@ pub fn install() -> io::Result<RawFd> {
         ring: RefCell::new(ring),
         inflight: RefCell::new(HashMap::with_capacity(RING_ENTRIES as usize)),
         next_key: Cell::new(0),
+        dead: Cell::new(false),
     });
     CORE.with(|c| *c.borrow_mut() = Some(core));
     Ok(fd)
@@ -192,6 +196,11 @@ impl CoreRing {
         let key = self.next_key.get();
         self.next_key.set(key.wrapping_add(1));
         let slot = Arc::new(Mutex::new(Slot::default()));
+        if self.dead.get() {
+            // Nothing reaches the kernel any more; the buffers were never lent to it.
+            slot.lock().outcome = Some(Outcome { result: -libc::EIO, buf: read_buf });
+            return RingOp { slot };
+        }
         self.inflight
             .borrow_mut()
             .insert(key, InFlight { slot: Arc::clone(&slot), read_buf, _write_buf: write_buf });
@@ -211,11 +220,30 @@ impl CoreRing {
         }
         let ring = self.ring.borrow_mut();
         if let Err(e) = self.submit_or_reap(ring) {
-            // The ring is unusable: answer this operation with the error at once. (Its entry
-            // may still be queued; a ring that refuses `enter` never runs it.)
-            self.complete(key, -e.raw_os_error().unwrap_or(libc::EIO));
+            self.die(-e.raw_os_error().unwrap_or(libc::EIO));
         }
         RingOp { slot }
+    }
+
+    /// The ring refused `enter` with entries queued: every operation it holds is answered with
+    /// `result` at once. Entries may still sit in the queue, so nothing is submitted from now
+    /// on, and their buffers are leaked rather than freed under entries that point at them
+    /// (an operation already in the kernel completes into a buffer that stays valid).
+    fn die(&self, result: i32) {
+        self.dead.set(true);
+        let ops: Vec<InFlight> = self.inflight.borrow_mut().drain().map(|(_, op)| op).collect();
+        for op in ops {
+            let waker = {
+                let mut slot = op.slot.lock();
+                slot.outcome = Some(Outcome { result, buf: None });
+                slot.waker.take()
+            };
+            std::mem::forget(op.read_buf);
+            std::mem::forget(op._write_buf);
+            if let Some(waker) = waker {
+                waker.wake();
+            }
+        }
     }
 
     /// Submits what is queued. A kernel short of room for completions (`EBUSY`) gets them
@@ -244,7 +272,7 @@ impl CoreRing {
         let mut reaped = 0;
         {
             let mut ring = self.ring.borrow_mut();
-            if !ring.submission().is_empty() {
+            if !ring.submission().is_empty() && !self.dead.get() {
                 // Left queued by a kernel that was short of room; EBUSY again leaves them for
                 // the next turn.
                 let _ = ring.submit();
@@ -335,6 +363,32 @@ mod tests {
             std::thread::yield_now();
         }
         futures::executor::block_on(op)
+    }
+
+    /// A ring that failed `enter` answers what it holds and everything pushed later with an
+    /// error, and never hands the kernel another entry: the file is not written.
+    #[test]
+    fn a_dead_ring_answers_with_errors_and_submits_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![0u8; 8192]).unwrap();
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        std::thread::spawn(move || {
+            if install().is_err() {
+                return; // io_uring refused here; the device paths cover this thread.
+            }
+            let core = CORE.with(|c| c.borrow().clone()).unwrap();
+            core.die(-libc::EIO);
+            let data = AlignedBuf::copy_from(&[9u8; 4096]).into_shared();
+            let outcome = wait(write(file.as_raw_fd(), 0, data, false).unwrap());
+            assert_eq!(outcome.result, -libc::EIO);
+            assert_eq!(inflight(), 0);
+            reap();
+            uninstall();
+        })
+        .join()
+        .unwrap();
+        assert!(std::fs::read(&path).unwrap().iter().all(|&b| b == 0), "nothing was written");
     }
 
     /// Operations pushed on a thread with a ring complete once reaped, and a thread without one

@@ -474,9 +474,11 @@ pub fn span_runs(placed: &[(u32, u64, u64)]) -> Vec<std::ops::Range<usize>> {
         if let Some(run) = runs.last_mut() {
             let (first_vdev, first_offset, _) = placed[run.start];
             let (_, last_offset, last_asize) = placed[run.end - 1];
+            // At most IOVECS_MAX blocks: a run is one vectored write of the blocks' buffers.
             if vdev == first_vdev
                 && offset == last_offset + last_asize
                 && offset + asize - first_offset <= WRITE_SPAN_BYTES_MAX
+                && run.len() < crate::device::IOVECS_MAX
             {
                 run.end = i + 1;
                 continue;
@@ -583,4 +585,23 @@ pub async fn grow_levels(
         root = Some(level_bp);
     }
     Ok(root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs join placements back to back on one vdev, within the span limit and at most
+    /// IOVECS_MAX blocks each (one vectored write).
+    #[test]
+    fn span_runs_join_back_to_back_blocks_up_to_the_limits() {
+        let placed: Vec<(u32, u64, u64)> = (0..2500u64).map(|i| (0, i * 512, 512)).collect();
+        let runs = span_runs(&placed);
+        assert_eq!(runs.iter().map(|r| r.len()).collect::<Vec<_>>(), [1024, 1024, 452]);
+        let mut gaps = vec![(0, 0, 4096), (0, 4096, 4096), (0, 16384, 4096), (1, 20480, 4096)];
+        gaps.extend((0..300u64).map(|i| (1, 24576 + i * 4096, 4096)));
+        let runs = span_runs(&gaps);
+        // A gap and a change of vdev end runs; 1 MiB ends one too (256 blocks of 4 KiB).
+        assert_eq!(runs.iter().map(|r| r.len()).collect::<Vec<_>>(), [2, 1, 256, 45]);
+    }
 }

@@ -10,8 +10,9 @@
 //! read back. A freed block leaves the cache when the sync frees it, so memory holds live
 //! blocks, not the old versions random overwrites leave behind. Memory is bounded by
 //! `cache.bytes_max`. Eviction is CLOCK (second chance), an approximation of least recently
-//! used in which a hit only sets a bit: a hand sweeps the blocks in insertion order, clears
-//! the bit of a block used since its last pass and evicts the first block without it. An
+//! used in which a hit only sets a bit: a hand sweeps the blocks' slots round and round,
+//! clears the bit of a block used since its last pass and evicts the first block without it
+//! (a slot freed by a removal is reused by the next block cached, wherever it lies). An
 //! exact LRU list kept in a tree cost a removal and an insertion on every hit, 3% of the
 //! server's CPU with 4 KiB sync writes, whose read-modify-writes hit the cache on every write
 //! (perf, 2026-11-24). With `cache.contents=metadata` data blocks are never kept (ZFS's
