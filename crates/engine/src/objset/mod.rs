@@ -400,24 +400,7 @@ async fn write_placed(
     let written: Vec<Vec<BlockPointer>> =
         futures::future::try_join_all(runs.into_iter().map(|run| async move {
             let (vdev, start, _) = placed[run.start];
-            // Each block's bytes as its allocation holds them (padded with zeros where the
-            // allocation is longer), written from its own buffer: the run is one vectored
-            // write of these pieces, not a copy of them (device::buf, `SharedBuf::gather`).
-            let mut next = start;
-            let pieces: Vec<Arc<AlignedBuf>> = run
-                .clone()
-                .map(|i| {
-                    let (_, offset, asize) = placed[i];
-                    assert_eq!(offset, next, "a run's blocks lie back to back");
-                    next = offset + asize;
-                    let bytes = &blocks[i].bytes;
-                    if bytes.len() as u64 == asize {
-                        Arc::clone(bytes)
-                    } else {
-                        Arc::new(AlignedBuf::gathered(asize as usize, [(0, &bytes[..])]))
-                    }
-                })
-                .collect();
+            let pieces = run_pieces(placed, run.clone(), |i| &blocks[i].bytes);
             let mut pointers = Vec::with_capacity(run.len());
             for (i, piece) in run.clone().zip(&pieces) {
                 let (_, offset, _) = placed[i];
@@ -464,6 +447,29 @@ async fn write_placed(
         }))
         .await?;
     Ok(written.into_iter().flatten().collect())
+}
+
+/// The pieces one run of [`span_runs`] is written from: each block's own buffer (`bytes_of`),
+/// padded with zeros to its allocation where that is longer, so the run is one vectored write
+/// of them rather than a copy (device::buf, `SharedBuf::gather`).
+pub fn run_pieces<'a>(
+    placed: &[(u32, u64, u64)],
+    run: std::ops::Range<usize>,
+    bytes_of: impl Fn(usize) -> &'a Arc<AlignedBuf>,
+) -> Vec<Arc<AlignedBuf>> {
+    let mut next = placed[run.start].1;
+    run.map(|i| {
+        let (_, offset, asize) = placed[i];
+        assert_eq!(offset, next, "a run's blocks lie back to back");
+        next = offset + asize;
+        let bytes = bytes_of(i);
+        if bytes.len() as u64 == asize {
+            Arc::clone(bytes)
+        } else {
+            Arc::new(AlignedBuf::gathered(asize as usize, [(0, &bytes[..])]))
+        }
+    })
+    .collect()
 }
 
 /// Runs of allocations `(vdev, offset, asize)` that lie back to back on one vdev, each within

@@ -19,7 +19,7 @@ use super::dmu::Apply;
 use super::{Dataset, Store, StoreError};
 use crate::device::{AlignedBuf, SharedBuf};
 use crate::intent_log::{self, DataWrite, LogAddress, LogError, LogWriter};
-use crate::objset::span_runs;
+use crate::objset::{run_pieces, span_runs};
 use crate::pool::compress::compress;
 use crate::pool::describe_block;
 use crate::tunables::IoClass;
@@ -315,26 +315,11 @@ impl Store {
         let mut writes = Vec::with_capacity(runs.len());
         for run in runs {
             let (vdev, start, _) = placed[run.start];
-            // Written from the blocks' own buffers as one vectored write (as a sync writes its
-            // runs: objset::write_placed), each padded to its allocation where that is longer.
-            let mut next = start;
-            let pieces: Vec<Arc<AlignedBuf>> = run
-                .clone()
-                .map(|i| {
-                    let (_, offset, asize) = placed[i];
-                    assert_eq!(offset, next, "a run's blocks lie back to back");
-                    next = offset + asize;
-                    let bytes = match &stored[i] {
-                        Some((bytes, _)) => bytes,
-                        None => &place[i].1,
-                    };
-                    if bytes.len() as u64 == asize {
-                        Arc::clone(bytes)
-                    } else {
-                        Arc::new(AlignedBuf::gathered(asize as usize, [(0, &bytes[..])]))
-                    }
-                })
-                .collect();
+            // Written from the blocks' own buffers as one vectored write, as a sync writes.
+            let pieces = run_pieces(&placed, run.clone(), |i| match &stored[i] {
+                Some((bytes, _)) => bytes,
+                None => &place[i].1,
+            });
             let (done, written) = futures::channel::oneshot::channel::<bool>();
             let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
             for (i, piece) in run.zip(&pieces) {
