@@ -4,6 +4,7 @@
 #
 # Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|randread|seqread] [JOBS] [--bin PATH]
 #        [--block-size 4K] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
+#        [--cores N (sluice's serving cores)]
 #   syncwrite: 4 KiB random writes, each followed by a flush, JOBS jobs at queue depth 1
 #   randread:  4 KiB random reads at queue depth 32
 #   seqread:   1 MiB sequential reads at queue depth 8 (IOPS are MiB/s)
@@ -23,6 +24,7 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=$2; shift 2 ;;
     --disk) disk=$2; shift 2 ;;
     --set) serve_args+=(--set "$2"); shift 2 ;;
+    --cores) serve_args+=(--cores "$2"); shift 2 ;;
     *) echo "per-op: unknown argument $1" >&2; exit 2 ;;
   esac
 done

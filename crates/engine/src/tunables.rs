@@ -139,7 +139,8 @@ tunable_table! {
     IntentLogPolicy = "intent_log.policy", Kind::Choice(LOG_POLICIES), "auto",
         "How sync writes are grouped into log writes. auto: groups of the waiting records, each \
          on one device and made durable by one flush; up to 1 group in flight per disk or file \
-         (whose flushes cannot overlap) and 8 per other device; records that arrive together are spread over the free \
+         (whose flushes cannot overlap) and 8 per other device, beyond which only groups of \
+         records logged by pointer start (their blocks pay their own flushes); records that arrive together are spread over the free \
          slots in even shares of what is outstanding; blocks sized to what groups carry; near \
          saturation a group waits briefly for more records (intent_log.commit_timeout_pct). \
          pipelined (seed 004's after): many log blocks in flight, each written then flushed, \

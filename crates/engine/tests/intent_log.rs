@@ -241,3 +241,113 @@ fn auto_groups_everything_waiting_on_one_disk() {
     );
     assert!(auto > pipelined && auto > batch, "auto {auto}, pipelined {pipelined}, batch {batch}");
 }
+
+/// A block pointer for an indirect record; the log only carries it.
+fn placed_block(at: u64) -> sluice_format::BlockPointer {
+    use sluice_format::{BlockCompression, BlockKind, ChecksumAlg, Dva};
+    sluice_format::BlockPointer {
+        dvas: [
+            Dva { vdev: 0, asize_sectors: 32, offset_sectors: at },
+            Dva::default(),
+            Dva::default(),
+        ],
+        lsize_sectors: 32,
+        psize_sectors: 32,
+        birth_txg: 1,
+        checksum_alg: ChecksumAlg::Xxh3_128,
+        compression: BlockCompression::None,
+        kind: BlockKind::Data,
+        level: 0,
+        fill: 1,
+        checksum: ChecksumAlg::Xxh3_128.compute(&[7u8; 16384]),
+        dedup: None,
+    }
+}
+
+/// On one disk `auto` keeps one group in flight, except for groups whose records are all
+/// logged by pointer: each of those already waits for its own block's durable write, so a
+/// second one starts at once instead of waiting for the slot. A record with its data copied
+/// still waits for the slot.
+#[test]
+fn auto_starts_groups_of_records_logged_by_pointer_past_the_cap() {
+    let sim = Sim::new(11);
+    let legs = common::legs(&sim, 1, SimProfile::hdd(), LEAF_BYTES);
+    let specs = common::leaf_specs(&legs);
+    let env = sim.env();
+    let in_flight = sim
+        .run(async move {
+            let pool = Arc::new(
+                Pool::create(&env, Layout::HddStripe.spec(specs), &Tunables::default())
+                    .await
+                    .unwrap(),
+            );
+            let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
+            let log = Arc::new(
+                LogWriter::new("tank", &allocator, CommitPolicy::Auto, 10, 5, 1, 128 << 10)
+                    .unwrap(),
+            );
+            // The blocks' writes end only when released, so their groups stay in flight.
+            let (release, released) = futures::channel::oneshot::channel::<()>();
+            let released = futures::FutureExt::shared(released);
+            let mut figures = Vec::new();
+            let mut commits = Vec::new();
+            for (i, at) in [(0u64, 8192u64), (1, 16384)] {
+                let sequence =
+                    log.append_unfilled(env.now(), |sequence| LogRecord::WriteIndirect {
+                        txg: 1,
+                        sequence,
+                        offset: i << 20,
+                        len: 16384,
+                        block: placed_block(at),
+                    });
+                let claimed = log.claim_unfilled(sequence);
+                assert_eq!(claimed.len(), 1);
+                let mut record = claimed.into_iter().next().unwrap();
+                if let LogRecord::WriteIndirect { block, .. } = &mut record {
+                    *block = placed_block(at);
+                }
+                let released = released.clone();
+                let write: sluice_engine::intent_log::DataWrite =
+                    futures::FutureExt::shared(Box::pin(async move { released.await.is_ok() })
+                        as futures::future::BoxFuture<'static, bool>);
+                assert!(log.fill(record, Some(write)));
+                let (pool, allocator, log2) =
+                    (Arc::clone(&pool), Arc::clone(&allocator), Arc::clone(&log));
+                let (done, finished) = futures::channel::oneshot::channel();
+                env.spawn("commit", async move {
+                    let _ = done.send(log2.commit(&pool, &allocator, sequence).await.is_ok());
+                });
+                commits.push(finished);
+                env.sleep(Duration::from_millis(30)).await;
+                figures.push(log.figures().groups_in_flight);
+            }
+            // A copied record waits for a slot.
+            let sequence = log.append(env.now(), |sequence| LogRecord::Write {
+                txg: 1,
+                sequence,
+                offset: 9 << 20,
+                data: vec![3; 4096],
+            });
+            let (pool2, allocator2, log2) =
+                (Arc::clone(&pool), Arc::clone(&allocator), Arc::clone(&log));
+            let (done, finished) = futures::channel::oneshot::channel();
+            env.spawn("commit", async move {
+                let _ = done.send(log2.commit(&pool2, &allocator2, sequence).await.is_ok());
+            });
+            commits.push(finished);
+            env.sleep(Duration::from_millis(30)).await;
+            figures.push(log.figures().groups_in_flight);
+            release.send(()).unwrap();
+            for finished in commits {
+                assert!(
+                    finished.await.unwrap(),
+                    "every commit returns once the blocks are written"
+                );
+            }
+            figures.push(log.figures().groups_in_flight);
+            figures
+        })
+        .unwrap()
+        .0;
+    assert_eq!(in_flight, vec![1, 2, 2, 0], "groups in flight after each commit, then at the end");
+}

@@ -223,7 +223,10 @@ impl Allocator {
     }
 
     /// Allocates an intent-log block: on a log device when there is one with room, else on
-    /// the data vdevs (from the slop reserve if need be, as a log block is short-lived).
+    /// the data vdevs, down to half the slop reserve (a log block is short-lived, but the
+    /// sync that frees it needs the rest: thick volumes may fill the pool down to a quarter
+    /// of the slop, and log blocks that took it all left a sync no room for its own blocks;
+    /// short of room the commit falls back to that sync).
     pub fn allocate_log(&mut self, psize: u64) -> Result<(u32, u64, u64), AllocError> {
         self.allocate_log_near(psize, None)
     }
@@ -256,8 +259,12 @@ impl Allocator {
             .filter(|&v| self.vdevs[v].log_only)
             .chain((0..count).map(|i| (start + i) % count).filter(|&v| !self.vdevs[v].log_only))
             .collect();
+        let data_room = self.free_bytes() >= asize.saturating_add(self.slop_bytes() / 2);
         for vdev in order {
             let space = &mut self.vdevs[vdev];
+            if !space.log_only && !data_room {
+                continue;
+            }
             let region = (space.data_start, space.log_region_end);
             let in_region = (!space.log_only)
                 .then(|| space.free.first_fit_within(asize, unit, space.log_cursor, region))
@@ -300,6 +307,18 @@ impl Allocator {
         let (vdev, at, asize) = self.allocate(psize, AllocClass::Normal, &[])?;
         self.vdevs[vdev as usize].log.insert(at, asize);
         Ok((vdev, at, asize))
+    }
+
+    /// Gives back a block from [`Allocator::allocate_indirect`] that was never written (its
+    /// placement was abandoned): nothing can point at it, so it is free at once.
+    pub fn release_indirect(&mut self, vdev: u32, start: u64, len: u64) {
+        let space = &mut self.vdevs[vdev as usize];
+        assert!(
+            space.log.contains(start, len),
+            "release of [{start}, +{len}) on vdev {vdev}, not a block placed for the log"
+        );
+        space.log.remove(start, len);
+        space.free.insert(start, len);
     }
 
     /// A block from [`Allocator::allocate_indirect`] (or claimed at import) becomes part of

@@ -366,6 +366,19 @@ impl Store {
                 let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
                 let (at, n) = ((from - index * bs) as usize, (to - from) as usize);
                 let bytes = data.map(|d| &d[(from - offset) as usize..(to - offset) as usize]);
+                // The open txg's own whole block that nothing else holds (no reader, no sync,
+                // no block written in place for the log, no cache entry) is changed where it
+                // lies; any other holder sees its version unchanged because it forces a copy.
+                if let Some(Block::Data(current)) = v.open.get_mut(&index) {
+                    if let Some(whole) = Arc::get_mut(current) {
+                        match bytes {
+                            Some(b) => whole[at..at + n].copy_from_slice(b),
+                            None => whole[at..at + n].fill(0),
+                        }
+                        added += bs;
+                        continue;
+                    }
+                }
                 // A version in memory is patched in place; none means the version below is on
                 // disk, and this write becomes a patch over it, read only when needed.
                 let base = match v.open.get(&index).or_else(|| v.syncing.get(&index)) {

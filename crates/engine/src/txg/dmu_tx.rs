@@ -107,8 +107,9 @@ impl Store {
                         .filter(|d| d.id != dataset.id)
                         .map(|d| d.unused_reservation())
                         .sum();
-                    let dirty =
-                        state.dirty_bytes + state.dirty_metadata_bytes + state.syncing_bytes;
+                    let dirty = state.dirty_to_allocate()
+                        + state.dirty_metadata_bytes
+                        + state.syncing_bytes;
                     (dirty, metadata, reserved)
                 };
                 // Room a sync needs to rewrite the dedup table, kept beyond the slop (taken

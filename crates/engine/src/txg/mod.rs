@@ -242,6 +242,11 @@ struct State {
     space_maps: Vec<Vec<BlockPointer>>,
     directory: Option<BlockPointer>,
     dirty_bytes: u64,
+    /// The part of `dirty_bytes` already written in place for the intent log (indirect
+    /// records): their space is allocated, so the space check leaves them out, but they stay
+    /// dirty for the throttle and for starting a sync, because until a sync links them (and
+    /// frees the versions they replaced) they hold space like any other write.
+    prewritten_bytes: u64,
     /// Indirect blocks the open txg will rewrite, estimated: the path to the root for each
     /// group of `INDIRECT_BPS` blocks it dirtied.
     dirty_metadata_bytes: u64,
@@ -270,6 +275,11 @@ struct State {
 }
 
 impl State {
+    /// The open txg's dirty data that its sync still has to allocate space for.
+    fn dirty_to_allocate(&self) -> u64 {
+        self.dirty_bytes.saturating_sub(self.prewritten_bytes)
+    }
+
     /// The state of a store whose last synced txg is `synced_txg`, with nothing dirty.
     fn new(
         synced_txg: u64,
@@ -285,6 +295,7 @@ impl State {
             space_maps,
             directory,
             dirty_bytes: 0,
+            prewritten_bytes: 0,
             dirty_metadata_bytes: 0,
             syncing_bytes: 0,
             syncing_metadata_bytes: 0,

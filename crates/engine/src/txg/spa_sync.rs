@@ -202,9 +202,10 @@ impl Store {
         // What each leaf had missed when the next txg opened: a resilver or a sync compares it
         // to tell whether the leaf missed a block born since.
         self.pool.note_txg_open(state.open_txg);
-        state.syncing_bytes = state.dirty_bytes + state.dirty_metadata_bytes;
+        state.syncing_bytes = state.dirty_to_allocate() + state.dirty_metadata_bytes;
         state.syncing_metadata_bytes = state.dirty_metadata_bytes;
         state.dirty_bytes = 0;
+        state.prewritten_bytes = 0;
         state.dirty_metadata_bytes = 0;
         let mut work = Vec::new();
         for dataset in state.volumes.values() {

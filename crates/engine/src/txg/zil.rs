@@ -5,7 +5,6 @@
 //! `crate::intent_log`; this file decides when to use it and when a txg sync must answer
 //! instead (a chain not yet anchored by a sync, or a failed log write).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::FutureExt;
@@ -21,7 +20,7 @@ use crate::device::{AlignedBuf, SharedBuf};
 use crate::intent_log::{self, DataWrite, LogAddress, LogError, LogWriter};
 use crate::objset::{run_pieces, span_runs};
 use crate::pool::compress::compress;
-use crate::pool::describe_block;
+use crate::pool::{describe_block, PoolError};
 use crate::tunables::IoClass;
 use crate::vdev::VdevAddress;
 
@@ -286,7 +285,7 @@ impl Store {
         // through indirect records is stored as compactly as one written by syncs.
         let compression = dataset.state.lock().entry.compression;
         let unit = 1u64 << self.pool.ashift();
-        let mut stored: Vec<Option<(Arc<AlignedBuf>, BlockCompression)>> = place
+        let stored: Vec<Option<(Arc<AlignedBuf>, BlockCompression)>> = place
             .iter()
             .map(|(_, data)| compress(compression, data, unit).map(|(b, alg)| (Arc::new(b), alg)))
             .collect();
@@ -299,11 +298,19 @@ impl Store {
                 let len = stored[i].as_ref().map_or(bs, |(bytes, _)| bytes.len() as u64);
                 match allocator.allocate_indirect(len) {
                     Ok(at) => placed.push(at),
-                    Err(_) => {
-                        // No room for a block in place: the rest are copied.
-                        copy.extend(place.drain(i..).map(|(record, _)| record));
-                        stored.truncate(i);
-                        break;
+                    Err(source) => {
+                        // No room for the blocks in place: the commit falls back to a txg
+                        // sync, which writes them once, rather than copying them into log
+                        // blocks, which would take the room the sync needs (log blocks
+                        // holding copies of 1 MiB writes filled a nearly full pool until the
+                        // sync could not place its own blocks).
+                        for &(vdev, start, len) in &placed {
+                            allocator.release_indirect(vdev, start, len);
+                        }
+                        return Err(StoreError::Pool(PoolError::NoSpace {
+                            pool: self.pool.name().to_owned(),
+                            source,
+                        }));
                     }
                 }
             }
@@ -369,16 +376,14 @@ impl Store {
                     if let Some(replaced) = v.prewritten.insert(index, block) {
                         state.orphaned.push(replaced);
                     }
-                    // The block is on its way to the disk and the sync will not write it: it
-                    // no longer counts as dirty data (the throttle and the space check would
-                    // count it twice, since its space is allocated already). A later write
-                    // of the block counts it again.
-                    state.dirty_bytes = state.dirty_bytes.saturating_sub(bs);
-                    let _ = dataset.dirty_bytes.fetch_update(
-                        Ordering::Relaxed,
-                        Ordering::Relaxed,
-                        |d| Some(d.saturating_sub(bs)),
-                    );
+                    // The block is on its way to the disk and the sync will not write it, but
+                    // it stays dirty: the throttle and the start of the next sync count it,
+                    // since until that sync the block and any version it replaced hold
+                    // space. Only the space check leaves it out, its space being allocated
+                    // already. (Leaving it out of the dirty data too let 1 MiB write + flush
+                    // clients fill a pool with blocks written in place and their replaced
+                    // versions within one txg timeout: the sync after found no room.)
+                    state.prewritten_bytes += bs;
                 } else {
                     state.orphaned.push(block);
                     copy.push(record);
