@@ -223,10 +223,9 @@ impl Allocator {
     }
 
     /// Allocates an intent-log block: on a log device when there is one with room, else on
-    /// the data vdevs, down to half the slop reserve (a log block is short-lived, but the
-    /// sync that frees it needs the rest: thick volumes may fill the pool down to a quarter
-    /// of the slop, and log blocks that took it all left a sync no room for its own blocks;
-    /// short of room the commit falls back to that sync).
+    /// the data vdevs (from the slop reserve if need be, as a log block is short-lived, and a
+    /// chain's new head, allocated by a sync or at import, must not fail where the sync
+    /// itself may still allocate).
     pub fn allocate_log(&mut self, psize: u64) -> Result<(u32, u64, u64), AllocError> {
         self.allocate_log_near(psize, None)
     }
@@ -259,12 +258,8 @@ impl Allocator {
             .filter(|&v| self.vdevs[v].log_only)
             .chain((0..count).map(|i| (start + i) % count).filter(|&v| !self.vdevs[v].log_only))
             .collect();
-        let data_room = self.free_bytes() >= asize.saturating_add(self.slop_bytes() / 2);
         for vdev in order {
             let space = &mut self.vdevs[vdev];
-            if !space.log_only && !data_room {
-                continue;
-            }
             let region = (space.data_start, space.log_region_end);
             let in_region = (!space.log_only)
                 .then(|| space.free.first_fit_within(asize, unit, space.log_cursor, region))

@@ -100,7 +100,7 @@ impl Store {
             let mut waited = 0;
             loop {
                 // One lock at a time: the lock order is state -> allocator.
-                let (dirty, metadata, reserved) = {
+                let (dirty, in_memory, metadata, reserved) = {
                     let state = self.state.lock();
                     let metadata = state.dirty_metadata_bytes + state.syncing_metadata_bytes;
                     let reserved: u64 = (state.volumes.values())
@@ -110,7 +110,10 @@ impl Store {
                     let dirty = state.dirty_to_allocate()
                         + state.dirty_metadata_bytes
                         + state.syncing_bytes;
-                    (dirty, metadata, reserved)
+                    // Blocks written in place need no new space, but a sync still frees the
+                    // versions they replaced: while any are dirty, waiting can help.
+                    let in_memory = dirty + state.prewritten_bytes;
+                    (dirty, in_memory, metadata, reserved)
                 };
                 // Room a sync needs to rewrite the dedup table, kept beyond the slop (taken
                 // before the allocator: the lock order is dedup table -> allocator).
@@ -130,7 +133,7 @@ impl Store {
                 if dirty.saturating_add(len) <= usable && metadata <= room {
                     break;
                 }
-                if waited > crate::alloc::FREE_DEFER_TXGS || (dirty == 0 && deferred == 0) {
+                if waited > crate::alloc::FREE_DEFER_TXGS || (in_memory == 0 && deferred == 0) {
                     return Err(StoreError::NoSpace {
                         pool: self.pool.name().to_owned(),
                         requested_bytes: len,

@@ -215,6 +215,12 @@ impl Store {
             let _guard = store.panic_guard("an early log commit");
             if store.fill_indirect(&dataset, &log, sequence).await.is_ok() {
                 let _ = log.commit(&store.pool, &store.allocator, sequence).await;
+            } else {
+                // The records it claimed are back, unfilled, at the front of the chain, and a
+                // client's commit that found them claimed is waiting behind them without
+                // claiming them again: a sync makes them durable and wakes it (the client's
+                // own commit would have fallen back to one too).
+                let _ = store.sync().await;
             }
         });
     }
