@@ -43,7 +43,7 @@ write, sync = job["write"], job.get("sync", {})
 def p50(lat):
     return lat.get("percentile", {}).get("50.000000", 0) / 1000
 ops = write["total_ios"] or 1
-synced = "%.1f" % p50(sync["lat_ns"]) if sync.get("total_ios") else "-"
+synced = "%.1f" % p50(sync["lat_ns"]) if sync.get("lat_ns", {}).get("percentile") else "-"
 print("%-16s %5s %8.0f %14.1f %13s %8.2f" % (sys.argv[1], sys.argv[2], write["iops"],
       p50(write["clat_ns"]), synced, job["ctx"] / ops))' "$way" "$round"
   done
