@@ -289,6 +289,16 @@ fn auto_starts_groups_of_records_logged_by_pointer_past_the_cap() {
             // The blocks' writes end only when released, so their groups stay in flight.
             let (release, released) = futures::channel::oneshot::channel::<()>();
             let released = futures::FutureExt::shared(released);
+            // A commit of `sequence` on its own task; the receiver says whether it succeeded.
+            let spawn_commit = |sequence: u64| {
+                let (pool, allocator, log) =
+                    (Arc::clone(&pool), Arc::clone(&allocator), Arc::clone(&log));
+                let (done, finished) = futures::channel::oneshot::channel();
+                env.spawn("commit", async move {
+                    let _ = done.send(log.commit(&pool, &allocator, sequence).await.is_ok());
+                });
+                finished
+            };
             let mut figures = Vec::new();
             let mut commits = Vec::new();
             for (i, at) in [(0u64, 8192u64), (1, 16384)] {
@@ -302,22 +312,13 @@ fn auto_starts_groups_of_records_logged_by_pointer_past_the_cap() {
                     });
                 let claimed = log.claim_unfilled(sequence);
                 assert_eq!(claimed.len(), 1);
-                let mut record = claimed.into_iter().next().unwrap();
-                if let LogRecord::WriteIndirect { block, .. } = &mut record {
-                    *block = placed_block(at);
-                }
+                let record = claimed.into_iter().next().unwrap();
                 let released = released.clone();
                 let write: sluice_engine::intent_log::DataWrite =
                     futures::FutureExt::shared(Box::pin(async move { released.await.is_ok() })
                         as futures::future::BoxFuture<'static, bool>);
                 assert!(log.fill(record, Some(write)));
-                let (pool, allocator, log2) =
-                    (Arc::clone(&pool), Arc::clone(&allocator), Arc::clone(&log));
-                let (done, finished) = futures::channel::oneshot::channel();
-                env.spawn("commit", async move {
-                    let _ = done.send(log2.commit(&pool, &allocator, sequence).await.is_ok());
-                });
-                commits.push(finished);
+                commits.push(spawn_commit(sequence));
                 env.sleep(Duration::from_millis(30)).await;
                 figures.push(log.figures().groups_in_flight);
             }
@@ -328,13 +329,7 @@ fn auto_starts_groups_of_records_logged_by_pointer_past_the_cap() {
                 offset: 9 << 20,
                 data: vec![3; 4096],
             });
-            let (pool2, allocator2, log2) =
-                (Arc::clone(&pool), Arc::clone(&allocator), Arc::clone(&log));
-            let (done, finished) = futures::channel::oneshot::channel();
-            env.spawn("commit", async move {
-                let _ = done.send(log2.commit(&pool2, &allocator2, sequence).await.is_ok());
-            });
-            commits.push(finished);
+            commits.push(spawn_commit(sequence));
             env.sleep(Duration::from_millis(30)).await;
             figures.push(log.figures().groups_in_flight);
             release.send(()).unwrap();
