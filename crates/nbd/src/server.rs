@@ -17,7 +17,8 @@
 
 use std::sync::Arc;
 
-use sluice_engine::txg::StoreError;
+use sluice_engine::device::IOVECS_MAX;
+use sluice_engine::txg::{ReadData, StoreError};
 use sluice_engine::volume::Volume;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -521,9 +522,87 @@ fn transmission_flags(structured: bool, read_only: bool) -> u16 {
 
 /// A reply ready to send, with the request's in-flight budget released when it is dropped.
 struct Reply {
-    bytes: Vec<u8>,
+    bytes: Encoded,
     _slot: tokio::sync::OwnedSemaphorePermit,
     _budget: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// An encoded reply: its own bytes (headers, or the whole reply when it carries no data), and
+/// for a read, the order in which those bytes and the read's data go out. The data stays in
+/// the engine's buffers ([`ReadData`]) and goes to the socket with vectored writes.
+#[derive(Debug, Default)]
+struct Encoded {
+    head: Vec<u8>,
+    parts: Vec<Part>,
+    data: ReadData,
+}
+
+#[derive(Debug)]
+enum Part {
+    /// A range of `head`.
+    Head(std::ops::Range<usize>),
+    /// A range of the read's data.
+    Data(std::ops::Range<usize>),
+}
+
+impl From<Vec<u8>> for Encoded {
+    fn from(head: Vec<u8>) -> Encoded {
+        Encoded { head, ..Encoded::default() }
+    }
+}
+
+impl Encoded {
+    /// Appends `bytes` to the reply's own bytes.
+    fn extend(&mut self, bytes: &[u8]) {
+        self.start_parts();
+        let at = self.head.len();
+        self.head.extend_from_slice(bytes);
+        match self.parts.last_mut() {
+            Some(Part::Head(range)) if range.end == at => range.end = self.head.len(),
+            _ => self.parts.push(Part::Head(at..self.head.len())),
+        }
+    }
+
+    /// Appends `range` of the read's data.
+    fn data(&mut self, range: std::ops::Range<usize>) {
+        self.start_parts();
+        self.parts.push(Part::Data(range));
+    }
+
+    /// Bytes put in `head` before any part was added go out first.
+    fn start_parts(&mut self) {
+        if self.parts.is_empty() && !self.head.is_empty() {
+            self.parts.push(Part::Head(0..self.head.len()));
+        }
+    }
+
+    /// Writes the whole reply: one `write_all` when it carries no data, else vectored writes
+    /// of its headers and the data's slices (at most `IOVECS_MAX` a call, Linux's limit).
+    async fn send<W: AsyncWrite + Unpin>(&self, writer: &mut W) -> std::io::Result<()> {
+        if self.parts.is_empty() {
+            return writer.write_all(&self.head).await;
+        }
+        let mut slices: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(self.parts.len() + 4);
+        for part in &self.parts {
+            match part {
+                Part::Head(range) => slices.push(std::io::IoSlice::new(&self.head[range.clone()])),
+                Part::Data(range) => self
+                    .data
+                    .slices(range.start, range.len(), |s| slices.push(std::io::IoSlice::new(s))),
+            }
+        }
+        let mut left = &mut slices[..];
+        std::io::IoSlice::advance_slices(&mut left, 0);
+        while !left.is_empty() {
+            let batch = left.len().min(IOVECS_MAX);
+            let n = writer.write_vectored(&left[..batch]).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            std::io::IoSlice::advance_slices(&mut left, n);
+        }
+        Ok(())
+    }
 }
 
 async fn transmission<R, W>(
@@ -545,10 +624,10 @@ where
     let sender = tokio::spawn(async move {
         while let Some(reply) = outbox.recv().await {
             let mut writer = out.lock().await;
-            writer.write_all(&reply.bytes).await?;
+            reply.bytes.send(&mut *writer).await?;
             drop(reply);
             while let Ok(reply) = outbox.try_recv() {
-                writer.write_all(&reply.bytes).await?;
+                reply.bytes.send(&mut *writer).await?;
             }
             writer.flush().await?;
         }
@@ -602,7 +681,7 @@ where
             }
         }
         if let Err(proto::Refusal(error)) = checked {
-            let bytes = error_reply(&session, &request, error, "request refused");
+            let bytes = error_reply(&session, &request, error, "request refused").into();
             let _ = replies.send(Reply { bytes, _slot: slot, _budget: None });
             continue;
         }
@@ -625,13 +704,13 @@ where
             let run = std::panic::AssertUnwindSafe(execute(&session, &request, payload));
             let bytes = match futures::FutureExt::catch_unwind(run).await {
                 Ok(bytes) => bytes,
-                Err(_) => error_reply(&session, &request, proto::EIO, "internal error"),
+                Err(_) => error_reply(&session, &request, proto::EIO, "internal error").into(),
             };
             let reply = Reply { bytes, _slot: slot, _budget: Some(budget) };
             match writer.try_lock() {
                 Ok(mut writer) => {
                     // A failed send means the client is gone; the reader sees it end.
-                    if writer.write_all(&reply.bytes).await.is_ok() {
+                    if reply.bytes.send(&mut *writer).await.is_ok() {
                         let _ = writer.flush().await;
                     }
                 }
@@ -670,7 +749,7 @@ fn errno(error: &StoreError) -> u32 {
 }
 
 /// Runs one checked request and encodes its reply.
-async fn execute(session: &Session, request: &Request, payload: Vec<u8>) -> Vec<u8> {
+async fn execute(session: &Session, request: &Request, payload: Vec<u8>) -> Encoded {
     let volume = &session.volume;
     // FUA may come with any command (`proto::check`). It matters where a request changes the
     // volume (WRITE, TRIM, WRITE_ZEROES: durable before the reply); a FLUSH is durable anyway,
@@ -681,8 +760,8 @@ async fn execute(session: &Session, request: &Request, payload: Vec<u8>) -> Vec<
         Ok(()) => proto::simple_reply(request.cookie, 0).to_vec(),
         Err(e) => error_reply(session, request, errno(&e), &e.to_string()),
     };
-    match request.kind {
-        proto::CMD_READ => read(session, request).await,
+    let reply = match request.kind {
+        proto::CMD_READ => return read(session, request).await,
         proto::CMD_WRITE if len == 0 => done(Ok(())),
         proto::CMD_WRITE => done(volume.write(offset, &payload, fua).await),
         proto::CMD_FLUSH => done(volume.flush().await),
@@ -703,7 +782,8 @@ async fn execute(session: &Session, request: &Request, payload: Vec<u8>) -> Vec<
         proto::CMD_BLOCK_STATUS => block_status(session, request).await,
         // `check` admits nothing else.
         _ => error_reply(session, request, proto::EINVAL, "unknown command"),
-    }
+    };
+    reply.into()
 }
 
 /// Writes allocated zeros (WRITE_ZEROES with NO_HOLE), a MiB at a time.
@@ -722,64 +802,63 @@ async fn write_zeros(volume: &Volume, offset: u64, len: u64, fua: bool) -> Resul
     Ok(())
 }
 
-async fn read(session: &Session, request: &Request) -> Vec<u8> {
+async fn read(session: &Session, request: &Request) -> Encoded {
     let volume = &session.volume;
     let (offset, len) = (request.offset, u64::from(request.len));
     if !session.structured && len == 0 {
-        return proto::simple_reply(request.cookie, 0).to_vec();
+        return proto::simple_reply(request.cookie, 0).to_vec().into();
     }
     if !session.structured {
-        return match volume.read(offset, len).await {
-            Ok(data) => {
-                let mut out = proto::simple_reply(request.cookie, 0).to_vec();
-                out.extend_from_slice(&data);
+        return match volume.read_with_status(offset, len).await {
+            Ok((data, _)) => {
+                let mut out = Encoded::from(proto::simple_reply(request.cookie, 0).to_vec());
+                out.data(0..data.len());
+                out.data = data;
                 out
             }
-            Err(e) => proto::simple_reply(request.cookie, errno(&e)).to_vec(),
+            Err(e) => proto::simple_reply(request.cookie, errno(&e)).to_vec().into(),
         };
     }
     if len == 0 {
-        return proto::chunk_header(
-            request.cookie,
-            proto::REPLY_FLAG_DONE,
-            proto::REPLY_TYPE_NONE,
-            0,
-        )
-        .to_vec();
+        let done = proto::REPLY_FLAG_DONE;
+        return proto::chunk_header(request.cookie, done, proto::REPLY_TYPE_NONE, 0)
+            .to_vec()
+            .into();
     }
     // Holes go out as hole chunks unless the client asked for one piece (DF). One read of the
     // whole range gives both the data and the map, from the same snapshot.
     let (data, runs) = match volume.read_with_status(offset, len).await {
         Ok(read) => read,
-        Err(e) => return error_reply(session, request, errno(&e), &e.to_string()),
+        Err(e) => return error_reply(session, request, errno(&e), &e.to_string()).into(),
     };
     let runs = if request.flags & proto::CMD_FLAG_DF != 0 { vec![(len, true)] } else { runs };
-    let mut out = Vec::with_capacity(len as usize + 64);
+    let mut out = Encoded { head: Vec::with_capacity(runs.len() * 32), ..Encoded::default() };
     let mut at = offset;
     for (i, &(run, allocated)) in runs.iter().enumerate() {
         let flags = if i + 1 == runs.len() { proto::REPLY_FLAG_DONE } else { 0 };
         if allocated {
-            out.extend_from_slice(&proto::chunk_header(
+            out.extend(&proto::chunk_header(
                 request.cookie,
                 flags,
                 proto::REPLY_TYPE_OFFSET_DATA,
                 8 + run as u32,
             ));
-            out.extend_from_slice(&at.to_be_bytes());
+            out.extend(&at.to_be_bytes());
             let from = (at - offset) as usize;
-            out.extend_from_slice(&data[from..from + run as usize]);
+            out.data(from..from + run as usize);
         } else {
-            out.extend_from_slice(&proto::chunk_header(
+            out.extend(&proto::chunk_header(
                 request.cookie,
                 flags,
                 proto::REPLY_TYPE_OFFSET_HOLE,
                 12,
             ));
-            out.extend_from_slice(&at.to_be_bytes());
-            out.extend_from_slice(&(run as u32).to_be_bytes());
+            out.extend(&at.to_be_bytes());
+            out.extend(&(run as u32).to_be_bytes());
         }
         at += run;
     }
+    out.data = data;
     out
 }
 
@@ -1002,6 +1081,96 @@ mod tests {
             Request { flags: fua | 1 << 9, kind: proto::CMD_READ, cookie: 99, offset: 0, len: 512 };
         assert_eq!(request(&mut client, bad, &[]).await, proto::EINVAL);
         let disc = Request { flags: 0, kind: proto::CMD_DISC, cookie: 100, offset: 0, len: 0 };
+        client.write_all(&disc.encode()).await.unwrap();
+        session.await.unwrap().unwrap();
+    }
+
+    /// A structured read's bytes as the client puts them together (holes as zeros).
+    async fn read_structured(client: &mut impl Client, request: Request) -> Vec<u8> {
+        client.write_all(&request.encode()).await.unwrap();
+        let mut out = vec![0xeeu8; request.len as usize];
+        loop {
+            assert_eq!(client.read_u32().await.unwrap(), proto::STRUCTURED_REPLY_MAGIC);
+            let flags = client.read_u16().await.unwrap();
+            let kind = client.read_u16().await.unwrap();
+            assert_eq!(client.read_u64().await.unwrap(), request.cookie);
+            let len = client.read_u32().await.unwrap() as usize;
+            let mut chunk = vec![0u8; len];
+            client.read_exact(&mut chunk).await.unwrap();
+            let at = |c: &[u8]| {
+                let offset = u64::from_be_bytes(c[..8].try_into().unwrap());
+                (offset - request.offset) as usize
+            };
+            match kind {
+                proto::REPLY_TYPE_OFFSET_DATA => {
+                    let from = at(&chunk);
+                    out[from..from + len - 8].copy_from_slice(&chunk[8..]);
+                }
+                proto::REPLY_TYPE_OFFSET_HOLE => {
+                    let (from, n) =
+                        (at(&chunk), u32::from_be_bytes(chunk[8..12].try_into().unwrap()));
+                    out[from..from + n as usize].fill(0);
+                }
+                kind => panic!("chunk type {kind}"),
+            }
+            if flags & proto::REPLY_FLAG_DONE != 0 {
+                return out;
+            }
+        }
+    }
+
+    /// A read's reply carries exactly the bytes written, holes as hole chunks or zeros, when
+    /// its data lies in more separate buffers than one vectored write takes (4 KiB blocks
+    /// each dirty in its own buffer: 2,048 of them in 8 MiB, against a limit of 1,024 slices a
+    /// call), with structured replies with and without DF, and with simple replies.
+    #[tokio::test]
+    async fn reads_reply_with_the_bytes_of_many_buffers() {
+        let store = store().await;
+        let volume = Volume::open(&store, "vol0").unwrap();
+        let block = |i: usize| vec![(i % 251) as u8 + 1; 4096];
+        let mut expected = vec![0u8; 9 << 20];
+        for i in 0..(9 << 20) / 4096 {
+            // A hole of 64 KiB in the middle.
+            if !(1024..1040).contains(&i) {
+                expected[i * 4096..(i + 1) * 4096].copy_from_slice(&block(i));
+            }
+        }
+        volume.write(0, &expected[..1024 * 4096], false).await.unwrap();
+        volume.write(1040 * 4096, &expected[1040 * 4096..], false).await.unwrap();
+        let exports: Arc<dyn Exports> = Arc::new(OneVolume(Arc::clone(&store)));
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        // A socket, so replies go out as the vectored writes they are.
+        let (mut client, server) = tokio::net::UnixStream::pair().unwrap();
+        let session =
+            tokio::spawn(serve_connection(server, Arc::clone(&exports), shutdown.clone()));
+        connect(&mut client).await;
+        let read = |flags, cookie| Request {
+            flags,
+            kind: proto::CMD_READ,
+            cookie,
+            offset: 4096,
+            len: (9 << 20) - 8192,
+        };
+        let want = &expected[4096..(9 << 20) - 4096];
+        assert!(read_structured(&mut client, read(0, 1)).await == want, "structured read");
+        let df = read_structured(&mut client, read(proto::CMD_FLAG_DF, 2)).await;
+        assert!(df == want, "structured read with DF");
+        let disc = Request { flags: 0, kind: proto::CMD_DISC, cookie: 3, offset: 0, len: 0 };
+        client.write_all(&disc.encode()).await.unwrap();
+        session.await.unwrap().unwrap();
+        // Simple replies: the old-style handshake without structured replies.
+        let (mut client, server) = tokio::net::UnixStream::pair().unwrap();
+        let session = tokio::spawn(serve_connection(server, exports, shutdown));
+        hello(&mut client).await;
+        option(&mut client, proto::OPT_GO, &go_data()).await;
+        option_replies(&mut client).await;
+        client.write_all(&read(0, 4).encode()).await.unwrap();
+        assert_eq!(client.read_u32().await.unwrap(), proto::SIMPLE_REPLY_MAGIC);
+        assert_eq!(client.read_u32().await.unwrap(), 0, "the simple read succeeds");
+        assert_eq!(client.read_u64().await.unwrap(), 4);
+        let mut data = vec![0u8; want.len()];
+        client.read_exact(&mut data).await.unwrap();
+        assert!(data == want, "simple read");
         client.write_all(&disc.encode()).await.unwrap();
         session.await.unwrap().unwrap();
     }

@@ -31,7 +31,7 @@ use std::task::{Context, Poll, Waker};
 use io_uring::{opcode, squeue, types, IoUring};
 use parking_lot::Mutex;
 
-use super::{AlignedBuf, SharedBuf};
+use super::{ReadTarget, SharedBuf};
 
 /// Submission queue entries: more than the leaf queues of a core keep in flight. The
 /// completion queue is twice as large (the kernel's default), so it cannot overflow.
@@ -44,8 +44,8 @@ const SUBMIT_ATTEMPTS_MAX: u32 = 8;
 pub(super) struct Outcome {
     /// The kernel's result: bytes transferred, or a negative errno.
     pub result: i32,
-    /// The read buffer, returned to the reader.
-    pub buf: Option<AlignedBuf>,
+    /// The read buffer, returned to the reader (filled as far as `result` says).
+    pub buf: Option<ReadTarget>,
 }
 
 /// Where a completion meets its future; shared because a future may be dropped (or, in
@@ -60,7 +60,7 @@ struct Slot {
 struct InFlight {
     slot: Arc<Mutex<Slot>>,
     /// Kept alive until the completion is reaped; handed to the reader then.
-    read_buf: Option<AlignedBuf>,
+    read_buf: Option<ReadTarget>,
     _write_buf: Option<SharedBuf>,
 }
 
@@ -131,19 +131,19 @@ pub fn uninstall() {
 /// Pushes an operation onto this thread's ring, or returns `None` when the thread has none.
 pub(super) fn push(
     entry: squeue::Entry,
-    read_buf: Option<AlignedBuf>,
+    read_buf: Option<ReadTarget>,
     write_buf: Option<SharedBuf>,
 ) -> Option<RingOp> {
     let core = CORE.with(|c| c.borrow().clone())?;
     Some(core.push(entry, read_buf, write_buf))
 }
 
-/// A read into a fresh buffer of `len` bytes.
+/// A read into a fresh buffer of `len` bytes (not zeroed: see [`ReadTarget`]).
 pub(super) fn read(fd: RawFd, offset: u64, len: u32) -> Option<RingOp> {
     if !installed() {
         return None;
     }
-    let mut buf = AlignedBuf::zeroed(len as usize);
+    let mut buf = ReadTarget::new(len as usize);
     let entry = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len).offset(offset).build();
     push(entry, Some(buf), None)
 }
@@ -190,7 +190,7 @@ impl CoreRing {
     fn push(
         &self,
         entry: squeue::Entry,
-        read_buf: Option<AlignedBuf>,
+        read_buf: Option<ReadTarget>,
         write_buf: Option<SharedBuf>,
     ) -> RingOp {
         let key = self.next_key.get();
@@ -355,6 +355,7 @@ impl Future for RingOp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::AlignedBuf;
 
     /// Reaps this thread's ring until `op` has its answer.
     fn wait(op: RingOp) -> Outcome {
@@ -413,7 +414,9 @@ mod tests {
             let op = read(file.as_raw_fd(), 4096, 4096).unwrap();
             let outcome = wait(op);
             assert_eq!(outcome.result, 4096);
-            assert!(outcome.buf.unwrap().iter().all(|&b| b == 7));
+            // SAFETY: the kernel reported all 4096 bytes read into the buffer.
+            let read_back = unsafe { outcome.buf.unwrap().into_filled(4096) };
+            assert!(read_back.iter().all(|&b| b == 7));
             // Pieces go to the kernel as they are, in order.
             let pieces = vec![
                 Arc::new(AlignedBuf::copy_from(&[1u8; 2048])),
@@ -423,7 +426,10 @@ mod tests {
             let outcome = wait(write(file.as_raw_fd(), 0, data.clone(), false).unwrap());
             assert_eq!(outcome.result, 4096);
             assert!(data.iovecs().is_some(), "written without joining the pieces");
-            let read_back = wait(read(file.as_raw_fd(), 0, 4096).unwrap()).buf.unwrap();
+            let outcome = wait(read(file.as_raw_fd(), 0, 4096).unwrap());
+            assert_eq!(outcome.result, 4096);
+            // SAFETY: as above.
+            let read_back = unsafe { outcome.buf.unwrap().into_filled(4096) };
             assert!(read_back[..2048].iter().all(|&b| b == 1));
             assert!(read_back[2048..].iter().all(|&b| b == 2));
             uninstall();

@@ -34,7 +34,8 @@ use parking_lot::Mutex;
 use super::core_ring;
 use super::uring::Uring;
 use super::{
-    check_range, AlignedBuf, BlockDevice, DeviceError, DeviceOp, SharedBuf, BUF_ALIGN_BYTES,
+    check_range, AlignedBuf, BlockDevice, DeviceError, DeviceOp, ReadTarget, SharedBuf,
+    BUF_ALIGN_BYTES,
 };
 use crate::rt::BoxFuture;
 
@@ -577,20 +578,23 @@ impl Inner {
     pub(super) fn complete_read(
         &self,
         offset: u64,
-        buf: AlignedBuf,
+        buf: ReadTarget,
         result: i32,
     ) -> Result<AlignedBuf, DeviceError> {
-        if result >= 0 && result as usize == buf.len() {
-            return Ok(buf);
+        let len = buf.len();
+        if result >= 0 && result as usize == len {
+            // SAFETY: the kernel reported every byte of the buffer read into it.
+            return Ok(unsafe { buf.into_filled(len) });
         }
+        // Anything less drops the buffer unread: a short read is redone below whole.
         if result < 0 && result != -libc::EINVAL {
             let error = io::Error::from_raw_os_error(-result);
-            return Err(self.error(DeviceOp::Read, offset, buf.len() as u64, error));
+            return Err(self.error(DeviceOp::Read, offset, len as u64, error));
         }
         if result == -libc::EINVAL {
             self.refuse_direct();
         }
-        self.read(offset, buf.len() as u32)
+        self.read(offset, len as u32)
     }
 
     /// [`Inner::complete_read`] for a write.

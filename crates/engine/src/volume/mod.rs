@@ -22,7 +22,7 @@ use sluice_format::SyncMode;
 
 use crate::rt::Time;
 use crate::stats::{VolumeOp, VolumeStats};
-use crate::txg::{Dataset, Store, StoreError};
+use crate::txg::{Dataset, ReadData, Store, StoreError};
 
 /// A handle on one volume of a store. Cheap to clone; every clone shares the volume's
 /// request limit.
@@ -130,8 +130,11 @@ impl Volume {
         let arrived = self.now();
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
-        let result =
-            self.store.read_with_status_in(&self.dataset, offset, len).await.map(|(data, _)| data);
+        let result = self
+            .store
+            .read_with_status_in(&self.dataset, offset, len)
+            .await
+            .map(|(d, _)| d.to_vec());
         self.answered(VolumeOp::Read, arrived, len, result)
     }
 
@@ -140,7 +143,7 @@ impl Volume {
         &self,
         offset: u64,
         len: u64,
-    ) -> Result<(Vec<u8>, Vec<(u64, bool)>), StoreError> {
+    ) -> Result<(ReadData, Vec<(u64, bool)>), StoreError> {
         let arrived = self.now();
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
