@@ -8,7 +8,9 @@
 //! CPU per sync write, docs/bench/peers-notes.md.)
 //! A write's payload is read in full before its task starts: a client that disconnects in the
 //! middle of one leaves no partial write. What a connection may hold in flight is bounded
-//! (requests and payload bytes), so a client cannot make the server allocate without limit.
+//! (requests, and the bytes of write payloads and read replies), so a client cannot make the
+//! server allocate without limit. A read's reply is not copied into one buffer: its headers
+//! and the engine's buffers that hold the data go to the socket in vectored writes.
 //!
 //! Bad input never panics and never reaches the engine: a request is checked
 //! ([`proto::check`]) against what was negotiated before anything runs, bad magic closes the
@@ -685,7 +687,10 @@ where
             let _ = replies.send(Reply { bytes, _slot: slot, _budget: None });
             continue;
         }
-        let kib = payload_len.div_ceil(1024).max(1);
+        // A read's reply holds its bytes (the blocks they lie in) until it is sent, as a
+        // write holds its payload: both count against the connection's budget.
+        let held = if request.kind == proto::CMD_READ { request.len } else { payload_len };
+        let kib = held.div_ceil(1024).max(1);
         let budget = Arc::clone(&budget).acquire_many_owned(kib).await.expect("never closed");
         let payload = if payload_len > 0 {
             let mut data = vec![0u8; payload_len as usize];

@@ -20,7 +20,7 @@
 //! place from which groups will finish first, its size from what groups carried, a short wait
 //! from the measured group latency); with that, a cap per class is within 5% of the better
 //! fixed policy at every point of `docs/bench/seeds-zil.md`. The cap itself does not follow
-//! measured latency yet.
+//! measured latency yet; `intent_log.groups_per_vdev` sets it by hand.
 
 use crate::pool::Pool;
 
@@ -54,7 +54,11 @@ impl GroupTuner {
         };
         let rotational = every(|l| l.is_rotational());
         let serial = every(|l| !l.parallel_flushes());
-        let cap = if serial { SERIAL_GROUPS } else { PARALLEL_GROUPS };
+        let cap = match pool.log_groups_per_vdev() {
+            0 if serial => SERIAL_GROUPS,
+            0 => PARALLEL_GROUPS,
+            set => set,
+        };
         GroupTuner { cap, rotational, holds_log }
     }
 

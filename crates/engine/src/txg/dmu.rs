@@ -133,6 +133,9 @@ impl ReadData {
     /// Appends `range` of `buf`, joined to the previous piece when it continues it in the
     /// same buffer (the blocks of one span become one slice).
     fn push_bytes(&mut self, buf: &Arc<AlignedBuf>, range: std::ops::Range<usize>) {
+        // Checked here, inside the read, and not when the reply is sent: a bad block then
+        // fails its request (the NBD server answers EIO) instead of a reply half sent.
+        assert!(range.end <= buf.len(), "a block's buffer holds every byte read from it");
         self.len += range.len();
         if let Some(ReadPiece::Bytes(last, r)) = self.pieces.last_mut() {
             if Arc::ptr_eq(last, buf) && r.end == range.start {
@@ -327,7 +330,7 @@ impl Store {
             }
         }
         out.push_zeros(upto(last + 1) - upto(next));
-        debug_assert_eq!(out.len() as u64, len, "a read returns every byte asked for");
+        assert_eq!(out.len() as u64, len, "a read returns every byte asked for");
         let mut runs: Vec<(u64, bool)> = Vec::new();
         for (i, &data) in allocated.iter().enumerate() {
             let block_start = (first + i as u64) * bs;
