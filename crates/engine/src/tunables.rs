@@ -146,10 +146,10 @@ tunable_table! {
          pipelined (seed 004's after): many log blocks in flight, each written then flushed, \
          waiters woken block by block. batch (the before): one batch in flight; commits \
          arriving meanwhile wait for the next.";
-    IntentLogGroupsPerVdev = "intent_log.groups_per_vdev", Kind::Count { min: 0, max: 64 }, "0",
-        "Under auto, log groups that may be in flight on each top-level vdev that holds log \
-         blocks. 0 chooses from the devices: 1 where a vdev's leaves cannot overlap flushes \
-         (a disk, a file), 8 otherwise. A number overrides that for every vdev.";
+    IntentLogGroupsPerVdev = "intent_log.groups_per_vdev", Kind::CountOrAuto { min: 1, max: 64 }, "auto",
+        "Under the auto commit policy, log groups that may be in flight on each top-level vdev \
+         that holds log blocks. auto: 1 when every such vdev has a leaf whose flushes cannot \
+         overlap (a disk, a file), else 8. A number sets it for every vdev.";
     IntentLogEarlyCommit = "intent_log.early_commit", Kind::Choice(EARLY_COMMIT), "auto",
         "auto: when a volume's clients flush after nearly every write, a lone writer's record \
          is written to the log as soon as it is logged, so its flush finds the log block \

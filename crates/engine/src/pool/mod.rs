@@ -481,8 +481,8 @@ impl Pool {
         self.read_only.store(read_only, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Log groups in flight per top-level vdev under the auto commit policy; 0 lets the
-    /// intent log choose from the devices (`intent_log.groups_per_vdev`).
+    /// Log groups in flight per top-level vdev under the auto commit policy; 0 (`auto`) lets
+    /// the intent log choose from the devices (`intent_log.groups_per_vdev`).
     pub fn log_groups_per_vdev(&self) -> u32 {
         let groups = self.tunables.get(crate::tunables::Tunable::IntentLogGroupsPerVdev);
         u32::try_from(groups).unwrap_or(0)
