@@ -37,6 +37,10 @@ pub struct Row {
     pub unit: &'static str,
     pub sluice: f64,
     pub raw_file: f64,
+    /// Each round's (sluice, raw file) figures where the row is a median of rounds, in the
+    /// order they ran.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rounds: Vec<(f64, f64)>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -58,6 +62,12 @@ impl Report {
                 row.raw_file,
                 row.sluice / row.raw_file
             ));
+        }
+        for row in self.rows.iter().filter(|r| !r.rounds.is_empty()) {
+            let rounds: Vec<String> = (row.rounds.iter())
+                .map(|(s, r)| format!("{s:.0} / {r:.0} ({:.2})", s / r))
+                .collect();
+            out.push_str(&format!("\n{}, rounds: {}.\n", row.workload, rounds.join(", ")));
         }
         out.push_str(&format!(
             "\nVolume {} MiB, 16 KiB blocks; random I/O at queue depth {}. The raw-file column runs the \
@@ -137,12 +147,15 @@ pub fn run(
             raw.flush().await?;
             raw_rounds.push(volume_bytes as f64 / MIB as f64 / start.elapsed().as_secs_f64());
         }
+        let rounds: Vec<(f64, f64)> =
+            sluice_rounds.iter().copied().zip(raw_rounds.iter().copied()).collect();
         let (sluice, raw_file) = (median(&mut sluice_rounds), median(&mut raw_rounds));
         rows.push(Row {
             workload: "sequential write 1 MiB + sync",
             unit: "MiB/s",
             sluice,
             raw_file,
+            rounds,
         });
 
         // Random write.
@@ -181,7 +194,13 @@ pub fn run(
         join_all(writers).await.into_iter().collect::<Result<Vec<_>, _>>()?;
         raw.flush().await?;
         let raw_file = (per_writer * queue_depth as u64) as f64 / start.elapsed().as_secs_f64();
-        rows.push(Row { workload: "random write 4 KiB + sync", unit: "IOPS", sluice, raw_file });
+        rows.push(Row {
+            workload: "random write 4 KiB + sync",
+            unit: "IOPS",
+            sluice,
+            raw_file,
+            rounds: Vec::new(),
+        });
 
         // Reopen for a cold cache, then read.
         let store = match Arc::try_unwrap(store) {
@@ -203,7 +222,13 @@ pub fn run(
             raw.read_at(at, MIB as u32).await?;
         }
         let raw_file = volume_bytes as f64 / MIB as f64 / start.elapsed().as_secs_f64();
-        rows.push(Row { workload: "sequential read 1 MiB", unit: "MiB/s", sluice, raw_file });
+        rows.push(Row {
+            workload: "sequential read 1 MiB",
+            unit: "MiB/s",
+            sluice,
+            raw_file,
+            rounds: Vec::new(),
+        });
 
         let start = Instant::now();
         let readers = (0..queue_depth).map(|r| {
@@ -230,7 +255,13 @@ pub fn run(
         });
         join_all(readers).await.into_iter().collect::<Result<Vec<_>, _>>()?;
         let raw_file = (per_writer * queue_depth as u64) as f64 / start.elapsed().as_secs_f64();
-        rows.push(Row { workload: "random read 4 KiB", unit: "IOPS", sluice, raw_file });
+        rows.push(Row {
+            workload: "random read 4 KiB",
+            unit: "IOPS",
+            sluice,
+            raw_file,
+            rounds: Vec::new(),
+        });
         drop(store);
         drop(raw);
         for path in &paths {
