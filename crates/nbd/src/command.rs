@@ -5,8 +5,9 @@
 //! copied into one buffer: it lists its headers and the ranges of the engine's buffers that
 //! hold the data ([`ReadData`]: dirty blocks, cached blocks, the device's read buffers), and
 //! [`Encoded::send`] hands them to the socket in vectored writes. Holes go out as hole chunks
-//! unless the client asked for one piece (DF), and a failure as an error chunk where the
-//! client negotiated structured replies, else as a simple reply's errno.
+//! unless the client asked for one piece (DF). A failed READ or BLOCK_STATUS is answered with
+//! an error chunk (with its message) where the client negotiated structured replies; every
+//! other failure with a simple reply's errno.
 
 use sluice_engine::device::IOVECS_MAX;
 use sluice_engine::txg::{ReadData, StoreError};

@@ -1,8 +1,9 @@
 //! How the `auto` commit policy forms and writes its groups.
 //!
-//! A group is the records ready when a committer finds a slot free, written in blocks on one
-//! top-level vdev and made durable by one flush of that vdev ([`GroupTuner`] sets how many
-//! groups a vdev may run at once). When several slots are free the records are spread evenly
+//! A group is the records ready when a committer finds a slot free (or, when they are all
+//! logged by pointer, at once: each pays its block's own durable write), written in blocks
+//! allocated on or near one top-level vdev and made durable by one flush of each vdev they
+//! landed on ([`GroupTuner`] sets how many groups a vdev may run at once). When several slots are free the records are spread evenly
 //! over them, so a burst uses every flush the devices can run in parallel; each group's blocks
 //! are sized to hold exactly what it carries, and its last block allocates the block that will
 //! open the next group, on the vdev expected to free a slot first. The decision to form a
