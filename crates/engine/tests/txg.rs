@@ -1275,8 +1275,7 @@ fn a_lone_sync_writer_commits_early() {
         let setting = setting.to_owned();
         sim.run(async move {
             let t = Tunables::with([("intent_log.early_commit", setting.as_str())]).unwrap();
-            let pool = Pool::create(&env, common::mirror_pool(specs.clone()), &t).await.unwrap();
-            let store = Arc::new(Store::create(pool, &t));
+            let store = Arc::new(common::mirror_store(&env, specs.clone(), &t).await);
             store.create_volume("v", 4 << 20, 16384).unwrap();
             // The chain must be anchored by a sync before the log is used at all.
             store.sync().await.unwrap();
@@ -1326,8 +1325,7 @@ fn a_lone_writer_of_large_writes_commits_early() {
         let policy = policy.to_owned();
         sim.run(async move {
             let t = Tunables::with([("intent_log.policy", policy.as_str())]).unwrap();
-            let pool = Pool::create(&env, common::mirror_pool(specs.clone()), &t).await.unwrap();
-            let store = Arc::new(Store::create(pool, &t));
+            let store = Arc::new(common::mirror_store(&env, specs.clone(), &t).await);
             store.create_volume("v", 16 << 20, 16384).unwrap();
             store.sync().await.unwrap();
             let volume = sluice_engine::volume::Volume::open(&store, "v").unwrap();
