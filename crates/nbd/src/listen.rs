@@ -16,7 +16,9 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::server::{serve_connection_tls, Exports};
+use crate::placement::{CoreStream, Movable, Placed};
+pub use crate::placement::{Placement, Spread};
+use crate::server::{serve_connection_tls, serve_placed, Exports};
 use crate::tls::TlsServer;
 
 /// A listening socket of either family.
@@ -150,29 +152,6 @@ pub unsafe fn take_inherited() -> Result<Inherited, InheritError> {
     Ok(Inherited { fds })
 }
 
-/// Where accepted connections run: the current runtime, or one of several single-threaded
-/// cores (thread-per-core serving), round robin. A connection never leaves its core.
-#[derive(Clone, Debug, Default)]
-pub struct Placement {
-    cores: Arc<Vec<tokio::runtime::Handle>>,
-    next: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Placement {
-    /// Spreads connections over `cores`; an empty list keeps them on the accepting runtime.
-    pub fn cores(cores: Vec<tokio::runtime::Handle>) -> Placement {
-        Placement { cores: Arc::new(cores), next: Arc::default() }
-    }
-
-    fn next(&self) -> Option<&tokio::runtime::Handle> {
-        if self.cores.is_empty() {
-            return None;
-        }
-        let index = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Some(&self.cores[index % self.cores.len()])
-    }
-}
-
 /// Accepts connections on every listener until `shutdown` turns true, then waits for the open
 /// connections to finish their requests. `tls` applies to every listener alike.
 pub async fn serve(
@@ -205,57 +184,44 @@ async fn accept_loop(
             accepted = accept(&listener) => accepted,
         };
         let (exports, shutdown, tls) = (Arc::clone(&exports), shutdown.clone(), tls.clone());
-        let core = placement.next();
-        // A connection placed on another core is handed over as a plain socket and registered
-        // with that core's reactor there, so all its I/O happens on that core.
-        let placed = match (accepted, core) {
-            (Ok(Stream::Unix(stream)), None) => Ok(connections.spawn(async move {
-                report(serve_connection_tls(stream, exports, shutdown, tls).await)
-            })),
-            (Ok(Stream::Unix(stream)), Some(core)) => stream.into_std().map(|stream| {
-                connections.spawn_on(
-                    async move {
-                        match tokio::net::UnixStream::from_std(stream) {
-                            Ok(stream) => {
-                                report(serve_connection_tls(stream, exports, shutdown, tls).await)
-                            }
-                            Err(e) => report(Err(e.into())),
-                        }
-                    },
-                    core,
-                )
-            }),
-            (Ok(Stream::Tcp(stream)), core) => {
-                // Replies are small and latency matters more than packing them.
-                let _ = stream.set_nodelay(true);
-                // Which client a failure was (a failed TLS handshake, say) on a network.
-                let peer = stream.peer_addr().map_or_else(|_| String::from("?"), |a| a.to_string());
-                match core {
-                    None => Ok(connections.spawn(async move {
-                        report_from(
-                            serve_connection_tls(stream, exports, shutdown, tls).await,
-                            &peer,
-                        )
-                    })),
-                    Some(core) => stream.into_std().map(|stream| {
-                        connections.spawn_on(
-                            async move {
-                                match tokio::net::TcpStream::from_std(stream) {
-                                    Ok(stream) => report_from(
-                                        serve_connection_tls(stream, exports, shutdown, tls).await,
-                                        &peer,
-                                    ),
-                                    Err(e) => report_from(Err(e.into()), &peer),
-                                }
-                            },
-                            core,
-                        )
-                    }),
+        let placed = accepted.and_then(|stream| {
+            let (mut stream, peer) = match stream {
+                Stream::Unix(stream) => (CoreStream::from(stream), None),
+                Stream::Tcp(stream) => {
+                    // Replies are small and latency matters more than packing them.
+                    let _ = stream.set_nodelay(true);
+                    // Which client a failure was (a failed TLS handshake, say) on a network.
+                    let peer =
+                        stream.peer_addr().map_or_else(|_| String::from("?"), |a| a.to_string());
+                    (CoreStream::from(stream), Some(peer))
                 }
-            }
-            // A failed accept (a client gone before we took it, fd pressure) ends no one else.
-            (Err(error), _) => Err(error),
-        };
+            };
+            let report = move |result| match &peer {
+                Some(peer) => report_from(result, peer),
+                None => report(result),
+            };
+            let Some((here, core)) = placement.next() else {
+                connections.spawn(async move {
+                    report(serve_placed(stream, exports, shutdown, tls, None).await)
+                });
+                return Ok(());
+            };
+            // A connection placed on another core is handed over as a plain socket and
+            // registered with that core's reactor there, so all its I/O happens on that core.
+            stream.detach()?;
+            let placed = Placed { placement: placement.clone(), here };
+            connections.spawn_on(
+                async move {
+                    let served = match stream.attach() {
+                        Ok(()) => serve_placed(stream, exports, shutdown, tls, Some(placed)).await,
+                        Err(e) => Err(e.into()),
+                    };
+                    report(served)
+                },
+                core,
+            );
+            Ok(())
+        });
         if let Err(error) = placed {
             eprintln!("sluice: accepting a connection: {error}");
         }

@@ -20,10 +20,13 @@
 use std::sync::Arc;
 
 use sluice_engine::volume::Volume;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, ReadHalf, WriteHalf,
+};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::command::{error_reply, execute, Encoded, Session};
+use crate::placement::{Fixed, Movable, Placed};
 use crate::proto::{self, Limits, Request};
 use crate::tls::{HandshakeError, Peer, TlsServer};
 
@@ -132,6 +135,22 @@ pub async fn serve_connection_tls<S>(
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
+    serve_placed(Fixed(stream), exports, shutdown, tls, None).await
+}
+
+/// [`serve_connection_tls`] for a connection accepted onto a serving core: once the client has
+/// chosen its export, the connection moves to that volume's home core if `placed` has one
+/// (placement.rs).
+pub(crate) async fn serve_placed<S>(
+    stream: S,
+    exports: Arc<dyn Exports>,
+    shutdown: watch::Receiver<bool>,
+    tls: Option<Arc<TlsServer>>,
+    placed: Option<Placed>,
+) -> Result<(), ConnectionError>
+where
+    S: AsyncRead + AsyncWrite + Movable + Send + Unpin + 'static,
+{
     let (reader, writer) = tokio::io::split(stream);
     // A request's header and its payload usually arrive together: one receive takes both
     // (and any requests behind them) instead of one call each.
@@ -149,7 +168,7 @@ where
     let negotiated = negotiate(&mut reader, &mut writer, exports.as_ref(), &plain);
     match haggling(negotiated, deadline, &mut stop).await? {
         Some(Negotiated::Session(session)) => {
-            return transmission(reader, writer, session, shutdown).await
+            return serve_at_home(reader, writer, session, shutdown, placed).await
         }
         Some(Negotiated::Ended) | None => return Ok(()),
         Some(Negotiated::StartTls) => {}
@@ -173,9 +192,53 @@ where
     let secured = Link { tls: Some(&tls), peer: Some(peer), no_zeroes };
     let negotiated = negotiate(&mut reader, &mut writer, exports.as_ref(), &secured);
     match haggling(negotiated, deadline, &mut stop).await? {
-        Some(Negotiated::Session(session)) => transmission(reader, writer, session, shutdown).await,
+        Some(Negotiated::Session(session)) => {
+            serve_at_home(reader, writer, session, shutdown, placed).await
+        }
         Some(Negotiated::Ended) | None => Ok(()),
         Some(Negotiated::StartTls) => Err(protocol("STARTTLS inside TLS")),
+    }
+}
+
+/// Runs transmission on the home core of the session's volume: here, or after moving the
+/// connection there (its socket leaves this core's reactor and joins the home core's).
+async fn serve_at_home<T>(
+    reader: BufReader<ReadHalf<T>>,
+    mut writer: BufWriter<WriteHalf<T>>,
+    session: Session,
+    shutdown: watch::Receiver<bool>,
+    placed: Option<Placed>,
+) -> Result<(), ConnectionError>
+where
+    T: AsyncRead + AsyncWrite + Movable + Send + Unpin + 'static,
+{
+    let home = placed.as_ref().and_then(|p| p.placement.home(session.volume.dataset_key()));
+    let target = home.as_ref().filter(|home| placed.as_ref().is_some_and(|p| p.here != home.core));
+    // A client that sent requests before the export's reply came (none does: it cannot know
+    // the export was granted) keeps its connection where it is rather than lose them.
+    let Some(core) = target.and_then(|home| {
+        let placed = placed.as_ref()?;
+        placed.placement.handle(home.core).filter(|_| reader.buffer().is_empty()).cloned()
+    }) else {
+        let served = transmission(reader, writer, session, shutdown).await;
+        drop(home);
+        return served;
+    };
+    writer.flush().await?;
+    let mut stream = reader.into_inner().unsplit(writer.into_inner());
+    stream.detach()?;
+    let moved = core.spawn(async move {
+        let _home = home;
+        stream.attach()?;
+        let (reader, writer) = tokio::io::split(stream);
+        let reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
+        transmission(reader, BufWriter::new(writer), session, shutdown).await
+    });
+    match moved.await {
+        Ok(served) => served,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        // The home core stopped (the server is shutting down) and dropped the connection.
+        Err(_) => Ok(()),
     }
 }
 
@@ -670,69 +733,16 @@ mod tests {
 
     use std::sync::Arc;
 
-    use sluice_engine::device::sim::SimOptions;
-    use sluice_engine::device::{SimDevice, SimProfile};
-    use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
-    use sluice_engine::tunables::Tunables;
-    use sluice_engine::txg::Store;
     use sluice_engine::volume::Volume;
-    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::{serve_connection, serve_connection_tls, ConnectionError, Exports};
     use crate::proto::{self, Request};
+    use crate::testing::{
+        connect, go, hello, option, option_replies, psk_handshake, psk_handshake_up_to, request,
+        store, tls, Client, OneVolume, KEY,
+    };
     use crate::tls::{TlsServer, TlsSettings};
-
-    /// A connection's client end: plain, or inside TLS.
-    trait Client: AsyncRead + AsyncWrite + Unpin {}
-    impl<S: AsyncRead + AsyncWrite + Unpin> Client for S {}
-
-    struct OneVolume(Arc<Store>);
-
-    impl Exports for OneVolume {
-        fn names(&self) -> Vec<String> {
-            vec!["vol0".into()]
-        }
-
-        fn open(&self, _name: &str) -> Option<Volume> {
-            Volume::open(&self.0, "vol0").ok()
-        }
-    }
-
-    async fn store() -> Arc<Store> {
-        let env = sluice_host::tokio_env(3);
-        let device =
-            SimDevice::new(&env, "leaf0", SimProfile::Instant, 64 << 20, SimOptions::default());
-        let leaf = LeafSpec { path: "leaf0".into(), device: Arc::new(device) };
-        let spec = PoolSpec { name: "t".into(), ashift: 12, top: vec![TopSpec::Leaf(leaf)] };
-        let tunables = Tunables::default();
-        let pool = Pool::create(&env, spec, &tunables).await.unwrap();
-        let store = Arc::new(Store::create(pool, &tunables));
-        store.create_volume("vol0", 16 << 20, 4096).unwrap();
-        store
-    }
-
-    async fn option(client: &mut impl Client, option: u32, data: &[u8]) {
-        client.write_u64(proto::OPTS_MAGIC).await.unwrap();
-        client.write_u32(option).await.unwrap();
-        client.write_u32(data.len() as u32).await.unwrap();
-        client.write_all(data).await.unwrap();
-    }
-
-    /// Reads option replies up to and including the final one (ACK or an error).
-    async fn option_replies(client: &mut impl Client) {
-        loop {
-            assert_eq!(client.read_u64().await.unwrap(), proto::REP_MAGIC);
-            let _option = client.read_u32().await.unwrap();
-            let kind = client.read_u32().await.unwrap();
-            let len = client.read_u32().await.unwrap();
-            let mut data = vec![0u8; len as usize];
-            client.read_exact(&mut data).await.unwrap();
-            assert!(kind & (1 << 31) == 0, "option refused: {}", String::from_utf8_lossy(&data));
-            if kind == proto::REP_ACK {
-                return;
-            }
-        }
-    }
 
     /// A session served on one end of a socket pair, so replies go out as the vectored
     /// writes they are (an in-memory duplex would take them in any shape); the client's end.
@@ -743,72 +753,6 @@ mod tests {
         let (client, server) = tokio::net::UnixStream::pair().unwrap();
         let session = serve_connection(server, Arc::clone(exports), shutdown.clone());
         (client, tokio::spawn(session))
-    }
-
-    /// Fixed newstyle with structured replies and base:allocation, then GO.
-    async fn connect(client: &mut impl Client) {
-        hello(client).await;
-        go(client).await;
-    }
-
-    /// The greeting and the client's flags.
-    async fn hello(client: &mut impl Client) {
-        let mut hello = [0u8; 18];
-        client.read_exact(&mut hello).await.unwrap();
-        client.write_u32(proto::CLIENT_FIXED_NEWSTYLE | proto::CLIENT_NO_ZEROES).await.unwrap();
-    }
-
-    /// Structured replies and base:allocation, then GO for vol0.
-    async fn go(client: &mut impl Client) {
-        option(client, proto::OPT_STRUCTURED_REPLY, &[]).await;
-        option_replies(client).await;
-        let mut context = 4u32.to_be_bytes().to_vec();
-        context.extend_from_slice(b"vol0");
-        context.extend_from_slice(&1u32.to_be_bytes());
-        context.extend_from_slice(&(proto::META_BASE_ALLOCATION.len() as u32).to_be_bytes());
-        context.extend_from_slice(proto::META_BASE_ALLOCATION.as_bytes());
-        option(client, proto::OPT_SET_META_CONTEXT, &context).await;
-        option_replies(client).await;
-        let mut go = 4u32.to_be_bytes().to_vec();
-        go.extend_from_slice(b"vol0");
-        go.extend_from_slice(&0u16.to_be_bytes());
-        option(client, proto::OPT_GO, &go).await;
-        option_replies(client).await;
-    }
-
-    /// Sends one request and returns the error of its reply (0 on success), reading past any
-    /// structured chunks.
-    async fn request(client: &mut impl Client, request: Request, payload: &[u8]) -> u32 {
-        client.write_all(&request.encode()).await.unwrap();
-        client.write_all(payload).await.unwrap();
-        loop {
-            match client.read_u32().await.unwrap() {
-                proto::SIMPLE_REPLY_MAGIC => {
-                    let error = client.read_u32().await.unwrap();
-                    assert_eq!(client.read_u64().await.unwrap(), request.cookie);
-                    if request.kind == proto::CMD_READ && error == 0 {
-                        let mut data = vec![0u8; request.len as usize];
-                        client.read_exact(&mut data).await.unwrap();
-                    }
-                    return error;
-                }
-                proto::STRUCTURED_REPLY_MAGIC => {
-                    let flags = client.read_u16().await.unwrap();
-                    let kind = client.read_u16().await.unwrap();
-                    assert_eq!(client.read_u64().await.unwrap(), request.cookie);
-                    let len = client.read_u32().await.unwrap();
-                    let mut data = vec![0u8; len as usize];
-                    client.read_exact(&mut data).await.unwrap();
-                    if kind == proto::REPLY_TYPE_ERROR {
-                        return u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
-                    }
-                    if flags & proto::REPLY_FLAG_DONE != 0 {
-                        return 0;
-                    }
-                }
-                magic => panic!("reply magic {magic:#x}"),
-            }
-        }
     }
 
     /// With SEND_FUA advertised, every command the export offers succeeds with FUA set (older
@@ -976,17 +920,6 @@ mod tests {
         session.await.unwrap().unwrap();
     }
 
-    const KEY: [u8; 32] = [0x5a; 32];
-
-    /// A server with one PSK identity, alice, whose key is KEY.
-    fn tls(dir: &std::path::Path, require: bool) -> Arc<TlsServer> {
-        let hex: String = KEY.iter().map(|b| format!("{b:02x}")).collect();
-        let psk = dir.join("keys.psk");
-        std::fs::write(&psk, format!("alice:{hex}\n")).unwrap();
-        let settings = TlsSettings { require, psk: Some(psk), ..TlsSettings::default() };
-        Arc::new(TlsServer::new(&settings).unwrap())
-    }
-
     /// One option reply: (option, kind, data).
     async fn reply(client: &mut impl Client) -> (u32, u32, Vec<u8>) {
         assert_eq!(client.read_u64().await.unwrap(), proto::REP_MAGIC);
@@ -996,41 +929,6 @@ mod tests {
         let mut data = vec![0u8; len as usize];
         client.read_exact(&mut data).await.unwrap();
         (option, kind, data)
-    }
-
-    /// The client side of a PSK handshake (OpenSSL's client, as identity `identity`).
-    async fn psk_handshake<S: Client>(
-        stream: S,
-        identity: &'static str,
-        key: [u8; 32],
-    ) -> Result<tokio_openssl::SslStream<S>, openssl::ssl::Error> {
-        psk_handshake_up_to(stream, identity, key, None).await
-    }
-
-    /// [`psk_handshake`] offering TLS versions up to `max` only.
-    async fn psk_handshake_up_to<S: Client>(
-        stream: S,
-        identity: &'static str,
-        key: [u8; 32],
-        max: Option<openssl::ssl::SslVersion>,
-    ) -> Result<tokio_openssl::SslStream<S>, openssl::ssl::Error> {
-        use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
-        let mut builder = SslConnector::builder(SslMethod::tls_client()).unwrap();
-        builder.set_verify(SslVerifyMode::NONE);
-        builder.set_max_proto_version(max).unwrap();
-        // The PSK suites a TLS 1.2 client of ours would offer (OpenSSL's client default has
-        // none that this PSK-only server accepts).
-        builder.set_cipher_list("kECDHEPSK").unwrap();
-        builder.set_psk_client_callback(move |_, _, id, psk| {
-            id[..identity.len()].copy_from_slice(identity.as_bytes());
-            id[identity.len()] = 0;
-            psk[..key.len()].copy_from_slice(&key);
-            Ok(key.len())
-        });
-        let ssl = builder.build().configure().unwrap().into_ssl("localhost").unwrap();
-        let mut stream = tokio_openssl::SslStream::new(ssl, stream).unwrap();
-        std::pin::Pin::new(&mut stream).connect().await?;
-        Ok(stream)
     }
 
     fn go_data() -> Vec<u8> {

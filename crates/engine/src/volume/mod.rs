@@ -98,6 +98,12 @@ impl Volume {
         self.dataset.name()
     }
 
+    /// Identifies the volume (or snapshot) this handle serves, the same for every handle on
+    /// it while any of them lives: the NBD server places a volume's connections by it.
+    pub fn dataset_key(&self) -> usize {
+        Arc::as_ptr(&self.dataset) as usize
+    }
+
     /// Whether this is a snapshot, served read-only.
     pub fn is_read_only(&self) -> bool {
         self.dataset.is_read_only()
