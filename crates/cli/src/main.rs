@@ -77,12 +77,6 @@ enum Command {
         /// connection lives on one of them. 0 means one per CPU the process may run on.
         #[arg(long, default_value_t = 0)]
         cores: usize,
-        /// How connections are spread over the cores: `volume` runs every connection to one
-        /// volume on that volume's core (its log commits and dirty blocks then stay on one
-        /// thread; different volumes spread over the cores), `connection` puts each on the
-        /// next core in turn, whatever it serves.
-        #[arg(long, value_enum, default_value_t = Placement::Volume)]
-        placement: Placement,
         #[command(flatten)]
         tls: serve::TlsArgs,
     },
@@ -530,13 +524,6 @@ enum BenchCommand {
     },
 }
 
-/// `sluice serve --placement`.
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Placement {
-    Volume,
-    Connection,
-}
-
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Experiment {
     /// Seed 002: mirror read selection, offset-modulo against least-pending, on simulated HDDs.
@@ -762,7 +749,6 @@ fn run(
             settings,
             metrics,
             cores,
-            placement,
             tls,
         } => {
             let pairs = parse_settings(&settings)?;
@@ -787,11 +773,12 @@ fn run(
             };
             let cores = sluice_host::Cores::start(cores).context("starting the serving cores")?;
             let env = cores.env(random_seed());
-            let spread = match placement {
-                Placement::Volume => sluice_nbd::placement::Spread::Volume,
-                Placement::Connection => sluice_nbd::placement::Spread::Connection,
+            let policy = match options.tunables.choice(Tunable::VolumePlacement) {
+                "spread" => sluice_nbd::placement::Policy::Spread,
+                _ => sluice_nbd::placement::Policy::Home,
             };
-            let placement = sluice_nbd::listen::Placement::cores(cores.handles().to_vec(), spread);
+            let placement =
+                sluice_nbd::placement::Placement::cores(cores.handles().to_vec(), policy);
             cores.block_on(serve::serve(&env, options, placement))
         }
         // A loop of requests to the server and sleeps: no runtime needed.

@@ -208,7 +208,7 @@ async fn default_store(env: &Env, options: &ServeOptions) -> anyhow::Result<Stor
 pub async fn serve(
     env: &Env,
     mut options: ServeOptions,
-    placement: listen::Placement,
+    placement: sluice_nbd::placement::Placement,
 ) -> anyhow::Result<()> {
     // Credentials and listeners are checked before the pool is opened: a mistake there must
     // not leave a pool imported by a server that never served.

@@ -70,6 +70,7 @@ const LOG_POLICIES: &[&str] = &["auto", "pipelined", "batch"];
 const DEDUP_LOCKING: &[&str] = &["entry", "global"];
 const EARLY_COMMIT: &[&str] = &["auto", "off"];
 const CACHE_CONTENTS: &[&str] = &["all", "metadata"];
+const PLACEMENTS: &[&str] = &["home", "spread"];
 
 tunable_table! {
     VdevQueues = "vdev.queues", Kind::Count { min: 1, max: 256 }, "1",
@@ -169,6 +170,13 @@ tunable_table! {
          dirty-data throttle bound it). A number reproduces seed 000's capped zvol dispatch \
          (old ZFS default: one per CPU; the seed's fix: 32), where committers waiting for the \
          log hold every slot and log blocks stay small.";
+    VolumePlacement = "volume.placement", Kind::Choice(PLACEMENTS), "home",
+        "Which serving core runs a volume's NBD connections (sluice serve). home: every \
+         connection to one volume moves, once its client has chosen the volume, to that \
+         volume's core (the one with the fewest connections when the volume gets its first), \
+         so its writes and log commits never cross cores; several volumes spread over the \
+         cores, one volume uses one. spread: each connection stays on the core it was \
+         accepted onto, round robin, so one volume's connections use every core.";
     CacheBytesMax = "cache.bytes_max", Kind::BytesOrAuto { min: 0, max: 1 << 40 }, "auto",
         "Memory for verified blocks (indirect and data), read from the pool or written by a \
          sync (ZFS: the ARC). auto: an eighth of the machine's memory, at least 64 MiB. 0 \

@@ -1,12 +1,14 @@
 //! Thread-per-core serving: one single-threaded event loop per core, each owning an io_uring.
 //!
 //! Each core is a tokio current-thread runtime on a thread of its own (the first one on the
-//! caller's thread). A connection is placed on one core for its life: that core reads its
-//! requests, runs the engine's write and log append, submits the device commands to its own ring
+//! caller's thread). A connection is accepted onto one core and, once it has chosen its export,
+//! moves once to its volume's core (sluice_nbd's placement.rs), which then reads its requests,
+//! runs the engine's write and log append, submits the device commands to its own ring
 //! (`sluice_engine::device::core_ring`), reaps their completions and sends the replies. Tasks the
 //! engine spawns from a core stay on that core, so a request, its device commands and its reply
-//! never change thread; only work that is shared by nature crosses cores (a commit that waits
-//! for a log block another core's connection is writing, and the txg sync).
+//! never change thread; only work that is shared by nature crosses cores (the txg sync, and
+//! with `volume.placement=spread` a commit that waits for a log block another core's connection
+//! is writing).
 //!
 //! Why tokio current-thread runtimes and not a thread-per-core runtime crate (glommio, monoio,
 //! compio, tokio-uring): the engine and the NBD server are written against tokio's sockets,

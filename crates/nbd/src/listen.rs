@@ -16,8 +16,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::placement::{CoreStream, Movable, Placed};
-pub use crate::placement::{Placement, Spread};
+use crate::placement::{CoreStream, Movable, Placed, Placement};
 use crate::server::{serve_connection_tls, serve_placed, Exports};
 use crate::tls::TlsServer;
 
@@ -196,18 +195,19 @@ async fn accept_loop(
                     (CoreStream::from(stream), Some(peer))
                 }
             };
-            let report = move |result| match &peer {
+            let reported = move |result| match &peer {
                 Some(peer) => report_from(result, peer),
                 None => report(result),
             };
             let Some((here, core)) = placement.next() else {
                 connections.spawn(async move {
-                    report(serve_placed(stream, exports, shutdown, tls, None).await)
+                    reported(serve_placed(stream, exports, shutdown, tls, None).await)
                 });
                 return Ok(());
             };
-            // A connection placed on another core is handed over as a plain socket and
-            // registered with that core's reactor there, so all its I/O happens on that core.
+            // A connection accepted onto another core is handed over as a plain socket and
+            // registered with that core's reactor there, so its handshake's I/O happens on
+            // that core (and then on its volume's core: placement.rs).
             stream.detach()?;
             let placed = Placed { placement: placement.clone(), here };
             connections.spawn_on(
@@ -216,7 +216,7 @@ async fn accept_loop(
                         Ok(()) => serve_placed(stream, exports, shutdown, tls, Some(placed)).await,
                         Err(e) => Err(e.into()),
                     };
-                    report(served)
+                    reported(served)
                 },
                 core,
             );

@@ -2,9 +2,10 @@
 //!
 //! A connection is accepted and haggled on a core chosen round robin. Once the client has
 //! chosen its export, the connection moves to that volume's home core, so that every
-//! connection to one volume runs on one thread: the volume's dirty blocks, its intent log and
-//! the log's commit wake-ups are then touched by one core, with no lock held across cores and
-//! no committer woken on another core when a log group finishes. Measured on a 2-core VM
+//! connection to one volume runs on one thread: its writes to the volume's dirty blocks and
+//! log, and the log's commit wake-ups, happen on one core, with no volume lock contended
+//! between its connections and no committer woken on another core when a log group finishes
+//! (the txg sync, on core 0, still takes the store's locks). Measured on a 2-core VM
 //! (`bench/per-op.sh sluice syncwrite 8|32`, a one-file pool, two rounds each, 2026-11-25):
 //! with one volume's connections spread round robin over both cores, 9,129-9,309 IOPS at 8
 //! clients and 12,297-12,350 at 32, at 106-107 and 90-92 us of server CPU per write + flush;
@@ -16,8 +17,10 @@
 //! on a tie: core 0 also runs the txg syncs and the accept loops, whose CPU then goes beside
 //! the volume's instead of in front of it. The home is kept while the volume has connections
 //! and chosen afresh after its last one closes. Different volumes spread over the cores; one
-//! volume's clients share one core (`sluice serve --placement connection` spreads them
-//! instead, round robin, as before).
+//! volume's clients share one core, which caps what CPU-heavy requests to one volume get: 1 MiB
+//! write + flush from 4 clients, whose blocks are compressed and checksummed as they arrive
+//! (logged by pointer), reached 722-763 MB/s against 856-863 spread over both cores. The
+//! `volume.placement=spread` tunable keeps each connection on the core it was accepted onto.
 //!
 //! Moving a socket: it leaves the first core's reactor ([`Movable::detach`]: tokio's
 //! `into_std`), and the task that goes on serving it on the home core registers it with that
@@ -31,25 +34,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
+use sluice_engine::volume::Volume;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::runtime::Handle;
 
-/// How connections are spread over the serving cores.
+/// How connections are spread over the serving cores (the `volume.placement` tunable).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Spread {
+pub enum Policy {
     /// Every connection to one volume on that volume's home core (the default).
-    Volume,
-    /// Each connection on the next core, round robin, whatever it serves.
-    Connection,
-}
-
-impl Spread {
-    pub fn name(self) -> &'static str {
-        match self {
-            Spread::Volume => "volume",
-            Spread::Connection => "connection",
-        }
-    }
+    Home,
+    /// Each connection on the core it was accepted onto, round robin, whatever it serves.
+    Spread,
 }
 
 /// Where accepted connections run: the accepting runtime (no cores given), or one of several
@@ -57,26 +52,25 @@ impl Spread {
 #[derive(Clone, Debug)]
 pub struct Placement {
     cores: Arc<Vec<Handle>>,
-    spread: Spread,
+    policy: Policy,
     next: Arc<AtomicUsize>,
-    /// By volume (see [`VolumeKey`]): its home core and the connections served there.
-    homes: Arc<Mutex<HashMap<VolumeKey, (usize, usize)>>>,
+    /// By volume (`Volume::dataset_key`): its home core and the connections served there.
+    homes: Arc<Mutex<Homes>>,
 }
 
-/// Identifies the volume a connection serves (the engine's `Volume::dataset_key`).
-pub type VolumeKey = usize;
+type Homes = HashMap<usize, (usize, usize)>;
 
 impl Default for Placement {
     fn default() -> Placement {
-        Placement::cores(Vec::new(), Spread::Volume)
+        Placement::cores(Vec::new(), Policy::Home)
     }
 }
 
 impl Placement {
-    /// Spreads connections over `cores` as `spread` says; an empty list keeps them on the
+    /// Places connections on `cores` as `policy` says; an empty list keeps them on the
     /// accepting runtime.
-    pub fn cores(cores: Vec<Handle>, spread: Spread) -> Placement {
-        Placement { cores: Arc::new(cores), spread, next: Arc::default(), homes: Arc::default() }
+    pub fn cores(cores: Vec<Handle>, policy: Policy) -> Placement {
+        Placement { cores: Arc::new(cores), policy, next: Arc::default(), homes: Arc::default() }
     }
 
     /// The core a new connection is accepted onto, by index, round robin.
@@ -88,12 +82,13 @@ impl Placement {
         Some((index, &self.cores[index]))
     }
 
-    /// The home core of the volume `key` for one more connection, held until the returned
-    /// [`Home`] is dropped; `None` when connections stay where they were accepted.
-    pub(crate) fn home(&self, key: VolumeKey) -> Option<Home> {
-        if self.cores.len() < 2 || self.spread != Spread::Volume {
+    /// The home core of `volume` for one more connection, held until the returned [`Home`] is
+    /// dropped; `None` when connections stay where they were accepted.
+    pub(crate) fn home(&self, volume: &Volume) -> Option<Home> {
+        if self.cores.len() < 2 || self.policy != Policy::Home {
             return None;
         }
+        let key = volume.dataset_key();
         let mut homes = self.homes();
         let core = match homes.get_mut(&key) {
             Some((core, connections)) => {
@@ -101,32 +96,36 @@ impl Placement {
                 *core
             }
             None => {
-                let mut load = vec![0usize; self.cores.len()];
-                for &(core, connections) in homes.values() {
-                    load[core] += connections;
-                }
+                let load = self.load(&homes);
                 // Fewest connections; the last core on a tie (core 0 runs the txg syncs).
                 let core = (0..load.len()).rev().min_by_key(|&c| load[c]).unwrap_or(0);
                 homes.insert(key, (core, 1));
                 core
             }
         };
-        Some(Home { placement: self.clone(), key, core })
+        // The handle keeps the dataset, and so its key, from being reused while counted.
+        Some(Home { placement: self.clone(), volume: volume.clone(), core })
+    }
+
+    /// Connections homed on each core, by core.
+    fn load(&self, homes: &Homes) -> Vec<usize> {
+        let mut load = vec![0usize; self.cores.len()];
+        for &(core, connections) in homes.values() {
+            load[core] += connections;
+        }
+        load
     }
 
     /// The homes table (a panic while it was held left it consistent: every change to it is
     /// one insert, update or removal).
-    fn homes(&self) -> MutexGuard<'_, HashMap<VolumeKey, (usize, usize)>> {
+    fn homes(&self) -> MutexGuard<'_, Homes> {
         self.homes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Connections served on each core's homed volumes, by core.
-    pub fn connections_by_core(&self) -> Vec<usize> {
-        let mut load = vec![0usize; self.cores.len()];
-        for &(core, connections) in self.homes().values() {
-            load[core] += connections;
-        }
-        load
+    /// Connections homed on each core, by core.
+    #[cfg(test)]
+    pub(crate) fn connections_by_core(&self) -> Vec<usize> {
+        self.load(&self.homes())
     }
 
     pub(crate) fn handle(&self, core: usize) -> Option<&Handle> {
@@ -138,17 +137,27 @@ impl Placement {
 #[derive(Debug)]
 pub(crate) struct Home {
     placement: Placement,
-    key: VolumeKey,
+    volume: Volume,
     pub(crate) core: usize,
+}
+
+impl Home {
+    /// Asserts that the caller runs on the home core.
+    pub(crate) fn assert_here(&self) {
+        let home = self.placement.handle(self.core).map(Handle::id);
+        let here = Handle::try_current().ok().map(|h| h.id());
+        debug_assert_eq!(here, home, "a connection is served on its volume's home core");
+    }
 }
 
 impl Drop for Home {
     fn drop(&mut self) {
         let mut homes = self.placement.homes();
-        if let Some((_, connections)) = homes.get_mut(&self.key) {
+        let key = self.volume.dataset_key();
+        if let Some((_, connections)) = homes.get_mut(&key) {
             *connections -= 1;
             if *connections == 0 {
-                homes.remove(&self.key);
+                homes.remove(&key);
             }
         }
     }
@@ -163,7 +172,7 @@ pub(crate) struct Placed {
 }
 
 /// A connection's stream that can leave one core's reactor and join another's.
-pub trait Movable {
+pub(crate) trait Movable {
     /// Leaves the reactor it is registered with; no I/O until [`Movable::attach`].
     fn detach(&mut self) -> io::Result<()>;
     /// Registers with the reactor of the runtime it is called on.
@@ -182,7 +191,7 @@ impl<S: Movable> Movable for tokio_openssl::SslStream<S> {
 
 /// An accepted socket that can move between cores.
 #[derive(Debug)]
-pub struct CoreStream(Socket);
+pub(crate) struct CoreStream(Socket);
 
 #[derive(Debug)]
 enum Socket {
@@ -190,7 +199,7 @@ enum Socket {
     Tcp(tokio::net::TcpStream),
     DetachedUnix(std::os::unix::net::UnixStream),
     DetachedTcp(std::net::TcpStream),
-    /// Only while detaching or attaching fails half-way.
+    /// After a detach or attach that failed: the socket is closed.
     Gone,
 }
 
@@ -347,7 +356,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Fixed<S> {
 
 #[cfg(test)]
 mod tests {
-    use sluice_engine::volume::Volume;
     use tokio::io::AsyncWriteExt;
     use tokio::net::UnixStream;
 
@@ -361,13 +369,15 @@ mod tests {
     };
 
     /// Every connection to one volume ends on that volume's core, another volume's on the
-    /// other core; connections that moved (one of them inside TLS) are served there; and the
-    /// homes are given back as the connections close.
+    /// other core; connections that moved (one of them inside TLS) are served there (each
+    /// asserts it runs on its home core's runtime as its transmission starts: a failed
+    /// assertion closes the connection, and its request here fails); and the homes are given
+    /// back as the connections close.
     #[test]
     fn a_volumes_connections_share_its_home_core() {
         let cores = sluice_host::Cores::start(2).unwrap();
         let env = cores.env(5);
-        let placement = Placement::cores(cores.handles().to_vec(), Spread::Volume);
+        let placement = Placement::cores(cores.handles().to_vec(), Policy::Home);
         let dir = tempfile::tempdir().unwrap();
         let tls = tls(dir.path(), false);
         let path = dir.path().join("nbd.sock");

@@ -212,14 +212,23 @@ async fn serve_at_home<T>(
 where
     T: AsyncRead + AsyncWrite + Movable + Send + Unpin + 'static,
 {
-    let home = placed.as_ref().and_then(|p| p.placement.home(session.volume.dataset_key()));
-    let target = home.as_ref().filter(|home| placed.as_ref().is_some_and(|p| p.here != home.core));
-    // A client that sent requests before the export's reply came (none does: it cannot know
-    // the export was granted) keeps its connection where it is rather than lose them.
-    let Some(core) = target.and_then(|home| {
-        let placed = placed.as_ref()?;
-        placed.placement.handle(home.core).filter(|_| reader.buffer().is_empty()).cloned()
-    }) else {
+    let home = match &placed {
+        // A client that sent requests before the export's reply came (none does: it cannot
+        // know the export was granted) keeps its connection where it is rather than lose
+        // them, counted on no core.
+        Some(placed) if reader.buffer().is_empty() => placed.placement.home(&session.volume),
+        _ => None,
+    };
+    let core = match (&placed, &home) {
+        (Some(placed), Some(home)) if placed.here != home.core => {
+            placed.placement.handle(home.core).cloned()
+        }
+        _ => None,
+    };
+    let Some(core) = core else {
+        if let Some(home) = &home {
+            home.assert_here();
+        }
         let served = transmission(reader, writer, session, shutdown).await;
         drop(home);
         return served;
@@ -228,11 +237,16 @@ where
     let mut stream = reader.into_inner().unsplit(writer.into_inner());
     stream.detach()?;
     let moved = core.spawn(async move {
-        let _home = home;
+        let home = home;
+        if let Some(home) = &home {
+            home.assert_here();
+        }
         stream.attach()?;
         let (reader, writer) = tokio::io::split(stream);
         let reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
-        transmission(reader, BufWriter::new(writer), session, shutdown).await
+        let served = transmission(reader, BufWriter::new(writer), session, shutdown).await;
+        drop(home);
+        served
     });
     match moved.await {
         Ok(served) => served,
