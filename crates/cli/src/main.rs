@@ -774,8 +774,9 @@ fn run(
             let cores = sluice_host::Cores::start(cores).context("starting the serving cores")?;
             let env = cores.env(random_seed());
             let policy = match options.tunables.choice(Tunable::VolumePlacement) {
+                "home" => sluice_nbd::placement::Policy::Home,
                 "spread" => sluice_nbd::placement::Policy::Spread,
-                _ => sluice_nbd::placement::Policy::Home,
+                other => anyhow::bail!("volume.placement: no policy {other:?} (home or spread)"),
             };
             let placement =
                 sluice_nbd::placement::Placement::cores(cores.handles().to_vec(), policy);

@@ -6,8 +6,9 @@
 //! log, and the log's commit wake-ups, happen on one core, with no volume lock contended
 //! between its connections and no committer woken on another core when a log group finishes
 //! (the txg sync, on core 0, still takes the store's locks). Measured on a 2-core VM
-//! (`bench/per-op.sh sluice syncwrite 8|32`, a one-file pool, two rounds each, 2026-11-25):
-//! with one volume's connections spread round robin over both cores, 9,129-9,309 IOPS at 8
+//! (`bench/per-op.sh sluice syncwrite 8|32`, a one-file pool, two rounds each, 2026-11-25, a
+//! build of the tree committed as 689865d against the binary of 593d715): with one volume's
+//! connections spread round robin over both cores, 9,129-9,309 IOPS at 8
 //! clients and 12,297-12,350 at 32, at 106-107 and 90-92 us of server CPU per write + flush;
 //! with them on the volume's core, 12,142-12,712 and 15,464-16,420 IOPS at 82-85 and 69-72 us.
 //! Spread, a connection's write waited on the other core's locks (`futex` waits in the volume's
@@ -19,12 +20,13 @@
 //! and chosen afresh after its last one closes. Different volumes spread over the cores; one
 //! volume's clients share one core, which caps what CPU-heavy requests to one volume get: 1 MiB
 //! write + flush from 4 clients, whose blocks are compressed and checksummed as they arrive
-//! (logged by pointer), reached 722-763 MB/s against 856-863 spread over both cores. The
+//! (logged by pointer), reached 587 MB/s against 701 spread over both cores (`bench/peers.sh`,
+//! 6 rounds, 2026-11-25, commit ab47718: docs/bench/peers-placement.md). The
 //! `volume.placement=spread` tunable keeps each connection on the core it was accepted onto.
 //!
-//! Moving a socket: it leaves the first core's reactor ([`Movable::detach`]: tokio's
+//! Moving a socket: it leaves the first core's reactor (`Movable::detach`: tokio's
 //! `into_std`), and the task that goes on serving it on the home core registers it with that
-//! core's reactor ([`Movable::attach`]: `from_std`). A TLS session moves with its socket: the
+//! core's reactor (`Movable::attach`: `from_std`). A TLS session moves with its socket: the
 //! TLS state is plain memory; only the socket underneath is registered.
 
 use std::collections::HashMap;

@@ -237,7 +237,6 @@ where
     let mut stream = reader.into_inner().unsplit(writer.into_inner());
     stream.detach()?;
     let moved = core.spawn(async move {
-        let home = home;
         if let Some(home) = &home {
             home.assert_here();
         }
