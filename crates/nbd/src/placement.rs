@@ -129,10 +129,6 @@ impl Placement {
     pub(crate) fn connections_by_core(&self) -> Vec<usize> {
         self.load(&self.homes())
     }
-
-    pub(crate) fn handle(&self, core: usize) -> Option<&Handle> {
-        self.cores.get(core)
-    }
 }
 
 /// One connection's claim on its volume's home core.
@@ -146,7 +142,7 @@ pub(crate) struct Home {
 impl Home {
     /// Asserts that the caller runs on the home core.
     pub(crate) fn assert_here(&self) {
-        let home = self.placement.handle(self.core).map(Handle::id);
+        let home = self.placement.cores.get(self.core).map(Handle::id);
         let here = Handle::try_current().ok().map(|h| h.id());
         debug_assert_eq!(here, home, "a connection is served on its volume's home core");
     }
@@ -171,6 +167,16 @@ pub(crate) struct Placed {
     pub(crate) placement: Placement,
     /// The core it was accepted onto.
     pub(crate) here: usize,
+}
+
+impl Placed {
+    /// The connection's claim on `volume`'s home core, and that core's runtime if it must move
+    /// there; `None` when it stays where it is, counted on no core.
+    pub(crate) fn home(&self, volume: &Volume) -> Option<(Home, Option<Handle>)> {
+        let home = self.placement.home(volume)?;
+        let there = (home.core != self.here).then(|| self.placement.cores[home.core].clone());
+        Some((home, there))
+    }
 }
 
 /// A connection's stream that can leave one core's reactor and join another's.

@@ -212,34 +212,25 @@ async fn serve_at_home<T>(
 where
     T: AsyncRead + AsyncWrite + Movable + Send + Unpin + 'static,
 {
-    let home = match &placed {
-        // A client that sent requests before the export's reply came (none does: it cannot
-        // know the export was granted) keeps its connection where it is rather than lose
-        // them, counted on no core.
-        Some(placed) if reader.buffer().is_empty() => placed.placement.home(&session.volume),
-        _ => None,
-    };
-    let core = match (&placed, &home) {
-        (Some(placed), Some(home)) if placed.here != home.core => {
-            placed.placement.handle(home.core).cloned()
+    // A client that sent requests before the export's reply came (none does: it cannot know
+    // the export was granted) keeps its connection where it is rather than lose them.
+    let placed = placed.filter(|_| reader.buffer().is_empty());
+    let (home, core) = match placed.and_then(|placed| placed.home(&session.volume)) {
+        Some((home, Some(core))) => (home, core),
+        stay => {
+            if let Some((home, _)) = &stay {
+                home.assert_here();
+            }
+            let served = transmission(reader, writer, session, shutdown).await;
+            drop(stay);
+            return served;
         }
-        _ => None,
-    };
-    let Some(core) = core else {
-        if let Some(home) = &home {
-            home.assert_here();
-        }
-        let served = transmission(reader, writer, session, shutdown).await;
-        drop(home);
-        return served;
     };
     writer.flush().await?;
     let mut stream = reader.into_inner().unsplit(writer.into_inner());
     stream.detach()?;
     let moved = core.spawn(async move {
-        if let Some(home) = &home {
-            home.assert_here();
-        }
+        home.assert_here();
         stream.attach()?;
         let (reader, writer) = tokio::io::split(stream);
         let reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
@@ -752,8 +743,8 @@ mod tests {
     use super::{serve_connection, serve_connection_tls, ConnectionError, Exports};
     use crate::proto::{self, Request};
     use crate::testing::{
-        connect, go, hello, option, option_replies, psk_handshake, psk_handshake_up_to, request,
-        store, tls, Client, OneVolume, KEY,
+        connect, go, go_data, hello, option, option_replies, psk_handshake, psk_handshake_up_to,
+        reply, request, store, tls, Client, OneVolume, KEY,
     };
     use crate::tls::{TlsServer, TlsSettings};
 
@@ -920,7 +911,7 @@ mod tests {
         // Simple replies: the old-style handshake without structured replies.
         let (mut client, session) = socket_session(&exports, &shutdown);
         hello(&mut client).await;
-        option(&mut client, proto::OPT_GO, &go_data()).await;
+        option(&mut client, proto::OPT_GO, &go_data(b"vol0")).await;
         option_replies(&mut client).await;
         client.write_all(&read(0, 4).encode()).await.unwrap();
         assert_eq!(client.read_u32().await.unwrap(), proto::SIMPLE_REPLY_MAGIC);
@@ -931,24 +922,6 @@ mod tests {
         assert!(data == want, "simple read");
         client.write_all(&disc.encode()).await.unwrap();
         session.await.unwrap().unwrap();
-    }
-
-    /// One option reply: (option, kind, data).
-    async fn reply(client: &mut impl Client) -> (u32, u32, Vec<u8>) {
-        assert_eq!(client.read_u64().await.unwrap(), proto::REP_MAGIC);
-        let option = client.read_u32().await.unwrap();
-        let kind = client.read_u32().await.unwrap();
-        let len = client.read_u32().await.unwrap();
-        let mut data = vec![0u8; len as usize];
-        client.read_exact(&mut data).await.unwrap();
-        (option, kind, data)
-    }
-
-    fn go_data() -> Vec<u8> {
-        let mut go = 4u32.to_be_bytes().to_vec();
-        go.extend_from_slice(b"vol0");
-        go.extend_from_slice(&0u16.to_be_bytes());
-        go
     }
 
     /// With TLS required, options before STARTTLS get TLS_REQD and nothing else; after it,
@@ -964,8 +937,8 @@ mod tests {
         let session = tokio::spawn(serve_connection_tls(server, exports, shutdown, tls));
         hello(&mut client).await;
         for (opt, data) in [
-            (proto::OPT_GO, go_data()),
-            (proto::OPT_INFO, go_data()),
+            (proto::OPT_GO, go_data(b"vol0")),
+            (proto::OPT_INFO, go_data(b"vol0")),
             (proto::OPT_LIST, vec![]),
             (proto::OPT_STRUCTURED_REPLY, vec![]),
             (99, vec![1, 2, 3]),
@@ -1052,7 +1025,7 @@ mod tests {
         let ssl = builder.build().configure().unwrap().into_ssl("localhost").unwrap();
         let mut stream = tokio_openssl::SslStream::new(ssl, client).unwrap();
         if std::pin::Pin::new(&mut stream).connect().await.is_ok() {
-            option(&mut stream, proto::OPT_GO, &go_data()).await;
+            option(&mut stream, proto::OPT_GO, &go_data(b"vol0")).await;
             let (_, kind, _) = reply(&mut stream).await;
             assert_eq!(kind, proto::REP_ERR_POLICY, "the allow-list took a forged identity");
         }

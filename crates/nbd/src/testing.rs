@@ -54,15 +54,21 @@ pub(crate) async fn option(client: &mut impl Client, option: u32, data: &[u8]) {
     client.write_all(data).await.unwrap();
 }
 
+/// One option reply: (option, kind, data).
+pub(crate) async fn reply(client: &mut impl Client) -> (u32, u32, Vec<u8>) {
+    assert_eq!(client.read_u64().await.unwrap(), proto::REP_MAGIC);
+    let option = client.read_u32().await.unwrap();
+    let kind = client.read_u32().await.unwrap();
+    let len = client.read_u32().await.unwrap();
+    let mut data = vec![0u8; len as usize];
+    client.read_exact(&mut data).await.unwrap();
+    (option, kind, data)
+}
+
 /// Reads option replies up to and including the final one (ACK or an error).
 pub(crate) async fn option_replies(client: &mut impl Client) {
     loop {
-        assert_eq!(client.read_u64().await.unwrap(), proto::REP_MAGIC);
-        let _option = client.read_u32().await.unwrap();
-        let kind = client.read_u32().await.unwrap();
-        let len = client.read_u32().await.unwrap();
-        let mut data = vec![0u8; len as usize];
-        client.read_exact(&mut data).await.unwrap();
+        let (_option, kind, data) = reply(client).await;
         assert!(kind & (1 << 31) == 0, "option refused: {}", String::from_utf8_lossy(&data));
         if kind == proto::REP_ACK {
             return;
@@ -100,11 +106,16 @@ pub(crate) async fn go_to(client: &mut impl Client, name: &str) {
     context.extend_from_slice(proto::META_BASE_ALLOCATION.as_bytes());
     option(client, proto::OPT_SET_META_CONTEXT, &context).await;
     option_replies(client).await;
+    option(client, proto::OPT_GO, &go_data(name)).await;
+    option_replies(client).await;
+}
+
+/// The data of OPT_GO (or OPT_INFO) for the export `name`, asking for no information.
+pub(crate) fn go_data(name: &[u8]) -> Vec<u8> {
     let mut go = (name.len() as u32).to_be_bytes().to_vec();
     go.extend_from_slice(name);
     go.extend_from_slice(&0u16.to_be_bytes());
-    option(client, proto::OPT_GO, &go).await;
-    option_replies(client).await;
+    go
 }
 
 /// Sends one request and returns the error of its reply (0 on success), reading past any
