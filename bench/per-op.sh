@@ -2,10 +2,13 @@
 # What one client operation costs the server: IOPS, server CPU, context switches and disk
 # commands per operation, for one fio job against sluice or qemu-nbd on a fresh image.
 #
-# Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|randread|seqread] [JOBS] [--bin PATH]
+# Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|randread|seqread] [JOBS] [--bin PATH]
 #        [--block-size 4K] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
 #        [--cores N (sluice's serving cores)]
 #   syncwrite: 4 KiB random writes, each followed by a flush, JOBS jobs at queue depth 1
+#   syncwrite-1m: 1 MiB sequential writes, each followed by a flush, JOBS jobs at queue depth
+#              1, each in its own slice of the volume (bench/peers.sh's syncwrite-1m-N; IOPS
+#              are MiB/s)
 #   randread:  4 KiB random reads at queue depth 32
 #   seqread:   1 MiB sequential reads at queue depth 8 (IOPS are MiB/s)
 # The image is a 1 GiB volume (sluice: in a 3 GiB zeroed leaf; qemu-nbd: a 1.5 GiB zeroed raw
@@ -56,9 +59,11 @@ uri="nbd+unix:///disk?socket=$dir/s.sock"
 fio --name=prefill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size=1G >/dev/null 2>&1
 case $job in
   syncwrite) args=(--rw=randwrite --fsync=1 --numjobs="$jobs" --iodepth=1) ;;
+  syncwrite-1m) slice=$(( 1024 / jobs ))M
+    args=(--rw=write --bs=1M --fsync=1 --numjobs="$jobs" --iodepth=1 --size="$slice" --offset_increment="$slice") ;;
   randread) args=(--rw=randread --iodepth=32) ;;
   seqread) args=(--rw=read --bs=1M --iodepth=8) ;;
-  *) echo "per-op: job is syncwrite, randread or seqread" >&2; exit 2 ;;
+  *) echo "per-op: job is syncwrite, syncwrite-1m, randread or seqread" >&2; exit 2 ;;
 esac
 sample() {
   local cpu switches disk_io

@@ -11,7 +11,7 @@ use std::fmt;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,6 +65,20 @@ pub trait Clock: Send + Sync + 'static {
 /// so traces and thread dumps say who is running.
 pub trait Spawn: Send + Sync + 'static {
     fn spawn(&self, name: &'static str, task: BoxFuture<()>);
+
+    /// Spawns `task` on a thread other than the caller's where the host has one, for work that
+    /// is CPU alone (compression, checksums) and would otherwise all fall on the caller's core
+    /// (ZFS hands the same work to its write-issue taskqs). Hosts with one thread run it as
+    /// [`Spawn::spawn`] does.
+    fn spawn_elsewhere(&self, name: &'static str, task: BoxFuture<()>) {
+        self.spawn(name, task);
+    }
+
+    /// How many threads [`Spawn::spawn_elsewhere`] and the caller's own together spread work
+    /// over; 1 where it is [`Spawn::spawn`].
+    fn parallelism(&self) -> usize {
+        1
+    }
 }
 
 /// Everything the engine needs from the outside world, passed in at pool open.
@@ -104,8 +118,65 @@ impl Env {
         self.spawner.spawn(name, Box::pin(task));
     }
 
+    /// [`Spawn::spawn_elsewhere`]: CPU-bound work for another thread where the host has one.
+    pub fn spawn_elsewhere(
+        &self,
+        name: &'static str,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) {
+        self.spawner.spawn_elsewhere(name, Box::pin(task));
+    }
+
     pub fn seed(&self) -> u64 {
         self.seed
+    }
+
+    /// `f` applied to each of `items`, in order, spread over the host's threads. For CPU-bound
+    /// work on a core that would otherwise do all of it, as the committer of a large write
+    /// does (txg/zil.rs; ZFS hands the same work to its write-issue taskqs). Tasks on the other
+    /// threads ([`Spawn::spawn_elsewhere`]) and the caller take items one at a time until none
+    /// is left, so a thread that is busy elsewhere takes fewer and the answer never waits on
+    /// a task that has not started (or a runtime that no longer runs): whatever such a task
+    /// would have taken, the caller takes. The caller first lets its own core's ready tasks
+    /// run, which gives the other threads a head start on a core that is itself the busy one.
+    /// With one thread, or one item, everything runs here, in order, with no yield: the
+    /// simulator's runs are unchanged.
+    pub async fn map_spread<T, R, F>(&self, name: &'static str, items: Vec<T>, f: F) -> Vec<R>
+    where
+        T: Send + Sync + 'static,
+        R: Send + 'static,
+        F: Fn(&T) -> R + Copy + Send + Sync + 'static,
+    {
+        let helpers = self.spawner.parallelism().min(items.len()).saturating_sub(1);
+        if helpers == 0 {
+            return items.iter().map(f).collect();
+        }
+        let (all_done, done) = futures::channel::oneshot::channel();
+        let spread = Arc::new(Spread {
+            slots: items.iter().map(|_| std::sync::Mutex::new(None)).collect(),
+            items,
+            next: AtomicUsize::new(0),
+            finished: AtomicUsize::new(0),
+            all_done: std::sync::Mutex::new(Some(all_done)),
+        });
+        for _ in 0..helpers {
+            let spread = Arc::clone(&spread);
+            self.spawner.spawn_elsewhere(name, Box::pin(async move { spread.take_items(f) }));
+        }
+        yield_now().await;
+        spread.take_items(f);
+        // Items other threads took are finished, or their task ended early (it panicked)
+        // and left its item empty, which the caller then computes.
+        let _ = done.await;
+        let Spread { items, slots, .. } = &*spread;
+        let out: Vec<R> = items
+            .iter()
+            .zip(slots)
+            .map(|(item, slot)| {
+                slot.lock().ok().and_then(|mut r| r.take()).unwrap_or_else(|| f(item))
+            })
+            .collect();
+        out
     }
 
     /// An independent random stream for the component called `stream`. Forking by name rather
@@ -123,6 +194,49 @@ impl Env {
     pub fn unique_rng(&self, stream: &str) -> Rng {
         let draw = self.draws.fetch_add(1, Ordering::Relaxed);
         Rng::new(mix_seed(self.seed ^ splitmix64(draw), stream))
+    }
+}
+
+/// The items of one [`Env::map_spread`], shared by the threads that take them.
+struct Spread<T, R> {
+    items: Vec<T>,
+    /// Each item's answer, once its taker has it.
+    slots: Vec<std::sync::Mutex<Option<R>>>,
+    /// The next item to take.
+    next: AtomicUsize,
+    /// Items whose taker is done with them (answered, or unwound).
+    finished: AtomicUsize,
+    /// Told when the last item is finished.
+    all_done: std::sync::Mutex<Option<futures::channel::oneshot::Sender<()>>>,
+}
+
+impl<T, R> Spread<T, R> {
+    /// Takes and answers items until none is left.
+    fn take_items(&self, f: impl Fn(&T) -> R) {
+        loop {
+            let index = self.next.fetch_add(1, Ordering::Relaxed);
+            let Some(item) = self.items.get(index) else { return };
+            // Counts the item finished even if `f` unwinds, so the caller is not left waiting.
+            let _finish = Finish(self);
+            let answer = f(item);
+            if let Ok(mut slot) = self.slots[index].lock() {
+                *slot = Some(answer);
+            }
+        }
+    }
+}
+
+/// Marks one item of a [`Spread`] finished when dropped; the last one tells the caller.
+struct Finish<'a, T, R>(&'a Spread<T, R>);
+
+impl<T, R> Drop for Finish<'_, T, R> {
+    fn drop(&mut self) {
+        let spread = self.0;
+        if spread.finished.fetch_add(1, Ordering::AcqRel) + 1 == spread.items.len() {
+            if let Some(all_done) = spread.all_done.lock().ok().and_then(|mut d| d.take()) {
+                let _ = all_done.send(());
+            }
+        }
     }
 }
 
@@ -237,22 +351,113 @@ mod tests {
         assert_ne!(a1, b);
     }
 
+    struct NoClock;
+    impl Clock for NoClock {
+        fn now(&self) -> Time {
+            Time::ZERO
+        }
+        fn sleep_until(&self, _: Time) -> BoxFuture<()> {
+            Box::pin(async {})
+        }
+    }
+
+    /// Drops every task it is given.
+    struct NoSpawn;
+    impl Spawn for NoSpawn {
+        fn spawn(&self, _: &'static str, _: BoxFuture<()>) {}
+    }
+
+    /// What [`Threads`] does with a task spawned elsewhere.
+    #[derive(Clone, Copy, Debug)]
+    enum Elsewhere {
+        /// Runs it to the end on a thread of its own before returning.
+        Ran,
+        /// Keeps it, unrun (a core whose loop is busy or stopped).
+        Queued,
+        /// Drops it unrun (a runtime shutting down).
+        Dropped,
+    }
+
+    struct Threads {
+        parallelism: usize,
+        elsewhere: Elsewhere,
+        queued: std::sync::Mutex<Vec<BoxFuture<()>>>,
+    }
+    impl Spawn for Threads {
+        fn spawn(&self, _: &'static str, _: BoxFuture<()>) {
+            unreachable!("map_spread spawns elsewhere only");
+        }
+        fn spawn_elsewhere(&self, _: &'static str, task: BoxFuture<()>) {
+            match self.elsewhere {
+                Elsewhere::Ran => {
+                    // A task that panics has unwound by the time join returns.
+                    let _ = std::thread::spawn(move || futures::executor::block_on(task)).join();
+                }
+                Elsewhere::Queued => self.queued.lock().unwrap().push(task),
+                Elsewhere::Dropped => drop(task),
+            }
+        }
+        fn parallelism(&self) -> usize {
+            self.parallelism
+        }
+    }
+
+    /// map_spread answers in order whatever the number of threads and items; items another
+    /// thread took are its, and the caller takes what no other thread started on (a task that
+    /// starts after that takes nothing).
+    #[test]
+    fn map_spread_answers_in_order_and_spreads() {
+        let here = std::thread::current().id();
+        for elsewhere in [Elsewhere::Ran, Elsewhere::Queued, Elsewhere::Dropped] {
+            for parallelism in 1..=4 {
+                let queued = std::sync::Mutex::new(Vec::new());
+                let threads = Arc::new(Threads { parallelism, elsewhere, queued });
+                let env = Env::new(Arc::new(NoClock), threads.clone(), 1);
+                for len in [0u64, 1, 2, 7, 64] {
+                    let items: Vec<u64> = (0..len).collect();
+                    let square = |i: &u64| (i * i, std::thread::current().id());
+                    let out = futures::executor::block_on(env.map_spread("test", items, square));
+                    let squares: Vec<u64> = out.iter().map(|o| o.0).collect();
+                    assert_eq!(squares, (0..len).map(|i| i * i).collect::<Vec<_>>());
+                    let away = out.iter().filter(|o| o.1 != here).count();
+                    let case = format!("{elsewhere:?}, parallelism {parallelism}, {len} items");
+                    match elsewhere {
+                        // The first task ran before the caller looked, and took every item.
+                        Elsewhere::Ran if parallelism > 1 && len > 1 => {
+                            assert_eq!(away, len as usize, "{case}")
+                        }
+                        _ => assert_eq!(away, 0, "{case}"),
+                    }
+                    // Tasks that start late find their shares taken and answer nothing.
+                    let late: Vec<BoxFuture<()>> =
+                        threads.queued.lock().unwrap().drain(..).collect();
+                    for task in late {
+                        futures::executor::block_on(task);
+                    }
+                }
+            }
+        }
+    }
+
+    /// An item whose taker unwound is computed by the caller, which is not left waiting.
+    #[test]
+    fn map_spread_survives_a_taker_that_panics() {
+        let here = std::thread::current().id();
+        let queued = std::sync::Mutex::new(Vec::new());
+        let threads = Arc::new(Threads { parallelism: 2, elsewhere: Elsewhere::Ran, queued });
+        let env = Env::new(Arc::new(NoClock), threads, 1);
+        // Elsewhere, the first item taken panics (the thread's own hook prints it).
+        let square = move |i: &u64| {
+            assert!(std::thread::current().id() == here, "a taker elsewhere fails");
+            i * i
+        };
+        let out = futures::executor::block_on(env.map_spread("test", (0..5).collect(), square));
+        assert_eq!(out, [0, 1, 4, 9, 16]);
+    }
+
     /// Identities drawn from one Env never repeat, even for the same stream name.
     #[test]
     fn unique_streams_differ() {
-        struct NoClock;
-        impl Clock for NoClock {
-            fn now(&self) -> Time {
-                Time::ZERO
-            }
-            fn sleep_until(&self, _: Time) -> BoxFuture<()> {
-                Box::pin(async {})
-            }
-        }
-        struct NoSpawn;
-        impl Spawn for NoSpawn {
-            fn spawn(&self, _: &'static str, _: BoxFuture<()>) {}
-        }
         let env = Env::new(Arc::new(NoClock), Arc::new(NoSpawn), 3);
         let a = env.unique_rng("pool_create/tank").u64();
         let b = env.clone().unique_rng("pool_create/tank").u64();

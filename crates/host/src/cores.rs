@@ -21,6 +21,7 @@
 use std::future::Future;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 
@@ -100,7 +101,7 @@ impl Cores {
     pub fn env(&self, seed: u64) -> Env {
         Env::new(
             Arc::new(crate::TokioClock::default()),
-            Arc::new(CoreSpawn { fallback: self.handles[0].clone() }),
+            Arc::new(CoreSpawn { handles: self.handles.clone(), next: AtomicUsize::new(0) }),
             seed,
         )
     }
@@ -123,17 +124,36 @@ fn current_thread(name: &str) -> io::Result<Runtime> {
 }
 
 /// Spawns onto the core the caller runs on: a task and whatever it spawns share a thread.
+/// Work spawned elsewhere goes to the other cores in turn.
 #[derive(Debug)]
 struct CoreSpawn {
-    fallback: Handle,
+    /// Every core's runtime; the first is also where tasks spawned from outside any core go.
+    handles: Vec<Handle>,
+    /// Turns of [`Spawn::spawn_elsewhere`] so far.
+    next: AtomicUsize,
 }
 
 impl Spawn for CoreSpawn {
     fn spawn(&self, _name: &'static str, task: BoxFuture<()>) {
         match Handle::try_current() {
             Ok(handle) => drop(handle.spawn(task)),
-            Err(_) => drop(self.fallback.spawn(task)),
+            Err(_) => drop(self.handles[0].spawn(task)),
         }
+    }
+
+    fn spawn_elsewhere(&self, name: &'static str, task: BoxFuture<()>) {
+        let here = Handle::try_current().ok().map(|h| h.id());
+        let others: usize = self.handles.iter().filter(|h| Some(h.id()) != here).count();
+        if others == 0 {
+            return self.spawn(name, task);
+        }
+        let turn = self.next.fetch_add(1, Ordering::Relaxed) % others;
+        let handle = self.handles.iter().filter(|h| Some(h.id()) != here).nth(turn);
+        drop(handle.expect("turn is below the count of other cores").spawn(task));
+    }
+
+    fn parallelism(&self) -> usize {
+        self.handles.len()
     }
 }
 
@@ -189,5 +209,48 @@ mod tests {
                 .unwrap()
         });
         assert!(same);
+    }
+
+    /// Work spawned elsewhere from a core runs on each of the other cores in turn, never on
+    /// the caller's; map_spread on a core answers in order with shares computed elsewhere.
+    #[test]
+    fn work_spawned_elsewhere_leaves_the_core() {
+        use std::sync::Barrier;
+        let cores = Cores::start(3).unwrap();
+        let env = cores.env(1);
+        let ids: Vec<_> = cores.handles().iter().map(|h| h.id()).collect();
+        let handle = cores.handles()[1].clone();
+        let (here, ran, spread) = cores.block_on(async move {
+            handle
+                .spawn(async move {
+                    let mut ran = Vec::new();
+                    for _ in 0..4 {
+                        let (tx, rx) = oneshot::channel();
+                        env.spawn_elsewhere("test", async move {
+                            let _ = tx.send(Handle::current().id());
+                        });
+                        ran.push(rx.await.unwrap());
+                    }
+                    // Items 0, 2 and 4 each wait until all three are taken: no thread can
+                    // take two of them, so each core takes one.
+                    let met: &'static Barrier = Box::leak(Box::new(Barrier::new(3)));
+                    let item = move |i: &u64| {
+                        if i % 2 == 0 {
+                            met.wait();
+                        }
+                        (*i, Handle::current().id())
+                    };
+                    let spread = env.map_spread("test", (0..6).collect(), item).await;
+                    (Handle::current().id(), ran, spread)
+                })
+                .await
+                .unwrap()
+        });
+        assert_eq!(here, ids[1]);
+        assert_eq!(ran, [ids[0], ids[2], ids[0], ids[2]], "the other cores take turns");
+        assert_eq!(spread.iter().map(|s| s.0).collect::<Vec<_>>(), [0, 1, 2, 3, 4, 5]);
+        let mut takers: Vec<_> = [0, 2, 4].iter().map(|&i| spread[i].1).collect();
+        takers.sort_by_key(|id| ids.iter().position(|c| c == id));
+        assert_eq!(takers, ids, "the caller and both other cores took items: {spread:?}");
     }
 }

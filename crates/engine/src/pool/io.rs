@@ -10,7 +10,9 @@
 
 use std::sync::Arc;
 
-use sluice_format::{BlockCompression, BlockKind, BlockPointer, ChecksumAlg, Dva, SECTOR_BYTES};
+use sluice_format::{
+    BlockCompression, BlockKind, BlockPointer, Checksum, ChecksumAlg, Dva, SECTOR_BYTES,
+};
 
 use super::{compress, Pool, PoolError};
 use crate::device::{AlignedBuf, SharedBuf};
@@ -208,6 +210,29 @@ pub fn describe_block(
     fill: u64,
     txg: u64,
 ) -> BlockPointer {
+    let checksum = block_checksum(data);
+    describe_summed_block(vdev, offset_bytes, data, lsize_bytes, kind, level, fill, txg, checksum)
+}
+
+/// The checksum [`describe_block`] gives `data`, for a caller that computes it elsewhere
+/// (txg/zil.rs spreads it over the cores) and then calls [`describe_summed_block`].
+pub fn block_checksum(data: &[u8]) -> Checksum {
+    ChecksumAlg::Xxh3_128.compute(data)
+}
+
+/// [`describe_block`] with `checksum`, which must be [`block_checksum`] of `data`.
+#[allow(clippy::too_many_arguments)]
+pub fn describe_summed_block(
+    vdev: u32,
+    offset_bytes: u64,
+    data: &[u8],
+    lsize_bytes: u64,
+    kind: BlockKind,
+    level: u8,
+    fill: u64,
+    txg: u64,
+    checksum: Checksum,
+) -> BlockPointer {
     let sector = u64::from(SECTOR_BYTES);
     let psize = data.len() as u64;
     assert!(psize > 0 && psize % sector == 0, "block data must be whole sectors");
@@ -227,7 +252,7 @@ pub fn describe_block(
         kind,
         level,
         fill,
-        checksum: ChecksumAlg::Xxh3_128.compute(data),
+        checksum,
         dedup: None,
     }
 }

@@ -46,7 +46,7 @@ use sluice_format::{
 
 pub use self::attach::PreparedAttach;
 pub use self::cache::BlockCache;
-pub use self::io::{describe_block, follows};
+pub use self::io::{block_checksum, describe_block, describe_summed_block, follows};
 pub use self::missing::MissingDevice;
 pub use self::scrub::{ScrubReport, VerifyReport};
 use crate::alloc::log_region_bytes;

@@ -724,8 +724,11 @@ impl Store {
     }
 
     /// Compresses `blocks` as `compression` asks (`None` for each one stored as it is), in a
-    /// task of its own: the sync's chunks then compress on every runtime thread instead of
-    /// one after another on the sync's (zstd at high levels takes milliseconds per block).
+    /// task of its own: on a multi-threaded runtime the sync's spans then compress on every
+    /// worker instead of one after another (zstd at high levels takes milliseconds per block).
+    /// On the serving cores the task stays on the sync's core, which volumes are homed on
+    /// last, and leaves the other cores to serve; the committer of a large write, which runs
+    /// on its volume's core, is the one that spreads its blocks over all of them (txg/zil.rs).
     async fn compress_blocks(
         &self,
         compression: Compression,
