@@ -149,8 +149,10 @@ tunable_table! {
          arriving meanwhile wait for the next.";
     IntentLogGroupsPerVdev = "intent_log.groups_per_vdev", Kind::CountOrAuto { min: 1, max: 64 }, "auto",
         "Under the auto commit policy, log groups that may be in flight on each top-level vdev \
-         that holds log blocks. auto: 1 when every such vdev has a leaf whose flushes cannot \
-         overlap (a disk, a file), else 8. A number sets it for every vdev.";
+         that holds log blocks. auto: 1 when every such vdev has a rotational leaf; 2 when \
+         every one has a leaf whose flushes cannot overlap (a file), the second group starting \
+         only once it carries an even share of the records outstanding; else 8. A number sets \
+         it for every vdev.";
     IntentLogEarlyCommit = "intent_log.early_commit", Kind::Choice(EARLY_COMMIT), "auto",
         "auto: when a volume's clients flush after nearly every write, a lone writer's record \
          is written to the log as soon as it is logged, so its flush finds the log block \

@@ -112,7 +112,8 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// Whether several flushes in flight finish sooner than the same flushes one after
     /// another: an SSD's parallel channels do; a disk's one actuator does not, nor does a
     /// file's `fdatasync`, which covers the whole file and waits for the filesystem's journal.
-    /// The intent log's `auto` policy keeps one group in flight per device that cannot.
+    /// The intent log's `auto` policy keeps fewer groups in flight on a device that cannot
+    /// (intent_log/tuner.rs).
     fn parallel_flushes(&self) -> bool {
         !self.is_rotational()
     }

@@ -1148,6 +1148,16 @@ impl BlockDevice for SimDevice {
         matches!(self.inner.profile, SimProfile::Hdd(_))
     }
 
+    /// An SSD with one channel runs one flush at a time, as a file leaf's do: the intent log's
+    /// tuner treats it as it treats a file.
+    fn parallel_flushes(&self) -> bool {
+        match &self.inner.profile {
+            SimProfile::Hdd(_) => false,
+            SimProfile::Ssd(params) => params.channels > 1,
+            SimProfile::Instant => true,
+        }
+    }
+
     fn read_at(&self, offset: u64, len: u32) -> BoxFuture<Result<AlignedBuf, DeviceError>> {
         self.call(DeviceOp::Read, offset, u64::from(len), |done| Request::Read { len, done })
     }

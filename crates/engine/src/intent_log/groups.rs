@@ -3,8 +3,10 @@
 //! A group is the records ready when a committer finds a slot free (or, when they are all
 //! logged by pointer, at once: each pays its block's own durable write), written in blocks
 //! allocated on or near one top-level vdev and made durable by one flush of each vdev they
-//! landed on ([`GroupTuner`] sets how many groups a vdev may run at once). When several slots are free the records are spread evenly
-//! over them, so a burst uses every flush the devices can run in parallel; each group's blocks
+//! landed on ([`GroupTuner`] sets how many groups a vdev may run at once). When several slots
+//! are free the records are spread evenly over them, so a burst uses every flush the devices
+//! can run in parallel (over one slot per vdev where the tuner makes groups wait for their
+//! share, as on a file: a vdev's second slot is for the next group); each group's blocks
 //! are sized to hold exactly what it carries, and its last block allocates the block that will
 //! open the next group, on the vdev expected to free a slot first. The decision to form a
 //! group (and the short waits before one) is [`LogWriter::commit`]'s; this module is what a
@@ -48,7 +50,11 @@ impl LogWriter {
         // of every group after it; the records beyond the share wait for the next slot. Nor
         // are fewer records than a share spread over more groups: each group pays a flush.
         let slots_in_all = tuner.slots();
-        let even = state.even_share(ready.len(), slots_in_all);
+        // Where groups wait for their share, what is ready is split over one slot per vdev.
+        let even = match tuner.waits_for_share() {
+            true => state.even_share(ready.len(), tuner.log_vdevs()),
+            false => state.even_share(ready.len(), slots_in_all),
+        };
         let count = (slots as usize).clamp(1, ready.len().div_ceil(even).max(1));
         let demand = |from: usize, n: usize| -> usize {
             LOG_HEADER_BYTES + ready[from..from + n].iter().sum::<usize>()

@@ -19,11 +19,13 @@
 //! - `Auto`: groups. A group is every ready record (or its share, below), written in blocks
 //!   sized to hold exactly what it carries, all on one top-level vdev, and made durable by one
 //!   flush of that vdev. A vdev runs at most a few groups at once ([`GroupTuner`]: one on a
-//!   rotational device, where each extra flush costs a rotation, eight otherwise); a committer
+//!   rotational device, where each extra flush costs a rotation; two on a file, whose flushes
+//!   do not overlap, the second starting only once it carries an even share of what is
+//!   outstanding and never split over free slots; eight otherwise); a committer
 //!   whose vdev is at its cap waits for a group to finish, unless every record it would carry
 //!   is logged by pointer (each already pays its block's own durable write, so waiting saves
-//!   no flush). Records that find several slots
-//!   free are spread evenly over them, so a burst uses the parallel flushes a device offers,
+//!   no flush). Records that find several slots free are spread evenly over them (over one
+//!   slot per vdev on a file), so a burst uses the parallel flushes a device offers,
 //!   and each group's last block allocates the next group's first block on the vdev with the
 //!   fewest groups in flight. When a finishing group wakes writers, the next committer yields
 //!   once first, so the next group carries the records they append instead of its own alone
@@ -637,10 +639,11 @@ impl LogWriter {
     /// in flight to group it with. A lone sync writer then finds its lwb already written,
     /// or on its way, when its flush arrives: the flush waits for the rest of one lwb's
     /// latency instead of all of it. Not under `Batch`, the seed's "before"; under `Auto`
-    /// only while recent groups carried about one record each (a lone writer): with one
-    /// group in flight per device, an early group of one record would hold the slot while
-    /// the other writers' records, arriving just after, wait for it (measured on a file leaf,
-    /// 8 write+flush clients: 8,663 / 9,481 IOPS with early commits, 10,367 / 10,914 without).
+    /// only while recent groups carried about one record each (a lone writer): with few
+    /// groups in flight per device, an early group of one record would hold a slot while
+    /// the other writers' records, arriving just after, wait for it (measured on a file leaf
+    /// with one group per file, 8 write+flush clients: 8,663 / 9,481 IOPS with early commits,
+    /// 10,367 / 10,914 without).
     /// Records logged by pointer are the exception: each already pays its block's own durable
     /// write, so their committers never wait for a slot (see [`LogWriter::commit`]), and one
     /// large write is many of them (64 for 1 MiB of 16 KiB blocks), which would otherwise read
@@ -832,9 +835,16 @@ impl LogWriter {
                         let even = state.even_share(ready, slots);
                         let busy = groups * 4 >= slots * 3 && groups > 0;
                         let deadline = state.linger_deadline(now, self.commit_timeout_pct);
-                        let issue_now = !busy || by_pointer || ready >= even || now >= deadline;
                         let may = mine_pending && free;
-                        (may && issue_now, (may && !issue_now).then_some(deadline))
+                        let beside = state.groups_on_vdev.get(home).is_some_and(|g| !g.is_empty());
+                        if state.tuner.as_ref().is_some_and(GroupTuner::waits_for_share) && beside {
+                            // Waits for the group in flight, or for a committer that finds an
+                            // even share ready.
+                            (may && (by_pointer || ready >= even), None)
+                        } else {
+                            let issue_now = !busy || by_pointer || ready >= even || now >= deadline;
+                            (may && issue_now, (may && !issue_now).then_some(deadline))
+                        }
                     }
                 };
                 if let Some(deadline) = linger_until {
