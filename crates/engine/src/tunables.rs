@@ -139,8 +139,9 @@ tunable_table! {
          lone writer never waits.";
     IntentLogPolicy = "intent_log.policy", Kind::Choice(LOG_POLICIES), "auto",
         "How sync writes are grouped into log writes. auto: groups of the waiting records, each \
-         on one device and made durable by one flush; up to 1 group in flight per disk or file \
-         (whose flushes cannot overlap) and 8 per other device, beyond which only groups of \
+         on one device and made durable by one flush; up to 1 group in flight per disk, 2 per \
+         file (the second only once it carries an even share of what is outstanding) and 8 per \
+         other device (intent_log.groups_per_vdev), beyond which only groups of \
          records logged by pointer start (their blocks pay their own flushes); records that arrive together are spread over the free \
          slots in even shares of what is outstanding; blocks sized to what groups carry; near \
          saturation a group waits briefly for more records (intent_log.commit_timeout_pct). \
@@ -149,10 +150,10 @@ tunable_table! {
          arriving meanwhile wait for the next.";
     IntentLogGroupsPerVdev = "intent_log.groups_per_vdev", Kind::CountOrAuto { min: 1, max: 64 }, "auto",
         "Under the auto commit policy, log groups that may be in flight on each top-level vdev \
-         that holds log blocks. auto: 1 when every such vdev has a rotational leaf; 2 when \
-         every one has a leaf whose flushes cannot overlap (a file), the second group starting \
-         only once it carries an even share of the records outstanding; else 8. A number sets \
-         it for every vdev.";
+         that holds log blocks. auto: 1 when every such vdev has a leaf whose flushes cannot \
+         overlap and one is rotational (a disk); 2 when so and none is rotational (files), the \
+         second group starting only once it carries an even share of the records \
+         outstanding; else 8. A number sets it for every vdev.";
     IntentLogEarlyCommit = "intent_log.early_commit", Kind::Choice(EARLY_COMMIT), "auto",
         "auto: when a volume's clients flush after nearly every write, a lone writer's record \
          is written to the log as soon as it is logged, so its flush finds the log block \

@@ -270,8 +270,9 @@ fn auto_groups_everything_waiting_on_one_disk() {
 
 /// On a leaf whose flushes do not overlap but cost no rotation (a file; here a one-channel
 /// SSD), `auto` runs two groups, the second only once it carries an even share of what is
-/// outstanding: its groups carry more records than two groups that start on the commit
-/// timeout and split what is ready (the same cap set by hand), and at 8 and 32 writers auto
+/// outstanding: its groups carry more records than two plain groups (the same cap set by
+/// hand: the second starts at once and what is ready is split over both), and at 8 and 32
+/// writers auto
 /// commits at least 95% as often as the better fixed policy.
 #[test]
 fn auto_starts_a_second_group_with_its_share_where_flushes_do_not_overlap() {

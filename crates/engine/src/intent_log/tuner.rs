@@ -11,16 +11,16 @@
 //! best of 1 to 64.
 //!
 //! The cap comes from the device class of the vdevs that hold log blocks (the log devices
-//! when the pool has any): 1 if every one of them has a rotational leaf; 2 if every one has a
-//! leaf whose flushes cannot overlap without being rotational (a file: its leaf completes one
-//! durable write at a time); else 8. On a file a second group starts beside the first only once
+//! when the pool has any), one cap for all of them: 1 if every one has a leaf whose flushes
+//! cannot overlap and one of them is rotational (a disk); 2 if so and none is rotational (a
+//! file: its leaf completes one durable write at a time); else 8. On a file a second group starts beside the first only once
 //! it carries an even share of everything outstanding, never on a timeout and never by
 //! splitting what is ready over free slots: a small group beside another only adds a flush (on
 //! this project's VM, 8 groups per file leaf were 7% to 12% behind batch at 8 and 32
 //! write+flush clients, and two groups that started on the commit timeout flushed 0.46 times
 //! per operation against pipelined's 0.35), while one group per file leaf left the writers of
 //! the next group waiting for the whole of the first (8 write + flush clients: plain writes
-//! 13 to 65 us slower at the median than under pipelined in every run on one core; with two,
+//! 12 to 65 us slower at the median than under pipelined in every run on one core; with two,
 //! the fastest of the three policies in a 12-round run; docs/bench/peers-zil-auto.md).
 //! What the log measures decides the rest (intent_log/mod.rs: group sizes from what is
 //! outstanding, the next block's place from which groups will finish first, its size from
