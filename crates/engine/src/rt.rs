@@ -169,14 +169,13 @@ impl Env {
         // and left its item empty, which the caller then computes.
         let _ = done.await;
         let Spread { items, slots, .. } = &*spread;
-        let out: Vec<R> = items
+        items
             .iter()
             .zip(slots)
             .map(|(item, slot)| {
                 slot.lock().ok().and_then(|mut r| r.take()).unwrap_or_else(|| f(item))
             })
-            .collect();
-        out
+            .collect()
     }
 
     /// An independent random stream for the component called `stream`. Forking by name rather

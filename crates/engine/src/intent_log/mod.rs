@@ -833,8 +833,6 @@ impl LogWriter {
                         let groups: usize = state.groups_on_vdev.iter().map(Vec::len).sum();
                         let ready = state.ready().count();
                         let even = state.even_share(ready, slots);
-                        let busy = groups * 4 >= slots * 3 && groups > 0;
-                        let deadline = state.linger_deadline(now, self.commit_timeout_pct);
                         let may = mine_pending && free;
                         let beside = state.groups_on_vdev.get(home).is_some_and(|g| !g.is_empty());
                         if state.tuner.as_ref().is_some_and(GroupTuner::waits_for_share) && beside {
@@ -842,6 +840,8 @@ impl LogWriter {
                             // even share ready.
                             (may && (by_pointer || ready >= even), None)
                         } else {
+                            let busy = groups * 4 >= slots * 3 && groups > 0;
+                            let deadline = state.linger_deadline(now, self.commit_timeout_pct);
                             let issue_now = !busy || by_pointer || ready >= even || now >= deadline;
                             (may && issue_now, (may && !issue_now).then_some(deadline))
                         }
