@@ -1142,7 +1142,7 @@ pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
         ctx.say(format!(
             "  intent log: {} commits ({} through a txg sync, {} early, {} not waited for: \
              sync=disabled), {} log blocks written, {} blocks written in place for indirect \
-             records ({} records copied instead); at import {} chains claimed, {} records \
+             records ({} records copied instead, {} left to their txg's sync); at import {} chains claimed, {} records \
              replayed ({} indirect; {} already applied by an interrupted replay), {} torn \
              tails, {} chains ended at an indirect block never written",
             log.commits.get(),
@@ -1152,6 +1152,7 @@ pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
             store.log_blocks_written(),
             log.indirect_blocks_written.get(),
             log.indirect_records_copied.get(),
+            log.indirect_records_left_to_sync.get(),
             log.chains_claimed.get(),
             log.records_replayed.get(),
             log.indirect_records_replayed.get(),

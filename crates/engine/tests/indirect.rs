@@ -292,3 +292,65 @@ fn overwrites_logged_by_pointer_never_fill_the_pool() {
     })
     .unwrap();
 }
+
+/// A flush whose records belong to the txg being synced: copied into the log where they are a
+/// small part of what that sync writes (one large write caught as its txg closed), left to the
+/// sync where they are most of it (a flush after writes that never flushed): the flush then
+/// returns once the sync is durable, and the log writes no copy of what the sync writes.
+#[test]
+fn records_of_a_syncing_txg_are_copied_or_left_to_the_sync() {
+    let sim = Sim::new(10);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        // No early commits: the records stay unfilled until the flush.
+        let t = Tunables::with([("intent_log.early_commit", "off")]).unwrap();
+        let store = Arc::new(common::mirror_store(&env, specs.clone(), &t).await);
+        store.create_volume("v", 16 << 20, 16384).unwrap();
+        store.create_volume("w", 16 << 20, 16384).unwrap();
+        store.sync().await.unwrap();
+        let v = Volume::open(&store, "v").unwrap();
+        let w = Volume::open(&store, "w").unwrap();
+        let stats = store.log_stats();
+        let start_sync = || {
+            let (done, synced) = futures::channel::oneshot::channel();
+            let syncing = Arc::clone(&store);
+            env.spawn("sync", async move {
+                let _ = done.send(syncing.sync().await.map(drop));
+            });
+            synced
+        };
+        // 1 MiB of v's behind 4 MiB that w dirtied and never flushed: a quarter of the sync
+        // or less, so copied.
+        let bulk = pattern(5, 4 * MIB);
+        w.write(0, &bulk, false).await.unwrap();
+        let small = pattern(6, MIB);
+        v.write(0, &small, false).await.unwrap();
+        let synced = start_sync();
+        env.sleep(std::time::Duration::from_micros(1)).await;
+        v.flush().await.unwrap();
+        assert_eq!(stats.indirect_records_copied.get(), 64, "the MiB's 64 blocks copied");
+        assert_eq!(stats.indirect_records_left_to_sync.get(), 0);
+        synced.await.unwrap().unwrap();
+        // 4 MiB of v's, nearly all of the next sync: the flush waits for it.
+        let large = pattern(7, 4 * MIB);
+        v.write(4 * MIB as u64, &large, false).await.unwrap();
+        let txg = store.open_txg();
+        let synced = start_sync();
+        env.sleep(std::time::Duration::from_micros(1)).await;
+        let logged = store.log_blocks_written();
+        v.flush().await.unwrap();
+        assert!(store.pool().uberblock().txg >= txg, "the flush returned before its txg synced");
+        assert_eq!(stats.indirect_records_left_to_sync.get(), 256, "4 MiB of 16 KiB blocks");
+        assert_eq!(stats.indirect_records_copied.get(), 64, "nothing more copied");
+        assert_eq!(store.log_blocks_written(), logged, "the log wrote what the sync wrote");
+        synced.await.unwrap().unwrap();
+        assert_eq!(v.read(0, MIB as u64).await.unwrap(), small);
+        assert_eq!(v.read(4 * MIB as u64, 4 * MIB as u64).await.unwrap(), large);
+        assert_eq!(w.read(0, 4 * MIB as u64).await.unwrap(), bulk);
+        let audit = store.audit().await.unwrap();
+        assert!(audit.is_clean(), "{:?}", audit.problems);
+    })
+    .unwrap();
+}

@@ -392,6 +392,9 @@ pub struct LogStats {
     /// Indirect records filled with a copy of their block instead (its txg was syncing, or a
     /// later write had replaced it).
     pub indirect_records_copied: crate::stats::Counter,
+    /// Indirect records of the txg being synced whose commit waited for that sync instead of
+    /// copying them: they were a large part of what it writes.
+    pub indirect_records_left_to_sync: crate::stats::Counter,
     /// Indirect records applied by replay (their blocks read from where the record points).
     pub indirect_records_replayed: crate::stats::Counter,
     /// Chains that ended at an indirect record whose block is not intact or not free: written

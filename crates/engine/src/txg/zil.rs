@@ -272,9 +272,11 @@ impl Store {
             LogRecord::WriteIndirect { offset, .. } => offset / bs,
             other => unreachable!("only indirect records are unfilled: {other:?}"),
         };
-        // Records whose block is the open txg's current version are placed; the rest copied.
+        // Records whose block is the open txg's current version are placed; the rest copied,
+        // or, where they are a large part of the txg being synced, left to that sync.
         let mut place: Vec<(&LogRecord, Arc<AlignedBuf>)> = Vec::new();
         let mut copy: Vec<&LogRecord> = Vec::new();
+        let mut syncing: Vec<&LogRecord> = Vec::new();
         {
             let state = self.state.lock();
             let v = dataset.state.lock();
@@ -283,8 +285,21 @@ impl Store {
                     Some(Block::Data(data)) if record.txg() == state.open_txg => {
                         place.push((record, Arc::clone(data)));
                     }
+                    _ if record.txg() < state.open_txg => syncing.push(record),
                     _ => copy.push(record),
                 }
+            }
+            // A record of the txg being synced has its block written by that sync. A copy in
+            // the log writes the block a second time; it pays where it is a small part of the
+            // sync (one large write caught as its txg closed: a few log blocks, against a
+            // sync of up to txg.dirty_max / 4). Where the records are a large part of it (a
+            // flush after a stream of writes that never flushed), the sync writes them in
+            // about the time the copies would take, and once: the commit waits for it. (ZFS
+            // never copies them: dmu_sync answers EALREADY and the log carries no data.)
+            let bytes = syncing.len() as u64 * bs;
+            if bytes.saturating_mul(COPY_SHARE_OF_SYNC) < state.syncing_bytes {
+                // Older than the rest: copied (and so filled) first.
+                copy.splice(0..0, syncing.drain(..));
             }
         }
         // Compressed as the sync would (ZFS's dmu_sync does the same), so that a volume written
@@ -432,6 +447,17 @@ impl Store {
             self.log_stats.indirect_records_copied.inc();
             log.fill(filled, None);
         }
+        if !syncing.is_empty() {
+            // The sync of their txg holds the sync lock from before it closed the txg until
+            // the log dropped its records (`LogWriter::synced`): once the lock is had, they
+            // are durable and gone.
+            drop(self.sync_lock.lock().await);
+            self.log_stats.indirect_records_left_to_sync.add(syncing.len() as u64);
+            // Still there only if that sync failed (the store is suspended): given back for a
+            // committer that finds the store live again.
+            let left: Vec<LogRecord> = syncing.into_iter().cloned().collect();
+            log.unclaim(&left);
+        }
         Ok(())
     }
 }
@@ -508,6 +534,10 @@ pub(super) fn append_records(
     }
     sequence
 }
+
+/// Records of the txg being synced are copied into the log while their blocks are less than
+/// this fraction (1/N) of what that sync writes; from it on, their commit waits for the sync.
+const COPY_SHARE_OF_SYNC: u64 = 4;
 
 /// The pointer an indirect record carries until it is filled (never encoded: no lwb takes an
 /// unfilled record).
