@@ -410,3 +410,48 @@ fn auto_starts_groups_of_records_logged_by_pointer_past_the_cap() {
         .0;
     assert_eq!(in_flight, vec![1, 2, 2, 0], "groups in flight after each commit, then at the end");
 }
+
+/// Records logged by pointer that overflow the block allocated for the next group are cut
+/// where that block is full: each block is a group of its own, written in one trip, never a
+/// group of two blocks (a write and then a flush). One commit writes them all at once.
+#[test]
+fn auto_cuts_records_logged_by_pointer_at_a_full_block() {
+    let sim = Sim::new(12);
+    // Leaves whose flushes do not overlap, as a file's: where this was measured.
+    let legs = common::legs(&sim, 2, serial_ssd(), LEAF_BYTES);
+    let specs = common::leaf_specs(&legs);
+    let env = sim.env();
+    let figures = sim
+        .run(async move {
+            let spec = Layout::SerialSsdMirror.spec(specs);
+            let pool = Pool::create(&env, spec, &Tunables::default()).await.unwrap();
+            let allocator = Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas()));
+            let log = LogWriter::new("tank", &allocator, CommitPolicy::Auto, 10, 5, 1, 128 << 10)
+                .unwrap();
+            let before = log.figures().next_block_bytes as usize;
+            // More pointers than the first block holds (each record takes well over 64 bytes).
+            let records = before / 64 + 1;
+            let mut last = 0;
+            for i in 0..records as u64 {
+                last = log.append_unfilled(env.now(), |sequence| LogRecord::WriteIndirect {
+                    txg: 1,
+                    sequence,
+                    offset: i * 16384,
+                    len: 16384,
+                    block: placed_block(8192 + i * 16384),
+                });
+                let record = log.claim_unfilled(last).into_iter().next().unwrap();
+                let written: sluice_engine::intent_log::DataWrite = futures::FutureExt::shared(
+                    Box::pin(async { true }) as futures::future::BoxFuture<'static, bool>,
+                );
+                assert!(log.fill(record, Some(written)));
+            }
+            log.commit(&pool, &allocator, last).await.unwrap();
+            log.figures()
+        })
+        .unwrap()
+        .0;
+    assert!(figures.groups_written >= 2, "the records overflowed one block: {figures:?}");
+    assert_eq!(figures.lwbs_written, figures.groups_written, "a group of two blocks: {figures:?}");
+    assert_eq!(figures.groups_in_flight, 0);
+}
