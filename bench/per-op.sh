@@ -2,13 +2,16 @@
 # What one client operation costs the server: IOPS, server CPU, context switches and disk
 # commands per operation, for one fio job against sluice or qemu-nbd on a fresh image.
 #
-# Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|randread|seqread] [JOBS] [--bin PATH]
+# Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|stream-1m|randread|seqread] [JOBS] [--bin PATH]
 #        [--block-size 4K] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
 #        [--cores N (sluice's serving cores)]
 #   syncwrite: 4 KiB random writes, each followed by a flush, JOBS jobs at queue depth 1
 #   syncwrite-1m: 1 MiB sequential writes, each followed by a flush, JOBS jobs at queue depth
 #              1, each in its own slice of the volume (bench/peers.sh's syncwrite-1m-N; IOPS
 #              are MiB/s)
+#   stream-1m: 1 MiB sequential writes with a flush after every 64 (64 MiB), JOBS jobs at
+#              queue depth 1, each in its own slice (a stream that flushes now and then; IOPS
+#              are MiB/s, the flush figures are those flushes')
 #   randread:  4 KiB random reads at queue depth 32
 #   seqread:   1 MiB sequential reads at queue depth 8 (IOPS are MiB/s)
 # The image is a 1 GiB volume (sluice: in a 3 GiB zeroed leaf; qemu-nbd: a 1.5 GiB zeroed raw
@@ -61,9 +64,11 @@ case $job in
   syncwrite) args=(--rw=randwrite --fsync=1 --numjobs="$jobs" --iodepth=1) ;;
   syncwrite-1m) slice=$(( 1024 / jobs ))M
     args=(--rw=write --bs=1M --fsync=1 --numjobs="$jobs" --iodepth=1 --size="$slice" --offset_increment="$slice") ;;
+  stream-1m) slice=$(( 1024 / jobs ))M
+    args=(--rw=write --bs=1M --fsync=64 --numjobs="$jobs" --iodepth=1 --size="$slice" --offset_increment="$slice") ;;
   randread) args=(--rw=randread --iodepth=32) ;;
   seqread) args=(--rw=read --bs=1M --iodepth=8) ;;
-  *) echo "per-op: job is syncwrite, syncwrite-1m, randread or seqread" >&2; exit 2 ;;
+  *) echo "per-op: job is syncwrite, syncwrite-1m, stream-1m, randread or seqread" >&2; exit 2 ;;
 esac
 sample() {
   local cpu switches disk_io
@@ -80,11 +85,12 @@ after=$(sample)
 import json, os, sys
 path, seconds, before, after, target, job, jobs, block = sys.argv[1:]
 j = json.load(open(path))["jobs"][0]
-side = j["write" if "write" in job else "read"]
+writes = job not in ("randread", "seqread")
+side = j["write" if writes else "read"]
 iops = side["iops"]
 p50 = lambda lat: lat["percentile"]["50.000000"] / 1000 if lat.get("percentile") else float("nan")
 latency = f"{side['clat_ns']['mean'] / 1000:.0f} us mean, {p50(side['clat_ns']):.0f} us p50"
-if "write" in job and j.get("sync", {}).get("lat_ns", {}).get("N"):
+if writes and j.get("sync", {}).get("lat_ns", {}).get("N"):
     sync = j["sync"]["lat_ns"]
     latency = f"write {latency}; flush {sync['mean'] / 1000:.0f} us mean, {p50(sync):.0f} us p50"
 ops = iops * float(seconds)

@@ -321,8 +321,8 @@ fn records_of_a_syncing_txg_are_copied_or_left_to_the_sync() {
             });
             synced
         };
-        // 1 MiB of v's behind 4 MiB that w dirtied and never flushed: a quarter of the sync
-        // or less, so copied.
+        // 1 MiB of v's behind 4 MiB that w dirtied and never flushed: small, and a quarter of
+        // the sync or less, so copied.
         let bulk = pattern(5, 4 * MIB);
         w.write(0, &bulk, false).await.unwrap();
         let small = pattern(6, MIB);
@@ -351,6 +351,38 @@ fn records_of_a_syncing_txg_are_copied_or_left_to_the_sync() {
         assert_eq!(w.read(0, 4 * MIB as u64).await.unwrap(), bulk);
         let audit = store.audit().await.unwrap();
         assert!(audit.is_clean(), "{:?}", audit.problems);
+    })
+    .unwrap();
+}
+
+/// A flush left to a sync that then fails gets the failure (the store is suspended) instead
+/// of waiting for records that no sync will make durable.
+#[test]
+fn a_flush_left_to_a_failing_sync_reports_it() {
+    let sim = Sim::new(11);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    let faulty = legs.clone();
+    sim.run(async move {
+        let t = Tunables::with([("intent_log.early_commit", "off")]).unwrap();
+        let store = Arc::new(common::mirror_store(&env, specs.clone(), &t).await);
+        store.create_volume("v", 16 << 20, 16384).unwrap();
+        store.sync().await.unwrap();
+        let v = Volume::open(&store, "v").unwrap();
+        v.write(0, &pattern(8, 4 * MIB), false).await.unwrap();
+        let syncing = Arc::clone(&store);
+        env.spawn("sync", async move {
+            let _ = syncing.sync().await;
+        });
+        // The sync has closed the txg and is writing it; its flushes will fail.
+        env.sleep(std::time::Duration::from_micros(1)).await;
+        for leg in &faulty {
+            leg.inject(sluice_engine::device::sim::Fault::FlushError);
+        }
+        assert!(v.flush().await.is_err(), "a flush answered though its sync failed");
+        assert!(store.is_suspended());
+        assert_eq!(store.log_stats().indirect_records_copied.get(), 0, "it was left to the sync");
     })
     .unwrap();
 }

@@ -1,7 +1,8 @@
 //! How the `auto` commit policy forms and writes its groups.
 //!
 //! A group is the records ready when a committer finds a slot free (or, when they are all
-//! logged by pointer, at once: each pays its block's own durable write), written in blocks
+//! logged by pointer, at once and one block each: each pays its block's own durable write,
+//! and a block of them is written in one trip), written in blocks
 //! allocated on or near one top-level vdev and made durable by one flush of each vdev they
 //! landed on ([`GroupTuner`] sets how many groups a vdev may run at once). When several slots
 //! are free the records are spread evenly over them, so a burst uses every flush the devices
@@ -27,7 +28,8 @@ use crate::vdev;
 
 impl LogWriter {
     /// `Auto`: takes the ready records into up to `slots` groups of nearly equal size, so that
-    /// records that arrived together spread over the flushes the devices can run at once.
+    /// records that arrived together spread over the flushes the devices can run at once
+    /// (records all logged by pointer: into one group per block, whatever the slots).
     /// Each group's blocks are sized to hold exactly what it carries; the block that will open
     /// the next group, whose records have not arrived yet, is sized from what groups have
     /// carried lately. (Space allocated and left unwritten costs a rotation on a disk, while
@@ -83,7 +85,8 @@ impl LogWriter {
         let mut groups = Vec::with_capacity(count);
         let mut taken = 0;
         // Groups go on while records are left and the next one's device has a slot (records
-        // held back by the share take any slot still free).
+        // held back by the share take any slot still free; records logged by pointer need
+        // none).
         let mut g = 0;
         while taken < ready.len() {
             let home = state.next_address.vdev;
@@ -95,10 +98,12 @@ impl LogWriter {
                 break;
             }
             let mut size = share(taken, g);
-            if g == 0 && (count > 1 || by_pointer) {
+            if (g == 0 && count > 1) || by_pointer {
                 // The first group's block was allocated before its records arrived: give it
                 // what that block holds (at least one record) and the other groups the rest,
-                // rather than a second block that makes it the last to finish.
+                // rather than a second block that makes it the last to finish. Records logged
+                // by pointer are cut so at every group (a later group's block holds at most
+                // intent_log.block_bytes_max).
                 let capacity = state.next_address.len_bytes as usize - LOG_HEADER_BYTES;
                 let fits = ready.iter().scan(0, |used, &len| {
                     *used += len;

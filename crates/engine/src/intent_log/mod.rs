@@ -24,7 +24,8 @@
 //!   outstanding and never split over free slots; eight otherwise); a committer
 //!   whose vdev is at its cap waits for a group to finish, unless every record it would carry
 //!   is logged by pointer (each already pays its block's own durable write, so waiting saves
-//!   no flush). Records that find several slots free are spread evenly over them (over one
+//!   no flush; such records are cut into one group per block instead, each written in one
+//!   trip). Records that find several slots free are spread evenly over them (over one
 //!   slot per vdev on a file), so a burst uses the parallel flushes a device offers,
 //!   and each group's last block allocates the next group's first block on the vdev with the
 //!   fewest groups in flight. When a finishing group wakes writers, the next committer yields

@@ -242,8 +242,10 @@ impl Store {
     /// version gets that block written in place (durably, started now) and its pointer; the
     /// sync links the same block instead of writing it again. Any other (its txg is syncing,
     /// or a later write replaced or zeroed the block) gets the block's current bytes copied:
-    /// replay applies later records after it, so newer bytes are as good. An error leaves the
-    /// records to the next committer; the caller falls back to a txg sync.
+    /// replay applies later records after it, so newer bytes are as good; except that records
+    /// of the syncing txg that are a large part of what it writes are left to it (the commit
+    /// waits for it). An error leaves the records to the next committer; the caller falls back
+    /// to a txg sync.
     pub(super) async fn fill_indirect(
         &self,
         dataset: &Dataset,
@@ -285,19 +287,26 @@ impl Store {
                     Some(Block::Data(data)) if record.txg() == state.open_txg => {
                         place.push((record, Arc::clone(data)));
                     }
-                    _ if record.txg() < state.open_txg => syncing.push(record),
+                    // Of the txg being synced (only one syncs at a time; an older one has
+                    // synced, and dropped its records from the log).
+                    _ if record.txg() + 1 == state.open_txg && state.syncing_bytes > 0 => {
+                        syncing.push(record)
+                    }
                     _ => copy.push(record),
                 }
             }
             // A record of the txg being synced has its block written by that sync. A copy in
-            // the log writes the block a second time; it pays where it is a small part of the
-            // sync (one large write caught as its txg closed: a few log blocks, against a
-            // sync of up to txg.dirty_max / 4). Where the records are a large part of it (a
-            // flush after a stream of writes that never flushed), the sync writes them in
-            // about the time the copies would take, and once: the commit waits for it. (ZFS
-            // never copies them: dmu_sync answers EALREADY and the log carries no data.)
+            // the log writes the block a second time; it pays where it is small, or a small
+            // part of what the sync writes (one large write caught as its txg closed: a few
+            // log blocks, where waiting would cost the rest of the sync and its fixed flushes).
+            // Where the records are large and most of what the sync writes (a flush after a
+            // stream of writes that never flushed), the sync writes them in about the time the
+            // copies would take, and once: the commit waits for it. (ZFS writes such a block
+            // again, to a new place: dmu_sync's late arrival.)
             let bytes = syncing.len() as u64 * bs;
-            if bytes.saturating_mul(COPY_SHARE_OF_SYNC) < state.syncing_bytes {
+            if bytes < COPY_ALWAYS_BYTES
+                || bytes.saturating_mul(COPY_SHARE_OF_SYNC) < state.syncing_bytes
+            {
                 // Older than the rest: copied (and so filled) first.
                 copy.splice(0..0, syncing.drain(..));
             }
@@ -452,11 +461,10 @@ impl Store {
             // the log dropped its records (`LogWriter::synced`): once the lock is had, they
             // are durable and gone.
             drop(self.sync_lock.lock().await);
+            // Still there only if that sync failed: the store is suspended, and the caller
+            // gives the records back and falls back to a sync, which reports it.
+            self.check_live()?;
             self.log_stats.indirect_records_left_to_sync.add(syncing.len() as u64);
-            // Still there only if that sync failed (the store is suspended): given back for a
-            // committer that finds the store live again.
-            let left: Vec<LogRecord> = syncing.into_iter().cloned().collect();
-            log.unclaim(&left);
         }
         Ok(())
     }
@@ -536,8 +544,14 @@ pub(super) fn append_records(
 }
 
 /// Records of the txg being synced are copied into the log while their blocks are less than
-/// this fraction (1/N) of what that sync writes; from it on, their commit waits for the sync.
+/// this fraction (1/N) of what that sync writes, or less than [`COPY_ALWAYS_BYTES`]; past
+/// both, their commit waits for the sync.
 const COPY_SHARE_OF_SYNC: u64 = 4;
+
+/// Below this, copies of a syncing txg's blocks are always made: a sync costs two rounds of
+/// flushes and its metadata besides its data, about what the copies of a few MiB cost in log
+/// writes (an estimate, not measured per device).
+const COPY_ALWAYS_BYTES: u64 = 4 << 20;
 
 /// The pointer an indirect record carries until it is filled (never encoded: no lwb takes an
 /// unfilled record).
