@@ -356,7 +356,8 @@ fn records_of_a_syncing_txg_are_copied_or_left_to_the_sync() {
 }
 
 /// A flush left to a sync that then fails gets the failure (the store is suspended) instead
-/// of waiting for records that no sync will make durable.
+/// of waiting for records that no sync will make durable; so does a second flush that found
+/// those records claimed by the first and waits behind them.
 #[test]
 fn a_flush_left_to_a_failing_sync_reports_it() {
     let sim = Sim::new(11);
@@ -369,7 +370,7 @@ fn a_flush_left_to_a_failing_sync_reports_it() {
         let store = Arc::new(common::mirror_store(&env, specs.clone(), &t).await);
         store.create_volume("v", 16 << 20, 16384).unwrap();
         store.sync().await.unwrap();
-        let v = Volume::open(&store, "v").unwrap();
+        let v = Arc::new(Volume::open(&store, "v").unwrap());
         v.write(0, &pattern(8, 4 * MIB), false).await.unwrap();
         let syncing = Arc::clone(&store);
         env.spawn("sync", async move {
@@ -380,7 +381,19 @@ fn a_flush_left_to_a_failing_sync_reports_it() {
         for leg in &faulty {
             leg.inject(sluice_engine::device::sim::Fault::FlushError);
         }
-        assert!(v.flush().await.is_err(), "a flush answered though its sync failed");
+        let flush = |v: &Arc<Volume>| {
+            let (v, (done, answer)) = (Arc::clone(v), futures::channel::oneshot::channel());
+            env.spawn("flush", async move {
+                let _ = done.send(v.flush().await.is_err());
+            });
+            answer
+        };
+        // The first claims the records and waits for the sync; the second waits behind them.
+        let first = flush(&v);
+        env.sleep(std::time::Duration::from_nanos(1)).await;
+        let second = flush(&v);
+        assert!(first.await.unwrap(), "a flush answered though its sync failed");
+        assert!(second.await.unwrap(), "a flush behind it answered though the sync failed");
         assert!(store.is_suspended());
         assert_eq!(store.log_stats().indirect_records_copied.get(), 0, "it was left to the sync");
     })

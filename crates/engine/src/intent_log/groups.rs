@@ -105,7 +105,7 @@ impl LogWriter {
                 // by pointer are cut so at every group (a later group's block holds at most
                 // intent_log.block_bytes_max).
                 let capacity = state.next_address.len_bytes as usize - LOG_HEADER_BYTES;
-                let fits = ready.iter().scan(0, |used, &len| {
+                let fits = ready[taken..].iter().scan(0, |used, &len| {
                     *used += len;
                     Some(*used)
                 });

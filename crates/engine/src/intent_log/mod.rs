@@ -739,6 +739,19 @@ impl LogWriter {
         }
     }
 
+    /// Refuses every commit from now on and wakes those waiting: the store was suspended,
+    /// so no sync will make the records they wait for durable, nor fill them.
+    pub fn fail(&self) {
+        let waiters = {
+            let mut state = self.state.lock();
+            state.failed = true;
+            std::mem::take(&mut state.waiters)
+        };
+        for (_, waiter) in waiters {
+            let _ = waiter.send(());
+        }
+    }
+
     /// Every block this chain holds (issued and still needed, plus the allocated successor),
     /// for freeing when the chain is retired. The writer must not be used afterwards.
     pub fn retire(&self) -> Vec<LogAddress> {

@@ -219,8 +219,11 @@ impl Store {
                 // The records it claimed are back, unfilled, at the front of the chain, and a
                 // client's commit that found them claimed is waiting behind them without
                 // claiming them again: a sync makes them durable and wakes it (the client's
-                // own commit would have fallen back to one too).
-                let _ = store.sync().await;
+                // own commit would have fallen back to one too). A failed sync suspended the
+                // store, and `fill_indirect` or this wakes it to report that.
+                if store.sync().await.is_err() {
+                    log.fail();
+                }
             }
         });
     }
@@ -259,6 +262,11 @@ impl Store {
         let result = self.fill_claimed(dataset, log, &claimed).await;
         if result.is_err() {
             log.unclaim(&claimed);
+            if self.is_suspended() {
+                // Committers waiting behind these records (they found them claimed) would
+                // wait for ever: no sync will come.
+                log.fail();
+            }
         }
         result
     }
