@@ -1142,9 +1142,10 @@ pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
         ctx.say(format!(
             "  intent log: {} commits ({} through a txg sync, {} early, {} not waited for: \
              sync=disabled), {} log blocks written, {} blocks written in place for indirect \
-             records ({} records copied instead, {} left to their txg's sync); at import {} chains claimed, {} records \
-             replayed ({} indirect; {} already applied by an interrupted replay), {} torn \
-             tails, {} chains ended at an indirect block never written",
+             records ({} records copied instead, {} left to their txg's sync); at import {} \
+             chains claimed, {} records replayed ({} indirect; {} already applied by an \
+             interrupted replay), {} torn tails, {} chains ended at an indirect block never \
+             written",
             log.commits.get(),
             log.commits_via_txg.get(),
             log.early_commits.get(),
