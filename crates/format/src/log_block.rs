@@ -125,13 +125,26 @@ impl LogBlock {
     /// Encodes the block into the bytes to write: the used bytes rounded up to 4 KiB, which
     /// must not exceed `block_bytes`.
     pub fn encode(&self, block_bytes: usize) -> Result<Vec<u8>, FormatError> {
+        self.encode_into(block_bytes, |written| vec![0u8; written])
+    }
+
+    /// [`LogBlock::encode`] into a buffer of the caller's: `zeroed(n)` must return `n` zero
+    /// bytes. The intent log encodes straight into the aligned buffer it writes from, rather
+    /// than into a vector it would then copy.
+    pub fn encode_into<B: AsMut<[u8]>>(
+        &self,
+        block_bytes: usize,
+        zeroed: impl FnOnce(usize) -> B,
+    ) -> Result<B, FormatError> {
         let used = self.used_bytes();
         let written = used.div_ceil(LOG_WRITE_UNIT_BYTES) * LOG_WRITE_UNIT_BYTES;
         if written > block_bytes {
             return Err(FormatError::TooLarge { what: WHAT, len: used, max: block_bytes });
         }
-        let mut out = vec![0u8; written];
-        let mut w = Writer::new(&mut out);
+        let mut buf = zeroed(written);
+        let out = buf.as_mut();
+        assert_eq!(out.len(), written, "a log block is encoded into exactly its written bytes");
+        let mut w = Writer::new(out);
         w.u64(0, MAGIC);
         w.u16(OFF_VERSION, VERSION as u16);
         w.u8(OFF_ALG, ChecksumAlg::Xxh3_128 as u8);
@@ -170,9 +183,9 @@ impl LogBlock {
             }
             at += record.encoded_len();
         }
-        let sum = ChecksumAlg::Xxh3_128.compute(&out);
+        let sum = ChecksumAlg::Xxh3_128.compute(out);
         out[OFF_CHECKSUM..OFF_CHECKSUM + 16].copy_from_slice(&sum.0);
-        Ok(out)
+        Ok(buf)
     }
 
     /// The verifier a block's header claims, without checking its checksum: lets a reader tell

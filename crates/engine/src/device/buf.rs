@@ -201,6 +201,12 @@ impl DerefMut for AlignedBuf {
     }
 }
 
+impl AsMut<[u8]> for AlignedBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
 impl Clone for AlignedBuf {
     fn clone(&self) -> Self {
         AlignedBuf::copy_from(self)

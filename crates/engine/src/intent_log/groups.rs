@@ -21,7 +21,6 @@ use super::{
     only_by_pointer, take_records, GroupTuner, LogWriter, Lwb, State, LOG_BLOCK_BYTES_MIN,
 };
 use crate::alloc::Allocator;
-use crate::device::SharedBuf;
 use crate::pool::{Pool, PoolError};
 use crate::tunables::IoClass;
 use crate::vdev;
@@ -195,7 +194,7 @@ impl LogWriter {
                 let address =
                     |lwb: &Lwb| vdev::VdevAddress { vdev, offset_bytes: lwb.at.offset_bytes };
                 if let [lwb] = &mine[..] {
-                    let data = SharedBuf::copy_from(&lwb.bytes);
+                    let data = lwb.bytes.clone();
                     return pool
                         .root()
                         .write_durable(address(lwb), data, IoClass::LogWrite)
@@ -204,7 +203,7 @@ impl LogWriter {
                 }
                 let root = pool.root();
                 let writes = mine.iter().map(|lwb| {
-                    let data = SharedBuf::copy_from(&lwb.bytes);
+                    let data = lwb.bytes.clone();
                     root.write(address(lwb), data, IoClass::LogWrite)
                 });
                 let written = join_all(writes).await.iter().all(Result::is_ok);

@@ -73,7 +73,7 @@ use sluice_format::{
 };
 
 use crate::alloc::Allocator;
-use crate::device::SharedBuf;
+use crate::device::{AlignedBuf, SharedBuf};
 use crate::pool::{Pool, PoolError};
 use crate::tunables::IoClass;
 use crate::vdev;
@@ -208,7 +208,8 @@ struct Lwb {
     sequence: u64,
     /// Records it carries.
     records: u32,
-    bytes: Vec<u8>,
+    /// The encoded block, in the aligned buffer it is written from.
+    bytes: SharedBuf,
     writes: Vec<DataWrite>,
     /// `Auto`: when the group this lwb opens was formed (`None` for the rest).
     group_formed: Option<crate::rt::Time>,
@@ -982,8 +983,9 @@ impl LogWriter {
         let block =
             LogBlock { verifier: state.verifier, next: Some(successor.pointer(txg)), records };
         let bytes = block
-            .encode(capacity)
-            .map_err(|source| PoolError::Format { pool: self.pool.to_string(), source })?;
+            .encode_into(capacity, AlignedBuf::zeroed)
+            .map_err(|source| PoolError::Format { pool: self.pool.to_string(), source })?
+            .into_shared();
         let here = state.next_address;
         state.lwb_last_record.insert(state.verifier.sequence, last);
         state.live.push_back((state.verifier.sequence, here, txg));
@@ -1021,14 +1023,14 @@ impl LogWriter {
             if let [lwb] = &lwbs[..] {
                 let dva =
                     vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
-                let data = SharedBuf::copy_from(&lwb.bytes);
+                let data = lwb.bytes.clone();
                 return pool.root().write_durable(dva, data, IoClass::LogWrite).await.is_ok();
             }
             if self.policy == CommitPolicy::Auto {
                 return self.write_group(pool, &lwbs).await;
             }
             let writes = lwbs.iter().map(|lwb| {
-                let data = SharedBuf::copy_from(&lwb.bytes);
+                let data = lwb.bytes.clone();
                 let dva =
                     vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
                 async move { pool.root().write(dva, data, IoClass::LogWrite).await }

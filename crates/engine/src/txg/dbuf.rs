@@ -84,6 +84,33 @@ impl Patch {
         self.apply_owned(base.map(|b| AlignedBuf::copy_from(&b[..self.data.len()])))
     }
 
+    /// The block, built in this patch's own buffer: the sectors it does not cover are copied
+    /// from `base` (None: zeros, which they hold already). Where the caller holds the patch
+    /// alone this copies only the uncovered sectors, where [`Patch::apply`] allocates a block
+    /// and copies the whole base. Leaves the patch empty.
+    pub(super) fn take_applied(&mut self, base: Option<&[u8]>) -> AlignedBuf {
+        let mut out = std::mem::replace(&mut self.data, AlignedBuf::zeroed(0));
+        let Some(base) = base else { return out };
+        assert!(base.len() >= out.len(), "a patch applies over a whole block");
+        let sectors = out.len() / SECTOR as usize;
+        let covered = |s: usize| self.covered[s / 64] & (1 << (s % 64)) != 0;
+        // Each run of uncovered sectors in one copy.
+        let mut sector = 0;
+        while sector < sectors {
+            if covered(sector) {
+                sector += 1;
+                continue;
+            }
+            let start = sector;
+            while sector < sectors && !covered(sector) {
+                sector += 1;
+            }
+            let range = start * SECTOR as usize..sector * SECTOR as usize;
+            out[range.clone()].copy_from_slice(&base[range]);
+        }
+        out
+    }
+
     /// [`Patch::apply`] over a base the caller already owns (one copy fewer).
     pub(super) fn apply_owned(&self, base: Option<AlignedBuf>) -> AlignedBuf {
         let mut out = base.unwrap_or_else(|| AlignedBuf::zeroed(self.data.len()));
@@ -98,5 +125,40 @@ impl Patch {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A patch over sectors 1, 2 and 30 of a 16 KiB block (runs at the start, middle and
+    /// end of the uncovered space), with a zeroed sector among them.
+    fn patch() -> Patch {
+        let mut patch = Patch::new(16 << 10);
+        patch.write(512, 1024, Some(&[0xaa; 1024]));
+        patch.write(30 * 512, 512, None);
+        patch.write(31 * 512, 512, Some(&[0xbb; 512]));
+        patch
+    }
+
+    #[test]
+    fn a_patch_taken_gives_the_block_apply_gives() {
+        let base: Vec<u8> = (0..16 << 10).map(|i| (i % 251) as u8 + 1).collect();
+        for base in [Some(&base[..]), None] {
+            let mut taken = patch();
+            let expected = taken.apply(base);
+            assert_eq!(taken.take_applied(base), expected);
+            assert!(taken.data.is_empty(), "the patch gave its buffer away");
+        }
+        // The base's own bytes show where nothing covers them; a longer base is cut.
+        let mut longer = vec![7u8; 20 << 10];
+        longer[0] = 9;
+        let block = patch().take_applied(Some(&longer));
+        assert_eq!(block.len(), 16 << 10);
+        assert_eq!(
+            (block[0], block[600], block[4096], block[30 * 512], block[31 * 512]),
+            (9, 0xaa, 7, 0, 0xbb)
+        );
     }
 }

@@ -428,15 +428,14 @@ impl Store {
                 whole.push((index, block));
             }
         }
-        let partial: Vec<u64> = [first, last]
-            .into_iter()
-            .filter(|&i| {
-                let (from, to) = ((i * bs).max(offset), ((i + 1) * bs).min(end));
-                to - from != bs
-            })
-            .collect::<std::collections::BTreeSet<u64>>()
-            .into_iter()
-            .collect();
+        // The blocks the write covers in part: at most its first and its last (no allocation
+        // on the small-write path).
+        let ends = [first, last];
+        let ends = if first == last { &ends[..1] } else { &ends[..] };
+        let partial = ends.iter().copied().filter(|&i| {
+            let (from, to) = ((i * bs).max(offset), ((i + 1) * bs).min(end));
+            to - from != bs
+        });
         let (sequence, resolve_now) = {
             let mut state_guard = self.state.lock();
             let state = &mut *state_guard;
@@ -468,7 +467,7 @@ impl Store {
             let pressure = dataset.requests.load(Ordering::Relaxed) > 1
                 || state.dirty_bytes >= self.limits.delay_min / 2;
             let mut resolve_now = Vec::new();
-            for &index in &partial {
+            for index in partial {
                 let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
                 let (at, n) = ((from - index * bs) as usize, (to - from) as usize);
                 let bytes = data.map(|d| &d[(from - offset) as usize..(to - offset) as usize]);
@@ -480,6 +479,21 @@ impl Store {
                         match bytes {
                             Some(b) => whole[at..at + n].copy_from_slice(b),
                             None => whole[at..at + n].fill(0),
+                        }
+                        added += bs;
+                        continue;
+                    }
+                }
+                // So is the open txg's own patch that nothing else holds (a reader takes a
+                // clone of the `Arc`): no copy of the block and its sector map per write.
+                if let Some(Block::Patched(current)) = v.open.get_mut(&index) {
+                    if let Some(patch) = Arc::get_mut(current) {
+                        patch.write(at, n, bytes);
+                        if patch.complete() {
+                            let whole = patch.take_applied(None);
+                            v.open.insert(index, Block::Data(Arc::new(whole)));
+                        } else if pressure {
+                            resolve_now.push(index);
                         }
                         added += bs;
                         continue;
@@ -572,27 +586,32 @@ impl Store {
             }
             (state.open_txg, v.syncing.get(&index).cloned(), v.entry.root, v.disk_levels)
         };
-        let bs = dataset.block_bytes as usize;
         let disk = || async {
-            Ok::<_, StoreError>(
-                objset::read_data_block(&self.pool, root, levels, index)
-                    .await?
-                    .map(|d| AlignedBuf::copy_from(&d[..bs])),
-            )
+            Ok::<_, StoreError>(objset::read_data_block(&self.pool, root, levels, index).await?)
         };
-        let base: Option<AlignedBuf> = match syncing {
-            Some(Block::Data(data)) => Some(data.as_ref().clone()),
+        // The version below, borrowed where it lies (the syncing txg's block or the cache's).
+        let base: Option<Arc<AlignedBuf>> = match syncing {
+            Some(Block::Data(data)) => Some(data),
             Some(Block::Zero) => None,
-            Some(Block::Patched(patch)) => Some(patch.apply_owned(disk().await?)),
+            Some(Block::Patched(patch)) => {
+                let below = disk().await?;
+                Some(Arc::new(patch.apply(below.as_deref().map(|b| &b[..]))))
+            }
             None => disk().await?,
         };
+        let base = base.as_deref().map(|b| &b[..]);
         let state = self.state.lock();
         if state.open_txg != open_txg {
             return Ok(());
         }
         let mut v = dataset.state.lock();
-        if let Some(Block::Patched(patch)) = v.open.get(&index) {
-            let whole = patch.apply_owned(base);
+        if let Some(Block::Patched(current)) = v.open.get_mut(&index) {
+            // Held alone, the patch becomes the block in its own buffer (only the sectors it
+            // does not cover are copied); a reader's clone leaves it to be copied.
+            let whole = match Arc::get_mut(current) {
+                Some(patch) => patch.take_applied(base),
+                None => current.apply(base),
+            };
             v.open.insert(index, Block::Data(Arc::new(whole)));
         }
         Ok(())

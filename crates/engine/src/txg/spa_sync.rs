@@ -709,18 +709,24 @@ impl Store {
         let Block::Patched(patch) = block else { return Ok((index, block)) };
         // The version below is about to be replaced: taken from the cache when there, but a
         // miss is read past it (caching a block this sync frees would only evict live ones).
-        let base = match objset::data_block_pointer(&self.pool, root, disk_levels, index).await? {
-            Some(bp) => Some(match self.pool.cache().get(&bp) {
-                Some(hit) => hit,
+        let whole = match objset::data_block_pointer(&self.pool, root, disk_levels, index).await? {
+            Some(bp) => match self.pool.cache().get(&bp) {
+                Some(hit) => patch.apply(Some(&hit[..block_bytes])),
                 None => {
                     let class = crate::tunables::IoClass::AsyncRead;
-                    Arc::new(self.pool.read_block_logical(&bp, class).await?)
+                    let read = self.pool.read_block_logical(&bp, class).await?;
+                    // The block read is ours: the covered sectors go into it, with no copy of
+                    // the rest (the syncing map still holds the patch for readers).
+                    if read.len() == block_bytes {
+                        patch.apply_owned(Some(read))
+                    } else {
+                        patch.apply(Some(&read[..block_bytes]))
+                    }
                 }
-            }),
-            None => None,
+            },
+            None => patch.apply(None),
         };
-        let base = base.as_ref().map(|b| &b[..block_bytes]);
-        Ok((index, Block::Data(Arc::new(patch.apply(base)))))
+        Ok((index, Block::Data(Arc::new(whole))))
     }
 
     /// Compresses `blocks` as `compression` asks (`None` for each one stored as it is), in a
