@@ -89,9 +89,11 @@ impl Patch {
     /// alone this copies only the uncovered sectors, where [`Patch::apply`] allocates a block
     /// and copies the whole base. Leaves the patch empty.
     pub(super) fn take_applied(&mut self, base: Option<&[u8]>) -> AlignedBuf {
+        if let Some(base) = base {
+            assert!(base.len() >= self.data.len(), "a patch applies over a whole block");
+        }
         let mut out = std::mem::replace(&mut self.data, AlignedBuf::zeroed(0));
         let Some(base) = base else { return out };
-        assert!(base.len() >= out.len(), "a patch applies over a whole block");
         let sectors = out.len() / SECTOR as usize;
         let covered = |s: usize| self.covered[s / 64] & (1 << (s % 64)) != 0;
         // Each run of uncovered sectors in one copy.

@@ -605,6 +605,9 @@ impl Store {
             return Ok(());
         }
         let mut v = dataset.state.lock();
+        // A quiesce takes the store's lock and then this volume's: holding the volume's is
+        // enough to keep the layers where they are, so the store's is not held for the copy.
+        drop(state);
         if let Some(Block::Patched(current)) = v.open.get_mut(&index) {
             // Held alone, the patch becomes the block in its own buffer (only the sectors it
             // does not cover are copied); a reader's clone leaves it to be copied.
