@@ -31,7 +31,7 @@ use std::task::{Context, Poll, Waker};
 use io_uring::{opcode, squeue, types, IoUring};
 use parking_lot::Mutex;
 
-use super::{ReadTarget, SharedBuf};
+use super::{SharedBuf, UninitBuf};
 
 /// Submission queue entries: more than the leaf queues of a core keep in flight. The
 /// completion queue is twice as large (the kernel's default), so it cannot overflow.
@@ -45,7 +45,7 @@ pub(super) struct Outcome {
     /// The kernel's result: bytes transferred, or a negative errno.
     pub result: i32,
     /// The read buffer, returned to the reader (filled as far as `result` says).
-    pub buf: Option<ReadTarget>,
+    pub buf: Option<UninitBuf>,
 }
 
 /// Where a completion meets its future; shared because a future may be dropped (or, in
@@ -60,7 +60,7 @@ struct Slot {
 struct InFlight {
     slot: Arc<Mutex<Slot>>,
     /// Kept alive until the completion is reaped; handed to the reader then.
-    read_buf: Option<ReadTarget>,
+    read_buf: Option<UninitBuf>,
     _write_buf: Option<SharedBuf>,
 }
 
@@ -131,19 +131,19 @@ pub fn uninstall() {
 /// Pushes an operation onto this thread's ring, or returns `None` when the thread has none.
 pub(super) fn push(
     entry: squeue::Entry,
-    read_buf: Option<ReadTarget>,
+    read_buf: Option<UninitBuf>,
     write_buf: Option<SharedBuf>,
 ) -> Option<RingOp> {
     let core = CORE.with(|c| c.borrow().clone())?;
     Some(core.push(entry, read_buf, write_buf))
 }
 
-/// A read into a fresh buffer of `len` bytes (not zeroed: see [`ReadTarget`]).
+/// A read into a fresh buffer of `len` bytes (not zeroed: see [`UninitBuf`]).
 pub(super) fn read(fd: RawFd, offset: u64, len: u32) -> Option<RingOp> {
     if !installed() {
         return None;
     }
-    let mut buf = ReadTarget::new(len as usize);
+    let mut buf = UninitBuf::new(len as usize);
     let entry = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len).offset(offset).build();
     push(entry, Some(buf), None)
 }
@@ -190,7 +190,7 @@ impl CoreRing {
     fn push(
         &self,
         entry: squeue::Entry,
-        read_buf: Option<ReadTarget>,
+        read_buf: Option<UninitBuf>,
         write_buf: Option<SharedBuf>,
     ) -> RingOp {
         let key = self.next_key.get();

@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 use super::core_ring;
 use super::uring::Uring;
 use super::{
-    check_range, AlignedBuf, BlockDevice, DeviceError, DeviceOp, ReadTarget, SharedBuf,
+    check_range, AlignedBuf, BlockDevice, DeviceError, DeviceOp, SharedBuf, UninitBuf,
     BUF_ALIGN_BYTES,
 };
 use crate::rt::BoxFuture;
@@ -578,7 +578,7 @@ impl Inner {
     pub(super) fn complete_read(
         &self,
         offset: u64,
-        buf: ReadTarget,
+        buf: UninitBuf,
         result: i32,
     ) -> Result<AlignedBuf, DeviceError> {
         let len = buf.len();

@@ -19,7 +19,7 @@ mod uring;
 use std::io;
 use std::path::PathBuf;
 
-pub use buf::{AlignedBuf, ReadTarget, SharedBuf, BUF_ALIGN_BYTES, IOVECS_MAX};
+pub use buf::{AlignedBuf, SharedBuf, UninitBuf, BUF_ALIGN_BYTES, IOVECS_MAX};
 pub use file::{FileDevice, FileDeviceOptions};
 pub use sim::{SimDevice, SimProfile};
 

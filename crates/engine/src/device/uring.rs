@@ -30,7 +30,7 @@ use io_uring::{opcode, types, IoUring};
 use parking_lot::Mutex;
 
 use super::file::Inner;
-use super::{AlignedBuf, DeviceError, DeviceOp, ReadTarget, SharedBuf};
+use super::{AlignedBuf, DeviceError, DeviceOp, SharedBuf, UninitBuf};
 
 /// Submission queue entries per device: more than any leaf queue keeps in flight.
 const RING_ENTRIES: u32 = 256;
@@ -44,7 +44,7 @@ type Done<T> = oneshot::Sender<Result<T, DeviceError>>;
 
 /// An operation the kernel holds, with what it reads into or writes from.
 enum Op {
-    Read { offset: u64, buf: ReadTarget, done: Done<AlignedBuf> },
+    Read { offset: u64, buf: UninitBuf, done: Done<AlignedBuf> },
     Write { offset: u64, data: SharedBuf, done: Done<()> },
 }
 
@@ -88,7 +88,7 @@ impl Uring {
     }
 
     pub(super) fn read(&self, inner: &Inner, offset: u64, len: u32, done: Done<AlignedBuf>) {
-        let mut buf = ReadTarget::new(len as usize);
+        let mut buf = UninitBuf::new(len as usize);
         let fd = inner.fd_for(offset, buf.len(), buf.as_mut_ptr());
         let entry = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len).offset(offset).build();
         self.push(inner, entry, Op::Read { offset, buf, done });

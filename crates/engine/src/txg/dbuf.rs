@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use sluice_format::BlockPointer;
 
-use crate::device::AlignedBuf;
+use crate::device::{AlignedBuf, UninitBuf};
 use crate::intent_log::DataWrite;
 
 /// A block of the open txg written in place for the intent log. The sync links `bp` if the
@@ -44,39 +44,63 @@ pub(super) enum Block {
     Patched(Arc<Patch>),
 }
 
-#[derive(Clone, Debug)]
+/// Sectors a partial write (or several) covered in one block, over a version of the block not
+/// read yet. The buffer is block-sized so that the patch can become the block in place, but
+/// only its covered sectors are ever written before then: the others are filled from the
+/// version below (or with zeros) when the block is built, so a new patch costs no zeroing
+/// (16 KiB zeroed per 4 KiB write was 6% of the serving core at 32 clients, perf 2026-11-26).
 pub(super) struct Patch {
-    /// The whole block's bytes; only covered sectors count.
-    pub(super) data: AlignedBuf,
+    /// The whole block's buffer. Invariant: every covered sector has been written, and no
+    /// other byte is read (the safety of every `bytes` call below rests on it).
+    data: UninitBuf,
     /// One bit per 512-byte sector.
-    pub(super) covered: Vec<u64>,
+    covered: Vec<u64>,
 }
 
 pub(super) const SECTOR: u64 = 512;
 
 impl Patch {
     pub(super) fn new(block_bytes: u64) -> Patch {
+        assert_eq!(block_bytes % SECTOR, 0, "a block is whole sectors");
         let sectors = block_bytes / SECTOR;
         Patch {
-            data: AlignedBuf::zeroed(block_bytes as usize),
+            data: UninitBuf::new(block_bytes as usize),
             covered: vec![0; sectors.div_ceil(64) as usize],
         }
     }
 
-    /// Writes `bytes` (or zeros) at `at` (sector-aligned) within the block.
+    /// The block's size in bytes (0 once taken).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Writes `bytes` (or zeros) at `at` within the block; both are whole sectors.
     pub(super) fn write(&mut self, at: usize, len: usize, bytes: Option<&[u8]>) {
+        // Whole sectors only: a sector marked covered must be written in full.
+        assert!(
+            at as u64 % SECTOR == 0 && len as u64 % SECTOR == 0,
+            "a patch covers whole sectors ({len} bytes at {at})"
+        );
         match bytes {
-            Some(b) => self.data[at..at + len].copy_from_slice(b),
-            None => self.data[at..at + len].fill(0),
+            Some(b) => {
+                assert_eq!(b.len(), len, "a patch's write gives its bytes");
+                self.data.write_at(at, b);
+            }
+            None => self.data.fill_at(at, len, 0),
         }
         for sector in at as u64 / SECTOR..(at + len) as u64 / SECTOR {
             self.covered[(sector / 64) as usize] |= 1 << (sector % 64);
         }
     }
 
+    /// The byte ranges of the runs of covered sectors (`want`: true) or uncovered ones.
+    fn runs(&self, want: bool) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        sector_runs(&self.covered, self.data.len() / SECTOR as usize, want)
+    }
+
     pub(super) fn complete(&self) -> bool {
-        let sectors = self.data.len() as u64 / SECTOR;
-        (0..sectors).all(|s| self.covered[(s / 64) as usize] & (1 << (s % 64)) != 0)
+        self.runs(false).next().is_none()
     }
 
     /// The block: `base` (None: zeros) with the covered sectors replaced.
@@ -85,48 +109,78 @@ impl Patch {
     }
 
     /// The block, built in this patch's own buffer: the sectors it does not cover are copied
-    /// from `base` (None: zeros, which they hold already). Where the caller holds the patch
-    /// alone this copies only the uncovered sectors, where [`Patch::apply`] allocates a block
-    /// and copies the whole base. Leaves the patch empty.
+    /// from `base` (None: zeros). Where the caller holds the patch alone this copies only the
+    /// uncovered sectors, where [`Patch::apply`] allocates a block and copies the whole base.
+    /// Leaves the patch empty.
     pub(super) fn take_applied(&mut self, base: Option<&[u8]>) -> AlignedBuf {
         if let Some(base) = base {
             assert!(base.len() >= self.data.len(), "a patch applies over a whole block");
         }
-        let mut out = std::mem::replace(&mut self.data, AlignedBuf::zeroed(0));
-        let Some(base) = base else { return out };
-        let sectors = out.len() / SECTOR as usize;
-        let covered = |s: usize| self.covered[s / 64] & (1 << (s % 64)) != 0;
-        // Each run of uncovered sectors in one copy.
-        let mut sector = 0;
-        while sector < sectors {
-            if covered(sector) {
-                sector += 1;
-                continue;
+        let sectors = self.data.len() / SECTOR as usize;
+        let mut out = std::mem::replace(&mut self.data, UninitBuf::new(0));
+        for range in sector_runs(&self.covered, sectors, false) {
+            match base {
+                Some(base) => out.write_at(range.start, &base[range]),
+                None => out.fill_at(range.start, range.len(), 0),
             }
-            let start = sector;
-            while sector < sectors && !covered(sector) {
-                sector += 1;
-            }
-            let range = start * SECTOR as usize..sector * SECTOR as usize;
-            out[range.clone()].copy_from_slice(&base[range]);
         }
-        out
+        // Empty now: nothing is covered.
+        self.covered.fill(0);
+        // SAFETY: the covered sectors were written (the invariant) and the gaps just now.
+        unsafe { out.assume_init() }
     }
 
     /// [`Patch::apply`] over a base the caller already owns (one copy fewer).
     pub(super) fn apply_owned(&self, base: Option<AlignedBuf>) -> AlignedBuf {
         let mut out = base.unwrap_or_else(|| AlignedBuf::zeroed(self.data.len()));
         assert_eq!(out.len(), self.data.len(), "a patch applies to a whole block");
-        for (word_index, &word) in self.covered.iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 {
-                let sector = word_index as u64 * 64 + u64::from(bits.trailing_zeros());
-                bits &= bits - 1;
-                let range = (sector * SECTOR) as usize..((sector + 1) * SECTOR) as usize;
-                out[range.clone()].copy_from_slice(&self.data[range]);
-            }
+        for range in self.runs(true) {
+            // SAFETY: the range is covered, so it was written (the invariant).
+            out[range.clone()].copy_from_slice(unsafe { self.data.bytes(range) });
         }
         out
+    }
+}
+
+/// The byte ranges of the runs of `sectors` sectors whose bits in `covered` equal `want`.
+fn sector_runs(
+    covered: &[u64],
+    sectors: usize,
+    want: bool,
+) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    let is = move |sector: usize| (covered[sector / 64] & (1 << (sector % 64)) != 0) == want;
+    let mut sector = 0;
+    std::iter::from_fn(move || {
+        while sector < sectors && !is(sector) {
+            sector += 1;
+        }
+        if sector == sectors {
+            return None;
+        }
+        let start = sector;
+        while sector < sectors && is(sector) {
+            sector += 1;
+        }
+        Some(start * SECTOR as usize..sector * SECTOR as usize)
+    })
+}
+
+impl Clone for Patch {
+    /// Copies the covered sectors only: no other byte of the buffer may be read.
+    fn clone(&self) -> Patch {
+        let mut data = UninitBuf::new(self.data.len());
+        for range in self.runs(true) {
+            // SAFETY: the range is covered, so it was written (the invariant).
+            data.write_at(range.start, unsafe { self.data.bytes(range.clone()) });
+        }
+        Patch { data, covered: self.covered.clone() }
+    }
+}
+
+impl std::fmt::Debug for Patch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sectors = self.covered.iter().map(|w| w.count_ones()).sum::<u32>();
+        write!(f, "Patch({} bytes, {sectors} sectors covered)", self.data.len())
     }
 }
 
@@ -151,7 +205,7 @@ mod tests {
             let mut taken = patch();
             let expected = taken.apply(base);
             assert_eq!(taken.take_applied(base), expected);
-            assert!(taken.data.is_empty(), "the patch gave its buffer away");
+            assert_eq!(taken.len(), 0, "the patch gave its buffer away");
         }
         // The base's own bytes show where nothing covers them; a longer base is cut.
         let mut longer = vec![7u8; 20 << 10];
@@ -162,5 +216,24 @@ mod tests {
             (block[0], block[600], block[4096], block[30 * 512], block[31 * 512]),
             (9, 0xaa, 7, 0, 0xbb)
         );
+    }
+
+    /// A patch's copy, and the patch made complete by writes, give the block with the
+    /// uncovered sectors from the base or zeros: bytes never written are never read.
+    #[test]
+    fn a_cloned_or_completed_patch_gives_the_same_block() {
+        let original = patch();
+        let copy = original.clone();
+        assert_eq!(copy.apply(None), original.apply(None));
+        let block = copy.clone().take_applied(None);
+        assert!(block[..512].iter().all(|&b| b == 0), "uncovered sectors read as zeros");
+        assert!(block[512..1536].iter().all(|&b| b == 0xaa));
+        let mut whole = Patch::new(16 << 10);
+        assert!(!whole.complete());
+        whole.write(0, 8 << 10, Some(&[1; 8 << 10]));
+        whole.write(8 << 10, 8 << 10, None);
+        assert!(whole.complete());
+        let block = whole.take_applied(None);
+        assert_eq!((block[0], block[(8 << 10) - 1], block[8 << 10]), (1, 1, 0));
     }
 }

@@ -520,7 +520,7 @@ impl Store {
                     Err(mut patch) => {
                         patch.write(at, n, bytes);
                         if patch.complete() {
-                            Block::Data(Arc::new(patch.data))
+                            Block::Data(Arc::new(patch.take_applied(None)))
                         } else {
                             if pressure {
                                 resolve_now.push(index);
