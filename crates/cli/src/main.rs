@@ -24,9 +24,10 @@ use sluice_engine::tunables::{Tunable, Tunables};
 use sluice_engine::txg::{ImportOptions, VolumeProperty};
 
 /// The process's allocator. glibc's malloc spent 13% of the server's CPU at 32 clients of 4 KiB
-/// write + flush (perf, 2026-11-26), most of it coalescing free chunks (`unlink_chunk`,
-/// `_int_memalign`): the write path allocates 16 KiB block buffers aligned to 4 KiB on the
-/// serving core, and the txg sync frees them on another. mimalloc keeps per-thread pages of
+/// write + flush (perf, 2026-11-26), most of it aligned allocation (`_int_memalign`) and the
+/// coalescing of free chunks it causes (`unlink_chunk`): the write path allocates 16 KiB block
+/// buffers aligned to 4 KiB on the serving core, and the txg sync frees them on another.
+/// (The crate builds mimalloc v3.) mimalloc keeps per-thread pages of
 /// each size class and returns a cross-thread free to the owning page without a lock.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -2,11 +2,13 @@
 //!
 //! O_DIRECT needs the buffer address, the length and the offset aligned to the device's logical
 //! block size. One RAII type owns that arithmetic (as Cloud Hypervisor's `aligned_buffer.rs`
-//! does): every buffer the engine hands to a device starts on a 4 KiB boundary and is zeroed on
-//! allocation, so a short read can never expose stale heap memory. The one exception is the
-//! buffer a read fills ([`UninitBuf`]), which cannot be looked at until the read says how much
-//! it wrote, and is zeroed past that. Written by hand because it
-//! is one allocation call and a slice view; no crate offers exactly this without pulling in more.
+//! does): every buffer the engine hands to a device starts on a 4 KiB boundary, and every byte
+//! of an [`AlignedBuf`] is written before anything can look at it, so a short read can never
+//! expose stale heap memory. The buffers that start uninitialised are [`UninitBuf`]s: the one a
+//! read fills, which cannot be looked at until the read says how much it wrote (and is zeroed
+//! past that), and a partial write's patch of a block, whose uncovered sectors are filled
+//! from the version below when the block is built. Written by hand because it is one
+//! allocation call and a slice view; no crate offers exactly this without pulling in more.
 //!
 //! A [`SharedBuf`] may also be a list of pieces that tile it (`SharedBuf::gather`): a txg sync
 //! writes each run of blocks that landed back to back from the blocks' own buffers, as one
@@ -24,7 +26,8 @@ use std::sync::{Arc, OnceLock};
 /// Alignment of every buffer: the largest logical block size we support (4 KiB sectors).
 pub const BUF_ALIGN_BYTES: usize = 4096;
 
-/// An owned, zero-initialised, 4 KiB-aligned byte buffer.
+/// An owned, 4 KiB-aligned byte buffer whose every byte has been written (zeroed, copied or
+/// filled).
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
@@ -126,7 +129,8 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.len > 0 {
-            // SAFETY: ptr was allocated in `zeroed` with exactly this layout and not freed since.
+            // SAFETY: ptr was allocated with exactly this layout (`AlignedBuf::layout`) and not
+            // freed since.
             unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) };
         }
     }
@@ -150,7 +154,8 @@ impl UninitBuf {
         }
         let layout = AlignedBuf::layout(len);
         // SAFETY: layout has a non-zero size and a valid alignment. The bytes stay
-        // uninitialised; nothing reads them before `into_filled` (no Deref on this type).
+        // uninitialised; nothing reads a byte before a caller vouches it was written (`bytes`,
+        // `into_filled`, `assume_init`; no Deref on this type).
         let raw = unsafe { alloc::alloc(layout) };
         let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
         UninitBuf(AlignedBuf { ptr, len })

@@ -99,6 +99,7 @@ impl Patch {
         sector_runs(&self.covered, self.data.len() / SECTOR as usize, want)
     }
 
+    /// Whether every sector is covered (also true of a patch taken, which has none).
     pub(super) fn complete(&self) -> bool {
         self.runs(false).next().is_none()
     }
@@ -235,5 +236,33 @@ mod tests {
         assert!(whole.complete());
         let block = whole.take_applied(None);
         assert_eq!((block[0], block[(8 << 10) - 1], block[8 << 10]), (1, 1, 0));
+    }
+
+    /// Runs that cross the 64-sector words of the map, in a 128 KiB block (256 sectors).
+    #[test]
+    fn runs_cross_the_words_of_the_sector_map() {
+        let mut patch = Patch::new(128 << 10);
+        // Sectors 60..70 and 127..129 covered; 255, the last, too.
+        patch.write(60 * 512, 10 * 512, Some(&[3; 10 * 512]));
+        patch.write(127 * 512, 2 * 512, Some(&[4; 2 * 512]));
+        patch.write(255 * 512, 512, Some(&[5; 512]));
+        let covered: Vec<_> = patch.runs(true).collect();
+        assert_eq!(covered, [60 * 512..70 * 512, 127 * 512..129 * 512, 255 * 512..256 * 512]);
+        let gaps: Vec<_> = patch.runs(false).collect();
+        assert_eq!(gaps, [0..60 * 512, 70 * 512..127 * 512, 129 * 512..255 * 512]);
+        let base = vec![9u8; 128 << 10];
+        let expected = patch.apply(Some(&base));
+        let block = patch.take_applied(Some(&base));
+        assert_eq!(block, expected);
+        assert_eq!(
+            (
+                block[60 * 512 - 1],
+                block[60 * 512],
+                block[70 * 512],
+                block[128 * 512],
+                block[255 * 512]
+            ),
+            (9, 3, 9, 4, 5)
+        );
     }
 }
