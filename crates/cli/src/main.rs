@@ -27,8 +27,8 @@ use sluice_engine::txg::{ImportOptions, VolumeProperty};
 /// write + flush (perf, 2026-11-26), most of it aligned allocation (`_int_memalign`) and the
 /// coalescing of free chunks it causes (`unlink_chunk`): the write path allocates 16 KiB block
 /// buffers aligned to 4 KiB on the serving core, and the txg sync frees them on another.
-/// (The crate builds mimalloc v3.) mimalloc keeps per-thread pages of
-/// each size class and returns a cross-thread free to the owning page without a lock.
+/// mimalloc (the crate builds its v3) keeps per-thread pages of each size class and returns a
+/// free from another thread to the owning page without a lock.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
