@@ -174,6 +174,10 @@ fn start_ring() -> Option<tokio::task::JoinHandle<()>> {
     // descriptor it reports stays the same open file description.
     let ring = unsafe { AsyncFd::register_with_interest(owned, Interest::READABLE) }.ok()?;
     Some(tokio::spawn(async move {
+        // Submits each turn's entries together (core_ring's module doc); ends with the
+        // reaper, when the ring goes back to submitting at each push.
+        let submitter = tokio::spawn(core_ring::submitter());
+        let _stop = AbortOnDrop(submitter);
         loop {
             let Ok(mut ready) = ring.readable().await else { return };
             core_ring::reap();
@@ -183,6 +187,15 @@ fn start_ring() -> Option<tokio::task::JoinHandle<()>> {
             core_ring::reap();
         }
     }))
+}
+
+/// Aborts a task when dropped: the submitter stops with the reaper that started it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 use sluice_engine::device::IOVECS_MAX;
 use sluice_engine::txg::{ReadData, StoreError};
 use sluice_engine::volume::Volume;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 
 use crate::proto::{self, Request};
 
@@ -72,12 +72,24 @@ impl Encoded {
         }
     }
 
-    /// Writes the whole reply: one `write_all` when it carries no data, else vectored writes
-    /// of its headers and the data's slices (at most `IOVECS_MAX` a call, Linux's limit).
-    pub(crate) async fn send<W: AsyncWrite + Unpin>(&self, writer: &mut W) -> std::io::Result<()> {
+    /// Writes the whole reply: one `write_all` into the connection's buffer when it carries no
+    /// data, else vectored writes of its headers and the data's slices (at most `IOVECS_MAX` a
+    /// call, Linux's limit) straight to the socket, after whatever the buffer holds. Through
+    /// the buffer, a reply of up to 8 KiB would be copied into it before the kernel copies it
+    /// again: that copy was 5.8% of the serving core at 32 queued 4 KiB reads (perf,
+    /// 2026-11-26).
+    pub(crate) async fn send<W: AsyncWrite + Unpin>(
+        &self,
+        writer: &mut BufWriter<W>,
+    ) -> std::io::Result<()> {
         if self.parts.is_empty() {
             return writer.write_all(&self.head).await;
         }
+        if !writer.buffer().is_empty() {
+            // Replies buffered before this one go first: replies keep their order.
+            writer.flush().await?;
+        }
+        let writer = writer.get_mut();
         let mut slices: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(self.parts.len() + 4);
         for part in &self.parts {
             match part {

@@ -590,7 +590,7 @@ struct Reply {
 
 async fn transmission<R, W>(
     mut reader: R,
-    writer: W,
+    writer: BufWriter<W>,
     session: Session,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConnectionError>
@@ -928,6 +928,68 @@ mod tests {
         assert!(data == want, "simple read");
         client.write_all(&disc.encode()).await.unwrap();
         session.await.unwrap().unwrap();
+    }
+
+    /// Replies without data (buffered) and read replies (sent straight from the engine's
+    /// buffers) keep to whole replies on the wire when a burst of writes, reads and flushes
+    /// is in flight at once: every request is answered once, each read with its own bytes.
+    #[tokio::test]
+    async fn buffered_and_direct_replies_do_not_interleave() {
+        let store = store().await;
+        let volume = Volume::open(&store, "vol0").unwrap();
+        let block = |i: u64| vec![(i % 251) as u8 + 1; 4096];
+        for i in 0..64 {
+            volume.write(i * 4096, &block(i), false).await.unwrap();
+        }
+        let exports: Arc<dyn Exports> = Arc::new(OneVolume(Arc::clone(&store)));
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let (mut client, session) = socket_session(&exports, &shutdown);
+        connect(&mut client).await;
+        let mut burst = Vec::new();
+        for i in 0..64u64 {
+            let (offset, len) = ((64 + i) * 4096, 4096);
+            let write = Request { flags: 0, kind: proto::CMD_WRITE, cookie: 3 * i, offset, len };
+            burst.extend_from_slice(&write.encode());
+            burst.extend_from_slice(&block(100 + i));
+            let (kind, cookie, offset) = (proto::CMD_READ, 3 * i + 1, i * 4096);
+            burst.extend_from_slice(&Request { flags: 0, kind, cookie, offset, len }.encode());
+            let flush =
+                Request { flags: 0, kind: proto::CMD_FLUSH, cookie: 3 * i + 2, offset: 0, len: 0 };
+            burst.extend_from_slice(&flush.encode());
+        }
+        client.write_all(&burst).await.unwrap();
+        let mut answered = std::collections::BTreeSet::new();
+        while answered.len() < 3 * 64 {
+            match client.read_u32().await.unwrap() {
+                proto::SIMPLE_REPLY_MAGIC => {
+                    assert_eq!(client.read_u32().await.unwrap(), 0, "writes and flushes succeed");
+                    let cookie = client.read_u64().await.unwrap();
+                    assert_ne!(cookie % 3, 1, "a read is answered with a structured reply");
+                    assert!(answered.insert(cookie), "cookie {cookie} answered twice");
+                }
+                proto::STRUCTURED_REPLY_MAGIC => {
+                    let flags = client.read_u16().await.unwrap();
+                    assert_eq!(client.read_u16().await.unwrap(), proto::REPLY_TYPE_OFFSET_DATA);
+                    let cookie = client.read_u64().await.unwrap();
+                    assert_eq!(cookie % 3, 1, "only reads carry data");
+                    assert_eq!(client.read_u32().await.unwrap(), 8 + 4096);
+                    let i = cookie / 3;
+                    assert_eq!(client.read_u64().await.unwrap(), i * 4096);
+                    let mut data = vec![0u8; 4096];
+                    client.read_exact(&mut data).await.unwrap();
+                    assert!(data == block(i), "read {i} carries its own bytes");
+                    assert_ne!(flags & proto::REPLY_FLAG_DONE, 0, "one chunk per 4 KiB read");
+                    assert!(answered.insert(cookie), "cookie {cookie} answered twice");
+                }
+                magic => panic!("reply magic {magic:#x}: replies interleaved"),
+            }
+        }
+        let disc = Request { flags: 0, kind: proto::CMD_DISC, cookie: 999, offset: 0, len: 0 };
+        client.write_all(&disc.encode()).await.unwrap();
+        session.await.unwrap().unwrap();
+        for i in 0..64 {
+            assert_eq!(volume.read((64 + i) * 4096, 4096).await.unwrap(), block(100 + i));
+        }
     }
 
     /// With TLS required, options before STARTTLS get TLS_REQD and nothing else; after it,

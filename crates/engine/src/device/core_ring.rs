@@ -12,6 +12,17 @@
 //! A thread without a ring (the CLI's commands, tests, the simulator) keeps the device's own
 //! paths (`device::uring` and the I/O threads), so nothing here is needed for correctness.
 //!
+//! Submission is batched per loop turn, as SPDK and Seastar do at the end of each poll: a push
+//! only queues its entry and wakes the loop's submitter task ([`submitter`]), which tokio's
+//! current-thread scheduler runs after the tasks already due on this turn. So the reads that a
+//! batch of a client's requests starts reach the kernel in one `io_uring_enter`, which plugs the
+//! block queue and tells the device once (one virtio notification, a VM exit, per batch instead
+//! of per command: 7.7% of the serving core at 32 queued 4 KiB reads, perf 2026-11-26). A
+//! log block's durable write and a flush are the exception ([`Submit::Now`]): a client waits
+//! on each and a turn rarely holds two, so they go at once and take the turn's queue along. A
+//! thread that runs no submitter (tests, or a loop that failed to start one) submits at each
+//! push, as before.
+//!
 //! Ownership rules the kernel imposes (pitfalls seen in other io_uring runtimes): the ring's
 //! table owns every buffer until that operation's completion is reaped, whether or not its
 //! future is still waiting, so a dropped request never frees memory the kernel writes into; the
@@ -64,6 +75,17 @@ struct InFlight {
     _write_buf: Option<SharedBuf>,
 }
 
+/// When a pushed entry goes to the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Submit {
+    /// At once, with whatever is queued: a command someone is waiting on with nothing else
+    /// to batch it with (a log block's durable write, a flush).
+    Now,
+    /// When the loop's submitter runs, with the rest of this turn's entries (reads, a txg
+    /// sync's writes); at once on a thread without a submitter.
+    WithTurn,
+}
+
 /// One core's ring and the operations it holds.
 pub struct CoreRing {
     ring: RefCell<IoUring>,
@@ -72,6 +94,11 @@ pub struct CoreRing {
     /// Set when `enter` failed with entries queued: nothing is submitted from then on, so an
     /// entry whose operation was answered with the error can never reach the kernel later.
     dead: Cell<bool>,
+    /// The loop's submitter task, woken by the first push of a turn; `None` while none runs,
+    /// and then every push submits itself.
+    submitter: RefCell<Option<Waker>>,
+    /// Entries queued since the submitter last ran (it is woken once per batch).
+    submit_due: Cell<bool>,
 }
 
 impl std::fmt::Debug for CoreRing {
@@ -101,6 +128,8 @@ pub fn install() -> io::Result<RawFd> {
         inflight: RefCell::new(HashMap::with_capacity(RING_ENTRIES as usize)),
         next_key: Cell::new(0),
         dead: Cell::new(false),
+        submitter: RefCell::new(None),
+        submit_due: Cell::new(false),
     });
     CORE.with(|c| *c.borrow_mut() = Some(core));
     Ok(fd)
@@ -122,6 +151,43 @@ pub fn reap() -> usize {
     core.reap()
 }
 
+/// The task that submits what this turn's pushes queued: spawn it on the loop that owns the
+/// ring, beside the reaper. It never ends; while it is parked, a push wakes it instead of
+/// submitting, so every entry queued before it runs goes to the kernel in one call. Dropping it
+/// (the loop stopping) submits what is queued and returns the ring to submitting at each push.
+/// It finds the ring through the thread it is polled on, which for a current-thread loop is
+/// always the ring's.
+pub fn submitter() -> Submitter {
+    Submitter(())
+}
+
+/// See [`submitter`].
+#[derive(Debug)]
+pub struct Submitter(());
+
+impl Future for Submitter {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(core) = CORE.with(|c| c.borrow().clone()) else { return Poll::Ready(()) };
+        core.submit_due_entries();
+        let mut waker = core.submitter.borrow_mut();
+        if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *waker = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Submitter {
+    fn drop(&mut self) {
+        if let Some(core) = CORE.with(|c| c.borrow().clone()) {
+            core.submitter.borrow_mut().take();
+            core.submit_due_entries();
+        }
+    }
+}
+
 /// Removes this thread's ring. Operations still in flight keep their buffers: the ring's memory
 /// (and theirs) is freed only after the kernel has dropped the ring, when it no longer uses them.
 pub fn uninstall() {
@@ -133,9 +199,10 @@ pub(super) fn push(
     entry: squeue::Entry,
     read_buf: Option<UninitBuf>,
     write_buf: Option<SharedBuf>,
+    when: Submit,
 ) -> Option<RingOp> {
     let core = CORE.with(|c| c.borrow().clone())?;
-    Some(core.push(entry, read_buf, write_buf))
+    Some(core.push(entry, read_buf, write_buf, when))
 }
 
 /// A read into a fresh buffer of `len` bytes (not zeroed: see [`UninitBuf`]).
@@ -145,7 +212,7 @@ pub(super) fn read(fd: RawFd, offset: u64, len: u32) -> Option<RingOp> {
     }
     let mut buf = UninitBuf::new(len as usize);
     let entry = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len).offset(offset).build();
-    push(entry, Some(buf), None)
+    push(entry, Some(buf), None, Submit::WithTurn)
 }
 
 /// A write; with `dsync` it is durable when it completes (`RWF_DSYNC`: on a device with FUA one
@@ -155,7 +222,10 @@ pub(super) fn write(fd: RawFd, offset: u64, data: SharedBuf, dsync: bool) -> Opt
         return None;
     }
     let flags = if dsync { libc::RWF_DSYNC } else { 0 };
-    push(write_entry(fd, offset, &data, flags), None, Some(data))
+    // A durable write is a log block a client's flush waits for: it goes now, taking along
+    // whatever this turn queued. Other writes (a txg sync's) go with the turn.
+    let when = if dsync { Submit::Now } else { Submit::WithTurn };
+    push(write_entry(fd, offset, &data, flags), None, Some(data), when)
 }
 
 /// The submission entry that writes `data` at `offset`: a vectored write straight from its
@@ -183,7 +253,7 @@ pub(super) fn fdatasync(fd: RawFd) -> Option<RingOp> {
         return None;
     }
     let entry = opcode::Fsync::new(types::Fd(fd)).flags(types::FsyncFlags::DATASYNC).build();
-    push(entry, None, None)
+    push(entry, None, None, Submit::Now)
 }
 
 impl CoreRing {
@@ -192,6 +262,7 @@ impl CoreRing {
         entry: squeue::Entry,
         read_buf: Option<UninitBuf>,
         write_buf: Option<SharedBuf>,
+        when: Submit,
     ) -> RingOp {
         let key = self.next_key.get();
         self.next_key.set(key.wrapping_add(1));
@@ -218,11 +289,32 @@ impl CoreRing {
                 return RingOp { slot };
             }
         }
+        let submitter = self.submitter.borrow();
+        if let (Some(submitter), Submit::WithTurn) = (submitter.as_ref(), when) {
+            // The loop's submitter sends this turn's entries together; woken once per batch.
+            if !self.submit_due.replace(true) {
+                submitter.wake_by_ref();
+            }
+            return RingOp { slot };
+        }
+        drop(submitter);
+        // Whatever this turn queued goes too; the submitter then finds nothing to do.
+        self.submit_due.set(false);
         let ring = self.ring.borrow_mut();
         if let Err(e) = self.submit_or_reap(ring) {
             self.die(-e.raw_os_error().unwrap_or(libc::EIO));
         }
         RingOp { slot }
+    }
+
+    /// Submits what pushes queued since the submitter last ran.
+    fn submit_due_entries(&self) {
+        if self.submit_due.replace(false) {
+            let ring = self.ring.borrow_mut();
+            if let Err(e) = self.submit_or_reap(ring) {
+                self.die(-e.raw_os_error().unwrap_or(libc::EIO));
+            }
+        }
     }
 
     /// The ring refused `enter` with entries queued: every operation it holds is answered with
@@ -432,6 +524,74 @@ mod tests {
             let read_back = unsafe { outcome.buf.unwrap().into_filled(4096) };
             assert!(read_back[..2048].iter().all(|&b| b == 1));
             assert!(read_back[2048..].iter().all(|&b| b == 2));
+            uninstall();
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// With a submitter running, the turn's reads wait in the queue until it runs and then go
+    /// in one call, its waker woken once for them; a durable write goes at once and takes the
+    /// queue along; a dropped submitter sends what is queued, and pushes submit themselves again.
+    #[test]
+    fn a_submitter_sends_a_turn_together_and_a_durable_write_at_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        struct Count(AtomicUsize);
+        impl futures::task::ArcWake for Count {
+            fn wake_by_ref(arc_self: &Arc<Self>) {
+                arc_self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![5u8; 16384]).unwrap();
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        std::thread::spawn(move || {
+            if install().is_err() {
+                return; // io_uring refused here; the device paths cover this thread.
+            }
+            let fd = file.as_raw_fd();
+            let core = CORE.with(|c| c.borrow().clone()).unwrap();
+            let queued = || core.ring.borrow_mut().submission().len();
+            let wakes = Arc::new(Count(AtomicUsize::new(0)));
+            let waker = futures::task::waker(Arc::clone(&wakes));
+            let mut cx = Context::from_waker(&waker);
+            let mut turn = Box::pin(submitter());
+            assert!(turn.as_mut().poll(&mut cx).is_pending());
+
+            let reads = [read(fd, 0, 4096).unwrap(), read(fd, 4096, 4096).unwrap()];
+            assert_eq!(queued(), 2, "reads wait for the turn's end");
+            assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "woken once per batch");
+            assert!(turn.as_mut().poll(&mut cx).is_pending());
+            assert_eq!(queued(), 0, "the submitter sent both");
+
+            let late = read(fd, 8192, 4096).unwrap();
+            assert_eq!(queued(), 1);
+            let data = AlignedBuf::copy_from(&[7u8; 4096]).into_shared();
+            let durable = write(fd, 12288, data, true).unwrap();
+            assert_eq!(queued(), 0, "a durable write goes at once, and the read with it");
+            assert!(!core.submit_due.get());
+            assert_eq!(wait(durable).result, 4096);
+
+            let last = read(fd, 12288, 4096).unwrap();
+            assert_eq!(queued(), 1);
+            drop(turn);
+            assert_eq!(queued(), 0, "a dropped submitter sends what is queued");
+            let after = read(fd, 0, 4096).unwrap();
+            assert_eq!(queued(), 0, "and pushes submit themselves again");
+
+            let [first, second] = reads;
+            for op in [first, second, late, after] {
+                assert_eq!(wait(op).result, 4096);
+            }
+            let outcome = wait(last);
+            assert_eq!(outcome.result, 4096);
+            // SAFETY: the kernel reported all 4096 bytes read into the buffer.
+            let read_back = unsafe { outcome.buf.unwrap().into_filled(4096) };
+            assert!(read_back.iter().all(|&b| b == 7), "the durable write is read back");
+            drop(core);
             uninstall();
         })
         .join()
