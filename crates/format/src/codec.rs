@@ -1,6 +1,8 @@
 //! Bounds-checked little-endian field access at fixed offsets. Callers check the buffer length
 //! once against the structure size; every accessor still checks, so a wrong constant becomes an
-//! error, not a panic or a silent misread.
+//! error, not a panic or a silent misread. The accessors are `#[inline]`: called apart, they
+//! made a block pointer's decode, walked on every read and write, 3% of the serving core at
+//! 32 queued 4 KiB reads (perf, 2026-11-26); inlined, the checks of constant offsets fold away.
 
 use crate::FormatError;
 
@@ -10,6 +12,7 @@ pub(crate) struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    #[inline]
     pub(crate) fn new(
         what: &'static str,
         bytes: &'a [u8],
@@ -22,10 +25,12 @@ impl<'a> Reader<'a> {
     }
 
     /// Bytes readable.
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.bytes.len()
     }
 
+    #[inline]
     pub(crate) fn slice(&self, at: usize, len: usize) -> Result<&'a [u8], FormatError> {
         let end = at.checked_add(len).filter(|&end| end <= self.bytes.len());
         match end {
@@ -38,33 +43,40 @@ impl<'a> Reader<'a> {
         }
     }
 
+    #[inline]
     fn array<const N: usize>(&self, at: usize) -> Result<[u8; N], FormatError> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.slice(at, N)?);
         Ok(out)
     }
 
+    #[inline]
     pub(crate) fn u8(&self, at: usize) -> Result<u8, FormatError> {
         Ok(self.array::<1>(at)?[0])
     }
 
+    #[inline]
     pub(crate) fn u16(&self, at: usize) -> Result<u16, FormatError> {
         Ok(u16::from_le_bytes(self.array(at)?))
     }
 
+    #[inline]
     pub(crate) fn u32(&self, at: usize) -> Result<u32, FormatError> {
         Ok(u32::from_le_bytes(self.array(at)?))
     }
 
+    #[inline]
     pub(crate) fn u64(&self, at: usize) -> Result<u64, FormatError> {
         Ok(u64::from_le_bytes(self.array(at)?))
     }
 
+    #[inline]
     pub(crate) fn bytes16(&self, at: usize) -> Result<[u8; 16], FormatError> {
         self.array(at)
     }
 
     /// Fails unless `[at, at+len)` is all zero.
+    #[inline]
     pub(crate) fn zeros(&self, at: usize, len: usize) -> Result<(), FormatError> {
         match self.slice(at, len)?.iter().position(|&b| b != 0) {
             Some(i) => Err(FormatError::NonZeroReserved { what: self.what, offset: at + i }),
@@ -79,27 +91,33 @@ pub(crate) struct Writer<'a> {
 }
 
 impl<'a> Writer<'a> {
+    #[inline]
     pub(crate) fn new(bytes: &'a mut [u8]) -> Self {
         Writer { bytes }
     }
 
+    #[inline]
     pub(crate) fn put(&mut self, at: usize, field: &[u8]) {
         // Offsets are compile-time constants checked by each module's layout asserts.
         self.bytes[at..at + field.len()].copy_from_slice(field);
     }
 
+    #[inline]
     pub(crate) fn u8(&mut self, at: usize, v: u8) {
         self.put(at, &[v]);
     }
 
+    #[inline]
     pub(crate) fn u16(&mut self, at: usize, v: u16) {
         self.put(at, &v.to_le_bytes());
     }
 
+    #[inline]
     pub(crate) fn u32(&mut self, at: usize, v: u32) {
         self.put(at, &v.to_le_bytes());
     }
 
+    #[inline]
     pub(crate) fn u64(&mut self, at: usize, v: u64) {
         self.put(at, &v.to_le_bytes());
     }
