@@ -67,6 +67,7 @@ impl Cores {
                     let _ = stopped.await;
                     if let Some(reaper) = reaper {
                         reaper.abort();
+                        core_ring::stop_submitter();
                     }
                 });
                 drop(runtime);
@@ -86,7 +87,10 @@ impl Cores {
             let reaper = start_ring();
             let output = task.await;
             if let Some(reaper) = reaper {
+                // Aborted tasks are dropped only when the loop runs again: until then pushes
+                // on this thread must not wait for a submitter that is not polled.
                 reaper.abort();
+                core_ring::stop_submitter();
             }
             output
         })
@@ -161,6 +165,16 @@ impl Spawn for CoreSpawn {
 /// refused (the devices then use their own threads).
 fn start_ring() -> Option<tokio::task::JoinHandle<()>> {
     let fd = core_ring::install().ok()?;
+    let reaper = reaper(fd);
+    if reaper.is_none() {
+        // A ring nobody reaps would leave every operation pushed to it waiting forever.
+        core_ring::uninstall();
+    }
+    reaper
+}
+
+/// Starts the task that reaps the ring whose descriptor is `fd`, and the submitter beside it.
+fn reaper(fd: std::os::fd::RawFd) -> Option<tokio::task::JoinHandle<()>> {
     // A duplicate the reaper owns: readiness is the ring's, and the descriptor stays open for
     // as long as the reactor watches it, whenever the ring itself is removed.
     // SAFETY: `fd` is the ring's open descriptor; dup only reads it.
@@ -174,8 +188,8 @@ fn start_ring() -> Option<tokio::task::JoinHandle<()>> {
     // descriptor it reports stays the same open file description.
     let ring = unsafe { AsyncFd::register_with_interest(owned, Interest::READABLE) }.ok()?;
     Some(tokio::spawn(async move {
-        // Submits each turn's entries together (core_ring's module doc); ends with the
-        // reaper, when the ring goes back to submitting at each push.
+        // Submits each turn's entries together (core_ring's module doc); aborted with the
+        // reaper (whose owner also stops it at once, core_ring::stop_submitter).
         let submitter = tokio::spawn(core_ring::submitter());
         let _stop = AbortOnDrop(submitter);
         loop {

@@ -74,10 +74,11 @@ impl Encoded {
 
     /// Writes the whole reply: one `write_all` into the connection's buffer when it carries no
     /// data, else vectored writes of its headers and the data's slices (at most `IOVECS_MAX` a
-    /// call, Linux's limit) straight to the socket, after whatever the buffer holds. Through
-    /// the buffer, a reply of up to 8 KiB would be copied into it before the kernel copies it
-    /// again: that copy was 5.8% of the serving core at 32 queued 4 KiB reads (perf,
-    /// 2026-11-26).
+    /// call, Linux's limit). On a socket that takes vectored writes (not TLS, whose stream
+    /// writes one slice a call, nor stdio) a reply with data goes straight to it, after
+    /// whatever the buffer holds: through the buffer, a reply of up to 8 KiB would be copied
+    /// into it before the kernel copies it again, which was 5.8% of the serving core at 32
+    /// queued 4 KiB reads (perf, 2026-11-26).
     pub(crate) async fn send<W: AsyncWrite + Unpin>(
         &self,
         writer: &mut BufWriter<W>,
@@ -85,32 +86,45 @@ impl Encoded {
         if self.parts.is_empty() {
             return writer.write_all(&self.head).await;
         }
+        let mut slices: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(self.parts.len() + 4);
+        let mut data_bytes = 0;
+        for part in &self.parts {
+            match part {
+                Part::Head(range) => slices.push(std::io::IoSlice::new(&self.head[range.clone()])),
+                Part::Data(range) => {
+                    data_bytes += range.len();
+                    self.data
+                        .slices(range.start, range.len(), |s| slices.push(std::io::IoSlice::new(s)))
+                }
+            }
+        }
+        if data_bytes == 0 || !writer.get_ref().is_write_vectored() {
+            return write_slices(writer, &mut slices).await;
+        }
         if !writer.buffer().is_empty() {
             // Replies buffered before this one go first: replies keep their order.
             writer.flush().await?;
         }
-        let writer = writer.get_mut();
-        let mut slices: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(self.parts.len() + 4);
-        for part in &self.parts {
-            match part {
-                Part::Head(range) => slices.push(std::io::IoSlice::new(&self.head[range.clone()])),
-                Part::Data(range) => self
-                    .data
-                    .slices(range.start, range.len(), |s| slices.push(std::io::IoSlice::new(s))),
-            }
-        }
-        let mut left = &mut slices[..];
-        std::io::IoSlice::advance_slices(&mut left, 0);
-        while !left.is_empty() {
-            let batch = left.len().min(IOVECS_MAX);
-            let n = writer.write_vectored(&left[..batch]).await?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::WriteZero.into());
-            }
-            std::io::IoSlice::advance_slices(&mut left, n);
-        }
-        Ok(())
+        write_slices(writer.get_mut(), &mut slices).await
     }
+}
+
+/// Writes all of `slices`, `IOVECS_MAX` at most a call.
+async fn write_slices<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    slices: &mut [std::io::IoSlice<'_>],
+) -> std::io::Result<()> {
+    let mut left = slices;
+    std::io::IoSlice::advance_slices(&mut left, 0);
+    while !left.is_empty() {
+        let batch = left.len().min(IOVECS_MAX);
+        let n = writer.write_vectored(&left[..batch]).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        std::io::IoSlice::advance_slices(&mut left, n);
+    }
+    Ok(())
 }
 
 /// The reply to a request that failed with `error`.

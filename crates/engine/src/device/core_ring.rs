@@ -25,8 +25,10 @@
 //!
 //! Ownership rules the kernel imposes (pitfalls seen in other io_uring runtimes): the ring's
 //! table owns every buffer until that operation's completion is reaped, whether or not its
-//! future is still waiting, so a dropped request never frees memory the kernel writes into; the
-//! descriptor is submitted at once, so a file closed later cannot lend its number to another.
+//! future is still waiting, so a dropped request never frees memory the kernel writes into; it
+//! also holds the file whose descriptor the entry names (an entry may wait in the queue for the
+//! turn's end), so a file whose last user went away cannot close and lend its number to another
+//! before the kernel is done with it.
 //! The ring is created on the thread that uses it and never leaves it (`SINGLE_ISSUER`).
 
 use std::cell::{Cell, RefCell};
@@ -73,7 +75,19 @@ struct InFlight {
     /// Kept alive until the completion is reaped; handed to the reader then.
     read_buf: Option<UninitBuf>,
     _write_buf: Option<SharedBuf>,
+    /// What keeps the entry's descriptor open until the completion is reaped.
+    _file: FileRef,
 }
+
+/// What a pushed entry points at, handed to the ring to keep.
+pub(super) struct Held {
+    read_buf: Option<UninitBuf>,
+    write_buf: Option<SharedBuf>,
+    file: FileRef,
+}
+
+/// The owner of a descriptor an entry names: kept by the ring until the kernel is done with it.
+pub(super) type FileRef = Arc<dyn std::any::Any + Send + Sync>;
 
 /// When a pushed entry goes to the kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,15 +102,17 @@ pub(super) enum Submit {
 
 /// One core's ring and the operations it holds.
 pub struct CoreRing {
+    /// Unique in the process, so a submitter knows its own ring from a later one.
+    id: u64,
     ring: RefCell<IoUring>,
     inflight: RefCell<HashMap<u64, InFlight>>,
     next_key: Cell<u64>,
     /// Set when `enter` failed with entries queued: nothing is submitted from then on, so an
     /// entry whose operation was answered with the error can never reach the kernel later.
     dead: Cell<bool>,
-    /// The loop's submitter task, woken by the first push of a turn; `None` while none runs,
-    /// and then every push submits itself.
-    submitter: RefCell<Option<Waker>>,
+    /// The loop's submitter task (its id and waker), woken by the first push of a turn;
+    /// `None` while none runs, and then every push submits itself.
+    submitter: RefCell<Option<(u64, Waker)>>,
     /// Entries queued since the submitter last ran (it is woken once per batch).
     submit_due: Cell<bool>,
 }
@@ -124,6 +140,7 @@ pub fn install() -> io::Result<RawFd> {
     ring.submitter().submit()?;
     let fd = ring.as_raw_fd();
     let core = Rc::new(CoreRing {
+        id: next_id(),
         ring: RefCell::new(ring),
         inflight: RefCell::new(HashMap::with_capacity(RING_ENTRIES as usize)),
         next_key: Cell::new(0),
@@ -152,28 +169,60 @@ pub fn reap() -> usize {
 }
 
 /// The task that submits what this turn's pushes queued: spawn it on the loop that owns the
-/// ring, beside the reaper. It never ends; while it is parked, a push wakes it instead of
-/// submitting, so every entry queued before it runs goes to the kernel in one call. Dropping it
-/// (the loop stopping) submits what is queued and returns the ring to submitting at each push.
-/// It finds the ring through the thread it is polled on, which for a current-thread loop is
-/// always the ring's.
+/// ring, beside the reaper. While it is parked, a push wakes it instead of submitting, so every
+/// entry queued before it runs goes to the kernel in one call. Dropping it, or
+/// [`stop_submitter`], submits what is queued and returns the ring to submitting at each push.
+/// It serves the ring of the thread it is first polled on (for a current-thread loop, always
+/// the ring's), and ends if that ring is replaced.
 pub fn submitter() -> Submitter {
-    Submitter(())
+    Submitter { id: next_id(), ring: None }
+}
+
+/// A process-wide unique id (of a ring or a submitter).
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Stops this thread's submitter, if one is registered: submits what is queued, and pushes
+/// submit themselves from now on. For a loop that stops polling its tasks (a `block_on` that
+/// returns) before they are dropped.
+pub fn stop_submitter() {
+    if let Some(core) = CORE.with(|c| c.borrow().clone()) {
+        core.submitter.borrow_mut().take();
+        core.submit_due_entries();
+    }
 }
 
 /// See [`submitter`].
 #[derive(Debug)]
-pub struct Submitter(());
+pub struct Submitter {
+    id: u64,
+    /// The id of the ring it registered with: a ring installed later on the same thread is
+    /// not its own.
+    ring: Option<u64>,
+}
 
 impl Future for Submitter {
     type Output = ();
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let Some(core) = CORE.with(|c| c.borrow().clone()) else { return Poll::Ready(()) };
+        let first = self.ring.is_none();
+        if *self.ring.get_or_insert(core.id) != core.id {
+            return Poll::Ready(()); // its ring was replaced
+        }
         core.submit_due_entries();
-        let mut waker = core.submitter.borrow_mut();
-        if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            *waker = Some(cx.waker().clone());
+        let mut registered = core.submitter.borrow_mut();
+        match registered.as_mut() {
+            Some((id, waker)) if *id == self.id => {
+                if !waker.will_wake(cx.waker()) {
+                    *waker = cx.waker().clone();
+                }
+            }
+            None if first => *registered = Some((self.id, cx.waker().clone())),
+            // Another submitter serves this ring, or this one was stopped: it ends.
+            _ => return Poll::Ready(()),
         }
         Poll::Pending
     }
@@ -181,7 +230,14 @@ impl Future for Submitter {
 
 impl Drop for Submitter {
     fn drop(&mut self) {
-        if let Some(core) = CORE.with(|c| c.borrow().clone()) {
+        // `try_with`: a loop dropped while the thread's locals are torn down has no ring left.
+        let core = CORE.try_with(|c| c.borrow().clone()).ok().flatten();
+        let Some(core) = core else { return };
+        if self.ring != Some(core.id) {
+            return;
+        }
+        let mine = core.submitter.borrow().as_ref().is_some_and(|(id, _)| *id == self.id);
+        if mine {
             core.submitter.borrow_mut().take();
             core.submit_due_entries();
         }
@@ -199,25 +255,34 @@ pub(super) fn push(
     entry: squeue::Entry,
     read_buf: Option<UninitBuf>,
     write_buf: Option<SharedBuf>,
+    file: FileRef,
     when: Submit,
 ) -> Option<RingOp> {
     let core = CORE.with(|c| c.borrow().clone())?;
-    Some(core.push(entry, read_buf, write_buf, when))
+    Some(core.push(entry, Held { read_buf, write_buf, file }, when))
 }
 
 /// A read into a fresh buffer of `len` bytes (not zeroed: see [`UninitBuf`]).
-pub(super) fn read(fd: RawFd, offset: u64, len: u32) -> Option<RingOp> {
+/// `file` keeps `fd` open until the read is reaped.
+pub(super) fn read(fd: RawFd, file: FileRef, offset: u64, len: u32) -> Option<RingOp> {
     if !installed() {
         return None;
     }
     let mut buf = UninitBuf::new(len as usize);
     let entry = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len).offset(offset).build();
-    push(entry, Some(buf), None, Submit::WithTurn)
+    push(entry, Some(buf), None, file, Submit::WithTurn)
 }
 
 /// A write; with `dsync` it is durable when it completes (`RWF_DSYNC`: on a device with FUA one
 /// FUA write, else the kernel's write-then-flush, with no second trip from user space).
-pub(super) fn write(fd: RawFd, offset: u64, data: SharedBuf, dsync: bool) -> Option<RingOp> {
+/// `file` keeps `fd` open until the write is reaped.
+pub(super) fn write(
+    fd: RawFd,
+    file: FileRef,
+    offset: u64,
+    data: SharedBuf,
+    dsync: bool,
+) -> Option<RingOp> {
     if !installed() {
         return None;
     }
@@ -225,7 +290,7 @@ pub(super) fn write(fd: RawFd, offset: u64, data: SharedBuf, dsync: bool) -> Opt
     // A durable write is a log block a client's flush waits for: it goes now, taking along
     // whatever this turn queued. Other writes (a txg sync's) go with the turn.
     let when = if dsync { Submit::Now } else { Submit::WithTurn };
-    push(write_entry(fd, offset, &data, flags), None, Some(data), when)
+    push(write_entry(fd, offset, &data, flags), None, Some(data), file, when)
 }
 
 /// The submission entry that writes `data` at `offset`: a vectored write straight from its
@@ -248,22 +313,17 @@ pub(super) fn write_entry(fd: RawFd, offset: u64, data: &SharedBuf, flags: i32) 
 }
 
 /// `fdatasync` through the ring (the kernel runs it on a worker of its own).
-pub(super) fn fdatasync(fd: RawFd) -> Option<RingOp> {
+pub(super) fn fdatasync(fd: RawFd, file: FileRef) -> Option<RingOp> {
     if !installed() {
         return None;
     }
     let entry = opcode::Fsync::new(types::Fd(fd)).flags(types::FsyncFlags::DATASYNC).build();
-    push(entry, None, None, Submit::Now)
+    push(entry, None, None, file, Submit::Now)
 }
 
 impl CoreRing {
-    fn push(
-        &self,
-        entry: squeue::Entry,
-        read_buf: Option<UninitBuf>,
-        write_buf: Option<SharedBuf>,
-        when: Submit,
-    ) -> RingOp {
+    fn push(&self, entry: squeue::Entry, held: Held, when: Submit) -> RingOp {
+        let Held { read_buf, write_buf, file } = held;
         let key = self.next_key.get();
         self.next_key.set(key.wrapping_add(1));
         let slot = Arc::new(Mutex::new(Slot::default()));
@@ -272,9 +332,10 @@ impl CoreRing {
             slot.lock().outcome = Some(Outcome { result: -libc::EIO, buf: read_buf });
             return RingOp { slot };
         }
-        self.inflight
-            .borrow_mut()
-            .insert(key, InFlight { slot: Arc::clone(&slot), read_buf, _write_buf: write_buf });
+        self.inflight.borrow_mut().insert(
+            key,
+            InFlight { slot: Arc::clone(&slot), read_buf, _write_buf: write_buf, _file: file },
+        );
         let entry = entry.user_data(key);
         // Room in the submission queue: a full one is submitted first.
         loop {
@@ -289,15 +350,17 @@ impl CoreRing {
                 return RingOp { slot };
             }
         }
-        let submitter = self.submitter.borrow();
-        if let (Some(submitter), Submit::WithTurn) = (submitter.as_ref(), when) {
-            // The loop's submitter sends this turn's entries together; woken once per batch.
+        if when == Submit::WithTurn && self.submitter.borrow().is_some() {
+            // The loop's submitter sends this turn's entries together; woken once per batch,
+            // outside the borrow (a waker is foreign code).
             if !self.submit_due.replace(true) {
-                submitter.wake_by_ref();
+                let waker = self.submitter.borrow().as_ref().map(|(_, w)| w.clone());
+                if let Some(waker) = waker {
+                    waker.wake();
+                }
             }
             return RingOp { slot };
         }
-        drop(submitter);
         // Whatever this turn queued goes too; the submitter then finds nothing to do.
         self.submit_due.set(false);
         let ring = self.ring.borrow_mut();
@@ -310,7 +373,10 @@ impl CoreRing {
     /// Submits what pushes queued since the submitter last ran.
     fn submit_due_entries(&self) {
         if self.submit_due.replace(false) {
-            let ring = self.ring.borrow_mut();
+            let mut ring = self.ring.borrow_mut();
+            if ring.submission().is_empty() {
+                return; // sent already, by a push that went at once or by the reaper
+            }
             if let Err(e) = self.submit_or_reap(ring) {
                 self.die(-e.raw_os_error().unwrap_or(libc::EIO));
             }
@@ -332,6 +398,8 @@ impl CoreRing {
             };
             std::mem::forget(op.read_buf);
             std::mem::forget(op._write_buf);
+            // Its descriptor stays open too: entries naming it may still sit in the queue.
+            std::mem::forget(op._file);
             if let Some(waker) = waker {
                 waker.wake();
             }
@@ -449,6 +517,11 @@ mod tests {
     use super::*;
     use crate::device::AlignedBuf;
 
+    /// A stand-in for a file's owner: each test keeps its file open itself.
+    fn keep() -> FileRef {
+        Arc::new(())
+    }
+
     /// Reaps this thread's ring until `op` has its answer.
     fn wait(op: RingOp) -> Outcome {
         while inflight() > 0 {
@@ -473,7 +546,7 @@ mod tests {
             let core = CORE.with(|c| c.borrow().clone()).unwrap();
             core.die(-libc::EIO);
             let data = AlignedBuf::copy_from(&[9u8; 4096]).into_shared();
-            let outcome = wait(write(file.as_raw_fd(), 0, data, false).unwrap());
+            let outcome = wait(write(file.as_raw_fd(), keep(), 0, data, false).unwrap());
             assert_eq!(outcome.result, -libc::EIO);
             assert_eq!(inflight(), 0);
             reap();
@@ -493,17 +566,22 @@ mod tests {
         std::fs::write(&path, vec![0u8; 8192]).unwrap();
         let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
         std::thread::spawn(move || {
-            assert!(
-                write(file.as_raw_fd(), 0, AlignedBuf::zeroed(4096).into_shared(), false).is_none()
-            );
+            assert!(write(
+                file.as_raw_fd(),
+                keep(),
+                0,
+                AlignedBuf::zeroed(4096).into_shared(),
+                false
+            )
+            .is_none());
             if install().is_err() {
                 return; // io_uring refused here; the device paths cover this thread.
             }
             let data = AlignedBuf::copy_from(&[7u8; 4096]).into_shared();
-            let op = write(file.as_raw_fd(), 4096, data, true).unwrap();
+            let op = write(file.as_raw_fd(), keep(), 4096, data, true).unwrap();
             let outcome = wait(op);
             assert_eq!(outcome.result, 4096);
-            let op = read(file.as_raw_fd(), 4096, 4096).unwrap();
+            let op = read(file.as_raw_fd(), keep(), 4096, 4096).unwrap();
             let outcome = wait(op);
             assert_eq!(outcome.result, 4096);
             // SAFETY: the kernel reported all 4096 bytes read into the buffer.
@@ -515,10 +593,10 @@ mod tests {
                 Arc::new(AlignedBuf::copy_from(&[2u8; 2048])),
             ];
             let data = SharedBuf::gather(pieces);
-            let outcome = wait(write(file.as_raw_fd(), 0, data.clone(), false).unwrap());
+            let outcome = wait(write(file.as_raw_fd(), keep(), 0, data.clone(), false).unwrap());
             assert_eq!(outcome.result, 4096);
             assert!(data.iovecs().is_some(), "written without joining the pieces");
-            let outcome = wait(read(file.as_raw_fd(), 0, 4096).unwrap());
+            let outcome = wait(read(file.as_raw_fd(), keep(), 0, 4096).unwrap());
             assert_eq!(outcome.result, 4096);
             // SAFETY: as above.
             let read_back = unsafe { outcome.buf.unwrap().into_filled(4096) };
@@ -561,31 +639,55 @@ mod tests {
             let mut turn = Box::pin(submitter());
             assert!(turn.as_mut().poll(&mut cx).is_pending());
 
-            let reads = [read(fd, 0, 4096).unwrap(), read(fd, 4096, 4096).unwrap()];
+            let reads = [read(fd, keep(), 0, 4096).unwrap(), read(fd, keep(), 4096, 4096).unwrap()];
             assert_eq!(queued(), 2, "reads wait for the turn's end");
             assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "woken once per batch");
             assert!(turn.as_mut().poll(&mut cx).is_pending());
             assert_eq!(queued(), 0, "the submitter sent both");
 
-            let late = read(fd, 8192, 4096).unwrap();
+            let owner = keep();
+            let late = read(fd, Arc::clone(&owner), 8192, 4096).unwrap();
             assert_eq!(queued(), 1);
+            assert_eq!(Arc::strong_count(&owner), 2, "the ring keeps the file open");
             let data = AlignedBuf::copy_from(&[7u8; 4096]).into_shared();
-            let durable = write(fd, 12288, data, true).unwrap();
+            let durable = write(fd, keep(), 12288, data, true).unwrap();
             assert_eq!(queued(), 0, "a durable write goes at once, and the read with it");
             assert!(!core.submit_due.get());
             assert_eq!(wait(durable).result, 4096);
 
-            let last = read(fd, 12288, 4096).unwrap();
+            let last = read(fd, keep(), 12288, 4096).unwrap();
             assert_eq!(queued(), 1);
             drop(turn);
             assert_eq!(queued(), 0, "a dropped submitter sends what is queued");
-            let after = read(fd, 0, 4096).unwrap();
+            let after = read(fd, keep(), 0, 4096).unwrap();
             assert_eq!(queued(), 0, "and pushes submit themselves again");
 
+            // A loop that stops polling stops its submitter at once; polled again, it ends.
+            let mut turn = Box::pin(submitter());
+            assert!(turn.as_mut().poll(&mut cx).is_pending());
+            let queued_read = read(fd, keep(), 4096, 4096).unwrap();
+            assert_eq!(queued(), 1);
+            stop_submitter();
+            assert_eq!(queued(), 0, "stopping sends what is queued");
+            assert!(turn.as_mut().poll(&mut cx).is_ready(), "a stopped submitter ends");
+            let unbatched = read(fd, keep(), 8192, 4096).unwrap();
+            assert_eq!(queued(), 0);
+            // A second submitter does not take over a ring another one serves.
+            let mut serving = Box::pin(submitter());
+            let mut other = Box::pin(submitter());
+            assert!(serving.as_mut().poll(&mut cx).is_pending());
+            assert!(other.as_mut().poll(&mut cx).is_ready());
+            drop(other);
+            let batched = read(fd, keep(), 0, 4096).unwrap();
+            assert_eq!(queued(), 1, "the first one still serves it");
+            drop(serving);
+            assert_eq!(queued(), 0);
+
             let [first, second] = reads;
-            for op in [first, second, late, after] {
+            for op in [first, second, late, after, queued_read, unbatched, batched] {
                 assert_eq!(wait(op).result, 4096);
             }
+            assert_eq!(Arc::strong_count(&owner), 1, "and lets it go once reaped");
             let outcome = wait(last);
             assert_eq!(outcome.result, 4096);
             // SAFETY: the kernel reported all 4096 bytes read into the buffer.

@@ -311,7 +311,7 @@ impl FileDevice {
         // The ring reads into a fresh buffer, which is always aligned: offset and length decide.
         let aligned = std::ptr::without_provenance::<u8>(BUF_ALIGN_BYTES);
         let fd = self.inner.fd_for(offset, len as usize, aligned);
-        let op = core_ring::read(fd, offset, len)?;
+        let op = core_ring::read(fd, self.inner.clone(), offset, len)?;
         let inner = Arc::clone(&self.inner);
         Some(
             async move {
@@ -341,7 +341,7 @@ impl FileDevice {
     ) -> Option<BoxFuture<Result<(), DeviceError>>> {
         self.uring.as_ref()?;
         let fd = self.inner.fd_for_write(offset, data);
-        let op = core_ring::write(fd, offset, data.clone(), dsync)?;
+        let op = core_ring::write(fd, self.inner.clone(), offset, data.clone(), dsync)?;
         let inner = Arc::clone(&self.inner);
         let data = data.clone();
         Some(
@@ -439,7 +439,8 @@ impl BlockDevice for FileDevice {
         // On a serving core the ring runs it (on a kernel worker; no user-space thread between
         // the core and the disk). Elsewhere on an I/O thread even with io_uring (device::uring).
         if self.uring.is_some() {
-            if let Some(op) = core_ring::fdatasync(self.inner.buffered.as_raw_fd()) {
+            let fd = self.inner.buffered.as_raw_fd();
+            if let Some(op) = core_ring::fdatasync(fd, self.inner.clone()) {
                 let inner = Arc::clone(&self.inner);
                 return async move {
                     let outcome = op.await;
