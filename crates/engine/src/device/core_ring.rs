@@ -189,8 +189,7 @@ fn next_id() -> u64 {
 /// returns) before they are dropped.
 pub fn stop_submitter() {
     if let Some(core) = CORE.with(|c| c.borrow().clone()) {
-        core.submitter.borrow_mut().take();
-        core.submit_due_entries();
+        core.unregister_submitter();
     }
 }
 
@@ -238,8 +237,7 @@ impl Drop for Submitter {
         }
         let mine = core.submitter.borrow().as_ref().is_some_and(|(id, _)| *id == self.id);
         if mine {
-            core.submitter.borrow_mut().take();
-            core.submit_due_entries();
+            core.unregister_submitter();
         }
     }
 }
@@ -368,6 +366,12 @@ impl CoreRing {
             self.die(-e.raw_os_error().unwrap_or(libc::EIO));
         }
         RingOp { slot }
+    }
+
+    /// Pushes submit themselves from now on; what is queued goes now.
+    fn unregister_submitter(&self) {
+        self.submitter.borrow_mut().take();
+        self.submit_due_entries();
     }
 
     /// Submits what pushes queued since the submitter last ran.
@@ -517,6 +521,19 @@ mod tests {
     use super::*;
     use crate::device::AlignedBuf;
 
+    /// A file of `len` bytes of `byte` in a fresh directory (kept by the caller), opened for
+    /// reading and writing.
+    fn scratch_file(
+        byte: u8,
+        len: usize,
+    ) -> (tempfile::TempDir, std::path::PathBuf, std::fs::File) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![byte; len]).unwrap();
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        (dir, path, file)
+    }
+
     /// A stand-in for a file's owner: each test keeps its file open itself.
     fn keep() -> FileRef {
         Arc::new(())
@@ -535,10 +552,7 @@ mod tests {
     /// error, and never hands the kernel another entry: the file is not written.
     #[test]
     fn a_dead_ring_answers_with_errors_and_submits_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, vec![0u8; 8192]).unwrap();
-        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let (_dir, path, file) = scratch_file(0, 8192);
         std::thread::spawn(move || {
             if install().is_err() {
                 return; // io_uring refused here; the device paths cover this thread.
@@ -561,10 +575,7 @@ mod tests {
     /// gets `None`.
     #[test]
     fn pushes_and_reaps_on_this_thread() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, vec![0u8; 8192]).unwrap();
-        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let (_dir, _path, file) = scratch_file(0, 8192);
         std::thread::spawn(move || {
             assert!(write(
                 file.as_raw_fd(),
@@ -622,10 +633,7 @@ mod tests {
             }
         }
 
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, vec![5u8; 16384]).unwrap();
-        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let (_dir, _path, file) = scratch_file(5, 16384);
         std::thread::spawn(move || {
             if install().is_err() {
                 return; // io_uring refused here; the device paths cover this thread.
