@@ -152,7 +152,8 @@ out.append(
     f"round); every figure is the median of the {meta['rounds']} rounds, each metric on its own, "
     f"with the rounds' range beside the headline figure. Jobs work in the first {meta['span']} "
     "of each image or volume, written once before the first round. Latencies are fio's "
-    "completion latencies (for write + flush jobs, of the write; the flush's are separate). "
+    "completion latencies (for write + flush jobs, of the write; the flush's are separate, and "
+    "\"write + flush mean\" adds the two means: how long a durable write takes, on average). "
     "CPU is the server process's user + system time (/proc/PID/stat) and ctx the context "
     "switches of all its threads (/proc/PID/task/*/status), both sampled inside fio's measured "
     "period and divided by the operations done meanwhile; an operation of a write + flush job is "
@@ -231,10 +232,10 @@ for job in jobs:
     unit = "MB/s" if key == "mb_s" else "IOPS"
     out.append(f"### {labels[job]}\n")
     head = f"| target | {unit} | range | / qemu-nbd | p50 us | p99 us |"
-    head += " flush p50 us | flush p99 us |" if flush else ""
+    head += " flush p50 us | flush p99 us | write + flush mean us |" if flush else ""
     out.append(head + " CPU us/op | ctx/op |")
-    out.append("|---|" + "---:|" * (9 if flush else 7))
-    metrics = ["p50_us", "p99_us"] + (["flush_p50_us", "flush_p99_us"] if flush else [])
+    out.append("|---|" + "---:|" * (10 if flush else 7))
+    metrics = ["p50_us", "p99_us"] + (["flush_p50_us", "flush_p99_us", "durable_mean_us"] if flush else [])
     for t in targets:
         if (job, t) not in runs and (job, t) not in errors:
             continue

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one client operation costs the server: IOPS, server CPU, context switches and disk
-# commands per operation, for one fio job against sluice or qemu-nbd on a fresh image.
+# commands (and bytes written) per operation, for one fio job against sluice or qemu-nbd on a fresh image.
 #
 # Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|stream-1m|randread|seqread] [JOBS] [--bin PATH]
 #        [--block-size 4K] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
@@ -74,8 +74,8 @@ sample() {
   local cpu switches disk_io
   cpu=$(awk '{print $14 + $15}' "/proc/$pid/stat")
   switches=$(cat /proc/"$pid"/task/*/status | awk '/ctxt_switches/ {s += $2} END {print s}')
-  disk_io=$(awk -v d="$disk" '$3 == d {print $4, $8, $19}' /proc/diskstats)
-  echo "$cpu $switches ${disk_io:-0 0 0}"
+  disk_io=$(awk -v d="$disk" '$3 == d {print $4, $8, $19, $10}' /proc/diskstats)
+  echo "$cpu $switches ${disk_io:-0 0 0 0}"
 }
 before=$(sample)
 fio --name=op --ioengine=nbd --uri="$uri" --bs=4k --size=1G --runtime="$seconds" --time_based \
@@ -88,15 +88,16 @@ j = json.load(open(path))["jobs"][0]
 writes = job not in ("randread", "seqread")
 side = j["write" if writes else "read"]
 iops = side["iops"]
-p50 = lambda lat: lat["percentile"]["50.000000"] / 1000 if lat.get("percentile") else float("nan")
-latency = f"{side['clat_ns']['mean'] / 1000:.0f} us mean, {p50(side['clat_ns']):.0f} us p50"
+pct = lambda lat, p: lat["percentile"][p] / 1000 if lat.get("percentile") else float("nan")
+spread = lambda lat: (f"{lat['mean'] / 1000:.0f} us mean, {pct(lat, '50.000000'):.0f} us p50, "
+                      f"{pct(lat, '99.000000'):.0f} us p99")
+latency = spread(side["clat_ns"])
 if writes and j.get("sync", {}).get("lat_ns", {}).get("N"):
-    sync = j["sync"]["lat_ns"]
-    latency = f"write {latency}; flush {sync['mean'] / 1000:.0f} us mean, {p50(sync):.0f} us p50"
+    latency = f"write {latency}; flush {spread(j['sync']['lat_ns'])}"
 ops = iops * float(seconds)
 b = [float(x) for x in before.split()]; a = [float(x) for x in after.split()]
 tick = os.sysconf("SC_CLK_TCK")
 print(f"{target} {job} jobs={jobs} block={block}: {iops:,.0f} IOPS; server CPU {(a[0]-b[0])/tick/ops*1e6:.0f} us/op; "
       f"context switches {(a[1]-b[1])/ops:.2f}/op; disk reads {(a[2]-b[2])/ops:.2f}/op, "
-      f"writes {(a[3]-b[3])/ops:.2f}/op, flushes {(a[4]-b[4])/ops:.3f}/op; {latency}")
+      f"writes {(a[3]-b[3])/ops:.2f}/op ({(a[5]-b[5])*512/ops/1024:.1f} KiB), flushes {(a[4]-b[4])/ops:.3f}/op; {latency}")
 PY
