@@ -534,19 +534,23 @@ impl Allocator {
     /// Live log blocks count as free (import claims them from the chains).
     pub fn space_map(&self, vdev: u32) -> SpaceMap {
         let space = &self.vdevs[vdev as usize];
-        let mut on_disk = space.free.clone();
-        for (start, len) in space.log.iter() {
-            on_disk.insert(start, len);
-        }
-        let free = on_disk.iter().collect();
-        let deferred = self
-            .deferred
-            .iter()
-            .flat_map(|(&txg, frees)| {
-                frees.iter().filter(move |f| f.0 == vdev).map(move |&(_, s, l)| (txg, s, l))
-            })
-            .collect();
+        let free = space.free.union(&space.log).collect();
+        let deferred = self.deferred_of(vdev).collect();
         SpaceMap { ashift: self.ashift, synced_txg: self.synced_txg, free, deferred }
+    }
+
+    /// How many free ranges and deferred frees [`Allocator::space_map`] of `vdev` would hold,
+    /// counted without building it: the sync sizes the map's pieces before it allocates them.
+    pub fn space_map_entries(&self, vdev: u32) -> (usize, usize) {
+        let space = &self.vdevs[vdev as usize];
+        (space.free.union(&space.log).count(), self.deferred_of(vdev).count())
+    }
+
+    /// `vdev`'s frees waiting out their deferral, as (txg, start, len), in txg order.
+    fn deferred_of(&self, vdev: u32) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        self.deferred.iter().flat_map(move |(&txg, frees)| {
+            frees.iter().filter(move |f| f.0 == vdev).map(move |&(_, s, l)| (txg, s, l))
+        })
     }
 
     /// Rebuilds the allocator from each vdev's space map and data area, checking that every
@@ -612,7 +616,7 @@ mod tests {
         let mut a = allocator();
         let region = log_region_bytes(64 * MIB);
         assert_eq!(region, 4 * MIB);
-        let (_, data_at, _) = a.allocate(64 << 10, AllocClass::Normal, &[]).unwrap();
+        let (data_vdev, data_at, _) = a.allocate(64 << 10, AllocClass::Normal, &[]).unwrap();
         assert!(data_at >= 4 * MIB + region, "data at {data_at} is inside the log region");
         let mut log_blocks = 0u64;
         loop {
@@ -625,6 +629,17 @@ mod tests {
         }
         // Both vdevs' regions were used before a block spilled.
         assert_eq!(log_blocks, 2 * region / (128 << 10));
+        // Live log blocks are free in the space map, joined to the free space around them, and
+        // the count the sync sizes the map's pieces by is the map's.
+        a.free(1, data_vdev, data_at, 64 << 10);
+        for vdev in 0..2 {
+            let map = a.space_map(vdev);
+            let mut joined = map.free.clone();
+            joined.dedup_by(|next, prev| prev.0 + prev.1 == next.0);
+            assert_eq!(joined.len(), map.free.len(), "adjacent free ranges are joined");
+            assert_eq!(a.space_map_entries(vdev), (map.free.len(), map.deferred.len()));
+        }
+        assert_eq!(a.space_map(data_vdev).deferred.len(), 1);
     }
 
     /// Sequential allocations are contiguous and rotate over vdevs every aliquot.

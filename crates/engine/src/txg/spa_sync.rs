@@ -28,7 +28,7 @@ use sluice_format::{
 
 use super::dbuf::{Block, Prewritten};
 use super::dsl_snapshot::{Family, SnapshotOp};
-use super::space_map::{split_space_map, SPACE_MAP_PIECE_BYTES};
+use super::space_map::{piece_layout, split_space_map, SPACE_MAP_PIECE_BYTES};
 use super::{Store, StoreError};
 use crate::alloc::{AllocClass, AllocError, Allocator};
 use crate::device::{AlignedBuf, SharedBuf};
@@ -539,7 +539,8 @@ impl Store {
             };
             let mut blocks = Vec::new();
             for vdev in 0..vdevs as u32 {
-                let need = split_space_map(&allocator.space_map(vdev)).len() + 1;
+                let (free, deferred) = allocator.space_map_entries(vdev);
+                let need = piece_layout(free, deferred).len() + 1;
                 let mut pieces = Vec::with_capacity(need);
                 for _ in 0..need {
                     pieces.push(place(&mut allocator, SPACE_MAP_PIECE_BYTES, copies)?);

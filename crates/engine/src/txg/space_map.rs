@@ -1,45 +1,52 @@
 //! Space-map I/O (ZFS: `space_map.c`): the allocator's state is written each txg as pieces
 //! small enough to fit the holes of a fragmented pool, and read back at import.
 
+use std::ops::Range;
+
 use sluice_format::SpaceMap;
 
 /// Bytes of one space-map piece: small enough to fit the holes of a fragmented pool.
 pub(super) const SPACE_MAP_PIECE_BYTES: u64 = 16 << 10;
 
-/// Splits a space map into pieces that each encode within `SPACE_MAP_PIECE_BYTES`, keeping the
-/// order of its ranges (concatenated, the pieces are the map).
+/// How a space map of `free` ranges and `deferred` frees is cut into pieces that each encode
+/// within `SPACE_MAP_PIECE_BYTES`: each piece's index ranges into the two lists, in order (free
+/// ranges first, the deferred frees continuing in the last piece that has room). Known from the
+/// counts alone, so the sync allocates the pieces before it builds the map.
+pub(super) fn piece_layout(free: usize, deferred: usize) -> Vec<(Range<usize>, Range<usize>)> {
+    // Entry sizes: 16 bytes per free range, 24 per deferred free (sluice_format's space_map.rs).
+    const FREE: usize = 16;
+    const DEFERRED: usize = 24;
+    let header =
+        SpaceMap { ashift: 0, synced_txg: 0, free: Vec::new(), deferred: Vec::new() }.encoded_len();
+    let room = SPACE_MAP_PIECE_BYTES as usize - header;
+    assert!(room >= DEFERRED, "a space-map piece holds at least one entry");
+    let (mut f, mut d) = (0, 0);
+    let mut pieces = Vec::new();
+    loop {
+        let take_free = (free - f).min(room / FREE);
+        let left = room - take_free * FREE;
+        let take_deferred =
+            if f + take_free == free { (deferred - d).min(left / DEFERRED) } else { 0 };
+        pieces.push((f..f + take_free, d..d + take_deferred));
+        (f, d) = (f + take_free, d + take_deferred);
+        if f == free && d == deferred {
+            return pieces;
+        }
+    }
+}
+
+/// Splits a space map into pieces as [`piece_layout`] says (concatenated, the pieces are the
+/// map).
 pub(super) fn split_space_map(map: &SpaceMap) -> Vec<SpaceMap> {
-    let empty = || SpaceMap {
-        ashift: map.ashift,
-        synced_txg: map.synced_txg,
-        free: Vec::new(),
-        deferred: Vec::new(),
-    };
-    let limit = SPACE_MAP_PIECE_BYTES as usize;
-    let mut pieces = vec![empty()];
-    // Entry sizes: 16 bytes per free range, 24 per deferred free (space_map.rs).
-    let mut used = empty().encoded_len();
-    for &range in &map.free {
-        if used + 16 > limit {
-            pieces.push(empty());
-            used = empty().encoded_len();
-        }
-        if let Some(piece) = pieces.last_mut() {
-            piece.free.push(range);
-        }
-        used += 16;
-    }
-    for &deferred in &map.deferred {
-        if used + 24 > limit {
-            pieces.push(empty());
-            used = empty().encoded_len();
-        }
-        if let Some(piece) = pieces.last_mut() {
-            piece.deferred.push(deferred);
-        }
-        used += 24;
-    }
-    pieces
+    piece_layout(map.free.len(), map.deferred.len())
+        .into_iter()
+        .map(|(free, deferred)| SpaceMap {
+            ashift: map.ashift,
+            synced_txg: map.synced_txg,
+            free: map.free[free].to_vec(),
+            deferred: map.deferred[deferred].to_vec(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -66,5 +73,19 @@ mod tests {
         assert_eq!((free, deferred), (map.free.clone(), map.deferred.clone()));
         let small = SpaceMap { free: vec![(0, 4096)], deferred: vec![], ..map };
         assert_eq!(split_space_map(&small).len(), 1);
+    }
+
+    /// Pieces are filled before another starts: entries that just fit take one piece, one more
+    /// takes two, and deferred frees continue in the last piece's room.
+    #[test]
+    fn space_map_pieces_are_full_before_another() {
+        let header =
+            SpaceMap { ashift: 0, synced_txg: 0, free: vec![], deferred: vec![] }.encoded_len();
+        let fit = (SPACE_MAP_PIECE_BYTES as usize - header) / 16;
+        assert_eq!(piece_layout(0, 0), vec![(0..0, 0..0)]);
+        assert_eq!(piece_layout(fit, 0).len(), 1);
+        assert_eq!(piece_layout(fit + 1, 0), vec![(0..fit, 0..0), (fit..fit + 1, 0..0)]);
+        assert_eq!(piece_layout(fit - 3, 2), vec![(0..fit - 3, 0..2)], "48 bytes hold two");
+        assert_eq!(piece_layout(fit - 3, 3), vec![(0..fit - 3, 0..2), (fit - 3..fit - 3, 2..3)]);
     }
 }
