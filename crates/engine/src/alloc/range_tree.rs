@@ -259,6 +259,16 @@ mod tests {
         assert_eq!(tree.first_fit(2 << 20, 4096, 0), None);
     }
 
+    /// Trees that overlap are a double allocation somewhere: their union refuses to list them.
+    #[test]
+    #[should_panic(expected = "overlaps")]
+    fn union_refuses_overlapping_trees() {
+        let (mut a, mut b) = (RangeTree::default(), RangeTree::default());
+        a.insert(0, 8192);
+        b.insert(4096, 8192);
+        let _ = a.union(&b).count();
+    }
+
     proptest! {
         /// The union of two disjoint trees iterates as one tree holding both would: in order,
         /// adjacent ranges from either tree joined.

@@ -13,20 +13,26 @@ pub(super) const SPACE_MAP_PIECE_BYTES: u64 = 16 << 10;
 /// ranges first, the deferred frees continuing in the last piece that has room). Known from the
 /// counts alone, so the sync allocates the pieces before it builds the map.
 pub(super) fn piece_layout(free: usize, deferred: usize) -> Vec<(Range<usize>, Range<usize>)> {
-    // Entry sizes: 16 bytes per free range, 24 per deferred free (sluice_format's space_map.rs).
-    const FREE: usize = 16;
-    const DEFERRED: usize = 24;
-    let header =
-        SpaceMap { ashift: 0, synced_txg: 0, free: Vec::new(), deferred: Vec::new() }.encoded_len();
+    // The format's sizes: a map's fixed part, and what one more free range or deferred free
+    // adds to it.
+    let map = |free: usize, deferred: usize| SpaceMap {
+        ashift: 0,
+        synced_txg: 0,
+        free: vec![(0, 0); free],
+        deferred: vec![(0, 0, 0); deferred],
+    };
+    let header = map(0, 0).encoded_len();
+    let (free_bytes, deferred_bytes) =
+        (map(1, 0).encoded_len() - header, map(0, 1).encoded_len() - header);
     let room = SPACE_MAP_PIECE_BYTES as usize - header;
-    assert!(room >= DEFERRED, "a space-map piece holds at least one entry");
+    assert!(room >= deferred_bytes.max(free_bytes), "a space-map piece holds at least one entry");
     let (mut f, mut d) = (0, 0);
     let mut pieces = Vec::new();
     loop {
-        let take_free = (free - f).min(room / FREE);
-        let left = room - take_free * FREE;
+        let take_free = (free - f).min(room / free_bytes);
+        let left = room - take_free * free_bytes;
         let take_deferred =
-            if f + take_free == free { (deferred - d).min(left / DEFERRED) } else { 0 };
+            if f + take_free == free { (deferred - d).min(left / deferred_bytes) } else { 0 };
         pieces.push((f..f + take_free, d..d + take_deferred));
         (f, d) = (f + take_free, d + take_deferred);
         if f == free && d == deferred {
@@ -85,7 +91,8 @@ mod tests {
         assert_eq!(piece_layout(0, 0), vec![(0..0, 0..0)]);
         assert_eq!(piece_layout(fit, 0).len(), 1);
         assert_eq!(piece_layout(fit + 1, 0), vec![(0..fit, 0..0), (fit..fit + 1, 0..0)]);
-        assert_eq!(piece_layout(fit - 3, 2), vec![(0..fit - 3, 0..2)], "48 bytes hold two");
+        // The 48 to 63 bytes left after fit - 3 free ranges hold two deferred frees, not three.
+        assert_eq!(piece_layout(fit - 3, 2), vec![(0..fit - 3, 0..2)]);
         assert_eq!(piece_layout(fit - 3, 3), vec![(0..fit - 3, 0..2), (fit - 3..fit - 3, 2..3)]);
     }
 }
