@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# What one client operation costs the server: IOPS, server CPU, context switches and disk
-# commands (and bytes written) per operation, for one fio job against sluice or qemu-nbd on a fresh image.
+# What one client operation costs the server: IOPS, server CPU, context switches, disk
+# commands and bytes written per operation, for one fio job against sluice or qemu-nbd on a
+# fresh image.
 #
 # Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|stream-1m|randread|seqread] [JOBS] [--bin PATH]
 #        [--block-size 4K] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]

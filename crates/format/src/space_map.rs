@@ -50,11 +50,17 @@ pub struct SpaceMap {
 }
 
 impl SpaceMap {
+    /// Bytes of a map with no entries: its header and its trailing checksum.
+    pub const EMPTY_BYTES: usize = HEADER_BYTES + 16;
+    /// Bytes each free range adds.
+    pub const FREE_ENTRY_BYTES: usize = FREE_ENTRY_BYTES;
+    /// Bytes each deferred free adds.
+    pub const DEFERRED_ENTRY_BYTES: usize = DEFERRED_ENTRY_BYTES;
+
     pub fn encoded_len(&self) -> usize {
-        HEADER_BYTES
+        Self::EMPTY_BYTES
             + self.free.len() * FREE_ENTRY_BYTES
             + self.deferred.len() * DEFERRED_ENTRY_BYTES
-            + 16
     }
 
     pub fn encode(&self) -> Result<Vec<u8>, FormatError> {

@@ -13,18 +13,8 @@ pub(super) const SPACE_MAP_PIECE_BYTES: u64 = 16 << 10;
 /// ranges first, the deferred frees continuing in the last piece that has room). Known from the
 /// counts alone, so the sync allocates the pieces before it builds the map.
 pub(super) fn piece_layout(free: usize, deferred: usize) -> Vec<(Range<usize>, Range<usize>)> {
-    // The format's sizes: a map's fixed part, and what one more free range or deferred free
-    // adds to it.
-    let map = |free: usize, deferred: usize| SpaceMap {
-        ashift: 0,
-        synced_txg: 0,
-        free: vec![(0, 0); free],
-        deferred: vec![(0, 0, 0); deferred],
-    };
-    let header = map(0, 0).encoded_len();
-    let (free_bytes, deferred_bytes) =
-        (map(1, 0).encoded_len() - header, map(0, 1).encoded_len() - header);
-    let room = SPACE_MAP_PIECE_BYTES as usize - header;
+    let (free_bytes, deferred_bytes) = (SpaceMap::FREE_ENTRY_BYTES, SpaceMap::DEFERRED_ENTRY_BYTES);
+    let room = SPACE_MAP_PIECE_BYTES as usize - SpaceMap::EMPTY_BYTES;
     assert!(room >= deferred_bytes.max(free_bytes), "a space-map piece holds at least one entry");
     let (mut f, mut d) = (0, 0);
     let mut pieces = Vec::new();
@@ -85,9 +75,7 @@ mod tests {
     /// takes two, and deferred frees continue in the last piece's room.
     #[test]
     fn space_map_pieces_are_full_before_another() {
-        let header =
-            SpaceMap { ashift: 0, synced_txg: 0, free: vec![], deferred: vec![] }.encoded_len();
-        let fit = (SPACE_MAP_PIECE_BYTES as usize - header) / 16;
+        let fit = (SPACE_MAP_PIECE_BYTES as usize - SpaceMap::EMPTY_BYTES) / 16;
         assert_eq!(piece_layout(0, 0), vec![(0..0, 0..0)]);
         assert_eq!(piece_layout(fit, 0).len(), 1);
         assert_eq!(piece_layout(fit + 1, 0), vec![(0..fit, 0..0), (fit..fit + 1, 0..0)]);
