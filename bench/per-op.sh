@@ -5,7 +5,7 @@
 #
 # Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|stream-1m|randread|seqread] [JOBS] [--bin PATH]
 #        [--block-size 4K] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
-#        [--cores N (sluice's serving cores)]
+#        [--cores N (sluice's serving cores)] [--age SECONDS]
 #   syncwrite: 4 KiB random writes, each followed by a flush, JOBS jobs at queue depth 1
 #   syncwrite-1m: 1 MiB sequential writes, each followed by a flush, JOBS jobs at queue depth
 #              1, each in its own slice of the volume (bench/peers.sh's syncwrite-1m-N; IOPS
@@ -16,14 +16,17 @@
 #   randread:  4 KiB random reads at queue depth 32
 #   seqread:   1 MiB sequential reads at queue depth 8 (IOPS are MiB/s)
 # The image is a 1 GiB volume (sluice: in a 3 GiB zeroed leaf; qemu-nbd: a 1.5 GiB zeroed raw
-# file, cache=none, aio=native) written sequentially first, as bench/peers.sh does. Disk
+# file, cache=none, aio=native) written sequentially first, as bench/peers.sh does; --age
+# then writes 4 KiB at random places (queue depth 32) for that long and flushes, as
+# bench/peers.sh's write jobs leave the volume before its read jobs (copy-on-write scatters
+# the blocks; the raw file stays in place). Disk
 # commands come from /proc/diskstats of --disk (the device under the data directory), so run
 # nothing else meanwhile. Needs fio, qemu-utils, python3; builds nothing.
 set -euo pipefail
 
 target=${1:-sluice}; job=${2:-syncwrite}; jobs=${3:-32}
 shift $(( $# < 3 ? $# : 3 ))
-bin=target/release/sluice; block=""; seconds=6; disk=""; serve_args=()
+bin=target/release/sluice; block=""; seconds=6; disk=""; serve_args=(); age=0
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) bin=$2; shift 2 ;;
@@ -32,6 +35,7 @@ while [ $# -gt 0 ]; do
     --disk) disk=$2; shift 2 ;;
     --set) serve_args+=(--set "$2"); shift 2 ;;
     --cores) serve_args+=(--cores "$2"); shift 2 ;;
+    --age) age=$2; shift 2 ;;
     *) echo "per-op: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -61,6 +65,12 @@ esac
 for _ in $(seq 1 100); do [ -S "$dir/s.sock" ] && break; sleep 0.1; done
 uri="nbd+unix:///disk?socket=$dir/s.sock"
 fio --name=prefill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size=1G >/dev/null 2>&1
+if [ "$age" != 0 ]; then
+  fio --name=age --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32 --size=1G \
+    --runtime="$age" --time_based --end_fsync=1 >/dev/null 2>&1
+  # The txg sync of what the flush left in the log runs after it: past txg.timeout_ms.
+  if [ "$target" = sluice ]; then sleep 6; fi
+fi
 case $job in
   syncwrite) args=(--rw=randwrite --fsync=1 --numjobs="$jobs" --iodepth=1) ;;
   syncwrite-1m) slice=$(( 1024 / jobs ))M
