@@ -135,7 +135,10 @@ fn blocks_written_in_place_are_compressed() {
             let data_blocks: Vec<_> = tree.iter().filter(|(level, _, _)| *level == 0).collect();
             assert_eq!(data_blocks.len(), 64);
             assert!(data_blocks.iter().all(|(_, _, bp)| bp.compression == BlockCompression::Lz4));
+            // Linked compressed blocks are cached as their logical bytes: read back from there.
+            let reads_before = read(&counted);
             assert_eq!(volume.read(0, MIB as u64).await.unwrap(), d);
+            assert_eq!(read(&counted), reads_before, "linked compressed blocks were read back");
             let audit = store.audit().await.unwrap();
             assert!(audit.is_clean(), "{:?}", audit.problems);
             images
