@@ -29,7 +29,9 @@
 #          [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...] [--targets NAME,...]
 #          [--report PATH.md]
 # --report writes the table somewhere other than docs/bench/peers.md (and the plot beside it),
-# so a run of a few jobs or targets leaves the main table alone.
+# so a run of a few jobs or targets leaves the main table alone. A run with the targets
+# sluice[intent_log.policy=batch] and sluice[intent_log.policy=pipelined] beside sluice (whose
+# log policy is auto) also judges auto against the better of the two in each sync-write job.
 # The default run (10 s a job, 3 rounds: 45 runs of about 11.5 s a round, and 6 s after each of
 # sluice's 9 write runs) takes about 30 minutes; --mirror adds about 4.
 # Needs: fio, qemu-utils (qemu-nbd), nbdkit, libnbd-bin; builds target/release/sluice unless
