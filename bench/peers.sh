@@ -83,6 +83,10 @@ bin=$PWD/target/release/sluice
 [ -x "$bin" ] || { echo "peers: $bin is missing (run without --no-build)" >&2; exit 1; }
 # Taken now: the servers keep running this binary even if a build replaces the file meanwhile.
 bin_mtime=$(date -u -r "$bin" +%Y-%m-%dT%H:%MZ)
+# The tree as the servers start, not as the report is written: edits made while the run goes
+# on are not in the binary.
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit="$commit+changes"
 
 all_jobs=(syncwrite-1 syncwrite-8 syncwrite-32 randread-qd32 seqread-1m seqwrite-1m syncwrite-1m-1 syncwrite-1m-4)
 if [ -n "$only_jobs" ]; then
@@ -386,8 +390,6 @@ done
 finished=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
 # What the report needs to say how the figures were made.
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-git diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit="$commit+changes"
 for t in "${targets[@]}"; do printf '%s\t%s\t%s\n' "$t" "${jobs_of[$t]}" "${desc_of[$t]}"; done >"$dir/targets.tsv"
 COMMAND=$cmdline SECONDS_=$seconds ROUNDS=$rounds RAMP=$ramp SIZE=$size SPAN=$span DIR=$dir \
   BUILT=$build COMMIT=$commit BINARY_MTIME=$bin_mtime STARTED=$started \
