@@ -220,14 +220,16 @@ if policy["auto"] not in targets:
     policy["auto"] = "sluice"
 policy_jobs = [
     j for j in jobs
-    if j.startswith("syncwrite") and all((j, t) in runs for t in policy.values())
+    if j.startswith("syncwrite")
+    and all(median(j, t, k) for t in policy.values() for k in (headline(j), "durable_mean_us"))
 ]
 
 
 def paired(job, a, b, key):
     """The median over rounds of target a's figure over target b's in the same round."""
     ra, rb = by_round(job, a, key), by_round(job, b, key)
-    return statistics.median(ra[k] / rb[k] for k in ra if rb.get(k)) if ra and rb else None
+    ratios = [ra[k] / rb[k] for k in ra if rb.get(k)]
+    return statistics.median(ratios) if ratios else None
 
 
 if policy_jobs:
