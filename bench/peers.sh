@@ -118,7 +118,7 @@ export SLUICE_CACHE_FILE=$dir/sluice-pools
 # Per target: how fio reaches it (nbd URI or file), the server's PID (none for raw), what it
 # is, the jobs it runs, and how long to wait after a write job (see run_one).
 targets=()
-declare -A uri_of file_of pid_of desc_of jobs_of settle_of
+declare -A uri_of file_of pid_of desc_of jobs_of settle_of pool_of
 pids=()
 fio_pid=""
 cleanup() {
@@ -212,11 +212,14 @@ sluice_target() {
   pid_of[$label]=$!; pids+=($!); wait_socket "$d/nbd.sock" disk; check_pid "$!" sluice
   uri_of[$label]="nbd+unix:///disk?socket=$d/nbd.sock"
   prefill --ioengine=nbd --uri="${uri_of[$label]}"
-  # A write job leaves its last txg to the sync that txg.timeout_ms (5 s by default) starts.
-  # Waiting it out keeps that work off the next target's run and charges it to this job.
+  # A write job leaves its open txg (up to a quarter of txg.dirty_max, a tenth of memory by
+  # default) to a later sync. After each write job `pool sync` writes it out and waits, which
+  # keeps that work off the next target's run and charges it to this job; the prefill's
+  # txg waits out txg.timeout_ms (5 s by default) before the first round.
   local timeout_ms=5000 a
   for a in "$@"; do [[ $a == txg.timeout_ms=* ]] && timeout_ms=${a#txg.timeout_ms=}; done
   add_target "$label" "$desc" "$target_jobs" "$(( timeout_ms / 1000 + 1 ))"
+  pool_of[$label]=$pool
 }
 if wanted sluice; then
   sluice_target sluice "sluice serve on a pool of one file leaf, a volume of 16 KiB blocks, default tunables" "${all_jobs[*]}" single
@@ -304,7 +307,11 @@ run_one() {
   local settle=${settle_of[$target]}
   if [ -n "$pid" ] && [ "$settle" -gt 0 ] && [[ $job == *write* ]]; then
     sample "$pid" >"$base.end"
-    sleep "$settle"
+    if [ -n "${pool_of[$target]:-}" ]; then
+      "$bin" pool sync "${pool_of[$target]}" >/dev/null
+    else
+      sleep "$settle"
+    fi
     sample "$pid" >"$base.settled"
   fi
   grep -v '^fio: ' "$base.out" >"$base.json" || true

@@ -158,8 +158,8 @@ out.append(
     "switches of all its threads (/proc/PID/task/*/status), both sampled inside fio's measured "
     "period and divided by the operations done meanwhile; an operation of a write + flush job is "
     "one write and its flush. For sluice's write jobs, \"+N\" is the CPU per operation of the "
-    "txg sync the job left behind, measured after fio ends (peers.sh waits for it before the "
-    "next target runs); the CPU goals count it.\n"
+    "txg the job left open, measured after fio ends while `sluice pool sync` writes it out "
+    "(before the next target runs); the CPU goals count it.\n"
 )
 
 # The goals, judged from the medians.

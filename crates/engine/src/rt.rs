@@ -81,6 +81,45 @@ pub trait Spawn: Send + Sync + 'static {
     }
 }
 
+/// The memory this process may use, for sizing the block cache and, through
+/// [`Env::with_memory_bytes`], the dirty data a txg may hold: the machine's physical memory,
+/// or its control group's limit where that is lower (a container's server must not size
+/// its caches by the host); `None` if the OS will not say.
+pub fn machine_memory_bytes() -> Option<u64> {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page_bytes) =
+        unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGE_SIZE)) };
+    let pages = u64::try_from(pages).ok()?;
+    let page_bytes = u64::try_from(page_bytes).ok()?;
+    let physical = pages.checked_mul(page_bytes)?;
+    Some(cgroup_memory_limit().map_or(physical, |limit| limit.min(physical)))
+}
+
+/// The memory limit of this process's control group: cgroup v2's `memory.max`, else v1's
+/// `memory.limit_in_bytes`; `None` when there is none ("max", or v1's huge placeholder,
+/// which the `min` with physical memory absorbs).
+fn cgroup_memory_limit() -> Option<u64> {
+    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let read = |path: String| -> Option<u64> {
+        std::fs::read_to_string(path).ok()?.trim().parse::<u64>().ok()
+    };
+    for line in groups.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        let limit = if controllers.is_empty() {
+            read(format!("/sys/fs/cgroup{path}/memory.max"))
+        } else if controllers.split(',').any(|c| c == "memory") {
+            read(format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"))
+        } else {
+            None
+        };
+        if limit.is_some() {
+            return limit;
+        }
+    }
+    None
+}
+
 /// Everything the engine needs from the outside world, passed in at pool open.
 #[derive(Clone)]
 pub struct Env {
@@ -89,6 +128,8 @@ pub struct Env {
     seed: u64,
     /// Draws of [`Env::unique_rng`] so far, shared by clones.
     draws: Arc<AtomicU64>,
+    /// The machine's physical memory, where the host says (see [`Env::memory_bytes`]).
+    memory_bytes: Option<u64>,
 }
 
 impl fmt::Debug for Env {
@@ -99,7 +140,20 @@ impl fmt::Debug for Env {
 
 impl Env {
     pub fn new(clock: Arc<dyn Clock>, spawner: Arc<dyn Spawn>, seed: u64) -> Env {
-        Env { clock, spawner, seed, draws: Arc::new(AtomicU64::new(0)) }
+        Env { clock, spawner, seed, draws: Arc::new(AtomicU64::new(0)), memory_bytes: None }
+    }
+
+    /// The same environment, saying the machine has `bytes` of memory.
+    #[must_use]
+    pub fn with_memory_bytes(self, bytes: Option<u64>) -> Env {
+        Env { memory_bytes: bytes, ..self }
+    }
+
+    /// The machine's memory, for tunables whose `auto` scales with it (`txg.dirty_max`).
+    /// `None` unless the host set it: the simulator does not, so a simulated run is the same
+    /// on every machine.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        self.memory_bytes
     }
 
     pub fn now(&self) -> Time {

@@ -61,6 +61,12 @@ macro_rules! tunable_table {
 
 /// The smallest cache `cache.bytes_max=auto` chooses.
 pub const CACHE_AUTO_BYTES_MIN: u64 = 64 << 20;
+/// `txg.dirty_max=auto`'s bounds. The floor was the fixed default before `auto`; with it a
+/// sync started at 64 MiB of dirty data, which at 4 KiB random sync writes into 16 KiB blocks
+/// meant a sync every half second rewriting most indirect blocks, 25 KiB written per write
+/// against 16 KiB with 2 GiB (8 clients, 2026-11-26). The ceiling is ZFS's.
+pub const DIRTY_AUTO_BYTES_MIN: u64 = 256 << 20;
+pub const DIRTY_AUTO_BYTES_MAX: u64 = 4 << 30;
 
 /// How an `auto` byte count is stored.
 pub const AUTO_BYTES: u64 = u64::MAX;
@@ -126,8 +132,12 @@ tunable_table! {
     TxgTimeoutMs = "txg.timeout_ms", Kind::Count { min: 1, max: 3_600_000 }, "5000",
         "A txg syncs at least this often (milliseconds), so acknowledged writes without a flush \
          reach the disk within about this time.";
-    TxgDirtyMax = "txg.dirty_max", Kind::Bytes { min: 1 << 20, max: 1 << 40 }, "256M",
-        "Dirty data the open txg may hold. A sync starts at a quarter of it; writers are \
+    TxgDirtyMax = "txg.dirty_max", Kind::BytesOrAuto { min: 1 << 20, max: 1 << 40 }, "auto",
+        "Dirty data the open txg may hold. auto: a tenth of the memory the process may use (the \
+         machine's, or its control group's limit), between 256 MiB and 4 GiB (ZFS: \
+         zfs_dirty_data_max); a bigger txg rewrites each indirect block and space map once for \
+         more writes, and a block written again before its sync once. A sync starts at a \
+         quarter of it (or when live log blocks take half a vdev's log region); writers are \
          delayed more and more from txg.delay_min_dirty_pct of it, and at the maximum a writer \
          syncs before it may continue.";
     TxgDelayMinDirtyPct = "txg.delay_min_dirty_pct", Kind::Count { min: 1, max: 99 }, "60",
@@ -451,6 +461,19 @@ impl Tunables {
             Kind::CountOrAuto { .. } => self.get(tunable) == 0,
             Kind::BytesOrAuto { .. } => self.get(tunable) == AUTO_BYTES,
             _ => false,
+        }
+    }
+
+    /// The dirty data a txg may hold: `txg.dirty_max`, with `auto` resolved from the machine's
+    /// memory (`memory_bytes`; `None` in the simulator, whose runs must not depend on the
+    /// machine, and where the OS will not say: then the floor).
+    pub fn dirty_max_bytes(&self, memory_bytes: Option<u64>) -> u64 {
+        if self.is_auto(Tunable::TxgDirtyMax) {
+            memory_bytes.map_or(DIRTY_AUTO_BYTES_MIN, |m| {
+                (m / 10).clamp(DIRTY_AUTO_BYTES_MIN, DIRTY_AUTO_BYTES_MAX)
+            })
+        } else {
+            self.get(Tunable::TxgDirtyMax)
         }
     }
 

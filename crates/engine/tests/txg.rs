@@ -867,6 +867,46 @@ fn syncer_and_write_throttle() {
     assert!(elapsed > Duration::ZERO);
 }
 
+/// A log filling its region starts a sync: with dirty data far under a quarter of
+/// `txg.dirty_max` and the timer an hour away, sync writes whose live log blocks pass half a
+/// vdev's log region make the syncer run, so the synced txgs free the log blocks and the log
+/// stays inside its region (where a file leaf's space is already written) instead of
+/// spilling into data space.
+#[test]
+fn a_log_filling_its_region_starts_a_sync() {
+    let sim = Sim::new(89);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    let tunables =
+        Tunables::with([("txg.timeout_ms", "3600000"), ("txg.dirty_max", "1G")]).unwrap();
+    sim.run(async move {
+        let spec = PoolSpec { name: "tank".into(), ashift: 12, top: vec![TopSpec::Mirror(specs)] };
+        let pool = Pool::create(&env, spec, &tunables).await.unwrap();
+        let store = Arc::new(Store::create(pool, &tunables));
+        store.create_volume("v", 16 << 20, 16384).unwrap();
+        store.sync().await.unwrap();
+        store.run_syncer();
+        let before = store.syncs();
+        let mut rng = Rng::new(5);
+        let mut expected = vec![0u8; 16 << 20];
+        // 2,000 logged 4 KiB writes take at least 8 KiB of log each: about 16 MiB of log
+        // blocks through a region of a few MiB.
+        for i in 0..2000u64 {
+            let at = (rng.u64() % 4096) * 4096;
+            let byte = (i % 251) as u8 + 1;
+            store.write("v", at, &[byte; 4096]).await.unwrap();
+            store.flush("v").await.unwrap();
+            expected[at as usize..at as usize + 4096].fill(byte);
+        }
+        // At most 32 MiB was ever dirty, an eighth of the quarter of 1 GiB that starts a sync.
+        let syncs = store.syncs() - before;
+        assert!(syncs >= 2, "the log's region filled without a sync ({syncs} syncs)");
+        assert_eq!(store.read("v", 0, 16 << 20).await.unwrap(), expected);
+    })
+    .unwrap();
+}
+
 /// Without a syncer to wake, a writer past `txg.dirty_max` waits for a sync it runs itself;
 /// the throttle counts those waits and the delays before them, with their time.
 #[test]

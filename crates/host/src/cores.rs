@@ -108,6 +108,7 @@ impl Cores {
             Arc::new(CoreSpawn { handles: self.handles.clone(), next: AtomicUsize::new(0) }),
             seed,
         )
+        .with_memory_bytes(sluice_engine::rt::machine_memory_bytes())
     }
 }
 

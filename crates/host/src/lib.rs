@@ -56,6 +56,7 @@ pub fn tokio_env(seed: u64) -> Env {
         Arc::new(TokioSpawn { handle: tokio::runtime::Handle::current() }),
         seed,
     )
+    .with_memory_bytes(sluice_engine::rt::machine_memory_bytes())
 }
 
 /// A multi-threaded tokio runtime with threads named after their job.

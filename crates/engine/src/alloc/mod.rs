@@ -281,6 +281,16 @@ impl Allocator {
         })
     }
 
+    /// Whether live log blocks on data vdev `vdev` take more than half its log region (a log
+    /// device: never). The store then starts a txg sync, whose end frees the blocks of the
+    /// records it covers, before log blocks spill out of the region.
+    pub fn log_region_pressed(&self, vdev: u32) -> bool {
+        let space = &self.vdevs[vdev as usize];
+        let region = space.log_region_end - space.data_start;
+        // A region too small to round to a MiB is none: log blocks go anywhere.
+        !space.log_only && region > 0 && space.log.total_bytes() > region / 2
+    }
+
     /// Frees a log block in `txg` (deferred like any free: an older uberblock's log header
     /// may still lead to it).
     pub fn free_log(&mut self, txg: u64, vdev: u32, start: u64, len: u64) {
@@ -619,13 +629,17 @@ mod tests {
         let (data_vdev, data_at, _) = a.allocate(64 << 10, AllocClass::Normal, &[]).unwrap();
         assert!(data_at >= 4 * MIB + region, "data at {data_at} is inside the log region");
         let mut log_blocks = 0u64;
+        let mut live = [0u64; 2];
         loop {
-            let (_, at, len) = a.allocate_log(128 << 10).unwrap();
+            let (vdev, at, len) = a.allocate_log(128 << 10).unwrap();
             if at >= 4 * MIB + region {
                 break;
             }
             assert!(at + len <= 4 * MIB + region, "log block crosses the region's end");
             log_blocks += 1;
+            // The store starts a sync once live log blocks take more than half the region.
+            live[vdev as usize] += len;
+            assert_eq!(a.log_region_pressed(vdev), live[vdev as usize] > region / 2, "{live:?}");
         }
         // Both vdevs' regions were used before a block spilled.
         assert_eq!(log_blocks, 2 * region / (128 << 10));

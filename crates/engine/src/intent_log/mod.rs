@@ -339,6 +339,9 @@ pub struct LogWriter {
     /// Bytes of the lwbs written, and of the blocks allocated for them.
     block_bytes_written: crate::stats::Counter,
     block_bytes_allocated: crate::stats::Counter,
+    /// Set when a block was allocated on a vdev whose log region is more than half taken by
+    /// live log blocks; the store starts a txg sync for it ([`LogWriter::take_space_low`]).
+    space_low: std::sync::atomic::AtomicBool,
 }
 
 /// The records and sequence state a new chain takes over from a failed one.
@@ -424,6 +427,7 @@ impl LogWriter {
             records_written: crate::stats::Counter::default(),
             block_bytes_written: crate::stats::Counter::default(),
             block_bytes_allocated: crate::stats::Counter::default(),
+            space_low: std::sync::atomic::AtomicBool::new(false),
             state: Mutex::new(State {
                 verifier: chain,
                 next_address: head,
@@ -625,6 +629,15 @@ impl LogWriter {
 
     /// Counts a client's commit (a flush or FUA write, not an early one) for
     /// [`LogWriter::wants_early`].
+    /// Whether a block allocated since the last call found its vdev's log region more than
+    /// half taken (clears the flag). Log blocks live until the txg after their records' is
+    /// synced, so a txg that holds more than the region would put log blocks outside it,
+    /// where a file leaf's extents may not have been written yet and each durable write
+    /// would wait for the filesystem's journal: the store starts a sync instead.
+    pub fn take_space_low(&self) -> bool {
+        self.space_low.swap(false, std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn note_commit(&self) {
         let mut state = self.state.lock();
         if state.appended_since_commit > 0 {
@@ -979,7 +992,11 @@ impl LogWriter {
         let writes: Vec<DataWrite> =
             records.iter().filter_map(|r| state.data_writes.remove(&r.sequence())).collect();
         let txg = records.iter().map(LogRecord::txg).max().unwrap_or(0);
-        let successor = allocate(&self.pool, allocator, successor_bytes, near)?;
+        let (successor, space_low) =
+            allocate_checked(&self.pool, allocator, successor_bytes, near)?;
+        if space_low {
+            self.space_low.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let block =
             LogBlock { verifier: state.verifier, next: Some(successor.pointer(txg)), records };
         let bytes = block
@@ -1145,11 +1162,23 @@ fn allocate(
     block_bytes: u32,
     near: Option<u32>,
 ) -> Result<LogAddress, PoolError> {
+    allocate_checked(pool, allocator, block_bytes, near).map(|(at, _)| at)
+}
+
+/// [`allocate`], and whether the vdev's log region is more than half taken by live log
+/// blocks ([`Allocator::log_region_pressed`]).
+fn allocate_checked(
+    pool: &str,
+    allocator: &Mutex<Allocator>,
+    block_bytes: u32,
+    near: Option<u32>,
+) -> Result<(LogAddress, bool), PoolError> {
+    let mut allocator = allocator.lock();
     let (vdev, offset_bytes, _) = allocator
-        .lock()
         .allocate_log_near(u64::from(block_bytes), near)
         .map_err(|source| PoolError::NoSpace { pool: pool.to_owned(), source })?;
-    Ok(LogAddress { vdev, offset_bytes, len_bytes: block_bytes })
+    let pressed = allocator.log_region_pressed(vdev);
+    Ok((LogAddress { vdev, offset_bytes, len_bytes: block_bytes }, pressed))
 }
 
 /// A chain as found on disk.

@@ -788,7 +788,7 @@ impl Pool {
                 replaced: Default::default(),
             }),
             cache: BlockCache::new(
-                tunables.cache_bytes(memory_bytes()),
+                tunables.cache_bytes(crate::rt::machine_memory_bytes()),
                 tunables.choice(crate::tunables::Tunable::CacheContents) == "all",
             ),
         })
@@ -1059,14 +1059,4 @@ pub(super) async fn read_uberblocks(device: &dyn BlockDevice) -> Vec<Uberblock> 
         }
     }
     found
-}
-
-/// The machine's physical memory, for sizing the block cache; `None` if the OS will not say.
-fn memory_bytes() -> Option<u64> {
-    // SAFETY: sysconf only reads system configuration.
-    let (pages, page_bytes) =
-        unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGE_SIZE)) };
-    let pages = u64::try_from(pages).ok()?;
-    let page_bytes = u64::try_from(page_bytes).ok()?;
-    pages.checked_mul(page_bytes)
 }

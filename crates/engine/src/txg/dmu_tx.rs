@@ -36,8 +36,9 @@ pub(super) const DELAY_SCALE: std::time::Duration = std::time::Duration::from_mi
 pub(super) const DELAY_MAX: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl TxgLimits {
-    pub(super) fn from_tunables(tunables: &Tunables) -> TxgLimits {
-        let dirty_max = tunables.get(Tunable::TxgDirtyMax);
+    /// The limits `tunables` set, on a machine of `memory_bytes` (see [`crate::rt::Env::memory_bytes`]).
+    pub(super) fn from_tunables(tunables: &Tunables, memory_bytes: Option<u64>) -> TxgLimits {
+        let dirty_max = tunables.dirty_max_bytes(memory_bytes);
         TxgLimits {
             timeout: std::time::Duration::from_millis(tunables.get(Tunable::TxgTimeoutMs)),
             dirty_max,
@@ -65,6 +66,15 @@ impl TxgLimits {
 }
 
 impl Store {
+    /// Wakes the syncer to start a txg sync now rather than at `txg.timeout_ms`: a quarter of
+    /// `txg.dirty_max` is dirty, or the intent log is filling its region.
+    pub(super) fn kick_sync(&self) {
+        if let Some(kick) = self.kick.lock().as_mut() {
+            // A full channel means a kick is already pending; that is enough.
+            let _ = kick.try_send(());
+        }
+    }
+
     /// Admits a write of `len` bytes to `dataset` into the open txg (ZFS: `dmu_tx_assign`):
     /// with `check_space`, refuses what could not be synced, then applies the throttle.
     pub(super) async fn assign(
@@ -163,10 +173,7 @@ impl Store {
             (state.dirty_bytes, dirtying > 1 && mine.saturating_mul(dirtying) < state.dirty_bytes)
         };
         if dirty >= self.limits.dirty_max / 4 {
-            if let Some(kick) = self.kick.lock().as_mut() {
-                // A full channel means a kick is already pending; that is enough.
-                let _ = kick.try_send(());
-            }
+            self.kick_sync();
         }
         let stats = &self.throttle_stats;
         let since = |start: crate::rt::Time| {
@@ -220,7 +227,7 @@ mod tests {
     #[test]
     pub(super) fn delay_curve() {
         let limits =
-            TxgLimits::from_tunables(&Tunables::with([("txg.dirty_max", "100M")]).unwrap());
+            TxgLimits::from_tunables(&Tunables::with([("txg.dirty_max", "100M")]).unwrap(), None);
         assert_eq!(limits.delay(limits.delay_min), std::time::Duration::ZERO);
         let mut last = std::time::Duration::ZERO;
         for step in 1..100u64 {

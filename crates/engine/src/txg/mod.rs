@@ -429,6 +429,7 @@ impl Store {
         allocator.set_log_vdevs(&pool.log_vdevs());
         pool.note_txg_open(pool.uberblock().txg + 1);
         let opened = pool.env().now();
+        let limits = TxgLimits::from_tunables(tunables, pool.env().memory_bytes());
         Store {
             allocator: Arc::new(Mutex::new(allocator)),
             ddt: Arc::new(Ddt::new(pool.name(), ddt, tunables)),
@@ -440,7 +441,7 @@ impl Store {
             suspend_cause: Mutex::new(None),
             fail_points: Mutex::new(Vec::new()),
             sync_history: Mutex::new(std::collections::VecDeque::new()),
-            limits: TxgLimits::from_tunables(tunables),
+            limits,
             kick: Mutex::new(None),
             syncs: crate::stats::Counter::default(),
             log_stats: LogStats::default(),

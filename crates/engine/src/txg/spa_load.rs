@@ -159,7 +159,7 @@ impl Store {
             }
             pool.apply_leaf_records(&records.leaves);
         }
-        let limits = TxgLimits::from_tunables(tunables);
+        let limits = TxgLimits::from_tunables(tunables, pool.env().memory_bytes());
         let mut volumes = BTreeMap::new();
         for entry in &directory.volumes {
             let mut entry = entry.clone();

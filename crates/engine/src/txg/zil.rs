@@ -185,7 +185,12 @@ impl Store {
         self.log_stats.commits.inc();
         if log.anchored() && self.fill_indirect(dataset, &log, sequence).await.is_ok() {
             match log.commit(&self.pool, &self.allocator, sequence).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    if log.take_space_low() {
+                        self.kick_sync();
+                    }
+                    return Ok(());
+                }
                 // The sync below covers the record, and replaces the failed chain.
                 Err(LogError::Failed { .. } | LogError::Pool(_)) => {}
             }
@@ -215,6 +220,9 @@ impl Store {
             let _guard = store.panic_guard("an early log commit");
             if store.fill_indirect(&dataset, &log, sequence).await.is_ok() {
                 let _ = log.commit(&store.pool, &store.allocator, sequence).await;
+                if log.take_space_low() {
+                    store.kick_sync();
+                }
             } else {
                 // The records it claimed are back, unfilled, at the front of the chain, and a
                 // client's commit that found them claimed is waiting behind them without
