@@ -267,6 +267,8 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
             "wait_mean_us":
                 throttle.waited_nanos as f64 / 1e3 / throttle.waited_for_sync.max(1) as f64,
             "spared_per_s": per_second(throttle.spared),
+            "dirty_bytes": throttle.dirty_bytes,
+            "dirty_max_bytes": throttle.dirty_max_bytes,
         },
     })
 }
@@ -399,9 +401,20 @@ fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> 
     let (delayed_ns, waited_ns) = (throttle.delayed_nanos, throttle.waited_nanos);
     let mean =
         |total: u64, n: u64| duration(Duration::from_nanos(total.checked_div(n).unwrap_or(0)));
+    // A server of an older build does not say how much is dirty.
+    let dirty = if throttle.dirty_max_bytes == 0 {
+        String::new()
+    } else {
+        format!(
+            "{} dirty of {} (a sync starts at {}), ",
+            size(throttle.dirty_bytes),
+            size(throttle.dirty_max_bytes),
+            size(throttle.dirty_max_bytes / 4)
+        )
+    };
     out.push_str(&format!(
-        "write throttle: {} writes delayed/s (mean {}), {} spared/s (their volume was not the \
-         one filling the dirty data), {} waited for a txg sync/s (mean {})\n",
+        "write throttle: {dirty}{} writes delayed/s (mean {}), {} spared/s (their volume was \
+         not the one filling the dirty data), {} waited for a txg sync/s (mean {})\n",
         rate(delayed),
         mean(delayed_ns, delayed),
         rate(spared),
@@ -581,6 +594,8 @@ mod tests {
             waited_for_sync: 2,
             waited_nanos: 4_000_000,
             spared: 8,
+            dirty_bytes: 96 << 20,
+            dirty_max_bytes: 2 << 30,
         };
         now.uptime_nanos = 12_000_000_000;
         now.leaves[0] = leaf(3000, histogram.snapshot());
@@ -637,13 +652,15 @@ mod tests {
         );
         assert!(
             text.contains(
-                "write throttle: 10 writes delayed/s (mean 2.0ms), 4 spared/s (their volume was \
-                 not the one filling the dirty data), 1 waited for a txg sync/s (mean 2.0ms)"
+                "write throttle: 96M dirty of 2G (a sync starts at 512M), 10 writes delayed/s \
+                 (mean 2.0ms), 4 spared/s (their volume was not the one filling the dirty \
+                 data), 1 waited for a txg sync/s (mean 2.0ms)"
             ),
             "{text}"
         );
         let json = report_json(&now, Some(&earlier));
         assert_eq!(json["throttle"]["delay_mean_us"], 2000.0, "{json}");
+        assert_eq!(json["throttle"]["dirty_max_bytes"], 2u64 << 30, "{json}");
         assert_eq!(json["leaves"][0]["writes_per_s"], 1000.0, "{json}");
         assert_eq!(json["leaves"][0]["latency"]["sync_read"]["count"], 20, "{json}");
         assert_eq!(json["volumes"][0]["partial_writes"], 300, "{json}");

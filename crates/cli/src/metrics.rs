@@ -379,6 +379,15 @@ const POOL_GAUGES: &[Figure<PoolSnapshot>] = &[
         |p| p.uptime_nanos,
     ),
     figure("pool_txg", "The txg of the pool's newest uberblock.", Count, |p| p.txg),
+    figure("dirty", "Dirty data the open and quiescing txgs hold.", Bytes, |p| {
+        p.throttle.dirty_bytes
+    }),
+    figure(
+        "dirty_max",
+        "Dirty data the open txg may hold (txg.dirty_max); a sync starts at a quarter of it.",
+        Bytes,
+        |p| p.throttle.dirty_max_bytes,
+    ),
 ];
 
 const LEAF_COUNTERS: &[Figure<LeafSnapshot>] = &[

@@ -189,6 +189,12 @@ pub struct ThrottleSnapshot {
     pub waited_nanos: u64,
     /// Writes spared a delay because another volume was filling the dirty data.
     pub spared: u64,
+    /// Dirty data in the open and quiescing txgs now, and the most they may hold
+    /// (`txg.dirty_max`, `auto` resolved): gauges. Absent from snapshots of older builds.
+    #[serde(default)]
+    pub dirty_bytes: u64,
+    #[serde(default)]
+    pub dirty_max_bytes: u64,
 }
 
 /// The dedup table: its size as of the last sync and what it did since import.
@@ -341,6 +347,8 @@ impl PoolSnapshot {
                 waited_for_sync: throttle.waited_for_sync.get(),
                 waited_nanos: throttle.waited_nanos.get(),
                 spared: throttle.spared.get(),
+                dirty_bytes: store.dirty_bytes(),
+                dirty_max_bytes: store.dirty_max_bytes(),
             },
             dedup,
         }

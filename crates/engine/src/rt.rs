@@ -95,29 +95,41 @@ pub fn machine_memory_bytes() -> Option<u64> {
     Some(cgroup_memory_limit().map_or(physical, |limit| limit.min(physical)))
 }
 
-/// The memory limit of this process's control group: cgroup v2's `memory.max`, else v1's
-/// `memory.limit_in_bytes`; `None` when there is none ("max", or v1's huge placeholder,
-/// which the `min` with physical memory absorbs).
+/// The memory limit of this process's control group: the lowest of cgroup v2's `memory.max`
+/// along its path (a limit set on a parent slice binds too), else v1's
+/// `memory.limit_in_bytes`; in a container whose own cgroup is mounted at the root the path
+/// in `/proc/self/cgroup` does not exist there, so the root's files are read too. `None`
+/// when there is none ("max", or v1's huge placeholder, which the `min` with physical memory
+/// absorbs).
 fn cgroup_memory_limit() -> Option<u64> {
-    let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let read = |path: String| -> Option<u64> {
+    let read = |path: &str| -> Option<u64> {
         std::fs::read_to_string(path).ok()?.trim().parse::<u64>().ok()
     };
+    let groups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mut limits = Vec::new();
     for line in groups.lines() {
         let mut fields = line.splitn(3, ':');
-        let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
-        let limit = if controllers.is_empty() {
-            read(format!("/sys/fs/cgroup{path}/memory.max"))
-        } else if controllers.split(',').any(|c| c == "memory") {
-            read(format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"))
-        } else {
-            None
+        let (Some(_), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
         };
-        if limit.is_some() {
-            return limit;
+        if controllers.is_empty() {
+            // v2: this group and every parent up to the root.
+            let mut at = path.trim_end_matches('/');
+            loop {
+                limits.extend(read(&format!("/sys/fs/cgroup{at}/memory.max")));
+                let Some(cut) = at.rfind('/') else { break };
+                at = &at[..cut];
+            }
+            limits.extend(read("/sys/fs/cgroup/memory.max"));
+        } else if controllers.split(',').any(|c| c == "memory") {
+            let path = path.trim_end_matches('/');
+            limits.extend(read(&format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")));
+            limits.extend(read("/sys/fs/cgroup/memory/memory.limit_in_bytes"));
         }
     }
-    None
+    limits.into_iter().min()
 }
 
 /// Everything the engine needs from the outside world, passed in at pool open.
@@ -128,7 +140,8 @@ pub struct Env {
     seed: u64,
     /// Draws of [`Env::unique_rng`] so far, shared by clones.
     draws: Arc<AtomicU64>,
-    /// The machine's physical memory, where the host says (see [`Env::memory_bytes`]).
+    /// The memory the process may use, where the host says (see [`Env::memory_bytes`] and
+    /// [`machine_memory_bytes`]).
     memory_bytes: Option<u64>,
 }
 

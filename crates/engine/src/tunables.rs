@@ -137,7 +137,7 @@ tunable_table! {
          machine's, or its control group's limit), between 256 MiB and 4 GiB (ZFS: \
          zfs_dirty_data_max); a bigger txg rewrites each indirect block and space map once for \
          more writes, and a block written again before its sync once. A sync starts at a \
-         quarter of it (or when live log blocks take half a vdev's log region); writers are \
+         quarter of it (or when log blocks take three quarters of a vdev's log region); writers are \
          delayed more and more from txg.delay_min_dirty_pct of it, and at the maximum a writer \
          syncs before it may continue.";
     TxgDelayMinDirtyPct = "txg.delay_min_dirty_pct", Kind::Count { min: 1, max: 99 }, "60",

@@ -868,14 +868,16 @@ fn syncer_and_write_throttle() {
 }
 
 /// A log filling its region starts a sync: with dirty data far under a quarter of
-/// `txg.dirty_max` and the timer an hour away, sync writes whose live log blocks pass half a
-/// vdev's log region make the syncer run, so the synced txgs free the log blocks and the log
-/// stays inside its region (where a file leaf's space is already written) instead of
-/// spilling into data space.
+/// `txg.dirty_max` and the timer an hour away, sync writes whose log blocks (live or waiting
+/// out their deferral) pass three quarters of a vdev's log region make the syncer run, so the
+/// synced txgs free the log blocks and the log stays inside its region (where a file leaf's
+/// space is already written) instead of spilling into data space; once per synced txg, so
+/// the log does not sync the pool at every block.
 #[test]
 fn a_log_filling_its_region_starts_a_sync() {
     let sim = Sim::new(89);
-    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    // A 15 MiB log region: smaller ones never ask for a sync.
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), 128 << 20);
     let env = sim.env();
     let specs = common::leaf_specs(&legs);
     let tunables =
@@ -890,9 +892,9 @@ fn a_log_filling_its_region_starts_a_sync() {
         let before = store.syncs();
         let mut rng = Rng::new(5);
         let mut expected = vec![0u8; 16 << 20];
-        // 2,000 logged 4 KiB writes take at least 8 KiB of log each: about 16 MiB of log
-        // blocks through a region of a few MiB.
-        for i in 0..2000u64 {
+        // 4,000 logged 4 KiB writes take at least 8 KiB of log each: about 32 MiB of log
+        // blocks through a region of 15 MiB.
+        for i in 0..4000u64 {
             let at = (rng.u64() % 4096) * 4096;
             let byte = (i % 251) as u8 + 1;
             store.write("v", at, &[byte; 4096]).await.unwrap();
@@ -902,6 +904,7 @@ fn a_log_filling_its_region_starts_a_sync() {
         // At most 32 MiB was ever dirty, an eighth of the quarter of 1 GiB that starts a sync.
         let syncs = store.syncs() - before;
         assert!(syncs >= 2, "the log's region filled without a sync ({syncs} syncs)");
+        assert!(syncs <= 40, "{syncs} syncs for 4,000 writes: the log asked at every block");
         assert_eq!(store.read("v", 0, 16 << 20).await.unwrap(), expected);
     })
     .unwrap();

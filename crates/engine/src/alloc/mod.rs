@@ -31,7 +31,7 @@
 //! log blocks are consecutive on disk; ordinary allocations never use log vdevs.
 //!
 //! Each data vdev keeps a log region at the start of its data area ([`log_region_bytes`]: a
-//! sixteenth of the area, at most 256 MiB), as OpenZFS keeps one metaslab per vdev for its
+//! eighth of the area, at most 1 GiB), as OpenZFS keeps one metaslab per vdev for its
 //! embedded log class. Log blocks are placed there first and data is placed after it (data
 //! reaches it only once the rest is full, and log blocks then go elsewhere): pool creation
 //! writes the region's bytes once (`BlockDevice::prepare_log_region`), so on a file leaf a log
@@ -64,12 +64,22 @@ const BEST_FIT_LARGEST_BYTES: u64 = 128 << 10;
 pub const SLOP_BYTES_MIN: u64 = 1 << 20;
 /// Slop is this fraction of the pool (1 / 2^5, as ZFS's spa_slop_shift).
 const SLOP_SHIFT: u32 = 5;
-/// The largest log region of one vdev: sync writes in flight between two txg syncs fit in it
-/// many times over (the dirty-data limit bounds them), and a larger one only costs a longer
-/// write at pool creation.
-pub const LOG_REGION_BYTES_MAX: u64 = 256 << 20;
-/// The log region is this fraction of a data area (1 / 2^4).
-const LOG_REGION_SHIFT: u32 = 4;
+/// The largest log region of one vdev. What it must hold is the log blocks of about four
+/// txgs (the open one, the syncing one, and two whose frees wait out their deferral); when
+/// they fill three quarters of it the store starts a sync ([`Allocator::log_region_pressed`]),
+/// which with txgs of a tenth of memory (`txg.dirty_max=auto`) can come before the dirty-data
+/// or timer triggers under heavy small sync writes. A larger region costs a longer write at
+/// pool creation.
+pub const LOG_REGION_BYTES_MAX: u64 = 1 << 30;
+/// Log regions smaller than this never ask for a sync ([`Allocator::log_region_pressed`]):
+/// on a small test pool the log would sync the pool at every few blocks.
+pub const LOG_REGION_PRESSURE_BYTES_MIN: u64 = 8 << 20;
+/// The log region is this fraction of a data area (1 / 2^3). An eighth, not the sixteenth it
+/// was before txgs grew to a tenth of memory: 8 clients of 4 KiB write + flush on a pool of
+/// one 3 GiB file asked for a sync when the log filled the 192 MiB region a sixteenth made,
+/// long before a quarter of the dirty maximum (docs/bench/peers-notes.md). Data uses the
+/// region too once the rest of the vdev is full, so it costs no capacity.
+const LOG_REGION_SHIFT: u32 = 3;
 
 /// The log region of a data area of `area_bytes`: `[start, start + this)`, in whole MiB.
 pub fn log_region_bytes(area_bytes: u64) -> u64 {
@@ -123,6 +133,8 @@ pub struct Allocator {
     deferred: BTreeMap<u64, Vec<(u32, u64, u64)>>,
     /// Bytes in `deferred`, kept as a total: every write's space check reads it.
     deferred_total: u64,
+    /// The synced txg when [`Allocator::log_region_pressed`] last said yes.
+    log_pressure_reported: Option<u64>,
     /// Log blocks waiting out their deferral (they return to `free` from `log`).
     deferred_log: BTreeMap<u64, Vec<(u32, u64, u64)>>,
     rotor: usize,
@@ -163,6 +175,7 @@ impl Allocator {
             deferred: BTreeMap::new(),
             deferred_total: 0,
             deferred_log: BTreeMap::new(),
+            log_pressure_reported: None,
             rotor: 0,
             rotor_bytes: 0,
             log_rotor: 0,
@@ -281,14 +294,26 @@ impl Allocator {
         })
     }
 
-    /// Whether live log blocks on data vdev `vdev` take more than half its log region (a log
-    /// device: never). The store then starts a txg sync, whose end frees the blocks of the
-    /// records it covers, before log blocks spill out of the region.
-    pub fn log_region_pressed(&self, vdev: u32) -> bool {
+    /// Whether the store should start a txg sync for the log region of data vdev `vdev`:
+    /// log blocks, live or waiting out their deferral, take more than three quarters of it,
+    /// so the next blocks would spill out of it. Said at most once per synced txg (the sync
+    /// it starts frees only what its txg covers, and deferred frees take two more), and never
+    /// for a log device or a region under [`LOG_REGION_PRESSURE_BYTES_MIN`].
+    pub fn log_region_pressed(&mut self, vdev: u32) -> bool {
         let space = &self.vdevs[vdev as usize];
         let region = space.log_region_end - space.data_start;
-        // A region too small to round to a MiB is none: log blocks go anywhere.
-        !space.log_only && region > 0 && space.log.total_bytes() > region / 2
+        if space.log_only
+            || region < LOG_REGION_PRESSURE_BYTES_MIN
+            || self.log_pressure_reported == Some(self.synced_txg)
+        {
+            return false;
+        }
+        let held = space.log.bytes_within(space.data_start, space.log_region_end);
+        if held <= region / 4 * 3 {
+            return false;
+        }
+        self.log_pressure_reported = Some(self.synced_txg);
+        true
     }
 
     /// Frees a log block in `txg` (deferred like any free: an older uberblock's log header
@@ -625,11 +650,10 @@ mod tests {
     fn log_blocks_use_the_log_region() {
         let mut a = allocator();
         let region = log_region_bytes(64 * MIB);
-        assert_eq!(region, 4 * MIB);
+        assert_eq!(region, 8 * MIB);
         let (data_vdev, data_at, _) = a.allocate(64 << 10, AllocClass::Normal, &[]).unwrap();
         assert!(data_at >= 4 * MIB + region, "data at {data_at} is inside the log region");
-        let mut log_blocks = 0u64;
-        let mut live = [0u64; 2];
+        let (mut log_blocks, mut asked) = (0u64, 0);
         loop {
             let (vdev, at, len) = a.allocate_log(128 << 10).unwrap();
             if at >= 4 * MIB + region {
@@ -637,10 +661,10 @@ mod tests {
             }
             assert!(at + len <= 4 * MIB + region, "log block crosses the region's end");
             log_blocks += 1;
-            // The store starts a sync once live log blocks take more than half the region.
-            live[vdev as usize] += len;
-            assert_eq!(a.log_region_pressed(vdev), live[vdev as usize] > region / 2, "{live:?}");
+            asked += u32::from(a.log_region_pressed(vdev));
         }
+        // Nothing synced meanwhile: the filling regions asked for a sync once.
+        assert_eq!(asked, 1);
         // Both vdevs' regions were used before a block spilled.
         assert_eq!(log_blocks, 2 * region / (128 << 10));
         // Live log blocks are free in the space map, joined to the free space around them, and
@@ -654,6 +678,50 @@ mod tests {
             assert_eq!(a.space_map_entries(vdev), (map.free.len(), map.deferred.len()));
         }
         assert_eq!(a.space_map(data_vdev).deferred.len(), 1);
+    }
+
+    /// The store is asked for a sync once log blocks (live or deferred) hold more than three
+    /// quarters of a log region, once per synced txg; blocks placed in place for indirect
+    /// records (data space, outside the region) do not count, and the freed blocks count
+    /// until their deferral ends.
+    #[test]
+    fn a_filling_log_region_asks_for_a_sync_once_per_txg() {
+        let mut a = Allocator::new(12, &[(4 * MIB, 132 * MIB)]);
+        let region = log_region_bytes(128 * MIB);
+        assert_eq!(region, 16 * MIB);
+        // Indirect placements, however many, are not log-region pressure.
+        for _ in 0..200 {
+            a.allocate_indirect(128 << 10).unwrap();
+            assert!(!a.log_region_pressed(0));
+        }
+        let mut blocks = Vec::new();
+        let mut asked = 0;
+        while blocks.len() * (128 << 10) < region as usize - (128 << 10) {
+            let (vdev, at, len) = a.allocate_log(128 << 10).unwrap();
+            assert!(at + len <= 4 * MIB + region);
+            blocks.push((at, len));
+            let held = blocks.len() as u64 * (128 << 10);
+            let pressed = a.log_region_pressed(vdev);
+            if pressed {
+                asked += 1;
+                assert!(held > region / 4 * 3, "asked at {held} of {region}");
+            }
+            if held > region / 4 * 3 + (128 << 10) {
+                assert!(!pressed, "asked again in the same txg");
+            }
+        }
+        assert_eq!(asked, 1);
+        // Freed in txg 1, the blocks still hold the region until txg 3 has synced; a new
+        // synced txg lets the allocator ask again while they do.
+        for &(at, len) in &blocks {
+            a.free_log(1, 0, at, len);
+        }
+        a.synced(1);
+        assert!(a.log_region_pressed(0), "deferred blocks still fill the region");
+        assert!(!a.log_region_pressed(0));
+        a.synced(2);
+        a.synced(3);
+        assert!(!a.log_region_pressed(0), "the region is free again");
     }
 
     /// Sequential allocations are contiguous and rotate over vdevs every aliquot.

@@ -38,6 +38,16 @@ impl RangeTree {
         self.total
     }
 
+    /// Bytes of the ranges inside `[lo, hi)`.
+    pub fn bytes_within(&self, lo: u64, hi: u64) -> u64 {
+        // The range that starts before `lo` may reach into the span.
+        let first = self.ranges.range(..lo).next_back().map_or(lo, |(&start, _)| start);
+        self.ranges
+            .range(first..hi)
+            .map(|(&start, &end)| end.min(hi).saturating_sub(start.max(lo)))
+            .sum()
+    }
+
     pub fn len(&self) -> usize {
         self.ranges.len()
     }

@@ -339,8 +339,9 @@ pub struct LogWriter {
     /// Bytes of the lwbs written, and of the blocks allocated for them.
     block_bytes_written: crate::stats::Counter,
     block_bytes_allocated: crate::stats::Counter,
-    /// Set when a block was allocated on a vdev whose log region is more than half taken by
-    /// live log blocks; the store starts a txg sync for it ([`LogWriter::take_space_low`]).
+    /// Set when a block was allocated on a vdev whose log region is nearly taken by log
+    /// blocks (`Allocator::log_region_pressed`); the store starts a txg sync for it
+    /// ([`LogWriter::take_space_low`]).
     space_low: std::sync::atomic::AtomicBool,
 }
 
@@ -629,8 +630,8 @@ impl LogWriter {
 
     /// Counts a client's commit (a flush or FUA write, not an early one) for
     /// [`LogWriter::wants_early`].
-    /// Whether a block allocated since the last call found its vdev's log region more than
-    /// half taken (clears the flag). Log blocks live until the txg after their records' is
+    /// Whether a block allocated since the last call found its vdev's log region nearly taken
+    /// (clears the flag). Log blocks live until the txg after their records' is
     /// synced, so a txg that holds more than the region would put log blocks outside it,
     /// where a file leaf's extents may not have been written yet and each durable write
     /// would wait for the filesystem's journal: the store starts a sync instead.
@@ -1165,8 +1166,8 @@ fn allocate(
     allocate_checked(pool, allocator, block_bytes, near).map(|(at, _)| at)
 }
 
-/// [`allocate`], and whether the vdev's log region is more than half taken by live log
-/// blocks ([`Allocator::log_region_pressed`]).
+/// [`allocate`], and whether the store should start a sync for the vdev's log region
+/// ([`Allocator::log_region_pressed`]).
 fn allocate_checked(
     pool: &str,
     allocator: &Mutex<Allocator>,

@@ -488,6 +488,12 @@ impl Store {
         self.state.lock().dirty_bytes
     }
 
+    /// The dirty data the open txg may hold (`txg.dirty_max`, `auto` resolved); a sync starts
+    /// at a quarter of it.
+    pub fn dirty_max_bytes(&self) -> u64 {
+        self.limits.dirty_max
+    }
+
     pub fn pool(&self) -> &Pool {
         &self.pool
     }

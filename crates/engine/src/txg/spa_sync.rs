@@ -85,7 +85,8 @@ pub(super) struct SyncedTree {
 }
 
 impl Store {
-    /// Starts the task that syncs every `txg.timeout_ms`, or early when dirty data builds up.
+    /// Starts the task that syncs every `txg.timeout_ms`, or early when dirty data builds up
+    /// or the intent log fills its region (both kick it: `Store::kick_sync`).
     /// It holds only a weak reference: it ends when the store is dropped, and after a failed
     /// sync (the store is then suspended).
     pub fn run_syncer(self: &Arc<Self>) {
