@@ -116,7 +116,8 @@ results=$dir/results.jsonl
 export SLUICE_CACHE_FILE=$dir/sluice-pools
 
 # Per target: how fio reaches it (nbd URI or file), the server's PID (none for raw), what it
-# is, the jobs it runs, and how long to wait after a write job (see run_one).
+# is, the jobs it runs, how long its prefill's last txg takes to sync, and for sluice its
+# pool (synced after each write job, see run_one).
 targets=()
 declare -A uri_of file_of pid_of desc_of jobs_of settle_of pool_of
 pids=()
@@ -145,7 +146,7 @@ prefill() {  # writes the whole region once, so reads read data and writes overw
   fio --name=prefill --rw=write --bs=1M --iodepth=8 --size="$span" "$@" >/dev/null 2>&1
 }
 
-add_target() {  # name, description, jobs (space-separated), seconds to settle after a write job
+add_target() {  # name, description, jobs (space-separated), seconds for the prefill's last txg to sync
   targets+=("$1"); desc_of[$1]=$2; jobs_of[$1]=" $3 "; settle_of[$1]=$4
 }
 
@@ -304,14 +305,9 @@ run_one() {
   fi
   wait "$fio_pid" || true
   fio_pid=""
-  local settle=${settle_of[$target]}
-  if [ -n "$pid" ] && [ "$settle" -gt 0 ] && [[ $job == *write* ]]; then
+  if [ -n "${pool_of[$target]:-}" ] && [[ $job == *write* ]]; then
     sample "$pid" >"$base.end"
-    if [ -n "${pool_of[$target]:-}" ]; then
-      "$bin" pool sync "${pool_of[$target]}" >/dev/null
-    else
-      sleep "$settle"
-    fi
+    "$bin" pool sync "${pool_of[$target]}" >/dev/null
     sample "$pid" >"$base.settled"
   fi
   grep -v '^fio: ' "$base.out" >"$base.json" || true

@@ -415,7 +415,8 @@ impl LogWriter {
             max_block_bytes.is_power_of_two() && max_block_bytes >= LOG_BLOCK_BYTES_MIN,
             "log block size {max_block_bytes}"
         );
-        let head = allocate(pool, allocator, LOG_BLOCK_BYTES_MIN.max(max_block_bytes / 8), None)?;
+        let head_bytes = LOG_BLOCK_BYTES_MIN.max(max_block_bytes / 8);
+        let head = allocate(pool, &mut allocator.lock(), head_bytes, None)?;
         let chain = LogVerifier { chain_id, volume_id, sequence: 1 };
         Ok(LogWriter {
             pool: Arc::from(pool),
@@ -628,10 +629,8 @@ impl LogWriter {
         self.state.lock().appended_since_commit += 1;
     }
 
-    /// Counts a client's commit (a flush or FUA write, not an early one) for
-    /// [`LogWriter::wants_early`].
     /// Whether a block allocated since the last call found its vdev's log region nearly taken
-    /// (clears the flag). Log blocks live until the txg after their records' is
+    /// (clears the flag). Log blocks are held until two txgs after their records' txg has
     /// synced, so a txg that holds more than the region would put log blocks outside it,
     /// where a file leaf's extents may not have been written yet and each durable write
     /// would wait for the filesystem's journal: the store starts a sync instead.
@@ -639,6 +638,8 @@ impl LogWriter {
         self.space_low.swap(false, std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Counts a client's commit (a flush or FUA write, not an early one) for
+    /// [`LogWriter::wants_early`].
     pub fn note_commit(&self) {
         let mut state = self.state.lock();
         if state.appended_since_commit > 0 {
@@ -993,11 +994,14 @@ impl LogWriter {
         let writes: Vec<DataWrite> =
             records.iter().filter_map(|r| state.data_writes.remove(&r.sequence())).collect();
         let txg = records.iter().map(LogRecord::txg).max().unwrap_or(0);
-        let (successor, space_low) =
-            allocate_checked(&self.pool, allocator, successor_bytes, near)?;
-        if space_low {
-            self.space_low.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
+        let successor = {
+            let mut allocator = allocator.lock();
+            let successor = allocate(&self.pool, &mut allocator, successor_bytes, near)?;
+            if allocator.log_region_pressed(successor.vdev) {
+                self.space_low.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            successor
+        };
         let block =
             LogBlock { verifier: state.verifier, next: Some(successor.pointer(txg)), records };
         let bytes = block
@@ -1159,27 +1163,14 @@ fn take_records(state: &mut State, capacity: usize, max: usize) -> (Vec<LogRecor
 
 fn allocate(
     pool: &str,
-    allocator: &Mutex<Allocator>,
+    allocator: &mut Allocator,
     block_bytes: u32,
     near: Option<u32>,
 ) -> Result<LogAddress, PoolError> {
-    allocate_checked(pool, allocator, block_bytes, near).map(|(at, _)| at)
-}
-
-/// [`allocate`], and whether the store should start a sync for the vdev's log region
-/// ([`Allocator::log_region_pressed`]).
-fn allocate_checked(
-    pool: &str,
-    allocator: &Mutex<Allocator>,
-    block_bytes: u32,
-    near: Option<u32>,
-) -> Result<(LogAddress, bool), PoolError> {
-    let mut allocator = allocator.lock();
     let (vdev, offset_bytes, _) = allocator
         .allocate_log_near(u64::from(block_bytes), near)
         .map_err(|source| PoolError::NoSpace { pool: pool.to_owned(), source })?;
-    let pressed = allocator.log_region_pressed(vdev);
-    Ok((LogAddress { vdev, offset_bytes, len_bytes: block_bytes }, pressed))
+    Ok(LogAddress { vdev, offset_bytes, len_bytes: block_bytes })
 }
 
 /// A chain as found on disk.

@@ -186,9 +186,7 @@ impl Store {
         if log.anchored() && self.fill_indirect(dataset, &log, sequence).await.is_ok() {
             match log.commit(&self.pool, &self.allocator, sequence).await {
                 Ok(()) => {
-                    if log.take_space_low() {
-                        self.kick_sync();
-                    }
+                    self.kick_sync_if_log_full(&log);
                     return Ok(());
                 }
                 // The sync below covers the record, and replaces the failed chain.
@@ -220,9 +218,7 @@ impl Store {
             let _guard = store.panic_guard("an early log commit");
             if store.fill_indirect(&dataset, &log, sequence).await.is_ok() {
                 let _ = log.commit(&store.pool, &store.allocator, sequence).await;
-                if log.take_space_low() {
-                    store.kick_sync();
-                }
+                store.kick_sync_if_log_full(&log);
             } else {
                 // The records it claimed are back, unfilled, at the front of the chain, and a
                 // client's commit that found them claimed is waiting behind them without
@@ -234,6 +230,14 @@ impl Store {
                 }
             }
         });
+    }
+
+    /// Starts a sync when a block `log` wrote was allocated in a nearly full log region
+    /// ([`LogWriter::take_space_low`]).
+    fn kick_sync_if_log_full(&self, log: &LogWriter) {
+        if log.take_space_low() {
+            self.kick_sync();
+        }
     }
 
     /// Whether a write of `len` bytes to the volume `entry` logs its whole blocks by pointer:
