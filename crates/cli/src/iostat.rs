@@ -138,6 +138,8 @@ fn difference(now: &PoolSnapshot, earlier: &PoolSnapshot) -> PoolSnapshot {
     out.intent_log.commits = since(log.commits, Some(was.commits));
     out.intent_log.early_commits = since(log.early_commits, Some(was.early_commits));
     out.intent_log.commits_via_txg = since(log.commits_via_txg, Some(was.commits_via_txg));
+    out.intent_log.syncs_for_log_space =
+        since(log.syncs_for_log_space, Some(was.syncs_for_log_space));
     out.intent_log.blocks_written = since(log.blocks_written, Some(was.blocks_written));
     out.intent_log.groups_written = since(log.groups_written, Some(was.groups_written));
     out.intent_log.records_written = since(log.records_written, Some(was.records_written));
@@ -151,6 +153,9 @@ fn difference(now: &PoolSnapshot, earlier: &PoolSnapshot) -> PoolSnapshot {
     out.throttle.waited_for_sync = since(throttle.waited_for_sync, Some(was.waited_for_sync));
     out.throttle.waited_nanos = since(throttle.waited_nanos, Some(was.waited_nanos));
     out.throttle.spared = since(throttle.spared, Some(was.spared));
+    out.throttle.waited_for_space = since(throttle.waited_for_space, Some(was.waited_for_space));
+    out.throttle.waited_for_space_nanos =
+        since(throttle.waited_for_space_nanos, Some(was.waited_for_space_nanos));
     out.leaves = now
         .leaves
         .iter()
@@ -260,6 +265,7 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
             "allocated_bytes_per_block": per_block(log.block_bytes_allocated),
         },
         "txg_syncs_per_s": per_second(d.txg_syncs),
+        "txg_syncs_for_log_space_per_s": per_second(d.intent_log.syncs_for_log_space),
         "throttle": {
             "delayed_per_s": per_second(throttle.delayed),
             "delay_mean_us": throttle.delayed_nanos as f64 / 1e3 / throttle.delayed.max(1) as f64,
@@ -267,6 +273,10 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
             "wait_mean_us":
                 throttle.waited_nanos as f64 / 1e3 / throttle.waited_for_sync.max(1) as f64,
             "spared_per_s": per_second(throttle.spared),
+            "waited_for_space_per_s": per_second(throttle.waited_for_space),
+            "space_wait_mean_us": throttle.waited_for_space_nanos as f64
+                / 1e3
+                / throttle.waited_for_space.max(1) as f64,
             "dirty_bytes": throttle.dirty_bytes,
             "dirty_max_bytes": throttle.dirty_max_bytes,
         },
@@ -361,14 +371,16 @@ fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> 
     let (commits, blocks) = (log.commits, log.blocks_written);
     out.push_str(&format!(
         "intent log: {} commits/s ({} early, {} through a txg sync), {} log blocks/s in {} \
-         groups/s (one flush each), {:.2} commits per block; txgs synced: {}/s\n",
+         groups/s (one flush each), {:.2} commits per block; txgs synced: {}/s ({}/s asked \
+         for by a log region three quarters full)\n",
         rate(commits),
         rate(log.early_commits),
         rate(log.commits_via_txg),
         rate(blocks),
         rate(log.groups_written),
         commits as f64 / blocks.max(1) as f64,
-        rate(d.txg_syncs)
+        rate(d.txg_syncs),
+        rate(log.syncs_for_log_space)
     ));
     if blocks > 0 {
         out.push_str(&format!(
@@ -406,7 +418,7 @@ fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> 
         String::new()
     } else {
         format!(
-            "{} dirty of {} (a sync starts at {}), ",
+            "{} dirty of {} (a sync starts at {}, sooner where free space is short), ",
             size(throttle.dirty_bytes),
             size(throttle.dirty_max_bytes),
             size(throttle.dirty_max_bytes / 4)
@@ -414,12 +426,15 @@ fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> 
     };
     out.push_str(&format!(
         "write throttle: {dirty}{} writes delayed/s (mean {}), {} spared/s (their volume was \
-         not the one filling the dirty data), {} waited for a txg sync/s (mean {})\n",
+         not the one filling the dirty data), {} waited for a txg sync/s (mean {}), {} waits for \
+         a sync to free space/s (mean {})\n",
         rate(delayed),
         mean(delayed_ns, delayed),
         rate(spared),
         rate(waited),
-        mean(waited_ns, waited)
+        mean(waited_ns, waited),
+        rate(throttle.waited_for_space),
+        mean(throttle.waited_for_space_nanos, throttle.waited_for_space)
     ));
     if latency {
         out.push_str(&latency_table(&d));
@@ -594,6 +609,8 @@ mod tests {
             waited_for_sync: 2,
             waited_nanos: 4_000_000,
             spared: 8,
+            waited_for_space: 3,
+            waited_for_space_nanos: 6_000_000,
             dirty_bytes: 96 << 20,
             dirty_max_bytes: 2 << 30,
         };
@@ -652,15 +669,18 @@ mod tests {
         );
         assert!(
             text.contains(
-                "write throttle: 96M dirty of 2G (a sync starts at 512M), 10 writes delayed/s \
-                 (mean 2.0ms), 4 spared/s (their volume was not the one filling the dirty \
-                 data), 1 waited for a txg sync/s (mean 2.0ms)"
+                "write throttle: 96M dirty of 2G (a sync starts at 512M, sooner where free space \
+                 is short), 10 writes delayed/s (mean 2.0ms), 4 spared/s (their volume was not \
+                 the one filling the dirty data), 1 waited for a txg sync/s (mean 2.0ms), "
             ),
             "{text}"
         );
+        assert!(text.contains("waits for a sync to free space/s (mean 2.0ms)"), "{text}");
         let json = report_json(&now, Some(&earlier));
         assert_eq!(json["throttle"]["delay_mean_us"], 2000.0, "{json}");
         assert_eq!(json["throttle"]["dirty_max_bytes"], 2u64 << 30, "{json}");
+        assert_eq!(json["throttle"]["waited_for_space_per_s"], 1.5, "{json}");
+        assert_eq!(json["throttle"]["space_wait_mean_us"], 2000.0, "{json}");
         assert_eq!(json["leaves"][0]["writes_per_s"], 1000.0, "{json}");
         assert_eq!(json["leaves"][0]["latency"]["sync_read"]["count"], 20, "{json}");
         assert_eq!(json["volumes"][0]["partial_writes"], 300, "{json}");

@@ -303,6 +303,12 @@ const POOL_COUNTERS: &[Figure<PoolSnapshot>] = &[
         |p| p.intent_log.commits_via_txg,
     ),
     figure(
+        "log_syncs_for_space",
+        "Txg syncs asked for because log blocks held three quarters of a log region.",
+        Count,
+        |p| p.intent_log.syncs_for_log_space,
+    ),
+    figure(
         "log_blocks_written",
         "Log blocks written by the volumes' current log chains (a destroyed volume's leave \
          the sum).",
@@ -362,6 +368,18 @@ const POOL_COUNTERS: &[Figure<PoolSnapshot>] = &[
         "Time writes spent waiting for a txg sync at the dirty-data maximum.",
         Nanos,
         |p| p.throttle.waited_nanos,
+    ),
+    figure(
+        "throttle_space_waits",
+        "Waits for a txg sync by writes that found too little free space for the dirty data.",
+        Count,
+        |p| p.throttle.waited_for_space,
+    ),
+    figure(
+        "throttle_space_wait",
+        "Time writes spent waiting for a txg sync to free space.",
+        Nanos,
+        |p| p.throttle.waited_for_space_nanos,
     ),
     figure(
         "throttle_spared_writes",

@@ -158,6 +158,9 @@ pub struct LogSnapshot {
     pub early_commits: u64,
     /// Commits answered by a txg sync instead of a log write.
     pub commits_via_txg: u64,
+    /// Txg syncs asked for because log blocks held most of a log region.
+    #[serde(default)]
+    pub syncs_for_log_space: u64,
     /// Log blocks written by the volumes' current chains (a destroyed volume's leave the sum).
     pub blocks_written: u64,
     /// Of those chains: groups written (blocks made durable by one flush), the records the
@@ -189,6 +192,11 @@ pub struct ThrottleSnapshot {
     pub waited_nanos: u64,
     /// Writes spared a delay because another volume was filling the dirty data.
     pub spared: u64,
+    /// Waits for a txg sync by writes short of free space for the dirty data, and their time.
+    #[serde(default)]
+    pub waited_for_space: u64,
+    #[serde(default)]
+    pub waited_for_space_nanos: u64,
     /// Dirty data in the open and quiescing txgs now, and the most they may hold
     /// (`txg.dirty_max`, `auto` resolved): gauges. Absent from snapshots of older builds.
     #[serde(default)]
@@ -331,6 +339,7 @@ impl PoolSnapshot {
                 commits: log.commits.get(),
                 early_commits: log.early_commits.get(),
                 commits_via_txg: log.commits_via_txg.get(),
+                syncs_for_log_space: log.syncs_for_log_space.get(),
                 blocks_written: store.log_blocks_written(),
                 groups_written: log_totals.groups_written,
                 records_written: log_totals.records_written,
@@ -347,6 +356,8 @@ impl PoolSnapshot {
                 waited_for_sync: throttle.waited_for_sync.get(),
                 waited_nanos: throttle.waited_nanos.get(),
                 spared: throttle.spared.get(),
+                waited_for_space: throttle.waited_for_space.get(),
+                waited_for_space_nanos: throttle.waited_for_space_nanos.get(),
                 dirty_bytes: store.dirty_bytes(),
                 dirty_max_bytes: store.dirty_max_bytes(),
             },

@@ -910,6 +910,105 @@ fn a_log_filling_its_region_starts_a_sync() {
     .unwrap();
 }
 
+/// `len` bytes that do not compress, from `seed`.
+fn incompressible(seed: u64, len: usize) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    (0..len).step_by(8).flat_map(|_| rng.u64().to_le_bytes()).take(len).collect()
+}
+
+/// A dirty-data maximum larger than the pool can hold: writers streaming over a volume that
+/// fills a third of a small pool are slowed by syncs started early and by delays, both sized
+/// to the free space, rather than stopped at the space check for a whole sync each time
+/// (before, only `txg.dirty_max` started syncs and set the delays, and the syncing txg's
+/// allocations counted twice).
+#[test]
+fn a_pool_smaller_than_the_dirty_maximum_throttles_by_free_space() {
+    let sim = Sim::new(91);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    let tunables =
+        Tunables::with([("txg.timeout_ms", "3600000"), ("txg.dirty_max", "1G")]).unwrap();
+    sim.run(async move {
+        let store = Arc::new(common::mirror_store(&env, specs, &tunables).await);
+        let volume = 20u64 << 20;
+        store.create_volume("v", volume, 16384).unwrap();
+        store.sync().await.unwrap();
+        store.run_syncer();
+        // Four passes over the volume: 80 MiB through a pool of 64 MiB, each pass's blocks
+        // replacing the last pass's (freed, and held two more txgs).
+        let chunk = 64u64 << 10;
+        for pass in 0..4u64 {
+            for at in (0..volume).step_by(chunk as usize) {
+                store
+                    .write("v", at, &incompressible(pass << 32 | at, chunk as usize))
+                    .await
+                    .unwrap();
+            }
+        }
+        let throttle = store.throttle_stats();
+        // Slowed, not stopped: the few waits left (a sync of the txgs before may still be
+        // running when the writer gets to the wall) take less time than the delays.
+        let (delayed, waited) =
+            (throttle.delayed_nanos.get(), throttle.waited_for_space_nanos.get());
+        assert!(delayed > waited, "delayed {delayed} ns, waited for space {waited} ns");
+        assert_eq!(throttle.waited_for_sync.get(), 0);
+        assert!(store.syncs() >= 4, "{} syncs: none started for the free space", store.syncs());
+        store.sync().await.unwrap();
+        for at in (0..volume).step_by(chunk as usize) {
+            let got = store.read("v", at, chunk).await.unwrap();
+            assert!(got == incompressible(3 << 32 | at, chunk as usize), "the last pass at {at}");
+        }
+    })
+    .unwrap();
+}
+
+/// Writers that meet the space check together wait for one sync, not one each: a writer
+/// whose turn comes after a sync ended looks at the space again before syncing itself (each
+/// syncing in turn made the last writer wait for every other's sync).
+#[test]
+fn writers_short_of_space_share_a_sync() {
+    let sim = Sim::new(92);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    // No syncer and no dirty limit to reach: only the space check syncs.
+    let tunables = Tunables::with([("txg.dirty_max", "1G")]).unwrap();
+    sim.run(async move {
+        let store = Arc::new(common::mirror_store(&env, specs, &tunables).await);
+        let volume = 40u64 << 20;
+        store.create_volume("v", volume, 16384).unwrap();
+        let chunk = 64u64 << 10;
+        for at in (0..volume).step_by(chunk as usize) {
+            store.write("v", at, &incompressible(at, chunk as usize)).await.unwrap();
+        }
+        store.sync().await.unwrap();
+        let before = store.syncs();
+        // Four writers overwrite a quarter each.
+        let quarter = volume / 4;
+        let writers = (0..4u64).map(|w| {
+            let store = store.clone();
+            async move {
+                for at in (w * quarter..(w + 1) * quarter).step_by(chunk as usize) {
+                    let data = incompressible(1 << 32 | at, chunk as usize);
+                    store.write("v", at, &data).await.unwrap();
+                }
+            }
+        });
+        futures::future::join_all(writers).await;
+        let waits = store.throttle_stats().waited_for_space.get();
+        let syncs = store.syncs() - before;
+        assert!(waits >= 4, "{waits} waits: the writers never met the space check together");
+        assert!(syncs < waits, "{syncs} syncs for {waits} waits: each writer synced for itself");
+        store.sync().await.unwrap();
+        for at in (0..volume).step_by(chunk as usize) {
+            let got = store.read("v", at, chunk).await.unwrap();
+            assert!(got == incompressible(1 << 32 | at, chunk as usize), "the overwrite at {at}");
+        }
+    })
+    .unwrap();
+}
+
 /// Without a syncer to wake, a writer past `txg.dirty_max` waits for a sync it runs itself;
 /// the throttle counts those waits and the delays before them, with their time.
 #[test]

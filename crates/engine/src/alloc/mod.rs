@@ -143,6 +143,10 @@ pub struct Allocator {
     synced_txg: u64,
     /// Txgs whose trees a scan is reading, with how many scans read each.
     pins: BTreeMap<u64, u32>,
+    /// Bytes handed out for blocks of txgs ([`Allocator::allocate`] and
+    /// [`Allocator::allocate_ditto`]) since this allocator was made: how far the syncing txg
+    /// has got with what it was expected to allocate ([`Allocator::allocated_total`]).
+    allocated_total: u64,
 }
 
 impl Allocator {
@@ -181,6 +185,7 @@ impl Allocator {
             log_rotor: 0,
             synced_txg: 0,
             pins: BTreeMap::new(),
+            allocated_total: 0,
         }
     }
 
@@ -335,6 +340,8 @@ impl Allocator {
     /// leaves it free on disk, and import claims it from the log record that points at it.
     pub fn allocate_indirect(&mut self, psize: u64) -> Result<(u32, u64, u64), AllocError> {
         let (vdev, at, asize) = self.allocate(psize, AllocClass::Normal, &[])?;
+        // Allocated for the open txg's writer, not by a sync: admission counts it apart.
+        self.allocated_total -= asize;
         self.vdevs[vdev as usize].log.insert(at, asize);
         Ok((vdev, at, asize))
     }
@@ -402,6 +409,14 @@ impl Allocator {
         self.vdevs.iter().filter(|v| !v.log_only).map(|v| v.free.large_bytes()).sum()
     }
 
+    /// Bytes allocated for txgs' blocks so far (never for log blocks or blocks written in
+    /// place for the log). The store reads it when a txg quiesces and again while that txg
+    /// syncs: the difference is what the sync has already taken out of [`Allocator::free_bytes`],
+    /// which admission must not count a second time as still to come.
+    pub fn allocated_total(&self) -> u64 {
+        self.allocated_total
+    }
+
     pub fn slop_bytes(&self) -> u64 {
         (self.capacity_bytes() >> SLOP_SHIFT).max(SLOP_BYTES_MIN).min(self.capacity_bytes() / 2)
     }
@@ -448,6 +463,7 @@ impl Allocator {
             if let Some(at) = found {
                 space.free.remove(at, asize);
                 space.cursor = at + asize;
+                self.allocated_total += asize;
                 if vdev == self.rotor {
                     self.rotor_bytes += asize;
                 } else {
@@ -502,6 +518,7 @@ impl Allocator {
             if let Some(at) = space.free.first_fit(asize, unit, space.cursor) {
                 space.free.remove(at, asize);
                 space.cursor = at + asize;
+                self.allocated_total += asize;
                 return Ok((vdev as u32, at, asize));
             }
         }
@@ -522,6 +539,7 @@ impl Allocator {
         let Some(at) = found else { return Err(no_space) };
         space.free.remove(at, asize);
         space.ditto_cursor = at + asize;
+        self.allocated_total += asize;
         Ok((vdev, at, asize))
     }
 
@@ -642,6 +660,23 @@ mod tests {
 
     fn allocator() -> Allocator {
         Allocator::new(12, &[(4 * MIB, 68 * MIB), (4 * MIB, 68 * MIB)])
+    }
+
+    /// `allocated_total` counts what txgs' blocks take (plain and ditto allocations), not log
+    /// blocks nor blocks placed in place for the log, which admission counts apart.
+    #[test]
+    fn allocated_total_counts_txg_blocks_only() {
+        let mut a = allocator();
+        let (vdev, at, len) = a.allocate(4096, AllocClass::Normal, &[]).unwrap();
+        assert_eq!((a.allocated_total(), len), (4096, 4096));
+        a.allocate_ditto(16384, AllocClass::Reserved, &[(vdev, at)]).unwrap();
+        assert_eq!(a.allocated_total(), 4096 + 16384);
+        a.allocate_indirect(128 << 10).unwrap();
+        a.allocate_log(64 << 10).unwrap();
+        let free = a.free_bytes();
+        a.claim_log(0, 40 * MIB, 8192).unwrap();
+        assert_eq!(a.free_bytes(), free - 8192);
+        assert_eq!(a.allocated_total(), 4096 + 16384);
     }
 
     /// Log blocks go to the log region at the start of each data area and data after it, so

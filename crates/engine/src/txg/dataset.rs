@@ -220,8 +220,8 @@ impl Store {
     /// syncing txgs will write, and every volume's unused reservation.
     pub(super) fn reservable_bytes(&self, state: &super::State) -> u64 {
         let reserved: u64 = state.volumes.values().map(|d| d.unused_reservation()).sum();
-        let dirty = state.dirty_to_allocate() + state.dirty_metadata_bytes + state.syncing_bytes;
         let allocator = self.allocator.lock();
+        let (dirty, _) = super::dmu_tx::InFlight::of(state).to_allocate(&allocator);
         allocator
             .free_bytes()
             .saturating_sub(allocator.slop_bytes())

@@ -8,6 +8,11 @@
 //! database's small sync writes are not slowed because another volume streams (measured in
 //! docs/design.md). The others go undelayed and may pass the maximum by a reserve of an eighth
 //! of it, so dirty memory stays bounded at 9/8 of `txg.dirty_max`.
+//!
+//! Where the pool's free space holds less dirty data than `txg.dirty_max` (a tenth of memory
+//! against a pool of a few GiB), the start of a sync and the delay follow that smaller figure
+//! instead ([`Store::throttle`]'s `space_max`), so writers slow down before the space check
+//! would stop them for a whole sync.
 
 use super::{Dataset, Store, StoreError};
 use crate::intent_log::CommitPolicy;
@@ -20,6 +25,8 @@ pub(super) struct TxgLimits {
     pub(super) timeout: std::time::Duration,
     pub(super) dirty_max: u64,
     pub(super) delay_min: u64,
+    /// `txg.delay_min_dirty_pct`: the delay starts at this share of the maximum in force.
+    pub(super) delay_min_pct: u64,
     pub(super) log_policy: CommitPolicy,
     pub(super) commit_timeout_pct: u64,
     pub(super) early_commit: bool,
@@ -43,6 +50,7 @@ impl TxgLimits {
             timeout: std::time::Duration::from_millis(tunables.get(Tunable::TxgTimeoutMs)),
             dirty_max,
             delay_min: dirty_max / 100 * tunables.get(Tunable::TxgDelayMinDirtyPct),
+            delay_min_pct: tunables.get(Tunable::TxgDelayMinDirtyPct),
             log_policy: CommitPolicy::from_tunables(tunables),
             commit_timeout_pct: tunables.get(Tunable::IntentLogCommitTimeoutPct),
             early_commit: tunables.choice(Tunable::IntentLogEarlyCommit) == "auto",
@@ -54,20 +62,69 @@ impl TxgLimits {
         }
     }
 
-    /// How long a writer waits with `dirty` bytes dirty.
-    pub(super) fn delay(&self, dirty: u64) -> std::time::Duration {
-        if dirty <= self.delay_min || dirty >= self.dirty_max {
+    /// How long a writer waits with `dirty` bytes dirty when at most `max` may be:
+    /// `txg.dirty_max`, or less where the pool's free space holds less ([`Store::throttle`]).
+    /// At `max` and past it, the longest delay: only a maximum below `txg.dirty_max` gets
+    /// there, since writers wait for a sync at that one.
+    pub(super) fn delay(&self, dirty: u64, max: u64) -> std::time::Duration {
+        let min = max / 100 * self.delay_min_pct;
+        if dirty <= min {
             return std::time::Duration::ZERO;
         }
-        let over = (dirty - self.delay_min) as f64;
-        let room = (self.dirty_max - dirty) as f64;
+        if dirty >= max {
+            return DELAY_MAX;
+        }
+        let over = (dirty - min) as f64;
+        let room = (max - dirty) as f64;
         DELAY_SCALE.mul_f64(over / room).min(DELAY_MAX)
+    }
+}
+
+/// What the open and syncing txgs will allocate, as the store's state has it; the syncing
+/// txg's part is settled against the allocator ([`InFlight::to_allocate`]).
+pub(super) struct InFlight {
+    /// The open txg's dirty data and estimated indirect blocks.
+    open: u64,
+    /// Of `open`, the indirect blocks.
+    open_metadata: u64,
+    /// Dirty data already written in place for the log: not in `open`, but in the dirty
+    /// bytes the throttle weighs.
+    prewritten: u64,
+    /// The syncing txg's, as estimated when it quiesced.
+    syncing: u64,
+    syncing_metadata: u64,
+    syncing_allocated_base: u64,
+}
+
+impl InFlight {
+    pub(super) fn of(state: &super::State) -> InFlight {
+        InFlight {
+            open: state.dirty_to_allocate() + state.dirty_metadata_bytes,
+            open_metadata: state.dirty_metadata_bytes,
+            prewritten: state.prewritten_bytes,
+            syncing: state.syncing_bytes,
+            syncing_metadata: state.syncing_metadata_bytes,
+            syncing_allocated_base: state.syncing_allocated_base,
+        }
+    }
+
+    /// (bytes still to allocate, of which indirect blocks). What the syncing txg has already
+    /// allocated is out of the free space, so it is no longer counted here: counting all of
+    /// its estimate until the sync ended counted those bytes twice, and with txgs of a tenth
+    /// of memory on a pool of a few GiB, writers found the pool full while a sync ran and
+    /// each synced again in turn (docs/bench/peers-notes.md). Its indirect blocks are taken
+    /// to be the last it allocates (they are written above their data).
+    pub(super) fn to_allocate(&self, allocator: &crate::alloc::Allocator) -> (u64, u64) {
+        let done = allocator.allocated_total().saturating_sub(self.syncing_allocated_base);
+        let syncing = self.syncing.saturating_sub(done);
+        (self.open + syncing, self.open_metadata + self.syncing_metadata.min(syncing))
     }
 }
 
 impl Store {
     /// Wakes the syncer to start a txg sync now rather than at `txg.timeout_ms`: a quarter of
-    /// `txg.dirty_max` is dirty, or the intent log is filling its region.
+    /// `txg.dirty_max` (or of the smaller maximum free space sets) is dirty, or the intent log
+    /// is filling its region.
     pub(super) fn kick_sync(&self) {
         if let Some(kick) = self.kick.lock().as_mut() {
             // A full channel means a kick is already pending; that is enough.
@@ -107,60 +164,91 @@ impl Store {
                     volume.entry.reservation_bytes > 0,
                 )
             };
-            let mut waited = 0;
-            loop {
+            // `Store::syncs` when the space was first found short.
+            let mut short_since = None;
+            let space_max = loop {
+                // A sync that ends after this is one to wait for, not to follow with another.
+                let seen = self.syncs.get();
                 // One lock at a time: the lock order is state -> allocator.
-                let (dirty, in_memory, metadata, reserved) = {
+                let (state_figures, in_memory, reserved) = {
                     let state = self.state.lock();
-                    let metadata = state.dirty_metadata_bytes + state.syncing_metadata_bytes;
                     let reserved: u64 = (state.volumes.values())
                         .filter(|d| d.id != dataset.id)
                         .map(|d| d.unused_reservation())
                         .sum();
-                    let dirty = state.dirty_to_allocate()
-                        + state.dirty_metadata_bytes
-                        + state.syncing_bytes;
+                    let open = state.dirty_to_allocate() + state.dirty_metadata_bytes;
                     // Blocks written in place need no new space, but a sync still frees the
                     // versions they replaced: while any are dirty, waiting can help.
-                    let in_memory = dirty + state.prewritten_bytes;
-                    (dirty, in_memory, metadata, reserved)
+                    let in_memory = open + state.syncing_bytes + state.prewritten_bytes;
+                    (InFlight::of(&state), in_memory, reserved)
                 };
                 // Room a sync needs to rewrite the dedup table, kept beyond the slop (taken
                 // before the allocator: the lock order is dedup table -> allocator).
                 let unit = 1u64 << self.pool.ashift();
-                let new_entries = if dedup { dirty.saturating_add(len) / unit } else { 0 };
+                let upper = state_figures.open + state_figures.syncing;
+                let new_entries = if dedup { upper.saturating_add(len) / unit } else { 0 };
                 let ddt_reserve = self.ddt.rewrite_reserve_bytes(unit, new_entries);
-                let (usable, room, deferred) = {
+                let (dirty, metadata, usable, room, deferred) = {
                     let allocator = self.allocator.lock();
+                    let (dirty, metadata) = state_figures.to_allocate(&allocator);
                     let slop = allocator.slop_bytes();
                     let kept = if thick { slop / 4 } else { slop };
                     let usable =
                         allocator.free_bytes().saturating_sub(kept + ddt_reserve + reserved);
                     let room =
                         allocator.metadata_room_bytes().saturating_sub(slop / 4 + ddt_reserve);
-                    (usable, room, allocator.deferred_bytes())
+                    (dirty, metadata, usable, room, allocator.deferred_bytes())
                 };
                 if dirty.saturating_add(len) <= usable && metadata <= room {
-                    break;
+                    // The most the open txg's dirty data may grow to before writers meet the
+                    // wall, on the throttle's measure (which counts blocks written in place):
+                    // its maximum where it is below `txg.dirty_max`.
+                    let open_data = state_figures.open - state_figures.open_metadata;
+                    break usable.saturating_sub(dirty - open_data) + state_figures.prewritten;
                 }
-                if waited > crate::alloc::FREE_DEFER_TXGS || (in_memory == 0 && deferred == 0) {
+                // Space freed in the txg open when it was first found short is back once that
+                // txg and `FREE_DEFER_TXGS` more have synced, whoever ran the syncs; one more
+                // allows for a sync that was already running then. After that, what is
+                // missing is missing.
+                let first = *short_since.get_or_insert(seen);
+                let synced = self.syncs.get().saturating_sub(first);
+                if synced >= crate::alloc::FREE_DEFER_TXGS + 2 || (in_memory == 0 && deferred == 0)
+                {
                     return Err(StoreError::NoSpace {
                         pool: self.pool.name().to_owned(),
                         requested_bytes: len,
                     });
                 }
-                self.sync().await?;
-                waited += 1;
-            }
+                let start = self.pool.env().now();
+                self.sync_unless_one_ends(seen).await?;
+                let waited_nanos = self.pool.env().now().since(start).as_nanos();
+                self.throttle_stats.waited_for_space.inc();
+                self.throttle_stats
+                    .waited_for_space_nanos
+                    .add(u64::try_from(waited_nanos).unwrap_or(u64::MAX));
+            };
+            return self.throttle(dataset, Some(space_max)).await;
         }
-        self.throttle(dataset).await
+        self.throttle(dataset, None).await
     }
 
     /// Applies backpressure before a write to `volume`: wake the syncer early, delay smoothly
     /// above the threshold, and at the maximum sync before continuing. Volumes holding less
     /// than an equal share of the dirty data skip the delay and may use a reserve past the
     /// maximum (an eighth of it); past that they wait too.
-    pub(super) async fn throttle(&self, dataset: &Dataset) -> Result<(), StoreError> {
+    ///
+    /// `space_max` is about the most the open txg's dirty data can reach before the pool's
+    /// free space refuses writes (the check of room for indirect blocks, and the dedup
+    /// table's reserve, can refuse a little sooner). Where it is below `txg.dirty_max` the sync starts and the delay
+    /// rises by it instead: a tenth of memory can be more than a pool of a few GiB holds
+    /// beside the syncing txg and two txgs of deferred frees, and writers then stopped at the
+    /// space check for a whole sync each (2-4 s measured) instead of slowing down smoothly.
+    /// Writers still wait for a sync only at the space check itself or at `txg.dirty_max`.
+    pub(super) async fn throttle(
+        &self,
+        dataset: &Dataset,
+        space_max: Option<u64>,
+    ) -> Result<(), StoreError> {
         let (dirty, under_share) = {
             let state = self.state.lock();
             let mine = dataset.dirty_bytes.load(Ordering::Relaxed);
@@ -172,7 +260,8 @@ impl Store {
                 .count() as u64;
             (state.dirty_bytes, dirtying > 1 && mine.saturating_mul(dirtying) < state.dirty_bytes)
         };
-        if dirty >= self.limits.dirty_max / 4 {
+        let max = space_max.map_or(self.limits.dirty_max, |room| room.min(self.limits.dirty_max));
+        if dirty >= max / 4 {
             self.kick_sync();
         }
         let stats = &self.throttle_stats;
@@ -205,7 +294,7 @@ impl Store {
             stats.waited_nanos.add(since(start));
             return result;
         }
-        let delay = self.limits.delay(dirty);
+        let delay = self.limits.delay(dirty, max);
         if under_share && !delay.is_zero() {
             stats.spared.inc();
         } else if !delay.is_zero() {
@@ -228,11 +317,12 @@ mod tests {
     pub(super) fn delay_curve() {
         let limits =
             TxgLimits::from_tunables(&Tunables::with([("txg.dirty_max", "100M")]).unwrap(), None);
-        assert_eq!(limits.delay(limits.delay_min), std::time::Duration::ZERO);
+        let max = limits.dirty_max;
+        assert_eq!(limits.delay(limits.delay_min, max), std::time::Duration::ZERO);
         let mut last = std::time::Duration::ZERO;
         for step in 1..100u64 {
             let dirty = limits.delay_min + (limits.dirty_max - limits.delay_min) * step / 100;
-            let delay = limits.delay(dirty);
+            let delay = limits.delay(dirty, max);
             assert!(delay >= last && delay <= DELAY_MAX, "delay at {dirty}: {delay:?}");
             last = delay;
         }

@@ -256,6 +256,9 @@ struct State {
     syncing_bytes: u64,
     /// The metadata part of `syncing_bytes`.
     syncing_metadata_bytes: u64,
+    /// [`Allocator::allocated_total`] when the syncing txg quiesced: what it has allocated
+    /// since is in the allocator's free space already (`dmu_tx::InFlight`).
+    syncing_allocated_base: u64,
     /// Trees of destroyed volumes, freed by the next sync: (root, levels, the txg through
     /// which its blocks are its origin's, for a clone; 0 otherwise).
     destroyed: Vec<(BlockPointer, u8, u64)>,
@@ -300,6 +303,7 @@ impl State {
             dirty_metadata_bytes: 0,
             syncing_bytes: 0,
             syncing_metadata_bytes: 0,
+            syncing_allocated_base: 0,
             destroyed: Vec::new(),
             destroyed_deadlists: Vec::new(),
             snapshot_ops: Vec::new(),
@@ -357,6 +361,10 @@ pub struct ThrottleStats {
     /// Writes that found `txg.dirty_max` reached and waited for a txg sync, and for how long.
     pub waited_for_sync: crate::stats::Counter,
     pub waited_nanos: crate::stats::Counter,
+    /// Waits for a txg sync by writes that found too little free space for the dirty data
+    /// (one write may wait more than once), and their time.
+    pub waited_for_space: crate::stats::Counter,
+    pub waited_for_space_nanos: crate::stats::Counter,
     /// Writes that would have been delayed, or stopped at the maximum, but were not: their
     /// volume held less than an equal share of the dirty data, so another volume was filling
     /// it.
@@ -372,6 +380,8 @@ pub struct LogStats {
     pub commits_via_txg: crate::stats::Counter,
     /// Early commits: a lone sync writer's record sent to the log before its flush arrived.
     pub early_commits: crate::stats::Counter,
+    /// Txg syncs asked for because log blocks held most of a vdev's log region.
+    pub syncs_for_log_space: crate::stats::Counter,
     /// Chains walked at import, and the blocks found in them.
     pub chains_claimed: crate::stats::Counter,
     pub blocks_claimed: crate::stats::Counter,

@@ -124,6 +124,18 @@ impl Store {
         self.sync_holding_lock(one_at_a_time).await
     }
 
+    /// Syncs, unless a sync ends while this waits for its turn: `seen` is [`Store::syncs`]
+    /// when the caller looked at the state that made it want one. Writers short of space each
+    /// asked for a sync of their own, one after another, long after the first had freed what
+    /// they all needed; now they look again after any sync.
+    pub(super) async fn sync_unless_one_ends(&self, seen: u64) -> Result<(), StoreError> {
+        let one_at_a_time = self.sync_lock.lock().await;
+        if self.syncs.get() != seen {
+            return Ok(());
+        }
+        self.sync_holding_lock(one_at_a_time).await.map(drop)
+    }
+
     pub(super) async fn sync_holding_lock(
         &self,
         _one_at_a_time: futures::lock::MutexGuard<'_, ()>,
@@ -205,6 +217,8 @@ impl Store {
         self.pool.note_txg_open(state.open_txg);
         state.syncing_bytes = state.dirty_to_allocate() + state.dirty_metadata_bytes;
         state.syncing_metadata_bytes = state.dirty_metadata_bytes;
+        // Lock order: state -> allocator.
+        state.syncing_allocated_base = self.allocator.lock().allocated_total();
         state.dirty_bytes = 0;
         state.prewritten_bytes = 0;
         state.dirty_metadata_bytes = 0;

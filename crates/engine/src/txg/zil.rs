@@ -236,6 +236,7 @@ impl Store {
     /// ([`LogWriter::take_space_low`]).
     fn kick_sync_if_log_full(&self, log: &LogWriter) {
         if log.take_space_low() {
+            self.log_stats.syncs_for_log_space.inc();
             self.kick_sync();
         }
     }
