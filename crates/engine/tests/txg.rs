@@ -1009,6 +1009,38 @@ fn writers_short_of_space_share_a_sync() {
     .unwrap();
 }
 
+/// Commits that fall back to a txg sync together (here: before any sync has anchored the new
+/// volume's chain) share one: a commit whose turn comes after a sync wrote its txg returns.
+/// Each synced in turn before, so the last writer of a failed chain waited for all the others.
+#[test]
+fn commits_falling_back_together_share_a_sync() {
+    let sim = Sim::new(93);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        let store = Arc::new(common::mirror_store(&env, specs, &Tunables::default()).await);
+        store.create_volume("v", 4 << 20, 16384).unwrap();
+        let before = store.syncs();
+        let writers = (0..8u64).map(|w| {
+            let store = store.clone();
+            async move {
+                store.write("v", w * 65536, &[w as u8 + 1; 4096]).await.unwrap();
+                store.flush("v").await.unwrap();
+            }
+        });
+        futures::future::join_all(writers).await;
+        let via_txg = store.log_stats().commits_via_txg.get();
+        let syncs = store.syncs() - before;
+        assert!(via_txg >= 2, "{via_txg} commits fell back: the test did not gather them");
+        assert!(syncs < via_txg, "{syncs} syncs for {via_txg} commits through a txg sync");
+        for w in 0..8u64 {
+            assert_eq!(store.read("v", w * 65536, 4096).await.unwrap(), vec![w as u8 + 1; 4096]);
+        }
+    })
+    .unwrap();
+}
+
 /// Without a syncer to wake, a writer past `txg.dirty_max` waits for a sync it runs itself;
 /// the throttle counts those waits and the delays before them, with their time.
 #[test]

@@ -136,6 +136,17 @@ impl Store {
         self.sync_holding_lock(one_at_a_time).await.map(drop)
     }
 
+    /// Makes txg `txg` durable: syncs, unless a sync that wrote it ends while this waits for
+    /// its turn (the uberblock names the last durable txg). The 32 writers of a chain that
+    /// failed each synced in turn before, the last behind 31 syncs.
+    pub(super) async fn sync_through(&self, txg: u64) -> Result<(), StoreError> {
+        let one_at_a_time = self.sync_lock.lock().await;
+        if self.pool.uberblock().txg >= txg {
+            return Ok(());
+        }
+        self.sync_holding_lock(one_at_a_time).await.map(drop)
+    }
+
     pub(super) async fn sync_holding_lock(
         &self,
         _one_at_a_time: futures::lock::MutexGuard<'_, ()>,
