@@ -916,6 +916,15 @@ fn incompressible(seed: u64, len: usize) -> Vec<u8> {
     (0..len).step_by(8).flat_map(|_| rng.u64().to_le_bytes()).take(len).collect()
 }
 
+/// Checks that volume "v" holds, in each `chunk` of its first `volume` bytes, what pass `pass`
+/// wrote there: `incompressible(pass << 32 | offset, chunk)`.
+async fn assert_incompressible(store: &Store, volume: u64, chunk: u64, pass: u64) {
+    for at in (0..volume).step_by(chunk as usize) {
+        let got = store.read("v", at, chunk).await.unwrap();
+        assert!(got == incompressible(pass << 32 | at, chunk as usize), "pass {pass} at {at}");
+    }
+}
+
 /// A dirty-data maximum larger than the pool can hold: writers streaming over a volume that
 /// fills a third of a small pool are slowed by syncs started early and by delays, both sized
 /// to the free space, rather than stopped at the space check for a whole sync each time
@@ -955,10 +964,7 @@ fn a_pool_smaller_than_the_dirty_maximum_throttles_by_free_space() {
         assert_eq!(throttle.waited_for_sync.get(), 0);
         assert!(store.syncs() >= 4, "{} syncs: none started for the free space", store.syncs());
         store.sync().await.unwrap();
-        for at in (0..volume).step_by(chunk as usize) {
-            let got = store.read("v", at, chunk).await.unwrap();
-            assert!(got == incompressible(3 << 32 | at, chunk as usize), "the last pass at {at}");
-        }
+        assert_incompressible(&store, volume, chunk, 3).await;
     })
     .unwrap();
 }
@@ -1001,10 +1007,7 @@ fn writers_short_of_space_share_a_sync() {
         assert!(waits >= 4, "{waits} waits: the writers never met the space check together");
         assert!(syncs < waits, "{syncs} syncs for {waits} waits: each writer synced for itself");
         store.sync().await.unwrap();
-        for at in (0..volume).step_by(chunk as usize) {
-            let got = store.read("v", at, chunk).await.unwrap();
-            assert!(got == incompressible(1 << 32 | at, chunk as usize), "the overwrite at {at}");
-        }
+        assert_incompressible(&store, volume, chunk, 1).await;
     })
     .unwrap();
 }

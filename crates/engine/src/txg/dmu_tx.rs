@@ -220,7 +220,7 @@ impl Store {
                     });
                 }
                 let start = self.pool.env().now();
-                self.sync_unless_one_ends(seen).await?;
+                self.sync_unless(|| self.syncs.get() != seen).await?;
                 let waited_nanos = self.pool.env().now().since(start).as_nanos();
                 self.throttle_stats.waited_for_space.inc();
                 self.throttle_stats
@@ -284,12 +284,7 @@ impl Store {
             // all of them: whoever gets the lock after it finds the dirty data gone and goes
             // on. (Each syncing in turn made a storm of empty syncs that serialized writers.)
             let start = self.pool.env().now();
-            let one_at_a_time = self.sync_lock.lock().await;
-            let result = if self.state.lock().dirty_bytes >= limit {
-                self.sync_holding_lock(one_at_a_time).await.map(drop)
-            } else {
-                Ok(())
-            };
+            let result = self.sync_unless(|| self.state.lock().dirty_bytes < limit).await;
             stats.waited_for_sync.inc();
             stats.waited_nanos.add(since(start));
             return result;

@@ -124,24 +124,13 @@ impl Store {
         self.sync_holding_lock(one_at_a_time).await
     }
 
-    /// Syncs, unless a sync ends while this waits for its turn: `seen` is [`Store::syncs`]
-    /// when the caller looked at the state that made it want one. Writers short of space each
-    /// asked for a sync of their own, one after another, long after the first had freed what
-    /// they all needed; now they look again after any sync.
-    pub(super) async fn sync_unless_one_ends(&self, seen: u64) -> Result<(), StoreError> {
+    /// Syncs, unless `done` says, once this has its turn, that a sync run meanwhile did what
+    /// the caller needed. Many callers wanting a sync for one reason (writers at the dirty
+    /// maximum or short of space, commits falling back together) each syncing in turn made
+    /// the last wait behind all the others' syncs, most of them of nearly nothing.
+    pub(super) async fn sync_unless(&self, done: impl FnOnce() -> bool) -> Result<(), StoreError> {
         let one_at_a_time = self.sync_lock.lock().await;
-        if self.syncs.get() != seen {
-            return Ok(());
-        }
-        self.sync_holding_lock(one_at_a_time).await.map(drop)
-    }
-
-    /// Makes txg `txg` durable: syncs, unless a sync that wrote it ends while this waits for
-    /// its turn (the uberblock names the last durable txg). The 32 writers of a chain that
-    /// failed each synced in turn before, the last behind 31 syncs.
-    pub(super) async fn sync_through(&self, txg: u64) -> Result<(), StoreError> {
-        let one_at_a_time = self.sync_lock.lock().await;
-        if self.pool.uberblock().txg >= txg {
+        if done() {
             return Ok(());
         }
         self.sync_holding_lock(one_at_a_time).await.map(drop)

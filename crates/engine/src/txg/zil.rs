@@ -195,9 +195,10 @@ impl Store {
         }
         self.log_stats.commits_via_txg.inc();
         // The record's txg is at most the open one, which this sync makes durable. Commits
-        // falling back together (every writer of a failed chain) share one sync.
+        // falling back together (every writer of a failed chain) share one sync: the
+        // uberblock names the last durable txg.
         let open = self.state.lock().open_txg;
-        self.sync_through(open).await
+        self.sync_unless(|| self.pool.uberblock().txg >= open).await
     }
 
     /// Starts writing record `sequence` to `volume`'s log now, without waiting, when the log
