@@ -221,6 +221,7 @@ struct State {
     verifier: LogVerifier,
     /// Where the next lwb goes (allocated when the previous one was issued).
     next_address: LogAddress,
+    /// Records not yet in an lwb, in sequence order (appended at the back, taken from the front).
     pending: VecDeque<LogRecord>,
     /// Pending indirect records whose block pointer is not known yet (a subset of
     /// `pending`): no lwb takes them, or anything after them, until they are filled.
@@ -606,8 +607,12 @@ impl LogWriter {
             state.filling.remove(&sequence);
             let present = state.unfilled.remove(&sequence);
             if present {
-                let slot = state.pending.iter_mut().find(|r| r.sequence() == sequence);
-                let slot = slot.expect("an unfilled record is pending");
+                // Pending records are in sequence order (appended at the back, taken from the
+                // front), so the slot is found by bisection: a linear search was 8% of the
+                // serving core while 1 MiB writes left a few hundred records pending (perf,
+                // 2026-11-27).
+                let at = state.pending.binary_search_by_key(&sequence, LogRecord::sequence);
+                let slot = &mut state.pending[at.expect("an unfilled record is pending")];
                 debug_assert_eq!(slot.txg(), record.txg(), "a fill keeps the record's txg");
                 *slot = record;
                 if let Some(write) = write {
