@@ -126,3 +126,68 @@ fn reservations_the_pool_cannot_hold_are_refused_and_survive_import() {
     })
     .unwrap();
 }
+
+/// A thick volume overwritten on a pool whose free space is partly holes smaller than a block
+/// never runs its sync out of room. Admission counts what each free range holds in whole
+/// 16 KiB blocks, not all free bytes: a block that does not compress needs a range of its
+/// size, and holes left by blocks that did compress hold none. (Counted in bytes, 1 MiB overwrites of a thick
+/// volume on a 2 GiB pool admitted more than the sync could place, and the pool was suspended
+/// with 69 MB free and no 16 KiB range left: peers run, 2026-11-27.)
+#[test]
+fn overwrites_never_fail_a_sync_on_a_pool_of_small_holes() {
+    let sim = Sim::new(12);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
+    let specs = common::leaf_specs(&legs);
+    let env = sim.env();
+    // Syncs start only when dirty data or free space asks for one.
+    let tunables =
+        Tunables::with([("txg.timeout_ms", "3600000"), ("txg.dirty_max", "1G")]).unwrap();
+    sim.run(async move {
+        let store = Arc::new(common::mirror_store(&env, specs, &tunables).await);
+        let volume = 40u64 << 20;
+        let block = 16384u64;
+        store.create_volume_with("v", volume, block as u32, true).unwrap();
+        store.sync().await.unwrap();
+        store.run_syncer();
+        let mut rng = Rng::new(5);
+        // Every other block compresses to one 4 KiB unit, so the blocks lie on disk as 4 KiB,
+        // 16 KiB, 4 KiB, ... Rewriting the small ones with bytes that do not compress frees
+        // their units: 1,280 holes of 4 KiB between live blocks, 5 MiB that no 16 KiB block
+        // can use.
+        for at in (0..volume).step_by(block as usize) {
+            let data = if at / block % 2 == 0 {
+                vec![0x5a; block as usize]
+            } else {
+                random(&mut rng, block as usize)
+            };
+            store.write("v", at, &data).await.unwrap();
+        }
+        store.sync().await.unwrap();
+        for at in (0..volume).step_by(2 * block as usize) {
+            store.write("v", at, &random(&mut rng, block as usize)).await.unwrap();
+        }
+        for _ in 0..3 {
+            store.sync().await.unwrap();
+        }
+        // Passes over the whole volume: each txg's blocks need new space before the blocks
+        // they replace come back.
+        let chunk = 256usize << 10;
+        let mut last = Vec::new();
+        for _ in 0..3 {
+            last.clear();
+            for at in (0..volume).step_by(chunk) {
+                let data = random(&mut rng, chunk);
+                store.write("v", at, &data).await.unwrap();
+                last.push(data);
+            }
+        }
+        store.sync().await.unwrap();
+        assert!(!store.is_suspended());
+        for (i, data) in last.iter().enumerate() {
+            let at = (i * chunk) as u64;
+            assert!(store.read("v", at, chunk as u64).await.unwrap() == *data, "at {at}");
+        }
+        audit_clean(&store).await;
+    })
+    .unwrap();
+}

@@ -54,7 +54,8 @@ pub const FREE_DEFER_TXGS: u64 = 2;
 /// Bytes written to one top-level vdev before the rotor moves on (ZFS's metaslab aliquot).
 pub const ROTOR_ALIQUOT_BYTES: u64 = 1 << 20;
 /// The largest block a sync writes for itself (indirect blocks, space-map pieces): free
-/// ranges at least this long are what its metadata can use ([`Allocator::metadata_room_bytes`]).
+/// ranges counted in whole blocks of this size are what its metadata can use, and what data
+/// blocks of up to this size can use whatever they compress to ([`Allocator::room_bytes`]).
 pub const METADATA_BLOCK_BYTES_MAX: u64 = 16 << 10;
 /// Below this percentage of a vdev's space free, allocations take the smallest range that fits.
 const BEST_FIT_FREE_PCT: u64 = 4;
@@ -403,9 +404,12 @@ impl Allocator {
         self.deferred_total
     }
 
-    /// Free bytes (on data vdevs) in ranges that can hold any metadata block. Free space in
-    /// smaller holes holds data blocks but not the indirect blocks above them.
-    pub fn metadata_room_bytes(&self) -> u64 {
+    /// Free space (on data vdevs) that blocks of [`METADATA_BLOCK_BYTES_MAX`] could take:
+    /// each free range counted in whole such blocks. Any metadata block, or a data block of up
+    /// to that size that does not compress, takes at most that much of it wherever it is
+    /// placed, so a txg's blocks counted at that size never need more than this. What is
+    /// left over at the ends of ranges holds only blocks that compressed to fit.
+    pub fn room_bytes(&self) -> u64 {
         self.vdevs.iter().filter(|v| !v.log_only).map(|v| v.free.large_bytes()).sum()
     }
 

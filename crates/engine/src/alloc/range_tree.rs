@@ -18,20 +18,32 @@ pub struct RangeTree {
     /// (length, start) of every range.
     by_size: BTreeSet<(u64, u64)>,
     total: u64,
-    /// Ranges at least this long count in `large`.
+    /// The block size `large` counts in.
     large_min: u64,
+    /// Bytes that blocks of `large_min` can use: of each range, its largest multiple of
+    /// `large_min`.
     large: u64,
 }
 
 impl RangeTree {
-    /// An empty tree that also keeps the total of its ranges at least `large_min` long.
+    /// An empty tree that also keeps how many bytes blocks of `large_min` could take.
     pub fn with_large_min(large_min: u64) -> RangeTree {
         RangeTree { large_min, ..RangeTree::default() }
     }
 
-    /// Bytes in ranges at least `large_min` long (see [`RangeTree::with_large_min`]).
+    /// Bytes that blocks of `large_min` bytes could take (see [`RangeTree::with_large_min`]):
+    /// each range counts in whole multiples of it, since what is left over at a range's end
+    /// holds no such block. Placing a block of at most `large_min` bytes anywhere lowers it by
+    /// at most `large_min`.
     pub fn large_bytes(&self) -> u64 {
         self.large
+    }
+
+    fn large_part(&self, len: u64) -> u64 {
+        match self.large_min {
+            0 => len,
+            unit => len / unit * unit,
+        }
     }
 
     pub fn total_bytes(&self) -> u64 {
@@ -63,17 +75,13 @@ impl RangeTree {
     fn add_range(&mut self, start: u64, end: u64) {
         self.ranges.insert(start, end);
         self.by_size.insert((end - start, start));
-        if end - start >= self.large_min {
-            self.large += end - start;
-        }
+        self.large += self.large_part(end - start);
     }
 
     fn drop_range(&mut self, start: u64) {
         if let Some(end) = self.ranges.remove(&start) {
             self.by_size.remove(&(end - start, start));
-            if end - start >= self.large_min {
-                self.large -= end - start;
-            }
+            self.large -= self.large_part(end - start);
         }
     }
 
@@ -333,7 +341,7 @@ mod tests {
                     i += 1;
                 }
                 prop_assert_eq!(tree.largest(), runs.iter().map(|r| r.0).max().unwrap_or(0));
-                prop_assert_eq!(tree.large_bytes(), runs.iter().map(|r| r.0).filter(|&l| l >= 2048).sum::<u64>());
+                prop_assert_eq!(tree.large_bytes(), runs.iter().map(|r| r.0 / 2048 * 2048).sum::<u64>());
                 for want in [512u64, 2048, 4096] {
                     let smallest = runs.iter().filter(|r| r.0 >= want).min().map(|r| r.1);
                     prop_assert_eq!(tree.best_fit(want, 512), smallest);

@@ -216,14 +216,15 @@ impl Store {
             + indirect * copies * whole(objset::INDIRECT_BYTES as u64)
     }
 
-    /// Bytes that could still be set aside: free space beyond the slop, what the open and
-    /// syncing txgs will write, and every volume's unused reservation.
+    /// Bytes that could still be set aside: free space in whole ranges (what admission counts,
+    /// `Allocator::room_bytes`) beyond the slop, what the open and syncing txgs will write, and
+    /// every volume's unused reservation.
     pub(super) fn reservable_bytes(&self, state: &super::State) -> u64 {
         let reserved: u64 = state.volumes.values().map(|d| d.unused_reservation()).sum();
         let allocator = self.allocator.lock();
         let (dirty, _) = super::dmu_tx::InFlight::of(state).to_allocate(&allocator);
         allocator
-            .free_bytes()
+            .room_bytes()
             .saturating_sub(allocator.slop_bytes())
             .saturating_sub(dirty)
             .saturating_sub(reserved)

@@ -146,10 +146,11 @@ impl Store {
         // full pool spend the slop on indirect blocks and fail a sync). Space that is only in
         // flight (dirty data about to replace old blocks, frees waiting out their deferral)
         // comes back as txgs sync: wait for it, as ZFS does, before saying no. After the
-        // deferral window has passed, what is still missing is missing. The indirect blocks
-        // need whole free ranges of their size, which a pool full of 4 KiB holes lacks even
-        // with bytes to spare, so their estimate is also checked against the free space in
-        // ranges that can hold them, less part of the slop (space maps, the directory).
+        // deferral window has passed, what is still missing is missing. Blocks need whole
+        // free ranges of their size, which a pool full of 4 KiB holes lacks even with bytes
+        // to spare, so the free space counted is what whole blocks can use of it; the
+        // indirect blocks' estimate may also use all but a quarter of the slop (space maps,
+        // the directory).
         //
         // Space other volumes have reserved and not used is not there to take. A thick volume
         // (one with a reservation) may go into the slop down to a quarter of it: overwriting
@@ -193,10 +194,18 @@ impl Store {
                     let (dirty, metadata) = state_figures.to_allocate(&allocator);
                     let slop = allocator.slop_bytes();
                     let kept = if thick { slop / 4 } else { slop };
-                    let usable =
-                        allocator.free_bytes().saturating_sub(kept + ddt_reserve + reserved);
-                    let room =
-                        allocator.metadata_room_bytes().saturating_sub(slop / 4 + ddt_reserve);
+                    // Data blocks, too, are counted against the free space each free range
+                    // has in whole 16 KiB blocks (`room_bytes`), not against all free bytes: a
+                    // 16 KiB block that does not compress needs a range of its size, and the
+                    // holes left by blocks that did compress, or at the ends of ranges, do not
+                    // hold it. Counted in bytes, 1 MiB overwrites of a thick volume admitted
+                    // more than the sync could place, and it failed with 69 MB free but no
+                    // 16 KiB range left (peers run, 2026-11-27). Sound for volumes of blocks
+                    // up to 16 KiB; larger blocks need larger ranges still (sluice has no gang
+                    // blocks).
+                    let room_all = allocator.room_bytes();
+                    let usable = room_all.saturating_sub(kept + ddt_reserve + reserved);
+                    let room = room_all.saturating_sub(slop / 4 + ddt_reserve);
                     (dirty, metadata, usable, room, allocator.deferred_bytes())
                 };
                 if dirty.saturating_add(len) <= usable && metadata <= room {
