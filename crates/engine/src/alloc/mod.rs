@@ -405,10 +405,10 @@ impl Allocator {
     }
 
     /// Free space (on data vdevs) that blocks of [`METADATA_BLOCK_BYTES_MAX`] could take:
-    /// each free range counted in whole such blocks. Any metadata block, or a data block of up
-    /// to that size that does not compress, takes at most that much of it wherever it is
-    /// placed, so a txg's blocks counted at that size never need more than this. What is
-    /// left over at the ends of ranges holds only blocks that compressed to fit.
+    /// each free range counted in whole such blocks. A block of up to that size placed at
+    /// either end of a range takes at most that much of it (a run of blocks from the cursor
+    /// does); one placed inside a range, where the cursor or a ditto copy starts, up to twice
+    /// that. What is left over at the ends of ranges holds only blocks that compressed to fit.
     pub fn room_bytes(&self) -> u64 {
         self.vdevs.iter().filter(|v| !v.log_only).map(|v| v.free.large_bytes()).sum()
     }

@@ -33,8 +33,8 @@ impl RangeTree {
 
     /// Bytes that blocks of `large_min` bytes could take (see [`RangeTree::with_large_min`]):
     /// each range counts in whole multiples of it, since what is left over at a range's end
-    /// holds no such block. Placing a block of at most `large_min` bytes anywhere lowers it by
-    /// at most `large_min`.
+    /// holds no such block. Placing a block of at most `large_min` bytes at either end of a
+    /// range lowers it by at most `large_min`; inside a range, by up to twice that.
     pub fn large_bytes(&self) -> u64 {
         self.large
     }

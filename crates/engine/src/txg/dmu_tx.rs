@@ -200,9 +200,11 @@ impl Store {
                     // holes left by blocks that did compress, or at the ends of ranges, do not
                     // hold it. Counted in bytes, 1 MiB overwrites of a thick volume admitted
                     // more than the sync could place, and it failed with 69 MB free but no
-                    // 16 KiB range left (peers run, 2026-11-27). Sound for volumes of blocks
-                    // up to 16 KiB; larger blocks need larger ranges still (sluice has no gang
-                    // blocks).
+                    // 16 KiB range left (peers run, 2026-11-27). Each block placed at the end
+                    // of a range takes at most 16 KiB of this; a run that starts inside a
+                    // range loses up to 16 KiB more before it, which the kept slop absorbs.
+                    // Blocks over 16 KiB need larger ranges still (no gang blocks), and 4 and
+                    // 8 KiB blocks placed in 16 KiB ranges may take more than they count.
                     let room_all = allocator.room_bytes();
                     let usable = room_all.saturating_sub(kept + ddt_reserve + reserved);
                     let room = room_all.saturating_sub(slop / 4 + ddt_reserve);
