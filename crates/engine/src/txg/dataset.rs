@@ -222,7 +222,7 @@ impl Store {
     pub(super) fn reservable_bytes(&self, state: &super::State) -> u64 {
         let reserved: u64 = state.volumes.values().map(|d| d.unused_reservation()).sum();
         let allocator = self.allocator.lock();
-        let (dirty, _) = super::dmu_tx::InFlight::of(state).to_allocate(&allocator);
+        let dirty = super::dmu_tx::InFlight::of(state).to_allocate(&allocator);
         allocator
             .room_bytes()
             .saturating_sub(allocator.slop_bytes())

@@ -92,7 +92,6 @@ pub(super) struct InFlight {
     prewritten: u64,
     /// The syncing txg's, as estimated when it quiesced.
     syncing: u64,
-    syncing_metadata: u64,
     syncing_allocated_base: u64,
 }
 
@@ -103,21 +102,18 @@ impl InFlight {
             open_metadata: state.dirty_metadata_bytes,
             prewritten: state.prewritten_bytes,
             syncing: state.syncing_bytes,
-            syncing_metadata: state.syncing_metadata_bytes,
             syncing_allocated_base: state.syncing_allocated_base,
         }
     }
 
-    /// (bytes still to allocate, of which indirect blocks). What the syncing txg has already
+    /// Bytes still to allocate, indirect blocks included. What the syncing txg has already
     /// allocated is out of the free space, so it is no longer counted here: counting all of
     /// its estimate until the sync ended counted those bytes twice, and with txgs of a tenth
     /// of memory on a pool of a few GiB, writers found the pool full while a sync ran and
-    /// each synced again in turn (docs/bench/peers-notes.md). Its indirect blocks are taken
-    /// to be the last it allocates (they are written above their data).
-    pub(super) fn to_allocate(&self, allocator: &crate::alloc::Allocator) -> (u64, u64) {
+    /// each synced again in turn (docs/bench/peers-notes.md).
+    pub(super) fn to_allocate(&self, allocator: &crate::alloc::Allocator) -> u64 {
         let done = allocator.allocated_total().saturating_sub(self.syncing_allocated_base);
-        let syncing = self.syncing.saturating_sub(done);
-        (self.open + syncing, self.open_metadata + self.syncing_metadata.min(syncing))
+        self.open + self.syncing.saturating_sub(done)
     }
 }
 
@@ -148,9 +144,7 @@ impl Store {
         // comes back as txgs sync: wait for it, as ZFS does, before saying no. After the
         // deferral window has passed, what is still missing is missing. Blocks need whole
         // free ranges of their size, which a pool full of 4 KiB holes lacks even with bytes
-        // to spare, so the free space counted is what whole blocks can use of it; the
-        // indirect blocks' estimate may also use all but a quarter of the slop (space maps,
-        // the directory).
+        // to spare, so the free space counted is what whole blocks can use of it.
         //
         // Space other volumes have reserved and not used is not there to take. A thick volume
         // (one with a reservation) may go into the slop down to a quarter of it: overwriting
@@ -189,9 +183,9 @@ impl Store {
                 let upper = state_figures.open + state_figures.syncing;
                 let new_entries = if dedup { upper.saturating_add(len) / unit } else { 0 };
                 let ddt_reserve = self.ddt.rewrite_reserve_bytes(unit, new_entries);
-                let (dirty, metadata, usable, room, deferred) = {
+                let (dirty, usable, deferred) = {
                     let allocator = self.allocator.lock();
-                    let (dirty, metadata) = state_figures.to_allocate(&allocator);
+                    let dirty = state_figures.to_allocate(&allocator);
                     let slop = allocator.slop_bytes();
                     let kept = if thick { slop / 4 } else { slop };
                     // Data blocks, too, are counted against the free space each free range
@@ -205,12 +199,11 @@ impl Store {
                     // range loses up to 16 KiB more before it, which the kept slop absorbs.
                     // Blocks over 16 KiB need larger ranges still (no gang blocks), and 4 and
                     // 8 KiB blocks placed in 16 KiB ranges may take more than they count.
-                    let room_all = allocator.room_bytes();
-                    let usable = room_all.saturating_sub(kept + ddt_reserve + reserved);
-                    let room = room_all.saturating_sub(slop / 4 + ddt_reserve);
-                    (dirty, metadata, usable, room, allocator.deferred_bytes())
+                    let usable =
+                        allocator.room_bytes().saturating_sub(kept + ddt_reserve + reserved);
+                    (dirty, usable, allocator.deferred_bytes())
                 };
-                if dirty.saturating_add(len) <= usable && metadata <= room {
+                if dirty.saturating_add(len) <= usable {
                     // The most the open txg's dirty data may grow to before writers meet the
                     // wall, on the throttle's measure (which counts blocks written in place):
                     // its maximum where it is below `txg.dirty_max`.
@@ -249,9 +242,9 @@ impl Store {
     /// maximum (an eighth of it); past that they wait too.
     ///
     /// `space_max` is about the most the open txg's dirty data can reach before the pool's
-    /// free space refuses writes (the check of room for indirect blocks, and the dedup
-    /// table's reserve, can refuse a little sooner). Where it is below `txg.dirty_max` the sync starts and the delay
-    /// rises by it instead: a tenth of memory can be more than a pool of a few GiB holds
+    /// free space refuses writes (the dedup table's reserve, which grows with the data, can
+    /// refuse a little sooner). Where it is below `txg.dirty_max` the sync starts and the
+    /// delay rises by it instead: a tenth of memory can be more than a pool of a few GiB holds
     /// beside the syncing txg and two txgs of deferred frees, and writers then stopped at the
     /// space check for a whole sync each (2-4 s measured) instead of slowing down smoothly.
     /// Writers still wait for a sync only at the space check itself or at `txg.dirty_max`.

@@ -254,8 +254,6 @@ struct State {
     /// What the syncing txg will allocate (its dirty data and metadata at quiesce), until its
     /// sync ends: admission counts it, since its blocks are not allocated yet.
     syncing_bytes: u64,
-    /// The metadata part of `syncing_bytes`.
-    syncing_metadata_bytes: u64,
     /// [`Allocator::allocated_total`] when the syncing txg quiesced: what it has allocated
     /// since is in the allocator's free space already (`dmu_tx::InFlight`).
     syncing_allocated_base: u64,
@@ -302,7 +300,6 @@ impl State {
             prewritten_bytes: 0,
             dirty_metadata_bytes: 0,
             syncing_bytes: 0,
-            syncing_metadata_bytes: 0,
             syncing_allocated_base: 0,
             destroyed: Vec::new(),
             destroyed_deadlists: Vec::new(),

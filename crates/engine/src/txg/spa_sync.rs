@@ -148,7 +148,6 @@ impl Store {
         {
             let mut state = self.state.lock();
             state.syncing_bytes = 0;
-            state.syncing_metadata_bytes = 0;
         }
         if let Err(error) = &result {
             self.suspend(format!("the sync failed: {error}"));
@@ -216,7 +215,6 @@ impl Store {
         // to tell whether the leaf missed a block born since.
         self.pool.note_txg_open(state.open_txg);
         state.syncing_bytes = state.dirty_to_allocate() + state.dirty_metadata_bytes;
-        state.syncing_metadata_bytes = state.dirty_metadata_bytes;
         // Lock order: state -> allocator.
         state.syncing_allocated_base = self.allocator.lock().allocated_total();
         state.dirty_bytes = 0;
