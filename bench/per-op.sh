@@ -4,7 +4,7 @@
 # fresh image.
 #
 # Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|stream-1m|randread|seqread] [JOBS] [--bin PATH]
-#        [--block-size 4K] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
+#        [--block-size 4K] [--compression off|lz4|zstd] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
 #        [--cores N (sluice's serving cores)] [--age SECONDS]
 #   syncwrite: 4 KiB random writes, each followed by a flush, JOBS jobs at queue depth 1
 #   syncwrite-1m: 1 MiB sequential writes, each followed by a flush, JOBS jobs at queue depth
@@ -26,11 +26,12 @@ set -euo pipefail
 
 target=${1:-sluice}; job=${2:-syncwrite}; jobs=${3:-32}
 shift $(( $# < 3 ? $# : 3 ))
-bin=target/release/sluice; block=""; seconds=6; disk=""; serve_args=(); age=0
+bin=target/release/sluice; block=""; compression=""; seconds=6; disk=""; serve_args=(); age=0
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) bin=$2; shift 2 ;;
     --block-size) block=$2; shift 2 ;;
+    --compression) compression=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --disk) disk=$2; shift 2 ;;
     --set) serve_args+=(--set "$2"); shift 2 ;;
@@ -53,7 +54,8 @@ case $target in
     export SLUICE_CACHE_FILE=$dir/pools
     dd if=/dev/zero of="$dir/leaf.img" bs=1M count=3072 oflag=direct status=none
     "$bin" pool create perop "$dir/leaf.img" >/dev/null
-    "$bin" vol create perop/disk --size 1536M ${block:+--block-size "$block"} >/dev/null
+    "$bin" vol create perop/disk --size 1536M ${block:+--block-size "$block"} \
+      ${compression:+--compression "$compression"} >/dev/null
     "$bin" serve perop --socket "$dir/s.sock" --listen none --dir "$dir" ${serve_args[@]+"${serve_args[@]}"} 2>"$dir/serve.log" &
     pid=$! ;;
   qemu-nbd)
@@ -92,7 +94,7 @@ before=$(sample)
 fio --name=op --ioengine=nbd --uri="$uri" --bs=4k --size=1G --runtime="$seconds" --time_based \
   --group_reporting --output-format=json "${args[@]}" 2>/dev/null | grep -v '^fio: ' >"$dir/fio.json"
 after=$(sample)
-/usr/bin/python3 - "$dir/fio.json" "$seconds" "$before" "$after" "$target" "$job" "$jobs" "${block:-default}" <<'PY'
+/usr/bin/python3 - "$dir/fio.json" "$seconds" "$before" "$after" "$target" "$job" "$jobs" "${block:-default}${compression:+ compression=$compression}" <<'PY'
 import json, os, sys
 path, seconds, before, after, target, job, jobs, block = sys.argv[1:]
 j = json.load(open(path))["jobs"][0]
