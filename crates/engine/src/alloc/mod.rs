@@ -33,7 +33,8 @@
 //! Each data vdev keeps a log region at the start of its data area ([`log_region_bytes`]: a
 //! eighth of the area, at most 1 GiB), as OpenZFS keeps one metaslab per vdev for its
 //! embedded log class. Log blocks are placed there first and data is placed after it (data
-//! reaches it only once the rest is full, and log blocks then go elsewhere): pool creation
+//! reaches it only once nothing after it fits, or once the vdev is short of space and best fit
+//! takes the smallest range anywhere; log blocks then go elsewhere): pool creation
 //! writes the region's bytes once (`BlockDevice::prepare_log_region`), so on a file leaf a log
 //! write lands on extents the filesystem has already allocated and written, and its durable
 //! write needs no extent allocation and no journal commit, only the data and a cache flush.
@@ -123,6 +124,23 @@ struct VdevSpace {
     log_region_end: u64,
     data_start: u64,
     data_end: u64,
+}
+
+impl VdevSpace {
+    /// Where a data block of `asize` bytes goes while the vdev has room: next fit from the
+    /// cursor in the space after the log region, wrapping to the region's end, and into the
+    /// region only when nothing after it fits. A plain next fit wrapped to the start of the
+    /// data area, which is the region: each time the cursor passed the end, data filled the
+    /// region's holes, and log blocks, placed next fit within the region, then walked past
+    /// thousands of small ranges for each allocation, under the allocator's lock on the commit
+    /// path (perf, 32 clients of 4 KiB write + flush on a pool aged by 40 s of random writes,
+    /// 2026-11-27: the log block's allocation 4.5% of the server's samples).
+    fn data_fit(&self, asize: u64, unit: u64) -> Option<u64> {
+        let outside = (self.log_region_end, self.data_end);
+        self.free
+            .first_fit_within(asize, unit, self.cursor, outside)
+            .or_else(|| self.free.first_fit(asize, unit, self.cursor))
+    }
 }
 
 /// The pool's allocator.
@@ -459,11 +477,8 @@ impl Allocator {
             let tight = space.free.total_bytes()
                 < (space.data_end - space.data_start) / 100 * BEST_FIT_FREE_PCT
                 || space.free.largest() < BEST_FIT_LARGEST_BYTES;
-            let found = if tight {
-                space.free.best_fit(asize, unit)
-            } else {
-                space.free.first_fit(asize, unit, space.cursor)
-            };
+            let found =
+                if tight { space.free.best_fit(asize, unit) } else { space.data_fit(asize, unit) };
             if let Some(at) = found {
                 space.free.remove(at, asize);
                 space.cursor = at + asize;
@@ -519,7 +534,7 @@ impl Allocator {
             if space.log_only || copies.iter().any(|&(v, _)| v as usize == vdev) {
                 continue;
             }
-            if let Some(at) = space.free.first_fit(asize, unit, space.cursor) {
+            if let Some(at) = space.data_fit(asize, unit) {
                 space.free.remove(at, asize);
                 space.cursor = at + asize;
                 self.allocated_total += asize;
@@ -717,6 +732,35 @@ mod tests {
             assert_eq!(a.space_map_entries(vdev), (map.free.len(), map.deferred.len()));
         }
         assert_eq!(a.space_map(data_vdev).deferred.len(), 1);
+    }
+
+    /// Data's cursor wraps to the log region's end, not into the region: space freed after the
+    /// region is reused first, and data takes the region only once nothing after it fits.
+    #[test]
+    fn data_wraps_past_the_log_region() {
+        let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
+        let region_end = 4 * MIB + log_region_bytes(64 * MIB);
+        let blocks: Vec<(u32, u64, u64)> = (0..(68 * MIB - region_end) / MIB)
+            .map(|_| a.allocate(MIB, AllocClass::Reserved, &[]).unwrap())
+            .collect();
+        assert!(blocks.iter().all(|b| b.1 >= region_end), "data starts after the region");
+        let b = a.allocate(MIB, AllocClass::Reserved, &[]).unwrap();
+        assert!(b.1 < region_end, "the space after the region is full: data takes the region");
+        // The cursor is now in the region. A plain next fit went on from there (the region
+        // had room); data goes back past the region's end.
+        a.free(1, 0, b.1, b.2);
+        for &(vdev, start, len) in &blocks[..4] {
+            a.free(1, vdev, start, len);
+        }
+        for txg in 1..=(1 + FREE_DEFER_TXGS) {
+            a.synced(txg);
+        }
+        for &(_, start, _) in &blocks[..4] {
+            let (_, at, _) = a.allocate(MIB, AllocClass::Reserved, &[]).unwrap();
+            assert_eq!(at, start, "space freed after the region is reused before the region");
+        }
+        let (_, at, _) = a.allocate(MIB, AllocClass::Reserved, &[]).unwrap();
+        assert!(at < region_end, "with the rest full, data goes into the region");
     }
 
     /// The store is asked for a sync once log blocks (live or deferred) hold more than three
