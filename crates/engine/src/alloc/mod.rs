@@ -135,7 +135,16 @@ impl VdevSpace {
     /// thousands of small ranges for each allocation, under the allocator's lock on the commit
     /// path (perf, 32 clients of 4 KiB write + flush on a pool aged by 40 s of random writes,
     /// 2026-11-27: the log block's allocation 4.5% of the server's samples).
+    ///
+    /// Whether anything after the region fits is asked of the ranges by size first: when
+    /// nothing does, the next fit there would walk every range after the region for each
+    /// block, and those ranges are then all smaller than the block, while the ones that are
+    /// not are few. A cursor left inside the region by such a spill comes back out as soon as
+    /// something after the region fits.
     fn data_fit(&self, asize: u64, unit: u64) -> Option<u64> {
+        if !self.free.fits_from(asize, unit, self.log_region_end) {
+            return self.free.first_fit(asize, unit, self.cursor);
+        }
         let outside = (self.log_region_end, self.data_end);
         self.free
             .first_fit_within(asize, unit, self.cursor, outside)
@@ -550,10 +559,19 @@ impl Allocator {
         let wrap = |at: u64| lo + (at.saturating_sub(lo)) % (hi - lo);
         let starts =
             [space.ditto_cursor, wrap(here[0] + (hi - lo) / 2), wrap(here[0] + distance), lo];
+        // After the log region first, as for data (`VdevSpace::data_fit`); a plain next fit
+        // from these starts wraps into the region.
+        let outside = |start: u64| space.free.first_fit_within(asize, unit, start, (lo, hi));
         let found = starts
             .into_iter()
-            .filter_map(|start| space.free.first_fit(asize, unit, start))
+            .filter_map(outside)
             .find(|&at| far(at))
+            .or_else(|| {
+                starts
+                    .into_iter()
+                    .filter_map(|start| space.free.first_fit(asize, unit, start))
+                    .find(|&at| far(at))
+            })
             .or_else(|| space.free.best_fit(asize, unit).filter(|&at| far(at)));
         let Some(at) = found else { return Err(no_space) };
         space.free.remove(at, asize);
@@ -761,6 +779,27 @@ mod tests {
         }
         let (_, at, _) = a.allocate(MIB, AllocClass::Reserved, &[]).unwrap();
         assert!(at < region_end, "with the rest full, data goes into the region");
+    }
+
+    /// A metadata block's second copy on the same vdev (a one-vdev pool) also stays out of the
+    /// log region while space after it is far enough from the first copy.
+    #[test]
+    fn ditto_copies_stay_out_of_the_log_region() {
+        let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
+        let region_end = 4 * MIB + log_region_bytes(64 * MIB);
+        let blocks: Vec<(u32, u64, u64)> = (0..(68 * MIB - region_end) / MIB)
+            .map(|_| a.allocate(MIB, AllocClass::Reserved, &[]).unwrap())
+            .collect();
+        let (vdev, start, len) = blocks[0];
+        a.free(1, vdev, start, len);
+        for txg in 1..=(1 + FREE_DEFER_TXGS) {
+            a.synced(txg);
+        }
+        // The copy's cursor starts mid-area, where nothing is free: a plain next fit from it
+        // wrapped into the region, which is far from the first copy too.
+        let (_, at, _) =
+            a.allocate_ditto(16 << 10, AllocClass::Reserved, &[(0, 67 * MIB)]).unwrap();
+        assert_eq!(at, region_end, "the copy goes to the free space after the region");
     }
 
     /// The store is asked for a sync once log blocks (live or deferred) hold more than three

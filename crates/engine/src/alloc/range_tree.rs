@@ -183,6 +183,15 @@ impl RangeTree {
         })
     }
 
+    /// Whether `len` bytes aligned to `align` fit at or after `lo` in some range. Walks only
+    /// the ranges of at least `len` bytes, smallest first, until one fits.
+    pub fn fits_from(&self, len: u64, align: u64, lo: u64) -> bool {
+        self.by_size.range((len, 0)..).any(|&(size, start)| {
+            let at = start.max(lo).div_ceil(align) * align;
+            at.checked_add(len).is_some_and(|end| end <= start + size)
+        })
+    }
+
     /// Length of the largest range (0 when empty).
     pub fn largest(&self) -> u64 {
         self.by_size.last().map_or(0, |&(size, _)| size)
@@ -229,7 +238,9 @@ impl RangeTree {
         if lo >= hi {
             return None;
         }
-        from(cursor.clamp(lo, hi)).or_else(|| from(lo))
+        let start = cursor.clamp(lo, hi);
+        // From `lo` again only if that covers something the first pass did not.
+        from(start).or_else(|| if start > lo { from(lo) } else { None })
     }
 }
 
@@ -250,6 +261,18 @@ mod tests {
         tree.remove(0, 12288);
         assert_eq!(tree.first_fit_within(4096, 4096, 0, (0, 16384)), Some(12288));
         assert_eq!(tree.first_fit_within(8192, 4096, 0, (0, 16384)), None);
+    }
+
+    /// `fits_from` sees a fit only at or after its bound, in a range that crosses it too.
+    #[test]
+    fn fits_from_counts_only_space_past_the_bound() {
+        let mut tree = RangeTree::default();
+        tree.insert(0, 64 << 10);
+        tree.insert(128 << 10, 8 << 10);
+        assert!(tree.fits_from(16 << 10, 4096, 32 << 10), "the first range crosses the bound");
+        assert!(!tree.fits_from(16 << 10, 4096, 56 << 10), "8 KiB left before the bound's end");
+        assert!(tree.fits_from(8 << 10, 4096, 56 << 10));
+        assert!(!tree.fits_from(16 << 10, 4096, 64 << 10), "only 8 KiB past 64 KiB");
     }
 
     #[test]
