@@ -145,10 +145,8 @@ impl VdevSpace {
         if !self.free.fits_from(asize, unit, self.log_region_end) {
             return self.free.first_fit(asize, unit, self.cursor);
         }
-        let outside = (self.log_region_end, self.data_end);
-        self.free
-            .first_fit_within(asize, unit, self.cursor, outside)
-            .or_else(|| self.free.first_fit(asize, unit, self.cursor))
+        // Something after the region fits, so the bounded next fit finds it.
+        self.free.first_fit_within(asize, unit, self.cursor, (self.log_region_end, self.data_end))
     }
 }
 
@@ -752,15 +750,22 @@ mod tests {
         assert_eq!(a.space_map(data_vdev).deferred.len(), 1);
     }
 
+    /// A one-vdev allocator (64 MiB data area) whose space after the log region is all taken
+    /// by 1 MiB blocks, in order; with the region's end and those blocks.
+    fn filled_after_the_log_region() -> (Allocator, u64, Vec<(u32, u64, u64)>) {
+        let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
+        let region_end = 4 * MIB + log_region_bytes(64 * MIB);
+        let blocks = (0..(68 * MIB - region_end) / MIB)
+            .map(|_| a.allocate(MIB, AllocClass::Reserved, &[]).unwrap())
+            .collect();
+        (a, region_end, blocks)
+    }
+
     /// Data's cursor wraps to the log region's end, not into the region: space freed after the
     /// region is reused first, and data takes the region only once nothing after it fits.
     #[test]
     fn data_wraps_past_the_log_region() {
-        let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
-        let region_end = 4 * MIB + log_region_bytes(64 * MIB);
-        let blocks: Vec<(u32, u64, u64)> = (0..(68 * MIB - region_end) / MIB)
-            .map(|_| a.allocate(MIB, AllocClass::Reserved, &[]).unwrap())
-            .collect();
+        let (mut a, region_end, blocks) = filled_after_the_log_region();
         assert!(blocks.iter().all(|b| b.1 >= region_end), "data starts after the region");
         let b = a.allocate(MIB, AllocClass::Reserved, &[]).unwrap();
         assert!(b.1 < region_end, "the space after the region is full: data takes the region");
@@ -785,11 +790,7 @@ mod tests {
     /// log region while space after it is far enough from the first copy.
     #[test]
     fn ditto_copies_stay_out_of_the_log_region() {
-        let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
-        let region_end = 4 * MIB + log_region_bytes(64 * MIB);
-        let blocks: Vec<(u32, u64, u64)> = (0..(68 * MIB - region_end) / MIB)
-            .map(|_| a.allocate(MIB, AllocClass::Reserved, &[]).unwrap())
-            .collect();
+        let (mut a, region_end, blocks) = filled_after_the_log_region();
         let (vdev, start, len) = blocks[0];
         a.free(1, vdev, start, len);
         for txg in 1..=(1 + FREE_DEFER_TXGS) {
