@@ -1,0 +1,317 @@
+//! Unit tests of the allocator: placement (stripes, ditto copies, the log region), deferred
+//! frees, slop and space maps.
+
+use proptest::prelude::*;
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+
+fn allocator() -> Allocator {
+    Allocator::new(12, &[(4 * MIB, 68 * MIB), (4 * MIB, 68 * MIB)])
+}
+
+/// `allocated_total` counts what txgs' blocks take (plain and ditto allocations), not log
+/// blocks nor blocks placed in place for the log, which admission counts apart.
+#[test]
+fn allocated_total_counts_txg_blocks_only() {
+    let mut a = allocator();
+    let (vdev, at, len) = a.allocate(4096, AllocClass::Normal, &[]).unwrap();
+    assert_eq!((a.allocated_total(), len), (4096, 4096));
+    a.allocate_ditto(16384, AllocClass::Reserved, &[(vdev, at)]).unwrap();
+    assert_eq!(a.allocated_total(), 4096 + 16384);
+    a.allocate_indirect(128 << 10).unwrap();
+    a.allocate_log(64 << 10).unwrap();
+    let free = a.free_bytes();
+    a.claim_log(0, 40 * MIB, 8192).unwrap();
+    assert_eq!(a.free_bytes(), free - 8192);
+    assert_eq!(a.allocated_total(), 4096 + 16384);
+}
+
+/// Log blocks go to the log region at the start of each data area and data after it, so
+/// the region pool creation wrote is where the log writes; a full region spills.
+#[test]
+fn log_blocks_use_the_log_region() {
+    let mut a = allocator();
+    let region = log_region_bytes(64 * MIB);
+    assert_eq!(region, 8 * MIB);
+    let (data_vdev, data_at, _) = a.allocate(64 << 10, AllocClass::Normal, &[]).unwrap();
+    assert!(data_at >= 4 * MIB + region, "data at {data_at} is inside the log region");
+    let (mut log_blocks, mut asked) = (0u64, 0);
+    loop {
+        let (vdev, at, len) = a.allocate_log(128 << 10).unwrap();
+        if at >= 4 * MIB + region {
+            break;
+        }
+        assert!(at + len <= 4 * MIB + region, "log block crosses the region's end");
+        log_blocks += 1;
+        asked += u32::from(a.log_region_pressed(vdev));
+    }
+    // Nothing synced meanwhile: the filling regions asked for a sync once.
+    assert_eq!(asked, 1);
+    // Both vdevs' regions were used before a block spilled.
+    assert_eq!(log_blocks, 2 * region / (128 << 10));
+    // Live log blocks are free in the space map, joined to the free space around them, and
+    // the count the sync sizes the map's pieces by is the map's.
+    a.free(1, data_vdev, data_at, 64 << 10);
+    for vdev in 0..2 {
+        let map = a.space_map(vdev);
+        let mut joined = map.free.clone();
+        joined.dedup_by(|next, prev| prev.0 + prev.1 == next.0);
+        assert_eq!(joined.len(), map.free.len(), "adjacent free ranges are joined");
+        assert_eq!(a.space_map_entries(vdev), (map.free.len(), map.deferred.len()));
+    }
+    assert_eq!(a.space_map(data_vdev).deferred.len(), 1);
+}
+
+/// A one-vdev allocator (64 MiB data area) whose space after the log region is all taken
+/// by 1 MiB blocks, in order; with the region's end and those blocks.
+fn filled_after_the_log_region() -> (Allocator, u64, Vec<(u32, u64, u64)>) {
+    let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
+    let region_end = 4 * MIB + log_region_bytes(64 * MIB);
+    let blocks = (0..(68 * MIB - region_end) / MIB)
+        .map(|_| a.allocate(MIB, AllocClass::Reserved, &[]).unwrap())
+        .collect();
+    (a, region_end, blocks)
+}
+
+/// Data's cursor wraps to the log region's end, not into the region: space freed after the
+/// region is reused first, and data takes the region only once nothing after it fits.
+#[test]
+fn data_wraps_past_the_log_region() {
+    let (mut a, region_end, blocks) = filled_after_the_log_region();
+    assert!(blocks.iter().all(|b| b.1 >= region_end), "data starts after the region");
+    let b = a.allocate(MIB, AllocClass::Reserved, &[]).unwrap();
+    assert!(b.1 < region_end, "the space after the region is full: data takes the region");
+    // The cursor is now in the region. A plain next fit went on from there (the region
+    // had room); data goes back past the region's end.
+    a.free(1, 0, b.1, b.2);
+    for &(vdev, start, len) in &blocks[..4] {
+        a.free(1, vdev, start, len);
+    }
+    for txg in 1..=(1 + FREE_DEFER_TXGS) {
+        a.synced(txg);
+    }
+    for &(_, start, _) in &blocks[..4] {
+        let (_, at, _) = a.allocate(MIB, AllocClass::Reserved, &[]).unwrap();
+        assert_eq!(at, start, "space freed after the region is reused before the region");
+    }
+    let (_, at, _) = a.allocate(MIB, AllocClass::Reserved, &[]).unwrap();
+    assert!(at < region_end, "with the rest full, data goes into the region");
+}
+
+/// A metadata block's second copy on the same vdev (a one-vdev pool) also stays out of the
+/// log region while space after it is far enough from the first copy.
+#[test]
+fn ditto_copies_stay_out_of_the_log_region() {
+    let (mut a, region_end, blocks) = filled_after_the_log_region();
+    let (vdev, start, len) = blocks[0];
+    a.free(1, vdev, start, len);
+    for txg in 1..=(1 + FREE_DEFER_TXGS) {
+        a.synced(txg);
+    }
+    // The copy's cursor starts mid-area, where nothing is free: a plain next fit from it
+    // wrapped into the region, which is far from the first copy too.
+    let (_, at, _) = a.allocate_ditto(16 << 10, AllocClass::Reserved, &[(0, 67 * MIB)]).unwrap();
+    assert_eq!(at, region_end, "the copy goes to the free space after the region");
+}
+
+/// The store is asked for a sync once log blocks (live or deferred) hold more than three
+/// quarters of a log region, once per synced txg; blocks placed in place for indirect
+/// records (data space, outside the region) do not count, and the freed blocks count
+/// until their deferral ends.
+#[test]
+fn a_filling_log_region_asks_for_a_sync_once_per_txg() {
+    let mut a = Allocator::new(12, &[(4 * MIB, 132 * MIB)]);
+    let region = log_region_bytes(128 * MIB);
+    assert_eq!(region, 16 * MIB);
+    // Indirect placements, however many, are not log-region pressure.
+    for _ in 0..200 {
+        a.allocate_indirect(128 << 10).unwrap();
+        assert!(!a.log_region_pressed(0));
+    }
+    let mut blocks = Vec::new();
+    let mut asked = 0;
+    while blocks.len() * (128 << 10) < region as usize - (128 << 10) {
+        let (vdev, at, len) = a.allocate_log(128 << 10).unwrap();
+        assert!(at + len <= 4 * MIB + region);
+        blocks.push((at, len));
+        let held = blocks.len() as u64 * (128 << 10);
+        let pressed = a.log_region_pressed(vdev);
+        if pressed {
+            asked += 1;
+            assert!(held > region / 4 * 3, "asked at {held} of {region}");
+        }
+        if held > region / 4 * 3 + (128 << 10) {
+            assert!(!pressed, "asked again in the same txg");
+        }
+    }
+    assert_eq!(asked, 1);
+    // Freed in txg 1, the blocks still hold the region until txg 3 has synced; a new
+    // synced txg lets the allocator ask again while they do.
+    for &(at, len) in &blocks {
+        a.free_log(1, 0, at, len);
+    }
+    a.synced(1);
+    assert!(a.log_region_pressed(0), "deferred blocks still fill the region");
+    assert!(!a.log_region_pressed(0));
+    a.synced(2);
+    a.synced(3);
+    assert!(!a.log_region_pressed(0), "the region is free again");
+}
+
+/// Sequential allocations are contiguous and rotate over vdevs every aliquot.
+#[test]
+fn allocations_stripe_in_aliquots() {
+    let mut a = allocator();
+    let mut placements = Vec::new();
+    for _ in 0..64 {
+        placements.push(a.allocate(64 << 10, AllocClass::Normal, &[]).unwrap());
+    }
+    // Data starts after the log region.
+    let base = 4 * MIB + log_region_bytes(64 * MIB);
+    assert_eq!(placements[0], (0, base, 64 << 10));
+    assert_eq!(placements[1], (0, base + (64 << 10), 64 << 10));
+    assert_eq!(placements[16].0, 1, "after 1 MiB the rotor moves to vdev 1");
+    assert_eq!(placements[32].0, 0);
+    // Copies avoid the vdev of the first copy.
+    let (vdev, _, _) = a.allocate(4096, AllocClass::Normal, &[0]).unwrap();
+    assert_eq!(vdev, 1);
+}
+
+/// Extra copies of metadata: on another vdev when there is one; on a lone vdev at least
+/// an eighth of the data area from every other copy, and those of blocks placed one after
+/// another lie back to back; a full vdev refuses rather than placing them close.
+#[test]
+fn ditto_copies_land_apart() {
+    let mut a = allocator();
+    let (v, at, _) = a.allocate(16 << 10, AllocClass::Reserved, &[]).unwrap();
+    let (v2, _, _) = a.allocate_ditto(16 << 10, AllocClass::Reserved, &[(v, at)]).unwrap();
+    assert_ne!(v, v2, "another vdev first");
+
+    let mut one = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
+    let area = 64 * MIB - log_region_bytes(64 * MIB);
+    let mut last_ditto = None;
+    for _ in 0..16 {
+        let (v, at, len) = one.allocate(16 << 10, AllocClass::Reserved, &[]).unwrap();
+        let (v2, d, _) = one.allocate_ditto(16 << 10, AllocClass::Reserved, &[(v, at)]).unwrap();
+        assert_eq!(v2, 0);
+        assert!(d.abs_diff(at) >= area / 8, "copies {at} and {d} too close");
+        if let Some(prev) = last_ditto {
+            assert_eq!(d, prev, "ditto copies follow their own cursor");
+        }
+        last_ditto = Some(d + len);
+    }
+    let (v, at, _) = one.allocate(16 << 10, AllocClass::Reserved, &[]).unwrap();
+    let (_, d, _) = one.allocate_ditto(16 << 10, AllocClass::Reserved, &[(v, at)]).unwrap();
+    let (_, third, _) =
+        one.allocate_ditto(16 << 10, AllocClass::Reserved, &[(v, at), (v, d)]).unwrap();
+    assert!(third.abs_diff(at) >= area / 8 && third.abs_diff(d) >= area / 8);
+    // Nearly everything far from the first copy taken: refused, not placed close.
+    let mut tight = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
+    let (_, at, _) = tight.allocate(16 << 10, AllocClass::Reserved, &[]).unwrap();
+    let region_end = 4 * MIB + log_region_bytes(64 * MIB);
+    let keep = (at + (16 << 10), area / 8);
+    let mut free = RangeTree::default();
+    free.insert(keep.0, keep.1 - (16 << 10));
+    tight.vdevs[0].free = free;
+    assert!(tight.allocate_ditto(16 << 10, AllocClass::Reserved, &[(0, at)]).is_err());
+    assert!(region_end <= at);
+}
+
+/// Freed space is not reused before the freeing txg plus the deferral has synced.
+#[test]
+fn frees_are_deferred() {
+    let mut a = Allocator::new(12, &[(0, 64 * 4096)]);
+    let slop = a.slop_bytes();
+    let mut blocks = Vec::new();
+    while let Ok(b) = a.allocate(4096, AllocClass::Reserved, &[]) {
+        blocks.push(b);
+    }
+    assert_eq!(a.free_bytes(), 0);
+    let (vdev, start, len) = blocks[3];
+    a.free(5, vdev, start, len);
+    for txg in 0..(5 + FREE_DEFER_TXGS) {
+        a.synced(txg);
+        assert_eq!(a.free_bytes(), 0, "reused after txg {txg} only");
+    }
+    a.synced(5 + FREE_DEFER_TXGS);
+    assert_eq!(a.free_bytes(), 4096);
+    assert!(slop > 0);
+}
+
+/// Ordinary allocations stop at the slop reserve; reserved ones may use it; the error says
+/// what to do.
+#[test]
+fn slop_is_kept_for_reserved_work() {
+    let mut a = Allocator::new(12, &[(0, 8 * MIB)]);
+    while a.allocate(64 << 10, AllocClass::Normal, &[]).is_ok() {}
+    assert!(a.free_bytes() >= a.slop_bytes() - (64 << 10));
+    let error = a.allocate(4096, AllocClass::Normal, &[]).unwrap_err();
+    assert!(matches!(error, AllocError::NoSpace { .. }));
+    assert!(error.to_string().contains("trimming"));
+    a.allocate(4096, AllocClass::Reserved, &[]).unwrap();
+}
+
+/// The space map round-trips through the on-disk encoding and restores the same state;
+/// a map whose ranges overlap is refused with the vdev named.
+#[test]
+fn space_maps_persist_and_validate() {
+    let mut a = allocator();
+    for i in 0..40u64 {
+        let (vdev, start, len) = a.allocate(12288, AllocClass::Normal, &[]).unwrap();
+        if i % 3 == 0 {
+            a.free(2 + i / 10, vdev, start, len);
+        }
+    }
+    a.synced(3);
+    let maps: Vec<_> = (0..2)
+        .map(|v| {
+            let bytes = a.space_map(v).encode().unwrap();
+            (SpaceMap::decode(&bytes).unwrap(), (4 * MIB, 68 * MIB))
+        })
+        .collect();
+    let b = Allocator::load(12, &maps).unwrap();
+    assert_eq!(b.free_bytes(), a.free_bytes());
+    assert_eq!(b.deferred_bytes(), a.deferred_bytes());
+    let mut bad = maps.clone();
+    let inside_free = bad[1].0.free[0].0;
+    bad[1].0.deferred.push((9, inside_free, 4096));
+    let error = Allocator::load(12, &bad).unwrap_err();
+    assert!(matches!(error, AllocError::Corrupt { vdev: 1, .. }), "{error}");
+}
+
+proptest! {
+    /// The allocator never hands out a byte twice, whatever mix of allocations, frees and
+    /// syncs, and free + allocated + deferred always add up to the capacity.
+    #[test]
+    fn never_allocates_twice(ops in proptest::collection::vec((0u8..3, 1u64..40_000, any::<prop::sample::Index>()), 1..300)) {
+        let mut a = Allocator::new(12, &[(0, 2 * MIB), (0, 3 * MIB)]);
+        let mut live: Vec<(u32, u64, u64)> = Vec::new();
+        let mut txg = 1u64;
+        for (op, size, pick) in ops {
+            match op {
+                0 => {
+                    if let Ok(block) = a.allocate(size, AllocClass::Reserved, &[]) {
+                        for &(v, s, l) in &live {
+                            prop_assert!(v != block.0 || s + l <= block.1 || block.1 + block.2 <= s, "overlap");
+                        }
+                        live.push(block);
+                    }
+                }
+                1 if !live.is_empty() => {
+                    let (v, s, l) = live.swap_remove(pick.index(live.len()));
+                    a.free(txg, v, s, l);
+                }
+                _ => {
+                    a.synced(txg);
+                    txg += 1;
+                }
+            }
+            let live_bytes: u64 = live.iter().map(|b| b.2).sum();
+            prop_assert_eq!(a.free_bytes() + a.deferred_bytes() + live_bytes, a.capacity_bytes());
+            let listed: u64 = a.deferred.values().flatten().map(|&(_, _, len)| len).sum();
+            prop_assert_eq!(a.deferred_bytes(), listed, "the running total matches the list");
+        }
+    }
+}
