@@ -33,9 +33,10 @@
 //! its queue short for sync writes; an HDD, whose elevator gains from every command it can see,
 //! ends deep. This is the "depends on the latency of the storage" of seeds 000 and 003, found
 //! by measurement instead of by hand. The shallow-depth rule is there for sync and log writes,
-//! so it holds only while they use the device: after two windows without one, the throughput
-//! classes take any depth that gains at least 2%, up to 256, and the first sync or log write
-//! brings back the depth held with writes around. (Scattered 16 KiB reads of a volume random
+//! so it holds only while they use the device: after two windows without one, clients' reads
+//! take any depth that gains at least 2%, up to 256 (scrub and the sync's writes keep the depth
+//! held with writes around, so a client's read never waits behind hundreds of theirs), and the
+//! first sync or log write brings back the depth held with writes around. (Scattered 16 KiB reads of a volume random
 //! writes had aged sat at a depth of 4-8 under the writes' rule and read half as fast as at 96.)
 //!
 //! This module is pure bookkeeping: it never touches a device, a clock or a lock, so it is
@@ -190,8 +191,16 @@ impl<T> Scheduler<T> {
         match &self.depth {
             Some(controller) if is_throughput(class) => {
                 // The class may use what the other throughput classes leave of the depth.
+                // Depth gained while no write shares the device is for clients' reads only: a
+                // scrub, a resilver or a sync's writes taking it would put a client's read
+                // behind up to 256 of theirs in the device (seconds on an HDD).
+                let depth = if class == IoClass::SyncRead {
+                    controller.depth
+                } else {
+                    controller.depth.min(controller.shared_depth)
+                };
                 let others = self.active_throughput() - self.active[class.index()];
-                controller.depth.saturating_sub(others)
+                depth.saturating_sub(others)
             }
             _ => configured,
         }
@@ -758,6 +767,32 @@ mod tests {
         assert!(alone.depth <= DEPTH_AUTO_ALONE_MAX);
         alone.latency_io_issued();
         assert!(alone.depth <= 16, "a sync write left the depth at {}", alone.depth);
+    }
+
+    /// Depth gained alone is for clients' reads: a scrub beside them stays within the depth
+    /// held with writes around, so a client's read never waits behind hundreds of its reads.
+    #[test]
+    fn depth_gained_alone_is_for_client_reads() {
+        let tunables = Tunables::with([("vdev.max_active", "auto")]).unwrap();
+        let mut queue = Scheduler::new(QueueLimits::from_tunables(&tunables, false));
+        let controller = queue.depth.as_mut().expect("auto");
+        controller.shared_before = false;
+        controller.set_depth(DEPTH_AUTO_ALONE_MAX);
+        assert_eq!(queue.depth(), DEPTH_AUTO_ALONE_MAX);
+        let now = Time::ZERO;
+        for i in 0..512u64 {
+            // Far apart, so none merge.
+            queue.enqueue(io(IoClass::Scrub, Direction::Read, i << 30, 4096), now);
+        }
+        while queue.next_issue().is_some() {}
+        let scrub = queue.active(IoClass::Scrub);
+        assert!(scrub <= DEPTH_AUTO_INITIAL, "a scrub alone took {scrub} slots");
+        for i in 0..512u64 {
+            queue.enqueue(io(IoClass::SyncRead, Direction::Read, (512 + i) << 30, 4096), now);
+        }
+        while queue.next_issue().is_some() {}
+        let reads = queue.active(IoClass::SyncRead);
+        assert_eq!(reads + scrub, DEPTH_AUTO_ALONE_MAX, "client reads got {reads} slots");
     }
 
     /// With `auto`, a sync write finds a slot even when reads fill the measured depth.
