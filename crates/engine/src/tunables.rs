@@ -87,10 +87,12 @@ tunable_table! {
         "I/Os a submission queue keeps in the device at once (queue depth). auto: each queue \
          measures its throughput and gives reads, async writes and scrub the shallowest depth \
          whose last step up still paid in throughput (12 on a 2 ms cloud disk, about 10 on an \
-         HDD) while sync or log writes use the device, and while none does lets clients' \
-         reads (not scrub or the txg sync) take any depth up to 256 that gains at least 2%; sync and log writes get their own slots on top, so they \
-         never wait for one, and class minimums are capped by the measured depth. A number caps all classes together \
-         and the per-class maxima below apply, as in ZFS (1000 is ZFS's default).";
+         HDD) while sync or log writes use the device; on a non-rotational leaf where none \
+         has come for a second, sync reads (not scrub or the txg sync) may take any depth up \
+         to 256 that gains at least 2%; sync and log writes get their own slots on top, so \
+         they never wait for one, and class minimums are capped by the measured depth. A \
+         number caps all classes together and the per-class maxima below apply, as in ZFS \
+         (1000 is ZFS's default).";
     SyncReadMin = "vdev.sync_read_min_active", Kind::Count { min: 0, max: 65536 }, "10", "Minimum active sync reads per submission queue.";
     SyncReadMax = "vdev.sync_read_max_active", Kind::Count { min: 1, max: 65536 }, "10", "Maximum active sync reads per submission queue.";
     SyncWriteMin = "vdev.sync_write_min_active", Kind::Count { min: 0, max: 65536 }, "10", "Minimum active sync writes per submission queue.";
