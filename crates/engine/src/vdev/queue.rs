@@ -481,6 +481,8 @@ pub struct DepthController {
     last_write: Option<Time>,
     /// No sync or log write for [`DEPTH_AUTO_ALONE_AFTER`]: the depth is the sync reads'.
     alone: bool,
+    /// Alone: the throughput last measured at the top ([`DepthController::depth_max`]).
+    top: Option<f64>,
     /// The depth the controller had judged when the time alone began: what the classes other
     /// than sync reads keep meanwhile, and where the depth returns when writes come back.
     shared_depth: u32,
@@ -503,6 +505,7 @@ impl DepthController {
             changes: 0,
             last_write: None,
             alone: false,
+            top: None,
             shared_depth: DEPTH_AUTO_INITIAL,
         }
     }
@@ -538,8 +541,17 @@ impl DepthController {
             self.probe = None;
             self.baseline = None;
             self.hold = 0;
+            self.reset_window();
             self.set_depth(self.shared_depth);
         }
+    }
+
+    /// A window begun under one regime is not judged under the other.
+    fn reset_window(&mut self) {
+        self.window_start = None;
+        self.window_bytes = 0;
+        self.window_completions = 0;
+        self.window_saturated = 0;
     }
 
     /// No sync or log write came for a while: what held the depth with writes around (a
@@ -553,11 +565,14 @@ impl DepthController {
         self.baseline = None;
         self.hold = 0;
         self.next_probe_up = true;
+        self.top = None;
+        self.reset_window();
         self.set_depth(self.shared_depth);
     }
 
     /// The depth one step up or down from here: a quarter more or less; alone on the device,
-    /// straight up to the most allowed, or down by half. Doubling from the depth writes had
+    /// straight up to the most allowed, or down by half to no less than the depth judged with
+    /// writes. Doubling from the depth writes had
     /// held took five windows, a second, to reach the 160 a stream of scattered reads wanted
     /// (2026-11-27); from the top, halving finds where depth stops paying in fewer.
     fn stepped(&self, up: bool) -> u32 {
@@ -566,7 +581,8 @@ impl DepthController {
             (false, true) => self.depth + step,
             (false, false) => self.depth - step.min(self.depth - 1),
             (true, true) => self.depth_max(),
-            (true, false) => (self.depth / 2).max(1),
+            // Never below the depth judged with writes: alone is for deepening.
+            (true, false) => (self.depth / 2).max(self.shared_depth.min(self.depth)),
         }
     }
 
@@ -575,10 +591,7 @@ impl DepthController {
         if depth != self.depth {
             self.changes += 1;
             self.warm_up = self.depth.max(depth);
-            self.window_start = None;
-            self.window_bytes = 0;
-            self.window_completions = 0;
-            self.window_saturated = 0;
+            self.reset_window();
         }
         self.depth = depth;
     }
@@ -619,6 +632,9 @@ impl DepthController {
     }
 
     fn judge(&mut self, throughput: f64) {
+        if self.alone && self.depth == self.depth_max() {
+            self.top = Some(throughput);
+        }
         match (self.probe, self.baseline) {
             (Some((from, up)), Some(baseline)) => {
                 let kept = if up {
@@ -631,7 +647,11 @@ impl DepthController {
                         gain > DEPTH_AUTO_GAIN_MIN && gain >= DEPTH_AUTO_ELASTICITY_MIN * added
                     }
                 } else {
-                    throughput >= baseline * (1.0 - DEPTH_AUTO_LOSS_MAX)
+                    // Alone, a step down is judged against the top, so that losses of just
+                    // under 1% a halving cannot add up, walk after walk, to a depth of 1.
+                    let reference =
+                        if self.alone { self.top.unwrap_or(baseline) } else { baseline };
+                    throughput >= reference * (1.0 - DEPTH_AUTO_LOSS_MAX)
                 };
                 if kept {
                     // Keep going the same way from the new depth.
@@ -771,7 +791,10 @@ mod tests {
         assert!(controller.changes >= 2);
         // Windows without demand say nothing: the depth stays.
         let before = controller.depth;
-        for _ in 0..1000 {
+        for i in 0..1000 {
+            if i % 100 == 0 {
+                controller.write_arrived(now);
+            }
             now = Time(now.0 + 1_000_000);
             controller.completed(4096, false, now);
         }
@@ -821,6 +844,41 @@ mod tests {
         let mut hdd = DepthController::new(false);
         run_for(&mut hdd, &mut now, false, 200_000);
         assert!(hdd.depth <= 16, "a rotational leaf's depth went to {}", hdd.depth);
+    }
+
+    /// A time alone starts from the depth judged with writes, not from a probe in flight, and
+    /// so does the time after it.
+    #[test]
+    fn alone_starts_from_the_judged_depth() {
+        let mut controller = DepthController::new(true);
+        controller.write_arrived(Time::ZERO);
+        controller.probe = Some((10, true));
+        controller.baseline = Some(1e8);
+        controller.set_depth(12);
+        controller.enter_alone();
+        assert_eq!((controller.depth, controller.shared_depth), (10, 10));
+        controller.set_depth(DEPTH_AUTO_ALONE_MAX);
+        controller.write_arrived(Time::ZERO);
+        assert_eq!(controller.depth, 10);
+    }
+
+    /// Alone, a walk down from the top stops where the losses add up to 1% since it began: a
+    /// device that loses 0.9% a halving is not walked down to a depth of 1.
+    #[test]
+    fn alone_walk_down_stops_within_one_percent() {
+        let mut controller = DepthController::new(true);
+        let mut now = Time::ZERO;
+        let mut lowest = u32::MAX;
+        for _ in 0..400_000 {
+            let halvings = f64::from(DEPTH_AUTO_ALONE_MAX / controller.depth.max(1)).log2();
+            let per_second = 1e8 * 0.991f64.powf(halvings);
+            now = Time(now.0 + (16384.0 / per_second * 1e9) as u64);
+            controller.completed(16384, true, now);
+            if controller.changes > 2 {
+                lowest = lowest.min(controller.depth);
+            }
+        }
+        assert!(lowest >= 64, "the walk down reached {lowest}");
     }
 
     /// Depth gained alone is for sync reads: a scrub beside them stays within the depth held
