@@ -312,8 +312,8 @@ impl<T> Scheduler<T> {
             // is the sync reads' only.
             let sync_reads_waiting = !self.by_class[IoClass::SyncRead.index()].is_empty();
             if let Some(controller) = &mut self.depth {
-                let whole = controller.class_depth(IoClass::Scrub) == controller.depth;
-                let saturated = self.queued_throughput > 0 && (whole || sync_reads_waiting);
+                let saturated = self.queued_throughput > 0
+                    && (controller.depth_is_shared() || sync_reads_waiting);
                 controller.completed(bytes, saturated, now);
             }
         }
@@ -515,10 +515,10 @@ impl DepthController {
     /// txg sync's writes taking it would put a client's read behind up to 256 of theirs in the
     /// device (seconds on an HDD).
     fn class_depth(&self, class: IoClass) -> u32 {
-        if self.alone && class != IoClass::SyncRead {
-            self.depth.min(self.shared_depth)
-        } else {
+        if class == IoClass::SyncRead || self.depth_is_shared() {
             self.depth
+        } else {
+            self.shared_depth
         }
     }
 
@@ -538,12 +538,24 @@ impl DepthController {
         self.last_write = Some(now);
         if self.alone {
             self.alone = false;
-            self.probe = None;
-            self.baseline = None;
-            self.hold = 0;
-            self.reset_window();
-            self.set_depth(self.shared_depth);
+            self.start_over();
         }
+    }
+
+    /// A new regime starts from the depth judged with writes, with nothing carried over: no
+    /// probe, baseline, hold or part of a window.
+    fn start_over(&mut self) {
+        self.probe = None;
+        self.baseline = None;
+        self.hold = 0;
+        self.reset_window();
+        self.set_depth(self.shared_depth);
+    }
+
+    /// Whether every throughput class may use the whole depth (not alone above the depth
+    /// judged with writes, which is the sync reads' only).
+    fn depth_is_shared(&self) -> bool {
+        !self.alone || self.depth <= self.shared_depth
     }
 
     /// A window begun under one regime is not judged under the other.
@@ -561,13 +573,9 @@ impl DepthController {
     fn enter_alone(&mut self) {
         self.shared_depth = self.probe.map_or(self.depth, |(from, _)| from);
         self.alone = true;
-        self.probe = None;
-        self.baseline = None;
-        self.hold = 0;
         self.next_probe_up = true;
         self.top = None;
-        self.reset_window();
-        self.set_depth(self.shared_depth);
+        self.start_over();
     }
 
     /// The depth one step up or down from here: a quarter more or less; alone on the device,
@@ -698,314 +706,4 @@ impl DepthController {
 }
 
 #[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    fn limits(total: u32, read_max: u32) -> QueueLimits {
-        let mut limits = QueueLimits::from_tunables(&Tunables::default(), false);
-        limits.auto_depth = false;
-        limits.total_active_max = total;
-        limits.max_active[IoClass::SyncRead.index()] = read_max;
-        limits.min_active[IoClass::SyncRead.index()] = read_max.min(limits.min_active[0]);
-        limits
-    }
-
-    fn io(class: IoClass, direction: Direction, offset: u64, len: u64) -> QueuedIo<u64> {
-        QueuedIo { class, direction, offset, len, payload: offset }
-    }
-
-    /// A sync write queued behind many reads is issued as soon as the reads reach their class
-    /// maximum, not after them (seed 003's fix).
-    #[test]
-    fn sync_write_passes_queued_reads() {
-        let mut scheduler = Scheduler::new(limits(13, 12));
-        for i in 0..40 {
-            scheduler
-                .enqueue(io(IoClass::SyncRead, Direction::Read, i * (1 << 20), 32768), Time::ZERO);
-        }
-        scheduler.enqueue(io(IoClass::SyncWrite, Direction::Write, 1 << 40, 8192), Time::ZERO);
-        let mut issued = Vec::new();
-        while let Some(issue) = scheduler.next_issue() {
-            issued.push((issue.class, issue.offset));
-        }
-        assert_eq!(issued.len(), 13);
-        assert_eq!(issued.iter().filter(|(c, _)| *c == IoClass::SyncRead).count(), 12);
-        assert!(issued.contains(&(IoClass::SyncWrite, 1 << 40)));
-    }
-
-    /// Adjacent reads merge into one command up to the limit; writes need contiguity.
-    #[test]
-    fn adjacent_ios_aggregate() {
-        let mut scheduler = Scheduler::new(limits(1000, 10));
-        scheduler.enqueue(io(IoClass::AsyncRead, Direction::Read, 4096, 4096), Time::ZERO);
-        scheduler.enqueue(io(IoClass::AsyncRead, Direction::Read, 0, 4096), Time::ZERO);
-        scheduler.enqueue(io(IoClass::SyncRead, Direction::Read, 8192 + 4096, 4096), Time::ZERO);
-        scheduler.enqueue(io(IoClass::AsyncWrite, Direction::Write, 8192, 4096), Time::ZERO);
-        scheduler.enqueue(io(IoClass::AsyncWrite, Direction::Write, 16384, 4096), Time::ZERO);
-        let first = scheduler.next_issue().unwrap();
-        // Sync read first (priority), absorbing the two reads before it across a 4 KiB gap.
-        assert_eq!((first.offset, first.len, first.members.len()), (0, 16384, 3));
-        let second = scheduler.next_issue().unwrap();
-        assert_eq!(second.direction, Direction::Write);
-        assert_eq!(second.members.len(), 1, "writes 8192 and 16384 are not contiguous");
-    }
-
-    /// Every class below its minimum gets a turn before higher classes fill to their maxima.
-    #[test]
-    fn minimums_prevent_starvation() {
-        let mut scheduler = Scheduler::new(limits(1000, 10));
-        for i in 0..20 {
-            scheduler.enqueue(io(IoClass::SyncRead, Direction::Read, i << 30, 4096), Time::ZERO);
-            scheduler.enqueue(
-                io(IoClass::Scrub, Direction::Read, (i << 30) + (1 << 29), 4096),
-                Time::ZERO,
-            );
-        }
-        let mut scrub = 0;
-        while let Some(issue) = scheduler.next_issue() {
-            scrub += u32::from(issue.class == IoClass::Scrub);
-        }
-        assert_eq!(scrub, 3, "scrub reaches its maximum of 3 only after its minimum turn");
-        assert_eq!(scheduler.active(IoClass::SyncRead), 10);
-    }
-
-    /// With sync writes beside the reads, the controller climbs while throughput grows with
-    /// depth and settles near the knee of a device whose throughput saturates at 12 I/Os in
-    /// flight; it never goes below 1.
-    #[test]
-    fn depth_controller_finds_the_knee() {
-        let mut controller = DepthController::new(true);
-        let mut now = Time::ZERO;
-        for i in 0..100_000 {
-            if i % 100 == 0 {
-                controller.write_arrived(now);
-            }
-            // Throughput proportional to depth up to 12, flat beyond.
-            let per_second = f64::from(controller.depth.min(12)) * 1e6;
-            now = Time(now.0 + (4096.0 / per_second * 1e9) as u64);
-            controller.completed(4096, true, now);
-        }
-        assert!((12..=16).contains(&controller.depth), "settled at {}", controller.depth);
-        assert!(controller.changes >= 2);
-        // Windows without demand say nothing: the depth stays.
-        let before = controller.depth;
-        for i in 0..1000 {
-            if i % 100 == 0 {
-                controller.write_arrived(now);
-            }
-            now = Time(now.0 + 1_000_000);
-            controller.completed(4096, false, now);
-        }
-        assert_eq!(controller.depth, before);
-    }
-
-    /// Alone on the device, sync reads take depth for any clear gain: on a device whose
-    /// throughput grows 20% per fourfold depth (elasticity about 0.07, as scattered reads on
-    /// this VM's disk) the depth climbs far past where writes hold it. With sync writes
-    /// beside the reads the same device keeps the depth near where it started. Once the
-    /// writes stop, the queue stays put for a second (a client that syncs now and then keeps
-    /// it shallow), then is deep within another: what held it with writes around (a failed
-    /// probe's hold) does not hold it alone. The next sync write brings back the depth judged
-    /// with writes, not a probe's.
-    #[test]
-    fn depth_controller_deepens_only_while_alone() {
-        let run_for = |controller: &mut DepthController, now: &mut Time, writes: bool, n: u32| {
-            for i in 0..n {
-                if writes && i % 50 == 0 {
-                    controller.write_arrived(*now);
-                }
-                let per_second = 1e8 * f64::from(controller.depth).powf(0.13);
-                *now = Time(now.0 + (16384.0 / per_second * 1e9) as u64);
-                controller.completed(16384, true, *now);
-            }
-        };
-        let run_until = |controller: &mut DepthController, now: &mut Time, until: Time| {
-            while *now < until {
-                run_for(controller, now, false, 100);
-            }
-        };
-        let second = std::time::Duration::from_secs(1).as_nanos() as u64;
-        let mut now = Time::ZERO;
-        let mut controller = DepthController::new(true);
-        run_for(&mut controller, &mut now, true, 200_000);
-        let held = controller.depth;
-        assert!(held <= 16, "with writes beside it the depth went to {held}");
-        let stopped = now;
-        run_until(&mut controller, &mut now, Time(stopped.0 + second * 9 / 10));
-        assert!(controller.depth <= 16, "not yet alone, the depth went to {}", controller.depth);
-        run_until(&mut controller, &mut now, Time(stopped.0 + second * 2));
-        assert!(controller.depth >= 128, "alone for a second: depth {}", controller.depth);
-        controller.write_arrived(now);
-        assert_eq!(controller.depth, controller.shared_depth, "a sync write came");
-        assert!(controller.shared_depth <= 16, "held with writes: {}", controller.shared_depth);
-        // A rotational leaf's queue never goes alone.
-        let mut hdd = DepthController::new(false);
-        run_for(&mut hdd, &mut now, false, 200_000);
-        assert!(hdd.depth <= 16, "a rotational leaf's depth went to {}", hdd.depth);
-    }
-
-    /// A time alone starts from the depth judged with writes, not from a probe in flight, and
-    /// so does the time after it.
-    #[test]
-    fn alone_starts_from_the_judged_depth() {
-        let mut controller = DepthController::new(true);
-        controller.write_arrived(Time::ZERO);
-        controller.probe = Some((10, true));
-        controller.baseline = Some(1e8);
-        controller.set_depth(12);
-        controller.enter_alone();
-        assert_eq!((controller.depth, controller.shared_depth), (10, 10));
-        controller.set_depth(DEPTH_AUTO_ALONE_MAX);
-        controller.write_arrived(Time::ZERO);
-        assert_eq!(controller.depth, 10);
-    }
-
-    /// Alone, a walk down from the top stops where the losses add up to 1% since it began: a
-    /// device that loses 0.9% a halving is not walked down to a depth of 1.
-    #[test]
-    fn alone_walk_down_stops_within_one_percent() {
-        let mut controller = DepthController::new(true);
-        let mut now = Time::ZERO;
-        let mut lowest = u32::MAX;
-        for _ in 0..400_000 {
-            let halvings = f64::from(DEPTH_AUTO_ALONE_MAX / controller.depth.max(1)).log2();
-            let per_second = 1e8 * 0.991f64.powf(halvings);
-            now = Time(now.0 + (16384.0 / per_second * 1e9) as u64);
-            controller.completed(16384, true, now);
-            if controller.changes > 2 {
-                lowest = lowest.min(controller.depth);
-            }
-        }
-        assert!(lowest >= 64, "the walk down reached {lowest}");
-    }
-
-    /// Depth gained alone is for sync reads: a scrub beside them stays within the depth held
-    /// with writes around, so a client's read never waits behind hundreds of its reads.
-    #[test]
-    fn depth_gained_alone_is_for_sync_reads() {
-        let tunables = Tunables::with([("vdev.max_active", "auto")]).unwrap();
-        let mut queue = Scheduler::new(QueueLimits::from_tunables(&tunables, false));
-        let controller = queue.depth.as_mut().expect("auto");
-        controller.enter_alone();
-        controller.set_depth(DEPTH_AUTO_ALONE_MAX);
-        let held = controller.shared_depth;
-        assert_eq!(queue.depth(), DEPTH_AUTO_ALONE_MAX);
-        let now = Time::ZERO;
-        for i in 0..512u64 {
-            // Far apart, so none merge.
-            queue.enqueue(io(IoClass::Scrub, Direction::Read, i << 30, 4096), now);
-        }
-        while queue.next_issue().is_some() {}
-        assert_eq!(queue.active(IoClass::Scrub), held, "a scrub alone");
-        for i in 0..512u64 {
-            queue.enqueue(io(IoClass::SyncRead, Direction::Read, (512 + i) << 30, 4096), now);
-        }
-        while queue.next_issue().is_some() {}
-        let reads = queue.active(IoClass::SyncRead);
-        assert_eq!(reads + held, DEPTH_AUTO_ALONE_MAX, "sync reads got {reads} slots");
-    }
-
-    /// The sync writes that end a time alone all go out at once, though the reads in the
-    /// device hold far more than the depth they brought back.
-    #[test]
-    fn writes_after_a_time_alone_do_not_wait_for_reads() {
-        let tunables = Tunables::with([("vdev.max_active", "auto")]).unwrap();
-        let mut limits = QueueLimits::from_tunables(&tunables, false);
-        limits.count_members = true;
-        let mut queue = Scheduler::new(limits);
-        let controller = queue.depth.as_mut().expect("auto");
-        controller.enter_alone();
-        controller.set_depth(DEPTH_AUTO_ALONE_MAX);
-        let now = Time::ZERO;
-        for i in 0..512u64 {
-            queue.enqueue(io(IoClass::SyncRead, Direction::Read, i << 30, 4096), now);
-        }
-        while queue.next_issue().is_some() {}
-        assert_eq!(queue.active(IoClass::SyncRead), DEPTH_AUTO_ALONE_MAX);
-        for i in 0..4u64 {
-            queue.enqueue(
-                io(IoClass::SyncWrite, Direction::Write, (1 << 40) + (i << 30), 4096),
-                now,
-            );
-        }
-        assert!(queue.depth() <= 16, "the writes brought the depth back to {}", queue.depth());
-        let mut writes = 0;
-        while let Some(issue) = queue.next_issue() {
-            assert_eq!(issue.class, IoClass::SyncWrite, "a read went out past the depth");
-            writes += 1;
-        }
-        assert_eq!(writes, 4);
-    }
-
-    /// With `auto`, a sync write finds a slot even when reads fill the measured depth.
-    #[test]
-    fn auto_leaves_room_for_sync_writes() {
-        let tunables = Tunables::with([("vdev.max_active", "auto")]).unwrap();
-        let mut limits = QueueLimits::from_tunables(&tunables, false);
-        assert!(limits.auto_depth);
-        limits.count_members = true;
-        let mut scheduler = Scheduler::new(limits);
-        for i in 0..100 {
-            scheduler.enqueue(io(IoClass::SyncRead, Direction::Read, i << 30, 4096), Time::ZERO);
-        }
-        scheduler.enqueue(io(IoClass::LogWrite, Direction::Write, 1 << 50, 4096), Time::ZERO);
-        let mut reads = 0;
-        let mut log_writes = 0;
-        while let Some(issue) = scheduler.next_issue() {
-            match issue.class {
-                IoClass::SyncRead => reads += 1,
-                IoClass::LogWrite => log_writes += 1,
-                _ => {}
-            }
-        }
-        assert_eq!(reads, DEPTH_AUTO_INITIAL);
-        assert_eq!(log_writes, 1);
-    }
-
-    proptest! {
-        /// Whatever is queued and however commands complete, every queued I/O is issued exactly
-        /// once, no command exceeds the aggregation limit (unless a single I/O does), and the
-        /// active counts never exceed their maxima.
-        #[test]
-        fn everything_issues_once_within_limits(
-            ios in proptest::collection::vec((0usize..6, any::<bool>(), 0u64..64, 1u64..4), 1..80),
-            total in 1u32..16,
-        ) {
-            let mut limits = limits(total, 4);
-            limits.aggregation_limit_bytes = 8 * 4096;
-            let mut scheduler = Scheduler::new(limits.clone());
-            for (n, (class, write, block, blocks)) in ios.iter().enumerate() {
-                let direction = if *write { Direction::Write } else { Direction::Read };
-                let io = QueuedIo { class: IoClass::ALL[*class], direction, offset: block * 4096, len: blocks * 4096, payload: n };
-                scheduler.enqueue(io, Time(n as u64));
-            }
-            let mut seen = vec![false; ios.len()];
-            let mut in_flight = Vec::new();
-            loop {
-                while let Some(issue) = scheduler.next_issue() {
-                    prop_assert!(scheduler.active_total() <= limits.total_active_max);
-                    for class in IoClass::ALL {
-                        let cap = limits.max_active[class.index()].max(limits.min_active[class.index()]);
-                        // A single I/O may always go when its class has a slot.
-                        prop_assert!(scheduler.active(class) <= cap, "class {:?} over its maximum", class);
-                    }
-                    prop_assert!(issue.members.len() == 1 || issue.len <= limits.aggregation_limit_bytes);
-                    for member in &issue.members {
-                        prop_assert!(!seen[member.payload], "I/O issued twice");
-                        seen[member.payload] = true;
-                        prop_assert!(member.offset >= issue.offset && member.offset + member.len <= issue.offset + issue.len);
-                    }
-                    in_flight.push((issue.class, issue.members.len()));
-                }
-                match in_flight.pop() {
-                    Some((class, members)) => scheduler.done(class, members, 4096, Time::ZERO),
-                    None => break,
-                }
-            }
-            prop_assert!(seen.iter().all(|s| *s), "some I/O was never issued");
-            prop_assert_eq!(scheduler.queued_count(), 0);
-        }
-    }
-}
+mod tests;
