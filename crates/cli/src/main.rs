@@ -580,18 +580,27 @@ fn error_chain(error: &anyhow::Error) -> String {
     out
 }
 
-/// I/O buffers of up to a few MiB are allocated and freed at a high rate. glibc hands
-/// allocations above its mmap threshold straight to mmap/munmap, so every such buffer costs two
-/// system calls and fresh zeroed pages (measured: 80% of a seed benchmark's time in the kernel).
-/// Raising the threshold keeps them in the reusable heap.
+/// mimalloc's `purge_decommits` option (its place in `mi_option_e`, mimalloc.h of the v3 that
+/// libmimalloc-sys 0.1.49 builds; the crate is pinned to that version in Cargo.toml for this).
+const MI_OPTION_PURGE_DECOMMITS: libmimalloc_sys::mi_option_t = 5;
+
+/// Memory mimalloc no longer uses is handed back with `MADV_FREE` rather than `MADV_DONTNEED`.
+///
+/// A serving process frees block buffers as fast as it allocates them: a txg sync frees the
+/// versions its blocks replaced, the block cache evicts. mimalloc purges a page a second after
+/// it empties, by default with `MADV_DONTNEED`, so the next buffer placed there faults the page
+/// back and the kernel clears it (with transparent huge pages, 2 MiB at a time): under 1 MiB
+/// sync writes, 16% of the server's samples were `clear_page_erms` under the write path's
+/// buffer copies (perf, 2026-11-27). With `MADV_FREE` the page stays mapped until the kernel
+/// needs the memory, and a page reused before then costs nothing: 1,759-1,866 against
+/// 2,227-2,308 us of CPU per 1 MiB write and flush in alternating rounds
+/// (docs/bench/peers-notes.md). The process's RSS then counts freed memory until the kernel
+/// reclaims it (`LazyFree` in smaps), which it does under pressure.
+/// `MIMALLOC_PURGE_DECOMMITS` in the environment still wins.
 fn tune_allocator() {
-    const MMAP_THRESHOLD_BYTES: libc::c_int = 64 << 20;
-    const TRIM_THRESHOLD_BYTES: libc::c_int = 256 << 20;
-    // SAFETY: mallopt only adjusts allocator parameters; called before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES);
-    }
+    // SAFETY: sets one option's value; mimalloc reads it at each purge. Called before any other
+    // thread exists.
+    unsafe { libmimalloc_sys::mi_option_set_default(MI_OPTION_PURGE_DECOMMITS, 0) };
 }
 
 /// Runs an engine task on a fresh tokio runtime with a random seed (guids must differ between
