@@ -589,13 +589,12 @@ const MI_OPTION_PURGE_DECOMMITS: libmimalloc_sys::mi_option_t = 5;
 /// A serving process frees block buffers as fast as it allocates them: a txg sync frees the
 /// versions its blocks replaced, the block cache evicts. mimalloc purges a page a second after
 /// it empties, by default with `MADV_DONTNEED`, so the next buffer placed there faults the page
-/// back and the kernel clears it (with transparent huge pages, 2 MiB at a time): under 1 MiB
-/// sync writes, 16% of the server's samples were `clear_page_erms` under the write path's
-/// buffer copies (perf, 2026-11-27). With `MADV_FREE` the page stays mapped until the kernel
-/// needs the memory, and a page reused before then costs nothing: 1,759-1,866 against
-/// 2,227-2,308 us of CPU per 1 MiB write and flush in alternating rounds
-/// (docs/bench/peers-notes.md). The process's RSS then counts freed memory until the kernel
-/// reclaims it (`LazyFree` in smaps), which it does under pressure.
+/// back and the kernel clears it: under 1 MiB sync writes, 16% of the server's samples were
+/// `clear_page_erms` under the write path's buffer copies (perf, 2026-11-27). With `MADV_FREE`
+/// the page stays mapped until the kernel needs the memory, and a page reused before then
+/// costs nothing: 1,759-1,866 against 2,227-2,308 us of CPU per 1 MiB write and flush in
+/// alternating rounds (docs/bench/peers-notes.md). The process's RSS then counts freed memory
+/// until the kernel reclaims it (`LazyFree` in smaps), which it does under pressure.
 /// `MIMALLOC_PURGE_DECOMMITS` in the environment still wins.
 fn tune_allocator() {
     // SAFETY: sets one option's value; mimalloc reads it at each purge. Called before any other

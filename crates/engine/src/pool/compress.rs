@@ -11,8 +11,9 @@
 //!
 //! lz4 comes from `lz4_flex` (pure Rust) and zstd from the `zstd` crate (the reference C
 //! library). lz4's decoder is the crate's safe one, so a damaged block can never make it read or
-//! write out of bounds. Its encoder is the crate's default one, which uses unchecked accesses
-//! and only ever reads the block it is given: with the safe one, compressing a 16 KiB block of
+//! write out of bounds. Its encoder is the unchecked one the crate builds without its
+//! `safe-encode` feature, which reads only the block it is given and writes only within the
+//! output bound it checks first: with the safe one, compressing a 16 KiB block of
 //! the data fio writes took 18.9 us against 15.5, and of random bytes 3.6 us against 3.0
 //! (2026-11-27, docs/bench/peers-notes.md); lz4 is the largest single item of the txg sync's CPU
 //! under 4 KiB sync writes. Each thread keeps one zstd context per direction: creating one per
@@ -242,13 +243,13 @@ mod tests {
             }
             for property in [Compression::Lz4, Compression::Zstd(1)] {
                 if let Some((stored, alg)) = compress(property, &block, 512) {
-                    compressed += 1;
+                    compressed += usize::from(alg == BlockCompression::Lz4);
                     let bp = pointer(alg, block.len(), &stored);
                     assert_eq!(&decompress(&bp, &stored).unwrap()[..], &block[..]);
                 }
             }
         }
-        assert!(compressed > 100, "most mixed blocks compress ({compressed} did)");
+        assert!(compressed > 50, "most mixed blocks compress with lz4 ({compressed} did)");
     }
 
     #[test]
