@@ -303,3 +303,166 @@ proptest! {
         prop_assert_eq!(scheduler.queued_count(), 0);
     }
 }
+
+/// One step of an `auto` scenario: time passes, I/Os of one class arrive, and the oldest
+/// commands in the device complete, each I/O having moved `bytes_per_io` bytes (so the
+/// measured throughput rises and falls and the depth follows it).
+#[derive(Clone, Debug)]
+struct Step {
+    advance_ms: u64,
+    class: usize,
+    arrivals: u64,
+    /// Far apart (no merging) or within 64 blocks (merging).
+    spread: bool,
+    completions: usize,
+    bytes_per_io: u64,
+}
+
+/// What an `auto` scenario went through, so a test can tell it reached the regime it checks.
+#[derive(Default)]
+struct AutoSeen {
+    /// Sync reads held more than the depth judged with writes while alone.
+    reads_deeper_alone: bool,
+    /// A sync or log write went out while reads held more than the depth.
+    writes_past_reads: bool,
+}
+
+/// Runs `steps` against a queue with `vdev.max_active=auto` on a non-rotational leaf and checks
+/// the promises its depth rules make at every turn: every I/O is issued once, and the queue
+/// empties once everything completes; while alone, a throughput class other than sync reads
+/// never holds more than the depth judged with writes (or its minimum); and after each turn a
+/// sync or log write still queued has found every slot of its class taken, however many reads
+/// the device holds.
+fn auto_scenario(steps: &[Step], count_members: bool) -> Result<AutoSeen, TestCaseError> {
+    let tunables = Tunables::with([("vdev.max_active", "auto")]).unwrap();
+    let mut limits = QueueLimits::from_tunables(&tunables, false);
+    limits.count_members = count_members;
+    let mut queue = Scheduler::new(limits.clone());
+    let mut now = Time::ZERO;
+    let mut issued = Vec::new();
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut seen = AutoSeen::default();
+    let mut turn = |queue: &mut Scheduler<usize>,
+                    issued: &mut Vec<bool>,
+                    in_flight: &mut std::collections::VecDeque<(IoClass, usize)>|
+     -> Result<(), TestCaseError> {
+        while let Some(issue) = queue.next_issue() {
+            for member in &issue.members {
+                prop_assert!(!issued[member.payload], "I/O {} issued twice", member.payload);
+                issued[member.payload] = true;
+            }
+            let controller = queue.depth.as_ref().expect("auto");
+            let class = issue.class;
+            if controller.alone && is_throughput(class) && class != IoClass::SyncRead {
+                let cap = controller.shared_depth.max(limits.min_active[class.index()]);
+                prop_assert!(
+                    queue.active(class) <= cap,
+                    "alone, {class:?} holds {} slots past the {} judged with writes",
+                    queue.active(class),
+                    controller.shared_depth
+                );
+            }
+            if controller.alone && queue.active(IoClass::SyncRead) > controller.shared_depth {
+                seen.reads_deeper_alone = true;
+            }
+            if !is_throughput(class) && queue.active_throughput() > controller.depth {
+                seen.writes_past_reads = true;
+            }
+            in_flight.push_back((class, issue.members.len()));
+        }
+        for class in [IoClass::SyncWrite, IoClass::LogWrite] {
+            if !queue.by_class[class.index()].is_empty() {
+                prop_assert!(
+                    queue.active(class) >= limits.max_active[class.index()],
+                    "a {class:?} waits with {} of {} slots taken and {} throughput I/Os active",
+                    queue.active(class),
+                    limits.max_active[class.index()],
+                    queue.active_throughput()
+                );
+            }
+        }
+        Ok(())
+    };
+    for step in steps {
+        now = now.plus(std::time::Duration::from_millis(step.advance_ms));
+        let class = IoClass::ALL[step.class];
+        let direction = if is_throughput(class) && class != IoClass::AsyncWrite {
+            Direction::Read
+        } else {
+            Direction::Write
+        };
+        let first = issued.len();
+        issued.resize(first + step.arrivals as usize, false);
+        for n in first..issued.len() {
+            let offset = if step.spread { (n as u64) << 30 } else { (n as u64 % 64) * 4096 };
+            queue.enqueue(QueuedIo { class, direction, offset, len: 4096, payload: n }, now);
+        }
+        turn(&mut queue, &mut issued, &mut in_flight)?;
+        for _ in 0..step.completions.min(in_flight.len()) {
+            let (class, members) = in_flight.pop_front().expect("counted");
+            queue.done(class, members, members as u64 * step.bytes_per_io, now);
+        }
+        turn(&mut queue, &mut issued, &mut in_flight)?;
+    }
+    while let Some((class, members)) = in_flight.pop_front() {
+        queue.done(class, members, members as u64 * 4096, now);
+        turn(&mut queue, &mut issued, &mut in_flight)?;
+    }
+    prop_assert!(issued.iter().all(|i| *i), "some I/O was never issued");
+    prop_assert_eq!(queue.queued_count(), 0);
+    Ok(seen)
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    (0u64..400, 0usize..IoClass::COUNT, 0u64..64, any::<bool>(), 0usize..96, 1u64..65536).prop_map(
+        |(advance_ms, class, arrivals, spread, completions, bytes_per_io)| Step {
+            advance_ms,
+            class,
+            arrivals,
+            spread,
+            completions,
+            bytes_per_io,
+        },
+    )
+}
+
+proptest! {
+    /// `auto` and its regime for reads alone keep their promises whatever arrives, when, and
+    /// however fast commands complete (see [`auto_scenario`]).
+    #[test]
+    fn auto_depth_keeps_its_promises(
+        steps in proptest::collection::vec(step(), 1..120),
+        count_members in any::<bool>(),
+    ) {
+        auto_scenario(&steps, count_members)?;
+    }
+}
+
+/// The scenario the property test draws from at random, made to pass through every regime:
+/// sync reads alone long enough to deepen past the depth judged with writes, a scrub beside
+/// them, then sync and log writes arriving while the reads hold that depth.
+#[test]
+fn auto_scenario_reaches_every_regime() {
+    let reads = |advance_ms, bytes_per_io| Step {
+        advance_ms,
+        class: IoClass::SyncRead.index(),
+        arrivals: 600,
+        spread: true,
+        completions: 2000,
+        bytes_per_io,
+    };
+    let mut steps = vec![reads(0, 4096)];
+    // Four seconds of reads alone whose throughput grows with depth.
+    for i in 0..40 {
+        steps.push(reads(100, 4096 * (1 + i)));
+        if i == 20 {
+            steps.push(Step { class: IoClass::Scrub.index(), ..reads(0, 4096) });
+        }
+    }
+    for class in [IoClass::SyncWrite, IoClass::LogWrite] {
+        steps.push(Step { class: class.index(), arrivals: 40, completions: 0, ..reads(1, 4096) });
+    }
+    let seen = auto_scenario(&steps, true).expect("the promises hold");
+    assert!(seen.reads_deeper_alone, "sync reads never went past the depth judged with writes");
+    assert!(seen.writes_past_reads, "no write went out while reads held more than the depth");
+}
