@@ -13,6 +13,15 @@ fn limits(total: u32, read_max: u32) -> QueueLimits {
     limits
 }
 
+/// `vdev.max_active=auto` on a non-rotational leaf (slots counted per I/O, reads may go deeper
+/// alone), as a pool of file leaves on an SSD has it.
+fn auto_limits() -> QueueLimits {
+    let tunables = Tunables::with([("vdev.max_active", "auto")]).unwrap();
+    let limits = QueueLimits::from_tunables(&tunables, false);
+    assert!(limits.auto_depth && limits.count_members && limits.deepen_alone);
+    limits
+}
+
 fn io(class: IoClass, direction: Direction, offset: u64, len: u64) -> QueuedIo<u64> {
     QueuedIo { class, direction, offset, len, payload: offset }
 }
@@ -183,8 +192,7 @@ fn alone_walk_down_stops_within_one_percent() {
 /// with writes around, so a client's read never waits behind hundreds of its reads.
 #[test]
 fn depth_gained_alone_is_for_sync_reads() {
-    let tunables = Tunables::with([("vdev.max_active", "auto")]).unwrap();
-    let mut queue = Scheduler::new(QueueLimits::from_tunables(&tunables, false));
+    let mut queue = Scheduler::new(auto_limits());
     let controller = queue.depth.as_mut().expect("auto");
     controller.enter_alone();
     controller.set_depth(DEPTH_AUTO_ALONE_MAX);
@@ -209,10 +217,7 @@ fn depth_gained_alone_is_for_sync_reads() {
 /// device hold far more than the depth they brought back.
 #[test]
 fn writes_after_a_time_alone_do_not_wait_for_reads() {
-    let tunables = Tunables::with([("vdev.max_active", "auto")]).unwrap();
-    let mut limits = QueueLimits::from_tunables(&tunables, false);
-    limits.count_members = true;
-    let mut queue = Scheduler::new(limits);
+    let mut queue = Scheduler::new(auto_limits());
     let controller = queue.depth.as_mut().expect("auto");
     controller.enter_alone();
     controller.set_depth(DEPTH_AUTO_ALONE_MAX);
@@ -237,11 +242,7 @@ fn writes_after_a_time_alone_do_not_wait_for_reads() {
 /// With `auto`, a sync write finds a slot even when reads fill the measured depth.
 #[test]
 fn auto_leaves_room_for_sync_writes() {
-    let tunables = Tunables::with([("vdev.max_active", "auto")]).unwrap();
-    let mut limits = QueueLimits::from_tunables(&tunables, false);
-    assert!(limits.auto_depth);
-    limits.count_members = true;
-    let mut scheduler = Scheduler::new(limits);
+    let mut scheduler = Scheduler::new(auto_limits());
     for i in 0..100 {
         scheduler.enqueue(io(IoClass::SyncRead, Direction::Read, i << 30, 4096), Time::ZERO);
     }
@@ -334,8 +335,7 @@ struct AutoSeen {
 /// sync or log write still queued has found every slot of its class taken, however many reads
 /// the device holds.
 fn auto_scenario(steps: &[Step], count_members: bool) -> Result<AutoSeen, TestCaseError> {
-    let tunables = Tunables::with([("vdev.max_active", "auto")]).unwrap();
-    let mut limits = QueueLimits::from_tunables(&tunables, false);
+    let mut limits = auto_limits();
     limits.count_members = count_members;
     let mut queue = Scheduler::new(limits.clone());
     let mut now = Time::ZERO;
