@@ -103,6 +103,14 @@ bytes=$(numfmt --from=iec "$size")
 # The region every job works in: 1 GiB, or less on a small --size; a multiple of 4 MiB so the
 # 4-job 1 MiB job splits it evenly.
 vol_bytes=$(( bytes * 3 / 4 / 16384 * 16384 ))
+# sluice's leaves hold twice the volume, as bench/per-op.sh's do. A copy-on-write pool needs
+# room beside its live data for the blocks of the txgs in flight and the frees they defer
+# (ZFS's advice: keep a pool under 80% full); on a leaf of --size (2 GiB for a 1.5 GiB
+# volume whose 1 GiB the jobs rewrite) 32 clients of 4 KiB write + flush kept the allocator in
+# its best-fit regime, at 0.67-0.70 disk writes and 89-90 us of CPU per operation against
+# 0.30-0.31 and 75-77 us on a 3 GiB leaf (docs/bench/peers-notes.md, 2026-11-27 20:30Z).
+# The peers' files stay at --size: their writes go in place.
+leaf_bytes=$(( vol_bytes * 2 ))
 span_mib=$(( vol_bytes >> 20 )); [ "$span_mib" -gt 1024 ] && span_mib=1024
 span_mib=$(( span_mib / 4 * 4 ))
 [ "$span_mib" -ge 16 ] || { echo "peers: --size is too small" >&2; exit 2; }
@@ -205,7 +213,7 @@ sluice_target() {
   local leaf
   for leaf in "${leaves[@]}"; do
     [ "$leaf" = mirror ] && continue
-    dd if=/dev/zero of="$leaf" bs=1M count="$(( bytes >> 20 ))" oflag=direct status=none
+    dd if=/dev/zero of="$leaf" bs=1M count="$(( leaf_bytes >> 20 ))" oflag=direct status=none
   done
   "$bin" pool create "$pool" "${leaves[@]}" >/dev/null
   "$bin" vol create "$pool/disk" --size "$vol_bytes" >/dev/null
@@ -223,7 +231,7 @@ sluice_target() {
   pool_of[$label]=$pool
 }
 if wanted sluice; then
-  sluice_target sluice "sluice serve on a pool of one file leaf, a volume of 16 KiB blocks, default tunables" "${all_jobs[*]}" single
+  sluice_target sluice "sluice serve on a pool of one file leaf twice the volume's size, a volume of 16 KiB blocks, default tunables" "${all_jobs[*]}" single
 fi
 # ZFS's primarycache=metadata: qemu-nbd and nbdkit run cache=none, and sluice's default cache
 # (an eighth of memory) holds this whole volume, so this target shows what the disk path does.
