@@ -5,7 +5,8 @@
 #   qemu-nbd       a raw file, cache=none, aio=native
 #   nbdkit         the file plugin, cache=none
 #   nbdkit-memory  the memory plugin: no disk and no durability, the cost of the protocol alone
-#   sluice         `sluice serve` on a pool of one file leaf, a volume of the default 16 KiB blocks
+#   sluice         `sluice serve` on a pool of one file leaf twice the volume's size, a volume of
+#                  the default 16 KiB blocks
 #   sluice-nocache the same caching no data (cache.contents=metadata), like the peers' cache=none;
 #                  4 KiB writes and the reads only
 #   sluice-mirror  (--mirror) the same on a 2-way mirror of two files, as the default pool is;
@@ -106,8 +107,8 @@ vol_bytes=$(( bytes * 3 / 4 / 16384 * 16384 ))
 # sluice's leaves hold twice the volume, as bench/per-op.sh's do. A copy-on-write pool needs
 # room beside its live data for the blocks of the txgs in flight and the frees they defer
 # (ZFS's advice: keep a pool under 80% full); on a leaf of --size (2 GiB for a 1.5 GiB
-# volume whose 1 GiB the jobs rewrite) 32 clients of 4 KiB write + flush kept the allocator in
-# its best-fit regime, at 0.67-0.70 disk writes and 89-90 us of CPU per operation against
+# volume whose 1 GiB the jobs rewrite) its free space was cut into pieces: 32 clients of 4 KiB
+# write + flush took 0.67-0.70 disk writes and 89-90 us of CPU per operation against
 # 0.30-0.31 and 75-77 us on a 3 GiB leaf (docs/bench/peers-notes.md, 2026-11-27 20:30Z).
 # The peers' files stay at --size: their writes go in place.
 leaf_bytes=$(( vol_bytes * 2 ))
