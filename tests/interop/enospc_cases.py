@@ -21,11 +21,12 @@ def name(code):
 
 
 def no_space(what, call):
-    """`call` must fail with ENOSPC. A full pool does not stay exactly full: the syncs after
-    the fill free the metadata blocks earlier syncs replaced once their deferral ends (two
-    txgs), so a request may find room that came back. Each try first takes whatever room
-    came back (`refill`); a request that still succeeds three times running is admitted on a
-    full pool."""
+    """`call` must fail with ENOSPC. A full pool does not stay exactly full: a request the
+    space check refuses first runs syncs to free room, and every sync, even an empty one,
+    releases the space maps and directory its predecessors replaced (their frees deferred two
+    txgs) while deferring its own, so the next request may find a 16 KiB range that came
+    back. Each try first takes whatever room came back (`refill`); a request that still
+    succeeds three times running is admitted on a full pool."""
     for _ in range(3):
         refill()
         try:
@@ -74,7 +75,7 @@ fresh = (filled // MIB + 2) * MIB
 
 no_space("plain write", lambda: h.pwrite(b"p" * 4096, fresh))
 no_space("FUA write", lambda: h.pwrite(b"f" * 65536, fresh, flags=nbd.CMD_FLAG_FUA))
-# At 3 MiB: read back below only after the trim (a try that found room wrote there).
+# At 3 MiB, never read back: the trim below clears what a try that found room wrote.
 no_space("FUA overwrite of written data (copy-on-write needs room)",
          lambda: h.pwrite(b"o" * 4096, 3 * MIB, flags=nbd.CMD_FLAG_FUA))
 no_space("WRITE_ZEROES with NO_HOLE", lambda: h.zero(65536, fresh, flags=nbd.CMD_FLAG_NO_HOLE))
