@@ -41,8 +41,7 @@ def fill_byte(offset):
     return (offset // MIB) % 250 + 1
 
 
-# Fill in 1 MiB writes, then smaller ones into what is left, until even 4 KiB is refused. Each
-# piece stays inside one MiB, so every MiB holds one byte value.
+# Where the next fill write goes.
 at = 0
 
 
@@ -68,6 +67,8 @@ def refill():
     assert at < fresh, f"{(at - before) // 1024} KiB came back: reaches the test's fresh range"
 
 
+# Fill in 1 MiB writes, then smaller ones into what is left, until even 4 KiB is refused. Each
+# piece stays inside one MiB, so every MiB holds one byte value.
 fill((MIB, 65536, 16384, 4096))
 filled = at
 assert filled > 32 * MIB, f"only {filled} bytes written before ENOSPC"
