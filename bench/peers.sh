@@ -26,15 +26,22 @@
 # thread's, /proc/PID/task/*/status) are sampled while fio runs and given per operation (a
 # write-and-flush job's operation is one write and its flush).
 #
-# Usage: bench/peers.sh [--seconds N] [--rounds N] [--dir DIR] [--size SIZE] [--no-build]
-#          [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...] [--targets NAME,...]
-#          [--report PATH.md]
+# Usage: bench/peers.sh [--seconds N] [--rounds N] [--warmup N] [--dir DIR] [--size SIZE]
+#          [--no-build] [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...]
+#          [--targets NAME,...] [--report PATH.md]
+# --warmup N (default 10; 0: none): after its prefill, every target gets N s of 4 KiB random
+# writes at queue depth 32 and N s of 1 MiB sequential writes at queue depth 8, unmeasured, so
+# that the first round measures what the later ones do. Without it sluice's first round paid
+# for its heap growing to its working set (RSS 1.13 to 2.86 GB over round 1 and flat through
+# round 2, each new page cleared by the kernel; docs/bench/peers-notes.md, 2026-11-27 23:00Z)
+# and ran on a volume its own writes had not yet scattered.
 # --report writes the table somewhere other than docs/bench/peers.md (and the plot beside it),
 # so a run of a few jobs or targets leaves the main table alone. A run with the targets
 # sluice[intent_log.policy=batch] and sluice[intent_log.policy=pipelined] beside sluice (whose
 # log policy is auto) also judges auto against the better of the two in each sync-write job.
 # The default run (10 s a job, 3 rounds: 45 runs of about 11.5 s a round, and 6 s after each of
-# sluice's 9 write runs) takes about 30 minutes; --mirror adds about 4.
+# sluice's 9 write runs) takes about 30 minutes, and the warm-up about 25 s a target; --mirror
+# adds about 4.
 # Needs: fio, qemu-utils (qemu-nbd), nbdkit, libnbd-bin; builds target/release/sluice unless
 # --no-build.
 set -euo pipefail
@@ -46,6 +53,7 @@ for a in "$@"; do
 done
 seconds=10
 rounds=3
+warmup=10
 dir=${TMPDIR:-/tmp}/sluice-peers
 size=2G
 build=1
@@ -54,11 +62,12 @@ tunables=()
 only_jobs=""
 only_targets=""
 report=docs/bench/peers.md
-usage="usage: $0 [--seconds N] [--rounds N] [--dir DIR] [--size SIZE] [--no-build] [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...] [--targets NAME,...] [--report PATH.md]"
+usage="usage: $0 [--seconds N] [--rounds N] [--warmup N] [--dir DIR] [--size SIZE] [--no-build] [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...] [--targets NAME,...] [--report PATH.md]"
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
     --no-build) build=0; shift ;;
@@ -72,6 +81,7 @@ while [ $# -gt 0 ]; do
 done
 [[ $seconds =~ ^[0-9]+$ && $seconds -ge 2 ]] || { echo "peers: --seconds must be 2 or more" >&2; exit 2; }
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "peers: --rounds must be a positive number" >&2; exit 2; }
+[[ $warmup =~ ^[0-9]+$ ]] || { echo "peers: --warmup must be a number of seconds (0: none)" >&2; exit 2; }
 [[ $report == *.md ]] || { echo "peers: --report must name a .md file (the plot goes beside it as .svg)" >&2; exit 2; }
 [ -d "$(dirname "$report")" ] || { echo "peers: --report $report: the directory $(dirname "$report") does not exist (create it first)" >&2; exit 2; }
 # The socket paths go into NBD URIs unescaped.
@@ -258,6 +268,22 @@ for t in ${tunables[@]+"${tunables[@]}"}; do
   sluice_target "$label" "$desc" "${all_jobs[*]}" single "${set_args[@]}"
 done
 [ ${#targets[@]} -gt 0 ] || { echo "peers: no targets selected" >&2; exit 2; }
+# The warm-up (see --warmup), one target after another, each sluice pool synced after it.
+if [ "$warmup" -gt 0 ]; then
+  for t in "${targets[@]}"; do
+    if [ -n "${file_of[$t]:-}" ]; then
+      where=(--ioengine=libaio --direct=1 --filename="${file_of[$t]}")
+    else
+      where=(--ioengine=nbd --uri="${uri_of[$t]}")
+    fi
+    echo "peers: warm-up, $t" >&2
+    fio --name=warmup-4k --rw=randwrite --bs=4k --iodepth=32 --size="$span" --time_based \
+      --runtime="$warmup" "${where[@]}" >/dev/null 2>&1
+    fio --name=warmup-1m --rw=write --bs=1M --iodepth=8 --size="$span" --time_based \
+      --runtime="$warmup" "${where[@]}" >/dev/null 2>&1
+    if [ -n "${pool_of[$t]:-}" ]; then "$bin" pool sync "${pool_of[$t]}" >/dev/null; fi
+  done
+fi
 # Every prefill's last txg synced before the first measurement.
 max_settle=0
 for t in "${targets[@]}"; do [ "${settle_of[$t]}" -gt "$max_settle" ] && max_settle=${settle_of[$t]}; done
@@ -403,7 +429,7 @@ finished=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
 # What the report needs to say how the figures were made.
 for t in "${targets[@]}"; do printf '%s\t%s\t%s\n' "$t" "${jobs_of[$t]}" "${desc_of[$t]}"; done >"$dir/targets.tsv"
-COMMAND=$cmdline SECONDS_=$seconds ROUNDS=$rounds RAMP=$ramp SIZE=$size SPAN=$span DIR=$dir \
+COMMAND=$cmdline SECONDS_=$seconds ROUNDS=$rounds WARMUP=$warmup RAMP=$ramp SIZE=$size SPAN=$span DIR=$dir \
   BUILT=$build COMMIT=$commit BINARY_MTIME=$bin_mtime STARTED=$started \
   FINISHED=$finished JOBS="${jobs[*]}" FIO=$(fio --version) QEMU_NBD=$(qemu-nbd --version | head -1) \
   NBDKIT=$(nbdkit --version) /usr/bin/python3 - "$dir/targets.tsv" "$dir/meta.json" <<'EOF'
@@ -414,6 +440,7 @@ targets = [dict(zip(("name", "jobs", "description"), line.rstrip("\n").split("\t
 for t in targets:
     t["jobs"] = t["jobs"].split()
 json.dump({"command": e["COMMAND"], "seconds": int(e["SECONDS_"]), "rounds": int(e["ROUNDS"]),
+           "warmup": int(e["WARMUP"]),
            "ramp": int(e["RAMP"]), "size": e["SIZE"], "span": e["SPAN"], "dir": e["DIR"],
            "built": e["BUILT"] == "1", "commit": e["COMMIT"], "binary_mtime": e["BINARY_MTIME"],
            "started": e["STARTED"], "finished": e["FINISHED"], "jobs": e["JOBS"].split(),

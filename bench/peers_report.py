@@ -147,11 +147,18 @@ out.append("Targets, each on files in the data dir, all served side by side:\n")
 for t in meta["targets"]:
     only = "" if set(jobs) <= set(t["jobs"]) else f" Jobs: {', '.join(t['jobs'])}."
     out.append(f"- **{t['name']}**: {t['description']}.{only}")
+warmup = meta.get("warmup", 0)
+prepared = (
+    f"written once and then warmed up before the first round ({warmup} s of 4 KiB random writes "
+    f"at queue depth 32 and {warmup} s of 1 MiB sequential writes at queue depth 8, unmeasured)"
+    if warmup
+    else "written once before the first round"
+)
 out.append(
     f"\nEach round runs every job on every target in turn (the order of targets rotated each "
     f"round); every figure is the median of the {meta['rounds']} rounds, each metric on its own, "
     f"with the rounds' range beside the headline figure. Jobs work in the first {meta['span']} "
-    "of each image or volume, written once before the first round. Latencies are fio's "
+    f"of each image or volume, {prepared}. Latencies are fio's "
     "completion latencies (for write + flush jobs, of the write; the flush's are separate, and "
     "\"write + flush mean\" adds the two means: how long a durable write takes, on average). "
     "CPU is the server process's user + system time (/proc/PID/stat) and ctx the context "

@@ -5,8 +5,9 @@
 //! its txg syncer runs as under `sluice serve` (a sync starts when dirty data builds up, while
 //! writes go on into the next txg).
 //! Workloads, each timed with its sync (a write counts once it is durable):
-//! - sequential write: 1 MiB writes over the whole volume, then sync; three rounds alternating
-//!   with the raw file, medians reported;
+//! - sequential write: 1 MiB writes over the whole volume, then sync; two warm-up rounds and
+//!   then three measured rounds, each alternating with the raw file, medians of the measured
+//!   ones reported;
 //! - random write: 4 KiB writes at random 4 KiB offsets from `queue_depth` concurrent writers,
 //!   then sync;
 //! - sequential read: 1 MiB reads over the volume after reopening the pool (cold cache);
@@ -41,6 +42,9 @@ pub struct Row {
     /// order they ran.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rounds: Vec<(f64, f64)>,
+    /// The warm-up rounds' (sluice, raw file) figures, run before `rounds` and not counted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warmup: Vec<(f64, f64)>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -63,18 +67,28 @@ impl Report {
                 row.sluice / row.raw_file
             ));
         }
+        let list = |rounds: &[(f64, f64)]| {
+            let each: Vec<String> =
+                rounds.iter().map(|(s, r)| format!("{s:.0} / {r:.0} ({:.2})", s / r)).collect();
+            each.join(", ")
+        };
         for row in self.rows.iter().filter(|r| !r.rounds.is_empty()) {
-            let rounds: Vec<String> = (row.rounds.iter())
-                .map(|(s, r)| format!("{s:.0} / {r:.0} ({:.2})", s / r))
-                .collect();
-            out.push_str(&format!("\n{}, rounds: {}.\n", row.workload, rounds.join(", ")));
+            out.push_str(&format!(
+                "\n{}, rounds: {}; warm-up rounds (not counted): {}.\n",
+                row.workload,
+                list(&row.rounds),
+                list(&row.warmup)
+            ));
         }
         out.push_str(&format!(
             "\nVolume {} MiB, 16 KiB blocks; random I/O at queue depth {}. The raw-file column runs the \
              same pattern on one file with O_DIRECT and one fdatasync at the end of each write phase. \
-             Sequential writes: median of 3 rounds alternating with the raw file.\n",
+             Sequential writes: median of {} rounds alternating with the raw file, after {} \
+             warm-up rounds.\n",
             self.volume_bytes >> 20,
-            self.queue_depth
+            self.queue_depth,
+            SEQUENTIAL_ROUNDS,
+            WARMUP_ROUNDS
         ));
         out
     }
@@ -83,6 +97,14 @@ impl Report {
 const MIB: u64 = 1 << 20;
 /// Alternating rounds of the sequential write, of which each side's median is reported.
 const SEQUENTIAL_ROUNDS: usize = 3;
+/// Rounds of the sequential write run first and not counted. A fresh process's heap grows
+/// to its working set over the first two: a round allocates its blocks' new buffers before
+/// the sync frees the versions they replace, and the block cache keeps the round before's
+/// blocks, so only the third round runs on reused memory. The kernel clears each new page
+/// (47% of the samples of a whole run, perf, 2026-11-25; docs/bench/engine.md), which
+/// measures the process's start, not the engine a long-running server uses. The raw file's
+/// first round also writes fallocated extents for the first time.
+const WARMUP_ROUNDS: usize = 2;
 
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -133,7 +155,7 @@ pub fn run(
         // rounds overwrite the volume, so they also free what the round before wrote.
         let data = SharedBuf::copy_from(&chunk);
         let (mut sluice_rounds, mut raw_rounds) = (Vec::new(), Vec::new());
-        for _ in 0..SEQUENTIAL_ROUNDS {
+        for _ in 0..WARMUP_ROUNDS + SEQUENTIAL_ROUNDS {
             let start = Instant::now();
             for at in (0..volume_bytes).step_by(MIB as usize) {
                 store.write("v", at, &chunk).await?;
@@ -147,15 +169,18 @@ pub fn run(
             raw.flush().await?;
             raw_rounds.push(volume_bytes as f64 / MIB as f64 / start.elapsed().as_secs_f64());
         }
-        let rounds: Vec<(f64, f64)> =
+        let mut rounds: Vec<(f64, f64)> =
             sluice_rounds.iter().copied().zip(raw_rounds.iter().copied()).collect();
-        let (sluice, raw_file) = (median(&mut sluice_rounds), median(&mut raw_rounds));
+        let warmup: Vec<(f64, f64)> = rounds.drain(..WARMUP_ROUNDS).collect();
+        let (sluice, raw_file) =
+            (median(&mut sluice_rounds[WARMUP_ROUNDS..]), median(&mut raw_rounds[WARMUP_ROUNDS..]));
         rows.push(Row {
             workload: "sequential write 1 MiB + sync",
             unit: "MiB/s",
             sluice,
             raw_file,
             rounds,
+            warmup,
         });
 
         // Random write.
@@ -200,6 +225,7 @@ pub fn run(
             sluice,
             raw_file,
             rounds: Vec::new(),
+            warmup: Vec::new(),
         });
 
         // Reopen for a cold cache, then read.
@@ -228,6 +254,7 @@ pub fn run(
             sluice,
             raw_file,
             rounds: Vec::new(),
+            warmup: Vec::new(),
         });
 
         let start = Instant::now();
@@ -261,6 +288,7 @@ pub fn run(
             sluice,
             raw_file,
             rounds: Vec::new(),
+            warmup: Vec::new(),
         });
         drop(store);
         drop(raw);
