@@ -31,10 +31,10 @@
 #          [--targets NAME,...] [--report PATH.md]
 # --warmup N (default 10; 0: none): after its prefill, every target gets N s of 4 KiB random
 # writes at queue depth 32 and N s of 1 MiB sequential writes at queue depth 8, unmeasured, so
-# that the first round measures what the later ones do. Without it sluice's first round paid
+# that the first round starts where the later ones do: without it sluice's first round paid
 # for its heap growing to its working set (RSS 1.13 to 2.86 GB over round 1 and flat through
-# round 2, each new page cleared by the kernel; docs/bench/peers-notes.md, 2026-11-27 23:00Z)
-# and ran on a volume its own writes had not yet scattered.
+# round 2, each new page cleared by the kernel) and ran on a volume its own writes had not yet
+# scattered (docs/bench/peers-notes.md, 2026-11-27 22:50Z).
 # --report writes the table somewhere other than docs/bench/peers.md (and the plot beside it),
 # so a run of a few jobs or targets leaves the main table alone. A run with the targets
 # sluice[intent_log.policy=batch] and sluice[intent_log.policy=pipelined] beside sluice (whose
@@ -277,10 +277,13 @@ if [ "$warmup" -gt 0 ]; then
       where=(--ioengine=nbd --uri="${uri_of[$t]}")
     fi
     echo "peers: warm-up, $t" >&2
+    # Each ends with an fsync, so that no target's first measured flush carries the warm-up.
     fio --name=warmup-4k --rw=randwrite --bs=4k --iodepth=32 --size="$span" --time_based \
-      --runtime="$warmup" "${where[@]}" >/dev/null 2>&1
+      --runtime="$warmup" --end_fsync=1 "${where[@]}" >/dev/null 2>&1 ||
+      { echo "peers: the warm-up's 4 KiB writes to $t failed" >&2; exit 1; }
     fio --name=warmup-1m --rw=write --bs=1M --iodepth=8 --size="$span" --time_based \
-      --runtime="$warmup" "${where[@]}" >/dev/null 2>&1
+      --runtime="$warmup" --end_fsync=1 "${where[@]}" >/dev/null 2>&1 ||
+      { echo "peers: the warm-up's 1 MiB writes to $t failed" >&2; exit 1; }
     if [ -n "${pool_of[$t]:-}" ]; then "$bin" pool sync "${pool_of[$t]}" >/dev/null; fi
   done
 fi
