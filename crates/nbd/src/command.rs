@@ -168,7 +168,7 @@ pub(crate) async fn execute(session: &Session, request: &Request, payload: Vec<u
     let reply = match request.kind {
         proto::CMD_READ => return read(session, request).await,
         proto::CMD_WRITE if len == 0 => done(Ok(())),
-        proto::CMD_WRITE => done(volume.write(offset, &payload, fua).await),
+        proto::CMD_WRITE => done(volume.write_owned(offset, payload, fua).await),
         proto::CMD_FLUSH => done(volume.flush().await),
         proto::CMD_TRIM if len == 0 => done(Ok(())),
         proto::CMD_TRIM => done(volume.zero(offset, len, fua).await),

@@ -388,9 +388,10 @@ impl Store {
         dataset: &Dataset,
         offset: u64,
         len: u64,
-        data: Option<&[u8]>,
+        payload: Option<WriteData<'_>>,
         apply: Apply,
     ) -> Result<u64, StoreError> {
+        let data = payload.as_ref().map(WriteData::bytes);
         self.check_live()?;
         let _guard = self.panic_guard("the write path");
         self.check_exists(dataset)?;
@@ -547,7 +548,7 @@ impl Store {
                         open_txg,
                         offset,
                         len,
-                        data,
+                        payload,
                         self.limits.log_block_bytes_max,
                         self.indirect(&v.entry, len).then_some(bs),
                     ),
@@ -684,7 +685,19 @@ impl Store {
         offset: u64,
         data: &[u8],
     ) -> Result<u64, StoreError> {
-        self.modify(dataset, offset, data.len() as u64, Some(data), Apply::Live).await
+        self.write_data_in(dataset, offset, WriteData::Borrowed(data)).await
+    }
+
+    /// [`Store::write_in`] of bytes given as a slice or handed over; a small write handed over
+    /// is logged in its own buffer rather than in a copy of it.
+    pub async fn write_data_in(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        data: WriteData<'_>,
+    ) -> Result<u64, StoreError> {
+        let len = data.bytes().len() as u64;
+        self.modify(dataset, offset, len, Some(data), Apply::Live).await
     }
 
     /// Zeroes a range; whole blocks become holes and their space is freed at the next sync.
@@ -711,4 +724,30 @@ pub(super) enum Apply {
     Live,
     /// Replaying the record with this sequence.
     Replay(u64),
+}
+
+/// The bytes of a write: borrowed, or handed over by a caller that no longer needs them (the
+/// NBD server's request buffer). Handed over, a write that the log records in one piece keeps
+/// the buffer itself as its record's bytes instead of a copy: one copy of the payload fewer on
+/// the small sync write's path (the others: into the dirty block, and the record into the log
+/// block it is encoded in).
+pub enum WriteData<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+impl std::fmt::Debug for WriteData<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if matches!(self, WriteData::Owned(_)) { "Owned" } else { "Borrowed" };
+        write!(f, "WriteData::{kind}({} bytes)", self.bytes().len())
+    }
+}
+
+impl WriteData<'_> {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            WriteData::Borrowed(b) => b,
+            WriteData::Owned(v) => v,
+        }
+    }
 }

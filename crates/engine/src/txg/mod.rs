@@ -60,7 +60,7 @@ mod zil;
 
 pub use audit::AuditReport;
 pub use dataset::{Dataset, VolumeProperty};
-pub use dmu::ReadData;
+pub use dmu::{ReadData, WriteData};
 pub use dmu_send::{ReceiveMode, StreamSummary, RECEIVE_PREFIX};
 use dmu_tx::TxgLimits;
 pub use dsl_scan::{ScanFunc, ScanPhase, ScanStatus};

@@ -14,7 +14,7 @@ use sluice_format::{
 };
 
 use super::dbuf::{Block, Prewritten};
-use super::dmu::Apply;
+use super::dmu::{Apply, WriteData};
 use super::{Dataset, Store, StoreError};
 use crate::device::{AlignedBuf, SharedBuf};
 use crate::intent_log::{self, DataWrite, LogAddress, LogError, LogWriter};
@@ -80,6 +80,7 @@ impl Store {
                     stats.records_out_of_range.inc();
                     continue;
                 }
+                let data = data.map(WriteData::Borrowed);
                 self.modify(&dataset, offset, len, data, Apply::Replay(record.sequence())).await?;
                 stats.records_replayed.inc();
             }
@@ -511,7 +512,8 @@ fn store_block(data: &AlignedBuf, compression: Compression, unit: u64) -> (Store
 /// Appends the records of one change: a zero as one record, a write in pieces that each fit
 /// the largest log block. With `indirect_block` (the volume's block size), the write's whole
 /// blocks are appended as unfilled indirect records, one per block, and only its partial
-/// blocks at either end are copied. Returns the last sequence.
+/// blocks at either end are copied. A write handed over ([`WriteData::Owned`]) that is one
+/// record takes no copy: the record keeps its buffer. Returns the last sequence.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn append_records(
     log: &LogWriter,
@@ -519,14 +521,25 @@ pub(super) fn append_records(
     txg: u64,
     offset: u64,
     len: u64,
-    data: Option<&[u8]>,
+    payload: Option<WriteData<'_>>,
     block_bytes_max: u32,
     indirect_block: Option<u64>,
 ) -> u64 {
     log.note_change();
-    let Some(data) = data else {
-        return log.append(now, |sequence| LogRecord::Zero { txg, sequence, offset, len });
+    let end = offset + len;
+    let whole_blocks = indirect_block.is_some_and(|bs| offset.div_ceil(bs) * bs < end / bs * bs);
+    let payload = match payload {
+        None => return log.append(now, |sequence| LogRecord::Zero { txg, sequence, offset, len }),
+        // A write handed over that is one record keeps its own buffer: no copy.
+        Some(WriteData::Owned(data))
+            if !whole_blocks && data.len() <= copied_piece_bytes(block_bytes_max) =>
+        {
+            debug_assert_eq!(data.len() as u64, len, "a write's length is its bytes'");
+            return log.append(now, |sequence| LogRecord::Write { txg, sequence, offset, data });
+        }
+        Some(payload) => payload,
     };
+    let data = payload.bytes();
     let copy = |at: u64, bytes: &[u8]| {
         let mut sequence = 0;
         for (i, chunk) in bytes.chunks(copied_piece_bytes(block_bytes_max)).enumerate() {
@@ -541,7 +554,6 @@ pub(super) fn append_records(
         sequence
     };
     let Some(bs) = indirect_block else { return copy(offset, data) };
-    let end = offset + len;
     let (first_whole, end_whole) = (offset.div_ceil(bs) * bs, end / bs * bs);
     if first_whole >= end_whole {
         return copy(offset, data);

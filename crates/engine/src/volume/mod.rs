@@ -22,7 +22,7 @@ use sluice_format::SyncMode;
 
 use crate::rt::Time;
 use crate::stats::{VolumeOp, VolumeStats};
-use crate::txg::{Dataset, ReadData, Store, StoreError};
+use crate::txg::{Dataset, ReadData, Store, StoreError, WriteData};
 
 /// A handle on one volume of a store. Cheap to clone; every clone shares the volume's
 /// request limit.
@@ -161,11 +161,32 @@ impl Volume {
     /// write that is the volume's only request may start its log write early
     /// ([`Store::commit_early`]).
     pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), StoreError> {
+        self.write_data(offset, WriteData::Borrowed(data), fua).await
+    }
+
+    /// [`Volume::write`] of a buffer the caller hands over (a request's payload): a small write
+    /// is logged in this very buffer instead of a copy of it.
+    pub async fn write_owned(
+        &self,
+        offset: u64,
+        data: Vec<u8>,
+        fua: bool,
+    ) -> Result<(), StoreError> {
+        self.write_data(offset, WriteData::Owned(data), fua).await
+    }
+
+    async fn write_data(
+        &self,
+        offset: u64,
+        data: WriteData<'_>,
+        fua: bool,
+    ) -> Result<(), StoreError> {
         let arrived = self.now();
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
+        let len = data.bytes().len() as u64;
         let result = async {
-            let sequence = self.store.write_in(&self.dataset, offset, data).await?;
+            let sequence = self.store.write_data_in(&self.dataset, offset, data).await?;
             if fua || self.dataset.sync_mode() == SyncMode::Always {
                 self.store.commit_in(&self.dataset, sequence).await?;
             } else if self.requests.load(Ordering::Relaxed) == 1 {
@@ -174,7 +195,6 @@ impl Volume {
             Ok(())
         }
         .await;
-        let len = data.len() as u64;
         if result.is_ok() && (offset % self.block_bytes != 0 || len % self.block_bytes != 0) {
             self.stats.partial_writes.inc();
         }
