@@ -388,7 +388,7 @@ impl Store {
         dataset: &Dataset,
         offset: u64,
         len: u64,
-        payload: Option<WriteData<'_>>,
+        mut payload: Option<WriteData<'_>>,
         apply: Apply,
     ) -> Result<u64, StoreError> {
         let data = payload.as_ref().map(WriteData::bytes);
@@ -548,7 +548,7 @@ impl Store {
                         open_txg,
                         offset,
                         len,
-                        payload,
+                        &mut payload,
                         self.limits.log_block_bytes_max,
                         self.indirect(&v.entry, len).then_some(bs),
                     ),
@@ -727,10 +727,11 @@ pub(super) enum Apply {
 }
 
 /// The bytes of a write: borrowed, or handed over by a caller that no longer needs them (the
-/// NBD server's request buffer). Handed over, a write that the log records in one piece keeps
-/// the buffer itself as its record's bytes instead of a copy: one copy of the payload fewer on
-/// the small sync write's path (the others: into the dirty block, and the record into the log
-/// block it is encoded in).
+/// NBD server's request buffer, whose capacity is its length). Handed over, a write that the
+/// log records in one piece keeps the buffer itself as its record's bytes instead of a copy:
+/// one copy of the payload fewer on the small sync write's path (the others: the read buffer's
+/// into the request's, the request's into the dirty block, and the record's into the log block
+/// it is encoded in; docs/design.md, The payload's copies).
 pub enum WriteData<'a> {
     Borrowed(&'a [u8]),
     Owned(Vec<u8>),

@@ -521,23 +521,24 @@ pub(super) fn append_records(
     txg: u64,
     offset: u64,
     len: u64,
-    payload: Option<WriteData<'_>>,
+    payload: &mut Option<WriteData<'_>>,
     block_bytes_max: u32,
     indirect_block: Option<u64>,
 ) -> u64 {
     log.note_change();
     let end = offset + len;
     let whole_blocks = indirect_block.is_some_and(|bs| offset.div_ceil(bs) * bs < end / bs * bs);
-    let payload = match payload {
-        None => return log.append(now, |sequence| LogRecord::Zero { txg, sequence, offset, len }),
-        // A write handed over that is one record keeps its own buffer: no copy.
-        Some(WriteData::Owned(data))
-            if !whole_blocks && data.len() <= copied_piece_bytes(block_bytes_max) =>
-        {
+    // A write handed over that is one record keeps its own buffer: no copy. Any other stays
+    // with the caller, which frees it outside the store's locks.
+    if let Some(WriteData::Owned(data)) = payload {
+        if !whole_blocks && data.len() <= copied_piece_bytes(block_bytes_max) {
+            let data = std::mem::take(data);
             debug_assert_eq!(data.len() as u64, len, "a write's length is its bytes'");
             return log.append(now, |sequence| LogRecord::Write { txg, sequence, offset, data });
         }
-        Some(payload) => payload,
+    }
+    let Some(payload) = payload.as_ref() else {
+        return log.append(now, |sequence| LogRecord::Zero { txg, sequence, offset, len });
     };
     let data = payload.bytes();
     let copy = |at: u64, bytes: &[u8]| {
