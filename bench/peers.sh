@@ -268,14 +268,19 @@ for t in ${tunables[@]+"${tunables[@]}"}; do
   sluice_target "$label" "$desc" "${all_jobs[*]}" single "${set_args[@]}"
 done
 [ ${#targets[@]} -gt 0 ] || { echo "peers: no targets selected" >&2; exit 2; }
+# How fio reaches target $1, into the array `where` (the caller's, if it declared one local).
+target_args() {
+  if [ -n "${file_of[$1]:-}" ]; then
+    where=(--ioengine=libaio --direct=1 --filename="${file_of[$1]}")
+  else
+    where=(--ioengine=nbd --uri="${uri_of[$1]}")
+  fi
+}
+
 # The warm-up (see --warmup), one target after another, each sluice pool synced after it.
 if [ "$warmup" -gt 0 ]; then
   for t in "${targets[@]}"; do
-    if [ -n "${file_of[$t]:-}" ]; then
-      where=(--ioengine=libaio --direct=1 --filename="${file_of[$t]}")
-    else
-      where=(--ioengine=nbd --uri="${uri_of[$t]}")
-    fi
+    target_args "$t"
     echo "peers: warm-up, $t" >&2
     # Each ends with an fsync, so that no target's first measured flush carries the warm-up.
     fio --name=warmup-4k --rw=randwrite --bs=4k --iodepth=32 --size="$span" --time_based \
@@ -320,11 +325,7 @@ run_one() {
   local base; base=$dir/r$round-$job-$(printf %s "$target" | tr -c 'A-Za-z0-9_.=-' '_')
   local pid=${pid_of[$target]:-}
   local where
-  if [ -n "${file_of[$target]:-}" ]; then
-    where=(--ioengine=libaio --direct=1 --filename="${file_of[$target]}")
-  else
-    where=(--ioengine=nbd --uri="${uri_of[$target]}")
-  fi
+  target_args "$target"
   job_args "$job"
   echo "peers: round $round/$rounds, $job, $target" >&2
   rm -f "$base".{before,after,end,settled}

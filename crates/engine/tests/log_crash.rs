@@ -213,6 +213,16 @@ fn tunables(policy: &str, dirty_max: &str) -> Tunables {
     .unwrap()
 }
 
+/// Each device's image after a power cut once everything it was sent has arrived, with every
+/// write its cache still held lost.
+fn power_cut(devices: &[SimDevice], seed: u64) -> Vec<SimImage> {
+    let mut rng = Rng::new(seed);
+    let images = devices
+        .iter()
+        .map(|d| d.crash_image(d.write_log().len(), CrashPolicy::DropAll, &mut rng).unwrap());
+    images.collect()
+}
+
 fn legs(sim: &Sim, images: Option<Vec<SimImage>>) -> Vec<SimDevice> {
     let options = SimOptions { store_data: true, record_log: true };
     match images {
@@ -703,11 +713,7 @@ fn separate_log_device_holds_the_chain() {
     assert_eq!(head_vdev, 1, "log blocks go to the log device");
     assert!(slog.stats().writes > 0 && slog.stats().flushes > 0);
     // Power off now, with the log holding every write: import and find them all.
-    let mut rng = Rng::new(1);
-    let images: Vec<SimImage> = devices
-        .iter()
-        .map(|d| d.crash_image(d.write_log().len(), CrashPolicy::DropAll, &mut rng).unwrap())
-        .collect();
+    let images = power_cut(&devices, 1);
     let fresh = Sim::new(78);
     let revived: Vec<SimDevice> = images
         .into_iter()
@@ -880,8 +886,7 @@ fn writes_handed_over_replay_after_a_crash() {
     let large = || (0..LARGE).map(|i| (i % 251) as u8).collect::<Vec<u8>>();
     sim.run(async move {
         let tunables = tunables();
-        let pool = Pool::create(&env, common::mirror_pool(specs), &tunables).await.unwrap();
-        let store = Arc::new(Store::create(pool, &tunables));
+        let store = Arc::new(common::mirror_store(&env, specs, &tunables).await);
         store.create_volume("v", UNITS * UNIT + LARGE, VOLUME_BLOCK).unwrap();
         store.sync().await.unwrap();
         let volume = Volume::open(&store, "v").unwrap();
@@ -893,11 +898,7 @@ fn writes_handed_over_replay_after_a_crash() {
         volume.flush().await.unwrap();
     })
     .unwrap();
-    let mut rng = Rng::new(2);
-    let images: Vec<SimImage> = devices
-        .iter()
-        .map(|d| d.crash_image(d.write_log().len(), CrashPolicy::DropAll, &mut rng).unwrap())
-        .collect();
+    let images = power_cut(&devices, 2);
     let fresh = Sim::new(92);
     let specs = common::leaf_specs(&legs(&fresh, Some(images)));
     let env = fresh.env();

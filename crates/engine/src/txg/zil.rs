@@ -527,11 +527,14 @@ pub(super) fn append_records(
 ) -> u64 {
     log.note_change();
     let end = offset + len;
-    let whole_blocks = indirect_block.is_some_and(|bs| offset.div_ceil(bs) * bs < end / bs * bs);
+    // The whole blocks logged by pointer, if any: (block size, first, end).
+    let whole = indirect_block
+        .map(|bs| (bs, offset.div_ceil(bs) * bs, end / bs * bs))
+        .filter(|&(_, first, end_whole)| first < end_whole);
     // A write handed over that is one record keeps its own buffer: no copy. Any other stays
     // with the caller, which frees it outside the store's locks.
     if let Some(WriteData::Owned(data)) = payload {
-        if !whole_blocks && data.len() <= copied_piece_bytes(block_bytes_max) {
+        if whole.is_none() && data.len() <= copied_piece_bytes(block_bytes_max) {
             let data = std::mem::take(data);
             debug_assert_eq!(data.len() as u64, len, "a write's length is its bytes'");
             return log.append(now, |sequence| LogRecord::Write { txg, sequence, offset, data });
@@ -554,11 +557,7 @@ pub(super) fn append_records(
         }
         sequence
     };
-    let Some(bs) = indirect_block else { return copy(offset, data) };
-    let (first_whole, end_whole) = (offset.div_ceil(bs) * bs, end / bs * bs);
-    if first_whole >= end_whole {
-        return copy(offset, data);
-    }
+    let Some((bs, first_whole, end_whole)) = whole else { return copy(offset, data) };
     let slice = |from: u64, to: u64| &data[(from - offset) as usize..(to - offset) as usize];
     let mut sequence = 0;
     if offset < first_whole {
