@@ -210,14 +210,18 @@ fn stream_command(
                     let _ = (&stream).write_all(answer_line(true, said, String::new()).as_bytes());
                 }
                 Err(e) => {
-                    eprintln!("sluice: send from pool {} failed part way: {e:#}", what.pool())
+                    eprintln!(
+                        "sluice: send from pool {} failed part way: {}",
+                        what.pool(),
+                        crate::error_chain(&e)
+                    )
                 }
             }
             return;
         }
         Err(e) => {
-            let _ =
-                (&stream).write_all(answer_line(false, String::new(), format!("{e:#}")).as_bytes());
+            let _ = (&stream)
+                .write_all(answer_line(false, String::new(), crate::error_chain(&e)).as_bytes());
             return;
         }
     };
@@ -336,6 +340,6 @@ async fn run(env: &Env, store: Arc<Store>, args: Vec<String>) -> Answer {
     let result = crate::run_pool_command(&mut ctx, args).await;
     match result {
         Ok(()) => Answer { ok: true, out: ctx.out, error: String::new() },
-        Err(e) => Answer { ok: false, out: ctx.out, error: format!("{e:#}") },
+        Err(e) => Answer { ok: false, out: ctx.out, error: crate::error_chain(&e) },
     }
 }

@@ -557,7 +557,7 @@ fn main() -> ExitCode {
 /// The error and its causes, joined by ": ", leaving out a cause whose text the message so far
 /// already holds: engine errors put their source in their own message as well, so anyhow's
 /// `{:#}` printed such text twice ("X: X").
-fn error_chain(error: &anyhow::Error) -> String {
+pub(crate) fn error_chain(error: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in error.chain() {
         let text = cause.to_string();

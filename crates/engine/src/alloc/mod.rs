@@ -14,14 +14,19 @@
 //! import after a crash may fall back to) still reference it, so reusing it sooner could
 //! overwrite the only copy of live data.
 //!
-//! A scrub or resilver reading the tree of synced txg T pins T ([`Allocator::pin`]): frees of
-//! later txgs then stay deferred until the pin goes, so no block the scan may still read or
-//! repair is handed out again while it works (a repair write would land on someone else's
-//! data). Frees of T and earlier are of blocks that tree no longer holds.
+//! A scrub or resilver walking the tree of synced txg T pins T ([`Allocator::pin`]): frees of
+//! later txgs then stay deferred until the pin goes, so no indirect block the walk reads is
+//! handed out again meanwhile. Frees of T and earlier are of blocks that tree no longer holds.
+//! The blocks the walk gathered are then queued ([`Allocator::scan_queue`]) and the pin goes:
+//! from then on only a free of a block whose scan I/O is in flight waits for it (`scan_queue`
+//! says why).
 //!
 //! A slop reserve (1/32 of the space, at least `SLOP_BYTES_MIN`) is kept back from ordinary
 //! allocations and open only to [`AllocClass::Reserved`] ones: txg sync metadata, log replay and
-//! the bookkeeping of frees, so a full pool can still sync, import and free space.
+//! the bookkeeping of frees, so a full pool can still sync, import and free space. Work that
+//! must not stop where thin writes do goes part of the way into it, each kind to its
+//! [`SlopTier`]: a thick volume's overwrites, then what frees space and the intent log's
+//! blocks; the sync has the rest.
 //!
 //! Intent-log blocks are allocated here too, but they live outside the txgs: the space maps
 //! record them as free, and import claims the blocks it finds by walking each log chain
@@ -44,10 +49,12 @@
 //! later behind the same interface.
 
 mod range_tree;
+mod scan_queue;
 
 use std::collections::BTreeMap;
 
 pub use range_tree::RangeTree;
+use scan_queue::ScanQueue;
 use sluice_format::SpaceMap;
 
 /// Txgs a free waits after its own txg has synced.
@@ -86,6 +93,37 @@ const LOG_REGION_SHIFT: u32 = 3;
 /// The log region of a data area of `area_bytes`: `[start, start + this)`, in whole MiB.
 pub fn log_region_bytes(area_bytes: u64) -> u64 {
     (area_bytes >> LOG_REGION_SHIFT).min(LOG_REGION_BYTES_MAX) >> 20 << 20
+}
+
+/// How much of the slop reserve a kind of work must leave, from the first to stop to the last
+/// (ZFS: `spa_slop_shift` and the space-check levels of `dsl_synctask`, which let operations
+/// that free space dip into the slop). Each is checked against the free space admission counts
+/// (`room_bytes`) less everything in flight, the sync's own metadata included; the txg sync
+/// itself has the rest, and what it will allocate is counted by every tier above it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlopTier {
+    /// Writes to volumes without a reservation, receives, and setting space aside (a thick
+    /// volume made or grown, a snapshot of one): the whole slop is left.
+    Normal,
+    /// Writes to a thick volume: its overwrites need new space before the blocks they replace
+    /// come back, and a pool that thin volumes filled must not refuse them. Three quarters of
+    /// the slop are theirs to use.
+    Thick,
+    /// Operations that free space (a snapshot destroy rewrites the next dead list) and the
+    /// intent log's blocks (short-lived; a chain that finds none falls back to a txg sync):
+    /// an eighth is left.
+    Freeing,
+}
+
+impl SlopTier {
+    /// The part of `slop` this tier leaves.
+    pub fn kept(self, slop: u64) -> u64 {
+        match self {
+            SlopTier::Normal => slop,
+            SlopTier::Thick => slop / 4,
+            SlopTier::Freeing => slop / 8,
+        }
+    }
 }
 
 /// Who is allocating: ordinary writes stop at the slop reserve, reserved work may use it.
@@ -159,6 +197,9 @@ pub struct Allocator {
     deferred: BTreeMap<u64, Vec<(u32, u64, u64)>>,
     /// Bytes in `deferred`, kept as a total: every write's space check reads it.
     deferred_total: u64,
+    /// Entries in `deferred`, per vdev: a bound of the space maps' size that every write's
+    /// space check reads ([`Allocator::space_map_entries_bound`]).
+    deferred_entries: Vec<usize>,
     /// The synced txg when [`Allocator::log_region_pressed`] last said yes.
     log_pressure_reported: Option<u64>,
     /// Log blocks waiting out their deferral (they return to `free` from `log`).
@@ -169,6 +210,11 @@ pub struct Allocator {
     synced_txg: u64,
     /// Txgs whose trees a scan is reading, with how many scans read each.
     pins: BTreeMap<u64, u32>,
+    /// The blocks a scan has gathered and not yet read, and those it is reading.
+    scan: ScanQueue,
+    /// What admission last promised the open and syncing txgs' syncs, and `allocated_total`
+    /// then ([`Allocator::promise`]): intent-log blocks leave it alone.
+    promised: (u64, u64),
     /// Bytes handed out for blocks of txgs ([`Allocator::allocate`] and
     /// [`Allocator::allocate_ditto`]) since this allocator was made: how far the syncing txg
     /// has got with what it was expected to allocate ([`Allocator::allocated_total`]).
@@ -204,6 +250,7 @@ impl Allocator {
             vdevs,
             deferred: BTreeMap::new(),
             deferred_total: 0,
+            deferred_entries: vec![0; data_areas.len()],
             deferred_log: BTreeMap::new(),
             log_pressure_reported: None,
             rotor: 0,
@@ -211,8 +258,54 @@ impl Allocator {
             log_rotor: 0,
             synced_txg: 0,
             pins: BTreeMap::new(),
+            scan: ScanQueue::new(data_areas.len()),
+            promised: (0, 0),
             allocated_total: 0,
         }
+    }
+
+    /// Records that admission has let in txgs whose syncs will allocate `bytes` from now on.
+    pub fn promise(&mut self, bytes: u64) {
+        self.promised = (bytes, self.allocated_total);
+    }
+
+    /// What is still promised to the syncs ([`Allocator::promise`]), less what they have
+    /// allocated since.
+    pub fn promised_bytes(&self) -> u64 {
+        let (bytes, at) = self.promised;
+        bytes.saturating_sub(self.allocated_total - at)
+    }
+
+    /// Queues the copies (vdev, offset, asize) of blocks a scan gathered from a pinned tree,
+    /// before the pin goes: from then on a free of one of them whose deferral ends drops it
+    /// from the queue, unless its read is in flight ([`Allocator::scan_issue`]).
+    pub fn scan_queue(&mut self, copies: impl IntoIterator<Item = (u32, u64, u64)>) {
+        for (vdev, start, len) in copies {
+            self.scan.queue(vdev, start, len);
+        }
+    }
+
+    /// Whether the scan may read (and repair) a queued block now: `false` when it was freed
+    /// meanwhile, and its space may already hold another block. If `true`, frees of its
+    /// copies stay deferred until [`Allocator::scan_done`].
+    pub fn scan_issue(&mut self, copies: &[(u32, u64, u64)]) -> bool {
+        self.scan.issue(copies)
+    }
+
+    /// The scan's I/O of a block taken with [`Allocator::scan_issue`] has ended.
+    pub fn scan_done(&mut self, copies: &[(u32, u64, u64)]) {
+        self.scan.done(copies);
+    }
+
+    /// The scan's chunk has ended, or was dropped with its reads: what it left queued or
+    /// being read is forgotten.
+    pub fn scan_clear(&mut self) {
+        self.scan.clear();
+    }
+
+    /// Bytes a scan has queued and is reading.
+    pub fn scan_bytes(&self) -> (u64, u64) {
+        self.scan.bytes()
     }
 
     /// Keeps every block of synced txg `txg`'s tree allocated until [`Allocator::unpin`]:
@@ -272,6 +365,34 @@ impl Allocator {
     /// itself may still allocate).
     pub fn allocate_log(&mut self, psize: u64) -> Result<(u32, u64, u64), AllocError> {
         self.allocate_log_near(psize, None)
+    }
+
+    /// An intent-log block that is not a chain's head: as [`Allocator::allocate_log_near`],
+    /// but on the data vdevs only while what admission promised the syncs
+    /// ([`Allocator::promise`]) and [`SlopTier::Freeing`]'s part of the slop stay free. Log
+    /// blocks are allocated between a txg's admission and its sync, which does not count them,
+    /// so without this they could take the room the sync was promised; a chain that finds no
+    /// block falls back to a txg sync, where a head must not fail.
+    pub fn allocate_log_block(
+        &mut self,
+        psize: u64,
+        near: Option<u32>,
+    ) -> Result<(u32, u64, u64), AllocError> {
+        let has_log_devices = self.vdevs.iter().any(|v| v.log_only);
+        let asize = self.asize(psize.max(1));
+        let floor = SlopTier::Freeing.kept(self.slop_bytes());
+        let room_floor = floor.saturating_add(self.promised_bytes());
+        if !has_log_devices
+            && (self.free_bytes() < asize.saturating_add(floor)
+                || self.room_bytes() < asize.saturating_add(room_floor))
+        {
+            return Err(AllocError::NoSpace {
+                requested_bytes: asize,
+                free_bytes: self.free_bytes(),
+                slop_bytes: self.slop_bytes(),
+            });
+        }
+        self.allocate_log_near(psize, near)
     }
 
     /// [`Allocator::allocate_log`], on top-level vdev `near` first when it is a candidate (a
@@ -508,13 +629,18 @@ impl Allocator {
     /// give if no free range turns out to fit.
     fn check_space(&self, asize: u64, class: AllocClass) -> Result<AllocError, AllocError> {
         let free = self.free_bytes();
-        let floor = if class == AllocClass::Normal { self.slop_bytes() } else { 0 };
         let no_space = AllocError::NoSpace {
             requested_bytes: asize,
             free_bytes: free,
             slop_bytes: self.slop_bytes(),
         };
-        if free < asize.saturating_add(floor) {
+        // An ordinary allocation is held to the figure admission counts (whole blocks in free
+        // ranges), so the two never disagree about what is left above the slop.
+        let (have, floor) = match class {
+            AllocClass::Normal => (self.room_bytes(), self.slop_bytes()),
+            AllocClass::Reserved => (free, 0),
+        };
+        if have < asize.saturating_add(floor) {
             return Err(no_space);
         }
         Ok(no_space)
@@ -588,6 +714,7 @@ impl Allocator {
         assert!(txg > self.synced_txg, "free in txg {txg}, which has already synced");
         self.deferred.entry(txg).or_default().push((vdev, start, len));
         self.deferred_total += len;
+        self.deferred_entries[vdev as usize] += 1;
     }
 
     /// Records that `txg` is durable: frees whose deferral has ended become allocatable.
@@ -599,9 +726,20 @@ impl Allocator {
         let last = txg.saturating_sub(FREE_DEFER_TXGS).min(pinned);
         let ready: Vec<u64> = self.deferred.range(..=last).map(|(t, _)| *t).collect();
         for t in ready {
+            let mut held = Vec::new();
             for (vdev, start, len) in self.deferred.remove(&t).unwrap_or_default() {
+                // A block a scan is reading stays allocated (and in the space map's deferred
+                // frees) until a sync after its read.
+                if !self.scan.release(vdev, start, len) {
+                    held.push((vdev, start, len));
+                    continue;
+                }
                 self.deferred_total -= len;
+                self.deferred_entries[vdev as usize] -= 1;
                 self.vdevs[vdev as usize].free.insert(start, len);
+            }
+            if !held.is_empty() {
+                self.deferred.insert(t, held);
             }
         }
         let ready: Vec<u64> = self
@@ -632,6 +770,18 @@ impl Allocator {
     pub fn space_map_entries(&self, vdev: u32) -> (usize, usize) {
         let space = &self.vdevs[vdev as usize];
         (space.free.union(&space.log).count(), self.deferred_of(vdev).count())
+    }
+
+    /// At least as many entries as [`Allocator::space_map_entries`] counts for `vdev`, read
+    /// off running counts (every write's space check bounds the next maps' size with it).
+    pub fn space_map_entries_bound(&self, vdev: u32) -> (usize, usize) {
+        let space = &self.vdevs[vdev as usize];
+        (space.free.len() + space.log.len(), self.deferred_entries[vdev as usize])
+    }
+
+    /// Top-level vdevs, log devices included: each has a space map.
+    pub fn vdev_count(&self) -> usize {
+        self.vdevs.len()
     }
 
     /// `vdev`'s frees waiting out their deferral, as (txg, start, len), in txg order.
@@ -674,6 +824,7 @@ impl Allocator {
                 }
                 allocator.deferred.entry(txg).or_default().push((vdev as u32, s, l));
                 allocator.deferred_total += l;
+                allocator.deferred_entries[vdev] += 1;
             }
             let space = &mut allocator.vdevs[vdev];
             space.free = free;

@@ -151,6 +151,27 @@ impl RangeTree {
         })
     }
 
+    /// Whether any byte of `[start, start+len)` is in the tree.
+    pub fn intersects(&self, start: u64, len: u64) -> bool {
+        len > 0 && self.overlaps(start, start.saturating_add(len))
+    }
+
+    /// Removes whatever part of `[start, start+len)` the tree holds (none, some or all of it).
+    pub fn remove_within(&mut self, start: u64, len: u64) {
+        let end = start.saturating_add(len);
+        let first = self.ranges.range(..start).next_back().map_or(start, |(&s, _)| s);
+        let hit: Vec<(u64, u64)> = self
+            .ranges
+            .range(first..end)
+            .map(|(&s, &e)| (s, e))
+            .filter(|&(_, e)| e > start)
+            .collect();
+        for (s, e) in hit {
+            let (from, to) = (s.max(start), e.min(end));
+            self.remove(from, to - from);
+        }
+    }
+
     /// Whether `[start, start+len)` lies entirely inside one range.
     pub fn contains(&self, start: u64, len: u64) -> bool {
         let end = start.saturating_add(len);
@@ -249,6 +270,23 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// `intersects` sees any shared byte, and `remove_within` takes exactly the part of a
+    /// span the tree holds, across several ranges, leaving the rest.
+    #[test]
+    fn intersects_and_remove_within() {
+        let mut tree = RangeTree::default();
+        tree.insert(100, 50);
+        tree.insert(200, 50);
+        assert!(tree.intersects(149, 10) && tree.intersects(90, 11) && tree.intersects(0, 1000));
+        assert!(!tree.intersects(150, 50) && !tree.intersects(90, 10) && !tree.intersects(120, 0));
+        tree.remove_within(120, 100);
+        assert_eq!(tree.iter().collect::<Vec<_>>(), vec![(100, 20), (220, 30)]);
+        assert_eq!(tree.total_bytes(), 50);
+        tree.remove_within(0, 10);
+        tree.remove_within(0, 1000);
+        assert!(tree.is_empty() && tree.total_bytes() == 0);
+    }
 
     /// A bounded first fit stays inside its bounds and wraps from the cursor to the start.
     #[test]

@@ -240,6 +240,73 @@ fn frees_are_deferred() {
     assert!(slop > 0);
 }
 
+/// A scan's queued blocks do not hold their frees back: a block freed before its turn leaves
+/// the queue and its space comes back with the deferral, and the scan is then told not to
+/// read it. Only a block whose read is in flight keeps its space, until a sync after the read
+/// ends; a pin (held while the scan walks a tree) still holds every later free.
+#[test]
+fn a_scan_holds_back_only_the_blocks_it_is_reading() {
+    let mut a = Allocator::new(12, &[(0, 64 * 4096)]);
+    let blocks: Vec<(u32, u64, u64)> =
+        (0..4).map(|_| a.allocate(4096, AllocClass::Reserved, &[]).unwrap()).collect();
+    a.pin(0);
+    a.scan_queue(blocks.iter().copied());
+    a.unpin(0);
+    let free = a.free_bytes();
+    // Block 0 is being read; blocks 1 and 2 are freed while queued and while read.
+    assert!(a.scan_issue(&blocks[0..1]));
+    for &(vdev, start, len) in &blocks[..3] {
+        a.free(1, vdev, start, len);
+    }
+    assert!(a.scan_issue(&blocks[2..3]));
+    for txg in 1..=1 + FREE_DEFER_TXGS {
+        a.synced(txg);
+    }
+    // Block 1 was only queued: free again, and the scan skips it. Blocks 0 and 2 are held.
+    assert_eq!(a.free_bytes(), free + 4096);
+    assert!(!a.scan_issue(&blocks[1..2]), "a freed block is not read");
+    assert_eq!(a.deferred_bytes(), 2 * 4096);
+    a.scan_done(&blocks[0..1]);
+    a.scan_done(&blocks[2..3]);
+    a.synced(2 + FREE_DEFER_TXGS);
+    assert_eq!(a.free_bytes(), free + 3 * 4096);
+    assert_eq!(a.deferred_bytes(), 0);
+    // Block 3, never freed, is still read; at the chunk's end nothing stays queued.
+    assert!(a.scan_issue(&blocks[3..4]));
+    a.scan_done(&blocks[3..4]);
+    a.scan_clear();
+    assert_eq!(a.scan_bytes(), (0, 0));
+    // A pin holds every later free, queued or not.
+    let (vdev, start, len) = blocks[3];
+    a.pin(2 + FREE_DEFER_TXGS);
+    a.free(3 + FREE_DEFER_TXGS, vdev, start, len);
+    for txg in 3 + FREE_DEFER_TXGS..=3 + 2 * FREE_DEFER_TXGS {
+        a.synced(txg);
+    }
+    assert_eq!(a.deferred_bytes(), 4096);
+    a.unpin(2 + FREE_DEFER_TXGS);
+    a.synced(4 + 2 * FREE_DEFER_TXGS);
+    assert_eq!(a.deferred_bytes(), 0);
+}
+
+/// The tiers leave less of the slop from the first to stop to the last, and a log block
+/// (not a chain's head) stops at its tier's floor.
+#[test]
+fn slop_tiers_stop_in_order() {
+    let slop = 1 << 20;
+    let kept: Vec<u64> =
+        [SlopTier::Normal, SlopTier::Thick, SlopTier::Freeing].map(|t| t.kept(slop)).to_vec();
+    assert!(kept.windows(2).all(|w| w[0] > w[1]) && kept[2] > 0, "{kept:?}");
+    let mut a = Allocator::new(12, &[(0, 8 * MIB)]);
+    while a.allocate(4096, AllocClass::Reserved, &[]).is_ok() {
+        if a.free_bytes() <= SlopTier::Freeing.kept(a.slop_bytes()) + 4096 {
+            break;
+        }
+    }
+    assert!(a.allocate_log_block(8192, None).is_err(), "a log block below its floor");
+    a.allocate_log(8192).expect("a chain's head may use the rest");
+}
+
 /// Ordinary allocations stop at the slop reserve; reserved ones may use it; the error says
 /// what to do.
 #[test]

@@ -1197,7 +1197,11 @@ fn allocate_fitting(
         .max(LOG_BLOCK_BYTES_MIN as usize) as u32;
     let mut bytes = block_bytes;
     loop {
-        match allocate(pool, allocator, bytes, near) {
+        let placed = allocator
+            .allocate_log_block(u64::from(bytes), near)
+            .map(|(vdev, offset_bytes, _)| LogAddress { vdev, offset_bytes, len_bytes: bytes })
+            .map_err(|source| PoolError::NoSpace { pool: pool.to_owned(), source });
+        match placed {
             Err(PoolError::NoSpace { .. }) if bytes > least => bytes = (bytes / 2).max(least),
             result => return result,
         }

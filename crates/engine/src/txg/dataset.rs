@@ -216,16 +216,38 @@ impl Store {
             + indirect * copies * whole(objset::INDIRECT_BYTES as u64)
     }
 
+    /// Frees (block copies) that freeing all of `entry`'s tree and dead lists writes into the
+    /// space maps, at most: each data block, each indirect block's copies, each dead-list
+    /// entry's copies and pieces.
+    pub(super) fn frees_bound(&self, entry: &sluice_format::VolumeEntry) -> u64 {
+        let copies = self.pool.metadata_copies() as u64;
+        let (data, indirect) = entry.space.map_or((0, 0), |s| {
+            let data = s.logical_bytes / u64::from(entry.block_bytes);
+            let indirect = s.referenced_bytes.saturating_sub(s.physical_bytes);
+            (data, indirect / objset::INDIRECT_BYTES as u64)
+        });
+        let lists: u64 = std::iter::once(&entry.deadlist)
+            .chain(entry.snapshots.iter().map(|s| &s.deadlist))
+            .map(|l| (l.entries + l.pieces.len() as u64) * copies)
+            .sum();
+        data + indirect + lists + u64::from(entry.levels) * copies
+    }
+
     /// Bytes that could still be set aside: free space in whole ranges (what admission counts,
     /// `Allocator::room_bytes`) beyond the slop, what the open and syncing txgs will write, and
     /// every volume's unused reservation.
     pub(super) fn reservable_bytes(&self, state: &super::State) -> u64 {
+        self.room_beyond(state, crate::alloc::SlopTier::Normal)
+    }
+
+    /// [`Store::reservable_bytes`] for work of `tier`, which may leave less of the slop.
+    pub(super) fn room_beyond(&self, state: &super::State, tier: crate::alloc::SlopTier) -> u64 {
         let reserved: u64 = state.volumes.values().map(|d| d.unused_reservation()).sum();
         let allocator = self.allocator.lock();
-        let dirty = super::dmu_tx::InFlight::of(state).to_allocate(&allocator);
+        let dirty = super::dmu_tx::InFlight::of(state, &self.pool).to_allocate(&allocator);
         allocator
             .room_bytes()
-            .saturating_sub(allocator.slop_bytes())
+            .saturating_sub(tier.kept(allocator.slop_bytes()))
             .saturating_sub(dirty)
             .saturating_sub(reserved)
     }
@@ -375,6 +397,7 @@ impl Store {
             }
         }
         let volume = dataset.state.lock();
+        state.pending_frees += self.frees_bound(&volume.entry);
         let origin_txg = volume.entry.origin.map_or(0, |o| o.txg);
         let lists = std::iter::once(&volume.entry.deadlist)
             .chain(volume.entry.snapshots.iter().map(|s| &s.deadlist));
@@ -445,7 +468,7 @@ impl Store {
                 Vec::new()
             };
             // The store's lock keeps writes out while the size changes (they check it there).
-            let _state = self.state.lock();
+            let mut state = self.state.lock();
             if dataset.destroyed.load(Ordering::Acquire) {
                 return Err(self.no_such_volume(name));
             }
@@ -464,7 +487,7 @@ impl Store {
             };
             if reservation > volume.entry.reservation_bytes {
                 drop(volume);
-                let available = self.reservable_bytes(&_state);
+                let available = self.reservable_bytes(&state);
                 volume = dataset.state.lock();
                 let more = reservation - volume.entry.reservation_bytes;
                 if more > available {
@@ -490,7 +513,12 @@ impl Store {
                     volume.open.insert(index, Block::Zero);
                 }
             } else {
-                volume.entry.levels = volume.entry.levels.max(objset::levels_for(new_blocks));
+                let levels = volume.entry.levels.max(objset::levels_for(new_blocks));
+                // Each new level is one more indirect block above the old root.
+                let grown = u64::from(levels - volume.entry.levels);
+                volume.entry.levels = levels;
+                let copies = self.pool.metadata_copies() as u64;
+                state.pending_metadata_bytes += grown * objset::INDIRECT_BYTES as u64 * copies;
             }
             volume.entry.size_bytes = size_bytes;
             return Ok(());

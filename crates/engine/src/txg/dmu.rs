@@ -533,9 +533,12 @@ impl Store {
                 v.open.insert(index, block);
                 added += bs;
             }
+            // A block zeroed is a free for its sync's space map, as a replaced one is.
+            let mut zeroed = 0;
             for (index, block) in whole.drain(..) {
-                if let Block::Data(_) = &block {
-                    added += bs;
+                match &block {
+                    Block::Data(_) => added += bs,
+                    _ => zeroed += 1,
                 }
                 v.open.insert(index, block);
             }
@@ -564,6 +567,7 @@ impl Store {
             state.dirty_bytes += added;
             dataset.dirty_bytes.fetch_add(added, Ordering::Relaxed);
             state.dirty_metadata_bytes += new_groups * metadata_per_group;
+            state.dirty_blocks += added / bs + zeroed;
             (sequence, resolve_now)
         };
         for index in resolve_now {

@@ -15,6 +15,7 @@
 //! would stop them for a whole sync.
 
 use super::{Dataset, Store, StoreError};
+use crate::alloc::SlopTier;
 use crate::intent_log::CommitPolicy;
 use crate::tunables::{Tunable, Tunables};
 use std::sync::atomic::Ordering;
@@ -87,33 +88,127 @@ pub(super) struct InFlight {
     open: u64,
     /// Of `open`, the indirect blocks.
     open_metadata: u64,
+    /// Blocks the open txg's sync writes (data and indirect) and what its administrative
+    /// changes add: its own metadata is bounded from them and the allocator's counts.
+    open_shape: SyncShape,
     /// Dirty data already written in place for the log: not in `open`, but in the dirty
     /// bytes the throttle weighs.
     prewritten: u64,
-    /// The syncing txg's, as estimated when it quiesced.
+    /// The syncing txg's, as bounded when it quiesced (its metadata included).
     syncing: u64,
     syncing_allocated_base: u64,
 }
 
 impl InFlight {
-    pub(super) fn of(state: &super::State) -> InFlight {
+    pub(super) fn of(state: &super::State, pool: &crate::pool::Pool) -> InFlight {
         InFlight {
             open: state.dirty_to_allocate() + state.dirty_metadata_bytes,
             open_metadata: state.dirty_metadata_bytes,
+            open_shape: SyncShape::of_open(state, pool),
             prewritten: state.prewritten_bytes,
             syncing: state.syncing_bytes,
             syncing_allocated_base: state.syncing_allocated_base,
         }
     }
 
-    /// Bytes still to allocate, indirect blocks included. What the syncing txg has already
-    /// allocated is out of the free space, so it is no longer counted here: counting all of
-    /// its estimate until the sync ended counted those bytes twice, and with txgs of a tenth
-    /// of memory on a pool of a few GiB, writers found the pool full while a sync ran and
+    /// Bytes still to allocate: the open txg's data, indirect blocks and the metadata its sync
+    /// will write, and what the syncing txg has not allocated yet. What the syncing txg has
+    /// already allocated is out of the free space, so it is no longer counted here: counting
+    /// all of its estimate until the sync ended counted those bytes twice, and with txgs of a
+    /// tenth of memory on a pool of a few GiB, writers found the pool full while a sync ran and
     /// each synced again in turn (docs/bench/peers-notes.md).
     pub(super) fn to_allocate(&self, allocator: &crate::alloc::Allocator) -> u64 {
         let done = allocator.allocated_total().saturating_sub(self.syncing_allocated_base);
-        self.open + self.syncing.saturating_sub(done)
+        self.open + self.open_shape.metadata_bytes(allocator) + self.syncing.saturating_sub(done)
+    }
+
+    /// The open txg's part of [`InFlight::to_allocate`] that is its data.
+    pub(super) fn open_data(&self) -> u64 {
+        self.open - self.open_metadata
+    }
+}
+
+/// What bounds the metadata one txg's sync allocates beside its data and indirect blocks
+/// (ZFS counts the MOS's share of a txg against the slop; sluice counts it per txg).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SyncShape {
+    /// Blocks the sync writes (data and indirect): each allocation splits at most one free
+    /// range, and each block it replaces is one deferred free per copy.
+    pub(super) blocks: u64,
+    /// Known extra allocations of administrative changes (`State::pending_metadata_bytes`),
+    /// and the frees they make (`State::pending_frees`).
+    pub(super) pending: u64,
+    pub(super) pending_frees: u64,
+    /// Metadata copies (ditto blocks) and the allocation unit.
+    pub(super) copies: u64,
+    pub(super) unit: u64,
+    /// The last directory's bytes, and the volumes it lists (each may append to a dead list).
+    pub(super) directory_bytes: u64,
+    pub(super) volumes: u64,
+}
+
+/// Allocations and frees a sync makes beyond its blocks' own: space-map pieces, the
+/// directory, dead-list pieces, the old maps and directory freed.
+const SYNC_METADATA_SLACK: u64 = 64;
+/// What the directory may grow by in one txg besides its space-map pointers (a snapshot
+/// created or destroyed, a scan's record, a volume made).
+const DIRECTORY_GROWTH_BYTES: u64 = 16 << 10;
+
+impl SyncShape {
+    pub(super) fn of_open(state: &super::State, pool: &crate::pool::Pool) -> SyncShape {
+        let indirect = state.dirty_metadata_bytes / crate::objset::INDIRECT_BYTES as u64;
+        SyncShape {
+            blocks: state.dirty_blocks + indirect,
+            pending: state.pending_metadata_bytes,
+            pending_frees: state.pending_frees,
+            copies: pool.metadata_copies() as u64,
+            unit: 1 << pool.ashift(),
+            directory_bytes: state.directory.map_or(0, |bp| bp.psize_bytes()),
+            volumes: state.volumes.len() as u64,
+        }
+    }
+
+    /// At most what the sync allocates for the pool's own metadata: every vdev's space map
+    /// (its free ranges and deferred frees now, each allocation of the sync splitting a range
+    /// and each replaced copy adding a deferred free, plus the spare piece), the directory in
+    /// one copy more than other metadata, the dead-list entries of every replaced block (and
+    /// each volume's last piece rewritten), and `pending`.
+    pub(super) fn metadata_bytes(&self, allocator: &crate::alloc::Allocator) -> u64 {
+        use super::space_map::{pieces_bound, SPACE_MAP_PIECE_BYTES};
+        let block = crate::alloc::METADATA_BLOCK_BYTES_MAX;
+        // Dead-list pieces: the replaced blocks' entries, and each volume's last piece
+        // rewritten (it may hold up to a piece's worth already, and rounds up on its own).
+        let deadlist_pieces =
+            (self.blocks.div_ceil(super::dsl_deadlist::PIECE_ENTRIES_WRITTEN as u64))
+                + 2 * self.volumes;
+        // Each allocation splits at most one free range; each replaced or freed copy is one
+        // deferred free; the old maps and directory are freed too.
+        let allocations = self
+            .blocks
+            .saturating_add(deadlist_pieces * self.copies)
+            .saturating_add(self.pending / block * self.copies)
+            .saturating_add(SYNC_METADATA_SLACK);
+        let frees = self
+            .blocks
+            .saturating_mul(self.copies)
+            .saturating_add(self.pending_frees)
+            .saturating_add(SYNC_METADATA_SLACK);
+        let pieces: u64 = (0..allocator.vdev_count() as u32)
+            .map(|vdev| {
+                let (free, deferred) = allocator.space_map_entries_bound(vdev);
+                let free = (free as u64).saturating_add(allocations);
+                pieces_bound(free, (deferred as u64).saturating_add(frees)) + 1
+            })
+            .sum();
+        let maps = pieces * SPACE_MAP_PIECE_BYTES * self.copies;
+        // The directory names every space-map piece and dead-list piece.
+        let directory = (self.directory_bytes
+            + (pieces + deadlist_pieces) * sluice_format::BLKPTR_BYTES as u64
+            + DIRECTORY_GROWTH_BYTES)
+            .next_multiple_of(self.unit)
+            * (self.copies + 1).min(sluice_format::DVAS_MAX as u64);
+        let deadlists = deadlist_pieces * block * self.copies;
+        maps + directory + deadlists + self.pending
     }
 }
 
@@ -175,7 +270,7 @@ impl Store {
                     // Blocks written in place need no new space, but a sync still frees the
                     // versions they replaced: while any are dirty, waiting can help.
                     let in_memory = open + state.syncing_bytes + state.prewritten_bytes;
-                    (InFlight::of(&state), in_memory, reserved)
+                    (InFlight::of(&state, &self.pool), in_memory, reserved)
                 };
                 // Room a sync needs to rewrite the dedup table, kept beyond the slop (taken
                 // before the allocator: the lock order is dedup table -> allocator).
@@ -184,10 +279,10 @@ impl Store {
                 let new_entries = if dedup { upper.saturating_add(len) / unit } else { 0 };
                 let ddt_reserve = self.ddt.rewrite_reserve_bytes(unit, new_entries);
                 let (dirty, usable, deferred) = {
-                    let allocator = self.allocator.lock();
+                    let mut allocator = self.allocator.lock();
                     let dirty = state_figures.to_allocate(&allocator);
-                    let slop = allocator.slop_bytes();
-                    let kept = if thick { slop / 4 } else { slop };
+                    let tier = if thick { SlopTier::Thick } else { SlopTier::Normal };
+                    let kept = tier.kept(allocator.slop_bytes());
                     // Data blocks, too, are counted against the free space each free range
                     // has in whole 16 KiB blocks (`room_bytes`), not against all free bytes: a
                     // 16 KiB block that does not compress needs a range of its size, and the
@@ -201,13 +296,18 @@ impl Store {
                     // 8 KiB blocks placed in 16 KiB ranges may take more than they count.
                     let usable =
                         allocator.room_bytes().saturating_sub(kept + ddt_reserve + reserved);
+                    if dirty.saturating_add(len) <= usable {
+                        // Intent-log blocks leave alone what the syncs will allocate and what
+                        // volumes have set aside.
+                        allocator.promise(dirty + len + reserved + ddt_reserve);
+                    }
                     (dirty, usable, allocator.deferred_bytes())
                 };
                 if dirty.saturating_add(len) <= usable {
                     // The most the open txg's dirty data may grow to before writers meet the
                     // wall, on the throttle's measure (which counts blocks written in place):
                     // its maximum where it is below `txg.dirty_max`.
-                    let open_data = state_figures.open - state_figures.open_metadata;
+                    let open_data = state_figures.open_data();
                     break usable.saturating_sub(dirty - open_data) + state_figures.prewritten;
                 }
                 // Space freed in the txg open when it was first found short is back once that
@@ -220,7 +320,9 @@ impl Store {
                 {
                     return Err(StoreError::NoSpace {
                         pool: self.pool.name().to_owned(),
+                        volume: dataset.name(),
                         requested_bytes: len,
+                        snapshots_bytes: self.snapshots_bytes(),
                     });
                 }
                 let start = self.pool.env().now();

@@ -1,23 +1,35 @@
 //! Dead lists on disk (ZFS: `dsl_deadlist.c`, `bpobj.c`): appending what a sync replaced,
 //! reading a list back, and keeping its bytes by birth range.
 //!
-//! A list's pieces are metadata blocks of up to [`DEADLIST_PIECE_ENTRIES`] pointers, written
-//! in as many copies as the pool's other metadata. A sync appends by rewriting the list's
+//! A list's pieces are metadata blocks of up to [`PIECE_ENTRIES_WRITTEN`] pointers (readers
+//! take up to [`sluice_format::DEADLIST_PIECE_ENTRIES`], 128 KiB), written in as many copies
+//! as the pool's other metadata. A piece is kept within 16 KiB, the block size admission
+//! counts free space in, because a sync places it wherever a 16 KiB range is left: pieces of
+//! up to 128 KiB, which sluice wrote first, needed ranges that a full, fragmented pool no
+//! longer has, and a snapshot destroy's sync (which rewrites the next list whole) could fail
+//! there. A sync appends by rewriting the list's
 //! last piece, when it has room, with the new pointers after its own, so a list that grows a
 //! little each txg keeps about one piece per thousand entries instead of one per txg. The
 //! bytes are kept per birth range (sluice_format::Deadlist), so a snapshot's unique space is
 //! read off the directory: `snapshot list` reads no pieces.
 
-use sluice_format::{
-    BlockPointer, Deadlist, DeadlistPiece, FormatError, DEADLIST_PIECE_BYTES,
-    DEADLIST_PIECE_ENTRIES,
-};
+use sluice_format::{BlockPointer, Deadlist, DeadlistPiece, FormatError, BLKPTR_BYTES};
 
 use super::spa_sync::place_metadata;
 use super::Store;
 use crate::device::AlignedBuf;
 use crate::pool::PoolError;
 use crate::tunables::IoClass;
+
+/// Pointers in one piece this version writes: the piece, with its header, within
+/// `METADATA_BLOCK_BYTES_MAX`.
+pub(super) const PIECE_ENTRIES_WRITTEN: usize =
+    crate::alloc::METADATA_BLOCK_BYTES_MAX as usize / BLKPTR_BYTES - 1;
+
+/// Bytes (every copy) that writing `entries` pointers as new pieces allocates, at most.
+pub(super) fn pieces_bytes(entries: u64, copies: u64) -> u64 {
+    entries.div_ceil(PIECE_ENTRIES_WRITTEN as u64) * crate::alloc::METADATA_BLOCK_BYTES_MAX * copies
+}
 
 /// Allocated bytes of a block, every copy: what a dead list counts for it.
 pub(super) fn dead_bytes(bp: &BlockPointer) -> u64 {
@@ -92,14 +104,14 @@ impl Store {
     ) -> Result<Vec<BlockPointer>, PoolError> {
         let unit = 1usize << self.pool.ashift();
         let copies = self.pool.metadata_copies();
-        let mut pieces = Vec::with_capacity(entries.len().div_ceil(DEADLIST_PIECE_ENTRIES));
-        for chunk in entries.chunks(DEADLIST_PIECE_ENTRIES) {
+        let mut pieces = Vec::with_capacity(entries.len().div_ceil(PIECE_ENTRIES_WRITTEN));
+        for chunk in entries.chunks(PIECE_ENTRIES_WRITTEN) {
             let piece = DeadlistPiece { entries: chunk.to_vec() };
             let bytes = piece.encode(unit).map_err(|source| PoolError::Format {
                 pool: self.pool.name().to_owned(),
                 source,
             })?;
-            debug_assert!(bytes.len() <= DEADLIST_PIECE_BYTES.next_multiple_of(unit));
+            debug_assert!(bytes.len() as u64 <= crate::alloc::METADATA_BLOCK_BYTES_MAX);
             let places = {
                 let mut allocator = self.allocator.lock();
                 place_metadata(&mut allocator, bytes.len() as u64, copies).map_err(|source| {
@@ -134,7 +146,7 @@ impl Store {
         let mut write = new;
         if let Some(last) = list.pieces.last().copied() {
             let piece = self.read_piece(&last).await?;
-            if piece.entries.len() < DEADLIST_PIECE_ENTRIES {
+            if piece.entries.len() < PIECE_ENTRIES_WRITTEN {
                 list.pieces.pop();
                 freed.push(last);
                 let mut merged = piece.entries;

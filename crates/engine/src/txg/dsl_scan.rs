@@ -8,10 +8,13 @@
 //! the bookmark to an old block whose other references were then overwritten would otherwise
 //! never be visited. (A table that grows its bucket count while a scan runs moves entries
 //! between buckets; the bookmark may then pass some of them: a known gap.) It works in chunks: each chunk pins the newest synced txg in the
-//! allocator (so no block of that tree is handed out again while the chunk reads or repairs
-//! it), walks that txg's tree from the bookmark gathering up to `scan.chunk_bytes` of block
-//! pointers, sorts them by device offset (the heads sweep instead of seeking), issues them
-//! `scan.ios_in_flight` at a time at the scrub I/O class, advances the bookmark and unpins.
+//! allocator (so no indirect block of that tree is handed out again while the walk reads it),
+//! walks that txg's tree from the bookmark gathering up to `scan.chunk_bytes` of block
+//! pointers, queues them in the allocator and unpins, sorts them by device offset (the heads
+//! sweep instead of seeking), issues them `scan.ios_in_flight` at a time at the scrub I/O
+//! class, and advances the bookmark. A queued block that is freed before its turn is not read
+//! (its space may hold another block by then); one whose read or repair is in flight keeps its
+//! space until that I/O ends (ZFS: `dsl_scan_freed`; crate::alloc's scan queue).
 //! Between chunks the syncer goes on, so the next chunk walks a newer tree from the same
 //! bookmark: blocks written meanwhile were born after the scan began and reached every leaf
 //! in service, which is why only births in `[min_birth, max_birth]` are issued.
@@ -288,6 +291,23 @@ impl Drop for Pinned<'_> {
     fn drop(&mut self) {
         self.store.allocator.lock().unpin(self.txg);
     }
+}
+
+/// The blocks a chunk queued in the allocator, forgotten on drop (the chunk ended, or its
+/// task was dropped).
+struct Queued<'a> {
+    store: &'a Store,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.store.allocator.lock().scan_clear();
+    }
+}
+
+/// A block's copies as the allocator places them: (vdev, offset, asize).
+fn placed(bp: &BlockPointer) -> Vec<(u32, u64, u64)> {
+    bp.copies().map(|d| (d.vdev, d.offset_bytes(), d.asize_bytes())).collect()
 }
 
 impl Store {
@@ -906,6 +926,16 @@ impl Store {
                 (Walk::DedupTable, None) => Bookmark::Volume { id: 0, block: 0 },
             };
         }
+        // The walk is over: the gathered blocks are queued and the tree unpinned, so the frees
+        // of blocks overwritten while the chunk reads come back as usual, but for blocks whose
+        // read is in flight (crate::alloc's scan queue; a pin held for the whole chunk kept
+        // every such free back for seconds, and writers short of space were refused).
+        let _queued = {
+            let mut allocator = self.allocator.lock();
+            allocator.scan_queue(gathered.iter().flat_map(placed));
+            Queued { store: self }
+        };
+        drop(pin);
         // Issue in device order: a scan of an aged pool otherwise seeks for every block.
         gathered.sort_by_key(|bp| bp.copies().next().map(|d| (d.vdev, d.offset_bytes())));
         let in_flight = self.scan_ios_in_flight;
@@ -916,16 +946,29 @@ impl Store {
         let outcomes: Vec<_> = futures::stream::iter(runs.into_iter().map(|run| async move {
             // Clients busy: one run at a time, each after a pause.
             let _one_at_a_time = self.yield_to_clients(gate).await;
+            // A block freed since the walk is not read: nothing needs it, and its space may
+            // hold another block by now.
+            let count = run.len();
+            let run: Vec<BlockPointer> = {
+                let mut allocator = self.allocator.lock();
+                run.into_iter().filter(|bp| allocator.scan_issue(&placed(bp))).collect()
+            };
             let mut outcomes = Vec::with_capacity(run.len());
-            if run.len() > 1 {
-                if let Some(whole) = self.pool.resilver_span(&run, targets).await {
-                    let each = ScrubOutcome { repaired: whole.repaired, ..ScrubOutcome::default() };
-                    outcomes.extend(run.iter().map(|bp| (bp.psize_bytes(), each)));
-                    return outcomes;
+            let mut whole = None;
+            if run.len() > 1 && run.len() == count {
+                whole = self.pool.resilver_span(&run, targets).await;
+            }
+            if let Some(whole) = whole {
+                let each = ScrubOutcome { repaired: whole.repaired, ..ScrubOutcome::default() };
+                outcomes.extend(run.iter().map(|bp| (bp.psize_bytes(), each)));
+            } else {
+                for bp in &run {
+                    outcomes.push((bp.psize_bytes(), self.pool.scan_block(bp, targets).await));
                 }
             }
-            for bp in run {
-                outcomes.push((bp.psize_bytes(), self.pool.scan_block(&bp, targets).await));
+            let mut allocator = self.allocator.lock();
+            for bp in &run {
+                allocator.scan_done(&placed(bp));
             }
             outcomes
         }))
@@ -935,7 +978,6 @@ impl Store {
         .into_iter()
         .flatten()
         .collect();
-        drop(pin);
         let examined = match next {
             Bookmark::Start | Bookmark::Ddt { .. } => 0,
             Bookmark::Volume { id, block } => volumes

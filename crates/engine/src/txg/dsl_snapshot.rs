@@ -291,6 +291,30 @@ impl Store {
             let mut state = self.state.lock();
             let id = self.snapshot_of(&state, volume, name)?.id;
             self.refuse_if_cloned(&state, volume, name, id)?;
+            // Its sync rewrites the next dead list (the next snapshot's, or the volume's) with
+            // the entries it keeps, and frees the rest with the old pieces: admission counts
+            // both. It frees space, so as ZFS does it may go into the slop
+            // (`SlopTier::Freeing`); only a rewrite that not even that holds is refused.
+            let (next_entries, next_pieces) = state.volumes.get(volume).map_or((0, 0), |dataset| {
+                let v = dataset.state.lock();
+                let after = v.entry.snapshots.iter().skip_while(|s| s.name != name).nth(1);
+                let list = after.map_or(&v.entry.deadlist, |s| &s.deadlist);
+                (list.entries, list.pieces.len() as u64)
+            });
+            let copies = self.pool.metadata_copies() as u64;
+            state.pending_frees += (next_entries + next_pieces) * copies;
+            let needed = super::dsl_deadlist::pieces_bytes(next_entries, copies);
+            let available = self.room_beyond(&state, crate::alloc::SlopTier::Freeing);
+            if needed > available {
+                return Err(StoreError::DestroyNeedsSpace {
+                    pool: self.pool.name().to_owned(),
+                    volume: volume.to_owned(),
+                    snapshot: name.to_owned(),
+                    needed_bytes: needed,
+                    available_bytes: available,
+                });
+            }
+            state.pending_metadata_bytes += needed;
             state
                 .snapshot_ops
                 .push(SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() });
@@ -368,6 +392,20 @@ impl Store {
                         available_bytes: available,
                     });
                 }
+            }
+            // Its sync frees what the volume wrote since the snapshot and, with `-r`, rewrites
+            // the dead lists of the snapshots it destroys: at most the volume's whole tree and
+            // lists, counted as a destroy of it would be.
+            {
+                let v = dataset.state.lock();
+                let copies = self.pool.metadata_copies() as u64;
+                let entries: u64 = std::iter::once(&v.entry.deadlist)
+                    .chain(v.entry.snapshots.iter().map(|s| &s.deadlist))
+                    .map(|l| l.entries)
+                    .sum();
+                state.pending_frees += self.frees_bound(&v.entry);
+                state.pending_metadata_bytes +=
+                    super::dsl_deadlist::pieces_bytes(entries, copies) * later.len() as u64;
             }
             for (_, later) in later.iter().rev() {
                 state
@@ -607,6 +645,12 @@ impl Store {
         trees.insert(clone.to_owned(), c);
         trees.insert(parent.to_owned(), o);
         Ok(())
+    }
+
+    /// Bytes that only snapshots hold, over every volume: what destroying them all would free.
+    pub fn snapshots_bytes(&self) -> u64 {
+        let names: Vec<String> = self.state.lock().volumes.keys().cloned().collect();
+        names.iter().filter_map(|v| self.snapshot_space(v).ok()).map(|s| s.snapshots_bytes).sum()
     }
 
     /// What a volume's snapshots hold beyond its tree, and what it wrote since the newest.

@@ -99,8 +99,12 @@ pub enum StoreError {
     InvalidSize { volume: String, size_bytes: u64, block_bytes: u32 },
     #[error("volume {volume}: {len} bytes at offset {offset} are outside its {size_bytes} bytes or not 512-byte aligned")]
     OutOfRange { volume: String, offset: u64, len: u64, size_bytes: u64 },
-    #[error("pool {pool}: no space for {requested_bytes} more bytes; trim or delete data, or add a vdev")]
-    NoSpace { pool: String, requested_bytes: u64 },
+    #[error(
+        "pool {pool}: no space for {requested_bytes} more bytes in volume {volume}; free space \
+         by {}trimming or destroying volumes, or adding a vdev",
+        snapshots_hint(*snapshots_bytes)
+    )]
+    NoSpace { pool: String, volume: String, requested_bytes: u64, snapshots_bytes: u64 },
     #[error(
         "pool {pool}: volume {volume} needs {needed_bytes} bytes set aside, and only \
          {available_bytes} are free beyond what other volumes have reserved; make it smaller, \
@@ -142,6 +146,19 @@ pub enum StoreError {
         /// "a snapshot of", "a rollback of".
         what: &'static str,
         volumes: String,
+        needed_bytes: u64,
+        available_bytes: u64,
+    },
+    #[error(
+        "pool {pool}: destroying snapshot {volume}@{snapshot} rewrites the dead list after it \
+         ({needed_bytes} bytes), and only {available_bytes} are free beyond what volumes have \
+         reserved and the pool keeps for its syncs; trim or destroy a volume, or add a vdev, \
+         then destroy it"
+    )]
+    DestroyNeedsSpace {
+        pool: String,
+        volume: String,
+        snapshot: String,
         needed_bytes: u64,
         available_bytes: u64,
     },
@@ -202,6 +219,17 @@ pub enum StoreError {
     },
 }
 
+/// The start of a no-space error's remedies: destroying snapshots, when they hold anything.
+fn snapshots_hint(snapshots_bytes: u64) -> String {
+    if snapshots_bytes == 0 {
+        return String::new();
+    }
+    format!(
+        "destroying snapshots ({snapshots_bytes} bytes are held by snapshots only; `sluice \
+         snapshot list` shows each one's), "
+    )
+}
+
 impl StoreError {
     /// What kind of failure this is (see [`crate::ErrorKind`]).
     pub fn kind(&self) -> crate::ErrorKind {
@@ -221,7 +249,9 @@ impl StoreError {
             | StoreError::HasClones { .. } => ErrorKind::Invalid,
             StoreError::NoSuchSnapshot { .. } => ErrorKind::NotFound,
             StoreError::SnapshotExists { .. } => ErrorKind::Exists,
-            StoreError::SnapshotNeedsSpace { .. } => ErrorKind::NoSpace,
+            StoreError::SnapshotNeedsSpace { .. } | StoreError::DestroyNeedsSpace { .. } => {
+                ErrorKind::NoSpace
+            }
             StoreError::ReadOnly { .. } => ErrorKind::ReadOnly,
             StoreError::Stream { .. }
             | StoreError::ReceiveRefused { .. }
@@ -251,6 +281,15 @@ struct State {
     /// Indirect blocks the open txg will rewrite, estimated: the path to the root for each
     /// group of `INDIRECT_BPS` blocks it dirtied.
     dirty_metadata_bytes: u64,
+    /// Blocks the open txg dirtied, counted as `dirty_bytes` counts their bytes (once per
+    /// write that touched each): what bounds the space maps and dead lists its sync writes.
+    dirty_blocks: u64,
+    /// What administrative changes made in the open txg add to its sync's allocations (the
+    /// dead list a snapshot destroy rewrites, the levels a grow adds), at allocated sizes.
+    pending_metadata_bytes: u64,
+    /// Frees (block copies) those changes make its sync write into the space maps, at most:
+    /// a destroyed volume's tree and dead lists, a rollback's blocks, a destroyed snapshot's.
+    pending_frees: u64,
     /// What the syncing txg will allocate (its dirty data and metadata at quiesce), until its
     /// sync ends: admission counts it, since its blocks are not allocated yet.
     syncing_bytes: u64,
@@ -299,6 +338,9 @@ impl State {
             dirty_bytes: 0,
             prewritten_bytes: 0,
             dirty_metadata_bytes: 0,
+            dirty_blocks: 0,
+            pending_metadata_bytes: 0,
+            pending_frees: 0,
             syncing_bytes: 0,
             syncing_allocated_base: 0,
             destroyed: Vec::new(),

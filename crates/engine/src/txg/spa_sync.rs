@@ -53,6 +53,13 @@ pub struct SyncRecord {
     pub quiesced: crate::rt::Time,
     /// When its uberblock was durable.
     pub synced: crate::rt::Time,
+    /// What admission counted for its sync: its data and indirect blocks, a bound of the
+    /// metadata it writes (space maps, directory, dead lists, administrative changes) and its
+    /// share of the dedup table's rewrite. Writes were let in only while this fit the pool.
+    pub admitted_bytes: u64,
+    /// What its sync allocated: never more than `admitted_bytes` (the space swarm in
+    /// engine/tests/space.rs asserts it).
+    pub allocated_bytes: u64,
 }
 
 /// What a quiesce hands to the rest of the sync.
@@ -69,6 +76,9 @@ struct Quiesced {
     destroyed_deadlists: Vec<(Deadlist, u64)>,
     /// Snapshot changes asked in this txg.
     snapshot_ops: Vec<SnapshotOp>,
+    /// What admission counted for this txg's sync, [`Allocator::allocated_total`] when it
+    /// quiesced, and the blocks it writes.
+    admitted: (u64, u64, u64),
 }
 
 type VolumeWork = (VolumeEntry, u8, BTreeMap<u64, Block>, BTreeMap<u64, Prewritten>);
@@ -162,8 +172,24 @@ impl Store {
 
     /// One sync, in its named steps (the module doc lists them).
     pub(super) async fn sync_locked(&self) -> Result<u64, StoreError> {
-        let Quiesced { txg, work, destroyed, orphaned, destroyed_deadlists, snapshot_ops } =
-            self.quiesce();
+        let Quiesced {
+            txg,
+            work,
+            destroyed,
+            orphaned,
+            destroyed_deadlists,
+            snapshot_ops,
+            admitted: (admitted_bytes, allocated_base, blocks),
+        } = self.quiesce();
+        // The dedup table's rewrite is kept apart by admission (`Ddt::rewrite_reserve_bytes`,
+        // for the deferral's txgs together); one txg's share of it.
+        let admitted_bytes = admitted_bytes
+            + if work.iter().any(|(entry, ..)| entry.dedup != DedupMode::Off) {
+                let unit = 1u64 << self.pool.ashift();
+                self.ddt.rewrite_reserve_bytes(unit, blocks) / (crate::alloc::FREE_DEFER_TXGS + 1)
+            } else {
+                0
+            };
         let quiesced = self.pool.env().now();
         // A volume still replaying records its progress as of this quiesce: records applied
         // after it belong to the next txg.
@@ -189,6 +215,8 @@ impl Store {
         let (anchored, headers, directory) =
             self.anchor_logs(txg, vdevs, &roots, &replay_progress, ddt_header);
         let directory_bp = self.write_space_maps_and_directory(txg, vdevs, directory).await?;
+        let allocated_bytes =
+            self.allocator.lock().allocated_total().saturating_sub(allocated_base);
         let synced = self.pool.sync_uberblock(Some(directory_bp.0)).await?;
         for volume in rewind {
             self.rewind_scan(volume);
@@ -199,7 +227,13 @@ impl Store {
             if history.len() == SYNC_HISTORY_MAX {
                 history.pop_front();
             }
-            history.push_back(SyncRecord { txg, quiesced, synced: self.pool.env().now() });
+            history.push_back(SyncRecord {
+                txg,
+                quiesced,
+                synced: self.pool.env().now(),
+                admitted_bytes,
+                allocated_bytes,
+            });
         }
         self.finish(txg, &roots, &headers, directory_bp, &anchored)?;
         Ok(txg)
@@ -214,9 +248,23 @@ impl Store {
         // What each leaf had missed when the next txg opened: a resilver or a sync compares it
         // to tell whether the leaf missed a block born since.
         self.pool.note_txg_open(state.open_txg);
-        state.syncing_bytes = state.dirty_to_allocate() + state.dirty_metadata_bytes;
-        // Lock order: state -> allocator.
-        state.syncing_allocated_base = self.allocator.lock().allocated_total();
+        // What this txg's sync may allocate, its own metadata bounded from the blocks it
+        // writes: admission counts it until the sync has allocated it, and the sync's record
+        // holds it beside what was allocated.
+        let shape = super::dmu_tx::SyncShape::of_open(&state, &self.pool);
+        {
+            // Lock order: state -> allocator.
+            let mut allocator = self.allocator.lock();
+            state.syncing_bytes = state.dirty_to_allocate()
+                + state.dirty_metadata_bytes
+                + shape.metadata_bytes(&allocator);
+            state.syncing_allocated_base = allocator.allocated_total();
+            allocator.promise(state.syncing_bytes);
+        }
+        let admitted = (state.syncing_bytes, state.syncing_allocated_base, shape.blocks);
+        state.dirty_blocks = 0;
+        state.pending_metadata_bytes = 0;
+        state.pending_frees = 0;
         state.dirty_bytes = 0;
         state.prewritten_bytes = 0;
         state.dirty_metadata_bytes = 0;
@@ -237,7 +285,7 @@ impl Store {
         let orphaned = std::mem::take(&mut state.orphaned);
         let destroyed_deadlists = std::mem::take(&mut state.destroyed_deadlists);
         let snapshot_ops = std::mem::take(&mut state.snapshot_ops);
-        Quiesced { txg, work, destroyed, orphaned, destroyed_deadlists, snapshot_ops }
+        Quiesced { txg, work, destroyed, orphaned, destroyed_deadlists, snapshot_ops, admitted }
     }
 
     /// Writes every volume's dirty blocks and the indirect blocks above them; returns each

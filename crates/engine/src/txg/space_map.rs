@@ -31,6 +31,19 @@ pub(super) fn piece_layout(free: usize, deferred: usize) -> Vec<(Range<usize>, R
     }
 }
 
+/// At least as many pieces as [`piece_layout`] makes of `free` ranges and `deferred` frees,
+/// in constant time (every write's space check asks): each piece but the last is full to
+/// within one entry.
+pub(super) fn pieces_bound(free: u64, deferred: u64) -> u64 {
+    let (free_bytes, deferred_bytes) =
+        (SpaceMap::FREE_ENTRY_BYTES as u64, SpaceMap::DEFERRED_ENTRY_BYTES as u64);
+    let room = SPACE_MAP_PIECE_BYTES - SpaceMap::EMPTY_BYTES as u64;
+    let filled = room - free_bytes.max(deferred_bytes);
+    let bytes =
+        free.saturating_mul(free_bytes).saturating_add(deferred.saturating_mul(deferred_bytes));
+    bytes.div_ceil(filled) + 1
+}
+
 /// Splits a space map into pieces as [`piece_layout`] says (concatenated, the pieces are the
 /// map).
 pub(super) fn split_space_map(map: &SpaceMap) -> Vec<SpaceMap> {
@@ -69,6 +82,20 @@ mod tests {
         assert_eq!((free, deferred), (map.free.clone(), map.deferred.clone()));
         let small = SpaceMap { free: vec![(0, 4096)], deferred: vec![], ..map };
         assert_eq!(split_space_map(&small).len(), 1);
+    }
+
+    /// The constant-time bound is never below the layout's count.
+    #[test]
+    fn pieces_bound_covers_the_layout() {
+        let fit = (SPACE_MAP_PIECE_BYTES as usize - SpaceMap::EMPTY_BYTES) / 16;
+        for free in [0, 1, fit - 1, fit, fit + 1, 3 * fit + 7, 10_000] {
+            for deferred in [0, 1, fit / 2, fit, 2 * fit + 3, 7_777] {
+                let layout = piece_layout(free, deferred).len() as u64;
+                let bound = pieces_bound(free as u64, deferred as u64);
+                assert!(bound >= layout, "{free} free, {deferred} deferred: {bound} < {layout}");
+                assert!(bound <= layout + 2, "{free} free, {deferred} deferred: {bound} pieces");
+            }
+        }
     }
 
     /// Pieces are filled before another starts: entries that just fit take one piece, one more
