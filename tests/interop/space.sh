@@ -47,6 +47,8 @@ may_refuse() {
   if out=$("$@" 2>&1); then return 0; fi
   if echo "$out" | grep -Eq "no space|set aside"; then
     echo "$out" | grep -q "pool sk" || fail "refusal of '$*' names no pool: $out"
+    [ "$(echo "$out" | grep -Eo "no space|set aside" | wc -l)" -eq 1 ] \
+      || fail "refusal of '$*' says it more than once: $out"
     refusals=$((refusals + 1))
     return 1
   fi

@@ -2,12 +2,14 @@
 //! thick volume is never refused a write (ZFS: `refreservation`, `spa_slop_shift`).
 //!
 //! The swarm: a small mirror, a thick volume written at random by several clients that flush
-//! now and then, a thin volume written until the pool refuses it, and beside them a loop of
-//! what an administrator does: snapshots of the thick volume sent incrementally to another
-//! pool, the older snapshot destroyed, a clone of the newest written to and destroyed, and in
-//! turn a scrub, a leg taken offline and back (a resilver), a grow of the thin volume and a
-//! sync. At the end every acknowledged write reads back, the replica's newest snapshot equals
-//! the source's, the audit balances, and no sync allocated more than admission let in.
+//! now and then, a thin deduplicated volume written until the pool refuses it, and beside them
+//! a loop of what an administrator does: snapshots of the thick volume sent incrementally to
+//! another pool, the older snapshot destroyed, a clone of the newest written to and destroyed,
+//! and in turn a scrub, a leg taken offline and back (a resilver), a grow of the thin volume,
+//! and a scratch volume written, snapshotted, rolled back and destroyed. At the end every
+//! acknowledged write reads back, the replica's newest snapshot equals the source's, the audit
+//! balances, and no sync allocated more than admission counted for it (checked for every
+//! sync as the run goes).
 
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
@@ -144,6 +146,8 @@ fn run_seed(seed: u64, rounds: u64) -> Seen {
             Rc::new(common::mirror_store(&env, common::leaf_specs(&replica_legs), &tunables).await);
         store.create_volume_with("thick", THICK_BYTES, BLOCK, true).unwrap();
         store.create_volume("thin", THIN_BYTES, BLOCK).unwrap();
+        // The thin volume deduplicates: the table's rewrites run short of space too.
+        store.set_dedup("thin", sluice_format::DedupMode::On).unwrap();
         store.sync().await.unwrap();
         store.run_syncer();
         // The thick volume as acknowledged; each writer owns the 4 KiB pieces `piece % WRITERS`.
