@@ -45,6 +45,7 @@ uri() { echo "nbd+unix:///$2?socket=$work/$1/nbd.sock"; }
 may_refuse() {
   local out
   if out=$("$@" 2>&1); then return 0; fi
+  if echo "$out" | grep -q "suspended"; then fail "'$*': $out"; fi
   if echo "$out" | grep -Eq "no space|set aside"; then
     echo "$out" | grep -q "pool sk" || fail "refusal of '$*' names no pool: $out"
     [ "$(echo "$out" | grep -Eo "no space|set aside" | wc -l)" -eq 1 ] \
@@ -54,10 +55,13 @@ may_refuse() {
   fi
   fail "'$*': $out"
 }
-# A suspended pool answers every command with "is suspended" and its server says so.
+# A suspended pool says so in `pool status` (state SUSPENDED, with the cause) and in its
+# server's log.
 not_suspended() {
   out=$("$bin" pool status "$1" 2>&1) || fail "pool status $1: $out"
-  if grep -q "suspended" "$work/$1.log"; then cat "$work/$1.log"; fail "pool $1 suspended"; fi
+  if echo "$out" | grep -q "SUSPENDED" || grep -q "sync failed" "$work/$1.log"; then
+    echo "$out"; cat "$work/$1.log"; fail "pool $1 suspended"
+  fi
 }
 
 "$bin" pool create sk mirror "$work/sk-a.img" "$work/sk-b.img" --size 256M --sparse >/dev/null

@@ -1060,12 +1060,23 @@ pub async fn status(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
         let scan = store.scan_status();
         let leaves = pool.leaves();
         let degraded = leaves.iter().any(|l| !l.present || l.leaf.state() != LeafState::Online);
+        let suspended = store.suspended_cause();
         ctx.say(format!(
             "pool: {name}  guid: {:016x}  txg: {}  state: {}",
             pool.guid(),
             pool.uberblock().txg,
-            if degraded { "DEGRADED" } else { "ONLINE" }
+            match (&suspended, degraded) {
+                (Some(_), _) => "SUSPENDED",
+                (None, true) => "DEGRADED",
+                (None, false) => "ONLINE",
+            }
         ));
+        if let Some(cause) = suspended {
+            ctx.say(format!(
+                "  status: suspended: {cause}; nothing more is written. Stop the server and \
+                 import the pool again (it returns to the last synced txg and replays the log)"
+            ));
+        }
         for line in health_lines(&name, &leaves, scan.as_ref()) {
             ctx.say(line);
         }

@@ -215,6 +215,8 @@ pub struct Allocator {
     /// What admission last promised the open and syncing txgs' syncs, and `allocated_total`
     /// then ([`Allocator::promise`]): intent-log blocks leave it alone.
     promised: (u64, u64),
+    /// What volumes have set aside and the dedup table's rewrite room ([`Allocator::set_aside`]).
+    set_aside: u64,
     /// Bytes handed out for blocks of txgs ([`Allocator::allocate`] and
     /// [`Allocator::allocate_ditto`]) since this allocator was made: how far the syncing txg
     /// has got with what it was expected to allocate ([`Allocator::allocated_total`]).
@@ -260,6 +262,7 @@ impl Allocator {
             pins: BTreeMap::new(),
             scan: ScanQueue::new(data_areas.len()),
             promised: (0, 0),
+            set_aside: 0,
             allocated_total: 0,
         }
     }
@@ -270,10 +273,16 @@ impl Allocator {
     }
 
     /// What is still promised to the syncs ([`Allocator::promise`]), less what they have
-    /// allocated since.
+    /// allocated since, and what is set aside ([`Allocator::set_aside`]).
     pub fn promised_bytes(&self) -> u64 {
         let (bytes, at) = self.promised;
-        bytes.saturating_sub(self.allocated_total - at)
+        bytes.saturating_sub(self.allocated_total.saturating_sub(at)).saturating_add(self.set_aside)
+    }
+
+    /// Records what volumes have set aside and not used, and the dedup table's rewrite room:
+    /// intent-log blocks leave that alone too.
+    pub fn set_aside(&mut self, bytes: u64) {
+        self.set_aside = bytes;
     }
 
     /// Queues the copies (vdev, offset, asize) of blocks a scan gathered from a pinned tree,
@@ -378,13 +387,17 @@ impl Allocator {
         psize: u64,
         near: Option<u32>,
     ) -> Result<(u32, u64, u64), AllocError> {
-        let has_log_devices = self.vdevs.iter().any(|v| v.log_only);
+        // A log device with room takes it, whatever the data vdevs hold.
+        if self.vdevs.iter().any(|v| v.log_only) {
+            if let Ok(placed) = self.place_log(psize, near, false) {
+                return Ok(placed);
+            }
+        }
         let asize = self.asize(psize.max(1));
         let floor = SlopTier::Freeing.kept(self.slop_bytes());
         let room_floor = floor.saturating_add(self.promised_bytes());
-        if !has_log_devices
-            && (self.free_bytes() < asize.saturating_add(floor)
-                || self.room_bytes() < asize.saturating_add(room_floor))
+        if self.free_bytes() < asize.saturating_add(floor)
+            || self.room_bytes() < asize.saturating_add(room_floor)
         {
             return Err(AllocError::NoSpace {
                 requested_bytes: asize,
@@ -392,7 +405,7 @@ impl Allocator {
                 slop_bytes: self.slop_bytes(),
             });
         }
-        self.allocate_log_near(psize, near)
+        self.place_log(psize, near, true)
     }
 
     /// [`Allocator::allocate_log`], on top-level vdev `near` first when it is a candidate (a
@@ -403,6 +416,16 @@ impl Allocator {
         &mut self,
         psize: u64,
         near: Option<u32>,
+    ) -> Result<(u32, u64, u64), AllocError> {
+        self.place_log(psize, near, true)
+    }
+
+    /// Places a log block on a log device, else (with `data_vdevs`) on a data vdev.
+    fn place_log(
+        &mut self,
+        psize: u64,
+        near: Option<u32>,
+        data_vdevs: bool,
     ) -> Result<(u32, u64, u64), AllocError> {
         let asize = self.asize(psize.max(1));
         let unit = self.unit_bytes();
@@ -421,7 +444,11 @@ impl Allocator {
         let order: Vec<usize> = (0..count)
             .map(|i| (start + i) % count)
             .filter(|&v| self.vdevs[v].log_only)
-            .chain((0..count).map(|i| (start + i) % count).filter(|&v| !self.vdevs[v].log_only))
+            .chain(
+                (0..count)
+                    .map(|i| (start + i) % count)
+                    .filter(|&v| data_vdevs && !self.vdevs[v].log_only),
+            )
             .collect();
         for vdev in order {
             let space = &mut self.vdevs[vdev];

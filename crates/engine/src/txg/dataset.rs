@@ -226,11 +226,13 @@ impl Store {
             let indirect = s.referenced_bytes.saturating_sub(s.physical_bytes);
             (data, indirect / objset::INDIRECT_BYTES as u64)
         });
-        let lists: u64 = std::iter::once(&entry.deadlist)
+        let lists = std::iter::once(&entry.deadlist)
             .chain(entry.snapshots.iter().map(|s| &s.deadlist))
-            .map(|l| (l.entries + l.pieces.len() as u64) * copies)
-            .sum();
-        data + indirect + lists + u64::from(entry.levels) * copies
+            .map(|l| l.entries.saturating_add(l.pieces.len() as u64).saturating_mul(copies))
+            .fold(0u64, u64::saturating_add);
+        data.saturating_add(indirect)
+            .saturating_add(lists)
+            .saturating_add(u64::from(entry.levels) * copies)
     }
 
     /// Bytes that could still be set aside: free space in whole ranges (what admission counts,
@@ -509,9 +511,15 @@ impl Store {
                     .into_iter()
                     .filter(|&(level, index, _)| level == 0 && index >= new_blocks)
                     .map(|(_, index, _)| index);
+                let mut zeroed = 0u64;
                 for index in stored.chain(syncing) {
                     volume.open.insert(index, Block::Zero);
+                    zeroed += 1;
                 }
+                // Each is a free in the next sync's space map, with the indirect blocks above.
+                let copies = self.pool.metadata_copies() as u64;
+                let indirect = zeroed.div_ceil(objset::INDIRECT_BPS) * copies;
+                state.pending_frees = state.pending_frees.saturating_add(zeroed + indirect);
             } else {
                 let levels = volume.entry.levels.max(objset::levels_for(new_blocks));
                 // Each new level is one more indirect block above the old root.

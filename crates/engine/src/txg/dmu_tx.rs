@@ -142,7 +142,7 @@ pub(super) struct SyncShape {
     /// Metadata copies (ditto blocks) and the allocation unit.
     pub(super) copies: u64,
     pub(super) unit: u64,
-    /// The last directory's bytes, and the volumes it lists (each may append to a dead list).
+    /// The last directory's bytes, and the volumes whose dead lists the sync appends to.
     pub(super) directory_bytes: u64,
     pub(super) volumes: u64,
 }
@@ -164,7 +164,15 @@ impl SyncShape {
             copies: pool.metadata_copies() as u64,
             unit: 1 << pool.ashift(),
             directory_bytes: state.directory.map_or(0, |bp| bp.psize_bytes()),
-            volumes: state.volumes.len() as u64,
+            // Only a volume with a snapshot and something in the txg appends to a dead list.
+            volumes: state
+                .volumes
+                .values()
+                .filter(|d| {
+                    let v = d.state.lock();
+                    v.entry.prev_snap_txg > 0 && !v.open.is_empty()
+                })
+                .count() as u64,
         }
     }
 
@@ -202,8 +210,9 @@ impl SyncShape {
             .sum();
         let maps = pieces * SPACE_MAP_PIECE_BYTES * self.copies;
         // The directory names every space-map piece and dead-list piece.
+        let pending_pieces = self.pending / block * self.copies;
         let directory = (self.directory_bytes
-            + (pieces + deadlist_pieces) * sluice_format::BLKPTR_BYTES as u64
+            + (pieces + deadlist_pieces + pending_pieces) * sluice_format::BLKPTR_BYTES as u64
             + DIRECTORY_GROWTH_BYTES)
             .next_multiple_of(self.unit)
             * (self.copies + 1).min(sluice_format::DVAS_MAX as u64);
@@ -260,17 +269,21 @@ impl Store {
                 // A sync that ends after this is one to wait for, not to follow with another.
                 let seen = self.syncs.get();
                 // One lock at a time: the lock order is state -> allocator.
-                let (state_figures, in_memory, reserved) = {
+                let (state_figures, in_memory, reserved, own_reserved) = {
                     let state = self.state.lock();
-                    let reserved: u64 = (state.volumes.values())
-                        .filter(|d| d.id != dataset.id)
-                        .map(|d| d.unused_reservation())
-                        .sum();
+                    let (mut reserved, mut own_reserved) = (0u64, 0u64);
+                    for d in state.volumes.values() {
+                        if d.id == dataset.id {
+                            own_reserved += d.unused_reservation();
+                        } else {
+                            reserved += d.unused_reservation();
+                        }
+                    }
                     let open = state.dirty_to_allocate() + state.dirty_metadata_bytes;
                     // Blocks written in place need no new space, but a sync still frees the
                     // versions they replaced: while any are dirty, waiting can help.
                     let in_memory = open + state.syncing_bytes + state.prewritten_bytes;
-                    (InFlight::of(&state, &self.pool), in_memory, reserved)
+                    (InFlight::of(&state, &self.pool), in_memory, reserved, own_reserved)
                 };
                 // Room a sync needs to rewrite the dedup table, kept beyond the slop (taken
                 // before the allocator: the lock order is dedup table -> allocator).
@@ -296,10 +309,11 @@ impl Store {
                     // 8 KiB blocks placed in 16 KiB ranges may take more than they count.
                     let usable =
                         allocator.room_bytes().saturating_sub(kept + ddt_reserve + reserved);
+                    // Intent-log blocks leave alone what volumes have set aside, the dedup
+                    // table's rewrite room, and what the syncs will allocate.
+                    allocator.set_aside(reserved + own_reserved + ddt_reserve);
                     if dirty.saturating_add(len) <= usable {
-                        // Intent-log blocks leave alone what the syncs will allocate and what
-                        // volumes have set aside.
-                        allocator.promise(dirty + len + reserved + ddt_reserve);
+                        allocator.promise(dirty + len);
                     }
                     (dirty, usable, allocator.deferred_bytes())
                 };

@@ -302,7 +302,6 @@ impl Store {
                 (list.entries, list.pieces.len() as u64)
             });
             let copies = self.pool.metadata_copies() as u64;
-            state.pending_frees += (next_entries + next_pieces) * copies;
             let needed = super::dsl_deadlist::pieces_bytes(next_entries, copies);
             let available = self.room_beyond(&state, crate::alloc::SlopTier::Freeing);
             if needed > available {
@@ -315,6 +314,9 @@ impl Store {
                 });
             }
             state.pending_metadata_bytes += needed;
+            state.pending_frees = state
+                .pending_frees
+                .saturating_add(next_entries.saturating_add(next_pieces).saturating_mul(copies));
             state
                 .snapshot_ops
                 .push(SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() });
@@ -397,15 +399,31 @@ impl Store {
             // the dead lists of the snapshots it destroys: at most the volume's whole tree and
             // lists, counted as a destroy of it would be.
             {
-                let v = dataset.state.lock();
+                let (frees, entries) = {
+                    let v = dataset.state.lock();
+                    let entries = std::iter::once(&v.entry.deadlist)
+                        .chain(v.entry.snapshots.iter().map(|s| &s.deadlist))
+                        .map(|l| l.entries)
+                        .fold(0u64, u64::saturating_add);
+                    (self.frees_bound(&v.entry), entries)
+                };
                 let copies = self.pool.metadata_copies() as u64;
-                let entries: u64 = std::iter::once(&v.entry.deadlist)
-                    .chain(v.entry.snapshots.iter().map(|s| &s.deadlist))
-                    .map(|l| l.entries)
-                    .sum();
-                state.pending_frees += self.frees_bound(&v.entry);
-                state.pending_metadata_bytes +=
-                    super::dsl_deadlist::pieces_bytes(entries, copies) * later.len() as u64;
+                let needed = super::dsl_deadlist::pieces_bytes(entries, copies)
+                    .saturating_mul(later.len() as u64);
+                // The destroys of `-r` rewrite dead lists as a snapshot destroy does, and may
+                // go as far into the slop.
+                let available = self.room_beyond(&state, crate::alloc::SlopTier::Freeing);
+                if let Some((_, first)) = later.first().filter(|_| needed > available) {
+                    return Err(StoreError::DestroyNeedsSpace {
+                        pool: self.pool.name().to_owned(),
+                        volume: volume.to_owned(),
+                        snapshot: first.clone(),
+                        needed_bytes: needed,
+                        available_bytes: available,
+                    });
+                }
+                state.pending_frees = state.pending_frees.saturating_add(frees);
+                state.pending_metadata_bytes += needed;
             }
             for (_, later) in later.iter().rev() {
                 state

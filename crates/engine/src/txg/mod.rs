@@ -561,6 +561,11 @@ impl Store {
         self.suspended.load(Ordering::Acquire)
     }
 
+    /// Why the store is suspended, if it is.
+    pub fn suspended_cause(&self) -> Option<String> {
+        self.is_suspended().then(|| self.suspend_cause.lock().clone().unwrap_or_default())
+    }
+
     /// Suspends the store: every later operation fails with [`StoreError::Suspended`] and
     /// nothing more is written. The first cause is kept.
     pub(super) fn suspend(&self, cause: String) {

@@ -119,7 +119,9 @@ impl Store {
                     return;
                 }
                 let Some(store) = weak.upgrade() else { return };
-                if store.sync().await.is_err() {
+                if let Err(error) = store.sync().await {
+                    // The server's log says why every later command is refused.
+                    eprintln!("sluice: pool {}: the txg sync failed: {error}", store.pool.name());
                     return;
                 }
                 // A leaf that missed writes in that txg is copied back in the background.
