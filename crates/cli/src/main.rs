@@ -4,9 +4,9 @@
 //! Commands: `sluice pool create|import|export|status|scrub|destroy`,
 //! `sluice vol create|list|set|destroy|resize`
 //! (pools on files and block devices, see pools.rs), `sluice tunables` (the table, or settings
-//! validated), `sluice serve` (volumes over NBD, serve.rs) and `sluice bench seeds
-//! ddt|mirror|queue|zil|zvol` (the seeds' experiments; ddt in real time, the others in
-//! virtual time).
+//! validated) and `sluice serve` (volumes over NBD, serve.rs). The benchmarks and the seeds'
+//! experiments are a binary of their own, `sluice-bench` (crates/bench), so that the served
+//! binary does not link the simulator.
 
 mod allocator;
 mod control;
@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use sluice_engine::tunables::{Tunable, Tunables};
 use sluice_engine::txg::{ImportOptions, VolumeProperty};
 
@@ -141,10 +141,12 @@ enum Command {
         /// Settings to check, as name=value (for example vdev.max_active=32).
         settings: Vec<String>,
     },
-    /// Run benchmarks.
+    /// Moved: the benchmarks are the `sluice-bench` binary (kept so that the old spelling
+    /// says where they went).
+    #[command(hide = true)]
     Bench {
-        #[command(subcommand)]
-        bench: BenchCommand,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 
@@ -455,89 +457,6 @@ enum SnapshotCommand {
     },
     /// Destroy a snapshot, freeing the blocks no other snapshot and not the volume hold.
     Destroy { spec: String },
-}
-
-#[derive(Subcommand)]
-enum BenchCommand {
-    /// Volume throughput through the engine API on file leaves (real time), beside the same
-    /// patterns on a raw file.
-    Engine {
-        /// Directory for the benchmark's files (on the disk to measure).
-        #[arg(long, default_value = ".")]
-        dir: PathBuf,
-        #[arg(long, value_parser = pools::parse_size, default_value = "512M")]
-        volume_size: u64,
-        #[arg(long, default_value_t = 20000)]
-        random_ops: u64,
-        #[arg(long, default_value_t = 16)]
-        queue_depth: usize,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Reproduce a seed document's experiment in virtual time, ours beside the published figures.
-    Seeds {
-        /// Which experiment.
-        #[arg(value_enum)]
-        experiment: Experiment,
-        /// Print one JSON document instead of a markdown table.
-        #[arg(long)]
-        json: bool,
-        /// Virtual seconds per measured point.
-        #[arg(long, default_value_t = 20.0)]
-        seconds: f64,
-        /// Simulator seed: the same seed gives the same figures.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Extra tunables for every point, as name=value (repeatable). Settings the experiment
-        /// itself varies (the read policy, the queue settings) are applied after these.
-        #[arg(long = "set", value_name = "NAME=VALUE")]
-        settings: Vec<String>,
-        /// zil only: pool sizes to run (disks per pool).
-        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
-        disks: Vec<usize>,
-        /// zil only: the largest writer count (powers of two from 1).
-        #[arg(long, default_value_t = 1024)]
-        max_writers: usize,
-        /// zil only: after the table, fail (exit 1) if the auto policy falls more than 5% short
-        /// of the better fixed policy anywhere (IOPS, or latency by more than 5% and 20 us).
-        #[arg(long)]
-        check: bool,
-        /// mirror only: how far ahead each sequential reader's prefetch runs, in MiB (ZFS's
-        /// zfetch_max_distance).
-        #[arg(
-            long,
-            default_value_t = sluice_bench::seeds::mirror::PREFETCH_BYTES >> 20,
-            value_parser = clap::value_parser!(u64).range(1..=1024)
-        )]
-        prefetch_mib: u64,
-        /// zvol only: the pools to run, ssd and/or hdd (each a 2-way mirror).
-        #[arg(long, value_delimiter = ',', default_value = "ssd,hdd")]
-        media: Vec<String>,
-        /// ddt only: concurrent writer tasks.
-        #[arg(long, default_value_t = 64)]
-        writers: usize,
-        /// ddt only: runtime worker threads (default: one per core).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// ddt only: runs per locking mode (the table gives medians).
-        #[arg(long, default_value_t = 5)]
-        repeats: usize,
-    },
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Experiment {
-    /// Seed 002: mirror read selection, offset-modulo against least-pending, on simulated HDDs.
-    Mirror,
-    /// Seed 003: submission queues and queue depth against a queue-depth-1 sync writer.
-    Queue,
-    /// Seed 004: intent-log commits, batch against pipelined, 1 to 1024 writers on 1-8 disks.
-    Zil,
-    /// Seed 000: 64 sequential FUA writers on a volume, request_threads 8, 32 and unbounded.
-    Zvol,
-    /// Seed 001: dedup table locking, global against per-entry, unique 4 KiB blocks from many
-    /// writers on in-memory leaves. Real time: --seconds are wall-clock seconds per run.
-    Ddt,
 }
 
 fn main() -> ExitCode {
@@ -985,113 +904,17 @@ fn run(
             per_pool(&env, &pool, args).await
         }),
         Command::Tunables { settings } => tunables(&settings),
-        Command::Bench {
-            bench: BenchCommand::Engine { dir, volume_size, random_ops, queue_depth, json },
-        } => {
-            let report =
-                sluice_bench::engine::run(&dir, volume_size, random_ops, queue_depth.max(1))
-                    .map_err(|e| anyhow::anyhow!("engine benchmark in {}: {e}", dir.display()))?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{}", report.markdown());
-            }
-            Ok(())
-        }
-        Command::Bench {
-            bench:
-                BenchCommand::Seeds {
-                    experiment,
-                    json,
-                    seconds,
-                    seed,
-                    settings,
-                    disks,
-                    max_writers,
-                    check,
-                    prefetch_mib,
-                    media,
-                    writers,
-                    threads,
-                    repeats,
-                },
-        } => {
-            anyhow::ensure!(
-                seconds > 0.0 && seconds <= 3600.0,
-                "--seconds must be in (0, 3600], got {seconds}"
-            );
-            let base = parse_settings(&settings)?;
-            let mut misses = Vec::new();
-            let (markdown, value) = match experiment {
-                Experiment::Mirror => {
-                    let prefetch = prefetch_mib << 20;
-                    let report = sluice_bench::seeds::mirror::run(seconds, seed, prefetch, &base)?;
-                    (report.markdown(), serde_json::to_value(&report)?)
-                }
-                Experiment::Queue => {
-                    let report = sluice_bench::seeds::queue::run(seconds, seed, &base)?;
-                    (report.markdown(), serde_json::to_value(&report)?)
-                }
-                Experiment::Zil => {
-                    anyhow::ensure!(base.is_empty(), "bench seeds zil takes no --set yet");
-                    let report = sluice_bench::seeds::zil::run(seconds, seed, &disks, max_writers);
-                    if check {
-                        misses = report.misses();
-                    }
-                    (report.markdown(), serde_json::to_value(&report)?)
-                }
-                Experiment::Zvol => {
-                    if let Some(bad) = media.iter().find(|m| !["ssd", "hdd"].contains(&m.as_str()))
-                    {
-                        anyhow::bail!("--media {bad:?}: use ssd, hdd or ssd,hdd");
-                    }
-                    let report = sluice_bench::seeds::zvol::run(seconds, seed, &media, &base)?;
-                    (report.markdown(), serde_json::to_value(&report)?)
-                }
-                Experiment::Ddt => {
-                    anyhow::ensure!(writers > 0, "--writers must be at least 1");
-                    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                    let report = sluice_bench::seeds::ddt::run(
-                        seconds,
-                        seed,
-                        writers,
-                        threads.unwrap_or(cores).max(1),
-                        repeats,
-                        &base,
-                    )
-                    .map_err(|e| anyhow::anyhow!("bench seeds ddt: {e}"))?;
-                    (report.markdown(), serde_json::to_value(&report)?)
-                }
-            };
-            if json {
-                println!("{}", serde_json::to_string_pretty(&value)?);
-            } else {
-                print!("{markdown}");
-            }
-            anyhow::ensure!(
-                !check || experiment == Experiment::Zil,
-                "--check applies to bench seeds zil only"
-            );
-            anyhow::ensure!(
-                misses.is_empty(),
-                "the auto intent-log policy is more than 5% short of the better fixed policy at: \
-                 {}",
-                misses.join("; ")
-            );
-            Ok(())
-        }
+        Command::Bench { args } => anyhow::bail!(
+            "the benchmarks are a binary of their own, so that the served one does not link \
+             the simulator: run `sluice-bench {}` (built with `cargo build --release -p \
+             sluice-bench`)",
+            args.join(" ")
+        ),
     }
 }
 
 fn parse_settings(settings: &[String]) -> anyhow::Result<Vec<(String, String)>> {
-    settings
-        .iter()
-        .map(|s| {
-            s.split_once('=')
-                .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
-                .with_context(|| format!("{s:?} is not name=value (for example vdev.queues=1)"))
-        })
-        .collect()
+    Ok(sluice_engine::tunables::parse_settings(settings)?)
 }
 
 fn tunables(settings: &[String]) -> anyhow::Result<()> {

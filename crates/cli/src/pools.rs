@@ -108,18 +108,9 @@ impl Held {
 
 /// Parses sizes like 64M, 20G, 4096.
 pub fn parse_size(text: &str) -> anyhow::Result<u64> {
-    let text = text.trim();
-    let (digits, shift) = match text.chars().last() {
-        Some('K' | 'k') => (&text[..text.len() - 1], 10),
-        Some('M' | 'm') => (&text[..text.len() - 1], 20),
-        Some('G' | 'g') => (&text[..text.len() - 1], 30),
-        Some('T' | 't') => (&text[..text.len() - 1], 40),
-        _ => (text, 0),
-    };
-    let value: u64 = digits
-        .parse()
-        .with_context(|| format!("{text:?} is not a size (like 64M, 20G or 4096)"))?;
-    value.checked_mul(1u64 << shift).with_context(|| format!("size {text} is too large"))
+    sluice_engine::tunables::parse_bytes(text).with_context(|| {
+        format!("{text:?} is not a size that fits in 64 bits (like 64M, 20G or 4096)")
+    })
 }
 
 /// Pools named in the cache file.

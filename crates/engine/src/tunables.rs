@@ -313,6 +313,8 @@ pub enum TunableError {
     Inconsistent { name: &'static str, value: u64, other: &'static str, other_value: u64 },
     #[error("tunable {name}: {value} is not a power of two; use 4K, 8K, 16K, ...")]
     NotPowerOfTwo { name: &'static str, value: u64 },
+    #[error("{text:?} is not name=value (for example vdev.queues=1)")]
+    NotASetting { text: String },
 }
 
 /// A full, validated set of tunable values.
@@ -358,28 +360,48 @@ impl Tunable {
     }
 }
 
+/// A byte count as people type it: digits, optionally followed by K, M, G or T (binary
+/// multiples, either case). `None` if it is not one, or does not fit in 64 bits. Tunables,
+/// and the command lines of `sluice` and `sluice-bench`, read sizes with it.
+pub fn parse_bytes(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (digits, shift) = match text.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return None,
+            };
+            (&text[..i], shift)
+        }
+        _ => (text, 0),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
+}
+
+/// Splits `name=value` settings as given on a command line (`--set`), each side trimmed.
+pub fn parse_settings(settings: &[String]) -> Result<Vec<(String, String)>, TunableError> {
+    settings
+        .iter()
+        .map(|text| {
+            let (name, value) = text
+                .split_once('=')
+                .ok_or_else(|| TunableError::NotASetting { text: text.clone() })?;
+            Ok((name.trim().to_owned(), value.trim().to_owned()))
+        })
+        .collect()
+}
+
 fn parse(def: &TunableDef, text: &str) -> Result<u64, TunableError> {
     let number = |multiplier_ok: bool| -> Result<u64, TunableError> {
         let text = text.trim();
-        let (digits, multiplier) = match text.char_indices().last() {
-            Some((i, c)) if multiplier_ok && c.is_ascii_alphabetic() => {
-                let m = match c.to_ascii_uppercase() {
-                    'K' => 1u64 << 10,
-                    'M' => 1 << 20,
-                    'G' => 1 << 30,
-                    _ => 0,
-                };
-                (&text[..i], m)
-            }
-            _ => (text, 1),
-        };
         let hint = if multiplier_ok { " (a byte count, optionally with K, M or G)" } else { "" };
         let not_a_number =
             || TunableError::NotANumber { name: def.name, value: text.to_owned(), hint };
-        if multiplier == 0 {
-            return Err(not_a_number());
-        }
-        digits.parse::<u64>().ok().and_then(|n| n.checked_mul(multiplier)).ok_or_else(not_a_number)
+        let parsed = if multiplier_ok { parse_bytes(text) } else { text.parse::<u64>().ok() };
+        parsed.ok_or_else(not_a_number)
     };
     let (value, min, max) = match def.kind {
         Kind::CountOrAuto { .. } if text.trim() == "auto" => return Ok(0),
@@ -538,6 +560,24 @@ impl fmt::Display for Kind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sizes as people type them, and what is not one; settings split at the first `=`.
+    #[test]
+    fn sizes_and_settings_parse() {
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes(" 64M "), Some(64 << 20));
+        assert_eq!(parse_bytes("16k"), Some(16 << 10));
+        assert_eq!(parse_bytes("2T"), Some(2 << 40));
+        for bad in ["", "M", "1.5G", "12X", "-1", "99999999999T"] {
+            assert_eq!(parse_bytes(bad), None, "{bad:?}");
+        }
+        let given = ["txg.dirty_max = 1G".to_owned(), "a=b=c".to_owned()];
+        let parsed = parse_settings(&given).unwrap();
+        assert_eq!(parsed[0], ("txg.dirty_max".to_owned(), "1G".to_owned()));
+        assert_eq!(parsed[1], ("a".to_owned(), "b=c".to_owned()));
+        let refused = parse_settings(&["nothing".to_owned()]).unwrap_err().to_string();
+        assert!(refused.contains("name=value"), "{refused}");
+    }
 
     #[test]
     fn table_is_in_enum_order_and_defaults_validate() {
