@@ -9,7 +9,9 @@
 //! Lock order, outer to inner (a thread holding one lock takes only locks to its right; no
 //! `parking_lot` lock is held across an `.await`):
 //!
-//! `txg::Store::vdev_lock` (async, one change of leaves at a time) ->
+//! `txg::Store::vdev_lock` (async, one change of leaves at a time) or a volume's
+//! `txg::Dataset::rollback_gate` (async: its writes share it, a rollback or a receive taking
+//! the volume's place holds it alone across a whole sync; never held with `vdev_lock`) ->
 //! `txg::Store::sync_lock` (async, one sync at a time) -> `Store` state -> a volume's
 //! `txg::Dataset` state -> its `intent_log::LogWriter` state -> the dedup table -> a dedup entry -> the allocator -> a
 //! leaf's queue (`vdev::queue`) -> a simulated device's state. The background scan's state

@@ -28,8 +28,11 @@
 //! | `audit.rs` | `zdb -b` | walks every tree and checks the space accounting |
 //!
 //! Lock order (outer to inner; a thread holding one may take only those to its right, and none
-//! is held across an `.await`, but for the two async ones): `Store::vdev_lock` (async, held for
-//! a whole change of leaves) -> `Store::sync_lock` (async, held for a whole sync) -> `state` ->
+//! is held across an `.await`, but for the three async ones): `Store::vdev_lock` (async, held
+//! for a whole change of leaves) or a volume's `Dataset::rollback_gate` (async: shared by its
+//! writes, which may sync at the dirty maximum while they hold it; held alone by a rollback,
+//! dsl_snapshot.rs, and by a receive's switch, dmu_send.rs, across their syncs) ->
+//! `Store::sync_lock` (async, held for a whole sync) -> `state` ->
 //! a volume's `Dataset::state` -> its `LogWriter` state -> the DDT's locks (crate::dedup) -> `allocator`.
 //! The scan's state (`scan`) comes before the pool's locks (it reads the pool's tree and
 //! uberblock while held) and after `sync_lock`; nothing else is taken while holding it.

@@ -1,17 +1,22 @@
 //! Writing a txg out (ZFS: `spa_sync`, `dsl_pool_sync`, `txg_sync_thread`).
 //!
-//! [`Store::sync`] quiesces the open txg (it becomes the syncing one; new writes go to the next)
-//! and writes it out in named steps:
-//! 1. `write_volumes`: every dirty data block, copy-on-write into new space (patches completed
+//! [`Store::sync`] quiesces the open txg (`quiesce`: it becomes the syncing one, new writes go
+//! to the next, and what admission counted for it is recorded) and writes it out in the steps
+//! `sync_locked` calls in order:
+//! 1. the trees and dead lists of destroyed volumes are walked for what they free;
+//! 2. `write_volumes`: every dirty data block, copy-on-write into new space (patches completed
 //!    first, dedup volumes through the table), then the indirect blocks up to each new root;
-//! 2. `write_dedup_table`: references dropped by replaced blocks, then the table's buckets;
-//! 3. `free_replaced`: what this txg replaced, and the previous directory and space maps, into
+//!    blocks written in place for the log that no tree took are freed (`release_prewritten`);
+//! 3. `sync_snapshots` (dsl_snapshot.rs): replaced blocks a snapshot holds appended to dead
+//!    lists, then the snapshots made, destroyed, rolled back to or promoted in this txg;
+//! 4. `write_dedup_table`: references dropped by replaced blocks, then the table's buckets;
+//! 5. `free_replaced`: what this txg replaced, and the previous directory and space maps, into
 //!    the allocator's deferred frees;
-//! 4. `anchor_logs`: each volume's log head as of this txg, and the log blocks it frees;
-//! 5. `write_space_maps` and `write_directory`: space allocated before any map is encoded, so
-//!    every map includes its own blocks;
-//! 6. `Pool::sync_uberblock`: flush every leaf, write the uberblock to every label ring, flush;
-//! 7. `finish`: the new roots become the volumes' trees, failed log chains are replaced.
+//! 6. `anchor_logs`: each volume's log head as of this txg, and the log blocks it frees;
+//! 7. `write_space_maps_and_directory`: space allocated before any map is encoded, so every map
+//!    includes its own blocks;
+//! 8. `Pool::sync_uberblock`: flush every leaf, write the uberblock to every label ring, flush;
+//! 9. `finish`: the new roots become the volumes' trees, failed log chains are replaced.
 //!
 //! Replaced blocks are reused only after the deferral (crate::alloc), so a crash at any point
 //! imports to the previous txg intact. A failed sync suspends the store.

@@ -4,8 +4,9 @@
 //! A read or write enters one of the leaf's submission queues (round-robin, the way requests
 //! from different CPUs land on different hardware queues), waits for the scheduler to pick it,
 //! rides in a device command (alone or aggregated with neighbours) and completes. Every
-//! completion tries to issue more. A spawned task carries each device command, so the leaf never
-//! holds a lock across the I/O. Flush and discard bypass the scheduler: they are barriers and
+//! completion tries to issue more. A command that carries only the caller's own I/O (the common
+//! case, a queue below its limits) runs in the caller's task; every other command gets a task of
+//! its own. Either way no queue lock is held across the I/O. Flush and discard bypass the scheduler: they are barriers and
 //! hints, not data transfers, and ordering them behind queued reads would only delay them.
 //!
 //! Mirror read selection asks a leaf how many I/Os are pending on it (an atomic) and whether a
