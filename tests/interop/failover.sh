@@ -63,12 +63,31 @@ await_status() {
   return 1
 }
 status() { "$bin" pool status sluice; }
+# MiB the clients have written to vol0 since the server started (`pool iostat --json`'s first
+# report covers the time since import).
+written_mib() {
+  "$bin" pool iostat sluice --json | /usr/bin/python3 -c '
+import json, sys
+report = json.loads(sys.stdin.readline())
+volume = next(v for v in report["volumes"] if v["name"] == "vol0")
+print(int(volume["write_bytes_per_s"] * report["seconds"]) >> 20)'
+}
+# Waits until fio has written $1 MiB more than $2 (an earlier written_mib), for up to 60 s:
+# the steps below must happen while it writes, not before it has started.
+await_written() {
+  for _ in $(seq 1 600); do
+    [ "$(written_mib)" -ge $(($2 + $1)) ] && return 0
+    kill -0 "$fio_pid" 2>/dev/null || fail "fio ended before writing $1 MiB more"
+    sleep 0.1
+  done
+  fail "fio did not write $1 MiB in 60 s"
+}
 
 start
 step "fio writes 96 MiB in 4 KiB blocks with verification; leg1 goes offline and back meanwhile"
 job --output="$work/fio.out" >/dev/null 2>&1 &
 fio_pid=$!
-sleep 1
+await_written 8 0
 "$bin" pool offline -t sluice leg1.img | grep -q "is offline" || fail "offline refused"
 out=$(status)
 echo "$out" | grep -q "state: DEGRADED" || { echo "$out"; fail "pool not DEGRADED with a leg offline"; }
@@ -76,7 +95,8 @@ echo "$out" | grep -q "leg1.img *OFFLINE" || { echo "$out"; fail "leg1 not shown
 echo "$out" | grep -q "action: return it with .sluice pool online" || { echo "$out"; fail "no action line"; }
 refused=$("$bin" pool offline -t sluice leg0.img 2>&1) && fail "offline of the last leg in service was accepted"
 echo "$refused" | grep -q "no valid replicas" || fail "offline of leg0 refused without the reason: $refused"
-sleep 2
+# Writes the offline leg misses, for the resilver to copy.
+await_written 8 "$(written_mib)"
 "$bin" pool online sluice leg1.img | grep -q "is online" || fail "online refused"
 resilvered=""
 for _ in $(seq 1 300); do
@@ -113,9 +133,10 @@ mv "$work/leg0.away" "$work/data/leg0.img"
 start --set scan.chunk_bytes=1M --set scan.ios_in_flight=1
 # Leg0 missed the txgs of the run without it: wait for its resilver.
 await_status "scan: resilver took" 300 || fail "leg0 was not resilvered after its return"
+before=$(written_mib)
 job --randseed=29 --loops=2 --output="$work/fio2.out" >/dev/null 2>&1 &
 fio_pid=$!
-sleep 1
+await_written 8 "$before"
 "$bin" pool inject sluice leg1.img write-errors | grep -q "injecting" || fail "inject refused"
 await_status "leg1.img +FAULTED" 300 || fail "leg1 was not faulted by its write errors"
 echo "$out" | grep -q "state: DEGRADED" || { echo "$out"; fail "pool not DEGRADED with leg1 faulted"; }
