@@ -413,6 +413,7 @@ impl Store {
         }
         let bs = u64::from(dataset.block_bytes);
         self.assign(dataset, len, apply == Apply::Live && data.is_some()).await?;
+        self.pause_point("dmu.assigned").await;
         let end = offset + len;
         let (first, last) = (offset / bs, (end - 1) / bs);
         // Whole blocks are built outside the lock.

@@ -36,7 +36,7 @@
 //! a volume's `Dataset::state` -> its `LogWriter` state -> the DDT's locks (crate::dedup) -> `allocator`.
 //! The scan's state (`scan`) comes before the pool's locks (it reads the pool's tree and
 //! uberblock while held) and after `sync_lock`; nothing else is taken while holding it.
-//! `suspend_cause`, `fail_points`, `sync_history` and `kick` are leaves: nothing is taken while holding them. The whole
+//! `suspend_cause`, `fail_points`, `pauses`, `sync_history` and `kick` are leaves: nothing is taken while holding them. The whole
 //! crate's order is in `lib.rs`.
 
 use std::collections::BTreeMap;
@@ -267,6 +267,14 @@ impl StoreError {
     }
 }
 
+/// A pause point armed by a test ([`Store::arm_pause`]).
+#[derive(Debug)]
+struct Pause {
+    point: &'static str,
+    reached: futures::channel::oneshot::Sender<()>,
+    release: futures::channel::oneshot::Receiver<()>,
+}
+
 #[derive(Debug)]
 struct State {
     open_txg: u64,
@@ -375,6 +383,9 @@ pub struct Store {
     sync_history: Mutex<std::collections::VecDeque<spa_sync::SyncRecord>>,
     /// Fail points armed by tests ([`Store::arm_fail_point`]).
     fail_points: Mutex<Vec<&'static str>>,
+    /// Pause points armed by tests ([`Store::arm_pause`]): the point, the signal that a task
+    /// reached it, and what it then waits for.
+    pauses: Mutex<Vec<Pause>>,
     limits: TxgLimits,
     /// Wakes the syncer early when dirty data builds up.
     kick: Mutex<Option<futures::channel::mpsc::Sender<()>>>,
@@ -492,6 +503,7 @@ impl Store {
             suspended: AtomicBool::new(false),
             suspend_cause: Mutex::new(None),
             fail_points: Mutex::new(Vec::new()),
+            pauses: Mutex::new(Vec::new()),
             sync_history: Mutex::new(std::collections::VecDeque::new()),
             limits,
             kick: Mutex::new(None),
@@ -594,6 +606,35 @@ impl Store {
     #[doc(hidden)]
     pub fn arm_fail_point(&self, point: &'static str) {
         self.fail_points.lock().push(point);
+    }
+
+    /// Arms a pause point: the next task to pass `point` stops there, the first receiver
+    /// returned completes, and the task goes on once the sender is used or dropped. Tests use
+    /// this to make a race happen every time (a shrink between a write's range check and its
+    /// insert). Points: `dmu.assigned` (a write, after its range check and its admission,
+    /// before it takes the store's lock).
+    #[doc(hidden)]
+    pub fn arm_pause(
+        &self,
+        point: &'static str,
+    ) -> (futures::channel::oneshot::Receiver<()>, futures::channel::oneshot::Sender<()>) {
+        let (reached_tx, reached_rx) = futures::channel::oneshot::channel();
+        let (release_tx, release_rx) = futures::channel::oneshot::channel();
+        self.pauses.lock().push(Pause { point, reached: reached_tx, release: release_rx });
+        (reached_rx, release_tx)
+    }
+
+    /// Stops at `point` if a pause is armed there (once), until the test releases it.
+    pub(super) async fn pause_point(&self, point: &'static str) {
+        let armed = {
+            let mut pauses = self.pauses.lock();
+            let at = pauses.iter().position(|p| p.point == point);
+            at.map(|at| pauses.swap_remove(at))
+        };
+        if let Some(pause) = armed {
+            let _ = pause.reached.send(());
+            let _ = pause.release.await;
+        }
     }
 
     /// Panics if `point` is armed (once).
