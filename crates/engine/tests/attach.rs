@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use sluice_engine::device::sim::{CrashPolicy, Fault, SimOptions};
 use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
-use sluice_engine::pool::{LeafSpec, Pool, PoolError, PoolSpec, TopSpec};
+use sluice_engine::pool::{LeafSpec, Pool, PoolError, TopSpec};
 use sluice_engine::rt::{Rng, Time};
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{Store, StoreError};
@@ -36,24 +36,8 @@ fn setup(
     top: impl FnOnce(Vec<LeafSpec>) -> TopSpec,
     seed: u64,
 ) -> (Arc<Store>, Vec<u8>) {
-    let spec =
-        PoolSpec { name: "tank".into(), ashift: 12, top: vec![top(common::leaf_specs(legs))] };
-    let mut rng = Rng::new(seed);
-    let data: Vec<u8> = (0..VOLUME_BYTES).map(|_| rng.u64() as u8).collect();
-    let env = sim.env();
-    let d = data.clone();
-    let store = sim
-        .run(async move {
-            let tunables = tunables();
-            let pool = Pool::create(&env, spec, &tunables).await.unwrap();
-            let store = Store::create(pool, &tunables);
-            store.create_volume("v", VOLUME_BYTES, BLOCK).unwrap();
-            store.write("v", 0, &d).await.unwrap();
-            store.sync().await.unwrap();
-            Arc::new(store)
-        })
-        .unwrap()
-        .0;
+    let data = common::random_bytes(seed, VOLUME_BYTES);
+    let store = common::store_with_volume(sim, legs, top, &tunables(), &data, BLOCK, |_| {});
     (store, data)
 }
 

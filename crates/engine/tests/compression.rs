@@ -14,7 +14,7 @@ use sluice_engine::alloc::log_region_bytes;
 use sluice_engine::device::sim::Fault;
 use sluice_engine::device::{SimDevice, SimProfile};
 use sluice_engine::objset;
-use sluice_engine::pool::Pool;
+use sluice_engine::pool::{Pool, TopSpec};
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{Store, VolumeProperty};
@@ -51,20 +51,12 @@ fn setup(
 ) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
     let sim = Sim::new(seed);
     let legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
-    let specs = common::leaf_specs(&legs);
     let data = contents(seed);
-    let (env, d, t) = (sim.env(), data.clone(), tunables.clone());
-    let store = sim
-        .run(async move {
-            let store = common::mirror_store(&env, specs, &t).await;
-            store.create_volume("v", VOLUME_BYTES, BLOCK).unwrap();
-            store.set_property("v", VolumeProperty::Compression(compression)).unwrap();
-            store.write("v", 0, &d).await.unwrap();
-            store.sync().await.unwrap();
-            Arc::new(store)
-        })
-        .unwrap()
-        .0;
+    let set = move |store: &Store| {
+        store.set_property("v", VolumeProperty::Compression(compression)).unwrap();
+    };
+    let store =
+        common::store_with_volume(&sim, &legs, TopSpec::Mirror, tunables, &data, BLOCK, set);
     (sim, legs, store, data)
 }
 

@@ -45,23 +45,9 @@ fn uncached() -> Tunables {
 fn setup_with(seed: u64, tunables: Tunables) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
     let sim = Sim::new(seed);
     let legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
-    let specs = common::leaf_specs(&legs);
-    let mut rng = Rng::new(seed);
-    let data: Vec<u8> = (0..VOLUME_BYTES).map(|_| rng.u64() as u8).collect();
-    let env = sim.env();
-    let d = data.clone();
-    let store = sim
-        .run(async move {
-            let spec = common::mirror_pool(specs);
-            let store =
-                Store::create(Pool::create(&env, spec, &tunables).await.unwrap(), &tunables);
-            store.create_volume("v", VOLUME_BYTES, BLOCK).unwrap();
-            store.write("v", 0, &d).await.unwrap();
-            store.sync().await.unwrap();
-            Arc::new(store)
-        })
-        .unwrap()
-        .0;
+    let data = common::random_bytes(seed, VOLUME_BYTES);
+    let store =
+        common::store_with_volume(&sim, &legs, TopSpec::Mirror, &tunables, &data, BLOCK, |_| {});
     (sim, legs, store, data)
 }
 

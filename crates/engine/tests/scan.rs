@@ -13,7 +13,7 @@ use std::sync::Arc;
 use sluice_engine::alloc::log_region_bytes;
 use sluice_engine::device::sim::{CrashPolicy, Fault, SimOptions};
 use sluice_engine::device::{SimDevice, SimProfile};
-use sluice_engine::pool::{Pool, PoolError};
+use sluice_engine::pool::{Pool, PoolError, TopSpec};
 use sluice_engine::rt::{Rng, Time};
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{ScanFunc, ScanPhase, Store, StoreError};
@@ -45,21 +45,9 @@ fn setup(seed: u64) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
 fn setup_with(seed: u64, tunables: Tunables) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
     let sim = Sim::new(seed);
     let legs = common::legs(&sim, 2, SimProfile::ssd(), LEG_BYTES);
-    let specs = common::leaf_specs(&legs);
-    let mut rng = Rng::new(seed);
-    let data: Vec<u8> = (0..VOLUME_BYTES).map(|_| rng.u64() as u8).collect();
-    let env = sim.env();
-    let d = data.clone();
-    let store = sim
-        .run(async move {
-            let store = common::mirror_store(&env, specs, &tunables).await;
-            store.create_volume("v", VOLUME_BYTES, BLOCK).unwrap();
-            store.write("v", 0, &d).await.unwrap();
-            store.sync().await.unwrap();
-            Arc::new(store)
-        })
-        .unwrap()
-        .0;
+    let data = common::random_bytes(seed, VOLUME_BYTES);
+    let store =
+        common::store_with_volume(&sim, &legs, TopSpec::Mirror, &tunables, &data, BLOCK, |_| {});
     (sim, legs, store, data)
 }
 

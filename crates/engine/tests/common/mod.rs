@@ -1,5 +1,6 @@
 //! Setup shared by the engine's integration tests: simulated legs, the leaf specs that name
-//! them, a one-mirror pool spec and a store on it, and devices rebuilt from crash images.
+//! them, a one-mirror pool spec and a store on it, a store with a volume of data, and devices
+//! rebuilt from crash images.
 
 // Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use sluice_engine::device::sim::{SimImage, SimOptions};
 use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
 use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
-use sluice_engine::rt::Env;
+use sluice_engine::rt::{Env, Rng};
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::Store;
 use sluice_sim::Sim;
@@ -87,6 +88,42 @@ pub async fn mirror_store(env: &Env, leaves: Vec<LeafSpec>, tunables: &Tunables)
         panic!("creating the test pool: {e}");
     });
     Store::create(pool, tunables)
+}
+
+/// `len` random bytes from `seed`.
+pub fn random_bytes(seed: u64, len: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    (0..len).map(|_| rng.u64() as u8).collect()
+}
+
+/// A store on a fresh pool "tank" whose one top-level vdev `top` makes of `legs`, with volume
+/// "v" of `data` in blocks of `block` bytes, written and synced; `prepare` runs on the store
+/// first (a property of "v", say). What the tests of attach, scan, corruption and compression
+/// start from.
+pub fn store_with_volume(
+    sim: &Sim,
+    legs: &[SimDevice],
+    top: impl FnOnce(Vec<LeafSpec>) -> TopSpec,
+    tunables: &Tunables,
+    data: &[u8],
+    block: u32,
+    prepare: impl FnOnce(&Store) + 'static,
+) -> Arc<Store> {
+    let spec = PoolSpec { name: "tank".into(), ashift: 12, top: vec![top(leaf_specs(legs))] };
+    let (env, tunables, data) = (sim.env(), tunables.clone(), data.to_vec());
+    sim.run(async move {
+        let pool = Pool::create(&env, spec, &tunables).await.unwrap_or_else(|e| {
+            panic!("creating the test pool: {e}");
+        });
+        let store = Store::create(pool, &tunables);
+        store.create_volume("v", data.len() as u64, block).unwrap_or_else(|e| panic!("{e}"));
+        prepare(&store);
+        store.write("v", 0, &data).await.unwrap_or_else(|e| panic!("writing v: {e}"));
+        store.sync().await.unwrap_or_else(|e| panic!("syncing: {e}"));
+        Arc::new(store)
+    })
+    .unwrap_or_else(|e| panic!("{e}"))
+    .0
 }
 
 /// Reads volume "v" block by block against `data` (the whole volume); returns (blocks that
