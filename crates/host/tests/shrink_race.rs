@@ -5,7 +5,7 @@
 //! The simulator runs one task at a time and never interleaves there; threads do. Writers pour
 //! large writes into the tail of a volume while it shrinks under them; after each shrink the
 //! audit must find no block past the end. A given run may not hit the race;
-//! crates/engine/tests/resize.rs makes it happen every time with a pause point, and fails
+//! crates/engine/tests/volume.rs makes it happen every time with a pause point, and fails
 //! without the write's second range check.
 
 // Test helpers unwrap freely: a failure there is a test failure.
