@@ -55,8 +55,18 @@ step "fio: 4k random sync writes for 3 s, scraped during and after"
 fio --name=metrics --ioengine=nbd --uri="nbd://$tcp/vol0" --rw=randwrite --bs=4k --fsync=1 \
   --size=64M --runtime=3 --time_based --output="$work/fio.out" >/dev/null 2>&1 &
 fio_pid=$!
-sleep 1.5
-scrape during
+# Scraped once the server has answered writes and their flushes, while fio still runs (not
+# after a fixed sleep).
+counted() { # op
+  grep -Eq "^sluice_volume_requests_total\\{[^}]*op=\"$1\"[^}]*\\} [1-9][0-9]" "$work/during.txt"
+}
+for _ in $(seq 1 200); do
+  scrape during
+  counted write && counted flush && break
+  sleep 0.05
+done
+counted write && counted flush || fail "fewer than 10 writes and flushes counted in 10 s of fio"
+kill -0 "$fio_pid" 2>/dev/null || fail "fio ended before the scrape during its run"
 wait "$fio_pid" || { cat "$work/fio.out"; fail "fio failed"; }
 fio_pid=""
 scrape after
