@@ -17,16 +17,7 @@ export SLUICE_CACHE_FILE=$work/cache
 fail() { echo "replicate: FAIL: $*" >&2; exit 1; }
 step() { echo "replicate: $*"; }
 
-serve() { # pool
-  "$bin" serve "$1" --dir "$work/$1" --listen none >"$work/$1.log" 2>&1 &
-  servers+=($!)
-  for _ in $(seq 1 100); do
-    if grep -q "sluice: serving" "$work/$1.log" 2>/dev/null; then return; fi
-    sleep 0.1
-  done
-  cat "$work/$1.log"; fail "server of pool $1 did not start"
-}
-export_uri() { echo "nbd+unix:///$2?socket=$work/$1/nbd.sock"; }
+source "$(dirname "$0")/served_pools.sh"
 
 "$bin" pool create src "$work/src-a.img" "$work/src-b.img" --size 1G >/dev/null
 "$bin" pool create dst "$work/dst-a.img" "$work/dst-b.img" --size 1G >/dev/null

@@ -4,16 +4,16 @@
 # 64 MiB thick volume v and a 128 MiB thin volume t (grown up to 192 MiB), served; pool rep
 # receives v's snapshots. fio writes 4 KiB blocks at random over v from 4 jobs (queue depth
 # 4, a flush every 32 writes, crc32c verification after each pass, paced so that the run
-# lasts about SLUICE_SPACE_SECONDS, 40 by default); a libnbd client writes 64 KiB at random
-# into t, where no space is allowed (and must be said as ENOSPC); beside them, about twice a
-# second: `snapshot create`, an incremental `send` piped into rep's `recv`, the older
-# snapshot destroyed on both pools, a clone of the new one made and destroyed, and in turn a
-# scrub, `pool offline -t` + `online` of one leg, a grow of t, a `pool sync`. A snapshot,
-# clone or grow may be refused for lack of space, with a message naming the pool. At the end
-# fio's read-back verification has no error, rep's newest snapshot equals sk's (qemu-img
-# compare over NBD), the pool ran short (t was told ENOSPC, commands were refused), sk is
-# ONLINE and neither pool was suspended. Run by scripts/test; needs the sluice binary as $1,
-# fio, qemu-img and python3-libnbd.
+# lasts about SLUICE_SPACE_SECONDS, 40 by default); a libnbd client writes 64 KiB blocks over
+# t, sweeping it again and again, where no space is allowed (and must be said as ENOSPC);
+# beside them, about twice a second: `snapshot create`, an incremental `send` piped into
+# rep's `recv`, the older snapshot destroyed on both pools, a clone of the new one made and
+# destroyed, and in turn a scrub, `pool offline -t` + `online` of one leg, a grow of t, a
+# `pool sync`. A snapshot, clone or grow may be refused for lack of space, with a message
+# naming the pool. At the end fio's read-back verification has no error, rep's newest
+# snapshot equals sk's (qemu-img compare over NBD), the pool ran short (t was told ENOSPC,
+# commands were refused), sk is ONLINE and neither pool was suspended. Run by scripts/test;
+# needs the sluice binary as $1, fio, qemu-img and python3-libnbd.
 set -euo pipefail
 bin=$(realpath "${1:-target/release/sluice}")
 seconds=${SLUICE_SPACE_SECONDS:-40}
@@ -30,16 +30,7 @@ fail() { echo "space: FAIL: $*" >&2; exit 1; }
 step() { echo "space: $*"; }
 command -v fio >/dev/null || fail "fio is missing (scripts/test installs it)"
 
-serve() { # pool
-  "$bin" serve "$1" --dir "$work/$1" --listen none >"$work/$1.log" 2>&1 &
-  servers+=($!)
-  for _ in $(seq 1 100); do
-    if grep -q "sluice: serving" "$work/$1.log" 2>/dev/null; then return; fi
-    sleep 0.1
-  done
-  cat "$work/$1.log"; fail "server of pool $1 did not start"
-}
-uri() { echo "nbd+unix:///$2?socket=$work/$1/nbd.sock"; }
+source "$(dirname "$0")/served_pools.sh"
 # Runs an administrative command that may be refused for lack of space; fails on any other
 # error, or on a refusal that names no pool. Returns 1 when refused.
 may_refuse() {
@@ -75,24 +66,25 @@ step "fio over thick v, a writer filling thin t, and an administrator, for about
 # 4 jobs of 500 writes a second, each over its own quarter of v, which takes about 8 s;
 # each loop ends with fio reading its quarter back, so later loops overwrite verified blocks.
 loops=$(((seconds + 7) / 8))
-fio --name=space --ioengine=nbd --uri="$(uri sk v)" --rw=randwrite --bs=4k --numjobs=4 \
+fio --name=space --ioengine=nbd --uri="$(export_uri sk v)" --rw=randwrite --bs=4k --numjobs=4 \
   --size=16M --offset_increment=16M --loops="$loops" --iodepth=4 --rate_iops=500 \
   --fsync=32 --verify=crc32c --verify_fatal=1 --randseed=55 --group_reporting \
   --output="$work/fio.out" >/dev/null 2>&1 &
 fio_pid=$!
 clients+=("$fio_pid")
 touch "$work/thin.run"
-/usr/bin/python3 - "$(uri sk t)" "$work/thin.run" >"$work/thin.out" 2>&1 <<'PYEOF' &
-import errno, os, random, sys, time
+/usr/bin/python3 - "$(export_uri sk t)" "$work/thin.run" >"$work/thin.out" 2>&1 <<'PYEOF' &
+import errno, os, sys, time
 import nbd
-rng = random.Random(9)
-refused = written = 0
+# Sweeps the volume (which grows meanwhile) from start to end and over again, so that it fills
+# the pool however slowly the machine runs.
+refused = written = at = 0
 while os.path.exists(sys.argv[2]):
     h = nbd.NBD()
     h.connect_uri(sys.argv[1])
     size = h.get_size()
     for _ in range(64):
-        at = rng.randrange(size // 65536) * 65536
+        at = (at + 65536) % size
         try:
             h.pwrite(os.urandom(65536), at)
             written += 1
@@ -155,7 +147,8 @@ grep -q "READ:" "$work/fio.out" || { cat "$work/fio.out"; fail "fio did not read
 grep -Eq "refused [1-9]" "$work/thin.out" \
   || fail "the thin writer never ran out: $(cat "$work/thin.out")"
 [ "$refusals" -gt 0 ] || fail "no administrative command was refused for space"
-qemu-img compare -f raw -F raw "$(uri sk "v@$sent")" "$(uri rep "v@$sent")" >/dev/null \
+qemu-img compare -f raw -F raw "$(export_uri sk "v@$sent")" "$(export_uri rep "v@$sent")" \
+  >/dev/null \
   || fail "rep/v@$sent differs from sk/v@$sent"
 for _ in $(seq 1 300); do
   "$bin" pool status sk | grep -q "state: ONLINE" && break
