@@ -3,7 +3,7 @@
 //! Layers, bottom up (docs/design.md, "Layers"): [`device`] (the `BlockDevice` seam: files, block devices,
 //! simulated disks), [`vdev`] (leaves with their queues, mirrors, the root), with [`tunables`]
 //! and [`stats`] beside them and [`rt`] as the runtime seam; [`alloc`] hands out space on the
-//! top-level vdevs. Pools, transaction groups, the
+//! top-level vdevs and [`zio`] runs every block through one pipeline. Pools, transaction groups, the
 //! intent log, dedup and volumes build on these.
 //!
 //! Lock order, outer to inner (a thread holding one lock takes only locks to its right; no
@@ -35,6 +35,7 @@ pub mod tunables;
 pub mod txg;
 pub mod vdev;
 pub mod volume;
+pub mod zio;
 
 /// What kind of failure an engine error is, for callers that must answer in another vocabulary
 /// (the NBD server's errno values, exit codes). Match on this, not on error variants: a

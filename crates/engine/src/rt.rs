@@ -156,6 +156,13 @@ impl Env {
         Env { clock, spawner, seed, draws: Arc::new(AtomicU64::new(0)), memory_bytes: None }
     }
 
+    /// The same environment, spawning through what `wrap` makes of its spawner (a test's
+    /// spawner that runs work elsewhere on threads of its own, around the simulator's).
+    #[must_use]
+    pub fn with_spawner(self, wrap: impl FnOnce(Arc<dyn Spawn>) -> Arc<dyn Spawn>) -> Env {
+        Env { spawner: wrap(self.spawner), ..self }
+    }
+
     /// The same environment, saying the machine has `bytes` of memory.
     #[must_use]
     pub fn with_memory_bytes(self, bytes: Option<u64>) -> Env {

@@ -19,13 +19,23 @@ use sluice_engine::alloc::Allocator;
 use sluice_engine::device::sim::SsdParams;
 use sluice_engine::device::sim::{CrashPolicy, Fault};
 use sluice_engine::device::{SimDevice, SimProfile};
-use sluice_engine::intent_log::{read_chain, CommitPolicy, LogWriter};
+use sluice_engine::intent_log::{read_chain, ChainOwner, CommitPolicy, LogSettings, LogWriter};
 use sluice_engine::pool::Pool;
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::Store;
 use sluice_format::LogRecord;
 use sluice_sim::Sim;
+
+/// Log settings with the default linger and largest block `max_block_bytes`.
+fn settings(policy: CommitPolicy, max_block_bytes: u32) -> LogSettings {
+    LogSettings { policy, commit_timeout_pct: 10, max_block_bytes }
+}
+
+/// The chain `chain_id` of volume 1.
+fn owner(chain_id: u64) -> ChainOwner {
+    ChainOwner { chain_id, volume_id: 1 }
+}
 
 const LEAF_BYTES: u64 = 64 << 20;
 const WRITERS: u64 = 8;
@@ -92,7 +102,8 @@ fn run_on(seed: u64, policy: CommitPolicy, crash: bool, layout: Layout) {
             let pool = Arc::new(Pool::create(&env, spec, &tunables).await.unwrap());
             let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
             let log = Arc::new(
-                LogWriter::new("tank", &allocator, policy, 10, 0xabc ^ seed, 1, 16 << 10).unwrap(),
+                LogWriter::new("tank", &allocator, settings(policy, 16 << 10), owner(0xabc ^ seed))
+                    .unwrap(),
             );
             if crash {
                 let (clock, legs) = (env.clone(), crash_legs.clone());
@@ -213,8 +224,9 @@ fn closed_loop(
         let pool =
             Arc::new(Pool::create(&env, Layout::HddStripe.spec(specs), &tunables).await.unwrap());
         let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
-        let log =
-            Arc::new(LogWriter::new("tank", &allocator, policy, 10, 9, 1, 128 << 10).unwrap());
+        let log = Arc::new(
+            LogWriter::new("tank", &allocator, settings(policy, 128 << 10), owner(9)).unwrap(),
+        );
         let commits = Rc::new(RefCell::new(0u64));
         let tasks = (0..writers).map(|w| {
             let (pool, allocator, log, env, commits) = (
@@ -348,8 +360,13 @@ fn auto_starts_groups_of_records_logged_by_pointer_past_the_cap() {
             );
             let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
             let log = Arc::new(
-                LogWriter::new("tank", &allocator, CommitPolicy::Auto, 10, 5, 1, 128 << 10)
-                    .unwrap(),
+                LogWriter::new(
+                    "tank",
+                    &allocator,
+                    settings(CommitPolicy::Auto, 128 << 10),
+                    owner(5),
+                )
+                .unwrap(),
             );
             // The blocks' writes end only when released, so their groups stay in flight.
             let (release, released) = futures::channel::oneshot::channel::<()>();
@@ -427,8 +444,13 @@ fn auto_cuts_records_logged_by_pointer_at_a_full_block() {
             let spec = Layout::SerialSsdMirror.spec(specs);
             let pool = Pool::create(&env, spec, &Tunables::default()).await.unwrap();
             let allocator = Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas()));
-            let log = LogWriter::new("tank", &allocator, CommitPolicy::Auto, 10, 5, 1, 128 << 10)
-                .unwrap();
+            let log = LogWriter::new(
+                "tank",
+                &allocator,
+                settings(CommitPolicy::Auto, 128 << 10),
+                owner(5),
+            )
+            .unwrap();
             // More pointers than the largest block holds (each record takes over 64 bytes).
             let records = (128 << 10) / 64 + 1;
             let mut last = 0;

@@ -27,7 +27,7 @@ use serde::Serialize;
 use sluice_engine::alloc::Allocator;
 use sluice_engine::device::sim::SimOptions;
 use sluice_engine::device::{SimDevice, SimProfile};
-use sluice_engine::intent_log::{CommitPolicy, LogWriter};
+use sluice_engine::intent_log::{ChainOwner, CommitPolicy, LogSettings, LogWriter};
 use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::Time;
 use sluice_engine::tunables::Tunables;
@@ -198,8 +198,13 @@ fn run_point(
         );
         let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
         let log = Arc::new(
-            LogWriter::new("sim", &allocator, policy, 10, seed, 1, LOG_BLOCK_BYTES)
-                .unwrap_or_else(|e| panic!("zil bench log: {e}")),
+            LogWriter::new(
+                "sim",
+                &allocator,
+                LogSettings { policy, commit_timeout_pct: 10, max_block_bytes: LOG_BLOCK_BYTES },
+                ChainOwner { chain_id: seed, volume_id: 1 },
+            )
+            .unwrap_or_else(|e| panic!("zil bench log: {e}")),
         );
         let start = env.now();
         let tasks = (0..writers).map(|w| {

@@ -47,17 +47,17 @@ use std::time::Instant;
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::{Mutex, MutexGuard};
 use sluice_format::{
-    BlockKind, BlockPointer, Compression, DdtBucket, DdtEntry, DdtHeader, DdtKey, FormatError,
+    BlockPointer, Compression, DdtBucket, DdtEntry, DdtHeader, DdtKey, FormatError,
     DDT_BUCKET_BITS_MAX, DDT_ENTRY_BYTES, DDT_KEY_BYTES,
 };
 
 use crate::alloc::{AllocClass, Allocator};
 use crate::device::AlignedBuf;
 use crate::objset::{self, TreeUpdate};
-use crate::pool::compress::compress;
-use crate::pool::{describe_block, Pool, PoolError};
+use crate::pool::{Pool, PoolError};
 use crate::stats::Counter;
 use crate::tunables::{IoClass, Tunable, Tunables};
+use crate::zio::{self, BlockProps, Issue, Writer};
 
 /// What guards an entry's I/O fields while its block is written (`dedup.locking`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -446,6 +446,7 @@ impl Ddt {
         verify: bool,
         compression: Compression,
     ) -> Result<BlockPointer, PoolError> {
+        pool.zio_stage(zio::Stage::Dedup, Writer::DedupData)?;
         let key = self.key(&self.salt, &data);
         let (entry, disk) = self.lookup(key, Stage::Lookup);
         self.load(pool, &entry, &disk).await?;
@@ -526,39 +527,34 @@ impl Ddt {
         }
     }
 
-    /// The lead writer: allocate, ready (publish the copy), write, done.
+    /// The lead writer: the rest of the pipeline (compress, checksum, allocate), ready
+    /// (publish the copy), issue, done.
     async fn write_lead(
         &self,
         pool: &Pool,
         allocator: &Mutex<Allocator>,
         txg: u64,
         entry: &Entry,
-        data: &[u8],
+        data: &Arc<AlignedBuf>,
         compression: Compression,
     ) -> Result<BlockPointer, PoolError> {
-        let unit = 1u64 << pool.ashift();
-        let compressed = compress(compression, data, unit);
-        let stored = compressed.as_ref().map_or(data, |(bytes, _)| &bytes[..]);
-        let allocated = {
-            let mut allocator = allocator.lock();
-            let asize = allocator.asize(stored.len() as u64);
-            allocator.allocate(asize, AllocClass::Reserved, &[]).map(|at| (at, asize))
+        let props = BlockProps {
+            dedup: Some(entry.key),
+            ..BlockProps::data(Writer::DedupData, txg, compression)
         };
-        let ((vdev, offset, _), asize) = match allocated {
-            Ok(at) => at,
-            Err(source) => {
+        let prepared = pool.seal_block(props, Arc::clone(data), None).and_then(|sealed| {
+            let placed =
+                pool.allocate(allocator, std::slice::from_ref(&sealed), AllocClass::Reserved)?;
+            Ok((sealed, placed))
+        });
+        let (sealed, placed) = match prepared {
+            Ok(prepared) => prepared,
+            Err(error) => {
                 self.fail_lead(entry);
-                return Err(PoolError::NoSpace { pool: self.pool_name.clone(), source });
+                return Err(error);
             }
         };
-        let mut padded = AlignedBuf::zeroed(asize as usize);
-        padded[..stored.len()].copy_from_slice(stored);
-        let mut bp =
-            describe_block(vdev, offset, &padded, data.len() as u64, BlockKind::Data, 0, 1, txg);
-        if let Some((_, alg)) = &compressed {
-            bp.compression = *alg;
-        }
-        bp.dedup = Some(entry.key);
+        let bp = zio::describe(&sealed, &placed[0]);
         // Ready: the copy is known before it is written, so waiters need not wait for the I/O.
         {
             let (_table, mut io) = self.io_stage(entry, Stage::Ready);
@@ -569,7 +565,7 @@ impl Ddt {
                 }
             }
         }
-        let written = pool.write_copy(vdev, offset, padded.into_shared()).await;
+        let written = pool.issue_placed(&[sealed], &placed, Issue::ASYNC).await;
         if written.is_err() {
             self.fail_lead(entry);
         } else {
@@ -581,7 +577,7 @@ impl Ddt {
             );
             self.stats.blocks_written.inc();
         }
-        written.map(|()| bp)
+        written.map(|_| bp)
     }
 
     /// A lead write failed: the entry returns to what it was before it, and the references
@@ -785,12 +781,9 @@ impl Ddt {
         let bytes = DdtBucket { index, bucket_bits: bits, entries }
             .encode(align)
             .map_err(|source| PoolError::Format { pool: self.pool_name.clone(), source })?;
-        let bp = objset::write_data_block(
-            ctx,
-            Arc::new(AlignedBuf::copy_from(&bytes)),
-            AllocClass::Reserved,
-        )
-        .await?;
+        let props = BlockProps::data(Writer::DedupTable, ctx.txg, Compression::Off);
+        let block = (props, Arc::new(AlignedBuf::copy_from(&bytes)));
+        let bp = ctx.pool.write_blocks(ctx.allocator, AllocClass::Reserved, vec![block]).await?[0];
         Ok((index, Some(bp)))
     }
 
@@ -865,14 +858,8 @@ async fn write_plain(
     data: Arc<AlignedBuf>,
     compression: Compression,
 ) -> Result<BlockPointer, PoolError> {
-    let ctx = TreeUpdate::new(pool, allocator, txg);
-    let (bytes, compressed) = match compress(compression, &data, 1 << pool.ashift()) {
-        Some((stored, alg)) => (Arc::new(stored), Some((alg, data))),
-        None => (data, None),
-    };
-    let block = objset::NewBlock { bytes, kind: BlockKind::Data, level: 0, fill: 1, compressed };
-    let written = objset::write_blocks(&ctx, vec![block], AllocClass::Reserved).await?;
-    Ok(written.into_iter().next().expect("one pointer per block written"))
+    let props = BlockProps::data(Writer::VolumeData, txg, compression);
+    Ok(pool.write_blocks(allocator, AllocClass::Reserved, vec![(props, data)]).await?[0])
 }
 
 #[cfg(test)]

@@ -19,11 +19,12 @@ use sluice_format::{LogRecord, LOG_HEADER_BYTES};
 
 use super::{
     only_by_pointer, take_records, GroupTuner, LogWriter, Lwb, State, LOG_BLOCK_BYTES_MIN,
+    LOG_DURABLE, LOG_WRITE,
 };
 use crate::alloc::Allocator;
 use crate::pool::{Pool, PoolError};
-use crate::tunables::IoClass;
 use crate::vdev;
+use crate::zio::Writer;
 
 impl LogWriter {
     /// `Auto`: takes the ready records into up to `slots` groups of nearly equal size, so that
@@ -196,15 +197,13 @@ impl LogWriter {
                 if let [lwb] = &mine[..] {
                     let data = lwb.bytes.clone();
                     return pool
-                        .root()
-                        .write_durable(address(lwb), data, IoClass::LogWrite)
+                        .issue(Writer::LogChain, address(lwb), data, LOG_DURABLE)
                         .await
                         .is_ok();
                 }
-                let root = pool.root();
                 let writes = mine.iter().map(|lwb| {
                     let data = lwb.bytes.clone();
-                    root.write(address(lwb), data, IoClass::LogWrite)
+                    pool.issue(Writer::LogChain, address(lwb), data, LOG_WRITE)
                 });
                 let written = join_all(writes).await.iter().all(Result::is_ok);
                 // Flushed only once every write to it has completed.

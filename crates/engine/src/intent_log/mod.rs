@@ -77,6 +77,12 @@ use crate::device::{AlignedBuf, SharedBuf};
 use crate::pool::{Pool, PoolError};
 use crate::tunables::IoClass;
 use crate::vdev;
+use crate::zio::{Issue, Writer};
+
+/// How a lone log block is written: written and flushed on every copy in one trip.
+const LOG_DURABLE: Issue = Issue { class: IoClass::LogWrite, durable: true };
+/// How a log block of a batch is written: its top-level vdevs are flushed once after all.
+const LOG_WRITE: Issue = Issue { class: IoClass::LogWrite, durable: false };
 
 mod groups;
 mod tuner;
@@ -366,18 +372,33 @@ pub struct Anchor {
     pub freed: Vec<LogAddress>,
 }
 
+/// How a pool's log chains write: the same for every chain of the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogSettings {
+    pub policy: CommitPolicy,
+    /// How long an open lwb may linger for more records, in percent of the smoothed lwb
+    /// latency (`intent_log.commit_timeout_pct`).
+    pub commit_timeout_pct: u64,
+    /// The largest log block, a power of two of at least [`LOG_BLOCK_BYTES_MIN`].
+    pub max_block_bytes: u32,
+}
+
+/// Whose chain a log writer writes: every block carries both, so a chain never continues
+/// into another's blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainOwner {
+    /// Unique and nonzero: draw it from `Env::unique_rng`.
+    pub chain_id: u64,
+    pub volume_id: u64,
+}
+
 impl LogWriter {
-    /// Starts a chain: allocates its first block. `chain_id` must be unique and nonzero (draw
-    /// it from `Env::unique_rng`).
-    #[allow(clippy::too_many_arguments)]
+    /// Starts a chain: allocates its first block.
     pub fn new(
         pool: &str,
         allocator: &Mutex<Allocator>,
-        policy: CommitPolicy,
-        commit_timeout_pct: u64,
-        chain_id: u64,
-        volume_id: u64,
-        max_block_bytes: u32,
+        settings: LogSettings,
+        owner: ChainOwner,
     ) -> Result<LogWriter, PoolError> {
         let fresh = Handover {
             next_record: 1,
@@ -387,30 +408,24 @@ impl LogWriter {
             unfilled: BTreeSet::new(),
             data_writes: BTreeMap::new(),
         };
-        LogWriter::continuing(
-            pool,
-            allocator,
-            policy,
-            commit_timeout_pct,
-            chain_id,
-            volume_id,
-            max_block_bytes,
-            fresh,
-        )
+        LogWriter::continuing(pool, allocator, settings, owner, fresh)
+    }
+
+    /// The largest block this chain writes.
+    pub fn max_block_bytes(&self) -> u32 {
+        self.max_block_bytes
     }
 
     /// A new chain that takes over from a failed one (see [`LogWriter::hand_over`]).
-    #[allow(clippy::too_many_arguments)]
     pub fn continuing(
         pool: &str,
         allocator: &Mutex<Allocator>,
-        policy: CommitPolicy,
-        commit_timeout_pct: u64,
-        chain_id: u64,
-        volume_id: u64,
-        max_block_bytes: u32,
+        settings: LogSettings,
+        owner: ChainOwner,
         handover: Handover,
     ) -> Result<LogWriter, PoolError> {
+        let LogSettings { policy, commit_timeout_pct, max_block_bytes } = settings;
+        let ChainOwner { chain_id, volume_id } = owner;
         assert!(chain_id != 0, "chain id 0 means no log");
         assert!(
             max_block_bytes.is_power_of_two() && max_block_bytes >= LOG_BLOCK_BYTES_MIN,
@@ -1054,7 +1069,7 @@ impl LogWriter {
                 let dva =
                     vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
                 let data = lwb.bytes.clone();
-                return pool.root().write_durable(dva, data, IoClass::LogWrite).await.is_ok();
+                return pool.issue(Writer::LogChain, dva, data, LOG_DURABLE).await.is_ok();
             }
             if self.policy == CommitPolicy::Auto {
                 return self.write_group(pool, &lwbs).await;
@@ -1063,7 +1078,7 @@ impl LogWriter {
                 let data = lwb.bytes.clone();
                 let dva =
                     vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
-                async move { pool.root().write(dva, data, IoClass::LogWrite).await }
+                async move { pool.issue(Writer::LogChain, dva, data, LOG_WRITE).await }
             });
             let mut ok = join_all(writes).await.iter().all(Result::is_ok);
             // Flush only after the writes completed, and only the top-level vdevs touched.

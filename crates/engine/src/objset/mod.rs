@@ -12,9 +12,9 @@
 //! became holes becomes a hole itself. The tree is rewritten a level at a time, bottom up:
 //! the touched blocks of one level are read concurrently and written together.
 //!
-//! New blocks reach the disk in spans ([`write_blocks`]): blocks allocated back to back are
-//! written as one I/O of up to [`WRITE_SPAN_BYTES_MAX`] (ZFS gets the same from write
-//! aggregation in the vdev queue). The allocator's next-fit cursor places consecutive
+//! New blocks reach the disk in spans (crate::zio's issue stage): blocks allocated back to back
+//! are written as one I/O of up to [`crate::zio::WRITE_SPAN_BYTES_MAX`] (ZFS gets the same
+//! from write aggregation in the vdev queue). The allocator's next-fit cursor places consecutive
 //! allocations next to each other, so a txg's blocks lie in runs even when the client wrote
 //! at random offsets. The leaf queue also merges neighbours, but only those that wait in it
 //! together: with free slots it issued each block alone, so a txg of 4 KiB random writes cost
@@ -26,23 +26,20 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
-use sluice_format::{
-    BlockCompression, BlockKind, BlockPointer, FormatError, VolumeSpace, BLKPTR_BYTES,
-};
+use sluice_format::{BlockKind, BlockPointer, FormatError, VolumeSpace, BLKPTR_BYTES};
 
 use crate::alloc::{AllocClass, Allocator};
-use crate::device::{AlignedBuf, SharedBuf};
-use crate::pool::{describe_block, Pool, PoolError};
+use crate::device::AlignedBuf;
+use crate::pool::{Pool, PoolError};
 use crate::tunables::IoClass;
+use crate::zio::BlockProps;
 
 /// Block pointers per indirect block.
 pub const INDIRECT_BPS: u64 = 128;
 pub const INDIRECT_BYTES: usize = INDIRECT_BPS as usize * BLKPTR_BYTES;
-/// Largest run of new blocks written as one I/O (ZFS's write aggregation limit).
-pub const WRITE_SPAN_BYTES_MAX: u64 = 1 << 20;
 /// Indirect blocks of one level read and rebuilt concurrently.
 const NODES_IN_FLIGHT: usize = 64;
-/// Groups of new blocks (each up to a span) being written at once.
+/// Groups of new indirect blocks (each up to a span) being written at once.
 const SPANS_IN_FLIGHT: usize = 8;
 
 /// Levels of indirection needed to address `blocks` data blocks.
@@ -229,7 +226,7 @@ pub async fn update_tree(
             nodes.into_iter().map(|node| rebuild_node(pool, root, levels, level, node, changes)),
         )
         .buffered(NODES_IN_FLIGHT)
-        .try_chunks((WRITE_SPAN_BYTES_MAX as usize / INDIRECT_BYTES).max(1))
+        .try_chunks((crate::zio::WRITE_SPAN_BYTES_MAX as usize / INDIRECT_BYTES).max(1))
         .map_err(|futures::stream::TryChunksError(_, e)| e)
         .map_ok(|chunk| write_nodes(ctx_view(ctx), level, chunk))
         .try_buffer_unordered(SPANS_IN_FLIGHT)
@@ -303,21 +300,17 @@ async fn write_nodes(
     level: u8,
     chunk: Vec<Rebuilt>,
 ) -> Result<Vec<Written>, PoolError> {
+    let copies = ctx.pool.metadata_copies();
     let mut blocks = Vec::with_capacity(chunk.len());
     let mut nodes = Vec::with_capacity(chunk.len());
     for (node, contents, replaced) in chunk {
         nodes.push((node, contents.is_some(), replaced));
         if let Some((bytes, fill)) = contents {
-            blocks.push(NewBlock {
-                bytes: Arc::new(bytes),
-                kind: BlockKind::Indirect,
-                level,
-                fill,
-                compressed: None,
-            });
+            blocks.push((BlockProps::indirect(level, fill, ctx.txg, copies), Arc::new(bytes)));
         }
     }
-    let mut written = write_blocks(&ctx, blocks, AllocClass::Reserved).await?.into_iter();
+    let mut written =
+        ctx.pool.write_blocks(ctx.allocator, AllocClass::Reserved, blocks).await?.into_iter();
     Ok(nodes
         .into_iter()
         .map(|(node, stored, replaced)| {
@@ -325,195 +318,6 @@ async fn write_nodes(
             (node, bp, replaced)
         })
         .collect())
-}
-
-/// A block to write into new space, and what its pointer says about it.
-#[derive(Clone, Debug)]
-pub struct NewBlock {
-    /// What is stored: the block itself, or its compressed form.
-    pub bytes: Arc<AlignedBuf>,
-    pub kind: BlockKind,
-    pub level: u8,
-    pub fill: u64,
-    /// When `bytes` is compressed: how, and the logical bytes (which the cache keeps).
-    pub compressed: Option<(BlockCompression, Arc<AlignedBuf>)>,
-}
-
-/// Allocates `blocks` in order and writes them, runs that landed back to back as one I/O each
-/// (see the module doc); returns their pointers in the same order. Indirect blocks get
-/// `pool.metadata_copies` copies (crate::alloc `allocate_ditto`), written as runs of their own
-/// beside the first copies.
-pub async fn write_blocks(
-    ctx: &TreeUpdate<'_>,
-    blocks: Vec<NewBlock>,
-    class: AllocClass,
-) -> Result<Vec<BlockPointer>, PoolError> {
-    let copies = ctx.pool.metadata_copies();
-    let no_space = |e| PoolError::NoSpace { pool: ctx.pool.name().to_owned(), source: e };
-    let (placed, ditto) = {
-        let mut allocator = ctx.allocator.lock();
-        let placed: Vec<(u32, u64, u64)> = blocks
-            .iter()
-            .map(|b| allocator.allocate(b.bytes.len() as u64, class, &[]))
-            .collect::<Result<_, _>>()
-            .map_err(no_space)?;
-        // Extra copies: (block index, placement). Best effort, as ZFS's: a pool too full or
-        // too fragmented for one keeps the block's single copy.
-        let mut ditto: Vec<(usize, (u32, u64, u64))> = Vec::new();
-        if copies > 1 {
-            for (i, block) in blocks.iter().enumerate() {
-                if block.kind != BlockKind::Indirect {
-                    continue;
-                }
-                let first = [(placed[i].0, placed[i].1)];
-                if let Ok(at) = allocator.allocate_ditto(block.bytes.len() as u64, class, &first) {
-                    ditto.push((i, at));
-                }
-            }
-        }
-        (placed, ditto)
-    };
-    let ditto_blocks: Vec<NewBlock> = ditto.iter().map(|&(i, _)| blocks[i].clone()).collect();
-    let ditto_placed: Vec<(u32, u64, u64)> = ditto.iter().map(|&(_, at)| at).collect();
-    let (mut pointers, extra) = futures::future::try_join(
-        write_placed(ctx, &blocks, &placed, true),
-        write_placed(ctx, &ditto_blocks, &ditto_placed, false),
-    )
-    .await?;
-    for (&(i, _), other) in ditto.iter().zip(extra) {
-        debug_assert_eq!(pointers[i].checksum, other.checksum, "copies hold the same bytes");
-        pointers[i].dvas[1] = other.dvas[0];
-    }
-    Ok(pointers)
-}
-
-/// Writes `blocks` at the places allocated for them, in runs; returns their pointers (one
-/// copy each). With `cache`, written blocks the cache keeps go into it.
-async fn write_placed(
-    ctx: &TreeUpdate<'_>,
-    blocks: &[NewBlock],
-    placed: &[(u32, u64, u64)],
-    cache: bool,
-) -> Result<Vec<BlockPointer>, PoolError> {
-    let runs = span_runs(placed);
-    let (pool, txg) = (ctx.pool, ctx.txg);
-    let written: Vec<Vec<BlockPointer>> =
-        futures::future::try_join_all(runs.into_iter().map(|run| async move {
-            let (vdev, start, _) = placed[run.start];
-            let pieces = run_pieces(placed, run.clone(), |i| &blocks[i].bytes);
-            let mut pointers = Vec::with_capacity(run.len());
-            for (i, piece) in run.clone().zip(&pieces) {
-                let (_, offset, _) = placed[i];
-                let block = &blocks[i];
-                let lsize = block.compressed.as_ref().map_or(block.bytes.len(), |c| c.1.len());
-                let mut bp = describe_block(
-                    vdev,
-                    offset,
-                    piece,
-                    lsize as u64,
-                    block.kind,
-                    block.level,
-                    block.fill,
-                    txg,
-                );
-                if let Some((alg, _)) = &block.compressed {
-                    bp.compression = *alg;
-                }
-                pointers.push(bp);
-            }
-            pool.write_copy(vdev, start, SharedBuf::gather(pieces.clone())).await?;
-            if !cache {
-                return Ok::<_, PoolError>(pointers);
-            }
-            // Written blocks are cached (crate::pool::BlockCache). Indirect blocks written now
-            // are the ones the next txg's update reads (measured with 4 KiB random writes:
-            // every txg re-read each level-1 block the previous one wrote, 2,000 reads a
-            // second); data blocks are what the next partial write of the block reads. A
-            // block is cached as the very buffer it was written from, with no copy (dirty data
-            // blocks: `txg::dbuf`).
-            for ((i, bp), piece) in run.zip(&pointers).zip(pieces) {
-                if !pool.cache().keeps(bp) {
-                    continue;
-                }
-                // The cache holds logical bytes.
-                if let Some((_, logical)) = &blocks[i].compressed {
-                    pool.cache().insert(bp, Arc::clone(logical));
-                    continue;
-                }
-                debug_assert_eq!(piece.len() as u64, bp.psize_bytes());
-                pool.cache().insert(bp, piece);
-            }
-            Ok::<_, PoolError>(pointers)
-        }))
-        .await?;
-    Ok(written.into_iter().flatten().collect())
-}
-
-/// The pieces one run of [`span_runs`] is written from: each block's own buffer (`bytes_of`),
-/// padded with zeros to its allocation where that is longer, so the run is one vectored write
-/// of them rather than a copy (device::buf, `SharedBuf::gather`).
-pub fn run_pieces<'a>(
-    placed: &[(u32, u64, u64)],
-    run: std::ops::Range<usize>,
-    bytes_of: impl Fn(usize) -> &'a Arc<AlignedBuf>,
-) -> Vec<Arc<AlignedBuf>> {
-    let mut next = placed[run.start].1;
-    run.map(|i| {
-        let (_, offset, asize) = placed[i];
-        assert_eq!(offset, next, "a run's blocks lie back to back");
-        next = offset + asize;
-        let bytes = bytes_of(i);
-        if bytes.len() as u64 == asize {
-            Arc::clone(bytes)
-        } else {
-            Arc::new(AlignedBuf::gathered(asize as usize, [(0, &bytes[..])]))
-        }
-    })
-    .collect()
-}
-
-/// Runs of allocations `(vdev, offset, asize)` that lie back to back on one vdev, each within
-/// [`WRITE_SPAN_BYTES_MAX`]: what one I/O writes.
-pub fn span_runs(placed: &[(u32, u64, u64)]) -> Vec<std::ops::Range<usize>> {
-    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
-    for (i, &(vdev, offset, asize)) in placed.iter().enumerate() {
-        if let Some(run) = runs.last_mut() {
-            let (first_vdev, first_offset, _) = placed[run.start];
-            let (_, last_offset, last_asize) = placed[run.end - 1];
-            // At most IOVECS_MAX blocks: a run is one vectored write of the blocks' buffers.
-            if vdev == first_vdev
-                && offset == last_offset + last_asize
-                && offset + asize - first_offset <= WRITE_SPAN_BYTES_MAX
-                && run.len() < crate::device::IOVECS_MAX
-            {
-                run.end = i + 1;
-                continue;
-            }
-        }
-        runs.push(i..i + 1);
-    }
-    runs
-}
-
-/// Writes one data block into newly allocated space.
-pub async fn write_data_block(
-    ctx: &TreeUpdate<'_>,
-    data: Arc<AlignedBuf>,
-    class: AllocClass,
-) -> Result<BlockPointer, PoolError> {
-    let block =
-        NewBlock { bytes: data, kind: BlockKind::Data, level: 0, fill: 1, compressed: None };
-    write_block(ctx, block, class).await
-}
-
-/// Writes one block through [`write_blocks`].
-async fn write_block(
-    ctx: &TreeUpdate<'_>,
-    block: NewBlock,
-    class: AllocClass,
-) -> Result<BlockPointer, PoolError> {
-    let written = write_blocks(ctx, vec![block], class).await?;
-    Ok(written.into_iter().next().expect("one pointer per block written"))
 }
 
 /// Every block of a tree, as (level, first data block index it covers, pointer), parents
@@ -579,35 +383,15 @@ pub async fn grow_levels(
         let Some(child) = root else { return Ok(None) };
         let mut bytes = AlignedBuf::zeroed(INDIRECT_BYTES);
         bytes[..BLKPTR_BYTES].copy_from_slice(&BlockPointer::encode(Some(&child)));
-        let block = NewBlock {
-            bytes: Arc::new(bytes),
-            kind: BlockKind::Indirect,
-            level,
-            fill: child.fill,
-            compressed: None,
-        };
-        let level_bp = write_block(ctx, block, AllocClass::Reserved).await?;
+        let props = BlockProps::indirect(level, child.fill, ctx.txg, ctx.pool.metadata_copies());
+        let written = ctx.pool.write_blocks(
+            ctx.allocator,
+            AllocClass::Reserved,
+            vec![(props, Arc::new(bytes))],
+        );
+        let level_bp = written.await?[0];
         ctx.born.push(level_bp);
         root = Some(level_bp);
     }
     Ok(root)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Runs join placements back to back on one vdev, within the span limit and at most
-    /// IOVECS_MAX blocks each (one vectored write).
-    #[test]
-    fn span_runs_join_back_to_back_blocks_up_to_the_limits() {
-        let placed: Vec<(u32, u64, u64)> = (0..2500u64).map(|i| (0, i * 512, 512)).collect();
-        let runs = span_runs(&placed);
-        assert_eq!(runs.iter().map(|r| r.len()).collect::<Vec<_>>(), [1024, 1024, 452]);
-        let mut gaps = vec![(0, 0, 4096), (0, 4096, 4096), (0, 16384, 4096), (1, 20480, 4096)];
-        gaps.extend((0..300u64).map(|i| (1, 24576 + i * 4096, 4096)));
-        let runs = span_runs(&gaps);
-        // A gap and a change of vdev end runs; 1 MiB ends one too (256 blocks of 4 KiB).
-        assert_eq!(runs.iter().map(|r| r.len()).collect::<Vec<_>>(), [2, 1, 256, 45]);
-    }
 }

@@ -1,23 +1,25 @@
-//! Block I/O on an open pool (ZFS: the read and write halves of the zio pipeline).
+//! The pool's side of the block pipeline (crate::zio): reads through the block cache, healing
+//! copies that failed, and writes whose done stage fills the cache.
 //!
-//! A block is read from the first of its copies whose bytes match the checksum in its pointer;
-//! each copy is read through its top-level vdev with that checksum as the verify callback, so a
-//! mirror tries its other children and rewrites the bad one before a copy is given up on. A
-//! metadata block has more than one copy (`pool.metadata_copies`): copies that failed before
-//! a good one was found are rewritten from it. A
-//! block is written to space the caller allocated, and its pointer records the copy's address,
-//! sizes, birth txg and checksum. Data handed out has always passed its checksum.
+//! A block is read from the first of its copies whose bytes match the checksum in its pointer
+//! (zio's issue and verify stages); copies that failed before a good one was found are
+//! rewritten from it (a metadata block's ditto copies heal each other, as a mirror's children
+//! do). Data handed out has always passed its checksum. A write goes through every zio stage
+//! ([`Pool::write_blocks`]), or, for a writer that allocates its own way (the intent log's
+//! blocks written in place, the dedup table's lead writer), through the stages one by one
+//! ([`Pool::seal_blocks`], [`Pool::allocate`], [`Pool::issue_placed`]).
 
 use std::sync::Arc;
 
-use sluice_format::{
-    BlockCompression, BlockKind, BlockPointer, Checksum, ChecksumAlg, Dva, SECTOR_BYTES,
-};
+use parking_lot::Mutex;
+use sluice_format::{BlockPointer, Dva};
 
-use super::{compress, Pool, PoolError};
+use super::{Pool, PoolError};
+use crate::alloc::{AllocClass, Allocator};
 use crate::device::{AlignedBuf, SharedBuf};
 use crate::tunables::IoClass;
 use crate::vdev;
+use crate::zio::{self, BlockProps, Issue, Places, Sealed, Writer, ZioError};
 
 impl Pool {
     /// Reads and verifies a block, through the block cache; returns its logical bytes (the
@@ -41,16 +43,17 @@ impl Pool {
         bp: &BlockPointer,
         class: IoClass,
     ) -> Result<AlignedBuf, PoolError> {
-        let stored = self.read_block(bp, class).await?;
-        if bp.compression == BlockCompression::None {
-            return Ok(stored);
-        }
-        self.decompress(bp, &stored)
+        self.read(bp, class, zio::ReadMode::Logical).await
     }
 
     /// The logical bytes of a block whose stored bytes passed its checksum.
     pub fn decompress(&self, bp: &BlockPointer, stored: &[u8]) -> Result<AlignedBuf, PoolError> {
-        compress::decompress(bp, stored).map_err(|source| PoolError::Decompress {
+        zio::unseal(bp, AlignedBuf::copy_from(stored))
+            .map_err(|source| self.undecodable(bp, source))
+    }
+
+    fn undecodable(&self, bp: &BlockPointer, source: zio::compress::DecompressError) -> PoolError {
+        PoolError::Decompress {
             pool: self.name().to_owned(),
             block: format!(
                 "the block of txg {} at offset {} of top-level vdev {}",
@@ -59,7 +62,7 @@ impl Pool {
                 bp.dvas[0].vdev
             ),
             source,
-        })
+        }
     }
 
     /// Reads and verifies a block's stored bytes from disk, bypassing the cache (scrub must see
@@ -69,38 +72,33 @@ impl Pool {
         bp: &BlockPointer,
         class: IoClass,
     ) -> Result<AlignedBuf, PoolError> {
-        let psize = u32::try_from(bp.psize_bytes()).unwrap_or(u32::MAX);
-        let verify = |bytes: &[u8]| bp.verifies(bytes);
-        let mut last = None;
-        let mut bad = Vec::new();
-        for dva in bp.copies() {
-            let at = vdev::VdevAddress { vdev: dva.vdev, offset_bytes: dva.offset_bytes() };
-            match self.root().read(at, psize, class, &verify).await {
-                Ok(buf) => {
-                    // Earlier copies that failed are rewritten from this one (a metadata
-                    // block's ditto copies heal each other, as a mirror's children do).
-                    if !bad.is_empty() {
-                        self.heal_copies(&bad, &buf).await;
-                    }
-                    return Ok(buf);
-                }
-                Err(error) => {
-                    // Bad or unreadable: either way a rewrite gives it back its bytes (a
-                    // device that is gone refuses the write, and nothing is lost).
-                    bad.push(*dva);
-                    last = Some(error);
-                }
+        self.read(bp, class, zio::ReadMode::Raw).await
+    }
+
+    /// A read through zio's stages; copies that failed before a good one are rewritten from it.
+    async fn read(
+        &self,
+        bp: &BlockPointer,
+        class: IoClass,
+        mode: zio::ReadMode,
+    ) -> Result<AlignedBuf, PoolError> {
+        let (stored, bad) = zio::read_stored(&self.root(), bp, class)
+            .await
+            .map_err(|source| PoolError::Vdev { pool: self.name().to_owned(), source })?;
+        if !bad.is_empty() {
+            self.heal_copies(&bad, &stored).await;
+        }
+        match mode {
+            zio::ReadMode::Raw => Ok(stored),
+            zio::ReadMode::Logical => {
+                zio::unseal(bp, stored).map_err(|source| self.undecodable(bp, source))
             }
         }
-        Err(PoolError::Vdev {
-            pool: self.name().to_owned(),
-            source: last.unwrap_or(vdev::VdevError::NoSuchVdev { vdev: u32::MAX, count: 0 }),
-        })
     }
 
     /// Rewrites the copies `bad` of a block from `good`, its verified bytes, unless the pool
     /// is read-only; each leaf written counts a repair. Returns how many copies were rewritten.
-    pub(super) async fn heal_copies(&self, bad: &[sluice_format::Dva], good: &[u8]) -> u32 {
+    pub(super) async fn heal_copies(&self, bad: &[Dva], good: &[u8]) -> u32 {
         if self.read_only.load(std::sync::atomic::Ordering::Relaxed) {
             return 0;
         }
@@ -150,36 +148,142 @@ impl Pool {
             .map_err(|source| PoolError::Vdev { pool: self.name().to_owned(), source })
     }
 
-    /// Writes `data` (already padded to whole sectors) at `(vdev, offset)` and returns the block
-    /// pointer describing it.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn write_block_at(
-        &self,
-        vdev: u32,
-        offset_bytes: u64,
-        data: SharedBuf,
-        lsize_bytes: u64,
-        kind: BlockKind,
-        level: u8,
-        fill: u64,
-        txg: u64,
-    ) -> Result<BlockPointer, PoolError> {
-        let bp = describe_block(vdev, offset_bytes, &data, lsize_bytes, kind, level, fill, txg);
-        self.write_copy(vdev, offset_bytes, data).await?;
-        Ok(bp)
+    /// The pipeline's faults, observers and error counts.
+    pub fn zio(&self) -> &Arc<zio::Pipeline> {
+        &self.zio
     }
 
-    /// Writes one copy of a block already described by [`describe_block`].
-    pub async fn write_copy(
+    /// A block of `writer` passes `stage` (one the pipeline's callers run: dedup's); fails it
+    /// where a fault is armed.
+    pub fn zio_stage(&self, stage: zio::Stage, writer: Writer) -> Result<(), PoolError> {
+        let passed = self.zio.stage(stage, writer);
+        if passed.is_err() {
+            self.zio.note_error(writer);
+        }
+        passed.map_err(|e| self.zio_error(e))
+    }
+
+    /// A pipeline error, named with this pool.
+    pub fn zio_error(&self, error: ZioError) -> PoolError {
+        let pool = self.name().to_owned();
+        match error {
+            ZioError::Injected { stage, writer } => PoolError::Injected { pool, stage, writer },
+            ZioError::NoSpace { source, .. } => PoolError::NoSpace { pool, source },
+            ZioError::Vdev { source, .. } => PoolError::Vdev { pool, source },
+        }
+    }
+
+    /// Writes `blocks` through every stage: sealed (compressed, checksummed) spread over the
+    /// host's threads, allocated in order so they land back to back, issued in runs, and
+    /// cached where their writer's blocks are read back. Returns their pointers in order.
+    pub async fn write_blocks(
         &self,
-        vdev: u32,
-        offset_bytes: u64,
-        data: SharedBuf,
-    ) -> Result<(), PoolError> {
-        self.root()
-            .write(vdev::VdevAddress { vdev, offset_bytes }, data, IoClass::AsyncWrite)
+        allocator: &Mutex<Allocator>,
+        class: AllocClass,
+        blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
+    ) -> Result<Vec<BlockPointer>, PoolError> {
+        if blocks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sealed = self.seal_blocks(blocks).await?;
+        let placed = self.allocate(allocator, &sealed, class)?;
+        self.issue_placed(&sealed, &placed, Issue::ASYNC).await
+    }
+
+    /// zio's CPU stages for a batch, spread over the host's threads.
+    pub async fn seal_blocks(
+        &self,
+        blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
+    ) -> Result<Vec<Sealed>, PoolError> {
+        zio::seal_batch(self.env(), &self.zio, blocks, self.unit_bytes())
             .await
-            .map_err(|source| PoolError::Vdev { pool: self.name().to_owned(), source })
+            .map_err(|e| self.zio_error(e))
+    }
+
+    /// zio's CPU stages for one block, here; `psize` pads it to a place allocated already.
+    pub fn seal_block(
+        &self,
+        props: BlockProps,
+        logical: Arc<AlignedBuf>,
+        psize: Option<u64>,
+    ) -> Result<Sealed, PoolError> {
+        let sealed = zio::seal(&self.zio, props, logical, self.unit_bytes(), psize);
+        if sealed.is_err() {
+            self.zio.note_error(props.writer);
+        }
+        sealed.map_err(|e| self.zio_error(e))
+    }
+
+    /// [`zio::seal_raw`]: a block stored elsewhere, checksummed here as it is.
+    pub fn seal_raw(
+        &self,
+        props: BlockProps,
+        logical: Arc<AlignedBuf>,
+        stored: &[u8],
+        compression: sluice_format::BlockCompression,
+    ) -> Result<Sealed, PoolError> {
+        let unit = self.unit_bytes();
+        let sealed = zio::seal_raw(&self.zio, props, logical, stored, compression, unit);
+        if sealed.is_err() {
+            self.zio.note_error(props.writer);
+        }
+        sealed.map_err(|e| self.zio_error(e))
+    }
+
+    /// zio's allocate stage for sealed blocks, in order.
+    pub fn allocate(
+        &self,
+        allocator: &Mutex<Allocator>,
+        sealed: &[Sealed],
+        class: AllocClass,
+    ) -> Result<Vec<Places>, PoolError> {
+        zio::allocate(&self.zio, &mut allocator.lock(), sealed, class)
+            .map_err(|e| self.zio_error(e))
+    }
+
+    /// zio's ready, issue and done stages for sealed blocks at places already allocated:
+    /// returns their pointers once every copy is written.
+    pub async fn issue_placed(
+        &self,
+        sealed: &[Sealed],
+        placed: &[Places],
+        how: Issue,
+    ) -> Result<Vec<BlockPointer>, PoolError> {
+        let pointers: Vec<BlockPointer> =
+            sealed.iter().zip(placed).map(|(block, places)| zio::describe(block, places)).collect();
+        zio::issue_placed(&self.zio, &self.root(), sealed, placed, how)
+            .await
+            .map_err(|e| self.zio_error(e))?;
+        // Done. Indirect blocks written now are the ones the next txg's update reads
+        // (measured with 4 KiB random writes: every txg re-read each level-1 block the previous
+        // one wrote, 2,000 reads a second); data blocks are what the next partial write of the
+        // block reads. A block is cached as the very buffer it was written from, with no copy
+        // (dirty data blocks: `txg::dbuf`); the cache holds logical bytes.
+        for (block, bp) in sealed.iter().zip(&pointers) {
+            if block.props.writer.cached() && self.cache().keeps(bp) {
+                self.cache().insert(bp, Arc::clone(&block.logical));
+            }
+        }
+        Ok(pointers)
+    }
+
+    /// zio's issue stage for one buffer of `writer`'s blocks (the intent log's chain blocks,
+    /// and its runs of blocks written in place).
+    pub async fn issue(
+        &self,
+        writer: Writer,
+        at: vdev::VdevAddress,
+        data: SharedBuf,
+        how: Issue,
+    ) -> Result<(), PoolError> {
+        zio::issue(&self.zio, &self.root(), writer, at, data, how)
+            .await
+            .map_err(|e| self.zio_error(e))
+    }
+
+    /// The allocation unit: stored blocks are padded to whole units.
+    pub fn unit_bytes(&self) -> u64 {
+        1 << self.ashift
     }
 }
 
@@ -194,65 +298,4 @@ pub fn follows(prev: &BlockPointer, next: &BlockPointer) -> bool {
         && single(next)
         && n.vdev == p.vdev
         && n.offset_bytes() == p.offset_bytes() + p.asize_bytes()
-}
-
-/// The pointer of a block holding `data` (whole sectors) at `(vdev, offset)`, before it is
-/// written: the dedup table hands it to writers of the same block while the write is in flight
-/// (ZFS: a zio's ready stage).
-#[allow(clippy::too_many_arguments)]
-pub fn describe_block(
-    vdev: u32,
-    offset_bytes: u64,
-    data: &[u8],
-    lsize_bytes: u64,
-    kind: BlockKind,
-    level: u8,
-    fill: u64,
-    txg: u64,
-) -> BlockPointer {
-    let checksum = block_checksum(data);
-    describe_summed_block(vdev, offset_bytes, data, lsize_bytes, kind, level, fill, txg, checksum)
-}
-
-/// The checksum [`describe_block`] gives `data`, for a caller that computes it elsewhere
-/// (txg/zil.rs spreads it over the cores) and then calls [`describe_summed_block`].
-pub fn block_checksum(data: &[u8]) -> Checksum {
-    ChecksumAlg::Xxh3_128.compute(data)
-}
-
-/// [`describe_block`] with `checksum`, which must be [`block_checksum`] of `data`.
-#[allow(clippy::too_many_arguments)]
-pub fn describe_summed_block(
-    vdev: u32,
-    offset_bytes: u64,
-    data: &[u8],
-    lsize_bytes: u64,
-    kind: BlockKind,
-    level: u8,
-    fill: u64,
-    txg: u64,
-    checksum: Checksum,
-) -> BlockPointer {
-    let sector = u64::from(SECTOR_BYTES);
-    let psize = data.len() as u64;
-    assert!(psize > 0 && psize % sector == 0, "block data must be whole sectors");
-    assert!(offset_bytes % sector == 0, "blocks start on sector boundaries");
-    let sectors = |bytes: u64| u32::try_from(bytes / sector).unwrap_or(u32::MAX);
-    BlockPointer {
-        dvas: [
-            Dva { vdev, asize_sectors: sectors(psize), offset_sectors: offset_bytes / sector },
-            Dva::default(),
-            Dva::default(),
-        ],
-        lsize_sectors: sectors(lsize_bytes.div_ceil(sector) * sector),
-        psize_sectors: sectors(psize),
-        birth_txg: txg,
-        checksum_alg: ChecksumAlg::Xxh3_128,
-        compression: BlockCompression::None,
-        kind,
-        level,
-        fill,
-        checksum,
-        dedup: None,
-    }
 }

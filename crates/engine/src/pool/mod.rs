@@ -27,7 +27,6 @@
 mod admin;
 mod attach;
 mod cache;
-pub mod compress;
 mod io;
 mod missing;
 pub mod probe;
@@ -46,7 +45,7 @@ use sluice_format::{
 
 pub use self::attach::PreparedAttach;
 pub use self::cache::BlockCache;
-pub use self::io::{block_checksum, describe_block, describe_summed_block, follows};
+pub use self::io::follows;
 pub use self::missing::MissingDevice;
 pub use self::scrub::{ScrubReport, VerifyReport};
 use crate::alloc::log_region_bytes;
@@ -158,8 +157,12 @@ pub enum PoolError {
         pool: String,
         block: String,
         #[source]
-        source: compress::DecompressError,
+        source: crate::zio::compress::DecompressError,
     },
+    #[error(
+        "pool {pool}: an error injected at the {stage} stage of a {writer} block (an armed fault)"
+    )]
+    Injected { pool: String, stage: crate::zio::Stage, writer: crate::zio::Writer },
     #[error("pool {pool}: no valid uberblock on any leaf; the labels are damaged")]
     NoUberblock { pool: String },
     #[error("pool {pool}: leaf {path}: {source}")]
@@ -328,6 +331,8 @@ pub struct Pool {
     next_leaf_id: std::sync::atomic::AtomicU32,
     /// Set for an import's dry run: nothing is written, bad copies included (`set_read_only`).
     read_only: std::sync::atomic::AtomicBool,
+    /// The block pipeline's faults, observers and error counts (crate::zio).
+    zio: Arc<crate::zio::Pipeline>,
 }
 
 fn check_name(name: &str) -> Result<(), PoolError> {
@@ -771,6 +776,7 @@ impl Pool {
             tunables: tunables.clone(),
             next_leaf_id: std::sync::atomic::AtomicU32::new(next_leaf_id),
             read_only: std::sync::atomic::AtomicBool::new(false),
+            zio: Arc::default(),
             state: Mutex::new(PoolState {
                 uberblock: Uberblock {
                     txg: 0,

@@ -553,7 +553,6 @@ impl Store {
                         offset,
                         len,
                         &mut payload,
-                        self.limits.log_block_bytes_max,
                         self.indirect(&v.entry, len).then_some(bs),
                     ),
                     None => 0,

@@ -18,16 +18,25 @@
 //! damaged, cut or reordered record) leaves nothing visible: the hidden volume is destroyed.
 
 use sluice_format::{
-    BlockCompression, BlockPointer, ReceiveState, ResumeToken, StreamBegin, StreamError,
-    StreamRecord, BLKPTR_BYTES, COMPRESSED_HEADER_BYTES,
+    BlockCompression, BlockPointer, Compression, DedupMode, ReceiveState, ResumeToken, StreamBegin,
+    StreamError, StreamRecord, BLKPTR_BYTES, COMPRESSED_HEADER_BYTES,
 };
 
-use futures::StreamExt;
+use std::sync::Arc;
 
-use super::{Store, StoreError};
+use futures::{FutureExt, StreamExt};
+use parking_lot::Mutex;
+
+use super::dbuf::{Block, Prewritten};
+use super::{Dataset, Store, StoreError};
+use crate::device::{AlignedBuf, SharedBuf};
+use crate::intent_log::DataWrite;
 use crate::objset::INDIRECT_BPS;
-use crate::pool::compress::decompress_stored;
+use crate::pool::PoolError;
 use crate::tunables::IoClass;
+use crate::vdev::VdevAddress;
+use crate::zio::compress::decompress_stored;
+use crate::zio::{BlockProps, Issue, Writer};
 
 /// What a send or a receive moved.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -349,6 +358,37 @@ impl Store {
     }
 }
 
+/// A data block of a stream, not yet written.
+struct Received {
+    block: u64,
+    logical: AlignedBuf,
+    compression: BlockCompression,
+    /// As the stream carried it: stored this way, raw.
+    stored: Vec<u8>,
+}
+
+/// A receive's blocks written in place: the next batch, the writes in flight, and the first
+/// write that failed.
+#[derive(Default)]
+struct InPlace {
+    batch: Vec<Received>,
+    writes: Vec<DataWrite>,
+    failed: Arc<Mutex<Option<PoolError>>>,
+}
+
+impl InPlace {
+    /// Waits for the writes in flight; the first that failed fails the receive. (Its block is
+    /// written again by the sync, which finds the write failed: nothing is lost, but a receive
+    /// that met a write error says so.)
+    async fn settle(&mut self) -> Result<(), StoreError> {
+        futures::future::join_all(self.writes.drain(..)).await;
+        match self.failed.lock().take() {
+            Some(error) => Err(StoreError::Pool(error)),
+            None => Ok(()),
+        }
+    }
+}
+
 /// How a receive treats an interruption.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReceiveMode {
@@ -640,6 +680,32 @@ impl Store {
         progress: &mut u64,
         next: &mut (dyn FnMut() -> Result<Option<StreamRecord>, StreamError> + Send),
     ) -> Result<StreamSummary, StoreError> {
+        let mut in_place = InPlace::default();
+        let applied =
+            self.apply_records(hidden, begin, resumable, progress, next, &mut in_place).await;
+        if applied.is_err() {
+            // Records checked before an interruption or a refused record are applied, so a
+            // resume starts after them. Whatever failed here, the receive's error is the one
+            // reported.
+            let bs = u64::from(begin.block_bytes);
+            if let Ok(dataset) = self.dataset(hidden) {
+                let _ = self.write_in_place(&dataset, bs, &mut in_place, progress).await;
+            }
+            let _ = in_place.settle().await;
+        }
+        applied
+    }
+
+    /// [`Store::apply_stream`]'s loop; blocks wait in `in_place` to be written a span at a time.
+    async fn apply_records(
+        &self,
+        hidden: &str,
+        begin: &StreamBegin,
+        resumable: bool,
+        progress: &mut u64,
+        next: &mut (dyn FnMut() -> Result<Option<StreamRecord>, StreamError> + Send),
+        in_place: &mut InPlace,
+    ) -> Result<StreamSummary, StoreError> {
         let dataset = self.dataset(hidden)?;
         let bs = u64::from(begin.block_bytes);
         let blocks = begin.size_bytes / bs;
@@ -656,8 +722,13 @@ impl Store {
         };
         let mut summary = StreamSummary::default();
         let mut since_checkpoint = 0u64;
+        // Where the next record must start; `progress` follows once the blocks before it are
+        // written (a resume token names it).
+        let mut expected = *progress;
         loop {
             if resumable && since_checkpoint >= CHECKPOINT_BYTES {
+                self.write_in_place(&dataset, bs, in_place, progress).await?;
+                in_place.settle().await?;
                 self.sync().await?;
                 if let Some(receive) = dataset.state.lock().entry.receive.as_mut() {
                     receive.next_block = *progress;
@@ -671,8 +742,8 @@ impl Store {
                         return Err(bad(format!("block {block}")));
                     }
                     // In order, so the blocks before `progress` are the ones received.
-                    if block < *progress {
-                        return Err(out_of_order(format!("block {block}"), *progress));
+                    if block < expected {
+                        return Err(out_of_order(format!("block {block}"), expected));
                     }
                     let logical =
                         decompress_stored(compression, lsize as usize, &bytes).map_err(|e| {
@@ -682,26 +753,34 @@ impl Store {
                                 reason: format!("block {block} does not decompress: {e}"),
                             }
                         })?;
-                    self.write_in(&dataset, block * bs, &logical).await?;
-                    *progress = block + 1;
+                    let travelled = bytes.len() as u64;
+                    in_place.batch.push(Received { block, logical, compression, stored: bytes });
+                    if in_place.batch.len() as u64 * bs >= crate::zio::WRITE_SPAN_BYTES_MAX {
+                        self.write_in_place(&dataset, bs, in_place, progress).await?;
+                    }
+                    expected = block + 1;
                     since_checkpoint += bs;
                     summary.records += 1;
                     summary.data_blocks += 1;
-                    summary.data_bytes += bytes.len() as u64;
+                    summary.data_bytes += travelled;
                 }
                 Some(StreamRecord::Free { first, count }) => {
                     let end = first.checked_add(count).filter(|&end| end <= blocks);
                     let Some(end) = end else { return Err(bad(format!("free {first}+{count}"))) };
-                    if first < *progress {
-                        return Err(out_of_order(format!("free {first}+{count}"), *progress));
+                    if first < expected {
+                        return Err(out_of_order(format!("free {first}+{count}"), expected));
                     }
+                    self.write_in_place(&dataset, bs, in_place, progress).await?;
                     self.zero_in(&dataset, first * bs, (end - first) * bs).await?;
                     *progress = end;
+                    expected = end;
                     summary.records += 1;
                     summary.free_records += 1;
                 }
                 Some(StreamRecord::End { .. }) => {
                     summary.records += 1;
+                    self.write_in_place(&dataset, bs, in_place, progress).await?;
+                    in_place.settle().await?;
                     return Ok(summary);
                 }
                 Some(StreamRecord::Begin(_)) | None => {
@@ -712,6 +791,115 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// Writes a batch of received blocks into the open txg, and, unless the volume dedups
+    /// (its blocks go through the table at the sync), in place as the stream carried them
+    /// (zio's raw mode: no second compression), so the sync links them rather than writing
+    /// them (as it links the blocks of records logged by pointer, txg/zil.rs). A block whose
+    /// place cannot be had is left to the sync.
+    /// `progress` moves past the batch once it is in the open txg.
+    async fn write_in_place(
+        &self,
+        dataset: &Dataset,
+        bs: u64,
+        in_place: &mut InPlace,
+        progress: &mut u64,
+    ) -> Result<(), StoreError> {
+        let batch = std::mem::take(&mut in_place.batch);
+        for received in &batch {
+            self.write_in(dataset, received.block * bs, &received.logical).await?;
+        }
+        if let Some(last) = batch.last() {
+            *progress = last.block + 1;
+        }
+        let (txg, held) = {
+            let state = self.state.lock();
+            let v = dataset.state.lock();
+            if v.entry.dedup != DedupMode::Off {
+                return Ok(());
+            }
+            let held: Vec<Option<Arc<AlignedBuf>>> = batch
+                .iter()
+                .map(|r| match v.open.get(&r.block) {
+                    Some(Block::Data(data)) => Some(Arc::clone(data)),
+                    _ => None,
+                })
+                .collect();
+            (state.open_txg, held)
+        };
+        let mut sealed = Vec::with_capacity(batch.len());
+        let mut blocks = Vec::with_capacity(batch.len());
+        for (received, data) in batch.iter().zip(held) {
+            // Not in the open txg any more (a sync took it meanwhile): that sync writes it.
+            let Some(data) = data else { continue };
+            let props = BlockProps::data(Writer::Receive, txg, Compression::Off);
+            let stored = &received.stored;
+            sealed.push(self.pool.seal_raw(props, data, stored, received.compression)?);
+            blocks.push(received.block);
+        }
+        let mut placed: Vec<(u32, u64, u64)> = Vec::with_capacity(sealed.len());
+        {
+            let mut allocator = self.allocator.lock();
+            for block in &sealed {
+                match allocator.allocate_indirect(block.psize()) {
+                    Ok(at) => placed.push(at),
+                    Err(_) => break,
+                }
+            }
+        }
+        let mut writes = Vec::new();
+        let mut prewritten = Vec::with_capacity(placed.len());
+        for run in crate::zio::span_runs(&placed) {
+            let (vdev, start, _) = placed[run.start];
+            let pieces = crate::zio::run_pieces(&placed, run.clone(), |i| &sealed[i].stored);
+            let (done, written) = futures::channel::oneshot::channel::<bool>();
+            let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
+            for i in run {
+                let bp = crate::zio::describe(&sealed[i], &placed[i..=i]);
+                let data = Arc::clone(&sealed[i].logical);
+                prewritten.push((blocks[i], Prewritten { data, bp, write: write.clone() }));
+            }
+            in_place.writes.push(write);
+            writes.push((
+                VdevAddress { vdev, offset_bytes: start },
+                SharedBuf::gather(pieces),
+                done,
+            ));
+        }
+        // Recorded for the sync before the writes start, so that a sync beginning now waits
+        // for them; a block that left the open txg meanwhile is orphaned (the next sync frees
+        // it once its write ends).
+        {
+            let mut state = self.state.lock();
+            let state = &mut *state;
+            let mut v = dataset.state.lock();
+            for (index, block) in prewritten {
+                let current = matches!(v.open.get(&index),
+                    Some(Block::Data(data)) if Arc::ptr_eq(data, &block.data));
+                if current && state.open_txg == txg {
+                    if let Some(replaced) = v.prewritten.insert(index, block) {
+                        state.orphaned.push(replaced);
+                    }
+                    state.prewritten_bytes += bs;
+                } else {
+                    state.orphaned.push(block);
+                }
+            }
+        }
+        for (at, data, done) in writes {
+            let pool = Arc::clone(&self.pool);
+            let failed = Arc::clone(&in_place.failed);
+            self.pool.env().spawn("received block write", async move {
+                let written = pool.issue(Writer::Receive, at, data, Issue::ASYNC).await;
+                let ok = written.is_ok();
+                if let Err(error) = written {
+                    failed.lock().get_or_insert(error);
+                }
+                let _ = done.send(ok);
+            });
+        }
+        Ok(())
     }
 
     /// Snapshots the complete hidden volume as the sender's snapshot and puts it in the

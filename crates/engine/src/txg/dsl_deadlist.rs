@@ -118,9 +118,9 @@ impl Store {
                     PoolError::NoSpace { pool: self.pool.name().to_owned(), source }
                 })?
             };
-            let lsize = bytes.len() as u64;
-            let data = AlignedBuf::copy_from(&bytes).into_shared();
-            pieces.push(self.write_metadata(&places, data, lsize, txg).await?);
+            let logical = std::sync::Arc::new(AlignedBuf::copy_from(&bytes));
+            let writer = crate::zio::Writer::Deadlist;
+            pieces.push(self.write_metadata(writer, &places, logical, txg).await?);
         }
         Ok(pieces)
     }

@@ -234,7 +234,7 @@ impl ScanState {
 
 /// Largest run of back-to-back blocks a resilver copies as one I/O (the size the syncs write
 /// spans of).
-const SPAN_BYTES_MAX: u64 = crate::objset::WRITE_SPAN_BYTES_MAX;
+const SPAN_BYTES_MAX: u64 = crate::zio::WRITE_SPAN_BYTES_MAX;
 
 /// Cuts blocks sorted by device offset into the runs issued together: with `spans` (a
 /// resilver), blocks with one copy each that lie back to back on one vdev, up to
@@ -266,6 +266,14 @@ fn runs_of(sorted: &[BlockPointer], spans: bool) -> Vec<Vec<BlockPointer>> {
         }
     }
     runs
+}
+
+/// A tree a scan walks: a volume's or the dedup table's.
+#[derive(Clone, Copy, Debug)]
+struct Tree {
+    root: Option<BlockPointer>,
+    levels: u8,
+    walk: Walk,
 }
 
 /// Which kind of tree a walk goes through.
@@ -908,9 +916,7 @@ impl Store {
             let before = gathered.len();
             let walked = self
                 .walk_tree(
-                    root,
-                    levels,
-                    walk,
+                    Tree { root, levels, walk },
                     from,
                     (min_birth.max(shared_through + 1), max_birth),
                     budget - gathered_bytes,
@@ -1033,12 +1039,9 @@ impl Store {
     /// stopped may be issued again by the next, at most one per level). An indirect block
     /// that cannot be read on any copy is counted in `unreadable` and its subtree skipped:
     /// the scan goes on with the rest, as ZFS's does.
-    #[allow(clippy::too_many_arguments)]
     async fn walk_tree(
         &self,
-        root: Option<BlockPointer>,
-        levels: u8,
-        walk: Walk,
+        Tree { root, levels, walk }: Tree,
         from: u64,
         births: (u64, u64),
         budget: u64,

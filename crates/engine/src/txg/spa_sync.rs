@@ -27,8 +27,8 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use sluice_format::{
-    BlockCompression, BlockKind, BlockPointer, Compression, DdtHeader, Deadlist, DedupMode,
-    DirectoryRecords, Dva, LogHeader, PoolDirectory, SpaceMap, VolumeEntry, VolumeSpace, DVAS_MAX,
+    BlockPointer, Compression, DdtHeader, Deadlist, DedupMode, DirectoryRecords, LogHeader,
+    PoolDirectory, SpaceMap, VolumeEntry, VolumeSpace, DVAS_MAX,
 };
 
 use super::dbuf::{Block, Prewritten};
@@ -36,11 +36,11 @@ use super::dsl_snapshot::{Family, SnapshotOp};
 use super::space_map::{piece_layout, split_space_map, SPACE_MAP_PIECE_BYTES};
 use super::{Store, StoreError};
 use crate::alloc::{AllocClass, AllocError, Allocator};
-use crate::device::{AlignedBuf, SharedBuf};
-use crate::intent_log::LogWriter;
+use crate::device::AlignedBuf;
+use crate::intent_log::{ChainOwner, LogWriter};
 use crate::objset::{self, TreeUpdate};
-use crate::pool::compress::compress;
 use crate::pool::PoolError;
+use crate::zio::{BlockProps, Issue, Writer};
 
 /// Data blocks a sync completes (patches) or writes (dedup) concurrently.
 pub(super) const SYNC_WRITES_IN_FLIGHT: usize = 64;
@@ -308,18 +308,18 @@ impl Store {
             let (replaced_before, born_before) = (ctx.replaced.len(), ctx.born.len());
             // Patched blocks are completed first, up to SYNC_WRITES_IN_FLIGHT at once, in
             // block order. Blocks of ordinary volumes are then allocated in that order and
-            // written in spans (objset::write_blocks). Blocks of dedup volumes are hashed and
+            // written in spans (crate::zio). Blocks of dedup volumes are hashed and
             // looked up in tasks of their own, so that work spreads over the runtime's
             // threads, as ZFS's write-issue taskq spreads it over CPUs.
             let dedup = entry.dedup;
-            let (compression, unit) = (entry.compression, 1u64 << self.pool.ashift());
+            let compression = entry.compression;
             let (root, block_bytes) = (entry.root, entry.block_bytes as usize);
             let completed = futures::stream::iter(blocks.into_iter().map(|(index, block)| {
                 self.complete_block(root, disk_levels, block_bytes, index, block)
             }))
             .buffered(SYNC_WRITES_IN_FLIGHT);
             let updates: BTreeMap<u64, Option<BlockPointer>> = if dedup == DedupMode::Off {
-                let per_span = (objset::WRITE_SPAN_BYTES_MAX as usize / block_bytes).max(1);
+                let per_span = (crate::zio::WRITE_SPAN_BYTES_MAX as usize / block_bytes).max(1);
                 let (ctx, prewritten) = (&*ctx, &prewritten);
                 let written: Vec<Vec<(u64, Option<BlockPointer>)>> = completed
                     .try_chunks(per_span)
@@ -347,25 +347,13 @@ impl Store {
                                 Block::Patched(_) => unreachable!("patches are completed above"),
                             }
                         }
-                        let compressed = self.compress_blocks(compression, unit, &plain).await;
-                        let data = plain
-                            .into_iter()
-                            .zip(compressed)
-                            .map(|(bytes, compressed)| {
-                                let (stored, compressed) = match compressed {
-                                    Some((stored, alg)) => (Arc::new(stored), Some((alg, bytes))),
-                                    None => (bytes, None),
-                                };
-                                objset::NewBlock {
-                                    bytes: stored,
-                                    kind: BlockKind::Data,
-                                    level: 0,
-                                    fill: 1,
-                                    compressed,
-                                }
-                            })
-                            .collect();
-                        let mut bps = objset::write_blocks(ctx, data, AllocClass::Reserved)
+                        // Through every zio stage: sealed spread over the host's threads,
+                        // allocated in block order, written in spans.
+                        let props = BlockProps::data(Writer::VolumeData, txg, compression);
+                        let data = plain.into_iter().map(|bytes| (props, bytes)).collect();
+                        let mut bps = self
+                            .pool
+                            .write_blocks(ctx.allocator, AllocClass::Reserved, data)
                             .await?
                             .into_iter();
                         Ok::<_, PoolError>(
@@ -649,14 +637,12 @@ impl Store {
             let writes = pieces.iter().zip(blocks).map(|(piece, places)| {
                 let name = name.clone();
                 async move {
-                    let asize = places[0].2;
                     let bytes = piece
                         .encode()
                         .map_err(|source| PoolError::Format { pool: name.clone(), source })?;
-                    debug_assert!(bytes.len() as u64 <= asize, "a piece fits its block");
-                    let mut padded = AlignedBuf::zeroed(asize as usize);
-                    padded[..bytes.len()].copy_from_slice(&bytes);
-                    self.write_metadata(places, padded.into_shared(), bytes.len() as u64, txg).await
+                    debug_assert!(bytes.len() as u64 <= places[0].2, "a piece fits its block");
+                    let logical = Arc::new(AlignedBuf::copy_from(&bytes));
+                    self.write_metadata(Writer::SpaceMap, places, logical, txg).await
                 }
             });
             directory.space_maps[vdev] = futures::future::try_join_all(writes).await?;
@@ -665,45 +651,26 @@ impl Store {
         let bytes = directory
             .encode(asize as usize)
             .map_err(|source| PoolError::Format { pool: name.clone(), source })?;
-        let data = AlignedBuf::copy_from(&bytes).into_shared();
-        let directory_bp = self.write_metadata(&directory_block, data, asize, txg).await?;
+        let logical = Arc::new(AlignedBuf::copy_from(&bytes));
+        let directory_bp =
+            self.write_metadata(Writer::Directory, &directory_block, logical, txg).await?;
         Ok((directory_bp, directory.space_maps))
     }
 
-    /// Writes one metadata block to every place allocated for it (its first copy and ditto
-    /// copies, all of one size) and returns its pointer, with a DVA per copy.
+    /// Writes one metadata block of `writer` to every place allocated for it (its first copy
+    /// and ditto copies, all of one size; `logical` is padded to it) and returns its pointer,
+    /// with a DVA per copy.
     pub(super) async fn write_metadata(
         &self,
+        writer: Writer,
         places: &[(u32, u64, u64)],
-        data: SharedBuf,
-        lsize: u64,
+        logical: Arc<AlignedBuf>,
         txg: u64,
     ) -> Result<BlockPointer, PoolError> {
-        let (vdev, offset, _) = places[0];
-        let first = self.pool.write_block_at(
-            vdev,
-            offset,
-            data.clone(),
-            lsize,
-            BlockKind::Metadata,
-            0,
-            1,
-            txg,
-        );
-        let others = places[1..]
-            .iter()
-            .map(|&(vdev, offset, _)| self.pool.write_copy(vdev, offset, data.clone()));
-        let (mut bp, _) =
-            futures::future::try_join(first, futures::future::try_join_all(others)).await?;
-        for (slot, &(vdev, offset, asize)) in places.iter().enumerate().skip(1) {
-            let sector = u64::from(sluice_format::SECTOR_BYTES);
-            bp.dvas[slot] = Dva {
-                vdev,
-                asize_sectors: (asize / sector) as u32,
-                offset_sectors: offset / sector,
-            };
-        }
-        Ok(bp)
+        let props = BlockProps::metadata(writer, txg, places.len());
+        let sealed = self.pool.seal_block(props, logical, Some(places[0].2))?;
+        let written = self.pool.issue_placed(&[sealed], &[places.to_vec()], Issue::ASYNC).await?;
+        Ok(written[0])
     }
 
     /// After the uberblock: the new roots become the volumes' trees on disk, and failed log
@@ -751,14 +718,12 @@ impl Store {
             let Some(log) = volume.log.clone() else { continue };
             log.synced(txg, anchored.iter().any(|a| Arc::ptr_eq(a, &log)));
             if log.failed() {
+                let owner = ChainOwner { chain_id: self.chain_id(), volume_id: volume.entry.id };
                 let fresh = LogWriter::continuing(
                     self.pool.name(),
                     &self.allocator,
-                    self.limits.log_policy,
-                    self.limits.commit_timeout_pct,
-                    self.chain_id(),
-                    volume.entry.id,
-                    self.limits.log_block_bytes_max,
+                    self.log_settings(),
+                    owner,
                     log.hand_over(txg),
                 )?;
                 replaced.extend(log.retire());
@@ -802,31 +767,6 @@ impl Store {
             None => patch.apply(None),
         };
         Ok((index, Block::Data(Arc::new(whole))))
-    }
-
-    /// Compresses `blocks` as `compression` asks (`None` for each one stored as it is), in a
-    /// task of its own: on a multi-threaded runtime the sync's spans then compress on every
-    /// worker instead of one after another (zstd at high levels takes milliseconds per block).
-    /// On the serving cores the task stays on the sync's core, which volumes are homed on
-    /// last, and leaves the other cores to serve; the committer of a large write, which runs
-    /// on its volume's core, is the one that spreads its blocks over all of them (txg/zil.rs).
-    async fn compress_blocks(
-        &self,
-        compression: Compression,
-        unit: u64,
-        blocks: &[Arc<AlignedBuf>],
-    ) -> Vec<Option<(AlignedBuf, BlockCompression)>> {
-        if compression == Compression::Off || blocks.is_empty() {
-            return blocks.iter().map(|_| None).collect();
-        }
-        let (tx, rx) = futures::channel::oneshot::channel();
-        let owned: Vec<Arc<AlignedBuf>> = blocks.to_vec();
-        self.pool.env().spawn("compress", async move {
-            let _ = tx.send(owned.iter().map(|b| compress(compression, b, unit)).collect());
-        });
-        // A task that ended without an answer leaves the blocks as they are: stored larger,
-        // never wrong.
-        rx.await.unwrap_or_else(|_| blocks.iter().map(|_| None).collect())
     }
 
     /// Writes one block of a dedup volume through the table, in a task of its own.

@@ -9,33 +9,36 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use sluice_format::{
-    BlockCompression, BlockKind, BlockPointer, Checksum, ChecksumAlg, Compression, DedupMode, Dva,
-    LogBias, LogHeader, LogRecord, LogVerifier, SyncMode, VolumeEntry, LOG_HEADER_BYTES,
+    BlockKind, BlockPointer, Checksum, ChecksumAlg, DedupMode, Dva, LogBias, LogHeader, LogRecord,
+    LogVerifier, SyncMode, VolumeEntry, LOG_HEADER_BYTES,
 };
 
 use super::dbuf::{Block, Prewritten};
 use super::dmu::{Apply, WriteData};
 use super::{Dataset, Store, StoreError};
 use crate::device::{AlignedBuf, SharedBuf};
-use crate::intent_log::{self, DataWrite, LogAddress, LogError, LogWriter};
-use crate::objset::{run_pieces, span_runs};
-use crate::pool::compress::compress;
-use crate::pool::{block_checksum, describe_summed_block, PoolError};
+use crate::intent_log::{
+    self, ChainOwner, DataWrite, LogAddress, LogError, LogSettings, LogWriter,
+};
+use crate::pool::PoolError;
 use crate::tunables::IoClass;
 use crate::vdev::VdevAddress;
+use crate::zio::{self, BlockProps, Issue, Writer};
 
 impl Store {
     /// A new, not yet anchored log chain for a volume.
     pub(super) fn new_log(&self, volume_id: u64) -> Result<Arc<LogWriter>, StoreError> {
-        Ok(Arc::new(LogWriter::new(
-            self.pool.name(),
-            &self.allocator,
-            self.limits.log_policy,
-            self.limits.commit_timeout_pct,
-            self.chain_id(),
-            volume_id,
-            self.limits.log_block_bytes_max,
-        )?))
+        let owner = ChainOwner { chain_id: self.chain_id(), volume_id };
+        Ok(Arc::new(LogWriter::new(self.pool.name(), &self.allocator, self.log_settings(), owner)?))
+    }
+
+    /// How this pool's log chains write.
+    pub(super) fn log_settings(&self) -> LogSettings {
+        LogSettings {
+            policy: self.limits.log_policy,
+            commit_timeout_pct: self.limits.commit_timeout_pct,
+            max_block_bytes: self.limits.log_block_bytes_max,
+        }
     }
 
     pub(super) fn chain_id(&self) -> u64 {
@@ -341,19 +344,20 @@ impl Store {
         // and checksumming a 1 MiB write's blocks there alone held 1 MiB write + flush at 0.84x
         // of connections spread over both cores (docs/bench/peers-placement.md).
         let compression = dataset.state.lock().entry.compression;
-        let unit = 1u64 << self.pool.ashift();
-        let blocks: Vec<Arc<AlignedBuf>> = place.iter().map(|(_, data)| Arc::clone(data)).collect();
-        let store = move |data: &Arc<AlignedBuf>| store_block(data, compression, unit);
-        let (stored, sums): (Vec<Stored>, Vec<Checksum>) =
-            self.pool.env().map_spread("indirect block", blocks, store).await.into_iter().unzip();
+        let blocks: Vec<(BlockProps, Arc<AlignedBuf>)> = place
+            .iter()
+            .map(|(record, data)| {
+                (BlockProps::data(Writer::LogIndirect, record.txg(), compression), Arc::clone(data))
+            })
+            .collect();
+        let sealed = self.pool.seal_blocks(blocks).await?;
         // Space for each placed block, as data is placed (near the data cursor, so a large
         // write's blocks land back to back), but held like a log block until a sync links it.
         let mut placed: Vec<(u32, u64, u64)> = Vec::with_capacity(place.len());
         {
             let mut allocator = self.allocator.lock();
-            for (i, _) in place.iter().enumerate() {
-                let len = stored[i].as_ref().map_or(bs, |(bytes, _)| bytes.len() as u64);
-                match allocator.allocate_indirect(len) {
+            for block in &sealed {
+                match allocator.allocate_indirect(block.psize()) {
                     Ok(at) => placed.push(at),
                     Err(source) => {
                         // No room for the blocks in place: the commit falls back to a txg
@@ -374,41 +378,19 @@ impl Store {
         }
         self.log_stats.indirect_blocks_written.add(place.len() as u64);
         // Runs of blocks back to back on one vdev, each written as one I/O.
-        let runs = span_runs(&placed);
+        let runs = zio::span_runs(&placed);
         let mut blocks: Vec<Prewritten> = Vec::with_capacity(place.len());
         let mut writes = Vec::with_capacity(runs.len());
         for run in runs {
             let (vdev, start, _) = placed[run.start];
             // Written from the blocks' own buffers as one vectored write, as a sync writes.
-            let pieces = run_pieces(&placed, run.clone(), |i| match &stored[i] {
-                Some((bytes, _)) => bytes,
-                None => &place[i].1,
-            });
+            let pieces = zio::run_pieces(&placed, run.clone(), |i| &sealed[i].stored);
             let (done, written) = futures::channel::oneshot::channel::<bool>();
             let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
-            for (i, piece) in run.zip(&pieces) {
-                let (_, offset, _) = placed[i];
-                let (record, data) = &place[i];
-                let mut bp = describe_summed_block(
-                    vdev,
-                    offset,
-                    piece,
-                    bs,
-                    BlockKind::Data,
-                    0,
-                    1,
-                    record.txg(),
-                    // A piece padded to its allocation is a copy, not the bytes summed.
-                    match &stored[i] {
-                        Some((bytes, _)) if Arc::ptr_eq(bytes, piece) => sums[i],
-                        None if Arc::ptr_eq(data, piece) => sums[i],
-                        _ => block_checksum(piece),
-                    },
-                );
-                if let Some((_, alg)) = &stored[i] {
-                    bp.compression = *alg;
-                }
-                blocks.push(Prewritten { data: Arc::clone(data), bp, write: write.clone() });
+            for i in run {
+                let bp = zio::describe(&sealed[i], &placed[i..=i]);
+                let data = Arc::clone(&place[i].1);
+                blocks.push(Prewritten { data, bp, write: write.clone() });
             }
             writes.push((
                 VdevAddress { vdev, offset_bytes: start },
@@ -464,7 +446,8 @@ impl Store {
         for (at, data, done) in writes {
             let pool = Arc::clone(&self.pool);
             self.pool.env().spawn("indirect block write", async move {
-                let ok = pool.root().write_durable(at, data, IoClass::SyncWrite).await.is_ok();
+                let how = Issue { class: IoClass::SyncWrite, durable: true };
+                let ok = pool.issue(Writer::LogIndirect, at, data, how).await.is_ok();
                 let _ = done.send(ok);
             });
         }
@@ -494,27 +477,11 @@ impl Store {
     }
 }
 
-/// A block's bytes as stored, where compression changed them (else the block's own).
-type Stored = Option<(Arc<AlignedBuf>, BlockCompression)>;
-
-/// A block as an indirect record stores it: compressed as `compression` asks (`None` where it
-/// stays as it is), and the checksum of the bytes stored.
-fn store_block(data: &AlignedBuf, compression: Compression, unit: u64) -> (Stored, Checksum) {
-    match compress(compression, data, unit) {
-        Some((bytes, alg)) => {
-            let sum = block_checksum(&bytes);
-            (Some((Arc::new(bytes), alg)), sum)
-        }
-        None => (None, block_checksum(data)),
-    }
-}
-
 /// Appends the records of one change: a zero as one record, a write in pieces that each fit
 /// the largest log block. With `indirect_block` (the volume's block size), the write's whole
 /// blocks are appended as unfilled indirect records, one per block, and only its partial
 /// blocks at either end are copied. A write handed over ([`WriteData::Owned`]) that is one
 /// record takes no copy: the record keeps its buffer. Returns the last sequence.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn append_records(
     log: &LogWriter,
     now: crate::rt::Time,
@@ -522,10 +489,10 @@ pub(super) fn append_records(
     offset: u64,
     len: u64,
     payload: &mut Option<WriteData<'_>>,
-    block_bytes_max: u32,
     indirect_block: Option<u64>,
 ) -> u64 {
     log.note_change();
+    let block_bytes_max = log.max_block_bytes();
     let end = offset + len;
     // The whole blocks logged by pointer, if any: (block size, first, end).
     let whole = indirect_block

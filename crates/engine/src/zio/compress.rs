@@ -170,13 +170,21 @@ pub fn decompress_stored(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_format::{BlockKind, ChecksumAlg};
+    use sluice_format::ChecksumAlg;
 
     fn pointer(alg: BlockCompression, logical: usize, stored: &[u8]) -> BlockPointer {
-        let mut bp =
-            crate::pool::describe_block(0, 0, stored, logical as u64, BlockKind::Data, 0, 1, 1);
-        bp.compression = alg;
-        bp
+        let sealed = crate::zio::Sealed {
+            props: crate::zio::BlockProps::data(
+                crate::zio::Writer::VolumeData,
+                1,
+                Compression::Off,
+            ),
+            logical: std::sync::Arc::new(AlignedBuf::zeroed(logical)),
+            stored: std::sync::Arc::new(AlignedBuf::copy_from(stored)),
+            compression: alg,
+            checksum: ChecksumAlg::Xxh3_128.compute(stored),
+        };
+        crate::zio::describe(&sealed, &[(0, 0, stored.len() as u64)])
     }
 
     #[test]

@@ -1,0 +1,708 @@
+//! The block pipeline (ZFS: `zio.c`, `zio_impl.h`): every block the pool stores goes through
+//! the same stages, in the same order, whoever writes it.
+//!
+//! A write is a [`BlockProps`] (who writes it, its type, level, birth txg, the compression to
+//! try, its checksum and how many copies) and its logical bytes. Its stages:
+//!
+//! 1. **compress** ([`compress`]): stored compressed when that saves an eighth;
+//! 2. **encrypt**: a stage that passes the bytes on unchanged until the pool can encrypt;
+//! 3. **checksum**: of the stored bytes padded to the allocation unit, what its pointer keeps;
+//! 4. **dedup**: a dedup volume's table is consulted (crate::dedup, which runs the rest of the
+//!    pipeline only for the entry's first writer); its key is of the logical bytes, so the
+//!    table is asked before the lead compresses;
+//! 5. **allocate**: space for the first copy, best effort for ditto copies (crate::alloc);
+//! 6. **ready**: the block's pointer is known ([`describe`]), before any byte is on disk, so
+//!    the dedup table can hand it to other writers of the same bytes;
+//! 7. **issue**: to the vdev tree, blocks back to back on one vdev as one vectored write
+//!    ([`span_runs`]; ZFS gets this from the vdev queue's aggregation);
+//! 8. **done**: the pool caches what the writer's blocks are read back for (crate::pool).
+//!
+//! Stages 1 to 3 are CPU alone, and a batch's blocks (a txg's span of data blocks, a 1 MiB
+//! request's blocks logged by pointer) run them spread over the host's threads
+//! ([`seal_batch`], through `Env::map_spread`, so the simulator runs them inline and stays
+//! deterministic), as ZFS's write-issue taskqs spread them over CPUs. Allocation and issue are
+//! done by the caller, in order, so a batch's blocks land back to back.
+//!
+//! A read ([`read`]) runs issue (copy after copy), verify (each copy against its pointer's
+//! checksum, so a mirror tries its other children), decrypt (unchanged, as encrypt) and
+//! decompress. Its raw mode stops after verify: scrub, resilver, healing and send move stored
+//! bytes as they are.
+//!
+//! The intent log's chain blocks carry their own checksum (crates/format `lwb`) and go through
+//! the issue stage only; the blocks it writes in place for records logged by pointer go
+//! through every stage.
+//!
+//! Every stage of every writer passes through [`Pipeline::stage`], where a fault armed for a
+//! stage and a writer ([`Pipeline::arm_fault`], what zinject does for ZFS) fails the next block
+//! there, and where a test can watch which thread ran a stage ([`Pipeline::observe`]). Write
+//! errors are counted by writer ([`Pipeline::errors`]).
+//!
+//! This module sits below the pool: it knows the vdev tree, the allocator and the runtime,
+//! and its errors are its own ([`ZioError`]); crate::pool binds it to an open pool (its name,
+//! its cache, its read-only switch).
+
+pub mod compress;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use sluice_format::{
+    BlockCompression, BlockKind, BlockPointer, Checksum, ChecksumAlg, Compression, DdtKey, Dva,
+    SECTOR_BYTES,
+};
+
+use crate::alloc::{AllocClass, AllocError, Allocator};
+use crate::device::{AlignedBuf, SharedBuf};
+use crate::rt::Env;
+use crate::stats::Counter;
+use crate::tunables::IoClass;
+use crate::vdev::{Root, VdevAddress, VdevError};
+
+/// Largest run of new blocks written as one I/O (ZFS's write aggregation limit).
+pub const WRITE_SPAN_BYTES_MAX: u64 = 1 << 20;
+
+/// A stage of the pipeline, in the order a write runs them (the read stages after).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Stage {
+    Compress,
+    Encrypt,
+    Checksum,
+    Dedup,
+    Allocate,
+    Ready,
+    Issue,
+    Done,
+}
+
+impl Stage {
+    /// The write stages, in order.
+    pub const WRITE: [Stage; 8] = [
+        Stage::Compress,
+        Stage::Encrypt,
+        Stage::Checksum,
+        Stage::Dedup,
+        Stage::Allocate,
+        Stage::Ready,
+        Stage::Issue,
+        Stage::Done,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Compress => "compress",
+            Stage::Encrypt => "encrypt",
+            Stage::Checksum => "checksum",
+            Stage::Dedup => "dedup",
+            Stage::Allocate => "allocate",
+            Stage::Ready => "ready",
+            Stage::Issue => "issue",
+            Stage::Done => "done",
+        }
+    }
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Who writes a block: errors are counted, and faults armed, by writer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Writer {
+    /// A volume's data block, written by the txg sync.
+    VolumeData,
+    /// An indirect block of a volume's tree, written by the txg sync.
+    Indirect,
+    /// A piece of a top-level vdev's space map.
+    SpaceMap,
+    /// The pool directory (what the uberblock points at).
+    Directory,
+    /// A piece of a snapshot's or volume's dead list.
+    Deadlist,
+    /// A bucket or tree block of the dedup table.
+    DedupTable,
+    /// A data block of a dedup volume, written by its table entry's first writer.
+    DedupData,
+    /// A block written in place for an intent-log record logged by pointer (ZFS:
+    /// `WR_INDIRECT`), before its txg syncs.
+    LogIndirect,
+    /// A block of a volume's intent-log chain.
+    LogChain,
+    /// A data block a receive wrote in place, as the stream carried it (raw), before its txg
+    /// syncs.
+    Receive,
+}
+
+impl Writer {
+    pub const ALL: [Writer; 10] = [
+        Writer::VolumeData,
+        Writer::Indirect,
+        Writer::SpaceMap,
+        Writer::Directory,
+        Writer::Deadlist,
+        Writer::DedupTable,
+        Writer::DedupData,
+        Writer::LogIndirect,
+        Writer::LogChain,
+        Writer::Receive,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Writer::VolumeData => "volume data",
+            Writer::Indirect => "indirect",
+            Writer::SpaceMap => "space map",
+            Writer::Directory => "pool directory",
+            Writer::Deadlist => "dead list",
+            Writer::DedupTable => "dedup table",
+            Writer::DedupData => "dedup data",
+            Writer::LogIndirect => "log-by-pointer",
+            Writer::LogChain => "intent log chain",
+            Writer::Receive => "received",
+        }
+    }
+
+    /// Whether the pool caches this writer's blocks as they are written: the blocks the next
+    /// txg reads back (indirect blocks it updates, data blocks a partial write completes,
+    /// the table's buckets). Blocks written in place for the log are cached when a sync
+    /// links them.
+    pub fn cached(self) -> bool {
+        matches!(self, Writer::VolumeData | Writer::Indirect | Writer::DedupTable)
+    }
+}
+
+impl std::fmt::Display for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a block's pointer says about it, besides where it is and its checksum's value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockProps {
+    pub writer: Writer,
+    pub kind: BlockKind,
+    pub level: u8,
+    /// Data blocks at or below it (1 for a data block).
+    pub fill: u64,
+    pub birth_txg: u64,
+    /// The compression to try; the pointer records what was used.
+    pub compression: Compression,
+    pub checksum: ChecksumAlg,
+    /// Copies to allocate: the first is required, the others are ditto copies placed on other
+    /// vdevs where there is room (ZFS: `copies`, and metadata's extra copies).
+    pub copies: usize,
+    /// The dedup table entry that counts the block's references, if any.
+    pub dedup: Option<DdtKey>,
+}
+
+impl BlockProps {
+    /// A data block of a volume, one copy.
+    pub fn data(writer: Writer, birth_txg: u64, compression: Compression) -> BlockProps {
+        BlockProps {
+            writer,
+            kind: BlockKind::Data,
+            level: 0,
+            fill: 1,
+            birth_txg,
+            compression,
+            checksum: ChecksumAlg::Xxh3_128,
+            copies: 1,
+            dedup: None,
+        }
+    }
+
+    /// An indirect block of `level` over `fill` data blocks, in `copies` copies.
+    pub fn indirect(level: u8, fill: u64, birth_txg: u64, copies: usize) -> BlockProps {
+        BlockProps {
+            kind: BlockKind::Indirect,
+            level,
+            fill,
+            copies,
+            ..BlockProps::data(Writer::Indirect, birth_txg, Compression::Off)
+        }
+    }
+
+    /// A pool metadata block (space map, directory, dead list), uncompressed.
+    pub fn metadata(writer: Writer, birth_txg: u64, copies: usize) -> BlockProps {
+        BlockProps {
+            kind: BlockKind::Metadata,
+            copies,
+            ..BlockProps::data(writer, birth_txg, Compression::Off)
+        }
+    }
+}
+
+/// Why a block did not get through the pipeline.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ZioError {
+    #[error("an error injected at the {stage} stage of a {writer} block (an armed fault)")]
+    Injected { stage: Stage, writer: Writer },
+    #[error("no space for a {writer} block: {source}")]
+    NoSpace {
+        writer: Writer,
+        #[source]
+        source: AllocError,
+    },
+    #[error("writing a {writer} block: {source}")]
+    Vdev {
+        writer: Writer,
+        #[source]
+        source: VdevError,
+    },
+}
+
+impl ZioError {
+    pub fn writer(&self) -> Writer {
+        match self {
+            ZioError::Injected { writer, .. }
+            | ZioError::NoSpace { writer, .. }
+            | ZioError::Vdev { writer, .. } => *writer,
+        }
+    }
+}
+
+/// Watches stages as blocks pass them (tests: which thread ran a stage).
+pub type Observer = Arc<dyn Fn(Stage, Writer) + Send + Sync>;
+
+/// The pipeline's own state: faults armed, observers, errors by writer. One per open pool.
+#[derive(Default)]
+pub struct Pipeline {
+    /// Set while a fault or an observer is installed: the common case checks only this.
+    armed: AtomicBool,
+    faults: Mutex<Vec<(Stage, Writer)>>,
+    observer: Mutex<Option<Observer>>,
+    errors: [Counter; Writer::ALL.len()],
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline").field("faults", &*self.faults.lock()).finish()
+    }
+}
+
+impl Pipeline {
+    /// Fails the next `writer` block that reaches `stage`, once (ZFS: `zinject`).
+    pub fn arm_fault(&self, stage: Stage, writer: Writer) {
+        self.faults.lock().push((stage, writer));
+        self.armed.store(true, Ordering::Release);
+    }
+
+    /// Calls `observer` at every stage every block passes, on the thread running it.
+    pub fn observe(&self, observer: Option<Observer>) {
+        *self.observer.lock() = observer;
+        self.rearm();
+    }
+
+    fn rearm(&self) {
+        let armed = !self.faults.lock().is_empty() || self.observer.lock().is_some();
+        self.armed.store(armed, Ordering::Release);
+    }
+
+    /// A block of `writer` passes `stage`: fails it if a fault is armed there.
+    pub fn stage(&self, stage: Stage, writer: Writer) -> Result<(), ZioError> {
+        if !self.armed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let observer = self.observer.lock().clone();
+        if let Some(observer) = observer {
+            observer(stage, writer);
+        }
+        let hit = {
+            let mut faults = self.faults.lock();
+            let at = faults.iter().position(|&f| f == (stage, writer));
+            at.map(|at| faults.swap_remove(at)).is_some()
+        };
+        if hit {
+            self.rearm();
+            return Err(ZioError::Injected { stage, writer });
+        }
+        Ok(())
+    }
+
+    /// Counts a block of `writer` that failed.
+    pub fn note_error(&self, writer: Writer) {
+        self.errors[writer as usize].inc();
+    }
+
+    /// Blocks of `writer` that failed to be written since the pool opened.
+    pub fn errors(&self, writer: Writer) -> u64 {
+        self.errors[writer as usize].get()
+    }
+
+    /// [`Pipeline::note_error`] for the writer of `result`'s error, passing it on.
+    fn counted<T>(&self, result: Result<T, ZioError>) -> Result<T, ZioError> {
+        if let Err(error) = &result {
+            self.note_error(error.writer());
+        }
+        result
+    }
+}
+
+/// A block through its CPU stages (compress, encrypt, checksum): what is stored, and its sum.
+#[derive(Clone, Debug)]
+pub struct Sealed {
+    pub props: BlockProps,
+    /// The block's logical bytes (what the cache keeps).
+    pub logical: Arc<AlignedBuf>,
+    /// What is stored: the logical bytes, or their compressed form, padded to the allocation
+    /// (the same buffer as `logical` when neither changed it).
+    pub stored: Arc<AlignedBuf>,
+    pub compression: BlockCompression,
+    pub checksum: Checksum,
+}
+
+impl Sealed {
+    /// Bytes the block's first copy takes on disk.
+    pub fn psize(&self) -> u64 {
+        self.stored.len() as u64
+    }
+}
+
+/// Runs a block's CPU stages. The stored bytes are padded to `psize` if given (a block whose
+/// place was allocated before its bytes were known: a space map piece), else to whole
+/// allocation units of `unit` bytes.
+pub fn seal(
+    pipeline: &Pipeline,
+    props: BlockProps,
+    logical: Arc<AlignedBuf>,
+    unit: u64,
+    psize: Option<u64>,
+) -> Result<Sealed, ZioError> {
+    pipeline.stage(Stage::Compress, props.writer)?;
+    let (mut stored, compression) = match compress::compress(props.compression, &logical, unit) {
+        Some((bytes, alg)) => (Arc::new(bytes), alg),
+        None => (Arc::clone(&logical), BlockCompression::None),
+    };
+    pipeline.stage(Stage::Encrypt, props.writer)?;
+    let unit = unit.max(u64::from(SECTOR_BYTES));
+    let padded = psize.unwrap_or_else(|| (stored.len() as u64).div_ceil(unit) * unit);
+    assert!(padded >= stored.len() as u64, "a block's place holds its stored bytes");
+    if padded != stored.len() as u64 {
+        stored = Arc::new(AlignedBuf::gathered(padded as usize, [(0, &stored[..])]));
+    }
+    pipeline.stage(Stage::Checksum, props.writer)?;
+    let checksum = props.checksum.compute(&stored);
+    Ok(Sealed { props, logical, stored, compression, checksum })
+}
+
+/// [`seal`] in raw mode: `stored` is the block as another pool stored it (compressed as
+/// `compression` says; a receive's stream carries it so), so compress and encrypt are skipped
+/// and only its padding and checksum are this pool's.
+pub fn seal_raw(
+    pipeline: &Pipeline,
+    props: BlockProps,
+    logical: Arc<AlignedBuf>,
+    stored: &[u8],
+    compression: BlockCompression,
+    unit: u64,
+) -> Result<Sealed, ZioError> {
+    let unit = unit.max(u64::from(SECTOR_BYTES));
+    let padded = (stored.len() as u64).div_ceil(unit) * unit;
+    let stored = Arc::new(AlignedBuf::gathered(padded as usize, [(0, stored)]));
+    pipeline.stage(Stage::Checksum, props.writer)?;
+    let checksum = props.checksum.compute(&stored);
+    Ok(Sealed { props, logical, stored, compression, checksum })
+}
+
+/// [`seal`] for a batch, spread over the host's threads; answers in order. The first error
+/// fails the batch (each block's error is counted).
+pub async fn seal_batch(
+    env: &Env,
+    pipeline: &Arc<Pipeline>,
+    blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
+    unit: u64,
+) -> Result<Vec<Sealed>, ZioError> {
+    let pipeline_ = Arc::clone(pipeline);
+    let items: Vec<(BlockProps, Arc<AlignedBuf>, Arc<Pipeline>)> =
+        blocks.into_iter().map(|(props, data)| (props, data, Arc::clone(&pipeline_))).collect();
+    let sealed = env
+        .map_spread("zio_write_issue", items, move |(props, data, pipeline)| {
+            seal(pipeline, *props, Arc::clone(data), unit, None)
+        })
+        .await;
+    pipeline.counted(sealed.into_iter().collect())
+}
+
+/// The places allocated for a block: its first copy, then its ditto copies, each
+/// `(vdev, offset, asize)`.
+pub type Places = Vec<(u32, u64, u64)>;
+
+/// Allocates `sealed`'s blocks in order (so a batch lands back to back), each's first copy
+/// required and its other copies best effort, as ZFS's: a pool too full or too fragmented
+/// for a ditto copy keeps the block's single copy.
+pub fn allocate(
+    pipeline: &Pipeline,
+    allocator: &mut Allocator,
+    sealed: &[Sealed],
+    class: AllocClass,
+) -> Result<Vec<Places>, ZioError> {
+    let mut placed = Vec::with_capacity(sealed.len());
+    for block in sealed {
+        pipeline.counted(pipeline.stage(Stage::Allocate, block.props.writer))?;
+        let first = allocator.allocate(block.psize(), class, &[]).map_err(|source| {
+            pipeline.note_error(block.props.writer);
+            ZioError::NoSpace { writer: block.props.writer, source }
+        })?;
+        placed.push(vec![first]);
+    }
+    // Ditto copies after every first copy, so the first copies of a batch lie back to back.
+    for (block, places) in sealed.iter().zip(&mut placed) {
+        while places.len() < block.props.copies.min(sluice_format::DVAS_MAX) {
+            let others: Vec<(u32, u64)> = places.iter().map(|p| (p.0, p.1)).collect();
+            match allocator.allocate_ditto(block.psize(), class, &others) {
+                Ok(at) => places.push(at),
+                Err(_) => break,
+            }
+        }
+    }
+    Ok(placed)
+}
+
+/// The ready stage: the pointer of `sealed` at `places` (first copy first), before it is
+/// written.
+pub fn describe(sealed: &Sealed, places: &[(u32, u64, u64)]) -> BlockPointer {
+    let sector = u64::from(SECTOR_BYTES);
+    let psize = sealed.psize();
+    assert!(psize > 0 && psize % sector == 0, "stored blocks are whole sectors");
+    assert!(!places.is_empty(), "a block has a first copy");
+    let sectors = |bytes: u64| u32::try_from(bytes / sector).unwrap_or(u32::MAX);
+    let mut dvas = [Dva::default(); sluice_format::DVAS_MAX];
+    for (dva, &(vdev, offset, asize)) in dvas.iter_mut().zip(places) {
+        assert!(offset % sector == 0, "blocks start on sector boundaries");
+        assert!(asize >= psize, "a copy's place holds the stored bytes");
+        *dva = Dva { vdev, asize_sectors: sectors(asize), offset_sectors: offset / sector };
+    }
+    let props = &sealed.props;
+    BlockPointer {
+        dvas,
+        lsize_sectors: sectors((sealed.logical.len() as u64).div_ceil(sector) * sector),
+        psize_sectors: sectors(psize),
+        birth_txg: props.birth_txg,
+        checksum_alg: props.checksum,
+        compression: sealed.compression,
+        kind: props.kind,
+        level: props.level,
+        fill: props.fill,
+        checksum: sealed.checksum,
+        dedup: props.dedup,
+    }
+}
+
+/// How the issue stage writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Issue {
+    pub class: IoClass,
+    /// Flushed on every copy before answering (the intent log's writes:
+    /// `Root::write_durable`).
+    pub durable: bool,
+}
+
+impl Issue {
+    /// A txg sync's write: flushed with the uberblock.
+    pub const ASYNC: Issue = Issue { class: IoClass::AsyncWrite, durable: false };
+}
+
+/// The issue stage: writes `data` at `at` for blocks of `writer`.
+pub async fn issue(
+    pipeline: &Pipeline,
+    root: &Root,
+    writer: Writer,
+    at: VdevAddress,
+    data: SharedBuf,
+    how: Issue,
+) -> Result<(), ZioError> {
+    pipeline.counted(pipeline.stage(Stage::Issue, writer))?;
+    let written = if how.durable {
+        root.write_durable(at, data, how.class).await
+    } else {
+        root.write(at, data, how.class).await
+    };
+    pipeline.counted(written.map_err(|source| ZioError::Vdev { writer, source }))
+}
+
+/// Issues blocks whose places are allocated: each copy slot in runs of blocks back to back on
+/// one vdev ([`span_runs`]), each run one vectored write of the blocks' own buffers, all runs
+/// at once. Returns each run's blocks (indices into `sealed`) once all are written.
+pub async fn issue_placed(
+    pipeline: &Pipeline,
+    root: &Root,
+    sealed: &[Sealed],
+    placed: &[Places],
+    how: Issue,
+) -> Result<(), ZioError> {
+    let copies = placed.iter().map(Vec::len).max().unwrap_or(0);
+    let mut writes = Vec::new();
+    for copy in 0..copies {
+        let blocks: Vec<usize> = (0..sealed.len()).filter(|&i| placed[i].len() > copy).collect();
+        let at: Vec<(u32, u64, u64)> = blocks.iter().map(|&i| placed[i][copy]).collect();
+        for run in span_runs(&at) {
+            let (vdev, start, _) = at[run.start];
+            let pieces = run_pieces(&at, run.clone(), |j| &sealed[blocks[j]].stored);
+            let writer = sealed[blocks[run.start]].props.writer;
+            let address = VdevAddress { vdev, offset_bytes: start };
+            writes.push(issue(pipeline, root, writer, address, SharedBuf::gather(pieces), how));
+        }
+    }
+    futures::future::try_join_all(writes).await.map(drop)
+}
+
+/// Runs of allocations `(vdev, offset, asize)` that lie back to back on one vdev, each within
+/// [`WRITE_SPAN_BYTES_MAX`] and [`crate::device::IOVECS_MAX`] blocks: what one I/O writes.
+pub fn span_runs(placed: &[(u32, u64, u64)]) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, &(vdev, offset, asize)) in placed.iter().enumerate() {
+        if let Some(run) = runs.last_mut() {
+            let (first_vdev, first_offset, _) = placed[run.start];
+            let (_, last_offset, last_asize) = placed[run.end - 1];
+            // At most IOVECS_MAX blocks: a run is one vectored write of the blocks' buffers.
+            if vdev == first_vdev
+                && offset == last_offset + last_asize
+                && offset + asize - first_offset <= WRITE_SPAN_BYTES_MAX
+                && run.len() < crate::device::IOVECS_MAX
+            {
+                run.end = i + 1;
+                continue;
+            }
+        }
+        runs.push(i..i + 1);
+    }
+    runs
+}
+
+/// The pieces one run of [`span_runs`] is written from: each block's own buffer (`bytes_of`),
+/// padded with zeros to its allocation where that is longer, so the run is one vectored write
+/// of them rather than a copy (device::buf, `SharedBuf::gather`).
+pub fn run_pieces<'a>(
+    placed: &[(u32, u64, u64)],
+    run: std::ops::Range<usize>,
+    bytes_of: impl Fn(usize) -> &'a Arc<AlignedBuf>,
+) -> Vec<Arc<AlignedBuf>> {
+    let mut next = placed[run.start].1;
+    run.map(|i| {
+        let (_, offset, asize) = placed[i];
+        assert_eq!(offset, next, "a run's blocks lie back to back");
+        next = offset + asize;
+        let bytes = bytes_of(i);
+        if bytes.len() as u64 == asize {
+            Arc::clone(bytes)
+        } else {
+            Arc::new(AlignedBuf::gathered(asize as usize, [(0, &bytes[..])]))
+        }
+    })
+    .collect()
+}
+
+/// What a read returns: logical bytes (decompressed), or stored bytes as they are on disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadMode {
+    Logical,
+    /// Stops after verify: scrub, resilver, healing and send move stored bytes as they are.
+    Raw,
+}
+
+/// A read's issue and verify stages: the first copy of `bp` whose bytes match its checksum,
+/// and the copies that failed before it (to be rewritten from it). Each copy is read through
+/// its top-level vdev with the checksum as the verify callback, so a mirror tries its other
+/// children, and rewrites the bad one, before a copy is given up on.
+pub async fn read_stored(
+    root: &Root,
+    bp: &BlockPointer,
+    class: IoClass,
+) -> Result<(AlignedBuf, Vec<Dva>), VdevError> {
+    let psize = u32::try_from(bp.psize_bytes()).unwrap_or(u32::MAX);
+    let verify = |bytes: &[u8]| bp.verifies(bytes);
+    let mut last = None;
+    let mut bad = Vec::new();
+    for dva in bp.copies() {
+        let at = VdevAddress { vdev: dva.vdev, offset_bytes: dva.offset_bytes() };
+        match root.read(at, psize, class, &verify).await {
+            Ok(buf) => return Ok((buf, bad)),
+            Err(error) => {
+                // Bad or unreadable: either way a rewrite gives it back its bytes (a device
+                // that is gone refuses the write, and nothing is lost).
+                bad.push(*dva);
+                last = Some(error);
+            }
+        }
+    }
+    Err(last.unwrap_or(VdevError::NoSuchVdev { vdev: u32::MAX, count: 0 }))
+}
+
+/// A read's decrypt and decompress stages: the logical bytes of a block whose stored bytes
+/// passed its checksum.
+pub fn unseal(
+    bp: &BlockPointer,
+    stored: AlignedBuf,
+) -> Result<AlignedBuf, compress::DecompressError> {
+    // Decrypt: nothing is encrypted yet.
+    if bp.compression == BlockCompression::None {
+        return Ok(stored);
+    }
+    compress::decompress(bp, &stored)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs join placements back to back on one vdev, within the span limit and at most
+    /// IOVECS_MAX blocks each (one vectored write).
+    #[test]
+    fn span_runs_join_back_to_back_blocks_up_to_the_limits() {
+        let placed: Vec<(u32, u64, u64)> = (0..2500u64).map(|i| (0, i * 512, 512)).collect();
+        let runs = span_runs(&placed);
+        assert_eq!(runs.iter().map(|r| r.len()).collect::<Vec<_>>(), [1024, 1024, 452]);
+        let mut gaps = vec![(0, 0, 4096), (0, 4096, 4096), (0, 16384, 4096), (1, 20480, 4096)];
+        gaps.extend((0..300u64).map(|i| (1, 24576 + i * 4096, 4096)));
+        let runs = span_runs(&gaps);
+        // A gap and a change of vdev end runs; 1 MiB ends one too (256 blocks of 4 KiB).
+        assert_eq!(runs.iter().map(|r| r.len()).collect::<Vec<_>>(), [2, 1, 256, 45]);
+    }
+
+    fn block(len: usize, fill: u8) -> Arc<AlignedBuf> {
+        Arc::new(AlignedBuf::copy_from(&vec![fill; len]))
+    }
+
+    /// Seal pads to whole units, compresses what saves an eighth, and sums what is stored;
+    /// the pointer it describes verifies those bytes.
+    #[test]
+    fn seal_pads_compresses_and_sums_what_is_stored() {
+        let pipeline = Pipeline::default();
+        let props = BlockProps::data(Writer::VolumeData, 7, Compression::Lz4);
+        let sealed = seal(&pipeline, props, block(16384, 3), 4096, None).unwrap();
+        assert_eq!(sealed.compression, BlockCompression::Lz4);
+        assert_eq!(sealed.psize(), 4096);
+        let bp = describe(&sealed, &[(0, 8192, 4096)]);
+        assert!(bp.verifies(&sealed.stored));
+        assert_eq!((bp.lsize_bytes(), bp.psize_bytes(), bp.birth_txg), (16384, 4096, 7));
+        assert_eq!(&unseal(&bp, (*sealed.stored).clone()).unwrap()[..], &sealed.logical[..]);
+        // A space map piece: padded to its preallocated place, uncompressed.
+        let props = BlockProps::metadata(Writer::SpaceMap, 7, 2);
+        let sealed = seal(&pipeline, props, block(1000, 1), 4096, Some(16384)).unwrap();
+        assert_eq!((sealed.psize(), sealed.compression), (16384, BlockCompression::None));
+        let bp = describe(&sealed, &[(0, 0, 16384), (1, 0, 16384)]);
+        assert_eq!((bp.lsize_bytes(), bp.copies().count()), (1024, 2));
+    }
+
+    /// A fault fails the next block of its writer at its stage, once, and is counted; other
+    /// writers and stages pass.
+    #[test]
+    fn an_armed_fault_fails_one_block_of_its_writer_at_its_stage() {
+        let pipeline = Pipeline::default();
+        pipeline.arm_fault(Stage::Checksum, Writer::Deadlist);
+        let props = BlockProps::metadata(Writer::Deadlist, 1, 1);
+        let other = BlockProps::metadata(Writer::SpaceMap, 1, 1);
+        assert!(seal(&pipeline, other, block(512, 0), 512, None).is_ok());
+        let failed = pipeline.counted(seal(&pipeline, props, block(512, 0), 512, None));
+        assert!(matches!(
+            failed,
+            Err(ZioError::Injected { stage: Stage::Checksum, writer: Writer::Deadlist })
+        ));
+        assert!(seal(&pipeline, props, block(512, 0), 512, None).is_ok(), "once");
+        assert_eq!((pipeline.errors(Writer::Deadlist), pipeline.errors(Writer::SpaceMap)), (1, 0));
+    }
+}
