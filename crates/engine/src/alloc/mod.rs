@@ -598,6 +598,26 @@ impl Allocator {
         (self.capacity_bytes() >> SLOP_SHIFT).max(SLOP_BYTES_MIN).min(self.capacity_bytes() / 2)
     }
 
+    /// Allocates a metadata block of `bytes` in `copies` copies (ditto blocks) from the
+    /// sync's reserve; an extra copy that finds no room is left out, as in ZFS. Returns each
+    /// copy's (vdev, offset, asize), the first copy first.
+    pub fn allocate_metadata(
+        &mut self,
+        bytes: u64,
+        copies: usize,
+    ) -> Result<Vec<(u32, u64, u64)>, AllocError> {
+        let first = self.allocate(bytes, AllocClass::Reserved, &[])?;
+        let mut placed = vec![first];
+        while placed.len() < copies {
+            let others: Vec<(u32, u64)> = placed.iter().map(|p| (p.0, p.1)).collect();
+            match self.allocate_ditto(bytes, AllocClass::Reserved, &others) {
+                Ok(at) => placed.push(at),
+                Err(_) => break,
+            }
+        }
+        Ok(placed)
+    }
+
     /// Allocates `psize` bytes (rounded up to units) on one top-level vdev, avoiding those in
     /// `exclude` when another has room (copies of one block go to different vdevs when they
     /// can). Returns (vdev, offset, asize).

@@ -32,7 +32,7 @@ use futures::FutureExt;
 use parking_lot::Mutex;
 
 use super::core_ring;
-use super::uring::Uring;
+use super::uring::{self, Uring};
 use super::{
     check_range, AlignedBuf, BlockDevice, DeviceError, DeviceOp, SharedBuf, UninitBuf,
     BUF_ALIGN_BYTES,
@@ -218,10 +218,12 @@ impl FileDevice {
         let mut threads = Vec::new();
         // Refused (old kernel, seccomp): the I/O threads do everything.
         let uring = if options.io_uring {
-            Uring::start(&inner, &inner.name).ok().map(|(uring, handle)| {
-                threads.push(handle);
-                uring
-            })
+            Uring::start(Arc::clone(&inner) as Arc<dyn uring::Target>, &inner.name).ok().map(
+                |(uring, handle)| {
+                    threads.push(handle);
+                    uring
+                },
+            )
         } else {
             None
         };
@@ -413,7 +415,7 @@ impl BlockDevice for FileDevice {
         }
         if let Some(uring) = &self.uring {
             let (done, wait) = oneshot::channel();
-            uring.read(&self.inner, offset, len, done);
+            uring.read(&*self.inner, offset, len, done);
             return self.answer(wait, DeviceOp::Read, offset, u64::from(len));
         }
         self.submit(DeviceOp::Read, offset, u64::from(len), |done| Job::Read { offset, len, done })
@@ -429,7 +431,7 @@ impl BlockDevice for FileDevice {
         }
         if let Some(uring) = &self.uring {
             let (done, wait) = oneshot::channel();
-            uring.write(&self.inner, offset, data, done);
+            uring.write(&*self.inner, offset, data, done);
             return self.answer(wait, DeviceOp::Write, offset, len);
         }
         self.submit(DeviceOp::Write, offset, len, |done| Job::Write { offset, data, done })
@@ -521,6 +523,38 @@ fn io_thread(inner: &Inner, receiver: &Receiver<Job>) {
                 let _ = done.send(inner.prepare_log_region(offset, len));
             }
         }
+    }
+}
+
+impl uring::Target for Inner {
+    fn fd_for(&self, offset: u64, len: usize, addr: *const u8) -> std::os::fd::RawFd {
+        Inner::fd_for(self, offset, len, addr)
+    }
+
+    fn fd_for_write(&self, offset: u64, data: &SharedBuf) -> std::os::fd::RawFd {
+        Inner::fd_for_write(self, offset, data)
+    }
+
+    fn error(&self, op: DeviceOp, offset: u64, len: u64, source: io::Error) -> DeviceError {
+        Inner::error(self, op, offset, len, source)
+    }
+
+    fn complete_read(
+        &self,
+        offset: u64,
+        buf: UninitBuf,
+        result: i32,
+    ) -> Result<AlignedBuf, DeviceError> {
+        Inner::complete_read(self, offset, buf, result)
+    }
+
+    fn complete_write(
+        &self,
+        offset: u64,
+        data: &SharedBuf,
+        result: i32,
+    ) -> Result<(), DeviceError> {
+        Inner::complete_write(self, offset, data, result)
     }
 }
 

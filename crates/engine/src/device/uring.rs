@@ -29,8 +29,30 @@ use futures::channel::oneshot;
 use io_uring::{opcode, types, IoUring};
 use parking_lot::Mutex;
 
-use super::file::Inner;
 use super::{AlignedBuf, DeviceError, DeviceOp, SharedBuf, UninitBuf};
+
+/// What a ring submits to and completes through: the file device's open descriptors
+/// (device::file implements it), a trait here so that this file does not import the device
+/// it serves.
+pub(super) trait Target: Send + Sync {
+    /// The descriptor a read of `len` bytes into `addr` at `offset` goes to (O_DIRECT when
+    /// it may).
+    fn fd_for(&self, offset: u64, len: usize, addr: *const u8) -> std::os::fd::RawFd;
+    /// The descriptor a write of `data` at `offset` goes to.
+    fn fd_for_write(&self, offset: u64, data: &SharedBuf) -> std::os::fd::RawFd;
+    /// The device's error for a failed operation.
+    fn error(&self, op: DeviceOp, offset: u64, len: u64, source: io::Error) -> DeviceError;
+    /// The answer to a read the kernel completed with `result`.
+    fn complete_read(
+        &self,
+        offset: u64,
+        buf: UninitBuf,
+        result: i32,
+    ) -> Result<AlignedBuf, DeviceError>;
+    /// The answer to a write the kernel completed with `result`.
+    fn complete_write(&self, offset: u64, data: &SharedBuf, result: i32)
+        -> Result<(), DeviceError>;
+}
 
 /// Submission queue entries per device: more than any leaf queue keeps in flight.
 const RING_ENTRIES: u32 = 256;
@@ -68,7 +90,7 @@ impl std::fmt::Debug for Uring {
 impl Uring {
     /// A ring and its completion thread, or the reason io_uring cannot be used here.
     pub(super) fn start(
-        inner: &Arc<Inner>,
+        inner: Arc<dyn Target>,
         name: &str,
     ) -> io::Result<(Arc<Uring>, thread::JoinHandle<()>)> {
         let ring = IoUring::new(RING_ENTRIES)?;
@@ -80,21 +102,21 @@ impl Uring {
         // A first operation proves the kernel accepts submissions (a seccomp profile may allow
         // setup and refuse enter).
         uring.ring.submitter().submit()?;
-        let (me, inner) = (Arc::clone(&uring), Arc::clone(inner));
+        let me = Arc::clone(&uring);
         let handle = thread::Builder::new()
             .name(format!("vdev_uring/{}", short(name)))
-            .spawn(move || me.complete_forever(&inner))?;
+            .spawn(move || me.complete_forever(&*inner))?;
         Ok((uring, handle))
     }
 
-    pub(super) fn read(&self, inner: &Inner, offset: u64, len: u32, done: Done<AlignedBuf>) {
+    pub(super) fn read(&self, inner: &dyn Target, offset: u64, len: u32, done: Done<AlignedBuf>) {
         let mut buf = UninitBuf::new(len as usize);
         let fd = inner.fd_for(offset, buf.len(), buf.as_mut_ptr());
         let entry = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), len).offset(offset).build();
         self.push(inner, entry, Op::Read { offset, buf, done });
     }
 
-    pub(super) fn write(&self, inner: &Inner, offset: u64, data: SharedBuf, done: Done<()>) {
+    pub(super) fn write(&self, inner: &dyn Target, offset: u64, data: SharedBuf, done: Done<()>) {
         let fd = inner.fd_for_write(offset, &data);
         let entry = super::core_ring::write_entry(fd, offset, &data, 0);
         self.push(inner, entry, Op::Write { offset, data, done });
@@ -106,7 +128,7 @@ impl Uring {
         let _ = self.push_entry(opcode::Nop::new().build().user_data(STOP));
     }
 
-    fn push(&self, inner: &Inner, entry: io_uring::squeue::Entry, op: Op) {
+    fn push(&self, inner: &dyn Target, entry: io_uring::squeue::Entry, op: Op) {
         let key = {
             let mut guard = self.pending.lock();
             let Some(pending) = guard.as_mut() else {
@@ -153,7 +175,7 @@ impl Uring {
         Err(io::Error::other("the device's io_uring submission queue stayed full"))
     }
 
-    fn complete_forever(&self, inner: &Inner) {
+    fn complete_forever(&self, inner: &dyn Target) {
         let mut stopping = false;
         loop {
             if stopping && self.pending.lock().as_ref().is_none_or(|p| p.1.is_empty()) {
@@ -182,7 +204,7 @@ impl Uring {
         }
     }
 
-    fn fail_all(&self, inner: &Inner, error: io::Error) {
+    fn fail_all(&self, inner: &dyn Target, error: io::Error) {
         // Taken under the lock, so no operation can be added after the drain and wait forever.
         let ops = self.pending.lock().take().map(|p| p.1).unwrap_or_default();
         for (_, op) in ops {
@@ -194,7 +216,7 @@ impl Uring {
 /// Answers an operation the kernel never completed with `error`. When the kernel may still
 /// hold it (`submitted`: the ring failed with it in flight), its buffer is leaked rather than
 /// freed, since the kernel could still write into it.
-fn fail(inner: &Inner, op: Op, error: &io::Error, submitted: bool) {
+fn fail(inner: &dyn Target, op: Op, error: &io::Error, submitted: bool) {
     let e = io::Error::new(error.kind(), error.to_string());
     match op {
         Op::Read { offset, buf, done } => {
@@ -216,7 +238,7 @@ fn fail(inner: &Inner, op: Op, error: &io::Error, submitted: bool) {
 
 /// Answers a completed operation; short transfers and refused O_DIRECT are redone with the
 /// blocking calls, which finish them or say why not.
-fn finish(inner: &Inner, op: Op, result: i32) {
+fn finish(inner: &dyn Target, op: Op, result: i32) {
     match op {
         Op::Read { offset, buf, done } => {
             let _ = done.send(inner.complete_read(offset, buf, result));

@@ -158,9 +158,28 @@ impl VolumeState {
     }
 }
 
-/// A receive's hidden volume (`dmu_send.rs`): its name is the one `%` a name may hold.
+/// The prefix of a hidden receive volume's name.
+pub const RECEIVE_PREFIX: &str = "%recv-";
+
+/// Bytes a volume references that its newest snapshot does not (ZFS: the head's
+/// `ds_unique_bytes`, as `dsl_dataset_recalc_head_uniq` works it out): all it references
+/// when it has none.
+pub(super) fn unique_bytes(entry: &VolumeEntry) -> u64 {
+    let referenced = entry.space.map_or(0, |s| s.referenced_bytes);
+    let newest = match entry.snapshots.last() {
+        Some(newest) => newest.space.referenced_bytes,
+        // A clone starts out sharing everything its origin references.
+        None => match entry.origin {
+            Some(origin) => origin.referenced_bytes,
+            None => return referenced,
+        },
+    };
+    (referenced + entry.deadlist.bytes()).saturating_sub(newest)
+}
+
+/// A receive's hidden volume (`dmu_recv.rs`): its name is the one `%` a name may hold.
 pub(super) fn is_hidden(name: &str) -> bool {
-    name.strip_prefix(super::dmu_send::RECEIVE_PREFIX).is_some_and(|t| check_volume_name(t).is_ok())
+    name.strip_prefix(RECEIVE_PREFIX).is_some_and(|t| check_volume_name(t).is_ok())
 }
 
 pub(super) fn check_volume_name(name: &str) -> Result<(), StoreError> {
@@ -181,7 +200,7 @@ impl Dataset {
     /// (ZFS: the head's unique bytes against `refreservation`).
     pub(super) fn unused_reservation(&self) -> u64 {
         let volume = self.state.lock();
-        let used = super::dsl_snapshot::unique_bytes(&volume.entry);
+        let used = unique_bytes(&volume.entry);
         let dirty = self.dirty_bytes.load(Ordering::Relaxed);
         volume.entry.reservation_bytes.saturating_sub(used.saturating_add(dirty))
     }

@@ -266,3 +266,38 @@ mod tests {
         );
     }
 }
+
+/// Whether a change comes from a client (and is logged) or from replaying the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Apply {
+    Live,
+    /// Replaying the record with this sequence.
+    Replay(u64),
+}
+
+/// The bytes of a write: borrowed, or handed over by a caller that no longer needs them (the
+/// NBD server's request buffer, whose capacity is its length). Handed over, a write that the
+/// log records in one piece keeps the buffer itself as its record's bytes instead of a copy:
+/// one copy of the payload fewer on the small sync write's path (the others: the read buffer's
+/// into the request's, the request's into the dirty block, and the record's into the log block
+/// it is encoded in; docs/design.md, The payload's copies).
+pub enum WriteData<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+impl std::fmt::Debug for WriteData<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if matches!(self, WriteData::Owned(_)) { "Owned" } else { "Borrowed" };
+        write!(f, "WriteData::{kind}({} bytes)", self.bytes().len())
+    }
+}
+
+impl WriteData<'_> {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            WriteData::Borrowed(b) => b,
+            WriteData::Owned(v) => v,
+        }
+    }
+}

@@ -15,7 +15,6 @@
 
 use sluice_format::{BlockPointer, Deadlist, DeadlistPiece, FormatError, BLKPTR_BYTES};
 
-use super::spa_sync::place_metadata;
 use super::Store;
 use crate::device::AlignedBuf;
 use crate::pool::PoolError;
@@ -114,7 +113,7 @@ impl Store {
             debug_assert!(bytes.len() as u64 <= crate::alloc::METADATA_BLOCK_BYTES_MAX);
             let places = {
                 let mut allocator = self.allocator.lock();
-                place_metadata(&mut allocator, bytes.len() as u64, copies).map_err(|source| {
+                allocator.allocate_metadata(bytes.len() as u64, copies).map_err(|source| {
                     PoolError::NoSpace { pool: self.pool.name().to_owned(), source }
                 })?
             };

@@ -34,7 +34,7 @@ use std::sync::{Arc, Weak};
 
 use sluice_format::{BlockPointer, Deadlist, Origin, SnapshotEntry, VolumeEntry, VolumeSpace};
 
-use super::dataset::{check_volume_name, Dataset};
+use super::dataset::{check_volume_name, unique_bytes, Dataset};
 use super::dsl_deadlist::{count_entry, merge_range, range_bytes};
 use super::{State, Store, StoreError};
 use crate::objset::{self, TreeUpdate};
@@ -168,25 +168,20 @@ pub struct SnapshotSpace {
     pub written_bytes: u64,
 }
 
-/// Bytes a volume references that its newest snapshot does not (ZFS: the head's
-/// `ds_unique_bytes`, as `dsl_dataset_recalc_head_uniq` works it out): all it references
-/// when it has none.
-pub(super) fn unique_bytes(entry: &VolumeEntry) -> u64 {
-    let referenced = entry.space.map_or(0, |s| s.referenced_bytes);
-    let newest = match entry.snapshots.last() {
-        Some(newest) => newest.space.referenced_bytes,
-        // A clone starts out sharing everything its origin references.
-        None => match entry.origin {
-            Some(origin) => origin.referenced_bytes,
-            None => return referenced,
-        },
-    };
-    (referenced + entry.deadlist.bytes()).saturating_sub(newest)
-}
-
 fn check_snapshot_name(volume: &str, name: &str) -> Result<(), StoreError> {
     check_volume_name(name)
         .map_err(|_| StoreError::InvalidVolumeName { name: format!("{volume}@{name}") })
+}
+
+/// A volume's tree as a sync wrote it.
+pub(super) struct SyncedTree {
+    pub(super) root: Option<BlockPointer>,
+    pub(super) space: VolumeSpace,
+    /// Blocks the sync replaced that the volume's newest snapshot still holds: they go on its
+    /// dead list, not back to the allocator.
+    pub(super) dead: Vec<BlockPointer>,
+    /// Its snapshots and dead list as this sync leaves them.
+    pub(super) family: Family,
 }
 
 impl Store {
@@ -616,7 +611,7 @@ impl Store {
     /// Promotes clone `clone` over `parent` in the syncing txg (see the module doc).
     async fn promote_in_sync(
         &self,
-        trees: &mut BTreeMap<String, super::spa_sync::SyncedTree>,
+        trees: &mut BTreeMap<String, SyncedTree>,
         clone: &str,
         parent: &str,
     ) -> Result<(), PoolError> {
@@ -753,7 +748,7 @@ impl Store {
     pub(super) async fn sync_snapshots(
         &self,
         ctx: &mut TreeUpdate<'_>,
-        trees: &mut BTreeMap<String, super::spa_sync::SyncedTree>,
+        trees: &mut BTreeMap<String, SyncedTree>,
         ops: Vec<SnapshotOp>,
     ) -> Result<Vec<u64>, PoolError> {
         let txg = ctx.txg;

@@ -14,7 +14,8 @@
 //! | `mod.rs` | `dsl_pool.c` | [`Store`], its shared state, errors, suspension |
 //! | `dataset.rs` | `dsl_dataset.c`, `zvol.c` | volume create, destroy, resize, properties |
 //! | `dsl_snapshot.rs` | `dsl_dataset.c`, `dsl_destroy.c` | snapshot create and destroy, rollback, snapshot exports |
-//! | `dmu_send.rs` | `dmu_send.c`, `dmu_recv.c` | send streams of snapshots, full and incremental; receive into a hidden volume |
+//! | `dmu_send.rs` | `dmu_send.c` | send streams of snapshots, full and incremental |
+//! | `dmu_recv.rs` | `dmu_recv.c` | receive into a hidden volume, its blocks written in place raw |
 //! | `dsl_deadlist.rs` | `dsl_deadlist.c`, `bpobj.c` | dead lists: appended by each sync, read back by a destroy |
 //! | `dbuf.rs` | `dbuf.c` | dirty blocks and patches of the open and syncing txgs |
 //! | `dmu.rs` | `dmu.c` | the read and write paths |
@@ -31,7 +32,7 @@
 //! is held across an `.await`, but for the three async ones): `Store::vdev_lock` (async, held
 //! for a whole change of leaves) or a volume's `Dataset::rollback_gate` (async: shared by its
 //! writes, which may sync at the dirty maximum while they hold it; held alone by a rollback,
-//! dsl_snapshot.rs, and by a receive's switch, dmu_send.rs, across their syncs) ->
+//! dsl_snapshot.rs, and by a receive's switch, dmu_recv.rs, across their syncs) ->
 //! `Store::sync_lock` (async, held for a whole sync) -> `state` ->
 //! a volume's `Dataset::state` -> its `LogWriter` state -> the DDT's locks (crate::dedup) -> `allocator`.
 //! The scan's state (`scan`) comes before the pool's locks (it reads the pool's tree and
@@ -50,6 +51,7 @@ mod audit;
 mod dataset;
 mod dbuf;
 mod dmu;
+mod dmu_recv;
 mod dmu_send;
 mod dmu_tx;
 mod dsl_deadlist;
@@ -62,9 +64,12 @@ mod space_map;
 mod zil;
 
 pub use audit::AuditReport;
+pub use dataset::RECEIVE_PREFIX;
 pub use dataset::{Dataset, VolumeProperty};
-pub use dmu::{ReadData, WriteData};
-pub use dmu_send::{ReceiveMode, StreamSummary, RECEIVE_PREFIX};
+pub use dbuf::WriteData;
+pub use dmu::ReadData;
+pub use dmu_recv::ReceiveMode;
+pub use dmu_send::StreamSummary;
 use dmu_tx::TxgLimits;
 pub use dsl_scan::{ScanFunc, ScanPhase, ScanStatus};
 pub use dsl_snapshot::{SnapshotInfo, SnapshotSpace};

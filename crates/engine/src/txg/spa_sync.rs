@@ -28,11 +28,11 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 use sluice_format::{
     BlockPointer, Compression, DdtHeader, Deadlist, DedupMode, DirectoryRecords, LogHeader,
-    PoolDirectory, SpaceMap, VolumeEntry, VolumeSpace, DVAS_MAX,
+    PoolDirectory, SpaceMap, VolumeEntry, DVAS_MAX,
 };
 
 use super::dbuf::{Block, Prewritten};
-use super::dsl_snapshot::{Family, SnapshotOp};
+use super::dsl_snapshot::{Family, SnapshotOp, SyncedTree};
 use super::space_map::{piece_layout, split_space_map, SPACE_MAP_PIECE_BYTES};
 use super::{Store, StoreError};
 use crate::alloc::{AllocClass, AllocError, Allocator};
@@ -87,17 +87,6 @@ struct Quiesced {
 }
 
 type VolumeWork = (VolumeEntry, u8, BTreeMap<u64, Block>, BTreeMap<u64, Prewritten>);
-
-/// A volume's tree as a sync wrote it.
-pub(super) struct SyncedTree {
-    pub(super) root: Option<BlockPointer>,
-    pub(super) space: VolumeSpace,
-    /// Blocks the sync replaced that the volume's newest snapshot still holds: they go on its
-    /// dead list, not back to the allocator.
-    pub(super) dead: Vec<BlockPointer>,
-    /// Its snapshots and dead list as this sync leaves them.
-    pub(super) family: Family,
-}
 
 impl Store {
     /// Starts the task that syncs every `txg.timeout_ms`, or early when dirty data builds up
@@ -597,7 +586,7 @@ impl Store {
             // Each piece in `copies` copies, the directory in one more (ditto blocks).
             let copies = self.pool.metadata_copies();
             let place = |allocator: &mut Allocator, bytes: u64, copies: usize| {
-                place_metadata(allocator, bytes, copies).map_err(no_space)
+                allocator.allocate_metadata(bytes, copies).map_err(no_space)
             };
             let mut blocks = Vec::new();
             for vdev in 0..vdevs as u32 {
@@ -798,23 +787,4 @@ impl Store {
             })
         })
     }
-}
-
-/// Allocates a metadata block of `bytes` in `copies` copies (ditto blocks); an extra copy that
-/// finds no room is left out, as in ZFS.
-pub(super) fn place_metadata(
-    allocator: &mut Allocator,
-    bytes: u64,
-    copies: usize,
-) -> Result<Vec<(u32, u64, u64)>, AllocError> {
-    let first = allocator.allocate(bytes, AllocClass::Reserved, &[])?;
-    let mut placed = vec![first];
-    while placed.len() < copies {
-        let others: Vec<(u32, u64)> = placed.iter().map(|p| (p.0, p.1)).collect();
-        match allocator.allocate_ditto(bytes, AllocClass::Reserved, &others) {
-            Ok(at) => placed.push(at),
-            Err(_) => break,
-        }
-    }
-    Ok(placed)
 }

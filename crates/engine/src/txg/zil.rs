@@ -13,8 +13,7 @@ use sluice_format::{
     LogVerifier, SyncMode, VolumeEntry, LOG_HEADER_BYTES,
 };
 
-use super::dbuf::{Block, Prewritten};
-use super::dmu::{Apply, WriteData};
+use super::dbuf::{Apply, Block, Prewritten, WriteData};
 use super::{Dataset, Store, StoreError};
 use crate::device::{AlignedBuf, SharedBuf};
 use crate::intent_log::{
