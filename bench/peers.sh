@@ -12,6 +12,8 @@
 #   sluice-mirror  (--mirror) the same on a 2-way mirror of two files, as the default pool is;
 #                  write + flush jobs only
 #   sluice[K=V]    (--sluice-tunable K=V) the same with tunables
+#   sluice-before  (--before BIN) the same served by another binary (one built from an earlier
+#                  commit), to show a change against the tree before it in the same run
 # Jobs: 4 KiB random writes with a flush after every write (fio --fsync=1) at 1, 8 and 32 jobs
 # (one connection each); 4 KiB random reads at queue depth 32; 1 MiB sequential reads; 1 MiB
 # sequential writes; 1 MiB sequential writes each followed by a flush at 1 and 4 jobs.
@@ -28,7 +30,7 @@
 #
 # Usage: bench/peers.sh [--seconds N] [--rounds N] [--warmup N] [--dir DIR] [--size SIZE]
 #          [--no-build] [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...]
-#          [--targets NAME,...] [--report PATH.md]
+#          [--targets NAME,...] [--report PATH.md] [--before BIN]
 # --warmup N (default 10; 0: none): after its prefill, every target gets N s of 4 KiB random
 # writes at queue depth 32 and N s of 1 MiB sequential writes at queue depth 8, unmeasured, so
 # that the first round starts where the later ones do: without it sluice's first round paid
@@ -62,7 +64,8 @@ tunables=()
 only_jobs=""
 only_targets=""
 report=docs/bench/peers.md
-usage="usage: $0 [--seconds N] [--rounds N] [--warmup N] [--dir DIR] [--size SIZE] [--no-build] [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...] [--targets NAME,...] [--report PATH.md]"
+before=""
+usage="usage: $0 [--seconds N] [--rounds N] [--warmup N] [--dir DIR] [--size SIZE] [--no-build] [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...] [--targets NAME,...] [--report PATH.md] [--before BIN]"
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
@@ -76,6 +79,7 @@ while [ $# -gt 0 ]; do
     --jobs) only_jobs=$2; shift 2 ;;
     --targets) only_targets=$2; shift 2 ;;
     --report) report=$2; shift 2 ;;
+    --before) before=$(realpath "$2"); shift 2 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
@@ -94,6 +98,7 @@ bin=$PWD/target/release/sluice
 [ -x "$bin" ] || { echo "peers: $bin is missing (run without --no-build)" >&2; exit 1; }
 # Taken now: the servers keep running this binary even if a build replaces the file meanwhile.
 bin_mtime=$(date -u -r "$bin" +%Y-%m-%dT%H:%MZ)
+[ -z "$before" ] || [ -x "$before" ] || { echo "peers: --before $before is not an executable" >&2; exit 2; }
 # The tree as the servers start, not as the report is written: edits made while the run goes
 # on are not in the binary.
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -211,8 +216,13 @@ fi
 # 5. sluice: label, description, jobs, `mirror` or `single`, then `serve` arguments. Each has a
 # pool and a directory of its own (pool names also name the control sockets).
 sluice_n=0
+# The binary the next sluice target runs (sluice-before: --before's); each target's own is
+# also the one that syncs its pool (the control protocol may differ between them).
+target_bin=$bin
+declare -A bin_of
 sluice_target() {
   local label=$1 desc=$2 target_jobs=$3 layout=$4; shift 4
+  local bin=$target_bin
   local d=$dir/sluice$sluice_n pool=peers$sluice_n
   sluice_n=$(( sluice_n + 1 ))
   mkdir -p "$d"
@@ -240,6 +250,7 @@ sluice_target() {
   for a in "$@"; do [[ $a == txg.timeout_ms=* ]] && timeout_ms=${a#txg.timeout_ms=}; done
   add_target "$label" "$desc" "$target_jobs" "$(( timeout_ms / 1000 + 1 ))"
   pool_of[$label]=$pool
+  bin_of[$label]=$bin
 }
 if wanted sluice; then
   sluice_target sluice "sluice serve on a pool of one file leaf twice the volume's size, a volume of 16 KiB blocks, default tunables" "${all_jobs[*]}" single
@@ -267,6 +278,11 @@ for t in ${tunables[@]+"${tunables[@]}"}; do
   for x in "${kv[@]}"; do set_args+=(--set "$x"); desc+=" --set $x"; done
   sluice_target "$label" "$desc" "${all_jobs[*]}" single "${set_args[@]}"
 done
+if [ -n "$before" ] && wanted sluice-before; then
+  target_bin=$before
+  sluice_target sluice-before "the same as sluice, served by $before ($("$before" --version 2>/dev/null || echo "another build"))" "${all_jobs[*]}" single
+  target_bin=$bin
+fi
 [ ${#targets[@]} -gt 0 ] || { echo "peers: no targets selected" >&2; exit 2; }
 # How fio reaches target $1, into the array `where` (the caller's, if it declared one local).
 target_args() {
@@ -289,7 +305,7 @@ if [ "$warmup" -gt 0 ]; then
     fio --name=warmup-1m --rw=write --bs=1M --iodepth=8 --size="$span" --time_based \
       --runtime="$warmup" --end_fsync=1 "${where[@]}" >/dev/null 2>&1 ||
       { echo "peers: the warm-up's 1 MiB writes to $t failed" >&2; exit 1; }
-    if [ -n "${pool_of[$t]:-}" ]; then "$bin" pool sync "${pool_of[$t]}" >/dev/null; fi
+    if [ -n "${pool_of[$t]:-}" ]; then "${bin_of[$t]}" pool sync "${pool_of[$t]}" >/dev/null; fi
   done
 fi
 # Every prefill's last txg synced before the first measurement.
@@ -346,7 +362,7 @@ run_one() {
   fio_pid=""
   if [ -n "${pool_of[$target]:-}" ] && [[ $job == *write* ]]; then
     sample "$pid" >"$base.end"
-    "$bin" pool sync "${pool_of[$target]}" >/dev/null
+    "${bin_of[$target]}" pool sync "${pool_of[$target]}" >/dev/null
     sample "$pid" >"$base.settled"
   fi
   grep -v '^fio: ' "$base.out" >"$base.json" || true

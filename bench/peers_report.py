@@ -28,7 +28,11 @@ labels = {
     "syncwrite-1m-1": "1M sequential write + flush, 1 job",
     "syncwrite-1m-4": "1M sequential write + flush, 4 jobs",
 }
-names = {"raw": "raw file", "sluice-nocache": "sluice, no data cached"}
+names = {
+    "raw": "raw file",
+    "sluice-nocache": "sluice, no data cached",
+    "sluice-before": "sluice before (--before)",
+}
 
 
 def mb_job(job):
@@ -282,6 +286,27 @@ for job in jobs:
     cells = [fmt(median(job, t, key)) if (job, t) in runs else "-" for t in shown]
     cells += [fmt_ratio(ratio(median(job, t, key), median(job, "qemu-nbd", key))) for t in compared]
     out.append(f"| {labels[job]} | " + " | ".join(cells) + " |")
+
+# With --before: this tree against the binary before it, job by job, IOPS (or MB/s) and CPU
+# per operation, with each round's ratio (the rounds' spread is what "within" means).
+if "sluice-before" in shown:
+    out.append("\n## This tree against the binary before (--before)\n")
+    out.append("| job | sluice / before | per round | CPU per op: sluice / before | per round |")
+    out.append("|---|---:|---|---:|---|")
+    for job in jobs:
+        if (job, "sluice") not in runs or (job, "sluice-before") not in runs:
+            continue
+        key = headline(job)
+        now, then = by_round(job, "sluice", key), by_round(job, "sluice-before", key)
+        cpu_now = by_round(job, "sluice", "cpu_us_op")
+        cpu_then = by_round(job, "sluice-before", "cpu_us_op")
+        per = lambda a, b: ", ".join(fmt_ratio(a[k] / b[k]) for k in sorted(a) if b.get(k)) or "n/a"
+        out.append(
+            f"| {labels[job]} | {fmt_ratio(ratio(median(job, 'sluice', key), median(job, 'sluice-before', key)))} "
+            f"| {per(now, then)} "
+            f"| {fmt_ratio(ratio(median(job, 'sluice', 'cpu_us_op'), median(job, 'sluice-before', 'cpu_us_op')))} "
+            f"| {per(cpu_now, cpu_then)} |"
+        )
 
 # Per job: every metric of every target.
 out.append("\n## Per job\n")

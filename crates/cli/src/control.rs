@@ -7,9 +7,14 @@
 //! `pool stats` for the live counters (crate::iostat).
 //!
 //! The socket sits next to the pool cache file, named after the pool. One request per
-//! connection: the command's arguments as a JSON array on one line; the answer is an
-//! [`Answer`] as a JSON object on one line, `{"ok": bool, "out": text, "error": text}`. For
-//! `pool stats`, `out` is a `crate::snapshot::PoolSnapshot` in JSON.
+//! connection: a [`Request`] as a JSON object on one line, `{"protocol": N, "args": [...]}`;
+//! the answer is an [`Answer`] as a JSON object on one line, `{"protocol": N, "ok": bool,
+//! "out": text, "error": text, "kind": name}`, `kind` naming what kind of failure it was
+//! (crate::exit, so the client exits with the code the server's error calls for). Both sides
+//! say their protocol version, [`PROTOCOL`]: a command and a server of different versions
+//! refuse each other with an error that says so, rather than misreading each other (a request
+//! of the first, unnumbered protocol was a bare JSON array). For `pool stats`, `out` is a
+//! `crate::snapshot::PoolSnapshot` in JSON.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -22,11 +27,25 @@ use sluice_engine::rt::Env;
 use sluice_engine::txg::{ReceiveMode, Store};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
-use crate::pools;
+use crate::{exit, pools};
+
+/// The control protocol's version. 2: requests and answers say their version; answers say
+/// what kind of failure they carry.
+pub const PROTOCOL: u32 = 2;
+
+/// One command for the server: its arguments as the command line has them.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Request {
+    pub protocol: u32,
+    pub args: Vec<String>,
+}
 
 /// The server's answer to one command.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Answer {
+    /// The server's protocol version (0 from a server of the unnumbered first protocol).
+    #[serde(default)]
+    pub protocol: u32,
     /// Whether the command succeeded.
     pub ok: bool,
     /// What the command printed (on failure too: what it printed before failing).
@@ -35,15 +54,49 @@ pub struct Answer {
     /// Why it failed, when it did.
     #[serde(default)]
     pub error: String,
+    /// What kind of failure it was (crate::exit's names), when known.
+    #[serde(default)]
+    pub kind: Option<String>,
 }
 
 impl Answer {
+    fn done(out: String) -> Answer {
+        Answer { protocol: PROTOCOL, ok: true, out, ..Answer::default() }
+    }
+
+    /// A failure: what was printed before it, and the error with its kind.
+    fn failed(out: String, error: &anyhow::Error) -> Answer {
+        Answer {
+            protocol: PROTOCOL,
+            ok: false,
+            out,
+            error: crate::hints::message(error),
+            kind: if error.chain().any(|c| c.is::<exit::ProtocolMismatch>()) {
+                Some(PROTOCOL_KIND.to_owned())
+            } else {
+                exit::kind_of(error).map(|kind| exit::kind_name(kind).to_owned())
+            },
+        }
+    }
+
+    /// The client's side: the answer's error as an error of its kind.
+    fn into_error(self) -> anyhow::Error {
+        if self.kind.as_deref() == Some(PROTOCOL_KIND) {
+            return anyhow::Error::new(exit::ProtocolMismatch(self.error));
+        }
+        match self.kind.as_deref().and_then(exit::kind_named) {
+            Some(kind) => exit::refuse(kind, self.error),
+            None => anyhow::anyhow!("{}", self.error),
+        }
+    }
+
     /// The answer as the one line the socket carries.
     fn to_line(&self) -> String {
         // Strings and a bool: serializing cannot fail; were it to, the client reads a refusal.
         let mut line = serde_json::to_string(self).unwrap_or_else(|e| {
             let error = format!("the server could not encode its answer: {e}");
-            serde_json::json!({ "ok": false, "out": "", "error": error }).to_string()
+            serde_json::json!({ "protocol": PROTOCOL, "ok": false, "out": "", "error": error })
+                .to_string()
         });
         line.push('\n');
         line
@@ -60,11 +113,54 @@ pub fn is_served(name: &str) -> bool {
     UnixStream::connect(socket_path(name)).is_ok()
 }
 
+/// The kind an answer gives a protocol mismatch.
+const PROTOCOL_KIND: &str = "protocol";
+
 /// Writes a request: the command line `args` as one JSON line.
 fn send_request(stream: &UnixStream, args: &[String]) -> anyhow::Result<()> {
-    let mut line = serde_json::to_string(args)?;
+    let request = Request { protocol: PROTOCOL, args: args.to_vec() };
+    let mut line = serde_json::to_string(&request)?;
     line.push('\n');
     Ok((&*stream).write_all(line.as_bytes())?)
+}
+
+/// The server's side: the arguments of a request line, or why it is refused (a request of
+/// another protocol, or not a request at all).
+fn parse_request(line: &str) -> anyhow::Result<Vec<String>> {
+    let mismatch = |theirs: String| {
+        anyhow::Error::new(exit::ProtocolMismatch(format!(
+            "this server speaks control protocol {PROTOCOL} and the sluice command that sent \
+             the request speaks {theirs}: run the sluice that started the server ({})",
+            std::env::current_exe().map_or_else(|_| "sluice".into(), |p| p.display().to_string())
+        )))
+    };
+    match serde_json::from_str::<serde_json::Value>(line) {
+        // The first protocol sent the arguments alone.
+        Ok(serde_json::Value::Array(_)) => Err(mismatch("the first, unnumbered one".into())),
+        Ok(value) => match serde_json::from_value::<Request>(value) {
+            Ok(request) if request.protocol == PROTOCOL => Ok(request.args),
+            Ok(request) => Err(mismatch(request.protocol.to_string())),
+            Err(e) => Err(anyhow::anyhow!("bad request (a JSON object on one line): {e}")),
+        },
+        Err(e) => Err(anyhow::anyhow!("bad request (a JSON object on one line): {e}")),
+    }
+}
+
+/// The client's side: refuses the answer of a server of another protocol.
+fn check_protocol(answer: &Answer, path: &std::path::Path) -> anyhow::Result<()> {
+    if answer.protocol == PROTOCOL {
+        return Ok(());
+    }
+    let theirs = match answer.protocol {
+        // A server of the first protocol answers a numbered request with "bad request".
+        0 => "the first, unnumbered one".to_owned(),
+        n => n.to_string(),
+    };
+    Err(anyhow::Error::new(exit::ProtocolMismatch(format!(
+        "the server on {} speaks control protocol {theirs} and this sluice speaks {PROTOCOL}: \
+         run the sluice that started it, or restart the server with this one",
+        path.display()
+    ))))
 }
 
 /// Sends `args` to the server of `pool`, if there is one; returns its output.
@@ -77,6 +173,7 @@ pub fn forward(pool: &str, args: &[String]) -> Option<anyhow::Result<String>> {
         BufReader::new(&stream).read_line(&mut answer)?;
         let answer: Answer = serde_json::from_str(&answer)
             .with_context(|| format!("reading the answer of the server on {}", path.display()))?;
+        check_protocol(&answer, &path)?;
         if answer.ok {
             Ok(answer.out)
         } else {
@@ -84,7 +181,7 @@ pub fn forward(pool: &str, args: &[String]) -> Option<anyhow::Result<String>> {
             if answer.error.is_empty() {
                 anyhow::bail!("the server on {} refused the command", path.display())
             }
-            anyhow::bail!("{}", answer.error)
+            Err(answer.into_error())
         }
     })())
 }
@@ -107,7 +204,16 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
         .with_context(|| format!("listening on {}", path.display()))?;
     Ok(tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    // Out of descriptors (EMFILE) or a connection gone before it was taken:
+                    // the listener stays readable, so retrying at once would spin a core.
+                    eprintln!("sluice: control socket of pool {name}: accept failed: {error}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
             let (env, store) = (env.clone(), Arc::clone(&store));
             tokio::spawn(async move {
                 let (reader, mut writer) = stream.into_split();
@@ -121,7 +227,7 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
                 if reader.read_line(&mut line).await.is_err() {
                     return;
                 }
-                let answer = match serde_json::from_str::<Vec<String>>(&line) {
+                let answer = match parse_request(&line) {
                     Ok(args) if is_streaming(&args) => {
                         // Bytes the line reader took past the request belong to the stream.
                         let buffered = reader.get_ref().buffer().to_vec();
@@ -136,11 +242,7 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
                         return;
                     }
                     Ok(args) => run(&env, store, args).await,
-                    Err(e) => Answer {
-                        ok: false,
-                        out: String::new(),
-                        error: format!("bad request (a JSON array of arguments on one line): {e}"),
-                    },
+                    Err(e) => Answer::failed(String::new(), &e),
                 };
                 let _ = writer.write_all(answer.to_line().as_bytes()).await;
             });
@@ -195,7 +297,9 @@ fn stream_command(
     if stream.set_nonblocking(false).is_err() {
         return;
     }
-    let answer_line = |ok: bool, out: String, error: String| Answer { ok, out, error }.to_line();
+    let answer_line = |ok: bool, out: String, error: String| {
+        Answer { protocol: PROTOCOL, ok, out, error, kind: None }.to_line()
+    };
     let (spec, resumable) = match streaming_request(args) {
         Ok(Streaming::Recv { spec, resumable }) => (spec, resumable),
         Ok(Streaming::Send(what)) => {
@@ -213,15 +317,14 @@ fn stream_command(
                     eprintln!(
                         "sluice: send from pool {} failed part way: {}",
                         what.pool(),
-                        crate::error_chain(&e)
+                        crate::hints::message(&e)
                     )
                 }
             }
             return;
         }
         Err(e) => {
-            let _ = (&stream)
-                .write_all(answer_line(false, String::new(), crate::error_chain(&e)).as_bytes());
+            let _ = (&stream).write_all(Answer::failed(String::new(), &e).to_line().as_bytes());
             return;
         }
     };
@@ -244,7 +347,7 @@ fn stream_command(
             format!("received {spec}: {}\n", pools::store_snapshot_note(&summary)),
             String::new(),
         ),
-        Err(e) => answer_line(false, String::new(), e.to_string()),
+        Err(e) => Answer::failed(String::new(), &anyhow::Error::new(e)).to_line(),
     };
     let _ = (&stream).write_all(line.as_bytes());
 }
@@ -263,7 +366,7 @@ pub fn forward_send(
         let mut input = BufReader::with_capacity(1 << 20, &stream);
         let answer = read_answer(&mut input, &path)?;
         if !answer.ok {
-            anyhow::bail!("{}", answer.error);
+            return Err(answer.into_error());
         }
         {
             let mut reader = sluice_format::StreamReader::new(Tee { input: &mut input, out });
@@ -295,7 +398,7 @@ pub fn forward_recv(
         if answer.ok {
             Ok(answer.out)
         } else {
-            anyhow::bail!("{}", answer.error)
+            Err(answer.into_error())
         }
     })())
 }
@@ -309,8 +412,10 @@ fn read_answer(input: &mut impl BufRead, path: &std::path::Path) -> anyhow::Resu
             path.display()
         );
     }
-    serde_json::from_str(&line)
-        .with_context(|| format!("reading the answer of the server on {}", path.display()))
+    let answer: Answer = serde_json::from_str(&line)
+        .with_context(|| format!("reading the answer of the server on {}", path.display()))?;
+    check_protocol(&answer, path)?;
+    Ok(answer)
 }
 
 /// Copies what it reads to `out`.
@@ -339,7 +444,7 @@ async fn run(env: &Env, store: Arc<Store>, args: Vec<String>) -> Answer {
     let mut ctx = pools::Ctx { env, live: Some(store), out: String::new() };
     let result = crate::run_pool_command(&mut ctx, args).await;
     match result {
-        Ok(()) => Answer { ok: true, out: ctx.out, error: String::new() },
-        Err(e) => Answer { ok: false, out: ctx.out, error: crate::error_chain(&e) },
+        Ok(()) => Answer::done(ctx.out),
+        Err(e) => Answer::failed(ctx.out, &e),
     }
 }

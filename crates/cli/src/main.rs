@@ -10,6 +10,8 @@
 
 mod allocator;
 mod control;
+mod exit;
+mod hints;
 mod iostat;
 mod metrics;
 mod pools;
@@ -28,7 +30,8 @@ use sluice_engine::txg::{ImportOptions, VolumeProperty};
 #[command(
     name = "sluice",
     version,
-    about = "A user-space, ZFS-style storage system for fast, durable synchronous writes"
+    about = "A user-space, ZFS-style storage system for fast, durable synchronous writes",
+    after_help = exit::HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -38,7 +41,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve volumes over NBD. With no POOL, uses (or creates) a 2-way mirror pool on two
-    /// files in --dir (allocated in full unless --sparse) with a volume vol0, and listens on DIR/nbd.sock and 127.0.0.1:10809.
+    /// thin files in --dir (about 2 GiB on disk at the start: each file's intent-log region
+    /// is written ahead; --thick allocates them in full) with a volume vol0, and listens on
+    /// DIR/nbd.sock and 127.0.0.1:10809.
     /// Stops cleanly on SIGINT/SIGTERM: requests in flight finish, the pool is synced and
     /// exported.
     Serve {
@@ -59,8 +64,13 @@ enum Command {
         /// Size of each of the default pool's two files, when it is created.
         #[arg(long, value_parser = pools::parse_size, default_value = "16G")]
         leaf_size: u64,
-        /// Create the default pool's files sparse (thin), not allocated in full.
-        #[arg(long)]
+        /// Allocate the default pool's files in full when it is created, so the filesystem
+        /// holding them cannot run out under the pool (thin files take space as the pool
+        /// writes, and a full filesystem suspends the pool until space is freed).
+        #[arg(long, conflicts_with = "sparse")]
+        thick: bool,
+        /// Thin files (the default; kept for scripts that say so).
+        #[arg(long, hide = true)]
         sparse: bool,
         /// Size of vol0, when the default pool is created.
         #[arg(long, value_parser = pools::parse_size, default_value = "8G")]
@@ -467,28 +477,10 @@ fn main() -> ExitCode {
     match run(Cli::parse(), inherited) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("sluice: {}", error_chain(&error));
-            ExitCode::FAILURE
+            eprintln!("sluice: {}", hints::message(&error));
+            ExitCode::from(exit::code(&error))
         }
     }
-}
-
-/// The error and its causes, joined by ": ", leaving out a cause whose text the message so far
-/// already holds: engine errors put their source in their own message as well, so anyhow's
-/// `{:#}` printed such text twice ("X: X").
-pub(crate) fn error_chain(error: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in error.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
 }
 
 /// Runs an engine task on a fresh tokio runtime with a random seed (guids must differ between
@@ -650,7 +642,8 @@ fn run(
             listen,
             stdio,
             leaf_size,
-            sparse,
+            thick,
+            sparse: _,
             volume_size,
             settings,
             metrics,
@@ -666,7 +659,7 @@ fn run(
                 listen,
                 stdio,
                 leaf_bytes: leaf_size,
-                sparse,
+                sparse: !thick,
                 volume_bytes: volume_size,
                 tunables,
                 inherited: inherited.context("taking the sockets passed by socket activation")?,

@@ -176,7 +176,7 @@ pub(crate) fn open_leaf(
         // by its filesystem, a path that is neither file nor block device): it says what went
         // wrong and what to do, which the generic "cannot open; check the path exists" of
         // DeviceError::Open would bury.
-        DeviceError::Open { path, source } if source.raw_os_error().is_none() => {
+        DeviceError::Open { path, cause: source } if source.raw_os_error().is_none() => {
             anyhow::Error::new(source).context(format!("device {}", path.display()))
         }
         error => error.into(),
@@ -222,9 +222,13 @@ pub(crate) async fn open_store(
 ) -> anyhow::Result<Store> {
     let cache = read_cache()?;
     let Some(paths) = cache.get(name) else {
-        bail!(
-            "no pool named {name} is known here; import it with `sluice pool import {name} -d DIR`"
-        );
+        return Err(crate::exit::refuse(
+            sluice_engine::ErrorKind::NotFound,
+            format!(
+                "no pool named {name} is known here; import it with \
+                 `sluice pool import {name} -d DIR`"
+            ),
+        ));
     };
     let leaves = paths
         .iter()

@@ -1,7 +1,14 @@
 //! `sluice serve`: serve a pool's volumes over NBD until SIGINT or SIGTERM.
 //!
-//! With no pool named, the pool lives in `./sluice-data`: a 2-way mirror of two files (allocated in full unless --sparse),
-//! created on first use with a volume `vol0`, imported afterwards. Every volume of the pool is
+//! With no pool named, the pool lives in `./sluice-data`: a 2-way mirror of two thin files
+//! (`--thick` allocates them in full), created on first use with a volume `vol0`, imported
+//! afterwards. Thin, the files take about 2 GiB at the start: pool creation writes each
+//! file's intent-log region (an eighth of it, at most 1 GiB) ahead, so log writes land on
+//! extents the filesystem has already allocated (crate::alloc of the engine), and the
+//! first sync writes are as fast as on a thick file. The rest is taken as the pool writes;
+//! a filesystem that fills under it fails the pool's writes with an error that names the leaf
+//! and the filesystem (the engine's `DeviceError::HostFull`), and the pool suspends until
+//! space is freed and it is imported again; acknowledged writes are in the intent log. Every volume of the pool is
 //! an export, including volumes created while serving; the export named "" is `vol0` if it
 //! exists, else the first volume. On a signal the server stops accepting, answers what it
 //! has read, syncs and exports the pool. With `--metrics ADDR` it also answers Prometheus
@@ -32,7 +39,7 @@ pub struct ServeOptions {
     pub listen: Option<String>,
     pub stdio: bool,
     pub leaf_bytes: u64,
-    /// Create the default pool's files sparse instead of allocated in full.
+    /// Create the default pool's files thin (sparse) instead of allocated in full.
     pub sparse: bool,
     pub volume_bytes: u64,
     pub tunables: Tunables,

@@ -488,3 +488,101 @@ fn import_rewinds_past_a_damaged_txg() {
     let again = ok(&cache, &["pool", "import", "tank", "-d", leaves_s]);
     assert!(!again.contains("rewound"), "{again}");
 }
+
+/// The exit code of `sluice args`, and what it printed on stderr.
+fn exit_code(cache: &Path, args: &[&str]) -> (i32, String) {
+    let out = sluice(cache, args);
+    (out.status.code().unwrap_or(-1), String::from_utf8(out.stderr).unwrap())
+}
+
+/// Every line of `sluice args` (which must succeed) parses as a JSON object.
+fn json_lines(cache: &Path, args: &[&str]) -> Vec<serde_json::Value> {
+    let out = ok(cache, args);
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("sluice {args:?}: {e}: {line}"))
+        })
+        .collect();
+    assert!(!lines.is_empty(), "sluice {args:?} printed nothing");
+    assert!(lines.iter().all(serde_json::Value::is_object), "sluice {args:?}: {out}");
+    lines
+}
+
+/// Failures exit with a code of their kind (listed in `sluice --help`), the same whether the
+/// command ran here or in the pool's server; and every `--json` output parses, here and
+/// through the server.
+#[test]
+fn exit_codes_follow_the_kind_of_failure_and_json_parses() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let help = ok(&cache, &["--help"]);
+    assert!(help.contains("Exit codes:") && help.contains("5   no space"), "{help}");
+
+    let (code, said) = exit_code(&cache, &["pool", "status", "nosuchpool"]);
+    assert_eq!(code, 3, "no such pool: {said}");
+    ok(&cache, &["pool", "create", "tank", "mirror", a, b, "--size", "64M", "--sparse"]);
+    ok(&cache, &["vol", "create", "tank/vm1", "--size", "8M"]);
+    ok(&cache, &["snapshot", "create", "tank/vm1@one"]);
+    let refusals = |cache: &Path| {
+        let no_space = exit_code(cache, &["vol", "create", "tank/big", "--size", "10G"]);
+        let exists = exit_code(cache, &["vol", "create", "tank/vm1", "--size", "8M"]);
+        let invalid = exit_code(cache, &["vol", "create", "tank/bad%name", "--size", "8M"]);
+        let missing = exit_code(cache, &["vol", "destroy", "tank/nosuchvol"]);
+        [no_space, exists, invalid, missing].map(|(code, said)| {
+            assert!(said.starts_with("sluice: "), "{said}");
+            code
+        })
+    };
+    assert_eq!(refusals(&cache), [5, 4, 6, 3], "no space, exists, invalid, not found");
+    let every_json = |cache: &Path| {
+        json_lines(cache, &["pool", "status", "--json", "tank"]);
+        json_lines(cache, &["pool", "list", "--json"]);
+        json_lines(cache, &["vol", "list", "--json", "tank"]);
+        json_lines(cache, &["vol", "get", "--json", "tank/vm1"]);
+        json_lines(cache, &["snapshot", "list", "--json", "tank/vm1"]);
+    };
+    every_json(&cache);
+
+    // The same through the server: the kind crosses the control socket.
+    let socket = dir.path().join("nbd.sock");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "tank", "--listen", "none", "--socket"])
+        .arg(&socket)
+        .arg("--dir")
+        .arg(dir.path())
+        .env("SLUICE_CACHE_FILE", &cache)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if socket.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let served = ok(&cache, &["pool", "status", "tank"]);
+    assert!(served.contains("served by sluice serve"), "{served}");
+    assert_eq!(refusals(&cache), [5, 4, 6, 3], "through the server");
+    every_json(&cache);
+    json_lines(&cache, &["pool", "iostat", "tank", "--json", "1", "1"]);
+    // A command of the first, unnumbered protocol (its arguments as a bare JSON array) is told
+    // the server speaks another, not misread.
+    {
+        use std::io::{BufRead, Write};
+        let control = cache.with_file_name("tank.control");
+        let mut stream = std::os::unix::net::UnixStream::connect(&control).unwrap();
+        stream.write_all(b"[\"pool\", \"status\", \"tank\"]\n").unwrap();
+        let mut answer = String::new();
+        std::io::BufReader::new(&stream).read_line(&mut answer).unwrap();
+        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(answer["ok"], false, "{answer}");
+        assert_eq!(answer["kind"], "protocol", "{answer}");
+        assert!(answer["error"].as_str().unwrap().contains("control protocol 2"), "{answer}");
+    }
+    let stopped = Command::new("kill").arg(server.id().to_string()).status().unwrap();
+    let exited = server.wait().unwrap();
+    assert!(stopped.success() && exited.success(), "the server did not stop cleanly: {exited}");
+}

@@ -37,6 +37,22 @@ pub mod vdev;
 pub mod volume;
 pub mod zio;
 
+/// An error and its causes, joined by ": ", for a person to read (a log line, a suspension's
+/// cause, the CLI's message): a mirror's "failed on every child" says why only through its
+/// source. Each cause is printed once: an engine error either names its cause in its own
+/// message (a field called `cause`, which is not its `source()`) or leaves it to its source,
+/// never both.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        out.push_str(": ");
+        out.push_str(&error.to_string());
+        cause = error.source();
+    }
+    out
+}
+
 /// What kind of failure an engine error is, for callers that must answer in another vocabulary
 /// (the NBD server's errno values, exit codes). Match on this, not on error variants: a
 /// no-space condition can come from the store's admission check, the allocator or the intent

@@ -301,7 +301,7 @@ impl IoClass {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TunableError {
-    #[error("unknown tunable {name:?}; `sluice tunables` lists them all")]
+    #[error("unknown tunable {name:?}")]
     Unknown { name: String },
     #[error("tunable {name}: {value:?} is not a number{hint}")]
     NotANumber { name: &'static str, value: String, hint: &'static str },

@@ -103,12 +103,8 @@ pub enum StreamRecord {
 /// Why a stream was refused, with the record where it went wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
-    #[error("send stream, record {record}: {source}")]
-    Record {
-        record: u64,
-        #[source]
-        source: FormatError,
-    },
+    #[error("send stream, record {record}: {cause}")]
+    Record { record: u64, cause: FormatError },
     #[error(
         "send stream version {found} is newer than this sluice reads (up to {newest}); receive \
          it with a newer sluice, or send it from an older one"
@@ -127,7 +123,15 @@ pub enum StreamError {
     )]
     Truncated { last: u64 },
     #[error("send stream: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+}
+
+// Not `#[from]`: that would make the inner error this one's `source()` as well as part of its
+// message, and a chain would print it twice.
+impl From<std::io::Error> for StreamError {
+    fn from(error: std::io::Error) -> Self {
+        StreamError::Io(error)
+    }
 }
 
 impl StreamRecord {
@@ -239,7 +243,7 @@ impl StreamRecord {
     }
 
     fn decode(kind: u8, payload: &[u8]) -> Result<StreamRecord, StreamError> {
-        let err = |source| StreamError::Record { record: 0, source };
+        let err = |source| StreamError::Record { record: 0, cause: source };
         let r = Reader::new(WHAT, payload, 0).map_err(err)?;
         let fixed = |need: usize| {
             if payload.len() < need {
@@ -363,7 +367,7 @@ impl<W: Write> StreamWriter<W> {
     pub fn write(&mut self, record: &StreamRecord) -> Result<(), StreamError> {
         let bytes = record
             .encode(self.sequence)
-            .map_err(|source| StreamError::Record { record: self.sequence, source })?;
+            .map_err(|source| StreamError::Record { record: self.sequence, cause: source })?;
         if let StreamRecord::Data { bytes, .. } = record {
             self.data_bytes += bytes.len() as u64;
         }
@@ -413,7 +417,7 @@ impl<R: Read> StreamReader<R> {
             return Ok(None);
         }
         let record = self.sequence;
-        let at = |source| StreamError::Record { record, source };
+        let at = |source| StreamError::Record { record, cause: source };
         let mut header = [0u8; HEADER_BYTES];
         if !read_full(&mut self.input, &mut header)? {
             return Err(StreamError::Truncated { last: record.saturating_sub(1) });
@@ -444,7 +448,9 @@ impl<R: Read> StreamReader<R> {
             return Err(StreamError::OutOfOrder { expected: record, found });
         }
         let decoded = StreamRecord::decode(kind, &rest[..len]).map_err(|e| match e {
-            StreamError::Record { source, .. } => StreamError::Record { record, source },
+            StreamError::Record { cause: source, .. } => {
+                StreamError::Record { record, cause: source }
+            }
             other => other,
         })?;
         let first = record == 0;

@@ -43,13 +43,21 @@ pub trait Exports: Send + Sync + 'static {
 #[non_exhaustive]
 pub enum ConnectionError {
     #[error("connection I/O: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error("client broke the protocol: {0}")]
     Protocol(String),
     #[error(transparent)]
     Tls(#[from] HandshakeError),
     #[error("refused: {0}")]
     Refused(String),
+}
+
+// Not `#[from]`: that would make the inner error this one's `source()` as well as part of its
+// message, and a chain would print it twice.
+impl From<std::io::Error> for ConnectionError {
+    fn from(error: std::io::Error) -> Self {
+        ConnectionError::Io(error)
+    }
 }
 
 /// Bytes one receive may take from a connection's socket.

@@ -60,12 +60,8 @@ const TLS13_SUITES: &str =
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TlsError {
-    #[error("reading {}: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("reading {}: {cause}", path.display())]
+    Read { path: PathBuf, cause: std::io::Error },
     #[error(
         "{} line {line}: {problem} (each line is IDENTITY:HEXKEY, as `psktool -u IDENTITY -p \
          FILE` writes it)",
@@ -97,7 +93,15 @@ pub enum TlsError {
     #[error("--tls-allow {entry:?}: {problem}")]
     Allow { entry: String, problem: String },
     #[error("setting up TLS: {0}")]
-    Openssl(#[from] ErrorStack),
+    Openssl(ErrorStack),
+}
+
+// Not `#[from]`: that would make the inner error this one's `source()` as well as part of its
+// message, and a chain would print it twice.
+impl From<ErrorStack> for TlsError {
+    fn from(error: ErrorStack) -> Self {
+        TlsError::Openssl(error)
+    }
 }
 
 /// What is wrong with one line of a PSK file.
@@ -139,7 +143,7 @@ impl PskKeys {
     /// Reads a psktool-format file.
     pub fn read(path: &Path) -> Result<PskKeys, TlsError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|source| TlsError::Read { path: path.to_owned(), source })?;
+            .map_err(|source| TlsError::Read { path: path.to_owned(), cause: source })?;
         PskKeys::parse(&text, path)
     }
 
@@ -489,11 +493,19 @@ impl TlsServer {
 #[non_exhaustive]
 pub enum HandshakeError {
     #[error("starting TLS: {0}")]
-    Setup(#[from] ErrorStack),
+    Setup(ErrorStack),
     #[error("TLS handshake: {0}")]
     Tls(openssl::ssl::Error),
     #[error("TLS handshake not finished within {0:?}")]
     Timeout(std::time::Duration),
+}
+
+// Not `#[from]`: that would make the inner error this one's `source()` as well as part of its
+// message, and a chain would print it twice.
+impl From<ErrorStack> for HandshakeError {
+    fn from(error: ErrorStack) -> Self {
+        HandshakeError::Setup(error)
+    }
 }
 
 fn common_name(name: &X509NameRef) -> Option<String> {
@@ -605,7 +617,7 @@ fn load_x509(
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read { path: path.to_owned(), source })
+    std::fs::read(path).map_err(|source| TlsError::Read { path: path.to_owned(), cause: source })
 }
 
 #[cfg(test)]

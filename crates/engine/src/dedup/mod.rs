@@ -334,7 +334,7 @@ impl Ddt {
     fn corrupt(&self, field: &'static str, value: u64) -> PoolError {
         PoolError::Format {
             pool: self.pool_name.clone(),
-            source: FormatError::Invalid { what: "dedup table", field, value },
+            cause: FormatError::Invalid { what: "dedup table", field, value },
         }
     }
 
@@ -369,8 +369,10 @@ impl Ddt {
                     return Ok(None);
                 };
                 self.stats.bucket_reads.inc();
-                DdtBucket::find(&bytes, &entry.key)
-                    .map_err(|source| PoolError::Format { pool: self.pool_name.clone(), source })
+                DdtBucket::find(&bytes, &entry.key).map_err(|source| PoolError::Format {
+                    pool: self.pool_name.clone(),
+                    cause: source,
+                })
             })
             .await?;
         Ok(())
@@ -388,7 +390,7 @@ impl Ddt {
         };
         self.stats.bucket_reads.inc();
         let bucket = DdtBucket::decode(&bytes)
-            .map_err(|source| PoolError::Format { pool: self.pool_name.clone(), source })?;
+            .map_err(|source| PoolError::Format { pool: self.pool_name.clone(), cause: source })?;
         if bucket.index != index || bucket.bucket_bits != disk.bucket_bits {
             return Err(self.corrupt("bucket index", bucket.index));
         }
@@ -780,7 +782,7 @@ impl Ddt {
         let align = ctx.allocator.lock().unit_bytes() as usize;
         let bytes = DdtBucket { index, bucket_bits: bits, entries }
             .encode(align)
-            .map_err(|source| PoolError::Format { pool: self.pool_name.clone(), source })?;
+            .map_err(|source| PoolError::Format { pool: self.pool_name.clone(), cause: source })?;
         let props = BlockProps::data(Writer::DedupTable, ctx.txg, Compression::Off);
         let block = (props, Arc::new(AlignedBuf::copy_from(&bytes)));
         let bp = ctx.pool.write_blocks(ctx.allocator, AllocClass::Reserved, vec![block]).await?[0];

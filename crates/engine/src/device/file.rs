@@ -166,7 +166,8 @@ impl std::fmt::Debug for FileDevice {
 impl FileDevice {
     /// Opens (or creates, sparse, when `create_len_bytes` is set) a file or block device.
     pub fn open(path: &Path, options: &FileDeviceOptions) -> Result<FileDevice, DeviceError> {
-        let open_error = |source: io::Error| DeviceError::Open { path: path.to_owned(), source };
+        let open_error =
+            |source: io::Error| DeviceError::Open { path: path.to_owned(), cause: source };
         if !path.exists() {
             if let Some(len) = options.create_len_bytes {
                 let file = OpenOptions::new()
@@ -294,7 +295,7 @@ impl FileDevice {
                     op,
                     offset_bytes: offset,
                     len_bytes: len,
-                    source: io::Error::other("I/O thread exited"),
+                    cause: io::Error::other("I/O thread exited"),
                 }),
             }
         }
@@ -566,12 +567,23 @@ impl Inner {
         len: u64,
         source: io::Error,
     ) -> DeviceError {
+        if source.raw_os_error() == Some(libc::ENOSPC) && !self.is_block_device {
+            // A thin file whose filesystem filled: say which filesystem, so the person who
+            // reads it knows where to free space.
+            return DeviceError::HostFull {
+                device: self.name.clone(),
+                filesystem: mount_point(Path::new(&self.name)),
+                op,
+                offset_bytes: offset,
+                len_bytes: len,
+            };
+        }
         DeviceError::Io {
             device: self.name.clone(),
             op,
             offset_bytes: offset,
             len_bytes: len,
-            source,
+            cause: source,
         }
     }
 
@@ -761,6 +773,23 @@ impl Inner {
     }
 }
 
+/// The mount point of the filesystem holding `path`: its highest ancestor on the same device
+/// (`st_dev`). The path itself, absolute, if it cannot be looked at.
+fn mount_point(path: &Path) -> String {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let Ok(device) = std::fs::metadata(&path).map(|m| m.dev()) else {
+        return path.display().to_string();
+    };
+    let mut top = path.as_path();
+    while let Some(parent) = top.parent() {
+        match std::fs::metadata(parent) {
+            Ok(meta) if meta.dev() == device => top = parent,
+            _ => break,
+        }
+    }
+    top.display().to_string()
+}
+
 /// The exclusive lock could not be taken, and not because someone else holds it: the
 /// filesystem under the leaf refused both kinds of lock.
 #[derive(Debug, thiserror::Error)]
@@ -843,7 +872,7 @@ fn lock_with(file: &File, path: &Path, calls: &LockCalls) -> Result<(), DeviceEr
                 ofd: Errno::of(&ofd),
                 flock: Errno::of(&flock),
             };
-            Err(DeviceError::Open { path: path.to_owned(), source: io::Error::other(refused) })
+            Err(DeviceError::Open { path: path.to_owned(), cause: io::Error::other(refused) })
         }
     }
 }

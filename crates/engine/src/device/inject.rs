@@ -101,7 +101,7 @@ impl Injected {
                 op,
                 offset_bytes,
                 len_bytes,
-                source: std::io::Error::other("injected I/O error"),
+                cause: std::io::Error::other("injected I/O error"),
             }
         })
     }

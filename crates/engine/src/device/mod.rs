@@ -53,17 +53,8 @@ impl std::fmt::Display for DeviceOp {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DeviceError {
-    #[error(
-        "device {device}: {op} of {len_bytes} bytes at offset {offset_bytes} failed: {source}"
-    )]
-    Io {
-        device: String,
-        op: DeviceOp,
-        offset_bytes: u64,
-        len_bytes: u64,
-        #[source]
-        source: io::Error,
-    },
+    #[error("device {device}: {op} of {len_bytes} bytes at offset {offset_bytes} failed: {cause}")]
+    Io { device: String, op: DeviceOp, offset_bytes: u64, len_bytes: u64, cause: io::Error },
     #[error(
         "device {device}: {op} of {len_bytes} bytes at offset {offset_bytes} is outside the \
          device ({device_bytes} bytes) or not aligned to its {sector_bytes}-byte sectors"
@@ -76,13 +67,21 @@ pub enum DeviceError {
         device_bytes: u64,
         sector_bytes: u32,
     },
+    #[error("device {path}: cannot open: {cause}; check the path exists and is readable/writable")]
+    Open { path: PathBuf, cause: io::Error },
     #[error(
-        "device {path}: cannot open: {source}; check the path exists and is readable/writable"
+        "device {device}: the filesystem holding it ({filesystem}) is full: a {op} of \
+         {len_bytes} bytes at offset {offset_bytes} was refused (ENOSPC). A thin (sparse) leaf \
+         takes space there as the pool writes; free space on {filesystem}, or move the leaf to \
+         a filesystem with room"
     )]
-    Open {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
+    HostFull {
+        device: String,
+        /// The mount point of the filesystem holding the leaf's file.
+        filesystem: String,
+        op: DeviceOp,
+        offset_bytes: u64,
+        len_bytes: u64,
     },
     #[error("device {device} is gone (removed or failed); its mirror runs degraded")]
     Gone { device: String },

@@ -791,7 +791,7 @@ fn io_error(inner: &Inner, op: DeviceOp, offset: u64, len: u64) -> DeviceError {
         op,
         offset_bytes: offset,
         len_bytes: len,
-        source: io::Error::from_raw_os_error(libc::EIO),
+        cause: io::Error::from_raw_os_error(libc::EIO),
     }
 }
 

@@ -1029,7 +1029,7 @@ impl LogWriter {
             LogBlock { verifier: state.verifier, next: Some(successor.pointer(txg)), records };
         let bytes = block
             .encode_into(capacity, AlignedBuf::zeroed)
-            .map_err(|source| PoolError::Format { pool: self.pool.to_string(), source })?
+            .map_err(|source| PoolError::Format { pool: self.pool.to_string(), cause: source })?
             .into_shared();
         let here = state.next_address;
         state.lwb_last_record.insert(state.verifier.sequence, last);
@@ -1192,7 +1192,7 @@ fn allocate(
 ) -> Result<LogAddress, PoolError> {
     let (vdev, offset_bytes, _) = allocator
         .allocate_log_near(u64::from(block_bytes), near)
-        .map_err(|source| PoolError::NoSpace { pool: pool.to_owned(), source })?;
+        .map_err(|source| PoolError::NoSpace { pool: pool.to_owned(), cause: source })?;
     Ok(LogAddress { vdev, offset_bytes, len_bytes: block_bytes })
 }
 
@@ -1215,7 +1215,7 @@ fn allocate_fitting(
         let placed = allocator
             .allocate_log_block(u64::from(bytes), near)
             .map(|(vdev, offset_bytes, _)| LogAddress { vdev, offset_bytes, len_bytes: bytes })
-            .map_err(|source| PoolError::NoSpace { pool: pool.to_owned(), source });
+            .map_err(|source| PoolError::NoSpace { pool: pool.to_owned(), cause: source });
         match placed {
             Err(PoolError::NoSpace { .. }) if bytes > least => bytes = (bytes / 2).max(least),
             result => return result,
@@ -1242,7 +1242,7 @@ pub struct Chain {
 #[derive(Debug, thiserror::Error)]
 #[error(
     "log block {position} of the chain (sequence {sequence}, {len_bytes} bytes at offset \
-     {offset_bytes} of top-level vdev {vdev}) cannot be read: {source}"
+     {offset_bytes} of top-level vdev {vdev}) cannot be read: {cause}"
 )]
 pub struct UnreadableBlock {
     /// 0 for the chain's head.
@@ -1251,8 +1251,7 @@ pub struct UnreadableBlock {
     pub vdev: u32,
     pub offset_bytes: u64,
     pub len_bytes: u32,
-    #[source]
-    pub source: vdev::VdevError,
+    pub cause: vdev::VdevError,
     /// The blocks read before it, which are good.
     pub before: Chain,
 }
@@ -1286,7 +1285,7 @@ pub async fn read_chain(
                     vdev: address.vdev,
                     offset_bytes: address.offset_bytes,
                     len_bytes: address.len_bytes,
-                    source,
+                    cause: source,
                     before: chain,
                 }));
             }

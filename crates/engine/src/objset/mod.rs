@@ -58,7 +58,7 @@ fn span_of(level: u8) -> u64 {
 }
 
 fn format_error(pool: &Pool, source: FormatError) -> PoolError {
-    PoolError::Format { pool: pool.name().to_owned(), source }
+    PoolError::Format { pool: pool.name().to_owned(), cause: source }
 }
 
 fn decode_indirect(pool: &Pool, bytes: &[u8]) -> Result<Vec<Option<BlockPointer>>, PoolError> {

@@ -127,7 +127,7 @@ impl Pool {
         let (start, end) = self.data_areas()[leaf.top];
         let region = crate::alloc::log_region_bytes(end - start);
         leaf.leaf.device().prepare_log_region(start, region).await.map_err(|source| {
-            PoolError::Device { pool: self.name.clone(), path: leaf.path.clone(), source }
+            PoolError::Device { pool: self.name.clone(), path: leaf.path.clone(), cause: source }
         })?;
         Ok(PreparedAttach { leaf, base, config, replaces, existing: existing.to_owned() })
     }
@@ -399,10 +399,13 @@ impl Pool {
         let header = self.label_header_for(leaf, config, config_txg);
         let bytes = header
             .encode()
-            .map_err(|source| PoolError::Format { pool: self.name.clone(), source })?;
+            .map_err(|source| PoolError::Format { pool: self.name.clone(), cause: source })?;
         let data = SharedBuf::copy_from(&bytes);
-        let device_error =
-            |source| PoolError::Device { pool: self.name.clone(), path: leaf.path.clone(), source };
+        let device_error = |source| PoolError::Device {
+            pool: self.name.clone(),
+            path: leaf.path.clone(),
+            cause: source,
+        };
         for offset in label_offsets(leaf.leaf.device().len_bytes()) {
             leaf.leaf.device().write_at(offset, data.clone()).await.map_err(device_error)?;
         }

@@ -61,7 +61,7 @@ impl Pool {
                 bp.dvas[0].offset_bytes(),
                 bp.dvas[0].vdev
             ),
-            source,
+            cause: source,
         }
     }
 
@@ -84,7 +84,7 @@ impl Pool {
     ) -> Result<AlignedBuf, PoolError> {
         let (stored, bad) = zio::read_stored(&self.root(), bp, class)
             .await
-            .map_err(|source| PoolError::Vdev { pool: self.name().to_owned(), source })?;
+            .map_err(|source| PoolError::Vdev { pool: self.name().to_owned(), cause: source })?;
         if !bad.is_empty() {
             self.heal_copies(&bad, &stored).await;
         }
@@ -145,7 +145,7 @@ impl Pool {
         self.root()
             .read(at, len, IoClass::SyncRead, &verify)
             .await
-            .map_err(|source| PoolError::Vdev { pool: self.name().to_owned(), source })
+            .map_err(|source| PoolError::Vdev { pool: self.name().to_owned(), cause: source })
     }
 
     /// The pipeline's faults, observers and error counts.
@@ -168,8 +168,8 @@ impl Pool {
         let pool = self.name().to_owned();
         match error {
             ZioError::Injected { stage, writer } => PoolError::Injected { pool, stage, writer },
-            ZioError::NoSpace { source, .. } => PoolError::NoSpace { pool, source },
-            ZioError::Vdev { source, .. } => PoolError::Vdev { pool, source },
+            ZioError::NoSpace { cause: source, .. } => PoolError::NoSpace { pool, cause: source },
+            ZioError::Vdev { cause: source, .. } => PoolError::Vdev { pool, cause: source },
         }
     }
 

@@ -109,7 +109,7 @@ pub enum PoolError {
     #[error(
         "pool {pool}: the rewind could not erase the abandoned txgs' uberblocks on any leaf of \
          top-level vdev {top}, so a later import could return to them; nothing else was \
-         written. Check that vdev's devices and import with --rewind again"
+         written. Check that vdev's devices and import with the rewind again"
     )]
     RewindNotRecorded { pool: String, top: usize },
     #[error("pool {pool} has no leaf {leaf}; its leaves are: {leaves}")]
@@ -140,56 +140,34 @@ pub enum PoolError {
     SectorTooLarge { pool: String, path: String, sector: u32, ashift: u8 },
     #[error(
         "pool {pool}: cannot detach {leaf}: it is its vdev's only leaf (only a leaf of a mirror \
-         can be detached); use `sluice pool replace` to swap it for another device"
+         can be detached); replace it with another device instead"
     )]
     NotMirror { pool: String, leaf: String },
     #[error(
         "pool {pool}: the change of leaves took effect (the pool directory records it), but \
          no leaf's labels could be rewritten (the first tried: {path}); the next import \
-         rewrites them. Check the devices with `sluice pool status`"
+         rewrites them. Check the devices"
     )]
     LabelsNotWritten { pool: String, path: String },
     #[error(
-        "pool {pool}: {block} passed its checksum but does not decompress ({source}); this is \
+        "pool {pool}: {block} passed its checksum but does not decompress ({cause}); this is \
          a bug in whatever wrote it, please report it"
     )]
-    Decompress {
-        pool: String,
-        block: String,
-        #[source]
-        source: crate::zio::compress::DecompressError,
-    },
+    Decompress { pool: String, block: String, cause: crate::zio::compress::DecompressError },
     #[error(
         "pool {pool}: an error injected at the {stage} stage of a {writer} block (an armed fault)"
     )]
     Injected { pool: String, stage: crate::zio::Stage, writer: crate::zio::Writer },
     #[error("pool {pool}: no valid uberblock on any leaf; the labels are damaged")]
     NoUberblock { pool: String },
-    #[error("pool {pool}: leaf {path}: {source}")]
-    Device {
-        pool: String,
-        path: String,
-        #[source]
-        source: DeviceError,
-    },
-    #[error("pool {pool}: {source}")]
-    Vdev {
-        pool: String,
-        #[source]
-        source: VdevError,
-    },
-    #[error("pool {pool}: {source}")]
-    NoSpace {
-        pool: String,
-        #[source]
-        source: crate::alloc::AllocError,
-    },
-    #[error("pool {pool}: {source}")]
-    Format {
-        pool: String,
-        #[source]
-        source: FormatError,
-    },
+    #[error("pool {pool}: leaf {path}: {cause}")]
+    Device { pool: String, path: String, cause: DeviceError },
+    #[error("pool {pool}: {cause}")]
+    Vdev { pool: String, cause: VdevError },
+    #[error("pool {pool}: {cause}")]
+    NoSpace { pool: String, cause: crate::alloc::AllocError },
+    #[error("pool {pool}: {cause}")]
+    Format { pool: String, cause: FormatError },
 }
 
 impl PoolError {
@@ -197,7 +175,7 @@ impl PoolError {
     pub fn kind(&self) -> crate::ErrorKind {
         use crate::ErrorKind;
         match self {
-            PoolError::NoSpace { source: crate::alloc::AllocError::NoSpace { .. }, .. } => {
+            PoolError::NoSpace { cause: crate::alloc::AllocError::NoSpace { .. }, .. } => {
                 ErrorKind::NoSpace
             }
             PoolError::InvalidName { .. }
@@ -212,7 +190,7 @@ impl PoolError {
             | PoolError::MirrorFull { .. }
             | PoolError::SectorTooLarge { .. }
             | PoolError::NotMirror { .. } => ErrorKind::Invalid,
-            PoolError::Vdev { source, .. } => match source.kind() {
+            PoolError::Vdev { cause: source, .. } => match source.kind() {
                 crate::vdev::ErrorKind::Checksum => ErrorKind::Checksum,
                 _ => ErrorKind::Io,
             },
@@ -572,7 +550,7 @@ impl Pool {
     }
 
     fn device_error(&self, path: &str, source: DeviceError) -> PoolError {
-        PoolError::Device { pool: self.name.clone(), path: path.to_owned(), source }
+        PoolError::Device { pool: self.name.clone(), path: path.to_owned(), cause: source }
     }
 
     /// Creates a pool on the given devices.
@@ -664,7 +642,7 @@ impl Pool {
             let header = pool.label_header(pool_leaf, 1);
             let bytes = header
                 .encode()
-                .map_err(|source| PoolError::Format { pool: pool.name.clone(), source })?;
+                .map_err(|source| PoolError::Format { pool: pool.name.clone(), cause: source })?;
             let data = SharedBuf::copy_from(&bytes);
             for offset in label_offsets(pool_leaf.leaf.device().len_bytes()) {
                 let leaf = Arc::clone(&pool_leaf.leaf);
@@ -676,7 +654,10 @@ impl Pool {
             }
         }
         for result in join_all(writes).await {
-            result.map_err(|(_, source)| PoolError::Vdev { pool: pool.name.clone(), source })?;
+            result.map_err(|(_, source)| PoolError::Vdev {
+                pool: pool.name.clone(),
+                cause: source,
+            })?;
         }
         // Each vdev's log region is written once now, so log writes never allocate
         // (crate::alloc, "log region").
@@ -692,7 +673,7 @@ impl Pool {
         for result in join_all(prepares).await {
             result.map_err(|(vdev, source)| PoolError::Vdev {
                 pool: pool.name.clone(),
-                source: VdevError::Device { vdev, source },
+                cause: VdevError::Device { vdev, cause: source },
             })?;
         }
         let first = Uberblock {
@@ -916,7 +897,7 @@ impl Pool {
         self.root()
             .flush()
             .await
-            .map_err(|source| PoolError::Vdev { pool: self.name.clone(), source })
+            .map_err(|source| PoolError::Vdev { pool: self.name.clone(), cause: source })
     }
 
     /// Flushes everything and closes the pool.

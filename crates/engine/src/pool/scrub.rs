@@ -136,7 +136,7 @@ impl Pool {
         }
         let bytes = self.read_block(&root, IoClass::Scrub).await?;
         let directory = PoolDirectory::decode(&bytes)
-            .map_err(|source| PoolError::Format { pool: self.name().to_owned(), source })?;
+            .map_err(|source| PoolError::Format { pool: self.name().to_owned(), cause: source })?;
         let pieces = directory.volumes.iter().flat_map(|v| v.deadlist_pieces());
         for bp in directory.space_maps.iter().flatten().chain(pieces) {
             if bp.birth_txg >= min_birth {
@@ -208,8 +208,10 @@ impl Pool {
         use futures::StreamExt;
         let mut report = VerifyReport::default();
         let directory = match self.read_block(root, IoClass::SyncRead).await {
-            Ok(bytes) => PoolDirectory::decode(&bytes)
-                .map_err(|source| PoolError::Format { pool: self.name().to_owned(), source })?,
+            Ok(bytes) => PoolDirectory::decode(&bytes).map_err(|source| PoolError::Format {
+                pool: self.name().to_owned(),
+                cause: source,
+            })?,
             Err(error) => {
                 report.damaged.push((*root, error.to_string()));
                 return Ok(report);

@@ -97,7 +97,7 @@ impl Store {
     ) -> Result<StreamSummary, StoreError> {
         self.check_live()?;
         check_volume_name(target)?;
-        let stream_error = |source| StoreError::Stream { volume: target.to_owned(), source };
+        let stream_error = |source| StoreError::Stream { volume: target.to_owned(), cause: source };
         let refuse = |reason: String| StoreError::ReceiveRefused {
             pool: self.pool.name().to_owned(),
             volume: target.to_owned(),
@@ -134,7 +134,7 @@ impl Store {
             if state.to_guid != begin.guid || state.from_guid != begin.from_guid {
                 return Err(refuse(format!(
                     "the stream resumes snapshot {:#x}, and the interrupted receive kept is of \
-                     snapshot {:#x}; send with the token `sluice vol list` shows for {target}",
+                     snapshot {:#x}; send with the resume token the receive into {target} kept",
                     begin.guid, state.to_guid
                 )));
             }
@@ -144,18 +144,17 @@ impl Store {
             if state.next_block != resume_block {
                 return Err(refuse(format!(
                     "the stream resumes at block {}, and the receive kept stopped at block {}; \
-                     send with the token `sluice vol list` shows now",
+                     send with the resume token it shows now",
                     resume_block, state.next_block
                 )));
             }
         } else {
             if let Some(Some(_)) = &partial {
-                return Err(refuse(format!(
-                    "an interrupted receive into it is kept; resume it (`sluice send -t TOKEN`, \
-                     the token `sluice vol list` shows) or drop it with `sluice recv -A \
-                     {}/{target}`",
-                    self.pool.name()
-                )));
+                return Err(refuse(
+                    "an interrupted receive into it is kept; resume it with a send from its \
+                     resume token, or abort it"
+                        .to_owned(),
+                ));
             }
             self.receive_target(target, &hidden, &begin, existing.as_ref()).await?;
             if mode == ReceiveMode::Resumable {
@@ -241,7 +240,7 @@ impl Store {
             volume: target.to_owned(),
             reason: format!(
                 "it changed since the receive began (written or snapshotted since {}): roll it \
-                 back to that snapshot, then resume (`sluice vol list` shows the token) or send \
+                 back to that snapshot, then resume from the receive's resume token or send \
                  again",
                 newest.map_or("its older snapshot", |s| s.name.as_str())
             ),
@@ -381,7 +380,7 @@ impl Store {
         let dataset = self.dataset(hidden)?;
         let bs = u64::from(begin.block_bytes);
         let blocks = begin.size_bytes / bs;
-        let stream_error = |source| StoreError::Stream { volume: hidden.to_owned(), source };
+        let stream_error = |source| StoreError::Stream { volume: hidden.to_owned(), cause: source };
         let bad = |what: String| StoreError::ReceiveRefused {
             pool: self.pool.name().to_owned(),
             volume: hidden.to_owned(),
@@ -458,7 +457,7 @@ impl Store {
                 Some(StreamRecord::Begin(_)) | None => {
                     return Err(StoreError::Stream {
                         volume: hidden.to_owned(),
-                        source: StreamError::Truncated { last: summary.records },
+                        cause: StreamError::Truncated { last: summary.records },
                     })
                 }
             }

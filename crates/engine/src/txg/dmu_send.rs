@@ -74,8 +74,7 @@ impl Store {
                 &volume,
                 format!(
                     "it no longer has the snapshot the resume token names (guid {:#x}): it \
-                     was destroyed; send again from the start and drop the partial receive \
-                     with `sluice recv -A`",
+                     was destroyed; send again from the start and abort the partial receive",
                     token.to_guid
                 ),
             )
@@ -129,7 +128,7 @@ impl Store {
                 });
             }
         }
-        let stream_error = |source| StoreError::Stream { volume: volume.to_owned(), source };
+        let stream_error = |source| StoreError::Stream { volume: volume.to_owned(), cause: source };
         let mut summary = StreamSummary::default();
         emit(StreamRecord::Begin(StreamBegin {
             block_bytes: entry.block_bytes,
@@ -186,7 +185,7 @@ impl Store {
                         let child = BlockPointer::decode(raw).map_err(|source| {
                             crate::pool::PoolError::Format {
                                 pool: self.pool.name().to_owned(),
-                                source,
+                                cause: source,
                             }
                         })?;
                         match child {

@@ -67,15 +67,17 @@ impl Store {
     fn deadlist_error(&self, field: &'static str, value: u64) -> PoolError {
         PoolError::Format {
             pool: self.pool.name().to_owned(),
-            source: FormatError::Invalid { what: "dead list", field, value },
+            cause: FormatError::Invalid { what: "dead list", field, value },
         }
     }
 
     /// Reads one piece of a dead list.
     async fn read_piece(&self, bp: &BlockPointer) -> Result<DeadlistPiece, PoolError> {
         let bytes = self.pool.read_block(bp, IoClass::AsyncRead).await?;
-        DeadlistPiece::decode(&bytes)
-            .map_err(|source| PoolError::Format { pool: self.pool.name().to_owned(), source })
+        DeadlistPiece::decode(&bytes).map_err(|source| PoolError::Format {
+            pool: self.pool.name().to_owned(),
+            cause: source,
+        })
     }
 
     /// Every pointer of `list`, in the order appended.
@@ -108,13 +110,13 @@ impl Store {
             let piece = DeadlistPiece { entries: chunk.to_vec() };
             let bytes = piece.encode(unit).map_err(|source| PoolError::Format {
                 pool: self.pool.name().to_owned(),
-                source,
+                cause: source,
             })?;
             debug_assert!(bytes.len() as u64 <= crate::alloc::METADATA_BLOCK_BYTES_MAX);
             let places = {
                 let mut allocator = self.allocator.lock();
                 allocator.allocate_metadata(bytes.len() as u64, copies).map_err(|source| {
-                    PoolError::NoSpace { pool: self.pool.name().to_owned(), source }
+                    PoolError::NoSpace { pool: self.pool.name().to_owned(), cause: source }
                 })?
             };
             let logical = std::sync::Arc::new(AlignedBuf::copy_from(&bytes));

@@ -1026,7 +1026,7 @@ impl Store {
     async fn read_directory(&self, root: &BlockPointer) -> Result<PoolDirectory, StoreError> {
         let bytes = self.pool.read_block(root, IoClass::Scrub).await?;
         PoolDirectory::decode(&bytes).map_err(|source| {
-            StoreError::Pool(PoolError::Format { pool: self.pool.name().to_owned(), source })
+            StoreError::Pool(PoolError::Format { pool: self.pool.name().to_owned(), cause: source })
         })
     }
 

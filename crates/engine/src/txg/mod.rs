@@ -92,7 +92,7 @@ pub const BLOCK_BYTES_DEFAULT: u32 = 16 << 10;
 pub enum StoreError {
     #[error(transparent)]
     Pool(#[from] PoolError),
-    #[error("volume {pool}/{volume} does not exist; `sluice vol list` shows the volumes")]
+    #[error("volume {pool}/{volume} does not exist")]
     NoSuchVolume { pool: String, volume: String },
     #[error("volume {pool}/{volume} already exists")]
     VolumeExists { pool: String, volume: String },
@@ -116,15 +116,12 @@ pub enum StoreError {
     #[error(
         "pool {pool}: volume {volume} needs {needed_bytes} bytes set aside, and only \
          {available_bytes} are free beyond what other volumes have reserved; make it smaller, \
-         create it --sparse (thin: its writes may then fail when the pool fills), or free space"
+         create it thin (its writes may then fail when the pool fills), or free space"
     )]
     NoSpaceToReserve { pool: String, volume: String, needed_bytes: u64, available_bytes: u64 },
     #[error("volume {volume}: {reason}")]
     InvalidProperty { volume: String, reason: String },
-    #[error(
-        "snapshot {pool}/{volume}@{snapshot} does not exist; `sluice snapshot list` shows the \
-         snapshots"
-    )]
+    #[error("snapshot {pool}/{volume}@{snapshot} does not exist")]
     NoSuchSnapshot { pool: String, volume: String, snapshot: String },
     #[error("snapshot {pool}/{volume}@{snapshot} already exists")]
     SnapshotExists { pool: String, volume: String, snapshot: String },
@@ -140,7 +137,7 @@ pub enum StoreError {
     HasSnapshots { pool: String, volume: String, snapshots: String },
     #[error(
         "pool {pool}: snapshot {volume}@{snapshot} has clones ({clones}), which share its \
-         blocks; destroy them first, or `sluice vol promote` one to make it the parent"
+         blocks; destroy them first, or promote one to make it the parent"
     )]
     HasClones { pool: String, volume: String, snapshot: String, clones: String },
     #[error(
@@ -170,18 +167,13 @@ pub enum StoreError {
         needed_bytes: u64,
         available_bytes: u64,
     },
-    #[error("volume {volume}: {source}")]
-    Stream {
-        volume: String,
-        #[source]
-        source: sluice_format::StreamError,
-    },
+    #[error("volume {volume}: {cause}")]
+    Stream { volume: String, cause: sluice_format::StreamError },
     #[error("pool {pool}: cannot receive into {volume}: {reason}")]
     ReceiveRefused { pool: String, volume: String, reason: String },
     #[error(
         "pool {pool}: the receive into {volume} stopped at block {next_block}: {cause}. What \
-         arrived is kept; resume with `sluice send -t {token}` piped to `sluice recv -s \
-         {pool}/{volume}`, or drop it with `sluice recv -A {pool}/{volume}`"
+         arrived is kept: resume it with a send from its resume token, {token}, or abort it"
     )]
     ReceiveInterrupted {
         pool: String,
@@ -203,28 +195,23 @@ pub enum StoreError {
     #[error("pool {pool}: {reason}")]
     ScanRefused { pool: String, reason: String },
     #[error(
-        "pool {pool}: txg {txg}, the newest, does not verify: {damage}. Import with --rewind \
-         to return to the newest earlier txg whose blocks all verify (--rewind --dry-run says \
+        "pool {pool}: txg {txg}, the newest, does not verify: {damage}. Import with a rewind to \
+         return to the newest earlier txg whose blocks all verify (a dry run of the rewind says \
          which, and how many seconds of writes that loses, without writing anything)"
     )]
     DamagedTxg { pool: String, txg: u64, damage: String },
     #[error(
         "pool {pool}: no txg found on its leaves verifies ({tried}); it cannot be imported. \
-         Check that every leaf is given (-d), then restore from a backup"
+         Check that every leaf was found, then restore from a backup"
     )]
     NoIntactTxg { pool: String, tried: String },
     #[error(
         "pool {pool}, volume {volume}: its intent log holds writes acknowledged as durable, and \
-         {source}. Nothing was changed: import again once the device answers; to import \
-         without the unreadable part of the log, losing its records and every later one of \
-         this volume, use --discard-unreadable-log"
+         {cause}. Nothing was changed: import again once the device answers, or import \
+         discarding the unreadable part of the log, which loses its records and every later \
+         one of this volume"
     )]
-    UnreadableLog {
-        pool: String,
-        volume: String,
-        #[source]
-        source: Box<crate::intent_log::UnreadableBlock>,
-    },
+    UnreadableLog { pool: String, volume: String, cause: Box<crate::intent_log::UnreadableBlock> },
 }
 
 /// The start of a no-space error's remedies: destroying snapshots, when they hold anything.
@@ -232,10 +219,7 @@ fn snapshots_hint(snapshots_bytes: u64) -> String {
     if snapshots_bytes == 0 {
         return String::new();
     }
-    format!(
-        "destroying snapshots ({snapshots_bytes} bytes are held by snapshots only; `sluice \
-         snapshot list` shows each one's), "
-    )
+    format!("destroying snapshots ({snapshots_bytes} bytes are held by snapshots only), ")
 }
 
 impl StoreError {
@@ -675,7 +659,7 @@ impl Store {
         let pool = Arc::try_unwrap(self.pool).map_err(|_| {
             StoreError::Pool(PoolError::Format {
                 pool: name,
-                source: sluice_format::FormatError::Invalid {
+                cause: sluice_format::FormatError::Invalid {
                     what: "pool",
                     field: "still in use by a task at export",
                     value: 0,

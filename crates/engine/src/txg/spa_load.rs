@@ -269,7 +269,8 @@ async fn load_txg(
             bp.birth_txg
         ));
     }
-    let format = |source| PoolError::Format { pool: pool.name().to_owned(), source }.to_string();
+    let format =
+        |source| PoolError::Format { pool: pool.name().to_owned(), cause: source }.to_string();
     let read =
         |bp| async move { pool.read_block(bp, IoClass::SyncRead).await.map_err(|e| e.to_string()) };
     let directory = PoolDirectory::decode(&read(&root).await?).map_err(format)?;
@@ -297,7 +298,7 @@ async fn load_txg(
         maps.push((map, area));
     }
     let mut allocator = Allocator::load(pool.ashift(), &maps).map_err(|source| {
-        PoolError::NoSpace { pool: pool.name().to_owned(), source }.to_string()
+        PoolError::NoSpace { pool: pool.name().to_owned(), cause: source }.to_string()
     })?;
     allocator.synced(uberblock.txg);
     Ok((directory, allocator, verified.blocks))
@@ -313,7 +314,7 @@ async fn claim(
     mut report: ImportReport,
     options: ImportOptions,
 ) -> Result<Loaded, StoreError> {
-    let no_space = |e| PoolError::NoSpace { pool: pool.name().to_owned(), source: e };
+    let no_space = |e| PoolError::NoSpace { pool: pool.name().to_owned(), cause: e };
     let mut chains = Vec::new();
     let log_stats = LogStats::default();
     for entry in &directory.volumes {
@@ -354,7 +355,7 @@ async fn claim(
                 return Err(StoreError::UnreadableLog {
                     pool: pool.name().to_owned(),
                     volume: entry.name.clone(),
-                    source: unreadable,
+                    cause: unreadable,
                 });
             }
         };
@@ -376,7 +377,7 @@ async fn claim(
             .map_err(|source| StoreError::UnreadableLog {
                 pool: pool.name().to_owned(),
                 volume: entry.name.clone(),
-                source,
+                cause: source,
             })?;
         for at in &chain.addresses {
             allocator
@@ -439,7 +440,7 @@ async fn claim_indirect(
         }
         match pool.read_block(&bp, IoClass::SyncRead).await {
             Ok(_) => {}
-            Err(PoolError::Vdev { source, .. })
+            Err(PoolError::Vdev { cause: source, .. })
                 if !source.is_definite_mismatch() && !options.discard_unreadable_log =>
             {
                 let mut before = std::mem::take(chain);
@@ -451,7 +452,7 @@ async fn claim_indirect(
                     vdev,
                     offset_bytes: offset,
                     len_bytes: u32::try_from(len).unwrap_or(u32::MAX),
-                    source,
+                    cause: source,
                     before,
                 }));
             }

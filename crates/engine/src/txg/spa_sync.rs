@@ -115,6 +115,7 @@ impl Store {
                 let Some(store) = weak.upgrade() else { return };
                 if let Err(error) = store.sync().await {
                     // The server's log says why every later command is refused.
+                    let error = crate::error_chain(&error);
                     eprintln!("sluice: pool {}: the txg sync failed: {error}", store.pool.name());
                     return;
                 }
@@ -156,7 +157,7 @@ impl Store {
             state.syncing_bytes = 0;
         }
         if let Err(error) = &result {
-            self.suspend(format!("the sync failed: {error}"));
+            self.suspend(format!("the sync failed: {}", crate::error_chain(error)));
         }
         result
     }
@@ -574,13 +575,14 @@ impl Store {
         mut directory: PoolDirectory,
     ) -> Result<(BlockPointer, Vec<Vec<BlockPointer>>), PoolError> {
         let name = self.pool.name().to_owned();
-        let no_space = |source: AllocError| PoolError::NoSpace { pool: name.clone(), source };
+        let no_space =
+            |source: AllocError| PoolError::NoSpace { pool: name.clone(), cause: source };
         // Allocate the space-map pieces before encoding any map, so every map includes them.
         // One piece more than the map needs now leaves room for the entries that these
         // allocations and the directory's add.
         let directory_len = directory
             .encoded_len()
-            .map_err(|source| PoolError::Format { pool: name.clone(), source })?;
+            .map_err(|source| PoolError::Format { pool: name.clone(), cause: source })?;
         let (map_blocks, directory_block, maps) = {
             let mut allocator = self.allocator.lock();
             // Each piece in `copies` copies, the directory in one more (ditto blocks).
@@ -626,9 +628,10 @@ impl Store {
             let writes = pieces.iter().zip(blocks).map(|(piece, places)| {
                 let name = name.clone();
                 async move {
-                    let bytes = piece
-                        .encode()
-                        .map_err(|source| PoolError::Format { pool: name.clone(), source })?;
+                    let bytes = piece.encode().map_err(|source| PoolError::Format {
+                        pool: name.clone(),
+                        cause: source,
+                    })?;
                     debug_assert!(bytes.len() as u64 <= places[0].2, "a piece fits its block");
                     let logical = Arc::new(AlignedBuf::copy_from(&bytes));
                     self.write_metadata(Writer::SpaceMap, places, logical, txg).await
@@ -639,7 +642,7 @@ impl Store {
         let asize = directory_block[0].2;
         let bytes = directory
             .encode(asize as usize)
-            .map_err(|source| PoolError::Format { pool: name.clone(), source })?;
+            .map_err(|source| PoolError::Format { pool: name.clone(), cause: source })?;
         let logical = Arc::new(AlignedBuf::copy_from(&bytes));
         let directory_bp =
             self.write_metadata(Writer::Directory, &directory_block, logical, txg).await?;
@@ -779,7 +782,7 @@ impl Store {
         rx.await.unwrap_or_else(|_| {
             Err(PoolError::Format {
                 pool: self.pool.name().to_owned(),
-                source: sluice_format::FormatError::Invalid {
+                cause: sluice_format::FormatError::Invalid {
                     what: "dedup write task",
                     field: "ended without an answer in txg",
                     value: txg,

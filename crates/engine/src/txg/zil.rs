@@ -369,7 +369,7 @@ impl Store {
                         }
                         return Err(StoreError::Pool(PoolError::NoSpace {
                             pool: self.pool.name().to_owned(),
-                            source,
+                            cause: source,
                         }));
                     }
                 }

@@ -553,7 +553,7 @@ impl Leaf {
     fn gone(&self) -> VdevError {
         VdevError::Device {
             vdev: self.id,
-            source: crate::device::DeviceError::Gone { device: self.device.name().to_owned() },
+            cause: crate::device::DeviceError::Gone { device: self.device.name().to_owned() },
         }
     }
 
@@ -561,7 +561,7 @@ impl Leaf {
         if source.is_gone() {
             self.mark_gone();
         }
-        VdevError::Device { vdev: self.id, source }
+        VdevError::Device { vdev: self.id, cause: source }
     }
 
     /// Queues an I/O and issues what the scheduler allows. When the caller's own I/O
@@ -744,12 +744,12 @@ impl Drop for Slots<'_> {
 fn clone_device_error(error: &crate::device::DeviceError) -> crate::device::DeviceError {
     use crate::device::DeviceError;
     match error {
-        DeviceError::Io { device, op, offset_bytes, len_bytes, source } => DeviceError::Io {
+        DeviceError::Io { device, op, offset_bytes, len_bytes, cause: source } => DeviceError::Io {
             device: device.clone(),
             op: *op,
             offset_bytes: *offset_bytes,
             len_bytes: *len_bytes,
-            source: std::io::Error::new(source.kind(), source.to_string()),
+            cause: std::io::Error::new(source.kind(), source.to_string()),
         },
         DeviceError::OutOfRange {
             device,
@@ -766,10 +766,19 @@ fn clone_device_error(error: &crate::device::DeviceError) -> crate::device::Devi
             device_bytes: *device_bytes,
             sector_bytes: *sector_bytes,
         },
-        DeviceError::Open { path, source } => DeviceError::Open {
+        DeviceError::Open { path, cause: source } => DeviceError::Open {
             path: path.clone(),
-            source: std::io::Error::new(source.kind(), source.to_string()),
+            cause: std::io::Error::new(source.kind(), source.to_string()),
         },
+        DeviceError::HostFull { device, filesystem, op, offset_bytes, len_bytes } => {
+            DeviceError::HostFull {
+                device: device.clone(),
+                filesystem: filesystem.clone(),
+                op: *op,
+                offset_bytes: *offset_bytes,
+                len_bytes: *len_bytes,
+            }
+        }
         DeviceError::Gone { device } => DeviceError::Gone { device: device.clone() },
         DeviceError::Locked { path, holder } => {
             DeviceError::Locked { path: path.clone(), holder: holder.clone() }

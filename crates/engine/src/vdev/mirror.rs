@@ -387,7 +387,7 @@ impl Mirror {
                 vdev: self.id,
                 offset_bytes: offset,
                 len_bytes: len,
-                source: Box::new(error),
+                cause: Box::new(error),
             }),
             last => Err(VdevError::AllChildrenFailed {
                 vdev: self.id,

@@ -50,17 +50,14 @@ pub enum ErrorKind {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VdevError {
-    #[error("{vdev}: {source}")]
-    Device {
-        vdev: VdevId,
-        #[source]
-        source: DeviceError,
-    },
+    #[error("{vdev}: {cause}")]
+    Device { vdev: VdevId, cause: DeviceError },
     #[error("{vdev}: checksum mismatch reading {len_bytes} bytes at offset {offset_bytes}")]
     Checksum { vdev: VdevId, offset_bytes: u64, len_bytes: u32 },
     #[error(
         "{vdev}: no valid copy of {len_bytes} bytes at offset {offset_bytes} ({tried} copies \
-         tried); the data is lost unless a scrub finds another copy"
+         tried); the data is lost unless a scrub finds another copy{}",
+        last_said(last)
     )]
     NoValidCopy {
         vdev: VdevId,
@@ -72,30 +69,35 @@ pub enum VdevError {
         /// Present children whose read failed outright (an I/O error, not a faulted leaf):
         /// their copy may be good, so the block's contents are unknown, not wrong.
         unreadable: u32,
-        #[source]
+        /// The last child's error (named in the message, not a `source()`).
         last: Option<Box<VdevError>>,
     },
-    #[error("{vdev}: {op} of {len_bytes} bytes at offset {offset_bytes} failed on every child")]
+    #[error(
+        "{vdev}: {op} of {len_bytes} bytes at offset {offset_bytes} failed on every child{}",
+        last_said(last)
+    )]
     AllChildrenFailed {
         vdev: VdevId,
         op: &'static str,
         offset_bytes: u64,
         len_bytes: u64,
-        #[source]
+        /// The last child's error (named in the message, not a `source()`).
         last: Option<Box<VdevError>>,
     },
-    #[error("{vdev}: a write of {len_bytes} bytes at offset {offset_bytes} that must reach every child failed on one")]
-    ChildWriteFailed {
-        vdev: VdevId,
-        offset_bytes: u64,
-        len_bytes: u64,
-        #[source]
-        source: Box<VdevError>,
-    },
-    #[error("{vdev}: leaf {device} is offline (bring it back with `sluice pool online`)")]
+    #[error(
+        "{vdev}: a write of {len_bytes} bytes at offset {offset_bytes} that must reach every \
+         child failed on one: {cause}"
+    )]
+    ChildWriteFailed { vdev: VdevId, offset_bytes: u64, len_bytes: u64, cause: Box<VdevError> },
+    #[error("{vdev}: leaf {device} is offline (bring it back online to use it)")]
     Offline { vdev: VdevId, device: String },
     #[error("no top-level vdev {vdev} in this pool (it has {count})")]
     NoSuchVdev { vdev: u32, count: usize },
+}
+
+/// A mirror's last child error, as its own error's message ends: " (the last: ...)".
+fn last_said(last: &Option<Box<VdevError>>) -> String {
+    last.as_ref().map_or_else(String::new, |error| format!(" (the last: {error})"))
 }
 
 impl VdevError {

@@ -241,18 +241,10 @@ impl BlockProps {
 pub enum ZioError {
     #[error("an error injected at the {stage} stage of a {writer} block (an armed fault)")]
     Injected { stage: Stage, writer: Writer },
-    #[error("no space for a {writer} block: {source}")]
-    NoSpace {
-        writer: Writer,
-        #[source]
-        source: AllocError,
-    },
-    #[error("writing a {writer} block: {source}")]
-    Vdev {
-        writer: Writer,
-        #[source]
-        source: VdevError,
-    },
+    #[error("no space for a {writer} block: {cause}")]
+    NoSpace { writer: Writer, cause: AllocError },
+    #[error("writing a {writer} block: {cause}")]
+    Vdev { writer: Writer, cause: VdevError },
 }
 
 impl ZioError {
@@ -408,14 +400,25 @@ pub fn seal_raw(
     Ok(Sealed { props, logical, stored, compression, checksum })
 }
 
-/// [`seal`] for a batch, spread over the host's threads; answers in order. The first error
-/// fails the batch (each block's error is counted).
+/// [`seal`] for a batch, spread over the host's threads when any block is to be compressed;
+/// answers in order. A batch that is only checksummed (indirect blocks, uncompressed data) is
+/// sealed here: xxh3 takes about a microsecond per 16 KiB, less than waking another core
+/// costs (spreading those too cost the 1 MiB write + flush job 7% more CPU per operation,
+/// docs/bench/peers-notes.md). The first error fails the batch (each block's error is
+/// counted).
 pub async fn seal_batch(
     env: &Env,
     pipeline: &Arc<Pipeline>,
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
     unit: u64,
 ) -> Result<Vec<Sealed>, ZioError> {
+    if blocks.iter().all(|(props, _)| props.compression == Compression::Off) {
+        let sealed = blocks
+            .into_iter()
+            .map(|(props, data)| seal(pipeline, props, data, unit, None))
+            .collect();
+        return pipeline.counted(sealed);
+    }
     let pipeline_ = Arc::clone(pipeline);
     let items: Vec<(BlockProps, Arc<AlignedBuf>, Arc<Pipeline>)> =
         blocks.into_iter().map(|(props, data)| (props, data, Arc::clone(&pipeline_))).collect();
@@ -445,7 +448,7 @@ pub fn allocate(
         pipeline.counted(pipeline.stage(Stage::Allocate, block.props.writer))?;
         let first = allocator.allocate(block.psize(), class, &[]).map_err(|source| {
             pipeline.note_error(block.props.writer);
-            ZioError::NoSpace { writer: block.props.writer, source }
+            ZioError::NoSpace { writer: block.props.writer, cause: source }
         })?;
         placed.push(vec![first]);
     }
@@ -521,7 +524,7 @@ pub async fn issue(
     } else {
         root.write(at, data, how.class).await
     };
-    pipeline.counted(written.map_err(|source| ZioError::Vdev { writer, source }))
+    pipeline.counted(written.map_err(|source| ZioError::Vdev { writer, cause: source }))
 }
 
 /// Issues blocks whose places are allocated: each copy slot in runs of blocks back to back on
