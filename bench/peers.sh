@@ -239,7 +239,9 @@ sluice_target() {
   "$bin" pool create "$pool" "${leaves[@]}" >/dev/null
   "$bin" vol create "$pool/disk" --size "$vol_bytes" >/dev/null
   "$bin" serve "$pool" --socket "$d/nbd.sock" --listen none --dir "$d" "$@" 2>"$d/serve.log" &
-  pid_of[$label]=$!; pids+=($!); wait_socket "$d/nbd.sock" disk; check_pid "$!" sluice
+  pid_of[$label]=$!; pids+=($!); wait_socket "$d/nbd.sock" disk
+  # The process is named after its binary's file (at most 15 bytes of it).
+  check_pid "$!" "$(basename "$bin" | cut -c1-15)"
   uri_of[$label]="nbd+unix:///disk?socket=$d/nbd.sock"
   prefill --ioengine=nbd --uri="${uri_of[$label]}"
   # A write job leaves its open txg (up to a quarter of txg.dirty_max, a tenth of memory by
