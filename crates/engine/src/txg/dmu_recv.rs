@@ -548,7 +548,10 @@ impl Store {
             for (index, block) in prewritten {
                 let current = matches!(v.open.get(&index),
                     Some(Block::Data(data)) if Arc::ptr_eq(data, &block.data));
-                if current && state.open_txg == txg {
+                // A destroy (under the store's lock, as here) orphans the prewritten blocks
+                // it finds; one linked after it would be freed by no sync.
+                let live = !dataset.destroyed.load(std::sync::atomic::Ordering::Acquire);
+                if current && live && state.open_txg == txg {
                     if let Some(replaced) = v.prewritten.insert(index, block) {
                         state.orphaned.push(replaced);
                     }

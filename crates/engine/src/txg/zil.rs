@@ -411,7 +411,10 @@ impl Store {
                     Some(Block::Data(data)) => Arc::ptr_eq(data, &block.data),
                     _ => false,
                 };
-                if current && record.txg() == state.open_txg {
+                // A destroy (under the store's lock, as here) orphans the prewritten blocks
+                // it finds; one linked after it would be freed by no sync.
+                let live = !dataset.destroyed.load(std::sync::atomic::Ordering::Acquire);
+                if current && live && record.txg() == state.open_txg {
                     let indirect = match record {
                         LogRecord::WriteIndirect { txg, sequence, offset, len, .. } => {
                             LogRecord::WriteIndirect {

@@ -400,19 +400,32 @@ pub fn seal_raw(
     Ok(Sealed { props, logical, stored, compression, checksum })
 }
 
-/// [`seal`] for a batch, spread over the host's threads when any block is to be compressed;
-/// answers in order. A batch that is only checksummed (indirect blocks, uncompressed data) is
-/// sealed here: xxh3 takes about a microsecond per 16 KiB, less than waking another core
-/// costs (spreading those too cost the 1 MiB write + flush job 7% more CPU per operation,
-/// docs/bench/peers-notes.md). The first error fails the batch (each block's error is
-/// counted).
+/// Whether a batch's CPU stages are worth spreading over the host's threads: the blocks a
+/// large request logs by pointer, when compressed, which its committer would otherwise seal
+/// alone on the volume's serving core; any batch compressed with zstd, which takes
+/// milliseconds a block at high levels. A batch that is only checksummed, or that the sync
+/// compresses with lz4, is sealed by its caller: xxh3 takes about a microsecond per 16 KiB
+/// and lz4 some 15, less than moving the block to another core and waking it costs there
+/// (spreading checksum-only batches cost 1 MiB write + flush 9% more CPU per MiB, and the
+/// sync's lz4 batches cost a stream of 1 MiB writes 15%; docs/bench/peers-notes.md).
+fn worth_spreading(props: &BlockProps) -> bool {
+    match props.compression {
+        Compression::Off => false,
+        Compression::Zstd(_) => true,
+        _ => props.writer == Writer::LogIndirect,
+    }
+}
+
+/// [`seal`] for a batch, answering in order: spread over the host's threads where
+/// [`worth_spreading`] says so, else here. The first error fails the batch (each block's
+/// error is counted).
 pub async fn seal_batch(
     env: &Env,
     pipeline: &Arc<Pipeline>,
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
     unit: u64,
 ) -> Result<Vec<Sealed>, ZioError> {
-    if blocks.iter().all(|(props, _)| props.compression == Compression::Off) {
+    if !blocks.iter().any(|(props, _)| worth_spreading(props)) {
         let sealed = blocks
             .into_iter()
             .map(|(props, data)| seal(pipeline, props, data, unit, None))
