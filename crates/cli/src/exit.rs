@@ -95,20 +95,21 @@ pub fn kind_name(kind: ErrorKind) -> &'static str {
     }
 }
 
+/// Every kind this command knows (the engine's `ErrorKind` may grow).
+const KINDS: [ErrorKind; 8] = [
+    ErrorKind::NoSpace,
+    ErrorKind::Invalid,
+    ErrorKind::NotFound,
+    ErrorKind::Exists,
+    ErrorKind::Suspended,
+    ErrorKind::Checksum,
+    ErrorKind::Io,
+    ErrorKind::ReadOnly,
+];
+
 /// The kind a control answer names, if it is one this command knows.
 pub fn kind_named(name: &str) -> Option<ErrorKind> {
-    [
-        ErrorKind::NoSpace,
-        ErrorKind::Invalid,
-        ErrorKind::NotFound,
-        ErrorKind::Exists,
-        ErrorKind::Suspended,
-        ErrorKind::Checksum,
-        ErrorKind::Io,
-        ErrorKind::ReadOnly,
-    ]
-    .into_iter()
-    .find(|&kind| kind_name(kind) == name)
+    KINDS.into_iter().find(|&kind| kind_name(kind) == name)
 }
 
 #[cfg(test)]
@@ -119,18 +120,8 @@ mod tests {
     /// listed in the help.
     #[test]
     fn kinds_round_trip_and_have_distinct_codes() {
-        let kinds = [
-            ErrorKind::NoSpace,
-            ErrorKind::Invalid,
-            ErrorKind::NotFound,
-            ErrorKind::Exists,
-            ErrorKind::Suspended,
-            ErrorKind::Checksum,
-            ErrorKind::Io,
-            ErrorKind::ReadOnly,
-        ];
         let mut codes = Vec::new();
-        for kind in kinds {
+        for kind in KINDS {
             assert_eq!(kind_named(kind_name(kind)), Some(kind));
             let code = code(&refuse(kind, "x"));
             assert!(HELP.contains(&format!("\n  {code:<4}")), "code {code} of {kind:?} in HELP");
@@ -138,7 +129,7 @@ mod tests {
         }
         codes.sort_unstable();
         codes.dedup();
-        assert_eq!(codes.len(), kinds.len());
+        assert_eq!(codes.len(), KINDS.len());
         assert_eq!(code(&anyhow::anyhow!("plain")), OTHER);
         let wrapped = refuse(ErrorKind::NotFound, "gone").context("pool status");
         assert_eq!(code(&wrapped), 3, "the kind is found under context");
