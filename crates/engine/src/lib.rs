@@ -12,10 +12,11 @@
 //! `txg::Store::vdev_lock` (async, one change of leaves at a time) or a volume's
 //! `txg::Dataset::rollback_gate` (async: its writes share it, a rollback or a receive taking
 //! the volume's place holds it alone across a whole sync; never held with `vdev_lock`) ->
-//! `txg::Store::sync_lock` (async, one sync at a time) -> `Store` state -> a volume's
-//! `txg::Dataset` state -> its `intent_log::LogWriter` state -> the dedup table -> a dedup entry -> the allocator -> a
-//! leaf's queue (`vdev::queue`) -> a simulated device's state. The background scan's state
-//! (`txg::dsl_scan`) is taken alone or before the pool's locks. The block cache, the pool's
+//! `txg::Store::sync_lock` (async, one sync at a time) -> the background scan's state
+//! (`txg::dsl_scan`) -> the store's volume namespace (`Store::dsl`) -> its open txg
+//! (`Store::txg`) -> a volume's `txg::Dataset` state -> its `intent_log::LogWriter` state ->
+//! the dedup table -> a dedup entry -> the allocator -> a leaf's queue (`vdev::queue`) -> a
+//! simulated device's state. The block cache, the pool's
 //! state, the pool's vdev tree (held only to clone or swap an `Arc`) and the store's
 //! suspension cause are leaves: nothing is taken while holding them, but for the pool's
 //! administration lock (`pool/admin.rs`, `pool/attach.rs`), which is taken before the

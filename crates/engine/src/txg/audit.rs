@@ -52,13 +52,13 @@ impl Store {
     /// written since (as right after an import).
     pub async fn audit(&self) -> Result<AuditReport, StoreError> {
         let (roots, space_maps, directory) = {
-            let state = self.state.lock();
-            let dirty = state.volumes.values().any(|d| {
+            let dsl = self.dsl.read();
+            let dirty = dsl.volumes.values().any(|d| {
                 let v = d.state.lock();
                 !v.open.is_empty() || !v.syncing.is_empty()
             });
             assert!(!dirty, "audit of a store with unsynced writes");
-            let roots: Vec<_> = state
+            let roots: Vec<_> = dsl
                 .volumes
                 .values()
                 .map(|d| {
@@ -66,7 +66,8 @@ impl Store {
                     (v.entry.clone(), v.entry.root, v.disk_levels)
                 })
                 .collect();
-            (roots, state.space_maps.clone(), state.directory)
+            let synced = self.synced.lock();
+            (roots, synced.space_maps.clone(), synced.directory)
         };
         let mut report = AuditReport::default();
         let mut blocks: BTreeSet<(u32, u64, u32)> = BTreeSet::new();
@@ -180,9 +181,8 @@ impl Store {
             ));
         }
         report.chain_bytes = {
-            let state = self.state.lock();
-            state
-                .volumes
+            let dsl = self.dsl.read();
+            dsl.volumes
                 .values()
                 .filter_map(|d| d.state.lock().log.as_ref().map(|l| l.held_bytes()))
                 .sum()

@@ -7,24 +7,26 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use sluice_format::{Compression, DedupMode, LogBias, SyncMode, VolumeEntry};
+use sluice_format::{BlockPointer, Compression, DedupMode, LogBias, SyncMode, VolumeEntry};
 
 use super::dbuf::{Block, Prewritten};
 use super::dmu_tx::TxgLimits;
+use super::dsl_synctask::{SyncCx, SyncTask};
 use super::{Store, StoreError, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN};
 use crate::intent_log::LogWriter;
 use crate::objset::{self};
+use crate::pool::PoolError;
 use crate::stats::VolumeStats;
 use sluice_format::VOLUME_NAME_BYTES_MAX;
 
 /// A volume of the store: what does not change while it exists, the counters every handle
 /// shares, and its changing state behind a lock of its own. The store's map and every
 /// [`crate::volume::Volume`] handle hold it by `Arc`, so a request reaches its volume without
-/// looking its name up or copying its entry under the store's lock.
+/// looking its name up or copying its entry under the namespace's lock (`Store::dsl`).
 #[derive(Debug)]
 pub struct Dataset {
     pub(super) id: u64,
-    /// Changes only on a rename, under the store's lock.
+    /// Changes only on a rename, under the namespace's write lock.
     pub(super) name: Mutex<String>,
     pub(super) block_bytes: u32,
     /// Bounds the requests served at once when `volume.request_threads` is set.
@@ -34,10 +36,10 @@ pub struct Dataset {
     /// What the volume front has answered since import.
     pub(super) stats: Arc<VolumeStats>,
     /// This volume's part of the open txg's `dirty_bytes`. Changed only under the store's
-    /// state lock (with the total), read without any: the throttle reads every volume's on
+    /// txg lock (with the total), read without any: the throttle reads every volume's on
     /// each write.
     pub(super) dirty_bytes: AtomicU64,
-    /// Set, under the store's state lock, when the volume is destroyed: requests through
+    /// Set, under the txg lock, when the volume is destroyed: requests through
     /// handles still holding it then fail.
     pub(super) destroyed: AtomicBool,
     /// A snapshot's dataset (its NBD export): reads only, from a tree that never changes.
@@ -46,7 +48,7 @@ pub struct Dataset {
     /// op until its sync has ended (ZFS suspends the dataset the same way): a write during the
     /// rollback would otherwise build its block on the tree being rolled away.
     pub(super) rollback_gate: async_lock::RwLock<()>,
-    /// Taken inside the store's state lock, never the other way round (crate::txg's lock order).
+    /// Taken inside the txg lock, never the other way round (crate::txg's lock order).
     pub(super) state: Mutex<VolumeState>,
 }
 
@@ -257,15 +259,20 @@ impl Store {
     /// Bytes that could still be set aside: free space in whole ranges (what admission counts,
     /// `Allocator::room_bytes`) beyond the slop, what the open and syncing txgs will write, and
     /// every volume's unused reservation.
-    pub(super) fn reservable_bytes(&self, state: &super::State) -> u64 {
-        self.room_beyond(state, crate::alloc::SlopTier::Normal)
+    pub(super) fn reservable_bytes(&self, dsl: &super::Datasets, txg: &super::TxgState) -> u64 {
+        self.room_beyond(dsl, txg, crate::alloc::SlopTier::Normal)
     }
 
     /// [`Store::reservable_bytes`] for work of `tier`, which may leave less of the slop.
-    pub(super) fn room_beyond(&self, state: &super::State, tier: crate::alloc::SlopTier) -> u64 {
-        let reserved: u64 = state.volumes.values().map(|d| d.unused_reservation()).sum();
+    pub(super) fn room_beyond(
+        &self,
+        dsl: &super::Datasets,
+        txg: &super::TxgState,
+        tier: crate::alloc::SlopTier,
+    ) -> u64 {
+        let reserved: u64 = dsl.volumes.values().map(|d| d.unused_reservation()).sum();
         let allocator = self.allocator.lock();
-        let dirty = super::dmu_tx::InFlight::of(state, &self.pool).to_allocate(&allocator);
+        let dirty = super::dmu_tx::InFlight::of(dsl, txg, &self.pool).to_allocate(&allocator);
         allocator
             .room_bytes()
             .saturating_sub(tier.kept(allocator.slop_bytes()))
@@ -276,16 +283,15 @@ impl Store {
     /// Bytes a volume could still be given (ZFS: `avail`): what the pool can still set aside,
     /// plus the volume's own unused reservation. `None` for the pool as a whole.
     pub fn available_bytes(&self, volume: Option<&str>) -> Result<u64, StoreError> {
-        let state = self.state.lock();
+        let dsl = self.dsl.read();
+        let txg = self.txg.lock();
         let own = match volume {
-            Some(name) => state
-                .volumes
-                .get(name)
-                .ok_or_else(|| self.no_such_volume(name))?
-                .unused_reservation(),
+            Some(name) => {
+                dsl.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?.unused_reservation()
+            }
             None => 0,
         };
-        Ok(self.reservable_bytes(&state) + own)
+        Ok(self.reservable_bytes(&dsl, &txg) + own)
     }
 
     /// Creates a volume, thick (its whole size set aside at once, as `zfs create -V` does,
@@ -315,8 +321,9 @@ impl Store {
                 block_bytes,
             });
         }
-        let mut state = self.state.lock();
-        if state.volumes.contains_key(name) {
+        let mut dsl = self.dsl.write();
+        let txg = self.txg.lock();
+        if dsl.volumes.contains_key(name) {
             return Err(StoreError::VolumeExists {
                 pool: self.pool.name().to_owned(),
                 volume: name.to_owned(),
@@ -324,7 +331,7 @@ impl Store {
         }
         let reservation_bytes =
             if thick { self.thick_reservation(size_bytes, block_bytes) } else { 0 };
-        let available = self.reservable_bytes(&state);
+        let available = self.reservable_bytes(&dsl, &txg);
         if reservation_bytes > available {
             return Err(StoreError::NoSpaceToReserve {
                 pool: self.pool.name().to_owned(),
@@ -333,13 +340,13 @@ impl Store {
                 available_bytes: available,
             });
         }
-        let id = state.next_volume_id;
+        let id = dsl.next_volume_id;
         let log = self.new_log(id)?;
-        state.next_volume_id += 1;
+        dsl.next_volume_id += 1;
         let levels = objset::levels_for(size_bytes / u64::from(block_bytes));
         let mut entry = VolumeEntry::new(id, name, size_bytes, block_bytes, levels);
         entry.reservation_bytes = reservation_bytes;
-        state.volumes.insert(name.to_owned(), Dataset::new(entry, Some(log), &self.limits));
+        dsl.volumes.insert(name.to_owned(), Dataset::new(entry, Some(log), &self.limits));
         Ok(())
     }
 
@@ -365,8 +372,8 @@ impl Store {
                 });
             }
         }
-        let state = self.state.lock();
-        let dataset = state.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?;
+        let dsl = self.dsl.read();
+        let dataset = dsl.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?;
         let entry = &mut dataset.state.lock().entry;
         match property {
             VolumeProperty::Dedup(mode) => entry.dedup = mode,
@@ -394,8 +401,9 @@ impl Store {
         self.check_live()?;
         let _guard = self.panic_guard("a volume destroy");
         let _no_sync = self.sync_lock.lock().await;
-        let mut state = self.state.lock();
-        let dataset = Arc::clone(state.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?);
+        let mut dsl = self.dsl.write();
+        let mut txg = self.txg.lock();
+        let dataset = Arc::clone(dsl.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?);
         let (names, ids): (Vec<String>, Vec<u64>) = {
             let v = dataset.state.lock();
             v.entry.snapshots.iter().map(|s| (s.name.clone(), s.id)).unzip()
@@ -408,28 +416,29 @@ impl Store {
             });
         }
         for (id, snapshot) in ids.iter().zip(&names) {
-            self.refuse_if_cloned(&state, name, snapshot, *id)?;
+            self.refuse_if_cloned(&dsl, name, snapshot, *id)?;
         }
-        state.volumes.remove(name);
+        dsl.volumes.remove(name);
         dataset.destroyed.store(true, Ordering::Release);
         for id in ids {
-            if let Some(open) = state.snapshot_exports.remove(&id).and_then(|w| w.upgrade()) {
+            if let Some(open) = dsl.snapshot_exports.remove(&id).and_then(|w| w.upgrade()) {
                 open.destroyed.store(true, Ordering::Release);
             }
         }
         let volume = dataset.state.lock();
-        state.pending_frees += self.frees_bound(&volume.entry);
+        txg.pending_frees += self.frees_bound(&volume.entry);
         let origin_txg = volume.entry.origin.map_or(0, |o| o.txg);
         let lists = std::iter::once(&volume.entry.deadlist)
             .chain(volume.entry.snapshots.iter().map(|s| &s.deadlist));
-        let lists = lists.filter(|l| !l.pieces.is_empty()).map(|l| (l.clone(), origin_txg));
-        state.destroyed_deadlists.extend(lists);
+        let deadlists = lists.filter(|l| !l.pieces.is_empty()).cloned().collect();
+        let tree = volume.entry.root.map(|root| (root, volume.disk_levels));
+        Store::queue_task(&mut txg, DestroyedVolume { tree, origin_txg, deadlists });
         if let Some(log) = &volume.log {
-            state.retired_log.extend(log.retire());
+            Store::queue_task(&mut txg, super::zil::RetiredLog(log.retire()));
         }
-        state.orphaned.extend(volume.prewritten.values().cloned());
-        if let Some(root) = volume.entry.root {
-            state.destroyed.push((root, volume.disk_levels, origin_txg));
+        if !volume.prewritten.is_empty() {
+            let orphaned = volume.prewritten.values().cloned().collect();
+            Store::queue_task(&mut txg, super::zil::Orphaned(orphaned));
         }
         Ok(())
     }
@@ -443,17 +452,17 @@ impl Store {
         let _guard = self.panic_guard("a volume rename");
         check_volume_name(to)?;
         let _no_sync = self.sync_lock.lock().await;
-        let mut state = self.state.lock();
-        if state.volumes.contains_key(to) {
+        let mut dsl = self.dsl.write();
+        if dsl.volumes.contains_key(to) {
             return Err(StoreError::VolumeExists {
                 pool: self.pool.name().to_owned(),
                 volume: to.to_owned(),
             });
         }
-        let dataset = state.volumes.remove(from).ok_or_else(|| self.no_such_volume(from))?;
+        let dataset = dsl.volumes.remove(from).ok_or_else(|| self.no_such_volume(from))?;
         dataset.state.lock().entry.name = to.to_owned();
         *dataset.name.lock() = to.to_owned();
-        state.volumes.insert(to.to_owned(), dataset);
+        dsl.volumes.insert(to.to_owned(), dataset);
         Ok(())
     }
 
@@ -488,8 +497,10 @@ impl Store {
             } else {
                 Vec::new()
             };
-            // The store's lock keeps writes out while the size changes (they check it there).
-            let mut state = self.state.lock();
+            // The txg lock keeps writes out while the size changes (they check it there); the
+            // namespace is read for the reservations of every volume.
+            let dsl = self.dsl.read();
+            let mut txg = self.txg.lock();
             if dataset.destroyed.load(Ordering::Acquire) {
                 return Err(self.no_such_volume(name));
             }
@@ -508,7 +519,7 @@ impl Store {
             };
             if reservation > volume.entry.reservation_bytes {
                 drop(volume);
-                let available = self.reservable_bytes(&state);
+                let available = self.reservable_bytes(&dsl, &txg);
                 volume = dataset.state.lock();
                 let more = reservation - volume.entry.reservation_bytes;
                 if more > available {
@@ -538,14 +549,14 @@ impl Store {
                 // Each is a free in the next sync's space map, with the indirect blocks above.
                 let copies = self.pool.metadata_copies() as u64;
                 let indirect = zeroed.div_ceil(objset::INDIRECT_BPS) * copies;
-                state.pending_frees = state.pending_frees.saturating_add(zeroed + indirect);
+                txg.pending_frees = txg.pending_frees.saturating_add(zeroed + indirect);
             } else {
                 let levels = volume.entry.levels.max(objset::levels_for(new_blocks));
                 // Each new level is one more indirect block above the old root.
                 let grown = u64::from(levels - volume.entry.levels);
                 volume.entry.levels = levels;
                 let copies = self.pool.metadata_copies() as u64;
-                state.pending_metadata_bytes += grown * objset::INDIRECT_BYTES as u64 * copies;
+                txg.pending_metadata_bytes += grown * objset::INDIRECT_BYTES as u64 * copies;
             }
             volume.entry.size_bytes = size_bytes;
             return Ok(());
@@ -567,7 +578,7 @@ impl Store {
 
     /// A volume by name.
     pub fn dataset(&self, name: &str) -> Result<Arc<Dataset>, StoreError> {
-        self.state.lock().volumes.get(name).cloned().ok_or_else(|| self.no_such_volume(name))
+        self.dsl.read().volumes.get(name).cloned().ok_or_else(|| self.no_such_volume(name))
     }
 
     /// One volume's entry (name, size, block size), if it exists.
@@ -584,7 +595,7 @@ impl Store {
 
     /// The volumes, hidden ones too.
     pub(super) fn all_volumes(&self) -> Vec<VolumeEntry> {
-        self.state.lock().volumes.values().map(|d| d.state.lock().entry.clone()).collect()
+        self.dsl.read().volumes.values().map(|d| d.state.lock().entry.clone()).collect()
     }
 
     /// What `volume`'s clients have asked of it since import, shared by every handle on it.
@@ -594,5 +605,37 @@ impl Store {
 
     pub(super) fn no_such_volume(&self, volume: &str) -> StoreError {
         StoreError::NoSuchVolume { pool: self.pool.name().to_owned(), volume: volume.to_owned() }
+    }
+}
+
+/// A destroyed volume's blocks, freed by the sync of the txg it was destroyed in: its tree and
+/// the entries of its and its snapshots' dead lists, but for a clone's blocks born by its
+/// origin's txg (`origin_txg`), which are the origin's, and the lists' own pieces.
+#[derive(Debug)]
+struct DestroyedVolume {
+    tree: Option<(BlockPointer, u8)>,
+    origin_txg: u64,
+    deadlists: Vec<sluice_format::Deadlist>,
+}
+
+impl SyncTask for DestroyedVolume {
+    fn sync<'c, 's: 'c>(
+        self: Box<Self>,
+        cx: SyncCx<'c, 's>,
+    ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
+        Box::pin(async move {
+            let (store, replaced) = (cx.store, &mut cx.update.replaced);
+            if let Some((root, levels)) = self.tree {
+                let born =
+                    objset::walk_born_after(&store.pool, Some(root), levels, self.origin_txg);
+                replaced.extend(born.await?);
+            }
+            for list in self.deadlists {
+                let entries = store.deadlist_entries(&list).await?;
+                replaced.extend(entries.into_iter().filter(|bp| bp.birth_txg > self.origin_txg));
+                replaced.extend(list.pieces);
+            }
+            Ok(())
+        })
     }
 }

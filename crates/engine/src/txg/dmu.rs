@@ -174,7 +174,7 @@ impl Store {
         }
     }
 
-    /// Fails for a handle whose volume was destroyed (checked again under the store's lock
+    /// Fails for a handle whose volume was destroyed (checked again under the txg lock
     /// where it matters: `modify`).
     pub fn check_exists(&self, dataset: &Dataset) -> Result<(), StoreError> {
         if dataset.destroyed.load(Ordering::Acquire) {
@@ -439,9 +439,9 @@ impl Store {
             to - from != bs
         });
         let (sequence, resolve_now) = {
-            let mut state_guard = self.state.lock();
-            let state = &mut *state_guard;
-            let open_txg = state.open_txg;
+            let mut txg_guard = self.txg.lock();
+            let txg = &mut *txg_guard;
+            let open_txg = txg.open_txg;
             // Checked again where neither a destroy nor a resize can run: one may have run
             // since the checks above (this write waited for space or the throttle, or another
             // thread got the lock first), and blocks past a shrunken end would be stored by
@@ -467,7 +467,7 @@ impl Store {
             // of blocks at once delays the log flushes every writer waits for
             // (docs/bench/peers-notes.md).
             let pressure = dataset.requests.load(Ordering::Relaxed) > 1
-                || state.dirty_bytes >= self.limits.delay_min / 2;
+                || txg.dirty_bytes >= self.limits.delay_min / 2;
             let mut resolve_now = Vec::new();
             for index in partial {
                 let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
@@ -564,10 +564,10 @@ impl Store {
                     0
                 }
             };
-            state.dirty_bytes += added;
+            txg.dirty_bytes += added;
             dataset.dirty_bytes.fetch_add(added, Ordering::Relaxed);
-            state.dirty_metadata_bytes += new_groups * metadata_per_group;
-            state.dirty_blocks += added / bs + zeroed;
+            txg.dirty_metadata_bytes += new_groups * metadata_per_group;
+            txg.dirty_blocks += added / bs + zeroed;
             (sequence, resolve_now)
         };
         for index in resolve_now {
@@ -584,12 +584,12 @@ impl Store {
         index: u64,
     ) -> Result<(), StoreError> {
         let (open_txg, syncing, root, levels) = {
-            let state = self.state.lock();
+            let txg = self.txg.lock();
             let v = dataset.state.lock();
             if !matches!(v.open.get(&index), Some(Block::Patched(_))) {
                 return Ok(());
             }
-            (state.open_txg, v.syncing.get(&index).cloned(), v.entry.root, v.disk_levels)
+            (txg.open_txg, v.syncing.get(&index).cloned(), v.entry.root, v.disk_levels)
         };
         let disk = || async {
             Ok::<_, StoreError>(objset::read_data_block(&self.pool, root, levels, index).await?)
@@ -605,14 +605,14 @@ impl Store {
             None => disk().await?,
         };
         let base = base.as_deref().map(|b| &b[..]);
-        let state = self.state.lock();
-        if state.open_txg != open_txg {
+        let txg = self.txg.lock();
+        if txg.open_txg != open_txg {
             return Ok(());
         }
         let mut v = dataset.state.lock();
-        // A quiesce takes the store's lock and then this volume's: holding the volume's is
-        // enough to keep the layers where they are, so the store's is not held for the copy.
-        drop(state);
+        // A quiesce takes the txg lock and then this volume's: holding the volume's is enough
+        // to keep the layers where they are, so the txg lock is not held for the copy.
+        drop(txg);
         if let Some(Block::Patched(current)) = v.open.get_mut(&index) {
             // Held alone, the patch becomes the block in its own buffer (only the sectors it
             // does not cover are copied); a reader's clone leaves it to be copied.

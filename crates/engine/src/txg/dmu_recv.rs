@@ -485,7 +485,7 @@ impl Store {
             *progress = last.block + 1;
         }
         let (txg, held) = {
-            let state = self.state.lock();
+            let txg = self.txg.lock();
             let v = dataset.state.lock();
             if v.entry.dedup != DedupMode::Off {
                 return Ok(());
@@ -497,7 +497,7 @@ impl Store {
                     _ => None,
                 })
                 .collect();
-            (state.open_txg, held)
+            (txg.open_txg, held)
         };
         let mut sealed = Vec::with_capacity(batch.len());
         let mut blocks = Vec::with_capacity(batch.len());
@@ -542,23 +542,26 @@ impl Store {
         // for them; a block that left the open txg meanwhile is orphaned (the next sync frees
         // it once its write ends).
         {
-            let mut state = self.state.lock();
-            let state = &mut *state;
+            let mut open = self.txg.lock();
             let mut v = dataset.state.lock();
+            let mut orphaned = Vec::new();
             for (index, block) in prewritten {
                 let current = matches!(v.open.get(&index),
                     Some(Block::Data(data)) if Arc::ptr_eq(data, &block.data));
-                // A destroy (under the store's lock, as here) orphans the prewritten blocks
+                // A destroy (under the txg lock, as here) orphans the prewritten blocks
                 // it finds; one linked after it would be freed by no sync.
                 let live = !dataset.destroyed.load(std::sync::atomic::Ordering::Acquire);
-                if current && live && state.open_txg == txg {
+                if current && live && open.open_txg == txg {
                     if let Some(replaced) = v.prewritten.insert(index, block) {
-                        state.orphaned.push(replaced);
+                        orphaned.push(replaced);
                     }
-                    state.prewritten_bytes += bs;
+                    open.prewritten_bytes += bs;
                 } else {
-                    state.orphaned.push(block);
+                    orphaned.push(block);
                 }
+            }
+            if !orphaned.is_empty() {
+                Store::queue_task(&mut open, super::zil::Orphaned(orphaned));
             }
         }
         for (at, data, done) in writes {

@@ -14,7 +14,7 @@
 //! instead ([`Store::throttle`]'s `space_max`), so writers slow down before the space check
 //! would stop them for a whole sync.
 
-use super::{Dataset, Store, StoreError};
+use super::{Dataset, Datasets, Store, StoreError, TxgState};
 use crate::alloc::SlopTier;
 use crate::intent_log::CommitPolicy;
 use crate::tunables::{Tunable, Tunables};
@@ -100,14 +100,14 @@ pub(super) struct InFlight {
 }
 
 impl InFlight {
-    pub(super) fn of(state: &super::State, pool: &crate::pool::Pool) -> InFlight {
+    pub(super) fn of(dsl: &Datasets, txg: &TxgState, pool: &crate::pool::Pool) -> InFlight {
         InFlight {
-            open: state.dirty_to_allocate() + state.dirty_metadata_bytes,
-            open_metadata: state.dirty_metadata_bytes,
-            open_shape: SyncShape::of_open(state, pool),
-            prewritten: state.prewritten_bytes,
-            syncing: state.syncing_bytes,
-            syncing_allocated_base: state.syncing_allocated_base,
+            open: txg.dirty_to_allocate() + txg.dirty_metadata_bytes,
+            open_metadata: txg.dirty_metadata_bytes,
+            open_shape: SyncShape::of_open(dsl, txg, pool),
+            prewritten: txg.prewritten_bytes,
+            syncing: txg.syncing_bytes,
+            syncing_allocated_base: txg.syncing_allocated_base,
         }
     }
 
@@ -155,17 +155,17 @@ const SYNC_METADATA_SLACK: u64 = 64;
 const DIRECTORY_GROWTH_BYTES: u64 = 16 << 10;
 
 impl SyncShape {
-    pub(super) fn of_open(state: &super::State, pool: &crate::pool::Pool) -> SyncShape {
-        let indirect = state.dirty_metadata_bytes / crate::objset::INDIRECT_BYTES as u64;
+    pub(super) fn of_open(dsl: &Datasets, txg: &TxgState, pool: &crate::pool::Pool) -> SyncShape {
+        let indirect = txg.dirty_metadata_bytes / crate::objset::INDIRECT_BYTES as u64;
         SyncShape {
-            blocks: state.dirty_blocks + indirect,
-            pending: state.pending_metadata_bytes,
-            pending_frees: state.pending_frees,
+            blocks: txg.dirty_blocks + indirect,
+            pending: txg.pending_metadata_bytes,
+            pending_frees: txg.pending_frees,
             copies: pool.metadata_copies() as u64,
             unit: 1 << pool.ashift(),
-            directory_bytes: state.directory.map_or(0, |bp| bp.psize_bytes()),
+            directory_bytes: txg.directory_bytes,
             // Only a volume with a snapshot and something in the txg appends to a dead list.
-            volumes: state
+            volumes: dsl
                 .volumes
                 .values()
                 .filter(|d| {
@@ -268,22 +268,23 @@ impl Store {
             let space_max = loop {
                 // A sync that ends after this is one to wait for, not to follow with another.
                 let seen = self.syncs.get();
-                // One lock at a time: the lock order is state -> allocator.
+                // One lock at a time: the lock order is dsl -> txg -> allocator.
                 let (state_figures, in_memory, reserved, own_reserved) = {
-                    let state = self.state.lock();
+                    let dsl = self.dsl.read();
+                    let txg = self.txg.lock();
                     let (mut reserved, mut own_reserved) = (0u64, 0u64);
-                    for d in state.volumes.values() {
+                    for d in dsl.volumes.values() {
                         if d.id == dataset.id {
                             own_reserved += d.unused_reservation();
                         } else {
                             reserved += d.unused_reservation();
                         }
                     }
-                    let open = state.dirty_to_allocate() + state.dirty_metadata_bytes;
+                    let open = txg.dirty_to_allocate() + txg.dirty_metadata_bytes;
                     // Blocks written in place need no new space, but a sync still frees the
                     // versions they replaced: while any are dirty, waiting can help.
-                    let in_memory = open + state.syncing_bytes + state.prewritten_bytes;
-                    (InFlight::of(&state, &self.pool), in_memory, reserved, own_reserved)
+                    let in_memory = open + txg.syncing_bytes + txg.prewritten_bytes;
+                    (InFlight::of(&dsl, &txg, &self.pool), in_memory, reserved, own_reserved)
                 };
                 // Room a sync needs to rewrite the dedup table, kept beyond the slop (taken
                 // before the allocator: the lock order is dedup table -> allocator).
@@ -370,15 +371,19 @@ impl Store {
         space_max: Option<u64>,
     ) -> Result<(), StoreError> {
         let (dirty, under_share) = {
-            let state = self.state.lock();
-            let mine = dataset.dirty_bytes.load(Ordering::Relaxed);
-            // The writer's volume counts even before its first dirty block.
-            let dirtying = state
+            // The writer's volume counts even before its first dirty block. Read apart from
+            // the total: the share is a heuristic, and a volume made or gone between the two
+            // reads changes it by one volume's share at most.
+            let dirtying = self
+                .dsl
+                .read()
                 .volumes
                 .values()
                 .filter(|d| d.id == dataset.id || d.dirty_bytes.load(Ordering::Relaxed) > 0)
                 .count() as u64;
-            (state.dirty_bytes, dirtying > 1 && mine.saturating_mul(dirtying) < state.dirty_bytes)
+            let total = self.txg.lock().dirty_bytes;
+            let mine = dataset.dirty_bytes.load(Ordering::Relaxed);
+            (total, dirtying > 1 && mine.saturating_mul(dirtying) < total)
         };
         let max = space_max.map_or(self.limits.dirty_max, |room| room.min(self.limits.dirty_max));
         if dirty >= max / 4 {
@@ -404,7 +409,7 @@ impl Store {
             // all of them: whoever gets the lock after it finds the dirty data gone and goes
             // on. (Each syncing in turn made a storm of empty syncs that serialized writers.)
             let start = self.pool.env().now();
-            let result = self.sync_unless(|| self.state.lock().dirty_bytes < limit).await;
+            let result = self.sync_unless(|| self.txg.lock().dirty_bytes < limit).await;
             stats.waited_for_sync.inc();
             stats.waited_nanos.add(since(start));
             return result;

@@ -804,9 +804,8 @@ impl Store {
             }
         }
         let total: u64 = {
-            let state = self.state.lock();
-            state
-                .volumes
+            let dsl = self.dsl.read();
+            dsl.volumes
                 .values()
                 .map(|d| d.stats.requests.iter().map(|c| c.get()).sum::<u64>())
                 .sum()

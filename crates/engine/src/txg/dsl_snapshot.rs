@@ -36,7 +36,8 @@ use sluice_format::{BlockPointer, Deadlist, Origin, SnapshotEntry, VolumeEntry, 
 
 use super::dataset::{check_volume_name, unique_bytes, Dataset};
 use super::dsl_deadlist::{count_entry, merge_range, range_bytes};
-use super::{State, Store, StoreError};
+use super::dsl_synctask::{SyncCx, SyncTask};
+use super::{Datasets, Store, StoreError};
 use crate::objset::{self, TreeUpdate};
 use crate::pool::PoolError;
 
@@ -62,6 +63,18 @@ pub(super) enum SnapshotOp {
         volume: String,
         parent: String,
     },
+}
+
+/// A snapshot change runs in the sync of its txg, after the dead lists are appended: a
+/// snapshot made there takes the tree and dead list as of the txg's end; a destroy, rollback
+/// or promote frees what only it held into `replaced`, and has a scan walk the volumes again.
+impl SyncTask for SnapshotOp {
+    fn sync<'c, 's: 'c>(
+        self: Box<Self>,
+        cx: SyncCx<'c, 's>,
+    ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
+        Box::pin(cx.store.sync_snapshot_op(cx.update, cx.trees, cx.rewind, *self))
+    }
 }
 
 /// A volume's snapshots and dead list as a sync carries them, from the quiesced entry to the
@@ -221,11 +234,11 @@ impl Store {
         }
         let one_at_a_time = self.sync_lock.lock().await;
         {
-            let mut state = self.state.lock();
+            let mut dsl = self.dsl.write();
+            let mut txg = self.txg.lock();
             let mut more_reserved = 0u64;
             for (volume, name) in names {
-                let dataset =
-                    state.volumes.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
+                let dataset = dsl.volumes.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
                 let v = dataset.state.lock();
                 if v.entry.snapshots.iter().any(|s| &s.name == name) {
                     return Err(StoreError::SnapshotExists {
@@ -242,7 +255,7 @@ impl Store {
                 more_reserved +=
                     reservation.saturating_sub(dirty).saturating_sub(dataset.unused_reservation());
             }
-            let available = self.reservable_bytes(&state);
+            let available = self.reservable_bytes(&dsl, &txg);
             if more_reserved > available {
                 return Err(StoreError::SnapshotNeedsSpace {
                     pool: self.pool.name().to_owned(),
@@ -254,8 +267,8 @@ impl Store {
             }
             let mut guids = self.pool.env().unique_rng("snapshot guid");
             for (volume, name) in names {
-                let id = state.next_volume_id;
-                state.next_volume_id += 1;
+                let id = dsl.next_volume_id;
+                dsl.next_volume_id += 1;
                 let snapshot = SnapshotEntry {
                     id,
                     guid: guid.unwrap_or_else(|| guids.u64() | 1),
@@ -269,7 +282,10 @@ impl Store {
                     deadlist: Deadlist::default(),
                 };
                 let snapshot = Box::new(snapshot);
-                state.snapshot_ops.push(SnapshotOp::Create { volume: volume.clone(), snapshot });
+                Store::queue_task(
+                    &mut txg,
+                    SnapshotOp::Create { volume: volume.clone(), snapshot },
+                );
             }
         }
         self.sync_holding_lock(one_at_a_time).await
@@ -283,14 +299,15 @@ impl Store {
         let _guard = self.panic_guard("a snapshot destroy");
         let one_at_a_time = self.sync_lock.lock().await;
         let id = {
-            let mut state = self.state.lock();
-            let id = self.snapshot_of(&state, volume, name)?.id;
-            self.refuse_if_cloned(&state, volume, name, id)?;
+            let dsl = self.dsl.read();
+            let mut txg = self.txg.lock();
+            let id = self.snapshot_of(&dsl, volume, name)?.id;
+            self.refuse_if_cloned(&dsl, volume, name, id)?;
             // Its sync rewrites the next dead list (the next snapshot's, or the volume's) with
             // the entries it keeps, and frees the rest with the old pieces: admission counts
             // both. It frees space, so as ZFS does it may go into the slop
             // (`SlopTier::Freeing`); only a rewrite that not even that holds is refused.
-            let (next_entries, next_pieces) = state.volumes.get(volume).map_or((0, 0), |dataset| {
+            let (next_entries, next_pieces) = dsl.volumes.get(volume).map_or((0, 0), |dataset| {
                 let v = dataset.state.lock();
                 let after = v.entry.snapshots.iter().skip_while(|s| s.name != name).nth(1);
                 let list = after.map_or(&v.entry.deadlist, |s| &s.deadlist);
@@ -298,7 +315,7 @@ impl Store {
             });
             let copies = self.pool.metadata_copies() as u64;
             let needed = super::dsl_deadlist::pieces_bytes(next_entries, copies);
-            let available = self.room_beyond(&state, crate::alloc::SlopTier::Freeing);
+            let available = self.room_beyond(&dsl, &txg, crate::alloc::SlopTier::Freeing);
             if needed > available {
                 return Err(StoreError::DestroyNeedsSpace {
                     pool: self.pool.name().to_owned(),
@@ -308,13 +325,14 @@ impl Store {
                     available_bytes: available,
                 });
             }
-            state.pending_metadata_bytes += needed;
-            state.pending_frees = state
+            txg.pending_metadata_bytes += needed;
+            txg.pending_frees = txg
                 .pending_frees
                 .saturating_add(next_entries.saturating_add(next_pieces).saturating_mul(copies));
-            state
-                .snapshot_ops
-                .push(SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() });
+            Store::queue_task(
+                &mut txg,
+                SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() },
+            );
             id
         };
         self.sync_holding_lock(one_at_a_time).await?;
@@ -341,9 +359,10 @@ impl Store {
         let _no_writes = dataset.rollback_gate.write().await;
         let one_at_a_time = self.sync_lock.lock().await;
         let later_ids = {
-            let mut state = self.state.lock();
+            let dsl = self.dsl.read();
+            let mut txg = self.txg.lock();
             // Destroyed (and perhaps made again) while this waited for the gate.
-            if !state.volumes.get(volume).is_some_and(|d| Arc::ptr_eq(d, &dataset)) {
+            if !dsl.volumes.get(volume).is_some_and(|d| Arc::ptr_eq(d, &dataset)) {
                 return Err(self.no_such_volume(volume));
             }
             let later: Vec<(u64, String)> = {
@@ -367,7 +386,7 @@ impl Store {
                 });
             }
             for (id, later) in &later {
-                self.refuse_if_cloned(&state, volume, later, *id)?;
+                self.refuse_if_cloned(&dsl, volume, later, *id)?;
             }
             // A thick volume's reservation follows the snapshot's size, and all of it is unused
             // again once the volume shares everything with the snapshot.
@@ -379,7 +398,7 @@ impl Store {
             if reservation != 0 {
                 let target = self.thick_reservation(size, dataset.block_bytes);
                 let more = target.saturating_sub(dataset.unused_reservation());
-                let available = self.reservable_bytes(&state);
+                let available = self.reservable_bytes(&dsl, &txg);
                 if more > available {
                     return Err(StoreError::SnapshotNeedsSpace {
                         pool: self.pool.name().to_owned(),
@@ -407,7 +426,7 @@ impl Store {
                     .saturating_mul(later.len() as u64);
                 // The destroys of `-r` rewrite dead lists as a snapshot destroy does, and may
                 // go as far into the slop.
-                let available = self.room_beyond(&state, crate::alloc::SlopTier::Freeing);
+                let available = self.room_beyond(&dsl, &txg, crate::alloc::SlopTier::Freeing);
                 if let Some((_, first)) = later.first().filter(|_| needed > available) {
                     return Err(StoreError::DestroyNeedsSpace {
                         pool: self.pool.name().to_owned(),
@@ -417,17 +436,19 @@ impl Store {
                         available_bytes: available,
                     });
                 }
-                state.pending_frees = state.pending_frees.saturating_add(frees);
-                state.pending_metadata_bytes += needed;
+                txg.pending_frees = txg.pending_frees.saturating_add(frees);
+                txg.pending_metadata_bytes += needed;
             }
             for (_, later) in later.iter().rev() {
-                state
-                    .snapshot_ops
-                    .push(SnapshotOp::Destroy { volume: volume.to_owned(), name: later.clone() });
+                Store::queue_task(
+                    &mut txg,
+                    SnapshotOp::Destroy { volume: volume.to_owned(), name: later.clone() },
+                );
             }
-            state
-                .snapshot_ops
-                .push(SnapshotOp::Rollback { volume: volume.to_owned(), name: name.to_owned() });
+            Store::queue_task(
+                &mut txg,
+                SnapshotOp::Rollback { volume: volume.to_owned(), name: name.to_owned() },
+            );
             // Writes not yet synced are written by the rollback's sync and freed by it, not
             // dropped now: an intent-log record of theirs not yet filled must still find its
             // bytes, in case the rollback never becomes durable and the log is replayed.
@@ -475,9 +496,9 @@ impl Store {
 
     /// The clones of every snapshot, by snapshot id.
     fn clones_by_origin(&self) -> BTreeMap<u64, Vec<String>> {
-        let state = self.state.lock();
+        let dsl = self.dsl.read();
         let mut clones: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-        for (name, dataset) in &state.volumes {
+        for (name, dataset) in &dsl.volumes {
             if let Some(origin) = dataset.state.lock().entry.origin {
                 clones.entry(origin.snapshot).or_default().push(name.clone());
             }
@@ -489,12 +510,12 @@ impl Store {
     /// from it, naming them.
     pub(super) fn refuse_if_cloned(
         &self,
-        state: &State,
+        dsl: &Datasets,
         volume: &str,
         snapshot: &str,
         id: u64,
     ) -> Result<(), StoreError> {
-        let clones: Vec<&str> = state
+        let clones: Vec<&str> = dsl
             .volumes
             .iter()
             .filter(|(_, d)| d.state.lock().entry.origin.is_some_and(|o| o.snapshot == id))
@@ -527,18 +548,18 @@ impl Store {
         }
         let one_at_a_time = self.sync_lock.lock().await;
         {
-            let mut state = self.state.lock();
-            if state.volumes.contains_key(clone) {
+            let mut dsl = self.dsl.write();
+            if dsl.volumes.contains_key(clone) {
                 return Err(StoreError::VolumeExists {
                     pool: self.pool.name().to_owned(),
                     volume: clone.to_owned(),
                 });
             }
-            let snapshot = self.snapshot_of(&state, volume, name)?;
-            let parent = state.volumes[volume].state.lock().entry.clone();
-            let id = state.next_volume_id;
+            let snapshot = self.snapshot_of(&dsl, volume, name)?;
+            let parent = dsl.volumes[volume].state.lock().entry.clone();
+            let id = dsl.next_volume_id;
             let log = self.new_log(id)?;
-            state.next_volume_id += 1;
+            dsl.next_volume_id += 1;
             let (size, levels) = (snapshot.size_bytes, snapshot.levels);
             let mut entry = VolumeEntry::new(id, clone, size, parent.block_bytes, levels);
             entry.root = snapshot.root;
@@ -554,7 +575,7 @@ impl Store {
             entry.logbias = parent.logbias;
             entry.compression = parent.compression;
             let dataset = Dataset::new(entry, Some(log), &self.limits);
-            state.volumes.insert(clone.to_owned(), dataset);
+            dsl.volumes.insert(clone.to_owned(), dataset);
         }
         self.sync_holding_lock(one_at_a_time).await?;
         Ok(())
@@ -569,8 +590,9 @@ impl Store {
         let _guard = self.panic_guard("a promote");
         let one_at_a_time = self.sync_lock.lock().await;
         {
-            let mut state = self.state.lock();
-            let dataset = state.volumes.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
+            let dsl = self.dsl.read();
+            let mut txg = self.txg.lock();
+            let dataset = dsl.volumes.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
             let entry = dataset.state.lock().entry.clone();
             let Some(origin) = entry.origin else {
                 return Err(StoreError::InvalidProperty {
@@ -581,8 +603,7 @@ impl Store {
             let holds = |d: &Arc<Dataset>| {
                 d.state.lock().entry.snapshots.iter().position(|s| s.id == origin.snapshot)
             };
-            let found =
-                state.volumes.iter().find_map(|(name, d)| Some((name.clone(), holds(d)?, d)));
+            let found = dsl.volumes.iter().find_map(|(name, d)| Some((name.clone(), holds(d)?, d)));
             let Some((parent, at, parent_dataset)) = found else {
                 return Err(StoreError::InvalidProperty {
                     volume: volume.to_owned(),
@@ -602,7 +623,7 @@ impl Store {
                     snapshot: taken.clone(),
                 });
             }
-            state.snapshot_ops.push(SnapshotOp::Promote { volume: volume.to_owned(), parent });
+            Store::queue_task(&mut txg, SnapshotOp::Promote { volume: volume.to_owned(), parent });
         }
         self.sync_holding_lock(one_at_a_time).await?;
         Ok(())
@@ -662,7 +683,7 @@ impl Store {
 
     /// Bytes that only snapshots hold, over every volume: what destroying them all would free.
     pub fn snapshots_bytes(&self) -> u64 {
-        let names: Vec<String> = self.state.lock().volumes.keys().cloned().collect();
+        let names: Vec<String> = self.dsl.read().volumes.keys().cloned().collect();
         names.iter().filter_map(|v| self.snapshot_space(v).ok()).map(|s| s.snapshots_bytes).sum()
     }
 
@@ -694,10 +715,10 @@ impl Store {
         volume: &str,
         name: &str,
     ) -> Result<Arc<Dataset>, StoreError> {
-        let mut state = self.state.lock();
-        let snapshot = self.snapshot_of(&state, volume, name)?;
-        let block_bytes = state.volumes[volume].block_bytes;
-        if let Some(open) = state.snapshot_exports.get(&snapshot.id).and_then(Weak::upgrade) {
+        let mut dsl = self.dsl.write();
+        let snapshot = self.snapshot_of(&dsl, volume, name)?;
+        let block_bytes = dsl.volumes[volume].block_bytes;
+        if let Some(open) = dsl.snapshot_exports.get(&snapshot.id).and_then(Weak::upgrade) {
             return Ok(open);
         }
         let mut entry = VolumeEntry::new(
@@ -710,16 +731,16 @@ impl Store {
         entry.root = snapshot.root;
         entry.space = Some(snapshot.space);
         let dataset = Dataset::snapshot(entry, &self.limits);
-        state.snapshot_exports.retain(|_, weak| weak.strong_count() > 0);
-        state.snapshot_exports.insert(snapshot.id, Arc::downgrade(&dataset));
+        dsl.snapshot_exports.retain(|_, weak| weak.strong_count() > 0);
+        dsl.snapshot_exports.insert(snapshot.id, Arc::downgrade(&dataset));
         Ok(dataset)
     }
 
     /// Handles on destroyed snapshots fail from now on.
     pub(super) fn retire_snapshot_exports(&self, ids: &[u64]) {
-        let mut state = self.state.lock();
+        let mut dsl = self.dsl.write();
         for id in ids {
-            if let Some(dataset) = state.snapshot_exports.remove(id).and_then(|w| w.upgrade()) {
+            if let Some(dataset) = dsl.snapshot_exports.remove(id).and_then(|w| w.upgrade()) {
                 dataset.destroyed.store(true, Ordering::Release);
             }
         }
@@ -727,11 +748,11 @@ impl Store {
 
     fn snapshot_of(
         &self,
-        state: &State,
+        dsl: &Datasets,
         volume: &str,
         name: &str,
     ) -> Result<SnapshotEntry, StoreError> {
-        let dataset = state.volumes.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
+        let dataset = dsl.volumes.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
         let found = dataset.state.lock().entry.snapshots.iter().find(|s| s.name == name).cloned();
         found.ok_or_else(|| StoreError::NoSuchSnapshot {
             pool: self.pool.name().to_owned(),
@@ -740,90 +761,92 @@ impl Store {
         })
     }
 
-    /// The sync's snapshot step, after the volumes' trees are written: appends what each
-    /// volume's newest snapshot still needs to its dead list, then makes the changes asked in
-    /// this txg, in order. Blocks and pieces they free go into `ctx.replaced`. Returns the
-    /// volumes whose trees a scan must walk again once this txg's uberblock is written
-    /// (`Store::rewind_scan`: before it, a scan's chunk may still start on the old trees).
-    pub(super) async fn sync_snapshots(
+    /// The sync's dead-list step, after the volumes' trees are written (ZFS:
+    /// `dsl_dataset_sync`): appends what each volume's newest snapshot still needs of the
+    /// blocks this txg replaced to its dead list. Pieces the appends free go into
+    /// `ctx.replaced`. The snapshot changes asked in this txg run after it, as sync tasks.
+    pub(super) async fn append_deadlists(
         &self,
         ctx: &mut TreeUpdate<'_>,
         trees: &mut BTreeMap<String, SyncedTree>,
-        ops: Vec<SnapshotOp>,
-    ) -> Result<Vec<u64>, PoolError> {
+    ) -> Result<(), PoolError> {
         let txg = ctx.txg;
-        let mut rewind = Vec::new();
-        let volume_ids: BTreeMap<String, u64> = if ops.is_empty() {
-            BTreeMap::new()
-        } else {
-            self.state.lock().volumes.iter().map(|(name, d)| (name.clone(), d.id)).collect()
-        };
         for tree in trees.values_mut() {
             let dead = std::mem::take(&mut tree.dead);
             let starts = tree.family.starts();
             let list = &mut tree.family.deadlist;
             self.append_deadlist(txg, list, &starts, dead, &mut ctx.replaced).await?;
         }
-        for op in ops {
-            let volume = match &op {
-                SnapshotOp::Create { volume, .. }
-                | SnapshotOp::Destroy { volume, .. }
-                | SnapshotOp::Rollback { volume, .. }
-                | SnapshotOp::Promote { volume, .. } => volume.clone(),
-            };
-            if let SnapshotOp::Promote { parent, .. } = &op {
-                self.promote_in_sync(trees, &volume, parent).await?;
-                rewind.extend([&volume, parent].into_iter().filter_map(|v| volume_ids.get(v)));
-                continue;
+        Ok(())
+    }
+
+    /// Makes one snapshot change in the syncing txg (see [`SnapshotOp`]'s [`SyncTask`]).
+    async fn sync_snapshot_op(
+        &self,
+        ctx: &mut TreeUpdate<'_>,
+        trees: &mut BTreeMap<String, SyncedTree>,
+        rewind: &mut Vec<u64>,
+        op: SnapshotOp,
+    ) -> Result<(), PoolError> {
+        let txg = ctx.txg;
+        let volume_id = |name: &str| self.dsl.read().volumes.get(name).map(|d| d.id);
+        let volume = match &op {
+            SnapshotOp::Create { volume, .. }
+            | SnapshotOp::Destroy { volume, .. }
+            | SnapshotOp::Rollback { volume, .. }
+            | SnapshotOp::Promote { volume, .. } => volume.clone(),
+        };
+        if let SnapshotOp::Promote { parent, .. } = &op {
+            self.promote_in_sync(trees, &volume, parent).await?;
+            rewind.extend([&volume, parent].into_iter().filter_map(|v| volume_id(v)));
+            return Ok(());
+        }
+        if !matches!(op, SnapshotOp::Create { .. }) {
+            rewind.extend(volume_id(&volume));
+        }
+        // Checked under the sync lock, which the caller held until this sync.
+        let Some(tree) = trees.get_mut(&volume) else {
+            debug_assert!(false, "a snapshot change for volume {volume}, not quiesced");
+            return Ok(());
+        };
+        match op {
+            SnapshotOp::Create { mut snapshot, .. } => {
+                let family = &mut tree.family;
+                snapshot.txg = txg;
+                snapshot.root = tree.root;
+                snapshot.space = tree.space;
+                snapshot.size_bytes = family.size_bytes;
+                snapshot.levels = family.levels;
+                snapshot.deadlist = std::mem::take(&mut family.deadlist);
+                family.snapshots.push(*snapshot);
+                family.prev_snap_txg = txg;
             }
-            if !matches!(op, SnapshotOp::Create { .. }) {
-                rewind.extend(volume_ids.get(&volume));
+            SnapshotOp::Destroy { name, .. } => {
+                self.destroy_in_sync(ctx, &mut tree.family, &name).await?;
             }
-            // Checked under the sync lock, which the caller held until this sync.
-            let Some(tree) = trees.get_mut(&volume) else {
-                debug_assert!(false, "a snapshot change for volume {volume}, not quiesced");
-                continue;
-            };
-            match op {
-                SnapshotOp::Create { mut snapshot, .. } => {
-                    let family = &mut tree.family;
-                    snapshot.txg = txg;
-                    snapshot.root = tree.root;
-                    snapshot.space = tree.space;
-                    snapshot.size_bytes = family.size_bytes;
-                    snapshot.levels = family.levels;
-                    snapshot.deadlist = std::mem::take(&mut family.deadlist);
-                    family.snapshots.push(*snapshot);
-                    family.prev_snap_txg = txg;
-                }
-                SnapshotOp::Destroy { name, .. } => {
-                    self.destroy_in_sync(ctx, &mut tree.family, &name).await?;
-                }
-                SnapshotOp::Promote { .. } => unreachable!("made above"),
-                SnapshotOp::Rollback { name, .. } => {
-                    let family = &mut tree.family;
-                    let Some(newest) = family.snapshots.last().filter(|s| s.name == name) else {
-                        debug_assert!(false, "rollback of {volume} to {name}, not its newest");
-                        continue;
-                    };
-                    let newest = newest.clone();
-                    // The volume's blocks born after the snapshot are its alone.
-                    let born =
-                        objset::walk_born_after(ctx.pool, tree.root, family.levels, newest.txg)
-                            .await?;
-                    ctx.replaced.extend(born);
-                    // Its dead list names the snapshot's blocks, which it holds again.
-                    ctx.replaced.append(&mut family.deadlist.pieces);
-                    family.deadlist = Deadlist::default();
-                    tree.root = newest.root;
-                    tree.space = newest.space;
-                    family.size_bytes = newest.size_bytes;
-                    family.levels = newest.levels;
-                    family.rolled_back = true;
-                }
+            SnapshotOp::Promote { .. } => unreachable!("made above"),
+            SnapshotOp::Rollback { name, .. } => {
+                let family = &mut tree.family;
+                let Some(newest) = family.snapshots.last().filter(|s| s.name == name) else {
+                    debug_assert!(false, "rollback of {volume} to {name}, not its newest");
+                    return Ok(());
+                };
+                let newest = newest.clone();
+                // The volume's blocks born after the snapshot are its alone.
+                let born =
+                    objset::walk_born_after(ctx.pool, tree.root, family.levels, newest.txg).await?;
+                ctx.replaced.extend(born);
+                // Its dead list names the snapshot's blocks, which it holds again.
+                ctx.replaced.append(&mut family.deadlist.pieces);
+                family.deadlist = Deadlist::default();
+                tree.root = newest.root;
+                tree.space = newest.space;
+                family.size_bytes = newest.size_bytes;
+                family.levels = newest.levels;
+                family.rolled_back = true;
             }
         }
-        Ok(rewind)
+        Ok(())
     }
 
     /// Destroys snapshot `name` of `family` in the syncing txg (see the module doc).

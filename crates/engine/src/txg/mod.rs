@@ -27,24 +27,35 @@
 //! | `spa_vdev.rs` | `spa.c`, `vdev.c` | offline, online, clear, attach, detach and replace of leaves on an open store |
 //! | `space_map.rs` | `space_map.c` | space maps written in pieces and read back |
 //! | `audit.rs` | `zdb -b` | walks every tree and checks the space accounting |
+//! | `dsl_synctask.rs` | `dsl_synctask.c` | the changes a sync makes for its txg, queued as tasks it runs without knowing their types |
+//!
+//! Who owns what. The store's state is split by owner, each behind its own lock:
+//! - the volumes by name ([`Datasets`], `dsl`: a read-write lock; lookups share it, create,
+//!   rename, clone, destroy and snapshot ids take it alone);
+//! - the open txg with its accounting and its queued sync tasks ([`TxgState`], `txg`: what
+//!   admission, the write path and the log's glue count against);
+//! - the last sync's space maps and directory (`synced`, spa_sync.rs alone writes them);
+//! - each volume's blocks and entry ([`Dataset`]'s own lock), its log (crate::intent_log),
+//!   the dedup table (crate::dedup), the allocator (crate::alloc) and the scan (`scan`).
 //!
 //! Lock order (outer to inner; a thread holding one may take only those to its right, and none
 //! is held across an `.await`, but for the three async ones): `Store::vdev_lock` (async, held
 //! for a whole change of leaves) or a volume's `Dataset::rollback_gate` (async: shared by its
 //! writes, which may sync at the dirty maximum while they hold it; held alone by a rollback,
 //! dsl_snapshot.rs, and by a receive's switch, dmu_recv.rs, across their syncs) ->
-//! `Store::sync_lock` (async, held for a whole sync) -> `state` ->
-//! a volume's `Dataset::state` -> its `LogWriter` state -> the DDT's locks (crate::dedup) -> `allocator`.
-//! The scan's state (`scan`) comes before the pool's locks (it reads the pool's tree and
-//! uberblock while held) and after `sync_lock`; nothing else is taken while holding it.
-//! `suspend_cause`, `fail_points`, `pauses`, `sync_history` and `kick` are leaves: nothing is taken while holding them. The whole
-//! crate's order is in `lib.rs`.
+//! `Store::sync_lock` (async, held for a whole sync) -> `scan` -> `dsl` -> `txg` -> a volume's
+//! `Dataset::state` -> its `LogWriter` state -> the DDT's locks (crate::dedup) -> `allocator`.
+//! The scan's state comes before the namespace (a sync reads the scan's record before it walks
+//! the volumes to write the directory). A write takes `txg` and its volume's lock, never
+//! `dsl`: its handle holds the [`Dataset`], and a destroy marks it destroyed under `txg`.
+//! `synced`, `suspend_cause`, `fail_points`, `pauses`, `sync_history` and `kick` are leaves:
+//! nothing is taken while holding them. The whole crate's order is in `lib.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use sluice_format::{BlockPointer, DdtHeader};
 
 mod audit;
@@ -57,6 +68,7 @@ mod dmu_tx;
 mod dsl_deadlist;
 mod dsl_scan;
 mod dsl_snapshot;
+mod dsl_synctask;
 mod spa_load;
 mod spa_sync;
 mod spa_vdev;
@@ -78,7 +90,6 @@ pub use spa_sync::SyncRecord;
 
 use crate::alloc::Allocator;
 use crate::dedup::Ddt;
-use crate::intent_log::LogAddress;
 use crate::pool::{Pool, PoolError};
 use crate::tunables::Tunables;
 
@@ -264,14 +275,26 @@ struct Pause {
     release: futures::channel::oneshot::Receiver<()>,
 }
 
+/// The pool's volumes by name (ZFS: the dataset namespace `dsl_dir` keeps): the one map every
+/// lookup, create, rename and destroy goes through, behind its own lock ([`Store::dsl`]).
+/// Writes do not take it: a handle holds its [`Dataset`], and a destroy marks it under the txg
+/// lock, which every write takes.
 #[derive(Debug)]
-struct State {
-    open_txg: u64,
+struct Datasets {
     next_volume_id: u64,
     volumes: BTreeMap<String, Arc<Dataset>>,
-    /// Space-map and directory blocks of the last synced txg, freed when replaced.
-    space_maps: Vec<Vec<BlockPointer>>,
-    directory: Option<BlockPointer>,
+    /// Datasets of snapshots served read-only, by snapshot id, while a handle holds one.
+    snapshot_exports: BTreeMap<u64, std::sync::Weak<Dataset>>,
+}
+
+/// The open txg and what is counted of it and of the syncing one (ZFS: `txg.c`'s state and
+/// `dsl_pool`'s dirty accounting), with the sync tasks queued for its sync, behind
+/// [`Store::txg`]. Admission (dmu_tx.rs), the write path (dmu.rs), the log's glue (zil.rs) and
+/// the quiesce (spa_sync.rs) share it; each change to a volume's open layer is counted here
+/// under the same lock.
+#[derive(Debug)]
+struct TxgState {
+    open_txg: u64,
     dirty_bytes: u64,
     /// The part of `dirty_bytes` already written in place for the intent log (indirect
     /// records): their space is allocated, so the space check leaves them out, but they stay
@@ -296,45 +319,23 @@ struct State {
     /// [`Allocator::allocated_total`] when the syncing txg quiesced: what it has allocated
     /// since is in the allocator's free space already (`dmu_tx::InFlight`).
     syncing_allocated_base: u64,
-    /// Trees of destroyed volumes, freed by the next sync: (root, levels, the txg through
-    /// which its blocks are its origin's, for a clone; 0 otherwise).
-    destroyed: Vec<(BlockPointer, u8, u64)>,
-    /// Dead lists of destroyed volumes and their snapshots, with the txg through which their
-    /// entries are an origin's: the others and the pieces are freed by the next sync.
-    destroyed_deadlists: Vec<(sluice_format::Deadlist, u64)>,
-    /// Snapshot changes asked in the open txg, made by its sync in this order.
-    snapshot_ops: Vec<dsl_snapshot::SnapshotOp>,
-    /// Datasets of snapshots served read-only, by snapshot id, while a handle holds one.
-    snapshot_exports: BTreeMap<u64, std::sync::Weak<Dataset>>,
-    /// Log blocks of retired chains (destroyed volumes, replayed or failed logs), freed by the
-    /// next sync.
-    retired_log: Vec<LogAddress>,
-    /// Blocks written in place for indirect log records that no volume will link (their
-    /// volume was destroyed, or their block changed before the fill could record them): the
-    /// next sync waits for their writes and frees them.
-    orphaned: Vec<dbuf::Prewritten>,
+    /// The last synced directory's bytes: the open txg's sync rewrites it, a little larger
+    /// perhaps (admission counts it, `dmu_tx::SyncShape`).
+    directory_bytes: u64,
+    /// Work asked in the open txg that its sync does, in this order (dsl_synctask.rs).
+    tasks: Vec<Box<dyn dsl_synctask::SyncTask>>,
 }
 
-impl State {
+impl TxgState {
     /// The open txg's dirty data that its sync still has to allocate space for.
     fn dirty_to_allocate(&self) -> u64 {
         self.dirty_bytes.saturating_sub(self.prewritten_bytes)
     }
 
     /// The state of a store whose last synced txg is `synced_txg`, with nothing dirty.
-    fn new(
-        synced_txg: u64,
-        next_volume_id: u64,
-        volumes: BTreeMap<String, Arc<Dataset>>,
-        space_maps: Vec<Vec<BlockPointer>>,
-        directory: Option<BlockPointer>,
-    ) -> State {
-        State {
+    fn new(synced_txg: u64, directory_bytes: u64) -> TxgState {
+        TxgState {
             open_txg: synced_txg + 1,
-            next_volume_id,
-            volumes,
-            space_maps,
-            directory,
             dirty_bytes: 0,
             prewritten_bytes: 0,
             dirty_metadata_bytes: 0,
@@ -343,14 +344,18 @@ impl State {
             pending_frees: 0,
             syncing_bytes: 0,
             syncing_allocated_base: 0,
-            destroyed: Vec::new(),
-            destroyed_deadlists: Vec::new(),
-            snapshot_ops: Vec::new(),
-            snapshot_exports: BTreeMap::new(),
-            retired_log: Vec::new(),
-            orphaned: Vec::new(),
+            directory_bytes,
+            tasks: Vec::new(),
         }
     }
+}
+
+/// The pool's own metadata as the last sync wrote it: its space maps and the directory that
+/// points at them, freed by the next sync when it writes theirs (spa_sync.rs owns them).
+#[derive(Debug)]
+struct SyncedMetadata {
+    space_maps: Vec<Vec<BlockPointer>>,
+    directory: Option<BlockPointer>,
 }
 
 /// An open pool with its volumes.
@@ -360,7 +365,12 @@ pub struct Store {
     /// Shared with the tasks a sync spawns to write dedup blocks in parallel.
     allocator: Arc<Mutex<Allocator>>,
     ddt: Arc<Ddt>,
-    state: Mutex<State>,
+    /// The volumes by name.
+    dsl: RwLock<Datasets>,
+    /// The open txg, its accounting and its sync tasks.
+    txg: Mutex<TxgState>,
+    /// The last sync's space maps and directory.
+    synced: Mutex<SyncedMetadata>,
     sync_lock: futures::lock::Mutex<()>,
     /// Held for a whole change of leaves (attach, detach, replace: their sync and label
     /// rewrites), so that two do not interleave; taken before `sync_lock`.
@@ -458,9 +468,13 @@ impl Store {
     /// A store on a freshly created pool.
     pub fn create(pool: Pool, tunables: &Tunables) -> Store {
         let allocator = Allocator::new(pool.ashift(), &pool.data_areas());
-        let txg = pool.uberblock().txg;
         let vdevs = pool.root().top_level().len();
-        let state = State::new(txg, 1, BTreeMap::new(), vec![Vec::new(); vdevs], None);
+        let datasets = Datasets {
+            next_volume_id: 1,
+            volumes: BTreeMap::new(),
+            snapshot_exports: BTreeMap::new(),
+        };
+        let synced = SyncedMetadata { space_maps: vec![Vec::new(); vdevs], directory: None };
         // The dedup salt: drawn once per pool, so keys cannot be predicted from outside.
         let mut salt_rng = pool.env().unique_rng("dedup salt");
         let mut salt = [0u8; 32];
@@ -468,13 +482,13 @@ impl Store {
             chunk.copy_from_slice(&salt_rng.u64().to_le_bytes());
         }
         let ddt = DdtHeader { salt, ..DdtHeader::default() };
-        Store::assemble(pool, allocator, state, ddt, tunables)
+        Store::assemble(pool, allocator, (datasets, synced), ddt, tunables)
     }
 
     fn assemble(
         pool: Pool,
         mut allocator: Allocator,
-        state: State,
+        (datasets, synced): (Datasets, SyncedMetadata),
         ddt: DdtHeader,
         tunables: &Tunables,
     ) -> Store {
@@ -485,7 +499,12 @@ impl Store {
         Store {
             allocator: Arc::new(Mutex::new(allocator)),
             ddt: Arc::new(Ddt::new(pool.name(), ddt, tunables)),
-            state: Mutex::new(state),
+            dsl: RwLock::new(datasets),
+            txg: Mutex::new(TxgState::new(
+                pool.uberblock().txg,
+                synced.directory.map_or(0, |bp| bp.psize_bytes()),
+            )),
+            synced: Mutex::new(synced),
             pool: Arc::new(pool),
             sync_lock: futures::lock::Mutex::new(()),
             vdev_lock: futures::lock::Mutex::new(()),
@@ -538,7 +557,7 @@ impl Store {
 
     /// Dirty bytes in the open txg.
     pub fn dirty_bytes(&self) -> u64 {
-        self.state.lock().dirty_bytes
+        self.txg.lock().dirty_bytes
     }
 
     /// The dirty data the open txg may hold (`txg.dirty_max`, `auto` resolved); a sync starts
@@ -553,7 +572,7 @@ impl Store {
 
     /// The txg that writes go into now.
     pub fn open_txg(&self) -> u64 {
-        self.state.lock().open_txg
+        self.txg.lock().open_txg
     }
 
     pub fn free_bytes(&self) -> u64 {
@@ -590,7 +609,7 @@ impl Store {
 
     /// Arms a fail point: the next time the store passes `point` it panics (tests use this to
     /// show that a panic suspends the store). Points: `dmu.modify` (a write, inside the
-    /// store's lock after its blocks went into the open txg and before its log record) and
+    /// txg lock after its blocks went into the open txg and before its log record) and
     /// `spa_sync.write_volumes` (a sync, after the quiesce).
     #[doc(hidden)]
     pub fn arm_fail_point(&self, point: &'static str) {
@@ -601,7 +620,7 @@ impl Store {
     /// returned completes, and the task goes on once the sender is used or dropped. Tests use
     /// this to make a race happen every time (a shrink between a write's range check and its
     /// insert). Points: `dmu.assigned` (a write, after its range check and its admission,
-    /// before it takes the store's lock).
+    /// before it takes the txg lock).
     #[doc(hidden)]
     pub fn arm_pause(
         &self,

@@ -30,7 +30,7 @@ use sluice_format::{
 
 use super::dataset::Dataset;
 use super::dmu_tx::TxgLimits;
-use super::{LogStats, State, Store, StoreError};
+use super::{Datasets, LogStats, Store, StoreError, SyncedMetadata};
 use crate::alloc::{Allocator, FREE_DEFER_TXGS};
 use crate::intent_log::{self, Chain, LogAddress};
 use crate::objset;
@@ -177,14 +177,20 @@ impl Store {
             }
             volumes.insert(entry.name.clone(), Dataset::new(entry, None, &limits));
         }
-        let state = State::new(
+        debug_assert_eq!(
             uberblock.txg,
-            directory.next_volume_id,
-            volumes,
-            directory.space_maps.clone(),
-            uberblock.root,
+            pool.uberblock().txg,
+            "the store opens after the loaded txg"
         );
-        let mut store = Store::assemble(pool, allocator, state, directory.ddt, tunables);
+        let datasets = Datasets {
+            next_volume_id: directory.next_volume_id,
+            volumes,
+            snapshot_exports: BTreeMap::new(),
+        };
+        let synced =
+            SyncedMetadata { space_maps: directory.space_maps.clone(), directory: uberblock.root };
+        let mut store =
+            Store::assemble(pool, allocator, (datasets, synced), directory.ddt, tunables);
         store.log_stats = log_stats;
         // Before replay, whose syncs write the scan record again.
         if let Some(scan) = directory.records.as_ref().and_then(|r| r.scan.as_ref()) {

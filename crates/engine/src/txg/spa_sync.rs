@@ -3,12 +3,14 @@
 //! [`Store::sync`] quiesces the open txg (`quiesce`: it becomes the syncing one, new writes go
 //! to the next, and what admission counted for it is recorded) and writes it out in the steps
 //! `sync_locked` calls in order:
-//! 1. the trees and dead lists of destroyed volumes are walked for what they free;
-//! 2. `write_volumes`: every dirty data block, copy-on-write into new space (patches completed
+//! 1. `write_volumes`: every dirty data block, copy-on-write into new space (patches completed
 //!    first, dedup volumes through the table), then the indirect blocks up to each new root;
 //!    blocks written in place for the log that no tree took are freed (`release_prewritten`);
-//! 3. `sync_snapshots` (dsl_snapshot.rs): replaced blocks a snapshot holds appended to dead
-//!    lists, then the snapshots made, destroyed, rolled back to or promoted in this txg;
+//! 2. `append_deadlists` (dsl_snapshot.rs): replaced blocks a snapshot holds appended to dead
+//!    lists;
+//! 3. `run_sync_tasks` (dsl_synctask.rs): the changes asked in this txg, in order, each by its
+//!    own code: snapshots made, destroyed, rolled back to or promoted, destroyed volumes' trees
+//!    and dead lists walked for what they free, retired log chains and orphaned blocks freed;
 //! 4. `write_dedup_table`: references dropped by replaced blocks, then the table's buckets;
 //! 5. `free_replaced`: what this txg replaced, and the previous directory and space maps, into
 //!    the allocator's deferred frees;
@@ -27,14 +29,15 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use sluice_format::{
-    BlockPointer, Compression, DdtHeader, Deadlist, DedupMode, DirectoryRecords, LogHeader,
-    PoolDirectory, SpaceMap, VolumeEntry, DVAS_MAX,
+    BlockPointer, Compression, DdtHeader, DedupMode, DirectoryRecords, LogHeader, PoolDirectory,
+    SpaceMap, VolumeEntry, DVAS_MAX,
 };
 
 use super::dbuf::{Block, Prewritten};
-use super::dsl_snapshot::{Family, SnapshotOp, SyncedTree};
+use super::dsl_snapshot::{Family, SyncedTree};
+use super::dsl_synctask::SyncTask;
 use super::space_map::{piece_layout, split_space_map, SPACE_MAP_PIECE_BYTES};
-use super::{Store, StoreError};
+use super::{Store, StoreError, SyncedMetadata};
 use crate::alloc::{AllocClass, AllocError, Allocator};
 use crate::device::AlignedBuf;
 use crate::intent_log::{ChainOwner, LogWriter};
@@ -73,14 +76,8 @@ struct Quiesced {
     /// Each volume's entry, levels on disk, syncing blocks and the blocks among them already
     /// written in place for the intent log.
     work: Vec<VolumeWork>,
-    /// Trees of volumes destroyed since the last sync (`State::destroyed`).
-    destroyed: Vec<(BlockPointer, u8, u64)>,
-    /// Blocks written in place that no volume links (`State::orphaned`).
-    orphaned: Vec<Prewritten>,
-    /// Dead lists of destroyed volumes and their snapshots.
-    destroyed_deadlists: Vec<(Deadlist, u64)>,
-    /// Snapshot changes asked in this txg.
-    snapshot_ops: Vec<SnapshotOp>,
+    /// The changes asked in this txg (dsl_synctask.rs), in the order they were asked.
+    tasks: Vec<Box<dyn SyncTask>>,
     /// What admission counted for this txg's sync, [`Allocator::allocated_total`] when it
     /// quiesced, and the blocks it writes.
     admitted: (u64, u64, u64),
@@ -152,10 +149,7 @@ impl Store {
         let result = self.sync_locked().await;
         // Synced, the txg's blocks are allocated (and counted as such); failed, the store is
         // suspended.
-        {
-            let mut state = self.state.lock();
-            state.syncing_bytes = 0;
-        }
+        self.txg.lock().syncing_bytes = 0;
         if let Err(error) = &result {
             self.suspend(format!("the sync failed: {}", crate::error_chain(error)));
         }
@@ -169,15 +163,8 @@ impl Store {
 
     /// One sync, in its named steps (the module doc lists them).
     pub(super) async fn sync_locked(&self) -> Result<u64, StoreError> {
-        let Quiesced {
-            txg,
-            work,
-            destroyed,
-            orphaned,
-            destroyed_deadlists,
-            snapshot_ops,
-            admitted: (admitted_bytes, allocated_base, blocks),
-        } = self.quiesce();
+        let Quiesced { txg, work, tasks, admitted: (admitted_bytes, allocated_base, blocks) } =
+            self.quiesce();
         // The dedup table's rewrite is kept apart by admission (`Ddt::rewrite_reserve_bytes`,
         // for the deferral's txgs together); one txg's share of it.
         let admitted_bytes = admitted_bytes
@@ -193,20 +180,10 @@ impl Store {
         let replay_progress: BTreeMap<String, Option<LogHeader>> =
             work.iter().map(|(entry, ..)| (entry.name.clone(), entry.log)).collect();
         let mut ctx = TreeUpdate::new(&self.pool, &self.allocator, txg);
-        // A clone's blocks born by its origin's txg are the origin's: they stay.
-        for (root, levels, origin_txg) in destroyed {
-            ctx.replaced
-                .extend(objset::walk_born_after(&self.pool, Some(root), levels, origin_txg).await?);
-        }
-        for (list, origin_txg) in destroyed_deadlists {
-            let entries = self.deadlist_entries(&list).await?;
-            ctx.replaced.extend(entries.into_iter().filter(|bp| bp.birth_txg > origin_txg));
-            ctx.replaced.extend(list.pieces);
-        }
         self.fail_point("spa_sync.write_volumes");
         let mut roots = self.write_volumes(&mut ctx, work).await?;
-        self.release_prewritten(txg, orphaned).await;
-        let rewind = self.sync_snapshots(&mut ctx, &mut roots, snapshot_ops).await?;
+        self.append_deadlists(&mut ctx, &mut roots).await?;
+        let rewind = self.run_sync_tasks(&mut ctx, &mut roots, tasks).await?;
         let (ddt_header, replaced) = self.write_dedup_table(&mut ctx).await?;
         let vdevs = self.free_replaced(txg, &replaced);
         let (anchored, headers, directory) =
@@ -239,7 +216,8 @@ impl Store {
     /// The open txg becomes the syncing one: its dirty blocks move to each volume's `syncing`
     /// layer, where reads still find them, and new writes go to the next txg.
     fn quiesce(&self) -> Quiesced {
-        let mut state = self.state.lock();
+        let dsl = self.dsl.read();
+        let mut state = self.txg.lock();
         let txg = state.open_txg;
         state.open_txg += 1;
         // What each leaf had missed when the next txg opened: a resilver or a sync compares it
@@ -248,9 +226,9 @@ impl Store {
         // What this txg's sync may allocate, its own metadata bounded from the blocks it
         // writes: admission counts it until the sync has allocated it, and the sync's record
         // holds it beside what was allocated.
-        let shape = super::dmu_tx::SyncShape::of_open(&state, &self.pool);
+        let shape = super::dmu_tx::SyncShape::of_open(&dsl, &state, &self.pool);
         {
-            // Lock order: state -> allocator.
+            // Lock order: dsl -> txg -> allocator.
             let mut allocator = self.allocator.lock();
             state.syncing_bytes = state.dirty_to_allocate()
                 + state.dirty_metadata_bytes
@@ -266,7 +244,7 @@ impl Store {
         state.prewritten_bytes = 0;
         state.dirty_metadata_bytes = 0;
         let mut work = Vec::new();
-        for dataset in state.volumes.values() {
+        for dataset in dsl.volumes.values() {
             let mut volume = dataset.state.lock();
             let volume = &mut *volume;
             dataset.dirty_bytes.store(0, Ordering::Relaxed);
@@ -278,11 +256,8 @@ impl Store {
                 std::mem::take(&mut volume.prewritten),
             ));
         }
-        let destroyed = std::mem::take(&mut state.destroyed);
-        let orphaned = std::mem::take(&mut state.orphaned);
-        let destroyed_deadlists = std::mem::take(&mut state.destroyed_deadlists);
-        let snapshot_ops = std::mem::take(&mut state.snapshot_ops);
-        Quiesced { txg, work, destroyed, orphaned, destroyed_deadlists, snapshot_ops, admitted }
+        let tasks = std::mem::take(&mut state.tasks);
+        Quiesced { txg, work, tasks, admitted }
     }
 
     /// Writes every volume's dirty blocks and the indirect blocks above them; returns each
@@ -437,7 +412,7 @@ impl Store {
 
     /// Frees blocks written in place that no tree links, in `txg`, once their writes have
     /// ended (a write still in flight must not land on space handed out again).
-    async fn release_prewritten(&self, txg: u64, unused: Vec<Prewritten>) {
+    pub(super) async fn release_prewritten(&self, txg: u64, unused: Vec<Prewritten>) {
         for p in &unused {
             p.write.clone().await;
         }
@@ -473,8 +448,8 @@ impl Store {
     /// (reusable after the deferral). Returns the number of top-level vdevs.
     fn free_replaced(&self, txg: u64, replaced: &[BlockPointer]) -> usize {
         let (old_maps, old_directory, vdevs) = {
-            let state = self.state.lock();
-            (state.space_maps.clone(), state.directory, state.space_maps.len())
+            let synced = self.synced.lock();
+            (synced.space_maps.clone(), synced.directory, synced.space_maps.len())
         };
         {
             let mut allocator = self.allocator.lock();
@@ -501,10 +476,12 @@ impl Store {
     ) -> (Vec<Arc<LogWriter>>, BTreeMap<String, Option<LogHeader>>, PoolDirectory) {
         let mut anchored = Vec::new();
         let mut headers = BTreeMap::new();
+        // Taken before the namespace: the scan's lock comes before the pool's.
+        let scan = self.scan_record();
         let directory = {
-            let mut state = self.state.lock();
-            let mut freed_log = std::mem::take(&mut state.retired_log);
-            for dataset in state.volumes.values() {
+            let dsl = self.dsl.read();
+            let mut freed_log = Vec::new();
+            for dataset in dsl.volumes.values() {
                 let v = dataset.state.lock();
                 let header = match &v.log {
                     Some(log) => {
@@ -530,9 +507,9 @@ impl Store {
             drop(allocator);
             PoolDirectory {
                 txg,
-                next_volume_id: state.next_volume_id,
+                next_volume_id: dsl.next_volume_id,
                 space_maps: vec![Vec::new(); vdevs],
-                volumes: state
+                volumes: dsl
                     .volumes
                     .values()
                     .map(|dataset| {
@@ -559,7 +536,7 @@ impl Store {
                 records: Some(DirectoryRecords {
                     config: self.pool.config().clone(),
                     leaves: self.pool.leaf_records(),
-                    scan: self.scan_record(),
+                    scan,
                 }),
             }
         };
@@ -677,8 +654,8 @@ impl Store {
     ) -> Result<(), StoreError> {
         self.syncs.inc();
         self.allocator.lock().synced(txg);
-        let mut state = self.state.lock();
-        for dataset in state.volumes.values() {
+        let dsl = self.dsl.read();
+        for dataset in dsl.volumes.values() {
             let mut volume = dataset.state.lock();
             if let Some(synced) = roots.get(&volume.entry.name) {
                 volume.entry.root = synced.root;
@@ -700,12 +677,12 @@ impl Store {
             }
             volume.syncing.clear();
         }
-        state.space_maps = space_maps;
-        state.directory = Some(directory_bp);
+        *self.synced.lock() = SyncedMetadata { space_maps, directory: Some(directory_bp) };
+        self.txg.lock().directory_bytes = directory_bp.psize_bytes();
         // Records of this txg need no log any more. A chain with a failed write is replaced:
         // records not yet issued move to a new chain, which the next sync anchors.
         let mut replaced = Vec::new();
-        for dataset in state.volumes.values() {
+        for dataset in dsl.volumes.values() {
             let mut volume = dataset.state.lock();
             let Some(log) = volume.log.clone() else { continue };
             log.synced(txg, anchored.iter().any(|a| Arc::ptr_eq(a, &log)));
@@ -722,7 +699,9 @@ impl Store {
                 volume.log = Some(Arc::new(fresh));
             }
         }
-        state.retired_log.extend(replaced);
+        if !replaced.is_empty() {
+            Store::queue_task(&mut self.txg.lock(), super::zil::RetiredLog(replaced));
+        }
         Ok(())
     }
 

@@ -14,6 +14,7 @@ use sluice_format::{
 };
 
 use super::dbuf::{Apply, Block, Prewritten, WriteData};
+use super::dsl_synctask::{SyncCx, SyncTask};
 use super::{Dataset, Store, StoreError};
 use crate::device::{AlignedBuf, SharedBuf};
 use crate::intent_log::{
@@ -89,13 +90,13 @@ impl Store {
         }
         // Retire the old chains and start new ones; one sync makes it all durable.
         {
-            let mut state = self.state.lock();
-            for (_, _, chain) in &chains {
-                state.retired_log.extend(chain.addresses.iter().copied());
-                state.retired_log.extend(chain.indirect.iter().copied());
-            }
+            let retired = chains
+                .iter()
+                .flat_map(|(_, _, chain)| chain.addresses.iter().chain(&chain.indirect).copied())
+                .collect();
+            Store::queue_task(&mut self.txg.lock(), RetiredLog(retired));
         }
-        let datasets: Vec<Arc<Dataset>> = self.state.lock().volumes.values().cloned().collect();
+        let datasets: Vec<Arc<Dataset>> = self.dsl.read().volumes.values().cloned().collect();
         for dataset in datasets {
             let log = self.new_log(dataset.id)?;
             dataset.state.lock().log = Some(log);
@@ -112,8 +113,8 @@ impl Store {
 
     /// Log blocks written by the volumes' current chains.
     pub fn log_blocks_written(&self) -> u64 {
-        self.state
-            .lock()
+        self.dsl
+            .read()
             .volumes
             .values()
             .filter_map(|d| d.state.lock().log.as_ref().map(|l| l.lwbs_written()))
@@ -200,7 +201,7 @@ impl Store {
         // The record's txg is at most the open one, which this sync makes durable. Commits
         // falling back together (every writer of a failed chain) share one sync: the
         // uberblock names the last durable txg.
-        let open = self.state.lock().open_txg;
+        let open = self.txg.lock().open_txg;
         self.sync_unless(|| self.pool.uberblock().txg >= open).await
     }
 
@@ -306,16 +307,16 @@ impl Store {
         let mut copy: Vec<&LogRecord> = Vec::new();
         let mut syncing: Vec<&LogRecord> = Vec::new();
         {
-            let state = self.state.lock();
+            let txg = self.txg.lock();
             let v = dataset.state.lock();
             for record in claimed {
                 match v.open.get(&index_of(record)) {
-                    Some(Block::Data(data)) if record.txg() == state.open_txg => {
+                    Some(Block::Data(data)) if record.txg() == txg.open_txg => {
                         place.push((record, Arc::clone(data)));
                     }
                     // Of the txg being synced (only one syncs at a time; an older one has
                     // synced, and dropped its records from the log).
-                    _ if record.txg() + 1 == state.open_txg && state.syncing_bytes > 0 => {
+                    _ if record.txg() + 1 == txg.open_txg && txg.syncing_bytes > 0 => {
                         syncing.push(record)
                     }
                     _ => copy.push(record),
@@ -331,7 +332,7 @@ impl Store {
             // again, to a new place: dmu_sync's late arrival.)
             let bytes = syncing.len() as u64 * bs;
             if bytes < COPY_ALWAYS_BYTES
-                || bytes.saturating_mul(COPY_SHARE_OF_SYNC) < state.syncing_bytes
+                || bytes.saturating_mul(COPY_SHARE_OF_SYNC) < txg.syncing_bytes
             {
                 // Older than the rest: copied (and so filled) first.
                 copy.splice(0..0, syncing.drain(..));
@@ -402,19 +403,19 @@ impl Store {
         // frees it once its write ends) and its record copied instead.
         let mut filled: Vec<(LogRecord, Option<DataWrite>)> = Vec::new();
         {
-            let mut state = self.state.lock();
-            let state = &mut *state;
+            let mut txg = self.txg.lock();
             let mut v = dataset.state.lock();
+            let mut orphaned = Vec::new();
             for ((record, _), block) in place.iter().zip(blocks) {
                 let index = index_of(record);
                 let current = match v.open.get(&index) {
                     Some(Block::Data(data)) => Arc::ptr_eq(data, &block.data),
                     _ => false,
                 };
-                // A destroy (under the store's lock, as here) orphans the prewritten blocks
+                // A destroy (under the txg lock, as here) orphans the prewritten blocks
                 // it finds; one linked after it would be freed by no sync.
                 let live = !dataset.destroyed.load(std::sync::atomic::Ordering::Acquire);
-                if current && live && record.txg() == state.open_txg {
+                if current && live && record.txg() == txg.open_txg {
                     let indirect = match record {
                         LogRecord::WriteIndirect { txg, sequence, offset, len, .. } => {
                             LogRecord::WriteIndirect {
@@ -429,7 +430,7 @@ impl Store {
                     };
                     filled.push((indirect, Some(block.write.clone())));
                     if let Some(replaced) = v.prewritten.insert(index, block) {
-                        state.orphaned.push(replaced);
+                        orphaned.push(replaced);
                     }
                     // The block is on its way to the disk and the sync will not write it, but
                     // it stays dirty: the throttle and the start of the next sync count it,
@@ -438,11 +439,14 @@ impl Store {
                     // already. (Leaving it out of the dirty data too let 1 MiB write + flush
                     // clients fill a pool with blocks written in place and their replaced
                     // versions within one txg timeout: the sync after found no room.)
-                    state.prewritten_bytes += bs;
+                    txg.prewritten_bytes += bs;
                 } else {
-                    state.orphaned.push(block);
+                    orphaned.push(block);
                     copy.push(record);
                 }
+            }
+            if !orphaned.is_empty() {
+                Store::queue_task(&mut txg, Orphaned(orphaned));
             }
         }
         for (at, data, done) in writes {
@@ -577,4 +581,41 @@ const UNFILLED: BlockPointer = BlockPointer {
 /// header and the record's, in whole 4 KiB.
 pub(super) fn copied_piece_bytes(block_bytes_max: u32) -> usize {
     ((block_bytes_max as usize - LOG_HEADER_BYTES - 40) / 4096 * 4096).max(512)
+}
+
+/// Log blocks of retired chains (a destroyed volume's, a replayed or failed log's), freed by
+/// the sync of the txg they were retired in: that sync's uberblock no longer points at them.
+#[derive(Debug)]
+pub(super) struct RetiredLog(pub(super) Vec<LogAddress>);
+
+impl SyncTask for RetiredLog {
+    fn sync<'c, 's: 'c>(
+        self: Box<Self>,
+        cx: SyncCx<'c, 's>,
+    ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
+        let mut allocator = cx.store.allocator.lock();
+        for at in self.0 {
+            allocator.free_log(cx.update.txg, at.vdev, at.offset_bytes, u64::from(at.len_bytes));
+        }
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// Blocks written in place for indirect log records that no volume will link (their volume
+/// was destroyed, or their block changed before the fill could record them): the sync waits
+/// for their writes, since a write in flight must not land on space handed out again, then
+/// frees them.
+#[derive(Debug)]
+pub(super) struct Orphaned(pub(super) Vec<Prewritten>);
+
+impl SyncTask for Orphaned {
+    fn sync<'c, 's: 'c>(
+        self: Box<Self>,
+        cx: SyncCx<'c, 's>,
+    ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
+        Box::pin(async move {
+            cx.store.release_prewritten(cx.update.txg, self.0).await;
+            Ok(())
+        })
+    }
 }
