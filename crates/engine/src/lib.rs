@@ -24,19 +24,46 @@
 //!
 //! Each module that takes two of these writes the part it enforces in its own doc.
 
-pub mod alloc;
-pub mod dedup;
-pub mod device;
-pub mod intent_log;
-pub mod objset;
-pub mod pool;
+// The runtime seam, the tunables and the counters are interfaces as they stand: the host
+// runtime implements the first, the CLI sets the second and reads the third.
 pub mod rt;
 pub mod stats;
 pub mod tunables;
-pub mod txg;
-pub mod vdev;
-pub mod volume;
-pub mod zio;
+
+/// The mechanisms are the crate's own. The simulator, the seed experiments and the engine's
+/// integration tests reach inside them (the simulated device, fail points, the allocator and
+/// log writer alone, audits) through the `testing` feature, which sluice-bench and the NBD
+/// server's tests turn on and the engine's tests take through a dev-dependency on the crate
+/// itself. The
+/// served binary and the NBD server build without it and see only what is re-exported below:
+/// `cargo check -p sluice-cli -p sluice-nbd` (scripts/test) checks that they need nothing more.
+macro_rules! mechanisms {
+    ($($name:ident),* $(,)?) => {$(
+        #[cfg(feature = "testing")]
+        pub mod $name;
+        #[cfg(not(feature = "testing"))]
+        pub(crate) mod $name;
+    )*};
+}
+
+mechanisms!(alloc, dedup, device, intent_log, objset, pool, txg, vdev, volume, zio);
+
+pub use dedup::Locking;
+pub use device::{
+    core_ring, inject, BlockDevice, DeviceError, FileDevice, FileDeviceOptions, SharedBuf,
+    IOVECS_MAX,
+};
+pub use pool::{
+    probe, LeafSpec, Pool, PoolError, PoolLeaf, PoolSpec, PreparedAttach, ScrubReport, TopSpec,
+    VerifyReport,
+};
+pub use txg::{
+    AuditReport, ImportOptions, ImportReport, LostLog, ReadData, ReceiveMode, Rewind, ScanFunc,
+    ScanPhase, ScanStatus, SnapshotInfo, SnapshotSpace, Store, StoreError, StreamSummary,
+    SyncRecord, VolumeProperty, BLOCK_BYTES_DEFAULT, RECEIVE_PREFIX,
+};
+pub use vdev::{LeafState, ReadPolicy, VdevError};
+pub use volume::Volume;
 
 /// An error and its causes, joined by ": ", for a person to read (a log line, a suspension's
 /// cause, the CLI's message): a mirror's "failed on every child" says why only through its

@@ -4,7 +4,7 @@
 //! caller's thread). A connection is accepted onto one core and, once it has chosen its export,
 //! moves once to its volume's core (sluice_nbd's placement.rs), which then reads its requests,
 //! runs the engine's write and log append, submits the device commands to its own ring
-//! (`sluice_engine::device::core_ring`), reaps their completions and sends the replies. Tasks the
+//! (`sluice_engine::core_ring`), reaps their completions and sends the replies. Tasks the
 //! engine spawns from a core stay on that core, so a request, its device commands and its reply
 //! never change thread; only work that is shared by nature crosses cores (the txg sync, and
 //! with `volume.placement=spread` a commit that waits for a log block another core's connection
@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use sluice_engine::device::core_ring;
+use sluice_engine::core_ring;
 use sluice_engine::rt::{BoxFuture, Env, Spawn};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;

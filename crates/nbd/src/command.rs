@@ -9,9 +9,9 @@
 //! an error chunk (with its message) where the client negotiated structured replies; every
 //! other failure with a simple reply's errno.
 
-use sluice_engine::device::IOVECS_MAX;
-use sluice_engine::txg::{ReadData, StoreError};
-use sluice_engine::volume::Volume;
+use sluice_engine::Volume;
+use sluice_engine::IOVECS_MAX;
+use sluice_engine::{ReadData, StoreError};
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 
 use crate::proto::{self, Request};

@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use sluice_engine::volume::Volume;
+use sluice_engine::Volume;
 use tokio::io::{
     AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, ReadHalf, WriteHalf,
 };
@@ -751,7 +751,7 @@ mod tests {
 
     use std::sync::Arc;
 
-    use sluice_engine::volume::Volume;
+    use sluice_engine::Volume;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::{serve_connection, serve_connection_tls, ConnectionError, Exports};

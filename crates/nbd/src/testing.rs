@@ -8,7 +8,7 @@ use sluice_engine::device::{SimDevice, SimProfile};
 use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::Store;
-use sluice_engine::volume::Volume;
+use sluice_engine::Volume;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::proto::{self, Request};

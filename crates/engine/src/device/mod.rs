@@ -13,6 +13,8 @@ mod buf;
 pub mod core_ring;
 mod file;
 pub mod inject;
+// The simulated disks of the simulator, the benchmarks and the tests: not in the served binary.
+#[cfg(feature = "testing")]
 pub mod sim;
 mod uring;
 
@@ -21,6 +23,7 @@ use std::path::PathBuf;
 
 pub use buf::{AlignedBuf, SharedBuf, UninitBuf, BUF_ALIGN_BYTES, IOVECS_MAX};
 pub use file::{FileDevice, FileDeviceOptions};
+#[cfg(feature = "testing")]
 pub use sim::{SimDevice, SimProfile};
 
 use crate::rt::BoxFuture;

@@ -237,6 +237,8 @@ impl<T> Scheduler<T> {
         self.queued.len()
     }
 
+    // Read only by tests and the benchmarks.
+    #[cfg(any(test, feature = "testing"))]
     pub fn active_total(&self) -> u32 {
         self.active_total
     }
@@ -245,6 +247,8 @@ impl<T> Scheduler<T> {
         self.active[class.index()]
     }
 
+    // Read only by tests and the benchmarks.
+    #[cfg(any(test, feature = "testing"))]
     pub fn last_end(&self) -> u64 {
         self.last_end
     }
