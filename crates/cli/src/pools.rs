@@ -109,7 +109,7 @@ impl Held {
 /// Parses sizes like 64M, 20G, 4096.
 pub fn parse_size(text: &str) -> anyhow::Result<u64> {
     sluice_engine::tunables::parse_bytes(text).with_context(|| {
-        format!("{text:?} is not a size that fits in 64 bits (like 64M, 20G or 4096)")
+        format!("{text:?} is not a whole number of bytes that fits in 64 bits (like 4096, 4K, 4KiB, 64M or 1.5G)")
     })
 }
 
@@ -1650,26 +1650,12 @@ pub async fn snapshot_list(
     Ok(())
 }
 
-/// Seconds since the epoch as `YYYY-MM-DD HH:MM:SS UTC` (days to a civil date as in Howard
-/// Hinnant's `civil_from_days`).
+/// Seconds since the epoch as `YYYY-MM-DD HH:MM:SS UTC`: humantime's RFC 3339 form
+/// (`2026-11-28T09:30:00Z`) in the words `snapshot list` has always printed.
 fn utc(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rest = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
-        rest / 3600,
-        rest / 60 % 60,
-        rest % 60
-    )
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+    let rfc3339 = humantime::format_rfc3339_seconds(time).to_string();
+    format!("{} UTC", rfc3339.trim_end_matches('Z').replacen('T', " ", 1))
 }
 
 pub async fn vol_rename(ctx: &mut Ctx<'_>, spec: &str, to: &str) -> anyhow::Result<()> {
@@ -1956,5 +1942,17 @@ fn human(bytes: u64) -> String {
         format!("{bytes}B")
     } else {
         format!("{value:.1}{}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creation_times_print_as_utc() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(1_795_000_000), "2026-11-18 11:06:40 UTC");
     }
 }
