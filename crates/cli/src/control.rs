@@ -1,24 +1,44 @@
 //! The control socket of `sluice serve`: while a pool is served, its leaves are locked by the
-//! server, so `sluice pool status|scrub`, `sluice vol
-//! create|list|get|set|rename|resize|rollback|promote|destroy`, `sluice snapshot
-//! create|list|destroy` and `sluice clone` naming that pool are sent to the server, which
-//! runs them against its live store (a volume created this way is exported at once) and sends
-//! back their output. `sluice pool iostat` sends the hidden
-//! `pool stats` for the live counters (crate::iostat).
+//! server, so the commands about that pool that can run on a live store (`sluice pool
+//! status|list|sync|scrub|offline|online|clear|attach|detach|replace`, `sluice vol ...`,
+//! `sluice snapshot ...`, `sluice clone`, `sluice send`, `sluice recv`) are sent to the
+//! server, which runs them against its store (a volume created this way is exported at once)
+//! and sends back what they said. `sluice pool iostat` sends the hidden `pool stats` for the
+//! live counters (crate::iostat).
 //!
 //! The socket sits next to the pool cache file, named after the pool. One request per
-//! connection: a [`Request`] as a JSON object on one line, `{"protocol": N, "args": [...]}`;
-//! the answer is an [`Answer`] as a JSON object on one line, `{"protocol": N, "ok": bool,
-//! "out": text, "error": text, "kind": name}`, `kind` naming what kind of failure it was
-//! (crate::exit, so the client exits with the code the server's error calls for). Both sides
-//! say their protocol version, [`PROTOCOL`]: a command and a server of different versions
-//! refuse each other with an error that says so, rather than misreading each other (a request
-//! of the first, unnumbered protocol was a bare JSON array). For `pool stats`, `out` is a
-//! `crate::snapshot::PoolSnapshot` in JSON.
+//! connection, then frames until the end; each is a JSON object on one line whose first field
+//! is `protocol`, the sender's version ([`PROTOCOL`]), which the receiver checks before it
+//! reads anything else: a command and a server of different versions refuse each other with
+//! an error that says so and what to run (exit code 11), rather than misreading each other.
+//!
+//! - The request, [`Request`]: `{"protocol": 3, "command": C}`, C being the command line's
+//!   own parsed subcommand (`crate::Command`) in its serde form, for example
+//!   `{"pool": {"pool": {"scrub": {"name": "tank", "pause": false, "stop": false, "wait":
+//!   true}}}}` (the outer `pool` is the subcommand, the inner its field). The
+//!   server does not parse a command line.
+//! - Frames, [`Frame`], in order: `{"protocol": 3, "progress": P}` while a command waits for a
+//!   scrub or resilver (`crate::pools::output::Progress`, printed by the command as it
+//!   arrives); `{"protocol": 3, "reply": R}` for each thing the command said
+//!   (`crate::pools::output::Reply`: typed values such as a pool's status or a volume list,
+//!   which the command renders as text, `-H` or `--json` exactly as it renders them for a pool
+//!   it opened itself; `pool stats` is a `Reply::Stats` carrying the `PoolSnapshot`); and last
+//!   `{"protocol": 3, "ok": true}`, or `{"protocol": 3, "ok": false, "error": message,
+//!   "kind": name}`, `kind` naming what kind of failure it was (crate::exit's names, so the
+//!   client exits with the code the server's error calls for).
+//! - `send` and `recv` carry a stream in the same connection: `send`'s server answers
+//!   `{"ok": true}` (or a refusal), then the stream, then its frames; `recv`'s client sends
+//!   the stream after the request and reads the frames once the server has taken it all.
+//!
+//! Versions: 1 sent the argument list as a bare JSON array; 2 sent `{"protocol": 2, "args":
+//! [...]}`, which the server parsed as a command line, and answered with pre-rendered text. A
+//! server of version 2 answers a version 3 request with a version 2 refusal, and this command
+//! reports the mismatch; a version 2 command reads this server's refusal, which has the fields
+//! it knows (`ok`, `error`, `kind`), and reports it likewise.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -27,79 +47,160 @@ use sluice_engine::rt::Env;
 use sluice_engine::txg::{ReceiveMode, Store};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
-use crate::{exit, pools};
+use crate::pools::output::{render_progress, Progress, Reply};
+use crate::pools::replication::{received, SendWhat};
+use crate::{exit, pools, Command};
 
 /// The control protocol's version. 2: requests and answers say their version; answers say
-/// what kind of failure they carry.
-pub const PROTOCOL: u32 = 2;
+/// what kind of failure they carry. 3: the request is the typed command, the answer typed
+/// replies and progress frames, rendered by the command.
+pub const PROTOCOL: u32 = 3;
 
-/// One command for the server: its arguments as the command line has them.
-#[derive(Debug, Serialize, Deserialize)]
+/// One command for the server.
+#[derive(Serialize, Deserialize)]
 pub struct Request {
     pub protocol: u32,
-    pub args: Vec<String>,
+    pub command: Command,
 }
 
-/// The server's answer to one command.
+/// One line from the server: a progress report, a reply, or the end (`ok`).
 #[derive(Debug, Default, Serialize, Deserialize)]
-pub struct Answer {
-    /// The server's protocol version (0 from a server of the unnumbered first protocol).
+pub struct Frame {
+    /// The server's protocol version (absent from a server of the unnumbered first protocol).
     #[serde(default)]
     pub protocol: u32,
-    /// Whether the command succeeded.
-    pub ok: bool,
-    /// What the command printed (on failure too: what it printed before failing).
-    #[serde(default)]
-    pub out: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<Reply>,
+    /// Present on the last frame: whether the command succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ok: Option<bool>,
     /// Why it failed, when it did.
-    #[serde(default)]
-    pub error: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     /// What kind of failure it was (crate::exit's names), when known.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
 }
 
-impl Answer {
-    fn done(out: String) -> Answer {
-        Answer { protocol: PROTOCOL, ok: true, out, ..Answer::default() }
+impl Frame {
+    fn progress(progress: Progress) -> Frame {
+        Frame { protocol: PROTOCOL, progress: Some(progress), ..Frame::default() }
     }
 
-    /// A failure: what was printed before it, and the error with its kind.
-    fn failed(out: String, error: &anyhow::Error) -> Answer {
-        Answer {
+    fn reply(reply: Reply) -> Frame {
+        Frame { protocol: PROTOCOL, reply: Some(reply), ..Frame::default() }
+    }
+
+    /// The end of a command that succeeded (for `send`, also: the stream follows).
+    fn done() -> Frame {
+        Frame { protocol: PROTOCOL, ok: Some(true), ..Frame::default() }
+    }
+
+    /// The end of a command that failed: the error with its kind.
+    fn failed(error: &anyhow::Error) -> Frame {
+        Frame {
             protocol: PROTOCOL,
-            ok: false,
-            out,
-            error: crate::hints::message(error),
+            ok: Some(false),
+            error: Some(crate::hints::message(error)),
             kind: if error.chain().any(|c| c.is::<exit::ProtocolMismatch>()) {
                 Some(PROTOCOL_KIND.to_owned())
             } else {
                 exit::kind_of(error).map(|kind| exit::kind_name(kind).to_owned())
             },
+            ..Frame::default()
         }
     }
 
-    /// The client's side: the answer's error as an error of its kind.
-    fn into_error(self) -> anyhow::Error {
+    /// The client's side of a last frame: success, or the error of its kind.
+    fn end(self, path: &Path) -> anyhow::Result<()> {
+        let error = match (self.ok, self.error) {
+            (Some(true), _) => return Ok(()),
+            (Some(false), Some(error)) if !error.is_empty() => error,
+            (Some(false), _) => format!("the server on {} refused the command", path.display()),
+            (None, _) => anyhow::bail!(
+                "the server on {} sent a frame this sluice does not read",
+                path.display()
+            ),
+        };
         if self.kind.as_deref() == Some(PROTOCOL_KIND) {
-            return anyhow::Error::new(exit::ProtocolMismatch(self.error));
+            return Err(anyhow::Error::new(exit::ProtocolMismatch(error)));
         }
         match self.kind.as_deref().and_then(exit::kind_named) {
-            Some(kind) => exit::refuse(kind, self.error),
-            None => anyhow::anyhow!("{}", self.error),
+            Some(kind) => Err(exit::refuse(kind, error)),
+            None => Err(anyhow::anyhow!("{error}")),
         }
     }
 
-    /// The answer as the one line the socket carries.
+    /// The frame as the one line the socket carries.
     fn to_line(&self) -> String {
-        // Strings and a bool: serializing cannot fail; were it to, the client reads a refusal.
         let mut line = serde_json::to_string(self).unwrap_or_else(|e| {
+            // Plain data: serializing cannot fail; were it to, the client reads a refusal.
             let error = format!("the server could not encode its answer: {e}");
-            serde_json::json!({ "protocol": PROTOCOL, "ok": false, "out": "", "error": error })
-                .to_string()
+            serde_json::json!({ "protocol": PROTOCOL, "ok": false, "error": error }).to_string()
         });
         line.push('\n');
         line
+    }
+}
+
+/// serde for the property values of `vol create` (types of the format crate, which has no
+/// serde), by the names `vol set` takes.
+pub mod by_name {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+    use sluice_format::{Compression, DedupMode, LogBias, SyncMode};
+
+    use crate::pools::vol;
+
+    /// A value with a name of its own.
+    pub trait Named: Sized {
+        fn to_name(&self) -> String;
+        fn from_name(name: &str) -> Result<Self, String>;
+    }
+
+    impl Named for DedupMode {
+        fn to_name(&self) -> String {
+            self.name().to_owned()
+        }
+        fn from_name(name: &str) -> Result<Self, String> {
+            vol::parse_dedup(name)
+        }
+    }
+
+    impl Named for SyncMode {
+        fn to_name(&self) -> String {
+            self.name().to_owned()
+        }
+        fn from_name(name: &str) -> Result<Self, String> {
+            vol::parse_sync(name)
+        }
+    }
+
+    impl Named for LogBias {
+        fn to_name(&self) -> String {
+            self.name().to_owned()
+        }
+        fn from_name(name: &str) -> Result<Self, String> {
+            vol::parse_logbias(name)
+        }
+    }
+
+    impl Named for Compression {
+        fn to_name(&self) -> String {
+            self.name()
+        }
+        fn from_name(name: &str) -> Result<Self, String> {
+            vol::parse_compression(name)
+        }
+    }
+
+    pub fn serialize<T: Named, S: Serializer>(value: &T, to: S) -> Result<S::Ok, S::Error> {
+        to.serialize_str(&value.to_name())
+    }
+
+    pub fn deserialize<'de, T: Named, D: Deserializer<'de>>(from: D) -> Result<T, D::Error> {
+        T::from_name(&String::deserialize(from)?).map_err(D::Error::custom)
     }
 }
 
@@ -113,76 +214,109 @@ pub fn is_served(name: &str) -> bool {
     UnixStream::connect(socket_path(name)).is_ok()
 }
 
-/// The kind an answer gives a protocol mismatch.
+/// The kind a frame gives a protocol mismatch.
 const PROTOCOL_KIND: &str = "protocol";
 
-/// Writes a request: the command line `args` as one JSON line.
-fn send_request(stream: &UnixStream, args: &[String]) -> anyhow::Result<()> {
-    let request = Request { protocol: PROTOCOL, args: args.to_vec() };
+/// Writes a request: `command` as one JSON line.
+fn send_request(stream: &UnixStream, command: &Command) -> anyhow::Result<()> {
+    let request = Request { protocol: PROTOCOL, command: clone_command(command)? };
     let mut line = serde_json::to_string(&request)?;
     line.push('\n');
     Ok((&*stream).write_all(line.as_bytes())?)
 }
 
-/// The server's side: the arguments of a request line, or why it is refused (a request of
-/// another protocol, or not a request at all).
-fn parse_request(line: &str) -> anyhow::Result<Vec<String>> {
-    let mismatch = |theirs: String| {
-        anyhow::Error::new(exit::ProtocolMismatch(format!(
-            "this server speaks control protocol {PROTOCOL} and the sluice command that sent \
-             the request speaks {theirs}: run the sluice that started the server ({})",
-            std::env::current_exe().map_or_else(|_| "sluice".into(), |p| p.display().to_string())
-        )))
-    };
-    match serde_json::from_str::<serde_json::Value>(line) {
-        // The first protocol sent the arguments alone.
-        Ok(serde_json::Value::Array(_)) => Err(mismatch("the first, unnumbered one".into())),
-        Ok(value) => match serde_json::from_value::<Request>(value) {
-            Ok(request) if request.protocol == PROTOCOL => Ok(request.args),
-            Ok(request) => Err(mismatch(request.protocol.to_string())),
-            Err(e) => Err(anyhow::anyhow!("bad request (a JSON object on one line): {e}")),
-        },
-        Err(e) => Err(anyhow::anyhow!("bad request (a JSON object on one line): {e}")),
-    }
+/// A copy of `command` (clap's types are not `Clone`; their serde form is the copy).
+fn clone_command(command: &Command) -> anyhow::Result<Command> {
+    Ok(serde_json::from_value(serde_json::to_value(command)?)?)
 }
 
-/// The client's side: refuses the answer of a server of another protocol.
-fn check_protocol(answer: &Answer, path: &std::path::Path) -> anyhow::Result<()> {
-    if answer.protocol == PROTOCOL {
-        return Ok(());
-    }
-    let theirs = match answer.protocol {
-        // A server of the first protocol answers a numbered request with "bad request".
+/// The version a JSON line says it speaks: its `protocol` field; 0 for a line of the first,
+/// unnumbered protocol (an array, or an object without one).
+fn version_of(value: &serde_json::Value) -> u64 {
+    value.get("protocol").and_then(serde_json::Value::as_u64).unwrap_or(0)
+}
+
+/// Names a version for a mismatch message.
+fn version_name(version: u64) -> String {
+    match version {
         0 => "the first, unnumbered one".to_owned(),
         n => n.to_string(),
-    };
-    Err(anyhow::Error::new(exit::ProtocolMismatch(format!(
-        "the server on {} speaks control protocol {theirs} and this sluice speaks {PROTOCOL}: \
-         run the sluice that started it, or restart the server with this one",
-        path.display()
-    ))))
+    }
 }
 
-/// Sends `args` to the server of `pool`, if there is one; returns its output.
-pub fn forward(pool: &str, args: &[String]) -> Option<anyhow::Result<String>> {
+/// The server's side: the command of a request line, or why it is refused (a request of
+/// another protocol, or not a request at all).
+fn parse_request(line: &str) -> anyhow::Result<Command> {
+    let bad =
+        |e: serde_json::Error| anyhow::anyhow!("bad request (a JSON object on one line): {e}");
+    let value: serde_json::Value = serde_json::from_str(line).map_err(bad)?;
+    let theirs = version_of(&value);
+    if theirs != u64::from(PROTOCOL) {
+        return Err(anyhow::Error::new(exit::ProtocolMismatch(format!(
+            "this server speaks control protocol {PROTOCOL} and the sluice command that sent \
+             the request speaks {}: run the sluice that started the server ({})",
+            version_name(theirs),
+            std::env::current_exe().map_or_else(|_| "sluice".into(), |p| p.display().to_string())
+        ))));
+    }
+    Ok(serde_json::from_value::<Request>(value).map_err(bad)?.command)
+}
+
+/// The client's side: the next frame, refusing one of another protocol before reading it.
+fn read_frame(input: &mut impl BufRead, path: &Path) -> anyhow::Result<Frame> {
+    let mut line = String::new();
+    input.read_line(&mut line)?;
+    if line.is_empty() {
+        anyhow::bail!(
+            "the server on {} ended the connection without an answer; its log says why",
+            path.display()
+        );
+    }
+    let reading = || format!("reading the answer of the server on {}", path.display());
+    let value: serde_json::Value = serde_json::from_str(&line).with_context(reading)?;
+    let theirs = version_of(&value);
+    if theirs != u64::from(PROTOCOL) {
+        return Err(anyhow::Error::new(exit::ProtocolMismatch(format!(
+            "the server on {} speaks control protocol {} and this sluice speaks {PROTOCOL}: \
+             run the sluice that started it, or restart the server with this one",
+            path.display(),
+            version_name(theirs)
+        ))));
+    }
+    serde_json::from_value(value).with_context(reading)
+}
+
+/// Reads frames to the last: progress is printed as it comes (standard error), replies are
+/// added to `replies`; the last frame's success or error is the result.
+fn read_to_end(
+    input: &mut impl BufRead,
+    path: &Path,
+    replies: &mut Vec<Reply>,
+) -> anyhow::Result<()> {
+    loop {
+        let frame = read_frame(input, path)?;
+        if let Some(progress) = &frame.progress {
+            eprintln!("{}", render_progress(progress));
+        } else if let Some(reply) = frame.reply {
+            replies.push(reply);
+        } else {
+            return frame.end(path);
+        }
+    }
+}
+
+/// Sends `command` to the server of `pool`, if there is one (`None` if not): its replies are
+/// added to `replies`, its progress printed as it comes.
+pub fn forward(
+    pool: &str,
+    command: &Command,
+    replies: &mut Vec<Reply>,
+) -> Option<anyhow::Result<()>> {
     let path = socket_path(pool);
     let stream = UnixStream::connect(&path).ok()?;
     Some((|| {
-        send_request(&stream, args)?;
-        let mut answer = String::new();
-        BufReader::new(&stream).read_line(&mut answer)?;
-        let answer: Answer = serde_json::from_str(&answer)
-            .with_context(|| format!("reading the answer of the server on {}", path.display()))?;
-        check_protocol(&answer, &path)?;
-        if answer.ok {
-            Ok(answer.out)
-        } else {
-            print!("{}", answer.out);
-            if answer.error.is_empty() {
-                anyhow::bail!("the server on {} refused the command", path.display())
-            }
-            Err(answer.into_error())
-        }
+        send_request(&stream, command)?;
+        read_to_end(&mut BufReader::new(&stream), &path, replies)
     })())
 }
 
@@ -227,8 +361,8 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
                 if reader.read_line(&mut line).await.is_err() {
                     return;
                 }
-                let answer = match parse_request(&line) {
-                    Ok(args) if is_streaming(&args) => {
+                match parse_request(&line) {
+                    Ok(command @ (Command::Send { .. } | Command::Recv { abort: false, .. })) => {
                         // Bytes the line reader took past the request belong to the stream.
                         let buffered = reader.get_ref().buffer().to_vec();
                         let read_half = reader.into_inner().into_inner();
@@ -236,60 +370,73 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
                         let Ok(stream) = stream.into_std() else { return };
                         let handle = tokio::runtime::Handle::current();
                         let _ = tokio::task::spawn_blocking(move || {
-                            stream_command(&handle, &store, &args, buffered, stream)
+                            stream_command(&handle, &store, command, buffered, stream)
                         })
                         .await;
-                        return;
                     }
-                    Ok(args) => run(&env, store, args).await,
-                    Err(e) => Answer::failed(String::new(), &e),
-                };
-                let _ = writer.write_all(answer.to_line().as_bytes()).await;
+                    Ok(command) => run(&env, store, command, &mut writer).await,
+                    Err(e) => {
+                        let _ = writer.write_all(Frame::failed(&e).to_line().as_bytes()).await;
+                    }
+                }
             });
         }
     }))
 }
 
-/// `send` and `recv` carry a stream after the request line (`recv`) or before the answer
-/// (`send`), in the same connection; `recv -A` reads no stream.
-fn is_streaming(args: &[String]) -> bool {
-    match args.first().map(String::as_str) {
-        Some("send") => true,
-        Some("recv") => !args.iter().any(|a| a == "-A"),
-        _ => false,
+/// Runs `command` against the live store, writing its progress frames while it runs, then
+/// its replies and its end. A client gone part way stops reading; the command still ends as
+/// it would have.
+async fn run(
+    env: &Env,
+    store: Arc<Store>,
+    command: Command,
+    writer: &mut tokio::net::unix::OwnedWriteHalf,
+) {
+    let (progress, mut reports) = tokio::sync::mpsc::unbounded_channel();
+    let work = async move {
+        let mut ctx = pools::Ctx::serving(env, store, progress);
+        let result = crate::run_pool_command(&mut ctx, command).await;
+        (ctx.replies, result)
+    };
+    tokio::pin!(work);
+    let mut gone = false;
+    let (replies, result) = loop {
+        tokio::select! {
+            done = &mut work => break done,
+            Some(report) = reports.recv() => {
+                let line = Frame::progress(report).to_line();
+                gone = gone || writer.write_all(line.as_bytes()).await.is_err();
+            }
+        }
+    };
+    let mut rest: Vec<Frame> = Vec::new();
+    while let Ok(report) = reports.try_recv() {
+        rest.push(Frame::progress(report));
     }
-}
-
-/// A streaming request, parsed as the command line it came from.
-enum Streaming {
-    Send(pools::SendWhat),
-    Recv { spec: String, resumable: bool },
-}
-
-fn streaming_request(args: &[String]) -> anyhow::Result<Streaming> {
-    let cli = <crate::Cli as clap::Parser>::try_parse_from(
-        std::iter::once("sluice".to_owned()).chain(args.iter().cloned()),
-    )?;
-    match cli.command {
-        crate::Command::Send { spec, from, token } => {
-            Ok(Streaming::Send(pools::SendWhat::new(spec, from, token)?))
+    rest.extend(replies.into_iter().map(Frame::reply));
+    rest.push(match &result {
+        Ok(()) => Frame::done(),
+        Err(e) => Frame::failed(e),
+    });
+    if gone {
+        return;
+    }
+    for frame in rest {
+        if writer.write_all(frame.to_line().as_bytes()).await.is_err() {
+            return;
         }
-        crate::Command::Recv { spec, resumable, abort: false } => {
-            pools::split_volume_spec(&spec)?;
-            Ok(Streaming::Recv { spec, resumable })
-        }
-        _ => anyhow::bail!("not a streaming request: {args:?}"),
     }
 }
 
 /// Runs a streaming command on a blocking thread, the connection switched to blocking I/O.
-/// `send`: an answer line, the stream, then a second answer line once the stream is whole (a
-/// failure part way ends the connection without the end record, which the client and any
-/// receiver refuse). `recv`: the stream from the client, then one answer line.
+/// `send`: an `ok` frame, the stream, then its frames once the stream is whole (a failure
+/// part way ends the connection without the end record, which the client and any receiver
+/// refuse). `recv`: the stream from the client, then the frames.
 fn stream_command(
     handle: &tokio::runtime::Handle,
     store: &Arc<Store>,
-    args: &[String],
+    command: Command,
     buffered: Vec<u8>,
     stream: UnixStream,
 ) {
@@ -297,21 +444,26 @@ fn stream_command(
     if stream.set_nonblocking(false).is_err() {
         return;
     }
-    let answer_line = |ok: bool, out: String, error: String| {
-        Answer { protocol: PROTOCOL, ok, out, error, kind: None }.to_line()
+    let write = |frames: &[Frame]| {
+        let text: String = frames.iter().map(Frame::to_line).collect();
+        let _ = (&stream).write_all(text.as_bytes());
     };
-    let (spec, resumable) = match streaming_request(args) {
-        Ok(Streaming::Recv { spec, resumable }) => (spec, resumable),
-        Ok(Streaming::Send(what)) => {
+    let (spec, resumable) = match command {
+        Command::Recv { spec, resumable, .. } => (spec, resumable),
+        Command::Send { spec, from, token } => {
+            let what = match SendWhat::new(spec, from, token) {
+                Ok(what) => what,
+                Err(e) => return write(&[Frame::failed(&e)]),
+            };
             let mut out = std::io::BufWriter::with_capacity(1 << 20, &stream);
-            if out.write_all(answer_line(true, String::new(), String::new()).as_bytes()).is_err() {
+            if out.write_all(Frame::done().to_line().as_bytes()).is_err() {
                 return;
             }
             let mut writer = sluice_format::StreamWriter::new(out);
             match handle.block_on(what.send_from(store, &mut writer)) {
                 Ok(said) => {
                     let Ok(_) = writer.finish() else { return };
-                    let _ = (&stream).write_all(answer_line(true, said, String::new()).as_bytes());
+                    write(&[Frame::reply(Reply::done(said)), Frame::done()]);
                 }
                 Err(e) => {
                     eprintln!(
@@ -323,14 +475,11 @@ fn stream_command(
             }
             return;
         }
-        Err(e) => {
-            let _ = (&stream).write_all(Answer::failed(String::new(), &e).to_line().as_bytes());
-            return;
-        }
+        _ => return,
     };
-    let volume = match pools::split_volume_spec(&spec) {
+    let volume = match pools::split_volume(&spec) {
         Ok((_, volume)) => volume.to_owned(),
-        Err(_) => return,
+        Err(e) => return write(&[Frame::failed(&e)]),
     };
     let Ok(read_half) = stream.try_clone() else { return };
     let input = std::io::Cursor::new(buffered).chain(read_half);
@@ -341,81 +490,57 @@ fn stream_command(
         let mode = if resumable { ReceiveMode::Resumable } else { ReceiveMode::Whole };
         handle.block_on(store.receive(&volume, mode, &mut next))
     };
-    let line = match result {
-        Ok(summary) => answer_line(
-            true,
-            format!("received {spec}: {}\n", pools::store_snapshot_note(&summary)),
-            String::new(),
-        ),
-        Err(e) => Answer::failed(String::new(), &anyhow::Error::new(e)).to_line(),
-    };
-    let _ = (&stream).write_all(line.as_bytes());
+    match result {
+        Ok(summary) => {
+            write(&[Frame::reply(Reply::done(received(&spec, &summary))), Frame::done()])
+        }
+        Err(e) => write(&[Frame::failed(&anyhow::Error::new(e))]),
+    }
 }
 
 /// `sluice send` of a served pool: the server's stream, checked record by record as it is
-/// copied to `out`; `Some` if the pool is served.
+/// copied to `out`, then what the server says of it on standard error; `Some` if the pool is
+/// served.
 pub fn forward_send(
     pool: &str,
-    args: &[String],
+    command: &Command,
     out: &mut dyn Write,
 ) -> Option<anyhow::Result<()>> {
     let path = socket_path(pool);
     let stream = UnixStream::connect(&path).ok()?;
     Some((|| {
-        send_request(&stream, args)?;
+        send_request(&stream, command)?;
         let mut input = BufReader::with_capacity(1 << 20, &stream);
-        let answer = read_answer(&mut input, &path)?;
-        if !answer.ok {
-            return Err(answer.into_error());
-        }
+        // The server's `ok` (the stream follows) or its refusal.
+        read_frame(&mut input, &path)?.end(&path)?;
         {
             let mut reader = sluice_format::StreamReader::new(Tee { input: &mut input, out });
             while reader.next_record()?.is_some() {}
         }
-        let answer = read_answer(&mut input, &path)?;
-        eprint!("{}", answer.out);
-        if !answer.out.ends_with('\n') {
-            eprintln!();
-        }
-        Ok(())
+        let mut replies = Vec::new();
+        let result = read_to_end(&mut input, &path, &mut replies);
+        eprint!("{}", pools::output::render_all(replies, pools::output::Format::Text));
+        result
     })())
 }
 
-/// `sluice recv` into a served pool: standard input to the server, then its answer.
+/// `sluice recv` into a served pool: standard input to the server, then its replies.
 pub fn forward_recv(
     pool: &str,
-    args: &[String],
+    command: &Command,
     input: &mut dyn std::io::Read,
-) -> Option<anyhow::Result<String>> {
+) -> Option<anyhow::Result<Vec<Reply>>> {
     let path = socket_path(pool);
     let stream = UnixStream::connect(&path).ok()?;
     Some((|| {
-        send_request(&stream, args)?;
+        send_request(&stream, command)?;
         // A server that refuses early stops reading: its answer says why.
         let _ = std::io::copy(input, &mut &stream);
         let _ = stream.shutdown(std::net::Shutdown::Write);
-        let answer = read_answer(&mut BufReader::new(&stream), &path)?;
-        if answer.ok {
-            Ok(answer.out)
-        } else {
-            Err(answer.into_error())
-        }
+        let mut replies = Vec::new();
+        read_to_end(&mut BufReader::new(&stream), &path, &mut replies)?;
+        Ok(replies)
     })())
-}
-
-fn read_answer(input: &mut impl BufRead, path: &std::path::Path) -> anyhow::Result<Answer> {
-    let mut line = String::new();
-    input.read_line(&mut line)?;
-    if line.is_empty() {
-        anyhow::bail!(
-            "the server on {} ended the connection without an answer; its log says why",
-            path.display()
-        );
-    }
-    let answer: Answer = serde_json::from_str(&line)
-        .with_context(|| format!("reading the answer of the server on {}", path.display()))?;
-    check_protocol(&answer, path)?;
-    Ok(answer)
 }
 
 /// Copies what it reads to `out`.
@@ -440,11 +565,112 @@ pub fn remove(name: &str) {
     let _ = std::fs::remove_file(socket_path(name));
 }
 
-async fn run(env: &Env, store: Arc<Store>, args: Vec<String>) -> Answer {
-    let mut ctx = pools::Ctx { env, live: Some(store), out: String::new() };
-    let result = crate::run_pool_command(&mut ctx, args).await;
-    match result {
-        Ok(()) => Answer::done(ctx.out),
-        Err(e) => Answer::failed(ctx.out, &e),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{PoolCommand, VolCommand};
+
+    fn request_line(command: Command) -> String {
+        serde_json::to_string(&Request { protocol: PROTOCOL, command }).unwrap()
+    }
+
+    /// The request is the parsed command itself, version first; the server reads it back
+    /// without a command line.
+    #[test]
+    fn requests_are_the_typed_command() {
+        let scrub =
+            PoolCommand::Scrub { name: "tank".into(), pause: false, stop: false, wait: true };
+        let line = request_line(Command::Pool { pool: scrub });
+        assert!(
+            line.starts_with("{\"protocol\":3,\"command\":{\"pool\":{\"pool\":{\"scrub\":"),
+            "{line}"
+        );
+        match parse_request(&line).unwrap() {
+            Command::Pool { pool: PoolCommand::Scrub { name, wait: true, .. } } => {
+                assert_eq!(name, "tank")
+            }
+            _ => panic!("not the scrub sent: {line}"),
+        }
+        let cli = <crate::Cli as clap::Parser>::try_parse_from([
+            "sluice",
+            "vol",
+            "create",
+            "tank/v",
+            "--size",
+            "1.5G",
+            "--compression",
+            "zstd-7",
+        ])
+        .unwrap();
+        let line = request_line(cli.command);
+        assert!(
+            line.contains("\"compression\":\"zstd-7\"") && line.contains("1610612736"),
+            "{line}"
+        );
+        match parse_request(&line).unwrap() {
+            Command::Vol { vol: VolCommand::Create { size, compression, .. } } => {
+                assert_eq!((size, compression.name()), (3 << 29, "zstd-7".to_owned()))
+            }
+            _ => panic!("not the create sent: {line}"),
+        }
+    }
+
+    /// Requests of the first and second protocols are refused as such, with kind
+    /// `protocol`, and nothing else of them is read.
+    #[test]
+    fn older_requests_are_refused_as_another_protocol() {
+        for (line, theirs) in [
+            ("[\"pool\", \"status\", \"tank\"]", "speaks the first, unnumbered one"),
+            ("{\"protocol\":2,\"args\":[\"pool\",\"status\",\"tank\"]}", "speaks 2"),
+        ] {
+            let Err(error) = parse_request(line) else { panic!("{line} was taken") };
+            assert!(error.to_string().contains(theirs), "{error}");
+            let frame = Frame::failed(&error);
+            assert_eq!(frame.kind.as_deref(), Some(PROTOCOL_KIND));
+            assert_eq!(exit::code(&frame.end(Path::new("x")).unwrap_err()), exit::PROTOCOL);
+        }
+        let Err(bad) = parse_request("{\"protocol\":3,\"args\":[]}") else { panic!("taken") };
+        assert!(bad.to_string().contains("bad request"), "{bad}");
+    }
+
+    /// What a server of the second protocol answers a request of this one (it finds no
+    /// `args`) is read as a mismatch, not as a failure of the command.
+    #[test]
+    fn a_second_protocol_server_is_named_as_such() {
+        let answer = "{\"protocol\":2,\"ok\":false,\"out\":\"\",\"error\":\"bad request (a JSON \
+                      object on one line): missing field `args`\",\"kind\":null}\n";
+        let error = read_frame(&mut answer.as_bytes(), Path::new("/s/tank.control")).unwrap_err();
+        assert_eq!(exit::code(&error), exit::PROTOCOL);
+        let said = error.to_string();
+        assert!(said.contains("speaks control protocol 2 and this sluice speaks 3"), "{said}");
+    }
+
+    /// Frames in order: progress, replies, the end with the failure's kind.
+    #[test]
+    fn frames_carry_progress_replies_and_the_kind_of_failure() {
+        let failure = exit::refuse(sluice_engine::ErrorKind::NotFound, "no pool named x");
+        let progress = Progress {
+            pool: "tank".into(),
+            func: "scrub".into(),
+            fraction: 0.5,
+            examined_bytes: 1,
+            total_bytes: 2,
+            issued_bytes: 1,
+            errors: 0,
+            seconds: 1,
+        };
+        let text: String =
+            [Frame::progress(progress), Frame::reply(Reply::done("said")), Frame::failed(&failure)]
+                .iter()
+                .map(Frame::to_line)
+                .collect();
+        let mut replies = Vec::new();
+        let error = read_to_end(&mut text.as_bytes(), Path::new("x"), &mut replies).unwrap_err();
+        assert_eq!(replies, [Reply::done("said")]);
+        assert_eq!(exit::code(&error), 3, "{error}");
+        let mut replies = Vec::new();
+        let ok = Frame::done().to_line();
+        assert_eq!(ok, "{\"protocol\":3,\"ok\":true}\n");
+        read_to_end(&mut ok.as_bytes(), Path::new("x"), &mut replies).unwrap();
     }
 }

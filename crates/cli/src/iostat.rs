@@ -1,7 +1,7 @@
 //! `sluice pool iostat`: what a served pool is doing (ZFS: `zpool iostat -v`, `-l`, `-q`).
 //!
 //! The server answers a hidden control command, `pool stats NAME`, with its counters and
-//! latency histograms as one typed [`PoolSnapshot`] (crate::snapshot) in JSON. The command
+//! latency histograms as one typed [`PoolSnapshot`] (crate::snapshot), a `Reply::Stats`. The command
 //! asks for one per interval and prints the difference between consecutive ones, so the
 //! server keeps no state per watcher and any number of them can watch at once. The first
 //! report covers the time since import, as `zpool iostat` does.
@@ -20,7 +20,10 @@ use serde_json::{json, Value};
 use sluice_engine::stats::{HistogramSnapshot, VolumeOp};
 
 use crate::control;
-use crate::snapshot::{class_names, op_names, LeafSnapshot, PoolSnapshot, VolumeSnapshot};
+use crate::pools::output::Reply;
+use crate::snapshot::{
+    class_names, op_names, LeafSnapshot, PoolSnapshot, SnapshotError, VolumeSnapshot,
+};
 
 /// What to print and how often.
 pub struct Options {
@@ -52,16 +55,22 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
 }
 
 fn fetch(pool: &str) -> anyhow::Result<PoolSnapshot> {
-    let args = ["pool", "stats", pool].map(String::from);
-    let text = control::forward(pool, &args).unwrap_or_else(|| {
+    let stats = crate::Command::Pool { pool: crate::PoolCommand::Stats { name: pool.to_owned() } };
+    let mut replies = Vec::new();
+    control::forward(pool, &stats, &mut replies).unwrap_or_else(|| {
         anyhow::bail!(
             "pool {pool} is not being served here: iostat shows what a running `sluice serve` \
              is doing (no control socket at {}); start it with `sluice serve {pool}`",
             control::socket_path(pool).display()
         )
     })?;
-    PoolSnapshot::from_json(text.trim_end())
-        .with_context(|| format!("reading the statistics the server of {pool} sent"))
+    match replies.pop() {
+        Some(Reply::Stats(snapshot)) => Ok(*snapshot),
+        _ => Err(SnapshotError::Server {
+            message: "the server answered `pool stats` without its statistics".into(),
+        })
+        .with_context(|| format!("reading the statistics the server of {pool} sent")),
+    }
 }
 
 /// What a counter became since `earlier`'s value (a counter `earlier` lacks counts from zero).

@@ -1,12 +1,14 @@
-//! The `sluice` command. `main` only turns a result into an exit code; each subcommand is a
-//! function that returns `anyhow::Result`.
+//! The `sluice` command. `main` only turns a result into an exit code (by the kind of failure,
+//! exit.rs); each subcommand is a function that returns `anyhow::Result`.
 //!
-//! Commands: `sluice pool create|import|export|status|scrub|destroy`,
-//! `sluice vol create|list|set|destroy|resize`
-//! (pools on files and block devices, see pools.rs), `sluice tunables` (the table, or settings
-//! validated) and `sluice serve` (volumes over NBD, serve.rs). The benchmarks and the seeds'
-//! experiments are a binary of their own, `sluice-bench` (crates/bench), so that the served
-//! binary does not link the simulator.
+//! Commands: `sluice pool`, `sluice vol`, `sluice snapshot`, `sluice clone`, `sluice send` and
+//! `sluice recv` (pools on files and block devices, pools/), `sluice tunables` (the table, or
+//! settings validated) and `sluice serve` (volumes over NBD, serve.rs). A command about a pool
+//! runs here, or, when the pool is served, in its server: the parsed command is the request
+//! of the control protocol (control.rs), and either way it answers with typed replies that
+//! this process renders as text, `-H` or `--json` (pools/output.rs), merged when a list spans
+//! several pools. The benchmarks and the seeds' experiments are a binary of their own,
+//! `sluice-bench` (crates/bench), so that the served binary does not link the simulator.
 
 mod allocator;
 mod control;
@@ -23,8 +25,12 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use serde::{Deserialize, Serialize};
 use sluice_engine::tunables::{Tunable, Tunables};
 use sluice_engine::txg::{ImportOptions, VolumeProperty};
+
+use pools::output::{Format, Reply};
+use pools::Ctx;
 
 #[derive(Parser)]
 #[command(
@@ -38,7 +44,11 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Subcommand)]
+/// What the command line asks for. A command about a served pool crosses the control socket
+/// as this value (crate::control), so its serde form is the request of the control protocol;
+/// the commands that never do are skipped there.
+#[derive(Subcommand, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 enum Command {
     /// Serve volumes over NBD. With no POOL, uses (or creates) a 2-way mirror pool on two
     /// thin files in --dir (about 2 GiB on disk at the start: each file's intent-log region
@@ -46,6 +56,7 @@ enum Command {
     /// DIR/nbd.sock and 127.0.0.1:10809.
     /// Stops cleanly on SIGINT/SIGTERM: requests in flight finish, the pool is synced and
     /// exported.
+    #[serde(skip)]
     Serve {
         /// A pool known to `sluice pool` (created or imported) to serve instead of --dir's.
         pool: Option<String>,
@@ -147,6 +158,7 @@ enum Command {
     Clone { snapshot: String, volume: String },
     /// List every tunable with its default, range and meaning; with NAME=VALUE arguments,
     /// validate those settings together and print the resulting values.
+    #[serde(skip)]
     Tunables {
         /// Settings to check, as name=value (for example vdev.max_active=32).
         settings: Vec<String>,
@@ -154,6 +166,7 @@ enum Command {
     /// Moved: the benchmarks are the `sluice-bench` binary (kept so that the old spelling
     /// says where they went).
     #[command(hide = true)]
+    #[serde(skip)]
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -161,7 +174,7 @@ enum Command {
 }
 
 /// The new leaf of `pool attach` and `pool replace`.
-#[derive(clap::Args)]
+#[derive(clap::Args, Serialize, Deserialize)]
 struct NewLeafArgs {
     /// The new leaf's path.
     new: String,
@@ -174,15 +187,26 @@ struct NewLeafArgs {
     /// Overwrite a leaf that holds data, a filesystem or another pool.
     #[arg(short, long)]
     force: bool,
+    /// Wait until the resilver ends, printing its progress on standard error (zpool attach
+    /// -w); on a pool that is not being served the command always does.
+    #[arg(short, long)]
+    wait: bool,
 }
 
-impl From<NewLeafArgs> for pools::NewLeaf {
-    fn from(a: NewLeafArgs) -> pools::NewLeaf {
-        pools::NewLeaf { path: a.new, size: a.size, sparse: a.sparse, force: a.force }
+impl From<NewLeafArgs> for pools::pool::NewLeaf {
+    fn from(a: NewLeafArgs) -> pools::pool::NewLeaf {
+        pools::pool::NewLeaf {
+            path: a.new,
+            size: a.size,
+            sparse: a.sparse,
+            force: a.force,
+            wait: a.wait,
+        }
     }
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 enum PoolCommand {
     /// Create a pool: `sluice pool create tank mirror /d/a /d/b [mirror /d/c /d/d] [log
     /// mirror /d/e /d/f]`; plain paths are striped, and what follows `log` holds only intent-log
@@ -299,8 +323,8 @@ enum PoolCommand {
         /// Stop the scrub, running or paused.
         #[arg(short = 's', long, conflicts_with = "wait")]
         stop: bool,
-        /// Wait until the scrub ends and report what it found (exit 1 if a block has no good
-        /// copy).
+        /// Wait until the scrub ends, printing its progress on standard error every second,
+        /// and report what it found (exit 1 if a block has no good copy).
         #[arg(short = 'w', long)]
         wait: bool,
     },
@@ -323,7 +347,9 @@ enum PoolCommand {
     /// they missed is resilvered in the background (zpool clear).
     Clear { name: String, leaf: Option<String> },
     /// Add NEW beside leaf EXISTING: a lone leaf becomes a mirror, a mirror gets wider; NEW is
-    /// resilvered in the background (zpool attach). A missing NEW file is created at
+    /// resilvered in the background (zpool attach; with -w the command waits for it). On a
+    /// pool that is not being served, the resilver runs to its end before the command returns,
+    /// printing its progress on standard error. A missing NEW file is created at
     /// EXISTING's size (--size to choose), allocated in full unless --sparse. NEW must be at
     /// least as large as the vdev's data area; one that holds something is refused unless
     /// --force.
@@ -341,7 +367,8 @@ enum PoolCommand {
     /// for a vdev's only leaf, and when no other leaf of the mirror holds everything.
     Detach { name: String, leaf: String },
     /// Replace leaf OLD by NEW: NEW is attached beside OLD and resilvered in the background,
-    /// then OLD is detached (zpool replace). OLD may be faulted or missing if another leaf of
+    /// then OLD is detached (zpool replace; -w waits for that, as a pool that is not being
+    /// served always does, printing the resilver's progress). OLD may be faulted or missing if another leaf of
     /// its mirror holds everything; a lone leaf must still read. NEW is made as for `attach`.
     Replace {
         name: String,
@@ -353,7 +380,8 @@ enum PoolCommand {
     Destroy { name: String },
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 enum VolCommand {
     /// Create a volume: `sluice vol create tank/vm1 --size 20G [--sparse] [--block-size 16K]
     /// [--dedup on] [--sync standard] [--logbias latency] [--compression lz4]`.
@@ -365,21 +393,25 @@ enum VolCommand {
         block_size: Option<u64>,
         /// off (default), on (blocks with equal contents are stored once, through the pool's
         /// dedup table) or verify (as on, comparing the bytes before sharing).
-        #[arg(long, value_parser = pools::parse_dedup, default_value = "off")]
+        #[serde(with = "control::by_name")]
+        #[arg(long, value_parser = pools::vol::parse_dedup, default_value = "off")]
         dedup: sluice_format::DedupMode,
         /// standard (default: flushes and FUA writes are durable when answered), always (every
         /// write is, as if it carried FUA) or disabled (flushes are answered at once; writes
         /// are durable with the next txg sync, within txg.timeout_ms; a crash loses them).
-        #[arg(long, value_parser = pools::parse_sync, default_value = "standard")]
+        #[serde(with = "control::by_name")]
+        #[arg(long, value_parser = pools::vol::parse_sync, default_value = "standard")]
         sync: sluice_format::SyncMode,
         /// latency (default: writes from intent_log.immediate_write_bytes up are written in
         /// place and logged by pointer, smaller ones copied into the log) or throughput (every
         /// whole block is written in place and logged by pointer: each byte written once).
-        #[arg(long, value_parser = pools::parse_logbias, default_value = "latency")]
+        #[serde(with = "control::by_name")]
+        #[arg(long, value_parser = pools::vol::parse_logbias, default_value = "latency")]
         logbias: sluice_format::LogBias,
         /// lz4 (default, as in OpenZFS), zstd (level 3), zstd-1 to zstd-19, or off. A block is
         /// stored compressed when that saves at least an eighth of its space.
-        #[arg(long, value_parser = pools::parse_compression, default_value = "lz4")]
+        #[serde(with = "control::by_name")]
+        #[arg(long, value_parser = pools::vol::parse_compression, default_value = "lz4")]
         compression: sluice_format::Compression,
         /// Thin: take space only as blocks are written (writes may fail when the pool fills).
         /// Without it the volume is thick, as `zfs create -V` makes it: its whole size (and
@@ -443,7 +475,8 @@ enum VolCommand {
     },
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 enum SnapshotCommand {
     /// Take snapshots: `sluice snapshot create tank/db@nightly tank/logs@nightly`. All named
     /// volumes (of one pool) are taken in one txg, so together they are consistent, as a
@@ -503,128 +536,283 @@ fn random_seed() -> u64 {
         ^ (u64::from(std::process::id()) << 32)
 }
 
-/// Runs a command about one pool and prints its output: through the pool's server when it is
-/// being served, else here.
-async fn per_pool(
+/// Runs each command about one pool, through the pool's server when it is being served, else
+/// here, and prints their replies after `first`, merged (one table for rows of several pools)
+/// and rendered as `format` asks. Stops at the first failure, printing what came before it.
+async fn per_pools(
+    env: &sluice_engine::rt::Env,
+    jobs: Vec<(String, Command)>,
+    format: Format,
+    first: Vec<Reply>,
+) -> anyhow::Result<()> {
+    let mut replies = first;
+    let mut result = Ok(());
+    for (pool, command) in jobs {
+        result = gather(env, &pool, command, &mut replies).await;
+        if result.is_err() {
+            break;
+        }
+    }
+    print!("{}", pools::output::render_all(replies, format));
+    result
+}
+
+/// One command about `pool`: its replies are added to `replies` (those it made before a
+/// failure too); progress reports are printed as they come.
+async fn gather(
     env: &sluice_engine::rt::Env,
     pool: &str,
-    args: Vec<String>,
+    command: Command,
+    replies: &mut Vec<Reply>,
 ) -> anyhow::Result<()> {
-    let out = run_for_pool(env, pool, args).await?;
-    print!("{out}");
+    if let Some(forwarded) = control::forward(pool, &command, replies) {
+        return forwarded;
+    }
+    let mut ctx = Ctx::local(env);
+    let result = run_pool_command(&mut ctx, command).await;
+    replies.append(&mut ctx.replies);
+    result
+}
+
+/// The pool, volume and snapshot commands that may run against a pool held elsewhere in this
+/// process (the server's live store, for its control socket); the replies go to `ctx`.
+pub(crate) async fn run_pool_command(ctx: &mut Ctx<'_>, command: Command) -> anyhow::Result<()> {
+    use pools::{pool, replication, snapshot, vol};
+    match command {
+        Command::Pool { pool: command } => match command {
+            PoolCommand::Status { names, .. } => pool::status(ctx, &names).await,
+            PoolCommand::List { names, .. } => pool::list(ctx, &names).await,
+            PoolCommand::Sync { name } => pool::sync(ctx, &name).await,
+            PoolCommand::Scrub { name, pause, stop, wait } => {
+                pool::scrub(ctx, &name, pool::ScrubAction::from_flags(pause, stop, wait)).await
+            }
+            PoolCommand::Offline { name, leaf, temporary } => {
+                pool::offline(ctx, &name, &leaf, temporary).await
+            }
+            PoolCommand::Online { name, leaf } => pool::online(ctx, &name, &leaf).await,
+            PoolCommand::Clear { name, leaf } => pool::clear(ctx, &name, leaf.as_deref()).await,
+            PoolCommand::Attach { name, existing, new } => {
+                pool::attach(ctx, &name, &existing, new.into(), false).await
+            }
+            PoolCommand::Replace { name, old, new } => {
+                pool::attach(ctx, &name, &old, new.into(), true).await
+            }
+            PoolCommand::Detach { name, leaf } => pool::detach(ctx, &name, &leaf).await,
+            PoolCommand::Inject { name, leaf, what } => {
+                pool::inject(ctx, &name, &leaf, &what).await
+            }
+            PoolCommand::Stats { name } => pool::stats(ctx, &name),
+            PoolCommand::Create { .. }
+            | PoolCommand::Import { .. }
+            | PoolCommand::Export { .. }
+            | PoolCommand::Destroy { .. }
+            | PoolCommand::Iostat { .. } => not_served(),
+        },
+        Command::Vol { vol: command } => match command {
+            VolCommand::Create {
+                spec,
+                size,
+                block_size,
+                dedup,
+                sync,
+                logbias,
+                compression,
+                sparse,
+            } => {
+                let properties = [
+                    VolumeProperty::Dedup(dedup),
+                    VolumeProperty::Sync(sync),
+                    VolumeProperty::LogBias(logbias),
+                    VolumeProperty::Compression(compression),
+                ];
+                vol::create(ctx, &spec, (size, block_size), !sparse, &properties).await
+            }
+            VolCommand::Set { spec, property } => vol::set(ctx, &spec, &property).await,
+            VolCommand::List { pools, .. } => vol::list(ctx, &pools).await,
+            VolCommand::Destroy { spec, recursive } => vol::destroy(ctx, &spec, recursive).await,
+            VolCommand::Rollback { spec, recursive } => vol::rollback(ctx, &spec, recursive).await,
+            VolCommand::Promote { spec } => vol::promote(ctx, &spec).await,
+            VolCommand::Rename { spec, to } => vol::rename(ctx, &spec, &to).await,
+            VolCommand::Get { spec, properties, .. } => vol::get(ctx, &spec, &properties).await,
+            VolCommand::Resize { spec, size } => vol::resize(ctx, &spec, size).await,
+        },
+        Command::Snapshot { snapshot: command } => match command {
+            SnapshotCommand::Create { specs } => snapshot::create(ctx, &specs).await,
+            SnapshotCommand::List { targets, .. } => snapshot::list(ctx, &targets).await,
+            SnapshotCommand::Destroy { spec } => snapshot::destroy(ctx, &spec).await,
+        },
+        Command::Clone { snapshot, volume } => snapshot::clone(ctx, &snapshot, &volume).await,
+        Command::Recv { spec, abort: true, .. } => replication::recv_abort(ctx, &spec).await,
+        Command::Serve { .. }
+        | Command::Send { .. }
+        | Command::Recv { .. }
+        | Command::Tunables { .. }
+        | Command::Bench { .. } => not_served(),
+    }
+}
+
+fn not_served() -> anyhow::Result<()> {
+    anyhow::bail!(
+        "only pool status|list|stats|sync|scrub|offline|online|clear|attach|detach|replace, vol \
+         create|list|get|set|rename|resize|rollback|promote|destroy, snapshot \
+         create|list|destroy, clone, send and recv run on a served pool"
+    )
+}
+
+/// Refuses a command that needs the pool's leaves to itself while a server holds them.
+fn refuse_if_served(name: &str) -> anyhow::Result<()> {
+    if control::is_served(name) {
+        anyhow::bail!(
+            "pool {name} is being served by `sluice serve` (control socket {}); stop the server \
+             first (Ctrl-C or SIGTERM)",
+            control::socket_path(name).display()
+        );
+    }
     Ok(())
 }
 
-async fn run_for_pool(
-    env: &sluice_engine::rt::Env,
-    pool: &str,
-    args: Vec<String>,
-) -> anyhow::Result<String> {
-    if let Some(forwarded) = control::forward(pool, &args) {
-        return forwarded;
-    }
-    let mut ctx = pools::Ctx { env, live: None, out: String::new() };
-    let result = run_pool_command(&mut ctx, args).await;
-    if result.is_err() {
-        print!("{}", ctx.out);
-    }
-    result.map(|()| ctx.out)
+/// Prints what a command run here said, then returns its result.
+fn show(ctx: Ctx<'_>, result: anyhow::Result<()>) -> anyhow::Result<()> {
+    print!("{}", pools::output::render_all(ctx.replies, Format::Text));
+    result
 }
 
-/// The pool and volume commands that may run against a pool held elsewhere in this process
-/// (the server's live store, for its control socket).
-pub(crate) async fn run_pool_command(
-    ctx: &mut pools::Ctx<'_>,
-    args: Vec<String>,
+/// `sluice pool ...`.
+async fn pool_command(env: &sluice_engine::rt::Env, command: PoolCommand) -> anyhow::Result<()> {
+    let mut ctx = Ctx::local(env);
+    let pools_named = |names: Vec<String>| {
+        if names.is_empty() {
+            pools::known_pools()
+        } else {
+            Ok(names)
+        }
+    };
+    match command {
+        PoolCommand::Create { name, vdevs, size, sparse, ashift, force } => {
+            refuse_if_served(&name)?;
+            let result =
+                pools::pool::create(&mut ctx, &name, (size, sparse), ashift, &vdevs, force).await;
+            show(ctx, result)
+        }
+        PoolCommand::Import { name, dirs, devices, rewind, dry_run, discard_unreadable_log } => {
+            refuse_if_served(&name)?;
+            let options = ImportOptions { rewind, discard_unreadable_log };
+            let searched = (&dirs[..], &devices[..]);
+            let result = pools::pool::import(&mut ctx, &name, searched, options, dry_run).await;
+            show(ctx, result)
+        }
+        PoolCommand::Export { name } => {
+            refuse_if_served(&name)?;
+            let result = pools::pool::export(&mut ctx, &name).await;
+            show(ctx, result)
+        }
+        PoolCommand::Destroy { name } => {
+            refuse_if_served(&name)?;
+            let result = pools::pool::destroy(&mut ctx, &name).await;
+            show(ctx, result)
+        }
+        PoolCommand::List { names, scripted, json } => {
+            let jobs = (pools_named(names)?.into_iter())
+                .map(|name| {
+                    let names = vec![name.clone()];
+                    (name, Command::Pool { pool: PoolCommand::List { names, scripted, json } })
+                })
+                .collect();
+            // The header even when no pool is known.
+            let first = vec![Reply::PoolList(Default::default())];
+            per_pools(env, jobs, Format::of(scripted, json), first).await
+        }
+        PoolCommand::Status { names, json } => {
+            let names = pools_named(names)?;
+            if names.is_empty() && !json {
+                println!("no pools");
+            }
+            let jobs = (names.into_iter())
+                .map(|name| {
+                    let names = vec![name.clone()];
+                    (name, Command::Pool { pool: PoolCommand::Status { names, json } })
+                })
+                .collect();
+            per_pools(env, jobs, Format::of(false, json), Vec::new()).await
+        }
+        PoolCommand::Iostat { .. } => unreachable!("iostat runs without a runtime"),
+        PoolCommand::Scrub { ref name, .. }
+        | PoolCommand::Sync { ref name }
+        | PoolCommand::Offline { ref name, .. }
+        | PoolCommand::Online { ref name, .. }
+        | PoolCommand::Clear { ref name, .. }
+        | PoolCommand::Attach { ref name, .. }
+        | PoolCommand::Replace { ref name, .. }
+        | PoolCommand::Detach { ref name, .. }
+        | PoolCommand::Inject { ref name, .. }
+        | PoolCommand::Stats { ref name } => {
+            let pool = name.clone();
+            per_pools(env, vec![(pool, Command::Pool { pool: command })], Format::Text, Vec::new())
+                .await
+        }
+    }
+}
+
+/// `sluice vol ...`.
+async fn vol_command(env: &sluice_engine::rt::Env, command: VolCommand) -> anyhow::Result<()> {
+    match command {
+        VolCommand::List { pools, scripted, json } => {
+            let names = if pools.is_empty() { pools::known_pools()? } else { pools };
+            let jobs = (names.into_iter())
+                .map(|name| {
+                    let pools = vec![name.clone()];
+                    (name, Command::Vol { vol: VolCommand::List { pools, scripted, json } })
+                })
+                .collect();
+            per_pools(env, jobs, Format::of(scripted, json), Vec::new()).await
+        }
+        VolCommand::Get { ref spec, scripted, json, .. } => {
+            let pool = pools::pool_of(spec).to_owned();
+            let format = Format::of(scripted, json);
+            per_pools(env, vec![(pool, Command::Vol { vol: command })], format, Vec::new()).await
+        }
+        VolCommand::Create { ref spec, .. }
+        | VolCommand::Set { ref spec, .. }
+        | VolCommand::Destroy { ref spec, .. }
+        | VolCommand::Rollback { ref spec, .. }
+        | VolCommand::Promote { ref spec }
+        | VolCommand::Rename { ref spec, .. }
+        | VolCommand::Resize { ref spec, .. } => {
+            let pool = pools::pool_of(spec).to_owned();
+            per_pools(env, vec![(pool, Command::Vol { vol: command })], Format::Text, Vec::new())
+                .await
+        }
+    }
+}
+
+/// `sluice snapshot ...`.
+async fn snapshot_command(
+    env: &sluice_engine::rt::Env,
+    command: SnapshotCommand,
 ) -> anyhow::Result<()> {
-    let cli = Cli::try_parse_from(std::iter::once(String::from("sluice")).chain(args))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    match cli.command {
-        Command::Pool { pool: PoolCommand::Status { names, json: false } } => {
-            pools::status(ctx, &names).await
+    let one =
+        |pool: &str, command| vec![(pool.to_owned(), Command::Snapshot { snapshot: command })];
+    match command {
+        SnapshotCommand::List { targets, scripted, json } => {
+            let targets = if targets.is_empty() { pools::known_pools()? } else { targets };
+            let jobs = (targets.into_iter())
+                .map(|target| {
+                    let pool = pools::pool_of(&target).to_owned();
+                    let targets = vec![target];
+                    let list = SnapshotCommand::List { targets, scripted, json };
+                    (pool, Command::Snapshot { snapshot: list })
+                })
+                .collect();
+            per_pools(env, jobs, Format::of(scripted, json), Vec::new()).await
         }
-        Command::Pool { pool: PoolCommand::Status { names, json: true } } => {
-            pools::status_json(ctx, &names).await
+        SnapshotCommand::Create { ref specs } => {
+            let pool = pools::pool_of(&specs[0]).to_owned();
+            per_pools(env, one(&pool, command), Format::Text, Vec::new()).await
         }
-        Command::Pool { pool: PoolCommand::List { names, scripted, json } } => {
-            pools::list_line(ctx, &names, scripted, json).await
+        SnapshotCommand::Destroy { ref spec } => {
+            let pool = pools::pool_of(spec).to_owned();
+            per_pools(env, one(&pool, command), Format::Text, Vec::new()).await
         }
-        Command::Pool { pool: PoolCommand::Sync { name } } => pools::sync(ctx, &name).await,
-        Command::Pool { pool: PoolCommand::Scrub { name, pause, stop, wait } } => {
-            pools::scrub(ctx, &name, pools::ScrubAction::from_flags(pause, stop, wait)).await
-        }
-        Command::Pool { pool: PoolCommand::Offline { name, leaf, temporary } } => {
-            pools::offline(ctx, &name, &leaf, temporary).await
-        }
-        Command::Pool { pool: PoolCommand::Online { name, leaf } } => {
-            pools::online(ctx, &name, &leaf).await
-        }
-        Command::Pool { pool: PoolCommand::Clear { name, leaf } } => {
-            pools::clear(ctx, &name, leaf.as_deref()).await
-        }
-        Command::Pool { pool: PoolCommand::Attach { name, existing, new } } => {
-            pools::attach(ctx, &name, &existing, new.into(), false).await
-        }
-        Command::Pool { pool: PoolCommand::Replace { name, old, new } } => {
-            pools::attach(ctx, &name, &old, new.into(), true).await
-        }
-        Command::Pool { pool: PoolCommand::Detach { name, leaf } } => {
-            pools::detach(ctx, &name, &leaf).await
-        }
-        Command::Pool { pool: PoolCommand::Inject { name, leaf, what } } => {
-            pools::inject(ctx, &name, &leaf, &what).await
-        }
-        Command::Pool { pool: PoolCommand::Stats { name } } => pools::stats(ctx, &name),
-        Command::Vol {
-            vol:
-                VolCommand::Create { spec, size, block_size, dedup, sync, logbias, compression, sparse },
-        } => {
-            let properties = [
-                VolumeProperty::Dedup(dedup),
-                VolumeProperty::Sync(sync),
-                VolumeProperty::LogBias(logbias),
-                VolumeProperty::Compression(compression),
-            ];
-            pools::vol_create(ctx, &spec, size, block_size, !sparse, &properties).await
-        }
-        Command::Vol { vol: VolCommand::Set { spec, property } } => {
-            pools::vol_set(ctx, &spec, &property).await
-        }
-        Command::Vol { vol: VolCommand::List { pools, scripted, json } } => {
-            pools::vol_list(ctx, &pools, scripted, json).await
-        }
-        Command::Vol { vol: VolCommand::Destroy { spec, recursive } } => {
-            pools::vol_destroy(ctx, &spec, recursive).await
-        }
-        Command::Vol { vol: VolCommand::Rollback { spec, recursive } } => {
-            pools::vol_rollback(ctx, &spec, recursive).await
-        }
-        Command::Vol { vol: VolCommand::Promote { spec } } => pools::vol_promote(ctx, &spec).await,
-        Command::Clone { snapshot, volume } => pools::clone(ctx, &snapshot, &volume).await,
-        Command::Recv { spec, abort: true, .. } => pools::recv_abort(ctx, &spec).await,
-        Command::Snapshot { snapshot: SnapshotCommand::Create { specs } } => {
-            pools::snapshot_create(ctx, &specs).await
-        }
-        Command::Snapshot { snapshot: SnapshotCommand::List { targets, scripted, json } } => {
-            pools::snapshot_list(ctx, &targets, scripted, json).await
-        }
-        Command::Snapshot { snapshot: SnapshotCommand::Destroy { spec } } => {
-            pools::snapshot_destroy(ctx, &spec).await
-        }
-        Command::Vol { vol: VolCommand::Rename { spec, to } } => {
-            pools::vol_rename(ctx, &spec, &to).await
-        }
-        Command::Vol { vol: VolCommand::Get { spec, properties, scripted, json } } => {
-            pools::vol_get(ctx, &spec, &properties, scripted, json).await
-        }
-        Command::Vol { vol: VolCommand::Resize { spec, size } } => {
-            pools::vol_resize(ctx, &spec, size).await
-        }
-        _ => anyhow::bail!(
-            "only pool status|list|stats|sync|scrub|offline|online|clear|attach|detach|replace, \
-             vol create|list|get|set|rename|resize|rollback|promote|destroy, snapshot \
-             create|list|destroy and clone run on a served pool"
-        ),
     }
 }
 
@@ -695,166 +883,11 @@ fn run(
             anyhow::ensure!(count != Some(0), "the iostat COUNT must be at least 1");
             iostat::run(&iostat::Options { pool: name, interval, count, latency, json })
         }
-        Command::Pool { pool } => on_runtime(|env| async move {
-            let refuse_if_served = |name: &str| {
-                if control::is_served(name) {
-                    anyhow::bail!(
-                        "pool {name} is being served by `sluice serve` (control socket {}); stop \
-                         the server first (Ctrl-C or SIGTERM)",
-                        control::socket_path(name).display()
-                    );
-                }
-                Ok(())
-            };
-            match pool {
-                PoolCommand::Create { name, vdevs, size, sparse, ashift, force } => {
-                    refuse_if_served(&name)?;
-                    pools::create(&env, &name, (size, sparse), ashift, &vdevs, force).await
-                }
-                PoolCommand::Import {
-                    name,
-                    dirs,
-                    devices,
-                    rewind,
-                    dry_run,
-                    discard_unreadable_log,
-                } => {
-                    refuse_if_served(&name)?;
-                    let options = ImportOptions { rewind, discard_unreadable_log };
-                    pools::import(&env, &name, &dirs, &devices, options, dry_run).await
-                }
-                PoolCommand::Export { name } => {
-                    refuse_if_served(&name)?;
-                    pools::export(&env, &name).await
-                }
-                PoolCommand::Destroy { name } => {
-                    refuse_if_served(&name)?;
-                    pools::destroy(&env, &name).await
-                }
-                PoolCommand::List { names, scripted, json } => {
-                    let names = if names.is_empty() { pools::known_pools()? } else { names };
-                    if !scripted && !json {
-                        println!("{}", pools::LIST_HEADER);
-                    }
-                    for name in names {
-                        let mut args = vec![String::from("pool"), "list".into(), name.clone()];
-                        if scripted {
-                            args.push("-H".into());
-                        }
-                        if json {
-                            args.push("--json".into());
-                        }
-                        per_pool(&env, &name, args).await?;
-                    }
-                    Ok(())
-                }
-                PoolCommand::Status { names, json } => {
-                    let names = if names.is_empty() { pools::known_pools()? } else { names };
-                    if names.is_empty() && !json {
-                        println!("no pools");
-                    }
-                    for name in names {
-                        let mut args = vec!["pool".into(), "status".into(), name.clone()];
-                        if json {
-                            args.push("--json".into());
-                        }
-                        per_pool(&env, &name, args).await?;
-                    }
-                    Ok(())
-                }
-                PoolCommand::Scrub { ref name, .. }
-                | PoolCommand::Sync { ref name }
-                | PoolCommand::Offline { ref name, .. }
-                | PoolCommand::Online { ref name, .. }
-                | PoolCommand::Clear { ref name, .. }
-                | PoolCommand::Attach { ref name, .. }
-                | PoolCommand::Replace { ref name, .. }
-                | PoolCommand::Detach { ref name, .. }
-                | PoolCommand::Inject { ref name, .. } => {
-                    let args: Vec<String> = std::env::args().skip(1).collect();
-                    per_pool(&env, name, args).await
-                }
-                PoolCommand::Stats { name } => {
-                    per_pool(&env, &name, vec!["pool".into(), "stats".into(), name.clone()]).await
-                }
-                PoolCommand::Iostat { .. } => unreachable!("iostat runs without a runtime"),
-            }
-        }),
-        Command::Vol { vol } => on_runtime(|env| async move {
-            let args: Vec<String> = std::env::args().skip(1).collect();
-            match vol {
-                VolCommand::List { pools, scripted, json } => {
-                    let names = if pools.is_empty() { pools::known_pools()? } else { pools };
-                    for (i, name) in names.iter().enumerate() {
-                        let mut args = vec!["vol".into(), "list".into(), name.clone()];
-                        if scripted {
-                            args.push("-H".into());
-                        }
-                        if json {
-                            args.push("--json".into());
-                        }
-                        let out = run_for_pool(&env, name, args).await?;
-                        // One header for the whole list (none for scripts).
-                        let headed = !scripted && !json;
-                        print!(
-                            "{}",
-                            if i == 0 || !headed {
-                                &out[..]
-                            } else {
-                                out.split_once('\n').map_or("", |x| x.1)
-                            }
-                        );
-                    }
-                    Ok(())
-                }
-                VolCommand::Create { spec, .. }
-                | VolCommand::Set { spec, .. }
-                | VolCommand::Destroy { spec, .. }
-                | VolCommand::Rollback { spec, .. }
-                | VolCommand::Promote { spec }
-                | VolCommand::Rename { spec, .. }
-                | VolCommand::Get { spec, .. }
-                | VolCommand::Resize { spec, .. } => {
-                    let pool = spec.split_once('/').map_or(spec.as_str(), |(p, _)| p).to_owned();
-                    per_pool(&env, &pool, args).await
-                }
-            }
-        }),
-        Command::Snapshot { snapshot } => on_runtime(|env| async move {
-            let args: Vec<String> = std::env::args().skip(1).collect();
-            let pool_of = |spec: &str| spec.split(['/', '@']).next().unwrap_or(spec).to_owned();
-            match snapshot {
-                SnapshotCommand::List { targets, scripted, json } => {
-                    let targets = if targets.is_empty() { pools::known_pools()? } else { targets };
-                    for (i, target) in targets.iter().enumerate() {
-                        let mut args = vec!["snapshot".into(), "list".into(), target.clone()];
-                        if scripted {
-                            args.push("-H".into());
-                        }
-                        if json {
-                            args.push("--json".into());
-                        }
-                        let out = run_for_pool(&env, &pool_of(target), args).await?;
-                        // One header for the whole list (none for scripts).
-                        let headed = !scripted && !json;
-                        print!(
-                            "{}",
-                            if i == 0 || !headed {
-                                &out[..]
-                            } else {
-                                out.split_once('\n').map_or("", |x| x.1)
-                            }
-                        );
-                    }
-                    Ok(())
-                }
-                SnapshotCommand::Create { specs } => {
-                    let pool = pool_of(&specs[0]);
-                    per_pool(&env, &pool, args).await
-                }
-                SnapshotCommand::Destroy { spec } => per_pool(&env, &pool_of(&spec), args).await,
-            }
-        }),
+        Command::Pool { pool } => on_runtime(|env| async move { pool_command(&env, pool).await }),
+        Command::Vol { vol } => on_runtime(|env| async move { vol_command(&env, vol).await }),
+        Command::Snapshot { snapshot } => {
+            on_runtime(|env| async move { snapshot_command(&env, snapshot).await })
+        }
         Command::Send { spec, from, token } => {
             use std::io::IsTerminal;
             if std::io::stdout().is_terminal() {
@@ -862,39 +895,41 @@ fn run(
                     "send writes a binary stream: redirect it to a file or pipe it to `sluice recv`"
                 );
             }
-            let what = pools::SendWhat::new(spec, from, token)?;
-            let args: Vec<String> = std::env::args().skip(1).collect();
+            let what =
+                pools::replication::SendWhat::new(spec.clone(), from.clone(), token.clone())?;
+            let request = Command::Send { spec, from, token };
             let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout());
-            if let Some(forwarded) = control::forward_send(&what.pool(), &args, &mut out) {
+            if let Some(forwarded) = control::forward_send(&what.pool(), &request, &mut out) {
                 forwarded?;
                 return Ok(std::io::Write::flush(&mut out)?);
             }
-            on_runtime(|env| async move {
-                let mut ctx = pools::Ctx { env: &env, live: None, out: String::new() };
-                pools::send(&mut ctx, &what).await
-            })
+            on_runtime(
+                |env| async move { pools::replication::send(&mut Ctx::local(&env), &what).await },
+            )
         }
-        Command::Recv { spec, abort: true, .. } => on_runtime(|env| async move {
-            let args: Vec<String> = std::env::args().skip(1).collect();
-            let pool = spec.split('/').next().unwrap_or(&spec).to_owned();
-            per_pool(&env, &pool, args).await
+        Command::Recv { spec, resumable, abort: true } => on_runtime(|env| async move {
+            let pool = pools::pool_of(&spec).to_owned();
+            let command = Command::Recv { spec, resumable, abort: true };
+            per_pools(&env, vec![(pool, command)], Format::Text, Vec::new()).await
         }),
         Command::Recv { spec, resumable, abort: false } => on_runtime(|env| async move {
-            let pool = spec.split('/').next().unwrap_or(&spec).to_owned();
-            let args: Vec<String> = std::env::args().skip(1).collect();
-            if let Some(forwarded) = control::forward_recv(&pool, &args, &mut std::io::stdin()) {
-                eprint!("{}", forwarded?);
-                return Ok(());
+            let pool = pools::pool_of(&spec).to_owned();
+            // What a receive says goes to standard error, as `send`'s does: a pipeline's
+            // standard output is its data.
+            let said = |replies| eprint!("{}", pools::output::render_all(replies, Format::Text));
+            let request = Command::Recv { spec: spec.clone(), resumable, abort: false };
+            if let Some(forwarded) = control::forward_recv(&pool, &request, &mut std::io::stdin()) {
+                return forwarded.map(said);
             }
-            let mut ctx = pools::Ctx { env: &env, live: None, out: String::new() };
-            let result = pools::recv(&mut ctx, &spec, resumable).await;
-            eprint!("{}", ctx.out);
+            let mut ctx = Ctx::local(&env);
+            let result = pools::replication::recv(&mut ctx, &spec, resumable).await;
+            said(ctx.replies);
             result
         }),
-        Command::Clone { snapshot, .. } => on_runtime(|env| async move {
-            let args: Vec<String> = std::env::args().skip(1).collect();
-            let pool = snapshot.split(['/', '@']).next().unwrap_or(&snapshot).to_owned();
-            per_pool(&env, &pool, args).await
+        Command::Clone { snapshot, volume } => on_runtime(|env| async move {
+            let pool = pools::pool_of(&snapshot).to_owned();
+            let command = Command::Clone { snapshot, volume };
+            per_pools(&env, vec![(pool, command)], Format::Text, Vec::new()).await
         }),
         Command::Tunables { settings } => tunables(&settings),
         Command::Bench { args } => anyhow::bail!(

@@ -365,7 +365,7 @@ impl PoolSnapshot {
         }
     }
 
-    /// The snapshot as the one line of JSON the control socket carries.
+    /// The snapshot as one line of JSON (what the hidden `pool stats` prints).
     pub fn to_json(&self) -> String {
         // Integers, strings and string-keyed structs only: serializing cannot fail. Were it
         // to, the reader is told why instead of getting half a document.
@@ -375,7 +375,15 @@ impl PoolSnapshot {
     }
 
     /// Reads what [`PoolSnapshot::to_json`] wrote, refusing another build's layout.
+    #[cfg(test)]
     pub fn from_json(text: &str) -> Result<PoolSnapshot, SnapshotError> {
+        let value =
+            serde_json::from_str(text).map_err(|source| SnapshotError::Malformed { source })?;
+        PoolSnapshot::from_value(value)
+    }
+
+    /// A snapshot in its serde form, refusing another build's layout.
+    pub fn from_value(value: serde_json::Value) -> Result<PoolSnapshot, SnapshotError> {
         // The version first, so a different layout is named as such rather than as a
         // missing field.
         #[derive(Deserialize)]
@@ -383,8 +391,8 @@ impl PoolSnapshot {
             version: Option<u32>,
             error: Option<String>,
         }
-        let header = serde_json::from_str::<Header>(text)
-            .map_err(|source| SnapshotError::Malformed { source })?;
+        let header =
+            Header::deserialize(&value).map_err(|source| SnapshotError::Malformed { source })?;
         if let Some(message) = header.error {
             return Err(SnapshotError::Server { message });
         }
@@ -392,7 +400,16 @@ impl PoolSnapshot {
         if version != Some(SNAPSHOT_VERSION) {
             return Err(SnapshotError::Version { found: version, expected: SNAPSHOT_VERSION });
         }
-        serde_json::from_str(text).map_err(|source| SnapshotError::Malformed { source })
+        serde_json::from_value(value).map_err(|source| SnapshotError::Malformed { source })
+    }
+
+    /// serde's `deserialize_with` for a snapshot that crossed the control socket: the layout
+    /// is checked first ([`PoolSnapshot::from_value`]).
+    pub fn deserialize_checked<'de, D: serde::Deserializer<'de>>(
+        from: D,
+    ) -> Result<Box<PoolSnapshot>, D::Error> {
+        let value = serde_json::Value::deserialize(from)?;
+        PoolSnapshot::from_value(value).map(Box::new).map_err(serde::de::Error::custom)
     }
 }
 

@@ -545,6 +545,20 @@ fn exit_codes_follow_the_kind_of_failure_and_json_parses() {
         json_lines(cache, &["snapshot", "list", "--json", "tank/vm1"]);
     };
     every_json(&cache);
+    // Output that does not move while a pool is served (no space figures, no counters), to
+    // compare with the same commands answered by the server: one renderer for both.
+    let steady = |cache: &Path| {
+        [
+            &["snapshot", "list", "tank/vm1"][..],
+            &["snapshot", "list", "-H", "tank/vm1"],
+            &["snapshot", "list", "--json", "tank/vm1"],
+            &["vol", "get", "tank/vm1", "volsize", "compression", "sync", "origin"],
+            &["vol", "get", "-H", "tank/vm1", "volsize", "compression", "sync", "origin"],
+            &["vol", "get", "--json", "tank/vm1", "volsize", "compression", "sync", "origin"],
+        ]
+        .map(|args| ok(cache, args))
+    };
+    let unserved = steady(&cache);
 
     // The same through the server: the kind crosses the control socket.
     let socket = dir.path().join("nbd.sock");
@@ -568,21 +582,66 @@ fn exit_codes_follow_the_kind_of_failure_and_json_parses() {
     assert_eq!(refusals(&cache), [5, 4, 6, 3], "through the server");
     every_json(&cache);
     json_lines(&cache, &["pool", "iostat", "tank", "--json", "1", "1"]);
-    // A command of the first, unnumbered protocol (its arguments as a bare JSON array) is told
-    // the server speaks another, not misread.
-    {
+    assert_eq!(steady(&cache), unserved, "a served pool's replies render as the pool's own");
+    // A scrub waited for reports its progress while it runs: the server sends a frame at the
+    // start and every second after, and the command prints each on standard error.
+    let scrub = sluice(&cache, &["pool", "scrub", "-w", "tank"]);
+    let (said, progress) =
+        (String::from_utf8_lossy(&scrub.stdout), String::from_utf8_lossy(&scrub.stderr));
+    assert!(scrub.status.success() && said.contains("0 bad copies found"), "{said}{progress}");
+    assert!(
+        progress.lines().next().is_some_and(|l| l.starts_with("scrub of tank: ")),
+        "{progress}"
+    );
+    // Commands of the first, unnumbered protocol (the arguments as a bare JSON array) and of
+    // the second (`{"protocol": 2, "args": [...]}`) are told the server speaks another, not
+    // misread: in the fields those commands read (`ok`, `error`, `kind`).
+    for (request, theirs) in [
+        ("[\"pool\", \"status\", \"tank\"]\n", "the first, unnumbered one"),
+        ("{\"protocol\": 2, \"args\": [\"pool\", \"status\", \"tank\"]}\n", "speaks 2"),
+    ] {
         use std::io::{BufRead, Write};
         let control = cache.with_file_name("tank.control");
         let mut stream = std::os::unix::net::UnixStream::connect(&control).unwrap();
-        stream.write_all(b"[\"pool\", \"status\", \"tank\"]\n").unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
         let mut answer = String::new();
         std::io::BufReader::new(&stream).read_line(&mut answer).unwrap();
         let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
-        assert_eq!(answer["ok"], false, "{answer}");
+        assert_eq!((answer["protocol"].as_u64(), &answer["ok"]), (Some(3), &false.into()));
         assert_eq!(answer["kind"], "protocol", "{answer}");
-        assert!(answer["error"].as_str().unwrap().contains("control protocol 2"), "{answer}");
+        let error = answer["error"].as_str().unwrap();
+        assert!(error.contains("control protocol 3") && error.contains(theirs), "{answer}");
     }
     let stopped = Command::new("kill").arg(server.id().to_string()).status().unwrap();
     let exited = server.wait().unwrap();
     assert!(stopped.success() && exited.success(), "the server did not stop cleanly: {exited}");
+}
+
+/// A server of the second control protocol (one that was running when sluice was upgraded)
+/// answers this command's request with a refusal of its own version: the command says the
+/// protocols differ and exits 11, instead of misreading the answer.
+#[test]
+fn a_server_of_an_older_protocol_is_named_as_such() {
+    use std::io::{BufRead, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let listener = std::os::unix::net::UnixListener::bind(dir.path().join("tank.control")).unwrap();
+    let server = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut request = String::new();
+        std::io::BufReader::new(&stream).read_line(&mut request).unwrap();
+        // What a version 2 server answers a request without `args`.
+        (&stream)
+            .write_all(
+                b"{\"protocol\":2,\"ok\":false,\"out\":\"\",\"error\":\"bad request (a JSON \
+                  object on one line): missing field `args`\",\"kind\":null}\n",
+            )
+            .unwrap();
+        request
+    });
+    let (code, said) = exit_code(&cache, &["pool", "status", "tank"]);
+    let request = server.join().unwrap();
+    assert!(request.starts_with("{\"protocol\":3,\"command\":"), "{request}");
+    assert_eq!(code, 11, "{said}");
+    assert!(said.contains("speaks control protocol 2 and this sluice speaks 3"), "{said}");
 }

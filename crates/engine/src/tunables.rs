@@ -360,25 +360,56 @@ impl Tunable {
     }
 }
 
-/// A byte count as people type it: digits, optionally followed by K, M, G or T (binary
-/// multiples, either case). `None` if it is not one, or does not fit in 64 bits. Tunables,
-/// and the command lines of `sluice` and `sluice-bench`, read sizes with it.
+/// A byte count as people type it: a whole or decimal number, optionally followed by a unit
+/// of K, M, G, T, P or E, each with or without `i` and `B` (`4K`, `4KiB`, `4kb`, `1.5G`,
+/// `64M`, `512B`), either case, with or without a space before it. Every unit is a binary
+/// multiple (K is 1024, as it always was here and is in `zfs`, `qemu-img` and `truncate`).
+/// `None` if it is not one, if it is not a whole number of bytes (`1.5B`, `0.3K`), or if it
+/// does not fit in 64 bits. Tunables, and the command lines of `sluice` and `sluice-bench`,
+/// read sizes with it.
+///
+/// Written here rather than with the `parse-size` crate: that crate rounds fractional bytes
+/// to the nearest integer (`2.5B` is 3) and reads `KB` as 1000, where a size given to a pool
+/// must be exact and K has always been 1024; the exact arithmetic below is a few lines.
 pub fn parse_bytes(text: &str) -> Option<u64> {
     let text = text.trim();
-    let (digits, shift) = match text.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let shift = match c.to_ascii_uppercase() {
-                'K' => 10,
-                'M' => 20,
-                'G' => 30,
-                'T' => 40,
-                _ => return None,
-            };
-            (&text[..i], shift)
-        }
-        _ => (text, 0),
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, unit) = (&text[..split], text[split..].trim_start());
+    let shift: u32 = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KI" | "KIB" => 10,
+        "M" | "MB" | "MI" | "MIB" => 20,
+        "G" | "GB" | "GI" | "GIB" => 30,
+        "T" | "TB" | "TI" | "TIB" => 40,
+        "P" | "PB" | "PI" | "PIB" => 50,
+        "E" | "EB" | "EI" | "EIB" => 60,
+        _ => return None,
     };
-    digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
+    let (whole, fraction) = match number.split_once('.') {
+        Some((whole, fraction)) if !fraction.is_empty() => (whole, fraction),
+        Some(_) => return None,
+        None => (number, ""),
+    };
+    if whole.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let bytes = whole.parse::<u64>().ok()?.checked_mul(1u64 << shift)?;
+    // The fraction times the unit must be a whole number of bytes: digits / 10^n * 2^shift.
+    // Twenty digits after trailing zeros are more than any size needs, and keep the product
+    // within 128 bits (10^20 * 2^60 < 2^128).
+    let fraction = fraction.trim_end_matches('0');
+    if fraction.is_empty() {
+        return Some(bytes);
+    }
+    if fraction.len() > 20 {
+        return None;
+    }
+    let scaled = fraction.parse::<u128>().ok()? << shift;
+    let denominator = 10u128.pow(fraction.len() as u32);
+    if scaled % denominator != 0 {
+        return None;
+    }
+    bytes.checked_add(u64::try_from(scaled / denominator).ok()?)
 }
 
 /// Splits `name=value` settings as given on a command line (`--set`), each side trimmed.
@@ -568,7 +599,36 @@ mod tests {
         assert_eq!(parse_bytes(" 64M "), Some(64 << 20));
         assert_eq!(parse_bytes("16k"), Some(16 << 10));
         assert_eq!(parse_bytes("2T"), Some(2 << 40));
-        for bad in ["", "M", "1.5G", "12X", "-1", "99999999999T"] {
+        assert_eq!(parse_bytes("1.5G"), Some(3 << 29));
+        assert_eq!(parse_bytes("4KiB"), Some(4096));
+        assert_eq!(parse_bytes("4K"), Some(4096));
+        assert_eq!(parse_bytes("4kb"), Some(4096));
+        assert_eq!(parse_bytes("1 GiB"), Some(1 << 30));
+        assert_eq!(parse_bytes("512B"), Some(512));
+        assert_eq!(parse_bytes("0.5K"), Some(512));
+        assert_eq!(parse_bytes("2.50M"), Some(5 << 19));
+        assert_eq!(parse_bytes("16E"), None, "2^64 does not fit");
+        assert_eq!(parse_bytes("15E"), Some(15 << 60));
+        assert_eq!(parse_bytes("18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            "",
+            "M",
+            "12X",
+            "-1",
+            "99999999999T",
+            "18446744073709551616",
+            "1.5B",
+            "1.5",
+            "0.3K",
+            "1.",
+            ".5K",
+            "1.2.3K",
+            "4 K B",
+            "4KiBB",
+            "1e3",
+            "0x10",
+            "1_000",
+        ] {
             assert_eq!(parse_bytes(bad), None, "{bad:?}");
         }
         let given = ["txg.dirty_max = 1G".to_owned(), "a=b=c".to_owned()];

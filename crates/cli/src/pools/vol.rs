@@ -1,0 +1,324 @@
+//! `sluice vol`: volumes of a pool: create, list, get and set properties, rename, resize,
+//! roll back to a snapshot, promote a clone, destroy; and the words the property values are
+//! typed in (`dedup=verify`, `sync=always`, `logbias=throughput`, `compression=zstd-7`).
+
+use anyhow::Context;
+use sluice_engine::txg::{VolumeProperty, BLOCK_BYTES_DEFAULT, RECEIVE_PREFIX};
+use sluice_format::{Compression, DedupMode, LogBias, SyncMode};
+
+use super::output::{
+    human, ratio, ratio_hundredths, InterruptedReceive, PropValue, Reply, VolEntry, VolList,
+    VolProp, VolProps, VolRow,
+};
+use super::{name_in_pool, split_snapshot, split_volume, used_bytes, Ctx};
+
+pub async fn create(
+    ctx: &mut Ctx<'_>,
+    spec: &str,
+    (size, block_bytes): (u64, Option<u64>),
+    thick: bool,
+    properties: &[VolumeProperty],
+) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let store = ctx.hold(pool).await?;
+    let block =
+        u32::try_from(block_bytes.unwrap_or(u64::from(BLOCK_BYTES_DEFAULT))).unwrap_or(u32::MAX);
+    store.create_volume_with(volume, size, block, thick)?;
+    for &property in properties {
+        store.set_property(volume, property)?;
+    }
+    let reserved = store.volume_info(volume).map_or(0, |v| v.reservation_bytes);
+    store.release().await?;
+    let settings: Vec<String> = properties.iter().map(|&p| property_text(p)).collect();
+    let kind = if thick { format!("thick, {} reserved", human(reserved)) } else { "thin".into() };
+    ctx.done(format!("created volume {spec} ({}, {kind}, {})", human(size), settings.join(", ")));
+    Ok(())
+}
+
+/// `name=value` of a property.
+fn property_text(property: VolumeProperty) -> String {
+    match property {
+        VolumeProperty::Dedup(mode) => format!("dedup={}", mode.name()),
+        VolumeProperty::Sync(mode) => format!("sync={}", mode.name()),
+        VolumeProperty::LogBias(bias) => format!("logbias={}", bias.name()),
+        VolumeProperty::Compression(compression) => format!("compression={}", compression.name()),
+    }
+}
+
+/// Parses a compression property value.
+pub fn parse_compression(value: &str) -> Result<Compression, String> {
+    Compression::parse(value).ok_or_else(|| {
+        format!(
+            "compression={value} is not a compression; use off, lz4 (or on), zstd, or zstd-1 to \
+             zstd-19"
+        )
+    })
+}
+
+/// Parses a dedup property value.
+pub fn parse_dedup(value: &str) -> Result<DedupMode, String> {
+    match value {
+        "off" => Ok(DedupMode::Off),
+        "on" => Ok(DedupMode::On),
+        "verify" => Ok(DedupMode::Verify),
+        other => Err(format!("dedup={other} is not a dedup mode; use off, on or verify")),
+    }
+}
+
+/// Parses a sync property value.
+pub fn parse_sync(value: &str) -> Result<SyncMode, String> {
+    match value {
+        "standard" => Ok(SyncMode::Standard),
+        "always" => Ok(SyncMode::Always),
+        "disabled" => Ok(SyncMode::Disabled),
+        other => Err(format!("sync={other} is not a sync mode; use standard, always or disabled")),
+    }
+}
+
+/// Parses a logbias property value.
+pub fn parse_logbias(value: &str) -> Result<LogBias, String> {
+    match value {
+        "latency" => Ok(LogBias::Latency),
+        "throughput" => Ok(LogBias::Throughput),
+        other => Err(format!("logbias={other} is not a log bias; use latency or throughput")),
+    }
+}
+
+/// `NAME=VALUE` of `vol set` as the property it sets.
+pub fn parse_setting(setting: &str) -> anyhow::Result<VolumeProperty> {
+    let (name, value) = setting
+        .split_once('=')
+        .with_context(|| format!("{setting:?} is not NAME=VALUE (for example sync=always)"))?;
+    let parsed = match name {
+        "dedup" => parse_dedup(value).map(VolumeProperty::Dedup),
+        "sync" => parse_sync(value).map(VolumeProperty::Sync),
+        "logbias" => parse_logbias(value).map(VolumeProperty::LogBias),
+        "compression" | "compress" => parse_compression(value).map(VolumeProperty::Compression),
+        _ => Err(format!(
+            "volume property {name:?} does not exist; the settable ones are dedup, sync, \
+             logbias and compression"
+        )),
+    };
+    parsed.map_err(|e| anyhow::anyhow!(e))
+}
+
+pub async fn set(ctx: &mut Ctx<'_>, spec: &str, setting: &str) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let property = parse_setting(setting)?;
+    let store = ctx.hold(pool).await?;
+    store.set_property(volume, property)?;
+    store.release().await?;
+    let applies = match property {
+        VolumeProperty::Dedup(_) | VolumeProperty::Compression(_) => {
+            "blocks written from now on follow it"
+        }
+        _ => "requests from now on follow it",
+    };
+    ctx.done(format!("set {} on {spec}; {applies}", property_text(property)));
+    Ok(())
+}
+
+pub async fn destroy(ctx: &mut Ctx<'_>, spec: &str, recursive: bool) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let store = ctx.hold(pool).await?;
+    let snapshots = store.snapshots(volume).map(|s| s.len()).unwrap_or(0);
+    store.destroy_volume_with(volume, recursive).await?;
+    store.release().await?;
+    if snapshots > 0 {
+        ctx.done(format!("destroyed volume {spec} and its {snapshots} snapshot(s)"));
+    } else {
+        ctx.done(format!("destroyed volume {spec}"));
+    }
+    Ok(())
+}
+
+/// `vol rollback POOL/VOL@SNAP [-r]`.
+pub async fn rollback(ctx: &mut Ctx<'_>, spec: &str, recursive: bool) -> anyhow::Result<()> {
+    let (pool, volume, snapshot) = split_snapshot(spec)?;
+    let store = ctx.hold(pool).await?;
+    store.rollback_volume(volume, snapshot, recursive).await?;
+    store.release().await?;
+    ctx.done(format!("rolled volume {pool}/{volume} back to {spec}"));
+    Ok(())
+}
+
+/// `vol promote POOL/VOL`.
+pub async fn promote(ctx: &mut Ctx<'_>, spec: &str) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let store = ctx.hold(pool).await?;
+    store.promote_volume(volume).await?;
+    let moved: Vec<String> = store.snapshots(volume)?.into_iter().map(|s| s.name).collect();
+    store.release().await?;
+    ctx.done(format!("promoted {spec}; its snapshots now: {}", moved.join(", ")));
+    Ok(())
+}
+
+pub async fn rename(ctx: &mut Ctx<'_>, spec: &str, to: &str) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let new = name_in_pool(to, pool, spec, "a volume is renamed within its pool")?;
+    let store = ctx.hold(pool).await?;
+    store.rename_volume(volume, new).await?;
+    store.release().await?;
+    ctx.done(format!("renamed volume {spec} to {pool}/{new}"));
+    Ok(())
+}
+
+pub async fn resize(ctx: &mut Ctx<'_>, spec: &str, size: u64) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let store = ctx.hold(pool).await?;
+    store.resize_volume(volume, size).await?;
+    store.release().await?;
+    ctx.done(format!("resized volume {spec} to {}", human(size)));
+    Ok(())
+}
+
+/// `vol get POOL/VOL [PROPERTY...]`: every property, or the ones named, in the order asked
+/// for (as zfs get prints them).
+pub async fn get(ctx: &mut Ctx<'_>, spec: &str, wanted: &[String]) -> anyhow::Result<()> {
+    let (pool, volume) = split_volume(spec)?;
+    let store = ctx.hold(pool).await?;
+    let token = store
+        .interrupted_receives()
+        .into_iter()
+        .find(|(target, _)| target == volume)
+        .map_or_else(|| "-".to_owned(), |(_, token)| token.encode());
+    let text = |value: &str| PropValue::Text(value.to_owned());
+    if wanted.len() == 1
+        && wanted[0] == "receive_resume_token"
+        && store.volume_info(volume).is_none()
+    {
+        // A full stream's target does not exist until it is whole; its token does.
+        store.release().await?;
+        let property = VolProp { name: wanted[0].clone(), value: text(&token) };
+        ctx.say(Reply::VolProps(VolProps { name: spec.to_owned(), properties: vec![property] }));
+        return Ok(());
+    }
+    let entry = store.volume_info(volume).ok_or_else(|| {
+        anyhow::anyhow!("volume {spec} does not exist; `sluice vol list {pool}` shows the volumes")
+    })?;
+    let available = store.available_bytes(Some(volume))?;
+    let snapshots = store.snapshot_space(volume)?;
+    let origin = entry.origin.and_then(|o| {
+        store.volumes().into_iter().find_map(|v| {
+            let s = v.snapshots.iter().find(|s| s.id == o.snapshot)?;
+            Some(format!("{pool}/{}@{}", v.name, s.name))
+        })
+    });
+    store.release().await?;
+    let space = entry.space.unwrap_or_default();
+    let all: Vec<(&str, PropValue)> = vec![
+        ("volsize", PropValue::Bytes(entry.size_bytes)),
+        ("volblocksize", PropValue::Bytes(u64::from(entry.block_bytes))),
+        ("used", PropValue::Bytes(used_bytes(&entry, &snapshots))),
+        ("usedbysnapshots", PropValue::Bytes(snapshots.snapshots_bytes)),
+        ("written", PropValue::Bytes(snapshots.written_bytes)),
+        ("available", PropValue::Bytes(available)),
+        ("referenced", PropValue::Bytes(space.referenced_bytes)),
+        ("logicalreferenced", PropValue::Bytes(space.logical_bytes)),
+        (
+            "refreservation",
+            match entry.reservation_bytes {
+                0 => text("none"),
+                bytes => PropValue::Bytes(bytes),
+            },
+        ),
+        ("compression", PropValue::Text(entry.compression.name())),
+        (
+            "compressratio",
+            PropValue::Text(format!("{:.2}x", ratio(space.logical_bytes, space.physical_bytes))),
+        ),
+        ("dedup", text(entry.dedup.name())),
+        ("sync", text(entry.sync.name())),
+        ("logbias", text(entry.logbias.name())),
+        ("origin", PropValue::Text(origin.unwrap_or_else(|| "-".to_owned()))),
+        ("receive_resume_token", PropValue::Text(token)),
+    ];
+    for name in wanted {
+        if !all.iter().any(|(p, _)| p == name) {
+            let names: Vec<&str> = all.iter().map(|(p, _)| *p).collect();
+            anyhow::bail!(
+                "volume property {name:?} does not exist; the properties are {}",
+                names.join(", ")
+            );
+        }
+    }
+    let shown: Vec<VolProp> = if wanted.is_empty() {
+        all.into_iter().map(|(name, value)| VolProp { name: name.to_owned(), value }).collect()
+    } else {
+        (wanted.iter())
+            .filter_map(|w| all.iter().find(|(p, _)| p == w))
+            .map(|(name, value)| VolProp { name: (*name).to_owned(), value: value.clone() })
+            .collect()
+    };
+    ctx.say(Reply::VolProps(VolProps { name: spec.to_owned(), properties: shown }));
+    Ok(())
+}
+
+/// `vol list`: the volumes of each named pool, then its interrupted receives.
+pub async fn list(ctx: &mut Ctx<'_>, pools: &[String]) -> anyhow::Result<()> {
+    let mut entries = Vec::new();
+    for name in pools {
+        let store = ctx.hold(name).await?;
+        for volume in store.volumes() {
+            // A receive's hidden volume shows as its target's resume token, below.
+            if volume.name.starts_with(RECEIVE_PREFIX) {
+                continue;
+            }
+            let space = volume.space.unwrap_or_default();
+            entries.push(VolEntry::Volume(VolRow {
+                name: format!("{name}/{}", volume.name),
+                size_bytes: volume.size_bytes,
+                used_bytes: used_bytes(&volume, &store.snapshot_space(&volume.name)?),
+                available_bytes: store.available_bytes(Some(&volume.name))?,
+                referenced_bytes: space.referenced_bytes,
+                reservation_bytes: volume.reservation_bytes,
+                logical_bytes: space.logical_bytes,
+                physical_bytes: space.physical_bytes,
+                block_bytes: u64::from(volume.block_bytes),
+                compression: volume.compression.name(),
+                compress_ratio: ratio_hundredths(space.logical_bytes, space.physical_bytes),
+                dedup: volume.dedup.name().to_owned(),
+                sync: volume.sync.name().to_owned(),
+                logbias: volume.logbias.name().to_owned(),
+            }));
+        }
+        for (target, token) in store.interrupted_receives() {
+            entries.push(VolEntry::Interrupted(InterruptedReceive {
+                name: format!("{name}/{target}"),
+                receive_resume_token: token.encode(),
+                received_blocks: token.next_block,
+            }));
+        }
+        store.release().await?;
+    }
+    ctx.say(Reply::VolList(VolList { entries }));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `vol set`'s NAME=VALUE, and the words of each property; refusals name what exists.
+    #[test]
+    fn settings_parse() {
+        assert_eq!(parse_setting("sync=always").unwrap(), VolumeProperty::Sync(SyncMode::Always));
+        assert_eq!(
+            parse_setting("logbias=throughput").unwrap(),
+            VolumeProperty::LogBias(LogBias::Throughput)
+        );
+        assert_eq!(
+            parse_setting("dedup=verify").unwrap(),
+            VolumeProperty::Dedup(DedupMode::Verify)
+        );
+        let zstd = parse_setting("compress=zstd-7").unwrap();
+        assert_eq!(zstd, VolumeProperty::Compression(Compression::parse("zstd-7").unwrap()));
+        assert_eq!(property_text(zstd), "compression=zstd-7");
+        let bad = parse_setting("compression=gzip").unwrap_err().to_string();
+        assert!(bad.contains("zstd-1 to zstd-19"), "{bad}");
+        let unknown = parse_setting("colour=red").unwrap_err().to_string();
+        assert!(unknown.contains("settable ones are dedup, sync, logbias and compression"));
+        assert!(parse_setting("sync").unwrap_err().to_string().contains("NAME=VALUE"));
+        assert!(parse_sync("sometimes").is_err() && parse_dedup("maybe").is_err());
+    }
+}
