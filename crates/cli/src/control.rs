@@ -44,7 +44,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use sluice_engine::rt::Env;
-use sluice_engine::txg::{ReceiveMode, Store};
+use sluice_engine::{ReceiveMode, Store};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use crate::pools::output::{render_progress, Progress, Reply};

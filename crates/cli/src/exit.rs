@@ -6,9 +6,9 @@
 //! ([`refuse`]), and, for a command a served pool's server ran, from the kind its answer
 //! carries (crate::control). An error of no known kind exits 1; clap's usage errors exit 2.
 
-use sluice_engine::pool::PoolError;
-use sluice_engine::txg::StoreError;
 use sluice_engine::ErrorKind;
+use sluice_engine::PoolError;
+use sluice_engine::StoreError;
 
 /// What `sluice --help` says of exit codes.
 pub const HELP: &str = "\

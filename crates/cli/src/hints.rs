@@ -4,10 +4,10 @@
 //! CLI prints (and to a served pool's answers, which the server computes from the typed
 //! error).
 
-use sluice_engine::pool::PoolError;
 use sluice_engine::tunables::TunableError;
-use sluice_engine::txg::StoreError;
-use sluice_engine::vdev::VdevError;
+use sluice_engine::PoolError;
+use sluice_engine::StoreError;
+use sluice_engine::VdevError;
 
 /// The message a person reads for `error`: it and its causes (`sluice_engine::error_chain`),
 /// then the command that helps, if there is one.

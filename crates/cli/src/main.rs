@@ -27,7 +27,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use serde::{Deserialize, Serialize};
 use sluice_engine::tunables::{Tunable, Tunables};
-use sluice_engine::txg::{ImportOptions, VolumeProperty};
+use sluice_engine::{ImportOptions, VolumeProperty};
 
 use pools::output::{Format, Reply};
 use pools::Ctx;

@@ -34,7 +34,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use sluice_engine::stats::{bucket_upper_nanos, HistogramSnapshot};
-use sluice_engine::txg::Store;
+use sluice_engine::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;

@@ -20,11 +20,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
-use sluice_engine::pool::{Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::Env;
 use sluice_engine::tunables::Tunables;
-use sluice_engine::txg::Store;
-use sluice_engine::volume::Volume;
+use sluice_engine::Store;
+use sluice_engine::Volume;
+use sluice_engine::{Pool, PoolSpec, TopSpec};
 use sluice_nbd::listen::{self, Listener};
 use sluice_nbd::tls::{AllowList, TlsServer, TlsSettings};
 use sluice_nbd::Exports;

@@ -17,7 +17,7 @@
 use serde::{Deserialize, Serialize};
 use sluice_engine::stats::{HistogramSnapshot, VolumeOp};
 use sluice_engine::tunables::IoClass;
-use sluice_engine::txg::Store;
+use sluice_engine::Store;
 
 /// The layout of [`PoolSnapshot`] this build reads and writes.
 pub const SNAPSHOT_VERSION: u32 = 1;

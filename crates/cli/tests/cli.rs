@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use sluice_engine::device::{FileDevice, FileDeviceOptions};
+use sluice_engine::{FileDevice, FileDeviceOptions};
 
 fn sluice(cache: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sluice"))

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use sluice_engine::pool::Pool;
+use sluice_engine::Pool;
 
 /// Where the cache file is.
 pub fn cache_path() -> PathBuf {

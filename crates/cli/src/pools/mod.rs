@@ -27,12 +27,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use sluice_engine::device::inject::{InjectHandle, Injected};
-use sluice_engine::device::{DeviceError, FileDevice, FileDeviceOptions};
-use sluice_engine::pool::{LeafSpec, Pool};
+use sluice_engine::inject::{InjectHandle, Injected};
 use sluice_engine::rt::Env;
 use sluice_engine::tunables::Tunables;
-use sluice_engine::txg::{SnapshotSpace, Store};
+use sluice_engine::{DeviceError, FileDevice, FileDeviceOptions};
+use sluice_engine::{LeafSpec, Pool};
+use sluice_engine::{SnapshotSpace, Store};
 
 use output::{Progress, Reply};
 

@@ -2,7 +2,7 @@
 //! scrubs; leaves taken out of service, returned, attached, detached and replaced; `sync`;
 //! the served pool's counters (`stats`) and fault injection (`inject`).
 //!
-//! `create` first looks at what each leaf holds (`sluice_engine::pool::probe`) and, like
+//! `create` first looks at what each leaf holds (`sluice_engine::probe`) and, like
 //! `zpool create`, overwrites another pool, a filesystem or data only with --force. A command
 //! that waits for a scrub or resilver (`scrub -w`, `attach -w`, `replace -w`, and any of them
 //! on a pool opened only for the command) reports its progress while it waits.
@@ -11,13 +11,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use sluice_engine::device::inject::Injection;
-use sluice_engine::device::{BlockDevice, FileDevice, FileDeviceOptions};
-use sluice_engine::pool::probe::{self, Finding};
-use sluice_engine::pool::{LeafSpec, Pool, PoolError, PoolLeaf, PoolSpec, TopSpec};
+use sluice_engine::inject::Injection;
+use sluice_engine::probe::{self, Finding};
 use sluice_engine::tunables::Tunables;
-use sluice_engine::txg::{ImportOptions, ImportReport, ScanFunc, ScanPhase, ScanStatus, Store};
-use sluice_engine::vdev::LeafState;
+use sluice_engine::LeafState;
+use sluice_engine::{BlockDevice, FileDevice, FileDeviceOptions};
+use sluice_engine::{ImportOptions, ImportReport, ScanFunc, ScanPhase, ScanStatus, Store};
+use sluice_engine::{LeafSpec, Pool, PoolError, PoolLeaf, PoolSpec, TopSpec};
 
 use super::output::{
     CacheFigures, DedupFigures, LeafReport, LogFigures, PoolList, PoolRow, PoolStatus, PoolSummary,
@@ -290,9 +290,8 @@ pub async fn destroy(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<()> {
     for leaf in pool.leaves().iter().filter(|l| l.present) {
         let device = leaf.leaf.device();
         for offset in sluice_format::label_offsets(device.len_bytes()) {
-            let zeros = sluice_engine::device::SharedBuf::copy_from(
-                &[0u8; sluice_format::LABEL_HEADER_BYTES],
-            );
+            let zeros =
+                sluice_engine::SharedBuf::copy_from(&[0u8; sluice_format::LABEL_HEADER_BYTES]);
             device.write_at(offset, zeros).await?;
         }
         device.flush().await?;
@@ -525,8 +524,8 @@ fn pool_status(name: &str, store: &Held) -> anyhow::Result<PoolStatus> {
             table_bytes: ddt_summary.table_bytes(),
             in_memory: ddt_summary.in_memory,
             locking: match ddt.locking() {
-                sluice_engine::dedup::Locking::Entry => "per-entry I/O lock",
-                sluice_engine::dedup::Locking::Global => "global",
+                sluice_engine::Locking::Entry => "per-entry I/O lock",
+                sluice_engine::Locking::Global => "global",
             }
             .to_owned(),
             stages: (ddt_stats.by_stage().into_iter())

@@ -3,7 +3,7 @@
 //! stream crosses the control socket (crate::control); here are the two ends that touch the
 //! store, which the server runs too.
 
-use sluice_engine::txg::{ReceiveMode, Store, StreamSummary};
+use sluice_engine::{ReceiveMode, Store, StreamSummary};
 
 use super::output::human;
 use super::{pool_of, split_snapshot, split_volume, Ctx};

@@ -3,7 +3,7 @@
 //! typed in (`dedup=verify`, `sync=always`, `logbias=throughput`, `compression=zstd-7`).
 
 use anyhow::Context;
-use sluice_engine::txg::{VolumeProperty, BLOCK_BYTES_DEFAULT, RECEIVE_PREFIX};
+use sluice_engine::{VolumeProperty, BLOCK_BYTES_DEFAULT, RECEIVE_PREFIX};
 use sluice_format::{Compression, DedupMode, LogBias, SyncMode};
 
 use super::output::{
