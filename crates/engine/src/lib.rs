@@ -12,8 +12,9 @@
 //! `txg::Store::vdev_lock` (async, one change of leaves at a time) or a volume's
 //! `txg::Dataset::rollback_gate` (async: its writes share it, a rollback or a receive taking
 //! the volume's place holds it alone across a whole sync; never held with `vdev_lock`) ->
-//! `txg::Store::sync_lock` (async, one sync at a time) -> the background scan's state
-//! (`txg::dsl_scan`) -> the store's volume namespace (`Store::dsl`) -> its open txg
+//! the sync's lock (`txg::spa_sync::Syncer::lock`, async, one sync at a time) -> the
+//! background scan's state (`txg::dsl_scan`) -> the store's volume namespace (`Store::dsl`)
+//! -> its open txg
 //! (`Store::txg`) -> a volume's `txg::Dataset` state -> its `intent_log::LogWriter` state ->
 //! the dedup table -> a dedup entry -> the allocator -> a leaf's queue (`vdev::queue`) -> a
 //! simulated device's state. The block cache, the pool's

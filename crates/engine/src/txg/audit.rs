@@ -66,7 +66,7 @@ impl Store {
                     (v.entry.clone(), v.entry.root, v.disk_levels)
                 })
                 .collect();
-            let synced = self.synced.lock();
+            let synced = self.syncer.synced.lock();
             (roots, synced.space_maps.clone(), synced.directory)
         };
         let mut report = AuditReport::default();

@@ -400,7 +400,7 @@ impl Store {
     pub async fn destroy_volume_with(&self, name: &str, snapshots: bool) -> Result<(), StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a volume destroy");
-        let _no_sync = self.sync_lock.lock().await;
+        let _no_sync = self.syncer.lock.lock().await;
         let mut dsl = self.dsl.write();
         let mut txg = self.txg.lock();
         let dataset = Arc::clone(dsl.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?);
@@ -451,7 +451,7 @@ impl Store {
         self.check_live()?;
         let _guard = self.panic_guard("a volume rename");
         check_volume_name(to)?;
-        let _no_sync = self.sync_lock.lock().await;
+        let _no_sync = self.syncer.lock.lock().await;
         let mut dsl = self.dsl.write();
         if dsl.volumes.contains_key(to) {
             return Err(StoreError::VolumeExists {
@@ -474,7 +474,7 @@ impl Store {
         // No sync may be in flight: it writes the tree at the levels of its quiesce but
         // records the entry as it is when it ends, so a grow across a level boundary (or a
         // shrink) inside it would leave a root read with the wrong number of levels.
-        let _no_sync = self.sync_lock.lock().await;
+        let _no_sync = self.syncer.lock.lock().await;
         let dataset = self.dataset(name)?;
         let bs = u64::from(dataset.block_bytes);
         if size_bytes == 0 || size_bytes % bs != 0 {

@@ -222,16 +222,6 @@ impl SyncShape {
 }
 
 impl Store {
-    /// Wakes the syncer to start a txg sync now rather than at `txg.timeout_ms`: a quarter of
-    /// `txg.dirty_max` (or of the smaller maximum free space sets) is dirty, or the intent log
-    /// is filling its region.
-    pub(super) fn kick_sync(&self) {
-        if let Some(kick) = self.kick.lock().as_mut() {
-            // A full channel means a kick is already pending; that is enough.
-            let _ = kick.try_send(());
-        }
-    }
-
     /// Admits a write of `len` bytes to `dataset` into the open txg (ZFS: `dmu_tx_assign`):
     /// with `check_space`, refuses what could not be synced, then applies the throttle.
     pub(super) async fn assign(
@@ -267,7 +257,7 @@ impl Store {
             let mut short_since = None;
             let space_max = loop {
                 // A sync that ends after this is one to wait for, not to follow with another.
-                let seen = self.syncs.get();
+                let seen = self.syncer.syncs.get();
                 // One lock at a time: the lock order is dsl -> txg -> allocator.
                 let (state_figures, in_memory, reserved, own_reserved) = {
                     let dsl = self.dsl.read();
@@ -330,7 +320,7 @@ impl Store {
                 // allows for a sync that was already running then. After that, what is
                 // missing is missing.
                 let first = *short_since.get_or_insert(seen);
-                let synced = self.syncs.get().saturating_sub(first);
+                let synced = self.syncer.syncs.get().saturating_sub(first);
                 if synced >= crate::alloc::FREE_DEFER_TXGS + 2 || (in_memory == 0 && deferred == 0)
                 {
                     return Err(StoreError::NoSpace {
@@ -341,7 +331,7 @@ impl Store {
                     });
                 }
                 let start = self.pool.env().now();
-                self.sync_unless(|| self.syncs.get() != seen).await?;
+                self.sync_unless(|| self.syncer.syncs.get() != seen).await?;
                 let waited_nanos = self.pool.env().now().since(start).as_nanos();
                 self.throttle_stats.waited_for_space.inc();
                 self.throttle_stats

@@ -207,8 +207,41 @@ pub(super) struct ScanState {
     rewind: Option<Bookmark>,
 }
 
+/// The background scan (ZFS: `dsl_scan_t`): its state behind its own lock, and the settings
+/// it runs with. This file alone changes it.
+#[derive(Debug)]
+pub(super) struct Scan {
+    state: parking_lot::Mutex<ScanState>,
+    /// `scan.chunk_bytes` and `scan.ios_in_flight`.
+    chunk_bytes: u64,
+    ios_in_flight: usize,
+    /// `scan.idle_ms` and `scan.busy_delay_ms` (yielding to clients).
+    idle: std::time::Duration,
+    busy_delay: std::time::Duration,
+}
+
+impl Scan {
+    pub(super) fn new(tunables: &crate::tunables::Tunables) -> Scan {
+        use crate::tunables::Tunable;
+        Scan {
+            state: parking_lot::Mutex::new(ScanState::new()),
+            chunk_bytes: tunables.get(Tunable::ScanChunkBytes).max(1),
+            ios_in_flight: usize::try_from(tunables.get(Tunable::ScanIosInFlight))
+                .unwrap_or(32)
+                .max(1),
+            idle: std::time::Duration::from_millis(tunables.get(Tunable::ScanIdleMs)),
+            busy_delay: std::time::Duration::from_millis(tunables.get(Tunable::ScanBusyDelayMs)),
+        }
+    }
+
+    /// The scan's state (crate::txg's lock order: after the sync's lock, before the namespace).
+    fn lock(&self) -> parking_lot::MutexGuard<'_, ScanState> {
+        self.state.lock()
+    }
+}
+
 impl ScanState {
-    pub(super) fn new() -> ScanState {
+    fn new() -> ScanState {
         ScanState {
             status: None,
             bookmark: Bookmark::Done,
@@ -766,7 +799,7 @@ impl Store {
         };
         if func == Some(ScanFunc::Resilver) {
             if clean {
-                let _one_at_a_time = self.sync_lock.lock().await;
+                let _one_at_a_time = self.syncer.lock.lock().await;
                 let leaves = self.pool.leaves();
                 for target in &targets {
                     // A copy it did not take (out of service, or a failed write) leaves it
@@ -793,14 +826,14 @@ impl Store {
 
     /// Whether the pool's clients made a request within `scan.idle_ms`.
     fn clients_busy(&self) -> bool {
-        if self.scan_idle.is_zero() {
+        if self.scan.idle.is_zero() {
             return false;
         }
         let now = self.pool.env().now();
         {
             let scan = self.scan.lock();
             if now.since(scan.clients_checked) < std::time::Duration::from_millis(1) {
-                return now.since(scan.clients_seen) < self.scan_idle;
+                return now.since(scan.clients_seen) < self.scan.idle;
             }
         }
         let total: u64 = {
@@ -816,7 +849,7 @@ impl Store {
             scan.client_requests = total;
             scan.clients_seen = now;
         }
-        now.since(scan.clients_seen) < self.scan_idle
+        now.since(scan.clients_seen) < self.scan.idle
     }
 
     /// While clients are busy, makes scan I/O wait its turn behind `gate` (one run at a
@@ -830,7 +863,7 @@ impl Store {
             return None;
         }
         let turn = gate.lock().await;
-        self.pool.env().sleep(self.scan_busy_delay).await;
+        self.pool.env().sleep(self.scan.busy_delay).await;
         Some(turn)
     }
 
@@ -873,7 +906,7 @@ impl Store {
             return Ok(Next::Done);
         };
         let directory = self.read_directory(&root).await?;
-        let budget = self.scan_chunk_bytes;
+        let budget = self.scan.chunk_bytes;
         let in_range = |bp: &BlockPointer| (min_birth..=max_birth).contains(&bp.birth_txg);
         let mut gathered: Vec<BlockPointer> = Vec::new();
         let mut gathered_bytes = 0u64;
@@ -943,7 +976,7 @@ impl Store {
         drop(pin);
         // Issue in device order: a scan of an aged pool otherwise seeks for every block.
         gathered.sort_by_key(|bp| bp.copies().next().map(|d| (d.vdev, d.offset_bytes())));
-        let in_flight = self.scan_ios_in_flight;
+        let in_flight = self.scan.ios_in_flight;
         let runs = runs_of(&gathered, !targets.is_empty());
         let targets = &targets;
         let gate = futures::lock::Mutex::new(());

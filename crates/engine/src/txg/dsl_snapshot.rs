@@ -232,7 +232,7 @@ impl Store {
                 });
             }
         }
-        let one_at_a_time = self.sync_lock.lock().await;
+        let one_at_a_time = self.syncer.lock.lock().await;
         {
             let mut dsl = self.dsl.write();
             let mut txg = self.txg.lock();
@@ -297,7 +297,7 @@ impl Store {
     pub async fn destroy_snapshot(&self, volume: &str, name: &str) -> Result<(), StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a snapshot destroy");
-        let one_at_a_time = self.sync_lock.lock().await;
+        let one_at_a_time = self.syncer.lock.lock().await;
         let id = {
             let dsl = self.dsl.read();
             let mut txg = self.txg.lock();
@@ -357,7 +357,7 @@ impl Store {
         // end first: each then lands wholly before or wholly after it.
         let dataset = self.dataset(volume)?;
         let _no_writes = dataset.rollback_gate.write().await;
-        let one_at_a_time = self.sync_lock.lock().await;
+        let one_at_a_time = self.syncer.lock.lock().await;
         let later_ids = {
             let dsl = self.dsl.read();
             let mut txg = self.txg.lock();
@@ -546,7 +546,7 @@ impl Store {
         if !super::dataset::is_hidden(clone) {
             check_volume_name(clone)?;
         }
-        let one_at_a_time = self.sync_lock.lock().await;
+        let one_at_a_time = self.syncer.lock.lock().await;
         {
             let mut dsl = self.dsl.write();
             if dsl.volumes.contains_key(clone) {
@@ -588,7 +588,7 @@ impl Store {
     pub async fn promote_volume(&self, volume: &str) -> Result<(), StoreError> {
         self.check_live()?;
         let _guard = self.panic_guard("a promote");
-        let one_at_a_time = self.sync_lock.lock().await;
+        let one_at_a_time = self.syncer.lock.lock().await;
         {
             let dsl = self.dsl.read();
             let mut txg = self.txg.lock();

@@ -34,22 +34,25 @@
 //!   rename, clone, destroy and snapshot ids take it alone);
 //! - the open txg with its accounting and its queued sync tasks ([`TxgState`], `txg`: what
 //!   admission, the write path and the log's glue count against);
-//! - the last sync's space maps and directory (`synced`, spa_sync.rs alone writes them);
+//! - the sync's lock, the last sync's space maps and directory and the syncs' history
+//!   (`spa_sync::Syncer`, which spa_sync.rs alone changes);
 //! - each volume's blocks and entry ([`Dataset`]'s own lock), its log (crate::intent_log),
-//!   the dedup table (crate::dedup), the allocator (crate::alloc) and the scan (`scan`).
+//!   the dedup table (crate::dedup), the allocator (crate::alloc) and the scan
+//!   (`dsl_scan::Scan`, with its settings).
 //!
 //! Lock order (outer to inner; a thread holding one may take only those to its right, and none
 //! is held across an `.await`, but for the three async ones): `Store::vdev_lock` (async, held
 //! for a whole change of leaves) or a volume's `Dataset::rollback_gate` (async: shared by its
 //! writes, which may sync at the dirty maximum while they hold it; held alone by a rollback,
-//! dsl_snapshot.rs, and by a receive's switch, dmu_recv.rs, across their syncs) ->
-//! `Store::sync_lock` (async, held for a whole sync) -> `scan` -> `dsl` -> `txg` -> a volume's
-//! `Dataset::state` -> its `LogWriter` state -> the DDT's locks (crate::dedup) -> `allocator`.
-//! The scan's state comes before the namespace (a sync reads the scan's record before it walks
-//! the volumes to write the directory). A write takes `txg` and its volume's lock, never
-//! `dsl`: its handle holds the [`Dataset`], and a destroy marks it destroyed under `txg`.
-//! `synced`, `suspend_cause`, `fail_points`, `pauses`, `sync_history` and `kick` are leaves:
-//! nothing is taken while holding them. The whole crate's order is in `lib.rs`.
+//! dsl_snapshot.rs, and by a receive's switch, dmu_recv.rs, across their syncs) -> the
+//! sync's lock (`Syncer::lock`, async, held for a whole sync) -> `scan` -> `dsl` -> `txg` -> a
+//! volume's `Dataset::state` -> its `LogWriter` state -> the DDT's locks (crate::dedup) ->
+//! `allocator`. The scan's state comes before the namespace (a sync reads the scan's record
+//! before it walks the volumes to write the directory). A write takes `txg` and its volume's
+//! lock, never `dsl`: its handle holds the [`Dataset`], and a destroy marks it destroyed under
+//! `txg`. The syncer's other locks (the last sync's metadata, its history and wake-up), the
+//! suspension's cause and the test points are leaves: nothing is taken while holding them.
+//! The whole crate's order is in `lib.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -361,46 +364,50 @@ struct SyncedMetadata {
 /// An open pool with its volumes.
 #[derive(Debug)]
 pub struct Store {
+    // The pool (spa): its vdev tree, its space and its dedup table.
     pool: Arc<Pool>,
     /// Shared with the tasks a sync spawns to write dedup blocks in parallel.
     allocator: Arc<Mutex<Allocator>>,
     ddt: Arc<Ddt>,
-    /// The volumes by name.
-    dsl: RwLock<Datasets>,
-    /// The open txg, its accounting and its sync tasks.
-    txg: Mutex<TxgState>,
-    /// The last sync's space maps and directory.
-    synced: Mutex<SyncedMetadata>,
-    sync_lock: futures::lock::Mutex<()>,
     /// Held for a whole change of leaves (attach, detach, replace: their sync and label
-    /// rewrites), so that two do not interleave; taken before `sync_lock`.
+    /// rewrites), so that two do not interleave; taken before the sync's lock (spa_vdev.rs).
     vdev_lock: futures::lock::Mutex<()>,
-    suspended: AtomicBool,
-    /// Why the store was suspended, for the error every later operation returns.
-    suspend_cause: Mutex<Option<String>>,
-    /// The last txgs synced, with when ([`Store::sync_history`]).
-    sync_history: Mutex<std::collections::VecDeque<spa_sync::SyncRecord>>,
-    /// Fail points armed by tests ([`Store::arm_fail_point`]).
-    fail_points: Mutex<Vec<&'static str>>,
-    /// Pause points armed by tests ([`Store::arm_pause`]): the point, the signal that a task
-    /// reached it, and what it then waits for.
-    pauses: Mutex<Vec<Pause>>,
+    // The datasets (dsl): the volumes by name, and the background scrub or resilver.
+    dsl: RwLock<Datasets>,
+    scan: dsl_scan::Scan,
+    // The open txg (txg, dmu_tx): its accounting and sync tasks, and what admission and the
+    // write throttle work with and did.
+    txg: Mutex<TxgState>,
     limits: TxgLimits,
-    /// Wakes the syncer early when dirty data builds up.
-    kick: Mutex<Option<futures::channel::mpsc::Sender<()>>>,
-    syncs: crate::stats::Counter,
-    log_stats: LogStats,
     throttle_stats: ThrottleStats,
+    /// The sync (spa_sync.rs): its lock, the syncer's wake-up, the last sync's metadata and
+    /// the syncs' history.
+    syncer: spa_sync::Syncer,
+    /// What the intent logs did (zil.rs).
+    log_stats: LogStats,
+    /// Whether and why the store stopped writing.
+    suspension: Suspension,
+    /// Fail and pause points armed by tests.
+    test_points: TestPoints,
     /// When this store was created or imported: what "since import" counts from.
     opened: crate::rt::Time,
-    /// The background scrub or resilver (`dsl_scan`).
-    scan: Mutex<dsl_scan::ScanState>,
-    /// `scan.chunk_bytes` and `scan.ios_in_flight`.
-    scan_chunk_bytes: u64,
-    scan_ios_in_flight: usize,
-    /// `scan.idle_ms` and `scan.busy_delay_ms` (`dsl_scan`: yielding to clients).
-    scan_idle: std::time::Duration,
-    scan_busy_delay: std::time::Duration,
+}
+
+/// Whether the store is suspended, and why (the first cause): a failed sync or a panic
+/// ([`Store::suspend`]). Leaves: nothing is taken while holding the cause.
+#[derive(Debug, Default)]
+struct Suspension {
+    suspended: AtomicBool,
+    cause: Mutex<Option<String>>,
+}
+
+/// Points where tests stop or fail a task ([`Store::arm_fail_point`], [`Store::arm_pause`]).
+/// Leaves.
+#[derive(Debug, Default)]
+struct TestPoints {
+    fail_points: Mutex<Vec<&'static str>>,
+    /// The point, the signal that a task reached it, and what it then waits for.
+    pauses: Mutex<Vec<Pause>>,
 }
 
 /// What the write throttle did to writers (zeroes included): the answer to "why are my writes
@@ -500,38 +507,20 @@ impl Store {
             allocator: Arc::new(Mutex::new(allocator)),
             ddt: Arc::new(Ddt::new(pool.name(), ddt, tunables)),
             dsl: RwLock::new(datasets),
+            scan: dsl_scan::Scan::new(tunables),
             txg: Mutex::new(TxgState::new(
                 pool.uberblock().txg,
                 synced.directory.map_or(0, |bp| bp.psize_bytes()),
             )),
-            synced: Mutex::new(synced),
-            pool: Arc::new(pool),
-            sync_lock: futures::lock::Mutex::new(()),
-            vdev_lock: futures::lock::Mutex::new(()),
-            suspended: AtomicBool::new(false),
-            suspend_cause: Mutex::new(None),
-            fail_points: Mutex::new(Vec::new()),
-            pauses: Mutex::new(Vec::new()),
-            sync_history: Mutex::new(std::collections::VecDeque::new()),
             limits,
-            kick: Mutex::new(None),
-            syncs: crate::stats::Counter::default(),
-            log_stats: LogStats::default(),
             throttle_stats: ThrottleStats::default(),
+            syncer: spa_sync::Syncer::new(synced),
+            pool: Arc::new(pool),
+            vdev_lock: futures::lock::Mutex::new(()),
+            log_stats: LogStats::default(),
+            suspension: Suspension::default(),
+            test_points: TestPoints::default(),
             opened,
-            scan: Mutex::new(dsl_scan::ScanState::new()),
-            scan_chunk_bytes: tunables.get(crate::tunables::Tunable::ScanChunkBytes).max(1),
-            scan_ios_in_flight: usize::try_from(
-                tunables.get(crate::tunables::Tunable::ScanIosInFlight),
-            )
-            .unwrap_or(32)
-            .max(1),
-            scan_idle: std::time::Duration::from_millis(
-                tunables.get(crate::tunables::Tunable::ScanIdleMs),
-            ),
-            scan_busy_delay: std::time::Duration::from_millis(
-                tunables.get(crate::tunables::Tunable::ScanBusyDelayMs),
-            ),
         }
     }
 
@@ -542,7 +531,7 @@ impl Store {
 
     /// Txgs synced by this store so far.
     pub fn syncs(&self) -> u64 {
-        self.syncs.get()
+        self.syncer.syncs.get()
     }
 
     /// What the write throttle did.
@@ -581,22 +570,22 @@ impl Store {
 
     /// Whether the store is suspended (a failed sync or a panic); see [`StoreError::Suspended`].
     pub fn is_suspended(&self) -> bool {
-        self.suspended.load(Ordering::Acquire)
+        self.suspension.suspended.load(Ordering::Acquire)
     }
 
     /// Why the store is suspended, if it is.
     pub fn suspended_cause(&self) -> Option<String> {
-        self.is_suspended().then(|| self.suspend_cause.lock().clone().unwrap_or_default())
+        self.is_suspended().then(|| self.suspension.cause.lock().clone().unwrap_or_default())
     }
 
     /// Suspends the store: every later operation fails with [`StoreError::Suspended`] and
     /// nothing more is written. The first cause is kept.
     pub(super) fn suspend(&self, cause: String) {
-        let mut first = self.suspend_cause.lock();
+        let mut first = self.suspension.cause.lock();
         if first.is_none() {
             *first = Some(cause);
         }
-        self.suspended.store(true, Ordering::Release);
+        self.suspension.suspended.store(true, Ordering::Release);
     }
 
     /// A guard that suspends the store if it is dropped by a panic's unwinding. parking_lot's
@@ -613,7 +602,7 @@ impl Store {
     /// `spa_sync.write_volumes` (a sync, after the quiesce).
     #[doc(hidden)]
     pub fn arm_fail_point(&self, point: &'static str) {
-        self.fail_points.lock().push(point);
+        self.test_points.fail_points.lock().push(point);
     }
 
     /// Arms a pause point: the next task to pass `point` stops there, the first receiver
@@ -628,14 +617,14 @@ impl Store {
     ) -> (futures::channel::oneshot::Receiver<()>, futures::channel::oneshot::Sender<()>) {
         let (reached_tx, reached_rx) = futures::channel::oneshot::channel();
         let (release_tx, release_rx) = futures::channel::oneshot::channel();
-        self.pauses.lock().push(Pause { point, reached: reached_tx, release: release_rx });
+        self.test_points.pauses.lock().push(Pause { point, reached: reached_tx, release: release_rx });
         (reached_rx, release_tx)
     }
 
     /// Stops at `point` if a pause is armed there (once), until the test releases it.
     pub(super) async fn pause_point(&self, point: &'static str) {
         let armed = {
-            let mut pauses = self.pauses.lock();
+            let mut pauses = self.test_points.pauses.lock();
             let at = pauses.iter().position(|p| p.point == point);
             at.map(|at| pauses.swap_remove(at))
         };
@@ -648,7 +637,7 @@ impl Store {
     /// Panics if `point` is armed (once).
     pub(super) fn fail_point(&self, point: &'static str) {
         let armed = {
-            let mut points = self.fail_points.lock();
+            let mut points = self.test_points.fail_points.lock();
             let at = points.iter().position(|&p| p == point);
             at.map(|at| points.swap_remove(at)).is_some()
         };
@@ -656,8 +645,8 @@ impl Store {
     }
 
     fn check_live(&self) -> Result<(), StoreError> {
-        if self.suspended.load(Ordering::Acquire) {
-            let cause = self.suspend_cause.lock().clone().unwrap_or_default();
+        if self.suspension.suspended.load(Ordering::Acquire) {
+            let cause = self.suspension.cause.lock().clone().unwrap_or_default();
             Err(StoreError::Suspended { pool: self.pool.name().to_owned(), cause })
         } else {
             Ok(())

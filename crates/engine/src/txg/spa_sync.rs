@@ -28,6 +28,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
+use parking_lot::Mutex;
 use sluice_format::{
     BlockPointer, Compression, DdtHeader, DedupMode, DirectoryRecords, LogHeader, PoolDirectory,
     SpaceMap, VolumeEntry, DVAS_MAX,
@@ -70,6 +71,34 @@ pub struct SyncRecord {
     pub allocated_bytes: u64,
 }
 
+/// The sync's own state, which this file alone changes.
+#[derive(Debug)]
+pub(super) struct Syncer {
+    /// One sync at a time: held for a whole sync (crate::txg's lock order: after `vdev_lock`
+    /// or a volume's `rollback_gate`, before everything else).
+    pub(super) lock: futures::lock::Mutex<()>,
+    /// Wakes the syncer early when dirty data builds up.
+    kick: Mutex<Option<futures::channel::mpsc::Sender<()>>>,
+    /// The last sync's space maps and directory, freed by the next when it writes theirs.
+    pub(super) synced: Mutex<SyncedMetadata>,
+    /// The last txgs synced, with when ([`Store::sync_history`]).
+    history: Mutex<std::collections::VecDeque<SyncRecord>>,
+    /// Txgs synced by this store.
+    pub(super) syncs: crate::stats::Counter,
+}
+
+impl Syncer {
+    pub(super) fn new(synced: SyncedMetadata) -> Syncer {
+        Syncer {
+            lock: futures::lock::Mutex::new(()),
+            kick: Mutex::new(None),
+            synced: Mutex::new(synced),
+            history: Mutex::new(std::collections::VecDeque::new()),
+            syncs: crate::stats::Counter::default(),
+        }
+    }
+}
+
 /// What a quiesce hands to the rest of the sync.
 struct Quiesced {
     txg: u64,
@@ -93,7 +122,7 @@ impl Store {
     pub fn run_syncer(self: &Arc<Self>) {
         use futures::StreamExt;
         let (sender, mut kicks) = futures::channel::mpsc::channel::<()>(1);
-        *self.kick.lock() = Some(sender);
+        *self.syncer.kick.lock() = Some(sender);
         let weak = Arc::downgrade(self);
         let env = self.pool.env().clone();
         let timeout = self.limits.timeout;
@@ -122,9 +151,19 @@ impl Store {
         });
     }
 
+    /// Wakes the syncer to start a txg sync now rather than at `txg.timeout_ms`: a quarter of
+    /// `txg.dirty_max` (or of the smaller maximum free space sets) is dirty, or the intent log
+    /// is filling its region.
+    pub(super) fn kick_sync(&self) {
+        if let Some(kick) = self.syncer.kick.lock().as_mut() {
+            // A full channel means a kick is already pending; that is enough.
+            let _ = kick.try_send(());
+        }
+    }
+
     /// Writes the open txg out and makes it durable. Returns the synced txg.
     pub async fn sync(&self) -> Result<u64, StoreError> {
-        let one_at_a_time = self.sync_lock.lock().await;
+        let one_at_a_time = self.syncer.lock.lock().await;
         self.sync_holding_lock(one_at_a_time).await
     }
 
@@ -133,7 +172,7 @@ impl Store {
     /// maximum or short of space, commits falling back together) each syncing in turn made
     /// the last wait behind all the others' syncs, most of them of nearly nothing.
     pub(super) async fn sync_unless(&self, done: impl FnOnce() -> bool) -> Result<(), StoreError> {
-        let one_at_a_time = self.sync_lock.lock().await;
+        let one_at_a_time = self.syncer.lock.lock().await;
         if done() {
             return Ok(());
         }
@@ -158,7 +197,7 @@ impl Store {
 
     /// The last txgs this store synced (up to 128), oldest first.
     pub fn sync_history(&self) -> Vec<SyncRecord> {
-        self.sync_history.lock().iter().copied().collect()
+        self.syncer.history.lock().iter().copied().collect()
     }
 
     /// One sync, in its named steps (the module doc lists them).
@@ -197,7 +236,7 @@ impl Store {
         }
         debug_assert_eq!(synced, txg, "the uberblock txg follows the store's txgs");
         {
-            let mut history = self.sync_history.lock();
+            let mut history = self.syncer.history.lock();
             if history.len() == SYNC_HISTORY_MAX {
                 history.pop_front();
             }
@@ -448,7 +487,7 @@ impl Store {
     /// (reusable after the deferral). Returns the number of top-level vdevs.
     fn free_replaced(&self, txg: u64, replaced: &[BlockPointer]) -> usize {
         let (old_maps, old_directory, vdevs) = {
-            let synced = self.synced.lock();
+            let synced = self.syncer.synced.lock();
             (synced.space_maps.clone(), synced.directory, synced.space_maps.len())
         };
         {
@@ -652,7 +691,7 @@ impl Store {
         (directory_bp, space_maps): (BlockPointer, Vec<Vec<BlockPointer>>),
         anchored: &[Arc<LogWriter>],
     ) -> Result<(), StoreError> {
-        self.syncs.inc();
+        self.syncer.syncs.inc();
         self.allocator.lock().synced(txg);
         let dsl = self.dsl.read();
         for dataset in dsl.volumes.values() {
@@ -677,7 +716,7 @@ impl Store {
             }
             volume.syncing.clear();
         }
-        *self.synced.lock() = SyncedMetadata { space_maps, directory: Some(directory_bp) };
+        *self.syncer.synced.lock() = SyncedMetadata { space_maps, directory: Some(directory_bp) };
         self.txg.lock().directory_bytes = directory_bp.psize_bytes();
         // Records of this txg need no log any more. A chain with a failed write is replaced:
         // records not yet issued move to a new chain, which the next sync anchors.

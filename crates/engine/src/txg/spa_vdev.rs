@@ -85,7 +85,7 @@ impl Store {
         // sync lock is taken: syncs, and writers waiting on them, go on meanwhile.
         let txg = self.pool.uberblock().txg + 1;
         let prepared = self.pool.prepare_attach(existing, new, txg, replacing).await?;
-        let one_at_a_time = self.sync_lock.lock().await;
+        let one_at_a_time = self.syncer.lock.lock().await;
         let leaf = self.pool.install_attach(prepared)?;
         self.fail_point("spa_vdev.attach_synced");
         let synced = self.sync_holding_lock(one_at_a_time).await?;
@@ -101,7 +101,7 @@ impl Store {
     pub async fn detach_leaf(&self, name: &str) -> Result<String, StoreError> {
         self.check_live()?;
         let _one_change = self.vdev_lock.lock().await;
-        let one_at_a_time = self.sync_lock.lock().await;
+        let one_at_a_time = self.syncer.lock.lock().await;
         let gone = self.pool.detach(name)?;
         let synced = self.sync_holding_lock(one_at_a_time).await?;
         self.fail_point("spa_vdev.detach_labels");

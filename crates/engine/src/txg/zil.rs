@@ -473,7 +473,7 @@ impl Store {
             // The sync of their txg holds the sync lock from before it closed the txg until
             // the log dropped its records (`LogWriter::synced`): once the lock is had, they
             // are durable and gone.
-            drop(self.sync_lock.lock().await);
+            drop(self.syncer.lock.lock().await);
             // Still there only if that sync failed: the store is suspended, and the caller
             // gives the records back and falls back to a sync, which reports it.
             self.check_live()?;
