@@ -271,8 +271,12 @@ impl Store {
         tier: crate::alloc::SlopTier,
     ) -> u64 {
         let reserved: u64 = dsl.volumes.values().map(|d| d.unused_reservation()).sum();
+        // Gathered before the allocator is taken: it reads each volume's state, which comes
+        // before the allocator in the lock order (a sync replacing a failed log chain holds a
+        // volume's state and takes the allocator).
+        let in_flight = super::dmu_tx::InFlight::of(dsl, txg, &self.pool);
         let allocator = self.allocator.lock();
-        let dirty = super::dmu_tx::InFlight::of(dsl, txg, &self.pool).to_allocate(&allocator);
+        let dirty = in_flight.to_allocate(&allocator);
         allocator
             .room_bytes()
             .saturating_sub(tier.kept(allocator.slop_bytes()))
