@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use sluice_format::{BlockPointer, DdtKey, Deadlist, VolumeSpace};
 
 use super::dsl_deadlist::{count_entry, dead_bytes, range_bytes};
-use super::dsl_snapshot::range_starts;
+use super::dsl_synctask::range_starts;
 
 use super::{Store, StoreError};
 use crate::objset;
@@ -53,13 +53,12 @@ impl Store {
     pub async fn audit(&self) -> Result<AuditReport, StoreError> {
         let (roots, space_maps, directory) = {
             let dsl = self.dsl.read();
-            let dirty = dsl.volumes.values().any(|d| {
+            let dirty = dsl.values().any(|d| {
                 let v = d.state.lock();
                 !v.open.is_empty() || !v.syncing.is_empty()
             });
             assert!(!dirty, "audit of a store with unsynced writes");
             let roots: Vec<_> = dsl
-                .volumes
                 .values()
                 .map(|d| {
                     let v = d.state.lock();
@@ -182,8 +181,7 @@ impl Store {
         }
         report.chain_bytes = {
             let dsl = self.dsl.read();
-            dsl.volumes
-                .values()
+            dsl.values()
                 .filter_map(|d| d.state.lock().log.as_ref().map(|l| l.held_bytes()))
                 .sum()
         };

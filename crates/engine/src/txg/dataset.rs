@@ -52,6 +52,79 @@ pub struct Dataset {
     pub(super) state: Mutex<VolumeState>,
 }
 
+/// The pool's volumes by name (ZFS: the dataset namespace `dsl_dir` keeps), and the read-only
+/// datasets of snapshots being served: the one map every lookup, create, rename, clone and
+/// destroy goes through, behind its own lock (`Store::dsl`). Writes do not take it: a handle
+/// holds its [`Dataset`], and a destroy marks it under the txg lock, which every write takes.
+/// Volume and snapshot ids come from here, and are never reused.
+#[derive(Debug)]
+pub(super) struct Datasets {
+    next_volume_id: u64,
+    volumes: BTreeMap<String, Arc<Dataset>>,
+    /// Datasets of snapshots served read-only, by snapshot id, while a handle holds one.
+    snapshot_exports: BTreeMap<u64, std::sync::Weak<Dataset>>,
+}
+
+impl Datasets {
+    pub(super) fn new(next_volume_id: u64, volumes: BTreeMap<String, Arc<Dataset>>) -> Datasets {
+        Datasets { next_volume_id, volumes, snapshot_exports: BTreeMap::new() }
+    }
+
+    pub(super) fn get(&self, name: &str) -> Option<&Arc<Dataset>> {
+        self.volumes.get(name)
+    }
+
+    pub(super) fn contains(&self, name: &str) -> bool {
+        self.volumes.contains_key(name)
+    }
+
+    /// The volumes by name, in name order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&String, &Arc<Dataset>)> {
+        self.volumes.iter()
+    }
+
+    pub(super) fn values(&self) -> impl Iterator<Item = &Arc<Dataset>> {
+        self.volumes.values()
+    }
+
+    /// Adds a volume under a name the caller found free under this same lock.
+    pub(super) fn insert(&mut self, name: String, dataset: Arc<Dataset>) {
+        let taken = self.volumes.insert(name, dataset);
+        assert!(taken.is_none(), "a volume name checked free was taken");
+    }
+
+    pub(super) fn remove(&mut self, name: &str) -> Option<Arc<Dataset>> {
+        self.volumes.remove(name)
+    }
+
+    /// The id the next volume or snapshot gets (the directory records it).
+    pub(super) fn next_id(&self) -> u64 {
+        self.next_volume_id
+    }
+
+    /// Takes id `id`, which [`Datasets::next_id`] gave under this same lock.
+    pub(super) fn use_id(&mut self, id: u64) {
+        assert_eq!(id, self.next_volume_id, "ids are taken in order, under the namespace's lock");
+        self.next_volume_id += 1;
+    }
+
+    /// The served dataset of snapshot `id`, while a handle holds it.
+    pub(super) fn export(&self, id: u64) -> Option<Arc<Dataset>> {
+        self.snapshot_exports.get(&id).and_then(std::sync::Weak::upgrade)
+    }
+
+    /// Records the served dataset of snapshot `id` (and forgets those no handle holds).
+    pub(super) fn add_export(&mut self, id: u64, dataset: &Arc<Dataset>) {
+        self.snapshot_exports.retain(|_, weak| weak.strong_count() > 0);
+        self.snapshot_exports.insert(id, Arc::downgrade(dataset));
+    }
+
+    /// Forgets snapshot `id`'s served dataset, returning it if a handle still holds it.
+    pub(super) fn retire_export(&mut self, id: u64) -> Option<Arc<Dataset>> {
+        self.snapshot_exports.remove(&id).and_then(|weak| weak.upgrade())
+    }
+}
+
 /// What changes in a volume as it is written and synced.
 #[derive(Debug)]
 pub(super) struct VolumeState {
@@ -259,18 +332,18 @@ impl Store {
     /// Bytes that could still be set aside: free space in whole ranges (what admission counts,
     /// `Allocator::room_bytes`) beyond the slop, what the open and syncing txgs will write, and
     /// every volume's unused reservation.
-    pub(super) fn reservable_bytes(&self, dsl: &super::Datasets, txg: &super::TxgState) -> u64 {
+    pub(super) fn reservable_bytes(&self, dsl: &Datasets, txg: &super::TxgState) -> u64 {
         self.room_beyond(dsl, txg, crate::alloc::SlopTier::Normal)
     }
 
     /// [`Store::reservable_bytes`] for work of `tier`, which may leave less of the slop.
     pub(super) fn room_beyond(
         &self,
-        dsl: &super::Datasets,
+        dsl: &Datasets,
         txg: &super::TxgState,
         tier: crate::alloc::SlopTier,
     ) -> u64 {
-        let reserved: u64 = dsl.volumes.values().map(|d| d.unused_reservation()).sum();
+        let reserved: u64 = dsl.values().map(|d| d.unused_reservation()).sum();
         // Gathered before the allocator is taken: it reads each volume's state, which comes
         // before the allocator in the lock order (a sync replacing a failed log chain holds a
         // volume's state and takes the allocator).
@@ -291,7 +364,7 @@ impl Store {
         let txg = self.txg.lock();
         let own = match volume {
             Some(name) => {
-                dsl.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?.unused_reservation()
+                dsl.get(name).ok_or_else(|| self.no_such_volume(name))?.unused_reservation()
             }
             None => 0,
         };
@@ -327,7 +400,7 @@ impl Store {
         }
         let mut dsl = self.dsl.write();
         let txg = self.txg.lock();
-        if dsl.volumes.contains_key(name) {
+        if dsl.contains(name) {
             return Err(StoreError::VolumeExists {
                 pool: self.pool.name().to_owned(),
                 volume: name.to_owned(),
@@ -344,13 +417,13 @@ impl Store {
                 available_bytes: available,
             });
         }
-        let id = dsl.next_volume_id;
+        let id = dsl.next_id();
         let log = self.new_log(id)?;
-        dsl.next_volume_id += 1;
+        dsl.use_id(id);
         let levels = objset::levels_for(size_bytes / u64::from(block_bytes));
         let mut entry = VolumeEntry::new(id, name, size_bytes, block_bytes, levels);
         entry.reservation_bytes = reservation_bytes;
-        dsl.volumes.insert(name.to_owned(), Dataset::new(entry, Some(log), &self.limits));
+        dsl.insert(name.to_owned(), Dataset::new(entry, Some(log), &self.limits));
         Ok(())
     }
 
@@ -377,7 +450,7 @@ impl Store {
             }
         }
         let dsl = self.dsl.read();
-        let dataset = dsl.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?;
+        let dataset = dsl.get(name).ok_or_else(|| self.no_such_volume(name))?;
         let entry = &mut dataset.state.lock().entry;
         match property {
             VolumeProperty::Dedup(mode) => entry.dedup = mode,
@@ -407,7 +480,7 @@ impl Store {
         let _no_sync = self.syncer.lock.lock().await;
         let mut dsl = self.dsl.write();
         let mut txg = self.txg.lock();
-        let dataset = Arc::clone(dsl.volumes.get(name).ok_or_else(|| self.no_such_volume(name))?);
+        let dataset = Arc::clone(dsl.get(name).ok_or_else(|| self.no_such_volume(name))?);
         let (names, ids): (Vec<String>, Vec<u64>) = {
             let v = dataset.state.lock();
             v.entry.snapshots.iter().map(|s| (s.name.clone(), s.id)).unzip()
@@ -422,15 +495,15 @@ impl Store {
         for (id, snapshot) in ids.iter().zip(&names) {
             self.refuse_if_cloned(&dsl, name, snapshot, *id)?;
         }
-        dsl.volumes.remove(name);
+        dsl.remove(name);
         dataset.destroyed.store(true, Ordering::Release);
         for id in ids {
-            if let Some(open) = dsl.snapshot_exports.remove(&id).and_then(|w| w.upgrade()) {
+            if let Some(open) = dsl.retire_export(id) {
                 open.destroyed.store(true, Ordering::Release);
             }
         }
         let volume = dataset.state.lock();
-        txg.pending_frees += self.frees_bound(&volume.entry);
+        txg.count_pending(0, self.frees_bound(&volume.entry));
         let origin_txg = volume.entry.origin.map_or(0, |o| o.txg);
         let lists = std::iter::once(&volume.entry.deadlist)
             .chain(volume.entry.snapshots.iter().map(|s| &s.deadlist));
@@ -457,16 +530,16 @@ impl Store {
         check_volume_name(to)?;
         let _no_sync = self.syncer.lock.lock().await;
         let mut dsl = self.dsl.write();
-        if dsl.volumes.contains_key(to) {
+        if dsl.contains(to) {
             return Err(StoreError::VolumeExists {
                 pool: self.pool.name().to_owned(),
                 volume: to.to_owned(),
             });
         }
-        let dataset = dsl.volumes.remove(from).ok_or_else(|| self.no_such_volume(from))?;
+        let dataset = dsl.remove(from).ok_or_else(|| self.no_such_volume(from))?;
         dataset.state.lock().entry.name = to.to_owned();
         *dataset.name.lock() = to.to_owned();
-        dsl.volumes.insert(to.to_owned(), dataset);
+        dsl.insert(to.to_owned(), dataset);
         Ok(())
     }
 
@@ -553,14 +626,14 @@ impl Store {
                 // Each is a free in the next sync's space map, with the indirect blocks above.
                 let copies = self.pool.metadata_copies() as u64;
                 let indirect = zeroed.div_ceil(objset::INDIRECT_BPS) * copies;
-                txg.pending_frees = txg.pending_frees.saturating_add(zeroed + indirect);
+                txg.count_pending(0, zeroed + indirect);
             } else {
                 let levels = volume.entry.levels.max(objset::levels_for(new_blocks));
                 // Each new level is one more indirect block above the old root.
                 let grown = u64::from(levels - volume.entry.levels);
                 volume.entry.levels = levels;
                 let copies = self.pool.metadata_copies() as u64;
-                txg.pending_metadata_bytes += grown * objset::INDIRECT_BYTES as u64 * copies;
+                txg.count_pending(grown * objset::INDIRECT_BYTES as u64 * copies, 0);
             }
             volume.entry.size_bytes = size_bytes;
             return Ok(());
@@ -582,7 +655,7 @@ impl Store {
 
     /// A volume by name.
     pub fn dataset(&self, name: &str) -> Result<Arc<Dataset>, StoreError> {
-        self.dsl.read().volumes.get(name).cloned().ok_or_else(|| self.no_such_volume(name))
+        self.dsl.read().get(name).cloned().ok_or_else(|| self.no_such_volume(name))
     }
 
     /// One volume's entry (name, size, block size), if it exists.
@@ -599,7 +672,7 @@ impl Store {
 
     /// The volumes, hidden ones too.
     pub(super) fn all_volumes(&self) -> Vec<VolumeEntry> {
-        self.dsl.read().volumes.values().map(|d| d.state.lock().entry.clone()).collect()
+        self.dsl.read().values().map(|d| d.state.lock().entry.clone()).collect()
     }
 
     /// What `volume`'s clients have asked of it since import, shared by every handle on it.

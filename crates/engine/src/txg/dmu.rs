@@ -441,7 +441,7 @@ impl Store {
         let (sequence, resolve_now) = {
             let mut txg_guard = self.txg.lock();
             let txg = &mut *txg_guard;
-            let open_txg = txg.open_txg;
+            let open_txg = txg.open_txg();
             // Checked again where neither a destroy nor a resize can run: one may have run
             // since the checks above (this write waited for space or the throttle, or another
             // thread got the lock first), and blocks past a shrunken end would be stored by
@@ -467,7 +467,7 @@ impl Store {
             // of blocks at once delays the log flushes every writer waits for
             // (docs/bench/peers-notes.md).
             let pressure = dataset.requests.load(Ordering::Relaxed) > 1
-                || txg.dirty_bytes >= self.limits.delay_min / 2;
+                || txg.dirty_bytes() >= self.limits.delay_min / 2;
             let mut resolve_now = Vec::new();
             for index in partial {
                 let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
@@ -564,10 +564,8 @@ impl Store {
                     0
                 }
             };
-            txg.dirty_bytes += added;
+            txg.count_dirty(added, new_groups * metadata_per_group, added / bs + zeroed);
             dataset.dirty_bytes.fetch_add(added, Ordering::Relaxed);
-            txg.dirty_metadata_bytes += new_groups * metadata_per_group;
-            txg.dirty_blocks += added / bs + zeroed;
             (sequence, resolve_now)
         };
         for index in resolve_now {
@@ -589,7 +587,7 @@ impl Store {
             if !matches!(v.open.get(&index), Some(Block::Patched(_))) {
                 return Ok(());
             }
-            (txg.open_txg, v.syncing.get(&index).cloned(), v.entry.root, v.disk_levels)
+            (txg.open_txg(), v.syncing.get(&index).cloned(), v.entry.root, v.disk_levels)
         };
         let disk = || async {
             Ok::<_, StoreError>(objset::read_data_block(&self.pool, root, levels, index).await?)
@@ -606,7 +604,7 @@ impl Store {
         };
         let base = base.as_deref().map(|b| &b[..]);
         let txg = self.txg.lock();
-        if txg.open_txg != open_txg {
+        if txg.open_txg() != open_txg {
             return Ok(());
         }
         let mut v = dataset.state.lock();

@@ -497,7 +497,7 @@ impl Store {
                     _ => None,
                 })
                 .collect();
-            (txg.open_txg, held)
+            (txg.open_txg(), held)
         };
         let mut sealed = Vec::with_capacity(batch.len());
         let mut blocks = Vec::with_capacity(batch.len());
@@ -551,11 +551,11 @@ impl Store {
                 // A destroy (under the txg lock, as here) orphans the prewritten blocks
                 // it finds; one linked after it would be freed by no sync.
                 let live = !dataset.destroyed.load(std::sync::atomic::Ordering::Acquire);
-                if current && live && open.open_txg == txg {
+                if current && live && open.open_txg() == txg {
                     if let Some(replaced) = v.prewritten.insert(index, block) {
                         orphaned.push(replaced);
                     }
-                    open.prewritten_bytes += bs;
+                    open.count_prewritten(bs);
                 } else {
                     orphaned.push(block);
                 }

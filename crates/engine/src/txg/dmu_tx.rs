@@ -14,11 +14,152 @@
 //! instead ([`Store::throttle`]'s `space_max`), so writers slow down before the space check
 //! would stop them for a whole sync.
 
-use super::{Dataset, Datasets, Store, StoreError, TxgState};
+use super::dataset::Datasets;
+use super::dsl_synctask::SyncTask;
+use super::{Dataset, Store, StoreError};
 use crate::alloc::SlopTier;
 use crate::intent_log::CommitPolicy;
 use crate::tunables::{Tunable, Tunables};
 use std::sync::atomic::Ordering;
+
+/// The open txg and what is counted of it and of the syncing one (ZFS: `txg.c`'s state and
+/// `dsl_pool`'s dirty accounting), with the sync tasks queued for its sync, behind
+/// [`Store::txg`]. Admission (dmu_tx.rs), the write path (dmu.rs), the log's glue (zil.rs) and
+/// the quiesce (spa_sync.rs) share it; each change to a volume's open layer is counted here
+/// under the same lock.
+#[derive(Debug)]
+pub(super) struct TxgState {
+    open_txg: u64,
+    dirty_bytes: u64,
+    /// The part of `dirty_bytes` already written in place for the intent log (indirect
+    /// records): their space is allocated, so the space check leaves them out, but they stay
+    /// dirty for the throttle and for starting a sync, because until a sync links them (and
+    /// frees the versions they replaced) they hold space like any other write.
+    prewritten_bytes: u64,
+    /// Indirect blocks the open txg will rewrite, estimated: the path to the root for each
+    /// group of `INDIRECT_BPS` blocks it dirtied.
+    dirty_metadata_bytes: u64,
+    /// Blocks the open txg dirtied, counted as `dirty_bytes` counts their bytes (once per
+    /// write that touched each): what bounds the space maps and dead lists its sync writes.
+    dirty_blocks: u64,
+    /// What administrative changes made in the open txg add to its sync's allocations (the
+    /// dead list a snapshot destroy rewrites, the levels a grow adds), at allocated sizes.
+    pending_metadata_bytes: u64,
+    /// Frees (block copies) those changes make its sync write into the space maps, at most:
+    /// a destroyed volume's tree and dead lists, a rollback's blocks, a destroyed snapshot's.
+    pending_frees: u64,
+    /// What the syncing txg will allocate (its dirty data and metadata at quiesce), until its
+    /// sync ends: admission counts it, since its blocks are not allocated yet.
+    syncing_bytes: u64,
+    /// [`crate::alloc::Allocator::allocated_total`] when the syncing txg quiesced: what it has allocated
+    /// since is in the allocator's free space already (`dmu_tx::InFlight`).
+    syncing_allocated_base: u64,
+    /// The last synced directory's bytes: the open txg's sync rewrites it, a little larger
+    /// perhaps (admission counts it, `dmu_tx::SyncShape`).
+    directory_bytes: u64,
+    /// Work asked in the open txg that its sync does, in this order (dsl_synctask.rs).
+    tasks: Vec<Box<dyn SyncTask>>,
+}
+
+impl TxgState {
+    /// The open txg's dirty data that its sync still has to allocate space for.
+    pub(super) fn dirty_to_allocate(&self) -> u64 {
+        self.dirty_bytes.saturating_sub(self.prewritten_bytes)
+    }
+
+    /// The txg writes go into now.
+    pub(super) fn open_txg(&self) -> u64 {
+        self.open_txg
+    }
+
+    /// Dirty bytes in the open txg.
+    pub(super) fn dirty_bytes(&self) -> u64 {
+        self.dirty_bytes
+    }
+
+    /// What the syncing txg will allocate, as bounded at its quiesce; 0 when none syncs.
+    pub(super) fn syncing_bytes(&self) -> u64 {
+        self.syncing_bytes
+    }
+
+    /// A write put `bytes` of data into the open txg, touching `blocks` blocks and, at most,
+    /// `metadata_bytes` of indirect blocks its sync rewrites.
+    pub(super) fn count_dirty(&mut self, bytes: u64, metadata_bytes: u64, blocks: u64) {
+        self.dirty_bytes += bytes;
+        self.dirty_metadata_bytes += metadata_bytes;
+        self.dirty_blocks += blocks;
+    }
+
+    /// `bytes` of the open txg's dirty data were written in place for the intent log.
+    pub(super) fn count_prewritten(&mut self, bytes: u64) {
+        self.prewritten_bytes += bytes;
+    }
+
+    /// An administrative change asked in the open txg adds `metadata_bytes` to its sync's
+    /// allocations and at most `frees` block copies to its space maps.
+    pub(super) fn count_pending(&mut self, metadata_bytes: u64, frees: u64) {
+        self.pending_metadata_bytes = self.pending_metadata_bytes.saturating_add(metadata_bytes);
+        self.pending_frees = self.pending_frees.saturating_add(frees);
+    }
+
+    /// Queues a change for the open txg's sync (dsl_synctask.rs).
+    pub(super) fn queue(&mut self, task: Box<dyn SyncTask>) {
+        self.tasks.push(task);
+    }
+
+    /// Closes the open txg (the quiesce): it becomes the syncing one, whose sync may allocate
+    /// its dirty data and indirect blocks and `metadata_bytes` of its own metadata, counted
+    /// from `allocated_base` ([`crate::alloc::Allocator::allocated_total`] now); the next txg opens empty.
+    pub(super) fn quiesce(&mut self, metadata_bytes: u64, allocated_base: u64) -> Quiesce {
+        let txg = self.open_txg;
+        self.open_txg += 1;
+        self.syncing_bytes = self.dirty_to_allocate() + self.dirty_metadata_bytes + metadata_bytes;
+        self.syncing_allocated_base = allocated_base;
+        self.dirty_blocks = 0;
+        self.pending_metadata_bytes = 0;
+        self.pending_frees = 0;
+        self.dirty_bytes = 0;
+        self.prewritten_bytes = 0;
+        self.dirty_metadata_bytes = 0;
+        Quiesce { txg, syncing_bytes: self.syncing_bytes, tasks: std::mem::take(&mut self.tasks) }
+    }
+
+    /// The syncing txg's sync ended (synced, its blocks are allocated and counted as such;
+    /// failed, the store is suspended).
+    pub(super) fn sync_ended(&mut self) {
+        self.syncing_bytes = 0;
+    }
+
+    /// The last sync wrote a directory of `bytes`.
+    pub(super) fn synced_directory(&mut self, bytes: u64) {
+        self.directory_bytes = bytes;
+    }
+
+    /// The state of a store whose last synced txg is `synced_txg`, with nothing dirty.
+    pub(super) fn new(synced_txg: u64, directory_bytes: u64) -> TxgState {
+        TxgState {
+            open_txg: synced_txg + 1,
+            dirty_bytes: 0,
+            prewritten_bytes: 0,
+            dirty_metadata_bytes: 0,
+            dirty_blocks: 0,
+            pending_metadata_bytes: 0,
+            pending_frees: 0,
+            syncing_bytes: 0,
+            syncing_allocated_base: 0,
+            directory_bytes,
+            tasks: Vec::new(),
+        }
+    }
+}
+
+/// What [`TxgState::quiesce`] closed.
+pub(super) struct Quiesce {
+    pub(super) txg: u64,
+    /// What its sync may allocate: what admission counts for it until the sync ends.
+    pub(super) syncing_bytes: u64,
+    pub(super) tasks: Vec<Box<dyn SyncTask>>,
+}
 
 /// How much may be dirty and how often txgs sync.
 #[derive(Clone, Copy, Debug)]
@@ -166,7 +307,6 @@ impl SyncShape {
             directory_bytes: txg.directory_bytes,
             // Only a volume with a snapshot and something in the txg appends to a dead list.
             volumes: dsl
-                .volumes
                 .values()
                 .filter(|d| {
                     let v = d.state.lock();
@@ -263,7 +403,7 @@ impl Store {
                     let dsl = self.dsl.read();
                     let txg = self.txg.lock();
                     let (mut reserved, mut own_reserved) = (0u64, 0u64);
-                    for d in dsl.volumes.values() {
+                    for d in dsl.values() {
                         if d.id == dataset.id {
                             own_reserved += d.unused_reservation();
                         } else {
@@ -367,7 +507,6 @@ impl Store {
             let dirtying = self
                 .dsl
                 .read()
-                .volumes
                 .values()
                 .filter(|d| d.id == dataset.id || d.dirty_bytes.load(Ordering::Relaxed) > 0)
                 .count() as u64;

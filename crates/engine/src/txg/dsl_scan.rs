@@ -838,8 +838,7 @@ impl Store {
         }
         let total: u64 = {
             let dsl = self.dsl.read();
-            dsl.volumes
-                .values()
+            dsl.values()
                 .map(|d| d.stats.requests.iter().map(|c| c.get()).sum::<u64>())
                 .sum()
         };

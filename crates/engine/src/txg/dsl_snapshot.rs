@@ -30,14 +30,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use sluice_format::{BlockPointer, Deadlist, Origin, SnapshotEntry, VolumeEntry, VolumeSpace};
 
 use super::dataset::{check_volume_name, unique_bytes, Dataset};
 use super::dsl_deadlist::{count_entry, merge_range, range_bytes};
-use super::dsl_synctask::{SyncCx, SyncTask};
-use super::{Datasets, Store, StoreError};
+use super::dsl_synctask::{Family, SyncCx, SyncTask, SyncedTree};
+use super::dataset::Datasets;
+use super::{Store, StoreError};
 use crate::objset::{self, TreeUpdate};
 use crate::pool::PoolError;
 
@@ -77,77 +78,6 @@ impl SyncTask for SnapshotOp {
     }
 }
 
-/// A volume's snapshots and dead list as a sync carries them, from the quiesced entry to the
-/// directory it writes and the entry it leaves.
-#[derive(Clone, Debug)]
-pub(super) struct Family {
-    pub(super) prev_snap_txg: u64,
-    pub(super) origin: Option<Origin>,
-    pub(super) deadlist: Deadlist,
-    pub(super) snapshots: Vec<SnapshotEntry>,
-    /// The volume's size and levels (a rollback changes them).
-    pub(super) size_bytes: u64,
-    pub(super) levels: u8,
-    /// Set by a rollback in this sync.
-    pub(super) rolled_back: bool,
-}
-
-impl Family {
-    pub(super) fn of(entry: &VolumeEntry) -> Family {
-        Family {
-            prev_snap_txg: entry.prev_snap_txg,
-            origin: entry.origin,
-            deadlist: entry.deadlist.clone(),
-            snapshots: entry.snapshots.clone(),
-            size_bytes: entry.size_bytes,
-            levels: entry.levels,
-            rolled_back: false,
-        }
-    }
-
-    /// The starts of the birth ranges its dead lists count bytes in: 0, and the txg after
-    /// each snapshot.
-    pub(super) fn starts(&self) -> Vec<u64> {
-        range_starts(self.origin, &self.snapshots)
-    }
-
-    /// The txg of the snapshot before snapshot `at` (its origin's for the first; 0 for none)
-    /// and the start of the birth range that follows it.
-    fn before(&self, at: usize) -> (u64, u64) {
-        match at.checked_sub(1) {
-            Some(p) => (self.snapshots[p].txg, self.snapshots[p].txg + 1),
-            None => self.origin.map_or((0, 0), |o| (o.txg, o.txg + 1)),
-        }
-    }
-
-    /// Every dead list: the snapshots', then the volume's.
-    fn lists_mut(&mut self) -> impl Iterator<Item = &mut Deadlist> {
-        let snapshots = self.snapshots.iter_mut().map(|s| &mut s.deadlist);
-        snapshots.chain(std::iter::once(&mut self.deadlist))
-    }
-
-    /// Copies what the sync decided into a volume's entry.
-    pub(super) fn apply(&self, entry: &mut VolumeEntry) {
-        entry.prev_snap_txg = self.prev_snap_txg;
-        entry.origin = self.origin;
-        entry.deadlist = self.deadlist.clone();
-        entry.snapshots = self.snapshots.clone();
-        if self.rolled_back {
-            entry.size_bytes = self.size_bytes;
-            entry.levels = self.levels;
-        }
-    }
-}
-
-/// The starts of the birth ranges of a volume's dead lists: 0, and the txg after its
-/// origin's and each of its snapshots'.
-pub(super) fn range_starts(origin: Option<Origin>, snapshots: &[SnapshotEntry]) -> Vec<u64> {
-    std::iter::once(0)
-        .chain(origin.map(|o| o.txg + 1))
-        .chain(snapshots.iter().map(|s| s.txg + 1))
-        .collect()
-}
-
 /// One snapshot as `snapshot list` shows it (ZFS: `used`, `referenced`, `written`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SnapshotInfo {
@@ -184,17 +114,6 @@ pub struct SnapshotSpace {
 fn check_snapshot_name(volume: &str, name: &str) -> Result<(), StoreError> {
     check_volume_name(name)
         .map_err(|_| StoreError::InvalidVolumeName { name: format!("{volume}@{name}") })
-}
-
-/// A volume's tree as a sync wrote it.
-pub(super) struct SyncedTree {
-    pub(super) root: Option<BlockPointer>,
-    pub(super) space: VolumeSpace,
-    /// Blocks the sync replaced that the volume's newest snapshot still holds: they go on its
-    /// dead list, not back to the allocator.
-    pub(super) dead: Vec<BlockPointer>,
-    /// Its snapshots and dead list as this sync leaves them.
-    pub(super) family: Family,
 }
 
 impl Store {
@@ -238,7 +157,7 @@ impl Store {
             let mut txg = self.txg.lock();
             let mut more_reserved = 0u64;
             for (volume, name) in names {
-                let dataset = dsl.volumes.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
+                let dataset = dsl.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
                 let v = dataset.state.lock();
                 if v.entry.snapshots.iter().any(|s| &s.name == name) {
                     return Err(StoreError::SnapshotExists {
@@ -267,8 +186,8 @@ impl Store {
             }
             let mut guids = self.pool.env().unique_rng("snapshot guid");
             for (volume, name) in names {
-                let id = dsl.next_volume_id;
-                dsl.next_volume_id += 1;
+                let id = dsl.next_id();
+                dsl.use_id(id);
                 let snapshot = SnapshotEntry {
                     id,
                     guid: guid.unwrap_or_else(|| guids.u64() | 1),
@@ -307,7 +226,7 @@ impl Store {
             // the entries it keeps, and frees the rest with the old pieces: admission counts
             // both. It frees space, so as ZFS does it may go into the slop
             // (`SlopTier::Freeing`); only a rewrite that not even that holds is refused.
-            let (next_entries, next_pieces) = dsl.volumes.get(volume).map_or((0, 0), |dataset| {
+            let (next_entries, next_pieces) = dsl.get(volume).map_or((0, 0), |dataset| {
                 let v = dataset.state.lock();
                 let after = v.entry.snapshots.iter().skip_while(|s| s.name != name).nth(1);
                 let list = after.map_or(&v.entry.deadlist, |s| &s.deadlist);
@@ -325,10 +244,8 @@ impl Store {
                     available_bytes: available,
                 });
             }
-            txg.pending_metadata_bytes += needed;
-            txg.pending_frees = txg
-                .pending_frees
-                .saturating_add(next_entries.saturating_add(next_pieces).saturating_mul(copies));
+            let frees = next_entries.saturating_add(next_pieces).saturating_mul(copies);
+            txg.count_pending(needed, frees);
             Store::queue_task(
                 &mut txg,
                 SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() },
@@ -362,7 +279,7 @@ impl Store {
             let dsl = self.dsl.read();
             let mut txg = self.txg.lock();
             // Destroyed (and perhaps made again) while this waited for the gate.
-            if !dsl.volumes.get(volume).is_some_and(|d| Arc::ptr_eq(d, &dataset)) {
+            if !dsl.get(volume).is_some_and(|d| Arc::ptr_eq(d, &dataset)) {
                 return Err(self.no_such_volume(volume));
             }
             let later: Vec<(u64, String)> = {
@@ -436,8 +353,7 @@ impl Store {
                         available_bytes: available,
                     });
                 }
-                txg.pending_frees = txg.pending_frees.saturating_add(frees);
-                txg.pending_metadata_bytes += needed;
+                txg.count_pending(needed, frees);
             }
             for (_, later) in later.iter().rev() {
                 Store::queue_task(
@@ -498,7 +414,7 @@ impl Store {
     fn clones_by_origin(&self) -> BTreeMap<u64, Vec<String>> {
         let dsl = self.dsl.read();
         let mut clones: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-        for (name, dataset) in &dsl.volumes {
+        for (name, dataset) in dsl.iter() {
             if let Some(origin) = dataset.state.lock().entry.origin {
                 clones.entry(origin.snapshot).or_default().push(name.clone());
             }
@@ -516,7 +432,6 @@ impl Store {
         id: u64,
     ) -> Result<(), StoreError> {
         let clones: Vec<&str> = dsl
-            .volumes
             .iter()
             .filter(|(_, d)| d.state.lock().entry.origin.is_some_and(|o| o.snapshot == id))
             .map(|(name, _)| name.as_str())
@@ -549,17 +464,17 @@ impl Store {
         let one_at_a_time = self.syncer.lock.lock().await;
         {
             let mut dsl = self.dsl.write();
-            if dsl.volumes.contains_key(clone) {
+            if dsl.contains(clone) {
                 return Err(StoreError::VolumeExists {
                     pool: self.pool.name().to_owned(),
                     volume: clone.to_owned(),
                 });
             }
             let snapshot = self.snapshot_of(&dsl, volume, name)?;
-            let parent = dsl.volumes[volume].state.lock().entry.clone();
-            let id = dsl.next_volume_id;
+            let parent = dsl.get(volume).expect("a volume checked above under the same lock").state.lock().entry.clone();
+            let id = dsl.next_id();
             let log = self.new_log(id)?;
-            dsl.next_volume_id += 1;
+            dsl.use_id(id);
             let (size, levels) = (snapshot.size_bytes, snapshot.levels);
             let mut entry = VolumeEntry::new(id, clone, size, parent.block_bytes, levels);
             entry.root = snapshot.root;
@@ -575,7 +490,7 @@ impl Store {
             entry.logbias = parent.logbias;
             entry.compression = parent.compression;
             let dataset = Dataset::new(entry, Some(log), &self.limits);
-            dsl.volumes.insert(clone.to_owned(), dataset);
+            dsl.insert(clone.to_owned(), dataset);
         }
         self.sync_holding_lock(one_at_a_time).await?;
         Ok(())
@@ -592,7 +507,7 @@ impl Store {
         {
             let dsl = self.dsl.read();
             let mut txg = self.txg.lock();
-            let dataset = dsl.volumes.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
+            let dataset = dsl.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
             let entry = dataset.state.lock().entry.clone();
             let Some(origin) = entry.origin else {
                 return Err(StoreError::InvalidProperty {
@@ -603,7 +518,7 @@ impl Store {
             let holds = |d: &Arc<Dataset>| {
                 d.state.lock().entry.snapshots.iter().position(|s| s.id == origin.snapshot)
             };
-            let found = dsl.volumes.iter().find_map(|(name, d)| Some((name.clone(), holds(d)?, d)));
+            let found = dsl.iter().find_map(|(name, d)| Some((name.clone(), holds(d)?, d)));
             let Some((parent, at, parent_dataset)) = found else {
                 return Err(StoreError::InvalidProperty {
                     volume: volume.to_owned(),
@@ -683,7 +598,7 @@ impl Store {
 
     /// Bytes that only snapshots hold, over every volume: what destroying them all would free.
     pub fn snapshots_bytes(&self) -> u64 {
-        let names: Vec<String> = self.dsl.read().volumes.keys().cloned().collect();
+        let names: Vec<String> = self.dsl.read().iter().map(|(name, _)| name.clone()).collect();
         names.iter().filter_map(|v| self.snapshot_space(v).ok()).map(|s| s.snapshots_bytes).sum()
     }
 
@@ -717,8 +632,8 @@ impl Store {
     ) -> Result<Arc<Dataset>, StoreError> {
         let mut dsl = self.dsl.write();
         let snapshot = self.snapshot_of(&dsl, volume, name)?;
-        let block_bytes = dsl.volumes[volume].block_bytes;
-        if let Some(open) = dsl.snapshot_exports.get(&snapshot.id).and_then(Weak::upgrade) {
+        let block_bytes = dsl.get(volume).expect("a volume checked above under the same lock").block_bytes;
+        if let Some(open) = dsl.export(snapshot.id) {
             return Ok(open);
         }
         let mut entry = VolumeEntry::new(
@@ -731,8 +646,7 @@ impl Store {
         entry.root = snapshot.root;
         entry.space = Some(snapshot.space);
         let dataset = Dataset::snapshot(entry, &self.limits);
-        dsl.snapshot_exports.retain(|_, weak| weak.strong_count() > 0);
-        dsl.snapshot_exports.insert(snapshot.id, Arc::downgrade(&dataset));
+        dsl.add_export(snapshot.id, &dataset);
         Ok(dataset)
     }
 
@@ -740,7 +654,7 @@ impl Store {
     pub(super) fn retire_snapshot_exports(&self, ids: &[u64]) {
         let mut dsl = self.dsl.write();
         for id in ids {
-            if let Some(dataset) = dsl.snapshot_exports.remove(id).and_then(|w| w.upgrade()) {
+            if let Some(dataset) = dsl.retire_export(*id) {
                 dataset.destroyed.store(true, Ordering::Release);
             }
         }
@@ -752,7 +666,7 @@ impl Store {
         volume: &str,
         name: &str,
     ) -> Result<SnapshotEntry, StoreError> {
-        let dataset = dsl.volumes.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
+        let dataset = dsl.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
         let found = dataset.state.lock().entry.snapshots.iter().find(|s| s.name == name).cloned();
         found.ok_or_else(|| StoreError::NoSuchSnapshot {
             pool: self.pool.name().to_owned(),
@@ -789,7 +703,7 @@ impl Store {
         op: SnapshotOp,
     ) -> Result<(), PoolError> {
         let txg = ctx.txg;
-        let volume_id = |name: &str| self.dsl.read().volumes.get(name).map(|d| d.id);
+        let volume_id = |name: &str| self.dsl.read().get(name).map(|d| d.id);
         let volume = match &op {
             SnapshotOp::Create { volume, .. }
             | SnapshotOp::Destroy { volume, .. }

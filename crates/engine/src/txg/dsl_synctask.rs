@@ -8,6 +8,9 @@
 //! them without knowing their types: each mechanism keeps its task beside its own code
 //! (dsl_snapshot.rs, dataset.rs, zil.rs), as ZFS's sync tasks carry their own functions.
 //!
+//! The tasks see each quiesced volume as a [`SyncedTree`]: the tree the sync wrote and the
+//! snapshots and dead lists it carries ([`Family`]), which the directory it writes records.
+//!
 //! A task cannot be refused at sync time: whatever could refuse it was checked when it was
 //! queued (ZFS's check function runs again in syncing context; here the sync lock, which a
 //! task's asker holds from its check to its queueing, keeps the state checked from changing
@@ -16,8 +19,8 @@
 use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
+use sluice_format::{BlockPointer, Deadlist, Origin, SnapshotEntry, VolumeEntry, VolumeSpace};
 
-use super::dsl_snapshot::SyncedTree;
 use super::Store;
 use crate::objset::TreeUpdate;
 use crate::pool::PoolError;
@@ -48,7 +51,7 @@ impl Store {
     /// which it also counted what the task adds to the sync (`pending_frees`,
     /// `pending_metadata_bytes`): admission sees both at once.
     pub(super) fn queue_task(txg: &mut super::TxgState, task: impl SyncTask + 'static) {
-        txg.tasks.push(Box::new(task));
+        txg.queue(Box::new(task));
     }
 
     /// Runs a quiesced txg's tasks in the order they were queued.
@@ -70,4 +73,86 @@ impl Store {
         }
         Ok(rewind)
     }
+}
+
+/// A volume's tree as a sync wrote it.
+pub(super) struct SyncedTree {
+    pub(super) root: Option<BlockPointer>,
+    pub(super) space: VolumeSpace,
+    /// Blocks the sync replaced that the volume's newest snapshot still holds: they go on its
+    /// dead list, not back to the allocator.
+    pub(super) dead: Vec<BlockPointer>,
+    /// Its snapshots and dead list as this sync leaves them.
+    pub(super) family: Family,
+}
+
+/// A volume's snapshots and dead list as a sync carries them, from the quiesced entry to the
+/// directory it writes and the entry it leaves.
+#[derive(Clone, Debug)]
+pub(super) struct Family {
+    pub(super) prev_snap_txg: u64,
+    pub(super) origin: Option<Origin>,
+    pub(super) deadlist: Deadlist,
+    pub(super) snapshots: Vec<SnapshotEntry>,
+    /// The volume's size and levels (a rollback changes them).
+    pub(super) size_bytes: u64,
+    pub(super) levels: u8,
+    /// Set by a rollback in this sync.
+    pub(super) rolled_back: bool,
+}
+
+impl Family {
+    pub(super) fn of(entry: &VolumeEntry) -> Family {
+        Family {
+            prev_snap_txg: entry.prev_snap_txg,
+            origin: entry.origin,
+            deadlist: entry.deadlist.clone(),
+            snapshots: entry.snapshots.clone(),
+            size_bytes: entry.size_bytes,
+            levels: entry.levels,
+            rolled_back: false,
+        }
+    }
+
+    /// The starts of the birth ranges its dead lists count bytes in: 0, and the txg after
+    /// each snapshot.
+    pub(super) fn starts(&self) -> Vec<u64> {
+        range_starts(self.origin, &self.snapshots)
+    }
+
+    /// The txg of the snapshot before snapshot `at` (its origin's for the first; 0 for none)
+    /// and the start of the birth range that follows it.
+    pub(super) fn before(&self, at: usize) -> (u64, u64) {
+        match at.checked_sub(1) {
+            Some(p) => (self.snapshots[p].txg, self.snapshots[p].txg + 1),
+            None => self.origin.map_or((0, 0), |o| (o.txg, o.txg + 1)),
+        }
+    }
+
+    /// Every dead list: the snapshots', then the volume's.
+    pub(super) fn lists_mut(&mut self) -> impl Iterator<Item = &mut Deadlist> {
+        let snapshots = self.snapshots.iter_mut().map(|s| &mut s.deadlist);
+        snapshots.chain(std::iter::once(&mut self.deadlist))
+    }
+
+    /// Copies what the sync decided into a volume's entry.
+    pub(super) fn apply(&self, entry: &mut VolumeEntry) {
+        entry.prev_snap_txg = self.prev_snap_txg;
+        entry.origin = self.origin;
+        entry.deadlist = self.deadlist.clone();
+        entry.snapshots = self.snapshots.clone();
+        if self.rolled_back {
+            entry.size_bytes = self.size_bytes;
+            entry.levels = self.levels;
+        }
+    }
+}
+
+/// The starts of the birth ranges of a volume's dead lists: 0, and the txg after its
+/// origin's and each of its snapshots'.
+pub(super) fn range_starts(origin: Option<Origin>, snapshots: &[SnapshotEntry]) -> Vec<u64> {
+    std::iter::once(0)
+        .chain(origin.map(|o| o.txg + 1))
+        .chain(snapshots.iter().map(|s| s.txg + 1))
+        .collect()
 }

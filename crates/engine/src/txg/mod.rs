@@ -11,15 +11,15 @@
 //!
 //! | file | ZFS | what it holds |
 //! |---|---|---|
-//! | `mod.rs` | `dsl_pool.c` | [`Store`], its shared state, errors, suspension |
-//! | `dataset.rs` | `dsl_dataset.c`, `zvol.c` | volume create, destroy, resize, properties |
+//! | `mod.rs` | `dsl_pool.c` | [`Store`] and which owner holds what, errors, suspension |
+//! | `dataset.rs` | `dsl_dataset.c`, `dsl_dir.c`, `zvol.c` | the volume namespace ([`Datasets`]); volume create, destroy, resize, properties |
 //! | `dsl_snapshot.rs` | `dsl_dataset.c`, `dsl_destroy.c` | snapshot create and destroy, rollback, snapshot exports |
 //! | `dmu_send.rs` | `dmu_send.c` | send streams of snapshots, full and incremental |
 //! | `dmu_recv.rs` | `dmu_recv.c` | receive into a hidden volume, its blocks written in place raw |
 //! | `dsl_deadlist.rs` | `dsl_deadlist.c`, `bpobj.c` | dead lists: appended by each sync, read back by a destroy |
 //! | `dbuf.rs` | `dbuf.c` | dirty blocks and patches of the open and syncing txgs |
 //! | `dmu.rs` | `dmu.c` | the read and write paths |
-//! | `dmu_tx.rs` | `dmu_tx.c` | admission: the free-space check and the write throttle |
+//! | `dmu_tx.rs` | `dmu_tx.c`, `txg.c` | the open txg's accounting ([`TxgState`]); admission: the free-space check and the write throttle |
 //! | `zil.rs` | `zil.c` | commits (FUA, flush), early commits, claim and replay at import |
 //! | `spa_sync.rs` | `spa_sync`, `txg_sync_thread` | the sync, as named steps; the syncer task |
 //! | `spa_load.rs` | `spa_load` | opening an imported pool's data, rewind |
@@ -30,10 +30,11 @@
 //! | `dsl_synctask.rs` | `dsl_synctask.c` | the changes a sync makes for its txg, queued as tasks it runs without knowing their types |
 //!
 //! Who owns what. The store's state is split by owner, each behind its own lock:
-//! - the volumes by name ([`Datasets`], `dsl`: a read-write lock; lookups share it, create,
-//!   rename, clone, destroy and snapshot ids take it alone);
-//! - the open txg with its accounting and its queued sync tasks ([`TxgState`], `txg`: what
-//!   admission, the write path and the log's glue count against);
+//! - the volumes by name ([`Datasets`] in dataset.rs, `dsl`: a read-write lock; lookups share
+//!   it, create, rename, clone, destroy and snapshot ids take it alone);
+//! - the open txg with its accounting and its queued sync tasks ([`TxgState`] in dmu_tx.rs,
+//!   `txg`: what admission, the write path and the log's glue count against, through its
+//!   methods);
 //! - the sync's lock, the last sync's space maps and directory and the syncs' history
 //!   (`spa_sync::Syncer`, which spa_sync.rs alone changes);
 //! - each volume's blocks and entry ([`Dataset`]'s own lock), its log (crate::intent_log),
@@ -81,6 +82,8 @@ mod zil;
 pub use audit::AuditReport;
 pub use dataset::RECEIVE_PREFIX;
 pub use dataset::{Dataset, VolumeProperty};
+use dataset::Datasets;
+use dmu_tx::TxgState;
 pub use dbuf::WriteData;
 pub use dmu::ReadData;
 pub use dmu_recv::ReceiveMode;
@@ -278,81 +281,6 @@ struct Pause {
     release: futures::channel::oneshot::Receiver<()>,
 }
 
-/// The pool's volumes by name (ZFS: the dataset namespace `dsl_dir` keeps): the one map every
-/// lookup, create, rename and destroy goes through, behind its own lock ([`Store::dsl`]).
-/// Writes do not take it: a handle holds its [`Dataset`], and a destroy marks it under the txg
-/// lock, which every write takes.
-#[derive(Debug)]
-struct Datasets {
-    next_volume_id: u64,
-    volumes: BTreeMap<String, Arc<Dataset>>,
-    /// Datasets of snapshots served read-only, by snapshot id, while a handle holds one.
-    snapshot_exports: BTreeMap<u64, std::sync::Weak<Dataset>>,
-}
-
-/// The open txg and what is counted of it and of the syncing one (ZFS: `txg.c`'s state and
-/// `dsl_pool`'s dirty accounting), with the sync tasks queued for its sync, behind
-/// [`Store::txg`]. Admission (dmu_tx.rs), the write path (dmu.rs), the log's glue (zil.rs) and
-/// the quiesce (spa_sync.rs) share it; each change to a volume's open layer is counted here
-/// under the same lock.
-#[derive(Debug)]
-struct TxgState {
-    open_txg: u64,
-    dirty_bytes: u64,
-    /// The part of `dirty_bytes` already written in place for the intent log (indirect
-    /// records): their space is allocated, so the space check leaves them out, but they stay
-    /// dirty for the throttle and for starting a sync, because until a sync links them (and
-    /// frees the versions they replaced) they hold space like any other write.
-    prewritten_bytes: u64,
-    /// Indirect blocks the open txg will rewrite, estimated: the path to the root for each
-    /// group of `INDIRECT_BPS` blocks it dirtied.
-    dirty_metadata_bytes: u64,
-    /// Blocks the open txg dirtied, counted as `dirty_bytes` counts their bytes (once per
-    /// write that touched each): what bounds the space maps and dead lists its sync writes.
-    dirty_blocks: u64,
-    /// What administrative changes made in the open txg add to its sync's allocations (the
-    /// dead list a snapshot destroy rewrites, the levels a grow adds), at allocated sizes.
-    pending_metadata_bytes: u64,
-    /// Frees (block copies) those changes make its sync write into the space maps, at most:
-    /// a destroyed volume's tree and dead lists, a rollback's blocks, a destroyed snapshot's.
-    pending_frees: u64,
-    /// What the syncing txg will allocate (its dirty data and metadata at quiesce), until its
-    /// sync ends: admission counts it, since its blocks are not allocated yet.
-    syncing_bytes: u64,
-    /// [`Allocator::allocated_total`] when the syncing txg quiesced: what it has allocated
-    /// since is in the allocator's free space already (`dmu_tx::InFlight`).
-    syncing_allocated_base: u64,
-    /// The last synced directory's bytes: the open txg's sync rewrites it, a little larger
-    /// perhaps (admission counts it, `dmu_tx::SyncShape`).
-    directory_bytes: u64,
-    /// Work asked in the open txg that its sync does, in this order (dsl_synctask.rs).
-    tasks: Vec<Box<dyn dsl_synctask::SyncTask>>,
-}
-
-impl TxgState {
-    /// The open txg's dirty data that its sync still has to allocate space for.
-    fn dirty_to_allocate(&self) -> u64 {
-        self.dirty_bytes.saturating_sub(self.prewritten_bytes)
-    }
-
-    /// The state of a store whose last synced txg is `synced_txg`, with nothing dirty.
-    fn new(synced_txg: u64, directory_bytes: u64) -> TxgState {
-        TxgState {
-            open_txg: synced_txg + 1,
-            dirty_bytes: 0,
-            prewritten_bytes: 0,
-            dirty_metadata_bytes: 0,
-            dirty_blocks: 0,
-            pending_metadata_bytes: 0,
-            pending_frees: 0,
-            syncing_bytes: 0,
-            syncing_allocated_base: 0,
-            directory_bytes,
-            tasks: Vec::new(),
-        }
-    }
-}
-
 /// The pool's own metadata as the last sync wrote it: its space maps and the directory that
 /// points at them, freed by the next sync when it writes theirs (spa_sync.rs owns them).
 #[derive(Debug)]
@@ -476,11 +404,7 @@ impl Store {
     pub fn create(pool: Pool, tunables: &Tunables) -> Store {
         let allocator = Allocator::new(pool.ashift(), &pool.data_areas());
         let vdevs = pool.root().top_level().len();
-        let datasets = Datasets {
-            next_volume_id: 1,
-            volumes: BTreeMap::new(),
-            snapshot_exports: BTreeMap::new(),
-        };
+        let datasets = Datasets::new(1, BTreeMap::new());
         let synced = SyncedMetadata { space_maps: vec![Vec::new(); vdevs], directory: None };
         // The dedup salt: drawn once per pool, so keys cannot be predicted from outside.
         let mut salt_rng = pool.env().unique_rng("dedup salt");
@@ -546,7 +470,7 @@ impl Store {
 
     /// Dirty bytes in the open txg.
     pub fn dirty_bytes(&self) -> u64 {
-        self.txg.lock().dirty_bytes
+        self.txg.lock().dirty_bytes()
     }
 
     /// The dirty data the open txg may hold (`txg.dirty_max`, `auto` resolved); a sync starts
@@ -561,7 +485,7 @@ impl Store {
 
     /// The txg that writes go into now.
     pub fn open_txg(&self) -> u64 {
-        self.txg.lock().open_txg
+        self.txg.lock().open_txg()
     }
 
     pub fn free_bytes(&self) -> u64 {

@@ -30,7 +30,8 @@ use sluice_format::{
 
 use super::dataset::Dataset;
 use super::dmu_tx::TxgLimits;
-use super::{Datasets, LogStats, Store, StoreError, SyncedMetadata};
+use super::dataset::Datasets;
+use super::{LogStats, Store, StoreError, SyncedMetadata};
 use crate::alloc::{Allocator, FREE_DEFER_TXGS};
 use crate::intent_log::{self, Chain, LogAddress};
 use crate::objset;
@@ -182,11 +183,7 @@ impl Store {
             pool.uberblock().txg,
             "the store opens after the loaded txg"
         );
-        let datasets = Datasets {
-            next_volume_id: directory.next_volume_id,
-            volumes,
-            snapshot_exports: BTreeMap::new(),
-        };
+        let datasets = Datasets::new(directory.next_volume_id, volumes);
         let synced =
             SyncedMetadata { space_maps: directory.space_maps.clone(), directory: uberblock.root };
         let mut store =

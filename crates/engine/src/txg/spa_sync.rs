@@ -35,8 +35,8 @@ use sluice_format::{
 };
 
 use super::dbuf::{Block, Prewritten};
-use super::dsl_snapshot::{Family, SyncedTree};
-use super::dsl_synctask::SyncTask;
+use super::dmu_tx::Quiesce;
+use super::dsl_synctask::{Family, SyncTask, SyncedTree};
 use super::space_map::{piece_layout, split_space_map, SPACE_MAP_PIECE_BYTES};
 use super::{Store, StoreError, SyncedMetadata};
 use crate::alloc::{AllocClass, AllocError, Allocator};
@@ -188,7 +188,7 @@ impl Store {
         let result = self.sync_locked().await;
         // Synced, the txg's blocks are allocated (and counted as such); failed, the store is
         // suspended.
-        self.txg.lock().syncing_bytes = 0;
+        self.txg.lock().sync_ended();
         if let Err(error) = &result {
             self.suspend(format!("the sync failed: {}", crate::error_chain(error)));
         }
@@ -257,33 +257,26 @@ impl Store {
     fn quiesce(&self) -> Quiesced {
         let dsl = self.dsl.read();
         let mut state = self.txg.lock();
-        let txg = state.open_txg;
-        state.open_txg += 1;
-        // What each leaf had missed when the next txg opened: a resilver or a sync compares it
-        // to tell whether the leaf missed a block born since.
-        self.pool.note_txg_open(state.open_txg);
         // What this txg's sync may allocate, its own metadata bounded from the blocks it
         // writes: admission counts it until the sync has allocated it, and the sync's record
         // holds it beside what was allocated.
         let shape = super::dmu_tx::SyncShape::of_open(&dsl, &state, &self.pool);
-        {
+        let (closed, allocated_base) = {
             // Lock order: dsl -> txg -> allocator.
             let mut allocator = self.allocator.lock();
-            state.syncing_bytes = state.dirty_to_allocate()
-                + state.dirty_metadata_bytes
-                + shape.metadata_bytes(&allocator);
-            state.syncing_allocated_base = allocator.allocated_total();
-            allocator.promise(state.syncing_bytes);
-        }
-        let admitted = (state.syncing_bytes, state.syncing_allocated_base, shape.blocks);
-        state.dirty_blocks = 0;
-        state.pending_metadata_bytes = 0;
-        state.pending_frees = 0;
-        state.dirty_bytes = 0;
-        state.prewritten_bytes = 0;
-        state.dirty_metadata_bytes = 0;
+            let allocated_base = allocator.allocated_total();
+            let closed = state.quiesce(shape.metadata_bytes(&allocator), allocated_base);
+            allocator.promise(closed.syncing_bytes);
+            (closed, allocated_base)
+        };
+        let Quiesce { txg, syncing_bytes, tasks } = closed;
+        // What each leaf had missed when the next txg opened: a resilver or a sync compares it
+        // to tell whether the leaf missed a block born since. (Writes reach the next txg only
+        // once the txg lock held here is let go.)
+        self.pool.note_txg_open(txg + 1);
+        let admitted = (syncing_bytes, allocated_base, shape.blocks);
         let mut work = Vec::new();
-        for dataset in dsl.volumes.values() {
+        for dataset in dsl.values() {
             let mut volume = dataset.state.lock();
             let volume = &mut *volume;
             dataset.dirty_bytes.store(0, Ordering::Relaxed);
@@ -295,7 +288,6 @@ impl Store {
                 std::mem::take(&mut volume.prewritten),
             ));
         }
-        let tasks = std::mem::take(&mut state.tasks);
         Quiesced { txg, work, tasks, admitted }
     }
 
@@ -520,7 +512,7 @@ impl Store {
         let directory = {
             let dsl = self.dsl.read();
             let mut freed_log = Vec::new();
-            for dataset in dsl.volumes.values() {
+            for dataset in dsl.values() {
                 let v = dataset.state.lock();
                 let header = match &v.log {
                     Some(log) => {
@@ -546,10 +538,9 @@ impl Store {
             drop(allocator);
             PoolDirectory {
                 txg,
-                next_volume_id: dsl.next_volume_id,
+                next_volume_id: dsl.next_id(),
                 space_maps: vec![Vec::new(); vdevs],
                 volumes: dsl
-                    .volumes
                     .values()
                     .map(|dataset| {
                         let v = dataset.state.lock();
@@ -694,7 +685,7 @@ impl Store {
         self.syncer.syncs.inc();
         self.allocator.lock().synced(txg);
         let dsl = self.dsl.read();
-        for dataset in dsl.volumes.values() {
+        for dataset in dsl.values() {
             let mut volume = dataset.state.lock();
             if let Some(synced) = roots.get(&volume.entry.name) {
                 volume.entry.root = synced.root;
@@ -717,11 +708,11 @@ impl Store {
             volume.syncing.clear();
         }
         *self.syncer.synced.lock() = SyncedMetadata { space_maps, directory: Some(directory_bp) };
-        self.txg.lock().directory_bytes = directory_bp.psize_bytes();
+        self.txg.lock().synced_directory(directory_bp.psize_bytes());
         // Records of this txg need no log any more. A chain with a failed write is replaced:
         // records not yet issued move to a new chain, which the next sync anchors.
         let mut replaced = Vec::new();
-        for dataset in dsl.volumes.values() {
+        for dataset in dsl.values() {
             let mut volume = dataset.state.lock();
             let Some(log) = volume.log.clone() else { continue };
             log.synced(txg, anchored.iter().any(|a| Arc::ptr_eq(a, &log)));

@@ -96,7 +96,7 @@ impl Store {
                 .collect();
             Store::queue_task(&mut self.txg.lock(), RetiredLog(retired));
         }
-        let datasets: Vec<Arc<Dataset>> = self.dsl.read().volumes.values().cloned().collect();
+        let datasets: Vec<Arc<Dataset>> = self.dsl.read().values().cloned().collect();
         for dataset in datasets {
             let log = self.new_log(dataset.id)?;
             dataset.state.lock().log = Some(log);
@@ -115,7 +115,6 @@ impl Store {
     pub fn log_blocks_written(&self) -> u64 {
         self.dsl
             .read()
-            .volumes
             .values()
             .filter_map(|d| d.state.lock().log.as_ref().map(|l| l.lwbs_written()))
             .sum()
@@ -201,7 +200,7 @@ impl Store {
         // The record's txg is at most the open one, which this sync makes durable. Commits
         // falling back together (every writer of a failed chain) share one sync: the
         // uberblock names the last durable txg.
-        let open = self.txg.lock().open_txg;
+        let open = self.txg.lock().open_txg();
         self.sync_unless(|| self.pool.uberblock().txg >= open).await
     }
 
@@ -311,12 +310,12 @@ impl Store {
             let v = dataset.state.lock();
             for record in claimed {
                 match v.open.get(&index_of(record)) {
-                    Some(Block::Data(data)) if record.txg() == txg.open_txg => {
+                    Some(Block::Data(data)) if record.txg() == txg.open_txg() => {
                         place.push((record, Arc::clone(data)));
                     }
                     // Of the txg being synced (only one syncs at a time; an older one has
                     // synced, and dropped its records from the log).
-                    _ if record.txg() + 1 == txg.open_txg && txg.syncing_bytes > 0 => {
+                    _ if record.txg() + 1 == txg.open_txg() && txg.syncing_bytes() > 0 => {
                         syncing.push(record)
                     }
                     _ => copy.push(record),
@@ -332,7 +331,7 @@ impl Store {
             // again, to a new place: dmu_sync's late arrival.)
             let bytes = syncing.len() as u64 * bs;
             if bytes < COPY_ALWAYS_BYTES
-                || bytes.saturating_mul(COPY_SHARE_OF_SYNC) < txg.syncing_bytes
+                || bytes.saturating_mul(COPY_SHARE_OF_SYNC) < txg.syncing_bytes()
             {
                 // Older than the rest: copied (and so filled) first.
                 copy.splice(0..0, syncing.drain(..));
@@ -415,7 +414,7 @@ impl Store {
                 // A destroy (under the txg lock, as here) orphans the prewritten blocks
                 // it finds; one linked after it would be freed by no sync.
                 let live = !dataset.destroyed.load(std::sync::atomic::Ordering::Acquire);
-                if current && live && record.txg() == txg.open_txg {
+                if current && live && record.txg() == txg.open_txg() {
                     let indirect = match record {
                         LogRecord::WriteIndirect { txg, sequence, offset, len, .. } => {
                             LogRecord::WriteIndirect {
@@ -439,7 +438,7 @@ impl Store {
                     // already. (Leaving it out of the dirty data too let 1 MiB write + flush
                     // clients fill a pool with blocks written in place and their replaced
                     // versions within one txg timeout: the sync after found no room.)
-                    txg.prewritten_bytes += bs;
+                    txg.count_prewritten(bs);
                 } else {
                     orphaned.push(block);
                     copy.push(record);
