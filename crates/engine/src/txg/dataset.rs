@@ -97,6 +97,17 @@ impl Datasets {
         self.volumes.remove(name)
     }
 
+    /// Volumes whose dead list the open txg's sync appends to: only a volume with a snapshot
+    /// and something in the txg does (`dmu_tx::SyncShape` bounds the pieces it writes).
+    pub(super) fn appending_deadlists(&self) -> u64 {
+        self.values()
+            .filter(|d| {
+                let v = d.state.lock();
+                v.entry.prev_snap_txg > 0 && !v.open.is_empty()
+            })
+            .count() as u64
+    }
+
     /// The id the next volume or snapshot gets (the directory records it).
     pub(super) fn next_id(&self) -> u64 {
         self.next_volume_id
@@ -347,7 +358,7 @@ impl Store {
         // Gathered before the allocator is taken: it reads each volume's state, which comes
         // before the allocator in the lock order (a sync replacing a failed log chain holds a
         // volume's state and takes the allocator).
-        let in_flight = super::dmu_tx::InFlight::of(dsl, txg, &self.pool);
+        let in_flight = super::dmu_tx::InFlight::of(dsl.appending_deadlists(), txg, &self.pool);
         let allocator = self.allocator.lock();
         let dirty = in_flight.to_allocate(&allocator);
         allocator

@@ -14,7 +14,6 @@
 //! instead ([`Store::throttle`]'s `space_max`), so writers slow down before the space check
 //! would stop them for a whole sync.
 
-use super::dataset::Datasets;
 use super::dsl_synctask::SyncTask;
 use super::{Dataset, Store, StoreError};
 use crate::alloc::SlopTier;
@@ -241,11 +240,12 @@ pub(super) struct InFlight {
 }
 
 impl InFlight {
-    pub(super) fn of(dsl: &Datasets, txg: &TxgState, pool: &crate::pool::Pool) -> InFlight {
+    /// The in-flight figures; `appending` as [`SyncShape::of_open`] takes it.
+    pub(super) fn of(appending: u64, txg: &TxgState, pool: &crate::pool::Pool) -> InFlight {
         InFlight {
             open: txg.dirty_to_allocate() + txg.dirty_metadata_bytes,
             open_metadata: txg.dirty_metadata_bytes,
-            open_shape: SyncShape::of_open(dsl, txg, pool),
+            open_shape: SyncShape::of_open(appending, txg, pool),
             prewritten: txg.prewritten_bytes,
             syncing: txg.syncing_bytes,
             syncing_allocated_base: txg.syncing_allocated_base,
@@ -296,7 +296,9 @@ const SYNC_METADATA_SLACK: u64 = 64;
 const DIRECTORY_GROWTH_BYTES: u64 = 16 << 10;
 
 impl SyncShape {
-    pub(super) fn of_open(dsl: &Datasets, txg: &TxgState, pool: &crate::pool::Pool) -> SyncShape {
+    /// The open txg's shape; `appending` volumes append to a dead list in its sync
+    /// ([`Datasets::appending_deadlists`](super::dataset::Datasets::appending_deadlists)).
+    pub(super) fn of_open(appending: u64, txg: &TxgState, pool: &crate::pool::Pool) -> SyncShape {
         let indirect = txg.dirty_metadata_bytes / crate::objset::INDIRECT_BYTES as u64;
         SyncShape {
             blocks: txg.dirty_blocks + indirect,
@@ -305,14 +307,7 @@ impl SyncShape {
             copies: pool.metadata_copies() as u64,
             unit: 1 << pool.ashift(),
             directory_bytes: txg.directory_bytes,
-            // Only a volume with a snapshot and something in the txg appends to a dead list.
-            volumes: dsl
-                .values()
-                .filter(|d| {
-                    let v = d.state.lock();
-                    v.entry.prev_snap_txg > 0 && !v.open.is_empty()
-                })
-                .count() as u64,
+            volumes: appending,
         }
     }
 
@@ -414,7 +409,8 @@ impl Store {
                     // Blocks written in place need no new space, but a sync still frees the
                     // versions they replaced: while any are dirty, waiting can help.
                     let in_memory = open + txg.syncing_bytes + txg.prewritten_bytes;
-                    (InFlight::of(&dsl, &txg, &self.pool), in_memory, reserved, own_reserved)
+                    let appending = dsl.appending_deadlists();
+                    (InFlight::of(appending, &txg, &self.pool), in_memory, reserved, own_reserved)
                 };
                 // Room a sync needs to rewrite the dedup table, kept beyond the slop (taken
                 // before the allocator: the lock order is dedup table -> allocator).

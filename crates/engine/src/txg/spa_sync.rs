@@ -260,7 +260,7 @@ impl Store {
         // What this txg's sync may allocate, its own metadata bounded from the blocks it
         // writes: admission counts it until the sync has allocated it, and the sync's record
         // holds it beside what was allocated.
-        let shape = super::dmu_tx::SyncShape::of_open(&dsl, &state, &self.pool);
+        let shape = super::dmu_tx::SyncShape::of_open(dsl.appending_deadlists(), &state, &self.pool);
         let (closed, allocated_base) = {
             // Lock order: dsl -> txg -> allocator.
             let mut allocator = self.allocator.lock();
