@@ -44,6 +44,30 @@ fn fails(cache: &Path, args: &[&str]) -> String {
     String::from_utf8(out.stderr).unwrap()
 }
 
+/// `sluice serve tank` on a socket in `dir`, with `extra` arguments, once its socket is there
+/// (or after 10 s, when the commands that follow fail and say why).
+fn serve(dir: &Path, cache: &Path, extra: &[&str]) -> std::process::Child {
+    let socket = dir.join("nbd.sock");
+    let server = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "tank", "--listen", "none"])
+        .args(extra)
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--dir")
+        .arg(dir)
+        .env("SLUICE_CACHE_FILE", cache)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if socket.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    server
+}
+
 #[test]
 fn pool_lifecycle() {
     let dir = tempfile::tempdir().unwrap();
@@ -222,25 +246,8 @@ fn serve_applies_tunables_to_a_named_pool() {
     let leaf = dir.path().join("leaf");
     let leaf = leaf.to_str().unwrap();
     ok(&cache, &["pool", "create", "tank", leaf, "--size", "64M"]);
-    let socket = dir.path().join("nbd.sock");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "tank", "--listen", "none", "--set", "cache.bytes_max=3M"])
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--dir")
-        .arg(dir.path())
-        .env("SLUICE_CACHE_FILE", &cache)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut status = String::new();
-    for _ in 0..100 {
-        if socket.exists() {
-            status = ok(&cache, &["pool", "status", "tank"]);
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let mut server = serve(dir.path(), &cache, &["--set", "cache.bytes_max=3M"]);
+    let status = ok(&cache, &["pool", "status", "tank"]);
     let stopped = Command::new("kill").arg(server.id().to_string()).status().unwrap();
     let exited = server.wait().unwrap();
     assert!(stopped.success() && exited.success(), "the server did not stop cleanly: {exited}");
@@ -561,22 +568,7 @@ fn exit_codes_follow_the_kind_of_failure_and_json_parses() {
     let unserved = steady(&cache);
 
     // The same through the server: the kind crosses the control socket.
-    let socket = dir.path().join("nbd.sock");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "tank", "--listen", "none", "--socket"])
-        .arg(&socket)
-        .arg("--dir")
-        .arg(dir.path())
-        .env("SLUICE_CACHE_FILE", &cache)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..100 {
-        if socket.exists() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let mut server = serve(dir.path(), &cache, &[]);
     let served = ok(&cache, &["pool", "status", "tank"]);
     assert!(served.contains("served by sluice serve"), "{served}");
     assert_eq!(refusals(&cache), [5, 4, 6, 3], "through the server");

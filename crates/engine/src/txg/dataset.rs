@@ -520,13 +520,13 @@ impl Store {
             .chain(volume.entry.snapshots.iter().map(|s| &s.deadlist));
         let deadlists = lists.filter(|l| !l.pieces.is_empty()).cloned().collect();
         let tree = volume.entry.root.map(|root| (root, volume.disk_levels));
-        Store::queue_task(&mut txg, DestroyedVolume { tree, origin_txg, deadlists });
+        txg.queue(DestroyedVolume { tree, origin_txg, deadlists });
         if let Some(log) = &volume.log {
-            Store::queue_task(&mut txg, super::zil::RetiredLog(log.retire()));
+            txg.queue(super::zil::RetiredLog(log.retire()));
         }
         if !volume.prewritten.is_empty() {
             let orphaned = volume.prewritten.values().cloned().collect();
-            Store::queue_task(&mut txg, super::zil::Orphaned(orphaned));
+            txg.queue(super::zil::Orphaned(orphaned));
         }
         Ok(())
     }

@@ -561,7 +561,7 @@ impl Store {
                 }
             }
             if !orphaned.is_empty() {
-                Store::queue_task(&mut open, super::zil::Orphaned(orphaned));
+                open.queue(super::zil::Orphaned(orphaned));
             }
         }
         for (at, data, done) in writes {

@@ -101,9 +101,11 @@ impl TxgState {
         self.pending_frees = self.pending_frees.saturating_add(frees);
     }
 
-    /// Queues a change for the open txg's sync (dsl_synctask.rs).
-    pub(super) fn queue(&mut self, task: Box<dyn SyncTask>) {
-        self.tasks.push(task);
+    /// Queues a change for the open txg's sync (dsl_synctask.rs). The caller holds the txg
+    /// lock, under which it also counted what the task adds to the sync
+    /// ([`TxgState::count_pending`]): admission sees both at once.
+    pub(super) fn queue(&mut self, task: impl SyncTask + 'static) {
+        self.tasks.push(Box::new(task));
     }
 
     /// Closes the open txg (the quiesce): it becomes the syncing one, whose sync may allocate

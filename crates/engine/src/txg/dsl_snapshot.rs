@@ -201,9 +201,7 @@ impl Store {
                     deadlist: Deadlist::default(),
                 };
                 let snapshot = Box::new(snapshot);
-                Store::queue_task(
-                    &mut txg,
-                    SnapshotOp::Create { volume: volume.clone(), snapshot },
+                txg.queue(SnapshotOp::Create { volume: volume.clone(), snapshot },
                 );
             }
         }
@@ -246,9 +244,7 @@ impl Store {
             }
             let frees = next_entries.saturating_add(next_pieces).saturating_mul(copies);
             txg.count_pending(needed, frees);
-            Store::queue_task(
-                &mut txg,
-                SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() },
+            txg.queue(SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() },
             );
             id
         };
@@ -356,14 +352,10 @@ impl Store {
                 txg.count_pending(needed, frees);
             }
             for (_, later) in later.iter().rev() {
-                Store::queue_task(
-                    &mut txg,
-                    SnapshotOp::Destroy { volume: volume.to_owned(), name: later.clone() },
+                txg.queue(SnapshotOp::Destroy { volume: volume.to_owned(), name: later.clone() },
                 );
             }
-            Store::queue_task(
-                &mut txg,
-                SnapshotOp::Rollback { volume: volume.to_owned(), name: name.to_owned() },
+            txg.queue(SnapshotOp::Rollback { volume: volume.to_owned(), name: name.to_owned() },
             );
             // Writes not yet synced are written by the rollback's sync and freed by it, not
             // dropped now: an intent-log record of theirs not yet filled must still find its
@@ -538,7 +530,7 @@ impl Store {
                     snapshot: taken.clone(),
                 });
             }
-            Store::queue_task(&mut txg, SnapshotOp::Promote { volume: volume.to_owned(), parent });
+            txg.queue(SnapshotOp::Promote { volume: volume.to_owned(), parent });
         }
         self.sync_holding_lock(one_at_a_time).await?;
         Ok(())

@@ -47,13 +47,6 @@ pub(super) trait SyncTask: std::fmt::Debug + Send {
 }
 
 impl Store {
-    /// Queues `task` for the open txg's sync. The caller holds the txg lock (`txg`), under
-    /// which it also counted what the task adds to the sync (`pending_frees`,
-    /// `pending_metadata_bytes`): admission sees both at once.
-    pub(super) fn queue_task(txg: &mut super::TxgState, task: impl SyncTask + 'static) {
-        txg.queue(Box::new(task));
-    }
-
     /// Runs a quiesced txg's tasks in the order they were queued.
     pub(super) async fn run_sync_tasks<'s>(
         &'s self,

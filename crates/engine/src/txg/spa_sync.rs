@@ -730,7 +730,7 @@ impl Store {
             }
         }
         if !replaced.is_empty() {
-            Store::queue_task(&mut self.txg.lock(), super::zil::RetiredLog(replaced));
+            self.txg.lock().queue(super::zil::RetiredLog(replaced));
         }
         Ok(())
     }

@@ -94,7 +94,7 @@ impl Store {
                 .iter()
                 .flat_map(|(_, _, chain)| chain.addresses.iter().chain(&chain.indirect).copied())
                 .collect();
-            Store::queue_task(&mut self.txg.lock(), RetiredLog(retired));
+            self.txg.lock().queue(RetiredLog(retired));
         }
         let datasets: Vec<Arc<Dataset>> = self.dsl.read().values().cloned().collect();
         for dataset in datasets {
@@ -445,7 +445,7 @@ impl Store {
                 }
             }
             if !orphaned.is_empty() {
-                Store::queue_task(&mut txg, Orphaned(orphaned));
+                txg.queue(Orphaned(orphaned));
             }
         }
         for (at, data, done) in writes {
