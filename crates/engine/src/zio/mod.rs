@@ -364,6 +364,26 @@ pub fn seal(
     unit: u64,
     psize: Option<u64>,
 ) -> Result<Sealed, ZioError> {
+    let stored = transform(pipeline, props, logical, unit, psize)?;
+    sum(pipeline, stored)
+}
+
+/// A block past compress and encrypt, padded: what is stored, not yet checksummed.
+struct Transformed {
+    props: BlockProps,
+    logical: Arc<AlignedBuf>,
+    stored: Arc<AlignedBuf>,
+    compression: BlockCompression,
+}
+
+/// The compress and encrypt stages of [`seal`], and the padding.
+fn transform(
+    pipeline: &Pipeline,
+    props: BlockProps,
+    logical: Arc<AlignedBuf>,
+    unit: u64,
+    psize: Option<u64>,
+) -> Result<Transformed, ZioError> {
     pipeline.stage(Stage::Compress, props.writer)?;
     let (mut stored, compression) = match compress::compress(props.compression, &logical, unit) {
         Some((bytes, alg)) => (Arc::new(bytes), alg),
@@ -376,6 +396,12 @@ pub fn seal(
     if padded != stored.len() as u64 {
         stored = Arc::new(AlignedBuf::gathered(padded as usize, [(0, &stored[..])]));
     }
+    Ok(Transformed { props, logical, stored, compression })
+}
+
+/// The checksum stage of [`seal`].
+fn sum(pipeline: &Pipeline, block: Transformed) -> Result<Sealed, ZioError> {
+    let Transformed { props, logical, stored, compression } = block;
     pipeline.stage(Stage::Checksum, props.writer)?;
     let checksum = props.checksum.compute(&stored);
     Ok(Sealed { props, logical, stored, compression, checksum })
@@ -426,10 +452,15 @@ pub async fn seal_batch(
     unit: u64,
 ) -> Result<Vec<Sealed>, ZioError> {
     if !blocks.iter().any(|(props, _)| worth_spreading(props)) {
+        // Stage by stage over the batch, not block by block: the checksum pass then streams
+        // through the blocks' bytes in one loop. Interleaved with each block's compression
+        // (which reads only samples of a block that does not compress), xxh3 took twice the
+        // CPU per MiB under 1 MiB sequential writes (perf, docs/bench/peers-notes.md).
         let sealed = blocks
             .into_iter()
-            .map(|(props, data)| seal(pipeline, props, data, unit, None))
-            .collect();
+            .map(|(props, data)| transform(pipeline, props, data, unit, None))
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|blocks| blocks.into_iter().map(|block| sum(pipeline, block)).collect());
         return pipeline.counted(sealed);
     }
     let pipeline_ = Arc::clone(pipeline);
