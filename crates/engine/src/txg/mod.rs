@@ -91,8 +91,9 @@ pub use dmu_send::StreamSummary;
 use dmu_tx::TxgLimits;
 pub use dsl_scan::{ScanFunc, ScanPhase, ScanStatus};
 pub use dsl_snapshot::{SnapshotInfo, SnapshotSpace};
-pub use spa_load::{ImportOptions, ImportReport, LostLog, Rewind};
+pub use spa_load::{ImportOptions, ImportReport, Rewind};
 pub use spa_sync::SyncRecord;
+pub use zil::LostLog;
 
 use crate::alloc::Allocator;
 use crate::dedup::Ddt;

@@ -25,15 +25,16 @@
 use std::collections::BTreeMap;
 
 use sluice_format::{
-    BlockPointer, LogHeader, LogRecord, LogVerifier, PoolDirectory, SpaceMap, Uberblock,
+    LogHeader, PoolDirectory, SpaceMap, Uberblock,
 };
 
 use super::dataset::Dataset;
 use super::dmu_tx::TxgLimits;
 use super::dataset::Datasets;
+use super::zil::{self, LostLog};
 use super::{LogStats, Store, StoreError, SyncedMetadata};
 use crate::alloc::{Allocator, FREE_DEFER_TXGS};
-use crate::intent_log::{self, Chain, LogAddress};
+use crate::intent_log::Chain;
 use crate::objset;
 use crate::pool::{Pool, PoolError};
 use crate::tunables::{IoClass, Tunables};
@@ -82,19 +83,6 @@ pub struct Rewind {
     /// Txgs abandoned, and the seconds of writes between the txg opened and the newest.
     pub txgs_lost: u64,
     pub seconds_lost: u64,
-}
-
-/// A volume's log cut short at a block no copy of which could be read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LostLog {
-    pub volume: String,
-    /// The unreadable block, in words (position in the chain, address, the read's error).
-    pub block: String,
-    /// Records before it that replay applies.
-    pub records_replayed: u64,
-    /// Every record from this sequence on is lost. How many there were cannot be known: the
-    /// count was written in the blocks that cannot be read.
-    pub first_lost_sequence: u64,
 }
 
 /// A txg's data as loaded, not yet written to.
@@ -233,7 +221,16 @@ async fn load(pool: &Pool, options: ImportOptions) -> Result<Loaded, StoreError>
                     rewound,
                     ..ImportReport::default()
                 };
-                return claim(pool, uberblock, directory, allocator, report, options).await;
+                let rules = zil::ClaimRules {
+                    rewind: options.rewind,
+                    discard_unreadable_log: options.discard_unreadable_log,
+                };
+                let mut allocator = allocator;
+                let claimed = zil::claim(pool, uberblock.txg, &directory, &mut allocator, rules);
+                let zil::Claimed { chains, log_stats, lost_logs, records_to_replay } =
+                    claimed.await?;
+                let report = ImportReport { lost_logs, records_to_replay, ..report };
+                return Ok(Loaded { uberblock, directory, allocator, chains, log_stats, report });
             }
             Err(damage) => {
                 if uberblock.txg == newest.txg {
@@ -307,178 +304,3 @@ async fn load_txg(
     Ok((directory, allocator, verified.blocks))
 }
 
-/// Walks every volume's log chain and claims its blocks in the allocator, so that none is
-/// handed out again before replay retires the chain.
-async fn claim(
-    pool: &Pool,
-    uberblock: Uberblock,
-    directory: PoolDirectory,
-    mut allocator: Allocator,
-    mut report: ImportReport,
-    options: ImportOptions,
-) -> Result<Loaded, StoreError> {
-    let no_space = |e| PoolError::NoSpace { pool: pool.name().to_owned(), cause: e };
-    let mut chains = Vec::new();
-    let log_stats = LogStats::default();
-    for entry in &directory.volumes {
-        let Some(mut header) = entry.log else { continue };
-        if header.claim_txg == 0 {
-            // First import since the crash: what synced before it is the line.
-            header.claim_txg = uberblock.txg;
-        }
-        let head = LogAddress::from_pointer(&header.head);
-        let verifier = LogVerifier {
-            chain_id: header.chain_id,
-            volume_id: entry.id,
-            sequence: header.head_sequence,
-        };
-        let replays = |chain: &Chain| {
-            chain
-                .blocks
-                .iter()
-                .flat_map(|b| b.records.iter())
-                .filter(|r| r.txg() > header.claim_txg && r.sequence() > header.replayed_record)
-                .count() as u64
-        };
-        let chain = match intent_log::read_chain(pool, head, verifier).await {
-            Ok(chain) => chain,
-            Err(unreadable) if options.discard_unreadable_log => {
-                let block = unreadable.to_string();
-                let chain = unreadable.before;
-                let last = chain.blocks.iter().flat_map(|b| b.records.iter()).map(|r| r.sequence());
-                report.lost_logs.push(LostLog {
-                    volume: entry.name.clone(),
-                    block,
-                    records_replayed: replays(&chain),
-                    first_lost_sequence: last.max().unwrap_or(header.replayed_record) + 1,
-                });
-                chain
-            }
-            Err(unreadable) => {
-                return Err(StoreError::UnreadableLog {
-                    pool: pool.name().to_owned(),
-                    volume: entry.name.clone(),
-                    cause: unreadable,
-                });
-            }
-        };
-        let mut chain = chain;
-        if options.rewind {
-            // A rewound txg's chain can lead on into blocks written after that txg, on space its
-            // maps still give to data (freed and reused later): the log ends at the first such
-            // block, as a chain ends at any block that is not what it expects.
-            let crosses = chain.addresses.iter().position(|at| {
-                !allocator.is_free(at.vdev, at.offset_bytes, u64::from(at.len_bytes))
-            });
-            if let Some(cut) = crosses {
-                chain.blocks.truncate(cut);
-                chain.addresses.truncate(cut);
-            }
-        }
-        claim_indirect(pool, &mut chain, &header, &mut allocator, &log_stats, options)
-            .await
-            .map_err(|source| StoreError::UnreadableLog {
-                pool: pool.name().to_owned(),
-                volume: entry.name.clone(),
-                cause: source,
-            })?;
-        for at in &chain.addresses {
-            allocator
-                .claim_log(at.vdev, at.offset_bytes, u64::from(at.len_bytes))
-                .map_err(no_space)?;
-        }
-        log_stats.chains_claimed.inc();
-        log_stats.blocks_claimed.add(chain.addresses.len() as u64);
-        if chain.torn_tail {
-            log_stats.torn_tails.inc();
-        }
-        report.records_to_replay += replays(&chain);
-        chains.push((entry.name.clone(), header, chain));
-    }
-    Ok(Loaded { uberblock, directory, allocator, chains, log_stats, report })
-}
-
-/// Claims the blocks that the chain's indirect records still to replay point at (ZFS:
-/// `zil_claim_write`). Each must be intact and on space the maps give as free. One that is
-/// not was written after the log block that points at it and before a crash that came before
-/// the flush both waited for, so its write was never acknowledged: the log ends at that
-/// record, as it ends at a log block that is not the expected one. A block that could not be
-/// read at all (an I/O error, not a mismatch) is an error unless `discard_unreadable_log`.
-async fn claim_indirect(
-    pool: &Pool,
-    chain: &mut Chain,
-    header: &LogHeader,
-    allocator: &mut Allocator,
-    log_stats: &LogStats,
-    options: ImportOptions,
-) -> Result<(), Box<intent_log::UnreadableBlock>> {
-    let mut end: Option<(usize, usize)> = None;
-    let to_claim: Vec<(usize, usize, u64, BlockPointer)> = chain
-        .blocks
-        .iter()
-        .enumerate()
-        .flat_map(|(b, block)| {
-            block.records.iter().enumerate().filter_map(move |(r, record)| match record {
-                LogRecord::WriteIndirect { block: bp, .. }
-                    if record.txg() > header.claim_txg
-                        && record.sequence() > header.replayed_record =>
-                {
-                    Some((b, r, block.verifier.sequence, *bp))
-                }
-                _ => None,
-            })
-        })
-        .collect();
-    for (b, r, lwb_sequence, bp) in to_claim {
-        let dva = bp.dvas[0];
-        let (vdev, offset, len) = (dva.vdev, dva.offset_bytes(), dva.asize_bytes());
-        let overlaps_chain = chain.addresses.iter().any(|at| {
-            at.vdev == vdev
-                && at.offset_bytes < offset + len
-                && offset < at.offset_bytes + u64::from(at.len_bytes)
-        });
-        if len == 0 || overlaps_chain || !allocator.is_free(vdev, offset, len) {
-            end = Some((b, r));
-            break;
-        }
-        match pool.read_block(&bp, IoClass::SyncRead).await {
-            Ok(_) => {}
-            Err(PoolError::Vdev { cause: source, .. })
-                if !source.is_definite_mismatch() && !options.discard_unreadable_log =>
-            {
-                let mut before = std::mem::take(chain);
-                before.blocks.truncate(b);
-                before.addresses.truncate(b);
-                return Err(Box::new(intent_log::UnreadableBlock {
-                    position: b,
-                    sequence: lwb_sequence,
-                    vdev,
-                    offset_bytes: offset,
-                    len_bytes: u32::try_from(len).unwrap_or(u32::MAX),
-                    cause: source,
-                    before,
-                }));
-            }
-            Err(_) => {
-                end = Some((b, r));
-                break;
-            }
-        }
-        if allocator.claim_log(vdev, offset, len).is_err() {
-            end = Some((b, r));
-            break;
-        }
-        chain.indirect.push(LogAddress {
-            vdev,
-            offset_bytes: offset,
-            len_bytes: u32::try_from(len).unwrap_or(u32::MAX),
-        });
-    }
-    if let Some((b, r)) = end {
-        log_stats.indirect_chain_ends.inc();
-        chain.blocks[b].records.truncate(r);
-        chain.blocks.truncate(b + 1);
-        chain.addresses.truncate(b + 1);
-    }
-    Ok(())
-}

@@ -1,5 +1,6 @@
 //! The store's side of the intent log (ZFS: `zil.c`'s `zil_commit`, `zil_claim`,
-//! `zil_replay`): commits for FUA writes and flushes, early commits, and replay at import.
+//! `zil_replay`): commits for FUA writes and flushes, early commits, and at import the claim
+//! of every chain's blocks and the replay of their records.
 //!
 //! The log writer itself (log blocks, the pipelined and batch policies, the chain reader) is
 //! `crate::intent_log`; this file decides when to use it and when a txg sync must answer
@@ -10,17 +11,18 @@ use std::sync::Arc;
 use futures::FutureExt;
 use sluice_format::{
     BlockKind, BlockPointer, Checksum, ChecksumAlg, DedupMode, Dva, LogBias, LogHeader, LogRecord,
-    LogVerifier, SyncMode, VolumeEntry, LOG_HEADER_BYTES,
+    LogVerifier, PoolDirectory, SyncMode, VolumeEntry, LOG_HEADER_BYTES,
 };
 
 use super::dbuf::{Apply, Block, Prewritten, WriteData};
 use super::dsl_synctask::{SyncCx, SyncTask};
-use super::{Dataset, Store, StoreError};
+use super::{Dataset, LogStats, Store, StoreError};
 use crate::device::{AlignedBuf, SharedBuf};
 use crate::intent_log::{
-    self, ChainOwner, DataWrite, LogAddress, LogError, LogSettings, LogWriter,
+    self, Chain, ChainOwner, DataWrite, LogAddress, LogError, LogSettings, LogWriter,
 };
-use crate::pool::PoolError;
+use crate::alloc::Allocator;
+use crate::pool::{Pool, PoolError};
 use crate::tunables::IoClass;
 use crate::vdev::VdevAddress;
 use crate::zio::{self, BlockProps, Issue, Writer};
@@ -480,6 +482,216 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// A volume's log cut short at a block no copy of which could be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostLog {
+    pub volume: String,
+    /// The unreadable block, in words (position in the chain, address, the read's error).
+    pub block: String,
+    /// Records before it that replay applies.
+    pub records_replayed: u64,
+    /// Every record from this sequence on is lost. How many there were cannot be known: the
+    /// count was written in the blocks that cannot be read.
+    pub first_lost_sequence: u64,
+}
+
+/// How an import claims the logs (its `ImportOptions`, as far as they concern the log).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ClaimRules {
+    /// The import may have gone back past damaged txgs: a chain ends at the first block on
+    /// space the loaded maps give to data.
+    pub(super) rewind: bool,
+    /// A chain that cannot be read is cut at the unreadable block instead of failing the import.
+    pub(super) discard_unreadable_log: bool,
+}
+
+/// What [`claim`] found: each volume's chain to replay, with its header's claim txg set.
+pub(super) struct Claimed {
+    pub(super) chains: Vec<(String, LogHeader, Chain)>,
+    pub(super) log_stats: LogStats,
+    /// Chains cut short at an unreadable block ([`ClaimRules::discard_unreadable_log`]).
+    pub(super) lost_logs: Vec<LostLog>,
+    /// Records newer than the loaded txg: what replay will apply.
+    pub(super) records_to_replay: u64,
+}
+
+/// Walks every volume's log chain and claims its blocks in the allocator, so that none is
+/// handed out again before replay retires the chain (ZFS: `zil_claim`). `loaded_txg` is the
+/// txg import loaded: a chain claimed for the first time since the crash replays what is newer.
+pub(super) async fn claim(
+    pool: &Pool,
+    loaded_txg: u64,
+    directory: &PoolDirectory,
+    allocator: &mut Allocator,
+    rules: ClaimRules,
+) -> Result<Claimed, StoreError> {
+    let no_space = |e| PoolError::NoSpace { pool: pool.name().to_owned(), cause: e };
+    let mut chains = Vec::new();
+    let log_stats = LogStats::default();
+    let (mut lost_logs, mut records_to_replay) = (Vec::new(), 0);
+    for entry in &directory.volumes {
+        let Some(mut header) = entry.log else { continue };
+        if header.claim_txg == 0 {
+            // First import since the crash: what synced before it is the line.
+            header.claim_txg = loaded_txg;
+        }
+        let head = LogAddress::from_pointer(&header.head);
+        let verifier = LogVerifier {
+            chain_id: header.chain_id,
+            volume_id: entry.id,
+            sequence: header.head_sequence,
+        };
+        let replays = |chain: &Chain| {
+            chain
+                .blocks
+                .iter()
+                .flat_map(|b| b.records.iter())
+                .filter(|r| r.txg() > header.claim_txg && r.sequence() > header.replayed_record)
+                .count() as u64
+        };
+        let chain = match intent_log::read_chain(pool, head, verifier).await {
+            Ok(chain) => chain,
+            Err(unreadable) if rules.discard_unreadable_log => {
+                let block = unreadable.to_string();
+                let chain = unreadable.before;
+                let last = chain.blocks.iter().flat_map(|b| b.records.iter()).map(|r| r.sequence());
+                lost_logs.push(LostLog {
+                    volume: entry.name.clone(),
+                    block,
+                    records_replayed: replays(&chain),
+                    first_lost_sequence: last.max().unwrap_or(header.replayed_record) + 1,
+                });
+                chain
+            }
+            Err(unreadable) => {
+                return Err(StoreError::UnreadableLog {
+                    pool: pool.name().to_owned(),
+                    volume: entry.name.clone(),
+                    cause: unreadable,
+                });
+            }
+        };
+        let mut chain = chain;
+        if rules.rewind {
+            // A rewound txg's chain can lead on into blocks written after that txg, on space its
+            // maps still give to data (freed and reused later): the log ends at the first such
+            // block, as a chain ends at any block that is not what it expects.
+            let crosses = chain.addresses.iter().position(|at| {
+                !allocator.is_free(at.vdev, at.offset_bytes, u64::from(at.len_bytes))
+            });
+            if let Some(cut) = crosses {
+                chain.blocks.truncate(cut);
+                chain.addresses.truncate(cut);
+            }
+        }
+        claim_indirect(pool, &mut chain, &header, allocator, &log_stats, rules)
+            .await
+            .map_err(|source| StoreError::UnreadableLog {
+                pool: pool.name().to_owned(),
+                volume: entry.name.clone(),
+                cause: source,
+            })?;
+        for at in &chain.addresses {
+            allocator
+                .claim_log(at.vdev, at.offset_bytes, u64::from(at.len_bytes))
+                .map_err(no_space)?;
+        }
+        log_stats.chains_claimed.inc();
+        log_stats.blocks_claimed.add(chain.addresses.len() as u64);
+        if chain.torn_tail {
+            log_stats.torn_tails.inc();
+        }
+        records_to_replay += replays(&chain);
+        chains.push((entry.name.clone(), header, chain));
+    }
+    Ok(Claimed { chains, log_stats, lost_logs, records_to_replay })
+}
+
+/// Claims the blocks that the chain's indirect records still to replay point at (ZFS:
+/// `zil_claim_write`). Each must be intact and on space the maps give as free. One that is
+/// not was written after the log block that points at it and before a crash that came before
+/// the flush both waited for, so its write was never acknowledged: the log ends at that
+/// record, as it ends at a log block that is not the expected one. A block that could not be
+/// read at all (an I/O error, not a mismatch) is an error unless `discard_unreadable_log`.
+async fn claim_indirect(
+    pool: &Pool,
+    chain: &mut Chain,
+    header: &LogHeader,
+    allocator: &mut Allocator,
+    log_stats: &LogStats,
+    rules: ClaimRules,
+) -> Result<(), Box<intent_log::UnreadableBlock>> {
+    let mut end: Option<(usize, usize)> = None;
+    let to_claim: Vec<(usize, usize, u64, BlockPointer)> = chain
+        .blocks
+        .iter()
+        .enumerate()
+        .flat_map(|(b, block)| {
+            block.records.iter().enumerate().filter_map(move |(r, record)| match record {
+                LogRecord::WriteIndirect { block: bp, .. }
+                    if record.txg() > header.claim_txg
+                        && record.sequence() > header.replayed_record =>
+                {
+                    Some((b, r, block.verifier.sequence, *bp))
+                }
+                _ => None,
+            })
+        })
+        .collect();
+    for (b, r, lwb_sequence, bp) in to_claim {
+        let dva = bp.dvas[0];
+        let (vdev, offset, len) = (dva.vdev, dva.offset_bytes(), dva.asize_bytes());
+        let overlaps_chain = chain.addresses.iter().any(|at| {
+            at.vdev == vdev
+                && at.offset_bytes < offset + len
+                && offset < at.offset_bytes + u64::from(at.len_bytes)
+        });
+        if len == 0 || overlaps_chain || !allocator.is_free(vdev, offset, len) {
+            end = Some((b, r));
+            break;
+        }
+        match pool.read_block(&bp, IoClass::SyncRead).await {
+            Ok(_) => {}
+            Err(PoolError::Vdev { cause: source, .. })
+                if !source.is_definite_mismatch() && !rules.discard_unreadable_log =>
+            {
+                let mut before = std::mem::take(chain);
+                before.blocks.truncate(b);
+                before.addresses.truncate(b);
+                return Err(Box::new(intent_log::UnreadableBlock {
+                    position: b,
+                    sequence: lwb_sequence,
+                    vdev,
+                    offset_bytes: offset,
+                    len_bytes: u32::try_from(len).unwrap_or(u32::MAX),
+                    cause: source,
+                    before,
+                }));
+            }
+            Err(_) => {
+                end = Some((b, r));
+                break;
+            }
+        }
+        if allocator.claim_log(vdev, offset, len).is_err() {
+            end = Some((b, r));
+            break;
+        }
+        chain.indirect.push(LogAddress {
+            vdev,
+            offset_bytes: offset,
+            len_bytes: u32::try_from(len).unwrap_or(u32::MAX),
+        });
+    }
+    if let Some((b, r)) = end {
+        log_stats.indirect_chain_ends.inc();
+        chain.blocks[b].records.truncate(r);
+        chain.blocks.truncate(b + 1);
+        chain.addresses.truncate(b + 1);
+    }
+    Ok(())
 }
 
 /// Appends the records of one change: a zero as one record, a write in pieces that each fit
