@@ -3,7 +3,7 @@
 # commands and bytes written per operation, for one fio job against sluice or qemu-nbd on a
 # fresh image.
 #
-# Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|stream-1m|randread|seqread] [JOBS] [--bin PATH]
+# Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|stream-1m|seqwrite|randread|seqread] [JOBS] [--bin PATH]
 #        [--block-size 4K] [--compression off|lz4|zstd] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
 #        [--cores N (sluice's serving cores)] [--age SECONDS]
 #   syncwrite: 4 KiB random writes, each followed by a flush, JOBS jobs at queue depth 1
@@ -13,6 +13,9 @@
 #   stream-1m: 1 MiB sequential writes with a flush after every 64 (64 MiB), JOBS jobs at
 #              queue depth 1, each in its own slice (a stream that flushes now and then; IOPS
 #              are MiB/s, the flush figures are those flushes')
+#   seqwrite:  1 MiB sequential writes at queue depth 8, no flush (bench/peers.sh's
+#              seqwrite-1m; IOPS are MiB/s). Each write only dirties the open txg, so the
+#              CPU per op counts the syncs that run meanwhile, not those after the run
 #   randread:  4 KiB random reads at queue depth 32
 #   seqread:   1 MiB sequential reads at queue depth 8 (IOPS are MiB/s)
 # The image is a 1 GiB volume (sluice: in a 3 GiB zeroed leaf; qemu-nbd: a 1.5 GiB zeroed raw
@@ -83,9 +86,10 @@ case $job in
     args=(--rw=write --bs=1M --fsync=1 --numjobs="$jobs" --iodepth=1 --size="$slice" --offset_increment="$slice") ;;
   stream-1m) slice=$(( 1024 / jobs ))M
     args=(--rw=write --bs=1M --fsync=64 --numjobs="$jobs" --iodepth=1 --size="$slice" --offset_increment="$slice") ;;
+  seqwrite) args=(--rw=write --bs=1M --iodepth=8) ;;
   randread) args=(--rw=randread --iodepth=32) ;;
   seqread) args=(--rw=read --bs=1M --iodepth=8) ;;
-  *) echo "per-op: job is syncwrite, syncwrite-1m, stream-1m, randread or seqread" >&2; exit 2 ;;
+  *) echo "per-op: job is syncwrite, syncwrite-1m, stream-1m, seqwrite, randread or seqread" >&2; exit 2 ;;
 esac
 sample() {
   local cpu switches disk_io
