@@ -35,7 +35,8 @@
 //! - `Spa` (spa.rs), the lowest: the pool and its vdev tree, the allocator, the dedup table
 //!   (crate::dedup), the lock of a change of leaves, whether and why the store is suspended,
 //!   and the test points. It calls none of the others; they reach the pool through it, and
-//!   what needs only the pool takes it as an argument (the dead lists, the scan's state);
+//!   what needs only the pool takes it as an argument (the dead lists and the sync's steps
+//!   that only write, the `Spa`; the scan's own changes, the `Pool`);
 //! - `Dsl` (dataset.rs): the volumes by name ([`Datasets`], a read-write lock; lookups share
 //!   it, create, rename, clone, destroy and snapshot ids take it alone) and the scan
 //!   (`dsl_scan::Scan`, its own lock and settings);
