@@ -111,6 +111,15 @@ impl Dsl {
         self.read().values().map(|d| d.state.lock().entry.clone()).collect()
     }
 
+    /// Fails for a handle whose volume was destroyed.
+    pub(super) fn check_exists(&self, dataset: &Dataset) -> Result<(), StoreError> {
+        if dataset.destroyed.load(Ordering::Acquire) {
+            Err(self.no_such_volume(&dataset.name()))
+        } else {
+            Ok(())
+        }
+    }
+
     pub(super) fn pool_name(&self) -> &str {
         &self.pool_name
     }

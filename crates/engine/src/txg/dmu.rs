@@ -177,11 +177,7 @@ impl Store {
     /// Fails for a handle whose volume was destroyed (checked again under the txg lock
     /// where it matters: `modify`).
     pub fn check_exists(&self, dataset: &Dataset) -> Result<(), StoreError> {
-        if dataset.destroyed.load(Ordering::Acquire) {
-            Err(self.dsl.no_such_volume(&dataset.name()))
-        } else {
-            Ok(())
-        }
+        self.dsl.check_exists(dataset)
     }
 
     /// The current contents of block `index`: open txg, then syncing txg, then disk, with

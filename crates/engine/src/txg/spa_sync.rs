@@ -133,6 +133,35 @@ impl Syncer {
         }
     }
 
+    /// Where [`Syncer::kick`] sends: the syncer task's channel, once it runs.
+    fn set_kick(&self, sender: futures::channel::mpsc::Sender<()>) {
+        *self.kick.lock() = Some(sender);
+    }
+
+    /// The last txgs synced (up to [`SYNC_HISTORY_MAX`]), oldest first.
+    fn history(&self) -> Vec<SyncRecord> {
+        self.history.lock().iter().copied().collect()
+    }
+
+    /// Adds a synced txg to the history, dropping the oldest past [`SYNC_HISTORY_MAX`].
+    fn record(&self, record: SyncRecord) {
+        let mut history = self.history.lock();
+        if history.len() == SYNC_HISTORY_MAX {
+            history.pop_front();
+        }
+        history.push_back(record);
+    }
+
+    /// Counts a synced txg (its uberblock is durable).
+    fn count_sync(&self) {
+        self.syncs.inc();
+    }
+
+    /// The space maps and directory the sync just wrote: the next frees them.
+    fn set_synced(&self, synced: SyncedMetadata) {
+        *self.synced.lock() = synced;
+    }
+
     /// The last sync's space maps and directory (the audit walks them).
     pub(super) fn synced_metadata(&self) -> (Vec<Vec<BlockPointer>>, Option<BlockPointer>) {
         let synced = self.synced.lock();
@@ -182,7 +211,7 @@ impl Store {
     pub fn run_syncer(self: &Arc<Self>) {
         use futures::StreamExt;
         let (sender, mut kicks) = futures::channel::mpsc::channel::<()>(1);
-        *self.syncer.kick.lock() = Some(sender);
+        self.syncer.set_kick(sender);
         let weak = Arc::downgrade(self);
         let env = self.spa.pool().env().clone();
         let timeout = self.txg.limits().timeout;
@@ -247,7 +276,7 @@ impl Store {
 
     /// The last txgs this store synced (up to 128), oldest first.
     pub fn sync_history(&self) -> Vec<SyncRecord> {
-        self.syncer.history.lock().iter().copied().collect()
+        self.syncer.history()
     }
 
     /// One sync, in its named steps (the module doc lists them).
@@ -286,11 +315,7 @@ impl Store {
         }
         debug_assert_eq!(synced, txg, "the uberblock txg follows the store's txgs");
         {
-            let mut history = self.syncer.history.lock();
-            if history.len() == SYNC_HISTORY_MAX {
-                history.pop_front();
-            }
-            history.push_back(SyncRecord {
+            self.syncer.record(SyncRecord {
                 txg,
                 quiesced,
                 synced: self.spa.pool().env().now(),
@@ -430,7 +455,7 @@ impl Store {
         (directory_bp, space_maps): (BlockPointer, Vec<Vec<BlockPointer>>),
         anchored: &[Arc<LogWriter>],
     ) -> Result<(), StoreError> {
-        self.syncer.syncs.inc();
+        self.syncer.count_sync();
         self.spa.allocator().lock().synced(txg);
         let dsl = self.dsl.read();
         for dataset in dsl.values() {
@@ -456,7 +481,7 @@ impl Store {
             }
             volume.syncing.clear();
         }
-        *self.syncer.synced.lock() = SyncedMetadata { space_maps, directory: Some(directory_bp) };
+        self.syncer.set_synced(SyncedMetadata { space_maps, directory: Some(directory_bp) });
         self.txg.lock().synced_directory(directory_bp.psize_bytes());
         // Records of this txg need no log any more. A chain with a failed write is replaced:
         // records not yet issued move to a new chain, which the next sync anchors.
