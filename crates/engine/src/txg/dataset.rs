@@ -13,6 +13,7 @@ use super::dbuf::{Block, Prewritten};
 use super::dmu_tx::TxgLimits;
 use super::dsl_scan::Scan;
 use super::dsl_synctask::{SyncCx, SyncTask};
+use super::spa::Spa;
 use super::{Store, StoreError, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN};
 use crate::intent_log::LogWriter;
 use crate::objset::{self};
@@ -387,34 +388,6 @@ impl Store {
         self.spa.thick_reservation(size_bytes, block_bytes)
     }
 
-    /// Bytes that could still be set aside: free space in whole ranges (what admission counts,
-    /// `Allocator::room_bytes`) beyond the slop, what the open and syncing txgs will write, and
-    /// every volume's unused reservation.
-    pub(super) fn reservable_bytes(&self, dsl: &Datasets, txg: &super::TxgState) -> u64 {
-        self.room_beyond(dsl, txg, crate::alloc::SlopTier::Normal)
-    }
-
-    /// [`Store::reservable_bytes`] for work of `tier`, which may leave less of the slop.
-    pub(super) fn room_beyond(
-        &self,
-        dsl: &Datasets,
-        txg: &super::TxgState,
-        tier: crate::alloc::SlopTier,
-    ) -> u64 {
-        let reserved: u64 = dsl.values().map(|d| d.unused_reservation()).sum();
-        // Gathered before the allocator is taken: it reads each volume's state, which comes
-        // before the allocator in the lock order (a sync replacing a failed log chain holds a
-        // volume's state and takes the allocator).
-        let in_flight = super::dmu_tx::InFlight::of(dsl.appending_deadlists(), txg, self.spa.pool());
-        let allocator = self.spa.allocator().lock();
-        let dirty = in_flight.to_allocate(&allocator);
-        allocator
-            .room_bytes()
-            .saturating_sub(tier.kept(allocator.slop_bytes()))
-            .saturating_sub(dirty)
-            .saturating_sub(reserved)
-    }
-
     /// Bytes a volume could still be given (ZFS: `avail`): what the pool can still set aside,
     /// plus the volume's own unused reservation. `None` for the pool as a whole.
     pub fn available_bytes(&self, volume: Option<&str>) -> Result<u64, StoreError> {
@@ -426,7 +399,7 @@ impl Store {
             }
             None => 0,
         };
-        Ok(self.reservable_bytes(&dsl, &txg) + own)
+        Ok(reservable_bytes(&self.spa, &dsl, &txg) + own)
     }
 
     /// Creates a volume, thick (its whole size set aside at once, as `zfs create -V` does,
@@ -466,7 +439,7 @@ impl Store {
         }
         let reservation_bytes =
             if thick { self.spa.thick_reservation(size_bytes, block_bytes) } else { 0 };
-        let available = self.reservable_bytes(&dsl, &txg);
+        let available = reservable_bytes(&self.spa, &dsl, &txg);
         if reservation_bytes > available {
             return Err(StoreError::NoSpaceToReserve {
                 pool: self.spa.pool().name().to_owned(),
@@ -654,7 +627,7 @@ impl Store {
             };
             if reservation > volume.entry.reservation_bytes {
                 drop(volume);
-                let available = self.reservable_bytes(&dsl, &txg);
+                let available = reservable_bytes(&self.spa, &dsl, &txg);
                 volume = dataset.state.lock();
                 let more = reservation - volume.entry.reservation_bytes;
                 if more > available {
@@ -732,6 +705,34 @@ impl Store {
     pub fn volume_stats(&self, volume: &str) -> Result<Arc<VolumeStats>, StoreError> {
         Ok(Arc::clone(&self.dataset(volume)?.stats))
     }
+}
+
+/// Bytes that could still be set aside: free space in whole ranges (what admission counts,
+/// `Allocator::room_bytes`) beyond the slop, what the open and syncing txgs will write, and
+/// every volume's unused reservation.
+pub(super) fn reservable_bytes(spa: &Spa, dsl: &Datasets, txg: &super::TxgState) -> u64 {
+    room_beyond(spa, dsl, txg, crate::alloc::SlopTier::Normal)
+}
+
+/// [`reservable_bytes`] for work of `tier`, which may leave less of the slop.
+pub(super) fn room_beyond(
+    spa: &Spa,
+    dsl: &Datasets,
+    txg: &super::TxgState,
+    tier: crate::alloc::SlopTier,
+) -> u64 {
+    let reserved: u64 = dsl.values().map(|d| d.unused_reservation()).sum();
+    // Gathered before the allocator is taken: it reads each volume's state, which comes
+    // before the allocator in the lock order (a sync replacing a failed log chain holds a
+    // volume's state and takes the allocator).
+    let in_flight = super::dmu_tx::InFlight::of(dsl.appending_deadlists(), txg, spa.pool());
+    let allocator = spa.allocator().lock();
+    let dirty = in_flight.to_allocate(&allocator);
+    allocator
+        .room_bytes()
+        .saturating_sub(tier.kept(allocator.slop_bytes()))
+        .saturating_sub(dirty)
+        .saturating_sub(reserved)
 }
 
 /// A destroyed volume's blocks, freed by the sync of the txg it was destroyed in: its tree and

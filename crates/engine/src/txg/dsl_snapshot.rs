@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use sluice_format::{BlockPointer, Deadlist, Origin, SnapshotEntry, VolumeEntry, VolumeSpace};
 
-use super::dataset::{check_volume_name, unique_bytes, Dataset, Dsl};
+use super::dataset::{check_volume_name, reservable_bytes, room_beyond, unique_bytes, Dataset, Dsl};
 use super::dmu_tx::TxgLimits;
 use super::spa::Spa;
 use super::dsl_deadlist::{count_entry, merge_range, range_bytes};
@@ -332,7 +332,7 @@ impl Store {
                 more_reserved +=
                     reservation.saturating_sub(dirty).saturating_sub(dataset.unused_reservation());
             }
-            let available = self.reservable_bytes(&dsl, &txg);
+            let available = reservable_bytes(&self.spa, &dsl, &txg);
             if more_reserved > available {
                 return Err(StoreError::SnapshotNeedsSpace {
                     pool: self.spa.pool().name().to_owned(),
@@ -390,7 +390,7 @@ impl Store {
             });
             let copies = self.spa.pool().metadata_copies() as u64;
             let needed = super::dsl_deadlist::pieces_bytes(next_entries, copies);
-            let available = self.room_beyond(&dsl, &txg, crate::alloc::SlopTier::Freeing);
+            let available = room_beyond(&self.spa, &dsl, &txg, crate::alloc::SlopTier::Freeing);
             if needed > available {
                 return Err(StoreError::DestroyNeedsSpace {
                     pool: self.spa.pool().name().to_owned(),
@@ -469,7 +469,7 @@ impl Store {
             if reservation != 0 {
                 let target = self.spa.thick_reservation(size, dataset.block_bytes);
                 let more = target.saturating_sub(dataset.unused_reservation());
-                let available = self.reservable_bytes(&dsl, &txg);
+                let available = reservable_bytes(&self.spa, &dsl, &txg);
                 if more > available {
                     return Err(StoreError::SnapshotNeedsSpace {
                         pool: self.spa.pool().name().to_owned(),
@@ -497,7 +497,7 @@ impl Store {
                     .saturating_mul(later.len() as u64);
                 // The destroys of `-r` rewrite dead lists as a snapshot destroy does, and may
                 // go as far into the slop.
-                let available = self.room_beyond(&dsl, &txg, crate::alloc::SlopTier::Freeing);
+                let available = room_beyond(&self.spa, &dsl, &txg, crate::alloc::SlopTier::Freeing);
                 if let Some((_, first)) = later.first().filter(|_| needed > available) {
                     return Err(StoreError::DestroyNeedsSpace {
                         pool: self.spa.pool().name().to_owned(),
