@@ -9,13 +9,12 @@
 //! Lock order, outer to inner (a thread holding one lock takes only locks to its right; no
 //! `parking_lot` lock is held across an `.await`):
 //!
-//! `txg::Store::vdev_lock` (async, one change of leaves at a time) or a volume's
+//! `txg::spa::Spa::vdev_lock` (async, one change of leaves at a time) or a volume's
 //! `txg::Dataset::rollback_gate` (async: its writes share it, a rollback or a receive taking
 //! the volume's place holds it alone across a whole sync; never held with `vdev_lock`) ->
 //! the sync's lock (`txg::spa_sync::Syncer::lock`, async, one sync at a time) -> the
-//! background scan's state (`txg::dsl_scan`) -> the store's volume namespace (`Store::dsl`)
-//! -> its open txg
-//! (`Store::txg`) -> a volume's `txg::Dataset` state -> its `intent_log::LogWriter` state ->
+//! background scan's state (`txg::dsl_scan::Scan`) -> the store's volume namespace
+//! (`txg::dataset::Dsl`) -> its open txg (`txg::dmu_tx::Txg`) -> a volume's `txg::Dataset` state -> its `intent_log::LogWriter` state ->
 //! the dedup table -> a dedup entry -> the allocator -> a leaf's queue (`vdev::queue`) -> a
 //! simulated device's state. The block cache, the pool's
 //! state, the pool's vdev tree (held only to clone or swap an `Arc`) and the store's

@@ -19,6 +19,7 @@ use sluice_format::{BlockPointer, DdtKey, Deadlist, VolumeSpace};
 use super::dsl_deadlist::{count_entry, dead_bytes, range_bytes};
 use super::dsl_synctask::range_starts;
 
+use super::spa::Spa;
 use super::{Store, StoreError};
 use crate::objset;
 
@@ -65,8 +66,8 @@ impl Store {
                     (v.entry.clone(), v.entry.root, v.disk_levels)
                 })
                 .collect();
-            let synced = self.syncer.synced.lock();
-            (roots, synced.space_maps.clone(), synced.directory)
+            let (space_maps, directory) = self.syncer.synced_metadata();
+            (roots, space_maps, directory)
         };
         let mut report = AuditReport::default();
         let mut blocks: BTreeSet<(u32, u64, u32)> = BTreeSet::new();
@@ -101,7 +102,7 @@ impl Store {
                 // The volume's own tree as on disk (a grow adds its levels at the next sync).
                 let (root, levels) =
                     if snapshot.is_none() { (root, levels) } else { (tree.root, tree.levels) };
-                for (level, index, bp) in objset::walk(&self.pool, root, levels).await? {
+                for (level, index, bp) in objset::walk(self.spa.pool(), root, levels).await? {
                     objset::add_space(&mut space, &bp, true);
                     if snapshot.is_none() && bp.birth_txg <= origin_txg {
                         from_origin += dead_bytes(&bp);
@@ -133,7 +134,7 @@ impl Store {
             for bp in entry.deadlist_pieces() {
                 add(bp, &mut report);
             }
-            let held = self.audit_deadlists(&entry, &mut report).await?;
+            let held = audit_deadlists(&self.spa, &entry, &mut report).await?;
             let referenced = entry.space.map_or(0, |s| s.referenced_bytes);
             if owned + from_origin != referenced + held {
                 report.problems.push(format!(
@@ -144,11 +145,11 @@ impl Store {
                 ));
             }
         }
-        let (entries, table_blocks) = self.ddt.stored(&self.pool).await?;
+        let (entries, table_blocks) = self.spa.ddt().stored(self.spa.pool()).await?;
         for bp in &table_blocks {
             add(bp, &mut report);
         }
-        let header = self.ddt.synced_header();
+        let header = self.spa.ddt().synced_header();
         for entry in &entries {
             report.dedup_entries += 1;
             report.dedup_references += entry.refcount;
@@ -185,7 +186,7 @@ impl Store {
                 .filter_map(|d| d.state.lock().log.as_ref().map(|l| l.held_bytes()))
                 .sum()
         };
-        let (area, free, log, deferred) = self.allocator.lock().accounting();
+        let (area, free, log, deferred) = self.spa.allocator().lock().accounting();
         report.log_bytes = log;
         if log < report.chain_bytes {
             report.problems.push(format!(
@@ -204,47 +205,47 @@ impl Store {
         }
         Ok(report)
     }
+}
 
-    /// Checks each dead list of `entry` against its entries; returns the bytes they hold that
-    /// are the volume's own (not a clone's origin's).
-    async fn audit_deadlists(
-        &self,
-        entry: &sluice_format::VolumeEntry,
-        report: &mut AuditReport,
-    ) -> Result<u64, StoreError> {
-        let starts = range_starts(entry.origin, &entry.snapshots);
-        let origin_txg = entry.origin.map_or(0, |o| o.txg);
-        // Each list with the txg of the snapshot that holds its blocks (0: none may).
-        let mut lists: Vec<(String, &Deadlist, u64)> = Vec::new();
-        for (i, snapshot) in entry.snapshots.iter().enumerate() {
-            let holder = i.checked_sub(1).map_or(origin_txg, |p| entry.snapshots[p].txg);
-            lists.push((format!("{}@{}", entry.name, snapshot.name), &snapshot.deadlist, holder));
-        }
-        lists.push((entry.name.clone(), &entry.deadlist, entry.prev_snap_txg));
-        let mut held = 0;
-        for (name, list, holder) in lists {
-            let entries = self.deadlist_entries(list).await?;
-            let mut counted = Deadlist::default();
-            for bp in &entries {
-                count_entry(&mut counted, &starts, bp);
-                if bp.birth_txg > holder {
-                    report.problems.push(format!(
-                        "the dead list of {name} holds a block born in txg {}, after its \
-                         snapshot's txg {holder}",
-                        bp.birth_txg
-                    ));
-                }
-            }
-            if counted.buckets != list.buckets {
+/// Checks each dead list of `entry` against its entries; returns the bytes they hold that
+/// are the volume's own (not a clone's origin's).
+async fn audit_deadlists(
+    spa: &Spa,
+    entry: &sluice_format::VolumeEntry,
+    report: &mut AuditReport,
+) -> Result<u64, StoreError> {
+    let starts = range_starts(entry.origin, &entry.snapshots);
+    let origin_txg = entry.origin.map_or(0, |o| o.txg);
+    // Each list with the txg of the snapshot that holds its blocks (0: none may).
+    let mut lists: Vec<(String, &Deadlist, u64)> = Vec::new();
+    for (i, snapshot) in entry.snapshots.iter().enumerate() {
+        let holder = i.checked_sub(1).map_or(origin_txg, |p| entry.snapshots[p].txg);
+        lists.push((format!("{}@{}", entry.name, snapshot.name), &snapshot.deadlist, holder));
+    }
+    lists.push((entry.name.clone(), &entry.deadlist, entry.prev_snap_txg));
+    let mut held = 0;
+    for (name, list, holder) in lists {
+        let entries = super::dsl_deadlist::entries(spa, list).await?;
+        let mut counted = Deadlist::default();
+        for bp in &entries {
+            count_entry(&mut counted, &starts, bp);
+            if bp.birth_txg > holder {
                 report.problems.push(format!(
-                    "the dead list of {name} counts {:?} by birth range, its entries {:?}",
-                    list.buckets, counted.buckets
+                    "the dead list of {name} holds a block born in txg {}, after its \
+                     snapshot's txg {holder}",
+                    bp.birth_txg
                 ));
             }
-            // A clone's entries born by its origin's txg are the origin's.
-            let origins = if entry.origin.is_some() { range_bytes(list, 0) } else { 0 };
-            held += list.bytes() - origins;
         }
-        Ok(held)
+        if counted.buckets != list.buckets {
+            report.problems.push(format!(
+                "the dead list of {name} counts {:?} by birth range, its entries {:?}",
+                list.buckets, counted.buckets
+            ));
+        }
+        // A clone's entries born by its origin's txg are the origin's.
+        let origins = if entry.origin.is_some() { range_bytes(list, 0) } else { 0 };
+        held += list.bytes() - origins;
     }
+    Ok(held)
 }

@@ -5,13 +5,15 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use sluice_format::{BlockPointer, Compression, DedupMode, LogBias, SyncMode, VolumeEntry};
 
 use super::dbuf::{Block, Prewritten};
 use super::dmu_tx::TxgLimits;
+use super::dsl_scan::Scan;
 use super::dsl_synctask::{SyncCx, SyncTask};
+use super::spa::Spa;
 use super::{Store, StoreError, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN};
 use crate::intent_log::LogWriter;
 use crate::objset::{self};
@@ -22,7 +24,7 @@ use sluice_format::VOLUME_NAME_BYTES_MAX;
 /// A volume of the store: what does not change while it exists, the counters every handle
 /// shares, and its changing state behind a lock of its own. The store's map and every
 /// [`crate::volume::Volume`] handle hold it by `Arc`, so a request reaches its volume without
-/// looking its name up or copying its entry under the namespace's lock (`Store::dsl`).
+/// looking its name up or copying its entry under the namespace's lock (`Dsl::datasets`).
 #[derive(Debug)]
 pub struct Dataset {
     pub(super) id: u64,
@@ -52,9 +54,85 @@ pub struct Dataset {
     pub(super) state: Mutex<VolumeState>,
 }
 
+/// The datasets' side of the store (ZFS: `dsl_pool`'s namespace and its `dsl_scan`): the
+/// volumes by name behind their read-write lock, and the background scrub or resilver. It
+/// keeps the pool's name for its errors, not the pool: the pool is the spa's, and an export
+/// checks that nothing else holds it. Its methods are kept beside their mechanisms, as
+/// OpenZFS keeps the DSL's in `dsl_*.c`: the lookups here, the snapshot lookups and figures
+/// in dsl_snapshot.rs, the scan's in dsl_scan.rs (on [`Scan`]). What changes the namespace
+/// against the open txg or the syncer (create, destroy, snapshots) runs on the store, which
+/// takes these locks in the order crate::txg gives.
+#[derive(Debug)]
+pub(super) struct Dsl {
+    pool_name: String,
+    datasets: RwLock<Datasets>,
+    scan: Scan,
+}
+
+impl Dsl {
+    pub(super) fn new(pool_name: &str, datasets: Datasets, scan: Scan) -> Dsl {
+        Dsl { pool_name: pool_name.to_owned(), datasets: RwLock::new(datasets), scan }
+    }
+
+    /// The namespace, shared: lookups (crate::txg's lock order: after the scan, before the
+    /// txg).
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, Datasets> {
+        self.datasets.read()
+    }
+
+    /// The namespace, alone: create, rename, clone, destroy, snapshot ids.
+    pub(super) fn write(&self) -> RwLockWriteGuard<'_, Datasets> {
+        self.datasets.write()
+    }
+
+    /// The background scrub or resilver (dsl_scan.rs), whose lock comes before the namespace.
+    pub(super) fn scan(&self) -> &Scan {
+        &self.scan
+    }
+
+    /// A volume by name.
+    pub(super) fn dataset(&self, name: &str) -> Result<Arc<Dataset>, StoreError> {
+        self.read().get(name).cloned().ok_or_else(|| self.no_such_volume(name))
+    }
+
+    /// One volume's entry (name, size, block size), if it exists.
+    pub(super) fn volume_info(&self, name: &str) -> Option<VolumeEntry> {
+        self.dataset(name).ok().map(|d| d.state.lock().entry.clone())
+    }
+
+    /// The volumes, without the hidden ones receives are writing.
+    pub(super) fn volumes(&self) -> Vec<VolumeEntry> {
+        let mut all = self.all_volumes();
+        all.retain(|v| !is_hidden(&v.name));
+        all
+    }
+
+    /// The volumes, hidden ones too.
+    pub(super) fn all_volumes(&self) -> Vec<VolumeEntry> {
+        self.read().values().map(|d| d.state.lock().entry.clone()).collect()
+    }
+
+    /// Fails for a handle whose volume was destroyed.
+    pub(super) fn check_exists(&self, dataset: &Dataset) -> Result<(), StoreError> {
+        if dataset.destroyed.load(Ordering::Acquire) {
+            Err(self.no_such_volume(&dataset.name()))
+        } else {
+            Ok(())
+        }
+    }
+
+    pub(super) fn pool_name(&self) -> &str {
+        &self.pool_name
+    }
+
+    pub(super) fn no_such_volume(&self, volume: &str) -> StoreError {
+        StoreError::NoSuchVolume { pool: self.pool_name.clone(), volume: volume.to_owned() }
+    }
+}
+
 /// The pool's volumes by name (ZFS: the dataset namespace `dsl_dir` keeps), and the read-only
 /// datasets of snapshots being served: the one map every lookup, create, rename, clone and
-/// destroy goes through, behind its own lock (`Store::dsl`). Writes do not take it: a handle
+/// destroy goes through, behind its own lock (`Dsl::datasets`). Writes do not take it: a handle
 /// holds its [`Dataset`], and a destroy marks it under the txg lock, which every write takes.
 /// Volume and snapshot ids come from here, and are never reused.
 #[derive(Debug)]
@@ -305,67 +383,9 @@ impl Store {
     }
 
     /// What a thick volume of `size_bytes` in blocks of `block_bytes` sets aside (ZFS:
-    /// `zvol_volsize_to_reservation`): every data block, and every indirect block above
-    /// them with each of its copies, in whole allocation units.
+    /// `zvol_volsize_to_reservation`).
     pub fn thick_reservation(&self, size_bytes: u64, block_bytes: u32) -> u64 {
-        let unit = 1u64 << self.pool.ashift();
-        let whole = |bytes: u64| bytes.div_ceil(unit) * unit;
-        let blocks = size_bytes / u64::from(block_bytes);
-        let (mut indirect, mut level) = (0, blocks);
-        while level > 1 {
-            level = level.div_ceil(objset::INDIRECT_BPS);
-            indirect += level;
-        }
-        let copies = self.pool.metadata_copies().max(1) as u64;
-        blocks * whole(u64::from(block_bytes))
-            + indirect * copies * whole(objset::INDIRECT_BYTES as u64)
-    }
-
-    /// Frees (block copies) that freeing all of `entry`'s tree and dead lists writes into the
-    /// space maps, at most: each data block, each indirect block's copies, each dead-list
-    /// entry's copies and pieces.
-    pub(super) fn frees_bound(&self, entry: &sluice_format::VolumeEntry) -> u64 {
-        let copies = self.pool.metadata_copies() as u64;
-        let (data, indirect) = entry.space.map_or((0, 0), |s| {
-            let data = s.logical_bytes / u64::from(entry.block_bytes);
-            let indirect = s.referenced_bytes.saturating_sub(s.physical_bytes);
-            (data, indirect / objset::INDIRECT_BYTES as u64)
-        });
-        let lists = std::iter::once(&entry.deadlist)
-            .chain(entry.snapshots.iter().map(|s| &s.deadlist))
-            .map(|l| l.entries.saturating_add(l.pieces.len() as u64).saturating_mul(copies))
-            .fold(0u64, u64::saturating_add);
-        data.saturating_add(indirect)
-            .saturating_add(lists)
-            .saturating_add(u64::from(entry.levels) * copies)
-    }
-
-    /// Bytes that could still be set aside: free space in whole ranges (what admission counts,
-    /// `Allocator::room_bytes`) beyond the slop, what the open and syncing txgs will write, and
-    /// every volume's unused reservation.
-    pub(super) fn reservable_bytes(&self, dsl: &Datasets, txg: &super::TxgState) -> u64 {
-        self.room_beyond(dsl, txg, crate::alloc::SlopTier::Normal)
-    }
-
-    /// [`Store::reservable_bytes`] for work of `tier`, which may leave less of the slop.
-    pub(super) fn room_beyond(
-        &self,
-        dsl: &Datasets,
-        txg: &super::TxgState,
-        tier: crate::alloc::SlopTier,
-    ) -> u64 {
-        let reserved: u64 = dsl.values().map(|d| d.unused_reservation()).sum();
-        // Gathered before the allocator is taken: it reads each volume's state, which comes
-        // before the allocator in the lock order (a sync replacing a failed log chain holds a
-        // volume's state and takes the allocator).
-        let in_flight = super::dmu_tx::InFlight::of(dsl.appending_deadlists(), txg, &self.pool);
-        let allocator = self.allocator.lock();
-        let dirty = in_flight.to_allocate(&allocator);
-        allocator
-            .room_bytes()
-            .saturating_sub(tier.kept(allocator.slop_bytes()))
-            .saturating_sub(dirty)
-            .saturating_sub(reserved)
+        self.spa.thick_reservation(size_bytes, block_bytes)
     }
 
     /// Bytes a volume could still be given (ZFS: `avail`): what the pool can still set aside,
@@ -375,11 +395,11 @@ impl Store {
         let txg = self.txg.lock();
         let own = match volume {
             Some(name) => {
-                dsl.get(name).ok_or_else(|| self.no_such_volume(name))?.unused_reservation()
+                dsl.get(name).ok_or_else(|| self.dsl.no_such_volume(name))?.unused_reservation()
             }
             None => 0,
         };
-        Ok(self.reservable_bytes(&dsl, &txg) + own)
+        Ok(reservable_bytes(&self.spa, &dsl, &txg) + own)
     }
 
     /// Creates a volume, thick (its whole size set aside at once, as `zfs create -V` does,
@@ -392,8 +412,8 @@ impl Store {
         block_bytes: u32,
         thick: bool,
     ) -> Result<(), StoreError> {
-        self.check_live()?;
-        let _guard = self.panic_guard("a volume create");
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("a volume create");
         if !is_hidden(name) {
             check_volume_name(name)?;
         }
@@ -413,28 +433,28 @@ impl Store {
         let txg = self.txg.lock();
         if dsl.contains(name) {
             return Err(StoreError::VolumeExists {
-                pool: self.pool.name().to_owned(),
+                pool: self.spa.pool().name().to_owned(),
                 volume: name.to_owned(),
             });
         }
         let reservation_bytes =
-            if thick { self.thick_reservation(size_bytes, block_bytes) } else { 0 };
-        let available = self.reservable_bytes(&dsl, &txg);
+            if thick { self.spa.thick_reservation(size_bytes, block_bytes) } else { 0 };
+        let available = reservable_bytes(&self.spa, &dsl, &txg);
         if reservation_bytes > available {
             return Err(StoreError::NoSpaceToReserve {
-                pool: self.pool.name().to_owned(),
+                pool: self.spa.pool().name().to_owned(),
                 volume: name.to_owned(),
                 needed_bytes: reservation_bytes,
                 available_bytes: available,
             });
         }
         let id = dsl.next_id();
-        let log = self.new_log(id)?;
+        let log = self.zil.new_log(&self.spa, id)?;
         dsl.use_id(id);
         let levels = objset::levels_for(size_bytes / u64::from(block_bytes));
         let mut entry = VolumeEntry::new(id, name, size_bytes, block_bytes, levels);
         entry.reservation_bytes = reservation_bytes;
-        dsl.insert(name.to_owned(), Dataset::new(entry, Some(log), &self.limits));
+        dsl.insert(name.to_owned(), Dataset::new(entry, Some(log), self.txg.limits()));
         Ok(())
     }
 
@@ -447,8 +467,8 @@ impl Store {
     /// Sets a volume property. `dedup` and `compression` apply to blocks synced from now on;
     /// `sync` and `logbias` to requests from now on. Durable with the next sync.
     pub fn set_property(&self, name: &str, property: VolumeProperty) -> Result<(), StoreError> {
-        self.check_live()?;
-        let _guard = self.panic_guard("a property change");
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("a property change");
         if let VolumeProperty::Compression(compression) = property {
             if !compression.is_valid() {
                 return Err(StoreError::InvalidProperty {
@@ -461,7 +481,7 @@ impl Store {
             }
         }
         let dsl = self.dsl.read();
-        let dataset = dsl.get(name).ok_or_else(|| self.no_such_volume(name))?;
+        let dataset = dsl.get(name).ok_or_else(|| self.dsl.no_such_volume(name))?;
         let entry = &mut dataset.state.lock().entry;
         match property {
             VolumeProperty::Dedup(mode) => entry.dedup = mode,
@@ -486,25 +506,25 @@ impl Store {
     /// the volume's name, so a destroy (or a destroy and a create under the same name) inside
     /// it would free the old tree twice and leak the new one.
     pub async fn destroy_volume_with(&self, name: &str, snapshots: bool) -> Result<(), StoreError> {
-        self.check_live()?;
-        let _guard = self.panic_guard("a volume destroy");
-        let _no_sync = self.syncer.lock.lock().await;
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("a volume destroy");
+        let _no_sync = self.syncer.lock().await;
         let mut dsl = self.dsl.write();
         let mut txg = self.txg.lock();
-        let dataset = Arc::clone(dsl.get(name).ok_or_else(|| self.no_such_volume(name))?);
+        let dataset = Arc::clone(dsl.get(name).ok_or_else(|| self.dsl.no_such_volume(name))?);
         let (names, ids): (Vec<String>, Vec<u64>) = {
             let v = dataset.state.lock();
             v.entry.snapshots.iter().map(|s| (s.name.clone(), s.id)).unzip()
         };
         if !names.is_empty() && !snapshots {
             return Err(StoreError::HasSnapshots {
-                pool: self.pool.name().to_owned(),
+                pool: self.spa.pool().name().to_owned(),
                 volume: name.to_owned(),
                 snapshots: names.join(", "),
             });
         }
         for (id, snapshot) in ids.iter().zip(&names) {
-            self.refuse_if_cloned(&dsl, name, snapshot, *id)?;
+            self.dsl.refuse_if_cloned(&dsl, name, snapshot, *id)?;
         }
         dsl.remove(name);
         dataset.destroyed.store(true, Ordering::Release);
@@ -514,7 +534,7 @@ impl Store {
             }
         }
         let volume = dataset.state.lock();
-        txg.count_pending(0, self.frees_bound(&volume.entry));
+        txg.count_pending(0, self.spa.frees_bound(&volume.entry));
         let origin_txg = volume.entry.origin.map_or(0, |o| o.txg);
         let lists = std::iter::once(&volume.entry.deadlist)
             .chain(volume.entry.snapshots.iter().map(|s| &s.deadlist));
@@ -536,18 +556,18 @@ impl Store {
     ///
     /// Waits for a sync in flight, which records each volume's new tree by its name.
     pub async fn rename_volume(&self, from: &str, to: &str) -> Result<(), StoreError> {
-        self.check_live()?;
-        let _guard = self.panic_guard("a volume rename");
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("a volume rename");
         check_volume_name(to)?;
-        let _no_sync = self.syncer.lock.lock().await;
+        let _no_sync = self.syncer.lock().await;
         let mut dsl = self.dsl.write();
         if dsl.contains(to) {
             return Err(StoreError::VolumeExists {
-                pool: self.pool.name().to_owned(),
+                pool: self.spa.pool().name().to_owned(),
                 volume: to.to_owned(),
             });
         }
-        let dataset = dsl.remove(from).ok_or_else(|| self.no_such_volume(from))?;
+        let dataset = dsl.remove(from).ok_or_else(|| self.dsl.no_such_volume(from))?;
         dataset.state.lock().entry.name = to.to_owned();
         *dataset.name.lock() = to.to_owned();
         dsl.insert(to.to_owned(), dataset);
@@ -557,12 +577,12 @@ impl Store {
     /// Changes a volume's size. Growing keeps every block; shrinking discards the blocks past
     /// the new end (their space is freed by the next sync).
     pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<(), StoreError> {
-        self.check_live()?;
-        let _guard = self.panic_guard("a volume resize");
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("a volume resize");
         // No sync may be in flight: it writes the tree at the levels of its quiesce but
         // records the entry as it is when it ends, so a grow across a level boundary (or a
         // shrink) inside it would leave a root read with the wrong number of levels.
-        let _no_sync = self.syncer.lock.lock().await;
+        let _no_sync = self.syncer.lock().await;
         let dataset = self.dataset(name)?;
         let bs = u64::from(dataset.block_bytes);
         if size_bytes == 0 || size_bytes % bs != 0 {
@@ -581,7 +601,7 @@ impl Store {
                 (volume.entry.root, volume.disk_levels, size_bytes < volume.entry.size_bytes)
             };
             let stored = if shrinks {
-                objset::walk(&self.pool, root, disk_levels).await?
+                objset::walk(self.spa.pool(), root, disk_levels).await?
             } else {
                 Vec::new()
             };
@@ -590,7 +610,7 @@ impl Store {
             let dsl = self.dsl.read();
             let mut txg = self.txg.lock();
             if dataset.destroyed.load(Ordering::Acquire) {
-                return Err(self.no_such_volume(name));
+                return Err(self.dsl.no_such_volume(name));
             }
             let mut volume = dataset.state.lock();
             if (volume.entry.root, volume.disk_levels) != (root, disk_levels)
@@ -603,16 +623,16 @@ impl Store {
             let reservation = if volume.entry.reservation_bytes == 0 {
                 0
             } else {
-                self.thick_reservation(size_bytes, dataset.block_bytes)
+                self.spa.thick_reservation(size_bytes, dataset.block_bytes)
             };
             if reservation > volume.entry.reservation_bytes {
                 drop(volume);
-                let available = self.reservable_bytes(&dsl, &txg);
+                let available = reservable_bytes(&self.spa, &dsl, &txg);
                 volume = dataset.state.lock();
                 let more = reservation - volume.entry.reservation_bytes;
                 if more > available {
                     return Err(StoreError::NoSpaceToReserve {
-                        pool: self.pool.name().to_owned(),
+                        pool: self.spa.pool().name().to_owned(),
                         volume: name.to_owned(),
                         needed_bytes: more,
                         available_bytes: available,
@@ -635,7 +655,7 @@ impl Store {
                     zeroed += 1;
                 }
                 // Each is a free in the next sync's space map, with the indirect blocks above.
-                let copies = self.pool.metadata_copies() as u64;
+                let copies = self.spa.pool().metadata_copies() as u64;
                 let indirect = zeroed.div_ceil(objset::INDIRECT_BPS) * copies;
                 txg.count_pending(0, zeroed + indirect);
             } else {
@@ -643,7 +663,7 @@ impl Store {
                 // Each new level is one more indirect block above the old root.
                 let grown = u64::from(levels - volume.entry.levels);
                 volume.entry.levels = levels;
-                let copies = self.pool.metadata_copies() as u64;
+                let copies = self.spa.pool().metadata_copies() as u64;
                 txg.count_pending(grown * objset::INDIRECT_BYTES as u64 * copies, 0);
             }
             volume.entry.size_bytes = size_bytes;
@@ -656,44 +676,63 @@ impl Store {
     pub fn export_dataset(&self, name: &str) -> Result<Arc<Dataset>, StoreError> {
         // A receive's hidden volume is nobody's to read or write until it is whole.
         if is_hidden(name.split('@').next().unwrap_or(name)) {
-            return Err(self.no_such_volume(name));
+            return Err(self.dsl.no_such_volume(name));
         }
         match name.split_once('@') {
-            Some((volume, snapshot)) => self.snapshot_dataset(volume, snapshot),
+            Some((volume, snapshot)) => {
+                self.dsl.snapshot_dataset(volume, snapshot, self.txg.limits())
+            }
             None => self.dataset(name),
         }
     }
 
     /// A volume by name.
     pub fn dataset(&self, name: &str) -> Result<Arc<Dataset>, StoreError> {
-        self.dsl.read().get(name).cloned().ok_or_else(|| self.no_such_volume(name))
+        self.dsl.dataset(name)
     }
 
     /// One volume's entry (name, size, block size), if it exists.
     pub fn volume_info(&self, name: &str) -> Option<VolumeEntry> {
-        self.dataset(name).ok().map(|d| d.state.lock().entry.clone())
+        self.dsl.volume_info(name)
     }
 
     /// The volumes, without the hidden ones receives are writing.
     pub fn volumes(&self) -> Vec<VolumeEntry> {
-        let mut all = self.all_volumes();
-        all.retain(|v| !is_hidden(&v.name));
-        all
-    }
-
-    /// The volumes, hidden ones too.
-    pub(super) fn all_volumes(&self) -> Vec<VolumeEntry> {
-        self.dsl.read().values().map(|d| d.state.lock().entry.clone()).collect()
+        self.dsl.volumes()
     }
 
     /// What `volume`'s clients have asked of it since import, shared by every handle on it.
     pub fn volume_stats(&self, volume: &str) -> Result<Arc<VolumeStats>, StoreError> {
         Ok(Arc::clone(&self.dataset(volume)?.stats))
     }
+}
 
-    pub(super) fn no_such_volume(&self, volume: &str) -> StoreError {
-        StoreError::NoSuchVolume { pool: self.pool.name().to_owned(), volume: volume.to_owned() }
-    }
+/// Bytes that could still be set aside: free space in whole ranges (what admission counts,
+/// `Allocator::room_bytes`) beyond the slop, what the open and syncing txgs will write, and
+/// every volume's unused reservation.
+pub(super) fn reservable_bytes(spa: &Spa, dsl: &Datasets, txg: &super::TxgState) -> u64 {
+    room_beyond(spa, dsl, txg, crate::alloc::SlopTier::Normal)
+}
+
+/// [`reservable_bytes`] for work of `tier`, which may leave less of the slop.
+pub(super) fn room_beyond(
+    spa: &Spa,
+    dsl: &Datasets,
+    txg: &super::TxgState,
+    tier: crate::alloc::SlopTier,
+) -> u64 {
+    let reserved: u64 = dsl.values().map(|d| d.unused_reservation()).sum();
+    // Gathered before the allocator is taken: it reads each volume's state, which comes
+    // before the allocator in the lock order (a sync replacing a failed log chain holds a
+    // volume's state and takes the allocator).
+    let in_flight = super::dmu_tx::InFlight::of(dsl.appending_deadlists(), txg, spa.pool());
+    let allocator = spa.allocator().lock();
+    let dirty = in_flight.to_allocate(&allocator);
+    allocator
+        .room_bytes()
+        .saturating_sub(tier.kept(allocator.slop_bytes()))
+        .saturating_sub(dirty)
+        .saturating_sub(reserved)
 }
 
 /// A destroyed volume's blocks, freed by the sync of the txg it was destroyed in: its tree and
@@ -715,11 +754,11 @@ impl SyncTask for DestroyedVolume {
             let (store, replaced) = (cx.store, &mut cx.update.replaced);
             if let Some((root, levels)) = self.tree {
                 let born =
-                    objset::walk_born_after(&store.pool, Some(root), levels, self.origin_txg);
+                    objset::walk_born_after(store.spa.pool(), Some(root), levels, self.origin_txg);
                 replaced.extend(born.await?);
             }
             for list in self.deadlists {
-                let entries = store.deadlist_entries(&list).await?;
+                let entries = super::dsl_deadlist::entries(&store.spa, &list).await?;
                 replaced.extend(entries.into_iter().filter(|bp| bp.birth_txg > self.origin_txg));
                 replaced.extend(list.pieces);
             }

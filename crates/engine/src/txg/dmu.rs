@@ -177,11 +177,7 @@ impl Store {
     /// Fails for a handle whose volume was destroyed (checked again under the txg lock
     /// where it matters: `modify`).
     pub fn check_exists(&self, dataset: &Dataset) -> Result<(), StoreError> {
-        if dataset.destroyed.load(Ordering::Acquire) {
-            Err(self.no_such_volume(&dataset.name()))
-        } else {
-            Ok(())
-        }
+        self.dsl.check_exists(dataset)
     }
 
     /// The current contents of block `index`: open txg, then syncing txg, then disk, with
@@ -210,7 +206,7 @@ impl Store {
             Some(Block::Data(data)) => Some(Arc::clone(data)),
             Some(Block::Zero) => None,
             Some(Block::Patched(_)) | None => {
-                objset::read_data_block(&self.pool, root, levels, index)
+                objset::read_data_block(self.spa.pool(), root, levels, index)
                     .await?
                     .map(|d| whole_block(d, dataset.block_bytes as usize))
             }
@@ -250,7 +246,7 @@ impl Store {
         offset: u64,
         len: u64,
     ) -> Result<(ReadData, Vec<(u64, bool)>), StoreError> {
-        self.check_live()?;
+        self.spa.check_live()?;
         self.check_exists(dataset)?;
         Self::check_range(dataset, dataset.size_bytes(), offset, len)?;
         if len == 0 {
@@ -275,12 +271,12 @@ impl Store {
                 reads.push(Read::Memory(index));
                 continue;
             }
-            let Some(bp) = objset::data_block_pointer(&self.pool, root, levels, index).await?
+            let Some(bp) = objset::data_block_pointer(self.spa.pool(), root, levels, index).await?
             else {
                 allocated[(index - first) as usize] = false;
                 continue;
             };
-            if let Some(hit) = self.pool.cache().get(&bp) {
+            if let Some(hit) = self.spa.pool().cache().get(&bp) {
                 reads.push(Read::Cached(index, hit));
                 continue;
             }
@@ -352,7 +348,7 @@ impl Store {
         bps: &[BlockPointer],
     ) -> Result<Vec<(u64, Option<Fetched>)>, StoreError> {
         if bps.len() > 1 {
-            if let Ok(span) = self.pool.read_span(bps).await {
+            if let Ok(span) = self.spa.pool().read_span(bps).await {
                 let span = Arc::new(span);
                 let mut at = 0usize;
                 let mut out = Vec::with_capacity(bps.len());
@@ -361,7 +357,7 @@ impl Store {
                     let fetched = if bp.compression == sluice_format::BlockCompression::None {
                         Fetched::Span(Arc::clone(&span), at)
                     } else {
-                        Fetched::Whole(Arc::new(self.pool.decompress(bp, &span[at..at + len])?))
+                        Fetched::Whole(Arc::new(self.spa.pool().decompress(bp, &span[at..at + len])?))
                     };
                     out.push((start + i as u64, Some(fetched)));
                     at += len;
@@ -371,7 +367,7 @@ impl Store {
         }
         let mut out = Vec::with_capacity(bps.len());
         for (i, bp) in bps.iter().enumerate() {
-            let block = self.pool.read_block_cached(bp, crate::tunables::IoClass::SyncRead).await?;
+            let block = self.spa.pool().read_block_cached(bp, crate::tunables::IoClass::SyncRead).await?;
             out.push((start + i as u64, Some(Fetched::Whole(block))));
         }
         Ok(out)
@@ -392,12 +388,12 @@ impl Store {
         apply: Apply,
     ) -> Result<u64, StoreError> {
         let data = payload.as_ref().map(WriteData::bytes);
-        self.check_live()?;
-        let _guard = self.panic_guard("the write path");
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("the write path");
         self.check_exists(dataset)?;
         if dataset.read_only {
             return Err(StoreError::ReadOnly {
-                pool: self.pool.name().to_owned(),
+                pool: self.spa.pool().name().to_owned(),
                 volume: dataset.name(),
             });
         }
@@ -413,7 +409,7 @@ impl Store {
         }
         let bs = u64::from(dataset.block_bytes);
         self.assign(dataset, len, apply == Apply::Live && data.is_some()).await?;
-        self.pause_point("dmu.assigned").await;
+        self.spa.pause_point("dmu.assigned").await;
         let end = offset + len;
         let (first, last) = (offset / bs, (end - 1) / bs);
         // Whole blocks are built outside the lock.
@@ -455,7 +451,7 @@ impl Store {
             // Each in `pool.metadata_copies` copies.
             let metadata_per_group = u64::from(v.entry.levels)
                 * objset::INDIRECT_BYTES as u64
-                * self.pool.metadata_copies() as u64;
+                * self.spa.pool().metadata_copies() as u64;
             let group = objset::INDIRECT_BPS;
             let new_groups = (first / group..=last / group)
                 .filter(|g| v.open.range(g * group..(g + 1) * group).next().is_none())
@@ -467,7 +463,7 @@ impl Store {
             // of blocks at once delays the log flushes every writer waits for
             // (docs/bench/peers-notes.md).
             let pressure = dataset.requests.load(Ordering::Relaxed) > 1
-                || txg.dirty_bytes() >= self.limits.delay_min / 2;
+                || txg.dirty_bytes() >= self.txg.limits().delay_min / 2;
             let mut resolve_now = Vec::new();
             for index in partial {
                 let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
@@ -543,17 +539,17 @@ impl Store {
                 }
                 v.open.insert(index, block);
             }
-            self.fail_point("dmu.modify");
+            self.spa.fail_point("dmu.modify");
             let sequence = match apply {
                 Apply::Live => match &v.log {
                     Some(log) => append_records(
                         log,
-                        self.pool.env().now(),
+                        self.spa.pool().env().now(),
                         open_txg,
                         offset,
                         len,
                         &mut payload,
-                        self.indirect(&v.entry, len).then_some(bs),
+                        self.zil.indirect(&v.entry, len).then_some(bs),
                     ),
                     None => 0,
                 },
@@ -590,7 +586,7 @@ impl Store {
             (txg.open_txg(), v.syncing.get(&index).cloned(), v.entry.root, v.disk_levels)
         };
         let disk = || async {
-            Ok::<_, StoreError>(objset::read_data_block(&self.pool, root, levels, index).await?)
+            Ok::<_, StoreError>(objset::read_data_block(self.spa.pool(), root, levels, index).await?)
         };
         // The version below, borrowed where it lies (the syncing txg's block or the cache's).
         let base: Option<Arc<AlignedBuf>> = match syncing {
@@ -643,7 +639,7 @@ impl Store {
         offset: u64,
         len: u64,
     ) -> Result<Vec<(u64, bool)>, StoreError> {
-        self.check_live()?;
+        self.spa.check_live()?;
         self.check_exists(dataset)?;
         Self::check_range(dataset, dataset.size_bytes(), offset, len)?;
         let bs = u64::from(dataset.block_bytes);
@@ -661,7 +657,7 @@ impl Store {
                         let v = dataset.state.lock();
                         (v.entry.root, v.disk_levels)
                     };
-                    objset::is_allocated(&self.pool, root, levels, index).await?
+                    objset::is_allocated(self.spa.pool(), root, levels, index).await?
                 }
             };
             match runs.last_mut() {

@@ -95,11 +95,11 @@ impl Store {
         mode: ReceiveMode,
         next: &mut (dyn FnMut() -> Result<Option<StreamRecord>, StreamError> + Send),
     ) -> Result<StreamSummary, StoreError> {
-        self.check_live()?;
+        self.spa.check_live()?;
         check_volume_name(target)?;
         let stream_error = |source| StoreError::Stream { volume: target.to_owned(), cause: source };
         let refuse = |reason: String| StoreError::ReceiveRefused {
-            pool: self.pool.name().to_owned(),
+            pool: self.spa.pool().name().to_owned(),
             volume: target.to_owned(),
             reason,
         };
@@ -209,7 +209,7 @@ impl Store {
                 };
                 self.sync().await?;
                 Err(StoreError::ReceiveInterrupted {
-                    pool: self.pool.name().to_owned(),
+                    pool: self.spa.pool().name().to_owned(),
                     volume: target.to_owned(),
                     cause: error.to_string(),
                     next_block: progress,
@@ -236,7 +236,7 @@ impl Store {
             return Ok(());
         }
         Err(StoreError::ReceiveRefused {
-            pool: self.pool.name().to_owned(),
+            pool: self.spa.pool().name().to_owned(),
             volume: target.to_owned(),
             reason: format!(
                 "it changed since the receive began (written or snapshotted since {}): roll it \
@@ -257,7 +257,7 @@ impl Store {
         existing: Option<&sluice_format::VolumeEntry>,
     ) -> Result<(), StoreError> {
         let refuse = |reason: String| StoreError::ReceiveRefused {
-            pool: self.pool.name().to_owned(),
+            pool: self.spa.pool().name().to_owned(),
             volume: target.to_owned(),
             reason,
         };
@@ -314,7 +314,7 @@ impl Store {
 
     /// Interrupted resumable receives kept in this pool: each target and its resume token.
     pub fn interrupted_receives(&self) -> Vec<(String, ResumeToken)> {
-        self.all_volumes()
+        self.dsl.all_volumes()
             .into_iter()
             .filter_map(|v| {
                 let target = v.name.strip_prefix(RECEIVE_PREFIX)?.to_owned();
@@ -326,11 +326,11 @@ impl Store {
 
     /// Drops what an interrupted receive into `target` kept (ZFS: `zfs receive -A`).
     pub async fn abort_receive(&self, target: &str) -> Result<(), StoreError> {
-        self.check_live()?;
+        self.spa.check_live()?;
         let hidden = format!("{RECEIVE_PREFIX}{target}");
         if self.dataset(&hidden).is_err() {
             return Err(StoreError::ReceiveRefused {
-                pool: self.pool.name().to_owned(),
+                pool: self.spa.pool().name().to_owned(),
                 volume: target.to_owned(),
                 reason: "no interrupted receive into it is kept; nothing to drop".to_owned(),
             });
@@ -382,12 +382,12 @@ impl Store {
         let blocks = begin.size_bytes / bs;
         let stream_error = |source| StoreError::Stream { volume: hidden.to_owned(), cause: source };
         let bad = |what: String| StoreError::ReceiveRefused {
-            pool: self.pool.name().to_owned(),
+            pool: self.spa.pool().name().to_owned(),
             volume: hidden.to_owned(),
             reason: format!("the stream names {what}, outside the volume's {blocks} blocks"),
         };
         let out_of_order = |what: String, at: u64| StoreError::ReceiveRefused {
-            pool: self.pool.name().to_owned(),
+            pool: self.spa.pool().name().to_owned(),
             volume: hidden.to_owned(),
             reason: format!("the stream names {what} after block {at}: blocks go in order"),
         };
@@ -419,7 +419,7 @@ impl Store {
                     let logical =
                         decompress_stored(compression, lsize as usize, &bytes).map_err(|e| {
                             StoreError::ReceiveRefused {
-                                pool: self.pool.name().to_owned(),
+                                pool: self.spa.pool().name().to_owned(),
                                 volume: hidden.to_owned(),
                                 reason: format!("block {block} does not decompress: {e}"),
                             }
@@ -506,12 +506,12 @@ impl Store {
             let Some(data) = data else { continue };
             let props = BlockProps::data(Writer::Receive, txg, Compression::Off);
             let stored = &received.stored;
-            sealed.push(self.pool.seal_raw(props, data, stored, received.compression)?);
+            sealed.push(self.spa.pool().seal_raw(props, data, stored, received.compression)?);
             blocks.push(received.block);
         }
         let mut placed: Vec<(u32, u64, u64)> = Vec::with_capacity(sealed.len());
         {
-            let mut allocator = self.allocator.lock();
+            let mut allocator = self.spa.allocator().lock();
             for block in &sealed {
                 match allocator.allocate_indirect(block.psize()) {
                     Ok(at) => placed.push(at),
@@ -565,9 +565,9 @@ impl Store {
             }
         }
         for (at, data, done) in writes {
-            let pool = Arc::clone(&self.pool);
+            let pool = Arc::clone(self.spa.pool());
             let failed = Arc::clone(&in_place.failed);
-            self.pool.env().spawn("received block write", async move {
+            self.spa.pool().env().spawn("received block write", async move {
                 let written = pool.issue(Writer::Receive, at, data, Issue::ASYNC).await;
                 let ok = written.is_ok();
                 if let Err(error) = written {
@@ -620,7 +620,7 @@ impl Store {
                 && old.origin.is_some_and(|o| received.iter().any(|s| s.id == o.snapshot));
             if !replaced {
                 return Err(StoreError::ReceiveRefused {
-                    pool: self.pool.name().to_owned(),
+                    pool: self.spa.pool().name().to_owned(),
                     volume: target.to_owned(),
                     reason: "the stream is received, and a volume of that name was made \
                              meanwhile: rename that volume; the received one takes the name \
@@ -640,6 +640,7 @@ impl Store {
     /// one that was all or nothing (not `recv -s`) goes. Resumable ones wait for their token.
     pub(super) async fn settle_receives(&self) -> Result<(), StoreError> {
         let targets: Vec<String> = self
+            .dsl
             .all_volumes()
             .into_iter()
             .filter_map(|v| v.name.strip_prefix(RECEIVE_PREFIX).map(str::to_owned))

@@ -16,6 +16,7 @@ use sluice_format::{
 
 use super::{Store, StoreError};
 use crate::objset::INDIRECT_BPS;
+use crate::pool::Pool;
 use crate::tunables::IoClass;
 
 /// What a send or a receive moved.
@@ -52,7 +53,7 @@ impl Store {
         token: &ResumeToken,
         emit: &mut (dyn FnMut(StreamRecord) -> Result<(), StreamError> + Send),
     ) -> Result<StreamSummary, StoreError> {
-        let pool = self.pool.name().to_owned();
+        let pool = self.spa.pool().name().to_owned();
         let refuse = |volume: &str, reason: String| StoreError::ReceiveRefused {
             pool: pool.clone(),
             volume: volume.to_owned(),
@@ -102,13 +103,13 @@ impl Store {
         resume_block: Option<u64>,
         emit: &mut (dyn FnMut(StreamRecord) -> Result<(), StreamError> + Send),
     ) -> Result<StreamSummary, StoreError> {
-        self.check_live()?;
+        self.spa.check_live()?;
         let dataset = self.dataset(volume)?;
         let entry = dataset.state.lock().entry.clone();
         let find = |name: &str| {
             entry.snapshots.iter().find(|s| s.name == name).cloned().ok_or_else(|| {
                 StoreError::NoSuchSnapshot {
-                    pool: self.pool.name().to_owned(),
+                    pool: self.spa.pool().name().to_owned(),
                     volume: volume.to_owned(),
                     snapshot: name.to_owned(),
                 }
@@ -138,7 +139,7 @@ impl Store {
             creation_secs: to.creation_secs,
             from_guid: older.as_ref().map(|o| o.guid),
             name: to.name.clone(),
-            source: format!("{}/{volume}", self.pool.name()),
+            source: format!("{}/{volume}", self.spa.pool().name()),
             resume_block,
         }))
         .map_err(stream_error)?;
@@ -170,11 +171,11 @@ impl Store {
                         if first < resume_block {
                             continue;
                         }
-                        let record = self.data_record(first, &bp).await?;
+                        let record = data_record(self.spa.pool(), first, &bp).await?;
                         out.data(record).map_err(stream_error)?;
                         continue;
                     }
-                    let node = self.pool.read_block_cached(&bp, IoClass::AsyncRead).await?;
+                    let node = self.spa.pool().read_block_cached(&bp, IoClass::AsyncRead).await?;
                     let child_span = INDIRECT_BPS.saturating_pow(u32::from(level - 1));
                     let mut children = Vec::new();
                     for (slot, raw) in node.chunks_exact(BLKPTR_BYTES).enumerate() {
@@ -184,7 +185,7 @@ impl Store {
                         }
                         let child = BlockPointer::decode(raw).map_err(|source| {
                             crate::pool::PoolError::Format {
-                                pool: self.pool.name().to_owned(),
+                                pool: self.spa.pool().name().to_owned(),
                                 cause: source,
                             }
                         })?;
@@ -218,7 +219,7 @@ impl Store {
                     let mut ready = futures::stream::iter(steps)
                         .map(|step| async move {
                             match step {
-                                Leaf::Data(first, bp) => self.data_record(first, &bp).await,
+                                Leaf::Data(first, bp) => data_record(self.spa.pool(), first, &bp).await,
                                 Leaf::Hole(first, count) => Ok(StreamRecord::Free { first, count }),
                             }
                         })
@@ -312,24 +313,22 @@ impl Emitter<'_> {
     }
 }
 
-impl Store {
-    /// Data block `block` as a send record: its bytes as stored, verified against `bp`
-    /// (a compressed block without the padding to its allocation unit).
-    async fn data_record(&self, block: u64, bp: &BlockPointer) -> Result<StreamRecord, StoreError> {
-        let stored = self.pool.read_block(bp, IoClass::AsyncRead).await?;
-        let lsize = bp.lsize_bytes() as usize;
-        let len = if bp.compression == BlockCompression::None {
-            lsize.min(stored.len())
-        } else {
-            let header = &stored[..COMPRESSED_HEADER_BYTES];
-            let body = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
-            (COMPRESSED_HEADER_BYTES + body).min(stored.len())
-        };
-        Ok(StreamRecord::Data {
-            block,
-            lsize: lsize as u32,
-            compression: bp.compression,
-            bytes: stored[..len].to_vec(),
-        })
-    }
+/// Data block `block` as a send record: its bytes as stored, verified against `bp`
+/// (a compressed block without the padding to its allocation unit).
+async fn data_record(pool: &Pool, block: u64, bp: &BlockPointer) -> Result<StreamRecord, StoreError> {
+    let stored = pool.read_block(bp, IoClass::AsyncRead).await?;
+    let lsize = bp.lsize_bytes() as usize;
+    let len = if bp.compression == BlockCompression::None {
+        lsize.min(stored.len())
+    } else {
+        let header = &stored[..COMPRESSED_HEADER_BYTES];
+        let body = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        (COMPRESSED_HEADER_BYTES + body).min(stored.len())
+    };
+    Ok(StreamRecord::Data {
+        block,
+        lsize: lsize as u32,
+        compression: bp.compression,
+        bytes: stored[..len].to_vec(),
+    })
 }

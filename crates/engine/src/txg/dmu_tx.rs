@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 
 /// The open txg and what is counted of it and of the syncing one (ZFS: `txg.c`'s state and
 /// `dsl_pool`'s dirty accounting), with the sync tasks queued for its sync, behind
-/// [`Store::txg`]. Admission (dmu_tx.rs), the write path (dmu.rs), the log's glue (zil.rs) and
+/// [`Txg`]'s lock. Admission (dmu_tx.rs), the write path (dmu.rs), the log's glue (zil.rs) and
 /// the quiesce (spa_sync.rs) share it; each change to a volume's open layer is counted here
 /// under the same lock.
 #[derive(Debug)]
@@ -160,6 +160,66 @@ pub(super) struct Quiesce {
     /// What its sync may allocate: what admission counts for it until the sync ends.
     pub(super) syncing_bytes: u64,
     pub(super) tasks: Vec<Box<dyn SyncTask>>,
+}
+
+/// The open txg (ZFS: `txg.c`'s `tx_state` with `dsl_pool`'s dirty accounting and the
+/// throttle's settings): its state behind the txg lock, the limits admission and the
+/// throttle hold writers to, and what they did to them. What admission weighs against the
+/// namespace, the pool's space and the syncer is done where those meet, on the store (below).
+#[derive(Debug)]
+pub(super) struct Txg {
+    state: parking_lot::Mutex<TxgState>,
+    limits: TxgLimits,
+    throttle_stats: ThrottleStats,
+}
+
+impl Txg {
+    pub(super) fn new(state: TxgState, limits: TxgLimits) -> Txg {
+        Txg { state: parking_lot::Mutex::new(state), limits, throttle_stats: ThrottleStats::default() }
+    }
+
+    /// The txg lock (crate::txg's lock order: after the namespace, before a volume's state).
+    pub(super) fn lock(&self) -> parking_lot::MutexGuard<'_, TxgState> {
+        self.state.lock()
+    }
+
+    pub(super) fn limits(&self) -> &TxgLimits {
+        &self.limits
+    }
+
+    pub(super) fn throttle_stats(&self) -> &ThrottleStats {
+        &self.throttle_stats
+    }
+
+    /// Dirty bytes in the open txg.
+    pub(super) fn dirty_bytes(&self) -> u64 {
+        self.lock().dirty_bytes
+    }
+
+    /// The txg that writes go into now.
+    pub(super) fn open_txg(&self) -> u64 {
+        self.lock().open_txg
+    }
+}
+
+/// What the write throttle did to writers (zeroes included): the answer to "why are my writes
+/// slow" when one writer fills the dirty-data budget for every volume, as ZFS's does.
+#[derive(Debug, Default)]
+pub struct ThrottleStats {
+    /// Writes delayed because dirty data was above `txg.delay_min_dirty_pct`, and for how long.
+    pub delayed: crate::stats::Counter,
+    pub delayed_nanos: crate::stats::Counter,
+    /// Writes that found `txg.dirty_max` reached and waited for a txg sync, and for how long.
+    pub waited_for_sync: crate::stats::Counter,
+    pub waited_nanos: crate::stats::Counter,
+    /// Waits for a txg sync by writes that found too little free space for the dirty data
+    /// (one write may wait more than once), and their time.
+    pub waited_for_space: crate::stats::Counter,
+    pub waited_for_space_nanos: crate::stats::Counter,
+    /// Writes that would have been delayed, or stopped at the maximum, but were not: their
+    /// volume held less than an equal share of the dirty data, so another volume was filling
+    /// it.
+    pub spared: crate::stats::Counter,
 }
 
 /// How much may be dirty and how often txgs sync.
@@ -394,7 +454,7 @@ impl Store {
             let mut short_since = None;
             let space_max = loop {
                 // A sync that ends after this is one to wait for, not to follow with another.
-                let seen = self.syncer.syncs.get();
+                let seen = self.syncer.syncs();
                 // One lock at a time: the lock order is dsl -> txg -> allocator.
                 let (state_figures, in_memory, reserved, own_reserved) = {
                     let dsl = self.dsl.read();
@@ -412,16 +472,16 @@ impl Store {
                     // versions they replaced: while any are dirty, waiting can help.
                     let in_memory = open + txg.syncing_bytes + txg.prewritten_bytes;
                     let appending = dsl.appending_deadlists();
-                    (InFlight::of(appending, &txg, &self.pool), in_memory, reserved, own_reserved)
+                    (InFlight::of(appending, &txg, self.spa.pool()), in_memory, reserved, own_reserved)
                 };
                 // Room a sync needs to rewrite the dedup table, kept beyond the slop (taken
                 // before the allocator: the lock order is dedup table -> allocator).
-                let unit = 1u64 << self.pool.ashift();
+                let unit = 1u64 << self.spa.pool().ashift();
                 let upper = state_figures.open + state_figures.syncing;
                 let new_entries = if dedup { upper.saturating_add(len) / unit } else { 0 };
-                let ddt_reserve = self.ddt.rewrite_reserve_bytes(unit, new_entries);
+                let ddt_reserve = self.spa.ddt().rewrite_reserve_bytes(unit, new_entries);
                 let (dirty, usable, deferred) = {
-                    let mut allocator = self.allocator.lock();
+                    let mut allocator = self.spa.allocator().lock();
                     let dirty = state_figures.to_allocate(&allocator);
                     let tier = if thick { SlopTier::Thick } else { SlopTier::Normal };
                     let kept = tier.kept(allocator.slop_bytes());
@@ -458,21 +518,21 @@ impl Store {
                 // allows for a sync that was already running then. After that, what is
                 // missing is missing.
                 let first = *short_since.get_or_insert(seen);
-                let synced = self.syncer.syncs.get().saturating_sub(first);
+                let synced = self.syncer.syncs().saturating_sub(first);
                 if synced >= crate::alloc::FREE_DEFER_TXGS + 2 || (in_memory == 0 && deferred == 0)
                 {
                     return Err(StoreError::NoSpace {
-                        pool: self.pool.name().to_owned(),
+                        pool: self.spa.pool().name().to_owned(),
                         volume: dataset.name(),
                         requested_bytes: len,
                         snapshots_bytes: self.snapshots_bytes(),
                     });
                 }
-                let start = self.pool.env().now();
-                self.sync_unless(|| self.syncer.syncs.get() != seen).await?;
-                let waited_nanos = self.pool.env().now().since(start).as_nanos();
-                self.throttle_stats.waited_for_space.inc();
-                self.throttle_stats
+                let start = self.spa.pool().env().now();
+                self.sync_unless(|| self.syncer.syncs() != seen).await?;
+                let waited_nanos = self.spa.pool().env().now().since(start).as_nanos();
+                self.txg.throttle_stats().waited_for_space.inc();
+                self.txg.throttle_stats()
                     .waited_for_space_nanos
                     .add(u64::try_from(waited_nanos).unwrap_or(u64::MAX));
             };
@@ -512,22 +572,23 @@ impl Store {
             let mine = dataset.dirty_bytes.load(Ordering::Relaxed);
             (total, dirtying > 1 && mine.saturating_mul(dirtying) < total)
         };
-        let max = space_max.map_or(self.limits.dirty_max, |room| room.min(self.limits.dirty_max));
+        let limits = self.txg.limits();
+        let max = space_max.map_or(limits.dirty_max, |room| room.min(limits.dirty_max));
         if dirty >= max / 4 {
-            self.kick_sync();
+            self.syncer.kick();
         }
-        let stats = &self.throttle_stats;
+        let stats = self.txg.throttle_stats();
         let since = |start: crate::rt::Time| {
-            u64::try_from(self.pool.env().now().since(start).as_nanos()).unwrap_or(u64::MAX)
+            u64::try_from(self.spa.pool().env().now().since(start).as_nanos()).unwrap_or(u64::MAX)
         };
         // A volume that is not filling the budget may go into a reserve past the maximum (an
         // eighth of it), so another volume's stream does not stall it behind a whole sync.
         let limit = if under_share {
-            self.limits.dirty_max + self.limits.dirty_max / 8
+            limits.dirty_max + limits.dirty_max / 8
         } else {
-            self.limits.dirty_max
+            limits.dirty_max
         };
-        if under_share && dirty >= self.limits.dirty_max && dirty < limit {
+        if under_share && dirty >= limits.dirty_max && dirty < limit {
             stats.spared.inc();
             return Ok(());
         }
@@ -535,18 +596,18 @@ impl Store {
             // Every writer that finds the maximum waits for a sync, but one sync is enough for
             // all of them: whoever gets the lock after it finds the dirty data gone and goes
             // on. (Each syncing in turn made a storm of empty syncs that serialized writers.)
-            let start = self.pool.env().now();
+            let start = self.spa.pool().env().now();
             let result = self.sync_unless(|| self.txg.lock().dirty_bytes < limit).await;
             stats.waited_for_sync.inc();
             stats.waited_nanos.add(since(start));
             return result;
         }
-        let delay = self.limits.delay(dirty, max);
+        let delay = limits.delay(dirty, max);
         if under_share && !delay.is_zero() {
             stats.spared.inc();
         } else if !delay.is_zero() {
-            let start = self.pool.env().now();
-            self.pool.env().sleep(delay).await;
+            let start = self.spa.pool().env().now();
+            self.spa.pool().env().sleep(delay).await;
             stats.delayed.inc();
             stats.delayed_nanos.add(since(start));
         }

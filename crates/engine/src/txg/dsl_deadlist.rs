@@ -1,6 +1,9 @@
 //! Dead lists on disk (ZFS: `dsl_deadlist.c`, `bpobj.c`): appending what a sync replaced,
 //! reading a list back, and keeping its bytes by birth range.
 //!
+//! Its functions take the pool ([`Spa`]) they read and write through, and nothing else of the
+//! store: the sync (dsl_snapshot.rs) and a destroy pass the lists they hold.
+//!
 //! A list's pieces are metadata blocks of up to [`PIECE_ENTRIES_WRITTEN`] pointers (readers
 //! take up to [`sluice_format::DEADLIST_PIECE_ENTRIES`], 128 KiB), written in as many copies
 //! as the pool's other metadata. A piece is kept within 16 KiB, the block size admission
@@ -15,7 +18,7 @@
 
 use sluice_format::{BlockPointer, Deadlist, DeadlistPiece, FormatError, BLKPTR_BYTES};
 
-use super::Store;
+use super::spa::Spa;
 use crate::device::AlignedBuf;
 use crate::pool::PoolError;
 use crate::tunables::IoClass;
@@ -63,100 +66,98 @@ pub(super) fn range_bytes(list: &Deadlist, start: u64) -> u64 {
     list.buckets.iter().find(|&&(s, _)| s == start).map_or(0, |&(_, bytes)| bytes)
 }
 
-impl Store {
-    fn deadlist_error(&self, field: &'static str, value: u64) -> PoolError {
-        PoolError::Format {
-            pool: self.pool.name().to_owned(),
-            cause: FormatError::Invalid { what: "dead list", field, value },
-        }
+fn deadlist_error(spa: &Spa, field: &'static str, value: u64) -> PoolError {
+    PoolError::Format {
+        pool: spa.pool().name().to_owned(),
+        cause: FormatError::Invalid { what: "dead list", field, value },
     }
+}
 
-    /// Reads one piece of a dead list.
-    async fn read_piece(&self, bp: &BlockPointer) -> Result<DeadlistPiece, PoolError> {
-        let bytes = self.pool.read_block(bp, IoClass::AsyncRead).await?;
-        DeadlistPiece::decode(&bytes).map_err(|source| PoolError::Format {
-            pool: self.pool.name().to_owned(),
+/// Reads one piece of a dead list.
+async fn read_piece(spa: &Spa, bp: &BlockPointer) -> Result<DeadlistPiece, PoolError> {
+    let bytes = spa.pool().read_block(bp, IoClass::AsyncRead).await?;
+    DeadlistPiece::decode(&bytes).map_err(|source| PoolError::Format {
+        pool: spa.pool().name().to_owned(),
+        cause: source,
+    })
+}
+
+/// Every pointer of `list`, in the order appended.
+pub(super) async fn entries(
+    spa: &Spa,
+    list: &Deadlist,
+) -> Result<Vec<BlockPointer>, PoolError> {
+    let mut entries = Vec::with_capacity(usize::try_from(list.entries).unwrap_or(0));
+    for piece in &list.pieces {
+        entries.extend(read_piece(spa, piece).await?.entries);
+    }
+    if entries.len() as u64 != list.entries {
+        return Err(
+            deadlist_error(spa, "entries (pieces hold a different count)", list.entries)
+        );
+    }
+    Ok(entries)
+}
+
+/// Writes `entries` as new pieces in `txg`; returns the pieces' pointers.
+pub(super) async fn write_pieces(
+    spa: &Spa,
+    txg: u64,
+    entries: &[BlockPointer],
+) -> Result<Vec<BlockPointer>, PoolError> {
+    let unit = 1usize << spa.pool().ashift();
+    let copies = spa.pool().metadata_copies();
+    let mut pieces = Vec::with_capacity(entries.len().div_ceil(PIECE_ENTRIES_WRITTEN));
+    for chunk in entries.chunks(PIECE_ENTRIES_WRITTEN) {
+        let piece = DeadlistPiece { entries: chunk.to_vec() };
+        let bytes = piece.encode(unit).map_err(|source| PoolError::Format {
+            pool: spa.pool().name().to_owned(),
             cause: source,
-        })
+        })?;
+        debug_assert!(bytes.len() as u64 <= crate::alloc::METADATA_BLOCK_BYTES_MAX);
+        let places = {
+            let mut allocator = spa.allocator().lock();
+            allocator.allocate_metadata(bytes.len() as u64, copies).map_err(|source| {
+                PoolError::NoSpace { pool: spa.pool().name().to_owned(), cause: source }
+            })?
+        };
+        let logical = std::sync::Arc::new(AlignedBuf::copy_from(&bytes));
+        let writer = crate::zio::Writer::Deadlist;
+        pieces.push(spa.write_metadata(writer, &places, logical, txg).await?);
     }
+    Ok(pieces)
+}
 
-    /// Every pointer of `list`, in the order appended.
-    pub(super) async fn deadlist_entries(
-        &self,
-        list: &Deadlist,
-    ) -> Result<Vec<BlockPointer>, PoolError> {
-        let mut entries = Vec::with_capacity(usize::try_from(list.entries).unwrap_or(0));
-        for piece in &list.pieces {
-            entries.extend(self.read_piece(piece).await?.entries);
-        }
-        if entries.len() as u64 != list.entries {
-            return Err(
-                self.deadlist_error("entries (pieces hold a different count)", list.entries)
-            );
-        }
-        Ok(entries)
+/// Appends `new` to `list` in `txg`, counting each in its birth range (`starts`). The
+/// last piece, when it has room, is rewritten with the new pointers after its own; the
+/// piece it replaces goes into `freed`.
+pub(super) async fn append(
+    spa: &Spa,
+    txg: u64,
+    list: &mut Deadlist,
+    starts: &[u64],
+    new: Vec<BlockPointer>,
+    freed: &mut Vec<BlockPointer>,
+) -> Result<(), PoolError> {
+    if new.is_empty() {
+        return Ok(());
     }
-
-    /// Writes `entries` as new pieces in `txg`; returns the pieces' pointers.
-    pub(super) async fn write_deadlist_pieces(
-        &self,
-        txg: u64,
-        entries: &[BlockPointer],
-    ) -> Result<Vec<BlockPointer>, PoolError> {
-        let unit = 1usize << self.pool.ashift();
-        let copies = self.pool.metadata_copies();
-        let mut pieces = Vec::with_capacity(entries.len().div_ceil(PIECE_ENTRIES_WRITTEN));
-        for chunk in entries.chunks(PIECE_ENTRIES_WRITTEN) {
-            let piece = DeadlistPiece { entries: chunk.to_vec() };
-            let bytes = piece.encode(unit).map_err(|source| PoolError::Format {
-                pool: self.pool.name().to_owned(),
-                cause: source,
-            })?;
-            debug_assert!(bytes.len() as u64 <= crate::alloc::METADATA_BLOCK_BYTES_MAX);
-            let places = {
-                let mut allocator = self.allocator.lock();
-                allocator.allocate_metadata(bytes.len() as u64, copies).map_err(|source| {
-                    PoolError::NoSpace { pool: self.pool.name().to_owned(), cause: source }
-                })?
-            };
-            let logical = std::sync::Arc::new(AlignedBuf::copy_from(&bytes));
-            let writer = crate::zio::Writer::Deadlist;
-            pieces.push(self.write_metadata(writer, &places, logical, txg).await?);
-        }
-        Ok(pieces)
+    for bp in &new {
+        count_entry(list, starts, bp);
     }
-
-    /// Appends `new` to `list` in `txg`, counting each in its birth range (`starts`). The
-    /// last piece, when it has room, is rewritten with the new pointers after its own; the
-    /// piece it replaces goes into `freed`.
-    pub(super) async fn append_deadlist(
-        &self,
-        txg: u64,
-        list: &mut Deadlist,
-        starts: &[u64],
-        new: Vec<BlockPointer>,
-        freed: &mut Vec<BlockPointer>,
-    ) -> Result<(), PoolError> {
-        if new.is_empty() {
-            return Ok(());
+    list.entries += new.len() as u64;
+    let mut write = new;
+    if let Some(last) = list.pieces.last().copied() {
+        let piece = read_piece(spa, &last).await?;
+        if piece.entries.len() < PIECE_ENTRIES_WRITTEN {
+            list.pieces.pop();
+            freed.push(last);
+            let mut merged = piece.entries;
+            merged.append(&mut write);
+            write = merged;
         }
-        for bp in &new {
-            count_entry(list, starts, bp);
-        }
-        list.entries += new.len() as u64;
-        let mut write = new;
-        if let Some(last) = list.pieces.last().copied() {
-            let piece = self.read_piece(&last).await?;
-            if piece.entries.len() < PIECE_ENTRIES_WRITTEN {
-                list.pieces.pop();
-                freed.push(last);
-                let mut merged = piece.entries;
-                merged.append(&mut write);
-                write = merged;
-            }
-        }
-        let pieces = self.write_deadlist_pieces(txg, &write).await?;
-        list.pieces.extend(pieces);
-        Ok(())
     }
+    let pieces = write_pieces(spa, txg, &write).await?;
+    list.pieces.extend(pieces);
+    Ok(())
 }

@@ -54,7 +54,7 @@ use sluice_format::{
 };
 
 use super::{Store, StoreError};
-use crate::pool::PoolError;
+use crate::pool::{Pool, PoolError};
 use crate::rt::Time;
 use crate::tunables::IoClass;
 use crate::vdev::{ScrubOutcome, VdevId};
@@ -173,7 +173,7 @@ impl Target {
     }
 }
 
-/// The scan's shared state (`Store::scan`).
+/// The scan's shared state (`Scan::state`, held by `Dsl`).
 #[derive(Debug)]
 pub(super) struct ScanState {
     status: Option<ScanStatus>,
@@ -203,7 +203,7 @@ pub(super) struct ScanState {
     /// When the counters were last summed: at most once a millisecond, not per run issued.
     clients_checked: Time,
     /// Where a snapshot change moved the bookmark back to: a chunk in flight, which walked
-    /// the trees as they were, ends no later (`Store::rewind_scan`).
+    /// the trees as they were, ends no later (`Scan::rewind`).
     rewind: Option<Bookmark>,
 }
 
@@ -262,6 +262,92 @@ impl ScanState {
 
     fn active(&self) -> Option<&ScanStatus> {
         self.status.as_ref().filter(|s| s.phase == ScanPhase::Scanning)
+    }
+
+    /// Ends the current scan, if it is still scanning.
+    fn end(&mut self, phase: ScanPhase, now: Time) {
+        if let Some(status) = self.status.as_mut().filter(|s| s.phase == ScanPhase::Scanning) {
+            status.phase = phase;
+            status.ended = Some(now);
+            status.paused = false;
+            self.bookmark = Bookmark::Done;
+            self.pause_requested = false;
+        }
+    }
+
+    fn begin_resilver(&mut self, pool: &Pool, behind: &[(u64, u64, u64)]) {
+        let tree = pool.tree();
+        let min_birth = behind.iter().map(|&(_, held, _)| held + 1).min().unwrap_or(1);
+        let found: Vec<_> = behind
+            .iter()
+            .filter_map(|&(guid, _, missed)| {
+                tree.leaves.iter().find(|l| l.guid == guid).map(|l| (l, missed))
+            })
+            .collect();
+        self.targets = found.iter().map(|(l, missed)| Target::of(l, *missed)).collect();
+        let paths = found.iter().map(|(l, _)| l.path.clone()).collect();
+        let txg = pool.uberblock().txg;
+        self.status = Some(new_status(pool, ScanFunc::Resilver, min_birth, txg, paths));
+        self.bookmark = Bookmark::Start;
+        self.generation += 1;
+        self.pause_requested = false;
+        self.resilver_again = false;
+        self.gave_up = None;
+    }
+}
+
+/// What [`Scan::take_resilver`] decided.
+enum Resilver {
+    /// None runs: the pool is closing, or the same leaves were given up on.
+    No,
+    /// One already runs.
+    Running,
+    /// One begins: the caller starts the task.
+    Begun,
+}
+
+fn refused(pool: &Pool, reason: &str) -> StoreError {
+    StoreError::ScanRefused { pool: pool.name().to_owned(), reason: reason.to_owned() }
+}
+
+/// The leaves behind with what each has missed by now, to tell a new reason to resilver
+/// from the one a resilver gave up on.
+fn behind_now(pool: &Pool, behind: &[(u64, u64, u64)]) -> Vec<(u64, u64)> {
+    let leaves = pool.leaves();
+    behind
+        .iter()
+        .filter_map(|&(guid, _, _)| leaves.iter().find(|l| l.guid == guid))
+        .map(|l| (l.guid, l.leaf.writes_missed()))
+        .collect()
+}
+
+
+fn new_status(
+    pool: &Pool,
+    func: ScanFunc,
+    min_birth: u64,
+    max_birth: u64,
+    targets: Vec<String>,
+) -> ScanStatus {
+    ScanStatus {
+        func,
+        phase: ScanPhase::Scanning,
+        paused: false,
+        min_birth,
+        max_birth,
+        started: pool.env().now(),
+        ended: None,
+        earlier_secs: 0,
+        examined_bytes: 0,
+        total_bytes: 0,
+        issued_blocks: 0,
+        issued_bytes: 0,
+        repaired_copies: 0,
+        repaired_bytes: 0,
+        errors: 0,
+        unrecoverable: 0,
+        targets,
+        failure: None,
     }
 }
 
@@ -330,7 +416,7 @@ struct Pinned<'a> {
 
 impl Drop for Pinned<'_> {
     fn drop(&mut self) {
-        self.store.allocator.lock().unpin(self.txg);
+        self.store.spa.allocator().lock().unpin(self.txg);
     }
 }
 
@@ -342,7 +428,7 @@ struct Queued<'a> {
 
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
-        self.store.allocator.lock().scan_clear();
+        self.store.spa.allocator().lock().scan_clear();
     }
 }
 
@@ -351,20 +437,13 @@ fn placed(bp: &BlockPointer) -> Vec<(u32, u64, u64)> {
     bp.copies().map(|d| (d.vdev, d.offset_bytes(), d.asize_bytes())).collect()
 }
 
-impl Store {
-    /// The scan running, paused, or last finished or canceled since the store opened.
-    pub fn scan_status(&self) -> Option<ScanStatus> {
-        self.scan.lock().status.clone()
-    }
-
-    /// Starts a scrub, or resumes a paused one (`zpool scrub`).
-    pub fn scrub_start(self: &Arc<Self>) -> Result<(), StoreError> {
-        let refuse = |reason: &str| StoreError::ScanRefused {
-            pool: self.pool.name().to_owned(),
-            reason: reason.to_owned(),
-        };
+impl Scan {
+    /// Starts a scrub, or resumes a paused one, in the scan's state; the caller starts the
+    /// task.
+    pub(super) fn start_scrub(&self, pool: &Pool) -> Result<(), StoreError> {
+        let refuse = |reason: &str| refused(pool, reason);
         {
-            let mut scan = self.scan.lock();
+            let mut scan = self.lock();
             if scan.halt {
                 return Err(refuse("the pool is closing"));
             }
@@ -388,8 +467,8 @@ impl Store {
                     scan.pause_requested = false;
                 }
                 None => {
-                    let txg = self.pool.uberblock().txg;
-                    scan.status = Some(self.new_status(ScanFunc::Scrub, 0, txg, Vec::new()));
+                    let txg = pool.uberblock().txg;
+                    scan.status = Some(new_status(pool, ScanFunc::Scrub, 0, txg, Vec::new()));
                     scan.bookmark = Bookmark::Start;
                     scan.targets.clear();
                     scan.generation += 1;
@@ -397,16 +476,16 @@ impl Store {
                 }
             }
         }
-        self.spawn_scan();
         Ok(())
     }
 
+
     /// The scan's record for the pool directory of the txg being synced: the last or current
     /// scan and its bookmark.
-    pub(super) fn scan_record(&self) -> Option<ScanRecord> {
-        let scan = self.scan.lock();
+    pub(super) fn record(&self, pool: &Pool) -> Option<ScanRecord> {
+        let scan = self.lock();
         let status = scan.status.as_ref()?;
-        let now = self.pool.env().now();
+        let now = pool.env().now();
         let secs = |t: Time| t.as_nanos() / 1_000_000_000;
         Some(ScanRecord {
             kind: match status.func {
@@ -444,13 +523,13 @@ impl Store {
 
     /// Takes up the scan recorded in the directory the store opened (see the module doc); the
     /// syncer starts it ([`Store::resume_scan`]).
-    pub(super) fn restore_scan(&self, record: &ScanRecord) {
-        let now = self.pool.env().now();
+    pub(super) fn restore(&self, pool: &Pool, record: &ScanRecord) {
+        let now = pool.env().now();
         let func = match record.kind {
             ScanKind::Scrub => ScanFunc::Scrub,
             ScanKind::Resilver => ScanFunc::Resilver,
         };
-        let mut status = self.new_status(func, record.min_birth, record.max_birth, Vec::new());
+        let mut status = new_status(pool, func, record.min_birth, record.max_birth, Vec::new());
         status.earlier_secs = record.run_secs;
         status.examined_bytes = record.examined_bytes;
         status.total_bytes = record.total_bytes;
@@ -467,14 +546,14 @@ impl Store {
             ScanBookmark::Volume { id, block } => Bookmark::Volume { id, block },
             ScanBookmark::Done => Bookmark::Done,
         };
-        let mut scan = self.scan.lock();
+        let mut scan = self.lock();
         match record.phase {
             ScanRecordPhase::Scanning if func == ScanFunc::Resilver => {
                 // Only the leaves it was copying onto, still behind and within its range: a
                 // leaf that was not a target missed the copies before the bookmark. Any other
                 // leaf behind gets a resilver of its own once this one ends.
-                let behind = self.pool.leaves_behind();
-                let tree = self.pool.tree();
+                let behind = pool.leaves_behind();
+                let tree = pool.tree();
                 let found: Vec<_> = behind
                     .iter()
                     .filter(|&&(guid, held, _)| {
@@ -515,16 +594,9 @@ impl Store {
         scan.pause_requested = false;
     }
 
-    /// Starts the scan the store opened with, or a resilver if a leaf is behind: called when
-    /// the store begins serving ([`Store::run_syncer`]).
-    pub fn resume_scan(self: &Arc<Self>) {
-        self.resilver_if_needed();
-        self.spawn_scan();
-    }
-
     /// Pauses a running scrub after its current chunk (`zpool scrub -p`).
-    pub fn scrub_pause(&self) -> Result<(), StoreError> {
-        let mut scan = self.scan.lock();
+    pub(super) fn pause(&self, pool: &Pool) -> Result<(), StoreError> {
+        let mut scan = self.lock();
         match scan.active().map(|s| (s.func, s.paused)) {
             Some((ScanFunc::Scrub, false)) => {
                 scan.pause_requested = true;
@@ -534,226 +606,68 @@ impl Store {
                 Ok(())
             }
             Some((ScanFunc::Scrub, true)) => Ok(()),
-            Some((ScanFunc::Resilver, _)) => Err(self.scan_refused("a resilver cannot be paused")),
-            None => Err(self.scan_refused("there is no scrub in progress to pause")),
+            Some((ScanFunc::Resilver, _)) => Err(refused(pool, "a resilver cannot be paused")),
+            None => Err(refused(pool, "there is no scrub in progress to pause")),
         }
     }
 
     /// Stops a scrub, running or paused (`zpool scrub -s`).
-    pub fn scrub_stop(&self) -> Result<(), StoreError> {
-        let mut scan = self.scan.lock();
+    pub(super) fn stop(&self, pool: &Pool) -> Result<(), StoreError> {
+        let mut scan = self.lock();
         match scan.active().map(|s| s.func) {
             Some(ScanFunc::Scrub) => {
                 // At once: a chunk in work finishes, and its figures are dropped.
-                let now = self.pool.env().now();
-                Self::end(&mut scan, ScanPhase::Canceled, now);
+                let now = pool.env().now();
+                scan.end(ScanPhase::Canceled, now);
                 Ok(())
             }
-            Some(ScanFunc::Resilver) => Err(self.scan_refused(
+            Some(ScanFunc::Resilver) => Err(refused(pool, 
                 "a resilver cannot be stopped: the leaves it copies onto are missing data until \
                  it ends",
             )),
-            None => Err(self.scan_refused("there is no scrub in progress to stop")),
+            None => Err(refused(pool, "there is no scrub in progress to stop")),
         }
     }
 
-    /// Starts a resilver when a leaf in service is behind the pool and another leaf of its
-    /// mirror holds everything; a running scrub is canceled for it. Returns whether one runs.
-    /// With nothing behind, detaches the leaves whose replacements have caught up.
-    pub fn resilver_if_needed(self: &Arc<Self>) -> bool {
-        let behind = self.pool.leaves_behind();
-        if behind.is_empty() {
-            // A replacement that holds everything now: its old leaf goes.
-            self.finish_replacements();
-            return false;
+    /// Whether a resilver of the leaves `behind` runs now: one already does (asked to go on
+    /// with any new leaf behind), or one begins here (a running scrub is canceled for it).
+    /// `No` when the pool is closing or this resilver already gave up on the same leaves.
+    fn take_resilver(&self, pool: &Pool, behind: &[(u64, u64, u64)]) -> Resilver {
+        let evidence = behind_now(pool, behind);
+        let mut scan = self.lock();
+        if scan.halt || scan.gave_up.as_ref() == Some(&evidence) {
+            return Resilver::No;
         }
-        let evidence = self.behind_now(&behind);
-        {
-            let mut scan = self.scan.lock();
-            if scan.halt || scan.gave_up.as_ref() == Some(&evidence) {
-                return false;
-            }
-            match scan.active().map(|s| s.func) {
-                Some(ScanFunc::Resilver) => {
-                    let targets: Vec<u64> = scan.targets.iter().map(|t| t.guid).collect();
-                    if behind.iter().any(|(guid, _, _)| !targets.contains(guid)) {
-                        scan.resilver_again = true;
-                    }
-                    return true;
+        match scan.active().map(|s| s.func) {
+            Some(ScanFunc::Resilver) => {
+                let targets: Vec<u64> = scan.targets.iter().map(|t| t.guid).collect();
+                if behind.iter().any(|(guid, _, _)| !targets.contains(guid)) {
+                    scan.resilver_again = true;
                 }
-                Some(ScanFunc::Scrub) => {
-                    // The resilver replaces it (a running task goes on with the resilver).
-                    let now = self.pool.env().now();
-                    Self::end(&mut scan, ScanPhase::Canceled, now);
-                }
-                None => {}
+                return Resilver::Running;
             }
-            self.begin_resilver(&mut scan, &behind);
-        }
-        self.spawn_scan();
-        true
-    }
-
-    /// Waits until no scan task is working (the scan finished, was paused or canceled).
-    pub async fn wait_scan(&self) {
-        loop {
-            let wait = {
-                let mut scan = self.scan.lock();
-                if !scan.running {
-                    return;
-                }
-                let (tx, rx) = futures::channel::oneshot::channel();
-                scan.stopped.push(tx);
-                rx
-            };
-            let _ = wait.await;
-        }
-    }
-
-    /// Stops the scan task after its current chunk and starts no other (the server stopping).
-    pub async fn halt_scan(&self) {
-        self.scan.lock().halt = true;
-        self.wait_scan().await;
-    }
-
-    /// As [`Store::halt_scan`], for a store no task can hold any more (export owns it): a task
-    /// between chunks finds the store gone and ends without saying so.
-    pub(super) fn forget_scan(&self) {
-        let waiters = {
-            let mut scan = self.scan.lock();
-            scan.halt = true;
-            scan.running = false;
-            std::mem::take(&mut scan.stopped)
-        };
-        for waiter in waiters {
-            let _ = waiter.send(());
-        }
-    }
-
-    /// The leaves behind with what each has missed by now, to tell a new reason to resilver
-    /// from the one a resilver gave up on.
-    fn behind_now(&self, behind: &[(u64, u64, u64)]) -> Vec<(u64, u64)> {
-        let leaves = self.pool.leaves();
-        behind
-            .iter()
-            .filter_map(|&(guid, _, _)| leaves.iter().find(|l| l.guid == guid))
-            .map(|l| (l.guid, l.leaf.writes_missed()))
-            .collect()
-    }
-
-    fn scan_refused(&self, reason: &str) -> StoreError {
-        StoreError::ScanRefused { pool: self.pool.name().to_owned(), reason: reason.to_owned() }
-    }
-
-    fn new_status(
-        &self,
-        func: ScanFunc,
-        min_birth: u64,
-        max_birth: u64,
-        targets: Vec<String>,
-    ) -> ScanStatus {
-        ScanStatus {
-            func,
-            phase: ScanPhase::Scanning,
-            paused: false,
-            min_birth,
-            max_birth,
-            started: self.pool.env().now(),
-            ended: None,
-            earlier_secs: 0,
-            examined_bytes: 0,
-            total_bytes: 0,
-            issued_blocks: 0,
-            issued_bytes: 0,
-            repaired_copies: 0,
-            repaired_bytes: 0,
-            errors: 0,
-            unrecoverable: 0,
-            targets,
-            failure: None,
-        }
-    }
-
-    fn begin_resilver(&self, scan: &mut ScanState, behind: &[(u64, u64, u64)]) {
-        let tree = self.pool.tree();
-        let min_birth = behind.iter().map(|&(_, held, _)| held + 1).min().unwrap_or(1);
-        let found: Vec<_> = behind
-            .iter()
-            .filter_map(|&(guid, _, missed)| {
-                tree.leaves.iter().find(|l| l.guid == guid).map(|l| (l, missed))
-            })
-            .collect();
-        scan.targets = found.iter().map(|(l, missed)| Target::of(l, *missed)).collect();
-        let paths = found.iter().map(|(l, _)| l.path.clone()).collect();
-        let txg = self.pool.uberblock().txg;
-        scan.status = Some(self.new_status(ScanFunc::Resilver, min_birth, txg, paths));
-        scan.bookmark = Bookmark::Start;
-        scan.generation += 1;
-        scan.pause_requested = false;
-        scan.resilver_again = false;
-        scan.gave_up = None;
-    }
-
-    /// Starts the scan task unless one is working. It holds the store only while a chunk is in
-    /// work, so an export waits for at most one chunk.
-    fn spawn_scan(self: &Arc<Self>) {
-        {
-            let mut scan = self.scan.lock();
-            if scan.running || scan.active().is_none_or(|s| s.paused) {
-                return;
+            Some(ScanFunc::Scrub) => {
+                // The resilver replaces it (a running task goes on with the resilver).
+                let now = pool.env().now();
+                scan.end(ScanPhase::Canceled, now);
             }
-            scan.running = true;
+            None => {}
         }
-        let weak = Arc::downgrade(self);
-        self.pool.env().spawn("dsl_scan", async move {
-            loop {
-                let Some(store) = weak.upgrade() else { return };
-                if !store.scan_step().await {
-                    return;
-                }
-            }
-        });
-    }
-
-    /// Runs one chunk, or ends the scan. Returns whether the task goes on.
-    async fn scan_step(self: &Arc<Self>) -> bool {
-        let (go, generation) = {
-            let scan = self.scan.lock();
-            let go = !scan.halt && !scan.pause_requested && scan.active().is_some();
-            (go, scan.generation)
-        };
-        if go {
-            match self.scan_chunk(generation).await {
-                Ok(Next::More) => return true,
-                Ok(Next::Done) => self.finish_scan(generation).await,
-                Err(error) => {
-                    // The store is suspended or its newest tree did not read: the scan ends,
-                    // canceled, saying why.
-                    let now = self.pool.env().now();
-                    let mut scan = self.scan.lock();
-                    if scan.generation == generation {
-                        if let Some(status) = scan.status.as_mut() {
-                            status.failure = Some(error.to_string());
-                        }
-                        Self::end(&mut scan, ScanPhase::Canceled, now);
-                    }
-                }
-            }
-        }
-        self.next_or_stop()
+        scan.begin_resilver(pool, behind);
+        Resilver::Begun
     }
 
     /// Decides, in one critical section with anything that starts or resumes a scan, whether
     /// the task goes on: with a resilver that was asked for, or a scan started or resumed
     /// while this one ended (whose `spawn_scan` saw the task still running). Otherwise the
     /// task stops and its waiters are woken.
-    fn next_or_stop(self: &Arc<Self>) -> bool {
+    fn next_or_stop(&self, pool: &Pool) -> bool {
         let waiters = {
-            let mut scan = self.scan.lock();
+            let mut scan = self.lock();
             if std::mem::take(&mut scan.resilver_again) && !scan.halt {
-                let behind = self.pool.leaves_behind();
+                let behind = pool.leaves_behind();
                 if !behind.is_empty() {
-                    self.begin_resilver(&mut scan, &behind);
+                    scan.begin_resilver(pool, &behind);
                 }
             }
             let more =
@@ -770,109 +684,13 @@ impl Store {
         false
     }
 
-    /// Ends the current scan, if it is still scanning.
-    fn end(scan: &mut ScanState, phase: ScanPhase, now: Time) {
-        if let Some(status) = scan.status.as_mut().filter(|s| s.phase == ScanPhase::Scanning) {
-            status.phase = phase;
-            status.ended = Some(now);
-            status.paused = false;
-            scan.bookmark = Bookmark::Done;
-            scan.pause_requested = false;
-        }
-    }
-
-    /// A finished resilver brings its targets up to date: each holds every block born up to
-    /// the resilver's last birth, and one that missed no write since then holds every synced
-    /// txg. One that did (it went out of service again, or a write failed on it) is behind
-    /// by the txgs since, and the next sync starts a resilver of those. Under the sync lock,
-    /// so that no sync is between writing its uberblocks and counting who took them.
-    async fn finish_scan(&self, generation: u64) {
-        let (func, targets, clean, resilvered) = {
-            let scan = self.scan.lock();
-            if scan.generation != generation || scan.active().is_none() {
-                return;
-            }
-            let status = scan.status.as_ref();
-            let clean = status.is_some_and(|s| s.unrecoverable == 0);
-            let resilvered = status.map_or(0, |s| s.max_birth);
-            (status.map(|s| s.func), scan.targets.clone(), clean, resilvered)
-        };
-        if func == Some(ScanFunc::Resilver) {
-            if clean {
-                let _one_at_a_time = self.syncer.lock.lock().await;
-                let leaves = self.pool.leaves();
-                for target in &targets {
-                    // A copy it did not take (out of service, or a failed write) leaves it
-                    // behind as it was: the next resilver starts over for it.
-                    let missed_copies = leaves
-                        .iter()
-                        .find(|l| l.guid == target.guid)
-                        .is_none_or(|l| l.leaf.resilver_misses() != target.resilver_misses);
-                    if !missed_copies {
-                        self.pool.mark_caught_up(target.guid, resilvered, target.missed_then);
-                    }
-                }
-            } else {
-                let behind = self.pool.leaves_behind();
-                self.scan.lock().gave_up = Some(self.behind_now(&behind));
-            }
-        }
-        let now = self.pool.env().now();
-        let mut scan = self.scan.lock();
-        if scan.generation == generation {
-            Self::end(&mut scan, ScanPhase::Finished, now);
-        }
-    }
-
-    /// Whether the pool's clients made a request within `scan.idle_ms`.
-    fn clients_busy(&self) -> bool {
-        if self.scan.idle.is_zero() {
-            return false;
-        }
-        let now = self.pool.env().now();
-        {
-            let scan = self.scan.lock();
-            if now.since(scan.clients_checked) < std::time::Duration::from_millis(1) {
-                return now.since(scan.clients_seen) < self.scan.idle;
-            }
-        }
-        let total: u64 = {
-            let dsl = self.dsl.read();
-            dsl.values()
-                .map(|d| d.stats.requests.iter().map(|c| c.get()).sum::<u64>())
-                .sum()
-        };
-        let mut scan = self.scan.lock();
-        scan.clients_checked = now;
-        if total != scan.client_requests {
-            scan.client_requests = total;
-            scan.clients_seen = now;
-        }
-        now.since(scan.clients_seen) < self.scan.idle
-    }
-
-    /// While clients are busy, makes scan I/O wait its turn behind `gate` (one run at a
-    /// time) and pause `scan.busy_delay_ms` first (ZFS delays scan I/O on a busy pool the same
-    /// way); returns the turn, held while the run is issued. Otherwise returns at once.
-    async fn yield_to_clients<'a>(
-        &self,
-        gate: &'a futures::lock::Mutex<()>,
-    ) -> Option<futures::lock::MutexGuard<'a, ()>> {
-        if !self.clients_busy() {
-            return None;
-        }
-        let turn = gate.lock().await;
-        self.pool.env().sleep(self.scan.busy_delay).await;
-        Some(turn)
-    }
-
     /// Moves a scan's bookmark back to the start of volume `volume_id`, if it is past it: a
     /// snapshot destroy, a rollback or a promote changes which of a volume's trees holds a
     /// block, and the volume is walked before its snapshots (their ids come later), so a block
     /// the volume's walk left to a snapshot that is now gone must be found again (ZFS:
     /// `dsl_scan_ds_destroyed`). Walking a tree twice costs time, never a missed block.
-    pub(super) fn rewind_scan(&self, volume_id: u64) {
-        let mut scan = self.scan.lock();
+    pub(super) fn rewind(&self, volume_id: u64) {
+        let mut scan = self.lock();
         if scan.active().is_none() {
             return;
         }
@@ -883,10 +701,249 @@ impl Store {
         scan.rewind = Some(scan.rewind.map_or(target, |r| r.min(target)));
     }
 
+    /// Whether the pool's clients made a request within `scan.idle_ms`. `requests` sums
+    /// every volume's request counters (the namespace's, taken only when the last sum is a
+    /// millisecond old, and not while the scan's state is held).
+    fn clients_busy(&self, pool: &Pool, requests: impl FnOnce() -> u64) -> bool {
+        if self.idle.is_zero() {
+            return false;
+        }
+        let now = pool.env().now();
+        {
+            let scan = self.lock();
+            if now.since(scan.clients_checked) < std::time::Duration::from_millis(1) {
+                return now.since(scan.clients_seen) < self.idle;
+            }
+        }
+        let total = requests();
+        let mut scan = self.lock();
+        scan.clients_checked = now;
+        if total != scan.client_requests {
+            scan.client_requests = total;
+            scan.clients_seen = now;
+        }
+        now.since(scan.clients_seen) < self.idle
+    }
+
+    /// Sets the scan to stop after its current chunk and start no other.
+    pub(super) fn halt(&self) {
+        self.lock().halt = true;
+    }
+
+    /// The scan running, paused, or last finished or canceled since the store opened.
+    pub(super) fn status(&self) -> Option<ScanStatus> {
+        self.lock().status.clone()
+    }
+
+    /// Waits until no scan task is working (the scan finished, was paused or canceled).
+    pub(super) async fn wait(&self) {
+        loop {
+            let wait = {
+                let mut scan = self.lock();
+                if !scan.running {
+                    return;
+                }
+                let (tx, rx) = futures::channel::oneshot::channel();
+                scan.stopped.push(tx);
+                rx
+            };
+            let _ = wait.await;
+        }
+    }
+
+    /// As [`Store::halt_scan`], for a store no task can hold any more (export owns it): a task
+    /// between chunks finds the store gone and ends without saying so.
+    pub(super) fn forget(&self) {
+        let waiters = {
+            let mut scan = self.lock();
+            scan.halt = true;
+            scan.running = false;
+            std::mem::take(&mut scan.stopped)
+        };
+        for waiter in waiters {
+            let _ = waiter.send(());
+        }
+    }
+}
+
+impl Store {
+    /// The scan running, paused, or last finished or canceled since the store opened.
+    pub fn scan_status(&self) -> Option<ScanStatus> {
+        self.dsl.scan().status()
+    }
+
+    /// Starts a scrub, or resumes a paused one (`zpool scrub`).
+    pub fn scrub_start(self: &Arc<Self>) -> Result<(), StoreError> {
+        self.dsl.scan().start_scrub(self.spa.pool())?;
+        self.spawn_scan();
+        Ok(())
+    }
+
+    /// Starts the scan the store opened with, or a resilver if a leaf is behind: called when
+    /// the store begins serving ([`Store::run_syncer`]).
+    pub fn resume_scan(self: &Arc<Self>) {
+        self.resilver_if_needed();
+        self.spawn_scan();
+    }
+
+    /// Pauses a running scrub after its current chunk (`zpool scrub -p`).
+    pub fn scrub_pause(&self) -> Result<(), StoreError> {
+        self.dsl.scan().pause(self.spa.pool())
+    }
+
+    /// Stops a scrub, running or paused (`zpool scrub -s`).
+    pub fn scrub_stop(&self) -> Result<(), StoreError> {
+        self.dsl.scan().stop(self.spa.pool())
+    }
+
+    /// Starts a resilver when a leaf in service is behind the pool and another leaf of its
+    /// mirror holds everything; a running scrub is canceled for it. Returns whether one runs.
+    /// With nothing behind, detaches the leaves whose replacements have caught up.
+    pub fn resilver_if_needed(self: &Arc<Self>) -> bool {
+        let behind = self.spa.pool().leaves_behind();
+        if behind.is_empty() {
+            // A replacement that holds everything now: its old leaf goes.
+            self.finish_replacements();
+            return false;
+        }
+        match self.dsl.scan().take_resilver(self.spa.pool(), &behind) {
+            Resilver::No => false,
+            Resilver::Running => true,
+            Resilver::Begun => {
+                self.spawn_scan();
+                true
+            }
+        }
+    }
+
+    /// Waits until no scan task is working (the scan finished, was paused or canceled).
+    pub async fn wait_scan(&self) {
+        self.dsl.scan().wait().await;
+    }
+
+    /// Stops the scan task after its current chunk and starts no other (the server stopping).
+    pub async fn halt_scan(&self) {
+        self.dsl.scan().halt();
+        self.wait_scan().await;
+    }
+
+    /// Starts the scan task unless one is working. It holds the store only while a chunk is in
+    /// work, so an export waits for at most one chunk.
+    fn spawn_scan(self: &Arc<Self>) {
+        {
+            let mut scan = self.dsl.scan().lock();
+            if scan.running || scan.active().is_none_or(|s| s.paused) {
+                return;
+            }
+            scan.running = true;
+        }
+        let weak = Arc::downgrade(self);
+        self.spa.pool().env().spawn("dsl_scan", async move {
+            loop {
+                let Some(store) = weak.upgrade() else { return };
+                if !store.scan_step().await {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Runs one chunk, or ends the scan. Returns whether the task goes on.
+    async fn scan_step(self: &Arc<Self>) -> bool {
+        let (go, generation) = {
+            let scan = self.dsl.scan().lock();
+            let go = !scan.halt && !scan.pause_requested && scan.active().is_some();
+            (go, scan.generation)
+        };
+        if go {
+            match self.scan_chunk(generation).await {
+                Ok(Next::More) => return true,
+                Ok(Next::Done) => self.finish_scan(generation).await,
+                Err(error) => {
+                    // The store is suspended or its newest tree did not read: the scan ends,
+                    // canceled, saying why.
+                    let now = self.spa.pool().env().now();
+                    let mut scan = self.dsl.scan().lock();
+                    if scan.generation == generation {
+                        if let Some(status) = scan.status.as_mut() {
+                            status.failure = Some(error.to_string());
+                        }
+                        scan.end(ScanPhase::Canceled, now);
+                    }
+                }
+            }
+        }
+        self.dsl.scan().next_or_stop(self.spa.pool())
+    }
+
+    /// A finished resilver brings its targets up to date: each holds every block born up to
+    /// the resilver's last birth, and one that missed no write since then holds every synced
+    /// txg. One that did (it went out of service again, or a write failed on it) is behind
+    /// by the txgs since, and the next sync starts a resilver of those. Under the sync lock,
+    /// so that no sync is between writing its uberblocks and counting who took them.
+    async fn finish_scan(&self, generation: u64) {
+        let (func, targets, clean, resilvered) = {
+            let scan = self.dsl.scan().lock();
+            if scan.generation != generation || scan.active().is_none() {
+                return;
+            }
+            let status = scan.status.as_ref();
+            let clean = status.is_some_and(|s| s.unrecoverable == 0);
+            let resilvered = status.map_or(0, |s| s.max_birth);
+            (status.map(|s| s.func), scan.targets.clone(), clean, resilvered)
+        };
+        if func == Some(ScanFunc::Resilver) {
+            if clean {
+                let _one_at_a_time = self.syncer.lock().await;
+                let leaves = self.spa.pool().leaves();
+                for target in &targets {
+                    // A copy it did not take (out of service, or a failed write) leaves it
+                    // behind as it was: the next resilver starts over for it.
+                    let missed_copies = leaves
+                        .iter()
+                        .find(|l| l.guid == target.guid)
+                        .is_none_or(|l| l.leaf.resilver_misses() != target.resilver_misses);
+                    if !missed_copies {
+                        self.spa.pool().mark_caught_up(target.guid, resilvered, target.missed_then);
+                    }
+                }
+            } else {
+                let behind = self.spa.pool().leaves_behind();
+                self.dsl.scan().lock().gave_up = Some(behind_now(self.spa.pool(), &behind));
+            }
+        }
+        let now = self.spa.pool().env().now();
+        let mut scan = self.dsl.scan().lock();
+        if scan.generation == generation {
+            scan.end(ScanPhase::Finished, now);
+        }
+    }
+
+    /// While clients are busy, makes scan I/O wait its turn behind `gate` (one run at a
+    /// time) and pause `scan.busy_delay_ms` first (ZFS delays scan I/O on a busy pool the same
+    /// way); returns the turn, held while the run is issued. Otherwise returns at once.
+    async fn yield_to_clients<'a>(
+        &self,
+        gate: &'a futures::lock::Mutex<()>,
+    ) -> Option<futures::lock::MutexGuard<'a, ()>> {
+        let requests = || -> u64 {
+            let dsl = self.dsl.read();
+            dsl.values()
+                .map(|d| d.stats.requests.iter().map(|c| c.get()).sum::<u64>())
+                .sum()
+        };
+        if !self.dsl.scan().clients_busy(self.spa.pool(), requests) {
+            return None;
+        }
+        let turn = gate.lock().await;
+        self.spa.pool().env().sleep(self.dsl.scan().busy_delay).await;
+        Some(turn)
+    }
+
     /// Pins the newest synced tree; walks it from the bookmark; issues what it gathered.
     async fn scan_chunk(&self, generation: u64) -> Result<Next, StoreError> {
         let (bookmark, min_birth, max_birth, targets) = {
-            let scan = self.scan.lock();
+            let scan = self.dsl.scan().lock();
             let Some(status) = scan.status.as_ref() else { return Ok(Next::Done) };
             let targets: Vec<VdevId> = scan.targets.iter().map(|t| t.id).collect();
             (scan.bookmark, status.min_birth, status.max_birth, targets)
@@ -895,8 +952,8 @@ impl Store {
             return Ok(Next::Done);
         }
         let (pin, root) = {
-            let mut allocator = self.allocator.lock();
-            let uberblock = self.pool.uberblock();
+            let mut allocator = self.spa.allocator().lock();
+            let uberblock = self.spa.pool().uberblock();
             allocator.pin(uberblock.txg);
             (Pinned { store: self, txg: uberblock.txg }, uberblock.root)
         };
@@ -904,8 +961,8 @@ impl Store {
             drop(pin);
             return Ok(Next::Done);
         };
-        let directory = self.read_directory(&root).await?;
-        let budget = self.scan.chunk_bytes;
+        let directory = read_directory(self.spa.pool(), &root).await?;
+        let budget = self.dsl.scan().chunk_bytes;
         let in_range = |bp: &BlockPointer| (min_birth..=max_birth).contains(&bp.birth_txg);
         let mut gathered: Vec<BlockPointer> = Vec::new();
         let mut gathered_bytes = 0u64;
@@ -945,16 +1002,16 @@ impl Store {
                 Bookmark::Done => break,
             };
             let before = gathered.len();
-            let walked = self
-                .walk_tree(
-                    Tree { root, levels, walk },
-                    from,
-                    (min_birth.max(shared_through + 1), max_birth),
-                    budget - gathered_bytes,
-                    &mut gathered,
-                    &mut unreadable,
-                )
-                .await;
+            let walked = walk_tree(
+                self.spa.pool(),
+                Tree { root, levels, walk },
+                from,
+                (min_birth.max(shared_through + 1), max_birth),
+                budget - gathered_bytes,
+                &mut gathered,
+                &mut unreadable,
+            )
+            .await;
             gathered_bytes += gathered[before..].iter().map(BlockPointer::psize_bytes).sum::<u64>();
             next = match (walk, walked) {
                 (Walk::Volume, Some(block)) => Bookmark::Volume { id: volume_id, block },
@@ -968,14 +1025,14 @@ impl Store {
         // read is in flight (crate::alloc's scan queue; a pin held for the whole chunk kept
         // every such free back for seconds, and writers short of space were refused).
         let _queued = {
-            let mut allocator = self.allocator.lock();
+            let mut allocator = self.spa.allocator().lock();
             allocator.scan_queue(gathered.iter().flat_map(placed));
             Queued { store: self }
         };
         drop(pin);
         // Issue in device order: a scan of an aged pool otherwise seeks for every block.
         gathered.sort_by_key(|bp| bp.copies().next().map(|d| (d.vdev, d.offset_bytes())));
-        let in_flight = self.scan.ios_in_flight;
+        let in_flight = self.dsl.scan().ios_in_flight;
         let runs = runs_of(&gathered, !targets.is_empty());
         let targets = &targets;
         let gate = futures::lock::Mutex::new(());
@@ -987,23 +1044,23 @@ impl Store {
             // hold another block by now.
             let count = run.len();
             let run: Vec<BlockPointer> = {
-                let mut allocator = self.allocator.lock();
+                let mut allocator = self.spa.allocator().lock();
                 run.into_iter().filter(|bp| allocator.scan_issue(&placed(bp))).collect()
             };
             let mut outcomes = Vec::with_capacity(run.len());
             let mut whole = None;
             if run.len() > 1 && run.len() == count {
-                whole = self.pool.resilver_span(&run, targets).await;
+                whole = self.spa.pool().resilver_span(&run, targets).await;
             }
             if let Some(whole) = whole {
                 let each = ScrubOutcome { repaired: whole.repaired, ..ScrubOutcome::default() };
                 outcomes.extend(run.iter().map(|bp| (bp.psize_bytes(), each)));
             } else {
                 for bp in &run {
-                    outcomes.push((bp.psize_bytes(), self.pool.scan_block(bp, targets).await));
+                    outcomes.push((bp.psize_bytes(), self.spa.pool().scan_block(bp, targets).await));
                 }
             }
-            let mut allocator = self.allocator.lock();
+            let mut allocator = self.spa.allocator().lock();
             for bp in &run {
                 allocator.scan_done(&placed(bp));
             }
@@ -1029,7 +1086,7 @@ impl Store {
                 .sum(),
             Bookmark::Done => total_bytes,
         };
-        let mut scan = self.scan.lock();
+        let mut scan = self.dsl.scan().lock();
         if scan.generation != generation || scan.active().is_none() {
             // Stopped or replaced while the chunk ran: its figures belong to no scan.
             return Ok(Next::More);
@@ -1053,87 +1110,87 @@ impl Store {
         }
         Ok(if next == Bookmark::Done { Next::Done } else { Next::More })
     }
+}
 
-    async fn read_directory(&self, root: &BlockPointer) -> Result<PoolDirectory, StoreError> {
-        let bytes = self.pool.read_block(root, IoClass::Scrub).await?;
-        PoolDirectory::decode(&bytes).map_err(|source| {
-            StoreError::Pool(PoolError::Format { pool: self.pool.name().to_owned(), cause: source })
-        })
-    }
+async fn read_directory(pool: &Pool, root: &BlockPointer) -> Result<PoolDirectory, StoreError> {
+    let bytes = pool.read_block(root, IoClass::Scrub).await?;
+    PoolDirectory::decode(&bytes).map_err(|source| {
+        StoreError::Pool(PoolError::Format { pool: pool.name().to_owned(), cause: source })
+    })
+}
 
-    /// Walks a tree of `levels` levels of indirect blocks (a volume's, or the dedup table's)
-    /// in block order from data block `from`, adding to `gathered` the blocks born in `births`
-    /// until about `budget` bytes are gathered. Returns the block to resume from, or `None`
-    /// when the tree is done. A subtree born before `births` is skipped whole: copy-on-write
-    /// gives a parent a birth no older than any of its children. An indirect block is
-    /// gathered on the walk that first enters it (one whose first block is where a chunk
-    /// stopped may be issued again by the next, at most one per level). An indirect block
-    /// that cannot be read on any copy is counted in `unreadable` and its subtree skipped:
-    /// the scan goes on with the rest, as ZFS's does.
-    async fn walk_tree(
-        &self,
-        Tree { root, levels, walk }: Tree,
-        from: u64,
-        births: (u64, u64),
-        budget: u64,
-        gathered: &mut Vec<BlockPointer>,
-        unreadable: &mut u64,
-    ) -> Option<u64> {
-        let root = root?;
-        let span = |level: u8| crate::objset::INDIRECT_BPS.saturating_pow(u32::from(level));
-        let mut bytes = 0u64;
-        // (pointer, level, first data block under it), popped in block order.
-        let mut stack = vec![(root, levels, 0u64)];
-        while let Some((bp, level, first)) = stack.pop() {
-            if first.saturating_add(span(level)) <= from || bp.birth_txg < births.0 {
-                continue;
-            }
-            if bytes >= budget {
-                return Some(first.max(from));
-            }
-            // A volume's shared blocks are visited through the dedup table.
-            let shared = walk == Walk::Volume && level == 0 && bp.dedup.is_some();
-            let issue = !shared && bp.birth_txg <= births.1 && (level == 0 || first >= from);
-            if issue {
-                bytes += bp.psize_bytes();
-                gathered.push(bp);
-            }
-            if level == 0 && walk == Walk::DedupTable {
-                // A bucket: the blocks its entries name (a bucket rewritten since the scan
-                // began may still name older blocks).
-                let Ok(bucket) = self.pool.read_block(&bp, IoClass::Scrub).await else {
-                    *unreadable += 1;
-                    continue;
-                };
-                let Ok(bucket) = DdtBucket::decode(&bucket) else {
-                    *unreadable += 1;
-                    continue;
-                };
-                for entry in bucket.entries {
-                    if (births.0..=births.1).contains(&entry.bp.birth_txg) {
-                        bytes += entry.bp.psize_bytes();
-                        gathered.push(entry.bp);
-                    }
-                }
-                continue;
-            }
-            if level == 0 || bp.kind != BlockKind::Indirect {
-                continue;
-            }
-            let Ok(node) = self.pool.read_block(&bp, IoClass::Scrub).await else {
+/// Walks a tree of `levels` levels of indirect blocks (a volume's, or the dedup table's)
+/// in block order from data block `from`, adding to `gathered` the blocks born in `births`
+/// until about `budget` bytes are gathered. Returns the block to resume from, or `None`
+/// when the tree is done. A subtree born before `births` is skipped whole: copy-on-write
+/// gives a parent a birth no older than any of its children. An indirect block is
+/// gathered on the walk that first enters it (one whose first block is where a chunk
+/// stopped may be issued again by the next, at most one per level). An indirect block
+/// that cannot be read on any copy is counted in `unreadable` and its subtree skipped:
+/// the scan goes on with the rest, as ZFS's does.
+async fn walk_tree(
+    pool: &Pool,
+    Tree { root, levels, walk }: Tree,
+    from: u64,
+    births: (u64, u64),
+    budget: u64,
+    gathered: &mut Vec<BlockPointer>,
+    unreadable: &mut u64,
+) -> Option<u64> {
+    let root = root?;
+    let span = |level: u8| crate::objset::INDIRECT_BPS.saturating_pow(u32::from(level));
+    let mut bytes = 0u64;
+    // (pointer, level, first data block under it), popped in block order.
+    let mut stack = vec![(root, levels, 0u64)];
+    while let Some((bp, level, first)) = stack.pop() {
+        if first.saturating_add(span(level)) <= from || bp.birth_txg < births.0 {
+            continue;
+        }
+        if bytes >= budget {
+            return Some(first.max(from));
+        }
+        // A volume's shared blocks are visited through the dedup table.
+        let shared = walk == Walk::Volume && level == 0 && bp.dedup.is_some();
+        let issue = !shared && bp.birth_txg <= births.1 && (level == 0 || first >= from);
+        if issue {
+            bytes += bp.psize_bytes();
+            gathered.push(bp);
+        }
+        if level == 0 && walk == Walk::DedupTable {
+            // A bucket: the blocks its entries name (a bucket rewritten since the scan
+            // began may still name older blocks).
+            let Ok(bucket) = pool.read_block(&bp, IoClass::Scrub).await else {
                 *unreadable += 1;
                 continue;
             };
-            let child_span = span(level - 1);
-            let children = node.chunks_exact(BLKPTR_BYTES).enumerate().rev();
-            for (slot, bytes) in children {
-                if let Ok(Some(child)) = BlockPointer::decode(bytes) {
-                    let child_first =
-                        first.saturating_add((slot as u64).saturating_mul(child_span));
-                    stack.push((child, level - 1, child_first));
+            let Ok(bucket) = DdtBucket::decode(&bucket) else {
+                *unreadable += 1;
+                continue;
+            };
+            for entry in bucket.entries {
+                if (births.0..=births.1).contains(&entry.bp.birth_txg) {
+                    bytes += entry.bp.psize_bytes();
+                    gathered.push(entry.bp);
                 }
             }
+            continue;
         }
-        None
+        if level == 0 || bp.kind != BlockKind::Indirect {
+            continue;
+        }
+        let Ok(node) = pool.read_block(&bp, IoClass::Scrub).await else {
+            *unreadable += 1;
+            continue;
+        };
+        let child_span = span(level - 1);
+        let children = node.chunks_exact(BLKPTR_BYTES).enumerate().rev();
+        for (slot, bytes) in children {
+            if let Ok(Some(child)) = BlockPointer::decode(bytes) {
+                let child_first =
+                    first.saturating_add((slot as u64).saturating_mul(child_span));
+                stack.push((child, level - 1, child_first));
+            }
+        }
     }
+    None
 }

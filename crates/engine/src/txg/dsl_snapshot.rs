@@ -34,7 +34,9 @@ use std::sync::Arc;
 
 use sluice_format::{BlockPointer, Deadlist, Origin, SnapshotEntry, VolumeEntry, VolumeSpace};
 
-use super::dataset::{check_volume_name, unique_bytes, Dataset};
+use super::dataset::{check_volume_name, reservable_bytes, room_beyond, unique_bytes, Dataset, Dsl};
+use super::dmu_tx::TxgLimits;
+use super::spa::Spa;
 use super::dsl_deadlist::{count_entry, merge_range, range_bytes};
 use super::dsl_synctask::{Family, SyncCx, SyncTask, SyncedTree};
 use super::dataset::Datasets;
@@ -116,259 +118,11 @@ fn check_snapshot_name(volume: &str, name: &str) -> Result<(), StoreError> {
         .map_err(|_| StoreError::InvalidVolumeName { name: format!("{volume}@{name}") })
 }
 
-impl Store {
-    /// Takes a snapshot of each named volume, `(volume, snapshot)`, all in one txg (ZFS:
-    /// `zfs snapshot a@s b@s`), and returns that txg once it is durable. Writes answered
-    /// before the call are in it. A thick volume must find the space its reservation will
-    /// need again: after a snapshot, every block it overwrites is new space.
-    pub async fn create_snapshots(
-        &self,
-        names: &[(String, String)],
-        creation_secs: u64,
-    ) -> Result<u64, StoreError> {
-        self.create_snapshots_with(names, creation_secs, None).await
-    }
-
-    /// [`Store::create_snapshots`], with the snapshots' guids given (a received snapshot
-    /// keeps its sender's).
-    pub(super) async fn create_snapshots_with(
-        &self,
-        names: &[(String, String)],
-        creation_secs: u64,
-        guid: Option<u64>,
-    ) -> Result<u64, StoreError> {
-        self.check_live()?;
-        let _guard = self.panic_guard("a snapshot create");
-        for (i, (volume, name)) in names.iter().enumerate() {
-            if !super::dataset::is_hidden(volume) {
-                check_volume_name(volume)?;
-            }
-            check_snapshot_name(volume, name)?;
-            if names[..i].iter().any(|(other, _)| other == volume) {
-                return Err(StoreError::InvalidProperty {
-                    volume: volume.clone(),
-                    reason: "named twice: one snapshot per volume per command".to_owned(),
-                });
-            }
-        }
-        let one_at_a_time = self.syncer.lock.lock().await;
-        {
-            let mut dsl = self.dsl.write();
-            let mut txg = self.txg.lock();
-            let mut more_reserved = 0u64;
-            for (volume, name) in names {
-                let dataset = dsl.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
-                let v = dataset.state.lock();
-                if v.entry.snapshots.iter().any(|s| &s.name == name) {
-                    return Err(StoreError::SnapshotExists {
-                        pool: self.pool.name().to_owned(),
-                        volume: volume.clone(),
-                        snapshot: name.clone(),
-                    });
-                }
-                // After the snapshot the volume's unique bytes are zero: its whole
-                // reservation is unused again (ZFS refuses such a snapshot the same way).
-                let dirty = dataset.dirty_bytes.load(Ordering::Relaxed);
-                let reservation = v.entry.reservation_bytes;
-                drop(v);
-                more_reserved +=
-                    reservation.saturating_sub(dirty).saturating_sub(dataset.unused_reservation());
-            }
-            let available = self.reservable_bytes(&dsl, &txg);
-            if more_reserved > available {
-                return Err(StoreError::SnapshotNeedsSpace {
-                    pool: self.pool.name().to_owned(),
-                    what: "a snapshot of",
-                    volumes: names.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>().join(", "),
-                    needed_bytes: more_reserved,
-                    available_bytes: available,
-                });
-            }
-            let mut guids = self.pool.env().unique_rng("snapshot guid");
-            for (volume, name) in names {
-                let id = dsl.next_id();
-                dsl.use_id(id);
-                let snapshot = SnapshotEntry {
-                    id,
-                    guid: guid.unwrap_or_else(|| guids.u64() | 1),
-                    name: name.clone(),
-                    txg: 0,
-                    creation_secs,
-                    size_bytes: 0,
-                    levels: 0,
-                    root: None,
-                    space: VolumeSpace::default(),
-                    deadlist: Deadlist::default(),
-                };
-                let snapshot = Box::new(snapshot);
-                txg.queue(SnapshotOp::Create { volume: volume.clone(), snapshot },
-                );
-            }
-        }
-        self.sync_holding_lock(one_at_a_time).await
-    }
-
-    /// Destroys a snapshot (ZFS: `zfs destroy vol@snap`): frees the blocks no other snapshot
-    /// and not the volume hold, reading only the next dataset's dead list. Durable when this
-    /// returns. A client reading it through its export gets errors from then on.
-    pub async fn destroy_snapshot(&self, volume: &str, name: &str) -> Result<(), StoreError> {
-        self.check_live()?;
-        let _guard = self.panic_guard("a snapshot destroy");
-        let one_at_a_time = self.syncer.lock.lock().await;
-        let id = {
-            let dsl = self.dsl.read();
-            let mut txg = self.txg.lock();
-            let id = self.snapshot_of(&dsl, volume, name)?.id;
-            self.refuse_if_cloned(&dsl, volume, name, id)?;
-            // Its sync rewrites the next dead list (the next snapshot's, or the volume's) with
-            // the entries it keeps, and frees the rest with the old pieces: admission counts
-            // both. It frees space, so as ZFS does it may go into the slop
-            // (`SlopTier::Freeing`); only a rewrite that not even that holds is refused.
-            let (next_entries, next_pieces) = dsl.get(volume).map_or((0, 0), |dataset| {
-                let v = dataset.state.lock();
-                let after = v.entry.snapshots.iter().skip_while(|s| s.name != name).nth(1);
-                let list = after.map_or(&v.entry.deadlist, |s| &s.deadlist);
-                (list.entries, list.pieces.len() as u64)
-            });
-            let copies = self.pool.metadata_copies() as u64;
-            let needed = super::dsl_deadlist::pieces_bytes(next_entries, copies);
-            let available = self.room_beyond(&dsl, &txg, crate::alloc::SlopTier::Freeing);
-            if needed > available {
-                return Err(StoreError::DestroyNeedsSpace {
-                    pool: self.pool.name().to_owned(),
-                    volume: volume.to_owned(),
-                    snapshot: name.to_owned(),
-                    needed_bytes: needed,
-                    available_bytes: available,
-                });
-            }
-            let frees = next_entries.saturating_add(next_pieces).saturating_mul(copies);
-            txg.count_pending(needed, frees);
-            txg.queue(SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() },
-            );
-            id
-        };
-        self.sync_holding_lock(one_at_a_time).await?;
-        self.retire_snapshot_exports(&[id]);
-        Ok(())
-    }
-
-    /// Returns a volume to a snapshot (ZFS: `zfs rollback`): its contents, size and space as
-    /// they were when the snapshot was taken; writes since are gone. The snapshot must be the
-    /// newest unless `destroy_later`, which destroys the later ones first (`-r`). Connected
-    /// clients see the old contents at once (as with ZFS, they should not be writing). Durable
-    /// when this returns.
-    pub async fn rollback_volume(
-        &self,
-        volume: &str,
-        name: &str,
-        destroy_later: bool,
-    ) -> Result<(), StoreError> {
-        self.check_live()?;
-        let _guard = self.panic_guard("a rollback");
-        // Changes to the volume wait until the rollback's sync has ended, and those under way
-        // end first: each then lands wholly before or wholly after it.
-        let dataset = self.dataset(volume)?;
-        let _no_writes = dataset.rollback_gate.write().await;
-        let one_at_a_time = self.syncer.lock.lock().await;
-        let later_ids = {
-            let dsl = self.dsl.read();
-            let mut txg = self.txg.lock();
-            // Destroyed (and perhaps made again) while this waited for the gate.
-            if !dsl.get(volume).is_some_and(|d| Arc::ptr_eq(d, &dataset)) {
-                return Err(self.no_such_volume(volume));
-            }
-            let later: Vec<(u64, String)> = {
-                let v = dataset.state.lock();
-                let at =
-                    v.entry.snapshots.iter().position(|s| s.name == name).ok_or_else(|| {
-                        StoreError::NoSuchSnapshot {
-                            pool: self.pool.name().to_owned(),
-                            volume: volume.to_owned(),
-                            snapshot: name.to_owned(),
-                        }
-                    })?;
-                v.entry.snapshots[at + 1..].iter().map(|s| (s.id, s.name.clone())).collect()
-            };
-            if !later.is_empty() && !destroy_later {
-                return Err(StoreError::NotNewestSnapshot {
-                    pool: self.pool.name().to_owned(),
-                    volume: volume.to_owned(),
-                    snapshot: name.to_owned(),
-                    later: later.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>().join(", "),
-                });
-            }
-            for (id, later) in &later {
-                self.refuse_if_cloned(&dsl, volume, later, *id)?;
-            }
-            // A thick volume's reservation follows the snapshot's size, and all of it is unused
-            // again once the volume shares everything with the snapshot.
-            let (reservation, size) = {
-                let v = dataset.state.lock();
-                let size = v.entry.snapshots.iter().find(|s| s.name == name).map(|s| s.size_bytes);
-                (v.entry.reservation_bytes, size.unwrap_or(v.entry.size_bytes))
-            };
-            if reservation != 0 {
-                let target = self.thick_reservation(size, dataset.block_bytes);
-                let more = target.saturating_sub(dataset.unused_reservation());
-                let available = self.reservable_bytes(&dsl, &txg);
-                if more > available {
-                    return Err(StoreError::SnapshotNeedsSpace {
-                        pool: self.pool.name().to_owned(),
-                        what: "a rollback of",
-                        volumes: volume.to_owned(),
-                        needed_bytes: more,
-                        available_bytes: available,
-                    });
-                }
-            }
-            // Its sync frees what the volume wrote since the snapshot and, with `-r`, rewrites
-            // the dead lists of the snapshots it destroys: at most the volume's whole tree and
-            // lists, counted as a destroy of it would be.
-            {
-                let (frees, entries) = {
-                    let v = dataset.state.lock();
-                    let entries = std::iter::once(&v.entry.deadlist)
-                        .chain(v.entry.snapshots.iter().map(|s| &s.deadlist))
-                        .map(|l| l.entries)
-                        .fold(0u64, u64::saturating_add);
-                    (self.frees_bound(&v.entry), entries)
-                };
-                let copies = self.pool.metadata_copies() as u64;
-                let needed = super::dsl_deadlist::pieces_bytes(entries, copies)
-                    .saturating_mul(later.len() as u64);
-                // The destroys of `-r` rewrite dead lists as a snapshot destroy does, and may
-                // go as far into the slop.
-                let available = self.room_beyond(&dsl, &txg, crate::alloc::SlopTier::Freeing);
-                if let Some((_, first)) = later.first().filter(|_| needed > available) {
-                    return Err(StoreError::DestroyNeedsSpace {
-                        pool: self.pool.name().to_owned(),
-                        volume: volume.to_owned(),
-                        snapshot: first.clone(),
-                        needed_bytes: needed,
-                        available_bytes: available,
-                    });
-                }
-                txg.count_pending(needed, frees);
-            }
-            for (_, later) in later.iter().rev() {
-                txg.queue(SnapshotOp::Destroy { volume: volume.to_owned(), name: later.clone() },
-                );
-            }
-            txg.queue(SnapshotOp::Rollback { volume: volume.to_owned(), name: name.to_owned() },
-            );
-            // Writes not yet synced are written by the rollback's sync and freed by it, not
-            // dropped now: an intent-log record of theirs not yet filled must still find its
-            // bytes, in case the rollback never becomes durable and the log is replayed.
-            later.into_iter().map(|(id, _)| id).collect::<Vec<_>>()
-        };
-        self.sync_holding_lock(one_at_a_time).await?;
-        self.retire_snapshot_exports(&later_ids);
-        Ok(())
-    }
-
+/// The namespace's side of snapshots: lookups and figures that read the volumes' entries
+/// alone, under the namespace's lock, and the served snapshots' datasets.
+impl Dsl {
     /// The snapshots of `volume`, oldest first, with their space figures.
-    pub fn snapshots(&self, volume: &str) -> Result<Vec<SnapshotInfo>, StoreError> {
+    pub(super) fn snapshots(&self, volume: &str) -> Result<Vec<SnapshotInfo>, StoreError> {
         let entry = self.dataset(volume)?.state.lock().entry.clone();
         let clones = self.clones_by_origin();
         let snapshots = &entry.snapshots;
@@ -404,7 +158,7 @@ impl Store {
 
     /// The clones of every snapshot, by snapshot id.
     fn clones_by_origin(&self) -> BTreeMap<u64, Vec<String>> {
-        let dsl = self.dsl.read();
+        let dsl = self.read();
         let mut clones: BTreeMap<u64, Vec<String>> = BTreeMap::new();
         for (name, dataset) in dsl.iter() {
             if let Some(origin) = dataset.state.lock().entry.origin {
@@ -432,170 +186,21 @@ impl Store {
             return Ok(());
         }
         Err(StoreError::HasClones {
-            pool: self.pool.name().to_owned(),
+            pool: self.pool_name().to_owned(),
             volume: volume.to_owned(),
             snapshot: snapshot.to_owned(),
             clones: clones.join(", "),
         })
     }
 
-    /// Makes volume `clone` from snapshot `volume@name` (ZFS: `zfs clone`): writable, sharing
-    /// every block with the snapshot until it writes its own. It takes the snapshot's size
-    /// and the volume's properties, and is thin. Durable when this returns.
-    pub async fn clone_snapshot(
-        &self,
-        volume: &str,
-        name: &str,
-        clone: &str,
-    ) -> Result<(), StoreError> {
-        self.check_live()?;
-        let _guard = self.panic_guard("a clone");
-        if !super::dataset::is_hidden(clone) {
-            check_volume_name(clone)?;
-        }
-        let one_at_a_time = self.syncer.lock.lock().await;
-        {
-            let mut dsl = self.dsl.write();
-            if dsl.contains(clone) {
-                return Err(StoreError::VolumeExists {
-                    pool: self.pool.name().to_owned(),
-                    volume: clone.to_owned(),
-                });
-            }
-            let snapshot = self.snapshot_of(&dsl, volume, name)?;
-            let parent = dsl.get(volume).expect("a volume checked above under the same lock").state.lock().entry.clone();
-            let id = dsl.next_id();
-            let log = self.new_log(id)?;
-            dsl.use_id(id);
-            let (size, levels) = (snapshot.size_bytes, snapshot.levels);
-            let mut entry = VolumeEntry::new(id, clone, size, parent.block_bytes, levels);
-            entry.root = snapshot.root;
-            entry.space = Some(snapshot.space);
-            entry.prev_snap_txg = snapshot.txg;
-            entry.origin = Some(Origin {
-                snapshot: snapshot.id,
-                txg: snapshot.txg,
-                referenced_bytes: snapshot.space.referenced_bytes,
-            });
-            entry.dedup = parent.dedup;
-            entry.sync = parent.sync;
-            entry.logbias = parent.logbias;
-            entry.compression = parent.compression;
-            let dataset = Dataset::new(entry, Some(log), &self.limits);
-            dsl.insert(clone.to_owned(), dataset);
-        }
-        self.sync_holding_lock(one_at_a_time).await?;
-        Ok(())
-    }
-
-    /// Makes clone `volume` the parent of its origin (ZFS: `zfs promote`): the origin snapshot
-    /// and those before it move to the clone, and the volume they came from becomes a clone
-    /// of it, which can then be destroyed. Refused when a moving snapshot's name is taken
-    /// among the clone's own. Durable when this returns.
-    pub async fn promote_volume(&self, volume: &str) -> Result<(), StoreError> {
-        self.check_live()?;
-        let _guard = self.panic_guard("a promote");
-        let one_at_a_time = self.syncer.lock.lock().await;
-        {
-            let dsl = self.dsl.read();
-            let mut txg = self.txg.lock();
-            let dataset = dsl.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
-            let entry = dataset.state.lock().entry.clone();
-            let Some(origin) = entry.origin else {
-                return Err(StoreError::InvalidProperty {
-                    volume: volume.to_owned(),
-                    reason: "is not a clone, so there is nothing to promote it over".to_owned(),
-                });
-            };
-            let holds = |d: &Arc<Dataset>| {
-                d.state.lock().entry.snapshots.iter().position(|s| s.id == origin.snapshot)
-            };
-            let found = dsl.iter().find_map(|(name, d)| Some((name.clone(), holds(d)?, d)));
-            let Some((parent, at, parent_dataset)) = found else {
-                return Err(StoreError::InvalidProperty {
-                    volume: volume.to_owned(),
-                    reason: format!("its origin (snapshot id {}) is in no volume", origin.snapshot),
-                });
-            };
-            let moving: Vec<String> = parent_dataset.state.lock().entry.snapshots[..=at]
-                .iter()
-                .map(|s| s.name.clone())
-                .collect();
-            if let Some(taken) =
-                moving.iter().find(|m| entry.snapshots.iter().any(|s| &s.name == *m))
-            {
-                return Err(StoreError::SnapshotExists {
-                    pool: self.pool.name().to_owned(),
-                    volume: volume.to_owned(),
-                    snapshot: taken.clone(),
-                });
-            }
-            txg.queue(SnapshotOp::Promote { volume: volume.to_owned(), parent });
-        }
-        self.sync_holding_lock(one_at_a_time).await?;
-        Ok(())
-    }
-
-    /// Promotes clone `clone` over `parent` in the syncing txg (see the module doc).
-    async fn promote_in_sync(
-        &self,
-        trees: &mut BTreeMap<String, SyncedTree>,
-        clone: &str,
-        parent: &str,
-    ) -> Result<(), PoolError> {
-        let (Some(mut c), Some(mut o)) = (trees.remove(clone), trees.remove(parent)) else {
-            debug_assert!(false, "promote of {clone} over {parent}, not both quiesced");
-            return Ok(());
-        };
-        let origin = c.family.origin;
-        let at = origin
-            .and_then(|origin| o.family.snapshots.iter().position(|s| s.id == origin.snapshot));
-        if let Some(at) = at {
-            let moved: Vec<SnapshotEntry> = o.family.snapshots.drain(..=at).collect();
-            let s = moved.last().expect("the origin moves").clone();
-            // The old parent becomes a clone of S: everything born by S's txg is S's now, one
-            // range in its lists.
-            let folded =
-                moved[..at].iter().map(|m| m.txg + 1).chain(o.family.origin.map(|p| p.txg + 1));
-            let folded: Vec<u64> = folded.collect();
-            for list in o.family.lists_mut() {
-                for &start in &folded {
-                    merge_range(list, start, 0);
-                }
-            }
-            let grandparent = o.family.origin;
-            o.family.origin = Some(Origin {
-                snapshot: s.id,
-                txg: s.txg,
-                referenced_bytes: s.space.referenced_bytes,
-            });
-            // The clone takes them before its own snapshots, and the parent's origin; its own
-            // lists are counted again by the ranges they bring.
-            c.family.origin = grandparent;
-            let own = std::mem::take(&mut c.family.snapshots);
-            c.family.snapshots = moved;
-            c.family.snapshots.extend(own);
-            let starts = c.family.starts();
-            for i in at + 1..c.family.snapshots.len() {
-                recount(self, &mut c.family.snapshots[i].deadlist, &starts).await?;
-            }
-            recount(self, &mut c.family.deadlist, &starts).await?;
-        } else {
-            debug_assert!(false, "promote of {clone}: its origin is not in {parent}");
-        }
-        trees.insert(clone.to_owned(), c);
-        trees.insert(parent.to_owned(), o);
-        Ok(())
-    }
-
     /// Bytes that only snapshots hold, over every volume: what destroying them all would free.
-    pub fn snapshots_bytes(&self) -> u64 {
-        let names: Vec<String> = self.dsl.read().iter().map(|(name, _)| name.clone()).collect();
+    pub(super) fn snapshots_bytes(&self) -> u64 {
+        let names: Vec<String> = self.read().iter().map(|(name, _)| name.clone()).collect();
         names.iter().filter_map(|v| self.snapshot_space(v).ok()).map(|s| s.snapshots_bytes).sum()
     }
 
     /// What a volume's snapshots hold beyond its tree, and what it wrote since the newest.
-    pub fn snapshot_space(&self, volume: &str) -> Result<SnapshotSpace, StoreError> {
+    pub(super) fn snapshot_space(&self, volume: &str) -> Result<SnapshotSpace, StoreError> {
         let dataset = self.dataset(volume)?;
         let v = dataset.state.lock();
         let lists =
@@ -621,8 +226,9 @@ impl Store {
         &self,
         volume: &str,
         name: &str,
+        limits: &TxgLimits,
     ) -> Result<Arc<Dataset>, StoreError> {
-        let mut dsl = self.dsl.write();
+        let mut dsl = self.write();
         let snapshot = self.snapshot_of(&dsl, volume, name)?;
         let block_bytes = dsl.get(volume).expect("a volume checked above under the same lock").block_bytes;
         if let Some(open) = dsl.export(snapshot.id) {
@@ -637,14 +243,14 @@ impl Store {
         );
         entry.root = snapshot.root;
         entry.space = Some(snapshot.space);
-        let dataset = Dataset::snapshot(entry, &self.limits);
+        let dataset = Dataset::snapshot(entry, limits);
         dsl.add_export(snapshot.id, &dataset);
         Ok(dataset)
     }
 
     /// Handles on destroyed snapshots fail from now on.
     pub(super) fn retire_snapshot_exports(&self, ids: &[u64]) {
-        let mut dsl = self.dsl.write();
+        let mut dsl = self.write();
         for id in ids {
             if let Some(dataset) = dsl.retire_export(*id) {
                 dataset.destroyed.store(true, Ordering::Release);
@@ -652,7 +258,7 @@ impl Store {
         }
     }
 
-    fn snapshot_of(
+    pub(super) fn snapshot_of(
         &self,
         dsl: &Datasets,
         volume: &str,
@@ -661,10 +267,374 @@ impl Store {
         let dataset = dsl.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
         let found = dataset.state.lock().entry.snapshots.iter().find(|s| s.name == name).cloned();
         found.ok_or_else(|| StoreError::NoSuchSnapshot {
-            pool: self.pool.name().to_owned(),
+            pool: self.pool_name().to_owned(),
             volume: volume.to_owned(),
             snapshot: name.to_owned(),
         })
+    }
+}
+
+impl Store {
+    /// Takes a snapshot of each named volume, `(volume, snapshot)`, all in one txg (ZFS:
+    /// `zfs snapshot a@s b@s`), and returns that txg once it is durable. Writes answered
+    /// before the call are in it. A thick volume must find the space its reservation will
+    /// need again: after a snapshot, every block it overwrites is new space.
+    pub async fn create_snapshots(
+        &self,
+        names: &[(String, String)],
+        creation_secs: u64,
+    ) -> Result<u64, StoreError> {
+        self.create_snapshots_with(names, creation_secs, None).await
+    }
+
+    /// [`Store::create_snapshots`], with the snapshots' guids given (a received snapshot
+    /// keeps its sender's).
+    pub(super) async fn create_snapshots_with(
+        &self,
+        names: &[(String, String)],
+        creation_secs: u64,
+        guid: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("a snapshot create");
+        for (i, (volume, name)) in names.iter().enumerate() {
+            if !super::dataset::is_hidden(volume) {
+                check_volume_name(volume)?;
+            }
+            check_snapshot_name(volume, name)?;
+            if names[..i].iter().any(|(other, _)| other == volume) {
+                return Err(StoreError::InvalidProperty {
+                    volume: volume.clone(),
+                    reason: "named twice: one snapshot per volume per command".to_owned(),
+                });
+            }
+        }
+        let one_at_a_time = self.syncer.lock().await;
+        {
+            let mut dsl = self.dsl.write();
+            let mut txg = self.txg.lock();
+            let mut more_reserved = 0u64;
+            for (volume, name) in names {
+                let dataset = dsl.get(volume).ok_or_else(|| self.dsl.no_such_volume(volume))?;
+                let v = dataset.state.lock();
+                if v.entry.snapshots.iter().any(|s| &s.name == name) {
+                    return Err(StoreError::SnapshotExists {
+                        pool: self.spa.pool().name().to_owned(),
+                        volume: volume.clone(),
+                        snapshot: name.clone(),
+                    });
+                }
+                // After the snapshot the volume's unique bytes are zero: its whole
+                // reservation is unused again (ZFS refuses such a snapshot the same way).
+                let dirty = dataset.dirty_bytes.load(Ordering::Relaxed);
+                let reservation = v.entry.reservation_bytes;
+                drop(v);
+                more_reserved +=
+                    reservation.saturating_sub(dirty).saturating_sub(dataset.unused_reservation());
+            }
+            let available = reservable_bytes(&self.spa, &dsl, &txg);
+            if more_reserved > available {
+                return Err(StoreError::SnapshotNeedsSpace {
+                    pool: self.spa.pool().name().to_owned(),
+                    what: "a snapshot of",
+                    volumes: names.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>().join(", "),
+                    needed_bytes: more_reserved,
+                    available_bytes: available,
+                });
+            }
+            let mut guids = self.spa.pool().env().unique_rng("snapshot guid");
+            for (volume, name) in names {
+                let id = dsl.next_id();
+                dsl.use_id(id);
+                let snapshot = SnapshotEntry {
+                    id,
+                    guid: guid.unwrap_or_else(|| guids.u64() | 1),
+                    name: name.clone(),
+                    txg: 0,
+                    creation_secs,
+                    size_bytes: 0,
+                    levels: 0,
+                    root: None,
+                    space: VolumeSpace::default(),
+                    deadlist: Deadlist::default(),
+                };
+                let snapshot = Box::new(snapshot);
+                txg.queue(SnapshotOp::Create { volume: volume.clone(), snapshot },
+                );
+            }
+        }
+        self.sync_holding_lock(one_at_a_time).await
+    }
+
+    /// Destroys a snapshot (ZFS: `zfs destroy vol@snap`): frees the blocks no other snapshot
+    /// and not the volume hold, reading only the next dataset's dead list. Durable when this
+    /// returns. A client reading it through its export gets errors from then on.
+    pub async fn destroy_snapshot(&self, volume: &str, name: &str) -> Result<(), StoreError> {
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("a snapshot destroy");
+        let one_at_a_time = self.syncer.lock().await;
+        let id = {
+            let dsl = self.dsl.read();
+            let mut txg = self.txg.lock();
+            let id = self.dsl.snapshot_of(&dsl, volume, name)?.id;
+            self.dsl.refuse_if_cloned(&dsl, volume, name, id)?;
+            // Its sync rewrites the next dead list (the next snapshot's, or the volume's) with
+            // the entries it keeps, and frees the rest with the old pieces: admission counts
+            // both. It frees space, so as ZFS does it may go into the slop
+            // (`SlopTier::Freeing`); only a rewrite that not even that holds is refused.
+            let (next_entries, next_pieces) = dsl.get(volume).map_or((0, 0), |dataset| {
+                let v = dataset.state.lock();
+                let after = v.entry.snapshots.iter().skip_while(|s| s.name != name).nth(1);
+                let list = after.map_or(&v.entry.deadlist, |s| &s.deadlist);
+                (list.entries, list.pieces.len() as u64)
+            });
+            let copies = self.spa.pool().metadata_copies() as u64;
+            let needed = super::dsl_deadlist::pieces_bytes(next_entries, copies);
+            let available = room_beyond(&self.spa, &dsl, &txg, crate::alloc::SlopTier::Freeing);
+            if needed > available {
+                return Err(StoreError::DestroyNeedsSpace {
+                    pool: self.spa.pool().name().to_owned(),
+                    volume: volume.to_owned(),
+                    snapshot: name.to_owned(),
+                    needed_bytes: needed,
+                    available_bytes: available,
+                });
+            }
+            let frees = next_entries.saturating_add(next_pieces).saturating_mul(copies);
+            txg.count_pending(needed, frees);
+            txg.queue(SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() },
+            );
+            id
+        };
+        self.sync_holding_lock(one_at_a_time).await?;
+        self.dsl.retire_snapshot_exports(&[id]);
+        Ok(())
+    }
+
+    /// Returns a volume to a snapshot (ZFS: `zfs rollback`): its contents, size and space as
+    /// they were when the snapshot was taken; writes since are gone. The snapshot must be the
+    /// newest unless `destroy_later`, which destroys the later ones first (`-r`). Connected
+    /// clients see the old contents at once (as with ZFS, they should not be writing). Durable
+    /// when this returns.
+    pub async fn rollback_volume(
+        &self,
+        volume: &str,
+        name: &str,
+        destroy_later: bool,
+    ) -> Result<(), StoreError> {
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("a rollback");
+        // Changes to the volume wait until the rollback's sync has ended, and those under way
+        // end first: each then lands wholly before or wholly after it.
+        let dataset = self.dataset(volume)?;
+        let _no_writes = dataset.rollback_gate.write().await;
+        let one_at_a_time = self.syncer.lock().await;
+        let later_ids = {
+            let dsl = self.dsl.read();
+            let mut txg = self.txg.lock();
+            // Destroyed (and perhaps made again) while this waited for the gate.
+            if !dsl.get(volume).is_some_and(|d| Arc::ptr_eq(d, &dataset)) {
+                return Err(self.dsl.no_such_volume(volume));
+            }
+            let later: Vec<(u64, String)> = {
+                let v = dataset.state.lock();
+                let at =
+                    v.entry.snapshots.iter().position(|s| s.name == name).ok_or_else(|| {
+                        StoreError::NoSuchSnapshot {
+                            pool: self.spa.pool().name().to_owned(),
+                            volume: volume.to_owned(),
+                            snapshot: name.to_owned(),
+                        }
+                    })?;
+                v.entry.snapshots[at + 1..].iter().map(|s| (s.id, s.name.clone())).collect()
+            };
+            if !later.is_empty() && !destroy_later {
+                return Err(StoreError::NotNewestSnapshot {
+                    pool: self.spa.pool().name().to_owned(),
+                    volume: volume.to_owned(),
+                    snapshot: name.to_owned(),
+                    later: later.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>().join(", "),
+                });
+            }
+            for (id, later) in &later {
+                self.dsl.refuse_if_cloned(&dsl, volume, later, *id)?;
+            }
+            // A thick volume's reservation follows the snapshot's size, and all of it is unused
+            // again once the volume shares everything with the snapshot.
+            let (reservation, size) = {
+                let v = dataset.state.lock();
+                let size = v.entry.snapshots.iter().find(|s| s.name == name).map(|s| s.size_bytes);
+                (v.entry.reservation_bytes, size.unwrap_or(v.entry.size_bytes))
+            };
+            if reservation != 0 {
+                let target = self.spa.thick_reservation(size, dataset.block_bytes);
+                let more = target.saturating_sub(dataset.unused_reservation());
+                let available = reservable_bytes(&self.spa, &dsl, &txg);
+                if more > available {
+                    return Err(StoreError::SnapshotNeedsSpace {
+                        pool: self.spa.pool().name().to_owned(),
+                        what: "a rollback of",
+                        volumes: volume.to_owned(),
+                        needed_bytes: more,
+                        available_bytes: available,
+                    });
+                }
+            }
+            // Its sync frees what the volume wrote since the snapshot and, with `-r`, rewrites
+            // the dead lists of the snapshots it destroys: at most the volume's whole tree and
+            // lists, counted as a destroy of it would be.
+            {
+                let (frees, entries) = {
+                    let v = dataset.state.lock();
+                    let entries = std::iter::once(&v.entry.deadlist)
+                        .chain(v.entry.snapshots.iter().map(|s| &s.deadlist))
+                        .map(|l| l.entries)
+                        .fold(0u64, u64::saturating_add);
+                    (self.spa.frees_bound(&v.entry), entries)
+                };
+                let copies = self.spa.pool().metadata_copies() as u64;
+                let needed = super::dsl_deadlist::pieces_bytes(entries, copies)
+                    .saturating_mul(later.len() as u64);
+                // The destroys of `-r` rewrite dead lists as a snapshot destroy does, and may
+                // go as far into the slop.
+                let available = room_beyond(&self.spa, &dsl, &txg, crate::alloc::SlopTier::Freeing);
+                if let Some((_, first)) = later.first().filter(|_| needed > available) {
+                    return Err(StoreError::DestroyNeedsSpace {
+                        pool: self.spa.pool().name().to_owned(),
+                        volume: volume.to_owned(),
+                        snapshot: first.clone(),
+                        needed_bytes: needed,
+                        available_bytes: available,
+                    });
+                }
+                txg.count_pending(needed, frees);
+            }
+            for (_, later) in later.iter().rev() {
+                txg.queue(SnapshotOp::Destroy { volume: volume.to_owned(), name: later.clone() },
+                );
+            }
+            txg.queue(SnapshotOp::Rollback { volume: volume.to_owned(), name: name.to_owned() },
+            );
+            // Writes not yet synced are written by the rollback's sync and freed by it, not
+            // dropped now: an intent-log record of theirs not yet filled must still find its
+            // bytes, in case the rollback never becomes durable and the log is replayed.
+            later.into_iter().map(|(id, _)| id).collect::<Vec<_>>()
+        };
+        self.sync_holding_lock(one_at_a_time).await?;
+        self.dsl.retire_snapshot_exports(&later_ids);
+        Ok(())
+    }
+
+    /// The snapshots of `volume`, oldest first, with their space figures.
+    pub fn snapshots(&self, volume: &str) -> Result<Vec<SnapshotInfo>, StoreError> {
+        self.dsl.snapshots(volume)
+    }
+
+    /// Makes volume `clone` from snapshot `volume@name` (ZFS: `zfs clone`): writable, sharing
+    /// every block with the snapshot until it writes its own. It takes the snapshot's size
+    /// and the volume's properties, and is thin. Durable when this returns.
+    pub async fn clone_snapshot(
+        &self,
+        volume: &str,
+        name: &str,
+        clone: &str,
+    ) -> Result<(), StoreError> {
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("a clone");
+        if !super::dataset::is_hidden(clone) {
+            check_volume_name(clone)?;
+        }
+        let one_at_a_time = self.syncer.lock().await;
+        {
+            let mut dsl = self.dsl.write();
+            if dsl.contains(clone) {
+                return Err(StoreError::VolumeExists {
+                    pool: self.spa.pool().name().to_owned(),
+                    volume: clone.to_owned(),
+                });
+            }
+            let snapshot = self.dsl.snapshot_of(&dsl, volume, name)?;
+            let parent = dsl.get(volume).expect("a volume checked above under the same lock").state.lock().entry.clone();
+            let id = dsl.next_id();
+            let log = self.zil.new_log(&self.spa, id)?;
+            dsl.use_id(id);
+            let (size, levels) = (snapshot.size_bytes, snapshot.levels);
+            let mut entry = VolumeEntry::new(id, clone, size, parent.block_bytes, levels);
+            entry.root = snapshot.root;
+            entry.space = Some(snapshot.space);
+            entry.prev_snap_txg = snapshot.txg;
+            entry.origin = Some(Origin {
+                snapshot: snapshot.id,
+                txg: snapshot.txg,
+                referenced_bytes: snapshot.space.referenced_bytes,
+            });
+            entry.dedup = parent.dedup;
+            entry.sync = parent.sync;
+            entry.logbias = parent.logbias;
+            entry.compression = parent.compression;
+            let dataset = Dataset::new(entry, Some(log), self.txg.limits());
+            dsl.insert(clone.to_owned(), dataset);
+        }
+        self.sync_holding_lock(one_at_a_time).await?;
+        Ok(())
+    }
+
+    /// Makes clone `volume` the parent of its origin (ZFS: `zfs promote`): the origin snapshot
+    /// and those before it move to the clone, and the volume they came from becomes a clone
+    /// of it, which can then be destroyed. Refused when a moving snapshot's name is taken
+    /// among the clone's own. Durable when this returns.
+    pub async fn promote_volume(&self, volume: &str) -> Result<(), StoreError> {
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("a promote");
+        let one_at_a_time = self.syncer.lock().await;
+        {
+            let dsl = self.dsl.read();
+            let mut txg = self.txg.lock();
+            let dataset = dsl.get(volume).ok_or_else(|| self.dsl.no_such_volume(volume))?;
+            let entry = dataset.state.lock().entry.clone();
+            let Some(origin) = entry.origin else {
+                return Err(StoreError::InvalidProperty {
+                    volume: volume.to_owned(),
+                    reason: "is not a clone, so there is nothing to promote it over".to_owned(),
+                });
+            };
+            let holds = |d: &Arc<Dataset>| {
+                d.state.lock().entry.snapshots.iter().position(|s| s.id == origin.snapshot)
+            };
+            let found = dsl.iter().find_map(|(name, d)| Some((name.clone(), holds(d)?, d)));
+            let Some((parent, at, parent_dataset)) = found else {
+                return Err(StoreError::InvalidProperty {
+                    volume: volume.to_owned(),
+                    reason: format!("its origin (snapshot id {}) is in no volume", origin.snapshot),
+                });
+            };
+            let moving: Vec<String> = parent_dataset.state.lock().entry.snapshots[..=at]
+                .iter()
+                .map(|s| s.name.clone())
+                .collect();
+            if let Some(taken) =
+                moving.iter().find(|m| entry.snapshots.iter().any(|s| &s.name == *m))
+            {
+                return Err(StoreError::SnapshotExists {
+                    pool: self.spa.pool().name().to_owned(),
+                    volume: volume.to_owned(),
+                    snapshot: taken.clone(),
+                });
+            }
+            txg.queue(SnapshotOp::Promote { volume: volume.to_owned(), parent });
+        }
+        self.sync_holding_lock(one_at_a_time).await?;
+        Ok(())
+    }
+
+    /// Bytes that only snapshots hold, over every volume: what destroying them all would free.
+    pub fn snapshots_bytes(&self) -> u64 {
+        self.dsl.snapshots_bytes()
+    }
+
+    /// What a volume's snapshots hold beyond its tree, and what it wrote since the newest.
+    pub fn snapshot_space(&self, volume: &str) -> Result<SnapshotSpace, StoreError> {
+        self.dsl.snapshot_space(volume)
     }
 
     /// The sync's dead-list step, after the volumes' trees are written (ZFS:
@@ -681,7 +651,7 @@ impl Store {
             let dead = std::mem::take(&mut tree.dead);
             let starts = tree.family.starts();
             let list = &mut tree.family.deadlist;
-            self.append_deadlist(txg, list, &starts, dead, &mut ctx.replaced).await?;
+            super::dsl_deadlist::append(&self.spa, txg, list, &starts, dead, &mut ctx.replaced).await?;
         }
         Ok(())
     }
@@ -703,7 +673,7 @@ impl Store {
             | SnapshotOp::Promote { volume, .. } => volume.clone(),
         };
         if let SnapshotOp::Promote { parent, .. } = &op {
-            self.promote_in_sync(trees, &volume, parent).await?;
+            promote_in_sync(&self.spa, trees, &volume, parent).await?;
             rewind.extend([&volume, parent].into_iter().filter_map(|v| volume_id(v)));
             return Ok(());
         }
@@ -728,7 +698,7 @@ impl Store {
                 family.prev_snap_txg = txg;
             }
             SnapshotOp::Destroy { name, .. } => {
-                self.destroy_in_sync(ctx, &mut tree.family, &name).await?;
+                destroy_in_sync(&self.spa, ctx, &mut tree.family, &name).await?;
             }
             SnapshotOp::Promote { .. } => unreachable!("made above"),
             SnapshotOp::Rollback { name, .. } => {
@@ -754,61 +724,113 @@ impl Store {
         }
         Ok(())
     }
+}
 
-    /// Destroys snapshot `name` of `family` in the syncing txg (see the module doc).
-    async fn destroy_in_sync(
-        &self,
-        ctx: &mut TreeUpdate<'_>,
-        family: &mut Family,
-        name: &str,
-    ) -> Result<(), PoolError> {
-        let Some(at) = family.snapshots.iter().position(|s| s.name == name) else {
-            debug_assert!(false, "destroy of snapshot {name}, which does not exist");
-            return Ok(());
-        };
-        let (prev_txg, prev_start) = family.before(at);
-        let gone = family.snapshots.remove(at);
-        let next_is_volume = at == family.snapshots.len();
-        let starts = family.starts();
-        let next =
-            if next_is_volume { &mut family.deadlist } else { &mut family.snapshots[at].deadlist };
-        let entries = self.deadlist_entries(next).await?;
-        // Born after the snapshot before: only the destroyed one held them.
-        let (freed, kept): (Vec<BlockPointer>, Vec<BlockPointer>) =
-            entries.into_iter().partition(|bp| bp.birth_txg > prev_txg);
-        ctx.replaced.extend(freed);
-        ctx.replaced.append(&mut next.pieces);
-        let mut list = Deadlist::default();
-        for bp in &kept {
-            count_entry(&mut list, &starts, bp);
-        }
-        list.entries = kept.len() as u64;
-        list.pieces = self.write_deadlist_pieces(ctx.txg, &kept).await?;
-        // The destroyed snapshot's own list names blocks the one before still holds: they
-        // are now dead to the next dataset, whose list takes its pieces as they are.
-        list.entries += gone.deadlist.entries;
-        list.pieces.extend(gone.deadlist.pieces.iter().copied());
-        for &(start, bytes) in &gone.deadlist.buckets {
-            match list.buckets.binary_search_by_key(&start, |&(s, _)| s) {
-                Ok(i) => list.buckets[i].1 += bytes,
-                Err(i) => list.buckets.insert(i, (start, bytes)),
+/// Promotes clone `clone` over `parent` in the syncing txg (see the module doc).
+async fn promote_in_sync(
+    spa: &Spa,
+    trees: &mut BTreeMap<String, SyncedTree>,
+    clone: &str,
+    parent: &str,
+) -> Result<(), PoolError> {
+    let (Some(mut c), Some(mut o)) = (trees.remove(clone), trees.remove(parent)) else {
+        debug_assert!(false, "promote of {clone} over {parent}, not both quiesced");
+        return Ok(());
+    };
+    let origin = c.family.origin;
+    let at = origin
+        .and_then(|origin| o.family.snapshots.iter().position(|s| s.id == origin.snapshot));
+    if let Some(at) = at {
+        let moved: Vec<SnapshotEntry> = o.family.snapshots.drain(..=at).collect();
+        let s = moved.last().expect("the origin moves").clone();
+        // The old parent becomes a clone of S: everything born by S's txg is S's now, one
+        // range in its lists.
+        let folded =
+            moved[..at].iter().map(|m| m.txg + 1).chain(o.family.origin.map(|p| p.txg + 1));
+        let folded: Vec<u64> = folded.collect();
+        for list in o.family.lists_mut() {
+            for &start in &folded {
+                merge_range(list, start, 0);
             }
         }
-        *next = list;
-        // Its txg no longer bounds a birth range.
-        for list in family.lists_mut() {
-            merge_range(list, gone.txg + 1, prev_start);
+        let grandparent = o.family.origin;
+        o.family.origin = Some(Origin {
+            snapshot: s.id,
+            txg: s.txg,
+            referenced_bytes: s.space.referenced_bytes,
+        });
+        // The clone takes them before its own snapshots, and the parent's origin; its own
+        // lists are counted again by the ranges they bring.
+        c.family.origin = grandparent;
+        let own = std::mem::take(&mut c.family.snapshots);
+        c.family.snapshots = moved;
+        c.family.snapshots.extend(own);
+        let starts = c.family.starts();
+        for i in at + 1..c.family.snapshots.len() {
+            recount(spa, &mut c.family.snapshots[i].deadlist, &starts).await?;
         }
-        if next_is_volume {
-            family.prev_snap_txg = prev_txg;
-        }
-        Ok(())
+        recount(spa, &mut c.family.deadlist, &starts).await?;
+    } else {
+        debug_assert!(false, "promote of {clone}: its origin is not in {parent}");
     }
+    trees.insert(clone.to_owned(), c);
+    trees.insert(parent.to_owned(), o);
+    Ok(())
+}
+
+/// Destroys snapshot `name` of `family` in the syncing txg (see the module doc).
+async fn destroy_in_sync(
+    spa: &Spa,
+    ctx: &mut TreeUpdate<'_>,
+    family: &mut Family,
+    name: &str,
+) -> Result<(), PoolError> {
+    let Some(at) = family.snapshots.iter().position(|s| s.name == name) else {
+        debug_assert!(false, "destroy of snapshot {name}, which does not exist");
+        return Ok(());
+    };
+    let (prev_txg, prev_start) = family.before(at);
+    let gone = family.snapshots.remove(at);
+    let next_is_volume = at == family.snapshots.len();
+    let starts = family.starts();
+    let next =
+        if next_is_volume { &mut family.deadlist } else { &mut family.snapshots[at].deadlist };
+    let entries = super::dsl_deadlist::entries(spa, next).await?;
+    // Born after the snapshot before: only the destroyed one held them.
+    let (freed, kept): (Vec<BlockPointer>, Vec<BlockPointer>) =
+        entries.into_iter().partition(|bp| bp.birth_txg > prev_txg);
+    ctx.replaced.extend(freed);
+    ctx.replaced.append(&mut next.pieces);
+    let mut list = Deadlist::default();
+    for bp in &kept {
+        count_entry(&mut list, &starts, bp);
+    }
+    list.entries = kept.len() as u64;
+    list.pieces = super::dsl_deadlist::write_pieces(spa, ctx.txg, &kept).await?;
+    // The destroyed snapshot's own list names blocks the one before still holds: they
+    // are now dead to the next dataset, whose list takes its pieces as they are.
+    list.entries += gone.deadlist.entries;
+    list.pieces.extend(gone.deadlist.pieces.iter().copied());
+    for &(start, bytes) in &gone.deadlist.buckets {
+        match list.buckets.binary_search_by_key(&start, |&(s, _)| s) {
+            Ok(i) => list.buckets[i].1 += bytes,
+            Err(i) => list.buckets.insert(i, (start, bytes)),
+        }
+    }
+    *next = list;
+    // Its txg no longer bounds a birth range.
+    for list in family.lists_mut() {
+        merge_range(list, gone.txg + 1, prev_start);
+    }
+    if next_is_volume {
+        family.prev_snap_txg = prev_txg;
+    }
+    Ok(())
 }
 
 /// Counts `list`'s bytes again by the birth ranges `starts` (reading its entries).
-async fn recount(store: &Store, list: &mut Deadlist, starts: &[u64]) -> Result<(), PoolError> {
-    let entries = store.deadlist_entries(list).await?;
+async fn recount(spa: &Spa, list: &mut Deadlist, starts: &[u64]) -> Result<(), PoolError> {
+    let entries = super::dsl_deadlist::entries(spa, list).await?;
     list.buckets.clear();
     for bp in &entries {
         count_entry(list, starts, bp);

@@ -33,7 +33,7 @@ pub(super) struct SyncCx<'c, 's> {
     /// Each quiesced volume's tree, by name, as this txg's sync leaves it.
     pub(super) trees: &'c mut BTreeMap<String, SyncedTree>,
     /// Volumes (by id) whose trees a scan must walk again once this txg is durable (their
-    /// trees went back or moved: `Store::rewind_scan`).
+    /// trees went back or moved: `Scan::rewind`).
     pub(super) rewind: &'c mut Vec<u64>,
 }
 

@@ -11,56 +11,68 @@
 //!
 //! | file | ZFS | what it holds |
 //! |---|---|---|
-//! | `mod.rs` | `dsl_pool.c` | [`Store`] and which owner holds what, errors, suspension |
-//! | `dataset.rs` | `dsl_dataset.c`, `dsl_dir.c`, `zvol.c` | the volume namespace ([`Datasets`]); volume create, destroy, resize, properties |
-//! | `dsl_snapshot.rs` | `dsl_dataset.c`, `dsl_destroy.c` | snapshot create and destroy, rollback, snapshot exports |
+//! | `mod.rs` | `dsl_pool.c` | [`Store`], the facade over the objects below; errors |
+//! | `spa.rs` | `spa.c`, `spa_misc.c` | the pool, its space and dedup table, the lock of a change of leaves, suspension, test points (`Spa`) |
+//! | `dataset.rs` | `dsl_dataset.c`, `dsl_dir.c`, `zvol.c` | the volume namespace ([`Datasets`], held with the scan by `Dsl`); volume create, destroy, resize, properties |
+//! | `dsl_snapshot.rs` | `dsl_dataset.c`, `dsl_destroy.c` | snapshot create and destroy, rollback, snapshot exports; the snapshot lookups and figures (on `Dsl`) |
 //! | `dmu_send.rs` | `dmu_send.c` | send streams of snapshots, full and incremental |
 //! | `dmu_recv.rs` | `dmu_recv.c` | receive into a hidden volume, its blocks written in place raw |
-//! | `dsl_deadlist.rs` | `dsl_deadlist.c`, `bpobj.c` | dead lists: appended by each sync, read back by a destroy |
+//! | `dsl_deadlist.rs` | `dsl_deadlist.c`, `bpobj.c` | dead lists: appended by each sync, read back by a destroy, through the `Spa` |
 //! | `dbuf.rs` | `dbuf.c` | dirty blocks and patches of the open and syncing txgs |
 //! | `dmu.rs` | `dmu.c` | the read and write paths |
-//! | `dmu_tx.rs` | `dmu_tx.c`, `txg.c` | the open txg's accounting ([`TxgState`]); admission: the free-space check and the write throttle |
-//! | `zil.rs` | `zil.c` | commits (FUA, flush), early commits, claim and replay at import |
-//! | `spa_sync.rs` | `spa_sync`, `txg_sync_thread` | the sync, as named steps; the syncer task |
+//! | `dmu_tx.rs` | `dmu_tx.c`, `txg.c` | the open txg (`Txg`: [`TxgState`] behind the txg lock, its limits, the throttle's figures); admission: the free-space check and the write throttle |
+//! | `zil.rs` | `zil.c` | the logs' settings and figures (`Zil`); commits (FUA, flush), early commits, claim and replay at import |
+//! | `spa_sync.rs` | `spa_sync`, `txg_sync_thread` | the sync, as named steps; the syncer task and its state (`Syncer`) |
 //! | `spa_load.rs` | `spa_load` | opening an imported pool's data, rewind |
-//! | `dsl_scan.rs` | `dsl_scan.c` | scrub and resilver in the background |
+//! | `dsl_scan.rs` | `dsl_scan.c` | scrub and resilver in the background (`Scan`: its state, its settings and the changes to it) |
 //! | `spa_vdev.rs` | `spa.c`, `vdev.c` | offline, online, clear, attach, detach and replace of leaves on an open store |
 //! | `space_map.rs` | `space_map.c` | space maps written in pieces and read back |
 //! | `audit.rs` | `zdb -b` | walks every tree and checks the space accounting |
 //! | `dsl_synctask.rs` | `dsl_synctask.c` | the changes a sync makes for its txg, queued as tasks it runs without knowing their types |
 //!
-//! Who owns what. The store's state is split by owner, each behind its own lock:
-//! - the volumes by name ([`Datasets`] in dataset.rs, `dsl`: a read-write lock; lookups share
-//!   it, create, rename, clone, destroy and snapshot ids take it alone);
-//! - the open txg with its accounting and its queued sync tasks ([`TxgState`] in dmu_tx.rs,
-//!   `txg`: what admission, the write path and the log's glue count against, through its
-//!   methods);
-//! - the sync's lock, the last sync's space maps and directory and the syncs' history
-//!   (`spa_sync::Syncer`, which spa_sync.rs alone changes);
-//! - each volume's blocks and entry ([`Dataset`]'s own lock), its log (crate::intent_log),
-//!   the dedup table (crate::dedup), the allocator (crate::alloc) and the scan
-//!   (`dsl_scan::Scan`, with its settings).
+//! Who owns what. [`Store`] holds five objects, named after OpenZFS's, each with its state
+//! private behind its own lock and changed only through its methods:
+//! - `Spa` (spa.rs), the lowest: the pool and its vdev tree, the allocator, the dedup table
+//!   (crate::dedup), the lock of a change of leaves, whether and why the store is suspended,
+//!   and the test points. It calls none of the others; they reach the pool through it, and
+//!   what needs only the pool takes it as an argument (the dead lists and the sync's steps
+//!   that only write, the `Spa`; the scan's own changes, the `Pool`);
+//! - `Dsl` (dataset.rs): the volumes by name ([`Datasets`], a read-write lock; lookups share
+//!   it, create, rename, clone, destroy and snapshot ids take it alone) and the scan
+//!   (`dsl_scan::Scan`, its own lock and settings);
+//! - `Txg` (dmu_tx.rs): the open txg with its accounting and its queued sync tasks
+//!   ([`TxgState`], the txg lock: what admission, the write path and the log's glue count
+//!   against), the limits that admission and the throttle hold writers to, and what the
+//!   throttle did;
+//! - `Zil` (zil.rs): how every log chain writes, when a write is logged by pointer, and what
+//!   the logs did; each volume's chain is its [`Dataset`]'s (crate::intent_log);
+//! - `spa_sync::Syncer` (spa_sync.rs): the sync's lock, the syncer's wake-up, the last sync's
+//!   space maps and directory and the syncs' history, which spa_sync.rs alone changes.
+//!
+//! Each volume's blocks and entry are its [`Dataset`]'s own lock. What still needs several of
+//! these objects at once (the write path and admission, the sync, snapshots, send and
+//! receive, the scan's walk, import, leaf changes, commits) is `impl Store` in the file of its
+//! mechanism: those methods take the objects' locks in the order below, and say which.
 //!
 //! Lock order (outer to inner; a thread holding one may take only those to its right, and none
-//! is held across an `.await`, but for the three async ones): `Store::vdev_lock` (async, held
+//! is held across an `.await`, but for the three async ones): `Spa::vdev_lock` (async, held
 //! for a whole change of leaves) or a volume's `Dataset::rollback_gate` (async: shared by its
 //! writes, which may sync at the dirty maximum while they hold it; held alone by a rollback,
 //! dsl_snapshot.rs, and by a receive's switch, dmu_recv.rs, across their syncs) -> the
-//! sync's lock (`Syncer::lock`, async, held for a whole sync) -> `scan` -> `dsl` -> `txg` -> a
+//! sync's lock (`Syncer::lock`, async, held for a whole sync) -> the scan's state
+//! (`Scan::state`) -> the namespace (`Dsl::datasets`) -> the txg lock (`Txg::state`) -> a
 //! volume's `Dataset::state` -> its `LogWriter` state -> the DDT's locks (crate::dedup) ->
-//! `allocator`. The scan's state comes before the namespace (a sync reads the scan's record
-//! before it walks the volumes to write the directory). A write takes `txg` and its volume's
-//! lock, never `dsl`: its handle holds the [`Dataset`], and a destroy marks it destroyed under
-//! `txg`. The syncer's other locks (the last sync's metadata, its history and wake-up), the
-//! suspension's cause and the test points are leaves: nothing is taken while holding them.
-//! The whole crate's order is in `lib.rs`.
+//! the allocator (`Spa::allocator`). The scan's state comes before the namespace (a sync reads
+//! the scan's record before it walks the volumes to write the directory). A write takes the
+//! txg lock and its volume's lock, never the namespace: its handle holds the [`Dataset`], and
+//! a destroy marks it destroyed under the txg lock. The syncer's other locks (the last sync's
+//! metadata, its history and wake-up), the suspension's cause and the test points are leaves:
+//! nothing is taken while holding them. The whole crate's order is in `lib.rs`.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
-use sluice_format::{BlockPointer, DdtHeader};
+use sluice_format::DdtHeader;
 
 mod audit;
 mod dataset;
@@ -73,6 +85,7 @@ mod dsl_deadlist;
 mod dsl_scan;
 mod dsl_snapshot;
 mod dsl_synctask;
+mod spa;
 mod spa_load;
 mod spa_sync;
 mod spa_vdev;
@@ -82,18 +95,22 @@ mod zil;
 pub use audit::AuditReport;
 pub use dataset::RECEIVE_PREFIX;
 pub use dataset::{Dataset, VolumeProperty};
-use dataset::Datasets;
+use dataset::{Datasets, Dsl};
 use dmu_tx::TxgState;
 pub use dbuf::WriteData;
 pub use dmu::ReadData;
 pub use dmu_recv::ReceiveMode;
 pub use dmu_send::StreamSummary;
-use dmu_tx::TxgLimits;
+pub use dmu_tx::ThrottleStats;
+use dmu_tx::{Txg, TxgLimits};
+use spa::Spa;
 pub use dsl_scan::{ScanFunc, ScanPhase, ScanStatus};
 pub use dsl_snapshot::{SnapshotInfo, SnapshotSpace};
 pub use spa_load::{ImportOptions, ImportReport, Rewind};
 pub use spa_sync::SyncRecord;
-pub use zil::LostLog;
+use spa_sync::SyncedMetadata;
+pub use zil::{LogStats, LostLog};
+use zil::Zil;
 
 use crate::alloc::Allocator;
 use crate::dedup::Ddt;
@@ -274,130 +291,23 @@ impl StoreError {
     }
 }
 
-/// A pause point armed by a test ([`Store::arm_pause`]).
-#[derive(Debug)]
-struct Pause {
-    point: &'static str,
-    reached: futures::channel::oneshot::Sender<()>,
-    release: futures::channel::oneshot::Receiver<()>,
-}
-
-/// The pool's own metadata as the last sync wrote it: its space maps and the directory that
-/// points at them, freed by the next sync when it writes theirs (spa_sync.rs owns them).
-#[derive(Debug)]
-struct SyncedMetadata {
-    space_maps: Vec<Vec<BlockPointer>>,
-    directory: Option<BlockPointer>,
-}
-
-/// An open pool with its volumes.
+/// An open pool with its volumes: a facade over the objects that own its state (see the module
+/// doc), delegating to them what one of them does alone.
 #[derive(Debug)]
 pub struct Store {
-    // The pool (spa): its vdev tree, its space and its dedup table.
-    pool: Arc<Pool>,
-    /// Shared with the tasks a sync spawns to write dedup blocks in parallel.
-    allocator: Arc<Mutex<Allocator>>,
-    ddt: Arc<Ddt>,
-    /// Held for a whole change of leaves (attach, detach, replace: their sync and label
-    /// rewrites), so that two do not interleave; taken before the sync's lock (spa_vdev.rs).
-    vdev_lock: futures::lock::Mutex<()>,
-    // The datasets (dsl): the volumes by name, and the background scrub or resilver.
-    dsl: RwLock<Datasets>,
-    scan: dsl_scan::Scan,
-    // The open txg (txg, dmu_tx): its accounting and sync tasks, and what admission and the
-    // write throttle work with and did.
-    txg: Mutex<TxgState>,
-    limits: TxgLimits,
-    throttle_stats: ThrottleStats,
+    /// The pool (spa.rs): its vdev tree, its space, its dedup table, the lock of a change of
+    /// leaves, the suspension and the test points.
+    spa: Spa,
+    /// The datasets (dataset.rs): the volumes by name, and the background scrub or resilver.
+    dsl: Dsl,
+    /// The open txg (dmu_tx.rs): its accounting and sync tasks, and what admission and the
+    /// write throttle work with and did.
+    txg: Txg,
     /// The sync (spa_sync.rs): its lock, the syncer's wake-up, the last sync's metadata and
     /// the syncs' history.
     syncer: spa_sync::Syncer,
-    /// What the intent logs did (zil.rs).
-    log_stats: LogStats,
-    /// Whether and why the store stopped writing.
-    suspension: Suspension,
-    /// Fail and pause points armed by tests.
-    test_points: TestPoints,
-    /// When this store was created or imported: what "since import" counts from.
-    opened: crate::rt::Time,
-}
-
-/// Whether the store is suspended, and why (the first cause): a failed sync or a panic
-/// ([`Store::suspend`]). Leaves: nothing is taken while holding the cause.
-#[derive(Debug, Default)]
-struct Suspension {
-    suspended: AtomicBool,
-    cause: Mutex<Option<String>>,
-}
-
-/// Points where tests stop or fail a task ([`Store::arm_fail_point`], [`Store::arm_pause`]).
-/// Leaves.
-#[derive(Debug, Default)]
-struct TestPoints {
-    fail_points: Mutex<Vec<&'static str>>,
-    /// The point, the signal that a task reached it, and what it then waits for.
-    pauses: Mutex<Vec<Pause>>,
-}
-
-/// What the write throttle did to writers (zeroes included): the answer to "why are my writes
-/// slow" when one writer fills the dirty-data budget for every volume, as ZFS's does.
-#[derive(Debug, Default)]
-pub struct ThrottleStats {
-    /// Writes delayed because dirty data was above `txg.delay_min_dirty_pct`, and for how long.
-    pub delayed: crate::stats::Counter,
-    pub delayed_nanos: crate::stats::Counter,
-    /// Writes that found `txg.dirty_max` reached and waited for a txg sync, and for how long.
-    pub waited_for_sync: crate::stats::Counter,
-    pub waited_nanos: crate::stats::Counter,
-    /// Waits for a txg sync by writes that found too little free space for the dirty data
-    /// (one write may wait more than once), and their time.
-    pub waited_for_space: crate::stats::Counter,
-    pub waited_for_space_nanos: crate::stats::Counter,
-    /// Writes that would have been delayed, or stopped at the maximum, but were not: their
-    /// volume held less than an equal share of the dirty data, so another volume was filling
-    /// it.
-    pub spared: crate::stats::Counter,
-}
-
-/// What the intent logs did: commits, fallbacks to txg syncs, and what import found.
-#[derive(Debug, Default)]
-pub struct LogStats {
-    /// Commits (FUA writes and flushes) that had records to make durable.
-    pub commits: crate::stats::Counter,
-    /// Commits answered by a txg sync: the chain was not yet anchored, or a log write failed.
-    pub commits_via_txg: crate::stats::Counter,
-    /// Early commits: a lone sync writer's record sent to the log before its flush arrived.
-    pub early_commits: crate::stats::Counter,
-    /// Txg syncs asked for because log blocks held most of a vdev's log region.
-    pub syncs_for_log_space: crate::stats::Counter,
-    /// Chains walked at import, and the blocks found in them.
-    pub chains_claimed: crate::stats::Counter,
-    pub blocks_claimed: crate::stats::Counter,
-    /// Records applied by replay.
-    pub records_replayed: crate::stats::Counter,
-    /// Records an interrupted replay had already applied in an earlier import, skipped now.
-    pub records_already_replayed: crate::stats::Counter,
-    /// Records of txgs that had synced before the crash, skipped.
-    pub records_already_synced: crate::stats::Counter,
-    /// Chains that ended at a block written only in part.
-    pub torn_tails: crate::stats::Counter,
-    /// Records that no longer fit the volume (it shrank after they were logged), skipped.
-    pub records_out_of_range: crate::stats::Counter,
-    /// Commits answered at once because the volume has sync=disabled.
-    pub commits_ignored: crate::stats::Counter,
-    /// Blocks written in place for indirect records (each written once: the sync links it).
-    pub indirect_blocks_written: crate::stats::Counter,
-    /// Indirect records filled with a copy of their block instead (its txg was syncing, or a
-    /// later write had replaced it).
-    pub indirect_records_copied: crate::stats::Counter,
-    /// Indirect records of the txg being synced whose commit waited for that sync instead of
-    /// copying them: they were a large part of what it writes.
-    pub indirect_records_left_to_sync: crate::stats::Counter,
-    /// Indirect records applied by replay (their blocks read from where the record points).
-    pub indirect_records_replayed: crate::stats::Counter,
-    /// Chains that ended at an indirect record whose block is not intact or not free: written
-    /// after its log block, never acknowledged (ZFS: zil_claim_write).
-    pub indirect_chain_ends: crate::stats::Counter,
+    /// The intent logs' settings and what they did (zil.rs).
+    zil: Zil,
 }
 
 impl Store {
@@ -414,111 +324,85 @@ impl Store {
             chunk.copy_from_slice(&salt_rng.u64().to_le_bytes());
         }
         let ddt = DdtHeader { salt, ..DdtHeader::default() };
-        Store::assemble(pool, allocator, (datasets, synced), ddt, tunables)
+        Store::assemble(pool, allocator, (datasets, synced), (ddt, LogStats::default()), tunables)
     }
 
     fn assemble(
         pool: Pool,
         mut allocator: Allocator,
         (datasets, synced): (Datasets, SyncedMetadata),
-        ddt: DdtHeader,
+        (ddt, log_stats): (DdtHeader, LogStats),
         tunables: &Tunables,
     ) -> Store {
         allocator.set_log_vdevs(&pool.log_vdevs());
         pool.note_txg_open(pool.uberblock().txg + 1);
-        let opened = pool.env().now();
         let limits = TxgLimits::from_tunables(tunables, pool.env().memory_bytes());
+        let txg = TxgState::new(
+            pool.uberblock().txg,
+            synced.directory.map_or(0, |bp| bp.psize_bytes()),
+        );
+        let ddt = Ddt::new(pool.name(), ddt, tunables);
         Store {
-            allocator: Arc::new(Mutex::new(allocator)),
-            ddt: Arc::new(Ddt::new(pool.name(), ddt, tunables)),
-            dsl: RwLock::new(datasets),
-            scan: dsl_scan::Scan::new(tunables),
-            txg: Mutex::new(TxgState::new(
-                pool.uberblock().txg,
-                synced.directory.map_or(0, |bp| bp.psize_bytes()),
-            )),
-            limits,
-            throttle_stats: ThrottleStats::default(),
+            dsl: Dsl::new(pool.name(), datasets, dsl_scan::Scan::new(tunables)),
+            spa: Spa::new(Arc::new(pool), allocator, ddt),
+            txg: Txg::new(txg, limits),
             syncer: spa_sync::Syncer::new(synced),
-            pool: Arc::new(pool),
-            vdev_lock: futures::lock::Mutex::new(()),
-            log_stats: LogStats::default(),
-            suspension: Suspension::default(),
-            test_points: TestPoints::default(),
-            opened,
+            zil: Zil::new(&limits, log_stats),
         }
     }
 
     /// What the intent logs did.
     pub fn log_stats(&self) -> &LogStats {
-        &self.log_stats
+        self.zil.stats()
     }
 
     /// Txgs synced by this store so far.
     pub fn syncs(&self) -> u64 {
-        self.syncer.syncs.get()
+        self.syncer.syncs()
     }
 
     /// What the write throttle did.
     pub fn throttle_stats(&self) -> &ThrottleStats {
-        &self.throttle_stats
+        self.txg.throttle_stats()
     }
 
     /// When the store was created or imported (the counters start there).
     pub fn opened(&self) -> crate::rt::Time {
-        self.opened
+        self.spa.opened()
     }
 
     /// Dirty bytes in the open txg.
     pub fn dirty_bytes(&self) -> u64 {
-        self.txg.lock().dirty_bytes()
+        self.txg.dirty_bytes()
     }
 
     /// The dirty data the open txg may hold (`txg.dirty_max`, `auto` resolved); a sync starts
     /// at a quarter of it.
     pub fn dirty_max_bytes(&self) -> u64 {
-        self.limits.dirty_max
+        self.txg.limits().dirty_max
     }
 
     pub fn pool(&self) -> &Pool {
-        &self.pool
+        self.spa.pool()
     }
 
     /// The txg that writes go into now.
     pub fn open_txg(&self) -> u64 {
-        self.txg.lock().open_txg()
+        self.txg.open_txg()
     }
 
     pub fn free_bytes(&self) -> u64 {
-        self.allocator.lock().free_bytes()
+        self.spa.free_bytes()
     }
 
     /// Whether the store is suspended (a failed sync or a panic); see [`StoreError::Suspended`].
     pub fn is_suspended(&self) -> bool {
-        self.suspension.suspended.load(Ordering::Acquire)
+        self.spa.is_suspended()
     }
 
     /// Why the store is suspended, if it is.
     pub fn suspended_cause(&self) -> Option<String> {
-        self.is_suspended().then(|| self.suspension.cause.lock().clone().unwrap_or_default())
-    }
-
-    /// Suspends the store: every later operation fails with [`StoreError::Suspended`] and
-    /// nothing more is written. The first cause is kept.
-    pub(super) fn suspend(&self, cause: String) {
-        let mut first = self.suspension.cause.lock();
-        if first.is_none() {
-            *first = Some(cause);
-        }
-        self.suspension.suspended.store(true, Ordering::Release);
-    }
-
-    /// A guard that suspends the store if it is dropped by a panic's unwinding. parking_lot's
-    /// locks do not poison, so after a panic caught above (the NBD server answers the request
-    /// with an error and goes on) the store would otherwise keep serving from whatever
-    /// half-updated state the panic left; a failed sync already suspends it, and so must this.
-    pub(super) fn panic_guard(&self, what: &'static str) -> PanicGuard<'_> {
-        PanicGuard { store: self, what }
+        self.spa.suspended_cause()
     }
 
     /// Arms a fail point: the next time the store passes `point` it panics (tests use this to
@@ -527,7 +411,7 @@ impl Store {
     /// `spa_sync.write_volumes` (a sync, after the quiesce).
     #[doc(hidden)]
     pub fn arm_fail_point(&self, point: &'static str) {
-        self.test_points.fail_points.lock().push(point);
+        self.spa.arm_fail_point(point);
     }
 
     /// Arms a pause point: the next task to pass `point` stops there, the first receiver
@@ -540,79 +424,19 @@ impl Store {
         &self,
         point: &'static str,
     ) -> (futures::channel::oneshot::Receiver<()>, futures::channel::oneshot::Sender<()>) {
-        let (reached_tx, reached_rx) = futures::channel::oneshot::channel();
-        let (release_tx, release_rx) = futures::channel::oneshot::channel();
-        self.test_points.pauses.lock().push(Pause { point, reached: reached_tx, release: release_rx });
-        (reached_rx, release_tx)
-    }
-
-    /// Stops at `point` if a pause is armed there (once), until the test releases it.
-    pub(super) async fn pause_point(&self, point: &'static str) {
-        let armed = {
-            let mut pauses = self.test_points.pauses.lock();
-            let at = pauses.iter().position(|p| p.point == point);
-            at.map(|at| pauses.swap_remove(at))
-        };
-        if let Some(pause) = armed {
-            let _ = pause.reached.send(());
-            let _ = pause.release.await;
-        }
-    }
-
-    /// Panics if `point` is armed (once).
-    pub(super) fn fail_point(&self, point: &'static str) {
-        let armed = {
-            let mut points = self.test_points.fail_points.lock();
-            let at = points.iter().position(|&p| p == point);
-            at.map(|at| points.swap_remove(at)).is_some()
-        };
-        assert!(!armed, "fail point {point} reached");
-    }
-
-    fn check_live(&self) -> Result<(), StoreError> {
-        if self.suspension.suspended.load(Ordering::Acquire) {
-            let cause = self.suspension.cause.lock().clone().unwrap_or_default();
-            Err(StoreError::Suspended { pool: self.pool.name().to_owned(), cause })
-        } else {
-            Ok(())
-        }
+        self.spa.arm_pause(point)
     }
 
     /// The dedup table: its totals as of the last sync and what it did since the pool opened.
     pub fn dedup_table(&self) -> &Ddt {
-        &self.ddt
+        self.spa.ddt()
     }
 
     /// Syncs and closes.
     pub async fn export(self) -> Result<(), StoreError> {
         // Owning the store, no scan chunk is in work: a task between chunks finds it gone.
-        self.forget_scan();
+        self.dsl.scan().forget();
         self.sync().await?;
-        let name = self.pool.name().to_owned();
-        let pool = Arc::try_unwrap(self.pool).map_err(|_| {
-            StoreError::Pool(PoolError::Format {
-                pool: name,
-                cause: sluice_format::FormatError::Invalid {
-                    what: "pool",
-                    field: "still in use by a task at export",
-                    value: 0,
-                },
-            })
-        })?;
-        Ok(pool.export().await?)
-    }
-}
-
-/// Suspends its store when dropped during a panic ([`Store::panic_guard`]).
-pub(super) struct PanicGuard<'a> {
-    store: &'a Store,
-    what: &'static str,
-}
-
-impl Drop for PanicGuard<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.store.suspend(format!("a panic in {}", self.what));
-        }
+        self.spa.export().await
     }
 }

@@ -32,7 +32,8 @@ use super::dataset::Dataset;
 use super::dmu_tx::TxgLimits;
 use super::dataset::Datasets;
 use super::zil::{self, LostLog};
-use super::{LogStats, Store, StoreError, SyncedMetadata};
+use super::spa_sync::SyncedMetadata;
+use super::{LogStats, Store, StoreError};
 use crate::alloc::{Allocator, FREE_DEFER_TXGS};
 use crate::intent_log::Chain;
 use crate::objset;
@@ -174,12 +175,16 @@ impl Store {
         let datasets = Datasets::new(directory.next_volume_id, volumes);
         let synced =
             SyncedMetadata { space_maps: directory.space_maps.clone(), directory: uberblock.root };
-        let mut store =
-            Store::assemble(pool, allocator, (datasets, synced), directory.ddt, tunables);
-        store.log_stats = log_stats;
+        let store = Store::assemble(
+            pool,
+            allocator,
+            (datasets, synced),
+            (directory.ddt, log_stats),
+            tunables,
+        );
         // Before replay, whose syncs write the scan record again.
         if let Some(scan) = directory.records.as_ref().and_then(|r| r.scan.as_ref()) {
-            store.restore_scan(scan);
+            store.dsl.scan().restore(store.spa.pool(), scan);
         }
         store.replay(chains).await?;
         store.settle_receives().await?;

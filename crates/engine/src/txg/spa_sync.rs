@@ -22,6 +22,12 @@
 //!
 //! Replaced blocks are reused only after the deferral (crate::alloc), so a crash at any point
 //! imports to the previous txg intact. A failed sync suspends the store.
+//!
+//! The steps that only write to the pool (`write_volumes`, `write_dedup_table`,
+//! `write_space_maps_and_directory`) are functions of the `Spa` they write through, and
+//! `free_replaced` is the [`Syncer`]'s, which holds the last sync's maps; the driver,
+//! `sync_locked`, and the steps that read the namespace, the open txg or the logs are still
+//! the store's.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -37,14 +43,15 @@ use sluice_format::{
 use super::dbuf::{Block, Prewritten};
 use super::dmu_tx::Quiesce;
 use super::dsl_synctask::{Family, SyncTask, SyncedTree};
+use super::spa::Spa;
 use super::space_map::{piece_layout, split_space_map, SPACE_MAP_PIECE_BYTES};
-use super::{Store, StoreError, SyncedMetadata};
+use super::{Store, StoreError};
 use crate::alloc::{AllocClass, AllocError, Allocator};
 use crate::device::AlignedBuf;
 use crate::intent_log::{ChainOwner, LogWriter};
 use crate::objset::{self, TreeUpdate};
 use crate::pool::PoolError;
-use crate::zio::{BlockProps, Issue, Writer};
+use crate::zio::{BlockProps, Writer};
 
 /// Data blocks a sync completes (patches) or writes (dedup) concurrently.
 pub(super) const SYNC_WRITES_IN_FLIGHT: usize = 64;
@@ -71,20 +78,28 @@ pub struct SyncRecord {
     pub allocated_bytes: u64,
 }
 
+/// The pool's own metadata as the last sync wrote it: its space maps and the directory that
+/// points at them, freed by the next sync when it writes theirs (spa_sync.rs owns them).
+#[derive(Debug)]
+pub(super) struct SyncedMetadata {
+    pub(super) space_maps: Vec<Vec<BlockPointer>>,
+    pub(super) directory: Option<BlockPointer>,
+}
+
 /// The sync's own state, which this file alone changes.
 #[derive(Debug)]
 pub(super) struct Syncer {
-    /// One sync at a time: held for a whole sync (crate::txg's lock order: after `vdev_lock`
-    /// or a volume's `rollback_gate`, before everything else).
-    pub(super) lock: futures::lock::Mutex<()>,
+    /// One sync at a time: held for a whole sync (crate::txg's lock order: after
+    /// `Spa::vdev_lock` or a volume's `rollback_gate`, before everything else).
+    lock: futures::lock::Mutex<()>,
     /// Wakes the syncer early when dirty data builds up.
     kick: Mutex<Option<futures::channel::mpsc::Sender<()>>>,
     /// The last sync's space maps and directory, freed by the next when it writes theirs.
-    pub(super) synced: Mutex<SyncedMetadata>,
+    synced: Mutex<SyncedMetadata>,
     /// The last txgs synced, with when ([`Store::sync_history`]).
     history: Mutex<std::collections::VecDeque<SyncRecord>>,
     /// Txgs synced by this store.
-    pub(super) syncs: crate::stats::Counter,
+    syncs: crate::stats::Counter,
 }
 
 impl Syncer {
@@ -96,6 +111,80 @@ impl Syncer {
             history: Mutex::new(std::collections::VecDeque::new()),
             syncs: crate::stats::Counter::default(),
         }
+    }
+
+    /// The sync's lock: whoever holds it may sync, or keep a sync from starting.
+    pub(super) async fn lock(&self) -> futures::lock::MutexGuard<'_, ()> {
+        self.lock.lock().await
+    }
+
+    /// Txgs synced by this store so far.
+    pub(super) fn syncs(&self) -> u64 {
+        self.syncs.get()
+    }
+
+    /// Wakes the syncer to start a txg sync now rather than at `txg.timeout_ms`: a quarter of
+    /// `txg.dirty_max` (or of the smaller maximum free space sets) is dirty, or the intent log
+    /// is filling its region.
+    pub(super) fn kick(&self) {
+        if let Some(kick) = self.kick.lock().as_mut() {
+            // A full channel means a kick is already pending; that is enough.
+            let _ = kick.try_send(());
+        }
+    }
+
+    /// Where [`Syncer::kick`] sends: the syncer task's channel, once it runs.
+    fn set_kick(&self, sender: futures::channel::mpsc::Sender<()>) {
+        *self.kick.lock() = Some(sender);
+    }
+
+    /// The last txgs synced (up to [`SYNC_HISTORY_MAX`]), oldest first.
+    fn history(&self) -> Vec<SyncRecord> {
+        self.history.lock().iter().copied().collect()
+    }
+
+    /// Adds a synced txg to the history, dropping the oldest past [`SYNC_HISTORY_MAX`].
+    fn record(&self, record: SyncRecord) {
+        let mut history = self.history.lock();
+        if history.len() == SYNC_HISTORY_MAX {
+            history.pop_front();
+        }
+        history.push_back(record);
+    }
+
+    /// Counts a synced txg (its uberblock is durable).
+    fn count_sync(&self) {
+        self.syncs.inc();
+    }
+
+    /// The space maps and directory the sync just wrote: the next frees them.
+    fn set_synced(&self, synced: SyncedMetadata) {
+        *self.synced.lock() = synced;
+    }
+
+    /// The last sync's space maps and directory (the audit walks them).
+    pub(super) fn synced_metadata(&self) -> (Vec<Vec<BlockPointer>>, Option<BlockPointer>) {
+        let synced = self.synced.lock();
+        (synced.space_maps.clone(), synced.directory)
+    }
+
+    /// Frees what this txg replaced, and the previous directory and space maps, in `txg`
+    /// (reusable after the deferral). Returns the number of top-level vdevs.
+    fn free_replaced(&self, spa: &Spa, txg: u64, replaced: &[BlockPointer]) -> usize {
+        let (old_maps, old_directory, vdevs) = {
+            let synced = self.synced.lock();
+            (synced.space_maps.clone(), synced.directory, synced.space_maps.len())
+        };
+        {
+            let mut allocator = spa.allocator().lock();
+            for bp in replaced.iter().chain(old_maps.iter().flatten()).chain(old_directory.iter()) {
+                spa.pool().cache().remove(bp);
+                for dva in bp.copies() {
+                    allocator.free(txg, dva.vdev, dva.offset_bytes(), dva.asize_bytes());
+                }
+            }
+        }
+        vdevs
     }
 }
 
@@ -116,16 +205,16 @@ type VolumeWork = (VolumeEntry, u8, BTreeMap<u64, Block>, BTreeMap<u64, Prewritt
 
 impl Store {
     /// Starts the task that syncs every `txg.timeout_ms`, or early when dirty data builds up
-    /// or the intent log fills its region (both kick it: `Store::kick_sync`).
+    /// or the intent log fills its region (both kick it: `Syncer::kick`).
     /// It holds only a weak reference: it ends when the store is dropped, and after a failed
     /// sync (the store is then suspended).
     pub fn run_syncer(self: &Arc<Self>) {
         use futures::StreamExt;
         let (sender, mut kicks) = futures::channel::mpsc::channel::<()>(1);
-        *self.syncer.kick.lock() = Some(sender);
+        self.syncer.set_kick(sender);
         let weak = Arc::downgrade(self);
-        let env = self.pool.env().clone();
-        let timeout = self.limits.timeout;
+        let env = self.spa.pool().env().clone();
+        let timeout = self.txg.limits().timeout;
         // A scan the store opened with goes on, and a leaf behind is resilvered.
         self.resume_scan();
         env.clone().spawn("txg_sync", async move {
@@ -142,7 +231,7 @@ impl Store {
                 if let Err(error) = store.sync().await {
                     // The server's log says why every later command is refused.
                     let error = crate::error_chain(&error);
-                    eprintln!("sluice: pool {}: the txg sync failed: {error}", store.pool.name());
+                    eprintln!("sluice: pool {}: the txg sync failed: {error}", store.spa.pool().name());
                     return;
                 }
                 // A leaf that missed writes in that txg is copied back in the background.
@@ -151,19 +240,9 @@ impl Store {
         });
     }
 
-    /// Wakes the syncer to start a txg sync now rather than at `txg.timeout_ms`: a quarter of
-    /// `txg.dirty_max` (or of the smaller maximum free space sets) is dirty, or the intent log
-    /// is filling its region.
-    pub(super) fn kick_sync(&self) {
-        if let Some(kick) = self.syncer.kick.lock().as_mut() {
-            // A full channel means a kick is already pending; that is enough.
-            let _ = kick.try_send(());
-        }
-    }
-
     /// Writes the open txg out and makes it durable. Returns the synced txg.
     pub async fn sync(&self) -> Result<u64, StoreError> {
-        let one_at_a_time = self.syncer.lock.lock().await;
+        let one_at_a_time = self.syncer.lock().await;
         self.sync_holding_lock(one_at_a_time).await
     }
 
@@ -172,7 +251,7 @@ impl Store {
     /// maximum or short of space, commits falling back together) each syncing in turn made
     /// the last wait behind all the others' syncs, most of them of nearly nothing.
     pub(super) async fn sync_unless(&self, done: impl FnOnce() -> bool) -> Result<(), StoreError> {
-        let one_at_a_time = self.syncer.lock.lock().await;
+        let one_at_a_time = self.syncer.lock().await;
         if done() {
             return Ok(());
         }
@@ -183,21 +262,21 @@ impl Store {
         &self,
         _one_at_a_time: futures::lock::MutexGuard<'_, ()>,
     ) -> Result<u64, StoreError> {
-        self.check_live()?;
-        let _guard = self.panic_guard("a txg sync");
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("a txg sync");
         let result = self.sync_locked().await;
         // Synced, the txg's blocks are allocated (and counted as such); failed, the store is
         // suspended.
         self.txg.lock().sync_ended();
         if let Err(error) = &result {
-            self.suspend(format!("the sync failed: {}", crate::error_chain(error)));
+            self.spa.suspend(format!("the sync failed: {}", crate::error_chain(error)));
         }
         result
     }
 
     /// The last txgs this store synced (up to 128), oldest first.
     pub fn sync_history(&self) -> Vec<SyncRecord> {
-        self.syncer.history.lock().iter().copied().collect()
+        self.syncer.history()
     }
 
     /// One sync, in its named steps (the module doc lists them).
@@ -208,42 +287,38 @@ impl Store {
         // for the deferral's txgs together); one txg's share of it.
         let admitted_bytes = admitted_bytes
             + if work.iter().any(|(entry, ..)| entry.dedup != DedupMode::Off) {
-                let unit = 1u64 << self.pool.ashift();
-                self.ddt.rewrite_reserve_bytes(unit, blocks) / (crate::alloc::FREE_DEFER_TXGS + 1)
+                let unit = 1u64 << self.spa.pool().ashift();
+                self.spa.ddt().rewrite_reserve_bytes(unit, blocks) / (crate::alloc::FREE_DEFER_TXGS + 1)
             } else {
                 0
             };
-        let quiesced = self.pool.env().now();
+        let quiesced = self.spa.pool().env().now();
         // A volume still replaying records its progress as of this quiesce: records applied
         // after it belong to the next txg.
         let replay_progress: BTreeMap<String, Option<LogHeader>> =
             work.iter().map(|(entry, ..)| (entry.name.clone(), entry.log)).collect();
-        let mut ctx = TreeUpdate::new(&self.pool, &self.allocator, txg);
-        self.fail_point("spa_sync.write_volumes");
-        let mut roots = self.write_volumes(&mut ctx, work).await?;
+        let mut ctx = TreeUpdate::new(self.spa.pool(), self.spa.allocator(), txg);
+        self.spa.fail_point("spa_sync.write_volumes");
+        let mut roots = write_volumes(&self.spa, &mut ctx, work).await?;
         self.append_deadlists(&mut ctx, &mut roots).await?;
         let rewind = self.run_sync_tasks(&mut ctx, &mut roots, tasks).await?;
-        let (ddt_header, replaced) = self.write_dedup_table(&mut ctx).await?;
-        let vdevs = self.free_replaced(txg, &replaced);
+        let (ddt_header, replaced) = write_dedup_table(&self.spa, &mut ctx).await?;
+        let vdevs = self.syncer.free_replaced(&self.spa, txg, &replaced);
         let (anchored, headers, directory) =
             self.anchor_logs(txg, vdevs, &roots, &replay_progress, ddt_header);
-        let directory_bp = self.write_space_maps_and_directory(txg, vdevs, directory).await?;
+        let directory_bp = write_space_maps_and_directory(&self.spa, txg, vdevs, directory).await?;
         let allocated_bytes =
-            self.allocator.lock().allocated_total().saturating_sub(allocated_base);
-        let synced = self.pool.sync_uberblock(Some(directory_bp.0)).await?;
+            self.spa.allocator().lock().allocated_total().saturating_sub(allocated_base);
+        let synced = self.spa.pool().sync_uberblock(Some(directory_bp.0)).await?;
         for volume in rewind {
-            self.rewind_scan(volume);
+            self.dsl.scan().rewind(volume);
         }
         debug_assert_eq!(synced, txg, "the uberblock txg follows the store's txgs");
         {
-            let mut history = self.syncer.history.lock();
-            if history.len() == SYNC_HISTORY_MAX {
-                history.pop_front();
-            }
-            history.push_back(SyncRecord {
+            self.syncer.record(SyncRecord {
                 txg,
                 quiesced,
-                synced: self.pool.env().now(),
+                synced: self.spa.pool().env().now(),
                 admitted_bytes,
                 allocated_bytes,
             });
@@ -260,10 +335,10 @@ impl Store {
         // What this txg's sync may allocate, its own metadata bounded from the blocks it
         // writes: admission counts it until the sync has allocated it, and the sync's record
         // holds it beside what was allocated.
-        let shape = super::dmu_tx::SyncShape::of_open(dsl.appending_deadlists(), &state, &self.pool);
+        let shape = super::dmu_tx::SyncShape::of_open(dsl.appending_deadlists(), &state, self.spa.pool());
         let (closed, allocated_base) = {
             // Lock order: dsl -> txg -> allocator.
-            let mut allocator = self.allocator.lock();
+            let mut allocator = self.spa.allocator().lock();
             let allocated_base = allocator.allocated_total();
             let closed = state.quiesce(shape.metadata_bytes(&allocator), allocated_base);
             allocator.promise(closed.syncing_bytes);
@@ -273,7 +348,7 @@ impl Store {
         // What each leaf had missed when the next txg opened: a resilver or a sync compares it
         // to tell whether the leaf missed a block born since. (Writes reach the next txg only
         // once the txg lock held here is let go.)
-        self.pool.note_txg_open(txg + 1);
+        self.spa.pool().note_txg_open(txg + 1);
         let admitted = (syncing_bytes, allocated_base, shape.blocks);
         let mut work = Vec::new();
         for dataset in dsl.values() {
@@ -291,209 +366,6 @@ impl Store {
         Quiesced { txg, work, tasks, admitted }
     }
 
-    /// Writes every volume's dirty blocks and the indirect blocks above them; returns each
-    /// volume's new root and space figures.
-    async fn write_volumes(
-        &self,
-        ctx: &mut TreeUpdate<'_>,
-        work: Vec<VolumeWork>,
-    ) -> Result<BTreeMap<String, SyncedTree>, PoolError> {
-        let txg = ctx.txg;
-        let mut roots = BTreeMap::new();
-        for (entry, disk_levels, blocks, prewritten) in work {
-            let (replaced_before, born_before) = (ctx.replaced.len(), ctx.born.len());
-            // Patched blocks are completed first, up to SYNC_WRITES_IN_FLIGHT at once, in
-            // block order. Blocks of ordinary volumes are then allocated in that order and
-            // written in spans (crate::zio). Blocks of dedup volumes are hashed and
-            // looked up in tasks of their own, so that work spreads over the runtime's
-            // threads, as ZFS's write-issue taskq spreads it over CPUs.
-            let dedup = entry.dedup;
-            let compression = entry.compression;
-            let (root, block_bytes) = (entry.root, entry.block_bytes as usize);
-            let completed = futures::stream::iter(blocks.into_iter().map(|(index, block)| {
-                self.complete_block(root, disk_levels, block_bytes, index, block)
-            }))
-            .buffered(SYNC_WRITES_IN_FLIGHT);
-            let updates: BTreeMap<u64, Option<BlockPointer>> = if dedup == DedupMode::Off {
-                let per_span = (crate::zio::WRITE_SPAN_BYTES_MAX as usize / block_bytes).max(1);
-                let (ctx, prewritten) = (&*ctx, &prewritten);
-                let written: Vec<Vec<(u64, Option<BlockPointer>)>> = completed
-                    .try_chunks(per_span)
-                    .map_err(|futures::stream::TryChunksError(_, e)| e)
-                    .map_ok(|chunk| async move {
-                        let mut plain = Vec::with_capacity(chunk.len());
-                        // Blocks an indirect log record already wrote where they belong are
-                        // linked, not written again (ZFS: dbuf_sync_leaf's override).
-                        let mut linked: Vec<(u64, BlockPointer)> = Vec::new();
-                        for (index, block) in &chunk {
-                            match block {
-                                Block::Data(bytes) => {
-                                    let same = prewritten
-                                        .get(index)
-                                        .filter(|p| Arc::ptr_eq(&p.data, bytes));
-                                    if let Some(p) = same {
-                                        if p.write.clone().await {
-                                            linked.push((*index, p.bp));
-                                            continue;
-                                        }
-                                    }
-                                    plain.push(Arc::clone(bytes));
-                                }
-                                Block::Zero => {}
-                                Block::Patched(_) => unreachable!("patches are completed above"),
-                            }
-                        }
-                        // Through every zio stage: sealed spread over the host's threads,
-                        // allocated in block order, written in spans.
-                        let props = BlockProps::data(Writer::VolumeData, txg, compression);
-                        let data = plain.into_iter().map(|bytes| (props, bytes)).collect();
-                        let mut bps = self
-                            .pool
-                            .write_blocks(ctx.allocator, AllocClass::Reserved, data)
-                            .await?
-                            .into_iter();
-                        Ok::<_, PoolError>(
-                            chunk
-                                .into_iter()
-                                .map(|(index, block)| match block {
-                                    Block::Data(_) => match linked.iter().find(|l| l.0 == index) {
-                                        Some(&(_, bp)) => (index, Some(bp)),
-                                        None => (index, bps.next()),
-                                    },
-                                    _ => (index, None),
-                                })
-                                .collect(),
-                        )
-                    })
-                    .try_buffer_unordered(SPANS_IN_FLIGHT)
-                    .try_collect()
-                    .await?;
-                written.into_iter().flatten().collect()
-            } else {
-                let verify = dedup == DedupMode::Verify;
-                completed
-                    .map_ok(|(index, block)| async move {
-                        let bp = match block {
-                            Block::Data(data) => {
-                                let written =
-                                    self.spawn_dedup_write(txg, data, verify, compression);
-                                Some(written.await?)
-                            }
-                            Block::Zero => None,
-                            Block::Patched(_) => unreachable!("patches are completed above"),
-                        };
-                        Ok::<_, PoolError>((index, bp))
-                    })
-                    .try_buffer_unordered(SYNC_WRITES_IN_FLIGHT)
-                    .try_collect()
-                    .await?
-            };
-            // Linked blocks become allocated in this txg's maps; the others are freed once
-            // their writes have ended. A linked block is cached from the buffer it was written
-            // from, as the blocks this sync writes are (objset's write_placed): the next
-            // partial write of it needs its bytes at that sync. Left out, the first 4 KiB
-            // write into each block a large sync write had placed read it back from the disk
-            // (one client after a 1 GiB write + flush, `txg.dirty_max` 2.4 GiB: 4,836 cache
-            // misses, 0.1 disk reads per write).
-            let mut unused = Vec::new();
-            {
-                let mut allocator = self.allocator.lock();
-                for (index, p) in prewritten {
-                    if updates.get(&index) == Some(&Some(p.bp)) {
-                        let dva = p.bp.dvas[0];
-                        allocator.adopt_log(dva.vdev, dva.offset_bytes(), dva.asize_bytes());
-                        self.pool.cache().insert(&p.bp, p.data);
-                    } else {
-                        unused.push(p);
-                    }
-                }
-            }
-            self.release_prewritten(txg, unused).await;
-            let grown = objset::grow_levels(ctx, entry.root, disk_levels, entry.levels).await?;
-            let root = if updates.is_empty() {
-                grown
-            } else {
-                objset::update_tree(ctx, grown, entry.levels, &updates).await?
-            };
-            // Only the sync changes the figures, and it holds the sync lock: the quiesced
-            // entry's are current.
-            let mut space = entry.space.expect("import counts every volume's space");
-            let born = updates.values().flatten().chain(&ctx.born[born_before..]);
-            for bp in born {
-                objset::add_space(&mut space, bp, true);
-            }
-            for bp in &ctx.replaced[replaced_before..] {
-                objset::add_space(&mut space, bp, false);
-            }
-            // What the newest snapshot holds stays allocated, on the dead list.
-            let mut dead = Vec::new();
-            if entry.prev_snap_txg > 0 {
-                let replaced = ctx.replaced.split_off(replaced_before);
-                let prev = entry.prev_snap_txg;
-                let (own, held): (Vec<_>, Vec<_>) =
-                    replaced.into_iter().partition(|bp| bp.birth_txg > prev);
-                ctx.replaced.extend(own);
-                dead = held;
-            }
-            let family = Family::of(&entry);
-            roots.insert(entry.name.clone(), SyncedTree { root, space, dead, family });
-        }
-        Ok(roots)
-    }
-
-    /// Frees blocks written in place that no tree links, in `txg`, once their writes have
-    /// ended (a write still in flight must not land on space handed out again).
-    pub(super) async fn release_prewritten(&self, txg: u64, unused: Vec<Prewritten>) {
-        for p in &unused {
-            p.write.clone().await;
-        }
-        let mut allocator = self.allocator.lock();
-        for p in unused {
-            let dva = p.bp.dvas[0];
-            allocator.free_log(txg, dva.vdev, dva.offset_bytes(), dva.asize_bytes());
-        }
-    }
-
-    /// Drops the references of replaced dedup blocks, then writes the table; returns its new
-    /// header and every block this txg replaced that is now free (the table hands back the
-    /// blocks left without references, with its own replaced blocks).
-    async fn write_dedup_table(
-        &self,
-        ctx: &mut TreeUpdate<'_>,
-    ) -> Result<(DdtHeader, Vec<BlockPointer>), PoolError> {
-        let (shared, mut replaced): (Vec<BlockPointer>, Vec<BlockPointer>) =
-            std::mem::take(&mut ctx.replaced).into_iter().partition(|bp| bp.dedup.is_some());
-        let (ddt, pool) = (&*self.ddt, &*self.pool);
-        futures::stream::iter(
-            shared.into_iter().map(|bp| async move { ddt.free(pool, &bp).await }),
-        )
-        .buffer_unordered(SYNC_WRITES_IN_FLIGHT)
-        .try_collect::<Vec<()>>()
-        .await?;
-        let ddt_header = self.ddt.flush(ctx).await?;
-        replaced.append(&mut ctx.replaced);
-        Ok((ddt_header, replaced))
-    }
-
-    /// Frees what this txg replaced, and the previous directory and space maps, in `txg`
-    /// (reusable after the deferral). Returns the number of top-level vdevs.
-    fn free_replaced(&self, txg: u64, replaced: &[BlockPointer]) -> usize {
-        let (old_maps, old_directory, vdevs) = {
-            let synced = self.syncer.synced.lock();
-            (synced.space_maps.clone(), synced.directory, synced.space_maps.len())
-        };
-        {
-            let mut allocator = self.allocator.lock();
-            for bp in replaced.iter().chain(old_maps.iter().flatten()).chain(old_directory.iter()) {
-                self.pool.cache().remove(bp);
-                for dva in bp.copies() {
-                    allocator.free(txg, dva.vdev, dva.offset_bytes(), dva.asize_bytes());
-                }
-            }
-        }
-        vdevs
-    }
-
     /// Each volume's log head as of this txg (log blocks holding only records of this txg or
     /// earlier are freed in it, as are retired chains), and the new pool directory without
     /// its space maps. Returns the logs anchored, the headers and the directory.
@@ -508,7 +380,7 @@ impl Store {
         let mut anchored = Vec::new();
         let mut headers = BTreeMap::new();
         // Taken before the namespace: the scan's lock comes before the pool's.
-        let scan = self.scan_record();
+        let scan = self.dsl.scan().record(self.spa.pool());
         let directory = {
             let dsl = self.dsl.read();
             let mut freed_log = Vec::new();
@@ -531,7 +403,7 @@ impl Store {
                 };
                 headers.insert(v.entry.name.clone(), header);
             }
-            let mut allocator = self.allocator.lock();
+            let mut allocator = self.spa.allocator().lock();
             for at in freed_log {
                 allocator.free_log(txg, at.vdev, at.offset_bytes, u64::from(at.len_bytes));
             }
@@ -556,7 +428,7 @@ impl Store {
                             synced.family.apply(&mut entry);
                             if synced.family.rolled_back && entry.reservation_bytes != 0 {
                                 entry.reservation_bytes =
-                                    self.thick_reservation(entry.size_bytes, entry.block_bytes);
+                                    self.spa.thick_reservation(entry.size_bytes, entry.block_bytes);
                             }
                         }
                         entry
@@ -564,112 +436,13 @@ impl Store {
                     .collect(),
                 ddt: ddt_header,
                 records: Some(DirectoryRecords {
-                    config: self.pool.config().clone(),
-                    leaves: self.pool.leaf_records(),
+                    config: self.spa.pool().config().clone(),
+                    leaves: self.spa.pool().leaf_records(),
                     scan,
                 }),
             }
         };
         (anchored, headers, directory)
-    }
-
-    /// Writes the space maps and the directory that points at them: the pieces are allocated
-    /// before any map is encoded, so every map includes its own blocks and the directory's.
-    async fn write_space_maps_and_directory(
-        &self,
-        txg: u64,
-        vdevs: usize,
-        mut directory: PoolDirectory,
-    ) -> Result<(BlockPointer, Vec<Vec<BlockPointer>>), PoolError> {
-        let name = self.pool.name().to_owned();
-        let no_space =
-            |source: AllocError| PoolError::NoSpace { pool: name.clone(), cause: source };
-        // Allocate the space-map pieces before encoding any map, so every map includes them.
-        // One piece more than the map needs now leaves room for the entries that these
-        // allocations and the directory's add.
-        let directory_len = directory
-            .encoded_len()
-            .map_err(|source| PoolError::Format { pool: name.clone(), cause: source })?;
-        let (map_blocks, directory_block, maps) = {
-            let mut allocator = self.allocator.lock();
-            // Each piece in `copies` copies, the directory in one more (ditto blocks).
-            let copies = self.pool.metadata_copies();
-            let place = |allocator: &mut Allocator, bytes: u64, copies: usize| {
-                allocator.allocate_metadata(bytes, copies).map_err(no_space)
-            };
-            let mut blocks = Vec::new();
-            for vdev in 0..vdevs as u32 {
-                let (free, deferred) = allocator.space_map_entries(vdev);
-                let need = piece_layout(free, deferred).len() + 1;
-                let mut pieces = Vec::with_capacity(need);
-                for _ in 0..need {
-                    pieces.push(place(&mut allocator, SPACE_MAP_PIECE_BYTES, copies)?);
-                }
-                blocks.push(pieces);
-            }
-            let pieces: usize = blocks.iter().map(Vec::len).sum();
-            let directory_bytes =
-                allocator.asize((directory_len + pieces * sluice_format::BLKPTR_BYTES) as u64);
-            let directory_block =
-                place(&mut allocator, directory_bytes, (copies + 1).min(DVAS_MAX))?;
-            let maps: Vec<SpaceMap> = (0..vdevs as u32).map(|v| allocator.space_map(v)).collect();
-            (blocks, directory_block, maps)
-        };
-        for (vdev, (map, blocks)) in maps.iter().zip(&map_blocks).enumerate() {
-            let mut pieces = split_space_map(map);
-            assert!(
-                pieces.len() <= blocks.len(),
-                "space map of vdev {vdev} outgrew its pieces ({} > {})",
-                pieces.len(),
-                blocks.len()
-            );
-            // Unused pieces are written empty: every allocated block is part of the map.
-            while pieces.len() < blocks.len() {
-                pieces.push(SpaceMap {
-                    ashift: map.ashift,
-                    synced_txg: map.synced_txg,
-                    free: Vec::new(),
-                    deferred: Vec::new(),
-                });
-            }
-            let writes = pieces.iter().zip(blocks).map(|(piece, places)| {
-                let name = name.clone();
-                async move {
-                    let bytes = piece.encode().map_err(|source| PoolError::Format {
-                        pool: name.clone(),
-                        cause: source,
-                    })?;
-                    debug_assert!(bytes.len() as u64 <= places[0].2, "a piece fits its block");
-                    let logical = Arc::new(AlignedBuf::copy_from(&bytes));
-                    self.write_metadata(Writer::SpaceMap, places, logical, txg).await
-                }
-            });
-            directory.space_maps[vdev] = futures::future::try_join_all(writes).await?;
-        }
-        let asize = directory_block[0].2;
-        let bytes = directory
-            .encode(asize as usize)
-            .map_err(|source| PoolError::Format { pool: name.clone(), cause: source })?;
-        let logical = Arc::new(AlignedBuf::copy_from(&bytes));
-        let directory_bp =
-            self.write_metadata(Writer::Directory, &directory_block, logical, txg).await?;
-        Ok((directory_bp, directory.space_maps))
-    }
-
-    /// Writes one metadata block of `writer` to every place allocated for it (its first copy
-    /// and ditto copies, all of one size; `logical` is padded to it) and returns its pointer,
-    /// with a DVA per copy.
-    pub(super) async fn write_metadata(
-        &self,
-        writer: Writer,
-        places: &[(u32, u64, u64)],
-        logical: Arc<AlignedBuf>,
-        txg: u64,
-    ) -> Result<BlockPointer, PoolError> {
-        let props = BlockProps::metadata(writer, txg, places.len());
-        let sealed = self.pool.seal_block(props, logical, Some(places[0].2))?;
-        let written = self.pool.issue_placed(&[sealed], &[places.to_vec()], Issue::ASYNC).await?;
-        Ok(written[0])
     }
 
     /// After the uberblock: the new roots become the volumes' trees on disk, and failed log
@@ -682,8 +455,8 @@ impl Store {
         (directory_bp, space_maps): (BlockPointer, Vec<Vec<BlockPointer>>),
         anchored: &[Arc<LogWriter>],
     ) -> Result<(), StoreError> {
-        self.syncer.syncs.inc();
-        self.allocator.lock().synced(txg);
+        self.syncer.count_sync();
+        self.spa.allocator().lock().synced(txg);
         let dsl = self.dsl.read();
         for dataset in dsl.values() {
             let mut volume = dataset.state.lock();
@@ -697,6 +470,7 @@ impl Store {
                     volume.open.retain(|&index, _| index < blocks);
                     if volume.entry.reservation_bytes != 0 {
                         volume.entry.reservation_bytes = self
+                            .spa
                             .thick_reservation(volume.entry.size_bytes, volume.entry.block_bytes);
                     }
                 }
@@ -707,7 +481,7 @@ impl Store {
             }
             volume.syncing.clear();
         }
-        *self.syncer.synced.lock() = SyncedMetadata { space_maps, directory: Some(directory_bp) };
+        self.syncer.set_synced(SyncedMetadata { space_maps, directory: Some(directory_bp) });
         self.txg.lock().synced_directory(directory_bp.psize_bytes());
         // Records of this txg need no log any more. A chain with a failed write is replaced:
         // records not yet issued move to a new chain, which the next sync anchors.
@@ -717,11 +491,11 @@ impl Store {
             let Some(log) = volume.log.clone() else { continue };
             log.synced(txg, anchored.iter().any(|a| Arc::ptr_eq(a, &log)));
             if log.failed() {
-                let owner = ChainOwner { chain_id: self.chain_id(), volume_id: volume.entry.id };
+                let owner = ChainOwner { chain_id: self.zil.chain_id(&self.spa), volume_id: volume.entry.id };
                 let fresh = LogWriter::continuing(
-                    self.pool.name(),
-                    &self.allocator,
-                    self.log_settings(),
+                    self.spa.pool().name(),
+                    self.spa.allocator(),
+                    self.zil.settings(),
                     owner,
                     log.hand_over(txg),
                 )?;
@@ -734,69 +508,323 @@ impl Store {
         }
         Ok(())
     }
+}
 
-    /// A syncing block ready to write: a patch is completed from the version on disk, which
-    /// is the one it was written over (syncs run one at a time). Read at async priority and
-    /// not cached: the sync must not crowd out the log writes and reads clients wait for, and
-    /// the old block is going away.
-    pub(super) async fn complete_block(
-        &self,
-        root: Option<BlockPointer>,
-        disk_levels: u8,
-        block_bytes: usize,
-        index: u64,
-        block: Block,
-    ) -> Result<(u64, Block), PoolError> {
-        let Block::Patched(patch) = block else { return Ok((index, block)) };
-        // The version below is about to be replaced: taken from the cache when there, but a
-        // miss is read past it (caching a block this sync frees would only evict live ones).
-        let whole = match objset::data_block_pointer(&self.pool, root, disk_levels, index).await? {
-            Some(bp) => match self.pool.cache().get(&bp) {
-                Some(hit) => patch.apply(Some(&hit[..block_bytes])),
-                None => {
-                    let class = crate::tunables::IoClass::AsyncRead;
-                    let read = self.pool.read_block_logical(&bp, class).await?;
-                    // The block read is ours: the covered sectors go into it, with no copy of
-                    // the rest (the syncing map still holds the patch for readers).
-                    if read.len() == block_bytes {
-                        patch.apply_owned(Some(read))
-                    } else {
-                        patch.apply(Some(&read[..block_bytes]))
+/// Writes every volume's dirty blocks and the indirect blocks above them; returns each
+/// volume's new root and space figures.
+async fn write_volumes(
+    spa: &Spa,
+    ctx: &mut TreeUpdate<'_>,
+    work: Vec<VolumeWork>,
+) -> Result<BTreeMap<String, SyncedTree>, PoolError> {
+    let txg = ctx.txg;
+    let mut roots = BTreeMap::new();
+    for (entry, disk_levels, blocks, prewritten) in work {
+        let (replaced_before, born_before) = (ctx.replaced.len(), ctx.born.len());
+        // Patched blocks are completed first, up to SYNC_WRITES_IN_FLIGHT at once, in
+        // block order. Blocks of ordinary volumes are then allocated in that order and
+        // written in spans (crate::zio). Blocks of dedup volumes are hashed and
+        // looked up in tasks of their own, so that work spreads over the runtime's
+        // threads, as ZFS's write-issue taskq spreads it over CPUs.
+        let dedup = entry.dedup;
+        let compression = entry.compression;
+        let (root, block_bytes) = (entry.root, entry.block_bytes as usize);
+        let completed = futures::stream::iter(blocks.into_iter().map(|(index, block)| {
+            complete_block(spa, root, disk_levels, block_bytes, index, block)
+        }))
+        .buffered(SYNC_WRITES_IN_FLIGHT);
+        let updates: BTreeMap<u64, Option<BlockPointer>> = if dedup == DedupMode::Off {
+            let per_span = (crate::zio::WRITE_SPAN_BYTES_MAX as usize / block_bytes).max(1);
+            let (ctx, prewritten) = (&*ctx, &prewritten);
+            let written: Vec<Vec<(u64, Option<BlockPointer>)>> = completed
+                .try_chunks(per_span)
+                .map_err(|futures::stream::TryChunksError(_, e)| e)
+                .map_ok(|chunk| async move {
+                    let mut plain = Vec::with_capacity(chunk.len());
+                    // Blocks an indirect log record already wrote where they belong are
+                    // linked, not written again (ZFS: dbuf_sync_leaf's override).
+                    let mut linked: Vec<(u64, BlockPointer)> = Vec::new();
+                    for (index, block) in &chunk {
+                        match block {
+                            Block::Data(bytes) => {
+                                let same = prewritten
+                                    .get(index)
+                                    .filter(|p| Arc::ptr_eq(&p.data, bytes));
+                                if let Some(p) = same {
+                                    if p.write.clone().await {
+                                        linked.push((*index, p.bp));
+                                        continue;
+                                    }
+                                }
+                                plain.push(Arc::clone(bytes));
+                            }
+                            Block::Zero => {}
+                            Block::Patched(_) => unreachable!("patches are completed above"),
+                        }
                     }
-                }
-            },
-            None => patch.apply(None),
+                    // Through every zio stage: sealed spread over the host's threads,
+                    // allocated in block order, written in spans.
+                    let props = BlockProps::data(Writer::VolumeData, txg, compression);
+                    let data = plain.into_iter().map(|bytes| (props, bytes)).collect();
+                    let mut bps = spa
+                        .pool()
+                        .write_blocks(ctx.allocator, AllocClass::Reserved, data)
+                        .await?
+                        .into_iter();
+                    Ok::<_, PoolError>(
+                        chunk
+                            .into_iter()
+                            .map(|(index, block)| match block {
+                                Block::Data(_) => match linked.iter().find(|l| l.0 == index) {
+                                    Some(&(_, bp)) => (index, Some(bp)),
+                                    None => (index, bps.next()),
+                                },
+                                _ => (index, None),
+                            })
+                            .collect(),
+                    )
+                })
+                .try_buffer_unordered(SPANS_IN_FLIGHT)
+                .try_collect()
+                .await?;
+            written.into_iter().flatten().collect()
+        } else {
+            let verify = dedup == DedupMode::Verify;
+            completed
+                .map_ok(|(index, block)| async move {
+                    let bp = match block {
+                        Block::Data(data) => {
+                            let written =
+                                spawn_dedup_write(spa, txg, data, verify, compression);
+                            Some(written.await?)
+                        }
+                        Block::Zero => None,
+                        Block::Patched(_) => unreachable!("patches are completed above"),
+                    };
+                    Ok::<_, PoolError>((index, bp))
+                })
+                .try_buffer_unordered(SYNC_WRITES_IN_FLIGHT)
+                .try_collect()
+                .await?
         };
-        Ok((index, Block::Data(Arc::new(whole))))
+        // Linked blocks become allocated in this txg's maps; the others are freed once
+        // their writes have ended. A linked block is cached from the buffer it was written
+        // from, as the blocks this sync writes are (objset's write_placed): the next
+        // partial write of it needs its bytes at that sync. Left out, the first 4 KiB
+        // write into each block a large sync write had placed read it back from the disk
+        // (one client after a 1 GiB write + flush, `txg.dirty_max` 2.4 GiB: 4,836 cache
+        // misses, 0.1 disk reads per write).
+        let mut unused = Vec::new();
+        {
+            let mut allocator = spa.allocator().lock();
+            for (index, p) in prewritten {
+                if updates.get(&index) == Some(&Some(p.bp)) {
+                    let dva = p.bp.dvas[0];
+                    allocator.adopt_log(dva.vdev, dva.offset_bytes(), dva.asize_bytes());
+                    spa.pool().cache().insert(&p.bp, p.data);
+                } else {
+                    unused.push(p);
+                }
+            }
+        }
+        spa.release_prewritten(txg, unused).await;
+        let grown = objset::grow_levels(ctx, entry.root, disk_levels, entry.levels).await?;
+        let root = if updates.is_empty() {
+            grown
+        } else {
+            objset::update_tree(ctx, grown, entry.levels, &updates).await?
+        };
+        // Only the sync changes the figures, and it holds the sync lock: the quiesced
+        // entry's are current.
+        let mut space = entry.space.expect("import counts every volume's space");
+        let born = updates.values().flatten().chain(&ctx.born[born_before..]);
+        for bp in born {
+            objset::add_space(&mut space, bp, true);
+        }
+        for bp in &ctx.replaced[replaced_before..] {
+            objset::add_space(&mut space, bp, false);
+        }
+        // What the newest snapshot holds stays allocated, on the dead list.
+        let mut dead = Vec::new();
+        if entry.prev_snap_txg > 0 {
+            let replaced = ctx.replaced.split_off(replaced_before);
+            let prev = entry.prev_snap_txg;
+            let (own, held): (Vec<_>, Vec<_>) =
+                replaced.into_iter().partition(|bp| bp.birth_txg > prev);
+            ctx.replaced.extend(own);
+            dead = held;
+        }
+        let family = Family::of(&entry);
+        roots.insert(entry.name.clone(), SyncedTree { root, space, dead, family });
     }
+    Ok(roots)
+}
 
-    /// Writes one block of a dedup volume through the table, in a task of its own.
-    pub(super) async fn spawn_dedup_write(
-        &self,
-        txg: u64,
-        data: Arc<AlignedBuf>,
-        verify: bool,
-        compression: Compression,
-    ) -> Result<BlockPointer, PoolError> {
-        let (tx, rx) = futures::channel::oneshot::channel();
-        let (ddt, pool, allocator) =
-            (Arc::clone(&self.ddt), Arc::clone(&self.pool), Arc::clone(&self.allocator));
-        self.pool.env().spawn("dedup write", async move {
-            let written = ddt.write(&pool, &allocator, txg, data, verify, compression).await;
-            // Dropped before answering, so that no task still holds the pool when the sync
-            // that waits for this answer returns (export unwraps it).
-            drop((ddt, pool, allocator));
-            let _ = tx.send(written);
+/// Drops the references of replaced dedup blocks, then writes the table; returns its new
+/// header and every block this txg replaced that is now free (the table hands back the
+/// blocks left without references, with its own replaced blocks).
+async fn write_dedup_table(
+    spa: &Spa,
+    ctx: &mut TreeUpdate<'_>,
+) -> Result<(DdtHeader, Vec<BlockPointer>), PoolError> {
+    let (shared, mut replaced): (Vec<BlockPointer>, Vec<BlockPointer>) =
+        std::mem::take(&mut ctx.replaced).into_iter().partition(|bp| bp.dedup.is_some());
+    let (ddt, pool) = (&**spa.ddt(), &**spa.pool());
+    futures::stream::iter(
+        shared.into_iter().map(|bp| async move { ddt.free(pool, &bp).await }),
+    )
+    .buffer_unordered(SYNC_WRITES_IN_FLIGHT)
+    .try_collect::<Vec<()>>()
+    .await?;
+    let ddt_header = spa.ddt().flush(ctx).await?;
+    replaced.append(&mut ctx.replaced);
+    Ok((ddt_header, replaced))
+}
+
+/// Writes the space maps and the directory that points at them: the pieces are allocated
+/// before any map is encoded, so every map includes its own blocks and the directory's.
+async fn write_space_maps_and_directory(
+    spa: &Spa,
+    txg: u64,
+    vdevs: usize,
+    mut directory: PoolDirectory,
+) -> Result<(BlockPointer, Vec<Vec<BlockPointer>>), PoolError> {
+    let name = spa.pool().name().to_owned();
+    let no_space =
+        |source: AllocError| PoolError::NoSpace { pool: name.clone(), cause: source };
+    // Allocate the space-map pieces before encoding any map, so every map includes them.
+    // One piece more than the map needs now leaves room for the entries that these
+    // allocations and the directory's add.
+    let directory_len = directory
+        .encoded_len()
+        .map_err(|source| PoolError::Format { pool: name.clone(), cause: source })?;
+    let (map_blocks, directory_block, maps) = {
+        let mut allocator = spa.allocator().lock();
+        // Each piece in `copies` copies, the directory in one more (ditto blocks).
+        let copies = spa.pool().metadata_copies();
+        let place = |allocator: &mut Allocator, bytes: u64, copies: usize| {
+            allocator.allocate_metadata(bytes, copies).map_err(no_space)
+        };
+        let mut blocks = Vec::new();
+        for vdev in 0..vdevs as u32 {
+            let (free, deferred) = allocator.space_map_entries(vdev);
+            let need = piece_layout(free, deferred).len() + 1;
+            let mut pieces = Vec::with_capacity(need);
+            for _ in 0..need {
+                pieces.push(place(&mut allocator, SPACE_MAP_PIECE_BYTES, copies)?);
+            }
+            blocks.push(pieces);
+        }
+        let pieces: usize = blocks.iter().map(Vec::len).sum();
+        let directory_bytes =
+            allocator.asize((directory_len + pieces * sluice_format::BLKPTR_BYTES) as u64);
+        let directory_block =
+            place(&mut allocator, directory_bytes, (copies + 1).min(DVAS_MAX))?;
+        let maps: Vec<SpaceMap> = (0..vdevs as u32).map(|v| allocator.space_map(v)).collect();
+        (blocks, directory_block, maps)
+    };
+    for (vdev, (map, blocks)) in maps.iter().zip(&map_blocks).enumerate() {
+        let mut pieces = split_space_map(map);
+        assert!(
+            pieces.len() <= blocks.len(),
+            "space map of vdev {vdev} outgrew its pieces ({} > {})",
+            pieces.len(),
+            blocks.len()
+        );
+        // Unused pieces are written empty: every allocated block is part of the map.
+        while pieces.len() < blocks.len() {
+            pieces.push(SpaceMap {
+                ashift: map.ashift,
+                synced_txg: map.synced_txg,
+                free: Vec::new(),
+                deferred: Vec::new(),
+            });
+        }
+        let writes = pieces.iter().zip(blocks).map(|(piece, places)| {
+            let name = name.clone();
+            async move {
+                let bytes = piece.encode().map_err(|source| PoolError::Format {
+                    pool: name.clone(),
+                    cause: source,
+                })?;
+                debug_assert!(bytes.len() as u64 <= places[0].2, "a piece fits its block");
+                let logical = Arc::new(AlignedBuf::copy_from(&bytes));
+                spa.write_metadata(Writer::SpaceMap, places, logical, txg).await
+            }
         });
-        rx.await.unwrap_or_else(|_| {
-            Err(PoolError::Format {
-                pool: self.pool.name().to_owned(),
-                cause: sluice_format::FormatError::Invalid {
-                    what: "dedup write task",
-                    field: "ended without an answer in txg",
-                    value: txg,
-                },
-            })
-        })
+        directory.space_maps[vdev] = futures::future::try_join_all(writes).await?;
     }
+    let asize = directory_block[0].2;
+    let bytes = directory
+        .encode(asize as usize)
+        .map_err(|source| PoolError::Format { pool: name.clone(), cause: source })?;
+    let logical = Arc::new(AlignedBuf::copy_from(&bytes));
+    let directory_bp =
+        spa.write_metadata(Writer::Directory, &directory_block, logical, txg).await?;
+    Ok((directory_bp, directory.space_maps))
+}
+
+/// A syncing block ready to write: a patch is completed from the version on disk, which
+/// is the one it was written over (syncs run one at a time). Read at async priority and
+/// not cached: the sync must not crowd out the log writes and reads clients wait for, and
+/// the old block is going away.
+async fn complete_block(
+    spa: &Spa,
+    root: Option<BlockPointer>,
+    disk_levels: u8,
+    block_bytes: usize,
+    index: u64,
+    block: Block,
+) -> Result<(u64, Block), PoolError> {
+    let Block::Patched(patch) = block else { return Ok((index, block)) };
+    // The version below is about to be replaced: taken from the cache when there, but a
+    // miss is read past it (caching a block this sync frees would only evict live ones).
+    let whole = match objset::data_block_pointer(spa.pool(), root, disk_levels, index).await? {
+        Some(bp) => match spa.pool().cache().get(&bp) {
+            Some(hit) => patch.apply(Some(&hit[..block_bytes])),
+            None => {
+                let class = crate::tunables::IoClass::AsyncRead;
+                let read = spa.pool().read_block_logical(&bp, class).await?;
+                // The block read is ours: the covered sectors go into it, with no copy of
+                // the rest (the syncing map still holds the patch for readers).
+                if read.len() == block_bytes {
+                    patch.apply_owned(Some(read))
+                } else {
+                    patch.apply(Some(&read[..block_bytes]))
+                }
+            }
+        },
+        None => patch.apply(None),
+    };
+    Ok((index, Block::Data(Arc::new(whole))))
+}
+
+/// Writes one block of a dedup volume through the table, in a task of its own.
+async fn spawn_dedup_write(
+    spa: &Spa,
+    txg: u64,
+    data: Arc<AlignedBuf>,
+    verify: bool,
+    compression: Compression,
+) -> Result<BlockPointer, PoolError> {
+    let (tx, rx) = futures::channel::oneshot::channel();
+    let (ddt, pool, allocator) =
+        (Arc::clone(spa.ddt()), Arc::clone(spa.pool()), Arc::clone(spa.allocator()));
+    spa.pool().env().spawn("dedup write", async move {
+        let written = ddt.write(&pool, &allocator, txg, data, verify, compression).await;
+        // Dropped before answering, so that no task still holds the pool when the sync
+        // that waits for this answer returns (export unwraps it).
+        drop((ddt, pool, allocator));
+        let _ = tx.send(written);
+    });
+    rx.await.unwrap_or_else(|_| {
+        Err(PoolError::Format {
+            pool: spa.pool().name().to_owned(),
+            cause: sluice_format::FormatError::Invalid {
+                what: "dedup write task",
+                field: "ended without an answer in txg",
+                value: txg,
+            },
+        })
+    })
 }

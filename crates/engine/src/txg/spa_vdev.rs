@@ -23,7 +23,7 @@ impl Store {
     /// Takes a leaf out of service until [`Store::online_leaf`] (`zpool offline`); unless
     /// `temporary`, across imports too, from the next sync on. Returns its path.
     pub async fn offline_leaf(&self, name: &str, temporary: bool) -> Result<String, StoreError> {
-        let path = self.pool.offline(name, temporary)?.path;
+        let path = self.spa.pool().offline(name, temporary)?.path;
         if !temporary {
             // The directory records it: written now, so an export or a crash right after
             // still finds the leaf offline.
@@ -35,7 +35,7 @@ impl Store {
     /// Returns a leaf to service and resilvers what it missed (`zpool online`). Returns its
     /// path and whether a resilver started.
     pub async fn online_leaf(self: &Arc<Self>, name: &str) -> Result<(String, bool), StoreError> {
-        let leaf = self.pool.online(name)?;
+        let leaf = self.spa.pool().online(name)?;
         self.sync().await?;
         Ok((leaf.path, self.resilver_if_needed()))
     }
@@ -47,7 +47,7 @@ impl Store {
         self: &Arc<Self>,
         name: Option<&str>,
     ) -> Result<(Vec<String>, bool), StoreError> {
-        let leaves = self.pool.clear(name)?;
+        let leaves = self.spa.pool().clear(name)?;
         self.sync().await?;
         Ok((leaves.into_iter().map(|l| l.path).collect(), self.resilver_if_needed()))
     }
@@ -79,18 +79,18 @@ impl Store {
         new: LeafSpec,
         replacing: bool,
     ) -> Result<String, StoreError> {
-        self.check_live()?;
-        let _one_change = self.vdev_lock.lock().await;
+        self.spa.check_live()?;
+        let _one_change = self.spa.lock_vdevs().await;
         // Labels and the log region (up to hundreds of MiB on a file) are written before the
         // sync lock is taken: syncs, and writers waiting on them, go on meanwhile.
-        let txg = self.pool.uberblock().txg + 1;
-        let prepared = self.pool.prepare_attach(existing, new, txg, replacing).await?;
-        let one_at_a_time = self.syncer.lock.lock().await;
-        let leaf = self.pool.install_attach(prepared)?;
-        self.fail_point("spa_vdev.attach_synced");
+        let txg = self.spa.pool().uberblock().txg + 1;
+        let prepared = self.spa.pool().prepare_attach(existing, new, txg, replacing).await?;
+        let one_at_a_time = self.syncer.lock().await;
+        let leaf = self.spa.pool().install_attach(prepared)?;
+        self.spa.fail_point("spa_vdev.attach_synced");
         let synced = self.sync_holding_lock(one_at_a_time).await?;
-        self.fail_point("spa_vdev.attach_labels");
-        let labels = self.pool.write_labels(synced).await;
+        self.spa.fail_point("spa_vdev.attach_labels");
+        let labels = self.spa.pool().write_labels(synced).await;
         self.resilver_if_needed();
         labels?;
         Ok(leaf.path)
@@ -99,13 +99,13 @@ impl Store {
     /// Takes leaf `name` out of its mirror for good (`zpool detach`): its labels are blanked.
     /// Returns its path.
     pub async fn detach_leaf(&self, name: &str) -> Result<String, StoreError> {
-        self.check_live()?;
-        let _one_change = self.vdev_lock.lock().await;
-        let one_at_a_time = self.syncer.lock.lock().await;
-        let gone = self.pool.detach(name)?;
+        self.spa.check_live()?;
+        let _one_change = self.spa.lock_vdevs().await;
+        let one_at_a_time = self.syncer.lock().await;
+        let gone = self.spa.pool().detach(name)?;
         let synced = self.sync_holding_lock(one_at_a_time).await?;
-        self.fail_point("spa_vdev.detach_labels");
-        let labels = self.pool.write_labels(synced).await;
+        self.spa.fail_point("spa_vdev.detach_labels");
+        let labels = self.spa.pool().write_labels(synced).await;
         // I/O already under way on the old tree may still reach the leaf: let it drain (for
         // up to ten seconds: a dead device may never answer), so that nothing lands on the
         // device after its labels are blanked.
@@ -113,9 +113,9 @@ impl Store {
             if gone.leaf.pending() == 0 {
                 break;
             }
-            self.pool.env().sleep(std::time::Duration::from_millis(1)).await;
+            self.spa.pool().env().sleep(std::time::Duration::from_millis(1)).await;
         }
-        self.pool.blank_labels(&gone).await;
+        self.spa.pool().blank_labels(&gone).await;
         labels?;
         Ok(gone.path)
     }
@@ -124,7 +124,7 @@ impl Store {
     /// A detach refused now (a leaf went out of service meanwhile) is tried again later.
     pub async fn detach_replaced(&self) -> Vec<String> {
         let mut detached = Vec::new();
-        for guid in self.pool.replacements_done() {
+        for guid in self.spa.pool().replacements_done() {
             if let Ok(path) = self.detach_leaf(&guid).await {
                 detached.push(path);
             }
@@ -135,11 +135,11 @@ impl Store {
     /// [`Store::detach_replaced`] in a task, if there is anything to detach (the caller may be
     /// the syncer).
     pub(super) fn finish_replacements(self: &Arc<Self>) {
-        if self.pool.replacements_done().is_empty() {
+        if self.spa.pool().replacements_done().is_empty() {
             return;
         }
         let weak = Arc::downgrade(self);
-        self.pool.env().spawn("replace done", async move {
+        self.spa.pool().env().spawn("replace done", async move {
             let Some(store) = weak.upgrade() else { return };
             store.detach_replaced().await;
         });

@@ -16,7 +16,9 @@ use sluice_format::{
 
 use super::dbuf::{Apply, Block, Prewritten, WriteData};
 use super::dsl_synctask::{SyncCx, SyncTask};
-use super::{Dataset, LogStats, Store, StoreError};
+use super::dmu_tx::TxgLimits;
+use super::spa::Spa;
+use super::{Dataset, Store, StoreError};
 use crate::device::{AlignedBuf, SharedBuf};
 use crate::intent_log::{
     self, Chain, ChainOwner, DataWrite, LogAddress, LogError, LogSettings, LogWriter,
@@ -27,26 +29,116 @@ use crate::tunables::IoClass;
 use crate::vdev::VdevAddress;
 use crate::zio::{self, BlockProps, Issue, Writer};
 
-impl Store {
-    /// A new, not yet anchored log chain for a volume.
-    pub(super) fn new_log(&self, volume_id: u64) -> Result<Arc<LogWriter>, StoreError> {
-        let owner = ChainOwner { chain_id: self.chain_id(), volume_id };
-        Ok(Arc::new(LogWriter::new(self.pool.name(), &self.allocator, self.log_settings(), owner)?))
-    }
+/// The store's intent-log object (ZFS: the pool-wide part of `zil.c`): how every chain of the
+/// pool writes, when a write is logged by pointer, and what the logs did. Each volume's chain
+/// is its own (`Dataset`'s state holds its `LogWriter`); the commits below drive them against
+/// the open txg and the syncer, so they stay on the store.
+#[derive(Debug)]
+pub(super) struct Zil {
+    settings: LogSettings,
+    /// Writes at least this large are logged by pointer (0: never).
+    immediate_write_bytes: u64,
+    /// `intent_log.early_commit`: whether a lone sync writer's record starts before its flush.
+    early_commit: bool,
+    stats: LogStats,
+}
 
-    /// How this pool's log chains write.
-    pub(super) fn log_settings(&self) -> LogSettings {
-        LogSettings {
-            policy: self.limits.log_policy,
-            commit_timeout_pct: self.limits.commit_timeout_pct,
-            max_block_bytes: self.limits.log_block_bytes_max,
+impl Zil {
+    /// The settings `limits` gives the logs, with what the claim at import counted (`stats`).
+    pub(super) fn new(limits: &TxgLimits, stats: LogStats) -> Zil {
+        Zil {
+            settings: LogSettings {
+                policy: limits.log_policy,
+                commit_timeout_pct: limits.commit_timeout_pct,
+                max_block_bytes: limits.log_block_bytes_max,
+            },
+            immediate_write_bytes: limits.immediate_write_bytes,
+            early_commit: limits.early_commit,
+            stats,
         }
     }
 
-    pub(super) fn chain_id(&self) -> u64 {
-        self.pool.env().unique_rng("intent log chain").u64().max(1)
+    /// What the intent logs did.
+    pub(super) fn stats(&self) -> &LogStats {
+        &self.stats
     }
 
+    /// How this pool's log chains write.
+    pub(super) fn settings(&self) -> LogSettings {
+        self.settings
+    }
+
+    pub(super) fn early_commit(&self) -> bool {
+        self.early_commit
+    }
+
+    /// A new chain's id: drawn from the pool's environment, so that a chain found at import
+    /// is told from an older one on the same blocks.
+    pub(super) fn chain_id(&self, spa: &Spa) -> u64 {
+        spa.pool().env().unique_rng("intent log chain").u64().max(1)
+    }
+
+    /// A new, not yet anchored log chain for a volume.
+    pub(super) fn new_log(&self, spa: &Spa, volume_id: u64) -> Result<Arc<LogWriter>, StoreError> {
+        let owner = ChainOwner { chain_id: self.chain_id(spa), volume_id };
+        Ok(Arc::new(LogWriter::new(spa.pool().name(), spa.allocator(), self.settings, owner)?))
+    }
+
+    /// Whether a write of `len` bytes to the volume `entry` logs its whole blocks by pointer:
+    /// with logbias=throughput, or from `intent_log.immediate_write_bytes` on. Not on dedup
+    /// volumes (their blocks are placed through the dedup table at sync), nor where a block
+    /// would not fit one copied record (the fill copies a block it cannot place).
+    pub(super) fn indirect(&self, entry: &VolumeEntry, len: u64) -> bool {
+        let limit = self.immediate_write_bytes;
+        let large = entry.logbias == LogBias::Throughput || (limit > 0 && len >= limit);
+        large
+            && entry.dedup == DedupMode::Off
+            && entry.block_bytes as usize <= copied_piece_bytes(self.settings.max_block_bytes)
+    }
+}
+
+/// What the intent logs did: commits, fallbacks to txg syncs, and what import found.
+#[derive(Debug, Default)]
+pub struct LogStats {
+    /// Commits (FUA writes and flushes) that had records to make durable.
+    pub commits: crate::stats::Counter,
+    /// Commits answered by a txg sync: the chain was not yet anchored, or a log write failed.
+    pub commits_via_txg: crate::stats::Counter,
+    /// Early commits: a lone sync writer's record sent to the log before its flush arrived.
+    pub early_commits: crate::stats::Counter,
+    /// Txg syncs asked for because log blocks held most of a vdev's log region.
+    pub syncs_for_log_space: crate::stats::Counter,
+    /// Chains walked at import, and the blocks found in them.
+    pub chains_claimed: crate::stats::Counter,
+    pub blocks_claimed: crate::stats::Counter,
+    /// Records applied by replay.
+    pub records_replayed: crate::stats::Counter,
+    /// Records an interrupted replay had already applied in an earlier import, skipped now.
+    pub records_already_replayed: crate::stats::Counter,
+    /// Records of txgs that had synced before the crash, skipped.
+    pub records_already_synced: crate::stats::Counter,
+    /// Chains that ended at a block written only in part.
+    pub torn_tails: crate::stats::Counter,
+    /// Records that no longer fit the volume (it shrank after they were logged), skipped.
+    pub records_out_of_range: crate::stats::Counter,
+    /// Commits answered at once because the volume has sync=disabled.
+    pub commits_ignored: crate::stats::Counter,
+    /// Blocks written in place for indirect records (each written once: the sync links it).
+    pub indirect_blocks_written: crate::stats::Counter,
+    /// Indirect records filled with a copy of their block instead (its txg was syncing, or a
+    /// later write had replaced it).
+    pub indirect_records_copied: crate::stats::Counter,
+    /// Indirect records of the txg being synced whose commit waited for that sync instead of
+    /// copying them: they were a large part of what it writes.
+    pub indirect_records_left_to_sync: crate::stats::Counter,
+    /// Indirect records applied by replay (their blocks read from where the record points).
+    pub indirect_records_replayed: crate::stats::Counter,
+    /// Chains that ended at an indirect record whose block is not intact or not free: written
+    /// after its log block, never acknowledged (ZFS: zil_claim_write).
+    pub indirect_chain_ends: crate::stats::Counter,
+}
+
+impl Store {
     /// Applies each claimed chain's records that are newer than its claim txg (the last txg
     /// synced before the crash) and than what an interrupted replay already applied, then retires the chains and starts new ones. Syncs
     /// that happen during replay (dirty data) record the progress in the old header, so an
@@ -55,7 +147,7 @@ impl Store {
         &self,
         chains: Vec<(String, LogHeader, intent_log::Chain)>,
     ) -> Result<(), StoreError> {
-        let stats = &self.log_stats;
+        let stats = self.zil.stats();
         for (name, header, chain) in &chains {
             let dataset = self.dataset(name)?;
             for record in chain.blocks.iter().flat_map(|b| b.records.iter()) {
@@ -75,7 +167,7 @@ impl Store {
                     }
                     LogRecord::Zero { offset, len, .. } => (*offset, *len, None),
                     LogRecord::WriteIndirect { offset, len, block: bp, .. } => {
-                        block = self.pool.read_block_logical(bp, IoClass::SyncRead).await?;
+                        block = self.spa.pool().read_block_logical(bp, IoClass::SyncRead).await?;
                         stats.indirect_records_replayed.inc();
                         let len = u64::from(*len).min(block.len() as u64);
                         (*offset, len, Some(&block[..len as usize]))
@@ -100,7 +192,7 @@ impl Store {
         }
         let datasets: Vec<Arc<Dataset>> = self.dsl.read().values().cloned().collect();
         for dataset in datasets {
-            let log = self.new_log(dataset.id)?;
+            let log = self.zil.new_log(&self.spa, dataset.id)?;
             dataset.state.lock().log = Some(log);
         }
         self.sync().await?;
@@ -162,8 +254,8 @@ impl Store {
 
     /// [`Store::commit`] through a handle's dataset.
     pub async fn commit_in(&self, dataset: &Dataset, sequence: u64) -> Result<(), StoreError> {
-        self.check_live()?;
-        let _guard = self.panic_guard("a log commit");
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("a log commit");
         self.check_exists(dataset)?;
         if dataset.read_only {
             // A snapshot has nothing to make durable.
@@ -175,7 +267,7 @@ impl Store {
         };
         if sync == SyncMode::Disabled {
             // The volume's writes become durable with the txg sync; commits are not waited for.
-            self.log_stats.commits_ignored.inc();
+            self.zil.stats().commits_ignored.inc();
             return Ok(());
         }
         let Some(log) = log else {
@@ -187,9 +279,9 @@ impl Store {
         if log.durable_record() >= sequence {
             return Ok(());
         }
-        self.log_stats.commits.inc();
+        self.zil.stats().commits.inc();
         if log.anchored() && self.fill_indirect(dataset, &log, sequence).await.is_ok() {
-            match log.commit(&self.pool, &self.allocator, sequence).await {
+            match log.commit(self.spa.pool(), self.spa.allocator(), sequence).await {
                 Ok(()) => {
                     self.kick_sync_if_log_full(&log);
                     return Ok(());
@@ -198,12 +290,12 @@ impl Store {
                 Err(LogError::Failed { .. } | LogError::Pool(_)) => {}
             }
         }
-        self.log_stats.commits_via_txg.inc();
+        self.zil.stats().commits_via_txg.inc();
         // The record's txg is at most the open one, which this sync makes durable. Commits
         // falling back together (every writer of a failed chain) share one sync: the
         // uberblock names the last durable txg.
         let open = self.txg.lock().open_txg();
-        self.sync_unless(|| self.pool.uberblock().txg >= open).await
+        self.sync_unless(|| self.spa.pool().uberblock().txg >= open).await
     }
 
     /// Starts writing record `sequence` to `volume`'s log now, without waiting, when the log
@@ -211,20 +303,20 @@ impl Store {
     /// write that was the only request in flight on the volume. A failure is left to the
     /// client's own commit, which falls back to a txg sync.
     pub fn commit_early(self: &Arc<Self>, dataset: &Arc<Dataset>, sequence: u64) {
-        if !self.limits.early_commit {
+        if !self.zil.early_commit() {
             return;
         }
         let Some(log) = dataset.state.lock().log.clone() else { return };
         if !log.wants_early() {
             return;
         }
-        self.log_stats.early_commits.inc();
+        self.zil.stats().early_commits.inc();
         let store = Arc::clone(self);
         let dataset = Arc::clone(dataset);
-        self.pool.env().spawn("early log commit", async move {
-            let _guard = store.panic_guard("an early log commit");
+        self.spa.pool().env().spawn("early log commit", async move {
+            let _guard = store.spa.panic_guard("an early log commit");
             if store.fill_indirect(&dataset, &log, sequence).await.is_ok() {
-                let _ = log.commit(&store.pool, &store.allocator, sequence).await;
+                let _ = log.commit(store.spa.pool(), store.spa.allocator(), sequence).await;
                 store.kick_sync_if_log_full(&log);
             } else {
                 // The records it claimed are back, unfilled, at the front of the chain, and a
@@ -243,21 +335,9 @@ impl Store {
     /// ([`LogWriter::take_space_low`]).
     fn kick_sync_if_log_full(&self, log: &LogWriter) {
         if log.take_space_low() {
-            self.log_stats.syncs_for_log_space.inc();
-            self.kick_sync();
+            self.zil.stats().syncs_for_log_space.inc();
+            self.syncer.kick();
         }
-    }
-
-    /// Whether a write of `len` bytes to the volume `entry` logs its whole blocks by pointer:
-    /// with logbias=throughput, or from `intent_log.immediate_write_bytes` on. Not on dedup
-    /// volumes (their blocks are placed through the dedup table at sync), nor where a block
-    /// would not fit one copied record (the fill copies a block it cannot place).
-    pub(super) fn indirect(&self, entry: &VolumeEntry, len: u64) -> bool {
-        let limit = self.limits.immediate_write_bytes;
-        let large = entry.logbias == LogBias::Throughput || (limit > 0 && len >= limit);
-        large
-            && entry.dedup == DedupMode::Off
-            && entry.block_bytes as usize <= copied_piece_bytes(self.limits.log_block_bytes_max)
     }
 
     /// Fills `log`'s unfilled indirect records up to `sequence` that no other committer is
@@ -282,7 +362,7 @@ impl Store {
         let result = self.fill_claimed(dataset, log, &claimed).await;
         if result.is_err() {
             log.unclaim(&claimed);
-            if self.is_suspended() {
+            if self.spa.is_suspended() {
                 // Committers waiting behind these records (they found them claimed) would
                 // wait for ever: no sync will come.
                 log.fail();
@@ -351,12 +431,12 @@ impl Store {
                 (BlockProps::data(Writer::LogIndirect, record.txg(), compression), Arc::clone(data))
             })
             .collect();
-        let sealed = self.pool.seal_blocks(blocks).await?;
+        let sealed = self.spa.pool().seal_blocks(blocks).await?;
         // Space for each placed block, as data is placed (near the data cursor, so a large
         // write's blocks land back to back), but held like a log block until a sync links it.
         let mut placed: Vec<(u32, u64, u64)> = Vec::with_capacity(place.len());
         {
-            let mut allocator = self.allocator.lock();
+            let mut allocator = self.spa.allocator().lock();
             for block in &sealed {
                 match allocator.allocate_indirect(block.psize()) {
                     Ok(at) => placed.push(at),
@@ -370,14 +450,14 @@ impl Store {
                             allocator.release_indirect(vdev, start, len);
                         }
                         return Err(StoreError::Pool(PoolError::NoSpace {
-                            pool: self.pool.name().to_owned(),
+                            pool: self.spa.pool().name().to_owned(),
                             cause: source,
                         }));
                     }
                 }
             }
         }
-        self.log_stats.indirect_blocks_written.add(place.len() as u64);
+        self.zil.stats().indirect_blocks_written.add(place.len() as u64);
         // Runs of blocks back to back on one vdev, each written as one I/O.
         let runs = zio::span_runs(&placed);
         let mut blocks: Vec<Prewritten> = Vec::with_capacity(place.len());
@@ -451,8 +531,8 @@ impl Store {
             }
         }
         for (at, data, done) in writes {
-            let pool = Arc::clone(&self.pool);
-            self.pool.env().spawn("indirect block write", async move {
+            let pool = Arc::clone(self.spa.pool());
+            self.spa.pool().env().spawn("indirect block write", async move {
                 let how = Issue { class: IoClass::SyncWrite, durable: true };
                 let ok = pool.issue(Writer::LogIndirect, at, data, how).await.is_ok();
                 let _ = done.send(ok);
@@ -467,18 +547,18 @@ impl Store {
                 Some(data) => LogRecord::Write { txg, sequence, offset, data: data.to_vec() },
                 None => LogRecord::Zero { txg, sequence, offset, len: bs },
             };
-            self.log_stats.indirect_records_copied.inc();
+            self.zil.stats().indirect_records_copied.inc();
             log.fill(filled, None);
         }
         if !syncing.is_empty() {
             // The sync of their txg holds the sync lock from before it closed the txg until
             // the log dropped its records (`LogWriter::synced`): once the lock is had, they
             // are durable and gone.
-            drop(self.syncer.lock.lock().await);
+            drop(self.syncer.lock().await);
             // Still there only if that sync failed: the store is suspended, and the caller
             // gives the records back and falls back to a sync, which reports it.
-            self.check_live()?;
-            self.log_stats.indirect_records_left_to_sync.add(syncing.len() as u64);
+            self.spa.check_live()?;
+            self.zil.stats().indirect_records_left_to_sync.add(syncing.len() as u64);
         }
         Ok(())
     }
@@ -804,7 +884,7 @@ impl SyncTask for RetiredLog {
         self: Box<Self>,
         cx: SyncCx<'c, 's>,
     ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
-        let mut allocator = cx.store.allocator.lock();
+        let mut allocator = cx.store.spa.allocator().lock();
         for at in self.0 {
             allocator.free_log(cx.update.txg, at.vdev, at.offset_bytes, u64::from(at.len_bytes));
         }
@@ -825,7 +905,7 @@ impl SyncTask for Orphaned {
         cx: SyncCx<'c, 's>,
     ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
         Box::pin(async move {
-            cx.store.release_prewritten(cx.update.txg, self.0).await;
+            cx.store.spa.release_prewritten(cx.update.txg, self.0).await;
             Ok(())
         })
     }
