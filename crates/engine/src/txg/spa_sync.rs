@@ -314,15 +314,13 @@ impl Store {
             self.dsl.scan().rewind(volume);
         }
         debug_assert_eq!(synced, txg, "the uberblock txg follows the store's txgs");
-        {
-            self.syncer.record(SyncRecord {
-                txg,
-                quiesced,
-                synced: self.spa.pool().env().now(),
-                admitted_bytes,
-                allocated_bytes,
-            });
-        }
+        self.syncer.record(SyncRecord {
+            txg,
+            quiesced,
+            synced: self.spa.pool().env().now(),
+            admitted_bytes,
+            allocated_bytes,
+        });
         self.finish(txg, &roots, &headers, directory_bp, &anchored)?;
         Ok(txg)
     }
