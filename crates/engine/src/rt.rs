@@ -201,6 +201,11 @@ impl Env {
         self.spawner.spawn_elsewhere(name, Box::pin(task));
     }
 
+    /// [`Spawn::parallelism`]: 1 where everything runs on one thread (the simulator).
+    pub fn parallelism(&self) -> usize {
+        self.spawner.parallelism()
+    }
+
     pub fn seed(&self) -> u64 {
         self.seed
     }

@@ -1,6 +1,6 @@
 //! The block pipeline (crate::zio): one fault at one stage, armed once for each block writer
 //! in turn, is reported by that writer; and a txg's blocks run their CPU stages on more than
-//! one worker.
+//! one worker, and the sync seals each span of lz4 data in a task of its own.
 //!
 //! The fault is armed at the issue stage, the one stage every writer's blocks pass (the intent
 //! log's chain blocks carry their own checksum and skip the others). A writer of the txg sync
@@ -249,4 +249,63 @@ fn the_stages_of_one_txgs_blocks_run_on_more_than_one_worker() {
         .0;
     assert_eq!(stages, BTreeSet::from([Stage::Compress, Stage::Encrypt, Stage::Checksum]));
     assert!(threads >= 2, "the txg's blocks were sealed on {threads} worker(s)");
+}
+
+/// The simulator's spawner, counting the tasks spawned under one name, as a host with two
+/// threads (so the pipeline takes its multi-threaded paths).
+struct Counting {
+    inner: Arc<dyn Spawn>,
+    name: &'static str,
+    spawned: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Spawn for Counting {
+    fn spawn(&self, name: &'static str, task: BoxFuture<()>) {
+        if name == self.name {
+            self.spawned.fetch_add(1, Relaxed);
+        }
+        self.inner.spawn(name, task);
+    }
+
+    // Not counted: the batches spread block by block (`Env::map_spread`) come here.
+    fn spawn_elsewhere(&self, name: &'static str, task: BoxFuture<()>) {
+        self.inner.spawn_elsewhere(name, task);
+    }
+
+    fn parallelism(&self) -> usize {
+        2
+    }
+}
+
+/// Each span of the sync's lz4 data blocks (1 MiB) is sealed in a task of its own, so the
+/// sync's task goes on issuing the spans already sealed; a batch under the size that starts
+/// at (a 64 KiB write's four blocks) is sealed in the sync's own task. Either way every block
+/// reads back.
+#[test]
+fn the_syncs_lz4_spans_are_sealed_in_tasks_of_their_own() {
+    let sim = Sim::new(41);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let spawned: Arc<std::sync::atomic::AtomicU64> = Arc::default();
+    let count = Arc::clone(&spawned);
+    let env = sim.env().with_spawner(move |inner| {
+        Arc::new(Counting { inner, name: "zio_write_issue", spawned: count })
+    });
+    let tasks = sim
+        .run(async move {
+            let store = store_with_v(&env, &legs).await;
+            store.set_property("v", VolumeProperty::Compression(Compression::Lz4)).unwrap();
+            let mut tasks = Vec::new();
+            for (seed, len) in [(7u8, 64usize << 10), (8, 4 << 20)] {
+                let data = pattern(seed, len);
+                store.write("v", 0, &data).await.unwrap();
+                let before = spawned.load(Relaxed);
+                store.sync().await.unwrap();
+                tasks.push(spawned.load(Relaxed) - before);
+                assert_eq!(store.read("v", 0, len as u64).await.unwrap(), data);
+            }
+            tasks
+        })
+        .unwrap()
+        .0;
+    assert_eq!(tasks, [0, 4], "sync tasks that sealed spans: 64 KiB, then 4 MiB written");
 }

@@ -442,9 +442,21 @@ fn worth_spreading(props: &BlockProps) -> bool {
     }
 }
 
+/// Batches the sync compresses with lz4 of at least this many bytes (a span of volume data)
+/// are sealed in a task of their own: see [`seal_batch`].
+const TASK_BATCH_BYTES_MIN: usize = 256 << 10;
+
 /// [`seal`] for a batch, answering in order: spread over the host's threads where
-/// [`worth_spreading`] says so, else here. The first error fails the batch (each block's
-/// error is counted).
+/// [`worth_spreading`] says so; in a task of its own on the caller's thread where it is an
+/// lz4-compressed batch of [`TASK_BATCH_BYTES_MIN`] or more; else here, in the caller's
+/// task. The first error fails the batch (each block's error is counted).
+///
+/// The task of its own lets the caller's task go on while the batch waits to be sealed: the
+/// sync keeps several spans in flight, and sealed inside the span's own future, each 1 MiB
+/// span's compression and checksum ran before the sync's task could issue the writes of the
+/// spans already sealed. Under 1 MiB sequential writes on a pool short of space, where
+/// writers wait for the sync to free space, syncs took longer and writers got 0.65-0.70x the
+/// throughput of the binary before the pipeline (docs/bench/peers-notes.md).
 pub async fn seal_batch(
     env: &Env,
     pipeline: &Arc<Pipeline>,
@@ -452,16 +464,21 @@ pub async fn seal_batch(
     unit: u64,
 ) -> Result<Vec<Sealed>, ZioError> {
     if !blocks.iter().any(|(props, _)| worth_spreading(props)) {
-        // Stage by stage over the batch, not block by block: the checksum pass then streams
-        // through the blocks' bytes in one loop. Interleaved with each block's compression
-        // (which reads only samples of a block that does not compress), xxh3 took twice the
-        // CPU per MiB under 1 MiB sequential writes (perf, docs/bench/peers-notes.md).
-        let sealed = blocks
-            .into_iter()
-            .map(|(props, data)| transform(pipeline, props, data, unit, None))
-            .collect::<Result<Vec<_>, _>>()
-            .and_then(|blocks| blocks.into_iter().map(|block| sum(pipeline, block)).collect());
-        return pipeline.counted(sealed);
+        let lz4 = blocks.iter().all(|(props, _)| props.compression == Compression::Lz4);
+        let bytes: usize = blocks.iter().map(|(_, data)| data.len()).sum();
+        if lz4 && bytes >= TASK_BATCH_BYTES_MIN && env.parallelism() > 1 {
+            let (answer, answered) = futures::channel::oneshot::channel();
+            let (pipeline_, batch) = (Arc::clone(pipeline), blocks.clone());
+            env.spawn("zio_write_issue", async move {
+                let _ = answer.send(seal_stages(&pipeline_, batch, unit));
+            });
+            // A task that ended without an answer (a runtime shutting down) leaves the batch
+            // to be sealed here.
+            if let Ok(sealed) = answered.await {
+                return pipeline.counted(sealed);
+            }
+        }
+        return pipeline.counted(seal_stages(pipeline, blocks, unit));
     }
     let pipeline_ = Arc::clone(pipeline);
     let items: Vec<(BlockProps, Arc<AlignedBuf>, Arc<Pipeline>)> =
@@ -472,6 +489,22 @@ pub async fn seal_batch(
         })
         .await;
     pipeline.counted(sealed.into_iter().collect())
+}
+
+/// A batch's CPU stages, stage by stage over the batch rather than block by block: the
+/// checksum pass then streams through the blocks' bytes in one loop. Interleaved with each
+/// block's compression (which reads only samples of a block that does not compress), xxh3
+/// took twice the CPU per MiB under 1 MiB sequential writes (perf, docs/bench/peers-notes.md).
+fn seal_stages(
+    pipeline: &Pipeline,
+    blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
+    unit: u64,
+) -> Result<Vec<Sealed>, ZioError> {
+    blocks
+        .into_iter()
+        .map(|(props, data)| transform(pipeline, props, data, unit, None))
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|blocks| blocks.into_iter().map(|block| sum(pipeline, block)).collect())
 }
 
 /// The places allocated for a block: its first copy, then its ditto copies, each
