@@ -95,6 +95,11 @@ impl Dsl {
         self.read().get(name).cloned().ok_or_else(|| self.no_such_volume(name))
     }
 
+    /// A volume's id, if it exists (sync tasks name the volumes a scan walks again by id).
+    pub(super) fn volume_id(&self, name: &str) -> Option<u64> {
+        self.read().get(name).map(|d| d.id)
+    }
+
     /// One volume's entry (name, size, block size), if it exists.
     pub(super) fn volume_info(&self, name: &str) -> Option<VolumeEntry> {
         self.dataset(name).ok().map(|d| d.state.lock().entry.clone())
@@ -751,14 +756,13 @@ impl SyncTask for DestroyedVolume {
         cx: SyncCx<'c, 's>,
     ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
         Box::pin(async move {
-            let (store, replaced) = (cx.store, &mut cx.update.replaced);
+            let (spa, replaced) = (cx.spa, &mut cx.update.replaced);
             if let Some((root, levels)) = self.tree {
-                let born =
-                    objset::walk_born_after(store.spa.pool(), Some(root), levels, self.origin_txg);
+                let born = objset::walk_born_after(spa.pool(), Some(root), levels, self.origin_txg);
                 replaced.extend(born.await?);
             }
             for list in self.deadlists {
-                let entries = super::dsl_deadlist::entries(&store.spa, &list).await?;
+                let entries = super::dsl_deadlist::entries(spa, &list).await?;
                 replaced.extend(entries.into_iter().filter(|bp| bp.birth_txg > self.origin_txg));
                 replaced.extend(list.pieces);
             }

@@ -12,11 +12,15 @@ use std::sync::Arc;
 use futures::StreamExt;
 use sluice_format::BlockPointer;
 
+use super::dataset::Dsl;
 use super::dbuf::{Apply, Block, Patch, WriteData};
+use super::dmu_tx::Txg;
+use super::spa::Spa;
 use super::zil::append_records;
 use super::{Dataset, Store, StoreError};
 use crate::device::AlignedBuf;
 use crate::objset::{self};
+use crate::pool::Pool;
 
 /// Largest span of adjacent blocks one read fetches in one I/O.
 pub(super) const READ_SPAN_BYTES_MAX: u64 = 1 << 20;
@@ -159,9 +163,12 @@ impl ReadData {
     }
 }
 
-impl Store {
+/// A volume's range check and the current contents of its blocks: what the write path and
+/// the log's replay and fills (zil.rs) read through the dataset alone.
+impl Dataset {
+    /// Fails unless `len` bytes at `offset` lie within `size_bytes` and are 512-byte aligned.
     pub(super) fn check_range(
-        dataset: &Dataset,
+        &self,
         size_bytes: u64,
         offset: u64,
         len: u64,
@@ -170,27 +177,21 @@ impl Store {
         if inside && offset % 512 == 0 && len % 512 == 0 {
             Ok(())
         } else {
-            Err(StoreError::OutOfRange { volume: dataset.name(), offset, len, size_bytes })
+            Err(StoreError::OutOfRange { volume: self.name(), offset, len, size_bytes })
         }
-    }
-
-    /// Fails for a handle whose volume was destroyed (checked again under the txg lock
-    /// where it matters: `modify`).
-    pub fn check_exists(&self, dataset: &Dataset) -> Result<(), StoreError> {
-        self.dsl.check_exists(dataset)
     }
 
     /// The current contents of block `index`: open txg, then syncing txg, then disk, with
     /// patches applied over the version below them.
     pub(super) async fn block(
         &self,
-        dataset: &Dataset,
+        pool: &Pool,
         index: u64,
     ) -> Result<Option<Arc<AlignedBuf>>, StoreError> {
         // One snapshot: the versions in memory and the root they lie on. Freed blocks stay
         // intact through the deferral, so that root can be read even if a sync moves it.
         let (open, syncing, root, levels) = {
-            let v = dataset.state.lock();
+            let v = self.state.lock();
             (
                 v.open.get(&index).cloned(),
                 v.syncing.get(&index).cloned(),
@@ -205,11 +206,9 @@ impl Store {
         let mut below = match layers.last() {
             Some(Block::Data(data)) => Some(Arc::clone(data)),
             Some(Block::Zero) => None,
-            Some(Block::Patched(_)) | None => {
-                objset::read_data_block(self.spa.pool(), root, levels, index)
-                    .await?
-                    .map(|d| whole_block(d, dataset.block_bytes as usize))
-            }
+            Some(Block::Patched(_)) | None => objset::read_data_block(pool, root, levels, index)
+                .await?
+                .map(|d| whole_block(d, self.block_bytes as usize)),
         };
         for layer in layers.iter().rev() {
             if let Block::Patched(patch) = layer {
@@ -217,6 +216,14 @@ impl Store {
             }
         }
         Ok(below)
+    }
+}
+
+impl Store {
+    /// Fails for a handle whose volume was destroyed (checked again under the txg lock
+    /// where it matters: `modify`).
+    pub fn check_exists(&self, dataset: &Dataset) -> Result<(), StoreError> {
+        self.dsl.check_exists(dataset)
     }
 
     /// Reads `len` bytes at `offset`.
@@ -246,131 +253,7 @@ impl Store {
         offset: u64,
         len: u64,
     ) -> Result<(ReadData, Vec<(u64, bool)>), StoreError> {
-        self.spa.check_live()?;
-        self.check_exists(dataset)?;
-        Self::check_range(dataset, dataset.size_bytes(), offset, len)?;
-        if len == 0 {
-            return Ok((ReadData::default(), Vec::new()));
-        }
-        let bs = u64::from(dataset.block_bytes);
-        let mut out = ReadData::default();
-        let first = offset / bs;
-        let last = (offset + len - 1) / bs;
-        // Whether each block `first..=last` holds data; holes and zeroed blocks do not.
-        let mut allocated = vec![true; (last - first + 1) as usize];
-        // Blocks with a version in memory go through `block`; the others are read from the
-        // root of the same snapshot, adjacent ones in spans of one I/O each.
-        let (in_memory, root, levels) = {
-            let v = dataset.state.lock();
-            let in_memory: Vec<u64> = (first..=last).filter(|i| v.cached(*i).is_some()).collect();
-            (in_memory, v.entry.root, v.disk_levels)
-        };
-        let mut reads: Vec<Read> = Vec::new();
-        for index in first..=last {
-            if in_memory.binary_search(&index).is_ok() {
-                reads.push(Read::Memory(index));
-                continue;
-            }
-            let Some(bp) = objset::data_block_pointer(self.spa.pool(), root, levels, index).await?
-            else {
-                allocated[(index - first) as usize] = false;
-                continue;
-            };
-            if let Some(hit) = self.spa.pool().cache().get(&bp) {
-                reads.push(Read::Cached(index, hit));
-                continue;
-            }
-            if let Some(Read::Span(start, bps)) = reads.last_mut() {
-                let joins = *start + bps.len() as u64 == index
-                    && crate::pool::follows(&bps[bps.len() - 1], &bp)
-                    && (bps.len() as u64 + 1) * bs <= READ_SPAN_BYTES_MAX;
-                if joins {
-                    bps.push(bp);
-                    continue;
-                }
-            }
-            reads.push(Read::Span(index, vec![bp]));
-        }
-        // Fetched concurrently (in order), then copied into place.
-        let mut fetched = futures::stream::iter(reads)
-            .map(|read| async move {
-                match read {
-                    Read::Memory(index) => {
-                        let block = self.block(dataset, index).await?;
-                        Ok::<_, StoreError>(vec![(index, block.map(Fetched::Whole))])
-                    }
-                    Read::Cached(index, hit) => Ok(vec![(index, Some(Fetched::Whole(hit)))]),
-                    Read::Span(start, bps) => self.read_blocks(start, &bps).await,
-                }
-            })
-            .buffered(READ_BLOCKS_IN_FLIGHT);
-        // The bytes of blocks `first..index` (holes read as zeros), within the request.
-        let upto = |index: u64| ((index * bs).max(offset).min(offset + len) - offset) as usize;
-        let mut next = first;
-        while let Some(result) = fetched.next().await {
-            for (index, block) in result? {
-                // Blocks with no pointer were never fetched: zeros up to this one.
-                out.push_zeros(upto(index) - upto(next));
-                next = index + 1;
-                let block_start = index * bs;
-                let from = (offset.max(block_start) - block_start) as usize;
-                let to = ((offset + len).min(block_start + bs) - block_start) as usize;
-                match block {
-                    Some(Fetched::Whole(buf)) => out.push_bytes(&buf, from..to),
-                    Some(Fetched::Span(buf, at)) => out.push_bytes(&buf, at + from..at + to),
-                    None => {
-                        allocated[(index - first) as usize] = false;
-                        out.push_zeros(to - from);
-                    }
-                }
-            }
-        }
-        out.push_zeros(upto(last + 1) - upto(next));
-        assert_eq!(out.len() as u64, len, "a read returns every byte asked for");
-        let mut runs: Vec<(u64, bool)> = Vec::new();
-        for (i, &data) in allocated.iter().enumerate() {
-            let block_start = (first + i as u64) * bs;
-            let n = (offset + len).min(block_start + bs) - offset.max(block_start);
-            match runs.last_mut() {
-                Some((run, kind)) if *kind == data => *run += n,
-                _ => runs.push((n, data)),
-            }
-        }
-        debug_assert_eq!(runs.iter().map(|&(n, _)| n).sum::<u64>(), len);
-        Ok((out, runs))
-    }
-
-    /// Data blocks `start..` with pointers `bps`: in one I/O when there are several, else (or
-    /// when the span fails) one by one through the cache, which heals bad copies.
-    pub(super) async fn read_blocks(
-        &self,
-        start: u64,
-        bps: &[BlockPointer],
-    ) -> Result<Vec<(u64, Option<Fetched>)>, StoreError> {
-        if bps.len() > 1 {
-            if let Ok(span) = self.spa.pool().read_span(bps).await {
-                let span = Arc::new(span);
-                let mut at = 0usize;
-                let mut out = Vec::with_capacity(bps.len());
-                for (i, bp) in bps.iter().enumerate() {
-                    let len = bp.psize_bytes() as usize;
-                    let fetched = if bp.compression == sluice_format::BlockCompression::None {
-                        Fetched::Span(Arc::clone(&span), at)
-                    } else {
-                        Fetched::Whole(Arc::new(self.spa.pool().decompress(bp, &span[at..at + len])?))
-                    };
-                    out.push((start + i as u64, Some(fetched)));
-                    at += len;
-                }
-                return Ok(out);
-            }
-        }
-        let mut out = Vec::with_capacity(bps.len());
-        for (i, bp) in bps.iter().enumerate() {
-            let block = self.spa.pool().read_block_cached(bp, crate::tunables::IoClass::SyncRead).await?;
-            out.push((start + i as u64, Some(Fetched::Whole(block))));
-        }
-        Ok(out)
+        read_with_status_in(&self.spa, &self.dsl, dataset, offset, len).await
     }
 
     /// Writes `data` at `offset` into the open txg. `None` writes zeros (trim, write-zeroes):
@@ -401,7 +284,7 @@ impl Store {
         // receive that replaces the volume holds the gate too, and destroys it meanwhile.
         let _not_rolling_back = dataset.rollback_gate.read().await;
         self.check_exists(dataset)?;
-        Self::check_range(dataset, dataset.size_bytes(), offset, len)?;
+        dataset.check_range(dataset.size_bytes(), offset, len)?;
         if len == 0 {
             // Nothing changes, so nothing is logged; the last record still covers the caller.
             let log = dataset.state.lock().log.clone();
@@ -444,7 +327,7 @@ impl Store {
             // the next sync.
             self.check_exists(dataset)?;
             let mut v = dataset.state.lock();
-            Self::check_range(dataset, v.entry.size_bytes, offset, len)?;
+            dataset.check_range(v.entry.size_bytes, offset, len)?;
             let mut added = 0u64;
             // Groups of blocks under one level-1 indirect block that had nothing dirty yet:
             // each will rewrite its path to the root.
@@ -565,58 +448,9 @@ impl Store {
             (sequence, resolve_now)
         };
         for index in resolve_now {
-            self.resolve_patch(dataset, index).await?;
+            resolve_patch(self.spa.pool(), &self.txg, dataset, index).await?;
         }
         Ok(sequence)
-    }
-
-    /// Completes block `index`'s patch in the open txg from the version below it, unless a
-    /// quiesce moved the layers meanwhile (then the sync completes it).
-    pub(super) async fn resolve_patch(
-        &self,
-        dataset: &Dataset,
-        index: u64,
-    ) -> Result<(), StoreError> {
-        let (open_txg, syncing, root, levels) = {
-            let txg = self.txg.lock();
-            let v = dataset.state.lock();
-            if !matches!(v.open.get(&index), Some(Block::Patched(_))) {
-                return Ok(());
-            }
-            (txg.open_txg(), v.syncing.get(&index).cloned(), v.entry.root, v.disk_levels)
-        };
-        let disk = || async {
-            Ok::<_, StoreError>(objset::read_data_block(self.spa.pool(), root, levels, index).await?)
-        };
-        // The version below, borrowed where it lies (the syncing txg's block or the cache's).
-        let base: Option<Arc<AlignedBuf>> = match syncing {
-            Some(Block::Data(data)) => Some(data),
-            Some(Block::Zero) => None,
-            Some(Block::Patched(patch)) => {
-                let below = disk().await?;
-                Some(Arc::new(patch.apply(below.as_deref().map(|b| &b[..]))))
-            }
-            None => disk().await?,
-        };
-        let base = base.as_deref().map(|b| &b[..]);
-        let txg = self.txg.lock();
-        if txg.open_txg() != open_txg {
-            return Ok(());
-        }
-        let mut v = dataset.state.lock();
-        // A quiesce takes the txg lock and then this volume's: holding the volume's is enough
-        // to keep the layers where they are, so the txg lock is not held for the copy.
-        drop(txg);
-        if let Some(Block::Patched(current)) = v.open.get_mut(&index) {
-            // Held alone, the patch becomes the block in its own buffer (only the sectors it
-            // does not cover are copied); a reader's clone leaves it to be copied.
-            let whole = match Arc::get_mut(current) {
-                Some(patch) => patch.take_applied(base),
-                None => current.apply(base),
-            };
-            v.open.insert(index, Block::Data(Arc::new(whole)));
-        }
-        Ok(())
     }
 
     /// Which parts of `[offset, offset+len)` hold data and which are holes (never written,
@@ -639,34 +473,7 @@ impl Store {
         offset: u64,
         len: u64,
     ) -> Result<Vec<(u64, bool)>, StoreError> {
-        self.spa.check_live()?;
-        self.check_exists(dataset)?;
-        Self::check_range(dataset, dataset.size_bytes(), offset, len)?;
-        let bs = u64::from(dataset.block_bytes);
-        let mut runs: Vec<(u64, bool)> = Vec::new();
-        let mut at = offset;
-        while at < offset + len {
-            let index = at / bs;
-            let n = (bs - at % bs).min(offset + len - at);
-            let cached = dataset.state.lock().cached(index).cloned();
-            let allocated = match cached {
-                Some(Block::Data(_) | Block::Patched(_)) => true,
-                Some(Block::Zero) => false,
-                None => {
-                    let (root, levels) = {
-                        let v = dataset.state.lock();
-                        (v.entry.root, v.disk_levels)
-                    };
-                    objset::is_allocated(self.spa.pool(), root, levels, index).await?
-                }
-            };
-            match runs.last_mut() {
-                Some((run, kind)) if *kind == allocated => *run += n,
-                _ => runs.push((n, allocated)),
-            }
-            at += n;
-        }
-        Ok(runs)
+        block_status_in(&self.spa, &self.dsl, dataset, offset, len).await
     }
 
     /// Writes `data` at `offset`. The write is visible at once and durable after the next
@@ -714,4 +521,226 @@ impl Store {
     ) -> Result<u64, StoreError> {
         self.modify(dataset, offset, len, None, Apply::Live).await
     }
+}
+
+/// Data blocks `start..` with pointers `bps`: in one I/O when there are several, else (or
+/// when the span fails) one by one through the cache, which heals bad copies.
+async fn read_blocks(
+    pool: &Pool,
+    start: u64,
+    bps: &[BlockPointer],
+) -> Result<Vec<(u64, Option<Fetched>)>, StoreError> {
+    if bps.len() > 1 {
+        if let Ok(span) = pool.read_span(bps).await {
+            let span = Arc::new(span);
+            let mut at = 0usize;
+            let mut out = Vec::with_capacity(bps.len());
+            for (i, bp) in bps.iter().enumerate() {
+                let len = bp.psize_bytes() as usize;
+                let fetched = if bp.compression == sluice_format::BlockCompression::None {
+                    Fetched::Span(Arc::clone(&span), at)
+                } else {
+                    Fetched::Whole(Arc::new(pool.decompress(bp, &span[at..at + len])?))
+                };
+                out.push((start + i as u64, Some(fetched)));
+                at += len;
+            }
+            return Ok(out);
+        }
+    }
+    let mut out = Vec::with_capacity(bps.len());
+    for (i, bp) in bps.iter().enumerate() {
+        let block = pool.read_block_cached(bp, crate::tunables::IoClass::SyncRead).await?;
+        out.push((start + i as u64, Some(Fetched::Whole(block))));
+    }
+    Ok(out)
+}
+
+/// Completes block `index`'s patch in the open txg from the version below it, unless a
+/// quiesce moved the layers meanwhile (then the sync completes it).
+async fn resolve_patch(
+    pool: &Pool,
+    txg: &Txg,
+    dataset: &Dataset,
+    index: u64,
+) -> Result<(), StoreError> {
+    let (open_txg, syncing, root, levels) = {
+        let txg = txg.lock();
+        let v = dataset.state.lock();
+        if !matches!(v.open.get(&index), Some(Block::Patched(_))) {
+            return Ok(());
+        }
+        (txg.open_txg(), v.syncing.get(&index).cloned(), v.entry.root, v.disk_levels)
+    };
+    let disk =
+        || async { Ok::<_, StoreError>(objset::read_data_block(pool, root, levels, index).await?) };
+    // The version below, borrowed where it lies (the syncing txg's block or the cache's).
+    let base: Option<Arc<AlignedBuf>> = match syncing {
+        Some(Block::Data(data)) => Some(data),
+        Some(Block::Zero) => None,
+        Some(Block::Patched(patch)) => {
+            let below = disk().await?;
+            Some(Arc::new(patch.apply(below.as_deref().map(|b| &b[..]))))
+        }
+        None => disk().await?,
+    };
+    let base = base.as_deref().map(|b| &b[..]);
+    let txg = txg.lock();
+    if txg.open_txg() != open_txg {
+        return Ok(());
+    }
+    let mut v = dataset.state.lock();
+    // A quiesce takes the txg lock and then this volume's: holding the volume's is enough
+    // to keep the layers where they are, so the txg lock is not held for the copy.
+    drop(txg);
+    if let Some(Block::Patched(current)) = v.open.get_mut(&index) {
+        // Held alone, the patch becomes the block in its own buffer (only the sectors it
+        // does not cover are copied); a reader's clone leaves it to be copied.
+        let whole = match Arc::get_mut(current) {
+            Some(patch) => patch.take_applied(base),
+            None => current.apply(base),
+        };
+        v.open.insert(index, Block::Data(Arc::new(whole)));
+    }
+    Ok(())
+}
+
+/// [`Store::read_with_status_in`]: the pool's and the namespace's parts of a read (the store
+/// suspended, the volume destroyed), then the read of the dataset's layers and tree.
+async fn read_with_status_in(
+    spa: &Spa,
+    dsl: &Dsl,
+    dataset: &Dataset,
+    offset: u64,
+    len: u64,
+) -> Result<(ReadData, Vec<(u64, bool)>), StoreError> {
+    spa.check_live()?;
+    dsl.check_exists(dataset)?;
+    dataset.check_range(dataset.size_bytes(), offset, len)?;
+    if len == 0 {
+        return Ok((ReadData::default(), Vec::new()));
+    }
+    let bs = u64::from(dataset.block_bytes);
+    let mut out = ReadData::default();
+    let first = offset / bs;
+    let last = (offset + len - 1) / bs;
+    // Whether each block `first..=last` holds data; holes and zeroed blocks do not.
+    let mut allocated = vec![true; (last - first + 1) as usize];
+    // Blocks with a version in memory go through `block`; the others are read from the
+    // root of the same snapshot, adjacent ones in spans of one I/O each.
+    let (in_memory, root, levels) = {
+        let v = dataset.state.lock();
+        let in_memory: Vec<u64> = (first..=last).filter(|i| v.cached(*i).is_some()).collect();
+        (in_memory, v.entry.root, v.disk_levels)
+    };
+    let mut reads: Vec<Read> = Vec::new();
+    for index in first..=last {
+        if in_memory.binary_search(&index).is_ok() {
+            reads.push(Read::Memory(index));
+            continue;
+        }
+        let Some(bp) = objset::data_block_pointer(spa.pool(), root, levels, index).await? else {
+            allocated[(index - first) as usize] = false;
+            continue;
+        };
+        if let Some(hit) = spa.pool().cache().get(&bp) {
+            reads.push(Read::Cached(index, hit));
+            continue;
+        }
+        if let Some(Read::Span(start, bps)) = reads.last_mut() {
+            let joins = *start + bps.len() as u64 == index
+                && crate::pool::follows(&bps[bps.len() - 1], &bp)
+                && (bps.len() as u64 + 1) * bs <= READ_SPAN_BYTES_MAX;
+            if joins {
+                bps.push(bp);
+                continue;
+            }
+        }
+        reads.push(Read::Span(index, vec![bp]));
+    }
+    // Fetched concurrently (in order), then copied into place.
+    let mut fetched = futures::stream::iter(reads)
+        .map(|read| async move {
+            match read {
+                Read::Memory(index) => {
+                    let block = dataset.block(spa.pool(), index).await?;
+                    Ok::<_, StoreError>(vec![(index, block.map(Fetched::Whole))])
+                }
+                Read::Cached(index, hit) => Ok(vec![(index, Some(Fetched::Whole(hit)))]),
+                Read::Span(start, bps) => read_blocks(spa.pool(), start, &bps).await,
+            }
+        })
+        .buffered(READ_BLOCKS_IN_FLIGHT);
+    // The bytes of blocks `first..index` (holes read as zeros), within the request.
+    let upto = |index: u64| ((index * bs).max(offset).min(offset + len) - offset) as usize;
+    let mut next = first;
+    while let Some(result) = fetched.next().await {
+        for (index, block) in result? {
+            // Blocks with no pointer were never fetched: zeros up to this one.
+            out.push_zeros(upto(index) - upto(next));
+            next = index + 1;
+            let block_start = index * bs;
+            let from = (offset.max(block_start) - block_start) as usize;
+            let to = ((offset + len).min(block_start + bs) - block_start) as usize;
+            match block {
+                Some(Fetched::Whole(buf)) => out.push_bytes(&buf, from..to),
+                Some(Fetched::Span(buf, at)) => out.push_bytes(&buf, at + from..at + to),
+                None => {
+                    allocated[(index - first) as usize] = false;
+                    out.push_zeros(to - from);
+                }
+            }
+        }
+    }
+    out.push_zeros(upto(last + 1) - upto(next));
+    assert_eq!(out.len() as u64, len, "a read returns every byte asked for");
+    let mut runs: Vec<(u64, bool)> = Vec::new();
+    for (i, &data) in allocated.iter().enumerate() {
+        let block_start = (first + i as u64) * bs;
+        let n = (offset + len).min(block_start + bs) - offset.max(block_start);
+        match runs.last_mut() {
+            Some((run, kind)) if *kind == data => *run += n,
+            _ => runs.push((n, data)),
+        }
+    }
+    debug_assert_eq!(runs.iter().map(|&(n, _)| n).sum::<u64>(), len);
+    Ok((out, runs))
+}
+
+/// [`Store::block_status_in`], through the pool and the namespace alone.
+async fn block_status_in(
+    spa: &Spa,
+    dsl: &Dsl,
+    dataset: &Dataset,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<(u64, bool)>, StoreError> {
+    spa.check_live()?;
+    dsl.check_exists(dataset)?;
+    dataset.check_range(dataset.size_bytes(), offset, len)?;
+    let bs = u64::from(dataset.block_bytes);
+    let mut runs: Vec<(u64, bool)> = Vec::new();
+    let mut at = offset;
+    while at < offset + len {
+        let index = at / bs;
+        let n = (bs - at % bs).min(offset + len - at);
+        let cached = dataset.state.lock().cached(index).cloned();
+        let allocated = match cached {
+            Some(Block::Data(_) | Block::Patched(_)) => true,
+            Some(Block::Zero) => false,
+            None => {
+                let (root, levels) = {
+                    let v = dataset.state.lock();
+                    (v.entry.root, v.disk_levels)
+                };
+                objset::is_allocated(spa.pool(), root, levels, index).await?
+            }
+        };
+        match runs.last_mut() {
+            Some((run, kind)) if *kind == allocated => *run += n,
+            _ => runs.push((n, allocated)),
+        }
+        at += n;
+    }
+    Ok(runs)
 }

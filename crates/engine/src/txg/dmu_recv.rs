@@ -21,7 +21,7 @@ use sluice_format::{
     StreamRecord,
 };
 
-use super::dataset::{check_volume_name, unique_bytes, RECEIVE_PREFIX};
+use super::dataset::{check_volume_name, unique_bytes, Dsl, RECEIVE_PREFIX};
 use super::dbuf::{Block, Prewritten};
 use super::dmu_send::StreamSummary;
 use super::{Dataset, Store, StoreError};
@@ -82,6 +82,29 @@ const CHECKPOINT_BYTES: u64 = 256 << 20;
 /// destroy and rename); a crash part way is rolled forward at import.
 const RECEIVE_COMPLETE: u64 = u64::MAX;
 
+/// The namespace's side of a receive: what it checks of the target alone.
+impl Dsl {
+    /// For an incremental stream: the target's newest snapshot is still the stream's older
+    /// one and nothing was written since (as of the last sync).
+    fn check_unchanged(&self, target: &str, begin: &StreamBegin) -> Result<(), StoreError> {
+        let entry = self.dataset(target)?.state.lock().entry.clone();
+        let newest = entry.snapshots.last();
+        if newest.map(|s| s.guid) == begin.from_guid && unique_bytes(&entry) == 0 {
+            return Ok(());
+        }
+        Err(StoreError::ReceiveRefused {
+            pool: self.pool_name().to_owned(),
+            volume: target.to_owned(),
+            reason: format!(
+                "it changed since the receive began (written or snapshotted since {}): roll it \
+                 back to that snapshot, then resume from the receive's resume token or send \
+                 again",
+                newest.map_or("its older snapshot", |s| s.name.as_str())
+            ),
+        })
+    }
+}
+
 impl Store {
     /// Receives a stream into volume `target` (ZFS: `zfs receive`): a full stream makes a new
     /// volume; an incremental one applies to the volume whose newest snapshot is the stream's
@@ -139,7 +162,7 @@ impl Store {
                 )));
             }
             if begin.from_guid.is_some() {
-                self.check_unchanged(target, &begin)?;
+                self.dsl.check_unchanged(target, &begin)?;
             }
             if state.next_block != resume_block {
                 return Err(refuse(format!(
@@ -180,7 +203,8 @@ impl Store {
             _ => None,
         };
         if applied.is_ok() && incremental {
-            if let Err(error) = self.sync().await.and_then(|_| self.check_unchanged(target, &begin))
+            if let Err(error) =
+                self.sync().await.and_then(|_| self.dsl.check_unchanged(target, &begin))
             {
                 applied = Err(error);
             }
@@ -225,26 +249,6 @@ impl Store {
                 Err(error)
             }
         }
-    }
-
-    /// For an incremental stream: the target's newest snapshot is still the stream's older
-    /// one and nothing was written since (as of the last sync).
-    fn check_unchanged(&self, target: &str, begin: &StreamBegin) -> Result<(), StoreError> {
-        let entry = self.dataset(target)?.state.lock().entry.clone();
-        let newest = entry.snapshots.last();
-        if newest.map(|s| s.guid) == begin.from_guid && unique_bytes(&entry) == 0 {
-            return Ok(());
-        }
-        Err(StoreError::ReceiveRefused {
-            pool: self.spa.pool().name().to_owned(),
-            volume: target.to_owned(),
-            reason: format!(
-                "it changed since the receive began (written or snapshotted since {}): roll it \
-                 back to that snapshot, then resume from the receive's resume token or send \
-                 again",
-                newest.map_or("its older snapshot", |s| s.name.as_str())
-            ),
-        })
     }
 
     /// Makes the hidden volume a stream from its start lands in: a new volume for a full

@@ -14,6 +14,8 @@ use sluice_format::{
     BLKPTR_BYTES, COMPRESSED_HEADER_BYTES,
 };
 
+use super::dataset::Dsl;
+use super::spa::Spa;
 use super::{Store, StoreError};
 use crate::objset::INDIRECT_BPS;
 use crate::pool::Pool;
@@ -42,7 +44,7 @@ impl Store {
         from: Option<&str>,
         emit: &mut (dyn FnMut(StreamRecord) -> Result<(), StreamError> + Send),
     ) -> Result<StreamSummary, StoreError> {
-        self.send_snapshot_from(volume, snapshot, from, None, emit).await
+        send_snapshot_from(&self.spa, &self.dsl, volume, snapshot, from, None, emit).await
     }
 
     /// Sends what an interrupted receive still needs (ZFS: `zfs send -t TOKEN`): the stream
@@ -90,154 +92,153 @@ impl Store {
             })?),
         };
         let (to, from) = (to.name.clone(), from.map(|f| f.name.clone()));
-        self.send_snapshot_from(&volume, &to, from.as_deref(), Some(token.next_block), emit).await
+        let (from, resume) = (from.as_deref(), Some(token.next_block));
+        send_snapshot_from(&self.spa, &self.dsl, &volume, &to, from, resume, emit).await
     }
+}
 
-    /// [`Store::send_snapshot`]; a resumed stream leaves out every block before
-    /// `resume_block`.
-    async fn send_snapshot_from(
-        &self,
-        volume: &str,
-        snapshot: &str,
-        from: Option<&str>,
-        resume_block: Option<u64>,
-        emit: &mut (dyn FnMut(StreamRecord) -> Result<(), StreamError> + Send),
-    ) -> Result<StreamSummary, StoreError> {
-        self.spa.check_live()?;
-        let dataset = self.dataset(volume)?;
-        let entry = dataset.state.lock().entry.clone();
-        let find = |name: &str| {
-            entry.snapshots.iter().find(|s| s.name == name).cloned().ok_or_else(|| {
-                StoreError::NoSuchSnapshot {
-                    pool: self.spa.pool().name().to_owned(),
-                    volume: volume.to_owned(),
-                    snapshot: name.to_owned(),
-                }
-            })
-        };
-        let to = find(snapshot)?;
-        let older = from.map(find).transpose()?;
-        if let Some(older) = &older {
-            if older.txg >= to.txg {
-                return Err(StoreError::InvalidProperty {
-                    volume: volume.to_owned(),
-                    reason: format!(
-                        "an incremental send goes from an older snapshot to a newer one; \
-                         {} is not older than {}",
-                        older.name, to.name
-                    ),
-                });
+/// [`Store::send_snapshot`]; a resumed stream leaves out every block before
+/// `resume_block`. It reads the pool alone, once the namespace has given the volume.
+async fn send_snapshot_from(
+    spa: &Spa,
+    dsl: &Dsl,
+    volume: &str,
+    snapshot: &str,
+    from: Option<&str>,
+    resume_block: Option<u64>,
+    emit: &mut (dyn FnMut(StreamRecord) -> Result<(), StreamError> + Send),
+) -> Result<StreamSummary, StoreError> {
+    spa.check_live()?;
+    let dataset = dsl.dataset(volume)?;
+    let entry = dataset.state.lock().entry.clone();
+    let find = |name: &str| {
+        entry.snapshots.iter().find(|s| s.name == name).cloned().ok_or_else(|| {
+            StoreError::NoSuchSnapshot {
+                pool: spa.pool().name().to_owned(),
+                volume: volume.to_owned(),
+                snapshot: name.to_owned(),
             }
+        })
+    };
+    let to = find(snapshot)?;
+    let older = from.map(find).transpose()?;
+    if let Some(older) = &older {
+        if older.txg >= to.txg {
+            return Err(StoreError::InvalidProperty {
+                volume: volume.to_owned(),
+                reason: format!(
+                    "an incremental send goes from an older snapshot to a newer one; \
+                     {} is not older than {}",
+                    older.name, to.name
+                ),
+            });
         }
-        let stream_error = |source| StoreError::Stream { volume: volume.to_owned(), cause: source };
-        let mut summary = StreamSummary::default();
-        emit(StreamRecord::Begin(StreamBegin {
-            block_bytes: entry.block_bytes,
-            size_bytes: to.size_bytes,
-            guid: to.guid,
-            txg: to.txg,
-            creation_secs: to.creation_secs,
-            from_guid: older.as_ref().map(|o| o.guid),
-            name: to.name.clone(),
-            source: format!("{}/{volume}", self.spa.pool().name()),
-            resume_block,
-        }))
-        .map_err(stream_error)?;
-        summary.records += 1;
-        let since = older.as_ref().map_or(0, |o| o.txg);
-        let blocks = to.size_bytes / u64::from(entry.block_bytes);
-        let mut out =
-            Emitter { emit, summary: &mut summary, pending_free: None, blocks, resume_block };
-        let resume_block = resume_block.unwrap_or(0);
-        match to.root {
-            None if older.is_some() => out.free(0, blocks).map_err(stream_error)?,
-            None => {}
-            Some(root) => {
-                // Popped in block order: children are pushed last first.
-                let mut stack = vec![Visit::Tree { level: to.levels, first: 0, bp: root }];
-                while let Some(visit) = stack.pop() {
-                    let (level, first, bp) = match visit {
-                        Visit::Hole { first, count } => {
-                            out.free(first, count).map_err(stream_error)?;
-                            continue;
-                        }
-                        Visit::Tree { level, first, bp } => (level, first, bp),
-                    };
-                    let span = INDIRECT_BPS.saturating_pow(u32::from(level));
-                    if bp.birth_txg <= since || first.saturating_add(span) <= resume_block {
-                        continue;
-                    }
-                    if level == 0 {
-                        if first < resume_block {
-                            continue;
-                        }
-                        let record = data_record(self.spa.pool(), first, &bp).await?;
-                        out.data(record).map_err(stream_error)?;
-                        continue;
-                    }
-                    let node = self.spa.pool().read_block_cached(&bp, IoClass::AsyncRead).await?;
-                    let child_span = INDIRECT_BPS.saturating_pow(u32::from(level - 1));
-                    let mut children = Vec::new();
-                    for (slot, raw) in node.chunks_exact(BLKPTR_BYTES).enumerate() {
-                        let child_first = first + slot as u64 * child_span;
-                        if child_first >= blocks {
-                            break;
-                        }
-                        let child = BlockPointer::decode(raw).map_err(|source| {
-                            crate::pool::PoolError::Format {
-                                pool: self.spa.pool().name().to_owned(),
-                                cause: source,
-                            }
-                        })?;
-                        match child {
-                            Some(bp) => children.push(Visit::Tree {
-                                level: level - 1,
-                                first: child_first,
-                                bp,
-                            }),
-                            // A hole under a block born since may have held data before.
-                            None if older.is_some() => {
-                                children.push(Visit::Hole { first: child_first, count: child_span })
-                            }
-                            None => {}
-                        }
-                    }
-                    if level > 1 {
-                        stack.extend(children.into_iter().rev());
-                        continue;
-                    }
-                    // Data blocks: read several at once (one at a time, a send would go at
-                    // one device latency per block), emitted in order as they arrive.
-                    let depth = (SEND_READ_BYTES / u64::from(entry.block_bytes).max(1))
-                        .clamp(1, INDIRECT_BPS) as usize;
-                    let steps = children.into_iter().filter_map(|child| match child {
-                        Visit::Tree { first, bp, .. } => (bp.birth_txg > since
-                            && first >= resume_block)
-                            .then_some(Leaf::Data(first, bp)),
-                        Visit::Hole { first, count } => Some(Leaf::Hole(first, count)),
-                    });
-                    let mut ready = futures::stream::iter(steps)
-                        .map(|step| async move {
-                            match step {
-                                Leaf::Data(first, bp) => data_record(self.spa.pool(), first, &bp).await,
-                                Leaf::Hole(first, count) => Ok(StreamRecord::Free { first, count }),
-                            }
-                        })
-                        .buffered(depth);
-                    while let Some(record) = ready.next().await {
-                        match record? {
-                            StreamRecord::Free { first, count } => {
-                                out.free(first, count).map_err(stream_error)?;
-                            }
-                            record => out.data(record).map_err(stream_error)?,
-                        }
-                    }
-                }
-            }
-        }
-        out.flush_free().map_err(stream_error)?;
-        Ok(summary)
     }
+    let stream_error = |source| StoreError::Stream { volume: volume.to_owned(), cause: source };
+    let mut summary = StreamSummary::default();
+    emit(StreamRecord::Begin(StreamBegin {
+        block_bytes: entry.block_bytes,
+        size_bytes: to.size_bytes,
+        guid: to.guid,
+        txg: to.txg,
+        creation_secs: to.creation_secs,
+        from_guid: older.as_ref().map(|o| o.guid),
+        name: to.name.clone(),
+        source: format!("{}/{volume}", spa.pool().name()),
+        resume_block,
+    }))
+    .map_err(stream_error)?;
+    summary.records += 1;
+    let since = older.as_ref().map_or(0, |o| o.txg);
+    let blocks = to.size_bytes / u64::from(entry.block_bytes);
+    let mut out = Emitter { emit, summary: &mut summary, pending_free: None, blocks, resume_block };
+    let resume_block = resume_block.unwrap_or(0);
+    match to.root {
+        None if older.is_some() => out.free(0, blocks).map_err(stream_error)?,
+        None => {}
+        Some(root) => {
+            // Popped in block order: children are pushed last first.
+            let mut stack = vec![Visit::Tree { level: to.levels, first: 0, bp: root }];
+            while let Some(visit) = stack.pop() {
+                let (level, first, bp) = match visit {
+                    Visit::Hole { first, count } => {
+                        out.free(first, count).map_err(stream_error)?;
+                        continue;
+                    }
+                    Visit::Tree { level, first, bp } => (level, first, bp),
+                };
+                let span = INDIRECT_BPS.saturating_pow(u32::from(level));
+                if bp.birth_txg <= since || first.saturating_add(span) <= resume_block {
+                    continue;
+                }
+                if level == 0 {
+                    if first < resume_block {
+                        continue;
+                    }
+                    let record = data_record(spa.pool(), first, &bp).await?;
+                    out.data(record).map_err(stream_error)?;
+                    continue;
+                }
+                let node = spa.pool().read_block_cached(&bp, IoClass::AsyncRead).await?;
+                let child_span = INDIRECT_BPS.saturating_pow(u32::from(level - 1));
+                let mut children = Vec::new();
+                for (slot, raw) in node.chunks_exact(BLKPTR_BYTES).enumerate() {
+                    let child_first = first + slot as u64 * child_span;
+                    if child_first >= blocks {
+                        break;
+                    }
+                    let child = BlockPointer::decode(raw).map_err(|source| {
+                        crate::pool::PoolError::Format {
+                            pool: spa.pool().name().to_owned(),
+                            cause: source,
+                        }
+                    })?;
+                    match child {
+                        Some(bp) => {
+                            children.push(Visit::Tree { level: level - 1, first: child_first, bp })
+                        }
+                        // A hole under a block born since may have held data before.
+                        None if older.is_some() => {
+                            children.push(Visit::Hole { first: child_first, count: child_span })
+                        }
+                        None => {}
+                    }
+                }
+                if level > 1 {
+                    stack.extend(children.into_iter().rev());
+                    continue;
+                }
+                // Data blocks: read several at once (one at a time, a send would go at
+                // one device latency per block), emitted in order as they arrive.
+                let depth = (SEND_READ_BYTES / u64::from(entry.block_bytes).max(1))
+                    .clamp(1, INDIRECT_BPS) as usize;
+                let steps = children.into_iter().filter_map(|child| match child {
+                    Visit::Tree { first, bp, .. } => (bp.birth_txg > since
+                        && first >= resume_block)
+                        .then_some(Leaf::Data(first, bp)),
+                    Visit::Hole { first, count } => Some(Leaf::Hole(first, count)),
+                });
+                let mut ready = futures::stream::iter(steps)
+                    .map(|step| async move {
+                        match step {
+                            Leaf::Data(first, bp) => data_record(spa.pool(), first, &bp).await,
+                            Leaf::Hole(first, count) => Ok(StreamRecord::Free { first, count }),
+                        }
+                    })
+                    .buffered(depth);
+                while let Some(record) = ready.next().await {
+                    match record? {
+                        StreamRecord::Free { first, count } => {
+                            out.free(first, count).map_err(stream_error)?;
+                        }
+                        record => out.data(record).map_err(stream_error)?,
+                    }
+                }
+            }
+        }
+    }
+    out.flush_free().map_err(stream_error)?;
+    Ok(summary)
 }
 
 /// Data a send reads ahead of what it has written out.

@@ -53,6 +53,7 @@ use sluice_format::{
     ScanRecordPhase, TreeRef, BLKPTR_BYTES,
 };
 
+use super::spa::Spa;
 use super::{Store, StoreError};
 use crate::pool::{Pool, PoolError};
 use crate::rt::Time;
@@ -410,25 +411,25 @@ enum Next {
 
 /// A pin of one synced txg's tree in the allocator, released on drop.
 struct Pinned<'a> {
-    store: &'a Store,
+    spa: &'a Spa,
     txg: u64,
 }
 
 impl Drop for Pinned<'_> {
     fn drop(&mut self) {
-        self.store.spa.allocator().lock().unpin(self.txg);
+        self.spa.allocator().lock().unpin(self.txg);
     }
 }
 
 /// The blocks a chunk queued in the allocator, forgotten on drop (the chunk ended, or its
 /// task was dropped).
 struct Queued<'a> {
-    store: &'a Store,
+    spa: &'a Spa,
 }
 
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
-        self.store.spa.allocator().lock().scan_clear();
+        self.spa.allocator().lock().scan_clear();
     }
 }
 
@@ -856,7 +857,11 @@ impl Store {
             (go, scan.generation)
         };
         if go {
-            match self.scan_chunk(generation).await {
+            let requests = || -> u64 {
+                let dsl = self.dsl.read();
+                dsl.values().map(|d| d.stats.requests.iter().map(|c| c.get()).sum::<u64>()).sum()
+            };
+            match self.dsl.scan().scan_chunk(&self.spa, &requests, generation).await {
                 Ok(Next::More) => return true,
                 Ok(Next::Done) => self.finish_scan(generation).await,
                 Err(error) => {
@@ -918,32 +923,38 @@ impl Store {
             scan.end(ScanPhase::Finished, now);
         }
     }
+}
 
+/// The scan's chunks: the walk of the newest synced tree and the reads it issues, through the
+/// pool alone (the namespace only sums its clients' requests, to yield to them).
+impl Scan {
     /// While clients are busy, makes scan I/O wait its turn behind `gate` (one run at a
     /// time) and pause `scan.busy_delay_ms` first (ZFS delays scan I/O on a busy pool the same
     /// way); returns the turn, held while the run is issued. Otherwise returns at once.
     async fn yield_to_clients<'a>(
         &self,
+        pool: &Pool,
+        requests: &(dyn Fn() -> u64 + Sync),
         gate: &'a futures::lock::Mutex<()>,
     ) -> Option<futures::lock::MutexGuard<'a, ()>> {
-        let requests = || -> u64 {
-            let dsl = self.dsl.read();
-            dsl.values()
-                .map(|d| d.stats.requests.iter().map(|c| c.get()).sum::<u64>())
-                .sum()
-        };
-        if !self.dsl.scan().clients_busy(self.spa.pool(), requests) {
+        if !self.clients_busy(pool, requests) {
             return None;
         }
         let turn = gate.lock().await;
-        self.spa.pool().env().sleep(self.dsl.scan().busy_delay).await;
+        pool.env().sleep(self.busy_delay).await;
         Some(turn)
     }
 
     /// Pins the newest synced tree; walks it from the bookmark; issues what it gathered.
-    async fn scan_chunk(&self, generation: u64) -> Result<Next, StoreError> {
+    /// `requests` sums every volume's request counters (see [`Scan::clients_busy`]).
+    async fn scan_chunk(
+        &self,
+        spa: &Spa,
+        requests: &(dyn Fn() -> u64 + Sync),
+        generation: u64,
+    ) -> Result<Next, StoreError> {
         let (bookmark, min_birth, max_birth, targets) = {
-            let scan = self.dsl.scan().lock();
+            let scan = self.lock();
             let Some(status) = scan.status.as_ref() else { return Ok(Next::Done) };
             let targets: Vec<VdevId> = scan.targets.iter().map(|t| t.id).collect();
             (scan.bookmark, status.min_birth, status.max_birth, targets)
@@ -952,17 +963,17 @@ impl Store {
             return Ok(Next::Done);
         }
         let (pin, root) = {
-            let mut allocator = self.spa.allocator().lock();
-            let uberblock = self.spa.pool().uberblock();
+            let mut allocator = spa.allocator().lock();
+            let uberblock = spa.pool().uberblock();
             allocator.pin(uberblock.txg);
-            (Pinned { store: self, txg: uberblock.txg }, uberblock.root)
+            (Pinned { spa, txg: uberblock.txg }, uberblock.root)
         };
         let Some(root) = root else {
             drop(pin);
             return Ok(Next::Done);
         };
-        let directory = read_directory(self.spa.pool(), &root).await?;
-        let budget = self.dsl.scan().chunk_bytes;
+        let directory = read_directory(spa.pool(), &root).await?;
+        let budget = self.chunk_bytes;
         let in_range = |bp: &BlockPointer| (min_birth..=max_birth).contains(&bp.birth_txg);
         let mut gathered: Vec<BlockPointer> = Vec::new();
         let mut gathered_bytes = 0u64;
@@ -1003,7 +1014,7 @@ impl Store {
             };
             let before = gathered.len();
             let walked = walk_tree(
-                self.spa.pool(),
+                spa.pool(),
                 Tree { root, levels, walk },
                 from,
                 (min_birth.max(shared_through + 1), max_birth),
@@ -1025,42 +1036,42 @@ impl Store {
         // read is in flight (crate::alloc's scan queue; a pin held for the whole chunk kept
         // every such free back for seconds, and writers short of space were refused).
         let _queued = {
-            let mut allocator = self.spa.allocator().lock();
+            let mut allocator = spa.allocator().lock();
             allocator.scan_queue(gathered.iter().flat_map(placed));
-            Queued { store: self }
+            Queued { spa }
         };
         drop(pin);
         // Issue in device order: a scan of an aged pool otherwise seeks for every block.
         gathered.sort_by_key(|bp| bp.copies().next().map(|d| (d.vdev, d.offset_bytes())));
-        let in_flight = self.dsl.scan().ios_in_flight;
+        let in_flight = self.ios_in_flight;
         let runs = runs_of(&gathered, !targets.is_empty());
         let targets = &targets;
         let gate = futures::lock::Mutex::new(());
         let gate = &gate;
         let outcomes: Vec<_> = futures::stream::iter(runs.into_iter().map(|run| async move {
             // Clients busy: one run at a time, each after a pause.
-            let _one_at_a_time = self.yield_to_clients(gate).await;
+            let _one_at_a_time = self.yield_to_clients(spa.pool(), requests, gate).await;
             // A block freed since the walk is not read: nothing needs it, and its space may
             // hold another block by now.
             let count = run.len();
             let run: Vec<BlockPointer> = {
-                let mut allocator = self.spa.allocator().lock();
+                let mut allocator = spa.allocator().lock();
                 run.into_iter().filter(|bp| allocator.scan_issue(&placed(bp))).collect()
             };
             let mut outcomes = Vec::with_capacity(run.len());
             let mut whole = None;
             if run.len() > 1 && run.len() == count {
-                whole = self.spa.pool().resilver_span(&run, targets).await;
+                whole = spa.pool().resilver_span(&run, targets).await;
             }
             if let Some(whole) = whole {
                 let each = ScrubOutcome { repaired: whole.repaired, ..ScrubOutcome::default() };
                 outcomes.extend(run.iter().map(|bp| (bp.psize_bytes(), each)));
             } else {
                 for bp in &run {
-                    outcomes.push((bp.psize_bytes(), self.spa.pool().scan_block(bp, targets).await));
+                    outcomes.push((bp.psize_bytes(), spa.pool().scan_block(bp, targets).await));
                 }
             }
-            let mut allocator = self.spa.allocator().lock();
+            let mut allocator = spa.allocator().lock();
             for bp in &run {
                 allocator.scan_done(&placed(bp));
             }
@@ -1086,7 +1097,7 @@ impl Store {
                 .sum(),
             Bookmark::Done => total_bytes,
         };
-        let mut scan = self.dsl.scan().lock();
+        let mut scan = self.lock();
         if scan.generation != generation || scan.active().is_none() {
             // Stopped or replaced while the chunk ran: its figures belong to no scan.
             return Ok(Next::More);

@@ -76,7 +76,7 @@ impl SyncTask for SnapshotOp {
         self: Box<Self>,
         cx: SyncCx<'c, 's>,
     ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
-        Box::pin(cx.store.sync_snapshot_op(cx.update, cx.trees, cx.rewind, *self))
+        Box::pin(sync_snapshot_op(cx, *self))
     }
 }
 
@@ -636,94 +636,89 @@ impl Store {
     pub fn snapshot_space(&self, volume: &str) -> Result<SnapshotSpace, StoreError> {
         self.dsl.snapshot_space(volume)
     }
+}
 
-    /// The sync's dead-list step, after the volumes' trees are written (ZFS:
-    /// `dsl_dataset_sync`): appends what each volume's newest snapshot still needs of the
-    /// blocks this txg replaced to its dead list. Pieces the appends free go into
-    /// `ctx.replaced`. The snapshot changes asked in this txg run after it, as sync tasks.
-    pub(super) async fn append_deadlists(
-        &self,
-        ctx: &mut TreeUpdate<'_>,
-        trees: &mut BTreeMap<String, SyncedTree>,
-    ) -> Result<(), PoolError> {
-        let txg = ctx.txg;
-        for tree in trees.values_mut() {
-            let dead = std::mem::take(&mut tree.dead);
-            let starts = tree.family.starts();
-            let list = &mut tree.family.deadlist;
-            super::dsl_deadlist::append(&self.spa, txg, list, &starts, dead, &mut ctx.replaced).await?;
-        }
-        Ok(())
+/// The sync's dead-list step, after the volumes' trees are written (ZFS: `dsl_dataset_sync`):
+/// appends what each volume's newest snapshot still needs of the blocks this txg replaced to
+/// its dead list, through the pool alone. Pieces the appends free go into `ctx.replaced`. The
+/// snapshot changes asked in this txg run after it, as sync tasks.
+pub(super) async fn append_deadlists(
+    spa: &Spa,
+    ctx: &mut TreeUpdate<'_>,
+    trees: &mut BTreeMap<String, SyncedTree>,
+) -> Result<(), PoolError> {
+    let txg = ctx.txg;
+    for tree in trees.values_mut() {
+        let dead = std::mem::take(&mut tree.dead);
+        let starts = tree.family.starts();
+        let list = &mut tree.family.deadlist;
+        super::dsl_deadlist::append(spa, txg, list, &starts, dead, &mut ctx.replaced).await?;
     }
+    Ok(())
+}
 
-    /// Makes one snapshot change in the syncing txg (see [`SnapshotOp`]'s [`SyncTask`]).
-    async fn sync_snapshot_op(
-        &self,
-        ctx: &mut TreeUpdate<'_>,
-        trees: &mut BTreeMap<String, SyncedTree>,
-        rewind: &mut Vec<u64>,
-        op: SnapshotOp,
-    ) -> Result<(), PoolError> {
-        let txg = ctx.txg;
-        let volume_id = |name: &str| self.dsl.read().get(name).map(|d| d.id);
-        let volume = match &op {
-            SnapshotOp::Create { volume, .. }
-            | SnapshotOp::Destroy { volume, .. }
-            | SnapshotOp::Rollback { volume, .. }
-            | SnapshotOp::Promote { volume, .. } => volume.clone(),
-        };
-        if let SnapshotOp::Promote { parent, .. } = &op {
-            promote_in_sync(&self.spa, trees, &volume, parent).await?;
-            rewind.extend([&volume, parent].into_iter().filter_map(|v| volume_id(v)));
-            return Ok(());
-        }
-        if !matches!(op, SnapshotOp::Create { .. }) {
-            rewind.extend(volume_id(&volume));
-        }
-        // Checked under the sync lock, which the caller held until this sync.
-        let Some(tree) = trees.get_mut(&volume) else {
-            debug_assert!(false, "a snapshot change for volume {volume}, not quiesced");
-            return Ok(());
-        };
-        match op {
-            SnapshotOp::Create { mut snapshot, .. } => {
-                let family = &mut tree.family;
-                snapshot.txg = txg;
-                snapshot.root = tree.root;
-                snapshot.space = tree.space;
-                snapshot.size_bytes = family.size_bytes;
-                snapshot.levels = family.levels;
-                snapshot.deadlist = std::mem::take(&mut family.deadlist);
-                family.snapshots.push(*snapshot);
-                family.prev_snap_txg = txg;
-            }
-            SnapshotOp::Destroy { name, .. } => {
-                destroy_in_sync(&self.spa, ctx, &mut tree.family, &name).await?;
-            }
-            SnapshotOp::Promote { .. } => unreachable!("made above"),
-            SnapshotOp::Rollback { name, .. } => {
-                let family = &mut tree.family;
-                let Some(newest) = family.snapshots.last().filter(|s| s.name == name) else {
-                    debug_assert!(false, "rollback of {volume} to {name}, not its newest");
-                    return Ok(());
-                };
-                let newest = newest.clone();
-                // The volume's blocks born after the snapshot are its alone.
-                let born =
-                    objset::walk_born_after(ctx.pool, tree.root, family.levels, newest.txg).await?;
-                ctx.replaced.extend(born);
-                // Its dead list names the snapshot's blocks, which it holds again.
-                ctx.replaced.append(&mut family.deadlist.pieces);
-                family.deadlist = Deadlist::default();
-                tree.root = newest.root;
-                tree.space = newest.space;
-                family.size_bytes = newest.size_bytes;
-                family.levels = newest.levels;
-                family.rolled_back = true;
-            }
-        }
-        Ok(())
+/// Makes one snapshot change in the syncing txg (see [`SnapshotOp`]'s [`SyncTask`]): through
+/// the pool alone, with the namespace only to name by id the volumes a scan walks again.
+async fn sync_snapshot_op(cx: SyncCx<'_, '_>, op: SnapshotOp) -> Result<(), PoolError> {
+    let SyncCx { spa, volume_id, update: ctx, trees, rewind } = cx;
+    let txg = ctx.txg;
+    let volume = match &op {
+        SnapshotOp::Create { volume, .. }
+        | SnapshotOp::Destroy { volume, .. }
+        | SnapshotOp::Rollback { volume, .. }
+        | SnapshotOp::Promote { volume, .. } => volume.clone(),
+    };
+    if let SnapshotOp::Promote { parent, .. } = &op {
+        promote_in_sync(spa, trees, &volume, parent).await?;
+        rewind.extend([&volume, parent].into_iter().filter_map(|v| volume_id(v)));
+        return Ok(());
     }
+    if !matches!(op, SnapshotOp::Create { .. }) {
+        rewind.extend(volume_id(&volume));
+    }
+    // Checked under the sync lock, which the caller held until this sync.
+    let Some(tree) = trees.get_mut(&volume) else {
+        debug_assert!(false, "a snapshot change for volume {volume}, not quiesced");
+        return Ok(());
+    };
+    match op {
+        SnapshotOp::Create { mut snapshot, .. } => {
+            let family = &mut tree.family;
+            snapshot.txg = txg;
+            snapshot.root = tree.root;
+            snapshot.space = tree.space;
+            snapshot.size_bytes = family.size_bytes;
+            snapshot.levels = family.levels;
+            snapshot.deadlist = std::mem::take(&mut family.deadlist);
+            family.snapshots.push(*snapshot);
+            family.prev_snap_txg = txg;
+        }
+        SnapshotOp::Destroy { name, .. } => {
+            destroy_in_sync(spa, ctx, &mut tree.family, &name).await?;
+        }
+        SnapshotOp::Promote { .. } => unreachable!("made above"),
+        SnapshotOp::Rollback { name, .. } => {
+            let family = &mut tree.family;
+            let Some(newest) = family.snapshots.last().filter(|s| s.name == name) else {
+                debug_assert!(false, "rollback of {volume} to {name}, not its newest");
+                return Ok(());
+            };
+            let newest = newest.clone();
+            // The volume's blocks born after the snapshot are its alone.
+            let born =
+                objset::walk_born_after(ctx.pool, tree.root, family.levels, newest.txg).await?;
+            ctx.replaced.extend(born);
+            // Its dead list names the snapshot's blocks, which it holds again.
+            ctx.replaced.append(&mut family.deadlist.pieces);
+            family.deadlist = Deadlist::default();
+            tree.root = newest.root;
+            tree.space = newest.space;
+            family.size_bytes = newest.size_bytes;
+            family.levels = newest.levels;
+            family.rolled_back = true;
+        }
+    }
+    Ok(())
 }
 
 /// Promotes clone `clone` over `parent` in the syncing txg (see the module doc).

@@ -21,13 +21,20 @@ use std::collections::BTreeMap;
 use futures::future::BoxFuture;
 use sluice_format::{BlockPointer, Deadlist, Origin, SnapshotEntry, VolumeEntry, VolumeSpace};
 
-use super::Store;
+use super::spa::Spa;
 use crate::objset::TreeUpdate;
 use crate::pool::PoolError;
 
-/// What a task may change in the sync that runs it.
+/// What a task may change in the sync that runs it: the pool and what the sync carries, not
+/// the store (a task reads and frees through the `Spa`, and finds volumes in the namespace
+/// only by name).
 pub(super) struct SyncCx<'c, 's> {
-    pub(super) store: &'s Store,
+    /// The pool the task reads and frees through.
+    pub(super) spa: &'s Spa,
+    /// A volume's id by name, as the namespace has it when the task asks (`Dsl::volume_id`).
+    /// A function rather than the `Dsl`, so that this file, which the mechanisms import for
+    /// their tasks, imports none of them back.
+    pub(super) volume_id: &'c (dyn Fn(&str) -> Option<u64> + Sync),
     /// The txg's frees (`replaced`), and its pool and allocator.
     pub(super) update: &'c mut TreeUpdate<'s>,
     /// Each quiesced volume's tree, by name, as this txg's sync leaves it.
@@ -46,26 +53,27 @@ pub(super) trait SyncTask: std::fmt::Debug + Send {
     ) -> BoxFuture<'c, Result<(), PoolError>>;
 }
 
-impl Store {
-    /// Runs a quiesced txg's tasks in the order they were queued.
-    pub(super) async fn run_sync_tasks<'s>(
-        &'s self,
-        update: &mut TreeUpdate<'s>,
-        trees: &mut BTreeMap<String, SyncedTree>,
-        tasks: Vec<Box<dyn SyncTask>>,
-    ) -> Result<Vec<u64>, PoolError> {
-        let mut rewind = Vec::new();
-        for task in tasks {
-            let cx = SyncCx {
-                store: self,
-                update: &mut *update,
-                trees: &mut *trees,
-                rewind: &mut rewind,
-            };
-            task.sync(cx).await?;
-        }
-        Ok(rewind)
+/// Runs a quiesced txg's tasks in the order they were queued. Returns the volumes (by id)
+/// whose trees a scan must walk again once the txg is durable.
+pub(super) async fn run_sync_tasks<'s>(
+    spa: &'s Spa,
+    volume_id: &(dyn Fn(&str) -> Option<u64> + Sync),
+    update: &mut TreeUpdate<'s>,
+    trees: &mut BTreeMap<String, SyncedTree>,
+    tasks: Vec<Box<dyn SyncTask>>,
+) -> Result<Vec<u64>, PoolError> {
+    let mut rewind = Vec::new();
+    for task in tasks {
+        let cx = SyncCx {
+            spa,
+            volume_id,
+            update: &mut *update,
+            trees: &mut *trees,
+            rewind: &mut rewind,
+        };
+        task.sync(cx).await?;
     }
+    Ok(rewind)
 }
 
 /// A volume's tree as a sync wrote it.

@@ -49,10 +49,14 @@
 //! - `spa_sync::Syncer` (spa_sync.rs): the sync's lock, the syncer's wake-up, the last sync's
 //!   space maps and directory and the syncs' history, which spa_sync.rs alone changes.
 //!
-//! Each volume's blocks and entry are its [`Dataset`]'s own lock. What still needs several of
-//! these objects at once (the write path and admission, the sync, snapshots, send and
-//! receive, the scan's walk, import, leaf changes, commits) is `impl Store` in the file of its
-//! mechanism: those methods take the objects' locks in the order below, and say which.
+//! Each volume's blocks and entry are its [`Dataset`]'s own lock. What needs two objects is a
+//! function of them in its mechanism's file, or a method of one taking the other: a read, a
+//! block status and a send take the `Spa` and the `Dsl` (dmu.rs, dmu_send.rs); a scan chunk
+//! is `Scan`'s, taking the `Spa`; the sync's tasks get the `Spa` and a lookup of volume ids
+//! (dsl_synctask.rs), never the store. What still needs several of these objects at once
+//! (the write path and admission, the sync's driver, snapshot changes, receive, the scan
+//! task, import, leaf changes, commits) is `impl Store` in the file of its mechanism: those
+//! methods take the objects' locks in the order below, and say which.
 //!
 //! Lock order (outer to inner; a thread holding one may take only those to its right, and none
 //! is held across an `.await`, but for the three async ones): `Spa::vdev_lock` (async, held

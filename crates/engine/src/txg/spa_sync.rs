@@ -23,9 +23,10 @@
 //! Replaced blocks are reused only after the deferral (crate::alloc), so a crash at any point
 //! imports to the previous txg intact. A failed sync suspends the store.
 //!
-//! The steps that only write to the pool (`write_volumes`, `write_dedup_table`,
-//! `write_space_maps_and_directory`) are functions of the `Spa` they write through, and
-//! `free_replaced` is the [`Syncer`]'s, which holds the last sync's maps; the driver,
+//! The steps that only write to the pool (`write_volumes`, `append_deadlists`,
+//! `write_dedup_table`, `write_space_maps_and_directory`) are functions of the `Spa` they write
+//! through; the sync tasks get the `Spa` and a lookup of volume ids, not the store; and
+//! `free_replaced` is the [`Syncer`]'s, which holds the last sync's maps. The driver,
 //! `sync_locked`, and the steps that read the namespace, the open txg or the logs are still
 //! the store's.
 
@@ -42,7 +43,8 @@ use sluice_format::{
 
 use super::dbuf::{Block, Prewritten};
 use super::dmu_tx::Quiesce;
-use super::dsl_synctask::{Family, SyncTask, SyncedTree};
+use super::dsl_snapshot::append_deadlists;
+use super::dsl_synctask::{run_sync_tasks, Family, SyncTask, SyncedTree};
 use super::spa::Spa;
 use super::space_map::{piece_layout, split_space_map, SPACE_MAP_PIECE_BYTES};
 use super::{Store, StoreError};
@@ -300,8 +302,9 @@ impl Store {
         let mut ctx = TreeUpdate::new(self.spa.pool(), self.spa.allocator(), txg);
         self.spa.fail_point("spa_sync.write_volumes");
         let mut roots = write_volumes(&self.spa, &mut ctx, work).await?;
-        self.append_deadlists(&mut ctx, &mut roots).await?;
-        let rewind = self.run_sync_tasks(&mut ctx, &mut roots, tasks).await?;
+        append_deadlists(&self.spa, &mut ctx, &mut roots).await?;
+        let volume_id = |name: &str| self.dsl.volume_id(name);
+        let rewind = run_sync_tasks(&self.spa, &volume_id, &mut ctx, &mut roots, tasks).await?;
         let (ddt_header, replaced) = write_dedup_table(&self.spa, &mut ctx).await?;
         let vdevs = self.syncer.free_replaced(&self.spa, txg, &replaced);
         let (anchored, headers, directory) =

@@ -14,6 +14,7 @@ use sluice_format::{
     LogVerifier, PoolDirectory, SyncMode, VolumeEntry, LOG_HEADER_BYTES,
 };
 
+use super::dataset::Dsl;
 use super::dbuf::{Apply, Block, Prewritten, WriteData};
 use super::dsl_synctask::{SyncCx, SyncTask};
 use super::dmu_tx::TxgLimits;
@@ -84,6 +85,17 @@ impl Zil {
         Ok(Arc::new(LogWriter::new(spa.pool().name(), spa.allocator(), self.settings, owner)?))
     }
 
+    /// Whether a block `log` wrote was allocated in a nearly full log region
+    /// ([`LogWriter::take_space_low`]), counted as a sync the logs ask for: the committer
+    /// then kicks the syncer, whose sync frees the log blocks.
+    pub(super) fn log_space_low(&self, log: &LogWriter) -> bool {
+        let low = log.take_space_low();
+        if low {
+            self.stats.syncs_for_log_space.inc();
+        }
+        low
+    }
+
     /// Whether a write of `len` bytes to the volume `entry` logs its whole blocks by pointer:
     /// with logbias=throughput, or from `intent_log.immediate_write_bytes` on. Not on dedup
     /// volumes (their blocks are placed through the dedup table at sync), nor where a block
@@ -94,6 +106,29 @@ impl Zil {
         large
             && entry.dedup == DedupMode::Off
             && entry.block_bytes as usize <= copied_piece_bytes(self.settings.max_block_bytes)
+    }
+}
+
+/// The namespace's side of the logs: each volume's chain, read under its own lock.
+impl Dsl {
+    /// Where `volume`'s log chain starts now (its oldest block still needed), if it has one.
+    fn log_head(&self, volume: &str) -> Option<(LogAddress, LogVerifier)> {
+        let log = self.dataset(volume).ok()?.state.lock().log.clone()?;
+        Some(log.head())
+    }
+
+    /// Log blocks written by the volumes' current chains.
+    fn log_blocks_written(&self) -> u64 {
+        self.read()
+            .values()
+            .filter_map(|d| d.state.lock().log.as_ref().map(|l| l.lwbs_written()))
+            .sum()
+    }
+
+    /// What `volume`'s current log chain has written and chosen, if it has a chain.
+    fn log_figures(&self, volume: &str) -> Option<crate::intent_log::LogFigures> {
+        let log = self.dataset(volume).ok()?.state.lock().log.clone()?;
+        Some(log.figures())
     }
 }
 
@@ -173,7 +208,7 @@ impl Store {
                         (*offset, len, Some(&block[..len as usize]))
                     }
                 };
-                if Self::check_range(&dataset, dataset.size_bytes(), offset, len).is_err() {
+                if dataset.check_range(dataset.size_bytes(), offset, len).is_err() {
                     stats.records_out_of_range.inc();
                     continue;
                 }
@@ -201,23 +236,17 @@ impl Store {
 
     /// Where `volume`'s log chain starts now (its oldest block still needed), if it has one.
     pub fn log_head(&self, volume: &str) -> Option<(LogAddress, LogVerifier)> {
-        let log = self.dataset(volume).ok()?.state.lock().log.clone()?;
-        Some(log.head())
+        self.dsl.log_head(volume)
     }
 
     /// Log blocks written by the volumes' current chains.
     pub fn log_blocks_written(&self) -> u64 {
-        self.dsl
-            .read()
-            .values()
-            .filter_map(|d| d.state.lock().log.as_ref().map(|l| l.lwbs_written()))
-            .sum()
+        self.dsl.log_blocks_written()
     }
 
     /// What `volume`'s current log chain has written and chosen, if it has a chain.
     pub fn log_figures(&self, volume: &str) -> Option<crate::intent_log::LogFigures> {
-        let log = self.dataset(volume).ok()?.state.lock().log.clone()?;
-        Some(log.figures())
+        self.dsl.log_figures(volume)
     }
 
     /// A write that is durable when this returns (NBD's FUA): commits up to its own record.
@@ -283,7 +312,9 @@ impl Store {
         if log.anchored() && self.fill_indirect(dataset, &log, sequence).await.is_ok() {
             match log.commit(self.spa.pool(), self.spa.allocator(), sequence).await {
                 Ok(()) => {
-                    self.kick_sync_if_log_full(&log);
+                    if self.zil.log_space_low(&log) {
+                        self.syncer.kick();
+                    }
                     return Ok(());
                 }
                 // The sync below covers the record, and replaces the failed chain.
@@ -317,7 +348,9 @@ impl Store {
             let _guard = store.spa.panic_guard("an early log commit");
             if store.fill_indirect(&dataset, &log, sequence).await.is_ok() {
                 let _ = log.commit(store.spa.pool(), store.spa.allocator(), sequence).await;
-                store.kick_sync_if_log_full(&log);
+                if store.zil.log_space_low(&log) {
+                    store.syncer.kick();
+                }
             } else {
                 // The records it claimed are back, unfilled, at the front of the chain, and a
                 // client's commit that found them claimed is waiting behind them without
@@ -329,15 +362,6 @@ impl Store {
                 }
             }
         });
-    }
-
-    /// Starts a sync when a block `log` wrote was allocated in a nearly full log region
-    /// ([`LogWriter::take_space_low`]).
-    fn kick_sync_if_log_full(&self, log: &LogWriter) {
-        if log.take_space_low() {
-            self.zil.stats().syncs_for_log_space.inc();
-            self.syncer.kick();
-        }
     }
 
     /// Fills `log`'s unfilled indirect records up to `sequence` that no other committer is
@@ -543,7 +567,7 @@ impl Store {
         }
         for record in copy {
             let (txg, sequence, offset) = (record.txg(), record.sequence(), index_of(record) * bs);
-            let filled = match self.block(dataset, offset / bs).await? {
+            let filled = match dataset.block(self.spa.pool(), offset / bs).await? {
                 Some(data) => LogRecord::Write { txg, sequence, offset, data: data.to_vec() },
                 None => LogRecord::Zero { txg, sequence, offset, len: bs },
             };
@@ -884,7 +908,7 @@ impl SyncTask for RetiredLog {
         self: Box<Self>,
         cx: SyncCx<'c, 's>,
     ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
-        let mut allocator = cx.store.spa.allocator().lock();
+        let mut allocator = cx.spa.allocator().lock();
         for at in self.0 {
             allocator.free_log(cx.update.txg, at.vdev, at.offset_bytes, u64::from(at.len_bytes));
         }
@@ -905,7 +929,7 @@ impl SyncTask for Orphaned {
         cx: SyncCx<'c, 's>,
     ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
         Box::pin(async move {
-            cx.store.spa.release_prewritten(cx.update.txg, self.0).await;
+            cx.spa.release_prewritten(cx.update.txg, self.0).await;
             Ok(())
         })
     }
