@@ -182,9 +182,7 @@ impl Store {
         }
         report.chain_bytes = {
             let dsl = self.dsl.read();
-            dsl.values()
-                .filter_map(|d| d.state.lock().log.as_ref().map(|l| l.held_bytes()))
-                .sum()
+            dsl.values().filter_map(|d| d.state.lock().log.as_ref().map(|l| l.held_bytes())).sum()
         };
         let (area, free, log, deferred) = self.spa.allocator().lock().accounting();
         report.log_bytes = log;

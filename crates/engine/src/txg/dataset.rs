@@ -770,3 +770,30 @@ impl SyncTask for DestroyedVolume {
         })
     }
 }
+
+/// The namespace's side of the logs (crate::txg::zil): each volume's chain, read under its own
+/// lock.
+impl Dsl {
+    /// Where `volume`'s log chain starts now (its oldest block still needed), if it has one.
+    pub(super) fn log_head(
+        &self,
+        volume: &str,
+    ) -> Option<(crate::intent_log::LogAddress, sluice_format::LogVerifier)> {
+        let log = self.dataset(volume).ok()?.state.lock().log.clone()?;
+        Some(log.head())
+    }
+
+    /// Log blocks written by the volumes' current chains.
+    pub(super) fn log_blocks_written(&self) -> u64 {
+        self.read()
+            .values()
+            .filter_map(|d| d.state.lock().log.as_ref().map(|l| l.lwbs_written()))
+            .sum()
+    }
+
+    /// What `volume`'s current log chain has written and chosen, if it has a chain.
+    pub(super) fn log_figures(&self, volume: &str) -> Option<crate::intent_log::LogFigures> {
+        let log = self.dataset(volume).ok()?.state.lock().log.clone()?;
+        Some(log.figures())
+    }
+}

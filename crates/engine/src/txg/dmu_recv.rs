@@ -318,7 +318,8 @@ impl Store {
 
     /// Interrupted resumable receives kept in this pool: each target and its resume token.
     pub fn interrupted_receives(&self) -> Vec<(String, ResumeToken)> {
-        self.dsl.all_volumes()
+        self.dsl
+            .all_volumes()
             .into_iter()
             .filter_map(|v| {
                 let target = v.name.strip_prefix(RECEIVE_PREFIX)?.to_owned();

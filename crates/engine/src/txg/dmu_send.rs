@@ -316,7 +316,11 @@ impl Emitter<'_> {
 
 /// Data block `block` as a send record: its bytes as stored, verified against `bp`
 /// (a compressed block without the padding to its allocation unit).
-async fn data_record(pool: &Pool, block: u64, bp: &BlockPointer) -> Result<StreamRecord, StoreError> {
+async fn data_record(
+    pool: &Pool,
+    block: u64,
+    bp: &BlockPointer,
+) -> Result<StreamRecord, StoreError> {
     let stored = pool.read_block(bp, IoClass::AsyncRead).await?;
     let lsize = bp.lsize_bytes() as usize;
     let len = if bp.compression == BlockCompression::None {

@@ -175,7 +175,11 @@ pub(super) struct Txg {
 
 impl Txg {
     pub(super) fn new(state: TxgState, limits: TxgLimits) -> Txg {
-        Txg { state: parking_lot::Mutex::new(state), limits, throttle_stats: ThrottleStats::default() }
+        Txg {
+            state: parking_lot::Mutex::new(state),
+            limits,
+            throttle_stats: ThrottleStats::default(),
+        }
     }
 
     /// The txg lock (crate::txg's lock order: after the namespace, before a volume's state).
@@ -472,7 +476,12 @@ impl Store {
                     // versions they replaced: while any are dirty, waiting can help.
                     let in_memory = open + txg.syncing_bytes + txg.prewritten_bytes;
                     let appending = dsl.appending_deadlists();
-                    (InFlight::of(appending, &txg, self.spa.pool()), in_memory, reserved, own_reserved)
+                    (
+                        InFlight::of(appending, &txg, self.spa.pool()),
+                        in_memory,
+                        reserved,
+                        own_reserved,
+                    )
                 };
                 // Room a sync needs to rewrite the dedup table, kept beyond the slop (taken
                 // before the allocator: the lock order is dedup table -> allocator).
@@ -532,7 +541,8 @@ impl Store {
                 self.sync_unless(|| self.syncer.syncs() != seen).await?;
                 let waited_nanos = self.spa.pool().env().now().since(start).as_nanos();
                 self.txg.throttle_stats().waited_for_space.inc();
-                self.txg.throttle_stats()
+                self.txg
+                    .throttle_stats()
                     .waited_for_space_nanos
                     .add(u64::try_from(waited_nanos).unwrap_or(u64::MAX));
             };
@@ -583,11 +593,8 @@ impl Store {
         };
         // A volume that is not filling the budget may go into a reserve past the maximum (an
         // eighth of it), so another volume's stream does not stall it behind a whole sync.
-        let limit = if under_share {
-            limits.dirty_max + limits.dirty_max / 8
-        } else {
-            limits.dirty_max
-        };
+        let limit =
+            if under_share { limits.dirty_max + limits.dirty_max / 8 } else { limits.dirty_max };
         if under_share && dirty >= limits.dirty_max && dirty < limit {
             stats.spared.inc();
             return Ok(());

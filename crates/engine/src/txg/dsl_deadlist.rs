@@ -76,25 +76,18 @@ fn deadlist_error(spa: &Spa, field: &'static str, value: u64) -> PoolError {
 /// Reads one piece of a dead list.
 async fn read_piece(spa: &Spa, bp: &BlockPointer) -> Result<DeadlistPiece, PoolError> {
     let bytes = spa.pool().read_block(bp, IoClass::AsyncRead).await?;
-    DeadlistPiece::decode(&bytes).map_err(|source| PoolError::Format {
-        pool: spa.pool().name().to_owned(),
-        cause: source,
-    })
+    DeadlistPiece::decode(&bytes)
+        .map_err(|source| PoolError::Format { pool: spa.pool().name().to_owned(), cause: source })
 }
 
 /// Every pointer of `list`, in the order appended.
-pub(super) async fn entries(
-    spa: &Spa,
-    list: &Deadlist,
-) -> Result<Vec<BlockPointer>, PoolError> {
+pub(super) async fn entries(spa: &Spa, list: &Deadlist) -> Result<Vec<BlockPointer>, PoolError> {
     let mut entries = Vec::with_capacity(usize::try_from(list.entries).unwrap_or(0));
     for piece in &list.pieces {
         entries.extend(read_piece(spa, piece).await?.entries);
     }
     if entries.len() as u64 != list.entries {
-        return Err(
-            deadlist_error(spa, "entries (pieces hold a different count)", list.entries)
-        );
+        return Err(deadlist_error(spa, "entries (pieces hold a different count)", list.entries));
     }
     Ok(entries)
 }

@@ -322,7 +322,6 @@ fn behind_now(pool: &Pool, behind: &[(u64, u64, u64)]) -> Vec<(u64, u64)> {
         .collect()
 }
 
-
 fn new_status(
     pool: &Pool,
     func: ScanFunc,
@@ -480,7 +479,6 @@ impl Scan {
         Ok(())
     }
 
-
     /// The scan's record for the pool directory of the txg being synced: the last or current
     /// scan and its bookmark.
     pub(super) fn record(&self, pool: &Pool) -> Option<ScanRecord> {
@@ -622,7 +620,8 @@ impl Scan {
                 scan.end(ScanPhase::Canceled, now);
                 Ok(())
             }
-            Some(ScanFunc::Resilver) => Err(refused(pool, 
+            Some(ScanFunc::Resilver) => Err(refused(
+                pool,
                 "a resilver cannot be stopped: the leaves it copies onto are missing data until \
                  it ends",
             )),
@@ -1197,8 +1196,7 @@ async fn walk_tree(
         let children = node.chunks_exact(BLKPTR_BYTES).enumerate().rev();
         for (slot, bytes) in children {
             if let Ok(Some(child)) = BlockPointer::decode(bytes) {
-                let child_first =
-                    first.saturating_add((slot as u64).saturating_mul(child_span));
+                let child_first = first.saturating_add((slot as u64).saturating_mul(child_span));
                 stack.push((child, level - 1, child_first));
             }
         }

@@ -34,12 +34,14 @@ use std::sync::Arc;
 
 use sluice_format::{BlockPointer, Deadlist, Origin, SnapshotEntry, VolumeEntry, VolumeSpace};
 
-use super::dataset::{check_volume_name, reservable_bytes, room_beyond, unique_bytes, Dataset, Dsl};
+use super::dataset::Datasets;
+use super::dataset::{
+    check_volume_name, reservable_bytes, room_beyond, unique_bytes, Dataset, Dsl,
+};
 use super::dmu_tx::TxgLimits;
-use super::spa::Spa;
 use super::dsl_deadlist::{count_entry, merge_range, range_bytes};
 use super::dsl_synctask::{Family, SyncCx, SyncTask, SyncedTree};
-use super::dataset::Datasets;
+use super::spa::Spa;
 use super::{Store, StoreError};
 use crate::objset::{self, TreeUpdate};
 use crate::pool::PoolError;
@@ -230,7 +232,8 @@ impl Dsl {
     ) -> Result<Arc<Dataset>, StoreError> {
         let mut dsl = self.write();
         let snapshot = self.snapshot_of(&dsl, volume, name)?;
-        let block_bytes = dsl.get(volume).expect("a volume checked above under the same lock").block_bytes;
+        let block_bytes =
+            dsl.get(volume).expect("a volume checked above under the same lock").block_bytes;
         if let Some(open) = dsl.export(snapshot.id) {
             return Ok(open);
         }
@@ -359,8 +362,7 @@ impl Store {
                     deadlist: Deadlist::default(),
                 };
                 let snapshot = Box::new(snapshot);
-                txg.queue(SnapshotOp::Create { volume: volume.clone(), snapshot },
-                );
+                txg.queue(SnapshotOp::Create { volume: volume.clone(), snapshot });
             }
         }
         self.sync_holding_lock(one_at_a_time).await
@@ -402,8 +404,7 @@ impl Store {
             }
             let frees = next_entries.saturating_add(next_pieces).saturating_mul(copies);
             txg.count_pending(needed, frees);
-            txg.queue(SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() },
-            );
+            txg.queue(SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() });
             id
         };
         self.sync_holding_lock(one_at_a_time).await?;
@@ -510,11 +511,9 @@ impl Store {
                 txg.count_pending(needed, frees);
             }
             for (_, later) in later.iter().rev() {
-                txg.queue(SnapshotOp::Destroy { volume: volume.to_owned(), name: later.clone() },
-                );
+                txg.queue(SnapshotOp::Destroy { volume: volume.to_owned(), name: later.clone() });
             }
-            txg.queue(SnapshotOp::Rollback { volume: volume.to_owned(), name: name.to_owned() },
-            );
+            txg.queue(SnapshotOp::Rollback { volume: volume.to_owned(), name: name.to_owned() });
             // Writes not yet synced are written by the rollback's sync and freed by it, not
             // dropped now: an intent-log record of theirs not yet filled must still find its
             // bytes, in case the rollback never becomes durable and the log is replayed.
@@ -554,7 +553,13 @@ impl Store {
                 });
             }
             let snapshot = self.dsl.snapshot_of(&dsl, volume, name)?;
-            let parent = dsl.get(volume).expect("a volume checked above under the same lock").state.lock().entry.clone();
+            let parent = dsl
+                .get(volume)
+                .expect("a volume checked above under the same lock")
+                .state
+                .lock()
+                .entry
+                .clone();
             let id = dsl.next_id();
             let log = self.zil.new_log(&self.spa, id)?;
             dsl.use_id(id);
@@ -733,8 +738,8 @@ async fn promote_in_sync(
         return Ok(());
     };
     let origin = c.family.origin;
-    let at = origin
-        .and_then(|origin| o.family.snapshots.iter().position(|s| s.id == origin.snapshot));
+    let at =
+        origin.and_then(|origin| o.family.snapshots.iter().position(|s| s.id == origin.snapshot));
     if let Some(at) = at {
         let moved: Vec<SnapshotEntry> = o.family.snapshots.drain(..=at).collect();
         let s = moved.last().expect("the origin moves").clone();
@@ -749,11 +754,8 @@ async fn promote_in_sync(
             }
         }
         let grandparent = o.family.origin;
-        o.family.origin = Some(Origin {
-            snapshot: s.id,
-            txg: s.txg,
-            referenced_bytes: s.space.referenced_bytes,
-        });
+        o.family.origin =
+            Some(Origin { snapshot: s.id, txg: s.txg, referenced_bytes: s.space.referenced_bytes });
         // The clone takes them before its own snapshots, and the parent's origin; its own
         // lists are counted again by the ranges they bring.
         c.family.origin = grandparent;

@@ -100,21 +100,21 @@ pub use audit::AuditReport;
 pub use dataset::RECEIVE_PREFIX;
 pub use dataset::{Dataset, VolumeProperty};
 use dataset::{Datasets, Dsl};
-use dmu_tx::TxgState;
 pub use dbuf::WriteData;
 pub use dmu::ReadData;
 pub use dmu_recv::ReceiveMode;
 pub use dmu_send::StreamSummary;
 pub use dmu_tx::ThrottleStats;
+use dmu_tx::TxgState;
 use dmu_tx::{Txg, TxgLimits};
-use spa::Spa;
 pub use dsl_scan::{ScanFunc, ScanPhase, ScanStatus};
 pub use dsl_snapshot::{SnapshotInfo, SnapshotSpace};
+use spa::Spa;
 pub use spa_load::{ImportOptions, ImportReport, Rewind};
 pub use spa_sync::SyncRecord;
 use spa_sync::SyncedMetadata;
-pub use zil::{LogStats, LostLog};
 use zil::Zil;
+pub use zil::{LogStats, LostLog};
 
 use crate::alloc::Allocator;
 use crate::dedup::Ddt;
@@ -341,10 +341,8 @@ impl Store {
         allocator.set_log_vdevs(&pool.log_vdevs());
         pool.note_txg_open(pool.uberblock().txg + 1);
         let limits = TxgLimits::from_tunables(tunables, pool.env().memory_bytes());
-        let txg = TxgState::new(
-            pool.uberblock().txg,
-            synced.directory.map_or(0, |bp| bp.psize_bytes()),
-        );
+        let txg =
+            TxgState::new(pool.uberblock().txg, synced.directory.map_or(0, |bp| bp.psize_bytes()));
         let ddt = Ddt::new(pool.name(), ddt, tunables);
         Store {
             dsl: Dsl::new(pool.name(), datasets, dsl_scan::Scan::new(tunables)),

@@ -152,7 +152,11 @@ impl Spa {
     ) -> (futures::channel::oneshot::Receiver<()>, futures::channel::oneshot::Sender<()>) {
         let (reached_tx, reached_rx) = futures::channel::oneshot::channel();
         let (release_tx, release_rx) = futures::channel::oneshot::channel();
-        self.test_points.pauses.lock().push(Pause { point, reached: reached_tx, release: release_rx });
+        self.test_points.pauses.lock().push(Pause {
+            point,
+            reached: reached_tx,
+            release: release_rx,
+        });
         (reached_rx, release_tx)
     }
 

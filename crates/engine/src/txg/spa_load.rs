@@ -24,15 +24,13 @@
 
 use std::collections::BTreeMap;
 
-use sluice_format::{
-    LogHeader, PoolDirectory, SpaceMap, Uberblock,
-};
+use sluice_format::{LogHeader, PoolDirectory, SpaceMap, Uberblock};
 
 use super::dataset::Dataset;
-use super::dmu_tx::TxgLimits;
 use super::dataset::Datasets;
-use super::zil::{self, LostLog};
+use super::dmu_tx::TxgLimits;
 use super::spa_sync::SyncedMetadata;
+use super::zil::{self, LostLog};
 use super::{LogStats, Store, StoreError};
 use crate::alloc::{Allocator, FREE_DEFER_TXGS};
 use crate::intent_log::Chain;
@@ -308,4 +306,3 @@ async fn load_txg(
     allocator.synced(uberblock.txg);
     Ok((directory, allocator, verified.blocks))
 }
-

@@ -233,7 +233,10 @@ impl Store {
                 if let Err(error) = store.sync().await {
                     // The server's log says why every later command is refused.
                     let error = crate::error_chain(&error);
-                    eprintln!("sluice: pool {}: the txg sync failed: {error}", store.spa.pool().name());
+                    eprintln!(
+                        "sluice: pool {}: the txg sync failed: {error}",
+                        store.spa.pool().name()
+                    );
                     return;
                 }
                 // A leaf that missed writes in that txg is copied back in the background.
@@ -290,7 +293,8 @@ impl Store {
         let admitted_bytes = admitted_bytes
             + if work.iter().any(|(entry, ..)| entry.dedup != DedupMode::Off) {
                 let unit = 1u64 << self.spa.pool().ashift();
-                self.spa.ddt().rewrite_reserve_bytes(unit, blocks) / (crate::alloc::FREE_DEFER_TXGS + 1)
+                self.spa.ddt().rewrite_reserve_bytes(unit, blocks)
+                    / (crate::alloc::FREE_DEFER_TXGS + 1)
             } else {
                 0
             };
@@ -336,7 +340,8 @@ impl Store {
         // What this txg's sync may allocate, its own metadata bounded from the blocks it
         // writes: admission counts it until the sync has allocated it, and the sync's record
         // holds it beside what was allocated.
-        let shape = super::dmu_tx::SyncShape::of_open(dsl.appending_deadlists(), &state, self.spa.pool());
+        let shape =
+            super::dmu_tx::SyncShape::of_open(dsl.appending_deadlists(), &state, self.spa.pool());
         let (closed, allocated_base) = {
             // Lock order: dsl -> txg -> allocator.
             let mut allocator = self.spa.allocator().lock();
@@ -492,7 +497,10 @@ impl Store {
             let Some(log) = volume.log.clone() else { continue };
             log.synced(txg, anchored.iter().any(|a| Arc::ptr_eq(a, &log)));
             if log.failed() {
-                let owner = ChainOwner { chain_id: self.zil.chain_id(&self.spa), volume_id: volume.entry.id };
+                let owner = ChainOwner {
+                    chain_id: self.zil.chain_id(&self.spa),
+                    volume_id: volume.entry.id,
+                };
                 let fresh = LogWriter::continuing(
                     self.spa.pool().name(),
                     self.spa.allocator(),
@@ -548,9 +556,8 @@ async fn write_volumes(
                     for (index, block) in &chunk {
                         match block {
                             Block::Data(bytes) => {
-                                let same = prewritten
-                                    .get(index)
-                                    .filter(|p| Arc::ptr_eq(&p.data, bytes));
+                                let same =
+                                    prewritten.get(index).filter(|p| Arc::ptr_eq(&p.data, bytes));
                                 if let Some(p) = same {
                                     if p.write.clone().await {
                                         linked.push((*index, p.bp));
@@ -595,8 +602,7 @@ async fn write_volumes(
                 .map_ok(|(index, block)| async move {
                     let bp = match block {
                         Block::Data(data) => {
-                            let written =
-                                spawn_dedup_write(spa, txg, data, verify, compression);
+                            let written = spawn_dedup_write(spa, txg, data, verify, compression);
                             Some(written.await?)
                         }
                         Block::Zero => None,
@@ -671,12 +677,10 @@ async fn write_dedup_table(
     let (shared, mut replaced): (Vec<BlockPointer>, Vec<BlockPointer>) =
         std::mem::take(&mut ctx.replaced).into_iter().partition(|bp| bp.dedup.is_some());
     let (ddt, pool) = (&**spa.ddt(), &**spa.pool());
-    futures::stream::iter(
-        shared.into_iter().map(|bp| async move { ddt.free(pool, &bp).await }),
-    )
-    .buffer_unordered(SYNC_WRITES_IN_FLIGHT)
-    .try_collect::<Vec<()>>()
-    .await?;
+    futures::stream::iter(shared.into_iter().map(|bp| async move { ddt.free(pool, &bp).await }))
+        .buffer_unordered(SYNC_WRITES_IN_FLIGHT)
+        .try_collect::<Vec<()>>()
+        .await?;
     let ddt_header = spa.ddt().flush(ctx).await?;
     replaced.append(&mut ctx.replaced);
     Ok((ddt_header, replaced))
@@ -691,8 +695,7 @@ async fn write_space_maps_and_directory(
     mut directory: PoolDirectory,
 ) -> Result<(BlockPointer, Vec<Vec<BlockPointer>>), PoolError> {
     let name = spa.pool().name().to_owned();
-    let no_space =
-        |source: AllocError| PoolError::NoSpace { pool: name.clone(), cause: source };
+    let no_space = |source: AllocError| PoolError::NoSpace { pool: name.clone(), cause: source };
     // Allocate the space-map pieces before encoding any map, so every map includes them.
     // One piece more than the map needs now leaves room for the entries that these
     // allocations and the directory's add.
@@ -719,8 +722,7 @@ async fn write_space_maps_and_directory(
         let pieces: usize = blocks.iter().map(Vec::len).sum();
         let directory_bytes =
             allocator.asize((directory_len + pieces * sluice_format::BLKPTR_BYTES) as u64);
-        let directory_block =
-            place(&mut allocator, directory_bytes, (copies + 1).min(DVAS_MAX))?;
+        let directory_block = place(&mut allocator, directory_bytes, (copies + 1).min(DVAS_MAX))?;
         let maps: Vec<SpaceMap> = (0..vdevs as u32).map(|v| allocator.space_map(v)).collect();
         (blocks, directory_block, maps)
     };
@@ -744,10 +746,9 @@ async fn write_space_maps_and_directory(
         let writes = pieces.iter().zip(blocks).map(|(piece, places)| {
             let name = name.clone();
             async move {
-                let bytes = piece.encode().map_err(|source| PoolError::Format {
-                    pool: name.clone(),
-                    cause: source,
-                })?;
+                let bytes = piece
+                    .encode()
+                    .map_err(|source| PoolError::Format { pool: name.clone(), cause: source })?;
                 debug_assert!(bytes.len() as u64 <= places[0].2, "a piece fits its block");
                 let logical = Arc::new(AlignedBuf::copy_from(&bytes));
                 spa.write_metadata(Writer::SpaceMap, places, logical, txg).await

@@ -14,17 +14,16 @@ use sluice_format::{
     LogVerifier, PoolDirectory, SyncMode, VolumeEntry, LOG_HEADER_BYTES,
 };
 
-use super::dataset::Dsl;
 use super::dbuf::{Apply, Block, Prewritten, WriteData};
-use super::dsl_synctask::{SyncCx, SyncTask};
 use super::dmu_tx::TxgLimits;
+use super::dsl_synctask::{SyncCx, SyncTask};
 use super::spa::Spa;
 use super::{Dataset, Store, StoreError};
+use crate::alloc::Allocator;
 use crate::device::{AlignedBuf, SharedBuf};
 use crate::intent_log::{
     self, Chain, ChainOwner, DataWrite, LogAddress, LogError, LogSettings, LogWriter,
 };
-use crate::alloc::Allocator;
 use crate::pool::{Pool, PoolError};
 use crate::tunables::IoClass;
 use crate::vdev::VdevAddress;
@@ -106,29 +105,6 @@ impl Zil {
         large
             && entry.dedup == DedupMode::Off
             && entry.block_bytes as usize <= copied_piece_bytes(self.settings.max_block_bytes)
-    }
-}
-
-/// The namespace's side of the logs: each volume's chain, read under its own lock.
-impl Dsl {
-    /// Where `volume`'s log chain starts now (its oldest block still needed), if it has one.
-    fn log_head(&self, volume: &str) -> Option<(LogAddress, LogVerifier)> {
-        let log = self.dataset(volume).ok()?.state.lock().log.clone()?;
-        Some(log.head())
-    }
-
-    /// Log blocks written by the volumes' current chains.
-    fn log_blocks_written(&self) -> u64 {
-        self.read()
-            .values()
-            .filter_map(|d| d.state.lock().log.as_ref().map(|l| l.lwbs_written()))
-            .sum()
-    }
-
-    /// What `volume`'s current log chain has written and chosen, if it has a chain.
-    fn log_figures(&self, volume: &str) -> Option<crate::intent_log::LogFigures> {
-        let log = self.dataset(volume).ok()?.state.lock().log.clone()?;
-        Some(log.figures())
     }
 }
 
@@ -690,13 +666,13 @@ pub(super) async fn claim(
                 chain.addresses.truncate(cut);
             }
         }
-        claim_indirect(pool, &mut chain, &header, allocator, &log_stats, rules)
-            .await
-            .map_err(|source| StoreError::UnreadableLog {
+        claim_indirect(pool, &mut chain, &header, allocator, &log_stats, rules).await.map_err(
+            |source| StoreError::UnreadableLog {
                 pool: pool.name().to_owned(),
                 volume: entry.name.clone(),
                 cause: source,
-            })?;
+            },
+        )?;
         for at in &chain.addresses {
             allocator
                 .claim_log(at.vdev, at.offset_bytes, u64::from(at.len_bytes))
