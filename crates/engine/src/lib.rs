@@ -14,7 +14,7 @@
 //! the volume's place holds it alone across a whole sync; never held with `vdev_lock`) ->
 //! the sync's lock (`txg::spa_sync::Syncer::lock`, async, one sync at a time) -> the
 //! background scan's state (`txg::dsl_scan::Scan`) -> the store's volume namespace
-//! (`txg::dataset::Dsl`) -> its open txg (`txg::dmu_tx::Txg`) -> a volume's `txg::Dataset` state -> its `intent_log::LogWriter` state ->
+//! (`txg::dataset::Dsl`) -> its open txg (`txg::dsl_pool::Txg`) -> a volume's `txg::Dataset` state -> its `intent_log::LogWriter` state ->
 //! the dedup table -> a dedup entry -> the allocator -> a leaf's queue (`vdev::queue`) -> a
 //! simulated device's state. The block cache, the pool's
 //! state, the pool's vdev tree (held only to clone or swap an `Arc`) and the store's

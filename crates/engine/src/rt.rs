@@ -212,7 +212,7 @@ impl Env {
 
     /// `f` applied to each of `items`, in order, spread over the host's threads. For CPU-bound
     /// work on a core that would otherwise do all of it, as the committer of a large write
-    /// does (txg/zil.rs; ZFS hands the same work to its write-issue taskqs). Tasks on the other
+    /// does (txg/zil_commit.rs; ZFS hands the same work to its write-issue taskqs). Tasks on the other
     /// threads ([`Spawn::spawn_elsewhere`]) and the caller take items one at a time until none
     /// is left, so a thread that is busy elsewhere takes fewer and the answer never waits on
     /// a task that has not started (or a runtime that no longer runs): whatever such a task

@@ -10,12 +10,12 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use sluice_format::{BlockPointer, Compression, DedupMode, LogBias, SyncMode, VolumeEntry};
 
 use super::dbuf::{Block, Prewritten};
-use super::dmu_tx::TxgLimits;
+use super::dsl_pool::{Txg, TxgLimits};
 use super::dsl_scan::Scan;
 use super::dsl_synctask::{SyncCx, SyncTask};
 use super::spa::Spa;
 use super::{Store, StoreError, BLOCK_BYTES_MAX, BLOCK_BYTES_MIN};
-use crate::intent_log::LogWriter;
+use crate::intent_log::{LogAddress, LogWriter};
 use crate::objset::{self};
 use crate::pool::PoolError;
 use crate::stats::VolumeStats;
@@ -60,8 +60,10 @@ pub struct Dataset {
 /// checks that nothing else holds it. Its methods are kept beside their mechanisms, as
 /// OpenZFS keeps the DSL's in `dsl_*.c`: the lookups here, the snapshot lookups and figures
 /// in dsl_snapshot.rs, the scan's in dsl_scan.rs (on [`Scan`]). What changes the namespace
-/// against the open txg or the syncer (create, destroy, snapshots) runs on the store, which
-/// takes these locks in the order crate::txg gives.
+/// against the open txg (destroy, rename, resize, snapshot changes, clones) is its own too,
+/// taking the `Spa` and the `Txg` (and the `Zil` for a clone's new log); the store holds the
+/// sync's lock around those a sync must not run across, and syncs after the snapshot
+/// changes. Volume create stays on the store, which has the `Zil` (zil.rs imports this file).
 #[derive(Debug)]
 pub(super) struct Dsl {
     pool_name: String,
@@ -181,7 +183,7 @@ impl Datasets {
     }
 
     /// Volumes whose dead list the open txg's sync appends to: only a volume with a snapshot
-    /// and something in the txg does (`dmu_tx::SyncShape` bounds the pieces it writes).
+    /// and something in the txg does (`dsl_pool::SyncShape` bounds the pieces it writes).
     pub(super) fn appending_deadlists(&self) -> u64 {
         self.values()
             .filter(|d| {
@@ -396,15 +398,7 @@ impl Store {
     /// Bytes a volume could still be given (ZFS: `avail`): what the pool can still set aside,
     /// plus the volume's own unused reservation. `None` for the pool as a whole.
     pub fn available_bytes(&self, volume: Option<&str>) -> Result<u64, StoreError> {
-        let dsl = self.dsl.read();
-        let txg = self.txg.lock();
-        let own = match volume {
-            Some(name) => {
-                dsl.get(name).ok_or_else(|| self.dsl.no_such_volume(name))?.unused_reservation()
-            }
-            None => 0,
-        };
-        Ok(reservable_bytes(&self.spa, &dsl, &txg) + own)
+        self.dsl.available_bytes(&self.spa, &self.txg, volume)
     }
 
     /// Creates a volume, thick (its whole size set aside at once, as `zfs create -V` does,
@@ -472,29 +466,7 @@ impl Store {
     /// Sets a volume property. `dedup` and `compression` apply to blocks synced from now on;
     /// `sync` and `logbias` to requests from now on. Durable with the next sync.
     pub fn set_property(&self, name: &str, property: VolumeProperty) -> Result<(), StoreError> {
-        self.spa.check_live()?;
-        let _guard = self.spa.panic_guard("a property change");
-        if let VolumeProperty::Compression(compression) = property {
-            if !compression.is_valid() {
-                return Err(StoreError::InvalidProperty {
-                    volume: name.to_owned(),
-                    reason: format!(
-                        "compression {compression:?}: zstd levels go from 1 to {}",
-                        Compression::ZSTD_LEVEL_MAX
-                    ),
-                });
-            }
-        }
-        let dsl = self.dsl.read();
-        let dataset = dsl.get(name).ok_or_else(|| self.dsl.no_such_volume(name))?;
-        let entry = &mut dataset.state.lock().entry;
-        match property {
-            VolumeProperty::Dedup(mode) => entry.dedup = mode,
-            VolumeProperty::Sync(mode) => entry.sync = mode,
-            VolumeProperty::LogBias(bias) => entry.logbias = bias,
-            VolumeProperty::Compression(compression) => entry.compression = compression,
-        }
-        Ok(())
+        self.dsl.set_property(&self.spa, name, property)
     }
 
     /// Destroys a volume that has no snapshots; its blocks are freed by the next sync.
@@ -514,46 +486,7 @@ impl Store {
         self.spa.check_live()?;
         let _guard = self.spa.panic_guard("a volume destroy");
         let _no_sync = self.syncer.lock().await;
-        let mut dsl = self.dsl.write();
-        let mut txg = self.txg.lock();
-        let dataset = Arc::clone(dsl.get(name).ok_or_else(|| self.dsl.no_such_volume(name))?);
-        let (names, ids): (Vec<String>, Vec<u64>) = {
-            let v = dataset.state.lock();
-            v.entry.snapshots.iter().map(|s| (s.name.clone(), s.id)).unzip()
-        };
-        if !names.is_empty() && !snapshots {
-            return Err(StoreError::HasSnapshots {
-                pool: self.spa.pool().name().to_owned(),
-                volume: name.to_owned(),
-                snapshots: names.join(", "),
-            });
-        }
-        for (id, snapshot) in ids.iter().zip(&names) {
-            self.dsl.refuse_if_cloned(&dsl, name, snapshot, *id)?;
-        }
-        dsl.remove(name);
-        dataset.destroyed.store(true, Ordering::Release);
-        for id in ids {
-            if let Some(open) = dsl.retire_export(id) {
-                open.destroyed.store(true, Ordering::Release);
-            }
-        }
-        let volume = dataset.state.lock();
-        txg.count_pending(0, self.spa.frees_bound(&volume.entry));
-        let origin_txg = volume.entry.origin.map_or(0, |o| o.txg);
-        let lists = std::iter::once(&volume.entry.deadlist)
-            .chain(volume.entry.snapshots.iter().map(|s| &s.deadlist));
-        let deadlists = lists.filter(|l| !l.pieces.is_empty()).cloned().collect();
-        let tree = volume.entry.root.map(|root| (root, volume.disk_levels));
-        txg.queue(DestroyedVolume { tree, origin_txg, deadlists });
-        if let Some(log) = &volume.log {
-            txg.queue(super::zil::RetiredLog(log.retire()));
-        }
-        if !volume.prewritten.is_empty() {
-            let orphaned = volume.prewritten.values().cloned().collect();
-            txg.queue(super::zil::Orphaned(orphaned));
-        }
-        Ok(())
+        self.dsl.destroy_volume(&self.spa, &self.txg, name, snapshots)
     }
 
     /// Renames a volume (ZFS: `zfs rename`). Clients connected to it keep it; new ones find it
@@ -565,18 +498,7 @@ impl Store {
         let _guard = self.spa.panic_guard("a volume rename");
         check_volume_name(to)?;
         let _no_sync = self.syncer.lock().await;
-        let mut dsl = self.dsl.write();
-        if dsl.contains(to) {
-            return Err(StoreError::VolumeExists {
-                pool: self.spa.pool().name().to_owned(),
-                volume: to.to_owned(),
-            });
-        }
-        let dataset = dsl.remove(from).ok_or_else(|| self.dsl.no_such_volume(from))?;
-        dataset.state.lock().entry.name = to.to_owned();
-        *dataset.name.lock() = to.to_owned();
-        dsl.insert(to.to_owned(), dataset);
-        Ok(())
+        self.dsl.rename_volume(&self.spa, from, to)
     }
 
     /// Changes a volume's size. Growing keeps every block; shrinking discards the blocks past
@@ -588,92 +510,7 @@ impl Store {
         // records the entry as it is when it ends, so a grow across a level boundary (or a
         // shrink) inside it would leave a root read with the wrong number of levels.
         let _no_sync = self.syncer.lock().await;
-        let dataset = self.dataset(name)?;
-        let bs = u64::from(dataset.block_bytes);
-        if size_bytes == 0 || size_bytes % bs != 0 {
-            return Err(StoreError::InvalidSize {
-                volume: name.to_owned(),
-                size_bytes,
-                block_bytes: dataset.block_bytes,
-            });
-        }
-        let new_blocks = size_bytes / bs;
-        // Find the stored blocks past a new end, then drop them (and any dirty ones). A sync
-        // that ends during the walk moves the tree: walk the new one.
-        loop {
-            let (root, disk_levels, shrinks) = {
-                let volume = dataset.state.lock();
-                (volume.entry.root, volume.disk_levels, size_bytes < volume.entry.size_bytes)
-            };
-            let stored = if shrinks {
-                objset::walk(self.spa.pool(), root, disk_levels).await?
-            } else {
-                Vec::new()
-            };
-            // The txg lock keeps writes out while the size changes (they check it there); the
-            // namespace is read for the reservations of every volume.
-            let dsl = self.dsl.read();
-            let mut txg = self.txg.lock();
-            if dataset.destroyed.load(Ordering::Acquire) {
-                return Err(self.dsl.no_such_volume(name));
-            }
-            let mut volume = dataset.state.lock();
-            if (volume.entry.root, volume.disk_levels) != (root, disk_levels)
-                || shrinks != (size_bytes < volume.entry.size_bytes)
-            {
-                continue;
-            }
-            // A thick volume's reservation follows its size (ZFS does so while refreservation
-            // is the volume's own); a grow must find the space first.
-            let reservation = if volume.entry.reservation_bytes == 0 {
-                0
-            } else {
-                self.spa.thick_reservation(size_bytes, dataset.block_bytes)
-            };
-            if reservation > volume.entry.reservation_bytes {
-                drop(volume);
-                let available = reservable_bytes(&self.spa, &dsl, &txg);
-                volume = dataset.state.lock();
-                let more = reservation - volume.entry.reservation_bytes;
-                if more > available {
-                    return Err(StoreError::NoSpaceToReserve {
-                        pool: self.spa.pool().name().to_owned(),
-                        volume: name.to_owned(),
-                        needed_bytes: more,
-                        available_bytes: available,
-                    });
-                }
-            }
-            volume.entry.reservation_bytes = reservation;
-            if shrinks {
-                volume.open.retain(|&index, _| index < new_blocks);
-                // The syncing txg stores its blocks past the end; the next sync frees them.
-                let syncing: Vec<u64> =
-                    volume.syncing.range(new_blocks..).map(|(&i, _)| i).collect();
-                let stored = stored
-                    .into_iter()
-                    .filter(|&(level, index, _)| level == 0 && index >= new_blocks)
-                    .map(|(_, index, _)| index);
-                let mut zeroed = 0u64;
-                for index in stored.chain(syncing) {
-                    volume.open.insert(index, Block::Zero);
-                    zeroed += 1;
-                }
-                // Each is a free in the next sync's space map, with the indirect blocks above.
-                let copies = self.spa.pool().metadata_copies() as u64;
-                let indirect = zeroed.div_ceil(objset::INDIRECT_BPS) * copies;
-                txg.count_pending(0, zeroed + indirect);
-            } else {
-                let levels = volume.entry.levels.max(objset::levels_for(new_blocks));
-                // Each new level is one more indirect block above the old root.
-                let grown = u64::from(levels - volume.entry.levels);
-                volume.entry.levels = levels;
-                let copies = self.spa.pool().metadata_copies() as u64;
-                txg.count_pending(grown * objset::INDIRECT_BYTES as u64 * copies, 0);
-            }
-            volume.entry.size_bytes = size_bytes;
-            return Ok(());
-        }
+        self.dsl.resize_volume(&self.spa, &self.txg, name, size_bytes).await
     }
 
     /// What a handle serves ([`crate::volume::Volume`]): a volume, or for `VOL@SNAP` a
@@ -712,6 +549,226 @@ impl Store {
     }
 }
 
+/// The namespace's administration: what changes a volume's entry or its place in the
+/// namespace (volume create aside, above). The ones a sync must not run across are called
+/// with the sync's lock held (`Store`, above).
+impl Dsl {
+    /// Bytes a volume could still be given (ZFS: `avail`): what the pool can still set aside,
+    /// plus the volume's own unused reservation. `None` for the pool as a whole.
+    pub(super) fn available_bytes(
+        &self,
+        spa: &Spa,
+        txg: &Txg,
+        volume: Option<&str>,
+    ) -> Result<u64, StoreError> {
+        let dsl = self.read();
+        let txg = txg.lock();
+        let own = match volume {
+            Some(name) => {
+                dsl.get(name).ok_or_else(|| self.no_such_volume(name))?.unused_reservation()
+            }
+            None => 0,
+        };
+        Ok(reservable_bytes(spa, &dsl, &txg) + own)
+    }
+
+    /// Sets a volume property. `dedup` and `compression` apply to blocks synced from now on;
+    /// `sync` and `logbias` to requests from now on. Durable with the next sync.
+    pub(super) fn set_property(
+        &self,
+        spa: &Spa,
+        name: &str,
+        property: VolumeProperty,
+    ) -> Result<(), StoreError> {
+        spa.check_live()?;
+        let _guard = spa.panic_guard("a property change");
+        if let VolumeProperty::Compression(compression) = property {
+            if !compression.is_valid() {
+                return Err(StoreError::InvalidProperty {
+                    volume: name.to_owned(),
+                    reason: format!(
+                        "compression {compression:?}: zstd levels go from 1 to {}",
+                        Compression::ZSTD_LEVEL_MAX
+                    ),
+                });
+            }
+        }
+        let dsl = self.read();
+        let dataset = dsl.get(name).ok_or_else(|| self.no_such_volume(name))?;
+        let entry = &mut dataset.state.lock().entry;
+        match property {
+            VolumeProperty::Dedup(mode) => entry.dedup = mode,
+            VolumeProperty::Sync(mode) => entry.sync = mode,
+            VolumeProperty::LogBias(bias) => entry.logbias = bias,
+            VolumeProperty::Compression(compression) => entry.compression = compression,
+        }
+        Ok(())
+    }
+
+    /// Destroys a volume, and with `snapshots` its snapshots (`Store::destroy_volume_with`),
+    /// the sync's lock held by the caller.
+    pub(super) fn destroy_volume(
+        &self,
+        spa: &Spa,
+        txg: &Txg,
+        name: &str,
+        snapshots: bool,
+    ) -> Result<(), StoreError> {
+        let mut dsl = self.write();
+        let mut txg = txg.lock();
+        let dataset = Arc::clone(dsl.get(name).ok_or_else(|| self.no_such_volume(name))?);
+        let (names, ids): (Vec<String>, Vec<u64>) = {
+            let v = dataset.state.lock();
+            v.entry.snapshots.iter().map(|s| (s.name.clone(), s.id)).unzip()
+        };
+        if !names.is_empty() && !snapshots {
+            return Err(StoreError::HasSnapshots {
+                pool: spa.pool().name().to_owned(),
+                volume: name.to_owned(),
+                snapshots: names.join(", "),
+            });
+        }
+        for (id, snapshot) in ids.iter().zip(&names) {
+            self.refuse_if_cloned(&dsl, name, snapshot, *id)?;
+        }
+        dsl.remove(name);
+        dataset.destroyed.store(true, Ordering::Release);
+        for id in ids {
+            if let Some(open) = dsl.retire_export(id) {
+                open.destroyed.store(true, Ordering::Release);
+            }
+        }
+        let volume = dataset.state.lock();
+        txg.count_pending(0, spa.frees_bound(&volume.entry));
+        let origin_txg = volume.entry.origin.map_or(0, |o| o.txg);
+        let lists = std::iter::once(&volume.entry.deadlist)
+            .chain(volume.entry.snapshots.iter().map(|s| &s.deadlist));
+        let deadlists = lists.filter(|l| !l.pieces.is_empty()).cloned().collect();
+        let tree = volume.entry.root.map(|root| (root, volume.disk_levels));
+        txg.queue(DestroyedVolume { tree, origin_txg, deadlists });
+        if let Some(log) = &volume.log {
+            txg.queue(RetiredLog(log.retire()));
+        }
+        if !volume.prewritten.is_empty() {
+            let orphaned = volume.prewritten.values().cloned().collect();
+            txg.queue(Orphaned(orphaned));
+        }
+        Ok(())
+    }
+
+    /// Renames a volume (`Store::rename_volume`), the sync's lock held by the caller.
+    pub(super) fn rename_volume(&self, spa: &Spa, from: &str, to: &str) -> Result<(), StoreError> {
+        let mut dsl = self.write();
+        if dsl.contains(to) {
+            return Err(StoreError::VolumeExists {
+                pool: spa.pool().name().to_owned(),
+                volume: to.to_owned(),
+            });
+        }
+        let dataset = dsl.remove(from).ok_or_else(|| self.no_such_volume(from))?;
+        dataset.state.lock().entry.name = to.to_owned();
+        *dataset.name.lock() = to.to_owned();
+        dsl.insert(to.to_owned(), dataset);
+        Ok(())
+    }
+
+    /// Changes a volume's size (`Store::resize_volume`), the sync's lock held by the caller.
+    pub(super) async fn resize_volume(
+        &self,
+        spa: &Spa,
+        txg: &Txg,
+        name: &str,
+        size_bytes: u64,
+    ) -> Result<(), StoreError> {
+        let dataset = self.dataset(name)?;
+        let bs = u64::from(dataset.block_bytes);
+        if size_bytes == 0 || size_bytes % bs != 0 {
+            return Err(StoreError::InvalidSize {
+                volume: name.to_owned(),
+                size_bytes,
+                block_bytes: dataset.block_bytes,
+            });
+        }
+        let new_blocks = size_bytes / bs;
+        // Find the stored blocks past a new end, then drop them (and any dirty ones). A sync
+        // that ends during the walk moves the tree: walk the new one.
+        loop {
+            let (root, disk_levels, shrinks) = {
+                let volume = dataset.state.lock();
+                (volume.entry.root, volume.disk_levels, size_bytes < volume.entry.size_bytes)
+            };
+            let stored = if shrinks {
+                objset::walk(spa.pool(), root, disk_levels).await?
+            } else {
+                Vec::new()
+            };
+            // The txg lock keeps writes out while the size changes (they check it there); the
+            // namespace is read for the reservations of every volume.
+            let dsl = self.read();
+            let mut state = txg.lock();
+            if dataset.destroyed.load(Ordering::Acquire) {
+                return Err(self.no_such_volume(name));
+            }
+            let mut volume = dataset.state.lock();
+            if (volume.entry.root, volume.disk_levels) != (root, disk_levels)
+                || shrinks != (size_bytes < volume.entry.size_bytes)
+            {
+                continue;
+            }
+            // A thick volume's reservation follows its size (ZFS does so while refreservation
+            // is the volume's own); a grow must find the space first.
+            let reservation = if volume.entry.reservation_bytes == 0 {
+                0
+            } else {
+                spa.thick_reservation(size_bytes, dataset.block_bytes)
+            };
+            if reservation > volume.entry.reservation_bytes {
+                drop(volume);
+                let available = reservable_bytes(spa, &dsl, &state);
+                volume = dataset.state.lock();
+                let more = reservation - volume.entry.reservation_bytes;
+                if more > available {
+                    return Err(StoreError::NoSpaceToReserve {
+                        pool: spa.pool().name().to_owned(),
+                        volume: name.to_owned(),
+                        needed_bytes: more,
+                        available_bytes: available,
+                    });
+                }
+            }
+            volume.entry.reservation_bytes = reservation;
+            if shrinks {
+                volume.open.retain(|&index, _| index < new_blocks);
+                // The syncing txg stores its blocks past the end; the next sync frees them.
+                let syncing: Vec<u64> =
+                    volume.syncing.range(new_blocks..).map(|(&i, _)| i).collect();
+                let stored = stored
+                    .into_iter()
+                    .filter(|&(level, index, _)| level == 0 && index >= new_blocks)
+                    .map(|(_, index, _)| index);
+                let mut zeroed = 0u64;
+                for index in stored.chain(syncing) {
+                    volume.open.insert(index, Block::Zero);
+                    zeroed += 1;
+                }
+                // Each is a free in the next sync's space map, with the indirect blocks above.
+                let copies = spa.pool().metadata_copies() as u64;
+                let indirect = zeroed.div_ceil(objset::INDIRECT_BPS) * copies;
+                state.count_pending(0, zeroed + indirect);
+            } else {
+                let levels = volume.entry.levels.max(objset::levels_for(new_blocks));
+                // Each new level is one more indirect block above the old root.
+                let grown = u64::from(levels - volume.entry.levels);
+                volume.entry.levels = levels;
+                let copies = spa.pool().metadata_copies() as u64;
+                state.count_pending(grown * objset::INDIRECT_BYTES as u64 * copies, 0);
+            }
+            volume.entry.size_bytes = size_bytes;
+            return Ok(());
+        }
+    }
+}
+
 /// Bytes that could still be set aside: free space in whole ranges (what admission counts,
 /// `Allocator::room_bytes`) beyond the slop, what the open and syncing txgs will write, and
 /// every volume's unused reservation.
@@ -730,7 +787,7 @@ pub(super) fn room_beyond(
     // Gathered before the allocator is taken: it reads each volume's state, which comes
     // before the allocator in the lock order (a sync replacing a failed log chain holds a
     // volume's state and takes the allocator).
-    let in_flight = super::dmu_tx::InFlight::of(dsl.appending_deadlists(), txg, spa.pool());
+    let in_flight = super::dsl_pool::InFlight::of(dsl.appending_deadlists(), txg, spa.pool());
     let allocator = spa.allocator().lock();
     let dirty = in_flight.to_allocate(&allocator);
     allocator
@@ -795,5 +852,42 @@ impl Dsl {
     pub(super) fn log_figures(&self, volume: &str) -> Option<crate::intent_log::LogFigures> {
         let log = self.dataset(volume).ok()?.state.lock().log.clone()?;
         Some(log.figures())
+    }
+}
+
+/// Log blocks of retired chains (a destroyed volume's, a replayed or failed log's), freed by
+/// the sync of the txg they were retired in: that sync's uberblock no longer points at them.
+#[derive(Debug)]
+pub(super) struct RetiredLog(pub(super) Vec<LogAddress>);
+
+impl SyncTask for RetiredLog {
+    fn sync<'c, 's: 'c>(
+        self: Box<Self>,
+        cx: SyncCx<'c, 's>,
+    ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
+        let mut allocator = cx.spa.allocator().lock();
+        for at in self.0 {
+            allocator.free_log(cx.update.txg, at.vdev, at.offset_bytes, u64::from(at.len_bytes));
+        }
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// Blocks written in place for indirect log records that no volume will link (their volume
+/// was destroyed, or their block changed before the fill could record them): the sync waits
+/// for their writes, since a write in flight must not land on space handed out again, then
+/// frees them.
+#[derive(Debug)]
+pub(super) struct Orphaned(pub(super) Vec<Prewritten>);
+
+impl SyncTask for Orphaned {
+    fn sync<'c, 's: 'c>(
+        self: Box<Self>,
+        cx: SyncCx<'c, 's>,
+    ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
+        Box::pin(async move {
+            cx.spa.release_prewritten(cx.update.txg, self.0).await;
+            Ok(())
+        })
     }
 }

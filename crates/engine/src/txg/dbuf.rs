@@ -6,7 +6,7 @@
 //! read or synced (`dmu.rs`, `spa_sync.rs`).
 //!
 //! A whole block of the open txg may also have been written in place already, for an indirect
-//! log record (`zil.rs`): a [`Prewritten`] block, which the sync links into the tree instead
+//! log record (`zil_commit.rs`): a [`Prewritten`] block, which the sync links into the tree instead
 //! of writing the bytes again (ZFS: a dirty record's override, `dmu_sync`).
 
 use std::sync::Arc;

@@ -14,9 +14,11 @@ use sluice_format::BlockPointer;
 
 use super::dataset::Dsl;
 use super::dbuf::{Apply, Block, Patch, WriteData};
-use super::dmu_tx::Txg;
+use super::dmu_tx::Admission;
+use super::dsl_pool::Txg;
 use super::spa::Spa;
-use super::zil::append_records;
+use super::spa_sync::SyncHandle;
+use super::zil::{append_records, Zil};
 use super::{Dataset, Store, StoreError};
 use crate::device::AlignedBuf;
 use crate::objset::{self};
@@ -164,7 +166,7 @@ impl ReadData {
 }
 
 /// A volume's range check and the current contents of its blocks: what the write path and
-/// the log's replay and fills (zil.rs) read through the dataset alone.
+/// the log's replay (zil.rs) and fills (zil_commit.rs) read through the dataset alone.
 impl Dataset {
     /// Fails unless `len` bytes at `offset` lie within `size_bytes` and are 512-byte aligned.
     pub(super) fn check_range(
@@ -256,6 +258,109 @@ impl Store {
         read_with_status_in(&self.spa, &self.dsl, dataset, offset, len).await
     }
 
+    /// Writes `data` at `offset` into the open txg ([`WritePath::modify`]).
+    pub(super) async fn modify(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        len: u64,
+        payload: Option<WriteData<'_>>,
+        apply: Apply,
+    ) -> Result<u64, StoreError> {
+        let write = WritePath {
+            spa: &self.spa,
+            dsl: &self.dsl,
+            txg: &self.txg,
+            zil: &self.zil,
+            sync: self.sync_handle(),
+        };
+        write.modify(dataset, offset, len, payload, apply).await
+    }
+
+    /// Which parts of `[offset, offset+len)` hold data and which are holes (never written,
+    /// trimmed or zeroed), as runs of (length, allocated), at block granularity. Holes read
+    /// as zeros; a block written with zeros counts as allocated.
+    pub async fn block_status(
+        &self,
+        volume: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, bool)>, StoreError> {
+        let dataset = self.export_dataset(volume)?;
+        self.block_status_in(&dataset, offset, len).await
+    }
+
+    /// [`Store::block_status`] through a handle's dataset.
+    pub async fn block_status_in(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, bool)>, StoreError> {
+        block_status_in(&self.spa, &self.dsl, dataset, offset, len).await
+    }
+
+    /// Writes `data` at `offset`. The write is visible at once and durable after the next
+    /// txg sync or a [`Store::commit`] of the returned record sequence (FUA, flush).
+    pub async fn write(&self, volume: &str, offset: u64, data: &[u8]) -> Result<u64, StoreError> {
+        let dataset = self.export_dataset(volume)?;
+        self.write_in(&dataset, offset, data).await
+    }
+
+    /// [`Store::write`] through a handle's dataset.
+    pub async fn write_in(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<u64, StoreError> {
+        self.write_data_in(dataset, offset, WriteData::Borrowed(data)).await
+    }
+
+    /// [`Store::write_in`] of bytes given as a slice or handed over; a small write handed over
+    /// is logged in its own buffer rather than in a copy of it.
+    pub async fn write_data_in(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        data: WriteData<'_>,
+    ) -> Result<u64, StoreError> {
+        let len = data.bytes().len() as u64;
+        self.modify(dataset, offset, len, Some(data), Apply::Live).await
+    }
+
+    /// Zeroes a range; whole blocks become holes and their space is freed at the next sync.
+    /// Logged like a write; returns the record sequence.
+    pub async fn zero(&self, volume: &str, offset: u64, len: u64) -> Result<u64, StoreError> {
+        let dataset = self.export_dataset(volume)?;
+        self.zero_in(&dataset, offset, len).await
+    }
+
+    /// [`Store::zero`] through a handle's dataset.
+    pub async fn zero_in(
+        &self,
+        dataset: &Dataset,
+        offset: u64,
+        len: u64,
+    ) -> Result<u64, StoreError> {
+        self.modify(dataset, offset, len, None, Apply::Live).await
+    }
+}
+
+/// What a write works with (ZFS: `dmu_write` with its `dmu_tx` and the log's `itx`): the pool
+/// (its liveness, test points and clock), the namespace's check that the volume still exists,
+/// the open txg, the logs' choice of logging by pointer, and admission, which may wait for
+/// syncs through the handle.
+#[derive(Clone, Copy)]
+pub(super) struct WritePath<'a> {
+    spa: &'a Spa,
+    dsl: &'a Dsl,
+    txg: &'a Txg,
+    zil: &'a Zil,
+    sync: SyncHandle<'a>,
+}
+
+impl WritePath<'_> {
     /// Writes `data` at `offset` into the open txg. `None` writes zeros (trim, write-zeroes):
     /// whole blocks become holes. Live writes are appended to the volume's intent log in the
     /// same critical section that puts their blocks in the open txg, so the log's order is
@@ -273,7 +378,7 @@ impl Store {
         let data = payload.as_ref().map(WriteData::bytes);
         self.spa.check_live()?;
         let _guard = self.spa.panic_guard("the write path");
-        self.check_exists(dataset)?;
+        self.dsl.check_exists(dataset)?;
         if dataset.read_only {
             return Err(StoreError::ReadOnly {
                 pool: self.spa.pool().name().to_owned(),
@@ -283,7 +388,7 @@ impl Store {
         // Waits out a rollback of the volume (its sync); the size may change with it. A
         // receive that replaces the volume holds the gate too, and destroys it meanwhile.
         let _not_rolling_back = dataset.rollback_gate.read().await;
-        self.check_exists(dataset)?;
+        self.dsl.check_exists(dataset)?;
         dataset.check_range(dataset.size_bytes(), offset, len)?;
         if len == 0 {
             // Nothing changes, so nothing is logged; the last record still covers the caller.
@@ -291,7 +396,8 @@ impl Store {
             return Ok(log.map_or(0, |log| log.last_record()));
         }
         let bs = u64::from(dataset.block_bytes);
-        self.assign(dataset, len, apply == Apply::Live && data.is_some()).await?;
+        let admission = Admission { spa: self.spa, dsl: self.dsl, txg: self.txg, sync: self.sync };
+        admission.assign(dataset, len, apply == Apply::Live && data.is_some()).await?;
         self.spa.pause_point("dmu.assigned").await;
         let end = offset + len;
         let (first, last) = (offset / bs, (end - 1) / bs);
@@ -325,7 +431,7 @@ impl Store {
             // since the checks above (this write waited for space or the throttle, or another
             // thread got the lock first), and blocks past a shrunken end would be stored by
             // the next sync.
-            self.check_exists(dataset)?;
+            self.dsl.check_exists(dataset)?;
             let mut v = dataset.state.lock();
             dataset.check_range(v.entry.size_bytes, offset, len)?;
             let mut added = 0u64;
@@ -448,78 +554,9 @@ impl Store {
             (sequence, resolve_now)
         };
         for index in resolve_now {
-            resolve_patch(self.spa.pool(), &self.txg, dataset, index).await?;
+            resolve_patch(self.spa.pool(), self.txg, dataset, index).await?;
         }
         Ok(sequence)
-    }
-
-    /// Which parts of `[offset, offset+len)` hold data and which are holes (never written,
-    /// trimmed or zeroed), as runs of (length, allocated), at block granularity. Holes read
-    /// as zeros; a block written with zeros counts as allocated.
-    pub async fn block_status(
-        &self,
-        volume: &str,
-        offset: u64,
-        len: u64,
-    ) -> Result<Vec<(u64, bool)>, StoreError> {
-        let dataset = self.export_dataset(volume)?;
-        self.block_status_in(&dataset, offset, len).await
-    }
-
-    /// [`Store::block_status`] through a handle's dataset.
-    pub async fn block_status_in(
-        &self,
-        dataset: &Dataset,
-        offset: u64,
-        len: u64,
-    ) -> Result<Vec<(u64, bool)>, StoreError> {
-        block_status_in(&self.spa, &self.dsl, dataset, offset, len).await
-    }
-
-    /// Writes `data` at `offset`. The write is visible at once and durable after the next
-    /// txg sync or a [`Store::commit`] of the returned record sequence (FUA, flush).
-    pub async fn write(&self, volume: &str, offset: u64, data: &[u8]) -> Result<u64, StoreError> {
-        let dataset = self.export_dataset(volume)?;
-        self.write_in(&dataset, offset, data).await
-    }
-
-    /// [`Store::write`] through a handle's dataset.
-    pub async fn write_in(
-        &self,
-        dataset: &Dataset,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<u64, StoreError> {
-        self.write_data_in(dataset, offset, WriteData::Borrowed(data)).await
-    }
-
-    /// [`Store::write_in`] of bytes given as a slice or handed over; a small write handed over
-    /// is logged in its own buffer rather than in a copy of it.
-    pub async fn write_data_in(
-        &self,
-        dataset: &Dataset,
-        offset: u64,
-        data: WriteData<'_>,
-    ) -> Result<u64, StoreError> {
-        let len = data.bytes().len() as u64;
-        self.modify(dataset, offset, len, Some(data), Apply::Live).await
-    }
-
-    /// Zeroes a range; whole blocks become holes and their space is freed at the next sync.
-    /// Logged like a write; returns the record sequence.
-    pub async fn zero(&self, volume: &str, offset: u64, len: u64) -> Result<u64, StoreError> {
-        let dataset = self.export_dataset(volume)?;
-        self.zero_in(&dataset, offset, len).await
-    }
-
-    /// [`Store::zero`] through a handle's dataset.
-    pub async fn zero_in(
-        &self,
-        dataset: &Dataset,
-        offset: u64,
-        len: u64,
-    ) -> Result<u64, StoreError> {
-        self.modify(dataset, offset, len, None, Apply::Live).await
     }
 }
 

@@ -10,7 +10,7 @@
 //!
 //! Data blocks are written in place as the stream carried them (zio's raw mode: a compressed
 //! block is not decompressed and compressed again), a span at a time, and the sync links them
-//! as it links the blocks the intent log writes in place (txg/zil.rs).
+//! as it links the blocks the intent log writes in place (txg/zil_commit.rs).
 
 use std::sync::Arc;
 
@@ -472,7 +472,7 @@ impl Store {
     /// Writes a batch of received blocks into the open txg, and, unless the volume dedups
     /// (its blocks go through the table at the sync), in place as the stream carried them
     /// (zio's raw mode: no second compression), so the sync links them rather than writing
-    /// them (as it links the blocks of records logged by pointer, txg/zil.rs). A block whose
+    /// them (as it links the blocks of records logged by pointer, txg/zil_commit.rs). A block whose
     /// place cannot be had is left to the sync.
     /// `progress` moves past the batch once it is in the open txg.
     async fn write_in_place(
@@ -566,7 +566,7 @@ impl Store {
                 }
             }
             if !orphaned.is_empty() {
-                open.queue(super::zil::Orphaned(orphaned));
+                open.queue(super::dataset::Orphaned(orphaned));
             }
         }
         for (at, data, done) in writes {

@@ -567,7 +567,7 @@ impl Scan {
                 }
                 scan.resilver_again = found.len() < behind.len();
                 // What they missed before this import is not known: never "current" at the
-                // end (`finish_scan`), so the txgs after the range are resilvered next.
+                // end (`Scan::finish`), so the txgs after the range are resilvered next.
                 scan.targets = found.iter().map(|l| Target::of(l, u64::MAX)).collect();
                 status.targets = found.iter().map(|l| l.path.clone()).collect();
                 status.paused = false;
@@ -848,26 +848,42 @@ impl Store {
         });
     }
 
-    /// Runs one chunk, or ends the scan. Returns whether the task goes on.
+    /// One chunk of the scan, and its end when it is done; whether the task goes on.
     async fn scan_step(self: &Arc<Self>) -> bool {
+        let requests = || -> u64 {
+            let dsl = self.dsl.read();
+            dsl.values().map(|d| d.stats.requests.iter().map(|c| c.get()).sum::<u64>()).sum()
+        };
+        self.dsl.scan().step(&self.spa, &requests, self.syncer.lock()).await
+    }
+}
+
+/// The scan's chunks: the walk of the newest synced tree and the reads it issues, through the
+/// pool alone (the namespace only sums its clients' requests, to yield to them).
+impl Scan {
+    /// Runs one chunk, or ends the scan; `requests` sums the volumes' request counters (see
+    /// [`Scan::clients_busy`]), and `hold_syncs` takes the sync's lock (see [`Scan::finish`]).
+    /// Returns whether the task goes on.
+    async fn step<G>(
+        &self,
+        spa: &Spa,
+        requests: &(dyn Fn() -> u64 + Sync),
+        hold_syncs: impl std::future::Future<Output = G>,
+    ) -> bool {
         let (go, generation) = {
-            let scan = self.dsl.scan().lock();
+            let scan = self.lock();
             let go = !scan.halt && !scan.pause_requested && scan.active().is_some();
             (go, scan.generation)
         };
         if go {
-            let requests = || -> u64 {
-                let dsl = self.dsl.read();
-                dsl.values().map(|d| d.stats.requests.iter().map(|c| c.get()).sum::<u64>()).sum()
-            };
-            match self.dsl.scan().scan_chunk(&self.spa, &requests, generation).await {
+            match self.scan_chunk(spa, requests, generation).await {
                 Ok(Next::More) => return true,
-                Ok(Next::Done) => self.finish_scan(generation).await,
+                Ok(Next::Done) => self.finish(spa.pool(), generation, hold_syncs).await,
                 Err(error) => {
                     // The store is suspended or its newest tree did not read: the scan ends,
                     // canceled, saying why.
-                    let now = self.spa.pool().env().now();
-                    let mut scan = self.dsl.scan().lock();
+                    let now = spa.pool().env().now();
+                    let mut scan = self.lock();
                     if scan.generation == generation {
                         if let Some(status) = scan.status.as_mut() {
                             status.failure = Some(error.to_string());
@@ -877,7 +893,7 @@ impl Store {
                 }
             }
         }
-        self.dsl.scan().next_or_stop(self.spa.pool())
+        self.next_or_stop(spa.pool())
     }
 
     /// A finished resilver brings its targets up to date: each holds every block born up to
@@ -885,9 +901,14 @@ impl Store {
     /// txg. One that did (it went out of service again, or a write failed on it) is behind
     /// by the txgs since, and the next sync starts a resilver of those. Under the sync lock,
     /// so that no sync is between writing its uberblocks and counting who took them.
-    async fn finish_scan(&self, generation: u64) {
+    async fn finish<G>(
+        &self,
+        pool: &Pool,
+        generation: u64,
+        hold_syncs: impl std::future::Future<Output = G>,
+    ) {
         let (func, targets, clean, resilvered) = {
-            let scan = self.dsl.scan().lock();
+            let scan = self.lock();
             if scan.generation != generation || scan.active().is_none() {
                 return;
             }
@@ -898,8 +919,8 @@ impl Store {
         };
         if func == Some(ScanFunc::Resilver) {
             if clean {
-                let _one_at_a_time = self.syncer.lock().await;
-                let leaves = self.spa.pool().leaves();
+                let _one_at_a_time = hold_syncs.await;
+                let leaves = pool.leaves();
                 for target in &targets {
                     // A copy it did not take (out of service, or a failed write) leaves it
                     // behind as it was: the next resilver starts over for it.
@@ -908,25 +929,21 @@ impl Store {
                         .find(|l| l.guid == target.guid)
                         .is_none_or(|l| l.leaf.resilver_misses() != target.resilver_misses);
                     if !missed_copies {
-                        self.spa.pool().mark_caught_up(target.guid, resilvered, target.missed_then);
+                        pool.mark_caught_up(target.guid, resilvered, target.missed_then);
                     }
                 }
             } else {
-                let behind = self.spa.pool().leaves_behind();
-                self.dsl.scan().lock().gave_up = Some(behind_now(self.spa.pool(), &behind));
+                let behind = pool.leaves_behind();
+                self.lock().gave_up = Some(behind_now(pool, &behind));
             }
         }
-        let now = self.spa.pool().env().now();
-        let mut scan = self.dsl.scan().lock();
+        let now = pool.env().now();
+        let mut scan = self.lock();
         if scan.generation == generation {
             scan.end(ScanPhase::Finished, now);
         }
     }
-}
 
-/// The scan's chunks: the walk of the newest synced tree and the reads it issues, through the
-/// pool alone (the namespace only sums its clients' requests, to yield to them).
-impl Scan {
     /// While clients are busy, makes scan I/O wait its turn behind `gate` (one run at a
     /// time) and pause `scan.busy_delay_ms` first (ZFS delays scan I/O on a busy pool the same
     /// way); returns the turn, held while the run is issued. Otherwise returns at once.

@@ -38,10 +38,11 @@ use super::dataset::Datasets;
 use super::dataset::{
     check_volume_name, reservable_bytes, room_beyond, unique_bytes, Dataset, Dsl,
 };
-use super::dmu_tx::TxgLimits;
 use super::dsl_deadlist::{count_entry, merge_range, range_bytes};
+use super::dsl_pool::{Txg, TxgLimits};
 use super::dsl_synctask::{Family, SyncCx, SyncTask, SyncedTree};
 use super::spa::Spa;
+use super::zil::Zil;
 use super::{Store, StoreError};
 use crate::objset::{self, TreeUpdate};
 use crate::pool::PoolError;
@@ -313,59 +314,8 @@ impl Store {
             }
         }
         let one_at_a_time = self.syncer.lock().await;
-        {
-            let mut dsl = self.dsl.write();
-            let mut txg = self.txg.lock();
-            let mut more_reserved = 0u64;
-            for (volume, name) in names {
-                let dataset = dsl.get(volume).ok_or_else(|| self.dsl.no_such_volume(volume))?;
-                let v = dataset.state.lock();
-                if v.entry.snapshots.iter().any(|s| &s.name == name) {
-                    return Err(StoreError::SnapshotExists {
-                        pool: self.spa.pool().name().to_owned(),
-                        volume: volume.clone(),
-                        snapshot: name.clone(),
-                    });
-                }
-                // After the snapshot the volume's unique bytes are zero: its whole
-                // reservation is unused again (ZFS refuses such a snapshot the same way).
-                let dirty = dataset.dirty_bytes.load(Ordering::Relaxed);
-                let reservation = v.entry.reservation_bytes;
-                drop(v);
-                more_reserved +=
-                    reservation.saturating_sub(dirty).saturating_sub(dataset.unused_reservation());
-            }
-            let available = reservable_bytes(&self.spa, &dsl, &txg);
-            if more_reserved > available {
-                return Err(StoreError::SnapshotNeedsSpace {
-                    pool: self.spa.pool().name().to_owned(),
-                    what: "a snapshot of",
-                    volumes: names.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>().join(", "),
-                    needed_bytes: more_reserved,
-                    available_bytes: available,
-                });
-            }
-            let mut guids = self.spa.pool().env().unique_rng("snapshot guid");
-            for (volume, name) in names {
-                let id = dsl.next_id();
-                dsl.use_id(id);
-                let snapshot = SnapshotEntry {
-                    id,
-                    guid: guid.unwrap_or_else(|| guids.u64() | 1),
-                    name: name.clone(),
-                    txg: 0,
-                    creation_secs,
-                    size_bytes: 0,
-                    levels: 0,
-                    root: None,
-                    space: VolumeSpace::default(),
-                    deadlist: Deadlist::default(),
-                };
-                let snapshot = Box::new(snapshot);
-                txg.queue(SnapshotOp::Create { volume: volume.clone(), snapshot });
-            }
-        }
-        self.sync_holding_lock(one_at_a_time).await
+        self.dsl.queue_snapshots(&self.spa, &self.txg, names, creation_secs, guid)?;
+        self.sync_handle().sync_holding_lock(one_at_a_time).await
     }
 
     /// Destroys a snapshot (ZFS: `zfs destroy vol@snap`): frees the blocks no other snapshot
@@ -375,39 +325,8 @@ impl Store {
         self.spa.check_live()?;
         let _guard = self.spa.panic_guard("a snapshot destroy");
         let one_at_a_time = self.syncer.lock().await;
-        let id = {
-            let dsl = self.dsl.read();
-            let mut txg = self.txg.lock();
-            let id = self.dsl.snapshot_of(&dsl, volume, name)?.id;
-            self.dsl.refuse_if_cloned(&dsl, volume, name, id)?;
-            // Its sync rewrites the next dead list (the next snapshot's, or the volume's) with
-            // the entries it keeps, and frees the rest with the old pieces: admission counts
-            // both. It frees space, so as ZFS does it may go into the slop
-            // (`SlopTier::Freeing`); only a rewrite that not even that holds is refused.
-            let (next_entries, next_pieces) = dsl.get(volume).map_or((0, 0), |dataset| {
-                let v = dataset.state.lock();
-                let after = v.entry.snapshots.iter().skip_while(|s| s.name != name).nth(1);
-                let list = after.map_or(&v.entry.deadlist, |s| &s.deadlist);
-                (list.entries, list.pieces.len() as u64)
-            });
-            let copies = self.spa.pool().metadata_copies() as u64;
-            let needed = super::dsl_deadlist::pieces_bytes(next_entries, copies);
-            let available = room_beyond(&self.spa, &dsl, &txg, crate::alloc::SlopTier::Freeing);
-            if needed > available {
-                return Err(StoreError::DestroyNeedsSpace {
-                    pool: self.spa.pool().name().to_owned(),
-                    volume: volume.to_owned(),
-                    snapshot: name.to_owned(),
-                    needed_bytes: needed,
-                    available_bytes: available,
-                });
-            }
-            let frees = next_entries.saturating_add(next_pieces).saturating_mul(copies);
-            txg.count_pending(needed, frees);
-            txg.queue(SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() });
-            id
-        };
-        self.sync_holding_lock(one_at_a_time).await?;
+        let id = self.dsl.queue_snapshot_destroy(&self.spa, &self.txg, volume, name)?;
+        self.sync_handle().sync_holding_lock(one_at_a_time).await?;
         self.dsl.retire_snapshot_exports(&[id]);
         Ok(())
     }
@@ -430,96 +349,9 @@ impl Store {
         let dataset = self.dataset(volume)?;
         let _no_writes = dataset.rollback_gate.write().await;
         let one_at_a_time = self.syncer.lock().await;
-        let later_ids = {
-            let dsl = self.dsl.read();
-            let mut txg = self.txg.lock();
-            // Destroyed (and perhaps made again) while this waited for the gate.
-            if !dsl.get(volume).is_some_and(|d| Arc::ptr_eq(d, &dataset)) {
-                return Err(self.dsl.no_such_volume(volume));
-            }
-            let later: Vec<(u64, String)> = {
-                let v = dataset.state.lock();
-                let at =
-                    v.entry.snapshots.iter().position(|s| s.name == name).ok_or_else(|| {
-                        StoreError::NoSuchSnapshot {
-                            pool: self.spa.pool().name().to_owned(),
-                            volume: volume.to_owned(),
-                            snapshot: name.to_owned(),
-                        }
-                    })?;
-                v.entry.snapshots[at + 1..].iter().map(|s| (s.id, s.name.clone())).collect()
-            };
-            if !later.is_empty() && !destroy_later {
-                return Err(StoreError::NotNewestSnapshot {
-                    pool: self.spa.pool().name().to_owned(),
-                    volume: volume.to_owned(),
-                    snapshot: name.to_owned(),
-                    later: later.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>().join(", "),
-                });
-            }
-            for (id, later) in &later {
-                self.dsl.refuse_if_cloned(&dsl, volume, later, *id)?;
-            }
-            // A thick volume's reservation follows the snapshot's size, and all of it is unused
-            // again once the volume shares everything with the snapshot.
-            let (reservation, size) = {
-                let v = dataset.state.lock();
-                let size = v.entry.snapshots.iter().find(|s| s.name == name).map(|s| s.size_bytes);
-                (v.entry.reservation_bytes, size.unwrap_or(v.entry.size_bytes))
-            };
-            if reservation != 0 {
-                let target = self.spa.thick_reservation(size, dataset.block_bytes);
-                let more = target.saturating_sub(dataset.unused_reservation());
-                let available = reservable_bytes(&self.spa, &dsl, &txg);
-                if more > available {
-                    return Err(StoreError::SnapshotNeedsSpace {
-                        pool: self.spa.pool().name().to_owned(),
-                        what: "a rollback of",
-                        volumes: volume.to_owned(),
-                        needed_bytes: more,
-                        available_bytes: available,
-                    });
-                }
-            }
-            // Its sync frees what the volume wrote since the snapshot and, with `-r`, rewrites
-            // the dead lists of the snapshots it destroys: at most the volume's whole tree and
-            // lists, counted as a destroy of it would be.
-            {
-                let (frees, entries) = {
-                    let v = dataset.state.lock();
-                    let entries = std::iter::once(&v.entry.deadlist)
-                        .chain(v.entry.snapshots.iter().map(|s| &s.deadlist))
-                        .map(|l| l.entries)
-                        .fold(0u64, u64::saturating_add);
-                    (self.spa.frees_bound(&v.entry), entries)
-                };
-                let copies = self.spa.pool().metadata_copies() as u64;
-                let needed = super::dsl_deadlist::pieces_bytes(entries, copies)
-                    .saturating_mul(later.len() as u64);
-                // The destroys of `-r` rewrite dead lists as a snapshot destroy does, and may
-                // go as far into the slop.
-                let available = room_beyond(&self.spa, &dsl, &txg, crate::alloc::SlopTier::Freeing);
-                if let Some((_, first)) = later.first().filter(|_| needed > available) {
-                    return Err(StoreError::DestroyNeedsSpace {
-                        pool: self.spa.pool().name().to_owned(),
-                        volume: volume.to_owned(),
-                        snapshot: first.clone(),
-                        needed_bytes: needed,
-                        available_bytes: available,
-                    });
-                }
-                txg.count_pending(needed, frees);
-            }
-            for (_, later) in later.iter().rev() {
-                txg.queue(SnapshotOp::Destroy { volume: volume.to_owned(), name: later.clone() });
-            }
-            txg.queue(SnapshotOp::Rollback { volume: volume.to_owned(), name: name.to_owned() });
-            // Writes not yet synced are written by the rollback's sync and freed by it, not
-            // dropped now: an intent-log record of theirs not yet filled must still find its
-            // bytes, in case the rollback never becomes durable and the log is replayed.
-            later.into_iter().map(|(id, _)| id).collect::<Vec<_>>()
-        };
-        self.sync_holding_lock(one_at_a_time).await?;
+        let later_ids =
+            self.dsl.queue_rollback(&self.spa, &self.txg, &dataset, volume, name, destroy_later)?;
+        self.sync_handle().sync_holding_lock(one_at_a_time).await?;
         self.dsl.retire_snapshot_exports(&later_ids);
         Ok(())
     }
@@ -544,43 +376,8 @@ impl Store {
             check_volume_name(clone)?;
         }
         let one_at_a_time = self.syncer.lock().await;
-        {
-            let mut dsl = self.dsl.write();
-            if dsl.contains(clone) {
-                return Err(StoreError::VolumeExists {
-                    pool: self.spa.pool().name().to_owned(),
-                    volume: clone.to_owned(),
-                });
-            }
-            let snapshot = self.dsl.snapshot_of(&dsl, volume, name)?;
-            let parent = dsl
-                .get(volume)
-                .expect("a volume checked above under the same lock")
-                .state
-                .lock()
-                .entry
-                .clone();
-            let id = dsl.next_id();
-            let log = self.zil.new_log(&self.spa, id)?;
-            dsl.use_id(id);
-            let (size, levels) = (snapshot.size_bytes, snapshot.levels);
-            let mut entry = VolumeEntry::new(id, clone, size, parent.block_bytes, levels);
-            entry.root = snapshot.root;
-            entry.space = Some(snapshot.space);
-            entry.prev_snap_txg = snapshot.txg;
-            entry.origin = Some(Origin {
-                snapshot: snapshot.id,
-                txg: snapshot.txg,
-                referenced_bytes: snapshot.space.referenced_bytes,
-            });
-            entry.dedup = parent.dedup;
-            entry.sync = parent.sync;
-            entry.logbias = parent.logbias;
-            entry.compression = parent.compression;
-            let dataset = Dataset::new(entry, Some(log), self.txg.limits());
-            dsl.insert(clone.to_owned(), dataset);
-        }
-        self.sync_holding_lock(one_at_a_time).await?;
+        self.dsl.add_clone(&self.spa, &self.txg, &self.zil, volume, name, clone)?;
+        self.sync_handle().sync_holding_lock(one_at_a_time).await?;
         Ok(())
     }
 
@@ -592,43 +389,8 @@ impl Store {
         self.spa.check_live()?;
         let _guard = self.spa.panic_guard("a promote");
         let one_at_a_time = self.syncer.lock().await;
-        {
-            let dsl = self.dsl.read();
-            let mut txg = self.txg.lock();
-            let dataset = dsl.get(volume).ok_or_else(|| self.dsl.no_such_volume(volume))?;
-            let entry = dataset.state.lock().entry.clone();
-            let Some(origin) = entry.origin else {
-                return Err(StoreError::InvalidProperty {
-                    volume: volume.to_owned(),
-                    reason: "is not a clone, so there is nothing to promote it over".to_owned(),
-                });
-            };
-            let holds = |d: &Arc<Dataset>| {
-                d.state.lock().entry.snapshots.iter().position(|s| s.id == origin.snapshot)
-            };
-            let found = dsl.iter().find_map(|(name, d)| Some((name.clone(), holds(d)?, d)));
-            let Some((parent, at, parent_dataset)) = found else {
-                return Err(StoreError::InvalidProperty {
-                    volume: volume.to_owned(),
-                    reason: format!("its origin (snapshot id {}) is in no volume", origin.snapshot),
-                });
-            };
-            let moving: Vec<String> = parent_dataset.state.lock().entry.snapshots[..=at]
-                .iter()
-                .map(|s| s.name.clone())
-                .collect();
-            if let Some(taken) =
-                moving.iter().find(|m| entry.snapshots.iter().any(|s| &s.name == *m))
-            {
-                return Err(StoreError::SnapshotExists {
-                    pool: self.spa.pool().name().to_owned(),
-                    volume: volume.to_owned(),
-                    snapshot: taken.clone(),
-                });
-            }
-            txg.queue(SnapshotOp::Promote { volume: volume.to_owned(), parent });
-        }
-        self.sync_holding_lock(one_at_a_time).await?;
+        self.dsl.queue_promote(&self.spa, &self.txg, volume)?;
+        self.sync_handle().sync_holding_lock(one_at_a_time).await?;
         Ok(())
     }
 
@@ -640,6 +402,306 @@ impl Store {
     /// What a volume's snapshots hold beyond its tree, and what it wrote since the newest.
     pub fn snapshot_space(&self, volume: &str) -> Result<SnapshotSpace, StoreError> {
         self.dsl.snapshot_space(volume)
+    }
+}
+
+/// The checks of the snapshot changes, and their queueing for the open txg's sync: the
+/// `Store` methods above hold the sync's lock around each and sync.
+impl Dsl {
+    /// Checks and queues the snapshots of [`Store::create_snapshots`] for the open txg's
+    /// sync, the sync's lock held by the caller.
+    pub(super) fn queue_snapshots(
+        &self,
+        spa: &Spa,
+        txg: &Txg,
+        names: &[(String, String)],
+        creation_secs: u64,
+        guid: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let mut dsl = self.write();
+        let mut txg = txg.lock();
+        let mut more_reserved = 0u64;
+        for (volume, name) in names {
+            let dataset = dsl.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
+            let v = dataset.state.lock();
+            if v.entry.snapshots.iter().any(|s| &s.name == name) {
+                return Err(StoreError::SnapshotExists {
+                    pool: spa.pool().name().to_owned(),
+                    volume: volume.clone(),
+                    snapshot: name.clone(),
+                });
+            }
+            // After the snapshot the volume's unique bytes are zero: its whole
+            // reservation is unused again (ZFS refuses such a snapshot the same way).
+            let dirty = dataset.dirty_bytes.load(Ordering::Relaxed);
+            let reservation = v.entry.reservation_bytes;
+            drop(v);
+            more_reserved +=
+                reservation.saturating_sub(dirty).saturating_sub(dataset.unused_reservation());
+        }
+        let available = reservable_bytes(spa, &dsl, &txg);
+        if more_reserved > available {
+            return Err(StoreError::SnapshotNeedsSpace {
+                pool: spa.pool().name().to_owned(),
+                what: "a snapshot of",
+                volumes: names.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>().join(", "),
+                needed_bytes: more_reserved,
+                available_bytes: available,
+            });
+        }
+        let mut guids = spa.pool().env().unique_rng("snapshot guid");
+        for (volume, name) in names {
+            let id = dsl.next_id();
+            dsl.use_id(id);
+            let snapshot = SnapshotEntry {
+                id,
+                guid: guid.unwrap_or_else(|| guids.u64() | 1),
+                name: name.clone(),
+                txg: 0,
+                creation_secs,
+                size_bytes: 0,
+                levels: 0,
+                root: None,
+                space: VolumeSpace::default(),
+                deadlist: Deadlist::default(),
+            };
+            let snapshot = Box::new(snapshot);
+            txg.queue(SnapshotOp::Create { volume: volume.clone(), snapshot });
+        }
+        Ok(())
+    }
+
+    /// Checks and queues the destroy of snapshot `volume@name` for the open txg's sync
+    /// ([`Store::destroy_snapshot`]), the sync's lock held by the caller; returns its id.
+    pub(super) fn queue_snapshot_destroy(
+        &self,
+        spa: &Spa,
+        txg: &Txg,
+        volume: &str,
+        name: &str,
+    ) -> Result<u64, StoreError> {
+        let dsl = self.read();
+        let mut txg = txg.lock();
+        let id = self.snapshot_of(&dsl, volume, name)?.id;
+        self.refuse_if_cloned(&dsl, volume, name, id)?;
+        // Its sync rewrites the next dead list (the next snapshot's, or the volume's) with
+        // the entries it keeps, and frees the rest with the old pieces: admission counts
+        // both. It frees space, so as ZFS does it may go into the slop
+        // (`SlopTier::Freeing`); only a rewrite that not even that holds is refused.
+        let (next_entries, next_pieces) = dsl.get(volume).map_or((0, 0), |dataset| {
+            let v = dataset.state.lock();
+            let after = v.entry.snapshots.iter().skip_while(|s| s.name != name).nth(1);
+            let list = after.map_or(&v.entry.deadlist, |s| &s.deadlist);
+            (list.entries, list.pieces.len() as u64)
+        });
+        let copies = spa.pool().metadata_copies() as u64;
+        let needed = super::dsl_deadlist::pieces_bytes(next_entries, copies);
+        let available = room_beyond(spa, &dsl, &txg, crate::alloc::SlopTier::Freeing);
+        if needed > available {
+            return Err(StoreError::DestroyNeedsSpace {
+                pool: spa.pool().name().to_owned(),
+                volume: volume.to_owned(),
+                snapshot: name.to_owned(),
+                needed_bytes: needed,
+                available_bytes: available,
+            });
+        }
+        let frees = next_entries.saturating_add(next_pieces).saturating_mul(copies);
+        txg.count_pending(needed, frees);
+        txg.queue(SnapshotOp::Destroy { volume: volume.to_owned(), name: name.to_owned() });
+        Ok(id)
+    }
+
+    /// Checks and queues the rollback of `dataset` (volume `volume`) to its snapshot `name`
+    /// for the open txg's sync ([`Store::rollback_volume`]), with the caller holding the
+    /// volume's rollback gate and the sync's lock; returns the ids of the later snapshots it
+    /// destroys.
+    pub(super) fn queue_rollback(
+        &self,
+        spa: &Spa,
+        txg: &Txg,
+        dataset: &Arc<Dataset>,
+        volume: &str,
+        name: &str,
+        destroy_later: bool,
+    ) -> Result<Vec<u64>, StoreError> {
+        let dsl = self.read();
+        let mut txg = txg.lock();
+        // Destroyed (and perhaps made again) while this waited for the gate.
+        if !dsl.get(volume).is_some_and(|d| Arc::ptr_eq(d, dataset)) {
+            return Err(self.no_such_volume(volume));
+        }
+        let later: Vec<(u64, String)> = {
+            let v = dataset.state.lock();
+            let at = v.entry.snapshots.iter().position(|s| s.name == name).ok_or_else(|| {
+                StoreError::NoSuchSnapshot {
+                    pool: spa.pool().name().to_owned(),
+                    volume: volume.to_owned(),
+                    snapshot: name.to_owned(),
+                }
+            })?;
+            v.entry.snapshots[at + 1..].iter().map(|s| (s.id, s.name.clone())).collect()
+        };
+        if !later.is_empty() && !destroy_later {
+            return Err(StoreError::NotNewestSnapshot {
+                pool: spa.pool().name().to_owned(),
+                volume: volume.to_owned(),
+                snapshot: name.to_owned(),
+                later: later.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>().join(", "),
+            });
+        }
+        for (id, later) in &later {
+            self.refuse_if_cloned(&dsl, volume, later, *id)?;
+        }
+        // A thick volume's reservation follows the snapshot's size, and all of it is unused
+        // again once the volume shares everything with the snapshot.
+        let (reservation, size) = {
+            let v = dataset.state.lock();
+            let size = v.entry.snapshots.iter().find(|s| s.name == name).map(|s| s.size_bytes);
+            (v.entry.reservation_bytes, size.unwrap_or(v.entry.size_bytes))
+        };
+        if reservation != 0 {
+            let target = spa.thick_reservation(size, dataset.block_bytes);
+            let more = target.saturating_sub(dataset.unused_reservation());
+            let available = reservable_bytes(spa, &dsl, &txg);
+            if more > available {
+                return Err(StoreError::SnapshotNeedsSpace {
+                    pool: spa.pool().name().to_owned(),
+                    what: "a rollback of",
+                    volumes: volume.to_owned(),
+                    needed_bytes: more,
+                    available_bytes: available,
+                });
+            }
+        }
+        // Its sync frees what the volume wrote since the snapshot and, with `-r`, rewrites
+        // the dead lists of the snapshots it destroys: at most the volume's whole tree and
+        // lists, counted as a destroy of it would be.
+        {
+            let (frees, entries) = {
+                let v = dataset.state.lock();
+                let entries = std::iter::once(&v.entry.deadlist)
+                    .chain(v.entry.snapshots.iter().map(|s| &s.deadlist))
+                    .map(|l| l.entries)
+                    .fold(0u64, u64::saturating_add);
+                (spa.frees_bound(&v.entry), entries)
+            };
+            let copies = spa.pool().metadata_copies() as u64;
+            let needed = super::dsl_deadlist::pieces_bytes(entries, copies)
+                .saturating_mul(later.len() as u64);
+            // The destroys of `-r` rewrite dead lists as a snapshot destroy does, and may
+            // go as far into the slop.
+            let available = room_beyond(spa, &dsl, &txg, crate::alloc::SlopTier::Freeing);
+            if let Some((_, first)) = later.first().filter(|_| needed > available) {
+                return Err(StoreError::DestroyNeedsSpace {
+                    pool: spa.pool().name().to_owned(),
+                    volume: volume.to_owned(),
+                    snapshot: first.clone(),
+                    needed_bytes: needed,
+                    available_bytes: available,
+                });
+            }
+            txg.count_pending(needed, frees);
+        }
+        for (_, later) in later.iter().rev() {
+            txg.queue(SnapshotOp::Destroy { volume: volume.to_owned(), name: later.clone() });
+        }
+        txg.queue(SnapshotOp::Rollback { volume: volume.to_owned(), name: name.to_owned() });
+        // Writes not yet synced are written by the rollback's sync and freed by it, not
+        // dropped now: an intent-log record of theirs not yet filled must still find its
+        // bytes, in case the rollback never becomes durable and the log is replayed.
+        Ok(later.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// Adds clone `clone` of snapshot `volume@name` to the namespace ([`Store::clone_snapshot`]),
+    /// the sync's lock held by the caller; its log is a new chain of the pool's logs (`zil`).
+    pub(super) fn add_clone(
+        &self,
+        spa: &Spa,
+        txg: &Txg,
+        zil: &Zil,
+        volume: &str,
+        name: &str,
+        clone: &str,
+    ) -> Result<(), StoreError> {
+        let mut dsl = self.write();
+        if dsl.contains(clone) {
+            return Err(StoreError::VolumeExists {
+                pool: spa.pool().name().to_owned(),
+                volume: clone.to_owned(),
+            });
+        }
+        let snapshot = self.snapshot_of(&dsl, volume, name)?;
+        let parent = dsl
+            .get(volume)
+            .expect("a volume checked above under the same lock")
+            .state
+            .lock()
+            .entry
+            .clone();
+        let id = dsl.next_id();
+        let log = zil.new_log(spa, id)?;
+        dsl.use_id(id);
+        let (size, levels) = (snapshot.size_bytes, snapshot.levels);
+        let mut entry = VolumeEntry::new(id, clone, size, parent.block_bytes, levels);
+        entry.root = snapshot.root;
+        entry.space = Some(snapshot.space);
+        entry.prev_snap_txg = snapshot.txg;
+        entry.origin = Some(Origin {
+            snapshot: snapshot.id,
+            txg: snapshot.txg,
+            referenced_bytes: snapshot.space.referenced_bytes,
+        });
+        entry.dedup = parent.dedup;
+        entry.sync = parent.sync;
+        entry.logbias = parent.logbias;
+        entry.compression = parent.compression;
+        let dataset = Dataset::new(entry, Some(log), txg.limits());
+        dsl.insert(clone.to_owned(), dataset);
+        Ok(())
+    }
+
+    /// Checks and queues the promote of clone `volume` for the open txg's sync
+    /// ([`Store::promote_volume`]), the sync's lock held by the caller.
+    pub(super) fn queue_promote(
+        &self,
+        spa: &Spa,
+        txg: &Txg,
+        volume: &str,
+    ) -> Result<(), StoreError> {
+        let dsl = self.read();
+        let mut txg = txg.lock();
+        let dataset = dsl.get(volume).ok_or_else(|| self.no_such_volume(volume))?;
+        let entry = dataset.state.lock().entry.clone();
+        let Some(origin) = entry.origin else {
+            return Err(StoreError::InvalidProperty {
+                volume: volume.to_owned(),
+                reason: "is not a clone, so there is nothing to promote it over".to_owned(),
+            });
+        };
+        let holds = |d: &Arc<Dataset>| {
+            d.state.lock().entry.snapshots.iter().position(|s| s.id == origin.snapshot)
+        };
+        let found = dsl.iter().find_map(|(name, d)| Some((name.clone(), holds(d)?, d)));
+        let Some((parent, at, parent_dataset)) = found else {
+            return Err(StoreError::InvalidProperty {
+                volume: volume.to_owned(),
+                reason: format!("its origin (snapshot id {}) is in no volume", origin.snapshot),
+            });
+        };
+        let moving: Vec<String> = parent_dataset.state.lock().entry.snapshots[..=at]
+            .iter()
+            .map(|s| s.name.clone())
+            .collect();
+        if let Some(taken) = moving.iter().find(|m| entry.snapshots.iter().any(|s| &s.name == *m)) {
+            return Err(StoreError::SnapshotExists {
+                pool: spa.pool().name().to_owned(),
+                volume: volume.to_owned(),
+                snapshot: taken.clone(),
+            });
+        }
+        txg.queue(SnapshotOp::Promote { volume: volume.to_owned(), parent });
+        Ok(())
     }
 }
 

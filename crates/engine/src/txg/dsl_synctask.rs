@@ -6,7 +6,7 @@
 //! txg. Its sync runs the queue in order, after the volumes' trees are written and their dead
 //! lists appended, so a task sees every tree as of its txg. The sync driver (spa_sync.rs) runs
 //! them without knowing their types: each mechanism keeps its task beside its own code
-//! (dsl_snapshot.rs, dataset.rs, zil.rs), as ZFS's sync tasks carry their own functions.
+//! (dsl_snapshot.rs, dataset.rs), as ZFS's sync tasks carry their own functions.
 //!
 //! The tasks see each quiesced volume as a [`SyncedTree`]: the tree the sync wrote and the
 //! snapshots and dead lists it carries ([`Family`]), which the directory it writes records.

@@ -11,7 +11,7 @@
 //!
 //! | file | ZFS | what it holds |
 //! |---|---|---|
-//! | `mod.rs` | `dsl_pool.c` | [`Store`], the facade over the objects below; errors |
+//! | `mod.rs` | `spa.h`'s entry points | [`Store`], the facade over the objects below; errors |
 //! | `spa.rs` | `spa.c`, `spa_misc.c` | the pool, its space and dedup table, the lock of a change of leaves, suspension, test points (`Spa`) |
 //! | `dataset.rs` | `dsl_dataset.c`, `dsl_dir.c`, `zvol.c` | the volume namespace ([`Datasets`], held with the scan by `Dsl`); volume create, destroy, resize, properties |
 //! | `dsl_snapshot.rs` | `dsl_dataset.c`, `dsl_destroy.c` | snapshot create and destroy, rollback, snapshot exports; the snapshot lookups and figures (on `Dsl`) |
@@ -20,9 +20,11 @@
 //! | `dsl_deadlist.rs` | `dsl_deadlist.c`, `bpobj.c` | dead lists: appended by each sync, read back by a destroy, through the `Spa` |
 //! | `dbuf.rs` | `dbuf.c` | dirty blocks and patches of the open and syncing txgs |
 //! | `dmu.rs` | `dmu.c` | the read and write paths |
-//! | `dmu_tx.rs` | `dmu_tx.c`, `txg.c` | the open txg (`Txg`: [`TxgState`] behind the txg lock, its limits, the throttle's figures); admission: the free-space check and the write throttle |
-//! | `zil.rs` | `zil.c` | the logs' settings and figures (`Zil`); commits (FUA, flush), early commits, claim and replay at import |
-//! | `spa_sync.rs` | `spa_sync`, `txg_sync_thread` | the sync, as named steps; the syncer task and its state (`Syncer`) |
+//! | `dsl_pool.rs` | `txg.c`, `dsl_pool.c` | the open txg (`Txg`: [`TxgState`] behind the txg lock, its limits, the throttle's figures) and what the open and syncing txgs will allocate |
+//! | `dmu_tx.rs` | `dmu_tx.c` | admission: the free-space check and the write throttle |
+//! | `zil.rs` | `zil.c` | the logs' settings and figures (`Zil`); claim and replay at import |
+//! | `zil_commit.rs` | `zil_commit`, `dmu_sync` | commits (FUA, flush) and early commits, with the fills of records logged by pointer (`LogCommit`) |
+//! | `spa_sync.rs` | `spa_sync`, `txg_sync_thread`, `txg_wait_synced` | the sync, as named steps, driven through `SyncHandle`, the right to sync; the syncer task and its state (`Syncer`) |
 //! | `spa_load.rs` | `spa_load` | opening an imported pool's data, rewind |
 //! | `dsl_scan.rs` | `dsl_scan.c` | scrub and resilver in the background (`Scan`: its state, its settings and the changes to it) |
 //! | `spa_vdev.rs` | `spa.c`, `vdev.c` | offline, online, clear, attach, detach and replace of leaves on an open store |
@@ -40,7 +42,7 @@
 //! - `Dsl` (dataset.rs): the volumes by name ([`Datasets`], a read-write lock; lookups share
 //!   it, create, rename, clone, destroy and snapshot ids take it alone) and the scan
 //!   (`dsl_scan::Scan`, its own lock and settings);
-//! - `Txg` (dmu_tx.rs): the open txg with its accounting and its queued sync tasks
+//! - `Txg` (dsl_pool.rs): the open txg with its accounting and its queued sync tasks
 //!   ([`TxgState`], the txg lock: what admission, the write path and the log's glue count
 //!   against), the limits that admission and the throttle hold writers to, and what the
 //!   throttle did;
@@ -51,12 +53,23 @@
 //!
 //! Each volume's blocks and entry are its [`Dataset`]'s own lock. What needs two objects is a
 //! function of them in its mechanism's file, or a method of one taking the other: a read, a
-//! block status and a send take the `Spa` and the `Dsl` (dmu.rs, dmu_send.rs); a scan chunk
-//! is `Scan`'s, taking the `Spa`; the sync's tasks get the `Spa` and a lookup of volume ids
-//! (dsl_synctask.rs), never the store. What still needs several of these objects at once
-//! (the write path and admission, the sync's driver, snapshot changes, receive, the scan
-//! task, import, leaf changes, commits) is `impl Store` in the file of its mechanism: those
-//! methods take the objects' locks in the order below, and say which.
+//! block status and a send take the `Spa` and the `Dsl` (dmu.rs, dmu_send.rs); a scan's
+//! chunk and its end are `Scan`'s, taking the `Spa`; the sync's tasks get the `Spa` and a
+//! lookup of volume ids (dsl_synctask.rs), never the store; volume and snapshot changes but
+//! volume create are the `Dsl`'s, taking the `Spa` and the `Txg` (and a clone, the `Zil`:
+//! dataset.rs, dsl_snapshot.rs), and check and queue their sync tasks with the sync's lock
+//! held by their caller.
+//!
+//! Waiting for a sync is a right of its own, `spa_sync::SyncHandle`: it borrows every object
+//! the sync works on, but its holder can only sync, hold the sync's lock, count syncs and wake
+//! the syncer. What must at times wait for a sync holds a handle beside the objects it works
+//! on, not the store: the sync's driver is the handle's own; admission is
+//! `dmu_tx::Admission` (the `Spa`, the `Dsl`, the `Txg` and a handle), the write path
+//! `dmu::WritePath` (those and the `Zil`), a log commit `zil_commit::LogCommit` (the same).
+//! What is left on `Store` is the public facade, which delegates, and what composes several
+//! of its operations: a snapshot change (the sync's lock, the `Dsl`'s check and queue, the
+//! sync), receive, import, leaf changes, the replay at import, and the syncer and scan tasks,
+//! which hold the store weakly. Those methods take the objects' locks in the order below.
 //!
 //! Lock order (outer to inner; a thread holding one may take only those to its right, and none
 //! is held across an `.await`, but for the three async ones): `Spa::vdev_lock` (async, held
@@ -86,6 +99,7 @@ mod dmu_recv;
 mod dmu_send;
 mod dmu_tx;
 mod dsl_deadlist;
+mod dsl_pool;
 mod dsl_scan;
 mod dsl_snapshot;
 mod dsl_synctask;
@@ -95,6 +109,7 @@ mod spa_sync;
 mod spa_vdev;
 mod space_map;
 mod zil;
+mod zil_commit;
 
 pub use audit::AuditReport;
 pub use dataset::RECEIVE_PREFIX;
@@ -104,9 +119,9 @@ pub use dbuf::WriteData;
 pub use dmu::ReadData;
 pub use dmu_recv::ReceiveMode;
 pub use dmu_send::StreamSummary;
-pub use dmu_tx::ThrottleStats;
-use dmu_tx::TxgState;
-use dmu_tx::{Txg, TxgLimits};
+pub use dsl_pool::ThrottleStats;
+use dsl_pool::TxgState;
+use dsl_pool::{Txg, TxgLimits};
 pub use dsl_scan::{ScanFunc, ScanPhase, ScanStatus};
 pub use dsl_snapshot::{SnapshotInfo, SnapshotSpace};
 use spa::Spa;
@@ -304,7 +319,7 @@ pub struct Store {
     spa: Spa,
     /// The datasets (dataset.rs): the volumes by name, and the background scrub or resilver.
     dsl: Dsl,
-    /// The open txg (dmu_tx.rs): its accounting and sync tasks, and what admission and the
+    /// The open txg (dsl_pool.rs): its accounting and sync tasks, and what admission and the
     /// write throttle work with and did.
     txg: Txg,
     /// The sync (spa_sync.rs): its lock, the syncer's wake-up, the last sync's metadata and

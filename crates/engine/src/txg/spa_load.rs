@@ -28,7 +28,7 @@ use sluice_format::{LogHeader, PoolDirectory, SpaceMap, Uberblock};
 
 use super::dataset::Dataset;
 use super::dataset::Datasets;
-use super::dmu_tx::TxgLimits;
+use super::dsl_pool::TxgLimits;
 use super::spa_sync::SyncedMetadata;
 use super::zil::{self, LostLog};
 use super::{LogStats, Store, StoreError};

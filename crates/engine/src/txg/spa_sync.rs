@@ -27,8 +27,8 @@
 //! `write_dedup_table`, `write_space_maps_and_directory`) are functions of the `Spa` they write
 //! through; the sync tasks get the `Spa` and a lookup of volume ids, not the store; and
 //! `free_replaced` is the [`Syncer`]'s, which holds the last sync's maps. The driver,
-//! `sync_locked`, and the steps that read the namespace, the open txg or the logs are still
-//! the store's.
+//! `sync_locked`, and the steps that read the namespace, the open txg or the logs are
+//! [`SyncHandle`]'s: the handle that code waiting for a sync holds instead of the store.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -41,12 +41,14 @@ use sluice_format::{
     SpaceMap, VolumeEntry, DVAS_MAX,
 };
 
+use super::dataset::Dsl;
 use super::dbuf::{Block, Prewritten};
-use super::dmu_tx::Quiesce;
+use super::dsl_pool::{Quiesce, Txg};
 use super::dsl_snapshot::append_deadlists;
 use super::dsl_synctask::{run_sync_tasks, Family, SyncTask, SyncedTree};
 use super::spa::Spa;
 use super::space_map::{piece_layout, split_space_map, SPACE_MAP_PIECE_BYTES};
+use super::zil::Zil;
 use super::{Store, StoreError};
 use crate::alloc::{AllocClass, AllocError, Allocator};
 use crate::device::AlignedBuf;
@@ -247,6 +249,44 @@ impl Store {
 
     /// Writes the open txg out and makes it durable. Returns the synced txg.
     pub async fn sync(&self) -> Result<u64, StoreError> {
+        self.sync_handle().sync().await
+    }
+
+    /// The right to sync, for code that works on some of the store's objects.
+    pub(super) fn sync_handle(&self) -> SyncHandle<'_> {
+        SyncHandle {
+            spa: &self.spa,
+            dsl: &self.dsl,
+            txg: &self.txg,
+            syncer: &self.syncer,
+            zil: &self.zil,
+        }
+    }
+
+    /// The last txgs this store synced (up to 128), oldest first.
+    pub fn sync_history(&self) -> Vec<SyncRecord> {
+        self.syncer.history()
+    }
+}
+
+/// The right to have the open txg written out (ZFS: `txg_wait_synced`, but the waiter runs
+/// the sync itself when none is running), for code that works on some of the store's objects
+/// and must at times wait for a sync: admission short of space or at the dirty maximum, a log
+/// commit falling back to the txg, a change of leaves or snapshots. The sync works on every
+/// object, so the handle borrows them all, but only this file sees them: its holder can sync,
+/// count syncs and wake the syncer, and reaches nothing else through it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SyncHandle<'a> {
+    spa: &'a Spa,
+    dsl: &'a Dsl,
+    txg: &'a Txg,
+    syncer: &'a Syncer,
+    zil: &'a Zil,
+}
+
+impl SyncHandle<'_> {
+    /// Writes the open txg out and makes it durable. Returns the synced txg.
+    pub(super) async fn sync(&self) -> Result<u64, StoreError> {
         let one_at_a_time = self.syncer.lock().await;
         self.sync_holding_lock(one_at_a_time).await
     }
@@ -263,6 +303,14 @@ impl Store {
         self.sync_holding_lock(one_at_a_time).await.map(drop)
     }
 
+    /// The sync's lock: whoever holds it may sync ([`SyncHandle::sync_holding_lock`]), or keep
+    /// a sync from starting.
+    pub(super) async fn lock(&self) -> futures::lock::MutexGuard<'_, ()> {
+        self.syncer.lock().await
+    }
+
+    /// Syncs with the sync's lock, taken by the caller, which changed something under it that
+    /// this sync must carry.
     pub(super) async fn sync_holding_lock(
         &self,
         _one_at_a_time: futures::lock::MutexGuard<'_, ()>,
@@ -279,9 +327,14 @@ impl Store {
         result
     }
 
-    /// The last txgs this store synced (up to 128), oldest first.
-    pub fn sync_history(&self) -> Vec<SyncRecord> {
-        self.syncer.history()
+    /// Txgs synced by this store so far.
+    pub(super) fn syncs(&self) -> u64 {
+        self.syncer.syncs()
+    }
+
+    /// Wakes the syncer to sync now ([`Syncer::kick`]).
+    pub(super) fn kick(&self) {
+        self.syncer.kick()
     }
 
     /// One sync, in its named steps (the module doc lists them).
@@ -305,15 +358,15 @@ impl Store {
             work.iter().map(|(entry, ..)| (entry.name.clone(), entry.log)).collect();
         let mut ctx = TreeUpdate::new(self.spa.pool(), self.spa.allocator(), txg);
         self.spa.fail_point("spa_sync.write_volumes");
-        let mut roots = write_volumes(&self.spa, &mut ctx, work).await?;
-        append_deadlists(&self.spa, &mut ctx, &mut roots).await?;
+        let mut roots = write_volumes(self.spa, &mut ctx, work).await?;
+        append_deadlists(self.spa, &mut ctx, &mut roots).await?;
         let volume_id = |name: &str| self.dsl.volume_id(name);
-        let rewind = run_sync_tasks(&self.spa, &volume_id, &mut ctx, &mut roots, tasks).await?;
-        let (ddt_header, replaced) = write_dedup_table(&self.spa, &mut ctx).await?;
-        let vdevs = self.syncer.free_replaced(&self.spa, txg, &replaced);
+        let rewind = run_sync_tasks(self.spa, &volume_id, &mut ctx, &mut roots, tasks).await?;
+        let (ddt_header, replaced) = write_dedup_table(self.spa, &mut ctx).await?;
+        let vdevs = self.syncer.free_replaced(self.spa, txg, &replaced);
         let (anchored, headers, directory) =
             self.anchor_logs(txg, vdevs, &roots, &replay_progress, ddt_header);
-        let directory_bp = write_space_maps_and_directory(&self.spa, txg, vdevs, directory).await?;
+        let directory_bp = write_space_maps_and_directory(self.spa, txg, vdevs, directory).await?;
         let allocated_bytes =
             self.spa.allocator().lock().allocated_total().saturating_sub(allocated_base);
         let synced = self.spa.pool().sync_uberblock(Some(directory_bp.0)).await?;
@@ -341,7 +394,7 @@ impl Store {
         // writes: admission counts it until the sync has allocated it, and the sync's record
         // holds it beside what was allocated.
         let shape =
-            super::dmu_tx::SyncShape::of_open(dsl.appending_deadlists(), &state, self.spa.pool());
+            super::dsl_pool::SyncShape::of_open(dsl.appending_deadlists(), &state, self.spa.pool());
         let (closed, allocated_base) = {
             // Lock order: dsl -> txg -> allocator.
             let mut allocator = self.spa.allocator().lock();
@@ -498,7 +551,7 @@ impl Store {
             log.synced(txg, anchored.iter().any(|a| Arc::ptr_eq(a, &log)));
             if log.failed() {
                 let owner = ChainOwner {
-                    chain_id: self.zil.chain_id(&self.spa),
+                    chain_id: self.zil.chain_id(self.spa),
                     volume_id: volume.entry.id,
                 };
                 let fresh = LogWriter::continuing(
@@ -513,7 +566,7 @@ impl Store {
             }
         }
         if !replaced.is_empty() {
-            self.txg.lock().queue(super::zil::RetiredLog(replaced));
+            self.txg.lock().queue(super::dataset::RetiredLog(replaced));
         }
         Ok(())
     }

@@ -88,7 +88,7 @@ impl Store {
         let one_at_a_time = self.syncer.lock().await;
         let leaf = self.spa.pool().install_attach(prepared)?;
         self.spa.fail_point("spa_vdev.attach_synced");
-        let synced = self.sync_holding_lock(one_at_a_time).await?;
+        let synced = self.sync_handle().sync_holding_lock(one_at_a_time).await?;
         self.spa.fail_point("spa_vdev.attach_labels");
         let labels = self.spa.pool().write_labels(synced).await;
         self.resilver_if_needed();
@@ -103,7 +103,7 @@ impl Store {
         let _one_change = self.spa.lock_vdevs().await;
         let one_at_a_time = self.syncer.lock().await;
         let gone = self.spa.pool().detach(name)?;
-        let synced = self.sync_holding_lock(one_at_a_time).await?;
+        let synced = self.sync_handle().sync_holding_lock(one_at_a_time).await?;
         self.spa.fail_point("spa_vdev.detach_labels");
         let labels = self.spa.pool().write_labels(synced).await;
         // I/O already under way on the old tree may still reach the leaf: let it drain (for

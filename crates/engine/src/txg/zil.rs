@@ -1,38 +1,33 @@
-//! The store's side of the intent log (ZFS: `zil.c`'s `zil_commit`, `zil_claim`,
-//! `zil_replay`): commits for FUA writes and flushes, early commits, and at import the claim
-//! of every chain's blocks and the replay of their records.
+//! The store's side of the intent log (ZFS: `zil.c`'s pool-wide part, `zil_claim`,
+//! `zil_replay`): the logs' settings and figures ([`Zil`]), when a write is logged by pointer,
+//! the appending of a write's records, and at import the claim of every chain's blocks and
+//! the replay of their records.
 //!
 //! The log writer itself (log blocks, the pipelined and batch policies, the chain reader) is
-//! `crate::intent_log`; this file decides when to use it and when a txg sync must answer
-//! instead (a chain not yet anchored by a sync, or a failed log write).
+//! `crate::intent_log`; the commits that drive it for FUA writes and flushes, and fall back
+//! to a txg sync where it cannot answer, are zil_commit.rs's.
 
 use std::sync::Arc;
 
-use futures::FutureExt;
 use sluice_format::{
     BlockKind, BlockPointer, Checksum, ChecksumAlg, DedupMode, Dva, LogBias, LogHeader, LogRecord,
-    LogVerifier, PoolDirectory, SyncMode, VolumeEntry, LOG_HEADER_BYTES,
+    LogVerifier, PoolDirectory, VolumeEntry, LOG_HEADER_BYTES,
 };
 
-use super::dbuf::{Apply, Block, Prewritten, WriteData};
-use super::dmu_tx::TxgLimits;
-use super::dsl_synctask::{SyncCx, SyncTask};
+use super::dataset::{Dataset, RetiredLog};
+use super::dbuf::{Apply, WriteData};
+use super::dsl_pool::TxgLimits;
 use super::spa::Spa;
-use super::{Dataset, Store, StoreError};
+use super::{Store, StoreError};
 use crate::alloc::Allocator;
-use crate::device::{AlignedBuf, SharedBuf};
-use crate::intent_log::{
-    self, Chain, ChainOwner, DataWrite, LogAddress, LogError, LogSettings, LogWriter,
-};
+use crate::intent_log::{self, Chain, ChainOwner, LogAddress, LogSettings, LogWriter};
 use crate::pool::{Pool, PoolError};
 use crate::tunables::IoClass;
-use crate::vdev::VdevAddress;
-use crate::zio::{self, BlockProps, Issue, Writer};
 
 /// The store's intent-log object (ZFS: the pool-wide part of `zil.c`): how every chain of the
 /// pool writes, when a write is logged by pointer, and what the logs did. Each volume's chain
-/// is its own (`Dataset`'s state holds its `LogWriter`); the commits below drive them against
-/// the open txg and the syncer, so they stay on the store.
+/// is its own (`Dataset`'s state holds its `LogWriter`); the commits (zil_commit.rs) drive
+/// them against the open txg and the syncer.
 #[derive(Debug)]
 pub(super) struct Zil {
     settings: LogSettings,
@@ -223,344 +218,6 @@ impl Store {
     /// What `volume`'s current log chain has written and chosen, if it has a chain.
     pub fn log_figures(&self, volume: &str) -> Option<crate::intent_log::LogFigures> {
         self.dsl.log_figures(volume)
-    }
-
-    /// A write that is durable when this returns (NBD's FUA): commits up to its own record.
-    pub async fn write_durable(
-        &self,
-        volume: &str,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<(), StoreError> {
-        let sequence = self.write(volume, offset, data).await?;
-        self.commit(volume, sequence).await
-    }
-
-    /// Makes every write and zero on `volume` that returned before this call durable (NBD's
-    /// FLUSH; it covers every connection to the volume).
-    pub async fn flush(&self, volume: &str) -> Result<(), StoreError> {
-        let dataset = self.export_dataset(volume)?;
-        self.flush_in(&dataset).await
-    }
-
-    /// [`Store::flush`] through a handle's dataset.
-    pub async fn flush_in(&self, dataset: &Dataset) -> Result<(), StoreError> {
-        let log = dataset.state.lock().log.clone();
-        let last = log.as_ref().map_or(0, |log| log.last_record());
-        self.commit_in(dataset, last).await
-    }
-
-    /// Returns once record `sequence` of `volume`'s log and every earlier one are durable:
-    /// through the log when its chain is anchored and healthy, else through a txg sync.
-    pub async fn commit(&self, volume: &str, sequence: u64) -> Result<(), StoreError> {
-        let dataset = self.export_dataset(volume)?;
-        self.commit_in(&dataset, sequence).await
-    }
-
-    /// [`Store::commit`] through a handle's dataset.
-    pub async fn commit_in(&self, dataset: &Dataset, sequence: u64) -> Result<(), StoreError> {
-        self.spa.check_live()?;
-        let _guard = self.spa.panic_guard("a log commit");
-        self.check_exists(dataset)?;
-        if dataset.read_only {
-            // A snapshot has nothing to make durable.
-            return Ok(());
-        }
-        let (log, sync) = {
-            let v = dataset.state.lock();
-            (v.log.clone(), v.entry.sync)
-        };
-        if sync == SyncMode::Disabled {
-            // The volume's writes become durable with the txg sync; commits are not waited for.
-            self.zil.stats().commits_ignored.inc();
-            return Ok(());
-        }
-        let Some(log) = log else {
-            // Replay is still running: only a sync makes anything durable.
-            self.sync().await?;
-            return Ok(());
-        };
-        log.note_commit();
-        if log.durable_record() >= sequence {
-            return Ok(());
-        }
-        self.zil.stats().commits.inc();
-        if log.anchored() && self.fill_indirect(dataset, &log, sequence).await.is_ok() {
-            match log.commit(self.spa.pool(), self.spa.allocator(), sequence).await {
-                Ok(()) => {
-                    if self.zil.log_space_low(&log) {
-                        self.syncer.kick();
-                    }
-                    return Ok(());
-                }
-                // The sync below covers the record, and replaces the failed chain.
-                Err(LogError::Failed { .. } | LogError::Pool(_)) => {}
-            }
-        }
-        self.zil.stats().commits_via_txg.inc();
-        // The record's txg is at most the open one, which this sync makes durable. Commits
-        // falling back together (every writer of a failed chain) share one sync: the
-        // uberblock names the last durable txg.
-        let open = self.txg.lock().open_txg();
-        self.sync_unless(|| self.spa.pool().uberblock().txg >= open).await
-    }
-
-    /// Starts writing record `sequence` to `volume`'s log now, without waiting, when the log
-    /// asks for it (`intent_log.early_commit`, [`LogWriter::wants_early`]); the caller is a
-    /// write that was the only request in flight on the volume. A failure is left to the
-    /// client's own commit, which falls back to a txg sync.
-    pub fn commit_early(self: &Arc<Self>, dataset: &Arc<Dataset>, sequence: u64) {
-        if !self.zil.early_commit() {
-            return;
-        }
-        let Some(log) = dataset.state.lock().log.clone() else { return };
-        if !log.wants_early() {
-            return;
-        }
-        self.zil.stats().early_commits.inc();
-        let store = Arc::clone(self);
-        let dataset = Arc::clone(dataset);
-        self.spa.pool().env().spawn("early log commit", async move {
-            let _guard = store.spa.panic_guard("an early log commit");
-            if store.fill_indirect(&dataset, &log, sequence).await.is_ok() {
-                let _ = log.commit(store.spa.pool(), store.spa.allocator(), sequence).await;
-                if store.zil.log_space_low(&log) {
-                    store.syncer.kick();
-                }
-            } else {
-                // The records it claimed are back, unfilled, at the front of the chain, and a
-                // client's commit that found them claimed is waiting behind them without
-                // claiming them again: a sync makes them durable and wakes it (the client's
-                // own commit would have fallen back to one too). A failed sync suspended the
-                // store, and `fill_indirect` or this wakes it to report that.
-                if store.sync().await.is_err() {
-                    log.fail();
-                }
-            }
-        });
-    }
-
-    /// Fills `log`'s unfilled indirect records up to `sequence` that no other committer is
-    /// filling (ZFS: `zil_get_data`, `dmu_sync`). A record whose block is still the open txg's
-    /// version gets that block written in place (durably, started now) and its pointer; the
-    /// sync links the same block instead of writing it again. Any other (its txg is syncing,
-    /// or a later write replaced or zeroed the block) gets the block's current bytes copied:
-    /// replay applies later records after it, so newer bytes are as good; except that records
-    /// of the syncing txg that are a large part of what it writes are left to it (the commit
-    /// waits for it). An error leaves the records to the next committer; the caller falls back
-    /// to a txg sync.
-    pub(super) async fn fill_indirect(
-        &self,
-        dataset: &Dataset,
-        log: &LogWriter,
-        sequence: u64,
-    ) -> Result<(), StoreError> {
-        let claimed = log.claim_unfilled(sequence);
-        if claimed.is_empty() {
-            return Ok(());
-        }
-        let result = self.fill_claimed(dataset, log, &claimed).await;
-        if result.is_err() {
-            log.unclaim(&claimed);
-            if self.spa.is_suspended() {
-                // Committers waiting behind these records (they found them claimed) would
-                // wait for ever: no sync will come.
-                log.fail();
-            }
-        }
-        result
-    }
-
-    async fn fill_claimed(
-        &self,
-        dataset: &Dataset,
-        log: &LogWriter,
-        claimed: &[LogRecord],
-    ) -> Result<(), StoreError> {
-        let bs = u64::from(dataset.block_bytes);
-        let index_of = |record: &LogRecord| match record {
-            LogRecord::WriteIndirect { offset, .. } => offset / bs,
-            other => unreachable!("only indirect records are unfilled: {other:?}"),
-        };
-        // Records whose block is the open txg's current version are placed; the rest copied,
-        // or, where they are a large part of the txg being synced, left to that sync.
-        let mut place: Vec<(&LogRecord, Arc<AlignedBuf>)> = Vec::new();
-        let mut copy: Vec<&LogRecord> = Vec::new();
-        let mut syncing: Vec<&LogRecord> = Vec::new();
-        {
-            let txg = self.txg.lock();
-            let v = dataset.state.lock();
-            for record in claimed {
-                match v.open.get(&index_of(record)) {
-                    Some(Block::Data(data)) if record.txg() == txg.open_txg() => {
-                        place.push((record, Arc::clone(data)));
-                    }
-                    // Of the txg being synced (only one syncs at a time; an older one has
-                    // synced, and dropped its records from the log).
-                    _ if record.txg() + 1 == txg.open_txg() && txg.syncing_bytes() > 0 => {
-                        syncing.push(record)
-                    }
-                    _ => copy.push(record),
-                }
-            }
-            // A record of the txg being synced has its block written by that sync. A copy in
-            // the log writes the block a second time; it pays where it is small, or a small
-            // part of what the sync writes (one large write caught as its txg closed: a few
-            // log blocks, where waiting would cost the rest of the sync and its fixed flushes).
-            // Where the records are large and most of what the sync writes (a flush after a
-            // stream of writes that never flushed), the sync writes them in about the time the
-            // copies would take, and once: the commit waits for it. (ZFS writes such a block
-            // again, to a new place: dmu_sync's late arrival.)
-            let bytes = syncing.len() as u64 * bs;
-            if bytes < COPY_ALWAYS_BYTES
-                || bytes.saturating_mul(COPY_SHARE_OF_SYNC) < txg.syncing_bytes()
-            {
-                // Older than the rest: copied (and so filled) first.
-                copy.splice(0..0, syncing.drain(..));
-            }
-        }
-        // Compressed as the sync would (ZFS's dmu_sync does the same), so that a volume written
-        // through indirect records is stored as compactly as one written by syncs, and
-        // checksummed, on every core: with a volume's connections on one core, compressing
-        // and checksumming a 1 MiB write's blocks there alone held 1 MiB write + flush at 0.84x
-        // of connections spread over both cores (docs/bench/peers-placement.md).
-        let compression = dataset.state.lock().entry.compression;
-        let blocks: Vec<(BlockProps, Arc<AlignedBuf>)> = place
-            .iter()
-            .map(|(record, data)| {
-                (BlockProps::data(Writer::LogIndirect, record.txg(), compression), Arc::clone(data))
-            })
-            .collect();
-        let sealed = self.spa.pool().seal_blocks(blocks).await?;
-        // Space for each placed block, as data is placed (near the data cursor, so a large
-        // write's blocks land back to back), but held like a log block until a sync links it.
-        let mut placed: Vec<(u32, u64, u64)> = Vec::with_capacity(place.len());
-        {
-            let mut allocator = self.spa.allocator().lock();
-            for block in &sealed {
-                match allocator.allocate_indirect(block.psize()) {
-                    Ok(at) => placed.push(at),
-                    Err(source) => {
-                        // No room for the blocks in place: the commit falls back to a txg
-                        // sync, which writes them once, rather than copying them into log
-                        // blocks, which would take the room the sync needs (log blocks
-                        // holding copies of 1 MiB writes filled a nearly full pool until the
-                        // sync could not place its own blocks).
-                        for &(vdev, start, len) in &placed {
-                            allocator.release_indirect(vdev, start, len);
-                        }
-                        return Err(StoreError::Pool(PoolError::NoSpace {
-                            pool: self.spa.pool().name().to_owned(),
-                            cause: source,
-                        }));
-                    }
-                }
-            }
-        }
-        self.zil.stats().indirect_blocks_written.add(place.len() as u64);
-        // Runs of blocks back to back on one vdev, each written as one I/O.
-        let runs = zio::span_runs(&placed);
-        let mut blocks: Vec<Prewritten> = Vec::with_capacity(place.len());
-        let mut writes = Vec::with_capacity(runs.len());
-        for run in runs {
-            let (vdev, start, _) = placed[run.start];
-            // Written from the blocks' own buffers as one vectored write, as a sync writes.
-            let pieces = zio::run_pieces(&placed, run.clone(), |i| &sealed[i].stored);
-            let (done, written) = futures::channel::oneshot::channel::<bool>();
-            let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
-            for i in run {
-                let bp = zio::describe(&sealed[i], &placed[i..=i]);
-                let data = Arc::clone(&place[i].1);
-                blocks.push(Prewritten { data, bp, write: write.clone() });
-            }
-            writes.push((
-                VdevAddress { vdev, offset_bytes: start },
-                SharedBuf::gather(pieces),
-                done,
-            ));
-        }
-        // Recorded for the sync before the writes start, so that a sync beginning now waits
-        // for them; a block that changed since it was looked at is orphaned (the next sync
-        // frees it once its write ends) and its record copied instead.
-        let mut filled: Vec<(LogRecord, Option<DataWrite>)> = Vec::new();
-        {
-            let mut txg = self.txg.lock();
-            let mut v = dataset.state.lock();
-            let mut orphaned = Vec::new();
-            for ((record, _), block) in place.iter().zip(blocks) {
-                let index = index_of(record);
-                let current = match v.open.get(&index) {
-                    Some(Block::Data(data)) => Arc::ptr_eq(data, &block.data),
-                    _ => false,
-                };
-                // A destroy (under the txg lock, as here) orphans the prewritten blocks
-                // it finds; one linked after it would be freed by no sync.
-                let live = !dataset.destroyed.load(std::sync::atomic::Ordering::Acquire);
-                if current && live && record.txg() == txg.open_txg() {
-                    let indirect = match record {
-                        LogRecord::WriteIndirect { txg, sequence, offset, len, .. } => {
-                            LogRecord::WriteIndirect {
-                                txg: *txg,
-                                sequence: *sequence,
-                                offset: *offset,
-                                len: *len,
-                                block: block.bp,
-                            }
-                        }
-                        _ => unreachable!("only indirect records are placed"),
-                    };
-                    filled.push((indirect, Some(block.write.clone())));
-                    if let Some(replaced) = v.prewritten.insert(index, block) {
-                        orphaned.push(replaced);
-                    }
-                    // The block is on its way to the disk and the sync will not write it, but
-                    // it stays dirty: the throttle and the start of the next sync count it,
-                    // since until that sync the block and any version it replaced hold
-                    // space. Only the space check leaves it out, its space being allocated
-                    // already. (Leaving it out of the dirty data too let 1 MiB write + flush
-                    // clients fill a pool with blocks written in place and their replaced
-                    // versions within one txg timeout: the sync after found no room.)
-                    txg.count_prewritten(bs);
-                } else {
-                    orphaned.push(block);
-                    copy.push(record);
-                }
-            }
-            if !orphaned.is_empty() {
-                txg.queue(Orphaned(orphaned));
-            }
-        }
-        for (at, data, done) in writes {
-            let pool = Arc::clone(self.spa.pool());
-            self.spa.pool().env().spawn("indirect block write", async move {
-                let how = Issue { class: IoClass::SyncWrite, durable: true };
-                let ok = pool.issue(Writer::LogIndirect, at, data, how).await.is_ok();
-                let _ = done.send(ok);
-            });
-        }
-        for (record, write) in filled {
-            log.fill(record, write);
-        }
-        for record in copy {
-            let (txg, sequence, offset) = (record.txg(), record.sequence(), index_of(record) * bs);
-            let filled = match dataset.block(self.spa.pool(), offset / bs).await? {
-                Some(data) => LogRecord::Write { txg, sequence, offset, data: data.to_vec() },
-                None => LogRecord::Zero { txg, sequence, offset, len: bs },
-            };
-            self.zil.stats().indirect_records_copied.inc();
-            log.fill(filled, None);
-        }
-        if !syncing.is_empty() {
-            // The sync of their txg holds the sync lock from before it closed the txg until
-            // the log dropped its records (`LogWriter::synced`): once the lock is had, they
-            // are durable and gone.
-            drop(self.syncer.lock().await);
-            // Still there only if that sync failed: the store is suspended, and the caller
-            // gives the records back and falls back to a sync, which reports it.
-            self.spa.check_live()?;
-            self.zil.stats().indirect_records_left_to_sync.add(syncing.len() as u64);
-        }
-        Ok(())
     }
 }
 
@@ -842,16 +499,6 @@ pub(super) fn append_records(
     sequence
 }
 
-/// Records of the txg being synced are copied into the log while their blocks are less than
-/// this fraction (1/N) of what that sync writes, or less than [`COPY_ALWAYS_BYTES`]; past
-/// both, their commit waits for the sync.
-const COPY_SHARE_OF_SYNC: u64 = 4;
-
-/// Below this, copies of a syncing txg's blocks are always made: a sync costs two rounds of
-/// flushes and its metadata besides its data, about what the copies of a few MiB cost in log
-/// writes (an estimate, not measured per device).
-const COPY_ALWAYS_BYTES: u64 = 4 << 20;
-
 /// The pointer an indirect record carries until it is filled (never encoded: no lwb takes an
 /// unfilled record).
 const UNFILLED: BlockPointer = BlockPointer {
@@ -872,41 +519,4 @@ const UNFILLED: BlockPointer = BlockPointer {
 /// header and the record's, in whole 4 KiB.
 pub(super) fn copied_piece_bytes(block_bytes_max: u32) -> usize {
     ((block_bytes_max as usize - LOG_HEADER_BYTES - 40) / 4096 * 4096).max(512)
-}
-
-/// Log blocks of retired chains (a destroyed volume's, a replayed or failed log's), freed by
-/// the sync of the txg they were retired in: that sync's uberblock no longer points at them.
-#[derive(Debug)]
-pub(super) struct RetiredLog(pub(super) Vec<LogAddress>);
-
-impl SyncTask for RetiredLog {
-    fn sync<'c, 's: 'c>(
-        self: Box<Self>,
-        cx: SyncCx<'c, 's>,
-    ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
-        let mut allocator = cx.spa.allocator().lock();
-        for at in self.0 {
-            allocator.free_log(cx.update.txg, at.vdev, at.offset_bytes, u64::from(at.len_bytes));
-        }
-        Box::pin(std::future::ready(Ok(())))
-    }
-}
-
-/// Blocks written in place for indirect log records that no volume will link (their volume
-/// was destroyed, or their block changed before the fill could record them): the sync waits
-/// for their writes, since a write in flight must not land on space handed out again, then
-/// frees them.
-#[derive(Debug)]
-pub(super) struct Orphaned(pub(super) Vec<Prewritten>);
-
-impl SyncTask for Orphaned {
-    fn sync<'c, 's: 'c>(
-        self: Box<Self>,
-        cx: SyncCx<'c, 's>,
-    ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
-        Box::pin(async move {
-            cx.spa.release_prewritten(cx.update.txg, self.0).await;
-            Ok(())
-        })
-    }
 }
