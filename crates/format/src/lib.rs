@@ -1,6 +1,7 @@
 //! On-disk types only: block pointers, uberblocks, labels, space maps, the pool directory and
 //! intent-log blocks (ZFS: `spa.h`, `uberblock_impl.h`,
-//! `vdev_impl.h`, `zil.h`, `ddt.h`).
+//! `vdev_impl.h`, `zil.h`, `ddt.h`), and RAID-Z's geometry and parity, which place blocks on
+//! disk as surely as any structure here ([`raidz`]; ZFS: `vdev_raidz.c`).
 //!
 //! Rules every structure here keeps (STYLE.md §7): little-endian integers encoded by hand at
 //! fixed offsets given in a byte table at the top of each module; a magic number, a version that
@@ -18,6 +19,7 @@ mod directory;
 mod error;
 mod label;
 mod log_block;
+pub mod raidz;
 mod send_stream;
 mod space_map;
 mod uberblock;
