@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
     --source) source=$2; shift 2 ;;
     --image-size) image_size=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
-    --dir) dir=$2; shift 2 ;;
+    --dir) dir=$(realpath -m "$2"); shift 2 ;;
     --no-build) build=0; shift ;;
     --report) report=$2; shift 2 ;;
     --settings) settings=$2; shift 2 ;;

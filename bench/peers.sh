@@ -71,7 +71,7 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
-    --dir) dir=$2; shift 2 ;;
+    --dir) dir=$(realpath -m "$2"); shift 2 ;;
     --size) size=$2; shift 2 ;;
     --no-build) build=0; shift ;;
     --mirror) mirror=1; shift ;;

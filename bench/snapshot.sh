@@ -22,7 +22,7 @@ rounds=5 dir=/tmp/sluice-snapshot build=1 report=docs/bench/snapshot.md
 while [ $# -gt 0 ]; do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;
-    --dir) dir=$2; shift 2 ;;
+    --dir) dir=$(realpath -m "$2"); shift 2 ;;
     --no-build) build=0; shift ;;
     --report) report=$2; shift 2 ;;
     *) echo "usage: $0 [--rounds N] [--dir DIR] [--no-build] [--report PATH.md]" >&2; exit 2 ;;

@@ -176,7 +176,8 @@ enum Command {
 /// The new leaf of `pool attach` and `pool replace`.
 #[derive(clap::Args, Serialize, Deserialize)]
 struct NewLeafArgs {
-    /// The new leaf's path.
+    /// The new leaf's absolute path.
+    #[arg(value_parser = pools::parse_leaf_path)]
     new: String,
     /// Size of the file to create if it is missing (default: the existing leaf's size).
     #[arg(long, value_parser = pools::parse_size)]
@@ -216,9 +217,10 @@ enum PoolCommand {
     /// what was found, unless --force is given.
     Create {
         name: String,
-        /// Leaves: paths, each group of mirrored ones preceded by `mirror`; log devices after
-        /// `log`.
-        #[arg(required = true)]
+        /// Leaves: absolute paths, each group of mirrored ones preceded by `mirror`; log
+        /// devices after `log`. ZFS's other vdev types (raidz, draid, spare, cache, special,
+        /// dedup) are refused by name: sluice does not build them yet.
+        #[arg(required = true, value_parser = pools::parse_vdev_word)]
         vdevs: Vec<String>,
         /// Create missing files of this size (like 1G).
         #[arg(long, value_parser = pools::parse_size)]

@@ -193,6 +193,55 @@ pub fn parse_size(text: &str) -> anyhow::Result<u64> {
     })
 }
 
+/// The vdev types `zpool create` knows beside `mirror` and `log` that sluice does not build,
+/// with what they are: refused by name, never taken for a file's name.
+const VDEV_TYPES_NOT_BUILT: [(&str, &str); 9] = [
+    ("raidz", "RAID-Z"),
+    ("raidz1", "RAID-Z"),
+    ("raidz2", "RAID-Z"),
+    ("raidz3", "RAID-Z"),
+    ("draid", "dRAID"),
+    ("spare", "hot spares"),
+    ("cache", "cache devices"),
+    ("special", "special allocation class devices"),
+    ("dedup", "dedup table devices"),
+];
+
+/// A word of `pool create`'s vdev list: `mirror`, `log`, or a leaf's absolute path
+/// ([`parse_leaf_path`]). Another vdev type ZFS knows is refused by name.
+pub fn parse_vdev_word(word: &str) -> anyhow::Result<String> {
+    if word == "mirror" || word == "log" {
+        return Ok(word.to_owned());
+    }
+    // dRAID's words carry their geometry: draid2:4d:1s.
+    let kind = if word.starts_with("draid") { "draid" } else { word };
+    if let Some((_, what)) = VDEV_TYPES_NOT_BUILT.iter().find(|(k, _)| *k == kind) {
+        anyhow::bail!(
+            "`{word}` is a ZFS vdev type ({what}) that sluice does not build yet; list leaves, \
+             with `mirror` before each group of mirrored ones"
+        );
+    }
+    parse_leaf_path(word)
+}
+
+/// A leaf's path from the command line: absolute, as `zpool` wants for files, because the
+/// server that opens it may run in another directory than the command. A relative one is
+/// refused with the absolute path it would have meant here.
+pub fn parse_leaf_path(word: &str) -> anyhow::Result<String> {
+    let path = Path::new(word);
+    if path.is_absolute() {
+        return Ok(word.to_owned());
+    }
+    let meant = std::env::current_dir()
+        .map(|dir| {
+            let whole = dir.join(path);
+            let parts = whole.components().filter(|c| *c != std::path::Component::CurDir);
+            parts.collect::<std::path::PathBuf>().display().to_string()
+        })
+        .unwrap_or_else(|_| format!("/full/path/to/{word}"));
+    anyhow::bail!("leaf path {word:?} is not absolute; give the whole path, such as {meant}")
+}
+
 /// Opens a leaf; a missing file is created with `create_len` bytes, allocated in full unless
 /// `sparse`.
 pub(crate) fn open_leaf(
