@@ -6,6 +6,7 @@
 //! seed's layout, with the seed's published figures beside ours, or as JSON.
 
 pub mod engine;
+pub mod raidz;
 pub mod seeds;
 
 /// Percentage change from `before` to `after`.

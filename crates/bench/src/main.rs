@@ -1,5 +1,5 @@
 //! The `sluice-bench` command: the engine benchmark (`sluice-bench engine`, real time on file
-//! leaves) and the seeds' experiments (`sluice-bench seeds ddt|mirror|queue|zil|zvol`; ddt in
+//! leaves), RAID-Z's parity code (`sluice-bench raidz`) and the seeds' experiments (`sluice-bench seeds ddt|mirror|queue|zil|zvol`; ddt in
 //! real time, the others in virtual time under the simulator). A binary of its own, not a
 //! subcommand of `sluice`, so that the served binary does not link the simulator.
 
@@ -35,6 +35,20 @@ enum Command {
         random_ops: u64,
         #[arg(long, default_value_t = 16)]
         queue_depth: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// RAID-Z's parity code on one core: parity generation (64-bit words, and the byte
+    /// reference it is checked against) and rebuilds, in GB/s of block data.
+    Raidz {
+        #[arg(long, value_parser = parse_size, default_value = "1M")]
+        block_size: u64,
+        /// Seconds per run.
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+        /// Runs per figure (the table gives medians).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
         #[arg(long)]
         json: bool,
     },
@@ -128,6 +142,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Engine { dir, volume_size, random_ops, queue_depth, json } => {
             let report = engine::run(&dir, volume_size, random_ops, queue_depth.max(1))
                 .map_err(|e| anyhow::anyhow!("engine benchmark in {}: {e}", dir.display()))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.markdown());
+            }
+            Ok(())
+        }
+        Command::Raidz { block_size, seconds, runs, json } => {
+            anyhow::ensure!(runs > 0 && seconds > 0.0, "--runs and --seconds must be positive");
+            let report = sluice_bench::raidz::run(block_size, seconds, runs)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
