@@ -1,11 +1,13 @@
 //! RAID-Z's parity code on this CPU (`sluice-bench raidz`): how many bytes of data a second
-//! its parity generation and rebuild go through, the 64-bit word path sluice uses against the
-//! byte-at-a-time reference it is checked against, for 1 MiB blocks laid out as RAID-Z vdevs
+//! its parity generation and rebuild go through, by each path the CPU runs (`ParityPath`) and
+//! by the byte-at-a-time reference they are checked against, for 1 MiB blocks laid out as RAID-Z vdevs
 //! lay them out. One core, no I/O: the figures are the code's ceiling, not a pool's.
 
 use std::time::{Duration, Instant};
 
-use sluice_format::raidz::{generate_parity, reconstruct, reference, RaidzGeometry};
+use sluice_format::raidz::{
+    generate_parity, generate_parity_with, reconstruct, reference, ParityPath, RaidzGeometry,
+};
 
 /// One measured operation on one geometry.
 #[derive(Debug, serde::Serialize)]
@@ -43,6 +45,13 @@ impl Report {
             );
         }
         out
+    }
+}
+
+fn path_name(path: ParityPath) -> &'static str {
+    match path {
+        ParityPath::Avx2 => "AVX2",
+        ParityPath::Portable => "portable (the target's baseline, SSE2 on x86-64)",
     }
 }
 
@@ -107,18 +116,21 @@ pub fn run(block_bytes: u64, seconds: f64, runs: usize) -> anyhow::Result<Report
             });
         };
         let mut work = whole.clone();
-        let mut generate = |slow: bool| {
+        let mut generate = |path: Option<ParityPath>| {
             let (parity, data) = work.split_at_mut(p);
             let data: Vec<&[u8]> = data.iter().map(|c| &c[..]).collect();
             let mut parity: Vec<&mut [u8]> = parity.iter_mut().map(|c| &mut c[..]).collect();
-            if slow {
-                reference::generate_parity(&data, &mut parity);
-            } else {
-                generate_parity(&data, &mut parity);
+            match path {
+                Some(path) => generate_parity_with(path, &data, &mut parity),
+                None => reference::generate_parity(&data, &mut parity),
             }
         };
-        measure("parity, 64-bit words".into(), &mut || generate(false));
-        measure("parity, byte reference".into(), &mut || generate(true));
+        for path in [ParityPath::Avx2, ParityPath::Portable] {
+            if path.available() {
+                measure(format!("parity, {}", path_name(path)), &mut || generate(Some(path)));
+            }
+        }
+        measure("parity, byte reference".into(), &mut || generate(None));
         let losts = if p == 1 { vec![1] } else { vec![1, p] };
         for lost in losts {
             let targets: Vec<usize> = (p..p + lost).collect();

@@ -25,9 +25,9 @@
 //! data column gets the highest power; general Reed-Solomon crates use other matrices, which
 //! would not read sluice's pools). Any `P` columns, data or parity, can be rebuilt from the rest.
 //!
-//! Parity is computed eight bytes at a time in 64-bit words (portable, no `unsafe`), and
-//! checked bit for bit against [`reference`], which follows the field's definition one byte at
-//! a time. All of it is the on-disk format, frozen by golden tests
+//! Parity is computed by branch-free byte loops that the compiler vectorizes, for the target's
+//! baseline and, chosen at run time, for AVX2 ([`ParityPath`]); each path is checked bit for bit
+//! against [`reference`], which follows the field's definition one byte at a time. All of it is the on-disk format, frozen by golden tests
 //! (crates/format/tests/raidz.rs): changing any of it moves the blocks of existing pools.
 
 use std::ops::Range;
@@ -272,48 +272,77 @@ pub mod gf {
     }
 }
 
-/// Bytes of a 64-bit word whose low seven bits are set, and whose top bit is.
-const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
-const HIGH: u64 = 0x8080_8080_8080_8080;
-
-/// Each of the eight bytes of `x` times 2: shifted left, and 0x1d added where a byte's top bit
-/// fell off (the bytes never carry into each other).
-fn mul2_word(x: u64) -> u64 {
-    ((x & LOW7) << 1) ^ (((x & HIGH) >> 7) * 0x1d)
+/// `b * 2`, without a branch: shifted left, and 0x1d added when the top bit fell off (the
+/// arithmetic shift of the top bit makes the mask). Written so that the compiler turns the
+/// loops below into vector instructions.
+#[inline(always)]
+fn mul2_byte(b: u8) -> u8 {
+    (b << 1) ^ ((((b as i8) >> 7) as u8) & 0x1d)
 }
 
-/// `acc = acc * 2^j`, for parity `j` (0: P, 1: Q, 2: R), over every byte, eight at a time.
-fn scale_parity(acc: &mut [u8], j: usize) {
-    if j == 0 {
-        return;
-    }
-    let mut words = acc.chunks_exact_mut(8);
-    for word in &mut words {
-        let mut x = u64::from_le_bytes(word.try_into().expect("eight bytes"));
-        for _ in 0..j {
-            x = mul2_word(x);
-        }
-        word.copy_from_slice(&x.to_le_bytes());
-    }
-    for byte in words.into_remainder() {
-        for _ in 0..j {
-            *byte = gf::mul2(*byte);
-        }
+/// `b * 2^j` for parity `j`.
+#[inline(always)]
+fn scale_byte(b: u8, j: usize) -> u8 {
+    match j {
+        0 => b,
+        1 => mul2_byte(b),
+        _ => mul2_byte(mul2_byte(b)),
     }
 }
 
-/// `acc ^= column` over the column's length, eight bytes at a time.
-fn xor_into(acc: &mut [u8], column: &[u8]) {
-    let acc = &mut acc[..column.len()];
-    let mut words = acc.chunks_exact_mut(8);
-    let mut from = column.chunks_exact(8);
-    for (word, other) in (&mut words).zip(&mut from) {
-        let x = u64::from_le_bytes(word.try_into().expect("eight bytes"))
-            ^ u64::from_le_bytes(other.try_into().expect("eight bytes"));
-        word.copy_from_slice(&x.to_le_bytes());
+/// One step of Horner's rule over the running parity `acc`: `acc = acc * 2^j ^ column`, the
+/// column counting as zeros past its end (or wholly, given as `None`). One pass, in place.
+#[inline(always)]
+fn horner_step(acc: &mut [u8], column: Option<&[u8]>, j: usize) {
+    let column = column.unwrap_or(&[]);
+    let (head, tail) = acc.split_at_mut(column.len().min(acc.len()));
+    for (a, d) in head.iter_mut().zip(column) {
+        *a = scale_byte(*a, j) ^ d;
     }
-    for (byte, other) in words.into_remainder().iter_mut().zip(from.remainder()) {
-        *byte ^= other;
+    if j > 0 {
+        for a in tail {
+            *a = scale_byte(*a, j);
+        }
+    }
+}
+
+#[inline(always)]
+fn horner_portable(data: &[Option<&[u8]>], j: usize, out: &mut [u8]) {
+    out.fill(0);
+    for column in data {
+        horner_step(out, *column, j);
+    }
+}
+
+/// [`horner_portable`] compiled for AVX2: the same code, vectorized 32 bytes at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn horner_avx2(data: &[Option<&[u8]>], j: usize, out: &mut [u8]) {
+    horner_portable(data, j, out);
+}
+
+/// How parity is computed on this machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParityPath {
+    /// Plain Rust, vectorized for what every CPU of the target has (SSE2 on x86-64).
+    Portable,
+    /// The same code compiled for AVX2, chosen when the CPU has it.
+    Avx2,
+}
+
+impl ParityPath {
+    /// The fastest path this CPU runs.
+    pub fn detect() -> ParityPath {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return ParityPath::Avx2;
+        }
+        ParityPath::Portable
+    }
+
+    /// Whether this CPU can run the path.
+    pub fn available(self) -> bool {
+        self == ParityPath::Portable || ParityPath::detect() == ParityPath::Avx2
     }
 }
 
@@ -321,18 +350,43 @@ fn xor_into(acc: &mut [u8], column: &[u8]) {
 /// its end) into `out`, as long as the longest column, by Horner's rule:
 /// `acc = acc * 2^j ^ D_i` for each column in turn. A column given as `None` counts as zeros
 /// (the syndrome of a rebuild).
-fn horner(data: &[Option<&[u8]>], j: usize, out: &mut [u8]) {
-    out.fill(0);
-    for column in data {
-        scale_parity(out, j);
-        if let Some(column) = column {
-            xor_into(out, column);
+fn horner_with(path: ParityPath, data: &[Option<&[u8]>], j: usize, out: &mut [u8]) {
+    match path {
+        #[cfg(target_arch = "x86_64")]
+        ParityPath::Avx2 => {
+            assert!(path.available(), "the AVX2 parity path on a CPU without AVX2");
+            // SAFETY: the CPU has AVX2 (checked just above), which is all `horner_avx2`
+            // needs beyond what the target guarantees.
+            unsafe { horner_avx2(data, j, out) }
         }
+        _ => horner_portable(data, j, out),
     }
 }
 
-/// The parity computed one byte at a time from the field's definition, without the word
-/// tricks above: what [`generate_parity`] is checked against bit for bit, and measured against
+fn horner(data: &[Option<&[u8]>], j: usize, out: &mut [u8]) {
+    horner_with(detected_path(), data, j, out);
+}
+
+/// [`ParityPath::detect`], once per process.
+fn detected_path() -> ParityPath {
+    static PATH: std::sync::OnceLock<ParityPath> = std::sync::OnceLock::new();
+    *PATH.get_or_init(ParityPath::detect)
+}
+
+/// [`generate_parity`] through a given path (for tests and benchmarks: each path is checked
+/// against [`reference`] bit for bit).
+pub fn generate_parity_with(path: ParityPath, data: &[&[u8]], parity: &mut [&mut [u8]]) {
+    assert!(parity.len() <= RAIDZ_PARITY_MAX as usize);
+    let longest = data.iter().map(|c| c.len()).max().unwrap_or(0);
+    let present: Vec<Option<&[u8]>> = data.iter().map(|c| Some(*c)).collect();
+    for (j, out) in parity.iter_mut().enumerate() {
+        assert_eq!(out.len(), longest, "parity is as long as the longest data column");
+        horner_with(path, &present, j, out);
+    }
+}
+
+/// The parity computed one byte at a time from the field's definition, without the vector
+/// paths above: what [`generate_parity`] is checked against bit for bit, and measured against
 /// (`sluice-bench raidz`).
 pub mod reference {
     use super::gf;
@@ -356,15 +410,9 @@ pub mod reference {
 
 /// Writes the parity of the data columns `data` (in column order; a shorter column counts as
 /// zeros past its end) into `parity`: P, then Q, then R, as many as given, each as long as the
-/// longest data column.
+/// longest data column. Through the fastest path this CPU runs ([`ParityPath::detect`]).
 pub fn generate_parity(data: &[&[u8]], parity: &mut [&mut [u8]]) {
-    assert!(parity.len() <= RAIDZ_PARITY_MAX as usize);
-    let longest = data.iter().map(|c| c.len()).max().unwrap_or(0);
-    let present: Vec<Option<&[u8]>> = data.iter().map(|c| Some(*c)).collect();
-    for (j, out) in parity.iter_mut().enumerate() {
-        assert_eq!(out.len(), longest, "parity is as long as the longest data column");
-        horner(&present, j, out);
-    }
+    generate_parity_with(detected_path(), data, parity);
 }
 
 /// Rebuilds the columns listed in `lost` (indices into `columns`, which holds a map's columns:

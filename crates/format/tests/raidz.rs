@@ -3,7 +3,8 @@
 //! the rebuild of every combination of up to `parity` lost columns.
 
 use sluice_format::raidz::{
-    generate_parity, gf, reconstruct, reference, RaidzError, RaidzGeometry, RaidzMap,
+    generate_parity, generate_parity_with, gf, reconstruct, reference, ParityPath, RaidzError,
+    RaidzGeometry, RaidzMap,
 };
 
 const K4: u64 = 4096;
@@ -220,12 +221,15 @@ fn horner_matches_the_sums() {
     }
 }
 
+/// Every parity path this CPU runs, against the byte-at-a-time reference.
 #[test]
-fn the_word_parity_matches_the_reference_bit_for_bit() {
+fn every_parity_path_matches_the_reference_bit_for_bit() {
+    let paths: Vec<ParityPath> =
+        [ParityPath::Portable, ParityPath::Avx2].into_iter().filter(|p| p.available()).collect();
     let mut rng = Rng(0xfeed);
     for n in 1..=16usize {
-        for longest in [1usize, 7, 8, 9, 63, 4096, 4096 + 13] {
-            // The first columns are the long ones, as in a map; the others one to 9 bytes
+        for longest in [1usize, 7, 8, 9, 31, 32, 33, 63, 4096, 4096 + 13] {
+            // The first columns are the long ones, as in a map; the others up to 9 bytes
             // shorter, or as long.
             let data: Vec<Vec<u8>> = (0..n)
                 .map(|i| {
@@ -235,14 +239,18 @@ fn the_word_parity_matches_the_reference_bit_for_bit() {
                 .collect();
             let refs: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
             let len = refs.iter().map(|d| d.len()).max().unwrap_or(0);
-            let (mut fast, mut slow) = (vec![vec![0u8; len]; 3], vec![vec![0u8; len]; 3]);
-            let mut f: Vec<&mut [u8]> = fast.iter_mut().map(|v| &mut v[..]).collect();
-            generate_parity(&refs, &mut f);
-            let mut r: Vec<&mut [u8]> = slow.iter_mut().map(|v| &mut v[..]).collect();
+            let mut want = vec![vec![0u8; len]; 3];
+            let mut r: Vec<&mut [u8]> = want.iter_mut().map(|v| &mut v[..]).collect();
             reference::generate_parity(&refs, &mut r);
-            assert!(fast == slow, "{n} columns, longest {longest}");
+            for &path in &paths {
+                let mut got = vec![vec![0xa5u8; len]; 3];
+                let mut f: Vec<&mut [u8]> = got.iter_mut().map(|v| &mut v[..]).collect();
+                generate_parity_with(path, &refs, &mut f);
+                assert!(got == want, "{path:?}: {n} columns, longest {longest}");
+            }
         }
     }
+    assert!(paths.contains(&ParityPath::Portable));
 }
 
 /// A map's columns filled: random data, its parity computed.
