@@ -18,9 +18,20 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# A signal ends the script through its EXIT trap, so the tmpfs is unmounted.
+trap 'exit 143' TERM INT
 export SLUICE_CACHE_FILE=$work/cache
 fail() { echo "host_full: FAIL: $*" >&2; exit 1; }
 step() { echo "host_full: $*"; }
+
+# A run killed outright (SIGKILL, a timeout) never ran its cleanup: its tmpfs is still mounted,
+# holding memory. Unmount those, and remove their directories, before mounting another.
+while read -r source target _; do
+  if [ "$source" = sluice-host-full ] && [[ "$target" == */fs ]]; then
+    step "unmounting $target, left by an earlier run"
+    umount "$target" && rm -rf "${target%/fs}"
+  fi
+done < /proc/mounts
 
 mkdir "$work/fs"
 mount -t tmpfs -o size=600M sluice-host-full "$work/fs" \

@@ -19,6 +19,13 @@ step() { echo "replicate: $*"; }
 
 source "$(dirname "$0")/served_pools.sh"
 
+# Four leaves of 1 GiB, allocated in full, and the streams: say so before starting rather than
+# fail halfway with ENOSPC.
+need_mib=4608
+free_mib=$(df -Pm "$work" | awk 'NR == 2 { print $4 }')
+[ "$free_mib" -ge "$need_mib" ] \
+  || fail "needs $need_mib MiB free where it works ($work), and its filesystem has $free_mib; free space there, or point TMPDIR at a filesystem with room"
+
 "$bin" pool create src "$work/src-a.img" "$work/src-b.img" --size 1G >/dev/null
 "$bin" pool create dst "$work/dst-a.img" "$work/dst-b.img" --size 1G >/dev/null
 "$bin" vol create src/vm --size 256M --block-size 16K >/dev/null

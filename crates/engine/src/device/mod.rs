@@ -2,8 +2,9 @@
 //!
 //! Everything the engine stores goes through [`BlockDevice`]: read, write, flush, discard and
 //! length. [`FileDevice`] serves regular files and block devices with per-leaf I/O threads;
-//! [`SimDevice`] models HDDs and SSDs with a volatile write cache, crash images and injected
-//! faults, in virtual or real time. Tests and benchmarks swap one for the other.
+//! `SimDevice` (built with the `testing` feature) models HDDs and SSDs with a volatile write
+//! cache, crash images and injected faults, in virtual or real time. Tests and benchmarks swap
+//! one for the other.
 //!
 //! Contract every implementation keeps: a write that completed is visible to later reads; it is
 //! durable only after a later `flush` completed; nothing else is a barrier. Offsets and lengths

@@ -23,10 +23,10 @@
 //! deterministic), as ZFS's write-issue taskqs spread them over CPUs. Allocation and issue are
 //! done by the caller, in order, so a batch's blocks land back to back.
 //!
-//! A read ([`read`]) runs issue (copy after copy), verify (each copy against its pointer's
-//! checksum, so a mirror tries its other children), decrypt (unchanged, as encrypt) and
-//! decompress. Its raw mode stops after verify: scrub, resilver, healing and send move stored
-//! bytes as they are.
+//! A read ([`read_stored`], then [`unseal`]) runs issue (copy after copy), verify (each copy
+//! against its pointer's checksum, so a mirror tries its other children), decrypt (unchanged,
+//! as encrypt) and decompress. Its raw mode stops after verify: scrub, resilver, healing and
+//! send move stored bytes as they are.
 //!
 //! The intent log's chain blocks carry their own checksum (crates/format `lwb`) and go through
 //! the issue stage only; the blocks it writes in place for records logged by pointer go
