@@ -257,3 +257,44 @@ fn labels_are_redundant() {
     assert_eq!(pool.uberblock().txg, 2);
     a.crash(CrashPolicy::DropAll);
 }
+
+/// Labels a newer sluice wrote (sluice's magic, a version beyond what this build reads): import
+/// says that a newer sluice wrote them, naming the leaves and the version, rather than that no
+/// pool is there; `pool create`'s probe names them too, so they are not overwritten unasked.
+#[test]
+fn labels_of_a_newer_sluice_are_named() {
+    let sim = Sim::new(9);
+    let (a, b) = (disk(&sim, "a", false), disk(&sim, "b", false));
+    let env = sim.env();
+    let s = spec("tank", &[&a, &b], true);
+    sim.run(async move { Pool::create(&env, s, &Tunables::default()).await.unwrap() }).unwrap();
+    let newer = sluice_format::LABEL_VERSION as u16 + 1;
+    for d in [a.clone(), b.clone()] {
+        sim.run(async move {
+            for offset in sluice_format::label_offsets(LEAF_BYTES) {
+                let len = sluice_format::LABEL_HEADER_BYTES;
+                let mut header = d.read_at(offset, len as u32).await.unwrap().to_vec();
+                // The version field, then the checksum over everything before it, as a newer
+                // build would write them.
+                header[8..10].copy_from_slice(&newer.to_le_bytes());
+                let sum = sluice_format::ChecksumAlg::Xxh3_128.compute(&header[..len - 16]);
+                header[len - 16..].copy_from_slice(&sum.0);
+                let buf = sluice_engine::device::SharedBuf::copy_from(&header);
+                d.write_at(offset, buf).await.unwrap();
+            }
+            d.flush().await.unwrap();
+        })
+        .unwrap();
+    }
+    let refused = import(&sim, &[a.clone(), b.clone()], "tank").expect_err("import refused");
+    assert!(matches!(refused, PoolError::NewerLabels { version, .. } if version == newer));
+    let said = refused.to_string();
+    assert!(said.contains("a, b") && said.contains("newer sluice"), "{said}");
+    assert_eq!(refused.kind(), sluice_engine::ErrorKind::NotFound);
+    let found = sim
+        .run(async move { sluice_engine::pool::probe::probe(&a).await.unwrap() })
+        .unwrap()
+        .0
+        .expect("the probe finds the labels");
+    assert!(found.to_string().contains(&format!("label format version {newer}")), "{found}");
+}

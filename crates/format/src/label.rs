@@ -68,8 +68,9 @@ const _: () = assert!(RING_OFFSET >= LABEL_HEADER_BYTES as u64);
 const _: () = assert!(DATA_START_BYTES >= 2 * LABEL_BYTES);
 
 const WHAT: &str = "label";
-/// The version this structure is written at, and the newest it reads.
-const VERSION: FormatVersion = FormatVersion::V1;
+/// The version labels are written at, and the newest this build reads.
+pub const LABEL_VERSION: FormatVersion = FormatVersion::V1;
+const VERSION: FormatVersion = LABEL_VERSION;
 
 /// Offsets of the four labels on a leaf of `leaf_bytes` (the end labels aligned down to the
 /// label size, so a leaf that grows by less than a label keeps them in place).

@@ -40,7 +40,7 @@ use parking_lot::{Mutex, RwLock};
 use sluice_format::{
     label_offsets, uberblock_offset, BlockPointer, FormatError, LabelHeader, LeafConfig, TopConfig,
     TopKind, Uberblock, VdevTreeConfig, DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES,
-    POOL_NAME_BYTES_MAX, UBERBLOCK_BYTES, UBERBLOCK_SLOTS,
+    LABEL_VERSION, POOL_NAME_BYTES_MAX, UBERBLOCK_BYTES, UBERBLOCK_SLOTS,
 };
 
 pub use self::attach::PreparedAttach;
@@ -99,6 +99,13 @@ pub enum PoolError {
     LeafTooSmall { pool: String, path: String, len_bytes: u64, min_bytes: u64 },
     #[error("no pool named {name} on the {searched} devices searched; check the paths (and -d)")]
     NotFound { name: String, searched: usize },
+    #[error(
+        "no pool named {name} that this build can read on the {searched} devices searched, but \
+         {leaves} hold labels of sluice's format version {version}, newer than this build \
+         reads (up to {readable}): the pool may be there; import it with the newer sluice \
+         that wrote them"
+    )]
+    NewerLabels { name: String, searched: usize, leaves: String, version: u16, readable: u16 },
     #[error("several pools are named {name} (guids {guids:?}); import by guid instead")]
     Ambiguous { name: String, guids: Vec<u64> },
     #[error(
@@ -182,6 +189,7 @@ impl PoolError {
             | PoolError::InvalidLayout { .. }
             | PoolError::LeafTooSmall { .. } => ErrorKind::Invalid,
             PoolError::NotFound { .. }
+            | PoolError::NewerLabels { .. }
             | PoolError::Ambiguous { .. }
             | PoolError::NoSuchLeaf { .. } => ErrorKind::NotFound,
             PoolError::NoValidReplicas { .. }
@@ -913,13 +921,27 @@ impl Pool {
         tunables: &Tunables,
     ) -> Result<Pool, PoolError> {
         let searched = candidates.len();
-        // The newest valid label header of each device.
+        // The newest valid label header of each device; devices whose labels a newer sluice
+        // wrote, with the newest version found.
         let mut labelled: Vec<(LabelHeader, LeafSpec)> = Vec::new();
+        let mut newer: Vec<(String, u16)> = Vec::new();
         for candidate in candidates {
             if let Some(header) = read_best_label(candidate.device.as_ref()).await {
                 labelled.push((header, candidate));
+            } else if let Some(version) = newer_label_version(candidate.device.as_ref()).await {
+                newer.push((candidate.path.clone(), version));
             }
         }
+        let not_found = || match newer.iter().map(|(_, v)| *v).max() {
+            None => PoolError::NotFound { name: name.to_owned(), searched },
+            Some(version) => PoolError::NewerLabels {
+                name: name.to_owned(),
+                searched,
+                leaves: newer.iter().map(|(path, _)| path.as_str()).collect::<Vec<_>>().join(", "),
+                version,
+                readable: LABEL_VERSION as u16,
+            },
+        };
         let wanted: Vec<&(LabelHeader, LeafSpec)> = labelled
             .iter()
             .filter(|(h, _)| h.pool_name == name || format!("{:016x}", h.pool_guid) == name)
@@ -928,7 +950,7 @@ impl Pool {
         guids.sort_unstable();
         guids.dedup();
         let pool_guid = match guids.as_slice() {
-            [] => return Err(PoolError::NotFound { name: name.to_owned(), searched }),
+            [] => return Err(not_found()),
             [one] => *one,
             _ => return Err(PoolError::Ambiguous { name: name.to_owned(), guids }),
         };
@@ -1030,6 +1052,23 @@ pub(super) async fn read_best_label(device: &dyn BlockDevice) -> Option<LabelHea
         }
     }
     best
+}
+
+/// The newest label format version on `device` that this build cannot read, if any: labels a
+/// newer sluice wrote (sluice's magic, a version beyond [`LABEL_VERSION`]), so that
+/// import and `pool create` can say so rather than find nothing there.
+pub(super) async fn newer_label_version(device: &dyn BlockDevice) -> Option<u16> {
+    let mut newest = None;
+    for offset in label_offsets(device.len_bytes()) {
+        if offset + LABEL_BYTES > device.len_bytes() {
+            continue;
+        }
+        let Ok(bytes) = device.read_at(offset, LABEL_HEADER_BYTES as u32).await else { continue };
+        if let Err(FormatError::UnsupportedVersion { found, .. }) = LabelHeader::decode(&bytes) {
+            newest = newest.max(Some(found));
+        }
+    }
+    newest
 }
 
 /// Every uberblock that decodes in any label ring of a device.

@@ -62,6 +62,8 @@ pub enum Finding {
     Pool { name: String, guid: u64 },
     /// No label, but uberblocks of a pool: what `sluice pool destroy` leaves.
     DestroyedPool { guid: u64 },
+    /// Labels of a newer sluice: its magic, a format version this build cannot read.
+    NewerPool { version: u16 },
     /// A filesystem, partition table or container format.
     Signature { signature: Signature, offset_bytes: u64 },
     /// Nothing recognised, but the first non-zero byte in the windows probed is here.
@@ -74,6 +76,11 @@ impl std::fmt::Display for Finding {
             Finding::Pool { name, guid } => {
                 write!(f, "is part of sluice pool '{name}' (guid {guid:016x})")
             }
+            Finding::NewerPool { version } => write!(
+                f,
+                "holds the labels of a pool written by a newer sluice (label format version \
+                 {version}, which this build cannot read)"
+            ),
             Finding::DestroyedPool { guid } => write!(
                 f,
                 "holds a destroyed sluice pool (guid {guid:016x}): its uberblocks remain, its \
@@ -95,6 +102,9 @@ impl std::fmt::Display for Finding {
 pub async fn probe(device: &dyn BlockDevice) -> Result<Option<Finding>, DeviceError> {
     if let Some(header) = super::read_best_label(device).await {
         return Ok(Some(Finding::Pool { name: header.pool_name, guid: header.pool_guid }));
+    }
+    if let Some(version) = super::newer_label_version(device).await {
+        return Ok(Some(Finding::NewerPool { version }));
     }
     let newest = super::read_uberblocks(device).await.into_iter().max_by_key(|u| u.txg);
     if let Some(uberblock) = newest {
