@@ -13,25 +13,37 @@ bin=$(realpath "${1:-target/release/sluice}")
 work=$(mktemp -d)
 server=""
 cleanup() {
+  # No errexit here: `wait` on the killed server returns 137, which would end the trap before
+  # the unmount (and left the tmpfs mounted after every failure).
+  set +e
   if [ -n "$server" ]; then kill -KILL "$server" 2>/dev/null; wait "$server" 2>/dev/null; fi
-  umount "$work/fs" 2>/dev/null || true
+  umount "$work/fs" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
 # A signal ends the script through its EXIT trap, so the tmpfs is unmounted.
-trap 'exit 143' TERM INT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 export SLUICE_CACHE_FILE=$work/cache
 fail() { echo "host_full: FAIL: $*" >&2; exit 1; }
 step() { echo "host_full: $*"; }
 
 # A run killed outright (SIGKILL, a timeout) never ran its cleanup: its tmpfs is still mounted,
-# holding memory. Unmount those, and remove their directories, before mounting another.
+# holding memory. Unmount those, and remove their directories, before mounting another; a run
+# whose script is still alive (its pid in its directory's owner file) is left alone.
 while read -r source target _; do
   if [ "$source" = sluice-host-full ] && [[ "$target" == */fs ]]; then
-    step "unmounting $target, left by an earlier run"
-    umount "$target" && rm -rf "${target%/fs}"
+    owner=$(cat "${target%/fs}/owner" 2>/dev/null || true)
+    if [ -n "$owner" ] && kill -0 "$owner" 2>/dev/null; then continue; fi
+    if umount "$target" 2>/dev/null; then
+      step "unmounted $target, left by an earlier run"
+      rm -rf "${target%/fs}"
+    else
+      step "$target, left by an earlier run, is busy (a server of that run may still be running)"
+    fi
   fi
 done < /proc/mounts
+echo $$ > "$work/owner"
 
 mkdir "$work/fs"
 mount -t tmpfs -o size=600M sluice-host-full "$work/fs" \

@@ -23,8 +23,9 @@ source "$(dirname "$0")/served_pools.sh"
 # fail halfway with ENOSPC.
 need_mib=4608
 free_mib=$(df -Pm "$work" | awk 'NR == 2 { print $4 }')
-[ "$free_mib" -ge "$need_mib" ] \
-  || fail "needs $need_mib MiB free where it works ($work), and its filesystem has $free_mib; free space there, or point TMPDIR at a filesystem with room"
+[ "${free_mib:-0}" -ge "$need_mib" ] \
+  || fail "needs $need_mib MiB free where it works ($work), and its filesystem has \
+${free_mib:-an unknown number of} MiB; free space there, or point TMPDIR at a filesystem with room"
 
 "$bin" pool create src "$work/src-a.img" "$work/src-b.img" --size 1G >/dev/null
 "$bin" pool create dst "$work/dst-a.img" "$work/dst-b.img" --size 1G >/dev/null

@@ -1,6 +1,7 @@
 //! The `sluice-bench` command: the engine benchmark (`sluice-bench engine`, real time on file
-//! leaves), RAID-Z's parity code (`sluice-bench raidz`) and the seeds' experiments (`sluice-bench seeds ddt|mirror|queue|zil|zvol`; ddt in
-//! real time, the others in virtual time under the simulator). A binary of its own, not a
+//! leaves), RAID-Z's parity code (`sluice-bench raidz`) and the seeds' experiments
+//! (`sluice-bench seeds ddt|mirror|queue|zil|zvol`; ddt in real time, the others in virtual
+//! time under the simulator). A binary of its own, not a
 //! subcommand of `sluice`, so that the served binary does not link the simulator.
 
 use std::path::PathBuf;
@@ -38,8 +39,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// RAID-Z's parity code on one core: parity generation (64-bit words, and the byte
-    /// reference it is checked against) and rebuilds, in GB/s of block data.
+    /// RAID-Z's parity code on one core: parity generation (each path this CPU runs, and the
+    /// byte reference they are checked against) and rebuilds, in GB/s of block data.
     Raidz {
         #[arg(long, value_parser = parse_size, default_value = "1M")]
         block_size: u64,
@@ -150,7 +151,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Raidz { block_size, seconds, runs, json } => {
-            anyhow::ensure!(runs > 0 && seconds > 0.0, "--runs and --seconds must be positive");
+            anyhow::ensure!(
+                runs > 0 && seconds > 0.0 && block_size > 0,
+                "--runs, --seconds and --block-size must be positive"
+            );
             let report = sluice_bench::raidz::run(block_size, seconds, runs)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);

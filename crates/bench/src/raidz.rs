@@ -1,7 +1,8 @@
 //! RAID-Z's parity code on this CPU (`sluice-bench raidz`): how many bytes of data a second
 //! its parity generation and rebuild go through, by each path the CPU runs (`ParityPath`) and
-//! by the byte-at-a-time reference they are checked against, for 1 MiB blocks laid out as RAID-Z vdevs
-//! lay them out. One core, no I/O: the figures are the code's ceiling, not a pool's.
+//! by the byte-at-a-time reference they are checked against, for 1 MiB blocks laid out as
+//! RAID-Z vdevs lay them out. One core, no I/O: the figures are the code's ceiling, not a
+//! pool's.
 
 use std::time::{Duration, Instant};
 
@@ -97,8 +98,8 @@ fn median(runs: &[f64]) -> f64 {
     sorted[sorted.len() / 2]
 }
 
-/// Measures raidz1 of 4, raidz2 of 6 and raidz3 of 8 children: parity generation (word path
-/// and reference), and the rebuild of one and of `parity` lost data columns.
+/// Measures raidz1 of 4, raidz2 of 6 and raidz3 of 8 children: parity generation (each path
+/// this CPU runs, and the reference), and the rebuild of one and of `parity` lost data columns.
 pub fn run(block_bytes: u64, seconds: f64, runs: usize) -> anyhow::Result<Report> {
     let mut rows = Vec::new();
     for (width, parity) in [(4, 1), (6, 2), (8, 3)] {

@@ -241,33 +241,35 @@ fn pool_lifecycle() {
 /// (`zpool create rz raidz2 a b c d` once made a four-leaf stripe with a file named raidz2).
 #[test]
 fn vdev_words_and_relative_leaf_paths_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = dir.path().join("pools.cache");
+    let tmp = tempfile::tempdir().unwrap();
+    // As the command sees its directory (a tempdir behind a symlink resolves).
+    let dir = tmp.path().canonicalize().unwrap();
+    let cache = dir.as_path().join("pools.cache");
     let in_dir = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args(args)
             .env("SLUICE_CACHE_FILE", &cache)
-            .current_dir(dir.path())
+            .current_dir(dir.as_path())
             .output()
             .unwrap();
         assert!(!out.status.success(), "sluice {args:?} should have failed");
         String::from_utf8(out.stderr).unwrap()
     };
-    let a = dir.path().join("a");
+    let a = dir.as_path().join("a");
     let a = a.to_str().unwrap();
     for word in ["raidz", "raidz2", "draid2:4d:1s", "spare", "cache", "special", "dedup"] {
         let error = in_dir(&["pool", "create", "rz", word, a, "b", "--size", "64M"]);
         assert!(error.contains(&format!("`{word}` is a ZFS vdev type")), "{word}: {error}");
-        assert!(!Path::new(word).exists() && !dir.path().join(word).exists());
+        assert!(!Path::new(word).exists() && !dir.as_path().join(word).exists());
     }
     for word in ["b", "./b"] {
         let error = in_dir(&["pool", "create", "rz", "mirror", a, word, "--size", "64M"]);
-        let meant = dir.path().join("b");
+        let meant = dir.as_path().join("b");
         assert!(error.contains(&format!("leaf path {word:?} is not absolute")), "{error}");
         assert!(error.contains(meant.to_str().unwrap()), "{error}");
     }
     assert!(
-        !Path::new(a).exists() && !dir.path().join("b").exists(),
+        !Path::new(a).exists() && !dir.as_path().join("b").exists(),
         "a refused create made files"
     );
     let error = in_dir(&["pool", "attach", "rz", a, "c"]);

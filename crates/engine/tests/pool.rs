@@ -298,3 +298,28 @@ fn labels_of_a_newer_sluice_are_named() {
         .expect("the probe finds the labels");
     assert!(found.to_string().contains(&format!("label format version {newer}")), "{found}");
 }
+
+/// A label whose version field reads 0 is damaged, not newer: import finds no pool, as for
+/// any unreadable label, rather than send the user looking for a newer sluice.
+#[test]
+fn a_label_of_version_zero_is_not_called_newer() {
+    let sim = Sim::new(10);
+    let a = disk(&sim, "a", false);
+    let env = sim.env();
+    let s = spec("tank", &[&a], false);
+    sim.run(async move { Pool::create(&env, s, &Tunables::default()).await.unwrap() }).unwrap();
+    let d = a.clone();
+    sim.run(async move {
+        for offset in sluice_format::label_offsets(LEAF_BYTES) {
+            let len = sluice_format::LABEL_HEADER_BYTES;
+            let mut header = d.read_at(offset, len as u32).await.unwrap().to_vec();
+            header[8..10].copy_from_slice(&0u16.to_le_bytes());
+            let buf = sluice_engine::device::SharedBuf::copy_from(&header);
+            d.write_at(offset, buf).await.unwrap();
+        }
+        d.flush().await.unwrap();
+    })
+    .unwrap();
+    let refused = import(&sim, std::slice::from_ref(&a), "tank").expect_err("no readable label");
+    assert!(matches!(refused, PoolError::NotFound { .. }), "{refused}");
+}

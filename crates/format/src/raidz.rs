@@ -3,15 +3,15 @@
 //! columns lie on a RAID-Z vdev's children, what it allocates, and the parity that rebuilds up
 //! to three lost columns.
 //!
-//! A RAID-Z vdev of `W` children with `P` parity numbers its sectors across the children row
-//! by row: logical sector `i` of the vdev is row `i / W` of child `i % W`. A block of `s`
-//! sectors, from logical sector `b` on, is cut into columns: column `c` holds logical sectors
-//! `b + c`, `b + c + W`, `b + c + 2W`, ..., so each column is one contiguous run on one child
-//! and the block is written with one I/O per child. The first `P` columns are parity (P, then Q, then R), the rest data, filled
-//! column after column: the first data column takes the block's first bytes. When `s` is not a
-//! multiple of `W - P` the first columns are one sector longer; a short column counts as zeros
-//! in its last row's parity. Every block is a full stripe of its own, never read-modify-written:
-//! there is no write hole.
+//! A RAID-Z vdev of `W` children with `P` parity numbers its sectors across the children row by
+//! row: logical sector `i` of the vdev is row `i / W` of child `i % W`. A block of `s` sectors,
+//! from logical sector `b` on, is cut into columns: column `c` holds logical sectors `b + c`,
+//! `b + c + W`, `b + c + 2W`, ..., so each column is one contiguous run on one child and the
+//! block is written with one I/O per child. The first `P` columns are parity (P, then Q, then
+//! R), the rest data, filled column after column: the first data column takes the block's
+//! first bytes. When `s` is not a multiple of `W - P` the first columns are one sector longer;
+//! a short column counts as zeros in its last row's parity. Every block is a full stripe of its
+//! own, never read-modify-written: there is no write hole.
 //!
 //! The allocation is rounded up to a multiple of `P + 1` sectors, so that no free gap is smaller
 //! than the smallest block (one data sector and its parity). The sectors rounded up ("pads")
@@ -27,8 +27,9 @@
 //!
 //! Parity is computed by branch-free byte loops that the compiler vectorizes, for the target's
 //! baseline and, chosen at run time, for AVX2 ([`ParityPath`]); each path is checked bit for bit
-//! against [`reference`], which follows the field's definition one byte at a time. All of it is the on-disk format, frozen by golden tests
-//! (crates/format/tests/raidz.rs): changing any of it moves the blocks of existing pools.
+//! against [`reference`], which follows the field's definition one byte at a time. All of it is
+//! the on-disk format, frozen by golden tests (crates/format/tests/raidz.rs): changing any of it
+//! moves the blocks of existing pools.
 
 use std::ops::Range;
 
@@ -50,7 +51,10 @@ pub enum RaidzError {
     Width { width: u32, parity: u32 },
     #[error("RAID-Z parity is 1, 2 or 3, not {parity}")]
     Parity { parity: u32 },
-    #[error("{lost} of a block's columns are lost, and its {parity} parity columns rebuild at most {parity}")]
+    #[error(
+        "{lost} of a block's columns are lost; its {parity} parity column(s) rebuild at most \
+         {parity}"
+    )]
     TooManyLost { lost: usize, parity: usize },
 }
 
@@ -315,9 +319,13 @@ fn horner_portable(data: &[Option<&[u8]>], j: usize, out: &mut [u8]) {
 }
 
 /// [`horner_portable`] compiled for AVX2: the same code, vectorized 32 bytes at a time.
+///
+/// # Safety
+///
+/// The CPU must have AVX2 (`is_x86_feature_detected!("avx2")`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn horner_avx2(data: &[Option<&[u8]>], j: usize, out: &mut [u8]) {
+unsafe fn horner_avx2(data: &[Option<&[u8]>], j: usize, out: &mut [u8]) {
     horner_portable(data, j, out);
 }
 
@@ -342,7 +350,13 @@ impl ParityPath {
 
     /// Whether this CPU can run the path.
     pub fn available(self) -> bool {
-        self == ParityPath::Portable || ParityPath::detect() == ParityPath::Avx2
+        match self {
+            ParityPath::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            ParityPath::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            #[cfg(not(target_arch = "x86_64"))]
+            ParityPath::Avx2 => false,
+        }
     }
 }
 
@@ -351,16 +365,15 @@ impl ParityPath {
 /// `acc = acc * 2^j ^ D_i` for each column in turn. A column given as `None` counts as zeros
 /// (the syndrome of a rebuild).
 fn horner_with(path: ParityPath, data: &[Option<&[u8]>], j: usize, out: &mut [u8]) {
-    match path {
-        #[cfg(target_arch = "x86_64")]
-        ParityPath::Avx2 => {
-            assert!(path.available(), "the AVX2 parity path on a CPU without AVX2");
-            // SAFETY: the CPU has AVX2 (checked just above), which is all `horner_avx2`
-            // needs beyond what the target guarantees.
-            unsafe { horner_avx2(data, j, out) }
-        }
-        _ => horner_portable(data, j, out),
+    assert!(path.available(), "the {path:?} parity path on a CPU that lacks it");
+    #[cfg(target_arch = "x86_64")]
+    if path == ParityPath::Avx2 {
+        // SAFETY: the CPU has AVX2 (`available`, asserted above), which is all
+        // `horner_avx2` needs beyond what the target guarantees.
+        unsafe { horner_avx2(data, j, out) };
+        return;
     }
+    horner_portable(data, j, out);
 }
 
 fn horner(data: &[Option<&[u8]>], j: usize, out: &mut [u8]) {
@@ -425,6 +438,21 @@ pub fn reconstruct(
     lost: &[usize],
 ) -> Result<(), RaidzError> {
     assert!(parity <= RAIDZ_PARITY_MAX as usize && parity < columns.len());
+    // A map's columns: the parity columns as long as each other, no data column longer.
+    let parity_len = columns[0].len();
+    assert!(
+        columns.iter().enumerate().all(|(c, col)| if c < parity {
+            col.len() == parity_len
+        } else {
+            col.len() <= parity_len
+        }),
+        "parity columns of one length, and no data column longer"
+    );
+    let mut lost = lost.to_vec();
+    lost.sort_unstable();
+    lost.dedup();
+    assert!(lost.iter().all(|&c| c < columns.len()), "lost columns are columns of the block");
+    let lost = &lost[..];
     if lost.len() > parity {
         return Err(RaidzError::TooManyLost { lost: lost.len(), parity });
     }

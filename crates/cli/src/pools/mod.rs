@@ -213,8 +213,11 @@ pub fn parse_vdev_word(word: &str) -> anyhow::Result<String> {
     if word == "mirror" || word == "log" {
         return Ok(word.to_owned());
     }
-    // dRAID's words carry their geometry: draid2:4d:1s.
-    let kind = if word.starts_with("draid") { "draid" } else { word };
+    // dRAID's words carry their parity and geometry: draid, draid2, draid2:4d:1s.
+    let draid = word.strip_prefix("draid").is_some_and(|rest| {
+        rest.is_empty() || rest.starts_with(|c: char| c.is_ascii_digit() || c == ':')
+    });
+    let kind = if draid { "draid" } else { word };
     if let Some((_, what)) = VDEV_TYPES_NOT_BUILT.iter().find(|(k, _)| *k == kind) {
         anyhow::bail!(
             "`{word}` is a ZFS vdev type ({what}) that sluice does not build yet; list leaves, \

@@ -101,7 +101,7 @@ pub enum PoolError {
     NotFound { name: String, searched: usize },
     #[error(
         "no pool named {name} that this build can read on the {searched} devices searched, but \
-         {leaves} hold labels of sluice's format version {version}, newer than this build \
+         {leaves} hold sluice labels of label format version {version}, newer than this build \
          reads (up to {readable}): the pool may be there; import it with the newer sluice \
          that wrote them"
     )]
@@ -1064,8 +1064,11 @@ pub(super) async fn newer_label_version(device: &dyn BlockDevice) -> Option<u16>
             continue;
         }
         let Ok(bytes) = device.read_at(offset, LABEL_HEADER_BYTES as u32).await else { continue };
+        // A version below the newest this build reads (0, say) is damage, not a newer sluice.
         if let Err(FormatError::UnsupportedVersion { found, .. }) = LabelHeader::decode(&bytes) {
-            newest = newest.max(Some(found));
+            if found > LABEL_VERSION as u16 {
+                newest = newest.max(Some(found));
+            }
         }
     }
     newest
