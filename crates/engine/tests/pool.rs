@@ -269,22 +269,9 @@ fn labels_of_a_newer_sluice_are_named() {
     let s = spec("tank", &[&a, &b], true);
     sim.run(async move { Pool::create(&env, s, &Tunables::default()).await.unwrap() }).unwrap();
     let newer = sluice_format::LABEL_VERSION as u16 + 1;
-    for d in [a.clone(), b.clone()] {
-        sim.run(async move {
-            for offset in sluice_format::label_offsets(LEAF_BYTES) {
-                let len = sluice_format::LABEL_HEADER_BYTES;
-                let mut header = d.read_at(offset, len as u32).await.unwrap().to_vec();
-                // The version field, then the checksum over everything before it, as a newer
-                // build would write them.
-                header[8..10].copy_from_slice(&newer.to_le_bytes());
-                let sum = sluice_format::ChecksumAlg::Xxh3_128.compute(&header[..len - 16]);
-                header[len - 16..].copy_from_slice(&sum.0);
-                let buf = sluice_engine::device::SharedBuf::copy_from(&header);
-                d.write_at(offset, buf).await.unwrap();
-            }
-            d.flush().await.unwrap();
-        })
-        .unwrap();
+    for d in [&a, &b] {
+        // As a newer build would write them: with their checksum.
+        set_label_version(&sim, d, newer, true);
     }
     let refused = import(&sim, &[a.clone(), b.clone()], "tank").expect_err("import refused");
     assert!(matches!(refused, PoolError::NewerLabels { version, .. } if version == newer));
@@ -308,18 +295,28 @@ fn a_label_of_version_zero_is_not_called_newer() {
     let env = sim.env();
     let s = spec("tank", &[&a], false);
     sim.run(async move { Pool::create(&env, s, &Tunables::default()).await.unwrap() }).unwrap();
-    let d = a.clone();
+    set_label_version(&sim, &a, 0, false);
+    let refused = import(&sim, std::slice::from_ref(&a), "tank").expect_err("no readable label");
+    assert!(matches!(refused, PoolError::NotFound { .. }), "{refused}");
+}
+
+/// Rewrites the version field of every label of `d` to `version`, and with `checksum` the
+/// label's checksum after it (as a build writing that version would).
+fn set_label_version(sim: &Sim, d: &SimDevice, version: u16, checksum: bool) {
+    let d = d.clone();
     sim.run(async move {
         for offset in sluice_format::label_offsets(LEAF_BYTES) {
             let len = sluice_format::LABEL_HEADER_BYTES;
             let mut header = d.read_at(offset, len as u32).await.unwrap().to_vec();
-            header[8..10].copy_from_slice(&0u16.to_le_bytes());
+            header[8..10].copy_from_slice(&version.to_le_bytes());
+            if checksum {
+                let sum = sluice_format::ChecksumAlg::Xxh3_128.compute(&header[..len - 16]);
+                header[len - 16..].copy_from_slice(&sum.0);
+            }
             let buf = sluice_engine::device::SharedBuf::copy_from(&header);
             d.write_at(offset, buf).await.unwrap();
         }
         d.flush().await.unwrap();
     })
     .unwrap();
-    let refused = import(&sim, std::slice::from_ref(&a), "tank").expect_err("no readable label");
-    assert!(matches!(refused, PoolError::NotFound { .. }), "{refused}");
 }
