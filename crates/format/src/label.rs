@@ -97,6 +97,8 @@ const LOG_VDEV_BIT: u8 = 0x80;
 pub enum TopKind {
     Leaf = 0,
     Mirror = 1,
+    /// RAID-Z: its shape is in [`TopConfig::raidz`].
+    Raidz = 2,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,7 +113,25 @@ pub struct TopConfig {
     /// A separate intent-log device (SLOG): only log blocks are allocated on it.
     pub log: bool,
     pub guid: u64,
+    /// The leaves; a RAID-Z vdev's in column order (a child's index is its column).
     pub children: Vec<LeafConfig>,
+    /// A RAID-Z vdev's shape (`Some` exactly when `kind` is [`TopKind::Raidz`]).
+    pub raidz: Option<RaidzConfig>,
+}
+
+/// What a RAID-Z top-level vdev records beyond its children.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RaidzConfig {
+    /// Parity columns per block: 1, 2 or 3.
+    pub parity: u8,
+    /// Where the data area ends on every child (the smallest child's at create): the vdev's
+    /// address space is `children * [DATA_START_BYTES, child_end_bytes)`, fixed for its life,
+    /// whatever the size of a leaf that replaces a child.
+    pub child_end_bytes: u64,
+    /// Children being replaced: (column, the new leaf). Writes go to both the column's leaf and
+    /// its replacement until the replacement holds every block; a column's index never
+    /// changes, so a replacing pair sits in its column's slot.
+    pub replacing: Vec<(u16, LeafConfig)>,
 }
 
 /// The pool's vdev tree as recorded in every label.
@@ -184,7 +204,7 @@ impl VdevTreeConfig {
                     value: u64::from(child_count),
                 });
             }
-            top.push(TopConfig { kind, log, guid, children });
+            top.push(TopConfig { kind, log, guid, children, raidz: None });
         }
         if cursor.at != bytes.len() {
             return Err(FormatError::Invalid {

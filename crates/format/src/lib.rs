@@ -40,9 +40,9 @@ pub use directory::{
 };
 pub use error::FormatError;
 pub use label::{
-    data_end_bytes, label_offsets, uberblock_offset, LabelHeader, LeafConfig, TopConfig, TopKind,
-    VdevTreeConfig, DATA_START_BYTES, LABEL_BYTES, LABEL_COUNT, LABEL_HEADER_BYTES, LABEL_VERSION,
-    POOL_NAME_BYTES_MAX, UBERBLOCK_SLOTS,
+    data_end_bytes, label_offsets, uberblock_offset, LabelHeader, LeafConfig, RaidzConfig,
+    TopConfig, TopKind, VdevTreeConfig, DATA_START_BYTES, LABEL_BYTES, LABEL_COUNT,
+    LABEL_HEADER_BYTES, LABEL_VERSION, POOL_NAME_BYTES_MAX, UBERBLOCK_SLOTS,
 };
 pub use log_block::{LogBlock, LogRecord, LogVerifier, LOG_HEADER_BYTES, LOG_WRITE_UNIT_BYTES};
 pub use send_stream::{

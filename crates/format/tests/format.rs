@@ -75,12 +75,14 @@ fn sample_label() -> LabelHeader {
                         LeafConfig { guid: 0x0102_0304_0506_0708, path: "/dev/disk/a".into() },
                         LeafConfig { guid: 0x0203_0405_0607_0809, path: "/dev/disk/b".into() },
                     ],
+                    raidz: None,
                 },
                 TopConfig {
                     kind: TopKind::Leaf,
                     log: true,
                     guid: 99,
                     children: vec![LeafConfig { guid: 98, path: "c.img".into() }],
+                    raidz: None,
                 },
             ],
         },
@@ -187,6 +189,7 @@ fn bad_inputs_name_the_problem() {
         children: (0..200)
             .map(|i| LeafConfig { guid: i, path: "/very/long/path/to/a/disk".into() })
             .collect(),
+        raidz: None,
     };
     let mut label = sample_label();
     label.config.top.push(big);

@@ -364,6 +364,7 @@ impl Pool {
                     children,
                     &self.tunables,
                 ))),
+                TopKind::Raidz => unimplemented!("RAID-Z vdevs are assembled in a later step"),
             });
         }
         VdevTree { config, root: Root::new(top), leaves }

@@ -628,6 +628,7 @@ impl Pool {
                     log: *log,
                     guid: *guid,
                     children: children.iter().map(|(c, _)| c.clone()).collect(),
+                    raidz: None,
                 })
                 .collect(),
         };
@@ -748,6 +749,7 @@ impl Pool {
                         children,
                         tunables,
                     )))),
+                    TopKind::Raidz => unimplemented!("RAID-Z vdevs are assembled in a later step"),
                 }
             })
             .collect::<Option<Vec<Vdev>>>()

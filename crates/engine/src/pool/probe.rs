@@ -279,6 +279,7 @@ mod tests {
                 log: false,
                 guid: 2,
                 children: vec![LeafConfig { guid: 3, path: "a".into() }],
+                raidz: None,
             }],
         };
         let header = LabelHeader {
