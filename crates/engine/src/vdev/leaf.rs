@@ -159,6 +159,9 @@ pub struct Leaf {
     behind: std::sync::atomic::AtomicBool,
     /// Recent errors, for the fault diagnosis (see [`Leaf::verdict`]).
     diagnosis: Mutex<Diagnosis>,
+    /// Set by a write that was not flushed with it, cleared when a flush starts: a RAID-Z
+    /// vdev flushes only the children that took writes since their last flush.
+    unflushed: std::sync::atomic::AtomicBool,
 }
 
 /// What [`Leaf::errors`] counts from: the counters' values at the last clear, and the errors
@@ -227,6 +230,7 @@ impl Leaf {
             resilver_misses: AtomicU64::new(0),
             skipped_writes: AtomicU64::new(0),
             behind: std::sync::atomic::AtomicBool::new(false),
+            unflushed: std::sync::atomic::AtomicBool::new(false),
             diagnosis: Mutex::new(Diagnosis {
                 io: std::collections::VecDeque::new(),
                 checksum: std::collections::VecDeque::new(),
@@ -514,6 +518,9 @@ impl Leaf {
             Ok(()) => {
                 self.stats.writes.inc();
                 self.stats.write_bytes.add(len);
+                if !durable {
+                    self.unflushed.store(true, Ordering::Release);
+                }
             }
             Err(_) => {
                 self.stats.write_errors.inc();
@@ -523,11 +530,20 @@ impl Leaf {
         result
     }
 
+    /// Whether a write has completed here since the last flush started.
+    pub fn has_unflushed(&self) -> bool {
+        self.unflushed.load(Ordering::Acquire)
+    }
+
+    /// Flushes the device's cache. A write that completes while the flush runs stays
+    /// unflushed: the flush promises only what completed before it began.
     pub async fn flush(&self) -> Result<(), VdevError> {
         self.check_online()?;
         self.stats.flushes.inc();
+        self.unflushed.store(false, Ordering::Release);
         let result = self.device.flush().await.map_err(|e| self.device_error(e));
         if result.is_err() {
+            self.unflushed.store(true, Ordering::Release);
             self.stats.flush_errors.inc();
             self.note_io_error(IoClass::AsyncWrite);
         }

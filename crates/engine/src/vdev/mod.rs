@@ -1,8 +1,8 @@
 //! The vdev tree: leaves, N-way mirrors and the root that stripes across top-level vdevs
 //! (ZFS: `vdev.c`, `vdev_root.c`; docs/design.md, "Layers").
 //!
-//! Shape: a [`Root`] holds top-level vdevs; each top-level vdev is a single [`Leaf`] or a
-//! [`Mirror`] of leaves. Blocks are addressed by [`VdevAddress`] (top-level vdev, offset): the allocator
+//! Shape: a [`Root`] holds top-level vdevs; each top-level vdev is a single [`Leaf`], a
+//! [`Mirror`] of leaves or a [`Raidz`] of leaves. Blocks are addressed by [`VdevAddress`] (top-level vdev, offset): the allocator
 //! decides which top-level vdev a block goes to, which is how the pool stripes. Every read takes
 //! a verify callback (the checksum from the parent block pointer), so a mirror can tell a good
 //! copy from a bad one and heal.
@@ -10,12 +10,14 @@
 mod leaf;
 mod mirror;
 pub mod queue;
+mod raidz;
 
 use std::fmt;
 use std::sync::Arc;
 
 pub use leaf::{FaultReason, Leaf, LeafState};
 pub use mirror::{Mirror, ReadPolicy, ScrubOutcome, MIRROR_CHILDREN_MAX};
+pub use raidz::{Raidz, RECONSTRUCT_COMBINATIONS_MAX};
 
 use crate::device::{AlignedBuf, DeviceError, SharedBuf};
 use crate::tunables::IoClass;
@@ -89,10 +91,55 @@ pub enum VdevError {
          child failed on one: {cause}"
     )]
     ChildWriteFailed { vdev: VdevId, offset_bytes: u64, len_bytes: u64, cause: Box<VdevError> },
+    #[error(
+        "{vdev}: {len_bytes} bytes at offset {offset_bytes} cannot be rebuilt: {}",
+        not_rebuilt(*width, *parity, *unreadable, *combinations, *gave_up)
+    )]
+    NotReconstructed {
+        vdev: VdevId,
+        offset_bytes: u64,
+        len_bytes: u32,
+        width: u32,
+        parity: u32,
+        /// Columns whose read failed on a present leaf: their contents are unknown.
+        unreadable: u32,
+        /// Combinations of columns taken as wrong that were tried; none verified.
+        combinations: u32,
+        /// The search stopped at [`RECONSTRUCT_COMBINATIONS_MAX`] before trying them all.
+        gave_up: bool,
+    },
     #[error("{vdev}: leaf {device} is offline (bring it back online to use it)")]
     Offline { vdev: VdevId, device: String },
     #[error("no top-level vdev {vdev} in this pool (it has {count})")]
     NoSuchVdev { vdev: u32, count: usize },
+}
+
+/// What a RAID-Z read that found no good block tried.
+fn not_rebuilt(
+    width: u32,
+    parity: u32,
+    unreadable: u32,
+    combinations: u32,
+    gave_up: bool,
+) -> String {
+    if combinations == 0 {
+        return format!(
+            "more of its {width} columns are missing than its {parity} parity column(s) rebuild;              the data is lost unless the missing leaves come back"
+        );
+    }
+    let tried = if gave_up {
+        format!(
+            "gave up after {combinations} combinations of up to {parity} wrong columns (the limit)"
+        )
+    } else {
+        format!("no combination of up to {parity} of its {width} columns verifies ({combinations} tried)")
+    };
+    let unknown = if unreadable > 0 {
+        format!("; {unreadable} column(s) could not be read and may be good")
+    } else {
+        String::new()
+    };
+    format!("{tried}{unknown}; the data is lost unless a scrub finds another copy")
 }
 
 /// A mirror's last child error, as its own error's message ends: " (the last: ...)".
@@ -111,13 +158,19 @@ impl VdevError {
             VdevError::NoValidCopy { mismatched, unreadable, .. } => {
                 *mismatched > 0 && *unreadable == 0
             }
+            // Every combination of columns was tried and each was read: none holds the block.
+            VdevError::NotReconstructed { unreadable, combinations, gave_up, .. } => {
+                *combinations > 0 && *unreadable == 0 && !*gave_up
+            }
             _ => false,
         }
     }
 
     pub fn kind(&self) -> ErrorKind {
         match self {
-            VdevError::Checksum { .. } | VdevError::NoValidCopy { .. } => ErrorKind::Checksum,
+            VdevError::Checksum { .. }
+            | VdevError::NoValidCopy { .. }
+            | VdevError::NotReconstructed { .. } => ErrorKind::Checksum,
             VdevError::NoSuchVdev { .. } => ErrorKind::Invalid,
             VdevError::Device { .. }
             | VdevError::Offline { .. }
@@ -132,14 +185,42 @@ impl VdevError {
 pub enum Vdev {
     Leaf(Arc<Leaf>),
     Mirror(Arc<Mirror>),
+    Raidz(Arc<Raidz>),
 }
 
 impl Vdev {
+    /// The device length the vdev's data area is cut from: a leaf's, a mirror's smallest
+    /// child's. A RAID-Z vdev's data area is fixed in its config instead (see [`data_area`]).
+    ///
+    /// [`data_area`]: Vdev::data_area
     pub fn len_bytes(&self) -> u64 {
         match self {
             Vdev::Leaf(leaf) => leaf.device().len_bytes(),
             Vdev::Mirror(mirror) => mirror.len_bytes(),
+            Vdev::Raidz(raidz) => raidz.child_end_bytes() + sluice_format::LABEL_BYTES * 2,
         }
+    }
+
+    /// Where blocks may be allocated: `[start, end)` of the vdev's address space.
+    pub fn data_area(&self) -> (u64, u64) {
+        match self {
+            Vdev::Raidz(raidz) => raidz.data_area(),
+            _ => (sluice_format::DATA_START_BYTES, sluice_format::data_end_bytes(self.len_bytes())),
+        }
+    }
+
+    /// The bytes a block of `psize` bytes allocates here, sectors of `1 << ashift`.
+    pub fn asize(&self, psize: u64, ashift: u32) -> u64 {
+        match self {
+            Vdev::Raidz(raidz) => raidz.asize(psize),
+            _ => psize.next_multiple_of(1 << ashift),
+        }
+    }
+
+    /// Whether blocks side by side here are side by side on the devices, so that one write or
+    /// read can span several (not on RAID-Z, where each block is a stripe of its own).
+    pub fn spans(&self) -> bool {
+        !matches!(self, Vdev::Raidz(_))
     }
 
     /// Every leaf under this vdev.
@@ -147,6 +228,7 @@ impl Vdev {
         match self {
             Vdev::Leaf(leaf) => vec![Arc::clone(leaf)],
             Vdev::Mirror(mirror) => mirror.children().to_vec(),
+            Vdev::Raidz(raidz) => raidz.leaves(),
         }
     }
 
@@ -189,6 +271,9 @@ impl Vdev {
             Vdev::Mirror(mirror) => {
                 mirror.read_counting(offset, len, class, verify, count_if_none).await
             }
+            Vdev::Raidz(raidz) => {
+                raidz.read_counting(offset, len, class, verify, count_if_none).await
+            }
         }
     }
 
@@ -203,6 +288,7 @@ impl Vdev {
         match self {
             Vdev::Leaf(leaf) => leaf.write_flushed(offset, data, class, durable).await,
             Vdev::Mirror(mirror) => mirror.write_flushed(offset, data, class, durable).await,
+            Vdev::Raidz(raidz) => raidz.write_flushed(offset, data, class, durable).await,
         }
     }
 
@@ -223,6 +309,7 @@ impl Vdev {
                 ScrubOutcome { errors: u32::from(!good), repaired: 0, unrecoverable: !good }
             }
             Vdev::Mirror(mirror) => mirror.scrub(offset, len, verify).await,
+            Vdev::Raidz(raidz) => raidz.scrub(offset, len, verify).await,
         }
     }
 
@@ -238,6 +325,7 @@ impl Vdev {
         match self {
             Vdev::Leaf(_) => ScrubOutcome::default(),
             Vdev::Mirror(mirror) => mirror.resilver(offset, len, verify, targets).await,
+            Vdev::Raidz(raidz) => raidz.resilver(offset, len, verify, targets).await,
         }
     }
 
@@ -245,6 +333,7 @@ impl Vdev {
         match self {
             Vdev::Leaf(leaf) => leaf.flush().await,
             Vdev::Mirror(mirror) => mirror.flush().await,
+            Vdev::Raidz(raidz) => raidz.flush().await,
         }
     }
 
@@ -252,6 +341,7 @@ impl Vdev {
         match self {
             Vdev::Leaf(leaf) => leaf.discard(offset, len).await,
             Vdev::Mirror(mirror) => mirror.discard(offset, len).await,
+            Vdev::Raidz(raidz) => raidz.discard(offset, len).await,
         }
     }
 }
@@ -279,8 +369,10 @@ impl Root {
     /// Turns the rewriting of bad mirror copies on or off (off while opened read-only).
     pub fn set_repairs(&self, on: bool) {
         for vdev in &self.top {
-            if let Vdev::Mirror(mirror) = vdev {
-                mirror.set_repairs(on);
+            match vdev {
+                Vdev::Mirror(mirror) => mirror.set_repairs(on),
+                Vdev::Raidz(raidz) => raidz.set_repairs(on),
+                Vdev::Leaf(_) => {}
             }
         }
     }
@@ -349,6 +441,7 @@ impl Root {
             Vdev::Mirror(mirror) => {
                 mirror.write_flushed_everywhere(dva.offset_bytes, data, class).await
             }
+            Vdev::Raidz(raidz) => raidz.write_flushed(dva.offset_bytes, data, class, true).await,
         }
     }
 
