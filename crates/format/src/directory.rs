@@ -44,12 +44,15 @@
 //!      .      dedup table header (crate::ddt), 192 bytes: salt (32), bucket_bits u8,
 //!               levels u8, reserved 6, entries u64, references u64, allocated_bytes u64,
 //!               root block pointer (128; zeros: empty table)
-//!      .      (V2) the vdev tree, leaf records and scan record (see `records`)
+//!      .      (V2) the vdev tree, leaf records and scan record (see `records`); (V6) the
+//!               vdev tree in its V6 layout (crate::label)
 //! ```
 //!
 //! A directory without records (a pool made before V2) is written and read as V1; a V2 one
 //! (no compression, no space figures), a V3 one (no snapshots) and a V4 one (no receive
-//! state) still decode, and are written back as V5.
+//! state) still decode, and are written back as V5. V6 is V5 with the vdev tree in its V6
+//! layout, and is written only when the tree needs it (a RAID-Z vdev): any other pool's
+//! directory is still written as V5, which older builds read.
 //!
 //! The log header (ZFS: `zil_header_t`) names the first intent-log block still needed after
 //! this txg: replay walks the chain from `head`, expecting `chain_id` and `head_sequence`, and
@@ -87,8 +90,12 @@ const VOLUME_V5_FIXED_BYTES: usize = 3 * 8 + 2;
 pub const VOLUME_NAME_BYTES_MAX: usize = 255;
 const WHAT: &str = "pool directory";
 /// The newest version this structure has (V2 added the records, V3 each volume's compression
-/// and space figures, V4 snapshots and dead lists, V5 resumable receive state).
-const VERSION: FormatVersion = FormatVersion::V5;
+/// and space figures, V4 snapshots and dead lists, V5 resumable receive state, V6 the vdev
+/// tree's V6 layout), and so the newest this build reads.
+const VERSION: FormatVersion = FormatVersion::V6;
+/// The version a directory with records is written at when its vdev tree is in the V1 layout
+/// (needs no feature): the newest layout of the directory's own fields.
+const VERSION_V1_CONFIG: FormatVersion = FormatVersion::V5;
 
 /// One volume as recorded in the directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -538,7 +545,12 @@ impl PoolDirectory {
         let mut out = vec![0u8; len.div_ceil(align.max(1)) * align.max(1)];
         let mut w = Writer::new(&mut out);
         w.u64(0, MAGIC);
-        let version = if self.records.is_some() { VERSION } else { FormatVersion::V1 };
+        // The config's layout is the directory's version's: V6 only for a tree that needs it.
+        let version = match &self.records {
+            None => FormatVersion::V1,
+            Some(records) if records.config.version() == FormatVersion::V6 => FormatVersion::V6,
+            Some(_) => VERSION_V1_CONFIG,
+        };
         w.u16(8, version as u16);
         w.u32(12, len32);
         w.u64(16, self.txg);
@@ -902,7 +914,7 @@ impl PoolDirectory {
         let ddt = DdtHeader::decode_from(&r, at)?;
         at += DDT_HEADER_BYTES;
         let records = if version >= FormatVersion::V2 {
-            let (records, end) = DirectoryRecords::decode_from(&r, at)?;
+            let (records, end) = DirectoryRecords::decode_from(&r, at, version)?;
             at = end;
             Some(records)
         } else {

@@ -21,4 +21,12 @@ pub enum FormatError {
     Invalid { what: &'static str, field: &'static str, value: u64 },
     #[error("{what}: encoded size {len} exceeds the {max} bytes available")]
     TooLarge { what: &'static str, len: usize, max: usize },
+    /// The structure names features this build does not know: a newer sluice wrote it, and
+    /// reading it as if they were absent would misread it.
+    #[error(
+        "{what} needs feature(s) {}, which this build of sluice does not know (a newer sluice \
+         wrote it)",
+        .names.join(", ")
+    )]
+    UnknownFeatures { what: &'static str, names: Vec<String> },
 }

@@ -13,7 +13,7 @@
 //! header:
 //! offset size field
 //!      0    8 magic u64                "SLUICELB" as little-endian bytes
-//!      8    2 version u16
+//!      8    2 version u16              1, or 6 when the config is in its V6 layout
 //!     10    1 checksum_alg u8
 //!     11    1 ashift u8                log2 of the smallest allocation (9..=16)
 //!     12    4 reserved (zero)
@@ -29,12 +29,34 @@
 //!    128 3952 config                   VdevTreeConfig, then zero padding
 //!   4080   16 checksum                 over bytes 0..4080
 //!
-//! config: top_count u16, then per top-level vdev:
-//!   kind u8 (0 leaf, 1 mirror; bit 7 set: a separate log device), guid u64, child_count u16,
-//!   per child: guid u64, path_len u16, path (UTF-8, a hint for finding the leaf again)
+//! config, V1 layout (in a label of version 1 and a directory of version 2 to 5):
+//!   top_count u16, then per top-level vdev:
+//!     kind u8 (0 leaf, 1 mirror; bit 7 set: a separate log device), guid u64, child_count u16,
+//!     per child: guid u64, path_len u16, path (UTF-8, a hint for finding the leaf again)
+//!
+//! config, V6 layout (in a label or directory of version 6):
+//!   feature_count u8, per feature: name_len u8, name (ASCII)   the features needed to read it
+//!   top_count u16, then per top-level vdev:
+//!     kind u8 (0 leaf, 1 mirror, 2 raidz; bit 7 set: a separate log device, never raidz),
+//!     guid u64,
+//!     raidz only: parity u8 (1..=3), reserved u8 (zero), child_end_bytes u64 (above
+//!       DATA_START_BYTES)
+//!     child_count u16 (raidz: parity + 2 to 64, in column order), per child: guid u64,
+//!       path_len u16, path
+//!     raidz only: replacing_count u8, per entry: column u16 (each column at most once),
+//!       guid u64, path_len u16, path
 //! ```
+//!
+//! The V6 layout is written only when the tree needs a feature, that is when some top-level
+//! vdev is RAID-Z (feature `raidz`); any other tree is written in the V1 layout in a V1 label,
+//! and in a V5 directory, byte for byte as before V6, so that older builds still read a pool
+//! without RAID-Z. The features are derived from the tree ([`VdevTreeConfig::features`]), not
+//! kept in it: they are there for the reader, which refuses a config naming one it does not
+//! know ([`FEATURES_KNOWN`]) before reading the tree, by name
+//! ([`FormatError::UnknownFeatures`]), rather than misread what a newer sluice wrote.
 
 use crate::codec::{check_header, Reader, Writer};
+use crate::raidz::RaidzError;
 use crate::{ChecksumAlg, FormatError, FormatVersion, UBERBLOCK_BYTES};
 
 pub const LABEL_BYTES: u64 = 256 << 10;
@@ -61,16 +83,38 @@ const OFF_RESERVED_B: usize = OFF_NAME + POOL_NAME_BYTES_MAX;
 const OFF_CONFIG_LEN: usize = 124;
 const OFF_CONFIG: usize = 128;
 const OFF_CHECKSUM: usize = LABEL_HEADER_BYTES - 16;
-const CONFIG_BYTES_MAX: usize = OFF_CHECKSUM - OFF_CONFIG;
+
+/// The most bytes a vdev tree config takes (3,952): the room for it in a label header. The
+/// directory holds the same config, and refuses a larger one too, so that every label can
+/// carry the tree the directory trusts.
+///
+/// What fits: in the V1 layout, 2 bytes, per top-level vdev 11, per child 10 plus its path.
+/// In the V6 layout, 9 bytes (the feature `raidz` and top_count), per leaf or mirror 11, per
+/// RAID-Z vdev 22, per child 10 plus its path, per child being replaced 12 plus its path. So
+/// one RAID-Z vdev alone, of children with paths of `L` bytes, fits `3,921 / (10 + L)` of
+/// them, at most 64: all 64 with paths up to 51 bytes (up to 50 with one child being
+/// replaced), 52 with paths of 64 bytes, 35 with paths of 100.
+pub const CONFIG_BYTES_MAX: usize = OFF_CHECKSUM - OFF_CONFIG;
 
 const _: () = assert!(OFF_RESERVED_B + 2 == OFF_CONFIG_LEN);
 const _: () = assert!(RING_OFFSET >= LABEL_HEADER_BYTES as u64);
 const _: () = assert!(DATA_START_BYTES >= 2 * LABEL_BYTES);
 
 const WHAT: &str = "label";
-/// The version labels are written at, and the newest this build reads.
-pub const LABEL_VERSION: FormatVersion = FormatVersion::V1;
-const VERSION: FormatVersion = LABEL_VERSION;
+/// The newest label version this build reads (a newer one is refused as
+/// [`FormatError::UnsupportedVersion`]). A label is written at its config's version
+/// ([`VdevTreeConfig::version`]): V1, or V6 when the tree holds a RAID-Z vdev.
+pub const LABEL_VERSION: FormatVersion = FormatVersion::V6;
+/// Every label version there is: labels had no V2 to V5 (those changed other structures), so
+/// a label claiming one is refused as unknown, not guessed at.
+const LABEL_VERSIONS: [FormatVersion; 2] = [FormatVersion::V1, FormatVersion::V6];
+const CONFIG_WHAT: &str = "vdev tree config";
+
+/// The features this build knows: a config naming any other is refused
+/// ([`FormatError::UnknownFeatures`]).
+pub const FEATURES_KNOWN: &[&str] = &[FEATURE_RAIDZ];
+/// Some top-level vdev is RAID-Z.
+const FEATURE_RAIDZ: &str = "raidz";
 
 /// Offsets of the four labels on a leaf of `leaf_bytes` (the end labels aligned down to the
 /// label size, so a leaf that grows by less than a label keeps them in place).
@@ -119,7 +163,8 @@ pub struct TopConfig {
     pub raidz: Option<RaidzConfig>,
 }
 
-/// What a RAID-Z top-level vdev records beyond its children.
+/// What a RAID-Z top-level vdev records beyond its children. How wide a RAID-Z vdev the
+/// config has room for, for a given path length, is worked out at [`CONFIG_BYTES_MAX`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RaidzConfig {
     /// Parity columns per block: 1, 2 or 3.
@@ -130,7 +175,7 @@ pub struct RaidzConfig {
     pub child_end_bytes: u64,
     /// Children being replaced: (column, the new leaf). Writes go to both the column's leaf and
     /// its replacement until the replacement holds every block; a column's index never
-    /// changes, so a replacing pair sits in its column's slot.
+    /// changes, so a replacing pair sits in its column's slot. At most one per column.
     pub replacing: Vec<(u16, LeafConfig)>,
 }
 
@@ -141,24 +186,84 @@ pub struct VdevTreeConfig {
 }
 
 impl VdevTreeConfig {
-    /// The config's bytes as labels and the pool directory carry them.
+    /// The features a reader must know to read this tree: `raidz` when some top-level vdev is
+    /// RAID-Z. Empty for any other tree.
+    pub fn features(&self) -> Vec<&'static str> {
+        let mut features = Vec::new();
+        if self.top.iter().any(|top| top.kind == TopKind::Raidz) {
+            features.push(FEATURE_RAIDZ);
+        }
+        features
+    }
+
+    /// The layout [`encode`](Self::encode) writes, and so the version of a label carrying it:
+    /// V1 for a tree that needs no feature, V6 for one that does. (A directory carrying a V1
+    /// config is written at V5, its own fields' newest version; one carrying a V6 config at
+    /// V6.)
+    pub fn version(&self) -> FormatVersion {
+        if self.features().is_empty() {
+            FormatVersion::V1
+        } else {
+            FormatVersion::V6
+        }
+    }
+
+    /// The config's bytes as labels and the pool directory carry them, in the layout of
+    /// [`version`](Self::version). A RAID-Z vdev that [`decode`](Self::decode) would refuse
+    /// (its `raidz` missing or out of range, a log device) is refused here as
+    /// [`FormatError::Invalid`], as is a `raidz` on a vdev that is not RAID-Z: nothing is
+    /// written that cannot be read back.
     pub fn encode(&self) -> Result<Vec<u8>, FormatError> {
         let too_large =
-            |len| FormatError::TooLarge { what: "vdev tree config", len, max: CONFIG_BYTES_MAX };
+            |len| FormatError::TooLarge { what: CONFIG_WHAT, len, max: CONFIG_BYTES_MAX };
         let mut out = Vec::new();
+        if self.version() == FormatVersion::V6 {
+            let features = self.features();
+            // This build's features: a handful of short names.
+            out.push(features.len() as u8);
+            for name in features {
+                out.push(name.len() as u8);
+                out.extend_from_slice(name.as_bytes());
+            }
+        }
         let count = u16::try_from(self.top.len()).map_err(|_| too_large(self.top.len()))?;
         out.extend_from_slice(&count.to_le_bytes());
         for top in &self.top {
+            let raidz = match (top.kind, &top.raidz) {
+                (TopKind::Raidz, Some(raidz)) => {
+                    check_raidz(top.log, raidz.parity, top.children.len(), raidz.child_end_bytes)?;
+                    check_replacing(
+                        top.children.len(),
+                        raidz.replacing.iter().map(|&(column, _)| column),
+                    )?;
+                    Some(raidz)
+                }
+                (TopKind::Raidz, None) => {
+                    return Err(invalid("raidz (missing on a RAID-Z vdev)", top.guid))
+                }
+                (_, Some(_)) => return Err(invalid("raidz (on a vdev not RAID-Z)", top.guid)),
+                (_, None) => None,
+            };
             out.push(top.kind as u8 | if top.log { LOG_VDEV_BIT } else { 0 });
             out.extend_from_slice(&top.guid.to_le_bytes());
+            if let Some(raidz) = raidz {
+                out.push(raidz.parity);
+                out.push(0);
+                out.extend_from_slice(&raidz.child_end_bytes.to_le_bytes());
+            }
             let children =
                 u16::try_from(top.children.len()).map_err(|_| too_large(top.children.len()))?;
             out.extend_from_slice(&children.to_le_bytes());
             for leaf in &top.children {
-                out.extend_from_slice(&leaf.guid.to_le_bytes());
-                let len = u16::try_from(leaf.path.len()).map_err(|_| too_large(leaf.path.len()))?;
-                out.extend_from_slice(&len.to_le_bytes());
-                out.extend_from_slice(leaf.path.as_bytes());
+                put_leaf(&mut out, leaf)?;
+            }
+            if let Some(raidz) = raidz {
+                // At most one per column (checked above), and a RAID-Z vdev has at most 64.
+                out.push(raidz.replacing.len() as u8);
+                for (column, leaf) in &raidz.replacing {
+                    out.extend_from_slice(&column.to_le_bytes());
+                    put_leaf(&mut out, leaf)?;
+                }
             }
         }
         if out.len() > CONFIG_BYTES_MAX {
@@ -167,9 +272,37 @@ impl VdevTreeConfig {
         Ok(out)
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<VdevTreeConfig, FormatError> {
-        let what = "vdev tree config";
+    /// Decodes a config from a label or directory of `version` (the version read from its
+    /// header): the V1 layout below V6, the V6 layout at V6. Features this build does not know
+    /// are refused ([`FormatError::UnknownFeatures`]) before the tree is read.
+    pub fn decode(bytes: &[u8], version: FormatVersion) -> Result<VdevTreeConfig, FormatError> {
+        let what = CONFIG_WHAT;
         let mut cursor = Cursor { what, bytes, at: 0 };
+        let v6 = version >= FormatVersion::V6;
+        let mut features = Vec::new();
+        if v6 {
+            let count = cursor.u8()?;
+            for _ in 0..count {
+                let len = cursor.u8()?;
+                let name = cursor.take(usize::from(len))?;
+                if name.is_empty() || !name.is_ascii() {
+                    return Err(invalid("feature name", u64::from(len)));
+                }
+                let name = String::from_utf8_lossy(name).into_owned();
+                if features.contains(&name) {
+                    return Err(invalid("feature name (listed twice)", u64::from(len)));
+                }
+                features.push(name);
+            }
+            let unknown: Vec<String> = features
+                .iter()
+                .filter(|name| !FEATURES_KNOWN.contains(&name.as_str()))
+                .cloned()
+                .collect();
+            if !unknown.is_empty() {
+                return Err(FormatError::UnknownFeatures { what, names: unknown });
+            }
+        }
         let count = cursor.u16()?;
         let mut top = Vec::new();
         for _ in 0..count {
@@ -178,43 +311,119 @@ impl VdevTreeConfig {
             let kind = match byte & !LOG_VDEV_BIT {
                 0 => TopKind::Leaf,
                 1 => TopKind::Mirror,
-                value => {
-                    return Err(FormatError::Invalid {
-                        what,
-                        field: "kind",
-                        value: u64::from(value),
-                    })
-                }
+                // A V1 config has no RAID-Z: its readers would take it for something else.
+                2 if v6 => TopKind::Raidz,
+                value => return Err(invalid("kind", u64::from(value))),
             };
             let guid = cursor.u64()?;
+            let shape = if kind == TopKind::Raidz {
+                let parity = cursor.u8()?;
+                let reserved = cursor.u8()?;
+                if reserved != 0 {
+                    return Err(invalid("raidz reserved", u64::from(reserved)));
+                }
+                Some((parity, cursor.u64()?))
+            } else {
+                None
+            };
             let child_count = cursor.u16()?;
+            // Checked before the children are read: a wrong width is named as such.
+            if let Some((parity, child_end_bytes)) = shape {
+                check_raidz(log, parity, usize::from(child_count), child_end_bytes)?;
+            }
             let mut children = Vec::new();
             for _ in 0..child_count {
-                let guid = cursor.u64()?;
-                let len = usize::from(cursor.u16()?);
-                let path = std::str::from_utf8(cursor.take(len)?)
-                    .map_err(|_| FormatError::Invalid { what, field: "path", value: len as u64 })?
-                    .to_owned();
-                children.push(LeafConfig { guid, path });
+                children.push(cursor.leaf()?);
             }
             if children.is_empty() || (kind == TopKind::Leaf && children.len() != 1) {
-                return Err(FormatError::Invalid {
-                    what,
-                    field: "child_count",
-                    value: u64::from(child_count),
-                });
+                return Err(invalid("child_count", u64::from(child_count)));
             }
-            top.push(TopConfig { kind, log, guid, children, raidz: None });
+            let raidz = match shape {
+                Some((parity, child_end_bytes)) => {
+                    let mut replacing = Vec::new();
+                    for _ in 0..cursor.u8()? {
+                        let column = cursor.u16()?;
+                        replacing.push((column, cursor.leaf()?));
+                    }
+                    check_replacing(children.len(), replacing.iter().map(|&(column, _)| column))?;
+                    Some(RaidzConfig { parity, child_end_bytes, replacing })
+                }
+                None => None,
+            };
+            top.push(TopConfig { kind, log, guid, children, raidz });
         }
         if cursor.at != bytes.len() {
-            return Err(FormatError::Invalid {
-                what,
-                field: "trailing bytes",
-                value: (bytes.len() - cursor.at) as u64,
-            });
+            return Err(invalid("trailing bytes", (bytes.len() - cursor.at) as u64));
         }
-        Ok(VdevTreeConfig { top })
+        let config = VdevTreeConfig { top };
+        // A writer that left out a feature its tree needs would have an older build misread
+        // the tree rather than refuse it.
+        if config.features().iter().any(|needed| !features.iter().any(|f| f == needed)) {
+            return Err(invalid("features (a RAID-Z vdev without feature raidz)", 0));
+        }
+        Ok(config)
     }
+}
+
+fn invalid(field: &'static str, value: u64) -> FormatError {
+    FormatError::Invalid { what: CONFIG_WHAT, field, value }
+}
+
+/// What a RAID-Z vdev's record must be, checked alike by encode and decode: not a log device
+/// (ZFS refuses RAID-Z log devices too), a parity and width [`RaidzGeometry`] accepts, and a
+/// data area that ends after it starts.
+///
+/// [`RaidzGeometry`]: crate::raidz::RaidzGeometry
+fn check_raidz(
+    log: bool,
+    parity: u8,
+    width: usize,
+    child_end_bytes: u64,
+) -> Result<(), FormatError> {
+    if log {
+        return Err(invalid("log (a RAID-Z vdev cannot be a log device)", 1));
+    }
+    let width32 = u32::try_from(width).unwrap_or(u32::MAX);
+    match crate::raidz::check_shape(width32, u32::from(parity)) {
+        Ok(()) => {}
+        Err(RaidzError::Parity { .. }) => return Err(invalid("raidz parity", u64::from(parity))),
+        Err(_) => return Err(invalid("raidz child_count", width as u64)),
+    }
+    if child_end_bytes <= DATA_START_BYTES {
+        return Err(invalid("raidz child_end_bytes", child_end_bytes));
+    }
+    Ok(())
+}
+
+/// The replacing entries of a RAID-Z vdev of `width` (at most 64) children: each names a
+/// column of the vdev, and none twice (a column has one leaf and at most one replacement).
+fn check_replacing(width: usize, columns: impl Iterator<Item = u16>) -> Result<(), FormatError> {
+    let mut seen = 0u64;
+    for column in columns {
+        // Past 63 it would not fit `seen`, whatever the width (checked first: at most 64).
+        if usize::from(column) >= width || column >= 64 {
+            return Err(invalid("raidz replacing column", u64::from(column)));
+        }
+        let bit = 1u64 << column;
+        if seen & bit != 0 {
+            return Err(invalid("raidz replacing column (listed twice)", u64::from(column)));
+        }
+        seen |= bit;
+    }
+    Ok(())
+}
+
+/// A leaf's guid, path_len and path.
+fn put_leaf(out: &mut Vec<u8>, leaf: &LeafConfig) -> Result<(), FormatError> {
+    let len = u16::try_from(leaf.path.len()).map_err(|_| FormatError::TooLarge {
+        what: CONFIG_WHAT,
+        len: leaf.path.len(),
+        max: CONFIG_BYTES_MAX,
+    })?;
+    out.extend_from_slice(&leaf.guid.to_le_bytes());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(leaf.path.as_bytes());
+    Ok(())
 }
 
 struct Cursor<'a> {
@@ -250,6 +459,20 @@ impl<'a> Cursor<'a> {
         let mut a = [0u8; 8];
         a.copy_from_slice(self.take(8)?);
         Ok(u64::from_le_bytes(a))
+    }
+
+    /// A leaf's guid, path_len and path.
+    fn leaf(&mut self) -> Result<LeafConfig, FormatError> {
+        let guid = self.u64()?;
+        let len = usize::from(self.u16()?);
+        let path = std::str::from_utf8(self.take(len)?)
+            .map_err(|_| FormatError::Invalid {
+                what: self.what,
+                field: "path",
+                value: len as u64,
+            })?
+            .to_owned();
+        Ok(LeafConfig { guid, path })
     }
 }
 
@@ -287,7 +510,9 @@ impl LabelHeader {
         let mut out = [0u8; LABEL_HEADER_BYTES];
         let mut w = Writer::new(&mut out);
         w.u64(0, MAGIC);
-        w.u16(OFF_VERSION, VERSION as u16);
+        // The config's layout decides: a tree without RAID-Z keeps V1 labels, which older
+        // builds read.
+        w.u16(OFF_VERSION, self.config.version() as u16);
         w.u8(OFF_ALG, ChecksumAlg::Xxh3_128 as u8);
         w.u8(OFF_ASHIFT, self.ashift);
         w.u64(OFF_POOL_GUID, self.pool_guid);
@@ -307,7 +532,11 @@ impl LabelHeader {
 
     pub fn decode(bytes: &[u8]) -> Result<LabelHeader, FormatError> {
         let r = Reader::new(WHAT, bytes, LABEL_HEADER_BYTES)?;
-        check_header(&r, WHAT, MAGIC, OFF_VERSION, OFF_ALG, OFF_CHECKSUM, VERSION)?;
+        let version =
+            check_header(&r, WHAT, MAGIC, OFF_VERSION, OFF_ALG, OFF_CHECKSUM, LABEL_VERSION)?;
+        if !LABEL_VERSIONS.contains(&version) {
+            return Err(FormatError::UnsupportedVersion { what: WHAT, found: version as u16 });
+        }
         r.zeros(OFF_RESERVED_A, OFF_POOL_GUID - OFF_RESERVED_A)?;
         r.zeros(OFF_RESERVED_B, OFF_CONFIG_LEN - OFF_RESERVED_B)?;
         let ashift = r.u8(OFF_ASHIFT)?;
@@ -343,7 +572,7 @@ impl LabelHeader {
             });
         }
         r.zeros(OFF_CONFIG + config_len, CONFIG_BYTES_MAX - config_len)?;
-        let config = VdevTreeConfig::decode(r.slice(OFF_CONFIG, config_len)?)?;
+        let config = VdevTreeConfig::decode(r.slice(OFF_CONFIG, config_len)?, version)?;
         Ok(LabelHeader {
             ashift,
             pool_guid: r.u64(OFF_POOL_GUID)?,

@@ -41,8 +41,9 @@ pub use directory::{
 pub use error::FormatError;
 pub use label::{
     data_end_bytes, label_offsets, uberblock_offset, LabelHeader, LeafConfig, RaidzConfig,
-    TopConfig, TopKind, VdevTreeConfig, DATA_START_BYTES, LABEL_BYTES, LABEL_COUNT,
-    LABEL_HEADER_BYTES, LABEL_VERSION, POOL_NAME_BYTES_MAX, UBERBLOCK_SLOTS,
+    TopConfig, TopKind, VdevTreeConfig, CONFIG_BYTES_MAX, DATA_START_BYTES, FEATURES_KNOWN,
+    LABEL_BYTES, LABEL_COUNT, LABEL_HEADER_BYTES, LABEL_VERSION, POOL_NAME_BYTES_MAX,
+    UBERBLOCK_SLOTS,
 };
 pub use log_block::{LogBlock, LogRecord, LogVerifier, LOG_HEADER_BYTES, LOG_WRITE_UNIT_BYTES};
 pub use send_stream::{
@@ -65,7 +66,10 @@ const _: () = assert!(SECTOR_BYTES.is_power_of_two());
 /// record); the others are still written, and only read, as V1. A V1 uberblock or directory,
 /// from a pool made before V2, still decodes. V3 and V4 changed only the directory: V3 added
 /// each volume's compression, reservation and space figures, V4 its snapshots and dead lists,
-/// V5 the state of a receive that can be resumed.
+/// V5 the state of a receive that can be resumed. V6 changed only the vdev tree config that
+/// labels and the directory carry: it may hold RAID-Z vdevs and names the features needed to
+/// read it. It is written only when the tree needs a feature (a RAID-Z vdev), so a pool
+/// without one still writes V1 labels and a V5 directory, which older builds read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FormatVersion {
     V1 = 1,
@@ -73,11 +77,14 @@ pub enum FormatVersion {
     V3 = 3,
     V4 = 4,
     V5 = 5,
+    V6 = 6,
 }
 
 impl FormatVersion {
-    /// The newest version any structure is written at.
-    pub const CURRENT: FormatVersion = FormatVersion::V5;
+    /// The newest version any structure is written at, and so the newest this build reads.
+    /// Structures are not all written at it: labels and the directory reach V6 only when
+    /// their vdev tree needs it ([`VdevTreeConfig::version`]).
+    pub const CURRENT: FormatVersion = FormatVersion::V6;
 
     /// Decodes a structure's version field, refusing versions newer than `newest`, the
     /// newest one that structure has.
@@ -92,6 +99,7 @@ impl FormatVersion {
             3 => FormatVersion::V3,
             4 => FormatVersion::V4,
             5 => FormatVersion::V5,
+            6 => FormatVersion::V6,
             found => return Err(FormatError::UnsupportedVersion { what, found }),
         };
         if version > newest {

@@ -113,16 +113,24 @@ impl RaidzMap {
     }
 }
 
+/// Whether `width` children with `parity` of them parity make a RAID-Z vdev: what
+/// [`RaidzGeometry::new`] checks besides the sector size, and what the vdev tree config checks
+/// of each RAID-Z vdev it records, so that a config that decodes always has a geometry.
+pub(crate) fn check_shape(width: u32, parity: u32) -> Result<(), RaidzError> {
+    if !(1..=RAIDZ_PARITY_MAX).contains(&parity) {
+        return Err(RaidzError::Parity { parity });
+    }
+    if width < parity + 2 || width > RAIDZ_CHILDREN_MAX {
+        return Err(RaidzError::Width { width, parity });
+    }
+    Ok(())
+}
+
 impl RaidzGeometry {
     /// A vdev of `width` children with `parity` of them parity, in sectors of `1 << ashift`
     /// bytes. At least `parity + 2` children: with `parity + 1` every block is a mirror.
     pub fn new(width: u32, parity: u32, ashift: u32) -> Result<RaidzGeometry, RaidzError> {
-        if !(1..=RAIDZ_PARITY_MAX).contains(&parity) {
-            return Err(RaidzError::Parity { parity });
-        }
-        if width < parity + 2 || width > RAIDZ_CHILDREN_MAX {
-            return Err(RaidzError::Width { width, parity });
-        }
+        check_shape(width, parity)?;
         assert!((9..=16).contains(&ashift), "ashift {ashift} out of the pool's range");
         Ok(RaidzGeometry { width, parity, ashift })
     }

@@ -11,13 +11,14 @@ use std::path::PathBuf;
 
 use proptest::prelude::*;
 use sluice_format::{
-    label_offsets, uberblock_offset, BlockCompression, BlockKind, BlockPointer, Checksum,
-    ChecksumAlg, Compression, DdtBucket, DdtEntry, DdtHeader, DdtKey, Deadlist, DeadlistPiece,
-    DedupMode, DirectoryRecords, Dva, FormatError, LabelHeader, LeafConfig, LeafRecord,
-    LeafRecordState, LogBias, LogHeader, Origin, PoolDirectory, ReceiveState, ScanBookmark,
-    ScanKind, ScanRecord, ScanRecordPhase, SnapshotEntry, SpaceMap, SyncMode, TopConfig, TopKind,
-    Uberblock, VdevTreeConfig, VolumeEntry, VolumeSpace, BLKPTR_BYTES, DATA_START_BYTES,
-    DEADLIST_PIECE_BYTES, DEADLIST_PIECE_ENTRIES, LABEL_BYTES, LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
+    data_end_bytes, label_offsets, uberblock_offset, BlockCompression, BlockKind, BlockPointer,
+    Checksum, ChecksumAlg, Compression, DdtBucket, DdtEntry, DdtHeader, DdtKey, Deadlist,
+    DeadlistPiece, DedupMode, DirectoryRecords, Dva, FormatError, FormatVersion, LabelHeader,
+    LeafConfig, LeafRecord, LeafRecordState, LogBias, LogHeader, Origin, PoolDirectory,
+    RaidzConfig, ReceiveState, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase, SnapshotEntry,
+    SpaceMap, SyncMode, TopConfig, TopKind, Uberblock, VdevTreeConfig, VolumeEntry, VolumeSpace,
+    BLKPTR_BYTES, DATA_START_BYTES, DEADLIST_PIECE_BYTES, DEADLIST_PIECE_ENTRIES, LABEL_BYTES,
+    LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
 };
 
 fn golden(name: &str, bytes: &[u8]) {
@@ -89,6 +90,50 @@ fn sample_label() -> LabelHeader {
     }
 }
 
+/// A pool with a raidz2 of 6 whose column 3 is being replaced, a mirror and a log leaf: the
+/// tree a V6 label and directory carry.
+fn sample_raidz_config() -> VdevTreeConfig {
+    let leaf = |guid, path: String| LeafConfig { guid, path };
+    let disk = |i: u64| format!("/dev/disk/by-id/wwn-0x5000c500a1b2c3{i:02x}");
+    VdevTreeConfig {
+        top: vec![
+            TopConfig {
+                kind: TopKind::Raidz,
+                log: false,
+                guid: 0x2a2a_0000_0000_0001,
+                children: (0..6).map(|i| leaf(0x2a2a_0000_0000_0010 + i, disk(i))).collect(),
+                raidz: Some(RaidzConfig {
+                    parity: 2,
+                    // The smallest child's, a 4 TB disk.
+                    child_end_bytes: data_end_bytes(4_000_787_030_016),
+                    replacing: vec![(3, leaf(0x2a2a_0000_0000_0020, disk(0x20)))],
+                }),
+            },
+            TopConfig {
+                kind: TopKind::Mirror,
+                log: false,
+                guid: 0x2b2b_0000_0000_0001,
+                children: vec![
+                    leaf(0x2b2b_0000_0000_0010, disk(6)),
+                    leaf(0x2b2b_0000_0000_0011, disk(7)),
+                ],
+                raidz: None,
+            },
+            TopConfig {
+                kind: TopKind::Leaf,
+                log: true,
+                guid: 0x2c2c_0000_0000_0001,
+                children: vec![leaf(0x2c2c_0000_0000_0010, "/dev/nvme0n1".into())],
+                raidz: None,
+            },
+        ],
+    }
+}
+
+fn sample_raidz_label() -> LabelHeader {
+    LabelHeader { config: sample_raidz_config(), ..sample_label() }
+}
+
 #[test]
 fn golden_block_pointer() {
     let bytes = BlockPointer::encode(Some(&sample_bp()));
@@ -138,6 +183,24 @@ fn golden_label() {
     let bytes = sample_label().encode().unwrap();
     golden("label.bin", &bytes);
     assert_eq!(LabelHeader::decode(&bytes).unwrap(), sample_label());
+    // A tree without RAID-Z needs no feature and is written as before V6, in a V1 label that
+    // older builds read (label.bin has not changed since V1).
+    assert!(sample_label().config.features().is_empty());
+    assert_eq!(sample_label().config.version(), FormatVersion::V1);
+    assert_eq!(bytes[8..10], [1, 0]);
+}
+
+/// A V6 label: its config holds a RAID-Z vdev (one of whose columns is being replaced) and
+/// names the feature needed to read it.
+#[test]
+fn golden_label_v6() {
+    let label = sample_raidz_label();
+    assert_eq!(label.config.features(), ["raidz"]);
+    assert_eq!(label.config.version(), FormatVersion::V6);
+    let bytes = label.encode().unwrap();
+    golden("label_v6.bin", &bytes);
+    assert_eq!(bytes[8..10], [6, 0]);
+    assert_eq!(LabelHeader::decode(&bytes).unwrap(), label);
 }
 
 /// The leaf layout: labels do not overlap each other or the data area, and uberblock slots
@@ -365,6 +428,15 @@ fn golden_directory() {
     let bytes = v5.encode(512).unwrap();
     golden("directory_v5.bin", &bytes);
     assert_eq!(PoolDirectory::decode(&bytes).unwrap(), v5);
+    assert_eq!(bytes[8..10], [5, 0], "a tree without RAID-Z keeps the directory at V5");
+
+    // V6: the same with a RAID-Z vdev in the tree, whose config takes its V6 layout.
+    let mut v6 = v5.clone();
+    v6.records.as_mut().unwrap().config = sample_raidz_config();
+    let bytes = v6.encode(512).unwrap();
+    golden("directory_v6.bin", &bytes);
+    assert_eq!(bytes[8..10], [6, 0]);
+    assert_eq!(PoolDirectory::decode(&bytes).unwrap(), v6);
     let mut full = v5.clone();
     full.volumes[1].receive.as_mut().unwrap().from_guid = None;
     assert_eq!(PoolDirectory::decode(&full.encode(512).unwrap()).unwrap(), full);
@@ -645,6 +717,9 @@ proptest! {
         let mut label = sample_label().encode().unwrap();
         label[label_bit / 8] ^= 1 << (label_bit % 8);
         prop_assert!(LabelHeader::decode(&label).is_err());
+        let mut label = sample_raidz_label().encode().unwrap();
+        label[label_bit / 8] ^= 1 << (label_bit % 8);
+        prop_assert!(LabelHeader::decode(&label).is_err());
     }
 
     /// Decoders return an error or a value for any input; they never panic.
@@ -664,15 +739,21 @@ proptest! {
         let _ = PoolDirectory::decode(&v2);
         let _ = DdtBucket::decode(&bytes);
         let _ = DdtBucket::find(&bytes, &DdtKey([0x40; 32]));
+        let _ = VdevTreeConfig::decode(&bytes, FormatVersion::V1);
+        let _ = VdevTreeConfig::decode(&bytes, FormatVersion::V6);
+        // The same behind a feature list this build knows, so the tree itself is read.
+        let mut v6 = b"\x01\x05raidz".to_vec();
+        v6.extend_from_slice(&bytes);
+        let _ = VdevTreeConfig::decode(&v6, FormatVersion::V6);
     }
 
     /// Label headers whose checksum was recomputed over random contents (as a buggy writer or
     /// a crafted image would produce) still decode without panicking.
     #[test]
-    fn checksummed_garbage_never_panics(body in proptest::collection::vec(any::<u8>(), LABEL_HEADER_BYTES - 16)) {
+    fn checksummed_garbage_never_panics(body in proptest::collection::vec(any::<u8>(), LABEL_HEADER_BYTES - 16), version in prop::sample::select(vec![1u8, 6])) {
         let mut bytes = body.clone();
         bytes[..8].copy_from_slice(b"SLUICELB");
-        bytes[8] = 1;
+        bytes[8] = version;
         bytes[9] = 0;
         bytes[10] = 1;
         let sum = ChecksumAlg::Xxh3_128.compute(&bytes);

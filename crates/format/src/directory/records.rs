@@ -8,7 +8,8 @@
 //! ```text
 //! offset size field (from the end of the dedup table header)
 //!      0    4 config_len u32
-//!      4    . config                   VdevTreeConfig, as labels carry it
+//!      4    . config                   VdevTreeConfig, as labels carry it: in its V1 layout
+//!                                      up to directory V5, its V6 layout in a V6 directory
 //!      .    4 leaf_count u32
 //!      .   48 per leaf: guid u64, state u8 (0 online, 1 degraded, 2 faulted, 3 offline),
 //!             reserved 7 (zero), replaced_by u64 (the guid of the leaf replacing it; 0:
@@ -26,7 +27,7 @@
 //! ```
 
 use crate::codec::{Reader, Writer};
-use crate::{FormatError, VdevTreeConfig};
+use crate::{FormatError, FormatVersion, VdevTreeConfig};
 
 const WHAT: &str = "pool directory";
 pub(super) const LEAF_RECORD_BYTES: usize = 48;
@@ -201,10 +202,15 @@ impl DirectoryRecords {
         Ok(at)
     }
 
-    pub(super) fn decode_from(r: &Reader<'_>, mut at: usize) -> Result<(Self, usize), FormatError> {
+    /// Decodes the records of a directory of `version` (which says the config's layout).
+    pub(super) fn decode_from(
+        r: &Reader<'_>,
+        mut at: usize,
+        version: FormatVersion,
+    ) -> Result<(Self, usize), FormatError> {
         let invalid = |field, value| FormatError::Invalid { what: WHAT, field, value };
         let config_len = r.u32(at)? as usize;
-        let config = VdevTreeConfig::decode(r.slice(at + 4, config_len)?)?;
+        let config = VdevTreeConfig::decode(r.slice(at + 4, config_len)?, version)?;
         at += 4 + config_len;
         let count = r.u32(at)? as usize;
         at += 4;

@@ -1,0 +1,416 @@
+//! The vdev tree config's V6 layout (RAID-Z vdevs and the features needed to read them): it
+//! round-trips for every RAID-Z shape there is, matches label.rs's byte table written out by
+//! hand here, refuses every out-of-range field by name on both sides and a feature it does not
+//! know by name, and has room for a RAID-Z vdev of 64 children with realistic paths. The
+//! golden bytes of a V6 label and directory are in format.rs, with the others.
+
+use sluice_format::raidz::{RAIDZ_CHILDREN_MAX, RAIDZ_PARITY_MAX};
+use sluice_format::{
+    ChecksumAlg, FormatError, FormatVersion, LabelHeader, LeafConfig, RaidzConfig, TopConfig,
+    TopKind, VdevTreeConfig, CONFIG_BYTES_MAX, DATA_START_BYTES, FEATURES_KNOWN,
+    LABEL_HEADER_BYTES, LABEL_VERSION,
+};
+
+/// Where each RAID-Z child's data area ends in these tests (a 1 GiB leaf's, roughly).
+const END: u64 = 1 << 30;
+
+fn child(i: u16) -> LeafConfig {
+    LeafConfig { guid: 100 + u64::from(i), path: format!("/dev/r{i}") }
+}
+
+fn replacement(column: u16) -> LeafConfig {
+    LeafConfig { guid: 200 + u64::from(column), path: format!("/dev/new{column}") }
+}
+
+fn raidz_top(parity: u8, width: u16, replacing: &[u16]) -> TopConfig {
+    TopConfig {
+        kind: TopKind::Raidz,
+        log: false,
+        guid: 7,
+        children: (0..width).map(child).collect(),
+        raidz: Some(RaidzConfig {
+            parity,
+            child_end_bytes: END,
+            replacing: replacing.iter().map(|&c| (c, replacement(c))).collect(),
+        }),
+    }
+}
+
+fn raidz_tree(parity: u8, width: u16, replacing: &[u16]) -> VdevTreeConfig {
+    VdevTreeConfig { top: vec![raidz_top(parity, width, replacing)] }
+}
+
+/// A V6 config of one RAID-Z vdev, written field by field from label.rs's byte table rather
+/// than by the encoder: the encoder is checked against it, and decode is given what no
+/// encoder writes.
+#[derive(Clone)]
+struct Raw {
+    features: Vec<&'static str>,
+    kind: u8,
+    parity: u8,
+    reserved: u8,
+    child_end_bytes: u64,
+    width: u16,
+    replacing: Vec<u16>,
+}
+
+impl Raw {
+    /// The bytes of `raidz_tree(2, 6, &[3])`.
+    fn good() -> Raw {
+        Raw {
+            features: vec!["raidz"],
+            kind: 2,
+            parity: 2,
+            reserved: 0,
+            child_end_bytes: END,
+            width: 6,
+            replacing: vec![3],
+        }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        fn leaf(out: &mut Vec<u8>, leaf: &LeafConfig) {
+            out.extend_from_slice(&leaf.guid.to_le_bytes());
+            out.extend_from_slice(&(leaf.path.len() as u16).to_le_bytes());
+            out.extend_from_slice(leaf.path.as_bytes());
+        }
+        let mut out = vec![self.features.len() as u8];
+        for name in &self.features {
+            out.push(name.len() as u8);
+            out.extend_from_slice(name.as_bytes());
+        }
+        out.extend_from_slice(&1u16.to_le_bytes());
+        out.push(self.kind);
+        out.extend_from_slice(&7u64.to_le_bytes());
+        out.push(self.parity);
+        out.push(self.reserved);
+        out.extend_from_slice(&self.child_end_bytes.to_le_bytes());
+        out.extend_from_slice(&self.width.to_le_bytes());
+        for i in 0..self.width {
+            leaf(&mut out, &child(i));
+        }
+        out.push(self.replacing.len() as u8);
+        for &column in &self.replacing {
+            out.extend_from_slice(&column.to_le_bytes());
+            leaf(&mut out, &replacement(column));
+        }
+        out
+    }
+}
+
+fn invalid_field(result: Result<impl std::fmt::Debug, FormatError>) -> &'static str {
+    match result {
+        Err(FormatError::Invalid { field, .. }) => field,
+        other => panic!("expected FormatError::Invalid, got {other:?}"),
+    }
+}
+
+/// A label header's bytes with its config replaced by `config` (at the V6 version) and the
+/// checksum recomputed, as a newer or buggy writer would leave them.
+fn label_with_config(config: &[u8]) -> Vec<u8> {
+    let label = LabelHeader {
+        ashift: 12,
+        pool_guid: 1,
+        leaf_guid: 100,
+        top_guid: 7,
+        config_txg: 4,
+        leaf_bytes: 1 << 31,
+        pool_name: "tank".into(),
+        config: raidz_tree(2, 6, &[3]),
+    };
+    let mut bytes = label.encode().expect("a valid label").to_vec();
+    assert_eq!(bytes[8..10], [6, 0], "a RAID-Z tree's label is V6");
+    bytes[124..128].copy_from_slice(&(config.len() as u32).to_le_bytes());
+    bytes[128..LABEL_HEADER_BYTES - 16].fill(0);
+    bytes[128..128 + config.len()].copy_from_slice(config);
+    rechecksum(&mut bytes);
+    bytes
+}
+
+fn rechecksum(label: &mut [u8]) {
+    let sum = ChecksumAlg::Xxh3_128.compute(&label[..LABEL_HEADER_BYTES - 16]);
+    label[LABEL_HEADER_BYTES - 16..].copy_from_slice(&sum.0);
+}
+
+#[test]
+fn the_encoder_follows_the_byte_table() {
+    let encoded = raidz_tree(2, 6, &[3]).encode().expect("a valid tree");
+    assert_eq!(encoded, Raw::good().bytes());
+    assert_eq!(FEATURES_KNOWN, ["raidz"]);
+}
+
+/// Every RAID-Z shape there is round-trips, alone and beside a mirror and a log leaf, bare and
+/// with its first and last columns being replaced; one child too few or too many is refused.
+#[test]
+fn every_raidz_shape_round_trips() {
+    let others = [
+        TopConfig {
+            kind: TopKind::Mirror,
+            log: false,
+            guid: 8,
+            children: vec![child(900), child(901)],
+            raidz: None,
+        },
+        TopConfig {
+            kind: TopKind::Leaf,
+            log: true,
+            guid: 9,
+            children: vec![child(902)],
+            raidz: None,
+        },
+    ];
+    for parity in 1..=RAIDZ_PARITY_MAX as u8 {
+        for width in u16::from(parity) + 2..=RAIDZ_CHILDREN_MAX as u16 {
+            for replacing in [&[][..], &[0, width - 1]] {
+                let mut tree = raidz_tree(parity, width, replacing);
+                tree.top.extend(others.iter().cloned());
+                assert_eq!(tree.version(), FormatVersion::V6);
+                let bytes = tree.encode().expect("a valid tree");
+                let back = VdevTreeConfig::decode(&bytes, FormatVersion::V6);
+                assert_eq!(back.expect("decodes"), tree, "raidz{parity} of {width}");
+            }
+        }
+        for width in [u16::from(parity) + 1, RAIDZ_CHILDREN_MAX as u16 + 1] {
+            let tree = raidz_tree(parity, width, &[]);
+            assert_eq!(invalid_field(tree.encode()), "raidz child_count", "raidz{parity}/{width}");
+            let raw = Raw { parity, width, replacing: vec![], ..Raw::good() };
+            let decoded = VdevTreeConfig::decode(&raw.bytes(), FormatVersion::V6);
+            assert_eq!(invalid_field(decoded), "raidz child_count", "raidz{parity}/{width}");
+        }
+    }
+    // And through a label, which says V6.
+    let label = LabelHeader {
+        ashift: 12,
+        pool_guid: 1,
+        leaf_guid: 100,
+        top_guid: 7,
+        config_txg: 4,
+        leaf_bytes: 1 << 31,
+        pool_name: "tank".into(),
+        config: raidz_tree(3, 64, &[5]),
+    };
+    let bytes = label.encode().expect("a valid label");
+    assert_eq!(bytes[8..10], [6, 0]);
+    assert_eq!(LabelHeader::decode(&bytes).expect("decodes"), label);
+}
+
+/// Each field of a RAID-Z vdev out of range is refused by decode, naming the field.
+#[test]
+fn decode_refuses_each_bad_raidz_field() {
+    let decode = |raw: Raw| VdevTreeConfig::decode(&raw.bytes(), FormatVersion::V6);
+    let good = Raw::good();
+    assert_eq!(decode(good.clone()).expect("decodes"), raidz_tree(2, 6, &[3]));
+    let cases = [
+        (Raw { parity: 0, ..good.clone() }, "raidz parity"),
+        (Raw { parity: 4, ..good.clone() }, "raidz parity"),
+        (Raw { parity: 3, width: 4, replacing: vec![], ..good.clone() }, "raidz child_count"),
+        (Raw { width: 65, ..good.clone() }, "raidz child_count"),
+        (Raw { replacing: vec![6], ..good.clone() }, "raidz replacing column"),
+        (Raw { replacing: vec![u16::MAX], ..good.clone() }, "raidz replacing column"),
+        (Raw { replacing: vec![1, 4, 1], ..good.clone() }, "raidz replacing column (listed twice)"),
+        (Raw { reserved: 1, ..good.clone() }, "raidz reserved"),
+        (Raw { child_end_bytes: DATA_START_BYTES, ..good.clone() }, "raidz child_end_bytes"),
+        (Raw { child_end_bytes: 0, ..good.clone() }, "raidz child_end_bytes"),
+        (Raw { kind: 0x82, ..good.clone() }, "log (a RAID-Z vdev cannot be a log device)"),
+        (Raw { kind: 3, ..good.clone() }, "kind"),
+        (
+            Raw { features: vec![], ..good.clone() },
+            "features (a RAID-Z vdev without feature raidz)",
+        ),
+        (Raw { features: vec!["raidz", "raidz"], ..good.clone() }, "feature name (listed twice)"),
+        (Raw { features: vec![""], ..good.clone() }, "feature name"),
+        (Raw { features: vec!["raïdz"], ..good.clone() }, "feature name"),
+    ];
+    for (raw, field) in cases {
+        assert_eq!(invalid_field(decode(raw)), field);
+    }
+    let mut trailing = good.bytes();
+    trailing.push(0);
+    assert_eq!(
+        invalid_field(VdevTreeConfig::decode(&trailing, FormatVersion::V6)),
+        "trailing bytes"
+    );
+    // Cut anywhere, it is truncated, never misread.
+    let bytes = good.bytes();
+    for len in 0..bytes.len() {
+        let cut = VdevTreeConfig::decode(&bytes[..len], FormatVersion::V6);
+        assert!(matches!(cut, Err(FormatError::Truncated { .. })), "cut at {len}: {cut:?}");
+    }
+}
+
+/// A V1 config has no RAID-Z: kind 2 there is refused, and so are V6 bytes read as V1.
+#[test]
+fn a_v1_config_holds_no_raidz() {
+    let tree = VdevTreeConfig {
+        top: vec![TopConfig {
+            kind: TopKind::Mirror,
+            log: false,
+            guid: 7,
+            children: vec![child(0), child(1)],
+            raidz: None,
+        }],
+    };
+    assert_eq!(tree.version(), FormatVersion::V1);
+    let mut bytes = tree.encode().expect("a valid tree");
+    for version in [FormatVersion::V1, FormatVersion::V5] {
+        assert_eq!(VdevTreeConfig::decode(&bytes, version).expect("decodes"), tree);
+    }
+    bytes[2] = 2; // top_count u16, then the kind byte
+    for version in [FormatVersion::V1, FormatVersion::V5] {
+        assert_eq!(invalid_field(VdevTreeConfig::decode(&bytes, version)), "kind");
+    }
+    assert!(VdevTreeConfig::decode(&Raw::good().bytes(), FormatVersion::V1).is_err());
+    // A V6 config that lists no feature and holds no RAID-Z is read, though none is written.
+    let mut v6 = vec![0u8];
+    v6.extend_from_slice(&tree.encode().expect("a valid tree"));
+    assert_eq!(VdevTreeConfig::decode(&v6, FormatVersion::V6).expect("decodes"), tree);
+}
+
+/// Encode refuses what decode would: nothing is written that cannot be read back.
+#[test]
+fn encode_refuses_each_bad_raidz_field() {
+    let with = |change: &dyn Fn(&mut TopConfig)| {
+        let mut tree = raidz_tree(2, 6, &[3]);
+        change(&mut tree.top[0]);
+        invalid_field(tree.encode())
+    };
+    fn shape(top: &mut TopConfig) -> &mut RaidzConfig {
+        top.raidz.as_mut().expect("a RAID-Z vdev's shape")
+    }
+    assert_eq!(with(&|t| shape(t).parity = 0), "raidz parity");
+    assert_eq!(with(&|t| shape(t).parity = 4), "raidz parity");
+    assert_eq!(with(&|t| t.children.truncate(3)), "raidz child_count");
+    assert_eq!(with(&|t| shape(t).replacing = vec![(6, child(6))]), "raidz replacing column");
+    assert_eq!(
+        with(&|t| shape(t).replacing = vec![(1, child(7)), (1, child(8))]),
+        "raidz replacing column (listed twice)"
+    );
+    assert_eq!(with(&|t| shape(t).child_end_bytes = DATA_START_BYTES), "raidz child_end_bytes");
+    assert_eq!(with(&|t| t.log = true), "log (a RAID-Z vdev cannot be a log device)");
+    assert_eq!(with(&|t| t.raidz = None), "raidz (missing on a RAID-Z vdev)");
+    assert_eq!(with(&|t| t.kind = TopKind::Mirror), "raidz (on a vdev not RAID-Z)");
+    // A label does not write one either.
+    let label = LabelHeader {
+        ashift: 12,
+        pool_guid: 1,
+        leaf_guid: 100,
+        top_guid: 7,
+        config_txg: 4,
+        leaf_bytes: 1 << 31,
+        pool_name: "tank".into(),
+        config: raidz_tree(2, 3, &[]),
+    };
+    assert_eq!(invalid_field(label.encode()), "raidz child_count");
+}
+
+/// Features this build does not know are refused by name, before the tree is read (a newer
+/// sluice's tree may not parse as this build's), in a bare config, a label and a directory.
+#[test]
+fn unknown_features_are_refused_by_name() {
+    let raw = Raw { features: vec!["raidz", "foo", "bar"], ..Raw::good() };
+    fn unknown<T: std::fmt::Debug>(result: Result<T, FormatError>) -> Vec<String> {
+        match result {
+            Err(FormatError::UnknownFeatures { what: "vdev tree config", names }) => names,
+            other => panic!("expected UnknownFeatures, got {other:?}"),
+        }
+    }
+    let error = VdevTreeConfig::decode(&raw.bytes(), FormatVersion::V6);
+    assert_eq!(
+        error.as_ref().map_err(ToString::to_string).expect_err("refused"),
+        "vdev tree config needs feature(s) foo, bar, which this build of sluice does not know \
+         (a newer sluice wrote it)"
+    );
+    assert_eq!(unknown(error), ["foo", "bar"]);
+    // Whatever follows, even a tree this build could not parse.
+    let mut garbage = b"\x01\x03foo".to_vec();
+    garbage.extend_from_slice(&[0xff; 5]);
+    assert_eq!(unknown(VdevTreeConfig::decode(&garbage, FormatVersion::V6)), ["foo"]);
+    assert_eq!(unknown(VdevTreeConfig::decode(b"\x01\x03foo", FormatVersion::V6)), ["foo"]);
+    // In a label.
+    let label = label_with_config(&raw.bytes());
+    assert_eq!(unknown(LabelHeader::decode(&label)), ["foo", "bar"]);
+    // In a directory: its config's feature renamed in place.
+    let mut dir = sluice_format::PoolDirectory {
+        records: Some(sluice_format::DirectoryRecords {
+            config: raidz_tree(1, 3, &[]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    dir.ddt.bucket_bits = 6;
+    dir.ddt.levels = 1;
+    let mut bytes = dir.encode(512).expect("a valid directory");
+    assert_eq!(bytes[8..10], [6, 0]);
+    assert_eq!(sluice_format::PoolDirectory::decode(&bytes).expect("decodes"), dir);
+    let at = bytes.windows(6).position(|w| w == b"\x05raidz").expect("the feature is there");
+    bytes[at + 1..at + 6].copy_from_slice(b"raidy");
+    assert_eq!(unknown(sluice_format::PoolDirectory::decode(&bytes)), ["raidy"]);
+}
+
+/// A label is V1 or V6; a version between (labels never had one) or beyond is refused.
+#[test]
+fn label_versions() {
+    assert_eq!(LABEL_VERSION, FormatVersion::V6);
+    let mut label = label_with_config(&Raw::good().bytes());
+    LabelHeader::decode(&label).expect("a V6 label decodes");
+    for version in [0u16, 2, 3, 5, 7] {
+        label[8..10].copy_from_slice(&version.to_le_bytes());
+        rechecksum(&mut label);
+        assert!(
+            matches!(
+                LabelHeader::decode(&label),
+                Err(FormatError::UnsupportedVersion { what: "label", found }) if found == version
+            ),
+            "label version {version}"
+        );
+    }
+    // A V6 config in a label that says V1 is not read as V1.
+    label[8..10].copy_from_slice(&1u16.to_le_bytes());
+    rechecksum(&mut label);
+    assert!(LabelHeader::decode(&label).is_err());
+}
+
+/// One RAID-Z vdev of 64 children fits in a label with paths of realistic length, up to the
+/// 51 bytes CONFIG_BYTES_MAX's doc works out (50 with a child being replaced).
+#[test]
+fn a_raidz_vdev_of_64_children_fits() {
+    assert_eq!(CONFIG_BYTES_MAX, 3952);
+    let tree = |path_len: usize, replacing: &[u16]| {
+        let path = |i: u16| {
+            let id = format!("-{i:02}");
+            format!("/dev/disk/by-id/{}{id}", "x".repeat(path_len - 16 - id.len()))
+        };
+        let mut tree = raidz_tree(3, 64, replacing);
+        for (i, leaf) in tree.top[0].children.iter_mut().enumerate() {
+            leaf.path = path(i as u16);
+        }
+        for (column, leaf) in &mut tree.top[0].raidz.as_mut().expect("RAID-Z").replacing {
+            leaf.path = path(100 + *column);
+        }
+        tree
+    };
+    let label = |config| LabelHeader {
+        ashift: 12,
+        pool_guid: 1,
+        leaf_guid: 100,
+        top_guid: 7,
+        config_txg: 4,
+        leaf_bytes: 1 << 31,
+        pool_name: "tank".into(),
+        config,
+    };
+    // A realistic name: /dev/disk/by-id/wwn-0x5000c500a1b2c3d4 is 38 bytes,
+    // /dev/disk/by-id/ata-ST4000NM0035-1V4107_ZC1A2B3C 48.
+    for path_len in [38, 48, 51] {
+        let config = tree(path_len, &[]);
+        let bytes = config.encode().expect("fits");
+        assert_eq!(bytes.len(), 7 + 2 + 22 + 64 * (10 + path_len));
+        let label = label(config);
+        let encoded = label.encode().expect("fits in a label");
+        assert_eq!(LabelHeader::decode(&encoded).expect("decodes"), label);
+    }
+    assert!(matches!(tree(52, &[]).encode(), Err(FormatError::TooLarge { .. })));
+    let replacing = tree(50, &[9]);
+    assert_eq!(replacing.encode().expect("fits").len(), 7 + 2 + 22 + 64 * 60 + 12 + 50);
+    assert!(matches!(tree(51, &[9]).encode(), Err(FormatError::TooLarge { .. })));
+}
