@@ -260,7 +260,7 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
         "pool": d.pool,
         "since_import": earlier.is_none(),
         "seconds": seconds,
-        "tops": d.tops.iter().map(|t| json!({"mirror": t.mirror, "log": t.log})).collect::<Vec<_>>(),
+        "tops": d.tops.iter().map(|t| json!({"mirror": t.mirror, "log": t.log, "parity": t.parity})).collect::<Vec<_>>(),
         "leaves": leaves,
         "volumes": volumes,
         "intent_log": {
@@ -328,15 +328,15 @@ fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> 
     out.push_str(&row(d.pool.clone(), &all, None));
     for (index, top) in d.tops.iter().enumerate() {
         let members: Vec<&LeafSnapshot> = d.leaves.iter().filter(|l| l.top == index).collect();
-        let indent = if top.mirror {
-            let kind = if top.log { "log mirror" } else { "mirror" };
-            out.push_str(&row(format!("  {kind}-{index}"), &members, None));
+        let indent = if top.grouped() {
+            let name = if top.log { format!("log {}", top.name(index)) } else { top.name(index) };
+            out.push_str(&row(format!("  {name}"), &members, None));
             "    "
         } else {
             "  "
         };
         for leaf in members {
-            let log = if top.log && !top.mirror { " (log)" } else { "" };
+            let log = if top.log && !top.grouped() { " (log)" } else { "" };
             let name = format!("{indent}{}{log}", leaf.path);
             out.push_str(&row(name, &[leaf], Some(leaf.queue_depth)));
         }
@@ -581,7 +581,7 @@ mod tests {
         let mut earlier = PoolSnapshot {
             pool: "tank".into(),
             uptime_nanos: 10_000_000_000,
-            tops: vec![TopSnapshot { mirror: false, log: false }],
+            tops: vec![TopSnapshot { mirror: false, log: false, parity: 0 }],
             ..PoolSnapshot::default()
         };
         earlier.leaves.push(leaf(1000, histogram.snapshot()));

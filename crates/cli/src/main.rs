@@ -210,16 +210,19 @@ impl From<NewLeafArgs> for pools::pool::NewLeaf {
 #[serde(rename_all = "kebab-case")]
 enum PoolCommand {
     /// Create a pool: `sluice pool create tank mirror /d/a /d/b [mirror /d/c /d/d] [log
-    /// mirror /d/e /d/f]`; plain paths are striped, and what follows `log` holds only intent-log
-    /// blocks (a separate log device: put it on the fastest medium). Missing files are created
+    /// mirror /d/e /d/f]`, or `raidz2 /d/a /d/b /d/c /d/d` (raidz or raidz1, raidz2, raidz3:
+    /// one to three disks' worth of parity, at least parity + 2 leaves, at most 64); plain
+    /// paths are striped, and what follows `log` holds only intent-log blocks (a separate log
+    /// device: put it on the fastest medium). Missing files are created
     /// with --size, allocated in full (--sparse: thin). A leaf that already holds something (another pool's labels, a
     /// filesystem, a partition table, any data in its first or last MiB) is refused, saying
     /// what was found, unless --force is given.
     Create {
         name: String,
-        /// Leaves: absolute paths, each group of mirrored ones preceded by `mirror`; log
-        /// devices after `log`. ZFS's other vdev types (raidz, draid, spare, cache, special,
-        /// dedup) are refused by name: sluice does not build them yet.
+        /// Leaves: absolute paths, each group of mirrored ones preceded by `mirror`, each
+        /// RAID-Z group by `raidz`, `raidz2` or `raidz3`; log devices after `log`. ZFS's other
+        /// vdev types (draid, spare, cache, special, dedup) are refused by name: sluice does
+        /// not build them yet.
         #[arg(required = true, value_parser = pools::parse_vdev_word)]
         vdevs: Vec<String>,
         /// Create missing files of this size (like 1G).

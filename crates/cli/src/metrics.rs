@@ -836,7 +836,7 @@ mod tests {
             uptime_nanos: 2_500_000_000,
             txg: 17,
             txg_syncs: 9,
-            tops: vec![TopSnapshot { mirror: true, log: false }],
+            tops: vec![TopSnapshot { mirror: true, log: false, parity: 0 }],
             leaves: vec![LeafSnapshot {
                 path: "/d/a \"quoted\"".into(),
                 top: 0,

@@ -47,22 +47,31 @@ pub struct PoolSnapshot {
 /// One top-level vdev.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopSnapshot {
-    /// A mirror (else a single leaf).
+    /// A mirror (else a single leaf, or a RAID-Z vdev when `parity` is not 0).
     pub mirror: bool,
     /// Holds only intent-log blocks (a separate log device).
     pub log: bool,
+    /// A RAID-Z vdev's parity (1 to 3); 0 for the others.
+    #[serde(default)]
+    pub parity: u8,
 }
 
 impl TopSnapshot {
     /// The name iostat and the metrics give the top-level vdev at `index`, after `zpool
-    /// status`: `mirror-0`, `log-mirror-2`, `disk-1`, `log-3`.
+    /// status`: `mirror-0`, `raidz2-1`, `log-mirror-2`, `disk-3`, `log-4`.
     pub fn name(self, index: usize) -> String {
         match (self.mirror, self.log) {
+            _ if self.parity > 0 => format!("raidz{}-{index}", self.parity),
             (true, false) => format!("mirror-{index}"),
             (true, true) => format!("log-mirror-{index}"),
             (false, false) => format!("disk-{index}"),
             (false, true) => format!("log-{index}"),
         }
+    }
+
+    /// Whether the vdev has leaves of its own to show under it (a mirror or RAID-Z).
+    pub fn grouped(self) -> bool {
+        self.mirror || self.parity > 0
     }
 }
 
@@ -234,7 +243,11 @@ impl PoolSnapshot {
             .config()
             .top
             .iter()
-            .map(|t| TopSnapshot { mirror: t.kind == sluice_format::TopKind::Mirror, log: t.log })
+            .map(|t| TopSnapshot {
+                mirror: t.kind == sluice_format::TopKind::Mirror,
+                log: t.log,
+                parity: t.raidz.as_ref().map_or(0, |r| r.parity),
+            })
             .collect();
         let leaves = pool
             .leaves()
@@ -455,7 +468,7 @@ mod tests {
             version: SNAPSHOT_VERSION,
             pool: "tank".into(),
             uptime_nanos: 5,
-            tops: vec![TopSnapshot { mirror: true, log: false }],
+            tops: vec![TopSnapshot { mirror: true, log: false, parity: 0 }],
             leaves: vec![LeafSnapshot {
                 path: "/d/a".into(),
                 writes: 3,
@@ -480,6 +493,7 @@ mod tests {
             PoolSnapshot::from_json("nonsense"),
             Err(SnapshotError::Malformed { .. })
         ));
-        assert_eq!(TopSnapshot { mirror: true, log: true }.name(2), "log-mirror-2");
+        assert_eq!(TopSnapshot { mirror: true, log: true, parity: 0 }.name(2), "log-mirror-2");
+        assert_eq!(TopSnapshot { mirror: false, log: false, parity: 2 }.name(1), "raidz2-1");
     }
 }

@@ -257,7 +257,10 @@ fn vdev_words_and_relative_leaf_paths_are_refused() {
     };
     let a = dir.as_path().join("a");
     let a = a.to_str().unwrap();
-    for word in ["raidz", "raidz2", "draid2:4d:1s", "spare", "cache", "special", "dedup"] {
+    let error =
+        in_dir(&["pool", "create", "rz", "raidz2", a, "/tmp/sluice-no-such-b", "--size", "64M"]);
+    assert!(error.contains("raidz2 needs from 4 to 64 children, not 2"), "{error}");
+    for word in ["draid2:4d:1s", "spare", "cache", "special", "dedup"] {
         let error = in_dir(&["pool", "create", "rz", word, a, "b", "--size", "64M"]);
         assert!(error.contains(&format!("`{word}` is a ZFS vdev type")), "{word}: {error}");
         assert!(!Path::new(word).exists() && !dir.as_path().join(word).exists());

@@ -195,11 +195,7 @@ pub fn parse_size(text: &str) -> anyhow::Result<u64> {
 
 /// The vdev types `zpool create` knows beside `mirror` and `log` that sluice does not build,
 /// with what they are: refused by name, never taken for a file's name.
-const VDEV_TYPES_NOT_BUILT: [(&str, &str); 9] = [
-    ("raidz", "RAID-Z"),
-    ("raidz1", "RAID-Z"),
-    ("raidz2", "RAID-Z"),
-    ("raidz3", "RAID-Z"),
+const VDEV_TYPES_NOT_BUILT: [(&str, &str); 5] = [
     ("draid", "dRAID"),
     ("spare", "hot spares"),
     ("cache", "cache devices"),
@@ -207,10 +203,11 @@ const VDEV_TYPES_NOT_BUILT: [(&str, &str); 9] = [
     ("dedup", "dedup table devices"),
 ];
 
-/// A word of `pool create`'s vdev list: `mirror`, `log`, or a leaf's absolute path
-/// ([`parse_leaf_path`]). Another vdev type ZFS knows is refused by name.
+/// A word of `pool create`'s vdev list: `mirror`, `raidz` (`raidz1`), `raidz2`, `raidz3`,
+/// `log`, or a leaf's absolute path ([`parse_leaf_path`]). Another vdev type ZFS knows is
+/// refused by name.
 pub fn parse_vdev_word(word: &str) -> anyhow::Result<String> {
-    if word == "mirror" || word == "log" {
+    if matches!(word, "mirror" | "log" | "raidz" | "raidz1" | "raidz2" | "raidz3") {
         return Ok(word.to_owned());
     }
     // dRAID's words carry their parity and geometry: draid, draid2, draid2:4d:1s.
@@ -221,7 +218,7 @@ pub fn parse_vdev_word(word: &str) -> anyhow::Result<String> {
     if let Some((_, what)) = VDEV_TYPES_NOT_BUILT.iter().find(|(k, _)| *k == kind) {
         anyhow::bail!(
             "`{word}` is a ZFS vdev type ({what}) that sluice does not build yet; list leaves, \
-             with `mirror` before each group of mirrored ones"
+             with `mirror` or `raidz`, `raidz2`, `raidz3` before each group"
         );
     }
     parse_leaf_path(word)

@@ -141,10 +141,15 @@ pub struct ScanReport {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VdevReport {
-    /// mirror or leaf.
+    /// mirror, raidz1, raidz2, raidz3 or leaf.
     pub kind: String,
+    /// ONLINE; DEGRADED while it serves with leaves out (on RAID-Z, up to its parity);
+    /// FAULTED when it cannot serve every block.
+    #[serde(default)]
+    pub state: String,
     pub log: bool,
     pub guid: String,
+    /// In column order on RAID-Z, a column being replaced followed by its new leaf.
     pub leaves: Vec<LeafReport>,
 }
 
@@ -160,6 +165,9 @@ pub struct LeafReport {
     pub checksum_errors: u64,
     pub resilvering: bool,
     pub being_replaced: bool,
+    /// On RAID-Z, `replacing-N` for both leaves of column N while one replaces the other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// What `pool status` shows beyond its JSON.
@@ -450,13 +458,22 @@ fn pool_status(out: &mut Lines, status: &PoolStatus) {
             out.say("  logs");
             logs_shown = true;
         }
-        if vdev.kind == "mirror" {
+        if vdev.kind == "mirror" || vdev.kind.starts_with("raidz") {
             // ZFS shows a mirror with a leaf being replaced as `replacing-N`.
-            let replacing = vdev.leaves.iter().any(|l| l.being_replaced);
-            let kind = if replacing { "replacing" } else { "mirror" };
-            out.say(format!("  {:<40}", format!("{kind}-{index}")));
+            let replacing = vdev.kind == "mirror" && vdev.leaves.iter().any(|l| l.being_replaced);
+            let kind = if replacing { "replacing" } else { vdev.kind.as_str() };
+            out.say(format!("  {:<40} {:<8}", format!("{kind}-{index}"), vdev.state));
         }
+        let mut group_shown: Option<&str> = None;
         for leaf in &vdev.leaves {
+            // A RAID-Z column being replaced: its two leaves under `replacing-N`.
+            if let Some(group) = leaf.group.as_deref() {
+                if group_shown != Some(group) {
+                    out.say(format!("    {group:<38}"));
+                    group_shown = Some(group);
+                }
+            }
+            let deeper = if leaf.group.is_some() { "  " } else { "" };
             let reason = if leaf.state == "MISSING" {
                 Some("not found at import")
             } else {
@@ -474,7 +491,11 @@ fn pool_status(out: &mut Lines, status: &PoolStatus) {
             };
             out.say(format!(
                 "    {:<38} {:<8} {:>6} {:>6} {:>6}{note}",
-                leaf.path, leaf.state, leaf.read_errors, leaf.write_errors, leaf.checksum_errors,
+                format!("{deeper}{}", leaf.path),
+                leaf.state,
+                leaf.read_errors,
+                leaf.write_errors,
+                leaf.checksum_errors,
             ));
         }
     }

@@ -54,12 +54,19 @@ pub async fn create(
         leaves.push(leaf.clone());
         Ok(leaf)
     };
+    let mut notes = Vec::new();
     for group in &layout {
-        let spec = match &group.mirror {
-            Some(paths) => {
+        let spec = match (&group.mirror, group.raidz) {
+            (Some(paths), Some(parity)) => {
+                let leaves: Vec<LeafSpec> =
+                    paths.iter().map(|p| open(p)).collect::<Result<_, _>>()?;
+                notes.extend(raidz_sizes_note(parity, &leaves));
+                TopSpec::Raidz { parity, leaves }
+            }
+            (Some(paths), None) => {
                 TopSpec::Mirror(paths.iter().map(|p| open(p)).collect::<Result<_, _>>()?)
             }
-            None => TopSpec::Leaf(open(&group.paths[0])?),
+            (None, _) => TopSpec::Leaf(open(&group.paths[0])?),
         };
         top.push(if group.log { TopSpec::Log(Box::new(spec)) } else { spec });
     }
@@ -81,8 +88,32 @@ pub async fn create(
     cache::remember(&pool)?;
     let store = Store::create(pool, &Tunables::default());
     store.export().await?;
-    ctx.done(format!("created pool {name}"));
+    let mut said = format!("created pool {name}");
+    for note in notes {
+        said.push_str(&format!("\n{note}"));
+    }
+    ctx.done(said);
     Ok(())
+}
+
+/// What `pool create` says of a RAID-Z vdev whose leaves differ in size: each child gives as
+/// much as the smallest (its address space is the children side by side).
+fn raidz_sizes_note(parity: u8, leaves: &[LeafSpec]) -> Option<String> {
+    let smallest = leaves.iter().map(|l| l.device.len_bytes()).min()?;
+    let larger: Vec<&str> = leaves
+        .iter()
+        .filter(|l| l.device.len_bytes() > smallest)
+        .map(|l| l.path.as_str())
+        .collect();
+    (!larger.is_empty()).then(|| {
+        format!(
+            "raidz{parity}: {} {} larger than the smallest leaf ({}); each is used only up to \
+             that size",
+            larger.join(", "),
+            if larger.len() == 1 { "is" } else { "are" },
+            super::output::human(smallest)
+        )
+    })
 }
 
 /// A top-level vdev as `pool create` was given it.
@@ -90,10 +121,22 @@ pub async fn create(
 struct Group {
     /// A lone leaf's path (`mirror` is `None`).
     paths: Vec<String>,
-    /// A mirror's leaves.
+    /// A mirror's leaves, or a RAID-Z vdev's.
     mirror: Option<Vec<String>>,
+    /// A RAID-Z vdev's parity (`mirror` holds its leaves).
+    raidz: Option<u8>,
     /// After `log`: a separate intent-log device.
     log: bool,
+}
+
+/// The parity a RAID-Z word asks for: `raidz` and `raidz1` one, `raidz2` two, `raidz3` three.
+fn raidz_parity(word: &str) -> Option<u8> {
+    match word {
+        "raidz" | "raidz1" => Some(1),
+        "raidz2" => Some(2),
+        "raidz3" => Some(3),
+        _ => None,
+    }
 }
 
 /// `pool create`'s VDEV words as top-level vdevs: plain paths are leaves of their own,
@@ -101,12 +144,15 @@ struct Group {
 fn parse_layout(name: &str, words: &[String]) -> anyhow::Result<Vec<Group>> {
     let mut groups = Vec::new();
     let mut mirror: Option<Vec<String>> = None;
+    let mut raidz: Option<u8> = None;
     let mut log = false;
     for word in words {
-        if word == "mirror" || word == "log" {
+        let parity = raidz_parity(word);
+        if word == "mirror" || word == "log" || parity.is_some() {
             if let Some(children) = mirror.take() {
-                groups.push(Group { paths: Vec::new(), mirror: Some(children), log });
+                groups.push(Group { paths: Vec::new(), mirror: Some(children), raidz, log });
             }
+            raidz = None;
             if word == "log" {
                 if log {
                     bail!(
@@ -115,17 +161,34 @@ fn parse_layout(name: &str, words: &[String]) -> anyhow::Result<Vec<Group>> {
                 }
                 log = true;
             } else {
+                if parity.is_some() && log {
+                    bail!(
+                        "pool {name}: a log device cannot be RAID-Z; give log devices as leaves \
+                         or `mirror` groups"
+                    );
+                }
                 mirror = Some(Vec::new());
+                raidz = parity;
             }
             continue;
         }
         match &mut mirror {
             Some(children) => children.push(word.clone()),
-            None => groups.push(Group { paths: vec![word.clone()], mirror: None, log }),
+            None => {
+                groups.push(Group { paths: vec![word.clone()], mirror: None, raidz: None, log })
+            }
         }
     }
     if let Some(children) = mirror.take() {
-        groups.push(Group { paths: Vec::new(), mirror: Some(children), log });
+        groups.push(Group { paths: Vec::new(), mirror: Some(children), raidz, log });
+    }
+    // Widths are checked before any file is made.
+    for group in &groups {
+        if let (Some(parity), Some(children)) = (group.raidz, &group.mirror) {
+            let width = u32::try_from(children.len()).unwrap_or(u32::MAX);
+            sluice_format::raidz::RaidzGeometry::new(width, u32::from(parity), 9)
+                .map_err(|error| anyhow::anyhow!("pool {name}: {error}"))?;
+        }
     }
     Ok(groups)
 }
@@ -359,7 +422,7 @@ fn health(name: &str, leaves: &[PoolLeaf], scan: Option<&ScanStatus>) -> Option<
     } else if !faulted.is_empty() {
         (
             format!(
-                "{} failed and is out of service; its mirror serves without it",
+                "{} failed and is out of service; the rest of its vdev serves without it",
                 faulted.join(", ")
             ),
             format!(
@@ -374,7 +437,10 @@ fn health(name: &str, leaves: &[PoolLeaf], scan: Option<&ScanStatus>) -> Option<
         )
     } else if !offline.is_empty() {
         (
-            format!("{} was taken offline; its mirror serves without it", offline.join(", ")),
+            format!(
+                "{} was taken offline; the rest of its vdev serves without it",
+                offline.join(", ")
+            ),
             format!("return it with `sluice pool online {name} LEAF`"),
         )
     } else if !degraded.is_empty() || !erring.is_empty() {
@@ -390,6 +456,41 @@ fn health(name: &str, leaves: &[PoolLeaf], scan: Option<&ScanStatus>) -> Option<
         return None;
     };
     Some((status, action))
+}
+
+/// A top-level vdev's state, as `zpool status` gives it: ONLINE with every leaf online;
+/// DEGRADED while it still serves every block (a mirror with a leaf left, a RAID-Z vdev with
+/// at most `parity` columns out); FAULTED beyond.
+fn vdev_state(top: &sluice_format::TopConfig, leaves: &[PoolLeaf], index: usize) -> &'static str {
+    let serves = |guid: u64| {
+        leaves.iter().any(|l| {
+            l.guid == guid
+                && l.present
+                && matches!(l.leaf.state(), LeafState::Online | LeafState::Degraded)
+        })
+    };
+    let mine: Vec<&PoolLeaf> = leaves.iter().filter(|l| l.top == index).collect();
+    let all_online = mine.iter().all(|l| l.present && l.leaf.state() == LeafState::Online);
+    let serving = match &top.raidz {
+        None => mine.iter().any(|l| serves(l.guid)),
+        Some(raidz) => {
+            let lacking = (top.children.iter().enumerate())
+                .filter(|&(c, child)| {
+                    !serves(child.guid)
+                        && !raidz
+                            .replacing
+                            .iter()
+                            .any(|(col, new)| usize::from(*col) == c && serves(new.guid))
+                })
+                .count();
+            lacking <= usize::from(raidz.parity)
+        }
+    };
+    match (serving, all_online) {
+        (false, _) => "FAULTED",
+        (true, false) => "DEGRADED",
+        (true, true) => "ONLINE",
+    }
 }
 
 /// `pool status`: layout, health, errors, scan, space, caches and volumes of each named pool
@@ -417,30 +518,54 @@ fn pool_status(name: &str, store: &Held) -> anyhow::Result<PoolStatus> {
         .map(|s| s.targets.clone())
         .unwrap_or_default();
     let now = pool.env().now();
-    let vdevs = (pool.config().top.iter().enumerate())
-        .map(|(index, top)| VdevReport {
-            kind: if top.kind == sluice_format::TopKind::Mirror { "mirror" } else { "leaf" }
-                .to_owned(),
-            log: top.log,
-            guid: format!("{:016x}", top.guid),
-            leaves: (leaves.iter().filter(|l| l.top == index))
-                .map(|l| {
-                    let [read, write, checksum] = l.leaf.errors();
-                    LeafReport {
-                        path: l.path.clone(),
-                        guid: format!("{:016x}", l.guid),
-                        state: if l.present { l.leaf.state().name() } else { "MISSING" }.to_owned(),
-                        reason: l.leaf.state().reason().map(str::to_owned),
-                        read_errors: read,
-                        write_errors: write,
-                        checksum_errors: checksum,
-                        resilvering: resilvering.contains(&l.path),
-                        being_replaced: pool.is_replaced(l.guid),
+    let report = |l: &PoolLeaf, group: Option<String>| {
+        let [read, write, checksum] = l.leaf.errors();
+        LeafReport {
+            path: l.path.clone(),
+            guid: format!("{:016x}", l.guid),
+            state: if l.present { l.leaf.state().name() } else { "MISSING" }.to_owned(),
+            reason: l.leaf.state().reason().map(str::to_owned),
+            read_errors: read,
+            write_errors: write,
+            checksum_errors: checksum,
+            resilvering: resilvering.contains(&l.path),
+            being_replaced: pool.is_replaced(l.guid),
+            group,
+        }
+    };
+    let config = pool.config();
+    let vdevs: Vec<VdevReport> = (config.top.iter().enumerate())
+        .map(|(index, top)| {
+            let find = |guid: u64| leaves.iter().find(|l| l.guid == guid);
+            let rows = match &top.raidz {
+                None => leaves.iter().filter(|l| l.top == index).map(|l| report(l, None)).collect(),
+                Some(raidz) => {
+                    let mut rows = Vec::new();
+                    for (column, child) in top.children.iter().enumerate() {
+                        let pair = raidz.replacing.iter().find(|(c, _)| usize::from(*c) == column);
+                        let group = pair.map(|_| format!("replacing-{column}"));
+                        rows.extend(find(child.guid).map(|l| report(l, group.clone())));
+                        if let Some((_, new)) = pair {
+                            rows.extend(find(new.guid).map(|l| report(l, group.clone())));
+                        }
                     }
-                })
-                .collect(),
+                    rows
+                }
+            };
+            VdevReport {
+                kind: match (&top.raidz, top.kind) {
+                    (Some(raidz), _) => format!("raidz{}", raidz.parity),
+                    (None, sluice_format::TopKind::Mirror) => String::from("mirror"),
+                    (None, _) => String::from("leaf"),
+                },
+                state: vdev_state(top, &leaves, index).to_owned(),
+                log: top.log,
+                guid: format!("{:016x}", top.guid),
+                leaves: rows,
+            }
         })
         .collect();
+    let faulted = vdevs.iter().any(|v| v.state == "FAULTED");
     let scan_report = scan.as_ref().map(|s| ScanReport {
         func: s.func.name().to_owned(),
         phase: match s.phase {
@@ -472,7 +597,14 @@ fn pool_status(name: &str, store: &Held) -> anyhow::Result<PoolStatus> {
         name: name.to_owned(),
         guid: format!("{:016x}", pool.guid()),
         txg: pool.uberblock().txg,
-        state: if degraded { "DEGRADED" } else { "ONLINE" }.to_owned(),
+        state: if faulted {
+            "FAULTED"
+        } else if degraded {
+            "DEGRADED"
+        } else {
+            "ONLINE"
+        }
+        .to_owned(),
         status,
         action,
         scan: scan_report,
@@ -868,6 +1000,11 @@ mod tests {
         assert!(twice.contains("`log` appears twice"), "{twice}");
         let log_mirror = parse_layout("tank", &words("a log mirror b c")).unwrap();
         assert!(log_mirror[1].log && log_mirror[1].mirror.is_some());
+        let raidz = parse_layout("tank", &words("raidz a b c raidz2 d e f g mirror h i")).unwrap();
+        assert_eq!(raidz.iter().map(|g| g.raidz).collect::<Vec<_>>(), [Some(1), Some(2), None]);
+        assert_eq!(raidz[1].mirror.as_deref(), Some(&words("d e f g")[..]));
+        let refused = parse_layout("tank", &words("a log raidz b c d")).unwrap_err();
+        assert!(refused.to_string().contains("cannot be RAID-Z"), "{refused}");
     }
 
     #[test]

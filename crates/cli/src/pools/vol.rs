@@ -28,11 +28,39 @@ pub async fn create(
         store.set_property(volume, property)?;
     }
     let reserved = store.volume_info(volume).map_or(0, |v| v.reservation_bytes);
+    let warning = raidz_cost_warning(store.pool(), block);
     store.release().await?;
     let settings: Vec<String> = properties.iter().map(|&p| property_text(p)).collect();
     let kind = if thick { format!("thick, {} reserved", human(reserved)) } else { "thin".into() };
-    ctx.done(format!("created volume {spec} ({}, {kind}, {})", human(size), settings.join(", ")));
+    let mut said =
+        format!("created volume {spec} ({}, {kind}, {})", human(size), settings.join(", "));
+    if let Some(warning) = warning {
+        said.push_str(&format!("\n{warning}"));
+    }
+    ctx.done(said);
     Ok(())
+}
+
+/// A warning when a RAID-Z vdev of the pool stores blocks of `block` bytes no more cheaply
+/// than a 2-way mirror would (a small block is one data sector beside its parity), naming the
+/// smallest block size that does better.
+fn raidz_cost_warning(pool: &sluice_engine::Pool, block: u32) -> Option<String> {
+    let block = u64::from(block);
+    let cost = pool.asize_max(block);
+    if !pool.has_raidz() || cost < 2 * block {
+        return None;
+    }
+    let better = (12..=20).map(|shift| 1u64 << shift).find(|&b| pool.asize_max(b) < 2 * b);
+    let advice = match better {
+        Some(b) => format!("a block size of {} or more stores more cheaply", human(b)),
+        None => String::from("a mirror stores them as cheaply"),
+    };
+    Some(format!(
+        "warning: on this pool's RAID-Z vdev each {} block allocates {} with its parity and \
+         padding, as much as a 2-way mirror or more; {advice} (--block-size)",
+        human(block),
+        human(cost)
+    ))
 }
 
 /// `name=value` of a property.
@@ -265,13 +293,16 @@ pub async fn list(ctx: &mut Ctx<'_>, pools: &[String]) -> anyhow::Result<()> {
                 continue;
             }
             let space = volume.space.unwrap_or_default();
+            // Space as this volume's blocks use it: on RAID-Z, net of the parity and padding
+            // its block size costs (as `zfs list` deflates, for the volume's own block size).
+            let usable = |raw: u64| store.pool().deflate(raw, u64::from(volume.block_bytes));
             entries.push(VolEntry::Volume(VolRow {
                 name: format!("{name}/{}", volume.name),
                 size_bytes: volume.size_bytes,
-                used_bytes: used_bytes(&volume, &store.snapshot_space(&volume.name)?),
-                available_bytes: store.available_bytes(Some(&volume.name))?,
-                referenced_bytes: space.referenced_bytes,
-                reservation_bytes: volume.reservation_bytes,
+                used_bytes: usable(used_bytes(&volume, &store.snapshot_space(&volume.name)?)),
+                available_bytes: usable(store.available_bytes(Some(&volume.name))?),
+                referenced_bytes: usable(space.referenced_bytes),
+                reservation_bytes: usable(volume.reservation_bytes),
                 logical_bytes: space.logical_bytes,
                 physical_bytes: space.physical_bytes,
                 block_bytes: u64::from(volume.block_bytes),

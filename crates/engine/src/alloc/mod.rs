@@ -55,6 +55,7 @@ use std::collections::BTreeMap;
 
 pub use range_tree::RangeTree;
 use scan_queue::ScanQueue;
+use sluice_format::raidz::RaidzGeometry;
 use sluice_format::SpaceMap;
 
 /// Txgs a free waits after its own txg has synced.
@@ -162,9 +163,19 @@ struct VdevSpace {
     log_region_end: u64,
     data_start: u64,
     data_end: u64,
+    /// A RAID-Z vdev's shape: a block allocates its parity and padding beside its sectors.
+    geometry: Option<RaidzGeometry>,
 }
 
 impl VdevSpace {
+    /// The bytes a block of `psize` allocates here, in units of `unit`.
+    fn asize(&self, psize: u64, unit: u64) -> u64 {
+        match &self.geometry {
+            Some(geometry) => geometry.asize(psize.max(1)),
+            None => psize.max(1).div_ceil(unit) * unit,
+        }
+    }
+
     /// Where a data block of `asize` bytes goes while the vdev has room: next fit from the
     /// cursor in the space after the log region, wrapping to the region's end, and into the
     /// region only when nothing after it fits. A plain next fit wrapped to the start of the
@@ -244,6 +255,7 @@ impl Allocator {
                     log_region_end,
                     data_start: start,
                     data_end: end,
+                    geometry: None,
                 }
             })
             .collect();
@@ -337,9 +349,45 @@ impl Allocator {
         1 << self.ashift
     }
 
-    /// Rounds a size up to whole allocation units.
+    /// The most a block of `psize` bytes allocates on any data vdev: whole allocation units,
+    /// and on RAID-Z its parity and padding too. What admission and space checks count for a
+    /// block whose vdev is not chosen yet.
     pub fn asize(&self, psize: u64) -> u64 {
-        psize.div_ceil(self.unit_bytes()) * self.unit_bytes()
+        let unit = self.unit_bytes();
+        self.vdevs
+            .iter()
+            .filter(|v| !v.log_only)
+            .map(|v| v.asize(psize, unit))
+            .max()
+            .unwrap_or_else(|| psize.max(1).div_ceil(unit) * unit)
+    }
+
+    /// Whether blocks side by side on `vdev` lie side by side on its devices (not on RAID-Z).
+    pub fn spans(&self, vdev: u32) -> bool {
+        self.vdevs.get(vdev as usize).is_none_or(|v| v.geometry.is_none())
+    }
+
+    /// The bytes a block of `psize` allocates on `vdev`.
+    pub fn asize_on(&self, vdev: u32, psize: u64) -> u64 {
+        self.vdevs[vdev as usize].asize(psize, self.unit_bytes())
+    }
+
+    /// Gives RAID-Z vdevs their shape (`None` for the others), before anything is allocated
+    /// or right after a load: their free space then counts in whole blocks of a 16 KiB psize
+    /// at what such a block allocates there ([`Allocator::room_bytes`]).
+    pub fn with_geometries(mut self, geometries: &[Option<RaidzGeometry>]) -> Allocator {
+        assert_eq!(geometries.len(), self.vdevs.len(), "a shape per top-level vdev");
+        for (space, geometry) in self.vdevs.iter_mut().zip(geometries) {
+            space.geometry = *geometry;
+            if let Some(geometry) = geometry {
+                let mut free = RangeTree::with_large_min(geometry.asize(METADATA_BLOCK_BYTES_MAX));
+                for (start, len) in space.free.iter() {
+                    free.insert(start, len);
+                }
+                space.free = free;
+            }
+        }
+        self
     }
 
     /// Marks top-level vdevs as separate log devices: from now on only log blocks go there.
@@ -427,7 +475,7 @@ impl Allocator {
         near: Option<u32>,
         data_vdevs: bool,
     ) -> Result<(u32, u64, u64), AllocError> {
-        let asize = self.asize(psize.max(1));
+        let worst = self.asize(psize.max(1));
         let unit = self.unit_bytes();
         let count = self.vdevs.len();
         let has_log_devices = self.vdevs.iter().any(|v| v.log_only);
@@ -452,6 +500,7 @@ impl Allocator {
             .collect();
         for vdev in order {
             let space = &mut self.vdevs[vdev];
+            let asize = space.asize(psize, unit);
             let region = (space.data_start, space.log_region_end);
             let in_region = (!space.log_only)
                 .then(|| space.free.first_fit_within(asize, unit, space.log_cursor, region))
@@ -467,7 +516,7 @@ impl Allocator {
             }
         }
         Err(AllocError::NoSpace {
-            requested_bytes: asize,
+            requested_bytes: worst,
             free_bytes: self.free_bytes(),
             slop_bytes: self.slop_bytes(),
         })
@@ -627,8 +676,8 @@ impl Allocator {
         class: AllocClass,
         exclude: &[u32],
     ) -> Result<(u32, u64, u64), AllocError> {
-        let asize = self.asize(psize.max(1));
-        let no_space = self.check_space(asize, class)?;
+        let worst = self.asize(psize.max(1));
+        let no_space = self.check_space(worst, class)?;
         let count = self.vdevs.len();
         if self.rotor_bytes >= ROTOR_ALIQUOT_BYTES {
             self.rotor = (self.rotor + 1) % count;
@@ -649,6 +698,7 @@ impl Allocator {
             // nearly full pool with 4 KiB blocks, and the next sync could not place its
             // indirect blocks.
             let unit = 1 << self.ashift;
+            let asize = space.asize(psize, unit);
             let tight = space.free.total_bytes()
                 < (space.data_end - space.data_start) / 100 * BEST_FIT_FREE_PCT
                 || space.free.largest() < BEST_FIT_LARGEST_BYTES;
@@ -706,14 +756,15 @@ impl Allocator {
         copies: &[(u32, u64)],
     ) -> Result<(u32, u64, u64), AllocError> {
         assert!(!copies.is_empty(), "a ditto copy is placed relative to another copy");
-        let asize = self.asize(psize.max(1));
-        let no_space = self.check_space(asize, class)?;
+        let worst = self.asize(psize.max(1));
+        let no_space = self.check_space(worst, class)?;
         let unit = 1 << self.ashift;
         for vdev in 0..self.vdevs.len() {
             let space = &mut self.vdevs[vdev];
             if space.log_only || copies.iter().any(|&(v, _)| v as usize == vdev) {
                 continue;
             }
+            let asize = space.asize(psize, unit);
             if let Some(at) = space.data_fit(asize, unit) {
                 space.free.remove(at, asize);
                 space.cursor = at + asize;
@@ -723,6 +774,7 @@ impl Allocator {
         }
         let vdev = copies[0].0;
         let space = &mut self.vdevs[vdev as usize];
+        let asize = space.asize(psize, unit);
         let (lo, hi) = (space.log_region_end, space.data_end);
         let distance = (hi - lo) / 8;
         let here: Vec<u64> = copies.iter().filter(|c| c.0 == vdev).map(|c| c.1).collect();

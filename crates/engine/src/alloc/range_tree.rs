@@ -68,8 +68,7 @@ impl RangeTree {
         self.ranges.is_empty()
     }
 
-    // Read only by tests and the benchmarks.
-    #[cfg(any(test, feature = "testing"))]
+    /// Every range as (start, length), in order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.ranges.iter().map(|(&start, &end)| (start, end - start))
     }

@@ -151,7 +151,11 @@ const SIZE_HISTORY: usize = 8;
 pub struct LogAddress {
     pub vdev: u32,
     pub offset_bytes: u64,
+    /// The block's bytes: what is written and read.
     pub len_bytes: u32,
+    /// What it allocates: `len_bytes` in whole sectors on a leaf or a mirror, with parity and
+    /// padding on RAID-Z. What is claimed and freed.
+    pub alloc_bytes: u64,
 }
 
 impl LogAddress {
@@ -164,7 +168,8 @@ impl LogAddress {
             dvas: [
                 Dva {
                     vdev: self.vdev,
-                    asize_sectors: sectors,
+                    asize_sectors: u32::try_from(self.alloc_bytes / u64::from(SECTOR_BYTES))
+                        .unwrap_or(u32::MAX),
                     offset_sectors: self.offset_bytes / u64::from(SECTOR_BYTES),
                 },
                 Dva::default(),
@@ -188,6 +193,9 @@ impl LogAddress {
             vdev: bp.dvas[0].vdev,
             offset_bytes: bp.dvas[0].offset_bytes(),
             len_bytes: u32::try_from(bp.psize_bytes()).unwrap_or(u32::MAX),
+            // Pointers written before RAID-Z carry the block's size here, which was its
+            // allocation.
+            alloc_bytes: bp.dvas[0].asize_bytes(),
         }
     }
 }
@@ -1016,21 +1024,28 @@ impl LogWriter {
         let txg = records.iter().map(LogRecord::txg).max().unwrap_or(0);
         // The successor must hold at least the next record waiting, if one is.
         let least = state.pending.front().map_or(0, |r| LOG_HEADER_BYTES + r.encoded_len());
-        let successor = {
+        let (successor, whole) = {
             let mut allocator = allocator.lock();
             let successor =
                 allocate_fitting(&self.pool, &mut allocator, successor_bytes, least, near)?;
             if allocator.log_region_pressed(successor.vdev) {
                 self.space_low.store(true, std::sync::atomic::Ordering::Relaxed);
             }
-            successor
+            (successor, !allocator.spans(state.next_address.vdev))
         };
         let block =
             LogBlock { verifier: state.verifier, next: Some(successor.pointer(txg)), records };
-        let bytes = block
+        let encoded = block
             .encode_into(capacity, AlignedBuf::zeroed)
-            .map_err(|source| PoolError::Format { pool: self.pool.to_string(), cause: source })?
-            .into_shared();
+            .map_err(|source| PoolError::Format { pool: self.pool.to_string(), cause: source })?;
+        // A chain is read a block's full size at a time, and a RAID-Z block's columns depend on
+        // its length: there it is written whole (OpenZFS does not shrink log writes on RAID-Z
+        // either). Elsewhere only the sectors that hold something are written.
+        let bytes = if whole && encoded.len() < capacity {
+            AlignedBuf::gathered(capacity, [(0, &encoded[..])]).into_shared()
+        } else {
+            encoded.into_shared()
+        };
         let here = state.next_address;
         state.lwb_last_record.insert(state.verifier.sequence, last);
         state.live.push_back((state.verifier.sequence, here, txg));
@@ -1190,10 +1205,10 @@ fn allocate(
     block_bytes: u32,
     near: Option<u32>,
 ) -> Result<LogAddress, PoolError> {
-    let (vdev, offset_bytes, _) = allocator
+    let (vdev, offset_bytes, alloc_bytes) = allocator
         .allocate_log_near(u64::from(block_bytes), near)
         .map_err(|source| PoolError::NoSpace { pool: pool.to_owned(), cause: source })?;
-    Ok(LogAddress { vdev, offset_bytes, len_bytes: block_bytes })
+    Ok(LogAddress { vdev, offset_bytes, len_bytes: block_bytes, alloc_bytes })
 }
 
 /// Allocates a log block of `block_bytes`, or, where no free range is that long (a pool
@@ -1214,7 +1229,12 @@ fn allocate_fitting(
     loop {
         let placed = allocator
             .allocate_log_block(u64::from(bytes), near)
-            .map(|(vdev, offset_bytes, _)| LogAddress { vdev, offset_bytes, len_bytes: bytes })
+            .map(|(vdev, offset_bytes, alloc_bytes)| LogAddress {
+                vdev,
+                offset_bytes,
+                len_bytes: bytes,
+                alloc_bytes,
+            })
             .map_err(|source| PoolError::NoSpace { pool: pool.to_owned(), cause: source });
         match placed {
             Err(PoolError::NoSpace { .. }) if bytes > least => bytes = (bytes / 2).max(least),

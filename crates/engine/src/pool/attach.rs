@@ -41,7 +41,7 @@ use super::missing::MissingDevice;
 use super::{LeafSpec, Pool, PoolError, PoolLeaf, VdevTree};
 use crate::device::SharedBuf;
 use crate::tunables::IoClass;
-use crate::vdev::{Leaf, Mirror, Root, Vdev, VdevId, MIRROR_CHILDREN_MAX};
+use crate::vdev::{Leaf, Root, VdevId, MIRROR_CHILDREN_MAX};
 
 /// A leaf made ready to join the pool ([`Pool::prepare_attach`]), not in its tree yet.
 #[derive(Debug)]
@@ -76,8 +76,29 @@ impl Pool {
             if tree.leaves.iter().any(|l| l.path == new.path) {
                 return Err(PoolError::AlreadyMember { pool: self.name.clone(), path: new.path });
             }
+            let raidz = tree.config.top[old.top].raidz.clone();
+            let column = tree.config.top[old.top].children.iter().position(|c| c.guid == old.guid);
+            if let Some(raidz) = &raidz {
+                // A RAID-Z child's index is its column: a new leaf can only take over one
+                // (replace), never widen the vdev.
+                if !replacing {
+                    return Err(PoolError::RaidzAttach { pool: self.name.clone(), leaf: old.path });
+                }
+                let busy = column
+                    .is_none_or(|c| raidz.replacing.iter().any(|(col, _)| usize::from(*col) == c));
+                if busy {
+                    return Err(PoolError::InvalidLayout {
+                        pool: self.name.clone(),
+                        reason: format!(
+                            "{} is being replaced already (or is a replacement); wait for that \
+                             replace to finish, or detach its new leaf to cancel it",
+                            old.path
+                        ),
+                    });
+                }
+            }
             let siblings = tree.leaves.iter().filter(|l| l.top == old.top).count();
-            if siblings >= MIRROR_CHILDREN_MAX {
+            if raidz.is_none() && siblings >= MIRROR_CHILDREN_MAX {
                 return Err(PoolError::MirrorFull {
                     pool: self.name.clone(),
                     leaf: old.path.clone(),
@@ -92,7 +113,11 @@ impl Pool {
                     action,
                 });
             }
-            let (_, end) = self.data_areas()[old.top];
+            // The data area the new leaf must hold: its mirror's, or a RAID-Z child's.
+            let end = match &raidz {
+                Some(raidz) => raidz.child_end_bytes,
+                None => self.data_areas()[old.top].1,
+            };
             let len = new.device.len_bytes();
             if data_end_bytes(len) < end {
                 return Err(PoolError::LeafTooSmall {
@@ -114,8 +139,17 @@ impl Pool {
             let guid = self.fresh_guid(&tree);
             let mut config = tree.config.clone();
             let top = &mut config.top[old.top];
-            top.kind = TopKind::Mirror;
-            top.children.push(LeafConfig { guid, path: new.path.clone() });
+            let joining = LeafConfig { guid, path: new.path.clone() };
+            match (&mut top.raidz, column) {
+                (Some(raidz), Some(column)) => {
+                    let column = u16::try_from(column).expect("RAID-Z widths fit a u16");
+                    raidz.replacing.push((column, joining));
+                }
+                _ => {
+                    top.kind = TopKind::Mirror;
+                    top.children.push(joining);
+                }
+            }
             let id = VdevId(self.next_leaf_id.fetch_add(1, Ordering::Relaxed));
             let leaf = Leaf::new(id, &self.env, Arc::clone(&new.device), &self.tunables);
             let leaf = PoolLeaf { guid, top: old.top, path: new.path, leaf, present: true };
@@ -124,8 +158,7 @@ impl Pool {
         // The new leaf's labels first: a crash before the sync leaves a leaf whose labels
         // name a txg the pool never reached, which import sets aside.
         self.write_leaf_labels(&leaf, &config, config_txg).await?;
-        let (start, end) = self.data_areas()[leaf.top];
-        let region = crate::alloc::log_region_bytes(end - start);
+        let (start, region) = self.leaf_log_region(leaf.top);
         leaf.leaf.device().prepare_log_region(start, region).await.map_err(|source| {
             PoolError::Device { pool: self.name.clone(), path: leaf.path.clone(), cause: source }
         })?;
@@ -179,7 +212,16 @@ impl Pool {
         let leaf = self.find_leaf(name)?;
         let tree = self.tree();
         let siblings = tree.leaves.iter().filter(|l| l.top == leaf.top).count();
-        if siblings < 2 {
+        let raidz = tree.config.top[leaf.top].raidz.clone();
+        // On RAID-Z only a replacing pair can lose a member: the old leaf once its
+        // replacement holds everything, or the replacement (a cancelled replace).
+        let in_pair = raidz.as_ref().is_some_and(|r| {
+            r.replacing.iter().any(|(column, new)| {
+                new.guid == leaf.guid
+                    || tree.config.top[leaf.top].children[usize::from(*column)].guid == leaf.guid
+            })
+        });
+        if siblings < 2 || (raidz.is_some() && !in_pair) {
             return Err(PoolError::NotMirror { pool: self.name.clone(), leaf: leaf.path });
         }
         if !self.has_complete_copy(&tree, leaf.top, Some(leaf.guid)) {
@@ -191,9 +233,23 @@ impl Pool {
         }
         let mut config = tree.config.clone();
         let top = &mut config.top[leaf.top];
-        top.children.retain(|c| c.guid != leaf.guid);
-        if top.children.len() == 1 {
-            top.kind = TopKind::Leaf;
+        match &mut top.raidz {
+            Some(raidz) => {
+                let pair = raidz.replacing.iter().position(|(column, new)| {
+                    new.guid == leaf.guid || top.children[usize::from(*column)].guid == leaf.guid
+                });
+                let (column, new) = raidz.replacing.remove(pair.expect("checked above"));
+                // The old leaf leaves: its replacement takes its column.
+                if new.guid != leaf.guid {
+                    top.children[usize::from(column)] = new;
+                }
+            }
+            None => {
+                top.children.retain(|c| c.guid != leaf.guid);
+                if top.children.len() == 1 {
+                    top.kind = TopKind::Leaf;
+                }
+            }
         }
         let tree = self.build_tree(config, BTreeMap::new());
         self.forget_leaves(&[leaf.guid]);
@@ -214,7 +270,7 @@ impl Pool {
                     .top
                     .iter()
                     .enumerate()
-                    .flat_map(|(t, top)| top.children.iter().map(move |l| (t, l.guid)))
+                    .flat_map(|(t, top)| super::config_leaves(top).map(move |l| (t, l.guid)))
                     .collect();
                 all.sort_unstable();
                 all
@@ -285,8 +341,9 @@ impl Pool {
         let _ = device.flush().await;
     }
 
-    /// Whether a leaf of top-level vdev `top` other than `except` is present, in service and
-    /// holds every synced txg.
+    /// Whether top-level vdev `top` holds every block without the leaf `except`: another leaf
+    /// of a mirror is present, in service and holds every synced txg; on RAID-Z, at most
+    /// `parity` columns lack such a leaf (a column's leaf or the one replacing it).
     pub(super) fn has_complete_copy(
         &self,
         tree: &VdevTree,
@@ -294,7 +351,28 @@ impl Pool {
         except: Option<u64>,
     ) -> bool {
         let state = self.state.lock();
-        tree.leaves.iter().any(|l| l.top == top && Some(l.guid) != except && state.holds_all(l))
+        let holds = |guid: u64| {
+            Some(guid) != except && tree.leaves.iter().any(|l| l.guid == guid && state.holds_all(l))
+        };
+        let config = &tree.config.top[top];
+        match &config.raidz {
+            None => tree.leaves.iter().any(|l| l.top == top && holds(l.guid)),
+            Some(raidz) => {
+                let lacking = config
+                    .children
+                    .iter()
+                    .enumerate()
+                    .filter(|&(c, child)| {
+                        !holds(child.guid)
+                            && !raidz
+                                .replacing
+                                .iter()
+                                .any(|(col, new)| usize::from(*col) == c && holds(new.guid))
+                    })
+                    .count();
+                lacking <= usize::from(raidz.parity)
+            }
+        }
     }
 
     /// Leaves being replaced whose replacements now hold everything: what to detach.
@@ -333,7 +411,7 @@ impl Pool {
         let mut top = Vec::new();
         for (index, top_config) in config.top.iter().enumerate() {
             let mut children = Vec::new();
-            for child in &top_config.children {
+            for child in super::config_leaves(top_config) {
                 let found = old.leaves.iter().find(|l| l.guid == child.guid).cloned();
                 let mut leaf = found.or_else(|| added.remove(&child.guid)).unwrap_or_else(|| {
                     let id = VdevId(self.next_leaf_id.fetch_add(1, Ordering::Relaxed));
@@ -356,16 +434,17 @@ impl Pool {
                 children.push(Arc::clone(&leaf.leaf));
                 leaves.push(leaf);
             }
-            top.push(match top_config.kind {
-                TopKind::Leaf => Vdev::Leaf(Arc::clone(&children[0])),
-                TopKind::Mirror => Vdev::Mirror(Arc::new(Mirror::new(
-                    VdevId(1000 + index as u32),
-                    &self.env,
+            top.push(
+                super::build_vdev(
+                    index,
+                    top_config,
                     children,
+                    self.ashift,
+                    &self.env,
                     &self.tunables,
-                ))),
-                TopKind::Raidz => unimplemented!("RAID-Z vdevs are assembled in a later step"),
-            });
+                )
+                .expect("a config this pool wrote describes its own leaves"),
+            );
         }
         VdevTree { config, root: Root::new(top), leaves }
     }

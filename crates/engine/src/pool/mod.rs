@@ -37,10 +37,11 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use parking_lot::{Mutex, RwLock};
+use sluice_format::raidz::RaidzGeometry;
 use sluice_format::{
-    label_offsets, uberblock_offset, BlockPointer, FormatError, LabelHeader, LeafConfig, TopConfig,
-    TopKind, Uberblock, VdevTreeConfig, DATA_START_BYTES, LABEL_BYTES, LABEL_HEADER_BYTES,
-    LABEL_VERSION, POOL_NAME_BYTES_MAX, UBERBLOCK_BYTES, UBERBLOCK_SLOTS,
+    label_offsets, uberblock_offset, BlockPointer, FormatError, LabelHeader, LeafConfig,
+    RaidzConfig, TopConfig, TopKind, Uberblock, VdevTreeConfig, DATA_START_BYTES, LABEL_BYTES,
+    LABEL_HEADER_BYTES, LABEL_VERSION, POOL_NAME_BYTES_MAX, UBERBLOCK_BYTES, UBERBLOCK_SLOTS,
 };
 
 pub use self::attach::PreparedAttach;
@@ -52,7 +53,57 @@ use crate::alloc::log_region_bytes;
 use crate::device::{BlockDevice, DeviceError, SharedBuf};
 use crate::rt::Env;
 use crate::tunables::{IoClass, Tunables};
-use crate::vdev::{Leaf, Mirror, Root, Vdev, VdevError, VdevId, MIRROR_CHILDREN_MAX};
+use crate::vdev::{Leaf, Mirror, Raidz, Root, Vdev, VdevError, VdevId, MIRROR_CHILDREN_MAX};
+
+/// Every leaf a top-level vdev's config names: its children, then the leaves replacing some
+/// of a RAID-Z vdev's children (the order `build_vdev` takes them in).
+pub(crate) fn config_leaves(top: &TopConfig) -> impl Iterator<Item = &LeafConfig> {
+    top.children.iter().chain(top.raidz.iter().flat_map(|r| r.replacing.iter().map(|(_, l)| l)))
+}
+
+/// Builds top-level vdev `index` as `top` describes it, from its leaves in [`config_leaves`]
+/// order; `None` when they do not fit the config.
+pub(crate) fn build_vdev(
+    index: usize,
+    top: &TopConfig,
+    leaves: Vec<Arc<Leaf>>,
+    ashift: u8,
+    env: &Env,
+    tunables: &Tunables,
+) -> Option<Vdev> {
+    let id = VdevId(1000 + index as u32);
+    match top.kind {
+        TopKind::Leaf => leaves.into_iter().next().map(Vdev::Leaf),
+        TopKind::Mirror => (!leaves.is_empty())
+            .then(|| Vdev::Mirror(Arc::new(Mirror::new(id, env, leaves, tunables)))),
+        TopKind::Raidz => {
+            let raidz = top.raidz.as_ref()?;
+            let width = top.children.len();
+            let geometry =
+                RaidzGeometry::new(width as u32, u32::from(raidz.parity), u32::from(ashift))
+                    .ok()?;
+            if leaves.len() != width + raidz.replacing.len() {
+                return None;
+            }
+            let mut leaves = leaves.into_iter();
+            let children: Vec<Arc<Leaf>> = leaves.by_ref().take(width).collect();
+            let mut replacing = vec![None; width];
+            for ((column, _), leaf) in raidz.replacing.iter().zip(leaves) {
+                *replacing.get_mut(usize::from(*column))? = Some(leaf);
+            }
+            if raidz.child_end_bytes <= DATA_START_BYTES {
+                return None;
+            }
+            Some(Vdev::Raidz(Arc::new(Raidz::new(
+                id,
+                geometry,
+                children,
+                replacing,
+                raidz.child_end_bytes,
+            ))))
+        }
+    }
+}
 
 /// Smallest leaf: labels, the reserved start and room for data.
 pub const LEAF_BYTES_MIN: u64 = 16 << 20;
@@ -75,6 +126,12 @@ impl std::fmt::Debug for LeafSpec {
 pub enum TopSpec {
     Leaf(LeafSpec),
     Mirror(Vec<LeafSpec>),
+    /// A RAID-Z vdev of the leaves, in column order, with `parity` (1 to 3) of every block's
+    /// columns parity.
+    Raidz {
+        parity: u8,
+        leaves: Vec<LeafSpec>,
+    },
     /// A separate intent-log device (SLOG): a leaf or a mirror that holds only log blocks.
     Log(Box<TopSpec>),
 }
@@ -151,6 +208,12 @@ pub enum PoolError {
     )]
     NotMirror { pool: String, leaf: String },
     #[error(
+        "pool {pool}: {leaf} is a child of a RAID-Z vdev, which cannot take another leaf (that \
+         would be RAID-Z expansion, which sluice does not do); to swap the disk, use pool \
+         replace"
+    )]
+    RaidzAttach { pool: String, leaf: String },
+    #[error(
         "pool {pool}: the change of leaves took effect (the pool directory records it), but \
          no leaf's labels could be rewritten (the first tried: {path}); the next import \
          rewrites them. Check the devices"
@@ -197,7 +260,8 @@ impl PoolError {
             | PoolError::AlreadyMember { .. }
             | PoolError::MirrorFull { .. }
             | PoolError::SectorTooLarge { .. }
-            | PoolError::NotMirror { .. } => ErrorKind::Invalid,
+            | PoolError::NotMirror { .. }
+            | PoolError::RaidzAttach { .. } => ErrorKind::Invalid,
             PoolError::Vdev { cause: source, .. } => match source.kind() {
                 crate::vdev::ErrorKind::Checksum => ErrorKind::Checksum,
                 _ => ErrorKind::Io,
@@ -387,12 +451,36 @@ impl Pool {
         let txg = state.uberblock.txg;
         let held = |l: &PoolLeaf| state.leaf_txg.get(&l.guid).copied().unwrap_or(0);
         let serving = |l: &PoolLeaf| l.present && !l.leaf.is_out_of_service();
+        // Whether the rest of the leaf's vdev serves every block: another leaf of a mirror; on
+        // RAID-Z, all but at most `parity` columns.
+        let others_serve = |l: &PoolLeaf| {
+            let config = &tree.config.top[l.top];
+            let serves = |guid: u64| {
+                guid != l.guid && tree.leaves.iter().any(|o| o.guid == guid && serving(o))
+            };
+            match &config.raidz {
+                None => tree.leaves.iter().any(|o| o.top == l.top && serves(o.guid)),
+                Some(raidz) => {
+                    let lacking = config
+                        .children
+                        .iter()
+                        .enumerate()
+                        .filter(|&(c, child)| {
+                            !serves(child.guid)
+                                && !raidz
+                                    .replacing
+                                    .iter()
+                                    .any(|(col, new)| usize::from(*col) == c && serves(new.guid))
+                        })
+                        .count();
+                    lacking <= usize::from(raidz.parity)
+                }
+            }
+        };
         tree.leaves
             .iter()
             .filter(|l| serving(l) && held(l) < txg)
-            .filter(|l| {
-                tree.leaves.iter().any(|o| o.top == l.top && o.guid != l.guid && serving(o))
-            })
+            .filter(|l| others_serve(l))
             .map(|l| (l.guid, held(l), state.missed_since(txg + 1, l)))
             .collect()
     }
@@ -549,12 +637,90 @@ impl Pool {
         (0..tree.config.top.len() as u32).filter(|&i| tree.config.top[i as usize].log).collect()
     }
 
+    /// Each top-level vdev's data space `[start, end)`: where its blocks may be allocated.
     pub fn data_areas(&self) -> Vec<(u64, u64)> {
+        self.root().top_level().iter().map(Vdev::data_area).collect()
+    }
+
+    /// Each top-level vdev's RAID-Z shape (`None` for the others): what the allocator needs to
+    /// know of how blocks lie.
+    pub fn geometries(&self) -> Vec<Option<RaidzGeometry>> {
         self.root()
             .top_level()
             .iter()
-            .map(|vdev| (DATA_START_BYTES, sluice_format::data_end_bytes(vdev.len_bytes())))
+            .map(|vdev| match vdev {
+                Vdev::Raidz(raidz) => Some(raidz.geometry()),
+                _ => None,
+            })
             .collect()
+    }
+
+    /// The most a block of `psize` bytes allocates on any data vdev (whole sectors, and on
+    /// RAID-Z its parity and padding).
+    pub fn asize_max(&self, psize: u64) -> u64 {
+        let tree = self.tree();
+        let unit = 1u64 << self.ashift;
+        tree.root
+            .top_level()
+            .iter()
+            .zip(&tree.config.top)
+            .filter(|(_, config)| !config.log)
+            .map(|(vdev, _)| vdev.asize(psize.max(1), u32::from(self.ashift)))
+            .max()
+            .unwrap_or_else(|| psize.max(1).next_multiple_of(unit))
+    }
+
+    /// The largest block that an allocation of `asize` bytes on top-level vdev `vdev` holds.
+    pub fn max_psize(&self, vdev: u32, asize: u64) -> u64 {
+        match self.root().top_level().get(vdev as usize) {
+            Some(Vdev::Raidz(raidz)) => raidz.geometry().max_psize(asize),
+            _ => asize,
+        }
+    }
+
+    /// `bytes` of blocks of `block_bytes` each, as the space they allocate at most: themselves
+    /// on a pool of leaves and mirrors, with parity and padding where a data vdev is RAID-Z.
+    pub fn inflate(&self, bytes: u64, block_bytes: u64) -> u64 {
+        if !self.has_raidz() {
+            return bytes;
+        }
+        let block = block_bytes.max(1);
+        let cost = self.asize_max(block);
+        (u128::from(bytes) * u128::from(cost)).div_ceil(u128::from(block)) as u64
+    }
+
+    /// `raw` allocated bytes as the blocks of `block_bytes` they hold at most (what `zfs list`
+    /// shows, there for 128 KiB blocks; here for the volume's own): the same on a pool of
+    /// leaves and mirrors, less the parity and padding such blocks cost on RAID-Z.
+    pub fn deflate(&self, raw: u64, block_bytes: u64) -> u64 {
+        if !self.has_raidz() {
+            return raw;
+        }
+        let block = block_bytes.max(1);
+        let cost = self.asize_max(block);
+        (u128::from(raw) * u128::from(block) / u128::from(cost)) as u64
+    }
+
+    /// Whether a top-level vdev is RAID-Z.
+    pub fn has_raidz(&self) -> bool {
+        self.root().top_level().iter().any(|v| matches!(v, Vdev::Raidz(_)))
+    }
+
+    /// Where on each leaf of top-level vdev `top` its intent-log region lies: (device offset,
+    /// bytes). A RAID-Z vdev's region is spread over its children, row by row.
+    pub(crate) fn leaf_log_region(&self, top: usize) -> (u64, u64) {
+        let root = self.root();
+        let vdev = &root.top_level()[top];
+        let (start, end) = vdev.data_area();
+        let region = log_region_bytes(end - start);
+        match vdev {
+            Vdev::Raidz(raidz) => {
+                let width = u64::from(raidz.geometry().width());
+                let sector = 1u64 << self.ashift;
+                (DATA_START_BYTES, region.div_ceil(width).next_multiple_of(sector))
+            }
+            _ => (start, region),
+        }
     }
 
     fn device_error(&self, path: &str, source: DeviceError) -> PoolError {
@@ -581,12 +747,24 @@ impl Pool {
         let mut seen_paths = std::collections::HashSet::new();
         let mut tops = Vec::new();
         for top in &spec.top {
-            let (kind, log, leaves) = match top {
-                TopSpec::Leaf(leaf) => (TopKind::Leaf, false, vec![leaf.clone()]),
-                TopSpec::Mirror(leaves) => (TopKind::Mirror, false, leaves.clone()),
+            let (kind, log, leaves, parity) = match top {
+                TopSpec::Leaf(leaf) => (TopKind::Leaf, false, vec![leaf.clone()], 0),
+                TopSpec::Mirror(leaves) => (TopKind::Mirror, false, leaves.clone(), 0),
+                TopSpec::Raidz { parity, leaves } => {
+                    let width = u32::try_from(leaves.len()).unwrap_or(u32::MAX);
+                    // The sector size is not known yet; the shape's checks do not depend on it.
+                    RaidzGeometry::new(width, u32::from(*parity), 9)
+                        .map_err(|error| layout(error.to_string()))?;
+                    (TopKind::Raidz, false, leaves.clone(), *parity)
+                }
                 TopSpec::Log(inner) => match inner.as_ref() {
-                    TopSpec::Leaf(leaf) => (TopKind::Leaf, true, vec![leaf.clone()]),
-                    TopSpec::Mirror(leaves) => (TopKind::Mirror, true, leaves.clone()),
+                    TopSpec::Leaf(leaf) => (TopKind::Leaf, true, vec![leaf.clone()], 0),
+                    TopSpec::Mirror(leaves) => (TopKind::Mirror, true, leaves.clone(), 0),
+                    TopSpec::Raidz { .. } => {
+                        return Err(layout(String::from(
+                            "a log device cannot be RAID-Z (use a leaf or a mirror)",
+                        )))
+                    }
                     TopSpec::Log(_) => {
                         return Err(layout(String::from("a log device cannot contain another")))
                     }
@@ -613,29 +791,46 @@ impl Pool {
                 }
                 ashift = ashift.max(leaf.device.sector_bytes().trailing_zeros() as u8);
             }
+            // A RAID-Z vdev uses every child up to the smallest one's data area: its address
+            // space is the children side by side, and fixed for its life.
+            let raidz = (kind == TopKind::Raidz).then(|| RaidzConfig {
+                parity,
+                child_end_bytes: leaves
+                    .iter()
+                    .map(|l| sluice_format::data_end_bytes(l.device.len_bytes()))
+                    .min()
+                    .unwrap_or(0),
+                replacing: Vec::new(),
+            });
             let top_guid = guid();
             let children: Vec<(LeafConfig, LeafSpec)> = leaves
                 .into_iter()
                 .map(|l| (LeafConfig { guid: guid(), path: l.path.clone() }, l))
                 .collect();
-            tops.push((kind, log, top_guid, children));
+            tops.push((kind, log, top_guid, children, raidz));
         }
         let config = VdevTreeConfig {
             top: tops
                 .iter()
-                .map(|(kind, log, guid, children)| TopConfig {
+                .map(|(kind, log, guid, children, raidz)| TopConfig {
                     kind: *kind,
                     log: *log,
                     guid: *guid,
                     children: children.iter().map(|(c, _)| c.clone()).collect(),
-                    raidz: None,
+                    raidz: raidz.clone(),
                 })
                 .collect(),
         };
+        if let Err(cause) = config.encode() {
+            return Err(layout(format!(
+                "the vdev tree does not fit in a label ({cause}); use fewer leaves in a vdev or \
+                 shorter paths"
+            )));
+        }
         let members: Vec<(usize, LeafConfig, Arc<dyn BlockDevice>, bool)> = tops
             .iter()
             .enumerate()
-            .flat_map(|(top, (_, _, _, children))| {
+            .flat_map(|(top, (_, _, _, children, _))| {
                 children.iter().map(move |(c, l)| (top, c.clone(), Arc::clone(&l.device), true))
             })
             .collect();
@@ -670,12 +865,10 @@ impl Pool {
         }
         // Each vdev's log region is written once now, so log writes never allocate
         // (crate::alloc, "log region").
-        let areas = pool.data_areas();
         let prepares = tree.leaves.iter().map(|pool_leaf| {
-            let (start, end) = areas[pool_leaf.top];
+            let (start, region) = pool.leaf_log_region(pool_leaf.top);
             let (device, vdev) = (Arc::clone(pool_leaf.leaf.device()), pool_leaf.leaf.id());
             async move {
-                let region = log_region_bytes(end - start);
                 device.prepare_log_region(start, region).await.map_err(|source| (vdev, source))
             }
         });
@@ -717,6 +910,7 @@ impl Pool {
         tunables: &Tunables,
     ) -> Result<Pool, PoolError> {
         let mut leaves = Vec::new();
+        // Each top's leaves in `config_leaves` order (members come in that order).
         let mut by_top: BTreeMap<usize, Vec<Arc<Leaf>>> = BTreeMap::new();
         let next_leaf_id = u32::try_from(members.len()).unwrap_or(u32::MAX);
         for (index, (top, leaf_config, device, present)) in members.into_iter().enumerate() {
@@ -741,16 +935,7 @@ impl Pool {
             .enumerate()
             .map(|(index, top)| {
                 let children = by_top.remove(&index).unwrap_or_default();
-                match top.kind {
-                    TopKind::Leaf => children.into_iter().next().map(Vdev::Leaf),
-                    TopKind::Mirror => Some(Vdev::Mirror(Arc::new(Mirror::new(
-                        VdevId(1000 + index as u32),
-                        env,
-                        children,
-                        tunables,
-                    )))),
-                    TopKind::Raidz => unimplemented!("RAID-Z vdevs are assembled in a later step"),
-                }
+                build_vdev(index, top, children, ashift, env, tunables)
             })
             .collect::<Option<Vec<Vdev>>>()
             .ok_or_else(|| PoolError::InvalidLayout {
@@ -966,10 +1151,12 @@ impl Pool {
         for (top_index, top) in header.config.top.iter().enumerate() {
             let mut present_any = false;
             let mut missing = Vec::new();
-            for child in &top.children {
+            let mut present_guids = Vec::new();
+            for child in config_leaves(top) {
                 match members.iter().find(|(h, _)| h.leaf_guid == child.guid) {
                     Some((_, spec)) => {
                         present_any = true;
+                        present_guids.push(child.guid);
                         assembled.push((
                             top_index,
                             LeafConfig { guid: child.guid, path: spec.path.clone() },
@@ -987,7 +1174,21 @@ impl Pool {
                     }
                 }
             }
-            if !present_any {
+            // A RAID-Z vdev rebuilds at most `parity` columns: a column is there when its
+            // child or the leaf replacing it is.
+            let columns_missing = top.raidz.as_ref().map_or(0, |raidz| {
+                (0..top.children.len())
+                    .filter(|&c| {
+                        let replacement =
+                            raidz.replacing.iter().find(|(col, _)| usize::from(*col) == c);
+                        !present_guids.contains(&top.children[c].guid)
+                            && !replacement.is_some_and(|(_, l)| present_guids.contains(&l.guid))
+                    })
+                    .count()
+            });
+            let beyond =
+                top.raidz.as_ref().is_some_and(|r| columns_missing > usize::from(r.parity));
+            if !present_any || beyond {
                 return Err(PoolError::MissingLeaves {
                     pool: header.pool_name.clone(),
                     top: top_index,

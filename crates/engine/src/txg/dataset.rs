@@ -867,7 +867,7 @@ impl SyncTask for RetiredLog {
     ) -> futures::future::BoxFuture<'c, Result<(), PoolError>> {
         let mut allocator = cx.spa.allocator().lock();
         for at in self.0 {
-            allocator.free_log(cx.update.txg, at.vdev, at.offset_bytes, u64::from(at.len_bytes));
+            allocator.free_log(cx.update.txg, at.vdev, at.offset_bytes, at.alloc_bytes);
         }
         Box::pin(std::future::ready(Ok(())))
     }

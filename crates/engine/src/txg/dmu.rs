@@ -549,7 +549,8 @@ impl WritePath<'_> {
                     0
                 }
             };
-            txg.count_dirty(added, new_groups * metadata_per_group, added / bs + zeroed);
+            let alloc = self.spa.pool().inflate(added, bs);
+            txg.count_dirty(added, alloc, new_groups * metadata_per_group, added / bs + zeroed);
             dataset.dirty_bytes.fetch_add(added, Ordering::Relaxed);
             (sequence, resolve_now)
         };

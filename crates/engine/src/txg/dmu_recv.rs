@@ -526,7 +526,7 @@ impl Store {
         }
         let mut writes = Vec::new();
         let mut prewritten = Vec::with_capacity(placed.len());
-        for run in crate::zio::span_runs(&placed) {
+        for run in crate::zio::span_runs(&placed, |v| self.spa.pool().root().spans(v)) {
             let (vdev, start, _) = placed[run.start];
             let pieces = crate::zio::run_pieces(&placed, run.clone(), |i| &sealed[i].stored);
             let (done, written) = futures::channel::oneshot::channel::<bool>();
@@ -560,7 +560,7 @@ impl Store {
                     if let Some(replaced) = v.prewritten.insert(index, block) {
                         orphaned.push(replaced);
                     }
-                    open.count_prewritten(bs);
+                    open.count_prewritten(bs, self.spa.pool().inflate(bs, bs));
                 } else {
                     orphaned.push(block);
                 }

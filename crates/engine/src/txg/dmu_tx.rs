@@ -59,13 +59,16 @@ impl Admission<'_> {
         // thin volumes filled would refuse the writes it promised (ZFS keeps its slop for the
         // same kind of need).
         if check_space {
-            let (dedup, thick) = {
+            let (dedup, thick, block_bytes) = {
                 let volume = dataset.state.lock();
                 (
                     volume.entry.dedup != sluice_format::DedupMode::Off,
                     volume.entry.reservation_bytes > 0,
+                    u64::from(volume.entry.block_bytes),
                 )
             };
+            // The write as the space its blocks allocate (parity and padding on RAID-Z).
+            let len = self.spa.pool().inflate(len, block_bytes);
             // The syncs counted when the space was first found short.
             let mut short_since = None;
             let space_max = loop {

@@ -23,6 +23,14 @@ pub(super) struct TxgState {
     /// dirty for the throttle and for starting a sync, because until a sync links them (and
     /// frees the versions they replaced) they hold space like any other write.
     prewritten_bytes: u64,
+    /// `dirty_bytes` and `prewritten_bytes` as the space their blocks allocate: the same on a
+    /// pool of leaves and mirrors, with parity and padding for the block's size where a data
+    /// vdev is RAID-Z (`Pool::inflate`).
+    dirty_alloc_bytes: u64,
+    prewritten_alloc_bytes: u64,
+    /// What an indirect block allocates at most (`Pool::asize_max`): the open txg's indirect
+    /// blocks are counted in bytes of them.
+    indirect_asize: u64,
     /// Indirect blocks the open txg will rewrite, estimated: the path to the root for each
     /// group of `INDIRECT_BPS` blocks it dirtied.
     dirty_metadata_bytes: u64,
@@ -51,7 +59,16 @@ pub(super) struct TxgState {
 impl TxgState {
     /// The open txg's dirty data that its sync still has to allocate space for.
     pub(super) fn dirty_to_allocate(&self) -> u64 {
-        self.dirty_bytes.saturating_sub(self.prewritten_bytes)
+        self.dirty_alloc_bytes.saturating_sub(self.prewritten_alloc_bytes)
+    }
+
+    /// The open txg's indirect blocks as the space they allocate.
+    pub(super) fn metadata_to_allocate(&self) -> u64 {
+        let block = crate::objset::INDIRECT_BYTES as u64;
+        if self.indirect_asize == block {
+            return self.dirty_metadata_bytes;
+        }
+        self.dirty_metadata_bytes.div_ceil(block) * self.indirect_asize
     }
 
     /// The txg writes go into now.
@@ -69,17 +86,26 @@ impl TxgState {
         self.syncing_bytes
     }
 
-    /// A write put `bytes` of data into the open txg, touching `blocks` blocks and, at most,
-    /// `metadata_bytes` of indirect blocks its sync rewrites.
-    pub(super) fn count_dirty(&mut self, bytes: u64, metadata_bytes: u64, blocks: u64) {
+    /// A write put `bytes` of data into the open txg (allocating `alloc_bytes`), touching
+    /// `blocks` blocks and, at most, `metadata_bytes` of indirect blocks its sync rewrites.
+    pub(super) fn count_dirty(
+        &mut self,
+        bytes: u64,
+        alloc_bytes: u64,
+        metadata_bytes: u64,
+        blocks: u64,
+    ) {
         self.dirty_bytes += bytes;
+        self.dirty_alloc_bytes += alloc_bytes;
         self.dirty_metadata_bytes += metadata_bytes;
         self.dirty_blocks += blocks;
     }
 
-    /// `bytes` of the open txg's dirty data were written in place for the intent log.
-    pub(super) fn count_prewritten(&mut self, bytes: u64) {
+    /// `bytes` of the open txg's dirty data (allocating `alloc_bytes`) were written in place
+    /// for the intent log.
+    pub(super) fn count_prewritten(&mut self, bytes: u64, alloc_bytes: u64) {
         self.prewritten_bytes += bytes;
+        self.prewritten_alloc_bytes += alloc_bytes;
     }
 
     /// An administrative change asked in the open txg adds `metadata_bytes` to its sync's
@@ -102,13 +128,16 @@ impl TxgState {
     pub(super) fn quiesce(&mut self, metadata_bytes: u64, allocated_base: u64) -> Quiesce {
         let txg = self.open_txg;
         self.open_txg += 1;
-        self.syncing_bytes = self.dirty_to_allocate() + self.dirty_metadata_bytes + metadata_bytes;
+        self.syncing_bytes =
+            self.dirty_to_allocate() + self.metadata_to_allocate() + metadata_bytes;
         self.syncing_allocated_base = allocated_base;
         self.dirty_blocks = 0;
         self.pending_metadata_bytes = 0;
         self.pending_frees = 0;
         self.dirty_bytes = 0;
         self.prewritten_bytes = 0;
+        self.dirty_alloc_bytes = 0;
+        self.prewritten_alloc_bytes = 0;
         self.dirty_metadata_bytes = 0;
         Quiesce { txg, syncing_bytes: self.syncing_bytes, tasks: std::mem::take(&mut self.tasks) }
     }
@@ -124,12 +153,16 @@ impl TxgState {
         self.directory_bytes = bytes;
     }
 
-    /// The state of a store whose last synced txg is `synced_txg`, with nothing dirty.
-    pub(super) fn new(synced_txg: u64, directory_bytes: u64) -> TxgState {
+    /// The state of a store whose last synced txg is `synced_txg`, with nothing dirty, on a
+    /// pool where an indirect block allocates `indirect_asize` bytes at most.
+    pub(super) fn new(synced_txg: u64, directory_bytes: u64, indirect_asize: u64) -> TxgState {
         TxgState {
             open_txg: synced_txg + 1,
             dirty_bytes: 0,
             prewritten_bytes: 0,
+            dirty_alloc_bytes: 0,
+            prewritten_alloc_bytes: 0,
+            indirect_asize,
             dirty_metadata_bytes: 0,
             dirty_blocks: 0,
             pending_metadata_bytes: 0,
@@ -297,8 +330,8 @@ impl InFlight {
     /// The in-flight figures; `appending` as [`SyncShape::of_open`] takes it.
     pub(super) fn of(appending: u64, txg: &TxgState, pool: &crate::pool::Pool) -> InFlight {
         InFlight {
-            open: txg.dirty_to_allocate() + txg.dirty_metadata_bytes,
-            open_metadata: txg.dirty_metadata_bytes,
+            open: txg.dirty_to_allocate() + txg.metadata_to_allocate(),
+            open_metadata: txg.metadata_to_allocate(),
             open_shape: SyncShape::of_open(appending, txg, pool),
             prewritten: txg.prewritten_bytes,
             syncing: txg.syncing_bytes,
@@ -353,6 +386,9 @@ pub(super) struct SyncShape {
     /// Metadata copies (ditto blocks) and the allocation unit.
     pub(super) copies: u64,
     pub(super) unit: u64,
+    /// What a metadata block of [`crate::alloc::METADATA_BLOCK_BYTES_MAX`] allocates at most
+    /// (more than its size where a data vdev is RAID-Z).
+    pub(super) metadata_asize: u64,
     /// The last directory's bytes, and the volumes whose dead lists the sync appends to.
     pub(super) directory_bytes: u64,
     pub(super) volumes: u64,
@@ -376,6 +412,7 @@ impl SyncShape {
             pending_frees: txg.pending_frees,
             copies: pool.metadata_copies() as u64,
             unit: 1 << pool.ashift(),
+            metadata_asize: pool.asize_max(crate::alloc::METADATA_BLOCK_BYTES_MAX),
             directory_bytes: txg.directory_bytes,
             volumes: appending,
         }
@@ -413,15 +450,25 @@ impl SyncShape {
                 pieces_bound(free, (deferred as u64).saturating_add(frees)) + 1
             })
             .sum();
-        let maps = pieces * SPACE_MAP_PIECE_BYTES * self.copies;
+        // Blocks of up to `block` bytes as what they allocate: on RAID-Z, whole such blocks
+        // with their parity and padding (an allocation of a block's size never costs more
+        // than the sum of its parts').
+        let allocated = |bytes: u64| {
+            if self.metadata_asize == block {
+                bytes.next_multiple_of(self.unit)
+            } else {
+                bytes.div_ceil(block) * self.metadata_asize
+            }
+        };
+        let maps = pieces * allocated(SPACE_MAP_PIECE_BYTES) * self.copies;
         // The directory names every space-map piece and dead-list piece.
         let pending_pieces = self.pending / block * self.copies;
-        let directory = (self.directory_bytes
-            + (pieces + deadlist_pieces + pending_pieces) * sluice_format::BLKPTR_BYTES as u64
-            + DIRECTORY_GROWTH_BYTES)
-            .next_multiple_of(self.unit)
-            * (self.copies + 1).min(sluice_format::DVAS_MAX as u64);
-        let deadlists = deadlist_pieces * block * self.copies;
+        let directory = allocated(
+            self.directory_bytes
+                + (pieces + deadlist_pieces + pending_pieces) * sluice_format::BLKPTR_BYTES as u64
+                + DIRECTORY_GROWTH_BYTES,
+        ) * (self.copies + 1).min(sluice_format::DVAS_MAX as u64);
+        let deadlists = deadlist_pieces * allocated(block) * self.copies;
         maps + directory + deadlists + self.pending
     }
 }

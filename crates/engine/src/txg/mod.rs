@@ -332,7 +332,8 @@ pub struct Store {
 impl Store {
     /// A store on a freshly created pool.
     pub fn create(pool: Pool, tunables: &Tunables) -> Store {
-        let allocator = Allocator::new(pool.ashift(), &pool.data_areas());
+        let allocator =
+            Allocator::new(pool.ashift(), &pool.data_areas()).with_geometries(&pool.geometries());
         let vdevs = pool.root().top_level().len();
         let datasets = Datasets::new(1, BTreeMap::new());
         let synced = SyncedMetadata { space_maps: vec![Vec::new(); vdevs], directory: None };
@@ -356,8 +357,11 @@ impl Store {
         allocator.set_log_vdevs(&pool.log_vdevs());
         pool.note_txg_open(pool.uberblock().txg + 1);
         let limits = TxgLimits::from_tunables(tunables, pool.env().memory_bytes());
-        let txg =
-            TxgState::new(pool.uberblock().txg, synced.directory.map_or(0, |bp| bp.psize_bytes()));
+        let txg = TxgState::new(
+            pool.uberblock().txg,
+            synced.directory.map_or(0, |bp| bp.psize_bytes()),
+            pool.asize_max(crate::objset::INDIRECT_BYTES as u64),
+        );
         let ddt = Ddt::new(pool.name(), ddt, tunables);
         Store {
             dsl: Dsl::new(pool.name(), datasets, dsl_scan::Scan::new(tunables)),

@@ -185,10 +185,11 @@ impl Spa {
 
     /// What a thick volume of `size_bytes` in blocks of `block_bytes` sets aside (ZFS:
     /// `zvol_volsize_to_reservation`): every data block, and every indirect block above
-    /// them with each of its copies, in whole allocation units.
+    /// them with each of its copies, as each allocates (`Pool::asize_max`).
     pub(super) fn thick_reservation(&self, size_bytes: u64, block_bytes: u32) -> u64 {
-        let unit = 1u64 << self.pool.ashift();
-        let whole = |bytes: u64| bytes.div_ceil(unit) * unit;
+        // What each block allocates, on RAID-Z with its parity and padding: a thick volume's
+        // reservation must hold every block it may write.
+        let whole = |bytes: u64| self.pool.asize_max(bytes);
         let blocks = size_bytes / u64::from(block_bytes);
         let (mut indirect, mut level) = (0, blocks);
         while level > 1 {
@@ -230,7 +231,11 @@ impl Spa {
         txg: u64,
     ) -> Result<BlockPointer, PoolError> {
         let props = BlockProps::metadata(writer, txg, places.len());
-        let sealed = self.pool.seal_block(props, logical, Some(places[0].2))?;
+        // Padded to the most every place holds: its allocation on a leaf or a mirror, less
+        // the parity and padding on RAID-Z (a block written longer than its place was
+        // allocated for would overrun it there).
+        let psize = places.iter().map(|&(vdev, _, asize)| self.pool.max_psize(vdev, asize)).min();
+        let sealed = self.pool.seal_block(props, logical, psize)?;
         let written = self.pool.issue_placed(&[sealed], &[places.to_vec()], Issue::ASYNC).await?;
         Ok(written[0])
     }

@@ -300,9 +300,11 @@ async fn load_txg(
         }
         maps.push((map, area));
     }
-    let mut allocator = Allocator::load(pool.ashift(), &maps).map_err(|source| {
-        PoolError::NoSpace { pool: pool.name().to_owned(), cause: source }.to_string()
-    })?;
+    let mut allocator = Allocator::load(pool.ashift(), &maps)
+        .map_err(|source| {
+            PoolError::NoSpace { pool: pool.name().to_owned(), cause: source }.to_string()
+        })?
+        .with_geometries(&pool.geometries());
     allocator.synced(uberblock.txg);
     Ok((directory, allocator, verified.blocks))
 }

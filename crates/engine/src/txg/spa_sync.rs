@@ -464,7 +464,7 @@ impl SyncHandle<'_> {
             }
             let mut allocator = self.spa.allocator().lock();
             for at in freed_log {
-                allocator.free_log(txg, at.vdev, at.offset_bytes, u64::from(at.len_bytes));
+                allocator.free_log(txg, at.vdev, at.offset_bytes, at.alloc_bytes);
             }
             drop(allocator);
             PoolDirectory {
@@ -773,8 +773,10 @@ async fn write_space_maps_and_directory(
             blocks.push(pieces);
         }
         let pieces: usize = blocks.iter().map(Vec::len).sum();
-        let directory_bytes =
-            allocator.asize((directory_len + pieces * sluice_format::BLKPTR_BYTES) as u64);
+        // The directory block's size, in whole sectors (what it allocates is the vdev's
+        // business).
+        let directory_bytes = ((directory_len + pieces * sluice_format::BLKPTR_BYTES) as u64)
+            .next_multiple_of(allocator.unit_bytes());
         let directory_block = place(&mut allocator, directory_bytes, (copies + 1).min(DVAS_MAX))?;
         let maps: Vec<SpaceMap> = (0..vdevs as u32).map(|v| allocator.space_map(v)).collect();
         (blocks, directory_block, maps)
@@ -802,16 +804,24 @@ async fn write_space_maps_and_directory(
                 let bytes = piece
                     .encode()
                     .map_err(|source| PoolError::Format { pool: name.clone(), cause: source })?;
-                debug_assert!(bytes.len() as u64 <= places[0].2, "a piece fits its block");
+                debug_assert!(
+                    bytes.len() as u64 <= spa.pool().max_psize(places[0].0, places[0].2),
+                    "a piece fits its block"
+                );
                 let logical = Arc::new(AlignedBuf::copy_from(&bytes));
                 spa.write_metadata(Writer::SpaceMap, places, logical, txg).await
             }
         });
         directory.space_maps[vdev] = futures::future::try_join_all(writes).await?;
     }
-    let asize = directory_block[0].2;
+    // What the directory's places hold (less parity and padding on RAID-Z).
+    let room = directory_block
+        .iter()
+        .map(|&(vdev, _, asize)| spa.pool().max_psize(vdev, asize))
+        .min()
+        .unwrap_or(0);
     let bytes = directory
-        .encode(asize as usize)
+        .encode(room as usize)
         .map_err(|source| PoolError::Format { pool: name.clone(), cause: source })?;
     let logical = Arc::new(AlignedBuf::copy_from(&bytes));
     let directory_bp =

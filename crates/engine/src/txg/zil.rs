@@ -315,9 +315,10 @@ pub(super) async fn claim(
             // A rewound txg's chain can lead on into blocks written after that txg, on space its
             // maps still give to data (freed and reused later): the log ends at the first such
             // block, as a chain ends at any block that is not what it expects.
-            let crosses = chain.addresses.iter().position(|at| {
-                !allocator.is_free(at.vdev, at.offset_bytes, u64::from(at.len_bytes))
-            });
+            let crosses = chain
+                .addresses
+                .iter()
+                .position(|at| !allocator.is_free(at.vdev, at.offset_bytes, at.alloc_bytes));
             if let Some(cut) = crosses {
                 chain.blocks.truncate(cut);
                 chain.addresses.truncate(cut);
@@ -331,9 +332,7 @@ pub(super) async fn claim(
             },
         )?;
         for at in &chain.addresses {
-            allocator
-                .claim_log(at.vdev, at.offset_bytes, u64::from(at.len_bytes))
-                .map_err(no_space)?;
+            allocator.claim_log(at.vdev, at.offset_bytes, at.alloc_bytes).map_err(no_space)?;
         }
         log_stats.chains_claimed.inc();
         log_stats.blocks_claimed.add(chain.addresses.len() as u64);
@@ -383,7 +382,7 @@ async fn claim_indirect(
         let overlaps_chain = chain.addresses.iter().any(|at| {
             at.vdev == vdev
                 && at.offset_bytes < offset + len
-                && offset < at.offset_bytes + u64::from(at.len_bytes)
+                && offset < at.offset_bytes + at.alloc_bytes
         });
         if len == 0 || overlaps_chain || !allocator.is_free(vdev, offset, len) {
             end = Some((b, r));
@@ -419,7 +418,8 @@ async fn claim_indirect(
         chain.indirect.push(LogAddress {
             vdev,
             offset_bytes: offset,
-            len_bytes: u32::try_from(len).unwrap_or(u32::MAX),
+            len_bytes: u32::try_from(bp.psize_bytes()).unwrap_or(u32::MAX),
+            alloc_bytes: len,
         });
     }
     if let Some((b, r)) = end {

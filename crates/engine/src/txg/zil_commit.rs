@@ -297,7 +297,7 @@ impl LogCommit<'_> {
         }
         self.zil.stats().indirect_blocks_written.add(place.len() as u64);
         // Runs of blocks back to back on one vdev, each written as one I/O.
-        let runs = zio::span_runs(&placed);
+        let runs = zio::span_runs(&placed, |v| self.spa.pool().root().spans(v));
         let mut blocks: Vec<Prewritten> = Vec::with_capacity(place.len());
         let mut writes = Vec::with_capacity(runs.len());
         for run in runs {
@@ -358,7 +358,7 @@ impl LogCommit<'_> {
                     // already. (Leaving it out of the dirty data too let 1 MiB write + flush
                     // clients fill a pool with blocks written in place and their replaced
                     // versions within one txg timeout: the sync after found no room.)
-                    txg.count_prewritten(bs);
+                    txg.count_prewritten(bs, self.spa.pool().inflate(bs, bs));
                 } else {
                     orphaned.push(block);
                     copy.push(record);

@@ -10,14 +10,14 @@
 mod leaf;
 mod mirror;
 pub mod queue;
-mod raidz;
+pub mod raidz;
 
 use std::fmt;
 use std::sync::Arc;
 
 pub use leaf::{FaultReason, Leaf, LeafState};
 pub use mirror::{Mirror, ReadPolicy, ScrubOutcome, MIRROR_CHILDREN_MAX};
-pub use raidz::{Raidz, RECONSTRUCT_COMBINATIONS_MAX};
+pub use raidz::Raidz;
 
 use crate::device::{AlignedBuf, DeviceError, SharedBuf};
 use crate::tunables::IoClass;
@@ -105,7 +105,7 @@ pub enum VdevError {
         unreadable: u32,
         /// Combinations of columns taken as wrong that were tried; none verified.
         combinations: u32,
-        /// The search stopped at [`RECONSTRUCT_COMBINATIONS_MAX`] before trying them all.
+        /// The search stopped at [`raidz::RECONSTRUCT_COMBINATIONS_MAX`] before trying them all.
         gave_up: bool,
     },
     #[error("{vdev}: leaf {device} is offline (bring it back online to use it)")]
@@ -375,6 +375,12 @@ impl Root {
                 Vdev::Leaf(_) => {}
             }
         }
+    }
+
+    /// Whether blocks side by side on top-level vdev `vdev` may be written or read as one
+    /// I/O ([`Vdev::spans`]).
+    pub fn spans(&self, vdev: u32) -> bool {
+        self.top.get(vdev as usize).is_some_and(Vdev::spans)
     }
 
     fn vdev(&self, dva: VdevAddress) -> Result<&Vdev, VdevError> {
