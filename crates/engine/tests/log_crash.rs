@@ -224,9 +224,14 @@ fn power_cut(devices: &[SimDevice], seed: u64) -> Vec<SimImage> {
 }
 
 fn legs(sim: &Sim, images: Option<Vec<SimImage>>) -> Vec<SimDevice> {
+    legs_of(sim, images, 2)
+}
+
+/// `count` disks (or as many as `images`), recording their operations.
+fn legs_of(sim: &Sim, images: Option<Vec<SimImage>>, count: usize) -> Vec<SimDevice> {
     let options = SimOptions { store_data: true, record_log: true };
     match images {
-        None => common::legs_with(sim, 2, SimProfile::ssd(), LEAF_BYTES, options),
+        None => common::legs_with(sim, count, SimProfile::ssd(), LEAF_BYTES, options),
         Some(images) => common::revive_with(sim, images, SimProfile::ssd(), LEAF_BYTES, options),
     }
 }
@@ -327,23 +332,40 @@ fn run_workload(seed: u64, policy: &str, script: &Script) -> Run {
 /// by the seed, a replace of leg1 or of leg0, or an attach beside leg0 and then a detach of
 /// leg0, each followed through its resilver and detach.
 fn run_workload_with(seed: u64, policy: &str, script: &Script, admin: bool) -> Run {
+    run_workload_on(seed, policy, script, admin, 0)
+}
+
+/// As [`run_workload_with`] on a mirror (`parity` 0), or without `admin` on a RAID-Z vdev of
+/// `parity + 3` leaves (raidz1 of 4, raidz2 of 5, raidz3 of 6) and no separate log device.
+fn run_workload_on(seed: u64, policy: &str, script: &Script, admin: bool, parity: u8) -> Run {
     let sim = Sim::new(seed);
+    let width = if parity > 0 { usize::from(parity) + 3 } else { 2 };
     let devices = if admin {
         let options = SimOptions { store_data: true, record_log: true };
         common::legs_with(&sim, 3, SimProfile::ssd(), LEAF_BYTES, options)
     } else {
-        legs(&sim, None)
+        legs_of(&sim, None, width)
     };
-    let specs = common::leaf_specs(&devices[..2]);
-    let spare =
-        devices.get(2).map(|d| LeafSpec { path: "leg2".into(), device: Arc::new(d.clone()) });
+    let specs = common::leaf_specs(&devices[..width]);
+    let spec = match parity {
+        0 => common::mirror_pool(specs),
+        parity => sluice_engine::pool::PoolSpec {
+            name: "tank".into(),
+            ashift: 12,
+            top: vec![sluice_engine::pool::TopSpec::Raidz { parity, leaves: specs }],
+        },
+    };
+    let spare = (admin && parity == 0)
+        .then(|| devices.get(2))
+        .flatten()
+        .map(|d| LeafSpec { path: "leg2".into(), device: Arc::new(d.clone()) });
     let env = sim.env();
     let ledger = Rc::new(RefCell::new(Ledger::new()));
     let (l, script, policy) = (Rc::clone(&ledger), script.clone(), policy.to_owned());
     let (setup_done, syncs) = sim
         .run(async move {
             let tunables = tunables(&policy, "64M");
-            let pool = Pool::create(&env, common::mirror_pool(specs), &tunables).await.unwrap();
+            let pool = Pool::create(&env, spec, &tunables).await.unwrap();
             let store = Arc::new(Store::create(pool, &tunables));
             store.create_volume("v", UNITS * UNIT, VOLUME_BLOCK).unwrap();
             store.sync().await.unwrap();
@@ -422,12 +444,31 @@ fn import_and_check(
     faults: &[(usize, Fault)],
     probes: &mut Probes,
 ) -> Vec<SimDevice> {
+    import_without(what, run, images, cut, policy, faults, &[], probes)
+}
+
+/// As [`import_and_check`], with the leaves `missing` (indices) left out of the import.
+#[allow(clippy::too_many_arguments)]
+fn import_without(
+    what: &str,
+    run: &Run,
+    images: Vec<SimImage>,
+    cut: Time,
+    policy: &str,
+    faults: &[(usize, Fault)],
+    missing: &[usize],
+    probes: &mut Probes,
+) -> Vec<SimDevice> {
     let sim = Sim::new(cut.0 ^ 0x5151);
     let devices = legs(&sim, Some(images));
     for (leg, fault) in faults {
         devices[*leg].inject(fault.clone());
     }
-    let specs: Vec<LeafSpec> = common::leaf_specs(&devices);
+    let present: Vec<SimDevice> = (devices.iter().enumerate())
+        .filter(|(i, _)| !missing.contains(i))
+        .map(|(_, d)| d.clone())
+        .collect();
+    let specs: Vec<LeafSpec> = common::leaf_specs(&present);
     let env = sim.env();
     let policy = policy.to_owned();
     let found = Rc::new(RefCell::new(Vec::new()));
@@ -594,6 +635,43 @@ fn random_workloads_and_interrupted_replay() {
         assert!(probes.indirect_replayed > 0, "{policy}: no indirect record replayed: {probes:?}");
         assert!(probes.swapped > 0, "{policy}: no cut fell during a swap of disks: {probes:?}");
     }
+}
+
+/// The intent log on RAID-Z pools (no separate log device): random workloads, logged by
+/// value and by pointer, cut at random points; each crash state is imported with `parity`
+/// leaves missing (a different set each time), and everything acknowledged is there: log
+/// blocks are written whole with their parity, and a chain read around the missing leaves.
+#[test]
+fn raidz_log_replays_with_leaves_missing() {
+    let mut probes = Probes::default();
+    for seed in 0..24u64 {
+        let parity = 1 + (seed % 3) as u8;
+        let width = usize::from(parity) + 3;
+        let policy = if seed % 2 == 1 { "auto+indirect" } else { "auto" };
+        let mut rng = Rng::new(seed + 7000);
+        let script = random_script(&mut rng);
+        let run = run_workload_on(seed, policy, &script, false, parity);
+        let cuts = cut_points(&run);
+        for k in 0..12 {
+            let cut = if k == 0 {
+                *cuts.last().unwrap()
+            } else {
+                cuts[rng.below(cuts.len() as u64) as usize]
+            };
+            let first = rng.below(width as u64) as usize;
+            let missing: Vec<usize> =
+                (0..usize::from(parity)).map(|i| (first + i) % width).collect();
+            let what = format!(
+                "raidz{parity} seed {seed} policy {policy} cut {cut:?} without legs {missing:?}"
+            );
+            let images = images_at(&run.devices, cut, &mut rng);
+            import_without(&what, &run, images, cut, policy, &[], &missing, &mut probes);
+        }
+    }
+    eprintln!("raidz: {probes:?}");
+    assert!(probes.states >= 288, "{probes:?}");
+    assert!(probes.replayed > 0, "no crash state needed replay: {probes:?}");
+    assert!(probes.indirect_replayed > 0, "no indirect record replayed: {probes:?}");
 }
 
 /// Large logged writes whose replay spans several txgs: an import cut after one of those

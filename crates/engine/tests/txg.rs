@@ -133,10 +133,25 @@ struct Model {
     taken: u64,
 }
 
+/// Crash/import cycles of RAID-Z pools, and the states they opened (imports that found a
+/// pool to check against the model).
+static RAIDZ_CYCLES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// The pool a seed runs on: a 2-way mirror, a raidz1 of 4 or a raidz2 of 6 (leaves, parity;
+/// parity 0 is the mirror).
+fn layout(seed: u64) -> (usize, u8) {
+    match seed % 3 {
+        0 => (2, 0),
+        1 => (4, 1),
+        _ => (6, 2),
+    }
+}
+
 /// Runs one seed; returns the number of crash/import cycles.
 fn run_seed(seed: u64, generations: u32) -> u32 {
     let mut rng = Rng::new(seed);
-    let mut images = vec![SimImage::default(), SimImage::default()];
+    let (leaves, parity) = layout(seed);
+    let mut images = vec![SimImage::default(); leaves];
     let mut model = Model::default();
     for generation in 0..generations {
         let sim = Sim::new(seed.wrapping_mul(1000) + u64::from(generation));
@@ -152,7 +167,14 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
         let main = async move {
             let tunables = Tunables::default();
             let store = if generation == 0 {
-                let spec = common::mirror_pool(d);
+                let spec = match parity {
+                    0 => common::mirror_pool(d),
+                    parity => sluice_engine::pool::PoolSpec {
+                        name: "tank".into(),
+                        ashift: 12,
+                        top: vec![sluice_engine::pool::TopSpec::Raidz { parity, leaves: d }],
+                    },
+                };
                 let pool = Pool::create(&e, spec, &tunables).await.unwrap();
                 let store = Store::create(pool, &tunables);
                 for (name, size, block) in VOLUMES {
@@ -330,7 +352,7 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                             store.rollback_volume(name, &to, true).await
                         };
                         if std::env::var_os("SLUICE_SWARM_TRACE").is_some() {
-                            eprintln!("  -> {result:?}");
+                            eprintln!("  -> {result:?} txg {}", store.pool().uberblock().txg);
                         }
                         match result {
                             Ok(()) => {
@@ -470,6 +492,9 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
         }
         images = devices.iter().map(SimDevice::durable_image).collect();
     }
+    if parity > 0 {
+        RAIDZ_CYCLES.fetch_add(generations - 1, std::sync::atomic::Ordering::Relaxed);
+    }
     generations - 1
 }
 
@@ -507,9 +532,12 @@ fn crash_swarm() {
     assert!(snapshot_ops >= seeds, "only {snapshot_ops} snapshot changes completed");
     let clone_ops = CLONE_OPS.load(std::sync::atomic::Ordering::Relaxed);
     assert!(clone_ops >= seeds / 2, "only {clone_ops} clone changes completed");
+    let raidz = RAIDZ_CYCLES.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(seeds < 3 || raidz * 2 >= cycles, "only {raidz} of {cycles} cycles on RAID-Z pools");
     eprintln!(
-        "crash swarm: {seeds} seeds, {cycles} crash/import cycles, {mid_sync} during a sync; \
-         dedup: {shared} blocks shared, {dropped} references dropped; {snapshot_ops} snapshot \
-         changes, {clone_ops} clones made, promoted or destroyed; every import audited"
+        "crash swarm: {seeds} seeds, {cycles} crash/import cycles ({raidz} of them states of \
+         raidz1-of-4 and raidz2-of-6 pools opened), {mid_sync} during a sync; dedup: {shared} \
+         blocks shared, {dropped} references dropped; {snapshot_ops} snapshot changes, \
+         {clone_ops} clones made, promoted or destroyed; every import audited"
     );
 }

@@ -499,9 +499,18 @@ fn pool_status(out: &mut Lines, status: &PoolStatus) {
             ));
         }
     }
+    let raidz = summary.vdevs.iter().any(|v| v.kind.starts_with("raidz"));
+    let (raw, usable) = if raidz {
+        (
+            " (raw, parity included, as pool list shows)",
+            " (as 128K blocks; vol list gives each volume's for its block size)",
+        )
+    } else {
+        ("", "")
+    };
     out.say(format!(
-        "  space: {} used, {} free, {} capacity; {} reserved for thick volumes and not yet \
-         written, {} available to new data",
+        "  space: {} used, {} free, {} capacity{raw}; {} reserved for thick volumes and not yet \
+         written, {} available to new data{usable}",
         human(summary.allocated_bytes),
         human(summary.free_bytes),
         human(summary.capacity_bytes),

@@ -697,7 +697,10 @@ fn reserved_and_available(store: &Store) -> anyhow::Result<(u64, u64)> {
         let unique = store.snapshot_space(&v.name)?.written_bytes;
         reserved += v.reservation_bytes.saturating_sub(unique);
     }
-    Ok((reserved, store.available_bytes(None)?))
+    // As `zfs list` shows it: on RAID-Z, what 128 KiB blocks could use of it (a volume's own
+    // figure, in `vol list`, is for its block size).
+    let available = store.pool().deflate(store.available_bytes(None)?, 128 << 10);
+    Ok((reserved, available))
 }
 
 /// What `pool scrub` was asked to do.

@@ -159,9 +159,12 @@ pub struct Leaf {
     behind: std::sync::atomic::AtomicBool,
     /// Recent errors, for the fault diagnosis (see [`Leaf::verdict`]).
     diagnosis: Mutex<Diagnosis>,
-    /// Set by a write that was not flushed with it, cleared when a flush starts: a RAID-Z
-    /// vdev flushes only the children that took writes since their last flush.
-    unflushed: std::sync::atomic::AtomicBool,
+    /// Writes completed without a flush of their own, counted; and of that count, how many a
+    /// completed flush covers (the count when it started). A RAID-Z vdev flushes only the
+    /// children with writes not covered. A flush under way covers nothing yet: a second one
+    /// asked meanwhile must not take its start for its end.
+    writes_done: AtomicU64,
+    flushed_through: AtomicU64,
 }
 
 /// What [`Leaf::errors`] counts from: the counters' values at the last clear, and the errors
@@ -230,7 +233,8 @@ impl Leaf {
             resilver_misses: AtomicU64::new(0),
             skipped_writes: AtomicU64::new(0),
             behind: std::sync::atomic::AtomicBool::new(false),
-            unflushed: std::sync::atomic::AtomicBool::new(false),
+            writes_done: AtomicU64::new(0),
+            flushed_through: AtomicU64::new(0),
             diagnosis: Mutex::new(Diagnosis {
                 io: std::collections::VecDeque::new(),
                 checksum: std::collections::VecDeque::new(),
@@ -519,7 +523,7 @@ impl Leaf {
                 self.stats.writes.inc();
                 self.stats.write_bytes.add(len);
                 if !durable {
-                    self.unflushed.store(true, Ordering::Release);
+                    self.writes_done.fetch_add(1, Ordering::AcqRel);
                 }
             }
             Err(_) => {
@@ -530,20 +534,21 @@ impl Leaf {
         result
     }
 
-    /// Whether a write has completed here since the last flush started.
+    /// Whether a write completed here that no completed flush covers.
     pub fn has_unflushed(&self) -> bool {
-        self.unflushed.load(Ordering::Acquire)
+        self.writes_done.load(Ordering::Acquire) > self.flushed_through.load(Ordering::Acquire)
     }
 
-    /// Flushes the device's cache. A write that completes while the flush runs stays
-    /// unflushed: the flush promises only what completed before it began.
+    /// Flushes the device's cache. It covers the writes completed before it began, once it
+    /// has completed.
     pub async fn flush(&self) -> Result<(), VdevError> {
         self.check_online()?;
         self.stats.flushes.inc();
-        self.unflushed.store(false, Ordering::Release);
+        let covers = self.writes_done.load(Ordering::Acquire);
         let result = self.device.flush().await.map_err(|e| self.device_error(e));
-        if result.is_err() {
-            self.unflushed.store(true, Ordering::Release);
+        if result.is_ok() {
+            self.flushed_through.fetch_max(covers, Ordering::AcqRel);
+        } else {
             self.stats.flush_errors.inc();
             self.note_io_error(IoClass::AsyncWrite);
         }

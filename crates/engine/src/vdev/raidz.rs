@@ -647,22 +647,40 @@ impl Raidz {
         outcome
     }
 
-    /// Flushes the children written since their last flush; fails when more columns than the
-    /// parity could not be flushed.
+    /// Flushes the children written since their last flush. Fails when more columns than the
+    /// parity have a leaf whose writes it could not make durable (its flush failed, or it went
+    /// out of service with writes unflushed): the blocks written since may then be lost.
     pub async fn flush(&self) -> Result<(), VdevError> {
-        let dirty: Vec<&Arc<Leaf>> = self
-            .leaves_ref()
-            .filter(|leaf| !leaf.is_out_of_service() && leaf.has_unflushed())
+        let width = self.geometry.width();
+        let dirty: Vec<(u32, &Arc<Leaf>)> = (0..width)
+            .flat_map(|c| self.slot(c).map(move |leaf| (c, leaf)))
+            .filter(|(_, leaf)| leaf.has_unflushed())
             .collect();
-        let results = join_all(dirty.iter().map(|leaf| leaf.flush())).await;
-        let failed: Vec<VdevError> = results.into_iter().filter_map(Result::err).collect();
-        if failed.len() > self.geometry.parity() as usize {
+        let results = join_all(dirty.iter().map(|&(c, leaf)| async move {
+            let result = if leaf.is_out_of_service() {
+                Err(VdevError::Offline { vdev: leaf.id(), device: leaf.device().name().to_owned() })
+            } else {
+                leaf.flush().await
+            };
+            (c, result)
+        }))
+        .await;
+        let mut failed_columns: Vec<u32> = Vec::new();
+        let mut last = None;
+        for (c, result) in results {
+            if let Err(error) = result {
+                failed_columns.push(c);
+                last = Some(error);
+            }
+        }
+        failed_columns.dedup();
+        if failed_columns.len() > self.geometry.parity() as usize {
             return Err(VdevError::AllChildrenFailed {
                 vdev: self.id,
                 op: "flush",
                 offset_bytes: 0,
                 len_bytes: 0,
-                last: failed.into_iter().last().map(Box::new),
+                last: last.map(Box::new),
             });
         }
         Ok(())
