@@ -333,9 +333,9 @@ enum PoolCommand {
         #[arg(short = 'w', long)]
         wait: bool,
     },
-    /// Take a leaf out of service: no I/O reaches it until `pool online`, and its mirror
-    /// serves from the other leaves (zpool offline). Refused when no other leaf of its vdev
-    /// holds everything. The leaf is named by its path, the last part of
+    /// Take a leaf out of service: no I/O reaches it until `pool online`, and the rest of its
+    /// vdev serves without it (zpool offline). Refused when the rest of its vdev does not hold
+    /// everything (no other complete leaf of a mirror; more than parity columns on RAID-Z). The leaf is named by its path, the last part of
     /// its path, or its guid.
     Offline {
         name: String,
@@ -357,7 +357,7 @@ enum PoolCommand {
     /// printing its progress on standard error. A missing NEW file is created at
     /// EXISTING's size (--size to choose), allocated in full unless --sparse. NEW must be at
     /// least as large as the vdev's data area; one that holds something is refused unless
-    /// --force.
+    /// --force. Refused for a RAID-Z leaf (that would be RAID-Z expansion): use `replace`.
     Attach {
         name: String,
         existing: String,
@@ -369,12 +369,16 @@ enum PoolCommand {
     #[command(hide = true)]
     Inject { name: String, leaf: String, what: String },
     /// Take a leaf out of its mirror for good; its labels are erased (zpool detach). Refused
-    /// for a vdev's only leaf, and when no other leaf of the mirror holds everything.
+    /// for a vdev's only leaf, and when no other leaf of the mirror holds everything. On
+    /// RAID-Z only a leaf being replaced, or its replacement (cancelling the replace), can be
+    /// detached.
     Detach { name: String, leaf: String },
     /// Replace leaf OLD by NEW: NEW is attached beside OLD and resilvered in the background,
     /// then OLD is detached (zpool replace; -w waits for that, as a pool that is not being
-    /// served always does, printing the resilver's progress). OLD may be faulted or missing if another leaf of
-    /// its mirror holds everything; a lone leaf must still read. NEW is made as for `attach`.
+    /// served always does, printing the resilver's progress). OLD may be faulted or missing if
+    /// the rest of its vdev holds everything (another leaf of its mirror; on RAID-Z, all but at
+    /// most parity columns: NEW takes OLD's column); a lone leaf must still read. NEW is made
+    /// as for `attach`.
     Replace {
         name: String,
         old: String,

@@ -334,3 +334,35 @@ fn more_lost_columns_than_parity_are_refused_and_a_lie_is_not_hidden() {
     reconstruct(&mut refs, 2, &[3]).expect("one column lost");
     assert_ne!(columns[3], whole[3]);
 }
+
+/// The cost table in docs/raidz.md (bytes allocated per byte stored, 4 KiB sectors), checked
+/// against the layout function it was made from.
+#[test]
+fn the_documented_cost_table_holds() {
+    let sizes = [4u64 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 1 << 20];
+    let rows: [(u32, u32, [f64; 7]); 13] = [
+        (3, 1, [2.00, 2.00, 1.50, 1.50, 1.50, 1.50, 1.50]),
+        (4, 1, [2.00, 2.00, 1.50, 1.50, 1.38, 1.38, 1.34]),
+        (5, 1, [2.00, 2.00, 1.50, 1.25, 1.25, 1.25, 1.25]),
+        (6, 1, [2.00, 2.00, 1.50, 1.25, 1.25, 1.25, 1.20]),
+        (8, 1, [2.00, 2.00, 1.50, 1.25, 1.25, 1.19, 1.15]),
+        (4, 2, [3.00, 3.00, 2.25, 2.25, 2.06, 2.06, 2.00]),
+        (5, 2, [3.00, 3.00, 2.25, 1.88, 1.88, 1.69, 1.68]),
+        (6, 2, [3.00, 3.00, 1.50, 1.50, 1.50, 1.50, 1.50]),
+        (8, 2, [3.00, 3.00, 1.50, 1.50, 1.50, 1.41, 1.34]),
+        (10, 2, [3.00, 3.00, 1.50, 1.50, 1.31, 1.31, 1.25]),
+        (6, 3, [4.00, 4.00, 3.00, 2.50, 2.25, 2.12, 2.02]),
+        (8, 3, [4.00, 4.00, 2.00, 2.00, 1.75, 1.75, 1.61]),
+        (12, 3, [4.00, 4.00, 2.00, 1.50, 1.50, 1.38, 1.34]),
+    ];
+    for (width, parity, costs) in rows {
+        let geometry = RaidzGeometry::new(width, parity, 12).expect("a valid shape");
+        for (size, cost) in sizes.iter().zip(costs) {
+            let ratio = geometry.asize(*size) as f64 / *size as f64;
+            assert!(
+                (ratio - cost).abs() < 0.006,
+                "raidz{parity} of {width}, {size} bytes: {ratio:.3}, the table says {cost}"
+            );
+        }
+    }
+}

@@ -1,0 +1,287 @@
+#!/usr/bin/python3
+"""RAID-Z against a 2-way mirror of the same files (docs/bench/raidz.md).
+
+Every leaf is a file on the one disk here (this kernel has no md RAID), so the 2-way mirror of
+the same files is the baseline. For each layout (mirror of 2, raidz1 of 4, raidz2 of 6; files
+of --leaf-size, allocated in full) a pool is created and served (`sluice serve POOL`), and fio
+runs over NBD:
+
+  w4k-1, w4k-8, w4k-32   4 KiB random writes, a flush after each (fio --fsync=1), 1/8/32 jobs,
+                         on a volume of 16 KiB blocks (the default)
+  r4k-32                 4 KiB random reads, 32 in flight, same volume (written first)
+  seqw-1m                1 MiB sequential writes, 8 in flight, incompressible (--refill_buffers)
+                         on a volume of 128 KiB blocks
+  seqr-1m                1 MiB sequential reads of what seqw-1m wrote, 8 in flight
+
+Each job's server CPU time (/proc/PID/stat, user + system) is given per operation or per MiB,
+and for writes the bytes the leaves wrote (`sluice_leaf_written_bytes_total` from --metrics)
+per byte fio wrote. Rounds alternate the layouts; the table gives medians. Then, per layout,
+once: usable capacity (incompressible data written into a thin 128K volume until ENOSPC,
+against the sum of the leaf sizes) and the resilver time per GiB allocated (`pool replace
+-w` of one leaf with a new file).
+
+usage: bench/raidz.py [--rounds N] [--seconds S] [--leaf-size BYTES] [--dir DIR] [--report F]
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+LAYOUTS = [("mirror", 0, 2), ("raidz1x4", 1, 4), ("raidz2x6", 2, 6)]
+JOBS = ["w4k-1", "w4k-8", "w4k-32", "r4k-32", "seqw-1m", "seqr-1m"]
+
+
+def run(*args, check=True, **kw):
+    return subprocess.run(args, check=check, capture_output=True, text=True, **kw)
+
+
+class Served:
+    """A pool served by `sluice serve`, with its NBD address and metrics endpoint."""
+
+    def __init__(self, args, name):
+        self.args, self.name = args, name
+        log = open(os.path.join(args.dir, f"{name}.log"), "w")
+        metrics_port = 19127
+        self.proc = subprocess.Popen(
+            [args.bin, "serve", name, "--listen", "127.0.0.1:0", "--socket",
+             os.path.join(args.dir, f"{name}.sock"), "--metrics", f"127.0.0.1:{metrics_port}"],
+            stdout=log, stderr=subprocess.STDOUT, env=args.env)
+        self.metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+        for _ in range(200):
+            text = open(log.name).read()
+            found = re.search(r"tcp:(127\.0\.0\.1:\d+)", text)
+            if "sluice: serving" in text and found:
+                self.tcp = found.group(1)
+                return
+            if self.proc.poll() is not None:
+                sys.exit(f"raidz bench: server for {name} exited: {text}")
+            time.sleep(0.1)
+        sys.exit(f"raidz bench: server for {name} did not start")
+
+    def cpu_ticks(self):
+        stat = open(f"/proc/{self.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        return int(stat[11]) + int(stat[12])
+
+    def leaf_bytes(self):
+        text = urllib.request.urlopen(self.metrics, timeout=10).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("sluice_leaf_written_bytes_total{"))
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=120)
+
+
+def fio(args, served, volume, job, extra=()):
+    common = ["fio", "--name=" + job, "--ioengine=nbd", f"--uri=nbd://{served.tcp}/{volume}",
+              "--output-format=json", "--group_reporting"]
+    out = run(*common, *extra).stdout
+    return json.loads(out[out.index("{"):])
+
+
+def job_args(job, seconds):
+    timed = ["--time_based", f"--runtime={seconds}", "--ramp_time=1"]
+    if job.startswith("w4k-"):
+        jobs = job.split("-")[1]
+        return "v16", ["--rw=randwrite", "--bs=4k", "--fsync=1", "--iodepth=1",
+                       f"--numjobs={jobs}", "--size=256M", *timed]
+    if job == "r4k-32":
+        return "v16", ["--rw=randread", "--bs=4k", "--iodepth=32", "--size=256M", *timed]
+    if job == "seqw-1m":
+        return "v128", ["--rw=write", "--bs=1M", "--iodepth=8", "--size=512M",
+                        "--refill_buffers", *timed]
+    return "v128", ["--rw=read", "--bs=1M", "--iodepth=8", "--size=512M", *timed]
+
+
+def measure(args, served, job):
+    volume, extra = job_args(job, args.seconds)
+    ticks, leaf = served.cpu_ticks(), served.leaf_bytes()
+    result = fio(args, served, volume, job, extra)["jobs"][0]
+    ticks, leaf = served.cpu_ticks() - ticks, served.leaf_bytes() - leaf
+    hz = os.sysconf("SC_CLK_TCK")
+    write = job.startswith(("w", "seqw"))
+    side = result["write" if write else "read"]
+    ops, nbytes = side["total_ios"], side["io_bytes"]
+    # fio's totals leave the ramp out; the CPU and leaf counters include it, so both are scaled
+    # to the same span by fio's own rate over the whole run time.
+    span = args.seconds + 1
+    ops_all = side["iops"] * span
+    bytes_all = side["bw_bytes"] * span
+    row = {"iops": side["iops"], "mib_s": side["bw_bytes"] / 2**20,
+           "cpu_us_op": ticks / hz / max(ops_all, 1) * 1e6,
+           "cpu_ms_mib": ticks / hz / max(bytes_all / 2**20, 1e-9) * 1e3,
+           "ops": ops, "bytes": nbytes}
+    if write:
+        row["device_per_logical"] = leaf / max(bytes_all, 1)
+    return row
+
+
+def create(args, name, parity, width, leaf_size):
+    files = [os.path.join(args.dir, f"{name}-{i}.img") for i in range(width)]
+    for f in files:
+        if os.path.exists(f):
+            os.remove(f)
+    words = (["mirror"] if parity == 0 else [f"raidz{parity}"]) + files
+    run(args.bin, "pool", "create", name, *words, "--size", str(leaf_size), env=args.env)
+    return files
+
+
+def destroy(args, name):
+    run(args.bin, "pool", "destroy", name, env=args.env, check=False)
+    for f in os.listdir(args.dir):
+        if f.startswith(name + "-"):
+            os.remove(os.path.join(args.dir, f))
+
+
+def prefill(args, served):
+    fio(args, served, "v16", "prefill16", ["--rw=write", "--bs=1M", "--iodepth=8", "--size=256M",
+                                           "--refill_buffers"])
+    fio(args, served, "v128", "prefill128", ["--rw=write", "--bs=1M", "--iodepth=8",
+                                             "--size=512M", "--refill_buffers"])
+
+
+def capacity_and_resilver(args, name, parity, width):
+    """Incompressible data into a thin 128K volume until ENOSPC; then a leaf replaced."""
+    create(args, name, parity, width, args.leaf_size)
+    run(args.bin, "vol", "create", f"{name}/fill", "--size", str(args.leaf_size * width),
+        "--sparse", "--block-size", "128K", env=args.env)
+    served = Served(args, name)
+    result = fio(args, served, "fill", "fill", ["--rw=write", "--bs=1M", "--iodepth=8",
+                                                f"--size={args.leaf_size * width}",
+                                                "--refill_buffers"])
+    written = result["jobs"][0]["write"]["io_bytes"]
+    served.stop()
+    pool = json.loads(run(args.bin, "pool", "list", "--json", env=args.env).stdout)
+    row = next(p for p in pool["pools"] if p["name"] == name)
+    allocated = row.get("allocated_bytes") or row.get("alloc_bytes") or 0
+    new = os.path.join(args.dir, f"{name}-new.img")
+    old = os.path.join(args.dir, f"{name}-1.img")
+    began = time.monotonic()
+    run(args.bin, "pool", "replace", name, old, new, "--size", str(args.leaf_size), "-w",
+        env=args.env)
+    took = time.monotonic() - began
+    destroy(args, name)
+    return {"usable": written / (args.leaf_size * width), "written": written,
+            "allocated": allocated, "resilver_s": took,
+            "resilver_s_gib": took / max(allocated / 2**30, 1e-9)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bin", default="target/release/sluice")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--leaf-size", type=int, default=1 << 30)
+    parser.add_argument("--dir", default="/var/tmp/sluice-raidz-bench")
+    parser.add_argument("--report")
+    args = parser.parse_args()
+    args.bin = os.path.realpath(args.bin)
+    args.dir = os.path.realpath(args.dir)
+    shutil.rmtree(args.dir, ignore_errors=True)
+    os.makedirs(args.dir)
+    args.env = dict(os.environ, SLUICE_CACHE_FILE=os.path.join(args.dir, "pools.cache"))
+    started = datetime.datetime.now(datetime.timezone.utc)
+    rows = {layout: {job: [] for job in JOBS} for layout, _, _ in LAYOUTS}
+    try:
+        for r in range(args.rounds):
+            order = LAYOUTS if r % 2 == 0 else LAYOUTS[::-1]
+            for name, parity, width in order:
+                create(args, name, parity, width, args.leaf_size)
+                run(args.bin, "vol", "create", f"{name}/v16", "--size", "256M", env=args.env)
+                run(args.bin, "vol", "create", f"{name}/v128", "--size", "512M",
+                    "--block-size", "128K", env=args.env)
+                served = Served(args, name)
+                prefill(args, served)
+                for job in JOBS:
+                    row = measure(args, served, job)
+                    rows[name][job].append(row)
+                    print(f"round {r} {name} {job}: {json.dumps(row)}", flush=True)
+                served.stop()
+                destroy(args, name)
+        once = {}
+        for name, parity, width in LAYOUTS:
+            once[name] = capacity_and_resilver(args, name + "c", parity, width)
+            print(f"{name}: {json.dumps(once[name])}", flush=True)
+    finally:
+        for name, _, _ in LAYOUTS:
+            destroy(args, name)
+            destroy(args, name + "c")
+    finished = datetime.datetime.now(datetime.timezone.utc)
+    report = render(args, rows, once, started, finished)
+    print(report)
+    if args.report:
+        open(args.report, "w").write(report)
+    shutil.rmtree(args.dir, ignore_errors=True)
+
+
+def median(rows, key):
+    values = [r[key] for r in rows if key in r]
+    return statistics.median(values) if values else float("nan")
+
+
+def render(args, rows, once, started, finished):
+    cpu = platform.processor() or "?"
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                   if l.startswith("model name"))
+    except StopIteration:
+        pass
+    fio_version = run("fio", "--version").stdout.strip()
+    lines = [
+        f"# RAID-Z against a 2-way mirror of the same files, {started:%Y-%m-%d %H:%M}Z",
+        "",
+        f"Command: `bench/raidz.py --rounds {args.rounds} --seconds {args.seconds} "
+        f"--leaf-size {args.leaf_size}` ({started:%Y-%m-%d %H:%M} to {finished:%H:%M} UTC). "
+        f"Machine: {os.cpu_count()} cores ({cpu}), "
+        f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') >> 30} GiB, every leaf a "
+        f"file on one ext4 filesystem on one virtio disk; {fio_version} over NBD (TCP, "
+        "loopback). Medians of the rounds; the layouts alternate their order each round.",
+        "",
+        "| job | " + " | ".join(name for name, _, _ in LAYOUTS) + " | raidz1x4 / mirror | "
+        "raidz2x6 / mirror |",
+        "|---|" + "---|" * (len(LAYOUTS) + 2),
+    ]
+    for job in JOBS:
+        key = "mib_s" if job.startswith("seq") else "iops"
+        unit = "MiB/s" if key == "mib_s" else "IOPS"
+        vals = [median(rows[name][job], key) for name, _, _ in LAYOUTS]
+        lines.append(f"| {job} ({unit}) | " + " | ".join(f"{v:,.0f}" for v in vals) +
+                     f" | {vals[1] / vals[0]:.2f}x | {vals[2] / vals[0]:.2f}x |")
+    lines += ["", "Server CPU per operation (µs; per MiB for the sequential jobs, ms) and, for "
+              "writes, bytes the leaves wrote per byte written:", "",
+              "| job | " + " | ".join(f"{n} CPU | {n} device/logical" for n, _, _ in LAYOUTS)
+              + " |", "|---|" + "---|---|" * len(LAYOUTS)]
+    for job in JOBS:
+        key = "cpu_ms_mib" if job.startswith("seq") else "cpu_us_op"
+        cells = []
+        for name, _, _ in LAYOUTS:
+            amp = median(rows[name][job], "device_per_logical")
+            cells.append(f"{median(rows[name][job], key):.1f} | "
+                         + ("-" if amp != amp else f"{amp:.2f}"))
+        lines.append(f"| {job} | " + " | ".join(cells) + " |")
+    lines += ["", "Once per layout: incompressible data written into a thin volume of 128 KiB "
+              "blocks until ENOSPC, against the sum of the leaf sizes; then `pool replace -w` "
+              "of one leaf with a new file (the resilver rebuilds that leaf's share of what was "
+              "allocated).", "",
+              "| layout | usable / leaf bytes | written | allocated (raw) | resilver | "
+              "resilver per GiB allocated |", "|---|---|---|---|---|---|"]
+    for name, _, _ in LAYOUTS:
+        o = once[name]
+        lines.append(f"| {name} | {o['usable']:.3f} | {o['written'] / 2**30:.2f} GiB | "
+                     f"{o['allocated'] / 2**30:.2f} GiB | {o['resilver_s']:.1f} s | "
+                     f"{o['resilver_s_gib']:.1f} s |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
