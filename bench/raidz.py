@@ -10,7 +10,8 @@ runs over NBD:
                          on a volume of 16 KiB blocks (the default)
   r4k-32                 4 KiB random reads, 32 in flight, same volume (written first)
   seqw-1m                1 MiB sequential writes, 8 in flight, incompressible (--refill_buffers)
-                         on a volume of 128 KiB blocks
+                         over a whole 1 GiB volume of 128 KiB blocks, timed until `pool sync`
+                         has made them durable
   seqr-1m                1 MiB sequential reads of what seqw-1m wrote, 8 in flight
 
 Each job's server CPU time (/proc/PID/stat, user + system) is given per operation or per MiB,
@@ -20,7 +21,8 @@ once: usable capacity (incompressible data written into a thin 128K volume until
 against the sum of the leaf sizes) and the resilver time per GiB allocated (`pool replace
 -w` of one leaf with a new file).
 
-usage: bench/raidz.py [--rounds N] [--seconds S] [--leaf-size BYTES] [--dir DIR] [--report F]
+usage: bench/raidz.py [--rounds N] [--seconds S] [--leaf-size BYTES] [--capacity-leaf-size BYTES]
+                      [--dir DIR] [--report F]
 """
 
 import argparse
@@ -31,6 +33,7 @@ import platform
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -38,11 +41,19 @@ import time
 import urllib.request
 
 LAYOUTS = [("mirror", 0, 2), ("raidz1x4", 1, 4), ("raidz2x6", 2, 6)]
+# The 128K volume, written whole by seqw-1m and read by seqr-1m.
+SEQ_BYTES = 1 << 30
 JOBS = ["w4k-1", "w4k-8", "w4k-32", "r4k-32", "seqw-1m", "seqr-1m"]
 
 
 def run(*args, check=True, **kw):
-    return subprocess.run(args, check=check, capture_output=True, text=True, **kw)
+    done = subprocess.run(args, check=False, capture_output=True, text=True, **kw)
+    if check and done.returncode != 0:
+        sys.exit(f"raidz bench: {' '.join(map(str, args))} failed: {done.stderr.strip()}")
+    return done
+
+
+SERVERS = []
 
 
 class Served:
@@ -51,11 +62,14 @@ class Served:
     def __init__(self, args, name):
         self.args, self.name = args, name
         log = open(os.path.join(args.dir, f"{name}.log"), "w")
-        metrics_port = 19127
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            metrics_port = probe.getsockname()[1]
         self.proc = subprocess.Popen(
             [args.bin, "serve", name, "--listen", "127.0.0.1:0", "--socket",
              os.path.join(args.dir, f"{name}.sock"), "--metrics", f"127.0.0.1:{metrics_port}"],
             stdout=log, stderr=subprocess.STDOUT, env=args.env)
+        SERVERS.append(self.proc)
         self.metrics = f"http://127.0.0.1:{metrics_port}/metrics"
         for _ in range(200):
             text = open(log.name).read()
@@ -82,10 +96,10 @@ class Served:
         self.proc.wait(timeout=120)
 
 
-def fio(args, served, volume, job, extra=()):
+def fio(args, served, volume, job, extra=(), check=True):
     common = ["fio", "--name=" + job, "--ioengine=nbd", f"--uri=nbd://{served.tcp}/{volume}",
               "--output-format=json", "--group_reporting"]
-    out = run(*common, *extra).stdout
+    out = run(*common, *extra, check=check).stdout
     return json.loads(out[out.index("{"):])
 
 
@@ -94,30 +108,43 @@ def job_args(job, seconds):
     if job.startswith("w4k-"):
         jobs = job.split("-")[1]
         return "v16", ["--rw=randwrite", "--bs=4k", "--fsync=1", "--iodepth=1",
-                       f"--numjobs={jobs}", "--size=256M", *timed]
+                       f"--numjobs={jobs}", "--size=192M", *timed]
     if job == "r4k-32":
-        return "v16", ["--rw=randread", "--bs=4k", "--iodepth=32", "--size=256M", *timed]
+        return "v16", ["--rw=randread", "--bs=4k", "--iodepth=32", "--size=192M", *timed]
     if job == "seqw-1m":
-        return "v128", ["--rw=write", "--bs=1M", "--iodepth=8", "--size=512M",
-                        "--refill_buffers", *timed]
-    return "v128", ["--rw=read", "--bs=1M", "--iodepth=8", "--size=512M", *timed]
+        # One pass over the volume, untimed: the time counted runs until `pool sync` has made
+        # it durable (fio alone would time the writes into memory, up to the dirty limit).
+        return "v128", ["--rw=write", "--bs=1M", "--iodepth=8", f"--size={SEQ_BYTES}",
+                        "--refill_buffers"]
+    return "v128", ["--rw=read", "--bs=1M", "--iodepth=8", f"--size={SEQ_BYTES}", *timed]
 
 
 def measure(args, served, job):
     volume, extra = job_args(job, args.seconds)
+    run(args.bin, "pool", "sync", served.name, env=args.env)
     ticks, leaf = served.cpu_ticks(), served.leaf_bytes()
+    began = time.monotonic()
     result = fio(args, served, volume, job, extra)["jobs"][0]
+    untimed = job == "seqw-1m"
+    if untimed:
+        run(args.bin, "pool", "sync", served.name, env=args.env)
+    took = time.monotonic() - began
     ticks, leaf = served.cpu_ticks() - ticks, served.leaf_bytes() - leaf
     hz = os.sysconf("SC_CLK_TCK")
     write = job.startswith(("w", "seqw"))
     side = result["write" if write else "read"]
     ops, nbytes = side["total_ios"], side["io_bytes"]
-    # fio's totals leave the ramp out; the CPU and leaf counters include it, so both are scaled
-    # to the same span by fio's own rate over the whole run time.
-    span = args.seconds + 1
-    ops_all = side["iops"] * span
-    bytes_all = side["bw_bytes"] * span
-    row = {"iops": side["iops"], "mib_s": side["bw_bytes"] / 2**20,
+    if untimed:
+        # Until durable: fio's writes and the sync after them.
+        ops_all, bytes_all = ops, nbytes
+        iops, bw = ops / took, nbytes / took
+    else:
+        # fio's totals leave the ramp out; the CPU and leaf counters include it, so both are
+        # scaled to the same span by fio's own rate over the whole run time.
+        span = args.seconds + 1
+        ops_all, bytes_all = side["iops"] * span, side["bw_bytes"] * span
+        iops, bw = side["iops"], side["bw_bytes"]
+    row = {"iops": iops, "mib_s": bw / 2**20,
            "cpu_us_op": ticks / hz / max(ops_all, 1) * 1e6,
            "cpu_ms_mib": ticks / hz / max(bytes_all / 2**20, 1e-9) * 1e3,
            "ops": ops, "bytes": nbytes}
@@ -132,7 +159,8 @@ def create(args, name, parity, width, leaf_size):
         if os.path.exists(f):
             os.remove(f)
     words = (["mirror"] if parity == 0 else [f"raidz{parity}"]) + files
-    run(args.bin, "pool", "create", name, *words, "--size", str(leaf_size), env=args.env)
+    run(args.bin, "pool", "create", name, *words, "--size", str(leaf_size), "--sparse",
+        env=args.env)
     return files
 
 
@@ -144,34 +172,35 @@ def destroy(args, name):
 
 
 def prefill(args, served):
-    fio(args, served, "v16", "prefill16", ["--rw=write", "--bs=1M", "--iodepth=8", "--size=256M",
+    fio(args, served, "v16", "prefill16", ["--rw=write", "--bs=1M", "--iodepth=8", "--size=192M",
                                            "--refill_buffers"])
     fio(args, served, "v128", "prefill128", ["--rw=write", "--bs=1M", "--iodepth=8",
-                                             "--size=512M", "--refill_buffers"])
+                                             f"--size={SEQ_BYTES}", "--refill_buffers"])
 
 
 def capacity_and_resilver(args, name, parity, width):
     """Incompressible data into a thin 128K volume until ENOSPC; then a leaf replaced."""
-    create(args, name, parity, width, args.leaf_size)
-    run(args.bin, "vol", "create", f"{name}/fill", "--size", str(args.leaf_size * width),
+    leaf_size = args.capacity_leaf_size
+    create(args, name, parity, width, leaf_size)
+    run(args.bin, "vol", "create", f"{name}/fill", "--size", str(leaf_size * width),
         "--sparse", "--block-size", "128K", env=args.env)
     served = Served(args, name)
     result = fio(args, served, "fill", "fill", ["--rw=write", "--bs=1M", "--iodepth=8",
-                                                f"--size={args.leaf_size * width}",
-                                                "--refill_buffers"])
+                                                f"--size={leaf_size * width}",
+                                                "--refill_buffers"], check=False)
     written = result["jobs"][0]["write"]["io_bytes"]
     served.stop()
-    pool = json.loads(run(args.bin, "pool", "list", "--json", env=args.env).stdout)
-    row = next(p for p in pool["pools"] if p["name"] == name)
-    allocated = row.get("allocated_bytes") or row.get("alloc_bytes") or 0
+    listed = run(args.bin, "pool", "list", "--json", env=args.env).stdout.splitlines()
+    row = next(r for r in map(json.loads, listed) if r["name"] == name)
+    allocated = row["allocated_bytes"]
     new = os.path.join(args.dir, f"{name}-new.img")
     old = os.path.join(args.dir, f"{name}-1.img")
     began = time.monotonic()
-    run(args.bin, "pool", "replace", name, old, new, "--size", str(args.leaf_size), "-w",
+    run(args.bin, "pool", "replace", name, old, new, "--size", str(leaf_size), "-w",
         env=args.env)
     took = time.monotonic() - began
     destroy(args, name)
-    return {"usable": written / (args.leaf_size * width), "written": written,
+    return {"usable": written / (leaf_size * width), "written": written,
             "allocated": allocated, "resilver_s": took,
             "resilver_s_gib": took / max(allocated / 2**30, 1e-9)}
 
@@ -181,10 +210,16 @@ def main():
     parser.add_argument("--bin", default="target/release/sluice")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=10)
-    parser.add_argument("--leaf-size", type=int, default=1 << 30)
+    parser.add_argument("--leaf-size", type=int, default=3 << 30)
+    parser.add_argument("--capacity-leaf-size", type=int, default=1 << 30)
     parser.add_argument("--dir", default="/var/tmp/sluice-raidz-bench")
     parser.add_argument("--report")
+    parser.add_argument("--jobs", help="comma-separated subset of the jobs (all by default)")
+    parser.add_argument("--no-capacity", action="store_true",
+                        help="leave out the capacity and resilver measurements")
     args = parser.parse_args()
+    if args.jobs:
+        JOBS[:] = [j for j in JOBS if j in args.jobs.split(",")]
     args.bin = os.path.realpath(args.bin)
     args.dir = os.path.realpath(args.dir)
     shutil.rmtree(args.dir, ignore_errors=True)
@@ -197,8 +232,9 @@ def main():
             order = LAYOUTS if r % 2 == 0 else LAYOUTS[::-1]
             for name, parity, width in order:
                 create(args, name, parity, width, args.leaf_size)
-                run(args.bin, "vol", "create", f"{name}/v16", "--size", "256M", env=args.env)
-                run(args.bin, "vol", "create", f"{name}/v128", "--size", "512M",
+                run(args.bin, "vol", "create", f"{name}/v16", "--size", "192M", "--sparse",
+                    env=args.env)
+                run(args.bin, "vol", "create", f"{name}/v128", "--size", str(SEQ_BYTES), "--sparse",
                     "--block-size", "128K", env=args.env)
                 served = Served(args, name)
                 prefill(args, served)
@@ -209,10 +245,14 @@ def main():
                 served.stop()
                 destroy(args, name)
         once = {}
-        for name, parity, width in LAYOUTS:
+        for name, parity, width in ([] if args.no_capacity else LAYOUTS):
             once[name] = capacity_and_resilver(args, name + "c", parity, width)
             print(f"{name}: {json.dumps(once[name])}", flush=True)
     finally:
+        for proc in SERVERS:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         for name, _, _ in LAYOUTS:
             destroy(args, name)
             destroy(args, name + "c")
@@ -241,7 +281,7 @@ def render(args, rows, once, started, finished):
         f"# RAID-Z against a 2-way mirror of the same files, {started:%Y-%m-%d %H:%M}Z",
         "",
         f"Command: `bench/raidz.py --rounds {args.rounds} --seconds {args.seconds} "
-        f"--leaf-size {args.leaf_size}` ({started:%Y-%m-%d %H:%M} to {finished:%H:%M} UTC). "
+        f"--leaf-size {args.leaf_size} --capacity-leaf-size {args.capacity_leaf_size}` ({started:%Y-%m-%d %H:%M} to {finished:%H:%M} UTC). "
         f"Machine: {os.cpu_count()} cores ({cpu}), "
         f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') >> 30} GiB, every leaf a "
         f"file on one ext4 filesystem on one virtio disk; {fio_version} over NBD (TCP, "
@@ -276,6 +316,8 @@ def render(args, rows, once, started, finished):
               "| layout | usable / leaf bytes | written | allocated (raw) | resilver | "
               "resilver per GiB allocated |", "|---|---|---|---|---|---|"]
     for name, _, _ in LAYOUTS:
+        if name not in once:
+            continue
         o = once[name]
         lines.append(f"| {name} | {o['usable']:.3f} | {o['written'] / 2**30:.2f} GiB | "
                      f"{o['allocated'] / 2**30:.2f} GiB | {o['resilver_s']:.1f} s | "

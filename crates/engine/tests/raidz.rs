@@ -373,3 +373,40 @@ fn durable_write_fails_when_a_present_child_fails() {
     assert!(plain.is_ok(), "one failed column of raidz1 still leaves the block: {plain:?}");
     assert!(matches!(durable, Err(VdevError::ChildWriteFailed { .. })), "{durable:?}");
 }
+
+/// A run of blocks back to back goes out as one write per child (their columns and the pads
+/// between them), and every block reads back from it, with a child missing too.
+#[test]
+fn a_run_is_one_write_per_child() {
+    for (width, parity) in SHAPES {
+        let sim = Sim::new(u64::from(width) * 13);
+        let vdev = raidz_of(&sim.env(), width, parity);
+        let (mut at, _) = vdev.raidz.data_area();
+        let mut blocks = Vec::new();
+        let mut expected = Vec::new();
+        for (i, &size) in SIZES.iter().enumerate() {
+            let data = pattern(100 + i as u64, size);
+            let asize = vdev.raidz.asize(size as u64);
+            blocks.push(sluice_engine::vdev::RunBlock {
+                offset: at,
+                asize,
+                data: Arc::new(sluice_engine::device::AlignedBuf::copy_from(&data)),
+            });
+            expected.push((at, data));
+            at += asize;
+        }
+        let raidz = Arc::clone(&vdev.raidz);
+        sim.run(async move {
+            raidz.write_run(&blocks, IoClass::AsyncWrite, false).await.expect("the run is written")
+        })
+        .expect("the sim runs");
+        for leaf in vdev.raidz.children() {
+            assert_eq!(leaf.stats().writes.get(), 1, "one write per child");
+        }
+        let mut vdev = vdev;
+        vdev.blocks = expected;
+        read_all(&sim, &vdev, "a run");
+        vdev.raidz.children()[1].set_state(LeafState::Offline);
+        read_all(&sim, &vdev, "a run, child 1 offline");
+    }
+}

@@ -362,9 +362,9 @@ impl Allocator {
             .unwrap_or_else(|| psize.max(1).div_ceil(unit) * unit)
     }
 
-    /// Whether blocks side by side on `vdev` lie side by side on its devices (not on RAID-Z).
-    pub fn spans(&self, vdev: u32) -> bool {
-        self.vdevs.get(vdev as usize).is_none_or(|v| v.geometry.is_none())
+    /// Whether `vdev` is RAID-Z.
+    pub fn is_raidz(&self, vdev: u32) -> bool {
+        self.vdevs.get(vdev as usize).is_some_and(|v| v.geometry.is_some())
     }
 
     /// The bytes a block of `psize` allocates on `vdev`.

@@ -119,6 +119,7 @@ impl AlignedBuf {
         let len = self.len;
         SharedBuf(Arc::new(Shared {
             pieces: Vec::new(),
+            parts: Vec::new(),
             iovecs: Vec::new(),
             len,
             whole: OnceLock::from(self),
@@ -290,6 +291,9 @@ pub struct SharedBuf(Arc<Shared>);
 struct Shared {
     /// Pieces in order, back to back; empty for a buffer made whole.
     pieces: Vec<Arc<AlignedBuf>>,
+    /// The part of each piece that is this buffer's (all of it, unless made by
+    /// [`SharedBuf::gather_parts`]).
+    parts: Vec<std::ops::Range<usize>>,
     /// One per piece, pointing into it: what a vectored write hands the kernel.
     iovecs: Vec<libc::iovec>,
     len: usize,
@@ -311,16 +315,33 @@ impl SharedBuf {
     /// A buffer made of `pieces` back to back, each whole 512-byte sectors (each already starts
     /// on a [`BUF_ALIGN_BYTES`] boundary), without copying them.
     pub fn gather(pieces: Vec<Arc<AlignedBuf>>) -> SharedBuf {
+        let parts = pieces.into_iter().map(|p| {
+            let whole = 0..p.len();
+            (p, whole)
+        });
+        SharedBuf::gather_parts(parts.collect())
+    }
+
+    /// As [`SharedBuf::gather`], of parts of buffers: each `(buffer, range)` whole 512-byte
+    /// sectors starting on a sector of its buffer (a RAID-Z vdev writes a block's data columns
+    /// from the block's own buffer this way, rather than copying each out).
+    pub fn gather_parts(parts: Vec<(Arc<AlignedBuf>, std::ops::Range<usize>)>) -> SharedBuf {
         assert!(
-            pieces.iter().all(|p| !p.is_empty() && p.len() % 512 == 0),
-            "SharedBuf::gather: every piece is whole sectors"
+            parts.iter().all(|(p, r)| {
+                !r.is_empty() && r.end <= p.len() && r.start % 512 == 0 && r.len() % 512 == 0
+            }),
+            "SharedBuf::gather_parts: every part is whole sectors of its buffer"
         );
-        let len = pieces.iter().map(|p| p.len()).sum();
-        let iovecs = pieces
+        let len = parts.iter().map(|(_, r)| r.len()).sum();
+        let iovecs = parts
             .iter()
-            .map(|p| libc::iovec { iov_base: p.as_ptr() as *mut libc::c_void, iov_len: p.len() })
+            .map(|(p, r)| libc::iovec {
+                iov_base: p[r.start..].as_ptr() as *mut libc::c_void,
+                iov_len: r.len(),
+            })
             .collect();
-        SharedBuf(Arc::new(Shared { pieces, iovecs, len, whole: OnceLock::new() }))
+        let (pieces, parts) = parts.into_iter().unzip();
+        SharedBuf(Arc::new(Shared { pieces, parts, iovecs, len, whole: OnceLock::new() }))
     }
 
     /// Bytes held (without joining pieces).
@@ -348,8 +369,8 @@ impl SharedBuf {
     /// The address of the first byte, without joining pieces: where O_DIRECT's alignment is
     /// checked (every piece starts aligned).
     pub fn addr(&self) -> *const u8 {
-        match self.0.pieces.first() {
-            Some(first) if self.0.whole.get().is_none() => first.as_ptr(),
+        match self.0.pieces.first().zip(self.0.parts.first()) {
+            Some((first, part)) if self.0.whole.get().is_none() => first[part.start..].as_ptr(),
             _ => self.as_ptr(),
         }
     }
@@ -371,9 +392,9 @@ impl Deref for SharedBuf {
             let mut at = 0;
             AlignedBuf::gathered(
                 shared.len,
-                shared.pieces.iter().map(|p| {
-                    let piece = (at, &p[..]);
-                    at += p.len();
+                shared.pieces.iter().zip(&shared.parts).map(|(p, part)| {
+                    let piece = (at, &p[part.clone()]);
+                    at += part.len();
                     piece
                 }),
             )

@@ -1031,7 +1031,7 @@ impl LogWriter {
             if allocator.log_region_pressed(successor.vdev) {
                 self.space_low.store(true, std::sync::atomic::Ordering::Relaxed);
             }
-            (successor, !allocator.spans(state.next_address.vdev))
+            (successor, allocator.is_raidz(state.next_address.vdev))
         };
         let block =
             LogBlock { verifier: state.verifier, next: Some(successor.pointer(txg)), records };

@@ -281,6 +281,19 @@ impl Pool {
             .map_err(|e| self.zio_error(e))
     }
 
+    /// Writes a run of blocks back to back on top-level vdev `vdev` ([`zio::issue_run`]).
+    pub async fn issue_run(
+        &self,
+        writer: Writer,
+        vdev: u32,
+        blocks: Vec<vdev::RunBlock>,
+        how: Issue,
+    ) -> Result<(), PoolError> {
+        zio::issue_run(&self.zio, &self.root(), writer, vdev, blocks, how)
+            .await
+            .map_err(|e| self.zio_error(e))
+    }
+
     /// The allocation unit: stored blocks are padded to whole units.
     pub fn unit_bytes(&self) -> u64 {
         1 << self.ashift

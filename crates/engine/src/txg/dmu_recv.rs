@@ -25,10 +25,9 @@ use super::dataset::{check_volume_name, unique_bytes, Dsl, RECEIVE_PREFIX};
 use super::dbuf::{Block, Prewritten};
 use super::dmu_send::StreamSummary;
 use super::{Dataset, Store, StoreError};
-use crate::device::{AlignedBuf, SharedBuf};
+use crate::device::AlignedBuf;
 use crate::intent_log::DataWrite;
 use crate::pool::PoolError;
-use crate::vdev::VdevAddress;
 use crate::zio::compress::decompress_stored;
 use crate::zio::{BlockProps, Issue, Writer};
 
@@ -526,9 +525,9 @@ impl Store {
         }
         let mut writes = Vec::new();
         let mut prewritten = Vec::with_capacity(placed.len());
-        for run in crate::zio::span_runs(&placed, |v| self.spa.pool().root().spans(v)) {
-            let (vdev, start, _) = placed[run.start];
-            let pieces = crate::zio::run_pieces(&placed, run.clone(), |i| &sealed[i].stored);
+        for run in crate::zio::span_runs(&placed) {
+            let (vdev, _, _) = placed[run.start];
+            let pieces = crate::zio::run_blocks(&placed, run.clone(), |i| &sealed[i].stored);
             let (done, written) = futures::channel::oneshot::channel::<bool>();
             let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
             for i in run {
@@ -537,11 +536,7 @@ impl Store {
                 prewritten.push((blocks[i], Prewritten { data, bp, write: write.clone() }));
             }
             in_place.writes.push(write);
-            writes.push((
-                VdevAddress { vdev, offset_bytes: start },
-                SharedBuf::gather(pieces),
-                done,
-            ));
+            writes.push((vdev, pieces, done));
         }
         // Recorded for the sync before the writes start, so that a sync beginning now waits
         // for them; a block that left the open txg meanwhile is orphaned (the next sync frees
@@ -569,11 +564,11 @@ impl Store {
                 open.queue(super::dataset::Orphaned(orphaned));
             }
         }
-        for (at, data, done) in writes {
+        for (vdev, run, done) in writes {
             let pool = Arc::clone(self.spa.pool());
             let failed = Arc::clone(&in_place.failed);
             self.spa.pool().env().spawn("received block write", async move {
-                let written = pool.issue(Writer::Receive, at, data, Issue::ASYNC).await;
+                let written = pool.issue_run(Writer::Receive, vdev, run, Issue::ASYNC).await;
                 let ok = written.is_ok();
                 if let Err(error) = written {
                     failed.lock().get_or_insert(error);

@@ -23,11 +23,10 @@ use super::spa::Spa;
 use super::spa_sync::SyncHandle;
 use super::zil::Zil;
 use super::{Store, StoreError};
-use crate::device::{AlignedBuf, SharedBuf};
+use crate::device::AlignedBuf;
 use crate::intent_log::{DataWrite, LogError, LogWriter};
 use crate::pool::PoolError;
 use crate::tunables::IoClass;
-use crate::vdev::VdevAddress;
 use crate::zio::{self, BlockProps, Issue, Writer};
 
 impl Store {
@@ -297,13 +296,13 @@ impl LogCommit<'_> {
         }
         self.zil.stats().indirect_blocks_written.add(place.len() as u64);
         // Runs of blocks back to back on one vdev, each written as one I/O.
-        let runs = zio::span_runs(&placed, |v| self.spa.pool().root().spans(v));
+        let runs = zio::span_runs(&placed);
         let mut blocks: Vec<Prewritten> = Vec::with_capacity(place.len());
         let mut writes = Vec::with_capacity(runs.len());
         for run in runs {
-            let (vdev, start, _) = placed[run.start];
-            // Written from the blocks' own buffers as one vectored write, as a sync writes.
-            let pieces = zio::run_pieces(&placed, run.clone(), |i| &sealed[i].stored);
+            let (vdev, _, _) = placed[run.start];
+            // Written from the blocks' own buffers, as a sync writes.
+            let pieces = zio::run_blocks(&placed, run.clone(), |i| &sealed[i].stored);
             let (done, written) = futures::channel::oneshot::channel::<bool>();
             let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
             for i in run {
@@ -311,11 +310,7 @@ impl LogCommit<'_> {
                 let data = Arc::clone(&place[i].1);
                 blocks.push(Prewritten { data, bp, write: write.clone() });
             }
-            writes.push((
-                VdevAddress { vdev, offset_bytes: start },
-                SharedBuf::gather(pieces),
-                done,
-            ));
+            writes.push((vdev, pieces, done));
         }
         // Recorded for the sync before the writes start, so that a sync beginning now waits
         // for them; a block that changed since it was looked at is orphaned (the next sync
@@ -368,11 +363,11 @@ impl LogCommit<'_> {
                 txg.queue(Orphaned(orphaned));
             }
         }
-        for (at, data, done) in writes {
+        for (vdev, run, done) in writes {
             let pool = Arc::clone(self.spa.pool());
             self.spa.pool().env().spawn("indirect block write", async move {
                 let how = Issue { class: IoClass::SyncWrite, durable: true };
-                let ok = pool.issue(Writer::LogIndirect, at, data, how).await.is_ok();
+                let ok = pool.issue_run(Writer::LogIndirect, vdev, run, how).await.is_ok();
                 let _ = done.send(ok);
             });
         }

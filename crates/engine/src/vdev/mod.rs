@@ -40,6 +40,15 @@ pub struct VdevAddress {
     pub offset_bytes: u64,
 }
 
+/// One block of a run written at once ([`Root::write_run`]): where it is, what it allocates,
+/// and its stored bytes (whole sectors, at most `asize`).
+#[derive(Clone, Debug)]
+pub struct RunBlock {
+    pub offset: u64,
+    pub asize: u64,
+    pub data: Arc<crate::device::AlignedBuf>,
+}
+
 /// What callers match on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -217,12 +226,6 @@ impl Vdev {
         }
     }
 
-    /// Whether blocks side by side here are side by side on the devices, so that one write or
-    /// read can span several (not on RAID-Z, where each block is a stripe of its own).
-    pub fn spans(&self) -> bool {
-        !matches!(self, Vdev::Raidz(_))
-    }
-
     /// Every leaf under this vdev.
     pub fn leaves(&self) -> Vec<Arc<Leaf>> {
         match self {
@@ -377,12 +380,6 @@ impl Root {
         }
     }
 
-    /// Whether blocks side by side on top-level vdev `vdev` may be written or read as one
-    /// I/O ([`Vdev::spans`]).
-    pub fn spans(&self, vdev: u32) -> bool {
-        self.top.get(vdev as usize).is_some_and(Vdev::spans)
-    }
-
     fn vdev(&self, dva: VdevAddress) -> Result<&Vdev, VdevError> {
         self.top
             .get(dva.vdev as usize)
@@ -448,6 +445,45 @@ impl Root {
                 mirror.write_flushed_everywhere(dva.offset_bytes, data, class).await
             }
             Vdev::Raidz(raidz) => raidz.write_flushed(dva.offset_bytes, data, class, true).await,
+        }
+    }
+
+    /// Writes `blocks`, back to back on top-level vdev `vdev` from the first one's offset, as
+    /// one write per leaf: a leaf's or a mirror's as one vectored write of the blocks' own
+    /// buffers, each padded with zeros to its allocation where another follows; a RAID-Z
+    /// vdev's as one write per child of the blocks' columns ([`Raidz::write_run`]). With
+    /// `durable`, as [`Root::write_durable`].
+    pub async fn write_run(
+        &self,
+        vdev: u32,
+        blocks: Vec<RunBlock>,
+        class: IoClass,
+        durable: bool,
+    ) -> Result<(), VdevError> {
+        let dva = VdevAddress { vdev, offset_bytes: blocks.first().map_or(0, |b| b.offset) };
+        if let Vdev::Raidz(raidz) = self.vdev(dva)? {
+            return raidz.write_run(&blocks, class, durable).await;
+        }
+        let mut next = dva.offset_bytes;
+        let last = blocks.len().saturating_sub(1);
+        let pieces: Vec<Arc<AlignedBuf>> = blocks
+            .into_iter()
+            .enumerate()
+            .map(|(i, block)| {
+                assert_eq!(block.offset, next, "a run's blocks lie back to back");
+                next = block.offset + block.asize;
+                if block.data.len() as u64 == block.asize || i == last {
+                    block.data
+                } else {
+                    Arc::new(AlignedBuf::gathered(block.asize as usize, [(0, &block.data[..])]))
+                }
+            })
+            .collect();
+        let data = SharedBuf::gather(pieces);
+        if durable {
+            self.write_durable(dva, data, class).await
+        } else {
+            self.write(dva, data, class).await
         }
     }
 

@@ -34,7 +34,7 @@ use sluice_format::DATA_START_BYTES;
 
 use super::leaf::{Leaf, LeafState};
 use super::mirror::ScrubOutcome;
-use super::{VdevError, VdevId};
+use super::{RunBlock, VdevError, VdevId};
 use crate::device::{AlignedBuf, SharedBuf};
 use crate::tunables::IoClass;
 
@@ -481,41 +481,103 @@ impl Raidz {
         class: IoClass,
         durable: bool,
     ) -> Result<(), VdevError> {
-        let len = data.len() as u64;
-        let map = self.geometry.map(offset, len);
-        let columns: Vec<SharedBuf> =
-            columns_of(&map, &data).into_iter().map(AlignedBuf::into_shared).collect();
-        let writes = map.columns.iter().enumerate().map(|(c, column)| {
-            let buf = columns[c].clone();
-            async move {
-                let mut took = false;
+        let asize = self.geometry.asize(data.len() as u64);
+        let data = Arc::new(AlignedBuf::copy_from(&data));
+        self.write_stripes(&[(offset, asize, data)], class, durable).await
+    }
+
+    /// Writes a run of blocks back to back: each block's columns, parity computed here, and
+    /// one write per child of everything the run puts there. The pad sectors of every block
+    /// but the last are written too (as zeros): they lie between one block's rows and the
+    /// next's on their child, and with them each child's part of the run is one piece (ZFS
+    /// writes them for its queue's aggregation). With `durable`, each child flushes its write
+    /// before answering. Succeeds when at most `parity` children failed, each block having at
+    /// most one column per child; a durable write fails when a present child failed.
+    pub async fn write_run(
+        &self,
+        blocks: &[RunBlock],
+        class: IoClass,
+        durable: bool,
+    ) -> Result<(), VdevError> {
+        let stripes: Vec<(u64, u64, Arc<AlignedBuf>)> =
+            blocks.iter().map(|b| (b.offset, b.asize, Arc::clone(&b.data))).collect();
+        self.write_stripes(&stripes, class, durable).await
+    }
+
+    /// [`Raidz::write_run`] of blocks given as (offset, allocated bytes, stored bytes).
+    async fn write_stripes(
+        &self,
+        blocks: &[(u64, u64, Arc<AlignedBuf>)],
+        class: IoClass,
+        durable: bool,
+    ) -> Result<(), VdevError> {
+        let width = self.geometry.width() as usize;
+        let sector = 1usize << self.geometry.ashift();
+        let zeros = Arc::new(AlignedBuf::zeroed(sector));
+        // Each child's pieces, in the order blocks and rows come: (device offset, bytes).
+        let mut pieces: Vec<Vec<(u64, Part)>> = vec![Vec::new(); width];
+        let last = blocks.len().saturating_sub(1);
+        for (i, (offset, _, data)) in blocks.iter().enumerate() {
+            if let Some(&(before, asize, _)) = i.checked_sub(1).map(|p| &blocks[p]) {
+                assert_eq!(before + asize, *offset, "a run's blocks lie back to back");
+            }
+            let map = self.geometry.map(*offset, data.len() as u64);
+            let mut placed: Vec<(u32, u64, Part)> = map
+                .columns
+                .iter()
+                .zip(column_parts(&map, data))
+                .map(|(column, part)| (column.child, column.offset, part))
+                .collect();
+            if i != last {
+                placed.extend(
+                    map.pads
+                        .iter()
+                        .map(|&(child, at)| (child, at, (Arc::clone(&zeros), 0..sector))),
+                );
+            }
+            placed.sort_by_key(|&(child, at, _)| (child, at));
+            for (child, at, part) in placed {
+                pieces[child as usize].push((at, part));
+            }
+        }
+        let (first, end) =
+            blocks.first().zip(blocks.last()).map_or((0, 0), |(f, l)| (f.0, l.0 + l.1));
+        let writes = pieces.into_iter().enumerate().filter(|(_, p)| !p.is_empty()).map(
+            |(child, child_pieces)| async move {
+                let writes = contiguous(child_pieces);
+                let mut took = true;
                 let mut failed_present = None;
-                for leaf in self.slot(column.child) {
-                    if leaf.is_out_of_service() {
-                        leaf.note_skipped_write();
-                        continue;
-                    }
-                    match leaf.write_flushed(column.offset, buf.clone(), class, durable).await {
-                        Ok(()) => took = true,
-                        Err(error) => {
-                            self.diagnose(leaf);
-                            if !leaf.is_out_of_service() {
-                                failed_present.get_or_insert(error);
+                for (at, data) in writes {
+                    let mut this = false;
+                    for leaf in self.slot(child as u32) {
+                        if leaf.is_out_of_service() {
+                            leaf.note_skipped_write();
+                            continue;
+                        }
+                        match leaf.write_flushed(at, data.clone(), class, durable).await {
+                            Ok(()) => this = true,
+                            Err(error) => {
+                                self.diagnose(leaf);
+                                if !leaf.is_out_of_service() {
+                                    failed_present.get_or_insert(error);
+                                }
                             }
                         }
                     }
+                    took &= this;
                 }
                 (took, failed_present)
-            }
-        });
+            },
+        );
         let results = join_all(writes).await;
         let failed = results.iter().filter(|(took, _)| !took).count();
         let first_error = results.into_iter().find_map(|(_, error)| error);
-        if failed > map.parity {
+        let len = end - first;
+        if failed > self.geometry.parity() as usize {
             return Err(VdevError::AllChildrenFailed {
                 vdev: self.id,
                 op: "write",
-                offset_bytes: offset,
+                offset_bytes: first,
                 len_bytes: len,
                 last: first_error.map(Box::new),
             });
@@ -523,7 +585,7 @@ impl Raidz {
         match first_error {
             Some(cause) if durable => Err(VdevError::ChildWriteFailed {
                 vdev: self.id,
-                offset_bytes: offset,
+                offset_bytes: first,
                 len_bytes: len,
                 cause: Box::new(cause),
             }),
@@ -779,6 +841,57 @@ fn gather(data: &[&[u8]], len: u32) -> AlignedBuf {
             })
         }),
     )
+}
+
+/// Bytes to write: a buffer and the part of it.
+type Part = (Arc<AlignedBuf>, std::ops::Range<usize>);
+
+/// One child's pieces of a run, in order, joined into writes of contiguous bytes: (device
+/// offset, the pieces as one buffer).
+fn contiguous(pieces: Vec<(u64, Part)>) -> Vec<(u64, SharedBuf)> {
+    let mut writes: Vec<(u64, Vec<Part>)> = Vec::new();
+    let mut end = u64::MAX;
+    for (at, part) in pieces {
+        let len = part.1.len() as u64;
+        match writes.last_mut() {
+            Some((_, group)) if at == end => group.push(part),
+            _ => writes.push((at, vec![part])),
+        }
+        end = at + len;
+    }
+    writes.into_iter().map(|(at, group)| (at, SharedBuf::gather_parts(group))).collect()
+}
+
+/// A block's columns to write, in map order: its parity, computed here, and its data columns
+/// as parts of the block's own buffer (a short last column, in a block not whole sectors,
+/// copied and padded with zeros).
+fn column_parts(map: &RaidzMap, data: &Arc<AlignedBuf>) -> Vec<Part> {
+    let ranges: Vec<std::ops::Range<usize>> = map.data_ranges().collect();
+    let parity_len = map.columns[0].size as usize;
+    let mut parity: Vec<AlignedBuf> =
+        (0..map.parity).map(|_| AlignedBuf::zeroed(parity_len)).collect();
+    {
+        // A column cut short by the end of the data counts as zeros past it.
+        let views: Vec<&[u8]> =
+            ranges.iter().map(|r| &data[r.start.min(data.len())..r.end.min(data.len())]).collect();
+        let mut outs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
+        raidz::generate_parity(&views, &mut outs);
+    }
+    let parity = parity.into_iter().map(|p| {
+        let whole = 0..p.len();
+        (Arc::new(p), whole)
+    });
+    let columns = ranges.into_iter().map(|range| {
+        if range.end <= data.len() {
+            (Arc::clone(data), range)
+        } else {
+            let have = data.len().saturating_sub(range.start).min(range.len());
+            let padded =
+                AlignedBuf::gathered(range.len(), [(0, &data[range.start..range.start + have])]);
+            (Arc::new(padded), 0..range.len())
+        }
+    });
+    parity.chain(columns).collect()
 }
 
 /// The block's columns to write: parity computed from the data, data cut from `data` (a short

@@ -57,7 +57,7 @@ use crate::device::{AlignedBuf, SharedBuf};
 use crate::rt::Env;
 use crate::stats::Counter;
 use crate::tunables::IoClass;
-use crate::vdev::{Root, VdevAddress, VdevError};
+use crate::vdev::{Root, RunBlock, VdevAddress, VdevError};
 
 /// Largest run of new blocks written as one I/O (ZFS's write aggregation limit).
 pub const WRITE_SPAN_BYTES_MAX: u64 = 1 << 20;
@@ -619,28 +619,23 @@ pub async fn issue_placed(
     for copy in 0..copies {
         let blocks: Vec<usize> = (0..sealed.len()).filter(|&i| placed[i].len() > copy).collect();
         let at: Vec<(u32, u64, u64)> = blocks.iter().map(|&i| placed[i][copy]).collect();
-        for run in span_runs(&at, |vdev| root.spans(vdev)) {
-            let (vdev, start, _) = at[run.start];
-            let pieces = run_pieces(&at, run.clone(), |j| &sealed[blocks[j]].stored);
+        for run in span_runs(&at) {
+            let (vdev, _, _) = at[run.start];
             let writer = sealed[blocks[run.start]].props.writer;
-            let address = VdevAddress { vdev, offset_bytes: start };
-            writes.push(issue(pipeline, root, writer, address, SharedBuf::gather(pieces), how));
+            let run = run_blocks(&at, run, |j| &sealed[blocks[j]].stored);
+            writes.push(issue_run(pipeline, root, writer, vdev, run, how));
         }
     }
     futures::future::try_join_all(writes).await.map(drop)
 }
 
 /// Runs of allocations `(vdev, offset, asize)` that lie back to back on one vdev, each within
-/// [`WRITE_SPAN_BYTES_MAX`] and [`crate::device::IOVECS_MAX`] blocks: what one I/O writes. On a
-/// vdev where `spans` says blocks side by side are not side by side on the devices (RAID-Z:
-/// each block is a stripe of its own), every block is a run of its own.
-pub fn span_runs(
-    placed: &[(u32, u64, u64)],
-    spans: impl Fn(u32) -> bool,
-) -> Vec<std::ops::Range<usize>> {
+/// [`WRITE_SPAN_BYTES_MAX`] and [`crate::device::IOVECS_MAX`] blocks: what one write issues
+/// ([`Root::write_run`]: one I/O per leaf of a mirror, one per child of a RAID-Z vdev).
+pub fn span_runs(placed: &[(u32, u64, u64)]) -> Vec<std::ops::Range<usize>> {
     let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
     for (i, &(vdev, offset, asize)) in placed.iter().enumerate() {
-        if let Some(run) = runs.last_mut().filter(|_| spans(vdev)) {
+        if let Some(run) = runs.last_mut() {
             let (first_vdev, first_offset, _) = placed[run.start];
             let (_, last_offset, last_asize) = placed[run.end - 1];
             // At most IOVECS_MAX blocks: a run is one vectored write of the blocks' buffers.
@@ -658,30 +653,32 @@ pub fn span_runs(
     runs
 }
 
-/// The pieces one run of [`span_runs`] is written from: each block's own buffer (`bytes_of`),
-/// padded with zeros to its allocation where that is longer and another block follows, so the
-/// run is one vectored write of them rather than a copy (device::buf, `SharedBuf::gather`).
-/// The last block is written as it is: a RAID-Z block must be written at exactly its stored
-/// length (its columns depend on it), and a run there is a single block.
-pub fn run_pieces<'a>(
+/// The blocks of one run of [`span_runs`], as [`Root::write_run`] takes them: each block's
+/// (offset, allocated bytes, stored bytes).
+pub fn run_blocks<'a>(
     placed: &[(u32, u64, u64)],
     run: std::ops::Range<usize>,
     bytes_of: impl Fn(usize) -> &'a Arc<AlignedBuf>,
-) -> Vec<Arc<AlignedBuf>> {
-    let mut next = placed[run.start].1;
-    let last = run.end - 1;
+) -> Vec<RunBlock> {
     run.map(|i| {
         let (_, offset, asize) = placed[i];
-        assert_eq!(offset, next, "a run's blocks lie back to back");
-        next = offset + asize;
-        let bytes = bytes_of(i);
-        if bytes.len() as u64 == asize || i == last {
-            Arc::clone(bytes)
-        } else {
-            Arc::new(AlignedBuf::gathered(asize as usize, [(0, &bytes[..])]))
-        }
+        RunBlock { offset, asize, data: Arc::clone(bytes_of(i)) }
     })
     .collect()
+}
+
+/// The issue stage for a run of blocks back to back on top-level vdev `vdev`.
+pub async fn issue_run(
+    pipeline: &Pipeline,
+    root: &Root,
+    writer: Writer,
+    vdev: u32,
+    blocks: Vec<RunBlock>,
+    how: Issue,
+) -> Result<(), ZioError> {
+    pipeline.counted(pipeline.stage(Stage::Issue, writer))?;
+    let written = root.write_run(vdev, blocks, how.class, how.durable).await;
+    pipeline.counted(written.map_err(|source| ZioError::Vdev { writer, cause: source }))
 }
 
 /// What a read returns: logical bytes (decompressed), or stored bytes as they are on disk.
@@ -742,12 +739,11 @@ mod tests {
     #[test]
     fn span_runs_join_back_to_back_blocks_up_to_the_limits() {
         let placed: Vec<(u32, u64, u64)> = (0..2500u64).map(|i| (0, i * 512, 512)).collect();
-        let runs = span_runs(&placed, |_| true);
+        let runs = span_runs(&placed);
         assert_eq!(runs.iter().map(|r| r.len()).collect::<Vec<_>>(), [1024, 1024, 452]);
-        assert_eq!(span_runs(&placed[..3], |_| false), [0..1, 1..2, 2..3], "RAID-Z: no spans");
         let mut gaps = vec![(0, 0, 4096), (0, 4096, 4096), (0, 16384, 4096), (1, 20480, 4096)];
         gaps.extend((0..300u64).map(|i| (1, 24576 + i * 4096, 4096)));
-        let runs = span_runs(&gaps, |_| true);
+        let runs = span_runs(&gaps);
         // A gap and a change of vdev end runs; 1 MiB ends one too (256 blocks of 4 KiB).
         assert_eq!(runs.iter().map(|r| r.len()).collect::<Vec<_>>(), [2, 1, 256, 45]);
     }
