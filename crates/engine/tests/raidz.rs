@@ -410,3 +410,33 @@ fn a_run_is_one_write_per_child() {
         read_all(&sim, &vdev, "a run, child 1 offline");
     }
 }
+
+/// A flush counts the columns that missed writes since the last flush beside the ones whose
+/// flush failed: a raidz1 with a child offline and another failing its flush has blocks with
+/// two columns not durable, and the flush says so; with the offline child alone it succeeds.
+#[test]
+fn a_flush_counts_missed_columns() {
+    let sim = Sim::new(6);
+    let vdev = raidz_of(&sim.env(), 4, 1);
+    let (start, _) = vdev.raidz.data_area();
+    vdev.raidz.children()[0].set_state(LeafState::Offline);
+    let write = |at: u64| {
+        let raidz = Arc::clone(&vdev.raidz);
+        let buf = SharedBuf::copy_from(&pattern(at, 3 * 4096));
+        sim.run(async move { raidz.write_flushed(at, buf, IoClass::AsyncWrite, false).await })
+            .expect("the sim runs")
+            .0
+    };
+    let flush = || {
+        let raidz = Arc::clone(&vdev.raidz);
+        sim.run(async move { raidz.flush().await }).expect("the sim runs").0
+    };
+    write(start).expect("one column missed of raidz1 is written");
+    flush().expect("one column missed is within the parity");
+    write(start + 65536).expect("written");
+    vdev.devices[1].inject(Fault::FlushError);
+    let failed = flush();
+    assert!(failed.is_err(), "a missed column and a failed flush are two: {failed:?}");
+    vdev.devices[1].clear_faults();
+    flush().expect("the failed flush's writes are flushed now, and the miss is within parity");
+}

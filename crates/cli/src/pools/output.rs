@@ -503,7 +503,7 @@ fn pool_status(out: &mut Lines, status: &PoolStatus) {
     let (raw, usable) = if raidz {
         (
             " (raw, parity included, as pool list shows)",
-            " (as 128K blocks; vol list gives each volume's for its block size)",
+            " (these two as 128K blocks; vol list gives each volume's for its block size)",
         )
     } else {
         ("", "")

@@ -697,10 +697,10 @@ fn reserved_and_available(store: &Store) -> anyhow::Result<(u64, u64)> {
         let unique = store.snapshot_space(&v.name)?.written_bytes;
         reserved += v.reservation_bytes.saturating_sub(unique);
     }
-    // As `zfs list` shows it: on RAID-Z, what 128 KiB blocks could use of it (a volume's own
-    // figure, in `vol list`, is for its block size).
-    let available = store.pool().deflate(store.available_bytes(None)?, 128 << 10);
-    Ok((reserved, available))
+    // As `zfs list` shows them: on RAID-Z, what 128 KiB blocks could use of them (a volume's
+    // own figures, in `vol list`, are for its block size).
+    let usable = |raw: u64| store.pool().deflate(raw, 128 << 10);
+    Ok((usable(reserved), usable(store.available_bytes(None)?)))
 }
 
 /// What `pool scrub` was asked to do.

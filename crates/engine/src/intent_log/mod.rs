@@ -505,11 +505,11 @@ impl LogWriter {
         self.chain.chain_id
     }
 
-    /// Bytes of the blocks this chain holds: issued lwbs still needed, and the next one.
+    /// Bytes the blocks this chain holds allocate: issued lwbs still needed, and the next one.
     pub fn held_bytes(&self) -> u64 {
         let state = self.state.lock();
-        let live: u64 = state.live.iter().map(|(_, at, _)| u64::from(at.len_bytes)).sum();
-        live + u64::from(state.next_address.len_bytes)
+        let live: u64 = state.live.iter().map(|(_, at, _)| at.alloc_bytes).sum();
+        live + state.next_address.alloc_bytes
     }
 
     /// lwbs written so far.
@@ -1071,7 +1071,7 @@ impl LogWriter {
         for lwb in &lwbs {
             self.records_written.add(u64::from(lwb.records));
             self.block_bytes_written.add(lwb.bytes.len() as u64);
-            self.block_bytes_allocated.add(u64::from(lwb.at.len_bytes));
+            self.block_bytes_allocated.add(lwb.at.alloc_bytes);
         }
         // A lone lwb (always, when pipelined) is written and flushed by each leaf in one trip
         // (docs/design.md: 1 job +13%). Several (a batch) are all written first, then the

@@ -109,8 +109,12 @@ impl Pool {
             let data = SharedBuf::copy_from(good);
             if top.write(dva.offset_bytes(), data, IoClass::AsyncWrite, false).await.is_ok() {
                 healed += 1;
-                for leaf in top.leaves() {
-                    leaf.stats().repairs.inc();
+                // A RAID-Z vdev rewrote the block's columns on children that held them well
+                // too: its own reads count repairs on the children that were wrong.
+                if !matches!(top, vdev::Vdev::Raidz(_)) {
+                    for leaf in top.leaves() {
+                        leaf.stats().repairs.inc();
+                    }
                 }
             }
         }

@@ -171,6 +171,20 @@ pub enum PoolError {
     )]
     MissingLeaves { pool: String, top: usize, missing: String },
     #[error(
+        "pool {pool}: RAID-Z vdev {top} (raidz{parity}) has {columns} of its leaves missing \
+         ({missing}) and rebuilds at most {parity}; the pool cannot be opened until {need} of \
+         them {is_are} found again (import with -d naming their directory)",
+        is_are = if *need == 1 { "is" } else { "are" }
+    )]
+    RaidzColumnsMissing {
+        pool: String,
+        top: usize,
+        parity: u8,
+        columns: usize,
+        need: usize,
+        missing: String,
+    },
+    #[error(
         "pool {pool}: the rewind could not erase the abandoned txgs' uberblocks on any leaf of \
          top-level vdev {top}, so a later import could return to them; nothing else was \
          written. Check that vdev's devices and import with the rewind again"
@@ -1186,9 +1200,19 @@ impl Pool {
                     })
                     .count()
             });
-            let beyond =
-                top.raidz.as_ref().is_some_and(|r| columns_missing > usize::from(r.parity));
-            if !present_any || beyond {
+            if let Some(raidz) =
+                top.raidz.as_ref().filter(|r| columns_missing > usize::from(r.parity))
+            {
+                return Err(PoolError::RaidzColumnsMissing {
+                    pool: header.pool_name.clone(),
+                    top: top_index,
+                    parity: raidz.parity,
+                    columns: columns_missing,
+                    need: columns_missing - usize::from(raidz.parity),
+                    missing: missing.join(", "),
+                });
+            }
+            if !present_any {
                 return Err(PoolError::MissingLeaves {
                     pool: header.pool_name.clone(),
                     top: top_index,

@@ -97,7 +97,11 @@ impl Admission<'_> {
                 let unit = 1u64 << self.spa.pool().ashift();
                 let upper = state_figures.open_and_syncing();
                 let new_entries = if dedup { upper.saturating_add(len) / unit } else { 0 };
-                let ddt_reserve = self.spa.ddt().rewrite_reserve_bytes(unit, new_entries);
+                // At what its blocks allocate (parity and padding on RAID-Z).
+                let ddt_reserve = self
+                    .spa
+                    .pool()
+                    .inflate(self.spa.ddt().rewrite_reserve_bytes(unit, new_entries), unit);
                 let (dirty, usable, deferred) = {
                     let mut allocator = self.spa.allocator().lock();
                     let dirty = state_figures.to_allocate(&allocator);

@@ -346,8 +346,9 @@ impl SyncHandle<'_> {
         let admitted_bytes = admitted_bytes
             + if work.iter().any(|(entry, ..)| entry.dedup != DedupMode::Off) {
                 let unit = 1u64 << self.spa.pool().ashift();
-                self.spa.ddt().rewrite_reserve_bytes(unit, blocks)
-                    / (crate::alloc::FREE_DEFER_TXGS + 1)
+                // Its blocks at what they allocate (parity and padding on RAID-Z).
+                let reserve = self.spa.ddt().rewrite_reserve_bytes(unit, blocks);
+                self.spa.pool().inflate(reserve, unit) / (crate::alloc::FREE_DEFER_TXGS + 1)
             } else {
                 0
             };

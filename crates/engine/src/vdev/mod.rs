@@ -133,7 +133,8 @@ fn not_rebuilt(
 ) -> String {
     if combinations == 0 {
         return format!(
-            "more of its {width} columns are missing than its {parity} parity column(s) rebuild;              the data is lost unless the missing leaves come back"
+            "more of its {width} columns are missing than its {parity} parity column(s) \
+             rebuild; the block can be read again once enough of the missing leaves are back"
         );
     }
     let tried = if gave_up {
@@ -148,7 +149,10 @@ fn not_rebuilt(
     } else {
         String::new()
     };
-    format!("{tried}{unknown}; the data is lost unless a scrub finds another copy")
+    format!(
+        "{tried}{unknown}; the block is lost unless another copy of it (a ditto copy of \
+             metadata) verifies"
+    )
 }
 
 /// A mirror's last child error, as its own error's message ends: " (the last: ...)".
@@ -167,7 +171,9 @@ impl VdevError {
             VdevError::NoValidCopy { mismatched, unreadable, .. } => {
                 *mismatched > 0 && *unreadable == 0
             }
-            // Every combination of columns was tried and each was read: none holds the block.
+            // Every combination of columns was tried and none verified, with every column
+            // either read or out of service (as a mirror's rule takes a child out of service):
+            // the block is not there.
             VdevError::NotReconstructed { unreadable, combinations, gave_up, .. } => {
                 *combinations > 0 && *unreadable == 0 && !*gave_up
             }
@@ -199,7 +205,8 @@ pub enum Vdev {
 
 impl Vdev {
     /// The device length the vdev's data area is cut from: a leaf's, a mirror's smallest
-    /// child's. A RAID-Z vdev's data area is fixed in its config instead (see [`data_area`]).
+    /// child's, and for a RAID-Z vdev one child's share (its data end and end labels), not the
+    /// vdev's: its data area is fixed in its config (see [`data_area`]).
     ///
     /// [`data_area`]: Vdev::data_area
     pub fn len_bytes(&self) -> u64 {

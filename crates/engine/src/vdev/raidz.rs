@@ -25,7 +25,7 @@
 //! A child being replaced is a pair in its column's slot: writes go to both leaves, reads to the
 //! old one until the new one has caught up (the pool marks it behind until its resilver is done).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures::future::join_all;
@@ -39,9 +39,10 @@ use crate::device::{AlignedBuf, SharedBuf};
 use crate::tunables::IoClass;
 
 /// The most combinations of wrong columns one read tries before it gives up: a raidz3 of 64
-/// children has 43,744 combinations of up to three columns, each a rebuild and a checksum of
-/// the block; past this many, a block is called lost rather than holding up its reader for
-/// seconds. Every combination of a vdev of up to 40 children with raidz3 fits.
+/// children has 43,745 combinations of up to three columns (the empty one included), each a
+/// rebuild and a checksum of the block; past this many, a block is called lost rather than
+/// holding up its reader for seconds. Every combination of a raidz3 of up to 41 children
+/// fits.
 pub const RECONSTRUCT_COMBINATIONS_MAX: u32 = 12_000;
 
 /// A RAID-Z vdev.
@@ -60,7 +61,23 @@ pub struct Raidz {
     /// Held while a child's diagnosis is acted on, so two children failing at once cannot
     /// each count the other as serving and both be taken out.
     diagnosis: parking_lot::Mutex<()>,
+    /// Per column: writes of a column that no leaf took (out of service, or failed), counted;
+    /// and of that count, how many a successful flush has accounted for (the count when it
+    /// started). A flush counts a column with writes not accounted for as one whose blocks
+    /// lack it, beside the columns whose flush failed: blocks written since the last flush
+    /// are durable only if at most `parity` of their columns are not.
+    missed: Vec<AtomicU64>,
+    missed_flushed: Vec<AtomicU64>,
+    /// Parity buffers of writes that have ended, kept for the next ones: a sync of 1 MiB
+    /// writes on a raidz1 of 4 allocates a third of its bytes again as parity, and fresh
+    /// allocations cost page faults (with huge pages, a 2 MiB clear each) that made the
+    /// server's CPU per MiB half again a mirror's (perf, 2026-11-29). Parity is computed over
+    /// the whole buffer, so a reused one needs no clearing. At most [`PARITY_SPARE_BYTES`].
+    parity_spare: parking_lot::Mutex<Vec<AlignedBuf>>,
 }
+
+/// The most bytes of parity buffers a RAID-Z vdev keeps for reuse.
+const PARITY_SPARE_BYTES: usize = 16 << 20;
 
 /// The columns of one block as read: each column's bytes, or why it has none.
 struct Stripe {
@@ -110,6 +127,7 @@ impl Raidz {
         assert_eq!(children.len(), geometry.width() as usize, "one child per column");
         assert_eq!(replacing.len(), children.len(), "a replacing slot per column");
         assert!(child_end_bytes > DATA_START_BYTES, "children have a data area");
+        let width = children.len();
         Raidz {
             id,
             geometry,
@@ -118,6 +136,9 @@ impl Raidz {
             child_end_bytes,
             repairs: AtomicBool::new(true),
             diagnosis: parking_lot::Mutex::new(()),
+            missed: (0..width).map(|_| AtomicU64::new(0)).collect(),
+            missed_flushed: (0..width).map(|_| AtomicU64::new(0)).collect(),
+            parity_spare: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
@@ -226,7 +247,9 @@ impl Raidz {
                 Ok(found.data)
             }
             Err(lost) => {
-                if count_if_none {
+                // Counted only where columns were tried and none fitted: with too many columns
+                // missing nothing says the ones read are wrong.
+                if count_if_none && lost.combinations > 0 && !lost.gave_up {
                     for &(child, index) in &lost.read {
                         let leaf = self.slot_leaf(child, index);
                         if !leaf.is_behind() {
@@ -516,16 +539,27 @@ impl Raidz {
         let zeros = Arc::new(AlignedBuf::zeroed(sector));
         // Each child's pieces, in the order blocks and rows come: (device offset, bytes).
         let mut pieces: Vec<Vec<(u64, Part)>> = vec![Vec::new(); width];
+        // The parity buffers, to keep for reuse once the writes are done.
+        let mut kept: Vec<Arc<AlignedBuf>> = Vec::new();
         let last = blocks.len().saturating_sub(1);
         for (i, (offset, _, data)) in blocks.iter().enumerate() {
             if let Some(&(before, asize, _)) = i.checked_sub(1).map(|p| &blocks[p]) {
                 assert_eq!(before + asize, *offset, "a run's blocks lie back to back");
             }
+            assert!(
+                self.geometry.asize(data.len() as u64) <= blocks[i].1,
+                "a block's columns, parity and pads fit its allocation"
+            );
             let map = self.geometry.map(*offset, data.len() as u64);
             let mut placed: Vec<(u32, u64, Part)> = map
                 .columns
                 .iter()
-                .zip(column_parts(&map, data))
+                .zip(column_parts(
+                    &map,
+                    data,
+                    &mut || self.parity_buffer(parity_len(&map)),
+                    &mut kept,
+                ))
                 .map(|(column, part)| (column.child, column.offset, part))
                 .collect();
             if i != last {
@@ -566,10 +600,14 @@ impl Raidz {
                     }
                     took &= this;
                 }
+                if !took {
+                    self.missed[child].fetch_add(1, Ordering::AcqRel);
+                }
                 (took, failed_present)
             },
         );
         let results = join_all(writes).await;
+        self.keep_parity(kept);
         let failed = results.iter().filter(|(took, _)| !took).count();
         let first_error = results.into_iter().find_map(|(_, error)| error);
         let len = end - first;
@@ -709,11 +747,36 @@ impl Raidz {
         outcome
     }
 
+    /// A parity buffer of `len` bytes: a kept one of that length, or a new one.
+    fn parity_buffer(&self, len: usize) -> AlignedBuf {
+        let mut spare = self.parity_spare.lock();
+        match spare.iter().rposition(|b| b.len() == len) {
+            Some(at) => spare.swap_remove(at),
+            None => AlignedBuf::zeroed(len),
+        }
+    }
+
+    /// Keeps the parity buffers of a finished write that nothing else holds, up to
+    /// [`PARITY_SPARE_BYTES`].
+    fn keep_parity(&self, buffers: Vec<Arc<AlignedBuf>>) {
+        let mut spare = self.parity_spare.lock();
+        let mut held: usize = spare.iter().map(|b| b.len()).sum();
+        for buffer in buffers {
+            let Ok(buffer) = Arc::try_unwrap(buffer) else { continue };
+            if held + buffer.len() > PARITY_SPARE_BYTES {
+                break;
+            }
+            held += buffer.len();
+            spare.push(buffer);
+        }
+    }
+
     /// Flushes the children written since their last flush. Fails when more columns than the
     /// parity have a leaf whose writes it could not make durable (its flush failed, or it went
     /// out of service with writes unflushed): the blocks written since may then be lost.
     pub async fn flush(&self) -> Result<(), VdevError> {
         let width = self.geometry.width();
+        let missed: Vec<u64> = self.missed.iter().map(|m| m.load(Ordering::Acquire)).collect();
         let dirty: Vec<(u32, &Arc<Leaf>)> = (0..width)
             .flat_map(|c| self.slot(c).map(move |leaf| (c, leaf)))
             .filter(|(_, leaf)| leaf.has_unflushed())
@@ -727,7 +790,11 @@ impl Raidz {
             (c, result)
         }))
         .await;
-        let mut failed_columns: Vec<u32> = Vec::new();
+        let mut failed_columns: Vec<u32> = (0..width)
+            .filter(|&c| {
+                missed[c as usize] > self.missed_flushed[c as usize].load(Ordering::Acquire)
+            })
+            .collect();
         let mut last = None;
         for (c, result) in results {
             if let Err(error) = result {
@@ -735,6 +802,7 @@ impl Raidz {
                 last = Some(error);
             }
         }
+        failed_columns.sort_unstable();
         failed_columns.dedup();
         if failed_columns.len() > self.geometry.parity() as usize {
             return Err(VdevError::AllChildrenFailed {
@@ -744,6 +812,11 @@ impl Raidz {
                 len_bytes: 0,
                 last: last.map(Box::new),
             });
+        }
+        // What was missed before it began is accounted for: those blocks are as durable as
+        // they will be.
+        for (c, &count) in missed.iter().enumerate() {
+            self.missed_flushed[c].fetch_max(count, Ordering::AcqRel);
         }
         Ok(())
     }
@@ -865,11 +938,14 @@ fn contiguous(pieces: Vec<(u64, Part)>) -> Vec<(u64, SharedBuf)> {
 /// A block's columns to write, in map order: its parity, computed here, and its data columns
 /// as parts of the block's own buffer (a short last column, in a block not whole sectors,
 /// copied and padded with zeros).
-fn column_parts(map: &RaidzMap, data: &Arc<AlignedBuf>) -> Vec<Part> {
+fn column_parts(
+    map: &RaidzMap,
+    data: &Arc<AlignedBuf>,
+    buffer: &mut dyn FnMut() -> AlignedBuf,
+    kept: &mut Vec<Arc<AlignedBuf>>,
+) -> Vec<Part> {
     let ranges: Vec<std::ops::Range<usize>> = map.data_ranges().collect();
-    let parity_len = map.columns[0].size as usize;
-    let mut parity: Vec<AlignedBuf> =
-        (0..map.parity).map(|_| AlignedBuf::zeroed(parity_len)).collect();
+    let mut parity: Vec<AlignedBuf> = (0..map.parity).map(|_| buffer()).collect();
     {
         // A column cut short by the end of the data counts as zeros past it.
         let views: Vec<&[u8]> =
@@ -877,10 +953,15 @@ fn column_parts(map: &RaidzMap, data: &Arc<AlignedBuf>) -> Vec<Part> {
         let mut outs: Vec<&mut [u8]> = parity.iter_mut().map(|p| &mut p[..]).collect();
         raidz::generate_parity(&views, &mut outs);
     }
-    let parity = parity.into_iter().map(|p| {
-        let whole = 0..p.len();
-        (Arc::new(p), whole)
-    });
+    let parity: Vec<Part> = parity
+        .into_iter()
+        .map(|p| {
+            let whole = 0..p.len();
+            let p = Arc::new(p);
+            kept.push(Arc::clone(&p));
+            (p, whole)
+        })
+        .collect();
     let columns = ranges.into_iter().map(|range| {
         if range.end <= data.len() {
             (Arc::clone(data), range)
@@ -891,7 +972,12 @@ fn column_parts(map: &RaidzMap, data: &Arc<AlignedBuf>) -> Vec<Part> {
             (Arc::new(padded), 0..range.len())
         }
     });
-    parity.chain(columns).collect()
+    parity.into_iter().chain(columns).collect()
+}
+
+/// The length of a map's parity columns.
+fn parity_len(map: &RaidzMap) -> usize {
+    map.columns[0].size as usize
 }
 
 /// The block's columns to write: parity computed from the data, data cut from `data` (a short
