@@ -281,7 +281,10 @@ def render(args, rows, once, started, finished):
         f"# RAID-Z against a 2-way mirror of the same files, {started:%Y-%m-%d %H:%M}Z",
         "",
         f"Command: `bench/raidz.py --rounds {args.rounds} --seconds {args.seconds} "
-        f"--leaf-size {args.leaf_size} --capacity-leaf-size {args.capacity_leaf_size}` ({started:%Y-%m-%d %H:%M} to {finished:%H:%M} UTC). "
+        f"--leaf-size {args.leaf_size} --capacity-leaf-size {args.capacity_leaf_size}"
+        + (f" --jobs {args.jobs}" if args.jobs else "")
+        + (" --no-capacity" if args.no_capacity else "")
+        + f"` ({started:%Y-%m-%d %H:%M} to {finished:%H:%M} UTC). "
         f"Machine: {os.cpu_count()} cores ({cpu}), "
         f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') >> 30} GiB, every leaf a "
         f"file on one ext4 filesystem on one virtio disk; {fio_version} over NBD (TCP, "
@@ -309,6 +312,8 @@ def render(args, rows, once, started, finished):
             cells.append(f"{median(rows[name][job], key):.1f} | "
                          + ("-" if amp != amp else f"{amp:.2f}"))
         lines.append(f"| {job} | " + " | ".join(cells) + " |")
+    if not once:
+        return "\n".join(lines) + "\n"
     lines += ["", "Once per layout: incompressible data written into a thin volume of 128 KiB "
               "blocks until ENOSPC, against the sum of the leaf sizes; then `pool replace -w` "
               "of one leaf with a new file (the resilver rebuilds that leaf's share of what was "
