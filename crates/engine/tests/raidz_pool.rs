@@ -465,7 +465,7 @@ fn power_cuts_during_a_raidz_resilver() {
 }
 
 /// Leaves lost in the middle of a sync (one of a raidz1 of 4, two of a raidz2 of 6), at
-/// points spread over it: the sync completes, every block reads back, and the pool imports
+/// points spread over it (from 10 us after it starts, closely around when its writes go out): the sync completes, every block reads back, and the pool imports
 /// and reads back without them.
 #[test]
 fn leaves_lost_mid_sync() {
@@ -473,7 +473,9 @@ fn leaves_lost_mid_sync() {
         // Losses that fell inside the sync: the lost leaf took some of its writes and missed
         // others.
         let mut inside = 0;
-        for (k, delay_us) in [20u64, 80, 200, 500, 1500].into_iter().enumerate() {
+        let mut delays = vec![10u64, 100, 400, 1000];
+        delays.extend((0..=24).map(|i| 1400 + i * 50));
+        for (k, delay_us) in delays.into_iter().enumerate() {
             let block = 16384;
             let seed = 61 + width as u64 * 10 + k as u64;
             let sim = Sim::new(seed);

@@ -525,7 +525,7 @@ impl Store {
         }
         let mut writes = Vec::new();
         let mut prewritten = Vec::with_capacity(placed.len());
-        for run in crate::zio::span_runs(&placed) {
+        for run in crate::zio::span_runs(&placed, self.spa.pool().root().write_span_bytes()) {
             let (vdev, _, _) = placed[run.start];
             let pieces = crate::zio::run_blocks(&placed, run.clone(), |i| &sealed[i].stored);
             let (done, written) = futures::channel::oneshot::channel::<bool>();

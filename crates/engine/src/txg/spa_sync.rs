@@ -597,7 +597,8 @@ async fn write_volumes(
         }))
         .buffered(SYNC_WRITES_IN_FLIGHT);
         let updates: BTreeMap<u64, Option<BlockPointer>> = if dedup == DedupMode::Off {
-            let per_span = (crate::zio::WRITE_SPAN_BYTES_MAX as usize / block_bytes).max(1);
+            let span_bytes = spa.pool().root().write_span_bytes() as usize;
+            let per_span = (span_bytes / block_bytes).max(1);
             let (ctx, prewritten) = (&*ctx, &prewritten);
             let written: Vec<Vec<(u64, Option<BlockPointer>)>> = completed
                 .try_chunks(per_span)

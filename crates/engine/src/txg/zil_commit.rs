@@ -296,7 +296,7 @@ impl LogCommit<'_> {
         }
         self.zil.stats().indirect_blocks_written.add(place.len() as u64);
         // Runs of blocks back to back on one vdev, each written as one I/O.
-        let runs = zio::span_runs(&placed);
+        let runs = zio::span_runs(&placed, self.spa.pool().root().write_span_bytes());
         let mut blocks: Vec<Prewritten> = Vec::with_capacity(place.len());
         let mut writes = Vec::with_capacity(runs.len());
         for run in runs {

@@ -455,6 +455,26 @@ impl Root {
         }
     }
 
+    /// The most bytes of blocks one run writes ([`crate::zio::span_runs`]): a write of up to
+    /// [`crate::zio::WRITE_SPAN_BYTES_MAX`] to each leaf. A RAID-Z vdev spreads a run over its
+    /// data columns, so its runs are that many times longer: with runs of 1 MiB, a raidz1 of 4
+    /// wrote 256 KiB per child, and its 1 MiB writes ran at 0.89x a mirror's that wrote 1 MiB
+    /// per child (docs/bench/raidz.md).
+    pub fn write_span_bytes(&self) -> u64 {
+        let widest = self
+            .top
+            .iter()
+            .map(|vdev| match vdev {
+                Vdev::Raidz(raidz) => {
+                    u64::from(raidz.geometry().width() - raidz.geometry().parity())
+                }
+                _ => 1,
+            })
+            .max()
+            .unwrap_or(1);
+        crate::zio::WRITE_SPAN_BYTES_MAX * widest
+    }
+
     /// Writes `blocks`, back to back on top-level vdev `vdev` from the first one's offset, as
     /// one write per leaf: a leaf's or a mirror's as one vectored write of the blocks' own
     /// buffers, each padded with zeros to its allocation where another follows; a RAID-Z

@@ -619,7 +619,7 @@ pub async fn issue_placed(
     for copy in 0..copies {
         let blocks: Vec<usize> = (0..sealed.len()).filter(|&i| placed[i].len() > copy).collect();
         let at: Vec<(u32, u64, u64)> = blocks.iter().map(|&i| placed[i][copy]).collect();
-        for run in span_runs(&at) {
+        for run in span_runs(&at, root.write_span_bytes()) {
             let (vdev, _, _) = at[run.start];
             let writer = sealed[blocks[run.start]].props.writer;
             let run = run_blocks(&at, run, |j| &sealed[blocks[j]].stored);
@@ -630,9 +630,10 @@ pub async fn issue_placed(
 }
 
 /// Runs of allocations `(vdev, offset, asize)` that lie back to back on one vdev, each within
-/// [`WRITE_SPAN_BYTES_MAX`] and [`crate::device::IOVECS_MAX`] blocks: what one write issues
+/// `max_bytes` ([`Root::write_span_bytes`]) and [`crate::device::IOVECS_MAX`] blocks: what one
+/// write issues
 /// ([`Root::write_run`]: one I/O per leaf of a mirror, one per child of a RAID-Z vdev).
-pub fn span_runs(placed: &[(u32, u64, u64)]) -> Vec<std::ops::Range<usize>> {
+pub fn span_runs(placed: &[(u32, u64, u64)], max_bytes: u64) -> Vec<std::ops::Range<usize>> {
     let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
     for (i, &(vdev, offset, asize)) in placed.iter().enumerate() {
         if let Some(run) = runs.last_mut() {
@@ -641,7 +642,7 @@ pub fn span_runs(placed: &[(u32, u64, u64)]) -> Vec<std::ops::Range<usize>> {
             // At most IOVECS_MAX blocks: a run is one vectored write of the blocks' buffers.
             if vdev == first_vdev
                 && offset == last_offset + last_asize
-                && offset + asize - first_offset <= WRITE_SPAN_BYTES_MAX
+                && offset + asize - first_offset <= max_bytes
                 && run.len() < crate::device::IOVECS_MAX
             {
                 run.end = i + 1;
@@ -739,11 +740,11 @@ mod tests {
     #[test]
     fn span_runs_join_back_to_back_blocks_up_to_the_limits() {
         let placed: Vec<(u32, u64, u64)> = (0..2500u64).map(|i| (0, i * 512, 512)).collect();
-        let runs = span_runs(&placed);
+        let runs = span_runs(&placed, WRITE_SPAN_BYTES_MAX);
         assert_eq!(runs.iter().map(|r| r.len()).collect::<Vec<_>>(), [1024, 1024, 452]);
         let mut gaps = vec![(0, 0, 4096), (0, 4096, 4096), (0, 16384, 4096), (1, 20480, 4096)];
         gaps.extend((0..300u64).map(|i| (1, 24576 + i * 4096, 4096)));
-        let runs = span_runs(&gaps);
+        let runs = span_runs(&gaps, WRITE_SPAN_BYTES_MAX);
         // A gap and a change of vdev end runs; 1 MiB ends one too (256 blocks of 4 KiB).
         assert_eq!(runs.iter().map(|r| r.len()).collect::<Vec<_>>(), [2, 1, 256, 45]);
     }
