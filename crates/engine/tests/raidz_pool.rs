@@ -51,6 +51,17 @@ fn setup(
     (sim, legs, store, data)
 }
 
+/// Imports pool "tank" from `devices` and opens its store, without the block cache.
+fn import(sim: &Sim, devices: &[SimDevice]) -> Arc<Store> {
+    let (specs, env) = (common::leaf_specs(devices), sim.env());
+    sim.run(async move {
+        let pool = Pool::import(&env, specs, "tank", &uncached()).await.expect("imports");
+        Arc::new(Store::open(pool, &uncached()).await.expect("opens"))
+    })
+    .expect("the sim runs")
+    .0
+}
+
 fn scrub(sim: &Sim, store: &Arc<Store>) -> sluice_engine::pool::ScrubReport {
     let s = Arc::clone(store);
     sim.run(async move { s.pool().scrub().await.expect("the scrub runs") }).expect("the sim runs").0
@@ -167,15 +178,7 @@ fn imports_with_up_to_parity_leaves_gone() {
         let name = what(width, parity, block);
         drop(store);
         let keep = width - usize::from(parity);
-        let specs = common::leaf_specs(&legs[..keep]);
-        let env = sim.env();
-        let store = sim
-            .run(async move {
-                let pool = Pool::import(&env, specs, "tank", &uncached()).await.expect("imports");
-                Arc::new(Store::open(pool, &uncached()).await.expect("opens"))
-            })
-            .expect("the sim runs")
-            .0;
+        let store = import(&sim, &legs[..keep]);
         assert_eq!(common::read_all(&sim, &store, &data, block), (0, 0), "{name}: degraded");
         drop(store);
         let specs = common::leaf_specs(&legs[..keep - 1]);
@@ -258,15 +261,7 @@ fn replace_a_faulted_leaf_under_writes() {
         for leg in &legs {
             leg.clear_faults();
         }
-        let specs = common::leaf_specs(&present);
-        let env = sim.env();
-        let store = sim
-            .run(async move {
-                let pool = Pool::import(&env, specs, "tank", &uncached()).await.expect("imports");
-                Arc::new(Store::open(pool, &uncached()).await.expect("opens"))
-            })
-            .expect("the sim runs")
-            .0;
+        let store = import(&sim, &present);
         assert_eq!(common::read_all(&sim, &store, &data, block), (0, 0), "{name}: imported");
     }
 }
@@ -519,16 +514,7 @@ fn leaves_lost_mid_sync() {
             drop(store);
             let mut present = vec![legs[0].clone()];
             present.extend(legs[usize::from(parity) + 1..].iter().cloned());
-            let specs = common::leaf_specs(&present);
-            let env = sim.env();
-            let store = sim
-                .run(async move {
-                    let pool =
-                        Pool::import(&env, specs, "tank", &uncached()).await.expect("imports");
-                    Arc::new(Store::open(pool, &uncached()).await.expect("opens"))
-                })
-                .expect("the sim runs")
-                .0;
+            let store = import(&sim, &present);
             assert_eq!(common::read_all(&sim, &store, &data, block), (0, 0), "{what}: imported");
         }
         assert!(inside > 0, "raidz{parity} of {width}: no loss fell inside a sync");

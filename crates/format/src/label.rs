@@ -163,6 +163,29 @@ pub struct TopConfig {
     pub raidz: Option<RaidzConfig>,
 }
 
+impl TopConfig {
+    /// The columns of a RAID-Z vdev for which `has` holds for neither its child nor the leaf
+    /// replacing it (leaves by guid); 0 for a leaf or a mirror.
+    pub fn columns_lacking(&self, has: impl Fn(u64) -> bool) -> usize {
+        let Some(raidz) = &self.raidz else { return 0 };
+        let replaced = |column: usize| {
+            raidz.replacing.iter().any(|(c, new)| usize::from(*c) == column && has(new.guid))
+        };
+        (self.children.iter().enumerate())
+            .filter(|&(c, child)| !has(child.guid) && !replaced(c))
+            .count()
+    }
+
+    /// Whether the vdev holds every block with only the leaves for which `has` holds: one of a
+    /// leaf's or a mirror's, all but at most `parity` columns of a RAID-Z vdev's.
+    pub fn serves_with(&self, has: impl Fn(u64) -> bool) -> bool {
+        match &self.raidz {
+            None => self.children.iter().any(|c| has(c.guid)),
+            Some(raidz) => self.columns_lacking(has) <= usize::from(raidz.parity),
+        }
+    }
+}
+
 /// What a RAID-Z top-level vdev records beyond its children. How wide a RAID-Z vdev the
 /// config has room for, for a given path length, is worked out at [`CONFIG_BYTES_MAX`].
 #[derive(Clone, Debug, PartialEq, Eq)]

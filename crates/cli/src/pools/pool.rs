@@ -469,23 +469,9 @@ fn vdev_state(top: &sluice_format::TopConfig, leaves: &[PoolLeaf], index: usize)
                 && matches!(l.leaf.state(), LeafState::Online | LeafState::Degraded)
         })
     };
-    let mine: Vec<&PoolLeaf> = leaves.iter().filter(|l| l.top == index).collect();
-    let all_online = mine.iter().all(|l| l.present && l.leaf.state() == LeafState::Online);
-    let serving = match &top.raidz {
-        None => mine.iter().any(|l| serves(l.guid)),
-        Some(raidz) => {
-            let lacking = (top.children.iter().enumerate())
-                .filter(|&(c, child)| {
-                    !serves(child.guid)
-                        && !raidz
-                            .replacing
-                            .iter()
-                            .any(|(col, new)| usize::from(*col) == c && serves(new.guid))
-                })
-                .count();
-            lacking <= usize::from(raidz.parity)
-        }
-    };
+    let all_online = (leaves.iter().filter(|l| l.top == index))
+        .all(|l| l.present && l.leaf.state() == LeafState::Online);
+    let serving = top.serves_with(serves);
     match (serving, all_online) {
         (false, _) => "FAULTED",
         (true, false) => "DEGRADED",

@@ -354,25 +354,7 @@ impl Pool {
         let holds = |guid: u64| {
             Some(guid) != except && tree.leaves.iter().any(|l| l.guid == guid && state.holds_all(l))
         };
-        let config = &tree.config.top[top];
-        match &config.raidz {
-            None => tree.leaves.iter().any(|l| l.top == top && holds(l.guid)),
-            Some(raidz) => {
-                let lacking = config
-                    .children
-                    .iter()
-                    .enumerate()
-                    .filter(|&(c, child)| {
-                        !holds(child.guid)
-                            && !raidz
-                                .replacing
-                                .iter()
-                                .any(|(col, new)| usize::from(*col) == c && holds(new.guid))
-                    })
-                    .count();
-                lacking <= usize::from(raidz.parity)
-            }
-        }
+        tree.config.top[top].serves_with(holds)
     }
 
     /// Leaves being replaced whose replacements now hold everything: what to detach.

@@ -468,28 +468,9 @@ impl Pool {
         // Whether the rest of the leaf's vdev serves every block: another leaf of a mirror; on
         // RAID-Z, all but at most `parity` columns.
         let others_serve = |l: &PoolLeaf| {
-            let config = &tree.config.top[l.top];
-            let serves = |guid: u64| {
+            tree.config.top[l.top].serves_with(|guid| {
                 guid != l.guid && tree.leaves.iter().any(|o| o.guid == guid && serving(o))
-            };
-            match &config.raidz {
-                None => tree.leaves.iter().any(|o| o.top == l.top && serves(o.guid)),
-                Some(raidz) => {
-                    let lacking = config
-                        .children
-                        .iter()
-                        .enumerate()
-                        .filter(|&(c, child)| {
-                            !serves(child.guid)
-                                && !raidz
-                                    .replacing
-                                    .iter()
-                                    .any(|(col, new)| usize::from(*col) == c && serves(new.guid))
-                        })
-                        .count();
-                    lacking <= usize::from(raidz.parity)
-                }
-            }
+            })
         };
         tree.leaves
             .iter()
@@ -1190,16 +1171,7 @@ impl Pool {
             }
             // A RAID-Z vdev rebuilds at most `parity` columns: a column is there when its
             // child or the leaf replacing it is.
-            let columns_missing = top.raidz.as_ref().map_or(0, |raidz| {
-                (0..top.children.len())
-                    .filter(|&c| {
-                        let replacement =
-                            raidz.replacing.iter().find(|(col, _)| usize::from(*col) == c);
-                        !present_guids.contains(&top.children[c].guid)
-                            && !replacement.is_some_and(|(_, l)| present_guids.contains(&l.guid))
-                    })
-                    .count()
-            });
+            let columns_missing = top.columns_lacking(|guid| present_guids.contains(&guid));
             if let Some(raidz) =
                 top.raidz.as_ref().filter(|r| columns_missing > usize::from(r.parity))
             {
