@@ -3,15 +3,23 @@
 
 Every leaf is a file on the one disk here (this kernel has no md RAID), so the 2-way mirror of
 the same files is the baseline. For each layout (mirror of 2, raidz1 of 4, raidz2 of 6; files
-of --leaf-size, allocated in full) a pool is created and served (`sluice serve POOL`), and fio
-runs over NBD:
+sized so that each layout holds --usable-size of data, written in full with zeros first) a pool
+is created and served (`sluice serve POOL`), and fio runs over NBD. Equal usable sizes keep the
+pools equally full: the 2 GiB written twice over takes most of a pool of 5 GiB. The leaves are written in full because ext4 allocates the blocks
+of a sparse or fallocated file at its first direct write, and such a write is not done in the
+submitting thread (io_uring hands it to a worker thread): the layout that writes fewer bytes
+would also write to more never-written regions of its files, and pay for the filesystem.
 
   w4k-1, w4k-8, w4k-32   4 KiB random writes, a flush after each (fio --fsync=1), 1/8/32 jobs,
                          on a volume of 16 KiB blocks (the default)
   r4k-32                 4 KiB random reads, 32 in flight, same volume (written first)
   seqw-1m                1 MiB sequential writes, 8 in flight, incompressible (--refill_buffers)
-                         over a whole 1 GiB volume of 128 KiB blocks written twice before
+                         over a whole 2 GiB volume of 128 KiB blocks written twice before
                          (unmeasured), timed until `pool sync` has made them durable
+  seqw-1m-capped         the same with the server's writes to the disk holding the leaves capped
+                         at --cap-bytes per second (the kernel's block throttle: cgroup v1
+                         blkio.throttle.write_bps_device or v2 io.max), so that both layouts are
+                         bound by the device: this disk takes more than one NBD client sends
   seqr-1m                1 MiB sequential reads of what seqw-1m wrote, 8 in flight
 
 Each job's server CPU time (/proc/PID/stat, user + system) is given per operation or per MiB,
@@ -21,8 +29,8 @@ once: usable capacity (incompressible data written into a thin 128K volume until
 against the sum of the leaf sizes) and the resilver time per GiB allocated (`pool replace
 -w` of one leaf with a new file).
 
-usage: bench/raidz.py [--rounds N] [--seconds S] [--leaf-size BYTES] [--capacity-leaf-size BYTES]
-                      [--dir DIR] [--report F]
+usage: bench/raidz.py [--rounds N] [--seconds S] [--usable-size BYTES] [--capacity-leaf-size BYTES]
+                      [--cap-bytes B] [--dir DIR] [--report F] [--jobs J,...] [--no-capacity]
 """
 
 import argparse
@@ -42,8 +50,10 @@ import urllib.request
 
 LAYOUTS = [("mirror", 0, 2), ("raidz1x4", 1, 4), ("raidz2x6", 2, 6)]
 # The 128K volume, written whole by seqw-1m and read by seqr-1m.
-SEQ_BYTES = 1 << 30
-JOBS = ["w4k-1", "w4k-8", "w4k-32", "r4k-32", "seqw-1m", "seqr-1m"]
+# Twice 1 GiB: more than a quarter of the dirty-data limit on this machine (where a txg sync
+# starts), so the writes stream through several syncs rather than into memory and one sync.
+SEQ_BYTES = 2 << 30
+JOBS = ["w4k-1", "w4k-8", "w4k-32", "r4k-32", "seqw-1m", "seqw-1m-capped", "seqr-1m"]
 
 
 def run(*args, check=True, **kw):
@@ -111,7 +121,7 @@ def job_args(job, seconds):
                        f"--numjobs={jobs}", "--size=192M", *timed]
     if job == "r4k-32":
         return "v16", ["--rw=randread", "--bs=4k", "--iodepth=32", "--size=192M", *timed]
-    if job == "seqw-1m":
+    if job.startswith("seqw-1m"):
         # One pass over the volume, untimed: the time counted runs until `pool sync` has made
         # it durable (fio alone would time the writes into memory, up to the dirty limit).
         return "v128", ["--rw=write", "--bs=1M", "--iodepth=8", f"--size={SEQ_BYTES}",
@@ -122,13 +132,18 @@ def job_args(job, seconds):
 def measure(args, served, job):
     volume, extra = job_args(job, args.seconds)
     run(args.bin, "pool", "sync", served.name, env=args.env)
+    capped = job.endswith("-capped")
+    if capped:
+        args.cap.put(served.proc.pid)
     ticks, leaf = served.cpu_ticks(), served.leaf_bytes()
     began = time.monotonic()
     result = fio(args, served, volume, job, extra)["jobs"][0]
-    untimed = job == "seqw-1m"
+    untimed = job.startswith("seqw-1m")
     if untimed:
         run(args.bin, "pool", "sync", served.name, env=args.env)
     took = time.monotonic() - began
+    if capped:
+        args.cap.release(served.proc.pid)
     ticks, leaf = served.cpu_ticks() - ticks, served.leaf_bytes() - leaf
     hz = os.sysconf("SC_CLK_TCK")
     write = job.startswith(("w", "seqw"))
@@ -153,15 +168,67 @@ def measure(args, served, job):
     return row
 
 
+def write_leaf(path, size):
+    """A leaf file written in full with zeros (see the module doc), which `pool create` takes
+    as empty."""
+    if os.path.exists(path):
+        os.remove(path)
+    run("dd", "if=/dev/zero", f"of={path}", "bs=4M", f"count={size >> 22}", "oflag=direct",
+        "status=none")
+
+
 def create(args, name, parity, width, leaf_size):
     files = [os.path.join(args.dir, f"{name}-{i}.img") for i in range(width)]
     for f in files:
-        if os.path.exists(f):
-            os.remove(f)
+        write_leaf(f, leaf_size)
     words = (["mirror"] if parity == 0 else [f"raidz{parity}"]) + files
-    run(args.bin, "pool", "create", name, *words, "--size", str(leaf_size), "--sparse",
-        env=args.env)
+    run(args.bin, "pool", "create", name, *words, env=args.env)
     return files
+
+
+class WriteCap:
+    """Caps a process's writes to the disk that holds --dir, with the kernel's block throttle:
+    a cgroup of its own with cgroup v1's blkio.throttle.write_bps_device or v2's io.max. It
+    counts direct I/O, which is how sluice writes its leaves."""
+
+    def __init__(self, directory, bytes_per_s):
+        dev = os.stat(directory).st_dev
+        node = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
+        if not os.path.exists(node):
+            sys.exit(f"raidz bench: {directory} is not on a block device; the capped job needs "
+                     "one (leave it out with --jobs)")
+        if os.path.exists(node + "/partition"):
+            node = os.path.dirname(os.path.realpath(node))
+        self.device = open(node + "/dev").read().strip()
+        self.bytes_per_s = bytes_per_s
+        if os.path.isdir("/sys/fs/cgroup/blkio"):
+            self.root = "/sys/fs/cgroup/blkio"
+            self.group = os.path.join(self.root, "sluice-raidz-bench")
+            os.makedirs(self.group, exist_ok=True)
+            limit = ("blkio.throttle.write_bps_device", f"{self.device} {bytes_per_s}")
+        elif "io" in open("/sys/fs/cgroup/cgroup.controllers").read().split():
+            self.root = "/sys/fs/cgroup"
+            with open(os.path.join(self.root, "cgroup.subtree_control"), "w") as f:
+                f.write("+io")
+            self.group = os.path.join(self.root, "sluice-raidz-bench")
+            os.makedirs(self.group, exist_ok=True)
+            limit = ("io.max", f"{self.device} wbps={bytes_per_s}")
+        else:
+            sys.exit("raidz bench: no cgroup block throttle here (neither v1 blkio nor v2 io); "
+                     "leave seqw-1m-capped out with --jobs")
+        with open(os.path.join(self.group, limit[0]), "w") as f:
+            f.write(limit[1])
+
+    def put(self, pid):
+        with open(os.path.join(self.group, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+
+    def release(self, pid):
+        with open(os.path.join(self.root, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+
+    def remove(self):
+        os.rmdir(self.group)
 
 
 def destroy(args, name):
@@ -200,9 +267,9 @@ def capacity_and_resilver(args, name, parity, width):
     allocated = row["allocated_bytes"]
     new = os.path.join(args.dir, f"{name}-new.img")
     old = os.path.join(args.dir, f"{name}-1.img")
+    write_leaf(new, leaf_size)
     began = time.monotonic()
-    run(args.bin, "pool", "replace", name, old, new, "--size", str(leaf_size), "-w",
-        env=args.env)
+    run(args.bin, "pool", "replace", name, old, new, "-w", env=args.env)
     took = time.monotonic() - began
     destroy(args, name)
     return {"usable": written / (leaf_size * width), "written": written,
@@ -215,8 +282,12 @@ def main():
     parser.add_argument("--bin", default="target/release/sluice")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=10)
-    parser.add_argument("--leaf-size", type=int, default=3 << 30)
+    parser.add_argument("--usable-size", type=int, default=5 << 30,
+                        help="data each layout's pool holds: the leaf size for the mirror, "
+                             "this over the data columns for RAID-Z")
     parser.add_argument("--capacity-leaf-size", type=int, default=1 << 30)
+    parser.add_argument("--cap-bytes", type=int, default=10**9,
+                        help="seqw-1m-capped's write limit on the leaves' disk, bytes per second")
     parser.add_argument("--dir", default="/var/tmp/sluice-raidz-bench")
     parser.add_argument("--report")
     parser.add_argument("--jobs", help="comma-separated subset of the jobs (all by default)")
@@ -230,13 +301,16 @@ def main():
     shutil.rmtree(args.dir, ignore_errors=True)
     os.makedirs(args.dir)
     args.env = dict(os.environ, SLUICE_CACHE_FILE=os.path.join(args.dir, "pools.cache"))
+    args.cap = WriteCap(args.dir, args.cap_bytes) if "seqw-1m-capped" in JOBS else None
     started = datetime.datetime.now(datetime.timezone.utc)
     rows = {layout: {job: [] for job in JOBS} for layout, _, _ in LAYOUTS}
     try:
         for r in range(args.rounds):
             order = LAYOUTS if r % 2 == 0 else LAYOUTS[::-1]
             for name, parity, width in order:
-                create(args, name, parity, width, args.leaf_size)
+                data_leaves = 1 if parity == 0 else width - parity
+                leaf_size = -(-args.usable_size // data_leaves >> 22) << 22
+                create(args, name, parity, width, leaf_size)
                 run(args.bin, "vol", "create", f"{name}/v16", "--size", "192M", "--sparse",
                     env=args.env)
                 run(args.bin, "vol", "create", f"{name}/v128", "--size", str(SEQ_BYTES), "--sparse",
@@ -261,6 +335,8 @@ def main():
         for name, _, _ in LAYOUTS:
             destroy(args, name)
             destroy(args, name + "c")
+        if args.cap:
+            args.cap.remove()
     finished = datetime.datetime.now(datetime.timezone.utc)
     report = render(args, rows, once, started, finished)
     print(report)
@@ -286,7 +362,8 @@ def render(args, rows, once, started, finished):
         f"# RAID-Z against a 2-way mirror of the same files, {started:%Y-%m-%d %H:%M}Z",
         "",
         f"Command: `bench/raidz.py --rounds {args.rounds} --seconds {args.seconds} "
-        f"--leaf-size {args.leaf_size} --capacity-leaf-size {args.capacity_leaf_size}"
+        f"--usable-size {args.usable_size} --capacity-leaf-size {args.capacity_leaf_size}"
+        + (f" --cap-bytes {args.cap_bytes}" if args.cap else "")
         + (f" --jobs {args.jobs}" if args.jobs else "")
         + (" --no-capacity" if args.no_capacity else "")
         + f"` ({started:%Y-%m-%d %H:%M} to {finished:%H:%M} UTC). "

@@ -297,3 +297,73 @@ fn writers_short_of_space_share_a_sync() {
     })
     .unwrap();
 }
+
+/// Blocks larger than 16 KiB need free ranges of their own size, and there are no gang
+/// blocks: a volume of 128 KiB blocks written into a pool whose free space is partly 16 KiB
+/// holes is refused with a no-space error once the ranges that hold whole 128 KiB blocks are
+/// spoken for, rather than admitted into a sync that cannot place it. (Admission counted room
+/// in 16 KiB blocks for every volume, and a served pool's sync failed with 198 MB free and no
+/// 128 KiB range left, bench/raidz.py, 2026-11-29.) The holes still take 16 KiB blocks.
+#[test]
+fn large_blocks_are_refused_before_a_sync_cannot_place_them() {
+    let sim = Sim::new(79);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    // Syncs start only when dirty data or free space asks for one.
+    let tunables =
+        Tunables::with([("txg.timeout_ms", "3600000"), ("txg.dirty_max", "1G")]).unwrap();
+    sim.run(async move {
+        let spec = PoolSpec { name: "holes".into(), ashift: 12, top: vec![TopSpec::Mirror(specs)] };
+        let pool = Pool::create(&env, spec, &tunables).await.unwrap();
+        let store = Arc::new(Store::create(pool, &tunables));
+        store.run_syncer();
+        // 40 MiB of 16 KiB blocks, then every other one zeroed: 1,280 holes of 16 KiB.
+        let (small, block) = (40u64 << 20, 16u64 << 10);
+        store.create_volume("small", small, block as u32).unwrap();
+        for at in (0..small).step_by(1 << 20) {
+            store.write("small", at, &incompressible(at, 1 << 20)).await.unwrap();
+        }
+        store.sync().await.unwrap();
+        for at in (0..small).step_by(2 * block as usize) {
+            store.zero("small", at, block).await.unwrap();
+        }
+        for _ in 0..(sluice_engine::alloc::FREE_DEFER_TXGS + 2) {
+            store.sync().await.unwrap();
+        }
+        // A thin volume of 128 KiB blocks, larger than the pool, written until refused.
+        let (large, chunk) = (64u64 << 20, 128u64 << 10);
+        store.create_volume("large", large, chunk as u32).unwrap();
+        let mut written = 0;
+        let refused = loop {
+            assert!(written < large, "a 64 MiB pool took 64 MiB of new blocks");
+            match store
+                .write("large", written, &incompressible(written | 1 << 40, chunk as usize))
+                .await
+            {
+                Ok(_) => written += chunk,
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(refused, sluice_engine::txg::StoreError::NoSpace { .. }),
+            "refused with {refused}"
+        );
+        assert!(!store.is_suspended(), "a sync ran out of room");
+        assert!(written >= 4 << 20, "only {written} bytes of 128 KiB blocks were taken");
+        store.sync().await.unwrap();
+        for at in (0..written).step_by(chunk as usize) {
+            let got = store.read("large", at, chunk).await.unwrap();
+            assert!(got == incompressible(at | 1 << 40, chunk as usize), "large at {at}");
+        }
+        // The 16 KiB holes are still there for 16 KiB blocks.
+        for at in (0..small).step_by(8 * block as usize) {
+            store.write("small", at, &incompressible(at | 1 << 41, block as usize)).await.unwrap();
+        }
+        store.sync().await.unwrap();
+        assert!(!store.is_suspended());
+        let report = store.audit().await.unwrap();
+        assert!(report.is_clean(), "audit: {:?}", report.problems);
+    })
+    .unwrap();
+}

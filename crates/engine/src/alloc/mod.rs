@@ -66,6 +66,13 @@ pub const ROTOR_ALIQUOT_BYTES: u64 = 1 << 20;
 /// ranges counted in whole blocks of this size are what its metadata can use, and what data
 /// blocks of up to this size can use whatever they compress to ([`Allocator::room_bytes`]).
 pub const METADATA_BLOCK_BYTES_MAX: u64 = 16 << 10;
+/// The block sizes whose room each vdev's free space keeps count of
+/// ([`Allocator::room_bytes_for`]): the metadata block, then the larger data blocks up to the
+/// largest a volume may have. There are no gang blocks, so a block needs a free range of its
+/// own size, and a pool whose free space is 16 KiB holes has room for 16 KiB blocks and none for
+/// 128 KiB ones.
+pub const ROOM_BLOCK_BYTES: [u64; range_tree::ROOM_TIERS] =
+    [METADATA_BLOCK_BYTES_MAX, 32 << 10, 64 << 10, 128 << 10];
 /// Below this percentage of a vdev's space free, allocations take the smallest range that fits.
 const BEST_FIT_FREE_PCT: u64 = 4;
 /// ... and likewise once no free range of the vdev is this long.
@@ -242,7 +249,7 @@ impl Allocator {
             .iter()
             .map(|&(start, end)| {
                 assert!(start < end, "empty data area");
-                let mut free = RangeTree::with_large_min(METADATA_BLOCK_BYTES_MAX);
+                let mut free = RangeTree::with_room_units(ROOM_BLOCK_BYTES);
                 free.insert(start, end - start);
                 let log_region_end = start + log_region_bytes(end - start);
                 VdevSpace {
@@ -373,14 +380,15 @@ impl Allocator {
     }
 
     /// Gives RAID-Z vdevs their shape (`None` for the others), before anything is allocated
-    /// or right after a load: their free space then counts in whole blocks of a 16 KiB psize
-    /// at what such a block allocates there ([`Allocator::room_bytes`]).
+    /// or right after a load: their free space then counts in whole blocks of each of
+    /// [`ROOM_BLOCK_BYTES`] at what such a block allocates there ([`Allocator::room_bytes`]).
     pub fn with_geometries(mut self, geometries: &[Option<RaidzGeometry>]) -> Allocator {
         assert_eq!(geometries.len(), self.vdevs.len(), "a shape per top-level vdev");
         for (space, geometry) in self.vdevs.iter_mut().zip(geometries) {
             space.geometry = *geometry;
             if let Some(geometry) = geometry {
-                let mut free = RangeTree::with_large_min(geometry.asize(METADATA_BLOCK_BYTES_MAX));
+                let mut free =
+                    RangeTree::with_room_units(ROOM_BLOCK_BYTES.map(|b| geometry.asize(b)));
                 for (start, len) in space.free.iter() {
                     free.insert(start, len);
                 }
@@ -632,7 +640,17 @@ impl Allocator {
     /// does); one placed inside a range, where the cursor or a ditto copy starts, up to twice
     /// that. What is left over at the ends of ranges holds only blocks that compressed to fit.
     pub fn room_bytes(&self) -> u64 {
-        self.vdevs.iter().filter(|v| !v.log_only).map(|v| v.free.large_bytes()).sum()
+        self.room_bytes_for(METADATA_BLOCK_BYTES_MAX)
+    }
+
+    /// Free space (on data vdevs) that data blocks of `block_bytes` could take, each free range
+    /// counted in whole blocks of the smallest of [`ROOM_BLOCK_BYTES`] that holds one: what
+    /// admission weighs a volume's writes against.
+    pub fn room_bytes_for(&self, block_bytes: u64) -> u64 {
+        let tier = ROOM_BLOCK_BYTES.iter().position(|&b| b >= block_bytes).unwrap_or_else(|| {
+            panic!("a block of {block_bytes} bytes is larger than any counted room")
+        });
+        self.vdevs.iter().filter(|v| !v.log_only).map(|v| v.free.room_bytes(tier)).sum()
     }
 
     /// Bytes allocated for txgs' blocks so far (never for log blocks or blocks written in
@@ -904,7 +922,7 @@ impl Allocator {
                     map.ashift
                 )));
             }
-            let mut free = RangeTree::with_large_min(METADATA_BLOCK_BYTES_MAX);
+            let mut free = RangeTree::with_room_units(ROOM_BLOCK_BYTES);
             let mut claimed = RangeTree::default();
             for &(s, l) in &map.free {
                 if s < *start || s.saturating_add(l) > *end || !free.try_insert(s, l) {

@@ -11,6 +11,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+/// How many block sizes a tree counts room for ([`RangeTree::with_room_units`]).
+pub const ROOM_TIERS: usize = 4;
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RangeTree {
     /// start -> end (exclusive)
@@ -18,31 +21,36 @@ pub struct RangeTree {
     /// (length, start) of every range.
     by_size: BTreeSet<(u64, u64)>,
     total: u64,
-    /// The block size `large` counts in.
-    large_min: u64,
-    /// Bytes that blocks of `large_min` can use: of each range, its largest multiple of
-    /// `large_min`.
-    large: u64,
+    /// The block sizes `room` counts in (0: every byte).
+    room_units: [u64; ROOM_TIERS],
+    /// For each of `room_units`, the bytes blocks of that size could use: of each range, its
+    /// largest multiple of the unit.
+    room: [u64; ROOM_TIERS],
 }
 
 impl RangeTree {
-    /// An empty tree that also keeps how many bytes blocks of `large_min` could take.
-    pub fn with_large_min(large_min: u64) -> RangeTree {
-        RangeTree { large_min, ..RangeTree::default() }
+    /// An empty tree that also keeps how many bytes blocks of each of `units` could take.
+    pub fn with_room_units(units: [u64; ROOM_TIERS]) -> RangeTree {
+        RangeTree { room_units: units, ..RangeTree::default() }
     }
 
-    /// Bytes that blocks of `large_min` bytes could take (see [`RangeTree::with_large_min`]):
+    /// Bytes that blocks of the `tier`th unit (see [`RangeTree::with_room_units`]) could take:
     /// each range counts in whole multiples of it, since what is left over at a range's end
-    /// holds no such block. Placing a block of at most `large_min` bytes at either end of a
-    /// range lowers it by at most `large_min`; inside a range, by up to twice that.
-    pub fn large_bytes(&self) -> u64 {
-        self.large
+    /// holds no such block. Placing a block of at most the unit at either end of a range lowers
+    /// it by at most the unit; inside a range, by up to twice that.
+    pub fn room_bytes(&self, tier: usize) -> u64 {
+        self.room[tier]
     }
 
-    fn large_part(&self, len: u64) -> u64 {
-        match self.large_min {
-            0 => len,
-            unit => len / unit * unit,
+    fn count_room(&mut self, len: u64, add: bool) {
+        for (room, &unit) in self.room.iter_mut().zip(&self.room_units) {
+            // A unit of 0 counts every byte.
+            let part = len.checked_div(unit).map_or(len, |blocks| blocks * unit);
+            if add {
+                *room += part;
+            } else {
+                *room -= part;
+            }
         }
     }
 
@@ -76,13 +84,13 @@ impl RangeTree {
     fn add_range(&mut self, start: u64, end: u64) {
         self.ranges.insert(start, end);
         self.by_size.insert((end - start, start));
-        self.large += self.large_part(end - start);
+        self.count_room(end - start, true);
     }
 
     fn drop_range(&mut self, start: u64) {
         if let Some(end) = self.ranges.remove(&start) {
             self.by_size.remove(&(end - start, start));
-            self.large -= self.large_part(end - start);
+            self.count_room(end - start, false);
         }
     }
 
@@ -373,7 +381,7 @@ mod tests {
         /// and the total matches the model after any sequence.
         #[test]
         fn matches_a_bitmap(ops in proptest::collection::vec((any::<bool>(), 0u64..64, 1u64..8), 1..200)) {
-            let mut tree = RangeTree::with_large_min(2048);
+            let mut tree = RangeTree::with_room_units([2048, 1024, 4096, 0]);
             tree.insert(0, 64 * 512);
             let mut free = [true; 64];
             for (allocate, at, n) in ops {
@@ -403,7 +411,10 @@ mod tests {
                     i += 1;
                 }
                 prop_assert_eq!(tree.largest(), runs.iter().map(|r| r.0).max().unwrap_or(0));
-                prop_assert_eq!(tree.large_bytes(), runs.iter().map(|r| r.0 / 2048 * 2048).sum::<u64>());
+                for (tier, unit) in [2048u64, 1024, 4096].into_iter().enumerate() {
+                    prop_assert_eq!(tree.room_bytes(tier), runs.iter().map(|r| r.0 / unit * unit).sum::<u64>());
+                }
+                prop_assert_eq!(tree.room_bytes(3), tree.total_bytes());
                 for want in [512u64, 2048, 4096] {
                     let smallest = runs.iter().filter(|r| r.0 >= want).min().map(|r| r.1);
                     prop_assert_eq!(tree.best_fit(want, 512), smallest);

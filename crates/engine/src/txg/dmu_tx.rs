@@ -108,18 +108,21 @@ impl Admission<'_> {
                     let tier = if thick { SlopTier::Thick } else { SlopTier::Normal };
                     let kept = tier.kept(allocator.slop_bytes());
                     // Data blocks, too, are counted against the free space each free range
-                    // has in whole 16 KiB blocks (`room_bytes`), not against all free bytes: a
-                    // 16 KiB block that does not compress needs a range of its size, and the
-                    // holes left by blocks that did compress, or at the ends of ranges, do not
-                    // hold it. Counted in bytes, 1 MiB overwrites of a thick volume admitted
-                    // more than the sync could place, and it failed with 69 MB free but no
-                    // 16 KiB range left (peers run, 2026-11-27). Each block placed at the end
-                    // of a range takes at most 16 KiB of this; a run that starts inside a
-                    // range loses up to 16 KiB more before it, which the kept slop absorbs.
-                    // Blocks over 16 KiB need larger ranges still (no gang blocks), and 4 and
-                    // 8 KiB blocks placed in 16 KiB ranges may take more than they count.
-                    let usable =
-                        allocator.room_bytes().saturating_sub(kept + ddt_reserve + reserved);
+                    // has in whole blocks of the volume's block size (`room_bytes_for`), not
+                    // against all free bytes: a block that does not compress needs a range of
+                    // its size (there are no gang blocks), and the holes left by blocks that
+                    // did compress, or at the ends of ranges, do not hold it. Counted in bytes,
+                    // 1 MiB overwrites of a thick volume admitted more than the sync could place,
+                    // and it failed with 69 MB free but no 16 KiB range left (peers run,
+                    // 2026-11-27); counted in 16 KiB blocks for every volume, a volume of 128 KiB
+                    // blocks did the same with 198 MB free in 16 KiB holes (bench/raidz.py,
+                    // 2026-11-29). Each block placed at the end of a range takes at most a block
+                    // of this; a run that starts inside a range loses up to a block more before
+                    // it, which the kept slop absorbs, as it does smaller blocks of other
+                    // volumes placed in ranges counted for larger ones.
+                    let usable = allocator
+                        .room_bytes_for(block_bytes)
+                        .saturating_sub(kept + ddt_reserve + reserved);
                     // Intent-log blocks leave alone what volumes have set aside, the dedup
                     // table's rewrite room, and what the syncs will allocate.
                     allocator.set_aside(reserved + own_reserved + ddt_reserve);

@@ -139,6 +139,11 @@ use crate::tunables::Tunables;
 /// Volume block sizes allowed.
 pub const BLOCK_BYTES_MIN: u32 = 4096;
 pub const BLOCK_BYTES_MAX: u32 = 128 << 10;
+// Admission counts room for blocks of up to this size (alloc::ROOM_BLOCK_BYTES).
+const _: () = assert!(
+    BLOCK_BYTES_MAX as u64
+        == crate::alloc::ROOM_BLOCK_BYTES[crate::alloc::ROOM_BLOCK_BYTES.len() - 1]
+);
 pub const BLOCK_BYTES_DEFAULT: u32 = 16 << 10;
 
 #[derive(Debug, thiserror::Error)]
