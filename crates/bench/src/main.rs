@@ -1,5 +1,5 @@
 //! The `sluice-bench` command: the engine benchmark (`sluice-bench engine`, real time on file
-//! leaves), RAID-Z's parity code (`sluice-bench raidz`) and the seeds' experiments
+//! leaves), RAID-Z's parity code (`sluice-bench raidz`), encryption's cost (`sluice-bench crypt`) and the seeds' experiments
 //! (`sluice-bench seeds ddt|mirror|queue|zil|zvol`; ddt in real time, the others in virtual
 //! time under the simulator). A binary of its own, not a
 //! subcommand of `sluice`, so that the served binary does not link the simulator.
@@ -44,6 +44,21 @@ enum Command {
     Raidz {
         #[arg(long, value_parser = parse_size, default_value = "1M")]
         block_size: u64,
+        /// Seconds per run.
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+        /// Runs per figure (the table gives medians).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Encryption's cost on one core: sealing and opening blocks through the encrypt and
+    /// decrypt stages' code (AES-256-GCM), by block size, and a passphrase's Argon2id.
+    Crypt {
+        /// Block sizes to measure.
+        #[arg(long, value_parser = parse_size, value_delimiter = ',', default_value = "4K,16K,128K")]
+        block_sizes: Vec<u64>,
         /// Seconds per run.
         #[arg(long, default_value_t = 1.0)]
         seconds: f64,
@@ -156,6 +171,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "--runs, --seconds and --block-size must be positive"
             );
             let report = sluice_bench::raidz::run(block_size, seconds, runs)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.markdown());
+            }
+            Ok(())
+        }
+        Command::Crypt { block_sizes, seconds, runs, json } => {
+            anyhow::ensure!(
+                runs > 0 && seconds > 0.0 && block_sizes.iter().all(|&b| b > 0),
+                "--runs, --seconds and --block-sizes must be positive"
+            );
+            let report = sluice_bench::crypt::run(&block_sizes, seconds, runs)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

@@ -338,6 +338,7 @@ fn placed_block(at: u64) -> sluice_format::BlockPointer {
         fill: 1,
         checksum: ChecksumAlg::Xxh3_128.compute(&[7u8; 16384]),
         dedup: None,
+        crypt: sluice_format::BlockCrypt::None,
     }
 }
 

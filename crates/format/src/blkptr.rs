@@ -17,12 +17,41 @@
 //!     66    1 kind u8               BlockKind
 //!     67    1 level u8              0 = data, n = indirect block n levels above data
 //!     68    1 flags u8              bit 0: dedup (the block is shared through the dedup table)
+//!                                   bit 1: encrypted (a data block of an encrypted volume)
+//!                                   bit 2: children's MACs (an indirect block above encrypted
+//!                                   blocks)
 //!     69    3 reserved (zero)
 //!     72    8 fill u64              data blocks beneath this pointer that are not holes
 //!     80   16 checksum              of the block's physical bytes
 //!     96   32 dedup key             keyed BLAKE3 of the block's contents when the dedup flag
 //!                                   is set (how a free finds its table entry), else zero
 //! ```
+//!
+//! An encrypted block (flag bit 1; ZFS gives up its third DVA the same way) has at most two
+//! copies, and the third DVA's and the dedup key's bytes hold what its decryption needs:
+//!
+//! ```text
+//!     32    8 salt u64              which block key encrypted it (derived from the volume's
+//!                                   master key and this salt)
+//!     40    8 key family u64        the guid of the key family (encryption root) whose master
+//!                                   key that is: a read finds its key from the pointer alone
+//!     96   12 iv                    AES-GCM's 96-bit nonce, random (or, in a volume with
+//!                                   dedup, derived from a keyed MAC of the data)
+//!    108   16 mac                   AES-GCM's tag over the ciphertext and the block's
+//!                                   portable fields
+//!    124    4 reserved (zero)
+//! ```
+//!
+//! The checksum at 80 is over the ciphertext, so scrub, resilver and self-healing need no key.
+//! An encrypted block with the dedup flag has as its dedup key its checksum followed by its
+//! MAC: the same data in the same volume family encrypts to the same bytes, and the pair,
+//! unlike a hash of the data, says nothing to whoever holds the disks.
+//!
+//! An indirect block above encrypted blocks (flag bit 2) keeps its three DVAs and holds at 96,
+//! in place of a dedup key, a BLAKE3 hash of its children's portable fields and MACs
+//! ([`BlockPointer::auth_bytes`]), so a child swapped for another or for an older version of
+//! itself fails authentication at its parent, and the volume's root carries a keyed MAC over
+//! the top of the tree.
 //!
 //! A compressed block (ZFS: `zio_compress.c`) is stored as a 4-byte little-endian length, that
 //! many compressed bytes, and zeros up to whole sectors: `psize` counts all of it and the
@@ -50,10 +79,31 @@ const OFF_RESERVED_A: usize = 69;
 const OFF_FILL: usize = 72;
 const OFF_CHECKSUM: usize = 80;
 const OFF_DEDUP_KEY: usize = 96;
+const OFF_SALT: usize = 32;
+const OFF_FAMILY: usize = 40;
+const OFF_IV: usize = 96;
+const OFF_MAC: usize = 108;
+const OFF_RESERVED_MAC: usize = 124;
 const FLAG_DEDUP: u8 = 1;
+const FLAG_ENCRYPTED: u8 = 2;
+const FLAG_CHILDREN_MAC: u8 = 4;
+const FLAGS_ENCRYPTED_DEDUP: u8 = FLAG_ENCRYPTED | FLAG_DEDUP;
+
+/// Bytes of AES-GCM's nonce.
+pub const IV_BYTES: usize = 12;
+/// Bytes of AES-GCM's tag.
+pub const MAC_BYTES: usize = 16;
+/// Bytes of the hash of an indirect block's children's MACs.
+pub const CHILDREN_MAC_BYTES: usize = 32;
+/// Copies an encrypted block can name: its third DVA's bytes hold the salt.
+pub const ENCRYPTED_DVAS_MAX: usize = 2;
 
 const _: () = assert!(DVAS_MAX * DVA_BYTES == OFF_LSIZE);
 const _: () = assert!(OFF_DEDUP_KEY + DDT_KEY_BYTES == BLKPTR_BYTES);
+const _: () = assert!(OFF_SALT == ENCRYPTED_DVAS_MAX * DVA_BYTES);
+const _: () = assert!(OFF_IV + IV_BYTES == OFF_MAC && OFF_RESERVED_MAC == OFF_MAC + MAC_BYTES);
+const _: () = assert!(MAC_BYTES * 2 == DDT_KEY_BYTES);
+const _: () = assert!(OFF_DEDUP_KEY + CHILDREN_MAC_BYTES == BLKPTR_BYTES);
 
 const WHAT: &str = "block pointer";
 
@@ -134,6 +184,23 @@ impl BlockCompression {
 /// Bytes of the length that starts a compressed block's physical bytes.
 pub const COMPRESSED_HEADER_BYTES: usize = 4;
 
+/// What a block pointer carries for encryption.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BlockCrypt {
+    /// Not part of an encrypted volume's tree.
+    #[default]
+    None,
+    /// A data block stored encrypted: AES-256-GCM under the key derived from the volume's
+    /// master key and `salt`, with nonce `iv`; `mac` is the tag.
+    Encrypted { family: u64, salt: u64, iv: [u8; IV_BYTES], mac: [u8; MAC_BYTES] },
+    /// An indirect block above encrypted blocks: the hash of its children's
+    /// [`BlockPointer::auth_bytes`].
+    ChildrenMac([u8; CHILDREN_MAC_BYTES]),
+}
+
+/// Bytes of [`BlockPointer::auth_bytes`].
+pub const AUTH_BYTES: usize = 64;
+
 /// A decoded block pointer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BlockPointer {
@@ -149,8 +216,10 @@ pub struct BlockPointer {
     pub fill: u64,
     pub checksum: Checksum,
     /// Set on data blocks written through the dedup table: the entry that counts their
-    /// references. Freeing such a pointer drops a reference instead of the space.
+    /// references. Freeing such a pointer drops a reference instead of the space. On an
+    /// encrypted block it is the checksum followed by the MAC.
     pub dedup: Option<DdtKey>,
+    pub crypt: BlockCrypt,
 }
 
 impl BlockPointer {
@@ -165,6 +234,47 @@ impl BlockPointer {
 
     pub fn psize_bytes(&self) -> u64 {
         u64::from(self.psize_sectors) * u64::from(SECTOR_BYTES)
+    }
+
+    /// The dedup key of an encrypted block whose checksum and MAC are these: how a free of a
+    /// deduplicated encrypted block finds its table entry without a key.
+    pub fn encrypted_dedup_key(checksum: &Checksum, mac: &[u8; MAC_BYTES]) -> DdtKey {
+        let mut key = [0u8; DDT_KEY_BYTES];
+        key[..MAC_BYTES].copy_from_slice(&checksum.0);
+        key[MAC_BYTES..].copy_from_slice(mac);
+        DdtKey(key)
+    }
+
+    /// What a parent's hash of its children's MACs covers of this pointer (a hole: all zeros):
+    /// the fields that describe the block wherever it is stored, which a raw send carries and
+    /// a receive keeps. Left out, as ZFS leaves them out: where the copies are (DVAs), when it
+    /// was written (a receive writes it in another txg), the checksum (the MAC covers the
+    /// ciphertext), and the dedup flag (a receive may store the block either way).
+    pub fn auth_bytes(pointer: Option<&BlockPointer>) -> [u8; AUTH_BYTES] {
+        let mut out = [0u8; AUTH_BYTES];
+        let Some(bp) = pointer else { return out };
+        let mut w = Writer::new(&mut out);
+        w.u32(0, bp.lsize_sectors);
+        w.u32(4, bp.psize_sectors);
+        w.u8(8, bp.compression as u8);
+        w.u8(9, bp.kind as u8);
+        w.u8(10, bp.level);
+        w.u64(16, bp.fill);
+        match &bp.crypt {
+            BlockCrypt::None => {}
+            BlockCrypt::Encrypted { family, salt, iv, mac } => {
+                w.u8(11, FLAG_ENCRYPTED);
+                w.u64(24, *salt);
+                w.put(32, iv);
+                w.put(44, mac);
+                w.u64(56, *family);
+            }
+            BlockCrypt::ChildrenMac(hash) => {
+                w.u8(11, FLAG_CHILDREN_MAC);
+                w.put(24, hash);
+            }
+        }
+        out
     }
 
     /// True when `bytes` (the block's physical contents) match this pointer's checksum.
@@ -192,10 +302,35 @@ impl BlockPointer {
         w.u8(OFF_COMPRESSION, bp.compression as u8);
         w.u8(OFF_KIND, bp.kind as u8);
         w.u8(OFF_LEVEL, bp.level);
-        if let Some(key) = &bp.dedup {
-            w.u8(OFF_FLAGS, FLAG_DEDUP);
-            w.put(OFF_DEDUP_KEY, &key.0);
+        let mut flags = 0;
+        match &bp.crypt {
+            BlockCrypt::None => {
+                if let Some(key) = &bp.dedup {
+                    flags |= FLAG_DEDUP;
+                    w.put(OFF_DEDUP_KEY, &key.0);
+                }
+            }
+            BlockCrypt::Encrypted { family, salt, iv, mac } => {
+                debug_assert!(bp.dvas[ENCRYPTED_DVAS_MAX..].iter().all(Dva::is_empty));
+                debug_assert!(bp
+                    .dedup
+                    .is_none_or(|key| key == BlockPointer::encrypted_dedup_key(&bp.checksum, mac)));
+                flags |= FLAG_ENCRYPTED;
+                if bp.dedup.is_some() {
+                    flags |= FLAG_DEDUP;
+                }
+                w.u64(OFF_SALT, *salt);
+                w.u64(OFF_FAMILY, *family);
+                w.put(OFF_IV, iv);
+                w.put(OFF_MAC, mac);
+            }
+            BlockCrypt::ChildrenMac(hash) => {
+                debug_assert!(bp.dedup.is_none(), "indirect blocks are not deduplicated");
+                flags |= FLAG_CHILDREN_MAC;
+                w.put(OFF_DEDUP_KEY, hash);
+            }
         }
+        w.u8(OFF_FLAGS, flags);
         w.u64(OFF_FILL, bp.fill);
         w.put(OFF_CHECKSUM, &bp.checksum.0);
         out
@@ -207,8 +342,11 @@ impl BlockPointer {
         if r.slice(0, BLKPTR_BYTES)?.iter().all(|&b| b == 0) {
             return Ok(None);
         }
+        let flags = r.u8(OFF_FLAGS)?;
+        let encrypted = flags & FLAG_ENCRYPTED != 0;
+        let copies = if encrypted { ENCRYPTED_DVAS_MAX } else { DVAS_MAX };
         let mut dvas = [Dva::default(); DVAS_MAX];
-        for (i, dva) in dvas.iter_mut().enumerate() {
+        for (i, dva) in dvas.iter_mut().enumerate().take(copies) {
             let at = i * DVA_BYTES;
             *dva = Dva {
                 vdev: r.u32(at)?,
@@ -221,24 +359,46 @@ impl BlockPointer {
         }
         let compression = BlockCompression::decode(r.u8(OFF_COMPRESSION)?)?;
         r.zeros(OFF_RESERVED_A, OFF_FILL - OFF_RESERVED_A)?;
-        let dedup = match r.u8(OFF_FLAGS)? {
+        let checksum = Checksum(r.bytes16(OFF_CHECKSUM)?);
+        let bad_flags =
+            || FormatError::Invalid { what: WHAT, field: "flags", value: u64::from(flags) };
+        let (dedup, crypt) = match flags {
             0 => {
                 r.zeros(OFF_DEDUP_KEY, DDT_KEY_BYTES)?;
-                None
+                (None, BlockCrypt::None)
             }
             FLAG_DEDUP => {
                 let mut key = [0u8; DDT_KEY_BYTES];
                 key.copy_from_slice(r.slice(OFF_DEDUP_KEY, DDT_KEY_BYTES)?);
-                Some(DdtKey(key))
+                (Some(DdtKey(key)), BlockCrypt::None)
             }
-            flags => {
-                return Err(FormatError::Invalid {
-                    what: WHAT,
-                    field: "flags",
-                    value: u64::from(flags),
-                })
+            FLAG_ENCRYPTED | FLAGS_ENCRYPTED_DEDUP => {
+                r.zeros(OFF_RESERVED_MAC, BLKPTR_BYTES - OFF_RESERVED_MAC)?;
+                let mut iv = [0u8; IV_BYTES];
+                iv.copy_from_slice(r.slice(OFF_IV, IV_BYTES)?);
+                let mac = r.bytes16(OFF_MAC)?;
+                let dedup = (flags & FLAG_DEDUP != 0)
+                    .then(|| BlockPointer::encrypted_dedup_key(&checksum, &mac));
+                let (salt, family) = (r.u64(OFF_SALT)?, r.u64(OFF_FAMILY)?);
+                (dedup, BlockCrypt::Encrypted { family, salt, iv, mac })
             }
+            FLAG_CHILDREN_MAC => {
+                let mut hash = [0u8; CHILDREN_MAC_BYTES];
+                hash.copy_from_slice(r.slice(OFF_DEDUP_KEY, CHILDREN_MAC_BYTES)?);
+                (None, BlockCrypt::ChildrenMac(hash))
+            }
+            _ => return Err(bad_flags()),
         };
+        let kind_raw = r.u8(OFF_KIND)?;
+        // Only data blocks are encrypted, and only indirect blocks hash their children.
+        let crypt_fits = match crypt {
+            BlockCrypt::None => true,
+            BlockCrypt::Encrypted { .. } => kind_raw == BlockKind::Data as u8,
+            BlockCrypt::ChildrenMac(_) => kind_raw == BlockKind::Indirect as u8,
+        };
+        if !crypt_fits {
+            return Err(bad_flags());
+        }
         let psize_sectors = r.u32(OFF_PSIZE)?;
         let lsize_sectors = r.u32(OFF_LSIZE)?;
         if psize_sectors == 0 || lsize_sectors == 0 {
@@ -272,8 +432,9 @@ impl BlockPointer {
             kind,
             level: r.u8(OFF_LEVEL)?,
             fill: r.u64(OFF_FILL)?,
-            checksum: Checksum(r.bytes16(OFF_CHECKSUM)?),
+            checksum,
             dedup,
+            crypt,
         }))
     }
 }

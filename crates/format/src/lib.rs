@@ -13,6 +13,7 @@
 mod blkptr;
 mod checksum;
 mod codec;
+mod crypto_key;
 mod ddt;
 mod deadlist;
 mod directory;
@@ -25,9 +26,14 @@ mod space_map;
 mod uberblock;
 
 pub use blkptr::{
-    BlockCompression, BlockKind, BlockPointer, Dva, BLKPTR_BYTES, COMPRESSED_HEADER_BYTES, DVAS_MAX,
+    BlockCompression, BlockCrypt, BlockKind, BlockPointer, Dva, AUTH_BYTES, BLKPTR_BYTES,
+    CHILDREN_MAC_BYTES, COMPRESSED_HEADER_BYTES, DVAS_MAX, ENCRYPTED_DVAS_MAX, IV_BYTES, MAC_BYTES,
 };
 pub use checksum::{Checksum, ChecksumAlg};
+pub use crypto_key::{
+    Argon2Params, CryptSuite, KeyFormat, KeyLocation, WrappedKey, KDF_SALT_BYTES,
+    KEY_LOCATION_BYTES_MAX, MASTER_KEY_BYTES, WRAPPED_KEY_FIXED_BYTES, WRAP_AAD_BYTES,
+};
 pub use ddt::{
     DdtBucket, DdtEntry, DdtHeader, DdtKey, DDT_BUCKET_BITS_MAX, DDT_ENTRY_BYTES, DDT_HEADER_BYTES,
     DDT_KEY_BYTES,

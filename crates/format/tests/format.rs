@@ -50,6 +50,7 @@ fn sample_bp() -> BlockPointer {
         fill: 1,
         checksum: ChecksumAlg::Xxh3_128.compute(&[7u8; 16384]),
         dedup: None,
+        crypt: sluice_format::BlockCrypt::None,
     }
 }
 
@@ -687,6 +688,7 @@ fn arb_bp() -> impl Strategy<Value = BlockPointer> {
                     fill,
                     checksum: Checksum(sum),
                     dedup: key.map(DdtKey),
+                    crypt: sluice_format::BlockCrypt::None,
                 }
             },
         )

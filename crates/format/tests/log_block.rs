@@ -32,6 +32,7 @@ fn sample() -> LogBlock {
         fill: 1,
         checksum: Checksum([5; 16]),
         dedup: None,
+        crypt: sluice_format::BlockCrypt::None,
     };
     LogBlock {
         verifier: VERIFIER,

@@ -185,6 +185,7 @@ impl LogAddress {
             fill: 1,
             checksum: Checksum::default(),
             dedup: None,
+            crypt: sluice_format::BlockCrypt::None,
         }
     }
 

@@ -200,6 +200,7 @@ mod tests {
             fill: 1,
             checksum: Checksum::default(),
             dedup: None,
+            crypt: sluice_format::BlockCrypt::None,
         }
     }
 

@@ -46,22 +46,28 @@ impl Pool {
         self.read(bp, class, zio::ReadMode::Logical).await
     }
 
-    /// The logical bytes of a block whose stored bytes passed its checksum.
-    pub fn decompress(&self, bp: &BlockPointer, stored: &[u8]) -> Result<AlignedBuf, PoolError> {
-        zio::unseal(bp, AlignedBuf::copy_from(stored))
+    /// The logical bytes of a block whose stored bytes passed its checksum (decrypted and
+    /// decompressed).
+    pub fn unseal(&self, bp: &BlockPointer, stored: &[u8]) -> Result<AlignedBuf, PoolError> {
+        zio::unseal(self.zio().keys(), bp, AlignedBuf::copy_from(stored))
             .map_err(|source| self.undecodable(bp, source))
     }
 
-    fn undecodable(&self, bp: &BlockPointer, source: zio::compress::DecompressError) -> PoolError {
-        PoolError::Decompress {
-            pool: self.name().to_owned(),
-            block: format!(
-                "the block of txg {} at offset {} of top-level vdev {}",
-                bp.birth_txg,
-                bp.dvas[0].offset_bytes(),
-                bp.dvas[0].vdev
-            ),
-            cause: source,
+    fn undecodable(&self, bp: &BlockPointer, source: zio::UnsealError) -> PoolError {
+        let pool = self.name().to_owned();
+        let block = format!(
+            "the block of txg {} at offset {} of top-level vdev {}",
+            bp.birth_txg,
+            bp.dvas[0].offset_bytes(),
+            bp.dvas[0].vdev
+        );
+        match source {
+            zio::UnsealError::Decompress(cause) => PoolError::Decompress { pool, block, cause },
+            zio::UnsealError::KeyUnavailable { family } => {
+                PoolError::KeyUnavailable { pool, block, family }
+            }
+            zio::UnsealError::Authentication => PoolError::Authentication { pool, block },
+            zio::UnsealError::Crypt(cause) => PoolError::Crypt { pool, block, cause },
         }
     }
 
@@ -90,9 +96,8 @@ impl Pool {
         }
         match mode {
             zio::ReadMode::Raw => Ok(stored),
-            zio::ReadMode::Logical => {
-                zio::unseal(bp, stored).map_err(|source| self.undecodable(bp, source))
-            }
+            zio::ReadMode::Logical => zio::unseal(self.zio().keys(), bp, stored)
+                .map_err(|source| self.undecodable(bp, source)),
         }
     }
 
@@ -174,6 +179,12 @@ impl Pool {
             ZioError::Injected { stage, writer } => PoolError::Injected { pool, stage, writer },
             ZioError::NoSpace { cause: source, .. } => PoolError::NoSpace { pool, cause: source },
             ZioError::Vdev { cause: source, .. } => PoolError::Vdev { pool, cause: source },
+            ZioError::KeyUnavailable { writer, family } => {
+                PoolError::KeyUnavailable { pool, block: format!("a {writer} block"), family }
+            }
+            ZioError::Crypt { writer, cause } => {
+                PoolError::Crypt { pool, block: format!("a {writer} block"), cause }
+            }
         }
     }
 

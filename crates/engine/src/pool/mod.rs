@@ -238,6 +238,22 @@ pub enum PoolError {
          a bug in whatever wrote it, please report it"
     )]
     Decompress { pool: String, block: String, cause: crate::zio::compress::DecompressError },
+    /// A block of an encrypted volume was read while its key family's key is not loaded.
+    #[error(
+        "pool {pool}: {block} is encrypted with key family {family:#018x}, whose key is not \
+         loaded; load it with `sluice key load`"
+    )]
+    KeyUnavailable { pool: String, block: String, family: u64 },
+    /// A block passed its checksum but not its MAC: it was changed on the disk by someone
+    /// who could recompute the checksum (a block swapped for another, or an older version of
+    /// it put back). Its data is not returned.
+    #[error(
+        "pool {pool}: {block} fails authentication: it was changed on the disk, or put back from \
+         an older version; its data is not returned"
+    )]
+    Authentication { pool: String, block: String },
+    #[error("pool {pool}: {block}: {cause}")]
+    Crypt { pool: String, block: String, cause: crate::zio::crypt::CryptError },
     #[error(
         "pool {pool}: an error injected at the {stage} stage of a {writer} block (an armed fault)"
     )]

@@ -575,10 +575,13 @@ async fn read_blocks(
             let mut out = Vec::with_capacity(bps.len());
             for (i, bp) in bps.iter().enumerate() {
                 let len = bp.psize_bytes() as usize;
-                let fetched = if bp.compression == sluice_format::BlockCompression::None {
+                // Stored as they are read: neither compressed nor encrypted.
+                let plain = bp.compression == sluice_format::BlockCompression::None
+                    && bp.crypt == sluice_format::BlockCrypt::None;
+                let fetched = if plain {
                     Fetched::Span(Arc::clone(&span), at)
                 } else {
-                    Fetched::Whole(Arc::new(pool.decompress(bp, &span[at..at + len])?))
+                    Fetched::Whole(Arc::new(pool.unseal(bp, &span[at..at + len])?))
                 };
                 out.push((start + i as u64, Some(fetched)));
                 at += len;

@@ -513,6 +513,7 @@ const UNFILLED: BlockPointer = BlockPointer {
     fill: 0,
     checksum: Checksum([0; 16]),
     dedup: None,
+    crypt: sluice_format::BlockCrypt::None,
 };
 
 /// The largest piece of a write one copied record holds: the largest log block less its

@@ -183,6 +183,7 @@ mod tests {
             stored: std::sync::Arc::new(AlignedBuf::copy_from(stored)),
             compression: alg,
             checksum: ChecksumAlg::Xxh3_128.compute(stored),
+            sealing: None,
         };
         crate::zio::describe(&sealed, &[(0, 0, stored.len() as u64)])
     }

@@ -5,7 +5,10 @@
 //! try, its checksum and how many copies) and its logical bytes. Its stages:
 //!
 //! 1. **compress** ([`compress`]): stored compressed when that saves an eighth;
-//! 2. **encrypt**: a stage that passes the bytes on unchanged until the pool can encrypt;
+//! 2. **encrypt** ([`crypt`]): a data block of an encrypted volume is sealed with AES-256-GCM
+//!    under its key family's block key (the stored bytes, padding included), its salt, nonce
+//!    and tag going into its pointer; an indirect block above encrypted blocks carries a hash
+//!    of its children's MACs instead;
 //! 3. **checksum**: of the stored bytes padded to the allocation unit, what its pointer keeps;
 //! 4. **dedup**: a dedup volume's table is consulted (crate::dedup, which runs the rest of the
 //!    pipeline only for the entry's first writer); its key is of the logical bytes, so the
@@ -24,8 +27,9 @@
 //! done by the caller, in order, so a batch's blocks land back to back.
 //!
 //! A read ([`read_stored`], then [`unseal`]) runs issue (copy after copy), verify (each copy
-//! against its pointer's checksum, so a mirror tries its other children), decrypt (unchanged,
-//! as encrypt) and decompress. Its raw mode stops after verify: scrub, resilver, healing and
+//! against its pointer's checksum, so a mirror tries its other children), decrypt (an
+//! encrypted block with its family's key, which fails what its MAC does not authenticate) and
+//! decompress. Its raw mode stops after verify: scrub, resilver, healing and
 //! send move stored bytes as they are.
 //!
 //! The intent log's chain blocks carry their own checksum (crates/format `lwb`) and go through
@@ -42,14 +46,15 @@
 //! its cache, its read-only switch).
 
 pub mod compress;
+pub mod crypt;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use sluice_format::{
-    BlockCompression, BlockKind, BlockPointer, Checksum, ChecksumAlg, Compression, DdtKey, Dva,
-    SECTOR_BYTES,
+    BlockCompression, BlockCrypt, BlockKind, BlockPointer, Checksum, ChecksumAlg, Compression,
+    DdtKey, Dva, CHILDREN_MAC_BYTES, SECTOR_BYTES,
 };
 
 use crate::alloc::{AllocClass, AllocError, Allocator};
@@ -196,6 +201,21 @@ pub struct BlockProps {
     pub copies: usize,
     /// The dedup table entry that counts the block's references, if any.
     pub dedup: Option<DdtKey>,
+    pub crypt: PropsCrypt,
+}
+
+/// What the encrypt stage does with a block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PropsCrypt {
+    /// Nothing: the block is not in an encrypted volume's tree.
+    #[default]
+    None,
+    /// Seal it under key family `family`'s key; with `convergent`, under the salt and nonce
+    /// of a keyed MAC of its bytes (a volume with dedup), else random ones.
+    Encrypt { family: u64, convergent: bool },
+    /// An indirect block above encrypted blocks: its pointer carries this hash of its
+    /// children's MACs.
+    ChildrenMac([u8; CHILDREN_MAC_BYTES]),
 }
 
 impl BlockProps {
@@ -211,6 +231,7 @@ impl BlockProps {
             checksum: ChecksumAlg::Xxh3_128,
             copies: 1,
             dedup: None,
+            crypt: PropsCrypt::None,
         }
     }
 
@@ -245,6 +266,13 @@ pub enum ZioError {
     NoSpace { writer: Writer, cause: AllocError },
     #[error("writing a {writer} block: {cause}")]
     Vdev { writer: Writer, cause: VdevError },
+    /// An encrypted block was to be written with its family's key not loaded.
+    #[error(
+        "a {writer} block of key family {family:#018x} cannot be encrypted: its key is not loaded"
+    )]
+    KeyUnavailable { writer: Writer, family: u64 },
+    #[error("encrypting a {writer} block: {cause}")]
+    Crypt { writer: Writer, cause: crypt::CryptError },
 }
 
 impl ZioError {
@@ -252,9 +280,28 @@ impl ZioError {
         match self {
             ZioError::Injected { writer, .. }
             | ZioError::NoSpace { writer, .. }
-            | ZioError::Vdev { writer, .. } => *writer,
+            | ZioError::Vdev { writer, .. }
+            | ZioError::KeyUnavailable { writer, .. }
+            | ZioError::Crypt { writer, .. } => *writer,
         }
     }
+}
+
+/// Why a verified block's logical bytes could not be had.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UnsealError {
+    #[error("it does not decompress: {0}")]
+    Decompress(#[from] compress::DecompressError),
+    /// Its key family's key is not loaded.
+    #[error("it is encrypted with key family {family:#018x}, whose key is not loaded")]
+    KeyUnavailable { family: u64 },
+    /// Its MAC did not authenticate it: changed on the disk (a block swapped, an older version
+    /// put back) though its checksum matched.
+    #[error("it fails authentication (it was changed, or is not where it belongs)")]
+    Authentication,
+    #[error("decrypting it: {0}")]
+    Crypt(crypt::CryptError),
 }
 
 /// Watches stages as blocks pass them (tests: which thread ran a stage).
@@ -268,6 +315,8 @@ pub struct Pipeline {
     faults: Mutex<Vec<(Stage, Writer)>>,
     observer: Mutex<Option<Observer>>,
     errors: [Counter; Writer::ALL.len()],
+    /// The keys the encrypt and decrypt stages use.
+    keys: crypt::Keystore,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -277,6 +326,11 @@ impl std::fmt::Debug for Pipeline {
 }
 
 impl Pipeline {
+    /// The key families loaded for the encrypt and decrypt stages.
+    pub fn keys(&self) -> &crypt::Keystore {
+        &self.keys
+    }
+
     /// Fails the next `writer` block that reaches `stage`, once (ZFS: `zinject`).
     pub fn arm_fault(&self, stage: Stage, writer: Writer) {
         self.faults.lock().push((stage, writer));
@@ -345,6 +399,8 @@ pub struct Sealed {
     pub stored: Arc<AlignedBuf>,
     pub compression: BlockCompression,
     pub checksum: Checksum,
+    /// How the encrypt stage sealed it, if it did.
+    pub sealing: Option<crypt::Sealing>,
 }
 
 impl Sealed {
@@ -374,6 +430,7 @@ struct Transformed {
     logical: Arc<AlignedBuf>,
     stored: Arc<AlignedBuf>,
     compression: BlockCompression,
+    sealing: Option<crypt::Sealing>,
 }
 
 /// The compress and encrypt stages of [`seal`], and the padding.
@@ -393,18 +450,49 @@ fn transform(
     let unit = unit.max(u64::from(SECTOR_BYTES));
     let padded = psize.unwrap_or_else(|| (stored.len() as u64).div_ceil(unit) * unit);
     assert!(padded >= stored.len() as u64, "a block's place holds its stored bytes");
-    if padded != stored.len() as u64 {
-        stored = Arc::new(AlignedBuf::gathered(padded as usize, [(0, &stored[..])]));
-    }
-    Ok(Transformed { props, logical, stored, compression })
+    let sealing = match props.crypt {
+        PropsCrypt::Encrypt { family, convergent } => {
+            assert_eq!(props.kind, BlockKind::Data, "only data blocks are encrypted");
+            let key = pipeline
+                .keys
+                .get(family)
+                .ok_or(ZioError::KeyUnavailable { writer: props.writer, family })?;
+            // The whole stored block, padding included, is sealed, so the padding says
+            // nothing of where the compressed bytes end. A fresh buffer: the stored bytes may
+            // be the logical ones, which the cache keeps.
+            let mut sealed = AlignedBuf::gathered(padded as usize, [(0, &stored[..])]);
+            let sector = u64::from(SECTOR_BYTES);
+            let sectors = |bytes: u64| u32::try_from(bytes / sector).unwrap_or(u32::MAX);
+            let aad = crypt::block_aad(
+                family,
+                sectors((logical.len() as u64).div_ceil(sector) * sector),
+                sectors(padded),
+                compression,
+                props.kind,
+                props.level,
+            );
+            let sealing = key
+                .seal(&mut sealed, &aad, convergent)
+                .map_err(|cause| ZioError::Crypt { writer: props.writer, cause })?;
+            stored = Arc::new(sealed);
+            Some(sealing)
+        }
+        PropsCrypt::None | PropsCrypt::ChildrenMac(_) => {
+            if padded != stored.len() as u64 {
+                stored = Arc::new(AlignedBuf::gathered(padded as usize, [(0, &stored[..])]));
+            }
+            None
+        }
+    };
+    Ok(Transformed { props, logical, stored, compression, sealing })
 }
 
 /// The checksum stage of [`seal`].
 fn sum(pipeline: &Pipeline, block: Transformed) -> Result<Sealed, ZioError> {
-    let Transformed { props, logical, stored, compression } = block;
+    let Transformed { props, logical, stored, compression, sealing } = block;
     pipeline.stage(Stage::Checksum, props.writer)?;
     let checksum = props.checksum.compute(&stored);
-    Ok(Sealed { props, logical, stored, compression, checksum })
+    Ok(Sealed { props, logical, stored, compression, checksum, sealing })
 }
 
 /// [`seal`] in raw mode: `stored` is the block as another pool stored it (compressed as
@@ -423,7 +511,7 @@ pub fn seal_raw(
     let stored = Arc::new(AlignedBuf::gathered(padded as usize, [(0, stored)]));
     pipeline.stage(Stage::Checksum, props.writer)?;
     let checksum = props.checksum.compute(&stored);
-    Ok(Sealed { props, logical, stored, compression, checksum })
+    Ok(Sealed { props, logical, stored, compression, checksum, sealing: None })
 }
 
 /// Whether a batch's CPU stages are worth spreading over the host's threads: the blocks a
@@ -569,6 +657,13 @@ pub fn describe(sealed: &Sealed, places: &[(u32, u64, u64)]) -> BlockPointer {
         fill: props.fill,
         checksum: sealed.checksum,
         dedup: props.dedup,
+        crypt: match (props.crypt, sealed.sealing) {
+            (PropsCrypt::Encrypt { family, .. }, Some(s)) => {
+                BlockCrypt::Encrypted { family, salt: s.salt, iv: s.iv, mac: s.mac }
+            }
+            (PropsCrypt::ChildrenMac(hash), _) => BlockCrypt::ChildrenMac(hash),
+            _ => BlockCrypt::None,
+        },
     }
 }
 
@@ -721,14 +816,29 @@ pub async fn read_stored(
 /// A read's decrypt and decompress stages: the logical bytes of a block whose stored bytes
 /// passed its checksum.
 pub fn unseal(
+    keys: &crypt::Keystore,
     bp: &BlockPointer,
-    stored: AlignedBuf,
-) -> Result<AlignedBuf, compress::DecompressError> {
-    // Decrypt: nothing is encrypted yet.
+    mut stored: AlignedBuf,
+) -> Result<AlignedBuf, UnsealError> {
+    if let BlockCrypt::Encrypted { family, salt, iv, mac } = bp.crypt {
+        let key = keys.get(family).ok_or(UnsealError::KeyUnavailable { family })?;
+        let aad = crypt::block_aad(
+            family,
+            bp.lsize_sectors,
+            bp.psize_sectors,
+            bp.compression,
+            bp.kind,
+            bp.level,
+        );
+        key.open(&mut stored, &aad, &crypt::Sealing { salt, iv, mac }).map_err(|e| match e {
+            crypt::CryptError::Authentication => UnsealError::Authentication,
+            other => UnsealError::Crypt(other),
+        })?;
+    }
     if bp.compression == BlockCompression::None {
         return Ok(stored);
     }
-    compress::decompress(bp, &stored)
+    Ok(compress::decompress(bp, &stored)?)
 }
 
 #[cfg(test)]
@@ -765,7 +875,8 @@ mod tests {
         let bp = describe(&sealed, &[(0, 8192, 4096)]);
         assert!(bp.verifies(&sealed.stored));
         assert_eq!((bp.lsize_bytes(), bp.psize_bytes(), bp.birth_txg), (16384, 4096, 7));
-        assert_eq!(&unseal(&bp, (*sealed.stored).clone()).unwrap()[..], &sealed.logical[..]);
+        let keys = crypt::Keystore::default();
+        assert_eq!(&unseal(&keys, &bp, (*sealed.stored).clone()).unwrap()[..], &sealed.logical[..]);
         // A space map piece: padded to its preallocated place, uncompressed.
         let props = BlockProps::metadata(Writer::SpaceMap, 7, 2);
         let sealed = seal(&pipeline, props, block(1000, 1), 4096, Some(16384)).unwrap();
@@ -790,5 +901,70 @@ mod tests {
         ));
         assert!(seal(&pipeline, props, block(512, 0), 512, None).is_ok(), "once");
         assert_eq!((pipeline.errors(Writer::Deadlist), pipeline.errors(Writer::SpaceMap)), (1, 0));
+    }
+
+    /// An encrypted data block: its stored bytes hold neither its data nor its compressed form,
+    /// its pointer carries family, salt, nonce and tag and still verifies (a keyless checksum
+    /// over the ciphertext), it reads back with its family's key loaded and not without, and
+    /// a change its checksum does not catch (the checksum recomputed) fails authentication.
+    #[test]
+    fn encrypted_blocks_round_trip_and_fail_what_their_mac_does_not_cover() {
+        let pipeline = Pipeline::default();
+        let family = 0xfa17;
+        let master = crypt::MasterKey::generate().unwrap();
+        pipeline.keys().load(family, crypt::FamilyKey::new(master.clone()).unwrap());
+        let pattern: Vec<u8> =
+            b"a known pattern, repeated: ".iter().copied().cycle().take(16384).collect();
+        let lz4 = lz4_flex::block::compress(&pattern);
+        for compression in [Compression::Off, Compression::Lz4] {
+            let mut props = BlockProps::data(Writer::VolumeData, 9, compression);
+            props.crypt = PropsCrypt::Encrypt { family, convergent: false };
+            let logical = Arc::new(AlignedBuf::copy_from(&pattern));
+            let sealed = seal(&pipeline, props, Arc::clone(&logical), 4096, None).unwrap();
+            let stored = &sealed.stored[..];
+            let holds = |needle: &[u8]| stored.windows(needle.len()).any(|w| w == needle);
+            assert!(!holds(&pattern[..64]), "{compression:?}: the data is in the clear");
+            assert!(!holds(&lz4[8..72]), "{compression:?}: the compressed data is in the clear");
+            assert_eq!(&sealed.logical[..], &pattern[..], "the cache keeps the plaintext");
+            let bp = describe(&sealed, &[(0, 8192, sealed.psize())]);
+            let bp = BlockPointer::decode(&BlockPointer::encode(Some(&bp))).unwrap().unwrap();
+            assert!(matches!(bp.crypt, BlockCrypt::Encrypted { family: 0xfa17, .. }));
+            assert!(bp.verifies(stored), "scrub verifies it without a key");
+            let read = unseal(pipeline.keys(), &bp, AlignedBuf::copy_from(stored)).unwrap();
+            assert_eq!(&read[..pattern.len()], &pattern[..]);
+            // Without the key: refused, not garbage.
+            let keyless = crypt::Keystore::default();
+            assert!(matches!(
+                unseal(&keyless, &bp, AlignedBuf::copy_from(stored)),
+                Err(UnsealError::KeyUnavailable { family: 0xfa17 })
+            ));
+            // A changed byte whose checksum was recomputed (someone who can write the disk).
+            let mut changed = AlignedBuf::copy_from(stored);
+            changed[100] ^= 0x40;
+            let forged = BlockPointer { checksum: bp.checksum_alg.compute(&changed), ..bp };
+            assert!(forged.verifies(&changed));
+            assert!(matches!(
+                unseal(pipeline.keys(), &forged, changed),
+                Err(UnsealError::Authentication)
+            ));
+            // The fields the MAC covers: ciphertext passed off as uncompressed (or compressed).
+            let other = match bp.compression {
+                BlockCompression::None => BlockCompression::Lz4,
+                _ => BlockCompression::None,
+            };
+            let relabelled = BlockPointer { compression: other, ..bp };
+            assert!(matches!(
+                unseal(pipeline.keys(), &relabelled, AlignedBuf::copy_from(stored)),
+                Err(UnsealError::Authentication)
+            ));
+        }
+        // Unloaded, the key seals nothing either.
+        assert!(pipeline.keys().unload(family));
+        let mut props = BlockProps::data(Writer::VolumeData, 9, Compression::Off);
+        props.crypt = PropsCrypt::Encrypt { family, convergent: false };
+        assert!(matches!(
+            seal(&pipeline, props, block(16384, 1), 4096, None),
+            Err(ZioError::KeyUnavailable { family: 0xfa17, .. })
+        ));
     }
 }
