@@ -58,12 +58,13 @@ pub use pool::{
     VerifyReport,
 };
 pub use txg::{
-    AuditReport, ImportOptions, ImportReport, LostLog, ReadData, ReceiveMode, Rewind, ScanFunc,
-    ScanPhase, ScanStatus, SnapshotInfo, SnapshotSpace, Store, StoreError, StreamSummary,
-    SyncRecord, VolumeProperty, BLOCK_BYTES_DEFAULT, RECEIVE_PREFIX,
+    AuditReport, EncryptionInfo, ImportOptions, ImportReport, KeyStatus, LostLog, NewKey, ReadData,
+    ReceiveMode, Rewind, ScanFunc, ScanPhase, ScanStatus, SnapshotInfo, SnapshotSpace, Store,
+    StoreError, StreamSummary, SyncRecord, VolumeProperty, BLOCK_BYTES_DEFAULT, RECEIVE_PREFIX,
 };
 pub use vdev::{LeafState, ReadPolicy, VdevError};
 pub use volume::Volume;
+pub use zio::crypt::{CryptError, UserKey};
 
 /// An error and its causes, joined by ": ", for a person to read (a log line, a suspension's
 /// cause, the CLI's message): a mirror's "failed on every child" says why only through its
@@ -104,4 +105,6 @@ pub enum ErrorKind {
     Io,
     /// A write to something that never changes (a snapshot).
     ReadOnly,
+    /// An encrypted volume whose key is not loaded (`sluice key load`).
+    KeyUnavailable,
 }

@@ -311,10 +311,18 @@ impl BlockPointer {
                 }
             }
             BlockCrypt::Encrypted { family, salt, iv, mac } => {
-                debug_assert!(bp.dvas[ENCRYPTED_DVAS_MAX..].iter().all(Dva::is_empty));
-                debug_assert!(bp
-                    .dedup
-                    .is_none_or(|key| key == BlockPointer::encrypted_dedup_key(&bp.checksum, mac)));
+                // Their bytes hold the salt and family; a dedup key must be findable from the
+                // decoded pointer. Either broken would lose track of space or references.
+                assert!(
+                    bp.dvas[ENCRYPTED_DVAS_MAX..].iter().all(Dva::is_empty),
+                    "an encrypted block has at most {ENCRYPTED_DVAS_MAX} copies"
+                );
+                assert!(
+                    bp.dedup.is_none_or(|key| {
+                        key == BlockPointer::encrypted_dedup_key(&bp.checksum, mac)
+                    }),
+                    "an encrypted block's dedup key is its checksum and MAC"
+                );
                 flags |= FLAG_ENCRYPTED;
                 if bp.dedup.is_some() {
                     flags |= FLAG_DEDUP;
@@ -389,12 +397,15 @@ impl BlockPointer {
             }
             _ => return Err(bad_flags()),
         };
-        let kind_raw = r.u8(OFF_KIND)?;
-        // Only data blocks are encrypted, and only indirect blocks hash their children.
+        let (kind_raw, level) = (r.u8(OFF_KIND)?, r.u8(OFF_LEVEL)?);
+        // Only data blocks are encrypted, of a family, and only indirect blocks hash their
+        // children.
         let crypt_fits = match crypt {
             BlockCrypt::None => true,
-            BlockCrypt::Encrypted { .. } => kind_raw == BlockKind::Data as u8,
-            BlockCrypt::ChildrenMac(_) => kind_raw == BlockKind::Indirect as u8,
+            BlockCrypt::Encrypted { family, .. } => {
+                kind_raw == BlockKind::Data as u8 && level == 0 && family != 0
+            }
+            BlockCrypt::ChildrenMac(_) => kind_raw == BlockKind::Indirect as u8 && level > 0,
         };
         if !crypt_fits {
             return Err(bad_flags());

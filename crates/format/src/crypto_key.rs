@@ -48,6 +48,12 @@ pub const WRAPPED_KEY_FIXED_BYTES: usize = 112;
 pub const KEY_LOCATION_BYTES_MAX: usize = 1024;
 /// Bytes of [`WrappedKey::wrap_aad`].
 pub const WRAP_AAD_BYTES: usize = 48;
+/// The most Argon2id memory (KiB), passes and lanes a stored record may ask for: a record
+/// changed on the disk, or a raw stream's, must not make a key load take the machine's
+/// memory or hours before the unwrap can tell it was changed. New keys use far less.
+pub const ARGON2_MEMORY_KIB_MAX: u32 = 1 << 20;
+pub const ARGON2_PASSES_MAX: u32 = 64;
+pub const ARGON2_LANES_MAX: u32 = 16;
 
 const OFF_GUID: usize = 0;
 const OFF_SUITE: usize = 8;
@@ -240,12 +246,25 @@ impl WrappedKey {
                 r.zeros(OFF_SALT, KDF_SALT_BYTES)?;
                 None
             }
-            1 => Some(Argon2Params {
-                memory_kib: r.u32(OFF_MEMORY)?,
-                passes: r.u32(OFF_PASSES)?,
-                lanes: r.u32(OFF_LANES)?,
-                salt: r.bytes16(OFF_SALT)?,
-            }),
+            1 => {
+                let params = Argon2Params {
+                    memory_kib: r.u32(OFF_MEMORY)?,
+                    passes: r.u32(OFF_PASSES)?,
+                    lanes: r.u32(OFF_LANES)?,
+                    salt: r.bytes16(OFF_SALT)?,
+                };
+                let bounded = |value: u32, max: u32, field| {
+                    if (1..=max).contains(&value) {
+                        Ok(())
+                    } else {
+                        Err(FormatError::Invalid { what: WHAT, field, value: u64::from(value) })
+                    }
+                };
+                bounded(params.memory_kib, ARGON2_MEMORY_KIB_MAX, "argon2 memory KiB")?;
+                bounded(params.passes, ARGON2_PASSES_MAX, "argon2 passes")?;
+                bounded(params.lanes, ARGON2_LANES_MAX, "argon2 lanes")?;
+                Some(params)
+            }
             other => return Err(invalid("kdf", other)),
         };
         if kdf.is_some() != (format == KeyFormat::Passphrase) {

@@ -40,19 +40,26 @@
 //!               fields): to_guid u64 (0: none), from_guid u64 (0: a full stream),
 //!               next_block u64 (blocks before it are received and synced; u64::MAX: all
 //!               of them, and the volume is being put in its target's place), source_len u16,
-//!               source (UTF-8: the sender's POOL/VOL)
+//!               source (UTF-8: the sender's POOL/VOL);
+//!               (V7) key_family u64 (the guid of its key family; 0: not encrypted), root_mac
+//!               (32: the keyed MAC of its tree's root, `VolumeEntry::root_mac`), then each
+//!               snapshot's root_mac (32), in the order of the snapshots
 //!      .      dedup table header (crate::ddt), 192 bytes: salt (32), bucket_bits u8,
 //!               levels u8, reserved 6, entries u64, references u64, allocated_bytes u64,
 //!               root block pointer (128; zeros: empty table)
 //!      .      (V2) the vdev tree, leaf records and scan record (see `records`); (V6) the
 //!               vdev tree in its V6 layout (crate::label)
+//!      .      (V7) key_family_count u32, then each key family's wrapped key
+//!               (crate::crypto_key)
 //! ```
 //!
 //! A directory without records (a pool made before V2) is written and read as V1; a V2 one
 //! (no compression, no space figures), a V3 one (no snapshots) and a V4 one (no receive
 //! state) still decode, and are written back as V5. V6 is V5 with the vdev tree in its V6
 //! layout, and is written only when the tree needs it (a RAID-Z vdev): any other pool's
-//! directory is still written as V5, which older builds read.
+//! directory is still written as V5, which older builds read. V7 is V6 with each volume's and
+//! snapshot's key family and root MAC and the pool's wrapped keys, written when the config
+//! lists the `encryption` feature (the pool has had encrypted volumes), and only then.
 //!
 //! The log header (ZFS: `zil_header_t`) names the first intent-log block still needed after
 //! this txg: replay walks the chain from `head`, expecting `chain_id` and `head_sequence`, and
@@ -65,7 +72,9 @@ mod records;
 
 use crate::codec::{Reader, Writer};
 use crate::ddt::DDT_HEADER_BYTES;
-use crate::{BlockPointer, DdtHeader, Deadlist, FormatError, FormatVersion, BLKPTR_BYTES};
+use crate::{
+    BlockPointer, DdtHeader, Deadlist, FormatError, FormatVersion, WrappedKey, BLKPTR_BYTES,
+};
 pub use records::{
     DirectoryRecords, LeafRecord, LeafRecordState, ScanBookmark, ScanKind, ScanRecord,
     ScanRecordPhase,
@@ -86,13 +95,17 @@ const SNAPSHOT_AFTER_NAME_BYTES: usize = BLKPTR_BYTES + 3 * 8;
 /// What V5 adds to each volume before the source name: to_guid, from_guid, next_block,
 /// source_len.
 const VOLUME_V5_FIXED_BYTES: usize = 3 * 8 + 2;
+/// Bytes of a root MAC.
+pub const ROOT_MAC_BYTES: usize = 32;
+/// What V7 adds to each volume before its snapshots' MACs: key_family, root_mac.
+const VOLUME_V7_FIXED_BYTES: usize = 8 + ROOT_MAC_BYTES;
 /// Longest volume name.
 pub const VOLUME_NAME_BYTES_MAX: usize = 255;
 const WHAT: &str = "pool directory";
 /// The newest version this structure has (V2 added the records, V3 each volume's compression
 /// and space figures, V4 snapshots and dead lists, V5 resumable receive state, V6 the vdev
-/// tree's V6 layout), and so the newest this build reads.
-const VERSION: FormatVersion = FormatVersion::V6;
+/// tree's V6 layout, V7 key families), and so the newest this build reads.
+const VERSION: FormatVersion = FormatVersion::V7;
 /// The version a directory with records is written at when its vdev tree is in the V1 layout
 /// (needs no feature): the newest layout of the directory's own fields.
 const VERSION_V1_CONFIG: FormatVersion = FormatVersion::V5;
@@ -134,6 +147,13 @@ pub struct VolumeEntry {
     pub snapshots: Vec<SnapshotEntry>,
     /// For the hidden volume of an interrupted receive, where it can resume.
     pub receive: Option<ReceiveState>,
+    /// The guid of its key family (its encryption root's, shared by the root's snapshots and
+    /// clones); 0 for a volume that is not encrypted.
+    pub key_family: u64,
+    /// For an encrypted volume, a MAC of its tree's root under its family's tree key: what
+    /// binds the tree to the volume, so that its root pointer cannot be swapped for another
+    /// (or an older one) without failing authentication. Zeros for a volume not encrypted.
+    pub root_mac: [u8; ROOT_MAC_BYTES],
 }
 
 /// Where an interrupted receive stopped (ZFS: the fields of `receive_resume_token`): the
@@ -172,6 +192,8 @@ impl VolumeEntry {
             deadlist: Deadlist::default(),
             snapshots: Vec::new(),
             receive: None,
+            key_family: 0,
+            root_mac: [0; ROOT_MAC_BYTES],
         }
     }
 }
@@ -259,6 +281,8 @@ pub struct SnapshotEntry {
     pub space: VolumeSpace,
     /// Blocks the snapshot before it references that this one does not.
     pub deadlist: Deadlist,
+    /// As its volume's [`VolumeEntry::root_mac`], for the snapshot's tree.
+    pub root_mac: [u8; ROOT_MAC_BYTES],
 }
 
 impl SnapshotEntry {
@@ -490,13 +514,26 @@ pub struct PoolDirectory {
     pub ddt: DdtHeader,
     /// The vdev tree, leaf records and scan record (V2); `None` in a V1 directory.
     pub records: Option<DirectoryRecords>,
+    /// The wrapped keys of the pool's key families (V7), by guid order of creation.
+    pub key_families: Vec<WrappedKey>,
 }
 
 impl PoolDirectory {
+    /// Whether it is written at V7: its config lists the `encryption` feature.
+    fn has_key_families(&self) -> bool {
+        self.records.as_ref().is_some_and(|r| r.config.encryption)
+    }
+
     pub fn encoded_len(&self) -> Result<usize, FormatError> {
         let records = match &self.records {
             Some(records) => records.encoded_len()?,
             None => 0,
+        };
+        let v7 = self.has_key_families();
+        let families = if v7 {
+            4 + self.key_families.iter().map(WrappedKey::encoded_len).sum::<usize>()
+        } else {
+            0
         };
         Ok(HEADER_BYTES
             + self.space_maps.iter().map(|p| 4 + p.len() * BLKPTR_BYTES).sum::<usize>()
@@ -516,13 +553,19 @@ impl PoolDirectory {
                                 + v.snapshots.iter().map(SnapshotEntry::encoded_len).sum::<usize>()
                                 + VOLUME_V5_FIXED_BYTES
                                 + v.receive.as_ref().map_or(0, |r| r.source.len())
+                                + if v7 {
+                                    VOLUME_V7_FIXED_BYTES + v.snapshots.len() * ROOT_MAC_BYTES
+                                } else {
+                                    0
+                                }
                         } else {
                             0
                         }
                 })
                 .sum::<usize>()
             + DDT_HEADER_BYTES
-            + records)
+            + records
+            + families)
     }
 
     /// Encodes into a buffer padded with zeros to a multiple of `align` bytes.
@@ -542,12 +585,28 @@ impl PoolDirectory {
                 });
             }
         }
+        let v7 = self.has_key_families();
+        let encrypted = self.volumes.iter().any(|v| {
+            v.key_family != 0
+                || v.root_mac != [0; ROOT_MAC_BYTES]
+                || v.snapshots.iter().any(|s| s.root_mac != [0; ROOT_MAC_BYTES])
+        });
+        if !v7 && (encrypted || !self.key_families.is_empty()) {
+            // Only a V7 directory has room for them, and only a config listing the feature
+            // makes older builds refuse what they would misread.
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                field: "key families without the encryption feature",
+                value: self.key_families.len() as u64,
+            });
+        }
         let mut out = vec![0u8; len.div_ceil(align.max(1)) * align.max(1)];
         let mut w = Writer::new(&mut out);
         w.u64(0, MAGIC);
         // The config's layout is the directory's version's: V6 only for a tree that needs it.
         let version = match &self.records {
             None => FormatVersion::V1,
+            Some(_) if v7 => FormatVersion::V7,
             Some(records) if records.config.version() == FormatVersion::V6 => FormatVersion::V6,
             Some(_) => VERSION_V1_CONFIG,
         };
@@ -662,6 +721,15 @@ impl PoolDirectory {
                 } else {
                     at += VOLUME_V5_FIXED_BYTES;
                 }
+                if v7 {
+                    w.u64(at, volume.key_family);
+                    w.put(at + 8, &volume.root_mac);
+                    at += VOLUME_V7_FIXED_BYTES;
+                    for snapshot in &volume.snapshots {
+                        w.put(at, &snapshot.root_mac);
+                        at += ROOT_MAC_BYTES;
+                    }
+                }
             } else if volume.compression != Compression::Off
                 || volume.space.is_some()
                 || volume.reservation_bytes != 0
@@ -683,6 +751,15 @@ impl PoolDirectory {
         at += DDT_HEADER_BYTES;
         if let Some(records) = &self.records {
             at = records.encode_into(&mut w, at)?;
+        }
+        if v7 {
+            w.u32(at, self.key_families.len() as u32);
+            at += 4;
+            for family in &self.key_families {
+                let bytes = family.encode()?;
+                w.put(at, &bytes);
+                at += bytes.len();
+            }
         }
         debug_assert_eq!(at, len);
         Ok(out)
@@ -760,6 +837,8 @@ impl PoolDirectory {
                 deadlist: Deadlist::default(),
                 snapshots: Vec::new(),
                 receive: None,
+                key_family: 0,
+                root_mac: [0; ROOT_MAC_BYTES],
             });
             at += BLKPTR_BYTES;
             let chain_id = r.u64(at)?;
@@ -867,6 +946,7 @@ impl PoolDirectory {
                         root,
                         space,
                         deadlist,
+                        root_mac: [0; ROOT_MAC_BYTES],
                     });
                 }
             }
@@ -899,7 +979,19 @@ impl PoolDirectory {
                 }
                 at += VOLUME_V5_FIXED_BYTES + source_len;
             }
+            let (mut key_family, mut root_mac) = (0, [0; ROOT_MAC_BYTES]);
+            if version >= FormatVersion::V7 {
+                key_family = r.u64(at)?;
+                root_mac.copy_from_slice(r.slice(at + 8, ROOT_MAC_BYTES)?);
+                at += VOLUME_V7_FIXED_BYTES;
+                for snapshot in &mut snapshots {
+                    snapshot.root_mac.copy_from_slice(r.slice(at, ROOT_MAC_BYTES)?);
+                    at += ROOT_MAC_BYTES;
+                }
+            }
             if let Some(volume) = volumes.last_mut() {
+                volume.key_family = key_family;
+                volume.root_mac = root_mac;
                 volume.receive = receive;
                 volume.prev_snap_txg = prev_snap_txg;
                 volume.origin = origin;
@@ -920,6 +1012,55 @@ impl PoolDirectory {
         } else {
             None
         };
+        let mut key_families = Vec::new();
+        if version < FormatVersion::V7 && records.as_ref().is_some_and(|r| r.config.encryption) {
+            // Its writer would have written V7: the volumes' key families are missing.
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                field: "encryption feature in a directory before V7",
+                value: version as u64,
+            });
+        }
+        if version >= FormatVersion::V7 {
+            if !records.as_ref().is_some_and(|r| r.config.encryption) {
+                return Err(FormatError::Invalid {
+                    what: WHAT,
+                    field: "V7 directory without the encryption feature",
+                    value: 7,
+                });
+            }
+            let count = r.u32(at)? as usize;
+            at += 4;
+            if count > len.saturating_sub(at) / crate::WRAPPED_KEY_FIXED_BYTES {
+                return Err(FormatError::Invalid {
+                    what: WHAT,
+                    field: "key family count",
+                    value: count as u64,
+                });
+            }
+            for _ in 0..count {
+                let (family, used) = WrappedKey::decode(r.slice(at, len.saturating_sub(at))?)?;
+                if key_families.iter().any(|k: &WrappedKey| k.guid == family.guid) {
+                    return Err(FormatError::Invalid {
+                        what: WHAT,
+                        field: "key family (listed twice)",
+                        value: family.guid,
+                    });
+                }
+                key_families.push(family);
+                at += used;
+            }
+        }
+        if let Some(v) = volumes
+            .iter()
+            .find(|v| v.key_family != 0 && !key_families.iter().any(|k| k.guid == v.key_family))
+        {
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                field: "volume key family (not in the directory)",
+                value: v.key_family,
+            });
+        }
         if at != len {
             return Err(FormatError::Invalid {
                 what: WHAT,
@@ -934,6 +1075,7 @@ impl PoolDirectory {
             volumes,
             ddt,
             records,
+            key_families,
         })
     }
 }

@@ -103,7 +103,8 @@ const _: () = assert!(DATA_START_BYTES >= 2 * LABEL_BYTES);
 const WHAT: &str = "label";
 /// The newest label version this build reads (a newer one is refused as
 /// [`FormatError::UnsupportedVersion`]). A label is written at its config's version
-/// ([`VdevTreeConfig::version`]): V1, or V6 when the tree holds a RAID-Z vdev.
+/// ([`VdevTreeConfig::version`]): V1, or V6 when the pool needs a feature (a RAID-Z vdev,
+/// encrypted volumes).
 pub const LABEL_VERSION: FormatVersion = FormatVersion::V6;
 /// Every label version there is: labels had no V2 to V5 (those changed other structures), so
 /// a label claiming one is refused as unknown, not guessed at.
@@ -112,9 +113,12 @@ const CONFIG_WHAT: &str = "vdev tree config";
 
 /// The features this build knows: a config naming any other is refused
 /// ([`FormatError::UnknownFeatures`]).
-pub const FEATURES_KNOWN: &[&str] = &[FEATURE_RAIDZ];
+pub const FEATURES_KNOWN: &[&str] = &[FEATURE_RAIDZ, FEATURE_ENCRYPTION];
 /// Some top-level vdev is RAID-Z.
 const FEATURE_RAIDZ: &str = "raidz";
+/// The pool has encrypted volumes: its directory holds key families and encrypted block
+/// pointers, which a reader that does not know them would misread.
+const FEATURE_ENCRYPTION: &str = "encryption";
 
 /// Offsets of the four labels on a leaf of `leaf_bytes` (the end labels aligned down to the
 /// label size, so a leaf that grows by less than a label keeps them in place).
@@ -206,15 +210,22 @@ pub struct RaidzConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct VdevTreeConfig {
     pub top: Vec<TopConfig>,
+    /// The pool has had encrypted volumes (ZFS: a feature in the label's `features_for_read`).
+    /// Set when the first key family is made and kept, so that every label names the feature
+    /// and a build that does not know it refuses the pool by the feature's name.
+    pub encryption: bool,
 }
 
 impl VdevTreeConfig {
-    /// The features a reader must know to read this tree: `raidz` when some top-level vdev is
-    /// RAID-Z. Empty for any other tree.
+    /// The features a reader must know to read this pool: `raidz` when some top-level vdev is
+    /// RAID-Z, `encryption` when [`VdevTreeConfig::encryption`]. Empty for any other pool.
     pub fn features(&self) -> Vec<&'static str> {
         let mut features = Vec::new();
         if self.top.iter().any(|top| top.kind == TopKind::Raidz) {
             features.push(FEATURE_RAIDZ);
+        }
+        if self.encryption {
+            features.push(FEATURE_ENCRYPTION);
         }
         features
     }
@@ -378,7 +389,8 @@ impl VdevTreeConfig {
         if cursor.at != bytes.len() {
             return Err(invalid("trailing bytes", (bytes.len() - cursor.at) as u64));
         }
-        let config = VdevTreeConfig { top };
+        let encryption = features.iter().any(|f| f == FEATURE_ENCRYPTION);
+        let config = VdevTreeConfig { top, encryption };
         // A writer that left out a feature its tree needs would have an older build misread
         // the tree rather than refuse it.
         if config.features().iter().any(|needed| !features.iter().any(|f| f == needed)) {

@@ -42,7 +42,8 @@ pub use deadlist::{Deadlist, DeadlistPiece, DEADLIST_PIECE_BYTES, DEADLIST_PIECE
 pub use directory::{
     Compression, DedupMode, DirectoryRecords, LeafRecord, LeafRecordState, LogBias, LogHeader,
     Origin, PoolDirectory, ReceiveState, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase,
-    SnapshotEntry, SyncMode, TreeRef, VolumeEntry, VolumeSpace, VOLUME_NAME_BYTES_MAX,
+    SnapshotEntry, SyncMode, TreeRef, VolumeEntry, VolumeSpace, ROOT_MAC_BYTES,
+    VOLUME_NAME_BYTES_MAX,
 };
 pub use error::FormatError;
 pub use label::{
@@ -75,7 +76,10 @@ const _: () = assert!(SECTOR_BYTES.is_power_of_two());
 /// V5 the state of a receive that can be resumed. V6 changed only the vdev tree config that
 /// labels and the directory carry: it may hold RAID-Z vdevs and names the features needed to
 /// read it. It is written only when the tree needs a feature (a RAID-Z vdev), so a pool
-/// without one still writes V1 labels and a V5 directory, which older builds read.
+/// without one still writes V1 labels and a V5 directory, which older builds read. V7 changed
+/// only the directory: each volume's and snapshot's key family and root MAC, and the pool's
+/// wrapped keys, written only when the pool has encrypted volumes (its config then lists the
+/// `encryption` feature, so an older build refuses it by that name at the labels).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FormatVersion {
     V1 = 1,
@@ -84,13 +88,15 @@ pub enum FormatVersion {
     V4 = 4,
     V5 = 5,
     V6 = 6,
+    V7 = 7,
 }
 
 impl FormatVersion {
     /// The newest version any structure is written at, and so the newest this build reads.
-    /// Structures are not all written at it: labels and the directory reach V6 only when
-    /// their vdev tree needs it ([`VdevTreeConfig::version`]).
-    pub const CURRENT: FormatVersion = FormatVersion::V6;
+    /// Structures are not all written at it: labels reach V6 only when their vdev tree config
+    /// needs it ([`VdevTreeConfig::version`]), the directory V6 then and V7 only when the pool
+    /// has encrypted volumes.
+    pub const CURRENT: FormatVersion = FormatVersion::V7;
 
     /// Decodes a structure's version field, refusing versions newer than `newest`, the
     /// newest one that structure has.
@@ -106,6 +112,7 @@ impl FormatVersion {
             4 => FormatVersion::V4,
             5 => FormatVersion::V5,
             6 => FormatVersion::V6,
+            7 => FormatVersion::V7,
             found => return Err(FormatError::UnsupportedVersion { what, found }),
         };
         if version > newest {

@@ -125,6 +125,16 @@ fn malformed_encryption_fields_are_refused() {
     bytes[66] = BlockKind::Data as u8;
     bytes[67] = 0;
     refused(&bytes, "a data block with children's MACs");
+    // An encrypted block above level 0, or of family 0; children's MACs at level 0.
+    let mut bytes = good;
+    bytes[67] = 1;
+    refused(&bytes, "an encrypted block at level 1");
+    let mut bytes = good;
+    bytes[40..48].fill(0);
+    refused(&bytes, "an encrypted block of family 0");
+    let mut bytes = BlockPointer::encode(Some(&indirect_bp()));
+    bytes[67] = 0;
+    refused(&bytes, "children's MACs at level 0");
     // Flags this build does not know, or that do not go together.
     for flags in [5u8, 6, 7, 8, 0x80] {
         let mut bytes = good;
@@ -258,6 +268,17 @@ fn malformed_wrapped_keys_are_refused() {
     let mut bytes = raw_key().encode().unwrap();
     bytes[16] = 1;
     refused(&bytes, "KDF parameters on a raw key");
+    // Parameters that would make a key load take the machine are refused before any work.
+    for (at, value, why) in [
+        (16, (1u32 << 20) + 1, "argon2 memory over 1 GiB"),
+        (16, 0, "argon2 memory 0"),
+        (20, 65, "argon2 passes over 64"),
+        (24, 17, "argon2 lanes over 16"),
+    ] {
+        let mut bytes = good.clone();
+        bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+        refused(&bytes, why);
+    }
     let long = WrappedKey {
         location: KeyLocation::File("/".repeat(KEY_LOCATION_BYTES_MAX + 1)),
         ..raw_key()

@@ -87,6 +87,7 @@ fn sample_label() -> LabelHeader {
                     raidz: None,
                 },
             ],
+            encryption: false,
         },
     }
 }
@@ -128,6 +129,7 @@ fn sample_raidz_config() -> VdevTreeConfig {
                 raidz: None,
             },
         ],
+        encryption: false,
     }
 }
 
@@ -308,6 +310,8 @@ fn golden_directory() {
                 deadlist: Deadlist::default(),
                 snapshots: Vec::new(),
                 receive: None,
+                key_family: 0,
+                root_mac: [0; 32],
             },
             VolumeEntry {
                 id: 2,
@@ -328,6 +332,8 @@ fn golden_directory() {
                 deadlist: Deadlist::default(),
                 snapshots: Vec::new(),
                 receive: None,
+                key_family: 0,
+                root_mac: [0; 32],
             },
         ],
         ddt: DdtHeader {
@@ -340,6 +346,7 @@ fn golden_directory() {
             root: Some(sample_bp()),
         },
         records: None,
+        key_families: Vec::new(),
     };
     let bytes = dir.encode(512).unwrap();
     assert_eq!(bytes.len() % 512, 0);
@@ -398,6 +405,7 @@ fn golden_directory() {
                 physical_bytes: 2 << 20,
             },
             deadlist: Deadlist::default(),
+            root_mac: [0; 32],
         },
         SnapshotEntry {
             id: 5,
@@ -410,6 +418,7 @@ fn golden_directory() {
             root: None,
             space: VolumeSpace::default(),
             deadlist: dead,
+            root_mac: [0; 32],
         },
     ];
     v4.volumes[1].origin = Some(Origin { snapshot: 4, txg: 8, referenced_bytes: 4 << 20 });
@@ -464,6 +473,77 @@ fn golden_directory() {
     let mut v1 = dir.clone();
     v1.volumes[1].compression = Compression::Lz4;
     assert!(v1.encode(512).is_err());
+}
+
+/// V7: an encrypted volume's key family and root MACs, its snapshots' root MACs, and the
+/// pool's wrapped keys, written only when the config lists the `encryption` feature. An
+/// encrypted volume in a directory without the feature, a V6 directory whose config lists it,
+/// and a volume naming a family the directory lacks are refused.
+#[test]
+fn golden_directory_v7() {
+    let mut v6 = PoolDirectory::decode(
+        &std::fs::read(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/directory_v6.bin"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let family = sluice_format::WrappedKey {
+        guid: 0x00fa_0000_0000_0001,
+        suite: sluice_format::CryptSuite::Aes256Gcm,
+        format: sluice_format::KeyFormat::Passphrase,
+        kdf: Some(sluice_format::Argon2Params {
+            memory_kib: 65536,
+            passes: 3,
+            lanes: 1,
+            salt: [0x5c; 16],
+        }),
+        location: sluice_format::KeyLocation::File("/etc/sluice/db.key".into()),
+        iv: [0x21; 12],
+        mac: [0x42; 16],
+        wrapped: [0x84; 32],
+    };
+    // Not yet encrypted: the feature missing, an encrypted volume cannot be written.
+    let mut unmarked = v6.clone();
+    unmarked.volumes[0].key_family = family.guid;
+    unmarked.key_families = vec![family.clone()];
+    assert!(unmarked.encode(512).is_err(), "key families need the encryption feature");
+    let mut v7 = v6.clone();
+    v7.records.as_mut().unwrap().config.encryption = true;
+    v7.key_families = vec![
+        family.clone(),
+        sluice_format::WrappedKey {
+            guid: 0x00fa_0000_0000_0002,
+            format: sluice_format::KeyFormat::Raw,
+            kdf: None,
+            location: sluice_format::KeyLocation::Prompt,
+            ..family.clone()
+        },
+    ];
+    v7.volumes[0].key_family = family.guid;
+    v7.volumes[0].root_mac = [0x77; 32];
+    v7.volumes[0].snapshots[0].root_mac = [0x78; 32];
+    v7.volumes[0].snapshots[1].root_mac = [0x79; 32];
+    let bytes = v7.encode(512).unwrap();
+    golden("directory_v7.bin", &bytes);
+    assert_eq!(bytes[8..10], [7, 0]);
+    assert_eq!(PoolDirectory::decode(&bytes).unwrap(), v7);
+    // A pool with the feature but no family left still writes V7.
+    let mut empty = v7.clone();
+    empty.key_families.clear();
+    empty.volumes[0].key_family = 0;
+    assert_eq!(PoolDirectory::decode(&empty.encode(512).unwrap()).unwrap(), empty);
+    // A volume naming a family that is not there.
+    let mut orphan = v7.clone();
+    orphan.volumes[1].key_family = 0xdead;
+    assert!(PoolDirectory::decode(&orphan.encode(512).unwrap()).is_err());
+    // A V6 directory whose config lists the feature: written by no build, refused.
+    let mut bytes = v7.encode(512).unwrap();
+    bytes[8] = 6;
+    assert!(PoolDirectory::decode(&bytes).is_err());
+    // The earlier directories are written as they were.
+    v6.key_families.clear();
+    assert_eq!(v6.encode(512).unwrap()[8..10], [6, 0]);
 }
 
 /// The compression property's names and codes.
@@ -788,6 +868,8 @@ fn volume_properties_byte() {
         deadlist: Deadlist::default(),
         snapshots: Vec::new(),
         receive: None,
+        key_family: 0,
+        root_mac: [0; 32],
     };
     let dir = PoolDirectory { volumes: vec![volume], ..PoolDirectory::default() };
     let mut bytes = dir.encode(4096).unwrap();

@@ -37,7 +37,7 @@ fn raidz_top(parity: u8, width: u16, replacing: &[u16]) -> TopConfig {
 }
 
 fn raidz_tree(parity: u8, width: u16, replacing: &[u16]) -> VdevTreeConfig {
-    VdevTreeConfig { top: vec![raidz_top(parity, width, replacing)] }
+    VdevTreeConfig { top: vec![raidz_top(parity, width, replacing)], encryption: false }
 }
 
 /// A V6 config of one RAID-Z vdev, written field by field from label.rs's byte table rather
@@ -136,7 +136,31 @@ fn rechecksum(label: &mut [u8]) {
 fn the_encoder_follows_the_byte_table() {
     let encoded = raidz_tree(2, 6, &[3]).encode().expect("a valid tree");
     assert_eq!(encoded, Raw::good().bytes());
-    assert_eq!(FEATURES_KNOWN, ["raidz"]);
+    assert_eq!(FEATURES_KNOWN, ["raidz", "encryption"]);
+}
+
+/// A pool with encrypted volumes lists the `encryption` feature in every label, whatever its
+/// vdevs: the config is then in its V6 layout, and the flag survives a round trip.
+#[test]
+fn encryption_is_a_feature_of_the_config() {
+    let mut tree = raidz_tree(1, 4, &[]);
+    tree.top[0] = TopConfig {
+        kind: TopKind::Mirror,
+        log: false,
+        guid: 7,
+        children: vec![child(0), child(1)],
+        raidz: None,
+    };
+    assert_eq!(tree.version(), FormatVersion::V1);
+    tree.encryption = true;
+    assert_eq!((tree.features(), tree.version()), (vec!["encryption"], FormatVersion::V6));
+    let bytes = tree.encode().expect("a valid tree");
+    assert_eq!(&bytes[..12], b"\x01\x0aencryption");
+    assert_eq!(VdevTreeConfig::decode(&bytes, FormatVersion::V6).expect("decodes"), tree);
+    let both = VdevTreeConfig { encryption: true, ..raidz_tree(2, 6, &[]) };
+    assert_eq!(both.features(), ["raidz", "encryption"]);
+    let bytes = both.encode().expect("a valid tree");
+    assert_eq!(VdevTreeConfig::decode(&bytes, FormatVersion::V6).expect("decodes"), both);
 }
 
 /// Every RAID-Z shape there is round-trips, alone and beside a mirror and a log leaf, bare and
@@ -249,6 +273,7 @@ fn a_v1_config_holds_no_raidz() {
             children: vec![child(0), child(1)],
             raidz: None,
         }],
+        encryption: false,
     };
     assert_eq!(tree.version(), FormatVersion::V1);
     let mut bytes = tree.encode().expect("a valid tree");

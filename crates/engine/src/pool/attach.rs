@@ -294,6 +294,25 @@ impl Pool {
         true
     }
 
+    /// Lists the `encryption` feature in the pool's config (the first key family made), so
+    /// that every label names it and a build that does not know encryption refuses the pool
+    /// by that name; the labels are rewritten for `config_txg`. Returns whether it was not
+    /// listed yet. The feature stays listed.
+    pub async fn activate_encryption(&self, config_txg: u64) -> Result<bool, PoolError> {
+        {
+            let _one_change = self.admin.lock();
+            let tree = self.tree();
+            if tree.config.encryption {
+                return Ok(false);
+            }
+            let config = VdevTreeConfig { encryption: true, ..tree.config.clone() };
+            let new = self.build_tree(config, BTreeMap::new());
+            self.install(new);
+        }
+        self.write_labels(config_txg).await?;
+        Ok(true)
+    }
+
     /// Writes every present leaf's labels with the current tree and `config_txg`, in two
     /// rounds (see the module doc). At least one leaf must take them.
     pub async fn write_labels(&self, config_txg: u64) -> Result<(), PoolError> {

@@ -164,6 +164,12 @@ impl BlockCache {
     }
 
     /// Drops a block that was freed; it can never be read again under this pointer.
+    /// Forgets every block: what a key unload does, so that no plaintext of the family
+    /// stays readable.
+    pub fn clear(&self) {
+        *self.inner.lock() = Inner::default();
+    }
+
     pub fn remove(&self, bp: &BlockPointer) {
         self.inner.lock().remove(&key(bp));
     }

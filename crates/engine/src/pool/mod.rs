@@ -244,12 +244,12 @@ pub enum PoolError {
          loaded; load it with `sluice key load`"
     )]
     KeyUnavailable { pool: String, block: String, family: u64 },
-    /// A block passed its checksum but not its MAC: it was changed on the disk by someone
-    /// who could recompute the checksum (a block swapped for another, or an older version of
-    /// it put back). Its data is not returned.
+    /// A block passed its checksum but not its MAC: its bytes or the pointer fields its MAC
+    /// covers were changed on the disk by someone who could recompute the checksum. Its data
+    /// is not returned.
     #[error(
-        "pool {pool}: {block} fails authentication: it was changed on the disk, or put back from \
-         an older version; its data is not returned"
+        "pool {pool}: {block} fails authentication: it was changed on the disk; its data is not \
+         returned"
     )]
     Authentication { pool: String, block: String },
     #[error("pool {pool}: {block}: {cause}")]
@@ -831,6 +831,7 @@ impl Pool {
                     raidz: raidz.clone(),
                 })
                 .collect(),
+            encryption: false,
         };
         if let Err(cause) = config.encode() {
             return Err(layout(format!(

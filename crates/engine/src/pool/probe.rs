@@ -281,6 +281,7 @@ mod tests {
                 children: vec![LeafConfig { guid: 3, path: "a".into() }],
                 raidz: None,
             }],
+            encryption: false,
         };
         let header = LabelHeader {
             ashift: 12,

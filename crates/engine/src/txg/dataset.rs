@@ -411,8 +411,17 @@ impl Store {
         block_bytes: u32,
         thick: bool,
     ) -> Result<(), StoreError> {
-        self.spa.check_live()?;
-        let _guard = self.spa.panic_guard("a volume create");
+        self.create_volume_in(name, size_bytes, block_bytes, thick, 0)
+    }
+
+    /// Refuses a volume that could not be created: a bad name, block size or size, or a name
+    /// taken.
+    pub(super) fn check_new_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_bytes: u32,
+    ) -> Result<(), StoreError> {
         if !is_hidden(name) {
             check_volume_name(name)?;
         }
@@ -428,6 +437,27 @@ impl Store {
                 block_bytes,
             });
         }
+        if self.dsl.read().contains(name) {
+            return Err(StoreError::VolumeExists {
+                pool: self.spa.pool().name().to_owned(),
+                volume: name.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// [`Store::create_volume_with`], of key family `key_family` (0: not encrypted).
+    pub(super) fn create_volume_in(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_bytes: u32,
+        thick: bool,
+        key_family: u64,
+    ) -> Result<(), StoreError> {
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("a volume create");
+        self.check_new_volume(name, size_bytes, block_bytes)?;
         let mut dsl = self.dsl.write();
         let txg = self.txg.lock();
         if dsl.contains(name) {
@@ -448,12 +478,15 @@ impl Store {
             });
         }
         let id = dsl.next_id();
-        let log = self.zil.new_log(&self.spa, id)?;
+        // An encrypted volume has no intent log until its records are encrypted: a flush of
+        // it syncs the txg (the commit path of a volume without a log).
+        let log = if key_family == 0 { Some(self.zil.new_log(&self.spa, id)?) } else { None };
         dsl.use_id(id);
         let levels = objset::levels_for(size_bytes / u64::from(block_bytes));
         let mut entry = VolumeEntry::new(id, name, size_bytes, block_bytes, levels);
         entry.reservation_bytes = reservation_bytes;
-        dsl.insert(name.to_owned(), Dataset::new(entry, Some(log), self.txg.limits()));
+        entry.key_family = key_family;
+        dsl.insert(name.to_owned(), Dataset::new(entry, log, self.txg.limits()));
         Ok(())
     }
 
@@ -596,6 +629,16 @@ impl Dsl {
         let dsl = self.read();
         let dataset = dsl.get(name).ok_or_else(|| self.no_such_volume(name))?;
         let entry = &mut dataset.state.lock().entry;
+        if entry.key_family != 0
+            && matches!(property, VolumeProperty::Dedup(m) if m != DedupMode::Off)
+        {
+            // Its blocks would go through the table unencrypted.
+            return Err(StoreError::NotWithEncryption {
+                pool: spa.pool().name().to_owned(),
+                volume: name.to_owned(),
+                what: "dedup",
+            });
+        }
         match property {
             VolumeProperty::Dedup(mode) => entry.dedup = mode,
             VolumeProperty::Sync(mode) => entry.sync = mode,

@@ -385,6 +385,14 @@ impl WritePath<'_> {
                 volume: dataset.name(),
             });
         }
+        // An encrypted volume takes no write its sync could not encrypt.
+        let family = dataset.state.lock().entry.key_family;
+        if !self.spa.crypt().writable(self.spa.pool().zio().keys(), family) {
+            return Err(StoreError::KeyUnavailable {
+                pool: self.spa.pool().name().to_owned(),
+                volume: dataset.name(),
+            });
+        }
         // Waits out a rollback of the volume (its sync); the size may change with it. A
         // receive that replaces the volume holds the gate too, and destroys it meanwhile.
         let _not_rolling_back = dataset.rollback_gate.read().await;

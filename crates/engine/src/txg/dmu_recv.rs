@@ -143,6 +143,13 @@ impl Store {
             self.sync().await?;
         }
         let existing = self.dataset(target).ok().map(|d| d.state.lock().entry.clone());
+        if existing.as_ref().is_some_and(|e| e.key_family != 0) {
+            return Err(StoreError::NotWithEncryption {
+                pool: self.spa.pool().name().to_owned(),
+                volume: target.to_owned(),
+                what: "receive",
+            });
+        }
         let incremental = existing.is_some() && begin.from_guid.is_some();
         if let Some(resume_block) = begin.resume_block {
             // A resumed stream continues exactly where the interruption left the volume.

@@ -111,6 +111,14 @@ async fn send_snapshot_from(
     spa.check_live()?;
     let dataset = dsl.dataset(volume)?;
     let entry = dataset.state.lock().entry.clone();
+    if entry.key_family != 0 {
+        // A stream of its stored bytes would carry ciphertext without what decrypts it.
+        return Err(StoreError::NotWithEncryption {
+            pool: spa.pool().name().to_owned(),
+            volume: volume.to_owned(),
+            what: "send",
+        });
+    }
     let find = |name: &str| {
         entry.snapshots.iter().find(|s| s.name == name).cloned().ok_or_else(|| {
             StoreError::NoSuchSnapshot {

@@ -464,6 +464,7 @@ impl Dsl {
                 root: None,
                 space: VolumeSpace::default(),
                 deadlist: Deadlist::default(),
+                root_mac: [0; sluice_format::ROOT_MAC_BYTES],
             };
             let snapshot = Box::new(snapshot);
             txg.queue(SnapshotOp::Create { volume: volume.clone(), snapshot });
@@ -640,7 +641,8 @@ impl Dsl {
             .entry
             .clone();
         let id = dsl.next_id();
-        let log = zil.new_log(spa, id)?;
+        // A clone of an encrypted volume shares its key family, and has no log as it has none.
+        let log = if parent.key_family == 0 { Some(zil.new_log(spa, id)?) } else { None };
         dsl.use_id(id);
         let (size, levels) = (snapshot.size_bytes, snapshot.levels);
         let mut entry = VolumeEntry::new(id, clone, size, parent.block_bytes, levels);
@@ -656,7 +658,8 @@ impl Dsl {
         entry.sync = parent.sync;
         entry.logbias = parent.logbias;
         entry.compression = parent.compression;
-        let dataset = Dataset::new(entry, Some(log), txg.limits());
+        entry.key_family = parent.key_family;
+        let dataset = Dataset::new(entry, log, txg.limits());
         dsl.insert(clone.to_owned(), dataset);
         Ok(())
     }

@@ -98,6 +98,7 @@ mod dmu;
 mod dmu_recv;
 mod dmu_send;
 mod dmu_tx;
+mod dsl_crypt;
 mod dsl_deadlist;
 mod dsl_pool;
 mod dsl_scan;
@@ -119,6 +120,7 @@ pub use dbuf::WriteData;
 pub use dmu::ReadData;
 pub use dmu_recv::ReceiveMode;
 pub use dmu_send::StreamSummary;
+pub use dsl_crypt::{EncryptionInfo, KeyStatus, NewKey};
 pub use dsl_pool::ThrottleStats;
 use dsl_pool::TxgState;
 use dsl_pool::{Txg, TxgLimits};
@@ -155,6 +157,21 @@ pub enum StoreError {
     NoSuchVolume { pool: String, volume: String },
     #[error("volume {pool}/{volume} already exists")]
     VolumeExists { pool: String, volume: String },
+    /// A key could not be made, loaded or changed: a wrong key, a malformed one, or the
+    /// CSPRNG or cipher failing. Says nothing of the key itself.
+    #[error("volume {pool}/{volume}: {cause}")]
+    Key { pool: String, volume: String, cause: crate::zio::crypt::CryptError },
+    #[error("volume {pool}/{volume} is not encrypted")]
+    NotEncrypted { pool: String, volume: String },
+    #[error("volume {pool}/{volume}: its key is already loaded")]
+    KeyLoaded { pool: String, volume: String },
+    #[error("volume {pool}/{volume}: its key is not loaded; load it with `sluice key load {pool}/{volume}`")]
+    KeyNotLoaded { pool: String, volume: String },
+    /// An encrypted volume was written while its key is not loaded, or being unloaded.
+    #[error("volume {pool}/{volume} is encrypted and its key is not loaded; load it with `sluice key load {pool}/{volume}`")]
+    KeyUnavailable { pool: String, volume: String },
+    #[error("volume {pool}/{volume} is encrypted: {what} is not built for encrypted volumes yet")]
+    NotWithEncryption { pool: String, volume: String, what: &'static str },
     #[error("volume name {name:?} is invalid: use 1 to 255 letters, digits and _ - . :")]
     InvalidVolumeName { name: String },
     #[error(
@@ -289,6 +306,13 @@ impl StoreError {
             StoreError::Pool(error) => error.kind(),
             StoreError::NoSuchVolume { .. } => ErrorKind::NotFound,
             StoreError::VolumeExists { .. } => ErrorKind::Exists,
+            StoreError::Key { .. }
+            | StoreError::NotEncrypted { .. }
+            | StoreError::KeyLoaded { .. }
+            | StoreError::NotWithEncryption { .. } => ErrorKind::Invalid,
+            StoreError::KeyNotLoaded { .. } | StoreError::KeyUnavailable { .. } => {
+                ErrorKind::KeyUnavailable
+            }
             StoreError::InvalidVolumeName { .. }
             | StoreError::InvalidBlockSize { .. }
             | StoreError::InvalidSize { .. }
@@ -349,14 +373,21 @@ impl Store {
             chunk.copy_from_slice(&salt_rng.u64().to_le_bytes());
         }
         let ddt = DdtHeader { salt, ..DdtHeader::default() };
-        Store::assemble(pool, allocator, (datasets, synced), (ddt, LogStats::default()), tunables)
+        let crypt = dsl_crypt::DslCrypt::default();
+        Store::assemble(
+            pool,
+            allocator,
+            (datasets, synced),
+            (ddt, LogStats::default(), crypt),
+            tunables,
+        )
     }
 
     fn assemble(
         pool: Pool,
         mut allocator: Allocator,
         (datasets, synced): (Datasets, SyncedMetadata),
-        (ddt, log_stats): (DdtHeader, LogStats),
+        (ddt, log_stats, crypt): (DdtHeader, LogStats, dsl_crypt::DslCrypt),
         tunables: &Tunables,
     ) -> Store {
         allocator.set_log_vdevs(&pool.log_vdevs());
@@ -370,7 +401,7 @@ impl Store {
         let ddt = Ddt::new(pool.name(), ddt, tunables);
         Store {
             dsl: Dsl::new(pool.name(), datasets, dsl_scan::Scan::new(tunables)),
-            spa: Spa::new(Arc::new(pool), allocator, ddt),
+            spa: Spa::new(Arc::new(pool), allocator, ddt, crypt),
             txg: Txg::new(txg, limits),
             syncer: spa_sync::Syncer::new(synced),
             zil: Zil::new(&limits, log_stats),

@@ -32,6 +32,9 @@ pub(super) struct Spa {
     /// Shared with the tasks a sync spawns to write dedup blocks in parallel.
     allocator: Arc<Mutex<Allocator>>,
     ddt: Arc<Ddt>,
+    /// The key families' wrapped keys, and which are closing (dsl_crypt.rs); their loaded
+    /// keys are the pipeline's.
+    crypt: super::dsl_crypt::DslCrypt,
     /// Held for a whole change of leaves (attach, detach, replace: their sync and label
     /// rewrites), so that two do not interleave; taken before the sync's lock (spa_vdev.rs).
     vdev_lock: futures::lock::Mutex<()>,
@@ -69,12 +72,18 @@ struct Pause {
 }
 
 impl Spa {
-    pub(super) fn new(pool: Arc<Pool>, allocator: Allocator, ddt: Ddt) -> Spa {
+    pub(super) fn new(
+        pool: Arc<Pool>,
+        allocator: Allocator,
+        ddt: Ddt,
+        crypt: super::dsl_crypt::DslCrypt,
+    ) -> Spa {
         let opened = pool.env().now();
         Spa {
             pool,
             allocator: Arc::new(Mutex::new(allocator)),
             ddt: Arc::new(ddt),
+            crypt,
             vdev_lock: futures::lock::Mutex::new(()),
             suspension: Suspension::default(),
             test_points: TestPoints::default(),
@@ -88,6 +97,10 @@ impl Spa {
 
     pub(super) fn allocator(&self) -> &Arc<Mutex<Allocator>> {
         &self.allocator
+    }
+
+    pub(super) fn crypt(&self) -> &super::dsl_crypt::DslCrypt {
+        &self.crypt
     }
 
     pub(super) fn ddt(&self) -> &Arc<Ddt> {

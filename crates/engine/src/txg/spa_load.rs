@@ -177,7 +177,11 @@ impl Store {
             pool,
             allocator,
             (datasets, synced),
-            (directory.ddt, log_stats),
+            (
+                directory.ddt,
+                log_stats,
+                super::dsl_crypt::DslCrypt::new(directory.key_families.clone()),
+            ),
             tunables,
         );
         // Before replay, whose syncs write the scan record again.

@@ -500,6 +500,7 @@ impl SyncHandle<'_> {
                     leaves: self.spa.pool().leaf_records(),
                     scan,
                 }),
+                key_families: self.spa.crypt().wrapped(),
             }
         };
         (anchored, headers, directory)
@@ -591,6 +592,7 @@ async fn write_volumes(
         // threads, as ZFS's write-issue taskq spreads it over CPUs.
         let dedup = entry.dedup;
         let compression = entry.compression;
+        let key_family = entry.key_family;
         let (root, block_bytes) = (entry.root, entry.block_bytes as usize);
         let completed = futures::stream::iter(blocks.into_iter().map(|(index, block)| {
             complete_block(spa, root, disk_levels, block_bytes, index, block)
@@ -627,7 +629,13 @@ async fn write_volumes(
                     }
                     // Through every zio stage: sealed spread over the host's threads,
                     // allocated in block order, written in spans.
-                    let props = BlockProps::data(Writer::VolumeData, txg, compression);
+                    let mut props = BlockProps::data(Writer::VolumeData, txg, compression);
+                    if key_family != 0 {
+                        props.crypt = crate::zio::PropsCrypt::Encrypt {
+                            family: key_family,
+                            convergent: false,
+                        };
+                    }
                     let data = plain.into_iter().map(|bytes| (props, bytes)).collect();
                     let mut bps = spa
                         .pool()

@@ -198,6 +198,10 @@ impl Store {
         }
         let datasets: Vec<Arc<Dataset>> = self.dsl.read().values().cloned().collect();
         for dataset in datasets {
+            // Encrypted volumes have no log (dataset.rs, create_volume_in).
+            if dataset.state.lock().entry.key_family != 0 {
+                continue;
+            }
             let log = self.zil.new_log(&self.spa, dataset.id)?;
             dataset.state.lock().log = Some(log);
         }

@@ -128,7 +128,9 @@ impl WrappingKey {
         kdf: Option<&Argon2Params>,
         user: &UserKey,
     ) -> Result<WrappingKey, CryptError> {
-        let mut key = [0u8; MASTER_KEY_BYTES];
+        // Filled in place: the key is never copied out of what zeroes it on drop.
+        let mut out = WrappingKey([0u8; MASTER_KEY_BYTES]);
+        let key = &mut out.0;
         match format {
             KeyFormat::Raw => {
                 if user.0.len() != MASTER_KEY_BYTES {
@@ -151,7 +153,6 @@ impl WrappingKey {
                     match (digit(pair[0]), digit(pair[1])) {
                         (Some(hi), Some(lo)) => key[i] = (hi * 16 + lo) as u8,
                         _ => {
-                            key.zeroize();
                             return Err(bad(format!(
                                 "character {} is not one",
                                 2 * i + 1 + usize::from(digit(pair[0]).is_some())
@@ -174,11 +175,11 @@ impl WrappingKey {
                 )
                 .map_err(|e| CryptError::Kdf(e.to_string()))?;
                 argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params)
-                    .hash_password_into(text, &kdf.salt, &mut key)
+                    .hash_password_into(text, &kdf.salt, key)
                     .map_err(|e| CryptError::Kdf(e.to_string()))?;
             }
         }
-        Ok(WrappingKey(key))
+        Ok(out)
     }
 
     /// Fresh Argon2id parameters (the current defaults, a new random salt) for a passphrase
@@ -231,8 +232,10 @@ impl MasterKey {
     ) -> Result<WrappedKey, CryptError> {
         let mut out = template;
         random_bytes(&mut out.iv)?;
-        out.wrapped = self.0;
-        out.mac = seal(&wrapping.0, &out.iv, &out.wrap_aad(), &mut out.wrapped)?;
+        // Sealed in a buffer that is zeroed on drop, so a failed seal leaves no clear copy.
+        let mut sealed = Zeroizing::new(self.0);
+        out.mac = seal(&wrapping.0, &out.iv, &out.wrap_aad(), &mut sealed[..])?;
+        out.wrapped = *sealed;
         Ok(out)
     }
 
@@ -261,12 +264,19 @@ impl MasterKey {
         Zeroizing::new(blake3::derive_key(CONTEXT_TREE, &self.0))
     }
 
-    /// The salt and nonce of `data` in a volume with dedup: a keyed BLAKE3 of the data under
-    /// the family's dedup key, so the same data in the same family seals to the same bytes, and
-    /// neither reveals anything about the data to whoever lacks the key.
-    pub fn convergent(&self, data: &[u8]) -> (u64, [u8; IV_BYTES]) {
+    /// The salt and nonce of `data` sealed with additional data `aad` in a volume with dedup:
+    /// a keyed BLAKE3 of both under the family's dedup key, so the same data in the same
+    /// family seals to the same bytes, neither reveals anything about the data to whoever
+    /// lacks the key, and a (key, nonce) pair repeats only with the same data and the same
+    /// additional data (GCM under one nonce with two additional data would give away its
+    /// authentication key).
+    pub fn convergent(&self, aad: &[u8], data: &[u8]) -> (u64, [u8; IV_BYTES]) {
         let key = Zeroizing::new(blake3::derive_key(CONTEXT_DEDUP, &self.0));
-        let hash = blake3::keyed_hash(&key, data);
+        let mut hasher = blake3::Hasher::new_keyed(&key);
+        hasher.update(&(aad.len() as u64).to_le_bytes());
+        hasher.update(aad);
+        hasher.update(data);
+        let hash = hasher.finalize();
         let bytes = hash.as_bytes();
         let mut salt = [0u8; 8];
         salt.copy_from_slice(&bytes[..8]);
@@ -326,7 +336,7 @@ impl FamilyKey {
         convergent: bool,
     ) -> Result<Sealing, CryptError> {
         let (salt, iv) = if convergent {
-            self.master.convergent(data)
+            self.master.convergent(aad, data)
         } else {
             let mut iv = [0u8; IV_BYTES];
             random_bytes(&mut iv)?;
@@ -361,7 +371,8 @@ impl Keystore {
     }
 
     /// Forgets family `guid`'s key; true if it was loaded. Blocks being sealed or opened with
-    /// it finish; the key is zeroed when the last of them drops it.
+    /// it finish; the key is zeroed when the last of them drops it. The pool's block cache
+    /// still holds the family's plaintext: whoever unloads a key empties it too.
     pub fn unload(&self, guid: u64) -> bool {
         self.families.write().remove(&guid).is_some()
     }
@@ -558,6 +569,10 @@ mod tests {
         );
         assert_eq!((sa, &a), (sb, &b));
         assert_ne!(sa.iv, sc.iv);
+        // The same data under other additional data gets another nonce.
+        let mut d = plain.clone();
+        let sd = family.seal(&mut d, b"aaD", true).expect("seal");
+        assert_ne!((sd.salt, sd.iv), (sa.salt, sa.iv));
         // Another family's key reads none of it.
         let stranger = FamilyKey::new(MasterKey::generate().expect("rng")).expect("salt");
         let mut copy = data.clone();

@@ -296,9 +296,9 @@ pub enum UnsealError {
     /// Its key family's key is not loaded.
     #[error("it is encrypted with key family {family:#018x}, whose key is not loaded")]
     KeyUnavailable { family: u64 },
-    /// Its MAC did not authenticate it: changed on the disk (a block swapped, an older version
-    /// put back) though its checksum matched.
-    #[error("it fails authentication (it was changed, or is not where it belongs)")]
+    /// Its MAC did not authenticate it: its bytes, or the pointer fields its MAC covers, were
+    /// changed on the disk by someone who recomputed its checksum.
+    #[error("it fails authentication (it was changed on the disk)")]
     Authentication,
     #[error("decrypting it: {0}")]
     Crypt(crypt::CryptError),
@@ -619,7 +619,12 @@ pub fn allocate(
     }
     // Ditto copies after every first copy, so the first copies of a batch lie back to back.
     for (block, places) in sealed.iter().zip(&mut placed) {
-        while places.len() < block.props.copies.min(sluice_format::DVAS_MAX) {
+        // An encrypted block's third DVA holds its salt and key family.
+        let most = match block.props.crypt {
+            PropsCrypt::Encrypt { .. } => sluice_format::ENCRYPTED_DVAS_MAX,
+            _ => sluice_format::DVAS_MAX,
+        };
+        while places.len() < block.props.copies.min(most) {
             let others: Vec<(u32, u64)> = places.iter().map(|p| (p.0, p.1)).collect();
             match allocator.allocate_ditto(block.psize(), class, &others) {
                 Ok(at) => places.push(at),
@@ -661,8 +666,11 @@ pub fn describe(sealed: &Sealed, places: &[(u32, u64, u64)]) -> BlockPointer {
             (PropsCrypt::Encrypt { family, .. }, Some(s)) => {
                 BlockCrypt::Encrypted { family, salt: s.salt, iv: s.iv, mac: s.mac }
             }
+            (PropsCrypt::Encrypt { .. }, None) => {
+                unreachable!("a block to encrypt passed the encrypt stage unsealed (raw?)")
+            }
             (PropsCrypt::ChildrenMac(hash), _) => BlockCrypt::ChildrenMac(hash),
-            _ => BlockCrypt::None,
+            (PropsCrypt::None, _) => BlockCrypt::None,
         },
     }
 }

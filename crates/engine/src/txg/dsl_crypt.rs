@@ -1,0 +1,272 @@
+//! Key families and their keys (ZFS: `dsl_crypt.c`): which wrapped keys the pool directory
+//! records, which are loaded, and the administration of both (a new encryption root, key
+//! load, unload and change).
+//!
+//! A key family is an encryption root's master key, shared by the root's snapshots and
+//! clones; each encrypted volume names its family's guid (`VolumeEntry::key_family`). The
+//! wrapped keys live here, written by every sync into the directory (V7); the unwrapped master
+//! keys live in the pipeline's keystore (crate::zio::crypt), where the encrypt and decrypt
+//! stages find them. A family being unloaded is *closing*: its volumes refuse new writes while
+//! a sync writes what they hold dirty, and only then is its key forgotten, so no sync meets a
+//! block it cannot encrypt.
+//!
+//! The first family made turns on the pool's `encryption` feature (every label lists it from
+//! then on, and the directory is written at V7), so a build that does not know encryption
+//! refuses the pool by that name rather than misreading it.
+//!
+//! Lock order: the families' lock is a leaf, taken after the datasets' lock and never across
+//! an `.await`.
+
+use std::collections::BTreeSet;
+
+use parking_lot::Mutex;
+use sluice_format::{CryptSuite, KeyFormat, KeyLocation, WrappedKey, IV_BYTES, MAC_BYTES};
+
+use super::{Store, StoreError};
+use crate::zio::crypt::{self, CryptError, FamilyKey, MasterKey, UserKey, WrappingKey};
+
+/// The pool's key families: their wrapped keys and which are closing.
+#[derive(Debug, Default)]
+pub(super) struct DslCrypt {
+    state: Mutex<Families>,
+}
+
+#[derive(Debug, Default)]
+struct Families {
+    wrapped: Vec<WrappedKey>,
+    /// Families whose key is being unloaded: their volumes take no new writes.
+    closing: BTreeSet<u64>,
+}
+
+impl DslCrypt {
+    /// The families an imported directory recorded.
+    pub(super) fn new(wrapped: Vec<WrappedKey>) -> DslCrypt {
+        DslCrypt { state: Mutex::new(Families { wrapped, closing: BTreeSet::new() }) }
+    }
+
+    /// The wrapped keys, as the next directory records them.
+    pub(super) fn wrapped(&self) -> Vec<WrappedKey> {
+        self.state.lock().wrapped.clone()
+    }
+
+    fn find(&self, guid: u64) -> Option<WrappedKey> {
+        self.state.lock().wrapped.iter().find(|k| k.guid == guid).cloned()
+    }
+
+    /// Whether a volume of family `guid` may take writes now: its key is loaded and not
+    /// being unloaded (0, no family: always).
+    pub(super) fn writable(&self, keys: &crypt::Keystore, guid: u64) -> bool {
+        guid == 0 || (keys.is_loaded(guid) && !self.state.lock().closing.contains(&guid))
+    }
+}
+
+/// An encryption root's key as its user gives it: how, where it is kept, and the key.
+#[derive(Debug)]
+pub struct NewKey {
+    pub format: KeyFormat,
+    pub location: KeyLocation,
+    pub key: UserKey,
+}
+
+/// Whether an encrypted volume's key is loaded (ZFS: `keystatus`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyStatus {
+    /// The volume is not encrypted.
+    None,
+    Available,
+    Unavailable,
+}
+
+impl KeyStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyStatus::None => "none",
+            KeyStatus::Available => "available",
+            KeyStatus::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// What `vol get` shows of a volume's encryption.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncryptionInfo {
+    pub suite: CryptSuite,
+    pub format: KeyFormat,
+    pub location: KeyLocation,
+    pub status: KeyStatus,
+    /// The family's guid.
+    pub family: u64,
+}
+
+impl Store {
+    /// Creates an encrypted volume, the root of a new key family (ZFS: `zfs create -o
+    /// encryption=on -o keyformat=… -o keylocation=…`): a random master key, sealed under the
+    /// wrapping key `key` derives, loaded at once. The first family turns on the pool's
+    /// `encryption` feature (its labels are rewritten). Dedup is refused on it until
+    /// deduplication within a key family is built.
+    pub async fn create_encrypted_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_bytes: u32,
+        thick: bool,
+        key: NewKey,
+    ) -> Result<(), StoreError> {
+        self.spa.check_live()?;
+        self.check_new_volume(name, size_bytes, block_bytes)?;
+        let pool = self.spa.pool();
+        let crypt_error = |cause: CryptError| StoreError::Key {
+            pool: pool.name().to_owned(),
+            volume: name.to_owned(),
+            cause,
+        };
+        let kdf = match key.format {
+            KeyFormat::Passphrase => Some(WrappingKey::new_kdf().map_err(crypt_error)?),
+            KeyFormat::Raw | KeyFormat::Hex => None,
+        };
+        let wrapping =
+            WrappingKey::derive(key.format, kdf.as_ref(), &key.key).map_err(crypt_error)?;
+        let master = MasterKey::generate().map_err(crypt_error)?;
+        let guid = loop {
+            let guid = crypt::random_u64().map_err(crypt_error)?;
+            if guid != 0 && self.spa.crypt().find(guid).is_none() {
+                break guid;
+            }
+        };
+        let template = WrappedKey {
+            guid,
+            suite: CryptSuite::Aes256Gcm,
+            format: key.format,
+            kdf,
+            location: key.location,
+            iv: [0; IV_BYTES],
+            mac: [0; MAC_BYTES],
+            wrapped: [0; sluice_format::MASTER_KEY_BYTES],
+        };
+        let wrapped = master.wrap(&wrapping, template).map_err(crypt_error)?;
+        // The feature first (a sync writes families only into a directory whose config lists
+        // it), then the family, then the volume naming it: a sync that sees the volume sees
+        // its family.
+        let next_txg = pool.uberblock().txg + 1;
+        pool.activate_encryption(next_txg).await?;
+        self.spa.crypt().state.lock().wrapped.push(wrapped);
+        pool.zio().keys().load(guid, FamilyKey::new(master).map_err(crypt_error)?);
+        self.create_volume_in(name, size_bytes, block_bytes, thick, guid)
+    }
+
+    /// The encrypted volume `volume`'s family and wrapped key.
+    fn family_of(&self, volume: &str) -> Result<WrappedKey, StoreError> {
+        let dataset = self.export_dataset(volume)?;
+        let guid = dataset.state.lock().entry.key_family;
+        if guid == 0 {
+            return Err(StoreError::NotEncrypted {
+                pool: self.spa.pool().name().to_owned(),
+                volume: volume.to_owned(),
+            });
+        }
+        self.spa.crypt().find(guid).ok_or_else(|| StoreError::Key {
+            pool: self.spa.pool().name().to_owned(),
+            volume: volume.to_owned(),
+            cause: CryptError::Kdf(format!("key family {guid:#018x} is not in the pool")),
+        })
+    }
+
+    /// Loads the key of encrypted volume `volume`'s family (ZFS: `zfs load-key`): every
+    /// volume, snapshot and clone of the family can then be read and written. A wrong key is
+    /// refused as [`CryptError::WrongKey`], and nothing changes.
+    pub fn load_key(&self, volume: &str, key: &UserKey) -> Result<(), StoreError> {
+        let wrapped = self.family_of(volume)?;
+        let crypt_error = |cause| StoreError::Key {
+            pool: self.spa.pool().name().to_owned(),
+            volume: volume.to_owned(),
+            cause,
+        };
+        let keys = self.spa.pool().zio().keys();
+        if keys.is_loaded(wrapped.guid) {
+            return Err(StoreError::KeyLoaded {
+                pool: self.spa.pool().name().to_owned(),
+                volume: volume.to_owned(),
+            });
+        }
+        let wrapping =
+            WrappingKey::derive(wrapped.format, wrapped.kdf.as_ref(), key).map_err(crypt_error)?;
+        let master = MasterKey::unwrap(&wrapping, &wrapped).map_err(crypt_error)?;
+        keys.load(wrapped.guid, FamilyKey::new(master).map_err(crypt_error)?);
+        Ok(())
+    }
+
+    /// Unloads the key of `volume`'s family (ZFS: `zfs unload-key`): its volumes stop taking
+    /// writes, a sync writes what they hold dirty, then the key is forgotten and the block
+    /// cache emptied, so nothing of the family can be read until a `key load`.
+    pub async fn unload_key(&self, volume: &str) -> Result<(), StoreError> {
+        let wrapped = self.family_of(volume)?;
+        let keys = self.spa.pool().zio().keys();
+        if !keys.is_loaded(wrapped.guid) {
+            return Err(StoreError::KeyNotLoaded {
+                pool: self.spa.pool().name().to_owned(),
+                volume: volume.to_owned(),
+            });
+        }
+        self.spa.crypt().state.lock().closing.insert(wrapped.guid);
+        // The sync that writes the family's dirty blocks, with its key still loaded.
+        let synced = self.sync().await;
+        if synced.is_ok() {
+            keys.unload(wrapped.guid);
+            self.spa.pool().cache().clear();
+        }
+        self.spa.crypt().state.lock().closing.remove(&wrapped.guid);
+        synced.map(|_| ())
+    }
+
+    /// Rewraps `volume`'s family's master key under a new user key (ZFS: `zfs change-key`):
+    /// the family's key must be loaded; no data is rewritten. Durable with the next sync.
+    pub fn change_key(&self, volume: &str, key: NewKey) -> Result<(), StoreError> {
+        let wrapped = self.family_of(volume)?;
+        let crypt_error = |cause| StoreError::Key {
+            pool: self.spa.pool().name().to_owned(),
+            volume: volume.to_owned(),
+            cause,
+        };
+        let family = self.spa.pool().zio().keys().get(wrapped.guid).ok_or_else(|| {
+            StoreError::KeyNotLoaded {
+                pool: self.spa.pool().name().to_owned(),
+                volume: volume.to_owned(),
+            }
+        })?;
+        let kdf = match key.format {
+            KeyFormat::Passphrase => Some(WrappingKey::new_kdf().map_err(crypt_error)?),
+            KeyFormat::Raw | KeyFormat::Hex => None,
+        };
+        let wrapping =
+            WrappingKey::derive(key.format, kdf.as_ref(), &key.key).map_err(crypt_error)?;
+        let template = WrappedKey { format: key.format, kdf, location: key.location, ..wrapped };
+        let rewrapped = family.master().wrap(&wrapping, template).map_err(crypt_error)?;
+        let mut state = self.spa.crypt().state.lock();
+        if let Some(slot) = state.wrapped.iter_mut().find(|k| k.guid == rewrapped.guid) {
+            *slot = rewrapped;
+        }
+        Ok(())
+    }
+
+    /// `volume`'s encryption as `vol get` shows it; `None` for a volume not encrypted.
+    pub fn encryption(&self, volume: &str) -> Result<Option<EncryptionInfo>, StoreError> {
+        let wrapped = match self.family_of(volume) {
+            Ok(wrapped) => wrapped,
+            Err(StoreError::NotEncrypted { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let loaded = self.spa.pool().zio().keys().is_loaded(wrapped.guid);
+        Ok(Some(EncryptionInfo {
+            suite: wrapped.suite,
+            format: wrapped.format,
+            location: wrapped.location,
+            status: if loaded { KeyStatus::Available } else { KeyStatus::Unavailable },
+            family: wrapped.guid,
+        }))
+    }
+
+    /// Whether `volume`'s key is loaded.
+    pub fn key_status(&self, volume: &str) -> Result<KeyStatus, StoreError> {
+        Ok(self.encryption(volume)?.map_or(KeyStatus::None, |info| info.status))
+    }
+}
