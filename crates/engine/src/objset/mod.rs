@@ -294,19 +294,29 @@ async fn rebuild_node(
     Ok((node, Some((bytes, fill)), replaced))
 }
 
+/// The props of an indirect block of `level` over `fill` data blocks holding `bytes`: above
+/// encrypted blocks it carries the hash of its children's MACs.
+fn indirect_props(ctx: &TreeUpdate<'_>, level: u8, fill: u64, bytes: &[u8]) -> BlockProps {
+    let mut props = BlockProps::indirect(level, fill, ctx.txg, ctx.pool.metadata_copies());
+    if crate::zio::crypt::hashes_children(bytes) {
+        let hash = crate::zio::crypt::children_mac(bytes).expect("slots this sync encoded");
+        props.crypt = crate::zio::PropsCrypt::ChildrenMac(hash);
+    }
+    props
+}
+
 /// Writes a chunk of rebuilt indirect blocks of `level`; returns each one's new pointer.
 async fn write_nodes(
     ctx: TreeUpdate<'_>,
     level: u8,
     chunk: Vec<Rebuilt>,
 ) -> Result<Vec<Written>, PoolError> {
-    let copies = ctx.pool.metadata_copies();
     let mut blocks = Vec::with_capacity(chunk.len());
     let mut nodes = Vec::with_capacity(chunk.len());
     for (node, contents, replaced) in chunk {
         nodes.push((node, contents.is_some(), replaced));
         if let Some((bytes, fill)) = contents {
-            blocks.push((BlockProps::indirect(level, fill, ctx.txg, copies), Arc::new(bytes)));
+            blocks.push((indirect_props(&ctx, level, fill, &bytes), Arc::new(bytes)));
         }
     }
     let mut written =
@@ -383,7 +393,7 @@ pub async fn grow_levels(
         let Some(child) = root else { return Ok(None) };
         let mut bytes = AlignedBuf::zeroed(INDIRECT_BYTES);
         bytes[..BLKPTR_BYTES].copy_from_slice(&BlockPointer::encode(Some(&child)));
-        let props = BlockProps::indirect(level, child.fill, ctx.txg, ctx.pool.metadata_copies());
+        let props = indirect_props(ctx, level, child.fill, &bytes);
         let written = ctx.pool.write_blocks(
             ctx.allocator,
             AllocClass::Reserved,

@@ -486,6 +486,10 @@ impl Store {
         let mut entry = VolumeEntry::new(id, name, size_bytes, block_bytes, levels);
         entry.reservation_bytes = reservation_bytes;
         entry.key_family = key_family;
+        if key_family != 0 {
+            let key = self.spa.pool().zio().keys().get(key_family).expect("a new family's key");
+            entry.root_mac = key.root_mac(key_family, None);
+        }
         dsl.insert(name.to_owned(), Dataset::new(entry, log, self.txg.limits()));
         Ok(())
     }

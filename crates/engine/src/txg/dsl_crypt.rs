@@ -191,7 +191,31 @@ impl Store {
         let wrapping =
             WrappingKey::derive(wrapped.format, wrapped.kdf.as_ref(), key).map_err(crypt_error)?;
         let master = MasterKey::unwrap(&wrapping, &wrapped).map_err(crypt_error)?;
-        keys.load(wrapped.guid, FamilyKey::new(master).map_err(crypt_error)?);
+        let family = FamilyKey::new(master).map_err(crypt_error)?;
+        // Every tree of the family must be one the key's holder wrote: a root pointer swapped
+        // on the disk (for another tree's, or an older one's) fails its MAC here, and the key
+        // is not loaded. The trees' blocks are checked as they are read, against their parents.
+        for dataset in self.dsl.read().values() {
+            let entry = dataset.state.lock().entry.clone();
+            if entry.key_family != wrapped.guid {
+                continue;
+            }
+            let trees = std::iter::once((entry.name.clone(), entry.root, entry.root_mac)).chain(
+                entry
+                    .snapshots
+                    .iter()
+                    .map(|s| (format!("{}@{}", entry.name, s.name), s.root, s.root_mac)),
+            );
+            for (name, root, mac) in trees {
+                if family.root_mac(wrapped.guid, root.as_ref()) != mac {
+                    return Err(StoreError::Pool(crate::pool::PoolError::Authentication {
+                        pool: self.spa.pool().name().to_owned(),
+                        block: format!("the root of {name}"),
+                    }));
+                }
+            }
+        }
+        keys.load(wrapped.guid, family);
         Ok(())
     }
 

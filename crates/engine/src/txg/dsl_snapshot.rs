@@ -647,6 +647,7 @@ impl Dsl {
         let (size, levels) = (snapshot.size_bytes, snapshot.levels);
         let mut entry = VolumeEntry::new(id, clone, size, parent.block_bytes, levels);
         entry.root = snapshot.root;
+        entry.root_mac = snapshot.root_mac;
         entry.space = Some(snapshot.space);
         entry.prev_snap_txg = snapshot.txg;
         entry.origin = Some(Origin {
@@ -756,6 +757,7 @@ async fn sync_snapshot_op(cx: SyncCx<'_, '_>, op: SnapshotOp) -> Result<(), Pool
             let family = &mut tree.family;
             snapshot.txg = txg;
             snapshot.root = tree.root;
+            snapshot.root_mac = tree.root_mac;
             snapshot.space = tree.space;
             snapshot.size_bytes = family.size_bytes;
             snapshot.levels = family.levels;
@@ -782,6 +784,7 @@ async fn sync_snapshot_op(cx: SyncCx<'_, '_>, op: SnapshotOp) -> Result<(), Pool
             ctx.replaced.append(&mut family.deadlist.pieces);
             family.deadlist = Deadlist::default();
             tree.root = newest.root;
+            tree.root_mac = newest.root_mac;
             tree.space = newest.space;
             family.size_bytes = newest.size_bytes;
             family.levels = newest.levels;

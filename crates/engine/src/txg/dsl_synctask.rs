@@ -79,6 +79,8 @@ pub(super) async fn run_sync_tasks<'s>(
 /// A volume's tree as a sync wrote it.
 pub(super) struct SyncedTree {
     pub(super) root: Option<BlockPointer>,
+    /// The root's keyed MAC, for an encrypted volume (`VolumeEntry::root_mac`).
+    pub(super) root_mac: [u8; sluice_format::ROOT_MAC_BYTES],
     pub(super) space: VolumeSpace,
     /// Blocks the sync replaced that the volume's newest snapshot still holds: they go on its
     /// dead list, not back to the allocator.

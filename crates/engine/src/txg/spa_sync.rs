@@ -480,6 +480,7 @@ impl SyncHandle<'_> {
                         let mut entry = VolumeEntry {
                             // A volume created since the quiesce has no tree yet.
                             root: synced.and_then(|s| s.root),
+                            root_mac: synced.map_or(v.entry.root_mac, |s| s.root_mac),
                             space: synced.map_or(v.entry.space, |s| Some(s.space)),
                             log: headers.get(&v.entry.name).copied().flatten(),
                             ..v.entry.clone()
@@ -523,6 +524,7 @@ impl SyncHandle<'_> {
             let mut volume = dataset.state.lock();
             if let Some(synced) = roots.get(&volume.entry.name) {
                 volume.entry.root = synced.root;
+                volume.entry.root_mac = synced.root_mac;
                 volume.entry.space = Some(synced.space);
                 synced.family.apply(&mut volume.entry);
                 if synced.family.rolled_back {
@@ -725,7 +727,22 @@ async fn write_volumes(
             dead = held;
         }
         let family = Family::of(&entry);
-        roots.insert(entry.name.clone(), SyncedTree { root, space, dead, family });
+        // An encrypted volume's new root gets its MAC from the family's key, which a root
+        // that changed needs: only writes change it, and they are refused without the key.
+        let root_mac = if entry.key_family == 0 {
+            entry.root_mac
+        } else if let Some(key) = spa.pool().zio().keys().get(entry.key_family) {
+            key.root_mac(entry.key_family, root.as_ref())
+        } else if root == entry.root {
+            entry.root_mac
+        } else {
+            return Err(PoolError::KeyUnavailable {
+                pool: spa.pool().name().to_owned(),
+                block: format!("the root of volume {}", entry.name),
+                family: entry.key_family,
+            });
+        };
+        roots.insert(entry.name.clone(), SyncedTree { root, root_mac, space, dead, family });
     }
     Ok(roots)
 }

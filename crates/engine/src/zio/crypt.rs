@@ -32,8 +32,8 @@ use openssl::cipher::Cipher;
 use openssl::cipher_ctx::CipherCtx;
 use parking_lot::RwLock;
 use sluice_format::{
-    Argon2Params, BlockCompression, BlockKind, CryptSuite, KeyFormat, WrappedKey, IV_BYTES,
-    KDF_SALT_BYTES, MAC_BYTES, MASTER_KEY_BYTES,
+    Argon2Params, BlockCompression, BlockCrypt, BlockKind, BlockPointer, CryptSuite, KeyFormat,
+    WrappedKey, IV_BYTES, KDF_SALT_BYTES, MAC_BYTES, MASTER_KEY_BYTES,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,6 +55,7 @@ pub const ARGON2_LANES: u32 = 1;
 const CONTEXT_BLOCK: &str = "sluice 2026-11-29 block key";
 const CONTEXT_DEDUP: &str = "sluice 2026-11-29 dedup key";
 const CONTEXT_TREE: &str = "sluice 2026-11-29 tree mac key";
+const CONTEXT_CHILDREN: &str = "sluice 2026-11-29 children mac";
 
 /// What went wrong with a key or a sealed block. Messages never include key material.
 #[derive(Debug, thiserror::Error)]
@@ -311,6 +312,20 @@ impl FamilyKey {
         &self.master
     }
 
+    /// The keyed MAC of a tree whose root is `root` in family `family` (`VolumeEntry::
+    /// root_mac`): BLAKE3 keyed with the family's tree key over the root's
+    /// [`BlockPointer::auth_bytes`], which the children's-MAC hashes chain down to every
+    /// block. Only the key's holder can make one, so a root pointer swapped on the disk for
+    /// one the family never had fails it.
+    pub fn root_mac(&self, family: u64, root: Option<&BlockPointer>) -> [u8; 32] {
+        let key = self.master.tree_key();
+        let mut hasher = blake3::Hasher::new_keyed(&key);
+        hasher.update(b"sluice root v1\0\0");
+        hasher.update(&family.to_le_bytes());
+        hasher.update(&BlockPointer::auth_bytes(root));
+        *hasher.finalize().as_bytes()
+    }
+
     /// Blocks sealed through this key since it was loaded.
     pub fn sealed_count(&self) -> u64 {
         self.sealed.load(Ordering::Relaxed)
@@ -384,6 +399,31 @@ impl Keystore {
     pub fn is_loaded(&self, guid: u64) -> bool {
         self.families.read().contains_key(&guid)
     }
+}
+
+/// The hash an indirect block's pointer carries of its children (`BlockCrypt::ChildrenMac`):
+/// BLAKE3, keyed by a fixed context so it is no other hash, over every slot's
+/// [`BlockPointer::auth_bytes`] (holes included), given as the block's encoded slots. Keyless,
+/// so a sync, scrub or receive can compute it without the family's key; what makes it bind the
+/// tree is that each child's MAC is in it, and the root's keyed MAC covers the top. `None` if a
+/// slot does not decode.
+pub fn children_mac(slots: &[u8]) -> Option<[u8; sluice_format::CHILDREN_MAC_BYTES]> {
+    let key = blake3::derive_key(CONTEXT_CHILDREN, b"");
+    let mut hasher = blake3::Hasher::new_keyed(&key);
+    for slot in slots.chunks_exact(sluice_format::BLKPTR_BYTES) {
+        let bp = BlockPointer::decode(slot).ok()?;
+        hasher.update(&BlockPointer::auth_bytes(bp.as_ref()));
+    }
+    Some(*hasher.finalize().as_bytes())
+}
+
+/// Whether any of an indirect block's encoded slots is part of an encrypted tree (an
+/// encrypted block, or an indirect block hashing its children): then the block carries
+/// [`children_mac`].
+pub fn hashes_children(slots: &[u8]) -> bool {
+    slots.chunks_exact(sluice_format::BLKPTR_BYTES).any(
+        |slot| matches!(BlockPointer::decode(slot), Ok(Some(bp)) if bp.crypt != BlockCrypt::None),
+    )
 }
 
 /// Bytes of [`block_aad`].

@@ -828,6 +828,13 @@ pub fn unseal(
     bp: &BlockPointer,
     mut stored: AlignedBuf,
 ) -> Result<AlignedBuf, UnsealError> {
+    // An indirect block of an encrypted tree: its children must be the ones its parent
+    // hashed (a child swapped for another, or for an older version of itself, is not).
+    if let BlockCrypt::ChildrenMac(hash) = bp.crypt {
+        if crypt::children_mac(&stored) != Some(hash) {
+            return Err(UnsealError::Authentication);
+        }
+    }
     if let BlockCrypt::Encrypted { family, salt, iv, mac } = bp.crypt {
         let key = keys.get(family).ok_or(UnsealError::KeyUnavailable { family })?;
         let aad = crypt::block_aad(
@@ -973,6 +980,57 @@ mod tests {
         assert!(matches!(
             seal(&pipeline, props, block(16384, 1), 4096, None),
             Err(ZioError::KeyUnavailable { family: 0xfa17, .. })
+        ));
+    }
+
+    /// An indirect block above encrypted blocks carries a hash of its children's MACs: a
+    /// child pointer swapped for another valid one (an older version of the block, with its
+    /// own good checksum and tag) fails the parent's check even when the indirect block's own
+    /// checksum is recomputed; the block as written passes.
+    #[test]
+    fn a_swapped_child_fails_its_parents_children_mac() {
+        let pipeline = Pipeline::default();
+        let family = 0xfa17;
+        pipeline
+            .keys()
+            .load(family, crypt::FamilyKey::new(crypt::MasterKey::generate().unwrap()).unwrap());
+        let mut children = Vec::new();
+        for version in 0..2u8 {
+            let mut props =
+                BlockProps::data(Writer::VolumeData, 5 + u64::from(version), Compression::Off);
+            props.crypt = PropsCrypt::Encrypt { family, convergent: false };
+            let sealed = seal(&pipeline, props, block(16384, version), 4096, None).unwrap();
+            children
+                .push(describe(&sealed, &[(0, 8192 * (1 + u64::from(version)), sealed.psize())]));
+        }
+        let (old, new) = (children[0], children[1]);
+        let indirect = |child: &BlockPointer| {
+            let mut bytes = AlignedBuf::zeroed(16384);
+            bytes[..sluice_format::BLKPTR_BYTES]
+                .copy_from_slice(&BlockPointer::encode(Some(child)));
+            bytes
+        };
+        let written = indirect(&new);
+        assert!(crypt::hashes_children(&written));
+        let mut props = BlockProps::indirect(1, 1, 6, 1);
+        props.crypt = PropsCrypt::ChildrenMac(crypt::children_mac(&written).unwrap());
+        let sealed = seal(&pipeline, props, Arc::new(written), 4096, None).unwrap();
+        let bp = describe(&sealed, &[(0, 65536, sealed.psize())]);
+        assert!(unseal(pipeline.keys(), &bp, (*sealed.stored).clone()).is_ok(), "as written");
+        // The older version put back in its slot, the parent's checksum recomputed to match.
+        let swapped = indirect(&old);
+        let forged = BlockPointer { checksum: bp.checksum_alg.compute(&swapped), ..bp };
+        assert!(forged.verifies(&swapped));
+        assert!(matches!(
+            unseal(pipeline.keys(), &forged, swapped),
+            Err(UnsealError::Authentication)
+        ));
+        // A hole put where the child was fails too.
+        let emptied = AlignedBuf::zeroed(16384);
+        let forged = BlockPointer { checksum: bp.checksum_alg.compute(&emptied), ..bp };
+        assert!(matches!(
+            unseal(pipeline.keys(), &forged, emptied),
+            Err(UnsealError::Authentication)
         ));
     }
 }
