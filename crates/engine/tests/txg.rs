@@ -11,7 +11,9 @@
 //! already reached the disk. Snapshots are taken, destroyed and rolled back to, and a clone
 //! made, promoted and destroyed, at random points too (each a sync of its own); after every
 //! import every volume and snapshot must read back as the model says, each clone must name its
-//! origin, and the audit (space, dedup references, dead lists) must balance. A failure prints
+//! origin, and the audit (space, dedup references, dead lists) must balance. In half the seeds
+//! the volume "big" is encrypted: each import loads its key (which checks every root MAC of
+//! its family) before reading it, and its clones share the key. A failure prints
 //! the seed; replay it with `SLUICE_SWARM_SEED=<seed> cargo test -p sluice-engine --test txg`,
 //! adding `SLUICE_SWARM_TRACE=1` to print each operation.
 
@@ -40,6 +42,17 @@ const VOLUMES: [(&str, u64, u32); 3] =
     [("big", 4 << 20, 16384), ("small", 1 << 20, 4096), ("dd", 1 << 20, 4096)];
 /// The volume with dedup on; its writes draw from few patterns, so blocks are shared.
 const DEDUP_VOLUME: usize = 2;
+/// The volume encrypted in the seeds [`encrypted`] picks, and its raw key.
+const ENCRYPTED_VOLUME: usize = 0;
+const KEY: [u8; 32] = [0x42; 32];
+
+/// Whether seed `seed` encrypts [`ENCRYPTED_VOLUME`]: every other seed, crossing each layout.
+fn encrypted(seed: u64) -> bool {
+    seed % 2 == 1
+}
+
+/// Crash/import cycles of pools with an encrypted volume (a code probe).
+static ENCRYPTED_CYCLES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// Dedup work seen across the swarm (code probes: the test fails if there was none).
 static DEDUP_SHARED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -177,8 +190,17 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                 };
                 let pool = Pool::create(&e, spec, &tunables).await.unwrap();
                 let store = Store::create(pool, &tunables);
-                for (name, size, block) in VOLUMES {
-                    store.create_volume(name, size, block).unwrap();
+                for (v, (name, size, block)) in VOLUMES.into_iter().enumerate() {
+                    if v == ENCRYPTED_VOLUME && encrypted(seed) {
+                        let key = sluice_engine::txg::NewKey {
+                            format: sluice_format::KeyFormat::Raw,
+                            location: sluice_format::KeyLocation::Prompt,
+                            key: sluice_engine::UserKey::new(KEY.to_vec()),
+                        };
+                        store.create_encrypted_volume(name, size, block, false, key).await.unwrap();
+                    } else {
+                        store.create_volume(name, size, block).unwrap();
+                    }
                 }
                 store.set_dedup(VOLUMES[DEDUP_VOLUME].0, DedupMode::On).unwrap();
                 let mut volumes: Vec<Vec<u8>> =
@@ -200,6 +222,13 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
             } else {
                 let pool = Pool::import(&e, d, "tank", &tunables).await.unwrap();
                 let store = Store::open(pool, &tunables).await.unwrap();
+                if encrypted(seed) {
+                    // Checks the MAC of every root of the family (volume, snapshots, clones).
+                    let key = sluice_engine::UserKey::new(KEY.to_vec());
+                    store.load_key(volume_name(ENCRYPTED_VOLUME), &key).unwrap_or_else(|e| {
+                        panic!("seed {seed} generation {generation}: key load: {e}")
+                    });
+                }
                 // The pool holds the last synced state, or the interrupted sync's if it landed.
                 let found = found_contents(&store).await;
                 {
@@ -495,6 +524,9 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
     if parity > 0 {
         RAIDZ_CYCLES.fetch_add(generations - 1, std::sync::atomic::Ordering::Relaxed);
     }
+    if encrypted(seed) {
+        ENCRYPTED_CYCLES.fetch_add(generations - 1, std::sync::atomic::Ordering::Relaxed);
+    }
     generations - 1
 }
 
@@ -534,10 +566,16 @@ fn crash_swarm() {
     assert!(clone_ops >= seeds / 2, "only {clone_ops} clone changes completed");
     let raidz = RAIDZ_CYCLES.load(std::sync::atomic::Ordering::Relaxed);
     assert!(seeds < 3 || raidz * 2 >= cycles, "only {raidz} of {cycles} cycles on RAID-Z pools");
+    let encrypted_cycles = ENCRYPTED_CYCLES.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        seeds < 2 || encrypted_cycles * 3 >= cycles,
+        "only {encrypted_cycles} of {cycles} cycles with an encrypted volume"
+    );
     eprintln!(
         "crash swarm: {seeds} seeds, {cycles} crash/import cycles ({raidz} of them states of \
-         raidz1-of-4 and raidz2-of-6 pools opened), {mid_sync} during a sync; dedup: {shared} \
-         blocks shared, {dropped} references dropped; {snapshot_ops} snapshot changes, \
-         {clone_ops} clones made, promoted or destroyed; every import audited"
+         raidz1-of-4 and raidz2-of-6 pools opened, {encrypted_cycles} of pools with an \
+         encrypted volume, its key loaded and every root MAC checked), {mid_sync} during a \
+         sync; dedup: {shared} blocks shared, {dropped} references dropped; {snapshot_ops} \
+         snapshot changes, {clone_ops} clones made, promoted or destroyed; every import audited"
     );
 }
