@@ -242,16 +242,24 @@ fn unload_writes_what_is_dirty_and_clones_share_the_key() {
             Err(StoreError::KeyUnavailable { .. })
         ));
         assert!(matches!(store.unload_key("db").await, Err(StoreError::KeyNotLoaded { .. })));
+        // A snapshot is of its volume's family; a resize, which changes the tree, needs the key
+        // as a write does (and the pool goes on).
+        assert_eq!(store.key_status("db@s1").unwrap(), KeyStatus::Unavailable);
+        let resized = store.resize_volume("db", 2 * VOLUME_BYTES).await;
+        assert!(matches!(resized, Err(StoreError::KeyUnavailable { .. })), "{resized:?}");
+        let resized = store.resize_volume("db", VOLUME_BYTES / 2).await;
+        assert!(matches!(resized, Err(StoreError::KeyUnavailable { .. })), "{resized:?}");
+        store.sync().await.unwrap();
+        assert!(!store.is_suspended());
         store.load_key("db", &UserKey::new(vec![5; 32])).unwrap();
         assert_eq!(store.read("copy", 0, VOLUME_BYTES).await.unwrap(), data);
+        assert_eq!(store.key_status("db@s1").unwrap(), KeyStatus::Available);
         let mut expect = data.clone();
         expect[..16384].fill(9);
         assert_eq!(store.read("db", 0, VOLUME_BYTES).await.unwrap(), expect);
         // Not built for encrypted volumes yet, and refused by name.
         let send = store.send_snapshot("db", "s1", None, &mut |_| Ok(())).await;
         assert!(matches!(send, Err(StoreError::NotWithEncryption { what: "send", .. })));
-        let dedup = store.set_dedup("db", sluice_format::DedupMode::On);
-        assert!(matches!(dedup, Err(StoreError::NotWithEncryption { what: "dedup", .. })));
         assert!(matches!(store.unload_key("plain").await, Err(StoreError::NoSuchVolume { .. })));
     })
     .unwrap();
@@ -282,6 +290,56 @@ fn scrub_repairs_an_encrypted_volume_without_its_key() {
         assert_eq!(again.repaired, 0, "{again:?}");
         store.load_key("db", &UserKey::new(vec![6; 32])).unwrap();
         assert_eq!(store.read("db", 0, VOLUME_BYTES).await.unwrap(), data);
+    })
+    .unwrap();
+}
+
+/// Dedup shares blocks within a key family (a volume and its clones) and never across
+/// families or with volumes that are not encrypted: the same data written into each is stored
+/// once per family, and every copy reads back after import with its key.
+#[test]
+fn dedup_shares_within_a_family_and_never_across() {
+    let sim = Sim::new(36);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
+    let env = sim.env();
+    sim.run(async move {
+        let store =
+            common::mirror_store(&env, common::leaf_specs(&legs), &Tunables::default()).await;
+        store.create_encrypted_volume("a", VOLUME_BYTES, 16384, false, raw_key(1)).await.unwrap();
+        store.create_encrypted_volume("b", VOLUME_BYTES, 16384, false, raw_key(2)).await.unwrap();
+        store.create_volume("p", VOLUME_BYTES, 16384).unwrap();
+        for volume in ["a", "b", "p"] {
+            store.set_dedup(volume, sluice_format::DedupMode::Verify).unwrap();
+        }
+        // 64 blocks none of which repeats.
+        let data = common::random_bytes(77, 1 << 20);
+        store.write("a", 0, &data).await.unwrap();
+        store.create_snapshots(&[("a".into(), "s".into())], 1).await.unwrap();
+        store.clone_snapshot("a", "s", "ac").await.unwrap();
+        let shared = || store.dedup_table().stats().blocks_shared.get();
+        let before = shared();
+        // The clone, of a's family: every block shared. b's family and the plain volume: none.
+        store.write("ac", 1 << 20, &data).await.unwrap();
+        store.write("b", 0, &data).await.unwrap();
+        store.write("p", 0, &data).await.unwrap();
+        store.sync().await.unwrap();
+        assert_eq!(shared() - before, 64, "only the clone's blocks are shared");
+        let report = store.audit().await.unwrap();
+        assert!(report.is_clean(), "audit: {:?}", report.problems);
+        store.export().await.unwrap();
+        let store = import(&env, &legs).await;
+        store.load_key("a", &UserKey::new(vec![1; 32])).unwrap();
+        store.load_key("b", &UserKey::new(vec![2; 32])).unwrap();
+        assert_eq!(store.read("ac", 1 << 20, 1 << 20).await.unwrap(), data);
+        assert_eq!(store.read("a", 0, 1 << 20).await.unwrap(), data);
+        assert_eq!(store.read("b", 0, 1 << 20).await.unwrap(), data);
+        assert_eq!(store.read("p", 0, 1 << 20).await.unwrap(), data);
+        // Overwritten, the shared blocks lose a reference each and stay readable where kept.
+        store.write("ac", 1 << 20, &vec![0x11; 1 << 20]).await.unwrap();
+        store.sync().await.unwrap();
+        assert_eq!(store.read("a", 0, 1 << 20).await.unwrap(), data);
+        let report = store.audit().await.unwrap();
+        assert!(report.is_clean(), "audit: {:?}", report.problems);
     })
     .unwrap();
 }

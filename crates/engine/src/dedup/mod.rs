@@ -439,6 +439,14 @@ impl Ddt {
     /// different bytes is written on its own, outside the table. A new copy is stored
     /// compressed as `compression` asks; the key is of the logical bytes, so volumes that
     /// compress differently still share blocks.
+    ///
+    /// A block of key family `family` (an encrypted volume; 0: none) is sealed first, with the
+    /// salt and nonce of a keyed MAC of its bytes under the family's key (as ZFS does), so the
+    /// same data in the same family seals to the same bytes; its key is then its checksum and
+    /// tag (`BlockPointer::encrypted_dedup_key`), which a keyless free finds again and which
+    /// says nothing of the data. Blocks of other families, or not encrypted, never match it:
+    /// their bytes, and so their keys, differ.
+    #[allow(clippy::too_many_arguments)]
     pub async fn write(
         &self,
         pool: &Pool,
@@ -447,9 +455,23 @@ impl Ddt {
         data: Arc<AlignedBuf>,
         verify: bool,
         compression: Compression,
+        family: u64,
     ) -> Result<BlockPointer, PoolError> {
         pool.zio_stage(zio::Stage::Dedup, Writer::DedupData)?;
-        let key = self.key(&self.salt, &data);
+        let mut sealed = None;
+        let key = if family == 0 {
+            self.key(&self.salt, &data)
+        } else {
+            let props = BlockProps {
+                crypt: zio::PropsCrypt::Encrypt { family, convergent: true },
+                ..BlockProps::data(Writer::DedupData, txg, compression)
+            };
+            let block = pool.seal_block(props, Arc::clone(&data), None)?;
+            let mac = block.sealing.expect("an encrypted block is sealed").mac;
+            let key = BlockPointer::encrypted_dedup_key(&block.checksum, &mac);
+            sealed = Some(block);
+            key
+        };
         let (entry, disk) = self.lookup(key, Stage::Lookup);
         self.load(pool, &entry, &disk).await?;
         let mut stage = Stage::Claim;
@@ -500,7 +522,7 @@ impl Ddt {
             };
             if !same {
                 self.stats.verify_mismatches.inc();
-                return write_plain(pool, allocator, txg, data, compression).await;
+                return write_plain(pool, allocator, txg, data, compression, family).await;
             }
             compared = true;
             stage = Stage::Verify;
@@ -524,13 +546,17 @@ impl Ddt {
                     .map(born_now)
                     .map_err(|_| self.corrupt("write of the shared copy failed in txg", txg))
             }
-            Claim::Lead => self.write_lead(pool, allocator, txg, &entry, &data, compression).await,
+            Claim::Lead => {
+                self.write_lead(pool, allocator, txg, &entry, &data, compression, sealed).await
+            }
             Claim::Compare(_) => unreachable!("the loop breaks only on a decision"),
         }
     }
 
     /// The lead writer: the rest of the pipeline (compress, checksum, allocate), ready
-    /// (publish the copy), issue, done.
+    /// (publish the copy), issue, done. An encrypted block comes `sealed` already (its key is
+    /// of its sealed bytes).
+    #[allow(clippy::too_many_arguments)]
     async fn write_lead(
         &self,
         pool: &Pool,
@@ -539,12 +565,20 @@ impl Ddt {
         entry: &Entry,
         data: &Arc<AlignedBuf>,
         compression: Compression,
+        sealed: Option<zio::Sealed>,
     ) -> Result<BlockPointer, PoolError> {
         let props = BlockProps {
             dedup: Some(entry.key),
             ..BlockProps::data(Writer::DedupData, txg, compression)
         };
-        let prepared = pool.seal_block(props, Arc::clone(data), None).and_then(|sealed| {
+        let sealed = match sealed {
+            Some(mut sealed) => {
+                sealed.props.dedup = Some(entry.key);
+                Ok(sealed)
+            }
+            None => pool.seal_block(props, Arc::clone(data), None),
+        };
+        let prepared = sealed.and_then(|sealed| {
             let placed =
                 pool.allocate(allocator, std::slice::from_ref(&sealed), AllocClass::Reserved)?;
             Ok((sealed, placed))
@@ -859,8 +893,12 @@ async fn write_plain(
     txg: u64,
     data: Arc<AlignedBuf>,
     compression: Compression,
+    family: u64,
 ) -> Result<BlockPointer, PoolError> {
-    let props = BlockProps::data(Writer::VolumeData, txg, compression);
+    let mut props = BlockProps::data(Writer::VolumeData, txg, compression);
+    if family != 0 {
+        props.crypt = zio::PropsCrypt::Encrypt { family, convergent: false };
+    }
     Ok(pool.write_blocks(allocator, AllocClass::Reserved, vec![(props, data)]).await?[0])
 }
 

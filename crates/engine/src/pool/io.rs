@@ -29,6 +29,7 @@ impl Pool {
         bp: &BlockPointer,
         class: IoClass,
     ) -> Result<Arc<AlignedBuf>, PoolError> {
+        self.check_key(bp)?;
         if let Some(hit) = self.cache().get(bp) {
             return Ok(hit);
         }
@@ -44,6 +45,29 @@ impl Pool {
         class: IoClass,
     ) -> Result<AlignedBuf, PoolError> {
         self.read(bp, class, zio::ReadMode::Logical).await
+    }
+
+    /// Refuses an encrypted block whose family's key is not loaded, before the cache is
+    /// asked: a read that decrypted it just before an unload may have cached it after the
+    /// unload emptied the cache.
+    pub fn check_key(&self, bp: &BlockPointer) -> Result<(), PoolError> {
+        match bp.crypt {
+            sluice_format::BlockCrypt::Encrypted { family, .. }
+                if !self.zio().keys().is_loaded(family) =>
+            {
+                Err(PoolError::KeyUnavailable {
+                    pool: self.name().to_owned(),
+                    block: format!(
+                        "the block of txg {} at offset {} of top-level vdev {}",
+                        bp.birth_txg,
+                        bp.dvas[0].offset_bytes(),
+                        bp.dvas[0].vdev
+                    ),
+                    family,
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The logical bytes of a block whose stored bytes passed its checksum (decrypted and

@@ -633,16 +633,6 @@ impl Dsl {
         let dsl = self.read();
         let dataset = dsl.get(name).ok_or_else(|| self.no_such_volume(name))?;
         let entry = &mut dataset.state.lock().entry;
-        if entry.key_family != 0
-            && matches!(property, VolumeProperty::Dedup(m) if m != DedupMode::Off)
-        {
-            // Its blocks would go through the table unencrypted.
-            return Err(StoreError::NotWithEncryption {
-                pool: spa.pool().name().to_owned(),
-                volume: name.to_owned(),
-                what: "dedup",
-            });
-        }
         match property {
             VolumeProperty::Dedup(mode) => entry.dedup = mode,
             VolumeProperty::Sync(mode) => entry.sync = mode,
@@ -757,6 +747,15 @@ impl Dsl {
                 return Err(self.no_such_volume(name));
             }
             let mut volume = dataset.state.lock();
+            // A resize changes the tree, whose new root an encrypted volume's sync can MAC only
+            // with the family's key: without it, as a write, it is refused.
+            let family = volume.entry.key_family;
+            if !spa.crypt().writable(spa.pool().zio().keys(), family) {
+                return Err(StoreError::KeyUnavailable {
+                    pool: spa.pool().name().to_owned(),
+                    volume: name.to_owned(),
+                });
+            }
             if (volume.entry.root, volume.disk_levels) != (root, disk_levels)
                 || shrinks != (size_bytes < volume.entry.size_bytes)
             {

@@ -442,6 +442,14 @@ impl WritePath<'_> {
             self.dsl.check_exists(dataset)?;
             let mut v = dataset.state.lock();
             dataset.check_range(v.entry.size_bytes, offset, len)?;
+            // And the key: an unload may have begun while this write waited. One that closes
+            // the family after this point finds the write in the txg its sync writes.
+            if !self.spa.crypt().writable(self.spa.pool().zio().keys(), v.entry.key_family) {
+                return Err(StoreError::KeyUnavailable {
+                    pool: self.spa.pool().name().to_owned(),
+                    volume: dataset.name(),
+                });
+            }
             let mut added = 0u64;
             // Groups of blocks under one level-1 indirect block that had nothing dirty yet:
             // each will rewrite its path to the root.
@@ -692,6 +700,7 @@ async fn read_with_status_in(
             allocated[(index - first) as usize] = false;
             continue;
         };
+        spa.pool().check_key(&bp)?;
         if let Some(hit) = spa.pool().cache().get(&bp) {
             reads.push(Read::Cached(index, hit));
             continue;

@@ -149,9 +149,17 @@ impl Store {
         // its family.
         let next_txg = pool.uberblock().txg + 1;
         pool.activate_encryption(next_txg).await?;
+        let family = FamilyKey::new(master).map_err(crypt_error)?;
         self.spa.crypt().state.lock().wrapped.push(wrapped);
-        pool.zio().keys().load(guid, FamilyKey::new(master).map_err(crypt_error)?);
-        self.create_volume_in(name, size_bytes, block_bytes, thick, guid)
+        pool.zio().keys().load(guid, family);
+        let created = self.create_volume_in(name, size_bytes, block_bytes, thick, guid);
+        if created.is_err() {
+            // No volume names the family: it goes (a sync that wrote it meanwhile wrote an
+            // unused record, which the next drops).
+            self.spa.crypt().state.lock().wrapped.retain(|k| k.guid != guid);
+            pool.zio().keys().unload(guid);
+        }
+        created
     }
 
     /// The encrypted volume `volume`'s family and wrapped key.
@@ -232,9 +240,17 @@ impl Store {
             });
         }
         self.spa.crypt().state.lock().closing.insert(wrapped.guid);
-        // The sync that writes the family's dirty blocks, with its key still loaded.
+        // The sync that writes the family's dirty blocks, with its key still loaded. Writes
+        // check the family under the txg lock, so none lands after the sync's quiesce.
         let synced = self.sync().await;
         if synced.is_ok() {
+            debug_assert!(
+                self.dsl.read().values().all(|d| {
+                    let v = d.state.lock();
+                    v.entry.key_family != wrapped.guid || v.open.is_empty()
+                }),
+                "a closing family's volume holds dirty blocks after its sync"
+            );
             keys.unload(wrapped.guid);
             self.spa.pool().cache().clear();
         }

@@ -233,8 +233,9 @@ impl Dsl {
     ) -> Result<Arc<Dataset>, StoreError> {
         let mut dsl = self.write();
         let snapshot = self.snapshot_of(&dsl, volume, name)?;
-        let block_bytes =
-            dsl.get(volume).expect("a volume checked above under the same lock").block_bytes;
+        let parent = dsl.get(volume).expect("a volume checked above under the same lock");
+        let block_bytes = parent.block_bytes;
+        let key_family = parent.state.lock().entry.key_family;
         if let Some(open) = dsl.export(snapshot.id) {
             return Ok(open);
         }
@@ -246,7 +247,9 @@ impl Dsl {
             snapshot.levels,
         );
         entry.root = snapshot.root;
+        entry.root_mac = snapshot.root_mac;
         entry.space = Some(snapshot.space);
+        entry.key_family = key_family;
         let dataset = Dataset::snapshot(entry, limits);
         dsl.add_export(snapshot.id, &dataset);
         Ok(dataset)

@@ -145,6 +145,11 @@ impl Store {
             if pool.adopt_config(&records.config).await {
                 pool.write_labels(uberblock.txg).await?;
             }
+            // Labels written before the first key family's (a leaf missing then, say) may lack
+            // the feature the directory lists: the pool has it, and its labels say so now.
+            if records.config.encryption {
+                pool.activate_encryption(uberblock.txg).await?;
+            }
             pool.apply_leaf_records(&records.leaves);
         }
         let limits = TxgLimits::from_tunables(tunables, pool.env().memory_bytes());

@@ -667,7 +667,8 @@ async fn write_volumes(
                 .map_ok(|(index, block)| async move {
                     let bp = match block {
                         Block::Data(data) => {
-                            let written = spawn_dedup_write(spa, txg, data, verify, compression);
+                            let written =
+                                spawn_dedup_write(spa, txg, data, verify, compression, key_family);
                             Some(written.await?)
                         }
                         Block::Zero => None,
@@ -898,12 +899,13 @@ async fn spawn_dedup_write(
     data: Arc<AlignedBuf>,
     verify: bool,
     compression: Compression,
+    family: u64,
 ) -> Result<BlockPointer, PoolError> {
     let (tx, rx) = futures::channel::oneshot::channel();
     let (ddt, pool, allocator) =
         (Arc::clone(spa.ddt()), Arc::clone(spa.pool()), Arc::clone(spa.allocator()));
     spa.pool().env().spawn("dedup write", async move {
-        let written = ddt.write(&pool, &allocator, txg, data, verify, compression).await;
+        let written = ddt.write(&pool, &allocator, txg, data, verify, compression, family).await;
         // Dropped before answering, so that no task still holds the pool when the sync
         // that waits for this answer returns (export unwraps it).
         drop((ddt, pool, allocator));
