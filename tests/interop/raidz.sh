@@ -73,7 +73,10 @@ await_written() {
 start
 status | grep -q "raidz2-0" || { status; fail "pool status does not show the raidz2 vdev"; }
 step "fio writes 48 MiB in 4 KiB blocks with verification; d2 turns to garbage, d4 goes"
-job --output="$work/fio.out" >/dev/null 2>&1 &
+# At most 1,500 writes a second (48 MiB in 8 s or more): the faults below land while fio
+# runs however fast this machine is, or however loaded (unthrottled, a busy CI host's dd of
+# 150 MiB outlasted fio's whole run).
+job --rate_iops=1500 --output="$work/fio.out" >/dev/null 2>&1 &
 fio_pid=$!
 await_written 6 0
 # What fio wrote so far goes to the leaves first, so that the garbage lands on blocks it reads

@@ -369,6 +369,12 @@ impl Allocator {
             .unwrap_or_else(|| psize.max(1).div_ceil(unit) * unit)
     }
 
+    /// Whether intent-log blocks may land on a RAID-Z vdev: no log device, and some data vdev
+    /// is RAID-Z (log devices are never RAID-Z).
+    pub fn log_blocks_on_raidz(&self) -> bool {
+        !self.vdevs.iter().any(|v| v.log_only) && self.vdevs.iter().any(|v| v.geometry.is_some())
+    }
+
     /// Whether `vdev` is RAID-Z.
     pub fn is_raidz(&self, vdev: u32) -> bool {
         self.vdevs.get(vdev as usize).is_some_and(|v| v.geometry.is_some())

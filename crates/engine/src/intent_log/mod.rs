@@ -345,6 +345,10 @@ pub struct LogWriter {
     policy: CommitPolicy,
     commit_timeout_pct: u64,
     max_block_bytes: u32,
+    /// Log blocks are sized to what they must hold in whole 4 KiB units rather than in powers
+    /// of two: on RAID-Z, where a block is written whole (its columns depend on its length),
+    /// a power of two wrote up to twice the bytes its records needed, across more columns.
+    tight_blocks: bool,
     chain: LogVerifier,
     state: Mutex<State>,
     lwbs_written: crate::stats::Counter,
@@ -441,6 +445,7 @@ impl LogWriter {
             "log block size {max_block_bytes}"
         );
         let head_bytes = LOG_BLOCK_BYTES_MIN.max(max_block_bytes / 8);
+        let tight_blocks = allocator.lock().log_blocks_on_raidz();
         let head = allocate(pool, &mut allocator.lock(), head_bytes, None)?;
         let chain = LogVerifier { chain_id, volume_id, sequence: 1 };
         Ok(LogWriter {
@@ -448,6 +453,7 @@ impl LogWriter {
             policy,
             commit_timeout_pct,
             max_block_bytes,
+            tight_blocks,
             chain,
             lwbs_written: crate::stats::Counter::default(),
             groups_written: crate::stats::Counter::default(),
@@ -971,13 +977,18 @@ impl LogWriter {
     }
 
     /// The size of the next lwb: the largest of the recent ones and of what is waiting,
-    /// rounded up to a power of two.
+    /// rounded up to a power of two (to whole 4 KiB units with `tight_blocks`).
     fn next_block_bytes(&self, state: &State) -> u32 {
         let waiting =
             LOG_HEADER_BYTES + state.pending.iter().map(LogRecord::encoded_len).sum::<usize>();
         let recent = state.recent_used.iter().copied().max().unwrap_or(0);
         let want = waiting.max(recent).min(self.max_block_bytes as usize);
-        (want.next_power_of_two() as u32).clamp(LOG_BLOCK_BYTES_MIN, self.max_block_bytes)
+        let rounded = if self.tight_blocks {
+            want.next_multiple_of(LOG_BLOCK_BYTES_MIN as usize)
+        } else {
+            want.next_power_of_two()
+        };
+        (rounded as u32).clamp(LOG_BLOCK_BYTES_MIN, self.max_block_bytes)
     }
 
     /// Takes pending records into lwbs: one for `Pipelined`, all of them for `Batch`. Each
