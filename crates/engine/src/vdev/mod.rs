@@ -22,6 +22,10 @@ pub use raidz::Raidz;
 use crate::device::{AlignedBuf, DeviceError, SharedBuf};
 use crate::tunables::IoClass;
 
+/// Largest run of new blocks written to one leaf as one I/O (ZFS's write aggregation limit).
+/// The pipeline's runs (crate::zio) and the tree's spans are sized from it.
+pub const WRITE_SPAN_BYTES_MAX: u64 = 1 << 20;
+
 /// Identifies a vdev within a pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct VdevId(pub u32);
@@ -456,7 +460,7 @@ impl Root {
     }
 
     /// The most bytes of blocks one run writes ([`crate::zio::span_runs`]): a write of up to
-    /// [`crate::zio::WRITE_SPAN_BYTES_MAX`] to each leaf. A RAID-Z vdev spreads a run over its
+    /// [`WRITE_SPAN_BYTES_MAX`] to each leaf. A RAID-Z vdev spreads a run over its
     /// data columns, so its runs are that many times longer: with runs of 1 MiB, a raidz1 of 4
     /// wrote 256 KiB per child, and its 1 MiB writes ran at 0.89x a mirror's that wrote 1 MiB
     /// per child (docs/bench/raidz.md).
@@ -472,7 +476,7 @@ impl Root {
             })
             .max()
             .unwrap_or(1);
-        crate::zio::WRITE_SPAN_BYTES_MAX * widest
+        WRITE_SPAN_BYTES_MAX * widest
     }
 
     /// Writes `blocks`, back to back on top-level vdev `vdev` from the first one's offset, as

@@ -64,8 +64,7 @@ use crate::stats::Counter;
 use crate::tunables::IoClass;
 use crate::vdev::{Root, RunBlock, VdevAddress, VdevError};
 
-/// Largest run of new blocks written as one I/O (ZFS's write aggregation limit).
-pub const WRITE_SPAN_BYTES_MAX: u64 = 1 << 20;
+pub use crate::vdev::WRITE_SPAN_BYTES_MAX;
 
 /// A stage of the pipeline, in the order a write runs them (the read stages after).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
