@@ -4,7 +4,7 @@
 //! size, and what a passphrase's Argon2id costs at a key load. No I/O: the figures are the
 //! code's ceiling, not a pool's.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sluice_engine::zio::crypt::{FamilyKey, MasterKey, UserKey, WrappingKey};
 use sluice_format::KeyFormat;
@@ -69,23 +69,6 @@ impl Report {
     }
 }
 
-/// Runs `op` repeatedly for `seconds`; bytes a second, given `bytes` per call.
-fn rate(bytes: u64, seconds: f64, mut op: impl FnMut()) -> f64 {
-    let start = Instant::now();
-    let mut calls = 0u64;
-    while start.elapsed() < Duration::from_secs_f64(seconds) {
-        op();
-        calls += 1;
-    }
-    (calls * bytes) as f64 / start.elapsed().as_secs_f64() / 1e9
-}
-
-fn median(runs: &[f64]) -> f64 {
-    let mut sorted = runs.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
 /// The CPU flags x86-64 AES-GCM code chooses its path by, as /proc/cpuinfo lists them.
 fn cpu_flags() -> Vec<String> {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -108,7 +91,7 @@ pub fn run(sizes: &[u64], seconds: f64, runs: usize) -> anyhow::Result<Report> {
         let mut data = plain.clone();
         let seal_runs: Vec<f64> = (0..runs)
             .map(|_| {
-                rate(size, seconds, || {
+                crate::rate_gb_per_s(size, seconds, || {
                     family.seal(&mut data, b"aad", false).expect("seal");
                 })
             })
@@ -118,19 +101,19 @@ pub fn run(sizes: &[u64], seconds: f64, runs: usize) -> anyhow::Result<Report> {
         let mut work = sealed.clone();
         let open_runs: Vec<f64> = (0..runs)
             .map(|_| {
-                rate(size, seconds, || {
+                crate::rate_gb_per_s(size, seconds, || {
                     work.copy_from_slice(&sealed);
                     family.open(&mut work, b"aad", &sealing).expect("open");
                 })
             })
             .collect();
         anyhow::ensure!(work == plain, "a {size}-byte block did not open to its data");
-        let seal = median(&seal_runs);
+        let seal = crate::median_of(&seal_runs);
         rows.push(Row {
             block_bytes: size,
             seal_gb_per_s: seal,
             seal_runs,
-            open_gb_per_s: median(&open_runs),
+            open_gb_per_s: crate::median_of(&open_runs),
             open_runs,
             seal_us_per_block: size as f64 / (seal * 1e9) * 1e6,
         });

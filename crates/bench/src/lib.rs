@@ -10,6 +10,25 @@ pub mod engine;
 pub mod raidz;
 pub mod seeds;
 
+/// Runs `op` repeatedly for `seconds` of real time; gigabytes a second, given `bytes` per call.
+/// The one-core measurements (`sluice-bench raidz`, `sluice-bench crypt`) use it.
+pub fn rate_gb_per_s(bytes: u64, seconds: f64, mut op: impl FnMut()) -> f64 {
+    let start = std::time::Instant::now();
+    let mut calls = 0u64;
+    while start.elapsed() < std::time::Duration::from_secs_f64(seconds) {
+        op();
+        calls += 1;
+    }
+    (calls * bytes) as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+/// The median of `runs` (the upper one of an even count).
+pub fn median_of(runs: &[f64]) -> f64 {
+    let mut sorted = runs.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
 /// Percentage change from `before` to `after`.
 pub fn gain_pct(before: f64, after: f64) -> f64 {
     if before == 0.0 {

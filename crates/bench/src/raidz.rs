@@ -4,8 +4,6 @@
 //! RAID-Z vdevs lay them out. One core, no I/O: the figures are the code's ceiling, not a
 //! pool's.
 
-use std::time::{Duration, Instant};
-
 use sluice_format::raidz::{
     generate_parity, generate_parity_with, reconstruct, reference, ParityPath, RaidzGeometry,
 };
@@ -81,23 +79,6 @@ fn columns(g: &RaidzGeometry, block_bytes: u64) -> (Vec<Vec<u8>>, usize) {
     (columns, map.parity)
 }
 
-/// Runs `op` on one block repeatedly for `seconds`; block bytes a second.
-fn rate(block_bytes: u64, seconds: f64, mut op: impl FnMut()) -> f64 {
-    let start = Instant::now();
-    let mut blocks = 0u64;
-    while start.elapsed() < Duration::from_secs_f64(seconds) {
-        op();
-        blocks += 1;
-    }
-    (blocks * block_bytes) as f64 / start.elapsed().as_secs_f64() / 1e9
-}
-
-fn median(runs: &[f64]) -> f64 {
-    let mut sorted = runs.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
 /// Measures raidz1 of 4, raidz2 of 6 and raidz3 of 8 children: parity generation (each path
 /// this CPU runs, and the reference), and the rebuild of one and of `parity` lost data columns.
 pub fn run(block_bytes: u64, seconds: f64, runs: usize) -> anyhow::Result<Report> {
@@ -108,11 +89,11 @@ pub fn run(block_bytes: u64, seconds: f64, runs: usize) -> anyhow::Result<Report
         let (whole, p) = columns(&g, block_bytes);
         let mut measure = |operation: String, op: &mut dyn FnMut()| {
             let figures: Vec<f64> =
-                (0..runs).map(|_| rate(block_bytes, seconds, &mut *op)).collect();
+                (0..runs).map(|_| crate::rate_gb_per_s(block_bytes, seconds, &mut *op)).collect();
             rows.push(Row {
                 vdev: vdev.clone(),
                 operation,
-                gb_per_s: median(&figures),
+                gb_per_s: crate::median_of(&figures),
                 runs: figures,
             });
         };

@@ -7,7 +7,9 @@
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
+mod common;
+
+use common::golden;
 
 use proptest::prelude::*;
 use sluice_format::{
@@ -15,18 +17,6 @@ use sluice_format::{
     CryptSuite, Dva, FormatError, KeyFormat, KeyLocation, WrappedKey, BLKPTR_BYTES,
     KEY_LOCATION_BYTES_MAX, WRAPPED_KEY_FIXED_BYTES,
 };
-
-fn golden(name: &str, bytes: &[u8]) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
-    if std::env::var_os("SLUICE_BLESS").is_some() {
-        std::fs::write(&path, bytes).unwrap();
-        return;
-    }
-    let expected = std::fs::read(&path).unwrap_or_else(|e| {
-        panic!("{}: {e}; run with SLUICE_BLESS=1 to create it", path.display())
-    });
-    assert!(expected == bytes, "{name} changed: the on-disk layout moved (see the file's doc)");
-}
 
 fn encrypted_bp(dedup: bool) -> BlockPointer {
     let checksum = ChecksumAlg::Xxh3_128.compute(&[0x5a; 4096]);

@@ -7,6 +7,9 @@
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::golden;
 use std::path::PathBuf;
 
 use proptest::prelude::*;
@@ -20,18 +23,6 @@ use sluice_format::{
     BLKPTR_BYTES, DATA_START_BYTES, DEADLIST_PIECE_BYTES, DEADLIST_PIECE_ENTRIES, LABEL_BYTES,
     LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
 };
-
-fn golden(name: &str, bytes: &[u8]) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
-    if std::env::var_os("SLUICE_BLESS").is_some() {
-        std::fs::write(&path, bytes).unwrap();
-        return;
-    }
-    let expected = std::fs::read(&path).unwrap_or_else(|e| {
-        panic!("{}: {e}; run with SLUICE_BLESS=1 to create it", path.display())
-    });
-    assert!(expected == bytes, "{name} changed: the on-disk layout moved (see the file's doc)");
-}
 
 fn sample_bp() -> BlockPointer {
     BlockPointer {

@@ -20,7 +20,9 @@
 use std::collections::BTreeSet;
 
 use parking_lot::Mutex;
-use sluice_format::{CryptSuite, KeyFormat, KeyLocation, WrappedKey, IV_BYTES, MAC_BYTES};
+use sluice_format::{
+    Argon2Params, CryptSuite, KeyFormat, KeyLocation, WrappedKey, IV_BYTES, MAC_BYTES,
+};
 
 use super::{Store, StoreError};
 use crate::zio::crypt::{self, CryptError, FamilyKey, MasterKey, UserKey, WrappingKey};
@@ -98,7 +100,27 @@ pub struct EncryptionInfo {
     pub family: u64,
 }
 
+/// The wrapping key a new user key derives, with the KDF parameters (fresh ones, for a
+/// passphrase) to store beside it.
+fn new_wrapping(key: &NewKey) -> Result<(Option<Argon2Params>, WrappingKey), CryptError> {
+    let kdf = match key.format {
+        KeyFormat::Passphrase => Some(WrappingKey::new_kdf()?),
+        KeyFormat::Raw | KeyFormat::Hex => None,
+    };
+    let wrapping = WrappingKey::derive(key.format, kdf.as_ref(), &key.key)?;
+    Ok((kdf, wrapping))
+}
+
 impl Store {
+    /// A key error of `volume` in this pool.
+    fn key_error(&self, volume: &str, cause: CryptError) -> StoreError {
+        StoreError::Key {
+            pool: self.spa.pool().name().to_owned(),
+            volume: volume.to_owned(),
+            cause,
+        }
+    }
+
     /// Creates an encrypted volume, the root of a new key family (ZFS: `zfs create -o
     /// encryption=on -o keyformat=… -o keylocation=…`): a random master key, sealed under the
     /// wrapping key `key` derives, loaded at once. The first family turns on the pool's
@@ -115,17 +137,8 @@ impl Store {
         self.spa.check_live()?;
         self.check_new_volume(name, size_bytes, block_bytes)?;
         let pool = self.spa.pool();
-        let crypt_error = |cause: CryptError| StoreError::Key {
-            pool: pool.name().to_owned(),
-            volume: name.to_owned(),
-            cause,
-        };
-        let kdf = match key.format {
-            KeyFormat::Passphrase => Some(WrappingKey::new_kdf().map_err(crypt_error)?),
-            KeyFormat::Raw | KeyFormat::Hex => None,
-        };
-        let wrapping =
-            WrappingKey::derive(key.format, kdf.as_ref(), &key.key).map_err(crypt_error)?;
+        let crypt_error = |cause| self.key_error(name, cause);
+        let (kdf, wrapping) = new_wrapping(&key).map_err(crypt_error)?;
         let master = MasterKey::generate().map_err(crypt_error)?;
         let guid = loop {
             let guid = crypt::random_u64().map_err(crypt_error)?;
@@ -172,10 +185,11 @@ impl Store {
                 volume: volume.to_owned(),
             });
         }
-        self.spa.crypt().find(guid).ok_or_else(|| StoreError::Key {
-            pool: self.spa.pool().name().to_owned(),
-            volume: volume.to_owned(),
-            cause: CryptError::Kdf(format!("key family {guid:#018x} is not in the pool")),
+        self.spa.crypt().find(guid).ok_or_else(|| {
+            self.key_error(
+                volume,
+                CryptError::Kdf(format!("key family {guid:#018x} is not in the pool")),
+            )
         })
     }
 
@@ -184,11 +198,7 @@ impl Store {
     /// refused as [`CryptError::WrongKey`], and nothing changes.
     pub fn load_key(&self, volume: &str, key: &UserKey) -> Result<(), StoreError> {
         let wrapped = self.family_of(volume)?;
-        let crypt_error = |cause| StoreError::Key {
-            pool: self.spa.pool().name().to_owned(),
-            volume: volume.to_owned(),
-            cause,
-        };
+        let crypt_error = |cause| self.key_error(volume, cause);
         let keys = self.spa.pool().zio().keys();
         if keys.is_loaded(wrapped.guid) {
             return Err(StoreError::KeyLoaded {
@@ -262,23 +272,14 @@ impl Store {
     /// the family's key must be loaded; no data is rewritten. Durable with the next sync.
     pub fn change_key(&self, volume: &str, key: NewKey) -> Result<(), StoreError> {
         let wrapped = self.family_of(volume)?;
-        let crypt_error = |cause| StoreError::Key {
-            pool: self.spa.pool().name().to_owned(),
-            volume: volume.to_owned(),
-            cause,
-        };
+        let crypt_error = |cause| self.key_error(volume, cause);
         let family = self.spa.pool().zio().keys().get(wrapped.guid).ok_or_else(|| {
             StoreError::KeyNotLoaded {
                 pool: self.spa.pool().name().to_owned(),
                 volume: volume.to_owned(),
             }
         })?;
-        let kdf = match key.format {
-            KeyFormat::Passphrase => Some(WrappingKey::new_kdf().map_err(crypt_error)?),
-            KeyFormat::Raw | KeyFormat::Hex => None,
-        };
-        let wrapping =
-            WrappingKey::derive(key.format, kdf.as_ref(), &key.key).map_err(crypt_error)?;
+        let (kdf, wrapping) = new_wrapping(&key).map_err(crypt_error)?;
         let template = WrappedKey { format: key.format, kdf, location: key.location, ..wrapped };
         let rewrapped = family.master().wrap(&wrapping, template).map_err(crypt_error)?;
         let mut state = self.spa.crypt().state.lock();
