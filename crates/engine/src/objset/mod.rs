@@ -26,7 +26,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
-use sluice_format::{BlockKind, BlockPointer, FormatError, VolumeSpace, BLKPTR_BYTES};
+use sluice_format::{
+    BlockKind, BlockPointer, FormatError, VolumeSpace, BLKPTR_BYTES, CHILDREN_MAC_BYTES,
+};
 
 use crate::alloc::{AllocClass, Allocator};
 use crate::device::AlignedBuf;
@@ -250,9 +252,11 @@ fn ctx_view<'a>(ctx: &TreeUpdate<'a>) -> TreeUpdate<'a> {
 }
 
 /// An indirect block of `level` with `changes` (the level below's new pointers) applied:
-/// its new contents (`None`: every child is a hole) and fill, and the pointers it replaces
-/// (its old self, and at level 1 the data blocks it no longer points at).
-type Rebuilt = (u64, Option<(AlignedBuf, u64)>, Vec<BlockPointer>);
+/// its new contents (`None`: every child is a hole), fill and hash of its children's MACs
+/// (above encrypted blocks), and the pointers it replaces (its old self, and at level 1 the
+/// data blocks it no longer points at).
+type Rebuilt =
+    (u64, Option<(AlignedBuf, u64, Option<[u8; CHILDREN_MAC_BYTES]>)>, Vec<BlockPointer>);
 /// A rebuilt indirect block once written: its new pointer and the pointers it replaces.
 type Written = (u64, Option<BlockPointer>, Vec<BlockPointer>);
 
@@ -291,16 +295,21 @@ async fn rebuild_node(
             .copy_from_slice(&BlockPointer::encode(slot.as_ref()));
         fill += slot.map_or(0, |bp| bp.fill);
     }
-    Ok((node, Some((bytes, fill)), replaced))
+    let mac = crate::zio::crypt::children_mac(&slots);
+    Ok((node, Some((bytes, fill, mac)), replaced))
 }
 
-/// The props of an indirect block of `level` over `fill` data blocks holding `bytes`: above
-/// encrypted blocks it carries the hash of its children's MACs.
-fn indirect_props(ctx: &TreeUpdate<'_>, level: u8, fill: u64, bytes: &[u8]) -> BlockProps {
+/// The props of an indirect block of `level` over `fill` data blocks: above encrypted blocks
+/// it carries `mac`, the hash of its children's MACs.
+fn indirect_props(
+    ctx: &TreeUpdate<'_>,
+    level: u8,
+    fill: u64,
+    mac: Option<[u8; CHILDREN_MAC_BYTES]>,
+) -> BlockProps {
     let mut props = BlockProps::indirect(level, fill, ctx.txg, ctx.pool.metadata_copies());
-    if crate::zio::crypt::hashes_children(bytes) {
-        let hash = crate::zio::crypt::children_mac(bytes).expect("slots this sync encoded");
-        props.crypt = crate::zio::PropsCrypt::ChildrenMac(hash);
+    if let Some(mac) = mac {
+        props.crypt = crate::zio::PropsCrypt::ChildrenMac(mac);
     }
     props
 }
@@ -315,8 +324,8 @@ async fn write_nodes(
     let mut nodes = Vec::with_capacity(chunk.len());
     for (node, contents, replaced) in chunk {
         nodes.push((node, contents.is_some(), replaced));
-        if let Some((bytes, fill)) = contents {
-            blocks.push((indirect_props(&ctx, level, fill, &bytes), Arc::new(bytes)));
+        if let Some((bytes, fill, mac)) = contents {
+            blocks.push((indirect_props(&ctx, level, fill, mac), Arc::new(bytes)));
         }
     }
     let mut written =
@@ -393,7 +402,10 @@ pub async fn grow_levels(
         let Some(child) = root else { return Ok(None) };
         let mut bytes = AlignedBuf::zeroed(INDIRECT_BYTES);
         bytes[..BLKPTR_BYTES].copy_from_slice(&BlockPointer::encode(Some(&child)));
-        let props = indirect_props(ctx, level, child.fill, &bytes);
+        let mut slots = vec![None; INDIRECT_BPS as usize];
+        slots[0] = Some(child);
+        let mac = crate::zio::crypt::children_mac(&slots);
+        let props = indirect_props(ctx, level, child.fill, mac);
         let written = ctx.pool.write_blocks(
             ctx.allocator,
             AllocClass::Reserved,

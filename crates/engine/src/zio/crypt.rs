@@ -401,29 +401,34 @@ impl Keystore {
     }
 }
 
-/// The hash an indirect block's pointer carries of its children (`BlockCrypt::ChildrenMac`):
-/// BLAKE3, keyed by a fixed context so it is no other hash, over every slot's
-/// [`BlockPointer::auth_bytes`] (holes included), given as the block's encoded slots. Keyless,
-/// so a sync, scrub or receive can compute it without the family's key; what makes it bind the
-/// tree is that each child's MAC is in it, and the root's keyed MAC covers the top. `None` if a
-/// slot does not decode.
-pub fn children_mac(slots: &[u8]) -> Option<[u8; sluice_format::CHILDREN_MAC_BYTES]> {
+/// The hash an indirect block's pointer carries of its children (`BlockCrypt::ChildrenMac`),
+/// or `None` where no child is part of an encrypted tree (then it carries none): BLAKE3, keyed
+/// by a fixed context so it is no other hash, over every slot's [`BlockPointer::auth_bytes`]
+/// (holes included). Keyless, so a sync, scrub or receive can compute it without the family's
+/// key; what makes it bind the tree is that each child's MAC is in it, and the root's keyed
+/// MAC covers the top.
+pub fn children_mac(
+    slots: &[Option<BlockPointer>],
+) -> Option<[u8; sluice_format::CHILDREN_MAC_BYTES]> {
+    if slots.iter().flatten().all(|bp| bp.crypt == BlockCrypt::None) {
+        return None;
+    }
     let key = blake3::derive_key(CONTEXT_CHILDREN, b"");
     let mut hasher = blake3::Hasher::new_keyed(&key);
-    for slot in slots.chunks_exact(sluice_format::BLKPTR_BYTES) {
-        let bp = BlockPointer::decode(slot).ok()?;
-        hasher.update(&BlockPointer::auth_bytes(bp.as_ref()));
+    for slot in slots {
+        hasher.update(&BlockPointer::auth_bytes(slot.as_ref()));
     }
     Some(*hasher.finalize().as_bytes())
 }
 
-/// Whether any of an indirect block's encoded slots is part of an encrypted tree (an
-/// encrypted block, or an indirect block hashing its children): then the block carries
-/// [`children_mac`].
-pub fn hashes_children(slots: &[u8]) -> bool {
-    slots.chunks_exact(sluice_format::BLKPTR_BYTES).any(
-        |slot| matches!(BlockPointer::decode(slot), Ok(Some(bp)) if bp.crypt != BlockCrypt::None),
-    )
+/// [`children_mac`] of an indirect block's encoded slots, as read from the disk; `None` also
+/// where a slot does not decode.
+pub fn children_mac_of_bytes(bytes: &[u8]) -> Option<[u8; sluice_format::CHILDREN_MAC_BYTES]> {
+    let slots: Option<Vec<Option<BlockPointer>>> = bytes
+        .chunks_exact(sluice_format::BLKPTR_BYTES)
+        .map(|slot| BlockPointer::decode(slot).ok())
+        .collect();
+    children_mac(&slots?)
 }
 
 /// Bytes of [`block_aad`].
