@@ -264,10 +264,10 @@ for _ in 1 2 3 4 5 6 7 8; do cat "$work/chunk"; done >"$work/dd.img"
 truncate -s 64M "$work/dd.img"
 nbdcopy "$work/dd.img" "$dd_uri"
 "$bin" vol set sluice/dd dedup=verify >/dev/null
-"$bin" vol list sluice | grep -Eq "sluice/dd .* verify +standard +latency$" || fail "vol set dedup=verify did not reach the served volume"
+"$bin" vol list sluice | grep -Eq "sluice/dd .* verify +standard +latency +-$" || fail "vol set dedup=verify did not reach the served volume"
 "$bin" vol set sluice/dd sync=always >/dev/null
 "$bin" vol set sluice/dd logbias=throughput >/dev/null
-"$bin" vol list sluice | grep -Eq "sluice/dd .* verify +always +throughput$" || fail "vol set sync/logbias did not reach the served volume"
+"$bin" vol list sluice | grep -Eq "sluice/dd .* verify +always +throughput +-$" || fail "vol set sync/logbias did not reach the served volume"
 if "$bin" vol set sluice/dd sync=sometimes 2>"$work/err"; then fail "vol set accepted sync=sometimes"; fi
 grep -q "use standard, always or disabled" "$work/err" || fail "sync=sometimes: unclear error: $(cat "$work/err")"
 

@@ -12,18 +12,18 @@
 //! reads anything else: a command and a server of different versions refuse each other with
 //! an error that says so and what to run (exit code 11), rather than misreading each other.
 //!
-//! - The request, [`Request`]: `{"protocol": 3, "command": C}`, C being the command line's
+//! - The request, [`Request`]: `{"protocol": 4, "command": C}`, C being the command line's
 //!   own parsed subcommand (`crate::Command`) in its serde form, for example
 //!   `{"pool": {"pool": {"scrub": {"name": "tank", "pause": false, "stop": false, "wait":
 //!   true}}}}` (the outer `pool` is the subcommand, the inner its field). The
 //!   server does not parse a command line.
-//! - Frames, [`Frame`], in order: `{"protocol": 3, "progress": P}` while a command waits for a
+//! - Frames, [`Frame`], in order: `{"protocol": 4, "progress": P}` while a command waits for a
 //!   scrub or resilver (`crate::pools::output::Progress`, printed by the command as it
-//!   arrives); `{"protocol": 3, "reply": R}` for each thing the command said
+//!   arrives); `{"protocol": 4, "reply": R}` for each thing the command said
 //!   (`crate::pools::output::Reply`: typed values such as a pool's status or a volume list,
 //!   which the command renders as text, `-H` or `--json` exactly as it renders them for a pool
 //!   it opened itself; `pool stats` is a `Reply::Stats` carrying the `PoolSnapshot`); and last
-//!   `{"protocol": 3, "ok": true}`, or `{"protocol": 3, "ok": false, "error": message,
+//!   `{"protocol": 4, "ok": true}`, or `{"protocol": 4, "ok": false, "error": message,
 //!   "kind": name}`, `kind` naming what kind of failure it was (crate::exit's names, so the
 //!   client exits with the code the server's error calls for).
 //! - `send` and `recv` carry a stream in the same connection: `send`'s server answers
@@ -53,8 +53,9 @@ use crate::{exit, pools, Command};
 
 /// The control protocol's version. 2: requests and answers say their version; answers say
 /// what kind of failure they carry. 3: the request is the typed command, the answer typed
-/// replies and progress frames, rendered by the command.
-pub const PROTOCOL: u32 = 3;
+/// replies and progress frames, rendered by the command. 4: `key load|unload|change` and `vol
+/// create`'s encryption, whose commands carry key material (never printed, zeroed on drop).
+pub const PROTOCOL: u32 = 4;
 
 /// One command for the server.
 #[derive(Serialize, Deserialize)]
@@ -336,6 +337,13 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
     }
     let listener = tokio::net::UnixListener::bind(&path)
         .with_context(|| format!("listening on {}", path.display()))?;
+    // The owner only: a request may carry a volume's key (`key load`), and any request changes
+    // the pool. (Connecting to a Unix socket needs write permission on it.)
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("making {} owner-only", path.display()))?;
+    }
     Ok(tokio::spawn(async move {
         loop {
             let stream = match listener.accept().await {
@@ -582,7 +590,7 @@ mod tests {
             PoolCommand::Scrub { name: "tank".into(), pause: false, stop: false, wait: true };
         let line = request_line(Command::Pool { pool: scrub });
         assert!(
-            line.starts_with("{\"protocol\":3,\"command\":{\"pool\":{\"pool\":{\"scrub\":"),
+            line.starts_with("{\"protocol\":4,\"command\":{\"pool\":{\"pool\":{\"scrub\":"),
             "{line}"
         );
         match parse_request(&line).unwrap() {
@@ -615,6 +623,26 @@ mod tests {
         }
     }
 
+    /// A key travels inside its command (the socket is the owner's only) and is read back
+    /// whole; its `Debug` says how long it is, never what it is.
+    #[test]
+    fn a_key_crosses_the_socket_in_its_command_and_is_never_printed() {
+        let key: pools::key::KeyMaterial =
+            serde_json::from_str("[115,101,99,114,101,116,33,33]").unwrap();
+        assert_eq!(format!("{key:?}"), "KeyMaterial(8 bytes)");
+        let load =
+            crate::KeyCommand::Load { spec: "tank/db".into(), location: None, key: Some(key) };
+        let line = request_line(Command::Key { key: load });
+        assert!(line.contains("[115,101,99,114,101,116,33,33]"), "{line}");
+        match parse_request(&line).unwrap() {
+            Command::Key { key: crate::KeyCommand::Load { spec, key: Some(key), .. } } => {
+                assert_eq!(spec, "tank/db");
+                assert_eq!(format!("{key:?}"), "KeyMaterial(8 bytes)");
+            }
+            _ => panic!("not the key load sent"),
+        }
+    }
+
     /// Requests of the first and second protocols are refused as such, with kind
     /// `protocol`, and nothing else of them is read.
     #[test]
@@ -629,7 +657,7 @@ mod tests {
             assert_eq!(frame.kind.as_deref(), Some(PROTOCOL_KIND));
             assert_eq!(exit::code(&frame.end(Path::new("x")).unwrap_err()), exit::PROTOCOL);
         }
-        let Err(bad) = parse_request("{\"protocol\":3,\"args\":[]}") else { panic!("taken") };
+        let Err(bad) = parse_request("{\"protocol\":4,\"args\":[]}") else { panic!("taken") };
         assert!(bad.to_string().contains("bad request"), "{bad}");
     }
 
@@ -642,7 +670,7 @@ mod tests {
         let error = read_frame(&mut answer.as_bytes(), Path::new("/s/tank.control")).unwrap_err();
         assert_eq!(exit::code(&error), exit::PROTOCOL);
         let said = error.to_string();
-        assert!(said.contains("speaks control protocol 2 and this sluice speaks 3"), "{said}");
+        assert!(said.contains("speaks control protocol 2 and this sluice speaks 4"), "{said}");
     }
 
     /// Frames in order: progress, replies, the end with the failure's kind.
@@ -670,7 +698,7 @@ mod tests {
         assert_eq!(exit::code(&error), 3, "{error}");
         let mut replies = Vec::new();
         let ok = Frame::done().to_line();
-        assert_eq!(ok, "{\"protocol\":3,\"ok\":true}\n");
+        assert_eq!(ok, "{\"protocol\":4,\"ok\":true}\n");
         read_to_end(&mut ok.as_bytes(), Path::new("x"), &mut replies).unwrap();
     }
 }

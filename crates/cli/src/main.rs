@@ -152,6 +152,13 @@ enum Command {
         #[arg(short = 'A', conflicts_with = "resumable")]
         abort: bool,
     },
+    /// Load, unload or change the key of an encrypted volume (zfs load-key, unload-key,
+    /// change-key). The key is read here, from the terminal or the key file, and handed to the
+    /// pool: through the control socket of a served pool, which then serves the volume.
+    Key {
+        #[command(subcommand)]
+        key: KeyCommand,
+    },
     /// Make a writable volume from a snapshot: `sluice clone tank/template@golden tank/vm7`.
     /// It shares every block with the snapshot until it writes its own (thin, instant
     /// whatever the size); the snapshot cannot be destroyed while it has clones.
@@ -427,6 +434,24 @@ enum VolCommand {
         /// the indirect blocks above it) is set aside now, and refused if the pool cannot.
         #[arg(long, short = 's')]
         sparse: bool,
+        /// Encrypt the volume: on (aes-256-gcm), aes-256-gcm or off (default). It gets a
+        /// random master key of its own, wrapped by the key given here; its snapshots and
+        /// clones share it. Needs --keyformat.
+        #[arg(long, value_parser = pools::key::check_encryption, default_value = "off")]
+        encryption: String,
+        /// raw (32 bytes), hex (64 hex digits) or passphrase (8 to 512 bytes, stretched with
+        /// Argon2id).
+        #[arg(long, value_parser = pools::key::check_keyformat)]
+        keyformat: Option<String>,
+        /// Where the key is read from now and at each `key load`: prompt (default: the
+        /// terminal, or standard input when it is not one) or file:///ABSOLUTE/PATH, which
+        /// `sluice serve` also reads to load the key when it starts.
+        #[arg(long, value_parser = pools::key::check_keylocation)]
+        keylocation: Option<String>,
+        /// The key, read by the command before it is sent (never on the command line).
+        #[arg(skip)]
+        #[serde(default)]
+        key: Option<pools::key::KeyMaterial>,
     },
     /// Set a volume property: `sluice vol set tank/vm1 sync=always`. dedup=off|on|verify
     /// and compression=off|lz4|zstd|zstd-N apply to blocks written from now on; sync=standard|always|disabled and
@@ -442,12 +467,18 @@ enum VolCommand {
         #[arg(long, conflicts_with = "scripted")]
         json: bool,
     },
-    /// Destroy a volume and free its space. A volume with snapshots is refused unless -r.
+    /// Destroy a volume and free its space. A volume with snapshots is refused unless -r; an
+    /// encrypted one whose intent log holds writes waiting for its key, unless -f.
     Destroy {
         spec: String,
         /// Destroy its snapshots too.
         #[arg(short = 'r')]
         recursive: bool,
+        /// Discard the acknowledged writes an encrypted volume's log holds until its key is
+        /// loaded (they are lost).
+        #[arg(short = 'f')]
+        #[serde(default)]
+        force: bool,
     },
     /// Return a volume to a snapshot: `sluice vol rollback tank/vm1@before-upgrade`. Its
     /// contents, size and space become the snapshot's; writes since are lost. Clients keep
@@ -481,6 +512,47 @@ enum VolCommand {
         spec: String,
         #[arg(long, value_parser = pools::parse_size)]
         size: u64,
+    },
+}
+
+#[derive(Subcommand, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum KeyCommand {
+    /// Load POOL/VOL's key (zfs load-key): read from its keylocation, or from -L's. A wrong
+    /// key is refused and changes nothing. On a served pool the volume, its snapshots and
+    /// clones are served from then on, after the intent-log records they held are replayed.
+    Load {
+        spec: String,
+        /// Read the key from here this once: prompt or file:///ABSOLUTE/PATH.
+        #[arg(short = 'L', value_name = "LOCATION", value_parser = pools::key::check_keylocation)]
+        location: Option<String>,
+        #[arg(skip)]
+        #[serde(default)]
+        key: Option<pools::key::KeyMaterial>,
+    },
+    /// Unload POOL/VOL's key (zfs unload-key): what its volumes hold dirty is synced first,
+    /// then nothing of them can be read or written until `key load`. Refused while clients
+    /// are connected to them.
+    Unload {
+        spec: String,
+        /// Unload even with clients connected: their requests in flight finish, and each
+        /// connection is closed at its next request.
+        #[arg(short = 'f')]
+        force: bool,
+    },
+    /// Change POOL/VOL's key (zfs change-key): its master key is wrapped again under the new
+    /// key, read as --keyformat and --keylocation say (each kept as it was when not given).
+    /// Its key must be loaded; no data is rewritten. A clone shares its origin's key: change
+    /// that one's.
+    Change {
+        spec: String,
+        #[arg(long, value_parser = pools::key::check_keyformat)]
+        keyformat: Option<String>,
+        #[arg(long, value_parser = pools::key::check_keylocation)]
+        keylocation: Option<String>,
+        #[arg(skip)]
+        #[serde(default)]
+        key: Option<pools::key::KeyMaterial>,
     },
 }
 
@@ -627,6 +699,10 @@ pub(crate) async fn run_pool_command(ctx: &mut Ctx<'_>, command: Command) -> any
                 logbias,
                 compression,
                 sparse,
+                encryption,
+                keyformat,
+                keylocation,
+                key,
             } => {
                 let properties = [
                     VolumeProperty::Dedup(dedup),
@@ -634,11 +710,15 @@ pub(crate) async fn run_pool_command(ctx: &mut Ctx<'_>, command: Command) -> any
                     VolumeProperty::LogBias(logbias),
                     VolumeProperty::Compression(compression),
                 ];
-                vol::create(ctx, &spec, (size, block_size), !sparse, &properties).await
+                let encrypt = pools::key::Encrypt::from_args(&encryption, keyformat, keylocation)?
+                    .map(|settings| (settings, key));
+                vol::create(ctx, &spec, (size, block_size), !sparse, &properties, encrypt).await
             }
             VolCommand::Set { spec, property } => vol::set(ctx, &spec, &property).await,
             VolCommand::List { pools, .. } => vol::list(ctx, &pools).await,
-            VolCommand::Destroy { spec, recursive } => vol::destroy(ctx, &spec, recursive).await,
+            VolCommand::Destroy { spec, recursive, force } => {
+                vol::destroy(ctx, &spec, recursive, force).await
+            }
             VolCommand::Rollback { spec, recursive } => vol::rollback(ctx, &spec, recursive).await,
             VolCommand::Promote { spec } => vol::promote(ctx, &spec).await,
             VolCommand::Rename { spec, to } => vol::rename(ctx, &spec, &to).await,
@@ -651,6 +731,13 @@ pub(crate) async fn run_pool_command(ctx: &mut Ctx<'_>, command: Command) -> any
             SnapshotCommand::Destroy { spec } => snapshot::destroy(ctx, &spec).await,
         },
         Command::Clone { snapshot, volume } => snapshot::clone(ctx, &snapshot, &volume).await,
+        Command::Key { key: command } => match command {
+            KeyCommand::Load { spec, key, .. } => pools::key::load(ctx, &spec, key.as_ref()).await,
+            KeyCommand::Unload { spec, force } => pools::key::unload(ctx, &spec, force).await,
+            KeyCommand::Change { spec, keyformat, keylocation, key } => {
+                pools::key::change(ctx, &spec, keyformat, keylocation, key.as_ref()).await
+            }
+        },
         Command::Recv { spec, abort: true, .. } => replication::recv_abort(ctx, &spec).await,
         Command::Serve { .. }
         | Command::Send { .. }
@@ -664,7 +751,7 @@ fn not_served() -> anyhow::Result<()> {
     anyhow::bail!(
         "only pool status|list|stats|sync|scrub|offline|online|clear|attach|detach|replace, vol \
          create|list|get|set|rename|resize|rollback|promote|destroy, snapshot \
-         create|list|destroy, clone, send and recv run on a served pool"
+         create|list|destroy, clone, key load|unload|change, send and recv run on a served pool"
     )
 }
 
@@ -780,8 +867,51 @@ async fn vol_command(env: &sluice_engine::rt::Env, command: VolCommand) -> anyho
             let format = Format::of(scripted, json);
             per_pools(env, vec![(pool, Command::Vol { vol: command })], format, Vec::new()).await
         }
-        VolCommand::Create { ref spec, .. }
-        | VolCommand::Set { ref spec, .. }
+        VolCommand::Create {
+            spec,
+            size,
+            block_size,
+            dedup,
+            sync,
+            logbias,
+            compression,
+            sparse,
+            encryption,
+            keyformat,
+            keylocation,
+            key: _,
+        } => {
+            let pool = pools::pool_of(&spec).to_owned();
+            let settings = pools::key::Encrypt::from_args(
+                &encryption,
+                keyformat.clone(),
+                keylocation.clone(),
+            )?;
+            let key = match settings {
+                Some(settings) => {
+                    pools::key::check_new_volume_name(&spec)?;
+                    Some(pools::key::read_key(&spec, settings.format, &settings.location, true)?)
+                }
+                None => None,
+            };
+            let command = VolCommand::Create {
+                spec,
+                size,
+                block_size,
+                dedup,
+                sync,
+                logbias,
+                compression,
+                sparse,
+                encryption,
+                keyformat,
+                keylocation,
+                key,
+            };
+            per_pools(env, vec![(pool, Command::Vol { vol: command })], Format::Text, Vec::new())
+                .await
+        }
+        VolCommand::Set { ref spec, .. }
         | VolCommand::Destroy { ref spec, .. }
         | VolCommand::Rollback { ref spec, .. }
         | VolCommand::Promote { ref spec }
@@ -792,6 +922,58 @@ async fn vol_command(env: &sluice_engine::rt::Env, command: VolCommand) -> anyho
                 .await
         }
     }
+}
+
+/// `sluice key ...`: the key is read here (from the terminal or its file) before the command
+/// goes to the pool; `load` and `change` first ask the pool how the volume's key is kept.
+async fn key_command(env: &sluice_engine::rt::Env, command: KeyCommand) -> anyhow::Result<()> {
+    let pool = pools::pool_of(match &command {
+        KeyCommand::Load { spec, .. }
+        | KeyCommand::Unload { spec, .. }
+        | KeyCommand::Change { spec, .. } => spec,
+    })
+    .to_owned();
+    let command = match command {
+        KeyCommand::Load { spec, location, .. } => {
+            let kept = key_settings(env, &pool, &spec).await?;
+            let location = match location {
+                Some(text) => pools::key::parse_keylocation(&text).map_err(anyhow::Error::msg)?,
+                None => kept.location,
+            };
+            let key = pools::key::read_key(&spec, kept.format, &location, false)?;
+            KeyCommand::Load { spec, location: None, key: Some(key) }
+        }
+        KeyCommand::Change { spec, keyformat, keylocation, .. } => {
+            let kept = key_settings(env, &pool, &spec).await?;
+            let format = match &keyformat {
+                Some(text) => pools::key::parse_keyformat(text).map_err(anyhow::Error::msg)?,
+                None => kept.format,
+            };
+            let location = match &keylocation {
+                Some(text) => pools::key::parse_keylocation(text).map_err(anyhow::Error::msg)?,
+                None => kept.location,
+            };
+            let key = pools::key::read_key(&spec, format, &location, true)?;
+            let keyformat = Some(format.name().to_owned());
+            let keylocation = Some(pools::key::location_text(&location));
+            KeyCommand::Change { spec, keyformat, keylocation, key: Some(key) }
+        }
+        unload @ KeyCommand::Unload { .. } => unload,
+    };
+    per_pools(env, vec![(pool, Command::Key { key: command })], Format::Text, Vec::new()).await
+}
+
+/// How `spec`'s key is kept (its keyformat and keylocation), asked of its pool with `vol get`.
+async fn key_settings(
+    env: &sluice_engine::rt::Env,
+    pool: &str,
+    spec: &str,
+) -> anyhow::Result<pools::key::KeptKey> {
+    let properties = vec!["keyformat".to_owned(), "keylocation".to_owned()];
+    let get = VolCommand::Get { spec: spec.to_owned(), properties, scripted: false, json: false };
+    let mut replies = Vec::new();
+    gather(env, pool, Command::Vol { vol: get }, &mut replies).await?;
+    pools::key::KeptKey::from_replies(spec, &replies)
 }
 
 /// `sluice snapshot ...`.
@@ -894,6 +1076,7 @@ fn run(
         }
         Command::Pool { pool } => on_runtime(|env| async move { pool_command(&env, pool).await }),
         Command::Vol { vol } => on_runtime(|env| async move { vol_command(&env, vol).await }),
+        Command::Key { key } => on_runtime(|env| async move { key_command(&env, key).await }),
         Command::Snapshot { snapshot } => {
             on_runtime(|env| async move { snapshot_command(&env, snapshot).await })
         }

@@ -24,7 +24,9 @@ use sluice_engine::rt::Env;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::Store;
 use sluice_engine::Volume;
+use sluice_engine::{KeyStatus, UserKey};
 use sluice_engine::{Pool, PoolSpec, TopSpec};
+use sluice_format::KeyLocation;
 use sluice_nbd::listen::{self, Listener};
 use sluice_nbd::tls::{AllowList, TlsServer, TlsSettings};
 use sluice_nbd::Exports;
@@ -155,9 +157,19 @@ struct StoreExports {
     store: Arc<Store>,
 }
 
+impl StoreExports {
+    /// Whether export `name` (a volume or VOL@SNAP) may be served: not an encrypted volume
+    /// whose key is not loaded (it is served once `key load` loads it).
+    fn servable(&self, name: &str) -> bool {
+        let volume = name.split('@').next().unwrap_or(name);
+        !matches!(self.store.key_status(volume), Ok(KeyStatus::Unavailable))
+    }
+}
+
 impl Exports for StoreExports {
     fn names(&self) -> Vec<String> {
-        self.store.volumes().into_iter().map(|v| v.name).collect()
+        let names = self.store.volumes().into_iter().map(|v| v.name);
+        names.filter(|name| self.servable(name)).collect()
     }
 
     fn open(&self, name: &str) -> Option<Volume> {
@@ -167,7 +179,58 @@ impl Exports for StoreExports {
         } else {
             name.to_owned()
         };
+        if !self.servable(&name) {
+            return None;
+        }
         Volume::open(&self.store, &name).ok()
+    }
+}
+
+/// Loads, at start, the keys of encrypted volumes kept in files (`keylocation=file://…`), as
+/// a service manager needs, where nobody answers a prompt; says on standard error what it
+/// loaded and what it could not (those volumes are not served until `sluice key load`).
+async fn load_file_keys(store: &Store) {
+    let mut families = std::collections::BTreeSet::new();
+    for volume in store.volumes() {
+        let Ok(Some(info)) = store.encryption(&volume.name) else { continue };
+        let KeyLocation::File(path) = &info.location else {
+            if info.status == KeyStatus::Unavailable && families.insert(info.family) {
+                eprintln!(
+                    "sluice: volume {}/{} is encrypted with a key given at a prompt: it is \
+                     served once `sluice key load {0}/{1}` loads it",
+                    store.pool().name(),
+                    volume.name
+                );
+            }
+            continue;
+        };
+        if info.status != KeyStatus::Unavailable || !families.insert(info.family) {
+            continue;
+        }
+        let spec = format!("{}/{}", store.pool().name(), volume.name);
+        if let Ok(meta) = std::fs::metadata(path) {
+            use std::os::unix::fs::PermissionsExt;
+            if meta.permissions().mode() & 0o077 != 0 {
+                eprintln!(
+                    "sluice: warning: the key file {path} of {spec} can be read or written by \
+                     other users (mode {:o}); `chmod 600 {path}`",
+                    meta.permissions().mode() & 0o777
+                );
+            }
+        }
+        let loaded = match std::fs::read(path) {
+            Ok(bytes) => {
+                store.load_key(&volume.name, &UserKey::new(bytes)).await.map_err(|e| e.to_string())
+            }
+            Err(e) => Err(format!("reading {path}: {e}")),
+        };
+        match loaded {
+            Ok(()) => eprintln!("sluice: loaded the key of {spec} from file://{path}"),
+            Err(e) => eprintln!(
+                "sluice: the key of {spec} was not loaded ({e}); it is not served until \
+                 `sluice key load {spec}`"
+            ),
+        }
     }
 }
 
@@ -245,6 +308,7 @@ pub async fn serve(
         Some(name) => pools::open_store(env, name, &options.tunables).await?,
         None => default_store(env, &options).await?,
     };
+    load_file_keys(&store).await;
     let store = Arc::new(store);
     store.run_syncer();
     let control = crate::control::serve(env.clone(), Arc::clone(&store)).await?;

@@ -109,28 +109,28 @@ fn an_encrypted_volume_leaves_no_plaintext_and_opens_only_with_its_key() {
         ));
         assert_eq!(store.read("plain", 0, VOLUME_BYTES).await.unwrap(), data);
         // A wrong key is refused and changes nothing.
-        let wrong = store.load_key("db", &UserKey::new(vec![8; 32]));
+        let wrong = store.load_key("db", &UserKey::new(vec![8; 32])).await;
         assert!(
             matches!(wrong, Err(StoreError::Key { cause: CryptError::WrongKey, .. })),
             "{wrong:?}"
         );
         assert_eq!(store.key_status("db").unwrap(), KeyStatus::Unavailable);
-        let malformed = store.load_key("db", &UserKey::new(vec![7; 31]));
+        let malformed = store.load_key("db", &UserKey::new(vec![7; 31])).await;
         assert!(matches!(
             malformed,
             Err(StoreError::Key { cause: CryptError::RawKeyLength { .. }, .. })
         ));
-        store.load_key("db", &UserKey::new(vec![7; 32])).unwrap();
+        store.load_key("db", &UserKey::new(vec![7; 32])).await.unwrap();
         assert_eq!(store.read("db", 0, VOLUME_BYTES).await.unwrap(), data);
         assert!(matches!(
-            store.load_key("db", &UserKey::new(vec![7; 32])),
+            store.load_key("db", &UserKey::new(vec![7; 32])).await,
             Err(StoreError::KeyLoaded { .. })
         ));
         // Writes again, across another export and import.
         store.write("db", 8192, &[0xab; 8192]).await.unwrap();
         store.export().await.unwrap();
         let store = import(&env, &legs).await;
-        store.load_key("db", &UserKey::new(vec![7; 32])).unwrap();
+        store.load_key("db", &UserKey::new(vec![7; 32])).await.unwrap();
         let mut expect = data.clone();
         expect[8192..16384].fill(0xab);
         assert_eq!(store.read("db", 0, VOLUME_BYTES).await.unwrap(), expect);
@@ -168,7 +168,7 @@ fn every_key_format_round_trips_through_import() {
             let info = store.encryption(name).unwrap().unwrap();
             assert_eq!((info.format, info.status), (*format, KeyStatus::Unavailable));
             assert_eq!(info.location, KeyLocation::File(format!("/etc/sluice/{name}.key")));
-            store.load_key(name, &UserKey::new(key.clone())).unwrap();
+            store.load_key(name, &UserKey::new(key.clone())).await.unwrap();
             assert_eq!(store.read(name, 0, 65536).await.unwrap(), vec![i as u8 + 1; 65536]);
         }
         // Too short a passphrase is refused at create, by its length.
@@ -209,9 +209,9 @@ fn a_changed_key_is_the_only_key_after_import() {
         store.change_key("db", new).unwrap();
         store.export().await.unwrap();
         let store = import(&env, &legs).await;
-        let old = store.load_key("db", &UserKey::new(vec![1; 32]));
+        let old = store.load_key("db", &UserKey::new(vec![1; 32])).await;
         assert!(matches!(old, Err(StoreError::Key { .. })), "the old key: {old:?}");
-        store.load_key("db", &UserKey::new(b"a new passphrase".to_vec())).unwrap();
+        store.load_key("db", &UserKey::new(b"a new passphrase".to_vec())).await.unwrap();
         assert_eq!(store.read("db", 0, VOLUME_BYTES).await.unwrap(), data);
     })
     .unwrap();
@@ -251,7 +251,7 @@ fn unload_writes_what_is_dirty_and_clones_share_the_key() {
         assert!(matches!(resized, Err(StoreError::KeyUnavailable { .. })), "{resized:?}");
         store.sync().await.unwrap();
         assert!(!store.is_suspended());
-        store.load_key("db", &UserKey::new(vec![5; 32])).unwrap();
+        store.load_key("db", &UserKey::new(vec![5; 32])).await.unwrap();
         assert_eq!(store.read("copy", 0, VOLUME_BYTES).await.unwrap(), data);
         assert_eq!(store.key_status("db@s1").unwrap(), KeyStatus::Available);
         let mut expect = data.clone();
@@ -288,7 +288,7 @@ fn scrub_repairs_an_encrypted_volume_without_its_key() {
         assert!(report.repaired > 0, "{report:?}");
         let again = store.pool().scrub().await.unwrap();
         assert_eq!(again.repaired, 0, "{again:?}");
-        store.load_key("db", &UserKey::new(vec![6; 32])).unwrap();
+        store.load_key("db", &UserKey::new(vec![6; 32])).await.unwrap();
         assert_eq!(store.read("db", 0, VOLUME_BYTES).await.unwrap(), data);
     })
     .unwrap();
@@ -328,8 +328,8 @@ fn dedup_shares_within_a_family_and_never_across() {
         assert!(report.is_clean(), "audit: {:?}", report.problems);
         store.export().await.unwrap();
         let store = import(&env, &legs).await;
-        store.load_key("a", &UserKey::new(vec![1; 32])).unwrap();
-        store.load_key("b", &UserKey::new(vec![2; 32])).unwrap();
+        store.load_key("a", &UserKey::new(vec![1; 32])).await.unwrap();
+        store.load_key("b", &UserKey::new(vec![2; 32])).await.unwrap();
         assert_eq!(store.read("ac", 1 << 20, 1 << 20).await.unwrap(), data);
         assert_eq!(store.read("a", 0, 1 << 20).await.unwrap(), data);
         assert_eq!(store.read("b", 0, 1 << 20).await.unwrap(), data);
@@ -342,4 +342,221 @@ fn dedup_shares_within_a_family_and_never_across() {
         assert!(report.is_clean(), "audit: {:?}", report.problems);
     })
     .unwrap();
+}
+
+/// A 4 KiB unit a test can find on the disks: its number in recognizable text.
+fn log_unit(unit: u64) -> Vec<u8> {
+    let line = format!("sealed log record {unit:04} of the known plaintext.\n");
+    line.as_bytes().iter().copied().cycle().take(4096).collect()
+}
+
+/// Where sealed log blocks begin on a leg's bytes: the magic at a 4 KiB boundary, version 7,
+/// flags 1.
+fn sealed_log_blocks(bytes: &[u8]) -> Vec<usize> {
+    (0..bytes.len())
+        .step_by(4096)
+        .filter(|&at| {
+            bytes[at..at + 8] == *b"SLUICELG" && bytes[at + 8] == 7 && bytes[at + 11] == 1
+        })
+        .collect()
+}
+
+/// Writes acknowledged through an encrypted volume's log, then a power cut: the records are
+/// sealed (no copy of the data on the disks), import claims them without the key and keeps
+/// them claimed across syncs and another import, the volume refuses snapshot, rollback,
+/// resize, rename and destroy meanwhile, naming why, and `key load` replays them.
+#[test]
+fn an_encrypted_volumes_log_replays_once_its_key_is_loaded() {
+    use sluice_engine::device::sim::{CrashPolicy, SimOptions};
+    use sluice_engine::volume::Volume;
+    use std::sync::Arc;
+
+    let sim = Sim::new(41);
+    let options = SimOptions { store_data: true, record_log: true };
+    let legs = common::legs_with(&sim, 2, SimProfile::ssd(), LEG_BYTES, options);
+    let devices = legs.clone();
+    let env = sim.env();
+    // A large write is logged by pointer (its blocks written in place, sealed as the sync
+    // would), the small ones copied into sealed records.
+    let tunables = || {
+        Tunables::with([("txg.dirty_max", "64M"), ("intent_log.immediate_write_bytes", "32K")])
+            .unwrap()
+    };
+    let large: Vec<u8> = (0..64u64 << 10).map(|i| (i % 253) as u8).collect();
+    let expected = large.clone();
+    sim.run(async move {
+        let store =
+            Arc::new(common::mirror_store(&env, common::leaf_specs(&legs), &tunables()).await);
+        store.create_encrypted_volume("db", VOLUME_BYTES, 16384, false, raw_key(4)).await.unwrap();
+        store.create_volume("plain", VOLUME_BYTES, 16384).unwrap();
+        store.create_snapshots(&[("db".to_owned(), "before".to_owned())], 1).await.unwrap();
+        let db = Volume::open(&store, "db").unwrap();
+        for unit in 0..8 {
+            db.write(unit * 4096, &log_unit(unit), unit % 2 == 0).await.unwrap();
+        }
+        db.zero(8 * 4096, 4096, false).await.unwrap();
+        db.write(1 << 20, &large, false).await.unwrap();
+        db.flush().await.unwrap();
+    })
+    .unwrap();
+    let mut rng = sluice_engine::rt::Rng::new(5);
+    let images: Vec<_> = devices
+        .iter()
+        .map(|d| d.crash_image(d.write_log().len(), CrashPolicy::DropAll, &mut rng).unwrap())
+        .collect();
+
+    let fresh = Sim::new(42);
+    let legs = common::revive_with(&fresh, images, SimProfile::ssd(), LEG_BYTES, options);
+    let env = fresh.env();
+    fresh
+        .run(async move {
+            for leg in &legs {
+                let bytes = leg_bytes(leg).await;
+                assert!(!sealed_log_blocks(&bytes).is_empty(), "the log's blocks are sealed");
+                let needle = &log_unit(3)[..64];
+                assert!(
+                    !bytes.windows(64).any(|w| w == needle),
+                    "a logged write's data is on the disk in the clear"
+                );
+            }
+            let import = || async {
+                let pool = Pool::import(&env, common::leaf_specs(&legs), "tank", &tunables())
+                    .await
+                    .unwrap();
+                Store::open(pool, &tunables()).await.unwrap()
+            };
+            let store = import().await;
+            assert!(store.log_awaits_key("db"));
+            assert_eq!(store.log_stats().records_replayed.get(), 0);
+            // The pool goes on: other volumes write and sync, and the chain stays claimed.
+            for round in 0..3u8 {
+                store.write("plain", 0, &vec![round; 65536]).await.unwrap();
+                store.sync().await.unwrap();
+            }
+            let refusals = [
+                store.create_snapshots(&[("db".to_owned(), "now".to_owned())], 2).await.err(),
+                store.rollback_volume("db", "before", false).await.err(),
+                store.resize_volume("db", 2 * VOLUME_BYTES).await.err(),
+                store.rename_volume("db", "db2").await.err(),
+                store.destroy_volume_with("db", true).await.err(),
+            ];
+            for refusal in refusals {
+                let refusal = refusal.expect("refused while the log waits for the key");
+                assert!(matches!(refusal, StoreError::LogAwaitsKey { .. }), "{refusal}");
+                assert!(refusal.to_string().contains("sluice key load tank/db"), "{refusal}");
+            }
+            store.export().await.unwrap();
+
+            // Imported again, still without the key: claimed again from the same header.
+            let store = import().await;
+            assert!(store.log_awaits_key("db"));
+            let wrong = store.load_key("db", &UserKey::new(vec![5; 32])).await;
+            assert!(matches!(wrong, Err(StoreError::Key { cause: CryptError::WrongKey, .. })));
+            assert!(store.log_awaits_key("db"), "a wrong key replays nothing");
+            store.load_key("db", &UserKey::new(vec![4; 32])).await.unwrap();
+            assert!(!store.log_awaits_key("db"));
+            let stats = store.log_stats();
+            assert_eq!(
+                (stats.records_replayed.get(), stats.indirect_records_replayed.get()),
+                (13, 4),
+                "8 copied writes, a zero, and the large write's 4 blocks by pointer"
+            );
+            for unit in 0..8 {
+                assert_eq!(store.read("db", unit * 4096, 4096).await.unwrap(), log_unit(unit));
+            }
+            assert_eq!(store.read("db", 8 * 4096, 4096).await.unwrap(), vec![0; 4096]);
+            assert!(store.read("db", 1 << 20, 64 << 10).await.unwrap() == expected);
+            // Replayed, the volume is writable and its new chain logs as before.
+            store.write("db", 0, &[1; 4096]).await.unwrap();
+            store.create_snapshots(&[("db".to_owned(), "after".to_owned())], 3).await.unwrap();
+            store.export().await.unwrap();
+        })
+        .unwrap();
+}
+
+/// A sealed log record changed on the disk, its block's checksum made to match, fails its tag
+/// at replay: the key load is refused, naming the record, the key is not left loaded, and the
+/// records still wait.
+#[test]
+fn a_forged_log_record_fails_authentication_at_replay() {
+    use sluice_engine::device::sim::{CrashPolicy, SimOptions};
+    use sluice_engine::volume::Volume;
+    use sluice_format::ChecksumAlg;
+    use std::sync::Arc;
+
+    let sim = Sim::new(43);
+    let options = SimOptions { store_data: true, record_log: true };
+    let legs = common::legs_with(&sim, 2, SimProfile::ssd(), LEG_BYTES, options);
+    let devices = legs.clone();
+    let env = sim.env();
+    sim.run(async move {
+        let tunables = Tunables::default();
+        let store =
+            Arc::new(common::mirror_store(&env, common::leaf_specs(&legs), &tunables).await);
+        store.create_encrypted_volume("db", VOLUME_BYTES, 16384, false, raw_key(4)).await.unwrap();
+        store.sync().await.unwrap();
+        let db = Volume::open(&store, "db").unwrap();
+        for unit in 0..4 {
+            db.write(unit * 4096, &log_unit(unit), true).await.unwrap();
+        }
+    })
+    .unwrap();
+    let mut rng = sluice_engine::rt::Rng::new(6);
+    let images: Vec<_> = devices
+        .iter()
+        .map(|d| d.crash_image(d.write_log().len(), CrashPolicy::DropAll, &mut rng).unwrap())
+        .collect();
+    let fresh = Sim::new(44);
+    let legs = common::revive_with(&fresh, images, SimProfile::ssd(), LEG_BYTES, options);
+    let env = fresh.env();
+    fresh
+        .run(async move {
+            // On both legs: one ciphertext byte of each sealed block's first record (a write)
+            // flipped, and the block's checksum recomputed, as an attacker with the disk can.
+            let mut forged = 0;
+            for leg in &legs {
+                let bytes = leg_bytes(leg).await;
+                for at in sealed_log_blocks(&bytes) {
+                    let used = u32::from_le_bytes(bytes[at + 40..at + 44].try_into().unwrap());
+                    let covered = (used as usize).div_ceil(4096) * 4096;
+                    let mut block = bytes[at..at + covered].to_vec();
+                    if block[192] != 1 {
+                        continue;
+                    }
+                    block[192 + 24 + 40 + 16] ^= 1;
+                    block[176..192].fill(0);
+                    let sum = ChecksumAlg::Xxh3_128.compute(&block);
+                    block[176..192].copy_from_slice(&sum.0);
+                    let buf = sluice_engine::SharedBuf::copy_from(&block);
+                    leg.write_at(at as u64, buf).await.unwrap();
+                    forged += 1;
+                }
+            }
+            assert!(forged >= 2, "a sealed block with a write on each leg");
+            let pool = Pool::import(&env, common::leaf_specs(&legs), "tank", &Tunables::default())
+                .await
+                .unwrap();
+            let store = Store::open(pool, &Tunables::default()).await.unwrap();
+            assert!(store.log_awaits_key("db"), "import claims the forged chain: it verifies");
+            let refused = store.load_key("db", &UserKey::new(vec![4; 32])).await;
+            match refused {
+                Err(StoreError::LogAuthentication { ref volume, .. }) => assert_eq!(volume, "db"),
+                other => panic!("expected a log authentication failure, got {other:?}"),
+            }
+            assert_eq!(store.key_status("db").unwrap(), KeyStatus::Unavailable);
+            assert!(store.log_awaits_key("db"));
+            assert_eq!(store.log_stats().records_replayed.get(), 0);
+            // `vol destroy -f`: the records go with the volume, and their blocks are freed.
+            store.destroy_volume_discarding_log("db", true).await.unwrap();
+            assert!(!store.log_awaits_key("db"));
+            store.export().await.unwrap();
+            let pool = Pool::import(&env, common::leaf_specs(&legs), "tank", &Tunables::default())
+                .await
+                .unwrap();
+            let store = Store::open(pool, &Tunables::default()).await.unwrap();
+            assert!(store.volumes().is_empty());
+            assert_eq!(store.log_stats().chains_claimed.get(), 0);
+            store.export().await.unwrap();
+        })
+        .unwrap();
 }

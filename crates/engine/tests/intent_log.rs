@@ -34,7 +34,7 @@ fn settings(policy: CommitPolicy, max_block_bytes: u32) -> LogSettings {
 
 /// The chain `chain_id` of volume 1.
 fn owner(chain_id: u64) -> ChainOwner {
-    ChainOwner { chain_id, volume_id: 1 }
+    ChainOwner { chain_id, volume_id: 1, key_family: 0 }
 }
 
 const LEAF_BYTES: u64 = 64 << 20;

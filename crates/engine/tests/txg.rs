@@ -225,7 +225,7 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                 if encrypted(seed) {
                     // Checks the MAC of every root of the family (volume, snapshots, clones).
                     let key = sluice_engine::UserKey::new(KEY.to_vec());
-                    store.load_key(volume_name(ENCRYPTED_VOLUME), &key).unwrap_or_else(|e| {
+                    store.load_key(volume_name(ENCRYPTED_VOLUME), &key).await.unwrap_or_else(|e| {
                         panic!("seed {seed} generation {generation}: key load: {e}")
                     });
                 }

@@ -52,7 +52,10 @@ pub use label::{
     LABEL_BYTES, LABEL_COUNT, LABEL_HEADER_BYTES, LABEL_VERSION, POOL_NAME_BYTES_MAX,
     UBERBLOCK_SLOTS,
 };
-pub use log_block::{LogBlock, LogRecord, LogVerifier, LOG_HEADER_BYTES, LOG_WRITE_UNIT_BYTES};
+pub use log_block::{
+    LogBlock, LogRecord, LogVerifier, RecordSeal, LOG_HEADER_BYTES, LOG_WRITE_UNIT_BYTES,
+    RECORD_SEAL_BYTES,
+};
 pub use send_stream::{
     ResumeToken, StreamBegin, StreamError, StreamReader, StreamRecord, StreamWriter, TokenError,
     STREAM_PAYLOAD_MAX, STREAM_VERSION,

@@ -14,7 +14,8 @@
 //!      0    8 magic u64                "SLUICELG" as little-endian bytes
 //!      8    2 version u16
 //!     10    1 checksum_alg u8
-//!     11    5 reserved (zero)
+//!     11    1 flags u8                 bit 0: records sealed (V7)
+//!     12    4 reserved (zero)
 //!     16    8 chain_id u64             random per chain
 //!     24    8 volume_id u64
 //!     32    8 sequence u64             1 for the first block of a chain
@@ -27,15 +28,25 @@
 //!               kind 1 (write, data copied):   offset u64, len u32, reserved 4, data (padded to 8)
 //!               kind 2 (write, indirect):      offset u64, len u32, reserved 4, block pointer (128)
 //!               kind 3 (zero: trim or write-zeroes): offset u64, len u64
+//!            in a sealed block, between the 24-byte header and the kind's fields:
+//!               salt u64, iv [12], reserved 4, mac [16]                        (40 bytes)
 //! ```
 
 use crate::codec::{Reader, Writer};
 use crate::{BlockPointer, Checksum, ChecksumAlg, FormatError, FormatVersion, BLKPTR_BYTES};
 
+/// Bytes of a record's seal in a sealed block.
+pub const RECORD_SEAL_BYTES: usize = 40;
+/// Bytes of [`LogRecord::seal_aad`] for a record that is not an indirect one (which adds its
+/// block pointer).
+const SEAL_AAD_BYTES: usize = 72;
+const FLAG_SEALED: u8 = 1;
+
 const MAGIC: u64 = u64::from_le_bytes(*b"SLUICELG");
 const OFF_VERSION: usize = 8;
 const OFF_ALG: usize = 10;
-const OFF_RESERVED_A: usize = 11;
+const OFF_FLAGS: usize = 11;
+const OFF_RESERVED_A: usize = 12;
 const OFF_CHAIN: usize = 16;
 const OFF_VOLUME: usize = 24;
 const OFF_SEQUENCE: usize = 32;
@@ -51,8 +62,10 @@ pub const LOG_WRITE_UNIT_BYTES: usize = 4096;
 
 const _: () = assert!(LOG_HEADER_BYTES == 192);
 const WHAT: &str = "log block";
-/// The version this structure is written at, and the newest it reads.
+/// The version an unsealed block is written at.
 const VERSION: FormatVersion = FormatVersion::V1;
+/// The version a sealed block is written at, and the newest this build reads.
+const VERSION_SEALED: FormatVersion = FormatVersion::V7;
 
 /// What the reader expects a block to be: its place in a particular chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,9 +110,15 @@ impl LogRecord {
         }
     }
 
-    /// Bytes this record takes in a block.
+    /// Bytes this record takes in an unsealed block.
     pub fn encoded_len(&self) -> usize {
+        self.encoded_len_in(false)
+    }
+
+    /// Bytes this record takes in a block, sealed or not.
+    pub fn encoded_len_in(&self, sealed: bool) -> usize {
         RECORD_HEADER_BYTES
+            + if sealed { RECORD_SEAL_BYTES } else { 0 }
             + match self {
                 LogRecord::Write { data, .. } => 16 + data.len().div_ceil(8) * 8,
                 LogRecord::WriteIndirect { .. } => 16 + BLKPTR_BYTES,
@@ -108,18 +127,103 @@ impl LogRecord {
     }
 }
 
+/// How a record of a sealed block was encrypted: the key family's salt (which block key),
+/// the nonce, and the tag over its payload and [`LogRecord::seal_aad`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordSeal {
+    pub salt: u64,
+    pub iv: [u8; 12],
+    pub mac: [u8; 16],
+}
+
+impl LogRecord {
+    /// What a sealed record's tag authenticates besides its payload: the chain, volume and
+    /// block it was written in and every field the claim reads, so that no record can be
+    /// moved to another place, block, chain or volume, or have its txg, sequence, offset,
+    /// length or indirect pointer changed, without failing its tag.
+    pub fn seal_aad(&self, block: LogVerifier) -> Vec<u8> {
+        let (kind, offset, len, pointer) = match self {
+            LogRecord::Write { offset, data, .. } => (1u8, *offset, data.len() as u64, None),
+            LogRecord::WriteIndirect { offset, len, block, .. } => {
+                (2, *offset, u64::from(*len), Some(block))
+            }
+            LogRecord::Zero { offset, len, .. } => (3, *offset, *len, None),
+        };
+        let mut aad = Vec::with_capacity(SEAL_AAD_BYTES + BLKPTR_BYTES);
+        aad.extend_from_slice(b"sluiceL7");
+        for field in [block.chain_id, block.volume_id, block.sequence, u64::from(kind)] {
+            aad.extend_from_slice(&field.to_le_bytes());
+        }
+        for field in [self.txg(), self.sequence(), offset, len] {
+            aad.extend_from_slice(&field.to_le_bytes());
+        }
+        debug_assert_eq!(aad.len(), SEAL_AAD_BYTES);
+        if let Some(pointer) = pointer {
+            aad.extend_from_slice(&BlockPointer::encode(Some(pointer)));
+        }
+        aad
+    }
+}
+
+/// What seals a record in place: `(additional data, payload) -> seal`.
+type Sealer<'a, E> = dyn FnMut(&[u8], &mut [u8]) -> Result<RecordSeal, E> + 'a;
+
 /// A decoded log block.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogBlock {
     pub verifier: LogVerifier,
     pub next: Option<BlockPointer>,
+    /// As read from a sealed block, a write's data is its ciphertext.
     pub records: Vec<LogRecord>,
+    /// As read: one seal per record of a sealed block, none for an unsealed one. Encoding
+    /// ignores it (a sealed block is encoded by [`LogBlock::encode_sealed_into`]).
+    pub seals: Vec<RecordSeal>,
 }
 
 impl LogBlock {
-    /// Bytes the block uses (header and records).
+    /// Bytes the block uses (header and records) unsealed.
     pub fn used_bytes(&self) -> usize {
-        LOG_HEADER_BYTES + self.records.iter().map(LogRecord::encoded_len).sum::<usize>()
+        self.used_bytes_in(false)
+    }
+
+    /// Bytes the block uses (header and records), sealed or not.
+    pub fn used_bytes_in(&self, sealed: bool) -> usize {
+        LOG_HEADER_BYTES + self.records.iter().map(|r| r.encoded_len_in(sealed)).sum::<usize>()
+    }
+
+    /// Whether the block was read sealed.
+    pub fn sealed(&self) -> bool {
+        !self.seals.is_empty()
+    }
+
+    /// The header's bytes before its checksum, as written.
+    fn header_bytes(&self, used: usize, sealed: bool) -> [u8; OFF_CHECKSUM] {
+        let mut out = [0u8; OFF_CHECKSUM];
+        let mut w = Writer::new(&mut out);
+        w.u64(0, MAGIC);
+        w.u16(OFF_VERSION, if sealed { VERSION_SEALED } else { VERSION } as u16);
+        w.u8(OFF_ALG, ChecksumAlg::Xxh3_128 as u8);
+        w.u8(OFF_FLAGS, if sealed { FLAG_SEALED } else { 0 });
+        w.u64(OFF_CHAIN, self.verifier.chain_id);
+        w.u64(OFF_VOLUME, self.verifier.volume_id);
+        w.u64(OFF_SEQUENCE, self.verifier.sequence);
+        w.u32(OFF_USED, used as u32);
+        w.put(OFF_NEXT, &BlockPointer::encode(self.next.as_ref()));
+        out
+    }
+
+    /// The additional data record `index` of this sealed block was sealed with: its own
+    /// ([`LogRecord::seal_aad`]), linked to the block's header for the first record and to the
+    /// tag of the record before it for the others. The links make a block's records one
+    /// sequence: none can be dropped, reordered or moved to another block, nor the header
+    /// (its successor pointer, its length) changed, without failing a later record's tag.
+    pub fn record_aad(&self, index: usize) -> Vec<u8> {
+        let mut aad = self.records[index].seal_aad(self.verifier);
+        match index {
+            0 => aad.extend_from_slice(&self.header_bytes(self.used_bytes_in(true), true)),
+            _ => aad.extend_from_slice(&self.seals[index - 1].mac),
+        }
+        aad
     }
 
     /// Encodes the block into the bytes to write: the used bytes rounded up to 4 KiB, which
@@ -136,7 +240,33 @@ impl LogBlock {
         block_bytes: usize,
         zeroed: impl FnOnce(usize) -> B,
     ) -> Result<B, FormatError> {
-        let used = self.used_bytes();
+        let unsealed: Option<&mut Sealer<'_, ()>> = None;
+        match self.encode_impl(block_bytes, zeroed, unsealed)? {
+            Ok(buf) => Ok(buf),
+            Err(()) => unreachable!("an unsealed block calls no sealer"),
+        }
+    }
+
+    /// [`LogBlock::encode_into`] sealed: each record's payload is encrypted in place in the
+    /// buffer by `seal(aad, payload)`, which returns its seal (an error from it is returned
+    /// as the inner one). Written at V7.
+    pub fn encode_sealed_into<B: AsMut<[u8]>, E>(
+        &self,
+        block_bytes: usize,
+        zeroed: impl FnOnce(usize) -> B,
+        mut seal: impl FnMut(&[u8], &mut [u8]) -> Result<RecordSeal, E>,
+    ) -> Result<Result<B, E>, FormatError> {
+        self.encode_impl(block_bytes, zeroed, Some(&mut seal))
+    }
+
+    fn encode_impl<B: AsMut<[u8]>, E>(
+        &self,
+        block_bytes: usize,
+        zeroed: impl FnOnce(usize) -> B,
+        mut seal: Option<&mut Sealer<'_, E>>,
+    ) -> Result<Result<B, E>, FormatError> {
+        let sealed = seal.is_some();
+        let used = self.used_bytes_in(sealed);
         let written = used.div_ceil(LOG_WRITE_UNIT_BYTES) * LOG_WRITE_UNIT_BYTES;
         if written > block_bytes {
             return Err(FormatError::TooLarge { what: WHAT, len: used, max: block_bytes });
@@ -144,15 +274,9 @@ impl LogBlock {
         let mut buf = zeroed(written);
         let out = buf.as_mut();
         assert_eq!(out.len(), written, "a log block is encoded into exactly its written bytes");
+        out[..OFF_CHECKSUM].copy_from_slice(&self.header_bytes(used, sealed));
+        let mut link = out[..OFF_CHECKSUM].to_vec();
         let mut w = Writer::new(out);
-        w.u64(0, MAGIC);
-        w.u16(OFF_VERSION, VERSION as u16);
-        w.u8(OFF_ALG, ChecksumAlg::Xxh3_128 as u8);
-        w.u64(OFF_CHAIN, self.verifier.chain_id);
-        w.u64(OFF_VOLUME, self.verifier.volume_id);
-        w.u64(OFF_SEQUENCE, self.verifier.sequence);
-        w.u32(OFF_USED, used as u32);
-        w.put(OFF_NEXT, &BlockPointer::encode(self.next.as_ref()));
         let mut at = LOG_HEADER_BYTES;
         for record in &self.records {
             let (kind, txg, sequence) = match record {
@@ -160,16 +284,20 @@ impl LogBlock {
                 LogRecord::WriteIndirect { txg, sequence, .. } => (2, *txg, *sequence),
                 LogRecord::Zero { txg, sequence, .. } => (3, *txg, *sequence),
             };
+            let record_len = record.encoded_len_in(sealed);
             w.u8(at, kind);
-            w.u32(at + 4, record.encoded_len() as u32);
+            w.u32(at + 4, record_len as u32);
             w.u64(at + 8, txg);
             w.u64(at + 16, sequence);
-            let body = at + RECORD_HEADER_BYTES;
+            let seal_at = at + RECORD_HEADER_BYTES;
+            let body = seal_at + if sealed { RECORD_SEAL_BYTES } else { 0 };
+            let mut payload = body..body;
             match record {
                 LogRecord::Write { offset, data, .. } => {
                     w.u64(body, *offset);
                     w.u32(body + 8, data.len() as u32);
                     w.put(body + 16, data);
+                    payload = body + 16..body + 16 + data.len();
                 }
                 LogRecord::WriteIndirect { offset, len, block, .. } => {
                     w.u64(body, *offset);
@@ -181,11 +309,23 @@ impl LogBlock {
                     w.u64(body + 8, *len);
                 }
             }
-            at += record.encoded_len();
+            if let Some(seal) = seal.as_mut() {
+                let mut aad = record.seal_aad(self.verifier);
+                aad.extend_from_slice(&link);
+                let done = match seal(&aad, &mut w.bytes_mut()[payload]) {
+                    Ok(done) => done,
+                    Err(e) => return Ok(Err(e)),
+                };
+                w.u64(seal_at, done.salt);
+                w.put(seal_at + 8, &done.iv);
+                w.put(seal_at + 24, &done.mac);
+                link = done.mac.to_vec();
+            }
+            at += record_len;
         }
         let sum = ChecksumAlg::Xxh3_128.compute(out);
         out[OFF_CHECKSUM..OFF_CHECKSUM + 16].copy_from_slice(&sum.0);
-        Ok(buf)
+        Ok(Ok(buf))
     }
 
     /// The verifier a block's header claims, without checking its checksum: lets a reader tell
@@ -203,7 +343,8 @@ impl LogBlock {
     /// Decodes a block read from disk, which must be the block `expected` describes.
     pub fn decode(bytes: &[u8], expected: LogVerifier) -> Result<LogBlock, FormatError> {
         let r = Reader::new(WHAT, bytes, LOG_HEADER_BYTES)?;
-        crate::codec::check_magic_version(&r, WHAT, MAGIC, OFF_VERSION, VERSION)?;
+        let version =
+            crate::codec::check_magic_version(&r, WHAT, MAGIC, OFF_VERSION, VERSION_SEALED)?;
         let alg = ChecksumAlg::decode(WHAT, r.u8(OFF_ALG)?)?;
         let used = r.u32(OFF_USED)? as usize;
         if used < LOG_HEADER_BYTES {
@@ -233,11 +374,26 @@ impl LogBlock {
                 value: found.sequence,
             });
         }
+        let flags = r.u8(OFF_FLAGS)?;
+        // Sealing came with V7; an older block has the byte reserved, as zero.
+        let sealed = match flags {
+            0 => false,
+            FLAG_SEALED if version >= VERSION_SEALED => true,
+            other => {
+                return Err(FormatError::Invalid {
+                    what: WHAT,
+                    field: "flags",
+                    value: u64::from(other),
+                })
+            }
+        };
         r.zeros(OFF_RESERVED_A, OFF_CHAIN - OFF_RESERVED_A)?;
         r.zeros(OFF_RESERVED_B, OFF_NEXT - OFF_RESERVED_B)?;
         r.zeros(used, covered - used)?;
         let next = BlockPointer::decode(r.slice(OFF_NEXT, BLKPTR_BYTES)?)?;
         let mut records = Vec::new();
+        let mut seals = Vec::new();
+        let seal_bytes = if sealed { RECORD_SEAL_BYTES } else { 0 };
         let mut at = LOG_HEADER_BYTES;
         while at < used {
             let invalid =
@@ -245,14 +401,23 @@ impl LogBlock {
             let kind = r.u8(at)?;
             r.zeros(at + 1, 3)?;
             let record_len = r.u32(at + 4)? as usize;
-            if record_len < RECORD_HEADER_BYTES + 16
+            if record_len < RECORD_HEADER_BYTES + seal_bytes + 16
                 || record_len % 8 != 0
                 || at + record_len > used
             {
                 return Err(invalid("record_len", record_len as u64));
             }
             let (txg, sequence) = (r.u64(at + 8)?, r.u64(at + 16)?);
-            let body = at + RECORD_HEADER_BYTES;
+            if sealed {
+                let seal_at = at + RECORD_HEADER_BYTES;
+                r.zeros(seal_at + 20, 4)?;
+                let mut iv = [0u8; 12];
+                iv.copy_from_slice(r.slice(seal_at + 8, 12)?);
+                seals.push(RecordSeal { salt: r.u64(seal_at)?, iv, mac: r.bytes16(seal_at + 24)? });
+            }
+            // The record's length less its seal: the kinds' checks below are the unsealed ones.
+            let record_len = record_len - seal_bytes;
+            let body = at + RECORD_HEADER_BYTES + seal_bytes;
             let record = match kind {
                 1 => {
                     let len = r.u32(body + 8)? as usize;
@@ -292,8 +457,8 @@ impl LogBlock {
                 other => return Err(invalid("record kind", u64::from(other))),
             };
             records.push(record);
-            at += record_len;
+            at += record_len + seal_bytes;
         }
-        Ok(LogBlock { verifier: found, next, records })
+        Ok(LogBlock { verifier: found, next, records, seals })
     }
 }

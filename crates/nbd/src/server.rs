@@ -653,6 +653,13 @@ where
         let Some(size_bytes) = session.volume.size_bytes() else {
             break Err(protocol(format!("volume {} was destroyed", session.volume.name())));
         };
+        if session.volume.key_unloaded() {
+            // `key unload -f`: requests in flight have finished or fail; no more are taken.
+            break Err(protocol(format!(
+                "volume {}: its key was unloaded (`sluice key unload`)",
+                session.volume.name()
+            )));
+        }
         let limits = Limits {
             size_bytes,
             structured: session.structured,

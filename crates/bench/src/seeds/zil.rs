@@ -202,7 +202,7 @@ fn run_point(
                 "sim",
                 &allocator,
                 LogSettings { policy, commit_timeout_pct: 10, max_block_bytes: LOG_BLOCK_BYTES },
-                ChainOwner { chain_id: seed, volume_id: 1 },
+                ChainOwner { chain_id: seed, volume_id: 1, key_family: 0 },
             )
             .unwrap_or_else(|e| panic!("zil bench log: {e}")),
         );

@@ -15,6 +15,7 @@
 //! command context, opening a pool, leaves and their fault injection, and name splitting.
 
 pub mod cache;
+pub mod key;
 pub mod output;
 pub mod pool;
 pub mod replication;

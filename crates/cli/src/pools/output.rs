@@ -274,6 +274,9 @@ pub struct VolRow {
     pub dedup: String,
     pub sync: String,
     pub logbias: String,
+    /// available or unavailable for an encrypted volume, `-` for one that is not.
+    #[serde(default)]
+    pub keystatus: String,
 }
 
 /// A receive that stopped part way and kept what arrived (`recv -s`).
@@ -643,22 +646,33 @@ fn clock(secs: f64) -> String {
 }
 
 fn vol_list(out: &mut Lines, list: &VolList, format: Format) {
-    let row = |cells: [&str; 12]| {
+    let row = |cells: [&str; 13]| {
         if format == Format::Scripted {
             cells.join("\t")
         } else {
-            let [name, size, used, avail, refer, reserv, block, compress, ratio, dedup, sync, logbias] =
+            let [name, size, used, avail, refer, reserv, block, compress, ratio, dedup, sync, logbias, keystatus] =
                 cells;
             format!(
                 "{name:<24} {size:>8} {used:>8} {avail:>8} {refer:>8} {reserv:>8} {block:>6} \
-                 {compress:>8} {ratio:>6} {dedup:>7} {sync:>9} {logbias:>10}"
+                 {compress:>8} {ratio:>6} {dedup:>7} {sync:>9} {logbias:>10} {keystatus:>11}"
             )
         }
     };
     if format == Format::Text {
         out.say(row([
-            "NAME", "SIZE", "USED", "AVAIL", "REFER", "RESERV", "BLOCK", "COMPRESS", "RATIO",
-            "DEDUP", "SYNC", "LOGBIAS",
+            "NAME",
+            "SIZE",
+            "USED",
+            "AVAIL",
+            "REFER",
+            "RESERV",
+            "BLOCK",
+            "COMPRESS",
+            "RATIO",
+            "DEDUP",
+            "SYNC",
+            "LOGBIAS",
+            "KEYSTATUS",
         ]));
     }
     let bytes = |b: u64| if format == Format::Scripted { b.to_string() } else { human(b) };
@@ -684,6 +698,7 @@ fn vol_list(out: &mut Lines, list: &VolList, format: Format) {
                     &v.dedup,
                     &v.sync,
                     &v.logbias,
+                    &v.keystatus,
                 ]))
             }
             // Scripts read it with `vol get POOL/VOL receive_resume_token -H`: a row here
@@ -827,6 +842,7 @@ mod tests {
             dedup: "off".into(),
             sync: "standard".into(),
             logbias: "latency".into(),
+            keystatus: "-".into(),
         })
     }
 
@@ -843,7 +859,10 @@ mod tests {
             Reply::VolList(VolList { entries: vec![volume("tank/vm1", 300, 100), interrupted] });
         let text = render(&list, Format::Text);
         let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[0].starts_with("NAME") && lines[0].ends_with("LOGBIAS"), "{text}");
+        assert!(
+            lines[0].starts_with("NAME") && lines[0].ends_with("LOGBIAS   KEYSTATUS"),
+            "{text}"
+        );
         assert!(lines[1].starts_with("tank/vm1") && lines[1].contains(" 16.0M "), "{text}");
         assert!(lines[1].contains(" 3.00x "), "{text}");
         assert!(lines[2].starts_with("tank/copy: interrupted receive, blocks before 7"), "{text}");
@@ -851,7 +870,7 @@ mod tests {
         assert_eq!(
             scripted,
             "tank/vm1\t16777216\t8552448\t51421184\t0\tnone\t16384\tlz4\t3.00x\toff\tstandard\t\
-             latency\n",
+             latency\t-\n",
             "an interrupted receive has no row for scripts"
         );
         let json = render(&list, Format::Json);

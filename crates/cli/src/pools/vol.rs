@@ -6,6 +6,7 @@ use anyhow::Context;
 use sluice_engine::{VolumeProperty, BLOCK_BYTES_DEFAULT, RECEIVE_PREFIX};
 use sluice_format::{Compression, DedupMode, LogBias, SyncMode};
 
+use super::key::{self, Encrypt, KeyMaterial};
 use super::output::{
     human, ratio, ratio_hundredths, InterruptedReceive, PropValue, Reply, VolEntry, VolList,
     VolProp, VolProps, VolRow,
@@ -18,12 +19,28 @@ pub async fn create(
     (size, block_bytes): (u64, Option<u64>),
     thick: bool,
     properties: &[VolumeProperty],
+    encrypt: Option<(Encrypt, Option<KeyMaterial>)>,
 ) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
     let store = ctx.hold(pool).await?;
     let block =
         u32::try_from(block_bytes.unwrap_or(u64::from(BLOCK_BYTES_DEFAULT))).unwrap_or(u32::MAX);
-    store.create_volume_with(volume, size, block, thick)?;
+    let encrypted = match &encrypt {
+        Some((settings, key)) => {
+            let key = key.as_ref().with_context(|| format!("no key was given for {spec}"))?;
+            let new = key::new_key(settings.format, settings.location.clone(), key);
+            store.create_encrypted_volume(volume, size, block, thick, new).await?;
+            format!(
+                ", encrypted (aes-256-gcm, keyformat={}, keylocation={})",
+                settings.format.name(),
+                key::location_text(&settings.location)
+            )
+        }
+        None => {
+            store.create_volume_with(volume, size, block, thick)?;
+            String::new()
+        }
+    };
     for &property in properties {
         store.set_property(volume, property)?;
     }
@@ -32,8 +49,11 @@ pub async fn create(
     store.release().await?;
     let settings: Vec<String> = properties.iter().map(|&p| property_text(p)).collect();
     let kind = if thick { format!("thick, {} reserved", human(reserved)) } else { "thin".into() };
-    let mut said =
-        format!("created volume {spec} ({}, {kind}, {})", human(size), settings.join(", "));
+    let mut said = format!(
+        "created volume {spec} ({}, {kind}, {}{encrypted})",
+        human(size),
+        settings.join(", ")
+    );
     if let Some(warning) = warning {
         said.push_str(&format!("\n{warning}"));
     }
@@ -146,11 +166,20 @@ pub async fn set(ctx: &mut Ctx<'_>, spec: &str, setting: &str) -> anyhow::Result
     Ok(())
 }
 
-pub async fn destroy(ctx: &mut Ctx<'_>, spec: &str, recursive: bool) -> anyhow::Result<()> {
+pub async fn destroy(
+    ctx: &mut Ctx<'_>,
+    spec: &str,
+    recursive: bool,
+    force: bool,
+) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
     let store = ctx.hold(pool).await?;
     let snapshots = store.snapshots(volume).map(|s| s.len()).unwrap_or(0);
-    store.destroy_volume_with(volume, recursive).await?;
+    if force {
+        store.destroy_volume_discarding_log(volume, recursive).await?;
+    } else {
+        store.destroy_volume_with(volume, recursive).await?;
+    }
     store.release().await?;
     if snapshots > 0 {
         ctx.done(format!("destroyed volume {spec} and its {snapshots} snapshot(s)"));
@@ -232,6 +261,7 @@ pub async fn get(ctx: &mut Ctx<'_>, spec: &str, wanted: &[String]) -> anyhow::Re
             Some(format!("{pool}/{}@{}", v.name, s.name))
         })
     });
+    let crypt = key::properties(&store, pool, volume);
     store.release().await?;
     let space = entry.space.unwrap_or_default();
     let all: Vec<(&str, PropValue)> = vec![
@@ -260,7 +290,10 @@ pub async fn get(ctx: &mut Ctx<'_>, spec: &str, wanted: &[String]) -> anyhow::Re
         ("logbias", text(entry.logbias.name())),
         ("origin", PropValue::Text(origin.unwrap_or_else(|| "-".to_owned()))),
         ("receive_resume_token", PropValue::Text(token)),
-    ];
+    ]
+    .into_iter()
+    .chain(crypt.into_iter().map(|(name, value)| (name, PropValue::Text(value))))
+    .collect();
     for name in wanted {
         if !all.iter().any(|(p, _)| p == name) {
             let names: Vec<&str> = all.iter().map(|(p, _)| *p).collect();
@@ -311,6 +344,10 @@ pub async fn list(ctx: &mut Ctx<'_>, pools: &[String]) -> anyhow::Result<()> {
                 dedup: volume.dedup.name().to_owned(),
                 sync: volume.sync.name().to_owned(),
                 logbias: volume.logbias.name().to_owned(),
+                keystatus: key::status_text(
+                    store.key_status(&volume.name).unwrap_or(sluice_engine::KeyStatus::None),
+                )
+                .to_owned(),
             }));
         }
         for (target, token) in store.interrupted_receives() {

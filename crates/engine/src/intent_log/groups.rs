@@ -15,7 +15,7 @@
 
 use futures::future::join_all;
 use parking_lot::Mutex;
-use sluice_format::{LogRecord, LOG_HEADER_BYTES};
+use sluice_format::LOG_HEADER_BYTES;
 
 use super::{
     only_by_pointer, take_records, GroupTuner, LogWriter, Lwb, State, LOG_BLOCK_BYTES_MIN,
@@ -24,6 +24,7 @@ use super::{
 use crate::alloc::Allocator;
 use crate::pool::{Pool, PoolError};
 use crate::vdev;
+use crate::zio::crypt::FamilyKey;
 use crate::zio::Writer;
 
 impl LogWriter {
@@ -38,11 +39,12 @@ impl LogWriter {
         &self,
         state: &mut State,
         allocator: &Mutex<Allocator>,
+        key: Option<&FamilyKey>,
         tuner: &GroupTuner,
         now: crate::rt::Time,
     ) -> Result<Vec<Vec<Lwb>>, PoolError> {
         let (cap, rotational) = (tuner.cap(), tuner.rotational());
-        let ready: Vec<usize> = state.ready().map(LogRecord::encoded_len).collect();
+        let ready: Vec<usize> = state.ready().map(|r| state.record_len(r)).collect();
         debug_assert!(!ready.is_empty(), "a group is formed for a ready record");
         let slots: u32 = (state.groups_on_vdev.iter().enumerate())
             .filter(|&(v, _)| tuner.holds_log(v))
@@ -168,7 +170,7 @@ impl LogWriter {
                     };
                     (bytes, near)
                 };
-                let mut lwb = self.seal(state, allocator, records, bytes, Some(near))?;
+                let mut lwb = self.seal(state, allocator, key, records, bytes, Some(near))?;
                 if lwbs.is_empty() {
                     lwb.group_formed = Some(now);
                 }

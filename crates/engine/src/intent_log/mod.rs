@@ -69,7 +69,7 @@ use futures::future::{join_all, BoxFuture, Shared};
 use parking_lot::Mutex;
 use sluice_format::{
     BlockKind, BlockPointer, Checksum, ChecksumAlg, Dva, LogBlock, LogRecord, LogVerifier,
-    LOG_HEADER_BYTES, SECTOR_BYTES,
+    RecordSeal, LOG_HEADER_BYTES, SECTOR_BYTES,
 };
 
 use crate::alloc::Allocator;
@@ -77,6 +77,7 @@ use crate::device::{AlignedBuf, SharedBuf};
 use crate::pool::{Pool, PoolError};
 use crate::tunables::IoClass;
 use crate::vdev;
+use crate::zio::crypt::FamilyKey;
 use crate::zio::{Issue, Writer};
 
 /// How a lone log block is written: written and flushed on every copy in one trip.
@@ -232,6 +233,8 @@ struct Lwb {
 
 #[derive(Debug)]
 struct State {
+    /// Whether the chain's records are sealed (an encrypted volume's).
+    sealed: bool,
     /// Verifier of the next lwb to issue.
     verifier: LogVerifier,
     /// Where the next lwb goes (allocated when the previous one was issued).
@@ -299,6 +302,11 @@ struct State {
 }
 
 impl State {
+    /// Bytes `record` takes in this chain's blocks (more when they are sealed).
+    fn record_len(&self, record: &LogRecord) -> usize {
+        record.encoded_len_in(self.sealed)
+    }
+
     /// The pending records an lwb may take now: those before the first unfilled one.
     fn ready(&self) -> impl Iterator<Item = &LogRecord> {
         self.pending.iter().take_while(|r| !self.unfilled.contains(&r.sequence()))
@@ -350,6 +358,8 @@ pub struct LogWriter {
     /// a power of two wrote up to twice the bytes its records needed, across more columns.
     tight_blocks: bool,
     chain: LogVerifier,
+    /// The key family whose key seals this chain's records, 0 for none.
+    key_family: u64,
     state: Mutex<State>,
     lwbs_written: crate::stats::Counter,
     /// Groups issued (each lwb is its own group unless `Auto` or `Batch`).
@@ -403,6 +413,9 @@ pub struct ChainOwner {
     /// Unique and nonzero: draw it from `Env::unique_rng`.
     pub chain_id: u64,
     pub volume_id: u64,
+    /// The volume's key family, 0 if it is not encrypted: an encrypted volume's chain seals
+    /// its records under that family's key (`LogBlock::encode_sealed_into`).
+    pub key_family: u64,
 }
 
 impl LogWriter {
@@ -438,7 +451,7 @@ impl LogWriter {
         handover: Handover,
     ) -> Result<LogWriter, PoolError> {
         let LogSettings { policy, commit_timeout_pct, max_block_bytes } = settings;
-        let ChainOwner { chain_id, volume_id } = owner;
+        let ChainOwner { chain_id, volume_id, key_family } = owner;
         assert!(chain_id != 0, "chain id 0 means no log");
         assert!(
             max_block_bytes.is_power_of_two() && max_block_bytes >= LOG_BLOCK_BYTES_MIN,
@@ -455,6 +468,7 @@ impl LogWriter {
             max_block_bytes,
             tight_blocks,
             chain,
+            key_family,
             lwbs_written: crate::stats::Counter::default(),
             groups_written: crate::stats::Counter::default(),
             records_written: crate::stats::Counter::default(),
@@ -462,6 +476,7 @@ impl LogWriter {
             block_bytes_allocated: crate::stats::Counter::default(),
             space_low: std::sync::atomic::AtomicBool::new(false),
             state: Mutex::new(State {
+                sealed: key_family != 0,
                 verifier: chain,
                 next_address: head,
                 open_since: None,
@@ -842,6 +857,19 @@ impl LogWriter {
         allocator: &Mutex<Allocator>,
         sequence: u64,
     ) -> Result<(), LogError> {
+        // An encrypted volume's records are sealed as their lwbs are built: without its key
+        // (unloaded since they were appended) nothing can be written, and the commit falls
+        // back to a txg sync, which is refused the same way.
+        let key = match self.key_family {
+            0 => None,
+            family => Some(pool.zio().keys().get(family).ok_or_else(|| {
+                LogError::Pool(PoolError::KeyUnavailable {
+                    pool: self.pool.to_string(),
+                    block: format!("the intent log of volume {}", self.chain.volume_id),
+                    family,
+                })
+            })?),
+        };
         let mut yielded = false;
         loop {
             // Decide under the lock; wait or write outside it.
@@ -862,7 +890,7 @@ impl LogWriter {
                 let (may_issue, linger_until) = match self.policy {
                     CommitPolicy::Pipelined => {
                         let pending_bytes: usize =
-                            state.pending.iter().map(LogRecord::encoded_len).sum();
+                            state.pending.iter().map(|r| state.record_len(r)).sum();
                         let full = LOG_HEADER_BYTES + pending_bytes
                             >= state.next_address.len_bytes as usize;
                         let deadline = state.linger_deadline(now, self.commit_timeout_pct);
@@ -928,15 +956,16 @@ impl LogWriter {
                         CommitPolicy::Auto => {
                             let tuner = state.tuner.clone().expect("auto's tuner is set above");
                             state.gather = false;
-                            self.build_groups(&mut state, allocator, &tuner, now)
+                            self.build_groups(&mut state, allocator, key.as_deref(), &tuner, now)
                         }
                         CommitPolicy::Batch => {
                             state.batch_in_flight = true;
-                            self.build_lwbs(&mut state, allocator).map(|lwbs| vec![lwbs])
+                            self.build_lwbs(&mut state, allocator, key.as_deref())
+                                .map(|lwbs| vec![lwbs])
                         }
-                        CommitPolicy::Pipelined => {
-                            self.build_lwbs(&mut state, allocator).map(|lwbs| vec![lwbs])
-                        }
+                        CommitPolicy::Pipelined => self
+                            .build_lwbs(&mut state, allocator, key.as_deref())
+                            .map(|lwbs| vec![lwbs]),
                     };
                     match built {
                         Ok(groups) => Step::Issue(groups),
@@ -980,7 +1009,7 @@ impl LogWriter {
     /// rounded up to a power of two (to whole 4 KiB units with `tight_blocks`).
     fn next_block_bytes(&self, state: &State) -> u32 {
         let waiting =
-            LOG_HEADER_BYTES + state.pending.iter().map(LogRecord::encoded_len).sum::<usize>();
+            LOG_HEADER_BYTES + state.pending.iter().map(|r| state.record_len(r)).sum::<usize>();
         let recent = state.recent_used.iter().copied().max().unwrap_or(0);
         let want = waiting.max(recent).min(self.max_block_bytes as usize);
         let rounded = if self.tight_blocks {
@@ -997,6 +1026,7 @@ impl LogWriter {
         &self,
         state: &mut State,
         allocator: &Mutex<Allocator>,
+        key: Option<&FamilyKey>,
     ) -> Result<Vec<Lwb>, PoolError> {
         let mut lwbs = Vec::new();
         while state.ready().next().is_some() {
@@ -1004,12 +1034,12 @@ impl LogWriter {
             // What this lwb was asked to carry, not what fit: sizing from what fit would keep
             // a block that holds one record at that size forever.
             let demand =
-                LOG_HEADER_BYTES + state.pending.iter().map(LogRecord::encoded_len).sum::<usize>();
+                LOG_HEADER_BYTES + state.pending.iter().map(|r| state.record_len(r)).sum::<usize>();
             let (records, used) = take_records(state, capacity, usize::MAX);
             let last = records.last().map_or(0, LogRecord::sequence);
             state.note_demand(demand.max(used));
             let successor_bytes = self.next_block_bytes(state);
-            lwbs.push(self.seal(state, allocator, records, successor_bytes, None)?);
+            lwbs.push(self.seal(state, allocator, key, records, successor_bytes, None)?);
             if self.policy == CommitPolicy::Pipelined && last != 0 {
                 break;
             }
@@ -1024,6 +1054,7 @@ impl LogWriter {
         &self,
         state: &mut State,
         allocator: &Mutex<Allocator>,
+        key: Option<&FamilyKey>,
         records: Vec<LogRecord>,
         successor_bytes: u32,
         near: Option<u32>,
@@ -1035,7 +1066,7 @@ impl LogWriter {
             records.iter().filter_map(|r| state.data_writes.remove(&r.sequence())).collect();
         let txg = records.iter().map(LogRecord::txg).max().unwrap_or(0);
         // The successor must hold at least the next record waiting, if one is.
-        let least = state.pending.front().map_or(0, |r| LOG_HEADER_BYTES + r.encoded_len());
+        let least = state.pending.front().map_or(0, |r| LOG_HEADER_BYTES + state.record_len(r));
         let (successor, whole) = {
             let mut allocator = allocator.lock();
             let successor =
@@ -1045,11 +1076,33 @@ impl LogWriter {
             }
             (successor, allocator.is_raidz(state.next_address.vdev))
         };
-        let block =
-            LogBlock { verifier: state.verifier, next: Some(successor.pointer(txg)), records };
-        let encoded = block
-            .encode_into(capacity, AlignedBuf::zeroed)
-            .map_err(|source| PoolError::Format { pool: self.pool.to_string(), cause: source })?;
+        let block = LogBlock {
+            verifier: state.verifier,
+            next: Some(successor.pointer(txg)),
+            records,
+            seals: Vec::new(),
+        };
+        let format_error =
+            |source| PoolError::Format { pool: self.pool.to_string(), cause: source };
+        let encoded = match key {
+            None => block.encode_into(capacity, AlignedBuf::zeroed).map_err(format_error)?,
+            // Each record's payload is encrypted where the encoding put it: the copy into the
+            // block's buffer is the only one, sealed or not.
+            Some(key) => block
+                .encode_sealed_into(capacity, AlignedBuf::zeroed, |aad, payload| {
+                    let sealing = key.seal(payload, aad, false)?;
+                    Ok(RecordSeal { salt: sealing.salt, iv: sealing.iv, mac: sealing.mac })
+                })
+                .map_err(format_error)?
+                .map_err(|cause| PoolError::Crypt {
+                    pool: self.pool.to_string(),
+                    block: format!(
+                        "log block {} of volume {}",
+                        block.verifier.sequence, self.chain.volume_id
+                    ),
+                    cause,
+                })?,
+        };
         // A chain is read a block's full size at a time, and a RAID-Z block's columns depend on
         // its length: there it is written whole (OpenZFS does not shrink log writes on RAID-Z
         // either). Elsewhere only the sectors that hold something are written.
@@ -1199,7 +1252,7 @@ fn take_records(state: &mut State, capacity: usize, max: usize) -> (Vec<LogRecor
     let mut used = LOG_HEADER_BYTES;
     while records.len() < max {
         let Some(record) = state.pending.front() else { break };
-        let len = record.encoded_len();
+        let len = state.record_len(record);
         if used + len > capacity || state.unfilled.contains(&record.sequence()) {
             break;
         }
@@ -1256,7 +1309,7 @@ fn allocate_fitting(
 }
 
 /// A chain as found on disk.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Chain {
     pub blocks: Vec<LogBlock>,
     /// Where each block of `blocks` is.

@@ -311,6 +311,11 @@ impl Dataset {
         &self.stats
     }
 
+    /// The volume's key family (0: not encrypted).
+    pub fn key_family(&self) -> u64 {
+        self.state.lock().entry.key_family
+    }
+
     /// Requests in flight on the volume, shared by every handle.
     pub fn requests(&self) -> &Arc<AtomicUsize> {
         &self.requests
@@ -478,9 +483,7 @@ impl Store {
             });
         }
         let id = dsl.next_id();
-        // An encrypted volume has no intent log until its records are encrypted: a flush of
-        // it syncs the txg (the commit path of a volume without a log).
-        let log = if key_family == 0 { Some(self.zil.new_log(&self.spa, id)?) } else { None };
+        let log = Some(self.zil.new_log(&self.spa, id, key_family)?);
         dsl.use_id(id);
         let levels = objset::levels_for(size_bytes / u64::from(block_bytes));
         let mut entry = VolumeEntry::new(id, name, size_bytes, block_bytes, levels);
@@ -521,9 +524,26 @@ impl Store {
     /// it would free the old tree twice and leak the new one.
     pub async fn destroy_volume_with(&self, name: &str, snapshots: bool) -> Result<(), StoreError> {
         self.spa.check_live()?;
+        self.check_log_replayed(name, "destroying it")?;
         let _guard = self.spa.panic_guard("a volume destroy");
         let _no_sync = self.syncer.lock().await;
         self.dsl.destroy_volume(&self.spa, &self.txg, name, snapshots)
+    }
+
+    /// [`Store::destroy_volume_with`], discarding what the volume's intent log still holds for
+    /// its key to replay (`vol destroy -f`): writes that were acknowledged, which nothing else
+    /// would ever destroy without being told.
+    pub async fn destroy_volume_discarding_log(
+        &self,
+        name: &str,
+        snapshots: bool,
+    ) -> Result<(), StoreError> {
+        self.spa.check_live()?;
+        let _guard = self.spa.panic_guard("a volume destroy");
+        let _no_sync = self.syncer.lock().await;
+        self.dsl.destroy_volume(&self.spa, &self.txg, name, snapshots)?;
+        self.discard_deferred_log(name);
+        Ok(())
     }
 
     /// Renames a volume (ZFS: `zfs rename`). Clients connected to it keep it; new ones find it
@@ -534,6 +554,7 @@ impl Store {
         self.spa.check_live()?;
         let _guard = self.spa.panic_guard("a volume rename");
         check_volume_name(to)?;
+        self.check_log_replayed(from, "a rename")?;
         let _no_sync = self.syncer.lock().await;
         self.dsl.rename_volume(&self.spa, from, to)
     }
@@ -543,6 +564,7 @@ impl Store {
     pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<(), StoreError> {
         self.spa.check_live()?;
         let _guard = self.spa.panic_guard("a volume resize");
+        self.check_log_replayed(name, "a resize")?;
         // No sync may be in flight: it writes the tree at the levels of its quiesce but
         // records the entry as it is when it ends, so a grow across a level boundary (or a
         // shrink) inside it would leave a root read with the wrong number of levels.

@@ -367,6 +367,17 @@ impl WritePath<'_> {
     /// the order in which the blocks changed; returns the record's sequence. Replayed writes
     /// are not logged again; they advance the volume's replayed sequence instead, which the
     /// sync that writes their blocks records.
+    /// Whether a change of a volume of key family `family` may go into the open txg: a
+    /// client's write only while the family is writable (loaded, and neither being unloaded
+    /// nor replaying its log); a replayed record whenever the key is loaded.
+    fn key_allows(&self, apply: Apply, family: u64) -> bool {
+        let keys = self.spa.pool().zio().keys();
+        match apply {
+            Apply::Live => self.spa.crypt().writable(keys, family),
+            Apply::Replay(_) => family == 0 || keys.is_loaded(family),
+        }
+    }
+
     pub(super) async fn modify(
         &self,
         dataset: &Dataset,
@@ -387,7 +398,7 @@ impl WritePath<'_> {
         }
         // An encrypted volume takes no write its sync could not encrypt.
         let family = dataset.state.lock().entry.key_family;
-        if !self.spa.crypt().writable(self.spa.pool().zio().keys(), family) {
+        if !self.key_allows(apply, family) {
             return Err(StoreError::KeyUnavailable {
                 pool: self.spa.pool().name().to_owned(),
                 volume: dataset.name(),
@@ -444,7 +455,7 @@ impl WritePath<'_> {
             dataset.check_range(v.entry.size_bytes, offset, len)?;
             // And the key: an unload may have begun while this write waited. One that closes
             // the family after this point finds the write in the txg its sync writes.
-            if !self.spa.crypt().writable(self.spa.pool().zio().keys(), v.entry.key_family) {
+            if !self.key_allows(apply, v.entry.key_family) {
                 return Err(StoreError::KeyUnavailable {
                     pool: self.spa.pool().name().to_owned(),
                     volume: dataset.name(),

@@ -38,12 +38,22 @@ struct Families {
     wrapped: Vec<WrappedKey>,
     /// Families whose key is being unloaded: their volumes take no new writes.
     closing: BTreeSet<u64>,
+    /// Families with a volume whose intent log waits for the key to replay: their volumes
+    /// take no writes until it has (a write applied before an older record would be
+    /// overwritten by it).
+    awaiting_log: BTreeSet<u64>,
 }
 
 impl DslCrypt {
     /// The families an imported directory recorded.
     pub(super) fn new(wrapped: Vec<WrappedKey>) -> DslCrypt {
-        DslCrypt { state: Mutex::new(Families { wrapped, closing: BTreeSet::new() }) }
+        DslCrypt {
+            state: Mutex::new(Families {
+                wrapped,
+                closing: BTreeSet::new(),
+                awaiting_log: BTreeSet::new(),
+            }),
+        }
     }
 
     /// The wrapped keys, as the next directory records them.
@@ -58,7 +68,22 @@ impl DslCrypt {
     /// Whether a volume of family `guid` may take writes now: its key is loaded and not
     /// being unloaded (0, no family: always).
     pub(super) fn writable(&self, keys: &crypt::Keystore, guid: u64) -> bool {
-        guid == 0 || (keys.is_loaded(guid) && !self.state.lock().closing.contains(&guid))
+        guid == 0 || {
+            let state = self.state.lock();
+            keys.is_loaded(guid)
+                && !state.closing.contains(&guid)
+                && !state.awaiting_log.contains(&guid)
+        }
+    }
+
+    /// Marks family `guid` as having (or no longer having) a log that waits for its key.
+    pub(super) fn set_awaiting_log(&self, guid: u64, awaiting: bool) {
+        let mut state = self.state.lock();
+        if awaiting {
+            state.awaiting_log.insert(guid);
+        } else {
+            state.awaiting_log.remove(&guid);
+        }
     }
 }
 
@@ -195,8 +220,10 @@ impl Store {
 
     /// Loads the key of encrypted volume `volume`'s family (ZFS: `zfs load-key`): every
     /// volume, snapshot and clone of the family can then be read and written. A wrong key is
-    /// refused as [`CryptError::WrongKey`], and nothing changes.
-    pub fn load_key(&self, volume: &str, key: &UserKey) -> Result<(), StoreError> {
+    /// refused as [`CryptError::WrongKey`], and nothing changes. The intent-log records the
+    /// family's volumes held at import replay now, before any of them takes a write; if they
+    /// do not (a record fails its tag), the key is unloaded again and the error returned.
+    pub async fn load_key(&self, volume: &str, key: &UserKey) -> Result<(), StoreError> {
         let wrapped = self.family_of(volume)?;
         let crypt_error = |cause| self.key_error(volume, cause);
         let keys = self.spa.pool().zio().keys();
@@ -233,8 +260,26 @@ impl Store {
                 }
             }
         }
+        // The family's volumes stay closed to writes until the replay is done
+        // (`DslCrypt::awaiting_log`).
         keys.load(wrapped.guid, family);
-        Ok(())
+        match self.replay_deferred(wrapped.guid).await {
+            Ok(()) => {
+                self.spa.crypt().set_awaiting_log(wrapped.guid, false);
+                Ok(())
+            }
+            // Every record's tag is checked before any is applied: nothing changed, and the
+            // key goes again.
+            Err(error @ StoreError::LogAuthentication { .. }) => {
+                keys.unload(wrapped.guid);
+                self.spa.pool().cache().clear();
+                Err(error)
+            }
+            // Applied in part (an I/O error, say): the key stays, to sync what was applied,
+            // and the volumes stay closed to writes; unloading and loading the key again
+            // replays the rest.
+            Err(error) => Err(error),
+        }
     }
 
     /// Unloads the key of `volume`'s family (ZFS: `zfs unload-key`): its volumes stop taking
@@ -304,6 +349,20 @@ impl Store {
             status: if loaded { KeyStatus::Available } else { KeyStatus::Unavailable },
             family: wrapped.guid,
         }))
+    }
+
+    /// Handles open on the volumes of `volume`'s key family (each client connection holds
+    /// one): what `key unload` refuses to cut off unless forced.
+    pub fn family_handles(&self, volume: &str) -> Result<usize, StoreError> {
+        let wrapped = self.family_of(volume)?;
+        let dsl = self.dsl.read();
+        let handles = dsl
+            .values()
+            .filter(|d| d.state.lock().entry.key_family == wrapped.guid)
+            // The dataset holds one itself; every handle on it another.
+            .map(|d| std::sync::Arc::strong_count(d.requests()) - 1)
+            .sum();
+        Ok(handles)
     }
 
     /// Whether `volume`'s key is loaded.

@@ -309,6 +309,7 @@ impl Store {
                 check_volume_name(volume)?;
             }
             check_snapshot_name(volume, name)?;
+            self.check_log_replayed(volume, "a snapshot")?;
             if names[..i].iter().any(|(other, _)| other == volume) {
                 return Err(StoreError::InvalidProperty {
                     volume: volume.clone(),
@@ -350,6 +351,7 @@ impl Store {
         // Changes to the volume wait until the rollback's sync has ended, and those under way
         // end first: each then lands wholly before or wholly after it.
         let dataset = self.dataset(volume)?;
+        self.check_log_replayed(volume, "a rollback")?;
         let _no_writes = dataset.rollback_gate.write().await;
         let one_at_a_time = self.syncer.lock().await;
         let later_ids =
@@ -644,8 +646,8 @@ impl Dsl {
             .entry
             .clone();
         let id = dsl.next_id();
-        // A clone of an encrypted volume shares its key family, and has no log as it has none.
-        let log = if parent.key_family == 0 { Some(zil.new_log(spa, id)?) } else { None };
+        // A clone of an encrypted volume shares its key family, which seals its log too.
+        let log = Some(zil.new_log(spa, id, parent.key_family)?);
         dsl.use_id(id);
         let (size, levels) = (snapshot.size_bytes, snapshot.levels);
         let mut entry = VolumeEntry::new(id, clone, size, parent.block_bytes, levels);

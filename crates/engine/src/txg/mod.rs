@@ -170,6 +170,24 @@ pub enum StoreError {
     /// An encrypted volume was written while its key is not loaded, or being unloaded.
     #[error("volume {pool}/{volume} is encrypted and its key is not loaded; load it with `sluice key load {pool}/{volume}`")]
     KeyUnavailable { pool: String, volume: String },
+    /// An encrypted volume's intent log holds records that replay when its key is loaded.
+    #[error(
+        "volume {pool}/{volume}: its intent log holds writes not yet replayed, which need its \
+         key; load it (`sluice key load {pool}/{volume}`) before {what}, or destroy the \
+         volume with `-f` to discard them"
+    )]
+    LogAwaitsKey { pool: String, volume: String, what: &'static str },
+    /// A sealed intent-log record failed its tag at replay: the log was changed on the disk.
+    #[error(
+        "volume {pool}/{volume}: intent-log record {sequence} failed authentication ({cause}); \
+         the log was changed on the disk, and nothing of it from that record on was applied"
+    )]
+    LogAuthentication {
+        pool: String,
+        volume: String,
+        sequence: u64,
+        cause: crate::zio::crypt::CryptError,
+    },
     #[error("volume {pool}/{volume} is encrypted: {what} is not built for encrypted volumes yet")]
     NotWithEncryption { pool: String, volume: String, what: &'static str },
     #[error("volume name {name:?} is invalid: use 1 to 255 letters, digits and _ - . :")]
@@ -310,9 +328,10 @@ impl StoreError {
             | StoreError::NotEncrypted { .. }
             | StoreError::KeyLoaded { .. }
             | StoreError::NotWithEncryption { .. } => ErrorKind::Invalid,
-            StoreError::KeyNotLoaded { .. } | StoreError::KeyUnavailable { .. } => {
-                ErrorKind::KeyUnavailable
-            }
+            StoreError::KeyNotLoaded { .. }
+            | StoreError::KeyUnavailable { .. }
+            | StoreError::LogAwaitsKey { .. } => ErrorKind::KeyUnavailable,
+            StoreError::LogAuthentication { .. } => ErrorKind::Checksum,
             StoreError::InvalidVolumeName { .. }
             | StoreError::InvalidBlockSize { .. }
             | StoreError::InvalidSize { .. }

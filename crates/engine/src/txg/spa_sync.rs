@@ -557,6 +557,7 @@ impl SyncHandle<'_> {
                 let owner = ChainOwner {
                     chain_id: self.zil.chain_id(self.spa),
                     volume_id: volume.entry.id,
+                    key_family: volume.entry.key_family,
                 };
                 let fresh = LogWriter::continuing(
                     self.spa.pool().name(),

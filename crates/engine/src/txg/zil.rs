@@ -7,11 +7,13 @@
 //! `crate::intent_log`; the commits that drive it for FUA writes and flushes, and fall back
 //! to a txg sync where it cannot answer, are zil_commit.rs's.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use sluice_format::{
-    BlockKind, BlockPointer, Checksum, ChecksumAlg, DedupMode, Dva, LogBias, LogHeader, LogRecord,
-    LogVerifier, PoolDirectory, VolumeEntry, LOG_HEADER_BYTES,
+    BlockKind, BlockPointer, Checksum, ChecksumAlg, DedupMode, Dva, LogBias, LogBlock, LogHeader,
+    LogRecord, LogVerifier, PoolDirectory, VolumeEntry, LOG_HEADER_BYTES, RECORD_SEAL_BYTES,
 };
 
 use super::dataset::{Dataset, RetiredLog};
@@ -23,6 +25,7 @@ use crate::alloc::Allocator;
 use crate::intent_log::{self, Chain, ChainOwner, LogAddress, LogSettings, LogWriter};
 use crate::pool::{Pool, PoolError};
 use crate::tunables::IoClass;
+use crate::zio::crypt::{CryptError, FamilyKey, Sealing};
 
 /// The store's intent-log object (ZFS: the pool-wide part of `zil.c`): how every chain of the
 /// pool writes, when a write is logged by pointer, and what the logs did. Each volume's chain
@@ -36,6 +39,9 @@ pub(super) struct Zil {
     /// `intent_log.early_commit`: whether a lone sync writer's record starts before its flush.
     early_commit: bool,
     stats: LogStats,
+    /// Chains of encrypted volumes claimed at import whose key was not loaded, by volume:
+    /// their blocks stay claimed and their headers recorded until `key load` replays them.
+    deferred: Mutex<BTreeMap<String, (LogHeader, Chain)>>,
 }
 
 impl Zil {
@@ -50,6 +56,7 @@ impl Zil {
             immediate_write_bytes: limits.immediate_write_bytes,
             early_commit: limits.early_commit,
             stats,
+            deferred: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -74,8 +81,13 @@ impl Zil {
     }
 
     /// A new, not yet anchored log chain for a volume.
-    pub(super) fn new_log(&self, spa: &Spa, volume_id: u64) -> Result<Arc<LogWriter>, StoreError> {
-        let owner = ChainOwner { chain_id: self.chain_id(spa), volume_id };
+    pub(super) fn new_log(
+        &self,
+        spa: &Spa,
+        volume_id: u64,
+        key_family: u64,
+    ) -> Result<Arc<LogWriter>, StoreError> {
+        let owner = ChainOwner { chain_id: self.chain_id(spa), volume_id, key_family };
         Ok(Arc::new(LogWriter::new(spa.pool().name(), spa.allocator(), self.settings, owner)?))
     }
 
@@ -145,18 +157,141 @@ pub struct LogStats {
 }
 
 impl Store {
-    /// Applies each claimed chain's records that are newer than its claim txg (the last txg
-    /// synced before the crash) and than what an interrupted replay already applied, then retires the chains and starts new ones. Syncs
-    /// that happen during replay (dirty data) record the progress in the old header, so an
-    /// import interrupted here replays every record exactly once in the end.
+    /// Replays at import what each claimed chain holds, then starts every volume's new chain
+    /// ([`Store::replay_chains`]). The chain of an encrypted volume whose key is not loaded
+    /// (import never has one) waits, claimed, until `key load` replays it
+    /// ([`Store::replay_deferred`]); its volume has no new chain meanwhile and refuses what
+    /// would change or copy it without those records (`Store::check_log_replayed`).
     pub(super) async fn replay(
         &self,
         chains: Vec<(String, LogHeader, intent_log::Chain)>,
     ) -> Result<(), StoreError> {
+        let keys = self.spa.pool().zio().keys();
+        let mut now = Vec::new();
+        for (name, header, chain) in chains {
+            let family = self.dataset(&name)?.state.lock().entry.key_family;
+            if family == 0 || keys.is_loaded(family) {
+                now.push((name, header, chain));
+            } else {
+                self.spa.crypt().set_awaiting_log(family, true);
+                self.zil.deferred.lock().insert(name, (header, chain));
+            }
+        }
+        self.replay_chains(now).await
+    }
+
+    /// Replays the chains deferred for key family `family` now that its key is loaded.
+    pub(super) async fn replay_deferred(&self, family: u64) -> Result<(), StoreError> {
+        let names: Vec<String> = self.zil.deferred.lock().keys().cloned().collect();
+        let mut chains = Vec::new();
+        for name in names {
+            if self.dataset(&name)?.state.lock().entry.key_family != family {
+                continue;
+            }
+            if let Some((header, chain)) = self.zil.deferred.lock().remove(&name) {
+                chains.push((name, header, chain));
+            }
+        }
+        if chains.is_empty() {
+            return Ok(());
+        }
+        // A chain that fails to replay waits again, as it was: applying a record twice is
+        // harmless (each carries the whole of its range), and its header keeps the progress.
+        let kept: Vec<(String, LogHeader, intent_log::Chain)> = chains.clone();
+        let replayed = self.replay_chains(chains).await;
+        if replayed.is_err() {
+            let mut deferred = self.zil.deferred.lock();
+            for (name, header, chain) in kept {
+                let progress = self.dataset(&name).ok().and_then(|d| d.state.lock().entry.log);
+                deferred.insert(name, (progress.unwrap_or(header), chain));
+            }
+        }
+        replayed
+    }
+
+    /// Whether `volume` has intent-log records that wait for its key to be replayed.
+    pub fn log_awaits_key(&self, volume: &str) -> bool {
+        self.zil.deferred.lock().contains_key(volume)
+    }
+
+    /// Refuses `what` on a volume whose log waits for its key: a snapshot, rollback, resize,
+    /// rename or destroy without those records would lose writes that were acknowledged.
+    pub(super) fn check_log_replayed(
+        &self,
+        volume: &str,
+        what: &'static str,
+    ) -> Result<(), StoreError> {
+        if self.log_awaits_key(volume) {
+            return Err(StoreError::LogAwaitsKey {
+                pool: self.spa.pool().name().to_owned(),
+                volume: volume.to_owned(),
+                what,
+            });
+        }
+        Ok(())
+    }
+
+    /// Discards the records a destroyed volume's log still held for its key (`vol destroy
+    /// -f`): the chain's blocks are freed by the next sync.
+    pub(super) fn discard_deferred_log(&self, volume: &str) {
+        if let Some((_, chain)) = self.zil.deferred.lock().remove(volume) {
+            let blocks = chain.addresses.iter().chain(&chain.indirect).copied().collect();
+            self.txg.lock().queue(RetiredLog(blocks));
+        }
+    }
+
+    /// Applies each chain's records that are newer than its claim txg (the last txg synced
+    /// before the crash) and than what an interrupted replay already applied, then retires
+    /// the chains and starts new ones for every volume without a chain (and no chain still
+    /// waiting for its key). Syncs that happen during replay (dirty data) record the progress
+    /// in the old header, so an import interrupted here replays every record exactly once
+    /// in the end. An encrypted volume's records are opened with its key first: a record
+    /// that fails its tag fails the replay, which applies nothing of that volume after it.
+    async fn replay_chains(
+        &self,
+        chains: Vec<(String, LogHeader, intent_log::Chain)>,
+    ) -> Result<(), StoreError> {
         let stats = self.zil.stats();
+        // Every record to apply is opened (its tag checked, a write's data decrypted) before
+        // any is applied, so a forged record changes nothing.
+        let mut opened_chains = Vec::with_capacity(chains.len());
         for (name, header, chain) in &chains {
+            let family = self.dataset(name)?.state.lock().entry.key_family;
+            let key = match family {
+                0 => None,
+                family => Some(self.spa.pool().zio().keys().get(family).ok_or_else(|| {
+                    StoreError::KeyUnavailable {
+                        pool: self.spa.pool().name().to_owned(),
+                        volume: name.clone(),
+                    }
+                })?),
+            };
+            let mut opened = Vec::new();
+            for block in &chain.blocks {
+                for (index, record) in block.records.iter().enumerate() {
+                    let applies = record.txg() > header.claim_txg
+                        && record.sequence() > header.replayed_record;
+                    if !applies {
+                        opened.push(None);
+                        continue;
+                    }
+                    let clear = open_record(key.as_deref(), block, index).map_err(|cause| {
+                        StoreError::LogAuthentication {
+                            pool: self.spa.pool().name().to_owned(),
+                            volume: name.clone(),
+                            sequence: record.sequence(),
+                            cause,
+                        }
+                    })?;
+                    opened.push(clear);
+                }
+            }
+            opened_chains.push(opened);
+        }
+        for ((name, header, chain), opened) in chains.iter().zip(opened_chains) {
             let dataset = self.dataset(name)?;
-            for record in chain.blocks.iter().flat_map(|b| b.records.iter()) {
+            let records = chain.blocks.iter().flat_map(|b| b.records.iter());
+            for (record, opened) in records.zip(opened) {
                 if record.txg() <= header.claim_txg {
                     stats.records_already_synced.inc();
                     continue;
@@ -169,7 +304,7 @@ impl Store {
                 let block;
                 let (offset, len, data) = match record {
                     LogRecord::Write { offset, data, .. } => {
-                        (*offset, data.len() as u64, Some(&data[..]))
+                        (*offset, data.len() as u64, Some(opened.as_deref().unwrap_or(data)))
                     }
                     LogRecord::Zero { offset, len, .. } => (*offset, *len, None),
                     LogRecord::WriteIndirect { offset, len, block: bp, .. } => {
@@ -198,11 +333,14 @@ impl Store {
         }
         let datasets: Vec<Arc<Dataset>> = self.dsl.read().values().cloned().collect();
         for dataset in datasets {
-            // Encrypted volumes have no log (dataset.rs, create_volume_in).
-            if dataset.state.lock().entry.key_family != 0 {
+            let (has_log, family) = {
+                let v = dataset.state.lock();
+                (v.log.is_some(), v.entry.key_family)
+            };
+            if has_log || self.log_awaits_key(&dataset.name()) {
                 continue;
             }
-            let log = self.zil.new_log(&self.spa, dataset.id)?;
+            let log = self.zil.new_log(&self.spa, dataset.id, family)?;
             dataset.state.lock().log = Some(log);
         }
         self.sync().await?;
@@ -222,6 +360,35 @@ impl Store {
     /// What `volume`'s current log chain has written and chosen, if it has a chain.
     pub fn log_figures(&self, volume: &str) -> Option<crate::intent_log::LogFigures> {
         self.dsl.log_figures(volume)
+    }
+}
+
+/// Opens record `index` of `block` for replay: with `key` (an encrypted volume's), checks its
+/// tag and returns a write's data decrypted (`None` for other kinds, whose tag covers their
+/// fields alone); without, the block must not be sealed, and returns `None`.
+fn open_record(
+    key: Option<&FamilyKey>,
+    block: &LogBlock,
+    index: usize,
+) -> Result<Option<Vec<u8>>, CryptError> {
+    let Some(key) = key else {
+        // A sealed record on a volume that is not encrypted is none this pool wrote.
+        return if block.sealed() { Err(CryptError::Authentication) } else { Ok(None) };
+    };
+    // An encrypted volume's chain is sealed throughout: an unsealed block in it is a forgery.
+    let seal = block.seals.get(index).ok_or(CryptError::Authentication)?;
+    let sealing = Sealing { salt: seal.salt, iv: seal.iv, mac: seal.mac };
+    let aad = block.record_aad(index);
+    match &block.records[index] {
+        LogRecord::Write { data, .. } => {
+            let mut clear = data.clone();
+            key.open(&mut clear, &aad, &sealing)?;
+            Ok(Some(clear))
+        }
+        LogRecord::WriteIndirect { .. } | LogRecord::Zero { .. } => {
+            key.open(&mut [], &aad, &sealing)?;
+            Ok(None)
+        }
     }
 }
 
@@ -523,5 +690,7 @@ const UNFILLED: BlockPointer = BlockPointer {
 /// The largest piece of a write one copied record holds: the largest log block less its
 /// header and the record's, in whole 4 KiB.
 pub(super) fn copied_piece_bytes(block_bytes_max: u32) -> usize {
-    ((block_bytes_max as usize - LOG_HEADER_BYTES - 40) / 4096 * 4096).max(512)
+    // Room for a sealed record's seal too (an encrypted volume's chain): the same pieces in
+    // every chain, the header's 40 bytes being far inside the rounding.
+    ((block_bytes_max as usize - LOG_HEADER_BYTES - 40 - RECORD_SEAL_BYTES) / 4096 * 4096).max(512)
 }

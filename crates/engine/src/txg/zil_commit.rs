@@ -261,11 +261,21 @@ impl LogCommit<'_> {
         // checksummed, on every core: with a volume's connections on one core, compressing
         // and checksumming a 1 MiB write's blocks there alone held 1 MiB write + flush at 0.84x
         // of connections spread over both cores (docs/bench/peers-placement.md).
-        let compression = dataset.state.lock().entry.compression;
+        // And an encrypted volume's sealed as the sync would seal them: the sync links these
+        // very blocks into the tree.
+        let (compression, key_family) = {
+            let v = dataset.state.lock();
+            (v.entry.compression, v.entry.key_family)
+        };
         let blocks: Vec<(BlockProps, Arc<AlignedBuf>)> = place
             .iter()
             .map(|(record, data)| {
-                (BlockProps::data(Writer::LogIndirect, record.txg(), compression), Arc::clone(data))
+                let mut props = BlockProps::data(Writer::LogIndirect, record.txg(), compression);
+                if key_family != 0 {
+                    props.crypt =
+                        zio::PropsCrypt::Encrypt { family: key_family, convergent: false };
+                }
+                (props, Arc::clone(data))
             })
             .collect();
         let sealed = self.spa.pool().seal_blocks(blocks).await?;

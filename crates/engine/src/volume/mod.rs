@@ -38,6 +38,8 @@ pub struct Volume {
     stats: Arc<VolumeStats>,
     /// Fixed when the volume is made.
     block_bytes: u64,
+    /// Its key family (0: not encrypted), fixed when the volume is made.
+    key_family: u64,
 }
 
 /// Counts one request while it is served.
@@ -66,6 +68,7 @@ impl Volume {
             requests: Arc::clone(dataset.requests()),
             stats: Arc::clone(dataset.stats()),
             block_bytes: u64::from(dataset.block_bytes()).max(1),
+            key_family: dataset.key_family(),
             dataset,
         })
     }
@@ -96,6 +99,12 @@ impl Volume {
 
     pub fn name(&self) -> String {
         self.dataset.name()
+    }
+
+    /// Whether the volume is encrypted and its key is not loaded (unloaded since the handle
+    /// was opened, say): a server closes the client's connection then.
+    pub fn key_unloaded(&self) -> bool {
+        self.key_family != 0 && !self.store.pool().zio().keys().is_loaded(self.key_family)
     }
 
     /// Identifies the volume (or snapshot) this handle serves, the same for every handle on
