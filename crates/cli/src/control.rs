@@ -39,6 +39,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -458,20 +459,25 @@ fn stream_command(
     };
     let (spec, resumable) = match command {
         Command::Recv { spec, resumable, .. } => (spec, resumable),
-        Command::Send { spec, from, token } => {
-            let what = match SendWhat::new(spec, from, token) {
+        Command::Send { spec, from, token, raw } => {
+            let what = match SendWhat::new(spec, from, token, raw) {
                 Ok(what) => what,
                 Err(e) => return write(&[Frame::failed(&e)]),
             };
-            let mut out = std::io::BufWriter::with_capacity(1 << 20, &stream);
-            if out.write_all(Frame::done().to_line().as_bytes()).is_err() {
-                return;
-            }
+            let (started, abandoned) = (AtomicBool::new(false), AtomicBool::new(false));
+            let first = OkFirst { stream: &stream, started: &started, abandoned: &abandoned };
+            let out = std::io::BufWriter::with_capacity(1 << 20, first);
             let mut writer = sluice_format::StreamWriter::new(out);
             match handle.block_on(what.send_from(store, &mut writer)) {
                 Ok(said) => {
                     let Ok(_) = writer.finish() else { return };
                     write(&[Frame::reply(Reply::done(said)), Frame::done()]);
+                }
+                // Refused before any of the stream went out: the client reads why.
+                Err(e) if !started.load(Ordering::Relaxed) => {
+                    abandoned.store(true, Ordering::Relaxed);
+                    drop(writer);
+                    write(&[Frame::failed(&e)]);
                 }
                 Err(e) => {
                     eprintln!(
@@ -530,6 +536,34 @@ pub fn forward_send(
         eprint!("{}", pools::output::render_all(replies, pools::output::Format::Text));
         result
     })())
+}
+
+/// A send's connection as the stream goes out: the server's `ok` (the stream follows) is
+/// written before the stream's first byte, so a send refused before its first record (no
+/// such snapshot, an encrypted volume sent without -w) answers with its refusal instead, which
+/// the command reports; once `abandoned`, nothing more is written.
+struct OkFirst<'a> {
+    stream: &'a UnixStream,
+    started: &'a AtomicBool,
+    abandoned: &'a AtomicBool,
+}
+
+impl Write for OkFirst<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let started = self.started.load(Ordering::Relaxed);
+        if self.abandoned.load(Ordering::Relaxed) && !started {
+            return Ok(buf.len());
+        }
+        if !started {
+            (&*self.stream).write_all(Frame::done().to_line().as_bytes())?;
+            self.started.store(true, Ordering::Relaxed);
+        }
+        (&*self.stream).write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        (&*self.stream).flush()
+    }
 }
 
 /// `sluice recv` into a served pool: standard input to the server, then its replies.

@@ -134,6 +134,14 @@ enum Command {
         /// receiving pool (zfs send -t).
         #[arg(short = 't', value_name = "TOKEN")]
         token: Option<String>,
+        /// Raw (zfs send -w): an encrypted volume as it is stored, its blocks encrypted and
+        /// its key wrapped, so the receiving pool needs no key and its disks and the stream
+        /// show no data; `key load` there with the volume's key reads it. Needs no key here.
+        /// (Without -w an encrypted volume is refused; a volume that is not encrypted is
+        /// sent as usual.)
+        #[arg(short = 'w', long = "raw", conflicts_with = "token")]
+        #[serde(default)]
+        raw: bool,
     },
     /// Read a stream from standard input into POOL/VOL (zfs receive): a full stream makes the
     /// volume, an incremental one adds its snapshot to the volume holding the older one. The
@@ -1080,7 +1088,7 @@ fn run(
         Command::Snapshot { snapshot } => {
             on_runtime(|env| async move { snapshot_command(&env, snapshot).await })
         }
-        Command::Send { spec, from, token } => {
+        Command::Send { spec, from, token, raw } => {
             use std::io::IsTerminal;
             if std::io::stdout().is_terminal() {
                 anyhow::bail!(
@@ -1088,8 +1096,8 @@ fn run(
                 );
             }
             let what =
-                pools::replication::SendWhat::new(spec.clone(), from.clone(), token.clone())?;
-            let request = Command::Send { spec, from, token };
+                pools::replication::SendWhat::new(spec.clone(), from.clone(), token.clone(), raw)?;
+            let request = Command::Send { spec, from, token, raw };
             let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout());
             if let Some(forwarded) = control::forward_send(&what.pool(), &request, &mut out) {
                 forwarded?;

@@ -102,7 +102,7 @@ fn an_encrypted_volume_leaves_no_plaintext_and_opens_only_with_its_key() {
         // Imported without any key: the volume is there, its key is not.
         let store = import(&env, &legs).await;
         assert_eq!(store.key_status("db").unwrap(), KeyStatus::Unavailable);
-        assert!(matches!(store.read("db", 0, 4096).await, Err(StoreError::Pool(_))));
+        assert!(matches!(store.read("db", 0, 4096).await, Err(StoreError::KeyUnavailable { .. })));
         assert!(matches!(
             store.write("db", 0, &[1; 4096]).await,
             Err(StoreError::KeyUnavailable { .. })
@@ -257,9 +257,10 @@ fn unload_writes_what_is_dirty_and_clones_share_the_key() {
         let mut expect = data.clone();
         expect[..16384].fill(9);
         assert_eq!(store.read("db", 0, VOLUME_BYTES).await.unwrap(), expect);
-        // Not built for encrypted volumes yet, and refused by name.
+        // An encrypted volume goes only raw (`send -w`), and says so.
         let send = store.send_snapshot("db", "s1", None, &mut |_| Ok(())).await;
-        assert!(matches!(send, Err(StoreError::NotWithEncryption { what: "send", .. })));
+        let refused = send.unwrap_err().to_string();
+        assert!(refused.contains("send it with -w"), "{refused}");
         assert!(matches!(store.unload_key("plain").await, Err(StoreError::NoSuchVolume { .. })));
     })
     .unwrap();
@@ -559,4 +560,168 @@ fn a_forged_log_record_fails_authentication_at_replay() {
             store.export().await.unwrap();
         })
         .unwrap();
+}
+
+/// A key family no volume names any more is dropped: its last volume destroyed, the next sync
+/// records only the families in use, and a family being made is kept meanwhile.
+#[test]
+fn a_family_without_volumes_is_dropped() {
+    let sim = Sim::new(45);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
+    let env = sim.env();
+    sim.run(async move {
+        let store =
+            common::mirror_store(&env, common::leaf_specs(&legs), &Tunables::default()).await;
+        store.create_encrypted_volume("a", VOLUME_BYTES, 16384, false, raw_key(1)).await.unwrap();
+        store.create_encrypted_volume("b", VOLUME_BYTES, 16384, false, raw_key(2)).await.unwrap();
+        store.create_snapshots(&[("b".to_owned(), "s".to_owned())], 1).await.unwrap();
+        store.clone_snapshot("b", "s", "c").await.unwrap();
+        store.sync().await.unwrap();
+        assert_eq!(store.key_families().len(), 2);
+        let b = store.encryption("b").unwrap().unwrap().family;
+        // The clone still names b's family.
+        store.destroy_volume_with("b", true).await.unwrap_err();
+        store.destroy_volume_with("c", false).await.unwrap();
+        store.destroy_volume_with("b", true).await.unwrap();
+        store.sync().await.unwrap();
+        assert_eq!(store.key_families(), vec![store.encryption("a").unwrap().unwrap().family]);
+        assert!(!store.key_families().contains(&b));
+        store.export().await.unwrap();
+        let store = import(&env, &legs).await;
+        assert_eq!(store.key_families().len(), 1);
+        store.load_key("a", &UserKey::new(vec![1; 32])).await.unwrap();
+        store.export().await.unwrap();
+    })
+    .unwrap();
+}
+
+/// A raw stream of `volume@snapshot` (since `from`), as bytes.
+async fn send_raw(store: &Store, volume: &str, snapshot: &str, from: Option<&str>) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut writer = sluice_format::StreamWriter::new(&mut out);
+    {
+        let mut emit = |record| writer.write(&record);
+        store.send_snapshot_raw(volume, snapshot, from, &mut emit).await.unwrap();
+    }
+    writer.finish().unwrap();
+    out
+}
+
+async fn receive_stream(store: &Store, target: &str, stream: &[u8]) -> Result<(), StoreError> {
+    let mut reader = sluice_format::StreamReader::new(stream);
+    let mut next = || reader.next_record();
+    store.receive(target, sluice_engine::txg::ReceiveMode::Whole, &mut next).await.map(|_| ())
+}
+
+/// Raw send and receive: an encrypted volume goes to a second pool that never has its key,
+/// in a full stream and an incremental one; the stream and that pool's disks hold no
+/// plaintext; the copy there scrubs and repairs without the key and is sent on, raw, back to
+/// the first pool, where it joins its family and reads as the original; and once the key is
+/// loaded on the second pool, the copy's root MAC verifies and it reads the same bytes. A raw
+/// stream onto a volume that is not encrypted, and a stream that is not raw onto an encrypted
+/// one, are refused.
+#[test]
+fn raw_streams_carry_an_encrypted_volume_without_its_key() {
+    let sim = Sim::new(47);
+    let a_legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
+    let b_legs: Vec<SimDevice> = (0..2)
+        .map(|i| {
+            SimDevice::new(
+                &sim.env(),
+                &format!("b{i}"),
+                SimProfile::Instant,
+                LEG_BYTES,
+                Default::default(),
+            )
+        })
+        .collect();
+    let env = sim.env();
+    sim.run(async move {
+        let a = common::mirror_store(&env, common::leaf_specs(&a_legs), &Tunables::default()).await;
+        let b = common::mirror_store(&env, common::leaf_specs(&b_legs), &Tunables::default()).await;
+        a.create_encrypted_volume("db", VOLUME_BYTES, 16384, false, raw_key(7)).await.unwrap();
+        let mut expected = pattern();
+        // Holes too: the first 64 KiB and a range in the middle are never written.
+        expected[..65536].fill(0);
+        expected[1 << 20..(1 << 20) + 49152].fill(0);
+        a.write("db", 65536, &expected[65536..1 << 20]).await.unwrap();
+        a.write("db", (1 << 20) + 49152, &expected[(1 << 20) + 49152..]).await.unwrap();
+        a.create_snapshots(&[("db".to_owned(), "s1".to_owned())], 1).await.unwrap();
+        let full = send_raw(&a, "db", "s1", None).await;
+        let text = expected[100_000..100_064].to_vec();
+        assert!(text.starts_with(b"line") || text.contains(&b' '), "a window of the text");
+        assert!(!full.windows(64).any(|w| w == text), "the raw stream holds plaintext");
+
+        receive_stream(&b, "copy", &full).await.unwrap();
+        assert_eq!(b.key_status("copy").unwrap(), KeyStatus::Unavailable);
+        assert!(b.read("copy", 0, 4096).await.is_err(), "read without the key");
+
+        // Changes: a rewrite, a trim, a write into a hole; then the incremental stream.
+        let rewrite: Vec<u8> = (0..65536u32).map(|i| (i % 199) as u8).collect();
+        a.write("db", 2 << 20, &rewrite).await.unwrap();
+        expected[2 << 20..(2 << 20) + 65536].copy_from_slice(&rewrite);
+        a.zero("db", 3 << 20, 131072).await.unwrap();
+        expected[3 << 20..(3 << 20) + 131072].fill(0);
+        a.write("db", 16384, &rewrite[..16384]).await.unwrap();
+        expected[16384..32768].copy_from_slice(&rewrite[..16384]);
+        a.create_snapshots(&[("db".to_owned(), "s2".to_owned())], 2).await.unwrap();
+        let incremental = send_raw(&a, "db", "s2", Some("s1")).await;
+        receive_stream(&b, "copy", &incremental).await.unwrap();
+        assert_eq!(b.key_status("copy").unwrap(), KeyStatus::Unavailable);
+
+        // Refusals, which change nothing: a plain stream onto the encrypted copy, a raw one
+        // onto a plain volume.
+        b.create_volume("plain", VOLUME_BYTES, 16384).unwrap();
+        b.create_snapshots(&[("plain".to_owned(), "p".to_owned())], 3).await.unwrap();
+        let mut plain_stream = Vec::new();
+        {
+            let mut writer = sluice_format::StreamWriter::new(&mut plain_stream);
+            {
+                let mut emit = |record| writer.write(&record);
+                b.send_snapshot("plain", "p", None, &mut emit).await.unwrap();
+            }
+            writer.finish().unwrap();
+        }
+        let refused = receive_stream(&b, "copy", &plain_stream).await.unwrap_err();
+        assert!(refused.to_string().contains("is not raw"), "{refused}");
+        let refused = receive_stream(&b, "plain", &incremental).await.unwrap_err();
+        assert!(refused.to_string().contains("not encrypted"), "{refused}");
+
+        // B's disks hold no plaintext; a scrub there repairs the copy without the key.
+        b.sync().await.unwrap();
+        for leg in &b_legs {
+            let bytes = leg_bytes(leg).await;
+            let found = bytes.windows(64).position(|w| w == text);
+            assert!(found.is_none(), "pool b holds plaintext at {found:?} of {}", leg.name());
+        }
+        for leg in &a_legs {
+            let bytes = leg_bytes(leg).await;
+            let found = bytes.windows(64).position(|w| w == text);
+            assert!(found.is_none(), "pool a holds plaintext at {found:?} of {}", leg.name());
+        }
+        let garbage = vec![0x5a; 1 << 20];
+        for at in (8u64 << 20..40 << 20).step_by(1 << 20) {
+            b_legs[1].write_at(at, sluice_engine::SharedBuf::copy_from(&garbage)).await.unwrap();
+        }
+        let report = b.pool().scrub().await.unwrap();
+        assert!(report.repaired > 0, "{report:?}");
+
+        // Sent on from B, raw, back to A: it joins the family there and reads at once.
+        let back = send_raw(&b, "copy", "s2", None).await;
+        receive_stream(&a, "back", &back).await.unwrap();
+        assert_eq!(a.key_families().len(), 1, "the stream's family is the one A has");
+        let db = a.read("db", 0, VOLUME_BYTES).await.unwrap();
+        let first_diff = |got: &[u8]| got.iter().zip(&expected).position(|(x, y)| x != y);
+        assert_eq!(first_diff(&db), None, "db");
+        let got = a.read("back", 0, VOLUME_BYTES).await.unwrap();
+        assert_eq!(first_diff(&got), None, "back");
+
+        // On B with the key: every root verifies, and the copy reads the same bytes.
+        b.load_key("copy", &UserKey::new(vec![7; 32])).await.unwrap();
+        assert!(b.read("copy", 0, VOLUME_BYTES).await.unwrap() == expected);
+        assert!(b.read("copy@s1", 0, 4096).await.is_ok());
+        b.export().await.unwrap();
+        a.export().await.unwrap();
+    })
+    .unwrap();
 }

@@ -150,11 +150,11 @@ fn full_and_incremental_streams_replicate_snapshots() {
         ));
         // A full stream into an existing volume is refused too.
         assert!(matches!(receive(&b, "w", &full).await, Err(StoreError::ReceiveRefused { .. })));
-        // A stream from a newer sluice (its begin record says version 2, checksum made good)
+        // A stream from a newer sluice (its begin record says version 3, checksum made good)
         // is refused saying so, and nothing of it is kept.
         let mut newer = full.clone();
         let payload = u32::from_le_bytes(newer[16..20].try_into().unwrap()) as usize;
-        newer[24 + 8] = 2;
+        newer[24 + 8] = 3;
         let sum = sluice_format::ChecksumAlg::Xxh3_128.compute(&newer[..24 + payload]);
         newer[24 + payload..24 + payload + 16].copy_from_slice(&sum.0);
         let error = receive(&b, "fresh", &newer).await.unwrap_err();

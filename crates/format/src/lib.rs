@@ -57,8 +57,8 @@ pub use log_block::{
     RECORD_SEAL_BYTES,
 };
 pub use send_stream::{
-    ResumeToken, StreamBegin, StreamError, StreamReader, StreamRecord, StreamWriter, TokenError,
-    STREAM_PAYLOAD_MAX, STREAM_VERSION,
+    RawBegin, ResumeToken, StreamBegin, StreamError, StreamReader, StreamRecord, StreamWriter,
+    TokenError, RAW_STREAM_VERSION, STREAM_PAYLOAD_MAX, STREAM_VERSION,
 };
 pub use space_map::SpaceMap;
 pub use uberblock::{Uberblock, UBERBLOCK_BYTES};

@@ -7,11 +7,16 @@
 //! first record says what the stream holds (and its version); the last counts the records
 //! before it. A block compressed on the sender travels compressed, as it is stored.
 //!
+//! A raw stream (`sluice send -w`, version 2) carries an encrypted volume as it is stored:
+//! each data block's ciphertext with its salt, nonce and tag (raw data records), and in the
+//! begin record the volume's wrapped key and the keyed MAC of the snapshot's root, so that a
+//! receiver without the key stores it byte for byte, and one with it can check it.
+//!
 //! ```text
 //! record, every kind:
 //! offset size field
 //!      0    4 magic u32                "SLSR" as little-endian bytes
-//!      4    1 kind u8                  1 begin, 2 data, 3 free, 4 end
+//!      4    1 kind u8                  1 begin, 2 data, 3 free, 4 end, 5 raw data
 //!      5    3 reserved (zero)
 //!      8    8 sequence u64             0 for the begin record, then one more each
 //!     16    4 payload_len u32
@@ -31,15 +36,23 @@
 //!     48    8 from_guid u64            the older snapshot of an incremental stream; 0: full
 //!     56    2 name_len u16
 //!     58    2 source_len u16
-//!     60    1 flags u8                 bit 0: resumed (from a token); the rest zero
+//!     60    1 flags u8                 bit 0: resumed (from a token); bit 1: raw (version
+//!                                      2); the rest zero
 //!     61    3 reserved (zero)
 //!     64    8 resume_block u64         a resumed stream holds no block before it (0 if not
 //!                                      resumed)
 //!     72      name (UTF-8)             the snapshot's name
 //!      .      source (UTF-8)           the sender's POOL/VOL (a resume token names it)
+//!      .   32 root_mac                 raw only: the keyed MAC of the snapshot's root
+//!     +32   2 key_len u16              raw only
+//!     +34   6 reserved (zero)
+//!     +40     wrapped key              raw only: key_len bytes (crypto_key.rs's record)
 //! data payload: block u64, lsize u32, compression u8 (as a block pointer's), reserved 3,
 //!               then the block as stored (a compressed block's 4-byte length, its bytes, and
 //!               no padding)
+//! raw data payload: block u64, lsize u32, compression u8, reserved 3, salt u64, iv [12],
+//!               reserved 4, mac [16], then the block as stored (its ciphertext, padded as
+//!               it was sealed: the tag covers every byte)
 //! free payload: first block u64, count u64 (holes from then on)
 //! end payload:  records u64 (before this one), data_bytes u64 (data payload bytes sent)
 //! ```
@@ -47,7 +60,7 @@
 use std::io::{Read, Write};
 
 use crate::codec::{Reader, Writer};
-use crate::{BlockCompression, ChecksumAlg, FormatError, FormatVersion};
+use crate::{BlockCompression, ChecksumAlg, FormatError, FormatVersion, WrappedKey};
 
 const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"SLSR");
 const STREAM_MAGIC: u64 = u64::from_le_bytes(*b"SLUICESS");
@@ -55,8 +68,12 @@ const HEADER_BYTES: usize = 24;
 const CHECKSUM_BYTES: usize = 16;
 const BEGIN_FIXED_BYTES: usize = 72;
 const WHAT: &str = "send stream record";
-/// The stream version this build writes, and the newest it reads.
+/// The version of a stream that is not raw.
 pub const STREAM_VERSION: FormatVersion = FormatVersion::V1;
+/// The version of a raw stream, and the newest this build reads.
+pub const RAW_STREAM_VERSION: FormatVersion = FormatVersion::V2;
+const RAW_BEGIN_BYTES: usize = 40;
+const RAW_DATA_FIXED_BYTES: usize = 56;
 /// Largest payload a record may carry (a 1 MiB block and its header, with room).
 pub const STREAM_PAYLOAD_MAX: usize = 2 << 20;
 
@@ -76,6 +93,18 @@ pub struct StreamBegin {
     /// A stream resumed from a token holds no block before this one; `None`: the whole
     /// stream.
     pub resume_block: Option<u64>,
+    /// A raw stream's key and root MAC; `None`: not raw.
+    pub raw: Option<Box<RawBegin>>,
+}
+
+/// What a raw stream carries besides its blocks: the volume's key family, wrapped as its
+/// pool keeps it (the receiver stores it; only the user's key unwraps it), and the keyed MAC
+/// of the snapshot's root, which the receiver's tree of the same blocks must match when the
+/// key is loaded there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawBegin {
+    pub key: WrappedKey,
+    pub root_mac: [u8; 32],
 }
 
 /// One record of a stream.
@@ -87,6 +116,17 @@ pub enum StreamRecord {
         block: u64,
         lsize: u32,
         compression: BlockCompression,
+        bytes: Vec<u8>,
+    },
+    /// Encrypted data block `block` as stored: its ciphertext, sealed under the stream's key
+    /// family with `salt` and `iv`, and its tag (a raw stream's).
+    RawData {
+        block: u64,
+        lsize: u32,
+        compression: BlockCompression,
+        salt: u64,
+        iv: [u8; 12],
+        mac: [u8; 16],
         bytes: Vec<u8>,
     },
     /// `count` blocks from `first` on are holes.
@@ -141,6 +181,17 @@ impl StreamRecord {
             StreamRecord::Data { .. } => 2,
             StreamRecord::Free { .. } => 3,
             StreamRecord::End { .. } => 4,
+            StreamRecord::RawData { .. } => 5,
+        }
+    }
+
+    /// The data bytes the record carries (counted by the end record).
+    fn data_len(&self) -> u64 {
+        match self {
+            StreamRecord::Data { bytes, .. } | StreamRecord::RawData { bytes, .. } => {
+                bytes.len() as u64
+            }
+            _ => 0,
         }
     }
 
@@ -151,6 +202,7 @@ impl StreamRecord {
             StreamRecord::Data { .. } => "data",
             StreamRecord::Free { .. } => "free",
             StreamRecord::End { .. } => "end",
+            StreamRecord::RawData { .. } => "raw data",
         }
     }
 
@@ -173,10 +225,16 @@ impl StreamRecord {
                         value: source_len as u64,
                     });
                 }
-                let mut out = vec![0u8; BEGIN_FIXED_BYTES + name_len + source_len];
+                let key = match &begin.raw {
+                    Some(raw) => raw.key.encode()?,
+                    None => Vec::new(),
+                };
+                let raw_len = if begin.raw.is_some() { RAW_BEGIN_BYTES + key.len() } else { 0 };
+                let mut out = vec![0u8; BEGIN_FIXED_BYTES + name_len + source_len + raw_len];
                 let mut w = Writer::new(&mut out);
                 w.u64(0, STREAM_MAGIC);
-                w.u16(8, STREAM_VERSION as u16);
+                let version = if begin.raw.is_some() { RAW_STREAM_VERSION } else { STREAM_VERSION };
+                w.u16(8, version as u16);
                 w.u32(12, begin.block_bytes);
                 w.u64(16, begin.size_bytes);
                 w.u64(24, begin.guid);
@@ -185,10 +243,18 @@ impl StreamRecord {
                 w.u64(48, begin.from_guid.unwrap_or(0));
                 w.u16(56, name_len as u16);
                 w.u16(58, source_len as u16);
-                w.u8(60, u8::from(begin.resume_block.is_some()));
+                let flags =
+                    u8::from(begin.resume_block.is_some()) | (u8::from(begin.raw.is_some()) << 1);
+                w.u8(60, flags);
                 w.u64(64, begin.resume_block.unwrap_or(0));
                 w.put(BEGIN_FIXED_BYTES, begin.name.as_bytes());
                 w.put(BEGIN_FIXED_BYTES + name_len, begin.source.as_bytes());
+                if let Some(raw) = &begin.raw {
+                    let at = BEGIN_FIXED_BYTES + name_len + source_len;
+                    w.put(at, &raw.root_mac);
+                    w.u16(at + 32, key.len() as u16);
+                    w.put(at + RAW_BEGIN_BYTES, &key);
+                }
                 out
             }
             StreamRecord::Data { block, lsize, compression, bytes } => {
@@ -198,6 +264,18 @@ impl StreamRecord {
                 w.u32(8, *lsize);
                 w.u8(12, *compression as u8);
                 w.put(16, bytes);
+                out
+            }
+            StreamRecord::RawData { block, lsize, compression, salt, iv, mac, bytes } => {
+                let mut out = vec![0u8; RAW_DATA_FIXED_BYTES + bytes.len()];
+                let mut w = Writer::new(&mut out);
+                w.u64(0, *block);
+                w.u32(8, *lsize);
+                w.u8(12, *compression as u8);
+                w.u64(16, *salt);
+                w.put(24, iv);
+                w.put(40, mac);
+                w.put(RAW_DATA_FIXED_BYTES, bytes);
                 out
             }
             StreamRecord::Free { first, count } => {
@@ -260,10 +338,10 @@ impl StreamRecord {
                     return Err(err(FormatError::BadMagic { what: "send stream", found: magic }));
                 }
                 let version = r.u16(8).map_err(err)?;
-                if version > STREAM_VERSION as u16 {
+                if version > RAW_STREAM_VERSION as u16 {
                     return Err(StreamError::NewerVersion {
                         found: version,
-                        newest: STREAM_VERSION as u16,
+                        newest: RAW_STREAM_VERSION as u16,
                     });
                 }
                 if version == 0 {
@@ -271,17 +349,17 @@ impl StreamRecord {
                 }
                 r.zeros(10, 2).map_err(err)?;
                 r.zeros(61, 3).map_err(err)?;
-                let resumed = match r.u8(60).map_err(err)? {
-                    0 => false,
-                    1 => true,
-                    value => {
-                        return Err(err(FormatError::Invalid {
-                            what: WHAT,
-                            field: "begin flags",
-                            value: u64::from(value),
-                        }))
-                    }
-                };
+                let flags = r.u8(60).map_err(err)?;
+                // Raw came with version 2; no other bit is defined.
+                let raw_allowed = version >= RAW_STREAM_VERSION as u16;
+                if flags & !0b11 != 0 || (flags & 0b10 != 0 && !raw_allowed) {
+                    return Err(err(FormatError::Invalid {
+                        what: WHAT,
+                        field: "begin flags",
+                        value: u64::from(flags),
+                    }));
+                }
+                let (resumed, raw) = (flags & 1 != 0, flags & 0b10 != 0);
                 let name_len = usize::from(r.u16(56).map_err(err)?);
                 let source_len = usize::from(r.u16(58).map_err(err)?);
                 fixed(BEGIN_FIXED_BYTES + name_len + source_len)?;
@@ -294,6 +372,27 @@ impl StreamRecord {
                 let name = text(BEGIN_FIXED_BYTES, name_len, "snapshot name")?;
                 let source = text(BEGIN_FIXED_BYTES + name_len, source_len, "source name")?;
                 let from = r.u64(48).map_err(err)?;
+                let raw = if raw {
+                    let at = BEGIN_FIXED_BYTES + name_len + source_len;
+                    fixed(at + RAW_BEGIN_BYTES)?;
+                    let mut root_mac = [0u8; 32];
+                    root_mac.copy_from_slice(r.slice(at, 32).map_err(err)?);
+                    let key_len = usize::from(r.u16(at + 32).map_err(err)?);
+                    r.zeros(at + 34, 6).map_err(err)?;
+                    fixed(at + RAW_BEGIN_BYTES + key_len)?;
+                    let bytes = r.slice(at + RAW_BEGIN_BYTES, key_len).map_err(err)?;
+                    let (key, used) = WrappedKey::decode(bytes).map_err(err)?;
+                    if used != key_len {
+                        return Err(err(FormatError::Invalid {
+                            what: WHAT,
+                            field: "wrapped key length",
+                            value: key_len as u64,
+                        }));
+                    }
+                    Some(Box::new(RawBegin { key, root_mac }))
+                } else {
+                    None
+                };
                 StreamRecord::Begin(StreamBegin {
                     block_bytes: r.u32(12).map_err(err)?,
                     size_bytes: r.u64(16).map_err(err)?,
@@ -304,28 +403,34 @@ impl StreamRecord {
                     name,
                     source,
                     resume_block: if resumed { Some(r.u64(64).map_err(err)?) } else { None },
+                    raw,
                 })
             }
             2 => {
                 fixed(16)?;
                 r.zeros(13, 3).map_err(err)?;
-                let compression = match r.u8(12).map_err(err)? {
-                    0 => BlockCompression::None,
-                    1 => BlockCompression::Lz4,
-                    2 => BlockCompression::Zstd,
-                    value => {
-                        return Err(err(FormatError::Invalid {
-                            what: WHAT,
-                            field: "data compression",
-                            value: u64::from(value),
-                        }))
-                    }
-                };
+                let compression = compression_of(r.u8(12).map_err(err)?).map_err(err)?;
                 StreamRecord::Data {
                     block: r.u64(0).map_err(err)?,
                     lsize: r.u32(8).map_err(err)?,
                     compression,
                     bytes: payload[16..].to_vec(),
+                }
+            }
+            5 => {
+                fixed(RAW_DATA_FIXED_BYTES)?;
+                r.zeros(13, 3).map_err(err)?;
+                r.zeros(36, 4).map_err(err)?;
+                let mut iv = [0u8; 12];
+                iv.copy_from_slice(r.slice(24, 12).map_err(err)?);
+                StreamRecord::RawData {
+                    block: r.u64(0).map_err(err)?,
+                    lsize: r.u32(8).map_err(err)?,
+                    compression: compression_of(r.u8(12).map_err(err)?).map_err(err)?,
+                    salt: r.u64(16).map_err(err)?,
+                    iv,
+                    mac: r.bytes16(40).map_err(err)?,
+                    bytes: payload[RAW_DATA_FIXED_BYTES..].to_vec(),
                 }
             }
             3 => {
@@ -350,6 +455,20 @@ impl StreamRecord {
     }
 }
 
+/// A data record's compression byte.
+fn compression_of(value: u8) -> Result<BlockCompression, FormatError> {
+    match value {
+        0 => Ok(BlockCompression::None),
+        1 => Ok(BlockCompression::Lz4),
+        2 => Ok(BlockCompression::Zstd),
+        value => Err(FormatError::Invalid {
+            what: WHAT,
+            field: "data compression",
+            value: u64::from(value),
+        }),
+    }
+}
+
 /// Writes records in order, numbering them.
 #[derive(Debug)]
 pub struct StreamWriter<W: Write> {
@@ -368,9 +487,7 @@ impl<W: Write> StreamWriter<W> {
         let bytes = record
             .encode(self.sequence)
             .map_err(|source| StreamError::Record { record: self.sequence, cause: source })?;
-        if let StreamRecord::Data { bytes, .. } = record {
-            self.data_bytes += bytes.len() as u64;
-        }
+        self.data_bytes += record.data_len();
         self.out.write_all(&bytes)?;
         self.sequence += 1;
         Ok(())
@@ -454,23 +571,20 @@ impl<R: Read> StreamReader<R> {
             other => other,
         })?;
         let first = record == 0;
-        let wanted = if first { "begin" } else { "data, free or end" };
+        let wanted = if first { "begin" } else { "data, raw data, free or end" };
         if first != matches!(decoded, StreamRecord::Begin(_)) {
             return Err(StreamError::Unexpected { record, kind: decoded.kind_name(), wanted });
         }
-        match &decoded {
-            StreamRecord::Data { bytes, .. } => self.data_bytes += bytes.len() as u64,
-            StreamRecord::End { records, data_bytes } => {
-                if (*records, *data_bytes) != (record, self.data_bytes) {
-                    return Err(at(FormatError::Invalid {
-                        what: WHAT,
-                        field: "end record counts (records or bytes went missing)",
-                        value: *records,
-                    }));
-                }
-                self.ended = true;
+        self.data_bytes += decoded.data_len();
+        if let StreamRecord::End { records, data_bytes } = &decoded {
+            if (*records, *data_bytes) != (record, self.data_bytes) {
+                return Err(at(FormatError::Invalid {
+                    what: WHAT,
+                    field: "end record counts (records or bytes went missing)",
+                    value: *records,
+                }));
             }
-            _ => {}
+            self.ended = true;
         }
         self.sequence += 1;
         Ok(Some(decoded))

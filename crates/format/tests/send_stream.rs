@@ -4,9 +4,11 @@
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
+use std::path::PathBuf;
+
 use sluice_format::{
-    BlockCompression, ResumeToken, StreamBegin, StreamError, StreamReader, StreamRecord,
-    StreamWriter, TokenError,
+    Argon2Params, BlockCompression, CryptSuite, KeyFormat, KeyLocation, RawBegin, ResumeToken,
+    StreamBegin, StreamError, StreamReader, StreamRecord, StreamWriter, TokenError, WrappedKey,
 };
 
 fn records() -> Vec<StreamRecord> {
@@ -21,6 +23,7 @@ fn records() -> Vec<StreamRecord> {
             name: "nightly".into(),
             source: "tank/db".into(),
             resume_block: Some(12),
+            raw: None,
         }),
         StreamRecord::Data {
             block: 3,
@@ -102,7 +105,7 @@ fn a_newer_version_is_refused_clearly() {
     let sum = sluice_format::ChecksumAlg::Xxh3_128.compute(&begin[..len - 16]);
     begin[len - 16..].copy_from_slice(&sum.0);
     let error = read_all(&begin).unwrap_err();
-    assert!(matches!(error, StreamError::NewerVersion { found: 9, newest: 1 }), "{error}");
+    assert!(matches!(error, StreamError::NewerVersion { found: 9, newest: 2 }), "{error}");
     assert!(error.to_string().contains("newer sluice"), "{error}");
 }
 
@@ -130,4 +133,75 @@ fn resume_tokens() {
     assert!(matches!(ResumeToken::decode("1-xyz0"), Err(TokenError::Malformed)));
     assert!(matches!(ResumeToken::decode("2-00"), Err(TokenError::Malformed)));
     assert!(matches!(ResumeToken::decode("1-00"), Err(TokenError::Malformed)));
+}
+
+fn raw_records() -> Vec<StreamRecord> {
+    let key = WrappedKey {
+        guid: 0x5eed,
+        suite: CryptSuite::Aes256Gcm,
+        format: KeyFormat::Passphrase,
+        kdf: Some(Argon2Params { memory_kib: 65536, passes: 3, lanes: 1, salt: [4; 16] }),
+        location: KeyLocation::File("/etc/sluice/db.key".into()),
+        iv: [1; 12],
+        mac: [2; 16],
+        wrapped: [3; 32],
+    };
+    vec![
+        StreamRecord::Begin(StreamBegin {
+            block_bytes: 16384,
+            size_bytes: 1 << 30,
+            guid: 0x1234,
+            txg: 77,
+            creation_secs: 1_795_000_000,
+            from_guid: None,
+            name: "nightly".into(),
+            source: "tank/db".into(),
+            resume_block: None,
+            raw: Some(Box::new(RawBegin { key, root_mac: [9; 32] })),
+        }),
+        StreamRecord::RawData {
+            block: 3,
+            lsize: 16384,
+            compression: BlockCompression::Lz4,
+            salt: 0xabcdef,
+            iv: [5; 12],
+            mac: [6; 16],
+            bytes: vec![0x77; 4096],
+        },
+        StreamRecord::Free { first: 4, count: 60 },
+    ]
+}
+
+/// A raw stream: golden bytes (version 2, the raw flag, the root MAC and the wrapped key in
+/// the begin record, a raw data record with its seal), and a round trip.
+#[test]
+fn raw_streams_round_trip_and_keep_their_layout() {
+    let mut out = Vec::new();
+    let mut writer = StreamWriter::new(&mut out);
+    for record in raw_records() {
+        writer.write(&record).unwrap();
+    }
+    assert_eq!(writer.finish().unwrap(), (3, 4096));
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/raw_stream.bin");
+    if std::env::var_os("SLUICE_BLESS").is_some() {
+        std::fs::write(&path, &out).unwrap();
+    }
+    assert!(std::fs::read(&path).unwrap() == out, "raw stream layout changed");
+    // The begin payload's version is 2 and its flags say raw.
+    assert_eq!(u16::from_le_bytes([out[24 + 8], out[24 + 9]]), 2);
+    assert_eq!(out[24 + 60], 0b10);
+    let got = read_all(&out).unwrap();
+    assert_eq!(got[..3], raw_records()[..]);
+}
+
+/// The raw flag means nothing before version 2: a version 1 begin record with it is refused.
+#[test]
+fn a_raw_flag_in_a_version_1_stream_is_refused() {
+    let mut begin = records()[0].encode(0).unwrap();
+    begin[24 + 60] |= 0b10;
+    let len = begin.len();
+    let sum = sluice_format::ChecksumAlg::Xxh3_128.compute(&begin[..len - 16]);
+    begin[len - 16..].copy_from_slice(&sum.0);
+    let error = read_all(&begin).unwrap_err();
+    assert!(error.to_string().contains("begin flags"), "{error}");
 }

@@ -11,8 +11,9 @@ use super::{pool_of, split_snapshot, split_volume, Ctx};
 /// What `sluice send` sends.
 #[derive(Clone, Debug)]
 pub enum SendWhat {
-    /// `POOL/VOL@SNAP`, whole or (`from`) since an older snapshot.
-    Snapshot { spec: String, from: Option<String> },
+    /// `POOL/VOL@SNAP`, whole or (`from`) since an older snapshot; `raw` (`-w`): an
+    /// encrypted volume as it is stored, with its wrapped key.
+    Snapshot { spec: String, from: Option<String>, raw: bool },
     /// `-t TOKEN`: the rest of an interrupted receive's stream.
     Resume(sluice_format::ResumeToken),
 }
@@ -22,9 +23,10 @@ impl SendWhat {
         spec: Option<String>,
         from: Option<String>,
         token: Option<String>,
+        raw: bool,
     ) -> anyhow::Result<SendWhat> {
         match (spec, token) {
-            (Some(spec), None) => Ok(SendWhat::Snapshot { spec, from }),
+            (Some(spec), None) => Ok(SendWhat::Snapshot { spec, from, raw }),
             (None, Some(token)) => {
                 Ok(SendWhat::Resume(sluice_format::ResumeToken::decode(&token)?))
             }
@@ -49,12 +51,24 @@ impl SendWhat {
     ) -> anyhow::Result<String> {
         let mut emit = |record| writer.write(&record);
         let (what, summary) = match self {
-            SendWhat::Snapshot { spec, from } => {
+            SendWhat::Snapshot { spec, from, raw } => {
                 let (_, volume, snapshot) = split_snapshot(spec)?;
                 let from = from.as_deref().map(|f| f.rsplit('@').next().unwrap_or(f));
-                let summary = store.send_snapshot(volume, snapshot, from, &mut emit).await?;
+                let summary = if *raw {
+                    store.send_snapshot_raw(volume, snapshot, from, &mut emit).await?
+                } else {
+                    store.send_snapshot(volume, snapshot, from, &mut emit).await?
+                };
+                let raw = if *raw && store.volume_info(volume).is_some_and(|v| v.key_family != 0) {
+                    " (raw)"
+                } else {
+                    ""
+                };
                 (
-                    format!("{spec}{}", from.map(|f| format!(" from @{f}")).unwrap_or_default()),
+                    format!(
+                        "{spec}{}{raw}",
+                        from.map(|f| format!(" from @{f}")).unwrap_or_default()
+                    ),
                     summary,
                 )
             }

@@ -77,7 +77,23 @@ impl Pool {
             .map_err(|source| self.undecodable(bp, source))
     }
 
-    fn undecodable(&self, bp: &BlockPointer, source: zio::UnsealError) -> PoolError {
+    /// [`Pool::unseal`]'s decrypt stage where the stored bytes lie ([`zio::open_in_place`]).
+    pub fn open_in_place(&self, bp: &BlockPointer, stored: &mut [u8]) -> Result<(), PoolError> {
+        zio::open_in_place(self.zio().keys(), bp, stored)
+            .map_err(|source| self.undecodable(bp, source))
+    }
+
+    /// The logical bytes of a block opened in place (decompressed if it is compressed).
+    pub fn decompressed(&self, bp: &BlockPointer, opened: &[u8]) -> Result<AlignedBuf, PoolError> {
+        if bp.compression == sluice_format::BlockCompression::None {
+            return Ok(AlignedBuf::copy_from(&opened[..bp.lsize_bytes() as usize]));
+        }
+        zio::compress::decompress(bp, opened)
+            .map_err(|source| self.undecodable(bp, zio::UnsealError::Decompress(source)))
+    }
+
+    /// The error of a block whose stored bytes verified but do not open or decompress.
+    pub(crate) fn undecodable(&self, bp: &BlockPointer, source: zio::UnsealError) -> PoolError {
         let pool = self.name().to_owned();
         let block = format!(
             "the block of txg {} at offset {} of top-level vdev {}",

@@ -258,6 +258,13 @@ pub enum PoolError {
         "pool {pool}: an error injected at the {stage} stage of a {writer} block (an armed fault)"
     )]
     Injected { pool: String, stage: crate::zio::Stage, writer: crate::zio::Writer },
+    /// A block a raw receive wrote in place failed its write: its bytes are another pool's
+    /// ciphertext, which no sync can write again (the receive fails and is undone).
+    #[error(
+        "pool {pool}: block {block} of {volume}, written in place by a raw receive, failed its \
+         write; receive the stream again"
+    )]
+    RawBlockUnwritten { pool: String, volume: String, block: u64 },
     #[error("pool {pool}: no valid uberblock on any leaf; the labels are damaged")]
     NoUberblock { pool: String },
     #[error("pool {pool}: leaf {path}: {cause}")]

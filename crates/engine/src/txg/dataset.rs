@@ -235,6 +235,10 @@ pub(super) struct VolumeState {
     /// The volume's intent log; `None` while import replays the old chain (the directory
     /// keeps pointing at it until replay is complete).
     pub(super) log: Option<Arc<LogWriter>>,
+    /// A raw receive writes it: every data block it holds dirty is ciphertext already written
+    /// in place, which its sync links and never seals, and its root keeps the MAC it has
+    /// (the stream's is set when the receive ends).
+    pub(super) raw_receive: bool,
 }
 
 /// A settable volume property (`sluice vol set`).
@@ -270,6 +274,7 @@ impl Dataset {
                 open: BTreeMap::new(),
                 syncing: BTreeMap::new(),
                 prewritten: BTreeMap::new(),
+                raw_receive: false,
                 log,
             }),
         })
@@ -489,8 +494,8 @@ impl Store {
         let mut entry = VolumeEntry::new(id, name, size_bytes, block_bytes, levels);
         entry.reservation_bytes = reservation_bytes;
         entry.key_family = key_family;
-        if key_family != 0 {
-            let key = self.spa.pool().zio().keys().get(key_family).expect("a new family's key");
+        // A raw receive's volume may lack the key; the stream gives its root's MAC at the end.
+        if let Some(key) = self.spa.pool().zio().keys().get(key_family) {
             entry.root_mac = key.root_mac(key_family, None);
         }
         dsl.insert(name.to_owned(), Dataset::new(entry, log, self.txg.limits()));

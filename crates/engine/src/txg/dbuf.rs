@@ -273,6 +273,9 @@ pub(super) enum Apply {
     Live,
     /// Replaying the record with this sequence.
     Replay(u64),
+    /// A raw receive's blocks, already sealed and written in place (or its frees): not
+    /// logged, and taken without the key, which a raw stream's volume need not have.
+    Receive,
 }
 
 /// The bytes of a write: borrowed, or handed over by a caller that no longer needs them (the

@@ -22,7 +22,7 @@ use sluice_format::{
 };
 
 use super::dataset::{check_volume_name, unique_bytes, Dsl, RECEIVE_PREFIX};
-use super::dbuf::{Block, Prewritten};
+use super::dbuf::{Apply, Block, Prewritten};
 use super::dmu_send::StreamSummary;
 use super::{Dataset, Store, StoreError};
 use crate::device::AlignedBuf;
@@ -30,6 +30,15 @@ use crate::intent_log::DataWrite;
 use crate::pool::PoolError;
 use crate::zio::compress::decompress_stored;
 use crate::zio::{BlockProps, Issue, Writer};
+
+/// An encrypted data block of a raw stream, not yet written: its ciphertext and seal.
+struct RawReceived {
+    block: u64,
+    lsize: u32,
+    compression: BlockCompression,
+    sealing: crate::zio::crypt::Sealing,
+    bytes: Vec<u8>,
+}
 
 /// A data block of a stream, not yet written.
 struct Received {
@@ -45,6 +54,7 @@ struct Received {
 #[derive(Default)]
 struct InPlace {
     batch: Vec<Received>,
+    raw_batch: Vec<RawReceived>,
     writes: Vec<DataWrite>,
     failed: Arc<Mutex<Option<PoolError>>>,
 }
@@ -143,12 +153,38 @@ impl Store {
             self.sync().await?;
         }
         let existing = self.dataset(target).ok().map(|d| d.state.lock().entry.clone());
-        if existing.as_ref().is_some_and(|e| e.key_family != 0) {
-            return Err(StoreError::NotWithEncryption {
-                pool: self.spa.pool().name().to_owned(),
-                volume: target.to_owned(),
-                what: "receive",
-            });
+        let existing_family = existing.as_ref().map(|e| e.key_family);
+        match (&begin.raw, existing_family) {
+            // OpenZFS's errata #4 came from taking one kind of stream onto the other.
+            (None, Some(family)) if family != 0 => {
+                return Err(refuse(
+                    "it is encrypted, and the stream is not raw: send it with `sluice send -w`, \
+                     which carries the blocks as they are encrypted"
+                        .to_owned(),
+                ))
+            }
+            (Some(raw), Some(family)) if family != raw.key.guid => {
+                return Err(refuse(if family == 0 {
+                    "the stream is raw (encrypted) and the volume is not encrypted: a raw stream \
+                     applies only to a volume received from raw streams of the same key"
+                        .to_owned()
+                } else {
+                    format!(
+                        "the stream is raw, of key family {:#018x}, and the volume is of key \
+                         family {family:#018x}: a raw stream applies only to the volume its \
+                         full stream made",
+                        raw.key.guid
+                    )
+                }))
+            }
+            (Some(_), _) if mode == ReceiveMode::Resumable || begin.resume_block.is_some() => {
+                return Err(StoreError::NotWithEncryption {
+                    pool: self.spa.pool().name().to_owned(),
+                    volume: target.to_owned(),
+                    what: "a resumable receive of a raw stream (receive it without -s)",
+                })
+            }
+            _ => {}
         }
         let incremental = existing.is_some() && begin.from_guid.is_some();
         if let Some(resume_block) = begin.resume_block {
@@ -219,6 +255,11 @@ impl Store {
             Ok(mut summary) => {
                 summary.records += 1;
                 self.finish_receive(target, &hidden, &begin).await?;
+                // Its blocks are synced and its root's MAC is the stream's: from now on it
+                // is a volume of its family like any other.
+                if let Ok(received) = self.dataset(target) {
+                    received.state.lock().raw_receive = false;
+                }
                 Ok(summary)
             }
             Err(error) if resumable && self.dataset(&hidden).is_ok() => {
@@ -277,10 +318,26 @@ impl Store {
                  send incrementally from a snapshot both pools have"
                     .to_owned(),
             )),
-            (None, None) => {
-                self.create_volume_with(hidden, begin.size_bytes, begin.block_bytes, false)?;
-                Ok(())
-            }
+            (None, None) => match &begin.raw {
+                None => {
+                    self.create_volume_with(hidden, begin.size_bytes, begin.block_bytes, false)?;
+                    Ok(())
+                }
+                Some(raw) => {
+                    // The feature first, as for a new encryption root (dsl_crypt.rs); then
+                    // the stream's key family, kept as it came unless the pool has it already
+                    // (a stream sent back to where it came from).
+                    let pool = self.spa.pool();
+                    pool.activate_encryption(pool.uberblock().txg + 1).await?;
+                    let guid = self.spa.crypt().adopt(raw.key.clone());
+                    let bs = begin.block_bytes;
+                    let made = self.create_volume_in(hidden, begin.size_bytes, bs, false, guid);
+                    self.spa.crypt().adopted(guid);
+                    made?;
+                    self.dataset(hidden)?.state.lock().raw_receive = true;
+                    Ok(())
+                }
+            },
             (Some(_), None) => Err(refuse(
                 "it does not exist, and an incremental stream applies to a volume with its older \
                  snapshot; send the whole snapshot first"
@@ -312,7 +369,17 @@ impl Store {
                     return Err(refuse(format!("it already has a snapshot {}", begin.name)));
                 }
                 let newest = newest.map(|s| s.name.clone()).unwrap_or_default();
+                if begin.raw.is_some() && entry.size_bytes != begin.size_bytes {
+                    return Err(StoreError::NotWithEncryption {
+                        pool: self.spa.pool().name().to_owned(),
+                        volume: target.to_owned(),
+                        what: "a raw incremental stream of a volume that was resized",
+                    });
+                }
                 self.clone_snapshot(target, &newest, hidden).await?;
+                if begin.raw.is_some() {
+                    self.dataset(hidden)?.state.lock().raw_receive = true;
+                }
                 let size = self.dataset(hidden)?.size_bytes();
                 if size != begin.size_bytes {
                     self.resize_volume(hidden, begin.size_bytes).await?;
@@ -418,7 +485,63 @@ impl Store {
                 since_checkpoint = 0;
             }
             let record = next().map_err(stream_error)?;
+            let raw = begin.raw.is_some();
+            match (&record, raw) {
+                (Some(StreamRecord::Data { .. }), true)
+                | (Some(StreamRecord::RawData { .. }), false) => {
+                    return Err(StoreError::ReceiveRefused {
+                        pool: self.spa.pool().name().to_owned(),
+                        volume: hidden.to_owned(),
+                        reason: format!(
+                            "record {} is a {} record in a stream that {} raw",
+                            summary.records + 1,
+                            record.as_ref().map_or("", StreamRecord::kind_name),
+                            if raw { "is" } else { "is not" }
+                        ),
+                    })
+                }
+                _ => {}
+            }
             match record {
+                Some(StreamRecord::RawData { block, lsize, compression, salt, iv, mac, bytes }) => {
+                    if block >= blocks || u64::from(lsize) != bs {
+                        return Err(bad(format!("block {block}")));
+                    }
+                    if block < expected {
+                        return Err(out_of_order(format!("block {block}"), expected));
+                    }
+                    let unit = self.spa.pool().unit_bytes();
+                    if bytes.is_empty() || bytes.len() as u64 % unit != 0 || bytes.len() as u64 > bs
+                    {
+                        return Err(StoreError::ReceiveRefused {
+                            pool: self.spa.pool().name().to_owned(),
+                            volume: hidden.to_owned(),
+                            reason: format!(
+                                "block {block} is {} bytes as stored, not whole {unit}-byte \
+                                 units of this pool (nor at most a block): a raw block is \
+                                 stored as it was sealed",
+                                bytes.len()
+                            ),
+                        });
+                    }
+                    let travelled = bytes.len() as u64;
+                    let sealing = crate::zio::crypt::Sealing { salt, iv, mac };
+                    in_place.raw_batch.push(RawReceived {
+                        block,
+                        lsize,
+                        compression,
+                        sealing,
+                        bytes,
+                    });
+                    if in_place.raw_batch.len() as u64 * bs >= crate::zio::WRITE_SPAN_BYTES_MAX {
+                        self.write_in_place(&dataset, bs, in_place, progress).await?;
+                    }
+                    expected = block + 1;
+                    since_checkpoint += bs;
+                    summary.records += 1;
+                    summary.data_blocks += 1;
+                    summary.data_bytes += travelled;
+                }
                 Some(StreamRecord::Data { block, lsize, compression, bytes }) => {
                     if block >= blocks || u64::from(lsize) != bs {
                         return Err(bad(format!("block {block}")));
@@ -453,7 +576,12 @@ impl Store {
                         return Err(out_of_order(format!("free {first}+{count}"), expected));
                     }
                     self.write_in_place(&dataset, bs, in_place, progress).await?;
-                    self.zero_in(&dataset, first * bs, (end - first) * bs).await?;
+                    let (at, len) = (first * bs, (end - first) * bs);
+                    if raw {
+                        self.modify(&dataset, at, len, None, Apply::Receive).await?;
+                    } else {
+                        self.zero_in(&dataset, at, len).await?;
+                    }
                     *progress = end;
                     expected = end;
                     summary.records += 1;
@@ -463,6 +591,11 @@ impl Store {
                     summary.records += 1;
                     self.write_in_place(&dataset, bs, in_place, progress).await?;
                     in_place.settle().await?;
+                    if let Some(raw) = &begin.raw {
+                        // The tree is the sender's, block for block: its root's MAC is the
+                        // sender's too, checked when the key is loaded here.
+                        dataset.state.lock().entry.root_mac = raw.root_mac;
+                    }
                     return Ok(summary);
                 }
                 Some(StreamRecord::Begin(_)) | None => {
@@ -488,6 +621,9 @@ impl Store {
         in_place: &mut InPlace,
         progress: &mut u64,
     ) -> Result<(), StoreError> {
+        if !in_place.raw_batch.is_empty() {
+            return self.write_raw_in_place(dataset, bs, in_place, progress).await;
+        }
         let batch = std::mem::take(&mut in_place.batch);
         for received in &batch {
             self.write_in(dataset, received.block * bs, &received.logical).await?;
@@ -584,6 +720,111 @@ impl Store {
             });
         }
         Ok(())
+    }
+
+    /// Writes a batch of a raw stream's blocks in place as they came (ciphertext, with their
+    /// seals in the pointers), and puts each in the open txg with the record that its sync
+    /// links it: the sync never seals such a block (`VolumeState::raw_receive`). There is no
+    /// falling back to the sync as for other streams: a block whose place cannot be had fails
+    /// the receive.
+    async fn write_raw_in_place(
+        &self,
+        dataset: &Dataset,
+        bs: u64,
+        in_place: &mut InPlace,
+        progress: &mut u64,
+    ) -> Result<(), StoreError> {
+        let batch = std::mem::take(&mut in_place.raw_batch);
+        let family = dataset.state.lock().entry.key_family;
+        let txg = self.txg.lock().open_txg();
+        let mut sealed = Vec::with_capacity(batch.len());
+        for received in &batch {
+            // What the open txg holds of it: the ciphertext in a block-sized buffer, which
+            // nothing reads (the volume is hidden) and the sync never writes; its length is
+            // the block's logical size, as the pointer says.
+            let mut logical = AlignedBuf::zeroed(bs as usize);
+            logical[..received.bytes.len()].copy_from_slice(&received.bytes);
+            let mut props = BlockProps::data(Writer::Receive, txg, Compression::Off);
+            props.crypt = crate::zio::PropsCrypt::Encrypt { family, convergent: false };
+            let logical = Arc::new(logical);
+            let mut block =
+                self.spa.pool().seal_raw(props, logical, &received.bytes, received.compression)?;
+            debug_assert_eq!(block.psize(), received.bytes.len() as u64, "whole units, checked");
+            debug_assert_eq!(u64::from(received.lsize), bs);
+            block.sealing = Some(received.sealing);
+            sealed.push(block);
+        }
+        let mut placed: Vec<(u32, u64, u64)> = Vec::with_capacity(sealed.len());
+        {
+            let mut allocator = self.spa.allocator().lock();
+            for block in &sealed {
+                match allocator.allocate_indirect(block.psize()) {
+                    Ok(at) => placed.push(at),
+                    Err(source) => {
+                        for &(vdev, start, len) in &placed {
+                            allocator.release_indirect(vdev, start, len);
+                        }
+                        return Err(StoreError::Pool(PoolError::NoSpace {
+                            pool: self.spa.pool().name().to_owned(),
+                            cause: source,
+                        }));
+                    }
+                }
+            }
+        }
+        let mut writes = Vec::new();
+        let mut stored = Vec::with_capacity(placed.len());
+        for run in crate::zio::span_runs(&placed, self.spa.pool().root().write_span_bytes()) {
+            let (vdev, _, _) = placed[run.start];
+            let pieces = crate::zio::run_blocks(&placed, run.clone(), |i| &sealed[i].stored);
+            let (done, written) = futures::channel::oneshot::channel::<bool>();
+            let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
+            for i in run {
+                let bp = crate::zio::describe(&sealed[i], &placed[i..=i]);
+                let data = Arc::clone(&sealed[i].logical);
+                stored.push((batch[i].block, Prewritten { data, bp, write: write.clone() }));
+            }
+            in_place.writes.push(write);
+            writes.push((vdev, pieces, done));
+        }
+        // Each block and its record go into the open txg together, before the writes start,
+        // so that a sync beginning now waits for them; the writes are started whatever
+        // happens here (a block whose record did not go in is freed by the sync that finds
+        // it orphaned).
+        let mut registered = Ok(());
+        let mut orphaned = Vec::new();
+        for (index, block) in stored {
+            if registered.is_err() {
+                orphaned.push(block);
+                continue;
+            }
+            let at = index * bs;
+            registered = self
+                .modify_with(dataset, at, bs, None, Apply::Receive, vec![(index, block.clone())])
+                .await
+                .map(|_| ());
+            if registered.is_err() {
+                orphaned.push(block);
+            } else {
+                *progress = index + 1;
+            }
+        }
+        if !orphaned.is_empty() {
+            self.txg.lock().queue(super::dataset::Orphaned(orphaned));
+        }
+        for (vdev, run, done) in writes {
+            let pool = Arc::clone(self.spa.pool());
+            let failed = Arc::clone(&in_place.failed);
+            self.spa.pool().env().spawn("received block write", async move {
+                let written = pool.issue_run(Writer::Receive, vdev, run, Issue::ASYNC).await;
+                let ok = written.is_ok();
+                if let Err(error) = written {
+                    failed.lock().get_or_insert(error);
+                }
+                let _ = done.send(ok);
+            });
+        }
+        registered
     }
 
     /// Snapshots the complete hidden volume as the sender's snapshot and puts it in the

@@ -10,8 +10,8 @@
 
 use futures::StreamExt;
 use sluice_format::{
-    BlockCompression, BlockPointer, ResumeToken, StreamBegin, StreamError, StreamRecord,
-    BLKPTR_BYTES, COMPRESSED_HEADER_BYTES,
+    BlockCompression, BlockCrypt, BlockPointer, RawBegin, ResumeToken, StreamBegin, StreamError,
+    StreamRecord, BLKPTR_BYTES, COMPRESSED_HEADER_BYTES,
 };
 
 use super::dataset::Dsl;
@@ -44,7 +44,23 @@ impl Store {
         from: Option<&str>,
         emit: &mut (dyn FnMut(StreamRecord) -> Result<(), StreamError> + Send),
     ) -> Result<StreamSummary, StoreError> {
-        send_snapshot_from(&self.spa, &self.dsl, volume, snapshot, from, None, emit).await
+        let what = SendWhat { volume, snapshot, from, resume_block: None, raw: false };
+        send_snapshot_from(&self.spa, &self.dsl, what, emit).await
+    }
+
+    /// [`Store::send_snapshot`] raw (ZFS: `zfs send -w`): an encrypted volume's blocks as
+    /// they are stored (ciphertext, salts, nonces, tags) with its wrapped key and the keyed MAC
+    /// of the snapshot's root, so that a receiver stores it without the key. Needs no key here
+    /// either. A volume that is not encrypted is sent as [`Store::send_snapshot`] sends it.
+    pub async fn send_snapshot_raw(
+        &self,
+        volume: &str,
+        snapshot: &str,
+        from: Option<&str>,
+        emit: &mut (dyn FnMut(StreamRecord) -> Result<(), StreamError> + Send),
+    ) -> Result<StreamSummary, StoreError> {
+        let what = SendWhat { volume, snapshot, from, resume_block: None, raw: true };
+        send_snapshot_from(&self.spa, &self.dsl, what, emit).await
     }
 
     /// Sends what an interrupted receive still needs (ZFS: `zfs send -t TOKEN`): the stream
@@ -92,9 +108,25 @@ impl Store {
             })?),
         };
         let (to, from) = (to.name.clone(), from.map(|f| f.name.clone()));
-        let (from, resume) = (from.as_deref(), Some(token.next_block));
-        send_snapshot_from(&self.spa, &self.dsl, &volume, &to, from, resume, emit).await
+        let what = SendWhat {
+            volume: &volume,
+            snapshot: &to,
+            from: from.as_deref(),
+            resume_block: Some(token.next_block),
+            raw: false,
+        };
+        send_snapshot_from(&self.spa, &self.dsl, what, emit).await
     }
+}
+
+/// What a send sends: `volume@snapshot`, since `from` if incremental, from `resume_block` on
+/// if resumed, raw or not.
+struct SendWhat<'a> {
+    volume: &'a str,
+    snapshot: &'a str,
+    from: Option<&'a str>,
+    resume_block: Option<u64>,
+    raw: bool,
 }
 
 /// [`Store::send_snapshot`]; a resumed stream leaves out every block before
@@ -102,21 +134,27 @@ impl Store {
 async fn send_snapshot_from(
     spa: &Spa,
     dsl: &Dsl,
-    volume: &str,
-    snapshot: &str,
-    from: Option<&str>,
-    resume_block: Option<u64>,
+    what: SendWhat<'_>,
     emit: &mut (dyn FnMut(StreamRecord) -> Result<(), StreamError> + Send),
 ) -> Result<StreamSummary, StoreError> {
+    let SendWhat { volume, snapshot, from, resume_block, raw } = what;
     spa.check_live()?;
     let dataset = dsl.dataset(volume)?;
     let entry = dataset.state.lock().entry.clone();
-    if entry.key_family != 0 {
+    let raw = raw && entry.key_family != 0;
+    if entry.key_family != 0 && !raw {
         // A stream of its stored bytes would carry ciphertext without what decrypts it.
         return Err(StoreError::NotWithEncryption {
             pool: spa.pool().name().to_owned(),
             volume: volume.to_owned(),
-            what: "send",
+            what: "a send that is not raw (send it with -w)",
+        });
+    }
+    if raw && resume_block.is_some() {
+        return Err(StoreError::NotWithEncryption {
+            pool: spa.pool().name().to_owned(),
+            volume: volume.to_owned(),
+            what: "resuming a raw stream",
         });
     }
     let find = |name: &str| {
@@ -143,6 +181,19 @@ async fn send_snapshot_from(
         }
     }
     let stream_error = |source| StoreError::Stream { volume: volume.to_owned(), cause: source };
+    let raw_begin = if raw {
+        let key = spa.crypt().find(entry.key_family).ok_or_else(|| StoreError::Key {
+            pool: spa.pool().name().to_owned(),
+            volume: volume.to_owned(),
+            cause: crate::zio::crypt::CryptError::Kdf(format!(
+                "key family {:#018x} is not in the pool",
+                entry.key_family
+            )),
+        })?;
+        Some(Box::new(RawBegin { key, root_mac: to.root_mac }))
+    } else {
+        None
+    };
     let mut summary = StreamSummary::default();
     emit(StreamRecord::Begin(StreamBegin {
         block_bytes: entry.block_bytes,
@@ -154,6 +205,7 @@ async fn send_snapshot_from(
         name: to.name.clone(),
         source: format!("{}/{volume}", spa.pool().name()),
         resume_block,
+        raw: raw_begin,
     }))
     .map_err(stream_error)?;
     summary.records += 1;
@@ -183,7 +235,7 @@ async fn send_snapshot_from(
                     if first < resume_block {
                         continue;
                     }
-                    let record = data_record(spa.pool(), first, &bp).await?;
+                    let record = data_record(spa.pool(), first, &bp, raw).await?;
                     out.data(record).map_err(stream_error)?;
                     continue;
                 }
@@ -229,7 +281,7 @@ async fn send_snapshot_from(
                 let mut ready = futures::stream::iter(steps)
                     .map(|step| async move {
                         match step {
-                            Leaf::Data(first, bp) => data_record(spa.pool(), first, &bp).await,
+                            Leaf::Data(first, bp) => data_record(spa.pool(), first, &bp, raw).await,
                             Leaf::Hole(first, count) => Ok(StreamRecord::Free { first, count }),
                         }
                     })
@@ -312,7 +364,7 @@ impl Emitter<'_> {
 
     fn data(&mut self, record: StreamRecord) -> Result<(), StreamError> {
         self.flush_free()?;
-        if let StreamRecord::Data { bytes, .. } = &record {
+        if let StreamRecord::Data { bytes, .. } | StreamRecord::RawData { bytes, .. } = &record {
             self.summary.data_bytes += bytes.len() as u64;
         }
         (self.emit)(record)?;
@@ -323,13 +375,27 @@ impl Emitter<'_> {
 }
 
 /// Data block `block` as a send record: its bytes as stored, verified against `bp`
-/// (a compressed block without the padding to its allocation unit).
+/// (a compressed block without the padding to its allocation unit; an encrypted one, raw,
+/// with it, since its tag covers every byte).
 async fn data_record(
     pool: &Pool,
     block: u64,
     bp: &BlockPointer,
+    raw: bool,
 ) -> Result<StreamRecord, StoreError> {
     let stored = pool.read_block(bp, IoClass::AsyncRead).await?;
+    if let (true, BlockCrypt::Encrypted { salt, iv, mac, .. }) = (raw, bp.crypt) {
+        let psize = (bp.psize_bytes() as usize).min(stored.len());
+        return Ok(StreamRecord::RawData {
+            block,
+            lsize: bp.lsize_bytes() as u32,
+            compression: bp.compression,
+            salt,
+            iv,
+            mac,
+            bytes: stored[..psize].to_vec(),
+        });
+    }
     let lsize = bp.lsize_bytes() as usize;
     let len = if bp.compression == BlockCompression::None {
         lsize.min(stored.len())

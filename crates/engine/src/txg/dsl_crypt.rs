@@ -10,6 +10,9 @@
 //! a sync writes what they hold dirty, and only then is its key forgotten, so no sync meets a
 //! block it cannot encrypt.
 //!
+//! A family no volume names any more (its last volume destroyed) is dropped by the next sync,
+//! its wrapped key and, if loaded, its key with it.
+//!
 //! The first family made turns on the pool's `encryption` feature (every label lists it from
 //! then on, and the directory is written at V7), so a build that does not know encryption
 //! refuses the pool by that name rather than misreading it.
@@ -42,6 +45,9 @@ struct Families {
     /// take no writes until it has (a write applied before an older record would be
     /// overwritten by it).
     awaiting_log: BTreeSet<u64>,
+    /// Families being made, whose volume is not in the namespace yet: kept by a sync that
+    /// finds no volume naming them.
+    creating: BTreeSet<u64>,
 }
 
 impl DslCrypt {
@@ -52,17 +58,52 @@ impl DslCrypt {
                 wrapped,
                 closing: BTreeSet::new(),
                 awaiting_log: BTreeSet::new(),
+                creating: BTreeSet::new(),
             }),
         }
     }
 
-    /// The wrapped keys, as the next directory records them.
-    pub(super) fn wrapped(&self) -> Vec<WrappedKey> {
-        self.state.lock().wrapped.clone()
+    /// The wrapped keys the next directory records: those of the families in `in_use` (named
+    /// by a volume) or being made. The others are dropped here, and their keys unloaded from
+    /// `keys`: the last volume of the family was destroyed, and nothing can need the key again.
+    pub(super) fn keep_in_use(
+        &self,
+        in_use: &BTreeSet<u64>,
+        keys: &crypt::Keystore,
+    ) -> Vec<WrappedKey> {
+        let mut state = self.state.lock();
+        let Families { wrapped, creating, .. } = &mut *state;
+        wrapped.retain(|k| {
+            let keep = in_use.contains(&k.guid) || creating.contains(&k.guid);
+            if !keep {
+                keys.unload(k.guid);
+            }
+            keep
+        });
+        wrapped.clone()
     }
 
-    fn find(&self, guid: u64) -> Option<WrappedKey> {
+    pub(super) fn find(&self, guid: u64) -> Option<WrappedKey> {
         self.state.lock().wrapped.iter().find(|k| k.guid == guid).cloned()
+    }
+
+    /// Takes a raw stream's key family into the pool, unless it has it already (a stream
+    /// sent back to where it came from: the wrapped key kept is the pool's own, which a
+    /// `key change` there may have made newer); returns its guid. Kept by every sync until
+    /// [`DslCrypt::adopted`], whether or not a volume names it yet.
+    pub(super) fn adopt(&self, key: WrappedKey) -> u64 {
+        let mut state = self.state.lock();
+        let guid = key.guid;
+        if !state.wrapped.iter().any(|k| k.guid == guid) {
+            state.wrapped.push(key);
+        }
+        state.creating.insert(guid);
+        guid
+    }
+
+    /// Ends [`DslCrypt::adopt`]'s hold: from now on the family is kept while a volume names it.
+    pub(super) fn adopted(&self, guid: u64) {
+        self.state.lock().creating.remove(&guid);
     }
 
     /// Whether a volume of family `guid` may take writes now: its key is loaded and not
@@ -188,13 +229,19 @@ impl Store {
         let next_txg = pool.uberblock().txg + 1;
         pool.activate_encryption(next_txg).await?;
         let family = FamilyKey::new(master).map_err(crypt_error)?;
-        self.spa.crypt().state.lock().wrapped.push(wrapped);
+        {
+            let mut state = self.spa.crypt().state.lock();
+            state.wrapped.push(wrapped);
+            state.creating.insert(guid);
+        }
         pool.zio().keys().load(guid, family);
         let created = self.create_volume_in(name, size_bytes, block_bytes, thick, guid);
+        let mut state = self.spa.crypt().state.lock();
+        state.creating.remove(&guid);
         if created.is_err() {
             // No volume names the family: it goes (a sync that wrote it meanwhile wrote an
             // unused record, which the next drops).
-            self.spa.crypt().state.lock().wrapped.retain(|k| k.guid != guid);
+            state.wrapped.retain(|k| k.guid != guid);
             pool.zio().keys().unload(guid);
         }
         created
@@ -242,7 +289,8 @@ impl Store {
         // is not loaded. The trees' blocks are checked as they are read, against their parents.
         for dataset in self.dsl.read().values() {
             let entry = dataset.state.lock().entry.clone();
-            if entry.key_family != wrapped.guid {
+            // A receive's hidden volume gets its root's MAC when the stream is whole.
+            if entry.key_family != wrapped.guid || super::dataset::is_hidden(&entry.name) {
                 continue;
             }
             let trees = std::iter::once((entry.name.clone(), entry.root, entry.root_mac)).chain(
@@ -363,6 +411,12 @@ impl Store {
             .map(|d| std::sync::Arc::strong_count(d.requests()) - 1)
             .sum();
         Ok(handles)
+    }
+
+    /// The guids of the key families the pool records (each an encryption root's, shared by
+    /// its snapshots and clones).
+    pub fn key_families(&self) -> Vec<u64> {
+        self.spa.crypt().state.lock().wrapped.iter().map(|k| k.guid).collect()
     }
 
     /// Whether `volume`'s key is loaded.

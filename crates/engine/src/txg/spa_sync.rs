@@ -205,7 +205,9 @@ struct Quiesced {
     admitted: (u64, u64, u64),
 }
 
-type VolumeWork = (VolumeEntry, u8, BTreeMap<u64, Block>, BTreeMap<u64, Prewritten>);
+/// A volume's entry, levels on disk, syncing blocks, the blocks among them already written in
+/// place, and whether a raw receive writes it (`VolumeState::raw_receive`).
+type VolumeWork = (VolumeEntry, u8, BTreeMap<u64, Block>, BTreeMap<u64, Prewritten>, bool);
 
 impl Store {
     /// Starts the task that syncs every `txg.timeout_ms`, or early when dirty data builds up
@@ -421,6 +423,7 @@ impl SyncHandle<'_> {
                 volume.disk_levels,
                 volume.syncing.clone(),
                 std::mem::take(&mut volume.prewritten),
+                volume.raw_receive,
             ));
         }
         Quiesced { txg, work, tasks, admitted }
@@ -501,7 +504,12 @@ impl SyncHandle<'_> {
                     leaves: self.spa.pool().leaf_records(),
                     scan,
                 }),
-                key_families: self.spa.crypt().wrapped(),
+                // A family no volume names any more goes (its key too, if loaded).
+                key_families: {
+                    let in_use: std::collections::BTreeSet<u64> =
+                        dsl.values().map(|d| d.state.lock().entry.key_family).collect();
+                    self.spa.crypt().keep_in_use(&in_use, self.spa.pool().zio().keys())
+                },
             }
         };
         (anchored, headers, directory)
@@ -586,7 +594,7 @@ async fn write_volumes(
 ) -> Result<BTreeMap<String, SyncedTree>, PoolError> {
     let txg = ctx.txg;
     let mut roots = BTreeMap::new();
-    for (entry, disk_levels, blocks, prewritten) in work {
+    for (entry, disk_levels, blocks, prewritten, raw) in work {
         let (replaced_before, born_before) = (ctx.replaced.len(), ctx.born.len());
         // Patched blocks are completed first, up to SYNC_WRITES_IN_FLIGHT at once, in
         // block order. Blocks of ordinary volumes are then allocated in that order and
@@ -604,7 +612,7 @@ async fn write_volumes(
         let updates: BTreeMap<u64, Option<BlockPointer>> = if dedup == DedupMode::Off {
             let span_bytes = spa.pool().root().write_span_bytes() as usize;
             let per_span = (span_bytes / block_bytes).max(1);
-            let (ctx, prewritten) = (&*ctx, &prewritten);
+            let (ctx, prewritten, name) = (&*ctx, &prewritten, entry.name.as_str());
             let written: Vec<Vec<(u64, Option<BlockPointer>)>> = completed
                 .try_chunks(per_span)
                 .map_err(|futures::stream::TryChunksError(_, e)| e)
@@ -623,6 +631,15 @@ async fn write_volumes(
                                         linked.push((*index, p.bp));
                                         continue;
                                     }
+                                }
+                                if raw {
+                                    // Its bytes are ciphertext, sealed by the sender: sealed
+                                    // again they would be garbage. Its write failed.
+                                    return Err(PoolError::RawBlockUnwritten {
+                                        pool: spa.pool().name().to_owned(),
+                                        volume: name.to_owned(),
+                                        block: *index,
+                                    });
                                 }
                                 plain.push(Arc::clone(bytes));
                             }
@@ -695,7 +712,11 @@ async fn write_volumes(
                 if updates.get(&index) == Some(&Some(p.bp)) {
                     let dva = p.bp.dvas[0];
                     allocator.adopt_log(dva.vdev, dva.offset_bytes(), dva.asize_bytes());
-                    spa.pool().cache().insert(&p.bp, p.data);
+                    // Not a raw receive's: its buffer holds ciphertext, not the block's
+                    // logical bytes (a read decrypts it from the disk, with the key).
+                    if !raw {
+                        spa.pool().cache().insert(&p.bp, p.data);
+                    }
                 } else {
                     unused.push(p);
                 }
@@ -731,7 +752,8 @@ async fn write_volumes(
         let family = Family::of(&entry);
         // An encrypted volume's new root gets its MAC from the family's key, which a root
         // that changed needs: only writes change it, and they are refused without the key.
-        let root_mac = if entry.key_family == 0 {
+        let root_mac = if entry.key_family == 0 || raw {
+            // A raw receive's root gets the stream's MAC when the receive ends.
             entry.root_mac
         } else if let Some(key) = spa.pool().zio().keys().get(entry.key_family) {
             key.root_mac(entry.key_family, root.as_ref())

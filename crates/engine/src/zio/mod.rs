@@ -827,10 +827,26 @@ pub fn unseal(
     bp: &BlockPointer,
     mut stored: AlignedBuf,
 ) -> Result<AlignedBuf, UnsealError> {
+    open_in_place(keys, bp, &mut stored)?;
+    if bp.compression == BlockCompression::None {
+        return Ok(stored);
+    }
+    Ok(compress::decompress(bp, &stored)?)
+}
+
+/// The decrypt stage alone, where the stored bytes lie (a span read of several blocks opens
+/// each in the span's buffer, with no copy): checks an indirect block's children's MACs, and
+/// decrypts an encrypted block in place (its tag checked). `stored` stays compressed if the
+/// block is.
+pub fn open_in_place(
+    keys: &crypt::Keystore,
+    bp: &BlockPointer,
+    stored: &mut [u8],
+) -> Result<(), UnsealError> {
     // An indirect block of an encrypted tree: its children must be the ones its parent
     // hashed (a child swapped for another, or for an older version of itself, is not).
     if let BlockCrypt::ChildrenMac(hash) = bp.crypt {
-        if crypt::children_mac_of_bytes(&stored) != Some(hash) {
+        if crypt::children_mac_of_bytes(stored) != Some(hash) {
             return Err(UnsealError::Authentication);
         }
     }
@@ -844,15 +860,12 @@ pub fn unseal(
             bp.kind,
             bp.level,
         );
-        key.open(&mut stored, &aad, &crypt::Sealing { salt, iv, mac }).map_err(|e| match e {
+        key.open(stored, &aad, &crypt::Sealing { salt, iv, mac }).map_err(|e| match e {
             crypt::CryptError::Authentication => UnsealError::Authentication,
             other => UnsealError::Crypt(other),
         })?;
     }
-    if bp.compression == BlockCompression::None {
-        return Ok(stored);
-    }
-    Ok(compress::decompress(bp, &stored)?)
+    Ok(())
 }
 
 #[cfg(test)]
