@@ -161,5 +161,18 @@ refused "send it with -w" sh -c "'$bin' send en/db@s1 >/dev/null"
 [ "$(exports)" = "back big db " ] || fail "exports are '$(exports)', want back (its key is db's) too"
 qemu-img compare -f raw -F raw "nbd://$tcp/db@s1" "nbd://$tcp/back" >/dev/null \
   || fail "qemu-img compare: the copy sent back differs from the snapshot"
+step "a volume that is not encrypted moves into encryption: send | recv --encryption"
+"$bin" vol create en/old --size 16M -s >/dev/null
+fio --name=old --ioengine=nbd --uri="nbd://$tcp/old" --rw=write --bs=1M --size=12M \
+  --refill_buffers >/dev/null 2>&1 || fail "fio writing old"
+"$bin" snapshot create en/old@m >/dev/null
+head -c 32 /dev/urandom >"$work/new.key"
+chmod 600 "$work/new.key"
+"$bin" send en/old@m 2>/dev/null | "$bin" recv en/new --encryption on --keyformat raw \
+  --keylocation "file://$work/new.key" 2>/dev/null || fail "send | recv --encryption"
+"$bin" vol get en/new encryption keystatus -H | grep -q "keystatus	available" \
+  || fail "the received volume is not encrypted with its key loaded"
+qemu-img compare -f raw -F raw "nbd://$tcp/old@m" "nbd://$tcp/new" >/dev/null \
+  || fail "qemu-img compare: the volume moved into encryption differs"
 stop
 step "all passed in $((SECONDS - began)) s"

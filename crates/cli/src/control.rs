@@ -457,8 +457,14 @@ fn stream_command(
         let text: String = frames.iter().map(Frame::to_line).collect();
         let _ = (&stream).write_all(text.as_bytes());
     };
-    let (spec, resumable) = match command {
-        Command::Recv { spec, resumable, .. } => (spec, resumable),
+    let (spec, resumable, new_key) = match command {
+        Command::Recv { spec, resumable, encrypt, .. } => {
+            let new_key = match encrypt.new_key(&spec) {
+                Ok(key) => key,
+                Err(e) => return write(&[Frame::failed(&e)]),
+            };
+            (spec, resumable, new_key)
+        }
         Command::Send { spec, from, token, raw } => {
             let what = match SendWhat::new(spec, from, token, raw) {
                 Ok(what) => what,
@@ -502,7 +508,16 @@ fn stream_command(
     let result = {
         let mut next = || reader.next_record();
         let mode = if resumable { ReceiveMode::Resumable } else { ReceiveMode::Whole };
-        handle.block_on(store.receive(&volume, mode, &mut next))
+        match new_key {
+            Some(key) if !resumable => {
+                handle.block_on(store.receive_encrypted(&volume, key, &mut next))
+            }
+            Some(_) => Err(crate::pools::replication::not_resumable_encrypted(
+                store.pool().name(),
+                &volume,
+            )),
+            None => handle.block_on(store.receive(&volume, mode, &mut next)),
+        }
     };
     match result {
         Ok(summary) => {

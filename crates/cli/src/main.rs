@@ -159,6 +159,9 @@ enum Command {
         /// stream.
         #[arg(short = 'A', conflicts_with = "resumable")]
         abort: bool,
+        #[command(flatten)]
+        #[serde(default)]
+        encrypt: pools::key::EncryptArgs,
     },
     /// Load, unload or change the key of an encrypted volume (zfs load-key, unload-key,
     /// change-key). The key is read here, from the terminal or the key file, and handed to the
@@ -747,6 +750,8 @@ pub(crate) async fn run_pool_command(ctx: &mut Ctx<'_>, command: Command) -> any
             }
         },
         Command::Recv { spec, abort: true, .. } => replication::recv_abort(ctx, &spec).await,
+        // Received here only by the control socket's own path (control.rs), which carries the
+        // stream.
         Command::Serve { .. }
         | Command::Send { .. }
         | Command::Recv { .. }
@@ -1107,22 +1112,30 @@ fn run(
                 |env| async move { pools::replication::send(&mut Ctx::local(&env), &what).await },
             )
         }
-        Command::Recv { spec, resumable, abort: true } => on_runtime(|env| async move {
+        Command::Recv { spec, resumable, abort: true, encrypt } => on_runtime(|env| async move {
             let pool = pools::pool_of(&spec).to_owned();
-            let command = Command::Recv { spec, resumable, abort: true };
+            let command = Command::Recv { spec, resumable, abort: true, encrypt };
             per_pools(&env, vec![(pool, command)], Format::Text, Vec::new()).await
         }),
-        Command::Recv { spec, resumable, abort: false } => on_runtime(|env| async move {
+        Command::Recv { spec, resumable, abort: false, encrypt } => on_runtime(|env| async move {
             let pool = pools::pool_of(&spec).to_owned();
             // What a receive says goes to standard error, as `send`'s does: a pipeline's
-            // standard output is its data.
+            // standard output is its data. A passphrase typed for the new volume comes from
+            // the terminal (a piped standard input carries the stream).
             let said = |replies| eprint!("{}", pools::output::render_all(replies, Format::Text));
-            let request = Command::Recv { spec: spec.clone(), resumable, abort: false };
+            let encrypt = encrypt.with_key(&spec)?;
+            let request = Command::Recv {
+                spec: spec.clone(),
+                resumable,
+                abort: false,
+                encrypt: encrypt.clone(),
+            };
             if let Some(forwarded) = control::forward_recv(&pool, &request, &mut std::io::stdin()) {
                 return forwarded.map(said);
             }
             let mut ctx = Ctx::local(&env);
-            let result = pools::replication::recv(&mut ctx, &spec, resumable).await;
+            let new_key = encrypt.new_key(&spec)?;
+            let result = pools::replication::recv(&mut ctx, &spec, resumable, new_key).await;
             said(ctx.replies);
             result
         }),

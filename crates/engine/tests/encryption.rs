@@ -595,6 +595,16 @@ fn a_family_without_volumes_is_dropped() {
     .unwrap();
 }
 
+/// A second pool's two disks, named b0 and b1 (the first pool's are leg0 and leg1).
+fn second_pool_legs(sim: &Sim) -> Vec<SimDevice> {
+    (0..2)
+        .map(|i| {
+            let name = format!("b{i}");
+            SimDevice::new(&sim.env(), &name, SimProfile::Instant, LEG_BYTES, Default::default())
+        })
+        .collect()
+}
+
 /// A raw stream of `volume@snapshot` (since `from`), as bytes.
 async fn send_raw(store: &Store, volume: &str, snapshot: &str, from: Option<&str>) -> Vec<u8> {
     let mut out = Vec::new();
@@ -624,17 +634,7 @@ async fn receive_stream(store: &Store, target: &str, stream: &[u8]) -> Result<()
 fn raw_streams_carry_an_encrypted_volume_without_its_key() {
     let sim = Sim::new(47);
     let a_legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
-    let b_legs: Vec<SimDevice> = (0..2)
-        .map(|i| {
-            SimDevice::new(
-                &sim.env(),
-                &format!("b{i}"),
-                SimProfile::Instant,
-                LEG_BYTES,
-                Default::default(),
-            )
-        })
-        .collect();
+    let b_legs = second_pool_legs(&sim);
     let env = sim.env();
     sim.run(async move {
         let a = common::mirror_store(&env, common::leaf_specs(&a_legs), &Tunables::default()).await;
@@ -722,6 +722,72 @@ fn raw_streams_carry_an_encrypted_volume_without_its_key() {
         assert!(b.read("copy@s1", 0, 4096).await.is_ok());
         b.export().await.unwrap();
         a.export().await.unwrap();
+    })
+    .unwrap();
+}
+
+/// A volume that is not encrypted moves into encryption by a full stream received into a new
+/// encrypted volume: none of its data reaches the receiving pool's disks in the clear, and it
+/// reads back with the new key after an import. An incremental stream is refused for it.
+#[test]
+fn a_plain_stream_is_received_into_a_new_encrypted_volume() {
+    let sim = Sim::new(49);
+    let a_legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
+    let b_legs = second_pool_legs(&sim);
+    let env = sim.env();
+    sim.run(async move {
+        let a = common::mirror_store(&env, common::leaf_specs(&a_legs), &Tunables::default()).await;
+        let b = common::mirror_store(&env, common::leaf_specs(&b_legs), &Tunables::default()).await;
+        a.create_volume("plain", VOLUME_BYTES, 16384).unwrap();
+        let data = pattern();
+        a.write("plain", 0, &data).await.unwrap();
+        a.create_snapshots(&[("plain".to_owned(), "s1".to_owned())], 1).await.unwrap();
+        a.write("plain", 0, &[3; 16384]).await.unwrap();
+        a.create_snapshots(&[("plain".to_owned(), "s2".to_owned())], 2).await.unwrap();
+        let stream = |from: Option<&'static str>, to: &'static str| {
+            let a = &a;
+            async move {
+                let mut out = Vec::new();
+                let mut writer = sluice_format::StreamWriter::new(&mut out);
+                {
+                    let mut emit = |record| writer.write(&record);
+                    a.send_snapshot("plain", to, from, &mut emit).await.unwrap();
+                }
+                writer.finish().unwrap();
+                out
+            }
+        };
+        let full = stream(None, "s1").await;
+        {
+            let mut reader = sluice_format::StreamReader::new(&full[..]);
+            let mut next = || reader.next_record();
+            b.receive_encrypted("moved", raw_key(8), &mut next).await.unwrap();
+        }
+        assert_eq!(b.key_status("moved").unwrap(), KeyStatus::Available);
+        assert!(b.read("moved", 0, VOLUME_BYTES).await.unwrap() == data);
+        let incremental = stream(Some("s1"), "s2").await;
+        let refused = {
+            let mut reader = sluice_format::StreamReader::new(&incremental[..]);
+            let mut next = || reader.next_record();
+            b.receive_encrypted("moved", raw_key(8), &mut next).await.unwrap_err()
+        };
+        assert!(refused.to_string().contains("a full stream"), "{refused}");
+        b.export().await.unwrap();
+        let text = &data[40_000..40_064];
+        let random = &data[VOLUME_BYTES as usize / 2 + 5000..][..64];
+        for leg in &b_legs {
+            let bytes = leg_bytes(leg).await;
+            assert!(!bytes.windows(64).any(|w| w == text || w == random), "plaintext on b");
+        }
+        let pool = Pool::import(&env, common::leaf_specs(&b_legs), "tank", &Tunables::default())
+            .await
+            .unwrap();
+        let b = Store::open(pool, &Tunables::default()).await.unwrap();
+        assert_eq!(b.key_status("moved").unwrap(), KeyStatus::Unavailable);
+        b.load_key("moved", &UserKey::new(vec![8; 32])).await.unwrap();
+        assert!(b.read("moved", 0, VOLUME_BYTES).await.unwrap() == data);
+        assert!(b.read("moved@s1", 0, VOLUME_BYTES).await.unwrap() == data);
+        b.export().await.unwrap();
     })
     .unwrap();
 }

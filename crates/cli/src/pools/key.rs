@@ -98,6 +98,64 @@ pub fn check_keylocation(value: &str) -> Result<String, String> {
     parse_keylocation(value).map(|_| value.to_owned())
 }
 
+/// `recv`'s options that receive a stream into a new encrypted volume (zfs receive -o
+/// encryption=on -o keyformat=… -o keylocation=…), and the key the command read for it.
+#[derive(clap::Args, Clone, Debug, Serialize, Deserialize)]
+pub struct EncryptArgs {
+    /// Receive a full stream that is not raw into a new encrypted volume: on
+    /// (aes-256-gcm), aes-256-gcm or off (default). How an existing volume moves into
+    /// encryption (`sluice send tank/old@s | sluice recv --encryption on --keyformat
+    /// passphrase tank/new`). Needs --keyformat.
+    #[arg(long, value_parser = check_encryption, default_value = "off")]
+    pub encryption: String,
+    /// raw, hex or passphrase, as for `vol create`.
+    #[arg(long, value_parser = check_keyformat)]
+    pub keyformat: Option<String>,
+    /// prompt (default) or file:///ABSOLUTE/PATH, as for `vol create`.
+    #[arg(long, value_parser = check_keylocation)]
+    pub keylocation: Option<String>,
+    /// The key, read by the command before it is sent.
+    #[arg(skip)]
+    #[serde(default)]
+    pub key: Option<KeyMaterial>,
+}
+
+impl Default for EncryptArgs {
+    fn default() -> EncryptArgs {
+        EncryptArgs { encryption: "off".to_owned(), keyformat: None, keylocation: None, key: None }
+    }
+}
+
+impl EncryptArgs {
+    /// The options with the key read for `spec`, if they ask for encryption (a prompt asks
+    /// twice for a passphrase). Done by the command the user runs, before anything is sent.
+    pub fn with_key(mut self, spec: &str) -> anyhow::Result<EncryptArgs> {
+        let settings =
+            Encrypt::from_args(&self.encryption, self.keyformat.clone(), self.keylocation.clone())?;
+        if let Some(settings) = settings {
+            self.key = Some(match settings.location {
+                // Standard input carries the stream: a prompt is answered at the terminal.
+                KeyLocation::Prompt => read_key_at_terminal(spec, settings.format)?,
+                location => read_key(spec, settings.format, &location, true)?,
+            });
+        }
+        Ok(self)
+    }
+
+    /// The new volume's key, if the options ask for encryption.
+    pub fn new_key(&self, spec: &str) -> anyhow::Result<Option<NewKey>> {
+        let settings =
+            Encrypt::from_args(&self.encryption, self.keyformat.clone(), self.keylocation.clone())?;
+        match settings {
+            None => Ok(None),
+            Some(settings) => {
+                let key = self.key.as_ref().ok_or_else(|| no_key(spec))?;
+                Ok(Some(new_key(settings.format, settings.location, key)))
+            }
+        }
+    }
+}
+
 /// What `vol create --encryption on` was told of the new key.
 #[derive(Clone, Debug)]
 pub struct Encrypt {
@@ -238,13 +296,43 @@ pub fn read_key(
     }
 }
 
+/// A new key typed at the controlling terminal (`/dev/tty`), twice, for a command whose
+/// standard input is taken (`recv`'s stream).
+fn read_key_at_terminal(spec: &str, format: KeyFormat) -> anyhow::Result<KeyMaterial> {
+    let tty = std::fs::File::open("/dev/tty").with_context(|| {
+        format!(
+            "the stream comes on standard input, so {spec}'s key is asked at the terminal, and \
+             there is none: give it in a file (--keylocation file:///PATH, mode 600)"
+        )
+    })?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&tty);
+    let mut lines = std::io::BufReader::new(tty);
+    let what = if format == KeyFormat::Passphrase { "passphrase" } else { "key" };
+    let first = prompt_hidden_on(&format!("Enter {what} for '{spec}': "), fd, &mut lines)?;
+    let again = prompt_hidden_on(&format!("Re-enter {what} for '{spec}': "), fd, &mut lines)?;
+    if again.0 != first.0 {
+        anyhow::bail!("the two {what}s for {spec} differ; nothing was received");
+    }
+    Ok(first)
+}
+
 /// Reads a line from the terminal with echo turned off (restored after, whatever happens).
 fn prompt_hidden(prompt: &str) -> anyhow::Result<KeyMaterial> {
+    prompt_hidden_on(prompt, libc::STDIN_FILENO, &mut std::io::stdin().lock())
+}
+
+/// [`prompt_hidden`] on `input`, the terminal whose descriptor is `fd` (standard input or
+/// `/dev/tty`).
+fn prompt_hidden_on(
+    prompt: &str,
+    fd: std::os::fd::RawFd,
+    input: &mut dyn std::io::BufRead,
+) -> anyhow::Result<KeyMaterial> {
     let mut err = std::io::stderr();
     let _ = write!(err, "{prompt}");
     let _ = err.flush();
-    let fd = libc::STDIN_FILENO;
-    // SAFETY: tcgetattr/tcsetattr on standard input with a termios owned here.
+    // SAFETY: tcgetattr/tcsetattr on the terminal `fd`, open for this call, with a termios
+    // owned here.
     let saved = unsafe {
         let mut t: libc::termios = std::mem::zeroed();
         (libc::tcgetattr(fd, &mut t) == 0).then_some(t)
@@ -255,7 +343,7 @@ fn prompt_hidden(prompt: &str) -> anyhow::Result<KeyMaterial> {
         unsafe { libc::tcsetattr(fd, libc::TCSANOW, &quiet) };
     }
     let mut line = String::new();
-    let read = std::io::stdin().read_line(&mut line);
+    let read = input.read_line(&mut line);
     if let Some(saved) = saved {
         // SAFETY: as above.
         unsafe { libc::tcsetattr(fd, libc::TCSANOW, &saved) };

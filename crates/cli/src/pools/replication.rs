@@ -103,7 +103,13 @@ pub async fn send(ctx: &mut Ctx<'_>, what: &SendWhat) -> anyhow::Result<()> {
 }
 
 /// `recv [-s] POOL/VOL` into a pool opened here: a stream from standard input.
-pub async fn recv(ctx: &mut Ctx<'_>, spec: &str, resumable: bool) -> anyhow::Result<()> {
+/// `recv POOL/VOL [-s]`, or with `new_key` into a new encrypted volume.
+pub async fn recv(
+    ctx: &mut Ctx<'_>,
+    spec: &str,
+    resumable: bool,
+    new_key: Option<sluice_engine::NewKey>,
+) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
     let store = ctx.hold(pool).await?;
     store.run_syncer();
@@ -114,13 +120,26 @@ pub async fn recv(ctx: &mut Ctx<'_>, spec: &str, resumable: bool) -> anyhow::Res
     let mode = if resumable { ReceiveMode::Resumable } else { ReceiveMode::Whole };
     let result = {
         let mut next = || reader.next_record();
-        store.receive(volume, mode, &mut next).await
+        match new_key {
+            Some(key) if !resumable => store.receive_encrypted(volume, key, &mut next).await,
+            Some(_) => Err(not_resumable_encrypted(pool, volume)),
+            None => store.receive(volume, mode, &mut next).await,
+        }
     };
     let released = store.release().await;
     let summary = result?;
     released?;
     ctx.done(received(spec, &summary));
     Ok(())
+}
+
+/// `recv -s --encryption`: refused, not built.
+pub fn not_resumable_encrypted(pool: &str, volume: &str) -> sluice_engine::StoreError {
+    sluice_engine::StoreError::NotWithEncryption {
+        pool: pool.to_owned(),
+        volume: volume.to_owned(),
+        what: "a resumable receive into a new encrypted volume (receive it without -s)",
+    }
 }
 
 /// What a receive into `spec` took in, in words.

@@ -24,7 +24,7 @@ use sluice_format::{
 use super::dataset::{check_volume_name, unique_bytes, Dsl, RECEIVE_PREFIX};
 use super::dbuf::{Apply, Block, Prewritten};
 use super::dmu_send::StreamSummary;
-use super::{Dataset, Store, StoreError};
+use super::{Dataset, NewKey, Store, StoreError};
 use crate::device::AlignedBuf;
 use crate::intent_log::DataWrite;
 use crate::pool::PoolError;
@@ -39,6 +39,10 @@ struct RawReceived {
     sealing: crate::zio::crypt::Sealing,
     bytes: Vec<u8>,
 }
+
+/// A run of blocks written as one I/O, not started yet: its vdev, its blocks, and where its
+/// end is told.
+type PendingRun = (u32, Vec<crate::vdev::RunBlock>, futures::channel::oneshot::Sender<bool>);
 
 /// A data block of a stream, not yet written.
 struct Received {
@@ -127,6 +131,29 @@ impl Store {
         mode: ReceiveMode,
         next: &mut (dyn FnMut() -> Result<Option<StreamRecord>, StreamError> + Send),
     ) -> Result<StreamSummary, StoreError> {
+        self.receive_with(target, mode, None, next).await
+    }
+
+    /// [`Store::receive`] of a full stream that is not raw into a new encrypted volume, the
+    /// root of a new key family with the user's `key` (ZFS: `zfs receive -o encryption=on`):
+    /// how an existing volume moves into encryption, since none is encrypted in place. Its
+    /// blocks are encrypted as the syncs write them, never stored in the clear.
+    pub async fn receive_encrypted(
+        &self,
+        target: &str,
+        key: NewKey,
+        next: &mut (dyn FnMut() -> Result<Option<StreamRecord>, StreamError> + Send),
+    ) -> Result<StreamSummary, StoreError> {
+        self.receive_with(target, ReceiveMode::Whole, Some(key), next).await
+    }
+
+    async fn receive_with(
+        &self,
+        target: &str,
+        mode: ReceiveMode,
+        encrypt: Option<NewKey>,
+        next: &mut (dyn FnMut() -> Result<Option<StreamRecord>, StreamError> + Send),
+    ) -> Result<StreamSummary, StoreError> {
         self.spa.check_live()?;
         check_volume_name(target)?;
         let stream_error = |source| StoreError::Stream { volume: target.to_owned(), cause: source };
@@ -154,6 +181,21 @@ impl Store {
         }
         let existing = self.dataset(target).ok().map(|d| d.state.lock().entry.clone());
         let existing_family = existing.as_ref().map(|e| e.key_family);
+        if encrypt.is_some() {
+            let why = if begin.raw.is_some() {
+                Some("the stream is raw: it keeps the key it was sent with")
+            } else if begin.from_guid.is_some() || begin.resume_block.is_some() {
+                Some(
+                    "a new encrypted volume is made by a full stream; an incremental one \
+                      applies to the volume its full stream made",
+                )
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(refuse(format!("--encryption: {why}")));
+            }
+        }
         match (&begin.raw, existing_family) {
             // OpenZFS's errata #4 came from taking one kind of stream onto the other.
             (None, Some(family)) if family != 0 => {
@@ -221,7 +263,7 @@ impl Store {
                         .to_owned(),
                 ));
             }
-            self.receive_target(target, &hidden, &begin, existing.as_ref()).await?;
+            self.receive_target(target, &hidden, &begin, existing.as_ref(), encrypt).await?;
             if mode == ReceiveMode::Resumable {
                 let dataset = self.dataset(&hidden)?;
                 dataset.state.lock().entry.receive = Some(ReceiveState {
@@ -306,6 +348,7 @@ impl Store {
         hidden: &str,
         begin: &StreamBegin,
         existing: Option<&sluice_format::VolumeEntry>,
+        encrypt: Option<NewKey>,
     ) -> Result<(), StoreError> {
         let refuse = |reason: String| StoreError::ReceiveRefused {
             pool: self.spa.pool().name().to_owned(),
@@ -320,7 +363,13 @@ impl Store {
             )),
             (None, None) => match &begin.raw {
                 None => {
-                    self.create_volume_with(hidden, begin.size_bytes, begin.block_bytes, false)?;
+                    let (size, bs) = (begin.size_bytes, begin.block_bytes);
+                    match encrypt {
+                        Some(key) => {
+                            self.create_encrypted_volume(hidden, size, bs, false, key).await?
+                        }
+                        None => self.create_volume_with(hidden, size, bs, false)?,
+                    }
                     Ok(())
                 }
                 Some(raw) => {
@@ -634,7 +683,9 @@ impl Store {
         let (txg, held) = {
             let txg = self.txg.lock();
             let v = dataset.state.lock();
-            if v.entry.dedup != DedupMode::Off {
+            // Nor an encrypted volume's (a receive into a new one): the stream's blocks are
+            // plain, and the sync encrypts them as it writes them.
+            if v.entry.dedup != DedupMode::Off || v.entry.key_family != 0 {
                 return Ok(());
             }
             let held: Vec<Option<Arc<AlignedBuf>>> = batch
@@ -666,21 +717,7 @@ impl Store {
                 }
             }
         }
-        let mut writes = Vec::new();
-        let mut prewritten = Vec::with_capacity(placed.len());
-        for run in crate::zio::span_runs(&placed, self.spa.pool().root().write_span_bytes()) {
-            let (vdev, _, _) = placed[run.start];
-            let pieces = crate::zio::run_blocks(&placed, run.clone(), |i| &sealed[i].stored);
-            let (done, written) = futures::channel::oneshot::channel::<bool>();
-            let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
-            for i in run {
-                let bp = crate::zio::describe(&sealed[i], &placed[i..=i]);
-                let data = Arc::clone(&sealed[i].logical);
-                prewritten.push((blocks[i], Prewritten { data, bp, write: write.clone() }));
-            }
-            in_place.writes.push(write);
-            writes.push((vdev, pieces, done));
-        }
+        let (prewritten, writes) = self.runs_of(&sealed, &placed, |i| blocks[i], in_place);
         // Recorded for the sync before the writes start, so that a sync beginning now waits
         // for them; a block that left the open txg meanwhile is orphaned (the next sync frees
         // it once its write ends).
@@ -707,6 +744,41 @@ impl Store {
                 open.queue(super::dataset::Orphaned(orphaned));
             }
         }
+        self.start_runs(writes, in_place);
+        Ok(())
+    }
+
+    /// The writes of `sealed` blocks at their `placed` places, a span of blocks back to back
+    /// at a time: each block's record for the sync (block `index_of(i)`, the pointer, the
+    /// write it waits for), and the runs to start ([`Store::start_runs`]).
+    fn runs_of(
+        &self,
+        sealed: &[crate::zio::Sealed],
+        placed: &[(u32, u64, u64)],
+        index_of: impl Fn(usize) -> u64,
+        in_place: &mut InPlace,
+    ) -> (Vec<(u64, Prewritten)>, Vec<PendingRun>) {
+        let mut writes = Vec::new();
+        let mut records = Vec::with_capacity(placed.len());
+        for run in crate::zio::span_runs(placed, self.spa.pool().root().write_span_bytes()) {
+            let (vdev, _, _) = placed[run.start];
+            let pieces = crate::zio::run_blocks(placed, run.clone(), |i| &sealed[i].stored);
+            let (done, written) = futures::channel::oneshot::channel::<bool>();
+            let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
+            for i in run {
+                let bp = crate::zio::describe(&sealed[i], &placed[i..=i]);
+                let data = Arc::clone(&sealed[i].logical);
+                records.push((index_of(i), Prewritten { data, bp, write: write.clone() }));
+            }
+            in_place.writes.push(write);
+            writes.push((vdev, pieces, done));
+        }
+        (records, writes)
+    }
+
+    /// Starts the runs [`Store::runs_of`] made; the first that fails fails the receive
+    /// (`InPlace::settle`).
+    fn start_runs(&self, writes: Vec<PendingRun>, in_place: &InPlace) {
         for (vdev, run, done) in writes {
             let pool = Arc::clone(self.spa.pool());
             let failed = Arc::clone(&in_place.failed);
@@ -719,7 +791,6 @@ impl Store {
                 let _ = done.send(ok);
             });
         }
-        Ok(())
     }
 
     /// Writes a batch of a raw stream's blocks in place as they came (ciphertext, with their
@@ -772,21 +843,7 @@ impl Store {
                 }
             }
         }
-        let mut writes = Vec::new();
-        let mut stored = Vec::with_capacity(placed.len());
-        for run in crate::zio::span_runs(&placed, self.spa.pool().root().write_span_bytes()) {
-            let (vdev, _, _) = placed[run.start];
-            let pieces = crate::zio::run_blocks(&placed, run.clone(), |i| &sealed[i].stored);
-            let (done, written) = futures::channel::oneshot::channel::<bool>();
-            let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
-            for i in run {
-                let bp = crate::zio::describe(&sealed[i], &placed[i..=i]);
-                let data = Arc::clone(&sealed[i].logical);
-                stored.push((batch[i].block, Prewritten { data, bp, write: write.clone() }));
-            }
-            in_place.writes.push(write);
-            writes.push((vdev, pieces, done));
-        }
+        let (stored, writes) = self.runs_of(&sealed, &placed, |i| batch[i].block, in_place);
         // Each block and its record go into the open txg together, before the writes start,
         // so that a sync beginning now waits for them; the writes are started whatever
         // happens here (a block whose record did not go in is freed by the sync that finds
@@ -812,18 +869,7 @@ impl Store {
         if !orphaned.is_empty() {
             self.txg.lock().queue(super::dataset::Orphaned(orphaned));
         }
-        for (vdev, run, done) in writes {
-            let pool = Arc::clone(self.spa.pool());
-            let failed = Arc::clone(&in_place.failed);
-            self.spa.pool().env().spawn("received block write", async move {
-                let written = pool.issue_run(Writer::Receive, vdev, run, Issue::ASYNC).await;
-                let ok = written.is_ok();
-                if let Err(error) = written {
-                    failed.lock().get_or_insert(error);
-                }
-                let _ = done.send(ok);
-            });
-        }
+        self.start_runs(writes, in_place);
         registered
     }
 
