@@ -308,6 +308,10 @@ pub async fn serve(
         Some(name) => pools::open_store(env, name, &options.tunables).await?,
         None => default_store(env, &options).await?,
     };
+    if !store.key_families().is_empty() {
+        // Keys may be loaded into this process, now or by `key load`.
+        crate::pools::key::keep_keys_out_of_core_dumps();
+    }
     load_file_keys(&store).await;
     let store = Arc::new(store);
     store.run_syncer();

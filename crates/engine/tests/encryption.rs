@@ -791,3 +791,41 @@ fn a_plain_stream_is_received_into_a_new_encrypted_volume() {
     })
     .unwrap();
 }
+
+/// A resilver with the key unloaded brings back a leg that missed an encrypted volume's
+/// writes (it copies ciphertext, checked by its checksums): with the other leg gone and the
+/// key loaded, the volume reads whole from it.
+#[test]
+fn resilver_repairs_an_encrypted_volume_without_its_key() {
+    use sluice_engine::device::sim::Fault;
+    use std::sync::Arc;
+
+    let sim = Sim::new(51);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
+    let env = sim.env();
+    sim.run(async move {
+        let store = Arc::new(
+            common::mirror_store(&env, common::leaf_specs(&legs), &Tunables::default()).await,
+        );
+        store.create_encrypted_volume("db", VOLUME_BYTES, 16384, false, raw_key(9)).await.unwrap();
+        let mut data = pattern();
+        store.write("db", 0, &data[..VOLUME_BYTES as usize / 2]).await.unwrap();
+        store.sync().await.unwrap();
+        store.offline_leaf("leg1", true).await.unwrap();
+        // Written while leg1 is away: only leg0 has it.
+        store.write("db", VOLUME_BYTES / 2, &data[VOLUME_BYTES as usize / 2..]).await.unwrap();
+        data[..16384].fill(0x33);
+        store.write("db", 0, &[0x33; 16384]).await.unwrap();
+        store.unload_key("db").await.unwrap();
+        let (_, resilvering) = store.online_leaf("leg1").await.unwrap();
+        assert!(resilvering, "leg1 missed txgs");
+        store.wait_scan().await;
+        let status = store.scan_status().unwrap();
+        assert_eq!(status.unrecoverable, 0, "{status:?}");
+        assert!(status.repaired_copies > 0, "{status:?}");
+        legs[0].inject(Fault::Lost);
+        store.load_key("db", &UserKey::new(vec![9; 32])).await.unwrap();
+        assert!(store.read("db", 0, VOLUME_BYTES).await.unwrap() == data);
+    })
+    .unwrap();
+}

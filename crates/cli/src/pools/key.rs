@@ -247,6 +247,17 @@ pub fn location_text(location: &KeyLocation) -> String {
     }
 }
 
+/// Keeps this process's memory, which holds a key from now on, out of core dumps where Linux
+/// allows (`PR_SET_DUMPABLE` 0: no core file, and no other user's ptrace or /proc/PID/mem).
+/// Called by every process that reads or loads a key: the command that reads it, and the
+/// server that holds it.
+pub fn keep_keys_out_of_core_dumps() {
+    // SAFETY: prctl with PR_SET_DUMPABLE takes integers only and changes no memory.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
+}
+
 /// Reads `spec`'s key in `format` from `location`. A passphrase typed for a new key is asked
 /// for twice (`confirm`), as `zfs create` does.
 pub fn read_key(
@@ -255,6 +266,7 @@ pub fn read_key(
     location: &KeyLocation,
     confirm: bool,
 ) -> anyhow::Result<KeyMaterial> {
+    keep_keys_out_of_core_dumps();
     match location {
         KeyLocation::File(path) => {
             let bytes = std::fs::read(path).with_context(|| {
@@ -299,6 +311,7 @@ pub fn read_key(
 /// A new key typed at the controlling terminal (`/dev/tty`), twice, for a command whose
 /// standard input is taken (`recv`'s stream).
 fn read_key_at_terminal(spec: &str, format: KeyFormat) -> anyhow::Result<KeyMaterial> {
+    keep_keys_out_of_core_dumps();
     let tty = std::fs::File::open("/dev/tty").with_context(|| {
         format!(
             "the stream comes on standard input, so {spec}'s key is asked at the terminal, and \
@@ -357,8 +370,10 @@ fn prompt_hidden_on(
     Ok(KeyMaterial(bytes))
 }
 
-/// The key `vol create --encryption` gives the new volume.
+/// The key `vol create --encryption` (or `key change`, `recv --encryption`) gives a volume,
+/// in the process that will hold it.
 pub fn new_key(format: KeyFormat, location: KeyLocation, key: &KeyMaterial) -> NewKey {
+    keep_keys_out_of_core_dumps();
     NewKey { format, location, key: key.user_key() }
 }
 
@@ -375,6 +390,7 @@ fn no_key(spec: &str) -> anyhow::Error {
 pub async fn load(ctx: &mut Ctx<'_>, spec: &str, key: Option<&KeyMaterial>) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
     let key = key.ok_or_else(|| no_key(spec))?;
+    keep_keys_out_of_core_dumps();
     let store = ctx.hold(pool).await?;
     let replayed_before = store.log_stats().records_replayed.get();
     store.load_key(volume, &key.user_key()).await?;
@@ -523,6 +539,15 @@ mod tests {
         let made = Encrypt::from_args("on", Some("raw".into()), None).unwrap().unwrap();
         assert_eq!((made.format, made.location), (KeyFormat::Raw, KeyLocation::Prompt));
         assert!(check_new_volume_name("tank/db@s").is_err());
+    }
+
+    /// A process that read a key cannot dump core (nor be read by another user).
+    #[test]
+    fn reading_a_key_makes_the_process_undumpable() {
+        keep_keys_out_of_core_dumps();
+        // SAFETY: prctl with PR_GET_DUMPABLE reads a flag.
+        let dumpable = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) };
+        assert_eq!(dumpable, 0);
     }
 
     /// A key file is read as it is; an unreadable one is named with the volume it was for.
