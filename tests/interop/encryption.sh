@@ -114,11 +114,41 @@ wait "$fio_pid" || { cat "$work/fio.out"; fail "fio failed or a block did not ve
 fio_pid=""
 grep -q "err= 0" "$work/fio.out" || { cat "$work/fio.out"; fail "fio reported errors"; }
 
+# A client connected to pp that sends nothing: it reports when its connection is closed
+# under it.
+nbdsh_idle() {
+  /usr/bin/python3 - "$tcp" <<'PY'
+import sys, time, nbd
+h = nbd.NBD()
+h.connect_uri(f"nbd://{sys.argv[1]}/pp")
+print("connected", flush=True)
+deadline = time.time() + 20
+while time.time() < deadline:
+    # No request: only the connection is watched, so it is closed as an idle one.
+    try:
+        h.poll(200)
+    except nbd.Error as e:
+        print("closed:", e, flush=True)
+        sys.exit(0)
+    if h.aio_is_dead() or h.aio_is_closed():
+        print("closed", flush=True)
+        sys.exit(0)
+print("still open", flush=True)
+sys.exit(1)
+PY
+}
 step "key load of pp: a wrong passphrase is refused, the right one serves it at once"
 refused "the key is wrong" sh -c "printf 'wrong horse battery\n' | '$bin' key load en/pp"
 printf 'correct horse battery\n' | "$bin" key load en/pp | grep -q "its volumes are served" \
   || fail "key load of pp"
 [ "$(exports)" = "big db pp " ] || fail "exports are '$(exports)' after key load, want all three"
+step "key unload -f closes an idle client's connection within a second"
+nbdsh_idle >"$work/idle.out" 2>&1 &
+idle=$!
+for _ in $(seq 1 50); do grep -q connected "$work/idle.out" && break; sleep 0.1; done
+"$bin" key unload -f en/pp | grep -q "client connection" || fail "key unload -f with a client"
+wait "$idle" || { cat "$work/idle.out"; fail "the idle client's connection stayed open"; }
+printf 'correct horse battery\n' | "$bin" key load en/pp >/dev/null || fail "key load of pp again"
 
 step "export, serve again without db's key file: db waits for key load -L"
 stop

@@ -547,7 +547,7 @@ enum KeyCommand {
     Unload {
         spec: String,
         /// Unload even with clients connected: their requests in flight finish, and each
-        /// connection is closed at its next request.
+        /// connection is closed (at its next request, or within a second if idle).
         #[arg(short = 'f')]
         force: bool,
     },

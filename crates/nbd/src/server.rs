@@ -64,6 +64,8 @@ impl From<std::io::Error> for ConnectionError {
 const READ_BUFFER_BYTES: usize = 64 << 10;
 /// Requests one connection may have in flight.
 const IN_FLIGHT_MAX: usize = 256;
+/// How often an idle connection to an encrypted volume looks whether its key was unloaded.
+const KEY_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 /// Payload bytes one connection may hold in flight, in KiB (permits of the byte semaphore).
 const IN_FLIGHT_KIB: u32 = 256 << 10;
 
@@ -631,10 +633,26 @@ where
     let session = Arc::new(session);
     let mut header = [0u8; proto::REQUEST_BYTES];
     let result = loop {
-        let read = tokio::select! {
-            read = reader.read_exact(&mut header) => read,
-            _ = shutdown.wait_for(|stop| *stop) => break Ok(()),
+        // An encrypted volume's connection, idle, is closed within KEY_CHECK of its key being
+        // unloaded (`key unload -f`); the read of the next header is cancelled only then,
+        // when nothing more is read from the connection anyway.
+        let encrypted = session.volume.is_encrypted();
+        let read = {
+            let next = reader.read_exact(&mut header);
+            tokio::pin!(next);
+            loop {
+                tokio::select! {
+                    read = &mut next => break Some(read),
+                    _ = shutdown.wait_for(|stop| *stop) => break None,
+                    _ = tokio::time::sleep(KEY_CHECK), if encrypted => {
+                        if session.volume.key_unloaded() {
+                            break None;
+                        }
+                    }
+                }
+            }
         };
+        let Some(read) = read else { break Ok(()) };
         match read {
             Ok(_) => {}
             // The client went away between requests: a normal end.

@@ -415,7 +415,8 @@ pub async fn load(ctx: &mut Ctx<'_>, spec: &str, key: Option<&KeyMaterial>) -> a
 }
 
 /// `key unload POOL/VOL [-f]`: refused while clients are connected to a volume of the family;
-/// with `force`, their requests in flight finish and each connection is closed at its next.
+/// with `force`, their requests in flight finish and each connection is closed: at its next
+/// request, or within a second if idle.
 pub async fn unload(ctx: &mut Ctx<'_>, spec: &str, force: bool) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
     let store = ctx.hold(pool).await?;
@@ -429,7 +430,7 @@ pub async fn unload(ctx: &mut Ctx<'_>, spec: &str, force: bool) -> anyhow::Resul
     store.unload_key(volume).await?;
     store.release().await?;
     let closed = if connected > 0 {
-        format!("; {connected} client connection(s) are closed at their next request")
+        format!("; {connected} client connection(s) are closed (within a second if idle)")
     } else {
         String::new()
     };

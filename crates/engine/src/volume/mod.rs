@@ -101,6 +101,11 @@ impl Volume {
         self.dataset.name()
     }
 
+    /// Whether the volume is encrypted.
+    pub fn is_encrypted(&self) -> bool {
+        self.key_family != 0
+    }
+
     /// Whether the volume is encrypted and its key is not loaded (unloaded since the handle
     /// was opened, say): a server closes the client's connection then.
     pub fn key_unloaded(&self) -> bool {
