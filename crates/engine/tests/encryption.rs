@@ -706,8 +706,31 @@ fn raw_streams_carry_an_encrypted_volume_without_its_key() {
         let report = b.pool().scrub().await.unwrap();
         assert!(report.repaired > 0, "{report:?}");
 
-        // Sent on from B, raw, back to A: it joins the family there and reads at once.
+        // Sent on from B, raw, back to A: it joins the family there and reads at once. A
+        // block changed in the stream (its record's checksum made good) fails its tag there,
+        // where the key is loaded, and the stream is refused.
         let back = send_raw(&b, "copy", "s2", None).await;
+        let mut forged = Vec::new();
+        {
+            let mut reader = sluice_format::StreamReader::new(&back[..]);
+            let mut writer = sluice_format::StreamWriter::new(&mut forged);
+            let mut changed = false;
+            while let Some(mut record) = reader.next_record().unwrap() {
+                if let (false, sluice_format::StreamRecord::RawData { bytes, .. }) =
+                    (changed, &mut record)
+                {
+                    bytes[100] ^= 1;
+                    changed = true;
+                }
+                if !matches!(record, sluice_format::StreamRecord::End { .. }) {
+                    writer.write(&record).unwrap();
+                }
+            }
+            writer.finish().unwrap();
+        }
+        let refused = receive_stream(&a, "back", &forged).await.unwrap_err();
+        assert!(refused.to_string().contains("fails its tag"), "{refused}");
+        assert!(a.volume_info("back").is_none(), "a refused stream leaves nothing");
         receive_stream(&a, "back", &back).await.unwrap();
         assert_eq!(a.key_families().len(), 1, "the stream's family is the one A has");
         let db = a.read("db", 0, VOLUME_BYTES).await.unwrap();

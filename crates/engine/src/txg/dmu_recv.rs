@@ -575,6 +575,33 @@ impl Store {
                     }
                     let travelled = bytes.len() as u64;
                     let sealing = crate::zio::crypt::Sealing { salt, iv, mac };
+                    // With the family's key here (a stream sent back to a pool that has it
+                    // loaded), each block's tag is checked as it arrives: a changed block
+                    // refuses the stream, and nothing of it stays. Without the key it is
+                    // checked by `key load` (the root's MAC covers every tag) and by each read.
+                    let family = dataset.state.lock().entry.key_family;
+                    if let Some(key) = self.spa.pool().zio().keys().get(family) {
+                        let sector = u64::from(sluice_format::SECTOR_BYTES);
+                        let aad = crate::zio::crypt::block_aad(
+                            family,
+                            (u64::from(lsize) / sector) as u32,
+                            (travelled / sector) as u32,
+                            compression,
+                            sluice_format::BlockKind::Data,
+                            0,
+                        );
+                        let mut scratch = bytes.clone();
+                        if key.open(&mut scratch, &aad, &sealing).is_err() {
+                            return Err(StoreError::ReceiveRefused {
+                                pool: self.spa.pool().name().to_owned(),
+                                volume: hidden.to_owned(),
+                                reason: format!(
+                                    "block {block} fails its tag under the volume's key: the \
+                                     stream was changed, or is not this key family's"
+                                ),
+                            });
+                        }
+                    }
                     in_place.raw_batch.push(RawReceived {
                         block,
                         lsize,
