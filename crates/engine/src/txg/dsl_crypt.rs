@@ -288,9 +288,12 @@ impl Store {
         // on the disk (for another tree's, or an older one's) fails its MAC here, and the key
         // is not loaded. The trees' blocks are checked as they are read, against their parents.
         for dataset in self.dsl.read().values() {
-            let entry = dataset.state.lock().entry.clone();
-            // A receive's hidden volume gets its root's MAC when the stream is whole.
-            if entry.key_family != wrapped.guid || super::dataset::is_hidden(&entry.name) {
+            let (entry, raw_receive) = {
+                let v = dataset.state.lock();
+                (v.entry.clone(), v.raw_receive)
+            };
+            // A raw receive's volume gets its root's MAC when the stream is whole.
+            if entry.key_family != wrapped.guid || raw_receive {
                 continue;
             }
             let trees = std::iter::once((entry.name.clone(), entry.root, entry.root_mac)).chain(
