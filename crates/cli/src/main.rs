@@ -148,6 +148,7 @@ enum Command {
     /// stream lands in a hidden volume and takes the target's place only once every record has
     /// checked; a damaged or cut stream is refused, naming the record, and nothing of it stays
     /// (with -s, what arrived stays hidden and `vol list` shows the token that resumes it).
+    /// A raw stream (`send -w`) is stored as it came, encrypted, and needs no key here.
     /// Works on a served pool too (through its control socket).
     Recv {
         spec: String,
