@@ -583,6 +583,27 @@ impl Allocator {
         Ok((vdev, at, asize))
     }
 
+    /// [`Allocator::allocate_indirect`] for blocks of each of `psizes`, all or none: on the
+    /// first that finds no room, those placed before it are given back and its error returned.
+    pub fn allocate_indirect_all(
+        &mut self,
+        psizes: impl IntoIterator<Item = u64>,
+    ) -> Result<Vec<(u32, u64, u64)>, AllocError> {
+        let mut placed = Vec::new();
+        for psize in psizes {
+            match self.allocate_indirect(psize) {
+                Ok(at) => placed.push(at),
+                Err(error) => {
+                    for &(vdev, start, len) in &placed {
+                        self.release_indirect(vdev, start, len);
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        Ok(placed)
+    }
+
     /// Gives back a block from [`Allocator::allocate_indirect`] that was never written (its
     /// placement was abandoned): nothing can point at it, so it is free at once.
     pub fn release_indirect(&mut self, vdev: u32, start: u64, len: u64) {

@@ -552,73 +552,14 @@ impl Store {
                 _ => {}
             }
             match record {
-                Some(StreamRecord::RawData { block, lsize, compression, salt, iv, mac, bytes }) => {
-                    if block >= blocks || u64::from(lsize) != bs {
-                        return Err(bad(format!("block {block}")));
-                    }
-                    if block < expected {
-                        return Err(out_of_order(format!("block {block}"), expected));
-                    }
-                    let unit = self.spa.pool().unit_bytes();
-                    if bytes.is_empty() || bytes.len() as u64 % unit != 0 || bytes.len() as u64 > bs
-                    {
-                        return Err(StoreError::ReceiveRefused {
-                            pool: self.spa.pool().name().to_owned(),
-                            volume: hidden.to_owned(),
-                            reason: format!(
-                                "block {block} is {} bytes as stored, not whole {unit}-byte \
-                                 units of this pool (nor at most a block): a raw block is \
-                                 stored as it was sealed",
-                                bytes.len()
-                            ),
-                        });
-                    }
-                    let travelled = bytes.len() as u64;
-                    let sealing = crate::zio::crypt::Sealing { salt, iv, mac };
-                    // With the family's key here (a stream sent back to a pool that has it
-                    // loaded), each block's tag is checked as it arrives: a changed block
-                    // refuses the stream, and nothing of it stays. Without the key it is
-                    // checked by `key load` (the root's MAC covers every tag) and by each read.
-                    let family = dataset.state.lock().entry.key_family;
-                    if let Some(key) = self.spa.pool().zio().keys().get(family) {
-                        let sector = u64::from(sluice_format::SECTOR_BYTES);
-                        let aad = crate::zio::crypt::block_aad(
-                            family,
-                            (u64::from(lsize) / sector) as u32,
-                            (travelled / sector) as u32,
-                            compression,
-                            sluice_format::BlockKind::Data,
-                            0,
-                        );
-                        let mut scratch = bytes.clone();
-                        if key.open(&mut scratch, &aad, &sealing).is_err() {
-                            return Err(StoreError::ReceiveRefused {
-                                pool: self.spa.pool().name().to_owned(),
-                                volume: hidden.to_owned(),
-                                reason: format!(
-                                    "block {block} fails its tag under the volume's key: the \
-                                     stream was changed, or is not this key family's"
-                                ),
-                            });
+                Some(record @ (StreamRecord::Data { .. } | StreamRecord::RawData { .. })) => {
+                    let (block, lsize, travelled) = match &record {
+                        StreamRecord::Data { block, lsize, bytes, .. }
+                        | StreamRecord::RawData { block, lsize, bytes, .. } => {
+                            (*block, *lsize, bytes.len() as u64)
                         }
-                    }
-                    in_place.raw_batch.push(RawReceived {
-                        block,
-                        lsize,
-                        compression,
-                        sealing,
-                        bytes,
-                    });
-                    if in_place.raw_batch.len() as u64 * bs >= crate::zio::WRITE_SPAN_BYTES_MAX {
-                        self.write_in_place(&dataset, bs, in_place, progress).await?;
-                    }
-                    expected = block + 1;
-                    since_checkpoint += bs;
-                    summary.records += 1;
-                    summary.data_blocks += 1;
-                    summary.data_bytes += travelled;
-                }
-                Some(StreamRecord::Data { block, lsize, compression, bytes }) => {
+                        _ => unreachable!("matched as a data record above"),
+                    };
                     if block >= blocks || u64::from(lsize) != bs {
                         return Err(bad(format!("block {block}")));
                     }
@@ -626,17 +567,27 @@ impl Store {
                     if block < expected {
                         return Err(out_of_order(format!("block {block}"), expected));
                     }
-                    let logical =
-                        decompress_stored(compression, lsize as usize, &bytes).map_err(|e| {
-                            StoreError::ReceiveRefused {
-                                pool: self.spa.pool().name().to_owned(),
-                                volume: hidden.to_owned(),
-                                reason: format!("block {block} does not decompress: {e}"),
-                            }
-                        })?;
-                    let travelled = bytes.len() as u64;
-                    in_place.batch.push(Received { block, logical, compression, stored: bytes });
-                    if in_place.batch.len() as u64 * bs >= crate::zio::WRITE_SPAN_BYTES_MAX {
+                    match record {
+                        StreamRecord::Data { compression, bytes, .. } => {
+                            let logical = decompress_stored(compression, lsize as usize, &bytes)
+                                .map_err(|e| StoreError::ReceiveRefused {
+                                    pool: self.spa.pool().name().to_owned(),
+                                    volume: hidden.to_owned(),
+                                    reason: format!("block {block} does not decompress: {e}"),
+                                })?;
+                            let stored = bytes;
+                            in_place.batch.push(Received { block, logical, compression, stored });
+                        }
+                        StreamRecord::RawData { compression, salt, iv, mac, bytes, .. } => {
+                            let sealing = crate::zio::crypt::Sealing { salt, iv, mac };
+                            let raw = RawReceived { block, lsize, compression, sealing, bytes };
+                            self.check_raw_block(&dataset, hidden, bs, &raw)?;
+                            in_place.raw_batch.push(raw);
+                        }
+                        _ => unreachable!("matched as a data record above"),
+                    }
+                    let pending = (in_place.batch.len() + in_place.raw_batch.len()) as u64 * bs;
+                    if pending >= crate::zio::WRITE_SPAN_BYTES_MAX {
                         self.write_in_place(&dataset, bs, in_place, progress).await?;
                     }
                     expected = block + 1;
@@ -682,6 +633,53 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// A raw stream's block as this pool must store it: whole allocation units of it, no
+    /// more than a block, exactly as sealed. With the family's key here (a stream sent back to
+    /// a pool that has it loaded), its tag is checked as it arrives: a changed block refuses
+    /// the stream, and nothing of it stays. Without the key it is checked by `key load` (the
+    /// root's MAC covers every tag) and by each read.
+    fn check_raw_block(
+        &self,
+        dataset: &Dataset,
+        hidden: &str,
+        bs: u64,
+        raw: &RawReceived,
+    ) -> Result<(), StoreError> {
+        let refuse = |reason: String| StoreError::ReceiveRefused {
+            pool: self.spa.pool().name().to_owned(),
+            volume: hidden.to_owned(),
+            reason,
+        };
+        let (block, stored) = (raw.block, raw.bytes.len() as u64);
+        let unit = self.spa.pool().unit_bytes();
+        if stored == 0 || stored % unit != 0 || stored > bs {
+            return Err(refuse(format!(
+                "block {block} is {stored} bytes as stored, not whole {unit}-byte units of this \
+                 pool (nor at most a block): a raw block is stored as it was sealed"
+            )));
+        }
+        let family = dataset.state.lock().entry.key_family;
+        if let Some(key) = self.spa.pool().zio().keys().get(family) {
+            let sector = u64::from(sluice_format::SECTOR_BYTES);
+            let aad = crate::zio::crypt::block_aad(
+                family,
+                (u64::from(raw.lsize) / sector) as u32,
+                (stored / sector) as u32,
+                raw.compression,
+                sluice_format::BlockKind::Data,
+                0,
+            );
+            let mut scratch = raw.bytes.clone();
+            if key.open(&mut scratch, &aad, &raw.sealing).is_err() {
+                return Err(refuse(format!(
+                    "block {block} fails its tag under the volume's key: the stream was changed, \
+                     or is not this key family's"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Writes a batch of received blocks into the open txg, and, unless the volume dedups
@@ -852,24 +850,15 @@ impl Store {
             block.sealing = Some(received.sealing);
             sealed.push(block);
         }
-        let mut placed: Vec<(u32, u64, u64)> = Vec::with_capacity(sealed.len());
-        {
-            let mut allocator = self.spa.allocator().lock();
-            for block in &sealed {
-                match allocator.allocate_indirect(block.psize()) {
-                    Ok(at) => placed.push(at),
-                    Err(source) => {
-                        for &(vdev, start, len) in &placed {
-                            allocator.release_indirect(vdev, start, len);
-                        }
-                        return Err(StoreError::Pool(PoolError::NoSpace {
-                            pool: self.spa.pool().name().to_owned(),
-                            cause: source,
-                        }));
-                    }
-                }
-            }
-        }
+        let placed = self
+            .spa
+            .allocator()
+            .lock()
+            .allocate_indirect_all(sealed.iter().map(crate::zio::Sealed::psize))
+            .map_err(|source| PoolError::NoSpace {
+                pool: self.spa.pool().name().to_owned(),
+                cause: source,
+            })?;
         let (stored, writes) = self.runs_of(&sealed, &placed, |i| batch[i].block, in_place);
         // Each block and its record go into the open txg together, before the writes start,
         // so that a sync beginning now waits for them; the writes are started whatever

@@ -281,29 +281,19 @@ impl LogCommit<'_> {
         let sealed = self.spa.pool().seal_blocks(blocks).await?;
         // Space for each placed block, as data is placed (near the data cursor, so a large
         // write's blocks land back to back), but held like a log block until a sync links it.
-        let mut placed: Vec<(u32, u64, u64)> = Vec::with_capacity(place.len());
-        {
-            let mut allocator = self.spa.allocator().lock();
-            for block in &sealed {
-                match allocator.allocate_indirect(block.psize()) {
-                    Ok(at) => placed.push(at),
-                    Err(source) => {
-                        // No room for the blocks in place: the commit falls back to a txg
-                        // sync, which writes them once, rather than copying them into log
-                        // blocks, which would take the room the sync needs (log blocks
-                        // holding copies of 1 MiB writes filled a nearly full pool until the
-                        // sync could not place its own blocks).
-                        for &(vdev, start, len) in &placed {
-                            allocator.release_indirect(vdev, start, len);
-                        }
-                        return Err(StoreError::Pool(PoolError::NoSpace {
-                            pool: self.spa.pool().name().to_owned(),
-                            cause: source,
-                        }));
-                    }
-                }
-            }
-        }
+        // No room for the blocks in place: the commit falls back to a txg sync, which writes
+        // them once, rather than copying them into log blocks, which would take the room the
+        // sync needs (log blocks holding copies of 1 MiB writes filled a nearly full pool
+        // until the sync could not place its own blocks).
+        let placed = self
+            .spa
+            .allocator()
+            .lock()
+            .allocate_indirect_all(sealed.iter().map(zio::Sealed::psize))
+            .map_err(|source| PoolError::NoSpace {
+                pool: self.spa.pool().name().to_owned(),
+                cause: source,
+            })?;
         self.zil.stats().indirect_blocks_written.add(place.len() as u64);
         // Runs of blocks back to back on one vdev, each written as one I/O.
         let runs = zio::span_runs(&placed, self.spa.pool().root().write_span_bytes());
