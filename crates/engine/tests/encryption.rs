@@ -362,13 +362,26 @@ fn sealed_log_blocks(bytes: &[u8]) -> Vec<usize> {
         .collect()
 }
 
+/// The disks a power cut leaves once everything sent to `devices` has arrived and every write
+/// their caches held is lost, revived in `fresh`'s world.
+fn after_power_cut(fresh: &Sim, devices: &[SimDevice], seed: u64) -> Vec<SimDevice> {
+    use sluice_engine::device::sim::{CrashPolicy, SimOptions};
+    let mut rng = sluice_engine::rt::Rng::new(seed);
+    let images: Vec<_> = devices
+        .iter()
+        .map(|d| d.crash_image(d.write_log().len(), CrashPolicy::DropAll, &mut rng).unwrap())
+        .collect();
+    let options = SimOptions { store_data: true, record_log: true };
+    common::revive_with(fresh, images, SimProfile::ssd(), LEG_BYTES, options)
+}
+
 /// Writes acknowledged through an encrypted volume's log, then a power cut: the records are
 /// sealed (no copy of the data on the disks), import claims them without the key and keeps
 /// them claimed across syncs and another import, the volume refuses snapshot, rollback,
 /// resize, rename and destroy meanwhile, naming why, and `key load` replays them.
 #[test]
 fn an_encrypted_volumes_log_replays_once_its_key_is_loaded() {
-    use sluice_engine::device::sim::{CrashPolicy, SimOptions};
+    use sluice_engine::device::sim::SimOptions;
     use sluice_engine::volume::Volume;
     use std::sync::Arc;
 
@@ -400,14 +413,9 @@ fn an_encrypted_volumes_log_replays_once_its_key_is_loaded() {
         db.flush().await.unwrap();
     })
     .unwrap();
-    let mut rng = sluice_engine::rt::Rng::new(5);
-    let images: Vec<_> = devices
-        .iter()
-        .map(|d| d.crash_image(d.write_log().len(), CrashPolicy::DropAll, &mut rng).unwrap())
-        .collect();
 
     let fresh = Sim::new(42);
-    let legs = common::revive_with(&fresh, images, SimProfile::ssd(), LEG_BYTES, options);
+    let legs = after_power_cut(&fresh, &devices, 5);
     let env = fresh.env();
     fresh
         .run(async move {
@@ -480,7 +488,7 @@ fn an_encrypted_volumes_log_replays_once_its_key_is_loaded() {
 /// records still wait.
 #[test]
 fn a_forged_log_record_fails_authentication_at_replay() {
-    use sluice_engine::device::sim::{CrashPolicy, SimOptions};
+    use sluice_engine::device::sim::SimOptions;
     use sluice_engine::volume::Volume;
     use sluice_format::ChecksumAlg;
     use std::sync::Arc;
@@ -502,13 +510,8 @@ fn a_forged_log_record_fails_authentication_at_replay() {
         }
     })
     .unwrap();
-    let mut rng = sluice_engine::rt::Rng::new(6);
-    let images: Vec<_> = devices
-        .iter()
-        .map(|d| d.crash_image(d.write_log().len(), CrashPolicy::DropAll, &mut rng).unwrap())
-        .collect();
     let fresh = Sim::new(44);
-    let legs = common::revive_with(&fresh, images, SimProfile::ssd(), LEG_BYTES, options);
+    let legs = after_power_cut(&fresh, &devices, 6);
     let env = fresh.env();
     fresh
         .run(async move {
