@@ -244,6 +244,9 @@ def prefill(args, served):
     the leaf files' first writes of each region."""
     fio(args, served, "v16", "prefill16", ["--rw=write", "--bs=1M", "--iodepth=8", "--size=192M",
                                            "--refill_buffers"])
+    if not any(job.startswith("seq") for job in JOBS):
+        # No job uses the 128K volume: 4 GiB of writes that would only lengthen the run.
+        return
     for _ in range(2):
         fio(args, served, "v128", "prefill128", ["--rw=write", "--bs=1M", "--iodepth=8",
                                                  f"--size={SEQ_BYTES}", "--refill_buffers"])
@@ -394,6 +397,23 @@ def render(args, rows, once, started, finished):
             cells.append(f"{median(rows[name][job], key):.1f} | "
                          + ("-" if amp != amp else f"{amp:.2f}"))
         lines.append(f"| {job} | " + " | ".join(cells) + " |")
+    # Per-round ratios: each round runs every layout back to back, so its ratio is taken
+    # within one stretch of the disk's weather, which swings more between minutes than
+    # between layouts.
+    lines += ["", "Per-round ratios against the mirror (each round's layouts run back to back); "
+              "median and range:", "",
+              "| job | " + " | ".join(f"{n} / mirror, rounds" for n, _, _ in LAYOUTS[1:])
+              + " | " + " | ".join(f"{n} / mirror, median (range)" for n, _, _ in LAYOUTS[1:])
+              + " |", "|---|" + "---|" * (2 * (len(LAYOUTS) - 1))]
+    for job in JOBS:
+        key = "mib_s" if job.startswith("seq") else "iops"
+        rounds, summary = [], []
+        for name, _, _ in LAYOUTS[1:]:
+            ratios = [r[key] / m[key] for r, m in zip(rows[name][job], rows["mirror"][job])]
+            rounds.append(", ".join(f"{x:.2f}" for x in ratios))
+            summary.append(f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+                           if ratios else "-")
+        lines.append(f"| {job} | " + " | ".join(rounds) + " | " + " | ".join(summary) + " |")
     if not once:
         return "\n".join(lines) + "\n"
     lines += ["", "Once per layout: incompressible data written into a thin volume of 128 KiB "

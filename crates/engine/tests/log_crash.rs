@@ -32,6 +32,7 @@ use sluice_engine::rt::{Env, Rng, Time};
 use sluice_engine::tunables::{IoClass, Tunables};
 use sluice_engine::txg::{ImportOptions, Store, SyncRecord};
 use sluice_engine::volume::Volume;
+use sluice_format::raidz::RaidzLayout;
 use sluice_sim::Sim;
 
 const LEAF_BYTES: u64 = 32 << 20;
@@ -338,6 +339,18 @@ fn run_workload_with(seed: u64, policy: &str, script: &Script, admin: bool) -> R
 /// As [`run_workload_with`] on a mirror (`parity` 0), or without `admin` on a RAID-Z vdev of
 /// `parity + 3` leaves (raidz1 of 4, raidz2 of 5, raidz3 of 6) and no separate log device.
 fn run_workload_on(seed: u64, policy: &str, script: &Script, admin: bool, parity: u8) -> Run {
+    run_workload_laid_out(seed, policy, script, admin, parity, RaidzLayout::Copies)
+}
+
+/// As [`run_workload_on`], the RAID-Z vdev laying out log blocks as `log_layout`.
+fn run_workload_laid_out(
+    seed: u64,
+    policy: &str,
+    script: &Script,
+    admin: bool,
+    parity: u8,
+    log_layout: RaidzLayout,
+) -> Run {
     let sim = Sim::new(seed);
     let width = if parity > 0 { usize::from(parity) + 3 } else { 2 };
     let devices = if admin {
@@ -365,7 +378,7 @@ fn run_workload_on(seed: u64, policy: &str, script: &Script, admin: bool, parity
     let (setup_done, syncs) = sim
         .run(async move {
             let tunables = tunables(&policy, "64M");
-            let pool = Pool::create(&env, spec, &tunables).await.unwrap();
+            let pool = Pool::create_as(&env, spec, &tunables, log_layout).await.unwrap();
             let store = Arc::new(Store::create(pool, &tunables));
             store.create_volume("v", UNITS * UNIT, VOLUME_BLOCK).unwrap();
             store.sync().await.unwrap();
@@ -640,7 +653,9 @@ fn random_workloads_and_interrupted_replay() {
 /// The intent log on RAID-Z pools (no separate log device): random workloads, logged by
 /// value and by pointer, cut at random points; each crash state is imported with `parity`
 /// leaves missing (a different set each time), and everything acknowledged is there: log
-/// blocks are written whole with their parity, and a chain read around the missing leaves.
+/// blocks are written with their parity (as copies, or striped and whole on a pool made
+/// before feature `raidz_log_copies`: every fourth seed), and a chain read around the
+/// missing leaves.
 #[test]
 fn raidz_log_replays_with_leaves_missing() {
     let mut probes = Probes::default();
@@ -648,9 +663,10 @@ fn raidz_log_replays_with_leaves_missing() {
         let parity = 1 + (seed % 3) as u8;
         let width = usize::from(parity) + 3;
         let policy = if seed % 2 == 1 { "auto+indirect" } else { "auto" };
+        let layout = if seed % 4 == 3 { RaidzLayout::Striped } else { RaidzLayout::Copies };
         let mut rng = Rng::new(seed + 7000);
         let script = random_script(&mut rng);
-        let run = run_workload_on(seed, policy, &script, false, parity);
+        let run = run_workload_laid_out(seed, policy, &script, false, parity, layout);
         let cuts = cut_points(&run);
         for k in 0..12 {
             let cut = if k == 0 {
@@ -662,7 +678,8 @@ fn raidz_log_replays_with_leaves_missing() {
             let missing: Vec<usize> =
                 (0..usize::from(parity)).map(|i| (first + i) % width).collect();
             let what = format!(
-                "raidz{parity} seed {seed} policy {policy} cut {cut:?} without legs {missing:?}"
+                "raidz{parity} ({layout:?} log blocks) seed {seed} policy {policy} cut {cut:?} \
+                 without legs {missing:?}"
             );
             let images = images_at(&run.devices, cut, &mut rng);
             import_without(&what, &run, images, cut, policy, &[], &missing, &mut probes);

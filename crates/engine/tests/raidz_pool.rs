@@ -12,10 +12,11 @@ use std::sync::Arc;
 
 use sluice_engine::device::sim::Fault;
 use sluice_engine::device::{SimDevice, SimProfile};
-use sluice_engine::pool::{Pool, TopSpec};
+use sluice_engine::pool::{Pool, PoolSpec, TopSpec};
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::Store;
 use sluice_engine::LeafState;
+use sluice_format::raidz::RaidzLayout;
 use sluice_format::DATA_START_BYTES;
 use sluice_sim::Sim;
 
@@ -518,5 +519,60 @@ fn leaves_lost_mid_sync() {
             assert_eq!(common::read_all(&sim, &store, &data, block), (0, 0), "{what}: imported");
         }
         assert!(inside > 0, "raidz{parity} of {width}: no loss fell inside a sync");
+    }
+}
+
+/// A durable 4 KiB write's log block (two sectors: the record and its headers) is written as
+/// one data column and its copies: `parity + 1` leaf writes, each flushed, as on a mirror of
+/// that many. A pool made before feature `raidz_log_copies` stripes it, written to the
+/// block's full length: at least two data columns and their parity. Both replay the write
+/// after a power cut.
+#[test]
+fn a_log_block_is_parity_plus_one_writes() {
+    let cases = [
+        (4, 1, RaidzLayout::Copies),
+        (6, 2, RaidzLayout::Copies),
+        (4, 1, RaidzLayout::Striped),
+        (6, 2, RaidzLayout::Striped),
+    ];
+    for (width, parity, layout) in cases {
+        let what = format!("raidz{parity} of {width}, {layout:?} log blocks");
+        let sim = Sim::new(width as u64 * 10 + u64::from(parity));
+        let legs = common::legs(&sim, width, SimProfile::Instant, LEG_BYTES);
+        let spec = PoolSpec {
+            name: "tank".into(),
+            ashift: 12,
+            top: vec![TopSpec::Raidz { parity, leaves: common::leaf_specs(&legs) }],
+        };
+        let env = sim.env();
+        let (leaf_writes, leaves_written) = sim
+            .run(async move {
+                let pool = Pool::create_as(&env, spec, &uncached(), layout).await.unwrap();
+                let store = Store::create(pool, &uncached());
+                store.create_volume("v", VOLUME_BYTES, 16384).unwrap();
+                store.sync().await.unwrap();
+                let counts = || -> Vec<u64> {
+                    store.pool().leaves().iter().map(|l| l.leaf.stats().writes.get()).collect()
+                };
+                let before = counts();
+                store.write_durable("v", 8192, &[0x5a; 4096]).await.unwrap();
+                let delta: Vec<u64> =
+                    counts().iter().zip(&before).map(|(after, before)| after - before).collect();
+                (delta.iter().sum::<u64>(), delta.iter().filter(|&&d| d > 0).count())
+            })
+            .unwrap()
+            .0;
+        // One write per leaf written, each a column.
+        assert_eq!(leaf_writes, leaves_written as u64, "{what}");
+        let copies = u64::from(parity) + 1;
+        match layout {
+            RaidzLayout::Copies => assert_eq!(leaf_writes, copies, "{what}"),
+            RaidzLayout::Striped => assert!(leaf_writes > copies, "{what}: {leaf_writes}"),
+        }
+        // The power cut: the write is only in the log, and replays from it.
+        let store = import(&sim, &legs);
+        let s = Arc::clone(&store);
+        let read = sim.run(async move { s.read("v", 8192, 4096).await.unwrap() }).unwrap().0;
+        assert!(read.iter().all(|&b| b == 0x5a), "{what}: the logged write replayed");
     }
 }

@@ -39,7 +39,8 @@
 //!   top_count u16, then per top-level vdev:
 //!     kind u8 (0 leaf, 1 mirror, 2 raidz; bit 7 set: a separate log device, never raidz),
 //!     guid u64,
-//!     raidz only: parity u8 (1..=3), reserved u8 (zero), child_end_bytes u64 (above
+//!     raidz only: parity u8 (1..=3), flags u8 (bit 0: intent-log blocks laid out as
+//!       copies, feature `raidz_log_copies`; other bits zero), child_end_bytes u64 (above
 //!       DATA_START_BYTES)
 //!     child_count u16 (raidz: parity + 2 to 64, in column order), per child: guid u64,
 //!       path_len u16, path
@@ -48,7 +49,8 @@
 //! ```
 //!
 //! The V6 layout is written only when the tree needs a feature, that is when some top-level
-//! vdev is RAID-Z (feature `raidz`); any other tree is written in the V1 layout in a V1 label,
+//! vdev is RAID-Z (feature `raidz`, and `raidz_log_copies` when a RAID-Z vdev lays out its
+//! log blocks as copies: `sluice_format::raidz`'s module doc); any other tree is written in the V1 layout in a V1 label,
 //! and in a V5 directory, byte for byte as before V6, so that older builds still read a pool
 //! without RAID-Z. The features are derived from the tree ([`VdevTreeConfig::features`]), not
 //! kept in it: they are there for the reader, which refuses a config naming one it does not
@@ -113,12 +115,17 @@ const CONFIG_WHAT: &str = "vdev tree config";
 
 /// The features this build knows: a config naming any other is refused
 /// ([`FormatError::UnknownFeatures`]).
-pub const FEATURES_KNOWN: &[&str] = &[FEATURE_RAIDZ, FEATURE_ENCRYPTION];
+pub const FEATURES_KNOWN: &[&str] = &[FEATURE_RAIDZ, FEATURE_ENCRYPTION, FEATURE_RAIDZ_LOG_COPIES];
 /// Some top-level vdev is RAID-Z.
 const FEATURE_RAIDZ: &str = "raidz";
 /// The pool has encrypted volumes: its directory holds key families and encrypted block
 /// pointers, which a reader that does not know them would misread.
 const FEATURE_ENCRYPTION: &str = "encryption";
+/// Some RAID-Z vdev lays out intent-log blocks as copies ([`RaidzConfig::log_copies`]): a
+/// build that reads them striped would find no chain and drop acknowledged writes.
+const FEATURE_RAIDZ_LOG_COPIES: &str = "raidz_log_copies";
+/// [`RaidzConfig::log_copies`] in a RAID-Z vdev's flags byte.
+const RAIDZ_LOG_COPIES_BIT: u8 = 1;
 
 /// Offsets of the four labels on a leaf of `leaf_bytes` (the end labels aligned down to the
 /// label size, so a leaf that grows by less than a label keeps them in place).
@@ -204,6 +211,9 @@ pub struct RaidzConfig {
     /// its replacement until the replacement holds every block; a column's index never
     /// changes, so a replacing pair sits in its column's slot. At most one per column.
     pub replacing: Vec<(u16, LeafConfig)>,
+    /// Intent-log blocks are laid out as copies (`RaidzLayout::Copies`): set for every RAID-Z
+    /// vdev a pool is created with; a pool made before keeps its striped log blocks.
+    pub log_copies: bool,
 }
 
 /// The pool's vdev tree as recorded in every label.
@@ -226,6 +236,9 @@ impl VdevTreeConfig {
         }
         if self.encryption {
             features.push(FEATURE_ENCRYPTION);
+        }
+        if self.top.iter().any(|top| top.raidz.as_ref().is_some_and(|r| r.log_copies)) {
+            features.push(FEATURE_RAIDZ_LOG_COPIES);
         }
         features
     }
@@ -282,7 +295,7 @@ impl VdevTreeConfig {
             out.extend_from_slice(&top.guid.to_le_bytes());
             if let Some(raidz) = raidz {
                 out.push(raidz.parity);
-                out.push(0);
+                out.push(if raidz.log_copies { RAIDZ_LOG_COPIES_BIT } else { 0 });
                 out.extend_from_slice(&raidz.child_end_bytes.to_le_bytes());
             }
             let children =
@@ -352,17 +365,17 @@ impl VdevTreeConfig {
             let guid = cursor.u64()?;
             let shape = if kind == TopKind::Raidz {
                 let parity = cursor.u8()?;
-                let reserved = cursor.u8()?;
-                if reserved != 0 {
-                    return Err(invalid("raidz reserved", u64::from(reserved)));
+                let flags = cursor.u8()?;
+                if flags & !RAIDZ_LOG_COPIES_BIT != 0 {
+                    return Err(invalid("raidz flags", u64::from(flags)));
                 }
-                Some((parity, cursor.u64()?))
+                Some((parity, flags & RAIDZ_LOG_COPIES_BIT != 0, cursor.u64()?))
             } else {
                 None
             };
             let child_count = cursor.u16()?;
             // Checked before the children are read: a wrong width is named as such.
-            if let Some((parity, child_end_bytes)) = shape {
+            if let Some((parity, _, child_end_bytes)) = shape {
                 check_raidz(log, parity, usize::from(child_count), child_end_bytes)?;
             }
             let mut children = Vec::new();
@@ -373,14 +386,14 @@ impl VdevTreeConfig {
                 return Err(invalid("child_count", u64::from(child_count)));
             }
             let raidz = match shape {
-                Some((parity, child_end_bytes)) => {
+                Some((parity, log_copies, child_end_bytes)) => {
                     let mut replacing = Vec::new();
                     for _ in 0..cursor.u8()? {
                         let column = cursor.u16()?;
                         replacing.push((column, cursor.leaf()?));
                     }
                     check_replacing(children.len(), replacing.iter().map(|&(column, _)| column))?;
-                    Some(RaidzConfig { parity, child_end_bytes, replacing })
+                    Some(RaidzConfig { parity, child_end_bytes, replacing, log_copies })
                 }
                 None => None,
             };
@@ -394,7 +407,7 @@ impl VdevTreeConfig {
         // A writer that left out a feature its tree needs would have an older build misread
         // the tree rather than refuse it.
         if config.features().iter().any(|needed| !features.iter().any(|f| f == needed)) {
-            return Err(invalid("features (a RAID-Z vdev without feature raidz)", 0));
+            return Err(invalid("features (a RAID-Z vdev without the features it uses)", 0));
         }
         Ok(config)
     }

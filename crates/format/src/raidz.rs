@@ -19,6 +19,18 @@
 //! a single-parity block that starts in an odd MiB of the vdev swaps its first two columns, so
 //! that parity does not stay on one child for a run of full-width blocks.
 //!
+//! A vdev whose config says so ([`RaidzLayout::Copies`], feature `raidz_log_copies`) lays out
+//! its intent-log blocks another way: one data column of all the block's `s` sectors and `P`
+//! parity columns beside it, on `P + 1` consecutive children from the block's first sector on.
+//! With one data column the parity equations make each parity column a copy of it (P, Q and R
+//! of a single column are that column), so the block survives `P` lost columns as every RAID-Z
+//! block does, and its columns are `P + 1` writes whatever its length. A striped log block of a
+//! 4 KiB write (two sectors: the record and its headers) is three writes and three flushes on a
+//! raidz1, against a mirror's two, and a client waits for all of them. Its allocation spans the
+//! rows its columns use, `(s - 1) * W + P + 1` sectors rounded up to a multiple of `P + 1`; the
+//! other children's sectors in those rows are pads. Log blocks live for a few txgs, so the
+//! space they hold for that while is of no account.
+//!
 //! Parity is computed over GF(2^8) with the polynomial x^8+x^4+x^3+x^2+1 (0x11d), byte by byte
 //! across each row of the data columns `D_0 .. D_{n-1}`: `P = D_0 ^ ... ^ D_{n-1}`,
 //! `Q = sum of 2^(n-1-i) * D_i`, `R = sum of 4^(n-1-i) * D_i` (OpenZFS's equations: the first
@@ -58,12 +70,25 @@ pub enum RaidzError {
     TooManyLost { lost: usize, parity: usize },
 }
 
-/// The shape of one RAID-Z vdev: its children, its parity and its sector size.
+/// How a block lies on a RAID-Z vdev (see the module doc).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RaidzLayout {
+    /// Data columns across the row, parity beside them: every block but the log blocks of a
+    /// vdev whose log blocks are [`RaidzLayout::Copies`].
+    #[default]
+    Striped,
+    /// One data column of every sector, each parity column a copy of it.
+    Copies,
+}
+
+/// The shape of one RAID-Z vdev: its children, its parity, its sector size, and how it lays
+/// out intent-log blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RaidzGeometry {
     width: u32,
     parity: u32,
     ashift: u32,
+    log_layout: RaidzLayout,
 }
 
 /// One column of a block: a run of `size` bytes at `offset` (from the start of the child's
@@ -132,7 +157,17 @@ impl RaidzGeometry {
     pub fn new(width: u32, parity: u32, ashift: u32) -> Result<RaidzGeometry, RaidzError> {
         check_shape(width, parity)?;
         assert!((9..=16).contains(&ashift), "ashift {ashift} out of the pool's range");
-        Ok(RaidzGeometry { width, parity, ashift })
+        Ok(RaidzGeometry { width, parity, ashift, log_layout: RaidzLayout::Striped })
+    }
+
+    /// The same vdev with its intent-log blocks laid out as `layout`.
+    pub fn with_log_layout(self, layout: RaidzLayout) -> RaidzGeometry {
+        RaidzGeometry { log_layout: layout, ..self }
+    }
+
+    /// How the vdev lays out intent-log blocks.
+    pub fn log_layout(&self) -> RaidzLayout {
+        self.log_layout
     }
 
     pub fn width(&self) -> u32 {
@@ -159,6 +194,51 @@ impl RaidzGeometry {
         let sectors = psize.div_ceil(self.sector());
         let with_parity = sectors + p * sectors.div_ceil(w - p);
         with_parity.next_multiple_of(p + 1) << self.ashift
+    }
+
+    /// The bytes a block of `psize` bytes allocates when laid out as `layout`.
+    pub fn asize_in(&self, layout: RaidzLayout, psize: u64) -> u64 {
+        match layout {
+            RaidzLayout::Striped => self.asize(psize),
+            RaidzLayout::Copies => {
+                let (w, p) = (u64::from(self.width), u64::from(self.parity));
+                let sectors = psize.div_ceil(self.sector()).max(1);
+                ((sectors - 1) * w + p + 1).next_multiple_of(p + 1) << self.ashift
+            }
+        }
+    }
+
+    /// Where the block of `psize` bytes at `offset` lies when laid out as `layout`.
+    pub fn map_in(&self, layout: RaidzLayout, offset: u64, psize: u64) -> RaidzMap {
+        match layout {
+            RaidzLayout::Striped => self.map(offset, psize),
+            RaidzLayout::Copies => self.copies_map(offset, psize),
+        }
+    }
+
+    /// [`RaidzLayout::Copies`]: `parity + 1` columns of every sector on the children from the
+    /// block's first sector on, the last of them the data column.
+    fn copies_map(&self, offset: u64, psize: u64) -> RaidzMap {
+        assert!(psize > 0, "a block has at least one byte");
+        assert_eq!(offset % self.sector(), 0, "block offsets are whole sectors");
+        let (w, p) = (u64::from(self.width), u64::from(self.parity));
+        let sectors = psize.div_ceil(self.sector());
+        let first = offset >> self.ashift;
+        let columns: Vec<RaidzColumn> = (0..=p)
+            .map(|c| RaidzColumn {
+                child: ((first + c) % w) as u32,
+                offset: ((first + c) / w) << self.ashift,
+                size: sectors << self.ashift,
+            })
+            .collect();
+        let allocated = self.asize_in(RaidzLayout::Copies, psize) >> self.ashift;
+        // Every sector of the allocation that no column holds: the column of sector `i` is
+        // `i - first` children on, and holds it when that is at most `p`.
+        let pads = (first..first + allocated)
+            .filter(|&i| (i - first) % w > p || (i - first) / w >= sectors)
+            .map(|i| ((i % w) as u32, (i / w) << self.ashift))
+            .collect();
+        RaidzMap { columns, parity: p as usize, pads }
     }
 
     /// The largest psize whose [`asize`](Self::asize) fits in `asize` bytes, in whole sectors.

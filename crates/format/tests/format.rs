@@ -100,6 +100,7 @@ fn sample_raidz_config() -> VdevTreeConfig {
                     // The smallest child's, a 4 TB disk.
                     child_end_bytes: data_end_bytes(4_000_787_030_016),
                     replacing: vec![(3, leaf(0x2a2a_0000_0000_0020, disk(0x20)))],
+                    log_copies: false,
                 }),
             },
             TopConfig {
@@ -194,6 +195,18 @@ fn golden_label_v6() {
     let bytes = label.encode().unwrap();
     golden("label_v6.bin", &bytes);
     assert_eq!(bytes[8..10], [6, 0]);
+    assert_eq!(LabelHeader::decode(&bytes).unwrap(), label);
+}
+
+/// A V6 label whose RAID-Z vdev lays out its log blocks as copies: the flag in the vdev's
+/// flags byte, and the feature that makes a build that does not know the layout refuse it.
+#[test]
+fn golden_label_v6_log_copies() {
+    let mut label = sample_raidz_label();
+    label.config.top[0].raidz.as_mut().unwrap().log_copies = true;
+    assert_eq!(label.config.features(), ["raidz", "raidz_log_copies"]);
+    let bytes = label.encode().unwrap();
+    golden("label_v6_log_copies.bin", &bytes);
     assert_eq!(LabelHeader::decode(&bytes).unwrap(), label);
 }
 

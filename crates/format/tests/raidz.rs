@@ -4,7 +4,7 @@
 
 use sluice_format::raidz::{
     generate_parity, generate_parity_with, gf, reconstruct, reference, ParityPath, RaidzError,
-    RaidzGeometry, RaidzMap,
+    RaidzGeometry, RaidzLayout, RaidzMap,
 };
 
 const K4: u64 = 4096;
@@ -58,6 +58,48 @@ fn golden_maps() {
     let map = geometry(6, 2).map(5 * K4, 24 << 10);
     assert_eq!(columns(&map), [(5, 0, 2), (0, 1, 2), (1, 1, 2), (2, 1, 2), (3, 1, 1), (4, 1, 1)]);
     assert_eq!(pads(&map), [(3, 2), (4, 2)]);
+}
+
+/// Log blocks laid out as copies: one data column of every sector, after `parity` copies of
+/// it, on consecutive children from the block's first sector.
+#[test]
+fn golden_copies_maps() {
+    let copies = |g: RaidzGeometry, at: u64, len: u64| g.map_in(RaidzLayout::Copies, at, len);
+    // raidz1 of 4, two sectors at sector 0: children 0 and 1, rows 0-1; rows 0-1 of children
+    // 2 and 3 are pads but the last, outside the six sectors allocated.
+    let map = copies(geometry(4, 1), 0, 8 << 10);
+    assert_eq!(columns(&map), [(0, 0, 2), (1, 0, 2)]);
+    assert_eq!(pads(&map), [(2, 0), (3, 0)]);
+    assert_eq!(map.data_ranges().collect::<Vec<_>>(), vec![(0..8192)]);
+    // At sector 3: the second column wraps to child 0 of the next row.
+    let map = copies(geometry(4, 1), 3 * K4, 8 << 10);
+    assert_eq!(columns(&map), [(3, 0, 2), (0, 1, 2)]);
+    assert_eq!(pads(&map), [(1, 1), (2, 1)]);
+    // raidz2 of 6, three sectors at logical sector 260 (child 2 of row 43); no swap in an odd
+    // MiB, whatever the parity.
+    let map = copies(geometry(6, 2), (1 << 20) + 4 * K4, 12 << 10);
+    assert_eq!(columns(&map), [(2, 43, 3), (3, 43, 3), (4, 43, 3)]);
+    assert_eq!(pads(&map), [(5, 43), (0, 44), (1, 44), (5, 44), (0, 45), (1, 45)]);
+    // One sector: the same children as a striped block of one sector.
+    let g = geometry(5, 2);
+    assert_eq!(columns(&copies(g, 7 * K4, K4)), columns(&g.map(7 * K4, K4)));
+    // Sizes: (s - 1) * W + P + 1 sectors, rounded up to a multiple of P + 1.
+    let sizes = |g: RaidzGeometry| -> Vec<u64> {
+        (1..=4).map(|s| g.asize_in(RaidzLayout::Copies, s * K4) / K4).collect()
+    };
+    assert_eq!(sizes(geometry(4, 1)), [2, 6, 10, 14]);
+    assert_eq!(sizes(geometry(6, 2)), [3, 9, 15, 21]);
+    assert_eq!(sizes(geometry(5, 3)), [4, 12, 16, 20]);
+    assert_eq!(
+        geometry(4, 1).asize_in(RaidzLayout::Striped, 8 << 10),
+        geometry(4, 1).asize(8 << 10)
+    );
+    // The layout is part of the geometry a vdev is opened with; striped unless said.
+    assert_eq!(geometry(4, 1).log_layout(), RaidzLayout::Striped);
+    assert_eq!(
+        geometry(4, 1).with_log_layout(RaidzLayout::Copies).log_layout(),
+        RaidzLayout::Copies
+    );
 }
 
 #[test]
@@ -144,6 +186,41 @@ fn every_map_covers_its_allocation_exactly() {
                 assert_eq!(cells, want, "{g:?}: {sectors} sectors at sector {first}");
                 assert_eq!(map.parity, g.parity() as usize);
                 assert!(map.pads.len() <= g.parity() as usize);
+            }
+        }
+    }
+}
+
+/// As above for copies: the columns and pads tile the allocation, each column is one run of
+/// every sector on its child, and a shorter block at the same offset is a prefix of a longer
+/// one (a log block is written only as far as it is filled).
+#[test]
+fn every_copies_map_covers_its_allocation_exactly() {
+    let mut rng = Rng(0x0c0e_1e55);
+    for g in geometries(12) {
+        let w = u64::from(g.width());
+        for sectors in 1..=40u64 {
+            for _ in 0..4 {
+                let first = rng.next() % (1 << 20);
+                let map = g.map_in(RaidzLayout::Copies, first * K4, sectors * K4 - rng.next() % K4);
+                assert_eq!(map.columns.len(), g.parity() as usize + 1);
+                assert_eq!(map.data_bytes(), sectors * K4);
+                let mut cells: Vec<(u32, u64)> = map
+                    .columns
+                    .iter()
+                    .flat_map(|c| (0..c.size / K4).map(move |k| (c.child, c.offset / K4 + k)))
+                    .chain(pads(&map))
+                    .collect();
+                cells.sort_unstable();
+                let allocated = g.asize_in(RaidzLayout::Copies, sectors * K4) / K4;
+                let mut want: Vec<(u32, u64)> =
+                    (first..first + allocated).map(|i| ((i % w) as u32, i / w)).collect();
+                want.sort_unstable();
+                assert_eq!(cells, want, "{g:?}: {sectors} sectors at sector {first}");
+                let shorter = g.map_in(RaidzLayout::Copies, first * K4, K4);
+                for (long, short) in map.columns.iter().zip(&shorter.columns) {
+                    assert_eq!((long.child, long.offset), (short.child, short.offset));
+                }
             }
         }
     }
@@ -294,18 +371,26 @@ fn every_combination_of_lost_columns_is_rebuilt() {
         // One sector, a part of a row, a row, a row and one, many rows with short columns.
         for sectors in [1, 2, data_width, data_width + 1, 3 * data_width + 2, 7 * data_width] {
             let offset = (rng.next() % (1 << 13)) * 512;
-            let map = g.map(offset, sectors * 512);
-            let whole = stripe(&map, &mut rng);
-            for k in 1..=map.parity {
-                for lost in combinations(map.columns.len(), k) {
-                    let mut columns = whole.clone();
-                    for &c in &lost {
-                        columns[c].fill(0xa5);
+            let layouts = [RaidzLayout::Striped, RaidzLayout::Copies];
+            for map in layouts.map(|layout| g.map_in(layout, offset, sectors * 512)) {
+                let whole = stripe(&map, &mut rng);
+                if map.data_columns().len() == 1 {
+                    // P, Q and R of one data column are that column.
+                    assert!(whole.iter().all(|c| c == &whole[map.parity]), "{g:?}: {map:?}");
+                }
+                for k in 1..=map.parity {
+                    for lost in combinations(map.columns.len(), k) {
+                        let mut columns = whole.clone();
+                        for &c in &lost {
+                            columns[c].fill(0xa5);
+                        }
+                        let mut refs: Vec<&mut [u8]> =
+                            columns.iter_mut().map(|c| &mut c[..]).collect();
+                        reconstruct(&mut refs, map.parity, &lost)
+                            .expect("at most parity columns lost");
+                        assert!(columns == whole, "{g:?}: {sectors} sectors, lost {lost:?}");
+                        rebuilt += 1;
                     }
-                    let mut refs: Vec<&mut [u8]> = columns.iter_mut().map(|c| &mut c[..]).collect();
-                    reconstruct(&mut refs, map.parity, &lost).expect("at most parity columns lost");
-                    assert!(columns == whole, "{g:?}: {sectors} sectors, lost {lost:?}");
-                    rebuilt += 1;
                 }
             }
         }

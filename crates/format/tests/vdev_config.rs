@@ -32,6 +32,7 @@ fn raidz_top(parity: u8, width: u16, replacing: &[u16]) -> TopConfig {
             parity,
             child_end_bytes: END,
             replacing: replacing.iter().map(|&c| (c, replacement(c))).collect(),
+            log_copies: false,
         }),
     }
 }
@@ -232,14 +233,20 @@ fn decode_refuses_each_bad_raidz_field() {
         (Raw { replacing: vec![6], ..good.clone() }, "raidz replacing column"),
         (Raw { replacing: vec![u16::MAX], ..good.clone() }, "raidz replacing column"),
         (Raw { replacing: vec![1, 4, 1], ..good.clone() }, "raidz replacing column (listed twice)"),
-        (Raw { reserved: 1, ..good.clone() }, "raidz reserved"),
+        (Raw { reserved: 2, ..good.clone() }, "raidz flags"),
+        (Raw { reserved: 0x81, ..good.clone() }, "raidz flags"),
+        // Log blocks laid out as copies, without the feature that says so.
+        (
+            Raw { reserved: 1, ..good.clone() },
+            "features (a RAID-Z vdev without the features it uses)",
+        ),
         (Raw { child_end_bytes: DATA_START_BYTES, ..good.clone() }, "raidz child_end_bytes"),
         (Raw { child_end_bytes: 0, ..good.clone() }, "raidz child_end_bytes"),
         (Raw { kind: 0x82, ..good.clone() }, "log (a RAID-Z vdev cannot be a log device)"),
         (Raw { kind: 3, ..good.clone() }, "kind"),
         (
             Raw { features: vec![], ..good.clone() },
-            "features (a RAID-Z vdev without feature raidz)",
+            "features (a RAID-Z vdev without the features it uses)",
         ),
         (Raw { features: vec!["raidz", "raidz"], ..good.clone() }, "feature name (listed twice)"),
         (Raw { features: vec![""], ..good.clone() }, "feature name"),

@@ -55,7 +55,7 @@ use std::collections::BTreeMap;
 
 pub use range_tree::RangeTree;
 use scan_queue::ScanQueue;
-use sluice_format::raidz::RaidzGeometry;
+use sluice_format::raidz::{RaidzGeometry, RaidzLayout};
 use sluice_format::SpaceMap;
 
 /// Txgs a free waits after its own txg has synced.
@@ -180,6 +180,15 @@ impl VdevSpace {
         match &self.geometry {
             Some(geometry) => geometry.asize(psize.max(1)),
             None => psize.max(1).div_ceil(unit) * unit,
+        }
+    }
+
+    /// The bytes an intent-log block of `psize` allocates here: on RAID-Z, as the vdev lays
+    /// out log blocks.
+    fn log_asize(&self, psize: u64, unit: u64) -> u64 {
+        match &self.geometry {
+            Some(geometry) => geometry.asize_in(geometry.log_layout(), psize.max(1)),
+            None => self.asize(psize, unit),
         }
     }
 
@@ -375,9 +384,24 @@ impl Allocator {
         !self.vdevs.iter().any(|v| v.log_only) && self.vdevs.iter().any(|v| v.geometry.is_some())
     }
 
-    /// Whether `vdev` is RAID-Z.
-    pub fn is_raidz(&self, vdev: u32) -> bool {
-        self.vdevs.get(vdev as usize).is_some_and(|v| v.geometry.is_some())
+    /// Whether a log block on `vdev` must be written whole, to its full length: on RAID-Z
+    /// whose log blocks are striped, where a block's columns depend on its length.
+    pub fn log_written_whole(&self, vdev: u32) -> bool {
+        self.vdevs
+            .get(vdev as usize)
+            .and_then(|v| v.geometry)
+            .is_some_and(|g| g.log_layout() == RaidzLayout::Striped)
+    }
+
+    /// The most an intent-log block of `psize` bytes allocates on any data vdev.
+    fn log_asize(&self, psize: u64) -> u64 {
+        let unit = self.unit_bytes();
+        self.vdevs
+            .iter()
+            .filter(|v| !v.log_only)
+            .map(|v| v.log_asize(psize, unit))
+            .max()
+            .unwrap_or_else(|| self.asize(psize))
     }
 
     /// The bytes a block of `psize` allocates on `vdev`.
@@ -455,7 +479,7 @@ impl Allocator {
                 return Ok(placed);
             }
         }
-        let asize = self.asize(psize.max(1));
+        let asize = self.log_asize(psize.max(1));
         let floor = SlopTier::Freeing.kept(self.slop_bytes());
         let room_floor = floor.saturating_add(self.promised_bytes());
         if self.free_bytes() < asize.saturating_add(floor)
@@ -489,7 +513,7 @@ impl Allocator {
         near: Option<u32>,
         data_vdevs: bool,
     ) -> Result<(u32, u64, u64), AllocError> {
-        let worst = self.asize(psize.max(1));
+        let worst = self.log_asize(psize.max(1));
         let unit = self.unit_bytes();
         let count = self.vdevs.len();
         let has_log_devices = self.vdevs.iter().any(|v| v.log_only);
@@ -514,7 +538,7 @@ impl Allocator {
             .collect();
         for vdev in order {
             let space = &mut self.vdevs[vdev];
-            let asize = space.asize(psize, unit);
+            let asize = space.log_asize(psize, unit);
             let region = (space.data_start, space.log_region_end);
             let in_region = (!space.log_only)
                 .then(|| space.free.first_fit_within(asize, unit, space.log_cursor, region))

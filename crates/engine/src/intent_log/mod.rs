@@ -1074,7 +1074,7 @@ impl LogWriter {
             if allocator.log_region_pressed(successor.vdev) {
                 self.space_low.store(true, std::sync::atomic::Ordering::Relaxed);
             }
-            (successor, allocator.is_raidz(state.next_address.vdev))
+            (successor, allocator.log_written_whole(state.next_address.vdev))
         };
         let block = LogBlock {
             verifier: state.verifier,
@@ -1103,9 +1103,10 @@ impl LogWriter {
                     cause,
                 })?,
         };
-        // A chain is read a block's full size at a time, and a RAID-Z block's columns depend on
-        // its length: there it is written whole (OpenZFS does not shrink log writes on RAID-Z
-        // either). Elsewhere only the sectors that hold something are written.
+        // A chain is read a block's full size at a time, and a striped RAID-Z block's columns
+        // depend on its length: there it is written whole (OpenZFS does not shrink log writes
+        // on RAID-Z either). Elsewhere, log blocks laid out as copies on RAID-Z included, only
+        // the sectors that hold something are written.
         let bytes = if whole && encoded.len() < capacity {
             AlignedBuf::gathered(capacity, [(0, &encoded[..])]).into_shared()
         } else {
@@ -1358,8 +1359,7 @@ pub async fn read_chain(
     while let Some(address) = at {
         let verify = |bytes: &[u8]| LogBlock::decode(bytes, expected).is_ok();
         let dva = vdev::VdevAddress { vdev: address.vdev, offset_bytes: address.offset_bytes };
-        let read =
-            pool.root().read_maybe_absent(dva, address.len_bytes, IoClass::SyncRead, &verify).await;
+        let read = pool.root().read_log(dva, address.len_bytes, IoClass::SyncRead, &verify).await;
         let block = match read {
             Ok(bytes) => LogBlock::decode(&bytes, expected).ok(),
             Err(error) if error.is_definite_mismatch() => None,
@@ -1379,7 +1379,7 @@ pub async fn read_chain(
             // Was the end written at all? Look at any copy's header.
             let any = |_: &[u8]| true;
             if let Ok(bytes) =
-                pool.root().read_maybe_absent(dva, address.len_bytes, IoClass::SyncRead, &any).await
+                pool.root().read_log(dva, address.len_bytes, IoClass::SyncRead, &any).await
             {
                 chain.torn_tail = LogBlock::claimed_verifier(&bytes) == Some(expected);
             }

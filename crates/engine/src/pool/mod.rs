@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use parking_lot::{Mutex, RwLock};
-use sluice_format::raidz::RaidzGeometry;
+use sluice_format::raidz::{RaidzGeometry, RaidzLayout};
 use sluice_format::{
     label_offsets, uberblock_offset, BlockPointer, FormatError, LabelHeader, LeafConfig,
     RaidzConfig, TopConfig, TopKind, Uberblock, VdevTreeConfig, DATA_START_BYTES, LABEL_BYTES,
@@ -79,9 +79,12 @@ pub(crate) fn build_vdev(
         TopKind::Raidz => {
             let raidz = top.raidz.as_ref()?;
             let width = top.children.len();
+            let log_layout =
+                if raidz.log_copies { RaidzLayout::Copies } else { RaidzLayout::Striped };
             let geometry =
                 RaidzGeometry::new(width as u32, u32::from(raidz.parity), u32::from(ashift))
-                    .ok()?;
+                    .ok()?
+                    .with_log_layout(log_layout);
             if leaves.len() != width + raidz.replacing.len() {
                 return None;
             }
@@ -747,6 +750,18 @@ impl Pool {
 
     /// Creates a pool on the given devices.
     pub async fn create(env: &Env, spec: PoolSpec, tunables: &Tunables) -> Result<Pool, PoolError> {
+        Pool::create_as(env, spec, tunables, RaidzLayout::Copies).await
+    }
+
+    /// As [`Pool::create`], its RAID-Z vdevs laying out intent-log blocks as `log_layout`:
+    /// [`RaidzLayout::Striped`] makes a pool as sluice did before feature `raidz_log_copies`,
+    /// which later builds must go on reading (tests of such pools).
+    pub async fn create_as(
+        env: &Env,
+        spec: PoolSpec,
+        tunables: &Tunables,
+        log_layout: RaidzLayout,
+    ) -> Result<Pool, PoolError> {
         check_name(&spec.name)?;
         let pool = spec.name.clone();
         let layout = |reason: String| PoolError::InvalidLayout { pool: pool.clone(), reason };
@@ -819,6 +834,9 @@ impl Pool {
                     .min()
                     .unwrap_or(0),
                 replacing: Vec::new(),
+                // Log blocks as copies: a 4 KiB write's is `parity + 1` writes, as on a mirror
+                // of that many (sluice_format::raidz's module doc).
+                log_copies: log_layout == RaidzLayout::Copies,
             });
             let top_guid = guid();
             let children: Vec<(LeafConfig, LeafSpec)> = leaves

@@ -418,15 +418,35 @@ impl Root {
         self.vdev(dva)?.read(dva.offset_bytes, len, class, verify).await
     }
 
-    /// Reads a block that may legitimately verify on no copy (see `Vdev::read_counting`).
-    pub async fn read_maybe_absent(
+    /// Reads an intent-log block: it may legitimately verify on no copy (the end of a chain:
+    /// see `Vdev::read_counting`), and a RAID-Z vdev lays it out as it does log blocks.
+    pub async fn read_log(
         &self,
         dva: VdevAddress,
         len: u32,
         class: IoClass,
         verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
     ) -> Result<AlignedBuf, VdevError> {
-        self.vdev(dva)?.read_counting(dva.offset_bytes, len, class, verify, false).await
+        match self.vdev(dva)? {
+            Vdev::Raidz(raidz) => raidz.read_log(dva.offset_bytes, len, class, verify).await,
+            vdev => vdev.read_counting(dva.offset_bytes, len, class, verify, false).await,
+        }
+    }
+
+    /// Writes an intent-log block, durably as [`Root::write_durable`] when `durable`; a
+    /// RAID-Z vdev lays it out as it does log blocks.
+    pub async fn write_log(
+        &self,
+        dva: VdevAddress,
+        data: SharedBuf,
+        class: IoClass,
+        durable: bool,
+    ) -> Result<(), VdevError> {
+        match self.vdev(dva)? {
+            Vdev::Raidz(raidz) => raidz.write_log(dva.offset_bytes, data, class, durable).await,
+            _ if durable => self.write_durable(dva, data, class).await,
+            _ => self.write(dva, data, class).await,
+        }
     }
 
     pub async fn write(

@@ -16,6 +16,10 @@
 //! the columns found wrong are counted as checksum errors on their leaves and rewritten. The
 //! search is bounded by [`RECONSTRUCT_COMBINATIONS_MAX`] and says when it gave up.
 //!
+//! Intent-log blocks are laid out as the vdev's config says ([`RaidzLayout`]): striped like
+//! any block on pools made before `raidz_log_copies`, else as one data column and its copies
+//! ([`Raidz::read_log`], [`Raidz::write_log`]), so that a log block is `parity + 1` writes.
+//!
 //! Writes compute the parity and write one column per child. A write succeeds when at most
 //! `parity` columns failed (the block can still be read); a durable write (the intent log's)
 //! fails when a present child failed, as a mirror's does, so that an acknowledged record does
@@ -29,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures::future::join_all;
-use sluice_format::raidz::{self, RaidzGeometry, RaidzMap};
+use sluice_format::raidz::{self, RaidzGeometry, RaidzLayout, RaidzMap};
 use sluice_format::DATA_START_BYTES;
 
 use super::leaf::{Leaf, LeafState};
@@ -73,7 +77,17 @@ pub struct Raidz {
     /// allocations cost page faults (with huge pages, a 2 MiB clear each) that made the
     /// server's CPU per MiB half again a mirror's (perf, 2026-11-29). Parity is computed over
     /// the whole buffer, so a reused one needs no clearing. At most [`PARITY_SPARE_BYTES`].
-    parity_spare: parking_lot::Mutex<Vec<AlignedBuf>>,
+    parity_spare: parking_lot::Mutex<ParitySpare>,
+}
+
+/// Kept parity buffers by length, and their bytes. Kept by length because a vdev holds
+/// thousands of small ones (a 4 KiB log block's parity is one sector): a list searched and
+/// summed at each write took more of a 4 KiB write's CPU than computing its parity (perf,
+/// 2026-11-29).
+#[derive(Debug, Default)]
+struct ParitySpare {
+    by_len: std::collections::HashMap<usize, Vec<AlignedBuf>>,
+    held: usize,
 }
 
 /// The most bytes of parity buffers a RAID-Z vdev keeps for reuse.
@@ -138,7 +152,7 @@ impl Raidz {
             diagnosis: parking_lot::Mutex::new(()),
             missed: (0..width).map(|_| AtomicU64::new(0)).collect(),
             missed_flushed: (0..width).map(|_| AtomicU64::new(0)).collect(),
-            parity_spare: parking_lot::Mutex::new(Vec::new()),
+            parity_spare: parking_lot::Mutex::new(ParitySpare::default()),
         }
     }
 
@@ -236,7 +250,32 @@ impl Raidz {
         verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
         count_if_none: bool,
     ) -> Result<AlignedBuf, VdevError> {
-        match self.find(offset, len, class, verify).await {
+        self.read_in(RaidzLayout::Striped, offset, len, class, verify, count_if_none).await
+    }
+
+    /// Reads an intent-log block, laid out as the vdev lays out log blocks. The end of a
+    /// chain is a block no combination verifies, so that is not counted as checksum errors.
+    pub async fn read_log(
+        &self,
+        offset: u64,
+        len: u32,
+        class: IoClass,
+        verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
+    ) -> Result<AlignedBuf, VdevError> {
+        self.read_in(self.geometry.log_layout(), offset, len, class, verify, false).await
+    }
+
+    /// [`Raidz::read_counting`] of a block laid out as `layout`.
+    async fn read_in(
+        &self,
+        layout: RaidzLayout,
+        offset: u64,
+        len: u32,
+        class: IoClass,
+        verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
+        count_if_none: bool,
+    ) -> Result<AlignedBuf, VdevError> {
+        match self.find(layout, offset, len, class, verify).await {
             Ok(found) => {
                 for &c in &found.wrong {
                     self.count_mismatch(&found, c, class);
@@ -278,12 +317,13 @@ impl Raidz {
     /// Reads a block whole (see `read_counting`), without counting or repairing anything.
     async fn find(
         &self,
+        layout: RaidzLayout,
         offset: u64,
         len: u32,
         class: IoClass,
         verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
     ) -> Result<Found, Lost> {
-        let mut stripe = self.stripe(offset, len);
+        let mut stripe = self.stripe(layout, offset, len);
         let parity = stripe.map.parity;
         let count = stripe.map.columns.len();
         // First the data columns from up-to-date leaves, parity only for the ones that cannot
@@ -506,7 +546,34 @@ impl Raidz {
     ) -> Result<(), VdevError> {
         let asize = self.geometry.asize(data.len() as u64);
         let data = Arc::new(AlignedBuf::copy_from(&data));
-        self.write_stripes(&[(offset, asize, data)], class, durable).await
+        self.write_stripes(RaidzLayout::Striped, &[(offset, asize, data)], class, durable).await
+    }
+
+    /// Writes an intent-log block, laid out as the vdev lays out log blocks, as
+    /// [`Raidz::write_flushed`] does a block. Laid out as copies, the block's own buffer goes
+    /// to each of its columns, as a mirror's write does: the parity of one data column is that
+    /// column, so there is nothing to compute or copy. Such a block may be shorter than its
+    /// allocation: its columns are where a longer one's begin (the format's module doc).
+    pub async fn write_log(
+        &self,
+        offset: u64,
+        data: SharedBuf,
+        class: IoClass,
+        durable: bool,
+    ) -> Result<(), VdevError> {
+        match self.geometry.log_layout() {
+            RaidzLayout::Striped => self.write_flushed(offset, data, class, durable).await,
+            RaidzLayout::Copies => {
+                let map = self.geometry.map_in(RaidzLayout::Copies, offset, data.len() as u64);
+                let mut per_child: Vec<Vec<(u64, SharedBuf)>> =
+                    vec![Vec::new(); self.geometry.width() as usize];
+                for column in &map.columns {
+                    per_child[column.child as usize].push((column.offset, data.clone()));
+                }
+                let len = self.geometry.asize_in(RaidzLayout::Copies, data.len() as u64);
+                self.write_children(per_child, offset, len, class, durable).await
+            }
+        }
     }
 
     /// Writes a run of blocks back to back: each block's columns, parity computed here, and
@@ -524,19 +591,21 @@ impl Raidz {
     ) -> Result<(), VdevError> {
         let stripes: Vec<(u64, u64, Arc<AlignedBuf>)> =
             blocks.iter().map(|b| (b.offset, b.asize, Arc::clone(&b.data))).collect();
-        self.write_stripes(&stripes, class, durable).await
+        self.write_stripes(RaidzLayout::Striped, &stripes, class, durable).await
     }
 
     /// [`Raidz::write_run`] of blocks given as (offset, allocated bytes, stored bytes).
     async fn write_stripes(
         &self,
+        layout: RaidzLayout,
         blocks: &[(u64, u64, Arc<AlignedBuf>)],
         class: IoClass,
         durable: bool,
     ) -> Result<(), VdevError> {
         let width = self.geometry.width() as usize;
         let sector = 1usize << self.geometry.ashift();
-        let zeros = Arc::new(AlignedBuf::zeroed(sector));
+        // Made when a pad is written, which a lone block (a log block, a read's repair) never is.
+        let mut zeros: Option<Arc<AlignedBuf>> = None;
         // Each child's pieces, in the order blocks and rows come: (device offset, bytes).
         let mut pieces: Vec<Vec<(u64, Part)>> = vec![Vec::new(); width];
         // The parity buffers, to keep for reuse once the writes are done.
@@ -547,10 +616,10 @@ impl Raidz {
                 assert_eq!(before + asize, *offset, "a run's blocks lie back to back");
             }
             assert!(
-                self.geometry.asize(data.len() as u64) <= blocks[i].1,
+                self.geometry.asize_in(layout, data.len() as u64) <= blocks[i].1,
                 "a block's columns, parity and pads fit its allocation"
             );
-            let map = self.geometry.map(*offset, data.len() as u64);
+            let map = self.geometry.map_in(layout, *offset, data.len() as u64);
             let mut placed: Vec<(u32, u64, Part)> = map
                 .columns
                 .iter()
@@ -563,10 +632,9 @@ impl Raidz {
                 .map(|(column, part)| (column.child, column.offset, part))
                 .collect();
             if i != last {
+                let zeros = zeros.get_or_insert_with(|| Arc::new(AlignedBuf::zeroed(sector)));
                 placed.extend(
-                    map.pads
-                        .iter()
-                        .map(|&(child, at)| (child, at, (Arc::clone(&zeros), 0..sector))),
+                    map.pads.iter().map(|&(child, at)| (child, at, (Arc::clone(zeros), 0..sector))),
                 );
             }
             placed.sort_by_key(|&(child, at, _)| (child, at));
@@ -576,9 +644,26 @@ impl Raidz {
         }
         let (first, end) =
             blocks.first().zip(blocks.last()).map_or((0, 0), |(f, l)| (f.0, l.0 + l.1));
-        let writes = pieces.into_iter().enumerate().filter(|(_, p)| !p.is_empty()).map(
-            |(child, child_pieces)| async move {
-                let writes = contiguous(child_pieces);
+        let per_child = pieces.into_iter().map(contiguous).collect();
+        let written = self.write_children(per_child, first, end - first, class, durable).await;
+        self.keep_parity(kept);
+        written
+    }
+
+    /// Writes each child's pieces (`per_child[c]`: device offset and bytes, in order) to the
+    /// leaves of its slot in service, then says whether the blocks of `len` bytes at `first`
+    /// are written: at most `parity` children failed, and for a `durable` write no present
+    /// child failed.
+    async fn write_children(
+        &self,
+        per_child: Vec<Vec<(u64, SharedBuf)>>,
+        first: u64,
+        len: u64,
+        class: IoClass,
+        durable: bool,
+    ) -> Result<(), VdevError> {
+        let writes = per_child.into_iter().enumerate().filter(|(_, p)| !p.is_empty()).map(
+            |(child, writes)| async move {
                 let mut took = true;
                 let mut failed_present = None;
                 for (at, data) in writes {
@@ -607,10 +692,8 @@ impl Raidz {
             },
         );
         let results = join_all(writes).await;
-        self.keep_parity(kept);
         let failed = results.iter().filter(|(took, _)| !took).count();
         let first_error = results.into_iter().find_map(|(_, error)| error);
-        let len = end - first;
         if failed > self.geometry.parity() as usize {
             return Err(VdevError::AllChildrenFailed {
                 vdev: self.id,
@@ -638,7 +721,7 @@ impl Raidz {
         len: u32,
         verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
     ) -> ScrubOutcome {
-        let mut stripe = self.stripe(offset, len);
+        let mut stripe = self.stripe(RaidzLayout::Striped, offset, len);
         let all: Vec<usize> = (0..stripe.map.columns.len()).collect();
         self.read_columns(&mut stripe, &all, false, IoClass::Scrub).await;
         self.check_all(stripe, len, verify, &[]).await
@@ -654,15 +737,15 @@ impl Raidz {
         verify: &(dyn Fn(&[u8]) -> bool + Send + Sync),
         targets: &[VdevId],
     ) -> ScrubOutcome {
-        let mut stripe = self.stripe(offset, len);
+        let mut stripe = self.stripe(RaidzLayout::Striped, offset, len);
         let all: Vec<usize> = (0..stripe.map.columns.len()).collect();
         // Targets are behind, so this reads around them.
         self.read_columns(&mut stripe, &all, false, IoClass::Scrub).await;
         self.check_all(stripe, len, verify, targets).await
     }
 
-    fn stripe(&self, offset: u64, len: u32) -> Stripe {
-        let map = self.geometry.map(offset, u64::from(len));
+    fn stripe(&self, layout: RaidzLayout, offset: u64, len: u32) -> Stripe {
+        let map = self.geometry.map_in(layout, offset, u64::from(len));
         let count = map.columns.len();
         Stripe {
             bufs: (0..count).map(|_| None).collect(),
@@ -750,8 +833,11 @@ impl Raidz {
     /// A parity buffer of `len` bytes: a kept one of that length, or a new one.
     fn parity_buffer(&self, len: usize) -> AlignedBuf {
         let mut spare = self.parity_spare.lock();
-        match spare.iter().rposition(|b| b.len() == len) {
-            Some(at) => spare.swap_remove(at),
+        match spare.by_len.get_mut(&len).and_then(Vec::pop) {
+            Some(buffer) => {
+                spare.held -= len;
+                buffer
+            }
             None => AlignedBuf::zeroed(len),
         }
     }
@@ -760,14 +846,13 @@ impl Raidz {
     /// [`PARITY_SPARE_BYTES`].
     fn keep_parity(&self, buffers: Vec<Arc<AlignedBuf>>) {
         let mut spare = self.parity_spare.lock();
-        let mut held: usize = spare.iter().map(|b| b.len()).sum();
         for buffer in buffers {
             let Ok(buffer) = Arc::try_unwrap(buffer) else { continue };
-            if held + buffer.len() > PARITY_SPARE_BYTES {
+            if spare.held + buffer.len() > PARITY_SPARE_BYTES {
                 break;
             }
-            held += buffer.len();
-            spare.push(buffer);
+            spare.held += buffer.len();
+            spare.by_len.entry(buffer.len()).or_default().push(buffer);
         }
     }
 

@@ -698,7 +698,9 @@ pub async fn issue(
     how: Issue,
 ) -> Result<(), ZioError> {
     pipeline.counted(pipeline.stage(Stage::Issue, writer))?;
-    let written = if how.durable {
+    let written = if writer == Writer::LogChain {
+        root.write_log(at, data, how.class, how.durable).await
+    } else if how.durable {
         root.write_durable(at, data, how.class).await
     } else {
         root.write(at, data, how.class).await
