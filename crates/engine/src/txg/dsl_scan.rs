@@ -901,6 +901,13 @@ impl Scan {
     /// txg. One that did (it went out of service again, or a write failed on it) is behind
     /// by the txgs since, and the next sync starts a resilver of those. Under the sync lock,
     /// so that no sync is between writing its uberblocks and counting who took them.
+    ///
+    /// A target that took every copy and is still behind goes on at once with a pass over
+    /// the txgs after the range, within this resilver: a resumed resilver cannot know what its
+    /// leaves missed before the import, so it ends holding only its range. Ended there, status
+    /// said "resilvered" while the pool still counted the leaf behind (an offline of the other
+    /// leg refused for want of a valid replica) until the next sync's resilver; a resilver is
+    /// reported finished only once its leaves hold every txg.
     async fn finish<G>(
         &self,
         pool: &Pool,
@@ -921,6 +928,7 @@ impl Scan {
             if clean {
                 let _one_at_a_time = hold_syncs.await;
                 let leaves = pool.leaves();
+                let mut took_all = Vec::new();
                 for target in &targets {
                     // A copy it did not take (out of service, or a failed write) leaves it
                     // behind as it was: the next resilver starts over for it.
@@ -930,6 +938,15 @@ impl Scan {
                         .is_none_or(|l| l.leaf.resilver_misses() != target.resilver_misses);
                     if !missed_copies {
                         pool.mark_caught_up(target.guid, resilvered, target.missed_then);
+                        took_all.push(target.guid);
+                    }
+                }
+                let behind = pool.leaves_behind();
+                if behind.iter().any(|(guid, _, _)| took_all.contains(guid)) {
+                    let mut scan = self.lock();
+                    if scan.generation == generation && !scan.halt {
+                        scan.begin_resilver(pool, &behind);
+                        return;
                     }
                 }
             } else {
