@@ -49,7 +49,7 @@ pub use self::cache::BlockCache;
 pub use self::io::follows;
 pub use self::missing::MissingDevice;
 pub use self::scrub::{ScrubReport, VerifyReport};
-use crate::alloc::log_region_bytes;
+use crate::alloc::{log_region_bytes, vdev_log_region_bytes};
 use crate::device::{BlockDevice, DeviceError, SharedBuf};
 use crate::rt::Env;
 use crate::tunables::{IoClass, Tunables};
@@ -733,14 +733,14 @@ impl Pool {
         let root = self.root();
         let vdev = &root.top_level()[top];
         let (start, end) = vdev.data_area();
-        let region = log_region_bytes(end - start);
         match vdev {
             Vdev::Raidz(raidz) => {
+                let region = vdev_log_region_bytes(end - start, Some(&raidz.geometry()));
                 let width = u64::from(raidz.geometry().width());
                 let sector = 1u64 << self.ashift;
                 (DATA_START_BYTES, region.div_ceil(width).next_multiple_of(sector))
             }
-            _ => (start, region),
+            _ => (start, log_region_bytes(end - start)),
         }
     }
 
