@@ -12,18 +12,18 @@
 //! reads anything else: a command and a server of different versions refuse each other with
 //! an error that says so and what to run (exit code 11), rather than misreading each other.
 //!
-//! - The request, [`Request`]: `{"protocol": 4, "command": C}`, C being the command line's
+//! - The request, [`Request`]: `{"protocol": 5, "command": C}`, C being the command line's
 //!   own parsed subcommand (`crate::Command`) in its serde form, for example
 //!   `{"pool": {"pool": {"scrub": {"name": "tank", "pause": false, "stop": false, "wait":
 //!   true}}}}` (the outer `pool` is the subcommand, the inner its field). The
 //!   server does not parse a command line.
-//! - Frames, [`Frame`], in order: `{"protocol": 4, "progress": P}` while a command waits for a
+//! - Frames, [`Frame`], in order: `{"protocol": 5, "progress": P}` while a command waits for a
 //!   scrub or resilver (`crate::pools::output::Progress`, printed by the command as it
-//!   arrives); `{"protocol": 4, "reply": R}` for each thing the command said
+//!   arrives); `{"protocol": 5, "reply": R}` for each thing the command said
 //!   (`crate::pools::output::Reply`: typed values such as a pool's status or a volume list,
 //!   which the command renders as text, `-H` or `--json` exactly as it renders them for a pool
 //!   it opened itself; `pool stats` is a `Reply::Stats` carrying the `PoolSnapshot`); and last
-//!   `{"protocol": 4, "ok": true}`, or `{"protocol": 4, "ok": false, "error": message,
+//!   `{"protocol": 5, "ok": true}`, or `{"protocol": 5, "ok": false, "error": message,
 //!   "kind": name}`, `kind` naming what kind of failure it was (crate::exit's names, so the
 //!   client exits with the code the server's error calls for).
 //! - `send` and `recv` carry a stream in the same connection: `send`'s server answers
@@ -56,7 +56,8 @@ use crate::{exit, pools, Command};
 /// what kind of failure they carry. 3: the request is the typed command, the answer typed
 /// replies and progress frames, rendered by the command. 4: `key load|unload|change` and `vol
 /// create`'s encryption, whose commands carry key material (never printed, zeroed on drop).
-pub const PROTOCOL: u32 = 4;
+/// 5: `pool events`, whose `-f` answers with a reply frame per event until the client goes.
+pub const PROTOCOL: u32 = 5;
 
 /// One command for the server.
 #[derive(Serialize, Deserialize)]
@@ -322,6 +323,31 @@ pub fn forward(
     })())
 }
 
+/// As [`forward`], for a command whose replies come as things happen (`pool events -f`):
+/// each is handed to `each` as it arrives, until the server ends the command.
+pub fn forward_each(
+    pool: &str,
+    command: &Command,
+    mut each: impl FnMut(Reply),
+) -> Option<anyhow::Result<()>> {
+    let path = socket_path(pool);
+    let stream = UnixStream::connect(&path).ok()?;
+    Some((|| {
+        send_request(&stream, command)?;
+        let mut input = BufReader::new(&stream);
+        loop {
+            let frame = read_frame(&mut input, &path)?;
+            if let Some(progress) = &frame.progress {
+                eprintln!("{}", render_progress(progress));
+            } else if let Some(reply) = frame.reply {
+                each(reply);
+            } else {
+                return frame.end(&path);
+            }
+        }
+    })())
+}
+
 /// Listens on the control socket of the served pool until the task is dropped.
 pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let name = store.pool().name().to_owned();
@@ -383,6 +409,9 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
                         })
                         .await;
                     }
+                    Ok(Command::Pool {
+                        pool: crate::PoolCommand::Events { name, follow: true, .. },
+                    }) => follow_events(&store, &name, reader, &mut writer).await,
                     Ok(command) => run(&env, store, command, &mut writer).await,
                     Err(e) => {
                         let _ = writer.write_all(Frame::failed(&e).to_line().as_bytes()).await;
@@ -391,6 +420,48 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
             });
         }
     }))
+}
+
+/// `pool events -f`: the events kept, then each new one as it is posted, each as a reply
+/// frame, until the client goes (its end of the socket closes: it sends nothing after its
+/// request) or the pool is closed.
+async fn follow_events(
+    store: &Store,
+    name: &str,
+    mut reader: impl tokio::io::AsyncRead + Unpin,
+    writer: &mut tokio::net::unix::OwnedWriteHalf,
+) {
+    use futures::StreamExt;
+    use tokio::io::AsyncReadExt;
+    if store.pool().name() != name {
+        let error = anyhow::anyhow!("this server serves pool {}, not {name}", store.pool().name());
+        let _ = writer.write_all(Frame::failed(&error).to_line().as_bytes()).await;
+        return;
+    }
+    let (kept, mut new) = store.pool().events().follow();
+    let views = kept.iter().map(|e| crate::events::EventView::of(e)).collect();
+    let first = Frame::reply(Reply::Events(crate::events::EventList { events: views }));
+    if writer.write_all(first.to_line().as_bytes()).await.is_err() {
+        return;
+    }
+    let mut byte = [0u8; 1];
+    loop {
+        tokio::select! {
+            event = new.next() => {
+                let Some(event) = event else {
+                    let _ = writer.write_all(Frame::done().to_line().as_bytes()).await;
+                    return;
+                };
+                let events = vec![crate::events::EventView::of(&event)];
+                let frame = Frame::reply(Reply::Events(crate::events::EventList { events }));
+                if writer.write_all(frame.to_line().as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+            // The client sends nothing more: a read ends only when it has gone.
+            _ = reader.read(&mut byte) => return,
+        }
+    }
 }
 
 /// Runs `command` against the live store, writing its progress frames while it runs, then
@@ -639,7 +710,7 @@ mod tests {
             PoolCommand::Scrub { name: "tank".into(), pause: false, stop: false, wait: true };
         let line = request_line(Command::Pool { pool: scrub });
         assert!(
-            line.starts_with("{\"protocol\":4,\"command\":{\"pool\":{\"pool\":{\"scrub\":"),
+            line.starts_with("{\"protocol\":5,\"command\":{\"pool\":{\"pool\":{\"scrub\":"),
             "{line}"
         );
         match parse_request(&line).unwrap() {
@@ -706,7 +777,7 @@ mod tests {
             assert_eq!(frame.kind.as_deref(), Some(PROTOCOL_KIND));
             assert_eq!(exit::code(&frame.end(Path::new("x")).unwrap_err()), exit::PROTOCOL);
         }
-        let Err(bad) = parse_request("{\"protocol\":4,\"args\":[]}") else { panic!("taken") };
+        let Err(bad) = parse_request("{\"protocol\":5,\"args\":[]}") else { panic!("taken") };
         assert!(bad.to_string().contains("bad request"), "{bad}");
     }
 
@@ -719,7 +790,7 @@ mod tests {
         let error = read_frame(&mut answer.as_bytes(), Path::new("/s/tank.control")).unwrap_err();
         assert_eq!(exit::code(&error), exit::PROTOCOL);
         let said = error.to_string();
-        assert!(said.contains("speaks control protocol 2 and this sluice speaks 4"), "{said}");
+        assert!(said.contains("speaks control protocol 2 and this sluice speaks 5"), "{said}");
     }
 
     /// Frames in order: progress, replies, the end with the failure's kind.
@@ -747,7 +818,7 @@ mod tests {
         assert_eq!(exit::code(&error), 3, "{error}");
         let mut replies = Vec::new();
         let ok = Frame::done().to_line();
-        assert_eq!(ok, "{\"protocol\":4,\"ok\":true}\n");
+        assert_eq!(ok, "{\"protocol\":5,\"ok\":true}\n");
         read_to_end(&mut ok.as_bytes(), Path::new("x"), &mut replies).unwrap();
     }
 }

@@ -12,6 +12,7 @@
 
 mod allocator;
 mod control;
+mod events;
 mod exit;
 mod hints;
 mod iostat;
@@ -19,6 +20,7 @@ mod metrics;
 mod pools;
 mod serve;
 mod snapshot;
+mod zed;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -101,6 +103,13 @@ enum Command {
         cores: usize,
         #[command(flatten)]
         tls: serve::TlsArgs,
+        /// Run the programs in DIR for each of the pool's events (ZED's zedlets): those named
+        /// for the event's subclass (`statechange-notify.sh`, `scrub_finish-mail`) or `all-*`,
+        /// owned by root and writable by no one else, with the event in `ZEVENT_*` variables;
+        /// 8 at once at most, each killed after 60 s; their output goes to the server's log.
+        /// `sluice pool events` lists the events. Examples: contrib/hooks.
+        #[arg(long, value_name = "DIR")]
+        event_hook: Option<PathBuf>,
     },
     /// Create, import, inspect and check pools.
     Pool {
@@ -332,6 +341,22 @@ enum PoolCommand {
     /// The counters `iostat` reads, as JSON (answered by the server).
     #[command(hide = true)]
     Stats { name: String },
+    /// What has happened to a served pool (zpool events): each leaf's change of state,
+    /// bursts of I/O and checksum errors, scrubs and resilvers starting and ending, leaves
+    /// attached and detached, suspension, keys loaded, with the time (UTC), the vdev and
+    /// details. The server keeps the newest 1,000 and writes each to its log as it happens.
+    Events {
+        name: String,
+        /// Go on printing each new event as it happens, until interrupted.
+        #[arg(short, long, conflicts_with = "clear")]
+        follow: bool,
+        /// One JSON object per event, one per line.
+        #[arg(long)]
+        json: bool,
+        /// Forget the events kept (numbering goes on).
+        #[arg(short, long)]
+        clear: bool,
+    },
     /// Write the open txg out now and wait until it is durable (zpool sync): space figures,
     /// snapshot USED and the like then count every write made so far.
     Sync { name: String },
@@ -695,6 +720,7 @@ pub(crate) async fn run_pool_command(ctx: &mut Ctx<'_>, command: Command) -> any
                 pool::inject(ctx, &name, &leaf, &what).await
             }
             PoolCommand::Stats { name } => pool::stats(ctx, &name),
+            PoolCommand::Events { name, clear, .. } => pool::events(ctx, &name, clear),
             PoolCommand::Create { .. }
             | PoolCommand::Import { .. }
             | PoolCommand::Export { .. }
@@ -763,7 +789,7 @@ pub(crate) async fn run_pool_command(ctx: &mut Ctx<'_>, command: Command) -> any
 
 fn not_served() -> anyhow::Result<()> {
     anyhow::bail!(
-        "only pool status|list|stats|sync|scrub|offline|online|clear|attach|detach|replace, vol \
+        "only pool status|list|stats|events|sync|scrub|offline|online|clear|attach|detach|replace, vol \
          create|list|get|set|rename|resize|rollback|promote|destroy, snapshot \
          create|list|destroy, clone, key load|unload|change, send and recv run on a served pool"
     )
@@ -846,6 +872,22 @@ async fn pool_command(env: &sluice_engine::rt::Env, command: PoolCommand) -> any
             per_pools(env, jobs, Format::of(false, json), Vec::new()).await
         }
         PoolCommand::Iostat { .. } => unreachable!("iostat runs without a runtime"),
+        PoolCommand::Events { ref name, follow: true, json, .. } => {
+            let format = Format::of(false, json);
+            let print = |reply: Reply| {
+                use std::io::Write;
+                print!("{}", pools::output::render(&reply, format));
+                let _ = std::io::stdout().flush();
+            };
+            let pool = name.clone();
+            control::forward_each(&pool, &Command::Pool { pool: command }, print)
+                .unwrap_or_else(|| Err(pools::pool::not_served_events(&pool)))
+        }
+        PoolCommand::Events { ref name, json, .. } => {
+            let pool = name.clone();
+            let jobs = vec![(pool, Command::Pool { pool: command })];
+            per_pools(env, jobs, Format::of(false, json), Vec::new()).await
+        }
         PoolCommand::Scrub { ref name, .. }
         | PoolCommand::Sync { ref name }
         | PoolCommand::Offline { ref name, .. }
@@ -1042,6 +1084,7 @@ fn run(
             metrics,
             cores,
             tls,
+            event_hook,
         } => {
             let pairs = parse_settings(&settings)?;
             let tunables = Tunables::with(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())))?;
@@ -1058,6 +1101,7 @@ fn run(
                 inherited: inherited.context("taking the sockets passed by socket activation")?,
                 metrics,
                 tls,
+                event_hook,
             };
             let cores = match cores {
                 0 => std::thread::available_parallelism().map_or(1, usize::from),

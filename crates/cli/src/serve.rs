@@ -51,6 +51,8 @@ pub struct ServeOptions {
     pub metrics: Option<String>,
     /// TLS for NBD clients.
     pub tls: TlsArgs,
+    /// A directory of programs to run for each event (crate::zed).
+    pub event_hook: Option<PathBuf>,
 }
 
 /// `--tls`: whether NBD clients may, must or cannot use TLS.
@@ -283,6 +285,9 @@ pub async fn serve(
     // Credentials and listeners are checked before the pool is opened: a mistake there must
     // not leave a pool imported by a server that never served.
     let tls = options.tls.server()?;
+    if let Some(dir) = &options.event_hook {
+        crate::zed::check_dir(dir)?;
+    }
     let inherited = if options.stdio {
         Vec::new()
     } else {
@@ -314,6 +319,11 @@ pub async fn serve(
     }
     load_file_keys(&store).await;
     let store = Arc::new(store);
+    let journal = crate::events::journal(&store);
+    let hooks = match &options.event_hook {
+        Some(dir) => Some(crate::zed::spawn(&store, dir)?),
+        None => None,
+    };
     store.run_syncer();
     let control = crate::control::serve(env.clone(), Arc::clone(&store)).await?;
     let metrics = match &options.metrics {
@@ -325,6 +335,10 @@ pub async fn serve(
         // One client on stdin/stdout; stdout carries the protocol, so nothing else is printed.
         let result = listen::serve_stdio(exports, tls).await;
         control.abort();
+        journal.abort();
+        if let Some(hooks) = &hooks {
+            hooks.abort();
+        }
         if let Some((_, task)) = metrics {
             task.abort();
         }
@@ -401,6 +415,10 @@ pub async fn serve(
     listen::serve(listeners, exports, shutdown, placement, tls).await;
     signals.abort();
     control.abort();
+    journal.abort();
+    if let Some(hooks) = &hooks {
+        hooks.abort();
+    }
     let _ = control.await;
     if let Some((_, task)) = metrics {
         task.abort();

@@ -644,10 +644,10 @@ fn exit_codes_follow_the_kind_of_failure_and_json_parses() {
         let mut answer = String::new();
         std::io::BufReader::new(&stream).read_line(&mut answer).unwrap();
         let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
-        assert_eq!((answer["protocol"].as_u64(), &answer["ok"]), (Some(4), &false.into()));
+        assert_eq!((answer["protocol"].as_u64(), &answer["ok"]), (Some(5), &false.into()));
         assert_eq!(answer["kind"], "protocol", "{answer}");
         let error = answer["error"].as_str().unwrap();
-        assert!(error.contains("control protocol 4") && error.contains(theirs), "{answer}");
+        assert!(error.contains("control protocol 5") && error.contains(theirs), "{answer}");
     }
     let stopped = Command::new("kill").arg(server.id().to_string()).status().unwrap();
     let exited = server.wait().unwrap();
@@ -678,7 +678,7 @@ fn a_server_of_an_older_protocol_is_named_as_such() {
     });
     let (code, said) = exit_code(&cache, &["pool", "status", "tank"]);
     let request = server.join().unwrap();
-    assert!(request.starts_with("{\"protocol\":4,\"command\":"), "{request}");
+    assert!(request.starts_with("{\"protocol\":5,\"command\":"), "{request}");
     assert_eq!(code, 11, "{said}");
-    assert!(said.contains("speaks control protocol 2 and this sluice speaks 4"), "{said}");
+    assert!(said.contains("speaks control protocol 2 and this sluice speaks 5"), "{said}");
 }

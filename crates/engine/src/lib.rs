@@ -17,8 +17,9 @@
 //! (`txg::dataset::Dsl`) -> its open txg (`txg::dsl_pool::Txg`) -> a volume's `txg::Dataset` state -> its `intent_log::LogWriter` state ->
 //! the dedup table -> a dedup entry -> the allocator -> a leaf's queue (`vdev::queue`) -> a
 //! simulated device's state. The block cache, the pool's
-//! state, the pool's vdev tree (held only to clone or swap an `Arc`) and the store's
-//! suspension cause are leaves: nothing is taken while holding them, but for the pool's
+//! state, the pool's vdev tree (held only to clone or swap an `Arc`), the store's
+//! suspension cause and the pool's events (`fm::Events`, posted to under any of the others)
+//! are leaves: nothing is taken while holding them, but for the pool's
 //! administration lock (`pool/admin.rs`, `pool/attach.rs`), which is taken before the
 //! pool's state and tree, never across an `.await`.
 //!
@@ -26,6 +27,7 @@
 
 // The runtime seam, the tunables and the counters are interfaces as they stand: the host
 // runtime implements the first, the CLI sets the second and reads the third.
+pub mod fm;
 pub mod rt;
 pub mod stats;
 pub mod tunables;

@@ -59,7 +59,18 @@ impl fmt::Display for Time {
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> Time;
     fn sleep_until(&self, deadline: Time) -> BoxFuture<()>;
+
+    /// The wall-clock time in nanoseconds since the Unix epoch (UTC), for what a person reads
+    /// (an event's time); intervals are measured with [`Clock::now`]. By default the clock's
+    /// own time from [`SIMULATED_EPOCH_UNIX_NANOS`], so that a simulated run stamps the same
+    /// times on every run; a host clock gives the system's.
+    fn unix_nanos(&self) -> u64 {
+        SIMULATED_EPOCH_UNIX_NANOS.saturating_add(self.now().as_nanos())
+    }
 }
+
+/// Where a clock without a wall clock of its own starts: 2026-01-01T00:00:00Z.
+pub const SIMULATED_EPOCH_UNIX_NANOS: u64 = 1_767_225_600 * 1_000_000_000;
 
 /// Spawns a detached task. `name` names the module that owns the task (`vdev_io`, `sim_hdd`),
 /// so traces and thread dumps say who is running.
@@ -178,6 +189,11 @@ impl Env {
 
     pub fn now(&self) -> Time {
         self.clock.now()
+    }
+
+    /// [`Clock::unix_nanos`]: the wall-clock time, UTC.
+    pub fn unix_nanos(&self) -> u64 {
+        self.clock.unix_nanos()
     }
 
     pub fn sleep_until(&self, deadline: Time) -> BoxFuture<()> {

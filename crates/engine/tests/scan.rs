@@ -13,6 +13,7 @@ use std::sync::Arc;
 use sluice_engine::alloc::log_region_bytes;
 use sluice_engine::device::sim::{CrashPolicy, Fault, SimOptions};
 use sluice_engine::device::{SimDevice, SimProfile};
+use sluice_engine::fm::EventClass;
 use sluice_engine::pool::{Pool, PoolError, TopSpec};
 use sluice_engine::rt::{Rng, Time};
 use sluice_engine::tunables::Tunables;
@@ -322,24 +323,53 @@ fn a_leg_failing_writes_is_faulted_then_cleared_and_resilvered() {
     assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
 }
 
-/// Bad copies found by reads degrade a leg after `vdev.checksum_errors_max` of them (reads go
-/// to the other leg from then on); a scrub's findings alone do not. The leg with the only
-/// good copy is never taken out, whatever it returns.
+/// Bad copies degrade a leg after `vdev.checksum_errors_max` of them (reads go to the other
+/// leg from then on), whether reads or a scrub found them: a leg that returns garbage where
+/// no client reads is degraded by the scrub that finds it (docs/design.md, "Fault
+/// diagnosis"), and the pool's events say so. The leg with the only good copy is never taken
+/// out, whatever it returns.
 #[test]
 fn checksum_errors_degrade_a_leg_but_never_the_last_good_copy() {
     // Round-robin reads, so that half of them meet leg1's bad copies.
     let (sim, legs, store, data) =
         setup_with(9, tunables_with(&[("mirror.read_policy", "round-robin")]));
     let start = DATA_START_BYTES + log_region_bytes(data_end_bytes(LEG_BYTES) - DATA_START_BYTES);
-    // Scrub-found damage on leg0 does not count against it.
+    // Damage on leg0 that only a scrub reads.
     for block in 0..64u64 {
         legs[0].inject(Fault::BitFlip { offset_bytes: start + block * 4096 + 7, bit: 1 });
     }
+    let seen = store.pool().events().list().last().map_or(0, |e| e.eid);
     store.scrub_start().unwrap();
     let s = Arc::clone(&store);
     sim.run(async move { s.wait_scan().await }).unwrap();
     assert!(store.scan_status().unwrap().repaired_copies >= 64);
+    assert_eq!(store.pool().leaves()[0].leaf.state(), LeafState::Degraded);
+    assert_eq!(store.pool().leaves()[1].leaf.state(), LeafState::Online);
+    let events: Vec<_> =
+        store.pool().events().list().into_iter().filter(|e| e.eid > seen).collect();
+    let classes: Vec<EventClass> = events.iter().map(|e| e.class).collect();
+    assert_eq!(classes.first(), Some(&EventClass::ScrubStart), "{events:#?}");
+    assert_eq!(classes.last(), Some(&EventClass::ScrubFinish), "{events:#?}");
+    let degraded = events.iter().find(|e| e.class == EventClass::StateChange).unwrap();
+    assert_eq!(degraded.vdev.as_deref(), Some("leg0"));
+    assert_eq!(
+        (degraded.detail("state"), degraded.detail("previous"), degraded.detail("reason")),
+        (Some("DEGRADED"), Some("ONLINE"), Some("too many checksum errors"))
+    );
+    // The errors come as bursts: the first at once, the rest counted in later events and in
+    // the leg's total.
+    let bursts: Vec<_> = events.iter().filter(|e| e.class == EventClass::Checksum).collect();
+    assert!(!bursts.is_empty() && bursts.len() < 64, "{bursts:#?}");
+    assert!(bursts.iter().all(|e| e.vdev.as_deref() == Some("leg0")));
+    assert_eq!(bursts[0].detail("errors"), Some("1"));
+    let total = store.pool().leaves()[0].leaf.stats().checksum_errors.get();
+    assert!(total >= 64, "{total}");
+    // `pool clear` returns it to service, and says so.
+    store.pool().clear(Some("leg0")).unwrap();
     assert_eq!(store.pool().leaves()[0].leaf.state(), LeafState::Online);
+    let last: Vec<EventClass> =
+        store.pool().events().list().iter().rev().take(2).map(|e| e.class).collect();
+    assert_eq!(last, [EventClass::StateChange, EventClass::VdevClear]);
     // Reads that find leg1's copies bad degrade it.
     for block in 0..64u64 {
         legs[1].inject(Fault::BitFlip { offset_bytes: start + block * 4096 + 7, bit: 1 });
@@ -537,6 +567,12 @@ fn a_resumed_resilver_is_finished_only_when_its_leaf_holds_every_txg() {
     );
     assert!(behind.is_empty(), "finished, yet behind: {behind:?}");
     offline(&sim, &store, "leg0").expect("leg1 holds every txg once its resilver is done");
+    // The events of the resumed resilver: one start (the pass after its range is part of it)
+    // and its end.
+    let classes: Vec<EventClass> = store.pool().events().list().iter().map(|e| e.class).collect();
+    let count = |class| classes.iter().filter(|&&c| c == class).count();
+    assert_eq!(count(EventClass::ResilverFinish), 1, "{classes:?}");
+    assert_eq!(count(EventClass::ResilverStart), 0, "restored, not started: {classes:?}");
     assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
 }
 

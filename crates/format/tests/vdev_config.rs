@@ -137,7 +137,13 @@ fn rechecksum(label: &mut [u8]) {
 fn the_encoder_follows_the_byte_table() {
     let encoded = raidz_tree(2, 6, &[3]).encode().expect("a valid tree");
     assert_eq!(encoded, Raw::good().bytes());
-    assert_eq!(FEATURES_KNOWN, ["raidz", "encryption"]);
+    // Log blocks laid out as copies: bit 0 of the flags byte, and the feature listed.
+    let mut copies = raidz_tree(2, 6, &[3]);
+    copies.top[0].raidz.as_mut().expect("a RAID-Z vdev").log_copies = true;
+    let raw = Raw { features: vec!["raidz", "raidz_log_copies"], reserved: 1, ..Raw::good() };
+    assert_eq!(copies.encode().expect("a valid tree"), raw.bytes());
+    assert_eq!(VdevTreeConfig::decode(&raw.bytes(), FormatVersion::V6).expect("decodes"), copies);
+    assert_eq!(FEATURES_KNOWN, ["raidz", "encryption", "raidz_log_copies"]);
 }
 
 /// A pool with encrypted volumes lists the `encryption` feature in every label, whatever its

@@ -35,6 +35,12 @@ impl Clock for TokioClock {
         let at = self.epoch_tokio + std::time::Duration::from_nanos(deadline.as_nanos());
         Box::pin(tokio::time::sleep_until(at))
     }
+
+    fn unix_nanos(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    }
 }
 
 /// Spawns onto the tokio runtime the caller is inside.

@@ -51,6 +51,8 @@ pub enum Reply {
     /// A served pool's counters (`pool stats`, read by `pool iostat`), their layout checked
     /// as they are read.
     Stats(#[serde(deserialize_with = "PoolSnapshot::deserialize_checked")] Box<PoolSnapshot>),
+    /// A served pool's events (`pool events`).
+    Events(crate::events::EventList),
 }
 
 /// A command's account of what it did: one or more lines.
@@ -343,6 +345,7 @@ pub fn merge(replies: Vec<Reply>) -> Vec<Reply> {
             (Some(Reply::SnapshotList(list)), Reply::SnapshotList(more)) => {
                 list.snapshots.extend(more.snapshots)
             }
+            (Some(Reply::Events(list)), Reply::Events(more)) => list.events.extend(more.events),
             (_, reply) => merged.push(reply),
         }
     }
@@ -366,6 +369,14 @@ pub fn render(reply: &Reply, format: Format) -> String {
         Reply::VolProps(props) => vol_props(&mut out, props, format),
         Reply::SnapshotList(list) => snapshot_list(&mut out, list, format),
         Reply::Stats(snapshot) => out.say(snapshot.to_json()),
+        Reply::Events(list) => {
+            for event in &list.events {
+                match format {
+                    Format::Json => out.json(event),
+                    _ => out.say(event.line()),
+                }
+            }
+        }
     }
     out.0
 }

@@ -949,6 +949,30 @@ pub fn stats(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `pool events NAME [-c]` (zpool events): the events the server keeps, or with `clear`
+/// forgets them, saying how many.
+pub fn events(ctx: &mut Ctx<'_>, name: &str, clear: bool) -> anyhow::Result<()> {
+    let Some(store) = ctx.live.as_ref().filter(|s| s.pool().name() == name) else {
+        return Err(not_served_events(name));
+    };
+    if clear {
+        let count = store.pool().events().clear();
+        ctx.say(Reply::done(format!("cleared {count} events of pool {name}")));
+    } else {
+        let events = crate::events::list(store);
+        ctx.say(Reply::Events(crate::events::EventList { events }));
+    }
+    Ok(())
+}
+
+/// Why `pool events` of a pool no server holds has nothing to show.
+pub fn not_served_events(name: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "pool {name} is not being served: its events are kept by the running `sluice serve \
+         {name}` (and written to its log)"
+    )
+}
+
 /// `pool inject NAME LEAF read-errors|write-errors|gone|clear` (zinject): on a served pool,
 /// makes a leaf's device fail from now on, or stop failing.
 pub async fn inject(ctx: &mut Ctx<'_>, name: &str, leaf: &str, what: &str) -> anyhow::Result<()> {

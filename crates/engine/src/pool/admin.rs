@@ -115,6 +115,7 @@ impl Pool {
         for leaf in &leaves {
             leaf.leaf.clear_errors();
             leaf.leaf.clear_diagnosis();
+            self.events.post(crate::fm::EventClass::VdevClear, Some(&leaf.path), Vec::new());
             let state = leaf.leaf.state();
             let back = matches!(state, LeafState::Degraded)
                 || (state == LeafState::Faulted(FaultReason::TooManyErrors))

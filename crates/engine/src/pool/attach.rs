@@ -152,6 +152,7 @@ impl Pool {
             }
             let id = VdevId(self.next_leaf_id.fetch_add(1, Ordering::Relaxed));
             let leaf = Leaf::new(id, &self.env, Arc::clone(&new.device), &self.tunables);
+            leaf.watch(Arc::clone(&self.events), &new.path);
             let leaf = PoolLeaf { guid, top: old.top, path: new.path, leaf, present: true };
             (tree.config.clone(), config, leaf, replacing.then_some(old.guid))
         };
@@ -422,6 +423,7 @@ impl Pool {
                         len_bytes: len_bytes.unwrap_or(0),
                     };
                     let leaf = Leaf::new(id, &self.env, Arc::new(stand_in), &self.tunables);
+                    leaf.watch(Arc::clone(&self.events), &child.path);
                     leaf.mark_gone();
                     PoolLeaf {
                         guid: child.guid,

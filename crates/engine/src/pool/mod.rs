@@ -423,6 +423,8 @@ pub struct Pool {
     read_only: std::sync::atomic::AtomicBool,
     /// The block pipeline's faults, observers and error counts (crate::zio).
     zio: Arc<crate::zio::Pipeline>,
+    /// What happened to the pool while this process had it (`pool events`).
+    events: Arc<crate::fm::Events>,
 }
 
 fn check_name(name: &str) -> Result<(), PoolError> {
@@ -442,6 +444,11 @@ fn check_name(name: &str) -> Result<(), PoolError> {
 impl Pool {
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The pool's events ([`crate::fm`]).
+    pub fn events(&self) -> &Arc<crate::fm::Events> {
+        &self.events
     }
 
     pub fn guid(&self) -> u64 {
@@ -950,9 +957,11 @@ impl Pool {
         // Each top's leaves in `config_leaves` order (members come in that order).
         let mut by_top: BTreeMap<usize, Vec<Arc<Leaf>>> = BTreeMap::new();
         let next_leaf_id = u32::try_from(members.len()).unwrap_or(u32::MAX);
+        let events = Arc::new(crate::fm::Events::new(env, name));
         for (index, (top, leaf_config, device, present)) in members.into_iter().enumerate() {
             let id = u32::try_from(index).unwrap_or(u32::MAX);
             let leaf = Leaf::new(VdevId(id), env, device, tunables);
+            leaf.watch(Arc::clone(&events), &leaf_config.path);
             if !present {
                 // Stand-ins start faulted: mirrors read them only as a last resort.
                 leaf.mark_gone();
@@ -990,6 +999,7 @@ impl Pool {
             next_leaf_id: std::sync::atomic::AtomicU32::new(next_leaf_id),
             read_only: std::sync::atomic::AtomicBool::new(false),
             zio: Arc::default(),
+            events,
             state: Mutex::new(PoolState {
                 uberblock: Uberblock {
                     txg: 0,

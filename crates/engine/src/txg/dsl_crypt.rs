@@ -317,6 +317,11 @@ impl Store {
         match self.replay_deferred(wrapped.guid).await {
             Ok(()) => {
                 self.spa.crypt().set_awaiting_log(wrapped.guid, false);
+                self.spa.pool().events().post(
+                    crate::fm::EventClass::KeyLoad,
+                    None,
+                    vec![("volume", volume.to_owned())],
+                );
                 Ok(())
             }
             // Every record's tag is checked before any is applied: nothing changed, and the
@@ -359,6 +364,11 @@ impl Store {
             );
             keys.unload(wrapped.guid);
             self.spa.pool().cache().clear();
+            self.spa.pool().events().post(
+                crate::fm::EventClass::KeyUnload,
+                None,
+                vec![("volume", volume.to_owned())],
+            );
         }
         self.spa.crypt().state.lock().closing.remove(&wrapped.guid);
         synced.map(|_| ())

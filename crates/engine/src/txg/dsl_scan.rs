@@ -55,6 +55,7 @@ use sluice_format::{
 
 use super::spa::Spa;
 use super::{Store, StoreError};
+use crate::fm::EventClass;
 use crate::pool::{Pool, PoolError};
 use crate::rt::Time;
 use crate::tunables::IoClass;
@@ -265,18 +266,41 @@ impl ScanState {
         self.status.as_ref().filter(|s| s.phase == ScanPhase::Scanning)
     }
 
-    /// Ends the current scan, if it is still scanning.
-    fn end(&mut self, phase: ScanPhase, now: Time) {
+    /// Ends the current scan, if it is still scanning, and posts its end.
+    fn end(&mut self, pool: &Pool, phase: ScanPhase) {
+        let now = pool.env().now();
         if let Some(status) = self.status.as_mut().filter(|s| s.phase == ScanPhase::Scanning) {
             status.phase = phase;
             status.ended = Some(now);
             status.paused = false;
             self.bookmark = Bookmark::Done;
             self.pause_requested = false;
+            let class = match (status.func, phase, status.unrecoverable) {
+                (ScanFunc::Scrub, ScanPhase::Finished, _) => EventClass::ScrubFinish,
+                (ScanFunc::Scrub, _, _) => EventClass::ScrubAbort,
+                (ScanFunc::Resilver, ScanPhase::Finished, 0) => EventClass::ResilverFinish,
+                (ScanFunc::Resilver, _, _) => EventClass::ResilverAbort,
+            };
+            let mut details = vec![
+                ("examined_bytes", status.examined_bytes.to_string()),
+                ("repaired_bytes", status.repaired_bytes.to_string()),
+                ("errors", status.errors.to_string()),
+                ("unrecoverable", status.unrecoverable.to_string()),
+                ("seconds", status.run_secs(now).to_string()),
+            ];
+            if !status.targets.is_empty() {
+                details.push(("targets", status.targets.join(",")));
+            }
+            if let Some(failure) = &status.failure {
+                details.push(("failure", failure.clone()));
+            }
+            pool.events().post(class, None, details);
         }
     }
 
-    fn begin_resilver(&mut self, pool: &Pool, behind: &[(u64, u64, u64)]) {
+    /// Begins a resilver of the leaves `behind`, posting its start unless it `continues` one
+    /// (the pass a finished resilver goes on with: `Scan::finish`).
+    fn begin_resilver(&mut self, pool: &Pool, behind: &[(u64, u64, u64)], continues: bool) {
         let tree = pool.tree();
         let min_birth = behind.iter().map(|&(_, held, _)| held + 1).min().unwrap_or(1);
         let found: Vec<_> = behind
@@ -294,6 +318,14 @@ impl ScanState {
         self.pause_requested = false;
         self.resilver_again = false;
         self.gave_up = None;
+        if !continues {
+            let targets = self.status.as_ref().map_or_else(String::new, |s| s.targets.join(","));
+            pool.events().post(
+                EventClass::ResilverStart,
+                None,
+                vec![("targets", targets), ("min_txg", min_birth.to_string())],
+            );
+        }
     }
 }
 
@@ -465,6 +497,7 @@ impl Scan {
                         status.paused = false;
                     }
                     scan.pause_requested = false;
+                    pool.events().post(EventClass::ScrubStart, None, vec![("resumed", "1".into())]);
                 }
                 None => {
                     let txg = pool.uberblock().txg;
@@ -473,6 +506,7 @@ impl Scan {
                     scan.targets.clear();
                     scan.generation += 1;
                     scan.pause_requested = false;
+                    pool.events().post(EventClass::ScrubStart, None, Vec::new());
                 }
             }
         }
@@ -616,8 +650,7 @@ impl Scan {
         match scan.active().map(|s| s.func) {
             Some(ScanFunc::Scrub) => {
                 // At once: a chunk in work finishes, and its figures are dropped.
-                let now = pool.env().now();
-                scan.end(ScanPhase::Canceled, now);
+                scan.end(pool, ScanPhase::Canceled);
                 Ok(())
             }
             Some(ScanFunc::Resilver) => Err(refused(
@@ -648,12 +681,11 @@ impl Scan {
             }
             Some(ScanFunc::Scrub) => {
                 // The resilver replaces it (a running task goes on with the resilver).
-                let now = pool.env().now();
-                scan.end(ScanPhase::Canceled, now);
+                scan.end(pool, ScanPhase::Canceled);
             }
             None => {}
         }
-        scan.begin_resilver(pool, behind);
+        scan.begin_resilver(pool, behind, false);
         Resilver::Begun
     }
 
@@ -667,7 +699,7 @@ impl Scan {
             if std::mem::take(&mut scan.resilver_again) && !scan.halt {
                 let behind = pool.leaves_behind();
                 if !behind.is_empty() {
-                    scan.begin_resilver(pool, &behind);
+                    scan.begin_resilver(pool, &behind, false);
                 }
             }
             let more =
@@ -882,13 +914,12 @@ impl Scan {
                 Err(error) => {
                     // The store is suspended or its newest tree did not read: the scan ends,
                     // canceled, saying why.
-                    let now = spa.pool().env().now();
                     let mut scan = self.lock();
                     if scan.generation == generation {
                         if let Some(status) = scan.status.as_mut() {
                             status.failure = Some(error.to_string());
                         }
-                        scan.end(ScanPhase::Canceled, now);
+                        scan.end(spa.pool(), ScanPhase::Canceled);
                     }
                 }
             }
@@ -945,7 +976,7 @@ impl Scan {
                 if behind.iter().any(|(guid, _, _)| took_all.contains(guid)) {
                     let mut scan = self.lock();
                     if scan.generation == generation && !scan.halt {
-                        scan.begin_resilver(pool, &behind);
+                        scan.begin_resilver(pool, &behind, true);
                         return;
                     }
                 }
@@ -954,10 +985,9 @@ impl Scan {
                 self.lock().gave_up = Some(behind_now(pool, &behind));
             }
         }
-        let now = pool.env().now();
         let mut scan = self.lock();
         if scan.generation == generation {
-            scan.end(ScanPhase::Finished, now);
+            scan.end(pool, ScanPhase::Finished);
         }
     }
 

@@ -133,6 +133,11 @@ impl Spa {
     pub(super) fn suspend(&self, cause: String) {
         let mut first = self.suspension.cause.lock();
         if first.is_none() {
+            self.pool().events().post(
+                crate::fm::EventClass::PoolSuspend,
+                None,
+                vec![("cause", cause.clone())],
+            );
             *first = Some(cause);
         }
         self.suspension.suspended.store(true, Ordering::Release);

@@ -195,6 +195,11 @@ impl Store {
         }
         store.replay(chains).await?;
         store.settle_receives().await?;
+        store.spa.pool().events().post(
+            crate::fm::EventClass::PoolImport,
+            None,
+            vec![("txg", store.spa.pool().uberblock().txg.to_string())],
+        );
         Ok((store, report))
     }
 }

@@ -17,6 +17,7 @@
 use std::sync::Arc;
 
 use super::{Store, StoreError};
+use crate::fm::EventClass;
 use crate::pool::LeafSpec;
 
 impl Store {
@@ -91,6 +92,14 @@ impl Store {
         let synced = self.sync_handle().sync_holding_lock(one_at_a_time).await?;
         self.spa.fail_point("spa_vdev.attach_labels");
         let labels = self.spa.pool().write_labels(synced).await;
+        self.spa.pool().events().post(
+            EventClass::VdevAttach,
+            Some(&leaf.path),
+            vec![
+                ("existing", existing.to_owned()),
+                ("replacing", if replacing { "1" } else { "0" }.to_owned()),
+            ],
+        );
         self.resilver_if_needed();
         labels?;
         Ok(leaf.path)
@@ -116,6 +125,7 @@ impl Store {
             self.spa.pool().env().sleep(std::time::Duration::from_millis(1)).await;
         }
         self.spa.pool().blank_labels(&gone).await;
+        self.spa.pool().events().post(EventClass::VdevDetach, Some(&gone.path), Vec::new());
         labels?;
         Ok(gone.path)
     }

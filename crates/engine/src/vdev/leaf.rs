@@ -165,6 +165,18 @@ pub struct Leaf {
     /// asked meanwhile must not take its start for its end.
     writes_done: AtomicU64,
     flushed_through: AtomicU64,
+    /// Where the leaf's events go, and the path they name it by: set once by the pool that
+    /// opens it (a leaf outside a pool, as in the vdev tests, posts none).
+    watch: std::sync::OnceLock<Watch>,
+    /// I/O and checksum errors not yet posted as events ([`crate::fm::Burst`]).
+    bursts: Mutex<[crate::fm::Burst; 2]>,
+}
+
+/// A leaf's link to its pool's events.
+#[derive(Debug)]
+struct Watch {
+    events: Arc<crate::fm::Events>,
+    path: String,
 }
 
 /// What [`Leaf::errors`] counts from: the counters' values at the last clear, and the errors
@@ -235,6 +247,8 @@ impl Leaf {
             behind: std::sync::atomic::AtomicBool::new(false),
             writes_done: AtomicU64::new(0),
             flushed_through: AtomicU64::new(0),
+            watch: std::sync::OnceLock::new(),
+            bursts: Mutex::new(Default::default()),
             diagnosis: Mutex::new(Diagnosis {
                 io: std::collections::VecDeque::new(),
                 checksum: std::collections::VecDeque::new(),
@@ -345,9 +359,38 @@ impl Leaf {
         self.stats.write_errors.get() + self.skipped_writes.load(Ordering::Relaxed)
     }
 
-    /// Records an I/O error for the diagnosis (scrub's are not: a scrub reads what nothing
-    /// else does, and its findings are repaired, not held against the device).
+    /// Posts this leaf's events to `events`, naming it `path`. Once: a leaf belongs to one
+    /// pool.
+    pub fn watch(&self, events: Arc<crate::fm::Events>, path: &str) {
+        let _ = self.watch.set(Watch { events, path: path.to_owned() });
+    }
+
+    /// Posts an event about this leaf, if it is watched.
+    fn post(&self, class: crate::fm::EventClass, details: Vec<(&'static str, String)>) {
+        if let Some(watch) = self.watch.get() {
+            watch.events.post(class, Some(&watch.path), details);
+        }
+    }
+
+    /// Counts an error of `kind` (0 I/O, 1 checksum) towards the leaf's error events.
+    fn note_burst(&self, kind: usize, class: crate::fm::EventClass, total: u64) {
+        if self.watch.get().is_none() {
+            return;
+        }
+        let due = self.bursts.lock()[kind].note(self.env.now());
+        if let Some(errors) = due {
+            self.post(class, vec![("errors", errors.to_string()), ("total", total.to_string())]);
+        }
+    }
+
+    /// Records an I/O error: an error event, and the diagnosis unless a scrub's (a scrub
+    /// reads what nothing else does; a device that fails it is faulted by the reads and
+    /// writes that follow, as ZED's I/O diagnosis counts only those).
     pub fn note_io_error(&self, class: IoClass) {
+        let total = self.stats.read_errors.get()
+            + self.stats.write_errors.get()
+            + self.stats.flush_errors.get();
+        self.note_burst(0, crate::fm::EventClass::Io, total);
         if class != IoClass::Scrub {
             let now = self.env.now();
             let mut d = self.diagnosis.lock();
@@ -356,7 +399,14 @@ impl Leaf {
         }
     }
 
-    /// Records a copy that failed its checksum on a read that was not a scrub's.
+    /// Counts a copy this leaf returned that failed its checksum, and posts the error event.
+    pub fn count_checksum_error(&self) {
+        self.stats.checksum_errors.inc();
+        self.note_burst(1, crate::fm::EventClass::Checksum, self.stats.checksum_errors.get());
+    }
+
+    /// Records a copy that failed its checksum for the diagnosis: a client's read, a scrub's
+    /// or a resilver's alike (docs/design.md, "Fault diagnosis and events").
     pub fn note_checksum_error(&self) {
         let now = self.env.now();
         let mut d = self.diagnosis.lock();
@@ -423,9 +473,22 @@ impl Leaf {
         LeafState::decode(self.state.load(Ordering::Relaxed))
     }
 
-    /// Sets the leaf's state (an administrator's offline, online or clear, or a diagnosis).
+    /// Sets the leaf's state (an administrator's offline, online or clear, or a diagnosis),
+    /// posting a state change when it is one.
     pub fn set_state(&self, state: LeafState) {
-        self.state.store(state.encode(), Ordering::Relaxed);
+        let previous = LeafState::decode(self.state.swap(state.encode(), Ordering::Relaxed));
+        if previous != state {
+            self.post_state_change(previous, state);
+        }
+    }
+
+    fn post_state_change(&self, previous: LeafState, state: LeafState) {
+        let mut details = vec![("state", state.name().to_owned())];
+        details.push(("previous", previous.name().to_owned()));
+        if let Some(reason) = state.reason() {
+            details.push(("reason", reason.to_owned()));
+        }
+        self.post(crate::fm::EventClass::StateChange, details);
     }
 
     /// Whether the leaf is out of service because its device failed.
@@ -443,9 +506,12 @@ impl Leaf {
     /// offline stays: the device is not in use either way.
     pub fn mark_gone(&self) {
         let gone = LeafState::Faulted(FaultReason::Gone).encode();
-        let _ = self.state.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |raw| {
-            (raw != LeafState::OFFLINE).then_some(gone)
+        let changed = self.state.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |raw| {
+            (raw != LeafState::OFFLINE && raw != gone).then_some(gone)
         });
+        if let Ok(previous) = changed {
+            self.post_state_change(LeafState::decode(previous), LeafState::decode(gone));
+        }
     }
 
     pub async fn read(

@@ -182,7 +182,7 @@ impl Mirror {
             match leaf.read(offset, len, class).await {
                 Ok(buf) if verify(&buf) => {
                     for &child in &mismatched {
-                        self.count_mismatch(child, class);
+                        self.count_mismatch(child);
                     }
                     self.repair(&bad, offset, &buf).await;
                     return Ok(buf);
@@ -203,7 +203,7 @@ impl Mirror {
         }
         if count_if_none {
             for &child in &mismatched {
-                self.count_mismatch(child, class);
+                self.count_mismatch(child);
             }
         }
         Err(VdevError::NoValidCopy {
@@ -240,7 +240,7 @@ impl Mirror {
                 None => {}
                 Some(Ok(buf)) if verify(&buf) => good = good.or(Some(buf)),
                 Some(Ok(_)) => {
-                    self.count_mismatch(child, IoClass::Scrub);
+                    self.count_mismatch(child);
                     bad.push(child);
                 }
                 Some(Err(_)) => bad.push(child),
@@ -282,7 +282,7 @@ impl Mirror {
                 // A target's stale copy is expected, not an error.
                 Ok(_) if is_target(c) => {}
                 Ok(_) => {
-                    self.children[c].stats().checksum_errors.inc();
+                    self.count_mismatch(c);
                     bad.push(c);
                 }
                 Err(_) => bad.push(c),
@@ -411,18 +411,17 @@ impl Mirror {
     }
 
     /// Counts a copy that failed its checksum against `child`, unless the child is known to
-    /// be behind: its stale copies are expected, and its resilver is on the way. A read's
-    /// (not a scrub's) also feeds the child's diagnosis.
-    fn count_mismatch(&self, child: usize, class: IoClass) {
+    /// be behind (its stale copies are expected, and its resilver is on the way), and feeds
+    /// the child's diagnosis: a scrub's or a resilver's finding as a read's (docs/design.md,
+    /// "Fault diagnosis and events").
+    fn count_mismatch(&self, child: usize) {
         let leaf = &self.children[child];
         if leaf.is_behind() {
             return;
         }
-        leaf.stats().checksum_errors.inc();
-        if class != IoClass::Scrub {
-            leaf.note_checksum_error();
-            self.diagnose(child);
-        }
+        leaf.count_checksum_error();
+        leaf.note_checksum_error();
+        self.diagnose(child);
     }
 
     fn diagnose_leaf(&self, leaf: &Arc<Leaf>) {

@@ -273,7 +273,7 @@ impl Vdev {
                     Ok(buf)
                 } else {
                     if count_if_none {
-                        leaf.stats().checksum_errors.inc();
+                        leaf.count_checksum_error();
                     }
                     Err(VdevError::Checksum {
                         vdev: leaf.id(),
@@ -318,7 +318,7 @@ impl Vdev {
                 let good =
                     matches!(leaf.read(offset, len, IoClass::Scrub).await, Ok(buf) if verify(&buf));
                 if !good {
-                    leaf.stats().checksum_errors.inc();
+                    leaf.count_checksum_error();
                 }
                 ScrubOutcome { errors: u32::from(!good), repaired: 0, unrecoverable: !good }
             }

@@ -278,7 +278,7 @@ impl Raidz {
         match self.find(layout, offset, len, class, verify).await {
             Ok(found) => {
                 for &c in &found.wrong {
-                    self.count_mismatch(&found, c, class);
+                    self.count_mismatch(&found, c);
                 }
                 let fix: Vec<usize> =
                     found.wrong.iter().chain(&found.unreadable).copied().collect();
@@ -292,7 +292,7 @@ impl Raidz {
                     for &(child, index) in &lost.read {
                         let leaf = self.slot_leaf(child, index);
                         if !leaf.is_behind() {
-                            leaf.stats().checksum_errors.inc();
+                            leaf.count_checksum_error();
                         }
                     }
                 }
@@ -494,18 +494,17 @@ impl Raidz {
     }
 
     /// Counts a wrong column against the leaf it was read from, unless that leaf is known to
-    /// be behind; a read's (not a scrub's) also feeds the leaf's diagnosis.
-    fn count_mismatch(&self, found: &Found, c: usize, class: IoClass) {
+    /// be behind, and feeds the leaf's diagnosis (a scrub's finding as a read's: see
+    /// docs/design.md, "Fault diagnosis and events").
+    fn count_mismatch(&self, found: &Found, c: usize) {
         let Some(index) = found.source[c] else { return };
         let leaf = self.slot_leaf(found.map.columns[c].child, index);
         if leaf.is_behind() {
             return;
         }
-        leaf.stats().checksum_errors.inc();
-        if class != IoClass::Scrub {
-            leaf.note_checksum_error();
-            self.diagnose(leaf);
-        }
+        leaf.count_checksum_error();
+        leaf.note_checksum_error();
+        self.diagnose(leaf);
     }
 
     /// Rewrites columns `fix` of the block mapped by `map` from `columns` on every leaf of
@@ -799,7 +798,7 @@ impl Raidz {
         for (c, made) in fresh.iter().enumerate() {
             let wrong = stripe.bufs[c].as_ref().is_some_and(|bytes| bytes[..] != made[..]);
             if wrong {
-                self.count_mismatch(&found, c, IoClass::Scrub);
+                self.count_mismatch(&found, c);
             }
             if wrong || found.unreadable.contains(&c) {
                 outcome.errors += 1;
