@@ -94,6 +94,42 @@ fn leaf_stats(store: &Store, index: usize) -> (u64, u64, u64) {
     (stats.reads.get(), stats.writes.get(), stats.flushes.get())
 }
 
+/// Takes leg1 offline, rewrites most of the volume while it is away (48 pieces of 64 KiB,
+/// piece `i` filled with `fill + i`, kept in `data`), brings it back and stops its resilver
+/// after the first chunk, as the server stopping does; returns the scan's status then.
+fn halt_a_resilver_part_way(
+    sim: &Sim,
+    store: &Arc<Store>,
+    data: &mut [u8],
+    fill: u8,
+) -> sluice_engine::txg::ScanStatus {
+    offline(sim, store, "leg1").unwrap();
+    let mut writes = Vec::new();
+    for i in 0..48u64 {
+        let at = i * (64 << 10);
+        let bytes = vec![fill.wrapping_add(i as u8); 64 << 10];
+        data[at as usize..][..bytes.len()].copy_from_slice(&bytes);
+        writes.push((at, bytes));
+    }
+    let s = Arc::clone(store);
+    sim.run(async move {
+        for (at, bytes) in writes {
+            s.write("v", at, &bytes).await.unwrap();
+        }
+        s.sync().await.unwrap();
+        s.pool().online("leg1").unwrap();
+        s.sync().await.unwrap();
+        assert!(s.resilver_if_needed());
+        while s.scan_status().unwrap().examined_bytes == 0 {
+            s.pool().env().sleep(std::time::Duration::from_micros(100)).await;
+        }
+        s.halt_scan().await;
+        s.scan_status().unwrap()
+    })
+    .unwrap()
+    .0
+}
+
 /// An offline leg gets no I/O while the pool writes; the other leg cannot go offline then.
 /// Online again, a background resilver copies the blocks born while it was away and no
 /// others, after which it alone reads back every block, and the audit balances.
@@ -471,34 +507,7 @@ fn leaf_states_and_error_counts_survive_export_and_import() {
 #[test]
 fn a_resilver_interrupted_by_export_resumes_from_its_bookmark() {
     let (sim, legs, store, mut data) = setup(12);
-    offline(&sim, &store, "leg1").unwrap();
-    // Most of the volume rewritten while leg1 is away: several chunks to copy.
-    let mut writes = Vec::new();
-    for i in 0..48u64 {
-        let at = i * (64 << 10);
-        let bytes = vec![0x60 + i as u8; 64 << 10];
-        data[at as usize..][..bytes.len()].copy_from_slice(&bytes);
-        writes.push((at, bytes));
-    }
-    let s = Arc::clone(&store);
-    let halted = sim
-        .run(async move {
-            for (at, bytes) in writes {
-                s.write("v", at, &bytes).await.unwrap();
-            }
-            s.sync().await.unwrap();
-            s.pool().online("leg1").unwrap();
-            s.sync().await.unwrap();
-            assert!(s.resilver_if_needed());
-            // Stopped after its first chunk, as the server stopping does.
-            while s.scan_status().unwrap().examined_bytes == 0 {
-                s.pool().env().sleep(std::time::Duration::from_micros(100)).await;
-            }
-            s.halt_scan().await;
-            s.scan_status().unwrap()
-        })
-        .unwrap()
-        .0;
+    let halted = halt_a_resilver_part_way(&sim, &store, &mut data, 0x60);
     assert_eq!((halted.func, halted.phase), (ScanFunc::Resilver, ScanPhase::Scanning));
     assert!(halted.examined_bytes > 0 && halted.progress() < 1.0, "{halted:?}");
 
@@ -525,29 +534,7 @@ fn a_resilver_interrupted_by_export_resumes_from_its_bookmark() {
 #[test]
 fn a_resumed_resilver_is_finished_only_when_its_leaf_holds_every_txg() {
     let (sim, legs, store, mut data) = setup(13);
-    offline(&sim, &store, "leg1").unwrap();
-    let mut writes = Vec::new();
-    for i in 0..48u64 {
-        let at = i * (64 << 10);
-        let bytes = vec![0x90 + i as u8; 64 << 10];
-        data[at as usize..][..bytes.len()].copy_from_slice(&bytes);
-        writes.push((at, bytes));
-    }
-    let s = Arc::clone(&store);
-    sim.run(async move {
-        for (at, bytes) in writes {
-            s.write("v", at, &bytes).await.unwrap();
-        }
-        s.sync().await.unwrap();
-        s.pool().online("leg1").unwrap();
-        s.sync().await.unwrap();
-        assert!(s.resilver_if_needed());
-        while s.scan_status().unwrap().examined_bytes == 0 {
-            s.pool().env().sleep(std::time::Duration::from_micros(100)).await;
-        }
-        s.halt_scan().await;
-    })
-    .unwrap();
+    halt_a_resilver_part_way(&sim, &store, &mut data, 0x90);
     let store = reimport(&sim, &legs, store, tunables());
     let s = Arc::clone(&store);
     let (done, behind) = sim

@@ -161,65 +161,48 @@ fn geometries(ashift: u32) -> impl Iterator<Item = RaidzGeometry> {
     })
 }
 
+/// In either layout, a block's columns and pads tile its allocation exactly, each column one
+/// run on its child. A striped block has at most `parity` pads; a block laid out as copies has
+/// `parity + 1` columns, and a shorter one at the same offset is its prefix (a log block is
+/// written only as far as it is filled).
 #[test]
 fn every_map_covers_its_allocation_exactly() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    for g in geometries(12) {
-        let w = u64::from(g.width());
-        for sectors in 1..=80u64 {
-            // Offsets in even and odd MiB (the raidz1 swap), at every starting child.
-            for _ in 0..4 {
-                let first = rng.next() % (1 << 20);
-                let map = g.map(first * K4, sectors * K4 - rng.next() % K4);
-                assert_eq!(map.data_bytes(), sectors * K4);
-                let mut cells: Vec<(u32, u64)> = map
-                    .columns
-                    .iter()
-                    .flat_map(|c| (0..c.size / K4).map(move |k| (c.child, c.offset / K4 + k)))
-                    .chain(pads(&map))
-                    .collect();
-                cells.sort_unstable();
-                let allocated = g.asize(sectors * K4) / K4;
-                let mut want: Vec<(u32, u64)> =
-                    (first..first + allocated).map(|i| ((i % w) as u32, i / w)).collect();
-                want.sort_unstable();
-                assert_eq!(cells, want, "{g:?}: {sectors} sectors at sector {first}");
-                assert_eq!(map.parity, g.parity() as usize);
-                assert!(map.pads.len() <= g.parity() as usize);
-            }
-        }
-    }
-}
-
-/// As above for copies: the columns and pads tile the allocation, each column is one run of
-/// every sector on its child, and a shorter block at the same offset is a prefix of a longer
-/// one (a log block is written only as far as it is filled).
-#[test]
-fn every_copies_map_covers_its_allocation_exactly() {
-    let mut rng = Rng(0x0c0e_1e55);
-    for g in geometries(12) {
-        let w = u64::from(g.width());
-        for sectors in 1..=40u64 {
-            for _ in 0..4 {
-                let first = rng.next() % (1 << 20);
-                let map = g.map_in(RaidzLayout::Copies, first * K4, sectors * K4 - rng.next() % K4);
-                assert_eq!(map.columns.len(), g.parity() as usize + 1);
-                assert_eq!(map.data_bytes(), sectors * K4);
-                let mut cells: Vec<(u32, u64)> = map
-                    .columns
-                    .iter()
-                    .flat_map(|c| (0..c.size / K4).map(move |k| (c.child, c.offset / K4 + k)))
-                    .chain(pads(&map))
-                    .collect();
-                cells.sort_unstable();
-                let allocated = g.asize_in(RaidzLayout::Copies, sectors * K4) / K4;
-                let mut want: Vec<(u32, u64)> =
-                    (first..first + allocated).map(|i| ((i % w) as u32, i / w)).collect();
-                want.sort_unstable();
-                assert_eq!(cells, want, "{g:?}: {sectors} sectors at sector {first}");
-                let shorter = g.map_in(RaidzLayout::Copies, first * K4, K4);
-                for (long, short) in map.columns.iter().zip(&shorter.columns) {
-                    assert_eq!((long.child, long.offset), (short.child, short.offset));
+    for layout in [RaidzLayout::Striped, RaidzLayout::Copies] {
+        for g in geometries(12) {
+            let w = u64::from(g.width());
+            for sectors in 1..=80u64 {
+                // Offsets in even and odd MiB (the raidz1 swap), at every starting child.
+                for _ in 0..4 {
+                    let first = rng.next() % (1 << 20);
+                    let map = g.map_in(layout, first * K4, sectors * K4 - rng.next() % K4);
+                    assert_eq!(map.data_bytes(), sectors * K4);
+                    let mut cells: Vec<(u32, u64)> = map
+                        .columns
+                        .iter()
+                        .flat_map(|c| (0..c.size / K4).map(move |k| (c.child, c.offset / K4 + k)))
+                        .chain(pads(&map))
+                        .collect();
+                    cells.sort_unstable();
+                    let allocated = g.asize_in(layout, sectors * K4) / K4;
+                    let mut want: Vec<(u32, u64)> =
+                        (first..first + allocated).map(|i| ((i % w) as u32, i / w)).collect();
+                    want.sort_unstable();
+                    let what = format!("{g:?} {layout:?}: {sectors} sectors at sector {first}");
+                    assert_eq!(cells, want, "{what}");
+                    assert_eq!(map.parity, g.parity() as usize, "{what}");
+                    match layout {
+                        RaidzLayout::Striped => {
+                            assert!(map.pads.len() <= g.parity() as usize, "{what}")
+                        }
+                        RaidzLayout::Copies => {
+                            assert_eq!(map.columns.len(), g.parity() as usize + 1, "{what}");
+                            let shorter = g.map_in(layout, first * K4, K4);
+                            for (long, short) in map.columns.iter().zip(&shorter.columns) {
+                                assert_eq!((long.child, long.offset), (short.child, short.offset));
+                            }
+                        }
+                    }
                 }
             }
         }
