@@ -95,6 +95,7 @@ fn leaf_since(now: &LeafSnapshot, earlier: Option<&LeafSnapshot>) -> LeafSnapsho
     let was = |f: fn(&LeafSnapshot) -> u64| since(f(now), earlier.map(f));
     LeafSnapshot {
         path: now.path.clone(),
+        state: now.state.clone(),
         top: now.top,
         reads: was(|l| l.reads),
         writes: was(|l| l.writes),

@@ -397,6 +397,12 @@ const POOL_GAUGES: &[Figure<PoolSnapshot>] = &[
         |p| p.uptime_nanos,
     ),
     figure("pool_txg", "The txg of the pool's newest uberblock.", Count, |p| p.txg),
+    figure(
+        "pool_suspended",
+        "1 while the pool is suspended: a sync failed and nothing more is written (pool status says why).",
+        Count,
+        |p| u64::from(p.suspended),
+    ),
     figure("dirty", "Dirty data the open and quiescing txgs hold.", Bytes, |p| {
         p.throttle.dirty_bytes
     }),
@@ -434,6 +440,9 @@ const LEAF_GAUGES: &[Figure<LeafSnapshot>] = &[
 
 /// A figure read off a leaf.
 type LeafValue = fn(&LeafSnapshot) -> u64;
+
+/// The states a leaf's `leaf_state` series are labelled with.
+const LEAF_STATES: [&str; 4] = ["ONLINE", "DEGRADED", "FAULTED", "OFFLINE"];
 
 /// Errors by kind, written as one family with a `kind` label.
 const LEAF_ERRORS: [(&str, LeafValue); 4] = [
@@ -725,6 +734,23 @@ impl Collector for SnapshotCollector {
                 })
                 .map(|(labels, n)| (labels, ConstCounter::new(n))),
         )?;
+        split(
+            e,
+            (
+                "leaf_state",
+                "A leaf's state: 1 on the series of its state (ONLINE, DEGRADED, FAULTED, OFFLINE), 0 on the others.",
+                None,
+                MetricType::Gauge,
+            ),
+            leaves
+                .clone()
+                .flat_map(|(l, labels)| {
+                    LEAF_STATES.map(|state| {
+                        (with(labels.clone(), "state", state), u64::from(l.state == state))
+                    })
+                })
+                .map(|(labels, n)| (labels, ConstGauge::new(n))),
+        )?;
         let classes = class_names();
         let by_class = |part| by_name(part, "class", &classes);
         split(
@@ -839,6 +865,7 @@ mod tests {
             tops: vec![TopSnapshot { mirror: true, log: false, parity: 0 }],
             leaves: vec![LeafSnapshot {
                 path: "/d/a \"quoted\"".into(),
+                state: "DEGRADED".into(),
                 top: 0,
                 writes: 3,
                 write_bytes: 12288,
@@ -878,6 +905,11 @@ mod tests {
         assert_eq!(get(&format!("sluice_leaf_writes_total{{{leaf}}}")), 3.0);
         assert_eq!(get(&format!("sluice_leaf_written_bytes_total{{{leaf}}}")), 12288.0);
         assert_eq!(get(&format!("sluice_leaf_errors_total{{{leaf},kind=\"read\"}}")), 1.0);
+        // One series per state, 1 on the leaf's own: an alert on `sluice_leaf_state{state=
+        // "ONLINE"} == 0` fires for a leaf in any other state.
+        assert_eq!(get(&format!("sluice_leaf_state{{{leaf},state=\"DEGRADED\"}}")), 1.0);
+        assert_eq!(get(&format!("sluice_leaf_state{{{leaf},state=\"ONLINE\"}}")), 0.0);
+        assert_eq!(get("sluice_pool_suspended{pool=\"tank\"}"), 0.0);
         assert_eq!(get(&format!("sluice_leaf_active{{{leaf},class=\"sync_write\"}}")), 2.0);
         assert_eq!(get("sluice_pool_uptime_seconds{pool=\"tank\"}"), 2.5);
         assert_eq!(get("sluice_txg_syncs_total{pool=\"tank\"}"), 9.0);

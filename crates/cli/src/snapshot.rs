@@ -42,6 +42,9 @@ pub struct PoolSnapshot {
     pub throttle: ThrottleSnapshot,
     /// The dedup table, when a volume has dedup on or the table holds entries.
     pub dedup: Option<DedupSnapshot>,
+    /// The store stopped writing after a failed sync (`pool status` says why).
+    #[serde(default)]
+    pub suspended: bool,
 }
 
 /// One top-level vdev.
@@ -79,6 +82,9 @@ impl TopSnapshot {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LeafSnapshot {
     pub path: String,
+    /// Its state as `pool status` names it: ONLINE, DEGRADED, FAULTED or OFFLINE.
+    #[serde(default)]
+    pub state: String,
     /// Index of its top-level vdev in [`PoolSnapshot::tops`].
     pub top: usize,
     pub reads: u64,
@@ -256,6 +262,7 @@ impl PoolSnapshot {
                 let s = l.leaf.stats();
                 LeafSnapshot {
                     path: l.path.clone(),
+                    state: l.leaf.state().name().to_owned(),
                     top: l.top,
                     reads: s.reads.get(),
                     writes: s.writes.get(),
@@ -375,6 +382,7 @@ impl PoolSnapshot {
                 dirty_max_bytes: store.dirty_max_bytes(),
             },
             dedup,
+            suspended: store.suspended_cause().is_some(),
         }
     }
 
