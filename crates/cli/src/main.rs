@@ -17,8 +17,10 @@ mod exit;
 mod hints;
 mod iostat;
 mod metrics;
+mod notify;
 mod pools;
 mod serve;
+mod service;
 mod snapshot;
 mod zed;
 
@@ -337,6 +339,20 @@ enum PoolCommand {
         /// Print each report as one line of JSON, with every figure (latency included).
         #[arg(long)]
         json: bool,
+    },
+    /// Print the systemd drop-in that lets `sluice@NAME.service` (contrib/systemd) open pool
+    /// NAME's leaves under its hardening: the leaves' directories and the pool cache made
+    /// writable, and the cache file named. With --install it is written to
+    /// UNIT_DIR/sluice@NAME.service.d/50-pool.conf. docs/operations.md says how to run a pool
+    /// as a service.
+    Service {
+        name: String,
+        /// Write the drop-in instead of printing it.
+        #[arg(long)]
+        install: bool,
+        /// Where unit files live (default /etc/systemd/system).
+        #[arg(long, requires = "install")]
+        unit_dir: Option<std::path::PathBuf>,
     },
     /// The counters `iostat` reads, as JSON (answered by the server).
     #[command(hide = true)]
@@ -725,7 +741,8 @@ pub(crate) async fn run_pool_command(ctx: &mut Ctx<'_>, command: Command) -> any
             | PoolCommand::Import { .. }
             | PoolCommand::Export { .. }
             | PoolCommand::Destroy { .. }
-            | PoolCommand::Iostat { .. } => not_served(),
+            | PoolCommand::Iostat { .. }
+            | PoolCommand::Service { .. } => not_served(),
         },
         Command::Vol { vol: command } => match command {
             VolCommand::Create {
@@ -871,7 +888,9 @@ async fn pool_command(env: &sluice_engine::rt::Env, command: PoolCommand) -> any
                 .collect();
             per_pools(env, jobs, Format::of(false, json), Vec::new()).await
         }
-        PoolCommand::Iostat { .. } => unreachable!("iostat runs without a runtime"),
+        PoolCommand::Iostat { .. } | PoolCommand::Service { .. } => {
+            unreachable!("iostat and service run without a runtime")
+        }
         PoolCommand::Events { ref name, follow: true, json, .. } => {
             let format = Format::of(false, json);
             let print = |reply: Reply| {
@@ -1131,6 +1150,10 @@ fn run(
                 .transpose()?;
             anyhow::ensure!(count != Some(0), "the iostat COUNT must be at least 1");
             iostat::run(&iostat::Options { pool: name, interval, count, latency, json })
+        }
+        // Reads the pool cache only: the pool need not be open.
+        Command::Pool { pool: PoolCommand::Service { name, install, unit_dir } } => {
+            service::run(&name, install, unit_dir)
         }
         Command::Pool { pool } => on_runtime(|env| async move { pool_command(&env, pool).await }),
         Command::Vol { vol } => on_runtime(|env| async move { vol_command(&env, vol).await }),

@@ -403,6 +403,18 @@ const POOL_GAUGES: &[Figure<PoolSnapshot>] = &[
         Count,
         |p| u64::from(p.suspended),
     ),
+    figure(
+        "pool_size",
+        "The pool's size: its data vdevs' allocatable space, as pool list shows it.",
+        Bytes,
+        |p| p.size_bytes,
+    ),
+    figure("pool_allocated", "Space allocated in the pool's data vdevs.", Bytes, |p| {
+        p.allocated_bytes
+    }),
+    figure("pool_free", "Space free in the pool's data vdevs.", Bytes, |p| {
+        p.size_bytes.saturating_sub(p.allocated_bytes)
+    }),
     figure("dirty", "Dirty data the open and quiescing txgs hold.", Bytes, |p| {
         p.throttle.dirty_bytes
     }),
@@ -440,6 +452,9 @@ const LEAF_GAUGES: &[Figure<LeafSnapshot>] = &[
 
 /// A figure read off a leaf.
 type LeafValue = fn(&LeafSnapshot) -> u64;
+
+/// The kinds of scan `scan_active` has a series for.
+const SCANS: [&str; 2] = ["scrub", "resilver"];
 
 /// The states a leaf's `leaf_state` series are labelled with.
 const LEAF_STATES: [&str; 4] = ["ONLINE", "DEGRADED", "FAULTED", "OFFLINE"];
@@ -711,6 +726,29 @@ impl Collector for SnapshotCollector {
         let pool = || -> Labels { vec![("pool", s.pool.clone())] };
         figures(e, MetricType::Gauge, POOL_GAUGES, std::iter::once((s, pool())))?;
         figures(e, MetricType::Counter, POOL_COUNTERS, std::iter::once((s, pool())))?;
+        // Absent until a scrub has run to its end, so that an alert can tell "never" from a
+        // time long ago (`unless on(pool) sluice_scrub_last_end_timestamp_seconds`).
+        family(
+            e,
+            "scrub_last_end_timestamp",
+            "When the last scrub that ran to its end finished, in seconds since the Unix epoch.",
+            Some(Unit::Seconds),
+            MetricType::Gauge,
+            s.last_scrub_end_secs.map(|t| (pool(), ConstGauge::new(t))).into_iter().collect(),
+        )?;
+        split(
+            e,
+            (
+                "scan_active",
+                "1 while a scan of this kind (scrub, resilver) runs.",
+                None,
+                MetricType::Gauge,
+            ),
+            SCANS.iter().map(|&func| {
+                let running = s.scan_running.as_deref() == Some(func);
+                (with(pool(), "func", func), ConstGauge::new(u64::from(running)))
+            }),
+        )?;
 
         let leaves = s.leaves.iter().map(|l| {
             let vdev =
@@ -887,6 +925,10 @@ mod tests {
                 latency: volume_latency,
                 ..VolumeSnapshot::default()
             }],
+            size_bytes: 1_000_000_000,
+            allocated_bytes: 250_000_000,
+            last_scrub_end_secs: Some(1_800_000_000),
+            scan_running: Some("resilver".into()),
             ..PoolSnapshot::default()
         }
     }
@@ -910,6 +952,12 @@ mod tests {
         assert_eq!(get(&format!("sluice_leaf_state{{{leaf},state=\"DEGRADED\"}}")), 1.0);
         assert_eq!(get(&format!("sluice_leaf_state{{{leaf},state=\"ONLINE\"}}")), 0.0);
         assert_eq!(get("sluice_pool_suspended{pool=\"tank\"}"), 0.0);
+        assert_eq!(get("sluice_pool_size_bytes{pool=\"tank\"}"), 1e9);
+        assert_eq!(get("sluice_pool_allocated_bytes{pool=\"tank\"}"), 25e7);
+        assert_eq!(get("sluice_pool_free_bytes{pool=\"tank\"}"), 75e7);
+        assert_eq!(get("sluice_scrub_last_end_timestamp_seconds{pool=\"tank\"}"), 1.8e9);
+        assert_eq!(get("sluice_scan_active{pool=\"tank\",func=\"resilver\"}"), 1.0);
+        assert_eq!(get("sluice_scan_active{pool=\"tank\",func=\"scrub\"}"), 0.0);
         assert_eq!(get(&format!("sluice_leaf_active{{{leaf},class=\"sync_write\"}}")), 2.0);
         assert_eq!(get("sluice_pool_uptime_seconds{pool=\"tank\"}"), 2.5);
         assert_eq!(get("sluice_txg_syncs_total{pool=\"tank\"}"), 9.0);
@@ -941,6 +989,10 @@ mod tests {
         assert!((flush("sum", None) - 100.003).abs() < 1e-6);
         // No dedup in this pool, so no dedup families; with it, they appear.
         assert!(!text.contains("sluice_dedup"), "{text}");
+        // A pool never scrubbed has no last-scrub series at all.
+        let never = PoolSnapshot { last_scrub_end_secs: None, ..snapshot() };
+        let text_never = render(&never).expect("render");
+        assert!(!text_never.contains("sluice_scrub_last_end"), "{text_never}");
         let dedup = crate::snapshot::DedupSnapshot {
             blocks_shared: 4,
             table_lock: vec![("lookup".into(), 6)],

@@ -397,6 +397,11 @@ pub async fn serve(
         None => eprintln!("sluice: TLS off (plain text)"),
     }
     eprintln!("sluice: serving pool {} on {}", store.pool().name(), addresses.join(", "));
+    crate::notify::notify(&format!(
+        "READY=1\nSTATUS=serving pool {} on {}",
+        store.pool().name(),
+        addresses.join(", ")
+    ));
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     let signals = tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
@@ -410,6 +415,7 @@ pub async fn serve(
             _ = terminate.recv() => {}
         }
         eprintln!("sluice: stopping: finishing requests in flight, then syncing");
+        crate::notify::notify("STOPPING=1\nSTATUS=finishing requests, syncing and exporting");
         let _ = stop.send(true);
     });
     listen::serve(listeners, exports, shutdown, placement, tls).await;

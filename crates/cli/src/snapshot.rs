@@ -45,6 +45,19 @@ pub struct PoolSnapshot {
     /// The store stopped writing after a failed sync (`pool status` says why).
     #[serde(default)]
     pub suspended: bool,
+    /// The pool's size (its data vdevs' allocatable bytes) and what is allocated of it, as
+    /// `pool list` shows them.
+    #[serde(default)]
+    pub size_bytes: u64,
+    #[serde(default)]
+    pub allocated_bytes: u64,
+    /// When the last scrub that ran to its end finished (Unix seconds, UTC); `None` if none
+    /// did.
+    #[serde(default)]
+    pub last_scrub_end_secs: Option<u64>,
+    /// The scan running now: `scrub` or `resilver` (a paused scrub counts as running).
+    #[serde(default)]
+    pub scan_running: Option<String>,
 }
 
 /// One top-level vdev.
@@ -345,8 +358,17 @@ impl PoolSnapshot {
                 blocks_freed: stats.blocks_freed.get(),
             }
         });
+        let size_bytes = pool.data_capacity_bytes();
+        let scan = store.scan_status();
+        let scan_running = (scan.as_ref())
+            .filter(|s| s.phase == sluice_engine::ScanPhase::Scanning)
+            .map(|s| s.func.name().to_owned());
         PoolSnapshot {
             version: SNAPSHOT_VERSION,
+            size_bytes,
+            allocated_bytes: size_bytes.saturating_sub(store.free_bytes()),
+            last_scrub_end_secs: store.last_scrub_end_unix_secs(),
+            scan_running,
             pool: pool.name().to_owned(),
             uptime_nanos: u64::try_from(pool.env().now().since(store.opened()).as_nanos())
                 .unwrap_or(u64::MAX),

@@ -364,22 +364,13 @@ pub async fn destroy(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Bytes of the data areas of a pool's vdevs, separate log devices left out.
-fn data_capacity(pool: &Pool) -> u64 {
-    let logs = pool.log_vdevs();
-    (pool.data_areas().iter().enumerate())
-        .filter(|(index, _)| !logs.contains(&(*index as u32)))
-        .map(|(_, (s, e))| e - s)
-        .sum()
-}
-
 /// `pool list`: a row for each named pool.
 pub async fn list(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for name in names {
         let store = ctx.hold(name).await?;
         let pool = store.pool();
-        let size = data_capacity(pool);
+        let size = pool.data_capacity_bytes();
         let free = store.free_bytes();
         let healthy =
             pool.leaves().iter().all(|l| l.present && l.leaf.state() == LeafState::Online);
@@ -576,7 +567,7 @@ fn pool_status(name: &str, store: &Held) -> anyhow::Result<PoolStatus> {
     let scan_secs = scan
         .as_ref()
         .map(|s| s.earlier_secs as f64 + s.ended.unwrap_or(now).since(s.started).as_secs_f64());
-    let capacity = data_capacity(pool);
+    let capacity = pool.data_capacity_bytes();
     let free = store.free_bytes();
     let (reserved, available) = reserved_and_available(store)?;
     let summary = PoolSummary {

@@ -658,7 +658,6 @@ impl Pool {
         Ok(())
     }
 
-    /// Data area `[start, end)` of each top-level vdev (its smallest leaf decides).
     /// Top-level vdevs that are separate log devices.
     pub fn log_vdevs(&self) -> Vec<u32> {
         let tree = self.tree();
@@ -668,6 +667,16 @@ impl Pool {
     /// Each top-level vdev's data space `[start, end)`: where its blocks may be allocated.
     pub fn data_areas(&self) -> Vec<(u64, u64)> {
         self.root().top_level().iter().map(Vdev::data_area).collect()
+    }
+
+    /// The pool's size as `pool list` gives it: the data areas of its top-level vdevs that
+    /// hold data (not separate log devices), in allocatable bytes.
+    pub fn data_capacity_bytes(&self) -> u64 {
+        let logs = self.log_vdevs();
+        (self.data_areas().iter().enumerate())
+            .filter(|(index, _)| !logs.contains(&(*index as u32)))
+            .map(|(_, (start, end))| end - start)
+            .sum()
     }
 
     /// Each top-level vdev's RAID-Z shape (`None` for the others): what the allocator needs to

@@ -96,6 +96,10 @@ pub struct ScanStatus {
     pub max_birth: u64,
     pub started: Time,
     pub ended: Option<Time>,
+    /// Wall-clock (UTC) seconds since the Unix epoch when the scan began and ended, as the
+    /// directory records them: what "last scrubbed" and the scrub schedule count from.
+    pub started_unix_secs: u64,
+    pub ended_unix_secs: Option<u64>,
     /// Seconds spent scanning before this import (the scan resumed from a pool directory).
     pub earlier_secs: u64,
     /// Volume bytes (logical) the walk has passed, of `total_bytes`, as of the last chunk.
@@ -272,6 +276,7 @@ impl ScanState {
         if let Some(status) = self.status.as_mut().filter(|s| s.phase == ScanPhase::Scanning) {
             status.phase = phase;
             status.ended = Some(now);
+            status.ended_unix_secs = Some(unix_secs(pool));
             status.paused = false;
             self.bookmark = Bookmark::Done;
             self.pause_requested = false;
@@ -354,6 +359,14 @@ fn behind_now(pool: &Pool, behind: &[(u64, u64, u64)]) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// 2020-01-01T00:00:00Z: a recorded scan time before it came from a monotonic clock.
+const WALL_CLOCK_SECS_MIN: u64 = 1_577_836_800;
+
+/// The wall clock's seconds since the Unix epoch.
+fn unix_secs(pool: &Pool) -> u64 {
+    pool.env().unix_nanos() / 1_000_000_000
+}
+
 fn new_status(
     pool: &Pool,
     func: ScanFunc,
@@ -369,6 +382,8 @@ fn new_status(
         max_birth,
         started: pool.env().now(),
         ended: None,
+        started_unix_secs: unix_secs(pool),
+        ended_unix_secs: None,
         earlier_secs: 0,
         examined_bytes: 0,
         total_bytes: 0,
@@ -519,7 +534,6 @@ impl Scan {
         let scan = self.lock();
         let status = scan.status.as_ref()?;
         let now = pool.env().now();
-        let secs = |t: Time| t.as_nanos() / 1_000_000_000;
         Some(ScanRecord {
             kind: match status.func {
                 ScanFunc::Scrub => ScanKind::Scrub,
@@ -539,8 +553,8 @@ impl Scan {
             },
             min_birth: status.min_birth,
             max_birth: status.max_birth,
-            start_secs: secs(status.started),
-            end_secs: status.ended.map_or(0, secs),
+            start_secs: status.started_unix_secs,
+            end_secs: status.ended_unix_secs.unwrap_or(0),
             run_secs: status.run_secs(now),
             examined_bytes: status.examined_bytes,
             total_bytes: status.total_bytes,
@@ -573,6 +587,11 @@ impl Scan {
         status.errors = record.errors;
         status.unrecoverable = record.unrecoverable;
         status.paused = record.paused;
+        // Builds before wall-clock scan times recorded seconds of the process's monotonic
+        // clock here: a time before 2020 is one of those, and is not known.
+        let wall = |secs: u64| (secs >= WALL_CLOCK_SECS_MIN).then_some(secs);
+        status.started_unix_secs = wall(record.start_secs).unwrap_or(0);
+        let ended_unix_secs = wall(record.end_secs);
         let bookmark = match record.bookmark {
             ScanBookmark::Start => Bookmark::Start,
             ScanBookmark::DedupTable { block } => Bookmark::Ddt { block },
@@ -617,6 +636,7 @@ impl Scan {
                 let run = record.run_secs.saturating_mul(1_000_000_000);
                 status.started = Time::from_nanos(now.as_nanos().saturating_sub(run));
                 status.ended = Some(now);
+                status.ended_unix_secs = ended_unix_secs;
                 status.paused = false;
             }
         }
@@ -802,6 +822,15 @@ impl Store {
     /// The scan running, paused, or last finished or canceled since the store opened.
     pub fn scan_status(&self) -> Option<ScanStatus> {
         self.dsl.scan().status()
+    }
+
+    /// When the last scrub that ran to its end finished, in wall-clock seconds since the Unix
+    /// epoch; `None` when none is known to have.
+    pub fn last_scrub_end_unix_secs(&self) -> Option<u64> {
+        let status = self.scan_status()?;
+        (status.func == ScanFunc::Scrub && status.phase == ScanPhase::Finished)
+            .then_some(status.ended_unix_secs)
+            .flatten()
     }
 
     /// Starts a scrub, or resumes a paused one (`zpool scrub`).
