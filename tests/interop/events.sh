@@ -8,8 +8,11 @@
 # with the event in its environment, and a hook writable by others was not run; the server's
 # log has a line per event; `pool events -f` streams the state change of a `pool clear` as it
 # happens; and the moment a resilver's end is posted, the resilvered leaf holds every txg (the
-# other leg goes offline at once). Run by scripts/test (as root: hooks must be root's); needs
-# the sluice binary as $1 (default target/release/sluice) and fio.
+# other leg goes offline at once). A scrape of the metrics endpoint while d1 is DEGRADED feeds
+# `promtool test rules` on contrib/prometheus/sluice-alerts.yml (the leaf's alert must fire),
+# and every metric contrib/grafana/sluice-dashboard.json queries must be in it. Run by
+# scripts/test (as root: hooks must be root's); needs the sluice binary as $1 (default
+# target/release/sluice), fio, curl, promtool and python3-yaml.
 set -euo pipefail
 bin=$(realpath "${1:-target/release/sluice}")
 work=$(mktemp -d)
@@ -26,7 +29,12 @@ trap cleanup EXIT
 export SLUICE_CACHE_FILE=$work/cache
 fail() { echo "events: FAIL: $*" >&2; exit 1; }
 step() { echo "events: $*"; }
-command -v fio >/dev/null || fail "fio is missing (scripts/test installs it)"
+for tool in fio curl promtool; do
+  command -v "$tool" >/dev/null || fail "$tool is missing (scripts/test installs fio, curl and prometheus)"
+done
+/usr/bin/python3 -c 'import yaml, prometheus_client' 2>/dev/null \
+  || fail "python3-yaml or python3-prometheus-client is missing (scripts/test installs them)"
+repo=$(cd "$(dirname "$0")/../.." && pwd)
 [ "$(id -u)" -eq 0 ] || fail "run as root: event hooks run only when root owns them"
 began=$SECONDS
 
@@ -60,12 +68,14 @@ chmod 777 "$work/hooks/statechange-unsafe.sh"
 
 # No block cache: reads and the scrub reach the leaves, garbage and all.
 "$bin" serve ev --socket "$work/nbd.sock" --listen 127.0.0.1:0 --set cache.bytes_max=0 \
-  --event-hook "$work/hooks" >"$work/server.log" 2>&1 &
+  --event-hook "$work/hooks" --metrics 127.0.0.1:0 >"$work/server.log" 2>&1 &
 server=$!
 await 100 grep -q "sluice: serving" "$work/server.log" \
   || { cat "$work/server.log"; fail "server did not start"; }
 tcp=$(sed -n 's/.*tcp:\(127\.0\.0\.1:[0-9]*\).*/\1/p' "$work/server.log" | head -1)
 [ -n "$tcp" ] || { cat "$work/server.log"; fail "no NBD TCP address in the server log"; }
+metrics=$(sed -n 's|.*metrics \(http://127\.0\.0\.1:[0-9]*/metrics\).*|\1|p' "$work/server.log" | head -1)
+[ -n "$metrics" ] || { cat "$work/server.log"; fail "no metrics address in the server log"; }
 status() { "$bin" pool status ev; }
 events() { "$bin" pool events ev --json; }
 has_event() { events | grep "\"subclass\":\"$1\"" | grep -q "${2:-}"; }
@@ -111,6 +121,15 @@ grep -q "statechange-unsafe.sh not run: writable by group or others" "$work/serv
   || fail "the server's log does not say why the unsafe hook did not run"
 grep -q "sluice: event .*resource.fs.sluice.statechange" "$work/server.log" \
   || fail "the server's log has no line for the state change"
+
+step "alert rules fire on a scrape of the degraded pool; the dashboard queries only served metrics"
+curl -sS --max-time 10 -o "$work/degraded.scrape" "$metrics" || fail "scraping $metrics failed"
+/usr/bin/python3 "$repo/tests/interop/alert_rules.py" "$work/degraded.scrape" \
+  "$repo/contrib/prometheus/sluice-alerts.yml" "$work/rules-test.yml" --expect-leaf "$work/d1.img" \
+  || fail "the alert rules did not fire as expected on the degraded pool's scrape"
+# The scrub has ended, so the last-scrub series is there too: every name must be.
+/usr/bin/python3 "$repo/tests/interop/dashboard_metrics.py" "$repo/contrib/grafana/sluice-dashboard.json" \
+  "$work/degraded.scrape" --require-all || fail "the dashboard queries a metric the server does not serve"
 
 step "pool events -f streams a pool clear's state change as it happens"
 "$bin" pool events ev -f --json >"$work/follow.out" 2>&1 &

@@ -1,15 +1,21 @@
 //! `sluice pool service POOL [--install]`: the per-pool drop-in of the `sluice@.service` unit
-//! (contrib/systemd). The unit runs the server with `ProtectSystem=strict`, which makes every
-//! path read-only for it; this drop-in opens the paths pool POOL needs, and names the pool
-//! cache the server reads, so the unit itself names no path of any pool.
+//! (contrib/systemd). The unit runs the server with `ProtectSystem=strict` and
+//! `DevicePolicy=closed`, which make every path read-only and every device closed to it; this
+//! drop-in opens what pool POOL needs and names the pool cache the server reads, so the unit
+//! itself names no path of any pool.
 //!
-//! It grants directories, not files: the directory of each file leaf, so that a leaf created
-//! beside the others by `pool replace` or `pool attach` while the pool is served can be opened
-//! without restarting the service (a service's mount namespace is fixed when it starts), and
-//! the cache file's directory. Block-device leaves need no entry: `ProtectSystem` leaves /dev
-//! alone, and the unit does not close the device policy, so a disk swapped in can be opened.
+//! - File leaves: their directories, not the files (`ReadWritePaths=-DIR`), so that a leaf
+//!   created beside the others by `pool replace` or `pool attach` while the pool is served can
+//!   be opened without restarting the service (a service's mount namespace is fixed when it
+//!   starts). The `-` lets a degraded pool start with a directory gone.
+//! - Block-device leaves: `DeviceAllow=PATH rw`, and the device's unit in `Wants=` and
+//!   `After=`, so that boot waits for a slow disk rather than importing the pool degraded.
+//! - The pool cache's directory, writable and required (`RequiresMountsFor=`).
+//!
 //! The leaves come from the pool cache (`pools::cache`), as every command naming a pool finds
-//! them.
+//! them. The server cannot rewrite the drop-in itself (its /etc is read-only, and it should
+//! not widen its own sandbox): after adding a leaf outside these directories, or a disk, the
+//! administrator runs the command again.
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::FileTypeExt;
@@ -25,42 +31,72 @@ pub const UNIT_DIR: &str = "/etc/systemd/system";
 pub const DROP_IN_NAME: &str = "50-pool.conf";
 
 /// The drop-in for pool `name`, whose leaves are `leaves`, with the pool cache at `cache`.
-/// Paths with characters a unit file would read otherwise (space, `"`, `\`, `%`, `$`, a
-/// newline) are refused: systemd would split or expand them.
+/// Paths with characters a unit file would read otherwise (space, quotes, `\\`, `%`, `$`,
+/// `;`, control characters) are refused: systemd would split or expand them.
 pub fn drop_in(name: &str, leaves: &[String], cache: &Path) -> anyhow::Result<String> {
-    let mut writable = BTreeSet::new();
-    let cache_dir = cache.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("/"));
-    writable.insert(cache_dir.to_path_buf());
+    let cache_dir = unit_path(parent(cache, "the pool cache file")?)?;
+    let mut dirs = BTreeSet::new();
     let mut devices = Vec::new();
     for leaf in leaves {
         let path = Path::new(leaf);
         let is_device = std::fs::metadata(path).map(|m| m.file_type().is_block_device());
         if is_device.unwrap_or(false) {
-            devices.push(leaf.clone());
-            continue;
+            devices.push(unit_path(path)?);
+        } else {
+            dirs.insert(unit_path(parent(path, &format!("leaf {leaf} of pool {name}"))?)?);
         }
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).with_context(|| {
-            format!("leaf {leaf} of pool {name} is not an absolute path; re-import the pool")
-        })?;
-        writable.insert(dir.to_path_buf());
     }
     let mut text = format!(
         "# Written by `sluice pool service {name} --install`: what pool {name} needs opened\n\
          # under the hardening of sluice@.service. Run it again after adding a leaf outside\n\
-         # these directories, then `systemctl daemon-reload` and restart the service.\n\
-         [Service]\n"
+         # these directories or a disk, then `systemctl daemon-reload` and restart the service.\n\
+         [Unit]\n"
     );
+    let mounts: Vec<&str> =
+        std::iter::once(cache_dir.as_str()).chain(dirs.iter().map(String::as_str)).collect();
+    text.push_str(&format!("RequiresMountsFor={}\n", mounts.join(" ")));
+    if !devices.is_empty() {
+        let units: Vec<String> = devices.iter().map(|d| device_unit(d)).collect();
+        text.push_str(&format!("Wants={}\nAfter={}\n", units.join(" "), units.join(" ")));
+    }
+    text.push_str("[Service]\n");
     text.push_str(&format!("Environment=SLUICE_CACHE_FILE={}\n", unit_path(cache)?));
-    for dir in &writable {
-        text.push_str(&format!("ReadWritePaths={}\n", unit_path(dir)?));
+    // No `-`: a cache directory that is not there should fail the start, loudly.
+    text.push_str(&format!("ReadWritePaths={cache_dir}\n"));
+    for dir in &dirs {
+        text.push_str(&format!("ReadWritePaths=-{dir}\n"));
     }
     for device in &devices {
-        text.push_str(&format!(
-            "# block device leaf, open through /dev: {}\n",
-            unit_path(Path::new(device))?
-        ));
+        text.push_str(&format!("DeviceAllow={device} rw\n"));
     }
     Ok(text)
+}
+
+/// The directory `path` is in; `what` names it in the error.
+fn parent<'a>(path: &'a Path, what: &str) -> anyhow::Result<&'a Path> {
+    path.parent().filter(|d| d.is_absolute()).with_context(|| {
+        format!("{what} ({}) is not an absolute path; give it as one", path.display())
+    })
+}
+
+/// The device unit systemd names for the device node at `path` (`systemd-escape --path
+/// --suffix=device`): the path without its leading `/`, each `/` as `-`, letters, digits,
+/// `:`, `_` and `.` kept (but not a leading `.`), every other byte as `\\xNN`.
+fn device_unit(path: &str) -> String {
+    let trimmed = path.trim_matches('/');
+    let mut out = String::new();
+    for (i, byte) in trimmed.bytes().enumerate() {
+        match byte {
+            b'/' => out.push('-'),
+            b'.' if i == 0 => out.push_str("\\x2e"),
+            b if b.is_ascii_alphanumeric() || matches!(b, b':' | b'_' | b'.') => {
+                out.push(b as char)
+            }
+            b => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out.push_str(".device");
+    out
 }
 
 /// `path` as a unit file may carry it unquoted.
@@ -132,12 +168,28 @@ mod tests {
         assert_eq!(
             lines,
             [
+                "[Unit]",
+                "RequiresMountsFor=/var/lib/sluice /srv/a /srv/b",
                 "[Service]",
                 "Environment=SLUICE_CACHE_FILE=/var/lib/sluice/pools",
-                "ReadWritePaths=/srv/a",
-                "ReadWritePaths=/srv/b",
                 "ReadWritePaths=/var/lib/sluice",
+                "ReadWritePaths=-/srv/a",
+                "ReadWritePaths=-/srv/b",
             ]
+        );
+    }
+
+    /// Device units are named as `systemd-escape --path --suffix=device` names them.
+    #[test]
+    fn names_device_units_as_systemd_does() {
+        assert_eq!(device_unit("/dev/sdb"), "dev-sdb.device");
+        assert_eq!(
+            device_unit("/dev/disk/by-id/wwn-0x5000c500a1b2c3d4"),
+            "dev-disk-by\\x2did-wwn\\x2d0x5000c500a1b2c3d4.device"
+        );
+        assert_eq!(
+            device_unit("/dev/disk/by-label/my.disk"),
+            "dev-disk-by\\x2dlabel-my.disk.device"
         );
     }
 
