@@ -57,7 +57,8 @@ use crate::{exit, pools, Command};
 /// replies and progress frames, rendered by the command. 4: `key load|unload|change` and `vol
 /// create`'s encryption, whose commands carry key material (never printed, zeroed on drop).
 /// 5: `pool events`, whose `-f` answers with a reply frame per event until the client goes.
-pub const PROTOCOL: u32 = 5;
+/// 6: `pool get` and `pool set`; snapshot rows say whether a schedule took them.
+pub const PROTOCOL: u32 = 6;
 
 /// One command for the server.
 #[derive(Serialize, Deserialize)]
@@ -710,7 +711,7 @@ mod tests {
             PoolCommand::Scrub { name: "tank".into(), pause: false, stop: false, wait: true };
         let line = request_line(Command::Pool { pool: scrub });
         assert!(
-            line.starts_with("{\"protocol\":5,\"command\":{\"pool\":{\"pool\":{\"scrub\":"),
+            line.starts_with("{\"protocol\":6,\"command\":{\"pool\":{\"pool\":{\"scrub\":"),
             "{line}"
         );
         match parse_request(&line).unwrap() {
@@ -777,7 +778,7 @@ mod tests {
             assert_eq!(frame.kind.as_deref(), Some(PROTOCOL_KIND));
             assert_eq!(exit::code(&frame.end(Path::new("x")).unwrap_err()), exit::PROTOCOL);
         }
-        let Err(bad) = parse_request("{\"protocol\":5,\"args\":[]}") else { panic!("taken") };
+        let Err(bad) = parse_request("{\"protocol\":6,\"args\":[]}") else { panic!("taken") };
         assert!(bad.to_string().contains("bad request"), "{bad}");
     }
 
@@ -790,7 +791,10 @@ mod tests {
         let error = read_frame(&mut answer.as_bytes(), Path::new("/s/tank.control")).unwrap_err();
         assert_eq!(exit::code(&error), exit::PROTOCOL);
         let said = error.to_string();
-        assert!(said.contains("speaks control protocol 2 and this sluice speaks 5"), "{said}");
+        assert!(
+            said.contains(&format!("speaks control protocol 2 and this sluice speaks {PROTOCOL}")),
+            "{said}"
+        );
     }
 
     /// Frames in order: progress, replies, the end with the failure's kind.
@@ -818,7 +822,7 @@ mod tests {
         assert_eq!(exit::code(&error), 3, "{error}");
         let mut replies = Vec::new();
         let ok = Frame::done().to_line();
-        assert_eq!(ok, "{\"protocol\":5,\"ok\":true}\n");
+        assert_eq!(ok, "{\"protocol\":6,\"ok\":true}\n");
         read_to_end(&mut ok.as_bytes(), Path::new("x"), &mut replies).unwrap();
     }
 }

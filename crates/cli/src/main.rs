@@ -373,6 +373,24 @@ enum PoolCommand {
         #[arg(short, long)]
         clear: bool,
     },
+    /// Show pool properties (zpool get): size, allocated, free, capacity, health, guid,
+    /// scrub.interval, scrub.last, scrub.next and the format features in use; or only those
+    /// named.
+    Get {
+        name: String,
+        properties: Vec<String>,
+        /// For scripts: no header, fields separated by tabs, sizes in bytes.
+        #[arg(short = 'H')]
+        scripted: bool,
+        /// One JSON object with the properties.
+        #[arg(long, conflicts_with = "scripted")]
+        json: bool,
+    },
+    /// Set a pool property (zpool set): `sluice pool set tank scrub.interval=7d`. A served
+    /// pool starts a scrub once scrub.interval (s, m, h, d or w; default 30d; off for never)
+    /// has passed since the last one finished (one never scrubbed: since serving began).
+    /// Setting a property makes the pool need a sluice that knows feature pool_properties.
+    Set { name: String, property: String },
     /// Write the open txg out now and wait until it is durable (zpool sync): space figures,
     /// snapshot USED and the like then count every write made so far.
     Sync { name: String },
@@ -507,8 +525,11 @@ enum VolCommand {
         key: Option<pools::key::KeyMaterial>,
     },
     /// Set a volume property: `sluice vol set tank/vm1 sync=always`. dedup=off|on|verify
-    /// and compression=off|lz4|zstd|zstd-N apply to blocks written from now on; sync=standard|always|disabled and
-    /// logbias=latency|throughput to requests from now on.
+    /// and compression=off|lz4|zstd|zstd-N apply to blocks written from now on;
+    /// sync=standard|always|disabled and logbias=latency|throughput to requests from now on;
+    /// snapshot.schedule=hourly:24,daily:30,weekly:8 (periods minutely, hourly, daily, weekly,
+    /// monthly; none to stop) has the served pool take `auto-YYYY-MM-DDTHHMM` snapshots (UTC)
+    /// and prune them as the rules keep.
     Set { spec: String, property: String },
     /// List volumes of the given pools (default: all known pools).
     List {
@@ -717,6 +738,10 @@ pub(crate) async fn run_pool_command(ctx: &mut Ctx<'_>, command: Command) -> any
             PoolCommand::Status { names, .. } => pool::status(ctx, &names).await,
             PoolCommand::List { names, .. } => pool::list(ctx, &names).await,
             PoolCommand::Sync { name } => pool::sync(ctx, &name).await,
+            PoolCommand::Get { name, properties, .. } => {
+                pools::props::get(ctx, &name, &properties).await
+            }
+            PoolCommand::Set { name, property } => pools::props::set(ctx, &name, &property).await,
             PoolCommand::Scrub { name, pause, stop, wait } => {
                 pool::scrub(ctx, &name, pool::ScrubAction::from_flags(pause, stop, wait)).await
             }
@@ -907,7 +932,13 @@ async fn pool_command(env: &sluice_engine::rt::Env, command: PoolCommand) -> any
             let jobs = vec![(pool, Command::Pool { pool: command })];
             per_pools(env, jobs, Format::of(false, json), Vec::new()).await
         }
+        PoolCommand::Get { ref name, scripted, json, .. } => {
+            let pool = name.clone();
+            let format = Format::of(scripted, json);
+            per_pools(env, vec![(pool, Command::Pool { pool: command })], format, Vec::new()).await
+        }
         PoolCommand::Scrub { ref name, .. }
+        | PoolCommand::Set { ref name, .. }
         | PoolCommand::Sync { ref name }
         | PoolCommand::Offline { ref name, .. }
         | PoolCommand::Online { ref name, .. }

@@ -14,7 +14,9 @@
 //! has read, syncs and exports the pool. With `--metrics ADDR` it also answers Prometheus
 //! scrapes (crate::metrics) until then. `--tls` and its credentials (docs/tls.md) are read and
 //! checked before the pool is touched, and so is the rule that a TCP listener on an address
-//! other than loopback needs `--tls` said explicitly.
+//! other than loopback needs `--tls` said explicitly. While it serves, the pool's scheduled
+//! scrubs and snapshots run (the engine's `schedule`), and a service manager is told when it
+//! is ready and when it stops (crate::notify).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -325,6 +327,8 @@ pub async fn serve(
         None => None,
     };
     store.run_syncer();
+    // Scheduled scrubs and snapshots run while the pool is served, and only then.
+    store.start_schedules();
     let control = crate::control::serve(env.clone(), Arc::clone(&store)).await?;
     let metrics = match &options.metrics {
         Some(address) => Some(crate::metrics::serve(&store, address).await?),

@@ -241,6 +241,76 @@ fn pool_lifecycle() {
 /// `pool create` knows ZFS's vdev words: one sluice does not build is refused by name, never
 /// taken for a file, and a leaf path that is not absolute is refused with the path it meant
 /// (`zpool create rz raidz2 a b c d` once made a four-leaf stripe with a file named raidz2).
+/// `pool get` and `pool set`, `vol set snapshot.schedule` and `snapshot list`'s AUTO column,
+/// on a pool that is not served: setting the first property lists the pool_properties
+/// feature; a finished scrub is what scrub.last and scrub.next say; everything survives the
+/// pool being opened again; bad values are refused, saying what is allowed.
+#[test]
+fn pool_properties_and_snapshot_schedules() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    ok(&cache, &["pool", "create", "tank", "mirror", a, b, "--size", "64M", "--sparse"]);
+    ok(&cache, &["vol", "create", "tank/vm1", "--size", "8M"]);
+    let get = |names: &[&str]| -> Vec<(String, String)> {
+        let mut args = vec!["pool", "get", "tank", "-H"];
+        args.extend_from_slice(names);
+        (ok(&cache, &args).lines())
+            .map(|line| {
+                let fields: Vec<&str> = line.split('\t').collect();
+                assert_eq!((fields.len(), fields[0]), (3, "tank"), "{line}");
+                (fields[1].to_owned(), fields[2].to_owned())
+            })
+            .collect()
+    };
+    let value = |name: &str| get(&[name])[0].1.clone();
+    assert_eq!(get(&[]).len(), 10);
+    assert_eq!(value("scrub.interval"), "30d");
+    assert_eq!((value("scrub.last"), value("features")), ("-".into(), "-".into()));
+    ok(&cache, &["pool", "set", "tank", "scrub.interval=2w"]);
+    assert_eq!(
+        (value("scrub.interval"), value("features")),
+        ("2w".into(), "pool_properties".into())
+    );
+    for (bad, says) in [
+        ("scrub.interval=10", "with a unit"),
+        ("scrub.interval=30s", "out of range"),
+        ("size=1G", "read only"),
+        ("bogus=1", "does not exist"),
+    ] {
+        let error = fails(&cache, &["pool", "set", "tank", bad]);
+        assert!(error.contains(says), "{bad}: {error}");
+    }
+    assert!(fails(&cache, &["pool", "get", "tank", "bogus"]).contains("does not exist"));
+    ok(&cache, &["pool", "scrub", "tank"]);
+    let last = value("scrub.last");
+    assert!(last.ends_with(" UTC"), "{last}");
+    assert_ne!(value("scrub.next"), last, "the next is two weeks after");
+    ok(&cache, &["vol", "set", "tank/vm1", "snapshot.schedule=hourly:24,daily:30,weekly:8"]);
+    let schedule = ok(&cache, &["vol", "get", "tank/vm1", "snapshot.schedule", "-H"]);
+    assert!(schedule.contains("hourly:24,daily:30,weekly:8"), "{schedule}");
+    for (bad, says) in [
+        ("snapshot.schedule=hourly", "PERIOD:KEEP"),
+        ("snapshot.schedule=yearly:2", "no period"),
+        ("snapshot.schedule=daily:0", "1 to 1000"),
+        ("snapshot.schedule=daily:2,daily:3", "twice"),
+    ] {
+        let error = fails(&cache, &["vol", "set", "tank/vm1", bad]);
+        assert!(error.contains(says), "{bad}: {error}");
+    }
+    ok(&cache, &["snapshot", "create", "tank/vm1@mine"]);
+    let listed = ok(&cache, &["snapshot", "list", "tank", "-H"]);
+    assert!(listed.trim().ends_with("\tno"), "a person's snapshot is not the schedule's: {listed}");
+    assert!(ok(&cache, &["snapshot", "list", "tank"]).lines().next().unwrap().ends_with("AUTO"));
+    // Opened again (each command above opened and exported the pool): all of it is there.
+    assert_eq!(value("scrub.last"), last);
+    assert_eq!(value("scrub.interval"), "2w");
+    ok(&cache, &["vol", "set", "tank/vm1", "snapshot.schedule=none"]);
+    let schedule = ok(&cache, &["vol", "get", "tank/vm1", "snapshot.schedule", "-H"]);
+    assert!(schedule.contains("none"), "{schedule}");
+}
+
 #[test]
 fn vdev_words_and_relative_leaf_paths_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
@@ -644,10 +714,10 @@ fn exit_codes_follow_the_kind_of_failure_and_json_parses() {
         let mut answer = String::new();
         std::io::BufReader::new(&stream).read_line(&mut answer).unwrap();
         let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
-        assert_eq!((answer["protocol"].as_u64(), &answer["ok"]), (Some(5), &false.into()));
+        assert_eq!((answer["protocol"].as_u64(), &answer["ok"]), (Some(6), &false.into()));
         assert_eq!(answer["kind"], "protocol", "{answer}");
         let error = answer["error"].as_str().unwrap();
-        assert!(error.contains("control protocol 5") && error.contains(theirs), "{answer}");
+        assert!(error.contains("control protocol 6") && error.contains(theirs), "{answer}");
     }
     let stopped = Command::new("kill").arg(server.id().to_string()).status().unwrap();
     let exited = server.wait().unwrap();
@@ -678,7 +748,7 @@ fn a_server_of_an_older_protocol_is_named_as_such() {
     });
     let (code, said) = exit_code(&cache, &["pool", "status", "tank"]);
     let request = server.join().unwrap();
-    assert!(request.starts_with("{\"protocol\":5,\"command\":"), "{request}");
+    assert!(request.starts_with("{\"protocol\":6,\"command\":"), "{request}");
     assert_eq!(code, 11, "{said}");
-    assert!(said.contains("speaks control protocol 2 and this sluice speaks 5"), "{said}");
+    assert!(said.contains("speaks control protocol 2 and this sluice speaks 6"), "{said}");
 }

@@ -58,6 +58,11 @@ pub enum EventClass {
     KeyLoad,
     /// A volume's key was unloaded.
     KeyUnload,
+    /// A volume's snapshot schedule took a snapshot (and pruned those its retention no
+    /// longer keeps).
+    SnapshotAuto,
+    /// A scheduled scrub or snapshot could not be started or taken, or a snapshot pruned.
+    Schedule,
 }
 
 impl EventClass {
@@ -81,13 +86,15 @@ impl EventClass {
             EventClass::PoolImport => "pool_import",
             EventClass::KeyLoad => "key_load",
             EventClass::KeyUnload => "key_unload",
+            EventClass::SnapshotAuto => "snapshot_auto",
+            EventClass::Schedule => "schedule",
         }
     }
 
     /// The full class: an error report, a resource's change, or a system event.
     pub fn name(self) -> String {
         let family = match self {
-            EventClass::Checksum | EventClass::Io => "ereport",
+            EventClass::Checksum | EventClass::Io | EventClass::Schedule => "ereport",
             EventClass::StateChange => "resource",
             _ => "sysevent",
         };

@@ -59,10 +59,12 @@ pub use pool::{
     probe, LeafSpec, Pool, PoolError, PoolLeaf, PoolSpec, PreparedAttach, ScrubReport, TopSpec,
     VerifyReport,
 };
+pub use txg::{auto_name, CHECK_INTERVAL as SCHEDULE_CHECK_INTERVAL};
 pub use txg::{
     AuditReport, EncryptionInfo, ImportOptions, ImportReport, KeyStatus, LostLog, NewKey, ReadData,
-    ReceiveMode, Rewind, ScanFunc, ScanPhase, ScanStatus, SnapshotInfo, SnapshotSpace, Store,
-    StoreError, StreamSummary, SyncRecord, VolumeProperty, BLOCK_BYTES_DEFAULT, RECEIVE_PREFIX,
+    ReceiveMode, Rewind, ScanFunc, ScanPhase, ScanStatus, ScheduleReport, SnapshotInfo,
+    SnapshotSpace, Store, StoreError, StreamSummary, SyncRecord, VolumeProperty, AUTO_PREFIX,
+    BLOCK_BYTES_DEFAULT, RECEIVE_PREFIX,
 };
 pub use vdev::{LeafState, ReadPolicy, VdevError};
 pub use volume::Volume;

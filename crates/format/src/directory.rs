@@ -43,7 +43,9 @@
 //!               source (UTF-8: the sender's POOL/VOL);
 //!               (V7) key_family u64 (the guid of its key family; 0: not encrypted), root_mac
 //!               (32: the keyed MAC of its tree's root, `VolumeEntry::root_mac`), then each
-//!               snapshot's root_mac (32), in the order of the snapshots
+//!               snapshot's root_mac (32), in the order of the snapshots;
+//!               (V8) its snapshot schedule (`properties`), and in each snapshot the byte
+//!               after `levels` is its flags (bit 0: the schedule took it)
 //!      .      dedup table header (crate::ddt), 192 bytes: salt (32), bucket_bits u8,
 //!               levels u8, reserved 6, entries u64, references u64, allocated_bytes u64,
 //!               root block pointer (128; zeros: empty table)
@@ -51,6 +53,7 @@
 //!               vdev tree in its V6 layout (crate::label)
 //!      .      (V7) key_family_count u32, then each key family's wrapped key
 //!               (crate::crypto_key)
+//!      .      (V8) the pool's properties, 24 bytes (`properties`)
 //! ```
 //!
 //! A directory without records (a pool made before V2) is written and read as V1; a V2 one
@@ -59,7 +62,10 @@
 //! layout, and is written only when the tree needs it (a RAID-Z vdev): any other pool's
 //! directory is still written as V5, which older builds read. V7 is V6 with each volume's and
 //! snapshot's key family and root MAC and the pool's wrapped keys, written when the config
-//! lists the `encryption` feature (the pool has had encrypted volumes), and only then.
+//! lists the `encryption` feature (the pool has had encrypted volumes), and only then. V8 is
+//! V7 (its key family fields zero when nothing is encrypted) with the pool's properties, the
+//! volumes' snapshot schedules and the snapshots' flags, written when the config lists the
+//! `pool_properties` feature, and only then.
 //!
 //! The log header (ZFS: `zil_header_t`) names the first intent-log block still needed after
 //! this txg: replay walks the chain from `head`, expecting `chain_id` and `head_sequence`, and
@@ -68,12 +74,18 @@
 //! whose log is being replayed: records of that txg or earlier are already in the pool, and the
 //! txgs that replay itself syncs must not move that line.
 
+mod properties;
 mod records;
 
 use crate::codec::{Reader, Writer};
 use crate::ddt::DDT_HEADER_BYTES;
 use crate::{
-    BlockPointer, DdtHeader, Deadlist, FormatError, FormatVersion, WrappedKey, BLKPTR_BYTES,
+    BlockPointer, DdtHeader, Deadlist, FormatError, FormatVersion, VdevTreeConfig, WrappedKey,
+    BLKPTR_BYTES,
+};
+pub use properties::{
+    check_schedule, PoolProperties, SchedulePeriod, ScheduleRule, SCHEDULE_KEEP_MAX,
+    SCRUB_INTERVAL_DEFAULT_SECS,
 };
 pub use records::{
     DirectoryRecords, LeafRecord, LeafRecordState, ScanBookmark, ScanKind, ScanRecord,
@@ -104,8 +116,9 @@ pub const VOLUME_NAME_BYTES_MAX: usize = 255;
 const WHAT: &str = "pool directory";
 /// The newest version this structure has (V2 added the records, V3 each volume's compression
 /// and space figures, V4 snapshots and dead lists, V5 resumable receive state, V6 the vdev
-/// tree's V6 layout, V7 key families), and so the newest this build reads.
-const VERSION: FormatVersion = FormatVersion::V7;
+/// tree's V6 layout, V7 key families, V8 pool properties and schedules), and so the newest
+/// this build reads.
+const VERSION: FormatVersion = FormatVersion::V8;
 /// The version a directory with records is written at when its vdev tree is in the V1 layout
 /// (needs no feature): the newest layout of the directory's own fields.
 const VERSION_V1_CONFIG: FormatVersion = FormatVersion::V5;
@@ -154,6 +167,9 @@ pub struct VolumeEntry {
     /// binds the tree to the volume, so that its root pointer cannot be swapped for another
     /// (or an older one) without failing authentication. Zeros for a volume not encrypted.
     pub root_mac: [u8; ROOT_MAC_BYTES],
+    /// Its snapshot schedule (V8): a snapshot each period of a rule, the newest `keep` kept.
+    /// Empty: none.
+    pub snapshot_schedule: Vec<ScheduleRule>,
 }
 
 /// Where an interrupted receive stopped (ZFS: the fields of `receive_resume_token`): the
@@ -194,6 +210,7 @@ impl VolumeEntry {
             receive: None,
             key_family: 0,
             root_mac: [0; ROOT_MAC_BYTES],
+            snapshot_schedule: Vec::new(),
         }
     }
 }
@@ -283,6 +300,8 @@ pub struct SnapshotEntry {
     pub deadlist: Deadlist,
     /// As its volume's [`VolumeEntry::root_mac`], for the snapshot's tree.
     pub root_mac: [u8; ROOT_MAC_BYTES],
+    /// Taken by the volume's snapshot schedule, which also prunes it (V8).
+    pub automatic: bool,
 }
 
 impl SnapshotEntry {
@@ -516,12 +535,20 @@ pub struct PoolDirectory {
     pub records: Option<DirectoryRecords>,
     /// The wrapped keys of the pool's key families (V7), by guid order of creation.
     pub key_families: Vec<WrappedKey>,
+    /// The pool's properties (V8): `Some` exactly when the config lists `pool_properties`.
+    pub properties: Option<PoolProperties>,
 }
 
 impl PoolDirectory {
-    /// Whether it is written at V7: its config lists the `encryption` feature.
+    /// Whether it carries key families (V7 and V8): its config lists the `encryption` or the
+    /// `pool_properties` feature.
     fn has_key_families(&self) -> bool {
-        self.records.as_ref().is_some_and(|r| r.config.encryption)
+        self.records.as_ref().is_some_and(|r| r.config.encryption || r.config.properties)
+    }
+
+    /// Whether it is written at V8: its config lists the `pool_properties` feature.
+    fn has_properties(&self) -> bool {
+        self.records.as_ref().is_some_and(|r| r.config.properties)
     }
 
     pub fn encoded_len(&self) -> Result<usize, FormatError> {
@@ -530,11 +557,13 @@ impl PoolDirectory {
             None => 0,
         };
         let v7 = self.has_key_families();
+        let v8 = self.has_properties();
         let families = if v7 {
             4 + self.key_families.iter().map(WrappedKey::encoded_len).sum::<usize>()
         } else {
             0
         };
+        let properties = if v8 { properties::PROPERTIES_BYTES } else { 0 };
         Ok(HEADER_BYTES
             + self.space_maps.iter().map(|p| 4 + p.len() * BLKPTR_BYTES).sum::<usize>()
             + self
@@ -558,6 +587,11 @@ impl PoolDirectory {
                                 } else {
                                     0
                                 }
+                                + if v8 {
+                                    properties::schedule_len(&v.snapshot_schedule)
+                                } else {
+                                    0
+                                }
                         } else {
                             0
                         }
@@ -565,7 +599,8 @@ impl PoolDirectory {
                 .sum::<usize>()
             + DDT_HEADER_BYTES
             + records
-            + families)
+            + families
+            + properties)
     }
 
     /// Encodes into a buffer padded with zeros to a multiple of `align` bytes.
@@ -600,12 +635,27 @@ impl PoolDirectory {
                 value: self.key_families.len() as u64,
             });
         }
+        let v8 = self.has_properties();
+        let scheduled = self
+            .volumes
+            .iter()
+            .any(|v| !v.snapshot_schedule.is_empty() || v.snapshots.iter().any(|s| s.automatic));
+        if v8 != self.properties.is_some() || (!v8 && scheduled) {
+            // Only a V8 directory has room for them, and only a config listing the feature
+            // makes older builds refuse what they would misread.
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                field: "pool properties or schedules without the pool_properties feature",
+                value: u64::from(self.properties.is_some()),
+            });
+        }
         let mut out = vec![0u8; len.div_ceil(align.max(1)) * align.max(1)];
         let mut w = Writer::new(&mut out);
         w.u64(0, MAGIC);
         // The config's layout is the directory's version's: V6 only for a tree that needs it.
         let version = match &self.records {
             None => FormatVersion::V1,
+            Some(_) if v8 => FormatVersion::V8,
             Some(_) if v7 => FormatVersion::V7,
             Some(records) if records.config.version() == FormatVersion::V6 => FormatVersion::V6,
             Some(_) => VERSION_V1_CONFIG,
@@ -694,6 +744,9 @@ impl PoolDirectory {
                     w.u64(at + 24, snapshot.creation_secs);
                     w.u64(at + 32, snapshot.size_bytes);
                     w.u8(at + 40, snapshot.levels);
+                    if snapshot.automatic {
+                        w.u8(at + 41, properties::SNAPSHOT_AUTOMATIC_BIT);
+                    }
                     w.u16(at + 42, snapshot.name.len() as u16);
                     w.put(at + 44, snapshot.name.as_bytes());
                     at += SNAPSHOT_FIXED_BYTES + snapshot.name.len();
@@ -730,6 +783,9 @@ impl PoolDirectory {
                         at += ROOT_MAC_BYTES;
                     }
                 }
+                if v8 {
+                    at = properties::encode_schedule(&volume.snapshot_schedule, &mut w, at)?;
+                }
             } else if volume.compression != Compression::Off
                 || volume.space.is_some()
                 || volume.reservation_bytes != 0
@@ -760,6 +816,9 @@ impl PoolDirectory {
                 w.put(at, &bytes);
                 at += bytes.len();
             }
+        }
+        if let Some(properties) = &self.properties {
+            at = properties.encode_into(&mut w, at);
         }
         debug_assert_eq!(at, len);
         Ok(out)
@@ -839,6 +898,7 @@ impl PoolDirectory {
                 receive: None,
                 key_family: 0,
                 root_mac: [0; ROOT_MAC_BYTES],
+                snapshot_schedule: Vec::new(),
             });
             at += BLKPTR_BYTES;
             let chain_id = r.u64(at)?;
@@ -906,7 +966,19 @@ impl PoolDirectory {
                 }
                 for _ in 0..count {
                     let name_len = usize::from(r.u16(at + 42)?);
-                    r.zeros(at + 41, 1)?;
+                    let flags = r.u8(at + 41)?;
+                    let known = if version >= FormatVersion::V8 {
+                        properties::SNAPSHOT_AUTOMATIC_BIT
+                    } else {
+                        0
+                    };
+                    if flags & !known != 0 {
+                        return Err(FormatError::Invalid {
+                            what: WHAT,
+                            field: "snapshot flags",
+                            value: u64::from(flags),
+                        });
+                    }
                     let name = std::str::from_utf8(r.slice(at + 44, name_len)?)
                         .map_err(|_| FormatError::Invalid {
                             what: WHAT,
@@ -947,6 +1019,7 @@ impl PoolDirectory {
                         space,
                         deadlist,
                         root_mac: [0; ROOT_MAC_BYTES],
+                        automatic: flags & properties::SNAPSHOT_AUTOMATIC_BIT != 0,
                     });
                 }
             }
@@ -989,7 +1062,14 @@ impl PoolDirectory {
                     at += ROOT_MAC_BYTES;
                 }
             }
+            let mut snapshot_schedule = Vec::new();
+            if version >= FormatVersion::V8 {
+                let (rules, end) = properties::decode_schedule(&r, at)?;
+                snapshot_schedule = rules;
+                at = end;
+            }
             if let Some(volume) = volumes.last_mut() {
+                volume.snapshot_schedule = snapshot_schedule;
                 volume.key_family = key_family;
                 volume.root_mac = root_mac;
                 volume.receive = receive;
@@ -1021,8 +1101,19 @@ impl PoolDirectory {
                 value: version as u64,
             });
         }
+        let listed = |feature: fn(&VdevTreeConfig) -> bool| {
+            records.as_ref().is_some_and(|r| feature(&r.config))
+        };
+        // Each version is written exactly when its feature is listed.
+        if (version >= FormatVersion::V8) != listed(|c| c.properties) {
+            return Err(FormatError::Invalid {
+                what: WHAT,
+                field: "pool_properties feature in a directory of another version than V8",
+                value: version as u64,
+            });
+        }
         if version >= FormatVersion::V7 {
-            if !records.as_ref().is_some_and(|r| r.config.encryption) {
+            if version == FormatVersion::V7 && !listed(|c| c.encryption) {
                 return Err(FormatError::Invalid {
                     what: WHAT,
                     field: "V7 directory without the encryption feature",
@@ -1061,6 +1152,13 @@ impl PoolDirectory {
                 value: v.key_family,
             });
         }
+        let properties = if version >= FormatVersion::V8 {
+            let properties = PoolProperties::decode_from(&r, at)?;
+            at += properties::PROPERTIES_BYTES;
+            Some(properties)
+        } else {
+            None
+        };
         if at != len {
             return Err(FormatError::Invalid {
                 what: WHAT,
@@ -1069,6 +1167,7 @@ impl PoolDirectory {
             });
         }
         Ok(PoolDirectory {
+            properties,
             txg: r.u64(16)?,
             next_volume_id: r.u64(24)?,
             space_maps,

@@ -48,13 +48,15 @@
 //!       guid u64, path_len u16, path
 //! ```
 //!
-//! The V6 layout is written only when the tree needs a feature, that is when some top-level
-//! vdev is RAID-Z (feature `raidz`, and `raidz_log_copies` when a RAID-Z vdev lays out its
-//! log blocks as copies: `sluice_format::raidz`'s module doc); any other tree is written in the V1 layout in a V1 label,
-//! and in a V5 directory, byte for byte as before V6, so that older builds still read a pool
-//! without RAID-Z. The features are derived from the tree ([`VdevTreeConfig::features`]), not
-//! kept in it: they are there for the reader, which refuses a config naming one it does not
-//! know ([`FEATURES_KNOWN`]) before reading the tree, by name
+//! The V6 layout is written only when the tree needs a feature: some top-level vdev is RAID-Z
+//! (feature `raidz`, and `raidz_log_copies` when a RAID-Z vdev lays out its log blocks as
+//! copies: `sluice_format::raidz`'s module doc), the pool has encrypted volumes
+//! (`encryption`), or its directory holds pool properties (`pool_properties`, crate
+//! `directory`). Any other tree is written in the V1 layout in a V1 label, and in a V5
+//! directory, byte for byte as before V6, so that older builds still read such a pool. The
+//! features are derived from the config ([`VdevTreeConfig::features`]), not kept in it: they
+//! are there for the reader, which refuses a config naming one it does not know
+//! ([`FEATURES_KNOWN`]) before reading the tree, by name
 //! ([`FormatError::UnknownFeatures`]), rather than misread what a newer sluice wrote.
 
 use crate::codec::{check_header, Reader, Writer};
@@ -115,7 +117,8 @@ const CONFIG_WHAT: &str = "vdev tree config";
 
 /// The features this build knows: a config naming any other is refused
 /// ([`FormatError::UnknownFeatures`]).
-pub const FEATURES_KNOWN: &[&str] = &[FEATURE_RAIDZ, FEATURE_ENCRYPTION, FEATURE_RAIDZ_LOG_COPIES];
+pub const FEATURES_KNOWN: &[&str] =
+    &[FEATURE_RAIDZ, FEATURE_ENCRYPTION, FEATURE_RAIDZ_LOG_COPIES, FEATURE_POOL_PROPERTIES];
 /// Some top-level vdev is RAID-Z.
 const FEATURE_RAIDZ: &str = "raidz";
 /// The pool has encrypted volumes: its directory holds key families and encrypted block
@@ -124,6 +127,9 @@ const FEATURE_ENCRYPTION: &str = "encryption";
 /// Some RAID-Z vdev lays out intent-log blocks as copies ([`RaidzConfig::log_copies`]): a
 /// build that reads them striped would find no chain and drop acknowledged writes.
 const FEATURE_RAIDZ_LOG_COPIES: &str = "raidz_log_copies";
+/// The pool's directory is V8: it holds pool properties, snapshot schedules and which
+/// snapshots they took ([`VdevTreeConfig::properties`]).
+const FEATURE_POOL_PROPERTIES: &str = "pool_properties";
 /// [`RaidzConfig::log_copies`] in a RAID-Z vdev's flags byte.
 const RAIDZ_LOG_COPIES_BIT: u8 = 1;
 
@@ -224,11 +230,16 @@ pub struct VdevTreeConfig {
     /// Set when the first key family is made and kept, so that every label names the feature
     /// and a build that does not know it refuses the pool by the feature's name.
     pub encryption: bool,
+    /// The pool's directory holds pool properties, snapshot schedules and which snapshots
+    /// they took (V8, feature `pool_properties`). Set at the first property set, schedule set
+    /// or scrub finished, and kept.
+    pub properties: bool,
 }
 
 impl VdevTreeConfig {
     /// The features a reader must know to read this pool: `raidz` when some top-level vdev is
-    /// RAID-Z, `encryption` when [`VdevTreeConfig::encryption`]. Empty for any other pool.
+    /// RAID-Z, `encryption` when [`VdevTreeConfig::encryption`], `raidz_log_copies`, and
+    /// `pool_properties` when [`VdevTreeConfig::properties`]. Empty for any other pool.
     pub fn features(&self) -> Vec<&'static str> {
         let mut features = Vec::new();
         if self.top.iter().any(|top| top.kind == TopKind::Raidz) {
@@ -239,6 +250,9 @@ impl VdevTreeConfig {
         }
         if self.top.iter().any(|top| top.raidz.as_ref().is_some_and(|r| r.log_copies)) {
             features.push(FEATURE_RAIDZ_LOG_COPIES);
+        }
+        if self.properties {
+            features.push(FEATURE_POOL_PROPERTIES);
         }
         features
     }
@@ -403,7 +417,8 @@ impl VdevTreeConfig {
             return Err(invalid("trailing bytes", (bytes.len() - cursor.at) as u64));
         }
         let encryption = features.iter().any(|f| f == FEATURE_ENCRYPTION);
-        let config = VdevTreeConfig { top, encryption };
+        let properties = features.iter().any(|f| f == FEATURE_POOL_PROPERTIES);
+        let config = VdevTreeConfig { top, encryption, properties };
         // A writer that left out a feature its tree needs would have an older build misread
         // the tree rather than refuse it.
         if config.features().iter().any(|needed| !features.iter().any(|f| f == needed)) {

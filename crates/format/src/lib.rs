@@ -40,9 +40,10 @@ pub use ddt::{
 };
 pub use deadlist::{Deadlist, DeadlistPiece, DEADLIST_PIECE_BYTES, DEADLIST_PIECE_ENTRIES};
 pub use directory::{
-    Compression, DedupMode, DirectoryRecords, LeafRecord, LeafRecordState, LogBias, LogHeader,
-    Origin, PoolDirectory, ReceiveState, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase,
-    SnapshotEntry, SyncMode, TreeRef, VolumeEntry, VolumeSpace, ROOT_MAC_BYTES,
+    check_schedule, Compression, DedupMode, DirectoryRecords, LeafRecord, LeafRecordState, LogBias,
+    LogHeader, Origin, PoolDirectory, PoolProperties, ReceiveState, ScanBookmark, ScanKind,
+    ScanRecord, ScanRecordPhase, SchedulePeriod, ScheduleRule, SnapshotEntry, SyncMode, TreeRef,
+    VolumeEntry, VolumeSpace, ROOT_MAC_BYTES, SCHEDULE_KEEP_MAX, SCRUB_INTERVAL_DEFAULT_SECS,
     VOLUME_NAME_BYTES_MAX,
 };
 pub use error::FormatError;
@@ -82,7 +83,10 @@ const _: () = assert!(SECTOR_BYTES.is_power_of_two());
 /// without one still writes V1 labels and a V5 directory, which older builds read. V7 changed
 /// only the directory: each volume's and snapshot's key family and root MAC, and the pool's
 /// wrapped keys, written only when the pool has encrypted volumes (its config then lists the
-/// `encryption` feature, so an older build refuses it by that name at the labels).
+/// `encryption` feature, so an older build refuses it by that name at the labels). V8 changed
+/// only the directory: the pool's properties (scheduled scrubs and the last one's end), each
+/// volume's snapshot schedule and which snapshots it took, written only once such a property
+/// has been set or a scrub has finished (the config then lists `pool_properties`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FormatVersion {
     V1 = 1,
@@ -92,14 +96,15 @@ pub enum FormatVersion {
     V5 = 5,
     V6 = 6,
     V7 = 7,
+    V8 = 8,
 }
 
 impl FormatVersion {
     /// The newest version any structure is written at, and so the newest this build reads.
     /// Structures are not all written at it: labels reach V6 only when their vdev tree config
     /// needs it ([`VdevTreeConfig::version`]), the directory V6 then and V7 only when the pool
-    /// has encrypted volumes.
-    pub const CURRENT: FormatVersion = FormatVersion::V7;
+    /// has encrypted volumes, V8 only when it has pool properties.
+    pub const CURRENT: FormatVersion = FormatVersion::V8;
 
     /// Decodes a structure's version field, refusing versions newer than `newest`, the
     /// newest one that structure has.
@@ -116,6 +121,7 @@ impl FormatVersion {
             5 => FormatVersion::V5,
             6 => FormatVersion::V6,
             7 => FormatVersion::V7,
+            8 => FormatVersion::V8,
             found => return Err(FormatError::UnsupportedVersion { what, found }),
         };
         if version > newest {

@@ -18,10 +18,10 @@ use sluice_format::{
     Checksum, ChecksumAlg, Compression, DdtBucket, DdtEntry, DdtHeader, DdtKey, Deadlist,
     DeadlistPiece, DedupMode, DirectoryRecords, Dva, FormatError, FormatVersion, LabelHeader,
     LeafConfig, LeafRecord, LeafRecordState, LogBias, LogHeader, Origin, PoolDirectory,
-    RaidzConfig, ReceiveState, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase, SnapshotEntry,
-    SpaceMap, SyncMode, TopConfig, TopKind, Uberblock, VdevTreeConfig, VolumeEntry, VolumeSpace,
-    BLKPTR_BYTES, DATA_START_BYTES, DEADLIST_PIECE_BYTES, DEADLIST_PIECE_ENTRIES, LABEL_BYTES,
-    LABEL_HEADER_BYTES, UBERBLOCK_BYTES,
+    PoolProperties, RaidzConfig, ReceiveState, ScanBookmark, ScanKind, ScanRecord, ScanRecordPhase,
+    SchedulePeriod, ScheduleRule, SnapshotEntry, SpaceMap, SyncMode, TopConfig, TopKind, Uberblock,
+    VdevTreeConfig, VolumeEntry, VolumeSpace, BLKPTR_BYTES, DATA_START_BYTES, DEADLIST_PIECE_BYTES,
+    DEADLIST_PIECE_ENTRIES, LABEL_BYTES, LABEL_HEADER_BYTES, SCHEDULE_KEEP_MAX, UBERBLOCK_BYTES,
 };
 
 fn sample_bp() -> BlockPointer {
@@ -79,6 +79,7 @@ fn sample_label() -> LabelHeader {
                 },
             ],
             encryption: false,
+            properties: false,
         },
     }
 }
@@ -122,6 +123,7 @@ fn sample_raidz_config() -> VdevTreeConfig {
             },
         ],
         encryption: false,
+        properties: false,
     }
 }
 
@@ -316,6 +318,7 @@ fn golden_directory() {
                 receive: None,
                 key_family: 0,
                 root_mac: [0; 32],
+                snapshot_schedule: Vec::new(),
             },
             VolumeEntry {
                 id: 2,
@@ -338,6 +341,7 @@ fn golden_directory() {
                 receive: None,
                 key_family: 0,
                 root_mac: [0; 32],
+                snapshot_schedule: Vec::new(),
             },
         ],
         ddt: DdtHeader {
@@ -351,6 +355,7 @@ fn golden_directory() {
         },
         records: None,
         key_families: Vec::new(),
+        properties: None,
     };
     let bytes = dir.encode(512).unwrap();
     assert_eq!(bytes.len() % 512, 0);
@@ -410,6 +415,7 @@ fn golden_directory() {
             },
             deadlist: Deadlist::default(),
             root_mac: [0; 32],
+            automatic: false,
         },
         SnapshotEntry {
             id: 5,
@@ -423,6 +429,7 @@ fn golden_directory() {
             space: VolumeSpace::default(),
             deadlist: dead,
             root_mac: [0; 32],
+            automatic: false,
         },
     ];
     v4.volumes[1].origin = Some(Origin { snapshot: 4, txg: 8, referenced_bytes: 4 << 20 });
@@ -548,6 +555,92 @@ fn golden_directory_v7() {
     // The earlier directories are written as they were.
     v6.key_families.clear();
     assert_eq!(v6.encode(512).unwrap()[8..10], [6, 0]);
+}
+
+/// V8: the pool's properties, each volume's snapshot schedule and which snapshots it took,
+/// written only when the config lists `pool_properties`; encrypted or not (V7's fields are
+/// there, zero for a pool without encryption). Refused: schedules or properties without the
+/// feature, a V7 or V6 directory whose config lists it, a V8 one whose config does not, a
+/// schedule naming a period twice or keeping 0, and unknown flag bits.
+#[test]
+fn golden_directory_v8() {
+    let v6 = PoolDirectory::decode(
+        &std::fs::read(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/directory_v6.bin"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let schedule = vec![
+        ScheduleRule { period: SchedulePeriod::Hourly, keep: 24 },
+        ScheduleRule { period: SchedulePeriod::Daily, keep: 30 },
+        ScheduleRule { period: SchedulePeriod::Weekly, keep: 8 },
+    ];
+    let properties = PoolProperties {
+        autoreplace: true,
+        scrub_interval_secs: 7 * 86_400,
+        last_scrub_end_secs: 1_795_000_200,
+    };
+    // Without the feature none of it can be written.
+    let mut unmarked = v6.clone();
+    unmarked.volumes[0].snapshot_schedule = schedule.clone();
+    assert!(unmarked.encode(512).is_err(), "a schedule needs the pool_properties feature");
+    let mut unmarked = v6.clone();
+    unmarked.properties = Some(properties);
+    assert!(unmarked.encode(512).is_err(), "properties need the pool_properties feature");
+    let mut v8 = v6.clone();
+    v8.records.as_mut().unwrap().config.properties = true;
+    v8.properties = Some(properties);
+    v8.volumes[0].snapshot_schedule = schedule.clone();
+    v8.volumes[0].snapshots[1].automatic = true;
+    let bytes = v8.encode(512).unwrap();
+    golden("directory_v8.bin", &bytes);
+    assert_eq!(bytes[8..10], [8, 0]);
+    assert_eq!(PoolDirectory::decode(&bytes).unwrap(), v8);
+    // The feature without properties is not written.
+    let mut bare = v8.clone();
+    bare.properties = None;
+    assert!(bare.encode(512).is_err());
+    // Encrypted too: the key families ride along.
+    let mut both = v8.clone();
+    both.records.as_mut().unwrap().config.encryption = true;
+    assert_eq!(PoolDirectory::decode(&both.encode(512).unwrap()).unwrap(), both);
+    // Versions and features must agree.
+    for version in [6u8, 7] {
+        let mut bytes = v8.encode(512).unwrap();
+        bytes[8] = version;
+        assert!(PoolDirectory::decode(&bytes).is_err(), "V{version} with pool_properties");
+    }
+    // Bad schedules are refused both ways.
+    for bad in [
+        vec![ScheduleRule { period: SchedulePeriod::Daily, keep: 0 }],
+        vec![ScheduleRule { period: SchedulePeriod::Daily, keep: SCHEDULE_KEEP_MAX + 1 }],
+        vec![
+            ScheduleRule { period: SchedulePeriod::Daily, keep: 3 },
+            ScheduleRule { period: SchedulePeriod::Daily, keep: 4 },
+        ],
+    ] {
+        let mut wrong = v8.clone();
+        wrong.volumes[1].snapshot_schedule = bad;
+        assert!(wrong.encode(512).is_err());
+    }
+    // Flag bits this build does not know, in the properties and in a snapshot.
+    let mut bytes = v8.encode(512).unwrap();
+    let len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+    bytes[len - 24] |= 0x80;
+    assert!(PoolDirectory::decode(&bytes).is_err(), "unknown pool property flag");
+    // A snapshot's flags byte is zero-checked before V8: a V7 directory with the automatic
+    // bit set is refused (found by flipping the byte after `levels` of the second snapshot).
+    let v7_bytes = {
+        let mut v7 = v6.clone();
+        v7.records.as_mut().unwrap().config.encryption = true;
+        v7.encode(512).unwrap()
+    };
+    let name = b"daily";
+    let at = v7_bytes.windows(name.len()).position(|w| w == name).unwrap();
+    let mut flagged = v7_bytes.clone();
+    flagged[at - 3] = 1;
+    assert!(PoolDirectory::decode(&flagged).is_err(), "a snapshot flag in a V7 directory");
 }
 
 /// The compression property's names and codes.
@@ -874,6 +967,7 @@ fn volume_properties_byte() {
         receive: None,
         key_family: 0,
         root_mac: [0; 32],
+        snapshot_schedule: Vec::new(),
     };
     let dir = PoolDirectory { volumes: vec![volume], ..PoolDirectory::default() };
     let mut bytes = dir.encode(4096).unwrap();

@@ -38,7 +38,11 @@ fn raidz_top(parity: u8, width: u16, replacing: &[u16]) -> TopConfig {
 }
 
 fn raidz_tree(parity: u8, width: u16, replacing: &[u16]) -> VdevTreeConfig {
-    VdevTreeConfig { top: vec![raidz_top(parity, width, replacing)], encryption: false }
+    VdevTreeConfig {
+        top: vec![raidz_top(parity, width, replacing)],
+        encryption: false,
+        properties: false,
+    }
 }
 
 /// A V6 config of one RAID-Z vdev, written field by field from label.rs's byte table rather
@@ -143,7 +147,7 @@ fn the_encoder_follows_the_byte_table() {
     let raw = Raw { features: vec!["raidz", "raidz_log_copies"], reserved: 1, ..Raw::good() };
     assert_eq!(copies.encode().expect("a valid tree"), raw.bytes());
     assert_eq!(VdevTreeConfig::decode(&raw.bytes(), FormatVersion::V6).expect("decodes"), copies);
-    assert_eq!(FEATURES_KNOWN, ["raidz", "encryption", "raidz_log_copies"]);
+    assert_eq!(FEATURES_KNOWN, ["raidz", "encryption", "raidz_log_copies", "pool_properties"]);
 }
 
 /// A pool with encrypted volumes lists the `encryption` feature in every label, whatever its
@@ -168,6 +172,13 @@ fn encryption_is_a_feature_of_the_config() {
     assert_eq!(both.features(), ["raidz", "encryption"]);
     let bytes = both.encode().expect("a valid tree");
     assert_eq!(VdevTreeConfig::decode(&bytes, FormatVersion::V6).expect("decodes"), both);
+    // Pool properties (a V8 directory) are a feature of the config in the same way.
+    tree.encryption = false;
+    tree.properties = true;
+    assert_eq!((tree.features(), tree.version()), (vec!["pool_properties"], FormatVersion::V6));
+    let bytes = tree.encode().expect("a valid tree");
+    assert_eq!(&bytes[..17], b"\x01\x0fpool_properties");
+    assert_eq!(VdevTreeConfig::decode(&bytes, FormatVersion::V6).expect("decodes"), tree);
 }
 
 /// Every RAID-Z shape there is round-trips, alone and beside a mirror and a log leaf, bare and
@@ -287,6 +298,7 @@ fn a_v1_config_holds_no_raidz() {
             raidz: None,
         }],
         encryption: false,
+        properties: false,
     };
     assert_eq!(tree.version(), FormatVersion::V1);
     let mut bytes = tree.encode().expect("a valid tree");

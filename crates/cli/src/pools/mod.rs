@@ -18,6 +18,7 @@ pub mod cache;
 pub mod key;
 pub mod output;
 pub mod pool;
+pub mod props;
 pub mod replication;
 pub mod snapshot;
 pub mod vol;

@@ -329,6 +329,9 @@ pub struct SnapshotRow {
     pub physical_bytes: u64,
     pub compress_ratio: f64,
     pub clones: Vec<String>,
+    /// Taken by the volume's snapshot schedule (`snapshot.schedule`), which also prunes it.
+    #[serde(default)]
+    pub automatic: bool,
 }
 
 /// The header of `pool list`.
@@ -764,16 +767,20 @@ fn vol_props(out: &mut Lines, props: &VolProps, format: Format) {
 }
 
 fn snapshot_list(out: &mut Lines, list: &SnapshotList, format: Format) {
-    let row = |cells: [&str; 7]| {
+    // AUTO last, so that scripts reading the columns before it read what they did.
+    let row = |cells: [&str; 8]| {
         if format == Format::Scripted {
             cells.join("\t")
         } else {
-            let [name, used, refer, written, size, ratio, creation] = cells;
-            format!("{name:<36} {used:>8} {refer:>8} {written:>8} {size:>8} {ratio:>6}  {creation}")
+            let [name, used, refer, written, size, ratio, creation, auto] = cells;
+            format!(
+                "{name:<36} {used:>8} {refer:>8} {written:>8} {size:>8} {ratio:>6}  {creation:<23}  \
+                 {auto}"
+            )
         }
     };
     if format == Format::Text {
-        out.say(row(["NAME", "USED", "REFER", "WRITTEN", "SIZE", "RATIO", "CREATION"]));
+        out.say(row(["NAME", "USED", "REFER", "WRITTEN", "SIZE", "RATIO", "CREATION", "AUTO"]));
     }
     for s in &list.snapshots {
         if format == Format::Json {
@@ -791,6 +798,11 @@ fn snapshot_list(out: &mut Lines, list: &SnapshotList, format: Format) {
             &bytes(s.size_bytes),
             &format!("{:.2}x", ratio(s.logical_bytes, s.physical_bytes)),
             &creation,
+            match (s.automatic, scripted) {
+                (true, _) => "yes",
+                (false, true) => "no",
+                (false, false) => "-",
+            },
         ]));
     }
 }

@@ -364,6 +364,17 @@ pub async fn destroy(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `pool list`'s HEALTH: ONLINE when every leaf is present and online, else DEGRADED.
+pub fn pool_health(store: &Store) -> &'static str {
+    let leaves = store.pool().leaves();
+    let healthy = leaves.iter().all(|l| l.present && l.leaf.state() == LeafState::Online);
+    if healthy {
+        "ONLINE"
+    } else {
+        "DEGRADED"
+    }
+}
+
 /// `pool list`: a row for each named pool.
 pub async fn list(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
     let mut rows = Vec::new();
@@ -372,14 +383,12 @@ pub async fn list(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
         let pool = store.pool();
         let size = pool.data_capacity_bytes();
         let free = store.free_bytes();
-        let healthy =
-            pool.leaves().iter().all(|l| l.present && l.leaf.state() == LeafState::Online);
         rows.push(PoolRow {
             name: name.clone(),
             size_bytes: size,
             allocated_bytes: size - free,
             free_bytes: free,
-            health: if healthy { "ONLINE" } else { "DEGRADED" }.to_owned(),
+            health: pool_health(&store).to_owned(),
         });
         store.release().await?;
     }

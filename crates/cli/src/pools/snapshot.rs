@@ -77,6 +77,7 @@ pub async fn list(ctx: &mut Ctx<'_>, targets: &[String]) -> anyhow::Result<()> {
                     physical_bytes: s.physical_bytes,
                     compress_ratio: ratio_hundredths(s.logical_bytes, s.physical_bytes),
                     clones: s.clones.iter().map(|c| format!("{pool}/{c}")).collect(),
+                    automatic: s.automatic,
                 });
             }
         }

@@ -4,7 +4,9 @@
 
 use anyhow::Context;
 use sluice_engine::{VolumeProperty, BLOCK_BYTES_DEFAULT, RECEIVE_PREFIX};
-use sluice_format::{Compression, DedupMode, LogBias, SyncMode};
+use sluice_format::{
+    Compression, DedupMode, LogBias, SchedulePeriod, ScheduleRule, SyncMode, SCHEDULE_KEEP_MAX,
+};
 
 use super::key::{self, Encrypt, KeyMaterial};
 use super::output::{
@@ -144,14 +146,76 @@ pub fn parse_setting(setting: &str) -> anyhow::Result<VolumeProperty> {
         "compression" | "compress" => parse_compression(value).map(VolumeProperty::Compression),
         _ => Err(format!(
             "volume property {name:?} does not exist; the settable ones are dedup, sync, \
-             logbias and compression"
+             logbias, compression and snapshot.schedule"
         )),
     };
     parsed.map_err(|e| anyhow::anyhow!(e))
 }
 
+/// `snapshot.schedule`'s value: `hourly:24,daily:30,weekly:8` (periods minutely, hourly,
+/// daily, weekly, monthly, each at most once, keeping 1 to 1000), or `none`.
+pub fn parse_schedule(value: &str) -> anyhow::Result<Vec<ScheduleRule>> {
+    if matches!(value, "none" | "off" | "") {
+        return Ok(Vec::new());
+    }
+    let mut rules = Vec::new();
+    for part in value.split(',') {
+        let (period, keep) = part.split_once(':').with_context(|| {
+            format!(
+                "snapshot.schedule: {part:?} is not PERIOD:KEEP (for example hourly:24,daily:30); \
+                 none removes the schedule"
+            )
+        })?;
+        let period =
+            (SchedulePeriod::ALL.into_iter().find(|p| p.name() == period)).with_context(|| {
+                format!(
+                    "snapshot.schedule: no period {period:?}; periods are minutely, hourly, \
+                     daily, weekly and monthly"
+                )
+            })?;
+        let keep = keep.parse::<u16>().ok().filter(|k| (1..=SCHEDULE_KEEP_MAX).contains(k));
+        let keep = keep.with_context(|| {
+            format!("snapshot.schedule: {part:?} must keep 1 to {SCHEDULE_KEEP_MAX} snapshots")
+        })?;
+        if rules.iter().any(|r: &ScheduleRule| r.period == period) {
+            anyhow::bail!("snapshot.schedule: {} is given twice", period.name());
+        }
+        rules.push(ScheduleRule { period, keep });
+    }
+    Ok(rules)
+}
+
+/// A schedule as `snapshot.schedule` shows it.
+pub fn schedule_text(rules: &[ScheduleRule]) -> String {
+    if rules.is_empty() {
+        return "none".to_owned();
+    }
+    let parts: Vec<String> =
+        rules.iter().map(|r| format!("{}:{}", r.period.name(), r.keep)).collect();
+    parts.join(",")
+}
+
 pub async fn set(ctx: &mut Ctx<'_>, spec: &str, setting: &str) -> anyhow::Result<()> {
     let (pool, volume) = split_volume(spec)?;
+    if let Some(value) = setting.strip_prefix("snapshot.schedule=") {
+        let rules = parse_schedule(value)?;
+        let store = ctx.hold(pool).await?;
+        store.set_snapshot_schedule(volume, rules.clone()).await?;
+        store.release().await?;
+        let text = schedule_text(&rules);
+        ctx.done(if rules.is_empty() {
+            format!(
+                "set snapshot.schedule=none on {spec}; the snapshots it took stay (auto-*), no \
+                 longer pruned"
+            )
+        } else {
+            format!(
+                "set snapshot.schedule={text} on {spec}; the served pool takes snapshots named \
+                 auto-YYYY-MM-DDTHHMM (UTC) and prunes them as the rules keep"
+            )
+        });
+        return Ok(());
+    }
     let property = parse_setting(setting)?;
     let store = ctx.hold(pool).await?;
     store.set_property(volume, property)?;
@@ -288,6 +352,7 @@ pub async fn get(ctx: &mut Ctx<'_>, spec: &str, wanted: &[String]) -> anyhow::Re
         ("dedup", text(entry.dedup.name())),
         ("sync", text(entry.sync.name())),
         ("logbias", text(entry.logbias.name())),
+        ("snapshot.schedule", PropValue::Text(schedule_text(&entry.snapshot_schedule))),
         ("origin", PropValue::Text(origin.unwrap_or_else(|| "-".to_owned()))),
         ("receive_resume_token", PropValue::Text(token)),
     ]
@@ -385,7 +450,8 @@ mod tests {
         let bad = parse_setting("compression=gzip").unwrap_err().to_string();
         assert!(bad.contains("zstd-1 to zstd-19"), "{bad}");
         let unknown = parse_setting("colour=red").unwrap_err().to_string();
-        assert!(unknown.contains("settable ones are dedup, sync, logbias and compression"));
+        assert!(unknown
+            .contains("settable ones are dedup, sync, logbias, compression and snapshot.schedule"));
         assert!(parse_setting("sync").unwrap_err().to_string().contains("NAME=VALUE"));
         assert!(parse_sync("sometimes").is_err() && parse_dedup("maybe").is_err());
     }

@@ -407,7 +407,11 @@ impl Pool {
 
     /// Builds the tree `config` describes around this pool's leaves (by guid), the `added`
     /// ones, and stand-ins for any other it names.
-    fn build_tree(&self, config: VdevTreeConfig, mut added: BTreeMap<u64, PoolLeaf>) -> VdevTree {
+    pub(super) fn build_tree(
+        &self,
+        config: VdevTreeConfig,
+        mut added: BTreeMap<u64, PoolLeaf>,
+    ) -> VdevTree {
         let old = self.tree();
         let mut leaves = Vec::new();
         let mut top = Vec::new();
@@ -453,7 +457,7 @@ impl Pool {
     }
 
     /// Swaps `tree` in, and tells each leaf whether it is behind in its new mirror.
-    fn install(&self, tree: VdevTree) {
+    pub(super) fn install(&self, tree: VdevTree) {
         let tree = Arc::new(tree);
         *self.tree.write() = Arc::clone(&tree);
         let state = self.state.lock();

@@ -30,6 +30,7 @@ mod cache;
 mod io;
 mod missing;
 pub mod probe;
+mod props;
 mod scrub;
 
 use std::collections::BTreeMap;
@@ -425,6 +426,8 @@ pub struct Pool {
     zio: Arc<crate::zio::Pipeline>,
     /// What happened to the pool while this process had it (`pool events`).
     events: Arc<crate::fm::Events>,
+    /// The pool's properties (props.rs).
+    properties: Mutex<props::Properties>,
 }
 
 fn check_name(name: &str) -> Result<(), PoolError> {
@@ -873,6 +876,7 @@ impl Pool {
                 })
                 .collect(),
             encryption: false,
+            properties: false,
         };
         if let Err(cause) = config.encode() {
             return Err(layout(format!(
@@ -1009,6 +1013,7 @@ impl Pool {
             read_only: std::sync::atomic::AtomicBool::new(false),
             zio: Arc::default(),
             events,
+            properties: Mutex::default(),
             state: Mutex::new(PoolState {
                 uberblock: Uberblock {
                     txg: 0,

@@ -282,6 +282,7 @@ mod tests {
                 raidz: None,
             }],
             encryption: false,
+            properties: false,
         };
         let header = LabelHeader {
             ashift: 12,

@@ -905,7 +905,7 @@ impl Store {
             source: begin.source.clone(),
         });
         let names = [(hidden.to_owned(), begin.name.clone())];
-        self.create_snapshots_with(&names, begin.creation_secs, Some(begin.guid)).await?;
+        self.create_snapshots_with(&names, begin.creation_secs, Some(begin.guid), false).await?;
         self.put_in_place(target, hidden).await
     }
 

@@ -277,6 +277,11 @@ impl ScanState {
             status.phase = phase;
             status.ended = Some(now);
             status.ended_unix_secs = Some(unix_secs(pool));
+            if status.func == ScanFunc::Scrub && phase == ScanPhase::Finished {
+                // What the scrub schedule counts from, kept apart from the scan record, which
+                // the next resilver replaces.
+                pool.note_scrub_finished(unix_secs(pool));
+            }
             status.paused = false;
             self.bookmark = Bookmark::Done;
             self.pause_requested = false;
@@ -827,10 +832,7 @@ impl Store {
     /// When the last scrub that ran to its end finished, in wall-clock seconds since the Unix
     /// epoch; `None` when none is known to have.
     pub fn last_scrub_end_unix_secs(&self) -> Option<u64> {
-        let status = self.scan_status()?;
-        (status.func == ScanFunc::Scrub && status.phase == ScanPhase::Finished)
-            .then_some(status.ended_unix_secs)
-            .flatten()
+        Some(self.spa.pool().properties().last_scrub_end_secs).filter(|&secs| secs != 0)
     }
 
     /// Starts a scrub, or resumes a paused one (`zpool scrub`).

@@ -101,6 +101,8 @@ pub struct SnapshotInfo {
     pub physical_bytes: u64,
     /// Volumes cloned from it.
     pub clones: Vec<String>,
+    /// Taken by the volume's snapshot schedule, which also prunes it (schedule.rs).
+    pub automatic: bool,
 }
 
 /// A volume's space beyond its tree (ZFS: `usedbysnapshots`, `written`).
@@ -154,6 +156,7 @@ impl Dsl {
                     logical_bytes: s.space.logical_bytes,
                     physical_bytes: s.space.physical_bytes,
                     clones: clones.get(&s.id).cloned().unwrap_or_default(),
+                    automatic: s.automatic,
                 }
             })
             .collect())
@@ -291,16 +294,17 @@ impl Store {
         names: &[(String, String)],
         creation_secs: u64,
     ) -> Result<u64, StoreError> {
-        self.create_snapshots_with(names, creation_secs, None).await
+        self.create_snapshots_with(names, creation_secs, None, false).await
     }
 
     /// [`Store::create_snapshots`], with the snapshots' guids given (a received snapshot
-    /// keeps its sender's).
+    /// keeps its sender's), and marked `automatic` when a schedule takes them (schedule.rs).
     pub(super) async fn create_snapshots_with(
         &self,
         names: &[(String, String)],
         creation_secs: u64,
         guid: Option<u64>,
+        automatic: bool,
     ) -> Result<u64, StoreError> {
         self.spa.check_live()?;
         let _guard = self.spa.panic_guard("a snapshot create");
@@ -318,7 +322,7 @@ impl Store {
             }
         }
         let one_at_a_time = self.syncer.lock().await;
-        self.dsl.queue_snapshots(&self.spa, &self.txg, names, creation_secs, guid)?;
+        self.dsl.queue_snapshots(&self.spa, &self.txg, names, (creation_secs, guid, automatic))?;
         self.sync_handle().sync_holding_lock(one_at_a_time).await
     }
 
@@ -420,8 +424,7 @@ impl Dsl {
         spa: &Spa,
         txg: &Txg,
         names: &[(String, String)],
-        creation_secs: u64,
-        guid: Option<u64>,
+        (creation_secs, guid, automatic): (u64, Option<u64>, bool),
     ) -> Result<(), StoreError> {
         let mut dsl = self.write();
         let mut txg = txg.lock();
@@ -470,6 +473,7 @@ impl Dsl {
                 space: VolumeSpace::default(),
                 deadlist: Deadlist::default(),
                 root_mac: [0; sluice_format::ROOT_MAC_BYTES],
+                automatic,
             };
             let snapshot = Box::new(snapshot);
             txg.queue(SnapshotOp::Create { volume: volume.clone(), snapshot });

@@ -150,8 +150,13 @@ impl Store {
             if records.config.encryption {
                 pool.activate_encryption(uberblock.txg).await?;
             }
+            if records.config.properties {
+                pool.activate_properties(uberblock.txg).await?;
+            }
             pool.apply_leaf_records(&records.leaves);
         }
+        let scan = directory.records.as_ref().and_then(|r| r.scan.as_ref());
+        pool.restore_properties(directory.properties, scan);
         let limits = TxgLimits::from_tunables(tunables, pool.env().memory_bytes());
         let mut volumes = BTreeMap::new();
         for entry in &directory.volumes {

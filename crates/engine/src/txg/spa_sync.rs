@@ -444,6 +444,8 @@ impl SyncHandle<'_> {
         let mut headers = BTreeMap::new();
         // Taken before the namespace: the scan's lock comes before the pool's.
         let scan = self.dsl.scan().record(self.spa.pool());
+        // One config for the records and the properties: both or neither name the feature.
+        let config = self.spa.pool().config().clone();
         let directory = {
             let dsl = self.dsl.read();
             let mut freed_log = Vec::new();
@@ -500,10 +502,11 @@ impl SyncHandle<'_> {
                     .collect(),
                 ddt: ddt_header,
                 records: Some(DirectoryRecords {
-                    config: self.spa.pool().config().clone(),
+                    config: config.clone(),
                     leaves: self.spa.pool().leaf_records(),
                     scan,
                 }),
+                properties: self.spa.pool().properties_for_directory(&config),
                 // A family no volume names any more goes (its key too, if loaded).
                 key_families: {
                     let in_use: std::collections::BTreeSet<u64> =
