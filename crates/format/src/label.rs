@@ -46,6 +46,10 @@
 //!       path_len u16, path
 //!     raidz only: replacing_count u8, per entry: column u16 (each column at most once),
 //!       guid u64, path_len u16, path
+//!   with feature `spares` only: spare_count u8 (1 to 64), per hot spare: guid u64,
+//!     path_len u16, path, stands_in_for u64 (the leaf it replaces while in use, a member of
+//!     the same top-level vdev as the spare, which is then a member too: a mirror child or a
+//!     RAID-Z column's replacing leaf; 0: available, and a member of no vdev)
 //! ```
 //!
 //! The V6 layout is written only when the tree needs a feature: some top-level vdev is RAID-Z
@@ -97,7 +101,8 @@ const OFF_CHECKSUM: usize = LABEL_HEADER_BYTES - 16;
 /// RAID-Z vdev 22, per child 10 plus its path, per child being replaced 12 plus its path. So
 /// one RAID-Z vdev alone, of children with paths of `L` bytes, fits `3,921 / (10 + L)` of
 /// them, at most 64: all 64 with paths up to 51 bytes (up to 50 with one child being
-/// replaced), 52 with paths of 64 bytes, 35 with paths of 100.
+/// replaced), 52 with paths of 64 bytes, 35 with paths of 100. Hot spares take 1 byte, the
+/// feature's name 7, and 18 per spare plus its path.
 pub const CONFIG_BYTES_MAX: usize = OFF_CHECKSUM - OFF_CONFIG;
 
 const _: () = assert!(OFF_RESERVED_B + 2 == OFF_CONFIG_LEN);
@@ -117,8 +122,13 @@ const CONFIG_WHAT: &str = "vdev tree config";
 
 /// The features this build knows: a config naming any other is refused
 /// ([`FormatError::UnknownFeatures`]).
-pub const FEATURES_KNOWN: &[&str] =
-    &[FEATURE_RAIDZ, FEATURE_ENCRYPTION, FEATURE_RAIDZ_LOG_COPIES, FEATURE_POOL_PROPERTIES];
+pub const FEATURES_KNOWN: &[&str] = &[
+    FEATURE_RAIDZ,
+    FEATURE_ENCRYPTION,
+    FEATURE_RAIDZ_LOG_COPIES,
+    FEATURE_POOL_PROPERTIES,
+    FEATURE_SPARES,
+];
 /// Some top-level vdev is RAID-Z.
 const FEATURE_RAIDZ: &str = "raidz";
 /// The pool has encrypted volumes: its directory holds key families and encrypted block
@@ -130,6 +140,11 @@ const FEATURE_RAIDZ_LOG_COPIES: &str = "raidz_log_copies";
 /// The pool's directory is V8: it holds pool properties, snapshot schedules and which
 /// snapshots they took ([`VdevTreeConfig::properties`]).
 const FEATURE_POOL_PROPERTIES: &str = "pool_properties";
+/// The pool has hot spares ([`VdevTreeConfig::spares`]): a build that does not know them
+/// would take an available spare for a stray leaf and an active one for a plain member.
+const FEATURE_SPARES: &str = "spares";
+/// The most hot spares a pool has.
+pub const SPARES_MAX: usize = 64;
 /// [`RaidzConfig::log_copies`] in a RAID-Z vdev's flags byte.
 const RAIDZ_LOG_COPIES_BIT: u8 = 1;
 
@@ -234,12 +249,26 @@ pub struct VdevTreeConfig {
     /// they took (V8, feature `pool_properties`). Set at the first property set, schedule set
     /// or scrub finished, and kept.
     pub properties: bool,
+    /// Hot spares (feature `spares`): leaves that stand in for a faulted or degraded one.
+    pub spares: Vec<SpareConfig>,
+}
+
+/// A hot spare (ZFS: an entry of the config's `spares` list, and a `spare-N` vdev while it is
+/// in use).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpareConfig {
+    pub guid: u64,
+    pub path: String,
+    /// The guid of the leaf it stands in for, a member of the same top-level vdev, as the
+    /// spare then is; 0 while it is available (a member of no vdev).
+    pub stands_in_for: u64,
 }
 
 impl VdevTreeConfig {
     /// The features a reader must know to read this pool: `raidz` when some top-level vdev is
     /// RAID-Z, `encryption` when [`VdevTreeConfig::encryption`], `raidz_log_copies`, and
-    /// `pool_properties` when [`VdevTreeConfig::properties`]. Empty for any other pool.
+    /// `pool_properties` when [`VdevTreeConfig::properties`], `spares` when it has hot spares.
+    /// Empty for any other pool.
     pub fn features(&self) -> Vec<&'static str> {
         let mut features = Vec::new();
         if self.top.iter().any(|top| top.kind == TopKind::Raidz) {
@@ -253,6 +282,9 @@ impl VdevTreeConfig {
         }
         if self.properties {
             features.push(FEATURE_POOL_PROPERTIES);
+        }
+        if !self.spares.is_empty() {
+            features.push(FEATURE_SPARES);
         }
         features
     }
@@ -327,10 +359,58 @@ impl VdevTreeConfig {
                 }
             }
         }
+        if !self.spares.is_empty() {
+            self.check_spares()?;
+            // At most SPARES_MAX (checked above).
+            out.push(self.spares.len() as u8);
+            for spare in &self.spares {
+                put_leaf(&mut out, &LeafConfig { guid: spare.guid, path: spare.path.clone() })?;
+                out.extend_from_slice(&spare.stands_in_for.to_le_bytes());
+            }
+        }
         if out.len() > CONFIG_BYTES_MAX {
             return Err(too_large(out.len()));
         }
         Ok(out)
+    }
+
+    /// Every leaf guid a top-level vdev names: the children and the leaves replacing them.
+    fn member_guids(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.top.iter().enumerate().flat_map(|(t, top)| {
+            let replacing = top.raidz.iter().flat_map(|r| r.replacing.iter().map(|(_, l)| l));
+            top.children.iter().chain(replacing).map(move |l| (t, l.guid))
+        })
+    }
+
+    /// What the spares must be, checked alike by encode and decode: at most [`SPARES_MAX`],
+    /// none listed twice or with guid 0; an available one a member of no vdev; one in use a
+    /// member of the vdev of the leaf it stands in for, which is another member; no leaf
+    /// stood in for twice.
+    fn check_spares(&self) -> Result<(), FormatError> {
+        if self.spares.len() > SPARES_MAX {
+            return Err(invalid("spare_count", self.spares.len() as u64));
+        }
+        let top_of = |guid: u64| self.member_guids().find(|&(_, g)| g == guid).map(|(t, _)| t);
+        for (i, spare) in self.spares.iter().enumerate() {
+            if spare.guid == 0 || self.spares[..i].iter().any(|s| s.guid == spare.guid) {
+                return Err(invalid("spare guid (zero or listed twice)", spare.guid));
+            }
+            if spare.stands_in_for == 0 {
+                if top_of(spare.guid).is_some() {
+                    return Err(invalid("spare (available, yet a member of a vdev)", spare.guid));
+                }
+                continue;
+            }
+            let (Some(top), Some(for_top)) = (top_of(spare.guid), top_of(spare.stands_in_for))
+            else {
+                return Err(invalid("spare in use (it or its leaf not a member)", spare.guid));
+            };
+            let twice = self.spares[..i].iter().any(|s| s.stands_in_for == spare.stands_in_for);
+            if top != for_top || spare.stands_in_for == spare.guid || twice {
+                return Err(invalid("spare stands_in_for", spare.stands_in_for));
+            }
+        }
+        Ok(())
     }
 
     /// Decodes a config from a label or directory of `version` (the version read from its
@@ -413,12 +493,25 @@ impl VdevTreeConfig {
             };
             top.push(TopConfig { kind, log, guid, children, raidz });
         }
+        let mut spares = Vec::new();
+        if features.iter().any(|f| f == FEATURE_SPARES) {
+            let count = cursor.u8()?;
+            if count == 0 {
+                return Err(invalid("spare_count (the feature without spares)", 0));
+            }
+            for _ in 0..count {
+                let leaf = cursor.leaf()?;
+                let stands_in_for = cursor.u64()?;
+                spares.push(SpareConfig { guid: leaf.guid, path: leaf.path, stands_in_for });
+            }
+        }
         if cursor.at != bytes.len() {
             return Err(invalid("trailing bytes", (bytes.len() - cursor.at) as u64));
         }
         let encryption = features.iter().any(|f| f == FEATURE_ENCRYPTION);
         let properties = features.iter().any(|f| f == FEATURE_POOL_PROPERTIES);
-        let config = VdevTreeConfig { top, encryption, properties };
+        let config = VdevTreeConfig { top, encryption, properties, spares };
+        config.check_spares()?;
         // A writer that left out a feature its tree needs would have an older build misread
         // the tree rather than refuse it.
         if config.features().iter().any(|needed| !features.iter().any(|f| f == needed)) {

@@ -80,6 +80,7 @@ fn sample_label() -> LabelHeader {
             ],
             encryption: false,
             properties: false,
+            spares: Vec::new(),
         },
     }
 }
@@ -124,6 +125,7 @@ fn sample_raidz_config() -> VdevTreeConfig {
         ],
         encryption: false,
         properties: false,
+        spares: Vec::new(),
     }
 }
 

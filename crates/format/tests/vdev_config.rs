@@ -42,6 +42,7 @@ fn raidz_tree(parity: u8, width: u16, replacing: &[u16]) -> VdevTreeConfig {
         top: vec![raidz_top(parity, width, replacing)],
         encryption: false,
         properties: false,
+        spares: Vec::new(),
     }
 }
 
@@ -147,7 +148,10 @@ fn the_encoder_follows_the_byte_table() {
     let raw = Raw { features: vec!["raidz", "raidz_log_copies"], reserved: 1, ..Raw::good() };
     assert_eq!(copies.encode().expect("a valid tree"), raw.bytes());
     assert_eq!(VdevTreeConfig::decode(&raw.bytes(), FormatVersion::V6).expect("decodes"), copies);
-    assert_eq!(FEATURES_KNOWN, ["raidz", "encryption", "raidz_log_copies", "pool_properties"]);
+    assert_eq!(
+        FEATURES_KNOWN,
+        ["raidz", "encryption", "raidz_log_copies", "pool_properties", "spares"]
+    );
 }
 
 /// A pool with encrypted volumes lists the `encryption` feature in every label, whatever its
@@ -299,6 +303,7 @@ fn a_v1_config_holds_no_raidz() {
         }],
         encryption: false,
         properties: false,
+        spares: Vec::new(),
     };
     assert_eq!(tree.version(), FormatVersion::V1);
     let mut bytes = tree.encode().expect("a valid tree");
@@ -463,4 +468,106 @@ fn a_raidz_vdev_of_64_children_fits() {
     let replacing = tree(50, &[9]);
     assert_eq!(replacing.encode().expect("fits").len(), 7 + 2 + 22 + 64 * 60 + 12 + 50);
     assert!(matches!(tree(51, &[9]).encode(), Err(FormatError::TooLarge { .. })));
+}
+
+/// Hot spares (feature `spares`): available ones and ones in use (a mirror child standing in
+/// for another, a RAID-Z column's replacing leaf) round-trip, byte for byte as label.rs says;
+/// a spare that is available yet a member, in use yet not a member, in another vdev than its
+/// leaf, standing in for itself or for a leaf another spare has, listed twice, or the feature
+/// listed with no spares, is refused both ways.
+#[test]
+fn hot_spares_are_a_feature_of_the_config() {
+    let spare = |guid: u64, stands_in_for: u64| sluice_format::SpareConfig {
+        guid,
+        path: format!("/dev/s{guid}"),
+        stands_in_for,
+    };
+    let mirror = TopConfig {
+        kind: TopKind::Mirror,
+        log: false,
+        guid: 8,
+        children: vec![child(900), child(901)],
+        raidz: None,
+    };
+    let mut tree = raidz_tree(1, 4, &[]);
+    tree.top.push(mirror.clone());
+    tree.spares = vec![spare(500, 0), spare(501, 0)];
+    assert_eq!((tree.features(), tree.version()), (vec!["raidz", "spares"], FormatVersion::V6));
+    let bytes = tree.encode().expect("a valid tree");
+    // The end of the config, as label.rs's byte table lays it out.
+    let mut tail = vec![2u8];
+    for guid in [500u64, 501] {
+        let path = format!("/dev/s{guid}");
+        tail.extend_from_slice(&guid.to_le_bytes());
+        tail.extend_from_slice(&(path.len() as u16).to_le_bytes());
+        tail.extend_from_slice(path.as_bytes());
+        tail.extend_from_slice(&0u64.to_le_bytes());
+    }
+    assert!(bytes.ends_with(&tail));
+    assert_eq!(VdevTreeConfig::decode(&bytes, FormatVersion::V6).expect("decodes"), tree);
+    // In use: 500 is a child of the mirror standing in for 1000 (child 900), 501 replaces
+    // column 2 of the RAID-Z vdev standing in for its child.
+    let mut in_use = tree.clone();
+    in_use.top[1].children.push(LeafConfig { guid: 500, path: "/dev/s500".into() });
+    in_use.spares[0].stands_in_for = 1000;
+    in_use.top[0].raidz.as_mut().unwrap().replacing =
+        vec![(2, LeafConfig { guid: 501, path: "/dev/s501".into() })];
+    in_use.spares[1].stands_in_for = 102;
+    let bytes = in_use.encode().expect("a valid tree");
+    assert_eq!(VdevTreeConfig::decode(&bytes, FormatVersion::V6).expect("decodes"), in_use);
+    // A pool with spares and nothing else that needs V6 is still written in V6.
+    let plain = VdevTreeConfig { top: vec![mirror], spares: vec![spare(500, 0)], ..tree.clone() };
+    assert_eq!(plain.features(), ["spares"]);
+    let bytes = plain.encode().expect("a valid tree");
+    assert_eq!(VdevTreeConfig::decode(&bytes, FormatVersion::V6).expect("decodes"), plain);
+
+    let refused = |bad: &VdevTreeConfig, why: &str| {
+        assert!(bad.encode().is_err(), "encoded: {why}");
+        // Written as a good tree would be, then the spares swapped in: decode refuses it too.
+        let mut raw = bad.clone();
+        let saved = std::mem::take(&mut raw.spares);
+        let mut bytes = raw.encode().expect("the rest is valid");
+        // The feature's name goes in the header; rebuild it with the feature listed.
+        let features = bad.features();
+        let mut out = vec![features.len() as u8];
+        for name in &features {
+            out.push(name.len() as u8);
+            out.extend_from_slice(name.as_bytes());
+        }
+        let old_header = 1 + raw.features().iter().map(|n| 1 + n.len()).sum::<usize>();
+        out.extend_from_slice(&bytes.split_off(old_header));
+        out.push(saved.len() as u8);
+        for s in &saved {
+            out.extend_from_slice(&s.guid.to_le_bytes());
+            out.extend_from_slice(&(s.path.len() as u16).to_le_bytes());
+            out.extend_from_slice(s.path.as_bytes());
+            out.extend_from_slice(&s.stands_in_for.to_le_bytes());
+        }
+        assert!(VdevTreeConfig::decode(&out, FormatVersion::V6).is_err(), "decoded: {why}");
+    };
+    let mut bad = in_use.clone();
+    bad.spares[0].stands_in_for = 0;
+    refused(&bad, "available yet a member");
+    let mut bad = tree.clone();
+    bad.spares[0].stands_in_for = 1000;
+    refused(&bad, "in use yet not a member");
+    let mut bad = in_use.clone();
+    bad.spares[0].stands_in_for = 101;
+    refused(&bad, "standing in for a leaf of another vdev");
+    let mut bad = in_use.clone();
+    bad.spares[0].stands_in_for = 500;
+    refused(&bad, "standing in for itself");
+    let mut bad = in_use.clone();
+    bad.spares[1].stands_in_for = 1000;
+    bad.spares[0].stands_in_for = 1000;
+    refused(&bad, "two spares for one leaf");
+    let mut bad = tree.clone();
+    bad.spares[1].guid = 500;
+    refused(&bad, "listed twice");
+    // The feature with a count of zero.
+    let mut bytes = plain.encode().unwrap();
+    let count_at = bytes.len() - (8 + 2 + "/dev/s500".len() + 8) - 1;
+    bytes.truncate(count_at + 1);
+    bytes[count_at] = 0;
+    assert!(VdevTreeConfig::decode(&bytes, FormatVersion::V6).is_err());
 }

@@ -877,6 +877,7 @@ impl Pool {
                 .collect(),
             encryption: false,
             properties: false,
+            spares: Vec::new(),
         };
         if let Err(cause) = config.encode() {
             return Err(layout(format!(

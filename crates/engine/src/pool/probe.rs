@@ -283,6 +283,7 @@ mod tests {
             }],
             encryption: false,
             properties: false,
+            spares: Vec::new(),
         };
         let header = LabelHeader {
             ashift: 12,
