@@ -58,6 +58,10 @@ pub enum EventClass {
     KeyLoad,
     /// A volume's key was unloaded.
     KeyUnload,
+    /// A hot spare began standing in for a leaf.
+    VdevSpare,
+    /// A hot spare could not be put in for a leaf that needs one.
+    Retire,
     /// A volume's snapshot schedule took a snapshot (and pruned those its retention no
     /// longer keeps).
     SnapshotAuto,
@@ -86,6 +90,8 @@ impl EventClass {
             EventClass::PoolImport => "pool_import",
             EventClass::KeyLoad => "key_load",
             EventClass::KeyUnload => "key_unload",
+            EventClass::VdevSpare => "vdev_spare",
+            EventClass::Retire => "retire",
             EventClass::SnapshotAuto => "snapshot_auto",
             EventClass::Schedule => "schedule",
         }
@@ -94,7 +100,9 @@ impl EventClass {
     /// The full class: an error report, a resource's change, or a system event.
     pub fn name(self) -> String {
         let family = match self {
-            EventClass::Checksum | EventClass::Io | EventClass::Schedule => "ereport",
+            EventClass::Checksum | EventClass::Io | EventClass::Schedule | EventClass::Retire => {
+                "ereport"
+            }
             EventClass::StateChange => "resource",
             _ => "sysevent",
         };

@@ -38,7 +38,7 @@ use sluice_format::{
 };
 
 use super::missing::MissingDevice;
-use super::{LeafSpec, Pool, PoolError, PoolLeaf, VdevTree};
+use super::{LeafSpec, Pool, PoolError, PoolLeaf, SpareLeaf, VdevTree};
 use crate::device::SharedBuf;
 use crate::tunables::IoClass;
 use crate::vdev::{Leaf, Root, VdevId, MIRROR_CHILDREN_MAX};
@@ -53,6 +53,13 @@ pub struct PreparedAttach {
     /// The guid of the leaf it replaces, if it replaces one.
     replaces: Option<u64>,
     existing: String,
+    /// A RAID-Z leaf a spare stood in for, which leaves as the new leaf comes (spare.rs).
+    dropped: Option<PoolLeaf>,
+}
+
+/// The spare in use standing in for leaf `guid` in `config`, if one does.
+fn config_spare_for(config: &VdevTreeConfig, guid: u64) -> Option<u64> {
+    config.spares.iter().find(|s| s.stands_in_for == guid).map(|s| s.guid)
 }
 
 impl Pool {
@@ -78,7 +85,19 @@ impl Pool {
             }
             let raidz = tree.config.top[old.top].raidz.clone();
             let column = tree.config.top[old.top].children.iter().position(|c| c.guid == old.guid);
-            if let Some(raidz) = &raidz {
+            // A RAID-Z leaf a spare stands in for, the spare holding everything: the spare
+            // moves into the column and the new leaf replaces it (spare.rs's module doc).
+            let spare_in_column = (raidz.as_ref().zip(column)).and_then(|(raidz, c)| {
+                let spare = config_spare_for(&tree.config, old.guid)?;
+                let in_column = raidz
+                    .replacing
+                    .iter()
+                    .any(|(col, new)| usize::from(*col) == c && new.guid == spare);
+                let complete =
+                    tree.leaves.iter().any(|l| l.guid == spare && self.state.lock().holds_all(l));
+                (replacing && in_column && complete).then_some(spare)
+            });
+            if let (Some(raidz), None) = (&raidz, spare_in_column) {
                 // A RAID-Z child's index is its column: a new leaf can only take over one
                 // (replace), never widen the vdev.
                 if !replacing {
@@ -141,6 +160,17 @@ impl Pool {
             let top = &mut config.top[old.top];
             let joining = LeafConfig { guid, path: new.path.clone() };
             match (&mut top.raidz, column) {
+                (Some(raidz), Some(column)) if spare_in_column.is_some() => {
+                    let slot = (raidz.replacing.iter_mut())
+                        .find(|(col, _)| usize::from(*col) == column)
+                        .expect("found above");
+                    let spare = std::mem::replace(&mut slot.1, joining);
+                    // It stands in for the new leaf until that holds everything.
+                    for entry in config.spares.iter_mut().filter(|s| s.guid == spare.guid) {
+                        entry.stands_in_for = guid;
+                    }
+                    top.children[column] = spare;
+                }
                 (Some(raidz), Some(column)) => {
                     let column = u16::try_from(column).expect("RAID-Z widths fit a u16");
                     raidz.replacing.push((column, joining));
@@ -154,8 +184,11 @@ impl Pool {
             let leaf = Leaf::new(id, &self.env, Arc::clone(&new.device), &self.tunables);
             leaf.watch(Arc::clone(&self.events), &new.path);
             let leaf = PoolLeaf { guid, top: old.top, path: new.path, leaf, present: true };
-            (tree.config.clone(), config, leaf, replacing.then_some(old.guid))
+            let replaces = spare_in_column.or(replacing.then_some(old.guid));
+            let dropped = spare_in_column.map(|_| old.clone());
+            (tree.config.clone(), config, leaf, (replaces, dropped))
         };
+        let (replaces, dropped) = replaces;
         // The new leaf's labels first: a crash before the sync leaves a leaf whose labels
         // name a txg the pool never reached, which import sets aside.
         self.write_leaf_labels(&leaf, &config, config_txg).await?;
@@ -163,14 +196,19 @@ impl Pool {
         leaf.leaf.device().prepare_log_region(start, region).await.map_err(|source| {
             PoolError::Device { pool: self.name.clone(), path: leaf.path.clone(), cause: source }
         })?;
-        Ok(PreparedAttach { leaf, base, config, replaces, existing: existing.to_owned() })
+        Ok(PreparedAttach { leaf, base, config, replaces, existing: existing.to_owned(), dropped })
     }
 
     /// Puts a prepared leaf in the tree; the caller holds the sync lock and syncs next, so
     /// every block from then on reaches it. Refused if the tree changed since, or the copy to
     /// resilver from is gone.
-    pub fn install_attach(&self, prepared: PreparedAttach) -> Result<PoolLeaf, PoolError> {
-        let PreparedAttach { leaf, base, config, replaces, existing } = prepared;
+    /// Returns the leaf, and the leaf that left the tree with it (whose labels the caller
+    /// blanks after the sync), if one did.
+    pub fn install_attach(
+        &self,
+        prepared: PreparedAttach,
+    ) -> Result<(PoolLeaf, Option<PoolLeaf>), PoolError> {
+        let PreparedAttach { leaf, base, config, replaces, existing, dropped } = prepared;
         let _one_change = self.admin.lock();
         let tree = self.tree();
         if tree.config != base {
@@ -193,6 +231,9 @@ impl Pool {
         let mut added = BTreeMap::new();
         added.insert(leaf.guid, leaf.clone());
         let new_tree = self.build_tree(config, added);
+        if let Some(dropped) = &dropped {
+            self.forget_leaves(&[dropped.guid]);
+        }
         {
             let mut state = self.state.lock();
             // It holds no txg yet: the resilver copies every birth onto it.
@@ -202,13 +243,15 @@ impl Pool {
             }
         }
         self.install(new_tree);
-        Ok(leaf)
+        Ok((leaf, dropped))
     }
 
     /// Takes the leaf called `name` out of its mirror and swaps the tree (see the module
     /// doc). The caller syncs next, holding the sync lock, then rewrites the labels
-    /// ([`Pool::write_labels`]) and blanks the detached leaf's ([`Pool::blank_labels`]).
-    pub fn detach(&self, name: &str) -> Result<PoolLeaf, PoolError> {
+    /// ([`Pool::write_labels`]) and blanks the detached leaf's ([`Pool::blank_labels`]),
+    /// unless it is a hot spare, which goes back to the available ones (spare.rs): the second
+    /// value says so.
+    pub fn detach(&self, name: &str) -> Result<(PoolLeaf, bool), PoolError> {
         let _one_change = self.admin.lock();
         let leaf = self.find_leaf(name)?;
         let tree = self.tree();
@@ -233,6 +276,20 @@ impl Pool {
             });
         }
         let mut config = tree.config.clone();
+        let spare = config.spares.iter().any(|s| s.guid == leaf.guid);
+        let replaced_by = self.state.lock().replaced.get(&leaf.guid).copied();
+        match (spare, replaced_by) {
+            (true, _) => Pool::return_spare(&mut config, leaf.guid),
+            // At the end of its replace: the spare stands in for the new leaf until it goes
+            // back (spare.rs), which it may at once, the new leaf holding everything.
+            (false, Some(new)) => {
+                for entry in config.spares.iter_mut().filter(|s| s.stands_in_for == leaf.guid) {
+                    entry.stands_in_for = new;
+                }
+            }
+            // Detached by hand: the spare takes its place for good, as in ZFS.
+            (false, None) => config.spares.retain(|s| s.stands_in_for != leaf.guid),
+        }
         let top = &mut config.top[leaf.top];
         match &mut top.raidz {
             Some(raidz) => {
@@ -255,7 +312,7 @@ impl Pool {
         let tree = self.build_tree(config, BTreeMap::new());
         self.forget_leaves(&[leaf.guid]);
         self.install(tree);
-        Ok(leaf)
+        Ok((leaf, spare))
     }
 
     /// Makes `config`, the vdev tree of the pool directory the store opened, the pool's: leaves
@@ -343,6 +400,11 @@ impl Pool {
                 *t &= ok;
             }
         }
+        // Available spares carry the config too, so that the newest found at import lists
+        // them; one that does not take it is found by an older label, which still names it.
+        for spare in &tree.spares {
+            let _ = self.write_spare_labels(spare, &tree.config, config_txg).await;
+        }
         if !present.is_empty() && !took.iter().any(|&ok| ok) {
             let path = present[0].path.clone();
             return Err(PoolError::LabelsNotWritten { pool: self.name.clone(), path });
@@ -410,9 +472,34 @@ impl Pool {
     pub(super) fn build_tree(
         &self,
         config: VdevTreeConfig,
+        added: BTreeMap<u64, PoolLeaf>,
+    ) -> VdevTree {
+        self.build_tree_with(config, added, Vec::new())
+    }
+
+    /// [`Pool::build_tree`], with `new_spares` available too. An available spare of `config`
+    /// is found among the tree's spares, the new ones, or its leaves (a spare going back).
+    pub(super) fn build_tree_with(
+        &self,
+        config: VdevTreeConfig,
         mut added: BTreeMap<u64, PoolLeaf>,
+        new_spares: Vec<SpareLeaf>,
     ) -> VdevTree {
         let old = self.tree();
+        let spares = (config.spares.iter())
+            .filter(|s| s.stands_in_for == 0)
+            .map(|s| {
+                let kept = old.spares.iter().chain(&new_spares).find(|o| o.guid == s.guid).cloned();
+                kept.unwrap_or_else(|| {
+                    let leaf = old.leaves.iter().find(|l| l.guid == s.guid && l.present);
+                    SpareLeaf {
+                        guid: s.guid,
+                        path: leaf.map_or_else(|| s.path.clone(), |l| l.path.clone()),
+                        device: leaf.map(|l| Arc::clone(l.leaf.device())),
+                    }
+                })
+            })
+            .collect();
         let mut leaves = Vec::new();
         let mut top = Vec::new();
         for (index, top_config) in config.top.iter().enumerate() {
@@ -453,7 +540,7 @@ impl Pool {
                 .expect("a config this pool wrote describes its own leaves"),
             );
         }
-        VdevTree { config, root: Root::new(top), leaves }
+        VdevTree { config, root: Root::new(top), leaves, spares }
     }
 
     /// Swaps `tree` in, and tells each leaf whether it is behind in its new mirror.
@@ -477,7 +564,7 @@ impl Pool {
         state.replaced.retain(|old, new| !guids.contains(old) && !guids.contains(new));
     }
 
-    async fn write_leaf_labels(
+    pub(super) async fn write_leaf_labels(
         &self,
         leaf: &PoolLeaf,
         config: &VdevTreeConfig,

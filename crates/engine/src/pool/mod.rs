@@ -32,6 +32,7 @@ mod missing;
 pub mod probe;
 mod props;
 mod scrub;
+mod spare;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -50,6 +51,7 @@ pub use self::cache::BlockCache;
 pub use self::io::follows;
 pub use self::missing::MissingDevice;
 pub use self::scrub::{ScrubReport, VerifyReport};
+pub use self::spare::{PreparedActivation, PreparedSpares, SpareLeaf, SpareStatus};
 use crate::alloc::{log_region_bytes, vdev_log_region_bytes};
 use crate::device::{BlockDevice, DeviceError, SharedBuf};
 use crate::rt::Env;
@@ -109,6 +111,10 @@ pub(crate) fn build_vdev(
     }
 }
 
+/// A leaf a pool is built with: its top-level vdev's index, its config, its device, and
+/// whether it was found (a stand-in fills a missing one's place).
+type Member = (usize, LeafConfig, Arc<dyn BlockDevice>, bool);
+
 /// Smallest leaf: labels, the reserved start and room for data.
 pub const LEAF_BYTES_MIN: u64 = 16 << 20;
 
@@ -138,6 +144,8 @@ pub enum TopSpec {
     },
     /// A separate intent-log device (SLOG): a leaf or a mirror that holds only log blocks.
     Log(Box<TopSpec>),
+    /// Hot spares (not a vdev: leaves that stand in for one that faults or degrades).
+    Spare(Vec<LeafSpec>),
 }
 
 /// What `create` builds.
@@ -196,6 +204,13 @@ pub enum PoolError {
     RewindNotRecorded { pool: String, top: usize },
     #[error("pool {pool} has no leaf {leaf}; its leaves are: {leaves}")]
     NoSuchLeaf { pool: String, leaf: String, leaves: String },
+    #[error("pool {pool} has no hot spare {spare}; its spares are: {spares}")]
+    NoSuchSpare { pool: String, spare: String, spares: String },
+    #[error(
+        "pool {pool}: hot spare {spare} is in use, standing in for {leaf}; replace {leaf} (the \
+         spare goes back once the new leaf holds everything) or detach the spare first"
+    )]
+    SpareInUse { pool: String, spare: String, leaf: String },
     #[error(
         "pool {pool}: cannot {action} {leaf}: no valid replicas (no other leaf of its vdev is \
          in service with every txg, so nothing could be copied from or served instead); \
@@ -295,13 +310,15 @@ impl PoolError {
             PoolError::NotFound { .. }
             | PoolError::NewerLabels { .. }
             | PoolError::Ambiguous { .. }
-            | PoolError::NoSuchLeaf { .. } => ErrorKind::NotFound,
+            | PoolError::NoSuchLeaf { .. }
+            | PoolError::NoSuchSpare { .. } => ErrorKind::NotFound,
             PoolError::NoValidReplicas { .. }
             | PoolError::LeafMissing { .. }
             | PoolError::AlreadyMember { .. }
             | PoolError::MirrorFull { .. }
             | PoolError::SectorTooLarge { .. }
             | PoolError::NotMirror { .. }
+            | PoolError::SpareInUse { .. }
             | PoolError::RaidzAttach { .. } => ErrorKind::Invalid,
             PoolError::Vdev { cause: source, .. } => match source.kind() {
                 crate::vdev::ErrorKind::Checksum => ErrorKind::Checksum,
@@ -380,6 +397,8 @@ pub struct VdevTree {
     pub config: VdevTreeConfig,
     pub root: Root,
     pub leaves: Vec<PoolLeaf>,
+    /// The available hot spares (spare.rs); one in use is among `leaves`.
+    pub spares: Vec<spare::SpareLeaf>,
 }
 
 /// A part of the vdev tree that was current when the view was taken; the view keeps that
@@ -798,8 +817,27 @@ impl Pool {
         let mut ashift = spec.ashift.clamp(9, 16);
         let mut seen_paths = std::collections::HashSet::new();
         let mut tops = Vec::new();
+        let mut spare_specs = Vec::new();
         for top in &spec.top {
             let (kind, log, leaves, parity) = match top {
+                TopSpec::Spare(leaves) => {
+                    for leaf in leaves {
+                        if !seen_paths.insert(leaf.path.clone()) {
+                            return Err(layout(format!("leaf {} is named twice", leaf.path)));
+                        }
+                        let len = leaf.device.len_bytes();
+                        if len < LEAF_BYTES_MIN {
+                            return Err(PoolError::LeafTooSmall {
+                                pool,
+                                path: leaf.path.clone(),
+                                len_bytes: len,
+                                min_bytes: LEAF_BYTES_MIN,
+                            });
+                        }
+                        spare_specs.push(leaf.clone());
+                    }
+                    continue;
+                }
                 TopSpec::Leaf(leaf) => (TopKind::Leaf, false, vec![leaf.clone()], 0),
                 TopSpec::Mirror(leaves) => (TopKind::Mirror, false, leaves.clone(), 0),
                 TopSpec::Raidz { parity, leaves } => {
@@ -817,8 +855,10 @@ impl Pool {
                             "a log device cannot be RAID-Z (use a leaf or a mirror)",
                         )))
                     }
-                    TopSpec::Log(_) => {
-                        return Err(layout(String::from("a log device cannot contain another")))
+                    TopSpec::Log(_) | TopSpec::Spare(_) => {
+                        return Err(layout(String::from(
+                            "a log device is a leaf or a mirror of leaves",
+                        )))
                     }
                 },
             };
@@ -864,7 +904,19 @@ impl Pool {
                 .collect();
             tops.push((kind, log, top_guid, children, raidz));
         }
+        let spares: Vec<SpareLeaf> = spare_specs
+            .into_iter()
+            .map(|l| SpareLeaf { guid: guid(), path: l.path, device: Some(l.device) })
+            .collect();
         let config = VdevTreeConfig {
+            spares: spares
+                .iter()
+                .map(|s| sluice_format::SpareConfig {
+                    guid: s.guid,
+                    path: s.path.clone(),
+                    stands_in_for: 0,
+                })
+                .collect(),
             top: tops
                 .iter()
                 .map(|(kind, log, guid, children, raidz)| TopConfig {
@@ -877,7 +929,6 @@ impl Pool {
                 .collect(),
             encryption: false,
             properties: false,
-            spares: Vec::new(),
         };
         if let Err(cause) = config.encode() {
             return Err(layout(format!(
@@ -885,7 +936,7 @@ impl Pool {
                  shorter paths"
             )));
         }
-        let members: Vec<(usize, LeafConfig, Arc<dyn BlockDevice>, bool)> = tops
+        let members: Vec<Member> = tops
             .iter()
             .enumerate()
             .flat_map(|(top, (_, _, _, children, _))| {
@@ -895,11 +946,21 @@ impl Pool {
         if config.top.iter().all(|t| t.log) {
             return Err(layout(String::from("a pool needs a data vdev besides its log devices")));
         }
-        let pool = Pool::assemble(env, &spec.name, pool_guid, ashift, config, members, tunables)?;
+        let pool = Pool::assemble(
+            env,
+            &spec.name,
+            pool_guid,
+            ashift,
+            (config, members, spares),
+            tunables,
+        )?;
         // Labels first, then the first uberblock: a leaf with a label but no uberblock is
-        // recognisably a half-created pool, never a valid one.
+        // recognisably a half-created pool, never a valid one. A spare has labels only.
         let mut writes = Vec::new();
         let tree = pool.tree();
+        for spare in &tree.spares {
+            pool.write_spare_labels(spare, &tree.config, 1).await?;
+        }
         for pool_leaf in &tree.leaves {
             let header = pool.label_header(pool_leaf, 1);
             let bytes = header
@@ -963,8 +1024,7 @@ impl Pool {
         name: &str,
         guid: u64,
         ashift: u8,
-        config: VdevTreeConfig,
-        members: Vec<(usize, LeafConfig, Arc<dyn BlockDevice>, bool)>,
+        (config, members, spares): (VdevTreeConfig, Vec<Member>, Vec<SpareLeaf>),
         tunables: &Tunables,
     ) -> Result<Pool, PoolError> {
         let mut leaves = Vec::new();
@@ -1007,7 +1067,7 @@ impl Pool {
             name: name.to_owned(),
             guid,
             ashift,
-            tree: RwLock::new(Arc::new(VdevTree { config, root: Root::new(top), leaves })),
+            tree: RwLock::new(Arc::new(VdevTree { config, root: Root::new(top), leaves, spares })),
             admin: Mutex::new(()),
             tunables: tunables.clone(),
             next_leaf_id: std::sync::atomic::AtomicU32::new(next_leaf_id),
@@ -1259,13 +1319,25 @@ impl Pool {
                 });
             }
         }
+        // Available spares, found by their labels like members; one not found is listed as
+        // missing and never used.
+        let spares = (header.config.spares.iter())
+            .filter(|s| s.stands_in_for == 0)
+            .map(|s| {
+                let found = members.iter().find(|(h, _)| h.leaf_guid == s.guid);
+                SpareLeaf {
+                    guid: s.guid,
+                    path: found.map_or_else(|| s.path.clone(), |(_, spec)| spec.path.clone()),
+                    device: found.map(|(_, spec)| Arc::clone(&spec.device)),
+                }
+            })
+            .collect();
         let pool = Pool::assemble(
             env,
             &header.pool_name,
             pool_guid,
             header.ashift,
-            header.config.clone(),
-            assembled,
+            (header.config.clone(), assembled, spares),
             tunables,
         )?;
         let mut best: Option<Uberblock> = None;

@@ -104,6 +104,7 @@ mod dsl_pool;
 mod dsl_scan;
 mod dsl_snapshot;
 mod dsl_synctask;
+mod retire;
 mod schedule;
 mod spa;
 mod spa_load;
@@ -377,6 +378,8 @@ pub struct Store {
     syncer: spa_sync::Syncer,
     /// The intent logs' settings and what they did (zil.rs).
     zil: Zil,
+    /// Whether the hot-spare task runs (retire.rs): one at a time.
+    retire_running: retire::RetireRunning,
 }
 
 impl Store {
@@ -426,6 +429,7 @@ impl Store {
             txg: Txg::new(txg, limits),
             syncer: spa_sync::Syncer::new(synced),
             zil: Zil::new(&limits, log_stats),
+            retire_running: Default::default(),
         }
     }
 

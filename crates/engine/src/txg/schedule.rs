@@ -102,6 +102,8 @@ impl Store {
                     continue;
                 }
                 store.run_schedules(serving_since).await;
+                // Also here, for a pool whose syncer is not running.
+                store.retire_if_needed();
             }
         });
     }

@@ -243,8 +243,10 @@ impl Store {
                     );
                     return;
                 }
-                // A leaf that missed writes in that txg is copied back in the background.
+                // A leaf that missed writes in that txg is copied back in the background; a
+                // spare goes in for a leaf that faulted, or back once it is not needed.
                 store.resilver_if_needed();
+                store.retire_if_needed();
             }
         });
     }

@@ -87,11 +87,15 @@ impl Store {
         let txg = self.spa.pool().uberblock().txg + 1;
         let prepared = self.spa.pool().prepare_attach(existing, new, txg, replacing).await?;
         let one_at_a_time = self.syncer.lock().await;
-        let leaf = self.spa.pool().install_attach(prepared)?;
+        let (leaf, dropped) = self.spa.pool().install_attach(prepared)?;
         self.spa.fail_point("spa_vdev.attach_synced");
         let synced = self.sync_handle().sync_holding_lock(one_at_a_time).await?;
         self.spa.fail_point("spa_vdev.attach_labels");
         let labels = self.spa.pool().write_labels(synced).await;
+        if let Some(dropped) = dropped {
+            // A RAID-Z leaf a spare stood in for: the spare took its column.
+            self.retire_detached(&dropped, false).await;
+        }
         self.spa.pool().events().post(
             EventClass::VdevAttach,
             Some(&leaf.path),
@@ -111,23 +115,33 @@ impl Store {
         self.spa.check_live()?;
         let _one_change = self.spa.lock_vdevs().await;
         let one_at_a_time = self.syncer.lock().await;
-        let gone = self.spa.pool().detach(name)?;
+        let (gone, spare) = self.spa.pool().detach(name)?;
         let synced = self.sync_handle().sync_holding_lock(one_at_a_time).await?;
         self.spa.fail_point("spa_vdev.detach_labels");
+        // A spare's labels are rewritten here as an available spare's.
         let labels = self.spa.pool().write_labels(synced).await;
-        // I/O already under way on the old tree may still reach the leaf: let it drain (for
-        // up to ten seconds: a dead device may never answer), so that nothing lands on the
-        // device after its labels are blanked.
+        self.retire_detached(&gone, spare).await;
+        labels?;
+        Ok(gone.path)
+    }
+
+    /// The end of a leaf's detach, after the sync: its labels blanked (I/O already under way
+    /// on the old tree drained first, for up to ten seconds: a dead device may never answer),
+    /// unless it is a spare going back to the available ones, whose labels were rewritten.
+    async fn retire_detached(&self, gone: &crate::pool::PoolLeaf, spare: bool) {
         for _ in 0..10_000 {
             if gone.leaf.pending() == 0 {
                 break;
             }
             self.spa.pool().env().sleep(std::time::Duration::from_millis(1)).await;
         }
-        self.spa.pool().blank_labels(&gone).await;
-        self.spa.pool().events().post(EventClass::VdevDetach, Some(&gone.path), Vec::new());
-        labels?;
-        Ok(gone.path)
+        let details = if spare {
+            vec![("spare", "available".to_owned())]
+        } else {
+            self.spa.pool().blank_labels(gone).await;
+            Vec::new()
+        };
+        self.spa.pool().events().post(EventClass::VdevDetach, Some(&gone.path), details);
     }
 
     /// Detaches the replaced leaves whose replacements hold everything; returns their paths.

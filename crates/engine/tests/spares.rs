@@ -1,0 +1,404 @@
+//! Hot spares (crate::pool's spare.rs, crate::txg's retire.rs): a leaf degraded by checksum
+//! errors, or faulted by I/O errors under writes, is stood in for by an available spare,
+//! which is resilvered and then alone holds everything; the spare goes back to the available
+//! ones once the leaf is replaced, or cleared and resilvered, on a mirror and on RAID-Z;
+//! spares are added, removed (not while in use), survive export and import, and make the
+//! config name the `spares` feature; and power cuts during the spare's activation and its
+//! resilver leave a pool that opens with the spare available or in use, finishes the job when
+//! served, and holds every block.
+
+// Test helpers unwrap freely: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use sluice_engine::alloc::log_region_bytes;
+use sluice_engine::device::sim::{CrashPolicy, Fault, SimOptions};
+use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
+use sluice_engine::fm::EventClass;
+use sluice_engine::pool::{LeafSpec, Pool, PoolError, PoolSpec, TopSpec};
+use sluice_engine::rt::{Rng, Time};
+use sluice_engine::tunables::Tunables;
+use sluice_engine::txg::{Store, StoreError};
+use sluice_engine::vdev::{FaultReason, LeafState};
+use sluice_format::{data_end_bytes, DATA_START_BYTES};
+use sluice_sim::Sim;
+
+const VOLUME_BYTES: u64 = 4 << 20;
+const LEG_BYTES: u64 = 64 << 20;
+const BLOCK: u32 = 4096;
+
+fn tunables() -> Tunables {
+    Tunables::with([("cache.bytes_max", "0"), ("scan.chunk_bytes", "1M")]).unwrap()
+}
+
+fn spec(device: &SimDevice) -> LeafSpec {
+    LeafSpec { path: device.name().to_owned(), device: Arc::new(device.clone()) }
+}
+
+/// A pool "tank" of `data` (a mirror or RAID-Z over the first devices) and hot spares (the
+/// last `spares` devices), with volume "v" full of random data, synced.
+fn setup(
+    sim: &Sim,
+    devices: &[SimDevice],
+    spares: usize,
+    top: impl FnOnce(Vec<LeafSpec>) -> TopSpec,
+    seed: u64,
+) -> (Arc<Store>, Vec<u8>) {
+    let data = common::random_bytes(seed, VOLUME_BYTES);
+    let split = devices.len() - spares;
+    let members = devices[..split].iter().map(spec).collect();
+    let spare_specs = devices[split..].iter().map(spec).collect();
+    let spec = PoolSpec {
+        name: "tank".into(),
+        ashift: 12,
+        top: vec![top(members), TopSpec::Spare(spare_specs)],
+    };
+    let (env, bytes) = (sim.env(), data.clone());
+    let store = sim
+        .run(async move {
+            let pool = Pool::create(&env, spec, &tunables()).await.unwrap();
+            let store = Store::create(pool, &tunables());
+            store.create_volume("v", bytes.len() as u64, BLOCK).unwrap();
+            store.write("v", 0, &bytes).await.unwrap();
+            store.sync().await.unwrap();
+            Arc::new(store)
+        })
+        .unwrap()
+        .0;
+    (store, data)
+}
+
+/// What serving does after each sync, until nothing is left to do: resilvers, detaches
+/// replaced leaves, puts spares in and sends them back.
+fn settle(sim: &Sim, store: &Arc<Store>) {
+    let s = Arc::clone(store);
+    sim.run(async move {
+        for _ in 0..6 {
+            s.sync().await.unwrap();
+            s.retire().await;
+            s.resume_scan();
+            s.wait_scan().await;
+            s.detach_replaced().await;
+        }
+    })
+    .unwrap();
+}
+
+fn paths(store: &Store) -> Vec<String> {
+    store.pool().leaves().iter().map(|l| l.path.clone()).collect()
+}
+
+/// (path, state, stands in for) of each spare.
+fn spares(store: &Store) -> Vec<(String, &'static str, Option<String>)> {
+    store.pool().spares().into_iter().map(|s| (s.path, s.state, s.stands_in_for)).collect()
+}
+
+fn export_import(sim: &Sim, store: Arc<Store>, devices: &[SimDevice]) -> Arc<Store> {
+    let store = Arc::try_unwrap(store).ok().unwrap();
+    sim.run(async move { store.export().await.unwrap() }).unwrap();
+    import(sim, devices)
+}
+
+fn import(sim: &Sim, devices: &[SimDevice]) -> Arc<Store> {
+    let env = sim.env();
+    let specs = common::leaf_specs(devices);
+    sim.run(async move {
+        let pool = Pool::import(&env, specs, "tank", &tunables()).await.unwrap();
+        Arc::new(Store::open(pool, &tunables()).await.unwrap())
+    })
+    .unwrap()
+    .0
+}
+
+/// Leaf `name` of the pool alone (the other members lost) reads back every block.
+fn alone_reads_all(sim: &Sim, store: &Arc<Store>, devices: &[SimDevice], name: &str, data: &[u8]) {
+    let members = paths(store);
+    for other in devices.iter().filter(|d| d.name() != name && members.contains(&d.name().into())) {
+        other.inject(Fault::Lost);
+    }
+    assert_eq!(common::read_all(sim, store, data, BLOCK), (0, 0), "{name} alone");
+    for device in devices {
+        device.clear_faults();
+    }
+    let s = Arc::clone(store);
+    sim.run(async move { s.clear_leaves(None).await.unwrap() }).unwrap();
+    settle(sim, store);
+}
+
+/// Where volume data starts on a leg (past the log region).
+fn data_start() -> u64 {
+    DATA_START_BYTES + log_region_bytes(data_end_bytes(LEG_BYTES) - DATA_START_BYTES)
+}
+
+#[test]
+fn a_degraded_leaf_is_spared_and_the_spare_returns_after_a_replace() {
+    let sim = Sim::new(81);
+    let devices = common::legs(&sim, 4, SimProfile::ssd(), LEG_BYTES);
+    let (store, data) = setup(&sim, &devices[..3], 1, TopSpec::Mirror, 81);
+    assert_eq!(store.pool().config().features(), ["spares"]);
+    assert_eq!(spares(&store), [("leg2".into(), "AVAIL", None)]);
+    // leg1 returns garbage where a scrub reads: the scrub degrades it.
+    for block in 0..64u64 {
+        devices[1].inject(Fault::BitFlip { offset_bytes: data_start() + block * 4096 + 7, bit: 1 });
+    }
+    let s = Arc::clone(&store);
+    sim.run(async move {
+        s.scrub_start().unwrap();
+        s.wait_scan().await;
+    })
+    .unwrap();
+    assert_eq!(store.pool().leaves()[1].leaf.state(), LeafState::Degraded);
+    settle(&sim, &store);
+    assert_eq!(spares(&store), [("leg2".into(), "INUSE", Some("leg1".into()))]);
+    assert_eq!(paths(&store), ["leg0", "leg1", "leg2"]);
+    assert!(store.pool().leaves_behind().is_empty(), "the spare is resilvered");
+    let events: Vec<EventClass> = store.pool().events().list().iter().map(|e| e.class).collect();
+    assert!(events.contains(&EventClass::VdevSpare), "{events:?}");
+    // The spare stays in use while the degraded leaf is there; a spare in use is not removed.
+    let s = Arc::clone(&store);
+    let refused = sim.run(async move { s.remove_spare("leg2").await }).unwrap().0;
+    assert!(matches!(refused, Err(StoreError::Pool(PoolError::SpareInUse { .. }))), "{refused:?}");
+    // The spare holds everything: with leg0 lost and leg1's copies bad, every block reads.
+    devices[0].inject(Fault::Lost);
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0), "leg2 serves");
+    devices[0].clear_faults();
+    let s = Arc::clone(&store);
+    sim.run(async move { s.clear_leaves(Some("leg0")).await.unwrap() }).unwrap();
+    settle(&sim, &store);
+    assert_eq!(spares(&store), [("leg2".into(), "INUSE", Some("leg1".into()))]);
+    // Survives export and import, in use.
+    let store = export_import(&sim, store, &devices);
+    assert_eq!(spares(&store), [("leg2".into(), "INUSE", Some("leg1".into()))]);
+    // Replace leg1 by leg3: once leg3 holds everything, leg1 leaves and the spare goes back.
+    let s = Arc::clone(&store);
+    let new = spec(&devices[3]);
+    sim.run(async move { s.replace_leaf("leg1", new).await.unwrap() }).unwrap();
+    settle(&sim, &store);
+    assert_eq!(paths(&store), ["leg0", "leg3"]);
+    assert_eq!(spares(&store), [("leg2".into(), "AVAIL", None)]);
+    alone_reads_all(&sim, &store, &devices, "leg3", &data);
+    // Its labels say available: after an import it is listed, and not a member.
+    let store = export_import(&sim, store, &devices);
+    assert_eq!(spares(&store), [("leg2".into(), "AVAIL", None)]);
+    assert_eq!(paths(&store), ["leg0", "leg3"]);
+    // Removed, it leaves the config and its labels are blank.
+    let s = Arc::clone(&store);
+    sim.run(async move { s.remove_spare("leg2").await.unwrap() }).unwrap();
+    assert!(spares(&store).is_empty());
+    assert!(store.pool().config().features().is_empty());
+    let store = export_import(&sim, store, &devices);
+    assert!(spares(&store).is_empty());
+    drop(store);
+}
+
+#[test]
+fn a_faulted_leaf_is_spared_under_writes_and_the_spare_returns_when_it_is_cleared() {
+    let sim = Sim::new(82);
+    let devices = common::legs(&sim, 4, SimProfile::ssd(), LEG_BYTES);
+    let (store, mut data) = setup(&sim, &devices, 2, TopSpec::Mirror, 82);
+    devices[1].inject(Fault::WriteError { offset_bytes: 0, len_bytes: LEG_BYTES });
+    common::overwrite(&sim, &store, &mut data, 6, 0x51);
+    assert_eq!(
+        store.pool().leaves()[1].leaf.state(),
+        LeafState::Faulted(FaultReason::TooManyErrors)
+    );
+    // The syncer's check puts the first spare that fits in, while writes go on.
+    let s = Arc::clone(&store);
+    let mut written = data.clone();
+    let (put_in, _) = sim
+        .run(async move {
+            let retired = s.retire().await;
+            for i in 0..8u64 {
+                let at = i * 256 << 10;
+                let piece = vec![0x70 + i as u8; 64 << 10];
+                s.write("v", at, &piece).await.unwrap();
+            }
+            s.sync().await.unwrap();
+            retired
+        })
+        .unwrap()
+        .0;
+    for i in 0..8u64 {
+        let at = (i * 256 << 10) as usize;
+        written[at..at + (64 << 10)].fill(0x70 + i as u8);
+    }
+    let data = written;
+    assert_eq!(put_in, ["leg2"]);
+    settle(&sim, &store);
+    assert_eq!(
+        spares(&store),
+        [("leg2".into(), "INUSE", Some("leg1".into())), ("leg3".into(), "AVAIL", None)]
+    );
+    alone_reads_all(&sim, &store, &devices, "leg2", &data);
+    // The device is fixed and cleared: leg1 is resilvered, then the spare goes back.
+    devices[1].clear_faults();
+    let s = Arc::clone(&store);
+    sim.run(async move { s.clear_leaves(Some("leg1")).await.unwrap() }).unwrap();
+    settle(&sim, &store);
+    assert_eq!(paths(&store), ["leg0", "leg1"]);
+    assert_eq!(spares(&store), [("leg2".into(), "AVAIL", None), ("leg3".into(), "AVAIL", None)]);
+    alone_reads_all(&sim, &store, &devices, "leg1", &data);
+    let detach = store.pool().events().list();
+    let back = detach.iter().rev().find(|e| e.class == EventClass::VdevDetach).unwrap();
+    assert_eq!((back.vdev.as_deref(), back.detail("spare")), (Some("leg2"), Some("available")));
+}
+
+#[test]
+fn a_raidz_leaf_is_spared_and_the_spare_returns_after_a_replace() {
+    let sim = Sim::new(83);
+    let devices = common::legs(&sim, 6, SimProfile::ssd(), LEG_BYTES);
+    let raidz1 = |leaves| TopSpec::Raidz { parity: 1, leaves };
+    let (store, mut data) = setup(&sim, &devices[..5], 1, raidz1, 83);
+    devices[2].inject(Fault::Lost);
+    common::overwrite(&sim, &store, &mut data, 4, 0x33);
+    assert!(matches!(store.pool().leaves()[2].leaf.state(), LeafState::Faulted(_)));
+    settle(&sim, &store);
+    assert_eq!(spares(&store), [("leg4".into(), "INUSE", Some("leg2".into()))]);
+    assert!(store.pool().leaves_behind().is_empty());
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+    // The column's spare holds it: another column lost, every block still reads.
+    devices[0].inject(Fault::Lost);
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+    devices[0].clear_faults();
+    let s = Arc::clone(&store);
+    sim.run(async move { s.clear_leaves(Some("leg0")).await.unwrap() }).unwrap();
+    settle(&sim, &store);
+    // Replace the lost leaf: the spare moves into the column, leg5 replaces it, and once
+    // leg5 holds everything the spare goes back.
+    let s = Arc::clone(&store);
+    let new = spec(&devices[5]);
+    sim.run(async move { s.replace_leaf("leg2", new).await.unwrap() }).unwrap();
+    assert!(!paths(&store).contains(&"leg2".to_owned()), "{:?}", paths(&store));
+    common::overwrite(&sim, &store, &mut data, 4, 0x44);
+    settle(&sim, &store);
+    assert_eq!(paths(&store), ["leg0", "leg1", "leg5", "leg3"]);
+    assert_eq!(spares(&store), [("leg4".into(), "AVAIL", None)]);
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+    devices[1].inject(Fault::Lost);
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0), "leg5 holds its column");
+    devices[1].clear_faults();
+    let store = export_import(&sim, store, &devices);
+    assert_eq!(spares(&store), [("leg4".into(), "AVAIL", None)]);
+}
+
+#[test]
+fn spares_are_added_and_removed_and_refused_where_they_do_not_fit() {
+    let sim = Sim::new(84);
+    let mut devices = common::legs(&sim, 3, SimProfile::ssd(), LEG_BYTES);
+    let (store, _) = setup(&sim, &devices[..2], 0, TopSpec::Mirror, 84);
+    assert!(store.pool().config().features().is_empty(), "no spares, no feature");
+    // Too small to hold a leg's data area: listed, but never put in.
+    let small = common::legs(&sim, 1, SimProfile::ssd(), 32 << 20).remove(0);
+    let small = LeafSpec { path: "small".into(), device: Arc::new(small) };
+    let s = Arc::clone(&store);
+    let added = spec(&devices[2]);
+    sim.run(async move { s.add_spares(vec![small, added]).await.unwrap() }).unwrap();
+    assert_eq!(spares(&store), [("small".into(), "AVAIL", None), ("leg2".into(), "AVAIL", None)]);
+    // A member or a spare again is refused, naming it.
+    for again in ["leg0", "leg2"] {
+        let device = devices.iter().find(|d| d.name() == again).unwrap();
+        let s = Arc::clone(&store);
+        let spec = spec(device);
+        let refused = sim.run(async move { s.add_spares(vec![spec]).await }).unwrap().0;
+        assert!(matches!(refused, Err(StoreError::Pool(PoolError::AlreadyMember { .. }))));
+    }
+    devices[1].inject(Fault::Lost);
+    let (store, mut data) = (store, common::random_bytes(1, VOLUME_BYTES));
+    common::overwrite(&sim, &store, &mut data, 2, 0x22);
+    settle(&sim, &store);
+    assert_eq!(
+        spares(&store),
+        [("small".into(), "AVAIL", None), ("leg2".into(), "INUSE", Some("leg1".into()))],
+        "the spare that fits is the one put in"
+    );
+    let s = Arc::clone(&store);
+    sim.run(async move { s.remove_spare("small").await.unwrap() }).unwrap();
+    let s = Arc::clone(&store);
+    let missing = sim.run(async move { s.remove_spare("nope").await }).unwrap().0;
+    assert!(matches!(missing, Err(StoreError::Pool(PoolError::NoSuchSpare { .. }))));
+    // Detaching the leaf a spare stands in for keeps the spare in its place for good.
+    let s = Arc::clone(&store);
+    sim.run(async move { s.detach_leaf("leg1").await.unwrap() }).unwrap();
+    assert!(spares(&store).is_empty());
+    assert_eq!(paths(&store), ["leg0", "leg2"]);
+    devices.truncate(3);
+    let store = export_import(&sim, store, &devices);
+    assert_eq!(paths(&store), ["leg0", "leg2"]);
+}
+
+/// Power cuts at points spread over a spare's activation and resilver (its labels, the swap's
+/// sync, the label rewrite, the resilver's chunks): each import finds the spare available or
+/// in use, never half a member; serving puts it in (again) and resilvers it; and the spare
+/// alone with the good leg reads back every block.
+#[test]
+fn power_cuts_during_a_spare_activation_and_its_resilver() {
+    let seed = 85;
+    let sim = Sim::new(seed);
+    let options = SimOptions { store_data: true, record_log: true };
+    let devices = common::legs_with(&sim, 3, SimProfile::ssd(), LEG_BYTES, options);
+    let (store, data) = setup(&sim, &devices, 1, TopSpec::Mirror, seed);
+    // leg1 is gone (and stays gone in every image below), so the pool wants the spare.
+    devices[1].inject(Fault::Lost);
+    let s = Arc::clone(&store);
+    let (start, end) = sim
+        .run(async move {
+            let start = s.pool().env().now();
+            s.pool().leaves()[1].leaf.mark_gone();
+            loop {
+                s.pool().env().sleep(std::time::Duration::from_millis(2)).await;
+                s.sync().await.unwrap();
+                s.retire().await;
+                s.resilver_if_needed();
+                if s.pool().spares().iter().all(|p| p.state == "INUSE")
+                    && s.pool().leaves_behind().is_empty()
+                    && s.scan_status()
+                        .is_some_and(|x| x.phase != sluice_engine::txg::ScanPhase::Scanning)
+                {
+                    break;
+                }
+            }
+            (start, s.pool().env().now())
+        })
+        .unwrap()
+        .0;
+    assert_eq!(spares(&store), [("leg2".into(), "INUSE", Some("leg1".into()))]);
+    devices[1].clear_faults();
+
+    let mut rng = Rng::new(seed);
+    let cuts = 12u64;
+    let mut seen = std::collections::BTreeSet::new();
+    for k in 0..=cuts {
+        let span = end.as_nanos() - start.as_nanos();
+        let cut = Time::from_nanos(start.as_nanos() + span * k / cuts + rng.below(1000));
+        let images: Vec<_> = devices
+            .iter()
+            .map(|d| {
+                let ops = d.write_log().iter().take_while(|e| e.at <= cut).count();
+                d.crash_image(ops, CrashPolicy::Any, &mut rng).unwrap()
+            })
+            .collect();
+        let after = Sim::new(seed * 100 + k);
+        let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
+        // leg1 stays dead: the spare is what must serve.
+        revived[1].inject(Fault::Lost);
+        let store = import(&after, &revived);
+        let what = format!("seed {seed}, cut {k} of {cuts} at {cut:?}");
+        let opened: Vec<&str> = store.pool().spares().iter().map(|s| s.state).collect();
+        assert!(opened == ["AVAIL"] || opened == ["INUSE"], "{what}: {opened:?}");
+        seen.insert(opened.concat());
+        settle(&after, &store);
+        assert_eq!(
+            spares(&store),
+            [("leg2".into(), "INUSE", Some("leg1".into()))],
+            "{what}: the spare is in at the end"
+        );
+        assert!(store.pool().leaves_behind().is_empty(), "{what}: still behind");
+        // leg0 lost too: the spare alone holds every block.
+        revived[0].inject(Fault::Lost);
+        assert_eq!(common::read_all(&after, &store, &data, BLOCK), (0, 0), "{what}: spare alone");
+    }
+    assert!(seen.len() == 2, "the cuts saw only {seen:?}");
+}
