@@ -212,7 +212,7 @@ fn a_faulted_leaf_is_spared_under_writes_and_the_spare_returns_when_it_is_cleare
         .run(async move {
             let retired = s.retire().await;
             for i in 0..8u64 {
-                let at = i * 256 << 10;
+                let at = (i * 256) << 10;
                 let piece = vec![0x70 + i as u8; 64 << 10];
                 s.write("v", at, &piece).await.unwrap();
             }
@@ -222,7 +222,7 @@ fn a_faulted_leaf_is_spared_under_writes_and_the_spare_returns_when_it_is_cleare
         .unwrap()
         .0;
     for i in 0..8u64 {
-        let at = (i * 256 << 10) as usize;
+        let at = ((i * 256) << 10) as usize;
         written[at..at + (64 << 10)].fill(0x70 + i as u8);
     }
     let data = written;
