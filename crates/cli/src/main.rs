@@ -243,16 +243,17 @@ enum PoolCommand {
     /// mirror /d/e /d/f]`, or `raidz2 /d/a /d/b /d/c /d/d` (raidz or raidz1, raidz2, raidz3:
     /// one to three disks' worth of parity, at least parity + 2 leaves, at most 64); plain
     /// paths are striped, and what follows `log` holds only intent-log blocks (a separate log
-    /// device: put it on the fastest medium). Missing files are created
-    /// with --size, allocated in full (--sparse: thin). A leaf that already holds something (another pool's labels, a
-    /// filesystem, a partition table, any data in its first or last MiB) is refused, saying
-    /// what was found, unless --force is given.
+    /// device: put it on the fastest medium); what follows `spare` are hot spares, which the
+    /// served pool puts in for a leaf that faults or degrades. Missing files are created with
+    /// --size, allocated in full (--sparse: thin). A leaf that already holds something
+    /// (another pool's labels, a filesystem, a partition table, any data in its first or last
+    /// MiB) is refused, saying what was found, unless --force is given.
     Create {
         name: String,
         /// Leaves: absolute paths, each group of mirrored ones preceded by `mirror`, each
-        /// RAID-Z group by `raidz`, `raidz2` or `raidz3`; log devices after `log`. ZFS's other
-        /// vdev types (draid, spare, cache, special, dedup) are refused by name: sluice does
-        /// not build them yet.
+        /// RAID-Z group by `raidz`, `raidz2` or `raidz3`; log devices after `log`; hot spares
+        /// after `spare`. ZFS's other vdev types (draid, cache, special, dedup) are refused by
+        /// name: sluice does not build them yet.
         #[arg(required = true, value_parser = pools::parse_vdev_word)]
         vdevs: Vec<String>,
         /// Create missing files of this size (like 1G).
@@ -269,6 +270,31 @@ enum PoolCommand {
         #[arg(short, long)]
         force: bool,
     },
+    /// Add hot spares to a pool (zpool add): `sluice pool add tank spare /d/s1 /d/s2`. The
+    /// served pool puts a spare in for a leaf that faults (I/O errors, gone) or degrades (bad
+    /// checksums), resilvers it, and sends it back once the leaf is replaced or cleared;
+    /// `pool status` lists spares as AVAIL or INUSE. Adding data vdevs and log devices to a
+    /// pool is not built yet. Missing files are created with --size; a device that holds
+    /// something is refused unless --force.
+    Add {
+        name: String,
+        /// `spare` and the spares' absolute paths.
+        #[arg(required = true, value_parser = pools::parse_vdev_word)]
+        vdevs: Vec<String>,
+        /// Create missing files of this size (like 1G).
+        #[arg(long, value_parser = pools::parse_size)]
+        size: Option<u64>,
+        /// Create missing files sparse (thin).
+        #[arg(long)]
+        sparse: bool,
+        /// Overwrite devices that hold data, a filesystem or another pool.
+        #[arg(short, long)]
+        force: bool,
+    },
+    /// Remove an available hot spare from a pool (zpool remove); its labels are erased. A spare
+    /// in use is refused: replace or clear the leaf it stands in for first, or detach it.
+    /// Removing data vdevs and log devices is not built.
+    Remove { name: String, leaf: String },
     /// Find a pool's leaves by their labels and make it known here.
     ///
     /// Import verifies the blocks the newest txg wrote before it writes anything, and walks
@@ -738,6 +764,10 @@ pub(crate) async fn run_pool_command(ctx: &mut Ctx<'_>, command: Command) -> any
             PoolCommand::Status { names, .. } => pool::status(ctx, &names).await,
             PoolCommand::List { names, .. } => pool::list(ctx, &names).await,
             PoolCommand::Sync { name } => pool::sync(ctx, &name).await,
+            PoolCommand::Add { name, vdevs, size, sparse, force } => {
+                pools::spares::add(ctx, &name, &vdevs, (size, sparse), force).await
+            }
+            PoolCommand::Remove { name, leaf } => pools::spares::remove(ctx, &name, &leaf).await,
             PoolCommand::Get { name, properties, .. } => {
                 pools::props::get(ctx, &name, &properties).await
             }
@@ -938,6 +968,8 @@ async fn pool_command(env: &sluice_engine::rt::Env, command: PoolCommand) -> any
             per_pools(env, vec![(pool, Command::Pool { pool: command })], format, Vec::new()).await
         }
         PoolCommand::Scrub { ref name, .. }
+        | PoolCommand::Add { ref name, .. }
+        | PoolCommand::Remove { ref name, .. }
         | PoolCommand::Set { ref name, .. }
         | PoolCommand::Sync { ref name }
         | PoolCommand::Offline { ref name, .. }

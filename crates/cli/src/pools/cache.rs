@@ -65,9 +65,14 @@ fn write_cache(cache: &BTreeMap<String, Vec<String>>) -> anyhow::Result<()> {
 /// Records `pool` with the leaves it has now.
 pub fn remember(pool: &Pool) -> anyhow::Result<()> {
     let mut cache = read_cache()?;
+    // Available hot spares too: import finds them by their labels among these.
+    let tree = pool.tree();
+    let spares = tree.spares.iter().filter(|s| s.device.is_some()).map(|s| s.path.clone());
     cache.insert(
         pool.name().to_owned(),
-        pool.leaves().iter().filter(|l| l.present).map(|l| l.path.clone()).collect(),
+        (pool.leaves().iter().filter(|l| l.present).map(|l| l.path.clone()))
+            .chain(spares)
+            .collect(),
     );
     write_cache(&cache)
 }

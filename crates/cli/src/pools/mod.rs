@@ -21,6 +21,7 @@ pub mod pool;
 pub mod props;
 pub mod replication;
 pub mod snapshot;
+pub mod spares;
 pub mod vol;
 
 use std::collections::BTreeMap;
@@ -197,19 +198,18 @@ pub fn parse_size(text: &str) -> anyhow::Result<u64> {
 
 /// The vdev types `zpool create` knows beside `mirror` and `log` that sluice does not build,
 /// with what they are: refused by name, never taken for a file's name.
-const VDEV_TYPES_NOT_BUILT: [(&str, &str); 5] = [
+const VDEV_TYPES_NOT_BUILT: [(&str, &str); 4] = [
     ("draid", "dRAID"),
-    ("spare", "hot spares"),
     ("cache", "cache devices"),
     ("special", "special allocation class devices"),
     ("dedup", "dedup table devices"),
 ];
 
 /// A word of `pool create`'s vdev list: `mirror`, `raidz` (`raidz1`), `raidz2`, `raidz3`,
-/// `log`, or a leaf's absolute path ([`parse_leaf_path`]). Another vdev type ZFS knows is
+/// `log`, `spare`, or a leaf's absolute path ([`parse_leaf_path`]). Another vdev type ZFS knows is
 /// refused by name.
 pub fn parse_vdev_word(word: &str) -> anyhow::Result<String> {
-    if matches!(word, "mirror" | "log" | "raidz" | "raidz1" | "raidz2" | "raidz3") {
+    if matches!(word, "mirror" | "log" | "spare" | "raidz" | "raidz1" | "raidz2" | "raidz3") {
         return Ok(word.to_owned());
     }
     // dRAID's words carry their parity and geometry: draid, draid2, draid2:4d:1s.

@@ -116,6 +116,9 @@ pub struct PoolSummary {
     pub action: Option<String>,
     pub scan: Option<ScanReport>,
     pub vdevs: Vec<VdevReport>,
+    /// Hot spares: AVAIL, INUSE (standing in for a leaf) or UNAVAIL (not found at import).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spares: Vec<SpareReport>,
     pub capacity_bytes: u64,
     pub allocated_bytes: u64,
     pub free_bytes: u64,
@@ -139,6 +142,15 @@ pub struct ScanReport {
     pub unrecoverable: u64,
     pub targets: Vec<String>,
     pub failure: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SpareReport {
+    pub path: String,
+    pub guid: String,
+    pub state: String,
+    /// The leaf it stands in for (its path), while in use.
+    pub stands_in_for: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -483,7 +495,8 @@ fn pool_status(out: &mut Lines, status: &PoolStatus) {
         }
         let mut group_shown: Option<&str> = None;
         for leaf in &vdev.leaves {
-            // A RAID-Z column being replaced: its two leaves under `replacing-N`.
+            // A RAID-Z column being replaced, or a leaf and its spare: under `replacing-N` or
+            // `spare-N`.
             if let Some(group) = leaf.group.as_deref() {
                 if group_shown != Some(group) {
                     out.say(format!("    {group:<38}"));
@@ -514,6 +527,17 @@ fn pool_status(out: &mut Lines, status: &PoolStatus) {
                 leaf.write_errors,
                 leaf.checksum_errors,
             ));
+        }
+    }
+    if !summary.spares.is_empty() {
+        out.say("  spares");
+        for spare in &summary.spares {
+            let note = match &spare.stands_in_for {
+                Some(leaf) => format!("  (in use, standing in for {leaf})"),
+                None if spare.state == "UNAVAIL" => String::from("  (not found at import)"),
+                None => String::new(),
+            };
+            out.say(format!("    {:<38} {:<8}{note}", spare.path, spare.state));
         }
     }
     let raidz = summary.vdevs.iter().any(|v| v.kind.starts_with("raidz"));

@@ -21,7 +21,7 @@ use sluice_engine::{LeafSpec, Pool, PoolError, PoolLeaf, PoolSpec, TopSpec};
 
 use super::output::{
     CacheFigures, DedupFigures, LeafReport, LogFigures, PoolList, PoolRow, PoolStatus, PoolSummary,
-    Reply, ScanReport, StatusDetail, StatusVolume, VdevReport,
+    Reply, ScanReport, SpareReport, StatusDetail, StatusVolume, VdevReport,
 };
 use super::{cache, injections, open_leaf, open_store, Ctx, Held};
 
@@ -55,7 +55,12 @@ pub async fn create(
         Ok(leaf)
     };
     let mut notes = Vec::new();
+    let mut spares = Vec::new();
     for group in &layout {
+        if group.spare {
+            spares.push(open(&group.paths[0])?);
+            continue;
+        }
         let spec = match (&group.mirror, group.raidz) {
             (Some(paths), Some(parity)) => {
                 let leaves: Vec<LeafSpec> =
@@ -69,6 +74,9 @@ pub async fn create(
             (None, _) => TopSpec::Leaf(open(&group.paths[0])?),
         };
         top.push(if group.log { TopSpec::Log(Box::new(spec)) } else { spec });
+    }
+    if !spares.is_empty() {
+        top.push(TopSpec::Spare(spares));
     }
     if let Err(refusal) = check_leaves(name, &leaves, force).await {
         // The devices (and their locks) go before the files this command made are removed.
@@ -118,15 +126,17 @@ fn raidz_sizes_note(parity: u8, leaves: &[LeafSpec]) -> Option<String> {
 
 /// A top-level vdev as `pool create` was given it.
 #[derive(Debug, PartialEq, Eq)]
-struct Group {
+pub(super) struct Group {
     /// A lone leaf's path (`mirror` is `None`).
-    paths: Vec<String>,
+    pub(super) paths: Vec<String>,
     /// A mirror's leaves, or a RAID-Z vdev's.
     mirror: Option<Vec<String>>,
     /// A RAID-Z vdev's parity (`mirror` holds its leaves).
     raidz: Option<u8>,
     /// After `log`: a separate intent-log device.
     log: bool,
+    /// After `spare`: a hot spare (a lone leaf).
+    pub(super) spare: bool,
 }
 
 /// The parity a RAID-Z word asks for: `raidz` and `raidz1` one, `raidz2` two, `raidz3` three.
@@ -141,19 +151,37 @@ fn raidz_parity(word: &str) -> Option<u8> {
 
 /// `pool create`'s VDEV words as top-level vdevs: plain paths are leaves of their own,
 /// `mirror` starts a mirror, and what follows `log` holds only intent-log blocks.
-fn parse_layout(name: &str, words: &[String]) -> anyhow::Result<Vec<Group>> {
+pub(super) fn parse_layout(name: &str, words: &[String]) -> anyhow::Result<Vec<Group>> {
     let mut groups = Vec::new();
     let mut mirror: Option<Vec<String>> = None;
     let mut raidz: Option<u8> = None;
     let mut log = false;
+    let mut spare = false;
     for word in words {
         let parity = raidz_parity(word);
+        if word == "spare" {
+            if let Some(children) = mirror.take() {
+                groups.push(Group { paths: Vec::new(), mirror: Some(children), raidz, log, spare });
+            }
+            if spare {
+                bail!("pool {name}: `spare` appears twice; list every hot spare after one `spare`");
+            }
+            (spare, log, raidz) = (true, false, None);
+            continue;
+        }
+        if spare && (word == "mirror" || parity.is_some()) {
+            bail!(
+                "pool {name}: hot spares are single leaves: list their paths after `spare`, \
+                 without `{word}`"
+            );
+        }
         if word == "mirror" || word == "log" || parity.is_some() {
             if let Some(children) = mirror.take() {
-                groups.push(Group { paths: Vec::new(), mirror: Some(children), raidz, log });
+                groups.push(Group { paths: Vec::new(), mirror: Some(children), raidz, log, spare });
             }
             raidz = None;
             if word == "log" {
+                spare = false;
                 if log {
                     bail!(
                         "pool {name}: `log` appears twice; list every log device after one `log`"
@@ -174,13 +202,17 @@ fn parse_layout(name: &str, words: &[String]) -> anyhow::Result<Vec<Group>> {
         }
         match &mut mirror {
             Some(children) => children.push(word.clone()),
-            None => {
-                groups.push(Group { paths: vec![word.clone()], mirror: None, raidz: None, log })
-            }
+            None => groups.push(Group {
+                paths: vec![word.clone()],
+                mirror: None,
+                raidz: None,
+                log,
+                spare,
+            }),
         }
     }
     if let Some(children) = mirror.take() {
-        groups.push(Group { paths: Vec::new(), mirror: Some(children), raidz, log });
+        groups.push(Group { paths: Vec::new(), mirror: Some(children), raidz, log, spare });
     }
     // Widths are checked before any file is made.
     for group in &groups {
@@ -195,7 +227,7 @@ fn parse_layout(name: &str, words: &[String]) -> anyhow::Result<Vec<Group>> {
 
 /// What a leaf of a new pool already holds, in the words `zpool create` uses: a sluice pool is
 /// "imported on this machine" when the pool cache lists it with this leaf, else "exported".
-async fn finding(leaf: &LeafSpec) -> anyhow::Result<Option<String>> {
+pub(super) async fn finding(leaf: &LeafSpec) -> anyhow::Result<Option<String>> {
     let found = probe::probe(leaf.device.as_ref())
         .await
         .with_context(|| format!("reading {} to see what it holds", leaf.path))?;
@@ -520,16 +552,45 @@ fn pool_status(name: &str, store: &Held) -> anyhow::Result<PoolStatus> {
         }
     };
     let config = pool.config();
+    let spare_of = |guid: u64| config.spares.iter().find(|s| s.stands_in_for == guid);
+    let is_spare = |guid: u64| config.spares.iter().any(|s| s.guid == guid);
     let vdevs: Vec<VdevReport> = (config.top.iter().enumerate())
         .map(|(index, top)| {
             let find = |guid: u64| leaves.iter().find(|l| l.guid == guid);
             let rows = match &top.raidz {
-                None => leaves.iter().filter(|l| l.top == index).map(|l| report(l, None)).collect(),
+                // A leaf a spare stands in for and the spare, under `spare-N` (N: the leaf's
+                // place in the mirror), as zpool status shows them.
+                None => {
+                    let mut rows = Vec::new();
+                    let children = || top.children.iter().filter_map(|c| find(c.guid));
+                    for (at, leaf) in children().enumerate() {
+                        if spare_of(leaf.guid).is_none() && is_spare(leaf.guid) {
+                            let stood_for = config.spares.iter().find(|s| s.guid == leaf.guid);
+                            let shown = stood_for.is_some_and(|s| find(s.stands_in_for).is_some());
+                            if shown {
+                                continue;
+                            }
+                        }
+                        match spare_of(leaf.guid).and_then(|s| find(s.guid)) {
+                            Some(spare) => {
+                                let group = Some(format!("spare-{at}"));
+                                rows.push(report(leaf, group.clone()));
+                                rows.push(report(spare, group));
+                            }
+                            None => rows.push(report(leaf, None)),
+                        }
+                    }
+                    rows
+                }
                 Some(raidz) => {
                     let mut rows = Vec::new();
                     for (column, child) in top.children.iter().enumerate() {
                         let pair = raidz.replacing.iter().find(|(c, _)| usize::from(*c) == column);
-                        let group = pair.map(|_| format!("replacing-{column}"));
+                        let kind = match pair {
+                            Some((_, new)) if is_spare(new.guid) => "spare",
+                            _ => "replacing",
+                        };
+                        let group = pair.map(|_| format!("{kind}-{column}"));
                         rows.extend(find(child.guid).map(|l| report(l, group.clone())));
                         if let Some((_, new)) = pair {
                             rows.extend(find(new.guid).map(|l| report(l, group.clone())));
@@ -552,6 +613,14 @@ fn pool_status(name: &str, store: &Held) -> anyhow::Result<PoolStatus> {
         })
         .collect();
     let faulted = vdevs.iter().any(|v| v.state == "FAULTED");
+    let spares = (pool.spares().into_iter())
+        .map(|s| SpareReport {
+            path: s.path,
+            guid: format!("{:016x}", s.guid),
+            state: s.state.to_owned(),
+            stands_in_for: s.stands_in_for,
+        })
+        .collect();
     let scan_report = scan.as_ref().map(|s| ScanReport {
         func: s.func.name().to_owned(),
         phase: match s.phase {
@@ -595,6 +664,7 @@ fn pool_status(name: &str, store: &Held) -> anyhow::Result<PoolStatus> {
         action,
         scan: scan_report,
         vdevs,
+        spares,
         capacity_bytes: capacity,
         allocated_bytes: capacity - free,
         free_bytes: free,
