@@ -400,8 +400,8 @@ enum PoolCommand {
         clear: bool,
     },
     /// Show pool properties (zpool get): size, allocated, free, capacity, health, guid,
-    /// scrub.interval, scrub.last, scrub.next and the format features in use; or only those
-    /// named.
+    /// autoreplace, scrub.interval, scrub.last, scrub.next and the format features in use; or
+    /// only those named.
     Get {
         name: String,
         properties: Vec<String>,
@@ -414,7 +414,9 @@ enum PoolCommand {
     },
     /// Set a pool property (zpool set): `sluice pool set tank scrub.interval=7d`. A served
     /// pool starts a scrub once scrub.interval (s, m, h, d or w; default 30d; off for never)
-    /// has passed since the last one finished (one never scrubbed: since serving began).
+    /// has passed since the last one finished (one never scrubbed: since serving began). With
+    /// autoreplace=on, a new empty device found at a faulted or missing leaf's path replaces
+    /// it.
     /// Setting a property makes the pool need a sluice that knows feature pool_properties.
     Set { name: String, property: String },
     /// Write the open txg out now and wait until it is durable (zpool sync): space figures,
@@ -482,12 +484,30 @@ enum PoolCommand {
     /// served always does, printing the resilver's progress). OLD may be faulted or missing if
     /// the rest of its vdev holds everything (another leaf of its mirror; on RAID-Z, all but at
     /// most parity columns: NEW takes OLD's column); a lone leaf must still read. NEW is made
-    /// as for `attach`.
+    /// as for `attach`. Without NEW, the disk swapped in at OLD's path replaces it (OLD is
+    /// shown as PATH/old until it leaves); with pool property autoreplace=on the served pool
+    /// does that by itself. A leaf a hot spare stands in for is replaced the same way, and the
+    /// spare goes back to the available ones once NEW holds everything.
     Replace {
         name: String,
         old: String,
-        #[command(flatten)]
-        new: NewLeafArgs,
+        /// The new leaf's absolute path; left out, the device now at OLD's path (a disk
+        /// swapped in place), which must hold nothing unless --force.
+        #[arg(value_parser = pools::parse_leaf_path)]
+        new: Option<String>,
+        /// Size of the file to create if it is missing (default: the existing leaf's size).
+        #[arg(long, value_parser = pools::parse_size)]
+        size: Option<u64>,
+        /// Create a missing file sparse (thin) instead of allocated in full.
+        #[arg(long)]
+        sparse: bool,
+        /// Overwrite a leaf that holds data, a filesystem or another pool.
+        #[arg(short, long)]
+        force: bool,
+        /// Wait until the resilver ends, printing its progress on standard error (zpool
+        /// replace -w); on a pool that is not being served the command always does.
+        #[arg(short, long)]
+        wait: bool,
     },
     /// Erase the pool's labels: its leaves are no longer a pool.
     Destroy { name: String },
@@ -783,8 +803,17 @@ pub(crate) async fn run_pool_command(ctx: &mut Ctx<'_>, command: Command) -> any
             PoolCommand::Attach { name, existing, new } => {
                 pool::attach(ctx, &name, &existing, new.into(), false).await
             }
-            PoolCommand::Replace { name, old, new } => {
-                pool::attach(ctx, &name, &old, new.into(), true).await
+            PoolCommand::Replace { name, old, new, size, sparse, force, wait } => {
+                // No NEW: the device now at OLD's path (the engine names the old leaf
+                // PATH/old until it leaves).
+                let new = pools::pool::NewLeaf {
+                    path: new.unwrap_or_default(),
+                    size,
+                    sparse,
+                    force,
+                    wait,
+                };
+                pool::attach(ctx, &name, &old, new, true).await
             }
             PoolCommand::Detach { name, leaf } => pool::detach(ctx, &name, &leaf).await,
             PoolCommand::Inject { name, leaf, what } => {

@@ -329,6 +329,8 @@ pub async fn serve(
     store.run_syncer();
     // Scheduled scrubs and snapshots run while the pool is served, and only then.
     store.start_schedules();
+    // How autoreplace opens a disk swapped in at a leaf's path (exclusively, as every leaf).
+    store.set_device_opener(Arc::new(|path: &str| crate::pools::open_leaf(path, None, false).ok()));
     let control = crate::control::serve(env.clone(), Arc::clone(&store)).await?;
     let metrics = match &options.metrics {
         Some(address) => Some(crate::metrics::serve(&store, address).await?),

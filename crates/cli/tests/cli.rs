@@ -265,7 +265,7 @@ fn pool_properties_and_snapshot_schedules() {
             .collect()
     };
     let value = |name: &str| get(&[name])[0].1.clone();
-    assert_eq!(get(&[]).len(), 10);
+    assert_eq!(get(&[]).len(), 11);
     assert_eq!(value("scrub.interval"), "30d");
     assert_eq!((value("scrub.last"), value("features")), ("-".into(), "-".into()));
     ok(&cache, &["pool", "set", "tank", "scrub.interval=2w"]);
@@ -277,6 +277,7 @@ fn pool_properties_and_snapshot_schedules() {
         ("scrub.interval=10", "with a unit"),
         ("scrub.interval=30s", "out of range"),
         ("size=1G", "read only"),
+        ("autoreplace=maybe", "on or off"),
         ("bogus=1", "does not exist"),
     ] {
         let error = fails(&cache, &["pool", "set", "tank", bad]);
@@ -332,11 +333,18 @@ fn vdev_words_and_relative_leaf_paths_are_refused() {
     let error =
         in_dir(&["pool", "create", "rz", "raidz2", a, "/tmp/sluice-no-such-b", "--size", "64M"]);
     assert!(error.contains("raidz2 needs from 4 to 64 children, not 2"), "{error}");
-    for word in ["draid2:4d:1s", "spare", "cache", "special", "dedup"] {
+    for word in ["draid2:4d:1s", "cache", "special", "dedup"] {
         let error = in_dir(&["pool", "create", "rz", word, a, "b", "--size", "64M"]);
         assert!(error.contains(&format!("`{word}` is a ZFS vdev type")), "{word}: {error}");
         assert!(!Path::new(word).exists() && !dir.as_path().join(word).exists());
     }
+    // Hot spares are single leaves, listed once.
+    let b = dir.as_path().join("b");
+    let b = b.to_str().unwrap();
+    let error = in_dir(&["pool", "create", "rz", "spare", "mirror", a, b, "--size", "64M"]);
+    assert!(error.contains("hot spares are single leaves"), "{error}");
+    let error = in_dir(&["pool", "create", "rz", a, "spare", b, "spare", b, "--size", "64M"]);
+    assert!(error.contains("`spare` appears twice"), "{error}");
     for word in ["b", "./b"] {
         let error = in_dir(&["pool", "create", "rz", "mirror", a, word, "--size", "64M"]);
         let meant = dir.as_path().join("b");

@@ -59,7 +59,7 @@ pub use pool::{
     probe, LeafSpec, Pool, PoolError, PoolLeaf, PoolSpec, PreparedActivation, PreparedAttach,
     PreparedSpares, ScrubReport, SpareLeaf, SpareStatus, TopSpec, VerifyReport,
 };
-pub use txg::{auto_name, CHECK_INTERVAL as SCHEDULE_CHECK_INTERVAL};
+pub use txg::{auto_name, DeviceOpener, CHECK_INTERVAL as SCHEDULE_CHECK_INTERVAL};
 pub use txg::{
     AuditReport, EncryptionInfo, ImportOptions, ImportReport, KeyStatus, LostLog, NewKey, ReadData,
     ReceiveMode, Rewind, ScanFunc, ScanPhase, ScanStatus, ScheduleReport, SnapshotInfo,

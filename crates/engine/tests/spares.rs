@@ -402,3 +402,59 @@ fn power_cuts_during_a_spare_activation_and_its_resilver() {
     }
     assert!(seen.len() == 2, "the cuts saw only {seen:?}");
 }
+
+/// `autoreplace`: a faulted leaf whose path opens a new empty device is replaced by it (in
+/// place: the old leaf is `PATH/old` until it leaves); a device there that holds something
+/// (here the old leaf itself, labels and all) is left alone; with the property off, nothing
+/// happens.
+#[test]
+fn autoreplace_takes_a_new_empty_device_at_a_faulted_leafs_path() {
+    let sim = Sim::new(86);
+    let devices = common::legs(&sim, 3, SimProfile::ssd(), LEG_BYTES);
+    let (store, mut data) = setup(&sim, &devices[..2], 0, TopSpec::Mirror, 86);
+    // What the opener finds at "leg1": nothing yet.
+    let at_path: Arc<std::sync::Mutex<Option<SimDevice>>> = Arc::default();
+    let found = Arc::clone(&at_path);
+    store.set_device_opener(Arc::new(move |path: &str| {
+        let device = found.lock().unwrap().clone()?;
+        (path == "leg1").then(|| LeafSpec { path: path.to_owned(), device: Arc::new(device) })
+    }));
+    devices[1].inject(Fault::Lost);
+    common::overwrite(&sim, &store, &mut data, 4, 0x71);
+    assert!(matches!(store.pool().leaves()[1].leaf.state(), LeafState::Faulted(_)));
+    // Off: a new device there is not taken.
+    *at_path.lock().unwrap() = Some(devices[2].clone());
+    settle(&sim, &store);
+    assert_eq!(paths(&store), ["leg0", "leg1"]);
+    let s = Arc::clone(&store);
+    sim.run(async move { s.set_autoreplace(true).await.unwrap() }).unwrap();
+    assert!(store.pool().properties().autoreplace);
+    // On, with a device that holds something at the path (the old leaf, revived): left alone.
+    let old = devices[1].clone();
+    old.clear_faults();
+    *at_path.lock().unwrap() = Some(old);
+    let s = Arc::clone(&store);
+    let replaced = sim.run(async move { s.autoreplace().await }).unwrap().0;
+    assert!(replaced.is_empty(), "{replaced:?}");
+    devices[1].inject(Fault::Lost);
+    // A new empty device: it replaces leg1 in place, and the old leaf leaves once it holds
+    // everything.
+    *at_path.lock().unwrap() = Some(devices[2].clone());
+    let s = Arc::clone(&store);
+    let replaced = sim.run(async move { s.autoreplace().await }).unwrap().0;
+    assert_eq!(replaced, ["leg1"]);
+    assert_eq!(paths(&store), ["leg0", "leg1/old", "leg1"]);
+    settle(&sim, &store);
+    assert_eq!(paths(&store), ["leg0", "leg1"]);
+    assert!(store.pool().leaves_behind().is_empty());
+    devices[0].inject(Fault::Lost);
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0), "the new leg1 alone");
+    devices[0].clear_faults();
+    // The property survives an import.
+    let s = Arc::clone(&store);
+    sim.run(async move { s.clear_leaves(None).await.unwrap() }).unwrap();
+    settle(&sim, &store);
+    let specs: Vec<SimDevice> = vec![devices[0].clone(), devices[2].clone()];
+    let store = export_import(&sim, store, &specs);
+    assert!(store.pool().properties().autoreplace);
+}

@@ -923,16 +923,29 @@ pub async fn attach(
         let shared = store.shared();
         let old = shared.pool().find_leaf(existing)?;
         let size = new.size.unwrap_or_else(|| old.leaf.device().len_bytes());
+        // `pool replace POOL LEAF`: the device now at the leaf's own path.
+        let in_place = new.path.is_empty();
+        let new = NewLeaf { path: if in_place { old.path.clone() } else { new.path }, ..new };
         // A leaf of this pool is refused by name before opening it (its lock is ours).
         let same = |p: &str| match (std::fs::canonicalize(p), std::fs::canonicalize(&new.path)) {
             (Ok(a), Ok(b)) => a == b,
             _ => p == new.path,
         };
-        if shared.pool().leaves().iter().any(|l| same(&l.path)) {
+        if !in_place && shared.pool().leaves().iter().any(|l| same(&l.path)) {
             return Err(PoolError::AlreadyMember { pool: name.to_owned(), path: new.path }.into());
         }
         let exists = Path::new(&new.path).exists();
-        let spec = open_leaf(&new.path, (!exists).then_some(size), new.sparse)?;
+        let spec = open_leaf(&new.path, (!exists).then_some(size), new.sparse).map_err(|e| {
+            if in_place {
+                e.context(format!(
+                    "pool {name}: replacing {} in place needs a new device at its path; the one \
+                     there is still the leaf (swap the disk or file first, or name a NEW path)",
+                    old.path
+                ))
+            } else {
+                e
+            }
+        })?;
         if exists {
             if let Some(what) = finding(&spec).await? {
                 if !new.force {
@@ -955,7 +968,7 @@ pub async fn attach(
             shared.detach_replaced().await;
         }
         cache::remember(shared.pool())?;
-        let old_left = shared.pool().find_leaf(&old.path).is_err();
+        let old_left = shared.pool().find_leaf(&format!("{:016x}", old.guid)).is_err();
         anyhow::Ok((old.path, path, old_left))
     }
     .await;

@@ -1,6 +1,6 @@
 //! `sluice pool get` and `pool set` (zpool get, zpool set): the pool's properties. Settable:
 //! `scrub.interval` (how long after the last finished scrub the served pool starts the next;
-//! `off` for never). Read only: size, allocated, free, capacity, health, guid, the last
+//! `off` for never) and `autoreplace` (a new device at a faulted leaf's path replaces it). Read only: size, allocated, free, capacity, health, guid, the last
 //! scrub's end and when the next is due, and the format features the pool uses. The engine
 //! keeps them (crate `sluice_engine`'s pool properties); this module reads and writes their
 //! words.
@@ -19,6 +19,7 @@ pub const PROPERTIES: &[&str] = &[
     "capacity",
     "health",
     "guid",
+    "autoreplace",
     "scrub.interval",
     "scrub.last",
     "scrub.next",
@@ -92,12 +93,32 @@ pub async fn set(ctx: &mut Ctx<'_>, name: &str, setting: &str) -> anyhow::Result
             });
             Ok(())
         }
-        other if PROPERTIES.contains(&other) => {
-            anyhow::bail!("pool property {other} is read only; the settable one is scrub.interval")
+        "autoreplace" => {
+            let on = match value {
+                "on" => true,
+                "off" => false,
+                _ => anyhow::bail!("autoreplace is on or off, not {value:?}"),
+            };
+            let store = ctx.hold(name).await?;
+            store.set_autoreplace(on).await?;
+            store.release().await?;
+            ctx.done(if on {
+                format!(
+                    "pool {name}: autoreplace=on; while served, a new empty device found at a \
+                     faulted or missing leaf's path replaces it"
+                )
+            } else {
+                format!("pool {name}: autoreplace=off")
+            });
+            Ok(())
         }
+        other if PROPERTIES.contains(&other) => anyhow::bail!(
+            "pool property {other} is read only; the settable ones are autoreplace and \
+             scrub.interval"
+        ),
         other => anyhow::bail!(
             "pool property {other:?} does not exist; the properties are {} (settable: \
-             scrub.interval)",
+             autoreplace, scrub.interval)",
             PROPERTIES.join(", ")
         ),
     }
@@ -149,6 +170,7 @@ fn values(store: &Store, served: bool) -> Vec<PropValue> {
         text(format!("{}%", (allocated * 100).checked_div(size).unwrap_or(0))),
         text(super::pool::pool_health(store).to_owned()),
         text(format!("{:016x}", pool.guid())),
+        text(if properties.autoreplace { "on" } else { "off" }.to_owned()),
         text(interval_text(properties.scrub_interval_secs)),
         text(last.map_or_else(|| "-".to_owned(), utc)),
         text(if store.is_suspended() { "suspended".to_owned() } else { next }),

@@ -55,6 +55,14 @@ pub struct PreparedAttach {
     existing: String,
     /// A RAID-Z leaf a spare stood in for, which leaves as the new leaf comes (spare.rs).
     dropped: Option<PoolLeaf>,
+    /// The old leaf of a replace in place (same path), called PATH/old from now on.
+    renamed: Option<u64>,
+}
+
+/// Every leaf `top` names, to change.
+fn config_leaves_mut(top: &mut sluice_format::TopConfig) -> impl Iterator<Item = &mut LeafConfig> {
+    let replacing = top.raidz.iter_mut().flat_map(|r| r.replacing.iter_mut().map(|(_, l)| l));
+    top.children.iter_mut().chain(replacing)
 }
 
 /// The spare in use standing in for leaf `guid` in `config`, if one does.
@@ -80,7 +88,12 @@ impl Pool {
             let old = self.find_leaf(existing)?;
             let tree = self.tree();
             let action = if replacing { "replace" } else { "attach to" };
-            if tree.leaves.iter().any(|l| l.path == new.path) {
+            // A disk swapped in place (`zpool replace POOL LEAF`): the new device at the old
+            // one's path; the old leaf is then called PATH/old until it leaves, as in ZFS.
+            let in_place = replacing && new.path == old.path;
+            let taken = tree.leaves.iter().any(|l| l.path == new.path && !in_place)
+                || tree.config.spares.iter().any(|s| s.path == new.path && s.stands_in_for == 0);
+            if taken {
                 return Err(PoolError::AlreadyMember { pool: self.name.clone(), path: new.path });
             }
             let raidz = tree.config.top[old.top].raidz.clone();
@@ -159,6 +172,11 @@ impl Pool {
             let mut config = tree.config.clone();
             let top = &mut config.top[old.top];
             let joining = LeafConfig { guid, path: new.path.clone() };
+            if in_place {
+                for child in config_leaves_mut(top).filter(|c| c.guid == old.guid) {
+                    child.path = format!("{}/old", old.path);
+                }
+            }
             match (&mut top.raidz, column) {
                 (Some(raidz), Some(column)) if spare_in_column.is_some() => {
                     let slot = (raidz.replacing.iter_mut())
@@ -186,9 +204,10 @@ impl Pool {
             let leaf = PoolLeaf { guid, top: old.top, path: new.path, leaf, present: true };
             let replaces = spare_in_column.or(replacing.then_some(old.guid));
             let dropped = spare_in_column.map(|_| old.clone());
-            (tree.config.clone(), config, leaf, (replaces, dropped))
+            let renamed = in_place.then_some(old.guid);
+            (tree.config.clone(), config, leaf, (replaces, dropped, renamed))
         };
-        let (replaces, dropped) = replaces;
+        let (replaces, dropped, renamed) = replaces;
         // The new leaf's labels first: a crash before the sync leaves a leaf whose labels
         // name a txg the pool never reached, which import sets aside.
         self.write_leaf_labels(&leaf, &config, config_txg).await?;
@@ -196,7 +215,15 @@ impl Pool {
         leaf.leaf.device().prepare_log_region(start, region).await.map_err(|source| {
             PoolError::Device { pool: self.name.clone(), path: leaf.path.clone(), cause: source }
         })?;
-        Ok(PreparedAttach { leaf, base, config, replaces, existing: existing.to_owned(), dropped })
+        Ok(PreparedAttach {
+            leaf,
+            base,
+            config,
+            replaces,
+            existing: existing.to_owned(),
+            dropped,
+            renamed,
+        })
     }
 
     /// Puts a prepared leaf in the tree; the caller holds the sync lock and syncs next, so
@@ -208,7 +235,7 @@ impl Pool {
         &self,
         prepared: PreparedAttach,
     ) -> Result<(PoolLeaf, Option<PoolLeaf>), PoolError> {
-        let PreparedAttach { leaf, base, config, replaces, existing, dropped } = prepared;
+        let PreparedAttach { leaf, base, config, replaces, existing, dropped, renamed } = prepared;
         let _one_change = self.admin.lock();
         let tree = self.tree();
         if tree.config != base {
@@ -230,7 +257,10 @@ impl Pool {
         }
         let mut added = BTreeMap::new();
         added.insert(leaf.guid, leaf.clone());
-        let new_tree = self.build_tree(config, added);
+        let mut new_tree = self.build_tree(config, added);
+        for old in new_tree.leaves.iter_mut().filter(|l| Some(l.guid) == renamed) {
+            old.path = format!("{}/old", old.path);
+        }
         if let Some(dropped) = &dropped {
             self.forget_leaves(&[dropped.guid]);
         }

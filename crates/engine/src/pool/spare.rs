@@ -274,6 +274,20 @@ impl Pool {
         pairs
     }
 
+    /// The paths of the leaves `autoreplace` looks for a new device at: FAULTED or missing,
+    /// not being replaced, not a spare.
+    pub fn leaves_to_autoreplace(&self) -> Vec<String> {
+        let tree = self.tree();
+        let state = self.state.lock();
+        (tree.leaves.iter())
+            .filter(|l| !l.present || matches!(l.leaf.state(), LeafState::Faulted(_)))
+            .filter(|l| !state.replaced.contains_key(&l.guid))
+            .filter(|l| !state.replaced.values().any(|&new| new == l.guid))
+            .filter(|l| !tree.config.spares.iter().any(|s| s.guid == l.guid))
+            .map(|l| l.path.clone())
+            .collect()
+    }
+
     /// Where a leaf of top-level vdev `top` must hold data up to.
     fn child_end(&self, tree: &super::VdevTree, top: usize) -> u64 {
         match &tree.config.top[top].raidz {

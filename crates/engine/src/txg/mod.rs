@@ -128,6 +128,7 @@ use dsl_pool::TxgState;
 use dsl_pool::{Txg, TxgLimits};
 pub use dsl_scan::{ScanFunc, ScanPhase, ScanStatus};
 pub use dsl_snapshot::{SnapshotInfo, SnapshotSpace};
+pub use retire::DeviceOpener;
 pub use schedule::{auto_name, ScheduleReport, AUTO_PREFIX, CHECK_INTERVAL};
 use spa::Spa;
 pub use spa_load::{ImportOptions, ImportReport, Rewind};
@@ -380,6 +381,8 @@ pub struct Store {
     zil: Zil,
     /// Whether the hot-spare task runs (retire.rs): one at a time.
     retire_running: retire::RetireRunning,
+    /// How `autoreplace` opens a device at a leaf's path (retire.rs), once the server says.
+    device_opener: retire::OpenerSlot,
 }
 
 impl Store {
@@ -430,6 +433,7 @@ impl Store {
             syncer: spa_sync::Syncer::new(synced),
             zil: Zil::new(&limits, log_stats),
             retire_running: Default::default(),
+            device_opener: Default::default(),
         }
     }
 

@@ -3,6 +3,12 @@
 //! store adds and removes spares, puts one in for a leaf that faults or degrades, and lets it
 //! go back once the leaf is replaced or returns (crate::pool's `spare.rs` changes the tree).
 //!
+//! With the pool property `autoreplace` on (ZFS's too), a new device found at the path of a
+//! faulted or missing leaf replaces it (`zpool replace POOL LEAF` done by the pool itself):
+//! the device is found through the opener the server gives the store
+//! ([`Store::set_device_opener`]; the simulator's tests give their own), and only one that
+//! holds nothing (no labels, no filesystem, no data where labels go) is taken.
+//!
 //! The syncer checks after every sync ([`Store::retire_if_needed`]), so a spare goes in
 //! within a txg's timeout of the leaf's fault, whether or not clients write. Activation is
 //! an attach: the spare's labels are written first, then the tree is swapped under the sync
@@ -80,10 +86,13 @@ impl Store {
     /// running already: called after each sync, by the syncer (and by the schedule's checks).
     pub fn retire_if_needed(self: &Arc<Self>) {
         let pool = self.spa.pool();
-        if pool.tree().config.spares.is_empty()
-            || (pool.leaves_to_spare().is_empty() && pool.spares_to_return().is_empty())
-            || self.retire_running.swap(true, Ordering::AcqRel)
-        {
+        let autoreplace = pool.properties().autoreplace
+            && self.device_opener.lock().is_some()
+            && !pool.leaves_to_autoreplace().is_empty();
+        let has_spares = !pool.tree().config.spares.is_empty();
+        let spares = has_spares
+            && (!pool.leaves_to_spare().is_empty() || !pool.spares_to_return().is_empty());
+        if !(autoreplace || spares) || self.retire_running.swap(true, Ordering::AcqRel) {
             return;
         }
         let weak = Arc::downgrade(self);
@@ -100,6 +109,7 @@ impl Store {
     /// event and tried again after a later sync. Returns the spares put in and sent back.
     pub async fn retire(self: &Arc<Self>) -> (Vec<String>, Vec<String>) {
         let (mut put_in, mut back) = (Vec::new(), Vec::new());
+        self.autoreplace().await;
         for (leaf, spare) in self.spa.pool().leaves_to_spare() {
             match self.activate_spare(&leaf, spare).await {
                 Ok(path) => put_in.push(path),
@@ -120,6 +130,77 @@ impl Store {
             }
         }
         (put_in, back)
+    }
+}
+
+/// Opens the device now at a leaf's path, if there is one: how `autoreplace` finds a disk
+/// swapped in (the server opens files and block devices; a test gives simulated ones).
+pub type DeviceOpener = Arc<dyn Fn(&str) -> Option<LeafSpec> + Send + Sync>;
+
+impl Store {
+    /// Gives the store the way to open a device by path, for `autoreplace`.
+    pub fn set_device_opener(&self, opener: DeviceOpener) {
+        *self.device_opener.lock() = Some(opener);
+    }
+
+    /// Sets the pool property `autoreplace`. Durable when this returns.
+    pub async fn set_autoreplace(&self, on: bool) -> Result<(), StoreError> {
+        self.spa.check_live()?;
+        let pool = self.spa.pool();
+        if !pool.config().properties {
+            pool.activate_properties(pool.uberblock().txg + 1).await?;
+        }
+        pool.update_properties(|p| p.autoreplace = on);
+        self.sync().await?;
+        Ok(())
+    }
+
+    /// With `autoreplace` on: each faulted or missing leaf whose path now opens a device that
+    /// holds nothing is replaced by it. Returns the paths replaced.
+    pub async fn autoreplace(self: &Arc<Self>) -> Vec<String> {
+        let pool = self.spa.pool();
+        let opener = self.device_opener.lock().clone();
+        let Some(opener) = opener.filter(|_| pool.properties().autoreplace) else {
+            return Vec::new();
+        };
+        let mut replaced = Vec::new();
+        for path in pool.leaves_to_autoreplace() {
+            let Some(spec) = opener(&path) else { continue };
+            // Only an empty device: one that holds anything is someone's.
+            match crate::pool::probe::probe(spec.device.as_ref()).await {
+                Ok(None) => {}
+                _ => continue,
+            }
+            match self.replace_leaf(&path, spec).await {
+                Ok(_) => replaced.push(path),
+                Err(error) => {
+                    let error = crate::error_chain(&error);
+                    pool.events().post(
+                        EventClass::Retire,
+                        Some(&path),
+                        vec![("error", format!("autoreplace of {path}: {error}"))],
+                    );
+                }
+            }
+        }
+        replaced
+    }
+}
+
+/// Where the store keeps its [`DeviceOpener`], once given one.
+#[derive(Default)]
+pub(super) struct OpenerSlot(parking_lot::Mutex<Option<DeviceOpener>>);
+
+impl OpenerSlot {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Option<DeviceOpener>> {
+        self.0.lock()
+    }
+}
+
+impl std::fmt::Debug for OpenerSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let given = self.0.lock().is_some();
+        f.debug_struct("OpenerSlot").field("given", &given).finish()
     }
 }
 
