@@ -458,3 +458,51 @@ fn autoreplace_takes_a_new_empty_device_at_a_faulted_leafs_path() {
     let store = export_import(&sim, store, &specs);
     assert!(store.pool().properties().autoreplace);
 }
+
+/// A degraded mirror whose only spare is too small to stand in (so it stays available)
+/// imports with its data area as it was: a missing leg's stand-in is sized from the legs
+/// found, not from the spare's labels, which share the newest config.
+#[test]
+fn a_degraded_pool_with_a_small_spare_imports() {
+    let sim = Sim::new(87);
+    let devices = common::legs(&sim, 2, SimProfile::ssd(), LEG_BYTES);
+    let (store, data) = setup(&sim, &devices, 0, TopSpec::Mirror, 87);
+    let small = common::legs(&sim, 1, SimProfile::ssd(), 32 << 20).remove(0);
+    let s = Arc::clone(&store);
+    let spare = LeafSpec { path: "small".into(), device: Arc::new(small.clone()) };
+    sim.run(async move { s.add_spares(vec![spare]).await.unwrap() }).unwrap();
+    let store = Arc::try_unwrap(store).ok().unwrap();
+    sim.run(async move { store.export().await.unwrap() }).unwrap();
+    // leg1 gone: the pool opens from leg0 and the spare.
+    let store = import(&sim, &[devices[0].clone(), small]);
+    assert_eq!(spares(&store), [("small".into(), "AVAIL", None)]);
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+    let (start, end) = store.pool().data_areas()[0];
+    assert_eq!(end - start, data_end_bytes(LEG_BYTES) - DATA_START_BYTES);
+    assert!(start >= DATA_START_BYTES);
+}
+
+/// A spare detached by hand while its leaf still ails goes back to the available ones and
+/// stays there (it can then be removed): the retire agent leaves that leaf alone until `pool
+/// clear`, which lets it put the spare in again.
+#[test]
+fn a_spare_detached_by_hand_is_not_put_straight_back() {
+    let sim = Sim::new(88);
+    let devices = common::legs(&sim, 3, SimProfile::ssd(), LEG_BYTES);
+    let (store, mut data) = setup(&sim, &devices, 1, TopSpec::Mirror, 88);
+    devices[1].inject(Fault::Lost);
+    common::overwrite(&sim, &store, &mut data, 4, 0x19);
+    settle(&sim, &store);
+    assert_eq!(spares(&store), [("leg2".into(), "INUSE", Some("leg1".into()))]);
+    let s = Arc::clone(&store);
+    sim.run(async move { s.detach_leaf("leg2").await.unwrap() }).unwrap();
+    settle(&sim, &store);
+    assert_eq!(spares(&store), [("leg2".into(), "AVAIL", None)], "not put back");
+    // `pool clear` of the leaf lets the agent try again: still lost, it gets the spare.
+    let s = Arc::clone(&store);
+    sim.run(async move { s.clear_leaves(Some("leg1")).await.unwrap() }).unwrap();
+    common::overwrite(&sim, &store, &mut data, 2, 0x1a);
+    settle(&sim, &store);
+    assert_eq!(spares(&store), [("leg2".into(), "INUSE", Some("leg1".into()))]);
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+}

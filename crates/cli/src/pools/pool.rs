@@ -381,9 +381,12 @@ pub async fn export(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<()> {
 pub async fn destroy(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<()> {
     let store = open_store(ctx.env, name, &Tunables::default()).await?;
     let pool = store.pool();
-    // Zeroing the label headers is what makes the leaves no longer a pool.
-    for leaf in pool.leaves().iter().filter(|l| l.present) {
-        let device = leaf.leaf.device();
+    // Zeroing the label headers is what makes the leaves (and available spares) no longer a
+    // pool's.
+    let tree = pool.tree();
+    let devices = (tree.leaves.iter().filter(|l| l.present).map(|l| l.leaf.device()))
+        .chain(tree.spares.iter().filter_map(|s| s.device.as_ref()));
+    for device in devices {
         for offset in sluice_format::label_offsets(device.len_bytes()) {
             let zeros =
                 sluice_engine::SharedBuf::copy_from(&[0u8; sluice_format::LABEL_HEADER_BYTES]);
@@ -1001,12 +1004,18 @@ pub async fn detach(ctx: &mut Ctx<'_>, name: &str, leaf: &str) -> anyhow::Result
     let result = async {
         let path = store.shared().detach_leaf(leaf).await?;
         cache::remember(store.shared().pool())?;
-        anyhow::Ok(path)
+        // A hot spare goes back to the available ones rather than leaving.
+        let spare = store.shared().pool().spares().iter().any(|s| s.path == path);
+        anyhow::Ok((path, spare))
     }
     .await;
     store.release().await?;
-    let path = result?;
-    ctx.done(format!("{path} is detached from pool {name}; its labels are erased"));
+    let (path, spare) = result?;
+    ctx.done(if spare {
+        format!("hot spare {path} of pool {name} is detached and available again (AVAIL)")
+    } else {
+        format!("{path} is detached from pool {name}; its labels are erased")
+    });
     Ok(())
 }
 

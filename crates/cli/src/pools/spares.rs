@@ -21,6 +21,9 @@ pub async fn add(
     force: bool,
 ) -> anyhow::Result<()> {
     let layout = parse_layout(name, vdevs)?;
+    if layout.is_empty() {
+        bail!("pool {name}: no device to add; name them after `spare`: `sluice pool add {name} spare /path/to/disk`");
+    }
     if layout.iter().any(|g| !g.spare) {
         bail!(
             "pool {name}: adding data vdevs and log devices to a pool is not built yet; `pool \

@@ -108,6 +108,8 @@ impl Pool {
     /// again. An offline leaf stays offline.
     pub fn clear(&self, name: Option<&str>) -> Result<Vec<PoolLeaf>, PoolError> {
         let _one_change = self.admin.lock();
+        // Spares and leaves the retire agent was leaving alone are tried again.
+        self.clear_retire_skips();
         let leaves = match name {
             Some(name) => vec![self.find_leaf(name)?],
             None => self.leaves().to_vec(),

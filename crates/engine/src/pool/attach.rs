@@ -41,7 +41,7 @@ use super::missing::MissingDevice;
 use super::{LeafSpec, Pool, PoolError, PoolLeaf, SpareLeaf, VdevTree};
 use crate::device::SharedBuf;
 use crate::tunables::IoClass;
-use crate::vdev::{Leaf, Root, VdevId, MIRROR_CHILDREN_MAX};
+use crate::vdev::{Leaf, LeafState, Root, VdevId, MIRROR_CHILDREN_MAX};
 
 /// A leaf made ready to join the pool ([`Pool::prepare_attach`]), not in its tree yet.
 #[derive(Debug)]
@@ -309,7 +309,21 @@ impl Pool {
         let spare = config.spares.iter().any(|s| s.guid == leaf.guid);
         let replaced_by = self.state.lock().replaced.get(&leaf.guid).copied();
         match (spare, replaced_by) {
-            (true, _) => Pool::return_spare(&mut config, leaf.guid),
+            (true, _) => {
+                // Detached by hand while the leaf it stood in for still ails: the retire
+                // agent leaves that leaf alone (no spare put straight back) until `pool clear`.
+                let stood_for = config.spares.iter().find(|s| s.guid == leaf.guid);
+                let ailing = stood_for
+                    .and_then(|s| tree.leaves.iter().find(|l| l.guid == s.stands_in_for))
+                    .filter(|l| {
+                        let state = self.state.lock();
+                        !(state.holds_all(l) && l.leaf.state() == LeafState::Online)
+                    });
+                if let Some(ailing) = ailing {
+                    self.state.lock().retire_skip.leaves.insert(ailing.guid);
+                }
+                Pool::return_spare(&mut config, leaf.guid)
+            }
             // At the end of its replace: the spare stands in for the new leaf until it goes
             // back (spare.rs), which it may at once, the new leaf holding everything.
             (false, Some(new)) => {
@@ -364,20 +378,42 @@ impl Pool {
                 all
             };
             let kinds = |c: &VdevTreeConfig| c.top.iter().map(|t| t.kind).collect::<Vec<_>>();
-            if members(config) == members(&tree.config) && kinds(config) == kinds(&tree.config) {
+            let spares = |c: &VdevTreeConfig| {
+                let mut all: Vec<(u64, u64)> =
+                    c.spares.iter().map(|s| (s.guid, s.stands_in_for)).collect();
+                all.sort_unstable();
+                all
+            };
+            if members(config) == members(&tree.config)
+                && kinds(config) == kinds(&tree.config)
+                && spares(config) == spares(&tree.config)
+            {
                 return false;
             }
             let named: Vec<u64> = members(config).into_iter().map(|(_, g)| g).collect();
-            let dropped: Vec<PoolLeaf> =
-                tree.leaves.iter().filter(|l| !named.contains(&l.guid)).cloned().collect();
+            let spare_named = |guid: u64| config.spares.iter().any(|s| s.guid == guid);
+            // A leaf the directory names only as an available spare (an activation the
+            // crash cut short) is not dropped: `build_tree` makes it a spare again.
+            let dropped: Vec<PoolLeaf> = (tree.leaves.iter())
+                .filter(|l| !named.contains(&l.guid) && !spare_named(l.guid))
+                .cloned()
+                .collect();
+            // Spares the labels listed and the directory does not (an add the crash cut
+            // short, a remove that did not rewrite the labels): blanked, never used.
+            let dropped_spares: Vec<SpareLeaf> =
+                tree.spares.iter().filter(|s| !spare_named(s.guid)).cloned().collect();
             let new = self.build_tree(config.clone(), BTreeMap::new());
             let guids: Vec<u64> = dropped.iter().map(|l| l.guid).collect();
             self.forget_leaves(&guids);
             self.install(new);
-            dropped
+            (dropped, dropped_spares)
         };
+        let (dropped, dropped_spares) = dropped;
         for leaf in dropped.iter().filter(|l| l.present) {
             self.blank_labels(leaf).await;
+        }
+        for spare in &dropped_spares {
+            self.blank_spare_labels(spare).await;
         }
         true
     }
@@ -555,6 +591,11 @@ impl Pool {
                     }
                 });
                 leaf.top = index;
+                // A leaf replaced in place is PATH/old only while its replace is recorded: a
+                // config without the replace (one a crash cut short) names it PATH again.
+                if leaf.path == format!("{}/old", child.path) {
+                    leaf.path.clone_from(&child.path);
+                }
                 children.push(Arc::clone(&leaf.leaf));
                 leaves.push(leaf);
             }

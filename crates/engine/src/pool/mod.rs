@@ -364,6 +364,19 @@ struct PoolState {
     /// replacing it. The old leaf is detached once the new one holds everything; detaching
     /// the new one cancels the replace.
     replaced: BTreeMap<u64, u64>,
+    /// What the retire agent leaves alone until `pool clear` or the next import (spare.rs):
+    /// spares whose activation failed (a dead device is not tried after every sync, and the
+    /// next spare is), leaves whose spare was detached by hand (not put back at once), and
+    /// leaves whose autoreplace failed.
+    retire_skip: RetireSkip,
+}
+
+/// See [`PoolState::retire_skip`].
+#[derive(Debug, Default)]
+struct RetireSkip {
+    spares: std::collections::BTreeSet<u64>,
+    leaves: std::collections::BTreeSet<u64>,
+    autoreplace: std::collections::BTreeSet<u64>,
 }
 
 /// Txgs whose [`PoolState::missed_when_opened`] counts are kept.
@@ -834,6 +847,8 @@ impl Pool {
                                 min_bytes: LEAF_BYTES_MIN,
                             });
                         }
+                        // A spare must be able to stand in for any leaf.
+                        ashift = ashift.max(leaf.device.sector_bytes().trailing_zeros() as u8);
                         spare_specs.push(leaf.clone());
                     }
                     continue;
@@ -1090,6 +1105,7 @@ impl Pool {
                 missed_when_opened: BTreeMap::new(),
                 offline_kept: Default::default(),
                 replaced: Default::default(),
+                retire_skip: Default::default(),
             }),
             cache: BlockCache::new(
                 tunables.cache_bytes(crate::rt::machine_memory_bytes()),
@@ -1265,7 +1281,11 @@ impl Pool {
         };
         let members: Vec<&(LabelHeader, LeafSpec)> =
             wanted.into_iter().filter(|(h, _)| h.pool_guid == pool_guid).collect();
-        let newest = members.iter().max_by_key(|(h, _)| h.config_txg).map(|(h, _)| h.clone());
+        // The newest config; on a tie a member's label (an available spare's has top-level
+        // guid 0, and its size says nothing of the vdevs').
+        let newest = (members.iter())
+            .max_by_key(|(h, _)| (h.config_txg, h.top_guid != 0))
+            .map(|(h, _)| h.clone());
         let Some(header) = newest else {
             return Err(PoolError::NotFound { name: name.to_owned(), searched });
         };
@@ -1288,9 +1308,15 @@ impl Pool {
                     }
                     None => {
                         missing.push(child.path.clone());
+                        // As large as the largest leaf found of its vdev, so that the vdev's
+                        // data area is what it was (a mirror's is its smallest child's).
+                        let siblings = config_leaves(top)
+                            .filter_map(|c| members.iter().find(|(h, _)| h.leaf_guid == c.guid))
+                            .map(|(h, _)| h.leaf_bytes)
+                            .max();
                         let stand_in: Arc<dyn BlockDevice> = Arc::new(MissingDevice {
                             name: child.path.clone(),
-                            len_bytes: header.leaf_bytes,
+                            len_bytes: siblings.unwrap_or(header.leaf_bytes),
                         });
                         assembled.push((top_index, child.clone(), stand_in, false));
                     }

@@ -175,8 +175,14 @@ impl Pool {
             }
             (tree.config.clone(), config, spares)
         };
-        for spare in &spares {
-            self.write_spare_labels(spare, &config, config_txg).await?;
+        for (written, spare) in spares.iter().enumerate() {
+            if let Err(error) = self.write_spare_labels(spare, &config, config_txg).await {
+                // Labels that name a config no sync recorded would be taken for a spare.
+                for done in &spares[..=written] {
+                    self.blank_spare_labels(done).await;
+                }
+                return Err(error);
+            }
         }
         Ok(PreparedSpares { spares, base, config })
     }
@@ -241,7 +247,15 @@ impl Pool {
     pub fn leaves_to_spare(&self) -> Vec<(String, u64)> {
         let tree = self.tree();
         let logs = self.log_vdevs();
-        let mut free: Vec<&SpareLeaf> = tree.spares.iter().filter(|s| s.device.is_some()).collect();
+        let (skip_spares, skip_leaves, replaced) = {
+            let state = self.state.lock();
+            let skip = &state.retire_skip;
+            (skip.spares.clone(), skip.leaves.clone(), state.replaced.clone())
+        };
+        let mut free: Vec<&SpareLeaf> = (tree.spares.iter())
+            .filter(|s| !skip_spares.contains(&s.guid))
+            .filter(|s| s.device.as_ref().is_some_and(|d| d.sector_bytes() <= 1 << self.ashift))
+            .collect();
         let mut pairs = Vec::new();
         for leaf in &tree.leaves {
             let state = leaf.leaf.state();
@@ -249,14 +263,18 @@ impl Pool {
                 !leaf.present || matches!(state, LeafState::Faulted(_) | LeafState::Degraded);
             let busy = self.spare_for(leaf.guid).is_some()
                 || self.is_spare(leaf.guid)
-                || self.state.lock().replaced.contains_key(&leaf.guid)
-                || self.state.lock().replaced.values().any(|&new| new == leaf.guid);
+                || skip_leaves.contains(&leaf.guid)
+                || replaced.contains_key(&leaf.guid)
+                || replaced.values().any(|&new| new == leaf.guid);
             let top = &tree.config.top[leaf.top];
             let raidz_busy = top.raidz.as_ref().is_some_and(|r| {
                 let column = top.children.iter().position(|c| c.guid == leaf.guid);
                 column.is_none_or(|c| r.replacing.iter().any(|(col, _)| usize::from(*col) == c))
             });
-            if !ailing || busy || raidz_busy || logs.contains(&(leaf.top as u32)) {
+            let mirror_full = top.raidz.is_none()
+                && tree.leaves.iter().filter(|l| l.top == leaf.top).count()
+                    >= crate::vdev::MIRROR_CHILDREN_MAX;
+            if !ailing || busy || raidz_busy || mirror_full || logs.contains(&(leaf.top as u32)) {
                 continue;
             }
             if !self.has_complete_copy(&tree, leaf.top, Some(leaf.guid)) {
@@ -274,18 +292,51 @@ impl Pool {
         pairs
     }
 
-    /// The paths of the leaves `autoreplace` looks for a new device at: FAULTED or missing,
-    /// not being replaced, not a spare.
-    pub fn leaves_to_autoreplace(&self) -> Vec<String> {
+    /// The leaves `autoreplace` looks for a new device for (guid, path): FAULTED or missing,
+    /// not being replaced, not a spare, not in a RAID-Z column that has a pair already (a
+    /// replace, or a spare still copying), not left alone after a failed try.
+    pub fn leaves_to_autoreplace(&self) -> Vec<(u64, String)> {
         let tree = self.tree();
         let state = self.state.lock();
+        let spare_done = |guid: u64| {
+            tree.config.spares.iter().any(|s| s.guid == guid)
+                && tree.leaves.iter().any(|x| x.guid == guid && state.holds_all(x))
+        };
+        let column_busy = |l: &PoolLeaf| {
+            let top = &tree.config.top[l.top];
+            top.raidz.as_ref().is_some_and(|r| {
+                let column = top.children.iter().position(|c| c.guid == l.guid);
+                column.is_none_or(|c| {
+                    (r.replacing.iter())
+                        .any(|(col, new)| usize::from(*col) == c && !spare_done(new.guid))
+                })
+            })
+        };
         (tree.leaves.iter())
             .filter(|l| !l.present || matches!(l.leaf.state(), LeafState::Faulted(_)))
             .filter(|l| !state.replaced.contains_key(&l.guid))
             .filter(|l| !state.replaced.values().any(|&new| new == l.guid))
+            .filter(|l| !state.retire_skip.autoreplace.contains(&l.guid))
             .filter(|l| !tree.config.spares.iter().any(|s| s.guid == l.guid))
-            .map(|l| l.path.clone())
+            .filter(|l| !column_busy(l))
+            .map(|l| (l.guid, l.path.clone()))
             .collect()
+    }
+
+    /// Leaves spare `spare` alone until `pool clear` or the next import: its activation
+    /// failed (its device, most likely), so the next spare is tried instead.
+    pub fn skip_spare(&self, spare: u64) {
+        self.state.lock().retire_skip.spares.insert(spare);
+    }
+
+    /// Leaves leaf `guid` to be autoreplaced no more until `pool clear` or the next import.
+    pub fn skip_autoreplace(&self, guid: u64) {
+        self.state.lock().retire_skip.autoreplace.insert(guid);
+    }
+
+    /// Forgets what the retire agent was told to leave alone (`pool clear`).
+    pub(super) fn clear_retire_skips(&self) {
+        self.state.lock().retire_skip = Default::default();
     }
 
     /// Where a leaf of top-level vdev `top` must hold data up to.
@@ -343,6 +394,15 @@ impl Pool {
                 if entry.guid == spare {
                     entry.stands_in_for = old.guid;
                 }
+            }
+            if config.encode().is_err() {
+                return Err(PoolError::InvalidLayout {
+                    pool: self.name.clone(),
+                    reason: format!(
+                        "with spare {path} beside {} the vdev tree would not fit in a label",
+                        old.path
+                    ),
+                });
             }
             let id = VdevId(self.next_leaf_id.fetch_add(1, Ordering::Relaxed));
             let leaf = Leaf::new(id, &self.env, device, &self.tunables);
@@ -435,16 +495,26 @@ impl Pool {
         let bytes = header
             .encode()
             .map_err(|source| PoolError::Format { pool: self.name.clone(), cause: source })?;
-        let data = SharedBuf::copy_from(&bytes);
+        // The whole label, its uberblock ring zeroed: a spare back from use keeps no
+        // uberblock of that use, which an import would take for what it holds.
+        let mut label = vec![0u8; LABEL_BYTES as usize];
+        label[..bytes.len()].copy_from_slice(&bytes);
+        let data = SharedBuf::copy_from(&label);
         let device_error = |source| PoolError::Device {
             pool: self.name.clone(),
             path: spare.path.clone(),
             cause: source,
         };
-        for offset in sluice_format::label_offsets(device.len_bytes()) {
-            device.write_at(offset, data.clone()).await.map_err(device_error)?;
+        // In two rounds, as members' labels are (attach.rs): a torn rewrite leaves a whole
+        // label at each end.
+        let offsets = sluice_format::label_offsets(device.len_bytes());
+        for round in [[0usize, 2], [1, 3]] {
+            for index in round {
+                device.write_at(offsets[index], data.clone()).await.map_err(device_error)?;
+            }
+            device.flush().await.map_err(device_error)?;
         }
-        device.flush().await.map_err(device_error)
+        Ok(())
     }
 
     pub(super) fn spare_label_header(

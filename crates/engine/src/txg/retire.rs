@@ -114,6 +114,8 @@ impl Store {
             match self.activate_spare(&leaf, spare).await {
                 Ok(path) => put_in.push(path),
                 Err(error) => {
+                    // Not tried after every sync: the next spare is, until `pool clear`.
+                    self.spa.pool().skip_spare(spare);
                     let error = crate::error_chain(&error);
                     self.spa.pool().events().post(
                         EventClass::Retire,
@@ -164,7 +166,7 @@ impl Store {
             return Vec::new();
         };
         let mut replaced = Vec::new();
-        for path in pool.leaves_to_autoreplace() {
+        for (guid, path) in pool.leaves_to_autoreplace() {
             let Some(spec) = opener(&path) else { continue };
             // Only an empty device: one that holds anything is someone's.
             match crate::pool::probe::probe(spec.device.as_ref()).await {
@@ -174,6 +176,7 @@ impl Store {
             match self.replace_leaf(&path, spec).await {
                 Ok(_) => replaced.push(path),
                 Err(error) => {
+                    pool.skip_autoreplace(guid);
                     let error = crate::error_chain(&error);
                     pool.events().post(
                         EventClass::Retire,
