@@ -203,12 +203,19 @@ enum Command {
     },
 }
 
-/// The new leaf of `pool attach` and `pool replace`.
+/// The new leaf of `pool attach`.
 #[derive(clap::Args, Serialize, Deserialize)]
 struct NewLeafArgs {
     /// The new leaf's absolute path.
     #[arg(value_parser = pools::parse_leaf_path)]
     new: String,
+    #[command(flatten)]
+    options: NewLeafOptions,
+}
+
+/// How `pool attach` and `pool replace` make and take the new leaf.
+#[derive(clap::Args, Serialize, Deserialize)]
+struct NewLeafOptions {
     /// Size of the file to create if it is missing (default: the existing leaf's size).
     #[arg(long, value_parser = pools::parse_size)]
     size: Option<u64>,
@@ -224,15 +231,17 @@ struct NewLeafArgs {
     wait: bool,
 }
 
+impl NewLeafOptions {
+    /// The new leaf at `path` (empty: the device now at the old leaf's path).
+    fn leaf(self, path: String) -> pools::pool::NewLeaf {
+        let NewLeafOptions { size, sparse, force, wait } = self;
+        pools::pool::NewLeaf { path, size, sparse, force, wait }
+    }
+}
+
 impl From<NewLeafArgs> for pools::pool::NewLeaf {
     fn from(a: NewLeafArgs) -> pools::pool::NewLeaf {
-        pools::pool::NewLeaf {
-            path: a.new,
-            size: a.size,
-            sparse: a.sparse,
-            force: a.force,
-            wait: a.wait,
-        }
+        a.options.leaf(a.new)
     }
 }
 
@@ -495,19 +504,8 @@ enum PoolCommand {
         /// swapped in place), which must hold nothing unless --force.
         #[arg(value_parser = pools::parse_leaf_path)]
         new: Option<String>,
-        /// Size of the file to create if it is missing (default: the existing leaf's size).
-        #[arg(long, value_parser = pools::parse_size)]
-        size: Option<u64>,
-        /// Create a missing file sparse (thin) instead of allocated in full.
-        #[arg(long)]
-        sparse: bool,
-        /// Overwrite a leaf that holds data, a filesystem or another pool.
-        #[arg(short, long)]
-        force: bool,
-        /// Wait until the resilver ends, printing its progress on standard error (zpool
-        /// replace -w); on a pool that is not being served the command always does.
-        #[arg(short, long)]
-        wait: bool,
+        #[command(flatten)]
+        options: NewLeafOptions,
     },
     /// Erase the pool's labels: its leaves are no longer a pool.
     Destroy { name: String },
@@ -803,17 +801,10 @@ pub(crate) async fn run_pool_command(ctx: &mut Ctx<'_>, command: Command) -> any
             PoolCommand::Attach { name, existing, new } => {
                 pool::attach(ctx, &name, &existing, new.into(), false).await
             }
-            PoolCommand::Replace { name, old, new, size, sparse, force, wait } => {
+            PoolCommand::Replace { name, old, new, options } => {
                 // No NEW: the device now at OLD's path (the engine names the old leaf
                 // PATH/old until it leaves).
-                let new = pools::pool::NewLeaf {
-                    path: new.unwrap_or_default(),
-                    size,
-                    sparse,
-                    force,
-                    wait,
-                };
-                pool::attach(ctx, &name, &old, new, true).await
+                pool::attach(ctx, &name, &old, options.leaf(new.unwrap_or_default()), true).await
             }
             PoolCommand::Detach { name, leaf } => pool::detach(ctx, &name, &leaf).await,
             PoolCommand::Inject { name, leaf, what } => {

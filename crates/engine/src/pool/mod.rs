@@ -831,24 +831,29 @@ impl Pool {
         let mut seen_paths = std::collections::HashSet::new();
         let mut tops = Vec::new();
         let mut spare_specs = Vec::new();
+        // Each leaf named once and large enough; the allocation unit at least its sectors.
+        let mut check_leaf = |leaf: &LeafSpec, ashift: &mut u8| -> Result<(), PoolError> {
+            if !seen_paths.insert(leaf.path.clone()) {
+                return Err(layout(format!("leaf {} is named twice", leaf.path)));
+            }
+            let len = leaf.device.len_bytes();
+            if len < LEAF_BYTES_MIN {
+                return Err(PoolError::LeafTooSmall {
+                    pool: pool.clone(),
+                    path: leaf.path.clone(),
+                    len_bytes: len,
+                    min_bytes: LEAF_BYTES_MIN,
+                });
+            }
+            *ashift = (*ashift).max(leaf.device.sector_bytes().trailing_zeros() as u8);
+            Ok(())
+        };
         for top in &spec.top {
             let (kind, log, leaves, parity) = match top {
                 TopSpec::Spare(leaves) => {
                     for leaf in leaves {
-                        if !seen_paths.insert(leaf.path.clone()) {
-                            return Err(layout(format!("leaf {} is named twice", leaf.path)));
-                        }
-                        let len = leaf.device.len_bytes();
-                        if len < LEAF_BYTES_MIN {
-                            return Err(PoolError::LeafTooSmall {
-                                pool,
-                                path: leaf.path.clone(),
-                                len_bytes: len,
-                                min_bytes: LEAF_BYTES_MIN,
-                            });
-                        }
-                        // A spare must be able to stand in for any leaf.
-                        ashift = ashift.max(leaf.device.sector_bytes().trailing_zeros() as u8);
+                        // A spare must be able to stand in for any leaf: its sectors count.
+                        check_leaf(leaf, &mut ashift)?;
                         spare_specs.push(leaf.clone());
                     }
                     continue;
@@ -884,19 +889,7 @@ impl Pool {
                 )));
             }
             for leaf in &leaves {
-                if !seen_paths.insert(leaf.path.clone()) {
-                    return Err(layout(format!("leaf {} is named twice", leaf.path)));
-                }
-                let len = leaf.device.len_bytes();
-                if len < LEAF_BYTES_MIN {
-                    return Err(PoolError::LeafTooSmall {
-                        pool,
-                        path: leaf.path.clone(),
-                        len_bytes: len,
-                        min_bytes: LEAF_BYTES_MIN,
-                    });
-                }
-                ashift = ashift.max(leaf.device.sector_bytes().trailing_zeros() as u8);
+                check_leaf(leaf, &mut ashift)?;
             }
             // A RAID-Z vdev uses every child up to the smallest one's data area: its address
             // space is the children side by side, and fixed for its life.
