@@ -453,6 +453,9 @@ const LEAF_GAUGES: &[Figure<LeafSnapshot>] = &[
 /// A figure read off a leaf.
 type LeafValue = fn(&LeafSnapshot) -> u64;
 
+/// The states a hot spare's `spare_state` series are labelled with.
+const SPARE_STATES: [&str; 3] = ["AVAIL", "INUSE", "UNAVAIL"];
+
 /// The kinds of scan `scan_active` has a series for.
 const SCANS: [&str; 2] = ["scrub", "resilver"];
 
@@ -750,6 +753,21 @@ impl Collector for SnapshotCollector {
             }),
         )?;
 
+        split(
+            e,
+            (
+                "spare_state",
+                "A hot spare's state: 1 on the series of its state (AVAIL, INUSE, UNAVAIL), 0 on the others.",
+                None,
+                MetricType::Gauge,
+            ),
+            s.spares.iter().flat_map(|(path, state)| {
+                SPARE_STATES.map(|name| {
+                    let labels = with(with(pool(), "spare", path), "state", name);
+                    (labels, ConstGauge::new(u64::from(state == name)))
+                })
+            }),
+        )?;
         let leaves = s.leaves.iter().map(|l| {
             let vdev =
                 s.tops.get(l.top).map_or_else(|| format!("top-{}", l.top), |t| t.name(l.top));
@@ -929,6 +947,7 @@ mod tests {
             allocated_bytes: 250_000_000,
             last_scrub_end_secs: Some(1_800_000_000),
             scan_running: Some("resilver".into()),
+            spares: vec![("/d/s".into(), "INUSE".into())],
             ..PoolSnapshot::default()
         }
     }
@@ -958,6 +977,10 @@ mod tests {
         assert_eq!(get("sluice_scrub_last_end_timestamp_seconds{pool=\"tank\"}"), 1.8e9);
         assert_eq!(get("sluice_scan_active{pool=\"tank\",func=\"resilver\"}"), 1.0);
         assert_eq!(get("sluice_scan_active{pool=\"tank\",func=\"scrub\"}"), 0.0);
+        let spare = |state: &str| {
+            format!("sluice_spare_state{{pool=\"tank\",spare=\"/d/s\",state=\"{state}\"}}")
+        };
+        assert_eq!((get(&spare("INUSE")), get(&spare("AVAIL"))), (1.0, 0.0));
         assert_eq!(get(&format!("sluice_leaf_active{{{leaf},class=\"sync_write\"}}")), 2.0);
         assert_eq!(get("sluice_pool_uptime_seconds{pool=\"tank\"}"), 2.5);
         assert_eq!(get("sluice_txg_syncs_total{pool=\"tank\"}"), 9.0);

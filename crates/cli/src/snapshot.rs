@@ -58,6 +58,9 @@ pub struct PoolSnapshot {
     /// The scan running now: `scrub` or `resilver` (a paused scrub counts as running).
     #[serde(default)]
     pub scan_running: Option<String>,
+    /// Hot spares: (path, AVAIL, INUSE or UNAVAIL).
+    #[serde(default)]
+    pub spares: Vec<(String, String)>,
 }
 
 /// One top-level vdev.
@@ -369,6 +372,7 @@ impl PoolSnapshot {
             allocated_bytes: size_bytes.saturating_sub(store.free_bytes()),
             last_scrub_end_secs: store.last_scrub_end_unix_secs(),
             scan_running,
+            spares: (pool.spares().into_iter()).map(|s| (s.path, s.state.to_owned())).collect(),
             pool: pool.name().to_owned(),
             uptime_nanos: u64::try_from(pool.env().now().since(store.opened()).as_nanos())
                 .unwrap_or(u64::MAX),
