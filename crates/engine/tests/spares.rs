@@ -506,3 +506,83 @@ fn a_spare_detached_by_hand_is_not_put_straight_back() {
     assert_eq!(spares(&store), [("leg2".into(), "INUSE", Some("leg1".into()))]);
     assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
 }
+
+/// Power cuts at points spread over a spare going back (the leaf it stood in for cleared and
+/// resilvered, then the spare's detach and label rewrite), a spare added and one removed:
+/// each import opens with every spare available or in use and every leaf a member or not,
+/// never in between; serving finishes the job; and the returned leaf alone holds every block.
+#[test]
+fn power_cuts_while_a_spare_goes_back_and_spares_come_and_go() {
+    let seed = 89;
+    let sim = Sim::new(seed);
+    let options = SimOptions { store_data: true, record_log: true };
+    let devices = common::legs_with(&sim, 4, SimProfile::ssd(), LEG_BYTES, options);
+    let (store, mut data) = setup(&sim, &devices[..3], 1, TopSpec::Mirror, seed);
+    devices[1].inject(Fault::Lost);
+    common::overwrite(&sim, &store, &mut data, 4, 0x29);
+    settle(&sim, &store);
+    assert_eq!(spares(&store), [("leg2".into(), "INUSE", Some("leg1".into()))]);
+    devices[1].clear_faults();
+    let s = Arc::clone(&store);
+    let added = spec(&devices[3]);
+    let (start, end) = sim
+        .run(async move {
+            let start = s.pool().env().now();
+            s.clear_leaves(Some("leg1")).await.unwrap();
+            loop {
+                s.pool().env().sleep(std::time::Duration::from_millis(2)).await;
+                s.sync().await.unwrap();
+                s.resilver_if_needed();
+                s.retire().await;
+                if s.pool().spares().iter().all(|p| p.state == "AVAIL") {
+                    break;
+                }
+            }
+            s.add_spares(vec![added]).await.unwrap();
+            s.remove_spare("leg3").await.unwrap();
+            (start, s.pool().env().now())
+        })
+        .unwrap()
+        .0;
+    assert_eq!(spares(&store), [("leg2".into(), "AVAIL", None)]);
+
+    let mut rng = Rng::new(seed);
+    let cuts = 12u64;
+    let mut seen = std::collections::BTreeSet::new();
+    for k in 0..=cuts {
+        let span = end.as_nanos() - start.as_nanos();
+        let cut = Time::from_nanos(start.as_nanos() + span * k / cuts + rng.below(1000));
+        let images: Vec<_> = devices
+            .iter()
+            .map(|d| {
+                let ops = d.write_log().iter().take_while(|e| e.at <= cut).count();
+                d.crash_image(ops, CrashPolicy::Any, &mut rng).unwrap()
+            })
+            .collect();
+        let after = Sim::new(seed * 100 + k);
+        let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
+        let store = import(&after, &revived);
+        let what = format!("seed {seed}, cut {k} of {cuts} at {cut:?}");
+        let opened = spares(&store);
+        let leg2 = opened.iter().find(|(p, _, _)| p == "leg2").map(|(_, s, _)| *s);
+        assert!(matches!(leg2, Some("AVAIL" | "INUSE")), "{what}: {opened:?}");
+        assert!(
+            opened.iter().all(|(p, s, _)| p == "leg2" || (p == "leg3" && *s == "AVAIL")),
+            "{what}: {opened:?}"
+        );
+        let members = paths(&store);
+        assert!(!members.contains(&"leg3".to_owned()), "{what}: {members:?}");
+        seen.insert(format!("{opened:?}"));
+        settle(&after, &store);
+        assert_eq!(
+            spares(&store).iter().find(|(p, _, _)| p == "leg2").map(|(_, s, _)| *s),
+            Some("AVAIL"),
+            "{what}: the spare went back"
+        );
+        assert_eq!(paths(&store), ["leg0", "leg1"], "{what}");
+        assert!(store.pool().leaves_behind().is_empty(), "{what}: still behind");
+        revived[0].inject(Fault::Lost);
+        assert_eq!(common::read_all(&after, &store, &data, BLOCK), (0, 0), "{what}: leg1 alone");
+    }
+    assert!(seen.len() >= 2, "the cuts saw only {seen:?}");
+}
