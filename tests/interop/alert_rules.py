@@ -50,7 +50,7 @@ INSTANCE = "sluice-under-test:9556"
 
 # Series the server leaves out until something has happened: the last scrub's end appears
 # once a scrub has run to its end (SluiceScrubOverdue handles its absence on purpose).
-OPTIONAL_NAMES = {"sluice_scrub_last_end_timestamp_seconds"}
+OPTIONAL_NAMES = {"sluice_scrub_last_end_timestamp_seconds", "sluice_spare_state"}
 NAME = re.compile(r"(?<![A-Za-z0-9_:])sluice_[a-z0-9_]+")
 
 # The scrape's samples are held for SCRAPE_STEPS minutes and checked at SCRAPE_EVAL, after
@@ -336,6 +336,12 @@ def synthetic_group(rules):
         add("sluice_scan_active", {**p, "func": "scrub"}, const(running))
         add("sluice_scan_active", {**p, "func": "resilver"}, const(0))
 
+    # Pool tank's spares: one in use, one available.
+    for spare, state in (("/dev/s", "INUSE"), ("/dev/t", "AVAIL")):
+        for s in ("AVAIL", "INUSE", "UNAVAIL"):
+            add("sluice_spare_state", {"pool": "tank", "spare": spare, "state": s},
+                const(1 if s == state else 0))
+
     series.append({"series": series_string("up", target_labels({})), "values": const(1)})
     series.append({"series": series_string("up", {"job": JOB, "instance": "gone:9556"}),
                    "values": const(0)})
@@ -375,6 +381,9 @@ def synthetic_group(rules):
         check("SluiceScrubOverdue", ev, [
             exp("SluiceScrubOverdue", pool_labels("tank"), (t_eval + 36 * day) / day),
             exp("SluiceScrubOverdue", pool_labels("fresh"), (40 * day + t_eval) / day)]),
+        check("SluiceSpareInUse", ev, [
+            exp("SluiceSpareInUse",
+                target_labels({"pool": "tank", "spare": "/dev/s", "state": "INUSE"}), 1.0)]),
         check("SluiceServerDown", ev, [
             exp("SluiceServerDown", {"job": JOB, "instance": "gone:9556"}, 0.0)]),
     ]

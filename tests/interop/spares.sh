@@ -7,7 +7,7 @@
 # the resilver, and `pool events --json` lists them; fio ends with no error. Then d1 is
 # replaced by a new file and the spare goes back to AVAIL, and it survives a restart. Run by
 # scripts/test (as root: hooks must be root's); needs the sluice binary as $1 (default
-# target/release/sluice) and fio.
+# target/release/sluice), fio and curl. The metrics endpoint says INUSE, then AVAIL.
 set -euo pipefail
 bin=$(realpath "${1:-target/release/sluice}")
 work=$(mktemp -d)
@@ -53,11 +53,18 @@ serve() {
   starts=$((starts + 1))
   log=$work/server-$starts.log
   "$bin" serve sp --socket "$work/nbd.sock" --listen 127.0.0.1:0 --set cache.bytes_max=0 \
-    --event-hook "$work/hooks" >"$log" 2>&1 &
+    --event-hook "$work/hooks" --metrics 127.0.0.1:0 >"$log" 2>&1 &
   server=$!
   await 100 grep -q "sluice: serving" "$log" || { cat "$log"; fail "server did not start"; }
   tcp=$(sed -n 's/.*tcp:\(127\.0\.0\.1:[0-9]*\).*/\1/p' "$log" | head -1)
   [ -n "$tcp" ] || { cat "$log"; fail "no NBD TCP address in the server log"; }
+  metrics=$(sed -n 's|.*metrics \(http://127\.0\.0\.1:[0-9]*/metrics\).*|\1|p' "$log" | head -1)
+  [ -n "$metrics" ] || { cat "$log"; fail "no metrics address in the server log"; }
+}
+# The spare's series for STATE is 1 in a scrape.
+spare_metric() {
+  curl -sS --max-time 10 -o "$work/scrape" "$metrics" || return 1
+  grep -q "^sluice_spare_state{.*spare=\"$work/s0.img\",state=\"$1\"} 1$" "$work/scrape"
 }
 stop() {
   kill -TERM "$server"
@@ -85,6 +92,7 @@ await 900 sh -c "'$bin' pool status sp | grep -Eq 'd1.img +DEGRADED'" \
 await 900 sh -c "'$bin' pool status sp | grep -Eq 's0.img +INUSE'" \
   || { status; cat "$log"; fail "the spare did not go INUSE"; }
 status | grep -q "spare-1" || { status; fail "no spare-1 group beside d1"; }
+spare_metric INUSE || fail "the metrics do not say the spare is INUSE"
 await 1800 has_event resilver_finish s0.img \
   || { status; events; fail "the spare's resilver did not finish"; }
 wait "$fio_pid" || { cat "$work/fio.out"; fail "fio failed or a block did not verify"; }
@@ -118,6 +126,7 @@ status | grep -q "d1.img" && { status; fail "d1 is still a member"; }
 stop
 serve
 status | grep -Eq 's0.img +AVAIL' || { status; fail "the spare is not AVAIL after a restart"; }
+spare_metric AVAIL || fail "the metrics do not say the spare is AVAIL"
 status | grep -Eq 'd2.img +ONLINE' || { status; fail "d2 is not ONLINE after a restart"; }
 stop
 step "ok ($((SECONDS - began)) s)"
