@@ -5,9 +5,11 @@
 # it: the test waits (for conditions, not times) until d1 is DEGRADED and the spare INUSE
 # beside it and resilvered; the event hook ran for the burst, the degradation, the spare and
 # the resilver, and `pool events --json` lists them; fio ends with no error. Then d1 is
-# replaced by a new file and the spare goes back to AVAIL, and it survives a restart. Run by
+# replaced by a new file and the spare goes back to AVAIL, and it survives a restart; the
+# metrics endpoint says INUSE, then AVAIL. Last, a mirror added while served (`pool add`)
+# takes 200 MiB the pool had no room for before, verified again after a restart. Run by
 # scripts/test (as root: hooks must be root's); needs the sluice binary as $1 (default
-# target/release/sluice), fio and curl. The metrics endpoint says INUSE, then AVAIL.
+# target/release/sluice), fio and curl.
 set -euo pipefail
 bin=$(realpath "${1:-target/release/sluice}")
 work=$(mktemp -d)
@@ -128,5 +130,19 @@ serve
 status | grep -Eq 's0.img +AVAIL' || { status; fail "the spare is not AVAIL after a restart"; }
 spare_metric AVAIL || fail "the metrics do not say the spare is AVAIL"
 status | grep -Eq 'd2.img +ONLINE' || { status; fail "d2 is not ONLINE after a restart"; }
+
+step "pool add of a mirror while served: new writes reach it, fio verifies, a restart keeps it"
+"$bin" pool add sp mirror "$work/e0.img" "$work/e1.img" --size 256M --sparse >/dev/null
+status | grep -q "mirror-1" || { status; fail "no mirror-1 after pool add"; }
+"$bin" vol create sp/vol1 --size 200M --sparse >/dev/null
+fio --name=add --ioengine=nbd --uri="nbd://$tcp/vol1" --rw=write --bs=1M --size=200M \
+  --verify=crc32c --verify_fatal=1 --output="$work/add.out" >/dev/null 2>&1 \
+  || { cat "$work/add.out"; fail "fio on the grown pool failed"; }
+stop
+serve
+status | grep -Eq 'e1.img +ONLINE' || { status; fail "the added mirror is not there after a restart"; }
+fio --name=add --ioengine=nbd --uri="nbd://$tcp/vol1" --rw=write --bs=1M --size=200M \
+  --verify=crc32c --verify_only --verify_fatal=1 --output="$work/add2.out" >/dev/null 2>&1 \
+  || { cat "$work/add2.out"; fail "the grown pool's data did not read back after a restart"; }
 stop
 step "ok ($((SECONDS - began)) s)"

@@ -279,15 +279,15 @@ enum PoolCommand {
         #[arg(short, long)]
         force: bool,
     },
-    /// Add hot spares to a pool (zpool add): `sluice pool add tank spare /d/s1 /d/s2`. The
-    /// served pool puts a spare in for a leaf that faults (I/O errors, gone) or degrades (bad
-    /// checksums), resilvers it, and sends it back once the leaf is replaced or cleared;
-    /// `pool status` lists spares as AVAIL or INUSE. Adding data vdevs and log devices to a
-    /// pool is not built yet. Missing files are created with --size; a device that holds
-    /// something is refused unless --force.
+    /// Add vdevs to a pool while it serves (zpool add), in `pool create`'s words: `sluice
+    /// pool add tank mirror /d/c /d/d`, `raidz2 /d/e …`, a lone leaf, `log /d/l` (a separate
+    /// log device), `spare /d/s` (hot spares, which the served pool puts in for a leaf that
+    /// faults or degrades, and sends back once it is replaced or cleared). New writes spread
+    /// over every data vdev; blocks already written stay where they are. A device that holds
+    /// something is refused unless --force; missing files are created with --size.
     Add {
         name: String,
-        /// `spare` and the spares' absolute paths.
+        /// Leaves, as `pool create` takes them (`mirror`, `raidz…`, `log`, `spare`).
         #[arg(required = true, value_parser = pools::parse_vdev_word)]
         vdevs: Vec<String>,
         /// Create missing files of this size (like 1G).
@@ -302,7 +302,7 @@ enum PoolCommand {
     },
     /// Remove an available hot spare from a pool (zpool remove); its labels are erased. A spare
     /// in use is refused: replace or clear the leaf it stands in for first, or detach it.
-    /// Removing data vdevs and log devices is not built.
+    /// Removing data vdevs and log devices is not built yet.
     Remove { name: String, leaf: String },
     /// Find a pool's leaves by their labels and make it known here.
     ///

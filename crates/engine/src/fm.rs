@@ -58,6 +58,8 @@ pub enum EventClass {
     KeyLoad,
     /// A volume's key was unloaded.
     KeyUnload,
+    /// A top-level vdev was added (`pool add`): one event per new leaf.
+    VdevAdd,
     /// A hot spare began standing in for a leaf.
     VdevSpare,
     /// A hot spare could not be put in for a leaf that needs one.
@@ -90,6 +92,7 @@ impl EventClass {
             EventClass::PoolImport => "pool_import",
             EventClass::KeyLoad => "key_load",
             EventClass::KeyUnload => "key_unload",
+            EventClass::VdevAdd => "vdev_add",
             EventClass::VdevSpare => "vdev_spare",
             EventClass::Retire => "retire",
             EventClass::SnapshotAuto => "snapshot_auto",

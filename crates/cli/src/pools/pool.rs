@@ -130,11 +130,11 @@ pub(super) struct Group {
     /// A lone leaf's path (`mirror` is `None`).
     pub(super) paths: Vec<String>,
     /// A mirror's leaves, or a RAID-Z vdev's.
-    mirror: Option<Vec<String>>,
+    pub(super) mirror: Option<Vec<String>>,
     /// A RAID-Z vdev's parity (`mirror` holds its leaves).
-    raidz: Option<u8>,
+    pub(super) raidz: Option<u8>,
     /// After `log`: a separate intent-log device.
-    log: bool,
+    pub(super) log: bool,
     /// After `spare`: a hot spare (a lone leaf).
     pub(super) spare: bool,
 }

@@ -461,6 +461,26 @@ impl Allocator {
         self
     }
 
+    /// Adds a top-level vdev whose data area `[start, end)` is all free (`pool add`): a RAID-Z
+    /// one with its shape, a separate log device holding only log blocks. Returns its index.
+    pub fn add_vdev(
+        &mut self,
+        (start, end): (u64, u64),
+        geometry: Option<RaidzGeometry>,
+        log_only: bool,
+    ) -> u32 {
+        let mut fresh = Allocator::new(self.ashift, &[(start, end)]);
+        if geometry.is_some() {
+            fresh = fresh.with_geometries(&[geometry]);
+        }
+        let mut space = fresh.vdevs.remove(0);
+        space.log_only = log_only;
+        self.vdevs.push(space);
+        self.deferred_entries.push(0);
+        self.scan.add_vdev();
+        (self.vdevs.len() - 1) as u32
+    }
+
     /// Marks top-level vdevs as separate log devices: from now on only log blocks go there.
     pub fn set_log_vdevs(&mut self, vdevs: &[u32]) {
         for (index, space) in self.vdevs.iter_mut().enumerate() {

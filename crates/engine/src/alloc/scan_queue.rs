@@ -33,6 +33,12 @@ impl ScanQueue {
         }
     }
 
+    /// Makes room for one more top-level vdev (`pool add`).
+    pub(super) fn add_vdev(&mut self) {
+        self.queued.push(RangeTree::default());
+        self.issuing.push(RangeTree::default());
+    }
+
     /// Queues a copy of a gathered block. The same copy gathered twice (a block two trees
     /// reach) is queued once, and read once.
     pub(super) fn queue(&mut self, vdev: u32, start: u64, len: u64) {

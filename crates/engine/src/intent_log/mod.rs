@@ -900,9 +900,11 @@ impl LogWriter {
                     }
                     CommitPolicy::Batch => (mine_pending && !state.batch_in_flight, None),
                     CommitPolicy::Auto => {
-                        if state.tuner.is_none() {
+                        // Measured again when the pool gains a top-level vdev (`pool add`).
+                        let vdevs = pool.root().top_level().len();
+                        if state.tuner.is_none() || state.groups_on_vdev.len() < vdevs {
                             state.tuner = Some(GroupTuner::for_pool(pool));
-                            state.groups_on_vdev = vec![Vec::new(); pool.root().top_level().len()];
+                            state.groups_on_vdev.resize(vdevs, Vec::new());
                         }
                         let cap = state.tuner.as_ref().map_or(1, GroupTuner::cap);
                         let home = state.next_address.vdev as usize;

@@ -24,6 +24,7 @@
 //! Lock order: the administration lock (`admin.rs`) -> the pool state mutex and the tree
 //! lock, none held across an `.await`, and the last two never while taking the other.
 
+mod add;
 mod admin;
 mod attach;
 mod cache;
@@ -46,6 +47,7 @@ use sluice_format::{
     LABEL_HEADER_BYTES, LABEL_VERSION, POOL_NAME_BYTES_MAX, UBERBLOCK_BYTES, UBERBLOCK_SLOTS,
 };
 
+pub use self::add::PreparedAdd;
 pub use self::attach::PreparedAttach;
 pub use self::cache::BlockCache;
 pub use self::io::follows;
@@ -114,6 +116,20 @@ pub(crate) fn build_vdev(
 /// A leaf a pool is built with: its top-level vdev's index, its config, its device, and
 /// whether it was found (a stand-in fills a missing one's place).
 type Member = (usize, LeafConfig, Arc<dyn BlockDevice>, bool);
+
+/// Where each leaf of `vdev` keeps its log region (start, bytes): what a new leaf prepares.
+pub(crate) fn log_region_of(vdev: &Vdev, ashift: u8) -> (u64, u64) {
+    let (start, end) = vdev.data_area();
+    match vdev {
+        Vdev::Raidz(raidz) => {
+            let region = vdev_log_region_bytes(end - start, Some(&raidz.geometry()));
+            let width = u64::from(raidz.geometry().width());
+            let sector = 1u64 << ashift;
+            (DATA_START_BYTES, region.div_ceil(width).next_multiple_of(sector))
+        }
+        _ => (start, log_region_bytes(end - start)),
+    }
+}
 
 /// Smallest leaf: labels, the reserved start and room for data.
 pub const LEAF_BYTES_MIN: u64 = 16 << 20;
@@ -781,18 +797,7 @@ impl Pool {
     /// Where on each leaf of top-level vdev `top` its intent-log region lies: (device offset,
     /// bytes). A RAID-Z vdev's region is spread over its children, row by row.
     pub(crate) fn leaf_log_region(&self, top: usize) -> (u64, u64) {
-        let root = self.root();
-        let vdev = &root.top_level()[top];
-        let (start, end) = vdev.data_area();
-        match vdev {
-            Vdev::Raidz(raidz) => {
-                let region = vdev_log_region_bytes(end - start, Some(&raidz.geometry()));
-                let width = u64::from(raidz.geometry().width());
-                let sector = 1u64 << self.ashift;
-                (DATA_START_BYTES, region.div_ceil(width).next_multiple_of(sector))
-            }
-            _ => (start, log_region_bytes(end - start)),
-        }
+        log_region_of(&self.root().top_level()[top], self.ashift)
     }
 
     fn device_error(&self, path: &str, source: DeviceError) -> PoolError {

@@ -319,11 +319,15 @@ async fn load_txg(
         }
         maps.push((map, area));
     }
+    // A top-level vdev whose add a crash cut short before its sync is in the labels' tree
+    // and not in the directory: the directory's vdevs are the allocator's (the import then
+    // drops the other, `Pool::adopt_config`).
+    let geometries = pool.geometries();
     let mut allocator = Allocator::load(pool.ashift(), &maps)
         .map_err(|source| {
             PoolError::NoSpace { pool: pool.name().to_owned(), cause: source }.to_string()
         })?
-        .with_geometries(&pool.geometries());
+        .with_geometries(&geometries[..maps.len().min(geometries.len())]);
     allocator.synced(uberblock.txg);
     Ok((directory, allocator, verified.blocks))
 }

@@ -166,6 +166,14 @@ impl Syncer {
         *self.synced.lock() = synced;
     }
 
+    /// Makes room for `count` new top-level vdevs' space maps (`pool add`): none yet, all
+    /// free, until the next sync writes them.
+    pub(super) fn add_vdevs(&self, count: usize) {
+        let mut synced = self.synced.lock();
+        let total = synced.space_maps.len() + count;
+        synced.space_maps.resize(total, Vec::new());
+    }
+
     /// The last sync's space maps and directory (the audit walks them).
     pub(super) fn synced_metadata(&self) -> (Vec<Vec<BlockPointer>>, Option<BlockPointer>) {
         let synced = self.synced.lock();

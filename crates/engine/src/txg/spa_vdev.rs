@@ -109,6 +109,37 @@ impl Store {
         Ok(leaf.path)
     }
 
+    /// Adds top-level vdevs (`zpool add`): leaves, mirrors, RAID-Z vdevs, separate log
+    /// devices (crate::pool's add.rs). Their labels first, then the tree and the allocator
+    /// under the sync lock and a sync at once; then every label is rewritten. Returns the new
+    /// leaves' paths.
+    pub async fn add_vdevs(
+        &self,
+        tops: Vec<crate::pool::TopSpec>,
+    ) -> Result<Vec<String>, StoreError> {
+        self.spa.check_live()?;
+        let _one_change = self.spa.lock_vdevs().await;
+        let txg = self.spa.pool().uberblock().txg + 1;
+        let prepared = self.spa.pool().prepare_add(tops, txg).await?;
+        let one_at_a_time = self.syncer.lock().await;
+        let (paths, spaces) = self.spa.pool().install_add(prepared)?;
+        {
+            let mut allocator = self.spa.allocator().lock();
+            for &(area, geometry, log) in &spaces {
+                allocator.add_vdev(area, geometry, log);
+            }
+        }
+        self.syncer.add_vdevs(spaces.len());
+        self.spa.fail_point("spa_vdev.add_installed");
+        let synced = self.sync_handle().sync_holding_lock(one_at_a_time).await?;
+        let labels = self.spa.pool().write_labels(synced).await;
+        for path in &paths {
+            self.spa.pool().events().post(EventClass::VdevAdd, Some(path), Vec::new());
+        }
+        labels?;
+        Ok(paths)
+    }
+
     /// Takes leaf `name` out of its mirror for good (`zpool detach`): its labels are blanked.
     /// Returns its path.
     pub async fn detach_leaf(&self, name: &str) -> Result<String, StoreError> {

@@ -1,0 +1,250 @@
+//! `pool add` of top-level vdevs while the pool serves (crate::pool's add.rs): a mirror, a
+//! RAID-Z vdev and a separate log device join; new writes spread onto them; the space
+//! figures grow; the books balance (the audit); everything survives export and import; and
+//! power cuts at points spread over an add and the writes after it open the pool with or
+//! without the new vdev, never half of it, with every block reading back.
+
+// Test helpers unwrap freely: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use sluice_engine::device::sim::{CrashPolicy, SimOptions};
+use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
+use sluice_engine::pool::{LeafSpec, Pool, PoolError, TopSpec};
+use sluice_engine::rt::{Rng, Time};
+use sluice_engine::tunables::Tunables;
+use sluice_engine::txg::{Store, StoreError};
+use sluice_sim::Sim;
+
+const LEG_BYTES: u64 = 64 << 20;
+const BLOCK: u32 = 4096;
+
+fn tunables() -> Tunables {
+    Tunables::with([("cache.bytes_max", "0")]).unwrap()
+}
+
+fn spec(device: &SimDevice) -> LeafSpec {
+    LeafSpec { path: device.name().to_owned(), device: Arc::new(device.clone()) }
+}
+
+fn import(sim: &Sim, devices: &[SimDevice]) -> Arc<Store> {
+    let env = sim.env();
+    let specs = common::leaf_specs(devices);
+    sim.run(async move {
+        let pool = Pool::import(&env, specs, "tank", &tunables()).await.unwrap();
+        Arc::new(Store::open(pool, &tunables()).await.unwrap())
+    })
+    .unwrap()
+    .0
+}
+
+fn export_import(sim: &Sim, store: Arc<Store>, devices: &[SimDevice]) -> Arc<Store> {
+    let store = Arc::try_unwrap(store).ok().unwrap();
+    sim.run(async move { store.export().await.unwrap() }).unwrap();
+    import(sim, devices)
+}
+
+fn audit(sim: &Sim, store: &Arc<Store>) {
+    let s = Arc::clone(store);
+    let report = sim.run(async move { s.audit().await.unwrap() }).unwrap().0;
+    assert!(report.problems.is_empty(), "{:#?}", report.problems);
+}
+
+/// Writes `data` to volume "w" (made as large) and syncs.
+fn fill(sim: &Sim, store: &Arc<Store>, data: &[u8]) {
+    let s = Arc::clone(store);
+    let bytes = data.to_vec();
+    sim.run(async move {
+        s.create_volume("w", bytes.len() as u64, BLOCK).unwrap();
+        for (i, piece) in bytes.chunks(1 << 20).enumerate() {
+            s.write("w", (i as u64) << 20, piece).await.unwrap();
+        }
+        s.sync().await.unwrap();
+    })
+    .unwrap();
+}
+
+fn reads_back(sim: &Sim, store: &Arc<Store>, data: &[u8]) -> bool {
+    let s = Arc::clone(store);
+    let expected = data.to_vec();
+    sim.run(async move {
+        for (i, piece) in expected.chunks(1 << 20).enumerate() {
+            let got = s.read("w", (i as u64) << 20, piece.len() as u64).await.unwrap();
+            if got.as_slice() != piece {
+                return false;
+            }
+        }
+        true
+    })
+    .unwrap()
+    .0
+}
+
+#[test]
+fn a_mirror_a_raidz_and_a_log_device_are_added_while_serving() {
+    let sim = Sim::new(91);
+    let devices = common::legs(&sim, 8, SimProfile::ssd(), LEG_BYTES);
+    let store = common::store_with_volume(
+        &sim,
+        &devices[..2],
+        TopSpec::Mirror,
+        &tunables(),
+        &common::random_bytes(91, 4 << 20),
+        BLOCK,
+        |_| {},
+    );
+    let before = store.pool().data_capacity_bytes();
+    // 80 MiB does not fit the first mirror's data area.
+    let data = common::random_bytes(92, 80 << 20);
+    let s = Arc::clone(&store);
+    let too_big = data.clone();
+    let full = sim
+        .run(async move {
+            s.create_volume("w", too_big.len() as u64, BLOCK).unwrap();
+            let mut failed = false;
+            for (i, piece) in too_big.chunks(1 << 20).enumerate() {
+                failed |= s.write("w", (i as u64) << 20, piece).await.is_err();
+            }
+            failed |= s.sync().await.is_err();
+            s.destroy_volume("w").await.unwrap();
+            s.sync().await.unwrap();
+            failed
+        })
+        .unwrap()
+        .0;
+    assert!(full, "80 MiB should not fit one 64 MiB mirror");
+    let s = Arc::clone(&store);
+    let (mirror, raidz, log) = (
+        vec![spec(&devices[2]), spec(&devices[3])],
+        devices[4..7].iter().map(spec).collect::<Vec<_>>(),
+        spec(&devices[7]),
+    );
+    let added = sim
+        .run(async move {
+            s.add_vdevs(vec![
+                TopSpec::Mirror(mirror),
+                TopSpec::Raidz { parity: 1, leaves: raidz },
+                TopSpec::Log(Box::new(TopSpec::Leaf(log))),
+            ])
+            .await
+            .unwrap()
+        })
+        .unwrap()
+        .0;
+    assert_eq!(added.len(), 6);
+    assert_eq!(store.pool().config().top.len(), 4);
+    assert!(store.pool().config().top[3].log);
+    assert!(store.pool().data_capacity_bytes() > 2 * before);
+    fill(&sim, &store, &data);
+    assert!(reads_back(&sim, &store, &data));
+    // Every data vdev took some of it.
+    for top in 0..3 {
+        let wrote: u64 = (store.pool().leaves().iter())
+            .filter(|l| l.top == top)
+            .map(|l| l.leaf.stats().write_bytes.get())
+            .sum();
+        assert!(wrote > 4 << 20, "top {top} wrote {wrote}");
+    }
+    audit(&sim, &store);
+    let store = export_import(&sim, store, &devices);
+    assert_eq!(store.pool().config().top.len(), 4);
+    assert!(reads_back(&sim, &store, &data));
+    audit(&sim, &store);
+    // Refused: a member again, a mirror of one, a leaf too small.
+    let s = Arc::clone(&store);
+    let again = spec(&devices[0]);
+    let refused = sim.run(async move { s.add_vdevs(vec![TopSpec::Leaf(again)]).await }).unwrap().0;
+    assert!(matches!(refused, Err(StoreError::Pool(PoolError::AlreadyMember { .. }))));
+    let small = common::legs(&sim, 1, SimProfile::ssd(), 8 << 20).remove(0);
+    let small = LeafSpec { path: "small".into(), device: Arc::new(small) };
+    let s = Arc::clone(&store);
+    let refused = sim.run(async move { s.add_vdevs(vec![TopSpec::Leaf(small)]).await }).unwrap().0;
+    assert!(matches!(refused, Err(StoreError::Pool(PoolError::LeafTooSmall { .. }))));
+}
+
+/// Power cuts at points spread over an add of a mirror and the writes that follow.
+#[test]
+fn power_cuts_during_an_add() {
+    let seed = 93;
+    let sim = Sim::new(seed);
+    let options = SimOptions { store_data: true, record_log: true };
+    let devices = common::legs_with(&sim, 4, SimProfile::ssd(), LEG_BYTES, options);
+    let base = common::random_bytes(seed, 4 << 20);
+    let store = common::store_with_volume(
+        &sim,
+        &devices[..2],
+        TopSpec::Mirror,
+        &tunables(),
+        &base,
+        BLOCK,
+        |_| {},
+    );
+    let s = Arc::clone(&store);
+    let new = vec![spec(&devices[2]), spec(&devices[3])];
+    let more = common::random_bytes(seed + 1, 8 << 20);
+    let written = more.clone();
+    let (start, end) = sim
+        .run(async move {
+            let start = s.pool().env().now();
+            s.add_vdevs(vec![TopSpec::Mirror(new)]).await.unwrap();
+            s.create_volume("w", written.len() as u64, BLOCK).unwrap();
+            for (i, piece) in written.chunks(1 << 20).enumerate() {
+                s.write("w", (i as u64) << 20, piece).await.unwrap();
+                s.sync().await.unwrap();
+            }
+            (start, s.pool().env().now())
+        })
+        .unwrap()
+        .0;
+    assert_eq!(store.pool().config().top.len(), 2);
+
+    let mut rng = Rng::new(seed);
+    let cuts = 12u64;
+    let mut seen = std::collections::BTreeSet::new();
+    for k in 0..=cuts {
+        let span = end.as_nanos() - start.as_nanos();
+        let cut = Time::from_nanos(start.as_nanos() + span * k / cuts + rng.below(1000));
+        let images: Vec<_> = devices
+            .iter()
+            .map(|d| {
+                let ops = d.write_log().iter().take_while(|e| e.at <= cut).count();
+                d.crash_image(ops, CrashPolicy::Any, &mut rng).unwrap()
+            })
+            .collect();
+        let after = Sim::new(seed * 100 + k);
+        let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
+        let store = import(&after, &revived);
+        let what = format!("seed {seed}, cut {k} of {cuts} at {cut:?}");
+        let tops = store.pool().config().top.len();
+        let paths: Vec<String> = store.pool().leaves().iter().map(|l| l.path.clone()).collect();
+        match tops {
+            1 => assert_eq!(paths, ["leg0", "leg1"], "{what}"),
+            2 => assert_eq!(paths, ["leg0", "leg1", "leg2", "leg3"], "{what}"),
+            _ => panic!("{what}: {tops} top-level vdevs"),
+        }
+        seen.insert(tops);
+        assert_eq!(common::read_all(&after, &store, &base, BLOCK), (0, 0), "{what}");
+        audit(&after, &store);
+        // What was synced of "w" reads back as written (a block not yet written reads zeros).
+        let s = Arc::clone(&store);
+        let expected = more.clone();
+        let ok = after
+            .run(async move {
+                let Ok(_) = s.read("w", 0, u64::from(BLOCK)).await else { return true };
+                for (i, piece) in expected.chunks(1 << 20).enumerate() {
+                    let got = s.read("w", (i as u64) << 20, piece.len() as u64).await.unwrap();
+                    if got.as_slice() != piece && got.iter().any(|&b| b != 0) {
+                        return false;
+                    }
+                }
+                true
+            })
+            .unwrap()
+            .0;
+        assert!(ok, "{what}: w has bytes it was never written");
+    }
+    assert_eq!(seen.len(), 2, "the cuts saw only {seen:?}");
+}
