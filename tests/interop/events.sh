@@ -123,6 +123,8 @@ grep -q "sluice: event .*resource.fs.sluice.statechange" "$work/server.log" \
   || fail "the server's log has no line for the state change"
 
 step "alert rules fire on a scrape of the degraded pool; the dashboard queries only served metrics"
+promtool check rules "$repo/contrib/prometheus/sluice-alerts.yml" >/dev/null \
+  || fail "promtool check rules refuses contrib/prometheus/sluice-alerts.yml"
 curl -sS --max-time 10 -o "$work/degraded.scrape" "$metrics" || fail "scraping $metrics failed"
 /usr/bin/python3 "$repo/tests/interop/alert_rules.py" "$work/degraded.scrape" \
   "$repo/contrib/prometheus/sluice-alerts.yml" "$work/rules-test.yml" --expect-leaf "$work/d1.img" \
