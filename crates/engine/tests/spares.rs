@@ -586,3 +586,88 @@ fn power_cuts_while_a_spare_goes_back_and_spares_come_and_go() {
     }
     assert!(seen.len() >= 2, "the cuts saw only {seen:?}");
 }
+
+/// Power cuts at points spread over a RAID-Z replace of a leaf a spare stands in for (the new
+/// leaf's labels, the sync that moves the spare into the column, the resilver, the spare going
+/// back): each import opens with the spare in the column or beside the old leaf, never a
+/// column of three; serving settles on one of the two; and every block reads back, with any
+/// one other column lost too.
+#[test]
+fn power_cuts_during_a_raidz_replace_of_a_spared_leaf() {
+    let seed = 90;
+    let sim = Sim::new(seed);
+    let options = SimOptions { store_data: true, record_log: true };
+    let devices = common::legs_with(&sim, 6, SimProfile::ssd(), LEG_BYTES, options);
+    let raidz1 = |leaves| TopSpec::Raidz { parity: 1, leaves };
+    let (store, mut data) = setup(&sim, &devices[..5], 1, raidz1, seed);
+    devices[2].inject(Fault::Lost);
+    common::overwrite(&sim, &store, &mut data, 4, 0x3c);
+    settle(&sim, &store);
+    assert_eq!(spares(&store), [("leg4".into(), "INUSE", Some("leg2".into()))]);
+    let s = Arc::clone(&store);
+    let new = spec(&devices[5]);
+    let (start, end) = sim
+        .run(async move {
+            let start = s.pool().env().now();
+            s.replace_leaf("leg2", new).await.unwrap();
+            loop {
+                s.pool().env().sleep(std::time::Duration::from_millis(2)).await;
+                s.sync().await.unwrap();
+                s.resilver_if_needed();
+                s.detach_replaced().await;
+                s.retire().await;
+                if s.pool().spares().iter().all(|p| p.state == "AVAIL") {
+                    break;
+                }
+            }
+            (start, s.pool().env().now())
+        })
+        .unwrap()
+        .0;
+    assert_eq!(paths(&store), ["leg0", "leg1", "leg5", "leg3"]);
+
+    let mut rng = Rng::new(seed);
+    let cuts = 12u64;
+    let mut seen = std::collections::BTreeSet::new();
+    for k in 0..=cuts {
+        let span = end.as_nanos() - start.as_nanos();
+        let cut = Time::from_nanos(start.as_nanos() + span * k / cuts + rng.below(1000));
+        let images: Vec<_> = devices
+            .iter()
+            .map(|d| {
+                let ops = d.write_log().iter().take_while(|e| e.at <= cut).count();
+                d.crash_image(ops, CrashPolicy::Any, &mut rng).unwrap()
+            })
+            .collect();
+        let after = Sim::new(seed * 100 + k);
+        let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
+        revived[2].inject(Fault::Lost);
+        let store = import(&after, &revived);
+        let what = format!("seed {seed}, cut {k} of {cuts} at {cut:?}");
+        let opened = paths(&store);
+        seen.insert(opened.clone());
+        assert!(opened.len() <= 6, "{what}: {opened:?}");
+        settle(&after, &store);
+        let settled = (paths(&store), spares(&store));
+        let before = (
+            vec!["leg0", "leg1", "leg2", "leg3", "leg4"],
+            vec![("leg4".to_owned(), "INUSE", Some("leg2".to_owned()))],
+        );
+        let replaced =
+            (vec!["leg0", "leg1", "leg5", "leg3"], vec![("leg4".to_owned(), "AVAIL", None)]);
+        assert!(
+            (settled.0 == before.0 && settled.1 == before.1)
+                || (settled.0 == replaced.0 && settled.1 == replaced.1),
+            "{what}: settled on {settled:?}"
+        );
+        assert!(store
+            .pool()
+            .leaves_behind()
+            .iter()
+            .all(|&(g, _, _)| { store.pool().leaves().iter().any(|l| l.guid == g && !l.present) }));
+        assert_eq!(common::read_all(&after, &store, &data, BLOCK), (0, 0), "{what}");
+        revived[0].inject(Fault::Lost);
+        assert_eq!(common::read_all(&after, &store, &data, BLOCK), (0, 0), "{what}: leg0 lost");
+    }
+    assert!(seen.len() >= 2, "the cuts saw only {seen:?}");
+}
