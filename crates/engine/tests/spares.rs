@@ -671,3 +671,78 @@ fn power_cuts_during_a_raidz_replace_of_a_spared_leaf() {
     }
     assert!(seen.len() >= 2, "the cuts saw only {seen:?}");
 }
+
+/// Power cuts at points spread over an in-place replace (`pool replace POOL LEAF`: a new
+/// device at the lost leaf's path): each import opens with the old leaf alone, or the old and
+/// the new, or the new alone; serving finishes it; and the new device with leg0 lost reads
+/// back every block.
+#[test]
+fn power_cuts_during_an_in_place_replace() {
+    let seed = 94;
+    let sim = Sim::new(seed);
+    let options = SimOptions { store_data: true, record_log: true };
+    let devices = common::legs_with(&sim, 3, SimProfile::ssd(), LEG_BYTES, options);
+    let (store, mut data) = setup(&sim, &devices[..2], 0, TopSpec::Mirror, seed);
+    devices[1].inject(Fault::Lost);
+    common::overwrite(&sim, &store, &mut data, 4, 0x4d);
+    let s = Arc::clone(&store);
+    let swapped = LeafSpec { path: "leg1".into(), device: Arc::new(devices[2].clone()) };
+    let (start, end) = sim
+        .run(async move {
+            let start = s.pool().env().now();
+            s.replace_leaf("leg1", swapped).await.unwrap();
+            loop {
+                s.pool().env().sleep(std::time::Duration::from_millis(2)).await;
+                s.sync().await.unwrap();
+                s.resilver_if_needed();
+                s.detach_replaced().await;
+                if s.pool().leaves().len() == 2 && s.pool().leaves_behind().is_empty() {
+                    break;
+                }
+            }
+            (start, s.pool().env().now())
+        })
+        .unwrap()
+        .0;
+    assert_eq!(paths(&store), ["leg0", "leg1"]);
+
+    let mut rng = Rng::new(seed);
+    let cuts = 12u64;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut replaced = 0;
+    for k in 0..=cuts {
+        let span = end.as_nanos() - start.as_nanos();
+        let cut = Time::from_nanos(start.as_nanos() + span * k / cuts + rng.below(1000));
+        let images: Vec<_> = devices
+            .iter()
+            .map(|d| {
+                let ops = d.write_log().iter().take_while(|e| e.at <= cut).count();
+                d.crash_image(ops, CrashPolicy::Any, &mut rng).unwrap()
+            })
+            .collect();
+        let after = Sim::new(seed * 100 + k);
+        let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
+        // The old disk is gone for good.
+        revived[1].inject(Fault::Lost);
+        let store = import(&after, &revived);
+        let what = format!("seed {seed}, cut {k} of {cuts} at {cut:?}");
+        let members = store.pool().leaves().len();
+        assert!((2..=3).contains(&members), "{what}: {:?}", paths(&store));
+        seen.insert(members);
+        settle(&after, &store);
+        let new_in = store.pool().leaves().iter().any(|l| l.path == "leg2" && l.present);
+        if new_in {
+            replaced += 1;
+            assert_eq!(store.pool().leaves().len(), 2, "{what}: {:?}", paths(&store));
+            assert!(store.pool().leaves_behind().is_empty(), "{what}: still behind");
+            revived[0].inject(Fault::Lost);
+            let alone = common::read_all(&after, &store, &data, BLOCK);
+            assert_eq!(alone, (0, 0), "{what}: the new device alone");
+        } else {
+            // Cut before the replace's sync: the pool is as it was, leg1 missing.
+            assert_eq!(common::read_all(&after, &store, &data, BLOCK), (0, 0), "{what}");
+        }
+    }
+    assert!(seen.len() >= 2, "the cuts saw only {seen:?}");
+    assert!(replaced > 0, "no cut came after the replace's sync");
+}
