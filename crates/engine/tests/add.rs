@@ -11,10 +11,10 @@ mod common;
 
 use std::sync::Arc;
 
-use sluice_engine::device::sim::{CrashPolicy, SimOptions};
+use sluice_engine::device::sim::SimOptions;
 use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
 use sluice_engine::pool::{LeafSpec, Pool, PoolError, TopSpec};
-use sluice_engine::rt::{Rng, Time};
+use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{Store, StoreError};
 use sluice_sim::Sim;
@@ -205,15 +205,7 @@ fn power_cuts_during_an_add() {
     let cuts = 12u64;
     let mut seen = std::collections::BTreeSet::new();
     for k in 0..=cuts {
-        let span = end.as_nanos() - start.as_nanos();
-        let cut = Time::from_nanos(start.as_nanos() + span * k / cuts + rng.below(1000));
-        let images: Vec<_> = devices
-            .iter()
-            .map(|d| {
-                let ops = d.write_log().iter().take_while(|e| e.at <= cut).count();
-                d.crash_image(ops, CrashPolicy::Any, &mut rng).unwrap()
-            })
-            .collect();
+        let (cut, images) = common::power_cut(&devices, (start, end), (k, cuts), &mut rng);
         let after = Sim::new(seed * 100 + k);
         let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
         let store = import(&after, &revived);

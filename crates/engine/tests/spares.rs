@@ -15,11 +15,11 @@ mod common;
 use std::sync::Arc;
 
 use sluice_engine::alloc::log_region_bytes;
-use sluice_engine::device::sim::{CrashPolicy, Fault, SimOptions};
+use sluice_engine::device::sim::{Fault, SimOptions};
 use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
 use sluice_engine::fm::EventClass;
 use sluice_engine::pool::{LeafSpec, Pool, PoolError, PoolSpec, TopSpec};
-use sluice_engine::rt::{Rng, Time};
+use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{Store, StoreError};
 use sluice_engine::vdev::{FaultReason, LeafState};
@@ -371,15 +371,7 @@ fn power_cuts_during_a_spare_activation_and_its_resilver() {
     let cuts = 12u64;
     let mut seen = std::collections::BTreeSet::new();
     for k in 0..=cuts {
-        let span = end.as_nanos() - start.as_nanos();
-        let cut = Time::from_nanos(start.as_nanos() + span * k / cuts + rng.below(1000));
-        let images: Vec<_> = devices
-            .iter()
-            .map(|d| {
-                let ops = d.write_log().iter().take_while(|e| e.at <= cut).count();
-                d.crash_image(ops, CrashPolicy::Any, &mut rng).unwrap()
-            })
-            .collect();
+        let (cut, images) = common::power_cut(&devices, (start, end), (k, cuts), &mut rng);
         let after = Sim::new(seed * 100 + k);
         let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
         // leg1 stays dead: the spare is what must serve.
@@ -550,15 +542,7 @@ fn power_cuts_while_a_spare_goes_back_and_spares_come_and_go() {
     let cuts = 12u64;
     let mut seen = std::collections::BTreeSet::new();
     for k in 0..=cuts {
-        let span = end.as_nanos() - start.as_nanos();
-        let cut = Time::from_nanos(start.as_nanos() + span * k / cuts + rng.below(1000));
-        let images: Vec<_> = devices
-            .iter()
-            .map(|d| {
-                let ops = d.write_log().iter().take_while(|e| e.at <= cut).count();
-                d.crash_image(ops, CrashPolicy::Any, &mut rng).unwrap()
-            })
-            .collect();
+        let (cut, images) = common::power_cut(&devices, (start, end), (k, cuts), &mut rng);
         let after = Sim::new(seed * 100 + k);
         let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
         let store = import(&after, &revived);
@@ -630,15 +614,7 @@ fn power_cuts_during_a_raidz_replace_of_a_spared_leaf() {
     let cuts = 12u64;
     let mut seen = std::collections::BTreeSet::new();
     for k in 0..=cuts {
-        let span = end.as_nanos() - start.as_nanos();
-        let cut = Time::from_nanos(start.as_nanos() + span * k / cuts + rng.below(1000));
-        let images: Vec<_> = devices
-            .iter()
-            .map(|d| {
-                let ops = d.write_log().iter().take_while(|e| e.at <= cut).count();
-                d.crash_image(ops, CrashPolicy::Any, &mut rng).unwrap()
-            })
-            .collect();
+        let (cut, images) = common::power_cut(&devices, (start, end), (k, cuts), &mut rng);
         let after = Sim::new(seed * 100 + k);
         let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
         revived[2].inject(Fault::Lost);
@@ -711,15 +687,7 @@ fn power_cuts_during_an_in_place_replace() {
     let mut seen = std::collections::BTreeSet::new();
     let mut replaced = 0;
     for k in 0..=cuts {
-        let span = end.as_nanos() - start.as_nanos();
-        let cut = Time::from_nanos(start.as_nanos() + span * k / cuts + rng.below(1000));
-        let images: Vec<_> = devices
-            .iter()
-            .map(|d| {
-                let ops = d.write_log().iter().take_while(|e| e.at <= cut).count();
-                d.crash_image(ops, CrashPolicy::Any, &mut rng).unwrap()
-            })
-            .collect();
+        let (cut, images) = common::power_cut(&devices, (start, end), (k, cuts), &mut rng);
         let after = Sim::new(seed * 100 + k);
         let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
         // The old disk is gone for good.

@@ -210,11 +210,7 @@ impl Pool {
         let (replaces, dropped, renamed) = replaces;
         // The new leaf's labels first: a crash before the sync leaves a leaf whose labels
         // name a txg the pool never reached, which import sets aside.
-        self.write_leaf_labels(&leaf, &config, config_txg).await?;
-        let (start, region) = self.leaf_log_region(leaf.top);
-        leaf.leaf.device().prepare_log_region(start, region).await.map_err(|source| {
-            PoolError::Device { pool: self.name.clone(), path: leaf.path.clone(), cause: source }
-        })?;
+        self.ready_joining_leaf(&leaf, &config, config_txg).await?;
         Ok(PreparedAttach {
             leaf,
             base,
@@ -633,6 +629,21 @@ impl Pool {
             state.offline_kept.remove(guid);
         }
         state.replaced.retain(|old, new| !guids.contains(old) && !guids.contains(new));
+    }
+
+    /// Readies a leaf about to join an existing vdev (attach, replace, a spare going in): its
+    /// labels with `config` for `config_txg`, then its log region, where its vdev keeps it.
+    pub(super) async fn ready_joining_leaf(
+        &self,
+        leaf: &PoolLeaf,
+        config: &VdevTreeConfig,
+        config_txg: u64,
+    ) -> Result<(), PoolError> {
+        self.write_leaf_labels(leaf, config, config_txg).await?;
+        let (start, region) = self.leaf_log_region(leaf.top);
+        leaf.leaf.device().prepare_log_region(start, region).await.map_err(|source| {
+            PoolError::Device { pool: self.name.clone(), path: leaf.path.clone(), cause: source }
+        })
     }
 
     pub(super) async fn write_leaf_labels(

@@ -410,11 +410,7 @@ impl Pool {
             let joining = PoolLeaf { guid: spare, top: old.top, path, leaf, present: true };
             (tree.config.clone(), config, joining, old.path)
         };
-        self.write_leaf_labels(&joining, &config, config_txg).await?;
-        let (start, region) = self.leaf_log_region(joining.top);
-        joining.leaf.device().prepare_log_region(start, region).await.map_err(|source| {
-            PoolError::Device { pool: self.name.clone(), path: joining.path.clone(), cause: source }
-        })?;
+        self.ready_joining_leaf(&joining, &config, config_txg).await?;
         Ok(PreparedActivation { leaf: joining, base, config, stands_in_for })
     }
 

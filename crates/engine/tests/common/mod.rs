@@ -1,16 +1,16 @@
 //! Setup shared by the engine's integration tests: simulated legs, the leaf specs that name
 //! them, a one-mirror pool spec and a store on it, a store with a volume of data, and devices
-//! rebuilt from crash images.
+//! rebuilt from crash images, and the images of a power cut spread over a span of time.
 
 // Each test file uses a different subset of these helpers.
 #![allow(dead_code)]
 
 use std::sync::Arc;
 
-use sluice_engine::device::sim::{SimImage, SimOptions};
+use sluice_engine::device::sim::{CrashPolicy, SimImage, SimOptions};
 use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
 use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
-use sluice_engine::rt::{Env, Rng};
+use sluice_engine::rt::{Env, Rng, Time};
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::Store;
 use sluice_sim::Sim;
@@ -166,4 +166,25 @@ pub fn overwrite(sim: &Sim, store: &Arc<Store>, data: &mut [u8], pieces: u64, se
         }
     })
     .unwrap();
+}
+
+/// Power cut `k` of `cuts` spread over `[start, end]` (a little jitter from `rng`): when it
+/// falls, and each device's image then, every write not flushed kept or lost at random.
+pub fn power_cut(
+    devices: &[SimDevice],
+    (start, end): (Time, Time),
+    (k, cuts): (u64, u64),
+    rng: &mut Rng,
+) -> (Time, Vec<SimImage>) {
+    let span = end.as_nanos() - start.as_nanos();
+    let cut = Time::from_nanos(start.as_nanos() + span * k / cuts + rng.below(1000));
+    let images = devices
+        .iter()
+        .map(|d| {
+            let ops = d.write_log().iter().take_while(|e| e.at <= cut).count();
+            (d.crash_image(ops, CrashPolicy::Any, rng))
+                .unwrap_or_else(|| panic!("no crash image of {} after {ops} writes", d.name()))
+        })
+        .collect();
+    (cut, images)
 }
