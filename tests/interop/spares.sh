@@ -7,7 +7,8 @@
 # the resilver, and `pool events --json` lists them; fio ends with no error. Then d1 is
 # replaced by a new file and the spare goes back to AVAIL, and it survives a restart; the
 # metrics endpoint says INUSE, then AVAIL. Last, a mirror added while served (`pool add`)
-# takes 200 MiB the pool had no room for before, verified again after a restart. Run by
+# takes 200 MiB the pool had no room for before, verified again after a restart, and a log
+# device is added and removed while fio writes with a flush after each write. Run by
 # scripts/test (as root: hooks must be root's); needs the sluice binary as $1 (default
 # target/release/sluice), fio and curl.
 set -euo pipefail
@@ -144,5 +145,26 @@ status | grep -Eq 'e1.img +ONLINE' || { status; fail "the added mirror is not th
 fio --name=add --ioengine=nbd --uri="nbd://$tcp/vol1" --rw=write --bs=1M --size=200M \
   --verify=crc32c --verify_only --verify_fatal=1 --output="$work/add2.out" >/dev/null 2>&1 \
   || { cat "$work/add2.out"; fail "the grown pool's data did not read back after a restart"; }
+
+step "a log device added, then removed while fio writes with a flush after each write"
+"$bin" pool add sp log "$work/l0.img" --size 64M --sparse >/dev/null
+status | grep -q "logs" || { status; fail "no logs section after pool add of a log device"; }
+"$bin" vol create sp/vol2 --size 32M >/dev/null
+fio --name=slog --ioengine=nbd --uri="nbd://$tcp/vol2" --rw=randwrite --bs=4k --size=32M \
+  --fsync=1 --verify=crc32c --verify_fatal=1 --output="$work/slog.out" >/dev/null 2>&1 &
+fio_pid=$!
+# Let fio get going (the removal is correct whenever it runs; this makes it run mid-stream).
+sleep 1
+"$bin" pool remove sp "$work/l0.img" >/dev/null || { status; fail "pool remove of the log device"; }
+wait "$fio_pid" || { cat "$work/slog.out"; fail "fio failed while the log device was removed"; }
+fio_pid=""
+status | grep -q "l0.img" && { status; fail "the removed log device is still listed"; }
+status | grep -q "logs" && { status; fail "a logs section without log devices"; }
+has_event vdev_remove l0.img || { events; fail "no vdev_remove event"; }
+stop
+serve
+fio --name=slog --ioengine=nbd --uri="nbd://$tcp/vol2" --rw=randwrite --bs=4k --size=32M \
+  --verify=crc32c --verify_only --verify_fatal=1 --output="$work/slog2.out" >/dev/null 2>&1 \
+  || { cat "$work/slog2.out"; fail "what was written across the removal did not read back"; }
 stop
 step "ok ($((SECONDS - began)) s)"

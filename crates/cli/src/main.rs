@@ -300,10 +300,20 @@ enum PoolCommand {
         #[arg(short, long)]
         force: bool,
     },
-    /// Remove an available hot spare from a pool (zpool remove); its labels are erased. A spare
-    /// in use is refused: replace or clear the leaf it stands in for first, or detach it.
-    /// Removing data vdevs and log devices is not built yet.
-    Remove { name: String, leaf: String },
+    /// Remove an available hot spare or a separate log device from a pool (zpool remove);
+    /// their labels are erased.
+    ///
+    /// A spare in use is refused: replace or clear the leaf it stands in for first, or detach
+    /// it. A log device is named by its path (a lone leaf) or as `pool status` names a log
+    /// mirror (`mirror-N`); its volumes' intent logs move to the other log devices or the data
+    /// vdevs, over a few txg syncs, while the pool serves. Removing a data vdev is not
+    /// supported.
+    Remove {
+        name: String,
+        /// The spare's or log leaf's path (or file name, or guid), or `mirror-N`.
+        #[arg(value_name = "DEVICE")]
+        leaf: String,
+    },
     /// Find a pool's leaves by their labels and make it known here.
     ///
     /// Import verifies the blocks the newest txg wrote before it writes anything, and walks

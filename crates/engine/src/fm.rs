@@ -60,6 +60,8 @@ pub enum EventClass {
     KeyUnload,
     /// A top-level vdev was added (`pool add`): one event per new leaf.
     VdevAdd,
+    /// A log device or a hot spare was removed (`pool remove`): one event per leaf.
+    VdevRemove,
     /// A hot spare began standing in for a leaf.
     VdevSpare,
     /// A hot spare could not be put in for a leaf that needs one.
@@ -93,6 +95,7 @@ impl EventClass {
             EventClass::KeyLoad => "key_load",
             EventClass::KeyUnload => "key_unload",
             EventClass::VdevAdd => "vdev_add",
+            EventClass::VdevRemove => "vdev_remove",
             EventClass::VdevSpare => "vdev_spare",
             EventClass::Retire => "retire",
             EventClass::SnapshotAuto => "snapshot_auto",

@@ -3,6 +3,11 @@
 //! figures grow; the books balance (the audit); everything survives export and import; and
 //! power cuts at points spread over an add and the writes after it open the pool with or
 //! without the new vdev, never half of it, with every block reading back.
+//!
+//! And `pool remove` of separate log devices (crate::pool's remove.rs) while durable writes
+//! go on: a hole keeps the other vdevs' numbers, the intent logs move to the remaining log
+//! device and then to the data vdevs, the removed leaves' labels are blanked; power cuts over
+//! a removal open the pool with the log device or its hole, and lose no acknowledged write.
 
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
@@ -13,6 +18,7 @@ use std::sync::Arc;
 
 use sluice_engine::device::sim::SimOptions;
 use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
+use sluice_engine::fm::EventClass;
 use sluice_engine::pool::{LeafSpec, Pool, PoolError, TopSpec};
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
@@ -237,6 +243,251 @@ fn power_cuts_during_an_add() {
             .unwrap()
             .0;
         assert!(ok, "{what}: w has bytes it was never written");
+    }
+    assert_eq!(seen.len(), 2, "the cuts saw only {seen:?}");
+}
+
+/// A pool of a data mirror (leg0, leg1), a log leaf (leg2) and a log mirror (leg3, leg4),
+/// with volume "v" of `base`.
+fn with_logs(sim: &Sim, devices: &[SimDevice], base: &[u8]) -> Arc<Store> {
+    let store = common::store_with_volume(
+        sim,
+        &devices[..2],
+        TopSpec::Mirror,
+        &tunables(),
+        base,
+        BLOCK,
+        |_| {},
+    );
+    let s = Arc::clone(&store);
+    let (leaf, mirror) = (spec(&devices[2]), vec![spec(&devices[3]), spec(&devices[4])]);
+    sim.run(async move {
+        s.add_vdevs(vec![
+            TopSpec::Log(Box::new(TopSpec::Leaf(leaf))),
+            TopSpec::Log(Box::new(TopSpec::Mirror(mirror))),
+        ])
+        .await
+        .unwrap()
+    })
+    .unwrap();
+    store
+}
+
+/// Durable 4 KiB writes of `fill` to blocks `first..first + count` of "v", each acknowledged
+/// before the next; returns when each was acknowledged.
+async fn durable_writes(
+    store: &Store,
+    first: u64,
+    count: u64,
+    fill: impl Fn(u64) -> u8,
+) -> Vec<(sluice_engine::rt::Time, u64)> {
+    let mut acked = Vec::new();
+    for block in first..first + count {
+        let bytes = vec![fill(block); BLOCK as usize];
+        store.write_durable("v", block * u64::from(BLOCK), &bytes).await.unwrap();
+        acked.push((store.pool().env().now(), block));
+    }
+    acked
+}
+
+fn log_bytes_written(store: &Store, path: &str) -> u64 {
+    let leaves = store.pool().leaves();
+    let leaf = leaves.iter().find(|l| l.path == path).unwrap();
+    leaf.leaf.stats().write_bytes.get()
+}
+
+fn sync_and_audit(sim: &Sim, store: &Arc<Store>) {
+    let s = Arc::clone(store);
+    sim.run(async move { s.sync().await.unwrap() }).unwrap();
+    audit(sim, store);
+}
+
+fn labelled(device: &SimDevice, sim: &Sim) -> bool {
+    let d = device.clone();
+    sim.run(async move {
+        let bytes = d.read_at(0, sluice_format::LABEL_HEADER_BYTES as u32).await.unwrap();
+        sluice_format::LabelHeader::decode(&bytes).is_ok()
+    })
+    .unwrap()
+    .0
+}
+
+#[test]
+fn log_devices_are_removed_while_durable_writes_go_on() {
+    let sim = Sim::new(95);
+    let devices = common::legs(&sim, 5, SimProfile::ssd(), LEG_BYTES);
+    let mut data = common::random_bytes(95, 4 << 20);
+    let store = with_logs(&sim, &devices, &data);
+    let fill = |block: u64| (block % 251) as u8 + 1;
+    // Before: the log leaf takes log blocks.
+    let s = Arc::clone(&store);
+    sim.run(async move { durable_writes(&s, 0, 32, fill).await }).unwrap();
+    assert!(log_bytes_written(&store, "leg2") > 0);
+    // Refused: a data leaf, a leaf of the log mirror, a name that is nothing.
+    for (name, says) in [("leg0", "holds data"), ("leg3", "remove mirror-2"), ("nope", "")] {
+        let s = Arc::clone(&store);
+        let refused = sim.run(async move { s.remove_log(name).await }).unwrap().0;
+        match refused {
+            Err(StoreError::Pool(PoolError::CannotRemove { reason, .. })) => {
+                assert!(reason.contains(says), "{name}: {reason}")
+            }
+            Err(StoreError::Pool(PoolError::NoSuchLeaf { .. })) if name == "nope" => {}
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    // The log leaf goes while a writer keeps acknowledging durable writes.
+    let s = Arc::clone(&store);
+    let (removed, acked) = sim
+        .run(async move {
+            let writer = durable_writes(&s, 32, 96, fill);
+            let remove = async {
+                let removed = s.remove_log("leg2").await;
+                (removed, s.pool().env().now())
+            };
+            futures::join!(remove, writer)
+        })
+        .unwrap()
+        .0;
+    let (removed, removed_at) = removed;
+    assert_eq!(removed.unwrap(), ["leg2"]);
+    assert_eq!(acked.len(), 96);
+    // The writer was answered while the removal went on, and after.
+    let during = acked.iter().filter(|&&(at, _)| at < removed_at).count();
+    eprintln!("acked during the removal: {during} of 96");
+    assert!(during > 0 && during < 96, "{during} of 96 writes acknowledged during the removal");
+    let config = store.pool().config().clone();
+    assert_eq!(config.top.len(), 3);
+    assert_eq!(config.top[1].kind, sluice_format::TopKind::Hole);
+    assert!(config.top[2].log);
+    assert!(!store.pool().leaves().iter().any(|l| l.path == "leg2"));
+    assert!(!labelled(&devices[2], &sim), "the removed leaf's labels are blanked");
+    let events = store.pool().events().list();
+    let event = events.iter().rev().find(|e| e.class == EventClass::VdevRemove).unwrap();
+    assert_eq!(event.vdev.as_deref(), Some("leg2"));
+    // From now on the log mirror takes the log blocks.
+    let before = log_bytes_written(&store, "leg3");
+    let s = Arc::clone(&store);
+    sim.run(async move { durable_writes(&s, 128, 32, fill).await }).unwrap();
+    assert!(log_bytes_written(&store, "leg3") > before);
+    for block in 0..160usize {
+        let at = block * BLOCK as usize;
+        data[at..at + BLOCK as usize].fill(fill(block as u64));
+    }
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+    sync_and_audit(&sim, &store);
+    // The hole and the numbers survive an import; then the log mirror goes too, by the name
+    // status gives it, and the data vdevs hold the logs.
+    let store = export_import(
+        &sim,
+        store,
+        &devices[..2].iter().chain(&devices[3..]).cloned().collect::<Vec<_>>(),
+    );
+    assert_eq!(store.pool().config().top[1].kind, sluice_format::TopKind::Hole);
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+    let s = Arc::clone(&store);
+    let removed = sim.run(async move { s.remove_log("mirror-2").await.unwrap() }).unwrap().0;
+    assert_eq!(removed, ["leg3", "leg4"]);
+    assert!(store.pool().log_vdevs().is_empty());
+    let before = log_bytes_written(&store, "leg0");
+    let s = Arc::clone(&store);
+    sim.run(async move { durable_writes(&s, 160, 32, fill).await }).unwrap();
+    assert!(log_bytes_written(&store, "leg0") > before);
+    for block in 160..192usize {
+        let at = block * BLOCK as usize;
+        data[at..at + BLOCK as usize].fill(fill(block as u64));
+    }
+    sync_and_audit(&sim, &store);
+    // A log device added later takes a new number; the holes stay.
+    let s = Arc::clone(&store);
+    let again = spec(&devices[2]);
+    sim.run(async move {
+        s.add_vdevs(vec![TopSpec::Log(Box::new(TopSpec::Leaf(again)))]).await.unwrap()
+    })
+    .unwrap();
+    let store = export_import(&sim, store, &devices);
+    let kinds: Vec<_> = store.pool().config().top.iter().map(|t| (t.kind, t.log)).collect();
+    use sluice_format::TopKind::{Hole, Leaf, Mirror};
+    assert_eq!(kinds, [(Mirror, false), (Hole, false), (Hole, false), (Leaf, true)]);
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+    sync_and_audit(&sim, &store);
+}
+
+/// Power cuts at points spread over a log device's removal while durable writes go on.
+#[test]
+fn power_cuts_during_a_log_device_removal() {
+    let seed = 96;
+    let sim = Sim::new(seed);
+    let options = SimOptions { store_data: true, record_log: true };
+    let devices = common::legs_with(&sim, 5, SimProfile::ssd(), LEG_BYTES, options);
+    let base = common::random_bytes(seed, 4 << 20);
+    let store = with_logs(&sim, &devices, &base);
+    let fill = |block: u64| (block % 241) as u8 + 7;
+    let s = Arc::clone(&store);
+    let (start, acked, end) = sim
+        .run(async move {
+            let start = s.pool().env().now();
+            let (removed, acked) =
+                futures::join!(s.remove_log("leg2"), durable_writes(&s, 0, 160, fill));
+            removed.unwrap();
+            (start, acked, s.pool().env().now())
+        })
+        .unwrap()
+        .0;
+    assert_eq!(store.pool().config().top[1].kind, sluice_format::TopKind::Hole);
+
+    let mut rng = Rng::new(seed);
+    let cuts = 12u64;
+    let mut seen = std::collections::BTreeSet::new();
+    for k in 0..=cuts {
+        let (cut, images) = common::power_cut(&devices, (start, end), (k, cuts), &mut rng);
+        let after = Sim::new(seed * 100 + k);
+        let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
+        let store = import(&after, &revived);
+        let what = format!("seed {seed}, cut {k} of {cuts} at {cut:?}");
+        let top1 = store.pool().config().top[1].clone();
+        let paths: Vec<String> = store.pool().leaves().iter().map(|l| l.path.clone()).collect();
+        match top1.kind {
+            sluice_format::TopKind::Hole => {
+                assert_eq!(paths, ["leg0", "leg1", "leg3", "leg4"], "{what}")
+            }
+            sluice_format::TopKind::Leaf => {
+                assert!(top1.log, "{what}");
+                assert_eq!(paths, ["leg0", "leg1", "leg2", "leg3", "leg4"], "{what}");
+            }
+            other => panic!("{what}: top-level vdev 1 is {other:?}"),
+        }
+        seen.insert(top1.kind == sluice_format::TopKind::Hole);
+        // Every write acknowledged before the cut is there; the rest of "v" is as it was or
+        // as a write made it.
+        let mut expected = base.clone();
+        for &(at, block) in &acked {
+            if at <= cut {
+                let from = (block * u64::from(BLOCK)) as usize;
+                expected[from..from + BLOCK as usize].fill(fill(block));
+            }
+        }
+        let s = Arc::clone(&store);
+        let lost = after
+            .run(async move {
+                let mut lost = Vec::new();
+                for block in 0..160u64 {
+                    let got =
+                        s.read("v", block * u64::from(BLOCK), u64::from(BLOCK)).await.unwrap();
+                    let from = (block * u64::from(BLOCK)) as usize;
+                    let was = &expected[from..from + BLOCK as usize];
+                    if got.as_slice() != was && !got.iter().all(|&b| b == fill(block)) {
+                        lost.push(block);
+                    }
+                }
+                lost
+            })
+            .unwrap()
+            .0;
+        assert!(
+            lost.is_empty(),
+            "{what}: blocks {lost:?} lost an acknowledged write or read garbage"
+        );
+        audit(&after, &store);
     }
     assert_eq!(seen.len(), 2, "the cuts saw only {seen:?}");
 }

@@ -37,7 +37,8 @@
 //! config, V6 layout (in a label or directory of version 6):
 //!   feature_count u8, per feature: name_len u8, name (ASCII)   the features needed to read it
 //!   top_count u16, then per top-level vdev:
-//!     kind u8 (0 leaf, 1 mirror, 2 raidz; bit 7 set: a separate log device, never raidz),
+//!     kind u8 (0 leaf, 1 mirror, 2 raidz, 3 hole; bit 7 set: a separate log device, never
+//!       raidz nor a hole),
 //!     guid u64,
 //!     raidz only: parity u8 (1..=3), flags u8 (bit 0: intent-log blocks laid out as
 //!       copies, feature `raidz_log_copies`; other bits zero), child_end_bytes u64 (above
@@ -46,6 +47,9 @@
 //!       path_len u16, path
 //!     raidz only: replacing_count u8, per entry: column u16 (each column at most once),
 //!       guid u64, path_len u16, path
+//!     hole (kind 3, feature `hole_vdevs`): guid 0, child_count 0, nothing else; the place of a
+//!       removed log device, kept so that the vdevs after it keep their numbers (block
+//!       pointers name a vdev by its index)
 //!   with feature `spares` only: spare_count u8 (1 to 64), per hot spare: guid u64,
 //!     path_len u16, path, stands_in_for u64 (the leaf it replaces while in use, a member of
 //!     the same top-level vdev as the spare, which is then a member too: a mirror child or a
@@ -55,8 +59,9 @@
 //! The V6 layout is written only when the tree needs a feature: some top-level vdev is RAID-Z
 //! (feature `raidz`, and `raidz_log_copies` when a RAID-Z vdev lays out its log blocks as
 //! copies: `sluice_format::raidz`'s module doc), the pool has encrypted volumes
-//! (`encryption`), or its directory holds pool properties (`pool_properties`, crate
-//! `directory`). Any other tree is written in the V1 layout in a V1 label, and in a V5
+//! (`encryption`), its directory holds pool properties (`pool_properties`, crate
+//! `directory`), it has hot spares (`spares`) or a removed log device's hole (`hole_vdevs`).
+//! Any other tree is written in the V1 layout in a V1 label, and in a V5
 //! directory, byte for byte as before V6, so that older builds still read such a pool. The
 //! features are derived from the config ([`VdevTreeConfig::features`]), not kept in it: they
 //! are there for the reader, which refuses a config naming one it does not know
@@ -102,7 +107,7 @@ const OFF_CHECKSUM: usize = LABEL_HEADER_BYTES - 16;
 /// one RAID-Z vdev alone, of children with paths of `L` bytes, fits `3,921 / (10 + L)` of
 /// them, at most 64: all 64 with paths up to 51 bytes (up to 50 with one child being
 /// replaced), 52 with paths of 64 bytes, 35 with paths of 100. Hot spares take 1 byte, the
-/// feature's name 7, and 18 per spare plus its path.
+/// feature's name 7, and 18 per spare plus its path; holes 11 each and the feature's name 11.
 pub const CONFIG_BYTES_MAX: usize = OFF_CHECKSUM - OFF_CONFIG;
 
 const _: () = assert!(OFF_RESERVED_B + 2 == OFF_CONFIG_LEN);
@@ -128,6 +133,7 @@ pub const FEATURES_KNOWN: &[&str] = &[
     FEATURE_RAIDZ_LOG_COPIES,
     FEATURE_POOL_PROPERTIES,
     FEATURE_SPARES,
+    FEATURE_HOLE_VDEVS,
 ];
 /// Some top-level vdev is RAID-Z.
 const FEATURE_RAIDZ: &str = "raidz";
@@ -143,6 +149,9 @@ const FEATURE_POOL_PROPERTIES: &str = "pool_properties";
 /// The pool has hot spares ([`VdevTreeConfig::spares`]): a build that does not know them
 /// would take an available spare for a stray leaf and an active one for a plain member.
 const FEATURE_SPARES: &str = "spares";
+/// The tree has a hole where a log device was removed ([`TopKind::Hole`]): a build that does
+/// not know holes would number the vdevs after it wrongly.
+const FEATURE_HOLE_VDEVS: &str = "hole_vdevs";
 /// The most hot spares a pool has.
 pub const SPARES_MAX: usize = 64;
 /// [`RaidzConfig::log_copies`] in a RAID-Z vdev's flags byte.
@@ -175,6 +184,9 @@ pub enum TopKind {
     Mirror = 1,
     /// RAID-Z: its shape is in [`TopConfig::raidz`].
     Raidz = 2,
+    /// The place of a removed log device (ZFS: a hole vdev): no leaves, no space, never
+    /// allocated from; it keeps the index, as block pointers name vdevs by index.
+    Hole = 3,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -196,6 +208,11 @@ pub struct TopConfig {
 }
 
 impl TopConfig {
+    /// A hole: the place of a removed log device.
+    pub fn hole() -> TopConfig {
+        TopConfig { kind: TopKind::Hole, log: false, guid: 0, children: Vec::new(), raidz: None }
+    }
+
     /// The columns of a RAID-Z vdev for which `has` holds for neither its child nor the leaf
     /// replacing it (leaves by guid); 0 for a leaf or a mirror.
     pub fn columns_lacking(&self, has: impl Fn(u64) -> bool) -> usize {
@@ -211,6 +228,10 @@ impl TopConfig {
     /// Whether the vdev holds every block with only the leaves for which `has` holds: one of a
     /// leaf's or a mirror's, all but at most `parity` columns of a RAID-Z vdev's.
     pub fn serves_with(&self, has: impl Fn(u64) -> bool) -> bool {
+        if self.kind == TopKind::Hole {
+            // Holds nothing, so lacks nothing.
+            return true;
+        }
         match &self.raidz {
             None => self.children.iter().any(|c| has(c.guid)),
             Some(raidz) => self.columns_lacking(has) <= usize::from(raidz.parity),
@@ -266,8 +287,9 @@ pub struct SpareConfig {
 
 impl VdevTreeConfig {
     /// The features a reader must know to read this pool: `raidz` when some top-level vdev is
-    /// RAID-Z, `encryption` when [`VdevTreeConfig::encryption`], `raidz_log_copies`, and
-    /// `pool_properties` when [`VdevTreeConfig::properties`], `spares` when it has hot spares.
+    /// RAID-Z, `encryption` when [`VdevTreeConfig::encryption`], `raidz_log_copies`,
+    /// `pool_properties` when [`VdevTreeConfig::properties`], `spares` when it has hot spares,
+    /// and `hole_vdevs` when a log device was removed.
     /// Empty for any other pool.
     pub fn features(&self) -> Vec<&'static str> {
         let mut features = Vec::new();
@@ -285,6 +307,9 @@ impl VdevTreeConfig {
         }
         if !self.spares.is_empty() {
             features.push(FEATURE_SPARES);
+        }
+        if self.top.iter().any(|top| top.kind == TopKind::Hole) {
+            features.push(FEATURE_HOLE_VDEVS);
         }
         features
     }
@@ -337,6 +362,7 @@ impl VdevTreeConfig {
                 (_, Some(_)) => return Err(invalid("raidz (on a vdev not RAID-Z)", top.guid)),
                 (_, None) => None,
             };
+            check_children(top.kind, top.log, top.guid, top.children.len())?;
             out.push(top.kind as u8 | if top.log { LOG_VDEV_BIT } else { 0 });
             out.extend_from_slice(&top.guid.to_le_bytes());
             if let Some(raidz) = raidz {
@@ -452,8 +478,10 @@ impl VdevTreeConfig {
             let kind = match byte & !LOG_VDEV_BIT {
                 0 => TopKind::Leaf,
                 1 => TopKind::Mirror,
-                // A V1 config has no RAID-Z: its readers would take it for something else.
+                // A V1 config has no RAID-Z nor holes: its readers would take them for
+                // something else.
                 2 if v6 => TopKind::Raidz,
+                3 if v6 => TopKind::Hole,
                 value => return Err(invalid("kind", u64::from(value))),
             };
             let guid = cursor.u64()?;
@@ -476,9 +504,7 @@ impl VdevTreeConfig {
             for _ in 0..child_count {
                 children.push(cursor.leaf()?);
             }
-            if children.is_empty() || (kind == TopKind::Leaf && children.len() != 1) {
-                return Err(invalid("child_count", u64::from(child_count)));
-            }
+            check_children(kind, log, guid, children.len())?;
             let raidz = match shape {
                 Some((parity, log_copies, child_end_bytes)) => {
                     let mut replacing = Vec::new();
@@ -515,7 +541,7 @@ impl VdevTreeConfig {
         // A writer that left out a feature its tree needs would have an older build misread
         // the tree rather than refuse it.
         if config.features().iter().any(|needed| !features.iter().any(|f| f == needed)) {
-            return Err(invalid("features (a RAID-Z vdev without the features it uses)", 0));
+            return Err(invalid("features (a tree without the features it uses)", 0));
         }
         Ok(config)
     }
@@ -523,6 +549,23 @@ impl VdevTreeConfig {
 
 fn invalid(field: &'static str, value: u64) -> FormatError {
     FormatError::Invalid { what: CONFIG_WHAT, field, value }
+}
+
+/// How many children a top-level vdev of `kind` has: a leaf one, a mirror or RAID-Z vdev some
+/// (RAID-Z's width is checked apart), a hole none; and a hole is no log device and has guid 0.
+fn check_children(kind: TopKind, log: bool, guid: u64, children: usize) -> Result<(), FormatError> {
+    let fits = match kind {
+        TopKind::Leaf => children == 1,
+        TopKind::Mirror | TopKind::Raidz => children > 0,
+        TopKind::Hole => children == 0,
+    };
+    if !fits {
+        return Err(invalid("child_count", children as u64));
+    }
+    if kind == TopKind::Hole && (log || guid != 0) {
+        return Err(invalid("hole (a log device, or a guid)", guid));
+    }
+    Ok(())
 }
 
 /// What a RAID-Z vdev's record must be, checked alike by encode and decode: not a log device

@@ -150,7 +150,7 @@ fn the_encoder_follows_the_byte_table() {
     assert_eq!(VdevTreeConfig::decode(&raw.bytes(), FormatVersion::V6).expect("decodes"), copies);
     assert_eq!(
         FEATURES_KNOWN,
-        ["raidz", "encryption", "raidz_log_copies", "pool_properties", "spares"]
+        ["raidz", "encryption", "raidz_log_copies", "pool_properties", "spares", "hole_vdevs"]
     );
 }
 
@@ -257,17 +257,14 @@ fn decode_refuses_each_bad_raidz_field() {
         (Raw { reserved: 2, ..good.clone() }, "raidz flags"),
         (Raw { reserved: 0x81, ..good.clone() }, "raidz flags"),
         // Log blocks laid out as copies, without the feature that says so.
-        (
-            Raw { reserved: 1, ..good.clone() },
-            "features (a RAID-Z vdev without the features it uses)",
-        ),
+        (Raw { reserved: 1, ..good.clone() }, "features (a tree without the features it uses)"),
         (Raw { child_end_bytes: DATA_START_BYTES, ..good.clone() }, "raidz child_end_bytes"),
         (Raw { child_end_bytes: 0, ..good.clone() }, "raidz child_end_bytes"),
         (Raw { kind: 0x82, ..good.clone() }, "log (a RAID-Z vdev cannot be a log device)"),
-        (Raw { kind: 3, ..good.clone() }, "kind"),
+        (Raw { kind: 4, ..good.clone() }, "kind"),
         (
             Raw { features: vec![], ..good.clone() },
-            "features (a RAID-Z vdev without the features it uses)",
+            "features (a tree without the features it uses)",
         ),
         (Raw { features: vec!["raidz", "raidz"], ..good.clone() }, "feature name (listed twice)"),
         (Raw { features: vec![""], ..good.clone() }, "feature name"),
@@ -570,4 +567,62 @@ fn hot_spares_are_a_feature_of_the_config() {
     bytes.truncate(count_at + 1);
     bytes[count_at] = 0;
     assert!(VdevTreeConfig::decode(&bytes, FormatVersion::V6).is_err());
+}
+
+#[test]
+fn a_removed_log_devices_hole_is_a_feature_of_the_config() {
+    let mirror = |guid: u64, log: bool| TopConfig {
+        kind: TopKind::Mirror,
+        log,
+        guid,
+        children: vec![child(guid as u16), child(guid as u16 + 1)],
+        raidz: None,
+    };
+    let tree = VdevTreeConfig {
+        top: vec![mirror(10, false), TopConfig::hole(), mirror(20, true)],
+        ..VdevTreeConfig::default()
+    };
+    assert_eq!((tree.features(), tree.version()), (vec!["hole_vdevs"], FormatVersion::V6));
+    let bytes = tree.encode().expect("a valid tree");
+    // The hole, as label.rs's byte table lays it out: kind 3, guid 0, no children.
+    let mut hole = vec![3u8];
+    hole.extend_from_slice(&0u64.to_le_bytes());
+    hole.extend_from_slice(&0u16.to_le_bytes());
+    assert!(bytes.windows(hole.len()).any(|w| w == hole.as_slice()));
+    assert_eq!(VdevTreeConfig::decode(&bytes, FormatVersion::V6).expect("decodes"), tree);
+    // A hole serves everything it holds (nothing).
+    assert!(tree.top[1].serves_with(|_| false));
+    // Refused on both sides: a hole with a child, a guid, or the log bit.
+    for bad in [
+        TopConfig { children: vec![child(1)], ..TopConfig::hole() },
+        TopConfig { guid: 5, ..TopConfig::hole() },
+        TopConfig { log: true, ..TopConfig::hole() },
+    ] {
+        let mut wrong = tree.clone();
+        wrong.top[1] = bad.clone();
+        assert!(wrong.encode().is_err(), "encoded {bad:?}");
+    }
+    let at = bytes.windows(hole.len()).position(|w| w == hole.as_slice()).expect("the hole");
+    let mut log_bit = bytes.clone();
+    log_bit[at] |= 0x80;
+    assert!(VdevTreeConfig::decode(&log_bit, FormatVersion::V6).is_err());
+    let mut guid = bytes.clone();
+    guid[at + 1] = 9;
+    assert!(VdevTreeConfig::decode(&guid, FormatVersion::V6).is_err());
+    // A reader that does not know the feature refuses the pool by its name.
+    assert!(FEATURES_KNOWN.contains(&"hole_vdevs"));
+    let mut unknown = bytes.clone();
+    let name = unknown.windows(10).position(|w| w == b"hole_vdevs").expect("listed");
+    unknown[name] = b'x';
+    match VdevTreeConfig::decode(&unknown, FormatVersion::V6) {
+        Err(FormatError::UnknownFeatures { names, .. }) => assert_eq!(names, ["xole_vdevs"]),
+        other => panic!("{other:?}"),
+    }
+    // A V1 config has no holes: kind 3 there is refused.
+    let v1 = VdevTreeConfig { top: vec![mirror(10, false)], ..VdevTreeConfig::default() };
+    let mut v1_bytes = v1.encode().expect("a valid tree");
+    v1_bytes[2] = 3;
+    v1_bytes.truncate(3 + 8);
+    v1_bytes.extend_from_slice(&0u16.to_le_bytes());
+    assert!(VdevTreeConfig::decode(&v1_bytes, FormatVersion::V1).is_err());
 }

@@ -155,7 +155,8 @@ pub struct SpareReport {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct VdevReport {
-    /// mirror, raidz1, raidz2, raidz3 or leaf.
+    /// mirror, raidz1, raidz2, raidz3, leaf, or hole (a removed log device's place, which
+    /// keeps the vdevs after it at their numbers; it has no leaves).
     pub kind: String,
     /// ONLINE; DEGRADED while it serves with leaves out (on RAID-Z, up to its parity);
     /// FAULTED when it cannot serve every block.
@@ -483,6 +484,10 @@ fn pool_status(out: &mut Lines, status: &PoolStatus) {
     out.say(format!("  {:<40} {:<8} {:>6} {:>6} {:>6}", "NAME", "STATE", "READ", "WRITE", "CKSUM"));
     let mut logs_shown = false;
     for (index, vdev) in summary.vdevs.iter().enumerate() {
+        if vdev.kind == "hole" {
+            // A removed log device's place: kept so that the others keep their numbers.
+            continue;
+        }
         if vdev.log && !logs_shown {
             out.say("  logs");
             logs_shown = true;

@@ -606,6 +606,7 @@ fn pool_status(name: &str, store: &Held) -> anyhow::Result<PoolStatus> {
                 kind: match (&top.raidz, top.kind) {
                     (Some(raidz), _) => format!("raidz{}", raidz.parity),
                     (None, sluice_format::TopKind::Mirror) => String::from("mirror"),
+                    (None, sluice_format::TopKind::Hole) => String::from("hole"),
                     (None, _) => String::from("leaf"),
                 },
                 state: vdev_state(top, &leaves, index).to_owned(),

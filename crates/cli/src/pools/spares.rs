@@ -103,30 +103,44 @@ pub async fn add(
     Ok(())
 }
 
-/// `pool remove NAME DEV`: an available hot spare.
-pub async fn remove(ctx: &mut Ctx<'_>, name: &str, leaf: &str) -> anyhow::Result<()> {
+/// `pool remove NAME DEV`: an available hot spare, or a separate log device.
+pub async fn remove(ctx: &mut Ctx<'_>, name: &str, device: &str) -> anyhow::Result<()> {
     let store = ctx.hold(name).await?;
     let result = async {
         let shared = store.shared();
-        let removed = shared.remove_spare(leaf).await;
-        if let Err(sluice_engine::StoreError::Pool(sluice_engine::PoolError::NoSuchSpare {
-            ..
-        })) = &removed
-        {
-            if shared.pool().find_leaf(leaf).is_ok() {
-                bail!(
-                    "pool {name}: {leaf} is a member of a vdev, not a hot spare; removing data \
-                     vdevs and log devices is not built (a mirror's leaf goes with `pool detach`)"
-                );
+        let removed = match shared.remove_spare(device).await {
+            Err(sluice_engine::StoreError::Pool(sluice_engine::PoolError::NoSuchSpare {
+                ..
+            })) => {
+                // Not a spare: a log device, or a leaf whose removal is refused by name.
+                let paths = shared.remove_log(device).await?;
+                Removed::Log(paths, !shared.pool().log_vdevs().is_empty())
             }
-        }
-        let path = removed?;
+            spare => Removed::Spare(spare?),
+        };
         cache::remember(shared.pool())?;
-        anyhow::Ok(path)
+        anyhow::Ok(removed)
     }
     .await;
     store.release().await?;
-    let path = result?;
-    ctx.done(format!("pool {name}: hot spare {path} removed; its labels are erased"));
+    match result? {
+        Removed::Spare(path) => {
+            ctx.done(format!("pool {name}: hot spare {path} removed; its labels are erased"))
+        }
+        Removed::Log(paths, other_logs) => ctx.done(format!(
+            "pool {name}: log {} {} removed; intent logs now go to {}; {} labels are erased",
+            if paths.len() == 1 { "device" } else { "mirror" },
+            paths.join(", "),
+            if other_logs { "the other log devices" } else { "the data vdevs" },
+            if paths.len() == 1 { "its" } else { "their" },
+        )),
+    }
     Ok(())
+}
+
+/// What `pool remove` took out.
+enum Removed {
+    Spare(String),
+    /// The log device's leaves, and whether the pool has other log devices.
+    Log(Vec<String>, bool),
 }

@@ -186,6 +186,9 @@ struct VdevSpace {
     log_cursor: u64,
     /// A separate intent-log device: only log blocks go here.
     log_only: bool,
+    /// Nothing new goes here: a log device being removed, or the hole left where one was
+    /// (an empty data area).
+    removing: bool,
     /// End of the log region, `[data_start, log_region_end)`.
     log_region_end: u64,
     data_start: u64,
@@ -286,9 +289,12 @@ impl Allocator {
         let vdevs = data_areas
             .iter()
             .map(|&(start, end)| {
-                assert!(start < end, "empty data area");
+                assert!(start <= end, "data area ends before it starts");
                 let mut free = RangeTree::with_room_units(ROOM_BLOCK_BYTES);
-                free.insert(start, end - start);
+                // An empty area is a hole: a removed log device's place.
+                if start < end {
+                    free.insert(start, end - start);
+                }
                 let mut space = VdevSpace {
                     free,
                     log: RangeTree::default(),
@@ -296,6 +302,7 @@ impl Allocator {
                     ditto_cursor: start,
                     log_cursor: start,
                     log_only: false,
+                    removing: start == end,
                     log_region_end: start,
                     data_start: start,
                     data_end: end,
@@ -411,7 +418,8 @@ impl Allocator {
     /// Whether intent-log blocks may land on a RAID-Z vdev: no log device, and some data vdev
     /// is RAID-Z (log devices are never RAID-Z).
     pub fn log_blocks_on_raidz(&self) -> bool {
-        !self.vdevs.iter().any(|v| v.log_only) && self.vdevs.iter().any(|v| v.geometry.is_some())
+        !self.vdevs.iter().any(|v| v.log_only && !v.removing)
+            && self.vdevs.iter().any(|v| v.geometry.is_some())
     }
 
     /// Whether a log block on `vdev` must be written whole, to its full length: on RAID-Z
@@ -481,6 +489,39 @@ impl Allocator {
         (self.vdevs.len() - 1) as u32
     }
 
+    /// Stops (or, with `removing` false, resumes) placing log blocks on log device `vdev`:
+    /// the first step of its removal ([`Allocator::remove_vdev`]).
+    pub fn set_removing(&mut self, vdev: u32, removing: bool) {
+        let space = &mut self.vdevs[vdev as usize];
+        assert!(space.log_only, "only a log device is removed (vdev {vdev})");
+        space.removing = removing;
+    }
+
+    /// Bytes of log blocks on `vdev` that are live or waiting out their free's deferral.
+    pub fn log_held_on(&self, vdev: u32) -> u64 {
+        self.vdevs[vdev as usize].log.total_bytes()
+    }
+
+    /// Whether `vdev` is a hole: a removed log device's place, with no data area.
+    pub fn is_hole(&self, vdev: u32) -> bool {
+        let space = &self.vdevs[vdev as usize];
+        space.data_start == space.data_end
+    }
+
+    /// Makes log device `vdev` a hole (`pool remove`): no space and nothing placed there
+    /// again. It must hold no log block ([`Allocator::log_held_on`]), and a log device holds
+    /// nothing else.
+    pub fn remove_vdev(&mut self, vdev: u32) {
+        let space = &mut self.vdevs[vdev as usize];
+        assert!(space.log_only && space.removing, "vdev {vdev} is not a log device being removed");
+        assert!(space.log.is_empty(), "vdev {vdev} still holds log blocks");
+        assert_eq!(self.deferred_entries[vdev as usize], 0, "a log device holds no data");
+        let start = space.data_start;
+        let mut hole = Allocator::new(self.ashift, &[(start, start)]).vdevs.remove(0);
+        hole.removing = true;
+        *space = hole;
+    }
+
     /// Marks top-level vdevs as separate log devices: from now on only log blocks go there.
     pub fn set_log_vdevs(&mut self, vdevs: &[u32]) {
         for (index, space) in self.vdevs.iter_mut().enumerate() {
@@ -527,7 +568,7 @@ impl Allocator {
         near: Option<u32>,
     ) -> Result<(u32, u64, u64), AllocError> {
         // A log device with room takes it, whatever the data vdevs hold.
-        if self.vdevs.iter().any(|v| v.log_only) {
+        if self.vdevs.iter().any(|v| v.log_only && !v.removing) {
             if let Ok(placed) = self.place_log(psize, near, false) {
                 return Ok(placed);
             }
@@ -569,10 +610,10 @@ impl Allocator {
         let worst = self.log_asize(psize.max(1));
         let unit = self.unit_bytes();
         let count = self.vdevs.len();
-        let has_log_devices = self.vdevs.iter().any(|v| v.log_only);
-        let near = near
-            .map(|v| v as usize)
-            .filter(|&v| v < count && self.vdevs[v].log_only == has_log_devices);
+        let has_log_devices = self.vdevs.iter().any(|v| v.log_only && !v.removing);
+        let near = near.map(|v| v as usize).filter(|&v| {
+            v < count && self.vdevs[v].log_only == has_log_devices && !self.vdevs[v].removing
+        });
         // Consecutive log blocks rotate over the candidates, so lwbs in flight together go to
         // different devices, and each device still sees its log blocks in address order.
         self.log_rotor = match near {
@@ -588,6 +629,7 @@ impl Allocator {
                     .map(|i| (start + i) % count)
                     .filter(|&v| data_vdevs && !self.vdevs[v].log_only),
             )
+            .filter(|&v| !self.vdevs[v].removing)
             .collect();
         for vdev in order {
             let space = &mut self.vdevs[vdev];
@@ -806,7 +848,9 @@ impl Allocator {
             self.rotor_bytes = 0;
         }
         let vdevs = &self.vdevs;
-        let order = (0..count).map(|i| (self.rotor + i) % count).filter(|&v| !vdevs[v].log_only);
+        let order = (0..count)
+            .map(|i| (self.rotor + i) % count)
+            .filter(|&v| !vdevs[v].log_only && !vdevs[v].removing);
         let preferred: Vec<usize> =
             order.clone().filter(|v| !exclude.contains(&(*v as u32))).collect();
         let fallback: Vec<usize> = order.filter(|v| exclude.contains(&(*v as u32))).collect();
@@ -883,7 +927,7 @@ impl Allocator {
         let unit = 1 << self.ashift;
         for vdev in 0..self.vdevs.len() {
             let space = &mut self.vdevs[vdev];
-            if space.log_only || copies.iter().any(|&(v, _)| v as usize == vdev) {
+            if space.log_only || space.removing || copies.iter().any(|&(v, _)| v as usize == vdev) {
                 continue;
             }
             let asize = space.asize(psize, unit);

@@ -283,6 +283,8 @@ struct State {
     group_records: f64,
     /// `Auto`: how many groups may be in flight.
     tuner: Option<GroupTuner>,
+    /// The pool's top-level vdevs and log devices when `tuner` was made.
+    tuned_for: (usize, usize),
     waiters: Vec<(u64, oneshot::Sender<()>)>,
     failed: bool,
     /// A synced txg recorded this chain's head: a crash now finds it.
@@ -503,6 +505,7 @@ impl LogWriter {
                 group_demand: 0.0,
                 group_records: 0.0,
                 tuner: None,
+                tuned_for: (0, 0),
                 waiters: Vec::new(),
                 failed: false,
                 anchored: false,
@@ -900,10 +903,16 @@ impl LogWriter {
                     }
                     CommitPolicy::Batch => (mine_pending && !state.batch_in_flight, None),
                     CommitPolicy::Auto => {
-                        // Measured again when the pool gains a top-level vdev (`pool add`).
-                        let vdevs = pool.root().top_level().len();
-                        if state.tuner.is_none() || state.groups_on_vdev.len() < vdevs {
+                        // Measured again when the pool gains a top-level vdev (`pool add`)
+                        // or loses a log device (`pool remove`).
+                        let shape = {
+                            let config = pool.config();
+                            (config.top.len(), config.top.iter().filter(|t| t.log).count())
+                        };
+                        if state.tuner.is_none() || state.tuned_for != shape {
                             state.tuner = Some(GroupTuner::for_pool(pool));
+                            state.tuned_for = shape;
+                            let vdevs = shape.0.max(state.groups_on_vdev.len());
                             state.groups_on_vdev.resize(vdevs, Vec::new());
                         }
                         let cap = state.tuner.as_ref().map_or(1, GroupTuner::cap);

@@ -57,10 +57,15 @@ impl GroupTuner {
     pub fn for_pool(pool: &Pool) -> GroupTuner {
         let root = pool.root();
         let tops = root.top_level();
-        let log_only: Vec<bool> =
-            (0..tops.len()).map(|v| pool.config().top.get(v).is_some_and(|t| t.log)).collect();
+        let config = pool.config();
+        let top = |v: usize| config.top.get(v);
+        let log_only: Vec<bool> = (0..tops.len()).map(|v| top(v).is_some_and(|t| t.log)).collect();
         let has_log_devices = log_only.iter().any(|&l| l);
-        let holds_log: Vec<bool> = log_only.iter().map(|&l| l || !has_log_devices).collect();
+        // A removed log device's hole holds nothing.
+        let hole = |v: usize| top(v).is_some_and(|t| t.kind == sluice_format::TopKind::Hole);
+        let holds_log: Vec<bool> = (log_only.iter().enumerate())
+            .map(|(v, &l)| (l || !has_log_devices) && !hole(v))
+            .collect();
         let log_tops = || tops.iter().zip(&holds_log).filter(|(_, &holds)| holds);
         let every = |f: fn(&crate::vdev::Leaf) -> bool| {
             !tops.is_empty() && log_tops().all(|(top, _)| top.leaves().iter().any(|l| f(l)))

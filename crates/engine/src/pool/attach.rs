@@ -621,7 +621,7 @@ impl Pool {
 
     /// Drops what the pool remembers of leaves that left it; a replace whose old or new leaf
     /// left is over (a detached new leaf cancels it).
-    fn forget_leaves(&self, guids: &[u64]) {
+    pub(super) fn forget_leaves(&self, guids: &[u64]) {
         let mut state = self.state.lock();
         for guid in guids {
             state.leaf_txg.remove(guid);

@@ -32,6 +32,7 @@ mod io;
 mod missing;
 pub mod probe;
 mod props;
+mod remove;
 mod scrub;
 mod spare;
 
@@ -79,6 +80,7 @@ pub(crate) fn build_vdev(
     let id = VdevId(1000 + index as u32);
     match top.kind {
         TopKind::Leaf => leaves.into_iter().next().map(Vdev::Leaf),
+        TopKind::Hole => leaves.is_empty().then_some(Vdev::Hole(index as u32)),
         TopKind::Mirror => (!leaves.is_empty())
             .then(|| Vdev::Mirror(Arc::new(Mirror::new(id, env, leaves, tunables)))),
         TopKind::Raidz => {
@@ -227,6 +229,8 @@ pub enum PoolError {
          spare goes back once the new leaf holds everything) or detach the spare first"
     )]
     SpareInUse { pool: String, spare: String, leaf: String },
+    #[error("pool {pool}: cannot remove {device}: {reason}")]
+    CannotRemove { pool: String, device: String, reason: String },
     #[error(
         "pool {pool}: cannot {action} {leaf}: no valid replicas (no other leaf of its vdev is \
          in service with every txg, so nothing could be copied from or served instead); \
@@ -335,6 +339,7 @@ impl PoolError {
             | PoolError::SectorTooLarge { .. }
             | PoolError::NotMirror { .. }
             | PoolError::SpareInUse { .. }
+            | PoolError::CannotRemove { .. }
             | PoolError::RaidzAttach { .. } => ErrorKind::Invalid,
             PoolError::Vdev { cause: source, .. } => match source.kind() {
                 crate::vdev::ErrorKind::Checksum => ErrorKind::Checksum,
@@ -672,7 +677,9 @@ impl Pool {
         // does, but every top-level vdev must keep at least one leaf that took the erasure.
         let blank = SharedBuf::copy_from(&[0u8; UBERBLOCK_BYTES]);
         let tree = self.tree();
-        let mut erased_tops = vec![false; tree.config.top.len()];
+        // A hole has no leaf to erase anything on, and nothing to erase.
+        let mut erased_tops: Vec<bool> =
+            tree.config.top.iter().map(|t| t.kind == TopKind::Hole).collect();
         for pool_leaf in tree.leaves.iter().filter(|l| l.present) {
             let mut ok = true;
             for label in label_offsets(pool_leaf.leaf.device().len_bytes()) {
@@ -752,7 +759,7 @@ impl Pool {
             .top_level()
             .iter()
             .zip(&tree.config.top)
-            .filter(|(_, config)| !config.log)
+            .filter(|(_, config)| !config.log && config.kind != TopKind::Hole)
             .map(|(vdev, _)| vdev.asize(psize.max(1), u32::from(self.ashift)))
             .max()
             .unwrap_or_else(|| psize.max(1).next_multiple_of(unit))
@@ -1209,8 +1216,8 @@ impl Pool {
             }
             Self::mark_behind(&tree.leaves, &state, uberblock.txg);
         }
-        for top in 0..tree.config.top.len() {
-            if !results.iter().any(|&(t, ok)| t == top && ok) {
+        for (top, config) in tree.config.top.iter().enumerate() {
+            if config.kind != TopKind::Hole && !results.iter().any(|&(t, ok)| t == top && ok) {
                 let path = tree
                     .leaves
                     .iter()
@@ -1289,6 +1296,9 @@ impl Pool {
         };
         let mut assembled = Vec::new();
         for (top_index, top) in header.config.top.iter().enumerate() {
+            if top.kind == TopKind::Hole {
+                continue;
+            }
             let mut present_any = false;
             let mut missing = Vec::new();
             let mut present_guids = Vec::new();

@@ -303,7 +303,8 @@ async fn load_txg(
         let mut map = SpaceMap {
             ashift: pool.ashift(),
             synced_txg: 0,
-            free: vec![(area.0, area.1 - area.0)],
+            // A hole's area is empty.
+            free: if area.1 > area.0 { vec![(area.0, area.1 - area.0)] } else { Vec::new() },
             deferred: vec![],
         };
         if !pieces.is_empty() {

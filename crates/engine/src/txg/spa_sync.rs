@@ -567,14 +567,16 @@ impl SyncHandle<'_> {
         }
         self.syncer.set_synced(SyncedMetadata { space_maps, directory: Some(directory_bp) });
         self.txg.lock().synced_directory(directory_bp.psize_bytes());
-        // Records of this txg need no log any more. A chain with a failed write is replaced:
-        // records not yet issued move to a new chain, which the next sync anchors.
+        // Records of this txg need no log any more. A chain with a failed write is replaced
+        // (every chain, when asked: `Zil::restart_chains`): records not yet issued move to a
+        // new chain, which the next sync anchors.
         let mut replaced = Vec::new();
+        let restart = self.zil.take_restart();
         for dataset in dsl.values() {
             let mut volume = dataset.state.lock();
             let Some(log) = volume.log.clone() else { continue };
             log.synced(txg, anchored.iter().any(|a| Arc::ptr_eq(a, &log)));
-            if log.failed() {
+            if log.failed() || restart {
                 let owner = ChainOwner {
                     chain_id: self.zil.chain_id(self.spa),
                     volume_id: volume.entry.id,
@@ -829,7 +831,9 @@ async fn write_space_maps_and_directory(
         let mut blocks = Vec::new();
         for vdev in 0..vdevs as u32 {
             let (free, deferred) = allocator.space_map_entries(vdev);
-            let need = piece_layout(free, deferred).len() + 1;
+            // A hole has no space, so no map: its list of pieces stays empty.
+            let need =
+                if allocator.is_hole(vdev) { 0 } else { piece_layout(free, deferred).len() + 1 };
             let mut pieces = Vec::with_capacity(need);
             for _ in 0..need {
                 pieces.push(place(&mut allocator, SPACE_MAP_PIECE_BYTES, copies)?);
@@ -846,7 +850,12 @@ async fn write_space_maps_and_directory(
         (blocks, directory_block, maps)
     };
     for (vdev, (map, blocks)) in maps.iter().zip(&map_blocks).enumerate() {
-        let mut pieces = split_space_map(map);
+        let mut pieces = if blocks.is_empty() {
+            // A hole: nothing to map.
+            Vec::new()
+        } else {
+            split_space_map(map)
+        };
         assert!(
             pieces.len() <= blocks.len(),
             "space map of vdev {vdev} outgrew its pieces ({} > {})",

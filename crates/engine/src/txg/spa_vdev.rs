@@ -8,6 +8,9 @@
 //! and then starts a resilver of every block born after the last txg the leaf holds, up to
 //! that sync (crate::txg::dsl_scan).
 //!
+//! A log device's removal empties it of log blocks by moving the chains, then leaves a hole
+//! ([`Store::remove_log`]).
+//!
 //! A change of leaves (attach, detach, replace; crate::pool `attach.rs`) swaps the tree while
 //! holding the sync lock and syncs at once, so the txg that first carries the new tree in its
 //! pool directory is the one the new labels name; then every label is rewritten. A replaced
@@ -17,6 +20,11 @@
 use std::sync::Arc;
 
 use super::{Store, StoreError};
+
+/// The most syncs [`Store::remove_log`] runs for a log device to empty: one moves the chains,
+/// one frees their blocks, [`crate::alloc::FREE_DEFER_TXGS`] see the frees through, and two
+/// spare for a sync that a commit's fallback ran in between.
+const REMOVAL_SYNCS_MAX: u64 = crate::alloc::FREE_DEFER_TXGS + 4;
 use crate::fm::EventClass;
 use crate::pool::LeafSpec;
 
@@ -140,6 +148,93 @@ impl Store {
         Ok(paths)
     }
 
+    /// Removes a separate log device (`zpool remove POOL LOG`; crate::pool's remove.rs): no
+    /// log block is placed on it from now on, the next sync moves every volume's chain to a
+    /// new one, and syncs follow until the device holds no live log block (the old chains'
+    /// blocks freed and past their deferral: a few txgs). Commits meanwhile fall back to txg
+    /// syncs, as they do while a new chain waits for its first sync. Then, under the sync
+    /// lock, the vdev becomes a hole in the tree and the allocator, a sync records that, every
+    /// label is rewritten and the removed leaves' labels are blanked. Returns their paths.
+    pub async fn remove_log(&self, name: &str) -> Result<Vec<String>, StoreError> {
+        self.spa.check_live()?;
+        let _one_change = self.spa.lock_vdevs().await;
+        let vdev = self.spa.pool().find_log_device(name)?;
+        if let Some(volume) = self.zil.deferred_on(vdev).into_iter().next() {
+            return Err(StoreError::LogAwaitsKey {
+                pool: self.spa.pool().name().to_owned(),
+                volume,
+                what: "the removal of a log device holding its records",
+            });
+        }
+        self.spa.allocator().lock().set_removing(vdev, true);
+        self.zil.restart_chains();
+        let emptied = self.empty_log_device(vdev).await;
+        let one_at_a_time = self.syncer.lock().await;
+        let held = self.spa.allocator().lock().log_held_on(vdev);
+        let removal = match emptied {
+            Ok(()) if held == 0 => self.spa.pool().install_log_removal(vdev).map_err(Into::into),
+            Ok(()) => Err(StoreError::Pool(crate::pool::PoolError::CannotRemove {
+                pool: self.spa.pool().name().to_owned(),
+                device: name.to_owned(),
+                reason: format!(
+                    "{held} bytes of intent-log blocks are still live on it after {} syncs; \
+                     try again (pool events may say why)",
+                    REMOVAL_SYNCS_MAX
+                ),
+            })),
+            Err(error) => Err(error),
+        };
+        let gone = match removal {
+            Ok(gone) => gone,
+            Err(error) => {
+                self.spa.allocator().lock().set_removing(vdev, false);
+                return Err(error);
+            }
+        };
+        self.spa.allocator().lock().remove_vdev(vdev);
+        self.spa.fail_point("spa_vdev.remove_installed");
+        let synced = self.sync_handle().sync_holding_lock(one_at_a_time).await?;
+        self.spa.fail_point("spa_vdev.remove_labels");
+        let labels = self.spa.pool().write_labels(synced).await;
+        for leaf in &gone {
+            self.retire_removed(leaf).await;
+        }
+        labels?;
+        Ok(gone.into_iter().map(|l| l.path).collect())
+    }
+
+    /// Syncs until log device `vdev` holds no live log block, at most
+    /// [`REMOVAL_SYNCS_MAX`] times: the first moves every chain off it, the next frees the
+    /// old chains' blocks, and those after see the frees' deferral out.
+    async fn empty_log_device(&self, vdev: u32) -> Result<(), StoreError> {
+        for _ in 0..REMOVAL_SYNCS_MAX {
+            self.sync().await?;
+            if self.spa.allocator().lock().log_held_on(vdev) == 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The end of a removed log leaf: I/O already under way drained (for up to ten seconds),
+    /// its labels blanked, the event posted.
+    async fn retire_removed(&self, gone: &crate::pool::PoolLeaf) {
+        self.drain(gone).await;
+        self.spa.pool().blank_labels(gone).await;
+        self.spa.pool().events().post(EventClass::VdevRemove, Some(&gone.path), Vec::new());
+    }
+
+    /// Waits for I/O under way on a leaf that left the tree, for up to ten seconds: a dead
+    /// device may never answer.
+    async fn drain(&self, gone: &crate::pool::PoolLeaf) {
+        for _ in 0..10_000 {
+            if gone.leaf.pending() == 0 {
+                break;
+            }
+            self.spa.pool().env().sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+
     /// Takes leaf `name` out of its mirror for good (`zpool detach`): its labels are blanked.
     /// Returns its path.
     pub async fn detach_leaf(&self, name: &str) -> Result<String, StoreError> {
@@ -160,12 +255,7 @@ impl Store {
     /// on the old tree drained first, for up to ten seconds: a dead device may never answer),
     /// unless it is a spare going back to the available ones, whose labels were rewritten.
     async fn retire_detached(&self, gone: &crate::pool::PoolLeaf, spare: bool) {
-        for _ in 0..10_000 {
-            if gone.leaf.pending() == 0 {
-                break;
-            }
-            self.spa.pool().env().sleep(std::time::Duration::from_millis(1)).await;
-        }
+        self.drain(gone).await;
         let details = if spare {
             vec![("spare", "available".to_owned())]
         } else {

@@ -42,6 +42,8 @@ pub(super) struct Zil {
     /// Chains of encrypted volumes claimed at import whose key was not loaded, by volume:
     /// their blocks stay claimed and their headers recorded until `key load` replays them.
     deferred: Mutex<BTreeMap<String, (LogHeader, Chain)>>,
+    /// The next sync moves every chain to a new one ([`Zil::restart_chains`]).
+    restart: std::sync::atomic::AtomicBool,
 }
 
 impl Zil {
@@ -57,7 +59,30 @@ impl Zil {
             early_commit: limits.early_commit,
             stats,
             deferred: Mutex::new(BTreeMap::new()),
+            restart: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Has the next sync start every volume's chain anew, as it does a failed one's: records
+    /// not yet in a block move to the new chain, whose blocks are placed as the allocator now
+    /// allows, and the old chain's blocks are freed by the sync after. A log device being
+    /// removed is emptied so; and each new chain measures the pool's log devices afresh.
+    pub(super) fn restart_chains(&self) {
+        self.restart.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether this sync restarts every chain (and from now on, not the next one).
+    pub(super) fn take_restart(&self) -> bool {
+        self.restart.swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// The volumes whose records wait for their key in a chain with a block on top-level
+    /// vdev `vdev`: their blocks must stay where they are until `key load` replays them.
+    pub(super) fn deferred_on(&self, vdev: u32) -> Vec<String> {
+        (self.deferred.lock().iter())
+            .filter(|(_, (_, chain))| chain.addresses.iter().any(|a| a.vdev == vdev))
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
     /// What the intent logs did.

@@ -125,6 +125,8 @@ pub enum VdevError {
     Offline { vdev: VdevId, device: String },
     #[error("no top-level vdev {vdev} in this pool (it has {count})")]
     NoSuchVdev { vdev: u32, count: usize },
+    #[error("top-level vdev {vdev} is the hole of a removed log device: nothing is stored there")]
+    Hole { vdev: u32 },
 }
 
 /// What a RAID-Z read that found no good block tried.
@@ -190,7 +192,7 @@ impl VdevError {
             VdevError::Checksum { .. }
             | VdevError::NoValidCopy { .. }
             | VdevError::NotReconstructed { .. } => ErrorKind::Checksum,
-            VdevError::NoSuchVdev { .. } => ErrorKind::Invalid,
+            VdevError::NoSuchVdev { .. } | VdevError::Hole { .. } => ErrorKind::Invalid,
             VdevError::Device { .. }
             | VdevError::Offline { .. }
             | VdevError::AllChildrenFailed { .. }
@@ -205,6 +207,9 @@ pub enum Vdev {
     Leaf(Arc<Leaf>),
     Mirror(Arc<Mirror>),
     Raidz(Arc<Raidz>),
+    /// The place of a removed log device, by its index (ZFS: a hole vdev): no leaves and no
+    /// space; reads and writes fail, flushes have nothing to do.
+    Hole(u32),
 }
 
 impl Vdev {
@@ -218,6 +223,7 @@ impl Vdev {
             Vdev::Leaf(leaf) => leaf.device().len_bytes(),
             Vdev::Mirror(mirror) => mirror.len_bytes(),
             Vdev::Raidz(raidz) => raidz.child_end_bytes() + sluice_format::LABEL_BYTES * 2,
+            Vdev::Hole(_) => 0,
         }
     }
 
@@ -225,6 +231,7 @@ impl Vdev {
     pub fn data_area(&self) -> (u64, u64) {
         match self {
             Vdev::Raidz(raidz) => raidz.data_area(),
+            Vdev::Hole(_) => (sluice_format::DATA_START_BYTES, sluice_format::DATA_START_BYTES),
             _ => (sluice_format::DATA_START_BYTES, sluice_format::data_end_bytes(self.len_bytes())),
         }
     }
@@ -243,6 +250,7 @@ impl Vdev {
             Vdev::Leaf(leaf) => vec![Arc::clone(leaf)],
             Vdev::Mirror(mirror) => mirror.children().to_vec(),
             Vdev::Raidz(raidz) => raidz.leaves(),
+            Vdev::Hole(_) => Vec::new(),
         }
     }
 
@@ -288,6 +296,7 @@ impl Vdev {
             Vdev::Raidz(raidz) => {
                 raidz.read_counting(offset, len, class, verify, count_if_none).await
             }
+            Vdev::Hole(vdev) => Err(VdevError::Hole { vdev: *vdev }),
         }
     }
 
@@ -303,6 +312,7 @@ impl Vdev {
             Vdev::Leaf(leaf) => leaf.write_flushed(offset, data, class, durable).await,
             Vdev::Mirror(mirror) => mirror.write_flushed(offset, data, class, durable).await,
             Vdev::Raidz(raidz) => raidz.write_flushed(offset, data, class, durable).await,
+            Vdev::Hole(vdev) => Err(VdevError::Hole { vdev: *vdev }),
         }
     }
 
@@ -324,6 +334,8 @@ impl Vdev {
             }
             Vdev::Mirror(mirror) => mirror.scrub(offset, len, verify).await,
             Vdev::Raidz(raidz) => raidz.scrub(offset, len, verify).await,
+            // Nothing is there to check (no block points here).
+            Vdev::Hole(_) => ScrubOutcome::default(),
         }
     }
 
@@ -337,7 +349,7 @@ impl Vdev {
         targets: &[VdevId],
     ) -> ScrubOutcome {
         match self {
-            Vdev::Leaf(_) => ScrubOutcome::default(),
+            Vdev::Leaf(_) | Vdev::Hole(_) => ScrubOutcome::default(),
             Vdev::Mirror(mirror) => mirror.resilver(offset, len, verify, targets).await,
             Vdev::Raidz(raidz) => raidz.resilver(offset, len, verify, targets).await,
         }
@@ -348,6 +360,7 @@ impl Vdev {
             Vdev::Leaf(leaf) => leaf.flush().await,
             Vdev::Mirror(mirror) => mirror.flush().await,
             Vdev::Raidz(raidz) => raidz.flush().await,
+            Vdev::Hole(_) => Ok(()),
         }
     }
 
@@ -356,6 +369,7 @@ impl Vdev {
             Vdev::Leaf(leaf) => leaf.discard(offset, len).await,
             Vdev::Mirror(mirror) => mirror.discard(offset, len).await,
             Vdev::Raidz(raidz) => raidz.discard(offset, len).await,
+            Vdev::Hole(vdev) => Err(VdevError::Hole { vdev: *vdev }),
         }
     }
 }
@@ -386,15 +400,17 @@ impl Root {
             match vdev {
                 Vdev::Mirror(mirror) => mirror.set_repairs(on),
                 Vdev::Raidz(raidz) => raidz.set_repairs(on),
-                Vdev::Leaf(_) => {}
+                Vdev::Leaf(_) | Vdev::Hole(_) => {}
             }
         }
     }
 
     fn vdev(&self, dva: VdevAddress) -> Result<&Vdev, VdevError> {
-        self.top
-            .get(dva.vdev as usize)
-            .ok_or(VdevError::NoSuchVdev { vdev: dva.vdev, count: self.top.len() })
+        match self.top.get(dva.vdev as usize) {
+            None => Err(VdevError::NoSuchVdev { vdev: dva.vdev, count: self.top.len() }),
+            Some(Vdev::Hole(vdev)) => Err(VdevError::Hole { vdev: *vdev }),
+            Some(vdev) => Ok(vdev),
+        }
     }
 
     /// Maps a logical offset striped in `stripe_bytes` units round-robin over the top-level
@@ -476,6 +492,7 @@ impl Root {
                 mirror.write_flushed_everywhere(dva.offset_bytes, data, class).await
             }
             Vdev::Raidz(raidz) => raidz.write_flushed(dva.offset_bytes, data, class, true).await,
+            Vdev::Hole(vdev) => Err(VdevError::Hole { vdev: *vdev }),
         }
     }
 
