@@ -9,14 +9,44 @@
 #                  the default 16 KiB blocks
 #   sluice-nocache the same caching no data (cache.contents=metadata), like the peers' cache=none;
 #                  4 KiB writes and the reads only
-#   sluice-mirror  (--mirror) the same on a 2-way mirror of two files, as the default pool is;
-#                  write + flush jobs only
+#   sluice-mirror  (--mirror) the same on a 2-way mirror of two files, as the default pool is
+#                  (the quick start's layout and leaf kind); every job
+#   sluice-nolz4   (--mirror too) the same with the volume's compression off; the 1 MiB write
+#                  jobs only, so that the CPU sluice spends on lz4 shows apart from the rest
+#   sluice-bsN     (--volblock N, say 4K or 8K) the same with a volume of N blocks; the mixed
+#                  small-write job only
 #   sluice[K=V]    (--sluice-tunable K=V) the same with tunables
 #   sluice-before  (--before BIN) the same served by another binary (one built from an earlier
 #                  commit), to show a change against the tree before it in the same run
 # Jobs: 4 KiB random writes with a flush after every write (fio --fsync=1) at 1, 8 and 32 jobs
 # (one connection each); 4 KiB random reads at queue depth 32; 1 MiB sequential reads; 1 MiB
-# sequential writes; 1 MiB sequential writes each followed by a flush at 1 and 4 jobs.
+# sequential writes ending with a flush (fio --end_fsync=1); 1 MiB sequential writes each
+# followed by a flush at 1 and 4 jobs; the three 1 MiB write jobs again on compressible data
+# (names ending -z); and a filesystem's or database's mixed small writes (mixed-8: 8 jobs of
+# 4 KiB and 8 KiB random writes, half each, a flush after every 4 writes, over the whole
+# volume).
+#
+# What makes each row fair:
+# - Writes without flushes are measured as durable throughput: the job ends with a flush, and
+#   its MB/s are the bytes fio counted over the time from the end of the ramp to fio's exit,
+#   that flush included (fio's own figure leaves the end flush out, and a server that
+#   finishes into the page cache, as nbdkit's file plugin does, would be credited with the
+#   page cache's speed).
+# - Reads read from the disk wherever a target caches nothing: the kernel's page cache is
+#   dropped before every read job, for every target (the kernel's readahead still counts: it
+#   is what users get). sluice's own cache is left as it is: "sluice" is its defaults, and
+#   "sluice-nocache" caches no data (cache.contents=metadata) for the rows that compare disk
+#   paths.
+# - The same data for every target: fio's default buffers, which are random (lz4 stores them
+#   as they are: measured 1.00x), and in the -z jobs buffers that compress to about half
+#   (fio --buffer_compress_percentage=50 --refill_buffers), so lz4's cost and its early abort
+#   both show.
+# - CPU per operation twice: the server process's (/proc/PID/stat, its threads only) and the
+#   machine's busy time (/proc/stat: user, nice, system, irq and softirq of every CPU, fio's
+#   own included, which is alike for every NBD target), since kernel threads doing a peer's
+#   writeback are charged to no process. For a job that ends with a flush, the machine's CPU
+#   from the end of the measured period to fio's exit is added, over all of the job's
+#   operations, and for sluice's write jobs the txg sync after the job (see run_one).
 #
 # All servers run side by side for the whole run. Each round runs every job on every target in
 # turn (job-major, the target order rotated each round), so the targets of a job run minutes
@@ -29,7 +59,7 @@
 # write-and-flush job's operation is one write and its flush).
 #
 # Usage: bench/peers.sh [--seconds N] [--rounds N] [--warmup N] [--dir DIR] [--size SIZE]
-#          [--no-build] [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...]
+#          [--no-build] [--mirror] [--volblock N]... [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...]
 #          [--targets NAME,...] [--report PATH.md] [--before BIN]
 # --warmup N (default 10; 0: none): after its prefill, every target gets N s of 4 KiB random
 # writes at queue depth 32 and N s of 1 MiB sequential writes at queue depth 8, unmeasured, so
@@ -60,12 +90,13 @@ dir=${TMPDIR:-/tmp}/sluice-peers
 size=2G
 build=1
 mirror=0
+volblocks=()
 tunables=()
 only_jobs=""
 only_targets=""
 report=docs/bench/peers.md
 before=""
-usage="usage: $0 [--seconds N] [--rounds N] [--warmup N] [--dir DIR] [--size SIZE] [--no-build] [--mirror] [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...] [--targets NAME,...] [--report PATH.md] [--before BIN]"
+usage="usage: $0 [--seconds N] [--rounds N] [--warmup N] [--dir DIR] [--size SIZE] [--no-build] [--mirror] [--volblock N]... [--sluice-tunable K=V[,K=V...]]... [--jobs JOB,...] [--targets NAME,...] [--report PATH.md] [--before BIN]"
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=$2; shift 2 ;;
@@ -75,6 +106,7 @@ while [ $# -gt 0 ]; do
     --size) size=$2; shift 2 ;;
     --no-build) build=0; shift ;;
     --mirror) mirror=1; shift ;;
+    --volblock) volblocks+=("$2"); shift 2 ;;
     --sluice-tunable) tunables+=("$2"); shift 2 ;;
     --jobs) only_jobs=$2; shift 2 ;;
     --targets) only_targets=$2; shift 2 ;;
@@ -104,7 +136,8 @@ bin_mtime=$(date -u -r "$bin" +%Y-%m-%dT%H:%MZ)
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- crates Cargo.toml Cargo.lock 2>/dev/null || commit="$commit+changes"
 
-all_jobs=(syncwrite-1 syncwrite-8 syncwrite-32 randread-qd32 seqread-1m seqwrite-1m syncwrite-1m-1 syncwrite-1m-4)
+all_jobs=(syncwrite-1 syncwrite-8 syncwrite-32 randread-qd32 seqread-1m seqwrite-1m syncwrite-1m-1 syncwrite-1m-4
+  seqwrite-1m-z syncwrite-1m-1-z syncwrite-1m-4-z mixed-8)
 if [ -n "$only_jobs" ]; then
   IFS=, read -ra jobs <<<"$only_jobs"
   for j in "${jobs[@]}"; do
@@ -116,9 +149,10 @@ fi
 wanted() { [ -z "$only_targets" ] || [[ ",$only_targets," == *",$1,"* ]]; }
 
 bytes=$(numfmt --from=iec "$size")
-# The region every job works in: 1 GiB, or less on a small --size; a multiple of 4 MiB so the
-# 4-job 1 MiB job splits it evenly.
-vol_bytes=$(( bytes * 3 / 4 / 16384 * 16384 ))
+# Every target's image or volume is --size (2 GiB by default), written whole once; the jobs
+# work in its first 1 GiB (less on a small --size; a multiple of 4 MiB so the 4-job 1 MiB job
+# splits it evenly), but for mixed-8, which spreads over all of it.
+vol_bytes=$(( bytes / 16384 * 16384 ))
 # sluice's leaves hold twice the volume, as bench/per-op.sh's do. A copy-on-write pool needs
 # room beside its live data for the blocks of the txgs in flight and the frees they defer
 # (ZFS's advice: keep a pool under 80% full); on a leaf of --size (2 GiB for a 1.5 GiB
@@ -166,8 +200,8 @@ check_pid() {
   [ "$comm" = "$2" ] || { echo "peers: process $1 is '$comm', not $2" >&2; exit 1; }
 }
 
-prefill() {  # writes the whole region once, so reads read data and writes overwrite it
-  fio --name=prefill --rw=write --bs=1M --iodepth=8 --size="$span" "$@" >/dev/null 2>&1
+prefill() {  # writes the whole image once, so reads read data and writes overwrite it
+  fio --name=prefill --rw=write --bs=1M --iodepth=8 --size="$(( vol_bytes >> 20 ))M" --end_fsync=1 "$@" >/dev/null 2>&1
 }
 
 add_target() {  # name, description, jobs (space-separated), seconds for the prefill's last txg to sync
@@ -221,7 +255,7 @@ sluice_n=0
 target_bin=$bin
 declare -A bin_of
 sluice_target() {
-  local label=$1 desc=$2 target_jobs=$3 layout=$4; shift 4
+  local label=$1 desc=$2 target_jobs=$3 layout=$4 vol_args=$5; shift 5
   local bin=$target_bin
   local d=$dir/sluice$sluice_n pool=peers$sluice_n
   sluice_n=$(( sluice_n + 1 ))
@@ -237,7 +271,8 @@ sluice_target() {
     dd if=/dev/zero of="$leaf" bs=1M count="$(( leaf_bytes >> 20 ))" oflag=direct status=none
   done
   "$bin" pool create "$pool" "${leaves[@]}" >/dev/null
-  "$bin" vol create "$pool/disk" --size "$vol_bytes" >/dev/null
+  # shellcheck disable=SC2086  # vol_args is a list of words
+  "$bin" vol create "$pool/disk" --size "$vol_bytes" $vol_args >/dev/null
   "$bin" serve "$pool" --socket "$d/nbd.sock" --listen none --dir "$d" "$@" 2>"$d/serve.log" &
   pid_of[$label]=$!; pids+=($!); wait_socket "$d/nbd.sock" disk
   # The process is named after its binary's file (at most 15 bytes of it).
@@ -255,7 +290,7 @@ sluice_target() {
   bin_of[$label]=$bin
 }
 if wanted sluice; then
-  sluice_target sluice "sluice serve on a pool of one file leaf twice the volume's size, a volume of 16 KiB blocks, default tunables" "${all_jobs[*]}" single
+  sluice_target sluice "sluice serve on a pool of one file leaf twice the volume's size, a volume of 16 KiB blocks, default tunables" "${all_jobs[*]}" single ""
 fi
 # ZFS's primarycache=metadata: qemu-nbd and nbdkit run cache=none, and sluice's default cache
 # (an eighth of memory) holds this whole volume, so this target shows what the disk path does.
@@ -264,25 +299,34 @@ fi
 # figures and so that its volume is as scattered by copy-on-write as sluice's when read.
 if wanted sluice-nocache; then
   sluice_target sluice-nocache "the same with cache.contents=metadata (caches no data, like ZFS's primarycache=metadata)" \
-    "syncwrite-1 syncwrite-8 syncwrite-32 randread-qd32 seqread-1m" single --set cache.contents=metadata
+    "syncwrite-1 syncwrite-8 syncwrite-32 randread-qd32 seqread-1m mixed-8" single "" --set cache.contents=metadata
 fi
 # What the default pool layout costs: every log block and txg write goes to both files, on the
-# same disk here. Only the jobs that wait for the disk on every operation.
+# same disk here; reads may go to either.
 if [ "$mirror" = 1 ] && wanted sluice-mirror; then
   sluice_target sluice-mirror "the same on a 2-way mirror of two files in the same dir (the default pool's layout)" \
-    "syncwrite-1 syncwrite-8 syncwrite-32 syncwrite-1m-1 syncwrite-1m-4" mirror
+    "${all_jobs[*]}" mirror ""
 fi
+# lz4's own cost: the 1 MiB writes with the volume's compression off.
+if [ "$mirror" = 1 ] && wanted sluice-nolz4; then
+  sluice_target sluice-nolz4 "the same with the volume's compression off" \
+    "seqwrite-1m syncwrite-1m-1 syncwrite-1m-4 seqwrite-1m-z syncwrite-1m-1-z syncwrite-1m-4-z" single "--compression off"
+fi
+for b in ${volblocks[@]+"${volblocks[@]}"}; do
+  wanted "sluice-bs$b" || continue
+  sluice_target "sluice-bs$b" "the same with a volume of $b blocks" "mixed-8" single "--block-size $b"
+done
 for t in ${tunables[@]+"${tunables[@]}"}; do
   label="sluice[$t]"
   wanted "$label" || continue
   IFS=, read -ra kv <<<"$t"
   set_args=(); desc="the same as sluice with"
   for x in "${kv[@]}"; do set_args+=(--set "$x"); desc+=" --set $x"; done
-  sluice_target "$label" "$desc" "${all_jobs[*]}" single "${set_args[@]}"
+  sluice_target "$label" "$desc" "${all_jobs[*]}" single "" "${set_args[@]}"
 done
 if [ -n "$before" ] && wanted sluice-before; then
   target_bin=$before
-  sluice_target sluice-before "the same as sluice, served by $before ($("$before" --version 2>/dev/null || echo "another build"))" "${all_jobs[*]}" single
+  sluice_target sluice-before "the same as sluice, served by $before ($("$before" --version 2>/dev/null || echo "another build"))" "${all_jobs[*]}" single ""
   target_bin=$bin
 fi
 [ ${#targets[@]} -gt 0 ] || { echo "peers: no targets selected" >&2; exit 2; }
@@ -316,20 +360,32 @@ for t in "${targets[@]}"; do [ "${settle_of[$t]}" -gt "$max_settle" ] && max_set
 sleep "$max_settle"
 
 job_args() {  # the fio arguments of a job, into jargs
-  local n
-  case $1 in
-    syncwrite-1m-*) n=${1##*-}
+  local n job=${1%-z}
+  case $job in
+    syncwrite-1m-*) n=${job##*-}
       # Each job its own slice of the region, written sequentially.
       jargs=(--rw=write --bs=1M --fsync=1 --iodepth=1 --numjobs="$n" --size="$(( span_mib / n ))M" --offset_increment="$(( span_mib / n ))M") ;;
-    syncwrite-*) jargs=(--rw=randwrite --bs=4k --fsync=1 --iodepth=1 --numjobs="${1#syncwrite-}" --size="$span") ;;
+    syncwrite-*) jargs=(--rw=randwrite --bs=4k --fsync=1 --iodepth=1 --numjobs="${job#syncwrite-}" --size="$span") ;;
     randread-qd32) jargs=(--rw=randread --bs=4k --iodepth=32 --numjobs=1 --size="$span") ;;
     seqread-1m) jargs=(--rw=read --bs=1M --iodepth=8 --numjobs=1 --size="$span") ;;
-    seqwrite-1m) jargs=(--rw=write --bs=1M --iodepth=8 --numjobs=1 --size="$span") ;;
+    seqwrite-1m) jargs=(--rw=write --bs=1M --iodepth=8 --numjobs=1 --size="$span" --end_fsync=1) ;;
+    # As a filesystem or database sends them: 4 and 8 KiB at random places over the whole
+    # volume, a flush after every 4 writes, 8 clients.
+    mixed-8) jargs=(--rw=randwrite --bssplit=4k/50:8k/50 --fsync=4 --iodepth=1 --numjobs=8 --size="$(( vol_bytes >> 20 ))M") ;;
   esac
+  # Compressible data: about half of each buffer compresses, refilled for every write.
+  [[ $1 == *-z ]] && jargs+=(--buffer_compress_percentage=50 --refill_buffers)
+  return 0
 }
 
-sample() {  # time, then the server's /proc/PID/stat, then every thread's context switches
-  { echo "$EPOCHREALTIME"; cat "/proc/$1/stat"; grep -H ctxt_switches /proc/"$1"/task/*/status; } 2>/dev/null || true
+# The machine's busy CPU ticks so far (user, nice, system, irq, softirq of every CPU; idle,
+# iowait and steal are not busy).
+machine_ticks() {
+  awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8; exit }' /proc/stat
+}
+
+sample() {  # time, the machine's busy ticks, then the server's /proc/PID/stat and every thread's context switches
+  { echo "$EPOCHREALTIME"; machine_ticks; [ -z "$1" ] || { cat "/proc/$1/stat"; grep -H ctxt_switches /proc/"$1"/task/*/status; }; } 2>/dev/null || true
 }
 
 sleep_until() {
@@ -346,31 +402,35 @@ run_one() {
   target_args "$target"
   job_args "$job"
   echo "peers: round $round/$rounds, $job, $target" >&2
-  rm -f "$base".{before,after,end,settled}
+  rm -f "$base".{before,after,exit,end,settled}
+  if [[ $job == *read* ]]; then
+    # Reads come from the disk, not from what the kernel kept of earlier writes.
+    sync; echo 3 >/proc/sys/vm/drop_caches
+  fi
   local start=$EPOCHREALTIME
   fio --name="$job" --time_based --runtime="$seconds" --ramp_time="$ramp" --group_reporting \
     --output-format=json "${where[@]}" "${jargs[@]}" >"$base.out" 2>"$base.err" &
   fio_pid=$!
-  if [ -n "$pid" ]; then
-    # Both samples inside the measured period (which starts after fio's setup and the ramp),
-    # so the CPU and switches counted are those of the steady state fio's figures describe;
-    # they are divided by the time between the samples and by fio's IOPS.
-    sleep_until "$(awk -v s="$start" -v r="$ramp" 'BEGIN { printf "%.6f", s + r + 0.5 }')"
-    sample "$pid" >"$base.before"
-    sleep_until "$(awk -v s="$start" -v r="$ramp" -v n="$seconds" 'BEGIN { printf "%.6f", s + r + n }')"
-    sample "$pid" >"$base.after"
-  fi
+  # Both samples inside the measured period (which starts after fio's setup and the ramp),
+  # so the CPU and switches counted are those of the steady state fio's figures describe;
+  # they are divided by the time between the samples and by fio's IOPS.
+  sleep_until "$(awk -v s="$start" -v r="$ramp" 'BEGIN { printf "%.6f", s + r + 0.5 }')"
+  sample "$pid" >"$base.before"
+  sleep_until "$(awk -v s="$start" -v r="$ramp" -v n="$seconds" 'BEGIN { printf "%.6f", s + r + n }')"
+  sample "$pid" >"$base.after"
   wait "$fio_pid" || true
+  # fio's exit: after a job's end flush.
+  sample "$pid" >"$base.exit"
   fio_pid=""
-  if [ -n "${pool_of[$target]:-}" ] && [[ $job == *write* ]]; then
+  if [ -n "${pool_of[$target]:-}" ] && [[ $job == *write* || $job == mixed* ]]; then
     sample "$pid" >"$base.end"
     "${bin_of[$target]}" pool sync "${pool_of[$target]}" >/dev/null
     sample "$pid" >"$base.settled"
   fi
   grep -v '^fio: ' "$base.out" >"$base.json" || true
-  /usr/bin/python3 - "$base" "$round" "$pos" "$job" "$target" "$tck" "$start" >>"$results" <<'EOF'
+  /usr/bin/python3 - "$base" "$round" "$pos" "$job" "$target" "$tck" "$start" "$ramp" >>"$results" <<'EOF'
 import json, sys
-base, rnd, pos, job, target, tck, start = sys.argv[1:]
+base, rnd, pos, job, target, tck, start, ramp = sys.argv[1:]
 row = {"round": int(rnd), "pos": int(pos), "job": job, "target": target, "start": float(start)}
 def done(**kw):
     row.update(kw)
@@ -383,7 +443,7 @@ except Exception as e:
     done(error=f"fio: {err[-1] if err else e}")
 if j.get("error"):
     done(error=f"fio error {j['error']}")
-rw = j["write"] if "write" in job else j["read"]
+rw = j["read"] if "read" in job else j["write"]
 if not rw["total_ios"]:
     done(error="fio did no I/O")
 pct = lambda lat, p: lat.get("percentile", {}).get(p, 0) / 1000
@@ -398,37 +458,60 @@ if sync.get("N"):
                durable_mean_us=(rw["clat_ns"]["mean"] + sync["mean"]) / 1000)
 
 def read_sample(name):
+    """(time, machine busy ticks, process ticks or None, switches by thread) of a sample."""
     try:
         lines = open(f"{base}.{name}").read().splitlines()
-        t = float(lines[0])
-        stat = lines[1].rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-        ticks = int(stat[11]) + int(stat[12])      # fields 14 and 15: utime, stime
+        t, machine = float(lines[0]), int(lines[1])
     except (OSError, IndexError, ValueError):
         return None
+    if len(lines) < 3:
+        return t, machine, None, {}
+    try:
+        stat = lines[2].rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        ticks = int(stat[11]) + int(stat[12])      # fields 14 and 15: utime, stime
+    except (IndexError, ValueError):
+        return t, machine, None, {}
     switches = {}
-    for line in lines[2:]:  # /proc/P/task/T/status:voluntary_ctxt_switches:\tN
+    for line in lines[3:]:  # /proc/P/task/T/status:voluntary_ctxt_switches:\tN
         path, _, n = line.rsplit(":", 2)
         tid = path.split("/")[4]
         switches[tid] = switches.get(tid, 0) + int(n)
-    return t, ticks, switches
+    return t, machine, ticks, switches
 
-def since(a, b):  # CPU seconds and switches from sample a to sample b
+def since(a, b):  # the machine's and the process's CPU seconds, and switches, from a to b
     # Per thread: a thread that exits between the samples takes its count with it, and one
     # born between them counts from zero.
-    return (b[1] - a[1]) / int(tck), sum(n - a[2].get(tid, 0) for tid, n in b[2].items())
+    machine = (b[1] - a[1]) / int(tck)
+    if a[2] is None or b[2] is None:
+        return machine, None, None
+    return machine, (b[2] - a[2]) / int(tck), sum(n - a[3].get(tid, 0) for tid, n in b[3].items())
 
-before, after = read_sample("before"), read_sample("after")
+before, after, exited = read_sample("before"), read_sample("after"), read_sample("exit")
 if before and after and after[0] > before[0]:
-    cpu, switches = since(before, after)
+    machine, cpu, switches = since(before, after)
     per_s = iops * (after[0] - before[0])
-    row.update(cpu_us_op=cpu / per_s * 1e6, ctx_op=switches / per_s)
-elif before or after:
-    row.update(error="the server is gone")
+    row.update(mcpu_us_op=machine / per_s * 1e6)
+    if cpu is not None:
+        row.update(cpu_us_op=cpu / per_s * 1e6, ctx_op=switches / per_s)
+    elif target != "raw":
+        row.update(error="the server is gone")
+if "seqwrite" in job and exited:
+    # Durable throughput: the bytes fio counted over the time from the end of the ramp to
+    # fio's exit, which comes after the job's end flush.
+    elapsed = exited[0] - float(start) - float(ramp)
+    row.update(fio_mb_s=row["mb_s"], mb_s=rw["io_bytes"] / elapsed / 1e6, iops=rw["io_bytes"] / elapsed / (1 << 20))
+    if after:
+        machine, cpu, _ = since(after, exited)
+        row.update(end_mcpu_us_op=machine / rw["total_ios"] * 1e6)
+        if cpu is not None:
+            row.update(end_cpu_us_op=cpu / rw["total_ios"] * 1e6)
 end, settled = read_sample("end"), read_sample("settled")
 if end and settled:
     # The work the job left behind (its last txg), over the job's operations.
-    cpu, switches = since(end, settled)
-    row.update(settle_cpu_us_op=cpu / rw["total_ios"] * 1e6, settle_ctx_op=switches / rw["total_ios"])
+    machine, cpu, switches = since(end, settled)
+    row.update(settle_mcpu_us_op=machine / rw["total_ios"] * 1e6)
+    if cpu is not None:
+        row.update(settle_cpu_us_op=cpu / rw["total_ios"] * 1e6, settle_ctx_op=switches / rw["total_ios"])
 done()
 EOF
 }

@@ -261,7 +261,7 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
         "pool": d.pool,
         "since_import": earlier.is_none(),
         "seconds": seconds,
-        "tops": d.tops.iter().map(|t| json!({"mirror": t.mirror, "log": t.log, "parity": t.parity})).collect::<Vec<_>>(),
+        "tops": d.tops.iter().map(|t| json!({"mirror": t.mirror, "log": t.log, "parity": t.parity, "hole": t.hole})).collect::<Vec<_>>(),
         "leaves": leaves,
         "volumes": volumes,
         "intent_log": {
@@ -582,7 +582,7 @@ mod tests {
         let mut earlier = PoolSnapshot {
             pool: "tank".into(),
             uptime_nanos: 10_000_000_000,
-            tops: vec![TopSnapshot { mirror: false, log: false, parity: 0 }],
+            tops: vec![TopSnapshot { mirror: false, log: false, parity: 0, hole: false }],
             ..PoolSnapshot::default()
         };
         earlier.leaves.push(leaf(1000, histogram.snapshot()));

@@ -918,7 +918,7 @@ mod tests {
             uptime_nanos: 2_500_000_000,
             txg: 17,
             txg_syncs: 9,
-            tops: vec![TopSnapshot { mirror: true, log: false, parity: 0 }],
+            tops: vec![TopSnapshot { mirror: true, log: false, parity: 0, hole: false }],
             leaves: vec![LeafSnapshot {
                 path: "/d/a \"quoted\"".into(),
                 state: "DEGRADED".into(),

@@ -73,6 +73,9 @@ pub struct TopSnapshot {
     /// A RAID-Z vdev's parity (1 to 3); 0 for the others.
     #[serde(default)]
     pub parity: u8,
+    /// The place of a removed log device: no leaves, kept so the others keep their numbers.
+    #[serde(default)]
+    pub hole: bool,
 }
 
 impl TopSnapshot {
@@ -80,6 +83,7 @@ impl TopSnapshot {
     /// status`: `mirror-0`, `raidz2-1`, `log-mirror-2`, `disk-3`, `log-4`.
     pub fn name(self, index: usize) -> String {
         match (self.mirror, self.log) {
+            _ if self.hole => format!("hole-{index}"),
             _ if self.parity > 0 => format!("raidz{}-{index}", self.parity),
             (true, false) => format!("mirror-{index}"),
             (true, true) => format!("log-mirror-{index}"),
@@ -269,6 +273,7 @@ impl PoolSnapshot {
                 mirror: t.kind == sluice_format::TopKind::Mirror,
                 log: t.log,
                 parity: t.raidz.as_ref().map_or(0, |r| r.parity),
+                hole: t.kind == sluice_format::TopKind::Hole,
             })
             .collect();
         let leaves = pool
@@ -502,7 +507,7 @@ mod tests {
             version: SNAPSHOT_VERSION,
             pool: "tank".into(),
             uptime_nanos: 5,
-            tops: vec![TopSnapshot { mirror: true, log: false, parity: 0 }],
+            tops: vec![TopSnapshot { mirror: true, log: false, parity: 0, hole: false }],
             leaves: vec![LeafSnapshot {
                 path: "/d/a".into(),
                 writes: 3,
@@ -527,7 +532,13 @@ mod tests {
             PoolSnapshot::from_json("nonsense"),
             Err(SnapshotError::Malformed { .. })
         ));
-        assert_eq!(TopSnapshot { mirror: true, log: true, parity: 0 }.name(2), "log-mirror-2");
-        assert_eq!(TopSnapshot { mirror: false, log: false, parity: 2 }.name(1), "raidz2-1");
+        assert_eq!(
+            TopSnapshot { mirror: true, log: true, parity: 0, hole: false }.name(2),
+            "log-mirror-2"
+        );
+        assert_eq!(
+            TopSnapshot { mirror: false, log: false, parity: 2, hole: false }.name(1),
+            "raidz2-1"
+        );
     }
 }

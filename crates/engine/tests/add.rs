@@ -491,3 +491,57 @@ fn power_cuts_during_a_log_device_removal() {
     }
     assert_eq!(seen.len(), 2, "the cuts saw only {seen:?}");
 }
+
+/// Power off right after the sync that records a log device's hole, before any label says so
+/// (fail points at both ends of the label rewrite): the import trusts the directory, so the
+/// device is a hole with no space, its leaves are dropped, and the pool syncs, audits clean and
+/// imports again; before the hole's sync the device is still a log device.
+#[test]
+fn a_crash_around_the_label_rewrite_of_a_removal() {
+    use futures::FutureExt;
+    use sluice_engine::device::sim::CrashPolicy;
+    for (point, hole) in [("spa_vdev.remove_installed", false), ("spa_vdev.remove_labels", true)] {
+        let sim = Sim::new(98);
+        let options = SimOptions { store_data: true, record_log: false };
+        let devices = common::legs_with(&sim, 5, SimProfile::ssd(), LEG_BYTES, options);
+        let mut data = common::random_bytes(98, 4 << 20);
+        let store = with_logs(&sim, &devices, &data);
+        let fill = |block: u64| (block % 199) as u8 + 3;
+        let s = Arc::clone(&store);
+        sim.run(async move { durable_writes(&s, 0, 16, fill).await }).unwrap();
+        for block in 0..16usize {
+            let at = block * BLOCK as usize;
+            data[at..at + BLOCK as usize].fill(fill(block as u64));
+        }
+        store.arm_fail_point(point);
+        let s = Arc::clone(&store);
+        let caught =
+            sim.run(async move {
+                std::panic::AssertUnwindSafe(s.remove_log("leg2")).catch_unwind().await
+            })
+            .unwrap()
+            .0;
+        assert!(caught.is_err(), "{point}: the fail point did not fire");
+        drop(store);
+        for device in &devices {
+            device.crash(CrashPolicy::DropAll);
+        }
+        let store = import(&sim, &devices);
+        let top1 = store.pool().config().top[1].clone();
+        assert_eq!(top1.kind == sluice_format::TopKind::Hole, hole, "{point}: {top1:?}");
+        let paths: Vec<String> = store.pool().leaves().iter().map(|l| l.path.clone()).collect();
+        assert_eq!(paths.contains(&"leg2".to_owned()), !hole, "{point}: {paths:?}");
+        assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0), "{point}");
+        let s = Arc::clone(&store);
+        sim.run(async move { durable_writes(&s, 16, 16, fill).await }).unwrap();
+        for block in 16..32usize {
+            let at = block * BLOCK as usize;
+            data[at..at + BLOCK as usize].fill(fill(block as u64));
+        }
+        sync_and_audit(&sim, &store);
+        let store = export_import(&sim, store, &devices);
+        assert_eq!(store.pool().config().top[1].kind == sluice_format::TopKind::Hole, hole);
+        assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0), "{point}: again");
+        sync_and_audit(&sim, &store);
+    }
+}

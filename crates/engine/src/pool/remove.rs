@@ -75,6 +75,17 @@ impl Pool {
         }
         let mut config = tree.config.clone();
         config.top[index] = TopConfig::hole();
+        if let Err(cause) = config.encode() {
+            // The hole and its feature's name take a few bytes more than a short-pathed log
+            // leaf may have.
+            return Err(PoolError::CannotRemove {
+                pool: self.name.clone(),
+                device: format!("top-level vdev {index}"),
+                reason: format!(
+                    "the vdev tree with a hole in its place would not fit in a label ({cause})"
+                ),
+            });
+        }
         let gone: Vec<PoolLeaf> = tree.leaves.iter().filter(|l| l.top == index).cloned().collect();
         let new = self.build_tree(config, BTreeMap::new());
         let guids: Vec<u64> = gone.iter().map(|l| l.guid).collect();

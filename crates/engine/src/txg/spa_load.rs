@@ -24,7 +24,7 @@
 
 use std::collections::BTreeMap;
 
-use sluice_format::{LogHeader, PoolDirectory, SpaceMap, Uberblock};
+use sluice_format::{LogHeader, PoolDirectory, SpaceMap, Uberblock, DATA_START_BYTES};
 
 use super::dataset::Dataset;
 use super::dataset::Datasets;
@@ -297,9 +297,30 @@ async fn load_txg(
         |bp| async move { pool.read_block(bp, IoClass::SyncRead).await.map_err(|e| e.to_string()) };
     let directory = PoolDirectory::decode(&read(&root).await?).map_err(format)?;
     let areas = pool.data_areas();
+    // A removed log device's hole is the directory's to say: labels that a crash left
+    // unrewritten still name the device there, with its area (`Pool::adopt_config` makes the
+    // tree agree later).
+    let hole = |index: usize| {
+        directory
+            .records
+            .as_ref()
+            .and_then(|r| r.config.top.get(index))
+            .is_some_and(|t| t.kind == sluice_format::TopKind::Hole)
+    };
     let mut maps = Vec::new();
     for (index, pieces) in directory.space_maps.iter().enumerate() {
-        let area = areas.get(index).copied().unwrap_or((0, 0));
+        let area = if hole(index) {
+            if !pieces.is_empty() {
+                return Err(format!(
+                    "top-level vdev {index} is the hole of a removed log device, yet the \
+                     directory lists {} space-map pieces for it",
+                    pieces.len()
+                ));
+            }
+            (DATA_START_BYTES, DATA_START_BYTES)
+        } else {
+            areas.get(index).copied().unwrap_or((0, 0))
+        };
         let mut map = SpaceMap {
             ashift: pool.ashift(),
             synced_txg: 0,
@@ -323,7 +344,9 @@ async fn load_txg(
     // A top-level vdev whose add a crash cut short before its sync is in the labels' tree
     // and not in the directory: the directory's vdevs are the allocator's (the import then
     // drops the other, `Pool::adopt_config`).
-    let geometries = pool.geometries();
+    let geometries: Vec<_> = (pool.geometries().into_iter().enumerate())
+        .map(|(index, geometry)| geometry.filter(|_| !hole(index)))
+        .collect();
     let mut allocator = Allocator::load(pool.ashift(), &maps)
         .map_err(|source| {
             PoolError::NoSpace { pool: pool.name().to_owned(), cause: source }.to_string()

@@ -21,6 +21,36 @@ use std::sync::Arc;
 
 use super::{Store, StoreError};
 
+/// A log device being removed ([`Store::remove_log`]): while this lives, the allocator places
+/// no log block on it; dropped before [`Removing::done`] (an error, or the removal's caller
+/// gone), the device takes log blocks again and the chain restart not yet run is called off.
+struct Removing<'a> {
+    store: &'a Store,
+    vdev: u32,
+    done: bool,
+}
+
+impl<'a> Removing<'a> {
+    fn start(store: &'a Store, vdev: u32) -> Removing<'a> {
+        store.spa.allocator().lock().set_removing(vdev, true);
+        Removing { store, vdev, done: false }
+    }
+
+    /// The device is a hole now: nothing to undo.
+    fn done(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Removing<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.store.spa.allocator().lock().set_removing(self.vdev, false);
+            self.store.zil.take_restart();
+        }
+    }
+}
+
 /// The most syncs [`Store::remove_log`] runs for a log device to empty: one moves the chains,
 /// one frees their blocks, [`crate::alloc::FREE_DEFER_TXGS`] see the frees through, and two
 /// spare for a sync that a commit's fallback ran in between.
@@ -166,40 +196,37 @@ impl Store {
                 what: "the removal of a log device holding its records",
             });
         }
-        self.spa.allocator().lock().set_removing(vdev, true);
+        // Until the hole is in, an error or a caller that gives up (its future dropped)
+        // leaves the device taking log blocks again.
+        let removing = Removing::start(self, vdev);
         self.zil.restart_chains();
         let emptied = self.empty_log_device(vdev).await;
         let one_at_a_time = self.syncer.lock().await;
         let held = self.spa.allocator().lock().log_held_on(vdev);
-        let removal = match emptied {
-            Ok(()) if held == 0 => self.spa.pool().install_log_removal(vdev).map_err(Into::into),
-            Ok(()) => Err(StoreError::Pool(crate::pool::PoolError::CannotRemove {
+        emptied?;
+        if held != 0 {
+            return Err(StoreError::Pool(crate::pool::PoolError::CannotRemove {
                 pool: self.spa.pool().name().to_owned(),
                 device: name.to_owned(),
                 reason: format!(
-                    "{held} bytes of intent-log blocks are still live on it after {} syncs; \
-                     try again (pool events may say why)",
-                    REMOVAL_SYNCS_MAX
+                    "{held} bytes of intent-log blocks are still live on it after \
+                     {REMOVAL_SYNCS_MAX} syncs; try again (pool events may say why)"
                 ),
-            })),
-            Err(error) => Err(error),
-        };
-        let gone = match removal {
-            Ok(gone) => gone,
-            Err(error) => {
-                self.spa.allocator().lock().set_removing(vdev, false);
-                return Err(error);
-            }
-        };
+            }));
+        }
+        let gone = self.spa.pool().install_log_removal(vdev)?;
         self.spa.allocator().lock().remove_vdev(vdev);
+        removing.done();
         self.spa.fail_point("spa_vdev.remove_installed");
         let synced = self.sync_handle().sync_holding_lock(one_at_a_time).await?;
         self.spa.fail_point("spa_vdev.remove_labels");
-        let labels = self.spa.pool().write_labels(synced).await;
+        // Blanked only once the other labels no longer name them: a leaf blanked while some
+        // label still lists it would be missing at the next import. Left as they are, an
+        // import drops them (`Pool::adopt_config`).
+        self.spa.pool().write_labels(synced).await?;
         for leaf in &gone {
             self.retire_removed(leaf).await;
         }
-        labels?;
         Ok(gone.into_iter().map(|l| l.path).collect())
     }
 
