@@ -53,6 +53,18 @@ pub fn compress(
     logical: &[u8],
     unit: u64,
 ) -> Option<(AlignedBuf, BlockCompression)> {
+    compress_planned(property, logical, unit, None)
+}
+
+/// [`compress`], with the early abort already decided for the block by [`plan_run`]:
+/// `Some(false)` stores it as it is, `Some(true)` compresses it without sampling it again,
+/// `None` samples it here.
+pub fn compress_planned(
+    property: Compression,
+    logical: &[u8],
+    unit: u64,
+    planned: Option<bool>,
+) -> Option<(AlignedBuf, BlockCompression)> {
     let unit = unit.max(1) as usize;
     let len = logical.len();
     // The most a stored block may take and still be worth it.
@@ -62,7 +74,7 @@ pub fn compress(
     }
     // Anything longer than this would round past `limit`.
     let room = (limit / unit) * unit - COMPRESSED_HEADER_BYTES;
-    if !sample_compresses(logical) {
+    if !planned.unwrap_or_else(|| sample_compresses(logical)) {
         return None;
     }
     SCRATCH.with_borrow_mut(|scratch| {
@@ -94,6 +106,60 @@ pub fn compress(
         let pieces = [(0, &header[..]), (COMPRESSED_HEADER_BYTES, &scratch[..written])];
         Some((AlignedBuf::gathered(stored, pieces), alg))
     })
+}
+
+/// Consecutive blocks of a run whose samples did not compress before [`plan_run`] samples only
+/// every [`RUN_STRIDE`]th block.
+const RUN_MISSES: usize = 4;
+/// How far apart [`plan_run`] samples blocks once a run has shown [`RUN_MISSES`]
+/// incompressible ones in a row.
+const RUN_STRIDE: usize = 4;
+
+/// The early abort for a run of blocks written together (a span of one volume's data): each
+/// block's sample as [`compress`] takes it, until [`RUN_MISSES`] in a row do not compress;
+/// from there only every [`RUN_STRIDE`]th block is sampled, and when one of those compresses
+/// the blocks skipped since the last sample are sampled after all. The sample of an
+/// incompressible block costs an eighth of its compression, and under 1 MiB writes of random
+/// data still took 16% of the server's CPU, more than the checksum of all the bytes (perf,
+/// docs/bench/peers-notes.md, 2026-11-29); streams of already compressed or encrypted data are
+/// runs of such blocks. What the guess costs: a compressible block between two incompressible
+/// samples, inside a run of them, is stored as it is (space, never correctness: its pointer
+/// says so). Returns each block's decision for [`compress_planned`] (`None` for blocks not
+/// compressed at all, and those too short to sample) and how many samples were taken.
+pub fn plan_run<'a>(
+    blocks: impl IntoIterator<Item = (Compression, &'a [u8])>,
+) -> (Vec<Option<bool>>, usize) {
+    let blocks: Vec<(Compression, &[u8])> = blocks.into_iter().collect();
+    let mut plan = Vec::with_capacity(blocks.len());
+    // Blocks stored as they are without a sample since the last sample taken.
+    let mut skipped: Vec<usize> = Vec::new();
+    let (mut misses, mut samples) = (0usize, 0usize);
+    for &(property, logical) in &blocks {
+        if property == Compression::Off || logical.len() < 4 * SAMPLE_PIECE_BYTES * SAMPLE_PIECES {
+            plan.push(None);
+            continue;
+        }
+        if misses >= RUN_MISSES && skipped.len() + 1 < RUN_STRIDE {
+            skipped.push(plan.len());
+            plan.push(Some(false));
+            continue;
+        }
+        samples += 1;
+        let compresses = sample_compresses(logical);
+        if compresses {
+            // The data turned compressible somewhere since the last sample.
+            for &at in &skipped {
+                samples += 1;
+                plan[at] = Some(sample_compresses(blocks[at].1));
+            }
+            misses = 0;
+        } else {
+            misses += 1;
+        }
+        skipped.clear();
+        plan.push(Some(compresses));
+    }
+    (plan, samples)
 }
 
 /// Bytes of each of the [`SAMPLE_PIECES`] pieces an early abort compresses.
@@ -169,6 +235,48 @@ pub fn decompress_stored(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_run_of_incompressible_blocks_is_sampled_sparsely_and_compressible_ones_each() {
+        use super::{plan_run, RUN_MISSES, RUN_STRIDE};
+        use sluice_format::Compression;
+        let mut rng = crate::rt::Rng::new(7);
+        let random: Vec<Vec<u8>> =
+            (0..64).map(|_| (0..16384).map(|_| rng.u64() as u8).collect()).collect();
+        let text: Vec<u8> =
+            b"sluice writes this line again and again. ".repeat(400)[..16384].to_vec();
+        let lz4 = |b: &[Vec<u8>]| -> Vec<(Compression, Vec<u8>)> {
+            b.iter().map(|x| (Compression::Lz4, x.clone())).collect()
+        };
+        let run = |blocks: &[(Compression, Vec<u8>)]| {
+            plan_run(blocks.iter().map(|(c, b)| (*c, b.as_slice())))
+        };
+        // 64 random blocks: RUN_MISSES samples, then one in RUN_STRIDE.
+        let (plan, samples) = run(&lz4(&random));
+        assert_eq!(samples, RUN_MISSES + (64 - RUN_MISSES).div_ceil(RUN_STRIDE));
+        assert!(plan.iter().all(|p| *p == Some(false)));
+        // Compressible blocks are each sampled and compressed.
+        let (plan, samples) = run(&lz4(&vec![text.clone(); 64]));
+        assert_eq!((samples, plan.iter().filter(|p| **p == Some(true)).count()), (64, 64));
+        // Random, then compressible: every compressible block is compressed (those skipped
+        // before the sample that found the turn are sampled after all).
+        let mut mixed = lz4(&random[..21]);
+        mixed.extend(lz4(&vec![text.clone(); 43]));
+        let (plan, _) = run(&mixed);
+        assert!(plan[..21].iter().all(|p| *p == Some(false)), "{plan:?}");
+        assert!(plan[21..].iter().all(|p| *p == Some(true)), "{plan:?}");
+        // The price: a lone compressible block skipped inside a run of random ones is stored
+        // as it is.
+        let mut lone = lz4(&random[..32]);
+        lone[RUN_MISSES + 1] = (Compression::Lz4, text.clone());
+        assert_eq!(run(&lone).0[RUN_MISSES + 1], Some(false));
+        // Compression off, or a block too short to sample: left to `compress`.
+        let off = vec![(Compression::Off, random[0].clone()), (Compression::Lz4, vec![1u8; 4096])];
+        assert_eq!(run(&off).0, [None, None]);
+        // What the plan says, compress_planned does, without sampling again.
+        assert!(super::compress_planned(Compression::Lz4, &text, 4096, Some(false)).is_none());
+        assert!(super::compress_planned(Compression::Lz4, &text, 4096, Some(true)).is_some());
+    }
+
     use super::*;
     use sluice_format::ChecksumAlg;
 

@@ -419,7 +419,7 @@ pub fn seal(
     unit: u64,
     psize: Option<u64>,
 ) -> Result<Sealed, ZioError> {
-    let stored = transform(pipeline, props, logical, unit, psize)?;
+    let stored = transform(pipeline, props, logical, unit, psize, None)?;
     sum(pipeline, stored)
 }
 
@@ -439,9 +439,11 @@ fn transform(
     logical: Arc<AlignedBuf>,
     unit: u64,
     psize: Option<u64>,
+    planned: Option<bool>,
 ) -> Result<Transformed, ZioError> {
     pipeline.stage(Stage::Compress, props.writer)?;
-    let (mut stored, compression) = match compress::compress(props.compression, &logical, unit) {
+    let compressed = compress::compress_planned(props.compression, &logical, unit, planned);
+    let (mut stored, compression) = match compressed {
         Some((bytes, alg)) => (Arc::new(bytes), alg),
         None => (Arc::clone(&logical), BlockCompression::None),
     };
@@ -568,11 +570,20 @@ pub async fn seal_batch(
         return pipeline.counted(seal_stages(pipeline, blocks, unit));
     }
     let pipeline_ = Arc::clone(pipeline);
-    let items: Vec<(BlockProps, Arc<AlignedBuf>, Arc<Pipeline>)> =
-        blocks.into_iter().map(|(props, data)| (props, data, Arc::clone(&pipeline_))).collect();
+    // The early abort is decided over the run here, in order; each block is then compressed
+    // (or not) and checksummed wherever it is spread to.
+    let (plan, _) =
+        compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..])));
+    type Item = (BlockProps, Arc<AlignedBuf>, Arc<Pipeline>, Option<bool>);
+    let items: Vec<Item> = blocks
+        .into_iter()
+        .zip(plan)
+        .map(|((props, data), planned)| (props, data, Arc::clone(&pipeline_), planned))
+        .collect();
     let sealed = env
-        .map_spread("zio_write_issue", items, move |(props, data, pipeline)| {
-            seal(pipeline, *props, Arc::clone(data), unit, None)
+        .map_spread("zio_write_issue", items, move |(props, data, pipeline, planned)| {
+            let stored = transform(pipeline, *props, Arc::clone(data), unit, None, *planned)?;
+            sum(pipeline, stored)
         })
         .await;
     pipeline.counted(sealed.into_iter().collect())
@@ -587,9 +598,12 @@ fn seal_stages(
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
     unit: u64,
 ) -> Result<Vec<Sealed>, ZioError> {
+    let (plan, _) =
+        compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..])));
     blocks
         .into_iter()
-        .map(|(props, data)| transform(pipeline, props, data, unit, None))
+        .zip(plan)
+        .map(|((props, data), planned)| transform(pipeline, props, data, unit, None, planned))
         .collect::<Result<Vec<_>, _>>()
         .and_then(|blocks| blocks.into_iter().map(|block| sum(pipeline, block)).collect())
 }
