@@ -71,9 +71,10 @@
 # so a run of a few jobs or targets leaves the main table alone. A run with the targets
 # sluice[intent_log.policy=batch] and sluice[intent_log.policy=pipelined] beside sluice (whose
 # log policy is auto) also judges auto against the better of the two in each sync-write job.
-# The default run (10 s a job, 3 rounds: 45 runs of about 11.5 s a round, and 6 s after each of
-# sluice's 9 write runs) takes about 30 minutes, and the warm-up about 25 s a target; --mirror
-# adds about 4.
+# A run takes about 12 s per job and target each round, plus the warm-up (about 25 s a target)
+# and each target's prefill of --size: with every target but nbdkit-memory, --mirror and two
+# --volblock targets (85 runs a round), three rounds took 43 minutes on 2026-11-29 and about
+# 45 GB of the data dir (checked before anything is written).
 # Needs: fio, qemu-utils (qemu-nbd), nbdkit, libnbd-bin; builds target/release/sluice unless
 # --no-build.
 set -euo pipefail
@@ -169,6 +170,26 @@ ramp=1
 tck=$(getconf CLK_TCK)
 
 rm -rf "$dir"; mkdir -p "$dir"
+# Room for every image first: a run that fills the filesystem halfway through fails its targets
+# one by one (and leaves too little for anything else). The peers' files are --size, each
+# sluice leaf twice the volume; the mirror has two.
+leaves=0
+for t in sluice sluice-nocache; do wanted "$t" && leaves=$(( leaves + 1 )); done
+if [ "$mirror" = 1 ]; then
+  wanted sluice-mirror && leaves=$(( leaves + 2 ))
+  wanted sluice-nolz4 && leaves=$(( leaves + 1 ))
+fi
+for b in ${volblocks[@]+"${volblocks[@]}"}; do wanted "sluice-bs$b" && leaves=$(( leaves + 1 )); done
+for t in ${tunables[@]+"${tunables[@]}"}; do wanted "sluice[$t]" && leaves=$(( leaves + 1 )); done
+[ -n "$before" ] && wanted sluice-before && leaves=$(( leaves + 1 ))
+files=0
+for t in raw qemu-nbd nbdkit; do wanted "$t" && files=$(( files + 1 )); done
+need=$(( files * bytes + leaves * leaf_bytes ))
+have=$(( $(df --output=avail -B1 "$dir" | tail -1) ))
+if [ "$need" -gt "$have" ]; then
+  echo "peers: the images need $(numfmt --to=iec "$need") in $dir, which has $(numfmt --to=iec "$have") free; free space there, pick fewer targets (--targets), or a smaller --size" >&2
+  exit 1
+fi
 results=$dir/results.jsonl
 : >"$results"
 export SLUICE_CACHE_FILE=$dir/sluice-pools
