@@ -73,7 +73,8 @@
 # log policy is auto) also judges auto against the better of the two in each sync-write job.
 # A run takes about 12 s per job and target each round, plus the warm-up (about 25 s a target)
 # and each target's prefill of --size: with every target but nbdkit-memory, --mirror and two
-# --volblock targets (85 runs a round), three rounds took 43 minutes on 2026-11-29 and about
+# --volblock targets (86 runs a round; 92 since the compression-off target runs every job),
+# three rounds took 43 minutes on 2026-11-29 and about
 # 45 GB of the data dir (checked before anything is written).
 # Needs: fio, qemu-utils (qemu-nbd), nbdkit, libnbd-bin; builds target/release/sluice unless
 # --no-build.
