@@ -20,7 +20,6 @@ use sluice_engine::device::sim::SimOptions;
 use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
 use sluice_engine::fm::EventClass;
 use sluice_engine::pool::{LeafSpec, Pool, PoolError, TopSpec};
-use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{Store, StoreError};
 use sluice_sim::Sim;
@@ -207,43 +206,43 @@ fn power_cuts_during_an_add() {
         .0;
     assert_eq!(store.pool().config().top.len(), 2);
 
-    let mut rng = Rng::new(seed);
-    let cuts = 12u64;
     let mut seen = std::collections::BTreeSet::new();
-    for k in 0..=cuts {
-        let (cut, images) = common::power_cut(&devices, (start, end), (k, cuts), &mut rng);
-        let after = Sim::new(seed * 100 + k);
-        let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
-        let store = import(&after, &revived);
-        let what = format!("seed {seed}, cut {k} of {cuts} at {cut:?}");
-        let tops = store.pool().config().top.len();
-        let paths: Vec<String> = store.pool().leaves().iter().map(|l| l.path.clone()).collect();
-        match tops {
-            1 => assert_eq!(paths, ["leg0", "leg1"], "{what}"),
-            2 => assert_eq!(paths, ["leg0", "leg1", "leg2", "leg3"], "{what}"),
-            _ => panic!("{what}: {tops} top-level vdevs"),
-        }
-        seen.insert(tops);
-        assert_eq!(common::read_all(&after, &store, &base, BLOCK), (0, 0), "{what}");
-        audit(&after, &store);
-        // What was synced of "w" reads back as written (a block not yet written reads zeros).
-        let s = Arc::clone(&store);
-        let expected = more.clone();
-        let ok = after
-            .run(async move {
-                let Ok(_) = s.read("w", 0, u64::from(BLOCK)).await else { return true };
-                for (i, piece) in expected.chunks(1 << 20).enumerate() {
-                    let got = s.read("w", (i as u64) << 20, piece.len() as u64).await.unwrap();
-                    if got.as_slice() != piece && got.iter().any(|&b| b != 0) {
-                        return false;
+    common::each_power_cut(
+        &devices,
+        (start, end),
+        seed,
+        LEG_BYTES,
+        |after, revived, _cut, what| {
+            let store = import(after, &revived);
+            let tops = store.pool().config().top.len();
+            let paths: Vec<String> = store.pool().leaves().iter().map(|l| l.path.clone()).collect();
+            match tops {
+                1 => assert_eq!(paths, ["leg0", "leg1"], "{what}"),
+                2 => assert_eq!(paths, ["leg0", "leg1", "leg2", "leg3"], "{what}"),
+                _ => panic!("{what}: {tops} top-level vdevs"),
+            }
+            seen.insert(tops);
+            assert_eq!(common::read_all(after, &store, &base, BLOCK), (0, 0), "{what}");
+            audit(after, &store);
+            // What was synced of "w" reads back as written (a block not yet written reads zeros).
+            let s = Arc::clone(&store);
+            let expected = more.clone();
+            let ok = after
+                .run(async move {
+                    let Ok(_) = s.read("w", 0, u64::from(BLOCK)).await else { return true };
+                    for (i, piece) in expected.chunks(1 << 20).enumerate() {
+                        let got = s.read("w", (i as u64) << 20, piece.len() as u64).await.unwrap();
+                        if got.as_slice() != piece && got.iter().any(|&b| b != 0) {
+                            return false;
+                        }
                     }
-                }
-                true
-            })
-            .unwrap()
-            .0;
-        assert!(ok, "{what}: w has bytes it was never written");
-    }
+                    true
+                })
+                .unwrap()
+                .0;
+            assert!(ok, "{what}: w has bytes it was never written");
+        },
+    );
     assert_eq!(seen.len(), 2, "the cuts saw only {seen:?}");
 }
 
@@ -435,15 +434,9 @@ fn power_cuts_during_a_log_device_removal() {
         .0;
     assert_eq!(store.pool().config().top[1].kind, sluice_format::TopKind::Hole);
 
-    let mut rng = Rng::new(seed);
-    let cuts = 12u64;
     let mut seen = std::collections::BTreeSet::new();
-    for k in 0..=cuts {
-        let (cut, images) = common::power_cut(&devices, (start, end), (k, cuts), &mut rng);
-        let after = Sim::new(seed * 100 + k);
-        let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
-        let store = import(&after, &revived);
-        let what = format!("seed {seed}, cut {k} of {cuts} at {cut:?}");
+    common::each_power_cut(&devices, (start, end), seed, LEG_BYTES, |after, revived, cut, what| {
+        let store = import(after, &revived);
         let top1 = store.pool().config().top[1].clone();
         let paths: Vec<String> = store.pool().leaves().iter().map(|l| l.path.clone()).collect();
         match top1.kind {
@@ -487,8 +480,8 @@ fn power_cuts_during_a_log_device_removal() {
             lost.is_empty(),
             "{what}: blocks {lost:?} lost an acknowledged write or read garbage"
         );
-        audit(&after, &store);
-    }
+        audit(after, &store);
+    });
     assert_eq!(seen.len(), 2, "the cuts saw only {seen:?}");
 }
 

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use sluice_engine::device::sim::{Fault, SimOptions};
 use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
 use sluice_engine::pool::{LeafSpec, Pool, PoolError, TopSpec};
-use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{Store, StoreError};
 use sluice_engine::vdev::{FaultReason, LeafState};
@@ -246,13 +245,8 @@ fn power_cuts_during_a_replace() {
         .0;
     assert_eq!(paths(&store), ["leg0", "leg2"]);
 
-    let mut rng = Rng::new(seed);
-    let cuts = 12u64;
     let mut seen = std::collections::BTreeSet::new();
-    for k in 0..=cuts {
-        let (cut, images) = common::power_cut(&legs, (start, end), (k, cuts), &mut rng);
-        let after = Sim::new(seed * 100 + k);
-        let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
+    common::each_power_cut(&legs, (start, end), seed, LEG_BYTES, |after, revived, _cut, what| {
         let env = after.env();
         let specs = common::leaf_specs(&revived);
         let store = after
@@ -262,7 +256,6 @@ fn power_cuts_during_a_replace() {
             })
             .unwrap()
             .0;
-        let what = format!("seed {seed}, cut {k} of {cuts} at {cut:?}");
         let opened = paths(&store);
         assert!(
             [vec!["leg0", "leg1"], vec!["leg0", "leg1", "leg2"], vec!["leg0", "leg2"]]
@@ -271,15 +264,15 @@ fn power_cuts_during_a_replace() {
             "{what}: opened with {opened:?}"
         );
         seen.insert(opened);
-        settle(&after, &store);
+        settle(after, &store);
         let final_paths = paths(&store);
         assert!(
             final_paths == ["leg0", "leg1"] || final_paths == ["leg0", "leg2"],
             "{what}: ended with {final_paths:?}"
         );
         assert!(store.pool().leaves_behind().is_empty(), "{what}: a leg is still behind");
-        each_leaf_alone(&after, &store, &revived, &data, &what);
-    }
+        each_leaf_alone(after, &store, &revived, &data, what);
+    });
     assert!(seen.len() >= 2, "the cuts saw only {seen:?}");
 }
 

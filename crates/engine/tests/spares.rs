@@ -19,7 +19,6 @@ use sluice_engine::device::sim::{Fault, SimOptions};
 use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
 use sluice_engine::fm::EventClass;
 use sluice_engine::pool::{LeafSpec, Pool, PoolError, PoolSpec, TopSpec};
-use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{Store, StoreError};
 use sluice_engine::vdev::{FaultReason, LeafState};
@@ -367,31 +366,35 @@ fn power_cuts_during_a_spare_activation_and_its_resilver() {
     assert_eq!(spares(&store), [("leg2".into(), "INUSE", Some("leg1".into()))]);
     devices[1].clear_faults();
 
-    let mut rng = Rng::new(seed);
-    let cuts = 12u64;
     let mut seen = std::collections::BTreeSet::new();
-    for k in 0..=cuts {
-        let (cut, images) = common::power_cut(&devices, (start, end), (k, cuts), &mut rng);
-        let after = Sim::new(seed * 100 + k);
-        let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
-        // leg1 stays dead: the spare is what must serve.
-        revived[1].inject(Fault::Lost);
-        let store = import(&after, &revived);
-        let what = format!("seed {seed}, cut {k} of {cuts} at {cut:?}");
-        let opened: Vec<&str> = store.pool().spares().iter().map(|s| s.state).collect();
-        assert!(opened == ["AVAIL"] || opened == ["INUSE"], "{what}: {opened:?}");
-        seen.insert(opened.concat());
-        settle(&after, &store);
-        assert_eq!(
-            spares(&store),
-            [("leg2".into(), "INUSE", Some("leg1".into()))],
-            "{what}: the spare is in at the end"
-        );
-        assert!(store.pool().leaves_behind().is_empty(), "{what}: still behind");
-        // leg0 lost too: the spare alone holds every block.
-        revived[0].inject(Fault::Lost);
-        assert_eq!(common::read_all(&after, &store, &data, BLOCK), (0, 0), "{what}: spare alone");
-    }
+    common::each_power_cut(
+        &devices,
+        (start, end),
+        seed,
+        LEG_BYTES,
+        |after, revived, _cut, what| {
+            // leg1 stays dead: the spare is what must serve.
+            revived[1].inject(Fault::Lost);
+            let store = import(after, &revived);
+            let opened: Vec<&str> = store.pool().spares().iter().map(|s| s.state).collect();
+            assert!(opened == ["AVAIL"] || opened == ["INUSE"], "{what}: {opened:?}");
+            seen.insert(opened.concat());
+            settle(after, &store);
+            assert_eq!(
+                spares(&store),
+                [("leg2".into(), "INUSE", Some("leg1".into()))],
+                "{what}: the spare is in at the end"
+            );
+            assert!(store.pool().leaves_behind().is_empty(), "{what}: still behind");
+            // leg0 lost too: the spare alone holds every block.
+            revived[0].inject(Fault::Lost);
+            assert_eq!(
+                common::read_all(after, &store, &data, BLOCK),
+                (0, 0),
+                "{what}: spare alone"
+            );
+        },
+    );
     assert!(seen.len() == 2, "the cuts saw only {seen:?}");
 }
 
@@ -538,36 +541,36 @@ fn power_cuts_while_a_spare_goes_back_and_spares_come_and_go() {
         .0;
     assert_eq!(spares(&store), [("leg2".into(), "AVAIL", None)]);
 
-    let mut rng = Rng::new(seed);
-    let cuts = 12u64;
     let mut seen = std::collections::BTreeSet::new();
-    for k in 0..=cuts {
-        let (cut, images) = common::power_cut(&devices, (start, end), (k, cuts), &mut rng);
-        let after = Sim::new(seed * 100 + k);
-        let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
-        let store = import(&after, &revived);
-        let what = format!("seed {seed}, cut {k} of {cuts} at {cut:?}");
-        let opened = spares(&store);
-        let leg2 = opened.iter().find(|(p, _, _)| p == "leg2").map(|(_, s, _)| *s);
-        assert!(matches!(leg2, Some("AVAIL" | "INUSE")), "{what}: {opened:?}");
-        assert!(
-            opened.iter().all(|(p, s, _)| p == "leg2" || (p == "leg3" && *s == "AVAIL")),
-            "{what}: {opened:?}"
-        );
-        let members = paths(&store);
-        assert!(!members.contains(&"leg3".to_owned()), "{what}: {members:?}");
-        seen.insert(format!("{opened:?}"));
-        settle(&after, &store);
-        assert_eq!(
-            spares(&store).iter().find(|(p, _, _)| p == "leg2").map(|(_, s, _)| *s),
-            Some("AVAIL"),
-            "{what}: the spare went back"
-        );
-        assert_eq!(paths(&store), ["leg0", "leg1"], "{what}");
-        assert!(store.pool().leaves_behind().is_empty(), "{what}: still behind");
-        revived[0].inject(Fault::Lost);
-        assert_eq!(common::read_all(&after, &store, &data, BLOCK), (0, 0), "{what}: leg1 alone");
-    }
+    common::each_power_cut(
+        &devices,
+        (start, end),
+        seed,
+        LEG_BYTES,
+        |after, revived, _cut, what| {
+            let store = import(after, &revived);
+            let opened = spares(&store);
+            let leg2 = opened.iter().find(|(p, _, _)| p == "leg2").map(|(_, s, _)| *s);
+            assert!(matches!(leg2, Some("AVAIL" | "INUSE")), "{what}: {opened:?}");
+            assert!(
+                opened.iter().all(|(p, s, _)| p == "leg2" || (p == "leg3" && *s == "AVAIL")),
+                "{what}: {opened:?}"
+            );
+            let members = paths(&store);
+            assert!(!members.contains(&"leg3".to_owned()), "{what}: {members:?}");
+            seen.insert(format!("{opened:?}"));
+            settle(after, &store);
+            assert_eq!(
+                spares(&store).iter().find(|(p, _, _)| p == "leg2").map(|(_, s, _)| *s),
+                Some("AVAIL"),
+                "{what}: the spare went back"
+            );
+            assert_eq!(paths(&store), ["leg0", "leg1"], "{what}");
+            assert!(store.pool().leaves_behind().is_empty(), "{what}: still behind");
+            revived[0].inject(Fault::Lost);
+            assert_eq!(common::read_all(after, &store, &data, BLOCK), (0, 0), "{what}: leg1 alone");
+        },
+    );
     assert!(seen.len() >= 2, "the cuts saw only {seen:?}");
 }
 
@@ -610,41 +613,39 @@ fn power_cuts_during_a_raidz_replace_of_a_spared_leaf() {
         .0;
     assert_eq!(paths(&store), ["leg0", "leg1", "leg5", "leg3"]);
 
-    let mut rng = Rng::new(seed);
-    let cuts = 12u64;
     let mut seen = std::collections::BTreeSet::new();
-    for k in 0..=cuts {
-        let (cut, images) = common::power_cut(&devices, (start, end), (k, cuts), &mut rng);
-        let after = Sim::new(seed * 100 + k);
-        let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
-        revived[2].inject(Fault::Lost);
-        let store = import(&after, &revived);
-        let what = format!("seed {seed}, cut {k} of {cuts} at {cut:?}");
-        let opened = paths(&store);
-        seen.insert(opened.clone());
-        assert!(opened.len() <= 6, "{what}: {opened:?}");
-        settle(&after, &store);
-        let settled = (paths(&store), spares(&store));
-        let before = (
-            vec!["leg0", "leg1", "leg2", "leg3", "leg4"],
-            vec![("leg4".to_owned(), "INUSE", Some("leg2".to_owned()))],
-        );
-        let replaced =
-            (vec!["leg0", "leg1", "leg5", "leg3"], vec![("leg4".to_owned(), "AVAIL", None)]);
-        assert!(
-            (settled.0 == before.0 && settled.1 == before.1)
-                || (settled.0 == replaced.0 && settled.1 == replaced.1),
-            "{what}: settled on {settled:?}"
-        );
-        assert!(store
-            .pool()
-            .leaves_behind()
-            .iter()
-            .all(|&(g, _, _)| { store.pool().leaves().iter().any(|l| l.guid == g && !l.present) }));
-        assert_eq!(common::read_all(&after, &store, &data, BLOCK), (0, 0), "{what}");
-        revived[0].inject(Fault::Lost);
-        assert_eq!(common::read_all(&after, &store, &data, BLOCK), (0, 0), "{what}: leg0 lost");
-    }
+    common::each_power_cut(
+        &devices,
+        (start, end),
+        seed,
+        LEG_BYTES,
+        |after, revived, _cut, what| {
+            revived[2].inject(Fault::Lost);
+            let store = import(after, &revived);
+            let opened = paths(&store);
+            seen.insert(opened.clone());
+            assert!(opened.len() <= 6, "{what}: {opened:?}");
+            settle(after, &store);
+            let settled = (paths(&store), spares(&store));
+            let before = (
+                vec!["leg0", "leg1", "leg2", "leg3", "leg4"],
+                vec![("leg4".to_owned(), "INUSE", Some("leg2".to_owned()))],
+            );
+            let replaced =
+                (vec!["leg0", "leg1", "leg5", "leg3"], vec![("leg4".to_owned(), "AVAIL", None)]);
+            assert!(
+                (settled.0 == before.0 && settled.1 == before.1)
+                    || (settled.0 == replaced.0 && settled.1 == replaced.1),
+                "{what}: settled on {settled:?}"
+            );
+            assert!(store.pool().leaves_behind().iter().all(|&(g, _, _)| {
+                store.pool().leaves().iter().any(|l| l.guid == g && !l.present)
+            }));
+            assert_eq!(common::read_all(after, &store, &data, BLOCK), (0, 0), "{what}");
+            revived[0].inject(Fault::Lost);
+            assert_eq!(common::read_all(after, &store, &data, BLOCK), (0, 0), "{what}: leg0 lost");
+        },
+    );
     assert!(seen.len() >= 2, "the cuts saw only {seen:?}");
 }
 
@@ -682,35 +683,35 @@ fn power_cuts_during_an_in_place_replace() {
         .0;
     assert_eq!(paths(&store), ["leg0", "leg1"]);
 
-    let mut rng = Rng::new(seed);
-    let cuts = 12u64;
     let mut seen = std::collections::BTreeSet::new();
     let mut replaced = 0;
-    for k in 0..=cuts {
-        let (cut, images) = common::power_cut(&devices, (start, end), (k, cuts), &mut rng);
-        let after = Sim::new(seed * 100 + k);
-        let revived = common::revive(&after, images, SimProfile::ssd(), LEG_BYTES);
-        // The old disk is gone for good.
-        revived[1].inject(Fault::Lost);
-        let store = import(&after, &revived);
-        let what = format!("seed {seed}, cut {k} of {cuts} at {cut:?}");
-        let members = store.pool().leaves().len();
-        assert!((2..=3).contains(&members), "{what}: {:?}", paths(&store));
-        seen.insert(members);
-        settle(&after, &store);
-        let new_in = store.pool().leaves().iter().any(|l| l.path == "leg2" && l.present);
-        if new_in {
-            replaced += 1;
-            assert_eq!(store.pool().leaves().len(), 2, "{what}: {:?}", paths(&store));
-            assert!(store.pool().leaves_behind().is_empty(), "{what}: still behind");
-            revived[0].inject(Fault::Lost);
-            let alone = common::read_all(&after, &store, &data, BLOCK);
-            assert_eq!(alone, (0, 0), "{what}: the new device alone");
-        } else {
-            // Cut before the replace's sync: the pool is as it was, leg1 missing.
-            assert_eq!(common::read_all(&after, &store, &data, BLOCK), (0, 0), "{what}");
-        }
-    }
+    common::each_power_cut(
+        &devices,
+        (start, end),
+        seed,
+        LEG_BYTES,
+        |after, revived, _cut, what| {
+            // The old disk is gone for good.
+            revived[1].inject(Fault::Lost);
+            let store = import(after, &revived);
+            let members = store.pool().leaves().len();
+            assert!((2..=3).contains(&members), "{what}: {:?}", paths(&store));
+            seen.insert(members);
+            settle(after, &store);
+            let new_in = store.pool().leaves().iter().any(|l| l.path == "leg2" && l.present);
+            if new_in {
+                replaced += 1;
+                assert_eq!(store.pool().leaves().len(), 2, "{what}: {:?}", paths(&store));
+                assert!(store.pool().leaves_behind().is_empty(), "{what}: still behind");
+                revived[0].inject(Fault::Lost);
+                let alone = common::read_all(after, &store, &data, BLOCK);
+                assert_eq!(alone, (0, 0), "{what}: the new device alone");
+            } else {
+                // Cut before the replace's sync: the pool is as it was, leg1 missing.
+                assert_eq!(common::read_all(after, &store, &data, BLOCK), (0, 0), "{what}");
+            }
+        },
+    );
     assert!(seen.len() >= 2, "the cuts saw only {seen:?}");
     assert!(replaced > 0, "no cut came after the replace's sync");
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use sluice_format::raidz::RaidzGeometry;
 use sluice_format::{data_end_bytes, LeafConfig, RaidzConfig, TopConfig, TopKind, VdevTreeConfig};
 
-use super::{build_vdev, Pool, PoolError, PoolLeaf, TopSpec, LEAF_BYTES_MIN};
+use super::{build_vdev, LeafSpec, Pool, PoolError, PoolLeaf, TopSpec, LEAF_BYTES_MIN};
 use crate::vdev::{Leaf, VdevId, MIRROR_CHILDREN_MAX};
 
 /// Vdevs made ready to join the pool ([`Pool::prepare_add`]).
@@ -26,6 +26,30 @@ pub struct PreparedAdd {
 }
 
 impl Pool {
+    /// What a device joining this pool as a new top-level vdev's leaf or a hot spare must be:
+    /// at least [`LEAF_BYTES_MIN`], with sectors no larger than the pool's allocation unit.
+    pub(super) fn check_new_leaf(&self, spec: &LeafSpec) -> Result<(), PoolError> {
+        let len = spec.device.len_bytes();
+        if len < LEAF_BYTES_MIN {
+            return Err(PoolError::LeafTooSmall {
+                pool: self.name.clone(),
+                path: spec.path.clone(),
+                len_bytes: len,
+                min_bytes: LEAF_BYTES_MIN,
+            });
+        }
+        let sector = spec.device.sector_bytes();
+        if sector > 1 << self.ashift {
+            return Err(PoolError::SectorTooLarge {
+                pool: self.name.clone(),
+                path: spec.path.clone(),
+                sector,
+                ashift: self.ashift,
+            });
+        }
+        Ok(())
+    }
+
     /// Checks `tops` as `pool create` checks its vdevs (widths, sizes, sectors no larger than
     /// the pool's allocation unit, paths not members), writes the new leaves' labels for
     /// `config_txg` and prepares their log regions. [`Pool::install_add`] puts them in.
@@ -83,24 +107,7 @@ impl Pool {
                             path: spec.path.clone(),
                         });
                     }
-                    let len = spec.device.len_bytes();
-                    if len < LEAF_BYTES_MIN {
-                        return Err(PoolError::LeafTooSmall {
-                            pool: self.name.clone(),
-                            path: spec.path.clone(),
-                            len_bytes: len,
-                            min_bytes: LEAF_BYTES_MIN,
-                        });
-                    }
-                    let sector = spec.device.sector_bytes();
-                    if sector > 1 << self.ashift {
-                        return Err(PoolError::SectorTooLarge {
-                            pool: self.name.clone(),
-                            path: spec.path.clone(),
-                            sector,
-                            ashift: self.ashift,
-                        });
-                    }
+                    self.check_new_leaf(spec)?;
                 }
                 let raidz = if kind == TopKind::Raidz {
                     let width = u32::try_from(specs.len()).unwrap_or(u32::MAX);

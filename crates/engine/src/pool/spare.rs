@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use sluice_format::{data_end_bytes, LabelHeader, SpareConfig, VdevTreeConfig, LABEL_BYTES};
 
-use super::{LeafSpec, Pool, PoolError, PoolLeaf, LEAF_BYTES_MIN};
+use super::{LeafSpec, Pool, PoolError, PoolLeaf};
 use crate::device::{BlockDevice, SharedBuf};
 use crate::vdev::{Leaf, LeafState, VdevId};
 
@@ -142,24 +142,7 @@ impl Pool {
                         path: spec.path,
                     });
                 }
-                let len = spec.device.len_bytes();
-                if len < LEAF_BYTES_MIN {
-                    return Err(PoolError::LeafTooSmall {
-                        pool: self.name.clone(),
-                        path: spec.path,
-                        len_bytes: len,
-                        min_bytes: LEAF_BYTES_MIN,
-                    });
-                }
-                let sector = spec.device.sector_bytes();
-                if sector > 1 << self.ashift {
-                    return Err(PoolError::SectorTooLarge {
-                        pool: self.name.clone(),
-                        path: spec.path,
-                        sector,
-                        ashift: self.ashift,
-                    });
-                }
+                self.check_new_leaf(&spec)?;
                 let guid = self.fresh_spare_guid(&tree, &config);
                 config.spares.push(SpareConfig { guid, path: spec.path.clone(), stands_in_for: 0 });
                 spares.push(SpareLeaf { guid, path: spec.path, device: Some(spec.device) });

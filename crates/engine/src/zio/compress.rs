@@ -48,18 +48,11 @@ thread_local! {
 /// Compresses `logical` as `property` asks. Returns the bytes to store (whole allocation units
 /// of `unit` bytes) and the algorithm when that saves at least an eighth of `logical`'s
 /// size; `None` when the block is to be stored as it is.
+///
+/// `planned` is the early abort when [`plan_run`] decided it for the block: `Some(false)`
+/// stores it as it is, `Some(true)` compresses it without sampling it again, `None` samples it
+/// here.
 pub fn compress(
-    property: Compression,
-    logical: &[u8],
-    unit: u64,
-) -> Option<(AlignedBuf, BlockCompression)> {
-    compress_planned(property, logical, unit, None)
-}
-
-/// [`compress`], with the early abort already decided for the block by [`plan_run`]:
-/// `Some(false)` stores it as it is, `Some(true)` compresses it without sampling it again,
-/// `None` samples it here.
-pub fn compress_planned(
     property: Compression,
     logical: &[u8],
     unit: u64,
@@ -124,7 +117,7 @@ const RUN_STRIDE: usize = 4;
 /// docs/bench/peers-notes.md, 2026-11-29); streams of already compressed or encrypted data are
 /// runs of such blocks. What the guess costs: a compressible block between two incompressible
 /// samples, inside a run of them, is stored as it is (space, never correctness: its pointer
-/// says so). Returns each block's decision for [`compress_planned`] (`None` for blocks not
+/// says so). Returns each block's decision for [`compress`] (`None` for blocks not
 /// compressed at all, and those too short to sample) and how many samples were taken.
 pub fn plan_run<'a>(
     blocks: impl IntoIterator<Item = (Compression, &'a [u8])>,
@@ -272,9 +265,9 @@ mod tests {
         // Compression off, or a block too short to sample: left to `compress`.
         let off = vec![(Compression::Off, random[0].clone()), (Compression::Lz4, vec![1u8; 4096])];
         assert_eq!(run(&off).0, [None, None]);
-        // What the plan says, compress_planned does, without sampling again.
-        assert!(super::compress_planned(Compression::Lz4, &text, 4096, Some(false)).is_none());
-        assert!(super::compress_planned(Compression::Lz4, &text, 4096, Some(true)).is_some());
+        // What the plan says, compress does, without sampling again.
+        assert!(super::compress(Compression::Lz4, &text, 4096, Some(false)).is_none());
+        assert!(super::compress(Compression::Lz4, &text, 4096, Some(true)).is_some());
     }
 
     use super::*;
@@ -302,7 +295,7 @@ mod tests {
         let logical: Vec<u8> =
             (0..16384u32).map(|i| b"sluice stores blocks "[(i % 21) as usize]).collect();
         for property in [Compression::Lz4, Compression::Zstd(1), Compression::Zstd(19)] {
-            let (stored, alg) = compress(property, &logical, 4096).expect("compressible");
+            let (stored, alg) = compress(property, &logical, 4096, None).expect("compressible");
             assert_eq!(stored.len(), 4096, "{property:?}: one allocation unit");
             let bp = pointer(alg, logical.len(), &stored);
             assert_eq!(&decompress(&bp, &stored).unwrap()[..], &logical[..]);
@@ -315,26 +308,26 @@ mod tests {
         // Random bytes do not compress.
         let mut rng = fastrand::Rng::with_seed(7);
         let random: Vec<u8> = (0..16384).map(|_| rng.u8(..)).collect();
-        assert!(compress(Compression::Lz4, &random, 4096).is_none());
-        assert!(compress(Compression::Zstd(3), &random, 4096).is_none());
+        assert!(compress(Compression::Lz4, &random, 4096, None).is_none());
+        assert!(compress(Compression::Zstd(3), &random, 4096, None).is_none());
         // Half random, half zeros: 8 KiB + header rounds to 12 KiB of 16: saved a quarter.
         let mut half = random.clone();
         half[8192..].fill(0);
-        assert_eq!(compress(Compression::Lz4, &half, 4096).unwrap().0.len(), 12288);
+        assert_eq!(compress(Compression::Lz4, &half, 4096, None).unwrap().0.len(), 12288);
         // 15/16 random: rounding to 16 KiB saves nothing.
         let mut most = random;
         most[15360..].fill(0);
-        assert!(compress(Compression::Lz4, &most, 4096).is_none());
+        assert!(compress(Compression::Lz4, &most, 4096, None).is_none());
         // The early abort's sample spans the block: random bytes first, zeros after, still
         // compress.
         let mut start = vec![0u8; 16384];
         start[..4096].copy_from_slice(&half[..4096]);
-        assert!(compress(Compression::Lz4, &start, 4096).is_some());
+        assert!(compress(Compression::Lz4, &start, 4096, None).is_some());
         let noise: Vec<u8> = (0..16384).map(|_| rng.u8(..)).collect();
         assert!(sample_compresses(&start) && !sample_compresses(&noise));
         // A 4 KiB block on 4 KiB units can never save an eighth.
-        assert!(compress(Compression::Lz4, &[0u8; 4096], 4096).is_none());
-        assert!(compress(Compression::Off, &[0u8; 16384], 512).is_none());
+        assert!(compress(Compression::Lz4, &[0u8; 4096], 4096, None).is_none());
+        assert!(compress(Compression::Off, &[0u8; 16384], 512, None).is_none());
     }
 
     #[test]
@@ -359,7 +352,7 @@ mod tests {
                 }
             }
             for property in [Compression::Lz4, Compression::Zstd(1)] {
-                if let Some((stored, alg)) = compress(property, &block, 512) {
+                if let Some((stored, alg)) = compress(property, &block, 512, None) {
                     compressed += usize::from(alg == BlockCompression::Lz4);
                     let bp = pointer(alg, block.len(), &stored);
                     assert_eq!(&decompress(&bp, &stored).unwrap()[..], &block[..]);
@@ -372,7 +365,7 @@ mod tests {
     #[test]
     fn damaged_headers_are_errors_not_panics() {
         let logical = vec![3u8; 16384];
-        let (stored, alg) = compress(Compression::Lz4, &logical, 512).unwrap();
+        let (stored, alg) = compress(Compression::Lz4, &logical, 512, None).unwrap();
         let bp = pointer(alg, logical.len(), &stored);
         let mut bad = stored.to_vec();
         bad[..4].copy_from_slice(&u32::MAX.to_le_bytes());

@@ -442,7 +442,7 @@ fn transform(
     planned: Option<bool>,
 ) -> Result<Transformed, ZioError> {
     pipeline.stage(Stage::Compress, props.writer)?;
-    let compressed = compress::compress_planned(props.compression, &logical, unit, planned);
+    let compressed = compress::compress(props.compression, &logical, unit, planned);
     let (mut stored, compression) = match compressed {
         Some((bytes, alg)) => (Arc::new(bytes), alg),
         None => (Arc::clone(&logical), BlockCompression::None),

@@ -188,3 +188,24 @@ pub fn power_cut(
         .collect();
     (cut, images)
 }
+
+/// Power cuts at 13 points spread over `window` of `devices`' recorded writes (jitter seeded
+/// by `seed`): for each, the devices' images revived as SSDs of `len_bytes` in a simulator of
+/// their own (seed `seed * 100 + k`), handed to `check` with the cut's time and a label that
+/// names it for assertion messages.
+pub fn each_power_cut(
+    devices: &[SimDevice],
+    window: (Time, Time),
+    seed: u64,
+    len_bytes: u64,
+    mut check: impl FnMut(&Sim, Vec<SimDevice>, Time, &str),
+) {
+    let mut rng = Rng::new(seed);
+    let cuts = 12u64;
+    for k in 0..=cuts {
+        let (cut, images) = power_cut(devices, window, (k, cuts), &mut rng);
+        let after = Sim::new(seed * 100 + k);
+        let revived = revive(&after, images, SimProfile::ssd(), len_bytes);
+        check(&after, revived, cut, &format!("seed {seed}, cut {k} of {cuts} at {cut:?}"));
+    }
+}
