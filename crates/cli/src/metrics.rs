@@ -371,13 +371,13 @@ const POOL_COUNTERS: &[Figure<PoolSnapshot>] = &[
     ),
     figure(
         "throttle_space_waits",
-        "Waits for a txg sync by writes that found too little free space for the dirty data.",
+        "Writes that waited for free space: behind another such write, or for txg syncs to give space back.",
         Count,
         |p| p.throttle.waited_for_space,
     ),
     figure(
         "throttle_space_wait",
-        "Time writes spent waiting for a txg sync to free space.",
+        "Time writes spent waiting for free space.",
         Nanos,
         |p| p.throttle.waited_for_space_nanos,
     ),

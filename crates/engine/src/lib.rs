@@ -12,7 +12,8 @@
 //! `txg::spa::Spa::vdev_lock` (async, one change of leaves at a time) or a volume's
 //! `txg::Dataset::rollback_gate` (async: its writes share it, a rollback or a receive taking
 //! the volume's place holds it alone across a whole sync; never held with `vdev_lock`) ->
-//! the sync's lock (`txg::spa_sync::Syncer::lock`, async, one sync at a time) -> the
+//! the head of a space line (`txg::dmu_tx::SpaceLine`, async, held across syncs by a writer
+//! waiting for space) -> the sync's lock (`txg::spa_sync::Syncer::lock`, async, one sync at a time) -> the
 //! background scan's state (`txg::dsl_scan::Scan`) -> the store's volume namespace
 //! (`txg::dataset::Dsl`) -> its open txg (`txg::dsl_pool::Txg`) -> a volume's `txg::Dataset` state -> its `intent_log::LogWriter` state ->
 //! the dedup table -> a dedup entry -> the allocator -> a leaf's queue (`vdev::queue`) -> a

@@ -255,9 +255,10 @@ fn a_pool_smaller_than_the_dirty_maximum_throttles_by_free_space() {
     .unwrap();
 }
 
-/// Writers that meet the space check together wait for one sync, not one each: a writer
-/// whose turn comes after a sync ended looks at the space again before syncing itself (each
-/// syncing in turn made the last writer wait for every other's sync).
+/// Writers that meet the space check together wait for one sync, not one each: they queue
+/// behind the first, and a writer whose turn comes after a sync ended looks at the space again
+/// before syncing itself (each syncing in turn made the last writer wait for every other's
+/// sync).
 #[test]
 fn writers_short_of_space_share_a_sync() {
     let sim = Sim::new(92);

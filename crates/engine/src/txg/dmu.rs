@@ -433,11 +433,13 @@ impl WritePath<'_> {
             return Ok(log.map_or(0, |log| log.last_record()));
         }
         let bs = u64::from(dataset.block_bytes);
-        let admission = Admission { spa: self.spa, dsl: self.dsl, txg: self.txg, sync: self.sync };
-        admission.assign(dataset, len, apply == Apply::Live && data.is_some()).await?;
-        self.spa.pause_point("dmu.assigned").await;
         let end = offset + len;
         let (first, last) = (offset / bs, (end - 1) / bs);
+        let admission = Admission { spa: self.spa, dsl: self.dsl, txg: self.txg, sync: self.sync };
+        let whole_blocks = (last - first + 1) * bs;
+        let admitted =
+            admission.assign(dataset, whole_blocks, apply == Apply::Live && data.is_some()).await?;
+        self.spa.pause_point("dmu.assigned").await;
         // Whole blocks are built outside the lock.
         let mut whole: Vec<(u64, Block)> = Vec::new();
         for index in first..=last {
@@ -613,6 +615,7 @@ impl WritePath<'_> {
             };
             let alloc = self.spa.pool().inflate(added, bs);
             txg.count_dirty(added, alloc, new_groups * metadata_per_group, added / bs + zeroed);
+            admitted.landed();
             dataset.dirty_bytes.fetch_add(added, Ordering::Relaxed);
             (sequence, resolve_now)
         };

@@ -20,7 +20,89 @@ use super::spa::Spa;
 use super::spa_sync::SyncHandle;
 use super::StoreError;
 use crate::alloc::SlopTier;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Space a write was admitted for ([`Admission::assign`]), counted by every later space check
+/// until the write's blocks are in the open txg's dirty figures ([`Admitted::landed`], under
+/// the txg lock) or the write fails (dropped).
+#[must_use = "the admitted space stays counted until the write lands or fails"]
+pub(super) struct Admitted<'a> {
+    spa: &'a Spa,
+    bytes: u64,
+}
+
+impl Admitted<'_> {
+    /// The write's blocks are dirty in the open txg: called with the txg lock held, so that a
+    /// space check (which reads both under that lock) counts them once.
+    pub(super) fn landed(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.spa.allocator().lock().unadmit(self.bytes);
+        }
+    }
+}
+
+/// The writers of one kind (thick or thin volumes) waiting for space, served in turn (ZFS
+/// waits on the txg in `dmu_tx_wait` instead, and a writer may lose the space that comes back
+/// to others over and over). While a writer waits, later writers of its kind queue behind it
+/// even when they would fit, so the space each sync gives back goes to the writer that has
+/// waited longest, and that writer counts syncs towards a refusal only at the head of the
+/// line. Without it a thick volume's write that lost the race at every sync was refused
+/// after `FREE_DEFER_TXGS + 2` syncs with the space it was promised. Thick and thin volumes
+/// queue apart: a thin volume's writes waiting to be refused do not hold up a thick one's,
+/// which may use more of the slop.
+#[derive(Debug, Default)]
+pub(super) struct SpaceLine {
+    /// Writers in the line, the head included.
+    waiting: AtomicUsize,
+    head: futures::lock::Mutex<()>,
+    /// The sync count (plus one; zero: never) when a head was last refused.
+    refused_at: AtomicU64,
+}
+
+impl SpaceLine {
+    /// The sync count when a head was last refused.
+    fn refused_at(&self) -> Option<u64> {
+        self.refused_at.load(Ordering::Acquire).checked_sub(1)
+    }
+
+    fn refused(&self, syncs: u64) {
+        self.refused_at.store(syncs + 1, Ordering::Release);
+    }
+
+    fn is_waiting(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) > 0
+    }
+
+    /// Joins the line and waits to be its head.
+    async fn join(&self) -> InLine<'_> {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let leave = Leave(&self.waiting);
+        let head = self.head.lock().await;
+        InLine { _head: head, _leave: leave }
+    }
+}
+
+/// A place at the head of a [`SpaceLine`]; leaving it lets the next writer in.
+struct InLine<'a> {
+    _head: futures::lock::MutexGuard<'a, ()>,
+    _leave: Leave<'a>,
+}
+
+/// Counts a writer out of its line however it leaves (admitted, refused, or its request
+/// dropped while it waited).
+struct Leave<'a>(&'a AtomicUsize);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// A write's admission into the open txg (ZFS: a `dmu_tx` being assigned): what it is
 /// weighed against (the pool's free space, what volumes have reserved, the open and syncing
@@ -36,13 +118,15 @@ pub(super) struct Admission<'a> {
 
 impl Admission<'_> {
     /// Admits a write of `len` bytes to `dataset` into the open txg (ZFS: `dmu_tx_assign`):
-    /// with `check_space`, refuses what could not be synced, then applies the throttle.
+    /// with `check_space`, refuses what could not be synced, then applies the throttle. `len`
+    /// is what the write's blocks take whole: the txg counts a partial block as a whole one.
+    /// The space stays counted until the returned [`Admitted`] ends.
     pub(super) async fn assign(
         &self,
         dataset: &Dataset,
         len: u64,
         check_space: bool,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Admitted<'_>, StoreError> {
         // Refuse what could not be synced: new dirty data beyond the free space above the slop,
         // after what the open and syncing txgs will allocate (their data and an estimate of
         // their indirect blocks; counting data alone let random 4 KiB overwrites of a nearly
@@ -69,13 +153,43 @@ impl Admission<'_> {
             };
             // The write as the space its blocks allocate (parity and padding on RAID-Z).
             let len = self.spa.pool().inflate(len, block_bytes);
-            // The syncs counted when the space was first found short.
+            let line = self.txg.space_line(thick, block_bytes);
+            // Held from when this writer finds the space short until it is admitted or
+            // refused; joined at once while another writer holds it.
+            let mut in_line = None;
+            // When it joined: a write that waited for space counts once, with its whole wait.
+            let mut joined = None;
+            // The syncs counted when the space was first found short at the head of the line.
             let mut short_since = None;
             let space_max = loop {
+                if in_line.is_none() && line.is_waiting() {
+                    joined = Some(self.spa.pool().env().now());
+                    in_line = Some(line.join().await);
+                }
                 // A sync that ends after this is one to wait for, not to follow with another.
                 let seen = self.sync.syncs();
-                // One lock at a time: the lock order is dsl -> txg -> allocator.
-                let (state_figures, in_memory, reserved, own_reserved) = {
+                // Room a sync needs to rewrite the dedup table, kept beyond the slop: taken
+                // first, apart from the figures below (the lock order is dedup table ->
+                // allocator), from the open and syncing txgs' data as they are now.
+                let unit = 1u64 << self.spa.pool().ashift();
+                let new_entries = if dedup {
+                    let txg = self.txg.lock();
+                    let upper =
+                        txg.dirty_to_allocate() + txg.metadata_to_allocate() + txg.syncing_bytes();
+                    upper.saturating_add(len) / unit
+                } else {
+                    0
+                };
+                // At what its blocks allocate (parity and padding on RAID-Z).
+                let ddt_reserve = self
+                    .spa
+                    .pool()
+                    .inflate(self.spa.ddt().rewrite_reserve_bytes(unit, new_entries), unit);
+                // The txg's figures and the allocator's read and changed under one hold of
+                // both locks (the order is dsl -> txg -> allocator): a write's blocks land in
+                // the txg and leave the admitted count under the txg lock, so the two never
+                // both miss it nor both count it.
+                let (dirty, usable, deferred, in_memory, admitted, state_figures) = {
                     let dsl = self.dsl.read();
                     let txg = self.txg.lock();
                     let (mut reserved, mut own_reserved) = (0u64, 0u64);
@@ -90,21 +204,12 @@ impl Admission<'_> {
                     // Blocks written in place need no new space, but a sync still frees the
                     // versions they replaced: while any are dirty, waiting can help.
                     let in_memory = figures.in_memory();
-                    (figures, in_memory, reserved, own_reserved)
-                };
-                // Room a sync needs to rewrite the dedup table, kept beyond the slop (taken
-                // before the allocator: the lock order is dedup table -> allocator).
-                let unit = 1u64 << self.spa.pool().ashift();
-                let upper = state_figures.open_and_syncing();
-                let new_entries = if dedup { upper.saturating_add(len) / unit } else { 0 };
-                // At what its blocks allocate (parity and padding on RAID-Z).
-                let ddt_reserve = self
-                    .spa
-                    .pool()
-                    .inflate(self.spa.ddt().rewrite_reserve_bytes(unit, new_entries), unit);
-                let (dirty, usable, deferred) = {
                     let mut allocator = self.spa.allocator().lock();
-                    let dirty = state_figures.to_allocate(&allocator);
+                    // What the syncs will allocate, and what writes admitted before this one
+                    // will add to the open txg once the throttle lets them in.
+                    let to_allocate = figures.to_allocate(&allocator);
+                    let admitted = allocator.admitted_bytes();
+                    let dirty = to_allocate + admitted;
                     let tier = if thick { SlopTier::Thick } else { SlopTier::Normal };
                     let kept = tier.kept(allocator.slop_bytes());
                     // Data blocks, too, are counted against the free space each free range
@@ -124,12 +229,14 @@ impl Admission<'_> {
                         .room_bytes_for(block_bytes)
                         .saturating_sub(kept + ddt_reserve + reserved);
                     // Intent-log blocks leave alone what volumes have set aside, the dedup
-                    // table's rewrite room, and what the syncs will allocate.
+                    // table's rewrite room, and what the syncs will allocate (admitted writes
+                    // included, `Allocator::promised_bytes`).
                     allocator.set_aside(reserved + own_reserved + ddt_reserve);
                     if dirty.saturating_add(len) <= usable {
-                        allocator.promise(dirty + len);
+                        allocator.promise(to_allocate);
+                        allocator.admit(len);
                     }
-                    (dirty, usable, allocator.deferred_bytes())
+                    (dirty, usable, allocator.deferred_bytes(), in_memory, admitted, figures)
                 };
                 if dirty.saturating_add(len) <= usable {
                     // The most the open txg's dirty data may grow to before writers meet the
@@ -138,14 +245,28 @@ impl Admission<'_> {
                     let open_data = state_figures.open_data();
                     break usable.saturating_sub(dirty - open_data) + state_figures.prewritten();
                 }
+                // Short: into the line, and look again once at its head (syncs ran meanwhile).
+                if in_line.is_none() {
+                    joined = Some(self.spa.pool().env().now());
+                    in_line = Some(line.join().await);
+                    continue;
+                }
                 // Space freed in the txg open when it was first found short is back once that
                 // txg and `FREE_DEFER_TXGS` more have synced, whoever ran the syncs; one more
                 // allows for a sync that was already running then. After that, what is
-                // missing is missing.
+                // missing is missing: at the head of the line, no writer of this kind took
+                // what came back meanwhile.
+                // A head refused with no sync since finds what it found: the writers queued
+                // behind a refusal are refused together, not after a window each.
                 let first = *short_since.get_or_insert(seen);
                 let synced = self.sync.syncs().saturating_sub(first);
-                if synced >= crate::alloc::FREE_DEFER_TXGS + 2 || (in_memory == 0 && deferred == 0)
+                let nothing_to_wait_for = in_memory == 0 && deferred == 0 && admitted == 0;
+                if synced >= crate::alloc::FREE_DEFER_TXGS + 2
+                    || nothing_to_wait_for
+                    || line.refused_at() == Some(seen)
                 {
+                    line.refused(seen);
+                    self.count_space_wait(joined);
                     return Err(StoreError::NoSpace {
                         pool: self.spa.pool().name().to_owned(),
                         volume: dataset.name(),
@@ -153,18 +274,26 @@ impl Admission<'_> {
                         snapshots_bytes: self.dsl.snapshots_bytes(),
                     });
                 }
-                let start = self.spa.pool().env().now();
                 self.sync.sync_unless(|| self.sync.syncs() != seen).await?;
-                let waited_nanos = self.spa.pool().env().now().since(start).as_nanos();
-                self.txg.throttle_stats().waited_for_space.inc();
-                self.txg
-                    .throttle_stats()
-                    .waited_for_space_nanos
-                    .add(u64::try_from(waited_nanos).unwrap_or(u64::MAX));
             };
-            return self.throttle(dataset, Some(space_max)).await;
+            let admitted = Admitted { spa: self.spa, bytes: len };
+            drop(in_line);
+            self.count_space_wait(joined);
+            self.throttle(dataset, Some(space_max)).await?;
+            return Ok(admitted);
         }
-        self.throttle(dataset, None).await
+        self.throttle(dataset, None).await?;
+        Ok(Admitted { spa: self.spa, bytes: 0 })
+    }
+
+    /// Counts a write that waited for space since `joined` (its line), if it did.
+    fn count_space_wait(&self, joined: Option<crate::rt::Time>) {
+        if let Some(joined) = joined {
+            let stats = self.txg.throttle_stats();
+            let waited = self.spa.pool().env().now().since(joined).as_nanos();
+            stats.waited_for_space.inc();
+            stats.waited_for_space_nanos.add(u64::try_from(waited).unwrap_or(u64::MAX));
+        }
     }
 
     /// Applies backpressure before a write to `volume`: wake the syncer early, delay smoothly

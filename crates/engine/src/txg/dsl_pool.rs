@@ -192,6 +192,9 @@ pub(super) struct Txg {
     state: parking_lot::Mutex<TxgState>,
     limits: TxgLimits,
     throttle_stats: ThrottleStats,
+    /// Writers waiting for space: those of thick volumes and the others, each by the room
+    /// tier their blocks are counted in (`alloc::ROOM_BLOCK_BYTES`).
+    space_lines: [[super::dmu_tx::SpaceLine; crate::alloc::ROOM_BLOCK_BYTES.len()]; 2],
 }
 
 impl Txg {
@@ -200,7 +203,19 @@ impl Txg {
             state: parking_lot::Mutex::new(state),
             limits,
             throttle_stats: ThrottleStats::default(),
+            space_lines: Default::default(),
         }
+    }
+
+    /// The line writers of thick (or other) volumes of blocks of `block_bytes` wait for space
+    /// in: a volume of 128 KiB blocks short of 128 KiB ranges does not hold up one of 16 KiB
+    /// blocks.
+    pub(super) fn space_line(&self, thick: bool, block_bytes: u64) -> &super::dmu_tx::SpaceLine {
+        let tier = crate::alloc::ROOM_BLOCK_BYTES
+            .iter()
+            .position(|&b| b >= block_bytes)
+            .unwrap_or(crate::alloc::ROOM_BLOCK_BYTES.len() - 1);
+        &self.space_lines[usize::from(thick)][tier]
     }
 
     /// The txg lock (crate::txg's lock order: after the namespace, before a volume's state).
@@ -237,8 +252,8 @@ pub struct ThrottleStats {
     /// Writes that found `txg.dirty_max` reached and waited for a txg sync, and for how long.
     pub waited_for_sync: crate::stats::Counter,
     pub waited_nanos: crate::stats::Counter,
-    /// Waits for a txg sync by writes that found too little free space for the dirty data
-    /// (one write may wait more than once), and their time.
+    /// Writes that waited for space (in line behind another, or for syncs to give space
+    /// back), each counted once, and their time.
     pub waited_for_space: crate::stats::Counter,
     pub waited_for_space_nanos: crate::stats::Counter,
     /// Writes that would have been delayed, or stopped at the maximum, but were not: their
@@ -354,11 +369,6 @@ impl InFlight {
     /// while any of it is, a sync may still free space.
     pub(super) fn in_memory(&self) -> u64 {
         self.open + self.syncing + self.prewritten
-    }
-
-    /// The open and syncing txgs' figures, their metadata bounds aside.
-    pub(super) fn open_and_syncing(&self) -> u64 {
-        self.open + self.syncing
     }
 
     /// Dirty data written in place for the log.

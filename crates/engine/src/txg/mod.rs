@@ -75,8 +75,9 @@
 //! is held across an `.await`, but for the three async ones): `Spa::vdev_lock` (async, held
 //! for a whole change of leaves) or a volume's `Dataset::rollback_gate` (async: shared by its
 //! writes, which may sync at the dirty maximum while they hold it; held alone by a rollback,
-//! dsl_snapshot.rs, and by a receive's switch, dmu_recv.rs, across their syncs) -> the
-//! sync's lock (`Syncer::lock`, async, held for a whole sync) -> the scan's state
+//! dsl_snapshot.rs, and by a receive's switch, dmu_recv.rs, across their syncs) -> the head
+//! of a space line (`dmu_tx::SpaceLine`, async: held by a writer waiting for space across the
+//! syncs it waits for) -> the sync's lock (`Syncer::lock`, async, held for a whole sync) -> the scan's state
 //! (`Scan::state`) -> the namespace (`Dsl::datasets`) -> the txg lock (`Txg::state`) -> a
 //! volume's `Dataset::state` -> its `LogWriter` state -> the DDT's locks (crate::dedup) ->
 //! the allocator (`Spa::allocator`). The scan's state comes before the namespace (a sync reads

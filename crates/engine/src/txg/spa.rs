@@ -99,6 +99,22 @@ impl Spa {
         &self.allocator
     }
 
+    /// The compression a volume's data blocks are stored with now: its property, but none for
+    /// a thick volume without dedup while the pool is short of room ([`Allocator::short_of_room`]), so that
+    /// the blocks it replaces leave holes its next blocks fit.
+    pub(super) fn stored_compression(
+        &self,
+        entry: &sluice_format::VolumeEntry,
+    ) -> sluice_format::Compression {
+        // Not with dedup: an encrypted dedup volume's blocks match by their sealed bytes, and
+        // storing them otherwise would stop them matching the copies already stored.
+        let thick = entry.reservation_bytes > 0 && entry.dedup == sluice_format::DedupMode::Off;
+        if thick && self.allocator.lock().short_of_room(u64::from(entry.block_bytes)) {
+            return sluice_format::Compression::Off;
+        }
+        entry.compression
+    }
+
     pub(super) fn crypt(&self) -> &super::dsl_crypt::DslCrypt {
         &self.crypt
     }

@@ -617,7 +617,7 @@ async fn write_volumes(
         // looked up in tasks of their own, so that work spreads over the runtime's
         // threads, as ZFS's write-issue taskq spreads it over CPUs.
         let dedup = entry.dedup;
-        let compression = entry.compression;
+        let compression = spa.stored_compression(&entry);
         let key_family = entry.key_family;
         let (root, block_bytes) = (entry.root, entry.block_bytes as usize);
         let completed = futures::stream::iter(blocks.into_iter().map(|(index, block)| {

@@ -265,7 +265,7 @@ impl LogCommit<'_> {
         // very blocks into the tree.
         let (compression, key_family) = {
             let v = dataset.state.lock();
-            (v.entry.compression, v.entry.key_family)
+            (self.spa.stored_compression(&v.entry), v.entry.key_family)
         };
         let blocks: Vec<(BlockProps, Arc<AlignedBuf>)> = place
             .iter()
