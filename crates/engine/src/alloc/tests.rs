@@ -382,3 +382,40 @@ proptest! {
         }
     }
 }
+
+/// A run of blocks goes back to back into one free range that holds it all, past the small
+/// holes at the cursor that block-by-block placement fills one block each; with no range that
+/// large, the caller places them one by one.
+#[test]
+fn a_run_takes_one_range_past_small_holes() {
+    let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
+    // The vdev full of 16 KiB blocks; then 16 KiB holes in the first 8 MiB after the log
+    // region (every other block freed), and 2 MiB free at the end.
+    let mut blocks = Vec::new();
+    while let Ok(block) = a.allocate(16384, AllocClass::Reserved, &[]) {
+        blocks.push(block);
+    }
+    blocks.sort_by_key(|b| b.1);
+    let data: Vec<_> =
+        blocks.iter().filter(|b| b.1 >= 4 * MIB + log_region_bytes(64 * MIB)).collect();
+    for &&(vdev, at, len) in data.iter().take(512).step_by(2) {
+        a.free(1, vdev, at, len);
+    }
+    for &&(vdev, at, len) in data.iter().rev().take(128) {
+        a.free(1, vdev, at, len);
+    }
+    a.synced(1 + FREE_DEFER_TXGS);
+    let holes_end = data[511].1 + data[511].2;
+    let mut fresh = a.clone();
+    let run = a.allocate_run(&[16384u64; 64], AllocClass::Normal).unwrap();
+    for pair in run.windows(2) {
+        assert_eq!(pair[1].1, pair[0].1 + pair[0].2, "blocks back to back: {run:?}");
+    }
+    assert!(run[0].1 >= holes_end, "the run went into the holes at {}", run[0].1);
+    // Block by block, each takes a hole.
+    let one = fresh.allocate(16384, AllocClass::Normal, &[]).unwrap();
+    assert!(one.1 < holes_end, "block by block went to {}", one.1);
+    // No range holds a run of 4 MiB.
+    assert!(fresh.allocate_run(&[16384u64; 256], AllocClass::Normal).is_none());
+    assert!(fresh.allocate_run(&[16384], AllocClass::Normal).is_none(), "one block is no run");
+}
