@@ -970,7 +970,16 @@ impl Allocator {
             }
             let sizes: Vec<u64> = psizes.iter().map(|&p| space.asize(p, unit)).collect();
             let total: u64 = sizes.iter().sum();
-            let Some(start) = space.data_fit(total, unit) else {
+            // Only after the log region ([`VdevSpace::data_fit`] enters it when nothing after
+            // it fits, which for a whole run is the common case on an aged pool, and the
+            // region, often the largest range, would take every run), and only where the
+            // ranges by size say something fits (no walk of every range under the lock).
+            let (lo, hi) = (space.log_region_end, space.data_end);
+            if !space.free.fits_from(total, unit, lo) {
+                continue;
+            }
+            let Some(start) = space.free.first_fit_within(total, unit, space.cursor, (lo, hi))
+            else {
                 continue;
             };
             space.free.remove(start, total);

@@ -419,3 +419,26 @@ fn a_run_takes_one_range_past_small_holes() {
     assert!(fresh.allocate_run(&[16384u64; 256], AllocClass::Normal).is_none());
     assert!(fresh.allocate_run(&[16384], AllocClass::Normal).is_none(), "one block is no run");
 }
+
+/// A run is never placed in the log region: past it, with only small holes left, the run is
+/// placed block by block, though the region is free.
+#[test]
+fn a_run_stays_out_of_the_log_region() {
+    let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
+    let region_end = 4 * MIB + log_region_bytes(64 * MIB);
+    // Everything after the region in 16 KiB blocks, then every other one freed.
+    let mut blocks = Vec::new();
+    while let Ok(block) = a.allocate(16384, AllocClass::Reserved, &[]) {
+        if block.1 < region_end {
+            a.free(1, block.0, block.1, block.2);
+            break;
+        }
+        blocks.push(block);
+    }
+    for &(vdev, at, len) in blocks.iter().step_by(2) {
+        a.free(1, vdev, at, len);
+    }
+    a.synced(1 + FREE_DEFER_TXGS);
+    assert!(a.vdevs[0].free.fits_from(MIB, 4096, 4 * MIB), "the region is free");
+    assert!(a.allocate_run(&[16384u64; 64], AllocClass::Normal).is_none());
+}
