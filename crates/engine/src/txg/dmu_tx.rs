@@ -61,18 +61,22 @@ pub(super) struct SpaceLine {
     /// Writers in the line, the head included.
     waiting: AtomicUsize,
     head: futures::lock::Mutex<()>,
-    /// The sync count (plus one; zero: never) when a head was last refused.
-    refused_at: AtomicU64,
+    /// Tickets handed out: each writer that joins takes the next.
+    tickets: AtomicU64,
+    /// The last refusal of a head: the sync count it saw, and the last ticket handed out then.
+    refused: parking_lot::Mutex<Option<(u64, u64)>>,
 }
 
 impl SpaceLine {
-    /// The sync count when a head was last refused.
-    fn refused_at(&self) -> Option<u64> {
-        self.refused_at.load(Ordering::Acquire).checked_sub(1)
+    /// Whether a head holding `ticket` that saw `syncs` finds what the last refused head
+    /// found: it joined before that refusal and no sync has run since. Writers that join later
+    /// look for themselves (a trim may have freed space meanwhile).
+    fn refused_with(&self, ticket: u64, syncs: u64) -> bool {
+        self.refused.lock().is_some_and(|(at, last)| at == syncs && ticket <= last)
     }
 
     fn refused(&self, syncs: u64) {
-        self.refused_at.store(syncs + 1, Ordering::Release);
+        *self.refused.lock() = Some((syncs, self.tickets.load(Ordering::Acquire)));
     }
 
     fn is_waiting(&self) -> bool {
@@ -83,13 +87,15 @@ impl SpaceLine {
     async fn join(&self) -> InLine<'_> {
         self.waiting.fetch_add(1, Ordering::AcqRel);
         let leave = Leave(&self.waiting);
+        let ticket = self.tickets.fetch_add(1, Ordering::AcqRel) + 1;
         let head = self.head.lock().await;
-        InLine { _head: head, _leave: leave }
+        InLine { ticket, _head: head, _leave: leave }
     }
 }
 
 /// A place at the head of a [`SpaceLine`]; leaving it lets the next writer in.
 struct InLine<'a> {
+    ticket: u64,
     _head: futures::lock::MutexGuard<'a, ()>,
     _leave: Leave<'a>,
 }
@@ -256,14 +262,16 @@ impl Admission<'_> {
                 // allows for a sync that was already running then. After that, what is
                 // missing is missing: at the head of the line, no writer of this kind took
                 // what came back meanwhile.
-                // A head refused with no sync since finds what it found: the writers queued
-                // behind a refusal are refused together, not after a window each.
+                // A head that joined before the last refusal, with no sync since, finds what
+                // that head found: the writers queued behind a refusal are refused together,
+                // not after a window each. Later arrivals look for themselves (a trim, say,
+                // may have freed space since; its frees come back after syncs).
                 let first = *short_since.get_or_insert(seen);
                 let synced = self.sync.syncs().saturating_sub(first);
                 let nothing_to_wait_for = in_memory == 0 && deferred == 0 && admitted == 0;
                 if synced >= crate::alloc::FREE_DEFER_TXGS + 2
                     || nothing_to_wait_for
-                    || line.refused_at() == Some(seen)
+                    || in_line.as_ref().is_some_and(|l| line.refused_with(l.ticket, seen))
                 {
                     line.refused(seen);
                     self.count_space_wait(joined);
