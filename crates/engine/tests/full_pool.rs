@@ -13,7 +13,7 @@ use sluice_engine::device::SimProfile;
 use sluice_engine::pool::{Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
-use sluice_engine::txg::Store;
+use sluice_engine::txg::{Store, StoreError};
 use sluice_sim::Sim;
 use std::sync::Arc;
 
@@ -365,6 +365,43 @@ fn large_blocks_are_refused_before_a_sync_cannot_place_them() {
         assert!(!store.is_suspended());
         let report = store.audit().await.unwrap();
         assert!(report.is_clean(), "audit: {:?}", report.problems);
+    })
+    .unwrap();
+}
+
+/// A write refused on a full pool, then a trim, then a write at once, with no sync between: the
+/// second write waits for the syncs that bring the trim's frees back and is admitted. (Writers
+/// queued behind a refused writer are refused with it; one that arrived after the trim was
+/// refused too, as if nothing had changed: tests/interop/enospc_cases.py, 2026-11-29.)
+#[test]
+fn a_write_after_a_refusal_and_a_trim_waits_for_the_trims_frees() {
+    let sim = Sim::new(78);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, 16 << 20);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        let store = common::mirror_store(&env, specs, &Tunables::default()).await;
+        store.create_volume("thin", 64 << 20, 16384).unwrap();
+        store.sync().await.unwrap();
+        let chunk = incompressible(1, 64 << 10);
+        let mut written = 0u64;
+        let refused = loop {
+            match store.write("thin", written, &chunk).await {
+                Ok(_) => written += chunk.len() as u64,
+                Err(error) => break error,
+            }
+        };
+        assert!(matches!(refused, StoreError::NoSpace { .. }), "{refused}");
+        // Refused again at once: nothing changed.
+        let again = store.write("thin", written, &chunk).await.unwrap_err();
+        assert!(matches!(again, StoreError::NoSpace { .. }), "{again}");
+        store.zero("thin", 0, written / 2).await.unwrap();
+        store
+            .write("thin", 0, &chunk)
+            .await
+            .unwrap_or_else(|e| panic!("the write after the trim of {} bytes: {e}", written / 2));
+        store.sync().await.unwrap();
+        assert_eq!(store.read("thin", 0, chunk.len() as u64).await.unwrap(), chunk);
     })
     .unwrap();
 }
