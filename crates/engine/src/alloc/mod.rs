@@ -202,6 +202,13 @@ struct VdevSpace {
 }
 
 impl VdevSpace {
+    /// Short of space: under `BEST_FIT_FREE_PCT` free, or no free range of
+    /// `BEST_FIT_LARGEST_BYTES`; allocations then take the smallest range that fits.
+    fn is_tight(&self) -> bool {
+        self.free.total_bytes() < (self.data_end - self.data_start) / 100 * BEST_FIT_FREE_PCT
+            || self.free.largest() < BEST_FIT_LARGEST_BYTES
+    }
+
     /// The bytes a block of `psize` allocates here, in units of `unit`.
     fn asize(&self, psize: u64, unit: u64) -> u64 {
         match &self.geometry {
@@ -890,10 +897,7 @@ impl Allocator {
         let worst = self.asize(psize.max(1));
         let no_space = self.check_space(worst, class)?;
         let count = self.vdevs.len();
-        if self.rotor_bytes >= ROTOR_ALIQUOT_BYTES {
-            self.rotor = (self.rotor + 1) % count;
-            self.rotor_bytes = 0;
-        }
+        self.advance_rotor();
         let vdevs = &self.vdevs;
         let order = (0..count)
             .map(|i| (self.rotor + i) % count)
@@ -912,26 +916,39 @@ impl Allocator {
             // indirect blocks.
             let unit = 1 << self.ashift;
             let asize = space.asize(psize, unit);
-            let tight = space.free.total_bytes()
-                < (space.data_end - space.data_start) / 100 * BEST_FIT_FREE_PCT
-                || space.free.largest() < BEST_FIT_LARGEST_BYTES;
+            let tight = space.is_tight();
             let found =
                 if tight { space.free.best_fit(asize, unit) } else { space.data_fit(asize, unit) };
             if let Some(at) = found {
-                space.free.remove(at, asize);
-                space.cursor = at + asize;
-                self.allocated_total += asize;
-                if vdev == self.rotor {
-                    self.rotor_bytes += asize;
-                } else {
-                    self.rotor = vdev;
-                    self.rotor_bytes = asize;
-                }
+                self.take(vdev, at, asize);
                 return Ok((vdev as u32, at, asize));
             }
         }
         // Enough free space in total, but no single free range is large enough.
         Err(no_space)
+    }
+
+    /// Moves the rotor to the next vdev once this one has had its aliquot.
+    fn advance_rotor(&mut self) {
+        if self.rotor_bytes >= ROTOR_ALIQUOT_BYTES {
+            self.rotor = (self.rotor + 1) % self.vdevs.len();
+            self.rotor_bytes = 0;
+        }
+    }
+
+    /// Takes `[at, at + len)` of `vdev`'s free space for txgs' blocks: the cursor moves past
+    /// it, `allocated_total` and the rotor count it.
+    fn take(&mut self, vdev: usize, at: u64, len: u64) {
+        let space = &mut self.vdevs[vdev];
+        space.free.remove(at, len);
+        space.cursor = at + len;
+        self.allocated_total += len;
+        if vdev == self.rotor {
+            self.rotor_bytes += len;
+        } else {
+            self.rotor = vdev;
+            self.rotor_bytes = len;
+        }
     }
 
     /// Places blocks of `psizes` back to back in one free range of one data vdev, so that they
@@ -953,18 +970,13 @@ impl Allocator {
         self.check_space(worst, class).ok()?;
         let unit = 1 << self.ashift;
         let count = self.vdevs.len();
-        if self.rotor_bytes >= ROTOR_ALIQUOT_BYTES {
-            self.rotor = (self.rotor + 1) % count;
-            self.rotor_bytes = 0;
-        }
+        self.advance_rotor();
         for vdev in (0..count).map(|i| (self.rotor + i) % count) {
             let space = &mut self.vdevs[vdev];
             if space.log_only || space.removing {
                 continue;
             }
-            let tight = space.free.total_bytes()
-                < (space.data_end - space.data_start) / 100 * BEST_FIT_FREE_PCT
-                || space.free.largest() < BEST_FIT_LARGEST_BYTES;
+            let tight = space.is_tight();
             if tight {
                 continue;
             }
@@ -982,15 +994,7 @@ impl Allocator {
             else {
                 continue;
             };
-            space.free.remove(start, total);
-            space.cursor = start + total;
-            self.allocated_total += total;
-            if vdev == self.rotor {
-                self.rotor_bytes += total;
-            } else {
-                self.rotor = vdev;
-                self.rotor_bytes = total;
-            }
+            self.take(vdev, start, total);
             let mut at = start;
             return Some(
                 sizes
