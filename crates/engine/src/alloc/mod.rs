@@ -73,6 +73,15 @@ pub const METADATA_BLOCK_BYTES_MAX: u64 = 16 << 10;
 /// 128 KiB ones.
 pub const ROOM_BLOCK_BYTES: [u64; range_tree::ROOM_TIERS] =
     [METADATA_BLOCK_BYTES_MAX, 32 << 10, 64 << 10, 128 << 10];
+/// The index in [`ROOM_BLOCK_BYTES`] of the smallest block size that holds a block of
+/// `block_bytes`: the room such blocks are counted in.
+pub fn room_tier(block_bytes: u64) -> usize {
+    ROOM_BLOCK_BYTES
+        .iter()
+        .position(|&b| b >= block_bytes)
+        .unwrap_or_else(|| panic!("a block of {block_bytes} bytes is larger than any counted room"))
+}
+
 /// Below this percentage of a vdev's space free, allocations take the smallest range that fits.
 const BEST_FIT_FREE_PCT: u64 = 4;
 /// ... and likewise once no free range of the vdev is this long.
@@ -837,9 +846,7 @@ impl Allocator {
     /// counted in whole blocks of the smallest of [`ROOM_BLOCK_BYTES`] that holds one: what
     /// admission weighs a volume's writes against.
     pub fn room_bytes_for(&self, block_bytes: u64) -> u64 {
-        let tier = ROOM_BLOCK_BYTES.iter().position(|&b| b >= block_bytes).unwrap_or_else(|| {
-            panic!("a block of {block_bytes} bytes is larger than any counted room")
-        });
+        let tier = room_tier(block_bytes);
         self.vdevs.iter().filter(|v| !v.log_only).map(|v| v.free.room_bytes(tier)).sum()
     }
 

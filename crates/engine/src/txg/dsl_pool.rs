@@ -211,11 +211,7 @@ impl Txg {
     /// in: a volume of 128 KiB blocks short of 128 KiB ranges does not hold up one of 16 KiB
     /// blocks.
     pub(super) fn space_line(&self, thick: bool, block_bytes: u64) -> &super::dmu_tx::SpaceLine {
-        let tier = crate::alloc::ROOM_BLOCK_BYTES
-            .iter()
-            .position(|&b| b >= block_bytes)
-            .unwrap_or(crate::alloc::ROOM_BLOCK_BYTES.len() - 1);
-        &self.space_lines[usize::from(thick)][tier]
+        &self.space_lines[usize::from(thick)][crate::alloc::room_tier(block_bytes)]
     }
 
     /// The txg lock (crate::txg's lock order: after the namespace, before a volume's state).
