@@ -1113,29 +1113,22 @@ impl Allocator {
 
     /// Records that `txg` is durable: frees whose deferral has ended become allocatable.
     pub fn synced(&mut self, txg: u64) {
+        while self.synced_some(txg, usize::MAX) {}
+    }
+
+    /// [`Allocator::synced`] a step at a time: makes at most `budget` of the frees whose
+    /// deferral has ended allocatable and returns whether any is left, for the caller to ask
+    /// again after letting the allocator's lock go. A sync after many small writes ends the
+    /// deferral of tens of thousands of frees, each an insert into a free tree, and every
+    /// write's admission and every log block waits for this lock: in one go that held the
+    /// volume's serving core for about 10 ms (docs/bench/peers-notes.md). Frees a scan still
+    /// holds stay deferred and are not counted against `budget`, so each step but the last
+    /// makes `budget` of them allocatable and the steps end.
+    pub fn synced_some(&mut self, txg: u64, budget: usize) -> bool {
         assert!(txg >= self.synced_txg, "txgs sync in order");
+        assert!(budget > 0, "a step that may release nothing never ends");
         self.synced_txg = txg;
-        // A pinned tree's blocks freed after it stay allocated.
-        let pinned = self.pins.keys().next().copied().unwrap_or(u64::MAX);
-        let last = txg.saturating_sub(FREE_DEFER_TXGS).min(pinned);
-        let ready: Vec<u64> = self.deferred.range(..=last).map(|(t, _)| *t).collect();
-        for t in ready {
-            let mut held = Vec::new();
-            for (vdev, start, len) in self.deferred.remove(&t).unwrap_or_default() {
-                // A block a scan is reading stays allocated (and in the space map's deferred
-                // frees) until a sync after its read.
-                if !self.scan.release(vdev, start, len) {
-                    held.push((vdev, start, len));
-                    continue;
-                }
-                self.deferred_total -= len;
-                self.deferred_entries[vdev as usize] -= 1;
-                self.vdevs[vdev as usize].free.insert(start, len);
-            }
-            if !held.is_empty() {
-                self.deferred.insert(t, held);
-            }
-        }
+        // Log blocks first, all at once: a txg frees a few of them.
         let ready: Vec<u64> = self
             .deferred_log
             .range(..=txg.saturating_sub(FREE_DEFER_TXGS))
@@ -1148,6 +1141,40 @@ impl Allocator {
                 space.free.insert(start, len);
             }
         }
+        // A pinned tree's blocks freed after it stay allocated.
+        let pinned = self.pins.keys().next().copied().unwrap_or(u64::MAX);
+        let last = txg.saturating_sub(FREE_DEFER_TXGS).min(pinned);
+        let ready: Vec<u64> = self.deferred.range(..=last).map(|(t, _)| *t).collect();
+        let mut left = budget;
+        for t in ready {
+            let frees = self.deferred.get_mut(&t).expect("a ready txg has frees");
+            let mut held = Vec::new();
+            while let Some((vdev, start, len)) = frees.pop() {
+                // A block a scan is reading stays allocated (and in the space map's deferred
+                // frees) until a sync after its read.
+                if !self.scan.release(vdev, start, len) {
+                    held.push((vdev, start, len));
+                    continue;
+                }
+                self.deferred_total -= len;
+                self.deferred_entries[vdev as usize] -= 1;
+                self.vdevs[vdev as usize].free.insert(start, len);
+                left -= 1;
+                if left == 0 {
+                    frees.append(&mut held);
+                    if frees.is_empty() {
+                        self.deferred.remove(&t);
+                    }
+                    return self.deferred.range(..=last).next().is_some();
+                }
+            }
+            if held.is_empty() {
+                self.deferred.remove(&t);
+            } else {
+                *frees = held;
+            }
+        }
+        false
     }
 
     /// The persisted state of vdev `vdev`, as of the last synced txg plus the given allocations.

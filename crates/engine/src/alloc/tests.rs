@@ -442,3 +442,40 @@ fn a_run_stays_out_of_the_log_region() {
     assert!(a.vdevs[0].free.fits_from(MIB, 4096, 4 * MIB), "the region is free");
     assert!(a.allocate_run(&[16384u64; 64], AllocClass::Normal).is_none());
 }
+
+/// The deferral's end, a step at a time: each step makes `budget` frees allocatable, the last
+/// says none is left, and the allocator ends as one `synced` leaves it, space maps and all.
+/// Frees a scan is reading stay deferred without stalling the steps.
+#[test]
+fn synced_in_steps_ends_where_synced_in_one_does() {
+    let build = || {
+        let mut a = Allocator::new(12, &[(0, 256 * 4096)]);
+        let blocks: Vec<(u32, u64, u64)> =
+            (0..100).map(|_| a.allocate(4096, AllocClass::Reserved, &[]).unwrap()).collect();
+        a.scan_queue(blocks[..2].iter().copied());
+        assert!(a.scan_issue(&blocks[..2]));
+        for (i, &(vdev, start, len)) in blocks.iter().enumerate() {
+            a.free(1 + (i as u64 % 2), vdev, start, len);
+        }
+        for txg in 1..2 + FREE_DEFER_TXGS {
+            a.synced(txg);
+        }
+        a
+    };
+    let (mut whole, mut steps) = (build(), build());
+    let txg = 2 + FREE_DEFER_TXGS;
+    whole.synced(txg);
+    let before = steps.free_bytes();
+    let mut count = 0;
+    while steps.synced_some(txg, 16) {
+        count += 1;
+        assert_eq!(steps.free_bytes(), before + count * 16 * 4096, "step {count}");
+    }
+    // The first txg's frees but the one being read came back at txg 1 + the deferral; the
+    // second's 49 not being read go 16 a step: three steps say more is left, the fourth ends.
+    assert_eq!(count, 3);
+    assert_eq!(steps.free_bytes(), whole.free_bytes());
+    assert_eq!(steps.deferred_bytes(), whole.deferred_bytes());
+    assert_eq!(steps.deferred_bytes(), 2 * 4096, "the blocks being read stay deferred");
+    assert_eq!(steps.space_map(0), whole.space_map(0));
+}

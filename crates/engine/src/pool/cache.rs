@@ -29,6 +29,10 @@ use crate::stats::Counter;
 
 type Key = (u32, u64, u64);
 
+/// Blocks [`BlockCache::remove_all`] forgets per hold of the lock: a hash removal each, a few
+/// microseconds in all.
+const REMOVE_BATCH: usize = 64;
+
 fn key(bp: &BlockPointer) -> Key {
     (bp.dvas[0].vdev, bp.dvas[0].offset_sectors, bp.birth_txg)
 }
@@ -77,12 +81,13 @@ impl Inner {
         }
     }
 
-    fn remove(&mut self, key: &Key) -> bool {
-        let Some(entry) = self.blocks.remove(key) else { return false };
+    /// Takes `key`'s block out of the cache; the caller decides where its buffer is freed.
+    fn remove(&mut self, key: &Key) -> Option<Arc<AlignedBuf>> {
+        let entry = self.blocks.remove(key)?;
         self.slots[entry.slot] = None;
         self.free.push(entry.slot);
         self.bytes -= entry.buf.len() as u64;
-        true
+        Some(entry.buf)
     }
 }
 
@@ -163,15 +168,36 @@ impl BlockCache {
         debug_assert_eq!(inner.blocks.len() + inner.free.len(), inner.slots.len());
     }
 
-    /// Drops a block that was freed; it can never be read again under this pointer.
     /// Forgets every block: what a key unload does, so that no plaintext of the family
     /// stays readable.
     pub fn clear(&self) {
         *self.inner.lock() = Inner::default();
     }
 
+    /// Drops a block that was freed; it can never be read again under this pointer.
     pub fn remove(&self, bp: &BlockPointer) {
-        self.inner.lock().remove(&key(bp));
+        let buf = self.inner.lock().remove(&key(bp));
+        // Freed after the lock is let go.
+        drop(buf);
+    }
+
+    /// [`BlockCache::remove`] for many blocks: the lock is taken for [`REMOVE_BATCH`] at a
+    /// time and their buffers are freed outside it. A txg sync forgets every block it
+    /// replaced, tens of thousands after many small writes, while the serving cores look up
+    /// blocks for their reads and writes: in one hold, or with each buffer freed under the
+    /// lock, the lookups waited milliseconds (docs/bench/peers-notes.md).
+    pub fn remove_all<'a>(&self, bps: impl IntoIterator<Item = &'a BlockPointer>) {
+        let mut bps = bps.into_iter().peekable();
+        let mut taken = Vec::with_capacity(REMOVE_BATCH);
+        while bps.peek().is_some() {
+            {
+                let mut inner = self.inner.lock();
+                taken.extend(
+                    bps.by_ref().take(REMOVE_BATCH).filter_map(|bp| inner.remove(&key(bp))),
+                );
+            }
+            taken.clear();
+        }
     }
 
     pub fn bytes(&self) -> u64 {

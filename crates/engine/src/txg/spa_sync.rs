@@ -194,9 +194,7 @@ impl Syncer {
         // the volume's serving core for up to 18 ms (docs/bench/peers-notes.md). What is freed
         // here stays allocated for the deferral, so a read that misses the cache meanwhile
         // still finds the block's bytes on disk.
-        for bp in freed() {
-            spa.pool().cache().remove(bp);
-        }
+        spa.pool().cache().remove_all(freed());
         let mut allocator = spa.allocator().lock();
         for bp in freed() {
             for dva in bp.copies() {
@@ -206,6 +204,10 @@ impl Syncer {
         vdevs
     }
 }
+
+/// Frees a sync makes allocatable per hold of the allocator's lock: inserts into a free tree
+/// of a few hundred nanoseconds each, so a hold of about a tenth of a millisecond.
+const SYNCED_FREES_PER_STEP: usize = 512;
 
 /// What a quiesce hands to the rest of the sync.
 struct Quiesced {
@@ -546,7 +548,9 @@ impl SyncHandle<'_> {
         anchored: &[Arc<LogWriter>],
     ) -> Result<(), StoreError> {
         self.syncer.count_sync();
-        self.spa.allocator().lock().synced(txg);
+        // A step at a time, letting writers' admissions and log blocks take the allocator's
+        // lock between steps (`Allocator::synced_some`).
+        while self.spa.allocator().lock().synced_some(txg, SYNCED_FREES_PER_STEP) {}
         let dsl = self.dsl.read();
         let mut synced_blocks = Vec::new();
         for dataset in dsl.values() {
