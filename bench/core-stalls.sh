@@ -51,7 +51,9 @@ fio --name=op --ioengine=nbd --uri="$uri" --bs=4k --size=1G --runtime=12 --time_
   --output-format=json --output="$dir/fio.json" >/dev/null 2>&1 &
 fio_pid=$!
 sleep 4
-perf record -q -p "$pid" -e cpu-clock -F 4000 \
+# The sampling rate is the CPU clock's alone: a global -F would sample the tracepoints too,
+# which must each be recorded.
+perf record -q -p "$pid" -e cpu-clock/freq=4000/ \
   -e sched:sched_switch,syscalls:sys_exit_recvfrom,syscalls:sys_enter_sendto \
   --call-graph dwarf,8192 -o "$dir/perf.data" -- sleep 2 >/dev/null 2>&1
 wait "$fio_pid"

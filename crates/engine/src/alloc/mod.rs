@@ -1161,7 +1161,9 @@ impl Allocator {
                 self.vdevs[vdev as usize].free.insert(start, len);
                 left -= 1;
                 if left == 0 {
-                    frees.append(&mut held);
+                    // Held frees go in front, so the next step takes the others first.
+                    held.append(frees);
+                    *frees = held;
                     if frees.is_empty() {
                         self.deferred.remove(&t);
                     }

@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use sluice_format::{BlockKind, BlockPointer};
 
 use crate::device::AlignedBuf;
@@ -190,12 +190,11 @@ impl BlockCache {
         let mut bps = bps.into_iter().peekable();
         let mut taken = Vec::with_capacity(REMOVE_BATCH);
         while bps.peek().is_some() {
-            {
-                let mut inner = self.inner.lock();
-                taken.extend(
-                    bps.by_ref().take(REMOVE_BATCH).filter_map(|bp| inner.remove(&key(bp))),
-                );
-            }
+            let mut inner = self.inner.lock();
+            taken.extend(bps.by_ref().take(REMOVE_BATCH).filter_map(|bp| inner.remove(&key(bp))));
+            // Handed over fairly: let go plainly, this loop took the lock straight back before
+            // a woken reader ran.
+            MutexGuard::unlock_fair(inner);
             taken.clear();
         }
     }

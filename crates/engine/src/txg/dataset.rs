@@ -229,7 +229,10 @@ pub(super) struct VolumeState {
     /// Levels of the tree on disk; below `entry.levels` after a grow until the next sync.
     pub(super) disk_levels: u8,
     pub(super) open: BTreeMap<u64, Block>,
-    pub(super) syncing: BTreeMap<u64, Block>,
+    /// The syncing txg's blocks, shared with the sync that writes them: a quiesce hands them
+    /// over without copying the map under the txg's and the volume's locks, which every write
+    /// takes (a txg of many small writes holds tens of thousands).
+    pub(super) syncing: Arc<BTreeMap<u64, Block>>,
     /// Blocks of `open` already written in place for indirect log records, by block index.
     pub(super) prewritten: BTreeMap<u64, Prewritten>,
     /// The volume's intent log; `None` while import replays the old chain (the directory
@@ -272,7 +275,7 @@ impl Dataset {
                 disk_levels: entry.levels,
                 entry,
                 open: BTreeMap::new(),
-                syncing: BTreeMap::new(),
+                syncing: Arc::default(),
                 prewritten: BTreeMap::new(),
                 raw_receive: false,
                 log,

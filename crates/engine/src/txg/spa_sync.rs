@@ -35,7 +35,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use sluice_format::{
     BlockPointer, Compression, DdtHeader, DedupMode, DirectoryRecords, LogHeader, PoolDirectory,
     SpaceMap, VolumeEntry, DVAS_MAX,
@@ -224,7 +224,7 @@ struct Quiesced {
 
 /// A volume's entry, levels on disk, syncing blocks, the blocks among them already written in
 /// place, and whether a raw receive writes it (`VolumeState::raw_receive`).
-type VolumeWork = (VolumeEntry, u8, BTreeMap<u64, Block>, BTreeMap<u64, Prewritten>, bool);
+type VolumeWork = (VolumeEntry, u8, Arc<BTreeMap<u64, Block>>, BTreeMap<u64, Prewritten>, bool);
 
 impl Store {
     /// Starts the task that syncs every `txg.timeout_ms`, or early when dirty data builds up
@@ -436,11 +436,11 @@ impl SyncHandle<'_> {
             let mut volume = dataset.state.lock();
             let volume = &mut *volume;
             dataset.dirty_bytes.store(0, Ordering::Relaxed);
-            volume.syncing = std::mem::take(&mut volume.open);
+            volume.syncing = Arc::new(std::mem::take(&mut volume.open));
             work.push((
                 volume.entry.clone(),
                 volume.disk_levels,
-                volume.syncing.clone(),
+                Arc::clone(&volume.syncing),
                 std::mem::take(&mut volume.prewritten),
                 volume.raw_receive,
             ));
@@ -547,10 +547,20 @@ impl SyncHandle<'_> {
         (directory_bp, space_maps): (BlockPointer, Vec<Vec<BlockPointer>>),
         anchored: &[Arc<LogWriter>],
     ) -> Result<(), StoreError> {
-        self.syncer.count_sync();
         // A step at a time, letting writers' admissions and log blocks take the allocator's
-        // lock between steps (`Allocator::synced_some`).
-        while self.spa.allocator().lock().synced_some(txg, SYNCED_FREES_PER_STEP) {}
+        // lock between steps (`Allocator::synced_some`). The lock is handed over fairly: let
+        // go plainly, this loop took it straight back before a woken writer ran.
+        loop {
+            let mut allocator = self.spa.allocator().lock();
+            let more = allocator.synced_some(txg, SYNCED_FREES_PER_STEP);
+            MutexGuard::unlock_fair(allocator);
+            if !more {
+                break;
+            }
+        }
+        // Counted once the frees it ended are allocatable: a writer short of space is refused
+        // after a count of syncs, and must not count one whose space it could not yet see.
+        self.syncer.count_sync();
         let dsl = self.dsl.read();
         let mut synced_blocks = Vec::new();
         for dataset in dsl.values() {
@@ -579,7 +589,6 @@ impl SyncHandle<'_> {
             // buffers under it held that volume's writers for milliseconds.
             synced_blocks.push(std::mem::take(&mut volume.syncing));
         }
-        drop(synced_blocks);
         self.syncer.set_synced(SyncedMetadata { space_maps, directory: Some(directory_bp) });
         self.txg.lock().synced_directory(directory_bp.psize_bytes());
         // Records of this txg need no log any more. A chain with a failed write is replaced
@@ -611,6 +620,10 @@ impl SyncHandle<'_> {
         if !replaced.is_empty() {
             self.txg.lock().queue(super::dataset::RetiredLog(replaced));
         }
+        // The synced layers go once the namespace is let go too: a create or destroy queued
+        // for it would otherwise hold every write's admission, which reads it, meanwhile.
+        drop(dsl);
+        drop(synced_blocks);
         Ok(())
     }
 }
@@ -635,6 +648,8 @@ async fn write_volumes(
         let compression = spa.stored_compression(&entry);
         let key_family = entry.key_family;
         let (root, block_bytes) = (entry.root, entry.block_bytes as usize);
+        // Owned, outside every lock: the map stays shared with the volume's readers.
+        let blocks: Vec<(u64, Block)> = blocks.iter().map(|(&i, b)| (i, b.clone())).collect();
         let completed = futures::stream::iter(blocks.into_iter().map(|(index, block)| {
             complete_block(spa, root, disk_levels, block_bytes, index, block)
         }))
