@@ -174,15 +174,9 @@ impl BlockCache {
         *self.inner.lock() = Inner::default();
     }
 
-    /// Drops a block that was freed; it can never be read again under this pointer.
-    pub fn remove(&self, bp: &BlockPointer) {
-        let buf = self.inner.lock().remove(&key(bp));
-        // Freed after the lock is let go.
-        drop(buf);
-    }
-
-    /// [`BlockCache::remove`] for many blocks: the lock is taken for [`REMOVE_BATCH`] at a
-    /// time and their buffers are freed outside it. A txg sync forgets every block it
+    /// Drops blocks that were freed; none can be read again under its pointer. The lock is
+    /// taken for [`REMOVE_BATCH`] at a time and their buffers are freed outside it. A txg
+    /// sync forgets every block it
     /// replaced, tens of thousands after many small writes, while the serving cores look up
     /// blocks for their reads and writes: in one hold, or with each buffer freed under the
     /// lock, the lookups waited milliseconds (docs/bench/peers-notes.md).
@@ -249,10 +243,10 @@ mod tests {
         assert!(cache.get(&bp(0, 1)).is_some());
         assert!(cache.get(&bp(0, 2)).is_none(), "same address, newer block: a miss");
         assert_eq!(cache.bytes(), 3 * 4096);
-        cache.remove(&bp(0, 1));
+        cache.remove_all([&bp(0, 1)]);
         assert!(cache.get(&bp(0, 1)).is_none(), "removed");
         assert_eq!(cache.bytes(), 2 * 4096);
-        cache.remove(&bp(0, 1));
+        cache.remove_all([&bp(0, 1)]);
         assert_eq!(cache.bytes(), 2 * 4096, "removing twice changes nothing");
         // A removed block's slot is reused, and eviction still finds blocks past it.
         for i in 10..20 {
