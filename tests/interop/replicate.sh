@@ -19,16 +19,17 @@ step() { echo "replicate: $*"; }
 
 source "$(dirname "$0")/served_pools.sh"
 
-# Four leaves of 1 GiB, allocated in full, and the streams: say so before starting rather than
-# fail halfway with ENOSPC.
-need_mib=4608
+# Four leaves of 512 MiB, allocated in full, and the streams and data (about 400 MiB): say so
+# before starting rather than fail halfway with ENOSPC. Each pool holds at most about 300 MiB
+# (dst: vm's four snapshots and copy), so 512 MiB leaves leave room; CI's disk has had 3 GiB free.
+need_mib=2560
 free_mib=$(df -Pm "$work" | awk 'NR == 2 { print $4 }')
 [ "${free_mib:-0}" -ge "$need_mib" ] \
   || fail "needs $need_mib MiB free where it works ($work), and its filesystem has \
 ${free_mib:-an unknown number of} MiB; free space there, or point TMPDIR at a filesystem with room"
 
-"$bin" pool create src "$work/src-a.img" "$work/src-b.img" --size 1G >/dev/null
-"$bin" pool create dst "$work/dst-a.img" "$work/dst-b.img" --size 1G >/dev/null
+"$bin" pool create src "$work/src-a.img" "$work/src-b.img" --size 512M >/dev/null
+"$bin" pool create dst "$work/dst-a.img" "$work/dst-b.img" --size 512M >/dev/null
 "$bin" vol create src/vm --size 256M --block-size 16K >/dev/null
 serve src
 serve dst
