@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# What one client operation costs the server: IOPS, server CPU, context switches, disk
-# commands and bytes written per operation, for one fio job against sluice or qemu-nbd on a
-# fresh image.
+# What one client operation costs the server: IOPS, server CPU (and the whole machine's busy
+# CPU, fio's included), context switches, disk commands and bytes written per operation, for
+# one fio job against sluice or qemu-nbd on a fresh image.
 #
 # Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|stream-1m|seqwrite|randread|seqread] [JOBS] [--bin PATH]
 #        [--block-size 4K] [--compression off|lz4|zstd] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
@@ -96,7 +96,10 @@ sample() {
   cpu=$(awk '{print $14 + $15}' "/proc/$pid/stat")
   switches=$(cat /proc/"$pid"/task/*/status | awk '/ctxt_switches/ {s += $2} END {print s}')
   disk_io=$(awk -v d="$disk" '$3 == d {print $4, $8, $19, $10}' /proc/diskstats)
-  echo "$cpu $switches ${disk_io:-0 0 0 0}"
+  # Every CPU's busy time (user, nice, system, irq, softirq): fio's own and the kernel
+  # threads that finish a write's I/O (dio completions, flushes) are charged to no server.
+  machine=$(awk '$1 == "cpu" {print $2 + $3 + $4 + $7 + $8}' /proc/stat)
+  echo "$cpu $switches ${disk_io:-0 0 0 0} $machine"
 }
 before=$(sample)
 fio --name=op --ioengine=nbd --uri="$uri" --bs=4k --size=1G --runtime="$seconds" --time_based \
@@ -118,7 +121,8 @@ if writes and j.get("sync", {}).get("lat_ns", {}).get("N"):
 ops = iops * float(seconds)
 b = [float(x) for x in before.split()]; a = [float(x) for x in after.split()]
 tick = os.sysconf("SC_CLK_TCK")
-print(f"{target} {job} jobs={jobs} block={block}: {iops:,.0f} IOPS; server CPU {(a[0]-b[0])/tick/ops*1e6:.0f} us/op; "
+print(f"{target} {job} jobs={jobs} block={block}: {iops:,.0f} IOPS; server CPU {(a[0]-b[0])/tick/ops*1e6:.0f} us/op, "
+      f"machine {(a[6]-b[6])/tick/ops*1e6:.0f} us/op; "
       f"context switches {(a[1]-b[1])/ops:.2f}/op; disk reads {(a[2]-b[2])/ops:.2f}/op, "
       f"writes {(a[3]-b[3])/ops:.2f}/op ({(a[5]-b[5])*512/ops/1024:.1f} KiB), flushes {(a[4]-b[4])/ops:.3f}/op; {latency}")
 PY

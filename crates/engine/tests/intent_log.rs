@@ -430,53 +430,61 @@ fn auto_starts_groups_of_records_logged_by_pointer_past_the_cap() {
     assert_eq!(in_flight, vec![1, 2, 2, 0], "groups in flight after each commit, then at the end");
 }
 
-/// Records logged by pointer that overflow the block allocated for the next group are cut
-/// where that block is full: each block is a group of its own, written in one trip, never a
-/// group of two blocks (a write and then a flush). One commit writes them all at once.
+/// Records logged by pointer that overflow the block allocated for the next group go out as
+/// one group of several blocks, and each leaf is flushed once for all of them and the blocks
+/// they point at: their blocks' writes are not flushed on their own, so a group per block
+/// would cost a flush per block.
 #[test]
-fn auto_cuts_records_logged_by_pointer_at_a_full_block() {
+fn auto_writes_records_logged_by_pointer_as_one_group_with_one_flush() {
     let sim = Sim::new(12);
     // Leaves whose flushes do not overlap, as a file's: where this was measured.
     let legs = common::legs(&sim, 2, serial_ssd(), LEAF_BYTES);
     let specs = common::leaf_specs(&legs);
     let env = sim.env();
-    let figures = sim
-        .run(async move {
-            let spec = Layout::SerialSsdMirror.spec(specs);
-            let pool = Pool::create(&env, spec, &Tunables::default()).await.unwrap();
-            let allocator = Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas()));
-            let log = LogWriter::new(
-                "tank",
-                &allocator,
-                settings(CommitPolicy::Auto, 128 << 10),
-                owner(5),
-            )
-            .unwrap();
-            // More pointers than the largest block holds (each record takes over 64 bytes).
-            let records = (128 << 10) / 64 + 1;
-            let mut last = 0;
-            for i in 0..records as u64 {
-                last = log.append_unfilled(env.now(), |sequence| LogRecord::WriteIndirect {
-                    txg: 1,
-                    sequence,
-                    offset: i * 16384,
-                    len: 16384,
-                    block: placed_block(8192 + i * 16384),
-                });
-                let record = log.claim_unfilled(last).into_iter().next().unwrap();
-                let written: sluice_engine::intent_log::DataWrite = futures::FutureExt::shared(
-                    Box::pin(async { true }) as futures::future::BoxFuture<'static, bool>,
-                );
-                assert!(log.fill(record, Some(written)));
+    let flushes = |legs: &[SimDevice]| legs.iter().map(|l| l.stats().flushes).collect::<Vec<_>>();
+    let (figures, before, after) = sim
+        .run({
+            let legs = legs.clone();
+            async move {
+                let spec = Layout::SerialSsdMirror.spec(specs);
+                let pool = Pool::create(&env, spec, &Tunables::default()).await.unwrap();
+                let allocator = Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas()));
+                let log = LogWriter::new(
+                    "tank",
+                    &allocator,
+                    settings(CommitPolicy::Auto, 128 << 10),
+                    owner(5),
+                )
+                .unwrap();
+                // More pointers than the largest block holds (each record takes over 64 bytes).
+                let records = (128 << 10) / 64 + 1;
+                let mut last = 0;
+                for i in 0..records as u64 {
+                    last = log.append_unfilled(env.now(), |sequence| LogRecord::WriteIndirect {
+                        txg: 1,
+                        sequence,
+                        offset: i * 16384,
+                        len: 16384,
+                        block: placed_block(8192 + i * 16384),
+                    });
+                    let record = log.claim_unfilled(last).into_iter().next().unwrap();
+                    let written: sluice_engine::intent_log::DataWrite = futures::FutureExt::shared(
+                        Box::pin(async { true }) as futures::future::BoxFuture<'static, bool>,
+                    );
+                    assert!(log.fill(record, Some(written)));
+                }
+                let before = flushes(&legs);
+                log.commit(&pool, &allocator, last).await.unwrap();
+                (log.figures(), before, flushes(&legs))
             }
-            log.commit(&pool, &allocator, last).await.unwrap();
-            log.figures()
         })
         .unwrap()
         .0;
-    assert!(figures.groups_written >= 3, "the records overflow two blocks: {figures:?}");
-    assert_eq!(figures.lwbs_written, figures.groups_written, "a group of two blocks: {figures:?}");
+    assert!(figures.lwbs_written >= 3, "the records overflow two blocks: {figures:?}");
+    assert_eq!(figures.groups_written, 1, "one group for them all: {figures:?}");
     assert_eq!(figures.groups_in_flight, 0);
+    let each: Vec<u64> = before.iter().zip(&after).map(|(b, a)| a - b).collect();
+    assert_eq!(each, vec![1, 1], "one flush of each leaf for the group (before {before:?})");
 }
 
 /// A lone writer that flushes after every write gets its log writes started early

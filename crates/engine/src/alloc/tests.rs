@@ -420,6 +420,56 @@ fn a_run_takes_one_range_past_small_holes() {
     assert!(fresh.allocate_run(&[16384], AllocClass::Normal).is_none(), "one block is no run");
 }
 
+/// Runs that no free range holds are halved until they fit: with every free range 256 KiB
+/// long, a 1 MiB write's 64 blocks go out as four runs of 16 blocks, not 64 blocks near the
+/// cursor. Placed as log blocks (for indirect records), they are held as log space and do not
+/// count as the txg's.
+#[test]
+fn runs_no_range_holds_are_halved_until_they_fit() {
+    let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
+    let region_end = 4 * MIB + log_region_bytes(64 * MIB);
+    let mut blocks = Vec::new();
+    while let Ok(block) = a.allocate(16384, AllocClass::Reserved, &[]) {
+        blocks.push(block);
+    }
+    blocks.sort_by_key(|b| b.1);
+    let data: Vec<_> = blocks.iter().filter(|b| b.1 >= region_end).collect();
+    // Sixteen blocks free, one kept, over and over: no free range is longer than 256 KiB.
+    for (i, &&(vdev, at, len)) in data.iter().enumerate() {
+        if i % 17 != 16 {
+            a.free(1, vdev, at, len);
+        }
+    }
+    a.synced(1 + FREE_DEFER_TXGS);
+    let (allocated, free) = (a.allocated_total(), a.free_bytes());
+    let placed = a.allocate_indirect_all(&[16384u64; 64], MIB).unwrap();
+    assert_eq!(placed.len(), 64);
+    let breaks = placed.windows(2).filter(|p| p[1].1 != p[0].1 + p[0].2).count();
+    assert_eq!(breaks, 3, "four runs of 256 KiB: {placed:?}");
+    assert_eq!(a.allocated_total(), allocated, "log space is not the txg's");
+    assert_eq!(a.free_bytes(), free - MIB);
+    assert_eq!(a.vdevs[0].log.total_bytes(), MIB, "held as log space");
+    for &(vdev, at, len) in &placed {
+        a.release_indirect(vdev, at, len);
+    }
+    assert_eq!((a.allocated_total(), a.free_bytes()), (allocated, free));
+}
+
+/// All or none: blocks that do not all fit leave the allocator as it was, whether placed as
+/// runs or one by one.
+#[test]
+fn runs_that_do_not_all_fit_give_back_what_they_placed() {
+    let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
+    let room = a.room_bytes();
+    let (allocated, free) = (a.allocated_total(), a.free_bytes());
+    let too_many = vec![16384u64; (room / 16384 + 1) as usize];
+    assert!(a.allocate_runs(&too_many, AllocClass::Normal, MIB).is_err());
+    assert_eq!((a.allocated_total(), a.free_bytes()), (allocated, free));
+    assert!(a.allocate_indirect_all(&too_many, MIB).is_err());
+    assert_eq!((a.allocated_total(), a.free_bytes()), (allocated, free));
+    assert_eq!(a.vdevs[0].log.total_bytes(), 0);
+}
+
 /// A run is never placed in the log region: past it, with only small holes left, the run is
 /// placed block by block, though the region is free.
 #[test]

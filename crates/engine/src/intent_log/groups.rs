@@ -1,10 +1,9 @@
 //! How the `auto` commit policy forms and writes its groups.
 //!
 //! A group is the records ready when a committer finds a slot free (or, when they are all
-//! logged by pointer, at once and one block each: each pays its block's own durable write,
-//! and a block of them is written in one trip), written in blocks
-//! allocated on or near one top-level vdev and made durable by one flush of each vdev they
-//! landed on ([`GroupTuner`] sets how many groups a vdev may run at once). When several slots
+//! logged by pointer, at once: their blocks' writes need a flush whatever the group waits
+//! for), written in blocks allocated on or near one top-level vdev and made durable by one
+//! flush of each vdev they, and the blocks of their indirect records, landed on ([`GroupTuner`] sets how many groups a vdev may run at once). When several slots
 //! are free the records are spread evenly over them, so a burst uses every flush the devices
 //! can run in parallel (over one slot per vdev where the tuner makes groups wait for their
 //! share, as on a file: a vdev's second slot is for the next group); each group's blocks
@@ -30,7 +29,7 @@ use crate::zio::Writer;
 impl LogWriter {
     /// `Auto`: takes the ready records into up to `slots` groups of nearly equal size, so that
     /// records that arrived together spread over the flushes the devices can run at once
-    /// (records all logged by pointer: into one group per block, whatever the slots).
+    /// (records all logged by pointer: into one group, whatever the slots).
     /// Each group's blocks are sized to hold exactly what it carries; the block that will open
     /// the next group, whose records have not arrived yet, is sized from what groups have
     /// carried lately. (Space allocated and left unwritten costs a rotation on a disk, while
@@ -57,12 +56,10 @@ impl LogWriter {
         // are fewer records than a share spread over more groups: each group pays a flush.
         let slots_in_all = tuner.slots();
         // Where groups wait for their share, what is ready is split over one slot per vdev.
-        // Records logged by pointer are not shared out (each waits for its own block's write,
-        // so a group of them saves no flush by waiting for a slot), but they are cut where a
-        // block is full: each block its own group, all written at once, each in one trip
-        // where the device has such a write. A second block in the same group would make it
-        // a write and then a flush (on a file leaf, 1 MiB write + flush from 4 clients: groups
-        // of 1.08 blocks, flush p50 7.5% behind pipelined, which writes one block per trip).
+        // Records logged by pointer are not shared out: their blocks are written unflushed,
+        // so their group is a write and then a flush whatever it carries, and one group
+        // carries them with one flush (a group per lwb block, as when each block write paid
+        // its own flush, made a 1 MiB write's 64 records several flushes).
         let by_pointer = only_by_pointer(state.ready());
         let even = if by_pointer {
             ready.len()
@@ -87,25 +84,21 @@ impl LogWriter {
         let mut groups = Vec::with_capacity(count);
         let mut taken = 0;
         // Groups go on while records are left and the next one's device has a slot (records
-        // held back by the share take any slot still free; records logged by pointer need
-        // none).
+        // held back by the share take any slot still free).
         let mut g = 0;
         while taken < ready.len() {
             let home = state.next_address.vdev;
             if g > 0
-                && !by_pointer
                 && state.groups_on_vdev.get(home as usize).is_some_and(|g| g.len() as u32 >= cap)
             {
                 // The rest waits for a slot on the device this group would start on.
                 break;
             }
             let mut size = share(taken, g);
-            if (g == 0 && count > 1) || by_pointer {
+            if g == 0 && count > 1 {
                 // The first group's block was allocated before its records arrived: give it
                 // what that block holds (at least one record) and the other groups the rest,
-                // rather than a second block that makes it the last to finish. Records logged
-                // by pointer are cut so at every group (a later group's block holds at most
-                // intent_log.block_bytes_max).
+                // rather than a second block that makes it the last to finish.
                 let capacity = state.next_address.len_bytes as usize - LOG_HEADER_BYTES;
                 let fits = ready[taken..].iter().scan(0, |used, &len| {
                     *used += len;

@@ -23,9 +23,8 @@
 //!   do not overlap, the second starting only once it carries an even share of what is
 //!   outstanding and never split over free slots; eight otherwise); a committer
 //!   whose vdev is at its cap waits for a group to finish, unless every record it would carry
-//!   is logged by pointer (each already pays its block's own durable write, so waiting saves
-//!   no flush; such records are cut into one group per block instead, each written in one
-//!   trip). Records that find several slots free are spread evenly over them (over one
+//!   is logged by pointer (their blocks are already being written and need the group's flush
+//!   anyway; such records go out as one group, however many blocks it takes). Records that find several slots free are spread evenly over them (over one
 //!   slot per vdev on a file), so a burst uses the parallel flushes a device offers,
 //!   and each group's last block allocates the next group's first block on the vdev with the
 //!   fewest groups in flight. When a finishing group wakes writers, the next committer yields
@@ -54,8 +53,9 @@
 //! unfilled ([`LogWriter::append_unfilled`]), and a committer that needs it writes the block to
 //! its final place and fills in the pointer ([`LogWriter::claim_unfilled`],
 //! [`LogWriter::fill`]) before the lwb that carries it is built. The block's write is started
-//! at once; the lwb counts as durable only once that write is durable too, so no committer is
-//! answered while a record points at a block that might not be there. An lwb never carries a
+//! at once, unflushed; the lwb is written beside it, and once both have completed each vdev
+//! either touched is flushed (ZFS: `zil_lwb_flush_vdevs`), so no committer is answered while a
+//! record points at a block that might not be there. An lwb never carries a
 //! record that is still unfilled: the chain waits for it, and records keep their order.
 //!
 //! After a failed log write the writer refuses commits (its chain has a hole; later blocks
@@ -213,8 +213,10 @@ pub enum LogError {
     Failed { volume_id: u64 },
 }
 
-/// The durable write of an indirect record's block: true once it is on stable storage, false
-/// if it failed. Shared by the lwb that carries the record and the sync that links the block.
+/// The write of an indirect record's block: true once it has completed, false if it failed.
+/// It is not flushed: the lwb that carries the record flushes the block's vdevs after it and
+/// this write have completed, and a sync that links the block flushes before its uberblock.
+/// Shared by the two.
 pub type DataWrite = Shared<BoxFuture<'static, bool>>;
 
 /// An lwb ready to write: where, its sequence, its bytes, and the block writes of the
@@ -227,6 +229,8 @@ struct Lwb {
     /// The encoded block, in the aligned buffer it is written from.
     bytes: SharedBuf,
     writes: Vec<DataWrite>,
+    /// The top-level vdevs `writes` land on: flushed with the lwb's own.
+    data_vdevs: Vec<u32>,
     /// `Auto`: when the group this lwb opens was formed (`None` for the rest).
     group_formed: Option<crate::rt::Time>,
 }
@@ -714,8 +718,8 @@ impl LogWriter {
     /// the other writers' records, arriving just after, wait for it (measured on a file leaf
     /// with one group per file, 8 write+flush clients: 8,663 / 9,481 IOPS with early commits,
     /// 10,367 / 10,914 without).
-    /// Records logged by pointer are the exception: each already pays its block's own durable
-    /// write, so their committers never wait for a slot (see [`LogWriter::commit`]), and one
+    /// Records logged by pointer are the exception: their blocks are already being written, so
+    /// their committers never wait for a slot (see [`LogWriter::commit`]), and one
     /// large write is many of them (64 for 1 MiB of 16 KiB blocks), which would otherwise read
     /// as many writers. An early group of them does count against its vdev's cap while in
     /// flight, as any group does: a small record arriving meanwhile waits for it.
@@ -917,11 +921,11 @@ impl LogWriter {
                         }
                         let cap = state.tuner.as_ref().map_or(1, GroupTuner::cap);
                         let home = state.next_address.vdev as usize;
-                        // Records logged by pointer each wait for their own block's durable
-                        // write, which pays its own flush: a group of only those saves no flush
-                        // by waiting for a slot, it only adds a trip to the writers' wait
-                        // (measured on a file leaf, 1 MiB write + flush at 4 clients: 7%
-                        // behind pipelined with the cap applied to them).
+                        // Records logged by pointer have their blocks on the way to the disk
+                        // already: a group of only those goes at once, with its blocks, rather
+                        // than add a slot's wait to writes in flight (measured on a file leaf
+                        // when each block write had a flush of its own, 1 MiB write + flush at
+                        // 4 clients: 7% behind pipelined with the cap applied to them).
                         let by_pointer = only_by_pointer(state.ready());
                         let free = by_pointer
                             || state
@@ -1075,6 +1079,16 @@ impl LogWriter {
         let count = records.len() as u32;
         let writes: Vec<DataWrite> =
             records.iter().filter_map(|r| state.data_writes.remove(&r.sequence())).collect();
+        let mut data_vdevs: Vec<u32> = records
+            .iter()
+            .filter_map(|r| match r {
+                LogRecord::WriteIndirect { block, .. } => Some(block),
+                _ => None,
+            })
+            .flat_map(|bp| bp.copies().map(|dva| dva.vdev))
+            .collect();
+        data_vdevs.sort_unstable();
+        data_vdevs.dedup();
         let txg = records.iter().map(LogRecord::txg).max().unwrap_or(0);
         // The successor must hold at least the next record waiting, if one is.
         let least = state.pending.front().map_or(0, |r| LOG_HEADER_BYTES + state.record_len(r));
@@ -1132,12 +1146,49 @@ impl LogWriter {
             records: count,
             bytes,
             writes,
+            data_vdevs,
             group_formed: None,
         };
         state.verifier = state.verifier.next();
         state.next_address = successor;
         state.in_flight += 1;
         Ok(lwb)
+    }
+
+    /// Writes lwbs that carry indirect records: the lwbs are written while their records'
+    /// blocks are (those writes started when the records were filled, unflushed), and once
+    /// both have completed each top-level vdev either touched is flushed, all at once (ZFS:
+    /// `zil_lwb_flush_vdevs`). One flush per vdev covers a large write and its records, where
+    /// a durable write per block run and one for the lwb took about five device flushes per
+    /// MiB on an aged pool (bench/per-op.sh syncwrite-1m). A crash before the flush may keep
+    /// an lwb whose blocks did not reach the disk; no committer was answered, and the claim
+    /// ends the chain at the first record whose block does not match its pointer. False if a
+    /// write or a flush failed: a failed block write fails the lwb like a failed lwb write,
+    /// and the store falls back to a txg sync, which writes the block again.
+    async fn write_with_data(&self, pool: &Pool, lwbs: &[Lwb]) -> bool {
+        let data_writes = join_all(lwbs.iter().flat_map(|lwb| lwb.writes.iter().cloned()));
+        let lwb_writes = join_all(lwbs.iter().map(|lwb| {
+            let data = lwb.bytes.clone();
+            let dva = vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
+            pool.issue(Writer::LogChain, dva, data, LOG_WRITE)
+        }));
+        let (data, written) = futures::future::join(data_writes, lwb_writes).await;
+        if !(data.into_iter().all(|ok| ok) && written.iter().all(Result::is_ok)) {
+            return false;
+        }
+        let mut vdevs: Vec<u32> = lwbs
+            .iter()
+            .flat_map(|lwb| lwb.data_vdevs.iter().copied().chain([lwb.at.vdev]))
+            .collect();
+        vdevs.sort_unstable();
+        vdevs.dedup();
+        let flushes = vdevs.into_iter().map(|vdev| async move {
+            match pool.root().top_level().get(vdev as usize) {
+                Some(top) => top.flush().await.is_ok(),
+                None => false,
+            }
+        });
+        join_all(flushes).await.into_iter().all(|ok| ok)
     }
 
     /// Writes lwbs, flushes what they touched, and advances the durable frontier.
@@ -1152,42 +1203,38 @@ impl LogWriter {
         }
         // A lone lwb (always, when pipelined) is written and flushed by each leaf in one trip
         // (docs/design.md: 1 job +13%). Several (a batch) are all written first, then the
-        // top-level vdevs they touched are flushed once.
-        // The blocks of indirect records are already being written (durably); the lwbs that
-        // point at them are durable only once those writes are.
-        let data_writes = join_all(lwbs.iter().flat_map(|lwb| lwb.writes.iter().cloned()));
-        let lwb_writes = async {
-            if let [lwb] = &lwbs[..] {
-                let dva =
-                    vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
-                let data = lwb.bytes.clone();
-                return pool.issue(Writer::LogChain, dva, data, LOG_DURABLE).await.is_ok();
-            }
-            if self.policy == CommitPolicy::Auto {
-                return self.write_group(pool, &lwbs).await;
-            }
+        // top-level vdevs they touched are flushed once. Lwbs carrying indirect records are
+        // written beside those records' blocks, and flushed with them
+        // ([`LogWriter::write_with_data`]).
+        let ok = if lwbs.iter().any(|lwb| !(lwb.writes.is_empty() && lwb.data_vdevs.is_empty())) {
+            self.write_with_data(pool, &lwbs).await
+        } else if let [lwb] = &lwbs[..] {
+            let dva = vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
+            let data = lwb.bytes.clone();
+            pool.issue(Writer::LogChain, dva, data, LOG_DURABLE).await.is_ok()
+        } else if self.policy == CommitPolicy::Auto {
+            self.write_group(pool, &lwbs).await
+        } else {
             let writes = lwbs.iter().map(|lwb| {
                 let data = lwb.bytes.clone();
                 let dva =
                     vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
                 async move { pool.issue(Writer::LogChain, dva, data, LOG_WRITE).await }
             });
-            let mut ok = join_all(writes).await.iter().all(Result::is_ok);
-            // Flush only after the writes completed, and only the top-level vdevs touched.
+            let written = join_all(writes).await.iter().all(Result::is_ok);
+            // Flush only after the writes completed, and only the top-level vdevs touched,
+            // one after another (the seed's "before").
             let mut touched: Vec<u32> = lwbs.iter().map(|lwb| lwb.at.vdev).collect();
             touched.sort_unstable();
             touched.dedup();
+            let mut flushed = true;
             for vdev in touched {
                 if let Some(top) = pool.root().top_level().get(vdev as usize) {
-                    ok &= top.flush().await.is_ok();
+                    flushed &= top.flush().await.is_ok();
                 }
             }
-            ok
+            written && flushed
         };
-        let (data_ok, lwbs_ok) = futures::future::join(data_writes, lwb_writes).await;
-        // A failed block write fails the lwb like a failed lwb write: the store falls back to
-        // a txg sync, which writes the block again.
-        let ok = lwbs_ok && data_ok.into_iter().all(|written| written);
         let waiters = {
             let mut state = self.state.lock();
             if !ok {

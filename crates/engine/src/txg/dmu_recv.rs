@@ -854,7 +854,10 @@ impl Store {
             .spa
             .allocator()
             .lock()
-            .allocate_indirect_all(sealed.iter().map(crate::zio::Sealed::psize))
+            .allocate_indirect_all(
+                &sealed.iter().map(crate::zio::Sealed::psize).collect::<Vec<_>>(),
+                self.spa.pool().root().write_span_bytes(),
+            )
             .map_err(|source| PoolError::NoSpace {
                 pool: self.spa.pool().name().to_owned(),
                 cause: source,
