@@ -1,15 +1,15 @@
 //! How the `auto` commit policy forms and writes its groups.
 //!
-//! A group is the records ready when a committer finds a slot free (or, when they are all
-//! logged by pointer, at once: their blocks' writes need a flush whatever the group waits
-//! for), written in blocks allocated on or near one top-level vdev and made durable by one
-//! flush of each vdev they, and the blocks of their indirect records, landed on ([`GroupTuner`] sets how many groups a vdev may run at once). When several slots
-//! are free the records are spread evenly over them, so a burst uses every flush the devices
-//! can run in parallel (over one slot per vdev where the tuner makes groups wait for their
-//! share, as on a file: a vdev's second slot is for the next group); each group's blocks
-//! are sized to hold exactly what it carries, and its last block allocates the block that will
-//! open the next group, on the vdev expected to free a slot first. The decision to form a
-//! group (and the short waits before one) is [`LogWriter::commit`]'s; this module is what a
+//! A group is the records ready when a committer finds a slot free (or, when they are all logged by
+//! pointer, at once: their blocks' writes need a flush whatever the group waits for), written in
+//! blocks allocated on or near one top-level vdev and made durable by one flush of each vdev they,
+//! and the blocks of their indirect records, landed on ([`GroupTuner`] sets how many groups a vdev
+//! may run at once). When several slots are free the records are spread evenly over them, so a
+//! burst uses every flush the devices can run in parallel (over one slot per vdev where the tuner
+//! makes groups wait for their share, as on a file: a vdev's second slot is for the next group);
+//! each group's blocks are sized to hold exactly what it carries, and its last block allocates the
+//! block that will open the next group, on the vdev expected to free a slot first. The decision to
+//! form a group (and the short waits before one) is [`LogWriter::commit`]'s; this module is what a
 //! group is made of and how it reaches the disk.
 
 use futures::future::join_all;

@@ -16,21 +16,21 @@
 //!   its flush (measured: -58% IOPS against batch on 8 HDDs).
 //! - `Batch` (the seed's "before"): one batch in flight. It writes all its lwbs, flushes once,
 //!   then wakes everyone; records arriving meanwhile wait for the next batch.
-//! - `Auto`: groups. A group is every ready record (or its share, below), written in blocks
-//!   sized to hold exactly what it carries, all on one top-level vdev, and made durable by one
-//!   flush of that vdev. A vdev runs at most a few groups at once ([`GroupTuner`]: one on a
-//!   rotational device, where each extra flush costs a rotation; two on a file, whose flushes
-//!   do not overlap, the second starting only once it carries an even share of what is
-//!   outstanding and never split over free slots; eight otherwise); a committer
-//!   whose vdev is at its cap waits for a group to finish, unless every record it would carry
-//!   is logged by pointer (their blocks are already being written and need the group's flush
-//!   anyway; such records go out as one group, however many blocks it takes). Records that find several slots free are spread evenly over them (over one
-//!   slot per vdev on a file), so a burst uses the parallel flushes a device offers,
-//!   and each group's last block allocates the next group's first block on the vdev with the
-//!   fewest groups in flight. When a finishing group wakes writers, the next committer yields
-//!   once first, so the next group carries the records they append instead of its own alone
-//!   (without this, batches alternated between one record and all the others); a lone
-//!   writer's committer does not, as nobody else appends.
+//! - `Auto`: groups. A group is every ready record (or its share, below), written in blocks sized
+//!   to hold exactly what it carries, all on one top-level vdev, and made durable by one flush of
+//!   that vdev. A vdev runs at most a few groups at once ([`GroupTuner`]: one on a rotational
+//!   device, where each extra flush costs a rotation; two on a file, whose flushes do not overlap,
+//!   the second starting only once it carries an even share of what is outstanding and never split
+//!   over free slots; eight otherwise); a committer whose vdev is at its cap waits for a group to
+//!   finish, unless every record it would carry is logged by pointer (their blocks are already
+//!   being written and need the group's flush anyway; such records go out as one group, however
+//!   many blocks it takes). Records that find several slots free are spread evenly over them (over
+//!   one slot per vdev on a file), so a burst uses the parallel flushes a device offers, and each
+//!   group's last block allocates the next group's first block on the vdev with the fewest groups
+//!   in flight. When a finishing group wakes writers, the next committer yields once first, so the
+//!   next group carries the records they append instead of its own alone (without this, batches
+//!   alternated between one record and all the others); a lone writer's committer does not, as
+//!   nobody else appends.
 //!
 //! The reader ([`read_chain`]) walks the chain from its head. Each block is read through the
 //! mirror with "decodes as the expected block" as the verify callback, so a damaged copy is
@@ -53,9 +53,10 @@
 //! unfilled ([`LogWriter::append_unfilled`]), and a committer that needs it writes the block to
 //! its final place and fills in the pointer ([`LogWriter::claim_unfilled`],
 //! [`LogWriter::fill`]) before the lwb that carries it is built. The block's write is started
-//! at once, unflushed; the lwb is written beside it, and once both have completed each vdev
-//! either touched is flushed (ZFS: `zil_lwb_flush_vdevs`), so no committer is answered while a
-//! record points at a block that might not be there. An lwb never carries a
+//! at once (on a single leaf unflushed; the lwb is written beside it, and once both have
+//! completed each vdev either touched is flushed, ZFS's `zil_lwb_flush_vdevs`; on a mirror or
+//! RAID-Z durably on every present child), so no committer is answered while a record points
+//! at a block that might not be there. An lwb never carries a
 //! record that is still unfilled: the chain waits for it, and records keep their order.
 //!
 //! After a failed log write the writer refuses commits (its chain has a hole; later blocks
@@ -82,7 +83,8 @@ use crate::zio::{Issue, Writer};
 
 /// How a lone log block is written: written and flushed on every copy in one trip.
 const LOG_DURABLE: Issue = Issue { class: IoClass::LogWrite, durable: true };
-/// How a log block of a batch is written: its top-level vdevs are flushed once after all.
+/// How a log block of a batch, or one beside indirect records' blocks on a single leaf, is
+/// written: its top-level vdevs are flushed once after all.
 const LOG_WRITE: Issue = Issue { class: IoClass::LogWrite, durable: false };
 
 mod groups;
@@ -651,7 +653,9 @@ impl LogWriter {
 
     /// Completes a claimed record: `record` replaces it (an indirect record with its block
     /// pointer, or the data copied after all), and an lwb carrying it counts as durable only
-    /// once `write` is. Returns false if the record is gone (its txg synced meanwhile).
+    /// once `write` has completed and been flushed
+    /// ([`LogWriter::write_with_data`]). Returns false if the record is gone (its txg synced
+    /// meanwhile).
     pub fn fill(&self, record: LogRecord, write: Option<DataWrite>) -> bool {
         let sequence = record.sequence();
         let (present, waiters) = {
@@ -1155,30 +1159,36 @@ impl LogWriter {
         Ok(lwb)
     }
 
-    /// Writes lwbs that carry indirect records: the lwbs are written while their records'
-    /// blocks are (those writes started when the records were filled, unflushed), and once
-    /// both have completed each top-level vdev either touched is flushed, all at once (ZFS:
-    /// `zil_lwb_flush_vdevs`). One flush per vdev covers a large write and its records, where
-    /// a durable write per block run and one for the lwb took about five device flushes per
-    /// MiB on an aged pool (bench/per-op.sh syncwrite-1m). A crash before the flush may keep
-    /// an lwb whose blocks did not reach the disk; no committer was answered, and the claim
-    /// ends the chain at the first record whose block does not match its pointer. False if a
-    /// write or a flush failed: a failed block write fails the lwb like a failed lwb write,
-    /// and the store falls back to a txg sync, which writes the block again.
+    /// Writes lwbs that carry indirect records, beside their records' blocks (those writes
+    /// started when the records were filled). On a top-level vdev that is a single leaf both
+    /// go unflushed, and once every write has completed each such vdev that either touched is
+    /// flushed, all at once (ZFS: `zil_lwb_flush_vdevs`): one flush per vdev covers a large
+    /// write and its records, where a durable write per block run and one for the lwb took
+    /// about five device flushes per MiB on an aged pool (bench/per-op.sh syncwrite-1m). On a
+    /// mirror or RAID-Z vdev the blocks and the lwbs are written durably on every present
+    /// child instead ([`vdev::Root::is_plain_leaf`] says why). A crash before the flush may
+    /// keep an lwb whose blocks did not reach the disk; no committer was answered, and the
+    /// claim ends the chain at the first record whose block does not match its pointer. False
+    /// if a write or a flush failed: a failed block write fails the lwb like a failed lwb
+    /// write, and the store falls back to a txg sync, which writes the block again.
     async fn write_with_data(&self, pool: &Pool, lwbs: &[Lwb]) -> bool {
+        let root = pool.root();
         let data_writes = join_all(lwbs.iter().flat_map(|lwb| lwb.writes.iter().cloned()));
         let lwb_writes = join_all(lwbs.iter().map(|lwb| {
             let data = lwb.bytes.clone();
             let dva = vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
-            pool.issue(Writer::LogChain, dva, data, LOG_WRITE)
+            let how = if root.is_plain_leaf(lwb.at.vdev) { LOG_WRITE } else { LOG_DURABLE };
+            pool.issue(Writer::LogChain, dva, data, how)
         }));
         let (data, written) = futures::future::join(data_writes, lwb_writes).await;
         if !(data.into_iter().all(|ok| ok) && written.iter().all(Result::is_ok)) {
             return false;
         }
+        // Only the single leaves took writes without a flush.
         let mut vdevs: Vec<u32> = lwbs
             .iter()
             .flat_map(|lwb| lwb.data_vdevs.iter().copied().chain([lwb.at.vdev]))
+            .filter(|&vdev| root.is_plain_leaf(vdev))
             .collect();
         vdevs.sort_unstable();
         vdevs.dedup();
@@ -1204,7 +1214,7 @@ impl LogWriter {
         // A lone lwb (always, when pipelined) is written and flushed by each leaf in one trip
         // (docs/design.md: 1 job +13%). Several (a batch) are all written first, then the
         // top-level vdevs they touched are flushed once. Lwbs carrying indirect records are
-        // written beside those records' blocks, and flushed with them
+        // written beside those records' blocks, and on a single leaf flushed with them
         // ([`LogWriter::write_with_data`]).
         let ok = if lwbs.iter().any(|lwb| !(lwb.writes.is_empty() && lwb.data_vdevs.is_empty())) {
             self.write_with_data(pool, &lwbs).await

@@ -1,10 +1,11 @@
 //! A volume's log commit (ZFS: `zil_commit`, with `zvol_get_data` and `dmu_sync` for the
 //! records logged by pointer): what answers a FUA write and a flush. A commit fills the
-//! volume's records logged by pointer (each block written in place once, unflushed: the lwb
-//! carrying its record flushes it; or its bytes copied into the record), has the log writer
-//! (crate::intent_log) write the chain up to its record, and falls back to a txg sync where
-//! the log cannot answer: a chain not yet anchored by a sync, a failed log write, a fill with
-//! no room. An early commit starts a lone writer's record before its flush arrives.
+//! volume's records logged by pointer (each block written in place once, on a single leaf
+//! unflushed, the lwb carrying its record flushing it; or its bytes copied into the record),
+//! has the log writer (crate::intent_log) write the chain up to its record, and falls back to
+//! a txg sync where the log cannot answer: a chain not yet anchored by a sync, a failed log
+//! write, a fill with no room. An early commit starts a lone writer's record before its flush
+//! arrives.
 //!
 //! [`LogCommit`] holds what a commit works with: the pool it writes through, the namespace
 //! and the open txg it reads a record's block from, the logs' settings and figures, and the
@@ -179,8 +180,9 @@ impl LogCommit<'_> {
 
     /// Fills `log`'s unfilled indirect records up to `sequence` that no other committer is
     /// filling (ZFS: `zil_get_data`, `dmu_sync`). A record whose block is still the open txg's
-    /// version gets that block written in place (durably, started now) and its pointer; the
-    /// sync links the same block instead of writing it again. Any other (its txg is syncing,
+    /// version gets that block written in place (started now; durably unless on a single
+    /// leaf) and its pointer; the sync links the same block instead of writing it again. Any
+    /// other (its txg is syncing,
     /// or a later write replaced or zeroed the block) gets the block's current bytes copied:
     /// replay applies later records after it, so newer bytes are as good; except that records
     /// of the syncing txg that are a large part of what it writes are left to it (the commit
@@ -366,15 +368,18 @@ impl LogCommit<'_> {
                 txg.queue(Orphaned(orphaned));
             }
         }
-        // Written without a flush of their own: the lwb that carries their records flushes
-        // every vdev they landed on once they and it have completed (ZFS: the lwb's flush of
-        // the vdevs `zil_lwb_add_block` noted), and a sync that links them flushes before its
-        // uberblock. A flush per run cost a device flush each, about five per MiB on an aged
-        // pool (bench/per-op.sh syncwrite-1m).
+        // On a single leaf, written without a flush of their own: the lwb that carries their
+        // records flushes every vdev they landed on once they and it have completed (ZFS: the
+        // lwb's flush of the vdevs `zil_lwb_add_block` noted), and a sync that links them
+        // flushes before its uberblock. A flush per run cost a device flush each, about five
+        // per MiB on an aged pool (bench/per-op.sh syncwrite-1m). On a mirror or RAID-Z each
+        // run is still written durably, on every present child (`Root::is_plain_leaf` says
+        // why).
         for (vdev, run, done) in writes {
             let pool = Arc::clone(self.spa.pool());
+            let durable = !pool.root().is_plain_leaf(vdev);
             self.spa.pool().env().spawn("indirect block write", async move {
-                let how = Issue { class: IoClass::SyncWrite, durable: false };
+                let how = Issue { class: IoClass::SyncWrite, durable };
                 let ok = pool.issue_run(Writer::LogIndirect, vdev, run, how).await.is_ok();
                 let _ = done.send(ok);
             });

@@ -21,8 +21,8 @@
 //! ([`Raidz::read_log`], [`Raidz::write_log`]), so that a log block is `parity + 1` writes.
 //!
 //! Writes compute the parity and write one column per child. A write succeeds when at most
-//! `parity` columns failed (the block can still be read); a durable write (the intent log's)
-//! fails when a present child failed, as a mirror's does, so that an acknowledged record does
+//! `parity` columns failed (the block can still be read); a durable write (the intent log's,
+//! its lwbs' and its indirect records' blocks') fails when a present child failed, as a mirror's does, so that an acknowledged record does
 //! not depend on a column that never reached its disk. Flushes go only to the children written
 //! since their last flush.
 //!

@@ -621,19 +621,36 @@ pub fn allocate(
     sealed: &[Sealed],
     class: AllocClass,
 ) -> Result<Vec<Places>, ZioError> {
+    let mut placed = Vec::with_capacity(sealed.len());
     // First copies in runs of up to a write span, each run from one free range where one
-    // holds it, halved where none does ([`Allocator::allocate_runs`]).
-    for block in sealed {
-        pipeline.counted(pipeline.stage(Stage::Allocate, block.props.writer))?;
+    // holds it ([`Allocator::allocate_run`]), else block by block.
+    let mut from = 0;
+    while from < sealed.len() {
+        let mut to = from;
+        let mut bytes = 0;
+        while to < sealed.len()
+            && (to == from || bytes + sealed[to].psize() <= WRITE_SPAN_BYTES_MAX)
+        {
+            bytes += sealed[to].psize();
+            to += 1;
+        }
+        for block in &sealed[from..to] {
+            pipeline.counted(pipeline.stage(Stage::Allocate, block.props.writer))?;
+        }
+        let psizes: Vec<u64> = sealed[from..to].iter().map(Sealed::psize).collect();
+        if let Some(run) = allocator.allocate_run(&psizes, class) {
+            placed.extend(run.into_iter().map(|at| vec![at]));
+        } else {
+            for block in &sealed[from..to] {
+                let first = allocator.allocate(block.psize(), class, &[]).map_err(|source| {
+                    pipeline.note_error(block.props.writer);
+                    ZioError::NoSpace { writer: block.props.writer, cause: source }
+                })?;
+                placed.push(vec![first]);
+            }
+        }
+        from = to;
     }
-    let psizes: Vec<u64> = sealed.iter().map(Sealed::psize).collect();
-    let firsts =
-        allocator.allocate_runs(&psizes, class, WRITE_SPAN_BYTES_MAX).map_err(|source| {
-            let writer = sealed.first().map_or(Writer::VolumeData, |b| b.props.writer);
-            pipeline.note_error(writer);
-            ZioError::NoSpace { writer, cause: source }
-        })?;
-    let mut placed: Vec<Places> = firsts.into_iter().map(|at| vec![at]).collect();
     // Ditto copies after every first copy, so the first copies of a batch lie back to back.
     for (block, places) in sealed.iter().zip(&mut placed) {
         // An encrypted block's third DVA holds its salt and key family.
