@@ -19,6 +19,7 @@ use sluice_engine::alloc::Allocator;
 use sluice_engine::device::sim::SsdParams;
 use sluice_engine::device::sim::{CrashPolicy, Fault};
 use sluice_engine::device::{SimDevice, SimProfile};
+use sluice_engine::intent_log::BlockWritten;
 use sluice_engine::intent_log::{read_chain, ChainOwner, CommitPolicy, LogSettings, LogWriter};
 use sluice_engine::pool::Pool;
 use sluice_engine::rt::Rng;
@@ -398,8 +399,13 @@ fn auto_starts_groups_of_records_logged_by_pointer_past_the_cap() {
                 let record = claimed.into_iter().next().unwrap();
                 let released = released.clone();
                 let write: sluice_engine::intent_log::DataWrite =
-                    futures::FutureExt::shared(Box::pin(async move { released.await.is_ok() })
-                        as futures::future::BoxFuture<'static, bool>);
+                    futures::FutureExt::shared(Box::pin(async move {
+                        match released.await {
+                            Ok(_) => BlockWritten::Flushed,
+                            Err(_) => BlockWritten::Failed,
+                        }
+                    })
+                        as futures::future::BoxFuture<'static, BlockWritten>);
                 assert!(log.fill(record, Some(write)));
                 commits.push(spawn_commit(sequence));
                 env.sleep(Duration::from_millis(30)).await;
@@ -473,8 +479,11 @@ fn auto_writes_records_logged_by_pointer_as_one_group_with_one_flush() {
                         block: placed_block(8192 + i * 16384),
                     });
                     let record = log.claim_unfilled(last).into_iter().next().unwrap();
+                    // Written unflushed on the pool's one leaf, as a fill writes them there.
+                    let leaf = sluice_engine::intent_log::plain_leaf(&pool, 0).unwrap();
                     let written: sluice_engine::intent_log::DataWrite = futures::FutureExt::shared(
-                        Box::pin(async { true }) as futures::future::BoxFuture<'static, bool>,
+                        Box::pin(async move { BlockWritten::Unflushed(leaf) })
+                            as futures::future::BoxFuture<'static, BlockWritten>,
                     );
                     assert!(log.fill(record, Some(written)));
                 }

@@ -1,16 +1,17 @@
 //! How the `auto` commit policy forms and writes its groups.
 //!
 //! A group is the records ready when a committer finds a slot free (or, when they are all logged by
-//! pointer, at once: their blocks' writes need a flush whatever the group waits for), written in
-//! blocks allocated on or near one top-level vdev and made durable by one flush of each vdev they,
-//! and the blocks of their indirect records, landed on ([`GroupTuner`] sets how many groups a vdev
-//! may run at once). When several slots are free the records are spread evenly over them, so a
-//! burst uses every flush the devices can run in parallel (over one slot per vdev where the tuner
-//! makes groups wait for their share, as on a file: a vdev's second slot is for the next group);
-//! each group's blocks are sized to hold exactly what it carries, and its last block allocates the
-//! block that will open the next group, on the vdev expected to free a slot first. The decision to
-//! form a group (and the short waits before one) is [`LogWriter::commit`]'s; this module is what a
-//! group is made of and how it reaches the disk.
+//! pointer, at once: their blocks are already on their way), written in blocks allocated on or
+//! near one top-level vdev and made durable together: on a single leaf by one flush of each leaf
+//! they, and the blocks of their indirect records, landed on; on a mirror or RAID-Z by writing
+//! each durably on every present child ([`GroupTuner`] sets how many groups a vdev may run at
+//! once). When several slots are free the records are spread evenly over them, so a burst uses
+//! every flush the devices can run in parallel (over one slot per vdev where the tuner makes
+//! groups wait for their share, as on a file: a vdev's second slot is for the next group); each
+//! group's blocks are sized to hold exactly what it carries, and its last block allocates the
+//! block that will open the next group, on the vdev expected to free a slot first. The decision
+//! to form a group (and the short waits before one) is [`LogWriter::commit`]'s; this module is
+//! what a group is made of and how it reaches the disk.
 
 use futures::future::join_all;
 use parking_lot::Mutex;
@@ -18,7 +19,7 @@ use sluice_format::LOG_HEADER_BYTES;
 
 use super::{
     only_by_pointer, take_records, GroupTuner, LogWriter, Lwb, State, LOG_BLOCK_BYTES_MIN,
-    LOG_DURABLE, LOG_WRITE,
+    LOG_DURABLE,
 };
 use crate::alloc::Allocator;
 use crate::pool::{Pool, PoolError};
@@ -179,34 +180,28 @@ impl LogWriter {
 
     /// Writes an `Auto` group: on each top-level vdev it touches, at the same time, a lone
     /// block is written and flushed in one trip, and several are written and then flushed
-    /// once. (The batch policy flushes its vdevs one after another: the seed's "before".)
+    /// once ([`LogWriter::write_with_data`]: on a single leaf; on a mirror or RAID-Z each is
+    /// written durably on every present child, since there a plain write and a flush succeed
+    /// when one child did). A group carrying indirect records is written with their blocks,
+    /// flushed together. (The batch policy flushes its vdevs one after another: the seed's
+    /// "before".)
     pub(super) async fn write_group(&self, pool: &Pool, lwbs: &[Lwb]) -> bool {
+        if lwbs.iter().any(|lwb| !lwb.writes.is_empty()) {
+            let all: Vec<&Lwb> = lwbs.iter().collect();
+            return self.write_with_data(pool, &all, false).await;
+        }
         let mut vdevs: Vec<u32> = lwbs.iter().map(|lwb| lwb.at.vdev).collect();
         vdevs.sort_unstable();
         vdevs.dedup();
         let per_vdev = vdevs.into_iter().map(|vdev| {
             let mine: Vec<&Lwb> = lwbs.iter().filter(|lwb| lwb.at.vdev == vdev).collect();
             async move {
-                let address =
-                    |lwb: &Lwb| vdev::VdevAddress { vdev, offset_bytes: lwb.at.offset_bytes };
                 if let [lwb] = &mine[..] {
+                    let address = vdev::VdevAddress { vdev, offset_bytes: lwb.at.offset_bytes };
                     let data = lwb.bytes.clone();
-                    return pool
-                        .issue(Writer::LogChain, address(lwb), data, LOG_DURABLE)
-                        .await
-                        .is_ok();
+                    return pool.issue(Writer::LogChain, address, data, LOG_DURABLE).await.is_ok();
                 }
-                let writes = mine.iter().map(|lwb| {
-                    let data = lwb.bytes.clone();
-                    pool.issue(Writer::LogChain, address(lwb), data, LOG_WRITE)
-                });
-                let written = join_all(writes).await.iter().all(Result::is_ok);
-                // Flushed only once every write to it has completed.
-                let flushed = match pool.root().top_level().get(vdev as usize) {
-                    Some(top) => top.flush().await.is_ok(),
-                    None => false,
-                };
-                written && flushed
+                self.write_with_data(pool, &mine, false).await
             }
         });
         join_all(per_vdev).await.into_iter().all(|ok| ok)

@@ -3,9 +3,10 @@
 //! Records (itxs) are appended with increasing sequence numbers. `commit(seq)` returns once
 //! every record up to `seq` is durable. Records travel in log write blocks (lwbs): each lwb is
 //! encoded with the address of its already-allocated successor, written at `LogWrite` priority,
-//! and flushed: by each leaf right after its copy (a lone lwb), or, for a batch, by a flush of
-//! each top-level vdev touched once all are written. An lwb counts as durable only once
-//! it and every earlier lwb are; waiters are woken lwb by lwb as that frontier advances.
+//! and flushed: by each leaf right after its copy (a lone lwb, and every lwb on a mirror or
+//! RAID-Z, where a plain write and a flush succeed when one child did), or, for several on a
+//! single leaf, by one flush of that leaf once all are written. An lwb counts as durable only
+//! once it and every earlier lwb are; waiters are woken lwb by lwb as that frontier advances.
 //!
 //! Three policies, all first-class:
 //! - `Pipelined` (default, the seed's "after"): a committer with records not yet in an lwb
@@ -23,14 +24,14 @@
 //!   the second starting only once it carries an even share of what is outstanding and never split
 //!   over free slots; eight otherwise); a committer whose vdev is at its cap waits for a group to
 //!   finish, unless every record it would carry is logged by pointer (their blocks are already
-//!   being written and need the group's flush anyway; such records go out as one group, however
-//!   many blocks it takes). Records that find several slots free are spread evenly over them (over
-//!   one slot per vdev on a file), so a burst uses the parallel flushes a device offers, and each
-//!   group's last block allocates the next group's first block on the vdev with the fewest groups
-//!   in flight. When a finishing group wakes writers, the next committer yields once first, so the
-//!   next group carries the records they append instead of its own alone (without this, batches
-//!   alternated between one record and all the others); a lone writer's committer does not, as
-//!   nobody else appends.
+//!   being written, on a single leaf needing the group's flush anyway; such records go out as one
+//!   group, however many blocks it takes). Records that find several slots free are spread evenly
+//!   over them (over one slot per vdev on a file), so a burst uses the parallel flushes a device
+//!   offers, and each group's last block allocates the next group's first block on the vdev with
+//!   the fewest groups in flight. When a finishing group wakes writers, the next committer yields
+//!   once first, so the next group carries the records they append instead of its own alone
+//!   (without this, batches alternated between one record and all the others); a lone writer's
+//!   committer does not, as nobody else appends.
 //!
 //! The reader ([`read_chain`]) walks the chain from its head. Each block is read through the
 //! mirror with "decodes as the expected block" as the verify callback, so a damaged copy is
@@ -215,11 +216,37 @@ pub enum LogError {
     Failed { volume_id: u64 },
 }
 
-/// The write of an indirect record's block: true once it has completed, false if it failed.
-/// It is not flushed: the lwb that carries the record flushes the block's vdevs after it and
-/// this write have completed, and a sync that links the block flushes before its uberblock.
-/// Shared by the two.
-pub type DataWrite = Shared<BoxFuture<'static, bool>>;
+/// The write of an indirect record's block (or a receive's), once it has ended. Shared by the
+/// lwb that carries the record and the sync that links the block.
+pub type DataWrite = Shared<BoxFuture<'static, BlockWritten>>;
+
+/// How a block's write ended.
+#[derive(Clone, Debug)]
+pub enum BlockWritten {
+    Failed,
+    /// Durable on every present copy (`Root::write_durable`'s rule), or written by a
+    /// receive, whose sync flushes it.
+    Flushed,
+    /// Written without a flush on this leaf, a top-level vdev of its own from before the
+    /// write to after it ([`vdev::Root::is_plain_leaf`]): the lwb carrying its record flushes
+    /// that leaf, and a sync that links it flushes before its uberblock.
+    Unflushed(Arc<vdev::Leaf>),
+}
+
+impl BlockWritten {
+    /// Whether the block is where its pointer says.
+    pub fn ok(&self) -> bool {
+        !matches!(self, BlockWritten::Failed)
+    }
+}
+
+/// The top-level vdev `vdev` of `pool` if it is a single leaf.
+pub fn plain_leaf(pool: &Pool, vdev: u32) -> Option<Arc<vdev::Leaf>> {
+    match pool.root().top_level().get(vdev as usize) {
+        Some(vdev::Vdev::Leaf(leaf)) => Some(Arc::clone(leaf)),
+        _ => None,
+    }
+}
 
 /// An lwb ready to write: where, its sequence, its bytes, and the block writes of the
 /// indirect records it carries.
@@ -231,8 +258,6 @@ struct Lwb {
     /// The encoded block, in the aligned buffer it is written from.
     bytes: SharedBuf,
     writes: Vec<DataWrite>,
-    /// The top-level vdevs `writes` land on: flushed with the lwb's own.
-    data_vdevs: Vec<u32>,
     /// `Auto`: when the group this lwb opens was formed (`None` for the rest).
     group_formed: Option<crate::rt::Time>,
 }
@@ -1083,16 +1108,6 @@ impl LogWriter {
         let count = records.len() as u32;
         let writes: Vec<DataWrite> =
             records.iter().filter_map(|r| state.data_writes.remove(&r.sequence())).collect();
-        let mut data_vdevs: Vec<u32> = records
-            .iter()
-            .filter_map(|r| match r {
-                LogRecord::WriteIndirect { block, .. } => Some(block),
-                _ => None,
-            })
-            .flat_map(|bp| bp.copies().map(|dva| dva.vdev))
-            .collect();
-        data_vdevs.sort_unstable();
-        data_vdevs.dedup();
         let txg = records.iter().map(LogRecord::txg).max().unwrap_or(0);
         // The successor must hold at least the next record waiting, if one is.
         let least = state.pending.front().map_or(0, |r| LOG_HEADER_BYTES + state.record_len(r));
@@ -1150,7 +1165,6 @@ impl LogWriter {
             records: count,
             bytes,
             writes,
-            data_vdevs,
             group_formed: None,
         };
         state.verifier = state.verifier.next();
@@ -1161,44 +1175,58 @@ impl LogWriter {
 
     /// Writes lwbs that carry indirect records, beside their records' blocks (those writes
     /// started when the records were filled). On a top-level vdev that is a single leaf both
-    /// go unflushed, and once every write has completed each such vdev that either touched is
-    /// flushed, all at once (ZFS: `zil_lwb_flush_vdevs`): one flush per vdev covers a large
-    /// write and its records, where a durable write per block run and one for the lwb took
-    /// about five device flushes per MiB on an aged pool (bench/per-op.sh syncwrite-1m). On a
-    /// mirror or RAID-Z vdev the blocks and the lwbs are written durably on every present
-    /// child instead ([`vdev::Root::is_plain_leaf`] says why). A crash before the flush may
-    /// keep an lwb whose blocks did not reach the disk; no committer was answered, and the
-    /// claim ends the chain at the first record whose block does not match its pointer. False
-    /// if a write or a flush failed: a failed block write fails the lwb like a failed lwb
-    /// write, and the store falls back to a txg sync, which writes the block again.
-    async fn write_with_data(&self, pool: &Pool, lwbs: &[Lwb]) -> bool {
-        let root = pool.root();
+    /// go unflushed, and once every write has completed each leaf written so is flushed, all
+    /// at once (ZFS: `zil_lwb_flush_vdevs`): one flush per vdev covers a large write and its
+    /// records, where a durable write per block run and one for the lwb took about five device
+    /// flushes per MiB on an aged pool (bench/per-op.sh syncwrite-1m). On a mirror or RAID-Z
+    /// vdev the blocks and the lwbs are written durably on every present child instead
+    /// ([`vdev::Root::is_plain_leaf`] says why). Which leaves to flush comes from how each
+    /// write ended ([`BlockWritten`]), not from the tree now: a leaf that became a mirror
+    /// meanwhile (an attach, a replace, a spare) is still flushed as the leaf that took the
+    /// write, and an lwb written unflushed on a vdev that is no longer a single leaf fails
+    /// the commit (the store falls back to a sync). A crash before the flush may keep an lwb
+    /// whose blocks did not reach the disk; no committer was answered, and the claim ends the
+    /// chain at the first record whose block does not match its pointer. False if a write or
+    /// a flush failed: a failed block write fails the lwb like a failed lwb write, and the
+    /// store falls back to a txg sync, which writes the block again.
+    async fn write_with_data(&self, pool: &Pool, lwbs: &[&Lwb], one_by_one: bool) -> bool {
         let data_writes = join_all(lwbs.iter().flat_map(|lwb| lwb.writes.iter().cloned()));
-        let lwb_writes = join_all(lwbs.iter().map(|lwb| {
+        let lwb_writes = join_all(lwbs.iter().map(|&lwb| async move {
             let data = lwb.bytes.clone();
             let dva = vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
-            let how = if root.is_plain_leaf(lwb.at.vdev) { LOG_WRITE } else { LOG_DURABLE };
-            pool.issue(Writer::LogChain, dva, data, how)
+            let Some(leaf) = plain_leaf(pool, lwb.at.vdev) else {
+                let ok = pool.issue(Writer::LogChain, dva, data, LOG_DURABLE).await.is_ok();
+                return if ok { BlockWritten::Flushed } else { BlockWritten::Failed };
+            };
+            let ok = pool.issue(Writer::LogChain, dva, data, LOG_WRITE).await.is_ok();
+            // Unflushed only where that one leaf took it whole.
+            match plain_leaf(pool, lwb.at.vdev) {
+                Some(now) if ok && Arc::ptr_eq(&now, &leaf) => BlockWritten::Unflushed(leaf),
+                _ => BlockWritten::Failed,
+            }
         }));
         let (data, written) = futures::future::join(data_writes, lwb_writes).await;
-        if !(data.into_iter().all(|ok| ok) && written.iter().all(Result::is_ok)) {
+        if !data.iter().chain(&written).all(BlockWritten::ok) {
             return false;
         }
-        // Only the single leaves took writes without a flush.
-        let mut vdevs: Vec<u32> = lwbs
-            .iter()
-            .flat_map(|lwb| lwb.data_vdevs.iter().copied().chain([lwb.at.vdev]))
-            .filter(|&vdev| root.is_plain_leaf(vdev))
-            .collect();
-        vdevs.sort_unstable();
-        vdevs.dedup();
-        let flushes = vdevs.into_iter().map(|vdev| async move {
-            match pool.root().top_level().get(vdev as usize) {
-                Some(top) => top.flush().await.is_ok(),
-                None => false,
+        let mut leaves: Vec<Arc<vdev::Leaf>> = Vec::new();
+        for write in data.into_iter().chain(written) {
+            if let BlockWritten::Unflushed(leaf) = write {
+                if !leaves.iter().any(|l| Arc::ptr_eq(l, &leaf)) {
+                    leaves.push(leaf);
+                }
             }
-        });
-        join_all(flushes).await.into_iter().all(|ok| ok)
+        }
+        // The leaves that took the writes, however the tree has changed since.
+        if one_by_one {
+            let mut flushed = true;
+            for leaf in &leaves {
+                flushed &= leaf.flush().await.is_ok();
+            }
+            return flushed;
+        }
+        let flushes = leaves.iter().map(|leaf| leaf.flush());
+        join_all(flushes).await.into_iter().all(|r| r.is_ok())
     }
 
     /// Writes lwbs, flushes what they touched, and advances the durable frontier.
@@ -1216,34 +1244,16 @@ impl LogWriter {
         // top-level vdevs they touched are flushed once. Lwbs carrying indirect records are
         // written beside those records' blocks, and on a single leaf flushed with them
         // ([`LogWriter::write_with_data`]).
-        let ok = if lwbs.iter().any(|lwb| !(lwb.writes.is_empty() && lwb.data_vdevs.is_empty())) {
-            self.write_with_data(pool, &lwbs).await
-        } else if let [lwb] = &lwbs[..] {
+        let ok = if let ([lwb], true) = (&lwbs[..], lwbs.iter().all(|lwb| lwb.writes.is_empty())) {
             let dva = vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
             let data = lwb.bytes.clone();
             pool.issue(Writer::LogChain, dva, data, LOG_DURABLE).await.is_ok()
         } else if self.policy == CommitPolicy::Auto {
             self.write_group(pool, &lwbs).await
         } else {
-            let writes = lwbs.iter().map(|lwb| {
-                let data = lwb.bytes.clone();
-                let dva =
-                    vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
-                async move { pool.issue(Writer::LogChain, dva, data, LOG_WRITE).await }
-            });
-            let written = join_all(writes).await.iter().all(Result::is_ok);
-            // Flush only after the writes completed, and only the top-level vdevs touched,
-            // one after another (the seed's "before").
-            let mut touched: Vec<u32> = lwbs.iter().map(|lwb| lwb.at.vdev).collect();
-            touched.sort_unstable();
-            touched.dedup();
-            let mut flushed = true;
-            for vdev in touched {
-                if let Some(top) = pool.root().top_level().get(vdev as usize) {
-                    flushed &= top.flush().await.is_ok();
-                }
-            }
-            written && flushed
+            // A batch flushes its vdevs one after another (the seed's "before").
+            let all: Vec<&Lwb> = lwbs.iter().collect();
+            self.write_with_data(pool, &all, self.policy == CommitPolicy::Batch).await
         };
         let waiters = {
             let mut state = self.state.lock();

@@ -26,7 +26,7 @@ use super::dbuf::{Apply, Block, Prewritten};
 use super::dmu_send::StreamSummary;
 use super::{Dataset, NewKey, Store, StoreError};
 use crate::device::AlignedBuf;
-use crate::intent_log::DataWrite;
+use crate::intent_log::{BlockWritten, DataWrite};
 use crate::pool::PoolError;
 use crate::zio::compress::decompress_stored;
 use crate::zio::{BlockProps, Issue, Writer};
@@ -789,7 +789,10 @@ impl Store {
             let (vdev, _, _) = placed[run.start];
             let pieces = crate::zio::run_blocks(placed, run.clone(), |i| &sealed[i].stored);
             let (done, written) = futures::channel::oneshot::channel::<bool>();
-            let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
+            let write: DataWrite = written
+                .map(|r| if r == Ok(true) { BlockWritten::Flushed } else { BlockWritten::Failed })
+                .boxed()
+                .shared();
             for i in run {
                 let bp = crate::zio::describe(&sealed[i], &placed[i..=i]);
                 let data = Arc::clone(&sealed[i].logical);

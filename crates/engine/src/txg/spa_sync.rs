@@ -672,7 +672,7 @@ async fn write_volumes(
                                 let same =
                                     prewritten.get(index).filter(|p| Arc::ptr_eq(&p.data, bytes));
                                 if let Some(p) = same {
-                                    if p.write.clone().await {
+                                    if p.write.clone().await.ok() {
                                         linked.push((*index, p.bp));
                                         continue;
                                     }

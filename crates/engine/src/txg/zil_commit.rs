@@ -25,7 +25,7 @@ use super::spa_sync::SyncHandle;
 use super::zil::Zil;
 use super::{Store, StoreError};
 use crate::device::AlignedBuf;
-use crate::intent_log::{DataWrite, LogError, LogWriter};
+use crate::intent_log::{plain_leaf, BlockWritten, DataWrite, LogError, LogWriter};
 use crate::pool::PoolError;
 use crate::tunables::IoClass;
 use crate::zio::{self, BlockProps, Issue, Writer};
@@ -308,8 +308,9 @@ impl LogCommit<'_> {
             let (vdev, _, _) = placed[run.start];
             // Written from the blocks' own buffers, as a sync writes.
             let pieces = zio::run_blocks(&placed, run.clone(), |i| &sealed[i].stored);
-            let (done, written) = futures::channel::oneshot::channel::<bool>();
-            let write: DataWrite = written.map(|r| r.unwrap_or(false)).boxed().shared();
+            let (done, written) = futures::channel::oneshot::channel::<BlockWritten>();
+            let write: DataWrite =
+                written.map(|r| r.unwrap_or(BlockWritten::Failed)).boxed().shared();
             for i in run {
                 let bp = zio::describe(&sealed[i], &placed[i..=i]);
                 let data = Arc::clone(&place[i].1);
@@ -377,11 +378,22 @@ impl LogCommit<'_> {
         // why).
         for (vdev, run, done) in writes {
             let pool = Arc::clone(self.spa.pool());
-            let durable = !pool.root().is_plain_leaf(vdev);
+            let leaf = plain_leaf(&pool, vdev);
             self.spa.pool().env().spawn("indirect block write", async move {
-                let how = Issue { class: IoClass::SyncWrite, durable };
+                let how = Issue { class: IoClass::SyncWrite, durable: leaf.is_none() };
                 let ok = pool.issue_run(Writer::LogIndirect, vdev, run, how).await.is_ok();
-                let _ = done.send(ok);
+                let written = match leaf {
+                    _ if !ok => BlockWritten::Failed,
+                    None => BlockWritten::Flushed,
+                    // Unflushed only where that one leaf took it whole: a vdev that became a
+                    // mirror meanwhile (an attach, a replace, a spare) may have had the write
+                    // from one child only, and the commit falls back to a sync.
+                    Some(leaf) => match plain_leaf(&pool, vdev) {
+                        Some(now) if Arc::ptr_eq(&now, &leaf) => BlockWritten::Unflushed(leaf),
+                        _ => BlockWritten::Failed,
+                    },
+                };
+                let _ = done.send(written);
             });
         }
         for (record, write) in filled {
