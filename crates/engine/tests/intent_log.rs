@@ -480,7 +480,7 @@ fn auto_writes_records_logged_by_pointer_as_one_group_with_one_flush() {
                     });
                     let record = log.claim_unfilled(last).into_iter().next().unwrap();
                     // Written unflushed on the pool's one leaf, as a fill writes them there.
-                    let leaf = sluice_engine::intent_log::plain_leaf(&pool, 0).unwrap();
+                    let leaf = pool.root().plain_leaf(0).unwrap();
                     let written: sluice_engine::intent_log::DataWrite = futures::FutureExt::shared(
                         Box::pin(async move { BlockWritten::Unflushed(leaf) })
                             as futures::future::BoxFuture<'static, BlockWritten>,

@@ -228,7 +228,7 @@ pub enum BlockWritten {
     /// receive, whose sync flushes it.
     Flushed,
     /// Written without a flush on this leaf, a top-level vdev of its own from before the
-    /// write to after it ([`vdev::Root::is_plain_leaf`]): the lwb carrying its record flushes
+    /// write to after it ([`vdev::Root::plain_leaf`]): the lwb carrying its record flushes
     /// that leaf, and a sync that links it flushes before its uberblock.
     Unflushed(Arc<vdev::Leaf>),
 }
@@ -237,14 +237,6 @@ impl BlockWritten {
     /// Whether the block is where its pointer says.
     pub fn ok(&self) -> bool {
         !matches!(self, BlockWritten::Failed)
-    }
-}
-
-/// The top-level vdev `vdev` of `pool` if it is a single leaf.
-pub fn plain_leaf(pool: &Pool, vdev: u32) -> Option<Arc<vdev::Leaf>> {
-    match pool.root().top_level().get(vdev as usize) {
-        Some(vdev::Vdev::Leaf(leaf)) => Some(Arc::clone(leaf)),
-        _ => None,
     }
 }
 
@@ -1180,7 +1172,7 @@ impl LogWriter {
     /// records, where a durable write per block run and one for the lwb took about five device
     /// flushes per MiB on an aged pool (bench/per-op.sh syncwrite-1m). On a mirror or RAID-Z
     /// vdev the blocks and the lwbs are written durably on every present child instead
-    /// ([`vdev::Root::is_plain_leaf`] says why). Which leaves to flush comes from how each
+    /// ([`vdev::Root::plain_leaf`] says why). Which leaves to flush comes from how each
     /// write ended ([`BlockWritten`]), not from the tree now: a leaf that became a mirror
     /// meanwhile (an attach, a replace, a spare) is still flushed as the leaf that took the
     /// write, and an lwb written unflushed on a vdev that is no longer a single leaf fails
@@ -1194,13 +1186,13 @@ impl LogWriter {
         let lwb_writes = join_all(lwbs.iter().map(|&lwb| async move {
             let data = lwb.bytes.clone();
             let dva = vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
-            let Some(leaf) = plain_leaf(pool, lwb.at.vdev) else {
+            let Some(leaf) = pool.root().plain_leaf(lwb.at.vdev) else {
                 let ok = pool.issue(Writer::LogChain, dva, data, LOG_DURABLE).await.is_ok();
                 return if ok { BlockWritten::Flushed } else { BlockWritten::Failed };
             };
             let ok = pool.issue(Writer::LogChain, dva, data, LOG_WRITE).await.is_ok();
             // Unflushed only where that one leaf took it whole.
-            match plain_leaf(pool, lwb.at.vdev) {
+            match pool.root().plain_leaf(lwb.at.vdev) {
                 Some(now) if ok && Arc::ptr_eq(&now, &leaf) => BlockWritten::Unflushed(leaf),
                 _ => BlockWritten::Failed,
             }

@@ -25,7 +25,7 @@ use super::spa_sync::SyncHandle;
 use super::zil::Zil;
 use super::{Store, StoreError};
 use crate::device::AlignedBuf;
-use crate::intent_log::{plain_leaf, BlockWritten, DataWrite, LogError, LogWriter};
+use crate::intent_log::{BlockWritten, DataWrite, LogError, LogWriter};
 use crate::pool::PoolError;
 use crate::tunables::IoClass;
 use crate::zio::{self, BlockProps, Issue, Writer};
@@ -374,11 +374,11 @@ impl LogCommit<'_> {
         // lwb's flush of the vdevs `zil_lwb_add_block` noted), and a sync that links them
         // flushes before its uberblock. A flush per run cost a device flush each, about five
         // per MiB on an aged pool (bench/per-op.sh syncwrite-1m). On a mirror or RAID-Z each
-        // run is still written durably, on every present child (`Root::is_plain_leaf` says
+        // run is still written durably, on every present child (`Root::plain_leaf` says
         // why).
         for (vdev, run, done) in writes {
             let pool = Arc::clone(self.spa.pool());
-            let leaf = plain_leaf(&pool, vdev);
+            let leaf = pool.root().plain_leaf(vdev);
             self.spa.pool().env().spawn("indirect block write", async move {
                 let how = Issue { class: IoClass::SyncWrite, durable: leaf.is_none() };
                 let ok = pool.issue_run(Writer::LogIndirect, vdev, run, how).await.is_ok();
@@ -388,7 +388,7 @@ impl LogCommit<'_> {
                     // Unflushed only where that one leaf took it whole: a vdev that became a
                     // mirror meanwhile (an attach, a replace, a spare) may have had the write
                     // from one child only, and the commit falls back to a sync.
-                    Some(leaf) => match plain_leaf(&pool, vdev) {
+                    Some(leaf) => match pool.root().plain_leaf(vdev) {
                         Some(now) if Arc::ptr_eq(&now, &leaf) => BlockWritten::Unflushed(leaf),
                         _ => BlockWritten::Failed,
                     },

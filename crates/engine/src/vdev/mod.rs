@@ -390,14 +390,17 @@ impl Root {
         &self.top
     }
 
-    /// Whether top-level vdev `vdev` is a single leaf: there a write or a flush that returns
+    /// Top-level vdev `vdev` if it is a single leaf: there a write or a flush that returns
     /// Ok took effect on the only copy, so writes issued unflushed and one flush after them are
     /// as durable as durable writes. On a mirror an unflushed write and a flush each succeed
     /// when one child did (`Mirror::write`, `Mirror::flush`), and on RAID-Z a write succeeds
     /// with up to its parity's columns missing; there only [`Root::write_durable`] puts an
     /// acknowledged write on every present copy, so the intent log keeps it for them.
-    pub fn is_plain_leaf(&self, vdev: u32) -> bool {
-        matches!(self.top.get(vdev as usize), Some(Vdev::Leaf(_)))
+    pub fn plain_leaf(&self, vdev: u32) -> Option<Arc<Leaf>> {
+        match self.top.get(vdev as usize) {
+            Some(Vdev::Leaf(leaf)) => Some(Arc::clone(leaf)),
+            _ => None,
+        }
     }
 
     pub fn leaves(&self) -> Vec<Arc<Leaf>> {
@@ -487,7 +490,7 @@ impl Root {
     /// Writes and flushes the copy at `dva` on every mirror child before answering, and fails
     /// if any child that is not faulted failed. The intent log writes this way (on a single
     /// leaf, blocks for indirect records and the lwbs beside them are written unflushed and
-    /// flushed once after: [`Root::is_plain_leaf`]): an import
+    /// flushed once after: [`Root::plain_leaf`]): an import
     /// ends a chain at a block that no readable copy holds, so an acknowledged record must be
     /// on every copy an import may find alone (a write that reached only one child, read
     /// back from the other after the first went missing, would end the chain silently). A
