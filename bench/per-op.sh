@@ -6,6 +6,8 @@
 # Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|stream-1m|seqwrite|randread|seqread] [JOBS] [--bin PATH]
 #        [--block-size 4K] [--compression off|lz4|zstd] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
 #        [--cores N (sluice's serving cores)] [--age SECONDS]
+#        [--mirror (sluice: a 2-way mirror of two such leaves in the same dir, the default
+#        pool's layout)]
 #   syncwrite: 4 KiB random writes, each followed by a flush, JOBS jobs at queue depth 1
 #   syncwrite-1m: 1 MiB sequential writes, each followed by a flush, JOBS jobs at queue depth
 #              1, each in its own slice of the volume (bench/peers.sh's syncwrite-1m-N; IOPS
@@ -30,6 +32,7 @@ set -euo pipefail
 target=${1:-sluice}; job=${2:-syncwrite}; jobs=${3:-32}
 shift $(( $# < 3 ? $# : 3 ))
 bin=target/release/sluice; block=""; compression=""; seconds=6; disk=""; serve_args=(); age=0
+mirror=0
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) bin=$2; shift 2 ;;
@@ -40,6 +43,7 @@ while [ $# -gt 0 ]; do
     --set) serve_args+=(--set "$2"); shift 2 ;;
     --cores) serve_args+=(--cores "$2"); shift 2 ;;
     --age) age=$2; shift 2 ;;
+    --mirror) mirror=1; shift ;;
     *) echo "per-op: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -56,7 +60,12 @@ case $target in
   sluice)
     export SLUICE_CACHE_FILE=$dir/pools
     dd if=/dev/zero of="$dir/leaf.img" bs=1M count=3072 oflag=direct status=none
-    "$bin" pool create perop "$dir/leaf.img" >/dev/null
+    if [ "$mirror" = 1 ]; then
+      dd if=/dev/zero of="$dir/leaf2.img" bs=1M count=3072 oflag=direct status=none
+      "$bin" pool create perop mirror "$dir/leaf.img" "$dir/leaf2.img" >/dev/null
+    else
+      "$bin" pool create perop "$dir/leaf.img" >/dev/null
+    fi
     "$bin" vol create perop/disk --size 1536M ${block:+--block-size "$block"} \
       ${compression:+--compression "$compression"} >/dev/null
     "$bin" serve perop --socket "$dir/s.sock" --listen none --dir "$dir" ${serve_args[@]+"${serve_args[@]}"} 2>"$dir/serve.log" &

@@ -786,6 +786,39 @@ impl Allocator {
         Ok(placed)
     }
 
+    /// [`Allocator::allocate_indirect_all`] for a commit's blocks of the open txg, refused
+    /// (nothing placed) unless what admission promised the syncs ([`Allocator::promise`])
+    /// still fits beside them above the slop, in free ranges that hold blocks of
+    /// `block_bytes`. Those blocks are in the promise too, but they cannot count against it:
+    /// should their txg close before the commit records them (the syncer runs on a thread of
+    /// its own, and a stream's final flush seals and places up to a txg of blocks), they are
+    /// orphans that hold their space until a sync frees them while that txg's sync allocates
+    /// the same data again. A pool was suspended for space by a sync at the final flush of
+    /// 1 MiB writes streamed over a thick volume half its size (bench/peers.sh, 2026-11-30),
+    /// and this was the one allocation of a commit found not held to the promise. A commit
+    /// refused falls back to a sync, which writes the blocks once.
+    pub fn allocate_indirect_promised(
+        &mut self,
+        psizes: &[u64],
+        run_bytes: u64,
+        block_bytes: u64,
+    ) -> Result<Vec<(u32, u64, u64)>, AllocError> {
+        let placed = self.allocate_indirect_all(psizes, run_bytes)?;
+        let keep = self.slop_bytes().saturating_add(self.promised_bytes());
+        if self.room_bytes_for(block_bytes) < keep {
+            let requested_bytes = placed.iter().map(|p| p.2).sum();
+            for &(vdev, at, asize) in &placed {
+                self.release_indirect(vdev, at, asize);
+            }
+            return Err(AllocError::NoSpace {
+                requested_bytes,
+                free_bytes: self.free_bytes(),
+                slop_bytes: self.slop_bytes(),
+            });
+        }
+        Ok(placed)
+    }
+
     /// Gives back a block from [`Allocator::allocate_indirect`] that was never written (its
     /// placement was abandoned): nothing can point at it, so it is free at once.
     pub fn release_indirect(&mut self, vdev: u32, start: u64, len: u64) {

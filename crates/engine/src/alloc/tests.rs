@@ -470,6 +470,31 @@ fn runs_that_do_not_all_fit_give_back_what_they_placed() {
     assert_eq!(a.vdevs[0].log.total_bytes(), 0);
 }
 
+/// A commit's blocks written in place leave what admission promised the syncs: refused, and
+/// the allocator left as it was, where they and the promise would not both fit above the
+/// slop; placed where they would, and the promise still there afterwards.
+#[test]
+fn blocks_in_place_leave_the_syncs_their_promise() {
+    let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
+    let (allocated, free) = (a.allocated_total(), a.free_bytes());
+    let room = a.room_bytes_for(16384);
+    let blocks = vec![16384u64; 128];
+    // Promised all but 1 MiB of the room above the slop: 2 MiB of blocks do not fit beside it.
+    a.promise(room - a.slop_bytes() - MIB);
+    let promised = a.promised_bytes();
+    assert!(a.allocate_indirect_promised(&blocks, MIB, 16384).is_err());
+    assert_eq!((a.allocated_total(), a.free_bytes()), (allocated, free));
+    assert_eq!(a.vdevs[0].log.total_bytes(), 0, "nothing held");
+    // Without the promise the allocator alone would have placed them.
+    assert!(a.room_bytes_for(16384) >= 2 * MIB + a.slop_bytes());
+    // Promised 2 MiB less: they fit, and the promise is not spent by them.
+    a.promise(room - a.slop_bytes() - 3 * MIB - 64 * 1024);
+    let placed = a.allocate_indirect_promised(&blocks, MIB, 16384).unwrap();
+    assert_eq!(placed.len(), 128);
+    assert_eq!(a.promised_bytes(), promised - 2 * MIB - 64 * 1024);
+    assert_eq!(a.free_bytes(), free - 2 * MIB);
+}
+
 /// A run is never placed in the log region: past it, with only small holes left, the run is
 /// placed block by block, though the region is free.
 #[test]

@@ -147,8 +147,9 @@ pub struct Leaf {
     /// clear`), and those carried over from before the pool was imported (the pool
     /// directory's leaf records): the counters themselves only grow, as the metrics expect.
     cleared: Mutex<ErrorBase>,
-    /// Writes a mirror did not send here because the leaf was out of service, and writes
-    /// refused because it was offline: with the write errors, what it missed.
+    /// Writes a mirror did not send here because the leaf was out of service, writes refused
+    /// because it was offline, and flushes that failed or were refused with writes pending
+    /// ([`Leaf::flush`]): with the write errors, what it missed.
     skipped_writes: AtomicU64,
     /// Resilver copies meant for this leaf that it did not take (it was out of service, or
     /// the write failed): a resilver that counted any does not credit the leaf.
@@ -353,8 +354,9 @@ impl Leaf {
         self.cleared.lock().carried = errors;
     }
 
-    /// Writes this leaf did not take (failed, skipped out of service, refused offline). It
-    /// only grows; the pool compares it across txgs to tell whether the leaf missed a block.
+    /// Writes this leaf did not take (failed, skipped out of service, refused offline, or
+    /// left unflushed by a flush that failed). It only grows; the pool compares it across
+    /// txgs to tell whether the leaf missed a block.
     pub fn writes_missed(&self) -> u64 {
         self.stats.write_errors.get() + self.skipped_writes.load(Ordering::Relaxed)
     }
@@ -608,17 +610,32 @@ impl Leaf {
     /// Flushes the device's cache. It covers the writes completed before it began, once it
     /// has completed.
     pub async fn flush(&self) -> Result<(), VdevError> {
-        self.check_online()?;
-        self.stats.flushes.inc();
         let covers = self.writes_done.load(Ordering::Acquire);
+        if let Err(offline) = self.check_online() {
+            self.note_flush_missed(covers);
+            return Err(offline);
+        }
+        self.stats.flushes.inc();
         let result = self.device.flush().await.map_err(|e| self.device_error(e));
         if result.is_ok() {
             self.flushed_through.fetch_max(covers, Ordering::AcqRel);
         } else {
             self.stats.flush_errors.inc();
             self.note_io_error(IoClass::AsyncWrite);
+            self.note_flush_missed(covers);
         }
         result
+    }
+
+    /// A flush that failed or was refused may have left the writes it was to make durable
+    /// only in a cache that is lost: with any such write pending, it counts as a write this
+    /// leaf missed ([`Leaf::writes_missed`]), so the pool stops counting the leaf whole for
+    /// the txg and a resilver brings it up to date. (A mirror's write and flush each succeed
+    /// when one child did; the intent log writes unflushed on every child and flushes each.)
+    fn note_flush_missed(&self, covers: u64) {
+        if covers > self.flushed_through.load(Ordering::Acquire) {
+            self.skipped_writes.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), VdevError> {
