@@ -358,9 +358,8 @@ fn a_log_write_that_missed_a_leg_is_never_lost_silently() {
 }
 
 /// As above, for a write copied into several log blocks of one batch (256 KiB, copied, in
-/// blocks of at most 64 KiB): each must be written on every child that is not faulted and
-/// flushed there, as a lone one is; a mirror's plain write and its flush, which one child
-/// sufficed for, lost it.
+/// blocks of at most 64 KiB): each is written durably on every child that is not faulted, as a
+/// lone one is, never written plainly and then flushed once, which one child sufficed for.
 #[test]
 fn a_batch_of_log_blocks_that_missed_a_leg_is_never_lost_silently() {
     let copied = [
@@ -372,68 +371,18 @@ fn a_batch_of_log_blocks_that_missed_a_leg_is_never_lost_silently() {
 }
 
 /// As above, for a write logged by pointer (1 MiB: its blocks are written in place and the log
-/// block points at them): on a mirror both must be written on every child that is not
-/// faulted, as a log block alone is, never a write and a flush that one child sufficed for.
+/// block points at them): on a mirror both are written on every child that is not faulted, as
+/// a log block alone is, never a write and a flush that one child sufficed for.
 #[test]
 fn a_write_logged_by_pointer_that_missed_a_leg_is_never_lost_silently() {
     log_write_missing_a_leg(35, 1 << 20, &[]);
 }
 
-/// On a mirror the blocks of a write logged by pointer and the log block beside them are
-/// written unflushed on every leg in service, and each of those legs is flushed once for them
-/// all: one device flush per leg for a 1 MiB write and its commit (a durable write per block
-/// run and one for the log block took a flush each). With a leg taken offline the other
-/// alone is written and flushed, still through the log (a sync would flush more), and the
-/// write reads back after a crash from the leg that took it.
-#[test]
-fn a_write_logged_by_pointer_on_a_mirror_flushes_each_leg_once() {
-    let tunables = Tunables::default();
-    let sim = Sim::new(36);
-    let legs = two_legs(&sim);
-    let env = sim.env();
-    let specs = common::leaf_specs(&legs);
-    let counted = legs.clone();
-    let len = 1usize << 20;
-    let written: Vec<u8> = (0..len).map(|i| (i / 4096 + 3) as u8).collect();
-    sim.run(async move {
-        let flushes = || counted.iter().map(|leg| leg.stats().flushes).collect::<Vec<_>>();
-        let store = Arc::new(common::mirror_store(&env, specs.clone(), &tunables).await);
-        store.create_volume("v", 4 << 20, 4096).unwrap();
-        store.sync().await.unwrap();
-        let v = Volume::open(&store, "v").unwrap();
-        // Once so the log is in use (its first block placed), then counted.
-        v.write(0, &written, true).await.unwrap();
-        let before = flushes();
-        v.write(len as u64, &written, true).await.unwrap();
-        let both: Vec<u64> = flushes().iter().zip(&before).map(|(a, b)| a - b).collect();
-        assert_eq!(both, vec![1, 1], "one flush per leg for the write and its commit");
-        store.offline_leaf("leg1", true).await.unwrap();
-        let before = flushes();
-        v.write(2 * len as u64, &written, true).await.unwrap();
-        let one: Vec<u64> = flushes().iter().zip(&before).map(|(a, b)| a - b).collect();
-        assert_eq!(one, vec![1, 0], "the leg in service alone, through the log");
-        drop(v);
-        drop(store);
-        for leg in &counted {
-            leg.crash(CrashPolicy::DropAll);
-        }
-        let only_leg0 = vec![specs[0].clone()];
-        let pool = Pool::import(&env, only_leg0, "tank", &tunables).await.unwrap();
-        let store = Store::open(pool, &tunables).await.unwrap();
-        for at in 0..3u64 {
-            let data = store.read("v", at * len as u64, len as u64).await.unwrap();
-            assert!(data[..] == written[..], "write {at} read back from leg 0");
-        }
-    })
-    .unwrap();
-}
-
-/// A leg whose flushes fail takes a write logged by pointer (its writes succeed) but cannot
-/// make it durable: the commit is not answered from the other leg's flush alone as if both
-/// held it (it falls back to a sync), and the failed flushes count as writes the leg missed,
-/// so the pool stops counting it whole and a resilver brings it up to date. Without that, its
-/// uberblocks claimed txgs whose blocks its cache had lost. Once resilvered, the leg alone
-/// holds the write through a power cut.
+/// A leg whose flushes fail takes a txg's writes (they succeed) but cannot make them durable,
+/// and a mirror's flush succeeds when one child did: the failed flushes count as writes the
+/// leg missed, so the pool stops counting it whole for the txg and a resilver brings it up to
+/// date. Without that, its uberblocks claimed txgs whose blocks its cache had lost. Once
+/// resilvered, the leg alone holds the writes through a power cut.
 #[test]
 fn a_leg_whose_flushes_fail_is_resilvered_not_trusted() {
     let tunables = Tunables::with([("vdev.io_errors_max", "1000000")]).unwrap();
@@ -449,10 +398,12 @@ fn a_leg_whose_flushes_fail_is_resilvered_not_trusted() {
         store.create_volume("v", 4 << 20, 4096).unwrap();
         store.sync().await.unwrap();
         let v = Volume::open(&store, "v").unwrap();
-        v.write(0, &written, true).await.unwrap();
+        v.write(0, &written, false).await.unwrap();
+        store.sync().await.unwrap();
         assert!(store.pool().leaves_behind().is_empty(), "both legs whole before the fault");
         faulty[0].inject(Fault::FlushError);
-        v.write(len as u64, &written, true).await.unwrap();
+        v.write(len as u64, &written, false).await.unwrap();
+        store.sync().await.unwrap();
         let behind: Vec<u64> = store.pool().leaves_behind().iter().map(|b| b.0).collect();
         assert_eq!(behind.len(), 1, "the leg whose flushes failed is behind");
         faulty[0].clear_faults();

@@ -443,8 +443,8 @@ fn auto_starts_groups_of_records_logged_by_pointer_past_the_cap() {
 #[test]
 fn auto_writes_records_logged_by_pointer_as_one_group_with_one_flush() {
     let sim = Sim::new(12);
-    // One leaf whose flushes do not overlap, as a file's (a mirror's legs are each flushed
-    // once the same way: import_faults.rs).
+    // One leaf whose flushes do not overlap, as a file's (on a mirror each block is written
+    // durably on every child instead: import_faults.rs).
     let legs = common::legs(&sim, 1, serial_ssd(), LEAF_BYTES);
     let specs = common::leaf_specs(&legs);
     let env = sim.env();
@@ -480,12 +480,11 @@ fn auto_writes_records_logged_by_pointer_as_one_group_with_one_flush() {
                     });
                     let record = log.claim_unfilled(last).into_iter().next().unwrap();
                     // Written unflushed on the pool's one leaf, as a fill writes them there.
-                    let leaf = pool.root().leaves().remove(0);
-                    let written: sluice_engine::intent_log::DataWrite =
-                        futures::FutureExt::shared(Box::pin(async move {
-                            BlockWritten::Unflushed(vec![leaf])
-                        })
-                            as futures::future::BoxFuture<'static, BlockWritten>);
+                    let leaf = pool.root().plain_leaf(0).unwrap();
+                    let written: sluice_engine::intent_log::DataWrite = futures::FutureExt::shared(
+                        Box::pin(async move { BlockWritten::Unflushed(leaf) })
+                            as futures::future::BoxFuture<'static, BlockWritten>,
+                    );
                     assert!(log.fill(record, Some(written)));
                 }
                 let before = flushes(&legs);

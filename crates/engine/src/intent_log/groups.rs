@@ -2,8 +2,8 @@
 //!
 //! A group is the records ready when a committer finds a slot free (or, when they are all logged by
 //! pointer, at once: their blocks are already on their way), written in blocks allocated on or
-//! near one top-level vdev and made durable together: on a single leaf or a mirror by one flush
-//! of each leaf they, and the blocks of their indirect records, landed on; on RAID-Z by writing
+//! near one top-level vdev and made durable together: on a single leaf by one flush of each leaf
+//! they, and the blocks of their indirect records, landed on; on a mirror or RAID-Z by writing
 //! each durably on every present child ([`GroupTuner`] sets how many groups a vdev may run at
 //! once). When several slots are free the records are spread evenly over them, so a burst uses
 //! every flush the devices can run in parallel (over one slot per vdev where the tuner makes
@@ -178,12 +178,13 @@ impl LogWriter {
         Ok(groups)
     }
 
-    /// Writes an `Auto` group: on each top-level vdev it touches, at the same time, a lone block is
-    /// written and flushed in one trip, and several are written and then flushed once
-    /// ([`LogWriter::write_with_data`]: on a single leaf or on every child in service of a mirror;
-    /// on RAID-Z each is written durably on every present child). A group carrying indirect records
-    /// is written with their blocks, flushed together. (The batch policy flushes its vdevs one
-    /// after another: the seed's "before".)
+    /// Writes an `Auto` group: on each top-level vdev it touches, at the same time, a lone
+    /// block is written and flushed in one trip, and several are written and then flushed
+    /// once ([`LogWriter::write_with_data`]: on a single leaf; on a mirror or RAID-Z each is
+    /// written durably on every present child, since there a plain write and a flush succeed
+    /// when one child did). A group carrying indirect records is written with their blocks,
+    /// flushed together. (The batch policy flushes its vdevs one after another: the seed's
+    /// "before".)
     pub(super) async fn write_group(&self, pool: &Pool, lwbs: &[Lwb]) -> bool {
         if lwbs.iter().any(|lwb| !lwb.writes.is_empty()) {
             let all: Vec<&Lwb> = lwbs.iter().collect();

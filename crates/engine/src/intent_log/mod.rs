@@ -3,11 +3,9 @@
 //! Records (itxs) are appended with increasing sequence numbers. `commit(seq)` returns once
 //! every record up to `seq` is durable. Records travel in log write blocks (lwbs): each lwb is
 //! encoded with the address of its already-allocated successor, written at `LogWrite` priority,
-//! and flushed: by each leaf right after its copy (a lone lwb, and every lwb on RAID-Z, where
-//! a write succeeds with up to its parity's columns missing), or, for several on a single leaf
-//! or a mirror, by one flush of each leaf that took them once all are written (on a mirror every
-//! child in service must take each write: a mirror's own plain write and flush succeed when
-//! one child did). An lwb counts as durable only
+//! and flushed: by each leaf right after its copy (a lone lwb, and every lwb on a mirror or
+//! RAID-Z, where a plain write and a flush succeed when one child did), or, for several on a
+//! single leaf, by one flush of that leaf once all are written. An lwb counts as durable only
 //! once it and every earlier lwb are; waiters are woken lwb by lwb as that frontier advances.
 //!
 //! Three policies, all first-class:
@@ -26,9 +24,8 @@
 //!   the second starting only once it carries an even share of what is outstanding and never split
 //!   over free slots; eight otherwise); a committer whose vdev is at its cap waits for a group to
 //!   finish, unless every record it would carry is logged by pointer (their blocks are already
-//!   being written, on a single leaf or a mirror needing the group's flush anyway; such
-//!   records go out as one group, however many blocks it takes). Records that find several
-//!   slots free are spread evenly
+//!   being written, on a single leaf needing the group's flush anyway; such records go out as one
+//!   group, however many blocks it takes). Records that find several slots free are spread evenly
 //!   over them (over one slot per vdev on a file), so a burst uses the parallel flushes a device
 //!   offers, and each group's last block allocates the next group's first block on the vdev with
 //!   the fewest groups in flight. When a finishing group wakes writers, the next committer yields
@@ -57,9 +54,9 @@
 //! unfilled ([`LogWriter::append_unfilled`]), and a committer that needs it writes the block to
 //! its final place and fills in the pointer ([`LogWriter::claim_unfilled`],
 //! [`LogWriter::fill`]) before the lwb that carries it is built. The block's write is started
-//! at once (on a single leaf or a mirror unflushed; the lwb is written beside it, and once both
-//! have completed each leaf either touched is flushed, ZFS's `zil_lwb_flush_vdevs`; on RAID-Z
-//! durably on every present child), so no committer is answered while a record points
+//! at once (on a single leaf unflushed; the lwb is written beside it, and once both have
+//! completed each vdev either touched is flushed, ZFS's `zil_lwb_flush_vdevs`; on a mirror or
+//! RAID-Z durably on every present child), so no committer is answered while a record points
 //! at a block that might not be there. An lwb never carries a
 //! record that is still unfilled: the chain waits for it, and records keep their order.
 //!
@@ -87,6 +84,9 @@ use crate::zio::{Issue, Writer};
 
 /// How a lone log block is written: written and flushed on every copy in one trip.
 const LOG_DURABLE: Issue = Issue { class: IoClass::LogWrite, durable: true };
+/// How a log block of a batch, or one beside indirect records' blocks on a single leaf, is
+/// written: its top-level vdevs are flushed once after all.
+const LOG_WRITE: Issue = Issue { class: IoClass::LogWrite, durable: false };
 
 mod groups;
 mod tuner;
@@ -227,11 +227,10 @@ pub enum BlockWritten {
     /// Durable on every present copy (`Root::write_durable`'s rule), or written by a
     /// receive, whose sync flushes it.
     Flushed,
-    /// Written without a flush on these leaves, every leaf in service of a top-level vdev
-    /// that stayed the same from before the write to after it ([`vdev::FlushAfter`]): the
-    /// lwb carrying its record flushes them, and a sync that links it flushes before its
-    /// uberblock.
-    Unflushed(Vec<Arc<vdev::Leaf>>),
+    /// Written without a flush on this leaf, a top-level vdev of its own from before the
+    /// write to after it ([`vdev::Root::plain_leaf`]): the lwb carrying its record flushes
+    /// that leaf, and a sync that links it flushes before its uberblock.
+    Unflushed(Arc<vdev::Leaf>),
 }
 
 impl BlockWritten {
@@ -1166,34 +1165,35 @@ impl LogWriter {
         Ok(lwb)
     }
 
-    /// Writes lwbs that carry indirect records, or several at once, beside their records'
-    /// blocks (those writes started when the records were filled). On a top-level vdev that
-    /// is a single leaf or a mirror ([`vdev::FlushAfter`]) both go unflushed to every leaf in
-    /// service, and once every write has completed each leaf that took one is flushed, all at
-    /// once (ZFS: `zil_lwb_flush_vdevs`): one flush per leaf covers a large write and its
-    /// records, where a durable write per block run and one for the lwb took about five
-    /// device flushes per MiB on an aged pool (bench/per-op.sh syncwrite-1m). On RAID-Z the
-    /// blocks and the lwbs are written durably instead. Which leaves to flush comes from how
-    /// each write ended ([`BlockWritten`]), not from the tree now: a vdev that changed during
-    /// a write (an attach, a replace, a spare) fails that write, and the commit falls back to
-    /// a sync. A crash before the flush may keep an lwb whose blocks did not reach the disk;
-    /// no committer was answered, and the claim ends the chain at the first record whose
-    /// block does not match its pointer. False if a write or a flush failed: a failed block
-    /// write fails the lwb like a failed lwb write, and the store falls back to a txg sync,
-    /// which writes the block again.
+    /// Writes lwbs that carry indirect records, beside their records' blocks (those writes
+    /// started when the records were filled). On a top-level vdev that is a single leaf both
+    /// go unflushed, and once every write has completed each leaf written so is flushed, all
+    /// at once (ZFS: `zil_lwb_flush_vdevs`): one flush per vdev covers a large write and its
+    /// records, where a durable write per block run and one for the lwb took about five device
+    /// flushes per MiB on an aged pool (bench/per-op.sh syncwrite-1m). On a mirror or RAID-Z
+    /// vdev the blocks and the lwbs are written durably on every present child instead
+    /// ([`vdev::Root::plain_leaf`] says why). Which leaves to flush comes from how each
+    /// write ended ([`BlockWritten`]), not from the tree now: a leaf that became a mirror
+    /// meanwhile (an attach, a replace, a spare) is still flushed as the leaf that took the
+    /// write, and an lwb written unflushed on a vdev that is no longer a single leaf fails
+    /// the commit (the store falls back to a sync). A crash before the flush may keep an lwb
+    /// whose blocks did not reach the disk; no committer was answered, and the claim ends the
+    /// chain at the first record whose block does not match its pointer. False if a write or
+    /// a flush failed: a failed block write fails the lwb like a failed lwb write, and the
+    /// store falls back to a txg sync, which writes the block again.
     async fn write_with_data(&self, pool: &Pool, lwbs: &[&Lwb], one_by_one: bool) -> bool {
         let data_writes = join_all(lwbs.iter().flat_map(|lwb| lwb.writes.iter().cloned()));
         let lwb_writes = join_all(lwbs.iter().map(|&lwb| async move {
             let data = lwb.bytes.clone();
-            let (vdev, offset) = (lwb.at.vdev, lwb.at.offset_bytes);
-            let Some(target) = pool.root().flush_after(vdev) else {
-                let dva = vdev::VdevAddress { vdev, offset_bytes: offset };
+            let dva = vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
+            let Some(leaf) = pool.root().plain_leaf(lwb.at.vdev) else {
                 let ok = pool.issue(Writer::LogChain, dva, data, LOG_DURABLE).await.is_ok();
                 return if ok { BlockWritten::Flushed } else { BlockWritten::Failed };
             };
-            let class = IoClass::LogWrite;
-            match pool.issue_unflushed(Writer::LogChain, &target, offset, data, class).await {
-                Ok(leaves) if target.is_in(&pool.root(), vdev) => BlockWritten::Unflushed(leaves),
+            let ok = pool.issue(Writer::LogChain, dva, data, LOG_WRITE).await.is_ok();
+            // Unflushed only where that one leaf took it whole.
+            match pool.root().plain_leaf(lwb.at.vdev) {
+                Some(now) if ok && Arc::ptr_eq(&now, &leaf) => BlockWritten::Unflushed(leaf),
                 _ => BlockWritten::Failed,
             }
         }));
@@ -1201,51 +1201,24 @@ impl LogWriter {
         if !data.iter().chain(&written).all(BlockWritten::ok) {
             return false;
         }
-        let took: Vec<Vec<Arc<vdev::Leaf>>> = data
-            .into_iter()
-            .chain(written)
-            .filter_map(|write| match write {
-                BlockWritten::Unflushed(leaves) => Some(leaves),
-                _ => None,
-            })
-            .collect();
         let mut leaves: Vec<Arc<vdev::Leaf>> = Vec::new();
-        for leaf in took.iter().flatten() {
-            if !leaves.iter().any(|l| Arc::ptr_eq(l, leaf)) {
-                leaves.push(Arc::clone(leaf));
+        for write in data.into_iter().chain(written) {
+            if let BlockWritten::Unflushed(leaf) = write {
+                if !leaves.iter().any(|l| Arc::ptr_eq(l, &leaf)) {
+                    leaves.push(leaf);
+                }
             }
         }
         // The leaves that took the writes, however the tree has changed since.
-        let flushed: Vec<bool> = if one_by_one {
-            let mut flushed = Vec::with_capacity(leaves.len());
+        if one_by_one {
+            let mut flushed = true;
             for leaf in &leaves {
-                flushed.push(leaf.flush().await.is_ok());
+                flushed &= leaf.flush().await.is_ok();
             }
-            flushed
-        } else {
-            join_all(leaves.iter().map(|leaf| leaf.flush()))
-                .await
-                .into_iter()
-                .map(|r| r.is_ok())
-                .collect()
-        };
-        // Each write is durable where a leaf that took it flushed and every other one that
-        // did not flush has left service since (gone, faulted or offline), as if it had left
-        // before the write: its failed or refused flush counted as a write it missed
-        // (`Leaf::flush`), so the pool resilvers it. `Root::write_durable` judges a durable
-        // write the same way.
-        took.iter().all(|set| {
-            let mut any = false;
-            for leaf in set {
-                let i = leaves.iter().position(|l| Arc::ptr_eq(l, leaf)).expect("collected");
-                if flushed[i] {
-                    any = true;
-                } else if !leaf.is_out_of_service() {
-                    return false;
-                }
-            }
-            any
-        })
+            return flushed;
+        }
+        let flushes = leaves.iter().map(|leaf| leaf.flush());
+        join_all(flushes).await.into_iter().all(|r| r.is_ok())
     }
 
     /// Writes lwbs, flushes what they touched, and advances the durable frontier.
@@ -1260,8 +1233,8 @@ impl LogWriter {
         }
         // A lone lwb (always, when pipelined) is written and flushed by each leaf in one trip
         // (docs/design.md: 1 job +13%). Several (a batch) are all written first, then the
-        // leaves they touched are flushed once, and lwbs carrying indirect records are written
-        // beside those records' blocks and flushed with them, on a single leaf or a mirror
+        // top-level vdevs they touched are flushed once. Lwbs carrying indirect records are
+        // written beside those records' blocks, and on a single leaf flushed with them
         // ([`LogWriter::write_with_data`]).
         let ok = if let ([lwb], true) = (&lwbs[..], lwbs.iter().all(|lwb| lwb.writes.is_empty())) {
             let dva = vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };

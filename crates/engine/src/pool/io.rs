@@ -349,21 +349,6 @@ impl Pool {
             .map_err(|e| self.zio_error(e))
     }
 
-    /// An intent-log write on a vdev flushed after it ([`zio::issue_unflushed`]): the leaves
-    /// that took it.
-    pub async fn issue_unflushed(
-        &self,
-        writer: Writer,
-        target: &vdev::FlushAfter,
-        offset: u64,
-        data: SharedBuf,
-        class: IoClass,
-    ) -> Result<Vec<Arc<vdev::Leaf>>, PoolError> {
-        zio::issue_unflushed(&self.zio, writer, target, offset, data, class)
-            .await
-            .map_err(|e| self.zio_error(e))
-    }
-
     /// The allocation unit: stored blocks are padded to whole units.
     pub fn unit_bytes(&self) -> u64 {
         1 << self.ashift

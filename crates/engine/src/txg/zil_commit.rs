@@ -1,7 +1,7 @@
 //! A volume's log commit (ZFS: `zil_commit`, with `zvol_get_data` and `dmu_sync` for the
 //! records logged by pointer): what answers a FUA write and a flush. A commit fills the
-//! volume's records logged by pointer (each block written in place once, on a single leaf or a
-//! mirror unflushed, the lwb carrying its record flushing it; or its bytes copied into the record),
+//! volume's records logged by pointer (each block written in place once, on a single leaf
+//! unflushed, the lwb carrying its record flushing it; or its bytes copied into the record),
 //! has the log writer (crate::intent_log) write the chain up to its record, and falls back to
 //! a txg sync where the log cannot answer: a chain not yet anchored by a sync, a failed log
 //! write, a fill with no room. An early commit starts a lone writer's record before its flush
@@ -28,7 +28,6 @@ use crate::device::AlignedBuf;
 use crate::intent_log::{BlockWritten, DataWrite, LogError, LogWriter};
 use crate::pool::PoolError;
 use crate::tunables::IoClass;
-use crate::vdev;
 use crate::zio::{self, BlockProps, Issue, Writer};
 
 impl Store {
@@ -182,9 +181,9 @@ impl LogCommit<'_> {
     /// Fills `log`'s unfilled indirect records up to `sequence` that no other committer is
     /// filling (ZFS: `zil_get_data`, `dmu_sync`). A record whose block is still the open txg's
     /// version gets that block written in place (started now; durably unless on a single
-    /// leaf or a mirror) and its pointer; the sync links the same block instead of writing it
-    /// again. Any other (its txg is syncing, or a later write replaced or zeroed the block)
-    /// gets the block's current bytes copied:
+    /// leaf) and its pointer; the sync links the same block instead of writing it again. Any
+    /// other (its txg is syncing,
+    /// or a later write replaced or zeroed the block) gets the block's current bytes copied:
     /// replay applies later records after it, so newer bytes are as good; except that records
     /// of the syncing txg that are a large part of what it writes are left to it (the commit
     /// waits for it). An error leaves the records to the next committer; the caller falls back
@@ -371,39 +370,29 @@ impl LogCommit<'_> {
                 txg.queue(Orphaned(orphaned));
             }
         }
-        // On a single leaf or a mirror, written without a flush of their own to every leaf in
-        // service: the lwb that carries their records flushes each leaf they landed on once
-        // they and it have completed (ZFS: the lwb's flush of the vdevs `zil_lwb_add_block`
-        // noted), and a sync that links them flushes before its uberblock. A flush per run cost
-        // a device flush each, about five per MiB on an aged pool (bench/per-op.sh
-        // syncwrite-1m). On RAID-Z each run is still written durably, on every present child
-        // (`vdev::FlushAfter` says why).
+        // On a single leaf, written without a flush of their own: the lwb that carries their
+        // records flushes every vdev they landed on once they and it have completed (ZFS: the
+        // lwb's flush of the vdevs `zil_lwb_add_block` noted), and a sync that links them
+        // flushes before its uberblock. A flush per run cost a device flush each, about five
+        // per MiB on an aged pool (bench/per-op.sh syncwrite-1m). On a mirror or RAID-Z each
+        // run is still written durably, on every present child (`Root::plain_leaf` says
+        // why).
         for (vdev, run, done) in writes {
             let pool = Arc::clone(self.spa.pool());
-            let target = pool.root().flush_after(vdev);
+            let leaf = pool.root().plain_leaf(vdev);
             self.spa.pool().env().spawn("indirect block write", async move {
-                let written = match target {
-                    None => {
-                        let how = Issue { class: IoClass::SyncWrite, durable: true };
-                        match pool.issue_run(Writer::LogIndirect, vdev, run, how).await {
-                            Ok(()) => BlockWritten::Flushed,
-                            Err(_) => BlockWritten::Failed,
-                        }
-                    }
-                    Some(target) => {
-                        let (offset, data) = vdev::run_data(run);
-                        let class = IoClass::SyncWrite;
-                        let writer = Writer::LogIndirect;
-                        match pool.issue_unflushed(writer, &target, offset, data, class).await {
-                            // Unflushed only where the vdev stayed the one written: one that
-                            // changed meanwhile (an attach, a replace, a spare) may have a
-                            // child the write missed, and the commit falls back to a sync.
-                            Ok(leaves) if target.is_in(&pool.root(), vdev) => {
-                                BlockWritten::Unflushed(leaves)
-                            }
-                            _ => BlockWritten::Failed,
-                        }
-                    }
+                let how = Issue { class: IoClass::SyncWrite, durable: leaf.is_none() };
+                let ok = pool.issue_run(Writer::LogIndirect, vdev, run, how).await.is_ok();
+                let written = match leaf {
+                    _ if !ok => BlockWritten::Failed,
+                    None => BlockWritten::Flushed,
+                    // Unflushed only where that one leaf took it whole: a vdev that became a
+                    // mirror meanwhile (an attach, a replace, a spare) may have had the write
+                    // from one child only, and the commit falls back to a sync.
+                    Some(leaf) => match pool.root().plain_leaf(vdev) {
+                        Some(now) if Arc::ptr_eq(&now, &leaf) => BlockWritten::Unflushed(leaf),
+                        _ => BlockWritten::Failed,
+                    },
                 };
                 let _ = done.send(written);
             });

@@ -359,34 +359,20 @@ impl Mirror {
         data: SharedBuf,
         class: IoClass,
     ) -> Result<(), VdevError> {
-        self.write_everywhere(offset, data, class, true).await.map(drop)
-    }
-
-    /// Writes on every child in service, each flushing its copy before it answers when
-    /// `durable`; fails if one of them failed and did not turn out to be gone (see
-    /// `Root::write_durable`). Returns the children that took the write: without `durable`,
-    /// the intent log flushes each of them once after ([`super::FlushAfter`]).
-    pub async fn write_everywhere(
-        &self,
-        offset: u64,
-        data: SharedBuf,
-        class: IoClass,
-        durable: bool,
-    ) -> Result<Vec<Arc<Leaf>>, VdevError> {
         let len = u64::from(data.len_bytes());
         let writes = self.taking_writes().map(|child| {
             let data = data.clone();
-            async move { (child.write_flushed(offset, data, class, durable).await, child) }
+            async move { (child.write_flushed(offset, data, class, true).await, child) }
         });
         let results = join_all(writes).await;
-        let mut took = Vec::with_capacity(results.len());
+        let mut any_ok = false;
         let mut failed_present = None;
         for (result, child) in results {
             if result.is_err() {
                 self.diagnose_leaf(child);
             }
             match result {
-                Ok(()) => took.push(Arc::clone(child)),
+                Ok(()) => any_ok = true,
                 // A child that went missing marks itself faulted (and one taken offline
                 // meanwhile refuses); either holds nothing an import will trust.
                 Err(error) if !child.is_out_of_service() => {
@@ -396,8 +382,8 @@ impl Mirror {
             }
         }
         match failed_present {
-            None if !took.is_empty() => Ok(took),
-            Some(error) if !took.is_empty() => Err(VdevError::ChildWriteFailed {
+            None if any_ok => Ok(()),
+            Some(error) if any_ok => Err(VdevError::ChildWriteFailed {
                 vdev: self.id,
                 offset_bytes: offset,
                 len_bytes: len,

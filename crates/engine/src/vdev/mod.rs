@@ -53,72 +53,6 @@ pub struct RunBlock {
     pub data: Arc<crate::device::AlignedBuf>,
 }
 
-/// A run's blocks as one write on a leaf or a mirror: its offset and the blocks' own buffers,
-/// each padded with zeros to its allocation where another follows.
-pub fn run_data(blocks: Vec<RunBlock>) -> (u64, SharedBuf) {
-    let start = blocks.first().map_or(0, |b| b.offset);
-    let mut next = start;
-    let last = blocks.len().saturating_sub(1);
-    let pieces: Vec<Arc<AlignedBuf>> = blocks
-        .into_iter()
-        .enumerate()
-        .map(|(i, block)| {
-            assert_eq!(block.offset, next, "a run's blocks lie back to back");
-            next = block.offset + block.asize;
-            if block.data.len() as u64 == block.asize || i == last {
-                block.data
-            } else {
-                Arc::new(AlignedBuf::gathered(block.asize as usize, [(0, &block.data[..])]))
-            }
-        })
-        .collect();
-    (start, SharedBuf::gather(pieces))
-}
-
-/// A top-level vdev where the intent log writes unflushed and flushes each leaf that took
-/// the writes once after them all (ZFS: `zil_lwb_flush_vdevs`), as durable as a durable
-/// write per block: a single leaf, or a mirror whose every child in service took the write
-/// ([`Mirror::write_everywhere`]; a mirror's plain write and its flush each succeed when one
-/// child did, which would leave an acknowledged record on one leg only). RAID-Z is not one:
-/// a write there succeeds with up to its parity's columns missing, so its log writes stay
-/// durable ([`Root::write_durable`]).
-#[derive(Clone, Debug)]
-pub enum FlushAfter {
-    Leaf(Arc<Leaf>),
-    Mirror(Arc<Mirror>),
-}
-
-impl FlushAfter {
-    /// Writes `data` at `offset` without a flush on every leaf in service, and returns the
-    /// leaves that took it: each must be flushed before the write counts as durable. Fails
-    /// if a leaf in service did not take it.
-    pub async fn write(
-        &self,
-        offset: u64,
-        data: SharedBuf,
-        class: IoClass,
-    ) -> Result<Vec<Arc<Leaf>>, VdevError> {
-        match self {
-            FlushAfter::Leaf(leaf) => {
-                leaf.write(offset, data, class).await?;
-                Ok(vec![Arc::clone(leaf)])
-            }
-            FlushAfter::Mirror(mirror) => mirror.write_everywhere(offset, data, class, false).await,
-        }
-    }
-
-    /// Whether top-level vdev `vdev` of `root` is still this very vdev. One that changed
-    /// during a write (an attach, a detach, a replace or a spare builds a new one) may have
-    /// children the write missed, so the write does not count.
-    pub fn is_in(&self, root: &Root, vdev: u32) -> bool {
-        match (self, root.top.get(vdev as usize)) {
-            (FlushAfter::Leaf(a), Some(Vdev::Leaf(b))) => Arc::ptr_eq(a, b),
-            (FlushAfter::Mirror(a), Some(Vdev::Mirror(b))) => Arc::ptr_eq(a, b),
-            _ => false,
-        }
-    }
-}
-
 /// What callers match on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -456,12 +390,15 @@ impl Root {
         &self.top
     }
 
-    /// Top-level vdev `vdev` if the intent log may write there unflushed and flush after
-    /// ([`FlushAfter`]): a single leaf or a mirror, not RAID-Z (nor a hole).
-    pub fn flush_after(&self, vdev: u32) -> Option<FlushAfter> {
+    /// Top-level vdev `vdev` if it is a single leaf: there a write or a flush that returns
+    /// Ok took effect on the only copy, so writes issued unflushed and one flush after them are
+    /// as durable as durable writes. On a mirror an unflushed write and a flush each succeed
+    /// when one child did (`Mirror::write`, `Mirror::flush`), and on RAID-Z a write succeeds
+    /// with up to its parity's columns missing; there only [`Root::write_durable`] puts an
+    /// acknowledged write on every present copy, so the intent log keeps it for them.
+    pub fn plain_leaf(&self, vdev: u32) -> Option<Arc<Leaf>> {
         match self.top.get(vdev as usize) {
-            Some(Vdev::Leaf(leaf)) => Some(FlushAfter::Leaf(Arc::clone(leaf))),
-            Some(Vdev::Mirror(mirror)) => Some(FlushAfter::Mirror(Arc::clone(mirror))),
+            Some(Vdev::Leaf(leaf)) => Some(Arc::clone(leaf)),
             _ => None,
         }
     }
@@ -550,13 +487,14 @@ impl Root {
         self.vdev(dva)?.write(dva.offset_bytes, data, class, false).await
     }
 
-    /// Writes and flushes the copy at `dva` on every mirror child before answering, and fails if
-    /// any child that is not faulted failed. The intent log writes this way, or unflushed on the
-    /// same children and flushed once after ([`FlushAfter`]): an import ends a chain at a block
-    /// that no readable copy holds, so an acknowledged record must be on every copy an import may
-    /// find alone (a write that reached only one child, read back from the other after the first
-    /// went missing, would end the chain silently). A failed log write makes the commit fall back
-    /// to a txg sync.
+    /// Writes and flushes the copy at `dva` on every mirror child before answering, and fails
+    /// if any child that is not faulted failed. The intent log writes this way (on a single
+    /// leaf, blocks for indirect records and the lwbs beside them are written unflushed and
+    /// flushed once after: [`Root::plain_leaf`]): an import
+    /// ends a chain at a block that no readable copy holds, so an acknowledged record must be
+    /// on every copy an import may find alone (a write that reached only one child, read
+    /// back from the other after the first went missing, would end the chain silently). A
+    /// failed log write makes the commit fall back to a txg sync.
     pub async fn write_durable(
         &self,
         dva: VdevAddress,
@@ -609,7 +547,22 @@ impl Root {
         if let Vdev::Raidz(raidz) = self.vdev(dva)? {
             return raidz.write_run(&blocks, class, durable).await;
         }
-        let (_, data) = run_data(blocks);
+        let mut next = dva.offset_bytes;
+        let last = blocks.len().saturating_sub(1);
+        let pieces: Vec<Arc<AlignedBuf>> = blocks
+            .into_iter()
+            .enumerate()
+            .map(|(i, block)| {
+                assert_eq!(block.offset, next, "a run's blocks lie back to back");
+                next = block.offset + block.asize;
+                if block.data.len() as u64 == block.asize || i == last {
+                    block.data
+                } else {
+                    Arc::new(AlignedBuf::gathered(block.asize as usize, [(0, &block.data[..])]))
+                }
+            })
+            .collect();
+        let data = SharedBuf::gather(pieces);
         if durable {
             self.write_durable(dva, data, class).await
         } else {

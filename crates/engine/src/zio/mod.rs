@@ -62,7 +62,7 @@ use crate::device::{AlignedBuf, SharedBuf};
 use crate::rt::Env;
 use crate::stats::Counter;
 use crate::tunables::IoClass;
-use crate::vdev::{FlushAfter, Leaf, Root, RunBlock, VdevAddress, VdevError};
+use crate::vdev::{Root, RunBlock, VdevAddress, VdevError};
 
 pub use crate::vdev::WRITE_SPAN_BYTES_MAX;
 
@@ -740,22 +740,6 @@ pub async fn issue(
     } else {
         root.write(at, data, how.class).await
     };
-    pipeline.counted(written.map_err(|source| ZioError::Vdev { writer, cause: source }))
-}
-
-/// The issue stage of an intent-log write on a vdev that is flushed after it
-/// ([`FlushAfter`]): unflushed on every leaf in service. Returns the leaves that took it, each
-/// to be flushed before the write counts as durable.
-pub async fn issue_unflushed(
-    pipeline: &Pipeline,
-    writer: Writer,
-    target: &FlushAfter,
-    offset: u64,
-    data: SharedBuf,
-    class: IoClass,
-) -> Result<Vec<Arc<Leaf>>, ZioError> {
-    pipeline.counted(pipeline.stage(Stage::Issue, writer))?;
-    let written = target.write(offset, data, class).await;
     pipeline.counted(written.map_err(|source| ZioError::Vdev { writer, cause: source }))
 }
 
