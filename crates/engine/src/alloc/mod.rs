@@ -267,6 +267,26 @@ impl VdevSpace {
     }
 }
 
+/// `psizes` cut from the front into runs of consecutive blocks of at most `run_bytes` each (a
+/// block larger than that alone): how a batch of blocks is offered to
+/// [`Allocator::allocate_run`], by the txg sync (`zio::allocate`) and by
+/// [`Allocator::allocate_runs`].
+pub fn run_pieces(psizes: &[u64], run_bytes: u64) -> Vec<std::ops::Range<usize>> {
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    while start < psizes.len() {
+        let mut end = start;
+        let mut bytes = 0;
+        while end < psizes.len() && (end == start || bytes + psizes[end] <= run_bytes) {
+            bytes += psizes[end];
+            end += 1;
+        }
+        pieces.push(start..end);
+        start = end;
+    }
+    pieces
+}
+
 /// The pool's allocator.
 #[derive(Clone, Debug)]
 pub struct Allocator {
@@ -1078,19 +1098,8 @@ impl Allocator {
         run_bytes: u64,
     ) -> Result<Vec<(u32, u64, u64)>, AllocError> {
         let mut placed = Vec::with_capacity(psizes.len());
-        // Pieces still to place, the next one last: runs of up to `run_bytes` from the front.
-        let mut pieces: Vec<std::ops::Range<usize>> = Vec::new();
-        let mut start = 0;
-        while start < psizes.len() {
-            let mut end = start;
-            let mut bytes = 0;
-            while end < psizes.len() && (end == start || bytes + psizes[end] <= run_bytes) {
-                bytes += psizes[end];
-                end += 1;
-            }
-            pieces.push(start..end);
-            start = end;
-        }
+        // Pieces still to place, the next one last.
+        let mut pieces = run_pieces(psizes, run_bytes);
         pieces.reverse();
         // A vdev that is short of space takes no runs (best fit keeps its large ranges).
         let runs_fit = self.vdevs.iter().any(|v| !v.log_only && !v.removing && !v.is_tight());

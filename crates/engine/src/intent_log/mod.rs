@@ -238,6 +238,22 @@ impl BlockWritten {
     pub fn ok(&self) -> bool {
         !matches!(self, BlockWritten::Failed)
     }
+
+    /// How a log write to top-level vdev `vdev` ended that succeeded or not (`ok`), written
+    /// unflushed on `unflushed_on` (what [`vdev::Root::plain_leaf`] said before the write) or
+    /// durably (none). Unflushed only where that one leaf took it whole: a vdev that became a
+    /// mirror meanwhile (an attach, a replace, a spare) may have had the write from one child
+    /// only, so the write fails and the commit falls back to a sync.
+    pub fn after(pool: &Pool, vdev: u32, unflushed_on: Option<Arc<vdev::Leaf>>, ok: bool) -> Self {
+        match unflushed_on {
+            _ if !ok => BlockWritten::Failed,
+            None => BlockWritten::Flushed,
+            Some(leaf) => match pool.root().plain_leaf(vdev) {
+                Some(now) if Arc::ptr_eq(&now, &leaf) => BlockWritten::Unflushed(leaf),
+                _ => BlockWritten::Failed,
+            },
+        }
+    }
 }
 
 /// An lwb ready to write: where, its sequence, its bytes, and the block writes of the
@@ -1186,16 +1202,10 @@ impl LogWriter {
         let lwb_writes = join_all(lwbs.iter().map(|&lwb| async move {
             let data = lwb.bytes.clone();
             let dva = vdev::VdevAddress { vdev: lwb.at.vdev, offset_bytes: lwb.at.offset_bytes };
-            let Some(leaf) = pool.root().plain_leaf(lwb.at.vdev) else {
-                let ok = pool.issue(Writer::LogChain, dva, data, LOG_DURABLE).await.is_ok();
-                return if ok { BlockWritten::Flushed } else { BlockWritten::Failed };
-            };
-            let ok = pool.issue(Writer::LogChain, dva, data, LOG_WRITE).await.is_ok();
-            // Unflushed only where that one leaf took it whole.
-            match pool.root().plain_leaf(lwb.at.vdev) {
-                Some(now) if ok && Arc::ptr_eq(&now, &leaf) => BlockWritten::Unflushed(leaf),
-                _ => BlockWritten::Failed,
-            }
+            let leaf = pool.root().plain_leaf(lwb.at.vdev);
+            let how = if leaf.is_some() { LOG_WRITE } else { LOG_DURABLE };
+            let ok = pool.issue(Writer::LogChain, dva, data, how).await.is_ok();
+            BlockWritten::after(pool, lwb.at.vdev, leaf, ok)
         }));
         let (data, written) = futures::future::join(data_writes, lwb_writes).await;
         if !data.iter().chain(&written).all(BlockWritten::ok) {

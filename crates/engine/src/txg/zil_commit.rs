@@ -182,8 +182,8 @@ impl LogCommit<'_> {
     /// filling (ZFS: `zil_get_data`, `dmu_sync`). A record whose block is still the open txg's
     /// version gets that block written in place (started now; durably unless on a single
     /// leaf) and its pointer; the sync links the same block instead of writing it again. Any
-    /// other (its txg is syncing,
-    /// or a later write replaced or zeroed the block) gets the block's current bytes copied:
+    /// other (its txg is syncing, or a later write replaced or zeroed the block) gets the
+    /// block's current bytes copied:
     /// replay applies later records after it, so newer bytes are as good; except that records
     /// of the syncing txg that are a large part of what it writes are left to it (the commit
     /// waits for it). An error leaves the records to the next committer; the caller falls back
@@ -383,18 +383,7 @@ impl LogCommit<'_> {
             self.spa.pool().env().spawn("indirect block write", async move {
                 let how = Issue { class: IoClass::SyncWrite, durable: leaf.is_none() };
                 let ok = pool.issue_run(Writer::LogIndirect, vdev, run, how).await.is_ok();
-                let written = match leaf {
-                    _ if !ok => BlockWritten::Failed,
-                    None => BlockWritten::Flushed,
-                    // Unflushed only where that one leaf took it whole: a vdev that became a
-                    // mirror meanwhile (an attach, a replace, a spare) may have had the write
-                    // from one child only, and the commit falls back to a sync.
-                    Some(leaf) => match pool.root().plain_leaf(vdev) {
-                        Some(now) if Arc::ptr_eq(&now, &leaf) => BlockWritten::Unflushed(leaf),
-                        _ => BlockWritten::Failed,
-                    },
-                };
-                let _ = done.send(written);
+                let _ = done.send(BlockWritten::after(&pool, vdev, leaf, ok));
             });
         }
         for (record, write) in filled {

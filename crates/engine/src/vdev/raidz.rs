@@ -22,8 +22,9 @@
 //!
 //! Writes compute the parity and write one column per child. A write succeeds when at most
 //! `parity` columns failed (the block can still be read); a durable write (the intent log's,
-//! its lwbs' and its indirect records' blocks') fails when a present child failed, as a mirror's does, so that an acknowledged record does
-//! not depend on a column that never reached its disk. Flushes go only to the children written
+//! its lwbs' and its indirect records' blocks') fails when a present child failed, as a
+//! mirror's does, so that an acknowledged record does not depend on a column that never
+//! reached its disk. Flushes go only to the children written
 //! since their last flush.
 //!
 //! A child being replaced is a pair in its column's slot: writes go to both leaves, reads to the

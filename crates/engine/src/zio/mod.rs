@@ -624,24 +624,15 @@ pub fn allocate(
     let mut placed = Vec::with_capacity(sealed.len());
     // First copies in runs of up to a write span, each run from one free range where one
     // holds it ([`Allocator::allocate_run`]), else block by block.
-    let mut from = 0;
-    while from < sealed.len() {
-        let mut to = from;
-        let mut bytes = 0;
-        while to < sealed.len()
-            && (to == from || bytes + sealed[to].psize() <= WRITE_SPAN_BYTES_MAX)
-        {
-            bytes += sealed[to].psize();
-            to += 1;
-        }
-        for block in &sealed[from..to] {
+    let psizes: Vec<u64> = sealed.iter().map(Sealed::psize).collect();
+    for piece in crate::alloc::run_pieces(&psizes, WRITE_SPAN_BYTES_MAX) {
+        for block in &sealed[piece.clone()] {
             pipeline.counted(pipeline.stage(Stage::Allocate, block.props.writer))?;
         }
-        let psizes: Vec<u64> = sealed[from..to].iter().map(Sealed::psize).collect();
-        if let Some(run) = allocator.allocate_run(&psizes, class) {
+        if let Some(run) = allocator.allocate_run(&psizes[piece.clone()], class) {
             placed.extend(run.into_iter().map(|at| vec![at]));
         } else {
-            for block in &sealed[from..to] {
+            for block in &sealed[piece] {
                 let first = allocator.allocate(block.psize(), class, &[]).map_err(|source| {
                     pipeline.note_error(block.props.writer);
                     ZioError::NoSpace { writer: block.props.writer, cause: source }
@@ -649,7 +640,6 @@ pub fn allocate(
                 placed.push(vec![first]);
             }
         }
-        from = to;
     }
     // Ditto copies after every first copy, so the first copies of a batch lie back to back.
     for (block, places) in sealed.iter().zip(&mut placed) {
