@@ -164,6 +164,79 @@ fn blocks_written_in_place_are_compressed() {
     assert_eq!(read, data);
 }
 
+/// A MiB written twice in one txg and then flushed has two records per block, and the commit
+/// places each block once, its current version, for both records (ZFS: `TX_WRITE2`): the
+/// flush writes the MiB once, not twice. After a crash that keeps only what the flush made
+/// durable, import claims each shared block once, replays every record (the shared ones and a
+/// MiB written after them) and reads the second version.
+#[test]
+fn a_block_written_again_before_its_flush_is_placed_once() {
+    let sim = Sim::new(12);
+    let options = SimOptions { record_log: true, ..SimOptions::default() };
+    let legs = common::legs_with(&sim, 2, SimProfile::ssd(), LEAF_BYTES, options);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    let counted = legs.clone();
+    let second = pattern(7, MIB);
+    let expected = [second.clone(), pattern(8, MIB)].concat();
+    let expected_here = expected.clone();
+    let images = sim
+        .run(async move {
+            let t = Tunables::default();
+            let store = Arc::new(common::mirror_store(&env, specs, &t).await);
+            store.create_volume("v", 8 << 20, 16384).unwrap();
+            store.set_property("v", VolumeProperty::Compression(Compression::Off)).unwrap();
+            store.sync().await.unwrap();
+            let volume = Volume::open(&store, "v").unwrap();
+            volume.write(0, &pattern(6, MIB), false).await.unwrap();
+            volume.write(0, &second, false).await.unwrap();
+            // Records behind the shared ones: a chain cut at a shared block would lose them.
+            volume.write(MIB as u64, &pattern(8, MIB), false).await.unwrap();
+            let before = written(&counted);
+            volume.flush().await.unwrap();
+            let commit = written(&counted) - before;
+            let stats = store.log_stats();
+            assert_eq!(stats.indirect_blocks_written.get(), 128, "each block placed once");
+            assert_eq!(stats.indirect_records_shared.get(), 64, "the first write's records");
+            assert_eq!(stats.indirect_records_copied.get(), 0);
+            let limit = 2 * (2 * MIB as u64 + (128 << 10));
+            assert!(commit < limit, "{commit} bytes on two legs for 2 MiB: a MiB twice?");
+            let mut rng = Rng::new(3);
+            let images: Vec<SimImage> = counted
+                .iter()
+                .map(|l| l.crash_image(l.write_log().len(), CrashPolicy::DropAll, &mut rng))
+                .map(Option::unwrap)
+                .collect();
+            store.sync().await.unwrap();
+            assert_eq!(volume.read(0, 2 * MIB as u64).await.unwrap(), expected_here);
+            let audit = store.audit().await.unwrap();
+            assert!(audit.is_clean(), "{:?}", audit.problems);
+            images
+        })
+        .unwrap()
+        .0;
+    let sim = Sim::new(13);
+    let legs = common::revive(&sim, images, SimProfile::ssd(), LEAF_BYTES);
+    let (env, specs) = (sim.env(), common::leaf_specs(&legs));
+    let read = sim
+        .run(async move {
+            let t = Tunables::default();
+            let pool = Pool::import(&env, specs, "tank", &t).await.unwrap();
+            let store = Store::open(pool, &t).await.unwrap();
+            let stats = store.log_stats();
+            assert_eq!(stats.indirect_chain_ends.get(), 0, "the chain ended at a shared block");
+            assert_eq!(stats.indirect_claims_shared.get(), 64);
+            assert_eq!(stats.indirect_records_replayed.get(), 192);
+            let read = store.read("v", 0, 2 * MIB as u64).await.unwrap();
+            let audit = store.audit().await.unwrap();
+            assert!(audit.is_clean(), "{:?}", audit.problems);
+            read
+        })
+        .unwrap()
+        .0;
+    assert_eq!(read, expected);
+}
+
 /// Blocks written in place and replaced in the same txg (overwritten, zeroed, or written
 /// again by another flush) are freed by the sync; partial blocks at a write's ends are copied
 /// into the log; a record whose txg is syncing when its commit comes is filled with a copy.

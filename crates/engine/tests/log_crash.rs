@@ -160,6 +160,19 @@ fn scripted(name: &str) -> Script {
             vec![w(0, 1, false), w(4, 4, false), Op::Flush, w(3, 1, false), Op::Flush],
             vec![Op::Zero { first: 0, count: 2, fua: false }, w(5, 2, true), Op::Flush],
         ],
+        // Whole blocks written again before their flush or FUA write, in one txg: the records
+        // of one commit share the block of the last version.
+        "rewritten-before-flush" => vec![
+            vec![
+                w(0, 4, false),
+                w(0, 4, false),
+                w(2, 2, false),
+                Op::Flush,
+                w(0, 2, false),
+                w(0, 2, true),
+            ],
+            vec![w(0, 8, false), w(2, 4, false), w(0, 8, false), Op::Flush],
+        ],
         // Many writers with multi-unit FUA writes: the chain crosses many blocks.
         "chain-crosses-blocks" => (0..6)
             .map(|k| {
@@ -430,6 +443,9 @@ struct Probes {
     indirect_replayed: u64,
     /// Chains that ended at an indirect record whose block never reached the disk.
     indirect_ends: u64,
+    /// Indirect records whose block an earlier record of the chain had claimed (a block
+    /// written again before its commit).
+    indirect_shared: u64,
     /// Imports that opened a pool whose leaves were not leg0 and leg1 alone: a cut during or
     /// after a swap of disks.
     swapped: u64,
@@ -508,10 +524,15 @@ fn import_without(
             stats.torn_tails.get(),
             stats.records_already_replayed.get(),
             leaves_repaired,
-            (stats.indirect_records_replayed.get(), stats.indirect_chain_ends.get(), swapped),
+            (
+                stats.indirect_records_replayed.get(),
+                stats.indirect_chain_ends.get(),
+                stats.indirect_claims_shared.get(),
+                swapped,
+            ),
         )
     });
-    let (replayed, torn, resumed, healed, (indirect_replayed, indirect_ends, swapped)) =
+    let (replayed, torn, resumed, healed, (indirect_replayed, indirect_ends, shared, swapped)) =
         match outcome {
             Ok((result, _)) => result,
             Err(error) => panic!("{what}: simulation failed: {error}"),
@@ -523,6 +544,7 @@ fn import_without(
     probes.healed += healed;
     probes.indirect_replayed += indirect_replayed;
     probes.indirect_ends += indirect_ends;
+    probes.indirect_shared += shared;
     probes.swapped += swapped;
     for (unit, data) in found.borrow().iter().enumerate() {
         let unit = unit as u64;
@@ -585,7 +607,12 @@ fn scripted_workloads_cut_at_every_operation() {
 fn indirect_records_cut_at_every_operation() {
     let mut probes = Probes::default();
     for policy in ["auto+indirect", "pipelined+indirect", "batch+indirect"] {
-        for name in ["sync-writes-indirect", "flush-mid-txg", "chain-crosses-blocks"] {
+        for name in [
+            "sync-writes-indirect",
+            "flush-mid-txg",
+            "chain-crosses-blocks",
+            "rewritten-before-flush",
+        ] {
             let run = run_workload(12, policy, &scripted(name));
             let mut rng = Rng::new(5);
             for cut in cut_points(&run) {
@@ -600,6 +627,7 @@ fn indirect_records_cut_at_every_operation() {
     eprintln!("indirect: {probes:?}");
     assert!(probes.indirect_replayed > 0, "no indirect record was replayed: {probes:?}");
     assert!(probes.indirect_ends > 0, "no chain ended at an unwritten block: {probes:?}");
+    assert!(probes.indirect_shared > 0, "no record shared its block with a later one: {probes:?}");
 }
 
 /// Random workloads cut at random points; some imports are cut short during replay and

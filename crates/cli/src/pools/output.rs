@@ -216,6 +216,8 @@ pub struct LogFigures {
     pub commits_ignored: u64,
     pub log_blocks_written: u64,
     pub indirect_blocks_written: u64,
+    #[serde(default)]
+    pub indirect_records_shared: u64,
     pub indirect_records_copied: u64,
     pub indirect_records_left_to_sync: u64,
     pub chains_claimed: u64,
@@ -576,7 +578,8 @@ fn pool_status(out: &mut Lines, status: &PoolStatus) {
     out.say(format!(
         "  intent log: {} commits ({} through a txg sync, {} early, {} not waited for: \
          sync=disabled), {} log blocks written, {} blocks written in place for indirect \
-         records ({} records copied instead, {} left to their txg's sync); at import {} \
+         records ({} more records sharing a block written again in its txg, {} records \
+         copied instead, {} left to their txg's sync); at import {} \
          chains claimed, {} records replayed ({} indirect; {} already applied by an \
          interrupted replay), {} torn tails, {} chains ended at an indirect block never \
          written",
@@ -586,6 +589,7 @@ fn pool_status(out: &mut Lines, status: &PoolStatus) {
         log.commits_ignored,
         log.log_blocks_written,
         log.indirect_blocks_written,
+        log.indirect_records_shared,
         log.indirect_records_copied,
         log.indirect_records_left_to_sync,
         log.chains_claimed,

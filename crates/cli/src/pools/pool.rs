@@ -697,6 +697,7 @@ fn pool_status(name: &str, store: &Held) -> anyhow::Result<PoolStatus> {
             commits_ignored: log.commits_ignored.get(),
             log_blocks_written: store.log_blocks_written(),
             indirect_blocks_written: log.indirect_blocks_written.get(),
+            indirect_records_shared: log.indirect_records_shared.get(),
             indirect_records_copied: log.indirect_records_copied.get(),
             indirect_records_left_to_sync: log.indirect_records_left_to_sync.get(),
             chains_claimed: log.chains_claimed.get(),

@@ -7,7 +7,7 @@
 //! `crate::intent_log`; the commits that drive it for FUA writes and flushes, and fall back
 //! to a txg sync where it cannot answer, are zil_commit.rs's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -168,6 +168,10 @@ pub struct LogStats {
     pub commits_ignored: crate::stats::Counter,
     /// Blocks written in place for indirect records (each written once: the sync links it).
     pub indirect_blocks_written: crate::stats::Counter,
+    /// Indirect records that point at the block placed for a later record of the same commit:
+    /// the block was written again in its txg, and only its last version is placed (ZFS:
+    /// `TX_WRITE2`).
+    pub indirect_records_shared: crate::stats::Counter,
     /// Indirect records filled with a copy of their block instead (its txg was syncing, or a
     /// later write had replaced it).
     pub indirect_records_copied: crate::stats::Counter,
@@ -179,6 +183,9 @@ pub struct LogStats {
     /// Chains that ended at an indirect record whose block is not intact or not free: written
     /// after its log block, never acknowledged (ZFS: zil_claim_write).
     pub indirect_chain_ends: crate::stats::Counter,
+    /// Indirect records found at import pointing at the very block an earlier record of their
+    /// chain claimed (records sharing a block: `indirect_records_shared`).
+    pub indirect_claims_shared: crate::stats::Counter,
 }
 
 impl Store {
@@ -572,9 +579,18 @@ async fn claim_indirect(
             })
         })
         .collect();
+    // Records of one commit that wrote a block more than once in a txg all point at its last
+    // version (zil_commit.rs): that block is claimed and verified once, and taken for every
+    // record naming exactly it (ZFS: `zil_bp_tree_add`). A pointer that differs but lands on
+    // claimed space fails `is_free` below and ends the chain.
+    let mut claimed: HashMap<(u32, u64), BlockPointer> = HashMap::new();
     for (b, r, lwb_sequence, bp) in to_claim {
         let dva = bp.dvas[0];
         let (vdev, offset, len) = (dva.vdev, dva.offset_bytes(), dva.asize_bytes());
+        if claimed.get(&(vdev, offset)) == Some(&bp) {
+            log_stats.indirect_claims_shared.inc();
+            continue;
+        }
         let overlaps_chain = chain.addresses.iter().any(|at| {
             at.vdev == vdev
                 && at.offset_bytes < offset + len
@@ -611,6 +627,7 @@ async fn claim_indirect(
             end = Some((b, r));
             break;
         }
+        claimed.insert((vdev, offset), bp);
         chain.indirect.push(LogAddress {
             vdev,
             offset_bytes: offset,

@@ -12,6 +12,7 @@
 //! right to sync ([`SyncHandle`]), not the store. The logs' pool-wide object, the claim and
 //! the replay at import are zil.rs's.
 
+use std::collections::hash_map::{Entry, HashMap};
 use std::sync::Arc;
 
 use futures::FutureExt;
@@ -222,17 +223,31 @@ impl LogCommit<'_> {
             other => unreachable!("only indirect records are unfilled: {other:?}"),
         };
         // Records whose block is the open txg's current version are placed; the rest copied,
-        // or, where they are a large part of the txg being synced, left to that sync.
-        let mut place: Vec<(&LogRecord, Arc<AlignedBuf>)> = Vec::new();
+        // or, where they are a large part of the txg being synced, left to that sync. A block
+        // written again within the txg has a record per write, and all of them point at the
+        // one block of its current version, placed once (ZFS gives the later ones no block:
+        // `TX_WRITE2`), so that a flush after a stream that went over its range more than once
+        // writes the range once. Replay applies the later records after an earlier one, so
+        // the newer bytes it gets are as good as a copy of the current block (below); import's
+        // claim takes a block pointed at twice once (`zil::claim_indirect`).
+        let mut place: Vec<(Arc<AlignedBuf>, Vec<&LogRecord>)> = Vec::new();
+        let mut placed_at: HashMap<u64, usize> = HashMap::new();
         let mut copy: Vec<&LogRecord> = Vec::new();
         let mut syncing: Vec<&LogRecord> = Vec::new();
         {
             let txg = self.txg.lock();
             let v = dataset.state.lock();
             for record in claimed {
-                match v.open.get(&index_of(record)) {
+                let index = index_of(record);
+                match v.open.get(&index) {
                     Some(Block::Data(data)) if record.txg() == txg.open_txg() => {
-                        place.push((record, Arc::clone(data)));
+                        match placed_at.entry(index) {
+                            Entry::Occupied(at) => place[*at.get()].1.push(record),
+                            Entry::Vacant(at) => {
+                                at.insert(place.len());
+                                place.push((Arc::clone(data), vec![record]));
+                            }
+                        }
                     }
                     // Of the txg being synced (only one syncs at a time; an older one has
                     // synced, and dropped its records from the log).
@@ -271,8 +286,9 @@ impl LogCommit<'_> {
         };
         let blocks: Vec<(BlockProps, Arc<AlignedBuf>)> = place
             .iter()
-            .map(|(record, data)| {
-                let mut props = BlockProps::data(Writer::LogIndirect, record.txg(), compression);
+            .map(|(data, records)| {
+                let txg = records[0].txg();
+                let mut props = BlockProps::data(Writer::LogIndirect, txg, compression);
                 if key_family != 0 {
                     props.crypt =
                         zio::PropsCrypt::Encrypt { family: key_family, convergent: false };
@@ -314,7 +330,7 @@ impl LogCommit<'_> {
                 written.map(|r| r.unwrap_or(BlockWritten::Failed)).boxed().shared();
             for i in run {
                 let bp = zio::describe(&sealed[i], &placed[i..=i]);
-                let data = Arc::clone(&place[i].1);
+                let data = Arc::clone(&place[i].0);
                 blocks.push(Prewritten { data, bp, write: write.clone() });
             }
             writes.push((vdev, pieces, done));
@@ -327,8 +343,8 @@ impl LogCommit<'_> {
             let mut txg = self.txg.lock();
             let mut v = dataset.state.lock();
             let mut orphaned = Vec::new();
-            for ((record, _), block) in place.iter().zip(blocks) {
-                let index = index_of(record);
+            for ((_, records), block) in place.iter().zip(blocks) {
+                let index = index_of(records[0]);
                 let current = match v.open.get(&index) {
                     Some(Block::Data(data)) => Arc::ptr_eq(data, &block.data),
                     _ => false,
@@ -336,20 +352,24 @@ impl LogCommit<'_> {
                 // A destroy (under the txg lock, as here) orphans the prewritten blocks
                 // it finds; one linked after it would be freed by no sync.
                 let live = !dataset.destroyed.load(std::sync::atomic::Ordering::Acquire);
-                if current && live && record.txg() == txg.open_txg() {
-                    let indirect = match record {
-                        LogRecord::WriteIndirect { txg, sequence, offset, len, .. } => {
-                            LogRecord::WriteIndirect {
-                                txg: *txg,
-                                sequence: *sequence,
-                                offset: *offset,
-                                len: *len,
-                                block: block.bp,
+                if current && live && records[0].txg() == txg.open_txg() {
+                    for record in records {
+                        let indirect = match record {
+                            LogRecord::WriteIndirect { txg, sequence, offset, len, .. } => {
+                                LogRecord::WriteIndirect {
+                                    txg: *txg,
+                                    sequence: *sequence,
+                                    offset: *offset,
+                                    len: *len,
+                                    block: block.bp,
+                                }
                             }
-                        }
-                        _ => unreachable!("only indirect records are placed"),
-                    };
-                    filled.push((indirect, Some(block.write.clone())));
+                            _ => unreachable!("only indirect records are placed"),
+                        };
+                        filled.push((indirect, Some(block.write.clone())));
+                    }
+                    let shared = records.len() as u64 - 1;
+                    self.zil.stats().indirect_records_shared.add(shared);
                     if let Some(replaced) = v.prewritten.insert(index, block) {
                         orphaned.push(replaced);
                     }
@@ -363,7 +383,7 @@ impl LogCommit<'_> {
                     txg.count_prewritten(bs, self.spa.pool().inflate(bs, bs));
                 } else {
                     orphaned.push(block);
-                    copy.push(record);
+                    copy.extend(records);
                 }
             }
             if !orphaned.is_empty() {
