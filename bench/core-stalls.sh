@@ -135,7 +135,7 @@ print(f"gaps between requests on the serving core over {sys.argv[3]} us: {len(ga
 for length, start in gaps[:6]:
     samples = collections.Counter(
         (r["thread"], own(r["stack"])) for r in records
-        if r["event"] == "cpu-clock" and start <= r["t"] <= start + length)
+        if r["event"].startswith("cpu-clock") and start <= r["t"] <= start + length)
     print(f"  {length:7.0f} us; samples inside (4 kHz):")
     for (thread, frame), n in samples.most_common(5):
         print(f"      {n:4d}  {thread:16s} {frame[:110]}")
