@@ -39,6 +39,47 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| seed.wrapping_add((i / 4096) as u8).wrapping_mul(7)).collect()
 }
 
+/// The legs as a power cut now leaves them: every write that completed, none left unflushed.
+fn crash_images(legs: &[SimDevice], seed: u64) -> Vec<SimImage> {
+    let mut rng = Rng::new(seed);
+    legs.iter()
+        .map(|l| l.crash_image(l.write_log().len(), CrashPolicy::DropAll, &mut rng))
+        .map(Option::unwrap)
+        .collect()
+}
+
+/// What the log's import counted (`LogStats`).
+struct Imported {
+    chain_ends: u64,
+    claims_shared: u64,
+    records_replayed: u64,
+}
+
+/// Imports `images` (claim and replay), checks that the space audit balances, and returns
+/// volume "v"'s first `len` bytes and what the import counted.
+fn import_after_crash(seed: u64, images: Vec<SimImage>, len: u64) -> (Vec<u8>, Imported) {
+    let sim = Sim::new(seed);
+    let legs = common::revive(&sim, images, SimProfile::ssd(), LEAF_BYTES);
+    let (env, specs) = (sim.env(), common::leaf_specs(&legs));
+    sim.run(async move {
+        let t = Tunables::default();
+        let pool = Pool::import(&env, specs, "tank", &t).await.unwrap();
+        let store = Store::open(pool, &t).await.unwrap();
+        let stats = store.log_stats();
+        let imported = Imported {
+            chain_ends: stats.indirect_chain_ends.get(),
+            claims_shared: stats.indirect_claims_shared.get(),
+            records_replayed: stats.indirect_records_replayed.get(),
+        };
+        let read = store.read("v", 0, len).await.unwrap();
+        let audit = store.audit().await.unwrap();
+        assert!(audit.is_clean(), "{:?}", audit.problems);
+        (read, imported)
+    })
+    .unwrap()
+    .0
+}
+
 #[test]
 fn a_large_sync_write_is_written_once() {
     let sim = Sim::new(7);
@@ -122,12 +163,7 @@ fn blocks_written_in_place_are_compressed() {
             assert_eq!(store.log_stats().indirect_blocks_written.get(), 64);
             assert!(commit < MIB as u64, "{commit} bytes on two legs for a compressible MiB");
             // The crash image: the flush made the MiB durable through the log alone.
-            let mut rng = Rng::new(1);
-            let images: Vec<SimImage> = counted
-                .iter()
-                .map(|l| l.crash_image(l.write_log().len(), CrashPolicy::DropAll, &mut rng))
-                .map(Option::unwrap)
-                .collect();
+            let images = crash_images(&counted, 1);
             store.sync().await.unwrap();
             let entry = store.volume_info("v").unwrap();
             let tree =
@@ -146,21 +182,7 @@ fn blocks_written_in_place_are_compressed() {
         .unwrap()
         .0;
     // After the crash, replay reads each compressed block through its pointer.
-    let sim = Sim::new(11);
-    let legs = common::revive(&sim, images, SimProfile::ssd(), LEAF_BYTES);
-    let (env, specs) = (sim.env(), common::leaf_specs(&legs));
-    let read = sim
-        .run(async move {
-            let t = Tunables::default();
-            let pool = Pool::import(&env, specs, "tank", &t).await.unwrap();
-            let store = Store::open(pool, &t).await.unwrap();
-            let read = store.read("v", 0, MIB as u64).await.unwrap();
-            let audit = store.audit().await.unwrap();
-            assert!(audit.is_clean(), "{:?}", audit.problems);
-            read
-        })
-        .unwrap()
-        .0;
+    let (read, _) = import_after_crash(11, images, MIB as u64);
     assert_eq!(read, data);
 }
 
@@ -201,12 +223,7 @@ fn a_block_written_again_before_its_flush_is_placed_once() {
             assert_eq!(stats.indirect_records_copied.get(), 0);
             let limit = 2 * (2 * MIB as u64 + (128 << 10));
             assert!(commit < limit, "{commit} bytes on two legs for 2 MiB: a MiB twice?");
-            let mut rng = Rng::new(3);
-            let images: Vec<SimImage> = counted
-                .iter()
-                .map(|l| l.crash_image(l.write_log().len(), CrashPolicy::DropAll, &mut rng))
-                .map(Option::unwrap)
-                .collect();
+            let images = crash_images(&counted, 3);
             store.sync().await.unwrap();
             assert_eq!(volume.read(0, 2 * MIB as u64).await.unwrap(), expected_here);
             let audit = store.audit().await.unwrap();
@@ -215,25 +232,10 @@ fn a_block_written_again_before_its_flush_is_placed_once() {
         })
         .unwrap()
         .0;
-    let sim = Sim::new(13);
-    let legs = common::revive(&sim, images, SimProfile::ssd(), LEAF_BYTES);
-    let (env, specs) = (sim.env(), common::leaf_specs(&legs));
-    let read = sim
-        .run(async move {
-            let t = Tunables::default();
-            let pool = Pool::import(&env, specs, "tank", &t).await.unwrap();
-            let store = Store::open(pool, &t).await.unwrap();
-            let stats = store.log_stats();
-            assert_eq!(stats.indirect_chain_ends.get(), 0, "the chain ended at a shared block");
-            assert_eq!(stats.indirect_claims_shared.get(), 64);
-            assert_eq!(stats.indirect_records_replayed.get(), 192);
-            let read = store.read("v", 0, 2 * MIB as u64).await.unwrap();
-            let audit = store.audit().await.unwrap();
-            assert!(audit.is_clean(), "{:?}", audit.problems);
-            read
-        })
-        .unwrap()
-        .0;
+    let (read, imported) = import_after_crash(13, images, 2 * MIB as u64);
+    assert_eq!(imported.chain_ends, 0, "the chain ended at a shared block");
+    assert_eq!(imported.claims_shared, 64);
+    assert_eq!(imported.records_replayed, 192);
     assert_eq!(read, expected);
 }
 

@@ -169,7 +169,7 @@ pub struct LogStats {
     /// Blocks written in place for indirect records (each written once: the sync links it).
     pub indirect_blocks_written: crate::stats::Counter,
     /// Indirect records that point at the block placed for a later record of the same commit:
-    /// the block was written again in its txg, and only its last version is placed (ZFS:
+    /// the block was written again in its txg, and only its current version is placed (ZFS:
     /// `TX_WRITE2`).
     pub indirect_records_shared: crate::stats::Counter,
     /// Indirect records filled with a copy of their block instead (its txg was syncing, or a
@@ -579,8 +579,8 @@ async fn claim_indirect(
             })
         })
         .collect();
-    // Records of one commit that wrote a block more than once in a txg all point at its last
-    // version (zil_commit.rs): that block is claimed and verified once, and taken for every
+    // Records of one commit that wrote a block more than once in a txg all point at its
+    // current version (zil_commit.rs): that block is claimed and verified once, and taken for every
     // record naming exactly it (ZFS: `zil_bp_tree_add`). A pointer that differs but lands on
     // claimed space fails `is_free` below and ends the chain.
     let mut claimed: HashMap<(u32, u64), BlockPointer> = HashMap::new();

@@ -16,7 +16,7 @@ use std::collections::hash_map::{Entry, HashMap};
 use std::sync::Arc;
 
 use futures::FutureExt;
-use sluice_format::{LogRecord, SyncMode};
+use sluice_format::{BlockPointer, LogRecord, SyncMode};
 
 use super::dataset::{Dataset, Dsl, Orphaned};
 use super::dbuf::{Block, Prewritten};
@@ -222,6 +222,12 @@ impl LogCommit<'_> {
             LogRecord::WriteIndirect { offset, .. } => offset / bs,
             other => unreachable!("only indirect records are unfilled: {other:?}"),
         };
+        let pointing_at = |record: &LogRecord, block: BlockPointer| match *record {
+            LogRecord::WriteIndirect { txg, sequence, offset, len, .. } => {
+                LogRecord::WriteIndirect { txg, sequence, offset, len, block }
+            }
+            ref other => unreachable!("only indirect records are placed: {other:?}"),
+        };
         // Records whose block is the open txg's current version are placed; the rest copied,
         // or, where they are a large part of the txg being synced, left to that sync. A block
         // written again within the txg has a record per write, and all of them point at the
@@ -339,6 +345,8 @@ impl LogCommit<'_> {
         // for them; a block that changed since it was looked at is orphaned (the next sync
         // frees it once its write ends) and its record copied instead.
         let mut filled: Vec<(LogRecord, Option<DataWrite>)> = Vec::new();
+        // Asked once, outside the locks: `inflate` looks at the vdev tree.
+        let alloc_per_block = self.spa.pool().inflate(bs, bs);
         {
             let mut txg = self.txg.lock();
             let mut v = dataset.state.lock();
@@ -354,19 +362,7 @@ impl LogCommit<'_> {
                 let live = !dataset.destroyed.load(std::sync::atomic::Ordering::Acquire);
                 if current && live && records[0].txg() == txg.open_txg() {
                     for record in records {
-                        let indirect = match record {
-                            LogRecord::WriteIndirect { txg, sequence, offset, len, .. } => {
-                                LogRecord::WriteIndirect {
-                                    txg: *txg,
-                                    sequence: *sequence,
-                                    offset: *offset,
-                                    len: *len,
-                                    block: block.bp,
-                                }
-                            }
-                            _ => unreachable!("only indirect records are placed"),
-                        };
-                        filled.push((indirect, Some(block.write.clone())));
+                        filled.push((pointing_at(record, block.bp), Some(block.write.clone())));
                     }
                     let shared = records.len() as u64 - 1;
                     self.zil.stats().indirect_records_shared.add(shared);
@@ -380,7 +376,7 @@ impl LogCommit<'_> {
                     // already. (Leaving it out of the dirty data too let 1 MiB write + flush
                     // clients fill a pool with blocks written in place and their replaced
                     // versions within one txg timeout: the sync after found no room.)
-                    txg.count_prewritten(bs, self.spa.pool().inflate(bs, bs));
+                    txg.count_prewritten(bs, alloc_per_block);
                 } else {
                     orphaned.push(block);
                     copy.extend(records);
