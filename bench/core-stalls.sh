@@ -32,7 +32,9 @@ while [ $# -gt 0 ]; do
 done
 dir=$(mktemp -d "${TMPDIR:-/tmp}/core-stalls.XXXXXX")
 pid=""
-cleanup() { [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; rm -rf "$dir"; }
+# The server ends with the status of its signal: under set -e that status would end the
+# handler before its rm.
+cleanup() { if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true; fi; rm -rf "$dir"; }
 trap cleanup EXIT
 
 export SLUICE_CACHE_FILE=$dir/pools

@@ -27,7 +27,7 @@ bin=$(realpath "$bin")
 command -v fio >/dev/null || { echo "thick-full: fio is missing (apt-get install fio)" >&2; exit 2; }
 work=$(mktemp -d "$dir/thick-full.XXXXXX")
 pid=
-cleanup() { [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null; rm -rf "$work"; }
+cleanup() { [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 export SLUICE_CACHE_FILE=$work/pools
 for run in $(seq 1 "$runs"); do
