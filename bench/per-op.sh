@@ -53,7 +53,9 @@ if [ -z "$disk" ]; then
   disk=${disk:-$(basename "$(df --output=source "$dir" | tail -1)")}
 fi
 pid=""
-cleanup() { [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; rm -rf "$dir"; }
+# The server ends with the status of its signal: under set -e that status would end the
+# handler before its rm.
+cleanup() { if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true; fi; rm -rf "$dir"; }
 trap cleanup EXIT
 
 case $target in
@@ -114,6 +116,15 @@ before=$(sample)
 fio --name=op --ioengine=nbd --uri="$uri" --bs=4k --size=1G --runtime="$seconds" --time_based \
   --group_reporting --output-format=json "${args[@]}" 2>/dev/null | grep -v '^fio: ' >"$dir/fio.json"
 after=$(sample)
+# What the prefetch did over the whole run (prefill and ageing included), for the read jobs.
+if [ "$target" = sluice ] && [[ $job == *read ]]; then
+  "$bin" pool iostat perop --json 2>/dev/null | /usr/bin/python3 -c '
+import json, sys
+p = json.loads(sys.stdin.readline())["volumes"][0].get("prefetch")
+if p:
+    print("prefetch: {blocks_fetched:,} blocks fetched ahead in {ios:,} I/Os, {blocks_used:,} read, "
+          "{blocks_unused:,} unread; {hits:,} reads continued a stream, {misses:,} did not".format(**p))' || true
+fi
 /usr/bin/python3 - "$dir/fio.json" "$seconds" "$before" "$after" "$target" "$job" "$jobs" "${block:-default}${compression:+ compression=$compression}" <<'PY'
 import json, os, sys
 path, seconds, before, after, target, job, jobs, block = sys.argv[1:]

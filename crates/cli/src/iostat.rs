@@ -22,7 +22,8 @@ use sluice_engine::stats::{HistogramSnapshot, VolumeOp};
 use crate::control;
 use crate::pools::output::Reply;
 use crate::snapshot::{
-    class_names, op_names, LeafSnapshot, PoolSnapshot, SnapshotError, VolumeSnapshot,
+    class_names, op_names, LeafSnapshot, PoolSnapshot, PrefetchSnapshot, SnapshotError,
+    VolumeSnapshot,
 };
 
 /// What to print and how often.
@@ -134,6 +135,14 @@ fn volume_since(now: &VolumeSnapshot, earlier: Option<&VolumeSnapshot>) -> Volum
         errors: was(|v| v.errors),
         partial_writes: was(|v| v.partial_writes),
         latency: histograms_since(&now.latency, earlier.map(|e| &e.latency[..])),
+        prefetch: PrefetchSnapshot {
+            hits: was(|v| v.prefetch.hits),
+            misses: was(|v| v.prefetch.misses),
+            blocks_fetched: was(|v| v.prefetch.blocks_fetched),
+            ios: was(|v| v.prefetch.ios),
+            blocks_used: was(|v| v.prefetch.blocks_used),
+            blocks_unused: was(|v| v.prefetch.blocks_unused),
+        },
     }
 }
 
@@ -243,6 +252,14 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
                 "errors": v.errors,
                 "partial_writes": v.partial_writes,
                 "latency": latency(&ops, &v.latency),
+                "prefetch": {
+                    "hits": v.prefetch.hits,
+                    "misses": v.prefetch.misses,
+                    "blocks_fetched": v.prefetch.blocks_fetched,
+                    "ios": v.prefetch.ios,
+                    "blocks_used": v.prefetch.blocks_used,
+                    "blocks_unused": v.prefetch.blocks_unused,
+                },
                 "log": v.log.as_ref().map(|l| json!({
                     "policy": l.policy,
                     "groups_in_flight": l.groups_in_flight,

@@ -487,6 +487,42 @@ const VOLUME_COUNTERS: &[Figure<VolumeSnapshot>] = &[
         Count,
         |v| v.partial_writes,
     ),
+    figure(
+        "volume_prefetch_hits",
+        "Reads of a volume that continued a sequential stream its prefetch follows.",
+        Count,
+        |v| v.prefetch.hits,
+    ),
+    figure(
+        "volume_prefetch_misses",
+        "Reads of a volume that continued no stream (each starts one).",
+        Count,
+        |v| v.prefetch.misses,
+    ),
+    figure(
+        "volume_prefetch_blocks_fetched",
+        "Blocks a volume's prefetch fetched ahead of its sequential reads.",
+        Count,
+        |v| v.prefetch.blocks_fetched,
+    ),
+    figure(
+        "volume_prefetch_ios",
+        "I/Os that read the blocks a volume's prefetch fetched ahead.",
+        Count,
+        |v| v.prefetch.ios,
+    ),
+    figure(
+        "volume_prefetch_blocks_used",
+        "Blocks fetched ahead that a read of the volume took.",
+        Count,
+        |v| v.prefetch.blocks_used,
+    ),
+    figure(
+        "volume_prefetch_blocks_unused",
+        "Blocks fetched ahead that no read took (the stream ended, skipped them, or they were rewritten).",
+        Count,
+        |v| v.prefetch.blocks_unused,
+    ),
 ];
 
 const VOLUME_GAUGES: &[Figure<VolumeSnapshot>] = &[

@@ -159,6 +159,23 @@ pub struct VolumeSnapshot {
     /// What its intent log chose, when it has a log chain.
     #[serde(default)]
     pub log: Option<VolumeLogSnapshot>,
+    /// What its prefetch of sequential reads did.
+    #[serde(default)]
+    pub prefetch: PrefetchSnapshot,
+}
+
+/// What a volume's prefetch did since import (counts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefetchSnapshot {
+    /// Reads that continued a sequential stream, and reads that matched none.
+    pub hits: u64,
+    pub misses: u64,
+    /// Blocks fetched ahead, and the I/Os that read them.
+    pub blocks_fetched: u64,
+    pub ios: u64,
+    /// Blocks fetched ahead that a read took, and that none did.
+    pub blocks_used: u64,
+    pub blocks_unused: u64,
 }
 
 /// What a volume's intent log has in flight and chose, now (gauges).
@@ -326,6 +343,14 @@ impl PoolSnapshot {
                     errors: s.errors.get(),
                     partial_writes: s.partial_writes.get(),
                     latency: s.latency.iter().map(|h| h.snapshot()).collect(),
+                    prefetch: PrefetchSnapshot {
+                        hits: s.prefetch.hits.get(),
+                        misses: s.prefetch.misses.get(),
+                        blocks_fetched: s.prefetch.blocks_fetched.get(),
+                        ios: s.prefetch.ios.get(),
+                        blocks_used: s.prefetch.blocks_used.get(),
+                        blocks_unused: s.prefetch.blocks_unused.get(),
+                    },
                     log: log.map(|f| VolumeLogSnapshot {
                         policy: f.policy.name().to_owned(),
                         groups_in_flight: u64::from(f.groups_in_flight),

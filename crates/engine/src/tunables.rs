@@ -187,6 +187,13 @@ tunable_table! {
          dirty-data throttle bound it). A number reproduces seed 000's capped zvol dispatch \
          (old ZFS default: one per CPU; the seed's fix: 32), where committers waiting for the \
          log hold every slot and log blocks stay small.";
+    ZfetchMaxDistance = "zfetch.max_distance", Kind::Bytes { min: 0, max: 1 << 30 }, "16M",
+        "How far ahead of a volume's sequential reads their blocks are fetched, at most (ZFS: \
+         zfetch_max_distance). Each read that continues a stream doubles its distance up to \
+         this; blocks fetched ahead are read in address order, near ones in one I/O, and held \
+         until read or until the stream has been idle 2 s. 0 turns prefetch off.";
+    ZfetchMaxStreams = "zfetch.max_streams", Kind::Count { min: 1, max: 64 }, "8",
+        "Sequential read streams followed per volume (ZFS: zfetch_max_streams).";
     VolumePlacement = "volume.placement", Kind::Choice(PLACEMENTS), "home",
         "Which serving core runs a volume's NBD connections (sluice serve). home: every \
          connection to one volume moves, once its client has chosen the volume, to that \

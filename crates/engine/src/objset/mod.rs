@@ -81,6 +81,43 @@ pub async fn data_block_pointer(
     node_pointer(pool, root, levels, 0, index).await
 }
 
+/// The pointers of data blocks `blocks` that are not holes, in order: each level-1 indirect
+/// block is read once for all of its blocks in the range, where [`data_block_pointer`] walks
+/// the tree per block (a walk per block was the read path's and the prefetch's cost per
+/// block on uncached 1 MiB reads).
+pub async fn data_block_pointers(
+    pool: &Pool,
+    root: Option<BlockPointer>,
+    levels: u8,
+    blocks: std::ops::Range<u64>,
+) -> Result<Vec<(u64, BlockPointer)>, PoolError> {
+    let mut out = Vec::with_capacity((blocks.end.saturating_sub(blocks.start)) as usize);
+    if levels == 0 {
+        if let Some(bp) = root.filter(|_| blocks.contains(&0)) {
+            out.push((0, bp));
+        }
+        return Ok(out);
+    }
+    let mut index = blocks.start;
+    while index < blocks.end {
+        let group = index / INDIRECT_BPS;
+        let group_end = ((group + 1) * INDIRECT_BPS).min(blocks.end);
+        if let Some(l1) = node_pointer(pool, root, levels, 1, group).await? {
+            let bytes = pool.read_block_cached(&l1, IoClass::SyncRead).await?;
+            for i in index..group_end {
+                let at = (i % INDIRECT_BPS) as usize * BLKPTR_BYTES;
+                let slot = BlockPointer::decode(&bytes[at..at + BLKPTR_BYTES])
+                    .map_err(|e| format_error(pool, e))?;
+                if let Some(bp) = slot {
+                    out.push((i, bp));
+                }
+            }
+        }
+        index = group_end;
+    }
+    Ok(out)
+}
+
 /// The pointer of block `node` of `level` (level 0: data block `node`), reading the indirect
 /// blocks above it; `None` is a hole.
 async fn node_pointer(

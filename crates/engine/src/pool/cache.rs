@@ -132,6 +132,12 @@ impl BlockCache {
         }
     }
 
+    /// Whether `bp`'s block is cached, without using it (not a hit, not a miss): a prefetch
+    /// asks before it reads a block the reads would find here anyway.
+    pub fn contains(&self, bp: &BlockPointer) -> bool {
+        self.keeps(bp) && self.inner.lock().blocks.contains_key(&key(bp))
+    }
+
     /// Whether a block like `bp` would be kept (so a caller can skip copying one that would
     /// not).
     pub fn keeps(&self, bp: &BlockPointer) -> bool {

@@ -355,15 +355,18 @@ impl Pool {
     }
 }
 
+/// Whether `bp` has a single copy that fills its allocation: its stored bytes lie alone and
+/// whole at its address, so a read of a range around it finds them there.
+pub fn single_copy(bp: &BlockPointer) -> bool {
+    bp.copies().count() == 1 && bp.dvas[0].asize_bytes() == bp.psize_bytes()
+}
+
 /// Whether `next` lies right after `prev` on the same top-level vdev, both with a single
 /// copy that fills its allocation: the rule for blocks one span may read together.
 pub fn follows(prev: &BlockPointer, next: &BlockPointer) -> bool {
-    let single = |bp: &BlockPointer| {
-        bp.copies().count() == 1 && bp.dvas[0].asize_bytes() == bp.psize_bytes()
-    };
     let (p, n) = (prev.dvas[0], next.dvas[0]);
-    single(prev)
-        && single(next)
+    single_copy(prev)
+        && single_copy(next)
         && n.vdev == p.vdev
         && n.offset_bytes() == p.offset_bytes() + p.asize_bytes()
 }

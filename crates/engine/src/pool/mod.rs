@@ -51,7 +51,7 @@ use sluice_format::{
 pub use self::add::PreparedAdd;
 pub use self::attach::PreparedAttach;
 pub use self::cache::BlockCache;
-pub use self::io::follows;
+pub use self::io::{follows, single_copy};
 pub use self::missing::MissingDevice;
 pub use self::scrub::{ScrubReport, VerifyReport};
 pub use self::spare::{PreparedActivation, PreparedSpares, SpareLeaf, SpareStatus};

@@ -299,6 +299,24 @@ pub struct VolumeStats {
     /// better with a smaller block size.
     pub partial_writes: Counter,
     pub latency: [Histogram; VolumeOp::COUNT],
+    /// What the volume's prefetch did (crate::txg's dmu_zfetch).
+    pub prefetch: PrefetchStats,
+}
+
+/// What a volume's prefetch of sequential reads did since import.
+#[derive(Debug, Default)]
+pub struct PrefetchStats {
+    /// Reads that continued a stream, and reads that matched none.
+    pub hits: Counter,
+    pub misses: Counter,
+    /// Blocks fetched ahead, and the I/Os that read them.
+    pub blocks_fetched: Counter,
+    pub ios: Counter,
+    /// Blocks a read took from what was fetched ahead.
+    pub blocks_used: Counter,
+    /// Blocks fetched ahead that no read took: the stream ended or skipped them, or the block
+    /// was written since.
+    pub blocks_unused: Counter,
 }
 
 #[cfg(test)]

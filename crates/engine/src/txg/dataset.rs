@@ -52,6 +52,8 @@ pub struct Dataset {
     pub(super) rollback_gate: async_lock::RwLock<()>,
     /// Taken inside the txg lock, never the other way round (crate::txg's lock order).
     pub(super) state: Mutex<VolumeState>,
+    /// The volume's sequential read streams and the blocks they fetched ahead.
+    pub(super) zfetch: Arc<super::dmu_zfetch::Zfetch>,
 }
 
 /// The datasets' side of the store (ZFS: `dsl_pool`'s namespace and its `dsl_scan`): the
@@ -259,6 +261,7 @@ impl Dataset {
         log: Option<Arc<LogWriter>>,
         limits: &TxgLimits,
     ) -> Arc<Dataset> {
+        let stats = Arc::new(VolumeStats::default());
         Arc::new(Dataset {
             id: entry.id,
             name: Mutex::new(entry.name.clone()),
@@ -266,7 +269,12 @@ impl Dataset {
             gate: (limits.request_threads > 0)
                 .then(|| Arc::new(async_lock::Semaphore::new(limits.request_threads))),
             requests: Arc::new(AtomicUsize::new(0)),
-            stats: Arc::new(VolumeStats::default()),
+            zfetch: Arc::new(super::dmu_zfetch::Zfetch::new(
+                limits.zfetch,
+                entry.block_bytes,
+                Arc::clone(&stats),
+            )),
+            stats,
             dirty_bytes: AtomicU64::new(0),
             destroyed: AtomicBool::new(false),
             read_only: false,
@@ -339,6 +347,15 @@ impl VolumeState {
     /// The newest in-memory version of block `index`, if any.
     pub(super) fn cached(&self, index: u64) -> Option<&Block> {
         self.open.get(&index).or_else(|| self.syncing.get(&index))
+    }
+
+    /// The blocks in `blocks` with a version in memory (open or syncing txg), in order.
+    pub(super) fn in_memory(&self, blocks: &std::ops::Range<u64>) -> Vec<u64> {
+        let mut found: Vec<u64> = self.open.range(blocks.clone()).map(|(i, _)| *i).collect();
+        found.extend(self.syncing.range(blocks.clone()).map(|(i, _)| *i));
+        found.sort_unstable();
+        found.dedup();
+        found
     }
 }
 

@@ -15,6 +15,7 @@ use sluice_format::BlockPointer;
 use super::dataset::Dsl;
 use super::dbuf::{Apply, Block, Patch, Prewritten, WriteData};
 use super::dmu_tx::Admission;
+use super::dmu_zfetch::{self, BatchTree, Held};
 use super::dsl_pool::Txg;
 use super::spa::Spa;
 use super::spa_sync::SyncHandle;
@@ -35,6 +36,9 @@ pub(super) enum Read {
     Cached(u64, Arc<AlignedBuf>),
     /// Adjacent blocks on disk from this index on, with their pointers.
     Span(u64, Vec<BlockPointer>),
+    /// Blocks fetched ahead (dmu_zfetch.rs) from this index on, all in one I/O of the
+    /// prefetch, each under the pointer the read found: awaited as one.
+    Held(u64, Vec<Held>),
 }
 
 /// A fetched block's bytes, wherever they are.
@@ -662,6 +666,23 @@ async fn open_spread(
     Ok(out)
 }
 
+/// A block fetched ahead, from its stored bytes at `at` in `span`: served where it lies when it
+/// is stored plain, else opened (decrypted, decompressed) into a buffer of its own.
+fn open_held(
+    pool: &Pool,
+    bp: &BlockPointer,
+    span: Arc<AlignedBuf>,
+    at: usize,
+) -> Result<Fetched, StoreError> {
+    let plain = bp.compression == sluice_format::BlockCompression::None
+        && !matches!(bp.crypt, sluice_format::BlockCrypt::Encrypted { .. });
+    if plain {
+        return Ok(Fetched::Span(span, at));
+    }
+    let stored = &span[at..at + bp.psize_bytes() as usize];
+    Ok(Fetched::Whole(Arc::new(pool.unseal(bp, stored)?)))
+}
+
 /// Data blocks `start..` with pointers `bps`: in one I/O when there are several, else (or
 /// when the span fails) one by one through the cache, which heals bad copies.
 async fn read_blocks(
@@ -790,6 +811,9 @@ async fn read_with_status_in(
     let mut out = ReadData::default();
     let first = offset / bs;
     let last = (offset + len - 1) / bs;
+    // The prefetch sees each read before it waits for anything, so that a client's queued
+    // reads reach it in the order they came.
+    let hit = dataset.zfetch.access(spa.pool().env().now(), first..last + 1);
     // Whether each block `first..=last` holds data; holes and zeroed blocks do not.
     let mut allocated = vec![true; (last - first + 1) as usize];
     // Blocks with a version in memory go through `block`; the others are read from the
@@ -800,18 +824,38 @@ async fn read_with_status_in(
         (in_memory, v.entry.root, v.disk_levels)
     };
     let mut reads: Vec<Read> = Vec::new();
+    // The pointers of the blocks not in memory, a level-1 indirect block at a time.
+    let pointers = if in_memory.len() as u64 == last - first + 1 {
+        Vec::new()
+    } else {
+        objset::data_block_pointers(spa.pool(), root, levels, first..last + 1).await?
+    };
+    let mut pointers = pointers.into_iter().peekable();
     for index in first..=last {
+        // In block order, holes left out: those before this block are passed by.
+        while pointers.next_if(|(i, _)| *i < index).is_some() {}
+        let pointer = pointers.next_if(|(i, _)| *i == index).map(|(_, bp)| bp);
         if in_memory.binary_search(&index).is_ok() {
             reads.push(Read::Memory(index));
             continue;
         }
-        let Some(bp) = objset::data_block_pointer(spa.pool(), root, levels, index).await? else {
+        let Some(bp) = pointer else {
             allocated[(index - first) as usize] = false;
             continue;
         };
         spa.pool().check_key(&bp)?;
         if let Some(hit) = spa.pool().cache().get(&bp) {
             reads.push(Read::Cached(index, hit));
+            continue;
+        }
+        if let Some(held) = dataset.zfetch.take(index, &bp) {
+            if let Some(Read::Held(start, run)) = reads.last_mut() {
+                if *start + run.len() as u64 == index && run[0].span.ptr_eq(&held.span) {
+                    run.push(held);
+                    continue;
+                }
+            }
+            reads.push(Read::Held(index, vec![held]));
             continue;
         }
         if let Some(Read::Span(start, bps)) = reads.last_mut() {
@@ -825,6 +869,21 @@ async fn read_with_status_in(
         }
         reads.push(Read::Span(index, vec![bp]));
     }
+    // A read that went to the disk fetches ahead (dmu_zfetch.rs).
+    let to_disk = reads.iter().any(|r| matches!(r, Read::Span(..) | Read::Held(..)));
+
+    if let Some(batch) = hit.filter(|_| to_disk).and_then(|hit| dataset.zfetch.batch(hit)) {
+        let tree = {
+            let v = dataset.state.lock();
+            BatchTree {
+                root: v.entry.root,
+                levels: v.disk_levels,
+                in_memory: v.in_memory(&batch.blocks),
+            }
+        };
+        let fetch = dmu_zfetch::fetch(spa.fetch_access(), Arc::clone(&dataset.zfetch), batch, tree);
+        spa.pool().env().spawn("dmu_zfetch", fetch);
+    }
     // Fetched concurrently (in order), then copied into place.
     let mut fetched = futures::stream::iter(reads)
         .map(|read| async move {
@@ -835,6 +894,27 @@ async fn read_with_status_in(
                 }
                 Read::Cached(index, hit) => Ok(vec![(index, Some(Fetched::Whole(hit)))]),
                 Read::Span(start, bps) => read_blocks(spa.pool(), start, &bps).await,
+                Read::Held(start, run) => {
+                    let mut out = Vec::with_capacity(run.len());
+                    match run[0].span.clone().await {
+                        Some(span) => {
+                            for (i, held) in (start..).zip(&run) {
+                                let block =
+                                    open_held(spa.pool(), &held.bp, Arc::clone(&span), held.at)?;
+                                out.push((i, Some(block)));
+                            }
+                        }
+                        // The fetch found no good copy: the reads' own, block by block, find
+                        // and heal what they can (blocks one I/O fetched with gaps between
+                        // them are no span of the read path's).
+                        None => {
+                            for (i, held) in (start..).zip(&run) {
+                                out.extend(read_blocks(spa.pool(), i, &[held.bp]).await?);
+                            }
+                        }
+                    }
+                    Ok(out)
+                }
             }
         })
         .buffered(READ_BLOCKS_IN_FLIGHT);

@@ -273,6 +273,8 @@ pub(super) struct TxgLimits {
     /// Writes at least this large are logged by pointer (0: never).
     pub(super) immediate_write_bytes: u64,
     pub(super) request_threads: usize,
+    /// Each volume's prefetch (dmu_zfetch.rs).
+    pub(super) zfetch: super::dmu_zfetch::ZfetchLimits,
 }
 
 /// Delay of a write when dirty data is halfway between the delay threshold and the maximum
@@ -298,6 +300,7 @@ impl TxgLimits {
                 .unwrap_or(128 << 10),
             request_threads: usize::try_from(tunables.get(Tunable::VolumeRequestThreads))
                 .unwrap_or(0),
+            zfetch: super::dmu_zfetch::ZfetchLimits::from_tunables(tunables),
         }
     }
 

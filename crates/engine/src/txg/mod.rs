@@ -99,6 +99,7 @@ mod dmu;
 mod dmu_recv;
 mod dmu_send;
 mod dmu_tx;
+mod dmu_zfetch;
 mod dsl_crypt;
 mod dsl_deadlist;
 mod dsl_pool;

@@ -44,6 +44,9 @@ pub(super) struct Spa {
     test_points: TestPoints,
     /// When this store was created or imported: what "since import" counts from.
     opened: crate::rt::Time,
+    /// Held shared by each prefetch while it holds the pool (dmu_zfetch.rs), exclusively by
+    /// the export, which waits for them: a prefetch's I/O must not keep the pool from closing.
+    fetches: Arc<async_lock::RwLock<()>>,
 }
 
 /// Whether the store is suspended, and why (the first cause): a failed sync or a panic
@@ -88,7 +91,14 @@ impl Spa {
             suspension: Suspension::default(),
             test_points: TestPoints::default(),
             opened,
+            fetches: Arc::default(),
         }
+    }
+
+    /// What a prefetch needs to reach the pool without keeping it open
+    /// ([`Spa::export`] waits for the prefetches that reached it).
+    pub(super) fn fetch_access(&self) -> super::dmu_zfetch::PoolAccess {
+        super::dmu_zfetch::PoolAccess::new(&self.pool, &self.fetches)
     }
 
     pub(super) fn pool(&self) -> &Arc<Pool> {
@@ -291,6 +301,8 @@ impl Spa {
     /// task holds the pool any more.
     pub(super) async fn export(self) -> Result<(), StoreError> {
         let name = self.pool.name().to_owned();
+        // No prefetch reaches the pool after this: one that comes later finds it gone.
+        let _no_fetches = self.fetches.write().await;
         let pool = Arc::try_unwrap(self.pool).map_err(|_| {
             StoreError::Pool(PoolError::Format {
                 pool: name,

@@ -1,0 +1,273 @@
+//! Prefetch of sequential reads (docs/design.md, "Sequential reads are fetched ahead";
+//! txg/dmu_zfetch.rs) on the simulator, with no data cached (`cache.contents=metadata`), so
+//! every read goes to the disks: a volume whose blocks rewrites have scattered reads back
+//! whole and right in fewer I/Os than blocks; a block written after it was fetched ahead reads
+//! its new bytes, from memory or from its new place; a damaged block fetched ahead fails only
+//! itself on one leaf and is healed on a mirror; an encrypted volume's blocks fetched ahead
+//! open with its key and not without.
+
+// Test helpers unwrap freely: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use sluice_engine::device::sim::Fault;
+use sluice_engine::device::sim::SsdParams;
+use sluice_engine::device::{SimDevice, SimProfile};
+use sluice_engine::pool::TopSpec;
+use sluice_engine::stats::PrefetchStats;
+use sluice_engine::tunables::{IoClass, Tunables};
+use sluice_engine::txg::{NewKey, Store};
+use sluice_engine::UserKey;
+use sluice_format::{BlockPointer, KeyFormat, KeyLocation, PoolDirectory};
+use sluice_sim::Sim;
+
+const LEG_BYTES: u64 = 64 << 20;
+const VOLUME_BYTES: u64 = 8 << 20;
+const BLOCK: u64 = 16384;
+/// The size of each sequential read.
+const READ: u64 = 128 << 10;
+
+/// Devices that take time: on instant ones a read never waits, so the fetch it spawns would
+/// run only after the test's reads.
+fn ssd() -> SimProfile {
+    SimProfile::Ssd(SsdParams::default())
+}
+
+fn no_data_cached() -> Tunables {
+    Tunables::with([("cache.contents", "metadata")]).unwrap()
+}
+
+/// A volume "v" of random data on `legs` (one leaf, or a mirror of them), whose blocks four
+/// rounds of rewrites, each its own txg, have moved apart: neighbouring blocks no longer lie
+/// side by side. Returns the store and the volume's bytes.
+fn scattered(sim: &Sim, legs: &[SimDevice], tunables: &Tunables) -> (Arc<Store>, Vec<u8>) {
+    let top = |leaves: Vec<_>| {
+        if leaves.len() == 1 {
+            TopSpec::Leaf(leaves.into_iter().next().unwrap())
+        } else {
+            TopSpec::Mirror(leaves)
+        }
+    };
+    // Random bytes, then text lz4 shrinks: blocks stored plain and compressed.
+    let mut data = common::random_bytes(1, VOLUME_BYTES / 2);
+    let mut line = 0u64;
+    while data.len() < VOLUME_BYTES as usize {
+        data.extend_from_slice(format!("line {line:08} of a volume read in order\n").as_bytes());
+        line += 1;
+    }
+    data.truncate(VOLUME_BYTES as usize);
+    let store = common::store_with_volume(sim, legs, top, tunables, &data, BLOCK as u32, |_| {});
+    let mut writes = Vec::new();
+    for round in 0..4u64 {
+        for index in (round..VOLUME_BYTES / BLOCK).step_by(3 + round as usize) {
+            let bytes = common::random_bytes(100 + round * 10_000 + index, BLOCK);
+            data[(index * BLOCK) as usize..][..BLOCK as usize].copy_from_slice(&bytes);
+            writes.push((round, index * BLOCK, bytes));
+        }
+    }
+    let s = Arc::clone(&store);
+    sim.run(async move {
+        for round in 0..4 {
+            for (_, at, bytes) in writes.iter().filter(|(r, _, _)| *r == round) {
+                s.write("v", *at, bytes).await.unwrap();
+            }
+            s.sync().await.unwrap();
+        }
+    })
+    .unwrap();
+    (store, data)
+}
+
+/// Reads `range` of "v" in reads of [`READ`] bytes, in order; returns each read's result.
+fn read_in_order(
+    sim: &Sim,
+    store: &Arc<Store>,
+    range: std::ops::Range<u64>,
+) -> Vec<Result<Vec<u8>, String>> {
+    let s = Arc::clone(store);
+    sim.run(async move {
+        let mut out = Vec::new();
+        for at in range.step_by(READ as usize) {
+            out.push(s.read("v", at, READ).await.map_err(|e| e.to_string()));
+        }
+        out
+    })
+    .unwrap()
+    .0
+}
+
+fn prefetch(store: &Store) -> (u64, u64, u64, u64) {
+    let stats = store.volume_stats("v").unwrap();
+    let p: &PrefetchStats = &stats.prefetch;
+    (p.blocks_fetched.get(), p.ios.get(), p.blocks_used.get(), p.blocks_unused.get())
+}
+
+/// Volume "v"'s data block `index`, as the pool's newest tree has it.
+fn block_pointer(sim: &Sim, store: &Arc<Store>, index: u64) -> BlockPointer {
+    let s = Arc::clone(store);
+    sim.run(async move {
+        let root = s.pool().uberblock().root.unwrap();
+        let bytes = s.pool().read_block(&root, IoClass::SyncRead).await.unwrap();
+        let directory = PoolDirectory::decode(&bytes).unwrap();
+        let entry = directory.volumes.iter().find(|v| v.name == "v").unwrap();
+        sluice_engine::objset::data_block_pointer(s.pool(), entry.root, entry.levels, index)
+            .await
+            .unwrap()
+            .unwrap()
+    })
+    .unwrap()
+    .0
+}
+
+#[test]
+fn scattered_blocks_read_in_order_come_ahead_in_fewer_ios_than_blocks() {
+    let sim = Sim::new(1);
+    let legs = common::legs(&sim, 1, ssd(), LEG_BYTES);
+    let (store, data) = scattered(&sim, &legs, &no_data_cached());
+    let got: Vec<u8> =
+        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    assert!(got == data, "the volume read in order returned wrong bytes");
+    let (fetched, ios, used, _) = prefetch(&store);
+    let blocks = VOLUME_BYTES / BLOCK;
+    assert!(used >= blocks * 3 / 4, "{used} of {blocks} blocks came from the prefetch");
+    assert!(fetched >= used);
+    assert!(ios * 2 < fetched, "{fetched} blocks fetched ahead took {ios} I/Os");
+    // With prefetch off, the same reads fetch nothing ahead.
+    let sim = Sim::new(1);
+    let legs = common::legs(&sim, 1, ssd(), LEG_BYTES);
+    let mut off = no_data_cached();
+    off.set("zfetch.max_distance", "0").unwrap();
+    let (store, data) = scattered(&sim, &legs, &off);
+    let got: Vec<u8> =
+        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    assert!(got == data);
+    assert_eq!(prefetch(&store), (0, 0, 0, 0));
+}
+
+#[test]
+fn a_block_written_after_it_was_fetched_ahead_reads_its_new_bytes() {
+    let sim = Sim::new(2);
+    let legs = common::legs(&sim, 1, ssd(), LEG_BYTES);
+    let (store, mut data) = scattered(&sim, &legs, &no_data_cached());
+    // Reading the first MiB fetches well past it.
+    for read in read_in_order(&sim, &store, 0..1 << 20) {
+        read.unwrap();
+    }
+    let (fetched, _, _, _) = prefetch(&store);
+    assert!(fetched * BLOCK > (1 << 20) + 4 * READ, "{fetched} blocks fetched ahead");
+    // Two blocks just ahead change: one synced to a new place, one left in the open txg.
+    let synced = vec![0xa5; BLOCK as usize];
+    let open = vec![0x5a; BLOCK as usize];
+    let (at_synced, at_open) = ((1 << 20) + BLOCK, (1 << 20) + 3 * BLOCK);
+    data[at_synced as usize..][..BLOCK as usize].copy_from_slice(&synced);
+    data[at_open as usize..][..BLOCK as usize].copy_from_slice(&open);
+    let s = Arc::clone(&store);
+    sim.run(async move {
+        s.write("v", at_synced, &synced).await.unwrap();
+        s.sync().await.unwrap();
+        s.write("v", at_open, &open).await.unwrap();
+    })
+    .unwrap();
+    let got: Vec<u8> = read_in_order(&sim, &store, (1 << 20)..VOLUME_BYTES)
+        .into_iter()
+        .flat_map(|r| r.unwrap())
+        .collect();
+    assert!(got == data[1 << 20..], "a block rewritten after its fetch read stale bytes");
+    let (_, _, _, unused) = prefetch(&store);
+    assert!(unused >= 1, "the synced block's old version was not dropped");
+}
+
+#[test]
+fn a_damaged_block_fetched_ahead_fails_alone_on_one_leaf_and_heals_on_a_mirror() {
+    // One leaf: the damaged block's read fails, every other read returns the right bytes.
+    let sim = Sim::new(3);
+    let legs = common::legs(&sim, 1, ssd(), LEG_BYTES);
+    let (store, data) = scattered(&sim, &legs, &no_data_cached());
+    let damaged = 200;
+    let bp = block_pointer(&sim, &store, damaged);
+    legs[0].inject(Fault::BitFlip { offset_bytes: bp.dvas[0].offset_bytes() + 100, bit: 3 });
+    let reads = read_in_order(&sim, &store, 0..VOLUME_BYTES);
+    for (i, read) in reads.iter().enumerate() {
+        let at = i as u64 * READ;
+        if (at..at + READ).contains(&(damaged * BLOCK)) {
+            match read {
+                Err(error) => assert!(error.contains("checksum"), "{error}"),
+                Ok(_) => panic!("the read at {at} of a damaged block succeeded"),
+            }
+        } else {
+            let got = read.as_ref().unwrap();
+            assert!(got[..] == data[at as usize..][..READ as usize], "read at {at} was wrong");
+        }
+    }
+    assert!(prefetch(&store).2 > 0, "the reads used blocks fetched ahead");
+    // A mirror: every read is right, and the bad copies are rewritten.
+    let sim = Sim::new(4);
+    let legs = common::legs(&sim, 2, ssd(), LEG_BYTES);
+    let mut tunables = no_data_cached();
+    tunables.set("mirror.read_policy", "round-robin").unwrap();
+    let (store, data) = scattered(&sim, &legs, &tunables);
+    for index in (0..VOLUME_BYTES / BLOCK).step_by(7) {
+        let bp = block_pointer(&sim, &store, index);
+        legs[(index % 2) as usize]
+            .inject(Fault::BitFlip { offset_bytes: bp.dvas[0].offset_bytes() + 100, bit: 5 });
+    }
+    let got: Vec<u8> =
+        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    assert!(got == data, "a mirror returned wrong bytes");
+    let repairs: u64 = store.pool().leaves().iter().map(|l| l.leaf.stats().repairs.get()).sum();
+    assert!(repairs > 0, "no bad copy was rewritten");
+    assert!(prefetch(&store).2 > 0, "the reads used blocks fetched ahead");
+}
+
+#[test]
+fn an_encrypted_volume_fetched_ahead_opens_with_its_key_only() {
+    let sim = Sim::new(5);
+    let legs = common::legs(&sim, 2, ssd(), LEG_BYTES);
+    let env = sim.env();
+    let data = common::random_bytes(5, VOLUME_BYTES);
+    let expected = data.clone();
+    let store = sim
+        .run(async move {
+            let store =
+                common::mirror_store(&env, common::leaf_specs(&legs), &no_data_cached()).await;
+            let key = NewKey {
+                format: KeyFormat::Raw,
+                location: KeyLocation::Prompt,
+                key: UserKey::new(vec![3; 32]),
+            };
+            store
+                .create_encrypted_volume("v", VOLUME_BYTES, BLOCK as u32, false, key)
+                .await
+                .unwrap();
+            store.write("v", 0, &data).await.unwrap();
+            store.sync().await.unwrap();
+            Arc::new(store)
+        })
+        .unwrap()
+        .0;
+    // Half the volume in order: the rest is fetched ahead.
+    let first: Vec<u8> = read_in_order(&sim, &store, 0..VOLUME_BYTES / 2)
+        .into_iter()
+        .flat_map(|r| r.unwrap())
+        .collect();
+    assert!(first == expected[..VOLUME_BYTES as usize / 2]);
+    assert!(prefetch(&store).2 > 0, "the reads used blocks fetched ahead");
+    let s = Arc::clone(&store);
+    sim.run(async move { s.unload_key("v").await.unwrap() }).unwrap();
+    for read in read_in_order(&sim, &store, VOLUME_BYTES / 2..VOLUME_BYTES) {
+        match read {
+            Err(error) => assert!(error.contains("key"), "a read without the key: {error}"),
+            Ok(_) => panic!("a read of an encrypted volume succeeded without its key"),
+        }
+    }
+    let s = Arc::clone(&store);
+    sim.run(async move { s.load_key("v", &UserKey::new(vec![3; 32])).await.unwrap() }).unwrap();
+    let rest: Vec<u8> = read_in_order(&sim, &store, VOLUME_BYTES / 2..VOLUME_BYTES)
+        .into_iter()
+        .flat_map(|r| r.unwrap())
+        .collect();
+    assert!(rest == expected[VOLUME_BYTES as usize / 2..]);
+}
