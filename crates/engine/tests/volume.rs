@@ -43,6 +43,12 @@ fn resize_and_destroy_volumes() {
         let full = store.free_bytes();
         // Grow to 1000 blocks: needs two levels; old blocks stay, new space is writable.
         store.resize_volume("v", 1000 * 4096).await.unwrap();
+        // Before the sync that deepens the tree, the new blocks read as zeros: the old tree
+        // addresses 128 blocks, and block 128 is not block 0.
+        for block in [128u64, 191] {
+            let got = store.read("v", block * 4096, 4096).await.unwrap();
+            assert!(got == vec![0; 4096], "block {block} read another block's bytes");
+        }
         store.write("v", 999 * 4096, &[4; 4096]).await.unwrap();
         store.sync().await.unwrap();
         assert_eq!(store.read("v", 0, 4096).await.unwrap(), vec![1; 4096]);

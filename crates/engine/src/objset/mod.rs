@@ -91,7 +91,9 @@ pub async fn data_block_pointers(
     levels: u8,
     blocks: std::ops::Range<u64>,
 ) -> Result<Vec<(u64, BlockPointer)>, PoolError> {
-    let mut out = Vec::with_capacity((blocks.end.saturating_sub(blocks.start)) as usize);
+    // Blocks past what the tree addresses are holes.
+    let end = blocks.end.min(span_of(levels));
+    let mut out = Vec::with_capacity(end.saturating_sub(blocks.start) as usize);
     if levels == 0 {
         if let Some(bp) = root.filter(|_| blocks.contains(&0)) {
             out.push((0, bp));
@@ -99,9 +101,9 @@ pub async fn data_block_pointers(
         return Ok(out);
     }
     let mut index = blocks.start;
-    while index < blocks.end {
+    while index < end {
         let group = index / INDIRECT_BPS;
-        let group_end = ((group + 1) * INDIRECT_BPS).min(blocks.end);
+        let group_end = ((group + 1) * INDIRECT_BPS).min(end);
         if let Some(l1) = node_pointer(pool, root, levels, 1, group).await? {
             let bytes = pool.read_block_cached(&l1, IoClass::SyncRead).await?;
             for i in index..group_end {
@@ -128,6 +130,11 @@ async fn node_pointer(
     node: u64,
 ) -> Result<Option<BlockPointer>, PoolError> {
     assert!(level <= levels, "level {level} of a tree with {levels} levels");
+    // Past what the tree addresses (a volume grown since its last sync, a prefetch past the
+    // end): a hole. The slot arithmetic below would wrap round onto another node's pointer.
+    if node >= span_of(levels - level) {
+        return Ok(None);
+    }
     let mut bp = root;
     for above in ((level + 1)..=levels).rev() {
         let Some(indirect) = bp else { return Ok(None) };

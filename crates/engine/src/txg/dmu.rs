@@ -872,7 +872,16 @@ async fn read_with_status_in(
     // A read that went to the disk fetches ahead (dmu_zfetch.rs).
     let to_disk = reads.iter().any(|r| matches!(r, Read::Span(..) | Read::Held(..)));
 
-    if let Some(batch) = hit.filter(|_| to_disk).and_then(|hit| dataset.zfetch.batch(hit)) {
+    let fetch_ahead = hit.filter(|_| to_disk).and_then(|hit| dataset.zfetch.batch(hit));
+    // Nothing past the volume's end is fetched.
+    let blocks = dataset.size_bytes().div_ceil(bs);
+    let fetch_ahead = fetch_ahead
+        .map(|mut batch| {
+            batch.blocks.end = batch.blocks.end.min(blocks);
+            batch
+        })
+        .filter(|batch| !batch.blocks.is_empty());
+    if let Some(batch) = fetch_ahead {
         let tree = {
             let v = dataset.state.lock();
             BatchTree {
