@@ -5,7 +5,7 @@
 #
 # Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|stream-1m|seqwrite|randread|seqread] [JOBS] [--bin PATH]
 #        [--block-size 4K] [--compression off|lz4|zstd] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
-#        [--cores N (sluice's serving cores)] [--age SECONDS]
+#        [--cores N (sluice's serving cores)] [--age SECONDS] [--warm SECONDS]
 #        [--mirror (sluice: a 2-way mirror of two such leaves in the same dir, the default
 #        pool's layout)]
 #   syncwrite: 4 KiB random writes, each followed by a flush, JOBS jobs at queue depth 1
@@ -24,7 +24,12 @@
 # file, cache=none, aio=native) written sequentially first, as bench/peers.sh does; --age
 # then writes 4 KiB at random places (queue depth 32) for that long and flushes, as
 # bench/peers.sh's write jobs leave the volume before its read jobs (copy-on-write scatters
-# the blocks; the raw file stays in place). Disk
+# the blocks; the raw file stays in place). --warm runs the job itself, unmeasured, for that
+# long before the measured seconds: a fresh server's memory grows until its block cache and
+# dirty data reach their bounds, and the kernel's clearing of those new pages (huge pages
+# here) was 60-80% of a fresh server's samples under 1 MiB writes at queue depth 8 (perf,
+# 2026-11-30), a cost a long-running server, and bench/peers.sh's warmed one, does not pay
+# per write. Disk
 # commands come from /proc/diskstats of --disk (the device under the data directory), so run
 # nothing else meanwhile. Needs fio, qemu-utils, python3; builds nothing.
 set -euo pipefail
@@ -32,7 +37,7 @@ set -euo pipefail
 target=${1:-sluice}; job=${2:-syncwrite}; jobs=${3:-32}
 shift $(( $# < 3 ? $# : 3 ))
 bin=target/release/sluice; block=""; compression=""; seconds=6; disk=""; serve_args=(); age=0
-mirror=0
+mirror=0; warm=0
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) bin=$2; shift 2 ;;
@@ -43,6 +48,7 @@ while [ $# -gt 0 ]; do
     --set) serve_args+=(--set "$2"); shift 2 ;;
     --cores) serve_args+=(--cores "$2"); shift 2 ;;
     --age) age=$2; shift 2 ;;
+    --warm) warm=$2; shift 2 ;;
     --mirror) mirror=1; shift ;;
     *) echo "per-op: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -112,6 +118,12 @@ sample() {
   machine=$(awk '$1 == "cpu" {print $2 + $3 + $4 + $7 + $8}' /proc/stat)
   echo "$cpu $switches ${disk_io:-0 0 0 0} $machine"
 }
+if [ "$warm" != 0 ]; then
+  fio --name=warm --ioengine=nbd --uri="$uri" --bs=4k --size=1G --runtime="$warm" --time_based \
+    "${args[@]}" >/dev/null 2>&1
+  # What the warm-up left open is synced before the measured seconds, as after the prefill.
+  if [ "$target" = sluice ]; then "$bin" pool sync perop >/dev/null; fi
+fi
 before=$(sample)
 fio --name=op --ioengine=nbd --uri="$uri" --bs=4k --size=1G --runtime="$seconds" --time_based \
   --group_reporting --output-format=json "${args[@]}" 2>/dev/null | grep -v '^fio: ' >"$dir/fio.json"
