@@ -255,57 +255,6 @@ fn a_pool_smaller_than_the_dirty_maximum_throttles_by_free_space() {
     .unwrap();
 }
 
-/// Four writers streaming over a volume that fills a third of a small pool, again and again,
-/// outpace the syncs: their txgs close well into what the throttle lets them hold, and their
-/// syncs write more spans at once (`pressed`). Small writes a sync apart afterwards leave the
-/// syncs as they were (more at once, a sync's writes queue in the device ahead of the log's).
-#[test]
-fn syncs_of_txgs_that_writers_filled_write_harder() {
-    let sim = Sim::new(93);
-    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
-    let env = sim.env();
-    let specs = common::leaf_specs(&legs);
-    let tunables = Tunables::with([("txg.dirty_max", "1G")]).unwrap();
-    sim.run(async move {
-        let store = Arc::new(common::mirror_store(&env, specs, &tunables).await);
-        let volume = 20u64 << 20;
-        store.create_volume("v", volume, 16384).unwrap();
-        store.sync().await.unwrap();
-        store.run_syncer();
-        let chunk = 64u64 << 10;
-        let quarter = volume / 4;
-        let passes = 6u64;
-        let writers = (0..4u64).map(|w| {
-            let store = store.clone();
-            async move {
-                for pass in 0..passes {
-                    for at in (w * quarter..(w + 1) * quarter).step_by(chunk as usize) {
-                        let data = incompressible(pass << 32 | at, chunk as usize);
-                        store.write("v", at, &data).await.unwrap();
-                    }
-                }
-            }
-        });
-        futures::future::join_all(writers).await;
-        assert!(store.throttle_stats().delayed.get() > 0, "the stream was never delayed");
-        let history = store.sync_history();
-        assert!(history.iter().any(|r| r.pressed), "no sync wrote harder: {history:?}");
-        store.sync().await.unwrap();
-        assert_incompressible(&store, volume, chunk, passes - 1).await;
-        let last = store.sync_history().last().unwrap().txg;
-        let delayed = store.throttle_stats().delayed.get();
-        for at in 0..4u64 {
-            store.write("v", at * 16384, &incompressible(at, 4096)).await.unwrap();
-            store.sync().await.unwrap();
-        }
-        assert_eq!(store.throttle_stats().delayed.get(), delayed);
-        let history = store.sync_history();
-        let after: Vec<_> = history.iter().filter(|r| r.txg > last).collect();
-        assert!(after.len() >= 4 && after.iter().all(|r| !r.pressed), "{after:?}");
-    })
-    .unwrap();
-}
-
 /// Writers that meet the space check together wait for one sync, not one each: they queue
 /// behind the first, and a writer whose turn comes after a sync ended looks at the space again
 /// before syncing itself (each syncing in turn made the last writer wait for every other's

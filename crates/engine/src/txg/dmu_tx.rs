@@ -337,7 +337,6 @@ impl Admission<'_> {
         };
         let limits = self.txg.limits();
         let max = space_max.map_or(limits.dirty_max, |room| room.min(limits.dirty_max));
-        self.txg.note_throttle_max(max);
         if dirty >= max / 4 {
             self.sync.kick();
         }

@@ -192,10 +192,6 @@ pub(super) struct Txg {
     state: parking_lot::Mutex<TxgState>,
     limits: TxgLimits,
     throttle_stats: ThrottleStats,
-    /// The most the open txg's dirty data may reach, as the throttle last weighed it
-    /// (`txg.dirty_max`, or less where the pool's free space holds less): a txg that closed
-    /// well into it is one whose writers outpace the syncs (spa_sync.rs, `SPANS_IN_FLIGHT_PRESSED`).
-    throttle_max: std::sync::atomic::AtomicU64,
     /// Writers waiting for space: those of thick volumes and the others, each by the room
     /// tier their blocks are counted in (`alloc::ROOM_BLOCK_BYTES`).
     space_lines: [[super::dmu_tx::SpaceLine; crate::alloc::ROOM_BLOCK_BYTES.len()]; 2],
@@ -207,7 +203,6 @@ impl Txg {
             state: parking_lot::Mutex::new(state),
             limits,
             throttle_stats: ThrottleStats::default(),
-            throttle_max: std::sync::atomic::AtomicU64::new(u64::MAX),
             space_lines: Default::default(),
         }
     }
@@ -230,16 +225,6 @@ impl Txg {
 
     pub(super) fn throttle_stats(&self) -> &ThrottleStats {
         &self.throttle_stats
-    }
-
-    /// Notes the maximum the throttle weighed a write against ([`Txg::throttle_max`]).
-    pub(super) fn note_throttle_max(&self, max: u64) {
-        self.throttle_max.store(max, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// The maximum the throttle last weighed a write against (`u64::MAX` before any write).
-    pub(super) fn throttle_max(&self) -> u64 {
-        self.throttle_max.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Dirty bytes in the open txg.

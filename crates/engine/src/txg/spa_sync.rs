@@ -61,21 +61,6 @@ use crate::zio::{BlockProps, Writer};
 pub(super) const SYNC_WRITES_IN_FLIGHT: usize = 64;
 /// Spans of data blocks a sync writes concurrently.
 pub(super) const SPANS_IN_FLIGHT: usize = 8;
-/// Spans of data blocks a sync writes concurrently when its txg closed holding at least
-/// [`PRESSED_DIRTY_PCT`] of the most the throttle lets it hold: the clients outpace the syncs,
-/// and the sync's rate is what bounds them (ZFS, likewise, lets more async writes be active
-/// the more dirty data waits: `vdev_queue_max_async_writes`).
-/// With 8, a sync of a 1 MiB stream kept the disk busy only half the time (its spans sealing
-/// between writes, rarely more than one write in flight) and wrote 2.7-3.2 GB/s where the
-/// disk takes 3.7; with 32, 3.7. Always 32 cost 32 clients of 4 KiB write + flush 7-10% of
-/// their IOPS and half again their flush p99: the sync's writes queued in the device ahead of
-/// the log's (docs/bench/peers-notes.md, 2026-11-30).
-pub(super) const SPANS_IN_FLIGHT_PRESSED: usize = 32;
-/// How full a txg closed, in percent of the most the throttle lets it hold, for its sync to
-/// write with [`SPANS_IN_FLIGHT_PRESSED`] (ZFS's `zfs_vdev_async_write_active_min_dirty_percent`
-/// is the same figure). A 1 MiB stream's txgs close at half that maximum and more, 32 clients
-/// of 4 KiB write + flush's (whose syncs start at a quarter of it) under a tenth.
-const PRESSED_DIRTY_PCT: u64 = 30;
 
 /// Syncs [`Store::sync_history`] keeps.
 const SYNC_HISTORY_MAX: usize = 128;
@@ -95,9 +80,6 @@ pub struct SyncRecord {
     /// What its sync allocated: never more than `admitted_bytes` (the space swarm in
     /// engine/tests/space.rs asserts it).
     pub allocated_bytes: u64,
-    /// Whether it closed holding at least `PRESSED_DIRTY_PCT` of the most the throttle lets a
-    /// txg hold, so that its sync wrote more spans at once.
-    pub pressed: bool,
 }
 
 /// The pool's own metadata as the last sync wrote it: its space maps and the directory that
@@ -238,9 +220,6 @@ struct Quiesced {
     /// What admission counted for this txg's sync, [`Allocator::allocated_total`] when it
     /// quiesced, and the blocks it writes.
     admitted: (u64, u64, u64),
-    /// Whether it closed holding at least [`PRESSED_DIRTY_PCT`] of the most the throttle lets a
-    /// txg hold: its sync writes with [`SPANS_IN_FLIGHT_PRESSED`].
-    pressed: bool,
 }
 
 /// A volume's entry, levels on disk, syncing blocks, the blocks among them already written in
@@ -381,14 +360,8 @@ impl SyncHandle<'_> {
 
     /// One sync, in its named steps (the module doc lists them).
     pub(super) async fn sync_locked(&self) -> Result<u64, StoreError> {
-        let Quiesced {
-            txg,
-            work,
-            tasks,
-            admitted: (admitted_bytes, allocated_base, blocks),
-            pressed,
-        } = self.quiesce();
-        let spans_in_flight = if pressed { SPANS_IN_FLIGHT_PRESSED } else { SPANS_IN_FLIGHT };
+        let Quiesced { txg, work, tasks, admitted: (admitted_bytes, allocated_base, blocks) } =
+            self.quiesce();
         // The dedup table's rewrite is kept apart by admission (`Ddt::rewrite_reserve_bytes`,
         // for the deferral's txgs together); one txg's share of it.
         let admitted_bytes = admitted_bytes
@@ -407,7 +380,7 @@ impl SyncHandle<'_> {
             work.iter().map(|(entry, ..)| (entry.name.clone(), entry.log)).collect();
         let mut ctx = TreeUpdate::new(self.spa.pool(), self.spa.allocator(), txg);
         self.spa.fail_point("spa_sync.write_volumes");
-        let mut roots = write_volumes(self.spa, &mut ctx, work, spans_in_flight).await?;
+        let mut roots = write_volumes(self.spa, &mut ctx, work).await?;
         append_deadlists(self.spa, &mut ctx, &mut roots).await?;
         let volume_id = |name: &str| self.dsl.volume_id(name);
         let rewind = run_sync_tasks(self.spa, &volume_id, &mut ctx, &mut roots, tasks).await?;
@@ -429,7 +402,6 @@ impl SyncHandle<'_> {
             synced: self.spa.pool().env().now(),
             admitted_bytes,
             allocated_bytes,
-            pressed,
         });
         self.finish(txg, &roots, &headers, directory_bp, &anchored)?;
         Ok(txg)
@@ -445,10 +417,6 @@ impl SyncHandle<'_> {
         // holds it beside what was allocated.
         let shape =
             super::dsl_pool::SyncShape::of_open(dsl.appending_deadlists(), &state, self.spa.pool());
-        // A txg that closed well into what the throttle lets it hold: its writers outpace the
-        // syncs, and its sync writes harder.
-        let throttle_max = self.txg.throttle_max();
-        let pressed = state.dirty_bytes() >= throttle_max / 100 * PRESSED_DIRTY_PCT;
         let (closed, allocated_base) = {
             // Lock order: dsl -> txg -> allocator.
             let mut allocator = self.spa.allocator().lock();
@@ -477,7 +445,7 @@ impl SyncHandle<'_> {
                 volume.raw_receive,
             ));
         }
-        Quiesced { txg, work, tasks, admitted, pressed }
+        Quiesced { txg, work, tasks, admitted }
     }
 
     /// Each volume's log head as of this txg (log blocks holding only records of this txg or
@@ -666,7 +634,6 @@ async fn write_volumes(
     spa: &Spa,
     ctx: &mut TreeUpdate<'_>,
     work: Vec<VolumeWork>,
-    spans_in_flight: usize,
 ) -> Result<BTreeMap<String, SyncedTree>, PoolError> {
     let txg = ctx.txg;
     let mut roots = BTreeMap::new();
@@ -753,7 +720,7 @@ async fn write_volumes(
                             .collect(),
                     )
                 })
-                .try_buffer_unordered(spans_in_flight)
+                .try_buffer_unordered(SPANS_IN_FLIGHT)
                 .try_collect()
                 .await?;
             written.into_iter().flatten().collect()
