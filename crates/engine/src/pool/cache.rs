@@ -208,31 +208,42 @@ impl BlockCache {
     }
 }
 
+/// A one-copy data block of `sectors` 512-byte sectors at `offset_sectors` of `vdev`, born in
+/// `birth_txg`: the pointer the cache's and the prefetch's tests key their blocks by.
+#[cfg(test)]
+pub(crate) fn test_bp(
+    vdev: u32,
+    offset_sectors: u64,
+    sectors: u32,
+    birth_txg: u64,
+) -> BlockPointer {
+    use sluice_format::{Checksum, ChecksumAlg, Dva};
+    BlockPointer {
+        dvas: [
+            Dva { vdev, asize_sectors: sectors, offset_sectors },
+            Dva::default(),
+            Dva::default(),
+        ],
+        lsize_sectors: sectors,
+        psize_sectors: sectors,
+        birth_txg,
+        checksum_alg: ChecksumAlg::Xxh3_128,
+        compression: sluice_format::BlockCompression::None,
+        kind: BlockKind::Data,
+        level: 0,
+        fill: 1,
+        checksum: Checksum::default(),
+        dedup: None,
+        crypt: sluice_format::BlockCrypt::None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use sluice_format::{BlockKind, Checksum, ChecksumAlg, Dva};
-
     use super::*;
 
     fn bp(offset_sectors: u64, birth_txg: u64) -> BlockPointer {
-        BlockPointer {
-            dvas: [
-                Dva { vdev: 0, asize_sectors: 8, offset_sectors },
-                Dva::default(),
-                Dva::default(),
-            ],
-            lsize_sectors: 8,
-            psize_sectors: 8,
-            birth_txg,
-            checksum_alg: ChecksumAlg::Xxh3_128,
-            compression: sluice_format::BlockCompression::None,
-            kind: BlockKind::Data,
-            level: 0,
-            fill: 1,
-            checksum: Checksum::default(),
-            dedup: None,
-            crypt: sluice_format::BlockCrypt::None,
-        }
+        test_bp(0, offset_sectors, 8, birth_txg)
     }
 
     /// Entries are bounded in bytes, a block used since it was cached outlives one that was

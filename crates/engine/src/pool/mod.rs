@@ -50,6 +50,8 @@ use sluice_format::{
 
 pub use self::add::PreparedAdd;
 pub use self::attach::PreparedAttach;
+#[cfg(test)]
+pub(crate) use self::cache::test_bp;
 pub use self::cache::BlockCache;
 pub use self::io::{follows, single_copy};
 pub use self::missing::MissingDevice;

@@ -501,8 +501,6 @@ async fn read_span(
 
 #[cfg(test)]
 mod tests {
-    use sluice_format::{BlockKind, Checksum, ChecksumAlg, Dva};
-
     use super::*;
 
     fn limits() -> ZfetchLimits {
@@ -515,24 +513,7 @@ mod tests {
 
     /// A one-copy block of `sectors` 512-byte sectors at `offset_sectors` of `vdev`.
     fn bp(vdev: u32, offset_sectors: u64, sectors: u32, birth_txg: u64) -> BlockPointer {
-        BlockPointer {
-            dvas: [
-                Dva { vdev, asize_sectors: sectors, offset_sectors },
-                Dva::default(),
-                Dva::default(),
-            ],
-            lsize_sectors: sectors,
-            psize_sectors: sectors,
-            birth_txg,
-            checksum_alg: ChecksumAlg::Xxh3_128,
-            compression: sluice_format::BlockCompression::None,
-            kind: BlockKind::Data,
-            level: 0,
-            fill: 1,
-            checksum: Checksum::default(),
-            dedup: None,
-            crypt: sluice_format::BlockCrypt::None,
-        }
+        crate::pool::test_bp(vdev, offset_sectors, sectors, birth_txg)
     }
 
     /// A read that goes to the disk: the batch it fetches ahead, if any.
@@ -635,7 +616,7 @@ mod tests {
         // 16 KiB blocks (32 sectors): 0 and 1 back to back, 2 after a 16 KiB gap, 3 past the
         // gap limit, 4 on another vdev, 5 with two copies.
         let mut two = bp(0, 1000, 32, 1);
-        two.dvas[1] = Dva { vdev: 0, asize_sectors: 32, offset_sectors: 5000 };
+        two.dvas[1] = sluice_format::Dva { vdev: 0, asize_sectors: 32, offset_sectors: 5000 };
         let blocks = vec![
             (2, bp(0, 128, 32, 1)),
             (0, bp(0, 32, 32, 1)),
