@@ -1,6 +1,7 @@
 //! The block pipeline (crate::zio): one fault at one stage, armed once for each block writer
 //! in turn, is reported by that writer; and a txg's blocks run their CPU stages on more than
-//! one worker, and the sync seals each span of lz4 data in a task of its own.
+//! one worker, and the sync's spans are sealed in order by the core's taskq, which yields
+//! between quanta.
 //!
 //! The fault is armed at the issue stage, the one stage every writer's blocks pass (the intent
 //! log's chain blocks carry their own checksum and skip the others). A writer of the txg sync
@@ -277,12 +278,12 @@ impl Spawn for Counting {
     }
 }
 
-/// Each span of the sync's lz4 data blocks (1 MiB) is sealed in a task of its own, so the
-/// sync's task goes on issuing the spans already sealed; a batch under the size that starts
-/// at (a 64 KiB write's four blocks) is sealed in the sync's own task. Either way every block
-/// reads back.
+/// The sync's spans of data blocks (1 MiB), lz4-compressed or not, are sealed by one task of
+/// the core's taskq, not a task each: a 4 MiB sync starts one. A batch under the size that
+/// goes there (a 64 KiB write's four blocks) is sealed in the sync's own task. Either way
+/// every block reads back.
 #[test]
-fn the_syncs_lz4_spans_are_sealed_in_tasks_of_their_own() {
+fn the_syncs_spans_are_sealed_by_one_taskq_task() {
     let sim = Sim::new(41);
     let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
     let spawned: Arc<std::sync::atomic::AtomicU64> = Arc::default();
@@ -293,19 +294,126 @@ fn the_syncs_lz4_spans_are_sealed_in_tasks_of_their_own() {
     let tasks = sim
         .run(async move {
             let store = store_with_v(&env, &legs).await;
-            store.set_property("v", VolumeProperty::Compression(Compression::Lz4)).unwrap();
             let mut tasks = Vec::new();
-            for (seed, len) in [(7u8, 64usize << 10), (8, 4 << 20)] {
-                let data = pattern(seed, len);
-                store.write("v", 0, &data).await.unwrap();
-                let before = spawned.load(Relaxed);
-                store.sync().await.unwrap();
-                tasks.push(spawned.load(Relaxed) - before);
-                assert_eq!(store.read("v", 0, len as u64).await.unwrap(), data);
+            for compression in [Compression::Lz4, Compression::Off] {
+                store.set_property("v", VolumeProperty::Compression(compression)).unwrap();
+                for (seed, len) in [(7u8, 64usize << 10), (8, 4 << 20)] {
+                    let data = pattern(seed, len);
+                    store.write("v", 0, &data).await.unwrap();
+                    let before = spawned.load(Relaxed);
+                    store.sync().await.unwrap();
+                    tasks.push(spawned.load(Relaxed) - before);
+                    assert_eq!(store.read("v", 0, len as u64).await.unwrap(), data);
+                }
             }
             tasks
         })
         .unwrap()
         .0;
-    assert_eq!(tasks, [0, 4], "sync tasks that sealed spans: 64 KiB, then 4 MiB written");
+    assert_eq!(tasks, [0, 1, 0, 1], "taskq tasks started: 64 KiB, then 4 MiB, lz4 then off");
+}
+
+/// The taskq seals batches in the order they came, each as the caller would have sealed it
+/// itself, and lets the core's other tasks run while it works: a task spawned after the
+/// first batch was queued runs before that batch is answered. (Spawned one per batch, as
+/// before the taskq, the first batch's task ran to its end before anything queued after it.)
+#[test]
+fn the_taskq_answers_in_order_and_yields_between_quanta() {
+    use sluice_engine::device::AlignedBuf;
+    use sluice_engine::zio::BlockProps;
+    let sim = Sim::new(42);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let spawned: Arc<std::sync::atomic::AtomicU64> = Arc::default();
+    let env = sim
+        .env()
+        .with_spawner(move |inner| Arc::new(Counting { inner, name: "zio_write_issue", spawned }));
+    let events = sim
+        .run(async move {
+            let store = store_with_v(&env, &legs).await;
+            let pool = store.pool();
+            let batch = |seed: u8| -> Vec<(BlockProps, Arc<AlignedBuf>)> {
+                let props = BlockProps::data(Writer::VolumeData, 1, Compression::Lz4);
+                (0..64u8)
+                    .map(|i| {
+                        let bytes = pattern(seed.wrapping_add(i), BLOCK as usize);
+                        (props, Arc::new(AlignedBuf::copy_from(&bytes)))
+                    })
+                    .collect()
+            };
+            let events: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+            let seal = |name: &'static str, seed: u8| {
+                let events = Arc::clone(&events);
+                async move {
+                    let sealed = pool.seal_blocks(batch(seed)).await.unwrap();
+                    events.lock().unwrap().push(name);
+                    sealed
+                }
+            };
+            // Once both batches are queued (and the taskq's task started), another task.
+            let other = async {
+                sluice_engine::rt::yield_now().await;
+                let (ran, done) = futures::channel::oneshot::channel();
+                let events = Arc::clone(&events);
+                env.spawn("other", async move {
+                    events.lock().unwrap().push("other task");
+                    let _ = ran.send(());
+                });
+                done.await.unwrap();
+            };
+            let (first, second, ()) = futures::join!(seal("first", 1), seal("second", 2), other);
+            for (seed, sealed) in [(1, first), (2, second)] {
+                for (alone, queued) in batch(seed).into_iter().zip(sealed) {
+                    let alone = pool.seal_block(alone.0, alone.1, None).unwrap();
+                    assert_eq!(
+                        (alone.checksum, alone.compression),
+                        (queued.checksum, queued.compression)
+                    );
+                    assert_eq!(alone.stored[..], queued.stored[..]);
+                }
+            }
+            let events = events.lock().unwrap().clone();
+            events
+        })
+        .unwrap()
+        .0;
+    assert_eq!(events, ["other task", "first", "second"]);
+}
+
+/// The simulator's spawner as a host with two threads whose runtime drops every taskq task
+/// it is given (one shutting down).
+struct DroppingTaskq {
+    inner: Arc<dyn Spawn>,
+}
+
+impl Spawn for DroppingTaskq {
+    fn spawn(&self, name: &'static str, task: BoxFuture<()>) {
+        if name != "zio_write_issue" {
+            self.inner.spawn(name, task);
+        }
+    }
+
+    fn parallelism(&self) -> usize {
+        2
+    }
+}
+
+/// A taskq task dropped unrun answers nothing: its batches are sealed by their callers, the
+/// syncs go on, and the next batch starts a task again (dropped too, and sealed by its caller
+/// again), rather than waiting on one that never runs.
+#[test]
+fn a_dropped_taskq_leaves_its_batches_to_their_callers() {
+    let sim = Sim::new(43);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env().with_spawner(|inner| Arc::new(DroppingTaskq { inner }));
+    sim.run(async move {
+        let store = store_with_v(&env, &legs).await;
+        store.set_property("v", VolumeProperty::Compression(Compression::Lz4)).unwrap();
+        for seed in [9u8, 10] {
+            let data = pattern(seed, 4 << 20);
+            store.write("v", 0, &data).await.unwrap();
+            store.sync().await.unwrap();
+            assert_eq!(store.read("v", 0, data.len() as u64).await.unwrap(), data);
+        }
+    })
+    .unwrap();
 }

@@ -47,6 +47,7 @@
 
 pub mod compress;
 pub mod crypt;
+mod taskq;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -531,21 +532,24 @@ fn worth_spreading(props: &BlockProps) -> bool {
     }
 }
 
-/// Batches the sync compresses with lz4 of at least this many bytes (a span of volume data)
-/// are sealed in a task of their own: see [`seal_batch`].
+/// Batches of at least this many bytes (a span of the sync's volume data) that are not spread
+/// go to the core's taskq: see [`seal_batch`].
 const TASK_BATCH_BYTES_MIN: usize = 256 << 10;
 
 /// [`seal`] for a batch, answering in order: spread over the host's threads where
-/// [`worth_spreading`] says so; in a task of its own on the caller's thread where it is an
-/// lz4-compressed batch of [`TASK_BATCH_BYTES_MIN`] or more; else here, in the caller's
-/// task. The first error fails the batch (each block's error is counted).
+/// [`worth_spreading`] says so; in the caller's thread's taskq ([`taskq`]) where it is a batch
+/// of [`TASK_BATCH_BYTES_MIN`] or more; else here, in the caller's task. The first error
+/// fails the batch (each block's error is counted).
 ///
-/// The task of its own lets the caller's task go on while the batch waits to be sealed: the
-/// sync keeps several spans in flight, and sealed inside the span's own future, each 1 MiB
-/// span's compression and checksum ran before the sync's task could issue the writes of the
-/// spans already sealed. Under 1 MiB sequential writes on a pool short of space, where
-/// writers wait for the sync to free space, syncs took longer and writers got 0.65-0.70x the
-/// throughput of the binary before the pipeline (docs/bench/peers-notes.md).
+/// The taskq lets the caller's task go on while the batch waits to be sealed: the sync keeps
+/// several spans in flight, and sealed inside the span's own future, each 1 MiB span's
+/// compression and checksum ran before the sync's task could issue the writes of the spans
+/// already sealed. Under 1 MiB sequential writes on a pool short of space, where writers wait
+/// for the sync to free space, syncs took longer and writers got 0.65-0.70x the throughput
+/// of the binary before the pipeline (docs/bench/peers-notes.md). Batches left uncompressed
+/// go there too: their checksums alone, sealed in the sync's task, held back its writes the
+/// same way (a 1 MiB stream with `compression=off`: 1,990-2,327 MiB/s sealed there, 2,994-3,081
+/// in the taskq; per-op, 2026-11-30).
 pub async fn seal_batch(
     env: &Env,
     pipeline: &Arc<Pipeline>,
@@ -553,21 +557,15 @@ pub async fn seal_batch(
     unit: u64,
 ) -> Result<Vec<Sealed>, ZioError> {
     if !blocks.iter().any(|(props, _)| worth_spreading(props)) {
-        let lz4 = blocks.iter().all(|(props, _)| props.compression == Compression::Lz4);
         let bytes: usize = blocks.iter().map(|(_, data)| data.len()).sum();
-        if lz4 && bytes >= TASK_BATCH_BYTES_MIN && env.parallelism() > 1 {
-            let (answer, answered) = futures::channel::oneshot::channel();
-            let (pipeline_, batch) = (Arc::clone(pipeline), blocks.clone());
-            env.spawn("zio_write_issue", async move {
-                let _ = answer.send(seal_stages(&pipeline_, batch, unit));
-            });
-            // A task that ended without an answer (a runtime shutting down) leaves the batch
+        if bytes >= TASK_BATCH_BYTES_MIN && env.parallelism() > 1 {
+            // A taskq that ended without an answer (a runtime shutting down) leaves the batch
             // to be sealed here.
-            if let Ok(sealed) = answered.await {
+            if let Some(sealed) = taskq::seal(env, pipeline, blocks.clone(), unit).await {
                 return pipeline.counted(sealed);
             }
         }
-        return pipeline.counted(seal_stages(pipeline, blocks, unit));
+        return pipeline.counted(seal_stages_now(pipeline, blocks, unit));
     }
     let pipeline_ = Arc::clone(pipeline);
     // The early abort is decided over the run here, in order; each block is then compressed
@@ -593,19 +591,47 @@ pub async fn seal_batch(
 /// checksum pass then streams through the blocks' bytes in one loop. Interleaved with each
 /// block's compression (which reads only samples of a block that does not compress), xxh3
 /// took twice the CPU per MiB under 1 MiB sequential writes (perf, docs/bench/peers-notes.md).
-fn seal_stages(
+/// With a `quantum`, it yields to the thread's other tasks after each that many logical bytes
+/// (the taskq); without, it never waits, and its caller takes the answer at once.
+async fn seal_stages(
+    pipeline: &Pipeline,
+    blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
+    unit: u64,
+    quantum: Option<usize>,
+) -> Result<Vec<Sealed>, ZioError> {
+    let (plan, _) =
+        compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..])));
+    let mut since_yield = 0;
+    let mut pause = async |bytes: usize| {
+        since_yield += bytes;
+        if quantum.is_some_and(|quantum| since_yield >= quantum) {
+            since_yield = 0;
+            crate::rt::yield_now().await;
+        }
+    };
+    let mut transformed = Vec::with_capacity(blocks.len());
+    for ((props, data), planned) in blocks.into_iter().zip(plan) {
+        let bytes = data.len();
+        transformed.push(transform(pipeline, props, data, unit, None, planned)?);
+        pause(bytes).await;
+    }
+    let mut sealed = Vec::with_capacity(transformed.len());
+    for block in transformed {
+        let bytes = block.logical.len();
+        sealed.push(sum(pipeline, block)?);
+        pause(bytes).await;
+    }
+    Ok(sealed)
+}
+
+/// [`seal_stages`] at once, in the caller's task.
+fn seal_stages_now(
     pipeline: &Pipeline,
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
     unit: u64,
 ) -> Result<Vec<Sealed>, ZioError> {
-    let (plan, _) =
-        compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..])));
-    blocks
-        .into_iter()
-        .zip(plan)
-        .map(|((props, data), planned)| transform(pipeline, props, data, unit, None, planned))
-        .collect::<Result<Vec<_>, _>>()
-        .and_then(|blocks| blocks.into_iter().map(|block| sum(pipeline, block)).collect())
+    use futures::FutureExt;
+    seal_stages(pipeline, blocks, unit, None).now_or_never().expect("no quantum, no yield")
 }
 
 /// The places allocated for a block: its first copy, then its ditto copies, each
