@@ -288,9 +288,9 @@ fn the_syncs_spans_are_sealed_by_one_taskq_task() {
     let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
     let spawned: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let count = Arc::clone(&spawned);
-    let env = sim.env().with_spawner(move |inner| {
-        Arc::new(Counting { inner, name: "zio_write_issue", spawned: count })
-    });
+    let env = sim
+        .env()
+        .with_spawner(move |inner| Arc::new(Counting { inner, name: "zio_taskq", spawned: count }));
     let tasks = sim
         .run(async move {
             let store = store_with_v(&env, &legs).await;
@@ -326,7 +326,7 @@ fn the_taskq_answers_in_order_and_yields_between_quanta() {
     let spawned: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let env = sim
         .env()
-        .with_spawner(move |inner| Arc::new(Counting { inner, name: "zio_write_issue", spawned }));
+        .with_spawner(move |inner| Arc::new(Counting { inner, name: "zio_taskq", spawned }));
     let events = sim
         .run(async move {
             let store = store_with_v(&env, &legs).await;
@@ -380,14 +380,17 @@ fn the_taskq_answers_in_order_and_yields_between_quanta() {
 }
 
 /// The simulator's spawner as a host with two threads whose runtime drops every taskq task
-/// it is given (one shutting down).
+/// it is given (one shutting down), counting them.
 struct DroppingTaskq {
     inner: Arc<dyn Spawn>,
+    dropped: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Spawn for DroppingTaskq {
     fn spawn(&self, name: &'static str, task: BoxFuture<()>) {
-        if name != "zio_write_issue" {
+        if name == "zio_taskq" {
+            self.dropped.fetch_add(1, Relaxed);
+        } else {
             self.inner.spawn(name, task);
         }
     }
@@ -398,22 +401,31 @@ impl Spawn for DroppingTaskq {
 }
 
 /// A taskq task dropped unrun answers nothing: its batches are sealed by their callers, the
-/// syncs go on, and the next batch starts a task again (dropped too, and sealed by its caller
-/// again), rather than waiting on one that never runs.
+/// syncs go on and read back, and each later batch starts a task again (one per span of a
+/// 4 MiB sync, each dropped too), rather than waiting on one that never runs.
 #[test]
 fn a_dropped_taskq_leaves_its_batches_to_their_callers() {
     let sim = Sim::new(43);
     let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
-    let env = sim.env().with_spawner(|inner| Arc::new(DroppingTaskq { inner }));
-    sim.run(async move {
-        let store = store_with_v(&env, &legs).await;
-        store.set_property("v", VolumeProperty::Compression(Compression::Lz4)).unwrap();
-        for seed in [9u8, 10] {
-            let data = pattern(seed, 4 << 20);
-            store.write("v", 0, &data).await.unwrap();
-            store.sync().await.unwrap();
-            assert_eq!(store.read("v", 0, data.len() as u64).await.unwrap(), data);
-        }
-    })
-    .unwrap();
+    let dropped: Arc<std::sync::atomic::AtomicU64> = Arc::default();
+    let count = Arc::clone(&dropped);
+    let env = sim.env().with_spawner(|inner| Arc::new(DroppingTaskq { inner, dropped: count }));
+    let started = sim
+        .run(async move {
+            let store = store_with_v(&env, &legs).await;
+            store.set_property("v", VolumeProperty::Compression(Compression::Lz4)).unwrap();
+            let mut started = Vec::new();
+            for seed in [9u8, 10] {
+                let data = pattern(seed, 4 << 20);
+                store.write("v", 0, &data).await.unwrap();
+                let before = dropped.load(Relaxed);
+                store.sync().await.unwrap();
+                started.push(dropped.load(Relaxed) - before);
+                assert_eq!(store.read("v", 0, data.len() as u64).await.unwrap(), data);
+            }
+            started
+        })
+        .unwrap()
+        .0;
+    assert_eq!(started, [4, 4], "taskq tasks started (and dropped) by each 4 MiB sync");
 }

@@ -228,8 +228,8 @@ impl Pool {
         }
     }
 
-    /// Writes `blocks` through every stage: sealed (compressed, checksummed) spread over the
-    /// host's threads, allocated in order so they land back to back, issued in runs, and
+    /// Writes `blocks` through every stage: sealed (compressed, checksummed) as
+    /// `zio::seal_batch` says (spread over the host's threads, or in the core's taskq), allocated in order so they land back to back, issued in runs, and
     /// cached where their writer's blocks are read back. Returns their pointers in order.
     pub async fn write_blocks(
         &self,
@@ -245,7 +245,8 @@ impl Pool {
         self.issue_placed(&sealed, &placed, Issue::ASYNC).await
     }
 
-    /// zio's CPU stages for a batch, spread over the host's threads.
+    /// zio's CPU stages for a batch (`zio::seal_batch`: spread over the host's threads, in the
+    /// core's taskq, or here).
     pub async fn seal_blocks(
         &self,
         blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,

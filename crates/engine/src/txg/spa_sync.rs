@@ -692,7 +692,7 @@ async fn write_volumes(
                             Block::Patched(_) => unreachable!("patches are completed above"),
                         }
                     }
-                    // Through every zio stage: sealed spread over the host's threads,
+                    // Through every zio stage: sealed in this core's taskq (zio::taskq),
                     // allocated in block order, written in spans.
                     let mut props = BlockProps::data(Writer::VolumeData, txg, compression);
                     if key_family != 0 {

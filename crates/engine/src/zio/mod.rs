@@ -20,11 +20,12 @@
 //!    ([`span_runs`]; ZFS gets this from the vdev queue's aggregation);
 //! 8. **done**: the pool caches what the writer's blocks are read back for (crate::pool).
 //!
-//! Stages 1 to 3 are CPU alone, and a batch's blocks (a txg's span of data blocks, a 1 MiB
-//! request's blocks logged by pointer) run them spread over the host's threads
-//! ([`seal_batch`], through `Env::map_spread`, so the simulator runs them inline and stays
-//! deterministic), as ZFS's write-issue taskqs spread them over CPUs. Allocation and issue are
-//! done by the caller, in order, so a batch's blocks land back to back.
+//! Stages 1 to 3 are CPU alone ([`seal_batch`]). A batch whose blocks cost more to seal than
+//! to move (zstd, a 1 MiB request's compressed blocks logged by pointer) runs them spread over
+//! the host's threads (`Env::map_spread`, so the simulator runs them inline and stays
+//! deterministic), as ZFS's write-issue taskqs spread them over CPUs; the sync's spans go to
+//! its core's own write-issue taskq ([`taskq`]), which seals them in order. Allocation and
+//! issue are done by the caller, in order, so a batch's blocks land back to back.
 //!
 //! A read ([`read_stored`], then [`unseal`]) runs issue (copy after copy), verify (each copy
 //! against its pointer's checksum, so a mirror tries its other children), decrypt (an
@@ -520,7 +521,8 @@ pub fn seal_raw(
 /// large request logs by pointer, when compressed, which its committer would otherwise seal
 /// alone on the volume's serving core; any batch compressed with zstd, which takes
 /// milliseconds a block at high levels. A batch that is only checksummed, or that the sync
-/// compresses with lz4, is sealed by its caller: xxh3 takes about a microsecond per 16 KiB
+/// compresses with lz4, is sealed on its caller's core (in its taskq from
+/// [`TASK_BATCH_BYTES_MIN`]): xxh3 takes about a microsecond per 16 KiB
 /// and lz4 some 15, less than moving the block to another core and waking it costs there
 /// (spreading checksum-only batches cost 1 MiB write + flush 9% more CPU per MiB, and the
 /// sync's lz4 batches cost a stream of 1 MiB writes 15%; docs/bench/peers-notes.md).
@@ -532,14 +534,19 @@ fn worth_spreading(props: &BlockProps) -> bool {
     }
 }
 
-/// Batches of at least this many bytes (a span of the sync's volume data) that are not spread
-/// go to the core's taskq: see [`seal_batch`].
+/// Batches of at least this many bytes that are not spread and are the sync's (a span of
+/// volume data, a chunk of indirect blocks) go to the core's taskq: see [`seal_batch`].
 const TASK_BATCH_BYTES_MIN: usize = 256 << 10;
 
 /// [`seal`] for a batch, answering in order: spread over the host's threads where
-/// [`worth_spreading`] says so; in the caller's thread's taskq ([`taskq`]) where it is a batch
-/// of [`TASK_BATCH_BYTES_MIN`] or more; else here, in the caller's task. The first error
-/// fails the batch (each block's error is counted).
+/// [`worth_spreading`] says so; in the caller's thread's taskq ([`taskq`]) where it holds
+/// [`TASK_BATCH_BYTES_MIN`] or more and is not a log committer's; else here, in the caller's
+/// task. The first error fails the batch (each block's error is counted).
+///
+/// A log committer's batch (blocks logged by pointer, uncompressed) is sealed in the
+/// committer's task, never queued: a client's flush waits for it, and in the taskq it would wait behind
+/// the sync's spans. One thread (the simulator, or a server of one core) seals every batch in
+/// the caller's task, as before the taskq, so a simulated run keeps its order of polls.
 ///
 /// The taskq lets the caller's task go on while the batch waits to be sealed: the sync keeps
 /// several spans in flight, and sealed inside the span's own future, each 1 MiB span's
@@ -558,7 +565,8 @@ pub async fn seal_batch(
 ) -> Result<Vec<Sealed>, ZioError> {
     if !blocks.iter().any(|(props, _)| worth_spreading(props)) {
         let bytes: usize = blocks.iter().map(|(_, data)| data.len()).sum();
-        if bytes >= TASK_BATCH_BYTES_MIN && env.parallelism() > 1 {
+        let logged = blocks.iter().any(|(props, _)| props.writer == Writer::LogIndirect);
+        if bytes >= TASK_BATCH_BYTES_MIN && !logged && env.parallelism() > 1 {
             // A taskq that ended without an answer (a runtime shutting down) leaves the batch
             // to be sealed here.
             if let Some(sealed) = taskq::seal(env, pipeline, blocks.clone(), unit).await {

@@ -6,14 +6,22 @@
 //! (lz4 and xxh3, some 200 us per MiB) run on the sync's own core. Spawned as a task per span,
 //! as they were, the spans' seals sat in the core's run queue in front of everything they
 //! woke: a sealed span's write waited for the sync's task behind every other queued seal, and
-//! then for the ring's submitter behind the seals queued meanwhile. The disk stood idle
-//! between those bursts of submissions (81% of a 1 MiB stream's time, perf 2026-11-30,
+//! then for the ring's submitter behind the seals queued meanwhile. The sync's writes reached
+//! the disk in bursts, with the core half idle and the disk idle between them (a 1 MiB stream:
+//! a span 1.85 ms from issue to return where the disk writes 1 MiB in 0.27 ms; 2026-11-30,
 //! docs/bench/peers-notes.md).
 //!
 //! So a core seals its batches one at a time, in the order they came, in one task: the first
 //! span is sealed first and goes to the disk while the next is sealed. The task yields after
 //! every [`QUANTUM_BYTES`] of a batch, so the tasks that push writes, submit them and reap their
-//! completions on this core wait for one quantum, not for whole spans.
+//! completions on this core wait for one quantum, not for whole spans. (The yield puts the task
+//! back in the run queue; it does not make the runtime look at its I/O driver first, which it
+//! does every so many polls. A completion can so wait a few quanta for its reaper.)
+//!
+//! A batch its caller stopped waiting for (the sync failed on another span) is skipped.
+//! The queue is the thread's, and its task runs on the thread's runtime: a thread that ran two
+//! executors in turn, one of them idle, would leave its batches behind the idle one's task
+//! (the simulator runs one `Sim` per thread; a serving core, one runtime).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -26,7 +34,8 @@ use crate::device::AlignedBuf;
 use crate::rt::Env;
 use crate::zio::BlockProps;
 
-/// Logical bytes the taskq seals between two yields: a few microseconds of lz4 and xxh3.
+/// Logical bytes the taskq seals between two yields: one stage's pass over them, at most
+/// about 12 us (lz4 and xxh3 together take some 200 us per MiB).
 const QUANTUM_BYTES: usize = 64 << 10;
 
 type Answer = oneshot::Sender<Result<Vec<Sealed>, ZioError>>;
@@ -70,7 +79,7 @@ pub(super) async fn seal(
     };
     if start {
         let worker = Worker { queue, finished: false };
-        env.spawn("zio_write_issue", worker.run());
+        env.spawn("zio_taskq", worker.run());
     }
     answered.await.ok()
 }
@@ -96,6 +105,9 @@ impl Worker {
                     }
                 }
             };
+            if job.answer.is_canceled() {
+                continue;
+            }
             let sealed =
                 seal_stages(&job.pipeline, job.blocks, job.unit, Some(QUANTUM_BYTES)).await;
             let _ = job.answer.send(sealed);
