@@ -7,7 +7,8 @@
 #        [--block-size 4K] [--compression off|lz4|zstd] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
 #        [--cores N (sluice's serving cores)] [--age SECONDS] [--warm SECONDS]
 #        [--mirror (sluice: a 2-way mirror of two such leaves in the same dir, the default
-#        pool's layout)]
+#        pool's layout)] [--volume-mib N (bench/peers.sh's layout: a volume of N MiB in a leaf
+#        of twice that, every job over the whole volume)]
 #   syncwrite: 4 KiB random writes, each followed by a flush, JOBS jobs at queue depth 1
 #   syncwrite-1m: 1 MiB sequential writes, each followed by a flush, JOBS jobs at queue depth
 #              1, each in its own slice of the volume (bench/peers.sh's syncwrite-1m-N; IOPS
@@ -20,8 +21,9 @@
 #              CPU per op counts the syncs that run meanwhile, not those after the run
 #   randread:  4 KiB random reads at queue depth 32
 #   seqread:   1 MiB sequential reads at queue depth 8 (IOPS are MiB/s)
-# The image is a 1 GiB volume (sluice: in a 3 GiB zeroed leaf; qemu-nbd: a 1.5 GiB zeroed raw
-# file, cache=none, aio=native) written sequentially first, as bench/peers.sh does; --age
+# The image is a 1.5 GiB volume, of which the jobs use the first 1 GiB (sluice: in a 3 GiB
+# zeroed leaf; qemu-nbd: a 1.5 GiB zeroed raw file, cache=none, aio=native), or with
+# --volume-mib bench/peers.sh's layout, written sequentially first, as bench/peers.sh does; --age
 # then writes 4 KiB at random places (queue depth 32) for that long and flushes, as
 # bench/peers.sh's write jobs leave the volume before its read jobs (copy-on-write scatters
 # the blocks; the raw file stays in place). --warm runs the job itself, unmeasured, for that
@@ -37,7 +39,7 @@ set -euo pipefail
 target=${1:-sluice}; job=${2:-syncwrite}; jobs=${3:-32}
 shift $(( $# < 3 ? $# : 3 ))
 bin=target/release/sluice; block=""; compression=""; seconds=6; disk=""; serve_args=(); age=0
-mirror=0; warm=0
+mirror=0; warm=0; vol_mib=1536; leaf_mib=3072; span_mib=1024
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) bin=$2; shift 2 ;;
@@ -50,6 +52,7 @@ while [ $# -gt 0 ]; do
     --age) age=$2; shift 2 ;;
     --warm) warm=$2; shift 2 ;;
     --mirror) mirror=1; shift ;;
+    --volume-mib) vol_mib=$2; leaf_mib=$(( 2 * $2 )); span_mib=$2; shift 2 ;;
     *) echo "per-op: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -67,41 +70,41 @@ trap cleanup EXIT
 case $target in
   sluice)
     export SLUICE_CACHE_FILE=$dir/pools
-    dd if=/dev/zero of="$dir/leaf.img" bs=1M count=3072 oflag=direct status=none
+    dd if=/dev/zero of="$dir/leaf.img" bs=1M count="$leaf_mib" oflag=direct status=none
     if [ "$mirror" = 1 ]; then
-      dd if=/dev/zero of="$dir/leaf2.img" bs=1M count=3072 oflag=direct status=none
+      dd if=/dev/zero of="$dir/leaf2.img" bs=1M count="$leaf_mib" oflag=direct status=none
       "$bin" pool create perop mirror "$dir/leaf.img" "$dir/leaf2.img" >/dev/null
     else
       "$bin" pool create perop "$dir/leaf.img" >/dev/null
     fi
-    "$bin" vol create perop/disk --size 1536M ${block:+--block-size "$block"} \
+    "$bin" vol create perop/disk --size "${vol_mib}M" ${block:+--block-size "$block"} \
       ${compression:+--compression "$compression"} >/dev/null
     "$bin" serve perop --socket "$dir/s.sock" --listen none --dir "$dir" ${serve_args[@]+"${serve_args[@]}"} 2>"$dir/serve.log" &
     pid=$! ;;
   qemu-nbd)
-    dd if=/dev/zero of="$dir/q.img" bs=1M count=1536 oflag=direct status=none
+    dd if=/dev/zero of="$dir/q.img" bs=1M count="$vol_mib" oflag=direct status=none
     qemu-nbd -f raw --cache=none --aio=native -e 64 -t -k "$dir/s.sock" -x disk "$dir/q.img" &
     pid=$! ;;
   *) echo "per-op: target is sluice or qemu-nbd" >&2; exit 2 ;;
 esac
 for _ in $(seq 1 100); do [ -S "$dir/s.sock" ] && break; sleep 0.1; done
 uri="nbd+unix:///disk?socket=$dir/s.sock"
-fio --name=prefill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size=1G >/dev/null 2>&1
+fio --name=prefill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size="${span_mib}M" >/dev/null 2>&1
 # The prefill leaves up to a quarter of txg.dirty_max (a tenth of memory) in its open txg;
 # written out by a sync inside the measured seconds, it would count against the job's
 # operations (bench/peers.sh waits for it too).
 if [ "$target" = sluice ]; then "$bin" pool sync perop >/dev/null; fi
 if [ "$age" != 0 ]; then
-  fio --name=age --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32 --size=1G \
+  fio --name=age --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32 --size="${span_mib}M" \
     --runtime="$age" --time_based --end_fsync=1 >/dev/null 2>&1
   # The txg sync of what the flush left in the log runs after it: past txg.timeout_ms.
   if [ "$target" = sluice ]; then sleep 6; fi
 fi
 case $job in
   syncwrite) args=(--rw=randwrite --fsync=1 --numjobs="$jobs" --iodepth=1) ;;
-  syncwrite-1m) slice=$(( 1024 / jobs ))M
+  syncwrite-1m) slice=$(( span_mib / jobs ))M
     args=(--rw=write --bs=1M --fsync=1 --numjobs="$jobs" --iodepth=1 --size="$slice" --offset_increment="$slice") ;;
-  stream-1m) slice=$(( 1024 / jobs ))M
+  stream-1m) slice=$(( span_mib / jobs ))M
     args=(--rw=write --bs=1M --fsync=64 --numjobs="$jobs" --iodepth=1 --size="$slice" --offset_increment="$slice") ;;
   seqwrite) args=(--rw=write --bs=1M --iodepth=8) ;;
   randread) args=(--rw=randread --iodepth=32) ;;
@@ -119,13 +122,13 @@ sample() {
   echo "$cpu $switches ${disk_io:-0 0 0 0} $machine"
 }
 if [ "$warm" != 0 ]; then
-  fio --name=warm --ioengine=nbd --uri="$uri" --bs=4k --size=1G --runtime="$warm" --time_based \
+  fio --name=warm --ioengine=nbd --uri="$uri" --bs=4k --size="${span_mib}M" --runtime="$warm" --time_based \
     "${args[@]}" >/dev/null 2>&1
   # What the warm-up left open is synced before the measured seconds, as after the prefill.
   if [ "$target" = sluice ]; then "$bin" pool sync perop >/dev/null; fi
 fi
 before=$(sample)
-fio --name=op --ioengine=nbd --uri="$uri" --bs=4k --size=1G --runtime="$seconds" --time_based \
+fio --name=op --ioengine=nbd --uri="$uri" --bs=4k --size="${span_mib}M" --runtime="$seconds" --time_based \
   --group_reporting --output-format=json "${args[@]}" 2>/dev/null | grep -v '^fio: ' >"$dir/fio.json"
 after=$(sample)
 # What the prefetch did over the whole run (prefill and ageing included), for the read jobs.
