@@ -253,17 +253,22 @@ fn the_stages_of_one_txgs_blocks_run_on_more_than_one_worker() {
 }
 
 /// The simulator's spawner, counting the tasks spawned under one name, as a host with two
-/// threads (so the pipeline takes its multi-threaded paths).
+/// threads (so the pipeline takes its multi-threaded paths). With `drops`, it drops those
+/// tasks unrun, as a runtime shutting down does.
 struct Counting {
     inner: Arc<dyn Spawn>,
     name: &'static str,
     spawned: Arc<std::sync::atomic::AtomicU64>,
+    drops: bool,
 }
 
 impl Spawn for Counting {
     fn spawn(&self, name: &'static str, task: BoxFuture<()>) {
         if name == self.name {
             self.spawned.fetch_add(1, Relaxed);
+            if self.drops {
+                return;
+            }
         }
         self.inner.spawn(name, task);
     }
@@ -288,9 +293,9 @@ fn the_syncs_spans_are_sealed_by_one_taskq_task() {
     let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
     let spawned: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let count = Arc::clone(&spawned);
-    let env = sim
-        .env()
-        .with_spawner(move |inner| Arc::new(Counting { inner, name: "zio_taskq", spawned: count }));
+    let env = sim.env().with_spawner(move |inner| {
+        Arc::new(Counting { inner, name: "zio_taskq", spawned: count, drops: false })
+    });
     let tasks = sim
         .run(async move {
             let store = store_with_v(&env, &legs).await;
@@ -324,9 +329,9 @@ fn the_taskq_answers_in_order_and_yields_between_quanta() {
     let sim = Sim::new(42);
     let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
     let spawned: Arc<std::sync::atomic::AtomicU64> = Arc::default();
-    let env = sim
-        .env()
-        .with_spawner(move |inner| Arc::new(Counting { inner, name: "zio_taskq", spawned }));
+    let env = sim.env().with_spawner(move |inner| {
+        Arc::new(Counting { inner, name: "zio_taskq", spawned, drops: false })
+    });
     let events = sim
         .run(async move {
             let store = store_with_v(&env, &legs).await;
@@ -379,27 +384,6 @@ fn the_taskq_answers_in_order_and_yields_between_quanta() {
     assert_eq!(events, ["other task", "first", "second"]);
 }
 
-/// The simulator's spawner as a host with two threads whose runtime drops every taskq task
-/// it is given (one shutting down), counting them.
-struct DroppingTaskq {
-    inner: Arc<dyn Spawn>,
-    dropped: Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl Spawn for DroppingTaskq {
-    fn spawn(&self, name: &'static str, task: BoxFuture<()>) {
-        if name == "zio_taskq" {
-            self.dropped.fetch_add(1, Relaxed);
-        } else {
-            self.inner.spawn(name, task);
-        }
-    }
-
-    fn parallelism(&self) -> usize {
-        2
-    }
-}
-
 /// A taskq task dropped unrun answers nothing: its batches are sealed by their callers, the
 /// syncs go on and read back, and each later batch starts a task again (one per span of a
 /// 4 MiB sync, each dropped too), rather than waiting on one that never runs.
@@ -409,7 +393,9 @@ fn a_dropped_taskq_leaves_its_batches_to_their_callers() {
     let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
     let dropped: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let count = Arc::clone(&dropped);
-    let env = sim.env().with_spawner(|inner| Arc::new(DroppingTaskq { inner, dropped: count }));
+    let env = sim.env().with_spawner(|inner| {
+        Arc::new(Counting { inner, name: "zio_taskq", spawned: count, drops: true })
+    });
     let started = sim
         .run(async move {
             let store = store_with_v(&env, &legs).await;

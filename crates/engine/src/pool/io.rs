@@ -229,8 +229,9 @@ impl Pool {
     }
 
     /// Writes `blocks` through every stage: sealed (compressed, checksummed) as
-    /// `zio::seal_batch` says (spread over the host's threads, or in the core's taskq), allocated in order so they land back to back, issued in runs, and
-    /// cached where their writer's blocks are read back. Returns their pointers in order.
+    /// `zio::seal_batch` says (spread over the host's threads, or in the core's taskq),
+    /// allocated in order so they land back to back, issued in runs, and cached where their
+    /// writer's blocks are read back. Returns their pointers in order.
     pub async fn write_blocks(
         &self,
         allocator: &Mutex<Allocator>,

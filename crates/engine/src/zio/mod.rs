@@ -544,8 +544,8 @@ const TASK_BATCH_BYTES_MIN: usize = 256 << 10;
 /// task. The first error fails the batch (each block's error is counted).
 ///
 /// A log committer's batch (blocks logged by pointer, uncompressed) is sealed in the
-/// committer's task, never queued: a client's flush waits for it, and in the taskq it would wait behind
-/// the sync's spans. One thread (the simulator, or a server of one core) seals every batch in
+/// committer's task, never queued: a client's flush waits for it, and in the taskq it would
+/// wait behind the sync's spans. One thread (the simulator, or a server of one core) seals every batch in
 /// the caller's task, as before the taskq, so a simulated run keeps its order of polls.
 ///
 /// The taskq lets the caller's task go on while the batch waits to be sealed: the sync keeps
