@@ -255,6 +255,48 @@ fn a_pool_smaller_than_the_dirty_maximum_throttles_by_free_space() {
     .unwrap();
 }
 
+/// Large writes are held to a quarter of the room the free space leaves the open txg, small
+/// ones are not: the same passes over a volume that fills a third of a small pool, in 1 MiB
+/// writes and in 64 KiB ones, make txgs of which the large writes' biggest is well under the
+/// small writes' (a txg that takes most of the free space takes its small holes, and a
+/// stream then keeps a fragmented pool fragmented).
+#[test]
+fn large_writes_keep_their_txgs_to_a_part_of_the_free_space() {
+    let largest_txg = |chunk: u64| {
+        let sim = Sim::new(93);
+        let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+        let env = sim.env();
+        let specs = common::leaf_specs(&legs);
+        let tunables =
+            Tunables::with([("txg.timeout_ms", "3600000"), ("txg.dirty_max", "1G")]).unwrap();
+        sim.run(async move {
+            let store = Arc::new(common::mirror_store(&env, specs, &tunables).await);
+            let volume = 20u64 << 20;
+            store.create_volume("v", volume, 16384).unwrap();
+            store.sync().await.unwrap();
+            store.run_syncer();
+            for pass in 0..4u64 {
+                for at in (0..volume).step_by(chunk as usize) {
+                    store
+                        .write("v", at, &incompressible(pass << 32 | at, chunk as usize))
+                        .await
+                        .unwrap();
+                }
+            }
+            // Slowed, never stopped for a sync.
+            assert_eq!(store.throttle_stats().waited_for_sync.get(), 0);
+            store.sync().await.unwrap();
+            assert_incompressible(&store, volume, chunk, 3).await;
+            let history = store.sync_history();
+            history.iter().map(|r| r.admitted_bytes).max().unwrap()
+        })
+        .unwrap()
+        .0
+    };
+    let (large, small) = (largest_txg(1 << 20), largest_txg(64 << 10));
+    assert!(large * 2 < small, "largest txg of 1 MiB writes {large}, of 64 KiB writes {small}");
+}
+
 /// Writers that meet the space check together wait for one sync, not one each: they queue
 /// behind the first, and a writer whose turn comes after a sync ended looks at the space again
 /// before syncing itself (each syncing in turn made the last writer wait for every other's

@@ -5,6 +5,10 @@
 //! from a per-vdev cursor (blocks written together land together, which keeps sequential
 //! streams sequential on disk) in units of `1 << ashift`. A rotor moves to the next top-level
 //! vdev every `ROTOR_ALIQUOT_BYTES`, which is how the pool stripes; a full vdev is skipped.
+//! The blocks of one write span go back to back into one free range near the cursor; where
+//! no range holds them all, piece by piece into the smallest range that holds the rest of the
+//! span or else the largest ([`Allocator::allocate_span`]), so that the small holes random
+//! writes leave are used last and grow as the blocks beside them are freed.
 //! A vdev short of space (under `BEST_FIT_FREE_PCT` free, or no free range of
 //! `BEST_FIT_LARGEST_BYTES`) switches to best fit, as ZFS's metaslab allocator does, so that
 //! small blocks fill small holes and larger metadata blocks still find room.
@@ -86,6 +90,10 @@ pub fn room_tier(block_bytes: u64) -> usize {
 const BEST_FIT_FREE_PCT: u64 = 4;
 /// ... and likewise once no free range of the vdev is this long.
 const BEST_FIT_LARGEST_BYTES: u64 = 128 << 10;
+/// How many free ranges a span's piece looks at, largest first, for one after the log region
+/// ([`VdevSpace::piece_fit`]): the ranges it passes over are the region's, and a region with
+/// that many larger than every range after it is left to the block-by-block fit.
+const PIECE_SEARCH_RANGES: usize = 64;
 /// A pool with less room for a volume's blocks than this many slop reserves is short of room:
 /// a thick volume's blocks are then stored whole ([`Allocator::short_of_room`]).
 const SHORT_OF_ROOM_SLOPS: u64 = 4;
@@ -265,11 +273,25 @@ impl VdevSpace {
         // Something after the region fits, so the bounded next fit finds it.
         self.free.first_fit_within(asize, unit, self.cursor, (self.log_region_end, self.data_end))
     }
+
+    /// Where the next piece of a span goes when no free range holds the whole span
+    /// ([`Allocator::allocate_span`]): after the log region, the smallest range that holds
+    /// the `rest` of it, else the largest that holds at least its next block (`least`). The
+    /// aligned start and the range's end.
+    fn piece_fit(&self, rest: u64, least: u64, unit: u64) -> Option<(u64, u64)> {
+        let lo = self.log_region_end;
+        self.free
+            .best_fit_from(rest, unit, lo)
+            .or_else(|| self.free.largest_from(least, unit, lo, PIECE_SEARCH_RANGES))
+    }
 }
+
+/// Where a block was placed: its vdev, its offset there, and the bytes allocated.
+pub type Place = (u32, u64, u64);
 
 /// `psizes` cut from the front into runs of consecutive blocks of at most `run_bytes` each (a
 /// block larger than that alone): how a batch of blocks is offered to
-/// [`Allocator::allocate_run`], by the txg sync (`zio::allocate`) and by
+/// [`Allocator::allocate_span`], by the txg sync (`zio::allocate`) and by
 /// [`Allocator::allocate_runs`].
 pub fn run_pieces(psizes: &[u64], run_bytes: u64) -> Vec<std::ops::Range<usize>> {
     let mut pieces = Vec::new();
@@ -1024,7 +1046,8 @@ impl Allocator {
     /// Places blocks of `psizes` back to back in one free range of one data vdev, so that they
     /// go out as one write and a later sequential read takes them as one span; `None` when no
     /// vdev with room has a free range that holds them all, or the vdevs are short of space
-    /// (best fit then keeps the large ranges), and the caller places them one by one. A txg's
+    /// (best fit then keeps the large ranges), and [`Allocator::allocate_span`] places them in
+    /// pieces or one by one. A txg's
     /// blocks placed one at a time from the cursor took, on a pool that random 4 KiB writes
     /// had left full of 16 KiB holes, one hole each: a 1 MiB write became dozens of writes, and
     /// its sequential read as many reads.
@@ -1079,18 +1102,10 @@ impl Allocator {
         None
     }
 
-    /// Places blocks of `psizes`, in order, in runs of at most `run_bytes`, each run back to
-    /// back in one free range ([`Allocator::allocate_run`]); a run no free range holds is
-    /// halved until its halves fit, and a block left alone is placed by
-    /// [`Allocator::allocate`]. All or none: on a block that finds no room, every block placed
-    /// before it is given back and that block's error returned. On a pool aged by random
-    /// writes, a run of a 1 MiB write that found no 1 MiB range went block by block into the
-    /// 16 KiB holes near the cursor: 64 allocations and about eight writes (bench/per-op.sh
-    /// syncwrite-1m --age 20), where halves still find ranges of their own. Blocks written in
-    /// place for the log and a receive's are placed this way; the txg sync keeps one run or
-    /// block by block (`zio::allocate`): with halves there, 1 MiB writes at queue depth 8 on
-    /// the same aged pool went out as about 20 writes per MiB instead of 3, at two thirds of
-    /// the throughput (why is not yet known).
+    /// Places blocks of `psizes`, in order, in spans of at most `run_bytes`, each placed by
+    /// [`Allocator::allocate_span`]. All or none: on a block that finds no room, every block
+    /// placed before it is given back and that block's error returned. Blocks written in place
+    /// for the log and a receive's are placed this way.
     pub fn allocate_runs(
         &mut self,
         psizes: &[u64],
@@ -1098,41 +1113,117 @@ impl Allocator {
         run_bytes: u64,
     ) -> Result<Vec<(u32, u64, u64)>, AllocError> {
         let mut placed = Vec::with_capacity(psizes.len());
-        // Pieces still to place, the next one last.
-        let mut pieces = run_pieces(psizes, run_bytes);
-        pieces.reverse();
-        // A vdev that is short of space takes no runs (best fit keeps its large ranges).
-        let runs_fit = self.vdevs.iter().any(|v| !v.log_only && !v.removing && !v.is_tight());
-        while let Some(piece) = pieces.pop() {
-            if piece.len() >= 2 && runs_fit {
-                if let Some(run) = self.allocate_run(&psizes[piece.clone()], class) {
-                    placed.extend(run);
-                    continue;
-                }
-                let middle = piece.start + piece.len() / 2;
-                pieces.push(middle..piece.end);
-                pieces.push(piece.start..middle);
-                continue;
-            }
-            for &psize in &psizes[piece] {
-                match self.allocate(psize, class, &[]) {
-                    Ok(at) => placed.push(at),
-                    Err(error) => {
-                        for (vdev, at, asize) in placed {
-                            self.untake(vdev as usize, at, asize);
-                        }
-                        return Err(error);
-                    }
+        for piece in run_pieces(psizes, run_bytes) {
+            match self.allocate_span(&psizes[piece], class) {
+                Ok(span) => placed.extend(span),
+                Err((_, error)) => {
+                    self.untake_all(&placed);
+                    return Err(error);
                 }
             }
         }
         Ok(placed)
     }
 
+    /// Places the blocks of a span (`psizes`, in order: what one write would carry) in as few
+    /// free ranges as it can. One range that holds them all, near the cursor, first
+    /// ([`Allocator::allocate_run`]); else piece by piece, each piece the blocks that fit in
+    /// the smallest range that holds the rest of the span, or else in the largest range
+    /// ([`VdevSpace::piece_fit`]); a vdev short of space, and a lone block, block by block
+    /// ([`Allocator::allocate`]). All or none: on a block that finds no room, everything placed
+    /// is given back, and the error comes with that block's index.
+    ///
+    /// Why the largest ranges: once random writes have left the free space in 16 KiB holes, a
+    /// span placed block by block near the cursor fills the holes there, and the next pass
+    /// of a stream over the same blocks frees the same holes again: the layout keeps itself,
+    /// and every 1 MiB write went out as 13-24 device writes (bench/per-op.sh seqwrite
+    /// --volume-mib 2048 --age 30). Pieces taken from the largest ranges leave the small
+    /// holes alone, so they merge with the blocks freed beside them, and each pass of the
+    /// stream finds longer ranges than the last. ZFS gets there by weighting its metaslabs by
+    /// their largest free segment.
+    pub fn allocate_span(
+        &mut self,
+        psizes: &[u64],
+        class: AllocClass,
+    ) -> Result<Vec<Place>, (usize, AllocError)> {
+        if let Some(run) = self.allocate_run(psizes, class) {
+            return Ok(run);
+        }
+        let mut placed: Vec<(u32, u64, u64)> = Vec::with_capacity(psizes.len());
+        // Once no piece is found, none will be for this span: the rest goes block by block.
+        let mut pieces = psizes.len() >= 2;
+        while placed.len() < psizes.len() {
+            let rest = &psizes[placed.len()..];
+            if pieces && rest.len() >= 2 {
+                if let Some(piece) = self.allocate_piece(rest, class) {
+                    placed.extend(piece);
+                    continue;
+                }
+                pieces = false;
+            }
+            match self.allocate(rest[0], class, &[]) {
+                Ok(at) => placed.push(at),
+                Err(error) => {
+                    let block = placed.len();
+                    self.untake_all(&placed);
+                    return Err((block, error));
+                }
+            }
+        }
+        Ok(placed)
+    }
+
+    /// The first blocks of `psizes` back to back in the range [`VdevSpace::piece_fit`] picks
+    /// on the rotor's vdev (or the next with room that is not short of space); `None` when
+    /// none has one, or the pool has no room for them all.
+    fn allocate_piece(
+        &mut self,
+        psizes: &[u64],
+        class: AllocClass,
+    ) -> Option<Vec<(u32, u64, u64)>> {
+        let worst: u64 = psizes.iter().map(|&p| self.asize(p)).sum();
+        self.check_space(worst, class).ok()?;
+        let unit = 1 << self.ashift;
+        let count = self.vdevs.len();
+        self.advance_rotor();
+        for vdev in (0..count).map(|i| (self.rotor + i) % count) {
+            let space = &self.vdevs[vdev];
+            if space.log_only || space.removing || space.is_tight() {
+                continue;
+            }
+            let sizes: Vec<u64> = psizes.iter().map(|&p| space.asize(p, unit)).collect();
+            let Some((start, end)) = space.piece_fit(sizes.iter().sum(), sizes[0], unit) else {
+                continue;
+            };
+            let mut at = start;
+            let piece: Vec<(u32, u64, u64)> = sizes
+                .iter()
+                .map_while(|&asize| {
+                    (at + asize <= end).then(|| {
+                        at += asize;
+                        (vdev as u32, at - asize, asize)
+                    })
+                })
+                .collect();
+            assert!(!piece.is_empty(), "a piece's range holds at least its first block");
+            assert!(start >= space.log_region_end, "a piece went into the log region");
+            self.take(vdev, start, at - start);
+            return Some(piece);
+        }
+        None
+    }
+
     /// Gives back `[at, at + len)` that [`Allocator::take`] took and nothing was written to.
     fn untake(&mut self, vdev: usize, at: u64, len: u64) {
         self.vdevs[vdev].free.insert(at, len);
         self.allocated_total -= len;
+    }
+
+    /// [`Allocator::untake`] for each of `placed`.
+    fn untake_all(&mut self, placed: &[(u32, u64, u64)]) {
+        for &(vdev, at, asize) in placed {
+            self.untake(vdev as usize, at, asize);
+        }
     }
 
     /// Refuses `asize` bytes of `class` when the pool has not that much free above the slop

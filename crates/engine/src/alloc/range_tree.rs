@@ -222,6 +222,46 @@ impl RangeTree {
         })
     }
 
+    /// The smallest range that holds `len` bytes aligned to `align` at or after `lo`: the
+    /// aligned start there, and the range's end.
+    pub fn best_fit_from(&self, len: u64, align: u64, lo: u64) -> Option<(u64, u64)> {
+        self.by_size.range((len, 0)..).find_map(|&(size, start)| {
+            let at = start.max(lo).div_ceil(align) * align;
+            let end = start + size;
+            (at.checked_add(len)? <= end).then_some((at, end))
+        })
+    }
+
+    /// The range with the most room at or after `lo` (the lowest of equals), if that is at
+    /// least `least` bytes aligned to `align`: the aligned start there, and the range's end.
+    /// Looks at no more than `budget` ranges, largest first; what it passes over lies before
+    /// `lo` (at most one range straddles `lo`, and only its part after `lo` counts), and the
+    /// budget bounds that walk.
+    pub fn largest_from(
+        &self,
+        least: u64,
+        align: u64,
+        lo: u64,
+        budget: usize,
+    ) -> Option<(u64, u64)> {
+        let mut best: Option<(u64, u64)> = None;
+        for &(size, start) in self.by_size.iter().rev().take(budget) {
+            let room = best.map_or(0, |(at, end)| end - at);
+            if size < least.max(room) {
+                // Nothing smaller has as much room.
+                break;
+            }
+            let at = start.max(lo).div_ceil(align) * align;
+            let end = start + size;
+            let Some(here) = end.checked_sub(at) else { continue };
+            let better = here > room || best.is_some_and(|(b, _)| here == room && at < b);
+            if here >= least && better {
+                best = Some((at, end));
+            }
+        }
+        best
+    }
+
     /// Length of the largest range (0 when empty).
     pub fn largest(&self) -> u64 {
         self.by_size.last().map_or(0, |&(size, _)| size)
@@ -295,6 +335,27 @@ mod tests {
         tree.remove_within(0, 10);
         tree.remove_within(0, 1000);
         assert!(tree.is_empty() && tree.total_bytes() == 0);
+    }
+
+    /// The searches for a span's pieces: the smallest range that holds a length after `lo`,
+    /// and the one with the most room after `lo` (a range straddling `lo` counts its part
+    /// after it; the lowest of equals; none below `least`; none past the budget).
+    #[test]
+    fn piece_searches_count_only_what_lies_after_lo() {
+        let mut tree = RangeTree::default();
+        tree.insert(0, 1000); // straddles lo = 900: 100 after it
+        tree.insert(2000, 300);
+        tree.insert(3000, 300);
+        tree.insert(4000, 200);
+        tree.insert(5000, 50);
+        assert_eq!(tree.best_fit_from(150, 1, 900), Some((4000, 4200)));
+        assert_eq!(tree.best_fit_from(250, 1, 900), Some((2000, 2300)));
+        assert_eq!(tree.best_fit_from(400, 1, 900), None, "the straddling range holds 100");
+        assert_eq!(tree.largest_from(10, 1, 900, 64), Some((2000, 2300)), "lowest of equals");
+        assert_eq!(tree.largest_from(10, 1, 0, 64), Some((0, 1000)));
+        assert_eq!(tree.largest_from(400, 1, 900, 64), None);
+        assert_eq!(tree.largest_from(10, 1, 900, 1), Some((900, 1000)), "a budget of one range");
+        assert_eq!(tree.largest_from(10, 1, 2900, 64), Some((3000, 3300)));
     }
 
     /// A bounded first fit stays inside its bounds and wraps from the cursor to the start.

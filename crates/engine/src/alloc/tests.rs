@@ -420,12 +420,12 @@ fn a_run_takes_one_range_past_small_holes() {
     assert!(fresh.allocate_run(&[16384], AllocClass::Normal).is_none(), "one block is no run");
 }
 
-/// Runs that no free range holds are halved until they fit: with every free range 256 KiB
-/// long, a 1 MiB write's 64 blocks go out as four runs of 16 blocks, not 64 blocks near the
-/// cursor. Placed as log blocks (for indirect records), they are held as log space and do not
-/// count as the txg's.
+/// A run that no free range holds goes into as few ranges as hold it: with every free range
+/// 256 KiB long, a 1 MiB write's 64 blocks go out as four runs of 16 blocks, not 64 blocks
+/// near the cursor. Placed as log blocks (for indirect records), they are held as log space
+/// and do not count as the txg's.
 #[test]
-fn runs_no_range_holds_are_halved_until_they_fit() {
+fn runs_no_range_holds_go_into_as_few_ranges_as_hold_them() {
     let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
     let region_end = 4 * MIB + log_region_bytes(64 * MIB);
     let mut blocks = Vec::new();
@@ -453,6 +453,56 @@ fn runs_no_range_holds_are_halved_until_they_fit() {
         a.release_indirect(vdev, at, len);
     }
     assert_eq!((a.allocated_total(), a.free_bytes()), (allocated, free));
+}
+
+/// A span no free range holds takes the largest range, then the smallest that holds the
+/// rest, and leaves the small holes near the cursor alone, where block by block would have
+/// filled them: they are what merges with the blocks freed beside them later.
+#[test]
+fn a_span_takes_the_largest_ranges_and_leaves_the_small_holes() {
+    let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
+    let region_end = 4 * MIB + log_region_bytes(64 * MIB);
+    let mut blocks = Vec::new();
+    while let Ok(block) = a.allocate(16384, AllocClass::Reserved, &[]) {
+        blocks.push(block);
+    }
+    blocks.sort_by_key(|b| b.1);
+    let data: Vec<_> = blocks.iter().filter(|b| b.1 >= region_end).copied().collect();
+    let free_blocks = |a: &mut Allocator, range: std::ops::Range<usize>| {
+        for &(vdev, at, len) in &data[range] {
+            a.free(1, vdev, at, len);
+        }
+    };
+    // The log region free (the vdev is not short of space, and the region's range then
+    // reaches the first hole after it: only that hole's part of it counts), single holes
+    // every other block over the first 2 MiB after the region (where the cursor is), then
+    // ranges of 768, 384 and 256 KiB, each a block apart from the next.
+    for &(vdev, at, len) in blocks.iter().filter(|b| b.1 < region_end) {
+        a.free(1, vdev, at, len);
+    }
+    let holes: Vec<usize> = (0..128).step_by(2).collect();
+    for &i in &holes {
+        free_blocks(&mut a, i..i + 1);
+    }
+    let (r768, r384, r256) = (200..248, 249..273, 274..290);
+    for range in [r768.clone(), r384.clone(), r256.clone()] {
+        free_blocks(&mut a, range);
+    }
+    a.synced(1 + FREE_DEFER_TXGS);
+    a.vdevs[0].cursor = data[0].1;
+    let mut by_block = a.clone();
+    let placed = a.allocate_span(&[16384u64; 64], AllocClass::Normal).unwrap();
+    let starts: Vec<u64> = placed.iter().map(|p| p.1).collect();
+    let expected: Vec<u64> = r768.chain(r256).map(|i| data[i].1).collect();
+    assert_eq!(starts, expected, "the 768 KiB range, then the 256 KiB one that holds the rest");
+    for &i in &holes {
+        assert!(a.vdevs[0].free.contains(data[i].1, 16384), "hole {i} was taken");
+    }
+    assert!(a.vdevs[0].free.contains(data[249].1, 384 << 10), "the 384 KiB range was taken");
+    // Block by block from the cursor, the same blocks would have gone into the holes.
+    for i in [0, 2] {
+        assert_eq!(by_block.allocate(16384, AllocClass::Normal, &[]).unwrap().1, data[i].1);
+    }
 }
 
 /// All or none: blocks that do not all fit leave the allocator as it was, whether placed as

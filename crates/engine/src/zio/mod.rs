@@ -656,24 +656,19 @@ pub fn allocate(
     class: AllocClass,
 ) -> Result<Vec<Places>, ZioError> {
     let mut placed = Vec::with_capacity(sealed.len());
-    // First copies in runs of up to a write span, each run from one free range where one
-    // holds it ([`Allocator::allocate_run`]), else block by block.
+    // First copies in spans of up to a write's bytes, each in as few free ranges as it can
+    // ([`Allocator::allocate_span`]).
     let psizes: Vec<u64> = sealed.iter().map(Sealed::psize).collect();
     for piece in crate::alloc::run_pieces(&psizes, WRITE_SPAN_BYTES_MAX) {
         for block in &sealed[piece.clone()] {
             pipeline.counted(pipeline.stage(Stage::Allocate, block.props.writer))?;
         }
-        if let Some(run) = allocator.allocate_run(&psizes[piece.clone()], class) {
-            placed.extend(run.into_iter().map(|at| vec![at]));
-        } else {
-            for block in &sealed[piece] {
-                let first = allocator.allocate(block.psize(), class, &[]).map_err(|source| {
-                    pipeline.note_error(block.props.writer);
-                    ZioError::NoSpace { writer: block.props.writer, cause: source }
-                })?;
-                placed.push(vec![first]);
-            }
-        }
+        let span = allocator.allocate_span(&psizes[piece.clone()], class).map_err(|(i, source)| {
+            let writer = sealed[piece.start + i].props.writer;
+            pipeline.note_error(writer);
+            ZioError::NoSpace { writer, cause: source }
+        })?;
+        placed.extend(span.into_iter().map(|at| vec![at]));
     }
     // Ditto copies after every first copy, so the first copies of a batch lie back to back.
     for (block, places) in sealed.iter().zip(&mut placed) {
