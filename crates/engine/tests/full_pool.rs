@@ -218,7 +218,46 @@ async fn assert_incompressible(store: &Store, volume: u64, chunk: u64, pass: u64
 /// allocations counted twice).
 #[test]
 fn a_pool_smaller_than_the_dirty_maximum_throttles_by_free_space() {
-    let sim = Sim::new(91);
+    streamed(91, 64 << 10, async |store: &Store| {
+        let throttle = store.throttle_stats();
+        // Slowed, not stopped: the few waits left (a sync of the txgs before may still be
+        // running when the writer gets to the wall) take less time than the delays.
+        let (delayed, waited) =
+            (throttle.delayed_nanos.get(), throttle.waited_for_space_nanos.get());
+        assert!(delayed > waited, "delayed {delayed} ns, waited for space {waited} ns");
+        assert_eq!(throttle.waited_for_sync.get(), 0);
+        assert!(store.syncs() >= 4, "{} syncs: none started for the free space", store.syncs());
+    });
+}
+
+/// Large writes are held to a quarter of the room the free space leaves the open txg, small
+/// ones are not: the same passes over a volume that fills a third of a small pool, in 1 MiB
+/// writes and in 64 KiB ones, make txgs of which the large writes' biggest is well under the
+/// small writes' (a txg that takes most of the free space takes its small holes, and a
+/// stream then keeps a fragmented pool fragmented).
+#[test]
+fn large_writes_keep_their_txgs_to_a_part_of_the_free_space() {
+    let largest_txg = |chunk: u64| {
+        streamed(93, chunk, async |store: &Store| {
+            // Slowed, never stopped for a sync.
+            assert_eq!(store.throttle_stats().waited_for_sync.get(), 0);
+            store.sync_history().iter().map(|r| r.admitted_bytes).max().unwrap()
+        })
+    };
+    let (large, small) = (largest_txg(1 << 20), largest_txg(64 << 10));
+    assert!(large * 2 < small, "largest txg of 1 MiB writes {large}, of 64 KiB writes {small}");
+}
+
+/// Four passes of writes of `chunk` over a 20 MiB volume on a 64 MiB mirror whose
+/// `txg.dirty_max` (1 GiB) is more than the pool holds, with the syncer running: 80 MiB through
+/// the pool, each pass's blocks replacing the last pass's (freed, and held two more txgs).
+/// Runs `check` once the last write returned, then syncs and reads every chunk back.
+fn streamed<T: 'static>(
+    seed: u64,
+    chunk: u64,
+    check: impl AsyncFnOnce(&Store) -> T + 'static,
+) -> T {
+    let sim = Sim::new(seed);
     let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
     let env = sim.env();
     let specs = common::leaf_specs(&legs);
@@ -230,9 +269,6 @@ fn a_pool_smaller_than_the_dirty_maximum_throttles_by_free_space() {
         store.create_volume("v", volume, 16384).unwrap();
         store.sync().await.unwrap();
         store.run_syncer();
-        // Four passes over the volume: 80 MiB through a pool of 64 MiB, each pass's blocks
-        // replacing the last pass's (freed, and held two more txgs).
-        let chunk = 64u64 << 10;
         for pass in 0..4u64 {
             for at in (0..volume).step_by(chunk as usize) {
                 store
@@ -241,60 +277,13 @@ fn a_pool_smaller_than_the_dirty_maximum_throttles_by_free_space() {
                     .unwrap();
             }
         }
-        let throttle = store.throttle_stats();
-        // Slowed, not stopped: the few waits left (a sync of the txgs before may still be
-        // running when the writer gets to the wall) take less time than the delays.
-        let (delayed, waited) =
-            (throttle.delayed_nanos.get(), throttle.waited_for_space_nanos.get());
-        assert!(delayed > waited, "delayed {delayed} ns, waited for space {waited} ns");
-        assert_eq!(throttle.waited_for_sync.get(), 0);
-        assert!(store.syncs() >= 4, "{} syncs: none started for the free space", store.syncs());
+        let checked = check(&store).await;
         store.sync().await.unwrap();
         assert_incompressible(&store, volume, chunk, 3).await;
+        checked
     })
-    .unwrap();
-}
-
-/// Large writes are held to a quarter of the room the free space leaves the open txg, small
-/// ones are not: the same passes over a volume that fills a third of a small pool, in 1 MiB
-/// writes and in 64 KiB ones, make txgs of which the large writes' biggest is well under the
-/// small writes' (a txg that takes most of the free space takes its small holes, and a
-/// stream then keeps a fragmented pool fragmented).
-#[test]
-fn large_writes_keep_their_txgs_to_a_part_of_the_free_space() {
-    let largest_txg = |chunk: u64| {
-        let sim = Sim::new(93);
-        let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
-        let env = sim.env();
-        let specs = common::leaf_specs(&legs);
-        let tunables =
-            Tunables::with([("txg.timeout_ms", "3600000"), ("txg.dirty_max", "1G")]).unwrap();
-        sim.run(async move {
-            let store = Arc::new(common::mirror_store(&env, specs, &tunables).await);
-            let volume = 20u64 << 20;
-            store.create_volume("v", volume, 16384).unwrap();
-            store.sync().await.unwrap();
-            store.run_syncer();
-            for pass in 0..4u64 {
-                for at in (0..volume).step_by(chunk as usize) {
-                    store
-                        .write("v", at, &incompressible(pass << 32 | at, chunk as usize))
-                        .await
-                        .unwrap();
-                }
-            }
-            // Slowed, never stopped for a sync.
-            assert_eq!(store.throttle_stats().waited_for_sync.get(), 0);
-            store.sync().await.unwrap();
-            assert_incompressible(&store, volume, chunk, 3).await;
-            let history = store.sync_history();
-            history.iter().map(|r| r.admitted_bytes).max().unwrap()
-        })
-        .unwrap()
-        .0
-    };
-    let (large, small) = (largest_txg(1 << 20), largest_txg(64 << 10));
-    assert!(large * 2 < small, "largest txg of 1 MiB writes {large}, of 64 KiB writes {small}");
+    .unwrap()
+    .0
 }
 
 /// Writers that meet the space check together wait for one sync, not one each: they queue

@@ -1059,47 +1059,18 @@ impl Allocator {
         if psizes.len() < 2 {
             return None;
         }
-        let worst: u64 = psizes.iter().map(|&p| self.asize(p)).sum();
-        self.check_space(worst, class).ok()?;
-        let unit = 1 << self.ashift;
-        let count = self.vdevs.len();
-        self.advance_rotor();
-        for vdev in (0..count).map(|i| (self.rotor + i) % count) {
-            let space = &mut self.vdevs[vdev];
-            if space.log_only || space.removing {
-                continue;
-            }
-            let tight = space.is_tight();
-            if tight {
-                continue;
-            }
-            let sizes: Vec<u64> = psizes.iter().map(|&p| space.asize(p, unit)).collect();
-            let total: u64 = sizes.iter().sum();
+        self.place_back_to_back(psizes, class, |space, total, _, unit| {
             // Only after the log region ([`VdevSpace::data_fit`] enters it when nothing after
             // it fits, which for a whole run is the common case on an aged pool, and the
             // region, often the largest range, would take every run), and only where the
             // ranges by size say something fits (no walk of every range under the lock).
             let (lo, hi) = (space.log_region_end, space.data_end);
             if !space.free.fits_from(total, unit, lo) {
-                continue;
+                return None;
             }
-            let Some(start) = space.free.first_fit_within(total, unit, space.cursor, (lo, hi))
-            else {
-                continue;
-            };
-            self.take(vdev, start, total);
-            let mut at = start;
-            return Some(
-                sizes
-                    .into_iter()
-                    .map(|asize| {
-                        at += asize;
-                        (vdev as u32, at - asize, asize)
-                    })
-                    .collect(),
-            );
-        }
-        None
+            let start = space.free.first_fit_within(total, unit, space.cursor, (lo, hi))?;
+            Some((start, start + total))
+        })
     }
 
     /// Places blocks of `psizes`, in order, in spans of at most `run_bytes`, each placed by
@@ -1181,6 +1152,23 @@ impl Allocator {
         psizes: &[u64],
         class: AllocClass,
     ) -> Option<Vec<(u32, u64, u64)>> {
+        self.place_back_to_back(psizes, class, |space, rest, first, unit| {
+            space.piece_fit(rest, first, unit)
+        })
+    }
+
+    /// The first blocks of `psizes` back to back from where `fit` says, on the rotor's vdev or
+    /// the next data vdev that `fit` finds room on; vdevs short of space are passed over (best
+    /// fit keeps their large ranges). `fit` gets the blocks' total and first size as that vdev
+    /// allocates them, and the unit, and answers the aligned start and the end of the range;
+    /// as many blocks as fit before that end are taken. `None` when no vdev has such a range,
+    /// or the pool has no room for them all.
+    fn place_back_to_back(
+        &mut self,
+        psizes: &[u64],
+        class: AllocClass,
+        fit: impl Fn(&VdevSpace, u64, u64, u64) -> Option<(u64, u64)>,
+    ) -> Option<Vec<Place>> {
         let worst: u64 = psizes.iter().map(|&p| self.asize(p)).sum();
         self.check_space(worst, class).ok()?;
         let unit = 1 << self.ashift;
@@ -1192,11 +1180,11 @@ impl Allocator {
                 continue;
             }
             let sizes: Vec<u64> = psizes.iter().map(|&p| space.asize(p, unit)).collect();
-            let Some((start, end)) = space.piece_fit(sizes.iter().sum(), sizes[0], unit) else {
+            let Some((start, end)) = fit(space, sizes.iter().sum(), sizes[0], unit) else {
                 continue;
             };
             let mut at = start;
-            let piece: Vec<(u32, u64, u64)> = sizes
+            let placed: Vec<Place> = sizes
                 .iter()
                 .map_while(|&asize| {
                     (at + asize <= end).then(|| {
@@ -1205,10 +1193,10 @@ impl Allocator {
                     })
                 })
                 .collect();
-            assert!(!piece.is_empty(), "a piece's range holds at least its first block");
-            assert!(start >= space.log_region_end, "a piece went into the log region");
+            assert!(!placed.is_empty(), "the range found holds at least the first block");
+            assert!(start >= space.log_region_end, "blocks placed back to back in the log region");
             self.take(vdev, start, at - start);
-            return Some(piece);
+            return Some(placed);
         }
         None
     }

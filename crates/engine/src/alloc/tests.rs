@@ -7,6 +7,16 @@ use super::*;
 
 const MIB: u64 = 1 << 20;
 
+/// Fills `a` with 16 KiB blocks (the slop too); returns them in offset order.
+fn fill_with_blocks(a: &mut Allocator) -> Vec<Place> {
+    let mut blocks = Vec::new();
+    while let Ok(block) = a.allocate(16384, AllocClass::Reserved, &[]) {
+        blocks.push(block);
+    }
+    blocks.sort_by_key(|b| b.1);
+    blocks
+}
+
 fn allocator() -> Allocator {
     Allocator::new(12, &[(4 * MIB, 68 * MIB), (4 * MIB, 68 * MIB)])
 }
@@ -391,11 +401,7 @@ fn a_run_takes_one_range_past_small_holes() {
     let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
     // The vdev full of 16 KiB blocks; then 16 KiB holes in the first 8 MiB after the log
     // region (every other block freed), and 2 MiB free at the end.
-    let mut blocks = Vec::new();
-    while let Ok(block) = a.allocate(16384, AllocClass::Reserved, &[]) {
-        blocks.push(block);
-    }
-    blocks.sort_by_key(|b| b.1);
+    let blocks = fill_with_blocks(&mut a);
     let data: Vec<_> =
         blocks.iter().filter(|b| b.1 >= 4 * MIB + log_region_bytes(64 * MIB)).collect();
     for &&(vdev, at, len) in data.iter().take(512).step_by(2) {
@@ -428,11 +434,7 @@ fn a_run_takes_one_range_past_small_holes() {
 fn runs_no_range_holds_go_into_as_few_ranges_as_hold_them() {
     let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
     let region_end = 4 * MIB + log_region_bytes(64 * MIB);
-    let mut blocks = Vec::new();
-    while let Ok(block) = a.allocate(16384, AllocClass::Reserved, &[]) {
-        blocks.push(block);
-    }
-    blocks.sort_by_key(|b| b.1);
+    let blocks = fill_with_blocks(&mut a);
     let data: Vec<_> = blocks.iter().filter(|b| b.1 >= region_end).collect();
     // Sixteen blocks free, one kept, over and over: no free range is longer than 256 KiB.
     for (i, &&(vdev, at, len)) in data.iter().enumerate() {
@@ -462,11 +464,7 @@ fn runs_no_range_holds_go_into_as_few_ranges_as_hold_them() {
 fn a_span_takes_the_largest_ranges_and_leaves_the_small_holes() {
     let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]);
     let region_end = 4 * MIB + log_region_bytes(64 * MIB);
-    let mut blocks = Vec::new();
-    while let Ok(block) = a.allocate(16384, AllocClass::Reserved, &[]) {
-        blocks.push(block);
-    }
-    blocks.sort_by_key(|b| b.1);
+    let blocks = fill_with_blocks(&mut a);
     let data: Vec<_> = blocks.iter().filter(|b| b.1 >= region_end).copied().collect();
     let free_blocks = |a: &mut Allocator, range: std::ops::Range<usize>| {
         for &(vdev, at, len) in &data[range] {
