@@ -663,11 +663,12 @@ pub fn allocate(
         for block in &sealed[piece.clone()] {
             pipeline.counted(pipeline.stage(Stage::Allocate, block.props.writer))?;
         }
-        let span = allocator.allocate_span(&psizes[piece.clone()], class).map_err(|(i, source)| {
-            let writer = sealed[piece.start + i].props.writer;
-            pipeline.note_error(writer);
-            ZioError::NoSpace { writer, cause: source }
-        })?;
+        let span =
+            allocator.allocate_span(&psizes[piece.clone()], class).map_err(|(i, source)| {
+                let writer = sealed[piece.start + i].props.writer;
+                pipeline.note_error(writer);
+                ZioError::NoSpace { writer, cause: source }
+            })?;
         placed.extend(span.into_iter().map(|at| vec![at]));
     }
     // Ditto copies after every first copy, so the first copies of a batch lie back to back.
