@@ -1,7 +1,7 @@
 //! The block pipeline (crate::zio): one fault at one stage, armed once for each block writer
 //! in turn, is reported by that writer; and a txg's blocks run their CPU stages on more than
-//! one worker, and the sync's spans are sealed in order by the core's taskq, which yields
-//! between quanta.
+//! one worker, a commit's blocks only where their work is worth moving, and the sync's spans
+//! are sealed in order by the core's taskq, which yields between quanta.
 //!
 //! The fault is armed at the issue stage, the one stage every writer's blocks pass (the intent
 //! log's chain blocks carry their own checksum and skip the others). A writer of the txg sync
@@ -22,10 +22,11 @@ use sluice_engine::device::SimProfile;
 use sluice_engine::pool::Pool;
 use sluice_engine::rt::{BoxFuture, Spawn};
 use sluice_engine::tunables::Tunables;
-use sluice_engine::txg::{ReceiveMode, Store, VolumeProperty};
+use sluice_engine::txg::{NewKey, ReceiveMode, Store, VolumeProperty};
 use sluice_engine::volume::Volume;
 use sluice_engine::zio::{Stage, Writer};
-use sluice_format::{Compression, DedupMode, StreamReader, StreamWriter};
+use sluice_engine::UserKey;
+use sluice_format::{Compression, DedupMode, KeyFormat, KeyLocation, StreamReader, StreamWriter};
 use sluice_sim::Sim;
 
 const LEAF_BYTES: u64 = 64 << 20;
@@ -252,9 +253,9 @@ fn the_stages_of_one_txgs_blocks_run_on_more_than_one_worker() {
     assert!(threads >= 2, "the txg's blocks were sealed on {threads} worker(s)");
 }
 
-/// The simulator's spawner, counting the tasks spawned under one name, as a host with two
-/// threads (so the pipeline takes its multi-threaded paths). With `drops`, it drops those
-/// tasks unrun, as a runtime shutting down does.
+/// The simulator's spawner, counting the tasks spawned under one name, here or elsewhere, as
+/// a host with two threads (so the pipeline takes its multi-threaded paths). With `drops`, it
+/// drops those spawned here unrun, as a runtime shutting down does.
 struct Counting {
     inner: Arc<dyn Spawn>,
     name: &'static str,
@@ -273,8 +274,11 @@ impl Spawn for Counting {
         self.inner.spawn(name, task);
     }
 
-    // Not counted: the batches spread block by block (`Env::map_spread`) come here.
+    // The batches spread block by block (`Env::map_spread`) come here, under their own name.
     fn spawn_elsewhere(&self, name: &'static str, task: BoxFuture<()>) {
+        if name == self.name {
+            self.spawned.fetch_add(1, Relaxed);
+        }
         self.inner.spawn_elsewhere(name, task);
     }
 
@@ -316,6 +320,61 @@ fn the_syncs_spans_are_sealed_by_one_taskq_task() {
         .unwrap()
         .0;
     assert_eq!(tasks, [0, 1, 0, 1], "taskq tasks started: 64 KiB, then 4 MiB, lz4 then off");
+}
+
+/// A large write's blocks logged by pointer are sealed on more than one core when they
+/// compress, and in the committer's own task when none does and they are few: random bytes
+/// leave only the checksums, which cost less there than another core's wake-up. A flush's
+/// commit of several MiB is spread whatever its bytes, and so is an encrypted volume's MiB
+/// (lz4 on: only compressed batches are spread at all). Every write reads back.
+#[test]
+fn a_commits_blocks_are_spread_only_for_work_worth_moving() {
+    let sim = Sim::new(43);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let spawned: Arc<std::sync::atomic::AtomicU64> = Arc::default();
+    let count = Arc::clone(&spawned);
+    let env = sim.env().with_spawner(move |inner| {
+        Arc::new(Counting { inner, name: "zio_write_issue", spawned: count, drops: false })
+    });
+    let mut rng = sluice_engine::rt::Rng::new(43);
+    let random: Vec<u8> = (0..4 << 20).map(|_| rng.u64() as u8).collect();
+    let spread = sim
+        .run(async move {
+            let store = store_with_v(&env, &legs).await;
+            store.set_property("v", VolumeProperty::Compression(Compression::Lz4)).unwrap();
+            let volume = Volume::open(&store, "v").unwrap();
+            let key = NewKey {
+                format: KeyFormat::Raw,
+                location: KeyLocation::Prompt,
+                key: UserKey::new(vec![5; 32]),
+            };
+            store.create_encrypted_volume("e", 8 << 20, BLOCK, false, key).await.unwrap();
+            store.set_property("e", VolumeProperty::Compression(Compression::Lz4)).unwrap();
+            store.sync().await.unwrap();
+            let encrypted = Volume::open(&store, "e").unwrap();
+            let mut spread = Vec::new();
+            let writes = [
+                (&volume, &random[..1 << 20]),
+                (&volume, &pattern(9, 1 << 20)[..]),
+                (&volume, &random[..]),
+                (&encrypted, &random[..1 << 20]),
+            ];
+            for (volume, data) in writes {
+                let before = spawned.load(Relaxed);
+                volume.write(0, data, false).await.unwrap();
+                volume.flush().await.unwrap();
+                spread.push(spawned.load(Relaxed) - before);
+                assert_eq!(volume.read(0, data.len() as u64).await.unwrap(), data);
+            }
+            assert_eq!(store.log_stats().indirect_blocks_written.get(), 64 + 64 + 256 + 64);
+            spread
+        })
+        .unwrap()
+        .0;
+    assert_eq!(spread[0], 0, "a MiB of random bytes was spread");
+    assert!(spread[1] > 0, "a compressible MiB was sealed on one core");
+    assert!(spread[2] > 0, "4 MiB of random bytes were sealed on one core");
+    assert!(spread[3] > 0, "an encrypted MiB was sealed on one core");
 }
 
 /// The taskq seals batches in the order they came, each as the caller would have sealed it

@@ -520,8 +520,10 @@ pub fn seal_raw(
 /// Whether a batch's CPU stages are worth spreading over the host's threads: the blocks a
 /// large request logs by pointer, when compressed, which its committer would otherwise seal
 /// alone on the volume's serving core; any batch compressed with zstd, which takes
-/// milliseconds a block at high levels. A batch that is only checksummed, or that the sync
-/// compresses with lz4, is sealed on its caller's core (in its taskq from
+/// milliseconds a block at high levels (but a committer's batch that turns out to hold
+/// nothing to compress is checksummed where it is: [`CHECKSUM_HERE_BYTES_MAX`]). A batch
+/// that is only checksummed, or that the sync compresses with lz4, is sealed on its caller's
+/// core (in its taskq from
 /// [`TASK_BATCH_BYTES_MIN`]): xxh3 takes about a microsecond per 16 KiB
 /// and lz4 some 15, less than moving the block to another core and waking it costs there
 /// (spreading checksum-only batches cost 1 MiB write + flush 9% more CPU per MiB, and the
@@ -534,6 +536,18 @@ fn worth_spreading(props: &BlockProps) -> bool {
     }
 }
 
+/// A committer's batch of blocks logged by pointer, worth spreading for its compression,
+/// in which the early abort finds that no block compresses and none is encrypted, is
+/// checksummed in the committer's task up to this size. xxh3 takes about a microsecond per
+/// 16 KiB, so spreading a 1 MiB write's checksums saves some 30 us, about what waking the
+/// other core and waiting for its answer costs: spread, a lone client's 1 MiB write + flush
+/// of random data took about 5% more machine CPU per MiB at the same MiB/s, while four
+/// clients' flushes, which commit 4 MiB together, lost MiB/s when checksummed on one core
+/// (bench/per-op.sh, docs/bench/peers-notes.md, 2026-11-30). 2 MiB lies between the two
+/// measured sizes; nothing between them was measured. Encrypted batches stay spread, as
+/// before: AES-GCM costs more than the checksum, and sealing them here was not measured.
+const CHECKSUM_HERE_BYTES_MAX: usize = 2 << 20;
+
 /// Batches of at least this many bytes that are not spread and are the sync's (a span of
 /// volume data, a chunk of indirect blocks) go to the core's taskq: see [`seal_batch`].
 const TASK_BATCH_BYTES_MIN: usize = 256 << 10;
@@ -543,10 +557,12 @@ const TASK_BATCH_BYTES_MIN: usize = 256 << 10;
 /// [`TASK_BATCH_BYTES_MIN`] or more and is not a log committer's; else here, in the caller's
 /// task. The first error fails the batch (each block's error is counted).
 ///
-/// A log committer's batch (blocks logged by pointer, uncompressed) is sealed in the
+/// A log committer's batch (blocks logged by pointer, uncompressed, or up to
+/// [`CHECKSUM_HERE_BYTES_MAX`] of them with nothing that compresses) is sealed in the
 /// committer's task, never queued: a client's flush waits for it, and in the taskq it would
-/// wait behind the sync's spans. One thread (the simulator, or a server of one core) seals every batch in
-/// the caller's task, as before the taskq, so a simulated run keeps its order of polls.
+/// wait behind the sync's spans. One thread (the simulator, or a server of one core) seals
+/// every batch in the caller's task, as before the taskq, so a simulated run keeps its order
+/// of polls.
 ///
 /// The taskq lets the caller's task go on while the batch waits to be sealed: the sync keeps
 /// several spans in flight, and sealed inside the span's own future, each 1 MiB span's
@@ -573,13 +589,27 @@ pub async fn seal_batch(
                 return pipeline.counted(sealed);
             }
         }
-        return pipeline.counted(seal_stages_now(pipeline, blocks, unit));
+        return pipeline.counted(seal_stages_now(pipeline, blocks, None, unit));
     }
     let pipeline_ = Arc::clone(pipeline);
     // The early abort is decided over the run here, in order; each block is then compressed
     // (or not) and checksummed wherever it is spread to.
     let (plan, _) =
         compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..])));
+    let bytes: usize = blocks.iter().map(|(_, data)| data.len()).sum();
+    // Only a committer's: the sync's zstd spans keep their spread (checksummed in the sync's
+    // task, spans held back its writes; see above).
+    let sealed_here = bytes <= CHECKSUM_HERE_BYTES_MAX
+        && plan.iter().all(|planned| *planned == Some(false))
+        && blocks.iter().all(|(props, _)| {
+            props.writer == Writer::LogIndirect
+                && !matches!(props.crypt, PropsCrypt::Encrypt { .. })
+        });
+    if sealed_here {
+        // No block compresses (random or already compressed data) or is encrypted, so what is
+        // left is the checksums: see CHECKSUM_HERE_BYTES_MAX.
+        return pipeline.counted(seal_stages_now(pipeline, blocks, Some(plan), unit));
+    }
     type Item = (BlockProps, Arc<AlignedBuf>, Arc<Pipeline>, Option<bool>);
     let items: Vec<Item> = blocks
         .into_iter()
@@ -604,11 +634,14 @@ pub async fn seal_batch(
 async fn seal_stages(
     pipeline: &Pipeline,
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
+    plan: Option<Vec<Option<bool>>>,
     unit: u64,
     quantum: Option<usize>,
 ) -> Result<Vec<Sealed>, ZioError> {
-    let (plan, _) =
-        compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..])));
+    let plan = plan.unwrap_or_else(|| {
+        compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..]))).0
+    });
+    assert_eq!(plan.len(), blocks.len(), "a plan decides each block of its batch");
     let mut since_yield = 0;
     let mut pause = async |bytes: usize| {
         since_yield += bytes;
@@ -632,14 +665,16 @@ async fn seal_stages(
     Ok(sealed)
 }
 
-/// [`seal_stages`] at once, in the caller's task.
+/// [`seal_stages`] at once, in the caller's task (with the early abort's `plan` where the
+/// caller has made it already).
 fn seal_stages_now(
     pipeline: &Pipeline,
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
+    plan: Option<Vec<Option<bool>>>,
     unit: u64,
 ) -> Result<Vec<Sealed>, ZioError> {
     use futures::FutureExt;
-    seal_stages(pipeline, blocks, unit, None).now_or_never().expect("no quantum, no yield")
+    seal_stages(pipeline, blocks, plan, unit, None).now_or_never().expect("no quantum, no yield")
 }
 
 /// The places allocated for a block: its first copy, then its ditto copies, each

@@ -109,7 +109,7 @@ impl Worker {
                 continue;
             }
             let sealed =
-                seal_stages(&job.pipeline, job.blocks, job.unit, Some(QUANTUM_BYTES)).await;
+                seal_stages(&job.pipeline, job.blocks, None, job.unit, Some(QUANTUM_BYTES)).await;
             let _ = job.answer.send(sealed);
         }
     }
