@@ -72,41 +72,63 @@ impl Encoded {
         }
     }
 
-    /// Writes the whole reply: one `write_all` into the connection's buffer when it carries no
-    /// data, else vectored writes of its headers and the data's slices (at most `IOVECS_MAX` a
-    /// call, Linux's limit). On a socket that takes vectored writes (not TLS, whose stream
-    /// writes one slice a call, nor stdio) a reply with data goes straight to it, after
-    /// whatever the buffer holds: through the buffer, a reply of up to 8 KiB would be copied
-    /// into it before the kernel copies it again, which was 5.8% of the serving core at 32
-    /// queued 4 KiB reads (perf, 2026-11-26).
+    /// Adds the reply's slices to `out` in the order they go out; returns how many of its
+    /// bytes are read data.
+    fn slices<'a>(&'a self, out: &mut Vec<std::io::IoSlice<'a>>) -> usize {
+        if self.parts.is_empty() {
+            if !self.head.is_empty() {
+                out.push(std::io::IoSlice::new(&self.head));
+            }
+            return 0;
+        }
+        let mut data_bytes = 0;
+        for part in &self.parts {
+            match part {
+                Part::Head(range) => out.push(std::io::IoSlice::new(&self.head[range.clone()])),
+                Part::Data(range) => {
+                    data_bytes += range.len();
+                    self.data
+                        .slices(range.start, range.len(), |s| out.push(std::io::IoSlice::new(s)))
+                }
+            }
+        }
+        data_bytes
+    }
+
+    /// Writes the whole reply ([`send_all`] of one).
     pub(crate) async fn send<W: AsyncWrite + Unpin>(
         &self,
         writer: &mut BufWriter<W>,
     ) -> std::io::Result<()> {
-        if self.parts.is_empty() {
-            return writer.write_all(&self.head).await;
-        }
-        let mut slices: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(self.parts.len() + 4);
-        let mut data_bytes = 0;
-        for part in &self.parts {
-            match part {
-                Part::Head(range) => slices.push(std::io::IoSlice::new(&self.head[range.clone()])),
-                Part::Data(range) => {
-                    data_bytes += range.len();
-                    self.data
-                        .slices(range.start, range.len(), |s| slices.push(std::io::IoSlice::new(s)))
-                }
-            }
-        }
-        if data_bytes == 0 || !writer.get_ref().is_write_vectored() {
-            return write_slices(writer, &mut slices).await;
-        }
-        if !writer.buffer().is_empty() {
-            // Replies buffered before this one go first: replies keep their order.
-            writer.flush().await?;
-        }
-        write_slices(writer.get_mut(), &mut slices).await
+        send_all([self], writer).await
     }
+}
+
+/// Writes `replies` whole, in order. Replies without data go into the connection's buffer
+/// (the caller flushes it). Where any carries read data and the socket takes vectored writes
+/// (not TLS, whose stream writes one slice a call, nor stdio), all of them go straight to the
+/// socket in vectored writes of their headers and the data's slices (at most `IOVECS_MAX` a
+/// call, Linux's limit), after whatever the buffer holds: through the buffer, a reply of up to
+/// 8 KiB would be copied into it before the kernel copies it again, which was 5.8% of the
+/// serving core at 32 queued 4 KiB reads (perf, 2026-11-26). A batch of replies so costs one
+/// `writev` and wakes the client once.
+pub(crate) async fn send_all<'a, W: AsyncWrite + Unpin>(
+    replies: impl IntoIterator<Item = &'a Encoded>,
+    writer: &mut BufWriter<W>,
+) -> std::io::Result<()> {
+    let mut slices: Vec<std::io::IoSlice<'a>> = Vec::with_capacity(4);
+    let mut data_bytes = 0;
+    for reply in replies {
+        data_bytes += reply.slices(&mut slices);
+    }
+    if data_bytes == 0 || !writer.get_ref().is_write_vectored() {
+        return write_slices(writer, &mut slices).await;
+    }
+    if !writer.buffer().is_empty() {
+        // Replies buffered before these go first: replies keep their order.
+        writer.flush().await?;
+    }
+    write_slices(writer.get_mut(), &mut slices).await
 }
 
 /// Writes all of `slices`, `IOVECS_MAX` at most a call.

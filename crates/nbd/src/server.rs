@@ -2,10 +2,14 @@
 //!
 //! Transmission reads requests in order and runs each as its own task, so replies go out as
 //! requests complete, not as they arrived (a FUA write waits only for its own log block). A
-//! finished request sends its reply itself when the socket is free, which is nearly always; when
-//! another reply is being sent, it queues its own for a writer task that drains the queue. (Every
-//! reply going through the writer task cost a task wake-up per request: 7-10% of the server's
-//! CPU per sync write, docs/bench/peers-notes.md.)
+//! finished request alone on its connection sends its reply itself when the socket is free (a
+//! client at queue depth 1: every reply going through a writer task cost a task wake-up per
+//! request, 7-10% of the server's CPU per sync write, docs/bench/peers-notes.md). With others in
+//! flight it queues its reply for the writer task, which runs after the requests finished on the
+//! same turn and sends their replies in one vectored write: a client's queued reads that
+//! complete together then cost one `writev` and wake the client once, where a `writev` each
+//! kept the serving core writing replies, one by one, while the client's next requests waited
+//! unread and the device idled.
 //! A write's payload is read in full before its task starts: a client that disconnects in the
 //! middle of one leaves no partial write. What a connection may hold in flight is bounded
 //! (requests, and the bytes of write payloads and read replies), so a client cannot make the
@@ -25,7 +29,7 @@ use tokio::io::{
 };
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::command::{error_reply, execute, Encoded, Session};
+use crate::command::{error_reply, execute, send_all, Encoded, Session};
 use crate::placement::{Fixed, Movable, Placed};
 use crate::proto::{self, Limits, Request};
 use crate::tls::{HandshakeError, Peer, TlsServer};
@@ -608,21 +612,28 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    // A finished request sends its own reply when nobody else is sending (the common case:
-    // one `send`, no other task woken); otherwise it queues the reply for the sender task,
-    // which drains the queue while it holds the socket.
+    // A request alone on its connection sends its own reply when nobody else is sending (no
+    // other task woken). With others in flight it queues the reply for the sender task, which
+    // a serving core's scheduler runs after the tasks already due on this turn: requests whose
+    // device reads completed together queue their replies first, and the sender writes them
+    // all in one vectored write (more only where `IOVECS_MAX` or the socket's room splits
+    // it), waking the client once.
     let writer = Arc::new(tokio::sync::Mutex::new(writer));
     let (replies, mut outbox) = mpsc::unbounded_channel::<Reply>();
     let out = Arc::clone(&writer);
     let sender = tokio::spawn(async move {
-        while let Some(reply) = outbox.recv().await {
+        let mut batch = Vec::new();
+        while outbox.recv_many(&mut batch, IN_FLIGHT_MAX).await > 0 {
             let mut writer = out.lock().await;
-            reply.bytes.send(&mut *writer).await?;
-            drop(reply);
-            while let Ok(reply) = outbox.try_recv() {
-                reply.bytes.send(&mut *writer).await?;
+            // Replies queued while the socket was busy go in the same write.
+            while batch.len() < IN_FLIGHT_MAX {
+                let Ok(reply) = outbox.try_recv() else { break };
+                batch.push(reply);
             }
+            send_all(batch.iter().map(|reply| &reply.bytes), &mut *writer).await?;
             writer.flush().await?;
+            // Sent: their in-flight budget is released.
+            batch.clear();
         }
         let mut writer = out.lock().await;
         writer.flush().await?;
@@ -633,6 +644,11 @@ where
     let session = Arc::new(session);
     let mut header = [0u8; proto::REQUEST_BYTES];
     let result = loop {
+        if replies.is_closed() {
+            // The sender's write failed (the client is gone): nothing read from here on could
+            // be answered. Its error is the connection's, below.
+            break Ok(());
+        }
         // An encrypted volume's connection, idle, is closed within KEY_CHECK of its key being
         // unloaded (`key unload -f`); the read of the next header is cancelled only then,
         // when nothing more is read from the connection anyway.
@@ -715,8 +731,8 @@ where
         } else {
             Vec::new()
         };
-        let (session, replies, writer) =
-            (Arc::clone(&session), replies.clone(), Arc::clone(&writer));
+        let (session, replies, writer, slots) =
+            (Arc::clone(&session), replies.clone(), Arc::clone(&writer), Arc::clone(&slots));
         let fut = async move {
             // A bug below must not leave the client waiting forever: a panic answers EIO.
             let run = std::panic::AssertUnwindSafe(execute(&session, &request, payload));
@@ -725,17 +741,18 @@ where
                 Err(_) => error_reply(&session, &request, proto::EIO, "internal error").into(),
             };
             let reply = Reply { bytes, _slot: slot, _budget: Some(budget) };
-            match writer.try_lock() {
-                Ok(mut writer) => {
+            // This request's own slot is still held, in `reply`.
+            let alone = slots.available_permits() == IN_FLIGHT_MAX - 1;
+            if alone {
+                if let Ok(mut writer) = writer.try_lock() {
                     // A failed send means the client is gone; the reader sees it end.
                     if reply.bytes.send(&mut *writer).await.is_ok() {
                         let _ = writer.flush().await;
                     }
-                }
-                Err(_) => {
-                    let _ = replies.send(reply);
+                    return;
                 }
             }
+            let _ = replies.send(reply);
         };
         // Boxed before it is spawned: the request's future is about 4 KiB (it holds the
         // deepest engine call's state), and tokio moves an unboxed one by value through
@@ -774,7 +791,9 @@ async fn read_payload<R: AsyncRead + Unpin>(
 mod tests {
     //! One session against a real store on instant simulated disks, as a client sees it.
 
+    use std::pin::Pin;
     use std::sync::Arc;
+    use std::task::{Context, Poll};
 
     use sluice_engine::Volume;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1023,6 +1042,114 @@ mod tests {
         for i in 0..64 {
             assert_eq!(volume.read((64 + i) * 4096, 4096).await.unwrap(), block(100 + i));
         }
+    }
+
+    /// A socket that counts the writes (plain or vectored) that reached it.
+    struct CountingWrites {
+        inner: tokio::net::UnixStream,
+        writes: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl CountingWrites {
+        fn count(&self, result: Poll<std::io::Result<usize>>) -> Poll<std::io::Result<usize>> {
+            if let Poll::Ready(Ok(1..)) = result {
+                self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            result
+        }
+    }
+
+    impl tokio::io::AsyncRead for CountingWrites {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    impl tokio::io::AsyncWrite for CountingWrites {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+            self.count(result)
+        }
+
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+            self.count(result)
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            self.inner.is_write_vectored()
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    /// A client's queued reads that complete together are answered together: 32 reads sent in
+    /// one burst, whose data is in memory, reach the socket in a few vectored writes, not one
+    /// each (a `writev` per reply kept the serving core writing while the client's next
+    /// requests waited), and every read still carries its own bytes.
+    #[tokio::test]
+    async fn queued_reads_are_answered_in_few_writes() {
+        let store = store().await;
+        let volume = Volume::open(&store, "vol0").unwrap();
+        let block = |i: u64| vec![(i % 251) as u8 + 1; 4096];
+        for i in 0..32 {
+            volume.write(i * 4096, &block(i), false).await.unwrap();
+        }
+        let exports: Arc<dyn Exports> = Arc::new(OneVolume(Arc::clone(&store)));
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let (mut client, server) = tokio::net::UnixStream::pair().unwrap();
+        let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = CountingWrites { inner: server, writes: Arc::clone(&writes) };
+        let session = tokio::spawn(serve_connection(counted, Arc::clone(&exports), shutdown));
+        connect(&mut client).await;
+        let handshake = writes.load(std::sync::atomic::Ordering::Relaxed);
+        let mut burst = Vec::new();
+        for i in 0..32u64 {
+            let read =
+                Request { flags: 0, kind: proto::CMD_READ, cookie: i, offset: i * 4096, len: 4096 };
+            burst.extend_from_slice(&read.encode());
+        }
+        client.write_all(&burst).await.unwrap();
+        let mut answered = std::collections::BTreeSet::new();
+        while answered.len() < 32 {
+            assert_eq!(client.read_u32().await.unwrap(), proto::STRUCTURED_REPLY_MAGIC);
+            let flags = client.read_u16().await.unwrap();
+            assert_ne!(flags & proto::REPLY_FLAG_DONE, 0, "one chunk per 4 KiB read");
+            assert_eq!(client.read_u16().await.unwrap(), proto::REPLY_TYPE_OFFSET_DATA);
+            let cookie = client.read_u64().await.unwrap();
+            assert_eq!(client.read_u32().await.unwrap(), 8 + 4096);
+            assert_eq!(client.read_u64().await.unwrap(), cookie * 4096);
+            let mut data = vec![0u8; 4096];
+            client.read_exact(&mut data).await.unwrap();
+            assert!(data == block(cookie), "read {cookie} carries its own bytes");
+            assert!(answered.insert(cookie), "cookie {cookie} answered twice");
+        }
+        let sent = writes.load(std::sync::atomic::Ordering::Relaxed) - handshake;
+        assert!(sent <= 4, "32 queued reads answered in {sent} writes");
+        let disc = Request { flags: 0, kind: proto::CMD_DISC, cookie: 999, offset: 0, len: 0 };
+        client.write_all(&disc.encode()).await.unwrap();
+        session.await.unwrap().unwrap();
     }
 
     /// With TLS required, options before STARTTLS get TLS_REQD and nothing else; after it,
