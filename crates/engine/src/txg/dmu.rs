@@ -634,23 +634,32 @@ impl WritePath<'_> {
 /// the reading connection's alone.
 const SPREAD_OPEN_BYTES_MIN: u64 = 256 << 10;
 
-/// The blocks of a span read of several encrypted blocks, each decrypted (and decompressed)
-/// into a buffer of its own on whichever core takes it. On the connection's core alone the
-/// decryption of every request in flight queued behind one another: uncached 1 MiB reads of an
-/// encrypted volume of 128 KiB blocks ran at 0.73x of one that is not, on a core 64% busy
-/// (bench/encryption.py, 2026-11-29).
+/// Whether the blocks of a span, by their pointers, are opened on every core
+/// ([`open_spread`]): several encrypted blocks of at least [`SPREAD_OPEN_BYTES_MIN`] in all.
+fn worth_spreading<'a>(pool: &Pool, blocks: impl IntoIterator<Item = &'a BlockPointer>) -> bool {
+    let (mut encrypted, mut bytes) = (0, 0);
+    for bp in blocks {
+        encrypted += usize::from(matches!(bp.crypt, sluice_format::BlockCrypt::Encrypted { .. }));
+        bytes += bp.psize_bytes();
+    }
+    encrypted > 1 && bytes >= SPREAD_OPEN_BYTES_MIN && pool.env().parallelism() > 1
+}
+
+/// The blocks of a span read of several encrypted blocks (`index`, pointer, offset in the
+/// span), each decrypted (and decompressed) into a buffer of its own on whichever core takes
+/// it. On the connection's core alone the decryption of every request in flight queued behind
+/// one another: uncached 1 MiB reads of an encrypted volume of 128 KiB blocks ran at 0.73x of
+/// one that is not, on a core 64% busy (bench/encryption.py, 2026-11-29); and again once the
+/// prefetcher's spans were opened on the reading core (0.73x-0.78x, 2026-12-01).
 async fn open_spread(
     pool: &Pool,
-    start: u64,
-    bps: &[BlockPointer],
+    blocks: &[(u64, BlockPointer, usize)],
     span: Arc<AlignedBuf>,
 ) -> Result<Vec<(u64, Option<Fetched>)>, StoreError> {
-    let mut at = 0usize;
-    let mut items = Vec::with_capacity(bps.len());
-    for bp in bps {
-        items.push((*bp, Arc::clone(&span), at, Arc::clone(pool.zio())));
-        at += bp.psize_bytes() as usize;
-    }
+    let items = blocks
+        .iter()
+        .map(|&(_, bp, at)| (bp, Arc::clone(&span), at, Arc::clone(pool.zio())))
+        .collect();
     let opened = pool
         .env()
         .map_spread("zio_read_intr", items, |(bp, span, at, pipeline)| {
@@ -658,10 +667,10 @@ async fn open_spread(
             crate::zio::unseal(pipeline.keys(), bp, AlignedBuf::copy_from(stored))
         })
         .await;
-    let mut out = Vec::with_capacity(bps.len());
-    for ((i, bp), opened) in bps.iter().enumerate().zip(opened) {
-        let logical = opened.map_err(|source| pool.undecodable(bp, source))?;
-        out.push((start + i as u64, Some(Fetched::Whole(Arc::new(logical)))));
+    let mut out = Vec::with_capacity(blocks.len());
+    for (&(index, bp, _), opened) in blocks.iter().zip(opened) {
+        let logical = opened.map_err(|source| pool.undecodable(&bp, source))?;
+        out.push((index, Some(Fetched::Whole(Arc::new(logical)))));
     }
     Ok(out)
 }
@@ -692,13 +701,14 @@ async fn read_blocks(
 ) -> Result<Vec<(u64, Option<Fetched>)>, StoreError> {
     if bps.len() > 1 {
         if let Ok(mut span) = pool.read_span(bps).await {
-            let encrypted = bps
-                .iter()
-                .filter(|bp| matches!(bp.crypt, sluice_format::BlockCrypt::Encrypted { .. }))
-                .count();
-            let bytes: u64 = bps.iter().map(BlockPointer::psize_bytes).sum();
-            if encrypted > 1 && bytes >= SPREAD_OPEN_BYTES_MIN && pool.env().parallelism() > 1 {
-                return open_spread(pool, start, bps, Arc::new(span)).await;
+            if worth_spreading(pool, bps) {
+                let mut at = 0usize;
+                let mut blocks = Vec::with_capacity(bps.len());
+                for (index, bp) in (start..).zip(bps) {
+                    blocks.push((index, *bp, at));
+                    at += bp.psize_bytes() as usize;
+                }
+                return open_spread(pool, &blocks, Arc::new(span)).await;
             }
             // Encrypted blocks are decrypted where they lie in the span: an uncompressed one is
             // then served from it as a plain one is, with no copy.
@@ -906,6 +916,11 @@ async fn read_with_status_in(
                 Read::Held(start, run) => {
                     let mut out = Vec::with_capacity(run.len());
                     match run[0].span.clone().await {
+                        Some(span) if worth_spreading(spa.pool(), run.iter().map(|h| &h.bp)) => {
+                            let blocks: Vec<_> =
+                                (start..).zip(&run).map(|(i, h)| (i, h.bp, h.at)).collect();
+                            out = open_spread(spa.pool(), &blocks, span).await?;
+                        }
                         Some(span) => {
                             for (i, held) in (start..).zip(&run) {
                                 let block =
