@@ -228,7 +228,7 @@ out.append("## Goals\n")
 out.append(
     "Against the best peer in each row (qemu-nbd or nbdkit, whichever has the higher median): "
     "sluice at least that peer's median less the spread of its rounds, or at least 0.95x the "
-    "raw file where the peer is at the disk's own rate (0.95x the raw file or more). sluice "
+    "raw file where the peer is at the disk's own rate (within 5% of the raw file). sluice "
     "runs with its defaults for the write rows and caches no data (cache.contents=metadata) "
     "for the read rows, as the peers read from the disk; the cached reads are shown below. "
     "Machine CPU per MiB of the 1 MiB write jobs, sluice with compression off against the "
@@ -256,7 +256,10 @@ for job in jobs:
     if s_ is None or p_ is None:
         continue
     bar = p_ - (spread(job, peer, key) or 0.0)
-    at_disk = raw is not None and p_ >= 0.95 * raw
+    # At the disk's own rate: within 5% of the raw file either way. A peer well above it reads
+    # or writes through the kernel's page cache (nbdkit's readahead read 2.8x the raw file on
+    # 2026-12-01), and a run whose raw file ran slow must not lower sluice's bar to that.
+    at_disk = raw is not None and 0.95 * raw <= p_ <= 1.05 * raw
     met = s_ >= bar or (at_disk and s_ >= 0.95 * raw)
     unit = "MB/s" if key == "mb_s" else "IOPS"
     rounds = ", ".join(fmt_ratio(x) for x in paired_rounds(job, me, peer, key)) or "n/a"
