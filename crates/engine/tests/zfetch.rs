@@ -222,6 +222,26 @@ fn a_damaged_block_fetched_ahead_fails_alone_on_one_leaf_and_heals_on_a_mirror()
     assert!(prefetch(&store).2 > 0, "the reads used blocks fetched ahead");
 }
 
+/// A mirror of `legs` caching no data, with an encrypted volume "v" under a raw key of
+/// `key_byte`s holding `data`, synced.
+async fn encrypted_volume(
+    env: &sluice_engine::rt::Env,
+    legs: &[SimDevice],
+    key_byte: u8,
+    data: &[u8],
+) -> Store {
+    let store = common::mirror_store(env, common::leaf_specs(legs), &no_data_cached()).await;
+    let key = NewKey {
+        format: KeyFormat::Raw,
+        location: KeyLocation::Prompt,
+        key: UserKey::new(vec![key_byte; 32]),
+    };
+    store.create_encrypted_volume("v", VOLUME_BYTES, BLOCK as u32, false, key).await.unwrap();
+    store.write("v", 0, data).await.unwrap();
+    store.sync().await.unwrap();
+    store
+}
+
 #[test]
 fn an_encrypted_volume_fetched_ahead_opens_with_its_key_only() {
     let sim = Sim::new(5);
@@ -229,25 +249,8 @@ fn an_encrypted_volume_fetched_ahead_opens_with_its_key_only() {
     let env = sim.env();
     let data = common::random_bytes(5, VOLUME_BYTES);
     let expected = data.clone();
-    let store = sim
-        .run(async move {
-            let store =
-                common::mirror_store(&env, common::leaf_specs(&legs), &no_data_cached()).await;
-            let key = NewKey {
-                format: KeyFormat::Raw,
-                location: KeyLocation::Prompt,
-                key: UserKey::new(vec![3; 32]),
-            };
-            store
-                .create_encrypted_volume("v", VOLUME_BYTES, BLOCK as u32, false, key)
-                .await
-                .unwrap();
-            store.write("v", 0, &data).await.unwrap();
-            store.sync().await.unwrap();
-            Arc::new(store)
-        })
-        .unwrap()
-        .0;
+    let store =
+        sim.run(async move { Arc::new(encrypted_volume(&env, &legs, 3, &data).await) }).unwrap().0;
     // Half the volume in order: the rest is fetched ahead.
     let first: Vec<u8> = read_in_order(&sim, &store, 0..VOLUME_BYTES / 2)
         .into_iter()
@@ -272,31 +275,6 @@ fn an_encrypted_volume_fetched_ahead_opens_with_its_key_only() {
     assert!(rest == expected[VOLUME_BYTES as usize / 2..]);
 }
 
-/// The simulator's spawner as a host with two threads, counting the tasks spread to the other
-/// one under `name`.
-struct CountingSpread {
-    inner: Arc<dyn sluice_engine::rt::Spawn>,
-    name: &'static str,
-    spread: Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl sluice_engine::rt::Spawn for CountingSpread {
-    fn spawn(&self, name: &'static str, task: sluice_engine::rt::BoxFuture<()>) {
-        self.inner.spawn(name, task);
-    }
-
-    fn spawn_elsewhere(&self, name: &'static str, task: sluice_engine::rt::BoxFuture<()>) {
-        if name == self.name {
-            self.spread.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        self.inner.spawn_elsewhere(name, task);
-    }
-
-    fn parallelism(&self) -> usize {
-        2
-    }
-}
-
 /// An encrypted volume's blocks fetched ahead are decrypted on every core, as a read's own
 /// span of them is: 1 MiB reads in order, each served whole from blocks fetched ahead, hand
 /// their blocks to the other core (opened on the reading core alone, uncached 1 MiB reads of
@@ -310,24 +288,12 @@ fn an_encrypted_volumes_blocks_fetched_ahead_are_decrypted_on_every_core() {
     let spread: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let count = Arc::clone(&spread);
     let env = sim.env().with_spawner(move |inner| {
-        Arc::new(CountingSpread { inner, name: "zio_read_intr", spread: count })
+        Arc::new(common::Counting { inner, name: "zio_read_intr", spawned: count, drops: false })
     });
     let data = common::random_bytes(6, VOLUME_BYTES);
     let (opened_ahead, spread_ahead) = sim
         .run(async move {
-            let store =
-                common::mirror_store(&env, common::leaf_specs(&legs), &no_data_cached()).await;
-            let key = NewKey {
-                format: KeyFormat::Raw,
-                location: KeyLocation::Prompt,
-                key: UserKey::new(vec![4; 32]),
-            };
-            store
-                .create_encrypted_volume("v", VOLUME_BYTES, BLOCK as u32, false, key)
-                .await
-                .unwrap();
-            store.write("v", 0, &data).await.unwrap();
-            store.sync().await.unwrap();
+            let store = encrypted_volume(&env, &legs, 4, &data).await;
             let used = || store.volume_stats("v").unwrap().prefetch.blocks_used.get();
             let spread_now = || spread.load(std::sync::atomic::Ordering::Relaxed);
             // The first reads start the stream; from the fourth MiB on, the reads find every

@@ -253,40 +253,6 @@ fn the_stages_of_one_txgs_blocks_run_on_more_than_one_worker() {
     assert!(threads >= 2, "the txg's blocks were sealed on {threads} worker(s)");
 }
 
-/// The simulator's spawner, counting the tasks spawned under one name, here or elsewhere, as
-/// a host with two threads (so the pipeline takes its multi-threaded paths). With `drops`, it
-/// drops those spawned here unrun, as a runtime shutting down does.
-struct Counting {
-    inner: Arc<dyn Spawn>,
-    name: &'static str,
-    spawned: Arc<std::sync::atomic::AtomicU64>,
-    drops: bool,
-}
-
-impl Spawn for Counting {
-    fn spawn(&self, name: &'static str, task: BoxFuture<()>) {
-        if name == self.name {
-            self.spawned.fetch_add(1, Relaxed);
-            if self.drops {
-                return;
-            }
-        }
-        self.inner.spawn(name, task);
-    }
-
-    // The batches spread block by block (`Env::map_spread`) come here, under their own name.
-    fn spawn_elsewhere(&self, name: &'static str, task: BoxFuture<()>) {
-        if name == self.name {
-            self.spawned.fetch_add(1, Relaxed);
-        }
-        self.inner.spawn_elsewhere(name, task);
-    }
-
-    fn parallelism(&self) -> usize {
-        2
-    }
-}
-
 /// The sync's spans of data blocks (1 MiB), lz4-compressed or not, are sealed by one task of
 /// the core's taskq, not a task each: a 4 MiB sync starts one. A batch under the size that
 /// goes there (a 64 KiB write's four blocks) is sealed in the sync's own task. Either way
@@ -298,7 +264,7 @@ fn the_syncs_spans_are_sealed_by_one_taskq_task() {
     let spawned: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let count = Arc::clone(&spawned);
     let env = sim.env().with_spawner(move |inner| {
-        Arc::new(Counting { inner, name: "zio_taskq", spawned: count, drops: false })
+        Arc::new(common::Counting { inner, name: "zio_taskq", spawned: count, drops: false })
     });
     let tasks = sim
         .run(async move {
@@ -334,7 +300,7 @@ fn a_commits_blocks_are_spread_only_for_work_worth_moving() {
     let spawned: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let count = Arc::clone(&spawned);
     let env = sim.env().with_spawner(move |inner| {
-        Arc::new(Counting { inner, name: "zio_write_issue", spawned: count, drops: false })
+        Arc::new(common::Counting { inner, name: "zio_write_issue", spawned: count, drops: false })
     });
     let mut rng = sluice_engine::rt::Rng::new(43);
     let random: Vec<u8> = (0..4 << 20).map(|_| rng.u64() as u8).collect();
@@ -389,7 +355,7 @@ fn the_taskq_answers_in_order_and_yields_between_quanta() {
     let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
     let spawned: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let env = sim.env().with_spawner(move |inner| {
-        Arc::new(Counting { inner, name: "zio_taskq", spawned, drops: false })
+        Arc::new(common::Counting { inner, name: "zio_taskq", spawned, drops: false })
     });
     let events = sim
         .run(async move {
@@ -453,7 +419,7 @@ fn a_dropped_taskq_leaves_its_batches_to_their_callers() {
     let dropped: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let count = Arc::clone(&dropped);
     let env = sim.env().with_spawner(|inner| {
-        Arc::new(Counting { inner, name: "zio_taskq", spawned: count, drops: true })
+        Arc::new(common::Counting { inner, name: "zio_taskq", spawned: count, drops: true })
     });
     let started = sim
         .run(async move {

@@ -209,3 +209,37 @@ pub fn each_power_cut(
         check(&after, revived, cut, &format!("seed {seed}, cut {k} of {cuts} at {cut:?}"));
     }
 }
+
+/// The simulator's spawner, counting the tasks spawned under one name, here or elsewhere, as
+/// a host with two threads (so the pipeline takes its multi-threaded paths). With `drops`, it
+/// drops those spawned here unrun, as a runtime shutting down does.
+pub struct Counting {
+    pub inner: Arc<dyn sluice_engine::rt::Spawn>,
+    pub name: &'static str,
+    pub spawned: Arc<std::sync::atomic::AtomicU64>,
+    pub drops: bool,
+}
+
+impl sluice_engine::rt::Spawn for Counting {
+    fn spawn(&self, name: &'static str, task: sluice_engine::rt::BoxFuture<()>) {
+        if name == self.name {
+            self.spawned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if self.drops {
+                return;
+            }
+        }
+        self.inner.spawn(name, task);
+    }
+
+    // The batches spread block by block (`Env::map_spread`) come here, under their own name.
+    fn spawn_elsewhere(&self, name: &'static str, task: sluice_engine::rt::BoxFuture<()>) {
+        if name == self.name {
+            self.spawned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.inner.spawn_elsewhere(name, task);
+    }
+
+    fn parallelism(&self) -> usize {
+        2
+    }
+}
