@@ -60,7 +60,9 @@ struct Inner {
 impl Inner {
     /// Evicts blocks other than `keep` (the one just cached, which may sit under the hand)
     /// until at most `bytes_max` are kept.
-    fn evict(&mut self, bytes_max: u64, keep: Key) {
+    /// Evicts until the cache fits `bytes_max` again; the evicted buffers go to `out`, to be
+    /// freed once the lock is released.
+    fn evict(&mut self, bytes_max: u64, keep: Key, out: &mut Vec<Arc<AlignedBuf>>) {
         // Each pass clears every bit at most once, so two passes find a block to evict.
         while self.bytes > bytes_max && self.blocks.len() > 1 {
             if self.hand >= self.slots.len() {
@@ -77,7 +79,7 @@ impl Inner {
                 entry.referenced = false;
                 continue;
             }
-            self.remove(&key);
+            out.extend(self.remove(&key));
         }
     }
 
@@ -150,12 +152,17 @@ impl BlockCache {
         if len > self.bytes_max || !self.keeps(bp) {
             return;
         }
+        // Buffers that leave the cache are freed after the lock is released: a txg sync
+        // inserts every block it linked, thousands after a large write, while the serving
+        // cores look up blocks for their reads and writes.
+        let mut freed = Vec::new();
         let mut inner = self.inner.lock();
         let key = key(bp);
         if let Some(entry) = inner.blocks.get_mut(&key) {
             let old = std::mem::replace(&mut entry.buf, buf);
             entry.referenced = true;
             inner.bytes = inner.bytes - old.len() as u64 + len;
+            freed.push(old);
         } else {
             let slot = match inner.free.pop() {
                 Some(slot) => slot,
@@ -170,8 +177,10 @@ impl BlockCache {
             inner.blocks.insert(key, Entry { buf, referenced: false, slot });
             inner.bytes += len;
         }
-        inner.evict(self.bytes_max, key);
+        inner.evict(self.bytes_max, key, &mut freed);
         debug_assert_eq!(inner.blocks.len() + inner.free.len(), inner.slots.len());
+        drop(inner);
+        drop(freed);
     }
 
     /// Forgets every block: what a key unload does, so that no plaintext of the family

@@ -750,21 +750,30 @@ async fn write_volumes(
         // write into each block a large sync write had placed read it back from the disk
         // (one client after a 1 GiB write + flush, `txg.dirty_max` 2.4 GiB: 4,836 cache
         // misses, 0.1 disk reads per write).
+        // The cache inserts run after the allocator's lock is released: the clients' own
+        // writes take that lock several times each, and a sync linking a 1 GiB write holds
+        // thousands of blocks (with the inserts under the lock, a lone client's 1 MiB
+        // write + flush p99 was 2.1-2.5 ms against 1.4-1.5 ms with no data cached).
         let mut unused = Vec::new();
+        let mut linked = Vec::new();
         {
             let mut allocator = spa.allocator().lock();
             for (index, p) in prewritten {
                 if updates.get(&index) == Some(&Some(p.bp)) {
                     let dva = p.bp.dvas[0];
                     allocator.adopt_log(dva.vdev, dva.offset_bytes(), dva.asize_bytes());
-                    // Not a raw receive's: its buffer holds ciphertext, not the block's
-                    // logical bytes (a read decrypts it from the disk, with the key).
-                    if !raw {
-                        spa.pool().cache().insert(&p.bp, p.data);
-                    }
+                    linked.push(p);
                 } else {
                     unused.push(p);
                 }
+            }
+        }
+        // Not a raw receive's: its buffer holds ciphertext, not the block's logical bytes
+        // (a read decrypts it from the disk, with the key).
+        if !raw {
+            let cache = spa.pool().cache();
+            for p in linked {
+                cache.insert(&p.bp, p.data);
             }
         }
         spa.release_prewritten(txg, unused).await;
