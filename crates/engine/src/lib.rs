@@ -53,8 +53,8 @@ mechanisms!(alloc, dedup, device, intent_log, objset, pool, txg, vdev, volume, z
 
 pub use dedup::Locking;
 pub use device::{
-    core_ring, inject, BlockDevice, DeviceError, FileDevice, FileDeviceOptions, SharedBuf,
-    IOVECS_MAX,
+    core_ring, inject, AlignedBuf, BlockDevice, DeviceError, FileDevice, FileDeviceOptions,
+    SharedBuf, UninitBuf, IOVECS_MAX,
 };
 pub use pool::{
     probe, LeafSpec, Pool, PoolError, PoolLeaf, PoolSpec, PreparedActivation, PreparedAdd,

@@ -26,7 +26,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use sluice_engine::device::sim::{CrashPolicy, Fault, SimImage, SimOptions};
-use sluice_engine::device::{SimDevice, SimProfile};
+use sluice_engine::device::{AlignedBuf, SimDevice, SimProfile};
 use sluice_engine::pool::{LeafSpec, Pool};
 use sluice_engine::rt::{Env, Rng, Time};
 use sluice_engine::tunables::{IoClass, Tunables};
@@ -1066,4 +1066,75 @@ fn writes_handed_over_replay_after_a_crash() {
         .0;
     // Every write came back from the log (no sync ran): 16 records of one piece and 3 pieces.
     assert_eq!((replayed, indirect), (19, 0));
+}
+
+/// Writes received a buffer per block (`Volume::write_blocks`, as the NBD server receives a
+/// write of whole blocks) become their blocks as they are, and are logged like any other: by
+/// pointer when large, or copied into records whose pieces span several of the buffers. Both,
+/// made durable by FUA or a flush, come back from the log after a power cut, byte for byte.
+#[test]
+fn writes_received_as_blocks_replay_after_a_crash() {
+    for (seed, by_pointer) in [(93, true), (95, false)] {
+        let sim = Sim::new(seed);
+        let devices = legs(&sim, None);
+        let specs = common::leaf_specs(&devices);
+        let env = sim.env();
+        // Logged by pointer from 64 KiB (the 128 KiB writes below); with 0, nothing is, and
+        // the 128 KiB write is copied in pieces of at most a log block less its headers.
+        let immediate = if by_pointer { "64K" } else { "0" };
+        let tunables = move || {
+            Tunables::with([
+                ("intent_log.policy", "auto"),
+                ("txg.dirty_max", "64M"),
+                ("intent_log.immediate_write_bytes", immediate),
+            ])
+            .unwrap()
+        };
+        const LARGE: u64 = 128 << 10;
+        let bs = u64::from(VOLUME_BLOCK);
+        let bytes = |version: u64, len: u64| -> Vec<u8> {
+            (0..len).map(|i| ((i * 7 + version * 13) % 253) as u8).collect()
+        };
+        let blocks = move |data: &[u8]| -> Vec<AlignedBuf> {
+            data.chunks(bs as usize).map(AlignedBuf::copy_from).collect()
+        };
+        sim.run(async move {
+            let tunables = tunables();
+            let store = Arc::new(common::mirror_store(&env, specs, &tunables).await);
+            store.create_volume("v", 4 * LARGE, VOLUME_BLOCK).unwrap();
+            store.sync().await.unwrap();
+            let volume = Volume::open(&store, "v").unwrap();
+            assert_eq!(volume.whole_blocks(bs, bs), Some(bs as usize));
+            assert_eq!(volume.whole_blocks(bs / 2, bs), None, "not on a block boundary");
+            assert_eq!(volume.whole_blocks(0, bs / 2), None, "less than a block");
+            // One block by FUA; a large write made durable by the flush; the large one written
+            // over again in part.
+            volume.write_blocks(0, blocks(&bytes(1, bs)), true).await.unwrap();
+            volume.write_blocks(LARGE, blocks(&bytes(2, LARGE)), false).await.unwrap();
+            volume.write_blocks(LARGE + 2 * bs, blocks(&bytes(3, 4 * bs)), false).await.unwrap();
+            volume.flush().await.unwrap();
+        })
+        .unwrap();
+        let images = power_cut(&devices, 3);
+        let fresh = Sim::new(seed + 1);
+        let specs = common::leaf_specs(&legs(&fresh, Some(images)));
+        let env = fresh.env();
+        let indirect = fresh
+            .run(async move {
+                let tunables = tunables();
+                let pool = Pool::import(&env, specs, "tank", &tunables).await.unwrap();
+                let store = Store::open(pool, &tunables).await.unwrap();
+                assert!(store.read("v", 0, bs).await.unwrap() == bytes(1, bs), "the FUA write");
+                let mut large = bytes(2, LARGE);
+                large[2 * bs as usize..6 * bs as usize].copy_from_slice(&bytes(3, 4 * bs));
+                let got = store.read("v", LARGE, LARGE).await.unwrap();
+                assert!(got == large, "the large write and the one over it, after replay");
+                store.log_stats().indirect_records_replayed.get()
+            })
+            .unwrap()
+            .0;
+        // Logged by pointer: a record per block of the 128 KiB write; copied: none.
+        let expected = if by_pointer { LARGE / bs } else { 0 };
+        assert_eq!(indirect, expected, "records logged by pointer (by_pointer {by_pointer})");
+    }
 }

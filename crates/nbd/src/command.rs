@@ -9,9 +9,7 @@
 //! an error chunk (with its message) where the client negotiated structured replies; every
 //! other failure with a simple reply's errno.
 
-use sluice_engine::Volume;
-use sluice_engine::IOVECS_MAX;
-use sluice_engine::{ReadData, StoreError};
+use sluice_engine::{AlignedBuf, ReadData, StoreError, Volume, IOVECS_MAX};
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 
 use crate::proto::{self, Request};
@@ -175,8 +173,17 @@ fn errno(error: &StoreError) -> u32 {
     }
 }
 
+/// A write's payload as the connection received it.
+#[derive(Debug)]
+pub(crate) enum Payload {
+    /// In one buffer (none for the other commands).
+    Bytes(Vec<u8>),
+    /// Whole blocks of the volume, a buffer each ([`Volume::whole_blocks`]).
+    Blocks(Vec<AlignedBuf>),
+}
+
 /// Runs one checked request and encodes its reply.
-pub(crate) async fn execute(session: &Session, request: &Request, payload: Vec<u8>) -> Encoded {
+pub(crate) async fn execute(session: &Session, request: &Request, payload: Payload) -> Encoded {
     let volume = &session.volume;
     // FUA may come with any command (`proto::check`). It matters where a request changes the
     // volume (WRITE, TRIM, WRITE_ZEROES: durable before the reply); a FLUSH is durable anyway,
@@ -190,7 +197,10 @@ pub(crate) async fn execute(session: &Session, request: &Request, payload: Vec<u
     let reply = match request.kind {
         proto::CMD_READ => return read(session, request).await,
         proto::CMD_WRITE if len == 0 => done(Ok(())),
-        proto::CMD_WRITE => done(volume.write_owned(offset, payload, fua).await),
+        proto::CMD_WRITE => done(match payload {
+            Payload::Bytes(data) => volume.write_owned(offset, data, fua).await,
+            Payload::Blocks(blocks) => volume.write_blocks(offset, blocks, fua).await,
+        }),
         proto::CMD_FLUSH => done(volume.flush().await),
         proto::CMD_TRIM if len == 0 => done(Ok(())),
         proto::CMD_TRIM => done(volume.zero(offset, len, fua).await),

@@ -31,6 +31,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -185,6 +186,13 @@ pub(crate) trait Movable {
     fn detach(&mut self) -> io::Result<()>;
     /// Registers with the reactor of the runtime it is called on.
     fn attach(&mut self) -> io::Result<()>;
+    /// The socket's descriptor, where a payload may be received from it directly (a plain
+    /// socket, attached): server.rs's `read_blocks` then takes a write's blocks in one
+    /// vectored receive. `None` where the bytes must come through the stream: TLS decrypts
+    /// them, and stdio and test pipes are not sockets.
+    fn socket_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
 impl<S: Movable> Movable for tokio_openssl::SslStream<S> {
@@ -240,6 +248,14 @@ impl Movable for CoreStream {
             attached => attached,
         };
         Ok(())
+    }
+
+    fn socket_fd(&self) -> Option<RawFd> {
+        match &self.0 {
+            Socket::Unix(s) => Some(s.as_raw_fd()),
+            Socket::Tcp(s) => Some(s.as_raw_fd()),
+            _ => None,
+        }
     }
 }
 

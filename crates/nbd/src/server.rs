@@ -21,15 +21,18 @@
 //! connection, and an oversized write payload is drained and refused (or, beyond
 //! [`proto::PAYLOAD_DRAIN_MAX`], the connection is closed without reading it).
 
+use std::os::fd::RawFd;
+use std::pin::Pin;
 use std::sync::Arc;
 
-use sluice_engine::Volume;
+use sluice_engine::{AlignedBuf, UninitBuf, Volume};
 use tokio::io::{
-    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, ReadHalf, WriteHalf,
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
+    ReadBuf, ReadHalf, WriteHalf,
 };
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::command::{error_reply, execute, send_all, Encoded, Session};
+use crate::command::{error_reply, execute, send_all, Encoded, Payload, Session};
 use crate::placement::{Fixed, Movable, Placed};
 use crate::proto::{self, Limits, Request};
 use crate::tls::{HandshakeError, Peer, TlsServer};
@@ -165,6 +168,7 @@ pub(crate) async fn serve_placed<S>(
 where
     S: AsyncRead + AsyncWrite + Movable + Send + Unpin + 'static,
 {
+    let direct = stream.socket_fd();
     let (reader, writer) = tokio::io::split(stream);
     // A request's header and its payload usually arrive together: one receive takes both
     // (and any requests behind them) instead of one call each.
@@ -182,7 +186,7 @@ where
     let negotiated = negotiate(&mut reader, &mut writer, exports.as_ref(), &plain);
     match haggling(negotiated, deadline, &mut stop).await? {
         Some(Negotiated::Session(session)) => {
-            return serve_at_home(reader, writer, session, shutdown, placed).await
+            return serve_at_home(reader, writer, session, shutdown, placed, direct).await
         }
         Some(Negotiated::Ended) | None => return Ok(()),
         Some(Negotiated::StartTls) => {}
@@ -207,7 +211,8 @@ where
     let negotiated = negotiate(&mut reader, &mut writer, exports.as_ref(), &secured);
     match haggling(negotiated, deadline, &mut stop).await? {
         Some(Negotiated::Session(session)) => {
-            serve_at_home(reader, writer, session, shutdown, placed).await
+            // Decrypted bytes come through the stream, never from the socket itself.
+            serve_at_home(reader, writer, session, shutdown, placed, None).await
         }
         Some(Negotiated::Ended) | None => Ok(()),
         Some(Negotiated::StartTls) => Err(protocol("STARTTLS inside TLS")),
@@ -222,6 +227,7 @@ async fn serve_at_home<T>(
     session: Session,
     shutdown: watch::Receiver<bool>,
     placed: Option<Placed>,
+    direct: Option<RawFd>,
 ) -> Result<(), ConnectionError>
 where
     T: AsyncRead + AsyncWrite + Movable + Send + Unpin + 'static,
@@ -235,7 +241,7 @@ where
             if let Some((home, _)) = &stay {
                 home.assert_here();
             }
-            let served = transmission(reader, writer, session, shutdown).await;
+            let served = transmission(reader, writer, session, shutdown, direct).await;
             drop(stay);
             return served;
         }
@@ -246,9 +252,11 @@ where
     let moved = core.spawn(async move {
         home.assert_here();
         stream.attach()?;
+        // The same socket (a TLS stream's is `None` still), registered with this core.
+        let direct = direct.and(stream.socket_fd());
         let (reader, writer) = tokio::io::split(stream);
         let reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
-        let served = transmission(reader, BufWriter::new(writer), session, shutdown).await;
+        let served = transmission(reader, BufWriter::new(writer), session, shutdown, direct).await;
         drop(home);
         served
     });
@@ -603,10 +611,11 @@ struct Reply {
 }
 
 async fn transmission<R, W>(
-    mut reader: R,
+    mut reader: BufReader<R>,
     writer: BufWriter<W>,
     session: Session,
     mut shutdown: watch::Receiver<bool>,
+    direct: Option<RawFd>,
 ) -> Result<(), ConnectionError>
 where
     R: AsyncRead + Unpin + Send + 'static,
@@ -722,14 +731,23 @@ where
         let held = if request.kind == proto::CMD_READ { request.len } else { payload_len };
         let kib = held.div_ceil(1024).max(1);
         let budget = Arc::clone(&budget).acquire_many_owned(kib).await.expect("never closed");
-        let payload = if payload_len > 0 {
-            match read_payload(&mut reader, payload_len as usize).await {
-                Ok(data) => data,
-                // A write cut off mid-payload is dropped whole.
-                Err(e) => break Err(e.into()),
+        // A write of whole blocks is received into a buffer per block, which become its dirty
+        // blocks as they are; any other into one buffer, copied into its blocks.
+        let whole_blocks = session.volume.whole_blocks(request.offset, u64::from(payload_len));
+        let received = match whole_blocks {
+            Some(bs) if payload_len > 0 => {
+                let len = payload_len as usize;
+                read_blocks(&mut reader, direct, len, bs).await.map(Payload::Blocks)
             }
-        } else {
-            Vec::new()
+            _ if payload_len > 0 => {
+                read_payload(&mut reader, payload_len as usize).await.map(Payload::Bytes)
+            }
+            _ => Ok(Payload::Bytes(Vec::new())),
+        };
+        let payload = match received {
+            Ok(payload) => payload,
+            // A write cut off mid-payload is dropped whole.
+            Err(e) => break Err(e.into()),
         };
         let (session, replies, writer, slots) =
             (Arc::clone(&session), replies.clone(), Arc::clone(&writer), Arc::clone(&slots));
@@ -787,6 +805,91 @@ async fn read_payload<R: AsyncRead + Unpin>(
     Ok(data)
 }
 
+/// Reads a write's payload of `len` bytes, whole blocks of `block_bytes`, into a buffer per
+/// block, none zeroed first (`Volume::write_blocks`: each becomes its block as it is). What
+/// the connection's buffer holds already (the payload's start, received with its header) is
+/// copied out of it; the rest is received straight into the blocks. With `direct`, a plain
+/// socket's descriptor, one vectored receive takes whatever the socket holds into all the
+/// blocks' unfilled bytes; when it holds nothing yet, and always without `direct`, a read
+/// through the stream into the block being filled waits for the next bytes. One read per
+/// block would cost a receive per 16 KiB where a contiguous buffer took a few per MiB
+/// (measured: more context switches per 1 MiB write, its latency up 50%).
+async fn read_blocks<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    direct: Option<RawFd>,
+    len: usize,
+    block_bytes: usize,
+) -> std::io::Result<Vec<AlignedBuf>> {
+    assert!(block_bytes > 0 && len % block_bytes == 0, "a payload of whole blocks");
+    let mut blocks: Vec<UninitBuf> =
+        (0..len / block_bytes).map(|_| UninitBuf::new(block_bytes)).collect();
+    let buffered = &reader.buffer()[..reader.buffer().len().min(len)];
+    for (block, bytes) in blocks.iter_mut().zip(buffered.chunks(block_bytes)) {
+        block.write_at(0, bytes);
+    }
+    let mut filled = buffered.len();
+    reader.consume(filled);
+    while filled < len {
+        // The connection's buffer is empty, so reading past it keeps the stream's order.
+        debug_assert!(reader.buffer().is_empty());
+        if let Some(fd) = direct {
+            match receive_into(fd, &mut blocks, filled, block_bytes) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    filled += n;
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => return Err(e),
+                // Nothing there yet: the stream's read below waits for it.
+                Err(_) => {}
+            }
+        }
+        let mut view = ReadBuf::uninit(blocks[filled / block_bytes].spare(filled % block_bytes));
+        std::future::poll_fn(|cx| Pin::new(reader.get_mut()).poll_read(cx, &mut view)).await?;
+        match view.filled().len() {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => filled += n,
+        }
+    }
+    // SAFETY: bytes 0..len were all written, in order: the buffered ones by `write_at`, the
+    // rest by receives into the blocks' spare bytes from `filled` on, each counted as the
+    // kernel or the stream's `ReadBuf` reported them.
+    Ok(blocks.into_iter().map(|block| unsafe { block.assume_init() }).collect())
+}
+
+/// One receive, without waiting, on the socket `fd` into the blocks' bytes from `filled` on
+/// (as many of them as one call takes): how many bytes it wrote there.
+fn receive_into(
+    fd: RawFd,
+    blocks: &mut [UninitBuf],
+    filled: usize,
+    block_bytes: usize,
+) -> std::io::Result<usize> {
+    let first = filled / block_bytes;
+    let mut iovecs: Vec<libc::iovec> = blocks[first..]
+        .iter_mut()
+        .take(sluice_engine::IOVECS_MAX)
+        .map(|block| libc::iovec { iov_base: block.as_mut_ptr().cast(), iov_len: block_bytes })
+        .collect();
+    let skip = filled % block_bytes;
+    // SAFETY: the first block's unfilled bytes start `skip` into it, inside its allocation.
+    iovecs[0].iov_base = unsafe { iovecs[0].iov_base.cast::<u8>().add(skip).cast() };
+    iovecs[0].iov_len -= skip;
+    // SAFETY: a zeroed msghdr is valid (no name, no control data); it points at `iovecs`.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = iovecs.as_mut_ptr();
+    message.msg_iovlen = iovecs.len() as _;
+    // SAFETY: every iovec covers unfilled bytes of a block this call borrows mutably, which
+    // outlive it; the kernel writes at most their lengths. MSG_DONTWAIT: never blocks the
+    // serving core, whatever the descriptor's own mode.
+    let n = unsafe { libc::recvmsg(fd, &mut message, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
 #[cfg(test)]
 mod tests {
     //! One session against a real store on instant simulated disks, as a client sees it.
@@ -798,7 +901,10 @@ mod tests {
     use sluice_engine::Volume;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    use super::{serve_connection, serve_connection_tls, ConnectionError, Exports};
+    use super::{
+        read_blocks, serve_connection, serve_connection_tls, ConnectionError, Exports,
+        READ_BUFFER_BYTES,
+    };
     use crate::proto::{self, Request};
     use crate::testing::{
         connect, go, go_data, hello, option, option_replies, psk_handshake, psk_handshake_up_to,
@@ -1368,5 +1474,53 @@ mod tests {
         let disc = Request { flags: 0, kind: proto::CMD_DISC, cookie: 1, offset: 0, len: 0 };
         client.write_all(&disc.encode()).await.unwrap();
         session.await.unwrap().unwrap();
+    }
+
+    /// A write of whole blocks is received into a buffer per block: what the connection's
+    /// buffer held first, then vectored receives straight from the socket (or, without its
+    /// descriptor, reads through the stream), every byte in order and none past the payload
+    /// taken; a payload cut off is an error, not a short block.
+    #[tokio::test]
+    async fn a_payload_of_whole_blocks_is_received_into_its_blocks() {
+        use crate::placement::{CoreStream, Movable};
+        use tokio::io::AsyncBufReadExt;
+        const BLOCK: usize = 16 << 10;
+        const LEN: usize = 5 * BLOCK;
+        let payload: Vec<u8> = (0..LEN).map(|i| (i * 31 % 251) as u8).collect();
+        for direct in [true, false] {
+            let (client, server) = tokio::net::UnixStream::pair().unwrap();
+            let server = CoreStream::from(server);
+            let fd = server.socket_fd().filter(|_| direct);
+            let (reader, _writer) = tokio::io::split(server);
+            let mut reader = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, reader);
+            let (_client_reader, mut client) = client.into_split();
+            // The payload's start in the connection's buffer, as when it came with its header.
+            client.write_all(&payload[..5000]).await.unwrap();
+            assert!(!reader.fill_buf().await.unwrap().is_empty());
+            let rest = payload[5000..].to_vec();
+            let sender = tokio::spawn(async move {
+                for piece in rest.chunks(7001) {
+                    client.write_all(piece).await.unwrap();
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                // The next request's first bytes, right behind the payload.
+                client.write_all(b"next").await.unwrap();
+                client
+            });
+            let blocks = read_blocks(&mut reader, fd, LEN, BLOCK).await.unwrap();
+            assert_eq!(blocks.len(), LEN / BLOCK);
+            assert!(blocks.iter().all(|b| b.len() == BLOCK));
+            let got: Vec<u8> = blocks.iter().flat_map(|b| b.iter().copied()).collect();
+            assert!(got == payload, "the payload's bytes, in order (direct: {direct})");
+            let mut next = [0u8; 4];
+            reader.read_exact(&mut next).await.unwrap();
+            assert_eq!(&next, b"next", "the bytes after the payload stay in the stream");
+            // A block and a bit, then the client is gone.
+            let mut client = sender.await.unwrap();
+            client.write_all(&payload[..BLOCK + 10]).await.unwrap();
+            drop(client);
+            let cut = read_blocks(&mut reader, fd, LEN, BLOCK).await;
+            assert_eq!(cut.unwrap_err().kind(), std::io::ErrorKind::UnexpectedEof);
+        }
     }
 }

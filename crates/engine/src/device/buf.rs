@@ -177,6 +177,20 @@ impl UninitBuf {
         self.0.ptr.as_ptr()
     }
 
+    /// The bytes from `at` on, for a reader to fill (a socket's: a write's payload received
+    /// straight into its blocks, nbd's `read_blocks`); the view claims nothing about them.
+    pub fn spare(&mut self, at: usize) -> &mut [std::mem::MaybeUninit<u8>] {
+        self.check(at, 0);
+        // SAFETY: the range lies inside the allocation (checked above); MaybeUninit makes no
+        // claim on the bytes' contents, and `&mut self` keeps the view exclusive.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.0.ptr.as_ptr().add(at).cast::<std::mem::MaybeUninit<u8>>(),
+                self.0.len - at,
+            )
+        }
+    }
+
     /// The buffer, once something wrote its first `filled` bytes; the rest are zeroed here.
     ///
     /// # Safety

@@ -287,20 +287,88 @@ pub(super) enum Apply {
 pub enum WriteData<'a> {
     Borrowed(&'a [u8]),
     Owned(Vec<u8>),
+    /// Whole blocks from a block boundary, each received into a buffer of its own (ZFS's
+    /// `dmu_assign_arcbuf`): each becomes its dirty block as it is, so a large write's bytes are
+    /// not copied from the request's buffer into its blocks ([`crate::Volume::write_blocks`]).
+    Blocks(Vec<Arc<AlignedBuf>>),
 }
 
 impl std::fmt::Debug for WriteData<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = if matches!(self, WriteData::Owned(_)) { "Owned" } else { "Borrowed" };
-        write!(f, "WriteData::{kind}({} bytes)", self.bytes().len())
+        let kind = match self {
+            WriteData::Borrowed(_) => "Borrowed",
+            WriteData::Owned(_) => "Owned",
+            WriteData::Blocks(_) => "Blocks",
+        };
+        write!(f, "WriteData::{kind}({} bytes)", self.len())
     }
 }
 
 impl WriteData<'_> {
-    pub fn bytes(&self) -> &[u8] {
+    pub fn len(&self) -> usize {
         match self {
-            WriteData::Borrowed(b) => b,
-            WriteData::Owned(v) => v,
+            WriteData::Borrowed(b) => b.len(),
+            WriteData::Owned(v) => v.len(),
+            WriteData::Blocks(blocks) => blocks.iter().map(|b| b.len()).sum(),
         }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The payload's bytes at `range` (from its start); of a [`WriteData::Blocks`] payload,
+    /// a range within one of its blocks (all the write path asks for: a block's part).
+    pub fn slice(&self, range: std::ops::Range<usize>) -> &[u8] {
+        match self {
+            WriteData::Borrowed(b) => &b[range],
+            WriteData::Owned(v) => &v[range],
+            WriteData::Blocks(blocks) => {
+                let (block, at) = Self::block_at(blocks, range.start);
+                assert!(
+                    at + range.len() <= blocks[block].len(),
+                    "a received block's payload is sliced within one block"
+                );
+                &blocks[block][at..at + range.len()]
+            }
+        }
+    }
+
+    /// The payload's bytes at `range` as a whole block's buffer: the received one itself
+    /// where `range` is exactly one of a [`WriteData::Blocks`] payload's, else a copy.
+    pub fn block(&self, range: std::ops::Range<usize>) -> Arc<AlignedBuf> {
+        if let WriteData::Blocks(blocks) = self {
+            let (block, at) = Self::block_at(blocks, range.start);
+            if at == 0 && blocks[block].len() == range.len() {
+                return Arc::clone(&blocks[block]);
+            }
+        }
+        Arc::new(AlignedBuf::copy_from(self.slice(range)))
+    }
+
+    /// A copy of the payload's bytes at `range`, which may span blocks (a log record's).
+    pub fn to_vec(&self, range: std::ops::Range<usize>) -> Vec<u8> {
+        let WriteData::Blocks(blocks) = self else { return self.slice(range).to_vec() };
+        let mut out = Vec::with_capacity(range.len());
+        let (mut block, mut at) = Self::block_at(blocks, range.start);
+        while out.len() < range.len() {
+            let n = (blocks[block].len() - at).min(range.len() - out.len());
+            out.extend_from_slice(&blocks[block][at..at + n]);
+            (block, at) = (block + 1, 0);
+        }
+        out
+    }
+
+    /// Which block of `blocks` holds the payload's byte `at`, and where in it. Every block of
+    /// a received payload is the volume's block size ([`crate::Volume::write_blocks`]).
+    fn block_at(blocks: &[Arc<AlignedBuf>], at: usize) -> (usize, usize) {
+        let bs = blocks.first().map_or(1, |b| b.len()).max(1);
+        let block = at / bs;
+        assert!(
+            block < blocks.len(),
+            "byte {at} past a received payload of {} blocks",
+            blocks.len()
+        );
+        (block, at % bs)
     }
 }

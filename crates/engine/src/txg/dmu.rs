@@ -345,7 +345,7 @@ impl Store {
         offset: u64,
         data: WriteData<'_>,
     ) -> Result<u64, StoreError> {
-        let len = data.bytes().len() as u64;
+        let len = data.len() as u64;
         self.modify(dataset, offset, len, Some(data), Apply::Live).await
     }
 
@@ -408,7 +408,6 @@ impl WritePath<'_> {
         apply: Apply,
         mut stored: Vec<(u64, Prewritten)>,
     ) -> Result<u64, StoreError> {
-        let data = payload.as_ref().map(WriteData::bytes);
         self.spa.check_live()?;
         let _guard = self.spa.panic_guard("the write path");
         self.dsl.check_exists(dataset)?;
@@ -441,8 +440,9 @@ impl WritePath<'_> {
         let (first, last) = (offset / bs, (end - 1) / bs);
         let admission = Admission { spa: self.spa, dsl: self.dsl, txg: self.txg, sync: self.sync };
         let whole_blocks = (last - first + 1) * bs;
-        let admitted =
-            admission.assign(dataset, whole_blocks, apply == Apply::Live && data.is_some()).await?;
+        let admitted = admission
+            .assign(dataset, whole_blocks, apply == Apply::Live && payload.is_some())
+            .await?;
         self.spa.pause_point("dmu.assigned").await;
         // Whole blocks are built outside the lock.
         let mut whole: Vec<(u64, Block)> = Vec::new();
@@ -450,11 +450,12 @@ impl WritePath<'_> {
             let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
             if to - from == bs {
                 let given = stored.iter().find(|(i, _)| *i == index);
-                let block = match (given, data) {
+                let block = match (given, &payload) {
                     (Some((_, p)), _) => Block::Data(Arc::clone(&p.data)),
-                    (None, Some(d)) => Block::Data(Arc::new(AlignedBuf::copy_from(
-                        &d[(from - offset) as usize..(to - offset) as usize],
-                    ))),
+                    // A received block is the block itself; other bytes are copied.
+                    (None, Some(d)) => {
+                        Block::Data(d.block((from - offset) as usize..(to - offset) as usize))
+                    }
                     (None, None) => Block::Zero,
                 };
                 whole.push((index, block));
@@ -510,7 +511,9 @@ impl WritePath<'_> {
             for index in partial {
                 let (from, to) = ((index * bs).max(offset), ((index + 1) * bs).min(end));
                 let (at, n) = ((from - index * bs) as usize, (to - from) as usize);
-                let bytes = data.map(|d| &d[(from - offset) as usize..(to - offset) as usize]);
+                let bytes = payload
+                    .as_ref()
+                    .map(|d| d.slice((from - offset) as usize..(to - offset) as usize));
                 // The open txg's own whole block that nothing else holds (no reader, no sync,
                 // no block written in place for the log, no cache entry) is changed where it
                 // lies; any other holder sees its version unchanged because it forces a copy.

@@ -677,25 +677,23 @@ pub(super) fn append_records(
     let Some(payload) = payload.as_ref() else {
         return log.append(now, |sequence| LogRecord::Zero { txg, sequence, offset, len });
     };
-    let data = payload.bytes();
-    let copy = |at: u64, bytes: &[u8]| {
+    // The payload's bytes from `from` to `to` (volume offsets), copied into records of at
+    // most a log block's piece each.
+    let copy = |from: u64, to: u64| {
+        let piece = copied_piece_bytes(block_bytes_max) as u64;
         let mut sequence = 0;
-        for (i, chunk) in bytes.chunks(copied_piece_bytes(block_bytes_max)).enumerate() {
-            let at = at + (i * copied_piece_bytes(block_bytes_max)) as u64;
-            sequence = log.append(now, |sequence| LogRecord::Write {
-                txg,
-                sequence,
-                offset: at,
-                data: chunk.to_vec(),
-            });
+        for at in (from..to).step_by(piece as usize) {
+            let data =
+                payload.to_vec((at - offset) as usize..((at + piece).min(to) - offset) as usize);
+            sequence =
+                log.append(now, |sequence| LogRecord::Write { txg, sequence, offset: at, data });
         }
         sequence
     };
-    let Some((bs, first_whole, end_whole)) = whole else { return copy(offset, data) };
-    let slice = |from: u64, to: u64| &data[(from - offset) as usize..(to - offset) as usize];
+    let Some((bs, first_whole, end_whole)) = whole else { return copy(offset, end) };
     let mut sequence = 0;
     if offset < first_whole {
-        copy(offset, slice(offset, first_whole));
+        copy(offset, first_whole);
     }
     for at in (first_whole..end_whole).step_by(bs as usize) {
         sequence = log.append_unfilled(now, |sequence| LogRecord::WriteIndirect {
@@ -707,7 +705,7 @@ pub(super) fn append_records(
         });
     }
     if end_whole < end {
-        sequence = copy(end_whole, slice(end_whole, end));
+        sequence = copy(end_whole, end);
     }
     sequence
 }

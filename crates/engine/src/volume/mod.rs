@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use sluice_format::SyncMode;
 
+use crate::device::AlignedBuf;
 use crate::rt::Time;
 use crate::stats::{VolumeOp, VolumeStats};
 use crate::txg::{Dataset, ReadData, Store, StoreError, WriteData};
@@ -189,6 +190,32 @@ impl Volume {
         self.write_data(offset, WriteData::Owned(data), fua).await
     }
 
+    /// The volume's block size if a write of `len` bytes at `offset` covers whole blocks
+    /// only: its payload can then be received into a buffer per block and handed over
+    /// ([`Volume::write_blocks`]).
+    pub fn whole_blocks(&self, offset: u64, len: u64) -> Option<usize> {
+        let bs = self.block_bytes;
+        (len >= bs && offset % bs == 0 && len % bs == 0).then_some(bs as usize)
+    }
+
+    /// [`Volume::write`] of a payload received into one buffer per block, from a block
+    /// boundary ([`Volume::whole_blocks`]): each buffer becomes its dirty block, without the
+    /// copy a contiguous payload's bytes take into their blocks (ZFS's `dmu_assign_arcbuf`).
+    pub async fn write_blocks(
+        &self,
+        offset: u64,
+        blocks: Vec<AlignedBuf>,
+        fua: bool,
+    ) -> Result<(), StoreError> {
+        assert!(
+            offset % self.block_bytes == 0
+                && blocks.iter().all(|b| b.len() as u64 == self.block_bytes),
+            "write_blocks takes whole blocks from a block boundary"
+        );
+        let blocks = blocks.into_iter().map(Arc::new).collect();
+        self.write_data(offset, WriteData::Blocks(blocks), fua).await
+    }
+
     async fn write_data(
         &self,
         offset: u64,
@@ -198,7 +225,7 @@ impl Volume {
         let arrived = self.now();
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
-        let len = data.bytes().len() as u64;
+        let len = data.len() as u64;
         let result = async {
             let sequence = self.store.write_data_in(&self.dataset, offset, data).await?;
             if fua || self.dataset.sync_mode() == SyncMode::Always {
