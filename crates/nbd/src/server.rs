@@ -846,7 +846,11 @@ async fn read_blocks<R: AsyncRead + Unpin>(
             }
         }
         let mut view = ReadBuf::uninit(blocks[filled / block_bytes].spare(filled % block_bytes));
+        // An address, not a pointer: the future stays Send.
+        let spare = view.filled().as_ptr() as usize;
         std::future::poll_fn(|cx| Pin::new(reader.get_mut()).poll_read(cx, &mut view)).await?;
+        // What counts is what the reader wrote into this view of the block, not elsewhere.
+        debug_assert_eq!(view.filled().as_ptr() as usize, spare, "the reader filled the view");
         match view.filled().len() {
             0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
             n => filled += n,

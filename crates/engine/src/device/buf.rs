@@ -179,6 +179,8 @@ impl UninitBuf {
 
     /// The bytes from `at` on, for a reader to fill (a socket's: a write's payload received
     /// straight into its blocks, nbd's `read_blocks`); the view claims nothing about them.
+    /// What counts as written for [`UninitBuf::bytes`] and [`UninitBuf::assume_init`] is what
+    /// a writer initialised through it (tokio's `ReadBuf` over it reports just that).
     pub fn spare(&mut self, at: usize) -> &mut [std::mem::MaybeUninit<u8>] {
         self.check(at, 0);
         // SAFETY: the range lies inside the allocation (checked above); MaybeUninit makes no
@@ -240,7 +242,7 @@ impl UninitBuf {
     /// The buffer as an [`AlignedBuf`].
     ///
     /// # Safety
-    /// Every byte must have been written since [`UninitBuf::new`].
+    /// Every byte must have been written (initialised) since [`UninitBuf::new`].
     pub unsafe fn assume_init(self) -> AlignedBuf {
         self.0
     }
