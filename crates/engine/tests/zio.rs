@@ -7,6 +7,8 @@
 //! log's chain blocks carry their own checksum and skip the others). A writer of the txg sync
 //! fails the sync, which suspends the store and says which writer's block failed; the intent
 //! log's writers fall back to a txg sync, and the acknowledged write is durable all the same.
+//! One more fault is armed at the checksum stage of blocks logged by pointer, which their
+//! writes pass before it.
 
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
@@ -132,6 +134,41 @@ fn log_writer_reports(writer: Writer, seed: u64) {
 fn a_fault_in_a_log_writer_falls_back_to_a_sync_and_loses_nothing() {
     log_writer_reports(Writer::LogIndirect, 20);
     log_writer_reports(Writer::LogChain, 21);
+}
+
+/// A log commit's blocks stored as they are start their writes before their checksums
+/// (`zio::stage_as_is`): a checksum that fails after the writes started falls back to a txg
+/// sync like any failed log write, and the places those writes took are freed once they end
+/// (the audit finds no log space besides the chain's).
+#[test]
+fn a_checksum_fault_after_a_commits_writes_started_frees_their_places() {
+    let sim = Sim::new(22);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    sim.run(async move {
+        let store = store_with_v(&env, &legs).await;
+        let volume = Volume::open(&store, "v").unwrap();
+        let data = pattern(6, 1 << 20);
+        let via_txg = store.log_stats().commits_via_txg.get();
+        store.pool().zio().arm_fault(Stage::Checksum, Writer::LogIndirect);
+        volume.write(0, &data, true).await.unwrap();
+        assert_eq!(store.pool().zio().errors(Writer::LogIndirect), 1, "counted once");
+        assert!(store.log_stats().commits_via_txg.get() > via_txg, "no fallback to a sync");
+        assert_eq!(
+            store.log_stats().indirect_blocks_written.get(),
+            64,
+            "the blocks' writes did not start before their checksums"
+        );
+        assert!(!store.is_suspended());
+        for _ in 0..3 {
+            store.sync().await.unwrap();
+        }
+        assert_eq!(volume.read(0, data.len() as u64).await.unwrap(), data);
+        let audit = store.audit().await.unwrap();
+        assert!(audit.is_clean(), "{:?}", audit.problems);
+        assert_eq!(audit.log_bytes, audit.chain_bytes, "the started writes' places leaked");
+    })
+    .unwrap();
 }
 
 /// A receive's blocks fail at the issue stage: the receive says so, and the store suspends.

@@ -168,6 +168,16 @@ pub fn reap() -> usize {
     core.reap()
 }
 
+/// Submits what this thread's pushes have queued for the submitter, now (nothing without a
+/// ring, or with nothing queued): for a caller that started writes a client waits on and has
+/// CPU work to do before its task ends its turn (a log commit's blocks written in place,
+/// checksummed while the device writes them).
+pub fn submit_queued() {
+    if let Some(core) = CORE.with(|c| c.borrow().clone()) {
+        core.submit_due_entries();
+    }
+}
+
 /// The task that submits what this turn's pushes queued: spawn it on the loop that owns the
 /// ring, beside the reaper. While it is parked, a push wakes it instead of submitting, so every
 /// entry queued before it runs goes to the kernel in one call. Dropping it, or

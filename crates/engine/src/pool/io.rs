@@ -257,6 +257,21 @@ impl Pool {
             .map_err(|e| self.zio_error(e))
     }
 
+    /// [`zio::stage_as_is`]: a log committer's batch that is stored as it is, past its
+    /// compress and encrypt stages, so that its writes can start before its checksums.
+    pub fn stage_as_is(
+        &self,
+        blocks: &[(BlockProps, Arc<AlignedBuf>)],
+    ) -> Option<Result<zio::Staged, PoolError>> {
+        zio::stage_as_is(&self.zio, blocks, self.unit_bytes())
+            .map(|staged| staged.map_err(|e| self.zio_error(e)))
+    }
+
+    /// [`zio::sum_staged`]: the checksums of a batch [`Pool::stage_as_is`] staged.
+    pub fn sum_staged(&self, staged: &zio::Staged) -> Result<Vec<Sealed>, PoolError> {
+        zio::sum_staged(&self.zio, staged).map_err(|e| self.zio_error(e))
+    }
+
     /// zio's CPU stages for one block, here; `psize` pads it to a place allocated already.
     pub fn seal_block(
         &self,

@@ -29,6 +29,7 @@ use crate::device::AlignedBuf;
 use crate::intent_log::{BlockWritten, DataWrite, LogError, LogWriter};
 use crate::pool::PoolError;
 use crate::tunables::IoClass;
+use crate::vdev::RunBlock;
 use crate::zio::{self, BlockProps, Issue, Writer};
 
 impl Store {
@@ -302,7 +303,20 @@ impl LogCommit<'_> {
                 (props, Arc::clone(data))
             })
             .collect();
-        let sealed = self.spa.pool().seal_blocks(blocks).await?;
+        // A batch stored as it is (nothing compresses, nothing is encrypted) has its places
+        // from its logical sizes, and its writes start before its checksums, which are
+        // computed while the device writes (`zio::stage_as_is`); any other is sealed first.
+        let pool = self.spa.pool();
+        let staged = pool.stage_as_is(&blocks).transpose()?;
+        let sealed_first = match staged {
+            Some(_) => None,
+            None => Some(pool.seal_blocks(blocks).await?),
+        };
+        let psizes: Vec<u64> = match (&staged, &sealed_first) {
+            (Some(staged), _) => staged.psizes(),
+            (None, Some(sealed)) => sealed.iter().map(zio::Sealed::psize).collect(),
+            (None, None) => unreachable!("a batch is staged or sealed"),
+        };
         // Space for each placed block, as data is placed (near the data cursor, so a large
         // write's blocks land back to back), but held like a log block until a sync links it.
         // No room for the blocks in place beside what the syncs were promised: the commit
@@ -313,37 +327,61 @@ impl LogCommit<'_> {
             .spa
             .allocator()
             .lock()
-            .allocate_indirect_promised(
-                &sealed.iter().map(zio::Sealed::psize).collect::<Vec<_>>(),
-                self.spa.pool().root().write_span_bytes(),
-                bs,
-            )
-            .map_err(|source| PoolError::NoSpace {
-                pool: self.spa.pool().name().to_owned(),
-                cause: source,
-            })?;
+            .allocate_indirect_promised(&psizes, pool.root().write_span_bytes(), bs)
+            .map_err(|source| PoolError::NoSpace { pool: pool.name().to_owned(), cause: source })?;
         self.zil.stats().indirect_blocks_written.add(place.len() as u64);
-        // Runs of blocks back to back on one vdev, each written as one I/O.
-        let runs = zio::span_runs(&placed, self.spa.pool().root().write_span_bytes());
-        let mut blocks: Vec<Prewritten> = Vec::with_capacity(place.len());
-        let mut writes = Vec::with_capacity(runs.len());
-        for run in runs {
+        // Runs of blocks back to back on one vdev, each written as one I/O, from the blocks'
+        // own buffers, as a sync writes.
+        let stored = |i: usize| match (&staged, &sealed_first) {
+            (Some(staged), _) => staged.stored(i),
+            (None, Some(sealed)) => &sealed[i].stored,
+            (None, None) => unreachable!("a batch is staged or sealed"),
+        };
+        let mut writes = Vec::new();
+        let mut block_writes: Vec<DataWrite> = Vec::with_capacity(place.len());
+        for run in zio::span_runs(&placed, pool.root().write_span_bytes()) {
             let (vdev, _, _) = placed[run.start];
-            // Written from the blocks' own buffers, as a sync writes.
-            let pieces = zio::run_blocks(&placed, run.clone(), |i| &sealed[i].stored);
+            let pieces = zio::run_blocks(&placed, run.clone(), stored);
             let (done, written) = futures::channel::oneshot::channel::<BlockWritten>();
             let write: DataWrite =
                 written.map(|r| r.unwrap_or(BlockWritten::Failed)).boxed().shared();
-            for i in run {
-                let bp = zio::describe(&sealed[i], &placed[i..=i]);
-                let data = Arc::clone(&place[i].0);
-                blocks.push(Prewritten { data, bp, write: write.clone() });
-            }
-            writes.push((vdev, pieces, done));
+            block_writes.extend(run.map(|_| write.clone()));
+            writes.push(IndirectWrite { vdev, pieces, done });
         }
-        // Recorded for the sync before the writes start, so that a sync beginning now waits
-        // for them; a block that changed since it was looked at is orphaned (the next sync
-        // frees it once its write ends) and its record copied instead.
+        let sealed = match staged {
+            Some(staged) => {
+                self.issue_indirect(std::mem::take(&mut writes), true);
+                match pool.sum_staged(&staged) {
+                    Ok(sealed) => sealed,
+                    Err(e) => {
+                        // The writes are under way: their places are freed by the next sync
+                        // once they end, as for a block that changed meanwhile.
+                        let orphaned = (0..place.len())
+                            .map(|i| Prewritten {
+                                data: Arc::clone(&place[i].0),
+                                bp: zio::describe_place(&staged, i, placed[i]),
+                                write: block_writes[i].clone(),
+                            })
+                            .collect();
+                        self.txg.lock().queue(Orphaned(orphaned));
+                        return Err(e.into());
+                    }
+                }
+            }
+            None => sealed_first.expect("a batch is staged or sealed"),
+        };
+        let blocks: Vec<Prewritten> = (0..place.len())
+            .map(|i| Prewritten {
+                data: Arc::clone(&place[i].0),
+                bp: zio::describe(&sealed[i], &placed[i..=i]),
+                write: block_writes[i].clone(),
+            })
+            .collect();
+        // Recorded for the sync, so that a sync beginning now waits for the writes (which
+        // start after this, or for a batch stored as it is have started: a sync that began
+        // since closed the records' txg, and orphans their blocks here); a block that changed
+        // since it was looked at is orphaned (the next sync frees it once its write ends) and
+        // its record copied instead.
         let mut filled: Vec<(LogRecord, Option<DataWrite>)> = Vec::new();
         // Asked once, outside the locks: `inflate` looks at the vdev tree.
         let alloc_per_block = self.spa.pool().inflate(bs, bs);
@@ -386,22 +424,7 @@ impl LogCommit<'_> {
                 txg.queue(Orphaned(orphaned));
             }
         }
-        // On a single leaf, written without a flush of their own: the lwb that carries their
-        // records flushes every vdev they landed on once they and it have completed (ZFS: the
-        // lwb's flush of the vdevs `zil_lwb_add_block` noted), and a sync that links them
-        // flushes before its uberblock. A flush per run cost a device flush each, about five
-        // per MiB on an aged pool (bench/per-op.sh syncwrite-1m). On a mirror or RAID-Z each
-        // run is still written durably, on every present child (`Root::plain_leaf` says
-        // why).
-        for (vdev, run, done) in writes {
-            let pool = Arc::clone(self.spa.pool());
-            let leaf = pool.root().plain_leaf(vdev);
-            self.spa.pool().env().spawn("indirect block write", async move {
-                let how = Issue { class: IoClass::SyncWrite, durable: leaf.is_none() };
-                let ok = pool.issue_run(Writer::LogIndirect, vdev, run, how).await.is_ok();
-                let _ = done.send(BlockWritten::after(&pool, vdev, leaf, ok));
-            });
-        }
+        self.issue_indirect(writes, false);
         for (record, write) in filled {
             log.fill(record, write);
         }
@@ -426,6 +449,46 @@ impl LogCommit<'_> {
         }
         Ok(())
     }
+
+    /// Starts the writes of blocks logged by pointer. `now` submits them to the device before
+    /// returning (each write polled once, then the thread's queued submissions sent), for a
+    /// caller with CPU work left before its task ends its turn; otherwise they go with the
+    /// turn's other I/O.
+    ///
+    /// On a single leaf, written without a flush of their own: the lwb that carries their
+    /// records flushes every vdev they landed on once they and it have completed (ZFS: the
+    /// lwb's flush of the vdevs `zil_lwb_add_block` noted), and a sync that links them
+    /// flushes before its uberblock. A flush per run cost a device flush each, about five
+    /// per MiB on an aged pool (bench/per-op.sh syncwrite-1m). On a mirror or RAID-Z each
+    /// run is still written durably, on every present child (`Root::plain_leaf` says why).
+    fn issue_indirect(&self, writes: Vec<IndirectWrite>, now: bool) {
+        for IndirectWrite { vdev, pieces, done } in writes {
+            let pool = Arc::clone(self.spa.pool());
+            let leaf = pool.root().plain_leaf(vdev);
+            let env = pool.env().clone();
+            let mut write = async move {
+                let how = Issue { class: IoClass::SyncWrite, durable: leaf.is_none() };
+                let ok = pool.issue_run(Writer::LogIndirect, vdev, pieces, how).await.is_ok();
+                let _ = done.send(BlockWritten::after(&pool, vdev, leaf, ok));
+            }
+            .boxed();
+            // Polled here once, it queues its I/O; the spawned task polls it on.
+            if now && (&mut write).now_or_never().is_some() {
+                continue;
+            }
+            env.spawn("indirect block write", write);
+        }
+        if now {
+            crate::device::core_ring::submit_queued();
+        }
+    }
+}
+
+/// One run's write of blocks logged by pointer, not yet started, and where it reports.
+struct IndirectWrite {
+    vdev: u32,
+    pieces: Vec<RunBlock>,
+    done: futures::channel::oneshot::Sender<BlockWritten>,
 }
 
 /// Records of the txg being synced are copied into the log while their blocks are less than

@@ -45,6 +45,14 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Whether [`compress`] stores a block of `len` bytes as it is without looking at its bytes:
+/// compression is off, the block is too small for an eighth of it to save a unit, or the
+/// early abort's plan found it incompressible.
+pub fn stored_as_is(property: Compression, len: usize, unit: u64, planned: Option<bool>) -> bool {
+    let unit = unit.max(1) as usize;
+    property == Compression::Off || len - len / 8 < unit || planned == Some(false)
+}
+
 /// Compresses `logical` as `property` asks. Returns the bytes to store (whole allocation units
 /// of `unit` bytes) and the algorithm when that saves at least an eighth of `logical`'s
 /// size; `None` when the block is to be stored as it is.
@@ -58,13 +66,13 @@ pub fn compress(
     unit: u64,
     planned: Option<bool>,
 ) -> Option<(AlignedBuf, BlockCompression)> {
+    if stored_as_is(property, logical.len(), unit, planned) {
+        return None;
+    }
     let unit = unit.max(1) as usize;
     let len = logical.len();
     // The most a stored block may take and still be worth it.
     let limit = len - len / 8;
-    if property == Compression::Off || limit < unit {
-        return None;
-    }
     // Anything longer than this would round past `limit`.
     let room = (limit / unit) * unit - COMPRESSED_HEADER_BYTES;
     if !planned.unwrap_or_else(|| sample_compresses(logical)) {

@@ -426,6 +426,7 @@ pub fn seal(
 }
 
 /// A block past compress and encrypt, padded: what is stored, not yet checksummed.
+#[derive(Clone, Debug)]
 struct Transformed {
     props: BlockProps,
     logical: Arc<AlignedBuf>,
@@ -675,6 +676,89 @@ fn seal_stages_now(
 ) -> Result<Vec<Sealed>, ZioError> {
     use futures::FutureExt;
     seal_stages(pipeline, blocks, plan, unit, None).now_or_never().expect("no quantum, no yield")
+}
+
+/// A log committer's batch past its compress and encrypt stages, each block stored as its
+/// logical bytes ([`stage_as_is`]); [`sum_staged`] finishes it.
+#[derive(Debug)]
+pub struct Staged(Vec<Transformed>);
+
+impl Staged {
+    /// Bytes each block's first copy takes on disk, in order.
+    pub fn psizes(&self) -> Vec<u64> {
+        self.0.iter().map(|block| block.stored.len() as u64).collect()
+    }
+
+    /// Block `i`'s stored bytes: its logical bytes.
+    pub fn stored(&self, i: usize) -> &Arc<AlignedBuf> {
+        &self.0[i].stored
+    }
+}
+
+/// A log committer's batch whose blocks are all stored as they are (none compresses, by the
+/// early abort's plan over the run, or compression is off; none is encrypted; each a whole
+/// number of allocation units), of at most [`CHECKSUM_HERE_BYTES_MAX`]: its compress and
+/// encrypt stages, run here, change nothing, so each block's size on disk is known before its
+/// checksum. Its places can then be allocated and its writes started first, and its checksums
+/// computed while the device writes (the stored bytes hold no checksum; only the block
+/// pointers do). ZFS runs the checksum stage before the allocation for every block; for a lone
+/// client's 1 MiB write + flush the checksums and block pointers kept the device idle about a
+/// quarter of the operation (docs/bench/peers-notes.md). `None` for any other batch, which
+/// [`seal_batch`] seals whole.
+pub fn stage_as_is(
+    pipeline: &Pipeline,
+    blocks: &[(BlockProps, Arc<AlignedBuf>)],
+    unit: u64,
+) -> Option<Result<Staged, ZioError>> {
+    let unit = unit.max(u64::from(SECTOR_BYTES));
+    let bytes: usize = blocks.iter().map(|(_, data)| data.len()).sum();
+    let eligible = bytes <= CHECKSUM_HERE_BYTES_MAX
+        && blocks.iter().all(|(props, data)| {
+            props.writer == Writer::LogIndirect
+                && matches!(props.crypt, PropsCrypt::None)
+                && data.len() as u64 % unit == 0
+        });
+    if !eligible {
+        return None;
+    }
+    let (plan, _) =
+        compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..])));
+    let as_is = blocks.iter().zip(&plan).all(|((props, data), planned)| {
+        compress::stored_as_is(props.compression, data.len(), unit, *planned)
+    });
+    if !as_is {
+        return None;
+    }
+    let staged = blocks.iter().zip(plan).map(|((props, data), planned)| {
+        let block = transform(pipeline, *props, Arc::clone(data), unit, None, planned)?;
+        assert!(
+            Arc::ptr_eq(&block.stored, &block.logical),
+            "a block staged as it is is stored as its logical bytes"
+        );
+        Ok(block)
+    });
+    Some(pipeline.counted(staged.collect::<Result<Vec<_>, _>>().map(Staged)))
+}
+
+/// The checksum stage of a batch [`stage_as_is`] staged, here, in order.
+pub fn sum_staged(pipeline: &Pipeline, staged: &Staged) -> Result<Vec<Sealed>, ZioError> {
+    pipeline.counted(staged.0.iter().map(|block| sum(pipeline, block.clone())).collect())
+}
+
+/// A pointer that names only a block's first place and its size, for a block whose write
+/// started but whose checksum stage then failed: it lets the sync free the place once the
+/// write ends ([`Places`]' first copy), and is never linked into a tree or read through.
+pub fn describe_place(staged: &Staged, i: usize, place: (u32, u64, u64)) -> BlockPointer {
+    let block = &staged.0[i];
+    let sealed = Sealed {
+        props: block.props,
+        logical: Arc::clone(&block.logical),
+        stored: Arc::clone(&block.stored),
+        compression: block.compression,
+        checksum: Checksum::default(),
+        sealing: None,
+    };
+    describe(&sealed, &[place])
 }
 
 /// The places allocated for a block: its first copy, then its ditto copies, each
