@@ -156,6 +156,7 @@ fn difference(now: &PoolSnapshot, earlier: &PoolSnapshot) -> PoolSnapshot {
     let (log, was) = (&now.intent_log, &earlier.intent_log);
     out.intent_log.commits = since(log.commits, Some(was.commits));
     out.intent_log.early_commits = since(log.early_commits, Some(was.early_commits));
+    out.intent_log.early_fills = since(log.early_fills, Some(was.early_fills));
     out.intent_log.commits_via_txg = since(log.commits_via_txg, Some(was.commits_via_txg));
     out.intent_log.syncs_for_log_space =
         since(log.syncs_for_log_space, Some(was.syncs_for_log_space));
@@ -284,6 +285,7 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
         "intent_log": {
             "commits_per_s": per_second(log.commits),
             "early_commits_per_s": per_second(log.early_commits),
+            "early_fills_per_s": per_second(log.early_fills),
             "txg_commits_per_s": per_second(log.commits_via_txg),
             "blocks_per_s": per_second(log.blocks_written),
             "groups_per_s": per_second(log.groups_written),
@@ -398,14 +400,15 @@ fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> 
     let (commits, blocks) = (log.commits, log.blocks_written);
     out.push_str(&format!(
         "intent log: {} commits/s ({} early, {} through a txg sync), {} log blocks/s in {} \
-         groups/s (one flush each), {:.2} commits per block; txgs synced: {}/s ({}/s asked \
-         for by a log region three quarters full)\n",
+         groups/s (one flush each), {:.2} commits per block, {} parts of writes filled early; \
+         txgs synced: {}/s ({}/s asked for by a log region three quarters full)\n",
         rate(commits),
         rate(log.early_commits),
         rate(log.commits_via_txg),
         rate(blocks),
         rate(log.groups_written),
         commits as f64 / blocks.max(1) as f64,
+        rate(log.early_fills),
         rate(d.txg_syncs),
         rate(log.syncs_for_log_space)
     ));

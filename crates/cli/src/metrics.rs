@@ -297,6 +297,13 @@ const POOL_COUNTERS: &[Figure<PoolSnapshot>] = &[
         |p| p.intent_log.early_commits,
     ),
     figure(
+        "log_early_fills",
+        "Parts of a lone writer's large write whose blocks were written in place while the rest \
+         of its payload was still arriving.",
+        Count,
+        |p| p.intent_log.early_fills,
+    ),
+    figure(
         "log_txg_commits",
         "Commits answered by a txg sync instead of a log write.",
         Count,

@@ -208,6 +208,10 @@ pub struct LogSnapshot {
     pub commits: u64,
     /// Lone sync writers' records sent before their flush arrived.
     pub early_commits: u64,
+    /// Parts of a lone writer's large write whose blocks were written in place while the rest
+    /// of its payload was still arriving.
+    #[serde(default)]
+    pub early_fills: u64,
     /// Commits answered by a txg sync instead of a log write.
     pub commits_via_txg: u64,
     /// Txg syncs asked for because log blocks held most of a log region.
@@ -414,6 +418,7 @@ impl PoolSnapshot {
             intent_log: LogSnapshot {
                 commits: log.commits.get(),
                 early_commits: log.early_commits.get(),
+                early_fills: log.early_fills.get(),
                 commits_via_txg: log.commits_via_txg.get(),
                 syncs_for_log_space: log.syncs_for_log_space.get(),
                 blocks_written: store.log_blocks_written(),

@@ -1068,6 +1068,70 @@ fn writes_handed_over_replay_after_a_crash() {
     assert_eq!((replayed, indirect), (19, 0));
 }
 
+/// A lone writer of large writes with a flush after each, whose last write comes in parts
+/// (`Volume::write_blocks_ahead`, as the NBD server hands over a write's blocks while the rest
+/// arrives): the parts' records are filled early (their blocks written in place), the last
+/// part still commits early (the parts did not count as changes of their own), and after a
+/// power cut the whole write comes back from the log.
+#[test]
+fn parts_of_a_write_filled_early_replay_after_a_crash() {
+    let seed = 97;
+    let sim = Sim::new(seed);
+    let devices = legs(&sim, None);
+    let specs = common::leaf_specs(&devices);
+    let env = sim.env();
+    let tunables =
+        || Tunables::with([("intent_log.policy", "auto"), ("txg.dirty_max", "64M")]).unwrap();
+    const LARGE: u64 = 256 << 10;
+    let bs = u64::from(VOLUME_BLOCK);
+    let bytes = |version: u64, len: u64| -> Vec<u8> {
+        (0..len).map(|i| ((i * 11 + version * 17) % 251) as u8).collect()
+    };
+    let blocks = move |data: &[u8]| -> Vec<AlignedBuf> {
+        data.chunks(bs as usize).map(AlignedBuf::copy_from).collect()
+    };
+    let last = bytes(9, LARGE);
+    let expected = last.clone();
+    sim.run(async move {
+        let tunables = tunables();
+        let store = Arc::new(common::mirror_store(&env, specs, &tunables).await);
+        store.create_volume("v", 16 * LARGE, VOLUME_BLOCK).unwrap();
+        store.sync().await.unwrap();
+        let volume = Volume::open(&store, "v").unwrap();
+        // The pattern an early commit looks for: a write, then its flush, again and again.
+        for i in 0..8 {
+            volume.write_blocks(i * LARGE, blocks(&bytes(i, LARGE)), false).await.unwrap();
+            volume.flush().await.unwrap();
+        }
+        let (fills, commits) =
+            (store.log_stats().early_fills.get(), store.log_stats().early_commits.get());
+        let at = 8 * LARGE;
+        let (first, rest) = last.split_at(LARGE as usize / 4);
+        let (second, rest) = rest.split_at(LARGE as usize / 4);
+        volume.write_blocks_ahead(at, blocks(first)).await.unwrap();
+        volume.write_blocks_ahead(at + first.len() as u64, blocks(second)).await.unwrap();
+        volume.write_blocks(at + LARGE / 2, blocks(rest), false).await.unwrap();
+        assert_eq!(store.log_stats().early_fills.get(), fills + 2, "each part filled early");
+        assert_eq!(store.log_stats().early_commits.get(), commits + 1, "the last part's");
+        volume.flush().await.unwrap();
+    })
+    .unwrap();
+    let images = power_cut(&devices, 5);
+    let fresh = Sim::new(seed + 1);
+    let specs = common::leaf_specs(&legs(&fresh, Some(images)));
+    let env = fresh.env();
+    fresh
+        .run(async move {
+            let tunables = tunables();
+            let pool = Pool::import(&env, specs, "tank", &tunables).await.unwrap();
+            let store = Store::open(pool, &tunables).await.unwrap();
+            let got = store.read("v", 8 * LARGE, LARGE).await.unwrap();
+            assert!(got == expected, "the write in parts, after replay");
+            assert!(store.log_stats().indirect_records_replayed.get() > 0, "replayed by pointer");
+        })
+        .unwrap();
+}
+
 /// Writes received a buffer per block (`Volume::write_blocks`, as the NBD server receives a
 /// write of whole blocks) become their blocks as they are, and are logged like any other: by
 /// pointer when large, or copied into records whose pieces span several of the buffers. Both,

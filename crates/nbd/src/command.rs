@@ -179,7 +179,17 @@ pub(crate) enum Payload {
     /// In one buffer (none for the other commands).
     Bytes(Vec<u8>),
     /// Whole blocks of the volume, a buffer each ([`Volume::whole_blocks`]).
-    Blocks(Vec<AlignedBuf>),
+    Blocks(Blocks),
+}
+
+/// A write's whole blocks as the connection received them: the first `ahead` bytes already
+/// written as they arrived ([`Volume::write_blocks_ahead`]), then `rest`, the buffers of the
+/// blocks after them; or the error a part written ahead met, the rest then dropped.
+#[derive(Debug)]
+pub(crate) struct Blocks {
+    pub ahead: u64,
+    pub rest: Vec<AlignedBuf>,
+    pub failed: Option<StoreError>,
 }
 
 /// Runs one checked request and encodes its reply.
@@ -199,7 +209,10 @@ pub(crate) async fn execute(session: &Session, request: &Request, payload: Paylo
         proto::CMD_WRITE if len == 0 => done(Ok(())),
         proto::CMD_WRITE => done(match payload {
             Payload::Bytes(data) => volume.write_owned(offset, data, fua).await,
-            Payload::Blocks(blocks) => volume.write_blocks(offset, blocks, fua).await,
+            Payload::Blocks(Blocks { failed: Some(error), .. }) => Err(error),
+            Payload::Blocks(Blocks { ahead, rest, failed: None }) => {
+                volume.write_blocks(offset + ahead, rest, fua).await
+            }
         }),
         proto::CMD_FLUSH => done(volume.flush().await),
         proto::CMD_TRIM if len == 0 => done(Ok(())),

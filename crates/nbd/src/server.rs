@@ -32,7 +32,7 @@ use tokio::io::{
 };
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::command::{error_reply, execute, send_all, Encoded, Payload, Session};
+use crate::command::{error_reply, execute, send_all, Blocks, Encoded, Payload, Session};
 use crate::placement::{Fixed, Movable, Placed};
 use crate::proto::{self, Limits, Request};
 use crate::tls::{HandshakeError, Peer, TlsServer};
@@ -733,11 +733,16 @@ where
         let budget = Arc::clone(&budget).acquire_many_owned(kib).await.expect("never closed");
         // A write of whole blocks is received into a buffer per block, which become its dirty
         // blocks as they are; any other into one buffer, copied into its blocks.
+        // A large one that is the connection's only request has its blocks written as they
+        // arrive (`Volume::write_blocks_ahead`).
         let whole_blocks = session.volume.whole_blocks(request.offset, u64::from(payload_len));
         let received = match whole_blocks {
             Some(bs) if payload_len > 0 => {
                 let len = payload_len as usize;
-                read_blocks(&mut reader, direct, len, bs).await.map(Payload::Blocks)
+                let alone = slots.available_permits() == IN_FLIGHT_MAX - 1;
+                let ahead = (alone && len >= AHEAD_PAYLOAD_BYTES_MIN)
+                    .then(|| Ahead { volume: &session.volume, offset: request.offset });
+                read_blocks(&mut reader, direct, len, bs, ahead).await.map(Payload::Blocks)
             }
             _ if payload_len > 0 => {
                 read_payload(&mut reader, payload_len as usize).await.map(Payload::Bytes)
@@ -805,6 +810,19 @@ async fn read_payload<R: AsyncRead + Unpin>(
     Ok(data)
 }
 
+/// Where a write's blocks go as they arrive: the volume, and the write's offset.
+struct Ahead<'a> {
+    volume: &'a Volume,
+    offset: u64,
+}
+
+/// Writes of at least this many bytes are written ahead as they arrive when their connection
+/// has nothing else in flight ([`read_blocks`]).
+const AHEAD_PAYLOAD_BYTES_MIN: usize = 256 << 10;
+
+/// A part written ahead holds at least this many bytes of whole blocks.
+const AHEAD_PART_BYTES_MIN: usize = 256 << 10;
+
 /// Reads a write's payload of `len` bytes, whole blocks of `block_bytes`, into a buffer per
 /// block, none zeroed first (`Volume::write_blocks`: each becomes its block as it is). What
 /// the connection's buffer holds already (the payload's start, received with its header) is
@@ -814,15 +832,26 @@ async fn read_payload<R: AsyncRead + Unpin>(
 /// through the stream into the block being filled waits for the next bytes. One read per
 /// block would cost a receive per 16 KiB where a contiguous buffer took a few per MiB
 /// (measured: more context switches per 1 MiB write, its latency up 50%).
+///
+/// With `ahead`, whenever the socket is found empty while [`AHEAD_PART_BYTES_MIN`] or more of
+/// whole blocks wait, those are written before waiting (`Volume::write_blocks_ahead`), so
+/// that their log writes can start while the client is still sending: a client's 1 MiB write
+/// arrives over a few hundred microseconds in pieces of its socket buffer, about as long as
+/// the device takes to write it, and a flush after it waited for both one after the other.
+/// The last block is never written ahead: the request's own write, with the rest, answers
+/// it. A part that fails ends the writing ahead; the payload is still read to its end.
 async fn read_blocks<R: AsyncRead + Unpin>(
     reader: &mut BufReader<R>,
     direct: Option<RawFd>,
     len: usize,
     block_bytes: usize,
-) -> std::io::Result<Vec<AlignedBuf>> {
+    ahead: Option<Ahead<'_>>,
+) -> std::io::Result<Blocks> {
     assert!(block_bytes > 0 && len % block_bytes == 0, "a payload of whole blocks");
-    let mut blocks: Vec<UninitBuf> =
+    // The blocks not handed ahead: `handed` blocks went before them.
+    let mut blocks: std::collections::VecDeque<UninitBuf> =
         (0..len / block_bytes).map(|_| UninitBuf::new(block_bytes)).collect();
+    let (mut handed, mut failed) = (0usize, None);
     let buffered = &reader.buffer()[..reader.buffer().len().min(len)];
     for (block, bytes) in blocks.iter_mut().zip(buffered.chunks(block_bytes)) {
         block.write_at(0, bytes);
@@ -832,8 +861,10 @@ async fn read_blocks<R: AsyncRead + Unpin>(
     while filled < len {
         // The connection's buffer is empty, so reading past it keeps the stream's order.
         debug_assert!(reader.buffer().is_empty());
+        // Bytes received into the blocks still held.
+        let held = filled - handed * block_bytes;
         if let Some(fd) = direct {
-            match receive_into(fd, &mut blocks, filled, block_bytes) {
+            match receive_into(fd, blocks.make_contiguous(), held, block_bytes) {
                 Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => {
                     filled += n;
@@ -841,11 +872,32 @@ async fn read_blocks<R: AsyncRead + Unpin>(
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => return Err(e),
-                // Nothing there yet: the stream's read below waits for it.
-                Err(_) => {}
+                // Nothing there yet: whole blocks waiting are written ahead, or the stream's
+                // read below waits for more.
+                Err(_) => {
+                    let whole = held / block_bytes;
+                    if let Some(ahead) = ahead.as_ref().filter(|_| failed.is_none()) {
+                        if whole * block_bytes >= AHEAD_PART_BYTES_MIN {
+                            // SAFETY: each of these blocks was written whole, in order, by
+                            // `write_at` or receives, as `filled` counted.
+                            let part: Vec<AlignedBuf> = blocks
+                                .drain(..whole)
+                                .map(|block| unsafe { block.assume_init() })
+                                .collect();
+                            let at = ahead.offset + (handed * block_bytes) as u64;
+                            handed += whole;
+                            if let Err(error) = ahead.volume.write_blocks_ahead(at, part).await {
+                                failed = Some(error);
+                            }
+                            // The socket may hold more by now.
+                            continue;
+                        }
+                    }
+                }
             }
         }
-        let mut view = ReadBuf::uninit(blocks[filled / block_bytes].spare(filled % block_bytes));
+        let held = filled - handed * block_bytes;
+        let mut view = ReadBuf::uninit(blocks[held / block_bytes].spare(held % block_bytes));
         // An address, not a pointer: the future stays Send.
         let spare = view.filled().as_ptr() as usize;
         std::future::poll_fn(|cx| Pin::new(reader.get_mut()).poll_read(cx, &mut view)).await?;
@@ -859,7 +911,8 @@ async fn read_blocks<R: AsyncRead + Unpin>(
     // SAFETY: bytes 0..len were all written, in order: the buffered ones by `write_at`, the
     // rest by receives into the blocks' spare bytes from `filled` on, each counted as the
     // kernel or the stream's `ReadBuf` reported them.
-    Ok(blocks.into_iter().map(|block| unsafe { block.assume_init() }).collect())
+    let rest = blocks.into_iter().map(|block| unsafe { block.assume_init() }).collect();
+    Ok(Blocks { ahead: (handed * block_bytes) as u64, rest, failed })
 }
 
 /// One receive, without waiting, on the socket `fd` into the blocks' bytes from `filled` on
@@ -1480,6 +1533,67 @@ mod tests {
         session.await.unwrap().unwrap();
     }
 
+    /// A large write's whole blocks are written as they arrive: parts of them while the
+    /// socket waits for the client's next bytes, in order, the last block never; the rest is
+    /// the request's own write. A part the volume refuses (a snapshot's, read-only) ends the
+    /// writing ahead with its error, and the payload is still read to its end.
+    #[tokio::test]
+    async fn a_large_payloads_blocks_are_written_as_they_arrive() {
+        use crate::placement::{CoreStream, Movable};
+        const BLOCK: usize = 4096;
+        const LEN: usize = 1 << 20;
+        const OFFSET: u64 = 1 << 20;
+        let store = store().await;
+        store.create_snapshots(&[("vol0".into(), "s".into())], 1).await.unwrap();
+        let payload: Vec<u8> = (0..LEN).map(|i| (i * 29 % 253) as u8).collect();
+        for name in ["vol0", "vol0@s"] {
+            let volume = Volume::open(&store, name).unwrap();
+            let (client, server) = tokio::net::UnixStream::pair().unwrap();
+            let server = CoreStream::from(server);
+            let fd = server.socket_fd();
+            assert!(fd.is_some(), "a plain socket's descriptor");
+            let (reader, _writer) = tokio::io::split(server);
+            let mut reader = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, reader);
+            let (_client_reader, mut client) = client.into_split();
+            let sent = payload.clone();
+            let sender = tokio::spawn(async move {
+                // Pauses long enough for the reader to find the socket empty between pieces.
+                for piece in sent.chunks(100_000) {
+                    client.write_all(piece).await.unwrap();
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                client.write_all(b"next").await.unwrap();
+                client
+            });
+            let ahead = Some(super::Ahead { volume: &volume, offset: OFFSET });
+            let received = read_blocks(&mut reader, fd, LEN, BLOCK, ahead).await.unwrap();
+            let mut next = [0u8; 4];
+            reader.read_exact(&mut next).await.unwrap();
+            assert_eq!(&next, b"next", "{name}: the payload was read to its end");
+            let _client = sender.await.unwrap();
+            let ahead = received.ahead as usize;
+            assert!(ahead > 0 && ahead % BLOCK == 0, "{name}: whole blocks written ahead");
+            assert_eq!(received.rest.len(), (LEN - ahead) / BLOCK, "{name}: the rest");
+            if name == "vol0@s" {
+                let failed = received.failed.expect("a snapshot refuses writes");
+                assert!(failed.to_string().contains("read-only"), "{name}: {failed}");
+                // One part, from the client's first pieces; none after it failed.
+                assert!(
+                    ahead < 2 * super::AHEAD_PART_BYTES_MIN,
+                    "{name}: written ahead after a failure: {ahead}"
+                );
+                continue;
+            }
+            assert!(received.failed.is_none());
+            assert!(ahead < LEN - BLOCK, "the last block is the request's own write");
+            let got = volume.read(OFFSET, ahead as u64).await.unwrap();
+            assert!(got == payload[..ahead], "the parts written ahead, in place");
+            volume.write_blocks(OFFSET + ahead as u64, received.rest, false).await.unwrap();
+            let got = volume.read(OFFSET, LEN as u64).await.unwrap();
+            assert!(got == payload, "the whole write");
+        }
+    }
+
     /// A write of whole blocks is received into a buffer per block: what the connection's
     /// buffer held first, then vectored receives straight from the socket (or, without its
     /// descriptor, reads through the stream), every byte in order and none past the payload
@@ -1511,7 +1625,9 @@ mod tests {
                 client.write_all(b"next").await.unwrap();
                 client
             });
-            let blocks = read_blocks(&mut reader, fd, LEN, BLOCK).await.unwrap();
+            let received = read_blocks(&mut reader, fd, LEN, BLOCK, None).await.unwrap();
+            assert_eq!(received.ahead, 0, "nothing written ahead without a volume");
+            let blocks = received.rest;
             assert_eq!(blocks.len(), LEN / BLOCK);
             assert!(blocks.iter().all(|b| b.len() == BLOCK));
             let got: Vec<u8> = blocks.iter().flat_map(|b| b.iter().copied()).collect();
@@ -1523,7 +1639,7 @@ mod tests {
             let mut client = sender.await.unwrap();
             client.write_all(&payload[..BLOCK + 10]).await.unwrap();
             drop(client);
-            let cut = read_blocks(&mut reader, fd, LEN, BLOCK).await;
+            let cut = read_blocks(&mut reader, fd, LEN, BLOCK, None).await;
             assert_eq!(cut.unwrap_err().kind(), std::io::ErrorKind::UnexpectedEof);
         }
     }

@@ -213,6 +213,8 @@ pub struct LogFigures {
     pub commits: u64,
     pub commits_via_txg: u64,
     pub early_commits: u64,
+    #[serde(default)]
+    pub early_fills: u64,
     pub commits_ignored: u64,
     pub log_blocks_written: u64,
     pub indirect_blocks_written: u64,
@@ -577,7 +579,7 @@ fn pool_status(out: &mut Lines, status: &PoolStatus) {
     let log = &detail.log;
     out.say(format!(
         "  intent log: {} commits ({} through a txg sync, {} early, {} not waited for: \
-         sync=disabled), {} log blocks written, {} blocks written in place for indirect \
+         sync=disabled), {} parts of writes filled early, {} log blocks written, {} blocks written in place for indirect \
          records ({} more records sharing a block written again in its txg, {} records \
          copied instead, {} left to their txg's sync); at import {} \
          chains claimed, {} records replayed ({} indirect; {} already applied by an \
@@ -587,6 +589,7 @@ fn pool_status(out: &mut Lines, status: &PoolStatus) {
         log.commits_via_txg,
         log.early_commits,
         log.commits_ignored,
+        log.early_fills,
         log.log_blocks_written,
         log.indirect_blocks_written,
         log.indirect_records_shared,

@@ -694,6 +694,7 @@ fn pool_status(name: &str, store: &Held) -> anyhow::Result<PoolStatus> {
             commits: log.commits.get(),
             commits_via_txg: log.commits_via_txg.get(),
             early_commits: log.early_commits.get(),
+            early_fills: log.early_fills.get(),
             commits_ignored: log.commits_ignored.get(),
             log_blocks_written: store.log_blocks_written(),
             indirect_blocks_written: log.indirect_blocks_written.get(),

@@ -723,6 +723,13 @@ impl LogWriter {
         self.state.lock().appended_since_commit += 1;
     }
 
+    /// Takes back one [`LogWriter::note_change`]: that change was a part of a larger write
+    /// whose payload is still arriving, which counts once, with its last part.
+    pub fn note_part(&self) {
+        let mut state = self.state.lock();
+        state.appended_since_commit = state.appended_since_commit.saturating_sub(1);
+    }
+
     /// Whether a block allocated since the last call found its vdev's log region nearly taken
     /// (clears the flag). Log blocks are held until two txgs after their records' txg has
     /// synced, so a txg that holds more than the region would put log blocks outside it,

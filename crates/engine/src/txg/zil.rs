@@ -149,6 +149,9 @@ pub struct LogStats {
     pub commits_via_txg: crate::stats::Counter,
     /// Early commits: a lone sync writer's record sent to the log before its flush arrived.
     pub early_commits: crate::stats::Counter,
+    /// Early fills: blocks of a lone writer's large write written in place while the rest of
+    /// its payload was still arriving ([`crate::volume::Volume::write_blocks_ahead`]).
+    pub early_fills: crate::stats::Counter,
     /// Txg syncs asked for because log blocks held most of a vdev's log region.
     pub syncs_for_log_space: crate::stats::Counter,
     /// Chains walked at import, and the blocks found in them.

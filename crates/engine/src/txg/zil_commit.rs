@@ -86,6 +86,26 @@ impl Store {
     /// write that was the only request in flight on the volume. A failure is left to the
     /// client's own commit, which falls back to a txg sync.
     pub fn commit_early(self: &Arc<Self>, dataset: &Arc<Dataset>, sequence: u64) {
+        self.start_early(dataset, sequence, true);
+    }
+
+    /// [`Store::commit_early`] without the log block: fills the records logged by pointer up
+    /// to `sequence` (their blocks written in place), for a part of a write whose payload is
+    /// still arriving ([`crate::volume::Volume::write_blocks_ahead`]); the commit of its last
+    /// part writes the log block that carries them all.
+    pub fn fill_early(self: &Arc<Self>, dataset: &Arc<Dataset>, sequence: u64) {
+        self.start_early(dataset, sequence, false);
+    }
+
+    /// Takes back the change that a part of a larger write counted for the early commit's
+    /// pattern ([`LogWriter::note_part`]): the write counts once, with its last part.
+    pub(crate) fn note_part(&self, dataset: &Dataset) {
+        if let Some(log) = dataset.state.lock().log.as_ref() {
+            log.note_part();
+        }
+    }
+
+    fn start_early(self: &Arc<Self>, dataset: &Arc<Dataset>, sequence: u64, write_log: bool) {
         if !self.zil.early_commit() {
             return;
         }
@@ -93,14 +113,22 @@ impl Store {
         if !log.wants_early() {
             return;
         }
-        self.zil.stats().early_commits.inc();
+        let stats = self.zil.stats();
+        if write_log {
+            stats.early_commits.inc()
+        } else {
+            stats.early_fills.inc()
+        }
         let store = Arc::clone(self);
         let dataset = Arc::clone(dataset);
-        self.spa.pool().env().spawn("early log commit", async move {
+        let env = self.spa.pool().env().clone();
+        let task = async move {
             let _guard = store.spa.panic_guard("an early log commit");
             let commit = store.log_commit();
             if commit.fill_indirect(&dataset, &log, sequence).await.is_ok() {
-                let _ = commit.write_log(&log, sequence).await;
+                if write_log {
+                    let _ = commit.write_log(&log, sequence).await;
+                }
             } else {
                 // The records it claimed are back, unfilled, at the front of the chain, and a
                 // client's commit that found them claimed is waiting behind them without
@@ -111,7 +139,12 @@ impl Store {
                     log.fail();
                 }
             }
-        });
+        };
+        if write_log {
+            env.spawn("early log commit", task);
+        } else {
+            env.spawn_elsewhere("early log fill", task);
+        }
     }
 }
 

@@ -216,6 +216,47 @@ impl Volume {
         self.write_data(offset, WriteData::Blocks(blocks), fua).await
     }
 
+    /// A part of a write of whole blocks whose payload is still arriving (a large NBD write,
+    /// as its bytes come off the socket): `blocks`, from block boundary `offset`, enter the
+    /// open txg now, and when nothing else is in flight on the volume their records logged by
+    /// pointer are filled at once ([`Store::fill_early`]), so the device writes them while the
+    /// rest arrives and a flush after the write finds most of it written. The write is
+    /// answered, and counted, by the [`Volume::write_blocks`] of its last part, whose commit
+    /// covers these records too; a part is not a change of its own for the early commit's
+    /// pattern. A part that fails is answered here (the caller replies with its error and
+    /// drops the rest), and the parts before it stay written, as any failed write may leave
+    /// its range.
+    pub async fn write_blocks_ahead(
+        &self,
+        offset: u64,
+        blocks: Vec<AlignedBuf>,
+    ) -> Result<(), StoreError> {
+        assert!(
+            offset % self.block_bytes == 0
+                && blocks.iter().all(|b| b.len() as u64 == self.block_bytes),
+            "write_blocks_ahead takes whole blocks from a block boundary"
+        );
+        let arrived = self.now();
+        let _slot = self.slot().await;
+        let _counted = InFlight::new(&self.requests);
+        let len = blocks.len() as u64 * self.block_bytes;
+        let blocks = WriteData::Blocks(blocks.into_iter().map(Arc::new).collect());
+        let result = self.store.write_data_in(&self.dataset, offset, blocks).await;
+        match result {
+            Ok(sequence) => {
+                if self.dataset.sync_mode() != SyncMode::Disabled
+                    && self.requests.load(Ordering::Relaxed) == 1
+                {
+                    self.store.fill_early(&self.dataset, sequence);
+                }
+                self.store.note_part(&self.dataset);
+                self.stats.write_bytes.add(len);
+                Ok(())
+            }
+            Err(e) => self.answered(VolumeOp::Write, arrived, len, Err(e)),
+        }
+    }
+
     async fn write_data(
         &self,
         offset: u64,
