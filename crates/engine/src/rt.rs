@@ -78,9 +78,10 @@ pub trait Spawn: Send + Sync + 'static {
     fn spawn(&self, name: &'static str, task: BoxFuture<()>);
 
     /// Spawns `task` on a thread other than the caller's where the host has one, for work that
-    /// is CPU alone (compression, checksums) and would otherwise all fall on the caller's core
-    /// (ZFS hands the same work to its write-issue taskqs). Hosts with one thread run it as
-    /// [`Spawn::spawn`] does.
+    /// would otherwise all fall on the caller's core while it has other work to do: CPU alone
+    /// (compression, checksums; ZFS hands the same work to its write-issue taskqs), or an early
+    /// log fill while the caller receives the rest of its write (its device writes then go
+    /// through the other thread's ring). Hosts with one thread run it as [`Spawn::spawn`] does.
     fn spawn_elsewhere(&self, name: &'static str, task: BoxFuture<()>) {
         self.spawn(name, task);
     }

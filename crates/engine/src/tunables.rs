@@ -198,9 +198,11 @@ tunable_table! {
         "Which serving core runs a volume's NBD connections (sluice serve). home: every \
          connection to one volume moves, once its client has chosen the volume, to that \
          volume's core (the one with the fewest connections when the volume gets its first), \
-         so its writes and log commits never cross cores; several volumes spread over the \
-         cores, one volume uses one. spread: each connection stays on the core it was \
-         accepted onto, round robin, so one volume's connections use every core.";
+         so its writes and log commits never cross cores (but for the compression and \
+         checksums of a large write, and the early fill of its parts); several volumes \
+         spread over the cores, one volume uses one. spread: each connection stays on the \
+         core it was accepted onto, round robin, so one volume's connections use every \
+         core.";
     CacheBytesMax = "cache.bytes_max", Kind::BytesOrAuto { min: 0, max: 1 << 40 }, "auto",
         "Memory for verified blocks (indirect and data), read from the pool or written by a \
          sync (ZFS: the ARC). auto: an eighth of the machine's memory, at least 64 MiB. 0 \

@@ -8,7 +8,9 @@
 //! engine spawns from a core stay on that core, so a request, its device commands and its reply
 //! never change thread; only work that is shared by nature crosses cores (the txg sync, and
 //! with `volume.placement=spread` a commit that waits for a log block another core's connection
-//! is writing).
+//! is writing), and the engine's hand-offs to the other cores (`Spawn::spawn_elsewhere`: a large
+//! write's compression and checksums, and the early fill of a large write's parts, whose device
+//! writes go through that core's ring).
 //!
 //! Why tokio current-thread runtimes and not a thread-per-core runtime crate (glommio, monoio,
 //! compio, tokio-uring): the engine and the NBD server are written against tokio's sockets,

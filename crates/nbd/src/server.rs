@@ -751,7 +751,9 @@ where
         };
         let payload = match received {
             Ok(payload) => payload,
-            // A write cut off mid-payload is dropped whole.
+            // A write cut off mid-payload is dropped, but for the parts of a large one written
+            // ahead (`read_blocks`), which stay written: it was never answered, and its range
+            // is the client's to write again.
             Err(e) => break Err(e.into()),
         };
         let (session, replies, writer, slots) =
@@ -877,7 +879,15 @@ async fn read_blocks<R: AsyncRead + Unpin>(
                 Err(_) => {
                     let whole = held / block_bytes;
                     if let Some(ahead) = ahead.as_ref().filter(|_| failed.is_none()) {
-                        if whole * block_bytes >= AHEAD_PART_BYTES_MIN {
+                        // The part, and what is left after it, both logged by pointer: a
+                        // copied rest would cost log blocks and keep the last part's early
+                        // commit from being taken.
+                        let part = whole * block_bytes;
+                        let left = len - handed * block_bytes - part;
+                        if part >= AHEAD_PART_BYTES_MIN
+                            && ahead.volume.logs_by_pointer(part as u64)
+                            && ahead.volume.logs_by_pointer(left as u64)
+                        {
                             // SAFETY: each of these blocks was written whole, in order, by
                             // `write_at` or receives, as `filled` counted.
                             let part: Vec<AlignedBuf> = blocks

@@ -19,7 +19,8 @@
 //! block queue and tells the device once (one virtio notification, a VM exit, per batch instead
 //! of per command: 7.7% of the serving core at 32 queued 4 KiB reads, perf 2026-11-26). A
 //! log block's durable write and a flush are the exception ([`Submit::Now`]): a client waits
-//! on each and a turn rarely holds two, so they go at once and take the turn's queue along. A
+//! on each and a turn rarely holds two, so they go at once and take the turn's queue along; so
+//! are a log commit's blocks written in place before their checksums ([`submit_queued`]). A
 //! thread that runs no submitter (tests, or a loop that failed to start one) submits at each
 //! push, as before.
 //!

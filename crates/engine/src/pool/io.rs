@@ -262,9 +262,19 @@ impl Pool {
     pub fn stage_as_is(
         &self,
         blocks: &[(BlockProps, Arc<AlignedBuf>)],
-    ) -> Option<Result<zio::Staged, PoolError>> {
-        zio::stage_as_is(&self.zio, blocks, self.unit_bytes())
-            .map(|staged| staged.map_err(|e| self.zio_error(e)))
+    ) -> Result<zio::Staging, PoolError> {
+        zio::stage_as_is(&self.zio, blocks, self.unit_bytes()).map_err(|e| self.zio_error(e))
+    }
+
+    /// [`Pool::seal_blocks`] with the early abort's plan where [`Pool::stage_as_is`] made it.
+    pub async fn seal_blocks_planned(
+        &self,
+        blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
+        plan: Option<Vec<Option<bool>>>,
+    ) -> Result<Vec<Sealed>, PoolError> {
+        zio::seal_batch_planned(self.env(), &self.zio, blocks, self.unit_bytes(), plan)
+            .await
+            .map_err(|e| self.zio_error(e))
     }
 
     /// [`zio::sum_staged`]: the checksums of a batch [`Pool::stage_as_is`] staged.

@@ -97,6 +97,12 @@ impl Store {
         self.start_early(dataset, sequence, false);
     }
 
+    /// Whether a write of `len` bytes to `dataset` logs its whole blocks by pointer (ZFS's
+    /// `WR_INDIRECT`: `intent_log.immediate_write_bytes`, `logbias`, no dedup).
+    pub fn logs_by_pointer(&self, dataset: &Dataset, len: u64) -> bool {
+        self.zil.indirect(&dataset.state.lock().entry, len)
+    }
+
     /// Takes back the change that a part of a larger write counted for the early commit's
     /// pattern ([`LogWriter::note_part`]): the write counts once, with its last part.
     pub(crate) fn note_part(&self, dataset: &Dataset) {
@@ -340,10 +346,9 @@ impl LogCommit<'_> {
         // from its logical sizes, and its writes start before its checksums, which are
         // computed while the device writes (`zio::stage_as_is`); any other is sealed first.
         let pool = self.spa.pool();
-        let staged = pool.stage_as_is(&blocks).transpose()?;
-        let sealed_first = match staged {
-            Some(_) => None,
-            None => Some(pool.seal_blocks(blocks).await?),
+        let (staged, sealed_first) = match pool.stage_as_is(&blocks)? {
+            zio::Staging::AsIs(staged) => (Some(staged), None),
+            zio::Staging::Seal(plan) => (None, Some(pool.seal_blocks_planned(blocks, plan).await?)),
         };
         let psizes: Vec<u64> = match (&staged, &sealed_first) {
             (Some(staged), _) => staged.psizes(),

@@ -216,6 +216,13 @@ impl Volume {
         self.write_data(offset, WriteData::Blocks(blocks), fua).await
     }
 
+    /// Whether a write of `len` bytes logs its whole blocks by pointer (their blocks written in
+    /// place when committed, not copied into log blocks): what a part written ahead must be,
+    /// and the rest after it, for the parts to be filled early ([`Volume::write_blocks_ahead`]).
+    pub fn logs_by_pointer(&self, len: u64) -> bool {
+        self.store.logs_by_pointer(&self.dataset, len)
+    }
+
     /// A part of a write of whole blocks whose payload is still arriving (a large NBD write,
     /// as its bytes come off the socket): `blocks`, from block boundary `offset`, enter the
     /// open txg now, and when nothing else is in flight on the volume their records logged by

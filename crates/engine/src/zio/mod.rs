@@ -580,6 +580,21 @@ pub async fn seal_batch(
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
     unit: u64,
 ) -> Result<Vec<Sealed>, ZioError> {
+    seal_batch_planned(env, pipeline, blocks, unit, None).await
+}
+
+/// [`seal_batch`] with the early abort's `plan` for the batch where the caller made it
+/// already ([`stage_as_is`]), so that no block is sampled twice.
+pub async fn seal_batch_planned(
+    env: &Env,
+    pipeline: &Arc<Pipeline>,
+    blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
+    unit: u64,
+    plan: Option<Vec<Option<bool>>>,
+) -> Result<Vec<Sealed>, ZioError> {
+    if let Some(plan) = &plan {
+        assert_eq!(plan.len(), blocks.len(), "a plan decides each block of its batch");
+    }
     if !blocks.iter().any(|(props, _)| worth_spreading(props)) {
         let bytes: usize = blocks.iter().map(|(_, data)| data.len()).sum();
         let logged = blocks.iter().any(|(props, _)| props.writer == Writer::LogIndirect);
@@ -590,13 +605,14 @@ pub async fn seal_batch(
                 return pipeline.counted(sealed);
             }
         }
-        return pipeline.counted(seal_stages_now(pipeline, blocks, None, unit));
+        return pipeline.counted(seal_stages_now(pipeline, blocks, plan, unit));
     }
     let pipeline_ = Arc::clone(pipeline);
-    // The early abort is decided over the run here, in order; each block is then compressed
-    // (or not) and checksummed wherever it is spread to.
-    let (plan, _) =
-        compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..])));
+    // The early abort is decided over the run here, in order (unless the caller did); each
+    // block is then compressed (or not) and checksummed wherever it is spread to.
+    let plan = plan.unwrap_or_else(|| {
+        compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..]))).0
+    });
     let bytes: usize = blocks.iter().map(|(_, data)| data.len()).sum();
     // Only a committer's: the sync's zstd spans keep their spread (checksummed in the sync's
     // task, spans held back its writes; see above).
@@ -703,13 +719,13 @@ impl Staged {
 /// computed while the device writes (the stored bytes hold no checksum; only the block
 /// pointers do). ZFS runs the checksum stage before the allocation for every block; for a lone
 /// client's 1 MiB write + flush the checksums and block pointers kept the device idle about a
-/// quarter of the operation (docs/bench/peers-notes.md). `None` for any other batch, which
-/// [`seal_batch`] seals whole.
+/// quarter of the operation (docs/bench/peers-notes.md). Any other batch is for
+/// [`seal_batch_planned`] to seal whole, with the plan where one was made.
 pub fn stage_as_is(
     pipeline: &Pipeline,
     blocks: &[(BlockProps, Arc<AlignedBuf>)],
     unit: u64,
-) -> Option<Result<Staged, ZioError>> {
+) -> Result<Staging, ZioError> {
     let unit = unit.max(u64::from(SECTOR_BYTES));
     let bytes: usize = blocks.iter().map(|(_, data)| data.len()).sum();
     let eligible = bytes <= CHECKSUM_HERE_BYTES_MAX
@@ -719,7 +735,7 @@ pub fn stage_as_is(
                 && data.len() as u64 % unit == 0
         });
     if !eligible {
-        return None;
+        return Ok(Staging::Seal(None));
     }
     let (plan, _) =
         compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..])));
@@ -727,7 +743,8 @@ pub fn stage_as_is(
         compress::stored_as_is(props.compression, data.len(), unit, *planned)
     });
     if !as_is {
-        return None;
+        // Sampled once: the seal follows this plan.
+        return Ok(Staging::Seal(Some(plan)));
     }
     let staged = blocks.iter().zip(plan).map(|((props, data), planned)| {
         let block = transform(pipeline, *props, Arc::clone(data), unit, None, planned)?;
@@ -737,7 +754,17 @@ pub fn stage_as_is(
         );
         Ok(block)
     });
-    Some(pipeline.counted(staged.collect::<Result<Vec<_>, _>>().map(Staged)))
+    pipeline.counted(staged.collect::<Result<Vec<_>, _>>().map(|s| Staging::AsIs(Staged(s))))
+}
+
+/// What [`stage_as_is`] made of a batch.
+#[derive(Debug)]
+pub enum Staging {
+    /// Stored as it is, past its compress and encrypt stages.
+    AsIs(Staged),
+    /// To be sealed whole ([`seal_batch_planned`]), with the early abort's plan when it was
+    /// made.
+    Seal(Option<Vec<Option<bool>>>),
 }
 
 /// The checksum stage of a batch [`stage_as_is`] staged, here, in order.
