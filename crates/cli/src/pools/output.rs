@@ -579,8 +579,9 @@ fn pool_status(out: &mut Lines, status: &PoolStatus) {
     let log = &detail.log;
     out.say(format!(
         "  intent log: {} commits ({} through a txg sync, {} early, {} not waited for: \
-         sync=disabled), {} parts of writes filled early, {} log blocks written, {} blocks written in place for indirect \
-         records ({} more records sharing a block written again in its txg, {} records \
+         sync=disabled), {} parts of writes filled early, {} log blocks written, {} blocks \
+         written in place for indirect records ({} more records sharing a block written again \
+         in its txg, {} records \
          copied instead, {} left to their txg's sync); at import {} \
          chains claimed, {} records replayed ({} indirect; {} already applied by an \
          interrupted replay), {} torn tails, {} chains ended at an indirect block never \
