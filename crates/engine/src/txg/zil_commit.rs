@@ -346,14 +346,15 @@ impl LogCommit<'_> {
         // from its logical sizes, and its writes start before its checksums, which are
         // computed while the device writes (`zio::stage_as_is`); any other is sealed first.
         let pool = self.spa.pool();
-        let (staged, sealed_first) = match pool.stage_as_is(&blocks)? {
-            zio::Staging::AsIs(staged) => (Some(staged), None),
-            zio::Staging::Seal(plan) => (None, Some(pool.seal_blocks_planned(blocks, plan).await?)),
+        let batch = match pool.stage_as_is(&blocks)? {
+            zio::Staging::AsIs(staged) => Batch::Staged(staged),
+            zio::Staging::Seal(plan) => {
+                Batch::Sealed(pool.seal_blocks_planned(blocks, plan).await?)
+            }
         };
-        let psizes: Vec<u64> = match (&staged, &sealed_first) {
-            (Some(staged), _) => staged.psizes(),
-            (None, Some(sealed)) => sealed.iter().map(zio::Sealed::psize).collect(),
-            (None, None) => unreachable!("a batch is staged or sealed"),
+        let psizes: Vec<u64> = match &batch {
+            Batch::Staged(staged) => staged.psizes(),
+            Batch::Sealed(sealed) => sealed.iter().map(zio::Sealed::psize).collect(),
         };
         // Space for each placed block, as data is placed (near the data cursor, so a large
         // write's blocks land back to back), but held like a log block until a sync links it.
@@ -370,10 +371,9 @@ impl LogCommit<'_> {
         self.zil.stats().indirect_blocks_written.add(place.len() as u64);
         // Runs of blocks back to back on one vdev, each written as one I/O, from the blocks'
         // own buffers, as a sync writes.
-        let stored = |i: usize| match (&staged, &sealed_first) {
-            (Some(staged), _) => staged.stored(i),
-            (None, Some(sealed)) => &sealed[i].stored,
-            (None, None) => unreachable!("a batch is staged or sealed"),
+        let stored = |i: usize| match &batch {
+            Batch::Staged(staged) => staged.stored(i),
+            Batch::Sealed(sealed) => &sealed[i].stored,
         };
         let mut writes = Vec::new();
         let mut block_writes: Vec<DataWrite> = Vec::with_capacity(place.len());
@@ -386,8 +386,8 @@ impl LogCommit<'_> {
             block_writes.extend(run.map(|_| write.clone()));
             writes.push(IndirectWrite { vdev, pieces, done });
         }
-        let sealed = match staged {
-            Some(staged) => {
+        let sealed = match batch {
+            Batch::Staged(staged) => {
                 self.issue_indirect(std::mem::take(&mut writes), true);
                 match pool.sum_staged(&staged) {
                     Ok(sealed) => sealed,
@@ -406,7 +406,7 @@ impl LogCommit<'_> {
                     }
                 }
             }
-            None => sealed_first.expect("a batch is staged or sealed"),
+            Batch::Sealed(sealed) => sealed,
         };
         let blocks: Vec<Prewritten> = (0..place.len())
             .map(|i| Prewritten {
@@ -520,6 +520,13 @@ impl LogCommit<'_> {
             crate::device::core_ring::submit_queued();
         }
     }
+}
+
+/// A commit's blocks logged by pointer past their CPU stages: stored as they are and not yet
+/// checksummed (their writes go first), or sealed whole.
+enum Batch {
+    Staged(zio::Staged),
+    Sealed(Vec<zio::Sealed>),
 }
 
 /// One run's write of blocks logged by pointer, not yet started, and where it reports.
