@@ -501,6 +501,91 @@ fn auto_writes_records_logged_by_pointer_as_one_group_with_one_flush() {
     assert_eq!(each, vec![1], "one flush of the leaf for the group (before {before:?})");
 }
 
+/// A commit whose records logged by pointer are partly being filled by another committer
+/// (a large write's parts filled early on the other core) waits for that fill and writes them
+/// all as one group: a group of the records filled so far would cost a flush of its own while
+/// the commit still waits for the rest.
+#[test]
+fn a_commit_waits_for_records_another_committer_fills_and_writes_one_group() {
+    let sim = Sim::new(13);
+    let legs = common::legs(&sim, 1, serial_ssd(), LEAF_BYTES);
+    let specs = common::leaf_specs(&legs);
+    let env = sim.env();
+    let flushes = |legs: &[SimDevice]| legs.iter().map(|l| l.stats().flushes).sum::<u64>();
+    let (while_filling, figures, flushed) = sim
+        .run({
+            let legs = legs.clone();
+            async move {
+                let spec = sluice_engine::pool::PoolSpec {
+                    name: "tank".into(),
+                    ashift: 12,
+                    top: specs.into_iter().map(sluice_engine::pool::TopSpec::Leaf).collect(),
+                };
+                let pool = Arc::new(Pool::create(&env, spec, &Tunables::default()).await.unwrap());
+                let allocator =
+                    Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
+                let log = Arc::new(
+                    LogWriter::new(
+                        "tank",
+                        &allocator,
+                        settings(CommitPolicy::Auto, 128 << 10),
+                        owner(5),
+                    )
+                    .unwrap(),
+                );
+                let leaf = pool.root().plain_leaf(0).unwrap();
+                let written = move || -> sluice_engine::intent_log::DataWrite {
+                    let leaf = leaf.clone();
+                    futures::FutureExt::shared(Box::pin(
+                        async move { BlockWritten::Unflushed(leaf) },
+                    )
+                        as futures::future::BoxFuture<'static, BlockWritten>)
+                };
+                let sequences: Vec<u64> = (0..3u64)
+                    .map(|i| {
+                        log.append_unfilled(env.now(), |sequence| LogRecord::WriteIndirect {
+                            txg: 1,
+                            sequence,
+                            offset: i * 16384,
+                            len: 16384,
+                            block: placed_block(8192 + i * 16384),
+                        })
+                    })
+                    .collect();
+                // The first part is filled; the second is claimed by its filler and not yet
+                // filled; the committer claims and fills the last.
+                let first = log.claim_unfilled(sequences[0]);
+                assert!(log.fill(first.into_iter().next().unwrap(), Some(written())));
+                let second = log.claim_unfilled(sequences[1]);
+                assert_eq!(second.len(), 1);
+                let last = log.claim_unfilled(sequences[2]);
+                assert_eq!(last.len(), 1, "the record being filled is not claimed again");
+                assert!(log.fill(last.into_iter().next().unwrap(), Some(written())));
+                let before = flushes(&legs);
+                let (done, finished) = futures::channel::oneshot::channel();
+                env.spawn("commit", {
+                    let (pool, allocator, log) =
+                        (Arc::clone(&pool), Arc::clone(&allocator), Arc::clone(&log));
+                    let sequence = sequences[2];
+                    async move {
+                        let _ = done.send(log.commit(&pool, &allocator, sequence).await.is_ok());
+                    }
+                });
+                env.sleep(Duration::from_millis(5)).await;
+                let while_filling = log.figures().groups_written;
+                assert!(log.fill(second.into_iter().next().unwrap(), Some(written())));
+                assert!(finished.await.unwrap(), "the commit returns once the group is durable");
+                (while_filling, log.figures(), flushes(&legs) - before)
+            }
+        })
+        .unwrap()
+        .0;
+    assert_eq!(while_filling, 0, "nothing is written while a record it needs is being filled");
+    assert_eq!(figures.groups_written, 1, "one group for all three: {figures:?}");
+    assert_eq!(figures.records_written, 3);
+    assert_eq!(flushed, 1, "one flush of the leaf for the group");
+}
+
 /// A lone writer that flushes after every write gets its log writes started early
 /// (`intent_log.early_commit=auto`): its flushes find the records already on their way. Writes
 /// that stream without flushes stop it within two records, `off` never does it, and what was

@@ -971,6 +971,13 @@ impl LogWriter {
                         // when each block write had a flush of its own, 1 MiB write + flush at
                         // 4 clients: 7% behind pipelined with the cap applied to them).
                         let by_pointer = only_by_pointer(state.ready());
+                        // Records this commit needs that another committer is filling (a
+                        // large write's parts filled early on the other core): a group of
+                        // the ready ones alone would cost a device flush of its own and still
+                        // leave this commit waiting for the next, so it waits for the fill
+                        // (which wakes it) and goes as one group with them.
+                        let others_filling =
+                            by_pointer && state.filling.range(..=sequence).next().is_some();
                         let free = by_pointer
                             || state
                                 .groups_on_vdev
@@ -985,7 +992,7 @@ impl LogWriter {
                         let groups: usize = state.groups_on_vdev.iter().map(Vec::len).sum();
                         let ready = state.ready().count();
                         let even = state.even_share(ready, slots);
-                        let may = mine_pending && free;
+                        let may = mine_pending && free && !others_filling;
                         let beside = state.groups_on_vdev.get(home).is_some_and(|g| !g.is_empty());
                         if state.tuner.as_ref().is_some_and(GroupTuner::waits_for_share) && beside {
                             // Waits for the group in flight, or for a committer that finds an
