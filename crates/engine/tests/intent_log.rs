@@ -504,7 +504,7 @@ fn auto_writes_records_logged_by_pointer_as_one_group_with_one_flush() {
 /// A commit whose records logged by pointer are partly being filled by another committer
 /// (a large write's parts filled early on the other core) waits for that fill and writes them
 /// all as one group: a group of the records filled so far would cost a flush of its own while
-/// the commit still waits for the rest.
+/// the commit still waits for the rest. A commit of only the records before it is not held.
 #[test]
 fn a_commit_waits_for_records_another_committer_fills_and_writes_one_group() {
     let sim = Sim::new(13);
@@ -561,6 +561,9 @@ fn a_commit_waits_for_records_another_committer_fills_and_writes_one_group() {
                 let last = log.claim_unfilled(sequences[2]);
                 assert_eq!(last.len(), 1, "the record being filled is not claimed again");
                 assert!(log.fill(last.into_iter().next().unwrap(), Some(written())));
+                // A commit that needs only the ready record is not held by the fill.
+                log.commit(&pool, &allocator, sequences[0]).await.unwrap();
+                assert_eq!(log.figures().groups_written, 1);
                 let before = flushes(&legs);
                 let (done, finished) = futures::channel::oneshot::channel();
                 env.spawn("commit", {
@@ -580,10 +583,69 @@ fn a_commit_waits_for_records_another_committer_fills_and_writes_one_group() {
         })
         .unwrap()
         .0;
-    assert_eq!(while_filling, 0, "nothing is written while a record it needs is being filled");
-    assert_eq!(figures.groups_written, 1, "one group for all three: {figures:?}");
+    assert_eq!(while_filling, 1, "nothing more is written while a record it needs is filled");
+    assert_eq!(figures.groups_written, 2, "one group for the other two: {figures:?}");
     assert_eq!(figures.records_written, 3);
     assert_eq!(flushed, 1, "one flush of the leaf for the group");
+}
+
+/// A chain replaced at a sync (`Zil::restart_chains`, or a failed write) hands its records
+/// on and is retired: a committer waiting on it for a record handed on is woken and told the
+/// chain failed (it then falls back to a txg sync), rather than waiting for ever.
+#[test]
+fn a_commit_waiting_on_a_retired_chain_is_told_it_failed() {
+    let sim = Sim::new(14);
+    let legs = common::legs(&sim, 1, serial_ssd(), LEAF_BYTES);
+    let specs = common::leaf_specs(&legs);
+    let env = sim.env();
+    let outcome = sim
+        .run(async move {
+            let spec = sluice_engine::pool::PoolSpec {
+                name: "tank".into(),
+                ashift: 12,
+                top: specs.into_iter().map(sluice_engine::pool::TopSpec::Leaf).collect(),
+            };
+            let pool = Arc::new(Pool::create(&env, spec, &Tunables::default()).await.unwrap());
+            let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
+            let log = Arc::new(
+                LogWriter::new(
+                    "tank",
+                    &allocator,
+                    settings(CommitPolicy::Auto, 128 << 10),
+                    owner(5),
+                )
+                .unwrap(),
+            );
+            // A record of txg 2, claimed by a filler that has not finished: its commit waits.
+            let sequence = log.append_unfilled(env.now(), |sequence| LogRecord::WriteIndirect {
+                txg: 2,
+                sequence,
+                offset: 0,
+                len: 16384,
+                block: placed_block(8192),
+            });
+            assert_eq!(log.claim_unfilled(sequence).len(), 1);
+            let (done, finished) = futures::channel::oneshot::channel();
+            env.spawn("commit", {
+                let (pool, allocator, log) =
+                    (Arc::clone(&pool), Arc::clone(&allocator), Arc::clone(&log));
+                async move {
+                    let _ = done.send(log.commit(&pool, &allocator, sequence).await);
+                }
+            });
+            env.sleep(Duration::from_millis(5)).await;
+            // Txg 1 synced; the chain is replaced and its txg-2 record carried over.
+            let handover = log.hand_over(1);
+            drop(handover);
+            log.retire();
+            finished.await.unwrap()
+        })
+        .unwrap()
+        .0;
+    assert!(
+        matches!(outcome, Err(sluice_engine::intent_log::LogError::Failed { .. })),
+        "{outcome:?}"
+    );
 }
 
 /// A lone writer that flushes after every write gets its log writes started early

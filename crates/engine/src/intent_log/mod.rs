@@ -872,10 +872,19 @@ impl LogWriter {
     /// Every block this chain holds (issued and still needed, plus the allocated successor),
     /// for freeing when the chain is retired. The writer must not be used afterwards.
     pub fn retire(&self) -> Vec<LogAddress> {
-        let mut state = self.state.lock();
-        state.failed = true;
-        let mut blocks: Vec<LogAddress> = state.live.drain(..).map(|(_, a, _)| a).collect();
-        blocks.push(state.next_address);
+        let (blocks, waiters) = {
+            let mut state = self.state.lock();
+            state.failed = true;
+            let mut blocks: Vec<LogAddress> = state.live.drain(..).map(|(_, a, _)| a).collect();
+            blocks.push(state.next_address);
+            (blocks, std::mem::take(&mut state.waiters))
+        };
+        // Committers waiting on this chain (for records [`LogWriter::hand_over`] carried to
+        // its successor) would otherwise wait for ever: woken, they find it failed and fall
+        // back to a txg sync, which covers their records.
+        for (_, waiter) in waiters {
+            let _ = waiter.send(());
+        }
         blocks
     }
 
