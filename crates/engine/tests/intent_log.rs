@@ -38,6 +38,26 @@ fn owner(chain_id: u64) -> ChainOwner {
     ChainOwner { chain_id, volume_id: 1, key_family: 0 }
 }
 
+/// A pool whose top-level vdevs are the given leaves, each on its own.
+fn leaves_spec(specs: Vec<sluice_engine::pool::LeafSpec>) -> sluice_engine::pool::PoolSpec {
+    sluice_engine::pool::PoolSpec {
+        name: "tank".into(),
+        ashift: 12,
+        top: specs.into_iter().map(sluice_engine::pool::TopSpec::Leaf).collect(),
+    }
+}
+
+/// An `auto` log writer on `pool` (blocks of up to 128 KiB), with its allocator, both shared
+/// with tasks a test spawns.
+fn auto_log(pool: &Pool) -> (Arc<Mutex<Allocator>>, Arc<LogWriter>) {
+    let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
+    let log = Arc::new(
+        LogWriter::new("tank", &allocator, settings(CommitPolicy::Auto, 128 << 10), owner(5))
+            .unwrap(),
+    );
+    (allocator, log)
+}
+
 const LEAF_BYTES: u64 = 64 << 20;
 const WRITERS: u64 = 8;
 
@@ -360,16 +380,7 @@ fn auto_starts_groups_of_records_logged_by_pointer_past_the_cap() {
                     .await
                     .unwrap(),
             );
-            let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
-            let log = Arc::new(
-                LogWriter::new(
-                    "tank",
-                    &allocator,
-                    settings(CommitPolicy::Auto, 128 << 10),
-                    owner(5),
-                )
-                .unwrap(),
-            );
+            let (allocator, log) = auto_log(&pool);
             // The blocks' writes end only when released, so their groups stay in flight.
             let (release, released) = futures::channel::oneshot::channel::<()>();
             let released = futures::FutureExt::shared(released);
@@ -453,12 +464,8 @@ fn auto_writes_records_logged_by_pointer_as_one_group_with_one_flush() {
         .run({
             let legs = legs.clone();
             async move {
-                let spec = sluice_engine::pool::PoolSpec {
-                    name: "tank".into(),
-                    ashift: 12,
-                    top: specs.into_iter().map(sluice_engine::pool::TopSpec::Leaf).collect(),
-                };
-                let pool = Pool::create(&env, spec, &Tunables::default()).await.unwrap();
+                let pool =
+                    Pool::create(&env, leaves_spec(specs), &Tunables::default()).await.unwrap();
                 let allocator = Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas()));
                 let log = LogWriter::new(
                     "tank",
@@ -516,23 +523,10 @@ fn a_commit_waits_for_records_another_committer_fills_and_writes_one_group() {
         .run({
             let legs = legs.clone();
             async move {
-                let spec = sluice_engine::pool::PoolSpec {
-                    name: "tank".into(),
-                    ashift: 12,
-                    top: specs.into_iter().map(sluice_engine::pool::TopSpec::Leaf).collect(),
-                };
-                let pool = Arc::new(Pool::create(&env, spec, &Tunables::default()).await.unwrap());
-                let allocator =
-                    Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
-                let log = Arc::new(
-                    LogWriter::new(
-                        "tank",
-                        &allocator,
-                        settings(CommitPolicy::Auto, 128 << 10),
-                        owner(5),
-                    )
-                    .unwrap(),
-                );
+                let pool =
+                    Pool::create(&env, leaves_spec(specs), &Tunables::default()).await.unwrap();
+                let pool = Arc::new(pool);
+                let (allocator, log) = auto_log(&pool);
                 let leaf = pool.root().plain_leaf(0).unwrap();
                 let written = move || -> sluice_engine::intent_log::DataWrite {
                     let leaf = leaf.clone();
@@ -600,22 +594,9 @@ fn a_commit_waiting_on_a_retired_chain_is_told_it_failed() {
     let env = sim.env();
     let outcome = sim
         .run(async move {
-            let spec = sluice_engine::pool::PoolSpec {
-                name: "tank".into(),
-                ashift: 12,
-                top: specs.into_iter().map(sluice_engine::pool::TopSpec::Leaf).collect(),
-            };
-            let pool = Arc::new(Pool::create(&env, spec, &Tunables::default()).await.unwrap());
-            let allocator = Arc::new(Mutex::new(Allocator::new(pool.ashift(), &pool.data_areas())));
-            let log = Arc::new(
-                LogWriter::new(
-                    "tank",
-                    &allocator,
-                    settings(CommitPolicy::Auto, 128 << 10),
-                    owner(5),
-                )
-                .unwrap(),
-            );
+            let pool = Pool::create(&env, leaves_spec(specs), &Tunables::default()).await.unwrap();
+            let pool = Arc::new(pool);
+            let (allocator, log) = auto_log(&pool);
             // A record of txg 2, claimed by a filler that has not finished: its commit waits.
             let sequence = log.append_unfilled(env.now(), |sequence| LogRecord::WriteIndirect {
                 txg: 2,
