@@ -131,14 +131,19 @@ before=$(sample)
 fio --name=op --ioengine=nbd --uri="$uri" --bs=4k --size="${span_mib}M" --runtime="$seconds" --time_based \
   --group_reporting --output-format=json "${args[@]}" 2>/dev/null | grep -v '^fio: ' >"$dir/fio.json"
 after=$(sample)
-# What the prefetch did over the whole run (prefill and ageing included), for the read jobs.
+# What the prefetch and the rewrite of scattered blocks did over the whole run (prefill, ageing
+# and warm-up included), for the read jobs.
 if [ "$target" = sluice ] && [[ $job == *read ]]; then
   "$bin" pool iostat perop --json 2>/dev/null | /usr/bin/python3 -c '
 import json, sys
-p = json.loads(sys.stdin.readline())["volumes"][0].get("prefetch")
+v = json.loads(sys.stdin.readline())["volumes"][0]
+p, r = v.get("prefetch"), v.get("rewrite")
 if p:
     print("prefetch: {blocks_fetched:,} blocks fetched ahead in {ios:,} I/Os, {blocks_used:,} read, "
-          "{blocks_unused:,} unread; {hits:,} reads continued a stream, {misses:,} did not".format(**p))' || true
+          "{blocks_unused:,} unread; {hits:,} reads continued a stream, {misses:,} did not".format(**p))
+if r:
+    print("rewrite: {scattered_reads:,} reads found their blocks scattered; {blocks_rewritten:,} blocks "
+          "rewritten, {blocks_shared:,} shared (left), {blocks_deferred:,} deferred".format(**r))' || true
 fi
 /usr/bin/python3 - "$dir/fio.json" "$seconds" "$before" "$after" "$target" "$job" "$jobs" "${block:-default}${compression:+ compression=$compression}" <<'PY'
 import json, os, sys

@@ -22,8 +22,8 @@ use sluice_engine::stats::{HistogramSnapshot, VolumeOp};
 use crate::control;
 use crate::pools::output::Reply;
 use crate::snapshot::{
-    class_names, op_names, LeafSnapshot, PoolSnapshot, PrefetchSnapshot, SnapshotError,
-    VolumeSnapshot,
+    class_names, op_names, LeafSnapshot, PoolSnapshot, PrefetchSnapshot, RewriteSnapshot,
+    SnapshotError, VolumeSnapshot,
 };
 
 /// What to print and how often.
@@ -143,6 +143,12 @@ fn volume_since(now: &VolumeSnapshot, earlier: Option<&VolumeSnapshot>) -> Volum
             blocks_used: was(|v| v.prefetch.blocks_used),
             blocks_unused: was(|v| v.prefetch.blocks_unused),
         },
+        rewrite: RewriteSnapshot {
+            scattered_reads: was(|v| v.rewrite.scattered_reads),
+            blocks_rewritten: was(|v| v.rewrite.blocks_rewritten),
+            blocks_shared: was(|v| v.rewrite.blocks_shared),
+            blocks_deferred: was(|v| v.rewrite.blocks_deferred),
+        },
     }
 }
 
@@ -260,6 +266,12 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
                     "ios": v.prefetch.ios,
                     "blocks_used": v.prefetch.blocks_used,
                     "blocks_unused": v.prefetch.blocks_unused,
+                },
+                "rewrite": {
+                    "scattered_reads": v.rewrite.scattered_reads,
+                    "blocks_rewritten": v.rewrite.blocks_rewritten,
+                    "blocks_shared": v.rewrite.blocks_shared,
+                    "blocks_deferred": v.rewrite.blocks_deferred,
                 },
                 "log": v.log.as_ref().map(|l| json!({
                     "policy": l.policy,

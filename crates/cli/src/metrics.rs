@@ -530,6 +530,30 @@ const VOLUME_COUNTERS: &[Figure<VolumeSnapshot>] = &[
         Count,
         |v| v.prefetch.blocks_unused,
     ),
+    figure(
+        "volume_rewrite_scattered_reads",
+        "Sequential reads of a volume that found their blocks scattered on disk.",
+        Count,
+        |v| v.rewrite.scattered_reads,
+    ),
+    figure(
+        "volume_rewrite_blocks_rewritten",
+        "Blocks those reads handed to the open txg to be written side by side.",
+        Count,
+        |v| v.rewrite.blocks_rewritten,
+    ),
+    figure(
+        "volume_rewrite_blocks_shared",
+        "Scattered blocks left in place because a snapshot, a clone's origin or the dedup table shares them.",
+        Count,
+        |v| v.rewrite.blocks_shared,
+    ),
+    figure(
+        "volume_rewrite_blocks_deferred",
+        "Scattered blocks left in place for now (changed since the read, the txg's share taken, or free space short).",
+        Count,
+        |v| v.rewrite.blocks_deferred,
+    ),
 ];
 
 const VOLUME_GAUGES: &[Figure<VolumeSnapshot>] = &[

@@ -162,6 +162,9 @@ pub struct VolumeSnapshot {
     /// What its prefetch of sequential reads did.
     #[serde(default)]
     pub prefetch: PrefetchSnapshot,
+    /// What its sequential reads rewrote of the blocks they found scattered.
+    #[serde(default)]
+    pub rewrite: RewriteSnapshot,
 }
 
 /// What a volume's prefetch did since import (counts).
@@ -176,6 +179,22 @@ pub struct PrefetchSnapshot {
     /// Blocks fetched ahead that a read took, and that none did.
     pub blocks_used: u64,
     pub blocks_unused: u64,
+}
+
+/// What a volume's sequential reads rewrote of the blocks they found scattered on disk, since
+/// import (counts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RewriteSnapshot {
+    /// Reads that continued a stream and found their blocks scattered.
+    pub scattered_reads: u64,
+    /// Blocks they handed to the open txg to be written side by side.
+    pub blocks_rewritten: u64,
+    /// Blocks left in place because a snapshot, a clone's origin or the dedup table shares
+    /// them.
+    pub blocks_shared: u64,
+    /// Blocks left in place for now (changed since the read, the txg's share taken, or the
+    /// pool's free space short).
+    pub blocks_deferred: u64,
 }
 
 /// What a volume's intent log has in flight and chose, now (gauges).
@@ -354,6 +373,12 @@ impl PoolSnapshot {
                         ios: s.prefetch.ios.get(),
                         blocks_used: s.prefetch.blocks_used.get(),
                         blocks_unused: s.prefetch.blocks_unused.get(),
+                    },
+                    rewrite: RewriteSnapshot {
+                        scattered_reads: s.rewrite.scattered_reads.get(),
+                        blocks_rewritten: s.rewrite.blocks_rewritten.get(),
+                        blocks_shared: s.rewrite.blocks_shared.get(),
+                        blocks_deferred: s.rewrite.blocks_deferred.get(),
                     },
                     log: log.map(|f| VolumeLogSnapshot {
                         policy: f.policy.name().to_owned(),

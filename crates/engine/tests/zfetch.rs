@@ -4,7 +4,10 @@
 //! whole and right in fewer I/Os than blocks; a block written after it was fetched ahead reads
 //! its new bytes, from memory or from its new place; a damaged block fetched ahead fails only
 //! itself on one leaf and is healed on a mirror; an encrypted volume's blocks fetched ahead
-//! open with its key and not without.
+//! open with its key and not without. And the rewrite of what a stream's reads find scattered
+//! (txg/dmu_rewrite.rs): the blocks come to lie side by side and read back the same; blocks a
+//! snapshot shares stay where they are; a write that lands while the read is in flight is
+//! never undone by the rewrite.
 
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
@@ -315,4 +318,164 @@ fn an_encrypted_volumes_blocks_fetched_ahead_are_decrypted_on_every_core() {
         .0;
     assert_eq!(opened_ahead, (VOLUME_BYTES - 3 * READ_LARGE) / BLOCK);
     assert!(spread_ahead > 0, "{opened_ahead} blocks fetched ahead were opened on one core");
+}
+
+fn rewrites(store: &Store) -> (u64, u64, u64, u64) {
+    let stats = store.volume_stats("v").unwrap();
+    let r = &stats.rewrite;
+    (
+        r.scattered_reads.get(),
+        r.blocks_rewritten.get(),
+        r.blocks_shared.get(),
+        r.blocks_deferred.get(),
+    )
+}
+
+/// Volume "v"'s blocks in the pool's newest tree, in block order.
+fn all_block_pointers(sim: &Sim, store: &Arc<Store>) -> Vec<BlockPointer> {
+    (0..VOLUME_BYTES / BLOCK).map(|index| block_pointer(sim, store, index)).collect()
+}
+
+/// Runs of blocks that lie side by side on disk, in block order.
+fn runs(bps: &[BlockPointer]) -> usize {
+    let follows = |a: &BlockPointer, b: &BlockPointer| {
+        a.dvas[0].vdev == b.dvas[0].vdev
+            && b.dvas[0].offset_bytes() == a.dvas[0].offset_bytes() + a.dvas[0].asize_bytes()
+    };
+    1 + bps.windows(2).filter(|pair| !follows(&pair[0], &pair[1])).count()
+}
+
+fn sync(sim: &Sim, store: &Arc<Store>) {
+    let s = Arc::clone(store);
+    sim.run(async move { s.sync().await.unwrap() }).unwrap();
+}
+
+#[test]
+fn scattered_blocks_a_stream_reads_are_rewritten_side_by_side_and_read_the_same() {
+    let sim = Sim::new(6);
+    let legs = common::legs(&sim, 1, ssd(), LEG_BYTES);
+    let (store, data) = scattered(&sim, &legs, &no_data_cached());
+    let before = runs(&all_block_pointers(&sim, &store));
+    let got: Vec<u8> =
+        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    assert!(got == data, "the volume read in order returned wrong bytes");
+    let (scattered_reads, rewritten, shared, _) = rewrites(&store);
+    let blocks = VOLUME_BYTES / BLOCK;
+    assert!(scattered_reads > 0 && rewritten >= blocks / 2, "{rewritten} blocks rewritten");
+    assert_eq!(shared, 0, "no snapshot shares a block");
+    // Nothing changed on disk yet: the rewritten blocks wait in the open txg, and read the
+    // same from there.
+    assert_eq!(runs(&all_block_pointers(&sim, &store)), before);
+    let got: Vec<u8> =
+        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    assert!(got == data, "the rewritten blocks read wrong from memory");
+    sync(&sim, &store);
+    let after = runs(&all_block_pointers(&sim, &store));
+    assert!(after * 8 < before, "{before} runs on disk before the rewrite, {after} after");
+    // Read again from the disk: the same bytes, in fewer I/Os, and nothing left to rewrite.
+    let (_, ios_before, _, _) = prefetch(&store);
+    let got: Vec<u8> =
+        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    assert!(got == data, "the rewritten volume read back wrong bytes");
+    assert_eq!(rewrites(&store).1, rewritten, "blocks side by side were rewritten again");
+    let (_, ios_after, _, _) = prefetch(&store);
+    assert!(ios_after - ios_before < blocks / 8, "{} I/Os", ios_after - ios_before);
+    let audit = sim.run(async move { store.audit().await.unwrap() }).unwrap().0;
+    assert!(audit.is_clean(), "{:?}", audit.problems);
+
+    // Off: the same reads rewrite nothing.
+    let sim = Sim::new(6);
+    let legs = common::legs(&sim, 1, ssd(), LEG_BYTES);
+    let mut off = no_data_cached();
+    off.set("zfetch.rewrite_run_bytes", "0").unwrap();
+    let (store, _) = scattered(&sim, &legs, &off);
+    for read in read_in_order(&sim, &store, 0..VOLUME_BYTES) {
+        read.unwrap();
+    }
+    assert_eq!(rewrites(&store), (0, 0, 0, 0));
+}
+
+#[test]
+fn blocks_a_snapshot_shares_stay_where_they_lie() {
+    let sim = Sim::new(7);
+    let legs = common::legs(&sim, 1, ssd(), LEG_BYTES);
+    let (store, data) = scattered(&sim, &legs, &no_data_cached());
+    let s = Arc::clone(&store);
+    sim.run(async move { s.create_snapshots(&[("v".into(), "s".into())], 1).await.unwrap() })
+        .unwrap();
+    let before = all_block_pointers(&sim, &store);
+    let got: Vec<u8> =
+        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    assert!(got == data);
+    let (scattered_reads, rewritten, shared, _) = rewrites(&store);
+    assert!(scattered_reads > 0);
+    assert_eq!(rewritten, 0, "blocks the snapshot shares were rewritten");
+    assert!(shared >= VOLUME_BYTES / BLOCK / 2, "{shared} blocks counted as shared");
+    sync(&sim, &store);
+    assert!(all_block_pointers(&sim, &store) == before, "a block the snapshot shares moved");
+}
+
+#[test]
+fn a_write_while_the_read_is_in_flight_is_not_undone_by_its_rewrite() {
+    // Two cases: the write stays in the open txg, or it is synced before the rewrite.
+    for synced in [false, true] {
+        let sim = Sim::new(8);
+        let legs = common::legs(&sim, 1, ssd(), LEG_BYTES);
+        let (store, mut data) = scattered(&sim, &legs, &no_data_cached());
+        // The first reads start a stream; the one after them finds its blocks scattered and
+        // stops before handing them over.
+        for read in read_in_order(&sim, &store, 0..2 * READ) {
+            read.unwrap();
+        }
+        let (reached, release) = store.arm_pause("dmu_rewrite.found");
+        let at = 2 * READ + BLOCK;
+        let new = vec![0xc3; BLOCK as usize];
+        data[at as usize..][..BLOCK as usize].copy_from_slice(&new);
+        let s = Arc::clone(&store);
+        sim.run(async move {
+            let read = {
+                let s = Arc::clone(&s);
+                async move { s.read("v", 2 * READ, READ).await.unwrap() }
+            };
+            let write = async {
+                reached.await.unwrap();
+                s.write("v", at, &new).await.unwrap();
+                if synced {
+                    s.sync().await.unwrap();
+                }
+                drop(release);
+            };
+            futures::join!(read, write);
+            s.sync().await.unwrap();
+        })
+        .unwrap();
+        let got = sim
+            .run({
+                let s = Arc::clone(&store);
+                async move { s.read("v", 2 * READ, READ).await.unwrap() }
+            })
+            .unwrap()
+            .0;
+        assert!(
+            got[..] == data[2 * READ as usize..][..READ as usize],
+            "the rewrite undid a write (synced before it: {synced})"
+        );
+        let (_, rewritten, _, deferred) = rewrites(&store);
+        if synced {
+            // The tree changed under the read: it hands nothing over.
+            assert!(deferred >= READ / BLOCK - 1, "{deferred} deferred");
+        } else {
+            // The block written is left out; the others go in.
+            assert!(deferred >= 1 && rewritten >= 1, "{rewritten} rewritten, {deferred} deferred");
+        }
+        // The read above may have rewritten what it found: synced before the audit.
+        let audit = sim
+            .run(async move {
+                store.sync().await.unwrap();
+                store.audit().await.unwrap()
+            })
+            .unwrap()
+            .0;
+        assert!(audit.is_clean(), "{:?}", audit.problems);
+    }
 }

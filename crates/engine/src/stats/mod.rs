@@ -301,6 +301,25 @@ pub struct VolumeStats {
     pub latency: [Histogram; VolumeOp::COUNT],
     /// What the volume's prefetch did (crate::txg's dmu_zfetch).
     pub prefetch: PrefetchStats,
+    /// What the rewrites of blocks its sequential reads found scattered did (crate::txg's
+    /// dmu_rewrite).
+    pub rewrite: RewriteStats,
+}
+
+/// What a volume's rewrites of the blocks its sequential reads found scattered did since
+/// import.
+#[derive(Debug, Default)]
+pub struct RewriteStats {
+    /// Reads that continued a stream and found their blocks scattered on disk.
+    pub scattered_reads: Counter,
+    /// Blocks those reads handed to the open txg, to be written side by side.
+    pub blocks_rewritten: Counter,
+    /// Blocks left where they lie because a snapshot, a clone's origin or the dedup table
+    /// shares them (moving them would free nothing and take space twice).
+    pub blocks_shared: Counter,
+    /// Blocks left where they lie for now: changed since the read, or the open txg held its
+    /// share of rewrites already, or the pool's free space was short.
+    pub blocks_deferred: Counter,
 }
 
 /// What a volume's prefetch of sequential reads did since import.

@@ -244,6 +244,18 @@ pub(super) struct VolumeState {
     /// in place, which its sync links and never seals, and its root keeps the MAC it has
     /// (the stream's is set when the receive ends).
     pub(super) raw_receive: bool,
+    /// The txg of a snapshot queued and not yet synced (0: none), which `entry.prev_snap_txg`
+    /// becomes only when that sync ends: blocks born up to it are about to be shared, and
+    /// the rewrite of scattered blocks (dmu_rewrite.rs) leaves them alone.
+    pub(super) snapshot_queued_txg: u64,
+}
+
+impl VolumeState {
+    /// Blocks born at or before this txg are, or are about to be, shared with a snapshot or
+    /// a clone's origin.
+    pub(super) fn shared_up_to(&self) -> u64 {
+        self.entry.prev_snap_txg.max(self.snapshot_queued_txg)
+    }
 }
 
 /// A settable volume property (`sluice vol set`).
@@ -286,6 +298,7 @@ impl Dataset {
                 syncing: Arc::default(),
                 prewritten: BTreeMap::new(),
                 raw_receive: false,
+                snapshot_queued_txg: 0,
                 log,
             }),
         })

@@ -14,6 +14,7 @@ use sluice_format::BlockPointer;
 
 use super::dataset::Dsl;
 use super::dbuf::{Apply, Block, Patch, Prewritten, WriteData};
+use super::dmu_rewrite;
 use super::dmu_tx::Admission;
 use super::dmu_zfetch::{self, BatchTree, Held};
 use super::dsl_pool::Txg;
@@ -259,7 +260,9 @@ impl Store {
         offset: u64,
         len: u64,
     ) -> Result<(ReadData, Vec<(u64, bool)>), StoreError> {
-        read_with_status_in(&self.spa, &self.dsl, dataset, offset, len).await
+        let admission =
+            Admission { spa: &self.spa, dsl: &self.dsl, txg: &self.txg, sync: self.sync_handle() };
+        read_with_status_in(admission, dataset, offset, len).await
     }
 
     /// Writes `data` at `offset` into the open txg ([`WritePath::modify`]).
@@ -797,14 +800,16 @@ async fn resolve_patch(
 }
 
 /// [`Store::read_with_status_in`]: the pool's and the namespace's parts of a read (the store
-/// suspended, the volume destroyed), then the read of the dataset's layers and tree.
+/// suspended, the volume destroyed), then the read of the dataset's layers and tree. A read
+/// that finds a stream's blocks scattered hands them to the open txg through `admission`
+/// (dmu_rewrite.rs).
 async fn read_with_status_in(
-    spa: &Spa,
-    dsl: &Dsl,
+    admission: Admission<'_>,
     dataset: &Dataset,
     offset: u64,
     len: u64,
 ) -> Result<(ReadData, Vec<(u64, bool)>), StoreError> {
+    let (spa, dsl) = (admission.spa, admission.dsl);
     spa.check_live()?;
     dsl.check_exists(dataset)?;
     dataset.check_range(dataset.size_bytes(), offset, len)?;
@@ -831,12 +836,17 @@ async fn read_with_status_in(
     let mut allocated = vec![true; (last - first + 1) as usize];
     // Blocks with a version in memory go through `block`; the others are read from the
     // root of the same snapshot, adjacent ones in spans of one I/O each.
-    let (in_memory, root, levels) = {
+    let (in_memory, root, levels, shared_up_to) = {
         let v = dataset.state.lock();
         let in_memory: Vec<u64> = (first..=last).filter(|i| v.cached(*i).is_some()).collect();
-        (in_memory, v.entry.root, v.disk_levels)
+        (in_memory, v.entry.root, v.disk_levels, dmu_rewrite::shared_up_to(dataset, &v))
     };
     let mut reads: Vec<Read> = Vec::new();
+    // A stream's blocks read from the disk, in block order: if they lie scattered, the read
+    // rewrites them (dmu_rewrite.rs). Blocks the cache holds cost the stream nothing now.
+    let run_bytes_min = dataset.zfetch.rewrite_run_bytes();
+    let mut on_disk: Option<Vec<(u64, BlockPointer)>> =
+        (hit.is_some() && run_bytes_min > 0 && shared_up_to.is_some()).then(Vec::new);
     // The pointers of the blocks not in memory, a level-1 indirect block at a time.
     let pointers = if in_memory.len() as u64 == last - first + 1 {
         Vec::new()
@@ -861,6 +871,9 @@ async fn read_with_status_in(
             reads.push(Read::Cached(index, hit));
             continue;
         }
+        if let Some(found) = on_disk.as_mut() {
+            found.push((index, bp));
+        }
         if let Some(held) = dataset.zfetch.take(index, &bp) {
             if let Some(Read::Held(start, run)) = reads.last_mut() {
                 if *start + run.len() as u64 == index && run[0].span.ptr_eq(&held.span) {
@@ -884,6 +897,12 @@ async fn read_with_status_in(
     }
     // A read that went to the disk fetches ahead (dmu_zfetch.rs).
     let to_disk = reads.iter().any(|r| matches!(r, Read::Span(..) | Read::Held(..)));
+    let mut rewrite = match (on_disk, shared_up_to) {
+        (Some(found), Some(up_to)) => dmu_rewrite::plan(dataset, found, run_bytes_min, up_to),
+        _ => Vec::new(),
+    };
+    rewrite.reverse();
+    let mut rewritten: Vec<dmu_rewrite::Found> = Vec::with_capacity(rewrite.len());
 
     let fetch_ahead = hit.filter(|_| to_disk).and_then(|hit| dataset.zfetch.batch(hit));
     // Nothing past the volume's end is fetched.
@@ -956,6 +975,22 @@ async fn read_with_status_in(
             let block_start = index * bs;
             let from = (offset.max(block_start) - block_start) as usize;
             let to = ((offset + len).min(block_start + bs) - block_start) as usize;
+            // The blocks to rewrite come in the same order, each at most once; their bytes
+            // are copied only if the rewrite takes them.
+            while rewrite.last().is_some_and(|&(i, _)| i < index) {
+                rewrite.pop();
+            }
+            if let Some(&(_, bp)) = rewrite.last().filter(|&&(i, _)| i == index) {
+                rewrite.pop();
+                let bytes = match &block {
+                    Some(Fetched::Whole(buf)) => Some((Arc::clone(buf), None)),
+                    Some(Fetched::Span(buf, at)) => Some((Arc::clone(buf), Some(*at))),
+                    None => None,
+                };
+                if let Some((buf, at)) = bytes {
+                    rewritten.push(dmu_rewrite::Found { index, bp, buf, at });
+                }
+            }
             match block {
                 Some(Fetched::Whole(buf)) => out.push_bytes(&buf, from..to),
                 Some(Fetched::Span(buf, at)) => out.push_bytes(&buf, at + from..at + to),
@@ -968,6 +1003,10 @@ async fn read_with_status_in(
     }
     out.push_zeros(upto(last + 1) - upto(next));
     assert_eq!(out.len() as u64, len, "a read returns every byte asked for");
+    if !rewritten.is_empty() {
+        spa.pause_point("dmu_rewrite.found").await;
+        dmu_rewrite::rewrite(admission, dataset, root, rewritten);
+    }
     let mut runs: Vec<(u64, bool)> = Vec::new();
     for (i, &data) in allocated.iter().enumerate() {
         let block_start = (first + i as u64) * bs;

@@ -99,7 +99,7 @@ impl SpaceLine {
         *self.refused.lock() = Some((syncs, self.tickets.load(Ordering::Acquire)));
     }
 
-    fn is_waiting(&self) -> bool {
+    pub(super) fn is_waiting(&self) -> bool {
         self.waiting.load(Ordering::Acquire) > 0
     }
 
@@ -128,6 +128,23 @@ impl Drop for Leave<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// What one admission weighed ([`Admission::weigh`]).
+struct Weighed {
+    /// What the syncs will allocate, admitted writes included.
+    dirty: u64,
+    /// The free space whole blocks can use, less what is kept and set aside.
+    usable: u64,
+    /// Frees waiting out their deferral.
+    deferred: u64,
+    /// Blocks written in place that a sync will link (and free what they replace).
+    in_memory: u64,
+    /// Writes admitted and not yet in the open txg.
+    admitted: u64,
+    figures: InFlight,
+    /// Whether the write was admitted.
+    fitted: bool,
 }
 
 /// A write's admission into the open txg (ZFS: a `dmu_tx` being assigned): what it is
@@ -196,82 +213,17 @@ impl Admission<'_> {
                 }
                 // A sync that ends after this is one to wait for, not to follow with another.
                 let seen = self.sync.syncs();
-                // Room a sync needs to rewrite the dedup table, kept beyond the slop: taken
-                // first, apart from the figures below (the lock order is dedup table ->
-                // allocator), from the open and syncing txgs' data as they are now.
-                let unit = 1u64 << self.spa.pool().ashift();
-                let new_entries = if dedup {
-                    let txg = self.txg.lock();
-                    let upper =
-                        txg.dirty_to_allocate() + txg.metadata_to_allocate() + txg.syncing_bytes();
-                    upper.saturating_add(len) / unit
-                } else {
-                    0
-                };
-                // At what its blocks allocate (parity and padding on RAID-Z).
-                let ddt_reserve = self
-                    .spa
-                    .pool()
-                    .inflate(self.spa.ddt().rewrite_reserve_bytes(unit, new_entries), unit);
-                // The txg's figures and the allocator's read and changed under one hold of
-                // both locks (the order is dsl -> txg -> allocator): a write's blocks land in
-                // the txg and leave the admitted count under the txg lock, so the two never
-                // both miss it nor both count it.
-                let (dirty, usable, deferred, in_memory, admitted, state_figures) = {
-                    let dsl = self.dsl.read();
-                    let txg = self.txg.lock();
-                    let (mut reserved, mut own_reserved) = (0u64, 0u64);
-                    for d in dsl.values() {
-                        if d.id == dataset.id {
-                            own_reserved += d.unused_reservation();
-                        } else {
-                            reserved += d.unused_reservation();
-                        }
-                    }
-                    let figures = InFlight::of(dsl.appending_deadlists(), &txg, self.spa.pool());
-                    // Blocks written in place need no new space, but a sync still frees the
-                    // versions they replaced: while any are dirty, waiting can help.
-                    let in_memory = figures.in_memory();
-                    let mut allocator = self.spa.allocator().lock();
-                    // What the syncs will allocate, and what writes admitted before this one
-                    // will add to the open txg once the throttle lets them in.
-                    let to_allocate = figures.to_allocate(&allocator);
-                    let admitted = allocator.admitted_bytes();
-                    let dirty = to_allocate + admitted;
-                    let tier = if thick { SlopTier::Thick } else { SlopTier::Normal };
-                    let kept = tier.kept(allocator.slop_bytes());
-                    // Data blocks, too, are counted against the free space each free range
-                    // has in whole blocks of the volume's block size (`room_bytes_for`), not
-                    // against all free bytes: a block that does not compress needs a range of
-                    // its size (there are no gang blocks), and the holes left by blocks that
-                    // did compress, or at the ends of ranges, do not hold it. Counted in bytes,
-                    // 1 MiB overwrites of a thick volume admitted more than the sync could place,
-                    // and it failed with 69 MB free but no 16 KiB range left (peers run,
-                    // 2026-11-27); counted in 16 KiB blocks for every volume, a volume of 128 KiB
-                    // blocks did the same with 198 MB free in 16 KiB holes (bench/raidz.py,
-                    // 2026-11-29). Each block placed at the end of a range takes at most a block
-                    // of this; a run that starts inside a range loses up to a block more before
-                    // it, which the kept slop absorbs, as it does smaller blocks of other
-                    // volumes placed in ranges counted for larger ones.
-                    let usable = allocator
-                        .room_bytes_for(block_bytes)
-                        .saturating_sub(kept + ddt_reserve + reserved);
-                    // Intent-log blocks leave alone what volumes have set aside, the dedup
-                    // table's rewrite room, and what the syncs will allocate (admitted writes
-                    // included, `Allocator::promised_bytes`).
-                    allocator.set_aside(reserved + own_reserved + ddt_reserve);
-                    if dirty.saturating_add(len) <= usable {
-                        allocator.promise(to_allocate);
-                        allocator.admit(len);
-                    }
-                    (dirty, usable, allocator.deferred_bytes(), in_memory, admitted, figures)
-                };
-                if dirty.saturating_add(len) <= usable {
+                let weighed = self.weigh(dataset, len, (dedup, thick, block_bytes), |fit| {
+                    fit.dirty.saturating_add(len) <= fit.usable
+                });
+                let Weighed { dirty, usable, deferred, in_memory, admitted, figures, fitted } =
+                    weighed;
+                if fitted {
                     // The most the open txg's dirty data may grow to before writers meet the
                     // wall, on the throttle's measure (which counts blocks written in place):
                     // its maximum where it is below `txg.dirty_max`.
-                    let open_data = state_figures.open_data();
-                    break usable.saturating_sub(dirty - open_data) + state_figures.prewritten();
+                    let open_data = figures.open_data();
+                    break usable.saturating_sub(dirty - open_data) + figures.prewritten();
                 }
                 // Short: into the line, and look again once at its head (syncs ran meanwhile).
                 if in_line.is_none() {
@@ -314,6 +266,119 @@ impl Admission<'_> {
         }
         self.throttle(dataset, None, false).await?;
         Ok(Admitted { spa: self.spa, bytes: 0 })
+    }
+
+    /// Admits, without waiting, `len` bytes of blocks a read rewrites into `dataset`
+    /// (dmu_rewrite.rs), or says no: only while no writer of any kind waits for space and
+    /// the pool's free space leaves at least twice the room, so a rewrite never takes space a
+    /// client's write would have had.
+    pub(super) fn try_admit_rewrite(&self, dataset: &Dataset, len: u64) -> Option<Admitted<'_>> {
+        let (thick, block_bytes) = {
+            let volume = dataset.state.lock();
+            (volume.entry.reservation_bytes > 0, u64::from(volume.entry.block_bytes))
+        };
+        let len = self.spa.pool().inflate(len, block_bytes);
+        if self.txg.anyone_waits_for_space() {
+            return None;
+        }
+        // A volume with dedup on rewrites nothing (dmu_rewrite.rs), so its table's growth is
+        // not weighed.
+        let weighed = self.weigh(dataset, len, (false, thick, block_bytes), |fit| {
+            fit.dirty.saturating_add(len).saturating_mul(2) <= fit.usable
+        });
+        // Built only when admitted: a dropped `Admitted` gives its bytes back.
+        if weighed.fitted {
+            Some(Admitted { spa: self.spa, bytes: len })
+        } else {
+            None
+        }
+    }
+
+    /// The figures one admission of `len` bytes to `dataset` weighs (`kind`: whether the
+    /// volume dedups, whether it is thick, its block size), read under the namespace's, the
+    /// txg's and the allocator's locks; admits `len` (promising what the syncs will allocate)
+    /// if `fits` says it fits.
+    fn weigh(
+        &self,
+        dataset: &Dataset,
+        len: u64,
+        (dedup, thick, block_bytes): (bool, bool, u64),
+        fits: impl FnOnce(&Weighed) -> bool,
+    ) -> Weighed {
+        // Room a sync needs to rewrite the dedup table, kept beyond the slop: taken
+        // first, apart from the figures below (the lock order is dedup table ->
+        // allocator), from the open and syncing txgs' data as they are now.
+        let unit = 1u64 << self.spa.pool().ashift();
+        let new_entries = if dedup {
+            let txg = self.txg.lock();
+            let upper = txg.dirty_to_allocate() + txg.metadata_to_allocate() + txg.syncing_bytes();
+            upper.saturating_add(len) / unit
+        } else {
+            0
+        };
+        // At what its blocks allocate (parity and padding on RAID-Z).
+        let ddt_reserve =
+            self.spa.pool().inflate(self.spa.ddt().rewrite_reserve_bytes(unit, new_entries), unit);
+        // The txg's figures and the allocator's read and changed under one hold of
+        // both locks (the order is dsl -> txg -> allocator): a write's blocks land in
+        // the txg and leave the admitted count under the txg lock, so the two never
+        // both miss it nor both count it.
+        let dsl = self.dsl.read();
+        let txg = self.txg.lock();
+        let (mut reserved, mut own_reserved) = (0u64, 0u64);
+        for d in dsl.values() {
+            if d.id == dataset.id {
+                own_reserved += d.unused_reservation();
+            } else {
+                reserved += d.unused_reservation();
+            }
+        }
+        let figures = InFlight::of(dsl.appending_deadlists(), &txg, self.spa.pool());
+        // Blocks written in place need no new space, but a sync still frees the
+        // versions they replaced: while any are dirty, waiting can help.
+        let in_memory = figures.in_memory();
+        let mut allocator = self.spa.allocator().lock();
+        // What the syncs will allocate, and what writes admitted before this one
+        // will add to the open txg once the throttle lets them in.
+        let to_allocate = figures.to_allocate(&allocator);
+        let admitted = allocator.admitted_bytes();
+        let dirty = to_allocate + admitted;
+        let tier = if thick { SlopTier::Thick } else { SlopTier::Normal };
+        let kept = tier.kept(allocator.slop_bytes());
+        // Data blocks, too, are counted against the free space each free range
+        // has in whole blocks of the volume's block size (`room_bytes_for`), not
+        // against all free bytes: a block that does not compress needs a range of
+        // its size (there are no gang blocks), and the holes left by blocks that
+        // did compress, or at the ends of ranges, do not hold it. Counted in bytes,
+        // 1 MiB overwrites of a thick volume admitted more than the sync could place,
+        // and it failed with 69 MB free but no 16 KiB range left (peers run,
+        // 2026-11-27); counted in 16 KiB blocks for every volume, a volume of 128 KiB
+        // blocks did the same with 198 MB free in 16 KiB holes (bench/raidz.py,
+        // 2026-11-29). Each block placed at the end of a range takes at most a block
+        // of this; a run that starts inside a range loses up to a block more before
+        // it, which the kept slop absorbs, as it does smaller blocks of other
+        // volumes placed in ranges counted for larger ones.
+        let usable =
+            allocator.room_bytes_for(block_bytes).saturating_sub(kept + ddt_reserve + reserved);
+        // Intent-log blocks leave alone what volumes have set aside, the dedup
+        // table's rewrite room, and what the syncs will allocate (admitted writes
+        // included, `Allocator::promised_bytes`).
+        allocator.set_aside(reserved + own_reserved + ddt_reserve);
+        let mut weighed = Weighed {
+            dirty,
+            usable,
+            deferred: allocator.deferred_bytes(),
+            in_memory,
+            admitted,
+            figures,
+            fitted: false,
+        };
+        if fits(&weighed) {
+            allocator.promise(to_allocate);
+            allocator.admit(len);
+            weighed.fitted = true;
+        }
+        weighed
     }
 
     /// Counts a write that waited for space since `joined` (its line), if it did.

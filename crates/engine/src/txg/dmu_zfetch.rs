@@ -81,6 +81,9 @@ pub(super) struct ZfetchLimits {
     pub(super) streams_max: usize,
     /// Gaps a batch's I/O reads through (`vdev.read_gap_limit`).
     pub(super) gap_max: u64,
+    /// Runs on disk shorter than this on average make a stream's read rewrite its blocks
+    /// (`zfetch.rewrite_run_bytes`, dmu_rewrite.rs; 0: never).
+    pub(super) rewrite_run_bytes: u64,
 }
 
 impl ZfetchLimits {
@@ -91,6 +94,7 @@ impl ZfetchLimits {
             streams_max: usize::try_from(tunables.get(Tunable::ZfetchMaxStreams))
                 .unwrap_or(usize::MAX),
             gap_max: tunables.get(Tunable::ReadGapLimit),
+            rewrite_run_bytes: tunables.get(Tunable::ZfetchRewriteRunBytes),
         }
     }
 }
@@ -177,6 +181,11 @@ impl Zfetch {
             inner: Mutex::new(Streams::default()),
             volume_stats,
         }
+    }
+
+    /// `zfetch.rewrite_run_bytes` (dmu_rewrite.rs).
+    pub(super) fn rewrite_run_bytes(&self) -> u64 {
+        self.limits.rewrite_run_bytes
     }
 
     fn stats(&self) -> &crate::stats::PrefetchStats {
@@ -504,7 +513,12 @@ mod tests {
     use super::*;
 
     fn limits() -> ZfetchLimits {
-        ZfetchLimits { distance_max: 64 * 16384, streams_max: 2, gap_max: 32768 }
+        ZfetchLimits {
+            distance_max: 64 * 16384,
+            streams_max: 2,
+            gap_max: 32768,
+            rewrite_run_bytes: 0,
+        }
     }
 
     fn at(secs: u64) -> Time {

@@ -214,6 +214,11 @@ impl Txg {
         &self.space_lines[usize::from(thick)][crate::alloc::room_tier(block_bytes)]
     }
 
+    /// Whether any writer, of any kind and block size, waits for space.
+    pub(super) fn anyone_waits_for_space(&self) -> bool {
+        self.space_lines.iter().flatten().any(|line| line.is_waiting())
+    }
+
     /// The txg lock (crate::txg's lock order: after the namespace, before a volume's state).
     pub(super) fn lock(&self) -> parking_lot::MutexGuard<'_, TxgState> {
         self.state.lock()

@@ -476,6 +476,11 @@ impl Dsl {
                 automatic,
             };
             let snapshot = Box::new(snapshot);
+            // Until its sync ends, the rewrite of scattered blocks must see the blocks it
+            // will share (dmu_rewrite.rs).
+            if let Some(dataset) = dsl.get(volume) {
+                dataset.state.lock().snapshot_queued_txg = txg.open_txg();
+            }
             txg.queue(SnapshotOp::Create { volume: volume.clone(), snapshot });
         }
         Ok(())

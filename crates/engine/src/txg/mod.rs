@@ -97,6 +97,7 @@ mod dataset;
 mod dbuf;
 mod dmu;
 mod dmu_recv;
+mod dmu_rewrite;
 mod dmu_send;
 mod dmu_tx;
 mod dmu_zfetch;

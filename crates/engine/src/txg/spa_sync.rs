@@ -585,6 +585,10 @@ impl SyncHandle<'_> {
             if let Some(header) = headers.get(&volume.entry.name) {
                 volume.entry.log = *header;
             }
+            // A snapshot queued for this txg or before is in `prev_snap_txg` now.
+            if volume.snapshot_queued_txg <= txg {
+                volume.snapshot_queued_txg = 0;
+            }
             // Dropped once the volume's lock is let go: freeing tens of thousands of block
             // buffers under it held that volume's writers for milliseconds.
             synced_blocks.push(std::mem::take(&mut volume.syncing));
