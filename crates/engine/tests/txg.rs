@@ -60,6 +60,8 @@ static DEDUP_DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 
 /// Crashes that cut a sync short (a code probe: the test fails if none happened).
 static MID_SYNC_CRASHES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// Blocks the stream reads handed to the open txg as scattered (dmu_rewrite.rs), over all seeds.
+static REWRITTEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Snapshot changes seen across the swarm (a code probe: the test fails if there were none).
 static SNAPSHOT_OPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -178,7 +180,13 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
         let (m, e, d) = (Rc::clone(&shared), env.clone(), common::leaf_specs(&devices));
         let (crash_flag, crash_devices) = (Arc::clone(&crashed), devices.clone());
         let main = async move {
-            let tunables = Tunables::default();
+            // Every other generation caches no data, so reads go to the disks (and stream
+            // reads may rewrite what they find scattered).
+            let tunables = if generation % 2 == 1 {
+                Tunables::with([("cache.contents", "metadata")]).unwrap()
+            } else {
+                Tunables::default()
+            };
             let store = if generation == 0 {
                 let spec = match parity {
                     0 => common::mirror_pool(d),
@@ -300,7 +308,42 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                         m.borrow_mut().open.volumes[v][offset as usize..(offset + bytes) as usize]
                             .fill(0);
                     }
-                    6..=7 => {
+                    7 => {
+                        // A stream: part of the volume read in order, a few blocks a read, so
+                        // the reads after the first continue a stream and may hand blocks they
+                        // find scattered to the open txg (dmu_rewrite.rs).
+                        // From a random 16 KiB unit (the largest block size here; a clone's
+                        // is its origin's) for up to 2 MiB, in reads of 256 KiB: the volumes
+                        // are sparse, and a read must find several of its blocks on disk.
+                        let unit = 16384;
+                        let units = size / unit;
+                        let first = (offset / unit).min(units - 1);
+                        let count = (16 + ops.below(113)).min(units - first);
+                        let piece = 16 * unit;
+                        let (start, end) = (first * unit, (first + count) * unit);
+                        let (mut at, mut cut_short) = (start, false);
+                        while at < end {
+                            let n = piece.min(end - at);
+                            let got = match store.read(name, at, n).await {
+                                Ok(got) => got,
+                                Err(_) if cut() => {
+                                    cut_short = true;
+                                    break;
+                                }
+                                Err(error) => panic!("seed {seed}: stream read failed: {error}"),
+                            };
+                            let model = m.borrow();
+                            assert!(
+                                got[..] == model.open.volumes[v][at as usize..(at + n) as usize],
+                                "seed {seed}: stream read of {name} at {at} differs from what was written"
+                            );
+                            at += n;
+                        }
+                        if cut_short {
+                            break;
+                        }
+                    }
+                    6 => {
                         // The volume, or one of its snapshots.
                         let (source, expect) = {
                             let model = m.borrow();
@@ -501,6 +544,12 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                     }
                 }
             }
+            for v in 0..=VOLUMES.len() {
+                if let Ok(stats) = store.volume_stats(volume_name(v)) {
+                    let rewritten = stats.rewrite.blocks_rewritten.get();
+                    REWRITTEN.fetch_add(rewritten, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
             let stats = store.dedup_table().stats();
             DEDUP_SHARED.fetch_add(stats.blocks_shared.get(), std::sync::atomic::Ordering::Relaxed);
             DEDUP_DROPPED
@@ -571,11 +620,14 @@ fn crash_swarm() {
         seeds < 2 || encrypted_cycles * 3 >= cycles,
         "only {encrypted_cycles} of {cycles} cycles with an encrypted volume"
     );
+    let rewritten = REWRITTEN.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(seeds < 50 || rewritten > 0, "no stream read rewrote a scattered block");
     eprintln!(
         "crash swarm: {seeds} seeds, {cycles} crash/import cycles ({raidz} of them states of \
          raidz1-of-4 and raidz2-of-6 pools opened, {encrypted_cycles} of pools with an \
          encrypted volume, its key loaded and every root MAC checked), {mid_sync} during a \
          sync; dedup: {shared} blocks shared, {dropped} references dropped; {snapshot_ops} \
-         snapshot changes, {clone_ops} clones made, promoted or destroyed; every import audited"
+         snapshot changes, {clone_ops} clones made, promoted or destroyed; {rewritten} blocks \
+         that stream reads found scattered rewritten; every import audited"
     );
 }
