@@ -447,7 +447,8 @@ async fn finish(store: Arc<Store>) -> anyhow::Result<()> {
     // again at the next import).
     store.halt_scan().await;
     store.sync().await?;
-    // Tasks a request left behind (an early log commit) end within a log write's latency.
+    // Tasks a request left behind (an early log commit, a patch being completed) end within
+    // a device write's or read's latency.
     let mut store = store;
     let mut waited = 0;
     let store = loop {

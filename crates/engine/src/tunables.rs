@@ -194,7 +194,7 @@ tunable_table! {
          until read or until the stream has been idle 2 s. 0 turns prefetch off.";
     ZfetchMaxStreams = "zfetch.max_streams", Kind::Count { min: 1, max: 64 }, "8",
         "Sequential read streams followed per volume (ZFS: zfetch_max_streams).";
-    ZfetchRewriteRunBytes = "zfetch.rewrite_run_bytes", Kind::Bytes { min: 0, max: 1 << 30 }, "256K",
+    ZfetchRewriteRunBytes = "zfetch.rewrite_run_bytes", Kind::Bytes { min: 0, max: 1 << 30 }, "128K",
         "A read that continues a sequential stream and finds its blocks on disk in runs of \
          fewer bytes than this on average (random writes scattered them) hands the blocks it \
          read to the open txg, whose sync writes them side by side, so the next pass over \

@@ -213,7 +213,8 @@ fn partial_writes_during_syncs(t: Tunables) {
 }
 
 /// Several writers patch the same few blocks (each its own sectors), through the volume front
-/// so each completes its own patches, while a syncer quiesces txgs: a writer completing its patch must not apply a newer patch over a
+/// so their patches are completed at once (by tasks of their own, or past their cap by the
+/// writers), while a syncer quiesces txgs: a writer completing its patch must not apply a newer patch over a
 /// base read before a quiesce moved the layers. Every sector must hold its writer's last value.
 #[test]
 fn concurrent_patches_across_quiesces_keep_every_sector() {
@@ -280,6 +281,68 @@ fn concurrent_patches_across_quiesces_keep_every_sector() {
         assert!(bad.is_none(), "sector {bad:?} lost its writer's last value");
         store.sync().await.unwrap();
         assert_eq!(store.read("v", 0, SIZE).await.unwrap(), expected);
+    })
+    .unwrap();
+}
+
+/// A client's partial write under concurrency, through the volume front with no data cached:
+/// it is answered before the read of the version below that completes its patch (a task of
+/// its own does that), and the block is right before and after that read, after a sync and
+/// in the audit.
+#[test]
+fn a_patch_is_completed_after_its_writes_answer() {
+    let sim = Sim::new(34);
+    let legs = common::legs(&sim, 1, SimProfile::ssd(), LEAF_BYTES);
+    let specs = common::leaf_specs(&legs);
+    let env = sim.env();
+    sim.run(async move {
+        let t = Tunables::with([("cache.contents", "metadata")]).unwrap();
+        let spec = PoolSpec {
+            name: "tank".into(),
+            ashift: 12,
+            top: vec![TopSpec::Leaf(specs.into_iter().next().unwrap())],
+        };
+        let pool = Pool::create(&env, spec, &t).await.unwrap();
+        let store = Arc::new(Store::create(pool, &t));
+        const SIZE: u64 = 1 << 20;
+        store.create_volume("v", SIZE, 16384).unwrap();
+        let mut model: Vec<u8> = (0..SIZE).map(|i| (i / 512) as u8).collect();
+        store.write("v", 0, &model).await.unwrap();
+        store.sync().await.unwrap();
+        let (a, b) = (
+            sluice_engine::volume::Volume::open(&store, "v").unwrap(),
+            sluice_engine::volume::Volume::open(&store, "v").unwrap(),
+        );
+        // Another client's write, held in flight: the volume has two requests, so the next
+        // write's patch is to be completed at once rather than left to the sync.
+        let (reached, release) = store.arm_pause("dmu.assigned");
+        let held = async move {
+            b.write(16384 * 40, &[0x11; 16384], false).await.unwrap();
+        };
+        let model = &mut model;
+        let rest = async {
+            reached.await.unwrap();
+            let reads = || store.pool().leaves()[0].leaf.stats().reads.get();
+            let before = reads();
+            a.write(16384 * 5 + 4096, &[0x77; 4096], false).await.unwrap();
+            model[16384 * 5 + 4096..16384 * 5 + 8192].fill(0x77);
+            assert_eq!(reads(), before, "the write waited for the read of the block below");
+            let block = store.read("v", 16384 * 5, 16384).await.unwrap();
+            assert!(block[..] == model[16384 * 5..16384 * 6], "the patched block read wrong");
+            env.sleep(Duration::from_millis(5)).await;
+            assert!(reads() > before, "nobody read the block below to complete the patch");
+            let block = store.read("v", 16384 * 5, 16384).await.unwrap();
+            assert!(block[..] == model[16384 * 5..16384 * 6], "the completed block read wrong");
+            drop(release);
+        };
+        futures::join!(held, rest);
+        model[16384 * 40..16384 * 41].fill(0x11);
+        store.sync().await.unwrap();
+        assert_eq!(store.read("v", 0, SIZE).await.unwrap(), *model);
+        // That read may have rewritten blocks it found scattered (dmu_rewrite.rs).
+        store.sync().await.unwrap();
+        let audit = store.audit().await.unwrap();
+        assert!(audit.is_clean(), "{:?}", audit.problems);
     })
     .unwrap();
 }

@@ -384,6 +384,9 @@ pub struct Store {
     zil: Zil,
     /// Whether the hot-spare task runs (retire.rs): one at a time.
     retire_running: retire::RetireRunning,
+    /// Patches being completed by tasks of their own (dmu.rs,
+    /// `Store::write_data_answering_early`).
+    patches_resolving: std::sync::atomic::AtomicUsize,
     /// How `autoreplace` opens a device at a leaf's path (retire.rs), once the server says.
     device_opener: retire::OpenerSlot,
 }
@@ -436,6 +439,7 @@ impl Store {
             syncer: spa_sync::Syncer::new(synced),
             zil: Zil::new(&limits, log_stats),
             retire_running: Default::default(),
+            patches_resolving: Default::default(),
             device_opener: Default::default(),
         }
     }

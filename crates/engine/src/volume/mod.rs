@@ -275,7 +275,8 @@ impl Volume {
         let _counted = InFlight::new(&self.requests);
         let len = data.len() as u64;
         let result = async {
-            let sequence = self.store.write_data_in(&self.dataset, offset, data).await?;
+            let sequence =
+                self.store.write_data_answering_early(&self.dataset, offset, data).await?;
             if fua || self.dataset.sync_mode() == SyncMode::Always {
                 self.store.commit_in(&self.dataset, sequence).await?;
             } else if self.requests.load(Ordering::Relaxed) == 1 {
