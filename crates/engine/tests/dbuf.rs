@@ -242,8 +242,8 @@ fn concurrent_patches_across_quiesces_keep_every_sector() {
         });
         let (done_tx, done_rx) = futures::channel::mpsc::unbounded::<Vec<(u64, u8)>>();
         for w in 0..WRITERS {
-            // Through the volume front, which counts requests in flight: with several, each
-            // writer completes its own patches.
+            // Through the volume front, which counts requests in flight: with several, the
+            // writers' patches are completed at once, beside their answers.
             let s = sluice_engine::volume::Volume::open(&store, "v").unwrap();
             let (e, done) = (env.clone(), done_tx.clone());
             env.spawn("writer", async move {
@@ -327,8 +327,6 @@ fn a_patch_is_completed_after_its_writes_answer() {
             a.write(16384 * 5 + 4096, &[0x77; 4096], false).await.unwrap();
             model[16384 * 5 + 4096..16384 * 5 + 8192].fill(0x77);
             assert_eq!(reads(), before, "the write waited for the read of the block below");
-            let block = store.read("v", 16384 * 5, 16384).await.unwrap();
-            assert!(block[..] == model[16384 * 5..16384 * 6], "the patched block read wrong");
             env.sleep(Duration::from_millis(5)).await;
             assert!(reads() > before, "nobody read the block below to complete the patch");
             let block = store.read("v", 16384 * 5, 16384).await.unwrap();

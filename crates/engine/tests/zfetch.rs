@@ -345,6 +345,18 @@ fn runs(bps: &[BlockPointer]) -> usize {
     1 + bps.windows(2).filter(|pair| !follows(&pair[0], &pair[1])).count()
 }
 
+/// Syncs whatever the reads rewrote, then audits the pool's space: it must be clean.
+fn sync_and_audit(sim: &Sim, store: Arc<Store>) {
+    let audit = sim
+        .run(async move {
+            store.sync().await.unwrap();
+            store.audit().await.unwrap()
+        })
+        .unwrap()
+        .0;
+    assert!(audit.is_clean(), "{:?}", audit.problems);
+}
+
 fn sync(sim: &Sim, store: &Arc<Store>) {
     let s = Arc::clone(store);
     sim.run(async move { s.sync().await.unwrap() }).unwrap();
@@ -380,8 +392,7 @@ fn scattered_blocks_a_stream_reads_are_rewritten_side_by_side_and_read_the_same(
     assert_eq!(rewrites(&store).1, rewritten, "blocks side by side were rewritten again");
     let (_, ios_after, _, _) = prefetch(&store);
     assert!(ios_after - ios_before < blocks / 8, "{} I/Os", ios_after - ios_before);
-    let audit = sim.run(async move { store.audit().await.unwrap() }).unwrap().0;
-    assert!(audit.is_clean(), "{:?}", audit.problems);
+    sync_and_audit(&sim, store);
 
     // Off: the same reads rewrite nothing.
     let sim = Sim::new(6);
@@ -468,15 +479,8 @@ fn a_write_while_the_read_is_in_flight_is_not_undone_by_its_rewrite() {
             // The block written is left out; the others go in.
             assert!(deferred >= 1 && rewritten >= 1, "{rewritten} rewritten, {deferred} deferred");
         }
-        // The read above may have rewritten what it found: synced before the audit.
-        let audit = sim
-            .run(async move {
-                store.sync().await.unwrap();
-                store.audit().await.unwrap()
-            })
-            .unwrap()
-            .0;
-        assert!(audit.is_clean(), "{:?}", audit.problems);
+        // The read above may have rewritten what it found.
+        sync_and_audit(&sim, store);
     }
 }
 
@@ -515,12 +519,5 @@ fn an_encrypted_volumes_scattered_blocks_are_rewritten_sealed_and_read_the_same(
     let got: Vec<u8> =
         read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
     assert!(got == data, "the rewritten encrypted volume read back wrong bytes");
-    let audit = sim
-        .run(async move {
-            store.sync().await.unwrap();
-            store.audit().await.unwrap()
-        })
-        .unwrap()
-        .0;
-    assert!(audit.is_clean(), "{:?}", audit.problems);
+    sync_and_audit(&sim, store);
 }

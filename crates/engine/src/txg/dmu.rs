@@ -296,6 +296,7 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let (sequence, resolve) =
             self.write_path().modify(dataset, offset, len, payload, apply, stored).await?;
+        let _guard = self.spa.panic_guard("the write path");
         for index in resolve {
             resolve_patch(self.spa.pool(), &self.txg, dataset, index).await?;
         }
@@ -333,22 +334,50 @@ impl Store {
             .modify(dataset, offset, len, Some(data), Apply::Live, Vec::new())
             .await?;
         for index in resolve {
-            let taken = self.patches_resolving.fetch_add(1, Ordering::AcqRel);
-            if taken >= PATCHES_RESOLVING_MAX {
-                self.patches_resolving.fetch_sub(1, Ordering::AcqRel);
-                resolve_patch(self.spa.pool(), &self.txg, dataset, index).await?;
+            // The write is in the open txg and logged whatever happens here: a completion that
+            // fails to read leaves the patch to the sync, which reports what it finds.
+            let Some(slot) = ResolvingSlot::take(self) else {
+                let _guard = self.spa.panic_guard("a patch completion");
+                let _ = resolve_patch(self.spa.pool(), &self.txg, dataset, index).await;
                 continue;
-            }
+            };
             let (store, dataset) = (Arc::clone(self), Arc::clone(dataset));
             self.spa.pool().env().spawn("patch completion", async move {
-                // A failed read leaves the patch to the sync, which reports what it finds.
+                let _slot = slot;
+                // Nothing to do for a volume destroyed or a store stopped meanwhile.
+                if store.spa.check_live().is_err() || store.dsl.check_exists(&dataset).is_err() {
+                    return;
+                }
+                let _guard = store.spa.panic_guard("a patch completion");
                 let _ = resolve_patch(store.spa.pool(), &store.txg, &dataset, index).await;
-                store.patches_resolving.fetch_sub(1, Ordering::AcqRel);
             });
         }
         Ok(sequence)
     }
+}
 
+/// One of the [`PATCHES_RESOLVING_MAX`] patch completions running on their own, given back
+/// however its task ends.
+struct ResolvingSlot(Arc<Store>);
+
+impl ResolvingSlot {
+    fn take(store: &Arc<Store>) -> Option<ResolvingSlot> {
+        let taken = store.patches_resolving.fetch_add(1, Ordering::AcqRel);
+        if taken >= PATCHES_RESOLVING_MAX {
+            store.patches_resolving.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(ResolvingSlot(Arc::clone(store)))
+    }
+}
+
+impl Drop for ResolvingSlot {
+    fn drop(&mut self) {
+        self.0.patches_resolving.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Store {
     /// Which parts of `[offset, offset+len)` hold data and which are holes (never written,
     /// trimmed or zeroed), as runs of (length, allocated), at block granularity. Holes read
     /// as zeros; a block written with zeros counts as allocated.
