@@ -251,6 +251,22 @@ pub(super) struct VolumeState {
 }
 
 impl VolumeState {
+    /// The indirect blocks the sync rewrites, in `pool.metadata_copies` copies, for a group of
+    /// blocks under one level-1 indirect block that had nothing dirty yet: its path to the
+    /// root.
+    pub(super) fn metadata_per_new_group(&self, pool: &crate::pool::Pool) -> u64 {
+        u64::from(self.entry.levels)
+            * crate::objset::INDIRECT_BYTES as u64
+            * pool.metadata_copies() as u64
+    }
+
+    /// Whether level-1 group `group` (blocks `group * INDIRECT_BPS..`) has nothing dirty in
+    /// the open txg.
+    pub(super) fn group_clean(&self, group: u64) -> bool {
+        let bps = crate::objset::INDIRECT_BPS;
+        self.open.range(group * bps..(group + 1) * bps).next().is_none()
+    }
+
     /// Blocks born at or before this txg are, or are about to be, shared with a snapshot or
     /// a clone's origin.
     pub(super) fn shared_up_to(&self) -> u64 {

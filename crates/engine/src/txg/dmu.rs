@@ -573,14 +573,10 @@ impl WritePath<'_> {
             let mut added = 0u64;
             // Groups of blocks under one level-1 indirect block that had nothing dirty yet:
             // each will rewrite its path to the root.
-            // Each in `pool.metadata_copies` copies.
-            let metadata_per_group = u64::from(v.entry.levels)
-                * objset::INDIRECT_BYTES as u64
-                * self.spa.pool().metadata_copies() as u64;
+            let metadata_per_group = v.metadata_per_new_group(self.spa.pool());
             let group = objset::INDIRECT_BPS;
-            let new_groups = (first / group..=last / group)
-                .filter(|g| v.open.range(g * group..(g + 1) * group).next().is_none())
-                .count() as u64;
+            let new_groups =
+                (first / group..=last / group).filter(|&g| v.group_clean(g)).count() as u64;
             // A lone request keeps its patches for later: it is answered without a read, and
             // the sync reads the blocks. With other requests in flight, or under write
             // pressure, the writer completes its own patches now (below), as before patches

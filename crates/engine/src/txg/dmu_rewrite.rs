@@ -176,10 +176,7 @@ pub(super) fn rewrite(
             return;
         };
         let end = v.entry.size_bytes / bs;
-        let group = objset::INDIRECT_BPS;
-        let metadata_per_group = u64::from(v.entry.levels)
-            * objset::INDIRECT_BYTES as u64
-            * spa.pool().metadata_copies() as u64;
+        let metadata_per_group = v.metadata_per_new_group(spa.pool());
         let (mut added, mut new_groups, mut shared) = (0u64, 0u64, 0u64);
         for (index, bp, data) in blocks {
             // A snapshot queued since the read shares the block now.
@@ -190,10 +187,7 @@ pub(super) fn rewrite(
             if index >= end || v.cached(index).is_some() || v.prewritten.contains_key(&index) {
                 continue;
             }
-            let g = index / group;
-            if v.open.range(g * group..(g + 1) * group).next().is_none() {
-                new_groups += 1;
-            }
+            new_groups += u64::from(v.group_clean(index / objset::INDIRECT_BPS));
             v.open.insert(index, Block::Data(data));
             added += 1;
         }
