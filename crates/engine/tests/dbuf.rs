@@ -331,6 +331,15 @@ fn a_patch_is_completed_after_its_writes_answer() {
             assert!(reads() > before, "nobody read the block below to complete the patch");
             let block = store.read("v", 16384 * 5, 16384).await.unwrap();
             assert!(block[..] == model[16384 * 5..16384 * 6], "the completed block read wrong");
+            // A zero of part of a block (a client's trim) answers the same way.
+            let before = reads();
+            a.zero(16384 * 9 + 8192, 4096, false).await.unwrap();
+            model[16384 * 9 + 8192..16384 * 9 + 12288].fill(0);
+            assert_eq!(reads(), before, "the zero waited for the read of the block below");
+            env.sleep(Duration::from_millis(5)).await;
+            assert!(reads() > before, "nobody read the block below to complete the zero's patch");
+            let block = store.read("v", 16384 * 9, 16384).await.unwrap();
+            assert!(block[..] == model[16384 * 9..16384 * 10], "the zeroed block read wrong");
             drop(release);
         };
         futures::join!(held, rest);

@@ -184,12 +184,22 @@ pub(crate) enum Payload {
 
 /// A write's whole blocks as the connection received them: the first `ahead` bytes already
 /// written as they arrived ([`Volume::write_blocks_ahead`]), then `rest`, the buffers of the
-/// blocks after them; or the error a part written ahead met, the rest then dropped.
+/// blocks after them; or how a part written ahead failed, the rest then dropped.
 #[derive(Debug)]
 pub(crate) struct Blocks {
     pub ahead: u64,
     pub rest: Vec<AlignedBuf>,
-    pub failed: Option<StoreError>,
+    pub failed: Option<AheadFailed>,
+}
+
+/// How a part of a write, written as its payload arrived, failed.
+#[derive(Debug)]
+pub(crate) enum AheadFailed {
+    /// The volume refused it: the write is answered with this error.
+    Store(StoreError),
+    /// A bug panicked in it: the write is answered EIO, as any request that panics is
+    /// (`server.rs`), rather than ending the connection with no answer.
+    Panicked,
 }
 
 /// Runs one checked request and encodes its reply.
@@ -209,7 +219,10 @@ pub(crate) async fn execute(session: &Session, request: &Request, payload: Paylo
         proto::CMD_WRITE if len == 0 => done(Ok(())),
         proto::CMD_WRITE => done(match payload {
             Payload::Bytes(data) => volume.write_owned(offset, data, fua).await,
-            Payload::Blocks(Blocks { failed: Some(error), .. }) => Err(error),
+            Payload::Blocks(Blocks { failed: Some(AheadFailed::Store(error)), .. }) => Err(error),
+            Payload::Blocks(Blocks { failed: Some(AheadFailed::Panicked), .. }) => {
+                return error_reply(session, request, proto::EIO, "internal error").into();
+            }
             Payload::Blocks(Blocks { ahead, rest, failed: None }) => {
                 volume.write_blocks(offset + ahead, rest, fua).await
             }

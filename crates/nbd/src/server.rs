@@ -32,7 +32,9 @@ use tokio::io::{
 };
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::command::{error_reply, execute, send_all, Blocks, Encoded, Payload, Session};
+use crate::command::{
+    error_reply, execute, send_all, AheadFailed, Blocks, Encoded, Payload, Session,
+};
 use crate::placement::{Fixed, Movable, Placed};
 use crate::proto::{self, Limits, Request};
 use crate::tls::{HandshakeError, Peer, TlsServer};
@@ -896,8 +898,15 @@ async fn read_blocks<R: AsyncRead + Unpin>(
                                 .collect();
                             let at = ahead.offset + (handed * block_bytes) as u64;
                             handed += whole;
-                            if let Err(error) = ahead.volume.write_blocks_ahead(at, part).await {
-                                failed = Some(error);
+                            // A bug below must not end the connection unanswered: the write
+                            // is answered EIO (`AheadFailed::Panicked`), as `execute`'s are.
+                            let write = std::panic::AssertUnwindSafe(
+                                ahead.volume.write_blocks_ahead(at, part),
+                            );
+                            match futures::FutureExt::catch_unwind(write).await {
+                                Ok(Ok(())) => {}
+                                Ok(Err(error)) => failed = Some(AheadFailed::Store(error)),
+                                Err(_) => failed = Some(AheadFailed::Panicked),
                             }
                             // The socket may hold more by now.
                             continue;
@@ -1585,7 +1594,9 @@ mod tests {
             assert!(ahead > 0 && ahead % BLOCK == 0, "{name}: whole blocks written ahead");
             assert_eq!(received.rest.len(), (LEN - ahead) / BLOCK, "{name}: the rest");
             if name == "vol0@s" {
-                let failed = received.failed.expect("a snapshot refuses writes");
+                let Some(super::AheadFailed::Store(failed)) = received.failed else {
+                    panic!("{name}: a snapshot refuses writes: {:?}", received.failed);
+                };
                 assert!(failed.to_string().contains("read-only"), "{name}: {failed}");
                 // One part, from the client's first pieces; none after it failed.
                 assert!(

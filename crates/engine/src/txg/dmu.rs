@@ -26,7 +26,7 @@ use crate::device::AlignedBuf;
 use crate::objset::{self};
 use crate::pool::Pool;
 
-/// Patches completed by tasks of their own at once ([`Store::write_data_answering_early`]);
+/// Patches completed by tasks of their own at once ([`Store::modify_answering_early`]);
 /// past this, a write completes its own before its answer, which holds the clients back.
 const PATCHES_RESOLVING_MAX: usize = 64;
 
@@ -313,26 +313,26 @@ impl Store {
         }
     }
 
-    /// [`Store::write_data_in`] for a client that is answered as soon as this returns: the
-    /// patches its write leaves to complete now (other requests in flight, or write pressure;
-    /// `WritePath::modify`) are completed by tasks of their own, up to
-    /// [`PATCHES_RESOLVING_MAX`] at once, rather than before the answer. Completing one may
-    /// read the block's version on disk; with no data cached, 4 and 8 KiB writes into 16 KiB
-    /// blocks from eight clients waited that read out before each answer (write p50 251 us
-    /// against 113 with the cache: docs/bench/peers-notes.md). The write is whole without
-    /// them: its log record holds its bytes, reads apply the patch over the version below,
-    /// and the sync completes whatever is left.
-    pub async fn write_data_answering_early(
+    /// [`Store::write_data_in`] (`data`) or [`Store::zero_in`] (`None`) of `len` bytes for a
+    /// client that is answered as soon as this returns: the patches the change leaves to
+    /// complete now (other requests in flight, or write pressure; `WritePath::modify`) are
+    /// completed by tasks of their own, up to [`PATCHES_RESOLVING_MAX`] at once, rather than
+    /// before the answer. Completing one may read the block's version on disk; with no data
+    /// cached, 4 and 8 KiB writes into 16 KiB blocks from eight clients waited that read out
+    /// before each answer (write p50 251 us against 113 with the cache:
+    /// docs/bench/peers-notes.md). The change is whole without them: its log record holds its
+    /// bytes (or its range, for a zero), reads apply the patch over the version below, and the
+    /// sync completes whatever is left.
+    pub async fn modify_answering_early(
         self: &Arc<Self>,
         dataset: &Arc<Dataset>,
         offset: u64,
-        data: WriteData<'_>,
+        len: u64,
+        data: Option<WriteData<'_>>,
     ) -> Result<u64, StoreError> {
-        let len = data.len() as u64;
-        let (sequence, resolve) = self
-            .write_path()
-            .modify(dataset, offset, len, Some(data), Apply::Live, Vec::new())
-            .await?;
+        debug_assert!(data.as_ref().is_none_or(|d| d.len() as u64 == len));
+        let (sequence, resolve) =
+            self.write_path().modify(dataset, offset, len, data, Apply::Live, Vec::new()).await?;
         for index in resolve {
             // The write is in the open txg and logged whatever happens here: a completion that
             // fails to read leaves the patch to the sync, which reports what it finds.

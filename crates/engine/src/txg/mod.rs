@@ -385,7 +385,7 @@ pub struct Store {
     /// Whether the hot-spare task runs (retire.rs): one at a time.
     retire_running: retire::RetireRunning,
     /// Patches being completed by tasks of their own (dmu.rs,
-    /// `Store::write_data_answering_early`).
+    /// `Store::modify_answering_early`).
     patches_resolving: std::sync::atomic::AtomicUsize,
     /// How `autoreplace` opens a device at a leaf's path (retire.rs), once the server says.
     device_opener: retire::OpenerSlot,

@@ -276,7 +276,7 @@ impl Volume {
         let len = data.len() as u64;
         let result = async {
             let sequence =
-                self.store.write_data_answering_early(&self.dataset, offset, data).await?;
+                self.store.modify_answering_early(&self.dataset, offset, len, Some(data)).await?;
             if fua || self.dataset.sync_mode() == SyncMode::Always {
                 self.store.commit_in(&self.dataset, sequence).await?;
             } else if self.requests.load(Ordering::Relaxed) == 1 {
@@ -297,7 +297,8 @@ impl Volume {
         let _slot = self.slot().await;
         let _counted = InFlight::new(&self.requests);
         let result = async {
-            let sequence = self.store.zero_in(&self.dataset, offset, len).await?;
+            let sequence =
+                self.store.modify_answering_early(&self.dataset, offset, len, None).await?;
             if fua || self.dataset.sync_mode() == SyncMode::Always {
                 self.store.commit_in(&self.dataset, sequence).await?;
             }
