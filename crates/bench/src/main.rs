@@ -1,5 +1,6 @@
 //! The `sluice-bench` command: the engine benchmark (`sluice-bench engine`, real time on file
-//! leaves), RAID-Z's parity code (`sluice-bench raidz`), encryption's cost (`sluice-bench crypt`) and the seeds' experiments
+//! leaves), RAID-Z's parity code (`sluice-bench raidz`), encryption's cost (`sluice-bench crypt`),
+//! compression's cost (`sluice-bench compress`) and the seeds' experiments
 //! (`sluice-bench seeds ddt|mirror|queue|zil|zvol`; ddt in real time, the others in virtual
 //! time under the simulator). A binary of its own, not a
 //! subcommand of `sluice`, so that the served binary does not link the simulator.
@@ -61,6 +62,26 @@ enum Command {
         block_sizes: Vec<u64>,
         /// Seconds per run.
         #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+        /// Runs per figure (the table gives medians).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compression's cost on one core: the write pipeline's compress stage (early abort
+    /// included) and decompression, by algorithm, block size and kind of data (random, half
+    /// compressible as fio's --buffer_compress_percentage=50 writes it, zeros).
+    Compress {
+        /// Algorithms to measure (lz4, zstd or zstd-N).
+        #[arg(long, value_parser = parse_compression, value_delimiter = ',', default_value = "lz4,zstd")]
+        algorithms: Vec<sluice_format::Compression>,
+        /// Block sizes to measure. A 4K block is stored as it is without a look on the default
+        /// 4 KiB allocation unit (compressing it could not save a unit).
+        #[arg(long, value_parser = parse_size, value_delimiter = ',', default_value = "16K,128K")]
+        block_sizes: Vec<u64>,
+        /// Seconds per run.
+        #[arg(long, default_value_t = 0.5)]
         seconds: f64,
         /// Runs per figure (the table gives medians).
         #[arg(long, default_value_t = 5)]
@@ -149,6 +170,15 @@ fn parse_size(text: &str) -> anyhow::Result<u64> {
         .with_context(|| format!("{text:?} is not a size (like 512M or 4096)"))
 }
 
+fn parse_compression(text: &str) -> anyhow::Result<sluice_format::Compression> {
+    match sluice_format::Compression::parse(text) {
+        Some(sluice_format::Compression::Off) | None => {
+            anyhow::bail!("{text:?} is not a compression to measure (lz4, zstd or zstd-N)")
+        }
+        Some(compression) => Ok(compression),
+    }
+}
+
 fn parse_settings(settings: &[String]) -> anyhow::Result<Vec<(String, String)>> {
     Ok(sluice_engine::tunables::parse_settings(settings)?)
 }
@@ -184,6 +214,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "--runs, --seconds and --block-sizes must be positive"
             );
             let report = sluice_bench::crypt::run(&block_sizes, seconds, runs)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.markdown());
+            }
+            Ok(())
+        }
+        Command::Compress { algorithms, block_sizes, seconds, runs, json } => {
+            anyhow::ensure!(
+                runs > 0 && seconds > 0.0 && block_sizes.iter().all(|&b| b >= 4096),
+                "--runs and --seconds must be positive and --block-sizes at least 4K"
+            );
+            let report = sluice_bench::compress::run(&algorithms, &block_sizes, seconds, runs)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
