@@ -12,7 +12,7 @@ pub mod raidz;
 pub mod seeds;
 
 /// Runs `op` repeatedly for `seconds` of real time; gigabytes a second, given `bytes` per call.
-/// The one-core measurements (`sluice-bench raidz`, `sluice-bench crypt`) use it.
+/// The one-core measurements (`sluice-bench raidz`, `crypt` and `compress`) use it.
 pub fn rate_gb_per_s(bytes: u64, seconds: f64, mut op: impl FnMut()) -> f64 {
     let start = std::time::Instant::now();
     let mut calls = 0u64;

@@ -69,12 +69,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Compression's cost on one core: the write pipeline's compress stage (early abort
-    /// included) and decompression, by algorithm, block size and kind of data (random, half
-    /// compressible as fio's --buffer_compress_percentage=50 writes it, zeros).
+    /// Compression's cost on one core: the write pipeline's compress stage (blocks in runs of 1
+    /// MiB, the early abort planned over each run) and decompression, by algorithm, block size
+    /// and kind of data (random, half compressible as fio's --buffer_compress_percentage=50
+    /// writes it, zeros).
     Compress {
         /// Algorithms to measure (lz4, zstd or zstd-N).
-        #[arg(long, value_parser = parse_compression, value_delimiter = ',', default_value = "lz4,zstd")]
+        #[arg(
+            long,
+            value_parser = parse_compression,
+            value_delimiter = ',',
+            default_value = "lz4,zstd"
+        )]
         algorithms: Vec<sluice_format::Compression>,
         /// Block sizes to measure. A 4K block is stored as it is without a look on the default
         /// 4 KiB allocation unit (compressing it could not save a unit).
