@@ -352,8 +352,10 @@ fn a_full_pool_serves_and_is_administered_without_suspending() {
         eprintln!("{:?}", run_seed(seed, 60));
         return;
     }
+    // Six seeds fit CI: a seed takes 25-29 s of one core in the test profile on a slow VM
+    // (2026-12-01), where sixteen ran past nextest's 300 s limit. Longer swarms set the count.
     let seeds: u64 =
-        std::env::var("SLUICE_SPACE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(16);
+        std::env::var("SLUICE_SPACE_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(6);
     let mut total = Seen::default();
     for seed in 0..seeds {
         let seen = std::panic::catch_unwind(|| run_seed(seed, 60)).unwrap_or_else(|panic| {
