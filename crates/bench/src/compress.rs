@@ -115,11 +115,10 @@ impl Report {
             self.runs, self.seconds_per_run
         );
         for row in &self.rows {
-            let min = row.compress_runs.iter().copied().fold(f64::MAX, f64::min);
-            let max = row.compress_runs.iter().copied().fold(0.0, f64::max);
+            let range = crate::range_of(&row.compress_runs);
             let decompress = row.decompress_gb_per_s.map_or("-".to_owned(), |g| format!("{g:.2}"));
             out += &format!(
-                "| {} | {} KiB | {} | {:.2} | {:.2} | {min:.2}-{max:.2} | {:.0} | {decompress} |\n",
+                "| {} | {} KiB | {} | {:.2} | {:.2} | {range} | {:.0} | {decompress} |\n",
                 row.algorithm,
                 row.block_bytes >> 10,
                 row.data.name(),

@@ -44,11 +44,7 @@ impl Report {
             self.rows.first().map_or(0, |r| r.seal_runs.len()),
             self.seconds_per_run
         );
-        let range = |runs: &[f64]| {
-            let min = runs.iter().copied().fold(f64::MAX, f64::min);
-            let max = runs.iter().copied().fold(0.0, f64::max);
-            format!("{min:.2}-{max:.2}")
-        };
+        let range = crate::range_of;
         for row in &self.rows {
             out += &format!(
                 "| {} KiB | {:.2} | {} | {:.2} | {} | {:.1} |\n",

@@ -23,6 +23,13 @@ pub fn rate_gb_per_s(bytes: u64, seconds: f64, mut op: impl FnMut()) -> f64 {
     (calls * bytes) as f64 / start.elapsed().as_secs_f64() / 1e9
 }
 
+/// The runs' range as the tables print it: `min-max`, two decimals.
+pub fn range_of(runs: &[f64]) -> String {
+    let min = runs.iter().copied().fold(f64::MAX, f64::min);
+    let max = runs.iter().copied().fold(0.0, f64::max);
+    format!("{min:.2}-{max:.2}")
+}
+
 /// The median of `runs` (the upper one of an even count).
 pub fn median_of(runs: &[f64]) -> f64 {
     let mut sorted = runs.to_vec();

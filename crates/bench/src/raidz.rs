@@ -36,12 +36,9 @@ impl Report {
             self.seconds_per_run
         );
         for row in &self.rows {
-            let min = row.runs.iter().copied().fold(f64::MAX, f64::min);
-            let max = row.runs.iter().copied().fold(0.0, f64::max);
-            out += &format!(
-                "| {} | {} | {:.2} | {min:.2}-{max:.2} |\n",
-                row.vdev, row.operation, row.gb_per_s
-            );
+            let range = crate::range_of(&row.runs);
+            out +=
+                &format!("| {} | {} | {:.2} | {range} |\n", row.vdev, row.operation, row.gb_per_s);
         }
         out
     }
