@@ -9,10 +9,7 @@
 //! device and then to the data vdevs, the removed leaves' labels are blanked; power cuts over
 //! a removal open the pool with the log device or its hole, and lose no acknowledged write.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -5,10 +5,7 @@
 //! the pool has the old or the new set of leaves, the resilver and the replace finish, and every
 //! leaf of the final pool alone reads back every block.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

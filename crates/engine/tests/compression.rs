@@ -3,10 +3,7 @@
 //! copy is damaged; each volume's space figures match its tree (the audit checks them), and a
 //! block is stored compressed only when that saves an eighth.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

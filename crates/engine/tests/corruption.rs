@@ -3,10 +3,7 @@
 //! blocks fail with an error and everything else still reads; after a scrub, a second scrub
 //! finds nothing.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -3,10 +3,7 @@
 //! recently written blocks completed from memory without a read, and new blocks written to the
 //! disk in spans.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use sluice_engine::device::{SimDevice, SimProfile};
 use sluice_engine::pool::{Pool, PoolSpec, TopSpec};

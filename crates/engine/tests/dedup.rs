@@ -3,10 +3,7 @@
 //! the table-lock acquisitions of both locking modes. The crash swarm with dedup on is in
 //! txg.rs.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

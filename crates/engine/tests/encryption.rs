@@ -6,10 +6,7 @@
 //! volume with its key unloaded, and what is not built for encrypted volumes yet is refused by
 //! name.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
 use sluice_engine::pool::Pool;

@@ -4,10 +4,7 @@
 //! give space back. (The swarm of writers and an administrator on a pool short of space is
 //! space.rs.)
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use sluice_engine::device::SimProfile;
 use sluice_engine::pool::{Pool, PoolSpec, TopSpec};

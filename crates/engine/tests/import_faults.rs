@@ -5,10 +5,7 @@
 //! and says what was lost. A damaged newest txg is named, with the way out: a rewind to the
 //! newest txg whose whole tree verifies, which a dry run reports without writing anything.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

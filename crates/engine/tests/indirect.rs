@@ -7,10 +7,7 @@
 //! replaced before the sync are freed: the space audit balances. Crashes around indirect
 //! records are in `log_crash.rs`.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -3,10 +3,7 @@
 //! intact and in order; a chain ends cleanly at the first block that was not written. Also
 //! how `auto` groups records on a disk without parallelism.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;

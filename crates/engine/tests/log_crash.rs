@@ -15,10 +15,7 @@
 //! a torn log tail, a replay resumed after an interruption, a log block healed from the other
 //! copy. A failure prints the workload, policy and cut to replay it.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;

@@ -1,9 +1,6 @@
 //! Pools on simulated disks: create and import, the uberblock ring across crashes, degraded
 //! and impossible imports, and the errors a person sees.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
 use std::sync::Arc;
 
 use sluice_engine::device::sim::{CrashPolicy, SimImage, SimOptions};

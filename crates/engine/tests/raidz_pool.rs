@@ -3,10 +3,7 @@
 //! garbage, and with a leaf's sectors bit-flipped at random; scrub repairs everything and a
 //! second scrub finds nothing; the pool imports and reads back with one (two) leaves gone.
 
-// The shared helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

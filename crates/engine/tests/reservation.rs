@@ -3,10 +3,7 @@
 //! one that fills it is refused; a thick volume (or a grow of one) that the pool cannot set
 //! aside is refused; the reservation survives export and import; the audit balances throughout.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -3,10 +3,7 @@
 //! missed, and then alone holds everything; a scrub interleaved with overwrites and syncs never
 //! repairs onto reused space; pause, resume, stop and zpool's refusals.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

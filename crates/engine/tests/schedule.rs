@@ -6,10 +6,7 @@
 //! export and import. A pool that never had a property keeps its older format until one is
 //! set.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,10 +5,7 @@
 //! from its token to the same bytes; a stream from a newer sluice is refused saying so; the
 //! audit balances on both pools.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use sluice_engine::device::SimProfile;
 use sluice_engine::pool::Pool;

@@ -1,9 +1,6 @@
 //! SimDevice semantics: flush is the only barrier, crash policies, the write log, faults, and
 //! the timing models' basic shape. All runs are in virtual time under the deterministic simulator.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
 use std::time::Duration;
 
 use sluice_engine::device::sim::{CrashPolicy, Fault, HddParams, SimOptions, SsdParams};

@@ -6,10 +6,7 @@
 //! aside what overwriting the volume will take; dedup volumes keep their references; all of
 //! it survives export and import, with the audit balanced after every step.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

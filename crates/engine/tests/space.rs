@@ -11,10 +11,7 @@
 //! balances, and no sync allocated more than admission counted for it (checked for every
 //! sync as the run goes).
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -361,7 +358,7 @@ fn a_full_pool_serves_and_is_administered_without_suspending() {
         let seen = std::panic::catch_unwind(|| run_seed(seed, 60)).unwrap_or_else(|panic| {
             eprintln!(
                 "the space swarm failed at seed {seed}; replay it alone with \
-                 SLUICE_SPACE_SEED={seed} cargo test -p sluice-engine --test space"
+                 SLUICE_SPACE_SEED={seed} cargo test -p sluice-engine --test engine space::"
             );
             std::panic::resume_unwind(panic)
         });

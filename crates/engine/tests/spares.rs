@@ -7,10 +7,7 @@
 //! resilver leave a pool that opens with the spare available or in use, finishes the job when
 //! served, and holds every block.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

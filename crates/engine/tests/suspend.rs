@@ -5,10 +5,7 @@
 //! synced txg with the intent log replayed: what was acknowledged is there, and the request that
 //! panicked is not.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;

@@ -3,10 +3,7 @@
 //! counted, and only on the volume that fills the dirty data; commits that fall back to a txg
 //! sync together share one.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use sluice_engine::device::sim::CrashPolicy;
 use sluice_engine::device::SimProfile;

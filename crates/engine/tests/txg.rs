@@ -13,14 +13,11 @@
 //! import every volume and snapshot must read back as the model says, each clone must name its
 //! origin, and the audit (space, dedup references, dead lists) must balance. In half the seeds
 //! the volume "big" is encrypted: each import loads its key (which checks every root MAC of
-//! its family) before reading it, and its clones share the key. A failure prints
-//! the seed; replay it with `SLUICE_SWARM_SEED=<seed> cargo test -p sluice-engine --test txg`,
+//! its family) before reading it, and its clones share the key. A failure prints the seed;
+//! replay it with `SLUICE_SWARM_SEED=<seed> cargo test -p sluice-engine --test engine txg::`,
 //! adding `SLUICE_SWARM_TRACE=1` to print each operation.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -245,7 +242,7 @@ fn run_seed(seed: u64, generations: u32) -> u32 {
                     if found != model.synced {
                         assert!(
                             landed.as_ref() == Some(&found),
-                            "seed {seed} generation {generation}: imported contents match neither the last synced txg nor the interrupted one; replay with SLUICE_SWARM_SEED={seed} cargo test -p sluice-engine --test txg crash_swarm"
+                            "seed {seed} generation {generation}: imported contents match neither the last synced txg nor the interrupted one; replay with SLUICE_SWARM_SEED={seed} cargo test -p sluice-engine --test engine txg::crash_swarm"
                         );
                         model.synced = found.clone();
                     }
@@ -594,7 +591,7 @@ fn crash_swarm() {
             Err(panic) => {
                 eprintln!(
                     "crash swarm failed at seed {seed}; replay it alone with \
-                     SLUICE_SWARM_SEED={seed} cargo test -p sluice-engine --test txg crash_swarm"
+                     SLUICE_SWARM_SEED={seed} cargo test -p sluice-engine --test engine txg::crash_swarm"
                 );
                 std::panic::resume_unwind(panic);
             }

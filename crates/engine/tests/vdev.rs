@@ -1,9 +1,6 @@
 //! The vdev tree on simulated disks: mirror writes, healing, policies, degraded operation,
 //! queue priority, and the root's addressing.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
 use std::sync::Arc;
 
 use sluice_engine::device::sim::{Fault, SimOptions};

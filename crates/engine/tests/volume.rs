@@ -5,10 +5,7 @@
 //! write is refused as out of range, nothing is stored past the new end, the audit balances,
 //! and a grow reads the tail back as zeros.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use sluice_engine::device::SimProfile;
 use sluice_engine::pool::Pool;

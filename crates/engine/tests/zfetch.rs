@@ -9,10 +9,7 @@
 //! snapshot shares stay where they are; a write that lands while the read is in flight is
 //! never undone by the rewrite.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -10,10 +10,7 @@
 //! One more fault is armed at the checksum stage of blocks logged by pointer, which their
 //! writes pass before it.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering, Ordering::Relaxed};

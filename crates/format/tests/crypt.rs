@@ -1,15 +1,10 @@
 //! Encryption's on-disk fields: an encrypted block's pointer (salt, IV and MAC where the third
 //! DVA and the dedup key were), an indirect block's hash of its children's MACs, and an
 //! encryption root's wrapped key. Golden bytes pin each layout (regenerate with
-//! `SLUICE_BLESS=1 cargo test -p sluice-format --test crypt` after an intended change); pointers
-//! without encryption encode as before (tests/format.rs's golden pins that).
+//! `SLUICE_BLESS=1 cargo test -p sluice-format --test format crypt::` after an intended
+//! change); pointers without encryption encode as before (tests/format.rs's golden pins that).
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
-
-use common::golden;
+use crate::common::golden;
 
 use proptest::prelude::*;
 use sluice_format::{

@@ -2,14 +2,10 @@
 //! never panic on arbitrary bytes; a flipped bit in a checksummed structure is always caught.
 //!
 //! Golden files live in tests/golden/. After an intended format change, regenerate them with
-//! `SLUICE_BLESS=1 cargo test -p sluice-format --test format` and bump the format version.
+//! `SLUICE_BLESS=1 cargo test -p sluice-format --test format format::` and bump the format
+//! version.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
-mod common;
-
-use common::golden;
+use crate::common::golden;
 use std::path::PathBuf;
 
 use proptest::prelude::*;

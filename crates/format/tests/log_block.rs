@@ -2,9 +2,6 @@
 //! block of another chain or position, a torn block and a flipped bit are all refused, so the
 //! end of a log is found and never misread; decoding arbitrary bytes never panics.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
 use std::path::PathBuf;
 
 use proptest::prelude::*;

@@ -1,9 +1,6 @@
 //! Send streams: records round-trip; a stream that is damaged, cut short, reordered or newer
 //! than this build is refused at the record where it goes wrong, naming it.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
 use std::path::PathBuf;
 
 use sluice_format::{

@@ -2,9 +2,6 @@
 //! tokio, the same code the simulator drives. Writes reach both files, a corrupted file is
 //! healed from the other, and a flush succeeds.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 

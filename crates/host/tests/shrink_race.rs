@@ -8,9 +8,6 @@
 //! crates/engine/tests/volume.rs makes it happen every time with a pause point, and fails
 //! without the write's second range check.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 

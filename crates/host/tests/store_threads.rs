@@ -6,9 +6,6 @@
 //! check and the sync). Every writer owns 2 KiB halves of shared 4 KiB blocks, so concurrent
 //! partial writes to one block must all land. A watchdog fails the test instead of hanging.
 
-// Test helpers unwrap freely: a failure there is a test failure.
-#![allow(clippy::unwrap_used)]
-
 use std::sync::Arc;
 use std::time::Duration;
 
