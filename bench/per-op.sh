@@ -8,7 +8,9 @@
 #        [--cores N (sluice's serving cores)] [--age SECONDS] [--warm SECONDS]
 #        [--mirror (sluice: a 2-way mirror of two such leaves in the same dir, the default
 #        pool's layout)] [--volume-mib N (bench/peers.sh's layout: a volume of N MiB in a leaf
-#        of twice that, every job over the whole volume)]
+#        of twice that, every job over the whole volume)] [--fio ARG (added to the measured
+#        job, and its warm-up: --fio --rate=100m holds the rate down to see what CPU per
+#        operation owes to time rather than to operations)]
 #   syncwrite: 4 KiB random writes, each followed by a flush, JOBS jobs at queue depth 1
 #   syncwrite-1m: 1 MiB sequential writes, each followed by a flush, JOBS jobs at queue depth
 #              1, each in its own slice of the volume (bench/peers.sh's syncwrite-1m-N; IOPS
@@ -39,7 +41,7 @@ set -euo pipefail
 target=${1:-sluice}; job=${2:-syncwrite}; jobs=${3:-32}
 shift $(( $# < 3 ? $# : 3 ))
 bin=target/release/sluice; block=""; compression=""; seconds=6; disk=""; serve_args=(); age=0
-mirror=0; warm=0; vol_mib=1536; leaf_mib=3072; span_mib=1024
+mirror=0; warm=0; vol_mib=1536; leaf_mib=3072; span_mib=1024; fio_extra=()
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) bin=$2; shift 2 ;;
@@ -52,6 +54,7 @@ while [ $# -gt 0 ]; do
     --age) age=$2; shift 2 ;;
     --warm) warm=$2; shift 2 ;;
     --mirror) mirror=1; shift ;;
+    --fio) fio_extra+=("$2"); shift 2 ;;
     --volume-mib) vol_mib=$2; leaf_mib=$(( 2 * $2 )); span_mib=$2; shift 2 ;;
     *) echo "per-op: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -111,6 +114,7 @@ case $job in
   seqread) args=(--rw=read --bs=1M --iodepth=8) ;;
   *) echo "per-op: job is syncwrite, syncwrite-1m, stream-1m, seqwrite, randread or seqread" >&2; exit 2 ;;
 esac
+args+=(${fio_extra[@]+"${fio_extra[@]}"})
 sample() {
   local cpu switches disk_io
   cpu=$(awk '{print $14 + $15}' "/proc/$pid/stat")
@@ -121,16 +125,19 @@ sample() {
   machine=$(awk '$1 == "cpu" {print $2 + $3 + $4 + $7 + $8}' /proc/stat)
   echo "$cpu $switches ${disk_io:-0 0 0 0} $machine"
 }
+# Each thread's /proc stat line, to split the server's CPU by thread name (its cores, I/O
+# threads, the kernel's io_uring workers).
+threads() { cat /proc/"$pid"/task/*/stat 2>/dev/null || true; }
 if [ "$warm" != 0 ]; then
   fio --name=warm --ioengine=nbd --uri="$uri" --bs=4k --size="${span_mib}M" --runtime="$warm" --time_based \
     "${args[@]}" >/dev/null 2>&1
   # What the warm-up left open is synced before the measured seconds, as after the prefill.
   if [ "$target" = sluice ]; then "$bin" pool sync perop >/dev/null; fi
 fi
-before=$(sample)
+before=$(sample); threads >"$dir/threads.before"
 fio --name=op --ioengine=nbd --uri="$uri" --bs=4k --size="${span_mib}M" --runtime="$seconds" --time_based \
   --group_reporting --output-format=json "${args[@]}" 2>/dev/null | grep -v '^fio: ' >"$dir/fio.json"
-after=$(sample)
+after=$(sample); threads >"$dir/threads.after"
 # What the prefetch and the rewrite of scattered blocks did over the whole run (prefill, ageing
 # and warm-up included), for the read jobs.
 if [ "$target" = sluice ] && [[ $job == *read ]]; then
@@ -165,4 +172,26 @@ print(f"{target} {job} jobs={jobs} block={block}: {iops:,.0f} IOPS; server CPU {
       f"machine {(a[6]-b[6])/tick/ops*1e6:.0f} us/op; "
       f"context switches {(a[1]-b[1])/ops:.2f}/op; disk reads {(a[2]-b[2])/ops:.2f}/op, "
       f"writes {(a[3]-b[3])/ops:.2f}/op ({(a[5]-b[5])*512/ops/1024:.1f} KiB), flushes {(a[4]-b[4])/ops:.3f}/op; {latency}")
+def threads(path):
+    # "tid (name) state ... utime stime ...": the name may hold spaces and parentheses.
+    seen = {}
+    for line in open(path):
+        if ") " not in line:
+            continue
+        head, rest = line.rsplit(") ", 1)
+        tid, name = head.split(" (", 1)
+        fields = rest.split()
+        # The kernel's io_uring workers come and go, each named with its own id.
+        name = "iou-wrk" if name.startswith("iou-wrk") else name
+        seen[tid] = (name, int(fields[11]) + int(fields[12]))
+    return seen
+t0, t1 = threads(os.path.join(os.path.dirname(path), "threads.before")), threads(os.path.join(os.path.dirname(path), "threads.after"))
+by_name = {}
+for tid, (name, ticks) in t1.items():
+    by_name[name] = by_name.get(name, 0) + ticks - t0.get(tid, (name, 0))[1]
+# Threads that ended inside the run are counted in the process's total only.
+by_name["(ended)"] = (a[0] - b[0]) - sum(by_name.values())
+shares = ", ".join(f"{name} {ticks / tick / ops * 1e6:.0f}" for name, ticks in
+                   sorted(by_name.items(), key=lambda kv: -kv[1]) if ticks > 0)
+print(f"  server CPU by thread, us/op: {shares}")
 PY

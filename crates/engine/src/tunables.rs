@@ -176,7 +176,9 @@ tunable_table! {
          as ZFS does.";
     IntentLogBlockBytesMax = "intent_log.block_bytes_max", Kind::Bytes { min: 4096, max: 1 << 20 }, "128K",
         "Largest log block (a power of two). Blocks are sized from the recent workload between \
-         4 KiB and this (ZFS: zil_maxblocksize); larger writes are logged in pieces.";
+         4 KiB and this (ZFS: zil_maxblocksize); larger writes are logged in pieces. A volume \
+         whose block would not fit one log block of this size, copied, gets log blocks up to \
+         the next power of two that holds one, so its large writes are logged by pointer.";
     IntentLogImmediateWriteBytes = "intent_log.immediate_write_bytes", Kind::Bytes { min: 0, max: 1 << 30 }, "32K",
         "Writes at least this large (with logbias=latency) are written once, in place, and \
          the log records only their block pointers (ZFS: zfs_immediate_write_sz, WR_INDIRECT); \

@@ -537,7 +537,7 @@ impl Store {
             });
         }
         let id = dsl.next_id();
-        let log = Some(self.zil.new_log(&self.spa, id, key_family)?);
+        let log = Some(self.zil.new_log(&self.spa, id, key_family, block_bytes)?);
         dsl.use_id(id);
         let levels = objset::levels_for(size_bytes / u64::from(block_bytes));
         let mut entry = VolumeEntry::new(id, name, size_bytes, block_bytes, levels);

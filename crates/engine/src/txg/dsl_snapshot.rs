@@ -656,7 +656,7 @@ impl Dsl {
             .clone();
         let id = dsl.next_id();
         // A clone of an encrypted volume shares its key family, which seals its log too.
-        let log = Some(zil.new_log(spa, id, parent.key_family)?);
+        let log = Some(zil.new_log(spa, id, parent.key_family, parent.block_bytes)?);
         dsl.use_id(id);
         let (size, levels) = (snapshot.size_bytes, snapshot.levels);
         let mut entry = VolumeEntry::new(id, clone, size, parent.block_bytes, levels);

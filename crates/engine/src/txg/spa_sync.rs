@@ -613,7 +613,7 @@ impl SyncHandle<'_> {
                 let fresh = LogWriter::continuing(
                     self.spa.pool().name(),
                     self.spa.allocator(),
-                    self.zil.settings(),
+                    self.zil.settings_for(volume.entry.block_bytes),
                     owner,
                     log.hand_over(txg),
                 )?;

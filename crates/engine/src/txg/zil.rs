@@ -90,9 +90,21 @@ impl Zil {
         &self.stats
     }
 
-    /// How this pool's log chains write.
-    pub(super) fn settings(&self) -> LogSettings {
-        self.settings
+    /// How the chain of a volume of `block_bytes` blocks writes: the pool's settings, with log
+    /// blocks large enough to hold one of its blocks copied whole. A record logged by pointer
+    /// whose block changed before its write is copied instead, as one record, so a volume
+    /// whose block would not fit one could log no write by pointer: with 128 KiB log blocks,
+    /// a 128 KiB volume's large writes were all copied into the log, every byte written
+    /// twice (`bench/per-op.sh sluice syncwrite-1m 1 --block-size 128K`, 2026-12-02: 158
+    /// MiB/s and 2,088 KiB written a MiB, against 254 and 1,039 with 256 KiB log blocks).
+    pub(super) fn settings_for(&self, block_bytes: u32) -> LogSettings {
+        let mut settings = self.settings;
+        while copied_piece_bytes(settings.max_block_bytes) < block_bytes as usize
+            && settings.max_block_bytes < LOG_BLOCK_BYTES_CAP
+        {
+            settings.max_block_bytes *= 2;
+        }
+        settings
     }
 
     pub(super) fn early_commit(&self) -> bool {
@@ -105,15 +117,17 @@ impl Zil {
         spa.pool().env().unique_rng("intent log chain").u64().max(1)
     }
 
-    /// A new, not yet anchored log chain for a volume.
+    /// A new, not yet anchored log chain for a volume of `block_bytes` blocks.
     pub(super) fn new_log(
         &self,
         spa: &Spa,
         volume_id: u64,
         key_family: u64,
+        block_bytes: u32,
     ) -> Result<Arc<LogWriter>, StoreError> {
         let owner = ChainOwner { chain_id: self.chain_id(spa), volume_id, key_family };
-        Ok(Arc::new(LogWriter::new(spa.pool().name(), spa.allocator(), self.settings, owner)?))
+        let settings = self.settings_for(block_bytes);
+        Ok(Arc::new(LogWriter::new(spa.pool().name(), spa.allocator(), settings, owner)?))
     }
 
     /// Whether a block `log` wrote was allocated in a nearly full log region
@@ -130,13 +144,15 @@ impl Zil {
     /// Whether a write of `len` bytes to the volume `entry` logs its whole blocks by pointer:
     /// with logbias=throughput, or from `intent_log.immediate_write_bytes` on. Not on dedup
     /// volumes (their blocks are placed through the dedup table at sync), nor where a block
-    /// would not fit one copied record (the fill copies a block it cannot place).
+    /// would not fit one copied record of its chain (the fill copies a block it cannot place;
+    /// [`Zil::settings_for`] gives every volume block size such a chain).
     pub(super) fn indirect(&self, entry: &VolumeEntry, len: u64) -> bool {
         let limit = self.immediate_write_bytes;
         let large = entry.logbias == LogBias::Throughput || (limit > 0 && len >= limit);
         large
             && entry.dedup == DedupMode::Off
-            && entry.block_bytes as usize <= copied_piece_bytes(self.settings.max_block_bytes)
+            && entry.block_bytes as usize
+                <= copied_piece_bytes(self.settings_for(entry.block_bytes).max_block_bytes)
     }
 }
 
@@ -368,14 +384,14 @@ impl Store {
         }
         let datasets: Vec<Arc<Dataset>> = self.dsl.read().values().cloned().collect();
         for dataset in datasets {
-            let (has_log, family) = {
+            let (has_log, family, block_bytes) = {
                 let v = dataset.state.lock();
-                (v.log.is_some(), v.entry.key_family)
+                (v.log.is_some(), v.entry.key_family, v.entry.block_bytes)
             };
             if has_log || self.log_awaits_key(&dataset.name()) {
                 continue;
             }
-            let log = self.zil.new_log(&self.spa, dataset.id, family)?;
+            let log = self.zil.new_log(&self.spa, dataset.id, family, block_bytes)?;
             dataset.state.lock().log = Some(log);
         }
         self.sync().await?;
@@ -729,6 +745,10 @@ const UNFILLED: BlockPointer = BlockPointer {
     dedup: None,
     crypt: sluice_format::BlockCrypt::None,
 };
+
+/// The largest log block a volume's chain is given (`intent_log.block_bytes_max`'s own
+/// bound): one of the largest volume blocks, copied, fits well inside it.
+const LOG_BLOCK_BYTES_CAP: u32 = 1 << 20;
 
 /// The largest piece of a write one copied record holds: the largest log block less its
 /// header and the record's, in whole 4 KiB.
