@@ -249,6 +249,57 @@ fn a_block_written_again_before_its_flush_is_placed_once() {
     assert_eq!(read, expected);
 }
 
+/// A record logged by pointer whose txg is syncing when its commit comes is filled with a
+/// copy of its block, as one record (as `records_of_a_syncing_txg_are_copied_or_left_to_the_sync`
+/// shows for 16 KiB blocks). On a volume of 128 KiB blocks that record is larger than the
+/// pool's largest log block (128 KiB by default), so the volume's chain is given larger ones.
+/// After a crash that keeps what the flush made durable, the volume reads back.
+#[test]
+fn a_copied_block_of_the_largest_size_fits_its_chain_and_reads_back_after_a_crash() {
+    const BLOCK: u32 = 128 << 10;
+    let sim = Sim::new(21);
+    let options = SimOptions { record_log: true, ..SimOptions::default() };
+    let legs = common::legs_with(&sim, 2, SimProfile::ssd(), LEAF_BYTES, options);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    let counted = legs.clone();
+    let data = pattern(4, MIB);
+    let expected = data.clone();
+    let images = sim
+        .run(async move {
+            // No early commits: the records stay unfilled until the flush.
+            let t = Tunables::with([("intent_log.early_commit", "off")]).unwrap();
+            let store = Arc::new(common::mirror_store(&env, specs, &t).await);
+            store.create_volume("v", 8 << 20, BLOCK).unwrap();
+            store.create_volume("w", 8 << 20, 16384).unwrap();
+            store.set_property("v", VolumeProperty::Compression(Compression::Off)).unwrap();
+            store.sync().await.unwrap();
+            let v = Volume::open(&store, "v").unwrap();
+            let w = Volume::open(&store, "w").unwrap();
+            // v's MiB behind 4 MiB that w dirtied and never flushed: a small share of the
+            // sync that starts before v's flush, so its records are copied.
+            w.write(0, &pattern(5, 4 * MIB), false).await.unwrap();
+            v.write(0, &data, false).await.unwrap();
+            let (done, synced) = futures::channel::oneshot::channel();
+            let syncing = Arc::clone(&store);
+            env.spawn("sync", async move {
+                let _ = done.send(syncing.sync().await.map(drop));
+            });
+            env.sleep(std::time::Duration::from_micros(1)).await;
+            v.flush().await.unwrap();
+            let stats = store.log_stats();
+            assert_eq!(stats.indirect_records_copied.get(), 8, "the MiB's 8 blocks, copied");
+            let images = crash_images(&counted, 5);
+            synced.await.unwrap().unwrap();
+            assert_eq!(v.read(0, MIB as u64).await.unwrap(), data);
+            images
+        })
+        .unwrap()
+        .0;
+    let (read, _) = import_after_crash(22, images, MIB as u64);
+    assert_eq!(read, expected);
+}
+
 /// Blocks written in place and replaced in the same txg (overwritten, zeroed, or written
 /// again by another flush) are freed by the sync; partial blocks at a write's ends are copied
 /// into the log; a record whose txg is syncing when its commit comes is filled with a copy.

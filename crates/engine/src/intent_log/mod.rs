@@ -436,7 +436,8 @@ pub struct Anchor {
     pub freed: Vec<LogAddress>,
 }
 
-/// How a pool's log chains write: the same for every chain of the pool.
+/// How a log chain writes: the pool's settings, with the largest block raised for a volume
+/// whose block would not fit a copied record otherwise (`Zil::settings_for`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogSettings {
     pub policy: CommitPolicy,
@@ -607,7 +608,25 @@ impl LogWriter {
     /// Appends a record (its sequence is assigned here) and returns the sequence. Records
     /// must be appended in txg order (the store appends under the lock that assigns txgs).
     pub fn append(&self, now: crate::rt::Time, record: impl FnOnce(u64) -> LogRecord) -> u64 {
-        Self::append_locked(&mut self.state.lock(), now, record)
+        let mut state = self.state.lock();
+        let sealed = state.sealed;
+        Self::append_locked(&mut state, now, |sequence| {
+            let record = record(sequence);
+            self.assert_fits(&record, sealed);
+            record
+        })
+    }
+
+    /// A record no block of this chain can hold would never be written: every block sealed
+    /// after it would go empty, each allocating its successor, until the log ran out of room.
+    fn assert_fits(&self, record: &LogRecord, sealed: bool) {
+        let bytes = LOG_HEADER_BYTES + record.encoded_len_in(sealed);
+        assert!(
+            bytes <= self.max_block_bytes as usize,
+            "a log record of {bytes} bytes with its block's header, over the chain's largest \
+             block ({} bytes)",
+            self.max_block_bytes
+        );
     }
 
     fn append_locked(
@@ -693,6 +712,7 @@ impl LogWriter {
         let sequence = record.sequence();
         let (present, waiters) = {
             let mut state = self.state.lock();
+            self.assert_fits(&record, state.sealed);
             state.filling.remove(&sequence);
             let present = state.unfilled.remove(&sequence);
             if present {

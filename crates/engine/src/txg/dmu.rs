@@ -686,7 +686,7 @@ impl WritePath<'_> {
                         offset,
                         len,
                         &mut payload,
-                        self.zil.indirect(&v.entry, len).then_some(bs),
+                        self.zil.indirect(&v.entry, log.max_block_bytes(), len).then_some(bs),
                     ),
                     None => 0,
                 },

@@ -27,8 +27,9 @@ use crate::pool::{Pool, PoolError};
 use crate::tunables::IoClass;
 use crate::zio::crypt::{CryptError, FamilyKey, Sealing};
 
-/// The store's intent-log object (ZFS: the pool-wide part of `zil.c`): how every chain of the
-/// pool writes, when a write is logged by pointer, and what the logs did. Each volume's chain
+/// The store's intent-log object (ZFS: the pool-wide part of `zil.c`): how the pool's chains
+/// write (each as its volume's block size needs, [`Zil::settings_for`]), when a write is
+/// logged by pointer, and what the logs did. Each volume's chain
 /// is its own (`Dataset`'s state holds its `LogWriter`); the commits (zil_commit.rs) drive
 /// them against the open txg and the syncer.
 #[derive(Debug)]
@@ -95,8 +96,8 @@ impl Zil {
     /// whose block changed before its write is copied instead, as one record, so a volume
     /// whose block would not fit one could log no write by pointer: with 128 KiB log blocks,
     /// a 128 KiB volume's large writes were all copied into the log, every byte written
-    /// twice (`bench/per-op.sh sluice syncwrite-1m 1 --block-size 128K`, 2026-12-02: 158
-    /// MiB/s and 2,088 KiB written a MiB, against 254 and 1,039 with 256 KiB log blocks).
+    /// twice (`bench/per-op.sh sluice syncwrite-1m 1 --block-size 128K`, 2026-12-02: 159-172
+    /// MiB/s and 2,044-2,099 KiB written a MiB, against 277-308 and 1,038 with this).
     pub(super) fn settings_for(&self, block_bytes: u32) -> LogSettings {
         let mut settings = self.settings;
         while copied_piece_bytes(settings.max_block_bytes) < block_bytes as usize
@@ -144,15 +145,15 @@ impl Zil {
     /// Whether a write of `len` bytes to the volume `entry` logs its whole blocks by pointer:
     /// with logbias=throughput, or from `intent_log.immediate_write_bytes` on. Not on dedup
     /// volumes (their blocks are placed through the dedup table at sync), nor where a block
-    /// would not fit one copied record of its chain (the fill copies a block it cannot place;
-    /// [`Zil::settings_for`] gives every volume block size such a chain).
-    pub(super) fn indirect(&self, entry: &VolumeEntry, len: u64) -> bool {
+    /// would not fit one copied record of its chain, whose blocks are at most
+    /// `log_block_bytes_max` (the fill copies a block it cannot place; [`Zil::settings_for`]
+    /// gives every volume block size such a chain).
+    pub(super) fn indirect(&self, entry: &VolumeEntry, log_block_bytes_max: u32, len: u64) -> bool {
         let limit = self.immediate_write_bytes;
         let large = entry.logbias == LogBias::Throughput || (limit > 0 && len >= limit);
         large
             && entry.dedup == DedupMode::Off
-            && entry.block_bytes as usize
-                <= copied_piece_bytes(self.settings_for(entry.block_bytes).max_block_bytes)
+            && entry.block_bytes as usize <= copied_piece_bytes(log_block_bytes_max)
     }
 }
 

@@ -100,7 +100,14 @@ impl Store {
     /// Whether a write of `len` bytes to `dataset` logs its whole blocks by pointer (ZFS's
     /// `WR_INDIRECT`: `intent_log.immediate_write_bytes`, `logbias`, no dedup).
     pub fn logs_by_pointer(&self, dataset: &Dataset, len: u64) -> bool {
-        self.zil.indirect(&dataset.state.lock().entry, len)
+        let v = dataset.state.lock();
+        // A volume without a chain now (a snapshot, an encrypted one awaiting its key) is
+        // asked as its chain would be: its writes are refused or wait all the same.
+        let log_block_bytes_max = v.log.as_ref().map_or_else(
+            || self.zil.settings_for(v.entry.block_bytes).max_block_bytes,
+            |log| log.max_block_bytes(),
+        );
+        self.zil.indirect(&v.entry, log_block_bytes_max, len)
     }
 
     /// Takes back the change that a part of a larger write counted for the early commit's
