@@ -1304,9 +1304,18 @@ impl Allocator {
             "free of [{start}, +{len}) outside vdev {vdev}'s data area"
         );
         assert!(txg > self.synced_txg, "free in txg {txg}, which has already synced");
-        self.deferred.entry(txg).or_default().push((vdev, start, len));
         self.deferred_total += len;
-        self.deferred_entries[vdev as usize] += 1;
+        // A free that continues the last one joins it: a sync frees the blocks a stream
+        // replaced, mostly back to back, and each entry is an insert into a free tree once
+        // its deferral ends, and an entry in the space map until then.
+        let frees = self.deferred.entry(txg).or_default();
+        match frees.last_mut() {
+            Some((v, s, l)) if *v == vdev && *s + *l == start => *l += len,
+            _ => {
+                frees.push((vdev, start, len));
+                self.deferred_entries[vdev as usize] += 1;
+            }
+        }
     }
 
     /// Records that `txg` is durable: frees whose deferral has ended become allocatable.
@@ -1349,14 +1358,30 @@ impl Allocator {
             let mut held = Vec::new();
             while let Some((vdev, start, len)) = frees.pop() {
                 // A block a scan is reading stays allocated (and in the space map's deferred
-                // frees) until a sync after its read.
-                if !self.scan.release(vdev, start, len) {
-                    held.push((vdev, start, len));
+                // frees) until a sync after its read; the rest of a free that covers it (frees
+                // of blocks back to back are joined) is released around it.
+                let reading = self.scan.reading_within(vdev, start, len);
+                let end = start + len;
+                let mut at = start;
+                let mut released = false;
+                self.deferred_entries[vdev as usize] -= 1;
+                for (from, to) in reading.into_iter().chain([(end, end)]) {
+                    if at < from {
+                        let released_now = self.scan.release(vdev, at, from - at);
+                        assert!(released_now, "no scan read lies between the ones found");
+                        self.deferred_total -= from - at;
+                        self.vdevs[vdev as usize].free.insert(at, from - at);
+                        released = true;
+                    }
+                    if from < to {
+                        held.push((vdev, from, to - from));
+                        self.deferred_entries[vdev as usize] += 1;
+                    }
+                    at = to;
+                }
+                if !released {
                     continue;
                 }
-                self.deferred_total -= len;
-                self.deferred_entries[vdev as usize] -= 1;
-                self.vdevs[vdev as usize].free.insert(start, len);
                 left -= 1;
                 if left == 0 {
                     // Held frees go in front, so the next step takes the others first.

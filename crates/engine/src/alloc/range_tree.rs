@@ -165,18 +165,20 @@ impl RangeTree {
         len > 0 && self.overlaps(start, start.saturating_add(len))
     }
 
-    /// Removes whatever part of `[start, start+len)` the tree holds (none, some or all of it).
-    pub fn remove_within(&mut self, start: u64, len: u64) {
+    /// The parts of `[start, start+len)` the tree holds, in order, as (start, end).
+    pub fn parts_within(&self, start: u64, len: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
         let end = start.saturating_add(len);
         let first = self.ranges.range(..start).next_back().map_or(start, |(&s, _)| s);
-        let hit: Vec<(u64, u64)> = self
-            .ranges
-            .range(first..end)
-            .map(|(&s, &e)| (s, e))
-            .filter(|&(_, e)| e > start)
-            .collect();
-        for (s, e) in hit {
+        self.ranges.range(first..end).filter_map(move |(&s, &e)| {
             let (from, to) = (s.max(start), e.min(end));
+            (from < to).then_some((from, to))
+        })
+    }
+
+    /// Removes whatever part of `[start, start+len)` the tree holds (none, some or all of it).
+    pub fn remove_within(&mut self, start: u64, len: u64) {
+        let hit: Vec<(u64, u64)> = self.parts_within(start, len).collect();
+        for (from, to) in hit {
             self.remove(from, to - from);
         }
     }

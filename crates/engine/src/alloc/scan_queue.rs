@@ -83,6 +83,16 @@ impl ScanQueue {
         }
     }
 
+    /// The parts of a free whose deferral has ended that a scan I/O is reading, as (start,
+    /// end): they stay allocated, and the rest may be [`ScanQueue::release`]d. A free covers
+    /// several blocks where they were freed back to back (`Allocator::free`).
+    pub(super) fn reading_within(&self, vdev: u32, start: u64, len: u64) -> Vec<(u64, u64)> {
+        match self.issuing.get(vdev as usize) {
+            Some(tree) if !tree.is_empty() => tree.parts_within(start, len).collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Whether a free whose deferral has ended may become free space now: not while a scan I/O
     /// reads any of it. A queued block it covers leaves the queue.
     pub(super) fn release(&mut self, vdev: u32, start: u64, len: u64) -> bool {

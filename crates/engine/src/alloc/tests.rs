@@ -254,6 +254,35 @@ fn frees_are_deferred() {
 /// the queue and its space comes back with the deferral, and the scan is then told not to
 /// read it. Only a block whose read is in flight keeps its space, until a sync after the read
 /// ends; a pin (held while the scan walks a tree) still holds every later free.
+/// Blocks freed back to back in one txg are one deferred free (one space-map entry, one
+/// insert into the free tree when the deferral ends); a gap or another txg starts another.
+#[test]
+fn frees_back_to_back_are_joined() {
+    let mut a = Allocator::new(12, &[(0, 64 * 4096)]);
+    let free = a.free_bytes();
+    let blocks: Vec<(u32, u64, u64)> =
+        (0..6).map(|_| a.allocate(4096, AllocClass::Reserved, &[]).unwrap()).collect();
+    assert!(blocks.windows(2).all(|w| w[0].1 + w[0].2 == w[1].1), "placed back to back");
+    for &(vdev, start, len) in &blocks[..3] {
+        a.free(1, vdev, start, len);
+    }
+    // Block 3 stays allocated: block 4 starts another entry, and block 5 joins it.
+    for &(vdev, start, len) in &blocks[4..] {
+        a.free(1, vdev, start, len);
+    }
+    assert_eq!(a.space_map_entries(0).1, 2);
+    assert_eq!(a.space_map_entries_bound(0).1, 2);
+    let (vdev, start, len) = blocks[3];
+    a.free(2, vdev, start, len);
+    assert_eq!(a.space_map_entries(0).1, 3, "a later txg's free is its own");
+    assert_eq!(a.deferred_bytes(), 6 * 4096);
+    for txg in 1..=2 + FREE_DEFER_TXGS {
+        a.synced(txg);
+    }
+    assert_eq!((a.free_bytes(), a.deferred_bytes()), (free, 0));
+    assert_eq!(a.space_map_entries(0), (1, 0), "the whole area is one free range again");
+}
+
 #[test]
 fn a_scan_holds_back_only_the_blocks_it_is_reading() {
     let mut a = Allocator::new(12, &[(0, 64 * 4096)]);
@@ -276,6 +305,9 @@ fn a_scan_holds_back_only_the_blocks_it_is_reading() {
     assert_eq!(a.free_bytes(), free + 4096);
     assert!(!a.scan_issue(&blocks[1..2]), "a freed block is not read");
     assert_eq!(a.deferred_bytes(), 2 * 4096);
+    // The three frees were joined into one; what stays is two entries, blocks 0 and 2.
+    assert_eq!(a.space_map_entries(0).1, 2);
+    assert_eq!(a.space_map_entries_bound(0).1, 2);
     a.scan_done(&blocks[0..1]);
     a.scan_done(&blocks[2..3]);
     a.synced(2 + FREE_DEFER_TXGS);

@@ -29,8 +29,8 @@ use crate::stats::Counter;
 
 type Key = (u32, u64, u64);
 
-/// Blocks [`BlockCache::remove_all`] forgets per hold of the lock: a hash removal each, a few
-/// microseconds in all.
+/// Blocks [`BlockCache::remove_all`] forgets, or [`BlockCache::insert_all`] caches, per hold
+/// of the lock: a hash removal or insert each, a few microseconds in all.
 const REMOVE_BATCH: usize = 64;
 
 fn key(bp: &BlockPointer) -> Key {
@@ -81,6 +81,39 @@ impl Inner {
             }
             out.extend(self.remove(&key));
         }
+    }
+
+    /// Caches `buf` as `key`'s block and evicts others until at most `bytes_max` are kept;
+    /// replaced and evicted buffers go to `freed`, to be freed once the lock is released.
+    fn insert(
+        &mut self,
+        key: Key,
+        buf: Arc<AlignedBuf>,
+        bytes_max: u64,
+        freed: &mut Vec<Arc<AlignedBuf>>,
+    ) {
+        let len = buf.len() as u64;
+        if let Some(entry) = self.blocks.get_mut(&key) {
+            let old = std::mem::replace(&mut entry.buf, buf);
+            entry.referenced = true;
+            self.bytes = self.bytes - old.len() as u64 + len;
+            freed.push(old);
+        } else {
+            let slot = match self.free.pop() {
+                Some(slot) => slot,
+                None => {
+                    self.slots.push(None);
+                    self.slots.len() - 1
+                }
+            };
+            self.slots[slot] = Some(key);
+            // A new block starts without its bit: it is evicted on the hand's next pass unless
+            // it is used again before then.
+            self.blocks.insert(key, Entry { buf, referenced: false, slot });
+            self.bytes += len;
+        }
+        self.evict(bytes_max, key, freed);
+        debug_assert_eq!(self.blocks.len() + self.free.len(), self.slots.len());
     }
 
     /// Takes `key`'s block out of the cache; the caller decides where its buffer is freed.
@@ -148,39 +181,30 @@ impl BlockCache {
 
     /// Adds a block that has passed its checksum.
     pub fn insert(&self, bp: &BlockPointer, buf: Arc<AlignedBuf>) {
-        let len = buf.len() as u64;
-        if len > self.bytes_max || !self.keeps(bp) {
-            return;
-        }
-        // Buffers that leave the cache are freed after the lock is released: a txg sync
-        // inserts every block it linked, thousands after a large write, while the serving
-        // cores look up blocks for their reads and writes.
+        self.insert_all([(bp, buf)]);
+    }
+
+    /// Inserts blocks, holding the lock for [`REMOVE_BATCH`] of them at a time: a txg sync
+    /// inserts every block it wrote or linked, 64 a MiB of 16 KiB blocks, and a hold per block
+    /// was a cost per block of every large write. Buffers that leave the cache are freed
+    /// after the lock is released, as the serving cores look up blocks meanwhile.
+    pub fn insert_all<'a>(
+        &self,
+        blocks: impl IntoIterator<Item = (&'a BlockPointer, Arc<AlignedBuf>)>,
+    ) {
+        let mut blocks = blocks
+            .into_iter()
+            .filter(|(bp, buf)| buf.len() as u64 <= self.bytes_max && self.keeps(bp))
+            .peekable();
         let mut freed = Vec::new();
-        let mut inner = self.inner.lock();
-        let key = key(bp);
-        if let Some(entry) = inner.blocks.get_mut(&key) {
-            let old = std::mem::replace(&mut entry.buf, buf);
-            entry.referenced = true;
-            inner.bytes = inner.bytes - old.len() as u64 + len;
-            freed.push(old);
-        } else {
-            let slot = match inner.free.pop() {
-                Some(slot) => slot,
-                None => {
-                    inner.slots.push(None);
-                    inner.slots.len() - 1
-                }
-            };
-            inner.slots[slot] = Some(key);
-            // A new block starts without its bit: it is evicted on the hand's next pass unless
-            // it is used again before then.
-            inner.blocks.insert(key, Entry { buf, referenced: false, slot });
-            inner.bytes += len;
+        while blocks.peek().is_some() {
+            let mut inner = self.inner.lock();
+            for (bp, buf) in blocks.by_ref().take(REMOVE_BATCH) {
+                inner.insert(key(bp), buf, self.bytes_max, &mut freed);
+            }
+            MutexGuard::unlock_fair(inner);
+            freed.clear();
         }
-        inner.evict(self.bytes_max, key, &mut freed);
-        debug_assert_eq!(inner.blocks.len() + inner.free.len(), inner.slots.len());
-        drop(inner);
-        drop(freed);
     }
 
     /// Forgets every block: what a key unload does, so that no plaintext of the family

@@ -341,11 +341,8 @@ impl Pool {
         // one wrote, 2,000 reads a second); data blocks are what the next partial write of the
         // block reads. A block is cached as the very buffer it was written from, with no copy
         // (dirty data blocks: `txg::dbuf`); the cache holds logical bytes.
-        for (block, bp) in sealed.iter().zip(&pointers) {
-            if block.props.writer.cached() && self.cache().keeps(bp) {
-                self.cache().insert(bp, Arc::clone(&block.logical));
-            }
-        }
+        let cached = sealed.iter().zip(&pointers).filter(|(block, _)| block.props.writer.cached());
+        self.cache().insert_all(cached.map(|(block, bp)| (bp, Arc::clone(&block.logical))));
         Ok(pointers)
     }
 

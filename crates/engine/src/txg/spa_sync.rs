@@ -52,7 +52,7 @@ use super::zil::Zil;
 use super::{Store, StoreError};
 use crate::alloc::{AllocClass, AllocError, Allocator};
 use crate::device::AlignedBuf;
-use crate::intent_log::{ChainOwner, LogWriter};
+use crate::intent_log::{ChainOwner, DataWrite, LogWriter};
 use crate::objset::{self, TreeUpdate};
 use crate::pool::PoolError;
 use crate::zio::{BlockProps, Writer};
@@ -654,10 +654,19 @@ async fn write_volumes(
         let (root, block_bytes) = (entry.root, entry.block_bytes as usize);
         // Owned, outside every lock: the map stays shared with the volume's readers.
         let blocks: Vec<(u64, Block)> = blocks.iter().map(|(&i, b)| (i, b.clone())).collect();
-        let completed = futures::stream::iter(blocks.into_iter().map(|(index, block)| {
-            complete_block(spa, root, disk_levels, block_bytes, index, block)
-        }))
-        .buffered(SYNC_WRITES_IN_FLIGHT);
+        // Only patches have work to complete; a txg of whole blocks (a stream's) skips the
+        // buffered stream, whose bookkeeping per block was a cost per block of every large
+        // write.
+        let completed = if blocks.iter().any(|(_, b)| matches!(b, Block::Patched(_))) {
+            futures::future::Either::Left(
+                futures::stream::iter(blocks.into_iter().map(|(index, block)| {
+                    complete_block(spa, root, disk_levels, block_bytes, index, block)
+                }))
+                .buffered(SYNC_WRITES_IN_FLIGHT),
+            )
+        } else {
+            futures::future::Either::Right(futures::stream::iter(blocks.into_iter().map(Ok)))
+        };
         let updates: BTreeMap<u64, Option<BlockPointer>> = if dedup == DedupMode::Off {
             let span_bytes = spa.pool().root().write_span_bytes() as usize;
             let per_span = (span_bytes / block_bytes).max(1);
@@ -670,13 +679,23 @@ async fn write_volumes(
                     // Blocks an indirect log record already wrote where they belong are
                     // linked, not written again (ZFS: dbuf_sync_leaf's override).
                     let mut linked: Vec<(u64, BlockPointer)> = Vec::new();
+                    // The blocks of one run share its write: awaited once.
+                    let mut last_write: Option<(&DataWrite, bool)> = None;
                     for (index, block) in &chunk {
                         match block {
                             Block::Data(bytes) => {
                                 let same =
                                     prewritten.get(index).filter(|p| Arc::ptr_eq(&p.data, bytes));
                                 if let Some(p) = same {
-                                    if p.write.clone().await.ok() {
+                                    let ok = match last_write {
+                                        Some((write, ok)) if write.ptr_eq(&p.write) => ok,
+                                        _ => {
+                                            let ok = p.write.clone().await.ok();
+                                            last_write = Some((&p.write, ok));
+                                            ok
+                                        }
+                                    };
+                                    if ok {
                                         linked.push((*index, p.bp));
                                         continue;
                                     }
@@ -711,12 +730,14 @@ async fn write_volumes(
                         .write_blocks(ctx.allocator, AllocClass::Reserved, data)
                         .await?
                         .into_iter();
+                    // Linked blocks are in the chunk's order.
+                    let mut linked = linked.into_iter().peekable();
                     Ok::<_, PoolError>(
                         chunk
                             .into_iter()
                             .map(|(index, block)| match block {
-                                Block::Data(_) => match linked.iter().find(|l| l.0 == index) {
-                                    Some(&(_, bp)) => (index, Some(bp)),
+                                Block::Data(_) => match linked.next_if(|l| l.0 == index) {
+                                    Some((_, bp)) => (index, Some(bp)),
                                     None => (index, bps.next()),
                                 },
                                 _ => (index, None),
@@ -762,23 +783,33 @@ async fn write_volumes(
         let mut linked = Vec::new();
         {
             let mut allocator = spa.allocator().lock();
+            // Adopted a run at a time: a large write's blocks lie back to back.
+            let mut run: Option<(u32, u64, u64)> = None;
             for (index, p) in prewritten {
                 if updates.get(&index) == Some(&Some(p.bp)) {
                     let dva = p.bp.dvas[0];
-                    allocator.adopt_log(dva.vdev, dva.offset_bytes(), dva.asize_bytes());
+                    let (vdev, start, len) = (dva.vdev, dva.offset_bytes(), dva.asize_bytes());
+                    match &mut run {
+                        Some((v, s, l)) if *v == vdev && *s + *l == start => *l += len,
+                        _ => {
+                            if let Some((v, s, l)) = run.replace((vdev, start, len)) {
+                                allocator.adopt_log(v, s, l);
+                            }
+                        }
+                    }
                     linked.push(p);
                 } else {
                     unused.push(p);
                 }
             }
+            if let Some((v, s, l)) = run {
+                allocator.adopt_log(v, s, l);
+            }
         }
         // Not a raw receive's: its buffer holds ciphertext, not the block's logical bytes
         // (a read decrypts it from the disk, with the key).
         if !raw {
-            let cache = spa.pool().cache();
-            for p in linked {
-                cache.insert(&p.bp, p.data);
-            }
+            spa.pool().cache().insert_all(linked.iter().map(|p| (&p.bp, Arc::clone(&p.data))));
         }
         spa.release_prewritten(txg, unused).await;
         let grown = objset::grow_levels(ctx, entry.root, disk_levels, entry.levels).await?;

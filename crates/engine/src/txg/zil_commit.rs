@@ -470,9 +470,7 @@ impl LogCommit<'_> {
             }
         }
         self.issue_indirect(writes, false);
-        for (record, write) in filled {
-            log.fill(record, write);
-        }
+        log.fill_all(filled);
         for record in copy {
             let (txg, sequence, offset) = (record.txg(), record.sequence(), index_of(record) * bs);
             let filled = match dataset.block(self.spa.pool(), offset / bs).await? {
