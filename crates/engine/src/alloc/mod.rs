@@ -1463,7 +1463,7 @@ impl Allocator {
             for &(txg, s, l) in &map.deferred {
                 if s < *start
                     || s.saturating_add(l) > *end
-                    || free.contains(s, 1)
+                    || free.intersects(s, l)
                     || !claimed.try_insert(s, l)
                 {
                     return Err(corrupt(format!("deferred free [{s}, +{l}) is invalid")));

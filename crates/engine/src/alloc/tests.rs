@@ -250,10 +250,6 @@ fn frees_are_deferred() {
     assert!(slop > 0);
 }
 
-/// A scan's queued blocks do not hold their frees back: a block freed before its turn leaves
-/// the queue and its space comes back with the deferral, and the scan is then told not to
-/// read it. Only a block whose read is in flight keeps its space, until a sync after the read
-/// ends; a pin (held while the scan walks a tree) still holds every later free.
 /// Blocks freed back to back in one txg are one deferred free (one space-map entry, one
 /// insert into the free tree when the deferral ends); a gap or another txg starts another.
 #[test]
@@ -283,6 +279,11 @@ fn frees_back_to_back_are_joined() {
     assert_eq!(a.space_map_entries(0), (1, 0), "the whole area is one free range again");
 }
 
+/// A scan's queued blocks do not hold their frees back: a block freed before its turn leaves
+/// the queue and its space comes back with the deferral, and the scan is then told not to
+/// read it. Only a block whose read is in flight keeps its space, until a sync after the read
+/// ends (the rest of a joined free is released around it); a pin (held while the scan walks a
+/// tree) still holds every later free.
 #[test]
 fn a_scan_holds_back_only_the_blocks_it_is_reading() {
     let mut a = Allocator::new(12, &[(0, 64 * 4096)]);
@@ -373,6 +374,8 @@ fn space_maps_persist_and_validate() {
             a.free(2 + i / 10, vdev, start, len);
         }
     }
+    // Kept: the free space above it starts just past an allocated block.
+    a.allocate(12288, AllocClass::Normal, &[]).unwrap();
     a.synced(3);
     let maps: Vec<_> = (0..2)
         .map(|v| {
@@ -388,6 +391,22 @@ fn space_maps_persist_and_validate() {
     bad[1].0.deferred.push((9, inside_free, 4096));
     let error = Allocator::load(12, &bad).unwrap_err();
     assert!(matches!(error, AllocError::Corrupt { vdev: 1, .. }), "{error}");
+    // A deferred free that reaches into free space past its first byte (a joined free is
+    // long) is refused too, not released into the free tree a second time at its deferral's
+    // end.
+    let mut bad = maps.clone();
+    // Free ranges are merged, so the sector below one that starts past the area's start is
+    // not free: allocated where no deferred free holds it.
+    let deferred = |at: u64| bad[0].0.deferred.iter().any(|&(_, s, l)| s <= at && at < s + l);
+    let (free_start, _) = *bad[0]
+        .0
+        .free
+        .iter()
+        .find(|r| r.0 > 4 * MIB && !deferred(r.0 - 4096))
+        .expect("a free range just above an allocated block");
+    bad[0].0.deferred.push((9, free_start - 4096, 8192));
+    let error = Allocator::load(12, &bad).unwrap_err();
+    assert!(matches!(error, AllocError::Corrupt { vdev: 0, .. }), "{error}");
 }
 
 proptest! {

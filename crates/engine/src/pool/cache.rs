@@ -187,7 +187,8 @@ impl BlockCache {
     /// Inserts blocks, holding the lock for [`REMOVE_BATCH`] of them at a time: a txg sync
     /// inserts every block it wrote or linked, 64 a MiB of 16 KiB blocks, and a hold per block
     /// was a cost per block of every large write. Buffers that leave the cache are freed
-    /// after the lock is released, as the serving cores look up blocks meanwhile.
+    /// after the lock is released, as the serving cores look up blocks meanwhile. `blocks`
+    /// is iterated under the lock: it must not use the cache.
     pub fn insert_all<'a>(
         &self,
         blocks: impl IntoIterator<Item = (&'a BlockPointer, Arc<AlignedBuf>)>,

@@ -811,6 +811,8 @@ async fn write_volumes(
         if !raw {
             spa.pool().cache().insert_all(linked.iter().map(|p| (&p.bp, Arc::clone(&p.data))));
         }
+        // Not held across the tree update: the cache has the buffers it keeps.
+        drop(linked);
         spa.release_prewritten(txg, unused).await;
         let grown = objset::grow_levels(ctx, entry.root, disk_levels, entry.levels).await?;
         let root = if updates.is_empty() {
