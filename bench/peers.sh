@@ -11,7 +11,7 @@
 #                  4 KiB writes and the reads only
 #   sluice-mirror  (--mirror) the same on a 2-way mirror of two files, as the default pool is
 #                  (the quick start's layout and leaf kind); every job
-#   sluice-nolz4   (--mirror too) the same with the volume's compression off, every job, so
+#   sluice-nolz4   (--mirror too, or named in --targets) the same with the volume's compression off, every job, so
 #                  that the CPU sluice spends on lz4 shows apart from the rest
 #   sluice-bsN     (--volblock N, say 4K or 8K) the same with a volume of N blocks; the mixed
 #                  small-write job only
@@ -332,7 +332,8 @@ fi
 # lz4's own cost: the volume's compression off. Every job, so that its pool ages as the
 # default's does: with the 1 MiB writes alone its free space stayed whole while the 4 KiB
 # random writes scattered sluice's, and the difference counted as lz4's (2026-11-29).
-if [ "$mirror" = 1 ] && wanted sluice-nolz4; then
+# With --mirror, or when --targets names it: a run of a few jobs needs it for the CPU goal rows.
+if { [ "$mirror" = 1 ] && wanted sluice-nolz4; } || [[ ",$only_targets," == *",sluice-nolz4,"* ]]; then
   sluice_target sluice-nolz4 "the same with the volume's compression off" "${all_jobs[*]}" single "--compression off"
 fi
 for b in ${volblocks[@]+"${volblocks[@]}"}; do
