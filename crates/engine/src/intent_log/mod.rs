@@ -1176,11 +1176,8 @@ impl LogWriter {
         let capacity = state.next_address.len_bytes as usize;
         let last = records.last().map_or(0, LogRecord::sequence);
         let count = records.len() as u32;
-        let mut writes: Vec<DataWrite> =
+        let writes: Vec<DataWrite> =
             records.iter().filter_map(|r| state.data_writes.remove(&r.sequence())).collect();
-        // The records of one run of blocks share its write (a record per block): each is
-        // awaited once.
-        writes.dedup_by(|a, b| a.ptr_eq(b));
         let txg = records.iter().map(LogRecord::txg).max().unwrap_or(0);
         // The successor must hold at least the next record waiting, if one is.
         let least = state.pending.front().map_or(0, |r| LOG_HEADER_BYTES + state.record_len(r));
@@ -1265,7 +1262,8 @@ impl LogWriter {
     async fn write_with_data(&self, pool: &Pool, lwbs: &[&Lwb], one_by_one: bool) -> bool {
         let mut data_writes: Vec<DataWrite> =
             lwbs.iter().flat_map(|lwb| lwb.writes.iter().cloned()).collect();
-        // A run's records may end one lwb and begin the next.
+        // The records of one run of blocks share its write (a record per block), and may end
+        // one lwb and begin the next: each write is awaited once.
         data_writes.dedup_by(|a, b| a.ptr_eq(b));
         let data_writes = join_all(data_writes);
         let lwb_writes = join_all(lwbs.iter().map(|&lwb| async move {
