@@ -262,12 +262,19 @@ pub async fn update_tree(
         }
         return Ok(updates[&0]);
     }
-    // New pointers of the level below the one being rebuilt, by block number in that level.
-    let mut below = updates.clone();
+    // New pointers of the level below the one being rebuilt, by block number in that level:
+    // at level 1 the caller's own map, which is not copied.
+    let mut below: BTreeMap<u64, Option<BlockPointer>> = BTreeMap::new();
     for level in 1..=levels {
-        let mut nodes: Vec<u64> = below.keys().map(|&child| child / INDIRECT_BPS).collect();
+        let changes = if level == 1 { updates } else { &below };
+        let mut nodes: Vec<u64> = changes.keys().map(|&child| child / INDIRECT_BPS).collect();
         nodes.dedup();
-        let (pool, changes) = (ctx.pool, &below);
+        // A level's rebuilt nodes are born once each and replace at most their old selves and,
+        // at level 1, the data blocks they pointed at: reserved at once, so that a sync of
+        // thousands of blocks does not regrow (and copy) these lists of large pointers.
+        ctx.born.reserve(nodes.len());
+        ctx.replaced.reserve(nodes.len() + if level == 1 { changes.len() } else { 0 });
+        let pool = ctx.pool;
         let rebuilt: Vec<Vec<Written>> = futures::stream::iter(
             nodes.into_iter().map(|node| rebuild_node(pool, root, levels, level, node, changes)),
         )
@@ -278,12 +285,13 @@ pub async fn update_tree(
         .try_buffer_unordered(SPANS_IN_FLIGHT)
         .try_collect()
         .await?;
-        below = BTreeMap::new();
+        let mut above = BTreeMap::new();
         for (node, bp, mut replaced) in rebuilt.into_iter().flatten() {
-            below.insert(node, bp);
+            above.insert(node, bp);
             ctx.born.extend(bp);
             ctx.replaced.append(&mut replaced);
         }
+        below = above;
     }
     assert!(below.len() == 1 && below.contains_key(&0), "the top level is the root alone");
     Ok(below[&0])

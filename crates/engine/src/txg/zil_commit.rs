@@ -12,7 +12,7 @@
 //! right to sync ([`SyncHandle`]), not the store. The logs' pool-wide object, the claim and
 //! the replay at import are zil.rs's.
 
-use std::collections::hash_map::{Entry, HashMap};
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use futures::FutureExt;
@@ -284,7 +284,8 @@ impl LogCommit<'_> {
         // the newer bytes it gets are as good as a copy of the current block (below); import's
         // claim takes a block pointed at twice once (`zil::claim_indirect`).
         let mut place: Vec<(Arc<AlignedBuf>, Vec<&LogRecord>)> = Vec::new();
-        let mut placed_at: HashMap<u64, usize> = HashMap::new();
+        let mut placed_at: foldhash::HashMap<u64, usize> =
+            foldhash::HashMap::with_capacity_and_hasher(claimed.len(), Default::default());
         let mut copy: Vec<&LogRecord> = Vec::new();
         let mut syncing: Vec<&LogRecord> = Vec::new();
         {
