@@ -265,6 +265,8 @@ struct Lwb {
     records: u32,
     /// The encoded block, in the aligned buffer it is written from.
     bytes: SharedBuf,
+    /// The data writes of its records logged by pointer, one per record: a run's records
+    /// share one write, which `write_with_data` awaits once.
     writes: Vec<DataWrite>,
     /// `Auto`: when the group this lwb opens was formed (`None` for the rest).
     group_formed: Option<crate::rt::Time>,
