@@ -6,10 +6,11 @@
 //! server keeps no state per watcher and any number of them can watch at once. The first
 //! report covers the time since import, as `zpool iostat` does.
 //!
-//! Rows: the pool, each top-level vdev and each leaf (I/Os and bytes per second, flushes, what
-//! is queued and in the device now, and the depth the device queue allows), then each volume
-//! (client requests per second), then the intent log and txg syncs. A mirror's and the pool's
-//! rows add up their leaves' I/Os, so a mirrored write counts once per copy. With `--latency`,
+//! Rows: the pool, each top-level vdev and each leaf (I/Os and bytes per second, flushes, how
+//! often the txg sync's writes waited for the intent log's flushes (`paced`), what is queued
+//! and in the device now, and the depth the device queue allows), then each volume (client
+//! requests per second), then the intent log and txg syncs. A mirror's and the pool's rows add
+//! up their leaves' I/Os, so a mirrored write counts once per copy. With `--latency`,
 //! percentiles per I/O class for each leaf (queued to done) and per request type for each
 //! volume (arrival to answer, which includes waiting for the log).
 
@@ -103,6 +104,7 @@ fn leaf_since(now: &LeafSnapshot, earlier: Option<&LeafSnapshot>) -> LeafSnapsho
         read_bytes: was(|l| l.read_bytes),
         write_bytes: was(|l| l.write_bytes),
         flushes: was(|l| l.flushes),
+        sync_paced: was(|l| l.sync_paced),
         read_errors: was(|l| l.read_errors),
         write_errors: was(|l| l.write_errors),
         flush_errors: was(|l| l.flush_errors),
@@ -235,6 +237,7 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
                 "read_bytes_per_s": per_second(l.read_bytes),
                 "write_bytes_per_s": per_second(l.write_bytes),
                 "flushes_per_s": per_second(l.flushes),
+                "sync_paced_per_s": per_second(l.sync_paced),
                 "errors": l.errors(),
                 "queued": l.queued,
                 "active": l.active_total(),
@@ -336,20 +339,21 @@ fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> 
     let mut out = String::new();
     let span = if earlier.is_some() { "the last" } else { "since import," };
     out.push_str(&format!(
-        "pool {}: {span} {:.1} s, per second\n{:<36} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>6} {:>5} {:>6}\n",
-        d.pool, seconds, "vdev", "reads", "writes", "read", "written", "flushes", "queued",
-        "active", "depth", "errors"
+        "pool {}: {span} {:.1} s, per second\n{:<36} {:>7} {:>7} {:>8} {:>8} {:>7} {:>6} {:>7} {:>6} {:>5} {:>6}\n",
+        d.pool, seconds, "vdev", "reads", "writes", "read", "written", "flushes", "paced",
+        "queued", "active", "depth", "errors"
     ));
     let row = |name: String, leaves: &[&LeafSnapshot], depth: Option<u64>| -> String {
         let sum = |f: fn(&LeafSnapshot) -> u64| leaves.iter().map(|l| f(l)).sum::<u64>();
         format!(
-            "{:<36} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>6} {:>5} {:>6}\n",
+            "{:<36} {:>7} {:>7} {:>8} {:>8} {:>7} {:>6} {:>7} {:>6} {:>5} {:>6}\n",
             name,
             rate(sum(|l| l.reads)),
             rate(sum(|l| l.writes)),
             bytes(sum(|l| l.read_bytes)),
             bytes(sum(|l| l.write_bytes)),
             rate(sum(|l| l.flushes)),
+            rate(sum(|l| l.sync_paced)),
             sum(|l| l.queued),
             sum(LeafSnapshot::active_total),
             depth.map_or(String::new(), |x| x.to_string()),

@@ -444,6 +444,13 @@ const LEAF_COUNTERS: &[Figure<LeafSnapshot>] = &[
     figure("leaf_read", "Bytes a leaf read.", Bytes, |l| l.read_bytes),
     figure("leaf_written", "Bytes a leaf wrote.", Bytes, |l| l.write_bytes),
     figure("leaf_flushes", "Cache flushes a leaf completed.", Count, |l| l.flushes),
+    figure(
+        "leaf_sync_paced",
+        "Times the txg sync's writes to a leaf waited for the intent log's flushes there \
+         (vdev.sync_pace_bytes).",
+        Count,
+        |l| l.sync_paced,
+    ),
     figure("leaf_repairs", "Bad copies on a leaf rewritten from a good one.", Count, |l| l.repairs),
     figure("leaf_aggregated", "I/Os that rode in another I/O's device command.", Count, |l| {
         l.aggregated

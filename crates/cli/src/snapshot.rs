@@ -112,6 +112,10 @@ pub struct LeafSnapshot {
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub flushes: u64,
+    /// Times the txg sync's writes waited for the intent log's flushes
+    /// (`vdev.sync_pace_bytes`).
+    #[serde(default)]
+    pub sync_paced: u64,
     pub read_errors: u64,
     pub write_errors: u64,
     pub flush_errors: u64,
@@ -330,6 +334,7 @@ impl PoolSnapshot {
                     read_bytes: s.read_bytes.get(),
                     write_bytes: s.write_bytes.get(),
                     flushes: s.flushes.get(),
+                    sync_paced: s.sync_paced.get(),
                     read_errors: s.read_errors.get(),
                     write_errors: s.write_errors.get(),
                     flush_errors: s.flush_errors.get(),

@@ -508,3 +508,88 @@ fn offline_child_gets_no_io_and_degraded_child_is_a_last_resort() {
     assert_eq!(second.stats().reads.get(), 6);
     assert_eq!(second.stats().repairs.get(), 1);
 }
+
+/// While the intent log writes, a leaf paces the txg sync's writes between its flushes
+/// (`vdev.sync_pace_bytes`): a flush a log block waits on carries at most about the budget of
+/// the sync's data, where without pacing the sync's burst of megabytes lands before one.
+/// Once the log stops, the sync's writes still held go out with no completion to issue them
+/// (the leaf's timer does).
+#[test]
+fn the_syncs_writes_are_paced_between_the_logs_flushes() {
+    use sluice_engine::device::sim::SsdParams;
+    use sluice_engine::device::DeviceOp;
+
+    const SYNC_AT: u64 = 16 << 20;
+    const WRITE_BYTES: u64 = 64 << 10;
+    for pace in ["256K", "0"] {
+        let sim = Sim::new(29);
+        let env = sim.env();
+        // A fixed depth (ZFS's), so that the unpaced burst does not depend on a measured one.
+        let tunables =
+            Tunables::with([("vdev.sync_pace_bytes", pace), ("vdev.max_active", "1000")]).unwrap();
+        // Flushes slow against writes, as a disk's cache writing back is.
+        let profile = SimProfile::Ssd(SsdParams {
+            flush_latency: std::time::Duration::from_millis(2),
+            ..SsdParams::default()
+        });
+        let options = SimOptions { store_data: false, record_log: true };
+        let device = SimDevice::new(&env, "leaf", profile, DEVICE_BYTES, options);
+        let leaf = Leaf::new(VdevId(1), &env, Arc::new(device.clone()), &tunables);
+        let l = Arc::clone(&leaf);
+        sim.run(async move {
+            let log = |i: u64| {
+                let l = Arc::clone(&l);
+                async move {
+                    let block = SharedBuf::copy_from(&[7u8; 4096]);
+                    l.write_flushed(i * 4096, block, IoClass::LogWrite, true).await.unwrap()
+                }
+            };
+            // The sync's writes, with gaps between them so that none merge.
+            let sync = |first: u64, count: u64| {
+                futures::future::join_all((first..first + count).map(|i| {
+                    let l = Arc::clone(&l);
+                    async move {
+                        let data = SharedBuf::copy_from(&[9u8; WRITE_BYTES as usize]);
+                        l.write(SYNC_AT + i * 2 * WRITE_BYTES, data, IoClass::AsyncWrite)
+                            .await
+                            .unwrap()
+                    }
+                }))
+            };
+            log(0).await;
+            // 8 MiB of the sync's writes queued at once while the log writes 50 blocks.
+            let logs = async {
+                for i in 1..=50 {
+                    log(i).await;
+                }
+            };
+            futures::future::join(sync(0, 128), logs).await;
+            // The log has stopped: 2 MiB more still go.
+            sync(128, 32).await;
+        })
+        .unwrap();
+        let mut carried = 0;
+        let mut carried_max = 0;
+        let mut sync_bytes = 0;
+        for entry in device.write_log() {
+            match entry.op {
+                DeviceOp::Write if entry.offset_bytes >= SYNC_AT => {
+                    carried += entry.len_bytes;
+                    sync_bytes += entry.len_bytes;
+                }
+                DeviceOp::Flush => {
+                    carried_max = std::mem::replace(&mut carried, 0).max(carried_max);
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(sync_bytes, 160 * WRITE_BYTES, "every write of the sync done");
+        if pace == "0" {
+            assert!(carried_max >= 2 << 20, "unpaced, a flush carries the burst: {carried_max}");
+        } else {
+            // The budget per flush; twice it, as a write issued at one flush's completion may
+            // complete after the next flush began.
+            assert!(carried_max <= 2 * (256 << 10), "paced, a flush carried {carried_max} bytes");
+        }
+    }
+}

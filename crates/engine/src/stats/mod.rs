@@ -241,6 +241,9 @@ pub struct LeafStats {
     pub read_bytes: Counter,
     pub write_bytes: Counter,
     pub flushes: Counter,
+    /// Times the txg sync's writes waited for the intent log's flushes
+    /// (`vdev.sync_pace_bytes`).
+    pub sync_paced: Counter,
     pub read_errors: Counter,
     pub write_errors: Counter,
     pub flush_errors: Counter,

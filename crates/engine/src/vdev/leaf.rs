@@ -166,6 +166,11 @@ pub struct Leaf {
     /// asked meanwhile must not take its start for its end.
     writes_done: AtomicU64,
     flushed_through: AtomicU64,
+    /// A timer is set to issue async writes the pace holds ([`Scheduler::paced_until`]).
+    pace_timer: std::sync::atomic::AtomicBool,
+    /// An intent-log or sync write completed here that no flush has covered yet: the next
+    /// flush is one a client waits on (the pace's rule 7 counts it as the log's).
+    log_unflushed: std::sync::atomic::AtomicBool,
     /// Where the leaf's events go, and the path they name it by: set once by the pool that
     /// opens it (a leaf outside a pool, as in the vdev tests, posts none).
     watch: std::sync::OnceLock<Watch>,
@@ -248,6 +253,8 @@ impl Leaf {
             behind: std::sync::atomic::AtomicBool::new(false),
             writes_done: AtomicU64::new(0),
             flushed_through: AtomicU64::new(0),
+            pace_timer: std::sync::atomic::AtomicBool::new(false),
+            log_unflushed: std::sync::atomic::AtomicBool::new(false),
             watch: std::sync::OnceLock::new(),
             bursts: Mutex::new(Default::default()),
             diagnosis: Mutex::new(Diagnosis {
@@ -592,6 +599,9 @@ impl Leaf {
                 self.stats.write_bytes.add(len);
                 if !durable {
                     self.writes_done.fetch_add(1, Ordering::AcqRel);
+                    if matches!(class, IoClass::LogWrite | IoClass::SyncWrite) {
+                        self.log_unflushed.store(true, Ordering::Release);
+                    }
                 }
             }
             Err(_) => {
@@ -609,14 +619,20 @@ impl Leaf {
 
     /// Flushes the device's cache. It covers the writes completed before it began, once it
     /// has completed.
-    pub async fn flush(&self) -> Result<(), VdevError> {
+    pub async fn flush(self: &Arc<Self>) -> Result<(), VdevError> {
         let covers = self.writes_done.load(Ordering::Acquire);
         if let Err(offline) = self.check_online() {
             self.note_flush_missed(covers);
             return Err(offline);
         }
         self.stats.flushes.inc();
+        let for_log = self.log_unflushed.swap(false, Ordering::AcqRel);
+        let in_flight = FlushInFlight::start(self);
         let result = self.device.flush().await.map_err(|e| self.device_error(e));
+        in_flight.end(result.is_ok(), for_log);
+        for queue in 0..self.queues.len() {
+            self.pump(queue, None);
+        }
         if result.is_ok() {
             self.flushed_through.fetch_max(covers, Ordering::AcqRel);
         } else {
@@ -693,8 +709,23 @@ impl Leaf {
         is_own: Option<&dyn Fn(&Waiter) -> bool>,
     ) -> Option<OwnIssue> {
         let mut own = None;
+        let now = self.env.now();
         loop {
-            let Some(issue) = self.queues[queue].lock().next_issue() else { return own };
+            let (issue, paced_until) = {
+                let mut scheduler = self.queues[queue].lock();
+                let issue = scheduler.next_issue(now);
+                let paced_until = if issue.is_none() { scheduler.paced_until() } else { None };
+                if paced_until.is_some() && scheduler.pace_hold_started() {
+                    self.stats.sync_paced.inc();
+                }
+                (issue, paced_until)
+            };
+            let Some(issue) = issue else {
+                if let Some(at) = paced_until {
+                    self.set_pace_timer(at);
+                }
+                return own;
+            };
             let single_own = own.is_none()
                 && issue.members.len() == 1
                 && is_own.is_some_and(|is_own| is_own(&issue.members[0].payload.0));
@@ -705,6 +736,31 @@ impl Leaf {
             let leaf = Arc::clone(self);
             self.env.spawn("vdev_io", async move { leaf.execute(queue, issue).await });
         }
+    }
+
+    /// Issues the async writes the pace holds once it lets them go, unless a completion comes
+    /// first (one timer per leaf: it pumps every queue).
+    fn set_pace_timer(self: &Arc<Self>, at: crate::rt::Time) {
+        if self.pace_timer.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        /// Lets the next hold set a timer, even when this one's task is dropped unfinished.
+        struct Disarm(Arc<Leaf>);
+        impl Drop for Disarm {
+            fn drop(&mut self) {
+                self.0.pace_timer.store(false, Ordering::Release);
+            }
+        }
+        let disarm = Disarm(Arc::clone(self));
+        let env = self.env.clone();
+        self.env.spawn("vdev_pace", async move {
+            env.sleep_until(at).await;
+            let leaf = Arc::clone(&disarm.0);
+            drop(disarm);
+            for queue in 0..leaf.queues.len() {
+                leaf.pump(queue, None);
+            }
+        });
     }
 
     /// Runs one device command and hands each member its result.
@@ -773,6 +829,7 @@ impl Leaf {
                     self.device.write_at(issue.offset, data).await
                 } else {
                     self.stats.flushes.inc();
+                    let in_flight = FlushInFlight::start(&self);
                     let result = match self.device.write_durable_at(issue.offset, data.clone()) {
                         Some(fused) => fused.await,
                         None => match self.device.write_at(issue.offset, data).await {
@@ -782,6 +839,12 @@ impl Leaf {
                     };
                     if result.is_err() {
                         self.stats.flush_errors.inc();
+                    }
+                    in_flight.end(result.is_ok(), true);
+                    // This queue is pumped as the slots are released; the others may hold
+                    // async writes the flush's completion lets go.
+                    for other in (0..self.queues.len()).filter(|q| *q != queue) {
+                        self.pump(other, None);
                     }
                     result
                 };
@@ -816,6 +879,43 @@ impl Leaf {
         }
         self.queues[queue].lock().done(class, members, bytes, self.env.now());
         self.pump(queue, None);
+    }
+}
+
+/// A flush (or durable write) every submission queue's pace counts in flight until it ends
+/// (rule 7 of `vdev::queue`); one abandoned with its task ends as not flushed, so a pace never
+/// waits for a completion that cannot come.
+struct FlushInFlight<'a> {
+    leaf: &'a Leaf,
+    ended: bool,
+}
+
+impl<'a> FlushInFlight<'a> {
+    fn start(leaf: &'a Leaf) -> FlushInFlight<'a> {
+        for queue in &leaf.queues {
+            queue.lock().flush_started();
+        }
+        FlushInFlight { leaf, ended: false }
+    }
+
+    fn end(mut self, flushed: bool, for_log: bool) {
+        self.finish(flushed, for_log);
+    }
+
+    fn finish(&mut self, flushed: bool, for_log: bool) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        let now = self.leaf.env.now();
+        for queue in &self.leaf.queues {
+            queue.lock().flush_done(flushed, for_log, now);
+        }
+    }
+}
+
+impl Drop for FlushInFlight<'_> {
+    fn drop(&mut self) {
+        self.finish(false, false);
     }
 }
 

@@ -20,6 +20,10 @@
 //!    to 137 IOPS). On rotational leaves a contiguous aggregate costs one positioning plus its
 //!    transfer, so it counts as one command, as in ZFS; counting members there stopped merging
 //!    whenever a single slot freed and cost sequential readers a third of their bandwidth.
+//! 7. With `vdev.sync_pace_bytes` set (it is off by default), while the intent log flushes
+//!    the leaf, async writes (the txg sync's) are paced: after that many bytes of them, the
+//!    rest wait for the next flush to complete, or with none in flight for a millisecond to
+//!    pass ([`SyncPace`]).
 //!
 //! Why per-class maxima matter (seed 003): a sync write that reaches a device holding hundreds
 //! of streaming reads waits behind all of them. Keeping reads below the depth leaves the write a
@@ -75,6 +79,9 @@ pub struct QueueLimits {
     /// With `auto`, sync reads may deepen the queue while no write shares the device (see
     /// [`DepthController`]): on non-rotational leaves only.
     pub deepen_alone: bool,
+    /// Async write bytes allowed between two durable completions while the intent log writes
+    /// here (rule 7; 0: no pacing).
+    pub sync_pace_bytes: u64,
 }
 
 impl QueueLimits {
@@ -94,6 +101,7 @@ impl QueueLimits {
             count_members: !rotational,
             auto_depth: tunables.is_auto(Tunable::VdevMaxActive),
             deepen_alone: !rotational,
+            sync_pace_bytes: tunables.get(Tunable::SyncPaceBytes),
         }
     }
 }
@@ -140,6 +148,7 @@ pub struct Scheduler<T> {
     /// Queued I/Os of the throughput classes (for the depth controller's demand test).
     queued_throughput: usize,
     depth: Option<DepthController>,
+    pace: SyncPace,
 }
 
 /// Classes whose depth `auto` measures: they move data in bulk and are judged by throughput.
@@ -172,6 +181,7 @@ impl<T> Scheduler<T> {
             next_id: 0,
             queued_throughput: 0,
             depth: limits_auto(&limits).then(|| DepthController::new(limits.deepen_alone)),
+            pace: SyncPace::new(limits.sync_pace_bytes),
             limits,
         }
     }
@@ -271,13 +281,47 @@ impl<T> Scheduler<T> {
         self.queued.insert(id, (key, io));
     }
 
-    /// The next command to send to the device, if the limits allow one.
-    pub fn next_issue(&mut self) -> Option<Issue<T>> {
+    /// Records that a flush of the device (or a durable write, which ends with one) was
+    /// issued (rule 7).
+    pub fn flush_started(&mut self) {
+        self.pace.flush_started();
+    }
+
+    /// Records that a flush [`Scheduler::flush_started`] counted ended at `now`: `flushed`
+    /// unless it failed or was abandoned, and `for_log` if the intent log waited on it.
+    pub fn flush_done(&mut self, flushed: bool, for_log: bool, now: Time) {
+        self.pace.flush_done(flushed, for_log, now);
+    }
+
+    /// When the last [`Scheduler::next_issue`] passed over queued async writes for the pace
+    /// (rule 7): the time the pace lets them go at the latest, for a timer to issue them then
+    /// if no completion comes first.
+    pub fn paced_until(&self) -> Option<Time> {
+        if self.by_class[IoClass::AsyncWrite.index()].is_empty() {
+            return None;
+        }
+        self.pace.held_until()
+    }
+
+    /// Whether async writes are held by the pace now for the first time since its last refill:
+    /// how often the sync waited for the log's flushes, for the leaf's statistics.
+    pub fn pace_hold_started(&mut self) -> bool {
+        if self.paced_until().is_none() || self.pace.hold_counted {
+            return false;
+        }
+        self.pace.hold_counted = true;
+        true
+    }
+
+    /// The next command to send to the device at `now`, if the limits allow one.
+    pub fn next_issue(&mut self, now: Time) -> Option<Issue<T>> {
+        self.pace.held_at = None;
         let total_max = self.total_max();
         if self.active_total >= total_max {
             return None;
         }
-        let class = self.class_to_issue()?;
+        let paced = self.pace.holds(now);
+        let class = self.class_to_issue(paced)?;
         let id = self.pick_in_class(class)?;
         let slots = total_max - self.active_total;
         let class_slots = self
@@ -289,12 +333,22 @@ impl<T> Scheduler<T> {
         } else {
             usize::MAX
         };
-        let issue = self.aggregate(id, members_max);
+        let span_max = match class {
+            IoClass::AsyncWrite => self.pace.span_max(now),
+            _ => None,
+        };
+        let issue = self.aggregate(id, members_max, span_max);
         let carried = if self.limits.count_members { issue.members.len() as u32 } else { 1 };
         self.active[class.index()] += carried;
         self.active_total += carried;
         self.last_class = class.index();
         self.last_end = issue.offset + issue.len;
+        // Async writes a command of another class absorbed count as well.
+        let async_bytes: u64 =
+            issue.members.iter().filter(|m| m.class == IoClass::AsyncWrite).map(|m| m.len).sum();
+        if async_bytes > 0 {
+            self.pace.spend(async_bytes);
+        }
         Some(issue)
     }
 
@@ -323,8 +377,11 @@ impl<T> Scheduler<T> {
         }
     }
 
-    fn class_to_issue(&self) -> Option<IoClass> {
-        let waiting = |c: IoClass| !self.by_class[c.index()].is_empty();
+    /// The class to serve next; async writes are passed over while `paced`.
+    fn class_to_issue(&self, paced: bool) -> Option<IoClass> {
+        let waiting = |c: IoClass| {
+            !(self.by_class[c.index()].is_empty() || (paced && c == IoClass::AsyncWrite))
+        };
         // Pass one: round-robin over classes below their minimum.
         for step in 1..=IoClass::COUNT {
             let class = IoClass::ALL[(self.last_class + step) % IoClass::COUNT];
@@ -360,14 +417,17 @@ impl<T> Scheduler<T> {
         Some(io)
     }
 
-    /// Removes `id` and up to `members_max - 1` neighbours it can absorb; returns them as one
+    /// Removes `id` and up to `members_max - 1` neighbours it can absorb, within `span_max`
+    /// bytes if given (the pace's budget: the seed goes whatever its size); returns them as one
     /// command.
-    fn aggregate(&mut self, id: u64, members_max: usize) -> Issue<T> {
+    fn aggregate(&mut self, id: u64, members_max: usize, span_max: Option<u64>) -> Issue<T> {
         let Some(seed) = self.take(id) else {
             unreachable!("vdev queue: picked I/O {id} is not queued");
         };
         let direction = seed.direction;
-        let limit = self.limits.aggregation_limit_bytes;
+        let limit = span_max.map_or(self.limits.aggregation_limit_bytes, |max| {
+            max.min(self.limits.aggregation_limit_bytes)
+        });
         let gap_limit = match direction {
             Direction::Read => self.limits.read_gap_limit_bytes,
             Direction::Write => 0,
@@ -409,6 +469,124 @@ impl<T> Scheduler<T> {
         members.sort_by_key(|io| io.offset);
         debug_assert!(members.windows(2).all(|w| w[0].offset + w[0].len <= w[1].offset));
         Issue { class, direction, offset: start, len: end - start, members }
+    }
+}
+
+/// Pacing ends this long after the intent log's last flush here: with no client waiting on a
+/// flush, the sync's writes go out at the device's pace.
+const PACE_LOG_IDLE: std::time::Duration = std::time::Duration::from_millis(10);
+/// With no flush in flight, the pace's budget refills at least this often: the sync is held to
+/// no less than `vdev.sync_pace_bytes` per period (250 MiB/s at 256 KiB), so a log that
+/// flushes rarely cannot starve it. While a flush is in flight only its completion refills:
+/// what goes out meanwhile lands on the next flush, and a slow flush that let more through
+/// would make the next one slower still.
+const PACE_REFILL: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Rule 7: the txg sync's writes spread between the flushes clients wait on.
+///
+/// A leaf without FUA (a file, a virtio disk with a write-back cache) makes an intent-log
+/// block durable by writing it and flushing the device, and a flush writes back everything
+/// the cache holds. A txg sync issuing its data as fast as the device takes it leaves
+/// megabytes there, and the next log flush carries them: device flushes of 100 to 500 ms on a
+/// virtio disk, every client stalled behind one (a block-layer trace of 8 clients writing 4
+/// KiB and flushing, docs/bench/peers-notes.md, 2026-12-02). Held to a budget per flush, each
+/// log flush carries a bounded share of the sync's data (the budget, and at most one command
+/// over it), and the sync still writes many times faster than the log's clients dirty data.
+/// Without the log flushing here (streaming, no sync clients) nothing is held. It is off by
+/// default: a constant budget trades IOPS and a lone client's tail for the tail of many
+/// (docs/design.md, Device queues).
+#[derive(Debug)]
+struct SyncPace {
+    /// `vdev.sync_pace_bytes`; 0 turns pacing off.
+    bytes: u64,
+    /// What may still be issued before the next refill.
+    budget: u64,
+    refilled: Time,
+    /// When a flush the intent log waited on (a durable log write, or a flush after log
+    /// writes) last completed here.
+    log_flushed: Option<Time>,
+    /// Flushes (and durable writes) issued and not yet completed.
+    flushes_in_flight: u32,
+    /// When the last [`Scheduler::next_issue`] found async writes held, the time it looked.
+    held_at: Option<Time>,
+    /// The hold since the last refill has been counted ([`Scheduler::pace_hold_started`]).
+    hold_counted: bool,
+}
+
+impl SyncPace {
+    fn new(bytes: u64) -> SyncPace {
+        SyncPace {
+            bytes,
+            budget: bytes,
+            refilled: Time::ZERO,
+            log_flushed: None,
+            flushes_in_flight: 0,
+            held_at: None,
+            hold_counted: false,
+        }
+    }
+
+    fn flush_started(&mut self) {
+        self.flushes_in_flight += 1;
+    }
+
+    fn flush_done(&mut self, flushed: bool, for_log: bool, now: Time) {
+        assert!(self.flushes_in_flight > 0, "vdev queue: completion of a flush never started");
+        self.flushes_in_flight -= 1;
+        if flushed {
+            if for_log {
+                self.log_flushed = Some(now);
+            }
+            self.refill(now);
+        }
+    }
+
+    fn refill(&mut self, now: Time) {
+        self.budget = self.bytes;
+        self.refilled = now;
+        self.hold_counted = false;
+    }
+
+    /// Whether the budget applies at `now`: the log flushes here.
+    fn active(&self, now: Time) -> bool {
+        self.bytes > 0
+            && self
+                .log_flushed
+                .is_some_and(|at| self.flushes_in_flight > 0 || now.since(at) < PACE_LOG_IDLE)
+    }
+
+    /// Whether async writes are held at `now`; refills the budget when its period has passed.
+    fn holds(&mut self, now: Time) -> bool {
+        let held = self.budget == 0
+            && self.active(now)
+            && (self.flushes_in_flight > 0 || now.since(self.refilled) < PACE_REFILL);
+        if self.budget == 0 && !held {
+            self.refill(now);
+        }
+        self.held_at = held.then_some(now);
+        held
+    }
+
+    /// The most bytes one async command may span now: the budget while it applies.
+    fn span_max(&self, now: Time) -> Option<u64> {
+        self.active(now).then_some(self.budget)
+    }
+
+    /// If the last look found async writes held, the latest time to look again: the next
+    /// refill or the end of pacing, or with a flush in flight (whose completion refills) a
+    /// period later. Always after that look.
+    fn held_until(&self) -> Option<Time> {
+        let at = self.held_at?;
+        if self.flushes_in_flight > 0 {
+            return Some(at.plus(PACE_REFILL));
+        }
+        let idle = self.log_flushed.map_or(at, |t| t.plus(PACE_LOG_IDLE));
+        Some(self.refilled.plus(PACE_REFILL).min(idle))
+    }
+
+    /// Async writes of `len` bytes were issued: the command that crosses the budget still goes.
+    fn spend(&mut self, len: u64) {
+        self.budget = self.budget.saturating_sub(len);
     }
 }
 

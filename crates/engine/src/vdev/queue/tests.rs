@@ -36,7 +36,7 @@ fn sync_write_passes_queued_reads() {
     }
     scheduler.enqueue(io(IoClass::SyncWrite, Direction::Write, 1 << 40, 8192), Time::ZERO);
     let mut issued = Vec::new();
-    while let Some(issue) = scheduler.next_issue() {
+    while let Some(issue) = scheduler.next_issue(Time::ZERO) {
         issued.push((issue.class, issue.offset));
     }
     assert_eq!(issued.len(), 13);
@@ -53,10 +53,10 @@ fn adjacent_ios_aggregate() {
     scheduler.enqueue(io(IoClass::SyncRead, Direction::Read, 8192 + 4096, 4096), Time::ZERO);
     scheduler.enqueue(io(IoClass::AsyncWrite, Direction::Write, 8192, 4096), Time::ZERO);
     scheduler.enqueue(io(IoClass::AsyncWrite, Direction::Write, 16384, 4096), Time::ZERO);
-    let first = scheduler.next_issue().unwrap();
+    let first = scheduler.next_issue(Time::ZERO).unwrap();
     // Sync read first (priority), absorbing the two reads before it across a 4 KiB gap.
     assert_eq!((first.offset, first.len, first.members.len()), (0, 16384, 3));
-    let second = scheduler.next_issue().unwrap();
+    let second = scheduler.next_issue(Time::ZERO).unwrap();
     assert_eq!(second.direction, Direction::Write);
     assert_eq!(second.members.len(), 1, "writes 8192 and 16384 are not contiguous");
 }
@@ -71,7 +71,7 @@ fn minimums_prevent_starvation() {
             .enqueue(io(IoClass::Scrub, Direction::Read, (i << 30) + (1 << 29), 4096), Time::ZERO);
     }
     let mut scrub = 0;
-    while let Some(issue) = scheduler.next_issue() {
+    while let Some(issue) = scheduler.next_issue(Time::ZERO) {
         scrub += u32::from(issue.class == IoClass::Scrub);
     }
     assert_eq!(scrub, 3, "scrub reaches its maximum of 3 only after its minimum turn");
@@ -203,12 +203,12 @@ fn depth_gained_alone_is_for_sync_reads() {
         // Far apart, so none merge.
         queue.enqueue(io(IoClass::Scrub, Direction::Read, i << 30, 4096), now);
     }
-    while queue.next_issue().is_some() {}
+    while queue.next_issue(Time::ZERO).is_some() {}
     assert_eq!(queue.active(IoClass::Scrub), held, "a scrub alone");
     for i in 0..512u64 {
         queue.enqueue(io(IoClass::SyncRead, Direction::Read, (512 + i) << 30, 4096), now);
     }
-    while queue.next_issue().is_some() {}
+    while queue.next_issue(Time::ZERO).is_some() {}
     let reads = queue.active(IoClass::SyncRead);
     assert_eq!(reads + held, DEPTH_AUTO_ALONE_MAX, "sync reads got {reads} slots");
 }
@@ -225,14 +225,14 @@ fn writes_after_a_time_alone_do_not_wait_for_reads() {
     for i in 0..512u64 {
         queue.enqueue(io(IoClass::SyncRead, Direction::Read, i << 30, 4096), now);
     }
-    while queue.next_issue().is_some() {}
+    while queue.next_issue(Time::ZERO).is_some() {}
     assert_eq!(queue.active(IoClass::SyncRead), DEPTH_AUTO_ALONE_MAX);
     for i in 0..4u64 {
         queue.enqueue(io(IoClass::SyncWrite, Direction::Write, (1 << 40) + (i << 30), 4096), now);
     }
     assert!(queue.depth() <= 16, "the writes brought the depth back to {}", queue.depth());
     let mut writes = 0;
-    while let Some(issue) = queue.next_issue() {
+    while let Some(issue) = queue.next_issue(Time::ZERO) {
         assert_eq!(issue.class, IoClass::SyncWrite, "a read went out past the depth");
         writes += 1;
     }
@@ -249,7 +249,7 @@ fn auto_leaves_room_for_sync_writes() {
     scheduler.enqueue(io(IoClass::LogWrite, Direction::Write, 1 << 50, 4096), Time::ZERO);
     let mut reads = 0;
     let mut log_writes = 0;
-    while let Some(issue) = scheduler.next_issue() {
+    while let Some(issue) = scheduler.next_issue(Time::ZERO) {
         match issue.class {
             IoClass::SyncRead => reads += 1,
             IoClass::LogWrite => log_writes += 1,
@@ -258,6 +258,94 @@ fn auto_leaves_room_for_sync_writes() {
     }
     assert_eq!(reads, DEPTH_AUTO_INITIAL);
     assert_eq!(log_writes, 1);
+}
+
+/// Rule 7: while the intent log flushes the leaf, async writes go out `sync_pace_bytes` at a
+/// time (a command no wider than what is left), refilled by each completed flush and, with
+/// none in flight, every `PACE_REFILL`; sync and log writes are never held; with no log flush,
+/// and `PACE_LOG_IDLE` after the last one, nothing is held.
+#[test]
+fn async_writes_are_paced_between_the_logs_flushes() {
+    let at = |us: u64| Time::from_nanos(us * 1000);
+    let mut paced = limits(1000, 10);
+    paced.max_active[IoClass::AsyncWrite.index()] = 1000;
+    paced.aggregation_limit_bytes = 1 << 20;
+    paced.sync_pace_bytes = 256 << 10;
+    let mut unpaced = paced.clone();
+    unpaced.sync_pace_bytes = 0;
+    let mut scheduler = Scheduler::new(paced);
+    // 128 KiB writes with gaps between them, so that none merge.
+    let mut next = 0u64;
+    let mut queue_async = |scheduler: &mut Scheduler<u64>, count: u64, now: Time| {
+        for _ in 0..count {
+            scheduler.enqueue(io(IoClass::AsyncWrite, Direction::Write, next, 128 << 10), now);
+            next += 256 << 10;
+        }
+    };
+    // The async commands issued at `now` (completed at once), by length.
+    let drain = |scheduler: &mut Scheduler<u64>, now: Time| {
+        let mut issued = Vec::new();
+        while let Some(issue) = scheduler.next_issue(now) {
+            if issue.class == IoClass::AsyncWrite {
+                issued.push(issue.len);
+            }
+            scheduler.done(issue.class, issue.members.len(), issue.len, now);
+        }
+        issued.len()
+    };
+    let log_flush = |scheduler: &mut Scheduler<u64>, now: Time| {
+        scheduler.flush_started();
+        scheduler.flush_done(true, true, now);
+    };
+
+    // No log flush yet: a stream goes out whole.
+    queue_async(&mut scheduler, 8, at(1000));
+    assert_eq!(drain(&mut scheduler, at(1000)), 8);
+    assert_eq!(scheduler.paced_until(), None);
+
+    // The log flushes: from then on 256 KiB (two writes) per refill.
+    log_flush(&mut scheduler, at(2000));
+    queue_async(&mut scheduler, 12, at(2000));
+    assert_eq!(drain(&mut scheduler, at(2000)), 2);
+    assert_eq!(scheduler.paced_until(), Some(at(3000)), "held until the time refill");
+    // A log write is not held, and a sync write neither.
+    scheduler.enqueue(io(IoClass::LogWrite, Direction::Write, 1 << 40, 4096), at(2000));
+    scheduler.enqueue(io(IoClass::SyncWrite, Direction::Write, 1 << 41, 4096), at(2000));
+    assert_eq!(drain(&mut scheduler, at(2000)), 0);
+    assert_eq!(scheduler.queued_count(), 10);
+    // While a flush is in flight time does not refill: only its completion does (a flush of
+    // the pool's own here, which does not prolong the pacing).
+    scheduler.flush_started();
+    assert_eq!(drain(&mut scheduler, at(3000)), 0);
+    assert_eq!(scheduler.paced_until(), Some(at(4000)), "looked at again a period later");
+    scheduler.flush_done(true, false, at(3500));
+    assert_eq!(drain(&mut scheduler, at(3500)), 2);
+    // With none in flight, a period after the last refill.
+    assert_eq!(drain(&mut scheduler, at(4400)), 0);
+    assert_eq!(drain(&mut scheduler, at(4500)), 2);
+    // PACE_LOG_IDLE after the log's last flush the rest goes at once.
+    assert_eq!(drain(&mut scheduler, at(11_900)), 2);
+    assert_eq!(scheduler.paced_until(), Some(at(12_000)), "the idle end comes before the refill");
+    assert_eq!(drain(&mut scheduler, at(11_950)), 0);
+    assert_eq!(drain(&mut scheduler, at(12_000)), 4);
+    assert_eq!(scheduler.queued_count(), 0);
+    assert_eq!(scheduler.paced_until(), None);
+
+    // Contiguous writes merge only up to what is left of the budget.
+    log_flush(&mut scheduler, at(20_000));
+    for i in 0..4 {
+        let offset = (1 << 30) + i * (128 << 10);
+        scheduler.enqueue(io(IoClass::AsyncWrite, Direction::Write, offset, 128 << 10), at(20_000));
+    }
+    let issue = scheduler.next_issue(at(20_000)).expect("the budget lets one command go");
+    assert_eq!((issue.members.len(), issue.len), (2, 256 << 10));
+    assert!(scheduler.next_issue(at(20_000)).is_none());
+
+    // Pacing off: a log flush holds nothing.
+    let mut scheduler = Scheduler::new(unpaced);
+    log_flush(&mut scheduler, at(1000));
+    queue_async(&mut scheduler, 8, at(1000));
+    assert_eq!(drain(&mut scheduler, at(1000)), 8);
 }
 
 proptest! {
@@ -280,7 +368,7 @@ proptest! {
         let mut seen = vec![false; ios.len()];
         let mut in_flight = Vec::new();
         loop {
-            while let Some(issue) = scheduler.next_issue() {
+            while let Some(issue) = scheduler.next_issue(Time::ZERO) {
                 prop_assert!(scheduler.active_total() <= limits.total_active_max);
                 for class in IoClass::ALL {
                     let cap = limits.max_active[class.index()].max(limits.min_active[class.index()]);
@@ -346,7 +434,7 @@ fn auto_scenario(steps: &[Step], count_members: bool) -> Result<AutoSeen, TestCa
                     issued: &mut Vec<bool>,
                     in_flight: &mut std::collections::VecDeque<(IoClass, usize)>|
      -> Result<(), TestCaseError> {
-        while let Some(issue) = queue.next_issue() {
+        while let Some(issue) = queue.next_issue(Time::ZERO) {
             for member in &issue.members {
                 prop_assert!(!issued[member.payload], "I/O {} issued twice", member.payload);
                 issued[member.payload] = true;
