@@ -1,25 +1,26 @@
 #!/usr/bin/env bash
 # What the device's cache flushes cost while clients wait on them: JOBS clients of 4 KiB
 # write + flush (fio's nbd engine, queue depth 1 each) against sluice or qemu-nbd on a file in
-# DIR, and three seconds of the block layer's requests on the disk holding DIR (perf
-# tracepoints block_rq_insert, block_rq_issue and block_rq_complete). Prints fio's figures,
-# then:
+# DIR, and three seconds of the block layer's requests on the disk holding DIR (the kernel's
+# block_rq_insert, block_rq_issue and block_rq_complete trace events, read through tracefs:
+# `perf record -a` lost almost every completion here, which the kernel runs in the idle
+# task's softirq, so it is not used). Prints fio's figures, then:
 #   - the device's flushes: how many, how long each took (issue to completion; the block layer
 #     keeps one flush in flight per queue, and a log write's flush waits for the one before);
 #   - the bytes written, by size, and the flushes' durations by the bytes the device took
 #     since the flush before (what the flush had to write back);
 #   - the longest flushes, with what was written in the 100 ms before each.
-# A log write's flush that follows a burst of the txg sync's writes shows as a flush of tens
-# or hundreds of milliseconds after megabytes (how the sync's pacing, vdev.sync_pace_bytes,
-# was found: docs/bench/peers-notes.md, 2026-12-02).
+# A log write's flush that follows a burst of the txg sync's writes shows as a flush of
+# milliseconds after megabytes, where one after a log block alone takes a tenth of one (how the
+# sync's pacing, vdev.sync_pace_bytes, was found: docs/bench/peers-notes.md, 2026-12-02).
 #
 # Usage: bench/flush-trace.sh [--target sluice|qemu-nbd] [--bin PATH] [--jobs N (default 8)]
 #          [--set NAME=VALUE (sluice tunable)] [--dir DIR (default: a new one in $TMPDIR)]
 # sluice: a pool on a 4 GiB sparse file, a 2 GiB volume; qemu-nbd: a 2 GiB raw file,
 # cache=none, aio=native (as bench/peers.sh runs it). Each volume is written whole, then gets
 # 10 s of 4 KiB random writes at queue depth 32 and a flush, then the traced run: 12 s, traced
-# from 4 s in. Needs perf (root), fio, qemu-nbd for its target, and Debian's /usr/bin/python3;
-# builds nothing.
+# from 4 s in. Needs root (tracefs), fio, qemu-nbd for its target, and Debian's
+# /usr/bin/python3; builds nothing.
 set -euo pipefail
 
 target=sluice; bin=target/release/sluice; jobs=8; serve_args=(); base=${TMPDIR:-/tmp}
@@ -38,7 +39,19 @@ dir=$(mktemp -d "$base/flush-trace.XXXXXX")
 pid=""
 # The server ends with the status of its signal: under set -e that status would end the
 # handler before its rm.
-cleanup() { if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true; fi; rm -rf "$dir"; }
+tracefs=/sys/kernel/tracing
+[ -d "$tracefs/events/block" ] || tracefs=/sys/kernel/debug/tracing
+[ -d "$tracefs/events/block" ] || { echo "flush-trace: no tracefs with block events (mount tracefs, run as root)" >&2; exit 1; }
+events=(block_rq_insert block_rq_issue block_rq_complete)
+trace_off() {
+  echo 0 >"$tracefs/tracing_on"
+  for e in "${events[@]}"; do echo 0 >"$tracefs/events/block/$e/enable"; done
+}
+cleanup() {
+  trace_off 2>/dev/null || true
+  if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true; fi
+  rm -rf "$dir"
+}
 trap cleanup EXIT
 
 # The whole disk under DIR: the block layer's requests name it, not a partition.
@@ -68,10 +81,16 @@ fio --name=op --ioengine=nbd --uri="$uri" --bs=4k --size=1G --runtime=12 --time_
   --output-format=json --output="$dir/fio.json" >/dev/null 2>&1 &
 fio_pid=$!
 sleep 4
-perf record -q -a -e block:block_rq_insert,block:block_rq_issue,block:block_rq_complete \
-  -o "$dir/perf.data" -- sleep 3 >/dev/null 2>&1
+echo 0 >"$tracefs/tracing_on"
+echo >"$tracefs/trace"
+echo 32768 >"$tracefs/buffer_size_kb"
+for e in "${events[@]}"; do echo 1 >"$tracefs/events/block/$e/enable"; done
+echo 1 >"$tracefs/tracing_on"
+sleep 3
+trace_off
+cp "$tracefs/trace" "$dir/blk.txt"
+echo >"$tracefs/trace"
 wait "$fio_pid"
-perf script -i "$dir/perf.data" 2>/dev/null >"$dir/blk.txt"
 /usr/bin/python3 - "$dir/fio.json" "$dir/blk.txt" "$majmin" <<'PY'
 import bisect, collections, json, re, sys
 
@@ -81,8 +100,8 @@ pct = lambda p: [round(p[k] / 1e3) for k in ("50.000000", "99.000000", "99.90000
 print(f"{job['write']['iops']:.0f} write + flush operations/s; flush p50/p99/p99.9 "
       f"{pct(job['sync']['lat_ns']['percentile'])} us, write {pct(job['write']['clat_ns']['percentile'])} us")
 
-# perf script's block lines: "... TIME: block:block_rq_EVENT: MAJ,MIN RWBS [BYTES] () SECTOR + SECTORS ..."
-line_re = re.compile(r"\s([\d.]+):\s+block:block_rq_(\w+): (\d+,\d+) (\S+) (?:\d+ )?\(\) (\d+) \+ (\d+)")
+# The trace's block lines: "... TIME: block_rq_EVENT: MAJ,MIN RWBS [BYTES] () SECTOR + SECTORS ..."
+line_re = re.compile(r"\s([\d.]+): block_rq_(\w+): (\d+,\d+) (\S+) (?:\d+ )?\(\) (\d+) \+ (\d+)")
 flush_start, flushes, inserted, writes = None, [], {}, []
 for line in open(sys.argv[2]):
     m = line_re.search(line)
@@ -90,8 +109,8 @@ for line in open(sys.argv[2]):
         continue
     t, event, rwbs = float(m.group(1)) * 1e6, m.group(2), m.group(4)
     if rwbs.startswith("F") and int(m.group(6)) == 0:
-        # A flush carries no data. A request the device could not take is issued again: a
-        # flush's time runs from its first issue (one is in flight at a time) to completion.
+        # A flush carries no data. The block layer keeps one in flight at a time; one the
+        # device could not take is issued again: its time runs from its first issue.
         if event == "issue" and flush_start is None:
             flush_start = t
         elif event == "complete":
