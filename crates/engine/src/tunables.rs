@@ -112,15 +112,19 @@ tunable_table! {
          deep internal parallelism and no per-command cost, merging four 32 KiB reads into one \
          command leaves gaps in its transfer pipeline (135 instead of 170 MB/s at the same \
          depth, docs/design.md); small writes still merge.";
-    SyncPaceBytes = "vdev.sync_pace_bytes", Kind::Bytes { min: 0, max: 1 << 30 }, "0",
+    SyncPaceBytes = "vdev.sync_pace_bytes", Kind::BytesOrAuto { min: 0, max: 1 << 30 }, "0",
         "While the intent log flushes a leaf (a flush in flight, or one in the last 10 ms), the \
          txg sync's writes there are held after this many bytes until the next flush \
          completes, or with none in flight until a millisecond has passed. A device's flush \
          writes back all its cache holds, so each log flush then carries about this much of \
          the sync's data instead of a burst of megabytes: with 8 to 32 clients of 4 KiB write \
          + flush, 256K cut the flush p99 2-4x, at 6-13% fewer IOPS and a 3x higher flush p99 \
-         for a lone client (docs/bench/peers-notes.md, 2026-12-02). 0 (the default): no \
-         pacing, the sync writes at the device's pace.";
+         for a lone client (docs/bench/peers-notes.md, 2026-12-02). auto: the budget follows the \
+         sync, as many bytes as the last sync wrote to the leaf spread over half the txg \
+         interval (more where the sync's queue asks for it, twice that past the half), nothing \
+         held in the first sync. Either way what a flush's completion lets through waits for \
+         the next log write and goes behind it. 0 (the default): no pacing, the sync writes \
+         at the device's pace.";
     ReadGapLimit = "vdev.read_gap_limit", Kind::Bytes { min: 0, max: 1 << 20 }, "32K",
         "Largest gap between two queued reads that merging may read through and discard.";
     MirrorReadPolicy = "mirror.read_policy", Kind::Choice(READ_POLICIES), "least-pending",

@@ -21,9 +21,11 @@
 //!    transfer, so it counts as one command, as in ZFS; counting members there stopped merging
 //!    whenever a single slot freed and cost sequential readers a third of their bandwidth.
 //! 7. With `vdev.sync_pace_bytes` set (it is off by default), while the intent log flushes
-//!    the leaf, async writes (the txg sync's) are paced: after that many bytes of them, the
+//!    the leaf, async writes (the txg sync's) are paced: after a budget of them (that many
+//!    bytes, or with `auto` the last sync's bytes spread over half the txg interval), the
 //!    rest wait for the next flush to complete, or with none in flight for a millisecond to
-//!    pass ([`SyncPace`]).
+//!    pass; what a flush's completion lets through waits for the next log write, and goes
+//!    behind it ([`SyncPace`]).
 //!
 //! Why per-class maxima matter (seed 003): a sync write that reaches a device holding hundreds
 //! of streaming reads waits behind all of them. Keeping reads below the depth leaves the write a
@@ -80,8 +82,10 @@ pub struct QueueLimits {
     /// [`DepthController`]): on non-rotational leaves only.
     pub deepen_alone: bool,
     /// Async write bytes allowed between two durable completions while the intent log writes
-    /// here (rule 7; 0: no pacing).
+    /// here (rule 7; 0: no pacing, or the budget [`QueueLimits::sync_pace_auto`] sets).
     pub sync_pace_bytes: u64,
+    /// `vdev.sync_pace_bytes=auto`: the budget follows the sync (rule 7, [`SyncDeadline`]).
+    pub sync_pace_auto: bool,
 }
 
 impl QueueLimits {
@@ -101,7 +105,12 @@ impl QueueLimits {
             count_members: !rotational,
             auto_depth: tunables.is_auto(Tunable::VdevMaxActive),
             deepen_alone: !rotational,
-            sync_pace_bytes: tunables.get(Tunable::SyncPaceBytes),
+            sync_pace_bytes: if tunables.is_auto(Tunable::SyncPaceBytes) {
+                0
+            } else {
+                tunables.get(Tunable::SyncPaceBytes)
+            },
+            sync_pace_auto: tunables.is_auto(Tunable::SyncPaceBytes),
         }
     }
 }
@@ -181,7 +190,7 @@ impl<T> Scheduler<T> {
             next_id: 0,
             queued_throughput: 0,
             depth: limits_auto(&limits).then(|| DepthController::new(limits.deepen_alone)),
-            pace: SyncPace::new(limits.sync_pace_bytes),
+            pace: SyncPace::new(limits.sync_pace_bytes, limits.sync_pace_auto),
             limits,
         }
     }
@@ -278,6 +287,9 @@ impl<T> Scheduler<T> {
         } else if let Some(controller) = &mut self.depth {
             controller.write_arrived(now);
         }
+        if io.class == IoClass::AsyncWrite {
+            self.pace.async_queued(io.len, now);
+        }
         self.queued.insert(id, (key, io));
     }
 
@@ -342,12 +354,15 @@ impl<T> Scheduler<T> {
         self.active[class.index()] += carried;
         self.active_total += carried;
         self.last_class = class.index();
+        if matches!(class, IoClass::LogWrite | IoClass::SyncWrite) {
+            self.pace.log_issued = true;
+        }
         self.last_end = issue.offset + issue.len;
         // Async writes a command of another class absorbed count as well.
         let async_bytes: u64 =
             issue.members.iter().filter(|m| m.class == IoClass::AsyncWrite).map(|m| m.len).sum();
         if async_bytes > 0 {
-            self.pace.spend(async_bytes);
+            self.pace.spend(async_bytes, now);
         }
         Some(issue)
     }
@@ -410,6 +425,9 @@ impl<T> Scheduler<T> {
     fn take(&mut self, id: u64) -> Option<QueuedIo<T>> {
         let (key, io) = self.queued.remove(&id)?;
         self.by_class[io.class.index()].remove(&key);
+        if io.class == IoClass::AsyncWrite {
+            self.pace.async_taken(io.len);
+        }
         if is_throughput(io.class) {
             self.queued_throughput -= 1;
         }
@@ -482,6 +500,31 @@ const PACE_LOG_IDLE: std::time::Duration = std::time::Duration::from_millis(10);
 /// would make the next one slower still.
 const PACE_REFILL: std::time::Duration = std::time::Duration::from_millis(1);
 
+/// With `vdev.sync_pace_bytes=auto`, async writes queued after this long without one queued
+/// or issued start a new sync here ([`SyncDeadline`]). Within a sync they come and go at least
+/// at every refill; between two syncs the queue is empty for the rest of the txg interval.
+const PACE_AUTO_SYNC_GAP: std::time::Duration = std::time::Duration::from_millis(100);
+/// With `auto`, writes apart from the sync before that add up to less than this are not a
+/// sync of their own: a plan made from them would hold the next sync to a crawl (a trace of 8
+/// clients showed 4 KiB written alone some 280 ms before a sync's 300 MB; planned by, it
+/// halved the clients' IOPS).
+const PACE_AUTO_SYNC_BYTES_MIN: u64 = 1 << 20;
+/// With `auto`, a sync's writes are spread over this share of the interval since the sync
+/// before started: half, so a sync that finds the device slower than it hoped still ends well
+/// before the next one starts, and the log's blocks (freed by a sync) never pile up.
+const PACE_AUTO_INTERVAL_SHARE: u32 = 2;
+/// With `auto`, a sync's deadline is at most this far from its start (half the default
+/// `txg.timeout_ms`): the sync after a long idle time is not stretched over it.
+const PACE_AUTO_DEADLINE_MAX: std::time::Duration = std::time::Duration::from_millis(2500);
+/// With `auto`, what a sync still has queued past its deadline is spread as if this much
+/// time were left, at every refill: its last writes (the indirect blocks and space maps,
+/// queued only once the data under them is written) go out within a few times this, but not
+/// as one burst a single log flush carries.
+const PACE_AUTO_LATE: std::time::Duration = std::time::Duration::from_millis(50);
+/// With `auto`, the least budget a refill gives: a log flushing every few microseconds still
+/// lets the sync's commands through whole.
+const PACE_AUTO_BUDGET_MIN: u64 = 16 << 10;
+
 /// Rule 7: the txg sync's writes spread between the flushes clients wait on.
 ///
 /// A leaf without FUA (a file, a virtio disk with a write-back cache) makes an intent-log
@@ -492,14 +535,20 @@ const PACE_REFILL: std::time::Duration = std::time::Duration::from_millis(1);
 /// block-layer trace of 8 clients writing 4 KiB and flushing, docs/bench/peers-notes.md,
 /// 2026-12-02). Held to a budget per flush, each
 /// log flush carries a bounded share of the sync's data (the budget, and at most one command
-/// over it), and the sync still writes many times faster than the log's clients dirty data.
+/// over it). The budget is fixed (`vdev.sync_pace_bytes=N`), or with `auto` follows the sync
+/// ([`SyncDeadline`]): a fixed one is too much for a lone client and too little for many.
+/// A flush's completion is also when the clients it made durable send their next writes:
+/// writes it let through at once would be in the device ahead of the next log block, which
+/// would wait for them. So that budget waits for the next log (or sync) write to be issued,
+/// or for a refill period to pass without one, and goes behind it.
 /// Without the log flushing here (streaming, no sync clients) nothing is held. It is off by
-/// default: a constant budget trades IOPS and a lone client's tail for the tail of many
-/// (docs/design.md, Device queues).
+/// default: docs/design.md, Device queues, says what each setting traded.
 #[derive(Debug)]
 struct SyncPace {
-    /// `vdev.sync_pace_bytes`; 0 turns pacing off.
+    /// `vdev.sync_pace_bytes`; 0 (and no `deadline`) turns pacing off.
     bytes: u64,
+    /// `auto`: the budget each refill gives follows the sync.
+    deadline: Option<SyncDeadline>,
     /// What may still be issued before the next refill.
     budget: u64,
     refilled: Time,
@@ -512,18 +561,23 @@ struct SyncPace {
     held_at: Option<Time>,
     /// The hold since the last refill has been counted ([`Scheduler::pace_hold_started`]).
     hold_counted: bool,
+    /// A log (or sync) write was issued since the last flush completed: the budget that
+    /// completion gave goes behind it, not ahead of it in the device.
+    log_issued: bool,
 }
 
 impl SyncPace {
-    fn new(bytes: u64) -> SyncPace {
+    fn new(bytes: u64, auto: bool) -> SyncPace {
         SyncPace {
             bytes,
-            budget: bytes,
+            deadline: auto.then(SyncDeadline::default),
+            budget: if auto { u64::MAX } else { bytes },
             refilled: Time::ZERO,
             log_flushed: None,
             flushes_in_flight: 0,
             held_at: None,
             hold_counted: false,
+            log_issued: true,
         }
     }
 
@@ -539,18 +593,22 @@ impl SyncPace {
                 self.log_flushed = Some(now);
             }
             self.refill(now);
+            self.log_issued = false;
         }
     }
 
     fn refill(&mut self, now: Time) {
-        self.budget = self.bytes;
+        self.budget = match &self.deadline {
+            Some(deadline) => deadline.budget(now, self.refilled),
+            None => self.bytes,
+        };
         self.refilled = now;
         self.hold_counted = false;
     }
 
     /// Whether the budget applies at `now`: the log flushes here.
     fn active(&self, now: Time) -> bool {
-        self.bytes > 0
+        (self.bytes > 0 || self.deadline.is_some())
             && self
                 .log_flushed
                 .is_some_and(|at| self.flushes_in_flight > 0 || now.since(at) < PACE_LOG_IDLE)
@@ -558,9 +616,18 @@ impl SyncPace {
 
     /// Whether async writes are held at `now`; refills the budget when its period has passed.
     fn holds(&mut self, now: Time) -> bool {
-        let held = self.budget == 0
-            && self.active(now)
-            && (self.flushes_in_flight > 0 || now.since(self.refilled) < PACE_REFILL);
+        let active = self.active(now);
+        let waits_for_log = active && now.since(self.refilled) < PACE_REFILL;
+        if !self.log_issued && !waits_for_log {
+            // No log write came for a period: the budget goes now, and its period starts now
+            // (else the next refill would come at once, and double it).
+            self.log_issued = true;
+            self.refilled = now;
+        }
+        let held = active
+            && (!self.log_issued
+                || (self.budget == 0
+                    && (self.flushes_in_flight > 0 || now.since(self.refilled) < PACE_REFILL)));
         if self.budget == 0 && !held {
             self.refill(now);
         }
@@ -585,9 +652,113 @@ impl SyncPace {
         Some(self.refilled.plus(PACE_REFILL).min(idle))
     }
 
-    /// Async writes of `len` bytes were issued: the command that crosses the budget still goes.
-    fn spend(&mut self, len: u64) {
+    /// Async writes of `len` bytes were issued at `now`: the command that crosses the budget
+    /// still goes.
+    fn spend(&mut self, len: u64, now: Time) {
         self.budget = self.budget.saturating_sub(len);
+        if let Some(deadline) = &mut self.deadline {
+            deadline.issued(len, now);
+        }
+    }
+
+    /// An async write of `len` bytes was queued at `now`. The first of a sync cuts what the
+    /// last refill gave (before the sync's deadline was known) to its share.
+    fn async_queued(&mut self, len: u64, now: Time) {
+        let Some(deadline) = &mut self.deadline else { return };
+        if deadline.queued(len, now) {
+            self.budget = self.budget.min(deadline.budget(now, self.refilled));
+        }
+    }
+
+    /// An async write of `len` bytes left the queue (issued, or dropped with it).
+    fn async_taken(&mut self, len: u64) {
+        if let Some(deadline) = &mut self.deadline {
+            assert!(
+                deadline.backlog >= len,
+                "vdev queue: async bytes taken that were never queued"
+            );
+            deadline.backlog -= len;
+        }
+    }
+}
+
+/// `vdev.sync_pace_bytes=auto`: each refill lets through the sync's planned rate for the time
+/// since the last. The plan spreads as many bytes as the sync before wrote here over half the
+/// txg interval (measured between the starts of the last two syncs): consecutive syncs of a
+/// steady load write about as much, and half the interval leaves the sync room to end before
+/// the next one starts.
+///
+/// The share a flush must carry is the sync's rate over the flush rate: about 16 KiB for a
+/// lone client of 4 KiB write + flush into 16 KiB blocks and about 128 KiB for eight, on the
+/// VM of docs/bench/peers-notes.md (2026-12-02); the plan finds both without knowing the
+/// clients. It is planned from the last sync, not from what is queued: the sync keeps only a
+/// few spans of writes in flight (`SPANS_IN_FLIGHT`), so its queue here says little about how
+/// much it will write (a first version that spread the queued bytes up to the deadline held
+/// the sync to a crawl early and let it burst late). A sync that outgrows the plan gets more
+/// where its queue asks for it, and past its deadline twice the planned rate, never less
+/// than its queue over `PACE_AUTO_LATE`. The first sync, with no plan, is not held.
+#[derive(Debug, Default)]
+struct SyncDeadline {
+    /// Async bytes queued here and not yet issued.
+    backlog: u64,
+    /// When an async write was last queued or issued: a longer gap starts a sync.
+    last_async: Option<Time>,
+    /// When the current sync's first write was queued.
+    started: Option<Time>,
+    /// Async bytes the current sync has issued here.
+    written: u64,
+    /// The current sync's plan: the bytes the last one wrote, the time to spread them over,
+    /// and when that time ends.
+    plan: Option<(u64, std::time::Duration, Time)>,
+}
+
+impl SyncDeadline {
+    /// Counts a queued async write; true if it starts a sync.
+    fn queued(&mut self, len: u64, now: Time) -> bool {
+        let idle = self.last_async.is_none_or(|at| now.since(at) >= PACE_AUTO_SYNC_GAP);
+        // A few writes apart from a sync's (the last sync's uberblock, a pause in one sync)
+        // are no sync to plan by: what follows them counts as theirs.
+        let starts = idle
+            && self.backlog == 0
+            && (self.started.is_none() || self.written >= PACE_AUTO_SYNC_BYTES_MIN);
+        if starts {
+            self.plan = self.started.map(|start| {
+                let span =
+                    (now.since(start) / PACE_AUTO_INTERVAL_SHARE).min(PACE_AUTO_DEADLINE_MAX);
+                (self.written, span, now.plus(span))
+            });
+            self.started = Some(now);
+            self.written = 0;
+        }
+        self.backlog += len;
+        self.last_async = Some(now);
+        starts
+    }
+
+    /// Async writes of `len` bytes were issued at `now`.
+    fn issued(&mut self, len: u64, now: Time) {
+        self.written += len;
+        self.last_async = Some(now);
+    }
+
+    /// The budget of a refill at `now`, the last having been at `since`: the plan's rate for
+    /// the time since then (at least `PACE_REFILL`, the period a refill without a flush waits,
+    /// and at most `PACE_LOG_IDLE`, after which pacing has ended anyway), or the queue's share
+    /// of the time left if that is more; past the deadline twice the rate, or the queue's share
+    /// of `PACE_AUTO_LATE`. Everything for the first sync.
+    fn budget(&self, now: Time, since: Time) -> u64 {
+        let Some((bytes, span, due)) = self.plan else { return u64::MAX };
+        let period = now.since(since).clamp(PACE_REFILL, PACE_LOG_IDLE).as_nanos();
+        let share = |bytes: u64, over: std::time::Duration| {
+            u128::from(bytes) * period / over.as_nanos().max(1)
+        };
+        let planned = share(bytes, span);
+        let budget = if now < due {
+            planned.max(share(self.backlog, due.since(now).max(PACE_AUTO_LATE)))
+        } else {
+            (2 * planned).max(share(self.backlog, PACE_AUTO_LATE))
+        };
+        u64::try_from(budget).unwrap_or(u64::MAX).max(PACE_AUTO_BUDGET_MIN)
     }
 }
 

@@ -262,8 +262,9 @@ fn auto_leaves_room_for_sync_writes() {
 
 /// Rule 7: while the intent log flushes the leaf, async writes go out `sync_pace_bytes` at a
 /// time (a command no wider than what is left), refilled by each completed flush and, with
-/// none in flight, every `PACE_REFILL`; sync and log writes are never held; with no log flush,
-/// and `PACE_LOG_IDLE` after the last one, nothing is held.
+/// none in flight, every `PACE_REFILL`; what a flush's completion gave waits for the next log
+/// write and goes behind it; sync and log writes are never held; with no log flush, and
+/// `PACE_LOG_IDLE` after the last one, nothing is held.
 #[test]
 fn async_writes_are_paced_between_the_logs_flushes() {
     let at = |us: u64| Time::from_nanos(us * 1000);
@@ -282,17 +283,6 @@ fn async_writes_are_paced_between_the_logs_flushes() {
             next += 256 << 10;
         }
     };
-    // The async commands issued at `now` (completed at once), by length.
-    let drain = |scheduler: &mut Scheduler<u64>, now: Time| {
-        let mut issued = Vec::new();
-        while let Some(issue) = scheduler.next_issue(now) {
-            if issue.class == IoClass::AsyncWrite {
-                issued.push(issue.len);
-            }
-            scheduler.done(issue.class, issue.members.len(), issue.len, now);
-        }
-        issued.len()
-    };
     let log_flush = |scheduler: &mut Scheduler<u64>, now: Time| {
         scheduler.flush_started();
         scheduler.flush_done(true, true, now);
@@ -300,34 +290,42 @@ fn async_writes_are_paced_between_the_logs_flushes() {
 
     // No log flush yet: a stream goes out whole.
     queue_async(&mut scheduler, 8, at(1000));
-    assert_eq!(drain(&mut scheduler, at(1000)), 8);
+    assert_eq!(drain_async(&mut scheduler, at(1000)), 8);
     assert_eq!(scheduler.paced_until(), None);
 
-    // The log flushes: from then on 256 KiB (two writes) per refill.
+    // The log flushes: from then on 256 KiB (two writes) per refill, and the completion's
+    // budget waits for the next log write.
     log_flush(&mut scheduler, at(2000));
     queue_async(&mut scheduler, 12, at(2000));
-    assert_eq!(drain(&mut scheduler, at(2000)), 2);
-    assert_eq!(scheduler.paced_until(), Some(at(3000)), "held until the time refill");
-    // A log write is not held, and a sync write neither.
+    assert_eq!(drain_async(&mut scheduler, at(2000)), 0, "held for the next log write");
+    assert_eq!(scheduler.paced_until(), Some(at(3000)));
     scheduler.enqueue(io(IoClass::LogWrite, Direction::Write, 1 << 40, 4096), at(2000));
+    let issue = scheduler.next_issue(at(2000)).expect("a log write is never held");
+    assert_eq!(issue.class, IoClass::LogWrite);
+    scheduler.done(issue.class, issue.members.len(), issue.len, at(2000));
+    assert_eq!(drain_async(&mut scheduler, at(2000)), 2, "behind the log write");
+    assert_eq!(scheduler.paced_until(), Some(at(3000)), "held until the time refill");
+    // A sync write is not held either.
     scheduler.enqueue(io(IoClass::SyncWrite, Direction::Write, 1 << 41, 4096), at(2000));
-    assert_eq!(drain(&mut scheduler, at(2000)), 0);
+    assert_eq!(drain_async(&mut scheduler, at(2000)), 0);
     assert_eq!(scheduler.queued_count(), 10);
     // While a flush is in flight time does not refill: only its completion does (a flush of
-    // the pool's own here, which does not prolong the pacing).
+    // the pool's own here, which does not prolong the pacing), and with no log write after
+    // it, a period later.
     scheduler.flush_started();
-    assert_eq!(drain(&mut scheduler, at(3000)), 0);
+    assert_eq!(drain_async(&mut scheduler, at(3000)), 0);
     assert_eq!(scheduler.paced_until(), Some(at(4000)), "looked at again a period later");
     scheduler.flush_done(true, false, at(3500));
-    assert_eq!(drain(&mut scheduler, at(3500)), 2);
+    assert_eq!(drain_async(&mut scheduler, at(3500)), 0);
+    assert_eq!(drain_async(&mut scheduler, at(4500)), 2);
     // With none in flight, a period after the last refill.
-    assert_eq!(drain(&mut scheduler, at(4400)), 0);
-    assert_eq!(drain(&mut scheduler, at(4500)), 2);
+    assert_eq!(drain_async(&mut scheduler, at(5400)), 0);
+    assert_eq!(drain_async(&mut scheduler, at(5500)), 2);
     // PACE_LOG_IDLE after the log's last flush the rest goes at once.
-    assert_eq!(drain(&mut scheduler, at(11_900)), 2);
+    assert_eq!(drain_async(&mut scheduler, at(11_900)), 2);
     assert_eq!(scheduler.paced_until(), Some(at(12_000)), "the idle end comes before the refill");
-    assert_eq!(drain(&mut scheduler, at(11_950)), 0);
-    assert_eq!(drain(&mut scheduler, at(12_000)), 4);
+    assert_eq!(drain_async(&mut scheduler, at(11_950)), 0);
+    assert_eq!(drain_async(&mut scheduler, at(12_000)), 4);
     assert_eq!(scheduler.queued_count(), 0);
     assert_eq!(scheduler.paced_until(), None);
 
@@ -337,6 +335,9 @@ fn async_writes_are_paced_between_the_logs_flushes() {
         let offset = (1 << 30) + i * (128 << 10);
         scheduler.enqueue(io(IoClass::AsyncWrite, Direction::Write, offset, 128 << 10), at(20_000));
     }
+    scheduler.enqueue(io(IoClass::LogWrite, Direction::Write, 1 << 42, 4096), at(20_000));
+    let issue = scheduler.next_issue(at(20_000)).expect("the log write goes first");
+    assert_eq!(issue.class, IoClass::LogWrite);
     let issue = scheduler.next_issue(at(20_000)).expect("the budget lets one command go");
     assert_eq!((issue.members.len(), issue.len), (2, 256 << 10));
     assert!(scheduler.next_issue(at(20_000)).is_none());
@@ -345,7 +346,96 @@ fn async_writes_are_paced_between_the_logs_flushes() {
     let mut scheduler = Scheduler::new(unpaced);
     log_flush(&mut scheduler, at(1000));
     queue_async(&mut scheduler, 8, at(1000));
-    assert_eq!(drain(&mut scheduler, at(1000)), 8);
+    assert_eq!(drain_async(&mut scheduler, at(1000)), 8);
+}
+
+/// Issues everything the queue lets go at `now`, each command completing at once; returns
+/// how many async writes went.
+fn drain_async(scheduler: &mut Scheduler<u64>, now: Time) -> usize {
+    let mut issued = 0;
+    while let Some(issue) = scheduler.next_issue(now) {
+        if issue.class == IoClass::AsyncWrite {
+            issued += issue.members.len();
+        }
+        scheduler.done(issue.class, issue.members.len(), issue.len, now);
+    }
+    issued
+}
+
+/// Rule 7 with `vdev.sync_pace_bytes=auto`: the first sync goes unpaced; a later one gets the
+/// bytes the one before wrote spread over half the interval since that one started, for the
+/// time since the last refill, or more where its queue asks for it; past the deadline twice
+/// the rate.
+#[test]
+fn auto_pace_spreads_a_sync_over_half_its_interval() {
+    let ms = |ms: u64| Time::from_nanos(ms * 1_000_000);
+    let mut limits = limits(1000, 10);
+    limits.max_active[IoClass::AsyncWrite.index()] = 1000;
+    limits.aggregation_limit_bytes = 1 << 20;
+    limits.sync_pace_bytes = 0;
+    limits.sync_pace_auto = true;
+    let mut scheduler = Scheduler::new(limits);
+    const WRITE: u64 = 64 << 10;
+    // 64 KiB writes with gaps between them, so that none merge.
+    let mut next = 0u64;
+    let mut queue_async = |scheduler: &mut Scheduler<u64>, count: u64, now: Time| {
+        for _ in 0..count {
+            scheduler.enqueue(io(IoClass::AsyncWrite, Direction::Write, next, WRITE), now);
+            next += 2 * WRITE;
+        }
+    };
+    let mut log_offset = 1u64 << 40;
+    let mut log_write = |scheduler: &mut Scheduler<u64>, now: Time| {
+        scheduler.enqueue(io(IoClass::LogWrite, Direction::Write, log_offset, 4096), now);
+        log_offset += 4096;
+    };
+    let log_flush = |scheduler: &mut Scheduler<u64>, now: Time| {
+        scheduler.flush_started();
+        scheduler.flush_done(true, true, now);
+    };
+
+    // The first sync: no plan, so nothing is held (but the log write goes first). It writes
+    // 500 writes, in two helpings (as a sync's spans come).
+    log_flush(&mut scheduler, ms(0));
+    queue_async(&mut scheduler, 250, ms(0));
+    log_write(&mut scheduler, ms(0));
+    assert_eq!(drain_async(&mut scheduler, ms(0)), 250);
+    queue_async(&mut scheduler, 250, ms(50));
+    assert_eq!(drain_async(&mut scheduler, ms(50)), 250);
+
+    // The next starts 1 s after it: 500 writes over 500 ms, one a millisecond, however many
+    // are queued (8 here, as a sync keeps a few spans in flight).
+    log_flush(&mut scheduler, ms(1000));
+    queue_async(&mut scheduler, 8, ms(1000));
+    log_write(&mut scheduler, ms(1000));
+    assert_eq!(drain_async(&mut scheduler, ms(1000)), 1);
+    assert_eq!(scheduler.paced_until(), Some(ms(1001)));
+    // A flush of 5 ms: its completion lets five through (behind the next log write).
+    scheduler.flush_started();
+    assert_eq!(drain_async(&mut scheduler, ms(1003)), 0);
+    scheduler.flush_done(true, true, ms(1005));
+    assert_eq!(drain_async(&mut scheduler, ms(1005)), 0, "held for the next log write");
+    log_write(&mut scheduler, ms(1005));
+    assert_eq!(drain_async(&mut scheduler, ms(1005)), 5);
+    // With none in flight, a millisecond later: one again.
+    assert_eq!(drain_async(&mut scheduler, ms(1006)), 1);
+    // A queue longer than the plan asks for: 480 queued with 100 ms left is 4.8 a
+    // millisecond (four, and the fifth crosses the budget).
+    log_flush(&mut scheduler, ms(1399));
+    queue_async(&mut scheduler, 479, ms(1400));
+    log_flush(&mut scheduler, ms(1400));
+    log_write(&mut scheduler, ms(1400));
+    assert_eq!(drain_async(&mut scheduler, ms(1400)), 5);
+
+    // Past the deadline: twice the planned rate for the 10 ms (`PACE_LOG_IDLE`, the longest
+    // period counted) since the last refill, 20 writes, or the queue's share of 50 ms
+    // (`PACE_AUTO_LATE`) if more: 475 over 5, 95.
+    log_flush(&mut scheduler, ms(1600));
+    log_write(&mut scheduler, ms(1600));
+    assert_eq!(drain_async(&mut scheduler, ms(1600)), 95);
+    assert_eq!(scheduler.queued_count(), 380);
+    // PACE_LOG_IDLE after the log's last flush the rest goes at once.
+    assert_eq!(drain_async(&mut scheduler, ms(1610)), 380);
 }
 
 proptest! {
