@@ -149,6 +149,24 @@ else
   jobs=("${all_jobs[@]}")
 fi
 wanted() { [ -z "$only_targets" ] || [[ ",$only_targets," == *",$1,"* ]]; }
+# A name in --targets that is no target of this run would silently leave it out. (Names are
+# taken out whole rather than split at commas: sluice[K=V,K=V] holds commas.)
+if [ -n "$only_targets" ]; then
+  known=(raw qemu-nbd nbdkit nbdkit-memory sluice sluice-nocache sluice-nolz4)
+  [ "$mirror" = 1 ] && known+=(sluice-mirror)
+  for b in ${volblocks[@]+"${volblocks[@]}"}; do known+=("sluice-bs$b"); done
+  for t in ${tunables[@]+"${tunables[@]}"}; do known+=("sluice[$t]"); done
+  [ -n "$before" ] && known+=(sluice-before)
+  rest=",$only_targets,"
+  for k in "${known[@]}"; do
+    while [[ $rest == *",$k,"* ]]; do rest=${rest/",$k,"/,}; done
+  done
+  rest=${rest#,}; rest=${rest%,}
+  if [ -n "$rest" ]; then
+    echo "peers: --targets names $rest, which is no target of this run (sluice[K=V] needs --sluice-tunable K=V, sluice-mirror --mirror, sluice-bsN --volblock N, sluice-before --before BIN)" >&2
+    exit 2
+  fi
+fi
 
 bytes=$(numfmt --from=iec "$size")
 # Every target's image or volume is --size (2 GiB by default), written whole once; the jobs
