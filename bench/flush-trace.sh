@@ -9,14 +9,20 @@
 #     keeps one flush in flight per queue, and a log write's flush waits for the one before);
 #   - the bytes written, by size, and the flushes' durations by the bytes the device took
 #     since the flush before (what the flush had to write back);
-#   - the longest flushes, with what was written in the 100 ms before each.
+#   - the longest flushes, with what was written in the 100 ms before each;
+#   - the server's CPU and the machine's busy CPU over the traced seconds;
+#   - with --iostat (sluice), `sluice pool iostat` over the traced seconds: the txg syncs, what
+#     asked for them, the log's blocks, the write throttle, the paced count.
 # A log write's flush that follows a burst of the txg sync's writes shows as a flush of
 # milliseconds after megabytes, where one after a log block alone takes a tenth of one (how the
 # sync's pacing, vdev.sync_pace_bytes, was found: docs/bench/peers-notes.md, 2026-12-02).
 #
 # Usage: bench/flush-trace.sh [--target sluice|qemu-nbd] [--bin PATH] [--jobs N (default 8)]
-#          [--set NAME=VALUE (sluice tunable)] [--dir DIR (default: a new one in $TMPDIR)]
-# sluice: a pool on a 4 GiB sparse file, a 2 GiB volume; qemu-nbd: a 2 GiB raw file,
+#          [--set NAME=VALUE (sluice tunable)] [--leaf SIZE (sluice's leaf, default 4G)]
+#          [--iostat] [--dir DIR (default: a new one in $TMPDIR)]
+# sluice: a pool on a sparse file of --leaf, a 2 GiB volume (how much room the pool has beside
+# the volume sets how cut up its free space gets, and with it the sync's writes: the flush
+# tail on a 4 GiB leaf was 4-7x that on 8 or 16 GiB, docs/bench/peers-notes.md); qemu-nbd: a 2 GiB raw file,
 # cache=none, aio=native (as bench/peers.sh runs it). Each volume is written whole, then gets
 # 10 s of 4 KiB random writes at queue depth 32 and a flush, then the traced run: 12 s, traced
 # from 4 s in. Needs root (tracefs), fio, qemu-nbd for its target, and Debian's
@@ -24,6 +30,7 @@
 set -euo pipefail
 
 target=sluice; bin=target/release/sluice; jobs=8; serve_args=(); base=${TMPDIR:-/tmp}
+leaf=4G; iostat=0
 while [ $# -gt 0 ]; do
   case $1 in
     --target) target=$2; shift 2 ;;
@@ -31,6 +38,8 @@ while [ $# -gt 0 ]; do
     --jobs) jobs=$2; shift 2 ;;
     --set) serve_args+=(--set "$2"); shift 2 ;;
     --dir) base=$2; shift 2 ;;
+    --leaf) leaf=$2; shift 2 ;;
+    --iostat) iostat=1; shift ;;
     *) echo "flush-trace: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -62,7 +71,7 @@ majmin=$(lsblk -dno MAJ:MIN "$disk" | tr -d ' ' | tr : ,)
 
 export SLUICE_CACHE_FILE=$dir/pools
 if [ "$target" = sluice ]; then
-  truncate -s 4G "$dir/leaf.img"
+  truncate -s "$leaf" "$dir/leaf.img"
   "$bin" pool create trace "$dir/leaf.img" >/dev/null
   "$bin" vol create trace/disk --size 2G >/dev/null
   "$bin" serve trace --socket "$dir/s.sock" --listen none --dir "$dir" ${serve_args[@]+"${serve_args[@]}"} 2>"$dir/serve.log" &
@@ -86,11 +95,22 @@ echo >"$tracefs/trace"
 echo 32768 >"$tracefs/buffer_size_kb"
 for e in "${events[@]}"; do echo 1 >"$tracefs/events/block/$e/enable"; done
 echo 1 >"$tracefs/tracing_on"
+# /proc/stat's busy fields: user, nice, system, irq, softirq.
+cpu_server() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
+cpu_machine() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+server0=$(cpu_server); machine0=$(cpu_machine)
+iostat_pid=""
+if [ "$iostat" = 1 ] && [ "$target" = sluice ]; then
+  "$bin" pool iostat trace 3 2 >"$dir/iostat.txt" 2>&1 &
+  iostat_pid=$!
+fi
 sleep 3
+server1=$(cpu_server); machine1=$(cpu_machine)
 trace_off
 cp "$tracefs/trace" "$dir/blk.txt"
 echo >"$tracefs/trace"
 wait "$fio_pid"
+[ -n "$iostat_pid" ] && wait "$iostat_pid"
 /usr/bin/python3 - "$dir/fio.json" "$dir/blk.txt" "$majmin" <<'PY'
 import bisect, collections, json, re, sys
 
@@ -158,3 +178,10 @@ for s, c in sorted(flushes, key=lambda f: f[0] - f[1])[:5]:
     n = taken(s - 100000, s)
     print(f"  {(c - s) / 1e3:7.1f} ms, after {n / 1e6:.2f} MB written in the 100 ms before it")
 PY
+tck=$(getconf CLK_TCK)
+echo "CPU over the traced 3 s: the server $(( (server1 - server0) * 100 / tck / 3 ))% of a core," \
+  "the machine $(( (machine1 - machine0) * 100 / tck / 3 ))% (of $(nproc) cores' $(( $(nproc) * 100 ))%)"
+if [ -n "$iostat_pid" ]; then
+  echo "sluice pool iostat over the traced 3 s:"
+  sed -n '/the last/,$p' "$dir/iostat.txt"
+fi
