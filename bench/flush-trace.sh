@@ -22,7 +22,7 @@
 #          [--iostat] [--dir DIR (default: a new one in $TMPDIR)]
 # sluice: a pool on a sparse file of --leaf, a 2 GiB volume (how much room the pool has beside
 # the volume sets how cut up its free space gets, and with it the sync's writes: the flush
-# tail on a 4 GiB leaf was 4-7x that on 8 or 16 GiB, docs/bench/peers-notes.md); qemu-nbd: a 2 GiB raw file,
+# tail on a 4 GiB leaf was 3-7x that on 8 or 16 GiB, docs/bench/peers-notes.md); qemu-nbd: a 2 GiB raw file,
 # cache=none, aio=native (as bench/peers.sh runs it). Each volume is written whole, then gets
 # 10 s of 4 KiB random writes at queue depth 32 and a flush, then the traced run: 12 s, traced
 # from 4 s in. Needs root (tracefs), fio, qemu-nbd for its target, and Debian's
