@@ -268,9 +268,7 @@ fn auto_leaves_room_for_sync_writes() {
 #[test]
 fn async_writes_are_paced_between_the_logs_flushes() {
     let at = |us: u64| Time::from_nanos(us * 1000);
-    let mut paced = limits(1000, 10);
-    paced.max_active[IoClass::AsyncWrite.index()] = 1000;
-    paced.aggregation_limit_bytes = 1 << 20;
+    let mut paced = pace_limits();
     paced.sync_pace_bytes = 256 << 10;
     let mut unpaced = paced.clone();
     unpaced.sync_pace_bytes = 0;
@@ -349,6 +347,17 @@ fn async_writes_are_paced_between_the_logs_flushes() {
     assert_eq!(drain_async(&mut scheduler, at(1000)), 8);
 }
 
+/// Limits for rule 7's tests, pacing off: only the pace holds async writes back (no depth or
+/// class maximum stops them), and commands may span 1 MiB.
+fn pace_limits() -> QueueLimits {
+    let mut limits = limits(1000, 10);
+    limits.max_active[IoClass::AsyncWrite.index()] = 1000;
+    limits.aggregation_limit_bytes = 1 << 20;
+    limits.sync_pace_bytes = 0;
+    limits.sync_pace_auto = false;
+    limits
+}
+
 /// Issues everything the queue lets go at `now`, each command completing at once; returns
 /// how many async writes went.
 fn drain_async(scheduler: &mut Scheduler<u64>, now: Time) -> usize {
@@ -369,10 +378,7 @@ fn drain_async(scheduler: &mut Scheduler<u64>, now: Time) -> usize {
 #[test]
 fn auto_pace_spreads_a_sync_over_half_its_interval() {
     let ms = |ms: u64| Time::from_nanos(ms * 1_000_000);
-    let mut limits = limits(1000, 10);
-    limits.max_active[IoClass::AsyncWrite.index()] = 1000;
-    limits.aggregation_limit_bytes = 1 << 20;
-    limits.sync_pace_bytes = 0;
+    let mut limits = pace_limits();
     limits.sync_pace_auto = true;
     let mut scheduler = Scheduler::new(limits);
     const WRITE: u64 = 64 << 10;
