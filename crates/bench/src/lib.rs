@@ -5,6 +5,7 @@
 //! disks costs milliseconds), and returns a report that renders as a markdown table in the
 //! seed's layout, with the seed's published figures beside ours, or as JSON.
 
+pub mod alloc;
 pub mod compress;
 pub mod crypt;
 pub mod engine;

@@ -95,6 +95,31 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// How the allocator places a txg sync's blocks on a pool aged by random writes: the
+    /// engine's allocator driven as the sync drives it, no I/O; bytes per device write once
+    /// the layout has settled, per leaf size (how much room the pool has beside the volume).
+    Alloc {
+        /// Leaf sizes to run (one data vdev each).
+        #[arg(long, value_parser = parse_size, value_delimiter = ',', default_value = "4G,6G,8G,16G")]
+        leaf_sizes: Vec<u64>,
+        /// The volume, written whole first (bench/peers.sh's is 2G on a leaf twice its size).
+        #[arg(long, value_parser = parse_size, default_value = "2G")]
+        volume_size: u64,
+        #[arg(long, value_parser = parse_size, default_value = "16K")]
+        block_size: u64,
+        /// Random block writes per txg (8 clients of 4 KiB write + flush: about 8,000 a second,
+        /// a sync every 1.5 s).
+        #[arg(long, default_value_t = 12_000)]
+        writes_per_txg: u64,
+        /// Txgs of random writes; the figures are the second half's.
+        #[arg(long, default_value_t = 200)]
+        txgs: u64,
+        /// Which blocks the writes pick: the same seed, the same blocks.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Reproduce a seed document's experiment in virtual time, ours beside the published figures.
     Seeds {
         /// Which experiment.
@@ -220,6 +245,30 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "--runs, --seconds and --block-sizes must be positive"
             );
             let report = sluice_bench::crypt::run(&block_sizes, seconds, runs)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.markdown());
+            }
+            Ok(())
+        }
+        Command::Alloc {
+            leaf_sizes,
+            volume_size,
+            block_size,
+            writes_per_txg,
+            txgs,
+            seed,
+            json,
+        } => {
+            let report = sluice_bench::alloc::run(
+                &leaf_sizes,
+                volume_size,
+                block_size,
+                writes_per_txg,
+                txgs,
+                seed,
+            )?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
