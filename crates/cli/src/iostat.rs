@@ -27,6 +27,13 @@ use crate::snapshot::{
     SnapshotError, VolumeSnapshot,
 };
 
+/// `iostat` says the txg sync writes in small pieces when its device writes average under
+/// this (on a pool with room they reach half a megabyte and more: docs/bench/alloc.md)...
+const SMALL_SYNC_WRITE_BYTES: u64 = 128 << 10;
+/// ...and there were at least this many of them in the report's interval (a sync of a few
+/// blocks says nothing about the free space).
+const SMALL_SYNC_WRITES_MIN: u64 = 100;
+
 /// What to print and how often.
 pub struct Options {
     pub pool: String,
@@ -111,6 +118,8 @@ fn leaf_since(now: &LeafSnapshot, earlier: Option<&LeafSnapshot>) -> LeafSnapsho
         checksum_errors: was(|l| l.checksum_errors),
         repairs: was(|l| l.repairs),
         aggregated: was(|l| l.aggregated),
+        sync_commands: was(|l| l.sync_commands),
+        sync_command_bytes: was(|l| l.sync_command_bytes),
         // Gauges: as they are now.
         queued: now.queued,
         active: now.active.clone(),
@@ -238,6 +247,8 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
                 "write_bytes_per_s": per_second(l.write_bytes),
                 "flushes_per_s": per_second(l.flushes),
                 "sync_paced_per_s": per_second(l.sync_paced),
+                "sync_commands_per_s": per_second(l.sync_commands),
+                "sync_command_bytes_per_s": per_second(l.sync_command_bytes),
                 "errors": l.errors(),
                 "queued": l.queued,
                 "active": l.active_total(),
@@ -436,6 +447,28 @@ fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> 
             size(log.block_bytes_allocated / blocks),
         ));
     }
+    // How large the sync's writes reach the devices: small ones are the pool's free space cut
+    // up, and every log flush after a burst of them waits while the device writes them back.
+    let sync_commands: u64 = d.leaves.iter().map(|l| l.sync_commands).sum();
+    let sync_bytes: u64 = d.leaves.iter().map(|l| l.sync_command_bytes).sum();
+    if let Some(mean) = sync_bytes.checked_div(sync_commands) {
+        out.push_str(&format!(
+            "  txg sync: {} device writes/s of {} on average\n",
+            rate(sync_commands),
+            size(mean)
+        ));
+        // A RAID-Z leaf takes a column of each write, so its commands are small by design.
+        let raidz = d.tops.iter().any(|t| t.parity > 0);
+        if sync_commands >= SMALL_SYNC_WRITES_MIN && mean < SMALL_SYNC_WRITE_BYTES && !raidz {
+            out.push_str(&format!(
+                "  the txg sync writes in pieces of {} where the pool's free space is cut up \
+                 (random rewrites on a pool about half full leave it so), and the log's flushes \
+                 wait while the device writes them back: more free space beside the volumes \
+                 makes them larger.\n",
+                size(mean)
+            ));
+        }
+    }
     // Why the log writes as it does: what each volume's log has in flight and chose now.
     for volume in &d.volumes {
         let Some(l) = &volume.log else { continue };
@@ -622,6 +655,8 @@ mod tests {
             ..PoolSnapshot::default()
         };
         earlier.leaves.push(leaf(1000, histogram.snapshot()));
+        earlier.leaves[0].sync_commands = 100;
+        earlier.leaves[0].sync_command_bytes = 100 * 65536;
         for _ in 0..20 {
             histogram.record(Duration::from_micros(200));
         }
@@ -662,6 +697,9 @@ mod tests {
         };
         now.uptime_nanos = 12_000_000_000;
         now.leaves[0] = leaf(3000, histogram.snapshot());
+        // 400 of the sync's device writes in the interval, 56K each: small, and worth a hint.
+        now.leaves[0].sync_commands = 500;
+        now.leaves[0].sync_command_bytes = 100 * 65536 + 400 * 57344;
         // 400 writes in the interval, 300 of them partial: 75%, and worth a hint.
         now.volumes[0] = volume(900, 400);
         now.volumes[0].log = Some(crate::snapshot::VolumeLogSnapshot {
@@ -722,7 +760,16 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("waits for a sync to free space/s (mean 2.0ms)"), "{text}");
+        assert!(text.contains("  txg sync: 200 device writes/s of 56K on average\n"), "{text}");
+        assert!(text.contains("the txg sync writes in pieces of 56K where"), "{text}");
+        // Writes of half a megabyte are what a pool with room gives: no hint.
+        let mut roomy = now.clone();
+        roomy.leaves[0].sync_command_bytes = 100 * 65536 + 400 * (512 << 10);
+        let roomy = report(&roomy, Some(&earlier), false);
+        assert!(roomy.contains("  txg sync: 200 device writes/s of 512K on average\n"), "{roomy}");
+        assert!(!roomy.contains("writes in pieces"), "{roomy}");
         let json = report_json(&now, Some(&earlier));
+        assert_eq!(json["leaves"][0]["sync_commands_per_s"], 200.0, "{json}");
         assert_eq!(json["throttle"]["delay_mean_us"], 2000.0, "{json}");
         assert_eq!(json["throttle"]["dirty_max_bytes"], 2u64 << 30, "{json}");
         assert_eq!(json["throttle"]["waited_for_space_per_s"], 1.5, "{json}");

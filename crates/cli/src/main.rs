@@ -368,9 +368,9 @@ enum PoolCommand {
     /// Show what a served pool is doing: I/Os, bytes and flushes per second for the pool,
     /// each top-level vdev and each leaf (a mirror's row adds up its leaves); I/Os queued and
     /// in the device now, and the depth the device queue allows; client requests per volume;
-    /// intent-log commits and blocks; txg syncs; what the write throttle did. The first
-    /// report covers the time since
-    /// import, each later one the INTERVAL before it. `--latency` adds percentiles per leaf and
+    /// intent-log commits and blocks; txg syncs and the size of their device writes; what the
+    /// write throttle did. The first report covers the time since import, each later one the
+    /// INTERVAL before it. `--latency` adds percentiles per leaf and
     /// I/O class (queued to done) and per volume and request type (arrival to answer).
     Iostat {
         name: String,

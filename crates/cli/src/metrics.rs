@@ -455,6 +455,19 @@ const LEAF_COUNTERS: &[Figure<LeafSnapshot>] = &[
     figure("leaf_aggregated", "I/Os that rode in another I/O's device command.", Count, |l| {
         l.aggregated
     }),
+    figure(
+        "leaf_sync_commands",
+        "Device commands that carried the txg sync's writes to a leaf; with \
+         leaf_sync_commands_written, how large the sync's writes reach the device.",
+        Count,
+        |l| l.sync_commands,
+    ),
+    figure(
+        "leaf_sync_commands_written",
+        "Bytes of the device commands that carried the txg sync's writes to a leaf.",
+        Bytes,
+        |l| l.sync_command_bytes,
+    ),
 ];
 
 const LEAF_GAUGES: &[Figure<LeafSnapshot>] = &[

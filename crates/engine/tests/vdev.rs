@@ -593,3 +593,49 @@ fn the_syncs_writes_are_paced_between_the_logs_flushes() {
         }
     }
 }
+
+/// A leaf counts the device commands that carried the txg sync's writes, and their bytes,
+/// whether the queue merged neighbours into one or not (what `pool iostat` gives as the size
+/// of the sync's writes on the device); the intent log's writes are not among them.
+#[test]
+fn the_syncs_device_commands_are_counted() {
+    use sluice_engine::device::DeviceOp;
+
+    const SYNC_AT: u64 = 16 << 20;
+    const BLOCK: u64 = 16 << 10;
+    let sim = Sim::new(31);
+    let env = sim.env();
+    let options = SimOptions { store_data: false, record_log: true };
+    let device = SimDevice::new(&env, "leaf", SimProfile::ssd(), DEVICE_BYTES, options);
+    let leaf = Leaf::new(VdevId(1), &env, Arc::new(device.clone()), &Tunables::default());
+    let l = Arc::clone(&leaf);
+    sim.run(async move {
+        // Eight neighbours queued at once, which the queue may merge, and eight blocks apart.
+        let writes = (0..16u64).map(|i| {
+            let l = Arc::clone(&l);
+            let at = if i < 8 { SYNC_AT + i * BLOCK } else { SYNC_AT + (1 << 20) + i * 4 * BLOCK };
+            async move {
+                let data = SharedBuf::copy_from(&[9u8; BLOCK as usize]);
+                l.write(at, data, IoClass::AsyncWrite).await.unwrap()
+            }
+        });
+        futures::future::join_all(writes).await;
+        let block = SharedBuf::copy_from(&[7u8; 4096]);
+        l.write_flushed(0, block, IoClass::LogWrite, true).await.unwrap();
+    })
+    .unwrap();
+    let (commands, bytes) = device
+        .write_log()
+        .iter()
+        .filter(|e| matches!(e.op, DeviceOp::Write) && e.offset_bytes >= SYNC_AT)
+        .fold((0, 0), |(c, b), e| (c + 1, b + e.len_bytes));
+    assert_eq!(bytes, 16 * BLOCK, "every write of the sync reached the device");
+    assert!((9..=16).contains(&commands), "the blocks apart cannot merge: {commands} commands");
+    let stats = leaf.stats();
+    assert_eq!(
+        (stats.sync_commands.get(), stats.sync_command_bytes.get()),
+        (commands, bytes),
+        "the counters match the device's own record of the sync's commands"
+    );
+    assert_eq!(stats.writes.get(), 17, "the log's write is a write, but not the sync's");
+}

@@ -849,6 +849,10 @@ impl Leaf {
                     result
                 };
                 slots.release();
+                if matches!(class, IoClass::AsyncWrite) && result.is_ok() {
+                    self.stats.sync_commands.inc();
+                    self.stats.sync_command_bytes.add(issue.len);
+                }
                 for member in issue.members {
                     let (Waiter::Write(_, _, done), started) = member.payload else { continue };
                     self.stats.latency[member.class.index()].record(self.env.now().since(started));
