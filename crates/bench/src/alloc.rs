@@ -197,8 +197,8 @@ fn place(allocator: &mut Allocator, psizes: &[u64]) -> Option<Vec<(Place, bool)>
         let span = allocator.allocate_span(&psizes[piece], AllocClass::Normal).ok()?;
         let mut previous: Option<Place> = None;
         for at in span {
-            // Only a span is written as one: the next span is another write even where it
-            // lands right after this one.
+            // Counted a span at a time: `zio::issue_placed` also joins a run with the next
+            // span's where they lie back to back (up to a span's bytes), so this is a floor.
             let continues = previous.is_some_and(|p| p.0 == at.0 && p.1 + p.2 == at.1);
             out.push((at, !continues));
             previous = Some(at);

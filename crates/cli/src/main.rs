@@ -370,8 +370,8 @@ enum PoolCommand {
     /// in the device now, and the depth the device queue allows; client requests per volume;
     /// intent-log commits and blocks; txg syncs and the size of their device writes; what the
     /// write throttle did. The first report covers the time since import, each later one the
-    /// INTERVAL before it. `--latency` adds percentiles per leaf and
-    /// I/O class (queued to done) and per volume and request type (arrival to answer).
+    /// INTERVAL before it. `--latency` adds percentiles per leaf and I/O class (queued to
+    /// done) and per volume and request type (arrival to answer).
     Iostat {
         name: String,
         /// Seconds between reports; without it, one report.
