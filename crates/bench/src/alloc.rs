@@ -4,10 +4,10 @@
 //! at random; each txg's blocks go in offset order, cut into spans of a write's bytes
 //! ([`run_pieces`] and [`Allocator::allocate_span`], as `zio::allocate` does), their old places
 //! are freed in that txg, and the txg is marked synced, which ends the deferral of the frees of
-//! the txg `FREE_DEFER_TXGS` before it. A run of a span's blocks placed back to back is one
-//! device write (the leaf's queue may merge neighbouring spans' runs further, up to its
-//! aggregation limit); the figure is how many bytes each such write carries once the layout
-//! has settled.
+//! the txg `FREE_DEFER_TXGS` before it. A run of blocks placed back to back, joined across
+//! spans up to a span's bytes as `zio::issue_placed` joins them ([`span_runs`]), is one
+//! device write (the leaf's queue may merge neighbouring runs further, up to its aggregation
+//! limit); the figure is how many bytes each such write carries once the layout has settled.
 //!
 //! Why a benchmark of its own: on a pool half full, the sync's writes are small and many, and
 //! every log flush that follows a burst of them waits for the device to write them back (the
@@ -21,7 +21,7 @@
 
 use serde::Serialize;
 use sluice_engine::alloc::{run_pieces, AllocClass, Allocator, Place};
-use sluice_engine::zio::WRITE_SPAN_BYTES_MAX;
+use sluice_engine::zio::{span_runs, WRITE_SPAN_BYTES_MAX};
 
 /// A new pool's allocation unit (`pool create`'s default ashift).
 const ASHIFT: u8 = 12;
@@ -35,9 +35,10 @@ pub struct Row {
     pub leaf_bytes: u64,
     /// The volume over the data area outside the log region.
     pub fill: f64,
-    /// Bytes per device write, over the txgs of the second half of the run.
+    /// Bytes per device write, over the txgs of the second half of the run: their bytes over
+    /// their writes.
     pub write_bytes_mean: f64,
-    /// The same, the median txg's and the lowest txg's.
+    /// Each txg's bytes per write, the median txg's and the lowest txg's.
     pub write_bytes_median: f64,
     pub write_bytes_min: f64,
     /// Device writes per MiB of blocks, over the second half.
@@ -61,8 +62,8 @@ impl Report {
         let mut out = format!(
             "The engine's allocator, no I/O: a volume of {} MiB in {} KiB blocks written in \
              order, then {} txgs of {} blocks rewritten at random (seed {}); the figures are \
-             the device writes of the last {} txgs (a span's blocks placed back to back are \
-             one write).\n\n| leaf | volume / data area | KiB per write, mean | median txg | \
+             the device writes of the last {} txgs (blocks placed back to back are one write, \
+             up to a span's bytes, as the txg sync issues them).\n\n| leaf | volume / data area | KiB per write, mean | median txg | \
              lowest txg | writes per MiB | free at the end |\n\
              |---:|---:|---:|---:|---:|---:|---:|\n",
             self.volume_bytes >> 20,
@@ -152,30 +153,34 @@ fn one(
         let count = per_txg.min(blocks - first) as usize;
         let placed = place(&mut allocator, &vec![block_bytes; count])
             .ok_or_else(|| anyhow::anyhow!(no_room(leaf_bytes, txg)))?;
-        places.extend(placed.into_iter().map(|(places, _)| places));
+        places.extend(placed);
         allocator.synced(txg);
         txg += 1;
     }
     let mut random = Random(seed);
     let mut sizes = Vec::new();
+    let (mut bytes_total, mut writes_total) = (0u64, 0u64);
     for round in 0..txgs {
         let mut chosen: Vec<u64> = (0..writes_per_txg).map(|_| random.next() % blocks).collect();
         chosen.sort_unstable();
         chosen.dedup();
         let placed = place(&mut allocator, &vec![block_bytes; chosen.len()])
             .ok_or_else(|| anyhow::anyhow!(no_room(leaf_bytes, txg)))?;
-        let writes = placed.iter().filter(|(_, starts_write)| *starts_write).count();
-        for (&block, (at, _)) in chosen.iter().zip(placed) {
+        let writes = span_runs(&placed, WRITE_SPAN_BYTES_MAX).len() as u64;
+        for (&block, at) in chosen.iter().zip(placed) {
             let old = std::mem::replace(&mut places[block as usize], at);
             allocator.free(txg, old.0, old.1, old.2);
         }
         allocator.synced(txg);
         txg += 1;
         if round >= txgs / 2 {
-            sizes.push((chosen.len() as u64 * block_bytes) as f64 / writes as f64);
+            let bytes = chosen.len() as u64 * block_bytes;
+            sizes.push(bytes as f64 / writes as f64);
+            bytes_total += bytes;
+            writes_total += writes;
         }
     }
-    let mean = sizes.iter().sum::<f64>() / sizes.len() as f64;
+    let mean = bytes_total as f64 / writes_total as f64;
     let mut sorted = sizes.clone();
     sorted.sort_by(f64::total_cmp);
     Ok(Row {
@@ -189,20 +194,11 @@ fn one(
     })
 }
 
-/// Places `psizes` as the txg sync does; each place, and whether it starts a device write
-/// (it does not continue the place before it). `None` when the pool is out of room.
-fn place(allocator: &mut Allocator, psizes: &[u64]) -> Option<Vec<(Place, bool)>> {
-    let mut out: Vec<(Place, bool)> = Vec::with_capacity(psizes.len());
+/// Places `psizes` as the txg sync does, in order. `None` when the pool is out of room.
+fn place(allocator: &mut Allocator, psizes: &[u64]) -> Option<Vec<Place>> {
+    let mut out = Vec::with_capacity(psizes.len());
     for piece in run_pieces(psizes, WRITE_SPAN_BYTES_MAX) {
-        let span = allocator.allocate_span(&psizes[piece], AllocClass::Normal).ok()?;
-        let mut previous: Option<Place> = None;
-        for at in span {
-            // Counted a span at a time: `zio::issue_placed` also joins a run with the next
-            // span's where they lie back to back (up to a span's bytes), so this is a floor.
-            let continues = previous.is_some_and(|p| p.0 == at.0 && p.1 + p.2 == at.1);
-            out.push((at, !continues));
-            previous = Some(at);
-        }
+        out.extend(allocator.allocate_span(&psizes[piece], AllocClass::Normal).ok()?);
     }
     Some(out)
 }

@@ -27,12 +27,16 @@ use crate::snapshot::{
     SnapshotError, VolumeSnapshot,
 };
 
-/// `iostat` says the txg sync writes in small pieces when its device writes average under
-/// this (on a pool with room they reach half a megabyte and more: docs/bench/alloc.md)...
+/// `iostat` says the txg sync writes in small pieces when its runs on a data vdev average
+/// under this (on a pool with room they reach half a megabyte and more: docs/bench/alloc.md)...
 const SMALL_SYNC_WRITE_BYTES: u64 = 128 << 10;
-/// ...and there were at least this many of them in the report's interval (a sync of a few
-/// blocks says nothing about the free space).
+/// ...there were at least this many device writes in the report's interval (a sync of a few
+/// blocks says nothing about the free space)...
 const SMALL_SYNC_WRITES_MIN: u64 = 100;
+/// ...and the pool is at least this full, in percent: below it the free space is not cut up
+/// enough to make them small (docs/bench/alloc.md: 514 KiB at 29% full), so small writes there
+/// have another cause, such as txgs of a few blocks each.
+const SMALL_SYNC_WRITES_FILL_PERCENT: u64 = 30;
 
 /// What to print and how often.
 pub struct Options {
@@ -118,8 +122,8 @@ fn leaf_since(now: &LeafSnapshot, earlier: Option<&LeafSnapshot>) -> LeafSnapsho
         checksum_errors: was(|l| l.checksum_errors),
         repairs: was(|l| l.repairs),
         aggregated: was(|l| l.aggregated),
-        sync_commands: was(|l| l.sync_commands),
-        sync_command_bytes: was(|l| l.sync_command_bytes),
+        async_write_commands: was(|l| l.async_write_commands),
+        async_written_bytes: was(|l| l.async_written_bytes),
         // Gauges: as they are now.
         queued: now.queued,
         active: now.active.clone(),
@@ -247,8 +251,8 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
                 "write_bytes_per_s": per_second(l.write_bytes),
                 "flushes_per_s": per_second(l.flushes),
                 "sync_paced_per_s": per_second(l.sync_paced),
-                "sync_commands_per_s": per_second(l.sync_commands),
-                "sync_command_bytes_per_s": per_second(l.sync_command_bytes),
+                "async_write_commands_per_s": per_second(l.async_write_commands),
+                "async_written_bytes_per_s": per_second(l.async_written_bytes),
                 "errors": l.errors(),
                 "queued": l.queued,
                 "active": l.active_total(),
@@ -447,28 +451,7 @@ fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> 
             size(log.block_bytes_allocated / blocks),
         ));
     }
-    // How large the sync's writes reach the devices: small ones are the pool's free space cut
-    // up, and every log flush after a burst of them waits while the device writes them back.
-    let sync_commands: u64 = d.leaves.iter().map(|l| l.sync_commands).sum();
-    let sync_bytes: u64 = d.leaves.iter().map(|l| l.sync_command_bytes).sum();
-    if let Some(mean) = sync_bytes.checked_div(sync_commands) {
-        out.push_str(&format!(
-            "  txg sync: {} device writes/s of {} on average\n",
-            rate(sync_commands),
-            size(mean)
-        ));
-        // A RAID-Z leaf takes a column of each write, so its commands are small by design.
-        let raidz = d.tops.iter().any(|t| t.parity > 0);
-        if sync_commands >= SMALL_SYNC_WRITES_MIN && mean < SMALL_SYNC_WRITE_BYTES && !raidz {
-            out.push_str(&format!(
-                "  the txg sync writes in pieces of {} where the pool's free space is cut up \
-                 (random rewrites on a pool about half full leave it so), and the log's flushes \
-                 wait while the device writes them back: more free space beside the volumes \
-                 makes them larger.\n",
-                size(mean)
-            ));
-        }
-    }
+    out.push_str(&sync_writes(&d, &rate));
     // Why the log writes as it does: what each volume's log has in flight and chose now.
     for volume in &d.volumes {
         let Some(l) = &volume.log else { continue };
@@ -582,6 +565,58 @@ fn scaled(value: f64, step: f64, unit: &str) -> String {
 }
 
 /// A size in bytes as `16K` when it is a whole number of units, else as [`scaled`] gives it.
+/// How large the txg sync's writes reach the devices (the async write class: with a resilver
+/// running, its writes too), and a hint where a data vdev takes them in small runs: the pool's
+/// free space cut up. A RAID-Z leaf takes a column of each run, so a run there is a leaf's
+/// write times the data columns.
+fn sync_writes(d: &PoolSnapshot, rate: &dyn Fn(u64) -> String) -> String {
+    let commands: u64 = d.leaves.iter().map(|l| l.async_write_commands).sum();
+    let bytes: u64 = d.leaves.iter().map(|l| l.async_written_bytes).sum();
+    let Some(mean) = bytes.checked_div(commands) else { return String::new() };
+    let mut out =
+        format!("  txg sync: {} device writes/s of {} on average", rate(commands), size(mean));
+    if let Some(scan) = &d.scan_running {
+        // A resilver's writes are in the same class; the figures are not the sync's alone.
+        out.push_str(&format!(" (with the {scan}'s)\n"));
+        return out;
+    }
+    out.push('\n');
+    let full = d.allocated_bytes.saturating_mul(100)
+        >= d.size_bytes.saturating_mul(SMALL_SYNC_WRITES_FILL_PERCENT);
+    if !full {
+        return out;
+    }
+    // With a log device the log's flushes do not wait behind these writes.
+    let log_device = d.tops.iter().any(|t| t.log && !t.hole);
+    for (index, top) in d.tops.iter().enumerate().filter(|(_, t)| !t.log && !t.hole) {
+        let leaves: Vec<&LeafSnapshot> = d.leaves.iter().filter(|l| l.top == index).collect();
+        let commands: u64 = leaves.iter().map(|l| l.async_write_commands).sum();
+        let bytes: u64 = leaves.iter().map(|l| l.async_written_bytes).sum();
+        let Some(per_leaf) = bytes.checked_div(commands) else { continue };
+        let columns = (leaves.len() as u64).saturating_sub(u64::from(top.parity)).max(1);
+        let run = if top.parity > 0 { per_leaf * columns } else { per_leaf };
+        if commands < SMALL_SYNC_WRITES_MIN || run >= SMALL_SYNC_WRITE_BYTES {
+            continue;
+        }
+        let columns =
+            if top.parity > 0 { format!(" ({} per disk)", size(per_leaf)) } else { String::new() };
+        let wait = if log_device {
+            ""
+        } else {
+            ", and the log's flushes wait while the device writes them back"
+        };
+        out.push_str(&format!(
+            "  the txg sync writes to {} in runs of {}{columns} where the pool's free space is \
+             cut up (random rewrites on a pool {}% full leave it so){wait}: more free space \
+             beside the volumes makes them larger.\n",
+            top.name(index),
+            size(run),
+            d.allocated_bytes * 100 / d.size_bytes.max(1),
+        ));
+    }
+    out
+}
+
 fn size(bytes: u64) -> String {
     let mut unit = 0;
     let mut value = bytes;
@@ -652,11 +687,13 @@ mod tests {
             pool: "tank".into(),
             uptime_nanos: 10_000_000_000,
             tops: vec![TopSnapshot { mirror: false, log: false, parity: 0, hole: false }],
+            size_bytes: 4 << 30,
+            allocated_bytes: 2300 << 20,
             ..PoolSnapshot::default()
         };
         earlier.leaves.push(leaf(1000, histogram.snapshot()));
-        earlier.leaves[0].sync_commands = 100;
-        earlier.leaves[0].sync_command_bytes = 100 * 65536;
+        earlier.leaves[0].async_write_commands = 100;
+        earlier.leaves[0].async_written_bytes = 100 * 65536;
         for _ in 0..20 {
             histogram.record(Duration::from_micros(200));
         }
@@ -698,8 +735,8 @@ mod tests {
         now.uptime_nanos = 12_000_000_000;
         now.leaves[0] = leaf(3000, histogram.snapshot());
         // 400 of the sync's device writes in the interval, 56K each: small, and worth a hint.
-        now.leaves[0].sync_commands = 500;
-        now.leaves[0].sync_command_bytes = 100 * 65536 + 400 * 57344;
+        now.leaves[0].async_write_commands = 500;
+        now.leaves[0].async_written_bytes = 100 * 65536 + 400 * 57344;
         // 400 writes in the interval, 300 of them partial: 75%, and worth a hint.
         now.volumes[0] = volume(900, 400);
         now.volumes[0].log = Some(crate::snapshot::VolumeLogSnapshot {
@@ -761,15 +798,60 @@ mod tests {
         );
         assert!(text.contains("waits for a sync to free space/s (mean 2.0ms)"), "{text}");
         assert!(text.contains("  txg sync: 200 device writes/s of 56K on average\n"), "{text}");
-        assert!(text.contains("the txg sync writes in pieces of 56K where"), "{text}");
+        assert!(
+            text.contains(
+                "the txg sync writes to disk-0 in runs of 56K where the pool's free space is cut \
+                 up (random rewrites on a pool 56% full leave it so), and the log's flushes wait"
+            ),
+            "{text}"
+        );
         // Writes of half a megabyte are what a pool with room gives: no hint.
         let mut roomy = now.clone();
-        roomy.leaves[0].sync_command_bytes = 100 * 65536 + 400 * (512 << 10);
+        roomy.leaves[0].async_written_bytes = 100 * 65536 + 400 * (512 << 10);
         let roomy = report(&roomy, Some(&earlier), false);
         assert!(roomy.contains("  txg sync: 200 device writes/s of 512K on average\n"), "{roomy}");
-        assert!(!roomy.contains("writes in pieces"), "{roomy}");
+        assert!(!roomy.contains("in runs of"), "{roomy}");
+        // Small writes on a pool a fifth full are not its free space cut up: no hint.
+        let emptier = report(
+            &PoolSnapshot { allocated_bytes: 800 << 20, ..now.clone() },
+            Some(&earlier),
+            false,
+        );
+        assert!(emptier.contains("of 56K on average\n"), "{emptier}");
+        assert!(!emptier.contains("in runs of"), "{emptier}");
+        // A resilver's writes are in the same class: said, and no hint.
+        let resilvering = PoolSnapshot { scan_running: Some("resilver".into()), ..now.clone() };
+        let resilvering = report(&resilvering, Some(&earlier), false);
+        assert!(resilvering.contains("of 56K on average (with the resilver's)\n"), "{resilvering}");
+        assert!(!resilvering.contains("in runs of"), "{resilvering}");
+        // A log device: the log's flushes do not wait behind the sync's writes.
+        let mut logged = now.clone();
+        logged.tops.push(TopSnapshot { mirror: false, log: true, parity: 0, hole: false });
+        let logged = report(&logged, Some(&earlier), false);
+        assert!(logged.contains("disk-0 in runs of 56K"), "{logged}");
+        assert!(!logged.contains("flushes wait"), "{logged}");
+        // A RAID-Z leaf takes a column of each run: 56K on each of four leaves of a raidz1 is
+        // a 168K run, not small.
+        let mut raidz = now.clone();
+        let mut raidz_earlier = earlier.clone();
+        raidz.tops[0] = TopSnapshot { mirror: false, log: false, parity: 1, hole: false };
+        for (snapshot, leaf) in
+            [(&mut raidz, &now.leaves[0]), (&mut raidz_earlier, &earlier.leaves[0])]
+        {
+            snapshot.leaves =
+                (0..4).map(|i| LeafSnapshot { path: format!("/d/{i}"), ..leaf.clone() }).collect();
+        }
+        let wide = report(&raidz, Some(&raidz_earlier), false);
+        assert!(wide.contains("  txg sync: 800 device writes/s of 56K on average\n"), "{wide}");
+        assert!(!wide.contains("in runs of"), "{wide}");
+        // A raidz1 of three: 112K runs, small.
+        raidz.leaves.truncate(3);
+        raidz_earlier.leaves.truncate(3);
+        let narrow = report(&raidz, Some(&raidz_earlier), false);
+        assert!(narrow.contains("raidz1-0 in runs of 112K (56K per disk) where"), "{narrow}");
         let json = report_json(&now, Some(&earlier));
-        assert_eq!(json["leaves"][0]["sync_commands_per_s"], 200.0, "{json}");
+        assert_eq!(json["leaves"][0]["async_write_commands_per_s"], 200.0, "{json}");
+        assert_eq!(json["leaves"][0]["async_written_bytes_per_s"], 200.0 * 57344.0, "{json}");
         assert_eq!(json["throttle"]["delay_mean_us"], 2000.0, "{json}");
         assert_eq!(json["throttle"]["dirty_max_bytes"], 2u64 << 30, "{json}");
         assert_eq!(json["throttle"]["waited_for_space_per_s"], 1.5, "{json}");

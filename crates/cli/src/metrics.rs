@@ -456,17 +456,18 @@ const LEAF_COUNTERS: &[Figure<LeafSnapshot>] = &[
         l.aggregated
     }),
     figure(
-        "leaf_sync_commands",
-        "Device commands that carried the txg sync's writes to a leaf; with \
-         leaf_sync_commands_written, how large the sync's writes reach the device.",
+        "leaf_async_write_commands",
+        "Device commands that carried async writes to a leaf (the txg sync's blocks; a \
+         resilver's while one runs); with leaf_async_written, how large the sync's writes \
+         reach the device.",
         Count,
-        |l| l.sync_commands,
+        |l| l.async_write_commands,
     ),
     figure(
-        "leaf_sync_commands_written",
-        "Bytes of the device commands that carried the txg sync's writes to a leaf.",
+        "leaf_async_written",
+        "Bytes of async writes (the txg sync's blocks) in a leaf's device commands.",
         Bytes,
-        |l| l.sync_command_bytes,
+        |l| l.async_written_bytes,
     ),
 ];
 

@@ -124,11 +124,12 @@ pub struct LeafSnapshot {
     pub repairs: u64,
     /// I/Os that rode in another's device command.
     pub aggregated: u64,
-    /// Device commands that carried the txg sync's writes, and their bytes.
+    /// Device commands that carried async writes (the txg sync's blocks; a resilver's while
+    /// one runs), and those writes' bytes.
     #[serde(default)]
-    pub sync_commands: u64,
+    pub async_write_commands: u64,
     #[serde(default)]
-    pub sync_command_bytes: u64,
+    pub async_written_bytes: u64,
     /// I/Os waiting in the submission queues now.
     pub queued: u64,
     /// What is in the device now, per [`IoClass`] (see `Leaf::active_by_class`).
@@ -346,8 +347,8 @@ impl PoolSnapshot {
                     checksum_errors: s.checksum_errors.get(),
                     repairs: s.repairs.get(),
                     aggregated: s.aggregated.get(),
-                    sync_commands: s.sync_commands.get(),
-                    sync_command_bytes: s.sync_command_bytes.get(),
+                    async_write_commands: s.async_write_commands.get(),
+                    async_written_bytes: s.async_written.get(),
                     queued: u64::try_from(l.leaf.queued()).unwrap_or(u64::MAX),
                     active: l.leaf.active_by_class().iter().map(|&n| u64::from(n)).collect(),
                     queue_depth: u64::from(l.leaf.queue_depth()),

@@ -598,25 +598,40 @@ fn the_syncs_writes_are_paced_between_the_logs_flushes() {
 /// whether the queue merged neighbours into one or not (what `pool iostat` gives as the size
 /// of the sync's writes on the device); the intent log's writes are not among them.
 #[test]
-fn the_syncs_device_commands_are_counted() {
+fn async_write_commands_count_only_async_bytes() {
     use sluice_engine::device::DeviceOp;
 
     const SYNC_AT: u64 = 16 << 20;
     const BLOCK: u64 = 16 << 10;
+    // A sync-class write right after the eight neighbours: the queue may merge it into their
+    // command, and its bytes are not the sync's.
+    const OTHER_AT: u64 = SYNC_AT + 8 * BLOCK;
     let sim = Sim::new(31);
     let env = sim.env();
     let options = SimOptions { store_data: false, record_log: true };
     let device = SimDevice::new(&env, "leaf", SimProfile::ssd(), DEVICE_BYTES, options);
-    let leaf = Leaf::new(VdevId(1), &env, Arc::new(device.clone()), &Tunables::default());
+    // One async write at a time: the others wait in the queue, where the sync write, issued
+    // at once, takes its neighbours into its command.
+    let tunables = Tunables::with([
+        ("vdev.max_active", "32"),
+        ("vdev.async_write_min_active", "1"),
+        ("vdev.async_write_max_active", "1"),
+    ])
+    .unwrap();
+    let leaf = Leaf::new(VdevId(1), &env, Arc::new(device.clone()), &tunables);
     let l = Arc::clone(&leaf);
     sim.run(async move {
         // Eight neighbours queued at once, which the queue may merge, and eight blocks apart.
-        let writes = (0..16u64).map(|i| {
+        let writes = (0..17u64).map(|i| {
             let l = Arc::clone(&l);
-            let at = if i < 8 { SYNC_AT + i * BLOCK } else { SYNC_AT + (1 << 20) + i * 4 * BLOCK };
+            let (at, class) = match i {
+                0..=7 => (SYNC_AT + i * BLOCK, IoClass::AsyncWrite),
+                8 => (OTHER_AT, IoClass::SyncWrite),
+                _ => (SYNC_AT + (1 << 20) + i * 4 * BLOCK, IoClass::AsyncWrite),
+            };
             async move {
                 let data = SharedBuf::copy_from(&[9u8; BLOCK as usize]);
-                l.write(at, data, IoClass::AsyncWrite).await.unwrap()
+                l.write(at, data, class).await.unwrap()
             }
         });
         futures::future::join_all(writes).await;
@@ -624,18 +639,29 @@ fn the_syncs_device_commands_are_counted() {
         l.write_flushed(0, block, IoClass::LogWrite, true).await.unwrap();
     })
     .unwrap();
-    let (commands, bytes) = device
-        .write_log()
-        .iter()
-        .filter(|e| matches!(e.op, DeviceOp::Write) && e.offset_bytes >= SYNC_AT)
-        .fold((0, 0), |(c, b), e| (c + 1, b + e.len_bytes));
-    assert_eq!(bytes, 16 * BLOCK, "every write of the sync reached the device");
+    let (mut commands, mut async_bytes, mut all_bytes, mut mixed) = (0, 0, 0, 0);
+    for e in device.write_log().iter() {
+        if !matches!(e.op, DeviceOp::Write) || e.offset_bytes < SYNC_AT {
+            continue;
+        }
+        all_bytes += e.len_bytes;
+        let end = e.offset_bytes + e.len_bytes;
+        let other = end.min(OTHER_AT + BLOCK).saturating_sub(e.offset_bytes.max(OTHER_AT));
+        if e.len_bytes > other {
+            commands += 1;
+            async_bytes += e.len_bytes - other;
+            mixed += u32::from(other > 0);
+        }
+    }
+    assert_eq!(mixed, 1, "the sync write rode with async ones");
+    assert_eq!(all_bytes, 17 * BLOCK, "every write reached the device");
+    assert_eq!(async_bytes, 16 * BLOCK, "the async writes' bytes, found in the record");
     assert!((9..=16).contains(&commands), "the blocks apart cannot merge: {commands} commands");
     let stats = leaf.stats();
     assert_eq!(
-        (stats.sync_commands.get(), stats.sync_command_bytes.get()),
-        (commands, bytes),
-        "the counters match the device's own record of the sync's commands"
+        (stats.async_write_commands.get(), stats.async_written.get()),
+        (commands, async_bytes),
+        "the counters match the device's own record of the async writes' commands"
     );
-    assert_eq!(stats.writes.get(), 17, "the log's write is a write, but not the sync's");
+    assert_eq!(stats.writes.get(), 18, "the sync and log writes are writes, but not async ones");
 }

@@ -994,7 +994,7 @@ impl Pool {
                 let data = data.clone();
                 let path = pool_leaf.path.clone();
                 writes.push(async move {
-                    leaf.write(offset, data, IoClass::AsyncWrite).await.map_err(|e| (path, e))
+                    leaf.write(offset, data, IoClass::SyncWrite).await.map_err(|e| (path, e))
                 });
             }
         }
@@ -1184,9 +1184,11 @@ impl Pool {
                             break;
                         }
                         let at = uberblock_offset(label, uberblock.txg);
+                        // The sync-write class, as ZFS writes labels: the sync waits on it,
+                        // and the async class is left to blocks (what iostat sizes).
                         ok |= pool_leaf
                             .leaf
-                            .write(at, data.clone(), IoClass::AsyncWrite)
+                            .write(at, data.clone(), IoClass::SyncWrite)
                             .await
                             .is_ok();
                     }

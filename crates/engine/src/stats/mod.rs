@@ -252,12 +252,13 @@ pub struct LeafStats {
     pub repairs: Counter,
     /// I/Os that rode in another's device command (aggregation).
     pub aggregated: Counter,
-    /// Device commands that carried the txg sync's writes (the async write class, aggregated
-    /// or not), and their bytes: how large the sync's writes reach the device. On a pool
-    /// about half full, random rewrites leave its free space in small ranges, and these stay
-    /// small whatever the queue merges (docs/bench/alloc.md).
-    pub sync_commands: Counter,
-    pub sync_command_bytes: Counter,
+    /// Device commands that carried async writes (ZFS's `async_write` class: the txg sync's
+    /// blocks, a receive's, and a resilver's or a repair's copies while one runs), and those
+    /// writes' bytes: how large the sync's writes reach the device. On a pool about half full,
+    /// random rewrites leave its free space in small ranges, and these stay small whatever the
+    /// queue merges (docs/bench/alloc.md). Labels and uberblocks are sync writes, as in ZFS.
+    pub async_write_commands: Counter,
+    pub async_written: Counter,
     /// Time from enqueue to completion, per class.
     pub latency: [Histogram; crate::tunables::IoClass::COUNT],
 }

@@ -849,9 +849,16 @@ impl Leaf {
                     result
                 };
                 slots.release();
-                if matches!(class, IoClass::AsyncWrite) && result.is_ok() {
-                    self.stats.sync_commands.inc();
-                    self.stats.sync_command_bytes.add(issue.len);
+                // The queue merges across classes: only the async writes' own bytes count.
+                let async_bytes: u64 = issue
+                    .members
+                    .iter()
+                    .filter(|m| m.class == IoClass::AsyncWrite)
+                    .map(|m| m.len)
+                    .sum();
+                if async_bytes > 0 && result.is_ok() {
+                    self.stats.async_write_commands.inc();
+                    self.stats.async_written.add(async_bytes);
                 }
                 for member in issue.members {
                     let (Waiter::Write(_, _, done), started) = member.payload else { continue };
