@@ -3,8 +3,8 @@
 # CPU, fio's included), context switches, disk commands and bytes written per operation, for
 # one fio job against sluice or qemu-nbd on a fresh image.
 #
-# Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|stream-1m|seqwrite|randread|seqread] [JOBS] [--bin PATH]
-#        [--block-size 4K] [--compression off|lz4|zstd] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
+# Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|stream-1m|seqwrite|mixed|randread|seqread] [JOBS] [--bin PATH]
+#        [--block-size 4K] [--compression off|lz4|zstd] [--logbias latency|throughput] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
 #        [--cores N (sluice's serving cores)] [--age SECONDS] [--warm SECONDS]
 #        [--mirror (sluice: a 2-way mirror of two such leaves in the same dir, the default
 #        pool's layout)] [--volume-mib N (bench/peers.sh's layout: a volume of N MiB in a leaf
@@ -21,6 +21,9 @@
 #   seqwrite:  1 MiB sequential writes at queue depth 8, no flush (bench/peers.sh's
 #              seqwrite-1m; IOPS are MiB/s). Each write only dirties the open txg, so the
 #              CPU per op counts the syncs that run meanwhile, not those after the run
+#   mixed:     4 KiB and 8 KiB random writes, half each, a flush after every 4 writes, JOBS
+#              jobs at queue depth 1 (bench/peers.sh's mixed-8: a filesystem's or database's
+#              small writes; an operation is a write, flushes are counted apart)
 #   randread:  4 KiB random reads at queue depth 32
 #   seqread:   1 MiB sequential reads at queue depth 8 (IOPS are MiB/s)
 # The image is a 1.5 GiB volume, of which the jobs use the first 1 GiB (sluice: in a 3 GiB
@@ -40,13 +43,14 @@ set -euo pipefail
 
 target=${1:-sluice}; job=${2:-syncwrite}; jobs=${3:-32}
 shift $(( $# < 3 ? $# : 3 ))
-bin=target/release/sluice; block=""; compression=""; seconds=6; disk=""; serve_args=(); age=0
+bin=target/release/sluice; block=""; compression=""; logbias=""; seconds=6; disk=""; serve_args=(); age=0
 mirror=0; warm=0; vol_mib=1536; leaf_mib=3072; span_mib=1024; fio_extra=()
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) bin=$2; shift 2 ;;
     --block-size) block=$2; shift 2 ;;
     --compression) compression=$2; shift 2 ;;
+    --logbias) logbias=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --disk) disk=$2; shift 2 ;;
     --set) serve_args+=(--set "$2"); shift 2 ;;
@@ -81,7 +85,7 @@ case $target in
       "$bin" pool create perop "$dir/leaf.img" >/dev/null
     fi
     "$bin" vol create perop/disk --size "${vol_mib}M" ${block:+--block-size "$block"} \
-      ${compression:+--compression "$compression"} >/dev/null
+      ${compression:+--compression "$compression"} ${logbias:+--logbias "$logbias"} >/dev/null
     "$bin" serve perop --socket "$dir/s.sock" --listen none --dir "$dir" ${serve_args[@]+"${serve_args[@]}"} 2>"$dir/serve.log" &
     pid=$! ;;
   qemu-nbd)
@@ -110,9 +114,10 @@ case $job in
   stream-1m) slice=$(( span_mib / jobs ))M
     args=(--rw=write --bs=1M --fsync=64 --numjobs="$jobs" --iodepth=1 --size="$slice" --offset_increment="$slice") ;;
   seqwrite) args=(--rw=write --bs=1M --iodepth=8) ;;
+  mixed) args=(--rw=randwrite --bssplit=4k/50:8k/50 --fsync=4 --numjobs="$jobs" --iodepth=1) ;;
   randread) args=(--rw=randread --iodepth=32) ;;
   seqread) args=(--rw=read --bs=1M --iodepth=8) ;;
-  *) echo "per-op: job is syncwrite, syncwrite-1m, stream-1m, seqwrite, randread or seqread" >&2; exit 2 ;;
+  *) echo "per-op: job is syncwrite, syncwrite-1m, stream-1m, seqwrite, mixed, randread or seqread" >&2; exit 2 ;;
 esac
 args+=(${fio_extra[@]+"${fio_extra[@]}"})
 sample() {
