@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# What TLS costs a sync write: 4 KiB random writes, each followed by a flush, over TCP on
-# loopback, to sluice in plain text and with TLS (a pre-shared key), and to qemu-nbd in plain
-# text and with TLS from the same keys.psk (tls-creds-psk).
+# What TLS costs a sync write: random writes of --write-size (4 KiB unless said), each
+# followed by a flush, over TCP on loopback, to sluice in plain text and with TLS (a
+# pre-shared key), and to qemu-nbd in plain text and with TLS from the same keys.psk
+# (tls-creds-psk).
 #
 # sluice serves its default pool (a 2-way mirror of two files in --dir, thick 1 GiB vol0)
 # with `--tls on`, so one server answers both the plain and the TLS clients. qemu-nbd serves a
@@ -11,9 +12,10 @@
 # on its own connection, doing pwrite then flush in a loop for --seconds. Per round, targets
 # and writer counts alternate; the table gives medians of IOPS and of the server's CPU per
 # write (utime + stime from /proc over the run, divided by the writes).
-# Usage: bench/tls.sh [--rounds 3] [--seconds 10] [--dir DIR] [--no-build] [--report PATH.md]
+# Usage: bench/tls.sh [--rounds 3] [--seconds 10] [--write-size 4K|1M] [--dir DIR] [--no-build]
+#          [--bin PATH (a sluice binary to run instead of building one)] [--report PATH.md]
 set -euo pipefail
-rounds=3 seconds=10 dir=/tmp/sluice-tls build=1 report=docs/bench/tls.md
+rounds=3 seconds=10 dir=/tmp/sluice-tls build=1 report=docs/bench/tls.md size=4096 bin=target/release/sluice
 while [ $# -gt 0 ]; do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;
@@ -21,14 +23,16 @@ while [ $# -gt 0 ]; do
     --dir) dir=$2; shift 2 ;;
     --no-build) build=0; shift ;;
     --report) report=$2; shift 2 ;;
-    *) echo "usage: $0 [--rounds N] [--seconds S] [--dir DIR] [--no-build] [--report PATH.md]" >&2; exit 2 ;;
+    --write-size) size=$(numfmt --from=iec "$2"); shift 2 ;;
+    --bin) bin=$2; build=0; shift 2 ;;
+    *) echo "usage: $0 [--rounds N] [--seconds S] [--write-size 4K|1M] [--dir DIR] [--no-build] [--bin PATH] [--report PATH.md]" >&2; exit 2 ;;
   esac
 done
 for tool in qemu-nbd openssl /usr/bin/python3; do
   command -v $tool >/dev/null || { echo "tls bench: $tool is missing" >&2; exit 1; }
 done
 [ "$build" = 1 ] && cargo build -q --release -p sluice-cli
-bin=$(realpath target/release/sluice)
+bin=$(realpath "$bin")
 rm -rf "$dir"; mkdir -p "$dir/psk"
 export SLUICE_CACHE_FILE=$dir/cache
 pids=()
@@ -63,10 +67,10 @@ for round in $(seq 1 "$rounds"); do
   for writers in 1 8; do
     for target in $targets; do
       before=$(cpu_ticks "${pid[$target]}")
-      ops=$(/usr/bin/python3 - "${uri[$target]}" "$writers" "$seconds" <<'EOF'
+      ops=$(/usr/bin/python3 - "${uri[$target]}" "$writers" "$seconds" "$size" <<'EOF'
 import os, random, sys, threading, time
 import nbd
-uri, writers, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+uri, writers, seconds, size = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 handles = []
 for _ in range(writers):
     h = nbd.NBD()
@@ -76,10 +80,10 @@ for _ in range(writers):
 counts = [0] * writers
 start = time.monotonic()
 def run(i):
-    h, rng, buf = handles[i], random.Random(i), os.urandom(4096)
-    blocks = min(h.get_size(), 1 << 30) // 4096
+    h, rng, buf = handles[i], random.Random(i), os.urandom(size)
+    blocks = min(h.get_size(), 1 << 30) // size
     while time.monotonic() - start < seconds:
-        h.pwrite(buf, rng.randrange(blocks) * 4096)
+        h.pwrite(buf, rng.randrange(blocks) * size)
         h.flush()
         counts[i] += 1
 threads = [threading.Thread(target=run, args=(i,)) for i in range(writers)]
@@ -96,10 +100,12 @@ EOF
   done
 done
 commit=$(git rev-parse --short HEAD)
-/usr/bin/python3 - "$results" "$report" "$rounds" "$seconds" "$commit" "$ticks" <<'EOF'
+/usr/bin/python3 - "$results" "$report" "$rounds" "$seconds" "$commit" "$ticks" "$size" <<'EOF'
 import datetime, os, platform, statistics, sys
-results, report, rounds, seconds, commit, ticks = sys.argv[1:]
-ticks = int(ticks)
+results, report, rounds, seconds, commit, ticks, size = sys.argv[1:]
+ticks, size = int(ticks), int(size)
+what = f"{size >> 10} KiB" if size < 1 << 20 else f"{size >> 20} MiB"
+option = "" if size == 4096 else f" --write-size {what.replace(' KiB', 'K').replace(' MiB', 'M')}"
 rows = [l.split() for l in open(results) if l.strip()]
 def cell(target, writers):
     rs = [r for r in rows if r[0] == target and r[1] == str(writers)]
@@ -109,11 +115,11 @@ def cell(target, writers):
 targets = ["sluice-plain", "sluice-tls", "qemu-nbd-plain", "qemu-nbd-tls"]
 lines = ["# Sync writes over TLS", ""]
 lines.append(f"Measured {datetime.date.today()} at commit {commit} with `bench/tls.sh --rounds {rounds} "
-             f"--seconds {seconds}` on this development VM ({os.cpu_count()} vCPUs, {platform.machine()}, "
+             f"--seconds {seconds}{option}` on this development VM ({os.cpu_count()} vCPUs, {platform.machine()}, "
              "Debian; files on its virtual disk, whose fdatasync latency swings between minutes). "
              "Medians of the rounds; targets and writer counts alternate within each round.")
 lines.append("")
-lines.append("4 KiB random writes, each followed by a flush, from python3-libnbd clients over TCP on "
+lines.append(f"{what} random writes, each followed by a flush, from python3-libnbd clients over TCP on "
              "loopback, one connection per writer. TLS is TLS 1.3 with a pre-shared key "
              "(TLS_AES_128_GCM_SHA256), the same keys.psk for sluice (`--tls on --tls-psk`) and "
              "qemu-nbd (`tls-creds-psk`). CPU is the server process's, per write.")
@@ -134,10 +140,11 @@ for writers in (1, 8):
                  f"{st[1] / sp[1]:.2f}x the CPU per write; sluice over TLS reaches "
                  f"{st[0] / qt[0]:.2f}x qemu-nbd's IOPS over TLS at {st[1] / qt[1]:.2f}x its CPU per write.")
 lines.append("")
-lines.append("TLS adds about the same CPU per write to both servers (the AES-GCM of a 4 KiB payload "
-             "and the record layer's extra system calls); the gap between sluice and qemu-nbd is "
-             "the one they have in plain text, sluice's CPU per sync write (docs/bench/peers.md), "
-             "not TLS's.")
+for writers in (1, 8):
+    added = {t: got[(f"{t}-tls", writers)][1] - got[(f"{t}-plain", writers)][1]
+             for t in ("sluice", "qemu-nbd")}
+    lines.append(f"- {writers} writer(s): TLS adds {added['sluice']:.1f} µs of server CPU per write "
+                 f"to sluice and {added['qemu-nbd']:.1f} µs to qemu-nbd.")
 lines.append("")
 lines.append("Every run (writes, seconds, server CPU ticks at "
              f"{ticks}/s):")

@@ -21,9 +21,11 @@
 //! connection, and an oversized write payload is drained and refused (or, beyond
 //! [`proto::PAYLOAD_DRAIN_MAX`], the connection is closed without reading it).
 
+use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use sluice_engine::{AlignedBuf, UninitBuf, Volume};
 use tokio::io::{
@@ -832,18 +834,20 @@ const AHEAD_PART_BYTES_MIN: usize = 256 << 10;
 /// the connection's buffer holds already (the payload's start, received with its header) is
 /// copied out of it; the rest is received straight into the blocks. With `direct`, a plain
 /// socket's descriptor, one vectored receive takes whatever the socket holds into all the
-/// blocks' unfilled bytes; when it holds nothing yet, and always without `direct`, a read
-/// through the stream into the block being filled waits for the next bytes. One read per
-/// block would cost a receive per 16 KiB where a contiguous buffer took a few per MiB
-/// (measured: more context switches per 1 MiB write, its latency up 50%).
+/// blocks' unfilled bytes; without it (a TLS stream, whose bytes come decrypted through the
+/// stream), one poll of the stream's read fills the block being filled as far as it has bytes
+/// ready. One read per block would cost a receive per 16 KiB where a contiguous buffer took a
+/// few per MiB (measured: more context switches per 1 MiB write, its latency up 50%). When
+/// either finds nothing there yet, a read through the stream waits for the next bytes.
 ///
-/// With `ahead`, whenever the socket is found empty while [`AHEAD_PART_BYTES_MIN`] or more of
+/// With `ahead`, whenever nothing is there yet while [`AHEAD_PART_BYTES_MIN`] or more of
 /// whole blocks wait, those are written before waiting (`Volume::write_blocks_ahead`), so
 /// that their log writes can start while the client is still sending: a client's 1 MiB write
 /// arrives over a few hundred microseconds in pieces of its socket buffer, about as long as
 /// the device takes to write it, and a flush after it waited for both one after the other.
-/// The last block is never written ahead: the request's own write, with the rest, answers
-/// it. A part that fails ends the writing ahead; the payload is still read to its end.
+/// So over TLS too, where each record is decrypted on the serving core as it is read. The
+/// last block is never written ahead: the request's own write, with the rest, answers it. A
+/// part that fails ends the writing ahead; the payload is still read to its end.
 async fn read_blocks<R: AsyncRead + Unpin>(
     reader: &mut BufReader<R>,
     direct: Option<RawFd>,
@@ -853,7 +857,7 @@ async fn read_blocks<R: AsyncRead + Unpin>(
 ) -> std::io::Result<Blocks> {
     assert!(block_bytes > 0 && len % block_bytes == 0, "a payload of whole blocks");
     // The blocks not handed ahead: `handed` blocks went before them.
-    let mut blocks: std::collections::VecDeque<UninitBuf> =
+    let mut blocks: VecDeque<UninitBuf> =
         (0..len / block_bytes).map(|_| UninitBuf::new(block_bytes)).collect();
     let (mut handed, mut failed) = (0usize, None);
     let buffered = &reader.buffer()[..reader.buffer().len().min(len)];
@@ -867,71 +871,92 @@ async fn read_blocks<R: AsyncRead + Unpin>(
         debug_assert!(reader.buffer().is_empty());
         // Bytes received into the blocks still held.
         let held = filled - handed * block_bytes;
-        if let Some(fd) = direct {
-            match receive_into(fd, blocks.make_contiguous(), held, block_bytes) {
+        // What is there now, taken without waiting: `None` when nothing is yet.
+        let ready = match direct {
+            Some(fd) => match receive_into(fd, blocks.make_contiguous(), held, block_bytes) {
                 Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => {
-                    filled += n;
-                    continue;
-                }
+                Ok(n) => Some(n),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => return Err(e),
-                // Nothing there yet: whole blocks waiting are written ahead, or the stream's
-                // read below waits for more.
-                Err(_) => {
-                    let whole = held / block_bytes;
-                    if let Some(ahead) = ahead.as_ref().filter(|_| failed.is_none()) {
-                        // The part, and what is left after it, both logged by pointer: a
-                        // copied rest would cost log blocks and keep the last part's early
-                        // commit from being taken.
-                        let part = whole * block_bytes;
-                        let left = len - handed * block_bytes - part;
-                        if part >= AHEAD_PART_BYTES_MIN
-                            && ahead.volume.logs_by_pointer(part as u64)
-                            && ahead.volume.logs_by_pointer(left as u64)
-                        {
-                            // SAFETY: each of these blocks was written whole, in order, by
-                            // `write_at` or receives, as `filled` counted.
-                            let part: Vec<AlignedBuf> = blocks
-                                .drain(..whole)
-                                .map(|block| unsafe { block.assume_init() })
-                                .collect();
-                            let at = ahead.offset + (handed * block_bytes) as u64;
-                            handed += whole;
-                            // A bug below must not end the connection unanswered: the write
-                            // is answered EIO (`AheadFailed::Panicked`), as `execute`'s are.
-                            let write = std::panic::AssertUnwindSafe(
-                                ahead.volume.write_blocks_ahead(at, part),
-                            );
-                            match futures::FutureExt::catch_unwind(write).await {
-                                Ok(Ok(())) => {}
-                                Ok(Err(error)) => failed = Some(AheadFailed::Store(error)),
-                                Err(_) => failed = Some(AheadFailed::Panicked),
-                            }
-                            // The socket may hold more by now.
-                            continue;
-                        }
-                    }
+                Err(_) => None,
+            },
+            // Only a write that may be written ahead looks before it waits.
+            None if ahead.is_some() && failed.is_none() => {
+                let (block, at) = (&mut blocks[held / block_bytes], held % block_bytes);
+                // One poll: a stream with nothing ready says so, and wakes this task when it
+                // has (the wait below, or the next look, takes that).
+                match std::future::poll_fn(|cx| Poll::Ready(poll_read_into(reader, block, at, cx)))
+                    .await
+                {
+                    Poll::Ready(n) => Some(n?),
+                    Poll::Pending => None,
                 }
             }
+            None => None,
+        };
+        if let Some(n) = ready {
+            filled += n;
+            continue;
         }
-        let held = filled - handed * block_bytes;
-        let mut view = ReadBuf::uninit(blocks[held / block_bytes].spare(held % block_bytes));
-        // An address, not a pointer: the future stays Send.
-        let spare = view.filled().as_ptr() as usize;
-        std::future::poll_fn(|cx| Pin::new(reader.get_mut()).poll_read(cx, &mut view)).await?;
-        // What counts is what the reader wrote into this view of the block, not elsewhere.
-        debug_assert_eq!(view.filled().as_ptr() as usize, spare, "the reader filled the view");
-        match view.filled().len() {
-            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            n => filled += n,
+        // Nothing there yet: whole blocks waiting are written ahead, or the read below waits
+        // for more.
+        if let Some(ahead) = ahead.as_ref().filter(|_| failed.is_none()) {
+            let whole = held / block_bytes;
+            // The part, and what is left after it, both logged by pointer: a copied rest
+            // would cost log blocks and keep the last part's early commit from being taken.
+            let part = whole * block_bytes;
+            let left = len - handed * block_bytes - part;
+            if part >= AHEAD_PART_BYTES_MIN
+                && ahead.volume.logs_by_pointer(part as u64)
+                && ahead.volume.logs_by_pointer(left as u64)
+            {
+                // SAFETY: each of these blocks was written whole, in order, by `write_at` or
+                // receives, as `filled` counted.
+                let part: Vec<AlignedBuf> =
+                    blocks.drain(..whole).map(|block| unsafe { block.assume_init() }).collect();
+                let at = ahead.offset + (handed * block_bytes) as u64;
+                handed += whole;
+                // A bug below must not end the connection unanswered: the write is answered
+                // EIO (`AheadFailed::Panicked`), as `execute`'s are.
+                let write = std::panic::AssertUnwindSafe(ahead.volume.write_blocks_ahead(at, part));
+                match futures::FutureExt::catch_unwind(write).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => failed = Some(AheadFailed::Store(error)),
+                    Err(_) => failed = Some(AheadFailed::Panicked),
+                }
+                // The socket may hold more by now.
+                continue;
+            }
         }
+        let (block, at) = (&mut blocks[held / block_bytes], held % block_bytes);
+        filled += std::future::poll_fn(|cx| poll_read_into(reader, block, at, cx)).await?;
     }
     // SAFETY: bytes 0..len were all written, in order: the buffered ones by `write_at`, the
     // rest by receives into the blocks' spare bytes from `filled` on, each counted as the
     // kernel or the stream's `ReadBuf` reported them.
     let rest = blocks.into_iter().map(|block| unsafe { block.assume_init() }).collect();
     Ok(Blocks { ahead: (handed * block_bytes) as u64, rest, failed })
+}
+
+/// Polls one read through the stream into `block`'s unfilled bytes from `at` on: how many it
+/// wrote there (an end of stream is an error: the payload was cut off).
+fn poll_read_into<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    block: &mut UninitBuf,
+    at: usize,
+    cx: &mut Context<'_>,
+) -> Poll<std::io::Result<usize>> {
+    let mut view = ReadBuf::uninit(block.spare(at));
+    let spare = view.filled().as_ptr();
+    if let Err(e) = std::task::ready!(Pin::new(reader.get_mut()).poll_read(cx, &mut view)) {
+        return Poll::Ready(Err(e));
+    }
+    // What counts is what the reader wrote into this view of the block, not elsewhere.
+    debug_assert_eq!(view.filled().as_ptr(), spare, "the reader filled the view");
+    Poll::Ready(match view.filled().len() {
+        0 => Err(std::io::ErrorKind::UnexpectedEof.into()),
+        n => Ok(n),
+    })
 }
 
 /// One receive, without waiting, on the socket `fd` into the blocks' bytes from `filled` on
@@ -1554,8 +1579,10 @@ mod tests {
 
     /// A large write's whole blocks are written as they arrive: parts of them while the
     /// socket waits for the client's next bytes, in order, the last block never; the rest is
-    /// the request's own write. A part the volume refuses (a snapshot's, read-only) ends the
-    /// writing ahead with its error, and the payload is still read to its end.
+    /// the request's own write. So through a plain socket's descriptor and through the stream
+    /// alone (as over TLS, whose bytes come decrypted through it). A part the volume refuses
+    /// (a snapshot's, read-only) ends the writing ahead with its error, and the payload is
+    /// still read to its end.
     #[tokio::test]
     async fn a_large_payloads_blocks_are_written_as_they_arrive() {
         use crate::placement::{CoreStream, Movable};
@@ -1565,12 +1592,17 @@ mod tests {
         let store = store().await;
         store.create_snapshots(&[("vol0".into(), "s".into())], 1).await.unwrap();
         let payload: Vec<u8> = (0..LEN).map(|i| (i * 29 % 253) as u8).collect();
-        for name in ["vol0", "vol0@s"] {
+        let runs = [("vol0", true), ("vol0@s", true), ("vol0", false), ("vol0@s", false)];
+        for (name, direct) in runs {
             let volume = Volume::open(&store, name).unwrap();
             let (client, server) = tokio::net::UnixStream::pair().unwrap();
             let server = CoreStream::from(server);
             let fd = server.socket_fd();
             assert!(fd.is_some(), "a plain socket's descriptor");
+            let fd = fd.filter(|_| direct);
+            let name = format!("{name} (direct: {direct})");
+            // Each way into a range of its own: what one left cannot pass for the other's.
+            let offset = if direct { OFFSET } else { 3 * OFFSET };
             let (reader, _writer) = tokio::io::split(server);
             let mut reader = tokio::io::BufReader::with_capacity(READ_BUFFER_BYTES, reader);
             let (_client_reader, mut client) = client.into_split();
@@ -1584,7 +1616,7 @@ mod tests {
                 client.write_all(b"next").await.unwrap();
                 client
             });
-            let ahead = Some(super::Ahead { volume: &volume, offset: OFFSET });
+            let ahead = Some(super::Ahead { volume: &volume, offset });
             let received = read_blocks(&mut reader, fd, LEN, BLOCK, ahead).await.unwrap();
             let mut next = [0u8; 4];
             reader.read_exact(&mut next).await.unwrap();
@@ -1593,7 +1625,7 @@ mod tests {
             let ahead = received.ahead as usize;
             assert!(ahead > 0 && ahead % BLOCK == 0, "{name}: whole blocks written ahead");
             assert_eq!(received.rest.len(), (LEN - ahead) / BLOCK, "{name}: the rest");
-            if name == "vol0@s" {
+            if name.starts_with("vol0@s") {
                 let Some(super::AheadFailed::Store(failed)) = received.failed else {
                     panic!("{name}: a snapshot refuses writes: {:?}", received.failed);
                 };
@@ -1607,10 +1639,10 @@ mod tests {
             }
             assert!(received.failed.is_none());
             assert!(ahead < LEN - BLOCK, "the last block is the request's own write");
-            let got = volume.read(OFFSET, ahead as u64).await.unwrap();
+            let got = volume.read(offset, ahead as u64).await.unwrap();
             assert!(got == payload[..ahead], "the parts written ahead, in place");
-            volume.write_blocks(OFFSET + ahead as u64, received.rest, false).await.unwrap();
-            let got = volume.read(OFFSET, LEN as u64).await.unwrap();
+            volume.write_blocks(offset + ahead as u64, received.rest, false).await.unwrap();
+            let got = volume.read(offset, LEN as u64).await.unwrap();
             assert!(got == payload, "the whole write");
         }
     }
