@@ -834,14 +834,16 @@ const AHEAD_PART_BYTES_MIN: usize = 256 << 10;
 /// the connection's buffer holds already (the payload's start, received with its header) is
 /// copied out of it; the rest is received straight into the blocks. With `direct`, a plain
 /// socket's descriptor, one vectored receive takes whatever the socket holds into all the
-/// blocks' unfilled bytes; without it (a TLS stream, whose bytes come decrypted through the
-/// stream), one poll of the stream's read fills the block being filled as far as it has bytes
-/// ready. One read per block would cost a receive per 16 KiB where a contiguous buffer took a
-/// few per MiB (measured: more context switches per 1 MiB write, its latency up 50%). When
-/// either finds nothing there yet, a read through the stream waits for the next bytes.
+/// blocks' unfilled bytes. One read per block would cost a receive per 16 KiB where a
+/// contiguous buffer took a few per MiB (measured: more context switches per 1 MiB write, its
+/// latency up 50%). Without a descriptor (TLS, whose bytes come decrypted through the stream;
+/// a pipe), reads go through the stream into the block being filled, over TLS a record's
+/// plaintext at most. When nothing is there yet, a read through the stream waits for the
+/// next bytes.
 ///
 /// With `ahead`, whenever nothing is there yet while [`AHEAD_PART_BYTES_MIN`] or more of
-/// whole blocks wait, those are written before waiting (`Volume::write_blocks_ahead`), so
+/// whole blocks wait (a stream, without a descriptor to ask, then polls its read once first
+/// to see), those are written before waiting (`Volume::write_blocks_ahead`), so
 /// that their log writes can start while the client is still sending: a client's 1 MiB write
 /// arrives over a few hundred microseconds in pieces of its socket buffer, about as long as
 /// the device takes to write it, and a flush after it waited for both one after the other.
@@ -871,6 +873,18 @@ async fn read_blocks<R: AsyncRead + Unpin>(
         debug_assert!(reader.buffer().is_empty());
         // Bytes received into the blocks still held.
         let held = filled - handed * block_bytes;
+        // The whole blocks held, if they would be written ahead were nothing more there yet:
+        // the part, and what is left after it, both logged by pointer (a copied rest would
+        // cost log blocks and keep the last part's early commit from being taken).
+        let whole = held / block_bytes;
+        let part_ahead = ahead.as_ref().filter(|ahead| {
+            let (part, left) =
+                (whole * block_bytes, len - handed * block_bytes - whole * block_bytes);
+            failed.is_none()
+                && part >= AHEAD_PART_BYTES_MIN
+                && ahead.volume.logs_by_pointer(part as u64)
+                && ahead.volume.logs_by_pointer(left as u64)
+        });
         // What is there now, taken without waiting: `None` when nothing is yet.
         let ready = match direct {
             Some(fd) => match receive_into(fd, blocks.make_contiguous(), held, block_bytes) {
@@ -880,8 +894,8 @@ async fn read_blocks<R: AsyncRead + Unpin>(
                 Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => return Err(e),
                 Err(_) => None,
             },
-            // Only a write that may be written ahead looks before it waits.
-            None if ahead.is_some() && failed.is_none() => {
+            // A stream looks only where a part waits to be written ahead; else it just waits.
+            None if part_ahead.is_some() => {
                 let (block, at) = (&mut blocks[held / block_bytes], held % block_bytes);
                 // One poll: a stream with nothing ready says so, and wakes this task when it
                 // has (the wait below, or the next look, takes that).
@@ -898,35 +912,25 @@ async fn read_blocks<R: AsyncRead + Unpin>(
             filled += n;
             continue;
         }
-        // Nothing there yet: whole blocks waiting are written ahead, or the read below waits
-        // for more.
-        if let Some(ahead) = ahead.as_ref().filter(|_| failed.is_none()) {
-            let whole = held / block_bytes;
-            // The part, and what is left after it, both logged by pointer: a copied rest
-            // would cost log blocks and keep the last part's early commit from being taken.
-            let part = whole * block_bytes;
-            let left = len - handed * block_bytes - part;
-            if part >= AHEAD_PART_BYTES_MIN
-                && ahead.volume.logs_by_pointer(part as u64)
-                && ahead.volume.logs_by_pointer(left as u64)
-            {
-                // SAFETY: each of these blocks was written whole, in order, by `write_at` or
-                // receives, as `filled` counted.
-                let part: Vec<AlignedBuf> =
-                    blocks.drain(..whole).map(|block| unsafe { block.assume_init() }).collect();
-                let at = ahead.offset + (handed * block_bytes) as u64;
-                handed += whole;
-                // A bug below must not end the connection unanswered: the write is answered
-                // EIO (`AheadFailed::Panicked`), as `execute`'s are.
-                let write = std::panic::AssertUnwindSafe(ahead.volume.write_blocks_ahead(at, part));
-                match futures::FutureExt::catch_unwind(write).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(error)) => failed = Some(AheadFailed::Store(error)),
-                    Err(_) => failed = Some(AheadFailed::Panicked),
-                }
-                // The socket may hold more by now.
-                continue;
+        // Nothing there yet: the whole blocks waiting are written ahead, or the read below
+        // waits for more.
+        if let Some(ahead) = part_ahead {
+            // SAFETY: each of these blocks was written whole, in order, by `write_at` or
+            // receives, as `filled` counted.
+            let part: Vec<AlignedBuf> =
+                blocks.drain(..whole).map(|block| unsafe { block.assume_init() }).collect();
+            let at = ahead.offset + (handed * block_bytes) as u64;
+            handed += whole;
+            // A bug below must not end the connection unanswered: the write is answered EIO
+            // (`AheadFailed::Panicked`), as `execute`'s are.
+            let write = std::panic::AssertUnwindSafe(ahead.volume.write_blocks_ahead(at, part));
+            match futures::FutureExt::catch_unwind(write).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => failed = Some(AheadFailed::Store(error)),
+                Err(_) => failed = Some(AheadFailed::Panicked),
             }
+            // The socket or stream may hold more by now.
+            continue;
         }
         let (block, at) = (&mut blocks[held / block_bytes], held % block_bytes);
         filled += std::future::poll_fn(|cx| poll_read_into(reader, block, at, cx)).await?;
@@ -1556,6 +1560,53 @@ mod tests {
         assert_eq!(client.ssl().version_str(), "TLSv1.2");
         go(&mut client).await;
         let disc = Request { flags: 0, kind: proto::CMD_DISC, cookie: 1, offset: 0, len: 0 };
+        client.write_all(&disc.encode()).await.unwrap();
+        session.await.unwrap().unwrap();
+    }
+
+    /// A large write over TLS, sent in pieces with pauses between them (so the server finds
+    /// nothing decrypted waiting and writes the blocks it holds ahead), lands whole and in
+    /// order: every byte differs from its neighbours, so a block out of place would show.
+    #[tokio::test]
+    async fn a_large_write_over_tls_sent_in_pieces_lands_whole() {
+        const LEN: usize = 1 << 20;
+        const OFFSET: u64 = 3 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let store = store().await;
+        let (client, server) = tokio::io::duplex(64 << 10);
+        let (_stop, shutdown) = tokio::sync::watch::channel(false);
+        let exports: Arc<dyn Exports> = Arc::new(OneVolume(Arc::clone(&store)));
+        let tls = Some(tls(dir.path(), true));
+        let session = tokio::spawn(serve_connection_tls(server, exports, shutdown, tls));
+        let mut client = client;
+        hello(&mut client).await;
+        option(&mut client, proto::OPT_STARTTLS, &[]).await;
+        assert_eq!(reply(&mut client).await.1, proto::REP_ACK);
+        let mut client = psk_handshake(client, "alice", KEY).await.unwrap();
+        go(&mut client).await;
+        let payload: Vec<u8> = (0..LEN).map(|i| (i * 31 % 251) as u8).collect();
+        let write = Request {
+            flags: 0,
+            kind: proto::CMD_WRITE,
+            cookie: 7,
+            offset: OFFSET,
+            len: LEN as u32,
+        };
+        client.write_all(&write.encode()).await.unwrap();
+        for piece in payload.chunks(100_000) {
+            client.write_all(piece).await.unwrap();
+            client.flush().await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(client.read_u32().await.unwrap(), proto::SIMPLE_REPLY_MAGIC);
+        assert_eq!(client.read_u32().await.unwrap(), 0, "the write succeeded");
+        assert_eq!(client.read_u64().await.unwrap(), 7);
+        let flush = Request { flags: 0, kind: proto::CMD_FLUSH, cookie: 8, offset: 0, len: 0 };
+        assert_eq!(request(&mut client, flush, &[]).await, 0);
+        let volume = Volume::open(&store, "vol0").unwrap();
+        let got = volume.read(OFFSET, LEN as u64).await.unwrap();
+        assert!(got == payload, "the write, whole and in order");
+        let disc = Request { flags: 0, kind: proto::CMD_DISC, cookie: 9, offset: 0, len: 0 };
         client.write_all(&disc.encode()).await.unwrap();
         session.await.unwrap().unwrap();
     }
