@@ -36,7 +36,13 @@ bin=$(realpath "$bin")
 rm -rf "$dir"; mkdir -p "$dir/psk"
 export SLUICE_CACHE_FILE=$dir/cache
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
+# The servers are waited for, not only killed: a run started right after would otherwise find
+# their ports still taken, and its qemu-nbd would exit at once.
+cleanup() {
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$dir"
+}
 trap cleanup EXIT
 printf 'alice:%s\n' "$(openssl rand -hex 32)" >"$dir/psk/keys.psk"
 psk=$dir/psk/keys.psk
@@ -53,6 +59,10 @@ qemu-nbd -f raw --cache=none --aio=native -e 64 -t -b 127.0.0.1 -p 10933 -x disk
 qemu_tls_pid=$!; pids+=($!)
 for _ in $(seq 1 300); do grep -q "sluice: serving" "$dir/sluice.log" && break; sleep 0.1; done
 sleep 1
+for log in sluice qemu-plain qemu-tls; do
+  case $log in sluice) p=$sluice_pid ;; qemu-plain) p=$qemu_plain_pid ;; qemu-tls) p=$qemu_tls_pid ;; esac
+  kill -0 "$p" 2>/dev/null || { echo "tls bench: the $log server exited at start:" >&2; cat "$dir/$log.log" >&2; exit 1; }
+done
 declare -A uri pid
 uri[sluice-plain]="nbd://127.0.0.1:10931/vol0"; pid[sluice-plain]=$sluice_pid
 uri[sluice-tls]="nbds://alice@127.0.0.1:10931/vol0?tls-psk-file=$psk"; pid[sluice-tls]=$sluice_pid
