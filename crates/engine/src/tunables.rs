@@ -75,6 +75,7 @@ const READ_POLICIES: &[&str] = &["least-pending", "offset-modulo", "round-robin"
 const LOG_POLICIES: &[&str] = &["auto", "pipelined", "batch"];
 const DEDUP_LOCKING: &[&str] = &["entry", "global"];
 const EARLY_COMMIT: &[&str] = &["auto", "off"];
+const DELAY_SPACING: &[&str] = &["pool", "writer"];
 const CACHE_CONTENTS: &[&str] = &["all", "metadata"];
 const PLACEMENTS: &[&str] = &["home", "spread"];
 
@@ -158,6 +159,12 @@ tunable_table! {
          syncs before it may continue.";
     TxgDelayMinDirtyPct = "txg.delay_min_dirty_pct", Kind::Count { min: 1, max: 99 }, "60",
         "Percent of txg.dirty_max above which writers are delayed (ZFS: zfs_delay_min_dirty_percent).";
+    TxgDelaySpacing = "txg.delay_spacing", Kind::Choice(DELAY_SPACING), "pool",
+        "How the write throttle's delays add up. pool: each delayed write wakes at least its \
+         delay after the one before it, so the delay is the time between writes of the pool \
+         and the pool's write rate follows the curve whatever the number of writers (ZFS: \
+         dp_last_wakeup). writer (sluice before): each writer sleeps its delay alone, so 32 \
+         writers at queue depth 1 pass 32 times the rate the curve sets.";
     IntentLogCommitTimeoutPct = "intent_log.commit_timeout_pct", Kind::Count { min: 0, max: 100 }, "10",
         "How long an open log block may wait for more records, as a percentage of the smoothed \
          log-block latency (ZFS: zfs_commit_timeout_pct): under pipelined while another block \

@@ -228,3 +228,51 @@ fn throttle_delays_the_volume_that_fills_it() {
     })
     .unwrap();
 }
+
+/// Delayed writes wake a delay apart (`txg.delay_spacing=pool`, ZFS's `dp_last_wakeup`), so
+/// eight writers together take eight delays where one takes one, and the delay curve sets the
+/// pool's write rate however many write. Each sleeping its delay alone (`writer`, the
+/// before), eight writers took about one delay: eight times the rate the curve set, and the
+/// open txg ran on past the curve into the free space's wall.
+#[test]
+fn delayed_writers_wake_a_delay_apart() {
+    // (a lone write's delay, eight writes' together), under `spacing`.
+    let run = |spacing: &'static str| {
+        let sim = Sim::new(91);
+        let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+        let env = sim.env();
+        let specs = common::leaf_specs(&legs);
+        sim.run(async move {
+            let t =
+                Tunables::with([("txg.dirty_max", "1M"), ("txg.delay_spacing", spacing)]).unwrap();
+            let store = Arc::new(common::mirror_store(&env, specs, &t).await);
+            store.create_volume("v", 16 << 20, 16384).unwrap();
+            store.sync().await.unwrap();
+            // 768 KiB dirty: past the delay threshold (60% of 1 MiB), well below the maximum.
+            for chunk in 0..12u64 {
+                store.write("v", chunk * (64 << 10), &[1; 64 << 10]).await.unwrap();
+            }
+            let (syncs, delayed) = (store.syncs(), store.throttle_stats().delayed.get());
+            let start = env.now();
+            store.write("v", 4 << 20, &[2; 4096]).await.unwrap();
+            let lone = env.now().since(start);
+            let start = env.now();
+            let writers = (0..8u64).map(|w| {
+                let store = store.clone();
+                async move { store.write("v", (5 << 20) + w * 16384, &[3; 4096]).await.unwrap() }
+            });
+            futures::future::join_all(writers).await;
+            let together = env.now().since(start);
+            assert_eq!(store.syncs(), syncs, "a sync ran: the writes were not all delayed");
+            assert_eq!(store.throttle_stats().delayed.get(), delayed + 1 + 8);
+            (lone, together)
+        })
+        .unwrap()
+        .0
+    };
+    let (lone, together) = run("pool");
+    assert!(lone > Duration::ZERO, "the lone write was not delayed");
+    assert!(together >= lone * 8, "8 writers took {together:?}, one {lone:?}");
+    let (lone, together) = run("writer");
+    assert!(together < lone * 2, "8 writers alone took {together:?}, one {lone:?}");
+}

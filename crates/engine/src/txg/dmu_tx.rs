@@ -3,7 +3,9 @@
 //!
 //! Above `txg.delay_min_dirty_pct` of `txg.dirty_max` each write is delayed by
 //! `DELAY_SCALE * (dirty - min) / (max - dirty)`, which grows smoothly towards the maximum
-//! instead of stalling writers at a cliff; at the maximum a writer waits for a sync. Unlike
+//! instead of stalling writers at a cliff; at the maximum a writer waits for a sync. As in
+//! ZFS, delayed writes wake at least a delay apart, so the curve sets the pool's write rate
+//! however many clients write (`txg.delay_spacing`). Unlike
 //! ZFS, both fall only on volumes that hold at least an equal share of the dirty data: a
 //! database's small sync writes are not slowed because another volume streams (measured in
 //! docs/design.md). The others go undelayed and may pass the maximum by a reserve of an eighth
@@ -170,6 +172,9 @@ impl Admission<'_> {
         len: u64,
         check_space: bool,
     ) -> Result<Admitted<'_>, StoreError> {
+        // What the throttle's delay counts from: a write that waited in a space line as long
+        // as its delay has had it (ZFS: `tx_start`).
+        let start = self.spa.pool().env().now();
         // Refuse what could not be synced: new dirty data beyond the free space above the slop,
         // after what the open and syncing txgs will allocate (their data and an estimate of
         // their indirect blocks; counting data alone let random 4 KiB overwrites of a nearly
@@ -261,10 +266,10 @@ impl Admission<'_> {
             let admitted = Admitted { spa: self.spa, bytes: len };
             drop(in_line);
             self.count_space_wait(joined);
-            self.throttle(dataset, Some(space_max), large).await?;
+            self.throttle(dataset, start, Some(space_max), large).await?;
             return Ok(admitted);
         }
-        self.throttle(dataset, None, false).await?;
+        self.throttle(dataset, start, None, false).await?;
         Ok(Admitted { spa: self.spa, bytes: 0 })
     }
 
@@ -406,9 +411,13 @@ impl Admission<'_> {
     ///
     /// For a `large` write (`LARGE_WRITE_BYTES` or more, of several blocks) the maximum is a
     /// quarter of `space_max` (`LARGE_WRITE_ROOM_SHIFT`, at least `LARGE_WRITE_ROOM_MIN`).
+    ///
+    /// The delay counts from `start`, when the write asked to be admitted, and delayed writes
+    /// wake a delay apart ([`super::dsl_pool::Txg::delay_wakeup`]).
     pub(super) async fn throttle(
         &self,
         dataset: &Dataset,
+        start: crate::rt::Time,
         space_max: Option<u64>,
         large: bool,
     ) -> Result<(), StoreError> {
@@ -465,10 +474,24 @@ impl Admission<'_> {
         if under_share && !delay.is_zero() {
             stats.spared.inc();
         } else if !delay.is_zero() {
-            let start = self.spa.pool().env().now();
-            self.spa.pool().env().sleep(delay).await;
-            stats.delayed.inc();
-            stats.delayed_nanos.add(since(start));
+            let now = self.spa.pool().env().now();
+            let wakeup = if !limits.delay_spaced || dirty >= max {
+                // At the maximum (one below `txg.dirty_max`: the free space's) every writer
+                // sleeps the longest delay alone: spaced, the 32nd of 32 writers would wake
+                // 3.2 s later, where a sync is what they wait for.
+                Some(now.plus(delay))
+            } else if now.since(start) >= delay {
+                // It has waited that long already (for space, say), and takes no place in the
+                // spacing (ZFS does the same).
+                None
+            } else {
+                Some(self.txg.delay_wakeup(start, delay))
+            };
+            if let Some(wakeup) = wakeup {
+                self.spa.pool().env().sleep_until(wakeup).await;
+                stats.delayed.inc();
+                stats.delayed_nanos.add(since(now));
+            }
         }
         Ok(())
     }

@@ -8,6 +8,7 @@
 use super::dsl_synctask::SyncTask;
 use crate::intent_log::CommitPolicy;
 use crate::tunables::{Tunable, Tunables};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The open txg and what is counted of it and of the syncing one (ZFS: `txg.c`'s state and
 /// `dsl_pool`'s dirty accounting), with the sync tasks queued for its sync, behind
@@ -195,6 +196,8 @@ pub(super) struct Txg {
     /// Writers waiting for space: those of thick volumes and the others, each by the room
     /// tier their blocks are counted in (`alloc::ROOM_BLOCK_BYTES`).
     space_lines: [[super::dmu_tx::SpaceLine; crate::alloc::ROOM_BLOCK_BYTES.len()]; 2],
+    /// When the last delayed write wakes, in the clock's nanoseconds (ZFS: `dp_last_wakeup`).
+    last_wakeup: AtomicU64,
 }
 
 impl Txg {
@@ -204,6 +207,7 @@ impl Txg {
             limits,
             throttle_stats: ThrottleStats::default(),
             space_lines: Default::default(),
+            last_wakeup: AtomicU64::new(0),
         }
     }
 
@@ -230,6 +234,24 @@ impl Txg {
 
     pub(super) fn throttle_stats(&self) -> &ThrottleStats {
         &self.throttle_stats
+    }
+
+    /// When a write that started at `start` and is to be delayed by `delay` wakes (ZFS:
+    /// `dmu_tx_delay`'s wakeup): `delay` after its start, and at least `delay` after the
+    /// write delayed before it, which then wakes no later than this one. Spaced so, the delay
+    /// is the time between the pool's writes, and the rate it sets holds whatever the number
+    /// of writers; each sleeping its delay alone, 32 writers passed 32 times that rate, and
+    /// the open txg ran past the curve into the wall of free space (`txg.delay_spacing`).
+    pub(super) fn delay_wakeup(&self, start: crate::rt::Time, delay: std::time::Duration) -> crate::rt::Time {
+        let delay = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+        let mut wakeup = 0;
+        // The closure may run again if another writer moved the mark meanwhile; the last run
+        // is the one stored.
+        let _ = self.last_wakeup.fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
+            wakeup = start.as_nanos().max(last).saturating_add(delay);
+            Some(wakeup)
+        });
+        crate::rt::Time::from_nanos(wakeup)
     }
 
     /// Dirty bytes in the open txg.
@@ -271,6 +293,8 @@ pub(super) struct TxgLimits {
     pub(super) delay_min: u64,
     /// `txg.delay_min_dirty_pct`: the delay starts at this share of the maximum in force.
     pub(super) delay_min_pct: u64,
+    /// `txg.delay_spacing=pool`: delayed writes wake a delay apart ([`Txg::delay_wakeup`]).
+    pub(super) delay_spaced: bool,
     pub(super) log_policy: CommitPolicy,
     pub(super) commit_timeout_pct: u64,
     pub(super) early_commit: bool,
@@ -283,7 +307,9 @@ pub(super) struct TxgLimits {
 }
 
 /// Delay of a write when dirty data is halfway between the delay threshold and the maximum
-/// (ZFS: zfs_delay_scale).
+/// (ZFS: zfs_delay_scale). Delayed writes wake this far apart (`txg.delay_spacing=pool`), so
+/// it is the time between the pool's writes there: 2,000 writes a second, within what one
+/// leaf syncs, so that the open txg settles on the curve before its maximum.
 pub(super) const DELAY_SCALE: std::time::Duration = std::time::Duration::from_micros(500);
 /// No single delay exceeds this; beyond it the writer would rather sync itself.
 pub(super) const DELAY_MAX: std::time::Duration = std::time::Duration::from_millis(100);
@@ -297,6 +323,7 @@ impl TxgLimits {
             dirty_max,
             delay_min: dirty_max / 100 * tunables.get(Tunable::TxgDelayMinDirtyPct),
             delay_min_pct: tunables.get(Tunable::TxgDelayMinDirtyPct),
+            delay_spaced: tunables.choice(Tunable::TxgDelaySpacing) == "pool",
             log_policy: CommitPolicy::from_tunables(tunables),
             commit_timeout_pct: tunables.get(Tunable::IntentLogCommitTimeoutPct),
             early_commit: tunables.choice(Tunable::IntentLogEarlyCommit) == "auto",
