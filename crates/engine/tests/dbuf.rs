@@ -350,3 +350,71 @@ fn a_patch_is_completed_after_its_writes_answer() {
     })
     .unwrap();
 }
+
+/// Past the tasks that complete patches (64), a client's partial writes are still answered
+/// without a read: their patches wait in line for a task, which completes them once its own
+/// read is back. Before, such a write read the block below itself before its answer, and
+/// where the disk stalled behind the sync's flush every write in flight waited for it.
+#[test]
+fn patches_past_the_completing_tasks_wait_in_line_not_their_writes() {
+    let sim = Sim::new(35);
+    let legs = common::legs(&sim, 1, SimProfile::ssd(), LEAF_BYTES);
+    let specs = common::leaf_specs(&legs);
+    let env = sim.env();
+    sim.run(async move {
+        let t = Tunables::with([("cache.contents", "metadata")]).unwrap();
+        let spec = PoolSpec {
+            name: "tank".into(),
+            ashift: 12,
+            top: vec![TopSpec::Leaf(specs.into_iter().next().unwrap())],
+        };
+        let pool = Pool::create(&env, spec, &t).await.unwrap();
+        let store = Arc::new(Store::create(pool, &t));
+        const SIZE: u64 = 4 << 20;
+        const WRITES: u64 = 80;
+        store.create_volume("v", SIZE, 16384).unwrap();
+        let mut model: Vec<u8> = (0..SIZE).map(|i| (i / 512) as u8).collect();
+        store.write("v", 0, &model).await.unwrap();
+        store.sync().await.unwrap();
+        let (a, b) = (
+            sluice_engine::volume::Volume::open(&store, "v").unwrap(),
+            sluice_engine::volume::Volume::open(&store, "v").unwrap(),
+        );
+        // Another client's write held in flight: the volume has two requests, so each
+        // partial write's patch is to be completed at once.
+        let (reached, release) = store.arm_pause("dmu.assigned");
+        let held = async move {
+            b.write(0, &[0x11; 16384], false).await.unwrap();
+        };
+        let model = &mut model;
+        let legs = &legs;
+        let rest = async {
+            reached.await.unwrap();
+            let reads = || store.pool().leaves()[0].leaf.stats().reads.get();
+            // Every read takes 0.8 s: the 64 tasks all wait on theirs.
+            legs[0].inject(sluice_engine::device::sim::Fault::Slow { factor: 10_000 });
+            let (start, before) = (env.now(), reads());
+            for i in 0..WRITES {
+                let at = 16384 * (100 + i) + 4096;
+                a.write(at, &[0x55; 4096], false).await.unwrap();
+                model[at as usize..at as usize + 4096].fill(0x55);
+            }
+            let took = env.now().since(start);
+            assert!(took < Duration::from_millis(100), "{WRITES} writes took {took:?}");
+            legs[0].clear_faults();
+            env.sleep(Duration::from_secs(3)).await;
+            // No sync ran: the tasks read every block, the line's included.
+            assert!(reads() - before >= WRITES, "{} reads for {WRITES} patches", reads() - before);
+            drop(release);
+        };
+        futures::join!(held, rest);
+        model[..16384].fill(0x11);
+        assert_eq!(store.read("v", 0, SIZE).await.unwrap(), *model);
+        store.sync().await.unwrap();
+        assert_eq!(store.read("v", 0, SIZE).await.unwrap(), *model);
+        store.sync().await.unwrap();
+        let audit = store.audit().await.unwrap();
+        assert!(audit.is_clean(), "{:?}", audit.problems);
+    })
+    .unwrap();
+}

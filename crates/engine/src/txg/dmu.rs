@@ -6,7 +6,7 @@
 //! (`dmu_tx.rs`), and appends its log record in the same critical section (`zil.rs`), so the
 //! log's order is the order in which blocks changed.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -27,8 +27,13 @@ use crate::objset::{self};
 use crate::pool::Pool;
 
 /// Patches completed by tasks of their own at once ([`Store::modify_answering_early`]);
-/// past this, a write completes its own before its answer, which holds the clients back.
+/// past this, a write's patches wait for one of those tasks ([`PATCHES_WAITING_MAX`]).
 const PATCHES_RESOLVING_MAX: usize = 64;
+/// Patches that may wait for a completing task; past this a write's patch is left to its
+/// sync, as a lone request's is. A waiting patch holds no more than its place (the patch is in
+/// the open txg, counted in its dirty data): the bound keeps the line from holding on to
+/// volumes long after their txg synced.
+const PATCHES_WAITING_MAX: usize = 16_384;
 
 /// Largest span of adjacent blocks one read fetches in one I/O.
 pub(super) const READ_SPAN_BYTES_MAX: u64 = 1 << 20;
@@ -316,8 +321,8 @@ impl Store {
     /// [`Store::write_data_in`] (`data`) or [`Store::zero_in`] (`None`) of `len` bytes for a
     /// client that is answered as soon as this returns: the patches the change leaves to
     /// complete now (other requests in flight, or write pressure; `WritePath::modify`) are
-    /// completed by tasks of their own, up to [`PATCHES_RESOLVING_MAX`] at once, rather than
-    /// before the answer. Completing one may read the block's version on disk; with no data
+    /// completed by tasks of their own, up to [`PATCHES_RESOLVING_MAX`] at once (the others
+    /// wait in line for one of them), rather than before the answer. Completing one may read the block's version on disk; with no data
     /// cached, 4 and 8 KiB writes into 16 KiB blocks from eight clients waited that read out
     /// before each answer (write p50 251 us against 113 with the cache:
     /// docs/bench/peers-notes.md). The change is whole without them: its log record holds its
@@ -337,22 +342,85 @@ impl Store {
             // The write is in the open txg and logged whatever happens here: a completion that
             // fails to read leaves the patch to the sync, which reports what it finds.
             let Some(slot) = ResolvingSlot::take(self) else {
-                let _guard = self.spa.panic_guard("a patch completion");
-                let _ = resolve_patch(self.spa.pool(), &self.txg, dataset, index).await;
+                // Every task busy: the patch waits for one, and the write is answered. A
+                // write that completed its own patch here instead waited on the disk: where
+                // the disk stalls behind the sync's flush (0.2-0.45 s here), every write of 32
+                // in flight waited that long for its read (docs/bench/peers-notes.md,
+                // 2026-12-03).
+                self.patches_resolving.wait(dataset, index);
                 continue;
             };
             let (store, dataset) = (Arc::clone(self), Arc::clone(dataset));
             self.spa.pool().env().spawn("patch completion", async move {
-                let _slot = slot;
-                // Nothing to do for a volume destroyed or a store stopped meanwhile.
-                if store.spa.check_live().is_err() || store.dsl.check_exists(&dataset).is_err() {
-                    return;
-                }
-                let _guard = store.spa.panic_guard("a patch completion");
-                let _ = resolve_patch(store.spa.pool(), &store.txg, &dataset, index).await;
+                store.complete_patches(slot, dataset, index).await;
             });
         }
         Ok(sequence)
+    }
+
+    /// A completing task's work: the patch it was started for, then those waiting for a task,
+    /// until none waits.
+    async fn complete_patches(self: &Arc<Self>, slot: ResolvingSlot, dataset: Arc<Dataset>, index: u64) {
+        let mut slot = Some(slot);
+        let mut next = Some((dataset, index));
+        while let Some((dataset, index)) = next {
+            // Nothing to do for a volume destroyed or a store stopped meanwhile.
+            if self.spa.check_live().is_err() {
+                return;
+            }
+            if self.dsl.check_exists(&dataset).is_ok() {
+                let _guard = self.spa.panic_guard("a patch completion");
+                let _ = resolve_patch(self.spa.pool(), &self.txg, &dataset, index).await;
+            }
+            next = self.patches_resolving.next_waiting();
+            if next.is_none() {
+                // Given back, then a look again: a writer that found every task busy just
+                // before may have left a patch in the line after this task looked.
+                drop(slot.take());
+                if !self.patches_resolving.anyone_waits() {
+                    return;
+                }
+                let Some(again) = ResolvingSlot::take(self) else { return };
+                slot = Some(again);
+                next = self.patches_resolving.next_waiting();
+            }
+        }
+    }
+}
+
+/// The patches being completed by tasks of their own ([`Store::modify_answering_early`]) and
+/// those waiting for one, in the order they came.
+#[derive(Default)]
+pub(super) struct PatchCompletions {
+    running: AtomicUsize,
+    waiting: parking_lot::Mutex<std::collections::VecDeque<(Arc<Dataset>, u64)>>,
+}
+
+impl PatchCompletions {
+    /// Puts block `index` of `dataset` in the line, unless it is full (the sync completes the
+    /// patch then).
+    fn wait(&self, dataset: &Arc<Dataset>, index: u64) {
+        let mut waiting = self.waiting.lock();
+        if waiting.len() < PATCHES_WAITING_MAX {
+            waiting.push_back((Arc::clone(dataset), index));
+        }
+    }
+
+    fn next_waiting(&self) -> Option<(Arc<Dataset>, u64)> {
+        self.waiting.lock().pop_front()
+    }
+
+    fn anyone_waits(&self) -> bool {
+        !self.waiting.lock().is_empty()
+    }
+}
+
+impl std::fmt::Debug for PatchCompletions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PatchCompletions")
+            .field("running", &self.running.load(Ordering::Relaxed))
+            .field("waiting", &self.waiting.lock().len())
+            .finish()
     }
 }
 
@@ -362,9 +430,9 @@ struct ResolvingSlot(Arc<Store>);
 
 impl ResolvingSlot {
     fn take(store: &Arc<Store>) -> Option<ResolvingSlot> {
-        let taken = store.patches_resolving.fetch_add(1, Ordering::AcqRel);
+        let taken = store.patches_resolving.running.fetch_add(1, Ordering::AcqRel);
         if taken >= PATCHES_RESOLVING_MAX {
-            store.patches_resolving.fetch_sub(1, Ordering::AcqRel);
+            store.patches_resolving.running.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
         Some(ResolvingSlot(Arc::clone(store)))
@@ -373,7 +441,7 @@ impl ResolvingSlot {
 
 impl Drop for ResolvingSlot {
     fn drop(&mut self) {
-        self.0.patches_resolving.fetch_sub(1, Ordering::AcqRel);
+        self.0.patches_resolving.running.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -384,9 +384,9 @@ pub struct Store {
     zil: Zil,
     /// Whether the hot-spare task runs (retire.rs): one at a time.
     retire_running: retire::RetireRunning,
-    /// Patches being completed by tasks of their own (dmu.rs,
+    /// Patches being completed by tasks of their own, and those waiting for one (dmu.rs,
     /// `Store::modify_answering_early`).
-    patches_resolving: std::sync::atomic::AtomicUsize,
+    patches_resolving: dmu::PatchCompletions,
     /// How `autoreplace` opens a device at a leaf's path (retire.rs), once the server says.
     device_opener: retire::OpenerSlot,
 }
