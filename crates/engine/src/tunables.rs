@@ -163,7 +163,8 @@ tunable_table! {
         "How the write throttle's delays add up. pool: each delayed write wakes at least its \
          delay after the one before it, so the delay is the time between writes of the pool \
          and the pool's write rate follows the curve whatever the number of writers (ZFS: \
-         dp_last_wakeup). writer (sluice before): each writer sleeps its delay alone, so 32 \
+         dp_last_wakeup); large writes sleep alone, and volumes under their share of the \
+         dirty data are not delayed. writer (sluice before): each writer sleeps its delay alone, so 32 \
          writers at queue depth 1 pass 32 times the rate the curve sets.";
     IntentLogCommitTimeoutPct = "intent_log.commit_timeout_pct", Kind::Count { min: 0, max: 100 }, "10",
         "How long an open log block may wait for more records, as a percentage of the smoothed \

@@ -393,7 +393,7 @@ fn patches_past_the_completing_tasks_wait_in_line_not_their_writes() {
             let reads = || store.pool().leaves()[0].leaf.stats().reads.get();
             // Every read takes 0.8 s: the 64 tasks all wait on theirs.
             legs[0].inject(sluice_engine::device::sim::Fault::Slow { factor: 10_000 });
-            let (start, before) = (env.now(), reads());
+            let (start, before, syncs) = (env.now(), reads(), store.syncs());
             for i in 0..WRITES {
                 let at = 16384 * (100 + i) + 4096;
                 a.write(at, &[0x55; 4096], false).await.unwrap();
@@ -403,7 +403,8 @@ fn patches_past_the_completing_tasks_wait_in_line_not_their_writes() {
             assert!(took < Duration::from_millis(100), "{WRITES} writes took {took:?}");
             legs[0].clear_faults();
             env.sleep(Duration::from_secs(3)).await;
-            // No sync ran: the tasks read every block, the line's included.
+            // No sync ran, so the tasks read every block, the line's included.
+            assert_eq!(store.syncs(), syncs, "a sync ran and may have completed the patches");
             assert!(reads() - before >= WRITES, "{} reads for {WRITES} patches", reads() - before);
             drop(release);
         };

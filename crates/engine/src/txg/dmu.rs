@@ -6,8 +6,10 @@
 //! (`dmu_tx.rs`), and appends its log record in the same critical section (`zil.rs`), so the
 //! log's order is the order in which blocks changed.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::thread::{self, ThreadId};
 
 use futures::StreamExt;
 use sluice_format::BlockPointer;
@@ -26,10 +28,11 @@ use crate::device::AlignedBuf;
 use crate::objset::{self};
 use crate::pool::Pool;
 
-/// Patches completed by tasks of their own at once ([`Store::modify_answering_early`]);
-/// past this, a write's patches wait for one of those tasks ([`PATCHES_WAITING_MAX`]).
+/// Patches completed by tasks of their own at once on each core
+/// ([`Store::modify_answering_early`]); past this, a write's patches wait for one of those
+/// tasks ([`PATCHES_WAITING_MAX`]).
 const PATCHES_RESOLVING_MAX: usize = 64;
-/// Patches that may wait for a completing task; past this a write's patch is left to its
+/// Patches that may wait in a core's line for a completing task; past this a write's patch is left to its
 /// sync, as a lone request's is. A waiting patch holds no more than its place (the patch is in
 /// the open txg, counted in its dirty data): the bound keeps the line from holding on to
 /// volumes long after their txg synced.
@@ -321,13 +324,13 @@ impl Store {
     /// [`Store::write_data_in`] (`data`) or [`Store::zero_in`] (`None`) of `len` bytes for a
     /// client that is answered as soon as this returns: the patches the change leaves to
     /// complete now (other requests in flight, or write pressure; `WritePath::modify`) are
-    /// completed by tasks of their own, up to [`PATCHES_RESOLVING_MAX`] at once (the others
-    /// wait in line for one of them), rather than before the answer. Completing one may read the block's version on disk; with no data
-    /// cached, 4 and 8 KiB writes into 16 KiB blocks from eight clients waited that read out
-    /// before each answer (write p50 251 us against 113 with the cache:
-    /// docs/bench/peers-notes.md). The change is whole without them: its log record holds its
-    /// bytes (or its range, for a zero), reads apply the patch over the version below, and the
-    /// sync completes whatever is left.
+    /// completed by tasks of their own, up to [`PATCHES_RESOLVING_MAX`] at once on each core
+    /// (the others wait in that core's line for one of them), rather than before the answer.
+    /// Completing one may read the block's version on disk; with no data cached, 4 and 8 KiB
+    /// writes into 16 KiB blocks from eight clients waited that read out before each answer
+    /// (write p50 251 us against 113 with the cache: docs/bench/peers-notes.md). The change is
+    /// whole without them: its log record holds its bytes (or its range, for a zero), reads
+    /// apply the patch over the version below, and the sync completes whatever is left.
     pub async fn modify_answering_early(
         self: &Arc<Self>,
         dataset: &Arc<Dataset>,
@@ -341,13 +344,12 @@ impl Store {
         for index in resolve {
             // The write is in the open txg and logged whatever happens here: a completion that
             // fails to read leaves the patch to the sync, which reports what it finds.
-            let Some(slot) = ResolvingSlot::take(self) else {
-                // Every task busy: the patch waits for one, and the write is answered. A
-                // write that completed its own patch here instead waited on the disk: where
-                // the disk stalls behind the sync's flush (0.2-0.45 s here), every write of 32
-                // in flight waited that long for its read (docs/bench/peers-notes.md,
-                // 2026-12-03).
-                self.patches_resolving.wait(dataset, index);
+            let Some(slot) = ResolvingSlot::take_or_wait(self, dataset, index) else {
+                // Every task of this core busy: the patch waits in line for one, and the write
+                // is answered. A write that completed its own patch here instead waited on the
+                // disk: where the disk stalls behind the sync's flush (0.2-0.45 s here), every
+                // write of 32 in flight waited that long for its read
+                // (docs/bench/peers-notes.md, 2026-12-03).
                 continue;
             };
             let (store, dataset) = (Arc::clone(self), Arc::clone(dataset));
@@ -358,10 +360,14 @@ impl Store {
         Ok(sequence)
     }
 
-    /// A completing task's work: the patch it was started for, then those waiting for a task,
-    /// until none waits.
-    async fn complete_patches(self: &Arc<Self>, slot: ResolvingSlot, dataset: Arc<Dataset>, index: u64) {
-        let mut slot = Some(slot);
+    /// A completing task's work: the patch it was started for, then those waiting in its
+    /// core's line, until none waits.
+    async fn complete_patches(
+        self: &Arc<Self>,
+        mut slot: ResolvingSlot,
+        dataset: Arc<Dataset>,
+        index: u64,
+    ) {
         let mut next = Some((dataset, index));
         while let Some((dataset, index)) = next {
             // Nothing to do for a volume destroyed or a store stopped meanwhile.
@@ -372,76 +378,88 @@ impl Store {
                 let _guard = self.spa.panic_guard("a patch completion");
                 let _ = resolve_patch(self.spa.pool(), &self.txg, &dataset, index).await;
             }
-            next = self.patches_resolving.next_waiting();
-            if next.is_none() {
-                // Given back, then a look again: a writer that found every task busy just
-                // before may have left a patch in the line after this task looked.
-                drop(slot.take());
-                if !self.patches_resolving.anyone_waits() {
-                    return;
-                }
-                let Some(again) = ResolvingSlot::take(self) else { return };
-                slot = Some(again);
-                next = self.patches_resolving.next_waiting();
-            }
+            next = slot.next_waiting();
         }
     }
 }
 
 /// The patches being completed by tasks of their own ([`Store::modify_answering_early`]) and
-/// those waiting for one, in the order they came.
+/// those waiting for one, a line per serving core: a patch is completed on the core whose
+/// client wrote it, through that core's ring, as every task the engine starts for a request
+/// stays on its core.
 #[derive(Default)]
 pub(super) struct PatchCompletions {
-    running: AtomicUsize,
-    waiting: parking_lot::Mutex<std::collections::VecDeque<(Arc<Dataset>, u64)>>,
+    lines: parking_lot::Mutex<HashMap<ThreadId, PatchLine>>,
 }
 
-impl PatchCompletions {
-    /// Puts block `index` of `dataset` in the line, unless it is full (the sync completes the
-    /// patch then).
-    fn wait(&self, dataset: &Arc<Dataset>, index: u64) {
-        let mut waiting = self.waiting.lock();
-        if waiting.len() < PATCHES_WAITING_MAX {
-            waiting.push_back((Arc::clone(dataset), index));
-        }
-    }
-
-    fn next_waiting(&self) -> Option<(Arc<Dataset>, u64)> {
-        self.waiting.lock().pop_front()
-    }
-
-    fn anyone_waits(&self) -> bool {
-        !self.waiting.lock().is_empty()
-    }
+#[derive(Default)]
+struct PatchLine {
+    /// Tasks completing this core's patches, at most [`PATCHES_RESOLVING_MAX`].
+    running: usize,
+    /// Patches waiting for one of them, in the order they came.
+    waiting: VecDeque<(Arc<Dataset>, u64)>,
 }
 
 impl std::fmt::Debug for PatchCompletions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let lines = self.lines.lock();
         f.debug_struct("PatchCompletions")
-            .field("running", &self.running.load(Ordering::Relaxed))
-            .field("waiting", &self.waiting.lock().len())
+            .field("running", &lines.values().map(|l| l.running).sum::<usize>())
+            .field("waiting", &lines.values().map(|l| l.waiting.len()).sum::<usize>())
             .finish()
     }
 }
 
-/// One of the [`PATCHES_RESOLVING_MAX`] patch completions running on their own, given back
-/// however its task ends.
-struct ResolvingSlot(Arc<Store>);
+/// One of a core's [`PATCHES_RESOLVING_MAX`] patch completions, given back when its task ends
+/// however it ends. Taking a place or joining the line is one locked step, and so is finding
+/// the line empty and giving the place back: a patch can never be left in a line no task
+/// will look at again.
+struct ResolvingSlot {
+    store: Arc<Store>,
+    core: ThreadId,
+    held: bool,
+}
 
 impl ResolvingSlot {
-    fn take(store: &Arc<Store>) -> Option<ResolvingSlot> {
-        let taken = store.patches_resolving.running.fetch_add(1, Ordering::AcqRel);
-        if taken >= PATCHES_RESOLVING_MAX {
-            store.patches_resolving.running.fetch_sub(1, Ordering::AcqRel);
+    /// A place for the patch of block `index` of `dataset`, or `None` with the patch put in
+    /// line (left to the sync if the line is full).
+    fn take_or_wait(store: &Arc<Store>, dataset: &Arc<Dataset>, index: u64) -> Option<Self> {
+        let core = thread::current().id();
+        let mut lines = store.patches_resolving.lines.lock();
+        let line = lines.entry(core).or_default();
+        if line.running < PATCHES_RESOLVING_MAX {
+            line.running += 1;
+            return Some(ResolvingSlot { store: Arc::clone(store), core, held: true });
+        }
+        if line.waiting.len() < PATCHES_WAITING_MAX {
+            line.waiting.push_back((Arc::clone(dataset), index));
+        }
+        None
+    }
+
+    /// The next patch in line, or `None` with the place given back.
+    fn next_waiting(&mut self) -> Option<(Arc<Dataset>, u64)> {
+        if !self.held {
             return None;
         }
-        Some(ResolvingSlot(Arc::clone(store)))
+        let mut lines = self.store.patches_resolving.lines.lock();
+        let line = lines.get_mut(&self.core).expect("a held place's line outlives it");
+        let next = line.waiting.pop_front();
+        if next.is_none() {
+            line.running -= 1;
+            self.held = false;
+        }
+        next
     }
 }
 
 impl Drop for ResolvingSlot {
     fn drop(&mut self) {
-        self.0.patches_resolving.running.fetch_sub(1, Ordering::AcqRel);
+        if self.held {
+            let mut lines = self.store.patches_resolving.lines.lock();
+            let line = lines.get_mut(&self.core).expect("a held place's line outlives it");
+            line.running -= 1;
+        }
     }
 }
 

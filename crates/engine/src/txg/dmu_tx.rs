@@ -475,10 +475,15 @@ impl Admission<'_> {
             stats.spared.inc();
         } else if !delay.is_zero() {
             let now = self.spa.pool().env().now();
-            let wakeup = if !limits.delay_spaced || dirty >= max {
-                // At the maximum (one below `txg.dirty_max`: the free space's) every writer
-                // sleeps the longest delay alone: spaced, the 32nd of 32 writers would wake
-                // 3.2 s later, where a sync is what they wait for.
+            let wakeup = if !limits.delay_spaced || large || dirty >= max {
+                // At the maximum below `txg.dirty_max` (the free space's, or a large write's
+                // quarter of the room) every writer sleeps the longest delay alone: spaced,
+                // the 32nd of 32 writers would wake 3.2 s later, where a sync is what they
+                // wait for. (Just below it they are spaced at nearly the longest delay, as in
+                // ZFS: the curve's rate there is what lets the sync catch up.) A large write
+                // sleeps alone too: its curve ends at its quarter of the room, so its delays
+                // are long where a small write's are short, and spaced they would push the
+                // mark ahead of the small writes behind it.
                 Some(now.plus(delay))
             } else if now.since(start) >= delay {
                 // It has waited that long already (for space, say), and takes no place in the

@@ -242,7 +242,11 @@ impl Txg {
     /// is the time between the pool's writes, and the rate it sets holds whatever the number
     /// of writers; each sleeping its delay alone, 32 writers passed 32 times that rate, and
     /// the open txg ran past the curve into the wall of free space (`txg.delay_spacing`).
-    pub(super) fn delay_wakeup(&self, start: crate::rt::Time, delay: std::time::Duration) -> crate::rt::Time {
+    pub(super) fn delay_wakeup(
+        &self,
+        start: crate::rt::Time,
+        delay: std::time::Duration,
+    ) -> crate::rt::Time {
         let delay = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
         let mut wakeup = 0;
         // The closure may run again if another writer moved the mark meanwhile; the last run
