@@ -2,7 +2,7 @@
 //! puts through the write pipeline's compress stage and the read path's decompression, per
 //! algorithm, block size and kind of data. The blocks go as the pipeline sends a 1 MiB write's:
 //! in runs of 1 MiB whose early abort is planned together (`zio::compress::plan_run`, which
-//! samples only every fourth block once four in a row did not compress), then each through
+//! samples only every fourth block once four in a row did or did not compress), then each through
 //! `zio::compress::compress` with its plan. No I/O: the figures are the code's ceiling, not a
 //! pool's. The allocator is the system's, where `sluice serve` runs mimalloc; each compressed
 //! block's buffer is allocated inside the timed work, as in the pipeline.
