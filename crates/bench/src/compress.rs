@@ -4,8 +4,11 @@
 //! in runs of 1 MiB whose early abort is planned together (`zio::compress::plan_run`, which
 //! samples only every fourth block once four in a row did or did not compress), then each through
 //! `zio::compress::compress` with its plan. No I/O: the figures are the code's ceiling, not a
-//! pool's. The allocator is the system's, where `sluice serve` runs mimalloc; each compressed
-//! block's buffer is allocated inside the timed work, as in the pipeline.
+//! pool's. The allocator is the server's (mimalloc, tuned as `sluice serve` tunes it); each
+//! compressed block's buffer is allocated inside the timed work, as in the pipeline. On glibc's
+//! allocator, which this benchmark used before 2026-12-04, those buffers' page faults were part
+//! of every figure (the stage took 850-960 us per MiB of half-compressible 16 KiB blocks where
+//! the server's profile gave it about 450).
 //!
 //! Why a benchmark of its own: the goal rows of the peers comparison count "lz4's own cost",
 //! which `bench/peers.sh` can only take as the difference between two servers' CPU per MiB

@@ -186,7 +186,12 @@ enum Experiment {
     Ddt,
 }
 
+/// The server's allocator, so that the figures are the server's (crates/host/src/allocator.rs).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
+    sluice_host::allocator::tune();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

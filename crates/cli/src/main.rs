@@ -10,7 +10,6 @@
 //! several pools. The benchmarks and the seeds' experiments are a binary of their own,
 //! `sluice-bench` (crates/bench), so that the served binary does not link the simulator.
 
-mod allocator;
 mod control;
 mod events;
 mod exit;
@@ -711,11 +710,15 @@ enum SnapshotCommand {
     Destroy { spec: String },
 }
 
+/// mimalloc, with the option crates/host/src/allocator.rs sets and says why.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // SAFETY: first thing in main: no runtime, pool or other thread has started, so nothing
     // reads the environment while the socket-activation variables are removed.
     let inherited = unsafe { sluice_nbd::listen::take_inherited() };
-    allocator::tune();
+    sluice_host::allocator::tune();
     match run(Cli::parse(), inherited) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -4,6 +4,7 @@
 //! other implementation (crate `sluice-sim`). Disk I/O does not run here: `FileDevice` has its
 //! own per-leaf I/O threads and only completes futures that these tasks await.
 
+pub mod allocator;
 mod cores;
 
 use std::sync::Arc;

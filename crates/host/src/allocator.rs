@@ -1,14 +1,15 @@
 //! The process's memory allocator: mimalloc, and the one option the server changes.
 //!
+//! Each binary that serves or measures the engine (`sluice`, `sluice-bench`) declares
+//! `mimalloc::MiMalloc` its global allocator (a static only a binary can hold) and calls
+//! [`tune`] first thing, so that a benchmark's figures are the server's.
+//!
 //! Why mimalloc: glibc's malloc spent 13% of the server's CPU at 32 clients of 4 KiB
 //! write + flush (perf, 2026-11-26), most of it aligned allocation (`_int_memalign`) and the
 //! coalescing of free chunks it causes (`unlink_chunk`): the write path allocates 16 KiB block
 //! buffers aligned to 4 KiB on the serving core, and the txg sync frees them on another.
 //! mimalloc (the crate builds its v3) keeps per-thread pages of each size class and returns a
 //! free from another thread to the owning page without a lock.
-
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// mimalloc's `purge_decommits` option (its place in `mi_option_e`, mimalloc.h of the v3 that
 /// libmimalloc-sys 0.1.49 builds; the crate is pinned to that version in Cargo.toml for this).
