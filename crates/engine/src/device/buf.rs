@@ -25,12 +25,14 @@
 //! after it handed pages back were about 5% of the server's CPU under 1 MiB write + flush
 //! (perf, 2026-12-02).
 //!
-//! Every copy into a buffer goes through [`copy_unaliased`]: on this project's test machines
+//! The copies these types make into their buffers (`AlignedBuf::copy_from`, `gathered`,
+//! `UninitBuf::write_at`) go through [`copy_unaliased`]: on this project's test machines
 //! (AMD EPYC, glibc 2.36) a copy of more than about 2 KiB, which glibc makes with `rep movsb`,
 //! runs 28 times slower when its destination lies 1 to 15 bytes past its source modulo 4 KiB,
 //! and 2.4 times slower at 16 to 31 (8 KiB: 2.3 us against 0.08; docs/bench/peers-notes.md,
 //! 2026-12-04). A compressed block, stored after a 4-byte header, was copied that way from
-//! its page-aligned scratch: 15% of the server's CPU under 1 MiB writes of compressible data.
+//! the compressor's scratch buffer: 15% of the server's CPU under 1 MiB writes of
+//! compressible data.
 
 use std::alloc::{self, Layout};
 use std::fmt;
