@@ -43,24 +43,23 @@ use std::sync::{Arc, OnceLock};
 /// Alignment of every buffer: the largest logical block size we support (4 KiB sectors).
 pub const BUF_ALIGN_BYTES: usize = 4096;
 
-/// The largest copy glibc's `memcpy` makes without `rep movsb` on CPUs with fast short
-/// `rep movsb` (its threshold there is 2,112 bytes).
+/// The pieces of a copy [`copy_unaliased`] splits: under the size above which glibc's `memcpy`
+/// uses `rep movsb` on CPUs with fast short `rep movsb` (2,112 bytes there).
 const COPY_PIECE_BYTES: usize = 2048;
 /// How far past its source, modulo a page, a destination makes a `rep movsb` copy slow
 /// (measured: 1 to 31 bytes).
 const COPY_ALIASING_BYTES: usize = 32;
 
 /// Copies `len` bytes from `src` to `dst`. A copy larger than [`COPY_PIECE_BYTES`] whose
-/// destination lies less than [`COPY_ALIASING_BYTES`] past its source modulo 4 KiB is made in
-/// pieces of that size, which glibc moves with vector loads and stores; any other copy is one
-/// `memcpy`. See the module doc for why.
+/// destination lies 1 to [`COPY_ALIASING_BYTES`] - 1 bytes past its source modulo 4 KiB
+/// ([`copies_in_pieces`]) is made in pieces of that size, which glibc moves with vector loads
+/// and stores; any other copy is one `memcpy`. See the module doc for why.
 ///
 /// # Safety
 /// As [`std::ptr::copy_nonoverlapping`]: `src` readable and `dst` writable for `len` bytes, the
 /// two not overlapping.
 unsafe fn copy_unaliased(src: *const u8, dst: *mut u8, len: usize) {
-    let ahead = (dst as usize).wrapping_sub(src as usize) % 4096;
-    if len <= COPY_PIECE_BYTES || ahead == 0 || ahead >= COPY_ALIASING_BYTES {
+    if !copies_in_pieces(src, dst, len) {
         // SAFETY: the caller's contract.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
         return;
@@ -72,6 +71,13 @@ unsafe fn copy_unaliased(src: *const u8, dst: *mut u8, len: usize) {
         unsafe { std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), piece) };
         at += piece;
     }
+}
+
+/// Whether [`copy_unaliased`] copies `len` bytes from `src` to `dst` in pieces.
+fn copies_in_pieces(src: *const u8, dst: *mut u8, len: usize) -> bool {
+    // Exact for destinations below their source too: 4096 divides 2^64.
+    let ahead = (dst as usize).wrapping_sub(src as usize) % 4096;
+    len > COPY_PIECE_BYTES && ahead != 0 && ahead < COPY_ALIASING_BYTES
 }
 
 /// The most bytes of dropped buffers [`pool`] keeps of each size: 256 blocks of 16 KiB, a
@@ -583,10 +589,12 @@ mod tests {
                     let base = dst.as_ptr() as usize;
                     let want = (src.as_ptr() as usize + src_at + ahead) % 4096;
                     let dst_at = (want + 4096 - base % 4096) % 4096;
+                    let (from, to) = (src[src_at..].as_ptr(), dst[dst_at..].as_mut_ptr());
+                    let pieces =
+                        len > COPY_PIECE_BYTES && (1..COPY_ALIASING_BYTES).contains(&ahead);
+                    assert_eq!(copies_in_pieces(from, to, len), pieces, "len {len} ahead {ahead}");
                     // SAFETY: both ranges lie inside their vectors, which are distinct.
-                    unsafe {
-                        copy_unaliased(src[src_at..].as_ptr(), dst[dst_at..].as_mut_ptr(), len)
-                    };
+                    unsafe { copy_unaliased(from, to, len) };
                     assert_eq!(&dst[dst_at..dst_at + len], &src[src_at..src_at + len]);
                     assert!(dst[..dst_at].iter().all(|&b| b == 0xee), "wrote before the copy");
                     assert!(dst[dst_at + len..].iter().all(|&b| b == 0xee), "wrote past it");
