@@ -7,8 +7,7 @@
 //! pool's. The allocator is the server's (mimalloc, tuned as `sluice serve` tunes it); each
 //! compressed block's buffer is allocated inside the timed work, as in the pipeline. On glibc's
 //! allocator, which this benchmark used before 2026-12-04, those buffers' page faults were part
-//! of every figure (the stage took 850-960 us per MiB of half-compressible 16 KiB blocks where
-//! the server's profile gave it about 450).
+//! of every figure (docs/bench/compression.md compares the two).
 //!
 //! Why a benchmark of its own: the goal rows of the peers comparison count "lz4's own cost",
 //! which `bench/peers.sh` can only take as the difference between two servers' CPU per MiB
