@@ -95,6 +95,12 @@ case $target in
   *) echo "per-op: target is sluice or qemu-nbd" >&2; exit 2 ;;
 esac
 for _ in $(seq 1 100); do [ -S "$dir/s.sock" ] && break; sleep 0.1; done
+# A server that refused its arguments (a tunable out of range, say) has said why in its log.
+if [ ! -S "$dir/s.sock" ]; then
+  echo "per-op: $target did not start serving" >&2
+  cat "$dir/serve.log" >&2 2>/dev/null || true
+  exit 1
+fi
 uri="nbd+unix:///disk?socket=$dir/s.sock"
 fio --name=prefill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size="${span_mib}M" >/dev/null 2>&1
 # The prefill leaves up to a quarter of txg.dirty_max (a tenth of memory) in its open txg;

@@ -197,6 +197,10 @@ fn difference(now: &PoolSnapshot, earlier: &PoolSnapshot) -> PoolSnapshot {
     out.throttle.waited_for_space = since(throttle.waited_for_space, Some(was.waited_for_space));
     out.throttle.waited_for_space_nanos =
         since(throttle.waited_for_space_nanos, Some(was.waited_for_space_nanos));
+    let (patches, was) = (&now.patches, &earlier.patches);
+    out.patches.completed_beside = since(patches.completed_beside, Some(was.completed_beside));
+    out.patches.completed_by_sync = since(patches.completed_by_sync, Some(was.completed_by_sync));
+    out.patches.left_to_sync = since(patches.left_to_sync, Some(was.left_to_sync));
     out.leaves = now
         .leaves
         .iter()
@@ -338,6 +342,12 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
                 / throttle.waited_for_space.max(1) as f64,
             "dirty_bytes": throttle.dirty_bytes,
             "dirty_max_bytes": throttle.dirty_max_bytes,
+        },
+        "patches": {
+            "completed_beside_per_s": per_second(d.patches.completed_beside),
+            "completed_by_sync_per_s": per_second(d.patches.completed_by_sync),
+            "left_to_sync_per_s": per_second(d.patches.left_to_sync),
+            "waiting": d.patches.waiting,
         },
     })
 }
@@ -498,6 +508,19 @@ fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> 
         rate(throttle.waited_for_space),
         mean(throttle.waited_for_space_nanos, throttle.waited_for_space)
     ));
+    let patches = &d.patches;
+    if patches.completed_beside + patches.completed_by_sync + patches.waiting > 0 {
+        out.push_str(&format!(
+            "patches (writes into part of a block not in memory, completed from the block on \
+             disk): {}/s beside their writes, {}/s by the txg sync (a lone write's, or one no \
+             task reached in time; {}/s found every task busy and the line full), {} waiting \
+             for a task now\n",
+            rate(patches.completed_beside),
+            rate(patches.completed_by_sync),
+            rate(patches.left_to_sync),
+            patches.waiting,
+        ));
+    }
     if latency {
         out.push_str(&latency_table(&d));
     }
@@ -732,6 +755,13 @@ mod tests {
             dirty_bytes: 96 << 20,
             dirty_max_bytes: 2 << 30,
         };
+        earlier.patches.completed_beside = 100;
+        now.patches = crate::snapshot::PatchSnapshot {
+            completed_beside: 700,
+            completed_by_sync: 240,
+            left_to_sync: 20,
+            waiting: 17,
+        };
         now.uptime_nanos = 12_000_000_000;
         now.leaves[0] = leaf(3000, histogram.snapshot());
         // 400 of the sync's device writes in the interval, 56K each: small, and worth a hint.
@@ -797,6 +827,15 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("waits for a sync to free space/s (mean 2.0ms)"), "{text}");
+        // Counts per second over the 2 s; the line waiting is a gauge, as it is now.
+        assert!(
+            text.contains(
+                "from the block on disk): 300/s beside their writes, 120/s by the txg sync (a \
+                 lone write's, or one no task reached in time; 10/s found every task busy and the \
+                 line full), 17 waiting for a task now\n"
+            ),
+            "{text}"
+        );
         assert!(text.contains("  txg sync: 200 device writes/s of 56K on average\n"), "{text}");
         assert!(
             text.contains(
@@ -859,6 +898,9 @@ mod tests {
         assert_eq!(json["leaves"][0]["writes_per_s"], 1000.0, "{json}");
         assert_eq!(json["leaves"][0]["latency"]["sync_read"]["count"], 20, "{json}");
         assert_eq!(json["volumes"][0]["partial_writes"], 300, "{json}");
+        assert_eq!(json["patches"]["completed_beside_per_s"], 300.0, "{json}");
+        assert_eq!(json["patches"]["left_to_sync_per_s"], 10.0, "{json}");
+        assert_eq!(json["patches"]["waiting"], 17, "{json}");
         assert_eq!(json["since_import"], false);
         assert_eq!(json["intent_log"]["records_per_block"], 5.0, "{json}");
         assert_eq!(json["intent_log"]["groups_per_s"], 50.0, "{json}");

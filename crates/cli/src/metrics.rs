@@ -394,6 +394,24 @@ const POOL_COUNTERS: &[Figure<PoolSnapshot>] = &[
         Count,
         |p| p.throttle.spared,
     ),
+    figure(
+        "patches_completed_beside",
+        "Writes into part of a block not in memory whose block was completed beside the write.",
+        Count,
+        |p| p.patches.completed_beside,
+    ),
+    figure(
+        "patches_completed_by_sync",
+        "Writes into part of a block not in memory whose block the txg sync completed.",
+        Count,
+        |p| p.patches.completed_by_sync,
+    ),
+    figure(
+        "patches_left_to_sync",
+        "Such writes left to the txg sync because every completing task was busy and the line full.",
+        Count,
+        |p| p.patches.left_to_sync,
+    ),
 ];
 
 const POOL_GAUGES: &[Figure<PoolSnapshot>] = &[
@@ -430,6 +448,12 @@ const POOL_GAUGES: &[Figure<PoolSnapshot>] = &[
         "Dirty data the open txg may hold (txg.dirty_max); a sync starts at a quarter of it.",
         Bytes,
         |p| p.throttle.dirty_max_bytes,
+    ),
+    figure(
+        "patches_waiting",
+        "Writes into part of a block not in memory waiting for a task to complete the block.",
+        Count,
+        |p| p.patches.waiting,
     ),
 ];
 
@@ -1036,6 +1060,12 @@ mod tests {
             last_scrub_end_secs: Some(1_800_000_000),
             scan_running: Some("resilver".into()),
             spares: vec![("/d/s".into(), "INUSE".into())],
+            patches: crate::snapshot::PatchSnapshot {
+                completed_beside: 40,
+                completed_by_sync: 6,
+                left_to_sync: 1,
+                waiting: 3,
+            },
             ..PoolSnapshot::default()
         }
     }
@@ -1072,6 +1102,10 @@ mod tests {
         assert_eq!(get(&format!("sluice_leaf_active{{{leaf},class=\"sync_write\"}}")), 2.0);
         assert_eq!(get("sluice_pool_uptime_seconds{pool=\"tank\"}"), 2.5);
         assert_eq!(get("sluice_txg_syncs_total{pool=\"tank\"}"), 9.0);
+        assert_eq!(get("sluice_patches_completed_beside_total{pool=\"tank\"}"), 40.0);
+        assert_eq!(get("sluice_patches_completed_by_sync_total{pool=\"tank\"}"), 6.0);
+        assert_eq!(get("sluice_patches_left_to_sync_total{pool=\"tank\"}"), 1.0);
+        assert_eq!(get("sluice_patches_waiting{pool=\"tank\"}"), 3.0);
         let volume = r#"pool="tank",volume="vm1""#;
         assert_eq!(get(&format!("sluice_volume_requests_total{{{volume},op=\"write\"}}")), 5.0);
         assert_eq!(get(&format!("sluice_volume_block_size_bytes{{{volume}}}")), 16384.0);

@@ -40,6 +40,10 @@ pub struct PoolSnapshot {
     pub volumes: Vec<VolumeSnapshot>,
     pub intent_log: LogSnapshot,
     pub throttle: ThrottleSnapshot,
+    /// What became of writes into part of a block not in memory. Absent from snapshots of
+    /// older builds.
+    #[serde(default)]
+    pub patches: PatchSnapshot,
     /// The dedup table, when a volume has dedup on or the table holds entries.
     pub dedup: Option<DedupSnapshot>,
     /// The store stopped writing after a failed sync (`pool status` says why).
@@ -290,6 +294,18 @@ pub struct ThrottleSnapshot {
     pub dirty_max_bytes: u64,
 }
 
+/// What became of patches since import: writes into part of a block whose version below was
+/// not in memory, each completed from that version beside its write or by the txg sync.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PatchSnapshot {
+    pub completed_beside: u64,
+    pub completed_by_sync: u64,
+    /// Left to the sync because every completing task was busy and the line full.
+    pub left_to_sync: u64,
+    /// Waiting for a completing task now: a gauge.
+    pub waiting: u64,
+}
+
 /// The dedup table: its size as of the last sync and what it did since import.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DedupSnapshot {
@@ -406,6 +422,7 @@ impl PoolSnapshot {
             .collect();
         let log = store.log_stats();
         let throttle = store.throttle_stats();
+        let patches = store.patch_stats();
         let ddt = store.dedup_table();
         let summary = ddt.summary();
         let dedup_used =
@@ -479,6 +496,12 @@ impl PoolSnapshot {
                 waited_for_space_nanos: throttle.waited_for_space_nanos.get(),
                 dirty_bytes: store.dirty_bytes(),
                 dirty_max_bytes: store.dirty_max_bytes(),
+            },
+            patches: PatchSnapshot {
+                completed_beside: patches.completed_beside.get(),
+                completed_by_sync: patches.completed_by_sync.get(),
+                left_to_sync: patches.left_to_sync.get(),
+                waiting: store.patches_waiting(),
             },
             dedup,
             suspended: store.suspended_cause().is_some(),

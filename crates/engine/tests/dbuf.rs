@@ -337,6 +337,11 @@ fn a_patch_is_completed_after_its_writes_answer() {
             assert!(reads() > before, "nobody read the block below to complete the zero's patch");
             let block = store.read("v", 16384 * 9, 16384).await.unwrap();
             assert!(block[..] == model[16384 * 9..16384 * 10], "the zeroed block read wrong");
+            // Both said so where `pool iostat` looks.
+            let patches = store.patch_stats();
+            assert_eq!(patches.completed_beside.get(), 2);
+            assert_eq!(patches.completed_by_sync.get(), 0);
+            assert_eq!(store.patches_waiting(), 0);
             drop(release);
         };
         futures::join!(held, rest);
@@ -345,6 +350,47 @@ fn a_patch_is_completed_after_its_writes_answer() {
         assert_eq!(store.read("v", 0, SIZE).await.unwrap(), *model);
         // That read may have rewritten blocks it found scattered (dmu_rewrite.rs).
         store.sync().await.unwrap();
+        let audit = store.audit().await.unwrap();
+        assert!(audit.is_clean(), "{:?}", audit.problems);
+    })
+    .unwrap();
+}
+
+/// A lone client's partial write leaves its patch to the sync (its read would run beside its
+/// own log write), and the figures `pool iostat` shows say where it was completed.
+#[test]
+fn a_lone_writes_patch_is_completed_by_the_sync() {
+    let sim = Sim::new(36);
+    let legs = common::legs(&sim, 1, SimProfile::ssd(), LEAF_BYTES);
+    let specs = common::leaf_specs(&legs);
+    let env = sim.env();
+    sim.run(async move {
+        let t = Tunables::with([("cache.contents", "metadata")]).unwrap();
+        let spec = PoolSpec {
+            name: "tank".into(),
+            ashift: 12,
+            top: vec![TopSpec::Leaf(specs.into_iter().next().unwrap())],
+        };
+        let pool = Pool::create(&env, spec, &t).await.unwrap();
+        let store = Arc::new(Store::create(pool, &t));
+        const SIZE: u64 = 1 << 20;
+        store.create_volume("v", SIZE, 16384).unwrap();
+        let mut model: Vec<u8> = (0..SIZE).map(|i| (i / 512) as u8).collect();
+        store.write("v", 0, &model).await.unwrap();
+        store.sync().await.unwrap();
+        let volume = sluice_engine::volume::Volume::open(&store, "v").unwrap();
+        let reads = || store.pool().leaves()[0].leaf.stats().reads.get();
+        let before = reads();
+        volume.write(16384 * 7 + 4096, &[0x42; 4096], false).await.unwrap();
+        model[16384 * 7 + 4096..16384 * 7 + 8192].fill(0x42);
+        env.sleep(Duration::from_millis(5)).await;
+        assert_eq!(reads(), before, "a lone write's patch was read before its sync");
+        let patches = store.patch_stats();
+        assert_eq!((patches.completed_beside.get(), patches.completed_by_sync.get()), (0, 0));
+        store.sync().await.unwrap();
+        assert!(reads() > before, "the sync did not read the block below the patch");
+        assert_eq!((patches.completed_beside.get(), patches.completed_by_sync.get()), (0, 1));
+        assert_eq!(store.read("v", 0, SIZE).await.unwrap(), model);
         let audit = store.audit().await.unwrap();
         assert!(audit.is_clean(), "{:?}", audit.problems);
     })
@@ -401,11 +447,16 @@ fn patches_past_the_completing_tasks_wait_in_line_not_their_writes() {
             }
             let took = env.now().since(start);
             assert!(took < Duration::from_millis(100), "{WRITES} writes took {took:?}");
+            // The line holds what the 64 tasks could not take, and `pool iostat` says so.
+            assert_eq!(store.patches_waiting(), WRITES - 64);
             legs[0].clear_faults();
             env.sleep(Duration::from_secs(3)).await;
             // No sync ran, so the tasks read every block, the line's included.
             assert_eq!(store.syncs(), syncs, "a sync ran and may have completed the patches");
             assert!(reads() - before >= WRITES, "{} reads for {WRITES} patches", reads() - before);
+            assert_eq!(store.patches_waiting(), 0);
+            assert_eq!(store.patch_stats().completed_beside.get(), WRITES);
+            assert_eq!(store.patch_stats().left_to_sync.get(), 0);
             drop(release);
         };
         futures::join!(held, rest);

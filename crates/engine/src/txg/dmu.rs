@@ -400,6 +400,13 @@ struct PatchLine {
     waiting: VecDeque<(Arc<Dataset>, u64)>,
 }
 
+impl PatchCompletions {
+    /// Patches waiting for a task, on every core.
+    pub(super) fn waiting(&self) -> usize {
+        self.lines.lock().values().map(|l| l.waiting.len()).sum()
+    }
+}
+
 impl std::fmt::Debug for PatchCompletions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let lines = self.lines.lock();
@@ -433,6 +440,8 @@ impl ResolvingSlot {
         }
         if line.waiting.len() < PATCHES_WAITING_MAX {
             line.waiting.push_back((Arc::clone(dataset), index));
+        } else {
+            store.txg.patch_stats().left_to_sync.inc();
         }
         None
     }
@@ -916,6 +925,7 @@ async fn resolve_patch(
     dataset: &Dataset,
     index: u64,
 ) -> Result<(), StoreError> {
+    let stats = txg.patch_stats();
     let (open_txg, syncing, root, levels) = {
         let txg = txg.lock();
         let v = dataset.state.lock();
@@ -953,6 +963,7 @@ async fn resolve_patch(
             None => current.apply(base),
         };
         v.open.insert(index, Block::Data(Arc::new(whole)));
+        stats.completed_beside.inc();
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The open txg and its dirty-data accounting (ZFS: `txg.c`'s open state with `dsl_pool.c`'s
 //! dirty data): [`TxgState`] behind the txg lock, the limits admission and the throttle hold
-//! writers to ([`TxgLimits`]), what the throttle did ([`ThrottleStats`]), and what the open and
+//! writers to ([`TxgLimits`]), what the throttle did ([`ThrottleStats`]), what became of the
+//! open txgs' patches ([`PatchStats`]), and what the open and
 //! syncing txgs will allocate ([`InFlight`], [`SyncShape`]). It knows no volume: admission
 //! (dmu_tx.rs), the write path (dmu.rs), the log's commits and replay (zil_commit.rs, zil.rs),
 //! the namespace (dataset.rs) and the quiesce (spa_sync.rs) count against it.
@@ -193,6 +194,7 @@ pub(super) struct Txg {
     state: parking_lot::Mutex<TxgState>,
     limits: TxgLimits,
     throttle_stats: ThrottleStats,
+    patch_stats: PatchStats,
     /// Writers waiting for space: those of thick volumes and the others, each by the room
     /// tier their blocks are counted in (`alloc::ROOM_BLOCK_BYTES`).
     space_lines: [[super::dmu_tx::SpaceLine; crate::alloc::ROOM_BLOCK_BYTES.len()]; 2],
@@ -206,6 +208,7 @@ impl Txg {
             state: parking_lot::Mutex::new(state),
             limits,
             throttle_stats: ThrottleStats::default(),
+            patch_stats: PatchStats::default(),
             space_lines: Default::default(),
             last_wakeup: AtomicU64::new(0),
         }
@@ -234,6 +237,10 @@ impl Txg {
 
     pub(super) fn throttle_stats(&self) -> &ThrottleStats {
         &self.throttle_stats
+    }
+
+    pub(super) fn patch_stats(&self) -> &PatchStats {
+        &self.patch_stats
     }
 
     /// When a write that started at `start` and is to be delayed by `delay` wakes (ZFS:
@@ -287,6 +294,24 @@ pub struct ThrottleStats {
     /// volume held less than an equal share of the dirty data, so another volume was filling
     /// it.
     pub spared: crate::stats::Counter,
+}
+
+/// What became of patches: writes into part of a block whose version below was not in memory
+/// (dbuf.rs). Each is completed from that version, beside its write (by a task of its own, or
+/// before the write's answer where the client waits anyway) or by the txg sync, which reads
+/// what is left at async priority. Completing them beside the writes spreads their reads over
+/// the txg instead of piling them into the sync; a count left to the sync that keeps rising
+/// means the reads fall behind the writes.
+#[derive(Debug, Default)]
+pub struct PatchStats {
+    /// Patches completed beside their writes.
+    pub completed_beside: crate::stats::Counter,
+    /// Patches completed by the txg sync: a lone write's, left there so that its read does not
+    /// run beside its own log write, or one no task reached before its txg quiesced.
+    pub completed_by_sync: crate::stats::Counter,
+    /// Patches that found every completing task of their core busy and its line full
+    /// (`PATCHES_WAITING_MAX`, dmu.rs), so were left to the sync without waiting for a task.
+    pub left_to_sync: crate::stats::Counter,
 }
 
 /// How much may be dirty and how often txgs sync.

@@ -126,8 +126,8 @@ pub use dmu::ReadData;
 pub use dmu_recv::ReceiveMode;
 pub use dmu_send::StreamSummary;
 pub use dsl_crypt::{EncryptionInfo, KeyStatus, NewKey};
-pub use dsl_pool::ThrottleStats;
 use dsl_pool::TxgState;
+pub use dsl_pool::{PatchStats, ThrottleStats};
 use dsl_pool::{Txg, TxgLimits};
 pub use dsl_scan::{ScanFunc, ScanPhase, ScanStatus};
 pub use dsl_snapshot::{SnapshotInfo, SnapshotSpace};
@@ -457,6 +457,16 @@ impl Store {
     /// What the write throttle did.
     pub fn throttle_stats(&self) -> &ThrottleStats {
         self.txg.throttle_stats()
+    }
+
+    /// What became of writes into part of a block not in memory.
+    pub fn patch_stats(&self) -> &PatchStats {
+        self.txg.patch_stats()
+    }
+
+    /// Patches waiting now for a task to complete them, on every core.
+    pub fn patches_waiting(&self) -> u64 {
+        self.patches_resolving.waiting() as u64
     }
 
     /// When the store was created or imported (the counters start there).

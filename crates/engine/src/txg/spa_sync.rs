@@ -43,7 +43,7 @@ use sluice_format::{
 
 use super::dataset::Dsl;
 use super::dbuf::{Block, Prewritten};
-use super::dsl_pool::{Quiesce, Txg};
+use super::dsl_pool::{PatchStats, Quiesce, Txg};
 use super::dsl_snapshot::append_deadlists;
 use super::dsl_synctask::{run_sync_tasks, Family, SyncTask, SyncedTree};
 use super::spa::Spa;
@@ -380,7 +380,8 @@ impl SyncHandle<'_> {
             work.iter().map(|(entry, ..)| (entry.name.clone(), entry.log)).collect();
         let mut ctx = TreeUpdate::new(self.spa.pool(), self.spa.allocator(), txg);
         self.spa.fail_point("spa_sync.write_volumes");
-        let mut roots = write_volumes(self.spa, &mut ctx, work).await?;
+        let patches = self.txg.patch_stats();
+        let mut roots = write_volumes(self.spa, patches, &mut ctx, work).await?;
         append_deadlists(self.spa, &mut ctx, &mut roots).await?;
         let volume_id = |name: &str| self.dsl.volume_id(name);
         let rewind = run_sync_tasks(self.spa, &volume_id, &mut ctx, &mut roots, tasks).await?;
@@ -636,6 +637,7 @@ impl SyncHandle<'_> {
 /// volume's new root and space figures.
 async fn write_volumes(
     spa: &Spa,
+    patches: &PatchStats,
     ctx: &mut TreeUpdate<'_>,
     work: Vec<VolumeWork>,
 ) -> Result<BTreeMap<String, SyncedTree>, PoolError> {
@@ -660,7 +662,7 @@ async fn write_volumes(
         let completed = if blocks.iter().any(|(_, b)| matches!(b, Block::Patched(_))) {
             futures::future::Either::Left(
                 futures::stream::iter(blocks.into_iter().map(|(index, block)| {
-                    complete_block(spa, root, disk_levels, block_bytes, index, block)
+                    complete_block(spa, patches, root, disk_levels, block_bytes, index, block)
                 }))
                 .buffered(SYNC_WRITES_IN_FLIGHT),
             )
@@ -984,6 +986,7 @@ async fn write_space_maps_and_directory(
 /// the old block is going away.
 async fn complete_block(
     spa: &Spa,
+    patches: &PatchStats,
     root: Option<BlockPointer>,
     disk_levels: u8,
     block_bytes: usize,
@@ -991,6 +994,7 @@ async fn complete_block(
     block: Block,
 ) -> Result<(u64, Block), PoolError> {
     let Block::Patched(patch) = block else { return Ok((index, block)) };
+    patches.completed_by_sync.inc();
     // The version below is about to be replaced: taken from the cache when there, but a
     // miss is read past it (caching a block this sync frees would only evict live ones).
     let whole = match objset::data_block_pointer(spa.pool(), root, disk_levels, index).await? {
