@@ -14,6 +14,8 @@
 #   sluice-nolz4   (--mirror too, or named in --targets) the same with the volume's compression off, every job, so
 #                  that the CPU sluice spends on lz4 shows apart from the rest
 #   sluice-bsN     (--volblock N, say 4K or 8K) the same with a volume of N blocks; the mixed
+#   sluice-nocache-bsN (--volblock N too) the same caching no data, where a block the writes
+#                  cover in part is read from the disk; the mixed small-write job only
 #                  small-write job only
 #   sluice[K=V]    (--sluice-tunable K=V) the same with tunables
 #   sluice-before  (--before BIN) the same served by another binary (one built from an earlier
@@ -73,7 +75,8 @@
 # log policy is auto) also judges auto against the better of the two in each sync-write job.
 # A run takes about 12 s per job and target each round, plus the warm-up (about 25 s a target)
 # and each target's prefill of --size: with every target but nbdkit-memory, --mirror and two
-# --volblock targets (86 runs a round; 92 since the compression-off target runs every job),
+# --volblock targets (86 runs a round; 92 since the compression-off target runs every job; 96
+# with the uncached --volblock targets),
 # three rounds took 43 minutes on 2026-11-29 and about
 # 45 GB of the data dir (checked before anything is written).
 # Needs: fio, qemu-utils (qemu-nbd), nbdkit, libnbd-bin; builds target/release/sluice unless
@@ -154,7 +157,7 @@ wanted() { [ -z "$only_targets" ] || [[ ",$only_targets," == *",$1,"* ]]; }
 if [ -n "$only_targets" ]; then
   known=(raw qemu-nbd nbdkit nbdkit-memory sluice sluice-nocache sluice-nolz4)
   [ "$mirror" = 1 ] && known+=(sluice-mirror)
-  for b in ${volblocks[@]+"${volblocks[@]}"}; do known+=("sluice-bs$b"); done
+  for b in ${volblocks[@]+"${volblocks[@]}"}; do known+=("sluice-bs$b" "sluice-nocache-bs$b"); done
   for t in ${tunables[@]+"${tunables[@]}"}; do known+=("sluice[$t]"); done
   [ -n "$before" ] && known+=(sluice-before)
   rest=",$only_targets,"
@@ -198,7 +201,9 @@ if [ "$mirror" = 1 ]; then
   wanted sluice-mirror && leaves=$(( leaves + 2 ))
   wanted sluice-nolz4 && leaves=$(( leaves + 1 ))
 fi
-for b in ${volblocks[@]+"${volblocks[@]}"}; do wanted "sluice-bs$b" && leaves=$(( leaves + 1 )); done
+for b in ${volblocks[@]+"${volblocks[@]}"}; do
+  for t in "sluice-bs$b" "sluice-nocache-bs$b"; do wanted "$t" && leaves=$(( leaves + 1 )); done
+done
 for t in ${tunables[@]+"${tunables[@]}"}; do wanted "sluice[$t]" && leaves=$(( leaves + 1 )); done
 [ -n "$before" ] && wanted sluice-before && leaves=$(( leaves + 1 ))
 files=0
@@ -357,6 +362,14 @@ fi
 for b in ${volblocks[@]+"${volblocks[@]}"}; do
   wanted "sluice-bs$b" || continue
   sluice_target "sluice-bs$b" "the same with a volume of $b blocks" "mixed-8" single "--block-size $b"
+done
+# The same uncached: with 16 KiB blocks every 4 or 8 KiB write reads the rest of its block, and
+# those reads in the device slow the log's durable writes (docs/bench/peers-notes.md,
+# 2026-12-04 04:36Z); blocks the size of the writes read nothing.
+for b in ${volblocks[@]+"${volblocks[@]}"}; do
+  wanted "sluice-nocache-bs$b" || continue
+  sluice_target "sluice-nocache-bs$b" "the same with a volume of $b blocks and cache.contents=metadata" \
+    "mixed-8" single "--block-size $b" --set cache.contents=metadata
 done
 for t in ${tunables[@]+"${tunables[@]}"}; do
   label="sluice[$t]"

@@ -38,6 +38,11 @@ names = {
     "sluice-before": "sluice before (--before)",
     "sluice-nolz4": "sluice, compression off",
 }
+for t in targets:
+    if t.startswith("sluice-nocache-bs"):
+        names[t] = f"sluice, no data cached, {t[len('sluice-nocache-bs'):]} blocks"
+    elif t.startswith("sluice-bs"):
+        names[t] = f"sluice, {t[len('sluice-bs'):]} blocks"
 PEERS = ("qemu-nbd", "nbdkit")
 # The flush tail is judged only over this many rounds or more.
 FLUSH_TAIL_ROUNDS_MIN = 5
@@ -316,7 +321,7 @@ if "syncwrite-1" in jobs:
             s_ <= 1.3 * raw,
         )
 if "mixed-8" in jobs:
-    for me in ["sluice", "sluice-nocache"]:
+    for me in ["sluice", "sluice-nocache"] + [t for t in targets if t.startswith("sluice-nocache-bs")]:
         s_, q = median("mixed-8", me, "iops"), median("mixed-8", "qemu-nbd", "iops")
         cs, cq = machine_cpu("mixed-8", me), machine_cpu("mixed-8", "qemu-nbd")
         if None in (s_, q, cs, cq):
