@@ -14,6 +14,7 @@
 #   sluice-nolz4   (--mirror too, or named in --targets) the same with the volume's compression off, every job, so
 #                  that the CPU sluice spends on lz4 shows apart from the rest
 #   sluice-bsN     (--volblock N, say 4K or 8K) the same with a volume of N blocks; the mixed
+#                  small-write job only
 #   sluice-nocache-bsN (--volblock N too) the same caching no data, where a block the writes
 #                  cover in part is read from the disk; the mixed small-write job only
 #                  small-write job only
@@ -75,7 +76,7 @@
 # log policy is auto) also judges auto against the better of the two in each sync-write job.
 # A run takes about 12 s per job and target each round, plus the warm-up (about 25 s a target)
 # and each target's prefill of --size: with every target but nbdkit-memory, --mirror and two
-# --volblock targets (86 runs a round; 92 since the compression-off target runs every job; 96
+# --volblock targets (86 runs a round; 92 since the compression-off target runs every job; 94
 # with the uncached --volblock targets),
 # three rounds took 43 minutes on 2026-11-29 and about
 # 45 GB of the data dir (checked before anything is written).
@@ -166,7 +167,7 @@ if [ -n "$only_targets" ]; then
   done
   rest=${rest#,}; rest=${rest%,}
   if [ -n "$rest" ]; then
-    echo "peers: --targets names $rest, which is no target of this run (sluice[K=V] needs --sluice-tunable K=V, sluice-mirror --mirror, sluice-bsN --volblock N, sluice-before --before BIN)" >&2
+    echo "peers: --targets names $rest, which is no target of this run (sluice[K=V] needs --sluice-tunable K=V, sluice-mirror --mirror, sluice-bsN and sluice-nocache-bsN --volblock N, sluice-before --before BIN)" >&2
     exit 2
   fi
 fi

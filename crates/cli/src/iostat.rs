@@ -509,7 +509,9 @@ fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> 
         mean(throttle.waited_for_space_nanos, throttle.waited_for_space)
     ));
     let patches = &d.patches;
-    if patches.completed_beside + patches.completed_by_sync + patches.waiting > 0 {
+    if patches.completed_beside + patches.completed_by_sync + patches.left_to_sync + patches.waiting
+        > 0
+    {
         out.push_str(&format!(
             "patches (writes into part of a block not in memory, completed from the block on \
              disk): {}/s beside their writes, {}/s by the txg sync (a lone write's, or one no \

@@ -369,7 +369,8 @@ enum PoolCommand {
     /// in the device now, and the depth the device queue allows; client requests per volume;
     /// intent-log commits and blocks; txg syncs and the size of their device writes; what the
     /// write throttle did; where writes into part of a block not in memory had the rest of
-    /// the block read (beside the writes or by the txg sync). The first report covers the time since import, each later one the
+    /// the block read (beside the writes or by the txg sync) and how many wait. The first
+    /// report covers the time since import, each later one the
     /// INTERVAL before it. `--latency` adds percentiles per leaf and I/O class (queued to
     /// done) and per volume and request type (arrival to answer).
     Iostat {

@@ -396,19 +396,19 @@ const POOL_COUNTERS: &[Figure<PoolSnapshot>] = &[
     ),
     figure(
         "patches_completed_beside",
-        "Writes into part of a block not in memory whose block was completed beside the write.",
+        "Blocks that writes covered in part, not in memory, completed from the disk beside the writes.",
         Count,
         |p| p.patches.completed_beside,
     ),
     figure(
         "patches_completed_by_sync",
-        "Writes into part of a block not in memory whose block the txg sync completed.",
+        "Blocks that writes covered in part, not in memory, completed from the disk by the txg sync.",
         Count,
         |p| p.patches.completed_by_sync,
     ),
     figure(
         "patches_left_to_sync",
-        "Such writes left to the txg sync because every completing task was busy and the line full.",
+        "Writes into part of a block not in memory left to the txg sync: every completing task busy, the line full.",
         Count,
         |p| p.patches.left_to_sync,
     ),
@@ -451,7 +451,7 @@ const POOL_GAUGES: &[Figure<PoolSnapshot>] = &[
     ),
     figure(
         "patches_waiting",
-        "Writes into part of a block not in memory waiting for a task to complete the block.",
+        "Blocks that writes covered in part, not in memory, waiting for a task to complete them from the disk.",
         Count,
         |p| p.patches.waiting,
     ),

@@ -1,7 +1,8 @@
 //! A served pool's statistics at one moment, as one typed value: the pool, its top-level
 //! vdevs, each leaf (I/O counters, what is queued and in the device per I/O class, latency
 //! histograms per class), each volume (client requests and their latency per request type),
-//! the intent log, txg syncs, the write throttle and, when the pool uses it, the dedup table.
+//! the intent log, txg syncs, the write throttle, where patches were completed and, when the
+//! pool uses it, the dedup table.
 //!
 //! The server builds one from its live [`Store`] ([`PoolSnapshot::capture`]); the control
 //! socket carries it as JSON to `sluice pool iostat` (crate::iostat), which diffs two of them,

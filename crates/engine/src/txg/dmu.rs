@@ -401,7 +401,8 @@ struct PatchLine {
 }
 
 impl PatchCompletions {
-    /// Patches waiting for a task, on every core.
+    /// Entries waiting for a task, on every core (a block written twice meanwhile may wait
+    /// twice; the second finds nothing to do).
     pub(super) fn waiting(&self) -> usize {
         self.lines.lock().values().map(|l| l.waiting.len()).sum()
     }

@@ -1,8 +1,8 @@
 //! The open txg and its dirty-data accounting (ZFS: `txg.c`'s open state with `dsl_pool.c`'s
 //! dirty data): [`TxgState`] behind the txg lock, the limits admission and the throttle hold
-//! writers to ([`TxgLimits`]), what the throttle did ([`ThrottleStats`]), what became of the
-//! open txgs' patches ([`PatchStats`]), and what the open and
-//! syncing txgs will allocate ([`InFlight`], [`SyncShape`]). It knows no volume: admission
+//! writers to ([`TxgLimits`]), what the throttle did ([`ThrottleStats`]), where the open txgs'
+//! patches were completed ([`PatchStats`]), and what the open and syncing txgs will allocate
+//! ([`InFlight`], [`SyncShape`]). It knows no volume: admission
 //! (dmu_tx.rs), the write path (dmu.rs), the log's commits and replay (zil_commit.rs, zil.rs),
 //! the namespace (dataset.rs) and the quiesce (spa_sync.rs) count against it.
 
@@ -296,21 +296,25 @@ pub struct ThrottleStats {
     pub spared: crate::stats::Counter,
 }
 
-/// What became of patches: writes into part of a block whose version below was not in memory
-/// (dbuf.rs). Each is completed from that version, beside its write (by a task of its own, or
-/// before the write's answer where the client waits anyway) or by the txg sync, which reads
-/// what is left at async priority. Completing them beside the writes spreads their reads over
-/// the txg instead of piling them into the sync; a count left to the sync that keeps rising
-/// means the reads fall behind the writes.
+/// Where patches were completed: a patch is what writes into part of a block leave when the
+/// block's version below is not in memory (dbuf.rs), and it is completed from that version,
+/// read from the disk unless cached: beside its write (by a task of its own, or before the
+/// write's answer where the client waits anyway) or by the txg sync, which reads what is left
+/// at async priority. A patch that later writes fill whole, or whose volume goes, needs no
+/// read and counts in neither. Completing them beside the writes spreads their reads over the
+/// txg instead of piling them into the sync; a count left to the sync that keeps rising means
+/// the reads fall behind the writes.
 #[derive(Debug, Default)]
 pub struct PatchStats {
     /// Patches completed beside their writes.
     pub completed_beside: crate::stats::Counter,
     /// Patches completed by the txg sync: a lone write's, left there so that its read does not
-    /// run beside its own log write, or one no task reached before its txg quiesced.
+    /// run beside its own log write, one whose completion beside failed to read, or one no
+    /// task reached before its txg quiesced.
     pub completed_by_sync: crate::stats::Counter,
-    /// Patches that found every completing task of their core busy and its line full
-    /// (`PATCHES_WAITING_MAX`, dmu.rs), so were left to the sync without waiting for a task.
+    /// Writes whose patch found every completing task of their core busy and its line full
+    /// (`PATCHES_WAITING_MAX`, dmu.rs), so was left to the sync, unless a later write of the
+    /// block finds a task free. A block written again meanwhile counts again.
     pub left_to_sync: crate::stats::Counter,
 }
 

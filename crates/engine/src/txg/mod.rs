@@ -464,7 +464,8 @@ impl Store {
         self.txg.patch_stats()
     }
 
-    /// Patches waiting now for a task to complete them, on every core.
+    /// Patches waiting now for a task to complete them, on every core (a block written twice
+    /// meanwhile may count twice).
     pub fn patches_waiting(&self) -> u64 {
         self.patches_resolving.waiting() as u64
     }

@@ -994,7 +994,6 @@ async fn complete_block(
     block: Block,
 ) -> Result<(u64, Block), PoolError> {
     let Block::Patched(patch) = block else { return Ok((index, block)) };
-    patches.completed_by_sync.inc();
     // The version below is about to be replaced: taken from the cache when there, but a
     // miss is read past it (caching a block this sync frees would only evict live ones).
     let whole = match objset::data_block_pointer(spa.pool(), root, disk_levels, index).await? {
@@ -1014,6 +1013,7 @@ async fn complete_block(
         },
         None => patch.apply(None),
     };
+    patches.completed_by_sync.inc();
     Ok((index, Block::Data(Arc::new(whole))))
 }
 
