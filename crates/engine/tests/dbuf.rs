@@ -282,6 +282,29 @@ fn concurrent_patches_across_quiesces_keep_every_sector() {
     .unwrap();
 }
 
+/// A pool of one leaf caching no data (`cache.contents=metadata`), with a volume "v" of
+/// `size` bytes in 16 KiB blocks written whole and synced: every block's version is on the
+/// disk only, so a partial write leaves a patch. Returns the store and the volume's bytes.
+async fn uncached_volume(
+    env: &sluice_engine::rt::Env,
+    specs: Vec<sluice_engine::pool::LeafSpec>,
+    size: u64,
+) -> (Arc<Store>, Vec<u8>) {
+    let t = Tunables::with([("cache.contents", "metadata")]).unwrap();
+    let spec = PoolSpec {
+        name: "tank".into(),
+        ashift: 12,
+        top: vec![TopSpec::Leaf(specs.into_iter().next().unwrap())],
+    };
+    let pool = Pool::create(env, spec, &t).await.unwrap();
+    let store = Arc::new(Store::create(pool, &t));
+    store.create_volume("v", size, 16384).unwrap();
+    let model: Vec<u8> = (0..size).map(|i| (i / 512) as u8).collect();
+    store.write("v", 0, &model).await.unwrap();
+    store.sync().await.unwrap();
+    (store, model)
+}
+
 /// A client's partial write under concurrency, through the volume front with no data cached:
 /// it is answered before the read of the version below that completes its patch (a task of
 /// its own does that), and the block is right before and after that read, after a sync and
@@ -293,19 +316,8 @@ fn a_patch_is_completed_after_its_writes_answer() {
     let specs = common::leaf_specs(&legs);
     let env = sim.env();
     sim.run(async move {
-        let t = Tunables::with([("cache.contents", "metadata")]).unwrap();
-        let spec = PoolSpec {
-            name: "tank".into(),
-            ashift: 12,
-            top: vec![TopSpec::Leaf(specs.into_iter().next().unwrap())],
-        };
-        let pool = Pool::create(&env, spec, &t).await.unwrap();
-        let store = Arc::new(Store::create(pool, &t));
         const SIZE: u64 = 1 << 20;
-        store.create_volume("v", SIZE, 16384).unwrap();
-        let mut model: Vec<u8> = (0..SIZE).map(|i| (i / 512) as u8).collect();
-        store.write("v", 0, &model).await.unwrap();
-        store.sync().await.unwrap();
+        let (store, mut model) = uncached_volume(&env, specs, SIZE).await;
         let (a, b) = (
             sluice_engine::volume::Volume::open(&store, "v").unwrap(),
             sluice_engine::volume::Volume::open(&store, "v").unwrap(),
@@ -365,19 +377,8 @@ fn a_lone_writes_patch_is_completed_by_the_sync() {
     let specs = common::leaf_specs(&legs);
     let env = sim.env();
     sim.run(async move {
-        let t = Tunables::with([("cache.contents", "metadata")]).unwrap();
-        let spec = PoolSpec {
-            name: "tank".into(),
-            ashift: 12,
-            top: vec![TopSpec::Leaf(specs.into_iter().next().unwrap())],
-        };
-        let pool = Pool::create(&env, spec, &t).await.unwrap();
-        let store = Arc::new(Store::create(pool, &t));
         const SIZE: u64 = 1 << 20;
-        store.create_volume("v", SIZE, 16384).unwrap();
-        let mut model: Vec<u8> = (0..SIZE).map(|i| (i / 512) as u8).collect();
-        store.write("v", 0, &model).await.unwrap();
-        store.sync().await.unwrap();
+        let (store, mut model) = uncached_volume(&env, specs, SIZE).await;
         let volume = sluice_engine::volume::Volume::open(&store, "v").unwrap();
         let reads = || store.pool().leaves()[0].leaf.stats().reads.get();
         let before = reads();
@@ -408,20 +409,9 @@ fn patches_past_the_completing_tasks_wait_in_line_not_their_writes() {
     let specs = common::leaf_specs(&legs);
     let env = sim.env();
     sim.run(async move {
-        let t = Tunables::with([("cache.contents", "metadata")]).unwrap();
-        let spec = PoolSpec {
-            name: "tank".into(),
-            ashift: 12,
-            top: vec![TopSpec::Leaf(specs.into_iter().next().unwrap())],
-        };
-        let pool = Pool::create(&env, spec, &t).await.unwrap();
-        let store = Arc::new(Store::create(pool, &t));
         const SIZE: u64 = 4 << 20;
         const WRITES: u64 = 80;
-        store.create_volume("v", SIZE, 16384).unwrap();
-        let mut model: Vec<u8> = (0..SIZE).map(|i| (i / 512) as u8).collect();
-        store.write("v", 0, &model).await.unwrap();
-        store.sync().await.unwrap();
+        let (store, mut model) = uncached_volume(&env, specs, SIZE).await;
         let (a, b) = (
             sluice_engine::volume::Volume::open(&store, "v").unwrap(),
             sluice_engine::volume::Volume::open(&store, "v").unwrap(),
