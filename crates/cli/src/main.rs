@@ -370,9 +370,9 @@ enum PoolCommand {
     /// intent-log commits and blocks; txg syncs and the size of their device writes; what the
     /// write throttle did; where writes into part of a block not in memory had the rest of
     /// the block read (beside the writes or by the txg sync) and how many wait. The first
-    /// report covers the time since import, each later one the
-    /// INTERVAL before it. `--latency` adds percentiles per leaf and I/O class (queued to
-    /// done) and per volume and request type (arrival to answer).
+    /// report covers the time since import, each later one the INTERVAL before it.
+    /// `--latency` adds percentiles per leaf and I/O class (queued to done) and per volume
+    /// and request type (arrival to answer).
     Iostat {
         name: String,
         /// Seconds between reports; without it, one report.

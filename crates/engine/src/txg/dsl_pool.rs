@@ -2,9 +2,9 @@
 //! dirty data): [`TxgState`] behind the txg lock, the limits admission and the throttle hold
 //! writers to ([`TxgLimits`]), what the throttle did ([`ThrottleStats`]), where the open txgs'
 //! patches were completed ([`PatchStats`]), and what the open and syncing txgs will allocate
-//! ([`InFlight`], [`SyncShape`]). It knows no volume: admission
-//! (dmu_tx.rs), the write path (dmu.rs), the log's commits and replay (zil_commit.rs, zil.rs),
-//! the namespace (dataset.rs) and the quiesce (spa_sync.rs) count against it.
+//! ([`InFlight`], [`SyncShape`]). It knows no volume: admission (dmu_tx.rs), the write path
+//! (dmu.rs), the log's commits and replay (zil_commit.rs, zil.rs), the namespace (dataset.rs)
+//! and the quiesce (spa_sync.rs) count against it.
 
 use super::dsl_synctask::SyncTask;
 use crate::intent_log::CommitPolicy;
