@@ -1,25 +1,41 @@
 #!/usr/bin/env bash
-# Where one client's 4 KiB write + flush spends its time inside the server: kernel tracepoints
-# on the serving core (socket receives and sends, io_uring submissions and completions) for one
-# second, cut into operations. For each operation, from the write's request received:
+# Where one client's write + flush spends its time inside the server: kernel tracepoints on the
+# server's threads (socket receives and sends, io_uring submissions and completions) for one
+# second, cut into operations.
+#
+# 4 KiB writes (the default). For each operation, from the write's request received:
 #   recv->submit          until the log block's write is submitted to the ring
 #   recv->write reply     until the write's reply is sent
 #   submit->complete      the durable log write in the kernel and the device
 #   complete->flush reply from its completion to the flush's reply
 #   flush reply->next     the client's turn: its next write received
-# and prints each segment's median and mean over the operations seen.
+#
+# 1 MiB writes (--write-size 1M; any size of 256 KiB or more), whose blocks are written in
+# place and then flushed. For each operation, from the write's first bytes received:
+#   receive               until the write's reply is sent (the payload's receive, and the parts
+#                         handed over while it arrives)
+#   reply->last submit    until the last data or log block write before the flush is submitted
+#   last submit->complete until the last of those writes completes
+#   complete->fsync done  the device flush: submitted, run by an io_uring worker, completed
+#   fsync done->reply     until the flush's reply is sent
+#   flush reply->next     the client's turn: its next write's first bytes received
+#   writes before reply   data writes submitted while the payload arrived (a count, not us)
+#
+# Each segment's median and mean over the operations seen are printed.
 #
 # Usage: bench/op-timeline.sh [--bin PATH] [--set NAME=VALUE (sluice tunable)]
+#          [--write-size 4k|1M (fio's --bs; default 4k)]
 # A pool on a 3 GiB zeroed file, a 1 GiB volume written first (as bench/per-op.sh does), then
 # fio's nbd engine at one job and queue depth 1 (--fsync=1) for 8 s, traced from 3 s in. Needs
 # perf with tracepoint access (root), fio, and Debian's /usr/bin/python3; builds nothing.
 set -euo pipefail
 
-bin=target/release/sluice; serve_args=()
+bin=target/release/sluice; serve_args=(); bs=4k
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) bin=$2; shift 2 ;;
     --set) serve_args+=(--set "$2"); shift 2 ;;
+    --write-size) bs=$2; shift 2 ;;
     *) echo "op-timeline: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -41,15 +57,88 @@ uri="nbd+unix:///disk?socket=$dir/s.sock"
 fio --name=prefill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size=1G >/dev/null 2>&1
 # The prefill's txg sync, past txg.timeout_ms, so it is not in the traced second.
 sleep 6
-fio --name=op --ioengine=nbd --uri="$uri" --bs=4k --size=1G --runtime=8 --time_based \
-  --rw=randwrite --fsync=1 --numjobs=1 --iodepth=1 >/dev/null 2>&1 &
+# Large writes sequential, as bench/peers.sh's 1 MiB write + flush jobs are.
+rw=randwrite; [ "$(numfmt --from=iec "${bs^^}")" -ge $((256 << 10)) ] && rw=write
+fio --name=op --ioengine=nbd --uri="$uri" --bs="$bs" --size=1G --runtime=8 --time_based \
+  --rw=$rw --fsync=1 --numjobs=1 --iodepth=1 >/dev/null 2>&1 &
 fio_pid=$!
 sleep 3
 events=io_uring:io_uring_submit_req,io_uring:io_uring_complete
-events+=,syscalls:sys_exit_recvfrom,syscalls:sys_enter_sendto
+events+=,syscalls:sys_exit_recvfrom,syscalls:sys_exit_recvmsg,syscalls:sys_enter_sendto
 perf record -q -p "$pid" -e "$events" -o "$dir/trace.data" -- sleep 1 >/dev/null 2>&1
 wait "$fio_pid"
 perf script -i "$dir/trace.data" -F comm,time,event,trace 2>/dev/null >"$dir/trace.txt"
+bytes=$(numfmt --from=iec "${bs^^}")
+if [ "$bytes" -ge $((256 << 10)) ]; then
+/usr/bin/python3 - "$dir/trace.txt" <<'PY'
+import re, statistics, sys
+
+# Every thread of the server: the serving core's, the main runtime's (fills of parts handed over
+# early run there) and the io_uring workers' (a flush is run by one). Receives that returned
+# data, the replies sent, and the ring's writes, flushes and completions, by user data.
+events = []
+for line in open(sys.argv[1]):
+    m = re.match(r"\s*(\S+)\s+([\d.]+):\s+(\S+):\s*(.*)", line)
+    if not m:
+        continue
+    t, name, fields = float(m.group(2)) * 1e6, m.group(3), m.group(4)
+    if name == "syscalls:sys_exit_recvmsg":
+        ret = int(fields.split()[-1], 16)
+        if 0 < ret < 1 << 62:
+            events.append((t, "recv", None))
+    elif name == "syscalls:sys_enter_sendto":
+        events.append((t, "reply", None))
+    elif name == "io_uring:io_uring_submit_req":
+        data = re.search(r"user_data (0x[0-9a-f]+)", fields).group(1)
+        op = re.search(r"opcode (\S+),", fields).group(1)
+        events.append((t, "fsync" if op == "FSYNC" else "write" if op.startswith("WRITE") else "other", data))
+    elif name == "io_uring:io_uring_complete":
+        events.append((t, "done", re.search(r"user_data (0x[0-9a-f]+)", fields).group(1)))
+events.sort(key=lambda e: e[0])
+
+names = ("receive", "reply->last submit", "last submit->complete", "complete->fsync done",
+         "fsync done->reply", "flush reply->next", "whole operation", "writes before reply")
+segments = {k: [] for k in names}
+# An operation runs from the first receive after a flush's reply to the next flush's reply;
+# replies alternate, the write's then the flush's, at queue depth 1.
+replies = [i for i, e in enumerate(events) if e[1] == "reply"]
+for a, b, c in zip(replies, replies[1:], replies[2:]):
+    # a: the last flush's reply; b: this write's reply; c: this flush's reply.
+    before = events[a + 1:b]
+    after = events[b + 1:c + 1]
+    recvs = [t for t, k, _ in before if k == "recv"]
+    fsyncs = [(t, d) for t, k, d in after if k == "fsync"]
+    if not recvs or len(fsyncs) != 1:
+        continue
+    fsync_t, fsync_data = fsyncs[0]
+    writes = [(t, d) for t, k, d in after if k == "write" and t < fsync_t]
+    done = {d: t for t, k, d in events[a + 1:] if k == "done"}
+    if not writes or fsync_data not in done or any(d not in done for _, d in writes):
+        continue
+    start, reply, flush_reply = recvs[0], events[b][0], events[c][0]
+    last_submit = writes[-1][0]
+    last_done = max(done[d] for _, d in writes)
+    nxt = next((t for t, k, _ in events[c + 1:] if k == "recv"), None)
+    if nxt is None or not start < reply < last_submit < last_done <= fsync_t < done[fsync_data] < flush_reply:
+        continue
+    segments["receive"].append(reply - start)
+    segments["reply->last submit"].append(last_submit - reply)
+    segments["last submit->complete"].append(last_done - last_submit)
+    segments["complete->fsync done"].append(done[fsync_data] - last_done)
+    segments["fsync done->reply"].append(flush_reply - done[fsync_data])
+    segments["flush reply->next"].append(nxt - flush_reply)
+    segments["whole operation"].append(nxt - start)
+    segments["writes before reply"].append(sum(1 for t, k, _ in before if k == "write"))
+count = len(segments["whole operation"])
+if count == 0:
+    sys.exit("op-timeline: no whole operations in the trace (is perf allowed tracepoints?)")
+print(f"{count} operations traced; microseconds (the last row is a count)")
+print(f"{'segment':24s} {'median':>8s} {'mean':>8s}")
+for name, values in segments.items():
+    print(f"{name:24s} {statistics.median(values):8.0f} {statistics.mean(values):8.1f}")
+PY
+exit 0
+fi
 /usr/bin/python3 - "$dir/trace.txt" <<'PY'
 import re, statistics, sys
 
