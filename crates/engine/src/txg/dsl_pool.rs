@@ -313,7 +313,7 @@ pub struct PatchStats {
     /// task reached before its txg quiesced.
     pub completed_by_sync: crate::stats::Counter,
     /// Writes whose patch found every completing task of their core busy and its line full
-    /// (`PATCHES_WAITING_MAX`, dmu.rs), so was left to the sync, unless a later write of the
+    /// (`PATCHES_WAITING_MAX`, dbuf_read.rs), so was left to the sync, unless a later write of the
     /// block finds a task free. A block written again meanwhile counts again.
     pub left_to_sync: crate::stats::Counter,
 }

@@ -19,6 +19,7 @@
 //! | `dmu_recv.rs` | `dmu_recv.c` | receive into a hidden volume, its blocks written in place raw |
 //! | `dsl_deadlist.rs` | `dsl_deadlist.c`, `bpobj.c` | dead lists: appended by each sync, read back by a destroy, through the `Spa` |
 //! | `dbuf.rs` | `dbuf.c` | dirty blocks and patches of the open and syncing txgs |
+//! | `dbuf_read.rs` | `dbuf_read` under `dbuf_will_dirty` | patches completed from the version below them, on tasks beside the writes' answers |
 //! | `dmu.rs` | `dmu.c` | the read and write paths |
 //! | `dsl_pool.rs` | `txg.c`, `dsl_pool.c` | the open txg (`Txg`: [`TxgState`] behind the txg lock, its limits, the throttle's figures) and what the open and syncing txgs will allocate |
 //! | `dmu_tx.rs` | `dmu_tx.c` | admission: the free-space check and the write throttle |
@@ -95,6 +96,7 @@ use sluice_format::DdtHeader;
 mod audit;
 mod dataset;
 mod dbuf;
+mod dbuf_read;
 mod dmu;
 mod dmu_recv;
 mod dmu_rewrite;
@@ -384,9 +386,9 @@ pub struct Store {
     zil: Zil,
     /// Whether the hot-spare task runs (retire.rs): one at a time.
     retire_running: retire::RetireRunning,
-    /// Patches being completed by tasks of their own, and those waiting for one (dmu.rs,
-    /// `Store::modify_answering_early`).
-    patches_resolving: dmu::PatchCompletions,
+    /// Patches being completed by tasks of their own, and those waiting for one
+    /// (dbuf_read.rs, `Store::complete_patches_beside`).
+    patches_resolving: dbuf_read::PatchCompletions,
     /// How `autoreplace` opens a device at a leaf's path (retire.rs), once the server says.
     device_opener: retire::OpenerSlot,
 }
