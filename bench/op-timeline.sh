@@ -69,121 +69,124 @@ perf record -q -p "$pid" -e "$events" -o "$dir/trace.data" -- sleep 1 >/dev/null
 wait "$fio_pid"
 perf script -i "$dir/trace.data" -F comm,time,event,trace 2>/dev/null >"$dir/trace.txt"
 bytes=$(numfmt --from=iec "${bs^^}")
-if [ "$bytes" -ge $((256 << 10)) ]; then
-/usr/bin/python3 - "$dir/trace.txt" <<'PY'
+large=0; [ "$bytes" -ge $((256 << 10)) ] && large=1
+/usr/bin/python3 - "$dir/trace.txt" "$large" <<'PY'
 import re, statistics, sys
 
-# Every thread of the server: the serving core's, the main runtime's (fills of parts handed over
-# early run there) and the io_uring workers' (a flush is run by one). Receives that returned
-# data, the replies sent, and the ring's writes, flushes and completions, by user data.
-events = []
-for line in open(sys.argv[1]):
-    m = re.match(r"\s*(\S+)\s+([\d.]+):\s+(\S+):\s*(.*)", line)
-    if not m:
-        continue
-    t, name, fields = float(m.group(2)) * 1e6, m.group(3), m.group(4)
-    if name == "syscalls:sys_exit_recvmsg":
-        ret = int(fields.split()[-1], 16)
-        if 0 < ret < 1 << 62:
-            events.append((t, "recv", None))
-    elif name == "syscalls:sys_enter_sendto":
-        events.append((t, "reply", None))
-    elif name == "io_uring:io_uring_submit_req":
-        data = re.search(r"user_data (0x[0-9a-f]+)", fields).group(1)
-        op = re.search(r"opcode (\S+),", fields).group(1)
-        events.append((t, "fsync" if op == "FSYNC" else "write" if op.startswith("WRITE") else "other", data))
-    elif name == "io_uring:io_uring_complete":
-        events.append((t, "done", re.search(r"user_data (0x[0-9a-f]+)", fields).group(1)))
-events.sort(key=lambda e: e[0])
 
-names = ("receive", "reply->last submit", "last submit->complete", "complete->fsync done",
-         "fsync done->reply", "flush reply->next", "whole operation", "writes before reply")
-segments = {k: [] for k in names}
-# An operation runs from the first receive after a flush's reply to the next flush's reply;
-# replies alternate, the write's then the flush's, at queue depth 1.
-replies = [i for i, e in enumerate(events) if e[1] == "reply"]
-for a, b, c in zip(replies, replies[1:], replies[2:]):
-    # a: the last flush's reply; b: this write's reply; c: this flush's reply.
-    before = events[a + 1:b]
-    after = events[b + 1:c + 1]
-    recvs = [t for t, k, _ in before if k == "recv"]
-    fsyncs = [(t, d) for t, k, d in after if k == "fsync"]
-    if not recvs or len(fsyncs) != 1:
-        continue
-    fsync_t, fsync_data = fsyncs[0]
-    writes = [(t, d) for t, k, d in after if k == "write" and t < fsync_t]
-    done = {d: t for t, k, d in events[a + 1:] if k == "done"}
-    if not writes or fsync_data not in done or any(d not in done for _, d in writes):
-        continue
-    start, reply, flush_reply = recvs[0], events[b][0], events[c][0]
-    last_submit = writes[-1][0]
-    last_done = max(done[d] for _, d in writes)
-    nxt = next((t for t, k, _ in events[c + 1:] if k == "recv"), None)
-    if nxt is None or not start < reply < last_submit < last_done <= fsync_t < done[fsync_data] < flush_reply:
-        continue
-    segments["receive"].append(reply - start)
-    segments["reply->last submit"].append(last_submit - reply)
-    segments["last submit->complete"].append(last_done - last_submit)
-    segments["complete->fsync done"].append(done[fsync_data] - last_done)
-    segments["fsync done->reply"].append(flush_reply - done[fsync_data])
-    segments["flush reply->next"].append(nxt - flush_reply)
-    segments["whole operation"].append(nxt - start)
-    segments["writes before reply"].append(sum(1 for t, k, _ in before if k == "write"))
+def large_writes():
+    """Operations of a write of 256 KiB or more and its flush, cut into segments."""
+    # Every thread of the server: the serving core's, the main runtime's (fills of parts handed
+    # over early run there) and the io_uring workers' (a flush is run by one). Receives that
+    # returned data, the replies sent, and the ring's writes, flushes and completions, by user
+    # data.
+    events = []
+    for line in open(sys.argv[1]):
+        m = re.match(r"\s*(\S+)\s+([\d.]+):\s+(\S+):\s*(.*)", line)
+        if not m:
+            continue
+        t, name, fields = float(m.group(2)) * 1e6, m.group(3), m.group(4)
+        if name == "syscalls:sys_exit_recvmsg":
+            ret = int(fields.split()[-1], 16)
+            if 0 < ret < 1 << 62:
+                events.append((t, "recv", None))
+        elif name == "syscalls:sys_enter_sendto":
+            events.append((t, "reply", None))
+        elif name == "io_uring:io_uring_submit_req":
+            data = re.search(r"user_data (0x[0-9a-f]+)", fields).group(1)
+            op = re.search(r"opcode (\S+),", fields).group(1)
+            kind = "fsync" if op == "FSYNC" else "write" if op.startswith("WRITE") else "other"
+            events.append((t, kind, data))
+        elif name == "io_uring:io_uring_complete":
+            events.append((t, "done", re.search(r"user_data (0x[0-9a-f]+)", fields).group(1)))
+    events.sort(key=lambda e: e[0])
+
+    names = ("receive", "reply->last submit", "last submit->complete", "complete->fsync done",
+             "fsync done->reply", "flush reply->next", "whole operation", "writes before reply")
+    segments = {k: [] for k in names}
+    # An operation runs from the first receive after a flush's reply to the next flush's reply;
+    # replies alternate, the write's then the flush's, at queue depth 1.
+    replies = [i for i, e in enumerate(events) if e[1] == "reply"]
+    for a, b, c in zip(replies, replies[1:], replies[2:]):
+        # a: the last flush's reply; b: this write's reply; c: this flush's reply.
+        before = events[a + 1:b]
+        after = events[b + 1:c + 1]
+        recvs = [t for t, k, _ in before if k == "recv"]
+        fsyncs = [(t, d) for t, k, d in after if k == "fsync"]
+        if not recvs or len(fsyncs) != 1:
+            continue
+        fsync_t, fsync_data = fsyncs[0]
+        writes = [(t, d) for t, k, d in after if k == "write" and t < fsync_t]
+        done = {d: t for t, k, d in events[a + 1:] if k == "done"}
+        if not writes or fsync_data not in done or any(d not in done for _, d in writes):
+            continue
+        start, reply, flush_reply = recvs[0], events[b][0], events[c][0]
+        last_submit = writes[-1][0]
+        last_done = max(done[d] for _, d in writes)
+        nxt = next((t for t, k, _ in events[c + 1:] if k == "recv"), None)
+        fsync_done = done[fsync_data]
+        in_order = start < reply < last_submit < last_done <= fsync_t < fsync_done < flush_reply
+        if nxt is None or not in_order:
+            continue
+        segments["receive"].append(reply - start)
+        segments["reply->last submit"].append(last_submit - reply)
+        segments["last submit->complete"].append(last_done - last_submit)
+        segments["complete->fsync done"].append(fsync_done - last_done)
+        segments["fsync done->reply"].append(flush_reply - fsync_done)
+        segments["flush reply->next"].append(nxt - flush_reply)
+        segments["whole operation"].append(nxt - start)
+        segments["writes before reply"].append(sum(1 for t, k, _ in before if k == "write"))
+    return segments, " (the last row is a count)"
+
+
+def small_writes():
+    """Operations of a 4 KiB write and its flush on the serving core, cut into segments."""
+    # One event per line: the serving core's thread, time (s), event, its fields.
+    events = []
+    for line in open(sys.argv[1]):
+        m = re.match(r"\s*(\S+)\s+([\d.]+):\s+(\S+):\s*(.*)", line)
+        if not m or not m.group(1).startswith("sluice_core"):
+            continue
+        t, name, fields = float(m.group(2)) * 1e6, m.group(3), m.group(4)
+        # A write request is its 28-byte header and 4 KiB of data; a flush is the header alone.
+        if name == "syscalls:sys_exit_recvfrom" and fields.strip().endswith("0x101c"):
+            events.append((t, "W"))
+        elif name == "io_uring:io_uring_submit_req" and "opcode WRITE" in fields:
+            events.append((t, "S"))
+        elif name == "io_uring:io_uring_complete":
+            events.append((t, "C"))
+        elif name == "syscalls:sys_enter_sendto":
+            events.append((t, "R"))
+
+    segments = {k: [] for k in ("recv->submit", "recv->write reply", "submit->complete",
+                                "complete->flush reply", "flush reply->next", "whole operation")}
+    starts = [i for i, (_, e) in enumerate(events) if e == "W"]
+    for a, b in zip(starts, starts[1:]):
+        op = events[a:b + 1]
+        kinds = "".join(e for _, e in op)
+        # Only operations with exactly one log write and two replies (the write's and the
+        # flush's): a txg sync's writes or a batch of two would be cut wrongly.
+        if kinds.count("S") != 1 or kinds.count("C") != 1 or kinds.count("R") != 2:
+            continue
+        at = lambda kind: [t for t, e in op if e == kind]
+        w, s, c, r, n = op[0][0], at("S")[0], at("C")[0], at("R"), op[-1][0]
+        if not w < s < c < r[1]:
+            continue
+        segments["recv->submit"].append(s - w)
+        segments["recv->write reply"].append(r[0] - w)
+        segments["submit->complete"].append(c - s)
+        segments["complete->flush reply"].append(r[1] - c)
+        segments["flush reply->next"].append(n - r[1])
+        segments["whole operation"].append(n - w)
+    return segments, ""
+
+
+segments, note = large_writes() if sys.argv[2] == "1" else small_writes()
 count = len(segments["whole operation"])
 if count == 0:
     sys.exit("op-timeline: no whole operations in the trace (is perf allowed tracepoints?)")
-print(f"{count} operations traced; microseconds (the last row is a count)")
+print(f"{count} operations traced; microseconds{note}")
 print(f"{'segment':24s} {'median':>8s} {'mean':>8s}")
 for name, values in segments.items():
     print(f"{name:24s} {statistics.median(values):8.0f} {statistics.mean(values):8.1f}")
-PY
-exit 0
-fi
-/usr/bin/python3 - "$dir/trace.txt" <<'PY'
-import re, statistics, sys
-
-# One event per line: the serving core's thread, time (s), event, its fields.
-events = []
-for line in open(sys.argv[1]):
-    m = re.match(r"\s*(\S+)\s+([\d.]+):\s+(\S+):\s*(.*)", line)
-    if not m or not m.group(1).startswith("sluice_core"):
-        continue
-    t, name, fields = float(m.group(2)) * 1e6, m.group(3), m.group(4)
-    # A write request is its 28-byte header and 4 KiB of data; a flush is the header alone.
-    if name == "syscalls:sys_exit_recvfrom" and fields.strip().endswith("0x101c"):
-        events.append((t, "W"))
-    elif name == "io_uring:io_uring_submit_req" and "opcode WRITE" in fields:
-        events.append((t, "S"))
-    elif name == "io_uring:io_uring_complete":
-        events.append((t, "C"))
-    elif name == "syscalls:sys_enter_sendto":
-        events.append((t, "R"))
-
-segments = {k: [] for k in ("recv->submit", "recv->write reply", "submit->complete",
-                            "complete->flush reply", "flush reply->next", "whole operation")}
-starts = [i for i, (_, e) in enumerate(events) if e == "W"]
-for a, b in zip(starts, starts[1:]):
-    op = events[a:b + 1]
-    kinds = "".join(e for _, e in op)
-    # Only operations with exactly one log write and two replies (the write's and the
-    # flush's): a txg sync's writes or a batch of two would be cut wrongly.
-    if kinds.count("S") != 1 or kinds.count("C") != 1 or kinds.count("R") != 2:
-        continue
-    at = lambda kind: [t for t, e in op if e == kind]
-    w, s, c, r, n = op[0][0], at("S")[0], at("C")[0], at("R"), op[-1][0]
-    if not w < s < c < r[1]:
-        continue
-    segments["recv->submit"].append(s - w)
-    segments["recv->write reply"].append(r[0] - w)
-    segments["submit->complete"].append(c - s)
-    segments["complete->flush reply"].append(r[1] - c)
-    segments["flush reply->next"].append(n - r[1])
-    segments["whole operation"].append(n - w)
-count = len(segments["whole operation"])
-if count == 0:
-    sys.exit("op-timeline: no whole operations in the trace (is perf allowed tracepoints?)")
-print(f"{count} operations traced; microseconds")
-print(f"{'segment':24s} {'median':>8s} {'mean':>8s}")
-for name, values in segments.items():
-    print(f"{name:24s} {statistics.median(values):8.0f} {statistics.mean(values):8.0f}")
 PY
