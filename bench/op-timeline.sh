@@ -14,31 +14,43 @@
 # place and then flushed. For each operation, from the write's first bytes received:
 #   receive               until the write's reply is sent (the payload's receive, and the parts
 #                         handed over while it arrives)
-#   reply->last submit    until the last data or log block write before the flush is submitted
-#   last submit->complete until the last of those writes completes
-#   complete->fsync done  the device flush: submitted, run by an io_uring worker, completed
+#   reply->last submit    until the last write submitted before the flush (the data's, then
+#                         the log block's)
+#   last submit->complete until the last of the writes submitted after the reply completes
+#   complete->fsync done  until the device flush completes: its submission, and an io_uring
+#                         worker running it
 #   fsync done->reply     until the flush's reply is sent
 #   flush reply->next     the client's turn: its next write's first bytes received
 #   writes before reply   data writes submitted while the payload arrived (a count, not us)
+# Operations whose writes carry more than the payload and a log block (a txg sync wrote in
+# between) are dropped, and counted.
 #
 # Each segment's median and mean over the operations seen are printed.
 #
 # Usage: bench/op-timeline.sh [--bin PATH] [--set NAME=VALUE (sluice tunable)]
-#          [--write-size 4k|1M (fio's --bs; default 4k)]
+#          [--write-size 4k|SIZE (fio's --bs: 4k, the default, or 256K and more, say 1M)]
+#          [--compression lz4|off|... (the volume's, `sluice vol create --compression`)]
 # A pool on a 3 GiB zeroed file, a 1 GiB volume written first (as bench/per-op.sh does), then
 # fio's nbd engine at one job and queue depth 1 (--fsync=1) for 8 s, traced from 3 s in. Needs
 # perf with tracepoint access (root), fio, and Debian's /usr/bin/python3; builds nothing.
 set -euo pipefail
 
-bin=target/release/sluice; serve_args=(); bs=4k
+bin=target/release/sluice; serve_args=(); bs=4k; vol_args=()
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) bin=$2; shift 2 ;;
     --set) serve_args+=(--set "$2"); shift 2 ;;
     --write-size) bs=$2; shift 2 ;;
+    --compression) vol_args+=(--compression "$2"); shift 2 ;;
     *) echo "op-timeline: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+# The 4 KiB cut knows a 4 KiB write by its request's size; the large one takes 256 KiB and up.
+bytes=$(numfmt --from=iec "${bs^^}" 2>/dev/null || true)
+if [ -z "$bytes" ] || { [ "$bytes" -ne 4096 ] && [ "$bytes" -lt $((256 << 10)) ]; }; then
+  echo "op-timeline: --write-size takes 4k or a size of 256K or more, not $bs" >&2; exit 2
+fi
+large=0; [ "$bytes" -ge $((256 << 10)) ] && large=1
 dir=$(mktemp -d "${TMPDIR:-/tmp}/op-timeline.XXXXXX")
 pid=""
 # The server ends with the status of its signal: under set -e that status would end the
@@ -49,7 +61,7 @@ trap cleanup EXIT
 export SLUICE_CACHE_FILE=$dir/pools
 dd if=/dev/zero of="$dir/leaf.img" bs=1M count=3072 oflag=direct status=none
 "$bin" pool create timeline "$dir/leaf.img" >/dev/null
-"$bin" vol create timeline/disk --size 1536M >/dev/null
+"$bin" vol create timeline/disk --size 1536M ${vol_args[@]+"${vol_args[@]}"} >/dev/null
 "$bin" serve timeline --socket "$dir/s.sock" --listen none --dir "$dir" ${serve_args[@]+"${serve_args[@]}"} 2>"$dir/serve.log" &
 pid=$!
 for _ in $(seq 1 100); do [ -S "$dir/s.sock" ] && break; sleep 0.1; done
@@ -58,7 +70,7 @@ fio --name=prefill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --
 # The prefill's txg sync, past txg.timeout_ms, so it is not in the traced second.
 sleep 6
 # Large writes sequential, as bench/peers.sh's 1 MiB write + flush jobs are.
-rw=randwrite; [ "$(numfmt --from=iec "${bs^^}")" -ge $((256 << 10)) ] && rw=write
+rw=randwrite; [ "$large" = 1 ] && rw=write
 fio --name=op --ioengine=nbd --uri="$uri" --bs="$bs" --size=1G --runtime=8 --time_based \
   --rw=$rw --fsync=1 --numjobs=1 --iodepth=1 >/dev/null 2>&1 &
 fio_pid=$!
@@ -68,65 +80,80 @@ events+=,syscalls:sys_exit_recvfrom,syscalls:sys_exit_recvmsg,syscalls:sys_enter
 perf record -q -p "$pid" -e "$events" -o "$dir/trace.data" -- sleep 1 >/dev/null 2>&1
 wait "$fio_pid"
 perf script -i "$dir/trace.data" -F comm,time,event,trace 2>/dev/null >"$dir/trace.txt"
-bytes=$(numfmt --from=iec "${bs^^}")
-large=0; [ "$bytes" -ge $((256 << 10)) ] && large=1
-/usr/bin/python3 - "$dir/trace.txt" "$large" <<'PY'
+/usr/bin/python3 - "$dir/trace.txt" "$bytes" <<'PY'
 import re, statistics, sys
 
 
-def large_writes():
-    """Operations of a write of 256 KiB or more and its flush, cut into segments."""
+def large_writes(payload):
+    """Operations of a write of `payload` bytes (256 KiB or more) and its flush, cut into
+    segments."""
     # Every thread of the server: the serving core's, the main runtime's (fills of parts handed
     # over early run there) and the io_uring workers' (a flush is run by one). Receives that
-    # returned data, the replies sent, and the ring's writes, flushes and completions, by user
-    # data.
+    # returned data (the header and the payload's start come through the connection's buffer,
+    # the rest straight into the blocks), the replies sent, and the rings' writes and flushes,
+    # each paired with the first completion of its ring and user data after it (every ring
+    # numbers its own).
     events = []
+    pending = {}
     for line in open(sys.argv[1]):
         m = re.match(r"\s*(\S+)\s+([\d.]+):\s+(\S+):\s*(.*)", line)
         if not m:
             continue
         t, name, fields = float(m.group(2)) * 1e6, m.group(3), m.group(4)
-        if name == "syscalls:sys_exit_recvmsg":
+        if name in ("syscalls:sys_exit_recvmsg", "syscalls:sys_exit_recvfrom"):
             ret = int(fields.split()[-1], 16)
             if 0 < ret < 1 << 62:
-                events.append((t, "recv", None))
+                events.append({"t": t, "kind": "recv"})
         elif name == "syscalls:sys_enter_sendto":
-            events.append((t, "reply", None))
-        elif name == "io_uring:io_uring_submit_req":
-            data = re.search(r"user_data (0x[0-9a-f]+)", fields).group(1)
-            op = re.search(r"opcode (\S+),", fields).group(1)
-            kind = "fsync" if op == "FSYNC" else "write" if op.startswith("WRITE") else "other"
-            events.append((t, kind, data))
-        elif name == "io_uring:io_uring_complete":
-            events.append((t, "done", re.search(r"user_data (0x[0-9a-f]+)", fields).group(1)))
-    events.sort(key=lambda e: e[0])
+            events.append({"t": t, "kind": "reply"})
+        elif name in ("io_uring:io_uring_submit_req", "io_uring:io_uring_complete"):
+            ring = re.search(r"ring (0x[0-9a-f]+)", fields).group(1)
+            key = (ring, re.search(r"user_data (0x[0-9a-f]+)", fields).group(1))
+            if name == "io_uring:io_uring_submit_req":
+                op = re.search(r"opcode (\S+),", fields).group(1)
+                kind = "fsync" if op == "FSYNC" else "write" if op.startswith("WRITE") else "other"
+                event = {"t": t, "kind": kind, "done": None}
+                pending[key] = event
+                events.append(event)
+            elif key in pending:
+                event = pending.pop(key)
+                event["done"] = t
+                event["bytes"] = int(re.search(r"result (-?\d+)", fields).group(1))
+    events.sort(key=lambda e: e["t"])
 
     names = ("receive", "reply->last submit", "last submit->complete", "complete->fsync done",
              "fsync done->reply", "flush reply->next", "whole operation", "writes before reply")
     segments = {k: [] for k in names}
+    dropped = 0
     # An operation runs from the first receive after a flush's reply to the next flush's reply;
     # replies alternate, the write's then the flush's, at queue depth 1.
-    replies = [i for i, e in enumerate(events) if e[1] == "reply"]
+    replies = [i for i, e in enumerate(events) if e["kind"] == "reply"]
     for a, b, c in zip(replies, replies[1:], replies[2:]):
         # a: the last flush's reply; b: this write's reply; c: this flush's reply.
-        before = events[a + 1:b]
-        after = events[b + 1:c + 1]
-        recvs = [t for t, k, _ in before if k == "recv"]
-        fsyncs = [(t, d) for t, k, d in after if k == "fsync"]
-        if not recvs or len(fsyncs) != 1:
+        before, after = events[a + 1:b], events[b + 1:c]
+        recvs = [e["t"] for e in before if e["kind"] == "recv"]
+        fsyncs = [e for e in after if e["kind"] == "fsync"]
+        nxt = next((e["t"] for e in events[c + 1:] if e["kind"] == "recv"), None)
+        if not recvs or len(fsyncs) != 1 or nxt is None:
             continue
-        fsync_t, fsync_data = fsyncs[0]
-        writes = [(t, d) for t, k, d in after if k == "write" and t < fsync_t]
-        done = {d: t for t, k, d in events[a + 1:] if k == "done"}
-        if not writes or fsync_data not in done or any(d not in done for _, d in writes):
+        fsync = fsyncs[0]
+        # The commit's writes, whichever thread's ring took them (a leaf's queue hands a write
+        # to the ring of whoever frees its slot). More bytes than the payload and a log block
+        # mean a txg sync wrote in between, whose writes would be counted as the operation's:
+        # dropped.
+        mine = [e for e in after if e["kind"] == "write" and e["t"] < fsync["t"]]
+        if not mine or fsync["done"] is None or any(e["done"] is None for e in mine):
             continue
-        start, reply, flush_reply = recvs[0], events[b][0], events[c][0]
-        last_submit = writes[-1][0]
-        last_done = max(done[d] for _, d in writes)
-        nxt = next((t for t, k, _ in events[c + 1:] if k == "recv"), None)
-        fsync_done = done[fsync_data]
-        in_order = start < reply < last_submit < last_done <= fsync_t < fsync_done < flush_reply
-        if nxt is None or not in_order:
+        if sum(e["bytes"] for e in mine) > payload + LOG_BLOCK_BYTES_MAX:
+            dropped += 1
+            continue
+        start, reply, flush_reply = recvs[0], events[b]["t"], events[c]["t"]
+        last_submit = mine[-1]["t"]
+        last_done = max(e["done"] for e in mine)
+        fsync_done = fsync["done"]
+        in_order = start < reply < last_submit < last_done <= fsync["t"] < fsync_done < flush_reply
+        if not in_order:
+            dropped += 1
             continue
         segments["receive"].append(reply - start)
         segments["reply->last submit"].append(last_submit - reply)
@@ -135,8 +162,10 @@ def large_writes():
         segments["fsync done->reply"].append(flush_reply - fsync_done)
         segments["flush reply->next"].append(nxt - flush_reply)
         segments["whole operation"].append(nxt - start)
-        segments["writes before reply"].append(sum(1 for t, k, _ in before if k == "write"))
-    return segments, " (the last row is a count)"
+        segments["writes before reply"].append(sum(1 for e in before if e["kind"] == "write"))
+    note = f" ({dropped} dropped: a txg sync's writes among theirs, or out of order;"
+    note += " the last row is a count)"
+    return segments, note
 
 
 def small_writes():
@@ -181,7 +210,11 @@ def small_writes():
     return segments, ""
 
 
-segments, note = large_writes() if sys.argv[2] == "1" else small_writes()
+# The largest log block a chain writes (`intent_log.block_bytes_max`, doubled for a volume of
+# 128 KiB blocks).
+LOG_BLOCK_BYTES_MAX = 256 << 10
+payload = int(sys.argv[2])
+segments, note = large_writes(payload) if payload >= 256 << 10 else small_writes()
 count = len(segments["whole operation"])
 if count == 0:
     sys.exit("op-timeline: no whole operations in the trace (is perf allowed tracepoints?)")

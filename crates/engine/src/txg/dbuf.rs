@@ -3,7 +3,7 @@
 //! A volume block changed in memory is a [`Block`]: whole new bytes, a hole, or a patch of the
 //! sectors a partial write covered over the version below it. A patch lets a 4 KiB write into a
 //! 16 KiB block be answered without reading the block first; the read happens when the block is
-//! read or synced, or by a task beside the write's answer (`dmu.rs`, `spa_sync.rs`,
+//! read or synced, or completed when the write path asks (`dmu.rs`, `spa_sync.rs`,
 //! `dbuf_read.rs`).
 //!
 //! A whole block of the open txg may also have been written in place already, for an indirect

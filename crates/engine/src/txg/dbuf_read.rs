@@ -4,13 +4,13 @@
 //! A write into part of a block that is not in memory leaves a patch in the open txg
 //! (`dbuf.rs`) and is answered without reading the block. The patch becomes the whole block
 //! once the block's version below it (the syncing txg's, or the one on disk) is read and the
-//! sectors the patch does not cover are copied from it ([`resolve_patch`]). A lone request's
-//! patches are left to the txg sync, so that one client's read of its block never runs beside
-//! its own log write. With other requests in flight, or under write pressure
-//! (`WritePath::modify`), ZFS would read before the write goes on; here a client answered at
-//! once has its patches completed by tasks beside its answer
-//! ([`Store::complete_patches_beside`]), and the paths that wait complete them before
-//! returning (`Store::modify_with`).
+//! sectors the patch does not cover are copied from it ([`resolve_patch`]). ZFS reads the block
+//! before every partial write goes on. Here a lone request's patches are left to the txg sync,
+//! so that one client's read of its block never runs beside its own log write; with other
+//! requests in flight, or once dirty data presses (`WritePath::modify`), the write asks for
+//! them to be completed now: beside the answer of a client answered at once
+//! ([`Store::complete_patches_beside`]), or before returning on the paths that wait
+//! (`Store::modify_with`).
 //!
 //! The completing tasks are bounded per serving core ([`PATCHES_RESOLVING_MAX`]); further
 //! patches wait in that core's line ([`PatchCompletions`]), and past [`PATCHES_WAITING_MAX`]
@@ -130,7 +130,8 @@ impl Drop for ResolvingSlot {
 impl Store {
     /// Starts the completion of the patches a write left (`resolve`: their block indexes) on
     /// tasks beside its answer: a place among this core's [`PATCHES_RESOLVING_MAX`], or the
-    /// core's line while every place is taken.
+    /// core's line while every place is taken, or, with the line full too, nothing: the patch
+    /// is left to the sync (counted as `left_to_sync`).
     pub(super) fn complete_patches_beside(
         self: &Arc<Self>,
         dataset: &Arc<Dataset>,

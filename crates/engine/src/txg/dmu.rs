@@ -335,9 +335,6 @@ impl Store {
         Ok(sequence)
     }
 
-}
-
-impl Store {
     /// Which parts of `[offset, offset+len)` hold data and which are holes (never written,
     /// trimmed or zeroed), as runs of (length, allocated), at block granularity. Holes read
     /// as zeros; a block written with zeros counts as allocated.

@@ -19,7 +19,7 @@
 //! | `dmu_recv.rs` | `dmu_recv.c` | receive into a hidden volume, its blocks written in place raw |
 //! | `dsl_deadlist.rs` | `dsl_deadlist.c`, `bpobj.c` | dead lists: appended by each sync, read back by a destroy, through the `Spa` |
 //! | `dbuf.rs` | `dbuf.c` | dirty blocks and patches of the open and syncing txgs |
-//! | `dbuf_read.rs` | `dbuf_read` under `dbuf_will_dirty` | patches completed from the version below them, on tasks beside the writes' answers |
+//! | `dbuf_read.rs` | `dbuf_read` under `dbuf_will_dirty` | patches completed from the version below them: before a waiting write returns, or on tasks beside the answers |
 //! | `dmu.rs` | `dmu.c` | the read and write paths |
 //! | `dsl_pool.rs` | `txg.c`, `dsl_pool.c` | the open txg (`Txg`: [`TxgState`] behind the txg lock, its limits, the throttle's figures) and what the open and syncing txgs will allocate |
 //! | `dmu_tx.rs` | `dmu_tx.c` | admission: the free-space check and the write throttle |
