@@ -21,6 +21,11 @@
 #                         worker running it
 #   fsync done->reply     until the flush's reply is sent
 #   flush reply->next     the client's turn: its next write's first bytes received
+#   data: reply->submit   the data's writes (all but the log block, which goes last): from
+#                         the write's reply until the first of them went to the ring
+#   data: submit->complete from then until the last of them completed; beside "last
+#                         submit->complete" it says whether the flush waited for the data or
+#                         for the log block
 #   writes before reply   data writes submitted while the payload arrived (a count, not us)
 # Operations whose writes carry more than the payload and a log block (a txg sync wrote in
 # between) are dropped, and counted.
@@ -122,7 +127,8 @@ def large_writes(payload):
     events.sort(key=lambda e: e["t"])
 
     names = ("receive", "reply->last submit", "last submit->complete", "complete->fsync done",
-             "fsync done->reply", "flush reply->next", "whole operation", "writes before reply")
+             "fsync done->reply", "flush reply->next", "whole operation", "data: reply->submit",
+             "data: submit->complete", "writes before reply")
     segments = {k: [] for k in names}
     dropped = 0
     # An operation runs from the first receive after a flush's reply to the next flush's reply;
@@ -162,6 +168,11 @@ def large_writes(payload):
         segments["fsync done->reply"].append(flush_reply - fsync_done)
         segments["flush reply->next"].append(nxt - flush_reply)
         segments["whole operation"].append(nxt - start)
+        # The log block goes last, once the data's checksums are done.
+        data = mine[:-1]
+        if data:
+            segments["data: reply->submit"].append(data[0]["t"] - reply)
+            segments["data: submit->complete"].append(max(e["done"] for e in data) - data[0]["t"])
         segments["writes before reply"].append(sum(1 for e in before if e["kind"] == "write"))
     note = f" ({dropped} dropped: a txg sync's writes among theirs, or out of order;"
     note += " the last row is a count)"
@@ -221,5 +232,7 @@ if count == 0:
 print(f"{count} operations traced; microseconds{note}")
 print(f"{'segment':24s} {'median':>8s} {'mean':>8s}")
 for name, values in segments.items():
-    print(f"{name:24s} {statistics.median(values):8.0f} {statistics.mean(values):8.1f}")
+    # An operation whose data all went ahead of the reply has no data row.
+    if values:
+        print(f"{name:24s} {statistics.median(values):8.0f} {statistics.mean(values):8.1f}")
 PY

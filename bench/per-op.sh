@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What one client operation costs the server: IOPS, server CPU (and the whole machine's busy
 # CPU, fio's included), context switches, disk commands and bytes written per operation, for
-# one fio job against sluice or qemu-nbd on a fresh image.
+# one fio job against sluice or qemu-nbd on a fresh image; the server's CPU and its context
+# switches also by thread (its serving cores, its main runtime, the kernel's io_uring workers).
 #
 # Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|stream-1m|seqwrite|mixed|randread|seqread] [JOBS] [--bin PATH]
 #        [--block-size 4K] [--compression off|lz4|zstd] [--logbias latency|throughput] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
@@ -137,8 +138,15 @@ sample() {
   echo "$cpu $switches ${disk_io:-0 0 0 0} $machine"
 }
 # Each thread's /proc stat line, to split the server's CPU by thread name (its cores, I/O
-# threads, the kernel's io_uring workers).
-threads() { cat /proc/"$pid"/task/*/stat 2>/dev/null || true; }
+# threads, the kernel's io_uring workers), and its context switches, voluntary (it waited:
+# a park, a blocking call) and involuntary (it was preempted), as "tid voluntary involuntary".
+threads() {
+  cat /proc/"$pid"/task/*/stat 2>/dev/null || true
+  for task in /proc/"$pid"/task/*; do
+    awk -v tid="${task##*/}" '/^voluntary_ctxt/ {v = $2} /^nonvoluntary_ctxt/ {n = $2}
+      END {if (v != "") print "switches", tid, v, n}' "$task/status" 2>/dev/null || true
+  done
+}
 if [ "$warm" != 0 ]; then
   fio --name=warm --ioengine=nbd --uri="$uri" --bs=4k --size="${span_mib}M" --runtime="$warm" --time_based \
     "${args[@]}" >/dev/null 2>&1
@@ -184,9 +192,14 @@ print(f"{target} {job} jobs={jobs} block={block}: {iops:,.0f} IOPS; server CPU {
       f"context switches {(a[1]-b[1])/ops:.2f}/op; disk reads {(a[2]-b[2])/ops:.2f}/op, "
       f"writes {(a[3]-b[3])/ops:.2f}/op ({(a[5]-b[5])*512/ops/1024:.1f} KiB), flushes {(a[4]-b[4])/ops:.3f}/op; {latency}")
 def threads(path):
-    # "tid (name) state ... utime stime ...": the name may hold spaces and parentheses.
-    seen = {}
+    # "tid (name) state ... utime stime ...": the name may hold spaces and parentheses. And
+    # "switches tid voluntary involuntary" lines.
+    seen, switched = {}, {}
     for line in open(path):
+        if line.startswith("switches "):
+            _, tid, voluntary, involuntary = line.split()
+            switched[tid] = (int(voluntary), int(involuntary))
+            continue
         if ") " not in line:
             continue
         head, rest = line.rsplit(") ", 1)
@@ -195,14 +208,23 @@ def threads(path):
         # The kernel's io_uring workers come and go, each named with its own id.
         name = "iou-wrk" if name.startswith("iou-wrk") else name
         seen[tid] = (name, int(fields[11]) + int(fields[12]))
-    return seen
-t0, t1 = threads(os.path.join(os.path.dirname(path), "threads.before")), threads(os.path.join(os.path.dirname(path), "threads.after"))
-by_name = {}
+    return seen, switched
+(t0, s0), (t1, s1) = (threads(os.path.join(os.path.dirname(path), f"threads.{when}"))
+                      for when in ("before", "after"))
+by_name, switches_by_name = {}, {}
 for tid, (name, ticks) in t1.items():
     by_name[name] = by_name.get(name, 0) + ticks - t0.get(tid, (name, 0))[1]
+    if tid in s1:
+        v0, n0 = s0.get(tid, (0, 0))
+        v, n = switches_by_name.get(name, (0, 0))
+        switches_by_name[name] = (v + s1[tid][0] - v0, n + s1[tid][1] - n0)
 # Threads that ended inside the run are counted in the process's total only.
 by_name["(ended)"] = (a[0] - b[0]) - sum(by_name.values())
 shares = ", ".join(f"{name} {ticks / tick / ops * 1e6:.0f}" for name, ticks in
                    sorted(by_name.items(), key=lambda kv: -kv[1]) if ticks > 0)
 print(f"  server CPU by thread, us/op: {shares}")
+# Threads that ended inside the run are left out here.
+switched = ", ".join(f"{name} {v / ops:.2f} + {n / ops:.2f}" for name, (v, n) in
+                     sorted(switches_by_name.items(), key=lambda kv: -sum(kv[1])) if v + n > 0)
+print(f"  context switches by thread, voluntary + involuntary per op: {switched}")
 PY
