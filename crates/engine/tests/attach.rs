@@ -182,6 +182,27 @@ fn attach_and_detach_refusals() {
     assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
 }
 
+/// An attach that makes a lone leaf a mirror's first child has the sync that installs the
+/// mirror flush that leaf alone: blocks the intent log or a receive wrote in place before the
+/// attach went to it alone, unflushed, and a mirror's flush succeeds on any one child's word,
+/// so the new child's flush would have covered a failed one of the leaf that holds them. With
+/// the leaf's flushes failing, the attach's sync fails and suspends the store (as the next
+/// sync of the lone leaf would have), naming the leaf; before, the attach succeeded.
+#[test]
+fn an_attach_flushes_the_lone_leaf_alone() {
+    let sim = Sim::new(7);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEG_BYTES);
+    let (store, _) = setup(&sim, &legs[..1], |mut l| TopSpec::Leaf(l.remove(0)), 7);
+    let s = Arc::clone(&store);
+    sim.run(async move { s.write("v", 0, &[9; 16 << 10]).await.unwrap() }).unwrap();
+    legs[0].inject(Fault::FlushError);
+    let s = Arc::clone(&store);
+    let new = spec(&legs[1]);
+    let failed = sim.run(async move { s.attach_leaf("leg0", new).await.unwrap_err() }).unwrap().0;
+    assert!(failed.to_string().contains("leg0"), "{failed}");
+    assert!(store.is_suspended(), "the failed flush of the lone leaf suspends the store");
+}
+
 /// A leg that fails every write is faulted; `replace` puts a new device in its place while
 /// writes go on: the new leg is resilvered, the faulted one detached, and the new one alone
 /// holds everything.

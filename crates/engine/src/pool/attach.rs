@@ -260,8 +260,15 @@ impl Pool {
         if let Some(dropped) = &dropped {
             self.forget_leaves(&[dropped.guid]);
         }
+        // A lone leaf in service becoming a mirror's first child: see
+        // `PoolState::flush_alone`. (One out of service took no write since it left.)
+        let alone = u32::try_from(leaf.top)
+            .ok()
+            .and_then(|top| self.root().plain_leaf(top))
+            .filter(|alone| !alone.is_out_of_service());
         {
             let mut state = self.state.lock();
+            state.flush_alone.extend(alone);
             // It holds no txg yet: the resilver copies every birth onto it.
             state.leaf_txg.insert(leaf.guid, 0);
             if let Some(old) = replaces {

@@ -392,6 +392,14 @@ struct PoolState {
     /// next spare is), leaves whose spare was detached by hand (not put back at once), and
     /// leaves whose autoreplace failed.
     retire_skip: RetireSkip,
+    /// Leaves that were a top-level vdev of their own until an attach or a replace made them
+    /// a mirror's first child ([`Pool::install_attach`]): the next sync flushes each alone
+    /// before its uberblock, and fails if one fails ([`Pool::sync_uberblock`]). Blocks written
+    /// in place before the attach (an indirect log record's, a receive's) went to that leaf
+    /// alone, unflushed, and the new child never had them; a mirror's flush succeeds on any
+    /// one child's word, so the new child's empty flush would cover a failed one of the leaf
+    /// that holds them.
+    flush_alone: Vec<Arc<Leaf>>,
 }
 
 /// See [`PoolState::retire_skip`].
@@ -1113,6 +1121,7 @@ impl Pool {
                 offline_kept: Default::default(),
                 replaced: Default::default(),
                 retire_skip: Default::default(),
+                flush_alone: Vec::new(),
             }),
             cache: BlockCache::new(
                 tunables.cache_bytes(crate::rt::machine_memory_bytes()),
@@ -1124,6 +1133,7 @@ impl Pool {
     /// Makes `root` the root of a new txg, durably; returns the txg.
     pub async fn sync_uberblock(&self, root: Option<BlockPointer>) -> Result<u64, PoolError> {
         let txg = self.state.lock().uberblock.txg + 1;
+        self.flush_alone().await?;
         self.flush_all().await?;
         let timestamp_secs = self.env.now().as_nanos() / 1_000_000_000;
         let uberblock = Uberblock {
@@ -1230,6 +1240,21 @@ impl Pool {
                     .unwrap_or_default();
                 return Err(self.device_error(&path, DeviceError::Gone { device: path.clone() }));
             }
+        }
+        Ok(())
+    }
+
+    /// Flushes each leaf an attach left waiting for it ([`PoolState::flush_alone`]), alone; a
+    /// failure is the sync's, and the leaves wait for the next one.
+    async fn flush_alone(&self) -> Result<(), PoolError> {
+        let leaves = std::mem::take(&mut self.state.lock().flush_alone);
+        if leaves.is_empty() {
+            return Ok(());
+        }
+        let flushed = join_all(leaves.iter().map(|leaf| leaf.flush())).await;
+        if let Some(Err(source)) = flushed.into_iter().find(Result::is_err) {
+            self.state.lock().flush_alone.extend(leaves);
+            return Err(PoolError::Vdev { pool: self.name.clone(), cause: source });
         }
         Ok(())
     }
