@@ -191,6 +191,7 @@ fn difference(now: &PoolSnapshot, earlier: &PoolSnapshot) -> PoolSnapshot {
     let (throttle, was) = (&now.throttle, &earlier.throttle);
     out.throttle.delayed = since(throttle.delayed, Some(was.delayed));
     out.throttle.delayed_nanos = since(throttle.delayed_nanos, Some(was.delayed_nanos));
+    out.throttle.woken_by_sync = since(throttle.woken_by_sync, Some(was.woken_by_sync));
     out.throttle.waited_for_sync = since(throttle.waited_for_sync, Some(was.waited_for_sync));
     out.throttle.waited_nanos = since(throttle.waited_nanos, Some(was.waited_nanos));
     out.throttle.spared = since(throttle.spared, Some(was.spared));
@@ -332,6 +333,7 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
         "throttle": {
             "delayed_per_s": per_second(throttle.delayed),
             "delay_mean_us": throttle.delayed_nanos as f64 / 1e3 / throttle.delayed.max(1) as f64,
+            "woken_by_sync_per_s": per_second(throttle.woken_by_sync),
             "waited_for_sync_per_s": per_second(throttle.waited_for_sync),
             "wait_mean_us":
                 throttle.waited_nanos as f64 / 1e3 / throttle.waited_for_sync.max(1) as f64,
@@ -497,11 +499,12 @@ fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> 
         )
     };
     out.push_str(&format!(
-        "write throttle: {dirty}{} writes delayed/s (mean {}), {} spared/s (their volume was \
-         not the one filling the dirty data), {} waited for a txg sync/s (mean {}), {} waits for \
-         a sync to free space/s (mean {})\n",
+        "write throttle: {dirty}{} writes delayed/s (mean {}; {} woken as their txg began its \
+         sync), {} spared/s (their volume was not the one filling the dirty data), {} waited \
+         for a txg sync/s (mean {}), {} waits for a sync to free space/s (mean {})\n",
         rate(delayed),
         mean(delayed_ns, delayed),
+        rate(throttle.woken_by_sync),
         rate(spared),
         rate(waited),
         mean(waited_ns, waited),
@@ -749,6 +752,7 @@ mod tests {
         now.throttle = ThrottleSnapshot {
             delayed: 30,
             delayed_nanos: 50_000_000,
+            woken_by_sync: 6,
             waited_for_sync: 2,
             waited_nanos: 4_000_000,
             spared: 8,
@@ -823,8 +827,9 @@ mod tests {
         assert!(
             text.contains(
                 "write throttle: 96M dirty of 2G (a sync starts at 512M, sooner where free space \
-                 is short), 10 writes delayed/s (mean 2.0ms), 4 spared/s (their volume was not \
-                 the one filling the dirty data), 1 waited for a txg sync/s (mean 2.0ms), "
+                 is short), 10 writes delayed/s (mean 2.0ms; 3 woken as their txg began its \
+                 sync), 4 spared/s (their volume was not the one filling the dirty data), 1 \
+                 waited for a txg sync/s (mean 2.0ms), "
             ),
             "{text}"
         );

@@ -365,6 +365,12 @@ const POOL_COUNTERS: &[Figure<PoolSnapshot>] = &[
         p.throttle.delayed_nanos
     }),
     figure(
+        "throttle_delays_cut_by_sync",
+        "Delayed writes woken before their delay's end because the txg they filled started its sync.",
+        Count,
+        |p| p.throttle.woken_by_sync,
+    ),
+    figure(
         "throttle_sync_waits",
         "Writes that found the dirty-data maximum reached and waited for a txg sync.",
         Count,

@@ -277,6 +277,10 @@ pub struct ThrottleSnapshot {
     /// Writes delayed, and their delays added up.
     pub delayed: u64,
     pub delayed_nanos: u64,
+    /// Of the delayed writes, those a txg's quiesce woke before their delay's end. Absent
+    /// from snapshots of older builds.
+    #[serde(default)]
+    pub woken_by_sync: u64,
     /// Writes that waited for a txg sync at the dirty-data maximum, and their waits.
     pub waited_for_sync: u64,
     pub waited_nanos: u64,
@@ -490,6 +494,7 @@ impl PoolSnapshot {
             throttle: ThrottleSnapshot {
                 delayed: throttle.delayed.get(),
                 delayed_nanos: throttle.delayed_nanos.get(),
+                woken_by_sync: throttle.woken_by_sync.get(),
                 waited_for_sync: throttle.waited_for_sync.get(),
                 waited_nanos: throttle.waited_nanos.get(),
                 spared: throttle.spared.get(),

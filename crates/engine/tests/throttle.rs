@@ -276,3 +276,61 @@ fn delayed_writers_wake_a_delay_apart() {
     let (lone, together) = run("writer");
     assert!(together < lone * 2, "8 writers alone took {together:?}, one {lone:?}");
 }
+
+/// A large write the throttle holds near the room's maximum goes on when the txg it fills
+/// quiesces for its sync, not at its delay's end: the open txg is empty then, and a stream's
+/// writers that slept out up to 100 ms after it had opened left the disk idle once the sync
+/// before them was written.
+#[test]
+fn a_delayed_large_write_wakes_when_its_txg_quiesces() {
+    let sim = Sim::new(94);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        // The free space, not `txg.dirty_max`, bounds the open txg; no syncer runs, so only
+        // the sync started below quiesces it.
+        let t = Tunables::with([("txg.dirty_max", "1G")]).unwrap();
+        let store = Arc::new(common::mirror_store(&env, specs, &t).await);
+        store.create_volume("v", 32 << 20, 16384).unwrap();
+        store.sync().await.unwrap();
+        let chunk = 256u64 << 10;
+        let mut at = 0;
+        // Large writes until one is delayed 10 ms or more: near the maximum of their room.
+        let last_delay = loop {
+            assert!(at + chunk <= 32 << 20, "no write was delayed 10 ms");
+            let start = env.now();
+            store.write("v", at, &[0x44; 256 << 10]).await.unwrap();
+            at += chunk;
+            let took = env.now().since(start);
+            if took >= Duration::from_millis(10) {
+                break took;
+            }
+        };
+        let throttle = store.throttle_stats();
+        let (delayed, woken) = (throttle.delayed.get(), throttle.woken_by_sync.get());
+        // The next write's delay is at least the last one's; a sync started 1 ms into it
+        // quiesces its txg.
+        let writer = {
+            let (store, env) = (store.clone(), env.clone());
+            async move {
+                let start = env.now();
+                store.write("v", at, &[0x55; 256 << 10]).await.unwrap();
+                env.now().since(start)
+            }
+        };
+        let syncer = {
+            let (store, env) = (store.clone(), env.clone());
+            async move {
+                env.sleep(Duration::from_millis(1)).await;
+                store.sync().await.unwrap();
+            }
+        };
+        let (took, ()) = futures::join!(writer, syncer);
+        assert_eq!(throttle.delayed.get(), delayed + 1, "the write was not delayed");
+        assert_eq!(throttle.woken_by_sync.get(), woken + 1, "the quiesce did not wake it");
+        assert!(took < last_delay, "the write took {took:?}, the one before {last_delay:?}");
+        assert_eq!(store.read("v", at, 4096).await.unwrap(), vec![0x55; 4096]);
+    })
+    .unwrap();
+}

@@ -413,7 +413,8 @@ impl Admission<'_> {
     /// quarter of `space_max` (`LARGE_WRITE_ROOM_SHIFT`, at least `LARGE_WRITE_ROOM_MIN`).
     ///
     /// The delay counts from `start`, when the write asked to be admitted, and delayed writes
-    /// wake a delay apart ([`super::dsl_pool::Txg::delay_wakeup`]).
+    /// wake a delay apart ([`super::dsl_pool::Txg::delay_wakeup`]); those that sleep alone
+    /// (large writes, and any at the maximum) wake early if the txg they fill quiesces.
     pub(super) async fn throttle(
         &self,
         dataset: &Dataset,
@@ -421,7 +422,7 @@ impl Admission<'_> {
         space_max: Option<u64>,
         large: bool,
     ) -> Result<(), StoreError> {
-        let (dirty, under_share) = {
+        let (dirty, open_txg, under_share) = {
             // The writer's volume counts even before its first dirty block. Read apart from
             // the total: the share is a heuristic, and a volume made or gone between the two
             // reads changes it by one volume's share at most.
@@ -431,9 +432,12 @@ impl Admission<'_> {
                 .values()
                 .filter(|d| d.id == dataset.id || d.dirty_bytes.load(Ordering::Relaxed) > 0)
                 .count() as u64;
-            let total = self.txg.lock().dirty_bytes();
+            let (total, open_txg) = {
+                let txg = self.txg.lock();
+                (txg.dirty_bytes(), txg.open_txg())
+            };
             let mine = dataset.dirty_bytes.load(Ordering::Relaxed);
-            (total, dirtying > 1 && mine.saturating_mul(dirtying) < total)
+            (total, open_txg, dirtying > 1 && mine.saturating_mul(dirtying) < total)
         };
         let limits = self.txg.limits();
         // A large write's share of the room is a quarter of it (`LARGE_WRITE_ROOM_SHIFT`).
@@ -474,16 +478,18 @@ impl Admission<'_> {
         if under_share && !delay.is_zero() {
             stats.spared.inc();
         } else if !delay.is_zero() {
-            let now = self.spa.pool().env().now();
-            let wakeup = if !limits.delay_spaced || large || dirty >= max {
-                // At the maximum below `txg.dirty_max` (the free space's, or a large write's
-                // quarter of the room) every writer sleeps the longest delay alone: spaced,
-                // the 32nd of 32 writers would wake 3.2 s later, where a sync is what they
-                // wait for. (Just below it they are spaced at nearly the longest delay, as in
-                // ZFS: the curve's rate there is what lets the sync catch up.) A large write
-                // sleeps alone too: its curve ends at its quarter of the room, so its delays
-                // are long where a small write's are short, and spaced they would push the
-                // mark ahead of the small writes behind it.
+            let env = self.spa.pool().env();
+            let now = env.now();
+            // At the maximum below `txg.dirty_max` (the free space's, or a large write's
+            // quarter of the room) every writer sleeps the longest delay alone: spaced, the
+            // 32nd of 32 writers would wake 3.2 s later, where a sync is what they wait for.
+            // (Just below it they are spaced at nearly the longest delay, as in ZFS: the
+            // curve's rate there is what lets the sync catch up.) A large write sleeps alone
+            // too: its curve ends at its quarter of the room, so its delays are long where a
+            // small write's are short, and spaced they would push the mark ahead of the small
+            // writes behind it.
+            let alone = large || dirty >= max;
+            let wakeup = if !limits.delay_spaced || alone {
                 Some(now.plus(delay))
             } else if now.since(start) >= delay {
                 // It has waited that long already (for space, say), and takes no place in the
@@ -493,7 +499,23 @@ impl Admission<'_> {
                 Some(self.txg.delay_wakeup(start, delay))
             };
             if let Some(wakeup) = wakeup {
-                self.spa.pool().env().sleep_until(wakeup).await;
+                let sleep = env.sleep_until(wakeup);
+                if alone {
+                    // Those sleeping alone wait at most for the txg they fill to quiesce:
+                    // once it has, the open txg is empty and the delay's reason gone. Slept
+                    // out whatever the sync did, a stream's writers at the maximum woke up
+                    // to 100 ms after the next txg had opened (ZFS too wakes writers past
+                    // its maximum when dirty data falls: `dmu_tx_wait`).
+                    let opened = self.txg.opened_after(open_txg);
+                    futures::pin_mut!(opened);
+                    if let futures::future::Either::Right(_) =
+                        futures::future::select(sleep, opened).await
+                    {
+                        stats.woken_by_sync.inc();
+                    }
+                } else {
+                    sleep.await;
+                }
                 stats.delayed.inc();
                 stats.delayed_nanos.add(since(now));
             }

@@ -200,6 +200,9 @@ pub(super) struct Txg {
     space_lines: [[super::dmu_tx::SpaceLine; crate::alloc::ROOM_BLOCK_BYTES.len()]; 2],
     /// When the last delayed write wakes, in the clock's nanoseconds (ZFS: `dp_last_wakeup`).
     last_wakeup: AtomicU64,
+    /// Signalled each time a txg opens (the last one quiesced): writers the throttle holds
+    /// for a sync wake then instead of at their delay's end ([`Txg::opened_after`]).
+    opened: event_listener::Event,
 }
 
 impl Txg {
@@ -211,6 +214,25 @@ impl Txg {
             patch_stats: PatchStats::default(),
             space_lines: Default::default(),
             last_wakeup: AtomicU64::new(0),
+            opened: event_listener::Event::new(),
+        }
+    }
+
+    /// Wakes the writers waiting in [`Txg::opened_after`]: a txg opened. Called once the
+    /// quiesce has let go of the txg lock.
+    pub(super) fn notify_opened(&self) {
+        self.opened.notify(usize::MAX);
+    }
+
+    /// Completes once a txg later than `txg` is open: at once if one is already.
+    pub(super) async fn opened_after(&self, txg: u64) {
+        loop {
+            // Listening before the check, a quiesce between the two is not missed.
+            let listener = self.opened.listen();
+            if self.lock().open_txg > txg {
+                return;
+            }
+            listener.await;
         }
     }
 
@@ -283,6 +305,9 @@ pub struct ThrottleStats {
     /// Writes delayed because dirty data was above `txg.delay_min_dirty_pct`, and for how long.
     pub delayed: crate::stats::Counter,
     pub delayed_nanos: crate::stats::Counter,
+    /// Of the delayed writes, those whose delay a txg's quiesce cut short: large writes and
+    /// writes at the free space's maximum wake when the txg they fill starts its sync.
+    pub woken_by_sync: crate::stats::Counter,
     /// Writes that found `txg.dirty_max` reached and waited for a txg sync, and for how long.
     pub waited_for_sync: crate::stats::Counter,
     pub waited_nanos: crate::stats::Counter,

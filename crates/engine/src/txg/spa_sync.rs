@@ -362,6 +362,8 @@ impl SyncHandle<'_> {
     pub(super) async fn sync_locked(&self) -> Result<u64, StoreError> {
         let Quiesced { txg, work, tasks, admitted: (admitted_bytes, allocated_base, blocks) } =
             self.quiesce();
+        // Writers the throttle held for a sync go on into the new txg while this one writes.
+        self.txg.notify_opened();
         // The dedup table's rewrite is kept apart by admission (`Ddt::rewrite_reserve_bytes`,
         // for the deferral's txgs together); one txg's share of it.
         let admitted_bytes = admitted_bytes
