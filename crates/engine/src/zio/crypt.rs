@@ -29,7 +29,7 @@
 //! stretches passphrases. Keys are zeroed when dropped (`zeroize`).
 
 use openssl::cipher::Cipher;
-use openssl::cipher_ctx::CipherCtx;
+use openssl::cipher_ctx::{CipherCtx, CipherCtxRef};
 use parking_lot::RwLock;
 use sluice_format::{
     Argon2Params, BlockCompression, BlockCrypt, BlockKind, BlockPointer, CryptSuite, KeyFormat,
@@ -45,6 +45,10 @@ pub const SALT_USES_MAX: u64 = 400_000_000;
 /// A passphrase's length bounds, in bytes (ZFS's).
 pub const PASSPHRASE_BYTES_MIN: usize = 8;
 pub const PASSPHRASE_BYTES_MAX: usize = 512;
+/// AES-GCM contexts a family keeps with their block key expanded, for reuse (see
+/// [`Contexts`]): enough for every thread of the pipeline to seal under the current salt and
+/// open blocks of a few older ones at once.
+const CONTEXTS_MAX: usize = 32;
 /// Argon2id's parameters for new passphrases: RFC 9106's second recommendation (64 MiB, three
 /// passes), with one lane, since a key load runs on one thread. Stored with each wrapped key.
 pub const ARGON2_MEMORY_KIB: u32 = 64 << 10;
@@ -235,7 +239,7 @@ impl MasterKey {
         random_bytes(&mut out.iv)?;
         // Sealed in a buffer that is zeroed on drop, so a failed seal leaves no clear copy.
         let mut sealed = Zeroizing::new(self.0);
-        out.mac = seal(&wrapping.0, &out.iv, &out.wrap_aad(), &mut sealed[..])?;
+        out.mac = seal(&mut *keyed(&wrapping.0)?, &out.iv, &out.wrap_aad(), &mut sealed[..])?;
         out.wrapped = *sealed;
         Ok(out)
     }
@@ -245,7 +249,13 @@ impl MasterKey {
     pub fn unwrap(wrapping: &WrappingKey, wrapped: &WrappedKey) -> Result<MasterKey, CryptError> {
         let CryptSuite::Aes256Gcm = wrapped.suite;
         let mut key = MasterKey(wrapped.wrapped);
-        match open(&wrapping.0, &wrapped.iv, &wrapped.wrap_aad(), &mut key.0, &wrapped.mac) {
+        match open(
+            &mut *keyed(&wrapping.0)?,
+            &wrapped.iv,
+            &wrapped.wrap_aad(),
+            &mut key.0,
+            &wrapped.mac,
+        ) {
             Ok(()) => Ok(key),
             Err(CryptError::Authentication) => Err(CryptError::WrongKey),
             Err(e) => Err(e),
@@ -295,6 +305,23 @@ pub struct FamilyKey {
     /// used past [`SALT_USES_MAX`].
     salt: parking_lot::Mutex<(u64, u64)>,
     sealed: AtomicU64,
+    contexts: Contexts,
+}
+
+/// AES-256-GCM contexts with a block key already expanded, by salt, for reuse. OpenSSL 3
+/// looks the cipher up in its provider tables and expands the key at every initialisation
+/// given a cipher and key: for a 4 KiB block that cost several times the sealing itself
+/// (docs/bench/encryption.md). A kept context is initialised again with the nonce alone.
+/// Contexts are taken out while in use, so no two threads share one, and are dropped with
+/// the family: OpenSSL cleanses a freed context's key schedule, so an unloaded key leaves
+/// none behind. A context whose operation failed is not kept.
+#[derive(Default)]
+struct Contexts(parking_lot::Mutex<Vec<(u64, CipherCtx)>>);
+
+impl std::fmt::Debug for Contexts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Contexts({} kept)", self.0.lock().len())
+    }
 }
 
 impl FamilyKey {
@@ -305,6 +332,7 @@ impl FamilyKey {
             master,
             salt: parking_lot::Mutex::new((random_u64()?, 0)),
             sealed: AtomicU64::new(0),
+            contexts: Contexts::default(),
         })
     }
 
@@ -357,8 +385,7 @@ impl FamilyKey {
             random_bytes(&mut iv)?;
             (self.next_salt()?, iv)
         };
-        let key = self.master.block_key(salt);
-        let mac = seal(&key, &iv, aad, data)?;
+        let mac = self.with_context(salt, |ctx| seal(ctx, &iv, aad, data))?;
         self.sealed.fetch_add(1, Ordering::Relaxed);
         Ok(Sealing { salt, iv, mac })
     }
@@ -366,8 +393,38 @@ impl FamilyKey {
     /// Decrypts `data` in place if `sealing` and `aad` authenticate it; otherwise
     /// [`CryptError::Authentication`], and `data` is garbage.
     pub fn open(&self, data: &mut [u8], aad: &[u8], sealing: &Sealing) -> Result<(), CryptError> {
-        let key = self.master.block_key(sealing.salt);
-        open(&key, &sealing.iv, aad, data, &sealing.mac)
+        self.with_context(sealing.salt, |ctx| open(ctx, &sealing.iv, aad, data, &sealing.mac))
+    }
+
+    /// Runs `op` on a context holding the block key of `salt`: a kept one, or a new one with
+    /// the key derived and expanded. The context is kept again if `op` succeeded, the oldest
+    /// kept one giving way past [`CONTEXTS_MAX`].
+    fn with_context<T>(
+        &self,
+        salt: u64,
+        op: impl FnOnce(&mut CipherCtxRef) -> Result<T, CryptError>,
+    ) -> Result<T, CryptError> {
+        let kept = {
+            let mut kept = self.contexts.0.lock();
+            let found = kept.iter().rposition(|(s, _)| *s == salt);
+            found.map(|at| kept.remove(at).1)
+        };
+        let mut ctx = match kept {
+            Some(ctx) => ctx,
+            None => {
+                let key = self.master.block_key(salt);
+                keyed(&key)?
+            }
+        };
+        let result = op(&mut ctx);
+        if result.is_ok() {
+            let mut kept = self.contexts.0.lock();
+            if kept.len() >= CONTEXTS_MAX {
+                kept.remove(0);
+            }
+            kept.push((salt, ctx));
+        }
+        result
     }
 }
 
@@ -456,15 +513,22 @@ pub fn block_aad(
     out
 }
 
-/// AES-256-GCM in place: encrypts `data`, authenticating `aad`; returns the tag.
+/// An AES-256-GCM context with `key` expanded, for [`seal`] and [`open`] to give a nonce.
+fn keyed(key: &[u8; 32]) -> Result<CipherCtx, CryptError> {
+    let mut ctx = CipherCtx::new()?;
+    ctx.encrypt_init(Some(Cipher::aes_256_gcm()), Some(key), None)?;
+    Ok(ctx)
+}
+
+/// AES-256-GCM in place with `ctx`'s key: encrypts `data`, authenticating `aad`; returns
+/// the tag.
 fn seal(
-    key: &[u8; 32],
+    ctx: &mut CipherCtxRef,
     iv: &[u8; IV_BYTES],
     aad: &[u8],
     data: &mut [u8],
 ) -> Result<[u8; MAC_BYTES], CryptError> {
-    let mut ctx = CipherCtx::new()?;
-    ctx.encrypt_init(Some(Cipher::aes_256_gcm()), Some(key), Some(iv))?;
+    ctx.encrypt_init(None, None, Some(iv))?;
     ctx.cipher_update(aad, None)?;
     ctx.cipher_update_inplace(data, data.len())?;
     ctx.cipher_final(&mut [])?;
@@ -473,16 +537,16 @@ fn seal(
     Ok(mac)
 }
 
-/// AES-256-GCM in place: decrypts `data` if `mac` authenticates it and `aad`.
+/// AES-256-GCM in place with `ctx`'s key: decrypts `data` if `mac` authenticates it and
+/// `aad`.
 fn open(
-    key: &[u8; 32],
+    ctx: &mut CipherCtxRef,
     iv: &[u8; IV_BYTES],
     aad: &[u8],
     data: &mut [u8],
     mac: &[u8; MAC_BYTES],
 ) -> Result<(), CryptError> {
-    let mut ctx = CipherCtx::new()?;
-    ctx.decrypt_init(Some(Cipher::aes_256_gcm()), Some(key), Some(iv))?;
+    ctx.decrypt_init(None, None, Some(iv))?;
     ctx.set_tag(mac)?;
     ctx.cipher_update(aad, None)?;
     ctx.cipher_update_inplace(data, data.len())?;
@@ -625,6 +689,58 @@ mod tests {
             stranger.open(&mut copy, b"aad", &sealing),
             Err(CryptError::Authentication)
         ));
+    }
+
+    /// AES-256-GCM of one block on a context made for it alone: what a kept context's output
+    /// must equal.
+    fn seal_fresh(key: &[u8; 32], iv: &[u8; IV_BYTES], aad: &[u8], data: &mut [u8]) -> [u8; 16] {
+        seal(&mut keyed(key).expect("context"), iv, aad, data).expect("seal")
+    }
+
+    #[test]
+    fn kept_contexts_seal_and_open_as_fresh_ones_do() {
+        let family = FamilyKey::new(MasterKey::generate().expect("rng")).expect("salt");
+        let blocks: Vec<Vec<u8>> = (0..6u8)
+            .map(|b| (0..4096u32).map(|i| (i as u8).wrapping_mul(b + 1)).collect())
+            .collect();
+        // Seals, opens, a failed open and seals under a second salt, interleaved, so kept
+        // contexts go from encrypting to decrypting and back, and one is dropped on failure.
+        let mut sealed = Vec::new();
+        for (n, plain) in blocks.iter().enumerate() {
+            if n == 3 {
+                family.salt.lock().1 = SALT_USES_MAX;
+            }
+            let mut data = plain.clone();
+            let sealing = family.seal(&mut data, b"aad", false).expect("seal");
+            let mut fresh = plain.clone();
+            let key = family.master.block_key(sealing.salt);
+            assert_eq!(seal_fresh(&key, &sealing.iv, b"aad", &mut fresh), sealing.mac);
+            assert_eq!(fresh, data, "block {n}: a kept context's ciphertext differs");
+            if n == 2 {
+                let mut bad = data.clone();
+                bad[0] ^= 1;
+                assert!(matches!(
+                    family.open(&mut bad, b"aad", &sealing),
+                    Err(CryptError::Authentication)
+                ));
+            }
+            sealed.push((data, sealing));
+        }
+        assert_ne!(sealed[0].1.salt, sealed[5].1.salt, "the salt was replaced");
+        for _ in 0..2 {
+            for ((data, sealing), plain) in sealed.iter().zip(&blocks) {
+                let mut copy = data.clone();
+                family.open(&mut copy, b"aad", sealing).expect("opens");
+                assert_eq!(&copy, plain);
+                let mut tampered = data.clone();
+                tampered[4095] ^= 0x80;
+                assert!(matches!(
+                    family.open(&mut tampered, b"aad", sealing),
+                    Err(CryptError::Authentication)
+                ));
+            }
+        }
+        assert!(family.contexts.0.lock().len() <= CONTEXTS_MAX);
     }
 
     #[test]
