@@ -316,7 +316,15 @@ pub struct FamilyKey {
 /// the family: OpenSSL cleanses a freed context's key schedule, so an unloaded key leaves
 /// none behind. A context whose operation failed is not kept.
 #[derive(Default)]
-struct Contexts(parking_lot::Mutex<Vec<(u64, CipherCtx)>>);
+struct Contexts(parking_lot::Mutex<Vec<Kept>>);
+
+/// A kept context: its salt, and whether it has been used again since it was made (until
+/// then it is on probation, see [`FamilyKey::with_context`]).
+struct Kept {
+    salt: u64,
+    reused: bool,
+    ctx: CipherCtx,
+}
 
 impl std::fmt::Debug for Contexts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -397,8 +405,13 @@ impl FamilyKey {
     }
 
     /// Runs `op` on a context holding the block key of `salt`: a kept one, or a new one with
-    /// the key derived and expanded. The context is kept again if `op` succeeded, the oldest
-    /// kept one giving way past [`CONTEXTS_MAX`].
+    /// the key derived and expanded. The context is kept again if `op` succeeded.
+    ///
+    /// A new context is kept on probation in the list's front slot, replacing the one there
+    /// if that one was never used again; a context used again joins the kept ones at the back,
+    /// the oldest of them giving way past [`CONTEXTS_MAX`]. A salt used once (a dedup volume's
+    /// convergent salts are one per block) so only ever displaces another such salt, never the
+    /// current salt's contexts, which every other seal reuses.
     fn with_context<T>(
         &self,
         salt: u64,
@@ -406,9 +419,10 @@ impl FamilyKey {
     ) -> Result<T, CryptError> {
         let kept = {
             let mut kept = self.contexts.0.lock();
-            let found = kept.iter().rposition(|(s, _)| *s == salt);
-            found.map(|at| kept.remove(at).1)
+            let found = kept.iter().rposition(|entry| entry.salt == salt);
+            found.map(|at| kept.remove(at).ctx)
         };
+        let reused = kept.is_some();
         let mut ctx = match kept {
             Some(ctx) => ctx,
             None => {
@@ -419,10 +433,24 @@ impl FamilyKey {
         let result = op(&mut ctx);
         if result.is_ok() {
             let mut kept = self.contexts.0.lock();
-            if kept.len() >= CONTEXTS_MAX {
-                kept.remove(0);
-            }
-            kept.push((salt, ctx));
+            let entry = Kept { salt, reused, ctx };
+            // Freed after the lock is released: freeing cleanses a key schedule.
+            let displaced = if !reused && kept.first().is_some_and(|front| !front.reused) {
+                Some(std::mem::replace(&mut kept[0], entry))
+            } else {
+                let on_probation = usize::from(kept.first().is_some_and(|front| !front.reused));
+                let displaced = (kept.len() >= CONTEXTS_MAX).then(|| kept.remove(on_probation));
+                if reused {
+                    kept.push(entry);
+                } else {
+                    kept.insert(0, entry);
+                }
+                displaced
+            };
+            debug_assert!(kept.len() <= CONTEXTS_MAX);
+            debug_assert!(kept.iter().skip(1).all(|entry| entry.reused), "one on probation");
+            drop(kept);
+            drop(displaced);
         }
         result
     }
@@ -547,6 +575,8 @@ fn open(
     mac: &[u8; MAC_BYTES],
 ) -> Result<(), CryptError> {
     ctx.decrypt_init(None, None, Some(iv))?;
+    // The tag is set on every use: a kept context still holds the previous block's tag and
+    // length, which the final check would otherwise compare against.
     ctx.set_tag(mac)?;
     ctx.cipher_update(aad, None)?;
     ctx.cipher_update_inplace(data, data.len())?;
@@ -691,10 +721,17 @@ mod tests {
         ));
     }
 
-    /// AES-256-GCM of one block on a context made for it alone: what a kept context's output
-    /// must equal.
+    /// AES-256-GCM of one block on a context made for it alone, initialised in one step with
+    /// the cipher, key and nonce: what a kept context's output must equal.
     fn seal_fresh(key: &[u8; 32], iv: &[u8; IV_BYTES], aad: &[u8], data: &mut [u8]) -> [u8; 16] {
-        seal(&mut keyed(key).expect("context"), iv, aad, data).expect("seal")
+        let mut ctx = CipherCtx::new().expect("context");
+        ctx.encrypt_init(Some(Cipher::aes_256_gcm()), Some(key), Some(iv)).expect("init");
+        ctx.cipher_update(aad, None).expect("aad");
+        ctx.cipher_update_inplace(data, data.len()).expect("encrypt");
+        ctx.cipher_final(&mut []).expect("final");
+        let mut mac = [0u8; MAC_BYTES];
+        ctx.tag(&mut mac).expect("tag");
+        mac
     }
 
     #[test]
@@ -716,6 +753,15 @@ mod tests {
             let key = family.master.block_key(sealing.salt);
             assert_eq!(seal_fresh(&key, &sealing.iv, b"aad", &mut fresh), sealing.mac);
             assert_eq!(fresh, data, "block {n}: a kept context's ciphertext differs");
+            if n == 1 {
+                // Opened twice on the context that sealed it (encrypt, then decrypt twice),
+                // before the next seal reuses that context.
+                for _ in 0..2 {
+                    let mut copy = data.clone();
+                    family.open(&mut copy, b"aad", &sealing).expect("opens");
+                    assert_eq!(&copy, plain);
+                }
+            }
             if n == 2 {
                 let mut bad = data.clone();
                 bad[0] ^= 1;
@@ -729,9 +775,11 @@ mod tests {
         assert_ne!(sealed[0].1.salt, sealed[5].1.salt, "the salt was replaced");
         for _ in 0..2 {
             for ((data, sealing), plain) in sealed.iter().zip(&blocks) {
-                let mut copy = data.clone();
-                family.open(&mut copy, b"aad", sealing).expect("opens");
-                assert_eq!(&copy, plain);
+                for _ in 0..2 {
+                    let mut copy = data.clone();
+                    family.open(&mut copy, b"aad", sealing).expect("opens");
+                    assert_eq!(&copy, plain);
+                }
                 let mut tampered = data.clone();
                 tampered[4095] ^= 0x80;
                 assert!(matches!(
@@ -741,6 +789,22 @@ mod tests {
             }
         }
         assert!(family.contexts.0.lock().len() <= CONTEXTS_MAX);
+    }
+
+    #[test]
+    fn salts_used_once_do_not_displace_the_current_salts_contexts() {
+        let family = FamilyKey::new(MasterKey::generate().expect("rng")).expect("salt");
+        let mut block = vec![7u8; 4096];
+        let current = family.seal(&mut block, b"aad", false).expect("seal").salt;
+        family.seal(&mut block, b"aad", false).expect("seal");
+        // Convergent seals: a salt of their own per distinct block, many more than are kept.
+        for n in 0..(CONTEXTS_MAX as u32 * 3) {
+            let mut data = n.to_le_bytes().repeat(1024);
+            family.seal(&mut data, b"aad", true).expect("seal");
+        }
+        let kept = family.contexts.0.lock();
+        assert_eq!(kept.len(), 2, "the current salt's context and one probationer");
+        assert_eq!(kept.last().map(|entry| (entry.salt, entry.reused)), Some((current, true)));
     }
 
     #[test]
