@@ -73,7 +73,7 @@ impl Pool {
     /// The logical bytes of a block whose stored bytes passed its checksum (decrypted and
     /// decompressed).
     pub fn unseal(&self, bp: &BlockPointer, stored: &[u8]) -> Result<AlignedBuf, PoolError> {
-        zio::unseal(self.zio().keys(), bp, AlignedBuf::copy_from(stored))
+        zio::unseal_from(self.zio().keys(), bp, stored)
             .map_err(|source| self.undecodable(bp, source))
     }
 

@@ -681,7 +681,7 @@ fn worth_spreading<'a>(pool: &Pool, blocks: impl IntoIterator<Item = &'a BlockPo
 }
 
 /// The blocks of a span read of several encrypted blocks (`index`, pointer, offset in the
-/// span), each decrypted (and decompressed) into a buffer of its own on whichever core takes
+/// span), each decrypted (and decompressed) from the span into a buffer of its own ([`crate::zio::unseal_from`]) on whichever core takes
 /// it. On the connection's core alone the decryption of every request in flight queued behind
 /// one another: uncached 1 MiB reads of an encrypted volume of 128 KiB blocks ran at 0.73x of
 /// one that is not, on a core 64% busy (bench/encryption.py, 2026-11-29); and again once the
@@ -699,7 +699,7 @@ async fn open_spread(
         .env()
         .map_spread("zio_read_intr", items, |(bp, span, at, pipeline)| {
             let stored = &span[*at..*at + bp.psize_bytes() as usize];
-            crate::zio::unseal(pipeline.keys(), bp, AlignedBuf::copy_from(stored))
+            crate::zio::unseal_from(pipeline.keys(), bp, stored)
         })
         .await;
     let mut out = Vec::with_capacity(blocks.len());

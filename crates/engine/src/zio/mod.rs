@@ -305,6 +305,16 @@ pub enum UnsealError {
     Crypt(crypt::CryptError),
 }
 
+impl UnsealError {
+    /// A failed open: a bad tag is a failed authentication, anything else OpenSSL's failure.
+    fn from_crypt(error: crypt::CryptError) -> UnsealError {
+        match error {
+            crypt::CryptError::Authentication => UnsealError::Authentication,
+            other => UnsealError::Crypt(other),
+        }
+    }
+}
+
 /// Watches stages as blocks pass them (tests: which thread ran a stage).
 pub type Observer = Arc<dyn Fn(Stage, Writer) + Send + Sync>;
 
@@ -1037,6 +1047,30 @@ pub fn unseal(
     Ok(compress::decompress(bp, &stored)?)
 }
 
+/// [`unseal`] of stored bytes that stay where they are (in a fetched span, which the blocks of
+/// one I/O and the reads a prefetch serves share): an encrypted block is decrypted straight
+/// into a buffer of its own and a compressed one decompressed from them; only a block stored
+/// plain is copied. Copying an encrypted block out of its span before decrypting it in place
+/// was 16% of the server's CPU under uncached 1 MiB reads of an encrypted volume (perf,
+/// 2026-12-04).
+pub fn unseal_from(
+    keys: &crypt::Keystore,
+    bp: &BlockPointer,
+    stored: &[u8],
+) -> Result<AlignedBuf, UnsealError> {
+    check_children_mac(bp, stored)?;
+    let opened = match sealed_with(keys, bp)? {
+        Some((key, aad, sealing)) => {
+            Some(key.open_to(stored, &aad, &sealing).map_err(UnsealError::from_crypt)?)
+        }
+        None => None,
+    };
+    if bp.compression == BlockCompression::None {
+        return Ok(opened.unwrap_or_else(|| AlignedBuf::copy_from(stored)));
+    }
+    Ok(compress::decompress(bp, opened.as_deref().unwrap_or(stored))?)
+}
+
 /// The decrypt stage alone, where the stored bytes lie (a span read of several blocks opens
 /// each in the span's buffer, with no copy): checks an indirect block's children's MACs, and
 /// decrypts an encrypted block in place (its tag checked). `stored` stays compressed if the
@@ -1046,29 +1080,41 @@ pub fn open_in_place(
     bp: &BlockPointer,
     stored: &mut [u8],
 ) -> Result<(), UnsealError> {
-    // An indirect block of an encrypted tree: its children must be the ones its parent
-    // hashed (a child swapped for another, or for an older version of itself, is not).
+    check_children_mac(bp, stored)?;
+    if let Some((key, aad, sealing)) = sealed_with(keys, bp)? {
+        key.open(stored, &aad, &sealing).map_err(UnsealError::from_crypt)?;
+    }
+    Ok(())
+}
+
+/// An indirect block of an encrypted tree: its children must be the ones its parent hashed (a
+/// child swapped for another, or for an older version of itself, is not).
+fn check_children_mac(bp: &BlockPointer, stored: &[u8]) -> Result<(), UnsealError> {
     if let BlockCrypt::ChildrenMac(hash) = bp.crypt {
         if crypt::children_mac_of_bytes(stored) != Some(hash) {
             return Err(UnsealError::Authentication);
         }
     }
-    if let BlockCrypt::Encrypted { family, salt, iv, mac } = bp.crypt {
-        let key = keys.get(family).ok_or(UnsealError::KeyUnavailable { family })?;
-        let aad = crypt::block_aad(
-            family,
-            bp.lsize_sectors,
-            bp.psize_sectors,
-            bp.compression,
-            bp.kind,
-            bp.level,
-        );
-        key.open(stored, &aad, &crypt::Sealing { salt, iv, mac }).map_err(|e| match e {
-            crypt::CryptError::Authentication => UnsealError::Authentication,
-            other => UnsealError::Crypt(other),
-        })?;
-    }
     Ok(())
+}
+
+/// What opens an encrypted block: its family's key, the fields its MAC covers and its
+/// sealing.
+type Opening = (Arc<crypt::FamilyKey>, [u8; crypt::BLOCK_AAD_BYTES], crypt::Sealing);
+
+/// What opens `bp`, or `None` for a block not encrypted.
+fn sealed_with(keys: &crypt::Keystore, bp: &BlockPointer) -> Result<Option<Opening>, UnsealError> {
+    let BlockCrypt::Encrypted { family, salt, iv, mac } = bp.crypt else { return Ok(None) };
+    let key = keys.get(family).ok_or(UnsealError::KeyUnavailable { family })?;
+    let aad = crypt::block_aad(
+        family,
+        bp.lsize_sectors,
+        bp.psize_sectors,
+        bp.compression,
+        bp.kind,
+        bp.level,
+    );
+    Ok(Some((key, aad, crypt::Sealing { salt, iv, mac })))
 }
 
 #[cfg(test)]
@@ -1093,6 +1139,27 @@ mod tests {
         Arc::new(AlignedBuf::copy_from(&vec![fill; len]))
     }
 
+    /// [`unseal`] of a copy of `stored` (opened in place) and [`unseal_from`] (opened from
+    /// where it lies), which must agree: the same bytes, or the same kind of error.
+    fn unsealed(
+        keys: &crypt::Keystore,
+        bp: &BlockPointer,
+        stored: &[u8],
+    ) -> Result<AlignedBuf, UnsealError> {
+        let in_place = unseal(keys, bp, AlignedBuf::copy_from(stored));
+        let from = unseal_from(keys, bp, stored);
+        match (&in_place, &from) {
+            (Ok(a), Ok(b)) => assert_eq!(&a[..], &b[..], "the two ways read differently"),
+            (Err(a), Err(b)) => assert_eq!(
+                std::mem::discriminant(a),
+                std::mem::discriminant(b),
+                "the two ways fail differently: {a} against {b}"
+            ),
+            _ => panic!("one way read and the other did not: {in_place:?} against {from:?}"),
+        }
+        from
+    }
+
     /// Seal pads to whole units, compresses what saves an eighth, and sums what is stored;
     /// the pointer it describes verifies those bytes.
     #[test]
@@ -1106,7 +1173,7 @@ mod tests {
         assert!(bp.verifies(&sealed.stored));
         assert_eq!((bp.lsize_bytes(), bp.psize_bytes(), bp.birth_txg), (16384, 4096, 7));
         let keys = crypt::Keystore::default();
-        assert_eq!(&unseal(&keys, &bp, (*sealed.stored).clone()).unwrap()[..], &sealed.logical[..]);
+        assert_eq!(&unsealed(&keys, &bp, &sealed.stored).unwrap()[..], &sealed.logical[..]);
         // A space map piece: padded to its preallocated place, uncompressed.
         let props = BlockProps::metadata(Writer::SpaceMap, 7, 2);
         let sealed = seal(&pipeline, props, block(1000, 1), 4096, Some(16384)).unwrap();
@@ -1160,12 +1227,12 @@ mod tests {
             let bp = BlockPointer::decode(&BlockPointer::encode(Some(&bp))).unwrap().unwrap();
             assert!(matches!(bp.crypt, BlockCrypt::Encrypted { family: 0xfa17, .. }));
             assert!(bp.verifies(stored), "scrub verifies it without a key");
-            let read = unseal(pipeline.keys(), &bp, AlignedBuf::copy_from(stored)).unwrap();
+            let read = unsealed(pipeline.keys(), &bp, stored).unwrap();
             assert_eq!(&read[..pattern.len()], &pattern[..]);
             // Without the key: refused, not garbage.
             let keyless = crypt::Keystore::default();
             assert!(matches!(
-                unseal(&keyless, &bp, AlignedBuf::copy_from(stored)),
+                unsealed(&keyless, &bp, stored),
                 Err(UnsealError::KeyUnavailable { family: 0xfa17 })
             ));
             // A changed byte whose checksum was recomputed (someone who can write the disk).
@@ -1174,7 +1241,7 @@ mod tests {
             let forged = BlockPointer { checksum: bp.checksum_alg.compute(&changed), ..bp };
             assert!(forged.verifies(&changed));
             assert!(matches!(
-                unseal(pipeline.keys(), &forged, changed),
+                unsealed(pipeline.keys(), &forged, &changed),
                 Err(UnsealError::Authentication)
             ));
             // The fields the MAC covers: ciphertext passed off as uncompressed (or compressed).
@@ -1184,7 +1251,7 @@ mod tests {
             };
             let relabelled = BlockPointer { compression: other, ..bp };
             assert!(matches!(
-                unseal(pipeline.keys(), &relabelled, AlignedBuf::copy_from(stored)),
+                unsealed(pipeline.keys(), &relabelled, stored),
                 Err(UnsealError::Authentication)
             ));
         }
@@ -1230,20 +1297,20 @@ mod tests {
         props.crypt = PropsCrypt::ChildrenMac(crypt::children_mac_of_bytes(&written).unwrap());
         let sealed = seal(&pipeline, props, Arc::new(written), 4096, None).unwrap();
         let bp = describe(&sealed, &[(0, 65536, sealed.psize())]);
-        assert!(unseal(pipeline.keys(), &bp, (*sealed.stored).clone()).is_ok(), "as written");
+        assert!(unsealed(pipeline.keys(), &bp, &sealed.stored).is_ok(), "as written");
         // The older version put back in its slot, the parent's checksum recomputed to match.
         let swapped = indirect(&old);
         let forged = BlockPointer { checksum: bp.checksum_alg.compute(&swapped), ..bp };
         assert!(forged.verifies(&swapped));
         assert!(matches!(
-            unseal(pipeline.keys(), &forged, swapped),
+            unsealed(pipeline.keys(), &forged, &swapped),
             Err(UnsealError::Authentication)
         ));
         // A hole put where the child was fails too.
         let emptied = AlignedBuf::zeroed(16384);
         let forged = BlockPointer { checksum: bp.checksum_alg.compute(&emptied), ..bp };
         assert!(matches!(
-            unseal(pipeline.keys(), &forged, emptied),
+            unsealed(pipeline.keys(), &forged, &emptied),
             Err(UnsealError::Authentication)
         ));
     }
