@@ -681,11 +681,12 @@ fn worth_spreading<'a>(pool: &Pool, blocks: impl IntoIterator<Item = &'a BlockPo
 }
 
 /// The blocks of a span read of several encrypted blocks (`index`, pointer, offset in the
-/// span), each decrypted (and decompressed) from the span into a buffer of its own ([`crate::zio::unseal_from`]) on whichever core takes
-/// it. On the connection's core alone the decryption of every request in flight queued behind
-/// one another: uncached 1 MiB reads of an encrypted volume of 128 KiB blocks ran at 0.73x of
-/// one that is not, on a core 64% busy (bench/encryption.py, 2026-11-29); and again once the
-/// prefetcher's spans were opened on the reading core (0.73x-0.78x, 2026-12-01).
+/// span), each decrypted (and decompressed) from the span into a buffer of its own
+/// ([`crate::zio::unseal_from`]) on whichever core takes it. On the connection's core alone
+/// the decryption of every request in flight queued behind one another: uncached 1 MiB reads
+/// of an encrypted volume of 128 KiB blocks ran at 0.73x of one that is not, on a core 64%
+/// busy (bench/encryption.py, 2026-11-29); and again once the prefetcher's spans were opened
+/// on the reading core (0.73x-0.78x, 2026-12-01).
 async fn open_spread(
     pool: &Pool,
     blocks: &[(u64, BlockPointer, usize)],

@@ -421,8 +421,8 @@ impl Mirror {
         let missed: Vec<u64> = self.children.iter().map(|c| c.writes_missed()).collect();
         let holding: Vec<bool> = self.children.iter().map(|c| c.has_unflushed()).collect();
         let flushes = self.children.iter().enumerate().filter(|(_, c)| !c.is_out_of_service());
-        let results = join_all(flushes.map(|(i, child)| async move { (i, child.flush().await) }))
-            .await;
+        let results =
+            join_all(flushes.map(|(i, child)| async move { (i, child.flush().await) })).await;
         let whole = |i: usize| missed[i] == self.missed_flushed[i].load(Ordering::Acquire);
         let flushed = |i: usize| results.iter().any(|(c, r)| *c == i && r.is_ok());
         let took_all = (0..self.children.len()).any(|i| whole(i) && flushed(i));

@@ -604,7 +604,7 @@ fn open(
 /// AES-256-GCM with `ctx`'s key from `stored` into a new buffer, returned if `mac`
 /// authenticates `stored` and `aad`. OpenSSL writes the plaintext straight into the buffer's
 /// unwritten bytes: the `openssl` crate's safe calls take only initialised output, and
-/// zeroing the buffer first would cost about what the copy it saves did.
+/// zeroing the buffer first would write every byte twice again.
 fn open_to(
     ctx: &mut CipherCtxRef,
     iv: &[u8; IV_BYTES],
@@ -616,6 +616,9 @@ fn open_to(
     // As in `open`: a kept context still holds the previous block's tag.
     ctx.set_tag(mac)?;
     ctx.cipher_update(aad, None)?;
+    // A cipher of block size 1 writes as many bytes as it is given, which is all the room
+    // `out` has (EVP_DecryptUpdate's contract); `keyed` makes only AES-256-GCM contexts.
+    debug_assert_eq!(ctx.block_size(), 1, "open_to needs a stream cipher");
     let mut out = UninitBuf::new(stored.len());
     if !stored.is_empty() {
         let len =
@@ -623,7 +626,8 @@ fn open_to(
         let mut written: std::ffi::c_int = 0;
         // SAFETY: `ctx` is a live context (borrowed mutably: nothing else uses it), `stored` is
         // readable for `len` bytes and `out`, which no reference views, writable for as many;
-        // GCM is a stream mode, so OpenSSL writes exactly `len` bytes and keeps none back.
+        // the cipher's block size is 1 (GCM, a stream mode: checked above), so OpenSSL writes
+        // at most `len` bytes, and keeps none back.
         let done = unsafe {
             openssl_sys::EVP_DecryptUpdate(
                 ctx.as_ptr(),
@@ -639,7 +643,8 @@ fn open_to(
         assert_eq!(written, len, "AES-GCM decrypted {written} of {len} bytes");
     }
     // The tag is checked here: any failure of the final step is a failed authentication, and
-    // the plaintext written is dropped with `out`.
+    // `out` is never handed out (its buffer may go back to the buffer pool, whose next owner
+    // gets it unwritten, as an `UninitBuf`).
     ctx.cipher_final(&mut []).map_err(|_| CryptError::Authentication)?;
     // SAFETY: the decryption wrote every byte of `out` (its count checked above).
     Ok(unsafe { out.assume_init() })
@@ -862,13 +867,22 @@ mod tests {
             let plain: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
             let mut stored = plain.clone();
             let sealing = family.seal(&mut stored, b"aad", false).expect("seal");
+            // Each result kept alive, so no later open gets back a pooled buffer that already
+            // holds the plaintext.
+            let mut opened = Vec::new();
             for _ in 0..2 {
-                let opened = family.open_to(&stored, b"aad", &sealing).expect("opens");
-                assert_eq!(&opened[..], &plain[..], "{len} bytes");
+                opened.push(family.open_to(&stored, b"aad", &sealing).expect("opens"));
+                assert_eq!(&opened.last().expect("pushed")[..], &plain[..], "{len} bytes");
                 let mut in_place = stored.clone();
                 family.open(&mut in_place, b"aad", &sealing).expect("opens in place");
                 assert_eq!(in_place, plain);
             }
+            // A forged tag on the kept context that last verified this block's real one.
+            let forged = Sealing { mac: [0; MAC_BYTES], ..sealing };
+            assert!(matches!(
+                family.open_to(&stored, b"aad", &forged),
+                Err(CryptError::Authentication)
+            ));
             if len > 0 {
                 let mut bad = stored.clone();
                 bad[len - 1] ^= 0x10;
@@ -879,11 +893,6 @@ mod tests {
             }
             assert!(matches!(
                 family.open_to(&stored, b"other", &sealing),
-                Err(CryptError::Authentication)
-            ));
-            let forged = Sealing { mac: [0; MAC_BYTES], ..sealing };
-            assert!(matches!(
-                family.open_to(&stored, b"aad", &forged),
                 Err(CryptError::Authentication)
             ));
         }

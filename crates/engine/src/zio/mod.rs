@@ -31,7 +31,9 @@
 //! against its pointer's checksum, so a mirror tries its other children), decrypt (an
 //! encrypted block with its family's key, which fails what its MAC does not authenticate) and
 //! decompress. Its raw mode stops after verify: scrub, resilver, healing and
-//! send move stored bytes as they are.
+//! send move stored bytes as they are. A block in a span other blocks or reads share is opened
+//! from where it lies into a buffer of its own ([`unseal_from`]); one in a span its read owns,
+//! in the span itself ([`open_in_place`]).
 //!
 //! The intent log's chain blocks carry their own checksum (crates/format `lwb`) and go through
 //! the issue stage only; the blocks it writes in place for records logged by pointer go
@@ -1180,6 +1182,9 @@ mod tests {
         assert_eq!((sealed.psize(), sealed.compression), (16384, BlockCompression::None));
         let bp = describe(&sealed, &[(0, 0, 16384), (1, 0, 16384)]);
         assert_eq!((bp.lsize_bytes(), bp.copies().count()), (1024, 2));
+        // Stored plain: read back whole, as stored (its padding too), both ways.
+        let read = unsealed(&keys, &bp, &sealed.stored).unwrap();
+        assert_eq!(&read[..], &sealed.stored[..]);
     }
 
     /// A fault fails the next block of its writer at its stage, once, and is counted; other
