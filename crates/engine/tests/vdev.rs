@@ -169,59 +169,6 @@ fn degraded_mirror_keeps_working() {
     assert!(matches!(result, Err(VdevError::AllChildrenFailed { .. })));
 }
 
-/// A mirror's flush makes its writes durable only through a child that took them all: a
-/// write one child failed, then a flush that only that child completes, is not answered as
-/// durable; once the child holding the write flushes it, flushes succeed again, and then a
-/// failed flush of the child that missed nothing since is covered by the other's. A child that
-/// joined the mirror (a spare, an attach) counts as having missed the writes before it.
-#[test]
-fn a_flush_only_a_child_that_missed_writes_completed_fails() {
-    let sim = Sim::new(17);
-    let env = sim.env();
-    let (mirror, devices) =
-        mirror_of(&env, &[SimProfile::ssd(), SimProfile::ssd()], &Tunables::default());
-    let m = Arc::clone(&mirror);
-    let (d0, d1) = (devices[0].clone(), devices[1].clone());
-    let (missed, retried, covered, joined) = sim
-        .run(async move {
-            // The write lands on leg0 alone; leg0's flush then fails and leg1's succeeds.
-            d1.inject(Fault::WriteError { offset_bytes: 0, len_bytes: 8192 });
-            m.write(0, SharedBuf::copy_from(&pattern(1, 8192)), IoClass::SyncWrite).await.unwrap();
-            d0.inject(Fault::FlushError);
-            let missed = m.flush().await;
-            // Both flush: leg0 holds the write and flushes it now.
-            d0.clear_faults();
-            d1.clear_faults();
-            let retried = m.flush().await;
-            // A write both took; leg1's flush fails, leg0 (nothing missed since the last
-            // successful flush began) covers it.
-            m.write(8192, SharedBuf::copy_from(&pattern(2, 8192)), IoClass::SyncWrite)
-                .await
-                .unwrap();
-            d1.inject(Fault::FlushError);
-            let covered = m.flush().await;
-            d1.clear_faults();
-            m.flush().await.unwrap();
-            // leg1 joins (it missed what came before); leg0's flush fails: not durable.
-            m.children()[1].note_skipped_write();
-            m.write(16384, SharedBuf::copy_from(&pattern(3, 8192)), IoClass::SyncWrite)
-                .await
-                .unwrap();
-            d0.inject(Fault::FlushError);
-            let joined = m.flush().await;
-            d0.clear_faults();
-            (missed, retried, covered, joined)
-        })
-        .unwrap()
-        .0;
-    assert!(matches!(missed, Err(VdevError::FlushIncomplete { .. })), "{missed:?}");
-    let message = missed.unwrap_err().to_string();
-    assert!(message.contains("may be lost"), "{message}");
-    assert!(retried.is_ok(), "{retried:?}");
-    assert!(covered.is_ok(), "{covered:?}");
-    assert!(matches!(joined, Err(VdevError::FlushIncomplete { .. })), "{joined:?}");
-}
-
 /// offset-modulo reads child (offset >> 21) % n; round-robin rotates; least-pending avoids a
 /// child with I/O pending.
 #[test]

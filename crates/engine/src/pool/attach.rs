@@ -201,9 +201,6 @@ impl Pool {
             let id = VdevId(self.next_leaf_id.fetch_add(1, Ordering::Relaxed));
             let leaf = Leaf::new(id, &self.env, Arc::clone(&new.device), &self.tunables);
             leaf.watch(Arc::clone(&self.events), &new.path);
-            // It took none of the writes before it joined: its mirror does not take its flush
-            // alone for theirs until a flush of the whole mirror succeeds (`Mirror::flush`).
-            leaf.note_skipped_write();
             let leaf = PoolLeaf { guid, top: old.top, path: new.path, leaf, present: true };
             let replaces = spare_in_column.or(replacing.then_some(old.guid));
             let dropped = spare_in_column.map(|_| old.clone());

@@ -390,9 +390,6 @@ impl Pool {
             let id = VdevId(self.next_leaf_id.fetch_add(1, Ordering::Relaxed));
             let leaf = Leaf::new(id, &self.env, device, &self.tunables);
             leaf.watch(Arc::clone(&self.events), &path);
-            // It took none of the writes before it joined: its mirror does not take its flush
-            // alone for theirs until a flush of the whole mirror succeeds (`Mirror::flush`).
-            leaf.note_skipped_write();
             let joining = PoolLeaf { guid: spare, top: old.top, path, leaf, present: true };
             (tree.config.clone(), config, joining, old.path)
         };

@@ -100,10 +100,6 @@ pub struct Mirror {
     /// Held while a child's diagnosis is acted on, so two children failing at once cannot
     /// each see the other online and both be taken out.
     diagnosis: parking_lot::Mutex<()>,
-    /// Each child's [`Leaf::writes_missed`] when the last flush that succeeded began: a child
-    /// whose count has grown since missed a write that flush did not cover, so its own flush
-    /// alone does not make the mirror's writes durable (see [`Mirror::flush`]).
-    missed_flushed: Vec<AtomicU64>,
 }
 
 impl Mirror {
@@ -121,6 +117,7 @@ impl Mirror {
             id,
             env: env.clone(),
             diagnosis: parking_lot::Mutex::new(()),
+            children,
             policy: ReadPolicy::from_tunables(tunables),
             load: LoadParams {
                 rotating_inc: tunables.get(Tunable::MirrorRotatingInc),
@@ -132,11 +129,6 @@ impl Mirror {
             },
             round_robin: AtomicU64::new(0),
             repairs: AtomicBool::new(true),
-            // From zero: a child that missed writes before this mirror was built (one that
-            // joined it, or failed writes in the tree this one replaces) is not taken for
-            // whole until a flush succeeds.
-            missed_flushed: (0..children.len()).map(|_| AtomicU64::new(0)).collect(),
-            children,
         }
     }
 
@@ -407,45 +399,10 @@ impl Mirror {
         }
     }
 
-    /// Flushes every child in service. A mirror's write succeeds when one child took it, so a
-    /// child's flush makes the mirror's writes durable only if that child took all of them:
-    /// the flush succeeds when a child that missed no write since the last successful flush
-    /// began (a failed write, one skipped out of service, a failed flush, or joining the
-    /// mirror) flushed, or else when every child holding writes no flush covers flushed.
-    /// Otherwise a write answered since may be held only by a child whose flush failed, and
-    /// the flush fails ([`VdevError::FlushIncomplete`]): its waiter (the intent log's commit,
-    /// the txg sync) does not count those writes durable.
+    /// Flushes every child in service; succeeds when at least one child flushed.
     pub async fn flush(&self) -> Result<(), VdevError> {
-        // Read before the flushes begin: what a child missed after its flush began is the
-        // next flush's to judge.
-        let missed: Vec<u64> = self.children.iter().map(|c| c.writes_missed()).collect();
-        let holding: Vec<bool> = self.children.iter().map(|c| c.has_unflushed()).collect();
-        let flushes = self.children.iter().enumerate().filter(|(_, c)| !c.is_out_of_service());
-        let results =
-            join_all(flushes.map(|(i, child)| async move { (i, child.flush().await) })).await;
-        let whole = |i: usize| missed[i] == self.missed_flushed[i].load(Ordering::Acquire);
-        let flushed = |i: usize| results.iter().any(|(c, r)| *c == i && r.is_ok());
-        let took_all = (0..self.children.len()).any(|i| whole(i) && flushed(i));
-        let all_held = results.iter().any(|(_, r)| r.is_ok())
-            && (0..self.children.len()).all(|i| !holding[i] || flushed(i));
-        if took_all || all_held {
-            for (mark, &count) in self.missed_flushed.iter().zip(&missed) {
-                mark.fetch_max(count, Ordering::AcqRel);
-            }
-            return Ok(());
-        }
-        let flushed_any = results.iter().any(|(_, r)| r.is_ok());
-        let last = results.into_iter().filter_map(|(_, r)| r.err()).last().map(Box::new);
-        if flushed_any {
-            return Err(VdevError::FlushIncomplete { vdev: self.id, last });
-        }
-        Err(VdevError::AllChildrenFailed {
-            vdev: self.id,
-            op: "flush",
-            offset_bytes: 0,
-            len_bytes: 0,
-            last,
-        })
+        let results = join_all(self.in_service().map(|child| child.flush())).await;
+        self.any_succeeded(results, "flush", 0, 0)
     }
 
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), VdevError> {

@@ -99,14 +99,6 @@ pub enum VdevError {
         /// The last child's error (named in the message, not a `source()`).
         last: Option<Box<VdevError>>,
     },
-    /// A mirror's flush that succeeded only on children that missed some of the writes it
-    /// was to make durable: the children that hold those writes failed theirs.
-    #[error(
-        "{vdev}: a flush succeeded only on children that missed writes since the last one; \
-         the children that took those writes did not flush them, so they may be lost{}",
-        last_said(last)
-    )]
-    FlushIncomplete { vdev: VdevId, last: Option<Box<VdevError>> },
     #[error(
         "{vdev}: a write of {len_bytes} bytes at offset {offset_bytes} that must reach every \
          child failed on one: {cause}"
@@ -204,7 +196,6 @@ impl VdevError {
             VdevError::Device { .. }
             | VdevError::Offline { .. }
             | VdevError::AllChildrenFailed { .. }
-            | VdevError::FlushIncomplete { .. }
             | VdevError::ChildWriteFailed { .. } => ErrorKind::Io,
         }
     }
