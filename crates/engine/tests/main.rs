@@ -17,6 +17,7 @@ mod compression;
 mod corruption;
 mod dbuf;
 mod dedup;
+mod durable;
 mod encryption;
 mod full_pool;
 mod import_faults;

@@ -665,3 +665,55 @@ fn async_write_commands_count_only_async_bytes() {
     );
     assert_eq!(stats.writes.get(), 18, "the sync and log writes are writes, but not async ones");
 }
+
+/// What a child lacks of the writes its mirror answered as done, as the pool's sync counts it
+/// (`Leaf::copies_missed`): a write it failed or was skipped for while another child took it,
+/// and a flush it failed or was not sent (out of service) with writes pending. A write every
+/// child failed was answered as failed and is not counted.
+#[test]
+fn a_mirror_counts_the_copies_each_child_lacks() {
+    let sim = Sim::new(29);
+    let env = sim.env();
+    // No child is faulted by these errors: each is counted as it comes.
+    let tunables = Tunables::with([("vdev.io_errors_max", "1000000")]).unwrap();
+    let (mirror, devices) = mirror_of(&env, &[SimProfile::ssd(), SimProfile::ssd()], &tunables);
+    let m = Arc::clone(&mirror);
+    sim.run(async move {
+        let children = m.children().to_vec();
+        let copies = || [children[0].copies_missed(), children[1].copies_missed()];
+        let block = || SharedBuf::copy_from(&[7; 4096]);
+        let first_mib = Fault::WriteError { offset_bytes: 0, len_bytes: 1 << 20 };
+
+        devices[0].inject(first_mib.clone());
+        m.write(0, block(), IoClass::AsyncWrite).await.unwrap();
+        assert_eq!(copies(), [1, 0], "leg0 failed a write leg1 took");
+        devices[1].inject(first_mib);
+        assert!(m.write(4096, block(), IoClass::AsyncWrite).await.is_err());
+        assert_eq!(copies(), [1, 0], "a write both failed was answered as failed");
+        devices[0].clear_faults();
+        devices[1].clear_faults();
+
+        // leg1 holds a write unflushed and is offline for the flush: it lacks that copy.
+        m.write(1 << 20, block(), IoClass::AsyncWrite).await.unwrap();
+        children[1].set_state(LeafState::Offline);
+        m.flush().await.unwrap();
+        assert_eq!(copies(), [1, 1], "leg1 was not flushed");
+        // A write leg1 is skipped for while offline, durable on leg0.
+        m.write_flushed_everywhere(2 << 20, block(), IoClass::LogWrite).await.unwrap();
+        assert_eq!(copies(), [1, 2], "leg1 was skipped");
+        children[1].set_state(LeafState::Online);
+
+        // A flush that fails with writes pending.
+        m.write(3 << 20, block(), IoClass::AsyncWrite).await.unwrap();
+        devices[0].inject(Fault::FlushError);
+        m.flush().await.unwrap();
+        assert_eq!(copies(), [2, 2], "leg0's flush failed with a write pending");
+        // Once a flush has succeeded, a failed one with nothing pending loses nothing.
+        devices[0].clear_faults();
+        m.flush().await.unwrap();
+        devices[0].inject(Fault::FlushError);
+        m.flush().await.unwrap();
+        assert_eq!(copies(), [2, 2], "leg0 had nothing unflushed");
+    })
+    .unwrap();
+}

@@ -493,8 +493,10 @@ impl Pool {
     }
 
     /// Whether top-level vdev `top` holds every block without the leaf `except`: another leaf
-    /// of a mirror is present, in service and holds every synced txg; on RAID-Z, at most
-    /// `parity` columns lack such a leaf (a column's leaf or the one replacing it).
+    /// of a mirror is present, in service, holds every synced txg and has missed no copy of a
+    /// write since ([`Leaf::copies_missed`]: a block written in place meanwhile, by a
+    /// receive, may be on the leaf leaving alone); on RAID-Z, at most `parity` columns lack
+    /// such a leaf (a column's leaf or the one replacing it).
     pub(super) fn has_complete_copy(
         &self,
         tree: &VdevTree,
@@ -502,8 +504,12 @@ impl Pool {
         except: Option<u64>,
     ) -> bool {
         let state = self.state.lock();
+        let current = |l: &PoolLeaf| {
+            state.leaf_copies.get(&l.guid).is_none_or(|&then| l.leaf.copies_missed() == then)
+        };
         let holds = |guid: u64| {
-            Some(guid) != except && tree.leaves.iter().any(|l| l.guid == guid && state.holds_all(l))
+            Some(guid) != except
+                && tree.leaves.iter().any(|l| l.guid == guid && state.holds_all(l) && current(l))
         };
         tree.config.top[top].serves_with(holds)
     }
@@ -633,6 +639,7 @@ impl Pool {
         for guid in guids {
             state.leaf_txg.remove(guid);
             state.leaf_missed.remove(guid);
+            state.leaf_copies.remove(guid);
             state.offline_kept.remove(guid);
         }
         state.replaced.retain(|old, new| !guids.contains(old) && !guids.contains(new));

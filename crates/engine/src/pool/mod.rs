@@ -12,9 +12,11 @@
 //!   that fail every I/O); a top-level vdev with no child present is beyond redundancy, and
 //!   import refuses, naming the missing leaves.
 //! - `sync_uberblock` makes a new txg's root durable: flush every leaf (the tree below the root
-//!   must be durable first), write the uberblock into every label's ring, flush again. A crash
-//!   in between leaves the previous uberblock in its own slot, so import finds one or the other,
-//!   never a mix.
+//!   must be durable first), check that every vdev can serve each block the txg wrote from
+//!   leaves holding a flushed copy (a mirror's write and flush each succeed on one child's
+//!   word), write the uberblock into every label's ring, flush again, and check that a leaf of
+//!   every vdev holds it flushed. A crash in between leaves the previous uberblock in its own
+//!   slot, so import finds one or the other, never a mix.
 //!
 //! The vdev tree (configuration, I/O tree and leaves) is one `Arc<VdevTree>` behind a lock held
 //! only to clone or replace the Arc: a change of leaves builds a new tree around the same
@@ -306,6 +308,29 @@ pub enum PoolError {
          write; receive the stream again"
     )]
     RawBlockUnwritten { pool: String, volume: String, block: u64 },
+    /// A sync's flushes answered, but on top-level vdev `top` the leaves that took every
+    /// write of `what` and flushed it cannot serve it: a mirror's write and its flush each
+    /// succeed when one child did, so a block one leaf failed to write and a flush only that
+    /// leaf completed would otherwise have counted as durable.
+    #[error(
+        "pool {pool}: txg {txg} is not durable on {vdev}: {needs} {what} ({leaves}). The txg is \
+         not committed and nothing more is written; check those devices (pool status), then \
+         import the pool again: it opens at the last committed txg with the intent log \
+         replayed, so nothing acknowledged is lost",
+        needs = match columns {
+            Some((need, width)) => format!("fewer than {need} of its {width} columns hold"),
+            None => "no leaf holds".to_owned(),
+        }
+    )]
+    NotDurable {
+        pool: String,
+        txg: u64,
+        vdev: String,
+        /// On RAID-Z: how many of its columns must hold it, of how many.
+        columns: Option<(u16, u16)>,
+        what: &'static str,
+        leaves: String,
+    },
     #[error("pool {pool}: no valid uberblock on any leaf; the labels are damaged")]
     NoUberblock { pool: String },
     #[error("pool {pool}: leaf {path}: {cause}")]
@@ -380,6 +405,14 @@ struct PoolState {
     /// became the open one. A leaf whose count has not moved since txg T opened missed no
     /// block born in T or later.
     missed_when_opened: BTreeMap<u64, BTreeMap<u64, u64>>,
+    /// As `missed_when_opened`, of [`Leaf::copies_missed`]: a leaf whose count has not moved
+    /// since txg T opened holds a copy of every block written since, and has flushed it once
+    /// a flush after the writes succeeded ([`Pool::sync_uberblock`] checks it).
+    copies_when_opened: BTreeMap<u64, BTreeMap<u64, u64>>,
+    /// By leaf guid: [`Leaf::copies_missed`] at the end of the last sync that committed: for
+    /// a pool synced without a store noting its txgs, and for a detach, which leaves only
+    /// leaves that missed no copy since ([`Pool::has_complete_copy`]).
+    leaf_copies: BTreeMap<u64, u64>,
     /// Leaves (by guid) taken offline to stay offline across imports (`pool offline` without
     /// `-t`): the pool directory records them.
     offline_kept: std::collections::BTreeSet<u64>,
@@ -410,7 +443,20 @@ struct RetireSkip {
     autoreplace: std::collections::BTreeSet<u64>,
 }
 
-/// Txgs whose [`PoolState::missed_when_opened`] counts are kept.
+/// How `pool status` names top-level vdev `index`: `mirror-N`, `log-mirror-N`, `raidzP-N`,
+/// `disk-N` or `log-N`.
+fn top_name(index: usize, config: &TopConfig) -> String {
+    match (&config.raidz, config.kind, config.log) {
+        (Some(raidz), ..) => format!("raidz{}-{index}", raidz.parity),
+        (None, TopKind::Mirror, false) => format!("mirror-{index}"),
+        (None, TopKind::Mirror, true) => format!("log-mirror-{index}"),
+        (None, _, true) => format!("log-{index}"),
+        (None, _, false) => format!("disk-{index}"),
+    }
+}
+
+/// Txgs whose [`PoolState::missed_when_opened`] and [`PoolState::copies_when_opened`] counts
+/// are kept.
 const OPENED_TXGS_KEPT: usize = 8;
 
 impl PoolState {
@@ -420,6 +466,35 @@ impl PoolState {
         leaf.present
             && !leaf.leaf.is_out_of_service()
             && self.leaf_txg.get(&leaf.guid).copied().unwrap_or(0) >= self.uberblock.txg
+    }
+
+    /// Whether `leaf`, of the top-level vdev whose leaves are `top`, holds a flushed copy of
+    /// every block its vdev wrote since txg `txg` opened (after a flush that followed them)
+    /// and is in service: it was in the tree then (a leaf that joined its vdev since missed
+    /// what came before it; a vdev added since had nothing before) and has missed no copy
+    /// since ([`Leaf::copies_missed`]). None: it holds them; else why not.
+    fn lacks_copies_since(
+        &self,
+        txg: u64,
+        leaf: &PoolLeaf,
+        top: &[&PoolLeaf],
+    ) -> Option<&'static str> {
+        let then = match self.copies_when_opened.get(&txg) {
+            Some(counts) if top.iter().all(|l| !counts.contains_key(&l.guid)) => Some(0),
+            Some(counts) => counts.get(&leaf.guid).copied(),
+            None => Some(self.leaf_copies.get(&leaf.guid).copied().unwrap_or(0)),
+        };
+        if !leaf.present {
+            Some("missing")
+        } else if leaf.leaf.is_out_of_service() {
+            Some("out of service")
+        } else if then.is_none() {
+            Some("joined after the txg opened")
+        } else if then != Some(leaf.leaf.copies_missed()) {
+            Some("missed a write or a flush (failed, or out of service meanwhile)")
+        } else {
+            None
+        }
     }
 
     /// [`Leaf::writes_missed`] of `leaf` when txg `txg` opened, if known; else at the end of
@@ -582,11 +657,17 @@ impl Pool {
     /// Records [`Leaf::writes_missed`] of every leaf as txg `txg` becomes the open one (the
     /// store calls this when it quiesces `txg - 1`).
     pub fn note_txg_open(&self, txg: u64) {
-        let counts = self.leaves().iter().map(|l| (l.guid, l.leaf.writes_missed())).collect();
+        let leaves = self.leaves();
+        let counts = leaves.iter().map(|l| (l.guid, l.leaf.writes_missed())).collect();
+        let copies = leaves.iter().map(|l| (l.guid, l.leaf.copies_missed())).collect();
         let mut state = self.state.lock();
         state.missed_when_opened.insert(txg, counts);
+        state.copies_when_opened.insert(txg, copies);
         while state.missed_when_opened.len() > OPENED_TXGS_KEPT {
             state.missed_when_opened.pop_first();
+        }
+        while state.copies_when_opened.len() > OPENED_TXGS_KEPT {
+            state.copies_when_opened.pop_first();
         }
     }
 
@@ -1118,6 +1199,8 @@ impl Pool {
                 leaf_txg: BTreeMap::new(),
                 leaf_missed: BTreeMap::new(),
                 missed_when_opened: BTreeMap::new(),
+                copies_when_opened: BTreeMap::new(),
+                leaf_copies: BTreeMap::new(),
                 offline_kept: Default::default(),
                 replaced: Default::default(),
                 retire_skip: Default::default(),
@@ -1130,11 +1213,14 @@ impl Pool {
         })
     }
 
-    /// Makes `root` the root of a new txg, durably; returns the txg.
+    /// Makes `root` the root of a new txg, durably; returns the txg. Fails, committing
+    /// nothing, when a vdev cannot serve the txg's blocks from flushed copies
+    /// ([`PoolError::NotDurable`]).
     pub async fn sync_uberblock(&self, root: Option<BlockPointer>) -> Result<u64, PoolError> {
         let txg = self.state.lock().uberblock.txg + 1;
         self.flush_alone().await?;
         self.flush_all().await?;
+        self.check_copies(txg)?;
         let timestamp_secs = self.env.now().as_nanos() / 1_000_000_000;
         let uberblock = Uberblock {
             txg,
@@ -1150,7 +1236,7 @@ impl Pool {
     }
 
     /// Writes `uberblock` into every label's ring of every present leaf, then flushes. At least
-    /// one leaf of every top-level vdev must take it.
+    /// one leaf of every top-level vdev must take it and flush it.
     ///
     /// A leaf's complete-txg advances to this txg only if it was complete up to the txg
     /// before and missed no write since this txg opened; a mirror leaf that is behind stays
@@ -1183,6 +1269,9 @@ impl Pool {
                 })
                 .collect()
         };
+        // Whose copies go missing from here on: a leaf that took the uberblock but whose flush
+        // failed or was skipped holds it only in a cache a power loss empties.
+        let copies_missed: Vec<u64> = tree.leaves.iter().map(|l| l.leaf.copies_missed()).collect();
         // A leaf out of service (offline, or faulted) is sent nothing, uberblocks included.
         let writes = tree.leaves.iter().zip(&complete).filter(|(l, _)| l.present).map(
             |(pool_leaf, &complete_txg)| {
@@ -1202,18 +1291,17 @@ impl Pool {
                             .await
                             .is_ok();
                     }
-                    (pool_leaf.top, ok)
+                    (pool_leaf.guid, ok)
                 }
             },
         );
         let results = join_all(writes).await;
         self.flush_all().await?;
+        let took = |leaf: &PoolLeaf| results.iter().any(|&(guid, ok)| guid == leaf.guid && ok);
         {
             let mut state = self.state.lock();
-            let mut took = results.iter();
             for (pool_leaf, &complete_txg) in tree.leaves.iter().zip(&complete) {
-                let ok =
-                    if pool_leaf.present { took.next().is_some_and(|&(_, ok)| ok) } else { false };
+                let ok = took(pool_leaf);
                 let missed = pool_leaf.leaf.writes_missed();
                 let missed_before = state.missed_since(uberblock.txg, pool_leaf);
                 state.leaf_missed.insert(pool_leaf.guid, missed);
@@ -1231,15 +1319,46 @@ impl Pool {
             Self::mark_behind(&tree.leaves, &state, uberblock.txg);
         }
         for (top, config) in tree.config.top.iter().enumerate() {
-            if config.kind != TopKind::Hole && !results.iter().any(|&(t, ok)| t == top && ok) {
-                let path = tree
-                    .leaves
-                    .iter()
-                    .find(|l| l.top == top)
-                    .map(|l| l.path.clone())
-                    .unwrap_or_default();
+            let leaves =
+                || tree.leaves.iter().zip(&copies_missed).filter(move |(l, _)| l.top == top);
+            if config.kind == TopKind::Hole {
+                continue;
+            }
+            if !leaves().any(|(l, _)| took(l)) {
+                let path = leaves().next().map(|(l, _)| l.path.clone()).unwrap_or_default();
                 return Err(self.device_error(&path, DeviceError::Gone { device: path.clone() }));
             }
+            let flushed = |l: &PoolLeaf, &before: &u64| {
+                l.leaf.copies_missed() == before && !l.leaf.is_out_of_service()
+            };
+            // A log device holds no block of the txg, and its leaves' flushes are the intent
+            // log's too (one failing there makes the log fall back to a sync, this one): it
+            // needs only to have taken the uberblock.
+            if !config.log && !leaves().any(|(l, before)| took(l) && flushed(l, before)) {
+                let leaves = leaves()
+                    .map(|(l, before)| {
+                        let why = match (took(l), flushed(l, before)) {
+                            (false, _) => "its uberblock write failed",
+                            (true, false) => "its flush failed or was skipped",
+                            (true, true) => "holds it",
+                        };
+                        format!("{}: {why}", l.path)
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                return Err(PoolError::NotDurable {
+                    pool: self.name.clone(),
+                    txg: uberblock.txg,
+                    vdev: top_name(top, config),
+                    columns: None,
+                    what: "a flushed copy of the txg's uberblock",
+                    leaves,
+                });
+            }
+        }
+        let mut state = self.state.lock();
+        for pool_leaf in &tree.leaves {
+            state.leaf_copies.insert(pool_leaf.guid, pool_leaf.leaf.copies_missed());
         }
         Ok(())
     }
@@ -1255,6 +1374,44 @@ impl Pool {
         if let Some(Err(source)) = flushed.into_iter().find(Result::is_err) {
             self.state.lock().flush_alone.extend(leaves);
             return Err(PoolError::Vdev { pool: self.name.clone(), cause: source });
+        }
+        Ok(())
+    }
+
+    /// After the flush before txg `txg`'s uberblock: every top-level vdev that holds blocks
+    /// can serve what it took since the txg opened from leaves that hold a flushed copy of
+    /// it ([`PoolState::lacks_copies_since`]): on a mirror one such leaf, on RAID-Z all but
+    /// `parity` columns. A mirror's write succeeds when one child took it and its flush when
+    /// one child flushed, so those answers alone would count as durable a block one leaf
+    /// failed to write followed by a flush only that leaf completed. Log devices hold no
+    /// block of the txg (a log block that missed a leaf failed its write).
+    fn check_copies(&self, txg: u64) -> Result<(), PoolError> {
+        let tree = self.tree();
+        let state = self.state.lock();
+        for (top, config) in tree.config.top.iter().enumerate().filter(|(_, c)| !c.log) {
+            let leaves: Vec<&PoolLeaf> = tree.leaves.iter().filter(|l| l.top == top).collect();
+            let lacks = |l: &PoolLeaf| state.lacks_copies_since(txg, l, &leaves);
+            let holds = |guid: u64| leaves.iter().any(|l| l.guid == guid && lacks(l).is_none());
+            if config.serves_with(holds) {
+                continue;
+            }
+            let columns = config.raidz.as_ref().map(|raidz| {
+                let width = config.children.len() as u16;
+                (width - u16::from(raidz.parity), width)
+            });
+            let leaves = leaves
+                .iter()
+                .map(|l| format!("{}: {}", l.path, lacks(l).unwrap_or("holds it")))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(PoolError::NotDurable {
+                pool: self.name.clone(),
+                txg,
+                vdev: top_name(top, config),
+                columns,
+                what: "a flushed copy of every block written since the txg opened",
+                leaves,
+            });
         }
         Ok(())
     }

@@ -151,6 +151,14 @@ pub struct Leaf {
     /// because it was offline, and flushes that failed or were refused with writes pending
     /// ([`Leaf::flush`]): with the write errors, what it missed.
     skipped_writes: AtomicU64,
+    /// Copies of acknowledged writes this leaf may lack: writes its vdev answered as done that
+    /// it did not take (it failed them or was out of service), and flushes that failed, were
+    /// refused or were skipped with writes pending (a durable write's own flush included).
+    /// Unlike [`Leaf::writes_missed`] it leaves out writes that failed for the whole vdev
+    /// (their writers were told) and uberblock and resilver writes; what it counts is a write
+    /// this leaf may not durably hold though its vdev, or a flush, said it was done. The
+    /// pool's sync checks it across a txg ([`crate::pool::Pool::sync_uberblock`]).
+    copies_missed: AtomicU64,
     /// Resilver copies meant for this leaf that it did not take (it was out of service, or
     /// the write failed): a resilver that counted any does not credit the leaf.
     resilver_misses: AtomicU64,
@@ -250,6 +258,7 @@ impl Leaf {
             cleared: Mutex::new(ErrorBase::default()),
             resilver_misses: AtomicU64::new(0),
             skipped_writes: AtomicU64::new(0),
+            copies_missed: AtomicU64::new(0),
             behind: std::sync::atomic::AtomicBool::new(false),
             writes_done: AtomicU64::new(0),
             flushed_through: AtomicU64::new(0),
@@ -366,6 +375,24 @@ impl Leaf {
     /// txgs to tell whether the leaf missed a block.
     pub fn writes_missed(&self) -> u64 {
         self.stats.write_errors.get() + self.skipped_writes.load(Ordering::Relaxed)
+    }
+
+    /// See the field: only grows.
+    pub fn copies_missed(&self) -> u64 {
+        self.copies_missed.load(Ordering::Acquire)
+    }
+
+    /// Counts a write its vdev answered as done that this leaf did not take. Called once the
+    /// vdev's write has ended on every leaf: a pool that reads the count after a write was
+    /// answered sees the miss.
+    pub fn note_copy_missed(&self) {
+        self.copies_missed.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A flush its vdev did not send here (the leaf is out of service): writes it holds
+    /// unflushed may be lost, as with a flush that failed.
+    pub fn skip_flush(&self) {
+        self.note_flush_missed(self.writes_done.load(Ordering::Acquire));
     }
 
     /// Posts this leaf's events to `events`, naming it `path`. Once: a leaf belongs to one
@@ -645,12 +672,14 @@ impl Leaf {
 
     /// A flush that failed or was refused may have left the writes it was to make durable
     /// only in a cache that is lost: with any such write pending, it counts as a write this
-    /// leaf missed ([`Leaf::writes_missed`]), so the pool stops counting the leaf whole for
-    /// the txg and a resilver brings it up to date. (A mirror's write and flush each succeed
-    /// when one child did; the intent log writes unflushed on every child and flushes each.)
+    /// leaf missed ([`Leaf::writes_missed`], [`Leaf::copies_missed`]), so the pool stops
+    /// counting the leaf whole for the txg, a resilver brings it up to date, and a sync does
+    /// not count on this leaf's copies. (A mirror's write and flush each succeed when one
+    /// child did.)
     fn note_flush_missed(&self, covers: u64) {
         if covers > self.flushed_through.load(Ordering::Acquire) {
             self.skipped_writes.fetch_add(1, Ordering::Relaxed);
+            self.copies_missed.fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -829,6 +858,7 @@ impl Leaf {
                     self.device.write_at(issue.offset, data).await
                 } else {
                     self.stats.flushes.inc();
+                    let covers = self.writes_done.load(Ordering::Acquire);
                     let in_flight = FlushInFlight::start(&self);
                     let result = match self.device.write_durable_at(issue.offset, data.clone()) {
                         Some(fused) => fused.await,
@@ -839,6 +869,8 @@ impl Leaf {
                     };
                     if result.is_err() {
                         self.stats.flush_errors.inc();
+                        // As a plain flush that failed: the writes it was to cover too.
+                        self.note_flush_missed(covers);
                     }
                     in_flight.end(result.is_ok(), true);
                     // This queue is pumped as the slots are released; the others may hold

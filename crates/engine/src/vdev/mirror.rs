@@ -338,17 +338,37 @@ impl Mirror {
             let data = data.clone();
             async move { (child.write_flushed(offset, data, class, durable).await, child) }
         });
-        let results: Vec<Result<(), VdevError>> = join_all(writes)
-            .await
-            .into_iter()
-            .map(|(result, child)| {
-                if result.is_err() {
-                    self.diagnose_leaf(child);
-                }
-                result
-            })
-            .collect();
-        self.any_succeeded(results, "write", offset, u64::from(data.len_bytes()))
+        let results = join_all(writes).await;
+        for (result, child) in &results {
+            if result.is_err() {
+                self.diagnose_leaf(child);
+            }
+        }
+        let took = self.took(&results);
+        let results = results.into_iter().map(|(result, _)| result).collect();
+        let written = self.any_succeeded(results, "write", offset, u64::from(data.len_bytes()));
+        if written.is_ok() {
+            self.note_copies_missed(took);
+        }
+        written
+    }
+
+    /// The children whose write in `results` succeeded, as a bitmask.
+    fn took(&self, results: &[(Result<(), VdevError>, &Arc<Leaf>)]) -> u64 {
+        let index = |leaf: &Arc<Leaf>| self.children.iter().position(|c| Arc::ptr_eq(c, leaf));
+        (results.iter())
+            .filter(|(result, _)| result.is_ok())
+            .filter_map(|(_, leaf)| index(leaf))
+            .fold(0, |took, c| took | (1 << c))
+    }
+
+    /// After a write answered as done: each child not in `took` lacks its copy.
+    fn note_copies_missed(&self, took: u64) {
+        for (c, child) in self.children.iter().enumerate() {
+            if took & (1 << c) == 0 {
+                child.note_copy_missed();
+            }
+        }
     }
 
     /// Writes and flushes on every child in service; fails if one of them failed and did not
@@ -365,6 +385,7 @@ impl Mirror {
             async move { (child.write_flushed(offset, data, class, true).await, child) }
         });
         let results = join_all(writes).await;
+        let took = self.took(&results);
         let mut any_ok = false;
         let mut failed_present = None;
         for (result, child) in results {
@@ -382,7 +403,11 @@ impl Mirror {
             }
         }
         match failed_present {
-            None if any_ok => Ok(()),
+            None if any_ok => {
+                // Those out of service were skipped: they lack it.
+                self.note_copies_missed(took);
+                Ok(())
+            }
             Some(error) if any_ok => Err(VdevError::ChildWriteFailed {
                 vdev: self.id,
                 offset_bytes: offset,
@@ -399,9 +424,20 @@ impl Mirror {
         }
     }
 
-    /// Flushes every child in service; succeeds when at least one child flushed.
+    /// Flushes every child in service; succeeds when at least one child flushed. A child out
+    /// of service is not sent it, and what it holds unflushed counts as missed
+    /// ([`Leaf::skip_flush`]): it may be back in service before anyone reads the count. That
+    /// the flushed children hold every write is for the caller to know (the pool's sync
+    /// checks it per txg, `Pool::sync_uberblock`): a write succeeds when one child took it.
     pub async fn flush(&self) -> Result<(), VdevError> {
-        let results = join_all(self.in_service().map(|child| child.flush())).await;
+        // Each child's state read once: one that leaves service meanwhile is either flushed
+        // (and refuses, counting it) or counted here, never neither.
+        let (serving, out): (Vec<&Arc<Leaf>>, Vec<&Arc<Leaf>>) =
+            self.children.iter().partition(|child| !child.is_out_of_service());
+        for child in out {
+            child.skip_flush();
+        }
+        let results = join_all(serving.into_iter().map(|child| child.flush())).await;
         self.any_succeeded(results, "flush", 0, 0)
     }
 

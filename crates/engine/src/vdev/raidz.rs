@@ -666,16 +666,20 @@ impl Raidz {
             |(child, writes)| async move {
                 let mut took = true;
                 let mut failed_present = None;
+                // Per leaf of the slot: whether it missed one of the pieces.
+                let mut lacking = [false; 2];
                 for (at, data) in writes {
                     let mut this = false;
-                    for leaf in self.slot(child as u32) {
+                    for (index, leaf) in self.slot(child as u32).enumerate() {
                         if leaf.is_out_of_service() {
                             leaf.note_skipped_write();
+                            lacking[index] = true;
                             continue;
                         }
                         match leaf.write_flushed(at, data.clone(), class, durable).await {
                             Ok(()) => this = true,
                             Err(error) => {
+                                lacking[index] = true;
                                 self.diagnose(leaf);
                                 if !leaf.is_out_of_service() {
                                     failed_present.get_or_insert(error);
@@ -688,12 +692,13 @@ impl Raidz {
                 if !took {
                     self.missed[child].fetch_add(1, Ordering::AcqRel);
                 }
-                (took, failed_present)
+                (took, failed_present, (child, lacking))
             },
         );
         let results = join_all(writes).await;
-        let failed = results.iter().filter(|(took, _)| !took).count();
-        let first_error = results.into_iter().find_map(|(_, error)| error);
+        let failed = results.iter().filter(|(took, _, _)| !took).count();
+        let lacking: Vec<(usize, [bool; 2])> = results.iter().map(|r| r.2).collect();
+        let first_error = results.into_iter().find_map(|(_, error, _)| error);
         if failed > self.geometry.parity() as usize {
             return Err(VdevError::AllChildrenFailed {
                 vdev: self.id,
@@ -710,7 +715,17 @@ impl Raidz {
                 len_bytes: len,
                 cause: Box::new(cause),
             }),
-            _ => Ok(()),
+            _ => {
+                // Answered as written: the leaves that missed a piece lack their copy.
+                for (child, lacking) in lacking {
+                    for (index, leaf) in self.slot(child as u32).enumerate() {
+                        if lacking[index] {
+                            leaf.note_copy_missed();
+                        }
+                    }
+                }
+                Ok(())
+            }
         }
     }
 
@@ -868,6 +883,7 @@ impl Raidz {
             .collect();
         let results = join_all(dirty.iter().map(|&(c, leaf)| async move {
             let result = if leaf.is_out_of_service() {
+                leaf.skip_flush();
                 Err(VdevError::Offline { vdev: leaf.id(), device: leaf.device().name().to_owned() })
             } else {
                 leaf.flush().await

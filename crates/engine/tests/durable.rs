@@ -1,0 +1,139 @@
+//! A sync commits its txg only once a copy of every block it wrote, and of its uberblock, is
+//! durable. A mirror's write succeeds when one leaf took it, and its flush when one leaf
+//! flushed; so a block one leaf failed to write, followed by a flush only that leaf completed,
+//! used to count as durable though the leaf holding the block had failed its flush, and a
+//! power loss then took the txg with it. Each test here fails one leaf's writes and the other
+//! leaf's flushes, checks that the sync says so (and the store suspends), then powers off and
+//! imports: everything acknowledged before is there.
+
+use crate::common;
+
+use std::sync::Arc;
+
+use sluice_engine::device::sim::{CrashPolicy, Fault, SimOptions};
+use sluice_engine::device::SimProfile;
+use sluice_engine::pool::Pool;
+use sluice_engine::tunables::Tunables;
+use sluice_engine::txg::Store;
+use sluice_engine::volume::Volume;
+use sluice_format::{label_offsets, LABEL_BYTES};
+use sluice_sim::Sim;
+
+const LEAF_BYTES: u64 = 64 << 20;
+
+/// Where leg 1's writes fail.
+#[derive(Clone, Copy, Debug)]
+enum Fails {
+    /// Everywhere: it takes none of the sync's blocks.
+    Everything,
+    /// In its labels only: it takes the blocks but not the uberblock.
+    Labels,
+}
+
+/// Leg 0's flushes fail and leg 1's writes fail where `fails` says; a sync must then fail
+/// naming what it could not make durable, and an import after a power loss must find what was
+/// acknowledged before.
+fn a_sync_no_leaf_made_durable_fails(fails: Fails, seed: u64, what: &'static str) {
+    let sim = Sim::new(seed);
+    let options = SimOptions { store_data: true, record_log: false };
+    let legs = common::legs_with(&sim, 2, SimProfile::ssd(), LEAF_BYTES, options);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        // Neither leaf is faulted by its errors here: a leaf out of service takes no flush,
+        // and a mirror whose one flushing leaf fails already fails its flush. Errors below
+        // the diagnosis's bound (a few failed writes on a disk going bad) are the case.
+        let tunables = Tunables::with([("vdev.io_errors_max", "1000000")]).unwrap();
+        let store = Arc::new(common::mirror_store(&env, specs.clone(), &tunables).await);
+        store.create_volume("v", 4 << 20, 4096).unwrap();
+        let volume = Volume::open(&store, "v").unwrap();
+        // Synced, then acknowledged through the intent log.
+        volume.write(0, &[1; 4096], false).await.unwrap();
+        store.sync().await.unwrap();
+        volume.write(4096, &[2; 4096], true).await.unwrap();
+
+        legs[0].inject(Fault::FlushError);
+        match fails {
+            Fails::Everything => {
+                legs[1].inject(Fault::WriteError { offset_bytes: 0, len_bytes: LEAF_BYTES })
+            }
+            Fails::Labels => {
+                for at in label_offsets(LEAF_BYTES) {
+                    legs[1].inject(Fault::WriteError { offset_bytes: at, len_bytes: LABEL_BYTES });
+                }
+            }
+        }
+        volume.write(8192, &[3; 4096], false).await.unwrap();
+        let error = match store.sync().await {
+            Ok(txg) => panic!("{what}: txg {txg} was committed, durable on no leaf"),
+            Err(error) => error.to_string(),
+        };
+        assert!(error.contains("is not durable") && error.contains(what), "{error}");
+        assert!(error.contains("leg0: ") && error.contains("leg1: "), "names each leaf: {error}");
+        assert!(store.is_suspended(), "{what}: the store went on after a failed sync");
+        drop(volume);
+        drop(store);
+
+        for leg in &legs {
+            leg.crash(CrashPolicy::DropAll);
+            leg.clear_faults();
+        }
+        let pool = Pool::import(&env, specs, "tank", &tunables).await.unwrap();
+        let store = Store::open(pool, &tunables).await.unwrap();
+        assert_eq!(store.read("v", 0, 4096).await.unwrap(), vec![1; 4096], "{what}: synced");
+        assert_eq!(store.read("v", 4096, 4096).await.unwrap(), vec![2; 4096], "{what}: logged");
+        assert!(store.audit().await.unwrap().is_clean());
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_sync_whose_blocks_no_leaf_both_took_and_flushed_fails() {
+    a_sync_no_leaf_made_durable_fails(Fails::Everything, 11, "every block written since");
+}
+
+#[test]
+fn a_sync_whose_uberblock_no_leaf_both_took_and_flushed_fails() {
+    a_sync_no_leaf_made_durable_fails(Fails::Labels, 12, "the txg's uberblock");
+}
+
+/// The other side: a leaf that fails every write while its mirror's other leaf takes and
+/// flushes them costs nothing but the copy. Each sync commits, and after a power loss what it
+/// committed is there.
+#[test]
+fn a_sync_commits_when_one_leaf_holds_everything_flushed() {
+    let sim = Sim::new(13);
+    let options = SimOptions { store_data: true, record_log: false };
+    let legs = common::legs_with(&sim, 2, SimProfile::ssd(), LEAF_BYTES, options);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        let tunables = Tunables::with([("vdev.io_errors_max", "1000000")]).unwrap();
+        let store = Arc::new(common::mirror_store(&env, specs.clone(), &tunables).await);
+        store.create_volume("v", 4 << 20, 4096).unwrap();
+        let volume = Volume::open(&store, "v").unwrap();
+        volume.write(0, &[1; 4096], false).await.unwrap();
+        store.sync().await.unwrap();
+
+        legs[1].inject(Fault::WriteError { offset_bytes: 0, len_bytes: LEAF_BYTES });
+        for round in 0..3u8 {
+            volume.write(4096 * u64::from(round + 1), &[round + 2; 4096], false).await.unwrap();
+            store.sync().await.unwrap();
+        }
+        assert!(!store.is_suspended());
+        drop(volume);
+        drop(store);
+
+        for leg in &legs {
+            leg.crash(CrashPolicy::DropAll);
+            leg.clear_faults();
+        }
+        let pool = Pool::import(&env, specs, "tank", &tunables).await.unwrap();
+        let store = Store::open(pool, &tunables).await.unwrap();
+        for round in 0..4u8 {
+            let at = 4096 * u64::from(round);
+            assert_eq!(store.read("v", at, 4096).await.unwrap(), vec![round + 1; 4096]);
+        }
+    })
+    .unwrap();
+}
