@@ -479,10 +479,13 @@ impl PoolState {
         leaf: &PoolLeaf,
         top: &[&PoolLeaf],
     ) -> Option<&'static str> {
-        let then = match self.copies_when_opened.get(&txg) {
-            Some(counts) if top.iter().all(|l| !counts.contains_key(&l.guid)) => Some(0),
-            Some(counts) => counts.get(&leaf.guid).copied(),
-            None => Some(self.leaf_copies.get(&leaf.guid).copied().unwrap_or(0)),
+        // Without a record of the txg (a pool synced without a store noting its txgs), the
+        // counts at the end of the last sync stand in for it.
+        let counts = self.copies_when_opened.get(&txg).unwrap_or(&self.leaf_copies);
+        let then = if top.iter().all(|l| !counts.contains_key(&l.guid)) {
+            Some(0)
+        } else {
+            counts.get(&leaf.guid).copied()
         };
         if !leaf.present {
             Some("missing")
