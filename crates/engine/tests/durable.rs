@@ -137,3 +137,131 @@ fn a_sync_commits_when_one_leaf_holds_everything_flushed() {
     })
     .unwrap();
 }
+
+/// A swarm of the above: each seed serves a mirror whose legs fail writes over random ranges
+/// and fail flushes, on and off at random, while a client writes (some with FUA), flushes and
+/// syncs, until the store suspends or the steps run out; then power is cut (each leg losing
+/// its unflushed writes its own way) and the pool imported. Every block must read back as its
+/// last write the store acknowledged as durable, or as a write made after it. Seeds from
+/// `SLUICE_DURABLE_SEEDS` (default 200, about half a second); one with `SLUICE_DURABLE_SEED`.
+#[test]
+fn acknowledged_writes_survive_failing_legs_swarm() {
+    let seeds: Vec<u64> =
+        match std::env::var("SLUICE_DURABLE_SEED").ok().and_then(|s| s.parse().ok()) {
+            Some(seed) => vec![seed],
+            None => {
+                let count = std::env::var("SLUICE_DURABLE_SEEDS")
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(200u64);
+                (0..count).collect()
+            }
+        };
+    let mut suspended = 0;
+    for seed in seeds {
+        suspended += u32::from(failing_legs_seed(seed));
+    }
+    // A code probe: the faults did make some sync refuse to commit.
+    assert!(suspended > 0 || std::env::var("SLUICE_DURABLE_SEED").is_ok(), "no seed suspended");
+}
+
+/// One seed of the swarm; returns whether the store suspended.
+fn failing_legs_seed(seed: u64) -> bool {
+    use sluice_engine::rt::Rng;
+    const BLOCKS: u64 = 64;
+    let sim = Sim::new(1000 + seed);
+    let options = SimOptions { store_data: true, record_log: false };
+    let legs = common::legs_with(&sim, 2, SimProfile::ssd(), LEAF_BYTES, options);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    let (result, _) = sim
+        .run(async move {
+            let mut rng = Rng::new(seed);
+            // Half the seeds keep both legs in service whatever their errors.
+            let tunables = if rng.chance(0.5) {
+                Tunables::with([("vdev.io_errors_max", "1000000")]).unwrap()
+            } else {
+                Tunables::default()
+            };
+            let store = Arc::new(common::mirror_store(&env, specs.clone(), &tunables).await);
+            store.create_volume("v", BLOCKS * 4096, 4096).unwrap();
+            store.sync().await.unwrap();
+            let volume = Volume::open(&store, "v").unwrap();
+            // Per block: what it may read back as. The first is the last value acknowledged
+            // as durable; the rest were written after it.
+            let mut may_be: Vec<Vec<u8>> = vec![vec![0]; BLOCKS as usize];
+            let mut written: Vec<(u64, u8)> = Vec::new();
+            let durable = |may_be: &mut Vec<Vec<u8>>, block: u64, value: u8| {
+                may_be[block as usize] = vec![value];
+            };
+            for step in 0..200u32 {
+                let value = (step % 250 + 1) as u8;
+                match rng.below(10) {
+                    0 => legs[rng.below(2) as usize].inject(Fault::FlushError),
+                    1 => {
+                        let len = LEAF_BYTES / 4;
+                        let at = rng.below(4) * len;
+                        legs[rng.below(2) as usize]
+                            .inject(Fault::WriteError { offset_bytes: at, len_bytes: len });
+                    }
+                    2 => legs[rng.below(2) as usize].clear_faults(),
+                    3 => {
+                        let result = if rng.chance(0.5) {
+                            store.sync().await.map(drop)
+                        } else {
+                            volume.flush().await
+                        };
+                        if result.is_ok() {
+                            for (block, value) in written.drain(..) {
+                                durable(&mut may_be, block, value);
+                            }
+                        }
+                    }
+                    _ => {
+                        let block = rng.below(BLOCKS);
+                        let fua = rng.chance(0.3);
+                        may_be[block as usize].push(value);
+                        let ok = volume.write(block * 4096, &[value; 4096], fua).await.is_ok();
+                        // A write that failed stays a candidate, never acknowledged.
+                        if ok && fua {
+                            durable(&mut may_be, block, value);
+                            written.retain(|&(b, _)| b != block);
+                        } else if ok {
+                            written.push((block, value));
+                        }
+                    }
+                }
+                if store.is_suspended() {
+                    break;
+                }
+            }
+            let suspended = store.is_suspended();
+            drop(volume);
+            drop(store);
+
+            for leg in &legs {
+                leg.crash(CrashPolicy::Any);
+                leg.clear_faults();
+            }
+            let pool = Pool::import(&env, specs, "tank", &tunables)
+                .await
+                .unwrap_or_else(|e| panic!("seed {seed}: import: {e}"));
+            let store = Store::open(pool, &tunables)
+                .await
+                .unwrap_or_else(|e| panic!("seed {seed}: open: {e}"));
+            for block in 0..BLOCKS {
+                let got = store.read("v", block * 4096, 4096).await.unwrap()[0];
+                let may = &may_be[block as usize];
+                assert!(
+                    may.contains(&got),
+                    "seed {seed} (SLUICE_DURABLE_SEED={seed}): block {block} reads {got}, \
+                     acknowledged {} (written since: {:?})",
+                    may[0],
+                    &may[1..]
+                );
+            }
+            suspended
+        })
+        .unwrap();
+    result
+}
