@@ -138,8 +138,8 @@ fn a_sync_commits_when_one_leaf_holds_everything_flushed() {
     .unwrap();
 }
 
-/// A swarm of the above: each seed serves a mirror whose legs fail writes over random ranges
-/// and fail flushes, on and off at random, while a client writes (some with FUA), flushes and
+/// A swarm of the above: each seed serves a 2-way mirror (even seeds) or a raidz1 of 3 (odd
+/// seeds) whose leaves fail writes over random ranges and fail flushes, on and off at random, while a client writes (some with FUA), flushes and
 /// syncs, until the store suspends or the steps run out; then power is cut (each leg losing
 /// its unflushed writes its own way) and the pool imported. Every block must read back as its
 /// last write the store acknowledged as durable, or as a write made after it. Seeds from
@@ -157,21 +157,26 @@ fn acknowledged_writes_survive_failing_legs_swarm() {
                 (0..count).collect()
             }
         };
-    let mut suspended = 0;
+    let many = seeds.len() >= 20;
+    // Per layout (mirror, raidz1): seeds whose store suspended.
+    let mut suspended = [0u32; 2];
     for seed in seeds {
-        suspended += u32::from(failing_legs_seed(seed));
+        suspended[(seed % 2) as usize] += u32::from(failing_legs_seed(seed));
     }
-    // A code probe: the faults did make some sync refuse to commit.
-    assert!(suspended > 0 || std::env::var("SLUICE_DURABLE_SEED").is_ok(), "no seed suspended");
+    // A code probe: on each layout the faults did make some sync refuse to commit.
+    assert!(!many || suspended.iter().all(|&n| n > 0), "suspended per layout: {suspended:?}");
 }
 
 /// One seed of the swarm; returns whether the store suspended.
 fn failing_legs_seed(seed: u64) -> bool {
+    use sluice_engine::pool::{PoolSpec, TopSpec};
     use sluice_engine::rt::Rng;
     const BLOCKS: u64 = 64;
     let sim = Sim::new(1000 + seed);
     let options = SimOptions { store_data: true, record_log: false };
-    let legs = common::legs_with(&sim, 2, SimProfile::ssd(), LEAF_BYTES, options);
+    let raidz = seed % 2 == 1;
+    let width: u64 = if raidz { 3 } else { 2 };
+    let legs = common::legs_with(&sim, width as usize, SimProfile::ssd(), LEAF_BYTES, options);
     let env = sim.env();
     let specs = common::leaf_specs(&legs);
     let (result, _) = sim
@@ -183,7 +188,10 @@ fn failing_legs_seed(seed: u64) -> bool {
             } else {
                 Tunables::default()
             };
-            let store = Arc::new(common::mirror_store(&env, specs.clone(), &tunables).await);
+            let leaves = specs.clone();
+            let top = if raidz { TopSpec::Raidz { parity: 1, leaves } } else { TopSpec::Mirror(leaves) };
+            let spec = PoolSpec { name: "tank".into(), ashift: 12, top: vec![top] };
+            let store = Arc::new(Store::create(Pool::create(&env, spec, &tunables).await.unwrap(), &tunables));
             store.create_volume("v", BLOCKS * 4096, 4096).unwrap();
             store.sync().await.unwrap();
             let volume = Volume::open(&store, "v").unwrap();
@@ -197,14 +205,14 @@ fn failing_legs_seed(seed: u64) -> bool {
             for step in 0..200u32 {
                 let value = (step % 250 + 1) as u8;
                 match rng.below(10) {
-                    0 => legs[rng.below(2) as usize].inject(Fault::FlushError),
+                    0 => legs[rng.below(width) as usize].inject(Fault::FlushError),
                     1 => {
                         let len = LEAF_BYTES / 4;
                         let at = rng.below(4) * len;
-                        legs[rng.below(2) as usize]
+                        legs[rng.below(width) as usize]
                             .inject(Fault::WriteError { offset_bytes: at, len_bytes: len });
                     }
-                    2 => legs[rng.below(2) as usize].clear_faults(),
+                    2 => legs[rng.below(width) as usize].clear_faults(),
                     3 => {
                         let result = if rng.chance(0.5) {
                             store.sync().await.map(drop)
@@ -254,7 +262,7 @@ fn failing_legs_seed(seed: u64) -> bool {
                 let may = &may_be[block as usize];
                 assert!(
                     may.contains(&got),
-                    "seed {seed} (SLUICE_DURABLE_SEED={seed}): block {block} reads {got}, \
+                    "seed {seed} (SLUICE_DURABLE_SEED={seed}, raidz {raidz}): block {block} reads {got}, \
                      acknowledged {} (written since: {:?})",
                     may[0],
                     &may[1..]
