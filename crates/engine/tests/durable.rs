@@ -11,8 +11,9 @@ use crate::common;
 use std::sync::Arc;
 
 use sluice_engine::device::sim::{CrashPolicy, Fault, SimOptions};
-use sluice_engine::device::SimProfile;
-use sluice_engine::pool::Pool;
+use sluice_engine::device::{SimDevice, SimProfile};
+use sluice_engine::pool::{LeafSpec, Pool};
+use sluice_engine::rt::Env;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::Store;
 use sluice_engine::volume::Volume;
@@ -20,6 +21,38 @@ use sluice_format::{label_offsets, LABEL_BYTES};
 use sluice_sim::Sim;
 
 const LEAF_BYTES: u64 = 64 << 20;
+
+/// `count` simulated SSDs that keep what is written to them (a power cut and an import read
+/// it back).
+fn storing_legs(sim: &Sim, count: usize) -> Vec<SimDevice> {
+    let options = SimOptions { store_data: true, record_log: false };
+    common::legs_with(sim, count, SimProfile::ssd(), LEAF_BYTES, options)
+}
+
+/// Tunables under which no leaf is faulted by its errors, however many: a leaf out of service
+/// takes no flush, and errors below the diagnosis's bound (a few failed writes on a disk
+/// going bad) are the case these tests are about.
+fn errors_kept_in_service() -> Tunables {
+    Tunables::with([("vdev.io_errors_max", "1000000")]).unwrap()
+}
+
+/// Cuts the power of every leg (each losing its unflushed writes as `policy` says), clears
+/// their faults, and imports the pool and its store.
+async fn power_cut_and_import(
+    env: &Env,
+    legs: &[SimDevice],
+    specs: Vec<LeafSpec>,
+    tunables: &Tunables,
+    policy: CrashPolicy,
+) -> Result<Store, String> {
+    for leg in legs {
+        leg.crash(policy);
+        leg.clear_faults();
+    }
+    let pool =
+        Pool::import(env, specs, "tank", tunables).await.map_err(|e| format!("import: {e}"))?;
+    Store::open(pool, tunables).await.map_err(|e| format!("open: {e}"))
+}
 
 /// Where leg 1's writes fail.
 #[derive(Clone, Copy, Debug)]
@@ -35,15 +68,13 @@ enum Fails {
 /// acknowledged before.
 fn a_sync_no_leaf_made_durable_fails(fails: Fails, seed: u64, what: &'static str) {
     let sim = Sim::new(seed);
-    let options = SimOptions { store_data: true, record_log: false };
-    let legs = common::legs_with(&sim, 2, SimProfile::ssd(), LEAF_BYTES, options);
+    let legs = storing_legs(&sim, 2);
     let env = sim.env();
     let specs = common::leaf_specs(&legs);
     sim.run(async move {
-        // Neither leaf is faulted by its errors here: a leaf out of service takes no flush,
-        // and a mirror whose one flushing leaf fails already fails its flush. Errors below
-        // the diagnosis's bound (a few failed writes on a disk going bad) are the case.
-        let tunables = Tunables::with([("vdev.io_errors_max", "1000000")]).unwrap();
+        // A leaf faulted by its errors would take no flush, and a mirror whose one flushing
+        // leaf fails already fails its flush.
+        let tunables = errors_kept_in_service();
         let store = Arc::new(common::mirror_store(&env, specs.clone(), &tunables).await);
         store.create_volume("v", 4 << 20, 4096).unwrap();
         let volume = Volume::open(&store, "v").unwrap();
@@ -74,12 +105,9 @@ fn a_sync_no_leaf_made_durable_fails(fails: Fails, seed: u64, what: &'static str
         drop(volume);
         drop(store);
 
-        for leg in &legs {
-            leg.crash(CrashPolicy::DropAll);
-            leg.clear_faults();
-        }
-        let pool = Pool::import(&env, specs, "tank", &tunables).await.unwrap();
-        let store = Store::open(pool, &tunables).await.unwrap();
+        let store = power_cut_and_import(&env, &legs, specs, &tunables, CrashPolicy::DropAll)
+            .await
+            .unwrap();
         assert_eq!(store.read("v", 0, 4096).await.unwrap(), vec![1; 4096], "{what}: synced");
         assert_eq!(store.read("v", 4096, 4096).await.unwrap(), vec![2; 4096], "{what}: logged");
         assert!(store.audit().await.unwrap().is_clean());
@@ -103,12 +131,11 @@ fn a_sync_whose_uberblock_no_leaf_both_took_and_flushed_fails() {
 #[test]
 fn a_sync_commits_when_one_leaf_holds_everything_flushed() {
     let sim = Sim::new(13);
-    let options = SimOptions { store_data: true, record_log: false };
-    let legs = common::legs_with(&sim, 2, SimProfile::ssd(), LEAF_BYTES, options);
+    let legs = storing_legs(&sim, 2);
     let env = sim.env();
     let specs = common::leaf_specs(&legs);
     sim.run(async move {
-        let tunables = Tunables::with([("vdev.io_errors_max", "1000000")]).unwrap();
+        let tunables = errors_kept_in_service();
         let store = Arc::new(common::mirror_store(&env, specs.clone(), &tunables).await);
         store.create_volume("v", 4 << 20, 4096).unwrap();
         let volume = Volume::open(&store, "v").unwrap();
@@ -124,12 +151,9 @@ fn a_sync_commits_when_one_leaf_holds_everything_flushed() {
         drop(volume);
         drop(store);
 
-        for leg in &legs {
-            leg.crash(CrashPolicy::DropAll);
-            leg.clear_faults();
-        }
-        let pool = Pool::import(&env, specs, "tank", &tunables).await.unwrap();
-        let store = Store::open(pool, &tunables).await.unwrap();
+        let store = power_cut_and_import(&env, &legs, specs, &tunables, CrashPolicy::DropAll)
+            .await
+            .unwrap();
         for round in 0..4u8 {
             let at = 4096 * u64::from(round);
             assert_eq!(store.read("v", at, 4096).await.unwrap(), vec![round + 1; 4096]);
@@ -173,10 +197,9 @@ fn failing_legs_seed(seed: u64) -> bool {
     use sluice_engine::rt::Rng;
     const BLOCKS: u64 = 64;
     let sim = Sim::new(1000 + seed);
-    let options = SimOptions { store_data: true, record_log: false };
     let raidz = seed % 2 == 1;
     let width: u64 = if raidz { 3 } else { 2 };
-    let legs = common::legs_with(&sim, width as usize, SimProfile::ssd(), LEAF_BYTES, options);
+    let legs = storing_legs(&sim, width as usize);
     let env = sim.env();
     let specs = common::leaf_specs(&legs);
     let (result, _) = sim
@@ -184,7 +207,7 @@ fn failing_legs_seed(seed: u64) -> bool {
             let mut rng = Rng::new(seed);
             // Half the seeds keep both legs in service whatever their errors.
             let tunables = if rng.chance(0.5) {
-                Tunables::with([("vdev.io_errors_max", "1000000")]).unwrap()
+                errors_kept_in_service()
             } else {
                 Tunables::default()
             };
@@ -247,16 +270,9 @@ fn failing_legs_seed(seed: u64) -> bool {
             drop(volume);
             drop(store);
 
-            for leg in &legs {
-                leg.crash(CrashPolicy::Any);
-                leg.clear_faults();
-            }
-            let pool = Pool::import(&env, specs, "tank", &tunables)
+            let store = power_cut_and_import(&env, &legs, specs, &tunables, CrashPolicy::Any)
                 .await
-                .unwrap_or_else(|e| panic!("seed {seed}: import: {e}"));
-            let store = Store::open(pool, &tunables)
-                .await
-                .unwrap_or_else(|e| panic!("seed {seed}: open: {e}"));
+                .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
             for block in 0..BLOCKS {
                 let got = store.read("v", block * 4096, 4096).await.unwrap()[0];
                 let may = &may_be[block as usize];

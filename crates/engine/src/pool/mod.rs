@@ -401,14 +401,8 @@ struct PoolState {
     leaf_txg: BTreeMap<u64, u64>,
     /// By leaf guid: [`Leaf::writes_missed`] at the end of the last sync.
     leaf_missed: BTreeMap<u64, u64>,
-    /// For the last few txgs: [`Leaf::writes_missed`] of each leaf (by guid) when the txg
-    /// became the open one. A leaf whose count has not moved since txg T opened missed no
-    /// block born in T or later.
-    missed_when_opened: BTreeMap<u64, BTreeMap<u64, u64>>,
-    /// As `missed_when_opened`, of [`Leaf::copies_missed`]: a leaf whose count has not moved
-    /// since txg T opened holds a copy of every block written since, and has flushed it once
-    /// a flush after the writes succeeded ([`Pool::sync_uberblock`] checks it).
-    copies_when_opened: BTreeMap<u64, BTreeMap<u64, u64>>,
+    /// For the last few txgs: each leaf's counts (by guid) when the txg became the open one.
+    missed_when_opened: BTreeMap<u64, BTreeMap<u64, OpenedCounts>>,
     /// By leaf guid: [`Leaf::copies_missed`] at the end of the last sync that committed: for
     /// a pool synced without a store noting its txgs, and for a detach, which leaves only
     /// leaves that missed no copy since ([`Pool::has_complete_copy`]).
@@ -435,6 +429,18 @@ struct PoolState {
     flush_alone: Vec<Arc<Leaf>>,
 }
 
+/// A leaf's counts as a txg opened ([`PoolState::missed_when_opened`]).
+#[derive(Clone, Copy, Debug)]
+struct OpenedCounts {
+    /// [`Leaf::writes_missed`]: a leaf whose count has not moved since txg T opened missed
+    /// no block born in T or later.
+    writes: u64,
+    /// [`Leaf::copies_missed`]: a leaf whose count has not moved since txg T opened holds a
+    /// copy of every block its vdev wrote since, flushed once a flush after the writes
+    /// succeeded ([`Pool::sync_uberblock`] checks it).
+    copies: u64,
+}
+
 /// See [`PoolState::retire_skip`].
 #[derive(Debug, Default)]
 struct RetireSkip {
@@ -455,8 +461,7 @@ fn top_name(index: usize, config: &TopConfig) -> String {
     }
 }
 
-/// Txgs whose [`PoolState::missed_when_opened`] and [`PoolState::copies_when_opened`] counts
-/// are kept.
+/// Txgs whose [`PoolState::missed_when_opened`] counts are kept.
 const OPENED_TXGS_KEPT: usize = 8;
 
 impl PoolState {
@@ -481,12 +486,17 @@ impl PoolState {
     ) -> Option<&'static str> {
         // Without a record of the txg (a pool synced without a store noting its txgs), the
         // counts at the end of the last sync stand in for it.
-        let counts = self.copies_when_opened.get(&txg).unwrap_or(&self.leaf_copies);
-        let then = if top.iter().all(|l| !counts.contains_key(&l.guid)) {
-            Some(0)
-        } else {
-            counts.get(&leaf.guid).copied()
+        let (recorded, then) = match self.missed_when_opened.get(&txg) {
+            Some(counts) => (
+                top.iter().any(|l| counts.contains_key(&l.guid)),
+                counts.get(&leaf.guid).map(|c| c.copies),
+            ),
+            None => (
+                top.iter().any(|l| self.leaf_copies.contains_key(&l.guid)),
+                self.leaf_copies.get(&leaf.guid).copied(),
+            ),
         };
+        let then = if recorded { then } else { Some(0) };
         if !leaf.present {
             Some("missing")
         } else if leaf.leaf.is_out_of_service() {
@@ -506,8 +516,8 @@ impl PoolState {
         self.missed_when_opened
             .get(&txg)
             .and_then(|counts| counts.get(&leaf.guid))
-            .or_else(|| self.leaf_missed.get(&leaf.guid))
-            .copied()
+            .map(|c| c.writes)
+            .or_else(|| self.leaf_missed.get(&leaf.guid).copied())
             .unwrap_or(0)
     }
 }
@@ -657,20 +667,20 @@ impl Pool {
             .collect()
     }
 
-    /// Records [`Leaf::writes_missed`] of every leaf as txg `txg` becomes the open one (the
-    /// store calls this when it quiesces `txg - 1`).
+    /// Records [`Leaf::writes_missed`] and [`Leaf::copies_missed`] of every leaf as txg `txg`
+    /// becomes the open one (the store calls this when it quiesces `txg - 1`).
     pub fn note_txg_open(&self, txg: u64) {
-        let leaves = self.leaves();
-        let counts = leaves.iter().map(|l| (l.guid, l.leaf.writes_missed())).collect();
-        let copies = leaves.iter().map(|l| (l.guid, l.leaf.copies_missed())).collect();
+        let counts = (self.leaves().iter())
+            .map(|l| {
+                let counts =
+                    OpenedCounts { writes: l.leaf.writes_missed(), copies: l.leaf.copies_missed() };
+                (l.guid, counts)
+            })
+            .collect();
         let mut state = self.state.lock();
         state.missed_when_opened.insert(txg, counts);
-        state.copies_when_opened.insert(txg, copies);
         while state.missed_when_opened.len() > OPENED_TXGS_KEPT {
             state.missed_when_opened.pop_first();
-        }
-        while state.copies_when_opened.len() > OPENED_TXGS_KEPT {
-            state.copies_when_opened.pop_first();
         }
     }
 
@@ -1202,7 +1212,6 @@ impl Pool {
                 leaf_txg: BTreeMap::new(),
                 leaf_missed: BTreeMap::new(),
                 missed_when_opened: BTreeMap::new(),
-                copies_when_opened: BTreeMap::new(),
                 leaf_copies: BTreeMap::new(),
                 offline_kept: Default::default(),
                 replaced: Default::default(),

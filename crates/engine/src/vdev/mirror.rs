@@ -344,28 +344,33 @@ impl Mirror {
                 self.diagnose_leaf(child);
             }
         }
-        let took = self.took(&results);
+        let lacking = self.lacking(&results);
         let results = results.into_iter().map(|(result, _)| result).collect();
         let written = self.any_succeeded(results, "write", offset, u64::from(data.len_bytes()));
         if written.is_ok() {
-            self.note_copies_missed(took);
+            self.note_copies_missed(lacking);
         }
         written
     }
 
-    /// The children whose write in `results` succeeded, as a bitmask.
-    fn took(&self, results: &[(Result<(), VdevError>, &Arc<Leaf>)]) -> u64 {
+    /// The children without a copy of a write whose per-child `results` these are (failed, or
+    /// not sent it), as a bitmask; zero at once in the common case, every child took it.
+    fn lacking(&self, results: &[(Result<(), VdevError>, &Arc<Leaf>)]) -> u64 {
+        let all = u64::MAX >> (64 - self.children.len());
+        if results.len() == self.children.len() && results.iter().all(|(r, _)| r.is_ok()) {
+            return 0;
+        }
         let index = |leaf: &Arc<Leaf>| self.children.iter().position(|c| Arc::ptr_eq(c, leaf));
         (results.iter())
             .filter(|(result, _)| result.is_ok())
             .filter_map(|(_, leaf)| index(leaf))
-            .fold(0, |took, c| took | (1 << c))
+            .fold(all, |lacking, c| lacking & !(1 << c))
     }
 
-    /// After a write answered as done: each child not in `took` lacks its copy.
-    fn note_copies_missed(&self, took: u64) {
+    /// After a write answered as done: each child in `lacking` lacks its copy.
+    fn note_copies_missed(&self, lacking: u64) {
         for (c, child) in self.children.iter().enumerate() {
-            if took & (1 << c) == 0 {
+            if lacking & (1 << c) != 0 {
                 child.note_copy_missed();
             }
         }
@@ -385,7 +390,7 @@ impl Mirror {
             async move { (child.write_flushed(offset, data, class, true).await, child) }
         });
         let results = join_all(writes).await;
-        let took = self.took(&results);
+        let lacking = self.lacking(&results);
         let mut any_ok = false;
         let mut failed_present = None;
         for (result, child) in results {
@@ -405,7 +410,7 @@ impl Mirror {
         match failed_present {
             None if any_ok => {
                 // Those out of service were skipped: they lack it.
-                self.note_copies_missed(took);
+                self.note_copies_missed(lacking);
                 Ok(())
             }
             Some(error) if any_ok => Err(VdevError::ChildWriteFailed {
