@@ -36,8 +36,14 @@
 #   finishes into the page cache, as nbdkit's file plugin does, would be credited with the
 #   page cache's speed).
 # - Reads read from the disk wherever a target caches nothing: the kernel's page cache is
-#   dropped before every read job, for every target (the kernel's readahead still counts: it
-#   is what users get). sluice's own cache is left as it is: "sluice" is its defaults, and
+#   dropped before every read job, for every target, and while a read job runs the peers'
+#   servers may keep no more than PAGE_CACHE_CAP of it (a memory cgroup; see below): enough
+#   for the kernel's readahead, which counts (it is what users get), too little to hold what
+#   an earlier pass over the span read. A 10 s job passes over its 1 GiB span many times, and
+#   nbdkit's file plugin reads through the page cache even with cache=none: unbounded, it
+#   served 21.5 GB of a 1 MiB read job while the disk read 1.86 GB (2026-12-04 22:45Z). Each
+#   read job's disk bytes per operation (/proc/diskstats of the disk under --dir) are reported
+#   to show it. sluice's own cache is left as it is: "sluice" is its defaults, and
 #   "sluice-nocache" caches no data (cache.contents=metadata) for the rows that compare disk
 #   paths.
 # - The same data for every target: fio's default buffers, which are random (lz4 stores them
@@ -191,8 +197,45 @@ span_mib=$(( span_mib / 4 * 4 ))
 span=${span_mib}M
 ramp=1
 tck=$(getconf CLK_TCK)
+# The disk under --dir, whose reads and writes each job's sample counts.
+disk_dev() {
+  local src; src=$(df --output=source "$1" | tail -1)
+  local d; d=$(lsblk -no PKNAME "$src" 2>/dev/null | head -1 || true)
+  echo "${d:-$(basename "$src")}"
+}
 
 rm -rf "$dir"; mkdir -p "$dir"
+disk=$(disk_dev "$dir")
+grep -q " $disk " /proc/diskstats ||
+  { echo "peers: the disk under $dir ($disk) is not in /proc/diskstats; disk bytes per operation will read 0" >&2; }
+
+# The peers' servers (qemu-nbd, nbdkit) run in a memory cgroup of their own, unbounded but while
+# a read job runs, when it may hold PAGE_CACHE_CAP: the page cache a server's reads fill is
+# charged to it, so readahead works and nothing read in an earlier pass stays. cgroup v2 and
+# v1 both work; without either the read rows say so (cache_cap "none" in the report).
+PAGE_CACHE_CAP=$(( 64 << 20 ))
+cg_dir=""; cg_limit=""; cg_unlimited=""
+if [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; then
+  grep -qw memory /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null ||
+    echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+  cg_dir=/sys/fs/cgroup/sluice-peers-$$; cg_limit=memory.max; cg_unlimited=max
+elif [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then
+  cg_dir=/sys/fs/cgroup/memory/sluice-peers-$$; cg_limit=memory.limit_in_bytes; cg_unlimited=-1
+fi
+if [ -n "$cg_dir" ] && ! { mkdir -p "$cg_dir" && [ -f "$cg_dir/$cg_limit" ]; }; then
+  rmdir "$cg_dir" 2>/dev/null || true; cg_dir=""
+fi
+[ -n "$cg_dir" ] || echo "peers: no memory cgroup here: the peers' read rows may be served from the page cache (see their disk bytes per operation)" >&2
+cache_cap="none"; [ -n "$cg_dir" ] && cache_cap=$PAGE_CACHE_CAP
+confine() {  # moves server $1 into the peers' cgroup
+  [ -n "$cg_dir" ] || return 0
+  echo "$1" >"$cg_dir/cgroup.procs" || { echo "peers: could not move process $1 into $cg_dir" >&2; exit 1; }
+}
+cap_page_cache() {  # on | off
+  [ -n "$cg_dir" ] || return 0
+  local v=$cg_unlimited; [ "$1" = on ] && v=$PAGE_CACHE_CAP
+  echo "$v" >"$cg_dir/$cg_limit" || { echo "peers: could not set $cg_dir/$cg_limit to $v" >&2; exit 1; }
+}
 # Room for every image first: a run that fills the filesystem halfway through fails its targets
 # one by one (and leaves too little for anything else). The peers' files are --size, each
 # sluice leaf twice the volume; the mirror has two.
@@ -231,6 +274,7 @@ cleanup() {
   # TERM lets sluice finish its requests, sync and export the pool.
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  [ -z "$cg_dir" ] || rmdir "$cg_dir" 2>/dev/null || true
 }
 trap cleanup EXIT
 
@@ -266,7 +310,7 @@ fi
 if wanted qemu-nbd; then
   truncate -s "$size" "$dir/qemu.img"
   qemu-nbd -f raw --cache=none --aio=native -e 64 -t -k "$dir/qemu.sock" -x disk "$dir/qemu.img" &
-  pid_of[qemu-nbd]=$!; pids+=($!); wait_socket "$dir/qemu.sock" disk; check_pid "$!" qemu-nbd
+  pid_of[qemu-nbd]=$!; pids+=($!); wait_socket "$dir/qemu.sock" disk; check_pid "$!" qemu-nbd; confine "$!"
   uri_of[qemu-nbd]="nbd+unix:///disk?socket=$dir/qemu.sock"
   prefill --ioengine=nbd --uri="${uri_of[qemu-nbd]}"
   add_target qemu-nbd "qemu-nbd on a raw file, cache=none, aio=native, up to 64 connections" "${all_jobs[*]}" 0
@@ -277,7 +321,7 @@ fi
 if wanted nbdkit; then
   truncate -s "$size" "$dir/nbdkit.img"
   nbdkit -f --threads=32 -U "$dir/nbdkit.sock" file file="$dir/nbdkit.img" cache=none &
-  pid_of[nbdkit]=$!; pids+=($!); wait_socket "$dir/nbdkit.sock" ""; check_pid "$!" nbdkit
+  pid_of[nbdkit]=$!; pids+=($!); wait_socket "$dir/nbdkit.sock" ""; check_pid "$!" nbdkit; confine "$!"
   uri_of[nbdkit]="nbd+unix:///?socket=$dir/nbdkit.sock"
   prefill --ioengine=nbd --uri="${uri_of[nbdkit]}"
   add_target nbdkit "nbdkit's file plugin on a raw file, cache=none, 32 threads per connection" "${all_jobs[*]}" 0
@@ -440,8 +484,13 @@ machine_ticks() {
   awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8; exit }' /proc/stat
 }
 
-sample() {  # time, the machine's busy ticks, then the server's /proc/PID/stat and every thread's context switches
-  { echo "$EPOCHREALTIME"; machine_ticks; [ -z "$1" ] || { cat "/proc/$1/stat"; grep -H ctxt_switches /proc/"$1"/task/*/status; }; } 2>/dev/null || true
+# The disk's sectors read and written so far.
+disk_sectors() {
+  awk -v d="$disk" '$3 == d { print $6, $10; found = 1; exit } END { if (!found) print 0, 0 }' /proc/diskstats
+}
+
+sample() {  # time, the machine's busy ticks and the disk's sectors, then the server's /proc/PID/stat and every thread's context switches
+  { echo "$EPOCHREALTIME"; echo "$(machine_ticks) $(disk_sectors)"; [ -z "$1" ] || { cat "/proc/$1/stat"; grep -H ctxt_switches /proc/"$1"/task/*/status; }; } 2>/dev/null || true
 }
 
 sleep_until() {
@@ -462,6 +511,7 @@ run_one() {
   if [[ $job == *read* ]]; then
     # Reads come from the disk, not from what the kernel kept of earlier writes.
     sync; echo 3 >/proc/sys/vm/drop_caches
+    cap_page_cache on
   fi
   local start=$EPOCHREALTIME
   fio --name="$job" --time_based --runtime="$seconds" --ramp_time="$ramp" --group_reporting \
@@ -478,6 +528,7 @@ run_one() {
   # fio's exit: after a job's end flush.
   sample "$pid" >"$base.exit"
   fio_pid=""
+  if [[ $job == *read* ]]; then cap_page_cache off; fi
   if [ -n "${pool_of[$target]:-}" ] && [[ $job == *write* || $job == mixed* ]]; then
     sample "$pid" >"$base.end"
     "${bin_of[$target]}" pool sync "${pool_of[$target]}" >/dev/null
@@ -517,9 +568,11 @@ def read_sample(name):
     """(time, machine busy ticks, process ticks or None, switches by thread) of a sample."""
     try:
         lines = open(f"{base}.{name}").read().splitlines()
-        t, machine = float(lines[0]), int(lines[1])
+        t = float(lines[0])
+        machine, disk_read, disk_written = (int(x) for x in lines[1].split())
     except (OSError, IndexError, ValueError):
         return None
+    disks[name] = (disk_read, disk_written)
     if len(lines) < 3:
         return t, machine, None, {}
     try:
@@ -542,11 +595,15 @@ def since(a, b):  # the machine's and the process's CPU seconds, and switches, f
         return machine, None, None
     return machine, (b[2] - a[2]) / int(tck), sum(n - a[3].get(tid, 0) for tid, n in b[3].items())
 
+disks = {}  # sample name -> the disk's sectors read and written
 before, after, exited = read_sample("before"), read_sample("after"), read_sample("exit")
 if before and after and after[0] > before[0]:
     machine, cpu, switches = since(before, after)
     per_s = iops * (after[0] - before[0])
     row.update(mcpu_us_op=machine / per_s * 1e6)
+    # What the disk read and wrote per operation: a read job served from memory shows here.
+    (r0, w0), (r1, w1) = disks["before"], disks["after"]
+    row.update(disk_read_kib_op=(r1 - r0) / 2 / per_s, disk_written_kib_op=(w1 - w0) / 2 / per_s)
     if cpu is not None:
         row.update(cpu_us_op=cpu / per_s * 1e6, ctx_op=switches / per_s)
     elif target != "raw":
@@ -590,7 +647,7 @@ finished=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
 # What the report needs to say how the figures were made.
 for t in "${targets[@]}"; do printf '%s\t%s\t%s\n' "$t" "${jobs_of[$t]}" "${desc_of[$t]}"; done >"$dir/targets.tsv"
-COMMAND=$cmdline SECONDS_=$seconds ROUNDS=$rounds WARMUP=$warmup RAMP=$ramp SIZE=$size SPAN=$span DIR=$dir \
+CACHE_CAP=$cache_cap COMMAND=$cmdline SECONDS_=$seconds ROUNDS=$rounds WARMUP=$warmup RAMP=$ramp SIZE=$size SPAN=$span DIR=$dir \
   BUILT=$build COMMIT=$commit BINARY_MTIME=$bin_mtime STARTED=$started \
   FINISHED=$finished JOBS="${jobs[*]}" FIO=$(fio --version) QEMU_NBD=$(qemu-nbd --version | head -1) \
   NBDKIT=$(nbdkit --version) /usr/bin/python3 - "$dir/targets.tsv" "$dir/meta.json" <<'EOF'
@@ -601,7 +658,7 @@ targets = [dict(zip(("name", "jobs", "description"), line.rstrip("\n").split("\t
 for t in targets:
     t["jobs"] = t["jobs"].split()
 json.dump({"command": e["COMMAND"], "seconds": int(e["SECONDS_"]), "rounds": int(e["ROUNDS"]),
-           "warmup": int(e["WARMUP"]),
+           "warmup": int(e["WARMUP"]), "page_cache_cap": e["CACHE_CAP"],
            "ramp": int(e["RAMP"]), "size": e["SIZE"], "span": e["SPAN"], "dir": e["DIR"],
            "built": e["BUILT"] == "1", "commit": e["COMMIT"], "binary_mtime": e["BINARY_MTIME"],
            "started": e["STARTED"], "finished": e["FINISHED"], "jobs": e["JOBS"].split(),

@@ -203,6 +203,15 @@ prepared = (
     if warmup
     else "written once before the first round"
 )
+cap = meta.get("page_cache_cap", "none")
+read_cap = (
+    f", and while one runs the peers' servers may hold no more than {int(cap) >> 20} MiB of it "
+    "(a memory cgroup): room for the kernel's readahead, which counts, but not for what an "
+    "earlier pass over the span read (\"disk KiB/op\" shows what the disk read per read)"
+    if cap != "none"
+    else ", but this machine had no memory cgroup to bound it while a job runs: a peer's "
+    "reads may come from what an earlier pass over the span left there (see \"disk KiB/op\")"
+)
 out.append(
     f"\nEach round runs every job on every target in turn (the order of targets rotated each "
     f"round); every figure is the median of the {meta['rounds']} rounds, each metric on its own, "
@@ -222,7 +231,7 @@ out.append(
     "over all the job's operations: kernel threads writing back a peer's page cache are "
     "charged to no process. The 1M sequential write jobs end with a flush (fio --end_fsync=1) "
     "and their MB/s are durable: the bytes over the time from the ramp's end to fio's exit. "
-    "The kernel's page cache is dropped before every read job. The -z jobs write data that "
+    f"The kernel's page cache is dropped before every read job{read_cap}. The -z jobs write data that "
     "compresses to about half (fio --buffer_compress_percentage=50 --refill_buffers); the "
     "others fio's default random buffers, which lz4 cannot shrink. mixed-8 works over the "
     "whole volume.\n"
@@ -262,8 +271,10 @@ for job in jobs:
         continue
     bar = p_ - (spread(job, peer, key) or 0.0)
     # At the disk's own rate: within 5% of the raw file either way. A peer well above it reads
-    # or writes through the kernel's page cache (nbdkit's readahead read 2.8x the raw file on
-    # 2026-12-01), and a run whose raw file ran slow must not lower sluice's bar to that.
+    # or writes through the kernel's page cache (nbdkit's 1 MiB reads ran at 2.8x the raw file
+    # on 2026-12-01, re-reading from memory what earlier passes over the span had read, before
+    # peers.sh bounded the peers' page cache during reads), and a run whose raw file ran slow
+    # must not lower sluice's bar to that.
     at_disk = raw is not None and 0.95 * raw <= p_ <= 1.05 * raw
     met = s_ >= bar or (at_disk and s_ >= 0.95 * raw)
     unit = "MB/s" if key == "mb_s" else "IOPS"
@@ -444,8 +455,11 @@ for job in jobs:
     out.append(f"### {labels[job]}\n")
     head = f"| target | {unit} | range | / qemu-nbd | p50 us | p99 us |"
     head += " flush p50 us | flush p99 us | write + flush mean us |" if flush else ""
-    out.append(head + " CPU us/op | machine CPU us/op | ctx/op |")
-    out.append("|---|" + "---:|" * (11 if flush else 8))
+    # What the disk read per read, or wrote per write (the whole disk, while only this target
+    # ran): a read row served from memory, or a write row's amplification, shows here.
+    disk_key = "disk_read_kib_op" if read_row(job) else "disk_written_kib_op"
+    out.append(head + " CPU us/op | machine CPU us/op | ctx/op | disk KiB/op |")
+    out.append("|---|" + "---:|" * (12 if flush else 9))
     metrics = ["p50_us", "p99_us"] + (["flush_p50_us", "flush_p99_us", "durable_mean_us"] if flush else [])
     for t in targets:
         if (job, t) not in runs and (job, t) not in errors:
@@ -465,13 +479,15 @@ for job in jobs:
             if settle is not None:
                 cpu += f" (+{fmt(settle)})"
             cells += [cpu, fmt(machine_cpu(job, t)), fmt(median(job, t, "ctx_op"), 2)]
+        cells.append(fmt(median(job, t, disk_key), 1))
         out.append(f"| {names.get(t, t)} | " + " | ".join(cells) + " |")
     if (job, "sluice") in runs and (job, "qemu-nbd") in runs:
         cells = [fmt_ratio(ratio(median(job, "sluice", key), median(job, "qemu-nbd", key))), "", ""]
         cells += [fmt_ratio(ratio(median(job, "sluice", m), median(job, "qemu-nbd", m))) for m in metrics]
         cells += [fmt_ratio(ratio(cpu_total(job, "sluice"), median(job, "qemu-nbd", "cpu_us_op"))),
                   fmt_ratio(ratio(machine_cpu(job, "sluice"), machine_cpu(job, "qemu-nbd"))),
-                  fmt_ratio(ratio(median(job, "sluice", "ctx_op"), median(job, "qemu-nbd", "ctx_op")))]
+                  fmt_ratio(ratio(median(job, "sluice", "ctx_op"), median(job, "qemu-nbd", "ctx_op"))),
+                  fmt_ratio(ratio(median(job, "sluice", disk_key), median(job, "qemu-nbd", disk_key)))]
         out.append("| *sluice / qemu-nbd* | " + " | ".join(cells) + " |")
     out.append("")
 
