@@ -163,9 +163,10 @@ fn a_sync_commits_when_one_leaf_holds_everything_flushed() {
 }
 
 /// A swarm of the above: each seed serves a 2-way mirror (even seeds) or a raidz1 of 3 (odd
-/// seeds) whose leaves fail writes over random ranges and fail flushes, on and off at random, while a client writes (some with FUA), flushes and
-/// syncs, until the store suspends or the steps run out; then power is cut (each leg losing
-/// its unflushed writes its own way) and the pool imported. Every block must read back as its
+/// seeds) whose leaves fail writes over random ranges and fail flushes, on and off at random,
+/// and now and then go offline, online or are cleared, while a client writes (some with FUA),
+/// flushes and syncs, until the store suspends or the steps run out; then power is cut (each
+/// leg losing its unflushed writes its own way) and the pool imported. Every block must read back as its
 /// last write the store acknowledged as durable, or as a write made after it. Seeds from
 /// `SLUICE_DURABLE_SEEDS` (default 200, about half a second); one with `SLUICE_DURABLE_SEED`.
 #[test]
@@ -184,15 +185,21 @@ fn acknowledged_writes_survive_failing_legs_swarm() {
     let many = seeds.len() >= 20;
     // Per layout (mirror, raidz1): seeds whose store suspended.
     let mut suspended = [0u32; 2];
+    let mut churned = [0u32; 2];
     for seed in seeds {
-        suspended[(seed % 2) as usize] += u32::from(failing_legs_seed(seed));
+        let (suspends, churns) = failing_legs_seed(seed);
+        suspended[(seed % 2) as usize] += u32::from(suspends);
+        churned[(seed % 2) as usize] += churns;
     }
-    // A code probe: on each layout the faults did make some sync refuse to commit.
+    // Code probes: on each layout the faults did make some sync refuse to commit, and leaves
+    // did go out of service and back.
     assert!(!many || suspended.iter().all(|&n| n > 0), "suspended per layout: {suspended:?}");
+    assert!(!many || churned.iter().all(|&n| n > 0), "offline/online/clear per layout: {churned:?}");
 }
 
-/// One seed of the swarm; returns whether the store suspended.
-fn failing_legs_seed(seed: u64) -> bool {
+/// One seed of the swarm; returns whether the store suspended, and how many offlines,
+/// onlines and clears it made.
+fn failing_legs_seed(seed: u64) -> (bool, u32) {
     use sluice_engine::pool::{PoolSpec, TopSpec};
     use sluice_engine::rt::Rng;
     const BLOCKS: u64 = 64;
@@ -225,8 +232,25 @@ fn failing_legs_seed(seed: u64) -> bool {
             let durable = |may_be: &mut Vec<Vec<u8>>, block: u64, value: u8| {
                 may_be[block as usize] = vec![value];
             };
+            // Leaves taken out of service and back (`zpool offline`, `online`, `clear`)
+            // between the steps, from a stream of their own so the steps stay each seed's:
+            // a sync must then also count the copies an offline leaf skipped, and a leaf back
+            // in service resilvers what it missed while the faults go on.
+            let mut churn = Rng::new(seed ^ 0x00c0_ffee);
+            let mut churned = 0u32;
             for step in 0..200u32 {
                 let value = (step % 250 + 1) as u8;
+                if churn.chance(0.04) {
+                    let leaf = format!("leg{}", churn.below(width));
+                    // Refusals are expected (the last complete copy stays in service); a
+                    // failed sync inside one suspends the store, checked below.
+                    let done = match churn.below(3) {
+                        0 => store.offline_leaf(&leaf, true).await.is_ok(),
+                        1 => store.online_leaf(&leaf).await.is_ok(),
+                        _ => store.clear_leaves(Some(&leaf)).await.is_ok(),
+                    };
+                    churned += u32::from(done);
+                }
                 match rng.below(10) {
                     0 => legs[rng.below(width) as usize].inject(Fault::FlushError),
                     1 => {
@@ -284,7 +308,7 @@ fn failing_legs_seed(seed: u64) -> bool {
                     &may[1..]
                 );
             }
-            suspended
+            (suspended, churned)
         })
         .unwrap();
     result
