@@ -194,7 +194,10 @@ fn acknowledged_writes_survive_failing_legs_swarm() {
     // Code probes: on each layout the faults did make some sync refuse to commit, and leaves
     // did go out of service and back.
     assert!(!many || suspended.iter().all(|&n| n > 0), "suspended per layout: {suspended:?}");
-    assert!(!many || churned.iter().all(|&n| n > 0), "offline/online/clear per layout: {churned:?}");
+    assert!(
+        !many || churned.iter().all(|&n| n > 0),
+        "offline/online/clear per layout: {churned:?}"
+    );
 }
 
 /// One seed of the swarm; returns whether the store suspended, and how many offlines,
