@@ -225,6 +225,8 @@ fi
 if [ -n "$cg_dir" ] && ! { mkdir -p "$cg_dir" && [ -f "$cg_dir/$cg_limit" ]; }; then
   rmdir "$cg_dir" 2>/dev/null || true; cg_dir=""
 fi
+# Removed on any exit; cleanup (below) takes this over once there are servers to stop.
+trap '[ -z "$cg_dir" ] || rmdir "$cg_dir" 2>/dev/null || true' EXIT
 [ -n "$cg_dir" ] || echo "peers: no memory cgroup here: the peers' read rows may be served from the page cache (see their disk bytes per operation)" >&2
 cache_cap="none"; [ -n "$cg_dir" ] && cache_cap=$PAGE_CACHE_CAP
 confine() {  # moves server $1 into the peers' cgroup
