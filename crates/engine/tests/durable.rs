@@ -166,8 +166,8 @@ fn a_sync_commits_when_one_leaf_holds_everything_flushed() {
 /// seeds) whose leaves fail writes over random ranges and fail flushes, on and off at random,
 /// and now and then go offline, online or are cleared, while a client writes (some with FUA),
 /// flushes and syncs, until the store suspends or the steps run out; then power is cut (each
-/// leg losing its unflushed writes its own way) and the pool imported. Every block must read back as its
-/// last write the store acknowledged as durable, or as a write made after it. Seeds from
+/// leg losing its unflushed writes its own way) and the pool imported. Every block must read
+/// back as its last write the store acknowledged as durable, or as a write made after it. Seeds from
 /// `SLUICE_DURABLE_SEEDS` (default 200, about half a second); one with `SLUICE_DURABLE_SEED`.
 #[test]
 fn acknowledged_writes_survive_failing_legs_swarm() {
@@ -191,8 +191,10 @@ fn acknowledged_writes_survive_failing_legs_swarm() {
         suspended[(seed % 2) as usize] += u32::from(suspends);
         churned[(seed % 2) as usize] += churns;
     }
-    // Code probes: on each layout the faults did make some sync refuse to commit, and leaves
-    // did go out of service and back.
+    // Code probes: on each layout the faults did make some sync refuse to commit, and some
+    // offline, online or clear call succeeded. The second is weak: `online` of a leaf in
+    // service and `clear` succeed without taking anything out (on raidz1 no leaf was seen
+    // going offline and back).
     assert!(!many || suspended.iter().all(|&n| n > 0), "suspended per layout: {suspended:?}");
     assert!(
         !many || churned.iter().all(|&n| n > 0),
@@ -200,8 +202,8 @@ fn acknowledged_writes_survive_failing_legs_swarm() {
     );
 }
 
-/// One seed of the swarm; returns whether the store suspended, and how many offlines,
-/// onlines and clears it made.
+/// One seed of the swarm; returns whether the store suspended, and how many of its offline,
+/// online and clear calls succeeded.
 fn failing_legs_seed(seed: u64) -> (bool, u32) {
     use sluice_engine::pool::{PoolSpec, TopSpec};
     use sluice_engine::rt::Rng;
