@@ -36,8 +36,8 @@
 #   finishes into the page cache, as nbdkit's file plugin does, would be credited with the
 #   page cache's speed).
 # - Reads read from the disk wherever a target caches nothing: the kernel's page cache is
-#   dropped before every read job, for every target, and while a read job runs the peers'
-#   servers may keep no more than PAGE_CACHE_CAP of it (a memory cgroup; see below): enough
+#   dropped before every read job, for every target, and while a read job runs nbdkit may
+#   keep no more than PAGE_CACHE_CAP of it (a memory cgroup; see below): enough
 #   for the kernel's readahead, which counts (it is what users get), too little to hold what
 #   an earlier pass over the span read. A 10 s job passes over its 1 GiB span many times, and
 #   nbdkit's file plugin reads through the page cache even with cache=none: unbounded, it
@@ -197,46 +197,50 @@ span_mib=$(( span_mib / 4 * 4 ))
 span=${span_mib}M
 ramp=1
 tck=$(getconf CLK_TCK)
-# The disk under --dir, whose reads and writes each job's sample counts.
-disk_dev() {
-  local src; src=$(df --output=source "$1" | tail -1)
-  local d; d=$(lsblk -no PKNAME "$src" 2>/dev/null | head -1 || true)
-  echo "${d:-$(basename "$src")}"
-}
-
+# The device under --dir (major:minor), whose reads and writes each job's sample counts.
 rm -rf "$dir"; mkdir -p "$dir"
-disk=$(disk_dev "$dir")
-grep -q " $disk " /proc/diskstats ||
-  { echo "peers: the disk under $dir ($disk) is not in /proc/diskstats; disk bytes per operation will read 0" >&2; }
+disk=$(findmnt -no MAJ:MIN -T "$dir" 2>/dev/null | head -1 | tr -d ' ')
+awk -v d="$disk" '$1 ":" $2 == d { found = 1 } END { exit !found }' /proc/diskstats ||
+  { echo "peers: the device under $dir (${disk:-unknown}) is not in /proc/diskstats; disk bytes per operation will read n/a" >&2; }
 
-# The peers' servers (qemu-nbd, nbdkit) run in a memory cgroup of their own, unbounded but while
-# a read job runs, when it may hold PAGE_CACHE_CAP: the page cache a server's reads fill is
-# charged to it, so readahead works and nothing read in an earlier pass stays. cgroup v2 and
-# v1 both work; without either the read rows say so (cache_cap "none" in the report).
+# nbdkit's file plugin reads through the page cache even with cache=none (qemu-nbd's cache=none
+# is O_DIRECT), so nbdkit runs in a memory cgroup of its own: unbounded, but while a read job
+# runs, when it may hold PAGE_CACHE_CAP above what it held once the caches were dropped (its own
+# memory): the page cache its reads fill is charged to it, so readahead works and nothing read in
+# an earlier pass stays. cgroup v2 (memory.high, which reclaims without killing) and v1
+# (memory.limit_in_bytes, which reclaims the page cache first) both work; a kill by the cgroup
+# fails the row. Without either, the read rows say so (cache_cap "none" in the report).
 PAGE_CACHE_CAP=$(( 64 << 20 ))
-cg_dir=""; cg_limit=""; cg_unlimited=""
+cg_dir=""; cg_limit=""; cg_unlimited=""; cg_usage=""; cg_events=""
 if [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; then
   grep -qw memory /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null ||
     echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
-  cg_dir=/sys/fs/cgroup/sluice-peers-$$; cg_limit=memory.max; cg_unlimited=max
+  cg_dir=/sys/fs/cgroup/sluice-peers-$$; cg_limit=memory.high; cg_unlimited=max; cg_usage=memory.current
+  cg_events=memory.events
 elif [ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then
   cg_dir=/sys/fs/cgroup/memory/sluice-peers-$$; cg_limit=memory.limit_in_bytes; cg_unlimited=-1
+  cg_usage=memory.usage_in_bytes; cg_events=memory.oom_control
 fi
 if [ -n "$cg_dir" ] && ! { mkdir -p "$cg_dir" && [ -f "$cg_dir/$cg_limit" ]; }; then
   rmdir "$cg_dir" 2>/dev/null || true; cg_dir=""
 fi
 # Removed on any exit; cleanup (below) takes this over once there are servers to stop.
 trap '[ -z "$cg_dir" ] || rmdir "$cg_dir" 2>/dev/null || true' EXIT
-[ -n "$cg_dir" ] || echo "peers: no memory cgroup here: the peers' read rows may be served from the page cache (see their disk bytes per operation)" >&2
+[ -n "$cg_dir" ] || echo "peers: no memory cgroup here: nbdkit's read rows may be served from the page cache (see their disk bytes per operation)" >&2
 cache_cap="none"; [ -n "$cg_dir" ] && cache_cap=$PAGE_CACHE_CAP
-confine() {  # moves server $1 into the peers' cgroup
+confine() {  # moves server $1 into the page-cache cgroup
   [ -n "$cg_dir" ] || return 0
   echo "$1" >"$cg_dir/cgroup.procs" || { echo "peers: could not move process $1 into $cg_dir" >&2; exit 1; }
 }
-cap_page_cache() {  # on | off
+cap_page_cache() {  # on | off; on right after the caches were dropped
   [ -n "$cg_dir" ] || return 0
-  local v=$cg_unlimited; [ "$1" = on ] && v=$PAGE_CACHE_CAP
+  local v=$cg_unlimited
+  [ "$1" = on ] && v=$(( $(cat "$cg_dir/$cg_usage") + PAGE_CACHE_CAP ))
   echo "$v" >"$cg_dir/$cg_limit" || { echo "peers: could not set $cg_dir/$cg_limit to $v" >&2; exit 1; }
+}
+cg_kills() {  # processes the cgroup's limit killed so far
+  [ -n "$cg_dir" ] || { echo 0; return; }
+  awk '$1 == "oom_kill" { n = $2 } END { print n + 0 }' "$cg_dir/$cg_events" 2>/dev/null
 }
 # Room for every image first: a run that fills the filesystem halfway through fails its targets
 # one by one (and leaves too little for anything else). The peers' files are --size, each
@@ -312,7 +316,7 @@ fi
 if wanted qemu-nbd; then
   truncate -s "$size" "$dir/qemu.img"
   qemu-nbd -f raw --cache=none --aio=native -e 64 -t -k "$dir/qemu.sock" -x disk "$dir/qemu.img" &
-  pid_of[qemu-nbd]=$!; pids+=($!); wait_socket "$dir/qemu.sock" disk; check_pid "$!" qemu-nbd; confine "$!"
+  pid_of[qemu-nbd]=$!; pids+=($!); wait_socket "$dir/qemu.sock" disk; check_pid "$!" qemu-nbd
   uri_of[qemu-nbd]="nbd+unix:///disk?socket=$dir/qemu.sock"
   prefill --ioengine=nbd --uri="${uri_of[qemu-nbd]}"
   add_target qemu-nbd "qemu-nbd on a raw file, cache=none, aio=native, up to 64 connections" "${all_jobs[*]}" 0
@@ -488,7 +492,7 @@ machine_ticks() {
 
 # The disk's sectors read and written so far.
 disk_sectors() {
-  awk -v d="$disk" '$3 == d { print $6, $10; found = 1; exit } END { if (!found) print 0, 0 }' /proc/diskstats
+  awk -v d="$disk" '$1 ":" $2 == d { print $6, $10; found = 1; exit } END { if (!found) print "-", "-" }' /proc/diskstats
 }
 
 sample() {  # time, the machine's busy ticks and the disk's sectors, then the server's /proc/PID/stat and every thread's context switches
@@ -509,7 +513,8 @@ run_one() {
   target_args "$target"
   job_args "$job"
   echo "peers: round $round/$rounds, $job, $target" >&2
-  rm -f "$base".{before,after,exit,end,settled}
+  rm -f "$base".{before,after,exit,end,settled,kills}
+  local kills; kills=$(cg_kills)
   if [[ $job == *read* ]]; then
     # Reads come from the disk, not from what the kernel kept of earlier writes.
     sync; echo 3 >/proc/sys/vm/drop_caches
@@ -531,6 +536,7 @@ run_one() {
   sample "$pid" >"$base.exit"
   fio_pid=""
   if [[ $job == *read* ]]; then cap_page_cache off; fi
+  echo $(( $(cg_kills) - kills )) >"$base.kills"
   if [ -n "${pool_of[$target]:-}" ] && [[ $job == *write* || $job == mixed* ]]; then
     sample "$pid" >"$base.end"
     "${bin_of[$target]}" pool sync "${pool_of[$target]}" >/dev/null
@@ -552,6 +558,11 @@ except Exception as e:
     done(error=f"fio: {err[-1] if err else e}")
 if j.get("error"):
     done(error=f"fio error {j['error']}")
+try:
+    if int(open(base + ".kills").read()) and target == "nbdkit":
+        done(error="the page-cache cgroup's limit killed nbdkit")
+except (OSError, ValueError):
+    pass
 rw = j["read"] if "read" in job else j["write"]
 if not rw["total_ios"]:
     done(error="fio did no I/O")
@@ -571,10 +582,14 @@ def read_sample(name):
     try:
         lines = open(f"{base}.{name}").read().splitlines()
         t = float(lines[0])
-        machine, disk_read, disk_written = (int(x) for x in lines[1].split())
+        fields = lines[1].split()
+        machine = int(fields[0])
     except (OSError, IndexError, ValueError):
         return None
-    disks[name] = (disk_read, disk_written)
+    try:
+        disks[name] = (int(fields[1]), int(fields[2]))
+    except (IndexError, ValueError):  # "-": the device is not in /proc/diskstats
+        pass
     if len(lines) < 3:
         return t, machine, None, {}
     try:
@@ -604,8 +619,9 @@ if before and after and after[0] > before[0]:
     per_s = iops * (after[0] - before[0])
     row.update(mcpu_us_op=machine / per_s * 1e6)
     # What the disk read and wrote per operation: a read job served from memory shows here.
-    (r0, w0), (r1, w1) = disks["before"], disks["after"]
-    row.update(disk_read_kib_op=(r1 - r0) / 2 / per_s, disk_written_kib_op=(w1 - w0) / 2 / per_s)
+    if "before" in disks and "after" in disks:
+        (r0, w0), (r1, w1) = disks["before"], disks["after"]
+        row.update(disk_read_kib_op=(r1 - r0) / 2 / per_s, disk_written_kib_op=(w1 - w0) / 2 / per_s)
     if cpu is not None:
         row.update(cpu_us_op=cpu / per_s * 1e6, ctx_op=switches / per_s)
     elif target != "raw":
@@ -627,6 +643,12 @@ if end and settled:
     row.update(settle_mcpu_us_op=machine / rw["total_ios"] * 1e6)
     if cpu is not None:
         row.update(settle_cpu_us_op=cpu / rw["total_ios"] * 1e6, settle_ctx_op=switches / rw["total_ios"])
+# What the disk wrote after the measured period, over all the job's operations: the end flush
+# (to fio's exit) and the txg sluice's sync after the job wrote out.
+if "write" in job or job.startswith("mixed"):
+    tail = [(a, b) for a, b in (("after", "exit"), ("end", "settled")) if a in disks and b in disks]
+    if tail:
+        row.update(end_disk_written_kib_op=sum(disks[b][1] - disks[a][1] for a, b in tail) / 2 / rw["total_ios"])
 done()
 EOF
 }

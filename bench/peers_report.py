@@ -203,14 +203,16 @@ prepared = (
     if warmup
     else "written once before the first round"
 )
+# Runs before the cap was recorded had none.
 cap = meta.get("page_cache_cap", "none")
 read_cap = (
-    f", and while one runs the peers' servers may hold no more than {int(cap) >> 20} MiB of it "
-    "(a memory cgroup): room for the kernel's readahead, which counts, but not for what an "
-    "earlier pass over the span read (\"disk KiB/op\" shows what the disk read per read)"
+    f", and while one runs nbdkit (whose file plugin reads through it even with cache=none) may "
+    f"hold no more than {int(cap) >> 20} MiB of it above its own memory (a memory cgroup): room "
+    "for the kernel's readahead, which counts, but not for what an earlier pass over the span "
+    "read (\"disk KiB/op\" shows what the disk read per read)"
     if cap != "none"
-    else ", but this machine had no memory cgroup to bound it while a job runs: a peer's "
-    "reads may come from what an earlier pass over the span left there (see \"disk KiB/op\")"
+    else ", but no memory cgroup bounded it while a job ran: a peer's reads may come from what an "
+    "earlier pass over the span left there (see \"disk KiB/op\")"
 )
 out.append(
     f"\nEach round runs every job on every target in turn (the order of targets rotated each "
@@ -234,7 +236,10 @@ out.append(
     f"The kernel's page cache is dropped before every read job{read_cap}. The -z jobs write data that "
     "compresses to about half (fio --buffer_compress_percentage=50 --refill_buffers); the "
     "others fio's default random buffers, which lz4 cannot shrink. mixed-8 works over the "
-    "whole volume.\n"
+    "whole volume. \"disk KiB/op\" is what the device under the data dir read (read jobs) or "
+    "wrote (the others) in the measured period per operation, one target running at a time; "
+    "for writes, \"+N\" is what it wrote after that period, over all the job's operations: the "
+    "end flush and, for sluice, the sync after the job.\n"
 )
 
 # The goals, judged from the medians (and, for the flush tail, from each round's pair).
@@ -479,7 +484,11 @@ for job in jobs:
             if settle is not None:
                 cpu += f" (+{fmt(settle)})"
             cells += [cpu, fmt(machine_cpu(job, t)), fmt(median(job, t, "ctx_op"), 2)]
-        cells.append(fmt(median(job, t, disk_key), 1))
+        disk = fmt(median(job, t, disk_key), 1)
+        tail = median(job, t, "end_disk_written_kib_op") if not read_row(job) else None
+        if tail is not None and disk != "n/a":
+            disk += f" (+{fmt(tail, 1)})"
+        cells.append(disk)
         out.append(f"| {names.get(t, t)} | " + " | ".join(cells) + " |")
     if (job, "sluice") in runs and (job, "qemu-nbd") in runs:
         cells = [fmt_ratio(ratio(median(job, "sluice", key), median(job, "qemu-nbd", key))), "", ""]
