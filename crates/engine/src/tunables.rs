@@ -217,14 +217,16 @@ tunable_table! {
          until read or until the stream has been idle 2 s. 0 turns prefetch off.";
     ZfetchMaxStreams = "zfetch.max_streams", Kind::Count { min: 1, max: 64 }, "8",
         "Sequential read streams followed per volume (ZFS: zfetch_max_streams).";
-    ZfetchRewriteRunBytes = "zfetch.rewrite_run_bytes", Kind::Bytes { min: 0, max: 1 << 30 }, "128K",
+    ZfetchRewriteRunBytes = "zfetch.rewrite_run_bytes", Kind::Bytes { min: 0, max: 128 << 10 }, "128K",
         "A read that continues a sequential stream and finds its blocks on disk in runs of \
          fewer bytes than this on average (random writes scattered them) hands the blocks it \
          read to the open txg, whose sync writes them side by side, so the next pass over \
          them reads in few large I/Os (WAFL's read reallocation). Blocks a snapshot, a clone's \
          origin or the dedup table shares are left where they are, and blocks are handed over \
-         only while the open txg holds under a quarter of txg.dirty_max and the pool's free \
-         space leaves twice the room. 0 turns it off.";
+         only while the open txg holds under a quarter of txg.dirty_max, the pool's free \
+         space leaves twice the room, and its free ranges of 128 KiB or more can take them \
+         (where the free space is all small holes they would lie as scattered as before). At \
+         most 128K, the run those ranges give; 0 turns it off.";
     VolumePlacement = "volume.placement", Kind::Choice(PLACEMENTS), "home",
         "Which serving core runs a volume's NBD connections (sluice serve). home: every \
          connection to one volume moves, once its client has chosen the volume, to that \

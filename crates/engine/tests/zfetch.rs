@@ -6,7 +6,8 @@
 //! itself on one leaf and is healed on a mirror; an encrypted volume's blocks fetched ahead
 //! open with its key and not without. And the rewrite of what a stream's reads find scattered
 //! (txg/dmu_rewrite.rs): the blocks come to lie side by side and read back the same; blocks a
-//! snapshot shares stay where they are; a write that lands while the read is in flight is
+//! snapshot shares stay where they are, and so do blocks that the pool's free space, all in
+//! small holes, could hold no better; a write that lands while the read is in flight is
 //! never undone by the rewrite.
 
 use crate::common;
@@ -401,6 +402,49 @@ fn scattered_blocks_a_stream_reads_are_rewritten_side_by_side_and_read_the_same(
         read.unwrap();
     }
     assert_eq!(rewrites(&store), (0, 0, 0, 0));
+}
+
+#[test]
+fn scattered_blocks_stay_where_they_lie_when_the_free_space_is_small_holes() {
+    let sim = Sim::new(9);
+    let legs = common::legs(&sim, 1, ssd(), LEG_BYTES);
+    let (store, data) = scattered(&sim, &legs, &no_data_cached());
+    // Another volume takes every free range it can, then gives back every other block: the
+    // free space left is 16 KiB holes, where rewritten blocks would lie as scattered as
+    // they do now.
+    let filler_bytes = LEG_BYTES;
+    store.create_volume("f", filler_bytes, BLOCK as u32).unwrap();
+    let s = Arc::clone(&store);
+    sim.run(async move {
+        let chunk = common::random_bytes(77, 1 << 20);
+        let mut filled = 0;
+        while filled < filler_bytes && s.write("f", filled, &chunk).await.is_ok() {
+            filled += chunk.len() as u64;
+            if filled % (8 << 20) == 0 {
+                s.sync().await.unwrap();
+            }
+        }
+        assert!(filled < filler_bytes, "the filler found room for all of itself");
+        s.sync().await.unwrap();
+        for at in (0..filled).step_by(2 * BLOCK as usize) {
+            s.zero("f", at, BLOCK).await.unwrap();
+        }
+        // The frees wait out their deferral.
+        for _ in 0..4 {
+            s.sync().await.unwrap();
+        }
+    })
+    .unwrap();
+    let before = all_block_pointers(&sim, &store);
+    let got: Vec<u8> =
+        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    assert!(got == data, "the volume read in order returned wrong bytes");
+    let (scattered_reads, rewritten, _, deferred) = rewrites(&store);
+    assert!(scattered_reads > 0, "no read found its blocks scattered");
+    assert_eq!(rewritten, 0, "blocks were rewritten into small holes");
+    assert!(deferred > 0, "no block was deferred");
+    sync(&sim, &store);
+    assert!(all_block_pointers(&sim, &store) == before, "a scattered block moved");
 }
 
 #[test]

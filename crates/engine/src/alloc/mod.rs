@@ -86,6 +86,10 @@ pub fn room_tier(block_bytes: u64) -> usize {
         .unwrap_or_else(|| panic!("a block of {block_bytes} bytes is larger than any counted room"))
 }
 
+/// Free ranges of at least this many bytes after a vdev's log region are counted as room for
+/// long runs ([`Allocator::run_room_bytes`]): where blocks written together still lie in runs
+/// that a sequential read takes in few device commands (dmu_rewrite.rs's default run).
+pub const RUN_ROOM_BYTES: u64 = 128 << 10;
 /// Below this percentage of a vdev's space free, allocations take the smallest range that fits.
 const BEST_FIT_FREE_PCT: u64 = 4;
 /// ... and likewise once no free range of the vdev is this long.
@@ -241,6 +245,7 @@ impl VdevSpace {
         self.log_region_end = self.data_start + bytes;
         self.cursor = self.log_region_end;
         self.ditto_cursor = self.log_region_end + (self.data_end - self.log_region_end) / 2;
+        self.free.count_runs(RUN_ROOM_BYTES, self.log_region_end);
     }
 
     /// The bytes an intent-log block of `psize` allocates here: on RAID-Z, as the vdev lays
@@ -927,6 +932,15 @@ impl Allocator {
         self.room_bytes_for(METADATA_BLOCK_BYTES_MAX)
     }
 
+    /// Free space (on data vdevs taking new blocks) in ranges after the log region of at least
+    /// [`RUN_ROOM_BYTES`]: what blocks written together can take and still lie in long runs.
+    /// Once random writes have left the rest in small holes, blocks placed there lie as
+    /// scattered as before.
+    pub fn run_room_bytes(&self) -> u64 {
+        let taking = self.vdevs.iter().filter(|v| !v.log_only && !v.removing);
+        taking.map(|v| v.free.run_bytes()).sum()
+    }
+
     /// Free space (on data vdevs) that data blocks of `block_bytes` could take, each free range
     /// counted in whole blocks of the smallest of [`ROOM_BLOCK_BYTES`] that holds one: what
     /// admission weighs a volume's writes against.
@@ -1474,6 +1488,7 @@ impl Allocator {
             }
             let space = &mut allocator.vdevs[vdev];
             space.free = free;
+            space.free.count_runs(RUN_ROOM_BYTES, space.log_region_end);
             space.cursor = space.log_region_end;
             synced_txg = synced_txg.max(map.synced_txg);
         }

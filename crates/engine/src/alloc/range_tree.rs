@@ -26,6 +26,11 @@ pub struct RangeTree {
     /// For each of `room_units`, the bytes blocks of that size could use: of each range, its
     /// largest multiple of the unit.
     room: [u64; ROOM_TIERS],
+    /// Bytes in long runs: of each range, its part at or after `runs_lo` if that part is at
+    /// least `runs_floor` (0: nothing is counted). See [`RangeTree::count_runs`].
+    runs_floor: u64,
+    runs_lo: u64,
+    runs: u64,
 }
 
 impl RangeTree {
@@ -58,6 +63,28 @@ impl RangeTree {
         self.total
     }
 
+    /// From now on counts the bytes of free ranges that lie at or after `lo` in parts of at
+    /// least `floor` bytes ([`RangeTree::run_bytes`]); `floor` 0 counts nothing.
+    pub fn count_runs(&mut self, floor: u64, lo: u64) {
+        (self.runs_floor, self.runs_lo) = (floor, lo);
+        self.runs = self.ranges.iter().map(|(&start, &end)| self.run_part(start, end)).sum();
+    }
+
+    /// Free bytes in long runs, as [`RangeTree::count_runs`] set: where blocks written
+    /// together can lie side by side.
+    pub fn run_bytes(&self) -> u64 {
+        self.runs
+    }
+
+    fn run_part(&self, start: u64, end: u64) -> u64 {
+        let part = end.saturating_sub(start.max(self.runs_lo));
+        if self.runs_floor > 0 && part >= self.runs_floor {
+            part
+        } else {
+            0
+        }
+    }
+
     /// Bytes of the ranges inside `[lo, hi)`.
     pub fn bytes_within(&self, lo: u64, hi: u64) -> u64 {
         // The range that starts before `lo` may reach into the span.
@@ -85,12 +112,14 @@ impl RangeTree {
         self.ranges.insert(start, end);
         self.by_size.insert((end - start, start));
         self.count_room(end - start, true);
+        self.runs += self.run_part(start, end);
     }
 
     fn drop_range(&mut self, start: u64) {
         if let Some(end) = self.ranges.remove(&start) {
             self.by_size.remove(&(end - start, start));
             self.count_room(end - start, false);
+            self.runs -= self.run_part(start, end);
         }
     }
 
@@ -386,6 +415,25 @@ mod tests {
     }
 
     #[test]
+    fn run_bytes_count_long_parts_after_the_bound() {
+        let mut t = RangeTree::default();
+        t.insert(0, 100);
+        t.insert(200, 50);
+        // Nothing counted until asked.
+        assert_eq!(t.run_bytes(), 0);
+        // [0, 100) has 70 after 30: long enough; [200, 250) is too short.
+        t.count_runs(60, 30);
+        assert_eq!(t.run_bytes(), 70);
+        // A merge makes a short range long; a split makes a long one short.
+        t.insert(250, 20);
+        assert_eq!(t.run_bytes(), 70 + 70);
+        t.remove(60, 10);
+        assert_eq!(t.run_bytes(), 70);
+        t.remove_within(0, 300);
+        assert_eq!(t.run_bytes(), 0);
+    }
+
+    #[test]
     fn inserts_merge_and_removes_split() {
         let mut tree = RangeTree::default();
         tree.insert(0, 4096);
@@ -446,6 +494,8 @@ mod tests {
         fn matches_a_bitmap(ops in proptest::collection::vec((any::<bool>(), 0u64..64, 1u64..8), 1..200)) {
             let mut tree = RangeTree::with_room_units([2048, 1024, 4096, 0]);
             tree.insert(0, 64 * 512);
+            // Parts of at least 6 sectors from sector 5 on.
+            tree.count_runs(6 * 512, 5 * 512);
             let mut free = [true; 64];
             for (allocate, at, n) in ops {
                 let n = n.min(64 - at);
@@ -478,6 +528,8 @@ mod tests {
                     prop_assert_eq!(tree.room_bytes(tier), runs.iter().map(|r| r.0 / unit * unit).sum::<u64>());
                 }
                 prop_assert_eq!(tree.room_bytes(3), tree.total_bytes());
+                let long = |&(len, start): &(u64, u64)| (start + len).saturating_sub(start.max(5 * 512));
+                prop_assert_eq!(tree.run_bytes(), runs.iter().map(long).filter(|&l| l >= 6 * 512).sum::<u64>());
                 for want in [512u64, 2048, 4096] {
                     let smallest = runs.iter().filter(|r| r.0 >= want).min().map(|r| r.1);
                     prop_assert_eq!(tree.best_fit(want, 512), smallest);

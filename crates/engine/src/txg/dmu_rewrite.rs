@@ -32,6 +32,13 @@
 //!   pool's free space leaves twice the room they take, with no writer waiting for space
 //!   (dmu_tx.rs, `Admission::try_admit_rewrite`); otherwise they wait for the next pass. The
 //!   read is answered the same either way.
+//! - A rewrite must leave its blocks in longer runs than it found them in: they go in only
+//!   while what the open and syncing txgs still place, these blocks included, fits in half
+//!   the pool's free ranges of at least `alloc::RUN_ROOM_BYTES` after the log regions
+//!   (`Allocator::run_room_bytes`). Without that, once random writes had left the free space
+//!   in 16 KiB holes, rewritten blocks went into holes as scattered as those they left, the
+//!   next pass found them scattered again, and an uncached stream over an aged 1 GiB span
+//!   rewrote 5 GiB before its runs grew long, writing up to 570 KiB per MiB it read.
 //! - A block rewritten is born in the rewrite's txg. OpenZFS's `zfs rewrite -P` keeps a
 //!   block's logical birth in a field of its own so incremental sends skip it; sluice's
 //!   pointers have one birth, but every block rewritten was born after the newest snapshot,
@@ -137,6 +144,20 @@ pub(super) fn rewrite(
     let offered = blocks.len() as u64;
     let spa = admission.spa;
     let bs = u64::from(dataset.block_bytes);
+    // Everything the open and syncing txgs still place, these blocks included, must fit in
+    // half the room for long runs (the txgs' other blocks take from it too); weighed first,
+    // as it is what an aged pool most often lacks, and before anything is copied.
+    let long_runs = {
+        let txg = admission.txg.lock();
+        let placing = txg.dirty_to_allocate()
+            + txg.syncing_bytes()
+            + spa.pool().inflate(offered * bs, bs);
+        placing <= spa.allocator().lock().run_room_bytes() / 2
+    };
+    if !long_runs {
+        stats.blocks_deferred.add(offered);
+        return;
+    }
     // A rollback holds the gate until its sync has replaced the tree: blocks read from the
     // tree it discards must not come back after it.
     let not_rolling_back = dataset.rollback_gate.try_read();
@@ -191,8 +212,8 @@ pub(super) fn rewrite(
             v.open.insert(index, Block::Data(data));
             added += 1;
         }
-        let alloc = spa.pool().inflate(added * bs, bs);
-        txg.count_dirty(added * bs, alloc, new_groups * metadata_per_group, added);
+        let added_alloc = spa.pool().inflate(added * bs, bs);
+        txg.count_dirty(added * bs, added_alloc, new_groups * metadata_per_group, added);
         admitted.landed();
         dataset.dirty_bytes.fetch_add(added * bs, Ordering::Relaxed);
         (added, shared, txg.dirty_bytes() >= dirty_max / 8)
