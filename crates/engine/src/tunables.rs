@@ -224,9 +224,9 @@ tunable_table! {
          them reads in few large I/Os (WAFL's read reallocation). Blocks a snapshot, a clone's \
          origin or the dedup table shares are left where they are, and blocks are handed over \
          only while the open txg holds under a quarter of txg.dirty_max, the pool's free \
-         space leaves twice the room, and its free ranges of 128 KiB or more can take them \
-         (where the free space is all small holes they would lie as scattered as before). At \
-         most 128K, the run those ranges give; 0 turns it off.";
+         space leaves twice the room, and its free ranges can take them in runs twice as \
+         long as they were found in, or this long (where the free space is all small holes \
+         they would lie as scattered as before). At most 128K; 0 turns it off.";
     VolumePlacement = "volume.placement", Kind::Choice(PLACEMENTS), "home",
         "Which serving core runs a volume's NBD connections (sluice serve). home: every \
          connection to one volume moves, once its client has chosen the volume, to that \

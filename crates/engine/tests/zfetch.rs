@@ -6,8 +6,8 @@
 //! itself on one leaf and is healed on a mirror; an encrypted volume's blocks fetched ahead
 //! open with its key and not without. And the rewrite of what a stream's reads find scattered
 //! (txg/dmu_rewrite.rs): the blocks come to lie side by side and read back the same; blocks a
-//! snapshot shares stay where they are, and so do blocks that the pool's free space, all in
-//! small holes, could hold no better; a write that lands while the read is in flight is
+//! snapshot shares stay where they are, and where the pool's free space is small holes,
+//! blocks move only into runs at least twice as long, so pass after pass none moves often; a write that lands while the read is in flight is
 //! never undone by the rewrite.
 
 use crate::common;
@@ -405,13 +405,13 @@ fn scattered_blocks_a_stream_reads_are_rewritten_side_by_side_and_read_the_same(
 }
 
 #[test]
-fn scattered_blocks_stay_where_they_lie_when_the_free_space_is_small_holes() {
+fn scattered_blocks_move_only_into_longer_runs_when_the_free_space_is_small_holes() {
     let sim = Sim::new(9);
     let legs = common::legs(&sim, 1, ssd(), LEG_BYTES);
     let (store, data) = scattered(&sim, &legs, &no_data_cached());
     // Another volume takes every free range it can, then gives back every other block: the
     // free space left is 16 KiB holes, where rewritten blocks would lie as scattered as
-    // they do now.
+    // they do now, and what the slop reserve keeps.
     let filler_bytes = LEG_BYTES;
     store.create_volume("f", filler_bytes, BLOCK as u32).unwrap();
     let s = Arc::clone(&store);
@@ -435,16 +435,28 @@ fn scattered_blocks_stay_where_they_lie_when_the_free_space_is_small_holes() {
         }
     })
     .unwrap();
-    let before = all_block_pointers(&sim, &store);
-    let got: Vec<u8> =
-        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
-    assert!(got == data, "the volume read in order returned wrong bytes");
+    // Pass after pass, each followed by syncs that see its frees through: every rewrite
+    // must at least double the runs its blocks lie in (16 KiB blocks reach 128 KiB runs in
+    // three), so no block moves more than three times, and the layout never gets worse.
+    let blocks = VOLUME_BYTES / BLOCK;
+    let mut layout = runs(&all_block_pointers(&sim, &store));
+    for pass in 0..8 {
+        let got: Vec<u8> = read_in_order(&sim, &store, 0..VOLUME_BYTES)
+            .into_iter()
+            .flat_map(|r| r.unwrap())
+            .collect();
+        assert!(got == data, "pass {pass}: the volume read in order returned wrong bytes");
+        for _ in 0..4 {
+            sync(&sim, &store);
+        }
+        let now = runs(&all_block_pointers(&sim, &store));
+        assert!(now <= layout, "pass {pass}: {now} runs on disk, {layout} before it");
+        layout = now;
+    }
     let (scattered_reads, rewritten, _, deferred) = rewrites(&store);
     assert!(scattered_reads > 0, "no read found its blocks scattered");
-    assert_eq!(rewritten, 0, "blocks were rewritten into small holes");
-    assert!(deferred > 0, "no block was deferred");
-    sync(&sim, &store);
-    assert!(all_block_pointers(&sim, &store) == before, "a scattered block moved");
+    assert!(deferred > 0, "no block waited for room");
+    assert!(rewritten <= 3 * blocks, "{rewritten} blocks rewritten, of {blocks}");
 }
 
 #[test]

@@ -86,10 +86,11 @@ pub fn room_tier(block_bytes: u64) -> usize {
         .unwrap_or_else(|| panic!("a block of {block_bytes} bytes is larger than any counted room"))
 }
 
-/// Free ranges of at least this many bytes after a vdev's log region are counted as room for
-/// long runs ([`Allocator::run_room_bytes`]): where blocks written together still lie in runs
-/// that a sequential read takes in few device commands (dmu_rewrite.rs's default run).
-pub const RUN_ROOM_BYTES: u64 = 128 << 10;
+/// The run lengths whose room after its log region each vdev's free space keeps count of
+/// ([`Allocator::run_room_bytes`]): where blocks written together still lie in runs that
+/// long, up to dmu_rewrite.rs's default run, which a sequential read takes in few device
+/// commands.
+pub const RUN_ROOM_BYTES: [u64; range_tree::RUN_TIERS] = [32 << 10, 64 << 10, 128 << 10];
 /// Below this percentage of a vdev's space free, allocations take the smallest range that fits.
 const BEST_FIT_FREE_PCT: u64 = 4;
 /// ... and likewise once no free range of the vdev is this long.
@@ -933,12 +934,13 @@ impl Allocator {
     }
 
     /// Free space (on data vdevs taking new blocks) in ranges after the log region of at least
-    /// [`RUN_ROOM_BYTES`]: what blocks written together can take and still lie in long runs.
-    /// Once random writes have left the rest in small holes, blocks placed there lie as
-    /// scattered as before.
-    pub fn run_room_bytes(&self) -> u64 {
+    /// the smallest of [`RUN_ROOM_BYTES`] that is `run_bytes` or more (or the largest): what
+    /// blocks written together can take and still lie in runs that long. Once random writes
+    /// have left the rest in small holes, blocks placed there lie as scattered as before.
+    pub fn run_room_bytes(&self, run_bytes: u64) -> u64 {
+        let tier = RUN_ROOM_BYTES.iter().position(|&b| b >= run_bytes).unwrap_or(RUN_ROOM_BYTES.len() - 1);
         let taking = self.vdevs.iter().filter(|v| !v.log_only && !v.removing);
-        taking.map(|v| v.free.run_bytes()).sum()
+        taking.map(|v| v.free.run_bytes(tier)).sum()
     }
 
     /// Free space (on data vdevs) that data blocks of `block_bytes` could take, each free range

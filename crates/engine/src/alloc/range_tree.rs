@@ -13,6 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// How many block sizes a tree counts room for ([`RangeTree::with_room_units`]).
 pub const ROOM_TIERS: usize = 4;
+/// How many run lengths [`RangeTree::count_runs`] counts free space in.
+pub const RUN_TIERS: usize = 3;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RangeTree {
@@ -26,11 +28,12 @@ pub struct RangeTree {
     /// For each of `room_units`, the bytes blocks of that size could use: of each range, its
     /// largest multiple of the unit.
     room: [u64; ROOM_TIERS],
-    /// Bytes in long runs: of each range, its part at or after `runs_lo` if that part is at
-    /// least `runs_floor` (0: nothing is counted). See [`RangeTree::count_runs`].
-    runs_floor: u64,
+    /// For each of `runs_floors`, the bytes in runs of at least that length: of each range,
+    /// its part at or after `runs_lo` if that part is that long (a floor of 0 counts
+    /// nothing). See [`RangeTree::count_runs`].
+    runs_floors: [u64; RUN_TIERS],
     runs_lo: u64,
-    runs: u64,
+    runs: [u64; RUN_TIERS],
 }
 
 impl RangeTree {
@@ -63,25 +66,34 @@ impl RangeTree {
         self.total
     }
 
-    /// From now on counts the bytes of free ranges that lie at or after `lo` in parts of at
-    /// least `floor` bytes ([`RangeTree::run_bytes`]); `floor` 0 counts nothing.
-    pub fn count_runs(&mut self, floor: u64, lo: u64) {
-        (self.runs_floor, self.runs_lo) = (floor, lo);
-        self.runs = self.ranges.iter().map(|(&start, &end)| self.run_part(start, end)).sum();
+    /// From now on counts, for each of `floors`, the bytes of free ranges that lie at or
+    /// after `lo` in parts of at least that many bytes ([`RangeTree::run_bytes`]); a floor of
+    /// 0 counts nothing.
+    pub fn count_runs(&mut self, floors: [u64; RUN_TIERS], lo: u64) {
+        (self.runs_floors, self.runs_lo) = (floors, lo);
+        self.runs = [0; RUN_TIERS];
+        let ranges: Vec<(u64, u64)> = self.ranges.iter().map(|(&s, &e)| (s, e)).collect();
+        for (start, end) in ranges {
+            self.count_run(start, end, true);
+        }
     }
 
-    /// Free bytes in long runs, as [`RangeTree::count_runs`] set: where blocks written
-    /// together can lie side by side.
-    pub fn run_bytes(&self) -> u64 {
-        self.runs
+    /// Free bytes in runs of at least the `tier`th floor [`RangeTree::count_runs`] set: where
+    /// blocks written together can lie side by side in runs that long.
+    pub fn run_bytes(&self, tier: usize) -> u64 {
+        self.runs[tier]
     }
 
-    fn run_part(&self, start: u64, end: u64) -> u64 {
+    fn count_run(&mut self, start: u64, end: u64, add: bool) {
         let part = end.saturating_sub(start.max(self.runs_lo));
-        if self.runs_floor > 0 && part >= self.runs_floor {
-            part
-        } else {
-            0
+        for (runs, &floor) in self.runs.iter_mut().zip(&self.runs_floors) {
+            if floor > 0 && part >= floor {
+                if add {
+                    *runs += part;
+                } else {
+                    *runs -= part;
+                }
+            }
         }
     }
 
@@ -112,14 +124,14 @@ impl RangeTree {
         self.ranges.insert(start, end);
         self.by_size.insert((end - start, start));
         self.count_room(end - start, true);
-        self.runs += self.run_part(start, end);
+        self.count_run(start, end, true);
     }
 
     fn drop_range(&mut self, start: u64) {
         if let Some(end) = self.ranges.remove(&start) {
             self.by_size.remove(&(end - start, start));
             self.count_room(end - start, false);
-            self.runs -= self.run_part(start, end);
+            self.count_run(start, end, false);
         }
     }
 
@@ -420,17 +432,18 @@ mod tests {
         t.insert(0, 100);
         t.insert(200, 50);
         // Nothing counted until asked.
-        assert_eq!(t.run_bytes(), 0);
-        // [0, 100) has 70 after 30: long enough; [200, 250) is too short.
-        t.count_runs(60, 30);
-        assert_eq!(t.run_bytes(), 70);
+        assert_eq!(t.run_bytes(0), 0);
+        // [0, 100) has 70 after 30: long enough for 60 and 40, not 80; [200, 250) only
+        // for 40.
+        t.count_runs([60, 40, 80], 30);
+        assert_eq!([t.run_bytes(0), t.run_bytes(1), t.run_bytes(2)], [70, 70 + 50, 0]);
         // A merge makes a short range long; a split makes a long one short.
         t.insert(250, 20);
-        assert_eq!(t.run_bytes(), 70 + 70);
+        assert_eq!([t.run_bytes(0), t.run_bytes(1), t.run_bytes(2)], [70 + 70, 70 + 70, 0]);
         t.remove(60, 10);
-        assert_eq!(t.run_bytes(), 70);
+        assert_eq!([t.run_bytes(0), t.run_bytes(1), t.run_bytes(2)], [70, 70, 0]);
         t.remove_within(0, 300);
-        assert_eq!(t.run_bytes(), 0);
+        assert_eq!(t.run_bytes(1), 0);
     }
 
     #[test]
@@ -494,8 +507,8 @@ mod tests {
         fn matches_a_bitmap(ops in proptest::collection::vec((any::<bool>(), 0u64..64, 1u64..8), 1..200)) {
             let mut tree = RangeTree::with_room_units([2048, 1024, 4096, 0]);
             tree.insert(0, 64 * 512);
-            // Parts of at least 6 sectors from sector 5 on.
-            tree.count_runs(6 * 512, 5 * 512);
+            // Parts of at least 6, 2 and 9 sectors from sector 5 on.
+            tree.count_runs([6 * 512, 2 * 512, 9 * 512], 5 * 512);
             let mut free = [true; 64];
             for (allocate, at, n) in ops {
                 let n = n.min(64 - at);
@@ -529,7 +542,10 @@ mod tests {
                 }
                 prop_assert_eq!(tree.room_bytes(3), tree.total_bytes());
                 let long = |&(len, start): &(u64, u64)| (start + len).saturating_sub(start.max(5 * 512));
-                prop_assert_eq!(tree.run_bytes(), runs.iter().map(long).filter(|&l| l >= 6 * 512).sum::<u64>());
+                for (tier, floor) in [6u64, 2, 9].into_iter().enumerate() {
+                    let want = runs.iter().map(long).filter(|&l| l >= floor * 512).sum::<u64>();
+                    prop_assert_eq!(tree.run_bytes(tier), want);
+                }
                 for want in [512u64, 2048, 4096] {
                     let smallest = runs.iter().filter(|r| r.0 >= want).min().map(|r| r.1);
                     prop_assert_eq!(tree.best_fit(want, 512), smallest);

@@ -878,9 +878,9 @@ async fn read_with_status_in(
     }
     // A read that went to the disk fetches ahead (dmu_zfetch.rs).
     let to_disk = reads.iter().any(|r| matches!(r, Read::Span(..) | Read::Held(..)));
-    let mut rewrite = match (on_disk, shared_up_to) {
+    let (mut rewrite, rewrite_run_bytes) = match (on_disk, shared_up_to) {
         (Some(found), Some(up_to)) => dmu_rewrite::plan(dataset, found, run_bytes_min, up_to),
-        _ => Vec::new(),
+        _ => (Vec::new(), 0),
     };
     rewrite.reverse();
     let mut rewritten: Vec<dmu_rewrite::Found> = Vec::with_capacity(rewrite.len());
@@ -986,7 +986,7 @@ async fn read_with_status_in(
     assert_eq!(out.len() as u64, len, "a read returns every byte asked for");
     if !rewritten.is_empty() {
         spa.pause_point("dmu_rewrite.found").await;
-        dmu_rewrite::rewrite(admission, dataset, root, rewritten);
+        dmu_rewrite::rewrite(admission, dataset, root, rewritten, rewrite_run_bytes);
     }
     let mut runs: Vec<(u64, bool)> = Vec::new();
     for (i, &data) in allocated.iter().enumerate() {

@@ -32,13 +32,15 @@
 //!   pool's free space leaves twice the room they take, with no writer waiting for space
 //!   (dmu_tx.rs, `Admission::try_admit_rewrite`); otherwise they wait for the next pass. The
 //!   read is answered the same either way.
-//! - A rewrite must leave its blocks in longer runs than it found them in: they go in only
-//!   while what the open and syncing txgs still place, these blocks included, fits in half
-//!   the pool's free ranges of at least `alloc::RUN_ROOM_BYTES` after the log regions
-//!   (`Allocator::run_room_bytes`). Without that, once random writes had left the free space
-//!   in 16 KiB holes, rewritten blocks went into holes as scattered as those they left, the
-//!   next pass found them scattered again, and an uncached stream over an aged 1 GiB span
-//!   rewrote 5 GiB before its runs grew long, writing up to 570 KiB per MiB it read.
+//! - A rewrite must leave its blocks in runs at least twice as long as it found them in, or
+//!   as long as `zfetch.rewrite_run_bytes` asks: they go in only while what the open and
+//!   syncing txgs still place, these blocks included, fits in half the pool's free ranges of
+//!   that length after the log regions (`Allocator::run_room_bytes`, counted at 32, 64 and
+//!   128 KiB). So a block moves a few times at most, each time into runs twice as long, and
+//!   where the free space is all 16 KiB holes, not at all. Without that, rewritten blocks
+//!   went into holes as scattered as those they left, the next pass found them scattered
+//!   again, and an uncached stream over an aged 1 GiB span on a half-full pool rewrote it
+//!   about nine times over before its runs grew long (bench/rewrite-passes.sh).
 //! - A block rewritten is born in the rewrite's txg. OpenZFS's `zfs rewrite -P` keeps a
 //!   block's logical birth in a field of its own so incremental sends skip it; sluice's
 //!   pointers have one birth, but every block rewritten was born after the newest snapshot,
@@ -64,13 +66,23 @@ fn adjacent(prev: &BlockPointer, next: &BlockPointer) -> bool {
 
 /// Whether a stream's read of `bps` (the blocks it found on disk, in block order, holes left
 /// out) found them scattered: in three runs or more that average fewer than `run_bytes_min`
-/// of the volume's bytes. Two runs are a txg's edge, not scattering.
-fn scattered(bps: &[BlockPointer], block_bytes: u64, run_bytes_min: u64) -> bool {
+/// of the volume's bytes. Two runs are a txg's edge, not scattering. Returns the runs'
+/// average bytes if so.
+fn scattered(bps: &[BlockPointer], block_bytes: u64, run_bytes_min: u64) -> Option<u64> {
     if run_bytes_min == 0 || bps.len() < 3 {
-        return false;
+        return None;
     }
     let runs = 1 + bps.windows(2).filter(|pair| !adjacent(&pair[0], &pair[1])).count() as u64;
-    runs >= 3 && bps.len() as u64 * block_bytes < runs * run_bytes_min
+    let bytes = bps.len() as u64 * block_bytes;
+    (runs >= 3 && bytes < runs * run_bytes_min).then(|| bytes / runs)
+}
+
+/// The runs a rewrite of blocks found in runs of `found_run_bytes` on average must be able to
+/// place them in: twice as long, or `run_bytes_min` (where a read no longer finds them
+/// scattered). A block is so rewritten at most a few times, each leaving it in runs at least
+/// twice as long, until its runs are long enough.
+fn run_wanted(found_run_bytes: u64, run_bytes_min: u64) -> u64 {
+    found_run_bytes.saturating_mul(2).min(run_bytes_min)
 }
 
 /// Blocks of the volume born at or before the returned txg are shared (with a snapshot, a
@@ -90,24 +102,25 @@ fn own(bp: &BlockPointer, shared_up_to: u64) -> bool {
 }
 
 /// The blocks of a stream's read to rewrite: those of `found` (the blocks it reads from the
-/// disk, in block order) that are the volume's alone, if `found` lies scattered; counted in
-/// the volume's statistics.
+/// disk, in block order) that are the volume's alone, if `found` lies scattered, and the
+/// runs the rewrite must be able to place them in ([`run_wanted`]); counted in the volume's
+/// statistics.
 pub(super) fn plan(
     dataset: &Dataset,
     found: Vec<(u64, BlockPointer)>,
     run_bytes_min: u64,
     shared_up_to: u64,
-) -> Vec<(u64, BlockPointer)> {
+) -> (Vec<(u64, BlockPointer)>, u64) {
     let bps: Vec<BlockPointer> = found.iter().map(|&(_, bp)| bp).collect();
-    if !scattered(&bps, u64::from(dataset.block_bytes), run_bytes_min) {
-        return Vec::new();
-    }
+    let Some(found_run) = scattered(&bps, u64::from(dataset.block_bytes), run_bytes_min) else {
+        return (Vec::new(), 0);
+    };
     let stats = &dataset.stats.rewrite;
     stats.scattered_reads.inc();
     let before = found.len();
     let own: Vec<_> = found.into_iter().filter(|(_, bp)| own(bp, shared_up_to)).collect();
     stats.blocks_shared.add((before - own.len()) as u64);
-    own
+    (own, run_wanted(found_run, run_bytes_min))
 }
 
 /// A block a read found scattered: its index, the pointer the read found, and its bytes: a
@@ -133,26 +146,29 @@ impl Found {
 }
 
 /// Hands `blocks`, which a read of `dataset` found scattered under root `root`, to the open
-/// txg where the module's rules allow; counts what it did in the volume's statistics.
+/// txg where the module's rules allow, one being that the pool has room for them in runs of
+/// `run_bytes`; counts what it did in the volume's statistics.
 pub(super) fn rewrite(
     admission: Admission<'_>,
     dataset: &Dataset,
     root: Option<BlockPointer>,
     blocks: Vec<Found>,
+    run_bytes: u64,
 ) {
     let stats = &dataset.stats.rewrite;
     let offered = blocks.len() as u64;
     let spa = admission.spa;
     let bs = u64::from(dataset.block_bytes);
     // Everything the open and syncing txgs still place, these blocks included, must fit in
-    // half the room for long runs (the txgs' other blocks take from it too); weighed first,
-    // as it is what an aged pool most often lacks, and before anything is copied.
+    // half the room for runs of `run_bytes` (the txgs' other blocks take from it too);
+    // weighed first, as it is what an aged pool most often lacks, and before anything is
+    // copied.
     let long_runs = {
         let txg = admission.txg.lock();
         let placing = txg.dirty_to_allocate()
             + txg.syncing_bytes()
             + spa.pool().inflate(offered * bs, bs);
-        placing <= spa.allocator().lock().run_room_bytes() / 2
+        placing <= spa.allocator().lock().run_room_bytes(run_bytes) / 2
     };
     if !long_runs {
         stats.blocks_deferred.add(offered);
@@ -246,22 +262,29 @@ mod tests {
         let bs = 16384;
         // In order: one run.
         let sequential: Vec<_> = (0..64).map(|i| at(i * bs)).collect();
-        assert!(!scattered(&sequential, bs, 256 << 10));
+        assert_eq!(scattered(&sequential, bs, 256 << 10), None);
         // Two runs (a txg's edge): not scattered, however short.
         let two: Vec<_> =
             (0..64).map(|i| at(if i < 32 { i * bs } else { (1000 + i) * bs })).collect();
-        assert!(!scattered(&two, bs, 256 << 10));
+        assert_eq!(scattered(&two, bs, 256 << 10), None);
         // Sixteen runs of four blocks (64 KiB each): scattered at 256 KiB, not at 64 KiB.
         let fours: Vec<_> = (0..64).map(|i| at((i / 4) * 100 * bs + (i % 4) * bs)).collect();
-        assert!(scattered(&fours, bs, 256 << 10));
-        assert!(!scattered(&fours, bs, 64 << 10));
+        assert_eq!(scattered(&fours, bs, 256 << 10), Some(64 << 10));
+        assert_eq!(scattered(&fours, bs, 64 << 10), None);
         // Off.
-        assert!(!scattered(&fours, bs, 0));
+        assert_eq!(scattered(&fours, bs, 0), None);
         // Runs on another vdev break too.
         let mut other = sequential.clone();
         for bp in other.iter_mut().skip(1).step_by(2) {
             *bp = on(1, bp.dvas[0].offset_bytes());
         }
-        assert!(scattered(&other, bs, 256 << 10));
+        assert!(scattered(&other, bs, 256 << 10).is_some());
+    }
+
+    #[test]
+    fn a_rewrite_wants_runs_twice_as_long_up_to_the_runs_asked_for() {
+        assert_eq!(run_wanted(16 << 10, 128 << 10), 32 << 10);
+        assert_eq!(run_wanted(48 << 10, 128 << 10), 96 << 10);
+        assert_eq!(run_wanted(100 << 10, 128 << 10), 128 << 10);
     }
 }
