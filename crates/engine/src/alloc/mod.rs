@@ -938,7 +938,8 @@ impl Allocator {
     /// blocks written together can take and still lie in runs that long. Once random writes
     /// have left the rest in small holes, blocks placed there lie as scattered as before.
     pub fn run_room_bytes(&self, run_bytes: u64) -> u64 {
-        let tier = RUN_ROOM_BYTES.iter().position(|&b| b >= run_bytes).unwrap_or(RUN_ROOM_BYTES.len() - 1);
+        let tier =
+            RUN_ROOM_BYTES.iter().position(|&b| b >= run_bytes).unwrap_or(RUN_ROOM_BYTES.len() - 1);
         let taking = self.vdevs.iter().filter(|v| !v.log_only && !v.removing);
         taking.map(|v| v.free.run_bytes(tier)).sum()
     }

@@ -165,9 +165,8 @@ pub(super) fn rewrite(
     // copied.
     let long_runs = {
         let txg = admission.txg.lock();
-        let placing = txg.dirty_to_allocate()
-            + txg.syncing_bytes()
-            + spa.pool().inflate(offered * bs, bs);
+        let placing =
+            txg.dirty_to_allocate() + txg.syncing_bytes() + spa.pool().inflate(offered * bs, bs);
         placing <= spa.allocator().lock().run_room_bytes(run_bytes) / 2
     };
     if !long_runs {
