@@ -7,8 +7,9 @@
 //! open with its key and not without. And the rewrite of what a stream's reads find scattered
 //! (txg/dmu_rewrite.rs): the blocks come to lie side by side and read back the same; blocks a
 //! snapshot shares stay where they are, and where the pool's free space is small holes,
-//! blocks move only into runs at least twice as long, so pass after pass none moves often; a write that lands while the read is in flight is
-//! never undone by the rewrite.
+//! blocks move only where there is room in runs at least twice as long, so pass after pass
+//! none moves often; on RAID-Z the runs count parity and padding too; a write that lands
+//! while the read is in flight is never undone by the rewrite.
 
 use crate::common;
 
@@ -41,16 +42,15 @@ fn no_data_cached() -> Tunables {
     Tunables::with([("cache.contents", "metadata")]).unwrap()
 }
 
-/// A volume "v" of random data on `legs` (one leaf, or a mirror of them), whose blocks four
+/// A volume "v" of random data on `legs` (one leaf, a mirror of two, or a RAID-Z1 of three or
+/// more), whose blocks four
 /// rounds of rewrites, each its own txg, have moved apart: neighbouring blocks no longer lie
 /// side by side. Returns the store and the volume's bytes.
 fn scattered(sim: &Sim, legs: &[SimDevice], tunables: &Tunables) -> (Arc<Store>, Vec<u8>) {
-    let top = |leaves: Vec<_>| {
-        if leaves.len() == 1 {
-            TopSpec::Leaf(leaves.into_iter().next().unwrap())
-        } else {
-            TopSpec::Mirror(leaves)
-        }
+    let top = |leaves: Vec<_>| match leaves.len() {
+        1 => TopSpec::Leaf(leaves.into_iter().next().unwrap()),
+        2 => TopSpec::Mirror(leaves),
+        _ => TopSpec::Raidz { parity: 1, leaves },
     };
     // Random bytes, then text lz4 shrinks: blocks stored plain and compressed.
     let mut data = common::random_bytes(1, VOLUME_BYTES / 2);
@@ -405,6 +405,30 @@ fn scattered_blocks_a_stream_reads_are_rewritten_side_by_side_and_read_the_same(
 }
 
 #[test]
+fn a_raidz_volumes_scattered_blocks_are_rewritten_side_by_side_and_read_the_same() {
+    // Runs on RAID-Z are counted in what blocks allocate there (parity and padding beside
+    // the data): the rewrite finds room and the blocks come to lie side by side.
+    let sim = Sim::new(10);
+    let legs = common::legs(&sim, 3, ssd(), LEG_BYTES);
+    let (store, data) = scattered(&sim, &legs, &no_data_cached());
+    let before = runs(&all_block_pointers(&sim, &store));
+    let got: Vec<u8> =
+        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    assert!(got == data, "the volume read in order returned wrong bytes");
+    let (scattered_reads, rewritten, _, _) = rewrites(&store);
+    let blocks = VOLUME_BYTES / BLOCK;
+    assert!(scattered_reads > 0 && rewritten >= blocks / 2, "{rewritten} blocks rewritten");
+    sync(&sim, &store);
+    let after = runs(&all_block_pointers(&sim, &store));
+    assert!(after * 8 < before, "{before} runs on disk before the rewrite, {after} after");
+    let got: Vec<u8> =
+        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    assert!(got == data, "the rewritten volume read back wrong bytes");
+    assert_eq!(rewrites(&store).1, rewritten, "blocks side by side were rewritten again");
+    sync_and_audit(&sim, store);
+}
+
+#[test]
 fn scattered_blocks_move_only_into_longer_runs_when_the_free_space_is_small_holes() {
     let sim = Sim::new(9);
     let legs = common::legs(&sim, 1, ssd(), LEG_BYTES);
@@ -436,10 +460,14 @@ fn scattered_blocks_move_only_into_longer_runs_when_the_free_space_is_small_hole
     })
     .unwrap();
     // Pass after pass, each followed by syncs that see its frees through: every rewrite
-    // must at least double the runs its blocks lie in (16 KiB blocks reach 128 KiB runs in
-    // three), so no block moves more than three times, and the layout never gets worse.
+    // needs room in runs at least twice as long as those its blocks lie in (16 KiB blocks
+    // reach 128 KiB runs in three), so no block moves more than three times, the layout never
+    // gets worse, and what room is left in long runs is used.
     let blocks = VOLUME_BYTES / BLOCK;
-    let mut layout = runs(&all_block_pointers(&sim, &store));
+    let mut bps = all_block_pointers(&sim, &store);
+    let initial = runs(&bps);
+    let mut layout = initial;
+    let mut moves = vec![0u32; bps.len()];
     for pass in 0..8 {
         let got: Vec<u8> = read_in_order(&sim, &store, 0..VOLUME_BYTES)
             .into_iter()
@@ -449,13 +477,22 @@ fn scattered_blocks_move_only_into_longer_runs_when_the_free_space_is_small_hole
         for _ in 0..4 {
             sync(&sim, &store);
         }
-        let now = runs(&all_block_pointers(&sim, &store));
+        let now_bps = all_block_pointers(&sim, &store);
+        for (index, (was, now)) in bps.iter().zip(&now_bps).enumerate() {
+            if was.dvas[0] != now.dvas[0] {
+                moves[index] += 1;
+                assert!(moves[index] <= 3, "pass {pass}: block {index} moved a fourth time");
+            }
+        }
+        let now = runs(&now_bps);
         assert!(now <= layout, "pass {pass}: {now} runs on disk, {layout} before it");
-        layout = now;
+        (bps, layout) = (now_bps, now);
     }
     let (scattered_reads, rewritten, _, deferred) = rewrites(&store);
     assert!(scattered_reads > 0, "no read found its blocks scattered");
     assert!(deferred > 0, "no block waited for room");
+    assert!(rewritten > 0, "no block was rewritten: the room in longer runs went unused");
+    assert!(layout < initial, "{layout} runs on disk after the passes, {initial} before them");
     assert!(rewritten <= 3 * blocks, "{rewritten} blocks rewritten, of {blocks}");
 }
 

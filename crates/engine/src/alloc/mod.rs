@@ -246,7 +246,16 @@ impl VdevSpace {
         self.log_region_end = self.data_start + bytes;
         self.cursor = self.log_region_end;
         self.ditto_cursor = self.log_region_end + (self.data_end - self.log_region_end) / 2;
-        self.free.count_runs(RUN_ROOM_BYTES, self.log_region_end);
+        self.free.count_runs(self.run_floors(), self.log_region_end);
+    }
+
+    /// [`RUN_ROOM_BYTES`] as this vdev lays them out: on RAID-Z a run of data holds its parity
+    /// and padding too, so the floors are what blocks of those sizes allocate here.
+    fn run_floors(&self) -> [u64; range_tree::RUN_TIERS] {
+        match &self.geometry {
+            Some(geometry) => RUN_ROOM_BYTES.map(|b| geometry.asize(b)),
+            None => RUN_ROOM_BYTES,
+        }
     }
 
     /// The bytes an intent-log block of `psize` allocates here: on RAID-Z, as the vdev lays
@@ -933,14 +942,17 @@ impl Allocator {
         self.room_bytes_for(METADATA_BLOCK_BYTES_MAX)
     }
 
-    /// Free space (on data vdevs taking new blocks) in ranges after the log region of at least
-    /// the smallest of [`RUN_ROOM_BYTES`] that is `run_bytes` or more (or the largest): what
+    /// Free space (on data vdevs taking new blocks and not short of space) in ranges after the
+    /// log region of at least the smallest of [`RUN_ROOM_BYTES`] that is `run_bytes` or more
+    /// (or the largest; on RAID-Z, what blocks of those sizes allocate there): what
     /// blocks written together can take and still lie in runs that long. Once random writes
     /// have left the rest in small holes, blocks placed there lie as scattered as before.
     pub fn run_room_bytes(&self, run_bytes: u64) -> u64 {
         let tier =
             RUN_ROOM_BYTES.iter().position(|&b| b >= run_bytes).unwrap_or(RUN_ROOM_BYTES.len() - 1);
-        let taking = self.vdevs.iter().filter(|v| !v.log_only && !v.removing);
+        // A tight vdev places by best fit into the smallest hole that holds a block, so its
+        // long runs are not where the next blocks go.
+        let taking = self.vdevs.iter().filter(|v| !v.log_only && !v.removing && !v.is_tight());
         taking.map(|v| v.free.run_bytes(tier)).sum()
     }
 
@@ -1491,7 +1503,8 @@ impl Allocator {
             }
             let space = &mut allocator.vdevs[vdev];
             space.free = free;
-            space.free.count_runs(RUN_ROOM_BYTES, space.log_region_end);
+            let floors = space.run_floors();
+            space.free.count_runs(floors, space.log_region_end);
             space.cursor = space.log_region_end;
             synced_txg = synced_txg.max(map.synced_txg);
         }

@@ -653,3 +653,41 @@ fn synced_in_steps_ends_where_synced_in_one_does() {
     assert_eq!(steps.deferred_bytes(), 2 * 4096, "the blocks being read stay deferred");
     assert_eq!(steps.space_map(0), whole.space_map(0));
 }
+
+/// On RAID-Z the run lengths the rewrite asks room for are counted at what blocks of those
+/// sizes allocate there: a run of six 16 KiB blocks (each with its parity beside it) is over
+/// 128 KiB of sectors but holds only 96 KiB of data, so it is no room for 128 KiB runs; eight
+/// are. And a vdev short of space offers no room in long runs at all: it places by best fit.
+#[test]
+fn raidz_run_room_counts_runs_at_what_blocks_allocate() {
+    let geometry = RaidzGeometry::new(3, 1, 12).unwrap();
+    let block = geometry.asize(16 << 10);
+    assert!(block > 16 << 10, "parity beside the data");
+    let mut a = Allocator::new(12, &[(4 * MIB, 68 * MIB)]).with_geometries(&[Some(geometry)]);
+    let blocks = fill_with_blocks(&mut a);
+    assert_eq!(a.run_room_bytes(16 << 10), 0, "a full vdev is short of space");
+    let free_all = |a: &mut Allocator, freed: &[Place], txg: u64| {
+        for &(vdev, start, len) in freed {
+            a.free(txg, vdev, start, len);
+        }
+        for synced in txg..=(txg + FREE_DEFER_TXGS) {
+            a.synced(synced);
+        }
+    };
+    // The last eighth back, in one range: the vdev has room again.
+    free_all(&mut a, &blocks[blocks.len() - blocks.len() / 8..], 1);
+    let room = [32 << 10, 64 << 10, 128 << 10].map(|run| a.run_room_bytes(run));
+    assert!(room.iter().all(|&r| r >= blocks.len() as u64 / 8 * block), "{room:?}");
+    // Runs of one, two, six and eight blocks, apart from one another, past the log region.
+    let mut freed = Vec::new();
+    let mut at = blocks.len() / 2;
+    for len in [1, 2, 6, 8] {
+        freed.extend(&blocks[at..at + len]);
+        at += len + 1;
+    }
+    free_all(&mut a, &freed, 10);
+    let grown = [32 << 10, 64 << 10, 128 << 10].map(|run| a.run_room_bytes(run));
+    let blocks_counted = [0, 1, 2].map(|tier| (grown[tier] - room[tier]) / block);
+    // Two blocks make 32 KiB of data, four 64 KiB and eight 128 KiB.
+    assert_eq!(blocks_counted, [16, 14, 8], "blocks counted in runs of 32, 64 and 128 KiB");
+}

@@ -32,12 +32,13 @@
 //!   pool's free space leaves twice the room they take, with no writer waiting for space
 //!   (dmu_tx.rs, `Admission::try_admit_rewrite`); otherwise they wait for the next pass. The
 //!   read is answered the same either way.
-//! - A rewrite must leave its blocks in runs at least twice as long as it found them in, or
-//!   as long as `zfetch.rewrite_run_bytes` asks: they go in only while what the open and
+//! - A rewrite needs room for its blocks in runs at least twice as long as it found them in,
+//!   or as long as `zfetch.rewrite_run_bytes` asks: they go in only while what the open and
 //!   syncing txgs still place, these blocks included, fits in half the pool's free ranges of
 //!   that length after the log regions (`Allocator::run_room_bytes`, counted at 32, 64 and
-//!   128 KiB). So a block moves a few times at most, each time into runs twice as long, and
-//!   where the free space is all 16 KiB holes, not at all. Without that, rewritten blocks
+//!   128 KiB). It is a check on admission, not a placement (the sync reserves nothing, hence
+//!   the half), so blocks move seldom rather than a bounded number of times, and where the
+//!   free space is all 16 KiB holes, not at all. Without that, rewritten blocks
 //!   went into holes as scattered as those they left, the next pass found them scattered
 //!   again, and an uncached stream over an aged 1 GiB span on a half-full pool rewrote it
 //!   about nine times over before its runs grew long (bench/rewrite-passes.sh).
@@ -159,15 +160,18 @@ pub(super) fn rewrite(
     let offered = blocks.len() as u64;
     let spa = admission.spa;
     let bs = u64::from(dataset.block_bytes);
-    // Everything the open and syncing txgs still place, these blocks included, must fit in
+    // Everything the open and syncing txgs still place (the syncing txg's less what it has
+    // allocated, which is out of the free ranges already), these blocks included, must fit in
     // half the room for runs of `run_bytes` (the txgs' other blocks take from it too);
     // weighed first, as it is what an aged pool most often lacks, and before anything is
     // copied.
     let long_runs = {
         let txg = admission.txg.lock();
-        let placing =
-            txg.dirty_to_allocate() + txg.syncing_bytes() + spa.pool().inflate(offered * bs, bs);
-        placing <= spa.allocator().lock().run_room_bytes(run_bytes) / 2
+        let allocator = spa.allocator().lock();
+        let placing = txg.dirty_to_allocate()
+            + txg.syncing_to_allocate(&allocator)
+            + spa.pool().inflate(offered * bs, bs);
+        placing <= allocator.run_room_bytes(run_bytes) / 2
     };
     if !long_runs {
         stats.blocks_deferred.add(offered);

@@ -88,6 +88,13 @@ impl TxgState {
         self.syncing_bytes
     }
 
+    /// What the syncing txg has still to allocate: its bound less what the allocator has
+    /// handed out since its quiesce (which is out of the free space already).
+    pub(super) fn syncing_to_allocate(&self, allocator: &crate::alloc::Allocator) -> u64 {
+        let done = allocator.allocated_total().saturating_sub(self.syncing_allocated_base);
+        self.syncing_bytes.saturating_sub(done)
+    }
+
     /// A write put `bytes` of data into the open txg (allocating `alloc_bytes`), touching
     /// `blocks` blocks and, at most, `metadata_bytes` of indirect blocks its sync rewrites.
     pub(super) fn count_dirty(
