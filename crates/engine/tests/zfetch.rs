@@ -82,6 +82,11 @@ fn scattered(sim: &Sim, legs: &[SimDevice], tunables: &Tunables) -> (Arc<Store>,
     (store, data)
 }
 
+/// Reads the whole of "v" as [`read_in_order`] does; every read must succeed.
+fn read_volume(sim: &Sim, store: &Arc<Store>) -> Vec<u8> {
+    read_in_order(sim, store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect()
+}
+
 /// Reads `range` of "v" in reads of [`READ`] bytes, in order; returns each read's result.
 fn read_in_order(
     sim: &Sim,
@@ -128,8 +133,7 @@ fn scattered_blocks_read_in_order_come_ahead_in_fewer_ios_than_blocks() {
     let sim = Sim::new(1);
     let legs = common::legs(&sim, 1, ssd(), LEG_BYTES);
     let (store, data) = scattered(&sim, &legs, &no_data_cached());
-    let got: Vec<u8> =
-        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    let got = read_volume(&sim, &store);
     assert!(got == data, "the volume read in order returned wrong bytes");
     let (fetched, ios, used, _) = prefetch(&store);
     let blocks = VOLUME_BYTES / BLOCK;
@@ -142,8 +146,7 @@ fn scattered_blocks_read_in_order_come_ahead_in_fewer_ios_than_blocks() {
     let mut off = no_data_cached();
     off.set("zfetch.max_distance", "0").unwrap();
     let (store, data) = scattered(&sim, &legs, &off);
-    let got: Vec<u8> =
-        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    let got = read_volume(&sim, &store);
     assert!(got == data);
     assert_eq!(prefetch(&store), (0, 0, 0, 0));
 }
@@ -215,8 +218,7 @@ fn a_damaged_block_fetched_ahead_fails_alone_on_one_leaf_and_heals_on_a_mirror()
         legs[(index % 2) as usize]
             .inject(Fault::BitFlip { offset_bytes: bp.dvas[0].offset_bytes() + 100, bit: 5 });
     }
-    let got: Vec<u8> =
-        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    let got = read_volume(&sim, &store);
     assert!(got == data, "a mirror returned wrong bytes");
     let repairs: u64 = store.pool().leaves().iter().map(|l| l.leaf.stats().repairs.get()).sum();
     assert!(repairs > 0, "no bad copy was rewritten");
@@ -366,8 +368,7 @@ fn scattered_blocks_a_stream_reads_are_rewritten_side_by_side_and_read_the_same(
     let legs = common::legs(&sim, 1, ssd(), LEG_BYTES);
     let (store, data) = scattered(&sim, &legs, &no_data_cached());
     let before = runs(&all_block_pointers(&sim, &store));
-    let got: Vec<u8> =
-        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    let got = read_volume(&sim, &store);
     assert!(got == data, "the volume read in order returned wrong bytes");
     let (scattered_reads, rewritten, shared, _) = rewrites(&store);
     let blocks = VOLUME_BYTES / BLOCK;
@@ -376,16 +377,14 @@ fn scattered_blocks_a_stream_reads_are_rewritten_side_by_side_and_read_the_same(
     // Nothing changed on disk yet: the rewritten blocks wait in the open txg, and read the
     // same from there.
     assert_eq!(runs(&all_block_pointers(&sim, &store)), before);
-    let got: Vec<u8> =
-        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    let got = read_volume(&sim, &store);
     assert!(got == data, "the rewritten blocks read wrong from memory");
     sync(&sim, &store);
     let after = runs(&all_block_pointers(&sim, &store));
     assert!(after * 8 < before, "{before} runs on disk before the rewrite, {after} after");
     // Read again from the disk: the same bytes, in fewer I/Os, and nothing left to rewrite.
     let (_, ios_before, _, _) = prefetch(&store);
-    let got: Vec<u8> =
-        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    let got = read_volume(&sim, &store);
     assert!(got == data, "the rewritten volume read back wrong bytes");
     assert_eq!(rewrites(&store).1, rewritten, "blocks side by side were rewritten again");
     let (_, ios_after, _, _) = prefetch(&store);
@@ -412,8 +411,7 @@ fn a_raidz_volumes_scattered_blocks_are_rewritten_side_by_side_and_read_the_same
     let legs = common::legs(&sim, 3, ssd(), LEG_BYTES);
     let (store, data) = scattered(&sim, &legs, &no_data_cached());
     let before = runs(&all_block_pointers(&sim, &store));
-    let got: Vec<u8> =
-        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    let got = read_volume(&sim, &store);
     assert!(got == data, "the volume read in order returned wrong bytes");
     let (scattered_reads, rewritten, _, _) = rewrites(&store);
     let blocks = VOLUME_BYTES / BLOCK;
@@ -421,8 +419,7 @@ fn a_raidz_volumes_scattered_blocks_are_rewritten_side_by_side_and_read_the_same
     sync(&sim, &store);
     let after = runs(&all_block_pointers(&sim, &store));
     assert!(after * 8 < before, "{before} runs on disk before the rewrite, {after} after");
-    let got: Vec<u8> =
-        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    let got = read_volume(&sim, &store);
     assert!(got == data, "the rewritten volume read back wrong bytes");
     assert_eq!(rewrites(&store).1, rewritten, "blocks side by side were rewritten again");
     sync_and_audit(&sim, store);
@@ -469,10 +466,7 @@ fn scattered_blocks_move_only_into_longer_runs_when_the_free_space_is_small_hole
     let mut layout = initial;
     let mut moves = vec![0u32; bps.len()];
     for pass in 0..8 {
-        let got: Vec<u8> = read_in_order(&sim, &store, 0..VOLUME_BYTES)
-            .into_iter()
-            .flat_map(|r| r.unwrap())
-            .collect();
+        let got = read_volume(&sim, &store);
         assert!(got == data, "pass {pass}: the volume read in order returned wrong bytes");
         for _ in 0..4 {
             sync(&sim, &store);
@@ -505,8 +499,7 @@ fn blocks_a_snapshot_shares_stay_where_they_lie() {
     sim.run(async move { s.create_snapshots(&[("v".into(), "s".into())], 1).await.unwrap() })
         .unwrap();
     let before = all_block_pointers(&sim, &store);
-    let got: Vec<u8> =
-        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    let got = read_volume(&sim, &store);
     assert!(got == data);
     let (scattered_reads, rewritten, shared, _) = rewrites(&store);
     assert!(scattered_reads > 0);
@@ -599,15 +592,13 @@ fn an_encrypted_volumes_scattered_blocks_are_rewritten_sealed_and_read_the_same(
         })
         .unwrap()
         .0;
-    let got: Vec<u8> =
-        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    let got = read_volume(&sim, &store);
     assert!(got == data);
     assert!(rewrites(&store).1 > 0, "nothing of the encrypted volume was rewritten");
     sync(&sim, &store);
     // Read back from the disk, each block opened with the key (its MAC checked against its
     // pointer): the same bytes; and the space audit clean.
-    let got: Vec<u8> =
-        read_in_order(&sim, &store, 0..VOLUME_BYTES).into_iter().flat_map(|r| r.unwrap()).collect();
+    let got = read_volume(&sim, &store);
     assert!(got == data, "the rewritten encrypted volume read back wrong bytes");
     sync_and_audit(&sim, store);
 }

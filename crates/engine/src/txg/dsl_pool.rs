@@ -91,8 +91,7 @@ impl TxgState {
     /// What the syncing txg has still to allocate: its bound less what the allocator has
     /// handed out since its quiesce (which is out of the free space already).
     pub(super) fn syncing_to_allocate(&self, allocator: &crate::alloc::Allocator) -> u64 {
-        let done = allocator.allocated_total().saturating_sub(self.syncing_allocated_base);
-        self.syncing_bytes.saturating_sub(done)
+        still_to_allocate(self.syncing_bytes, self.syncing_allocated_base, allocator)
     }
 
     /// A write put `bytes` of data into the open txg (allocating `alloc_bytes`), touching
@@ -419,6 +418,12 @@ impl TxgLimits {
     }
 }
 
+/// What a syncing txg bounded at `syncing` bytes when it quiesced has still to allocate: what
+/// the allocator has handed out since (`base` was its total then) is out of the free space.
+fn still_to_allocate(syncing: u64, base: u64, allocator: &crate::alloc::Allocator) -> u64 {
+    syncing.saturating_sub(allocator.allocated_total().saturating_sub(base))
+}
+
 /// What the open and syncing txgs will allocate, as the store's state has it; the syncing
 /// txg's part is settled against the allocator ([`InFlight::to_allocate`]).
 pub(super) struct InFlight {
@@ -457,8 +462,9 @@ impl InFlight {
     /// tenth of memory on a pool of a few GiB, writers found the pool full while a sync ran and
     /// each synced again in turn (docs/bench/peers-notes.md).
     pub(super) fn to_allocate(&self, allocator: &crate::alloc::Allocator) -> u64 {
-        let done = allocator.allocated_total().saturating_sub(self.syncing_allocated_base);
-        self.open + self.open_shape.metadata_bytes(allocator) + self.syncing.saturating_sub(done)
+        self.open
+            + self.open_shape.metadata_bytes(allocator)
+            + still_to_allocate(self.syncing, self.syncing_allocated_base, allocator)
     }
 
     /// What is dirty in memory, in the open and syncing txgs and written in place for the log:
