@@ -9,7 +9,8 @@
 //! Rows: the pool, each top-level vdev and each leaf (I/Os and bytes per second, flushes, how
 //! often the txg sync's writes waited for the intent log's flushes (`paced`), what is queued
 //! and in the device now, and the depth the device queue allows), then each volume (client
-//! requests per second), then the intent log and txg syncs. A mirror's and the pool's rows add
+//! requests per second), then the intent log, txg syncs and the bytes written by kind of block
+//! (volume data, indirect blocks, the log's chain, ...). A mirror's and the pool's rows add
 //! up their leaves' I/Os, so a mirrored write counts once per copy. With `--latency`,
 //! percentiles per I/O class for each leaf (queued to done) and per request type for each
 //! volume (arrival to answer, which includes waiting for the log).
@@ -202,6 +203,10 @@ fn difference(now: &PoolSnapshot, earlier: &PoolSnapshot) -> PoolSnapshot {
     out.patches.completed_beside = since(patches.completed_beside, Some(was.completed_beside));
     out.patches.completed_by_sync = since(patches.completed_by_sync, Some(was.completed_by_sync));
     out.patches.left_to_sync = since(patches.left_to_sync, Some(was.left_to_sync));
+    for kind in &mut out.written_by_kind {
+        let was = earlier.written_by_kind.iter().find(|e| e.kind == kind.kind);
+        kind.bytes = since(kind.bytes, was.map(|e| e.bytes));
+    }
     out.leaves = now
         .leaves
         .iter()
@@ -328,6 +333,11 @@ fn report_json(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>) -> Value {
             "bytes_per_block": per_block(log.block_bytes_written),
             "allocated_bytes_per_block": per_block(log.block_bytes_allocated),
         },
+        "written_bytes_per_s": d
+            .written_by_kind
+            .iter()
+            .map(|k| (k.kind.clone(), json!(per_second(k.bytes))))
+            .collect::<serde_json::Map<String, Value>>(),
         "txg_syncs_per_s": per_second(d.txg_syncs),
         "txg_syncs_for_log_space_per_s": per_second(d.intent_log.syncs_for_log_space),
         "throttle": {
@@ -464,6 +474,7 @@ fn report(now: &PoolSnapshot, earlier: Option<&PoolSnapshot>, latency: bool) -> 
         ));
     }
     out.push_str(&sync_writes(&d, &rate));
+    out.push_str(&written_by_kind(&d, &bytes));
     // Why the log writes as it does: what each volume's log has in flight and chose now.
     for volume in &d.volumes {
         let Some(l) = &volume.log else { continue };
@@ -592,7 +603,21 @@ fn scaled(value: f64, step: f64, unit: &str) -> String {
     }
 }
 
-/// A size in bytes as `16K` when it is a whole number of units, else as [`scaled`] gives it.
+/// What the pool wrote, by kind of block, each kind that wrote anything: how a client write's
+/// bytes on the disk divide between its data, the log's copy and the metadata above them.
+/// Every copy counts once and a mirror's legs or RAID-Z's parity not at all (the vdev rows
+/// count those); labels, uberblocks and repairs are not blocks of a kind and not counted.
+fn written_by_kind(d: &PoolSnapshot, bytes: &dyn Fn(u64) -> String) -> String {
+    let kinds: Vec<String> = (d.written_by_kind.iter())
+        .filter(|k| k.bytes > 0)
+        .map(|k| format!("{} {}/s", k.kind, bytes(k.bytes)))
+        .collect();
+    if kinds.is_empty() {
+        return String::new();
+    }
+    format!("  written by kind of block: {}\n", kinds.join(", "))
+}
+
 /// How large the txg sync's writes reach the devices (the async write class: with a resilver
 /// running, its writes too), and a hint where a data vdev takes them in small runs: the pool's
 /// free space cut up. A RAID-Z leaf takes a column of each run, so a run there is a leaf's
@@ -645,6 +670,7 @@ fn sync_writes(d: &PoolSnapshot, rate: &dyn Fn(u64) -> String) -> String {
     out
 }
 
+/// A size in bytes as `16K` when it is a whole number of units, else as [`scaled`] gives it.
 fn size(bytes: u64) -> String {
     let mut unit = 0;
     let mut value = bytes;
@@ -768,6 +794,13 @@ mod tests {
             left_to_sync: 20,
             waiting: 17,
         };
+        let kinds = |data: u64, indirect: u64| {
+            [("volume data", data), ("indirect", indirect), ("space map", 0)]
+                .map(|(kind, bytes)| crate::snapshot::KindBytes { kind: kind.into(), bytes })
+                .to_vec()
+        };
+        earlier.written_by_kind = kinds(1 << 30, 64 << 20);
+        now.written_by_kind = kinds((1 << 30) + (64 << 20), 72 << 20);
         now.uptime_nanos = 12_000_000_000;
         now.leaves[0] = leaf(3000, histogram.snapshot());
         // 400 of the sync's device writes in the interval, 56K each: small, and worth a hint.
@@ -844,6 +877,11 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("  txg sync: 200 device writes/s of 56K on average\n"), "{text}");
+        // Bytes by kind of block over the 2 s, kinds that wrote nothing left out.
+        assert!(
+            text.contains("  written by kind of block: volume data 32.0MB/s, indirect 4.00MB/s\n"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "the txg sync writes to disk-0 in runs of 56K where the pool's free space is cut \

@@ -367,7 +367,8 @@ enum PoolCommand {
     /// Show what a served pool is doing: I/Os, bytes and flushes per second for the pool,
     /// each top-level vdev and each leaf (a mirror's row adds up its leaves); I/Os queued and
     /// in the device now, and the depth the device queue allows; client requests per volume;
-    /// intent-log commits and blocks; txg syncs and the size of their device writes; what the
+    /// intent-log commits and blocks; txg syncs and the size of their device writes; the bytes
+    /// written by kind of block (volume data, indirect blocks, the log, ...); what the
     /// write throttle did; where writes into part of a block not in memory had the rest of
     /// the block read (beside the writes or by the txg sync) and how many wait. The first
     /// report covers the time since import, each later one the INTERVAL before it.

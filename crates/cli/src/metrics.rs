@@ -886,6 +886,20 @@ impl Collector for SnapshotCollector {
                 })
             }),
         )?;
+        split(
+            e,
+            (
+                "written",
+                "Stored bytes written, by kind of block (volume data, indirect, space map, \
+                 intent log chain, ...): every copy once, a mirror's legs and RAID-Z's parity \
+                 not counted.",
+                Some(Unit::Bytes),
+                MetricType::Counter,
+            ),
+            s.written_by_kind
+                .iter()
+                .map(|k| (with(pool(), "kind", &k.kind), ConstCounter::new(k.bytes))),
+        )?;
         let leaves = s.leaves.iter().map(|l| {
             let vdev =
                 s.tops.get(l.top).map_or_else(|| format!("top-{}", l.top), |t| t.name(l.top));
@@ -1072,6 +1086,10 @@ mod tests {
                 left_to_sync: 1,
                 waiting: 3,
             },
+            written_by_kind: vec![
+                crate::snapshot::KindBytes { kind: "volume data".into(), bytes: 65536 },
+                crate::snapshot::KindBytes { kind: "indirect".into(), bytes: 8192 },
+            ],
             ..PoolSnapshot::default()
         }
     }
@@ -1112,6 +1130,9 @@ mod tests {
         assert_eq!(get("sluice_patches_completed_by_sync_total{pool=\"tank\"}"), 6.0);
         assert_eq!(get("sluice_patches_left_to_sync_total{pool=\"tank\"}"), 1.0);
         assert_eq!(get("sluice_patches_waiting{pool=\"tank\"}"), 3.0);
+        let written =
+            |kind: &str| format!("sluice_written_bytes_total{{pool=\"tank\",kind=\"{kind}\"}}");
+        assert_eq!((get(&written("volume data")), get(&written("indirect"))), (65536.0, 8192.0));
         let volume = r#"pool="tank",volume="vm1""#;
         assert_eq!(get(&format!("sluice_volume_requests_total{{{volume},op=\"write\"}}")), 5.0);
         assert_eq!(get(&format!("sluice_volume_block_size_bytes{{{volume}}}")), 16384.0);

@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 use sluice_engine::stats::{HistogramSnapshot, VolumeOp};
 use sluice_engine::tunables::IoClass;
-use sluice_engine::Store;
+use sluice_engine::{Store, Writer};
 
 /// The layout of [`PoolSnapshot`] this build reads and writes.
 pub const SNAPSHOT_VERSION: u32 = 1;
@@ -66,6 +66,19 @@ pub struct PoolSnapshot {
     /// Hot spares: (path, AVAIL, INUSE or UNAVAIL).
     #[serde(default)]
     pub spares: Vec<(String, String)>,
+    /// Stored bytes written since import by each kind of block (volume data, indirect, space
+    /// map, intent log chain, ...), every copy counted and a vdev's own redundancy (a
+    /// mirror's legs, RAID-Z's parity) not: what the disk's bytes per client write are made
+    /// of. Absent from snapshots of older builds.
+    #[serde(default)]
+    pub written_by_kind: Vec<KindBytes>,
+}
+
+/// Bytes of one kind of block (a writer of the block pipeline: `sluice_engine::zio::Writer`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KindBytes {
+    pub kind: String,
+    pub bytes: u64,
 }
 
 /// One top-level vdev.
@@ -511,6 +524,9 @@ impl PoolSnapshot {
             },
             dedup,
             suspended: store.suspended_cause().is_some(),
+            written_by_kind: (Writer::ALL.iter())
+                .map(|&w| KindBytes { kind: w.name().to_owned(), bytes: pool.written_bytes(w) })
+                .collect(),
         }
     }
 

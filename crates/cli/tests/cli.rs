@@ -267,11 +267,11 @@ fn pool_properties_and_snapshot_schedules() {
     let value = |name: &str| get(&[name])[0].1.clone();
     assert_eq!(get(&[]).len(), 11);
     assert_eq!(value("scrub.interval"), "30d");
-    assert_eq!((value("scrub.last"), value("features")), ("-".into(), "-".into()));
+    assert_eq!((value("scrub.last"), value("features")), ("-".into(), "lz4_indirect".into()));
     ok(&cache, &["pool", "set", "tank", "scrub.interval=2w"]);
     assert_eq!(
         (value("scrub.interval"), value("features")),
-        ("2w".into(), "pool_properties".into())
+        ("2w".into(), "pool_properties,lz4_indirect".into())
     );
     for (bad, says) in [
         ("scrub.interval=10", "with a unit"),

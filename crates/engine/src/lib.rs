@@ -70,6 +70,7 @@ pub use txg::{
 pub use vdev::{LeafState, ReadPolicy, VdevError};
 pub use volume::Volume;
 pub use zio::crypt::{CryptError, UserKey};
+pub use zio::Writer;
 
 /// An error and its causes, joined by ": ", for a person to read (a log line, a suspension's
 /// cause, the CLI's message): a mirror's "failed on every child" says why only through its

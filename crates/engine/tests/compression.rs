@@ -1,7 +1,8 @@
 //! Compressed volumes: what is read back is what was written, through the cache and around it,
 //! across export and import, after partial overwrites of compressed blocks, and when one leg's
-//! copy is damaged; each volume's space figures match its tree (the audit checks them), and a
-//! block is stored compressed only when that saves an eighth.
+//! copy is damaged; each volume's space figures match its tree (the audit checks them), a
+//! block is stored compressed only when that saves an eighth, and indirect blocks are always
+//! stored lz4.
 
 use crate::common;
 
@@ -203,6 +204,54 @@ fn changing_the_property_applies_to_new_blocks() {
     .unwrap();
     let (none, lz4, _) = stored_as(&sim, &store);
     assert!(lz4 > 0 && none > lz4, "{none} as they are, {lz4} lz4");
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+    audit_clean(&sim, &store);
+}
+
+/// Indirect blocks are stored lz4 whatever the volume's compression (as OpenZFS stores its
+/// metadata): on a volume with compression off every indirect block is compressed, saves at
+/// least half (a block pointer is mostly zeros), and the tree reads, scrubs and audits clean
+/// before and after an import.
+#[test]
+fn indirect_blocks_are_stored_lz4_whatever_the_volume_compression() {
+    let (sim, legs, store, data) = setup(7, Compression::Off, &uncached());
+    let indirect_blocks = |sim: &Sim, store: &Arc<Store>| {
+        let s = Arc::clone(store);
+        sim.run(async move {
+            let entry = s.volume_info("v").unwrap();
+            let tree = objset::walk(s.pool(), entry.root, entry.levels).await.unwrap();
+            let mut indirect = 0;
+            for (level, _, bp) in tree {
+                if level == 0 {
+                    assert_eq!(bp.compression, BlockCompression::None, "data as the volume says");
+                    continue;
+                }
+                indirect += 1;
+                assert_eq!(bp.compression, BlockCompression::Lz4, "level {level}");
+                assert!(bp.psize_bytes() <= bp.lsize_bytes() / 2, "level {level}: {bp:?}");
+            }
+            indirect
+        })
+        .unwrap()
+        .0
+    };
+    assert!(indirect_blocks(&sim, &store) >= 3, "a tree of more than its root");
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+    audit_clean(&sim, &store);
+    let s = Arc::clone(&store);
+    let scrub = sim.run(async move { s.pool().scrub().await.unwrap() }).unwrap().0;
+    assert!(scrub.errors == 0 && scrub.unrecoverable.is_empty(), "{scrub:?}");
+    let store = Arc::try_unwrap(store).ok().unwrap();
+    let (env, specs) = (sim.env(), common::leaf_specs(&legs));
+    let store = sim
+        .run(async move {
+            store.export().await.unwrap();
+            let pool = Pool::import(&env, specs, "tank", &uncached()).await.unwrap();
+            Arc::new(Store::open(pool, &uncached()).await.unwrap())
+        })
+        .unwrap()
+        .0;
+    assert!(indirect_blocks(&sim, &store) >= 3);
     assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
     audit_clean(&sim, &store);
 }

@@ -134,7 +134,7 @@ fn a_degraded_leaf_is_spared_and_the_spare_returns_after_a_replace() {
     let sim = Sim::new(81);
     let devices = common::legs(&sim, 4, SimProfile::ssd(), LEG_BYTES);
     let (store, data) = setup(&sim, &devices[..3], 1, TopSpec::Mirror, 81);
-    assert_eq!(store.pool().config().features(), ["spares"]);
+    assert_eq!(store.pool().config().features(), ["spares", "lz4_indirect"]);
     assert_eq!(spares(&store), [("leg2".into(), "AVAIL", None)]);
     // leg1 returns garbage where a scrub reads: the scrub degrades it.
     for block in 0..64u64 {
@@ -184,7 +184,11 @@ fn a_degraded_leaf_is_spared_and_the_spare_returns_after_a_replace() {
     let s = Arc::clone(&store);
     sim.run(async move { s.remove_spare("leg2").await.unwrap() }).unwrap();
     assert!(spares(&store).is_empty());
-    assert!(store.pool().config().features().is_empty());
+    assert_eq!(
+        store.pool().config().features(),
+        ["lz4_indirect"],
+        "the spare gone, its feature too"
+    );
     let store = export_import(&sim, store, &devices);
     assert!(spares(&store).is_empty());
     drop(store);
@@ -285,7 +289,7 @@ fn spares_are_added_and_removed_and_refused_where_they_do_not_fit() {
     let sim = Sim::new(84);
     let mut devices = common::legs(&sim, 3, SimProfile::ssd(), LEG_BYTES);
     let (store, _) = setup(&sim, &devices[..2], 0, TopSpec::Mirror, 84);
-    assert!(store.pool().config().features().is_empty(), "no spares, no feature");
+    assert_eq!(store.pool().config().features(), ["lz4_indirect"], "no spares, no feature");
     // Too small to hold a leg's data area: listed, but never put in.
     let small = common::legs(&sim, 1, SimProfile::ssd(), 32 << 20).remove(0);
     let small = LeafSpec { path: "small".into(), device: Arc::new(small) };

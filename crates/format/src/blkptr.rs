@@ -249,14 +249,24 @@ impl BlockPointer {
     /// the fields that describe the block wherever it is stored, which a raw send carries and
     /// a receive keeps. Left out, as ZFS leaves them out: where the copies are (DVAs), when it
     /// was written (a receive writes it in another txg), the checksum (the MAC covers the
-    /// ciphertext), and the dedup flag (a receive may store the block either way).
+    /// ciphertext), and the dedup flag (a receive may store the block either way). An
+    /// indirect block's stored size and compression are left out too (written as a 16 KiB
+    /// block stored plain, as every indirect block was before the `lz4_indirect` feature, so
+    /// MACs made then still hold): a receive builds its own indirect blocks, whose compressed
+    /// size follows its own addresses and allocation unit (ZFS:
+    /// `zio_crypt_bp_zero_nonportable_blkprop`).
     pub fn auth_bytes(pointer: Option<&BlockPointer>) -> [u8; AUTH_BYTES] {
         let mut out = [0u8; AUTH_BYTES];
         let Some(bp) = pointer else { return out };
         let mut w = Writer::new(&mut out);
         w.u32(0, bp.lsize_sectors);
-        w.u32(4, bp.psize_sectors);
-        w.u8(8, bp.compression as u8);
+        let (psize_sectors, compression) = if bp.level > 0 {
+            (bp.lsize_sectors, BlockCompression::None)
+        } else {
+            (bp.psize_sectors, bp.compression)
+        };
+        w.u32(4, psize_sectors);
+        w.u8(8, compression as u8);
         w.u8(9, bp.kind as u8);
         w.u8(10, bp.level);
         w.u64(16, bp.fill);
@@ -416,12 +426,14 @@ impl BlockPointer {
             return Err(FormatError::Invalid { what: WHAT, field: "size", value: 0 });
         }
         let kind = BlockKind::decode(r.u8(OFF_KIND)?)?;
-        if compression != BlockCompression::None && kind != BlockKind::Data {
-            // Only data blocks are stored compressed; metadata readers take stored bytes as
-            // they are.
+        if compression != BlockCompression::None
+            && !matches!(kind, BlockKind::Data | BlockKind::Indirect)
+        {
+            // Data and indirect blocks may be stored compressed; pool metadata readers take
+            // stored bytes as they are.
             return Err(FormatError::Invalid {
                 what: WHAT,
-                field: "compression of a block that is not data",
+                field: "compression of a block that is neither data nor indirect",
                 value: compression as u64,
             });
         }

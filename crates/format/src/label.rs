@@ -60,7 +60,8 @@
 //! (feature `raidz`, and `raidz_log_copies` when a RAID-Z vdev lays out its log blocks as
 //! copies: `sluice_format::raidz`'s module doc), the pool has encrypted volumes
 //! (`encryption`), its directory holds pool properties (`pool_properties`, crate
-//! `directory`), it has hot spares (`spares`) or a removed log device's hole (`hole_vdevs`).
+//! `directory`), it has hot spares (`spares`), a removed log device's hole (`hole_vdevs`), or
+//! it stores indirect blocks compressed (`lz4_indirect`: every pool made since that feature).
 //! Any other tree is written in the V1 layout in a V1 label, and in a V5
 //! directory, byte for byte as before V6, so that older builds still read such a pool. The
 //! features are derived from the config ([`VdevTreeConfig::features`]), not kept in it: they
@@ -134,6 +135,7 @@ pub const FEATURES_KNOWN: &[&str] = &[
     FEATURE_POOL_PROPERTIES,
     FEATURE_SPARES,
     FEATURE_HOLE_VDEVS,
+    FEATURE_LZ4_INDIRECT,
 ];
 /// Some top-level vdev is RAID-Z.
 const FEATURE_RAIDZ: &str = "raidz";
@@ -146,6 +148,10 @@ const FEATURE_RAIDZ_LOG_COPIES: &str = "raidz_log_copies";
 /// The pool's directory is V8: it holds pool properties, snapshot schedules and which
 /// snapshots they took ([`VdevTreeConfig::properties`]).
 const FEATURE_POOL_PROPERTIES: &str = "pool_properties";
+/// Indirect blocks may be stored lz4-compressed ([`VdevTreeConfig::lz4_indirect`]): a build
+/// that does not know it refuses their block pointers' compression, or would decode the
+/// compressed bytes as block pointers.
+const FEATURE_LZ4_INDIRECT: &str = "lz4_indirect";
 /// The pool has hot spares ([`VdevTreeConfig::spares`]): a build that does not know them
 /// would take an available spare for a stray leaf and an active one for a plain member.
 const FEATURE_SPARES: &str = "spares";
@@ -272,6 +278,10 @@ pub struct VdevTreeConfig {
     pub properties: bool,
     /// Hot spares (feature `spares`): leaves that stand in for a faulted or degraded one.
     pub spares: Vec<SpareConfig>,
+    /// Indirect blocks are written lz4-compressed (feature `lz4_indirect`), as OpenZFS writes
+    /// its metadata. Set for every pool made since the feature; a pool made before keeps
+    /// writing them uncompressed, so the builds that made it still read it.
+    pub lz4_indirect: bool,
 }
 
 /// A hot spare (ZFS: an entry of the config's `spares` list, and a `spare-N` vdev while it is
@@ -289,7 +299,8 @@ impl VdevTreeConfig {
     /// The features a reader must know to read this pool: `raidz` when some top-level vdev is
     /// RAID-Z, `encryption` when [`VdevTreeConfig::encryption`], `raidz_log_copies`,
     /// `pool_properties` when [`VdevTreeConfig::properties`], `spares` when it has hot spares,
-    /// and `hole_vdevs` when a log device was removed.
+    /// `hole_vdevs` when a log device was removed, and `lz4_indirect` when
+    /// [`VdevTreeConfig::lz4_indirect`].
     /// Empty for any other pool.
     pub fn features(&self) -> Vec<&'static str> {
         let mut features = Vec::new();
@@ -310,6 +321,9 @@ impl VdevTreeConfig {
         }
         if self.top.iter().any(|top| top.kind == TopKind::Hole) {
             features.push(FEATURE_HOLE_VDEVS);
+        }
+        if self.lz4_indirect {
+            features.push(FEATURE_LZ4_INDIRECT);
         }
         features
     }
@@ -536,7 +550,8 @@ impl VdevTreeConfig {
         }
         let encryption = features.iter().any(|f| f == FEATURE_ENCRYPTION);
         let properties = features.iter().any(|f| f == FEATURE_POOL_PROPERTIES);
-        let config = VdevTreeConfig { top, encryption, properties, spares };
+        let lz4_indirect = features.iter().any(|f| f == FEATURE_LZ4_INDIRECT);
+        let config = VdevTreeConfig { top, encryption, properties, spares, lz4_indirect };
         config.check_spares()?;
         // A writer that left out a feature its tree needs would have an older build misread
         // the tree rather than refuse it.

@@ -77,6 +77,7 @@ fn sample_label() -> LabelHeader {
             encryption: false,
             properties: false,
             spares: Vec::new(),
+            lz4_indirect: false,
         },
     }
 }
@@ -122,6 +123,7 @@ fn sample_raidz_config() -> VdevTreeConfig {
         encryption: false,
         properties: false,
         spares: Vec::new(),
+        lz4_indirect: false,
     }
 }
 
@@ -660,7 +662,8 @@ fn compression_property() {
     }
 }
 
-/// A compressed block pointer round-trips; one that claims to save nothing is refused.
+/// A compressed block pointer round-trips, a data block's or an indirect block's; a pool
+/// metadata block's, or one that claims to save nothing, is refused.
 #[test]
 fn compressed_block_pointer() {
     let mut bp = sample_bp();
@@ -670,8 +673,14 @@ fn compressed_block_pointer() {
     let bytes = BlockPointer::encode(Some(&bp));
     assert_eq!(BlockPointer::decode(&bytes).unwrap(), Some(bp));
     let mut indirect = bp;
-    indirect.kind = BlockKind::Indirect;
-    assert!(BlockPointer::decode(&BlockPointer::encode(Some(&indirect))).is_err());
+    (indirect.kind, indirect.level) = (BlockKind::Indirect, 1);
+    assert_eq!(
+        BlockPointer::decode(&BlockPointer::encode(Some(&indirect))).unwrap(),
+        Some(indirect)
+    );
+    let mut metadata = bp;
+    metadata.kind = BlockKind::Metadata;
+    assert!(BlockPointer::decode(&BlockPointer::encode(Some(&metadata))).is_err());
     bp.psize_sectors = 32;
     let bytes = BlockPointer::encode(Some(&bp));
     assert!(BlockPointer::decode(&bytes).is_err());

@@ -43,6 +43,7 @@ fn raidz_tree(parity: u8, width: u16, replacing: &[u16]) -> VdevTreeConfig {
         encryption: false,
         properties: false,
         spares: Vec::new(),
+        lz4_indirect: false,
     }
 }
 
@@ -150,7 +151,15 @@ fn the_encoder_follows_the_byte_table() {
     assert_eq!(VdevTreeConfig::decode(&raw.bytes(), FormatVersion::V6).expect("decodes"), copies);
     assert_eq!(
         FEATURES_KNOWN,
-        ["raidz", "encryption", "raidz_log_copies", "pool_properties", "spares", "hole_vdevs"]
+        [
+            "raidz",
+            "encryption",
+            "raidz_log_copies",
+            "pool_properties",
+            "spares",
+            "hole_vdevs",
+            "lz4_indirect"
+        ]
     );
 }
 
@@ -301,6 +310,7 @@ fn a_v1_config_holds_no_raidz() {
         encryption: false,
         properties: false,
         spares: Vec::new(),
+        lz4_indirect: false,
     };
     assert_eq!(tree.version(), FormatVersion::V1);
     let mut bytes = tree.encode().expect("a valid tree");
@@ -625,4 +635,63 @@ fn a_removed_log_devices_hole_is_a_feature_of_the_config() {
     v1_bytes.truncate(3 + 8);
     v1_bytes.extend_from_slice(&0u16.to_le_bytes());
     assert!(VdevTreeConfig::decode(&v1_bytes, FormatVersion::V1).is_err());
+}
+
+/// A pool that stores its indirect blocks compressed names the feature `lz4_indirect`, in the
+/// V6 layout, and reads back with it; a reader that does not know the name refuses the pool
+/// by it. Its block pointers may say an indirect block is compressed; a pool metadata block's
+/// may not.
+#[test]
+fn lz4_indirect_is_a_feature_and_only_data_and_indirect_blocks_are_compressed() {
+    let mirror = TopConfig {
+        kind: TopKind::Mirror,
+        log: false,
+        guid: 10,
+        children: vec![child(10), child(11)],
+        raidz: None,
+    };
+    let tree =
+        VdevTreeConfig { top: vec![mirror], lz4_indirect: true, ..VdevTreeConfig::default() };
+    assert_eq!((tree.features(), tree.version()), (vec!["lz4_indirect"], FormatVersion::V6));
+    let bytes = tree.encode().expect("a valid tree");
+    assert_eq!(VdevTreeConfig::decode(&bytes, FormatVersion::V6).expect("decodes"), tree);
+    let mut unknown = bytes.clone();
+    let name = unknown.windows(12).position(|w| w == b"lz4_indirect").expect("listed");
+    unknown[name] = b'x';
+    match VdevTreeConfig::decode(&unknown, FormatVersion::V6) {
+        Err(FormatError::UnknownFeatures { names, .. }) => assert_eq!(names, ["xz4_indirect"]),
+        other => panic!("{other:?}"),
+    }
+
+    use sluice_format::{BlockCompression, BlockKind, BlockPointer, Checksum, ChecksumAlg, Dva};
+    let bp = |kind: BlockKind, level: u8| BlockPointer {
+        dvas: [
+            Dva { vdev: 0, asize_sectors: 8, offset_sectors: 64 },
+            Dva::default(),
+            Dva::default(),
+        ],
+        lsize_sectors: 32,
+        psize_sectors: 8,
+        birth_txg: 5,
+        checksum_alg: ChecksumAlg::Xxh3_128,
+        compression: BlockCompression::Lz4,
+        kind,
+        level,
+        fill: 1,
+        checksum: Checksum([7; 16]),
+        dedup: None,
+        crypt: Default::default(),
+    };
+    for (kind, level, decodes) in [
+        (BlockKind::Data, 0, true),
+        (BlockKind::Indirect, 1, true),
+        (BlockKind::Metadata, 0, false),
+    ] {
+        let encoded = BlockPointer::encode(Some(&bp(kind, level)));
+        let decoded = BlockPointer::decode(&encoded);
+        assert_eq!(decoded.is_ok(), decodes, "{kind:?}: {decoded:?}");
+        if decodes {
+            assert_eq!(decoded.unwrap(), Some(bp(kind, level)));
+        }
+    }
 }

@@ -359,7 +359,8 @@ fn indirect_props(
     fill: u64,
     mac: Option<[u8; CHILDREN_MAC_BYTES]>,
 ) -> BlockProps {
-    let mut props = BlockProps::indirect(level, fill, ctx.txg, ctx.pool.metadata_copies());
+    let lz4 = ctx.pool.config().lz4_indirect;
+    let mut props = BlockProps::indirect(level, fill, ctx.txg, ctx.pool.metadata_copies(), lz4);
     if let Some(mac) = mac {
         props.crypt = crate::zio::PropsCrypt::ChildrenMac(mac);
     }

@@ -83,13 +83,16 @@ impl Pool {
             .map_err(|source| self.undecodable(bp, source))
     }
 
-    /// The logical bytes of a block opened in place (decompressed if it is compressed).
+    /// The logical bytes of a block opened in place (decompressed if it is compressed, and
+    /// then its children's MACs checked if it is an indirect block that carries them).
     pub fn decompressed(&self, bp: &BlockPointer, opened: &[u8]) -> Result<AlignedBuf, PoolError> {
         if bp.compression == sluice_format::BlockCompression::None {
             return Ok(AlignedBuf::copy_from(&opened[..bp.lsize_bytes() as usize]));
         }
-        zio::compress::decompress(bp, opened)
-            .map_err(|source| self.undecodable(bp, zio::UnsealError::Decompress(source)))
+        let logical = zio::compress::decompress(bp, opened)
+            .map_err(|source| self.undecodable(bp, zio::UnsealError::Decompress(source)))?;
+        zio::check_children_mac(bp, &logical).map_err(|source| self.undecodable(bp, source))?;
+        Ok(logical)
     }
 
     /// The error of a block whose stored bytes verified but do not open or decompress.
@@ -371,6 +374,12 @@ impl Pool {
         zio::issue_run(&self.zio, &self.root(), writer, vdev, blocks, how)
             .await
             .map_err(|e| self.zio_error(e))
+    }
+
+    /// Stored bytes of `writer`'s blocks written since the pool opened (every copy; a vdev's
+    /// own redundancy not counted): `pool iostat`'s bytes by kind.
+    pub fn written_bytes(&self, writer: Writer) -> u64 {
+        self.zio.written(writer)
     }
 
     /// The allocation unit: stored blocks are padded to whole units.

@@ -1053,6 +1053,9 @@ impl Pool {
                 .collect(),
             encryption: false,
             properties: false,
+            // A new pool stores its indirect blocks compressed; older builds refuse it by the
+            // feature's name.
+            lz4_indirect: true,
         };
         if let Err(cause) = config.encode() {
             return Err(layout(format!(

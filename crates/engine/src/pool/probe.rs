@@ -284,6 +284,7 @@ mod tests {
             encryption: false,
             properties: false,
             spares: Vec::new(),
+            lz4_indirect: false,
         };
         let header = LabelHeader {
             ashift: 12,

@@ -161,7 +161,13 @@ impl Pool {
             if bp.kind != BlockKind::Indirect || report.unrecoverable.len() > before {
                 continue;
             }
-            let bytes = self.read_block(&bp, IoClass::Scrub).await?;
+            // Its pointers as they decode: decompressed (indirect blocks are stored lz4), and
+            // above encrypted blocks their MACs checked. One that fails is lost with what it
+            // points at; the scrub goes on with the rest.
+            let Ok(bytes) = self.read_block_logical(&bp, IoClass::Scrub).await else {
+                report.unrecoverable.push(bp);
+                continue;
+            };
             for slot in bytes.chunks_exact(BLKPTR_BYTES) {
                 if let Ok(Some(child)) = BlockPointer::decode(slot) {
                     stack.push((child, shared_through));
@@ -252,6 +258,14 @@ impl Pool {
                 if bp.kind != BlockKind::Indirect {
                     continue;
                 }
+                // Its pointers as they decode: decompressed (indirect blocks are stored lz4).
+                let bytes = match crate::zio::unseal(self.zio().keys(), &bp, bytes) {
+                    Ok(bytes) => bytes,
+                    Err(error) => {
+                        report.damaged.push((bp, self.undecodable(&bp, error).to_string()));
+                        continue;
+                    }
+                };
                 for slot in bytes.chunks_exact(BLKPTR_BYTES) {
                     match BlockPointer::decode(slot) {
                         Ok(Some(child)) if child.birth_txg > min_birth => level.push(child),

@@ -1283,7 +1283,8 @@ async fn walk_tree(
         if level == 0 || bp.kind != BlockKind::Indirect {
             continue;
         }
-        let Ok(node) = pool.read_block(&bp, IoClass::Scrub).await else {
+        // Its pointers as they decode: decompressed (indirect blocks are stored lz4).
+        let Ok(node) = pool.read_block_logical(&bp, IoClass::Scrub).await else {
             *unreadable += 1;
             continue;
         };

@@ -252,8 +252,10 @@ impl Spa {
         let copies = self.pool.metadata_copies() as u64;
         let (data, indirect) = entry.space.map_or((0, 0), |s| {
             let data = s.logical_bytes / u64::from(entry.block_bytes);
+            // Indirect blocks are stored compressed (zio::BlockProps::indirect), down to one
+            // allocation unit each: counted at that, the bound holds whatever they took.
             let indirect = s.referenced_bytes.saturating_sub(s.physical_bytes);
-            (data, indirect / crate::objset::INDIRECT_BYTES as u64)
+            (data, indirect / self.pool.unit_bytes())
         });
         let lists = std::iter::once(&entry.deadlist)
             .chain(entry.snapshots.iter().map(|s| &s.deadlist))

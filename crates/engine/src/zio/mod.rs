@@ -4,7 +4,9 @@
 //! A write is a [`BlockProps`] (who writes it, its type, level, birth txg, the compression to
 //! try, its checksum and how many copies) and its logical bytes. Its stages:
 //!
-//! 1. **compress** ([`compress`]): stored compressed when that saves an eighth;
+//! 1. **compress** ([`compress`]): stored compressed when that saves an eighth (indirect blocks
+//!    of a pool with the `lz4_indirect` feature always try lz4, whatever their volume's
+//!    compression: [`BlockProps::indirect`]);
 //! 2. **encrypt** ([`crypt`]): a data block of an encrypted volume is sealed with AES-256-GCM
 //!    under its key family's block key (the stored bytes, padding included), its salt, nonce
 //!    and tag going into its pointer; an indirect block above encrypted blocks carries a hash
@@ -30,10 +32,11 @@
 //! A read ([`read_stored`], then [`unseal`]) runs issue (copy after copy), verify (each copy
 //! against its pointer's checksum, so a mirror tries its other children), decrypt (an
 //! encrypted block with its family's key, which fails what its MAC does not authenticate) and
-//! decompress. Its raw mode stops after verify: scrub, resilver, healing and
-//! send move stored bytes as they are. A block in a span other blocks or reads share is opened
-//! from where it lies into a buffer of its own ([`unseal_from`]); one in a span its read owns,
-//! in the span itself ([`open_in_place`]).
+//! decompress; an indirect block above encrypted blocks then has its children's MACs checked
+//! on the pointers it holds, so after decompression. Its raw mode stops after verify: scrub,
+//! resilver, healing and send move stored bytes as they are. A block in a span other blocks or
+//! reads share is opened from where it lies into a buffer of its own ([`unseal_from`]); one in
+//! a span its read owns, in the span itself ([`open_in_place`]).
 //!
 //! The intent log's chain blocks carry their own checksum (crates/format `lwb`) and go through
 //! the issue stage only; the blocks it writes in place for records logged by pointer go
@@ -238,14 +241,21 @@ impl BlockProps {
         }
     }
 
-    /// An indirect block of `level` over `fill` data blocks, in `copies` copies.
-    pub fn indirect(level: u8, fill: u64, birth_txg: u64, copies: usize) -> BlockProps {
+    /// An indirect block of `level` over `fill` data blocks, in `copies` copies; with `lz4`
+    /// (the pool's `lz4_indirect` feature, every pool made since it) compressed with lz4
+    /// whatever its volume's compression, as OpenZFS compresses metadata
+    /// (`dmu_write_policy`): a block pointer is mostly zeros and small numbers around its
+    /// 16-byte checksum, so a full 16 KiB block of them stores in about half (and one over
+    /// mostly holes in a unit), and random writes rewrite many of them every txg, each in
+    /// `pool.metadata_copies` copies.
+    pub fn indirect(level: u8, fill: u64, birth_txg: u64, copies: usize, lz4: bool) -> BlockProps {
+        let compression = if lz4 { Compression::Lz4 } else { Compression::Off };
         BlockProps {
             kind: BlockKind::Indirect,
             level,
             fill,
             copies,
-            ..BlockProps::data(Writer::Indirect, birth_txg, Compression::Off)
+            ..BlockProps::data(Writer::Indirect, birth_txg, compression)
         }
     }
 
@@ -320,7 +330,8 @@ impl UnsealError {
 /// Watches stages as blocks pass them (tests: which thread ran a stage).
 pub type Observer = Arc<dyn Fn(Stage, Writer) + Send + Sync>;
 
-/// The pipeline's own state: faults armed, observers, errors by writer. One per open pool.
+/// The pipeline's own state: faults armed, observers, errors and bytes written by writer. One
+/// per open pool.
 #[derive(Default)]
 pub struct Pipeline {
     /// Set while a fault or an observer is installed: the common case checks only this.
@@ -328,6 +339,9 @@ pub struct Pipeline {
     faults: Mutex<Vec<(Stage, Writer)>>,
     observer: Mutex<Option<Observer>>,
     errors: [Counter; Writer::ALL.len()],
+    /// Stored bytes the issue stage wrote, every copy, before a vdev's own redundancy (a
+    /// mirror's legs, RAID-Z's parity): what the disk's bytes per client write are made of.
+    written: [Counter; Writer::ALL.len()],
     /// The keys the encrypt and decrypt stages use.
     keys: crypt::Keystore,
 }
@@ -390,6 +404,12 @@ impl Pipeline {
     /// Blocks of `writer` that failed to be written since the pool opened.
     pub fn errors(&self, writer: Writer) -> u64 {
         self.errors[writer as usize].get()
+    }
+
+    /// Stored bytes of `writer`'s blocks written since the pool opened, every copy counted
+    /// and a vdev's own redundancy not.
+    pub fn written(&self, writer: Writer) -> u64 {
+        self.written[writer as usize].get()
     }
 
     /// [`Pipeline::note_error`] for the writer of `result`'s error, passing it on.
@@ -911,6 +931,7 @@ pub async fn issue(
     how: Issue,
 ) -> Result<(), ZioError> {
     pipeline.counted(pipeline.stage(Stage::Issue, writer))?;
+    let bytes = u64::from(data.len_bytes());
     let written = if writer == Writer::LogChain {
         root.write_log(at, data, how.class, how.durable).await
     } else if how.durable {
@@ -918,7 +939,9 @@ pub async fn issue(
     } else {
         root.write(at, data, how.class).await
     };
-    pipeline.counted(written.map_err(|source| ZioError::Vdev { writer, cause: source }))
+    pipeline.counted(written.map_err(|source| ZioError::Vdev { writer, cause: source }))?;
+    pipeline.written[writer as usize].add(bytes);
+    Ok(())
 }
 
 /// Issues blocks whose places are allocated: each copy slot in runs of blocks back to back on
@@ -995,8 +1018,11 @@ pub async fn issue_run(
     how: Issue,
 ) -> Result<(), ZioError> {
     pipeline.counted(pipeline.stage(Stage::Issue, writer))?;
+    let bytes: u64 = blocks.iter().map(|block| block.data.len() as u64).sum();
     let written = root.write_run(vdev, blocks, how.class, how.durable).await;
-    pipeline.counted(written.map_err(|source| ZioError::Vdev { writer, cause: source }))
+    pipeline.counted(written.map_err(|source| ZioError::Vdev { writer, cause: source }))?;
+    pipeline.written[writer as usize].add(bytes);
+    Ok(())
 }
 
 /// What a read returns: logical bytes (decompressed), or stored bytes as they are on disk.
@@ -1046,7 +1072,9 @@ pub fn unseal(
     if bp.compression == BlockCompression::None {
         return Ok(stored);
     }
-    Ok(compress::decompress(bp, &stored)?)
+    let logical = compress::decompress(bp, &stored)?;
+    check_children_mac(bp, &logical)?;
+    Ok(logical)
 }
 
 /// [`unseal`] of stored bytes that stay where they are (in a fetched span, which the blocks of
@@ -1060,29 +1088,34 @@ pub fn unseal_from(
     bp: &BlockPointer,
     stored: &[u8],
 ) -> Result<AlignedBuf, UnsealError> {
-    check_children_mac(bp, stored)?;
     let opened = match sealed_with(keys, bp)? {
         Some((key, aad, sealing)) => {
             Some(key.open_to(stored, &aad, &sealing).map_err(UnsealError::from_crypt)?)
         }
         None => None,
     };
-    if bp.compression == BlockCompression::None {
-        return Ok(opened.unwrap_or_else(|| AlignedBuf::copy_from(stored)));
-    }
-    Ok(compress::decompress(bp, opened.as_deref().unwrap_or(stored))?)
+    let logical = if bp.compression == BlockCompression::None {
+        opened.unwrap_or_else(|| AlignedBuf::copy_from(stored))
+    } else {
+        compress::decompress(bp, opened.as_deref().unwrap_or(stored))?
+    };
+    check_children_mac(bp, &logical)?;
+    Ok(logical)
 }
 
 /// The decrypt stage alone, where the stored bytes lie (a span read of several blocks opens
-/// each in the span's buffer, with no copy): checks an indirect block's children's MACs, and
-/// decrypts an encrypted block in place (its tag checked). `stored` stays compressed if the
-/// block is.
+/// each in the span's buffer, with no copy): decrypts an encrypted block in place (its tag
+/// checked), and checks the children's MACs of an indirect block stored plain. `stored` stays
+/// compressed if the block is; an indirect block stored compressed is checked once
+/// decompressed ([`check_children_mac`]).
 pub fn open_in_place(
     keys: &crypt::Keystore,
     bp: &BlockPointer,
     stored: &mut [u8],
 ) -> Result<(), UnsealError> {
-    check_children_mac(bp, stored)?;
+    if bp.compression == BlockCompression::None {
+        check_children_mac(bp, stored)?;
+    }
     if let Some((key, aad, sealing)) = sealed_with(keys, bp)? {
         key.open(stored, &aad, &sealing).map_err(UnsealError::from_crypt)?;
     }
@@ -1090,10 +1123,11 @@ pub fn open_in_place(
 }
 
 /// An indirect block of an encrypted tree: its children must be the ones its parent hashed (a
-/// child swapped for another, or for an older version of itself, is not).
-fn check_children_mac(bp: &BlockPointer, stored: &[u8]) -> Result<(), UnsealError> {
+/// child swapped for another, or for an older version of itself, is not). `logical` is the
+/// block's pointers as they are decoded: decompressed, if it was stored compressed.
+pub(crate) fn check_children_mac(bp: &BlockPointer, logical: &[u8]) -> Result<(), UnsealError> {
     if let BlockCrypt::ChildrenMac(hash) = bp.crypt {
-        if crypt::children_mac_of_bytes(stored) != Some(hash) {
+        if crypt::children_mac_of_bytes(logical) != Some(hash) {
             return Err(UnsealError::Authentication);
         }
     }
@@ -1298,25 +1332,38 @@ mod tests {
             bytes
         };
         let written = indirect(&new);
-        let mut props = BlockProps::indirect(1, 1, 6, 1);
+        let mut props = BlockProps::indirect(1, 1, 6, 1, true);
         props.crypt = PropsCrypt::ChildrenMac(crypt::children_mac_of_bytes(&written).unwrap());
         let sealed = seal(&pipeline, props, Arc::new(written), 4096, None).unwrap();
         let bp = describe(&sealed, &[(0, 65536, sealed.psize())]);
+        // Stored compressed (lz4, whatever the volume's compression), checked once decompressed.
+        assert_eq!(bp.compression, BlockCompression::Lz4);
+        assert_eq!(bp.psize_bytes(), 4096, "one pointer among holes fills one unit");
         assert!(unsealed(pipeline.keys(), &bp, &sealed.stored).is_ok(), "as written");
-        // The older version put back in its slot, the parent's checksum recomputed to match.
-        let swapped = indirect(&old);
-        let forged = BlockPointer { checksum: bp.checksum_alg.compute(&swapped), ..bp };
-        assert!(forged.verifies(&swapped));
-        assert!(matches!(
-            unsealed(pipeline.keys(), &forged, &swapped),
-            Err(UnsealError::Authentication)
-        ));
-        // A hole put where the child was fails too.
-        let emptied = AlignedBuf::zeroed(16384);
-        let forged = BlockPointer { checksum: bp.checksum_alg.compute(&emptied), ..bp };
-        assert!(matches!(
-            unsealed(pipeline.keys(), &forged, &emptied),
-            Err(UnsealError::Authentication)
-        ));
+        // The older version put back in its slot (sealed as the parent's block would be, so
+        // its stored bytes decompress), the parent's checksum recomputed to match; then a hole
+        // put where the child was, stored compressed and plain.
+        let forge = |logical: AlignedBuf, compress: bool| {
+            let mut props = props;
+            if !compress {
+                props.compression = Compression::Off;
+            }
+            let sealed = seal(&pipeline, props, Arc::new(logical), 4096, None).unwrap();
+            (describe(&sealed, &[(0, 65536, sealed.psize())]), sealed.stored)
+        };
+        for (logical, compress) in [
+            (indirect(&old), true),
+            (indirect(&old), false),
+            (AlignedBuf::zeroed(16384), true),
+            (AlignedBuf::zeroed(16384), false),
+        ] {
+            let (forged, stored) = forge(logical, compress);
+            assert!(forged.verifies(&stored));
+            assert_eq!(forged.compression == BlockCompression::Lz4, compress);
+            assert!(matches!(
+                unsealed(pipeline.keys(), &forged, &stored),
+                Err(UnsealError::Authentication)
+            ));
+        }
     }
 }
