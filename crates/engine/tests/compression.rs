@@ -89,6 +89,20 @@ fn stored_as(sim: &Sim, store: &Arc<Store>) -> (u64, u64, u64) {
     .0
 }
 
+/// Exports the pool and imports it again from `legs`, without the block cache.
+fn export_import(sim: &Sim, store: Arc<Store>, legs: &[SimDevice]) -> Arc<Store> {
+    let store = Arc::try_unwrap(store)
+        .unwrap_or_else(|_| panic!("the test holds the only reference to the store"));
+    let (env, specs) = (sim.env(), common::leaf_specs(legs));
+    sim.run(async move {
+        store.export().await.unwrap();
+        let pool = Pool::import(&env, specs, "tank", &uncached()).await.unwrap();
+        Arc::new(Store::open(pool, &uncached()).await.unwrap())
+    })
+    .unwrap()
+    .0
+}
+
 fn audit_clean(sim: &Sim, store: &Arc<Store>) {
     let s = Arc::clone(store);
     let report = sim.run(async move { s.audit().await.unwrap() }).unwrap().0;
@@ -118,16 +132,7 @@ fn each_algorithm_reads_back_what_was_written_across_import() {
             space.physical_bytes
         );
         // Export and import: the same bytes and figures.
-        let store = Arc::try_unwrap(store).ok().unwrap();
-        let (env, specs) = (sim.env(), common::leaf_specs(&legs));
-        let store = sim
-            .run(async move {
-                store.export().await.unwrap();
-                let pool = Pool::import(&env, specs, "tank", &uncached()).await.unwrap();
-                Arc::new(Store::open(pool, &uncached()).await.unwrap())
-            })
-            .unwrap()
-            .0;
+        let store = export_import(&sim, store, &legs);
         assert_eq!(store.volume_info("v").unwrap().space, Some(space));
         assert_eq!(store.volume_info("v").unwrap().compression, compression);
         assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0), "{compression:?}");
@@ -241,16 +246,7 @@ fn indirect_blocks_are_stored_lz4_whatever_the_volume_compression() {
     let s = Arc::clone(&store);
     let scrub = sim.run(async move { s.pool().scrub().await.unwrap() }).unwrap().0;
     assert!(scrub.errors == 0 && scrub.unrecoverable.is_empty(), "{scrub:?}");
-    let store = Arc::try_unwrap(store).ok().unwrap();
-    let (env, specs) = (sim.env(), common::leaf_specs(&legs));
-    let store = sim
-        .run(async move {
-            store.export().await.unwrap();
-            let pool = Pool::import(&env, specs, "tank", &uncached()).await.unwrap();
-            Arc::new(Store::open(pool, &uncached()).await.unwrap())
-        })
-        .unwrap()
-        .0;
+    let store = export_import(&sim, store, &legs);
     assert!(indirect_blocks(&sim, &store) >= 3);
     assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
     audit_clean(&sim, &store);

@@ -406,6 +406,11 @@ impl Pipeline {
         self.errors[writer as usize].get()
     }
 
+    /// Counts `bytes` of `writer`'s blocks that the issue stage wrote.
+    fn note_written(&self, writer: Writer, bytes: u64) {
+        self.written[writer as usize].add(bytes);
+    }
+
     /// Stored bytes of `writer`'s blocks written since the pool opened, every copy counted
     /// and a vdev's own redundancy not.
     pub fn written(&self, writer: Writer) -> u64 {
@@ -940,7 +945,7 @@ pub async fn issue(
         root.write(at, data, how.class).await
     };
     pipeline.counted(written.map_err(|source| ZioError::Vdev { writer, cause: source }))?;
-    pipeline.written[writer as usize].add(bytes);
+    pipeline.note_written(writer, bytes);
     Ok(())
 }
 
@@ -1021,7 +1026,7 @@ pub async fn issue_run(
     let bytes: u64 = blocks.iter().map(|block| block.data.len() as u64).sum();
     let written = root.write_run(vdev, blocks, how.class, how.durable).await;
     pipeline.counted(written.map_err(|source| ZioError::Vdev { writer, cause: source }))?;
-    pipeline.written[writer as usize].add(bytes);
+    pipeline.note_written(writer, bytes);
     Ok(())
 }
 
