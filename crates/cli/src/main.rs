@@ -547,7 +547,8 @@ enum VolCommand {
         sync: sluice_format::SyncMode,
         /// latency (default: writes from intent_log.immediate_write_bytes up are written in
         /// place and logged by pointer, smaller ones copied into the log) or throughput (every
-        /// whole block is written in place and logged by pointer: each byte written once).
+        /// block a write touches, whole or in part, is written in place and logged by pointer:
+        /// each block written once, a partial one read first if not cached).
         #[serde(with = "control::by_name")]
         #[arg(long, value_parser = pools::vol::parse_logbias, default_value = "latency")]
         logbias: sluice_format::LogBias,

@@ -203,8 +203,9 @@ tunable_table! {
     IntentLogImmediateWriteBytes = "intent_log.immediate_write_bytes", Kind::Bytes { min: 0, max: 1 << 30 }, "32K",
         "Writes at least this large (with logbias=latency) are written once, in place, and \
          the log records only their block pointers (ZFS: zfs_immediate_write_sz, WR_INDIRECT); \
-         smaller ones are copied into the log. The partial blocks at a write's ends are always \
-         copied. 0 copies every write (sluice before indirect records).";
+         smaller ones are copied into the log. The partial blocks at a write's ends are copied \
+         too (with logbias=throughput they are logged by pointer). 0 copies every write (sluice \
+         before indirect records).";
     VolumeRequestThreads = "volume.request_threads", Kind::Count { min: 0, max: 65536 }, "0",
         "Requests one volume serves at once; 0 means unbounded (the client's queue depth and the \
          dirty-data throttle bound it). A number reproduces seed 000's capped zvol dispatch \

@@ -353,6 +353,75 @@ fn replaced_blocks_are_freed_and_the_audit_balances() {
     .unwrap();
 }
 
+/// With logbias=throughput a write that covers blocks in part is logged by pointer too (ZFS's
+/// `dmu_sync` of a partial `WR_INDIRECT` write): each block's whole new version, the write's
+/// bytes over the version on disk (read for it: the pool was imported, nothing is cached),
+/// is written in place and its record points at it, so the log holds no copy of the bytes. A
+/// block written again and flushed is placed again. After a power cut that keeps what the
+/// flushes made durable, replay puts back every block, the bytes around each write included.
+#[test]
+fn partial_blocks_are_logged_by_pointer_with_logbias_throughput() {
+    let sim = Sim::new(14);
+    let options = SimOptions { record_log: true, ..SimOptions::default() };
+    let legs = common::legs_with(&sim, 2, SimProfile::ssd(), LEAF_BYTES, options);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    let counted = legs.clone();
+    // 4 KiB inside block 1; 8 KiB across blocks 3 and 4; 4 KiB more inside block 1.
+    let writes =
+        [(20_480, pattern(2, 4096)), (61_440, pattern(3, 8192)), (24_576, pattern(4, 4096))];
+    let mut expected = pattern(1, MIB);
+    for (at, data) in &writes {
+        expected[*at..*at + data.len()].copy_from_slice(data);
+    }
+    let expected_here = expected.clone();
+    let images = sim
+        .run(async move {
+            let t = Tunables::default();
+            let store = Arc::new(common::mirror_store(&env, specs.clone(), &t).await);
+            store.create_volume("v", 8 << 20, 16384).unwrap();
+            store.set_property("v", VolumeProperty::Compression(Compression::Off)).unwrap();
+            store.set_property("v", VolumeProperty::LogBias(LogBias::Throughput)).unwrap();
+            let volume = Volume::open(&store, "v").unwrap();
+            volume.write(0, &pattern(1, MIB), false).await.unwrap();
+            store.sync().await.unwrap();
+            drop(volume);
+            Arc::try_unwrap(store).unwrap_or_else(|_| panic!("one store")).export().await.unwrap();
+            let pool = Pool::import(&env, specs, "tank", &t).await.unwrap();
+            let store = Arc::new(Store::open(pool, &t).await.unwrap());
+            let volume = Volume::open(&store, "v").unwrap();
+            let stats = store.log_stats();
+            let (reads_before, writes_before) = (read(&counted), written(&counted));
+            for (at, data) in &writes {
+                volume.write(*at as u64, data, false).await.unwrap();
+                volume.flush().await.unwrap();
+            }
+            assert_eq!(stats.indirect_blocks_written.get(), 4, "blocks 1, 3, 4 and 1 again");
+            assert_eq!(stats.indirect_records_copied.get(), 0);
+            assert!(read(&counted) - reads_before >= 3 * 16384, "the blocks' old bytes unread");
+            // Each leg: four 16 KiB blocks and three log blocks of pointers.
+            let commits = written(&counted) - writes_before;
+            assert!(commits <= 2 * (4 * 16384 + 3 * 16384), "{commits} bytes for 4 blocks");
+            assert_eq!(volume.read(0, MIB as u64).await.unwrap(), expected_here);
+            let images = crash_images(&counted, 5);
+            // The first version of block 1 was never linked: the sync frees it.
+            store.sync().await.unwrap();
+            store.sync().await.unwrap();
+            store.sync().await.unwrap();
+            assert_eq!(volume.read(0, MIB as u64).await.unwrap(), expected_here);
+            let audit = store.audit().await.unwrap();
+            assert!(audit.is_clean(), "{:?}", audit.problems);
+            assert_eq!(audit.log_bytes, audit.chain_bytes, "blocks written in place leaked");
+            images
+        })
+        .unwrap()
+        .0;
+    let (read, imported) = import_after_crash(15, images, MIB as u64);
+    assert_eq!(imported.chain_ends, 0);
+    assert_eq!(imported.records_replayed, 4);
+    assert_eq!(read, expected);
+}
+
 /// sync=disabled answers flushes without writing the log; sync=always makes every write
 /// durable when answered; logbias=throughput writes even small whole blocks in place. The
 /// properties survive an export and import.

@@ -27,9 +27,10 @@ use sluice_engine::device::{AlignedBuf, SimDevice, SimProfile};
 use sluice_engine::pool::{LeafSpec, Pool};
 use sluice_engine::rt::{Env, Rng, Time};
 use sluice_engine::tunables::{IoClass, Tunables};
-use sluice_engine::txg::{ImportOptions, Store, SyncRecord};
+use sluice_engine::txg::{ImportOptions, Store, SyncRecord, VolumeProperty};
 use sluice_engine::volume::Volume;
 use sluice_format::raidz::RaidzLayout;
+use sluice_format::LogBias;
 use sluice_sim::Sim;
 
 const LEAF_BYTES: u64 = 32 << 20;
@@ -210,9 +211,13 @@ fn random_script(rng: &mut Rng) -> Script {
 
 /// `policy` is an `intent_log.policy`, or one followed by `+indirect`: then every write that
 /// covers a whole volume block logs that block by pointer (the block written in place, ZFS's
-/// WR_INDIRECT), where the default does so only from 32 KiB writes on.
+/// WR_INDIRECT), where the default does so only from 32 KiB writes on; or by `+throughput`:
+/// the volume also has logbias=throughput ([`throughput`]), so every write logs every block it
+/// touches by pointer, those it covers in part too.
 fn tunables(policy: &str, dirty_max: &str) -> Tunables {
-    let (policy, immediate) = match policy.strip_suffix("+indirect") {
+    let by_pointer =
+        policy.strip_suffix("+indirect").or_else(|| policy.strip_suffix("+throughput"));
+    let (policy, immediate) = match by_pointer {
         Some(policy) => (policy, "4K"),
         None => (policy, "32K"),
     };
@@ -222,6 +227,11 @@ fn tunables(policy: &str, dirty_max: &str) -> Tunables {
         ("intent_log.immediate_write_bytes", immediate),
     ])
     .unwrap()
+}
+
+/// Whether `policy` asks for volume "v" with logbias=throughput ([`tunables`]).
+fn throughput(policy: &str) -> bool {
+    policy.ends_with("+throughput")
 }
 
 /// Each device's image after a power cut once everything it was sent has arrived, with every
@@ -391,6 +401,9 @@ fn run_workload_laid_out(
             let pool = Pool::create_as(&env, spec, &tunables, log_layout).await.unwrap();
             let store = Arc::new(Store::create(pool, &tunables));
             store.create_volume("v", UNITS * UNIT, VOLUME_BLOCK).unwrap();
+            if throughput(&policy) {
+                store.set_property("v", VolumeProperty::LogBias(LogBias::Throughput)).unwrap();
+            }
             store.sync().await.unwrap();
             let setup_done = env.now();
             let volume = Volume::open(&store, "v").unwrap();
@@ -603,7 +616,7 @@ fn scripted_workloads_cut_at_every_operation() {
 #[test]
 fn indirect_records_cut_at_every_operation() {
     let mut probes = Probes::default();
-    for policy in ["auto+indirect", "pipelined+indirect", "batch+indirect"] {
+    for policy in ["auto+indirect", "pipelined+indirect", "batch+indirect", "auto+throughput"] {
         for name in [
             "sync-writes-indirect",
             "flush-mid-txg",
@@ -634,8 +647,15 @@ fn random_workloads_and_interrupted_replay() {
     for policy in ["auto", "pipelined", "batch"] {
         let mut probes = Probes::default();
         for seed in 0..100u64 {
-            // Every other seed logs whole blocks by pointer.
-            let policy = if seed % 2 == 1 { format!("{policy}+indirect") } else { policy.into() };
+            // A third of the seeds log every block a write touches by pointer, the partial
+            // ones too; half the others whole blocks only.
+            let policy = if seed % 3 == 0 {
+                format!("{policy}+throughput")
+            } else if seed % 2 == 1 {
+                format!("{policy}+indirect")
+            } else {
+                policy.into()
+            };
             let policy = policy.as_str();
             let mut rng = Rng::new(seed);
             let script = random_script(&mut rng);
@@ -687,7 +707,13 @@ fn raidz_log_replays_with_leaves_missing() {
     for seed in 0..24u64 {
         let parity = 1 + (seed % 3) as u8;
         let width = usize::from(parity) + 3;
-        let policy = if seed % 2 == 1 { "auto+indirect" } else { "auto" };
+        let policy = if seed % 3 == 0 {
+            "auto+throughput"
+        } else if seed % 2 == 1 {
+            "auto+indirect"
+        } else {
+            "auto"
+        };
         let layout = if seed % 4 == 3 { RaidzLayout::Striped } else { RaidzLayout::Copies };
         let mut rng = Rng::new(seed + 7000);
         let script = random_script(&mut rng);

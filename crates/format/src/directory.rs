@@ -443,8 +443,8 @@ pub enum LogBias {
     /// written in place and logged as pointers.
     #[default]
     Latency = 0,
-    /// Every whole block is written in place and logged as a pointer: each byte is written
-    /// once, at the cost of a block write per commit.
+    /// Every block a write touches, whole or in part, is written in place and logged as a
+    /// pointer: each block is written once, at the cost of a block write per commit.
     Throughput = 1,
 }
 

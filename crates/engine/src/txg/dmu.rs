@@ -643,7 +643,7 @@ impl WritePath<'_> {
                         offset,
                         len,
                         &mut payload,
-                        self.zil.indirect(&v.entry, log.max_block_bytes(), len).then_some(bs),
+                        self.zil.by_pointer(&v.entry, log.max_block_bytes(), len),
                     ),
                     None => 0,
                 },

@@ -155,6 +155,32 @@ impl Zil {
             && entry.dedup == DedupMode::Off
             && entry.block_bytes as usize <= copied_piece_bytes(log_block_bytes_max)
     }
+
+    /// How a write of `len` bytes to the volume `entry` is logged by pointer, if it is
+    /// ([`Zil::indirect`]): with logbias=throughput every block it touches, the partial ones
+    /// at its ends too (their whole new version written in place, as ZFS's `dmu_sync` writes
+    /// the whole dbuf of a partial `WR_INDIRECT` write); a large write under logbias=latency
+    /// copies its partial ends, which are small beside it.
+    pub(super) fn by_pointer(
+        &self,
+        entry: &VolumeEntry,
+        log_block_bytes_max: u32,
+        len: u64,
+    ) -> Option<ByPointer> {
+        self.indirect(entry, log_block_bytes_max, len).then_some(ByPointer {
+            block_bytes: u64::from(entry.block_bytes),
+            partial: entry.logbias == LogBias::Throughput,
+        })
+    }
+}
+
+/// Which of a write's blocks are logged by pointer ([`Zil::by_pointer`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ByPointer {
+    /// The volume's block size.
+    pub block_bytes: u64,
+    /// The blocks a write covers in part as well as its whole ones.
+    pub partial: bool,
 }
 
 /// What the intent logs did: commits, fallbacks to txg syncs, and what import found.
@@ -665,9 +691,9 @@ async fn claim_indirect(
 }
 
 /// Appends the records of one change: a zero as one record, a write in pieces that each fit
-/// the largest log block. With `indirect_block` (the volume's block size), the write's whole
-/// blocks are appended as unfilled indirect records, one per block, and only its partial
-/// blocks at either end are copied. A write handed over ([`WriteData::Owned`]) that is one
+/// the largest log block. With `by_pointer`, the write's blocks are appended as unfilled
+/// indirect records, one per block: its whole blocks, and its partial ones at either end when
+/// it says so, else those are copied. A write handed over ([`WriteData::Owned`]) that is one
 /// record takes no copy: the record keeps its buffer. Returns the last sequence.
 pub(super) fn append_records(
     log: &LogWriter,
@@ -676,14 +702,22 @@ pub(super) fn append_records(
     offset: u64,
     len: u64,
     payload: &mut Option<WriteData<'_>>,
-    indirect_block: Option<u64>,
+    by_pointer: Option<ByPointer>,
 ) -> u64 {
     log.note_change();
     let block_bytes_max = log.max_block_bytes();
     let end = offset + len;
-    // The whole blocks logged by pointer, if any: (block size, first, end).
-    let whole = indirect_block
-        .map(|bs| (bs, offset.div_ceil(bs) * bs, end / bs * bs))
+    // The blocks logged by pointer, if any: (block size, first byte, end). A zero is never
+    // logged by pointer (its record is small whatever its length).
+    let whole = by_pointer
+        .filter(|_| payload.is_some())
+        .map(|ByPointer { block_bytes: bs, partial }| {
+            if partial {
+                (bs, offset / bs * bs, end.div_ceil(bs) * bs)
+            } else {
+                (bs, offset.div_ceil(bs) * bs, end / bs * bs)
+            }
+        })
         .filter(|&(_, first, end_whole)| first < end_whole);
     // A write handed over that is one record keeps its own buffer: no copy. Any other stays
     // with the caller, which frees it outside the store's locks.

@@ -283,6 +283,23 @@ impl LogCommit<'_> {
         // writes the range once. Replay applies the later records after an earlier one, so
         // the newer bytes it gets are as good as a copy of the current block (below); import's
         // claim takes a block pointed at twice once (`zil::claim_indirect`).
+        // A block a write covered in part (logged by pointer under logbias=throughput) may
+        // still be that write's patch over the version on disk: completed first, its other
+        // bytes read, so that its whole new version is written in place (ZFS's `dmu_sync`
+        // writes the whole dbuf, which the write had read in).
+        let patched: Vec<u64> = {
+            let v = dataset.state.lock();
+            let mut patched: Vec<u64> = claimed
+                .iter()
+                .map(index_of)
+                .filter(|index| matches!(v.open.get(index), Some(Block::Patched(_))))
+                .collect();
+            patched.dedup();
+            patched
+        };
+        for index in patched {
+            super::dbuf_read::resolve_patch(self.spa.pool(), self.txg, dataset, index).await?;
+        }
         let mut place: Vec<(Arc<AlignedBuf>, Vec<&LogRecord>)> = Vec::new();
         let mut placed_at: foldhash::HashMap<u64, usize> =
             foldhash::HashMap::with_capacity_and_hasher(claimed.len(), Default::default());
