@@ -344,150 +344,23 @@ impl LogCommit<'_> {
                 copy.splice(0..0, syncing.drain(..));
             }
         }
-        // Compressed as the sync would (ZFS's dmu_sync does the same), so that a volume written
-        // through indirect records is stored as compactly as one written by syncs, and
-        // checksummed, on every core: with a volume's connections on one core, compressing
-        // and checksumming a 1 MiB write's blocks there alone held 1 MiB write + flush at 0.84x
-        // of connections spread over both cores (docs/bench/peers-placement.md).
-        // And an encrypted volume's sealed as the sync would seal them: the sync links these
-        // very blocks into the tree.
-        let (compression, key_family) = {
-            let v = dataset.state.lock();
-            (self.spa.stored_compression(&v.entry), v.entry.key_family)
-        };
-        let blocks: Vec<(BlockProps, Arc<AlignedBuf>)> = place
+        let blocks = place
             .iter()
-            .map(|(data, records)| {
-                let txg = records[0].txg();
-                let mut props = BlockProps::data(Writer::LogIndirect, txg, compression);
-                if key_family != 0 {
-                    props.crypt =
-                        zio::PropsCrypt::Encrypt { family: key_family, convergent: false };
-                }
-                (props, Arc::clone(data))
-            })
-            .collect();
-        // A batch stored as it is (nothing compresses, nothing is encrypted) has its places
-        // from its logical sizes, and its writes start before its checksums, which are
-        // computed while the device writes (`zio::stage_as_is`); any other is sealed first.
-        let pool = self.spa.pool();
-        let batch = match pool.stage_as_is(&blocks)? {
-            zio::Staging::AsIs(staged) => Batch::Staged(staged),
-            zio::Staging::Seal(plan) => {
-                Batch::Sealed(pool.seal_blocks_planned(blocks, plan).await?)
-            }
-        };
-        let psizes: Vec<u64> = match &batch {
-            Batch::Staged(staged) => staged.psizes(),
-            Batch::Sealed(sealed) => sealed.iter().map(zio::Sealed::psize).collect(),
-        };
-        // Space for each placed block, as data is placed (near the data cursor, so a large
-        // write's blocks land back to back), but held like a log block until a sync links it.
-        // No room for the blocks in place beside what the syncs were promised: the commit
-        // falls back to a txg sync, which writes them once, rather than copying them into log
-        // blocks, which would take the room the sync needs (log blocks holding copies of 1 MiB
-        // writes filled a nearly full pool until the sync could not place its own blocks).
-        let placed = self
-            .spa
-            .allocator()
-            .lock()
-            .allocate_indirect_promised(&psizes, pool.root().write_span_bytes(), bs)
-            .map_err(|source| PoolError::NoSpace { pool: pool.name().to_owned(), cause: source })?;
+            .map(|(data, records)| (index_of(records[0]), Arc::clone(data), records[0].txg()));
+        let placed = self.write_in_place(dataset, blocks.collect()).await?;
         self.zil.stats().indirect_blocks_written.add(place.len() as u64);
-        // Runs of blocks back to back on one vdev, each written as one I/O, from the blocks'
-        // own buffers, as a sync writes.
-        let stored = |i: usize| match &batch {
-            Batch::Staged(staged) => staged.stored(i),
-            Batch::Sealed(sealed) => &sealed[i].stored,
-        };
-        let mut writes = Vec::new();
-        let mut block_writes: Vec<DataWrite> = Vec::with_capacity(place.len());
-        for run in zio::span_runs(&placed, pool.root().write_span_bytes()) {
-            let (vdev, _, _) = placed[run.start];
-            let pieces = zio::run_blocks(&placed, run.clone(), stored);
-            let (done, written) = futures::channel::oneshot::channel::<BlockWritten>();
-            let write: DataWrite =
-                written.map(|r| r.unwrap_or(BlockWritten::Failed)).boxed().shared();
-            block_writes.extend(run.map(|_| write.clone()));
-            writes.push(IndirectWrite { vdev, pieces, done });
-        }
-        let sealed = match batch {
-            Batch::Staged(staged) => {
-                self.issue_indirect(std::mem::take(&mut writes), true);
-                match pool.sum_staged(&staged) {
-                    Ok(sealed) => sealed,
-                    Err(e) => {
-                        // The writes are under way: their places are freed by the next sync
-                        // once they end, as for a block that changed meanwhile.
-                        let orphaned = (0..place.len())
-                            .map(|i| Prewritten {
-                                data: Arc::clone(&place[i].0),
-                                bp: zio::describe_place(&staged, i, placed[i]),
-                                write: block_writes[i].clone(),
-                            })
-                            .collect();
-                        self.txg.lock().queue(Orphaned(orphaned));
-                        return Err(e.into());
-                    }
-                }
-            }
-            Batch::Sealed(sealed) => sealed,
-        };
-        let blocks: Vec<Prewritten> = (0..place.len())
-            .map(|i| Prewritten {
-                data: Arc::clone(&place[i].0),
-                bp: zio::describe(&sealed[i], &placed[i..=i]),
-                write: block_writes[i].clone(),
-            })
-            .collect();
-        // Recorded for the sync, so that a sync beginning now waits for the writes (which
-        // start after this, or for a batch stored as it is have started: a sync that began
-        // since closed the records' txg, and orphans their blocks here); a block that changed
-        // since it was looked at is orphaned (the next sync frees it once its write ends) and
-        // its record copied instead.
         let mut filled: Vec<(LogRecord, Option<DataWrite>)> = Vec::new();
-        // Asked once, outside the locks: `inflate` looks at the vdev tree.
-        let alloc_per_block = self.spa.pool().inflate(bs, bs);
-        {
-            let mut txg = self.txg.lock();
-            let mut v = dataset.state.lock();
-            let mut orphaned = Vec::new();
-            for ((_, records), block) in place.iter().zip(blocks) {
-                let index = index_of(records[0]);
-                let current = match v.open.get(&index) {
-                    Some(Block::Data(data)) => Arc::ptr_eq(data, &block.data),
-                    _ => false,
-                };
-                // A destroy (under the txg lock, as here) orphans the prewritten blocks
-                // it finds; one linked after it would be freed by no sync.
-                let live = !dataset.destroyed.load(std::sync::atomic::Ordering::Acquire);
-                if current && live && records[0].txg() == txg.open_txg() {
+        for ((_, records), placed) in place.iter().zip(placed) {
+            match placed {
+                Some((bp, write)) => {
                     for record in records {
-                        filled.push((pointing_at(record, block.bp), Some(block.write.clone())));
+                        filled.push((pointing_at(record, bp), Some(write.clone())));
                     }
-                    let shared = records.len() as u64 - 1;
-                    self.zil.stats().indirect_records_shared.add(shared);
-                    if let Some(replaced) = v.prewritten.insert(index, block) {
-                        orphaned.push(replaced);
-                    }
-                    // The block is on its way to the disk and the sync will not write it, but
-                    // it stays dirty: the throttle and the start of the next sync count it,
-                    // since until that sync the block and any version it replaced hold
-                    // space. Only the space check leaves it out, its space being allocated
-                    // already. (Leaving it out of the dirty data too let 1 MiB write + flush
-                    // clients fill a pool with blocks written in place and their replaced
-                    // versions within one txg timeout: the sync after found no room.)
-                    txg.count_prewritten(bs, alloc_per_block);
-                } else {
-                    orphaned.push(block);
-                    copy.extend(records);
+                    self.zil.stats().indirect_records_shared.add(records.len() as u64 - 1);
                 }
-            }
-            if !orphaned.is_empty() {
-                txg.queue(Orphaned(orphaned));
+                None => copy.extend(records),
             }
         }
-        self.issue_indirect(writes, false);
         log.fill_all(filled);
         for record in copy {
             let (txg, sequence, offset) = (record.txg(), record.sequence(), index_of(record) * bs);
@@ -509,6 +382,157 @@ impl LogCommit<'_> {
             self.zil.stats().indirect_records_left_to_sync.add(syncing.len() as u64);
         }
         Ok(())
+    }
+
+    /// Writes `blocks` (index, the open txg's version of the block, that txg) of `dataset` in
+    /// place now (ZFS: `dmu_sync`) and records each as the volume's prewritten block, which
+    /// the sync links instead of writing it again. Returns each block's pointer and write
+    /// where it was recorded; `None` where the block changed meanwhile (a later write
+    /// replaced it, its txg closed, the volume was destroyed): its write is orphaned, and the
+    /// next sync frees its place once the write has ended.
+    async fn write_in_place(
+        &self,
+        dataset: &Dataset,
+        blocks: Vec<(u64, Arc<AlignedBuf>, u64)>,
+    ) -> Result<Vec<Option<(BlockPointer, DataWrite)>>, StoreError> {
+        let bs = u64::from(dataset.block_bytes);
+        // Compressed as the sync would (ZFS's dmu_sync does the same), so that a volume written
+        // through indirect records is stored as compactly as one written by syncs, and
+        // checksummed, on every core: with a volume's connections on one core, compressing
+        // and checksumming a 1 MiB write's blocks there alone held 1 MiB write + flush at 0.84x
+        // of connections spread over both cores (docs/bench/peers-placement.md).
+        // And an encrypted volume's sealed as the sync would seal them: the sync links these
+        // very blocks into the tree.
+        let (compression, key_family) = {
+            let v = dataset.state.lock();
+            (self.spa.stored_compression(&v.entry), v.entry.key_family)
+        };
+        let sealing: Vec<(BlockProps, Arc<AlignedBuf>)> = blocks
+            .iter()
+            .map(|(_, data, txg)| {
+                let mut props = BlockProps::data(Writer::LogIndirect, *txg, compression);
+                if key_family != 0 {
+                    props.crypt =
+                        zio::PropsCrypt::Encrypt { family: key_family, convergent: false };
+                }
+                (props, Arc::clone(data))
+            })
+            .collect();
+        // A batch stored as it is (nothing compresses, nothing is encrypted) has its places
+        // from its logical sizes, and its writes start before its checksums, which are
+        // computed while the device writes (`zio::stage_as_is`); any other is sealed first.
+        let pool = self.spa.pool();
+        let batch = match pool.stage_as_is(&sealing)? {
+            zio::Staging::AsIs(staged) => Batch::Staged(staged),
+            zio::Staging::Seal(plan) => {
+                Batch::Sealed(pool.seal_blocks_planned(sealing, plan).await?)
+            }
+        };
+        let psizes: Vec<u64> = match &batch {
+            Batch::Staged(staged) => staged.psizes(),
+            Batch::Sealed(sealed) => sealed.iter().map(zio::Sealed::psize).collect(),
+        };
+        // Space for each placed block, as data is placed (near the data cursor, so a large
+        // write's blocks land back to back), but held like a log block until a sync links it.
+        // No room for the blocks in place beside what the syncs were promised: the commit
+        // falls back to a txg sync, which writes them once, rather than copying them into log
+        // blocks, which would take the room the sync needs (log blocks holding copies of 1 MiB
+        // writes filled a nearly full pool until the sync could not place its own blocks).
+        let placed = self
+            .spa
+            .allocator()
+            .lock()
+            .allocate_indirect_promised(&psizes, pool.root().write_span_bytes(), bs)
+            .map_err(|source| PoolError::NoSpace { pool: pool.name().to_owned(), cause: source })?;
+        // Runs of blocks back to back on one vdev, each written as one I/O, from the blocks'
+        // own buffers, as a sync writes.
+        let stored = |i: usize| match &batch {
+            Batch::Staged(staged) => staged.stored(i),
+            Batch::Sealed(sealed) => &sealed[i].stored,
+        };
+        let mut writes = Vec::new();
+        let mut block_writes: Vec<DataWrite> = Vec::with_capacity(blocks.len());
+        for run in zio::span_runs(&placed, pool.root().write_span_bytes()) {
+            let (vdev, _, _) = placed[run.start];
+            let pieces = zio::run_blocks(&placed, run.clone(), stored);
+            let (done, written) = futures::channel::oneshot::channel::<BlockWritten>();
+            let write: DataWrite =
+                written.map(|r| r.unwrap_or(BlockWritten::Failed)).boxed().shared();
+            block_writes.extend(run.map(|_| write.clone()));
+            writes.push(IndirectWrite { vdev, pieces, done });
+        }
+        let sealed = match batch {
+            Batch::Staged(staged) => {
+                self.issue_indirect(std::mem::take(&mut writes), true);
+                match pool.sum_staged(&staged) {
+                    Ok(sealed) => sealed,
+                    Err(e) => {
+                        // The writes are under way: their places are freed by the next sync
+                        // once they end, as for a block that changed meanwhile.
+                        let orphaned = (0..blocks.len())
+                            .map(|i| Prewritten {
+                                data: Arc::clone(&blocks[i].1),
+                                bp: zio::describe_place(&staged, i, placed[i]),
+                                write: block_writes[i].clone(),
+                            })
+                            .collect();
+                        self.txg.lock().queue(Orphaned(orphaned));
+                        return Err(e.into());
+                    }
+                }
+            }
+            Batch::Sealed(sealed) => sealed,
+        };
+        let prewritten: Vec<Prewritten> = (0..blocks.len())
+            .map(|i| Prewritten {
+                data: Arc::clone(&blocks[i].1),
+                bp: zio::describe(&sealed[i], &placed[i..=i]),
+                write: block_writes[i].clone(),
+            })
+            .collect();
+        // Recorded for the sync, so that a sync beginning now waits for the writes (which
+        // start after this, or for a batch stored as it is have started: a sync that began
+        // since closed the blocks' txg, and orphans them here); a block that changed since it
+        // was looked at is orphaned (the next sync frees it once its write ends).
+        let mut linked = Vec::with_capacity(blocks.len());
+        // Asked once, outside the locks: `inflate` looks at the vdev tree.
+        let alloc_per_block = self.spa.pool().inflate(bs, bs);
+        {
+            let mut txg = self.txg.lock();
+            let mut v = dataset.state.lock();
+            let mut orphaned = Vec::new();
+            for ((index, _, block_txg), block) in blocks.iter().zip(prewritten) {
+                let current = match v.open.get(index) {
+                    Some(Block::Data(data)) => Arc::ptr_eq(data, &block.data),
+                    _ => false,
+                };
+                // A destroy (under the txg lock, as here) orphans the prewritten blocks
+                // it finds; one linked after it would be freed by no sync.
+                let live = !dataset.destroyed.load(std::sync::atomic::Ordering::Acquire);
+                if current && live && *block_txg == txg.open_txg() {
+                    linked.push(Some((block.bp, block.write.clone())));
+                    if let Some(replaced) = v.prewritten.insert(*index, block) {
+                        orphaned.push(replaced);
+                    }
+                    // The block is on its way to the disk and the sync will not write it, but
+                    // it stays dirty: the throttle and the start of the next sync count it,
+                    // since until that sync the block and any version it replaced hold
+                    // space. Only the space check leaves it out, its space being allocated
+                    // already. (Leaving it out of the dirty data too let 1 MiB write + flush
+                    // clients fill a pool with blocks written in place and their replaced
+                    // versions within one txg timeout: the sync after found no room.)
+                    txg.count_prewritten(bs, alloc_per_block);
+                } else {
+                    orphaned.push(block);
+                    linked.push(None);
+                }
+            }
+            if !orphaned.is_empty() {
+                txg.queue(Orphaned(orphaned));
+            }
+        }
+        self.issue_indirect(writes, false);
+        Ok(linked)
     }
 
     /// Starts the writes of blocks logged by pointer. `now` submits them to the device before
