@@ -348,7 +348,6 @@ impl LogCommit<'_> {
             .iter()
             .map(|(data, records)| (index_of(records[0]), Arc::clone(data), records[0].txg()));
         let placed = self.write_in_place(dataset, blocks.collect()).await?;
-        self.zil.stats().indirect_blocks_written.add(place.len() as u64);
         let mut filled: Vec<(LogRecord, Option<DataWrite>)> = Vec::new();
         for ((_, records), placed) in place.iter().zip(placed) {
             match placed {
@@ -444,6 +443,8 @@ impl LogCommit<'_> {
             .lock()
             .allocate_indirect_promised(&psizes, pool.root().write_span_bytes(), bs)
             .map_err(|source| PoolError::NoSpace { pool: pool.name().to_owned(), cause: source })?;
+        // Counted as their writes are about to start, whatever comes of them.
+        self.zil.stats().indirect_blocks_written.add(blocks.len() as u64);
         // Runs of blocks back to back on one vdev, each written as one I/O, from the blocks'
         // own buffers, as a sync writes.
         let stored = |i: usize| match &batch {
