@@ -147,7 +147,8 @@ impl Zil {
     /// volumes (their blocks are placed through the dedup table at sync), nor where a block
     /// would not fit one copied record of its chain, whose blocks are at most
     /// `log_block_bytes_max` (the fill copies a block it cannot place; [`Zil::settings_for`]
-    /// gives every volume block size such a chain).
+    /// gives every volume block size such a chain). Which of its partial blocks go by pointer
+    /// too is [`Zil::by_pointer`]'s.
     pub(super) fn indirect(&self, entry: &VolumeEntry, log_block_bytes_max: u32, len: u64) -> bool {
         let limit = self.immediate_write_bytes;
         let large = entry.logbias == LogBias::Throughput || (limit > 0 && len >= limit);

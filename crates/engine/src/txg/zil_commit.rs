@@ -98,7 +98,8 @@ impl Store {
     }
 
     /// Whether a write of `len` bytes to `dataset` logs its whole blocks by pointer (ZFS's
-    /// `WR_INDIRECT`: `intent_log.immediate_write_bytes`, `logbias`, no dedup).
+    /// `WR_INDIRECT`: `intent_log.immediate_write_bytes`, `logbias`, no dedup); with
+    /// logbias=throughput its partial blocks go by pointer too (`Zil::by_pointer`).
     pub fn logs_by_pointer(&self, dataset: &Dataset, len: u64) -> bool {
         let v = dataset.state.lock();
         // A volume without a chain now (a snapshot, an encrypted one awaiting its key) is
@@ -286,20 +287,26 @@ impl LogCommit<'_> {
         // A block a write covered in part (logged by pointer under logbias=throughput) may
         // still be that write's patch over the version on disk: completed first, its other
         // bytes read, so that its whole new version is written in place (ZFS's `dmu_sync`
-        // writes the whole dbuf, which the write had read in).
+        // writes the whole dbuf, which the write had read in). Only the open txg's records
+        // are placed (an older one's block is copied or left to its sync, below), and the
+        // reads go to the device together, as the sync's do.
         let patched: Vec<u64> = {
+            let txg = self.txg.lock();
             let v = dataset.state.lock();
             let mut patched: Vec<u64> = claimed
                 .iter()
+                .filter(|record| record.txg() == txg.open_txg())
                 .map(index_of)
                 .filter(|index| matches!(v.open.get(index), Some(Block::Patched(_))))
                 .collect();
+            patched.sort_unstable();
             patched.dedup();
             patched
         };
-        for index in patched {
-            super::dbuf_read::resolve_patch(self.spa.pool(), self.txg, dataset, index).await?;
-        }
+        let resolved = futures::future::join_all(patched.into_iter().map(|index| {
+            super::dbuf_read::resolve_patch(self.spa.pool(), self.txg, dataset, index)
+        }));
+        resolved.await.into_iter().collect::<Result<Vec<()>, StoreError>>()?;
         let mut place: Vec<(Arc<AlignedBuf>, Vec<&LogRecord>)> = Vec::new();
         let mut placed_at: foldhash::HashMap<u64, usize> =
             foldhash::HashMap::with_capacity_and_hasher(claimed.len(), Default::default());
