@@ -30,7 +30,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use serde::{Deserialize, Serialize};
 use sluice_engine::tunables::{Tunable, Tunables};
-use sluice_engine::{ImportOptions, VolumeProperty};
+use sluice_engine::{ImportOptions, NewFeatures, VolumeProperty};
 
 use pools::output::{Format, Reply};
 use pools::Ctx;
@@ -277,6 +277,13 @@ enum PoolCommand {
         /// (exported, destroyed or imported here); what they hold is lost.
         #[arg(short, long)]
         force: bool,
+        /// Make the pool without the optional format features (zpool create -d), so that
+        /// older sluice builds import it: indirect blocks stored plain (no lz4_indirect;
+        /// `pool upgrade` enables it later), and its RAID-Z vdevs' log blocks striped for
+        /// their life (no raidz_log_copies; a RAID-Z vdev added later writes them as copies
+        /// and lists that feature).
+        #[arg(short = 'd', long)]
+        no_features: bool,
     },
     /// Add vdevs to a pool while it serves (zpool add), in `pool create`'s words: `sluice
     /// pool add tank mirror /d/c /d/d`, `raidz2 /d/e …`, a lone leaf, `log /d/l` (a separate
@@ -440,6 +447,27 @@ enum PoolCommand {
     /// it.
     /// Setting a property makes the pool need a sluice that knows feature pool_properties.
     Set { name: String, property: String },
+    /// Enable the optional format features this build supports on a pool made without them
+    /// (zpool upgrade): `sluice pool upgrade tank`, or -a for every pool known here, served
+    /// or not. Without a pool or -a, says what each known pool lacks; -v lists every feature
+    /// this build knows. A pool made by an older build, or by `pool create -d`, works without
+    /// them; once one is enabled, builds that do not know it refuse the pool by its name.
+    /// Blocks already written keep their form: a feature applies to what is written from
+    /// then on.
+    Upgrade {
+        names: Vec<String>,
+        /// Every pool known here.
+        #[arg(short, long, conflicts_with = "names")]
+        all: bool,
+        /// List the features this build knows, what each is, and which this command enables.
+        #[arg(short, long, conflicts_with_all = ["names", "all"])]
+        verbose: bool,
+        /// Say what the pool lacks instead of enabling it (the listing without names; set by
+        /// the command line, never given).
+        #[arg(skip)]
+        #[serde(default)]
+        list_only: bool,
+    },
     /// Write the open txg out now and wait until it is durable (zpool sync): space figures,
     /// snapshot USED and the like then count every write made so far.
     Sync { name: String },
@@ -807,6 +835,9 @@ pub(crate) async fn run_pool_command(ctx: &mut Ctx<'_>, command: Command) -> any
                 pools::props::get(ctx, &name, &properties).await
             }
             PoolCommand::Set { name, property } => pools::props::set(ctx, &name, &property).await,
+            PoolCommand::Upgrade { names, list_only, .. } => {
+                pools::props::upgrade(ctx, &names, list_only).await
+            }
             PoolCommand::Scrub { name, pause, stop, wait } => {
                 pool::scrub(ctx, &name, pool::ScrubAction::from_flags(pause, stop, wait)).await
             }
@@ -898,7 +929,8 @@ pub(crate) async fn run_pool_command(ctx: &mut Ctx<'_>, command: Command) -> any
 
 fn not_served() -> anyhow::Result<()> {
     anyhow::bail!(
-        "only pool status|list|stats|events|sync|scrub|offline|online|clear|attach|detach|replace, vol \
+        "only pool status|list|stats|events|sync|scrub|offline|online|clear|attach|detach|replace|\
+         upgrade, vol \
          create|list|get|set|rename|resize|rollback|promote|destroy, snapshot \
          create|list|destroy, clone, key load|unload|change, send and recv run on a served pool"
     )
@@ -933,11 +965,35 @@ async fn pool_command(env: &sluice_engine::rt::Env, command: PoolCommand) -> any
         }
     };
     match command {
-        PoolCommand::Create { name, vdevs, size, sparse, ashift, force } => {
+        PoolCommand::Create { name, vdevs, size, sparse, ashift, force, no_features } => {
             refuse_if_served(&name)?;
+            let features = if no_features { NewFeatures::NONE } else { NewFeatures::ALL };
+            let (leaves, options) =
+                (&vdevs[..], pools::pool::CreateOptions { ashift, force, features });
             let result =
-                pools::pool::create(&mut ctx, &name, (size, sparse), ashift, &vdevs, force).await;
+                pools::pool::create(&mut ctx, &name, (size, sparse), leaves, options).await;
             show(ctx, result)
+        }
+        PoolCommand::Upgrade { verbose: true, .. } => {
+            print!("{}", pools::props::features_text());
+            Ok(())
+        }
+        PoolCommand::Upgrade { names, all, .. } => {
+            // Named pools, or -a, are upgraded; with neither, every known pool is only looked at.
+            let list_only = names.is_empty() && !all;
+            let names = pools_named(names)?;
+            if names.is_empty() {
+                println!("no pools");
+            }
+            let jobs = (names.into_iter())
+                .map(|name| {
+                    let names = vec![name.clone()];
+                    let command =
+                        PoolCommand::Upgrade { names, all: false, verbose: false, list_only };
+                    (name, Command::Pool { pool: command })
+                })
+                .collect();
+            per_pools(env, jobs, Format::Text, Vec::new()).await
         }
         PoolCommand::Import { name, dirs, devices, rewind, dry_run, discard_unreadable_log } => {
             refuse_if_served(&name)?;

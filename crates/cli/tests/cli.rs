@@ -378,6 +378,49 @@ fn serve_applies_tunables_to_a_named_pool() {
     assert!(status.contains("of 3.0M held"), "the cache size set was not applied: {status}");
 }
 
+/// `pool create -d` makes a pool without the optional format features, for older builds;
+/// `pool status` says so and what to do, `pool upgrade` with no pool names what each lacks
+/// and changes nothing, and `pool upgrade tank` enables it while the pool is served (a second
+/// time enables nothing) and it stays enabled once the server stops; `pool upgrade -v` lists
+/// every feature, those the command enables marked.
+#[test]
+fn pool_upgrade_enables_what_create_d_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let made = ok(&cache, &["pool", "create", "tank", "-d", "mirror", a, b, "--size", "64M"]);
+    assert!(made.contains("older sluice builds import it"), "{made}");
+    ok(&cache, &["vol", "create", "tank/vm1", "--size", "8M"]);
+    let features = || ok(&cache, &["pool", "get", "tank", "features", "-H"]);
+    assert_eq!(features(), "tank\tfeatures\t-\n");
+    let status = ok(&cache, &["pool", "status", "tank"]);
+    assert!(status.contains("not enabled: lz4_indirect"), "{status}");
+    assert!(status.contains("sluice pool upgrade tank"), "{status}");
+    let listing = ok(&cache, &["pool", "upgrade"]);
+    assert!(listing.contains("pool tank: not enabled: lz4_indirect"), "{listing}");
+    assert_eq!(features(), "tank\tfeatures\t-\n", "the listing enabled nothing");
+
+    let mut server = serve(dir.path(), &cache, &[]);
+    let upgraded = ok(&cache, &["pool", "upgrade", "tank"]);
+    let again = ok(&cache, &["pool", "upgrade", "-a"]);
+    let served_features = features();
+    let stopped = Command::new("kill").arg(server.id().to_string()).status().unwrap();
+    let exited = server.wait().unwrap();
+    assert!(stopped.success() && exited.success(), "the server did not stop cleanly: {exited}");
+    assert!(upgraded.contains("pool tank: enabled lz4_indirect"), "{upgraded}");
+    assert!(again.contains("pool tank: every optional feature"), "{again}");
+    assert_eq!(served_features, "tank\tfeatures\tlz4_indirect\n");
+    assert_eq!(features(), "tank\tfeatures\tlz4_indirect\n", "after the server stopped");
+    let status = ok(&cache, &["pool", "status", "tank"]);
+    assert!(!status.contains("not enabled"), "{status}");
+
+    let verbose = ok(&cache, &["pool", "upgrade", "-v"]);
+    assert!(verbose.contains("* lz4_indirect"), "{verbose}");
+    assert!(verbose.contains("  raidz_log_copies"), "{verbose}");
+    assert!(fails(&cache, &["pool", "upgrade", "-a", "tank"]).contains("cannot be used with"));
+}
+
 /// `pool create` once overwrote whatever its leaves held without a word: a file full of
 /// someone's data, or a leaf of another pool (which was then gone). Like `zpool create` it now
 /// refuses, saying what it found on each leaf, and goes ahead only with --force (or -f).

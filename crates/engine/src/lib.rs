@@ -57,8 +57,9 @@ pub use device::{
     SharedBuf, UninitBuf, IOVECS_MAX,
 };
 pub use pool::{
-    probe, LeafSpec, Pool, PoolError, PoolLeaf, PoolSpec, PreparedActivation, PreparedAdd,
-    PreparedAttach, PreparedSpares, ScrubReport, SpareLeaf, SpareStatus, TopSpec, VerifyReport,
+    probe, LeafSpec, NewFeatures, Pool, PoolError, PoolLeaf, PoolSpec, PreparedActivation,
+    PreparedAdd, PreparedAttach, PreparedSpares, ScrubReport, SpareLeaf, SpareStatus, TopSpec,
+    VerifyReport,
 };
 pub use txg::{auto_name, DeviceOpener, CHECK_INTERVAL as SCHEDULE_CHECK_INTERVAL};
 pub use txg::{

@@ -2,7 +2,7 @@
 //! across export and import, after partial overwrites of compressed blocks, and when one leg's
 //! copy is damaged; each volume's space figures match its tree (the audit checks them), a
 //! block is stored compressed only when that saves an eighth, and indirect blocks are always
-//! stored lz4.
+//! stored lz4 (on a pool made without that feature, once `pool upgrade` enables it).
 
 use crate::common;
 
@@ -10,13 +10,16 @@ use std::sync::Arc;
 
 use sluice_engine::alloc::log_region_bytes;
 use sluice_engine::device::sim::Fault;
-use sluice_engine::device::{SimDevice, SimProfile};
+use sluice_engine::device::{BlockDevice, SharedBuf, SimDevice, SimProfile};
 use sluice_engine::objset;
-use sluice_engine::pool::{Pool, TopSpec};
+use sluice_engine::pool::{NewFeatures, Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::Rng;
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::{Store, VolumeProperty};
-use sluice_format::{data_end_bytes, BlockCompression, Compression, DATA_START_BYTES};
+use sluice_format::{
+    data_end_bytes, label_offsets, BlockCompression, Compression, LabelHeader, DATA_START_BYTES,
+    LABEL_HEADER_BYTES,
+};
 use sluice_sim::Sim;
 
 const VOLUME_BYTES: u64 = 4 << 20;
@@ -248,6 +251,188 @@ fn indirect_blocks_are_stored_lz4_whatever_the_volume_compression() {
     assert!(scrub.errors == 0 && scrub.unrecoverable.is_empty(), "{scrub:?}");
     let store = export_import(&sim, store, &legs);
     assert!(indirect_blocks(&sim, &store) >= 3);
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+    audit_clean(&sim, &store);
+}
+
+/// How many of volume "v"'s indirect blocks are stored (plain, lz4).
+fn indirect_stored_as(sim: &Sim, store: &Arc<Store>) -> (u64, u64) {
+    let s = Arc::clone(store);
+    sim.run(async move {
+        let entry = s.volume_info("v").unwrap();
+        let tree = objset::walk(s.pool(), entry.root, entry.levels).await.unwrap();
+        let (mut plain, mut lz4) = (0, 0);
+        for (level, _, bp) in tree.into_iter().filter(|(level, _, _)| *level > 0) {
+            match bp.compression {
+                BlockCompression::None => plain += 1,
+                BlockCompression::Lz4 => lz4 += 1,
+                BlockCompression::Zstd => panic!("level {level}: zstd indirect block {bp:?}"),
+            }
+        }
+        (plain, lz4)
+    })
+    .unwrap()
+    .0
+}
+
+/// The features leg `leg`'s first label lists.
+fn label_features(sim: &Sim, leg: &SimDevice) -> Vec<&'static str> {
+    let d = leg.clone();
+    sim.run(async move {
+        let bytes = d.read_at(0, LABEL_HEADER_BYTES as u32).await.unwrap();
+        LabelHeader::decode(&bytes).unwrap().config.features()
+    })
+    .unwrap()
+    .0
+}
+
+/// A pool made without the optional features (as by `pool create -d`, or a build before
+/// `lz4_indirect`) with volume "v" of [`contents`], written and synced.
+fn older_pool(seed: u64) -> (Sim, Vec<SimDevice>, Arc<Store>, Vec<u8>) {
+    let sim = Sim::new(seed);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEG_BYTES);
+    let data = contents(seed);
+    let spec = PoolSpec {
+        name: "tank".into(),
+        ashift: 12,
+        top: vec![TopSpec::Mirror(common::leaf_specs(&legs))],
+    };
+    let (env, tunables, written) = (sim.env(), uncached(), data.clone());
+    let store = sim
+        .run(async move {
+            let pool = Pool::create_as(&env, spec, &tunables, NewFeatures::NONE).await.unwrap();
+            let store = Store::create(pool, &tunables);
+            store.create_volume("v", VOLUME_BYTES, BLOCK).unwrap();
+            store.write("v", 0, &written).await.unwrap();
+            store.sync().await.unwrap();
+            Arc::new(store)
+        })
+        .unwrap()
+        .0;
+    (sim, legs, store, data)
+}
+
+/// Writes `bytes` at `offset` of "v" and syncs.
+fn write_and_sync(sim: &Sim, store: &Arc<Store>, offset: u64, bytes: &[u8]) {
+    let (s, bytes) = (Arc::clone(store), bytes.to_vec());
+    sim.run(async move {
+        s.write("v", offset, &bytes).await.unwrap();
+        s.sync().await.unwrap();
+    })
+    .unwrap();
+}
+
+/// A pool made without `lz4_indirect` (by a build before it, or `pool create -d`) stores its
+/// indirect blocks plain. `enable_features` (`pool upgrade`) lists the feature in every label
+/// and the directory; the indirect blocks a sync rewrites from then on are lz4, those it has
+/// not rewritten still read as they are, and the feature survives an import. A second upgrade
+/// enables nothing.
+#[test]
+fn an_upgrade_stores_an_older_pools_indirect_blocks_lz4_from_then_on() {
+    let (sim, legs, store, mut data) = older_pool(8);
+    assert!(store.pool().config().features().is_empty());
+    assert_eq!(store.pool().features_disabled(), ["lz4_indirect"]);
+    assert_eq!(label_features(&sim, &legs[1]), Vec::<&str>::new());
+    let (plain, lz4) = indirect_stored_as(&sim, &store);
+    assert!(plain >= 3 && lz4 == 0, "before: {plain} plain, {lz4} lz4");
+
+    let s = Arc::clone(&store);
+    let (first, second) = sim
+        .run(
+            async move { (s.enable_features().await.unwrap(), s.enable_features().await.unwrap()) },
+        )
+        .unwrap()
+        .0;
+    assert_eq!((first, second), (vec!["lz4_indirect"], vec![]));
+    assert!(store.pool().features_disabled().is_empty());
+    for leg in &legs {
+        assert_eq!(label_features(&sim, leg), ["lz4_indirect"]);
+    }
+    // The upgrade's own sync rewrote nothing of "v": its blocks are as they were.
+    assert_eq!(indirect_stored_as(&sim, &store), (plain, 0));
+
+    // One block rewritten: the indirect blocks above it are written again, now lz4.
+    let block = vec![0x5a; BLOCK as usize];
+    data[..BLOCK as usize].copy_from_slice(&block);
+    write_and_sync(&sim, &store, 0, &block);
+    let (plain_after, lz4_after) = indirect_stored_as(&sim, &store);
+    assert!(lz4_after >= 2 && plain_after >= 1, "{plain_after} plain, {lz4_after} lz4");
+    assert_eq!(plain_after + lz4_after, plain, "the same tree");
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+    audit_clean(&sim, &store);
+
+    let store = export_import(&sim, store, &legs);
+    assert_eq!(store.pool().config().features(), ["lz4_indirect"]);
+    assert_eq!(indirect_stored_as(&sim, &store), (plain_after, lz4_after));
+    assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
+    let s = Arc::clone(&store);
+    let again = sim.run(async move { s.enable_features().await.unwrap() }).unwrap().0;
+    assert!(again.is_empty());
+    // Every block rewritten: no plain indirect block is left.
+    write_and_sync(&sim, &store, 0, &data);
+    assert_eq!(indirect_stored_as(&sim, &store), (0, plain));
+    audit_clean(&sim, &store);
+}
+
+/// A crash after an upgrade's sync wrote the pool directory but before every label was
+/// rewritten (here: the labels put back as they were): the directory lists `lz4_indirect`,
+/// the labels do not. Import takes the feature from the directory and rewrites the labels,
+/// so the syncs after it keep listing it while lz4 indirect blocks are on the disk; without
+/// that, a build that does not know the feature would open the pool and misread them.
+#[test]
+fn an_upgrade_cut_short_before_its_labels_is_finished_at_import() {
+    let (sim, legs, store, mut data) = older_pool(9);
+    let headers = |sim: &Sim, leg: &SimDevice| {
+        let d = leg.clone();
+        sim.run(async move {
+            let mut headers = Vec::new();
+            for offset in label_offsets(d.len_bytes()) {
+                headers.push((offset, d.read_at(offset, LABEL_HEADER_BYTES as u32).await.unwrap()));
+            }
+            headers
+        })
+        .unwrap()
+        .0
+    };
+    let before: Vec<_> = legs.iter().map(|leg| headers(&sim, leg)).collect();
+    let s = Arc::clone(&store);
+    let enabled = sim.run(async move { s.enable_features().await.unwrap() }).unwrap().0;
+    assert_eq!(enabled, ["lz4_indirect"]);
+    let block = vec![0xa5; BLOCK as usize];
+    data[..BLOCK as usize].copy_from_slice(&block);
+    write_and_sync(&sim, &store, 0, &block);
+    let (_, lz4) = indirect_stored_as(&sim, &store);
+    assert!(lz4 >= 2, "{lz4} lz4 indirect blocks");
+
+    // The crash: the labels as before the upgrade, the store gone without an export.
+    for (leg, headers) in legs.iter().zip(before) {
+        let d = leg.clone();
+        sim.run(async move {
+            for (offset, bytes) in headers {
+                d.write_at(offset, SharedBuf::copy_from(&bytes)).await.unwrap();
+            }
+        })
+        .unwrap();
+        assert_eq!(label_features(&sim, leg), Vec::<&str>::new());
+    }
+    drop(Arc::try_unwrap(store).unwrap_or_else(|_| panic!("the test holds the only reference")));
+    let (env, specs) = (sim.env(), common::leaf_specs(&legs));
+    let store = sim
+        .run(async move {
+            let pool = Pool::import(&env, specs, "tank", &uncached()).await.unwrap();
+            Arc::new(Store::open(pool, &uncached()).await.unwrap())
+        })
+        .unwrap()
+        .0;
+    assert_eq!(store.pool().config().features(), ["lz4_indirect"]);
+    for leg in &legs {
+        assert_eq!(label_features(&sim, leg), ["lz4_indirect"], "labels rewritten at import");
+    }
+    // A sync after the import, and another import: the directory still lists it.
+    write_and_sync(&sim, &store, u64::from(BLOCK), &data[BLOCK as usize..2 * BLOCK as usize]);
+    let store = export_import(&sim, store, &legs);
+    assert_eq!(store.pool().config().features(), ["lz4_indirect"]);
+    assert_eq!(indirect_stored_as(&sim, &store).1, lz4);
     assert_eq!(common::read_all(&sim, &store, &data, BLOCK), (0, 0));
     audit_clean(&sim, &store);
 }

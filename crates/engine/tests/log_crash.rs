@@ -398,7 +398,8 @@ fn run_workload_laid_out(
     let (setup_done, syncs) = sim
         .run(async move {
             let tunables = tunables(&policy, "64M");
-            let pool = Pool::create_as(&env, spec, &tunables, log_layout).await.unwrap();
+            let pool =
+                Pool::create_as(&env, spec, &tunables, common::features(log_layout)).await.unwrap();
             let store = Arc::new(Store::create(pool, &tunables));
             store.create_volume("v", UNITS * UNIT, VOLUME_BLOCK).unwrap();
             if throughput(&policy) {

@@ -546,7 +546,9 @@ fn a_log_block_is_parity_plus_one_writes() {
         let env = sim.env();
         let (leaf_writes, leaves_written) = sim
             .run(async move {
-                let pool = Pool::create_as(&env, spec, &uncached(), layout).await.unwrap();
+                let pool = Pool::create_as(&env, spec, &uncached(), common::features(layout))
+                    .await
+                    .unwrap();
                 let store = Store::create(pool, &uncached());
                 store.create_volume("v", VOLUME_BYTES, 16384).unwrap();
                 store.sync().await.unwrap();

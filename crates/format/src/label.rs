@@ -137,6 +137,37 @@ pub const FEATURES_KNOWN: &[&str] = &[
     FEATURE_HOLE_VDEVS,
     FEATURE_LZ4_INDIRECT,
 ];
+/// The features `pool upgrade` enables on a pool made without them (by an older build, or by
+/// `pool create -d`), as `zpool upgrade` enables ZFS's: each changes only how blocks written
+/// from then on are stored, so a pool can take it at any time. Every other feature is listed
+/// once the pool uses what it names (a RAID-Z vdev, a key, a property, a spare), or, for
+/// `raidz_log_copies`, fixed when the vdev is made: its log chains are laid out one way for
+/// their life.
+pub const FEATURES_UPGRADABLE: &[&str] = &[FEATURE_LZ4_INDIRECT];
+
+/// What each of [`FEATURES_KNOWN`] means to a user, for `pool upgrade -v`.
+pub fn feature_description(name: &str) -> Option<&'static str> {
+    Some(match name {
+        FEATURE_RAIDZ => "RAID-Z vdevs (listed when the pool has one)",
+        FEATURE_ENCRYPTION => "encrypted volumes (listed when the first key is made)",
+        FEATURE_RAIDZ_LOG_COPIES => {
+            "a RAID-Z vdev writes intent-log blocks as copies, not striped (listed for RAID-Z \
+             vdevs made since; a vdev keeps the layout it was made with)"
+        }
+        FEATURE_POOL_PROPERTIES => {
+            "pool properties and snapshot schedules in the pool directory (listed when the \
+             first is set)"
+        }
+        FEATURE_SPARES => "hot spares (listed while the pool has one)",
+        FEATURE_HOLE_VDEVS => "the hole a removed log device leaves in the vdev tree",
+        FEATURE_LZ4_INDIRECT => {
+            "indirect blocks stored lz4-compressed, in about half their space (on for new \
+             pools; pool upgrade turns it on for older ones)"
+        }
+        _ => return None,
+    })
+}
+
 /// Some top-level vdev is RAID-Z.
 const FEATURE_RAIDZ: &str = "raidz";
 /// The pool has encrypted volumes: its directory holds key families and encrypted block
@@ -326,6 +357,18 @@ impl VdevTreeConfig {
             features.push(FEATURE_LZ4_INDIRECT);
         }
         features
+    }
+
+    /// The [`FEATURES_UPGRADABLE`] this config does not list: what `pool upgrade` would
+    /// enable.
+    pub fn features_disabled(&self) -> Vec<&'static str> {
+        let listed = self.features();
+        FEATURES_UPGRADABLE.iter().copied().filter(|f| !listed.contains(f)).collect()
+    }
+
+    /// This config with every [`FEATURES_UPGRADABLE`] enabled.
+    pub fn upgraded(&self) -> VdevTreeConfig {
+        VdevTreeConfig { lz4_indirect: true, ..self.clone() }
     }
 
     /// The layout [`encode`](Self::encode) writes, and so the version of a label carrying it:

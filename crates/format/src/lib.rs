@@ -48,10 +48,10 @@ pub use directory::{
 };
 pub use error::FormatError;
 pub use label::{
-    data_end_bytes, label_offsets, uberblock_offset, LabelHeader, LeafConfig, RaidzConfig,
-    SpareConfig, TopConfig, TopKind, VdevTreeConfig, CONFIG_BYTES_MAX, DATA_START_BYTES,
-    FEATURES_KNOWN, LABEL_BYTES, LABEL_COUNT, LABEL_HEADER_BYTES, LABEL_VERSION,
-    POOL_NAME_BYTES_MAX, SPARES_MAX, UBERBLOCK_SLOTS,
+    data_end_bytes, feature_description, label_offsets, uberblock_offset, LabelHeader, LeafConfig,
+    RaidzConfig, SpareConfig, TopConfig, TopKind, VdevTreeConfig, CONFIG_BYTES_MAX,
+    DATA_START_BYTES, FEATURES_KNOWN, FEATURES_UPGRADABLE, LABEL_BYTES, LABEL_COUNT,
+    LABEL_HEADER_BYTES, LABEL_VERSION, POOL_NAME_BYTES_MAX, SPARES_MAX, UBERBLOCK_SLOTS,
 };
 pub use log_block::{
     LogBlock, LogRecord, LogVerifier, RecordSeal, LOG_HEADER_BYTES, LOG_WRITE_UNIT_BYTES,

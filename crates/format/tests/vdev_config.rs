@@ -6,9 +6,9 @@
 
 use sluice_format::raidz::{RAIDZ_CHILDREN_MAX, RAIDZ_PARITY_MAX};
 use sluice_format::{
-    ChecksumAlg, FormatError, FormatVersion, LabelHeader, LeafConfig, RaidzConfig, TopConfig,
-    TopKind, VdevTreeConfig, CONFIG_BYTES_MAX, DATA_START_BYTES, FEATURES_KNOWN,
-    LABEL_HEADER_BYTES, LABEL_VERSION,
+    feature_description, ChecksumAlg, FormatError, FormatVersion, LabelHeader, LeafConfig,
+    RaidzConfig, TopConfig, TopKind, VdevTreeConfig, CONFIG_BYTES_MAX, DATA_START_BYTES,
+    FEATURES_KNOWN, FEATURES_UPGRADABLE, LABEL_HEADER_BYTES, LABEL_VERSION,
 };
 
 /// Where each RAID-Z child's data area ends in these tests (a 1 GiB leaf's, roughly).
@@ -161,6 +161,26 @@ fn the_encoder_follows_the_byte_table() {
             "lz4_indirect"
         ]
     );
+}
+
+/// `pool upgrade` enables only features this build knows, every known feature has a line for
+/// `pool upgrade -v`, and a config made without lz4_indirect gets it from `upgraded`, which
+/// changes nothing else.
+#[test]
+fn upgradable_features_are_known_and_described() {
+    for name in FEATURES_KNOWN {
+        assert!(feature_description(name).is_some(), "{name} has no description");
+    }
+    assert!(FEATURES_UPGRADABLE.iter().all(|f| FEATURES_KNOWN.contains(f)));
+    assert_eq!(feature_description("zstd_indirect"), None);
+    let old = raidz_tree(1, 4, &[]);
+    assert_eq!(old.features_disabled(), ["lz4_indirect"]);
+    let new = old.upgraded();
+    assert!(new.features_disabled().is_empty());
+    assert_eq!(new.features(), ["raidz", "lz4_indirect"]);
+    assert_eq!(VdevTreeConfig { lz4_indirect: false, ..new.clone() }, old);
+    let decoded = VdevTreeConfig::decode(&new.encode().expect("encodes"), FormatVersion::V6);
+    assert_eq!(decoded.expect("decodes"), new);
 }
 
 /// A pool with encrypted volumes lists the `encryption` feature in every label, whatever its

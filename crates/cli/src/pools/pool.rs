@@ -17,7 +17,7 @@ use sluice_engine::tunables::Tunables;
 use sluice_engine::LeafState;
 use sluice_engine::{BlockDevice, FileDevice, FileDeviceOptions};
 use sluice_engine::{ImportOptions, ImportReport, ScanFunc, ScanPhase, ScanStatus, Store};
-use sluice_engine::{LeafSpec, Pool, PoolError, PoolLeaf, PoolSpec, TopSpec};
+use sluice_engine::{LeafSpec, NewFeatures, Pool, PoolError, PoolLeaf, PoolSpec, TopSpec};
 
 use super::output::{
     CacheFigures, DedupFigures, LeafReport, LogFigures, PoolList, PoolRow, PoolStatus, PoolSummary,
@@ -25,18 +25,28 @@ use super::output::{
 };
 use super::{cache, injections, open_leaf, open_store, Ctx, Held};
 
+/// How `pool create` makes the pool beyond its leaves.
+pub struct CreateOptions {
+    /// log2 of the smallest allocation.
+    pub ashift: u8,
+    /// Overwrite leaves that hold something.
+    pub force: bool,
+    /// The optional format features (`-d`: none).
+    pub features: NewFeatures,
+}
+
 /// `sluice pool create NAME [--size S [--sparse]] [--force] VDEV... [log VDEV...]`, VDEV being
 /// paths, or `mirror` followed by paths; what follows `log` becomes separate intent-log
 /// devices. `create` is the size of missing files and whether they are sparse. Leaves that
-/// already hold something are refused unless `force` (see [`check_leaves`]).
+/// already hold something are refused unless `options.force` (see [`check_leaves`]).
 pub async fn create(
     ctx: &mut Ctx<'_>,
     name: &str,
     (size, sparse): (Option<u64>, bool),
-    ashift: u8,
     vdevs: &[String],
-    force: bool,
+    options: CreateOptions,
 ) -> anyhow::Result<()> {
+    let CreateOptions { ashift, force, features } = options;
     if cache::read_cache()?.contains_key(name) {
         bail!("a pool named {name} already exists here; destroy or export it first");
     }
@@ -86,10 +96,11 @@ pub async fn create(
         }
         return Err(refusal);
     }
-    let pool = Pool::create(
+    let pool = Pool::create_as(
         ctx.env,
         PoolSpec { name: name.to_owned(), ashift, top },
         &Tunables::default(),
+        features,
     )
     .await?;
     cache::forget_taken_leaves(&pool)?;
@@ -97,6 +108,12 @@ pub async fn create(
     let store = Store::create(pool, &Tunables::default());
     store.export().await?;
     let mut said = format!("created pool {name}");
+    if features != NewFeatures::ALL {
+        said.push_str(
+            "\nwithout the optional features: older sluice builds import it; `sluice pool \
+             upgrade` enables lz4_indirect later",
+        );
+    }
     for note in notes {
         said.push_str(&format!("\n{note}"));
     }
@@ -432,7 +449,14 @@ pub async fn list(ctx: &mut Ctx<'_>, names: &[String]) -> anyhow::Result<()> {
 }
 
 /// What is wrong with a pool that is not healthy, and what to do: zpool's status and action.
-fn health(name: &str, leaves: &[PoolLeaf], scan: Option<&ScanStatus>) -> Option<(String, String)> {
+/// With nothing wrong, a pool made without some optional feature (`disabled`) says so, as
+/// zpool status does.
+fn health(
+    name: &str,
+    leaves: &[PoolLeaf],
+    scan: Option<&ScanStatus>,
+    disabled: &[&str],
+) -> Option<(String, String)> {
     let with = |f: &dyn Fn(&PoolLeaf) -> bool| -> Vec<&str> {
         leaves.iter().filter(|l| f(l)).map(|l| l.path.as_str()).collect()
     };
@@ -487,6 +511,18 @@ fn health(name: &str, leaves: &[PoolLeaf], scan: Option<&ScanStatus>) -> Option<
                  replacement is due if they grow"
             ),
         )
+    } else if !disabled.is_empty() {
+        (
+            format!(
+                "optional features this build supports are not enabled: {}; the pool works \
+                 without them",
+                disabled.join(", ")
+            ),
+            format!(
+                "enable them with `sluice pool upgrade {name}`; sluice builds that do not know \
+                 them then refuse the pool"
+            ),
+        )
     } else {
         return None;
     };
@@ -532,7 +568,7 @@ fn pool_status(name: &str, store: &Held) -> anyhow::Result<PoolStatus> {
     let scan = store.scan_status();
     let leaves = pool.leaves();
     let degraded = leaves.iter().any(|l| !l.present || l.leaf.state() != LeafState::Online);
-    let (status, action) = health(name, &leaves, scan.as_ref()).unzip();
+    let (status, action) = health(name, &leaves, scan.as_ref(), &pool.features_disabled()).unzip();
     let resilvering: Vec<String> = scan
         .as_ref()
         .filter(|s| s.func == ScanFunc::Resilver && s.phase == ScanPhase::Scanning)

@@ -1,4 +1,5 @@
-//! `sluice pool get` and `pool set` (zpool get, zpool set): the pool's properties. Settable:
+//! `sluice pool get`, `pool set` and `pool upgrade` (zpool get, zpool set, zpool upgrade): the
+//! pool's properties, and its optional format features. Settable:
 //! `scrub.interval` (how long after the last finished scrub the served pool starts the next;
 //! `off` for never) and `autoreplace` (a new device at a faulted leaf's path replaces it). Read only: size, allocated, free, capacity, health, guid, the last
 //! scrub's end and when the next is due, and the format features the pool uses. The engine
@@ -7,6 +8,7 @@
 
 use anyhow::Context;
 use sluice_engine::Store;
+use sluice_format::{feature_description, FEATURES_KNOWN, FEATURES_UPGRADABLE};
 
 use super::output::{utc, PropValue, Reply, VolProp, VolProps};
 use super::Ctx;
@@ -122,6 +124,57 @@ pub async fn set(ctx: &mut Ctx<'_>, name: &str, setting: &str) -> anyhow::Result
             PROPERTIES.join(", ")
         ),
     }
+}
+
+/// `pool upgrade POOL` (zpool upgrade): enables every optional feature the pool lacks; with
+/// `list_only`, says what it lacks instead (the listing of `pool upgrade` without a pool).
+pub async fn upgrade(ctx: &mut Ctx<'_>, names: &[String], list_only: bool) -> anyhow::Result<()> {
+    for name in names {
+        let store = ctx.hold(name).await?;
+        let result = if list_only {
+            Ok(store.pool().features_disabled())
+        } else {
+            store.enable_features().await
+        };
+        store.release().await?;
+        let features = result.with_context(|| format!("upgrading pool {name}"))?;
+        ctx.done(match (list_only, &features[..]) {
+            (_, []) => {
+                format!("pool {name}: every optional feature this build supports is enabled")
+            }
+            (true, lacking) => format!(
+                "pool {name}: not enabled: {}; `sluice pool upgrade {name}` enables {} (sluice \
+                 builds that do not know {} then refuse the pool)",
+                lacking.join(", "),
+                if lacking.len() == 1 { "it" } else { "them" },
+                if lacking.len() == 1 { "it" } else { "them" },
+            ),
+            (false, enabled) => format!(
+                "pool {name}: enabled {}; sluice builds that do not know {} refuse the pool from \
+                 now on",
+                enabled.join(", "),
+                if enabled.len() == 1 { "it" } else { "them" },
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `pool upgrade -v`: the features this build knows, each with what it is, those `pool
+/// upgrade` enables marked.
+pub fn features_text() -> String {
+    let mut text = String::from(
+        "Format features this build knows. A pool lists those it uses; builds that do not know\n\
+         one refuse a pool that lists it, by its name. `pool upgrade` enables those marked *\n\
+         on a pool made without them; the others are listed when the pool first uses them.\n\n",
+    );
+    let width = FEATURES_KNOWN.iter().map(|f| f.len()).max().unwrap_or(0);
+    for name in FEATURES_KNOWN {
+        let mark = if FEATURES_UPGRADABLE.contains(name) { '*' } else { ' ' };
+        let about = feature_description(name).unwrap_or("");
+        text.push_str(&format!("{mark} {name:width$}  {about}\n"));
+    }
+    text
 }
 
 /// `pool get POOL [NAME...]`.

@@ -37,6 +37,7 @@ mod props;
 mod remove;
 mod scrub;
 mod spare;
+mod zfeature;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -177,6 +178,28 @@ pub struct PoolSpec {
     /// log2 of the smallest allocation; raised to the leaves' sector size if smaller.
     pub ashift: u8,
     pub top: Vec<TopSpec>,
+}
+
+/// The optional format features a new pool is made with (ZFS: `zpool create` enables every
+/// feature the build supports, `-d` none). Those a layout needs (`raidz`, `spares`) are listed
+/// whatever this says; these change only how blocks are laid out, so a pool made without them
+/// is one that older builds still read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NewFeatures {
+    /// RAID-Z vdevs write intent-log blocks as copies (feature `raidz_log_copies`); without
+    /// it, striped, as before the feature. Fixed for each vdev's life: a RAID-Z vdev added
+    /// later takes copies.
+    pub raidz_log_copies: bool,
+    /// Indirect blocks are stored lz4-compressed (feature `lz4_indirect`); `pool upgrade`
+    /// enables it later.
+    pub lz4_indirect: bool,
+}
+
+impl NewFeatures {
+    /// Every optional feature: a new pool's default.
+    pub const ALL: NewFeatures = NewFeatures { raidz_log_copies: true, lz4_indirect: true };
+    /// None (`pool create -d`).
+    pub const NONE: NewFeatures = NewFeatures { raidz_log_copies: false, lz4_indirect: false };
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -915,20 +938,22 @@ impl Pool {
         PoolError::Device { pool: self.name.clone(), path: path.to_owned(), cause: source }
     }
 
-    /// Creates a pool on the given devices.
+    /// Creates a pool on the given devices, with every optional feature ([`NewFeatures::ALL`]).
     pub async fn create(env: &Env, spec: PoolSpec, tunables: &Tunables) -> Result<Pool, PoolError> {
-        Pool::create_as(env, spec, tunables, RaidzLayout::Copies).await
+        Pool::create_as(env, spec, tunables, NewFeatures::ALL).await
     }
 
-    /// As [`Pool::create`], its RAID-Z vdevs laying out intent-log blocks as `log_layout`:
-    /// [`RaidzLayout::Striped`] makes a pool as sluice did before feature `raidz_log_copies`,
-    /// which later builds must go on reading (tests of such pools).
+    /// As [`Pool::create`], with only the optional features `features` names: a pool older
+    /// builds read (`pool create -d`), and tests of pools such builds made, which later
+    /// builds must go on reading.
     pub async fn create_as(
         env: &Env,
         spec: PoolSpec,
         tunables: &Tunables,
-        log_layout: RaidzLayout,
+        features: NewFeatures,
     ) -> Result<Pool, PoolError> {
+        let log_layout =
+            if features.raidz_log_copies { RaidzLayout::Copies } else { RaidzLayout::Striped };
         check_name(&spec.name)?;
         let pool = spec.name.clone();
         let layout = |reason: String| PoolError::InvalidLayout { pool: pool.clone(), reason };
@@ -1053,9 +1078,9 @@ impl Pool {
                 .collect(),
             encryption: false,
             properties: false,
-            // A new pool stores its indirect blocks compressed; older builds refuse it by the
-            // feature's name.
-            lz4_indirect: true,
+            // A new pool stores its indirect blocks compressed unless made for older builds,
+            // which refuse it by the feature's name.
+            lz4_indirect: features.lz4_indirect,
         };
         if let Err(cause) = config.encode() {
             return Err(layout(format!(

@@ -153,6 +153,13 @@ impl Store {
             if records.config.properties {
                 pool.activate_properties(uberblock.txg).await?;
             }
+            // An upgrade whose sync the directory records but whose label rewrite a crash cut
+            // short: without this, the next sync's directory would drop the features from
+            // the config while blocks stored as they say remain.
+            let upgraded = records.config.features_disabled();
+            if pool.features_disabled().iter().any(|f| !upgraded.contains(f)) {
+                pool.enable_features(uberblock.txg).await?;
+            }
             pool.apply_leaf_records(&records.leaves);
         }
         let scan = directory.records.as_ref().and_then(|r| r.scan.as_ref());

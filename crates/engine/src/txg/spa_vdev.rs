@@ -8,6 +8,10 @@
 //! and then starts a resilver of every block born after the last txg the leaf holds, up to
 //! that sync (crate::txg::dsl_scan).
 //!
+//! A format feature is enabled on the pool (`pool upgrade`) as a change of the tree's config:
+//! every label is rewritten, then a sync writes it into the pool directory
+//! ([`Store::enable_features`]).
+//!
 //! A log device's removal empties it of log blocks by moving the chains, then leaves a hole
 //! ([`Store::remove_log`]).
 //!
@@ -260,6 +264,20 @@ impl Store {
             }
             self.spa.pool().env().sleep(std::time::Duration::from_millis(1)).await;
         }
+    }
+
+    /// Enables every format feature this build can add to the pool (`zpool upgrade`; crate::pool
+    /// `zfeature.rs`) and syncs, so the pool directory lists them too. Returns the features
+    /// enabled, none when it had them all. Durable when this returns; from then on builds
+    /// that do not know them refuse the pool by their names.
+    pub async fn enable_features(&self) -> Result<Vec<&'static str>, StoreError> {
+        self.spa.check_live()?;
+        let pool = self.spa.pool();
+        let enabled = pool.enable_features(pool.uberblock().txg + 1).await?;
+        if !enabled.is_empty() {
+            self.sync().await?;
+        }
+        Ok(enabled)
     }
 
     /// Takes leaf `name` out of its mirror for good (`zpool detach`): its labels are blanked.

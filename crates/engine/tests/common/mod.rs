@@ -9,10 +9,11 @@ use std::sync::Arc;
 
 use sluice_engine::device::sim::{CrashPolicy, SimImage, SimOptions};
 use sluice_engine::device::{BlockDevice, SimDevice, SimProfile};
-use sluice_engine::pool::{LeafSpec, Pool, PoolSpec, TopSpec};
+use sluice_engine::pool::{LeafSpec, NewFeatures, Pool, PoolSpec, TopSpec};
 use sluice_engine::rt::{Env, Rng, Time};
 use sluice_engine::tunables::Tunables;
 use sluice_engine::txg::Store;
+use sluice_format::raidz::RaidzLayout;
 use sluice_sim::Sim;
 
 /// `count` simulated disks named leg0, leg1, ...
@@ -67,6 +68,12 @@ pub fn revive_with(
             )
         })
         .collect()
+}
+
+/// A new pool's optional features with its RAID-Z vdevs' log blocks laid out as `layout`:
+/// [`RaidzLayout::Striped`] makes a pool as builds before feature `raidz_log_copies` did.
+pub fn features(layout: RaidzLayout) -> NewFeatures {
+    NewFeatures { raidz_log_copies: layout == RaidzLayout::Copies, ..NewFeatures::ALL }
 }
 
 /// Leaf specs naming each device by its own name.
