@@ -426,18 +426,36 @@ impl Pool {
     /// by that name; the labels are rewritten for `config_txg`. Returns whether it was not
     /// listed yet. The feature stays listed.
     pub async fn activate_encryption(&self, config_txg: u64) -> Result<bool, PoolError> {
-        {
+        let listed = self
+            .change_features(config_txg, |config| {
+                (!config.encryption).then(|| VdevTreeConfig { encryption: true, ..config.clone() })
+            })
+            .await?;
+        Ok(listed.is_some())
+    }
+
+    /// A change of the config's features alone (no leaf comes or goes): `change` returns the
+    /// new config, or `None` when the current one needs none. The new tree is installed under
+    /// the admin lock, then every label is rewritten for `config_txg`. Returns the features
+    /// the new config lists that the old did not (`None`: nothing changed). The syncs after it
+    /// carry the new config in the pool directory; one racing with the labels' rewrite carries
+    /// it already, so a build that does not know a feature refuses what that sync wrote.
+    pub(super) async fn change_features(
+        &self,
+        config_txg: u64,
+        change: impl FnOnce(&VdevTreeConfig) -> Option<VdevTreeConfig>,
+    ) -> Result<Option<Vec<&'static str>>, PoolError> {
+        let added = {
             let _one_change = self.admin.lock();
             let tree = self.tree();
-            if tree.config.encryption {
-                return Ok(false);
-            }
-            let config = VdevTreeConfig { encryption: true, ..tree.config.clone() };
-            let new = self.build_tree(config, BTreeMap::new());
-            self.install(new);
-        }
+            let Some(config) = change(&tree.config) else { return Ok(None) };
+            let before = tree.config.features();
+            let added = config.features().into_iter().filter(|f| !before.contains(f)).collect();
+            self.install(self.build_tree(config, BTreeMap::new()));
+            added
+        };
         self.write_labels(config_txg).await?;
-        Ok(true)
+        Ok(Some(added))
     }
 
     /// Writes every present leaf's labels with the current tree and `config_txg`, in two

@@ -10,8 +10,6 @@
 //! time is kept in memory (and in the directory's scan record, which holds the last scan of
 //! either kind); whoever next activates the feature writes it too.
 
-use std::collections::BTreeMap;
-
 use sluice_format::{PoolProperties, ScanKind, ScanRecord, ScanRecordPhase, VdevTreeConfig};
 
 use super::{Pool, PoolError};
@@ -73,17 +71,11 @@ impl Pool {
     /// [`Pool::activate_encryption`]). Returns whether it was not listed yet. The feature
     /// stays listed.
     pub async fn activate_properties(&self, config_txg: u64) -> Result<bool, PoolError> {
-        {
-            let _one_change = self.admin.lock();
-            let tree = self.tree();
-            if tree.config.properties {
-                return Ok(false);
-            }
-            let config = VdevTreeConfig { properties: true, ..tree.config.clone() };
-            let new = self.build_tree(config, BTreeMap::new());
-            self.install(new);
-        }
-        self.write_labels(config_txg).await?;
-        Ok(true)
+        let listed = self
+            .change_features(config_txg, |config| {
+                (!config.properties).then(|| VdevTreeConfig { properties: true, ..config.clone() })
+            })
+            .await?;
+        Ok(listed.is_some())
     }
 }

@@ -9,8 +9,6 @@
 //! every build that knows the feature reads both kinds (each block pointer says how its
 //! block is stored).
 
-use std::collections::BTreeMap;
-
 use super::{Pool, PoolError};
 
 impl Pool {
@@ -21,24 +19,16 @@ impl Pool {
     }
 
     /// Lists every upgradable feature the pool does not list yet and rewrites every label
-    /// for `config_txg`, as [`Pool::activate_properties`] does. Returns the features it
-    /// enabled (none when the pool had them all). The sync after it writes the new config
-    /// into the pool directory, and from that sync on blocks are stored as the features say;
-    /// a sync racing with the labels' rewrite carries the feature in its directory already,
-    /// so no build that does not know it can open what that sync wrote.
+    /// for `config_txg`, as [`Pool::activate_properties`] does (`change_features`). Returns
+    /// the features it enabled (none when the pool had them all). The sync after it writes
+    /// the new config into the pool directory, and from that sync on blocks are stored as the
+    /// features say.
     pub async fn enable_features(&self, config_txg: u64) -> Result<Vec<&'static str>, PoolError> {
-        let enabled = {
-            let _one_change = self.admin.lock();
-            let tree = self.tree();
-            let enabled = tree.config.features_disabled();
-            if enabled.is_empty() {
-                return Ok(enabled);
-            }
-            let new = self.build_tree(tree.config.upgraded(), BTreeMap::new());
-            self.install(new);
-            enabled
-        };
-        self.write_labels(config_txg).await?;
-        Ok(enabled)
+        let enabled = self
+            .change_features(config_txg, |config| {
+                (!config.features_disabled().is_empty()).then(|| config.upgraded())
+            })
+            .await?;
+        Ok(enabled.unwrap_or_default())
     }
 }
