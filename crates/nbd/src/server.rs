@@ -746,7 +746,8 @@ where
                 let alone = slots.available_permits() == IN_FLIGHT_MAX - 1;
                 let ahead = (alone && len >= AHEAD_PAYLOAD_BYTES_MIN)
                     .then(|| Ahead { volume: &session.volume, offset: request.offset });
-                read_blocks(&mut reader, direct, len, bs, ahead).await.map(Payload::Blocks)
+                let sums = session.volume.checksums_on_arrival();
+                read_blocks(&mut reader, direct, len, bs, sums, ahead).await.map(Payload::Blocks)
             }
             _ if payload_len > 0 => {
                 read_payload(&mut reader, payload_len as usize).await.map(Payload::Bytes)
@@ -850,11 +851,15 @@ const AHEAD_PART_BYTES_MIN: usize = 256 << 10;
 /// So over TLS too, where each record is decrypted on the serving core as it is read. The
 /// last block is never written ahead: the request's own write, with the rest, answers it. A
 /// part that fails ends the writing ahead; the payload is still read to its end.
+///
+/// With `sums`, each block's checksum is taken as soon as its last byte is in
+/// (`UninitBuf::remember_xxh3`), while the receive's copy has left it in the CPU's cache.
 async fn read_blocks<R: AsyncRead + Unpin>(
     reader: &mut BufReader<R>,
     direct: Option<RawFd>,
     len: usize,
     block_bytes: usize,
+    sums: bool,
     ahead: Option<Ahead<'_>>,
 ) -> std::io::Result<Blocks> {
     assert!(block_bytes > 0 && len % block_bytes == 0, "a payload of whole blocks");
@@ -868,7 +873,23 @@ async fn read_blocks<R: AsyncRead + Unpin>(
     }
     let mut filled = buffered.len();
     reader.consume(filled);
+    // Blocks (counted from the payload's first) whose checksums were taken.
+    let mut summed = 0usize;
+    let mut take_sums = |blocks: &mut VecDeque<UninitBuf>, filled: usize, handed: usize| {
+        if !sums {
+            return;
+        }
+        // Only whole blocks are handed ahead, and each had its checksum taken first.
+        assert!(summed >= handed, "a block handed ahead without its checksum");
+        let complete = filled / block_bytes;
+        for block in blocks.range_mut(summed - handed..complete - handed) {
+            // SAFETY: the block lies wholly before `filled`, every byte of which was written.
+            unsafe { block.remember_xxh3() };
+        }
+        summed = complete;
+    };
     while filled < len {
+        take_sums(&mut blocks, filled, handed);
         // The connection's buffer is empty, so reading past it keeps the stream's order.
         debug_assert!(reader.buffer().is_empty());
         // Bytes received into the blocks still held.
@@ -935,6 +956,7 @@ async fn read_blocks<R: AsyncRead + Unpin>(
         let (block, at) = (&mut blocks[held / block_bytes], held % block_bytes);
         filled += std::future::poll_fn(|cx| poll_read_into(reader, block, at, cx)).await?;
     }
+    take_sums(&mut blocks, filled, handed);
     // SAFETY: bytes 0..len were all written, in order: the buffered ones by `write_at`, the
     // rest by receives into the blocks' spare bytes from `filled` on, each counted as the
     // kernel or the stream's `ReadBuf` reported them.
@@ -1668,7 +1690,7 @@ mod tests {
                 client
             });
             let ahead = Some(super::Ahead { volume: &volume, offset });
-            let received = read_blocks(&mut reader, fd, LEN, BLOCK, ahead).await.unwrap();
+            let received = read_blocks(&mut reader, fd, LEN, BLOCK, true, ahead).await.unwrap();
             let mut next = [0u8; 4];
             reader.read_exact(&mut next).await.unwrap();
             assert_eq!(&next, b"next", "{name}: the payload was read to its end");
@@ -1729,13 +1751,17 @@ mod tests {
                 client.write_all(b"next").await.unwrap();
                 client
             });
-            let received = read_blocks(&mut reader, fd, LEN, BLOCK, None).await.unwrap();
+            let received = read_blocks(&mut reader, fd, LEN, BLOCK, true, None).await.unwrap();
             assert_eq!(received.ahead, 0, "nothing written ahead without a volume");
             let blocks = received.rest;
             assert_eq!(blocks.len(), LEN / BLOCK);
             assert!(blocks.iter().all(|b| b.len() == BLOCK));
             let got: Vec<u8> = blocks.iter().flat_map(|b| b.iter().copied()).collect();
             assert!(got == payload, "the payload's bytes, in order (direct: {direct})");
+            for block in &blocks {
+                let sum = sluice_format::ChecksumAlg::Xxh3_128.compute(block);
+                assert_eq!(block.xxh3(), Some(sum), "each block's checksum, taken on arrival");
+            }
             let mut next = [0u8; 4];
             reader.read_exact(&mut next).await.unwrap();
             assert_eq!(&next, b"next", "the bytes after the payload stay in the stream");
@@ -1743,7 +1769,7 @@ mod tests {
             let mut client = sender.await.unwrap();
             client.write_all(&payload[..BLOCK + 10]).await.unwrap();
             drop(client);
-            let cut = read_blocks(&mut reader, fd, LEN, BLOCK, None).await;
+            let cut = read_blocks(&mut reader, fd, LEN, BLOCK, true, None).await;
             assert_eq!(cut.unwrap_err().kind(), std::io::ErrorKind::UnexpectedEof);
         }
     }

@@ -532,7 +532,16 @@ fn transform(
 fn sum(pipeline: &Pipeline, block: Transformed) -> Result<Sealed, ZioError> {
     let Transformed { props, logical, stored, compression, sealing } = block;
     pipeline.stage(Stage::Checksum, props.writer)?;
-    let checksum = props.checksum.compute(&stored);
+    // Stored as it arrived (not compressed, not sealed, not padded), a block may carry the
+    // checksum taken while the receive had it in the CPU's cache (`UninitBuf::remember_xxh3`).
+    let checksum = match (props.checksum, stored.xxh3()) {
+        (ChecksumAlg::Xxh3_128, Some(taken)) => {
+            #[cfg(any(test, feature = "testing"))]
+            assert_eq!(taken, props.checksum.compute(&stored), "a remembered checksum is current");
+            taken
+        }
+        (alg, _) => alg.compute(&stored),
+    };
     Ok(Sealed { props, logical, stored, compression, checksum, sealing })
 }
 
@@ -1224,6 +1233,35 @@ mod tests {
         // Stored plain: read back whole, as stored (its padding too), both ways.
         let read = unsealed(&keys, &bp, &sealed.stored).unwrap();
         assert_eq!(&read[..], &sealed.stored[..]);
+    }
+
+    /// A block that carries the checksum taken as it arrived is stored with it when it is
+    /// stored as it arrived; compressed, its stored bytes get their own.
+    #[test]
+    fn a_checksum_taken_on_arrival_is_used_only_for_the_same_bytes() {
+        let pipeline = Pipeline::default();
+        let arrived = |bytes: &[u8]| {
+            let mut block = crate::device::UninitBuf::new(bytes.len());
+            block.write_at(0, bytes);
+            // SAFETY: every byte was written.
+            unsafe { block.remember_xxh3() };
+            // SAFETY: every byte was written.
+            Arc::new(unsafe { block.assume_init() })
+        };
+        let mut rng = fastrand::Rng::with_seed(5);
+        let random: Vec<u8> = (0..16384).map(|_| rng.u8(..)).collect();
+        for compression in [Compression::Off, Compression::Lz4] {
+            let props = BlockProps::data(Writer::VolumeData, 7, compression);
+            let sealed = seal(&pipeline, props, arrived(&random), 4096, None).unwrap();
+            assert!(Arc::ptr_eq(&sealed.stored, &sealed.logical), "{compression:?}: as it came");
+            assert_eq!(Some(sealed.checksum), sealed.stored.xxh3());
+            assert!(describe(&sealed, &[(0, 0, 16384)]).verifies(&sealed.stored));
+        }
+        let props = BlockProps::data(Writer::VolumeData, 7, Compression::Lz4);
+        let sealed = seal(&pipeline, props, arrived(&[3; 16384]), 4096, None).unwrap();
+        assert_eq!((sealed.compression, sealed.psize()), (BlockCompression::Lz4, 4096));
+        assert_eq!(sealed.checksum, ChecksumAlg::Xxh3_128.compute(&sealed.stored));
+        assert!(describe(&sealed, &[(0, 0, 4096)]).verifies(&sealed.stored));
     }
 
     /// A fault fails the next block of its writer at its stage, once, and is counted; other
