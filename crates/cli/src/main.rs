@@ -782,7 +782,10 @@ fn random_seed() -> u64 {
 
 /// Runs each command about one pool, through the pool's server when it is being served, else
 /// here, and prints their replies after `first`, merged (one table for rows of several pools)
-/// and rendered as `format` asks. Stops at the first failure, printing what came before it.
+/// and rendered as `format` asks. A pool that fails does not keep the others from answering,
+/// as with `zpool status` or `zpool upgrade -a`: one pool that cannot be opened would
+/// otherwise hide every pool after it. Each failure but the last is reported as it comes; the
+/// last is returned, and its kind sets the exit code.
 async fn per_pools(
     env: &sluice_engine::rt::Env,
     jobs: Vec<(String, Command)>,
@@ -790,15 +793,16 @@ async fn per_pools(
     first: Vec<Reply>,
 ) -> anyhow::Result<()> {
     let mut replies = first;
-    let mut result = Ok(());
+    let mut failed = None;
     for (pool, command) in jobs {
-        result = gather(env, &pool, command, &mut replies).await;
-        if result.is_err() {
-            break;
+        if let Err(error) = gather(env, &pool, command, &mut replies).await {
+            if let Some(earlier) = failed.replace(error) {
+                eprintln!("sluice: {}", hints::message(&earlier));
+            }
         }
     }
     print!("{}", pools::output::render_all(replies, format));
-    result
+    failed.map_or(Ok(()), Err)
 }
 
 /// One command about `pool`: its replies are added to `replies` (those it made before a

@@ -383,6 +383,34 @@ fn serve_applies_tunables_to_a_named_pool() {
 /// and changes nothing, and `pool upgrade tank` enables it while the pool is served (a second
 /// time enables nothing) and it stays enabled once the server stops; `pool upgrade -v` lists
 /// every feature, those the command enables marked.
+/// A pool that cannot be opened does not hide the pools after it from the commands that go
+/// over every known pool: each answers, the failure is reported, and the command fails.
+#[test]
+fn a_pool_that_cannot_be_opened_does_not_hide_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    // Known pools are taken in name order: "gone" comes first.
+    ok(&cache, &["pool", "create", "gone", a, "--size", "64M"]);
+    ok(&cache, &["pool", "create", "tank", "-d", b, "--size", "64M"]);
+    ok(&cache, &["vol", "create", "tank/vm1", "--size", "8M"]);
+    std::fs::remove_file(a).unwrap();
+    let every: [&[&str]; 4] =
+        [&["pool", "list"], &["pool", "status"], &["vol", "list"], &["pool", "upgrade", "-a"]];
+    for args in every {
+        let out = sluice(&cache, args);
+        let (stdout, stderr) =
+            (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!out.status.success(), "{args:?} hid the failure: {stdout}");
+        assert!(stderr.contains("gone"), "{args:?}: the failure names its pool: {stderr}");
+        assert!(stdout.contains("tank"), "{args:?}: the pool after it answered: {stdout}");
+    }
+    // The upgrade went through: nothing is left to enable on tank.
+    let features = ok(&cache, &["pool", "get", "tank", "features", "-H"]);
+    assert!(features.contains("lz4_indirect"), "{features}");
+}
+
 #[test]
 fn pool_upgrade_enables_what_create_d_left_out() {
     let dir = tempfile::tempdir().unwrap();

@@ -386,13 +386,15 @@ impl UninitBuf {
     /// Takes the XXH3-128 of the whole buffer now and keeps it with the buffer, for the txg
     /// sync's checksum stage. A write's payload is received straight into its blocks, and the
     /// sync checksums them a txg later, when they have long left the CPU's caches: XXH3 over
-    /// 16 KiB blocks ran at 46 GB/s over bytes just written and 13-14 GB/s over bytes 8 MiB or
-    /// more behind (about 23 against 75 us per MiB; docs/bench/peers-notes.md, 2026-12-05),
-    /// and the sync's checksums were 16% of the server's CPU under a stream of 1 MiB writes.
-    /// Any write to the buffer after this forgets it.
+    /// 16 KiB blocks ran at 46 GB/s over bytes just written, 15 GB/s over bytes 8 MiB behind
+    /// and 13-14 GB/s over 1 GiB of blocks (23 against 71-79 us per MiB;
+    /// docs/bench/peers-notes.md, 2026-12-05), and the sync's checksums were 16% of the
+    /// server's CPU under a stream of 1 MiB writes. Any write to the buffer through this type
+    /// after this forgets it.
     ///
     /// # Safety
-    /// Every byte must have been written since [`UninitBuf::new`].
+    /// Every byte must have been written since [`UninitBuf::new`], and nothing may write
+    /// through a pointer [`UninitBuf::as_mut_ptr`] gave out before this call.
     pub unsafe fn remember_xxh3(&mut self) {
         // SAFETY: the caller vouches for every byte.
         let bytes = unsafe { self.bytes(0..self.0.len) };

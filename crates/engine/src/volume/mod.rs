@@ -193,8 +193,8 @@ impl Volume {
     /// Whether a write's whole blocks should have their checksums taken as they arrive
     /// (`UninitBuf::remember_xxh3`): only where the sync would checksum the bytes as
     /// received, so not on an encrypted volume, whose blocks are checksummed sealed. A block
-    /// that the sync then compresses has had its checksum taken for nothing, about a
-    /// microsecond per 16 KiB, where lz4 takes ten or more.
+    /// that the sync then compresses has had its checksum taken for nothing, about 0.4 us per
+    /// 16 KiB in cache, where lz4 takes some 15 us.
     pub fn checksums_on_arrival(&self) -> bool {
         !self.is_encrypted()
     }
