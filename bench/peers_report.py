@@ -247,7 +247,9 @@ out.append("## Goals\n")
 out.append(
     "Against the best peer in each row (qemu-nbd or nbdkit, whichever has the higher median): "
     "sluice at least that peer's median less the spread of its rounds, or at least 0.95x the "
-    "raw file where the peer is at the disk's own rate (within 5% of the raw file). sluice "
+    "raw file where the peer is at the disk's own rate (within 5% of the raw file); where a "
+    "stalled round of the peer puts that bar at or below zero, the row is not judged (n/a) "
+    "unless it passes by the raw file. sluice "
     "runs with its defaults for the write rows and caches no data (cache.contents=metadata) "
     "for the read rows, as the peers read from the disk; the cached reads are shown below. "
     "Machine CPU per MiB of the 1 MiB write jobs, sluice with compression off against the "
@@ -281,14 +283,19 @@ for job in jobs:
     # peers.sh bounded the peers' page cache during reads), and a run whose raw file ran slow
     # must not lower sluice's bar to that.
     at_disk = raw is not None and 0.95 * raw <= p_ <= 1.05 * raw
-    met = s_ >= bar or (at_disk and s_ >= 0.95 * raw)
+    # A round in which the disk stalled under the peer (2026-12-06: nbdkit's 1 MiB reads at 48
+    # MB/s in one round, 1,554 the median) puts its median less the spread at or below zero,
+    # which any figure passes: such a row is not judged on that bar.
+    stalled = bar <= 0
+    met = True if at_disk and s_ >= 0.95 * raw else None if stalled else s_ >= bar
     unit = "MB/s" if key == "mb_s" else "IOPS"
     rounds = ", ".join(fmt_ratio(x) for x in paired_rounds(job, me, peer, key)) or "n/a"
     goal(
         f"{labels[job]}: {names.get(me, me)} >= best peer ({peer}) less its spread"
         + (" or 0.95x raw" if at_disk else ""),
         f"{fmt_ratio(ratio(s_, p_))} ({fmt(s_)} against {fmt(p_)} {unit}; bar {fmt(bar)}"
-        + (f", raw {fmt(raw)}" if raw is not None else "") + ")",
+        + (f", raw {fmt(raw)}" if raw is not None else "")
+        + ("; a round of the peer stalled: not judged on its spread" if stalled else "") + ")",
         rounds,
         met,
     )

@@ -175,10 +175,11 @@ tunable_table! {
         "How sync writes are grouped into log writes. auto: groups of the waiting records, each \
          on one device and made durable by one flush; up to 1 group in flight per disk, 2 per \
          file (the second only once it carries an even share of what is outstanding) and 8 per \
-         other device (intent_log.groups_per_vdev), beyond which only groups of \
-         records logged by pointer start (their blocks pay their own flushes; one group per \
-         block); records that arrive together are spread over the free \
-         slots in even shares of what is outstanding; blocks sized to what groups carry; near \
+         other device (intent_log.groups_per_vdev), beyond which only groups of records \
+         logged by pointer start (their blocks are written unflushed, so such a group is a \
+         write and then one flush whatever it carries, and takes every such record ready); \
+         records that arrive together are spread over the free slots in even shares of what is \
+         outstanding; blocks sized to what groups carry; near \
          saturation a group waits briefly for more records (intent_log.commit_timeout_pct). \
          pipelined (seed 004's after): many log blocks in flight, each written then flushed, \
          waiters woken block by block. batch (the before): one batch in flight; commits \
