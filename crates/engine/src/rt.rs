@@ -91,6 +91,25 @@ pub trait Spawn: Send + Sync + 'static {
     fn parallelism(&self) -> usize {
         1
     }
+
+    /// Whether a task shares its thread with tasks that answer clients (a serving core's
+    /// loop), so that long work should let them run now and then ([`Env::pause`]). The
+    /// simulator says no: its time does not pass while a task computes, and a pause taken by
+    /// the wall clock would make its runs differ.
+    fn shares_thread(&self) -> bool {
+        false
+    }
+}
+
+/// How long a task may compute on a shared thread before [`Env::pause`] lets the others
+/// run: a client whose request waits behind a txg sync's tree update waits at most about
+/// this long for it (a sync of a few hundred MiB computed for up to 33 ms at a stretch on
+/// the core it shares with connections: docs/bench/peers-notes.md, 2026-12-06 05:36Z).
+pub const PAUSE_AFTER: Time = Time(500_000);
+
+thread_local! {
+    /// When a task on this thread last paused (or first asked), by [`Clock::now`].
+    static LAST_PAUSE: std::cell::Cell<Option<Time>> = const { std::cell::Cell::new(None) };
 }
 
 /// The memory this process may use, for sizing the block cache and, through
@@ -190,6 +209,30 @@ impl Env {
 
     pub fn now(&self) -> Time {
         self.clock.now()
+    }
+
+    /// A point where long work (a txg sync's tree update, its blocks' bookkeeping) lets the
+    /// other tasks of its thread run, if it has computed for [`PAUSE_AFTER`] since the last
+    /// pause there: the serving cores run the sync beside connections, and a current-thread
+    /// loop runs a task until it waits. Time spent idle since that pause counts too, so the
+    /// first call after an idle spell yields at once (a wake-up, a few microseconds). Nothing
+    /// where the thread is the task's own ([`Spawn::shares_thread`]).
+    pub async fn pause(&self) {
+        if !self.spawner.shares_thread() {
+            return;
+        }
+        let now = self.now();
+        let due = LAST_PAUSE.with(|last| match last.get() {
+            Some(at) => now.0.saturating_sub(at.0) >= PAUSE_AFTER.0,
+            None => {
+                last.set(Some(now));
+                false
+            }
+        });
+        if due {
+            yield_now().await;
+            LAST_PAUSE.with(|last| last.set(Some(self.now())));
+        }
     }
 
     /// [`Clock::unix_nanos`]: the wall-clock time, UTC.
@@ -460,6 +503,60 @@ mod tests {
     struct NoSpawn;
     impl Spawn for NoSpawn {
         fn spawn(&self, _: &'static str, _: BoxFuture<()>) {}
+    }
+
+    /// A clock that stands still until the test moves it.
+    struct SetClock(AtomicU64);
+    impl Clock for SetClock {
+        fn now(&self) -> Time {
+            Time(self.0.load(Ordering::Relaxed))
+        }
+        fn sleep_until(&self, _: Time) -> BoxFuture<()> {
+            Box::pin(async {})
+        }
+    }
+
+    /// A serving core's spawner, as far as pauses go.
+    struct Shared(bool);
+    impl Spawn for Shared {
+        fn spawn(&self, _: &'static str, _: BoxFuture<()>) {}
+        fn shares_thread(&self) -> bool {
+            self.0
+        }
+    }
+
+    /// On a shared thread a pause yields once [`PAUSE_AFTER`] has passed since the last one
+    /// there, and only then; elsewhere it never does.
+    #[test]
+    fn pauses_yield_only_after_a_stretch_on_a_shared_thread() {
+        // Its own thread: the last pause is the thread's.
+        std::thread::spawn(|| {
+            let clock = Arc::new(SetClock(AtomicU64::new(1_000_000)));
+            let shared = Env::new(clock.clone(), Arc::new(Shared(true)), 1);
+            let alone = Env::new(clock.clone(), Arc::new(Shared(false)), 1);
+            // How many times a pause was pending before it returned.
+            let yields = |env: &Env| {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                let mut pause = std::pin::pin!(env.pause());
+                let mut pending = 0;
+                while pause.as_mut().poll(&mut cx).is_pending() {
+                    pending += 1;
+                }
+                pending
+            };
+            let advance = |by: u64| clock.0.fetch_add(by, Ordering::Relaxed);
+            assert_eq!(yields(&shared), 0, "the first pause starts the stretch");
+            advance(PAUSE_AFTER.0 - 1);
+            assert_eq!(yields(&shared), 0);
+            advance(1);
+            assert_eq!(yields(&shared), 1);
+            assert_eq!(yields(&shared), 0, "the yield began a new stretch");
+            advance(10 * PAUSE_AFTER.0);
+            assert_eq!(yields(&alone), 0, "a thread of its own never pauses");
+            assert_eq!(yields(&shared), 1);
+        })
+        .join()
+        .unwrap();
     }
 
     /// What [`Threads`] does with a task spawned elsewhere.

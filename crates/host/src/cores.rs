@@ -162,6 +162,10 @@ impl Spawn for CoreSpawn {
     fn parallelism(&self) -> usize {
         self.handles.len()
     }
+
+    fn shares_thread(&self) -> bool {
+        true
+    }
 }
 
 /// Installs this core's ring and starts the task that reaps it; `None` where io_uring is

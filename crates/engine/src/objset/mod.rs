@@ -320,6 +320,9 @@ async fn rebuild_node(
     node: u64,
     changes: &BTreeMap<u64, Option<BlockPointer>>,
 ) -> Result<Rebuilt, PoolError> {
+    // A sync of thousands of blocks rebuilds hundreds of nodes, each found in the cache
+    // (nothing to wait for): the serving core's connections get their turns between them.
+    pool.env().pause().await;
     let old = node_pointer(pool, root, levels, level, node).await?;
     let mut slots = match old {
         Some(bp) => decode_indirect(pool, &pool.read_block_cached(&bp, IoClass::SyncRead).await?)?,

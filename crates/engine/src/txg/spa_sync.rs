@@ -205,6 +205,10 @@ impl Syncer {
     }
 }
 
+/// Blocks the sync puts in the cache between two pauses ([`crate::rt::Env::pause`]): a few
+/// hundred nanoseconds each.
+const CACHE_INSERTS_PER_PAUSE: usize = 1024;
+
 /// Frees a sync makes allocatable per hold of the allocator's lock: inserts into a free tree
 /// of a few hundred nanoseconds each, so a hold of about a tenth of a millisecond.
 const SYNCED_FREES_PER_STEP: usize = 512;
@@ -679,6 +683,9 @@ async fn write_volumes(
                 .try_chunks(per_span)
                 .map_err(|futures::stream::TryChunksError(_, e)| e)
                 .map_ok(|chunk| async move {
+                    // Each span's bookkeeping is CPU alone when its blocks were written
+                    // already (linked): other tasks of the core get their turns between spans.
+                    spa.pool().env().pause().await;
                     let mut plain = Vec::with_capacity(chunk.len());
                     // Blocks an indirect log record already wrote where they belong are
                     // linked, not written again (ZFS: dbuf_sync_leaf's override).
@@ -813,7 +820,10 @@ async fn write_volumes(
         // Not a raw receive's: its buffer holds ciphertext, not the block's logical bytes
         // (a read decrypts it from the disk, with the key).
         if !raw {
-            spa.pool().cache().insert_all(linked.iter().map(|p| (&p.bp, Arc::clone(&p.data))));
+            for part in linked.chunks(CACHE_INSERTS_PER_PAUSE) {
+                spa.pool().cache().insert_all(part.iter().map(|p| (&p.bp, Arc::clone(&p.data))));
+                spa.pool().env().pause().await;
+            }
         }
         // Not held across the tree update: the cache has the buffers it keeps.
         drop(linked);
