@@ -94,22 +94,29 @@ pub trait Spawn: Send + Sync + 'static {
 
     /// Whether a task shares its thread with tasks that answer clients (a serving core's
     /// loop), so that long work should let them run now and then ([`Env::pause`]). The
-    /// simulator says no: its time does not pass while a task computes, and a pause taken by
-    /// the wall clock would make its runs differ.
+    /// simulator says no: its tasks' turns are its schedule, and pauses would add turns that
+    /// its seeds do not choose.
     fn shares_thread(&self) -> bool {
         false
     }
+
+    /// A turn for the thread's other tasks ([`Env::pause`]). On a serving core's loop it must
+    /// let the loop look for I/O first (tokio's own yield defers its wake-up past that look):
+    /// a task merely woken again goes back in the run queue, which the loop works through for
+    /// up to a few dozen turns before it polls its sockets and ring, so connections waiting for
+    /// bytes or completions would not run meanwhile.
+    fn yield_now(&self) -> BoxFuture<()> {
+        Box::pin(yield_now())
+    }
 }
 
-/// How long a task may compute on a shared thread before [`Env::pause`] lets the others
-/// run: a client whose request waits behind a txg sync's tree update waits at most about
-/// this long for it (a sync of a few hundred MiB computed for up to 33 ms at a stretch on
-/// the core it shares with connections: docs/bench/peers-notes.md, 2026-12-06 05:36Z).
-pub const PAUSE_AFTER: Time = Time(500_000);
+/// Nanoseconds a task may compute on a shared thread before [`Env::pause`] lets the others run.
+pub const PAUSE_AFTER_NANOS: u64 = 500_000;
 
 thread_local! {
-    /// When a task on this thread last paused (or first asked), by [`Clock::now`].
-    static LAST_PAUSE: std::cell::Cell<Option<Time>> = const { std::cell::Cell::new(None) };
+    /// Which clock (its address) the thread's last pause read, and when, by that clock: the
+    /// time of a pause is compared only with times of the same clock.
+    static LAST_PAUSE: std::cell::Cell<Option<(usize, Time)>> = const { std::cell::Cell::new(None) };
 }
 
 /// The memory this process may use, for sizing the block cache and, through
@@ -212,26 +219,30 @@ impl Env {
     }
 
     /// A point where long work (a txg sync's tree update, its blocks' bookkeeping) lets the
-    /// other tasks of its thread run, if it has computed for [`PAUSE_AFTER`] since the last
+    /// other tasks of its thread run, once [`PAUSE_AFTER_NANOS`] have passed since the last
     /// pause there: the serving cores run the sync beside connections, and a current-thread
-    /// loop runs a task until it waits. Time spent idle since that pause counts too, so the
-    /// first call after an idle spell yields at once (a wake-up, a few microseconds). Nothing
-    /// where the thread is the task's own ([`Spawn::shares_thread`]).
+    /// loop runs a task until it waits. The time is the clock's, so waits and other tasks'
+    /// turns since that pause count too, and the first call after an idle spell yields at
+    /// once (a turn of the loop, a few microseconds). Nothing where the thread is the task's
+    /// own ([`Spawn::shares_thread`]).
     pub async fn pause(&self) {
         if !self.spawner.shares_thread() {
             return;
         }
+        let clock = Arc::as_ptr(&self.clock).cast::<()>() as usize;
         let now = self.now();
         let due = LAST_PAUSE.with(|last| match last.get() {
-            Some(at) => now.0.saturating_sub(at.0) >= PAUSE_AFTER.0,
-            None => {
-                last.set(Some(now));
+            Some((at_clock, at)) if at_clock == clock => {
+                now.0.saturating_sub(at.0) >= PAUSE_AFTER_NANOS
+            }
+            _ => {
+                last.set(Some((clock, now)));
                 false
             }
         });
         if due {
-            yield_now().await;
-            LAST_PAUSE.with(|last| last.set(Some(self.now())));
+            self.spawner.yield_now().await;
+            LAST_PAUSE.with(|last| last.set(Some((clock, self.now()))));
         }
     }
 
@@ -525,7 +536,7 @@ mod tests {
         }
     }
 
-    /// On a shared thread a pause yields once [`PAUSE_AFTER`] has passed since the last one
+    /// On a shared thread a pause yields once [`PAUSE_AFTER_NANOS`] have passed since the last one
     /// there, and only then; elsewhere it never does.
     #[test]
     fn pauses_yield_only_after_a_stretch_on_a_shared_thread() {
@@ -546,14 +557,19 @@ mod tests {
             };
             let advance = |by: u64| clock.0.fetch_add(by, Ordering::Relaxed);
             assert_eq!(yields(&shared), 0, "the first pause starts the stretch");
-            advance(PAUSE_AFTER.0 - 1);
+            advance(PAUSE_AFTER_NANOS - 1);
             assert_eq!(yields(&shared), 0);
             advance(1);
             assert_eq!(yields(&shared), 1);
             assert_eq!(yields(&shared), 0, "the yield began a new stretch");
-            advance(10 * PAUSE_AFTER.0);
+            advance(10 * PAUSE_AFTER_NANOS);
             assert_eq!(yields(&alone), 0, "a thread of its own never pauses");
             assert_eq!(yields(&shared), 1);
+            // Another clock's time is not compared with this one's: it starts a stretch.
+            let other = Env::new(Arc::new(SetClock(AtomicU64::new(0))), Arc::new(Shared(true)), 1);
+            assert_eq!(yields(&other), 0);
+            advance(PAUSE_AFTER_NANOS);
+            assert_eq!(yields(&shared), 0, "the other clock's pause began a stretch");
         })
         .join()
         .unwrap();

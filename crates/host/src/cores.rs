@@ -166,6 +166,10 @@ impl Spawn for CoreSpawn {
     fn shares_thread(&self) -> bool {
         true
     }
+
+    fn yield_now(&self) -> BoxFuture<()> {
+        Box::pin(tokio::task::yield_now())
+    }
 }
 
 /// Installs this core's ring and starts the task that reaps it; `None` where io_uring is
@@ -243,6 +247,53 @@ mod tests {
                 .unwrap()
         });
         assert!(same);
+    }
+
+    /// A pause in long work on a core lets the core's loop look at its sockets first: a task
+    /// waiting on a socket that has bytes runs at the first pause. (A task merely woken again
+    /// would have gone back in the run queue, and the loop would have looked only after
+    /// dozens of turns.)
+    #[test]
+    fn a_pause_lets_a_waiting_socket_in() {
+        use std::sync::atomic::AtomicBool;
+        let cores = Cores::start(1).unwrap();
+        let env = cores.env(1);
+        let pauses = cores.block_on(async move {
+            let (mut near, far) = tokio::net::UnixStream::pair().unwrap();
+            let read = Arc::new(AtomicBool::new(false));
+            let (started, waiting) = oneshot::channel();
+            let reader = {
+                let read = Arc::clone(&read);
+                tokio::spawn(async move {
+                    let _ = started.send(());
+                    let mut byte = [0u8; 1];
+                    tokio::io::AsyncReadExt::read_exact(&mut near, &mut byte).await.unwrap();
+                    read.store(true, Ordering::Relaxed);
+                })
+            };
+            waiting.await.unwrap();
+            // The reader waits on its socket; the byte arrives before the long work starts.
+            far.try_write(&[1]).unwrap();
+            // The long work is a task of the core, as a txg sync is.
+            let work = tokio::spawn(async move {
+                let mut pauses = 0u32;
+                while !read.load(Ordering::Relaxed) && pauses < 1000 {
+                    // Compute until a pause is due, then pause.
+                    let since = env.now().as_nanos();
+                    while env.now().as_nanos() - since < sluice_engine::rt::PAUSE_AFTER_NANOS {
+                        std::hint::spin_loop();
+                    }
+                    env.pause().await;
+                    pauses += 1;
+                }
+                pauses
+            });
+            let pauses = work.await.unwrap();
+            reader.await.unwrap();
+            pauses
+        });
+        // The first pause starts the thread's stretch; the second yields.
+        assert_eq!(pauses, 2, "the reader ran after {pauses} pauses");
     }
 
     /// Work spawned elsewhere from a core runs on each of the other cores in turn, never on
