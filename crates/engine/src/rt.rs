@@ -100,23 +100,26 @@ pub trait Spawn: Send + Sync + 'static {
         false
     }
 
-    /// A turn for the thread's other tasks ([`Env::pause`]). On a serving core's loop it must
-    /// let the loop look for I/O first (tokio's own yield defers its wake-up past that look):
-    /// a task merely woken again goes back in the run queue, which the loop works through for
-    /// up to a few dozen turns before it polls its sockets and ring, so connections waiting for
+    /// A turn for the thread's other tasks ([`Env::pause`]). The default, [`yield_now`], lets
+    /// only tasks already woken run; a spawner whose [`Spawn::shares_thread`] is true must let
+    /// its loop look for I/O first, and run what that wakes: on tokio's current-thread loop a
+    /// task merely woken again goes back in the run queue, which the loop works through for up
+    /// to a few dozen turns before it polls its sockets and ring, so connections waiting for
     /// bytes or completions would not run meanwhile.
     fn yield_now(&self) -> BoxFuture<()> {
         Box::pin(yield_now())
     }
 }
 
-/// Nanoseconds a task may compute on a shared thread before [`Env::pause`] lets the others run.
+/// Nanoseconds of the clock since the thread's last pause after which [`Env::pause`] lets the
+/// others run.
 pub const PAUSE_AFTER_NANOS: u64 = 500_000;
 
 thread_local! {
     /// Which clock (its address) the thread's last pause read, and when, by that clock: the
     /// time of a pause is compared only with times of the same clock.
-    static LAST_PAUSE: std::cell::Cell<Option<(usize, Time)>> = const { std::cell::Cell::new(None) };
+    static LAST_PAUSE: std::cell::Cell<Option<(usize, Time)>> =
+        const { std::cell::Cell::new(None) };
 }
 
 /// The memory this process may use, for sizing the block cache and, through
@@ -223,8 +226,10 @@ impl Env {
     /// pause there: the serving cores run the sync beside connections, and a current-thread
     /// loop runs a task until it waits. The time is the clock's, so waits and other tasks'
     /// turns since that pause count too, and the first call after an idle spell yields at
-    /// once (a turn of the loop, a few microseconds). Nothing where the thread is the task's
-    /// own ([`Spawn::shares_thread`]).
+    /// once (a turn of the loop, a few microseconds). The thread's first call, or the first
+    /// after another clock's, only starts a stretch; so does a time before the last one (a
+    /// new clock at an old one's address). Nothing where the thread is the task's own
+    /// ([`Spawn::shares_thread`]).
     pub async fn pause(&self) {
         if !self.spawner.shares_thread() {
             return;
@@ -232,8 +237,8 @@ impl Env {
         let clock = Arc::as_ptr(&self.clock).cast::<()>() as usize;
         let now = self.now();
         let due = LAST_PAUSE.with(|last| match last.get() {
-            Some((at_clock, at)) if at_clock == clock => {
-                now.0.saturating_sub(at.0) >= PAUSE_AFTER_NANOS
+            Some((at_clock, at)) if at_clock == clock && now >= at => {
+                now.0 - at.0 >= PAUSE_AFTER_NANOS
             }
             _ => {
                 last.set(Some((clock, now)));
@@ -469,7 +474,8 @@ impl Rng {
 
 /// Returns after letting every task that is ready now run first: wakes itself and is pending
 /// once. Both runtimes queue a woken task behind those already ready (the simulator in FIFO
-/// order, tokio's local queue likewise), so this is a yield on either side of the seam.
+/// order, tokio's local queue likewise), so this is a yield on either side of the seam, but
+/// on tokio's loop not one past its look at sockets and rings ([`Spawn::yield_now`] is).
 pub fn yield_now() -> impl Future<Output = ()> {
     struct YieldNow(bool);
     impl Future for YieldNow {
@@ -570,6 +576,11 @@ mod tests {
             assert_eq!(yields(&other), 0);
             advance(PAUSE_AFTER_NANOS);
             assert_eq!(yields(&shared), 0, "the other clock's pause began a stretch");
+            // A time before the last pause's (a new clock where an old one was) starts one too.
+            clock.0.store(0, Ordering::Relaxed);
+            assert_eq!(yields(&shared), 0);
+            advance(PAUSE_AFTER_NANOS);
+            assert_eq!(yields(&shared), 1);
         })
         .join()
         .unwrap();
