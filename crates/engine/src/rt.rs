@@ -542,8 +542,8 @@ mod tests {
         }
     }
 
-    /// On a shared thread a pause yields once [`PAUSE_AFTER_NANOS`] have passed since the last one
-    /// there, and only then; elsewhere it never does.
+    /// On a shared thread a pause yields once [`PAUSE_AFTER_NANOS`] have passed since the last
+    /// one there, and only then; elsewhere it never does.
     #[test]
     fn pauses_yield_only_after_a_stretch_on_a_shared_thread() {
         // Its own thread: the last pause is the thread's.

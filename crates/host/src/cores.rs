@@ -256,9 +256,9 @@ mod tests {
     }
 
     /// A pause in long work on a core lets the core's loop look at its sockets first: a task
-    /// waiting on a socket that has bytes runs at the first pause. (A task merely woken again
-    /// would have gone back in the run queue, and the loop would have looked only after
-    /// dozens of turns.)
+    /// waiting on a socket that has bytes runs at the first pause that yields. (A task merely
+    /// woken again would have gone back in the run queue, and the loop would have looked only
+    /// after dozens of turns.)
     #[test]
     fn a_pause_lets_a_waiting_socket_in() {
         use std::sync::atomic::AtomicBool;
