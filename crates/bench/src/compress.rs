@@ -1,8 +1,10 @@
 //! Compression's cost on this CPU (`sluice-bench compress`): how many bytes a second one core
 //! puts through the write pipeline's compress stage and the read path's decompression, per
 //! algorithm, block size and kind of data. The blocks go as the pipeline sends a 1 MiB write's:
-//! in runs of 1 MiB whose early abort is planned together (`zio::compress::plan_run`, which
-//! samples only every fourth block once four in a row did or did not compress), then each through
+//! in runs of 1 MiB whose early abort is planned together, each run going on from where the
+//! last left it as one volume's batches do (`zio::compress::plan_run`: each run's first block
+//! and every block until four in a row did or did not compress are sampled, then one in a
+//! stride that grows with the run from 4 to 16 blocks), then each through
 //! `zio::compress::compress` with its plan. No I/O: the figures are the code's ceiling, not a
 //! pool's. The allocator is the server's (mimalloc, tuned as `sluice serve` tunes it); each
 //! compressed block's buffer is allocated inside the timed work, as in the pipeline. On glibc's
@@ -18,7 +20,7 @@
 //! compress to about half (fio's `--buffer_compress_percentage=50`: in each 512-byte chunk,
 //! half random bytes and half zeros), and zeros.
 
-use sluice_engine::zio::compress::{compress, decompress_stored, plan_run};
+use sluice_engine::zio::compress::{compress, decompress_stored, plan_run, RunHint};
 use sluice_format::{BlockCompression, Compression};
 
 /// The allocation unit the stored size is rounded to: a new pool's (`pool create`'s default
@@ -156,9 +158,11 @@ pub fn run(
                 let blocks = blocks_for(size, data);
                 let per_run = (RUN_BYTES / size).max(1) as usize;
                 let runs_of_blocks: Vec<&[Vec<u8>]> = blocks.chunks(per_run).collect();
-                // Compresses a run as the pipeline does: its early abort planned over the run.
+                // Compresses a run as the pipeline does: its early abort planned over the run,
+                // going on from where the last run left it, as one volume's batches do.
+                let hint = RunHint::default();
                 let compress_run = |run: &[Vec<u8>]| {
-                    let (plan, _) = plan_run(run.iter().map(|b| (algorithm, &b[..])));
+                    let (plan, _) = plan_run(run.iter().map(|b| (algorithm, &b[..])), Some(&hint));
                     run.iter()
                         .zip(plan)
                         .map(|(b, planned)| compress(algorithm, b, UNIT, planned))

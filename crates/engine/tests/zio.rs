@@ -408,7 +408,7 @@ fn the_taskq_answers_in_order_and_yields_between_quanta() {
             let seal = |name: &'static str, seed: u8| {
                 let events = Arc::clone(&events);
                 async move {
-                    let sealed = pool.seal_blocks(batch(seed)).await.unwrap();
+                    let sealed = pool.seal_blocks(batch(seed), None).await.unwrap();
                     events.lock().unwrap().push(name);
                     sealed
                 }

@@ -819,7 +819,8 @@ impl Ddt {
             .map_err(|source| PoolError::Format { pool: self.pool_name.clone(), cause: source })?;
         let props = BlockProps::data(Writer::DedupTable, ctx.txg, Compression::Off);
         let block = (props, Arc::new(AlignedBuf::copy_from(&bytes)));
-        let bp = ctx.pool.write_blocks(ctx.allocator, AllocClass::Reserved, vec![block]).await?[0];
+        let bp =
+            ctx.pool.write_blocks(ctx.allocator, AllocClass::Reserved, vec![block], None).await?[0];
         Ok((index, Some(bp)))
     }
 
@@ -899,7 +900,7 @@ async fn write_plain(
     if family != 0 {
         props.crypt = zio::PropsCrypt::Encrypt { family, convergent: false };
     }
-    Ok(pool.write_blocks(allocator, AllocClass::Reserved, vec![(props, data)]).await?[0])
+    Ok(pool.write_blocks(allocator, AllocClass::Reserved, vec![(props, data)], None).await?[0])
 }
 
 #[cfg(test)]

@@ -385,7 +385,7 @@ async fn write_nodes(
         }
     }
     let mut written =
-        ctx.pool.write_blocks(ctx.allocator, AllocClass::Reserved, blocks).await?.into_iter();
+        ctx.pool.write_blocks(ctx.allocator, AllocClass::Reserved, blocks, None).await?.into_iter();
     Ok(nodes
         .into_iter()
         .map(|(node, stored, replaced)| {
@@ -466,6 +466,7 @@ pub async fn grow_levels(
             ctx.allocator,
             AllocClass::Reserved,
             vec![(props, Arc::new(bytes))],
+            None,
         );
         let level_bp = written.await?[0];
         ctx.born.push(level_bp);

@@ -240,22 +240,25 @@ impl Pool {
         allocator: &Mutex<Allocator>,
         class: AllocClass,
         blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
+        hint: Option<Arc<zio::compress::RunHint>>,
     ) -> Result<Vec<BlockPointer>, PoolError> {
         if blocks.is_empty() {
             return Ok(Vec::new());
         }
-        let sealed = self.seal_blocks(blocks).await?;
+        let sealed = self.seal_blocks(blocks, hint).await?;
         let placed = self.allocate(allocator, &sealed, class)?;
         self.issue_placed(&sealed, &placed, Issue::ASYNC).await
     }
 
     /// zio's CPU stages for a batch (`zio::seal_batch`: spread over the host's threads, in the
-    /// core's taskq, or here).
+    /// core's taskq, or here), its early abort going on from `hint` where the batch is one
+    /// volume's data.
     pub async fn seal_blocks(
         &self,
         blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
+        hint: Option<Arc<zio::compress::RunHint>>,
     ) -> Result<Vec<Sealed>, PoolError> {
-        zio::seal_batch(self.env(), &self.zio, blocks, self.unit_bytes())
+        zio::seal_batch(self.env(), &self.zio, blocks, self.unit_bytes(), hint)
             .await
             .map_err(|e| self.zio_error(e))
     }
@@ -265,15 +268,16 @@ impl Pool {
     pub fn stage_as_is(
         &self,
         blocks: &[(BlockProps, Arc<AlignedBuf>)],
+        hint: Option<&zio::compress::RunHint>,
     ) -> Result<zio::Staging, PoolError> {
-        zio::stage_as_is(&self.zio, blocks, self.unit_bytes()).map_err(|e| self.zio_error(e))
+        zio::stage_as_is(&self.zio, blocks, self.unit_bytes(), hint).map_err(|e| self.zio_error(e))
     }
 
     /// [`Pool::seal_blocks`] with the early abort's plan where [`Pool::stage_as_is`] made it.
     pub async fn seal_blocks_planned(
         &self,
         blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
-        plan: Option<Vec<Option<bool>>>,
+        plan: Vec<Option<bool>>,
     ) -> Result<Vec<Sealed>, PoolError> {
         zio::seal_batch_planned(self.env(), &self.zio, blocks, self.unit_bytes(), plan)
             .await

@@ -54,6 +54,9 @@ pub struct Dataset {
     pub(super) state: Mutex<VolumeState>,
     /// The volume's sequential read streams and the blocks they fetched ahead.
     pub(super) zfetch: Arc<super::dmu_zfetch::Zfetch>,
+    /// Where the early abort stood after the volume's last batch of blocks, committed or
+    /// synced (`zio::compress::plan_run`).
+    pub(super) early_abort: Arc<crate::zio::compress::RunHint>,
 }
 
 /// The datasets' side of the store (ZFS: `dsl_pool`'s namespace and its `dsl_scan`): the
@@ -303,6 +306,7 @@ impl Dataset {
                 Arc::clone(&stats),
             )),
             stats,
+            early_abort: Arc::default(),
             dirty_bytes: AtomicU64::new(0),
             destroyed: AtomicBool::new(false),
             read_only: false,

@@ -55,6 +55,7 @@ use crate::device::AlignedBuf;
 use crate::intent_log::{ChainOwner, DataWrite, LogWriter};
 use crate::objset::{self, TreeUpdate};
 use crate::pool::PoolError;
+use crate::zio::compress::RunHint;
 use crate::zio::{BlockProps, Writer};
 
 /// Data blocks a sync completes (patches) or writes (dedup) concurrently.
@@ -226,9 +227,20 @@ struct Quiesced {
     admitted: (u64, u64, u64),
 }
 
-/// A volume's entry, levels on disk, syncing blocks, the blocks among them already written in
-/// place, and whether a raw receive writes it (`VolumeState::raw_receive`).
-type VolumeWork = (VolumeEntry, u8, Arc<BTreeMap<u64, Block>>, BTreeMap<u64, Prewritten>, bool);
+/// What a sync writes of one volume.
+struct VolumeWork {
+    entry: VolumeEntry,
+    /// Levels of its tree on disk.
+    disk_levels: u8,
+    /// The syncing txg's blocks.
+    blocks: Arc<BTreeMap<u64, Block>>,
+    /// The blocks among them already written in place for the intent log.
+    prewritten: BTreeMap<u64, Prewritten>,
+    /// Whether a raw receive writes it (`VolumeState::raw_receive`).
+    raw: bool,
+    /// The early abort's hint its writers share (`Dataset::early_abort`).
+    early_abort: Arc<RunHint>,
+}
 
 impl Store {
     /// Starts the task that syncs every `txg.timeout_ms`, or early when dirty data builds up
@@ -371,7 +383,7 @@ impl SyncHandle<'_> {
         // The dedup table's rewrite is kept apart by admission (`Ddt::rewrite_reserve_bytes`,
         // for the deferral's txgs together); one txg's share of it.
         let admitted_bytes = admitted_bytes
-            + if work.iter().any(|(entry, ..)| entry.dedup != DedupMode::Off) {
+            + if work.iter().any(|w| w.entry.dedup != DedupMode::Off) {
                 let unit = 1u64 << self.spa.pool().ashift();
                 // Its blocks at what they allocate (parity and padding on RAID-Z).
                 let reserve = self.spa.ddt().rewrite_reserve_bytes(unit, blocks);
@@ -383,7 +395,7 @@ impl SyncHandle<'_> {
         // A volume still replaying records its progress as of this quiesce: records applied
         // after it belong to the next txg.
         let replay_progress: BTreeMap<String, Option<LogHeader>> =
-            work.iter().map(|(entry, ..)| (entry.name.clone(), entry.log)).collect();
+            work.iter().map(|w| (w.entry.name.clone(), w.entry.log)).collect();
         let mut ctx = TreeUpdate::new(self.spa.pool(), self.spa.allocator(), txg);
         self.spa.fail_point("spa_sync.write_volumes");
         let patches = self.txg.patch_stats();
@@ -444,13 +456,14 @@ impl SyncHandle<'_> {
             let volume = &mut *volume;
             dataset.dirty_bytes.store(0, Ordering::Relaxed);
             volume.syncing = Arc::new(std::mem::take(&mut volume.open));
-            work.push((
-                volume.entry.clone(),
-                volume.disk_levels,
-                Arc::clone(&volume.syncing),
-                std::mem::take(&mut volume.prewritten),
-                volume.raw_receive,
-            ));
+            work.push(VolumeWork {
+                entry: volume.entry.clone(),
+                disk_levels: volume.disk_levels,
+                blocks: Arc::clone(&volume.syncing),
+                prewritten: std::mem::take(&mut volume.prewritten),
+                raw: volume.raw_receive,
+                early_abort: Arc::clone(&dataset.early_abort),
+            });
         }
         Quiesced { txg, work, tasks, admitted }
     }
@@ -649,7 +662,7 @@ async fn write_volumes(
 ) -> Result<BTreeMap<String, SyncedTree>, PoolError> {
     let txg = ctx.txg;
     let mut roots = BTreeMap::new();
-    for (entry, disk_levels, blocks, prewritten, raw) in work {
+    for VolumeWork { entry, disk_levels, blocks, prewritten, raw, early_abort } in work {
         let (replaced_before, born_before) = (ctx.replaced.len(), ctx.born.len());
         // Patched blocks are completed first, up to SYNC_WRITES_IN_FLIGHT at once, in
         // block order. Blocks of ordinary volumes are then allocated in that order and
@@ -679,6 +692,7 @@ async fn write_volumes(
             let span_bytes = spa.pool().root().write_span_bytes() as usize;
             let per_span = (span_bytes / block_bytes).max(1);
             let (ctx, prewritten, name) = (&*ctx, &prewritten, entry.name.as_str());
+            let early_abort = &early_abort;
             let written: Vec<Vec<(u64, Option<BlockPointer>)>> = completed
                 .try_chunks(per_span)
                 .map_err(|futures::stream::TryChunksError(_, e)| e)
@@ -738,7 +752,12 @@ async fn write_volumes(
                     let data = plain.into_iter().map(|bytes| (props, bytes)).collect();
                     let mut bps = spa
                         .pool()
-                        .write_blocks(ctx.allocator, AllocClass::Reserved, data)
+                        .write_blocks(
+                            ctx.allocator,
+                            AllocClass::Reserved,
+                            data,
+                            Some(Arc::clone(early_abort)),
+                        )
                         .await?
                         .into_iter();
                     // Linked blocks are in the chunk's order.

@@ -428,7 +428,7 @@ impl LogCommit<'_> {
         // from its logical sizes, and its writes start before its checksums, which are
         // computed while the device writes (`zio::stage_as_is`); any other is sealed first.
         let pool = self.spa.pool();
-        let batch = match pool.stage_as_is(&sealing)? {
+        let batch = match pool.stage_as_is(&sealing, Some(&dataset.early_abort))? {
             zio::Staging::AsIs(staged) => Batch::Staged(staged),
             zio::Staging::Seal(plan) => {
                 Batch::Sealed(pool.seal_blocks_planned(sealing, plan).await?)

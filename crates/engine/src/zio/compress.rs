@@ -20,6 +20,7 @@
 //! block would cost more than compressing a 16 KiB block.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_format::{BlockCompression, BlockPointer, Compression, COMPRESSED_HEADER_BYTES};
 
@@ -109,80 +110,139 @@ pub fn compress(
     })
 }
 
-/// Consecutive blocks of a run whose samples did not compress before [`plan_run`] samples only
-/// every [`RUN_STRIDE`]th block.
-const RUN_MISSES: usize = 4;
-/// Consecutive blocks of a run whose samples compressed before [`plan_run`] samples only every
-/// [`RUN_STRIDE`]th block, compressing the others without a look.
-const RUN_HITS: usize = 4;
-/// How far apart [`plan_run`] samples blocks once a run has shown [`RUN_MISSES`]
-/// incompressible or [`RUN_HITS`] compressible ones in a row.
+/// Blocks in a row judged alike (sampled or not) before [`plan_run`] stops sampling every
+/// block of a run.
+const RUN_ALIKE: usize = 4;
+/// The fewest blocks between two samples once a run has [`RUN_ALIKE`] blocks alike.
 const RUN_STRIDE: usize = 4;
+/// The most blocks between two samples: the stride grows with the run (a quarter of the blocks
+/// alike so far) up to this.
+const RUN_STRIDE_MAX: usize = 16;
 
-/// The early abort for a run of blocks written together (a span of one volume's data): each
-/// block's sample as [`compress`] takes it, until [`RUN_MISSES`] in a row do not compress or
-/// [`RUN_HITS`] in a row do; from there only every [`RUN_STRIDE`]th block is sampled.
+/// How far apart [`plan_run`] takes its samples, in blocks, in a run of `alike` blocks judged
+/// the same way: every block until [`RUN_ALIKE`] agree, then a quarter of the run, within
+/// [`RUN_STRIDE`] and [`RUN_STRIDE_MAX`].
+fn stride(alike: usize) -> usize {
+    if alike < RUN_ALIKE {
+        1
+    } else {
+        (alike / RUN_ALIKE).clamp(RUN_STRIDE, RUN_STRIDE_MAX)
+    }
+}
+
+/// Where the early abort's run stood after a volume's last batch, so that its next batch goes
+/// on from there: a stream's blocks come in batches of a few dozen (a commit's, a span's), and
+/// each batch starting over sampled its first [`RUN_ALIKE`] blocks and one in [`RUN_STRIDE`]
+/// after. Under a lone client's 1 MiB write + flush of random data that was 23 samples a write
+/// (docs/bench/peers-notes.md, 2026-12-06). One per volume (crate::txg's `Dataset`), shared by
+/// its committers and its syncs, which store it without a lock: a batch that overwrites
+/// another's hint costs a few samples or a few blocks' compression, never a block's
+/// correctness.
+#[derive(Debug, Default)]
+pub struct RunHint(AtomicU64);
+
+impl RunHint {
+    /// Whether the run's blocks compress (`None`: no run yet), and how many blocks it has.
+    fn load(&self) -> (Option<bool>, usize) {
+        let v = self.0.load(Ordering::Relaxed);
+        let compresses = match v & 3 {
+            1 => Some(false),
+            2 => Some(true),
+            _ => None,
+        };
+        (compresses, (v >> 2) as usize)
+    }
+
+    fn store(&self, compresses: Option<bool>, alike: usize) {
+        let kind = match compresses {
+            None => 0,
+            Some(false) => 1,
+            Some(true) => 2,
+        };
+        // A run's length matters only up to where the stride stops growing.
+        let alike = alike.min(RUN_ALIKE * RUN_STRIDE_MAX) as u64;
+        self.0.store(kind | (alike << 2), Ordering::Relaxed);
+    }
+}
+
+/// The early abort for a batch of blocks written together (a commit's or a span's, of one
+/// volume): each block's sample as [`compress`] takes it, until [`RUN_ALIKE`] blocks in a row
+/// have been judged alike; from there one block in a stride, [`RUN_STRIDE`] blocks at first,
+/// growing with the run to [`RUN_STRIDE_MAX`]. With a `hint`, the run goes on from where the
+/// volume's last batch left it (its first block is sampled all the same, so no batch is planned
+/// without a look, and a batch whose data turned is seen at once), and the hint is left where
+/// this batch ends.
 ///
 /// In a run of incompressible samples the blocks skipped are stored as they are, and when a
 /// sample compresses the blocks skipped since the last sample are sampled after all. The sample
-/// of an incompressible block costs an eighth of its compression, and under 1 MiB writes of
-/// random data still took 16% of the server's CPU, more than the checksum of all the bytes
-/// (perf, docs/bench/peers-notes.md, 2026-11-29); streams of already compressed or encrypted
-/// data are runs of such blocks. What that guess costs: a compressible block between two
-/// incompressible samples, inside a run of them, is stored as it is (space, never
-/// correctness: its pointer says so).
+/// of an incompressible block costs about a third of its compression (lz4 on 2 KiB of random
+/// bytes against all 16 KiB, docs/bench/peers-notes.md, 2026-12-06), and under 1 MiB writes of
+/// random data the samples took 16% of the server's CPU, more than the checksum of all the
+/// bytes (perf, docs/bench/peers-notes.md, 2026-11-29); streams of already compressed or
+/// encrypted data are runs of such blocks. What that guess costs: a compressible stretch
+/// shorter than a stride, between two incompressible samples, or at the end of a batch, is
+/// stored as it is (space, never correctness: its pointer says so).
 ///
 /// In a run of compressible samples the blocks skipped are compressed whole, as [`compress`]
 /// always decides by the result whether a block is worth storing compressed: there a sample
 /// is pure cost, about a fifth of the block's compression (1.2 against 5 us for 16 KiB of
-/// half-compressible data, 2026-12-04). What that guess costs: up to [`RUN_STRIDE`] - 1
-/// incompressible blocks after the data turned are compressed whole (with lz4 about 3 us each
-/// for 16 KiB of random bytes; with zstd more, most at high levels) and then stored as they are.
+/// half-compressible data, 2026-12-04). What that guess costs: up to a stride less one of
+/// incompressible blocks after the data turned are compressed whole (with lz4 1.3-3 us each for
+/// 16 KiB of random bytes; with zstd more, most at high levels) and then stored as they are.
 ///
 /// Returns each block's decision for [`compress`] (`None` for blocks not compressed at all,
 /// and those too short to sample) and how many samples were taken.
 pub fn plan_run<'a>(
     blocks: impl IntoIterator<Item = (Compression, &'a [u8])>,
+    hint: Option<&RunHint>,
 ) -> (Vec<Option<bool>>, usize) {
     let blocks: Vec<(Compression, &[u8])> = blocks.into_iter().collect();
     let mut plan = Vec::with_capacity(blocks.len());
-    // Blocks stored as they are without a sample since the last sample taken.
+    // The run: whether its blocks compress, and how many it has so far, sampled or not.
+    let (mut compresses_run, mut alike) = hint.map(RunHint::load).unwrap_or_default();
+    // Blocks judged without a sample since the last sample in this batch (none before the
+    // batch's first sample: it takes one before it skips any).
+    let mut since: Option<usize> = None;
+    // This batch's blocks stored as they are without a sample since the last sample taken.
     let mut skipped: Vec<usize> = Vec::new();
-    // Blocks compressed without a sample since the last sample taken.
-    let mut trusted = 0usize;
-    let (mut misses, mut hits, mut samples) = (0usize, 0usize, 0usize);
+    let mut samples = 0usize;
     for &(property, logical) in &blocks {
         if property == Compression::Off || logical.len() < 4 * SAMPLE_PIECE_BYTES * SAMPLE_PIECES {
             plan.push(None);
             continue;
         }
-        if misses >= RUN_MISSES && skipped.len() + 1 < RUN_STRIDE {
-            skipped.push(plan.len());
-            plan.push(Some(false));
-            continue;
-        }
-        if hits >= RUN_HITS && trusted + 1 < RUN_STRIDE {
-            trusted += 1;
-            plan.push(Some(true));
-            continue;
+        if let (Some(compresses), Some(n)) = (compresses_run, since) {
+            if n + 1 < stride(alike) {
+                if !compresses {
+                    skipped.push(plan.len());
+                }
+                since = Some(n + 1);
+                alike += 1;
+                plan.push(Some(compresses));
+                continue;
+            }
         }
         samples += 1;
         let compresses = sample_compresses(logical);
-        if compresses {
+        if compresses && compresses_run == Some(false) {
             // The data turned compressible somewhere since the last sample.
             for &at in &skipped {
                 samples += 1;
                 plan[at] = Some(sample_compresses(blocks[at].1));
             }
-            misses = 0;
-            hits += 1;
+        }
+        if compresses_run == Some(compresses) {
+            alike += 1;
         } else {
-            misses += 1;
-            hits = 0;
+            compresses_run = Some(compresses);
+            alike = 1;
         }
         skipped.clear();
-        trusted = 0;
+        since = Some(0);
         plan.push(Some(compresses));
+    }
+    if let Some(hint) = hint {
+        hint.store(compresses_run, alike);
     }
     (plan, samples)
 }
@@ -195,10 +255,11 @@ const SAMPLE_PIECES: usize = 4;
 
 /// Early abort (as OpenZFS's zstd early abort runs lz4 first): whether lz4 saves at least an
 /// eighth of a sample of the block. Random data, the common case of a VM's or database's
-/// writes that are already compressed or encrypted, then costs an eighth of a 16 KiB block's
-/// compression instead of all of it: with 4 KiB sync writes of random bytes, lz4 of whole
-/// blocks was 17% of the server's CPU (perf, 2026-11-24). Blocks shorter than four samples
-/// are compressed whole.
+/// writes that are already compressed or encrypted, then costs lz4 on an eighth of a 16 KiB
+/// block instead of all of it (about a third of the time: lz4 speeds up through incompressible
+/// bytes as its misses grow, which a short sample gains less from). With 4 KiB sync writes of
+/// random bytes, lz4 of whole blocks was 17% of the server's CPU (perf, 2026-11-24). Blocks
+/// shorter than four samples are compressed whole.
 fn sample_compresses(logical: &[u8]) -> bool {
     const SAMPLE: usize = SAMPLE_PIECE_BYTES * SAMPLE_PIECES;
     let len = logical.len();
@@ -262,7 +323,7 @@ pub fn decompress_stored(
 mod tests {
     #[test]
     fn runs_of_incompressible_or_compressible_blocks_are_sampled_sparsely() {
-        use super::{plan_run, RUN_HITS, RUN_MISSES, RUN_STRIDE};
+        use super::{plan_run, RunHint, RUN_ALIKE, RUN_STRIDE, RUN_STRIDE_MAX};
         use sluice_format::Compression;
         let mut rng = crate::rt::Rng::new(7);
         let random: Vec<Vec<u8>> =
@@ -272,17 +333,39 @@ mod tests {
         let lz4 = |b: &[Vec<u8>]| -> Vec<(Compression, Vec<u8>)> {
             b.iter().map(|x| (Compression::Lz4, x.clone())).collect()
         };
-        let run = |blocks: &[(Compression, Vec<u8>)]| {
-            plan_run(blocks.iter().map(|(c, b)| (*c, b.as_slice())))
+        let run_hinted = |blocks: &[(Compression, Vec<u8>)], hint: Option<&RunHint>| {
+            plan_run(blocks.iter().map(|(c, b)| (*c, b.as_slice())), hint)
         };
-        // 64 random blocks: RUN_MISSES samples, then one in RUN_STRIDE.
+        let run = |blocks: &[(Compression, Vec<u8>)]| run_hinted(blocks, None);
+        // 64 random blocks: RUN_ALIKE samples, then at most one in RUN_STRIDE, fewer as the
+        // run grows.
         let (plan, samples) = run(&lz4(&random));
-        assert_eq!(samples, RUN_MISSES + (64 - RUN_MISSES).div_ceil(RUN_STRIDE));
         assert!(plan.iter().all(|p| *p == Some(false)));
-        // 64 compressible blocks: RUN_HITS samples, then one in RUN_STRIDE; every one is
-        // compressed.
-        let (plan, samples) = run(&lz4(&vec![text.clone(); 64]));
-        assert_eq!(samples, RUN_HITS + (64 - RUN_HITS).div_ceil(RUN_STRIDE));
+        assert!(samples > RUN_ALIKE + 64 / RUN_STRIDE_MAX, "{samples} samples");
+        assert!(samples < RUN_ALIKE + (64 - RUN_ALIKE).div_ceil(RUN_STRIDE), "{samples} samples");
+        // 64 compressible blocks: the same samples; every one is compressed.
+        let (plan, text_samples) = run(&lz4(&vec![text.clone(); 64]));
+        assert_eq!(text_samples, samples);
+        assert!(plan.iter().all(|p| *p == Some(true)), "{plan:?}");
+        // A stream in batches of 16 random blocks: each batch alone starts over, sampling
+        // its first RUN_ALIKE blocks; with the volume's hint, the run goes on from batch to
+        // batch, down to each batch's first block (one sample in RUN_STRIDE_MAX).
+        let batch = lz4(&random[..16]);
+        assert_eq!(run(&batch).1, RUN_ALIKE + (16 - RUN_ALIKE).div_ceil(RUN_STRIDE));
+        let hint = RunHint::default();
+        let hinted: Vec<usize> = (0..12).map(|_| run_hinted(&batch, Some(&hint)).1).collect();
+        assert!(hinted[6..].iter().all(|&n| n == 16 / RUN_STRIDE_MAX), "{hinted:?}");
+        assert!(hinted.iter().sum::<usize>() < 12 + 2 * RUN_ALIKE + 16 / RUN_STRIDE, "{hinted:?}");
+        // A batch of one block after that run is sampled all the same: a batch is never
+        // planned without a look.
+        let (plan, samples) = run_hinted(&lz4(&[text.clone()]), Some(&hint));
+        assert_eq!((plan, samples), (vec![Some(true)], 1));
+        // And the run it starts (one compressible block) is a new one: the next random batch
+        // samples block by block again until RUN_ALIKE agree.
+        assert_eq!(run_hinted(&batch, Some(&hint)).1, run(&batch).1);
+        // The data turns compressible in the next batch: the blocks skipped before the sample
+        // that saw it are sampled after all, and every block of the batch is compressed.
+        let (plan, _) = run_hinted(&lz4(&vec![text.clone(); 16]), Some(&hint));
         assert!(plan.iter().all(|p| *p == Some(true)), "{plan:?}");
         // Random, then compressible: every compressible block is compressed (those skipped
         // before the sample that found the turn are sampled after all).
@@ -292,15 +375,14 @@ mod tests {
         assert!(plan[..21].iter().all(|p| *p == Some(false)), "{plan:?}");
         assert!(plan[21..].iter().all(|p| *p == Some(true)), "{plan:?}");
         // Compressible, then random: the random blocks after the turn that were not sampled
-        // (fewer than RUN_STRIDE) are compressed whole, and compress stores them as they are.
+        // (fewer than a stride) are compressed whole, and compress stores them as they are;
+        // from the sample that saw the turn on, every block is planned as it is.
         let mut turned = lz4(&vec![text.clone(); 21]);
         turned.extend(lz4(&random[..43]));
         let (plan, _) = run(&turned);
         assert!(plan[..21].iter().all(|p| *p == Some(true)), "{plan:?}");
         let tried = plan[21..].iter().take_while(|p| **p == Some(true)).count();
-        // Blocks 20-22 fall in a stretch planned without a sample (samples at 0-3, then every
-        // RUN_STRIDE-th from 7), so two random blocks are trusted before 23 is sampled.
-        assert_eq!(tried, 2, "{plan:?}");
+        assert!(tried < RUN_STRIDE_MAX, "{plan:?}");
         assert!(plan[21 + tried..].iter().all(|p| *p == Some(false)), "{plan:?}");
         for (_, block) in &turned[21..21 + tried] {
             assert!(super::compress(Compression::Lz4, block, 4096, Some(true)).is_none());
@@ -308,8 +390,8 @@ mod tests {
         // The price of the sparse samples: a lone compressible block skipped inside a run of
         // random ones is stored as it is.
         let mut lone = lz4(&random[..32]);
-        lone[RUN_MISSES + 1] = (Compression::Lz4, text.clone());
-        assert_eq!(run(&lone).0[RUN_MISSES + 1], Some(false));
+        lone[RUN_ALIKE + 1] = (Compression::Lz4, text.clone());
+        assert_eq!(run(&lone).0[RUN_ALIKE + 1], Some(false));
         // Compression off, or a block too short to sample: left to `compress`.
         let off = vec![(Compression::Off, random[0].clone()), (Compression::Lz4, vec![1u8; 4096])];
         assert_eq!(run(&off).0, [None, None]);

@@ -625,8 +625,9 @@ pub async fn seal_batch(
     pipeline: &Arc<Pipeline>,
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
     unit: u64,
+    hint: Option<Arc<compress::RunHint>>,
 ) -> Result<Vec<Sealed>, ZioError> {
-    seal_batch_planned(env, pipeline, blocks, unit, None).await
+    seal_batch_with(env, pipeline, blocks, unit, EarlyAbort::Hint(hint)).await
 }
 
 /// [`seal_batch`] with the early abort's `plan` for the batch where the caller made it
@@ -636,29 +637,60 @@ pub async fn seal_batch_planned(
     pipeline: &Arc<Pipeline>,
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
     unit: u64,
-    plan: Option<Vec<Option<bool>>>,
+    plan: Vec<Option<bool>>,
 ) -> Result<Vec<Sealed>, ZioError> {
-    if let Some(plan) = &plan {
-        assert_eq!(plan.len(), blocks.len(), "a plan decides each block of its batch");
+    assert_eq!(plan.len(), blocks.len(), "a plan decides each block of its batch");
+    seal_batch_with(env, pipeline, blocks, unit, EarlyAbort::Planned(plan)).await
+}
+
+/// A batch's early abort ([`compress::plan_run`]): decided by the caller, or to be decided
+/// where the batch is sealed, going on from the volume's hint where it has one.
+#[derive(Debug)]
+enum EarlyAbort {
+    Planned(Vec<Option<bool>>),
+    Hint(Option<Arc<compress::RunHint>>),
+}
+
+impl EarlyAbort {
+    /// The plan, made now over `blocks` unless it was made already.
+    fn plan(self, blocks: &[(BlockProps, Arc<AlignedBuf>)]) -> Vec<Option<bool>> {
+        match self {
+            EarlyAbort::Planned(plan) => plan,
+            EarlyAbort::Hint(hint) => {
+                let blocks = blocks.iter().map(|(props, data)| (props.compression, &data[..]));
+                compress::plan_run(blocks, hint.as_deref()).0
+            }
+        }
     }
+}
+
+async fn seal_batch_with(
+    env: &Env,
+    pipeline: &Arc<Pipeline>,
+    blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
+    unit: u64,
+    early_abort: EarlyAbort,
+) -> Result<Vec<Sealed>, ZioError> {
     if !blocks.iter().any(|(props, _)| worth_spreading(props)) {
         let bytes: usize = blocks.iter().map(|(_, data)| data.len()).sum();
         let logged = blocks.iter().any(|(props, _)| props.writer == Writer::LogIndirect);
-        if bytes >= TASK_BATCH_BYTES_MIN && !logged && env.parallelism() > 1 {
+        // (Only committers plan ahead, and their batches are never queued.)
+        if let (true, EarlyAbort::Hint(hint)) =
+            (bytes >= TASK_BATCH_BYTES_MIN && !logged && env.parallelism() > 1, &early_abort)
+        {
             // A taskq that ended without an answer (a runtime shutting down) leaves the batch
             // to be sealed here.
-            if let Some(sealed) = taskq::seal(env, pipeline, blocks.clone(), unit).await {
+            let queued = taskq::seal(env, pipeline, blocks.clone(), unit, hint.clone());
+            if let Some(sealed) = queued.await {
                 return pipeline.counted(sealed);
             }
         }
-        return pipeline.counted(seal_stages_now(pipeline, blocks, plan, unit));
+        return pipeline.counted(seal_stages_now(pipeline, blocks, early_abort, unit));
     }
     let pipeline_ = Arc::clone(pipeline);
     // The early abort is decided over the run here, in order (unless the caller did); each
     // block is then compressed (or not) and checksummed wherever it is spread to.
-    let plan = plan.unwrap_or_else(|| {
-        compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..]))).0
-    });
+    let plan = early_abort.plan(&blocks);
     let bytes: usize = blocks.iter().map(|(_, data)| data.len()).sum();
     // Only a committer's: the sync's zstd spans keep their spread (checksummed in the sync's
     // task, spans held back its writes; see above).
@@ -671,7 +703,12 @@ pub async fn seal_batch_planned(
     if sealed_here {
         // No block compresses (random or already compressed data) or is encrypted, so what is
         // left is the checksums: see CHECKSUM_HERE_BYTES_MAX.
-        return pipeline.counted(seal_stages_now(pipeline, blocks, Some(plan), unit));
+        return pipeline.counted(seal_stages_now(
+            pipeline,
+            blocks,
+            EarlyAbort::Planned(plan),
+            unit,
+        ));
     }
     type Item = (BlockProps, Arc<AlignedBuf>, Arc<Pipeline>, Option<bool>);
     let items: Vec<Item> = blocks
@@ -697,13 +734,11 @@ pub async fn seal_batch_planned(
 async fn seal_stages(
     pipeline: &Pipeline,
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
-    plan: Option<Vec<Option<bool>>>,
+    early_abort: EarlyAbort,
     unit: u64,
     quantum: Option<usize>,
 ) -> Result<Vec<Sealed>, ZioError> {
-    let plan = plan.unwrap_or_else(|| {
-        compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..]))).0
-    });
+    let plan = early_abort.plan(&blocks);
     assert_eq!(plan.len(), blocks.len(), "a plan decides each block of its batch");
     let mut since_yield = 0;
     let mut pause = async |bytes: usize| {
@@ -728,16 +763,17 @@ async fn seal_stages(
     Ok(sealed)
 }
 
-/// [`seal_stages`] at once, in the caller's task (with the early abort's `plan` where the
-/// caller has made it already).
+/// [`seal_stages`] at once, in the caller's task.
 fn seal_stages_now(
     pipeline: &Pipeline,
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
-    plan: Option<Vec<Option<bool>>>,
+    early_abort: EarlyAbort,
     unit: u64,
 ) -> Result<Vec<Sealed>, ZioError> {
     use futures::FutureExt;
-    seal_stages(pipeline, blocks, plan, unit, None).now_or_never().expect("no quantum, no yield")
+    seal_stages(pipeline, blocks, early_abort, unit, None)
+        .now_or_never()
+        .expect("no quantum, no yield")
 }
 
 /// A log committer's batch past its compress and encrypt stages, each block stored as its
@@ -771,26 +807,22 @@ pub fn stage_as_is(
     pipeline: &Pipeline,
     blocks: &[(BlockProps, Arc<AlignedBuf>)],
     unit: u64,
+    hint: Option<&compress::RunHint>,
 ) -> Result<Staging, ZioError> {
     let unit = unit.max(u64::from(SECTOR_BYTES));
+    // Sampled once, whatever comes of the batch: a batch sealed whole follows this plan.
+    let (plan, _) =
+        compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..])), hint);
     let bytes: usize = blocks.iter().map(|(_, data)| data.len()).sum();
-    let eligible = bytes <= CHECKSUM_HERE_BYTES_MAX
-        && blocks.iter().all(|(props, data)| {
+    let as_is = bytes <= CHECKSUM_HERE_BYTES_MAX
+        && blocks.iter().zip(&plan).all(|((props, data), planned)| {
             props.writer == Writer::LogIndirect
                 && matches!(props.crypt, PropsCrypt::None)
                 && data.len() as u64 % unit == 0
+                && compress::stored_as_is(props.compression, data.len(), unit, *planned)
         });
-    if !eligible {
-        return Ok(Staging::Seal(None));
-    }
-    let (plan, _) =
-        compress::plan_run(blocks.iter().map(|(props, data)| (props.compression, &data[..])));
-    let as_is = blocks.iter().zip(&plan).all(|((props, data), planned)| {
-        compress::stored_as_is(props.compression, data.len(), unit, *planned)
-    });
     if !as_is {
-        // Sampled once: the seal follows this plan.
-        return Ok(Staging::Seal(Some(plan)));
+        return Ok(Staging::Seal(plan));
     }
     let staged = blocks.iter().zip(plan).map(|((props, data), planned)| {
         let block = transform(pipeline, *props, Arc::clone(data), unit, None, planned)?;
@@ -808,9 +840,8 @@ pub fn stage_as_is(
 pub enum Staging {
     /// Stored as it is, past its compress and encrypt stages.
     AsIs(Staged),
-    /// To be sealed whole ([`seal_batch_planned`]), with the early abort's plan when it was
-    /// made.
-    Seal(Option<Vec<Option<bool>>>),
+    /// To be sealed whole ([`seal_batch_planned`]), with the early abort's plan for it.
+    Seal(Vec<Option<bool>>),
 }
 
 /// The checksum stage of a batch [`stage_as_is`] staged, here, in order.

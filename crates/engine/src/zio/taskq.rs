@@ -29,7 +29,7 @@ use std::sync::Arc;
 use futures::channel::oneshot;
 use parking_lot::Mutex;
 
-use super::{seal_stages, Pipeline, Sealed, ZioError};
+use super::{compress::RunHint, seal_stages, EarlyAbort, Pipeline, Sealed, ZioError};
 use crate::device::AlignedBuf;
 use crate::rt::Env;
 use crate::zio::BlockProps;
@@ -45,6 +45,8 @@ struct Job {
     pipeline: Arc<Pipeline>,
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
     unit: u64,
+    /// The volume's early-abort hint, where the batch is one volume's data.
+    hint: Option<Arc<RunHint>>,
     answer: Answer,
 }
 
@@ -69,12 +71,13 @@ pub(super) async fn seal(
     pipeline: &Arc<Pipeline>,
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
     unit: u64,
+    hint: Option<Arc<RunHint>>,
 ) -> Option<Result<Vec<Sealed>, ZioError>> {
     let (answer, answered) = oneshot::channel();
     let queue = QUEUE.with(Arc::clone);
     let start = {
         let mut queue = queue.lock();
-        queue.jobs.push_back(Job { pipeline: Arc::clone(pipeline), blocks, unit, answer });
+        queue.jobs.push_back(Job { pipeline: Arc::clone(pipeline), blocks, unit, hint, answer });
         !std::mem::replace(&mut queue.working, true)
     };
     if start {
@@ -108,8 +111,10 @@ impl Worker {
             if job.answer.is_canceled() {
                 continue;
             }
+            let early_abort = EarlyAbort::Hint(job.hint);
+            let quantum = Some(QUANTUM_BYTES);
             let sealed =
-                seal_stages(&job.pipeline, job.blocks, None, job.unit, Some(QUANTUM_BYTES)).await;
+                seal_stages(&job.pipeline, job.blocks, early_abort, job.unit, quantum).await;
             let _ = job.answer.send(sealed);
         }
     }
