@@ -358,7 +358,7 @@ mod tests {
         assert!(hinted.iter().sum::<usize>() < 12 + 2 * RUN_ALIKE + 16 / RUN_STRIDE, "{hinted:?}");
         // A batch of one block after that run is sampled all the same: a batch is never
         // planned without a look.
-        let (plan, samples) = run_hinted(&lz4(&[text.clone()]), Some(&hint));
+        let (plan, samples) = run_hinted(&lz4(std::slice::from_ref(&text)), Some(&hint));
         assert_eq!((plan, samples), (vec![Some(true)], 1));
         // And the run it starts (one compressible block) is a new one: the next random batch
         // samples block by block again until RUN_ALIKE agree.
