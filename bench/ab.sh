@@ -42,10 +42,11 @@ run() {
   for w in ${split[@]+"${split[@]}"}; do
     if [ ${#extra[@]} -eq 0 ] && [[ $w =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; then envs+=("$w"); else extra+=("$w"); fi
   done
-  # All of per-op's output, then its first line: a reader that stops early would end it with
-  # SIGPIPE before it prints the rest.
+  # All of per-op's output, then its summary line (the one that names the target; a read
+  # job prints its prefetch figures before it): a reader that stops early would end per-op
+  # with SIGPIPE before it prints the rest.
   line=$(env ${envs[@]+"${envs[@]}"} bench/per-op.sh "${common[@]}" ${extra[@]+"${extra[@]}"})
-  line=${line%%$'\n'*}
+  line=$(grep -m1 -E '^(sluice|qemu-nbd) ' <<<"$line" || true)
   [ -n "$line" ] || { echo "ab: a run of $config printed nothing" >&2; exit 1; }
   echo "$config: $line"
   echo "$config $line" >>"$results"
