@@ -35,18 +35,21 @@
 # Usage: bench/op-timeline.sh [--bin PATH] [--set NAME=VALUE (sluice tunable)]
 #          [--write-size 4k|SIZE (fio's --bs: 4k, the default, or 256K and more, say 1M)]
 #          [--compression lz4|off|... (the volume's, `sluice vol create --compression`)]
+#          [--fio ARG (added to the traced job: --fio --buffer_compress_percentage=50 --fio
+#          --refill_buffers writes data that compresses to about half)]
 # A pool on a 3 GiB zeroed file, a 1 GiB volume written first (as bench/per-op.sh does), then
 # fio's nbd engine at one job and queue depth 1 (--fsync=1) for 8 s, traced from 3 s in. Needs
 # perf with tracepoint access (root), fio, and Debian's /usr/bin/python3; builds nothing.
 set -euo pipefail
 
-bin=target/release/sluice; serve_args=(); bs=4k; vol_args=()
+bin=target/release/sluice; serve_args=(); bs=4k; vol_args=(); fio_args=()
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) bin=$2; shift 2 ;;
     --set) serve_args+=(--set "$2"); shift 2 ;;
     --write-size) bs=$2; shift 2 ;;
     --compression) vol_args+=(--compression "$2"); shift 2 ;;
+    --fio) fio_args+=("$2"); shift 2 ;;
     *) echo "op-timeline: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -77,7 +80,7 @@ sleep 6
 # Large writes sequential, as bench/peers.sh's 1 MiB write + flush jobs are.
 rw=randwrite; [ "$large" = 1 ] && rw=write
 fio --name=op --ioengine=nbd --uri="$uri" --bs="$bs" --size=1G --runtime=8 --time_based \
-  --rw=$rw --fsync=1 --numjobs=1 --iodepth=1 >/dev/null 2>&1 &
+  --rw=$rw --fsync=1 --numjobs=1 --iodepth=1 ${fio_args[@]+"${fio_args[@]}"} >/dev/null 2>&1 &
 fio_pid=$!
 sleep 3
 events=io_uring:io_uring_submit_req,io_uring:io_uring_complete

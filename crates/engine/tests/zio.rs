@@ -377,6 +377,90 @@ fn a_commits_blocks_are_spread_only_for_work_worth_moving() {
     assert!(spread[3] > 0, "an encrypted MiB was sealed on one core");
 }
 
+/// A lone writer's large write, whose blocks logged by pointer compress, is sealed and
+/// written a part at a time by its early commit (zil_commit's `SEAL_PART_BYTES`): the first
+/// part's write is issued before the last part's blocks are compressed. A compress fault in a
+/// later part falls back to a txg sync like any failed log write, and the places the parts
+/// before it took are freed once their writes end (the audit finds no log space besides the
+/// chain's). Every write reads back.
+#[test]
+fn a_commits_compressed_blocks_are_written_a_part_at_a_time() {
+    let sim = Sim::new(44);
+    let legs = common::legs(&sim, 2, SimProfile::ssd(), LEAF_BYTES);
+    let env = sim.env();
+    sim.run(async move {
+        let store = store_with_v(&env, &legs).await;
+        store.set_property("v", VolumeProperty::Compression(Compression::Lz4)).unwrap();
+        let volume = Volume::open(&store, "v").unwrap();
+        let seen: Arc<Mutex<Vec<Stage>>> = Arc::default();
+        let log = Arc::clone(&seen);
+        // Weak: the observer lives in the pipeline it arms.
+        let zio = Arc::downgrade(store.pool().zio());
+        let fault = Arc::new(AtomicBool::new(false));
+        let arm = Arc::clone(&fault);
+        let observe = move |stage: Stage, writer: Writer| {
+            if writer != Writer::LogIndirect {
+                return;
+            }
+            log.lock().unwrap().push(stage);
+            if stage == Stage::Issue && arm.swap(false, Relaxed) {
+                if let Some(zio) = zio.upgrade() {
+                    zio.arm_fault(Stage::Compress, Writer::LogIndirect);
+                }
+            }
+        };
+        // Small write + flush pairs first: the log then sees a lone writer's pattern, and
+        // commits its writes early.
+        for i in 0..12u64 {
+            volume.write((4 << 20) + i * 16384, &pattern(1, 16384), false).await.unwrap();
+            volume.flush().await.unwrap();
+        }
+        let early = store.log_stats().early_commits.get();
+        store.pool().zio().observe(Some(Arc::new(observe)));
+
+        let first = pattern(3, 1 << 20);
+        volume.write(0, &first, false).await.unwrap();
+        // As a client's turn takes: the early commit claims the records before the flush.
+        env.sleep(Duration::from_millis(1)).await;
+        volume.flush().await.unwrap();
+        let stages = std::mem::take(&mut *seen.lock().unwrap());
+        let compressed = stages.iter().filter(|s| **s == Stage::Compress).count();
+        assert_eq!(compressed, 64, "each block of the MiB compressed once");
+        let first_issue = stages.iter().position(|s| *s == Stage::Issue).expect("no write");
+        let last_compress = stages.iter().rposition(|s| *s == Stage::Compress).unwrap();
+        assert!(
+            first_issue < last_compress,
+            "the first write waited for every block's compression: {stages:?}"
+        );
+        assert_eq!(store.log_stats().indirect_blocks_written.get(), 64);
+        assert!(store.log_stats().early_commits.get() > early, "not committed early");
+
+        // The fault is armed as the first part's write is issued: the next part fails.
+        fault.store(true, Relaxed);
+        let second = pattern(4, 1 << 20);
+        volume.write(1 << 20, &second, false).await.unwrap();
+        env.sleep(Duration::from_millis(1)).await;
+        volume.flush().await.unwrap();
+        store.pool().zio().observe(None);
+        assert_eq!(store.pool().zio().errors(Writer::LogIndirect), 1, "counted once");
+        assert_eq!(
+            store.log_stats().indirect_blocks_written.get(),
+            64 + 16,
+            "the part before the fault was not written, or the parts after it were"
+        );
+        assert!(!store.is_suspended());
+        for _ in 0..3 {
+            store.sync().await.unwrap();
+        }
+        assert_eq!(volume.read(0, 1 << 20).await.unwrap(), first);
+        assert_eq!(volume.read(1 << 20, 1 << 20).await.unwrap(), second);
+        let audit = store.audit().await.unwrap();
+        assert!(audit.is_clean(), "{:?}", audit.problems);
+        assert_eq!(audit.log_bytes, audit.chain_bytes, "the started writes' places leaked");
+    })
+    .unwrap();
+}
+
 /// The taskq seals batches in the order they came, each as the caller would have sealed it
 /// itself, and lets the core's other tasks run while it works: a task spawned after the
 /// first batch was queued runs before that batch is answered. (Spawned one per batch, as
