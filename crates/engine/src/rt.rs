@@ -302,31 +302,9 @@ impl Env {
         R: Send + 'static,
         F: Fn(&T) -> R + Copy + Send + Sync + 'static,
     {
-        let mut answers = Vec::with_capacity(items.len());
-        self.map_spread_each(name, items, f, |answer| answers.push(answer)).await;
-        answers
-    }
-
-    /// [`Env::map_spread`], handing each answer to `ready` in order as soon as it and every
-    /// answer before it are in: on the caller's thread, after each item it answers itself and
-    /// once the last is done. A caller can start on the first answers while the others are
-    /// computed, as a committer sends a large write's first blocks to the device while the
-    /// rest are compressed (txg/zil_commit.rs).
-    pub async fn map_spread_each<T, R, F>(
-        &self,
-        name: &'static str,
-        items: Vec<T>,
-        f: F,
-        mut ready: impl FnMut(R),
-    ) where
-        T: Send + Sync + 'static,
-        R: Send + 'static,
-        F: Fn(&T) -> R + Copy + Send + Sync + 'static,
-    {
         let helpers = self.spawner.parallelism().min(items.len()).saturating_sub(1);
         if helpers == 0 {
-            items.iter().map(f).for_each(ready);
-            return;
+            return items.iter().map(f).collect();
         }
         let (all_done, done) = futures::channel::oneshot::channel();
         let spread = Arc::new(Spread {
@@ -341,15 +319,18 @@ impl Env {
             self.spawner.spawn_elsewhere(name, Box::pin(async move { spread.take_items(f) }));
         }
         yield_now().await;
-        let mut handed = 0;
-        while spread.take_one(f) {
-            handed = spread.hand_over(handed, &mut ready, None::<F>);
-        }
+        spread.take_items(f);
         // Items other threads took are finished, or their task ended early (it panicked)
         // and left its item empty, which the caller then computes.
         let _ = done.await;
-        let handed = spread.hand_over(handed, &mut ready, Some(f));
-        debug_assert_eq!(handed, spread.items.len(), "every answer handed over");
+        let Spread { items, slots, .. } = &*spread;
+        items
+            .iter()
+            .zip(slots)
+            .map(|(item, slot)| {
+                slot.lock().ok().and_then(|mut r| r.take()).unwrap_or_else(|| f(item))
+            })
+            .collect()
     }
 
     /// An independent random stream for the component called `stream`. Forking by name rather
@@ -370,8 +351,7 @@ impl Env {
     }
 }
 
-/// The items of one [`Env::map_spread`] (or [`Env::map_spread_each`]), shared by the threads
-/// that take them.
+/// The items of one [`Env::map_spread`], shared by the threads that take them.
 struct Spread<T, R> {
     items: Vec<T>,
     /// Each item's answer, once its taker has it.
@@ -386,42 +366,17 @@ struct Spread<T, R> {
 
 impl<T, R> Spread<T, R> {
     /// Takes and answers items until none is left.
-    fn take_items(&self, f: impl Fn(&T) -> R + Copy) {
-        while self.take_one(f) {}
-    }
-
-    /// Takes and answers the next item; false if none was left.
-    fn take_one(&self, f: impl Fn(&T) -> R) -> bool {
-        let index = self.next.fetch_add(1, Ordering::Relaxed);
-        let Some(item) = self.items.get(index) else { return false };
-        // Counts the item finished even if `f` unwinds, so the caller is not left waiting.
-        let _finish = Finish(self);
-        let answer = f(item);
-        if let Ok(mut slot) = self.slots[index].lock() {
-            *slot = Some(answer);
-        }
-        true
-    }
-
-    /// Hands the answers from item `handed` on to `ready`, in order, up to the first that is
-    /// not in yet; with `f` (every item finished), computes here any a task left empty.
-    /// Returns how many have been handed over.
-    fn hand_over(
-        &self,
-        mut handed: usize,
-        ready: &mut impl FnMut(R),
-        f: Option<impl Fn(&T) -> R>,
-    ) -> usize {
-        while let Some(item) = self.items.get(handed) {
-            let answer = self.slots[handed].lock().ok().and_then(|mut slot| slot.take());
-            match (answer, &f) {
-                (Some(answer), _) => ready(answer),
-                (None, Some(f)) => ready(f(item)),
-                (None, None) => break,
+    fn take_items(&self, f: impl Fn(&T) -> R) {
+        loop {
+            let index = self.next.fetch_add(1, Ordering::Relaxed);
+            let Some(item) = self.items.get(index) else { return };
+            // Counts the item finished even if `f` unwinds, so the caller is not left waiting.
+            let _finish = Finish(self);
+            let answer = f(item);
+            if let Ok(mut slot) = self.slots[index].lock() {
+                *slot = Some(answer);
             }
-            handed += 1;
         }
-        handed
     }
 }
 

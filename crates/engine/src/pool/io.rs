@@ -273,16 +273,13 @@ impl Pool {
         zio::stage_as_is(&self.zio, blocks, self.unit_bytes(), hint).map_err(|e| self.zio_error(e))
     }
 
-    /// [`zio::seal_batch_planned_each`]: [`Pool::seal_blocks`] with the early abort's plan
-    /// where [`Pool::stage_as_is`] made it, each block handed to `ready` as soon as it and
-    /// those before it are sealed.
-    pub async fn seal_blocks_planned_each(
+    /// [`Pool::seal_blocks`] with the early abort's plan where [`Pool::stage_as_is`] made it.
+    pub async fn seal_blocks_planned(
         &self,
         blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
         plan: Vec<Option<bool>>,
-        ready: impl FnMut(Sealed),
-    ) -> Result<(), PoolError> {
-        zio::seal_batch_planned_each(self.env(), &self.zio, blocks, self.unit_bytes(), plan, ready)
+    ) -> Result<Vec<Sealed>, PoolError> {
+        zio::seal_batch_planned(self.env(), &self.zio, blocks, self.unit_bytes(), plan)
             .await
             .map_err(|e| self.zio_error(e))
     }

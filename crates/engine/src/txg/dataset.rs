@@ -1000,8 +1000,7 @@ impl SyncTask for RetiredLog {
 }
 
 /// Blocks written in place for indirect log records that no volume will link (their volume
-/// was destroyed, their block changed before the fill could record them, or a later stage of
-/// their commit failed after their writes started): the sync waits
+/// was destroyed, or their block changed before the fill could record them): the sync waits
 /// for their writes, since a write in flight must not land on space handed out again, then
 /// frees them.
 #[derive(Debug)]

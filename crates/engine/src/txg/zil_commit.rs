@@ -139,7 +139,7 @@ impl Store {
         let task = async move {
             let _guard = store.spa.panic_guard("an early log commit");
             let commit = store.log_commit();
-            if commit.fill_indirect(&dataset, &log, sequence, true).await.is_ok() {
+            if commit.fill_indirect(&dataset, &log, sequence).await.is_ok() {
                 if write_log {
                     let _ = commit.write_log(&log, sequence).await;
                 }
@@ -201,7 +201,7 @@ impl LogCommit<'_> {
             return Ok(());
         }
         self.zil.stats().commits.inc();
-        if log.anchored() && self.fill_indirect(dataset, &log, sequence, false).await.is_ok() {
+        if log.anchored() && self.fill_indirect(dataset, &log, sequence).await.is_ok() {
             match self.write_log(&log, sequence).await {
                 Ok(()) => return Ok(()),
                 // The sync below covers the record, and replaces the failed chain.
@@ -236,20 +236,18 @@ impl LogCommit<'_> {
     /// replay applies later records after it, so newer bytes are as good; except that records
     /// of the syncing txg that are a large part of what it writes are left to it (the commit
     /// waits for it). An error leaves the records to the next committer; the caller falls back
-    /// to a txg sync. `early`: an early commit's or early fill's, for a lone writer (see
-    /// [`Store::write_in_place`]).
+    /// to a txg sync.
     pub(super) async fn fill_indirect(
         &self,
         dataset: &Dataset,
         log: &LogWriter,
         sequence: u64,
-        early: bool,
     ) -> Result<(), StoreError> {
         let claimed = log.claim_unfilled(sequence);
         if claimed.is_empty() {
             return Ok(());
         }
-        let result = self.fill_claimed(dataset, log, &claimed, early).await;
+        let result = self.fill_claimed(dataset, log, &claimed).await;
         if result.is_err() {
             log.unclaim(&claimed);
             if self.spa.is_suspended() {
@@ -266,7 +264,6 @@ impl LogCommit<'_> {
         dataset: &Dataset,
         log: &LogWriter,
         claimed: &[LogRecord],
-        early: bool,
     ) -> Result<(), StoreError> {
         let bs = u64::from(dataset.block_bytes);
         let index_of = |record: &LogRecord| match record {
@@ -357,7 +354,7 @@ impl LogCommit<'_> {
         let blocks = place
             .iter()
             .map(|(data, records)| (index_of(records[0]), Arc::clone(data), records[0].txg()));
-        let placed = self.write_in_place(dataset, blocks.collect(), early).await?;
+        let placed = self.write_in_place(dataset, blocks.collect()).await?;
         let mut filled: Vec<(LogRecord, Option<DataWrite>)> = Vec::new();
         for ((_, records), placed) in place.iter().zip(placed) {
             match placed {
@@ -398,15 +395,11 @@ impl LogCommit<'_> {
     /// the sync links instead of writing it again. Returns each block's pointer and write
     /// where it was recorded; `None` where the block changed meanwhile (a later write
     /// replaced it, its txg closed, the volume was destroyed): its write is orphaned, and the
-    /// next sync frees its place once the write has ended. `in_parts`: blocks that compress
-    /// go to the device in parts as they are sealed (below), which an early commit's lone
-    /// writer gains from; a flush's commit, where several writers keep the cores busy, writes
-    /// them once all are sealed.
+    /// next sync frees its place once the write has ended.
     async fn write_in_place(
         &self,
         dataset: &Dataset,
         blocks: Vec<(u64, Arc<AlignedBuf>, u64)>,
-        in_parts: bool,
     ) -> Result<Vec<Option<(BlockPointer, DataWrite)>>, StoreError> {
         let bs = u64::from(dataset.block_bytes);
         // Compressed as the sync would (ZFS's dmu_sync does the same), so that a volume written
@@ -433,109 +426,82 @@ impl LogCommit<'_> {
             .collect();
         // A batch stored as it is (nothing compresses, nothing is encrypted) has its places
         // from its logical sizes, and its writes start before its checksums, which are
-        // computed while the device writes (`zio::stage_as_is`); any other is sealed a part
-        // at a time, each part's writes going out once it is sealed, while the next part is
-        // compressed (below).
+        // computed while the device writes (`zio::stage_as_is`); any other is sealed first.
         let pool = self.spa.pool();
-        let mut bps: Vec<BlockPointer> = Vec::with_capacity(blocks.len());
-        let mut block_writes: Vec<DataWrite> = Vec::with_capacity(blocks.len());
-        // The writes under way when a later stage fails: the next sync frees their places
-        // once they end, as for a block that changed meanwhile.
-        let orphan = |bps: &[BlockPointer], block_writes: &[DataWrite]| {
-            let orphaned: Vec<Prewritten> = bps
-                .iter()
-                .zip(block_writes)
-                .zip(&blocks)
-                .map(|((bp, write), (_, data, _))| Prewritten {
-                    data: Arc::clone(data),
-                    bp: *bp,
-                    write: write.clone(),
-                })
-                .collect();
-            if !orphaned.is_empty() {
-                self.txg.lock().queue(Orphaned(orphaned));
+        let batch = match pool.stage_as_is(&sealing, Some(&dataset.early_abort))? {
+            zio::Staging::AsIs(staged) => Batch::Staged(staged),
+            zio::Staging::Seal(plan) => {
+                Batch::Sealed(pool.seal_blocks_planned(sealing, plan).await?)
             }
         };
-        match pool.stage_as_is(&sealing, Some(&dataset.early_abort))? {
-            zio::Staging::AsIs(staged) => {
-                let placed = self.place_in_place(&staged.psizes(), bs)?;
-                let writes = self.run_writes(&placed, |i| staged.stored(i), &mut block_writes);
-                self.issue_indirect(writes, true);
+        let psizes: Vec<u64> = match &batch {
+            Batch::Staged(staged) => staged.psizes(),
+            Batch::Sealed(sealed) => sealed.iter().map(zio::Sealed::psize).collect(),
+        };
+        // Space for each placed block, as data is placed (near the data cursor, so a large
+        // write's blocks land back to back), but held like a log block until a sync links it.
+        // No room for the blocks in place beside what the syncs were promised: the commit
+        // falls back to a txg sync, which writes them once, rather than copying them into log
+        // blocks, which would take the room the sync needs (log blocks holding copies of 1 MiB
+        // writes filled a nearly full pool until the sync could not place its own blocks).
+        let placed = self
+            .spa
+            .allocator()
+            .lock()
+            .allocate_indirect_promised(&psizes, pool.root().write_span_bytes(), bs)
+            .map_err(|source| PoolError::NoSpace { pool: pool.name().to_owned(), cause: source })?;
+        // Counted as their writes are about to start, whatever comes of them.
+        self.zil.stats().indirect_blocks_written.add(blocks.len() as u64);
+        // Runs of blocks back to back on one vdev, each written as one I/O, from the blocks'
+        // own buffers, as a sync writes.
+        let stored = |i: usize| match &batch {
+            Batch::Staged(staged) => staged.stored(i),
+            Batch::Sealed(sealed) => &sealed[i].stored,
+        };
+        let mut writes = Vec::new();
+        let mut block_writes: Vec<DataWrite> = Vec::with_capacity(blocks.len());
+        for run in zio::span_runs(&placed, pool.root().write_span_bytes()) {
+            let (vdev, _, _) = placed[run.start];
+            let pieces = zio::run_blocks(&placed, run.clone(), stored);
+            let (done, written) = futures::channel::oneshot::channel::<BlockWritten>();
+            let write: DataWrite =
+                written.map(|r| r.unwrap_or(BlockWritten::Failed)).boxed().shared();
+            block_writes.extend(run.map(|_| write.clone()));
+            writes.push(IndirectWrite { vdev, pieces, done });
+        }
+        let sealed = match batch {
+            Batch::Staged(staged) => {
+                self.issue_indirect(std::mem::take(&mut writes), true);
                 match pool.sum_staged(&staged) {
-                    Ok(sealed) => {
-                        bps.extend(
-                            sealed
-                                .iter()
-                                .zip(&placed)
-                                .map(|(s, p)| zio::describe(s, std::slice::from_ref(p))),
-                        );
-                    }
+                    Ok(sealed) => sealed,
                     Err(e) => {
-                        let bps: Vec<BlockPointer> = (0..blocks.len())
-                            .map(|i| zio::describe_place(&staged, i, placed[i]))
+                        // The writes are under way: their places are freed by the next sync
+                        // once they end, as for a block that changed meanwhile.
+                        let orphaned = (0..blocks.len())
+                            .map(|i| Prewritten {
+                                data: Arc::clone(&blocks[i].1),
+                                bp: zio::describe_place(&staged, i, placed[i]),
+                                write: block_writes[i].clone(),
+                            })
                             .collect();
-                        orphan(&bps, &block_writes);
+                        self.txg.lock().queue(Orphaned(orphaned));
                         return Err(e.into());
                     }
                 }
             }
-            zio::Staging::Seal(plan) => {
-                // ZFS's pipeline takes each block of a `dmu_sync` through its stages and on to
-                // its vdev write by itself; sealed whole, a 1 MiB write's device write waited
-                // for the compression of all its 64 blocks. The blocks are sealed on every
-                // core as one batch, and each part (SEAL_PART_BYTES) is placed and sent to the
-                // device as soon as it is sealed, while the rest are compressed. A batch with
-                // nothing to compress (encrypted, its data incompressible or compression off)
-                // goes as one part: AES-GCM seals it faster than the device writes it, so parts
-                // would only add submissions. So does a flush's commit (`in_parts`).
-                let count = sealing.len();
-                let in_parts = in_parts && plan.contains(&Some(true));
-                let least = usize::try_from((SEAL_PART_BYTES / bs).max(1)).unwrap_or(usize::MAX);
-                let part = if in_parts { least.max(count.div_ceil(SEAL_PARTS_MAX)) } else { count };
-                let mut sealed: Vec<zio::Sealed> = Vec::with_capacity(count);
-                let mut unplaced: Option<StoreError> = None;
-                let ready = |block: zio::Sealed| {
-                    sealed.push(block);
-                    let from = bps.len();
-                    if unplaced.is_some() || (sealed.len() - from < part && sealed.len() < count) {
-                        return;
-                    }
-                    let psizes: Vec<u64> = sealed[from..].iter().map(zio::Sealed::psize).collect();
-                    match self.place_in_place(&psizes, bs) {
-                        Ok(placed) => {
-                            let stored = |i: usize| &sealed[from + i].stored;
-                            let writes = self.run_writes(&placed, stored, &mut block_writes);
-                            // The last part goes with the turn, beside the log block.
-                            self.issue_indirect(writes, sealed.len() < count);
-                            bps.extend(
-                                sealed[from..]
-                                    .iter()
-                                    .zip(&placed)
-                                    .map(|(s, p)| zio::describe(s, std::slice::from_ref(p))),
-                            );
-                        }
-                        Err(e) => unplaced = Some(e),
-                    }
-                };
-                let outcome = pool.seal_blocks_planned_each(sealing, plan, ready).await;
-                if let Some(e) = outcome.err().map(StoreError::from).or(unplaced) {
-                    orphan(&bps, &block_writes);
-                    return Err(e);
-                }
-            }
-        }
-        debug_assert_eq!(bps.len(), blocks.len(), "every block placed");
+            Batch::Sealed(sealed) => sealed,
+        };
         let prewritten: Vec<Prewritten> = (0..blocks.len())
             .map(|i| Prewritten {
                 data: Arc::clone(&blocks[i].1),
-                bp: bps[i],
+                bp: zio::describe(&sealed[i], &placed[i..=i]),
                 write: block_writes[i].clone(),
             })
             .collect();
         // Recorded for the sync, so that a sync beginning now waits for the writes (which
-        // have started: a sync that began since closed the blocks' txg, and orphans them
-        // here); a block that changed since it was looked at is orphaned (the next sync frees
-        // it once its write ends).
+        // start after this, or for a batch stored as it is have started: a sync that began
+        // since closed the blocks' txg, and orphans them here); a block that changed since it
+        // was looked at is orphaned (the next sync frees it once its write ends).
         let mut linked = Vec::with_capacity(blocks.len());
         // Asked once, outside the locks: `inflate` looks at the vdev tree.
         let alloc_per_block = self.spa.pool().inflate(bs, bs);
@@ -573,48 +539,8 @@ impl LogCommit<'_> {
                 txg.queue(Orphaned(orphaned));
             }
         }
+        self.issue_indirect(writes, false);
         Ok(linked)
-    }
-
-    /// Space for blocks written in place, as data is placed (near the data cursor, so a large
-    /// write's blocks land back to back), but held like a log block until a sync links it.
-    /// No room for the blocks in place beside what the syncs were promised: the commit falls
-    /// back to a txg sync, which writes them once, rather than copying them into log blocks,
-    /// which would take the room the sync needs (log blocks holding copies of 1 MiB writes
-    /// filled a nearly full pool until the sync could not place its own blocks).
-    fn place_in_place(&self, psizes: &[u64], bs: u64) -> Result<Vec<(u32, u64, u64)>, StoreError> {
-        let pool = self.spa.pool();
-        let placed = self
-            .spa
-            .allocator()
-            .lock()
-            .allocate_indirect_promised(psizes, pool.root().write_span_bytes(), bs)
-            .map_err(|source| PoolError::NoSpace { pool: pool.name().to_owned(), cause: source })?;
-        // Counted as their writes are about to start, whatever comes of them.
-        self.zil.stats().indirect_blocks_written.add(psizes.len() as u64);
-        Ok(placed)
-    }
-
-    /// The writes of `placed` blocks: runs back to back on one vdev, each one I/O from the
-    /// blocks' own buffers (`stored`), as a sync writes. Each block's write is pushed onto
-    /// `block_writes`.
-    fn run_writes<'a>(
-        &self,
-        placed: &[(u32, u64, u64)],
-        stored: impl Fn(usize) -> &'a Arc<AlignedBuf>,
-        block_writes: &mut Vec<DataWrite>,
-    ) -> Vec<IndirectWrite> {
-        let mut writes = Vec::new();
-        for run in zio::span_runs(placed, self.spa.pool().root().write_span_bytes()) {
-            let (vdev, _, _) = placed[run.start];
-            let pieces = zio::run_blocks(placed, run.clone(), &stored);
-            let (done, written) = futures::channel::oneshot::channel::<BlockWritten>();
-            let write: DataWrite =
-                written.map(|r| r.unwrap_or(BlockWritten::Failed)).boxed().shared();
-            block_writes.extend(run.map(|_| write.clone()));
-            writes.push(IndirectWrite { vdev, pieces, done });
-        }
-        writes
     }
 
     /// Starts the writes of blocks logged by pointer. `now` submits them to the device before
@@ -651,25 +577,19 @@ impl LogCommit<'_> {
     }
 }
 
+/// A commit's blocks logged by pointer past their CPU stages: stored as they are and not yet
+/// checksummed (their writes go first), or sealed whole.
+enum Batch {
+    Staged(zio::Staged),
+    Sealed(Vec<zio::Sealed>),
+}
+
 /// One run's write of blocks logged by pointer, not yet started, and where it reports.
 struct IndirectWrite {
     vdev: u32,
     pieces: Vec<RunBlock>,
     done: futures::channel::oneshot::Sender<BlockWritten>,
 }
-
-/// An early commit's batch logged by pointer that compresses goes to the device in parts of
-/// at least this many logical bytes, and in at most [`SEAL_PARTS_MAX`]: a 1 MiB write's
-/// blocks in four parts of 256 KiB. Each part costs a submission of its own (a system call,
-/// and on a VM the disk's notification) and its completion. A lone client's 1 MiB write +
-/// flush of half-compressible data went 1.07-1.20x faster in parts in most runs, at 1.01-1.13x
-/// the server's CPU a write; four clients' (whose flushes commit, with the cores busy)
-/// 0.89-1.04x, at 1.06-1.18x (bench/ab.sh, docs/bench/peers-notes.md, 2026-12-06 11:49Z):
-/// hence early commits only.
-const SEAL_PART_BYTES: u64 = 256 << 10;
-
-/// At most this many parts per sealed batch: see [`SEAL_PART_BYTES`].
-const SEAL_PARTS_MAX: usize = 4;
 
 /// Records of the txg being synced are copied into the log while their blocks are less than
 /// this fraction (1/N) of what that sync writes, or less than [`COPY_ALWAYS_BYTES`]; past

@@ -27,8 +27,7 @@
 //! the host's threads (`Env::map_spread`, so the simulator runs them inline and stays
 //! deterministic), as ZFS's write-issue taskqs spread them over CPUs; the sync's spans go to
 //! its core's own write-issue taskq ([`taskq`]), which seals them in order. Allocation and
-//! issue are done by the caller, in order, so a batch's blocks land back to back (a
-//! committer's part by part as they are sealed: [`seal_batch_planned_each`]).
+//! issue are done by the caller, in order, so a batch's blocks land back to back.
 //!
 //! A read ([`read_stored`], then [`unseal`]) runs issue (copy after copy), verify (each copy
 //! against its pointer's checksum, so a mirror tries its other children), decrypt (an
@@ -628,28 +627,20 @@ pub async fn seal_batch(
     unit: u64,
     hint: Option<Arc<compress::RunHint>>,
 ) -> Result<Vec<Sealed>, ZioError> {
-    let mut sealed = Vec::with_capacity(blocks.len());
-    let early_abort = EarlyAbort::Hint(hint);
-    seal_batch_with(env, pipeline, blocks, unit, early_abort, |block| sealed.push(block)).await?;
-    Ok(sealed)
+    seal_batch_with(env, pipeline, blocks, unit, EarlyAbort::Hint(hint)).await
 }
 
 /// [`seal_batch`] with the early abort's `plan` for the batch where the caller made it
-/// already ([`stage_as_is`]), so that no block is sampled twice; each block is handed to
-/// `ready` in order as soon as it and every block before it are sealed. Where the batch is
-/// spread over the host's threads, its first blocks are handed over while the others are
-/// still being sealed (a committer starts their device writes meanwhile); otherwise all of
-/// them once the batch is sealed. None is handed over after the first that failed.
-pub async fn seal_batch_planned_each(
+/// already ([`stage_as_is`]), so that no block is sampled twice.
+pub async fn seal_batch_planned(
     env: &Env,
     pipeline: &Arc<Pipeline>,
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
     unit: u64,
     plan: Vec<Option<bool>>,
-    ready: impl FnMut(Sealed),
-) -> Result<(), ZioError> {
+) -> Result<Vec<Sealed>, ZioError> {
     assert_eq!(plan.len(), blocks.len(), "a plan decides each block of its batch");
-    seal_batch_with(env, pipeline, blocks, unit, EarlyAbort::Planned(plan), ready).await
+    seal_batch_with(env, pipeline, blocks, unit, EarlyAbort::Planned(plan)).await
 }
 
 /// A batch's early abort ([`compress::plan_run`]): decided by the caller, or to be decided
@@ -679,8 +670,7 @@ async fn seal_batch_with(
     blocks: Vec<(BlockProps, Arc<AlignedBuf>)>,
     unit: u64,
     early_abort: EarlyAbort,
-    mut ready: impl FnMut(Sealed),
-) -> Result<(), ZioError> {
+) -> Result<Vec<Sealed>, ZioError> {
     if !blocks.iter().any(|(props, _)| worth_spreading(props)) {
         let bytes: usize = blocks.iter().map(|(_, data)| data.len()).sum();
         let logged = blocks.iter().any(|(props, _)| props.writer == Writer::LogIndirect);
@@ -692,13 +682,10 @@ async fn seal_batch_with(
             // to be sealed here.
             let queued = taskq::seal(env, pipeline, blocks.clone(), unit, hint.clone());
             if let Some(sealed) = queued.await {
-                pipeline.counted(sealed)?.into_iter().for_each(ready);
-                return Ok(());
+                return pipeline.counted(sealed);
             }
         }
-        let sealed = pipeline.counted(seal_stages_now(pipeline, blocks, early_abort, unit))?;
-        sealed.into_iter().for_each(ready);
-        return Ok(());
+        return pipeline.counted(seal_stages_now(pipeline, blocks, early_abort, unit));
     }
     let pipeline_ = Arc::clone(pipeline);
     // The early abort is decided over the run here, in order (unless the caller did); each
@@ -716,12 +703,12 @@ async fn seal_batch_with(
     if sealed_here {
         // No block compresses (random or already compressed data) or is encrypted, so what is
         // left is the checksums: see CHECKSUM_HERE_BYTES_MAX.
-        let plan = EarlyAbort::Planned(plan);
-        pipeline
-            .counted(seal_stages_now(pipeline, blocks, plan, unit))?
-            .into_iter()
-            .for_each(ready);
-        return Ok(());
+        return pipeline.counted(seal_stages_now(
+            pipeline,
+            blocks,
+            EarlyAbort::Planned(plan),
+            unit,
+        ));
     }
     type Item = (BlockProps, Arc<AlignedBuf>, Arc<Pipeline>, Option<bool>);
     let items: Vec<Item> = blocks
@@ -729,18 +716,13 @@ async fn seal_batch_with(
         .zip(plan)
         .map(|((props, data), planned)| (props, data, Arc::clone(&pipeline_), planned))
         .collect();
-    let seal = move |(props, data, pipeline, planned): &Item| {
-        let stored = transform(pipeline, *props, Arc::clone(data), unit, None, *planned)?;
-        sum(pipeline, stored)
-    };
-    let mut failed = None;
-    let sealed = |block: Result<Sealed, ZioError>| match (block, &failed) {
-        (Ok(block), None) => ready(block),
-        (Err(error), None) => failed = Some(error),
-        (_, Some(_)) => {}
-    };
-    env.map_spread_each("zio_write_issue", items, seal, sealed).await;
-    pipeline.counted(failed.map_or(Ok(()), Err))
+    let sealed = env
+        .map_spread("zio_write_issue", items, move |(props, data, pipeline, planned)| {
+            let stored = transform(pipeline, *props, Arc::clone(data), unit, None, *planned)?;
+            sum(pipeline, stored)
+        })
+        .await;
+    pipeline.counted(sealed.into_iter().collect())
 }
 
 /// A batch's CPU stages, stage by stage over the batch rather than block by block: the
@@ -820,7 +802,7 @@ impl Staged {
 /// pointers do). ZFS runs the checksum stage before the allocation for every block; for a lone
 /// client's 1 MiB write + flush the checksums and block pointers kept the device idle about a
 /// quarter of the operation (docs/bench/peers-notes.md). Any other batch is for
-/// [`seal_batch_planned_each`] to seal, with the plan where one was made.
+/// [`seal_batch_planned`] to seal whole, with the plan where one was made.
 pub fn stage_as_is(
     pipeline: &Pipeline,
     blocks: &[(BlockProps, Arc<AlignedBuf>)],
@@ -858,7 +840,7 @@ pub fn stage_as_is(
 pub enum Staging {
     /// Stored as it is, past its compress and encrypt stages.
     AsIs(Staged),
-    /// To be sealed ([`seal_batch_planned_each`]), with the early abort's plan for it.
+    /// To be sealed whole ([`seal_batch_planned`]), with the early abort's plan for it.
     Seal(Vec<Option<bool>>),
 }
 
