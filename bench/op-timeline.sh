@@ -30,7 +30,7 @@
 # Operations whose writes carry more than the payload and a log block (a txg sync wrote in
 # between) are dropped, and counted.
 #
-# Each segment's median and mean over the operations seen are printed.
+# Each segment's median, mean, 90th and 99th percentiles over the operations seen are printed.
 #
 # Usage: bench/op-timeline.sh [--bin PATH] [--set NAME=VALUE (sluice tunable)]
 #          [--write-size 4k|SIZE (fio's --bs: 4k, the default, or 256K and more, say 1M)]
@@ -233,9 +233,11 @@ count = len(segments["whole operation"])
 if count == 0:
     sys.exit("op-timeline: no whole operations in the trace (is perf allowed tracepoints?)")
 print(f"{count} operations traced; microseconds{note}")
-print(f"{'segment':24s} {'median':>8s} {'mean':>8s}")
+print(f"{'segment':24s} {'median':>8s} {'mean':>8s} {'p90':>8s} {'p99':>8s}")
 for name, values in segments.items():
     # An operation whose data all went ahead of the reply has no data row.
     if values:
-        print(f"{name:24s} {statistics.median(values):8.0f} {statistics.mean(values):8.1f}")
+        cuts = statistics.quantiles(values, n=100) if len(values) > 1 else values * 99
+        print(f"{name:24s} {statistics.median(values):8.0f} {statistics.mean(values):8.1f}"
+              f" {cuts[89]:8.0f} {cuts[98]:8.0f}")
 PY

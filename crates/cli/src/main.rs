@@ -99,7 +99,9 @@ enum Command {
         #[arg(long, value_name = "ADDR")]
         metrics: Option<String>,
         /// Serving cores: event loops, each on its own thread with its own io_uring; every
-        /// connection lives on one of them. 0 means one per CPU the process may run on.
+        /// connection lives on one of them, and each but core 0 (the txg syncs') watches its
+        /// sockets and ring for up to `--set cores.idle_poll_us` before it sleeps. 0 means one
+        /// per CPU the process may run on.
         #[arg(long, default_value_t = 0)]
         cores: usize,
         #[command(flatten)]
@@ -1286,7 +1288,10 @@ fn run(
                 0 => std::thread::available_parallelism().map_or(1, usize::from),
                 n => n,
             };
-            let cores = sluice_host::Cores::start(cores).context("starting the serving cores")?;
+            let idle_poll =
+                std::time::Duration::from_micros(options.tunables.get(Tunable::CoresIdlePollUs));
+            let cores = sluice_host::Cores::start_polling(cores, idle_poll)
+                .context("starting the serving cores")?;
             let env = cores.env(random_seed());
             let policy = match options.tunables.choice(Tunable::VolumePlacement) {
                 "home" => sluice_nbd::placement::Policy::Home,

@@ -238,6 +238,13 @@ tunable_table! {
          spread over the cores, one volume uses one. spread: each connection stays on the \
          core it was accepted onto, round robin, so one volume's connections use every \
          core.";
+    CoresIdlePollUs = "cores.idle_poll_us", Kind::Count { min: 0, max: 10_000 }, "200",
+        "The longest a serving core polls its sockets and ring before it sleeps, in \
+         microseconds (sluice serve). The window adapts between none and this, as Linux's \
+         halt-polling governor's does: it widens while events come soon after the core gave \
+         up, and shrinks to none while they do not, so a busy device's long waits cost no \
+         polling. On a VM, waking an idle core costs tens of microseconds, two or three times \
+         per sync write at queue depth 1. 0: sleep at once (sluice before).";
     CacheBytesMax = "cache.bytes_max", Kind::BytesOrAuto { min: 0, max: 1 << 40 }, "auto",
         "Memory for verified blocks (indirect and data), read from the pool or written by a \
          sync (ZFS: the ARC). auto: an eighth of the machine's memory, at least 64 MiB. 0 \

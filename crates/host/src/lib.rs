@@ -6,6 +6,7 @@
 
 pub mod allocator;
 mod cores;
+mod idle_poll;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,6 +35,8 @@ impl Clock for TokioClock {
 
     fn sleep_until(&self, deadline: Time) -> BoxFuture<()> {
         let at = self.epoch_tokio + std::time::Duration::from_nanos(deadline.as_nanos());
+        // A serving core that polls before it sleeps must not hold its loop past this.
+        idle_poll::note_deadline(at.into_std());
         Box::pin(tokio::time::sleep_until(at))
     }
 
