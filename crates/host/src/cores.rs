@@ -59,9 +59,11 @@ impl Cores {
     }
 
     /// [`Cores::start`], each core but core 0 (unless it is the only one) polling for up to
-    /// `idle_poll` before it sleeps (`cores.idle_poll_us`; crate::idle_poll).
+    /// `idle_poll` (at most 10 ms) before it sleeps (`cores.idle_poll_us`; crate::idle_poll).
     pub fn start_polling(count: usize, idle_poll: Duration) -> io::Result<Cores> {
         let count = count.max(1);
+        // The tunable's bound: a core never polls longer than this before it sleeps.
+        let idle_poll = idle_poll.min(Duration::from_millis(10));
         // Core 0 runs the txg syncs and the accept loops, and volumes are homed away from it
         // while other cores have fewer connections: its wake-ups seldom carry a client's
         // request, and polling there took the CPU from the clients' own threads (32 clients

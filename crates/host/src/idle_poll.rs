@@ -28,7 +28,10 @@
 //! and could only end polls early); readable, they have an event ready. If none is found the
 //! core sleeps at once, as before. Timers are not descriptors: the earliest deadline an engine
 //! sleep set on this thread ([`note_deadline`], from `TokioClock`) ends the poll, and a later
-//! one among several may fire up to one window late.
+//! one among several may fire up to one window late, as may tokio's own timers (the NBD
+//! server's handshake and key checks: seconds, to which a window is nothing). A deadline is
+//! noted on the thread that makes the sleep, which for the engine's tasks is the one that
+//! awaits it (they stay on their core).
 
 use std::cell::Cell;
 use std::os::fd::RawFd;
@@ -115,6 +118,12 @@ impl IdlePoll {
     /// Called as the loop is about to sleep: polls its descriptors for the window.
     pub(crate) fn before_park(&self) {
         let window = self.window_ns.load(Ordering::Relaxed);
+        let start = self.now_ns();
+        if window == 0 {
+            // No poll; the sleep still counts, so that quick wake-ups open the window again.
+            self.slept_at_ns.store(start, Ordering::Relaxed);
+            return;
+        }
         let mut fds: Vec<libc::pollfd> = self
             .fds
             .lock()
@@ -122,16 +131,18 @@ impl IdlePoll {
             .iter()
             .map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
             .collect();
-        let start = self.now_ns();
         let mut end = start.saturating_add(window);
+        // Held to an engine timer: the wake-up it brings says nothing of the clients' pace.
+        let mut timed = false;
         if let Some(deadline) = NEXT_DEADLINE.with(Cell::get) {
             let now = Instant::now();
-            if deadline <= now {
+            let left = u64::try_from(deadline.saturating_duration_since(now).as_nanos())
+                .unwrap_or(u64::MAX);
+            if left == 0 {
                 NEXT_DEADLINE.with(|next| next.set(None));
-                end = start;
-            } else {
-                let left = u64::try_from((deadline - now).as_nanos()).unwrap_or(u64::MAX);
-                end = end.min(start.saturating_add(left));
+            }
+            if left < window {
+                (end, timed) = (start.saturating_add(left), true);
             }
         }
         if fds.is_empty() {
@@ -140,8 +151,18 @@ impl IdlePoll {
         while self.now_ns() < end {
             let nfds = libc::nfds_t::try_from(fds.len()).expect("a few descriptors");
             // SAFETY: `fds` is a live array of `nfds` pollfd entries; a zero timeout never
-            // blocks. A descriptor closed meanwhile reports POLLNVAL, which ends the poll.
+            // blocks.
             if unsafe { libc::poll(fds.as_mut_ptr(), nfds, 0) } != 0 {
+                // A descriptor that is no longer open (not the loop's own, which lives as
+                // long as this) would end every poll: it is watched no more.
+                if fds.iter().any(|fd| fd.revents & libc::POLLNVAL != 0) {
+                    let closed: Vec<RawFd> = fds
+                        .iter()
+                        .filter(|fd| fd.revents & libc::POLLNVAL != 0)
+                        .map(|fd| fd.fd)
+                        .collect();
+                    self.fds.lock().expect("never poisoned").retain(|fd| !closed.contains(fd));
+                }
                 self.slept_at_ns.store(0, Ordering::Relaxed);
                 return;
             }
@@ -157,7 +178,8 @@ impl IdlePoll {
                 return;
             }
         }
-        self.slept_at_ns.store(self.now_ns(), Ordering::Relaxed);
+        let slept_at = if timed { 0 } else { self.now_ns() };
+        self.slept_at_ns.store(slept_at, Ordering::Relaxed);
     }
 
     /// Called as the loop wakes: after a sleep, widens or narrows the window by how long it
@@ -303,7 +325,9 @@ mod tests {
             unsafe {
                 let mut set: libc::cpu_set_t = std::mem::zeroed();
                 libc::CPU_SET(cpu, &mut set);
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                let pinned =
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                assert_eq!(pinned, 0, "pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
             }
         };
         pin();
