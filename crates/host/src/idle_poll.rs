@@ -220,6 +220,15 @@ mod tests {
 
     const US: u64 = 1_000;
 
+    /// A poll of at most `most` watching `fd`, whose yields never count as contended (so the
+    /// machine's load cannot end a test's poll).
+    fn watching(most: Duration, fd: &impl std::os::fd::AsRawFd) -> IdlePoll {
+        let mut poll = IdlePoll::new(most);
+        poll.contended_yield_ns = u64::MAX;
+        poll.watch(&[], &[fd.as_raw_fd()]);
+        poll
+    }
+
     /// The window doubles while events come soon after a poll gives up, never past the most;
     /// halves after long sleeps, to none; and starts again from none on a quick wake-up.
     #[test]
@@ -262,20 +271,15 @@ mod tests {
     /// holds it for the window.
     #[test]
     fn a_ready_descriptor_ends_the_poll() {
-        use std::os::fd::AsRawFd;
-        let mut poll = IdlePoll::new(Duration::from_millis(160));
-        poll.contended_yield_ns = u64::MAX;
         let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-        poll.watch(&[], &[theirs.as_raw_fd()]);
+        let poll = watching(Duration::from_millis(160), &theirs);
         let window = poll.window();
         assert_eq!(window, Duration::from_millis(20));
         let start = Instant::now();
         poll.before_park();
         assert!(start.elapsed() >= window, "an idle descriptor: polled for the window");
         assert_ne!(poll.slept_at_ns.load(Ordering::Relaxed), 0, "then slept");
-        let mut poll = IdlePoll::new(Duration::from_secs(80));
-        poll.contended_yield_ns = u64::MAX;
-        poll.watch(&[], &[theirs.as_raw_fd()]);
+        let poll = watching(Duration::from_secs(80), &theirs);
         std::io::Write::write_all(&mut ours, b"x").unwrap();
         let start = Instant::now();
         poll.before_park();
@@ -288,11 +292,8 @@ mod tests {
     /// An engine sleep's deadline ends the poll before the window does.
     #[test]
     fn a_timer_due_ends_the_poll() {
-        use std::os::fd::AsRawFd;
-        let mut poll = IdlePoll::new(Duration::from_secs(80));
-        poll.contended_yield_ns = u64::MAX;
         let (_ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-        poll.watch(&[], &[theirs.as_raw_fd()]);
+        let poll = watching(Duration::from_secs(80), &theirs);
         note_deadline(Instant::now() + Duration::from_millis(20));
         let start = Instant::now();
         poll.before_park();
@@ -304,9 +305,7 @@ mod tests {
         let start = Instant::now();
         poll.before_park();
         assert!(start.elapsed() < Duration::from_secs(5), "a timer due: no poll");
-        let mut poll = IdlePoll::new(Duration::from_millis(160));
-        poll.contended_yield_ns = u64::MAX;
-        poll.watch(&[], &[theirs.as_raw_fd()]);
+        let poll = watching(Duration::from_millis(160), &theirs);
         let start = Instant::now();
         poll.before_park();
         assert!(start.elapsed() >= Duration::from_millis(20));
