@@ -340,6 +340,62 @@ mod tests {
         assert_eq!(pauses, 2, "the reader ran after {pauses} pauses");
     }
 
+    /// A pause lets the core's ring in as it lets a socket in: a task waiting on a ring
+    /// operation whose completion has arrived runs at the first pause that yields, so a txg
+    /// sync's long stretch on a core does not hold back the log blocks, flushes and reads that
+    /// completed on that core's ring. The completion takes one step more than a socket's
+    /// bytes (the reaper, woken by the ring's descriptor, reaps it and wakes the waiting
+    /// task), which is why a pause yields twice (`CoreSpawn::yield_now`): with tokio's yield
+    /// alone the reader would run at the third pause.
+    #[test]
+    fn a_pause_lets_a_ring_completion_in() {
+        use std::io::Write;
+        use std::sync::atomic::AtomicBool;
+        let cores = Cores::start(1).unwrap();
+        let env = cores.env(1);
+        let pauses = cores.block_on(async move {
+            let (mut near, far) = std::os::unix::net::UnixStream::pair().unwrap();
+            let read = Arc::new(AtomicBool::new(false));
+            let (started, waiting) = oneshot::channel();
+            // None where io_uring is refused: the device paths cover such a thread.
+            let op = core_ring::read_stream(far, 1)?;
+            let reader = {
+                let read = Arc::clone(&read);
+                tokio::spawn(async move {
+                    let _ = started.send(());
+                    assert_eq!(op.await, 1, "the ring read the byte sent");
+                    read.store(true, Ordering::Relaxed);
+                })
+            };
+            waiting.await.unwrap();
+            // The reader waits on the ring. Its read completes before the long work starts:
+            // the write wakes the kernel's poll on the socket, and with no deferred task work
+            // (the ring is not built DEFER_TASKRUN) the kernel posts the completion as this
+            // thread leaves the write.
+            near.write_all(&[1]).unwrap();
+            let work = tokio::spawn(async move {
+                let mut pauses = 0u32;
+                while !read.load(Ordering::Relaxed) && pauses < 1000 {
+                    let since = env.now().as_nanos();
+                    while env.now().as_nanos() - since < sluice_engine::rt::PAUSE_AFTER_NANOS {
+                        std::hint::spin_loop();
+                    }
+                    env.pause().await;
+                    pauses += 1;
+                }
+                pauses
+            });
+            let pauses = work.await.unwrap();
+            // A reader the ring never answered would hang the test: it fails instead.
+            let answered = tokio::time::timeout(Duration::from_secs(20), reader).await;
+            answered.expect("the ring answered the read").expect("the reader got its byte");
+            Some(pauses)
+        });
+        let Some(pauses) = pauses else { return };
+        // As for a socket: the first pause starts the thread's stretch; the second yields.
+        assert_eq!(pauses, 2, "the ring's reader ran after {pauses} pauses");
+    }
+
     /// Work spawned elsewhere from a core runs on each of the other cores in turn, never on
     /// the caller's; map_spread on a core answers in order with shares computed elsewhere.
     #[test]

@@ -282,6 +282,27 @@ pub(super) fn read(fd: RawFd, file: FileRef, offset: u64, len: u32) -> Option<Ri
     push(entry, Some(buf), None, file, Submit::WithTurn)
 }
 
+/// A read of up to `len` bytes at a stream's position (a pipe's, a socket's) through this
+/// thread's ring, submitted at once: the kernel's answer (bytes read, or a negative errno;
+/// the bytes themselves are dropped). Tests of the loops that reap a ring use it for an
+/// operation whose completion they control, which no device command is. The ring holds
+/// `stream` until the completion is reaped, as it holds a leaf's file. `None` without a ring.
+#[cfg(feature = "testing")]
+pub fn read_stream<S: AsRawFd + Send + Sync + 'static>(
+    stream: S,
+    len: u32,
+) -> Option<impl Future<Output = i32>> {
+    if !installed() {
+        return None;
+    }
+    let mut buf = UninitBuf::new(len as usize);
+    let fd = types::Fd(stream.as_raw_fd());
+    // Offset -1: the stream's own position (a pipe or socket has none to seek).
+    let entry = opcode::Read::new(fd, buf.as_mut_ptr(), len).offset(u64::MAX).build();
+    let op = push(entry, Some(buf), None, Arc::new(stream), Submit::Now)?;
+    Some(async move { op.await.result })
+}
+
 /// A write; with `dsync` it is durable when it completes (`RWF_DSYNC`: on a device with FUA one
 /// FUA write, else the kernel's write-then-flush, with no second trip from user space).
 /// `file` keeps `fd` open until the write is reaped.
