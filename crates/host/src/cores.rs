@@ -293,6 +293,21 @@ mod tests {
         assert!(same);
     }
 
+    /// Long work on a core: computes until a pause is due, then pauses, until `done` is set
+    /// (or a thousand pauses pass). Returns the pauses taken.
+    async fn work_with_pauses(env: Env, done: Arc<std::sync::atomic::AtomicBool>) -> u32 {
+        let mut pauses = 0u32;
+        while !done.load(Ordering::Relaxed) && pauses < 1000 {
+            let since = env.now().as_nanos();
+            while env.now().as_nanos() - since < sluice_engine::rt::PAUSE_AFTER_NANOS {
+                std::hint::spin_loop();
+            }
+            env.pause().await;
+            pauses += 1;
+        }
+        pauses
+    }
+
     /// A pause in long work on a core lets the core's loop look at its sockets first: a task
     /// waiting on a socket that has bytes runs at the first pause that yields. (A task merely
     /// woken again would have gone back in the run queue, and the loop would have looked only
@@ -319,20 +334,7 @@ mod tests {
             // The reader waits on its socket; the byte arrives before the long work starts.
             far.try_write(&[1]).unwrap();
             // The long work is a task of the core, as a txg sync is.
-            let work = tokio::spawn(async move {
-                let mut pauses = 0u32;
-                while !read.load(Ordering::Relaxed) && pauses < 1000 {
-                    // Compute until a pause is due, then pause.
-                    let since = env.now().as_nanos();
-                    while env.now().as_nanos() - since < sluice_engine::rt::PAUSE_AFTER_NANOS {
-                        std::hint::spin_loop();
-                    }
-                    env.pause().await;
-                    pauses += 1;
-                }
-                pauses
-            });
-            let pauses = work.await.unwrap();
+            let pauses = tokio::spawn(work_with_pauses(env, read)).await.unwrap();
             reader.await.unwrap();
             pauses
         });
@@ -373,19 +375,7 @@ mod tests {
             // (the ring is not built DEFER_TASKRUN) the kernel posts the completion as this
             // thread leaves the write.
             near.write_all(&[1]).unwrap();
-            let work = tokio::spawn(async move {
-                let mut pauses = 0u32;
-                while !read.load(Ordering::Relaxed) && pauses < 1000 {
-                    let since = env.now().as_nanos();
-                    while env.now().as_nanos() - since < sluice_engine::rt::PAUSE_AFTER_NANOS {
-                        std::hint::spin_loop();
-                    }
-                    env.pause().await;
-                    pauses += 1;
-                }
-                pauses
-            });
-            let pauses = work.await.unwrap();
+            let pauses = tokio::spawn(work_with_pauses(env, read)).await.unwrap();
             // A reader the ring never answered would hang the test: it fails instead.
             let answered = tokio::time::timeout(Duration::from_secs(20), reader).await;
             answered.expect("the ring answered the read").expect("the reader got its byte");
