@@ -101,7 +101,8 @@ enum Command {
         /// Serving cores: event loops, each on its own thread with its own io_uring; every
         /// connection lives on one of them, and each but core 0 (the txg syncs'; core 0 too
         /// when it is the only one) watches its sockets and ring for up to `--set
-        /// cores.idle_poll_us` before it sleeps. 0 means one per CPU the process may run on.
+        /// cores.idle_poll_us` before it sleeps, unless its recent requests are large (a
+        /// quarter MiB on average). 0 means one per CPU the process may run on.
         #[arg(long, default_value_t = 0)]
         cores: usize,
         #[command(flatten)]

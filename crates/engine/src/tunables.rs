@@ -243,7 +243,8 @@ tunable_table! {
          microseconds (sluice serve). The window adapts between none and this, as Linux's \
          halt-polling governor's does: it widens while events come soon after the core gave \
          up, and shrinks to none while they do not, so a busy device's long waits cost no \
-         polling. On a VM, waking an idle core costs tens of microseconds, two or three times \
+         polling; a core whose recent reads and writes average a quarter MiB or more sleeps \
+         at once. On a VM, waking an idle core costs tens of microseconds, two or three times \
          per sync write at queue depth 1. 0: sleep at once (sluice before).";
     CacheBytesMax = "cache.bytes_max", Kind::BytesOrAuto { min: 0, max: 1 << 40 }, "auto",
         "Memory for verified blocks (indirect and data), read from the pool or written by a \

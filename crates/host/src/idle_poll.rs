@@ -32,6 +32,19 @@
 //! server's handshake and key checks: seconds, to which a window is nothing). A deadline is
 //! noted on the thread that makes the sleep, which for the engine's tasks is the one that
 //! awaits it (they stay on their core).
+//!
+//! A core whose recent reads and writes are large sleeps at once, leaving its window as it was
+//! (the moving mean of their bytes, which the NBD server notes through
+//! `sluice_engine::rt::note_request` on the core that serves them; [`LARGE_REQUEST_BYTES`]).
+//! A durable 1 MiB write takes a millisecond or more, so a wake-up's tens of microseconds are
+//! a few percent of it; but its receive, its device writes and its flush leave gaps shorter
+//! than the window, which kept the window open, and polling through them cost a lone client's
+//! 1 MiB write + flush about a quarter more server CPU for no more MiB/s. Without the poll its
+//! write's reply waits for wake-ups again: a longer tail on the write, not on the flush
+//! (docs/bench/peers-notes.md, 2026-12-06 18:12Z). Each request weighs the same in the mean,
+//! so a core whose requests are mostly a stream's counts as large, while small requests
+//! several to one beside it keep the poll. Large reads are ruled the same way, and their
+//! stream lost nothing by it either (docs/bench/design-figures.md, Runtime model).
 
 use std::cell::Cell;
 use std::os::fd::RawFd;
@@ -42,9 +55,23 @@ use std::time::{Duration, Instant};
 /// A `sched_yield` that took longer than this ran another thread: the CPU is contended.
 const CONTENDED_YIELD_NS: u64 = 10_000;
 
+/// A core whose reads and writes average this many bytes or more (the moving mean of
+/// `sluice_engine::rt::request_bytes_mean`) sleeps at once: its requests take long enough
+/// that a wake-up is a small part of each, and polling through their gaps only burns CPU. A
+/// quarter MiB: the 64 KiB to 128 KiB requests of a filesystem's writeback and readahead
+/// still poll.
+const LARGE_REQUEST_BYTES: u64 = 256 * 1024;
+
 thread_local! {
     /// The earliest deadline an engine sleep set on this thread that has not yet passed.
     static NEXT_DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Whether this thread's recent reads and writes are large ([`LARGE_REQUEST_BYTES`]): a
+/// 1 MiB stream's requests turn the mean large on the third, and after it small ones bring
+/// it back under on their eleventh (more after larger requests).
+fn requests_are_large() -> bool {
+    sluice_engine::rt::request_bytes_mean() >= LARGE_REQUEST_BYTES
 }
 
 /// Records that a task on this thread sleeps until `at`: a poll must not hold the loop past it.
@@ -117,6 +144,12 @@ impl IdlePoll {
 
     /// Called as the loop is about to sleep: polls its descriptors for the window.
     pub(crate) fn before_park(&self) {
+        if requests_are_large() {
+            // No poll, and the sleep is not counted: how soon a stream's next event comes says
+            // nothing of the window the core's small requests want once they return.
+            self.slept_at_ns.store(0, Ordering::Relaxed);
+            return;
+        }
         let window = self.window_ns.load(Ordering::Relaxed);
         let start = self.now_ns();
         if window == 0 {
@@ -309,6 +342,49 @@ mod tests {
         let start = Instant::now();
         poll.before_park();
         assert!(start.elapsed() >= Duration::from_millis(20));
+    }
+
+    /// A core whose recent requests are large sleeps at once, leaving its window as it was;
+    /// once its requests are small again, it polls.
+    #[test]
+    fn large_requests_end_the_poll() {
+        let (_ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        // A stream's requests, after small ones: large within three.
+        for _ in 0..16 {
+            sluice_engine::rt::note_request(4096);
+        }
+        assert!(!requests_are_large());
+        for _ in 0..3 {
+            sluice_engine::rt::note_request(1 << 20);
+        }
+        assert!(requests_are_large());
+        let poll = watching(Duration::from_secs(80), &theirs);
+        let start = Instant::now();
+        poll.before_park();
+        assert!(start.elapsed() < Duration::from_secs(5), "large requests: no poll");
+        assert_eq!(poll.slept_at_ns.load(Ordering::Relaxed), 0, "not counted as a sleep");
+        poll.after_unpark();
+        assert_eq!(poll.window(), Duration::from_secs(10), "the window is left as it was");
+        // A window closed (by contention, or long waits) stays closed through them.
+        poll.window_ns.store(0, Ordering::Relaxed);
+        poll.before_park();
+        poll.after_unpark();
+        assert_eq!(poll.window(), Duration::ZERO, "not reopened by the stream's wake-ups");
+        // A small writer beside a stream, one request each: the bytes are the stream's.
+        for _ in 0..32 {
+            sluice_engine::rt::note_request(4096);
+            sluice_engine::rt::note_request(1 << 20);
+        }
+        assert!(requests_are_large());
+        // The stream ends; the small writer's requests bring the poll back.
+        for _ in 0..11 {
+            sluice_engine::rt::note_request(4096);
+        }
+        assert!(!requests_are_large());
+        let poll = watching(Duration::from_millis(160), &theirs);
+        let start = Instant::now();
+        poll.before_park();
+        assert!(start.elapsed() >= Duration::from_millis(20), "small requests: polled");
     }
 
     /// A yield that ran another thread on the same CPU ends the poll and closes the window.

@@ -730,6 +730,12 @@ where
             let _ = replies.send(Reply { bytes, _slot: slot, _budget: None });
             continue;
         }
+        if matches!(request.kind, proto::CMD_READ | proto::CMD_WRITE) {
+            // Noted before a write's payload is received, so that its own receive already
+            // finds the core's mean large (a core serving large requests sleeps without
+            // polling first). Refused requests move no data; trims and zeroes move none.
+            sluice_engine::rt::note_request(request.len);
+        }
         // A read's reply holds its bytes (the blocks they lie in) until it is sent, as a
         // write holds its payload: both count against the connection's budget.
         let held = if request.kind == proto::CMD_READ { request.len } else { payload_len };
