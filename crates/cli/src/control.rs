@@ -13,7 +13,7 @@
 //! an error that says so and what to run (exit code 11), rather than misreading each other.
 //!
 //! - The request, [`Request`]: `{"protocol": 5, "command": C}`, C being the command line's
-//!   own parsed subcommand (`crate::Command`) in its serde form, for example
+//!   own parsed subcommand (`crate::command::Command`) in its serde form, for example
 //!   `{"pool": {"pool": {"scrub": {"name": "tank", "pause": false, "stop": false, "wait":
 //!   true}}}}` (the outer `pool` is the subcommand, the inner its field). The
 //!   server does not parse a command line.
@@ -48,9 +48,10 @@ use sluice_engine::rt::Env;
 use sluice_engine::{ReceiveMode, Store};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
+use crate::command::Command;
 use crate::pools::output::{render_progress, Progress, Reply};
 use crate::pools::replication::{received, SendWhat};
-use crate::{exit, pools, Command};
+use crate::{exit, pools};
 
 /// The control protocol's version. 2: requests and answers say their version; answers say
 /// what kind of failure they carry. 3: the request is the typed command, the answer typed
@@ -411,7 +412,7 @@ pub async fn serve(env: Env, store: Arc<Store>) -> anyhow::Result<tokio::task::J
                         .await;
                     }
                     Ok(Command::Pool {
-                        pool: crate::PoolCommand::Events { name, follow: true, .. },
+                        pool: crate::command::PoolCommand::Events { name, follow: true, .. },
                     }) => follow_events(&store, &name, reader, &mut writer).await,
                     Ok(command) => run(&env, store, command, &mut writer).await,
                     Err(e) => {
@@ -697,7 +698,7 @@ pub fn remove(name: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{PoolCommand, VolCommand};
+    use crate::command::{PoolCommand, VolCommand};
 
     fn request_line(command: Command) -> String {
         serde_json::to_string(&Request { protocol: PROTOCOL, command }).unwrap()
@@ -720,7 +721,7 @@ mod tests {
             }
             _ => panic!("not the scrub sent: {line}"),
         }
-        let cli = <crate::Cli as clap::Parser>::try_parse_from([
+        let cli = <crate::command::Cli as clap::Parser>::try_parse_from([
             "sluice",
             "vol",
             "create",
@@ -751,12 +752,15 @@ mod tests {
         let key: pools::key::KeyMaterial =
             serde_json::from_str("[115,101,99,114,101,116,33,33]").unwrap();
         assert_eq!(format!("{key:?}"), "KeyMaterial(8 bytes)");
-        let load =
-            crate::KeyCommand::Load { spec: "tank/db".into(), location: None, key: Some(key) };
+        let load = crate::command::KeyCommand::Load {
+            spec: "tank/db".into(),
+            location: None,
+            key: Some(key),
+        };
         let line = request_line(Command::Key { key: load });
         assert!(line.contains("[115,101,99,114,101,116,33,33]"), "{line}");
         match parse_request(&line).unwrap() {
-            Command::Key { key: crate::KeyCommand::Load { spec, key: Some(key), .. } } => {
+            Command::Key { key: crate::command::KeyCommand::Load { spec, key: Some(key), .. } } => {
                 assert_eq!(spec, "tank/db");
                 assert_eq!(format!("{key:?}"), "KeyMaterial(8 bytes)");
             }

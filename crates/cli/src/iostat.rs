@@ -69,7 +69,9 @@ pub fn run(options: &Options) -> anyhow::Result<()> {
 }
 
 fn fetch(pool: &str) -> anyhow::Result<PoolSnapshot> {
-    let stats = crate::Command::Pool { pool: crate::PoolCommand::Stats { name: pool.to_owned() } };
+    let stats = crate::command::Command::Pool {
+        pool: crate::command::PoolCommand::Stats { name: pool.to_owned() },
+    };
     let mut replies = Vec::new();
     control::forward(pool, &stats, &mut replies).unwrap_or_else(|| {
         anyhow::bail!(
