@@ -38,13 +38,15 @@
 //! `sluice_engine::rt::note_request` on the core that serves them; [`LARGE_REQUEST_BYTES`]).
 //! A durable 1 MiB write takes a millisecond or more, so a wake-up's tens of microseconds are
 //! a few percent of it; but its receive, its device writes and its flush leave gaps shorter
-//! than the window, which kept the window open, and polling through them cost a lone client's
-//! 1 MiB write + flush about a quarter more server CPU for no more MiB/s. Without the poll its
-//! write's reply waits for wake-ups again: a longer tail on the write, not on the flush
-//! (docs/bench/peers-notes.md, 2026-12-06 18:12Z). Each request weighs the same in the mean,
+//! than the window, which kept the window open. Polling through them cost a lone client's
+//! 1 MiB write + flush a sixth more server CPU a MiB for a sixteenth more MiB/s; four clients'
+//! and a stream's gained nothing by it, uncached 1 MiB reads lost a tenth (the write's reply
+//! waits for wake-ups again without it; docs/bench/design-figures.md, Runtime model). Polling
+//! in some of a large-request core's waits and not in others (only while its ring is empty,
+//! only while it holds operations, or while a payload arrives) did no better in trials
+//! (docs/bench/peers-notes.md, 2026-12-06 21:14Z). Each request weighs the same in the mean,
 //! so a core whose requests are mostly a stream's counts as large, while small requests
-//! several to one beside it keep the poll. Large reads are ruled the same way, and their
-//! stream lost nothing by it either (docs/bench/design-figures.md, Runtime model).
+//! several to one beside it keep the poll.
 
 use std::cell::Cell;
 use std::os::fd::RawFd;
