@@ -12,18 +12,18 @@
 //! reads anything else: a command and a server of different versions refuse each other with
 //! an error that says so and what to run (exit code 11), rather than misreading each other.
 //!
-//! - The request, [`Request`]: `{"protocol": 5, "command": C}`, C being the command line's
+//! - The request, [`Request`]: `{"protocol": 6, "command": C}`, C being the command line's
 //!   own parsed subcommand (`crate::command::Command`) in its serde form, for example
 //!   `{"pool": {"pool": {"scrub": {"name": "tank", "pause": false, "stop": false, "wait":
 //!   true}}}}` (the outer `pool` is the subcommand, the inner its field). The
 //!   server does not parse a command line.
-//! - Frames, [`Frame`], in order: `{"protocol": 5, "progress": P}` while a command waits for a
+//! - Frames, [`Frame`], in order: `{"protocol": 6, "progress": P}` while a command waits for a
 //!   scrub or resilver (`crate::pools::output::Progress`, printed by the command as it
-//!   arrives); `{"protocol": 5, "reply": R}` for each thing the command said
+//!   arrives); `{"protocol": 6, "reply": R}` for each thing the command said
 //!   (`crate::pools::output::Reply`: typed values such as a pool's status or a volume list,
 //!   which the command renders as text, `-H` or `--json` exactly as it renders them for a pool
 //!   it opened itself; `pool stats` is a `Reply::Stats` carrying the `PoolSnapshot`); and last
-//!   `{"protocol": 5, "ok": true}`, or `{"protocol": 5, "ok": false, "error": message,
+//!   `{"protocol": 6, "ok": true}`, or `{"protocol": 6, "ok": false, "error": message,
 //!   "kind": name}`, `kind` naming what kind of failure it was (crate::exit's names, so the
 //!   client exits with the code the server's error calls for).
 //! - `send` and `recv` carry a stream in the same connection: `send`'s server answers

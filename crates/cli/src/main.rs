@@ -7,8 +7,9 @@
 //! serve.rs). A command about a pool runs here, or, when the pool is served, in its server:
 //! the parsed command is the request of the control protocol (control.rs), and either way it
 //! answers with typed replies that this process renders as text, `-H` or `--json`
-//! (pools/output.rs), merged when a list spans several pools. The benchmarks and the seeds' experiments are a binary of their own,
-//! `sluice-bench` (crates/bench), so that the served binary does not link the simulator.
+//! (pools/output.rs), merged when a list spans several pools. The benchmarks and the seeds'
+//! experiments are a binary of their own, `sluice-bench` (crates/bench), so that the served
+//! binary does not link the simulator.
 
 mod command;
 mod control;

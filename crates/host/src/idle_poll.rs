@@ -39,9 +39,10 @@
 //! A durable 1 MiB write takes a millisecond or more, so a wake-up's tens of microseconds are
 //! a few percent of it; but its receive, its device writes and its flush leave gaps shorter
 //! than the window, which kept the window open. Polling through them cost a lone client's
-//! 1 MiB write + flush a sixth more server CPU a MiB for a sixteenth more MiB/s; four clients'
-//! and a stream's gained nothing by it, uncached 1 MiB reads lost a tenth (the write's reply
-//! waits for wake-ups again without it; docs/bench/design-figures.md, Runtime model). Polling
+//! 1 MiB write + flush a sixth more server CPU a MiB for a sixteenth more MiB/s (without it
+//! the write's reply waits for wake-ups again: its median nearly doubles); four clients', a
+//! stream's and uncached 1 MiB reads gained nothing by it (docs/bench/design-figures.md,
+//! Runtime model). Polling
 //! in some of a large-request core's waits and not in others (only while its ring is empty,
 //! only while it holds operations, or while a payload arrives) did no better in trials
 //! (docs/bench/peers-notes.md, 2026-12-06 21:14Z). Each request weighs the same in the mean,
@@ -59,8 +60,8 @@ const CONTENDED_YIELD_NS: u64 = 10_000;
 
 /// A core whose reads and writes average this many bytes or more (the moving mean of
 /// `sluice_engine::rt::request_bytes_mean`) sleeps at once: its requests take long enough
-/// that a wake-up is a small part of each, and polling through their gaps only burns CPU. A
-/// quarter MiB: the 64 KiB to 128 KiB requests of a filesystem's writeback and readahead
+/// that a wake-up is a small part of each, and polling through their gaps buys little for
+/// the CPU it burns. A quarter MiB: the 64 KiB to 128 KiB requests of a filesystem's writeback and readahead
 /// still poll.
 const LARGE_REQUEST_BYTES: u64 = 256 * 1024;
 
