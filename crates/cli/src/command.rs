@@ -1,15 +1,16 @@
 //! The command line's grammar: every subcommand and what it takes, as clap parses it and
 //! `--help` shows it. The same values are the control protocol's requests (crate::control):
 //! a command about a served pool crosses the control socket in their serde form, so a field
-//! renamed here is a protocol change. What each command does is main.rs's dispatch and the
-//! modules it calls.
+//! renamed here is a protocol change; property values whose types have no serde form cross
+//! by their names ([`by_name`]). What each command does is main.rs's dispatch and the modules
+//! it calls.
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use serde::{Deserialize, Serialize};
 
-use crate::{control, exit, pools, serve};
+use crate::{exit, pools};
 
 #[derive(Parser)]
 #[command(
@@ -82,7 +83,7 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = 0)]
         cores: usize,
         #[command(flatten)]
-        tls: serve::TlsArgs,
+        tls: TlsArgs,
         /// Run the programs in DIR for each of the pool's events (ZED's zedlets): those named
         /// for the event's subclass (`statechange-notify.sh`, `scrub_finish-mail`) or `all-*`,
         /// owned by root and writable by no one else, with the event in `ZEVENT_*` variables;
@@ -543,25 +544,25 @@ pub(crate) enum VolCommand {
         block_size: Option<u64>,
         /// off (default), on (blocks with equal contents are stored once, through the pool's
         /// dedup table) or verify (as on, comparing the bytes before sharing).
-        #[serde(with = "control::by_name")]
+        #[serde(with = "by_name")]
         #[arg(long, value_parser = pools::vol::parse_dedup, default_value = "off")]
         dedup: sluice_format::DedupMode,
         /// standard (default: flushes and FUA writes are durable when answered), always (every
         /// write is, as if it carried FUA) or disabled (flushes are answered at once; writes
         /// are durable with the next txg sync, within txg.timeout_ms; a crash loses them).
-        #[serde(with = "control::by_name")]
+        #[serde(with = "by_name")]
         #[arg(long, value_parser = pools::vol::parse_sync, default_value = "standard")]
         sync: sluice_format::SyncMode,
         /// latency (default: writes from intent_log.immediate_write_bytes up are written in
         /// place and logged by pointer, smaller ones copied into the log) or throughput (every
         /// block a write touches, whole or in part, is written in place and logged by pointer:
         /// each block written once, a partial one read first if not cached).
-        #[serde(with = "control::by_name")]
+        #[serde(with = "by_name")]
         #[arg(long, value_parser = pools::vol::parse_logbias, default_value = "latency")]
         logbias: sluice_format::LogBias,
         /// lz4 (default, as in OpenZFS), zstd (level 3), zstd-1 to zstd-19, or off. A block is
         /// stored compressed when that saves at least an eighth of its space.
-        #[serde(with = "control::by_name")]
+        #[serde(with = "by_name")]
         #[arg(long, value_parser = pools::vol::parse_compression, default_value = "lz4")]
         compression: sluice_format::Compression,
         /// Thin: take space only as blocks are written (writes may fail when the pool fills).
@@ -719,4 +720,108 @@ pub(crate) enum SnapshotCommand {
     },
     /// Destroy a snapshot, freeing the blocks no other snapshot and not the volume hold.
     Destroy { spec: String },
+}
+
+/// `--tls`: whether NBD clients may, must or cannot use TLS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TlsChoice {
+    /// No TLS: STARTTLS is refused, every client talks in plain text.
+    Off,
+    /// TLS for clients that ask (STARTTLS); plain-text clients are served too.
+    On,
+    /// TLS or nothing: every option but STARTTLS is refused until TLS is up.
+    Require,
+}
+
+/// The TLS flags of `sluice serve` (docs/tls.md).
+#[derive(Clone, Debug, clap::Args)]
+#[command(next_help_heading = "TLS (docs/tls.md)")]
+pub struct TlsArgs {
+    /// TLS for NBD clients (STARTTLS), on every listener including the Unix socket. Default:
+    /// off, but a TCP listener on an address other than loopback needs --tls given
+    /// explicitly. `on` and `require` need --tls-certificates and/or --tls-psk.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub tls: Option<TlsChoice>,
+    /// x509 credentials: DIR/server-cert.pem (the server's certificate, intermediates after
+    /// it), DIR/server-key.pem (its unencrypted key), and optionally DIR/ca-cert.pem (client
+    /// certificates are asked for, and checked against it, only when it exists) and
+    /// DIR/ca-crl.pem (revoked client certificates): the layout of qemu's tls-creds-x509 dir
+    /// and nbdkit's --tls-certificates.
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Refuse x509 clients without a certificate signed by DIR/ca-cert.pem (PSK clients are
+    /// proven by their key and need none).
+    #[arg(long)]
+    pub tls_verify_peer: bool,
+    /// Pre-shared keys: one IDENTITY:HEXKEY per line, as `psktool -u IDENTITY -p FILE` writes
+    /// them (the keys.psk of qemu's tls-creds-psk, nbdkit's --tls-psk). With
+    /// --tls-certificates too, clients may use either.
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+    /// Open volume EXPORT (and its snapshots) only to clients whose PSK identity or verified
+    /// certificate common name is listed (`psk:NAME` or `cert:NAME` says which kind; a bare
+    /// NAME matches either); others are refused it (NBD_REP_ERR_POLICY) and do not see it in
+    /// LIST. Repeatable; volumes without an entry stay open to every TLS client. Needs --tls
+    /// require.
+    #[arg(long, value_name = "EXPORT=[psk:|cert:]NAME[,...]")]
+    pub tls_allow: Vec<String>,
+}
+
+/// serde for the property values of `vol create` (types of the format crate, which has no
+/// serde), by the names `vol set` takes.
+pub(crate) mod by_name {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+    use sluice_format::{Compression, DedupMode, LogBias, SyncMode};
+
+    use crate::pools::vol;
+
+    /// A value with a name of its own.
+    pub trait Named: Sized {
+        fn to_name(&self) -> String;
+        fn from_name(name: &str) -> Result<Self, String>;
+    }
+
+    impl Named for DedupMode {
+        fn to_name(&self) -> String {
+            self.name().to_owned()
+        }
+        fn from_name(name: &str) -> Result<Self, String> {
+            vol::parse_dedup(name)
+        }
+    }
+
+    impl Named for SyncMode {
+        fn to_name(&self) -> String {
+            self.name().to_owned()
+        }
+        fn from_name(name: &str) -> Result<Self, String> {
+            vol::parse_sync(name)
+        }
+    }
+
+    impl Named for LogBias {
+        fn to_name(&self) -> String {
+            self.name().to_owned()
+        }
+        fn from_name(name: &str) -> Result<Self, String> {
+            vol::parse_logbias(name)
+        }
+    }
+
+    impl Named for Compression {
+        fn to_name(&self) -> String {
+            self.name()
+        }
+        fn from_name(name: &str) -> Result<Self, String> {
+            vol::parse_compression(name)
+        }
+    }
+
+    pub fn serialize<T: Named, S: Serializer>(value: &T, to: S) -> Result<S::Ok, S::Error> {
+        to.serialize_str(&value.to_name())
+    }
+
+    pub fn deserialize<'de, T: Named, D: Deserializer<'de>>(from: D) -> Result<T, D::Error> {
+        T::from_name(&String::deserialize(from)?).map_err(D::Error::custom)
+    }
 }

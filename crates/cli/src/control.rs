@@ -150,65 +150,6 @@ impl Frame {
     }
 }
 
-/// serde for the property values of `vol create` (types of the format crate, which has no
-/// serde), by the names `vol set` takes.
-pub mod by_name {
-    use serde::{de::Error, Deserialize, Deserializer, Serializer};
-    use sluice_format::{Compression, DedupMode, LogBias, SyncMode};
-
-    use crate::pools::vol;
-
-    /// A value with a name of its own.
-    pub trait Named: Sized {
-        fn to_name(&self) -> String;
-        fn from_name(name: &str) -> Result<Self, String>;
-    }
-
-    impl Named for DedupMode {
-        fn to_name(&self) -> String {
-            self.name().to_owned()
-        }
-        fn from_name(name: &str) -> Result<Self, String> {
-            vol::parse_dedup(name)
-        }
-    }
-
-    impl Named for SyncMode {
-        fn to_name(&self) -> String {
-            self.name().to_owned()
-        }
-        fn from_name(name: &str) -> Result<Self, String> {
-            vol::parse_sync(name)
-        }
-    }
-
-    impl Named for LogBias {
-        fn to_name(&self) -> String {
-            self.name().to_owned()
-        }
-        fn from_name(name: &str) -> Result<Self, String> {
-            vol::parse_logbias(name)
-        }
-    }
-
-    impl Named for Compression {
-        fn to_name(&self) -> String {
-            self.name()
-        }
-        fn from_name(name: &str) -> Result<Self, String> {
-            vol::parse_compression(name)
-        }
-    }
-
-    pub fn serialize<T: Named, S: Serializer>(value: &T, to: S) -> Result<S::Ok, S::Error> {
-        to.serialize_str(&value.to_name())
-    }
-
-    pub fn deserialize<'de, T: Named, D: Deserializer<'de>>(from: D) -> Result<T, D::Error> {
-        T::from_name(&String::deserialize(from)?).map_err(D::Error::custom)
-    }
-}
-
 /// Where the control socket of pool `name` is.
 pub fn socket_path(name: &str) -> PathBuf {
     pools::cache_path().with_file_name(format!("{name}.control"))

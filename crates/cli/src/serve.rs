@@ -33,6 +33,7 @@ use sluice_nbd::listen::{self, Listener};
 use sluice_nbd::tls::{AllowList, TlsServer, TlsSettings};
 use sluice_nbd::Exports;
 
+use crate::command::{TlsArgs, TlsChoice};
 use crate::pools;
 
 /// How `sluice serve` was asked to run.
@@ -55,51 +56,6 @@ pub struct ServeOptions {
     pub tls: TlsArgs,
     /// A directory of programs to run for each event (crate::zed).
     pub event_hook: Option<PathBuf>,
-}
-
-/// `--tls`: whether NBD clients may, must or cannot use TLS.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum TlsChoice {
-    /// No TLS: STARTTLS is refused, every client talks in plain text.
-    Off,
-    /// TLS for clients that ask (STARTTLS); plain-text clients are served too.
-    On,
-    /// TLS or nothing: every option but STARTTLS is refused until TLS is up.
-    Require,
-}
-
-/// The TLS flags of `sluice serve` (docs/tls.md).
-#[derive(Clone, Debug, clap::Args)]
-#[command(next_help_heading = "TLS (docs/tls.md)")]
-pub struct TlsArgs {
-    /// TLS for NBD clients (STARTTLS), on every listener including the Unix socket. Default:
-    /// off, but a TCP listener on an address other than loopback needs --tls given
-    /// explicitly. `on` and `require` need --tls-certificates and/or --tls-psk.
-    #[arg(long, value_enum, value_name = "MODE")]
-    pub tls: Option<TlsChoice>,
-    /// x509 credentials: DIR/server-cert.pem (the server's certificate, intermediates after
-    /// it), DIR/server-key.pem (its unencrypted key), and optionally DIR/ca-cert.pem (client
-    /// certificates are asked for, and checked against it, only when it exists) and
-    /// DIR/ca-crl.pem (revoked client certificates): the layout of qemu's tls-creds-x509 dir
-    /// and nbdkit's --tls-certificates.
-    #[arg(long, value_name = "DIR")]
-    pub tls_certificates: Option<PathBuf>,
-    /// Refuse x509 clients without a certificate signed by DIR/ca-cert.pem (PSK clients are
-    /// proven by their key and need none).
-    #[arg(long)]
-    pub tls_verify_peer: bool,
-    /// Pre-shared keys: one IDENTITY:HEXKEY per line, as `psktool -u IDENTITY -p FILE` writes
-    /// them (the keys.psk of qemu's tls-creds-psk, nbdkit's --tls-psk). With
-    /// --tls-certificates too, clients may use either.
-    #[arg(long, value_name = "FILE")]
-    pub tls_psk: Option<PathBuf>,
-    /// Open volume EXPORT (and its snapshots) only to clients whose PSK identity or verified
-    /// certificate common name is listed (`psk:NAME` or `cert:NAME` says which kind; a bare
-    /// NAME matches either); others are refused it (NBD_REP_ERR_POLICY) and do not see it in
-    /// LIST. Repeatable; volumes without an entry stay open to every TLS client. Needs --tls
-    /// require.
-    #[arg(long, value_name = "EXPORT=[psk:|cert:]NAME[,...]")]
-    pub tls_allow: Vec<String>,
 }
 
 impl TlsArgs {
