@@ -120,9 +120,7 @@ thread_local! {
     /// time of a pause is compared only with times of the same clock.
     static LAST_PAUSE: std::cell::Cell<Option<(usize, Time)>> =
         const { std::cell::Cell::new(None) };
-}
 
-thread_local! {
     /// A moving mean of the bytes of the reads and writes a frontend served on this thread,
     /// each request weighing an eighth.
     static REQUEST_BYTES_MEAN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };

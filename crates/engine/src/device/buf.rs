@@ -308,8 +308,6 @@ impl UninitBuf {
         self.0.len
     }
 
-    // Read only by tests and the benchmarks.
-    #[cfg(any(test, feature = "testing"))]
     pub fn is_empty(&self) -> bool {
         self.0.len == 0
     }
