@@ -904,6 +904,9 @@ async fn read_with_status_in(
             }
         };
         let fetch = dmu_zfetch::fetch(spa.fetch_access(), Arc::clone(&dataset.zfetch), batch, tree);
+        // On the reading core, though it is the busy one: a batch on another core, which
+        // sleeps between completions, woke it for each of its I/Os, and that cost what the
+        // reading core saved (docs/bench/peers-notes.md, 2026-12-07).
         spa.pool().env().spawn("dmu_zfetch", fetch);
     }
     // Fetched concurrently (in order), then copied into place.
