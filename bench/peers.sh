@@ -21,6 +21,8 @@
 #   sluice[K=V]    (--sluice-tunable K=V) the same with tunables
 #   sluice-before  (--before BIN) the same served by another binary (one built from an earlier
 #                  commit), to show a change against the tree before it in the same run
+#   sluice-nocache-before (--before BIN) sluice-nocache served by that binary, for a change
+#                  to the disk's read path
 # Jobs: 4 KiB random writes with a flush after every write (fio --fsync=1) at 1, 8 and 32 jobs
 # (one connection each); 4 KiB random reads at queue depth 32; 1 MiB sequential reads; 1 MiB
 # sequential writes ending with a flush (fio --end_fsync=1); 1 MiB sequential writes each
@@ -166,14 +168,14 @@ if [ -n "$only_targets" ]; then
   [ "$mirror" = 1 ] && known+=(sluice-mirror)
   for b in ${volblocks[@]+"${volblocks[@]}"}; do known+=("sluice-bs$b" "sluice-nocache-bs$b"); done
   for t in ${tunables[@]+"${tunables[@]}"}; do known+=("sluice[$t]"); done
-  [ -n "$before" ] && known+=(sluice-before)
+  [ -n "$before" ] && known+=(sluice-before sluice-nocache-before)
   rest=",$only_targets,"
   for k in "${known[@]}"; do
     while [[ $rest == *",$k,"* ]]; do rest=${rest/",$k,"/,}; done
   done
   rest=${rest#,}; rest=${rest%,}
   if [ -n "$rest" ]; then
-    echo "peers: --targets names $rest, which is no target of this run (sluice[K=V] needs --sluice-tunable K=V, sluice-mirror --mirror, sluice-bsN and sluice-nocache-bsN --volblock N, sluice-before --before BIN)" >&2
+    echo "peers: --targets names $rest, which is no target of this run (sluice[K=V] needs --sluice-tunable K=V, sluice-mirror --mirror, sluice-bsN and sluice-nocache-bsN --volblock N, sluice-before and sluice-nocache-before --before BIN)" >&2
     exit 2
   fi
 fi
@@ -259,7 +261,9 @@ for b in ${volblocks[@]+"${volblocks[@]}"}; do
   for t in "sluice-bs$b" "sluice-nocache-bs$b"; do wanted "$t" && leaves=$(( leaves + 1 )); done
 done
 for t in ${tunables[@]+"${tunables[@]}"}; do wanted "sluice[$t]" && leaves=$(( leaves + 1 )); done
-[ -n "$before" ] && wanted sluice-before && leaves=$(( leaves + 1 ))
+if [ -n "$before" ]; then
+  for t in sluice-before sluice-nocache-before; do wanted "$t" && leaves=$(( leaves + 1 )); done
+fi
 files=0
 for t in raw qemu-nbd nbdkit; do wanted "$t" && files=$(( files + 1 )); done
 need=$(( files * bytes + leaves * leaf_bytes ))
@@ -437,6 +441,12 @@ done
 if [ -n "$before" ] && wanted sluice-before; then
   target_bin=$before
   sluice_target sluice-before "the same as sluice, served by $before ($("$before" --version 2>/dev/null || echo "another build"))" "${all_jobs[*]}" single ""
+  target_bin=$bin
+fi
+if [ -n "$before" ] && wanted sluice-nocache-before; then
+  target_bin=$before
+  sluice_target sluice-nocache-before "the same as sluice-nocache, served by $before" \
+    "syncwrite-1 syncwrite-8 syncwrite-32 randread-qd32 seqread-1m mixed-8" single "" --set cache.contents=metadata
   target_bin=$bin
 fi
 [ ${#targets[@]} -gt 0 ] || { echo "peers: no targets selected" >&2; exit 2; }

@@ -36,6 +36,7 @@ names = {
     "raw": "raw file",
     "sluice-nocache": "sluice, no data cached",
     "sluice-before": "sluice before (--before)",
+    "sluice-nocache-before": "sluice, no data cached, before (--before)",
     "sluice-nolz4": "sluice, compression off",
 }
 for t in targets:
@@ -438,25 +439,30 @@ for job in jobs:
     out.append(f"| {labels[job]} | " + " | ".join(cells) + " |")
 
 # With --before: this tree against the binary before it, job by job, IOPS (or MB/s) and CPU
-# per operation, with each round's ratio (the rounds' spread is what "within" means).
-if "sluice-before" in shown:
+# per operation, with each round's ratio (the rounds' spread is what "within" means); the
+# uncached targets' rows too where both ran.
+pairs = [(me, then) for me, then in [("sluice", "sluice-before"), ("sluice-nocache", "sluice-nocache-before")]
+         if then in shown]
+if pairs:
     out.append("\n## This tree against the binary before (--before)\n")
     out.append("| job | sluice / before | per round | CPU per op: sluice / before | per round |")
     out.append("|---|---:|---|---:|---|")
-    for job in jobs:
-        if (job, "sluice") not in runs or (job, "sluice-before") not in runs:
-            continue
-        key = headline(job)
-        now, then = by_round(job, "sluice", key), by_round(job, "sluice-before", key)
-        cpu_now = by_round(job, "sluice", "cpu_us_op")
-        cpu_then = by_round(job, "sluice-before", "cpu_us_op")
-        per = lambda a, b: ", ".join(fmt_ratio(a[k] / b[k]) for k in sorted(a) if b.get(k)) or "n/a"
-        out.append(
-            f"| {labels[job]} | {fmt_ratio(ratio(median(job, 'sluice', key), median(job, 'sluice-before', key)))} "
-            f"| {per(now, then)} "
-            f"| {fmt_ratio(ratio(median(job, 'sluice', 'cpu_us_op'), median(job, 'sluice-before', 'cpu_us_op')))} "
-            f"| {per(cpu_now, cpu_then)} |"
-        )
+    for me, then_t in pairs:
+        for job in jobs:
+            if (job, me) not in runs or (job, then_t) not in runs:
+                continue
+            key = headline(job)
+            now, then = by_round(job, me, key), by_round(job, then_t, key)
+            cpu_now = by_round(job, me, "cpu_us_op")
+            cpu_then = by_round(job, then_t, "cpu_us_op")
+            per = lambda a, b: ", ".join(fmt_ratio(a[k] / b[k]) for k in sorted(a) if b.get(k)) or "n/a"
+            label = labels[job] + (", no data cached" if me == "sluice-nocache" else "")
+            out.append(
+                f"| {label} | {fmt_ratio(ratio(median(job, me, key), median(job, then_t, key)))} "
+                f"| {per(now, then)} "
+                f"| {fmt_ratio(ratio(median(job, me, 'cpu_us_op'), median(job, then_t, 'cpu_us_op')))} "
+                f"| {per(cpu_now, cpu_then)} |"
+            )
 
 # Per job: every metric of every target.
 out.append("\n## Per job\n")
