@@ -17,7 +17,6 @@
 #                  small-write job only
 #   sluice-nocache-bsN (--volblock N too) the same caching no data, where a block the writes
 #                  cover in part is read from the disk; the mixed small-write job only
-#                  small-write job only
 #   sluice[K=V]    (--sluice-tunable K=V) the same with tunables
 #   sluice-before  (--before BIN) the same served by another binary (one built from an earlier
 #                  commit), to show a change against the tree before it in the same run
@@ -354,7 +353,7 @@ fi
 # 5. sluice: label, description, jobs, `mirror` or `single`, then `serve` arguments. Each has a
 # pool and a directory of its own (pool names also name the control sockets).
 sluice_n=0
-# The binary the next sluice target runs (sluice-before: --before's); each target's own is
+# The binary the next sluice target runs (sluice-before and sluice-nocache-before: --before's); each target's own is
 # also the one that syncs its pool (the control protocol may differ between them).
 target_bin=$bin
 declare -A bin_of
@@ -445,7 +444,7 @@ if [ -n "$before" ] && wanted sluice-before; then
 fi
 if [ -n "$before" ] && wanted sluice-nocache-before; then
   target_bin=$before
-  sluice_target sluice-nocache-before "the same as sluice-nocache, served by $before" \
+  sluice_target sluice-nocache-before "the same as sluice-nocache, served by $before ($("$before" --version 2>/dev/null || echo "another build"))" \
     "syncwrite-1 syncwrite-8 syncwrite-32 randread-qd32 seqread-1m mixed-8" single "" --set cache.contents=metadata
   target_bin=$bin
 fi
