@@ -400,9 +400,11 @@ fi
 # Indirect blocks stay cached, as in any ZFS setting. It skips the 1 MiB writes, which cover
 # whole blocks and so do not depend on the cache; the 4 KiB writes stay, both for their own
 # figures and so that its volume is as scattered by copy-on-write as sluice's when read.
+# (sluice-nocache-before, below, runs the same jobs.)
+nocache_jobs="syncwrite-1 syncwrite-8 syncwrite-32 randread-qd32 seqread-1m mixed-8"
 if wanted sluice-nocache; then
   sluice_target sluice-nocache "the same with cache.contents=metadata (caches no data, like ZFS's primarycache=metadata)" \
-    "syncwrite-1 syncwrite-8 syncwrite-32 randread-qd32 seqread-1m mixed-8" single "" --set cache.contents=metadata
+    "$nocache_jobs" single "" --set cache.contents=metadata
 fi
 # What the default pool layout costs: every log block and txg write goes to both files, on the
 # same disk here; reads may go to either.
@@ -445,7 +447,7 @@ fi
 if [ -n "$before" ] && wanted sluice-nocache-before; then
   target_bin=$before
   sluice_target sluice-nocache-before "the same as sluice-nocache, served by $before ($("$before" --version 2>/dev/null || echo "another build"))" \
-    "syncwrite-1 syncwrite-8 syncwrite-32 randread-qd32 seqread-1m mixed-8" single "" --set cache.contents=metadata
+    "$nocache_jobs" single "" --set cache.contents=metadata
   target_bin=$bin
 fi
 [ ${#targets[@]} -gt 0 ] || { echo "peers: no targets selected" >&2; exit 2; }
