@@ -96,12 +96,6 @@ impl<'a> Writer<'a> {
         Writer { bytes }
     }
 
-    /// The bytes being written, for a field filled in place (a payload encrypted there).
-    #[inline]
-    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
-        self.bytes
-    }
-
     #[inline]
     pub(crate) fn put(&mut self, at: usize, field: &[u8]) {
         // Offsets are compile-time constants checked by each module's layout asserts.

@@ -54,8 +54,8 @@ pub use label::{
     LABEL_HEADER_BYTES, LABEL_VERSION, POOL_NAME_BYTES_MAX, SPARES_MAX, UBERBLOCK_SLOTS,
 };
 pub use log_block::{
-    LogBlock, LogRecord, LogVerifier, RecordSeal, LOG_HEADER_BYTES, LOG_WRITE_UNIT_BYTES,
-    RECORD_SEAL_BYTES,
+    gather_vec, LogBlock, LogRecord, LogVerifier, RecordSeal, LOG_HEADER_BYTES,
+    LOG_WRITE_UNIT_BYTES, RECORD_SEAL_BYTES,
 };
 pub use send_stream::{
     RawBegin, ResumeToken, StreamBegin, StreamError, StreamReader, StreamRecord, StreamWriter,

@@ -45,7 +45,7 @@ fn sample() -> LogBlock {
 
 #[test]
 fn golden_log_block() {
-    let bytes = sample().encode(128 << 10).unwrap();
+    let bytes = sample().encode_into(128 << 10, checked_gather).unwrap();
     assert_eq!(bytes.len(), LOG_WRITE_UNIT_BYTES, "written short: one 4 KiB unit");
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/log_block.bin");
     if std::env::var_os("SLUICE_BLESS").is_some() {
@@ -99,7 +99,7 @@ fn toy_seal(aad: &[u8], payload: &mut [u8]) -> Result<RecordSeal, ()> {
 #[test]
 fn golden_sealed_log_block() {
     let block = sample();
-    let bytes = block.encode_sealed_into(128 << 10, |n| vec![0u8; n], toy_seal).unwrap().unwrap();
+    let bytes = block.encode_sealed_into(128 << 10, checked_gather, toy_seal).unwrap().unwrap();
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/log_block_sealed.bin");
     if std::env::var_os("SLUICE_BLESS").is_some() {
         std::fs::write(&path, &bytes).unwrap();
@@ -178,6 +178,18 @@ fn a_sealed_flag_below_v7_is_refused() {
     ));
 }
 
+/// [`sluice_format::gather_vec`], after checking the pieces ascend, do not overlap and lie
+/// within the block.
+fn checked_gather(len: usize, pieces: &[(usize, &[u8])]) -> Vec<u8> {
+    let mut end = 0;
+    for (at, bytes) in pieces {
+        assert!(*at >= end, "piece at {at} overlaps the one ending at {end}");
+        end = at + bytes.len();
+        assert!(end <= len, "piece at {at} of {} bytes ends past {len}", bytes.len());
+    }
+    sluice_format::gather_vec(len, pieces)
+}
+
 fn arb_record() -> impl Strategy<Value = LogRecord> {
     prop_oneof![
         (any::<u64>(), any::<u64>(), any::<u64>(), proptest::collection::vec(any::<u8>(), 0..600))
@@ -200,6 +212,9 @@ proptest! {
         let block = LogBlock { verifier, next: None, records, seals: Vec::new() };
         let bytes = block.encode(128 << 10).unwrap();
         prop_assert_eq!(bytes.len() % LOG_WRITE_UNIT_BYTES, 0);
+        // The pieces keep the gather's contract (`AlignedBuf::gathered` panics otherwise).
+        let checked = block.encode_into(128 << 10, checked_gather).unwrap();
+        prop_assert_eq!(&checked, &bytes);
         prop_assert_eq!(LogBlock::decode(&bytes, verifier).unwrap(), block);
     }
 
@@ -207,7 +222,7 @@ proptest! {
     fn sealed_round_trips(records in proptest::collection::vec(arb_record(), 0..40), sequence in 1u64..1000) {
         let verifier = LogVerifier { chain_id: 5, volume_id: 1, sequence };
         let block = LogBlock { verifier, next: None, records, seals: Vec::new() };
-        let bytes = block.encode_sealed_into(128 << 10, |n| vec![0u8; n], toy_seal).unwrap().unwrap();
+        let bytes = block.encode_sealed_into(128 << 10, sluice_format::gather_vec, toy_seal).unwrap().unwrap();
         let read = LogBlock::decode(&bytes, verifier).unwrap();
         prop_assert_eq!(read.seals.len(), block.records.len());
         prop_assert_eq!(read.used_bytes_in(true), block.used_bytes_in(true));

@@ -1200,12 +1200,14 @@ impl LogWriter {
         };
         let format_error =
             |source| PoolError::Format { pool: self.pool.to_string(), cause: source };
+        let gather =
+            |len, pieces: &[(usize, &[u8])]| AlignedBuf::gathered(len, pieces.iter().copied());
         let encoded = match key {
-            None => block.encode_into(capacity, AlignedBuf::zeroed).map_err(format_error)?,
+            None => block.encode_into(capacity, gather).map_err(format_error)?,
             // Each record's payload is encrypted where the encoding put it: the copy into the
             // block's buffer is the only one, sealed or not.
             Some(key) => block
-                .encode_sealed_into(capacity, AlignedBuf::zeroed, |aad, payload| {
+                .encode_sealed_into(capacity, gather, |aad, payload| {
                     let sealing = key.seal(payload, aad, false)?;
                     Ok(RecordSeal { salt: sealing.salt, iv: sealing.iv, mac: sealing.mac })
                 })

@@ -31,7 +31,7 @@ use sluice_format::{
 };
 
 use crate::alloc::{AllocClass, Allocator};
-use crate::device::AlignedBuf;
+use crate::device::{AlignedBuf, UninitBuf};
 use crate::pool::{Pool, PoolError};
 use crate::tunables::IoClass;
 use crate::zio::BlockProps;
@@ -343,13 +343,17 @@ async fn rebuild_node(
     if slots.iter().all(Option::is_none) {
         return Ok((node, None, replaced));
     }
-    let mut bytes = AlignedBuf::zeroed(INDIRECT_BYTES);
+    // Every byte is one slot's encoding (an empty slot's is zeros), so the block is not
+    // zeroed first.
+    let mut bytes = UninitBuf::new(INDIRECT_BYTES);
     let mut fill = 0u64;
+    assert_eq!(slots.len(), INDIRECT_BPS as usize, "an indirect block has one slot per pointer");
     for (index, slot) in slots.iter().enumerate() {
-        bytes[index * BLKPTR_BYTES..(index + 1) * BLKPTR_BYTES]
-            .copy_from_slice(&BlockPointer::encode(slot.as_ref()));
+        bytes.write_at(index * BLKPTR_BYTES, &BlockPointer::encode(slot.as_ref()));
         fill += slot.map_or(0, |bp| bp.fill);
     }
+    // SAFETY: the loop wrote all INDIRECT_BPS slots, which make up INDIRECT_BYTES.
+    let bytes = unsafe { bytes.assume_init() };
     let mac = crate::zio::crypt::children_mac(&slots);
     Ok((node, Some((bytes, fill, mac)), replaced))
 }

@@ -842,14 +842,16 @@ impl Leaf {
                         Waiter::Read(_) => unreachable!("write command with a read member"),
                     }
                 } else {
-                    let mut joined = AlignedBuf::zeroed(issue.len as usize);
-                    for member in &issue.members {
-                        if let Waiter::Write(data, _, _) = &member.payload.0 {
-                            let at = (member.offset - issue.offset) as usize;
-                            joined[at..at + data.len()].copy_from_slice(data);
-                        }
-                    }
-                    joined.into_shared()
+                    // Members come in offset order and a write's are contiguous, so each
+                    // byte is copied once and none is zeroed first.
+                    let pieces =
+                        issue.members.iter().filter_map(|member| match &member.payload.0 {
+                            Waiter::Write(data, _, _) => {
+                                Some(((member.offset - issue.offset) as usize, &data[..]))
+                            }
+                            Waiter::Read(_) => None,
+                        });
+                    AlignedBuf::gathered(issue.len as usize, pieces).into_shared()
                 };
                 // A flush after the command covers every member that asked for one.
                 let durable =
