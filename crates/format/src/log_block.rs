@@ -57,8 +57,6 @@ const OFF_CHECKSUM: usize = OFF_NEXT + BLKPTR_BYTES;
 /// Bytes before the first record.
 pub const LOG_HEADER_BYTES: usize = OFF_CHECKSUM + 16;
 const RECORD_HEADER_BYTES: usize = 24;
-/// The most bytes of a record's fixed fields (header, seal, an indirect record's fields).
-const RECORD_FIELDS_MAX: usize = RECORD_HEADER_BYTES + RECORD_SEAL_BYTES + 16 + BLKPTR_BYTES;
 /// Granularity of what is checksummed and written.
 pub const LOG_WRITE_UNIT_BYTES: usize = 4096;
 
@@ -129,12 +127,21 @@ impl LogRecord {
 
     /// Bytes this record takes in a block, sealed or not.
     pub fn encoded_len_in(&self, sealed: bool) -> usize {
+        self.fields_len_in(sealed)
+            + match self {
+                LogRecord::Write { data, .. } => data.len().div_ceil(8) * 8,
+                LogRecord::WriteIndirect { .. } | LogRecord::Zero { .. } => 0,
+            }
+    }
+
+    /// Bytes of this record's fixed fields in a block, sealed or not: its header, a seal's
+    /// room and its kind's fields, all but a write's data.
+    fn fields_len_in(&self, sealed: bool) -> usize {
         RECORD_HEADER_BYTES
             + if sealed { RECORD_SEAL_BYTES } else { 0 }
             + match self {
-                LogRecord::Write { data, .. } => 16 + data.len().div_ceil(8) * 8,
+                LogRecord::Write { .. } | LogRecord::Zero { .. } => 16,
                 LogRecord::WriteIndirect { .. } => 16 + BLKPTR_BYTES,
-                LogRecord::Zero { .. } => 16,
             }
     }
 }
@@ -248,10 +255,11 @@ impl LogBlock {
     /// bytes holding each piece's bytes at its offset and zeros everywhere else (the pieces
     /// come in ascending order of offset and do not overlap; [`gather_vec`] is one such
     /// function). The intent log gathers straight into the aligned buffer it writes from
-    /// (`AlignedBuf::gathered`), so each byte of the block is written once, into a kept buffer:
-    /// a freshly zeroed block with the records copied over it cost one client's durable 4 KiB
-    /// writes 1.11x the writes a second and 0.94x the server CPU each, and 8 clients' mixed
-    /// writes 1.12x and 0.87x (docs/bench/peers-notes.md, 2026-12-07).
+    /// (`AlignedBuf::gathered`, a kept buffer of its pool), so no byte is zeroed and then
+    /// overwritten (a sealed block's seals and checksum excepted). Encoding into a freshly
+    /// zeroed buffer instead, which missed the pool, cost one client's durable 4 KiB writes
+    /// about a tenth of their rate and a twentieth more server CPU each, and eight clients'
+    /// mixed writes more (docs/bench/peers-notes.md, 2026-12-07 02:48Z).
     pub fn encode_into<B: AsMut<[u8]>>(
         &self,
         block_bytes: usize,
@@ -289,13 +297,14 @@ impl LogBlock {
             return Err(FormatError::TooLarge { what: WHAT, len: used, max: block_bytes });
         }
         let header = self.header_bytes(used, sealed);
-        // Each record's fixed fields (its header, a seal's room and the kind's fields) are
-        // encoded one after another into `fields`; the pieces then name those and each write's
-        // data where it lies, so nothing is copied twice. Gaps (padding, seals, the checksum,
-        // the tail) are the gather's zeros.
-        let mut fields = Vec::with_capacity(self.records.len() * RECORD_FIELDS_MAX);
+        // Each record's fixed fields (its header, a seal's room, zero until sealed, and its
+        // kind's fields) are encoded one after another into `fields`; the pieces then name
+        // those and each write's data where it already lies, so the data is copied once, into
+        // the block. Padding, the checksum and the tail are the gather's zeros.
+        let fields_len = self.records.iter().map(|r| r.fields_len_in(sealed)).sum();
+        let mut fields = vec![0u8; fields_len];
         let mut places = Vec::with_capacity(self.records.len());
-        let mut at = LOG_HEADER_BYTES;
+        let (mut at, mut from) = (LOG_HEADER_BYTES, 0);
         for record in &self.records {
             let (kind, txg, sequence) = match record {
                 LogRecord::Write { txg, sequence, .. } => (1u8, *txg, *sequence),
@@ -303,34 +312,33 @@ impl LogBlock {
                 LogRecord::Zero { txg, sequence, .. } => (3, *txg, *sequence),
             };
             let record_len = record.encoded_len_in(sealed);
-            let mut own = [0u8; RECORD_FIELDS_MAX];
-            let mut w = Writer::new(&mut own);
+            let own = from..from + record.fields_len_in(sealed);
+            let mut w = Writer::new(&mut fields[own.clone()]);
             w.u8(0, kind);
             w.u32(4, record_len as u32);
             w.u64(8, txg);
             w.u64(16, sequence);
             let body = RECORD_HEADER_BYTES + if sealed { RECORD_SEAL_BYTES } else { 0 };
-            let (own_len, data) = match record {
+            let data = match record {
                 LogRecord::Write { offset, data, .. } => {
                     w.u64(body, *offset);
                     w.u32(body + 8, data.len() as u32);
-                    (body + 16, Some(&data[..]))
+                    Some(&data[..])
                 }
                 LogRecord::WriteIndirect { offset, len, block, .. } => {
                     w.u64(body, *offset);
                     w.u32(body + 8, *len);
                     w.put(body + 16, &BlockPointer::encode(Some(block)));
-                    (body + 16 + BLKPTR_BYTES, None)
+                    None
                 }
                 LogRecord::Zero { offset, len, .. } => {
                     w.u64(body, *offset);
                     w.u64(body + 8, *len);
-                    (body + 16, None)
+                    None
                 }
             };
-            let from = fields.len();
-            fields.extend_from_slice(&own[..own_len]);
-            places.push((at, from..fields.len(), data));
+            from = own.end;
+            places.push((at, own, data));
             at += record_len;
         }
         assert_eq!(at, used, "a log block's records fill exactly its used bytes");
@@ -349,10 +357,8 @@ impl LogBlock {
             let mut link = header.to_vec();
             for (record, (at, own, data)) in self.records.iter().zip(&places) {
                 let seal_at = at + RECORD_HEADER_BYTES;
-                let payload = match data {
-                    Some(data) => at + own.len()..at + own.len() + data.len(),
-                    None => at + own.len()..at + own.len(),
-                };
+                let payload_at = at + own.len();
+                let payload = payload_at..payload_at + data.map_or(0, <[u8]>::len);
                 let mut aad = record.seal_aad(self.verifier);
                 aad.extend_from_slice(&link);
                 let done = match seal(&aad, &mut out[payload]) {

@@ -12,8 +12,9 @@ use sluice_format::{
 
 const VERIFIER: LogVerifier = LogVerifier { chain_id: 0xc0ffee, volume_id: 7, sequence: 3 };
 
-fn sample() -> LogBlock {
-    let block = BlockPointer {
+/// The block pointer the sample's indirect record and successor use.
+fn sample_pointer() -> BlockPointer {
+    BlockPointer {
         dvas: [
             Dva { vdev: 0, asize_sectors: 32, offset_sectors: 4096 },
             Dva::default(),
@@ -30,7 +31,11 @@ fn sample() -> LogBlock {
         checksum: Checksum([5; 16]),
         dedup: None,
         crypt: sluice_format::BlockCrypt::None,
-    };
+    }
+}
+
+fn sample() -> LogBlock {
+    let block = sample_pointer();
     LogBlock {
         verifier: VERIFIER,
         next: Some(block),
@@ -202,6 +207,15 @@ fn arb_record() -> impl Strategy<Value = LogRecord> {
         (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
             |(txg, sequence, offset, len)| LogRecord::Zero { txg, sequence, offset, len }
         ),
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
+            |(txg, sequence, offset, len)| LogRecord::WriteIndirect {
+                txg,
+                sequence,
+                offset,
+                len,
+                block: sample_pointer()
+            }
+        ),
     ]
 }
 
@@ -222,7 +236,7 @@ proptest! {
     fn sealed_round_trips(records in proptest::collection::vec(arb_record(), 0..40), sequence in 1u64..1000) {
         let verifier = LogVerifier { chain_id: 5, volume_id: 1, sequence };
         let block = LogBlock { verifier, next: None, records, seals: Vec::new() };
-        let bytes = block.encode_sealed_into(128 << 10, sluice_format::gather_vec, toy_seal).unwrap().unwrap();
+        let bytes = block.encode_sealed_into(128 << 10, checked_gather, toy_seal).unwrap().unwrap();
         let read = LogBlock::decode(&bytes, verifier).unwrap();
         prop_assert_eq!(read.seals.len(), block.records.len());
         prop_assert_eq!(read.used_bytes_in(true), block.used_bytes_in(true));

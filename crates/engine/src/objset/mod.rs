@@ -63,10 +63,19 @@ fn format_error(pool: &Pool, source: FormatError) -> PoolError {
     PoolError::Format { pool: pool.name().to_owned(), cause: source }
 }
 
+/// An indirect block's slots: always [`INDIRECT_BPS`] of them (the sync rebuilds a block from
+/// these, every slot written), so a block of another length is refused.
 fn decode_indirect(pool: &Pool, bytes: &[u8]) -> Result<Vec<Option<BlockPointer>>, PoolError> {
+    if bytes.len() != INDIRECT_BYTES {
+        let cause = FormatError::Truncated {
+            what: "indirect block",
+            need: INDIRECT_BYTES,
+            have: bytes.len(),
+        };
+        return Err(format_error(pool, cause));
+    }
     bytes
         .chunks_exact(BLKPTR_BYTES)
-        .take(INDIRECT_BPS as usize)
         .map(|slot| BlockPointer::decode(slot).map_err(|e| format_error(pool, e)))
         .collect()
 }
@@ -345,9 +354,9 @@ async fn rebuild_node(
     }
     // Every byte is one slot's encoding (an empty slot's is zeros), so the block is not
     // zeroed first.
+    assert_eq!(slots.len(), INDIRECT_BPS as usize, "an indirect block has one slot per pointer");
     let mut bytes = UninitBuf::new(INDIRECT_BYTES);
     let mut fill = 0u64;
-    assert_eq!(slots.len(), INDIRECT_BPS as usize, "an indirect block has one slot per pointer");
     for (index, slot) in slots.iter().enumerate() {
         bytes.write_at(index * BLKPTR_BYTES, &BlockPointer::encode(slot.as_ref()));
         fill += slot.map_or(0, |bp| bp.fill);

@@ -844,13 +844,12 @@ impl Leaf {
                 } else {
                     // Members come in offset order and a write's are contiguous, so each
                     // byte is copied once and none is zeroed first.
-                    let pieces =
-                        issue.members.iter().filter_map(|member| match &member.payload.0 {
-                            Waiter::Write(data, _, _) => {
-                                Some(((member.offset - issue.offset) as usize, &data[..]))
-                            }
-                            Waiter::Read(_) => None,
-                        });
+                    let pieces = issue.members.iter().map(|member| match &member.payload.0 {
+                        Waiter::Write(data, _, _) => {
+                            ((member.offset - issue.offset) as usize, &data[..])
+                        }
+                        Waiter::Read(_) => unreachable!("write command with a read member"),
+                    });
                     AlignedBuf::gathered(issue.len as usize, pieces).into_shared()
                 };
                 // A flush after the command covers every member that asked for one.
