@@ -185,7 +185,12 @@ async fn accept_loop(
         let (exports, shutdown, tls) = (Arc::clone(&exports), shutdown.clone(), tls.clone());
         let placed = accepted.and_then(|stream| {
             let (mut stream, peer) = match stream {
-                Stream::Unix(stream) => (CoreStream::from(stream), None),
+                Stream::Unix(stream) => {
+                    if let Err(error) = widen_send_buffer(stream.as_raw_fd()) {
+                        eprintln!("sluice: widening a connection's send buffer: {error}");
+                    }
+                    (CoreStream::from(stream), None)
+                }
                 Stream::Tcp(stream) => {
                     // Replies are small and latency matters more than packing them.
                     let _ = stream.set_nodelay(true);
@@ -231,6 +236,56 @@ async fn accept_loop(
     while connections.join_next().await.is_some() {}
 }
 
+/// The send buffer asked for on a local connection: the kernel doubles it, so up to 8 MiB of
+/// replies (eight 1 MiB reads) queue for the client before a send stops short.
+const UNIX_SEND_BUFFER_BYTES: libc::c_int = 4 << 20;
+
+/// Widens a local (Unix-domain) connection's send buffer to [`UNIX_SEND_BUFFER_BYTES`] and
+/// returns the size the kernel set. A Unix stream's sender holds every byte the receiver has
+/// not read yet, so with the default (`net.core.wmem_default`, 208 KiB) a 1 MiB read's reply
+/// left in five sends, and the client, reading on the other core, was woken for each piece
+/// and the server for the room it made: about five context switches per MiB served, against
+/// 0.1-0.6 with 8 MiB. Measured in paired runs (`bench/ab.sh ... -- sluice seqread`; the
+/// VM's CPUs were contended then, which made each wake-up dearer): 1 MiB reads 3.2x the
+/// MiB/s at 0.45x the server's CPU per MiB with no data cached, 4.9x at 0.55x cached
+/// (docs/bench/peers-notes.md, 2026-12-07 02:48Z). `SO_SNDBUFFORCE` (root, or
+/// `CAP_NET_ADMIN`) passes over `net.core.wmem_max`; without it the kernel caps the request
+/// there. TCP connections keep the kernel's autotuning, which setting the size would turn off.
+fn widen_send_buffer(fd: RawFd) -> std::io::Result<usize> {
+    let set = |option| {
+        let value = UNIX_SEND_BUFFER_BYTES;
+        // SAFETY: `value` is a c_int that outlives the call, and its size is passed with it.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                option,
+                (&raw const value).cast::<libc::c_void>(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        }
+    };
+    if set(libc::SO_SNDBUFFORCE) != 0 && set(libc::SO_SNDBUF) != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut size: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `size` and `len` are valid for writes and `len` says how large `size` is.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&raw mut size).cast::<libc::c_void>(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(usize::try_from(size).unwrap_or(0))
+}
+
 enum Stream {
     Unix(tokio::net::UnixStream),
     Tcp(tokio::net::TcpStream),
@@ -264,4 +319,26 @@ pub async fn serve_stdio(
     let stream = tokio::io::join(tokio::io::stdin(), tokio::io::stdout());
     let (_keep, shutdown) = watch::channel(false);
     serve_connection_tls(stream, exports, shutdown, tls).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::widen_send_buffer;
+
+    /// A local connection's send buffer ends up wider than the kernel's default, with or
+    /// without the privilege to pass over `net.core.wmem_max` (the kernel doubles what it is
+    /// asked for, so even a request capped at a `wmem_max` equal to the default is wider).
+    #[test]
+    fn a_local_connections_send_buffer_is_widened() {
+        let default: usize = std::fs::read_to_string("/proc/sys/net/core/wmem_default")
+            .expect("net.core.wmem_default")
+            .trim()
+            .parse()
+            .expect("a number");
+        let (server, _client) = std::os::unix::net::UnixStream::pair().unwrap();
+        let size = widen_send_buffer(server.as_raw_fd()).unwrap();
+        assert!(size > default, "send buffer {size} bytes, the default {default}");
+    }
 }
