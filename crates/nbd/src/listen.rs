@@ -186,9 +186,7 @@ async fn accept_loop(
         let placed = accepted.and_then(|stream| {
             let (mut stream, peer) = match stream {
                 Stream::Unix(stream) => {
-                    if let Err(error) = widen_send_buffer(stream.as_raw_fd()) {
-                        eprintln!("sluice: widening a connection's send buffer: {error}");
-                    }
+                    note_send_buffer(widen_send_buffer(stream.as_raw_fd()));
                     (CoreStream::from(stream), None)
                 }
                 Stream::Tcp(stream) => {
@@ -236,22 +234,37 @@ async fn accept_loop(
     while connections.join_next().await.is_some() {}
 }
 
-/// The send buffer asked for on a local connection: the kernel doubles it, so up to 8 MiB of
+/// The send buffer asked for on a local connection: the kernel doubles it, so about 8 MiB of
 /// replies (eight 1 MiB reads) queue for the client before a send stops short.
 const UNIX_SEND_BUFFER_BYTES: libc::c_int = 4 << 20;
 
-/// Widens a local (Unix-domain) connection's send buffer to [`UNIX_SEND_BUFFER_BYTES`] and
-/// returns the size the kernel set. A Unix stream's sender holds every byte the receiver has
+/// A connection's send buffer, as the kernel reports it, before and after
+/// [`widen_send_buffer`].
+#[derive(Clone, Copy, Debug)]
+struct SendBuffer {
+    before: usize,
+    after: usize,
+}
+
+/// Widens a local (Unix-domain) connection's send buffer to twice [`UNIX_SEND_BUFFER_BYTES`]
+/// unless it is that wide already. A Unix stream's sender holds every byte the receiver has
 /// not read yet, so with the default (`net.core.wmem_default`, 208 KiB) a 1 MiB read's reply
 /// left in five sends, and the client, reading on the other core, was woken for each piece
 /// and the server for the room it made: about five context switches per MiB served, against
 /// 0.1-0.6 with 8 MiB. Measured in paired runs (`bench/ab.sh ... -- sluice seqread`; the
 /// VM's CPUs were contended then, which made each wake-up dearer): 1 MiB reads 3.2x the
 /// MiB/s at 0.45x the server's CPU per MiB with no data cached, 4.9x at 0.55x cached
-/// (docs/bench/peers-notes.md, 2026-12-07 02:48Z). `SO_SNDBUFFORCE` (root, or
-/// `CAP_NET_ADMIN`) passes over `net.core.wmem_max`; without it the kernel caps the request
-/// there. TCP connections keep the kernel's autotuning, which setting the size would turn off.
-fn widen_send_buffer(fd: RawFd) -> std::io::Result<usize> {
+/// (docs/bench/peers-notes.md, 2026-12-07 02:48Z). `SO_SNDBUFFORCE` needs `CAP_NET_ADMIN` in
+/// the initial user namespace and passes over `net.core.wmem_max`; without it (as under the
+/// shipped systemd unit, which keeps no capabilities) `SO_SNDBUF` gets twice `wmem_max` at
+/// most (416 KiB on a stock kernel). TCP connections keep the kernel's autotuning, which
+/// setting the size would turn off.
+fn widen_send_buffer(fd: RawFd) -> std::io::Result<SendBuffer> {
+    let wanted = 2 * UNIX_SEND_BUFFER_BYTES as usize;
+    let before = send_buffer(fd)?;
+    if before >= wanted {
+        return Ok(SendBuffer { before, after: before });
+    }
     let set = |option| {
         let value = UNIX_SEND_BUFFER_BYTES;
         // SAFETY: `value` is a c_int that outlives the call, and its size is passed with it.
@@ -268,6 +281,11 @@ fn widen_send_buffer(fd: RawFd) -> std::io::Result<usize> {
     if set(libc::SO_SNDBUFFORCE) != 0 && set(libc::SO_SNDBUF) != 0 {
         return Err(std::io::Error::last_os_error());
     }
+    Ok(SendBuffer { before, after: send_buffer(fd)? })
+}
+
+/// The socket's send buffer as the kernel reports it (`SO_SNDBUF`).
+fn send_buffer(fd: RawFd) -> std::io::Result<usize> {
     let mut size: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: `size` and `len` are valid for writes and `len` says how large `size` is.
@@ -284,6 +302,31 @@ fn widen_send_buffer(fd: RawFd) -> std::io::Result<usize> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(usize::try_from(size).unwrap_or(0))
+}
+
+/// Says once per process when a local connection's send buffer came out narrower than
+/// wanted (or could not be set): the connection is served either way, at more CPU per large
+/// read, and the operator can lift the cap.
+fn note_send_buffer(result: std::io::Result<SendBuffer>) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let wanted = 2 * UNIX_SEND_BUFFER_BYTES as usize;
+    let problem = match result {
+        Ok(buffer) if buffer.after >= wanted => return,
+        Ok(buffer) => {
+            let (after, before, wanted) = (buffer.after >> 10, buffer.before >> 10, wanted >> 10);
+            format!("its send buffer is {after} KiB (from {before} KiB), not {wanted} KiB")
+        }
+        Err(error) => format!("its send buffer could not be set ({error})"),
+    };
+    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    eprintln!(
+        "sluice: warning: a local NBD connection is served, but {problem}, so large reads cost \
+         more CPU; set the sysctl net.core.wmem_max to at least {} (a file in /etc/sysctl.d), \
+         or give the server CAP_NET_ADMIN (said once)",
+        UNIX_SEND_BUFFER_BYTES
+    );
 }
 
 enum Stream {
@@ -327,18 +370,25 @@ mod tests {
 
     use super::widen_send_buffer;
 
-    /// A local connection's send buffer ends up wider than the kernel's default, with or
+    /// A local connection's send buffer ends up wider than the kernel gave it, with or
     /// without the privilege to pass over `net.core.wmem_max` (the kernel doubles what it is
-    /// asked for, so even a request capped at a `wmem_max` equal to the default is wider).
+    /// asked for, so a request capped at a `wmem_max` equal to the default still widens it;
+    /// only a `wmem_max` under half the default, where the kernel can widen nothing without
+    /// `CAP_NET_ADMIN`, would fail this), and is never narrowed.
     #[test]
     fn a_local_connections_send_buffer_is_widened() {
-        let default: usize = std::fs::read_to_string("/proc/sys/net/core/wmem_default")
-            .expect("net.core.wmem_default")
-            .trim()
-            .parse()
-            .expect("a number");
-        let (server, _client) = std::os::unix::net::UnixStream::pair().unwrap();
-        let size = widen_send_buffer(server.as_raw_fd()).unwrap();
-        assert!(size > default, "send buffer {size} bytes, the default {default}");
+        let (server, client) = std::os::unix::net::UnixStream::pair().unwrap();
+        let default = super::send_buffer(client.as_raw_fd()).unwrap();
+        let widened = widen_send_buffer(server.as_raw_fd()).unwrap();
+        assert_eq!(widened.before, default, "both ends start at the default");
+        let wanted = 2 * super::UNIX_SEND_BUFFER_BYTES as usize;
+        if default >= wanted {
+            assert_eq!(widened.after, default, "a wide buffer is left as it is");
+        } else {
+            assert!(widened.after > default, "send buffer {widened:?}, the default {default}");
+        }
+        // Asked again, it is not narrowed.
+        let again = widen_send_buffer(server.as_raw_fd()).unwrap();
+        assert!(again.after >= widened.after.min(wanted), "{again:?} after {widened:?}");
     }
 }
