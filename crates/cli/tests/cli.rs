@@ -1,7 +1,8 @@
 //! The `sluice pool` and `sluice vol` commands as a person runs them, on sparse files in a
 //! temporary directory: create, volumes, status, scrub, export, import by searching a
 //! directory, refusal while another process holds a leaf, and destroy; `pool create` refusing
-//! leaves that hold something unless forced, and leaf locks on a filesystem that refuses them.
+//! leaves that hold something unless forced, leaf locks on a filesystem that refuses them, and
+//! `serve --stdio` on a socket and on pipes.
 
 // Test helpers unwrap freely: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
@@ -830,4 +831,87 @@ fn a_server_of_an_older_protocol_is_named_as_such() {
     assert!(request.starts_with("{\"protocol\":6,\"command\":"), "{request}");
     assert_eq!(code, 11, "{said}");
     assert!(said.contains("speaks control protocol 2 and this sluice speaks 6"), "{said}");
+}
+
+/// `sluice serve --stdio` speaks NBD on stdin and stdout whether they are one Unix socket (as
+/// libnbd's `nbd_connect_command` launches it; served directly) or a pair of pipes (through
+/// tokio's stdin and stdout): a FUA write and a read of it back, then the client leaves and the
+/// server exports the pool and exits cleanly.
+#[test]
+fn stdio_serves_a_socket_and_pipes() {
+    use std::io::{Read, Write};
+    use std::process::Stdio;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let leaf = dir.path().join("leaf");
+    ok(&cache, &["pool", "create", "tank", leaf.to_str().unwrap(), "--size", "64M"]);
+    ok(&cache, &["vol", "create", "tank/v", "--size", "16M"]);
+    let session = |input: &mut dyn Write, output: &mut dyn Read, fill: u8| {
+        let mut greeting = [0u8; 18];
+        output.read_exact(&mut greeting).unwrap();
+        assert_eq!(&greeting[..16], b"NBDMAGICIHAVEOPT");
+        // Fixed newstyle; NBD_OPT_EXPORT_NAME "v".
+        input.write_all(&1u32.to_be_bytes()).unwrap();
+        input.write_all(b"IHAVEOPT").unwrap();
+        input.write_all(&[0, 0, 0, 1, 0, 0, 0, 1, b'v']).unwrap();
+        let mut export = [0u8; 8 + 2 + 124];
+        output.read_exact(&mut export).unwrap();
+        assert_eq!(u64::from_be_bytes(export[..8].try_into().unwrap()), 16 << 20);
+        let request = |kind: u16, flags: u16, offset: u64, len: u32| {
+            let mut header = Vec::with_capacity(28);
+            header.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+            header.extend_from_slice(&flags.to_be_bytes());
+            header.extend_from_slice(&kind.to_be_bytes());
+            header.extend_from_slice(&u64::from(kind).to_be_bytes());
+            header.extend_from_slice(&offset.to_be_bytes());
+            header.extend_from_slice(&len.to_be_bytes());
+            header
+        };
+        let reply = |output: &mut dyn Read, kind: u16| {
+            let mut simple = [0u8; 16];
+            output.read_exact(&mut simple).unwrap();
+            assert_eq!(&simple[..4], &0x6744_6698u32.to_be_bytes(), "a simple reply");
+            assert_eq!(&simple[4..8], &[0; 4], "error in reply to request {kind}");
+            assert_eq!(u64::from_be_bytes(simple[8..].try_into().unwrap()), u64::from(kind));
+        };
+        let data = vec![fill; 64 << 10];
+        input.write_all(&request(1, 1, 1 << 20, data.len() as u32)).unwrap();
+        input.write_all(&data).unwrap();
+        reply(output, 1);
+        input.write_all(&request(0, 0, 1 << 20, data.len() as u32)).unwrap();
+        reply(output, 0);
+        let mut back = vec![0u8; data.len()];
+        output.read_exact(&mut back).unwrap();
+        assert!(back == data, "the write did not read back");
+        input.write_all(&request(2, 0, 0, 0)).unwrap();
+    };
+    let command = || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        command
+            .args(["serve", "tank", "--stdio", "--dir"])
+            .arg(dir.path())
+            .env("SLUICE_CACHE_FILE", &cache)
+            .stderr(Stdio::null());
+        command
+    };
+
+    let (mine, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let their_copy = theirs.try_clone().unwrap();
+    let mut server = command()
+        .stdin(std::os::fd::OwnedFd::from(theirs))
+        .stdout(std::os::fd::OwnedFd::from(their_copy))
+        .spawn()
+        .unwrap();
+    session(&mut &mine, &mut &mine, 0x5a);
+    drop(mine);
+    let exited = server.wait().unwrap();
+    assert!(exited.success(), "the server on a socket exited {exited}");
+
+    let mut server = command().stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let (mut input, mut output) = (server.stdin.take().unwrap(), server.stdout.take().unwrap());
+    session(&mut input, &mut output, 0xa5);
+    drop((input, output));
+    let exited = server.wait().unwrap();
+    assert!(exited.success(), "the server on pipes exited {exited}");
 }

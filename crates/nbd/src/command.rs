@@ -104,12 +104,12 @@ impl Encoded {
 
 /// Writes `replies` whole, in order. Replies without data go into the connection's buffer
 /// (the caller flushes it). Where any carries read data and the socket takes vectored writes
-/// (not TLS, whose stream writes one slice a call, nor stdio), all of them go straight to the
-/// socket in vectored writes of their headers and the data's slices (at most `IOVECS_MAX` a
-/// call, Linux's limit), after whatever the buffer holds: through the buffer, a reply of up to
-/// 8 KiB would be copied into it before the kernel copies it again, which was 5.8% of the
-/// serving core at 32 queued 4 KiB reads (perf, 2026-11-26). A batch of replies so costs one
-/// `writev` and wakes the client once.
+/// (not TLS, whose stream writes one slice a call, nor stdio on pipes), all of them go
+/// straight to the socket in vectored writes of their headers and the data's slices (at most
+/// `IOVECS_MAX` a call, Linux's limit), after whatever the buffer holds: through the buffer, a
+/// reply of up to 8 KiB would be copied into it before the kernel copies it again, which was
+/// 5.8% of the serving core at 32 queued 4 KiB reads (perf, 2026-11-26). A batch of replies so
+/// costs one `writev` and wakes the client once.
 pub(crate) async fn send_all<'a, W: AsyncWrite + Unpin>(
     replies: impl IntoIterator<Item = &'a Encoded>,
     writer: &mut BufWriter<W>,

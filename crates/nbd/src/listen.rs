@@ -8,8 +8,12 @@
 //! clears `LISTEN_PID`/`LISTEN_FDS`/`LISTEN_FDNAMES` and owns the fds; it changes the
 //! environment, so it runs at the start of `main` while the process has one thread.
 //! [`Inherited::into_listeners`] registers them with tokio, so it runs inside the runtime.
+//!
+//! `--stdio` serves one client on stdin and stdout ([`serve_stdio`]): as an accepted local
+//! connection when they are one Unix socket, as libnbd launches a server, and through tokio's
+//! stdin and stdout otherwise.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, UnixListener};
@@ -284,21 +288,26 @@ fn widen_send_buffer(fd: RawFd) -> std::io::Result<SendBuffer> {
     Ok(SendBuffer { before, after: send_buffer(fd)? })
 }
 
-/// Whether `fd` is a Unix-domain socket (`SO_DOMAIN`); false for anything that is no socket.
-fn is_unix_socket(fd: RawFd) -> bool {
-    let mut domain: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `domain` and `len` are valid for writes and `len` says how large `domain` is.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_DOMAIN,
-            (&raw mut domain).cast::<libc::c_void>(),
-            &raw mut len,
-        )
+/// Whether `fd` is a Unix-domain stream socket (`SO_DOMAIN`, `SO_TYPE`); false for anything
+/// that is no socket.
+fn is_unix_stream(fd: RawFd) -> bool {
+    let option = |name| {
+        let mut value: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `value` and `len` are valid for writes and `len` says how large `value` is.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                name,
+                (&raw mut value).cast::<libc::c_void>(),
+                &raw mut len,
+            )
+        };
+        (rc == 0).then_some(value)
     };
-    rc == 0 && domain == libc::AF_UNIX
+    option(libc::SO_DOMAIN) == Some(libc::AF_UNIX)
+        && option(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
 }
 
 /// The socket's send buffer as the kernel reports it (`SO_SNDBUF`).
@@ -374,44 +383,87 @@ fn report_from(result: Result<(), crate::ConnectionError>, peer: &str) {
 /// Serves one client on stdin/stdout (libnbd's `nbd_connect_command`), until it leaves.
 ///
 /// libnbd hands the server one end of a Unix socket pair as both stdin and stdout. That socket
-/// is then served as an accepted local connection is: registered with the reactor, replies
-/// sent with vectored writes from the blocks' own buffers, its send buffer widened. Tokio's
-/// stdin and stdout, which serve anything else (pipes, a terminal), go through its blocking
-/// threads, one write of at most a block per hop: a 1 MiB read's reply took 64 of them.
+/// is served on the reactor as an accepted local connection is (on this core: there is no
+/// other connection to place it among), with vectored replies from the blocks' own buffers and
+/// a wide send buffer. Tokio's stdin and stdout, which serve anything else (pipes, a
+/// terminal), go through its blocking threads, one write of at most a block per hop: a 1 MiB
+/// read's reply took 64 of them (docs/bench/peers-notes.md, 2026-12-07 06:09Z).
 pub async fn serve_stdio(
     exports: Arc<dyn Exports>,
     tls: Option<Arc<TlsServer>>,
 ) -> Result<(), crate::ConnectionError> {
     let (_keep, shutdown) = watch::channel(false);
-    if let Some(socket) = stdio_socket()? {
-        note_send_buffer(widen_send_buffer(socket.as_raw_fd()));
+    let (stdin, stdout) = (std::io::stdin(), std::io::stdout());
+    if let Some((socket, _restore)) = stdio_socket(stdin.as_fd(), stdout.as_fd()) {
+        // Not said when capped: each client's launch is a new server, whose stderr is the
+        // client's, and the warning would come with every one.
+        let _ = widen_send_buffer(socket.as_raw_fd());
         return serve_placed(CoreStream::from(socket), exports, shutdown, tls, None).await;
     }
     let stream = tokio::io::join(tokio::io::stdin(), tokio::io::stdout());
     serve_connection_tls(stream, exports, shutdown, tls).await
 }
 
-/// Stdin as a Unix stream of the reactor's when stdin and stdout are one Unix socket (the
-/// same socket: `fstat`'s device and inode agree); `None` for anything else, which is served
-/// through tokio's stdin and stdout (a TCP socket from an inetd-style launch among them).
-fn stdio_socket() -> std::io::Result<Option<tokio::net::UnixStream>> {
-    let (stdin, stdout) = (libc::STDIN_FILENO, libc::STDOUT_FILENO);
-    if !is_unix_socket(stdin) || !is_unix_socket(stdout) || file_id(stdin)? != file_id(stdout)? {
-        return Ok(None);
+/// An open file's status flags as they were, put back when dropped: the reactor needs the
+/// stdio socket non-blocking, and the flag belongs to the open file, which outlives the server
+/// (in whatever else holds it: with libnbd, nothing does).
+struct FileFlags<'a> {
+    fd: BorrowedFd<'a>,
+    flags: libc::c_int,
+}
+
+impl Drop for FileFlags<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `fd` is open for the borrow's life; F_SETFL reads only its integer argument.
+        unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_SETFL, self.flags) };
     }
-    // A descriptor of its own, so that dropping the stream closes that one and stdin and
-    // stdout stay open (nothing else is written to stdout; stderr carries the messages).
-    // SAFETY: stdin is open for the process's life; the borrow ends with `try_clone_to_owned`.
-    let owned = unsafe { std::os::fd::BorrowedFd::borrow_raw(stdin) }.try_clone_to_owned()?;
-    let socket = std::os::unix::net::UnixStream::from(owned);
-    // The reactor needs it non-blocking; the flag is the open file's, which only this process
-    // holds (the client keeps the socket pair's other end).
-    socket.set_nonblocking(true)?;
-    tokio::net::UnixStream::from_std(socket).map(Some)
+}
+
+/// A non-blocking copy of `input` registered with the reactor, when `input` and `output` are
+/// one Unix stream socket (`fstat`'s device and inode agree), and its flags to put back once
+/// it is served. `None` for anything else, and where the copy cannot be made (said on
+/// stderr): the caller serves those through tokio's stdin and stdout, a TCP socket from an
+/// inetd-style launch among them.
+fn stdio_socket<'a>(
+    input: BorrowedFd<'a>,
+    output: BorrowedFd<'_>,
+) -> Option<(tokio::net::UnixStream, FileFlags<'a>)> {
+    let (fd_in, fd_out) = (input.as_raw_fd(), output.as_raw_fd());
+    if !is_unix_stream(fd_in) || !is_unix_stream(fd_out) {
+        return None;
+    }
+    match (file_id(fd_in), file_id(fd_out)) {
+        (Ok(a), Ok(b)) if a == b => {}
+        _ => return None,
+    }
+    // SAFETY: F_GETFL takes no argument and `fd_in` is open for the borrow's life.
+    let flags = unsafe { libc::fcntl(fd_in, libc::F_GETFL) };
+    let copy = (flags >= 0)
+        .then_some(())
+        .ok_or_else(std::io::Error::last_os_error)
+        // A descriptor of its own: the stream closes it when dropped, where closing stdin
+        // itself would free its number for the next file opened.
+        .and_then(|()| input.try_clone_to_owned());
+    let restore = FileFlags { fd: input, flags };
+    let stream = copy.map(std::os::unix::net::UnixStream::from).and_then(|socket| {
+        socket.set_nonblocking(true)?;
+        tokio::net::UnixStream::from_std(socket)
+    });
+    match stream {
+        Ok(stream) => Some((stream, restore)),
+        Err(error) => {
+            // `restore` puts the flags back as it drops, before tokio's stdin reads.
+            eprintln!(
+                "sluice: warning: stdin is a local socket, but it cannot be served directly \
+                 ({error}); serving it through stdin and stdout, at more CPU per request"
+            );
+            None
+        }
+    }
 }
 
 /// The (device, inode) `fstat` reports for `fd`.
-fn file_id(fd: RawFd) -> std::io::Result<(u64, u64)> {
+fn file_id(fd: RawFd) -> std::io::Result<(libc::dev_t, libc::ino_t)> {
     let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: `stat` is valid for a write of a `struct stat`, which `fstat` fills on success.
     if unsafe { libc::fstat(fd, stat.as_mut_ptr()) } != 0 {
@@ -451,33 +503,49 @@ mod tests {
     }
 
     /// `serve_stdio` serves stdin and stdout as one socket only where they are one Unix
-    /// socket (libnbd's `nbd_connect_command`): not a pipe, nor a TCP socket, nor a file, nor
-    /// two ends of a pair.
-    #[test]
-    fn only_one_unix_socket_counts_as_one() {
+    /// stream socket (libnbd's `nbd_connect_command`): not two ends of a pair, a pipe, a
+    /// datagram socket, a TCP socket nor a file. The socket it serves is a non-blocking copy,
+    /// and the original's flags are as they were once it is dropped.
+    #[tokio::test]
+    async fn only_one_unix_stream_socket_is_served_directly() {
+        use std::os::fd::AsFd;
+
         let (server, client) = std::os::unix::net::UnixStream::pair().unwrap();
-        assert!(super::is_unix_socket(server.as_raw_fd()));
         let copy = server.try_clone().unwrap();
-        let id = super::file_id(server.as_raw_fd()).unwrap();
-        assert_eq!(super::file_id(copy.as_raw_fd()).unwrap(), id, "a copy is the same socket");
-        assert_ne!(super::file_id(client.as_raw_fd()).unwrap(), id, "the other end is not");
+        let blocking = |fd: &dyn AsFd| {
+            // SAFETY: F_GETFL takes no argument; the descriptor is open.
+            let flags = unsafe { libc::fcntl(fd.as_fd().as_raw_fd(), libc::F_GETFL) };
+            assert!(flags >= 0);
+            flags & libc::O_NONBLOCK == 0
+        };
+        assert!(blocking(&server));
+        {
+            let (socket, _restore) =
+                super::stdio_socket(server.as_fd(), copy.as_fd()).expect("one socket twice");
+            assert!(!blocking(&server), "the copy shares the open file, now non-blocking");
+            // The copy is the same socket: what the client sends, it reads.
+            std::io::Write::write_all(&mut &client, b"hello").unwrap();
+            socket.readable().await.unwrap();
+            let mut got = [0u8; 5];
+            assert_eq!(socket.try_read(&mut got).unwrap(), 5);
+            assert_eq!(&got, b"hello");
+        }
+        assert!(blocking(&server), "the flags are put back");
+        assert!(super::stdio_socket(server.as_fd(), client.as_fd()).is_none(), "two ends");
+
         let mut pipe = [0 as libc::c_int; 2];
         // SAFETY: `pipe` has room for the two descriptors, which the OwnedFds then own.
-        let ends = unsafe {
-            assert_eq!(
-                libc::pipe(pipe.as_mut_ptr()),
-                0,
-                "pipe: {}",
-                std::io::Error::last_os_error()
-            );
+        let [read, write] = unsafe {
+            assert_eq!(libc::pipe(pipe.as_mut_ptr()), 0, "{}", std::io::Error::last_os_error());
             pipe.map(|fd| <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd))
         };
-        for end in &ends {
-            assert!(!super::is_unix_socket(end.as_raw_fd()));
-        }
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        assert!(!super::is_unix_socket(listener.as_raw_fd()));
+        assert!(super::stdio_socket(read.as_fd(), write.as_fd()).is_none(), "a pipe");
+        let (datagram, _other) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        assert!(super::stdio_socket(datagram.as_fd(), datagram.as_fd()).is_none(), "datagrams");
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(super::stdio_socket(tcp.as_fd(), tcp.as_fd()).is_none(), "TCP");
         let file = std::fs::File::open("/proc/self/stat").unwrap();
-        assert!(!super::is_unix_socket(file.as_raw_fd()));
+        assert!(super::stdio_socket(file.as_fd(), file.as_fd()).is_none(), "a file");
+        assert!(blocking(&read) && blocking(&datagram), "nothing else was changed");
     }
 }

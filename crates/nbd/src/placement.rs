@@ -189,7 +189,7 @@ pub(crate) trait Movable {
     /// The socket's descriptor, where a payload may be received from it directly (a plain
     /// socket, attached): server.rs's `read_blocks` then takes a write's blocks in one
     /// vectored receive. `None` where the bytes must come through the stream: TLS decrypts
-    /// them, and stdio and test pipes are not sockets.
+    /// them, and stdio on pipes and test pipes are not sockets.
     fn socket_fd(&self) -> Option<RawFd> {
         None
     }
@@ -323,7 +323,7 @@ impl AsyncWrite for CoreStream {
     }
 }
 
-/// A stream that stays where it is (stdio, test pipes): never asked to move, since only
+/// A stream that stays where it is (stdio on pipes, test pipes): never asked to move, since only
 /// connections given a [`Placed`] are.
 #[derive(Debug)]
 pub(crate) struct Fixed<S>(pub(crate) S);
