@@ -55,7 +55,7 @@ pub fn levels_for(blocks: u64) -> u8 {
     levels
 }
 
-fn span_of(level: u8) -> u64 {
+pub(crate) fn span_of(level: u8) -> u64 {
     INDIRECT_BPS.saturating_pow(u32::from(level))
 }
 
