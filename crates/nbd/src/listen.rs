@@ -291,43 +291,33 @@ fn widen_send_buffer(fd: RawFd) -> std::io::Result<SendBuffer> {
 /// Whether `fd` is a Unix-domain stream socket (`SO_DOMAIN`, `SO_TYPE`); false for anything
 /// that is no socket.
 fn is_unix_stream(fd: RawFd) -> bool {
-    let option = |name| {
-        let mut value: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: `value` and `len` are valid for writes and `len` says how large `value` is.
-        let rc = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                name,
-                (&raw mut value).cast::<libc::c_void>(),
-                &raw mut len,
-            )
-        };
-        (rc == 0).then_some(value)
-    };
-    option(libc::SO_DOMAIN) == Some(libc::AF_UNIX)
-        && option(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+    socket_option(fd, libc::SO_DOMAIN).ok() == Some(libc::AF_UNIX)
+        && socket_option(fd, libc::SO_TYPE).ok() == Some(libc::SOCK_STREAM)
 }
 
 /// The socket's send buffer as the kernel reports it (`SO_SNDBUF`).
 fn send_buffer(fd: RawFd) -> std::io::Result<usize> {
-    let mut size: libc::c_int = 0;
+    Ok(usize::try_from(socket_option(fd, libc::SO_SNDBUF)?).unwrap_or(0))
+}
+
+/// An integer socket option at `SOL_SOCKET` level (`getsockopt`).
+fn socket_option(fd: RawFd, name: libc::c_int) -> std::io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `size` and `len` are valid for writes and `len` says how large `size` is.
+    // SAFETY: `value` and `len` are valid for writes and `len` says how large `value` is.
     let rc = unsafe {
         libc::getsockopt(
             fd,
             libc::SOL_SOCKET,
-            libc::SO_SNDBUF,
-            (&raw mut size).cast::<libc::c_void>(),
+            name,
+            (&raw mut value).cast::<libc::c_void>(),
             &raw mut len,
         )
     };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(usize::try_from(size).unwrap_or(0))
+    Ok(value)
 }
 
 /// Says once per process when a local connection's send buffer came out narrower than
@@ -436,27 +426,32 @@ fn stdio_socket<'a>(
         (Ok(a), Ok(b)) if a == b => {}
         _ => return None,
     }
+    let warn = |error: std::io::Error| {
+        eprintln!(
+            "sluice: warning: stdin is a local socket, but it cannot be served directly \
+             ({error}); serving it through stdin and stdout, at more CPU per request"
+        );
+    };
     // SAFETY: F_GETFL takes no argument and `fd_in` is open for the borrow's life.
     let flags = unsafe { libc::fcntl(fd_in, libc::F_GETFL) };
-    let copy = (flags >= 0)
-        .then_some(())
-        .ok_or_else(std::io::Error::last_os_error)
-        // A descriptor of its own: the stream closes it when dropped, where closing stdin
-        // itself would free its number for the next file opened.
-        .and_then(|()| input.try_clone_to_owned());
+    if flags < 0 {
+        // Nothing changed yet, and no flags to put back.
+        warn(std::io::Error::last_os_error());
+        return None;
+    }
     let restore = FileFlags { fd: input, flags };
-    let stream = copy.map(std::os::unix::net::UnixStream::from).and_then(|socket| {
-        socket.set_nonblocking(true)?;
-        tokio::net::UnixStream::from_std(socket)
-    });
+    // A descriptor of its own: the stream closes it when dropped, where closing stdin itself
+    // would free its number for the next file opened.
+    let stream =
+        input.try_clone_to_owned().map(std::os::unix::net::UnixStream::from).and_then(|socket| {
+            socket.set_nonblocking(true)?;
+            tokio::net::UnixStream::from_std(socket)
+        });
     match stream {
         Ok(stream) => Some((stream, restore)),
         Err(error) => {
             // `restore` puts the flags back as it drops, before tokio's stdin reads.
-            eprintln!(
-                "sluice: warning: stdin is a local socket, but it cannot be served directly \
-                 ({error}); serving it through stdin and stdout, at more CPU per request"
-            );
+            warn(error);
             None
         }
     }
