@@ -3,14 +3,18 @@
 //! and its insert (made to happen every time with a pause point; crates/host/tests/
 //! shrink_race.rs races the same on real threads, where it happens only some of the time): the
 //! write is refused as out of range, nothing is stored past the new end, the audit balances,
-//! and a grow reads the tail back as zeros.
+//! and a grow reads the tail back as zeros. Indirect blocks as scattered writes, overwrites and
+//! zeroes change their slots: each slot its pointer's encoding, fills their children's, and a
+//! block of holes a hole.
 
 use crate::common;
 
 use sluice_engine::device::SimProfile;
+use sluice_engine::objset;
 use sluice_engine::pool::Pool;
-use sluice_engine::tunables::Tunables;
+use sluice_engine::tunables::{IoClass, Tunables};
 use sluice_engine::txg::{Store, StoreError};
+use sluice_format::{BlockPointer, BLKPTR_BYTES};
 use sluice_sim::Sim;
 use std::sync::Arc;
 use std::time::Duration;
@@ -139,6 +143,75 @@ fn block_status_reports_holes() {
         );
     })
     .unwrap();
+}
+
+/// A volume's indirect blocks after scattered writes, overwrites and zeroes: every slot is
+/// stored as its pointer encodes (the sync copies an indirect block's unchanged slots as they
+/// are and encodes only the changed ones), each block's fill is its children's, a level-1
+/// block whose data all became holes is a hole itself, and so is the root once every block is.
+#[test]
+fn indirect_blocks_hold_their_childrens_encodings_as_slots_change() {
+    let sim = Sim::new(11);
+    let legs = common::legs(&sim, 2, SimProfile::Instant, LEAF_BYTES);
+    let env = sim.env();
+    let specs = common::leaf_specs(&legs);
+    sim.run(async move {
+        let tunables = Tunables::default();
+        let spec = common::mirror_pool(specs);
+        let store = Store::create(Pool::create(&env, spec, &tunables).await.unwrap(), &tunables);
+        // 1,024 blocks of 4 KiB: eight level-1 blocks of 128 under the root.
+        store.create_volume("v", 4 << 20, 4096).unwrap();
+        let node_bytes = 128 * 4096;
+        let scattered = [0u64, 5, 127, 128 + 3, 128 + 64, 3 * 128 + 9, 7 * 128 + 127];
+        for (i, &block) in scattered.iter().enumerate() {
+            store.write("v", block * 4096, &[i as u8 + 1; 4096]).await.unwrap();
+        }
+        store.sync().await.unwrap();
+        assert_eq!(level_one_blocks(&store).await, vec![0, 128, 384, 896]);
+        // Overwrites and a zero beside untouched slots of the same level-1 blocks.
+        store.write("v", 5 * 4096, &[9; 4096]).await.unwrap();
+        store.write("v", 6 * 4096, &[10; 4096]).await.unwrap();
+        store.zero("v", 127 * 4096, 4096).await.unwrap();
+        store.sync().await.unwrap();
+        assert_eq!(level_one_blocks(&store).await, vec![0, 128, 384, 896]);
+        assert_eq!(store.read("v", 5 * 4096, 8192).await.unwrap()[4095..4097], [9, 10]);
+        assert_eq!(store.read("v", 127 * 4096, 4096).await.unwrap(), vec![0; 4096]);
+        // Every data block under the second level-1 block zeroed: it goes, its neighbours stay.
+        store.zero("v", node_bytes, node_bytes).await.unwrap();
+        store.sync().await.unwrap();
+        assert_eq!(level_one_blocks(&store).await, vec![0, 384, 896]);
+        assert!(store.audit().await.unwrap().is_clean());
+        store.zero("v", 0, 4 << 20).await.unwrap();
+        store.sync().await.unwrap();
+        assert_eq!(store.volume_info("v").unwrap().root, None, "a tree of holes is a hole");
+        assert!(store.audit().await.unwrap().is_clean());
+    })
+    .unwrap();
+}
+
+/// The first data block under each level-1 block of volume "v", after checking every indirect
+/// block: each slot's bytes are its decoded pointer's encoding, and its fill the sum of its
+/// children's.
+async fn level_one_blocks(store: &Store) -> Vec<u64> {
+    let entry = store.volume_info("v").unwrap();
+    let tree = objset::walk(store.pool(), entry.root, entry.levels).await.unwrap();
+    for (level, base, bp) in &tree {
+        if *level == 0 {
+            continue;
+        }
+        let bytes = store.pool().read_block_cached(bp, IoClass::SyncRead).await.unwrap();
+        let mut fill = 0;
+        for slot in bytes.chunks_exact(BLKPTR_BYTES) {
+            let child = BlockPointer::decode(slot).unwrap();
+            assert_eq!(&BlockPointer::encode(child.as_ref())[..], slot, "level {level} at {base}");
+            fill += child.map_or(0, |c| c.fill);
+        }
+        assert_eq!(bp.fill, fill, "the fill of the level-{level} block over blocks {base}..");
+    }
+    let mut bases: Vec<u64> =
+        tree.iter().filter(|(level, ..)| *level == 1).map(|(_, base, _)| *base).collect();
+    bases.sort_unstable();
+    bases
 }
 
 /// The volume front counts every answered request per type, across all handles, with its

@@ -354,6 +354,21 @@ impl BlockPointer {
         out
     }
 
+    /// The fill of an encoded pointer, read without decoding it (a hole's is 0): how a parent
+    /// whose other slots are copied as they are sums its children.
+    pub fn encoded_fill(bytes: &[u8; BLKPTR_BYTES]) -> u64 {
+        let mut fill = [0u8; 8];
+        fill.copy_from_slice(&bytes[OFF_FILL..OFF_FILL + 8]);
+        u64::from_le_bytes(fill)
+    }
+
+    /// Whether an encoded pointer is part of an encrypted tree (an encrypted block, or an
+    /// indirect block over them), read without decoding it: a parent over such a slot hashes
+    /// its children's MACs, which needs every slot decoded.
+    pub fn encoded_is_authenticated(bytes: &[u8; BLKPTR_BYTES]) -> bool {
+        bytes[OFF_FLAGS] & (FLAG_ENCRYPTED | FLAG_CHILDREN_MAC) != 0
+    }
+
     /// Decodes a block pointer; `Ok(None)` is a hole.
     pub fn decode(bytes: &[u8]) -> Result<Option<BlockPointer>, FormatError> {
         let r = Reader::new(WHAT, bytes, BLKPTR_BYTES)?;

@@ -91,6 +91,38 @@ fn an_encrypted_pointer_keeps_its_fields_where_the_table_says() {
     assert_eq!(&key.0[16..], &[0xc3; 16]);
 }
 
+/// What a parent's rebuild reads from a slot without decoding it: the fill, and whether the
+/// slot belongs to an encrypted tree (then the parent hashes its children and decodes them).
+#[test]
+fn a_slots_fill_and_encryption_read_without_decoding() {
+    let hole = BlockPointer::encode(None);
+    assert_eq!(BlockPointer::encoded_fill(&hole), 0);
+    assert!(!BlockPointer::encoded_is_authenticated(&hole));
+    let encrypted = BlockPointer { fill: 7, ..encrypted_bp(true) };
+    let bytes = BlockPointer::encode(Some(&encrypted));
+    assert_eq!(BlockPointer::encoded_fill(&bytes), 7);
+    assert!(BlockPointer::encoded_is_authenticated(&bytes));
+    let plain = BlockPointer {
+        dvas: [encrypted.dvas[0], encrypted.dvas[1], Dva::default()],
+        crypt: BlockCrypt::None,
+        dedup: None,
+        fill: 1 << 40,
+        ..encrypted
+    };
+    let bytes = BlockPointer::encode(Some(&plain));
+    assert_eq!(BlockPointer::encoded_fill(&bytes), 1 << 40);
+    assert!(!BlockPointer::encoded_is_authenticated(&bytes));
+    let above = BlockPointer {
+        kind: BlockKind::Indirect,
+        level: 1,
+        compression: BlockCompression::None,
+        psize_sectors: 32,
+        crypt: BlockCrypt::ChildrenMac([9; 32]),
+        ..plain
+    };
+    assert!(BlockPointer::encoded_is_authenticated(&BlockPointer::encode(Some(&above))));
+}
+
 #[test]
 fn malformed_encryption_fields_are_refused() {
     let refused = |bytes: &[u8; BLKPTR_BYTES], why: &str| {
