@@ -153,12 +153,9 @@ fn block_status_reports_holes() {
 fn indirect_blocks_hold_their_childrens_encodings_as_slots_change() {
     let sim = Sim::new(11);
     let legs = common::legs(&sim, 2, SimProfile::Instant, LEAF_BYTES);
-    let env = sim.env();
-    let specs = common::leaf_specs(&legs);
+    let (env, specs) = (sim.env(), common::leaf_specs(&legs));
     sim.run(async move {
-        let tunables = Tunables::default();
-        let spec = common::mirror_pool(specs);
-        let store = Store::create(Pool::create(&env, spec, &tunables).await.unwrap(), &tunables);
+        let store = common::mirror_store(&env, specs, &Tunables::default()).await;
         // 1,024 blocks of 4 KiB: eight level-1 blocks of 128 under the root.
         store.create_volume("v", 4 << 20, 4096).unwrap();
         let node_bytes = 128 * 4096;
