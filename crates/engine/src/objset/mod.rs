@@ -339,11 +339,6 @@ async fn rebuild_node(
     let first = node * INDIRECT_BPS;
     let changed = changes.range(first..first + INDIRECT_BPS);
     let mut replaced: Vec<BlockPointer> = old.into_iter().collect();
-    if let Some(bytes) = &old_bytes {
-        if bytes.len() != INDIRECT_BYTES {
-            return Err(format_error(pool, indirect_length_error(bytes.len())));
-        }
-    }
     let plain = old_bytes.as_ref().is_none_or(|bytes| !authenticated(bytes))
         && changed.clone().all(|(_, new)| new.is_none_or(|bp| bp.crypt == BlockCrypt::None));
     if plain {
@@ -406,8 +401,8 @@ fn slot_array(slot: &[u8]) -> &[u8; BLKPTR_BYTES] {
 /// slots for each block changed under them (a random write changes one slot of its level-1
 /// block and one of each block above) cost scattered small writes about a twentieth of the
 /// server's CPU per write (`bench/ab.sh`, mixed writes and 4 KiB write + flush at 8 clients,
-/// 2026-12-07). Decode and encode are exact inverses on the slots the pool writes, so the bytes are
-/// those the full rebuild would make; the fill is summed from each slot's encoded field.
+/// 2026-12-07). Decode and encode are exact inverses on every slot that decodes, so the bytes
+/// are those the full rebuild would make; the fill is summed from each slot's encoded field.
 fn patch_node<'a>(
     pool: &Pool,
     level: u8,
@@ -418,6 +413,10 @@ fn patch_node<'a>(
 ) -> Result<Rebuilt, PoolError> {
     let first = node * INDIRECT_BPS;
     let mut bytes = match old {
+        // Refused as `decode_indirect` refuses it: a block of another length has no slots.
+        Some(old) if old.len() != INDIRECT_BYTES => {
+            return Err(format_error(pool, indirect_length_error(old.len())));
+        }
         Some(old) => AlignedBuf::copy_from(old),
         None => AlignedBuf::zeroed(INDIRECT_BYTES),
     };
