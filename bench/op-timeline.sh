@@ -37,12 +37,18 @@
 #          [--compression lz4|off|... (the volume's, `sluice vol create --compression`)]
 #          [--fio ARG (added to the traced job: --fio --buffer_compress_percentage=50 --fio
 #          --refill_buffers writes data that compresses to about half)]
-# A pool on a 3 GiB zeroed file, a 1 GiB volume written first (as bench/per-op.sh does), then
-# fio's nbd engine at one job and queue depth 1 (--fsync=1) for 8 s, traced from 3 s in. Needs
+#          [--warmup N (seconds of 4 KiB random writes at queue depth 32 before the traced job;
+#          default 15, 0 for none)]
+# A pool on a 3 GiB zeroed file, a 1 GiB volume written first (as bench/per-op.sh does), the
+# warm-up, then fio's nbd engine at one job and queue depth 1 (--fsync=1) for 8 s, traced from
+# 3 s in. The warm-up is there because a fresh server grows its heap under its first seconds of
+# small writes (by some 1.4 GiB here: dirty blocks, the block cache), and each 2 MiB of growth is
+# a huge page the serving core faults in and clears, stalling its requests for milliseconds;
+# bench/peers.sh warms its targets up likewise. Needs
 # perf with tracepoint access (root), fio, and Debian's /usr/bin/python3; builds nothing.
 set -euo pipefail
 
-bin=target/release/sluice; serve_args=(); bs=4k; vol_args=(); fio_args=()
+bin=target/release/sluice; serve_args=(); bs=4k; vol_args=(); fio_args=(); warmup=15
 while [ $# -gt 0 ]; do
   case $1 in
     --bin) bin=$2; shift 2 ;;
@@ -50,9 +56,11 @@ while [ $# -gt 0 ]; do
     --write-size) bs=$2; shift 2 ;;
     --compression) vol_args+=(--compression "$2"); shift 2 ;;
     --fio) fio_args+=("$2"); shift 2 ;;
+    --warmup) warmup=$2; shift 2 ;;
     *) echo "op-timeline: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+[[ $warmup =~ ^[0-9]+$ ]] || { echo "op-timeline: --warmup takes a number of seconds (0: none), not $warmup" >&2; exit 2; }
 # The 4 KiB cut knows a 4 KiB write by its request's size; the large one takes 256 KiB and up.
 bytes=$(numfmt --from=iec "${bs^^}" 2>/dev/null || true)
 if [ -z "$bytes" ] || { [ "$bytes" -ne 4096 ] && [ "$bytes" -lt $((256 << 10)) ]; }; then
@@ -75,7 +83,12 @@ pid=$!
 for _ in $(seq 1 100); do [ -S "$dir/s.sock" ] && break; sleep 0.1; done
 uri="nbd+unix:///disk?socket=$dir/s.sock"
 fio --name=prefill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size=1G >/dev/null 2>&1
-# The prefill's txg sync, past txg.timeout_ms, so it is not in the traced second.
+if [ "$warmup" -gt 0 ]; then
+  fio --name=warmup --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=32 --size=1G \
+    --time_based --runtime="$warmup" --end_fsync=1 >/dev/null 2>&1
+fi
+# The last txg sync of the prefill (or warm-up), past txg.timeout_ms, so it is not in the traced
+# second.
 sleep 6
 # Large writes sequential, as bench/peers.sh's 1 MiB write + flush jobs are.
 rw=randwrite; [ "$large" = 1 ] && rw=write
