@@ -33,6 +33,13 @@
 //! noted on the thread that makes the sleep, which for the engine's tasks is the one that
 //! awaits it (they stay on their core).
 //!
+//! Before it polls, and when a poll sees an event, the loop reaps its core ring's completions
+//! itself (`core_ring`, whose completion queue it can read without a system call). Otherwise it
+//! would learn of them from its reactor, the ring's descriptor readable, and hand them to the
+//! ring's reaper task: a return from `epoll_wait` and a task's turn more between a log block's
+//! durable write and the flush reply waiting for it. The reactor still reports the descriptor
+//! at its next turn, when the reaper finds nothing left, after the woken tasks have run.
+//!
 //! A core whose recent reads and writes are large sleeps at once, leaving its window as it was
 //! (the moving mean of their bytes, which the NBD server notes through
 //! `sluice_engine::rt::note_request` on the core that serves them; [`LARGE_REQUEST_BYTES`]).
@@ -55,6 +62,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use sluice_engine::core_ring;
+
 /// A `sched_yield` that took longer than this ran another thread: the CPU is contended.
 const CONTENDED_YIELD_NS: u64 = 10_000;
 
@@ -75,6 +84,17 @@ thread_local! {
 /// it back under on their eleventh (more after larger requests).
 fn requests_are_large() -> bool {
     sluice_engine::rt::request_bytes_mean() >= LARGE_REQUEST_BYTES
+}
+
+/// Reaps this core's ring ([`core_ring::reap`]) if completions wait in it, and says whether
+/// it did: the futures they finish are woken onto this loop's queue, so the loop runs them
+/// instead of sleeping (tokio's current-thread loop parks only with an empty queue).
+fn reap_ring() -> bool {
+    if !core_ring::has_completions() {
+        return false;
+    }
+    core_ring::reap();
+    true
 }
 
 /// Records that a task on this thread sleeps until `at`: a poll must not hold the loop past it.
@@ -147,6 +167,10 @@ impl IdlePoll {
 
     /// Called as the loop is about to sleep: polls its descriptors for the window.
     pub(crate) fn before_park(&self) {
+        if reap_ring() {
+            self.slept_at_ns.store(0, Ordering::Relaxed);
+            return;
+        }
         if requests_are_large() {
             // No poll, and the sleep is not counted: how soon a stream's next event comes says
             // nothing of the window the core's small requests want once they return.
@@ -185,6 +209,10 @@ impl IdlePoll {
             end = start;
         }
         while self.now_ns() < end {
+            if reap_ring() {
+                self.slept_at_ns.store(0, Ordering::Relaxed);
+                return;
+            }
             let nfds = libc::nfds_t::try_from(fds.len()).expect("a few descriptors");
             // SAFETY: `fds` is a live array of `nfds` pollfd entries; a zero timeout never
             // blocks.
@@ -199,6 +227,8 @@ impl IdlePoll {
                         .collect();
                     self.fds.lock().expect("never poisoned").retain(|fd| !closed.contains(fd));
                 }
+                // The event may be the ring's: its completion was posted as this call returned.
+                reap_ring();
                 self.slept_at_ns.store(0, Ordering::Relaxed);
                 return;
             }
@@ -323,6 +353,53 @@ mod tests {
         assert_eq!(poll.slept_at_ns.load(Ordering::Relaxed), 0, "and it did not sleep");
         poll.after_unpark();
         assert_eq!(poll.window(), Duration::from_secs(10), "which leaves the window");
+    }
+
+    /// A completion in the core's ring is reaped by the loop about to sleep, and the loop then
+    /// does not sleep: one posted before the poll (found first), and one posted while it polls
+    /// (the ring's descriptor turns readable). Either way the operation's future is finished
+    /// without the reactor or the reaper task.
+    #[test]
+    fn a_ring_completion_is_reaped_before_the_loop_sleeps() {
+        use std::future::Future;
+        use std::io::Write;
+        use std::task::{Context, Poll, Waker};
+        let finished = |op: &mut std::pin::Pin<&mut dyn Future<Output = i32>>| {
+            op.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+        };
+        // Where io_uring is refused the loop has no ring to reap.
+        let Ok(ring) = core_ring::install() else { return };
+        let (mut near, far) = std::os::unix::net::UnixStream::pair().unwrap();
+        let op = core_ring::read_stream(far, 1).expect("a ring is installed");
+        let mut op: std::pin::Pin<&mut dyn Future<Output = i32>> = std::pin::pin!(op);
+        assert_eq!(finished(&mut op), Poll::Pending);
+        // The kernel posts the read's completion as this thread leaves the write (no deferred
+        // task work): it waits before the poll starts. No descriptors: no poll either way.
+        near.write_all(b"x").unwrap();
+        assert!(core_ring::has_completions());
+        let poll = IdlePoll::new(Duration::from_secs(80));
+        poll.before_park();
+        assert!(!core_ring::has_completions(), "the completion was reaped");
+        assert_eq!(finished(&mut op), Poll::Ready(1), "and the read's future finished");
+        assert_eq!(poll.slept_at_ns.load(Ordering::Relaxed), 0, "the loop did not sleep");
+
+        let (mut near, far) = std::os::unix::net::UnixStream::pair().unwrap();
+        let op = core_ring::read_stream(far, 1).expect("a ring is installed");
+        let mut op: std::pin::Pin<&mut dyn Future<Output = i32>> = std::pin::pin!(op);
+        assert_eq!(finished(&mut op), Poll::Pending);
+        let poll = watching(Duration::from_secs(80), &ring);
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            near.write_all(b"y").unwrap();
+            near
+        });
+        let start = Instant::now();
+        poll.before_park();
+        assert!(start.elapsed() < Duration::from_secs(5), "the completion ended the poll");
+        assert_eq!(finished(&mut op), Poll::Ready(1), "reaped by the poll");
+        assert_eq!(poll.slept_at_ns.load(Ordering::Relaxed), 0, "the loop did not sleep");
+        drop(writer.join().unwrap());
+        core_ring::uninstall();
     }
 
     /// An engine sleep's deadline ends the poll before the window does.

@@ -163,6 +163,20 @@ pub fn inflight() -> usize {
     CORE.with(|c| c.borrow().as_ref().map_or(0, |core| core.inflight.borrow().len()))
 }
 
+/// Whether completions wait in this thread's ring to be reaped (false without a ring): a look
+/// at the completion queue the kernel shares, no system call. For a loop about to sleep, which
+/// can reap them itself ([`reap`]) instead of waiting for its reactor to report the ring's
+/// descriptor readable.
+pub fn has_completions() -> bool {
+    CORE.with(|c| {
+        let core = c.borrow();
+        // A ring borrowed meanwhile (never, from a loop's park hook) is being reaped already.
+        core.as_ref().is_some_and(|core| {
+            core.ring.try_borrow_mut().is_ok_and(|mut ring| !ring.completion().is_empty())
+        })
+    })
+}
+
 /// Completes every operation whose completion has arrived, waking its future. Returns how many.
 pub fn reap() -> usize {
     let Some(core) = CORE.with(|c| c.borrow().clone()) else { return 0 };
