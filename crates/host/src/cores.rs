@@ -22,7 +22,8 @@
 //!
 //! A core about to sleep first polls its loop's descriptors for a short, adaptive while
 //! (crate::idle_poll, `cores.idle_poll_us`): on a VM, waking an idle core costs more than a
-//! lone client's gaps between requests.
+//! lone client's gaps between requests. Such a core also reaps its ring's completions itself
+//! as it is about to sleep, ahead of the reaper task.
 
 use std::future::Future;
 use std::io;

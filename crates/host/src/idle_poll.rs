@@ -33,12 +33,17 @@
 //! noted on the thread that makes the sleep, which for the engine's tasks is the one that
 //! awaits it (they stay on their core).
 //!
-//! Before it polls, and when a poll sees an event, the loop reaps its core ring's completions
-//! itself (`core_ring`, whose completion queue it can read without a system call). Otherwise it
-//! would learn of them from its reactor, the ring's descriptor readable, and hand them to the
-//! ring's reaper task: a return from `epoll_wait` and a task's turn more between a log block's
-//! durable write and the flush reply waiting for it. The reactor still reports the descriptor
-//! at its next turn, when the reaper finds nothing left, after the woken tasks have run.
+//! Before it polls (on a core that sleeps at once too), and at each turn of a poll, the loop
+//! reaps its core ring's completions itself (`core_ring`, whose completion queue it reads
+//! without a system call). Otherwise the poll would end on the ring's descriptor, the loop
+//! would ask its reactor, and the ring's reaper task would reap them: a poll turn, an
+//! `epoll_wait` that returns the descriptor and a task's turn more between a log block's durable
+//! write and the flush reply waiting for it. The woken tasks are queued, so tokio does not block
+//! (it still asks its reactor once, without waiting: tokio 1.51.4 and later, tokio#8222, which
+//! is why the workspace asks for a tokio past that); and as the reactor looks at the ring's
+//! descriptor again before it reports it, an emptied ring wakes no reaper. A core with no
+//! window (`cores.idle_poll_us=0`, and core 0 beside other cores) has no park hook, and its
+//! reaper reaps as before.
 //!
 //! A core whose recent reads and writes are large sleeps at once, leaving its window as it was
 //! (the moving mean of their bytes, which the NBD server notes through
@@ -87,14 +92,11 @@ fn requests_are_large() -> bool {
 }
 
 /// Reaps this core's ring ([`core_ring::reap`]) if completions wait in it, and says whether
-/// it did: the futures they finish are woken onto this loop's queue, so the loop runs them
-/// instead of sleeping (tokio's current-thread loop parks only with an empty queue).
+/// that woke a future: woken onto this loop's queue, it runs instead of the loop sleeping
+/// (tokio's current-thread loop blocks only with an empty queue). Completions whose futures
+/// are gone wake nothing, and the loop goes on to poll or sleep.
 fn reap_ring() -> bool {
-    if !core_ring::has_completions() {
-        return false;
-    }
-    core_ring::reap();
-    true
+    core_ring::has_completions() && core_ring::reap() > 0
 }
 
 /// Records that a task on this thread sleeps until `at`: a poll must not hold the loop past it.

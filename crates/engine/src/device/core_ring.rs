@@ -5,7 +5,7 @@
 //! [`install`]s a ring here; from then on every file-leaf read, write and durable write made on
 //! that thread is pushed to that ring by the caller itself, and the loop reaps completions
 //! ([`reap`]) when the ring's descriptor turns readable, waking the waiting futures on the same
-//! thread. No I/O thread, completion thread or channel sits between a request and its disk: a
+//! thread; a polling loop also reaps them as it is about to sleep ([`has_completions`]). No I/O thread, completion thread or channel sits between a request and its disk: a
 //! 4 KiB sync write and its reply stay on one core, where before they crossed about fourteen
 //! thread boundaries (docs/bench/peers-notes.md).
 //!
@@ -170,14 +170,17 @@ pub fn inflight() -> usize {
 pub fn has_completions() -> bool {
     CORE.with(|c| {
         let core = c.borrow();
-        // A ring borrowed meanwhile (never, from a loop's park hook) is being reaped already.
+        // A ring borrowed meanwhile is in a push, a submission or a reap (never, when a loop's
+        // park hook asks): its completions are looked at again at the next park.
         core.as_ref().is_some_and(|core| {
             core.ring.try_borrow_mut().is_ok_and(|mut ring| !ring.completion().is_empty())
         })
     })
 }
 
-/// Completes every operation whose completion has arrived, waking its future. Returns how many.
+/// Completes every operation whose completion has arrived, waking its future. Returns how many
+/// futures it woke: an operation whose future was dropped (a cancelled request) or not yet
+/// polled completes without waking anything.
 pub fn reap() -> usize {
     let Some(core) = CORE.with(|c| c.borrow().clone()) else { return 0 };
     core.reap()
@@ -479,7 +482,7 @@ impl CoreRing {
     }
 
     fn reap(&self) -> usize {
-        let mut reaped = 0;
+        let mut woken = 0;
         {
             let mut ring = self.ring.borrow_mut();
             if !ring.submission().is_empty() && !self.dead.get() {
@@ -495,25 +498,23 @@ impl CoreRing {
                 ring.completion().take(256).map(|cqe| (cqe.user_data(), cqe.result())).collect()
             };
             if batch.is_empty() {
-                return reaped;
+                return woken;
             }
             for (key, result) in batch {
-                self.complete(key, result);
-                reaped += 1;
+                woken += usize::from(self.complete(key, result));
             }
         }
     }
 
-    fn complete(&self, key: u64, result: i32) {
-        let Some(op) = self.inflight.borrow_mut().remove(&key) else { return };
+    /// Hands operation `key` its outcome; says whether that woke its future.
+    fn complete(&self, key: u64, result: i32) -> bool {
+        let Some(op) = self.inflight.borrow_mut().remove(&key) else { return false };
         let waker = {
             let mut slot = op.slot.lock();
             slot.outcome = Some(Outcome { result, buf: op.read_buf });
             slot.waker.take()
         };
-        if let Some(waker) = waker {
-            waker.wake();
-        }
+        waker.map(Waker::wake).is_some()
     }
 }
 
