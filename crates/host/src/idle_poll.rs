@@ -33,17 +33,17 @@
 //! noted on the thread that makes the sleep, which for the engine's tasks is the one that
 //! awaits it (they stay on their core).
 //!
-//! Before it polls (on a core that sleeps at once too), and at each turn of a poll, the loop
-//! reaps its core ring's completions itself (`core_ring`, whose completion queue it reads
-//! without a system call). Otherwise the poll would end on the ring's descriptor, the loop
-//! would ask its reactor, and the ring's reaper task would reap them: a poll turn, an
-//! `epoll_wait` that returns the descriptor and a task's turn more between a log block's durable
-//! write and the flush reply waiting for it. The woken tasks are queued, so tokio does not block
-//! (it still asks its reactor once, without waiting: tokio 1.51.4 and later, tokio#8222, which
-//! is why the workspace asks for a tokio past that); and as the reactor looks at the ring's
-//! descriptor again before it reports it, an emptied ring wakes no reaper. A core with no
-//! window (`cores.idle_poll_us=0`, and core 0 beside other cores) has no park hook, and its
-//! reaper reaps as before.
+//! Before it polls (also when it then sleeps at once: its requests are large, or its window has
+//! closed), and at each turn of a poll, the loop reaps its core ring's completions itself
+//! (`core_ring`, whose completion queue it reads without a system call). Otherwise the poll would
+//! end on the ring's descriptor, the loop would ask its reactor, and the ring's reaper task would
+//! reap them: a poll turn, an `epoll_wait` that returns the descriptor and a task's turn more
+//! between a log block's durable write and the flush reply waiting for it. The woken tasks are
+//! queued, so tokio does not block (it still asks its reactor once, without waiting: tokio 1.51.4
+//! and later, tokio#8222, which is why the workspace asks for a tokio past that); and as the
+//! reactor looks at the ring's descriptor again before it reports it, an emptied ring wakes no
+//! reaper. A core that never polls (`cores.idle_poll_us=0`, and core 0 beside other cores) has no
+//! park hook, and its reaper reaps as before.
 //!
 //! A core whose recent reads and writes are large sleeps at once, leaving its window as it was
 //! (the moving mean of their bytes, which the NBD server notes through
@@ -75,8 +75,8 @@ const CONTENDED_YIELD_NS: u64 = 10_000;
 /// A core whose reads and writes average this many bytes or more (the moving mean of
 /// `sluice_engine::rt::request_bytes_mean`) sleeps at once: its requests take long enough
 /// that a wake-up is a small part of each, and polling through their gaps buys little for
-/// the CPU it burns. A quarter MiB: the 64 KiB to 128 KiB requests of a filesystem's writeback and readahead
-/// still poll.
+/// the CPU it burns. A quarter MiB: the 64 KiB to 128 KiB requests of a filesystem's writeback
+/// and readahead still poll.
 const LARGE_REQUEST_BYTES: u64 = 256 * 1024;
 
 thread_local! {
