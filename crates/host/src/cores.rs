@@ -22,8 +22,8 @@
 //!
 //! A core about to sleep first polls its loop's descriptors for a short, adaptive while
 //! (crate::idle_poll, `cores.idle_poll_us`): on a VM, waking an idle core costs more than a
-//! lone client's gaps between requests. Such a core also reaps its ring's completions itself
-//! as it is about to sleep, ahead of the reaper task.
+//! lone client's gaps between requests. Every core, polling or not, also reaps its ring's
+//! completions itself as it is about to sleep, ahead of the reaper task.
 
 use std::future::Future;
 use std::io;
@@ -149,15 +149,14 @@ impl Drop for Cores {
     }
 }
 
-/// A core's loop; with a nonzero `idle_poll`, it polls its descriptors for up to that long
-/// before it sleeps (crate::idle_poll). The cores are built one at a time, so the `epoll`
-/// descriptors that appear while one is built are its own.
+/// A core's loop; about to sleep, it reaps its ring, and with a nonzero `idle_poll` it polls
+/// its descriptors for up to that long first (crate::idle_poll). The cores are built one at a
+/// time, so the `epoll` descriptors that appear while one is built are its own.
 fn current_thread(name: &str, idle_poll: Duration) -> io::Result<Runtime> {
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_all().thread_name(name);
-    if idle_poll.is_zero() {
-        return builder.build();
-    }
+    // With no window the hook only reaps the ring before the loop sleeps (core 0 beside other
+    // cores, `cores.idle_poll_us=0`).
     let poll = Arc::new(IdlePoll::new(idle_poll));
     let (parking, waking) = (Arc::clone(&poll), Arc::clone(&poll));
     builder
@@ -292,6 +291,28 @@ mod tests {
                 .unwrap()
         });
         assert!(same);
+    }
+
+    /// A loop that never polls (core 0 beside other cores) reaps its ring itself before it
+    /// sleeps: with no reaper task, an operation whose completion waits in the ring finishes
+    /// (without the hook the loop would sleep until the timeout).
+    #[test]
+    fn a_loop_that_never_polls_reaps_its_ring_before_it_sleeps() {
+        use std::io::Write;
+        let runtime = current_thread("sluice_core/test", Duration::ZERO).unwrap();
+        let read = runtime.block_on(async {
+            // Where io_uring is refused there is no ring to reap.
+            let Ok(_ring) = core_ring::install() else { return None };
+            let (mut near, far) = std::os::unix::net::UnixStream::pair().unwrap();
+            let op = core_ring::read_stream(far, 1).expect("a ring is installed");
+            near.write_all(b"x").unwrap();
+            let read = tokio::time::timeout(Duration::from_secs(20), op).await;
+            core_ring::uninstall();
+            Some(read)
+        });
+        if let Some(read) = read {
+            assert_eq!(read.expect("reaped before the loop slept"), 1);
+        }
     }
 
     /// Long work on a core: computes until a pause is due, then pauses, until `done` is set

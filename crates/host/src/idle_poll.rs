@@ -42,8 +42,9 @@
 //! queued, so tokio does not block (it still asks its reactor once, without waiting: tokio 1.51.4
 //! and later, tokio#8222, which is why the workspace asks for a tokio past that); and as the
 //! reactor looks at the ring's descriptor again before it reports it, an emptied ring wakes no
-//! reaper. A core that never polls (`cores.idle_poll_us=0`, and core 0 beside other cores) has no
-//! park hook, and its reaper reaps as before.
+//! reaper. A core that never polls (`cores.idle_poll_us=0`, and core 0 beside other cores) reaps
+//! so too and then sleeps at once: core 0 runs the txg sync and the early fills of large writes'
+//! parts, whose device writes complete there.
 //!
 //! A core whose recent reads and writes are large sleeps at once, leaving its window as it was
 //! (the moving mean of their bytes, which the NBD server notes through
@@ -114,7 +115,7 @@ pub(crate) fn note_deadline(at: Instant) {
 /// One core's idle polling: its window and its loop's descriptors.
 #[derive(Debug)]
 pub(crate) struct IdlePoll {
-    /// The longest window (`cores.idle_poll_us`); zero never polls.
+    /// The longest window (`cores.idle_poll_us`); zero never polls, only reaps.
     most_ns: u64,
     /// The window the next idle turn polls for.
     window_ns: AtomicU64,
@@ -171,6 +172,10 @@ impl IdlePoll {
     pub(crate) fn before_park(&self) {
         if reap_ring() {
             self.slept_at_ns.store(0, Ordering::Relaxed);
+            return;
+        }
+        if self.most_ns == 0 {
+            // A core that never polls only reaps.
             return;
         }
         if requests_are_large() {
@@ -402,6 +407,18 @@ mod tests {
         assert_eq!(poll.slept_at_ns.load(Ordering::Relaxed), 0, "the loop did not sleep");
         drop(writer.join().unwrap());
         core_ring::uninstall();
+    }
+
+    /// With no window the hook only reaps: nothing to reap, it returns at once without
+    /// counting a sleep, and its window never opens.
+    #[test]
+    fn no_window_no_poll() {
+        let (_ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let poll = watching(Duration::ZERO, &theirs);
+        poll.before_park();
+        assert_eq!(poll.slept_at_ns.load(Ordering::Relaxed), 0);
+        poll.after_unpark();
+        assert_eq!(poll.window_ns.load(Ordering::Relaxed), 0);
     }
 
     /// An engine sleep's deadline ends the poll before the window does.

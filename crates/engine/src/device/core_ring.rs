@@ -5,10 +5,10 @@
 //! [`install`]s a ring here; from then on every file-leaf read, write and durable write made on
 //! that thread is pushed to that ring by the caller itself, and the loop reaps completions
 //! ([`reap`]) when the ring's descriptor turns readable, waking the waiting futures on the same
-//! thread; a polling loop also reaps them as it is about to sleep ([`has_completions`]). No I/O
-//! thread, completion thread or channel sits between a request and its disk: a 4 KiB sync write
-//! and its reply stay on one core, where before they crossed about fourteen thread boundaries
-//! (docs/bench/peers-notes.md).
+//! thread; a serving core's loop also reaps them as it is about to sleep ([`has_completions`]).
+//! No I/O thread, completion thread or channel sits between a request and its disk: a 4 KiB
+//! sync write and its reply stay on one core, where before they crossed about fourteen thread
+//! boundaries (docs/bench/peers-notes.md).
 //!
 //! A thread without a ring (the CLI's commands, tests, the simulator) keeps the device's own
 //! paths (`device::uring` and the I/O threads), so nothing here is needed for correctness.
