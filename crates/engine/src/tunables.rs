@@ -245,7 +245,7 @@ tunable_table! {
          up, and shrinks to none while they do not, so a busy device's long waits cost no \
          polling; a core whose recent reads and writes average a quarter MiB or more sleeps \
          at once. On a VM, waking an idle core costs tens of microseconds, two or three times \
-         per sync write at queue depth 1. 0: sleep at once (sluice before).";
+         per sync write at queue depth 1. 0: reap the ring and sleep at once.";
     CacheBytesMax = "cache.bytes_max", Kind::BytesOrAuto { min: 0, max: 1 << 40 }, "auto",
         "Memory for verified blocks (indirect and data), read from the pool or written by a \
          sync (ZFS: the ARC). auto: an eighth of the machine's memory, at least 64 MiB. 0 \

@@ -20,7 +20,7 @@
 //! operations, and compio's 0.x API breaks often (docs/design.md, "Runtime model"). The cost is
 //! one `epoll_wait` and one `io_uring_enter` per loop turn instead of one combined wait.
 //!
-//! A core about to sleep first polls its loop's descriptors for a short, adaptive while
+//! A polling core about to sleep first polls its loop's descriptors for a short, adaptive while
 //! (crate::idle_poll, `cores.idle_poll_us`): on a VM, waking an idle core costs more than a
 //! lone client's gaps between requests. Every core, polling or not, also reaps its ring's
 //! completions itself as it is about to sleep, ahead of the reaper task.
@@ -53,7 +53,7 @@ pub struct Cores {
 }
 
 impl Cores {
-    /// Starts `count` cores (at least one), which sleep at once when idle. Core 0 runs when
+    /// Starts `count` cores (at least one), which reap their rings and sleep at once when idle. Core 0 runs when
     /// [`Cores::block_on`] is called.
     pub fn start(count: usize) -> io::Result<Cores> {
         Cores::start_polling(count, Duration::ZERO)
@@ -306,6 +306,7 @@ mod tests {
             let (mut near, far) = std::os::unix::net::UnixStream::pair().unwrap();
             let op = core_ring::read_stream(far, 1).expect("a ring is installed");
             near.write_all(b"x").unwrap();
+            assert!(core_ring::has_completions(), "posted before the loop parks");
             let read = tokio::time::timeout(Duration::from_secs(20), op).await;
             core_ring::uninstall();
             Some(read)

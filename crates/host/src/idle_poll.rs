@@ -43,8 +43,8 @@
 //! and later, tokio#8222, which is why the workspace asks for a tokio past that); and as the
 //! reactor looks at the ring's descriptor again before it reports it, an emptied ring wakes no
 //! reaper. A core that never polls (`cores.idle_poll_us=0`, and core 0 beside other cores) reaps
-//! so too and then sleeps at once: core 0 runs the txg sync and the early fills of large writes'
-//! parts, whose device writes complete there.
+//! so too and then sleeps at once: core 0's completions are mostly the txg sync's writes and
+//! the early fills of large writes' parts.
 //!
 //! A core whose recent reads and writes are large sleeps at once, leaving its window as it was
 //! (the moving mean of their bytes, which the NBD server notes through
@@ -168,7 +168,8 @@ impl IdlePoll {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1)
     }
 
-    /// Called as the loop is about to sleep: polls its descriptors for the window.
+    /// Called as the loop is about to sleep: reaps its ring, then, with a window, polls its
+    /// descriptors for it.
     pub(crate) fn before_park(&self) {
         if reap_ring() {
             self.slept_at_ns.store(0, Ordering::Relaxed);
