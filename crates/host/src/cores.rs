@@ -53,8 +53,8 @@ pub struct Cores {
 }
 
 impl Cores {
-    /// Starts `count` cores (at least one), which reap their rings and sleep at once when idle. Core 0 runs when
-    /// [`Cores::block_on`] is called.
+    /// Starts `count` cores (at least one), which reap their rings and sleep at once when idle.
+    /// Core 0 runs when [`Cores::block_on`] is called.
     pub fn start(count: usize) -> io::Result<Cores> {
         Cores::start_polling(count, Duration::ZERO)
     }
@@ -162,6 +162,10 @@ fn current_thread(name: &str, idle_poll: Duration) -> io::Result<Runtime> {
     builder
         .on_thread_park(move || parking.before_park())
         .on_thread_unpark(move || waking.after_unpark());
+    if idle_poll.is_zero() {
+        // Nothing to watch: a loop that never polls needs no descriptors.
+        return builder.build();
+    }
     let before = IdlePoll::epoll_fds();
     let runtime = builder.build()?;
     poll.watch(&before, &IdlePoll::epoll_fds());
