@@ -719,7 +719,7 @@ impl Ddt {
         // each read, merged, encoded and written concurrently with the others.
         let levels = objset::levels_for(1u64 << bits);
         let shared: &TreeUpdate<'_> = ctx;
-        let updates: BTreeMap<u64, Option<BlockPointer>> = if bits != disk.bucket_bits {
+        let mut updates: Vec<(u64, Option<BlockPointer>)> = if bits != disk.bucket_bits {
             let mut buckets: BTreeMap<u64, Vec<DdtEntry>> = BTreeMap::new();
             let mut old_tree = Vec::new();
             for (level, index, bp) in objset::walk(shared.pool, disk.root, disk.levels).await? {
@@ -771,6 +771,7 @@ impl Ddt {
             .try_collect()
             .await?
         };
+        updates.sort_unstable_by_key(|&(index, _)| index);
         let old_root = if bits != disk.bucket_bits { None } else { disk.root };
         header.root = objset::update_tree(ctx, old_root, levels, &updates).await?;
         header.bucket_bits = bits;

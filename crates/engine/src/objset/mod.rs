@@ -22,7 +22,6 @@
 //! writers: 124k device writes for 96k client writes). A span is only how blocks are written:
 //! each keeps its own pointer and checksum, and reads, scrub and healing see ordinary blocks.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
@@ -250,32 +249,44 @@ pub fn add_space(space: &mut VolumeSpace, bp: &BlockPointer, gained: bool) {
     apply(&mut space.physical_bytes, of.physical_bytes);
 }
 
-/// Applies `updates` (data block index -> new pointer, `None` for a hole) and returns the
-/// new root.
+/// Changes to a level of a tree: (block number in that level, its new pointer or `None` for
+/// a hole), in block order, each block once.
+pub type Updates = [(u64, Option<BlockPointer>)];
+
+/// Applies `updates` (data blocks' changes) and returns the new root.
+///
+/// A sorted list rather than a map: a sync of a 1 GiB stream changes 65,536 blocks of 16 KiB,
+/// and collecting their 184-byte entries into a `BTreeMap` copied each more than once; the
+/// sync's copies were about 3% of the server's samples under 1 MiB writes
+/// (docs/bench/peers-notes.md, 2026-12-07 18:33Z).
 pub async fn update_tree(
     ctx: &mut TreeUpdate<'_>,
     root: Option<BlockPointer>,
     levels: u8,
-    updates: &BTreeMap<u64, Option<BlockPointer>>,
+    updates: &Updates,
 ) -> Result<Option<BlockPointer>, PoolError> {
     if updates.is_empty() {
         return Ok(root);
     }
+    assert!(updates.is_sorted_by(|a, b| a.0 < b.0), "updates in block order, each block once");
     if levels == 0 {
-        assert!(updates.keys().all(|&i| i == 0), "a tree without levels holds block 0 only");
+        assert!(
+            updates.len() == 1 && updates[0].0 == 0,
+            "a tree without levels holds block 0 only"
+        );
         // Replaced even when the new pointer is the same (a dedup block rewritten with its own
         // contents): the write took a reference, which the old pointer's free drops.
         if let Some(previous) = root {
             ctx.replaced.push(previous);
         }
-        return Ok(updates[&0]);
+        return Ok(updates[0].1);
     }
     // New pointers of the level below the one being rebuilt, by block number in that level:
-    // at level 1 the caller's own map, which is not copied.
-    let mut below: BTreeMap<u64, Option<BlockPointer>> = BTreeMap::new();
+    // at level 1 the caller's own list, which is not copied.
+    let mut below: Vec<(u64, Option<BlockPointer>)> = Vec::new();
     for level in 1..=levels {
-        let changes = if level == 1 { updates } else { &below };
-        let mut nodes: Vec<u64> = changes.keys().map(|&child| child / INDIRECT_BPS).collect();
+        let changes: &Updates = if level == 1 { updates } else { &below };
+        let mut nodes: Vec<u64> = changes.iter().map(|&(child, _)| child / INDIRECT_BPS).collect();
         nodes.dedup();
         // A level's rebuilt nodes are born once each and replace at most their old selves and,
         // at level 1, the data blocks they pointed at: reserved at once, so that a sync of
@@ -293,16 +304,19 @@ pub async fn update_tree(
         .try_buffer_unordered(SPANS_IN_FLIGHT)
         .try_collect()
         .await?;
-        let mut above = BTreeMap::new();
+        // Born and replaced in the order the spans' writes finished, as the frees and dead
+        // lists have always had them; the next level's changes in block order.
+        let mut above = Vec::with_capacity(rebuilt.iter().map(Vec::len).sum());
         for (node, bp, mut replaced) in rebuilt.into_iter().flatten() {
-            above.insert(node, bp);
+            above.push((node, bp));
             ctx.born.extend(bp);
             ctx.replaced.append(&mut replaced);
         }
+        above.sort_unstable_by_key(|&(node, _)| node);
         below = above;
     }
-    assert!(below.len() == 1 && below.contains_key(&0), "the top level is the root alone");
-    Ok(below[&0])
+    assert!(below.len() == 1 && below[0].0 == 0, "the top level is the root alone");
+    Ok(below[0].1)
 }
 
 /// What writing needs of a [`TreeUpdate`], without its list of replaced pointers (which the
@@ -326,7 +340,7 @@ async fn rebuild_node(
     levels: u8,
     level: u8,
     node: u64,
-    changes: &BTreeMap<u64, Option<BlockPointer>>,
+    changes: &Updates,
 ) -> Result<Rebuilt, PoolError> {
     // A sync of thousands of blocks rebuilds hundreds of nodes, each found in the cache
     // (nothing to wait for): the serving core's connections get their turns between them.
@@ -337,10 +351,14 @@ async fn rebuild_node(
         None => None,
     };
     let first = node * INDIRECT_BPS;
-    let changed = changes.range(first..first + INDIRECT_BPS);
+    let changed = {
+        let from = changes.partition_point(|&(child, _)| child < first);
+        let to = changes.partition_point(|&(child, _)| child < first + INDIRECT_BPS);
+        &changes[from..to]
+    };
     let mut replaced: Vec<BlockPointer> = old.into_iter().collect();
     let plain = old_bytes.as_ref().is_none_or(|bytes| !authenticated(bytes))
-        && changed.clone().all(|(_, new)| new.is_none_or(|bp| bp.crypt == BlockCrypt::None));
+        && changed.iter().all(|(_, new)| new.is_none_or(|bp| bp.crypt == BlockCrypt::None));
     if plain {
         return patch_node(
             pool,
@@ -356,7 +374,7 @@ async fn rebuild_node(
         Some(bytes) => decode_indirect(pool, bytes)?,
         None => vec![None; INDIRECT_BPS as usize],
     };
-    for (&child, &new) in changed {
+    for &(child, new) in changed {
         let slot = &mut slots[(child - first) as usize];
         // Replaced indirect children pushed themselves; data blocks are replaced here, even
         // by the same pointer (a dedup block rewritten with its own contents took a
@@ -403,12 +421,12 @@ fn slot_array(slot: &[u8]) -> &[u8; BLKPTR_BYTES] {
 /// server's CPU per write (`bench/ab.sh`, mixed writes and 4 KiB write + flush at 8 clients,
 /// 2026-12-07). Decode and encode are exact inverses on every slot that decodes, so the bytes
 /// are those the full rebuild would make; the fill is summed from each slot's encoded field.
-fn patch_node<'a>(
+fn patch_node(
     pool: &Pool,
     level: u8,
     node: u64,
     old: Option<&[u8]>,
-    changed: impl Iterator<Item = (&'a u64, &'a Option<BlockPointer>)>,
+    changed: &Updates,
     mut replaced: Vec<BlockPointer>,
 ) -> Result<Rebuilt, PoolError> {
     let first = node * INDIRECT_BPS;
@@ -421,7 +439,7 @@ fn patch_node<'a>(
         None => AlignedBuf::zeroed(INDIRECT_BYTES),
     };
     let mut emptied = false;
-    for (&child, new) in changed {
+    for (child, new) in changed {
         let at = (child - first) as usize * BLKPTR_BYTES;
         let slot = &mut bytes[at..at + BLKPTR_BYTES];
         // As in the full rebuild: at level 1 the data block a slot pointed at is replaced.

@@ -688,12 +688,13 @@ async fn write_volumes(
         } else {
             futures::future::Either::Right(futures::stream::iter(blocks.into_iter().map(Ok)))
         };
-        let updates: BTreeMap<u64, Option<BlockPointer>> = if dedup == DedupMode::Off {
+        // The blocks' new pointers, in block order (objset::Updates).
+        let updates: Vec<(u64, Option<BlockPointer>)> = if dedup == DedupMode::Off {
             let span_bytes = spa.pool().root().write_span_bytes() as usize;
             let per_span = (span_bytes / block_bytes).max(1);
             let (ctx, prewritten, name) = (&*ctx, &prewritten, entry.name.as_str());
             let early_abort = &early_abort;
-            let written: Vec<Vec<(u64, Option<BlockPointer>)>> = completed
+            let mut written: Vec<Vec<(u64, Option<BlockPointer>)>> = completed
                 .try_chunks(per_span)
                 .map_err(|futures::stream::TryChunksError(_, e)| e)
                 .map_ok(|chunk| async move {
@@ -778,10 +779,18 @@ async fn write_volumes(
                 .try_buffer_unordered(SPANS_IN_FLIGHT)
                 .try_collect()
                 .await?;
-            written.into_iter().flatten().collect()
+            // Each span holds a run of the blocks in order, and the runs do not overlap:
+            // ordered by their first blocks they join into one ordered list, each entry
+            // copied once.
+            written.sort_unstable_by_key(|span| span.first().map(|&(index, _)| index));
+            let mut updates = Vec::with_capacity(written.iter().map(Vec::len).sum());
+            for span in written {
+                updates.extend(span);
+            }
+            updates
         } else {
             let verify = dedup == DedupMode::Verify;
-            completed
+            let mut updates: Vec<(u64, Option<BlockPointer>)> = completed
                 .map_ok(|(index, block)| async move {
                     let bp = match block {
                         Block::Data(data) => {
@@ -796,7 +805,9 @@ async fn write_volumes(
                 })
                 .try_buffer_unordered(SYNC_WRITES_IN_FLIGHT)
                 .try_collect()
-                .await?
+                .await?;
+            updates.sort_unstable_by_key(|&(index, _)| index);
+            updates
         };
         // Linked blocks become allocated in this txg's maps; the others are freed once
         // their writes have ended. A linked block is cached from the buffer it was written
@@ -815,8 +826,11 @@ async fn write_volumes(
             let mut allocator = spa.allocator().lock();
             // Adopted a run at a time: a large write's blocks lie back to back.
             let mut run: Option<(u32, u64, u64)> = None;
+            // Both in block order: each lookup starts where the last one ended.
+            let mut at = 0;
             for (index, p) in prewritten {
-                if updates.get(&index) == Some(&Some(p.bp)) {
+                at += updates[at..].partition_point(|&(i, _)| i < index);
+                if updates.get(at) == Some(&(index, Some(p.bp))) {
                     let dva = p.bp.dvas[0];
                     let (vdev, start, len) = (dva.vdev, dva.offset_bytes(), dva.asize_bytes());
                     match &mut run {
@@ -856,7 +870,7 @@ async fn write_volumes(
         // Only the sync changes the figures, and it holds the sync lock: the quiesced
         // entry's are current.
         let mut space = entry.space.expect("import counts every volume's space");
-        let born = updates.values().flatten().chain(&ctx.born[born_before..]);
+        let born = updates.iter().filter_map(|(_, bp)| bp.as_ref()).chain(&ctx.born[born_before..]);
         for bp in born {
             objset::add_space(&mut space, bp, true);
         }
@@ -866,12 +880,20 @@ async fn write_volumes(
         // What the newest snapshot holds stays allocated, on the dead list.
         let mut dead = Vec::new();
         if entry.prev_snap_txg > 0 {
-            let replaced = ctx.replaced.split_off(replaced_before);
             let prev = entry.prev_snap_txg;
-            let (own, held): (Vec<_>, Vec<_>) =
-                replaced.into_iter().partition(|bp| bp.birth_txg > prev);
-            ctx.replaced.extend(own);
-            dead = held;
+            // This volume's part of the list is compacted in place, in order: no new list
+            // for the blocks that stay.
+            let mut kept = replaced_before;
+            for at in replaced_before..ctx.replaced.len() {
+                let bp = ctx.replaced[at];
+                if bp.birth_txg > prev {
+                    ctx.replaced[kept] = bp;
+                    kept += 1;
+                } else {
+                    dead.push(bp);
+                }
+            }
+            ctx.replaced.truncate(kept);
         }
         let family = Family::of(&entry);
         // An encrypted volume's new root gets its MAC from the family's key, which a root
@@ -902,8 +924,15 @@ async fn write_dedup_table(
     spa: &Spa,
     ctx: &mut TreeUpdate<'_>,
 ) -> Result<(DdtHeader, Vec<BlockPointer>), PoolError> {
-    let (shared, mut replaced): (Vec<BlockPointer>, Vec<BlockPointer>) =
-        std::mem::take(&mut ctx.replaced).into_iter().partition(|bp| bp.dedup.is_some());
+    // The dedup blocks copied out, the rest kept in place and in order: few or none are
+    // dedup blocks, and a partition into two new lists regrew a list of every block the txg
+    // replaced (tens of thousands after a large write) on each sync.
+    let mut replaced = std::mem::take(&mut ctx.replaced);
+    let shared: Vec<BlockPointer> =
+        replaced.iter().filter(|bp| bp.dedup.is_some()).copied().collect();
+    if !shared.is_empty() {
+        replaced.retain(|bp| bp.dedup.is_none());
+    }
     let (ddt, pool) = (&**spa.ddt(), &**spa.pool());
     futures::stream::iter(shared.into_iter().map(|bp| async move { ddt.free(pool, &bp).await }))
         .buffer_unordered(SYNC_WRITES_IN_FLIGHT)
