@@ -356,7 +356,9 @@ async fn rebuild_node(
         let to = changes.partition_point(|&(child, _)| child < first + INDIRECT_BPS);
         &changes[from..to]
     };
-    let mut replaced: Vec<BlockPointer> = old.into_iter().collect();
+    // Its old self, and at level 1 the data blocks the changed slots pointed at.
+    let mut replaced: Vec<BlockPointer> = Vec::with_capacity(1 + changed.len());
+    replaced.extend(old);
     let plain = old_bytes.as_ref().is_none_or(|bytes| !authenticated(bytes))
         && changed.iter().all(|(_, new)| new.is_none_or(|bp| bp.crypt == BlockCrypt::None));
     if plain {

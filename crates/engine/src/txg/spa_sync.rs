@@ -821,7 +821,9 @@ async fn write_volumes(
         // thousands of blocks (with the inserts under the lock, a lone client's 1 MiB
         // write + flush p99 was 2.1-2.5 ms against 1.4-1.5 ms with no data cached).
         let mut unused = Vec::new();
-        let mut linked = Vec::new();
+        // Most are linked: a large write + flush logs every block by pointer, and this list,
+        // regrown as it filled, copied its entries (a block pointer each) again and again.
+        let mut linked = Vec::with_capacity(prewritten.len());
         {
             let mut allocator = spa.allocator().lock();
             // Adopted a run at a time: a large write's blocks lie back to back.
