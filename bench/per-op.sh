@@ -2,7 +2,8 @@
 # What one client operation costs the server: IOPS, server CPU (and the whole machine's busy
 # CPU, fio's included), context switches, disk commands and bytes written per operation, for
 # one fio job against sluice or qemu-nbd on a fresh image; the server's CPU and its context
-# switches also by thread (its serving cores, its main runtime, the kernel's io_uring workers).
+# switches also by thread (its serving cores, its main runtime, the kernel's io_uring workers);
+# and the machine's interrupts per operation (rescheduling and function-call IPIs, virtio's).
 #
 # Usage: bench/per-op.sh [sluice|qemu-nbd] [syncwrite|syncwrite-1m|stream-1m|seqwrite|mixed|randread|seqread] [JOBS] [--bin PATH]
 #        [--block-size 4K] [--compression off|lz4|zstd] [--logbias latency|throughput] [--seconds N] [--disk vda] [--set NAME=VALUE (sluice tunable)]
@@ -147,16 +148,26 @@ threads() {
       END {if (v != "") print "switches", tid, v, n}' "$task/status" 2>/dev/null || true
   done
 }
+# The machine's interrupts so far, summed over its CPUs: rescheduling IPIs (a CPU told to run a
+# woken task, or to take a completion's task work), function-call IPIs, and the devices' own
+# (every line that names virtio). On a VM each IPI costs an exit on the sender, and often on
+# the receiver.
+interrupts() {
+  awk 'NR == 1 { cpus = NF; next }
+    { n = 0; for (i = 2; i <= cpus + 1 && $i ~ /^[0-9]+$/; i++) n += $i }
+    $1 == "RES:" { res = n } $1 == "CAL:" { cal = n } /virtio/ { dev += n }
+    END { print res + 0, cal + 0, dev + 0 }' /proc/interrupts
+}
 if [ "$warm" != 0 ]; then
   fio --name=warm --ioengine=nbd --uri="$uri" --bs=4k --size="${span_mib}M" --runtime="$warm" --time_based \
     "${args[@]}" >/dev/null 2>&1
   # What the warm-up left open is synced before the measured seconds, as after the prefill.
   if [ "$target" = sluice ]; then "$bin" pool sync perop >/dev/null; fi
 fi
-before=$(sample); threads >"$dir/threads.before"
+before=$(sample); threads >"$dir/threads.before"; interrupts >"$dir/irq.before"
 fio --name=op --ioengine=nbd --uri="$uri" --bs=4k --size="${span_mib}M" --runtime="$seconds" --time_based \
   --group_reporting --output-format=json "${args[@]}" 2>/dev/null | grep -v '^fio: ' >"$dir/fio.json"
-after=$(sample); threads >"$dir/threads.after"
+after=$(sample); threads >"$dir/threads.after"; interrupts >"$dir/irq.after"
 # What the prefetch and the rewrite of scattered blocks did over the whole run (prefill, ageing
 # and warm-up included), for the read jobs.
 if [ "$target" = sluice ] && [[ $job == *read ]]; then
@@ -227,4 +238,8 @@ print(f"  server CPU by thread, us/op: {shares}")
 switched = ", ".join(f"{name} {v / ops:.2f} + {n / ops:.2f}" for name, (v, n) in
                      sorted(switches_by_name.items(), key=lambda kv: -sum(kv[1])) if v + n > 0)
 print(f"  context switches by thread, voluntary + involuntary per op: {switched}")
+(r0, c0, d0), (r1, c1, d1) = ([int(x) for x in open(os.path.join(os.path.dirname(path), f"irq.{when}")).read().split()]
+                              for when in ("before", "after"))
+print(f"  the machine's interrupts per op: rescheduling IPIs {(r1 - r0) / ops:.2f}, "
+      f"function-call IPIs {(c1 - c0) / ops:.2f}, virtio devices {(d1 - d0) / ops:.2f}")
 PY

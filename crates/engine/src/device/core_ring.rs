@@ -134,9 +134,21 @@ thread_local! {
 /// io_uring; the thread then keeps the devices' own paths.
 pub fn install() -> io::Result<RawFd> {
     // Single issuer: only this thread submits, which lets the kernel skip its locking.
+    // Cooperative task running: a completion that arrives while this thread runs (the disk's
+    // interrupt lands on whichever CPU the device chose) waits for the thread's next system
+    // call instead of interrupting it with an inter-processor interrupt, which on a VM is an
+    // exit on both sides; a sleeping thread is woken as before. The task-run flag tells
+    // [`has_completions`] that some wait so ([`CoreRing::reap`] enters the kernel for them).
+    // An older kernel gets what it has: Linux 5.19 added cooperative task running, 6.0 the
+    // single issuer.
     let ring = IoUring::builder()
         .setup_single_issuer()
+        .setup_coop_taskrun()
+        .setup_taskrun_flag()
         .build(RING_ENTRIES)
+        .or_else(|_| {
+            IoUring::builder().setup_coop_taskrun().setup_taskrun_flag().build(RING_ENTRIES)
+        })
         .or_else(|_| IoUring::new(RING_ENTRIES))?;
     // A first submission proves the kernel accepts them (seccomp may allow setup, refuse enter).
     ring.submitter().submit()?;
@@ -174,7 +186,11 @@ pub fn has_completions() -> bool {
         // A ring borrowed meanwhile is in a push, a submission or a reap (never, when a loop's
         // park hook asks): its completions are looked at again at the next park.
         core.as_ref().is_some_and(|core| {
-            core.ring.try_borrow_mut().is_ok_and(|mut ring| !ring.completion().is_empty())
+            core.ring.try_borrow_mut().is_ok_and(|mut ring| {
+                // Also completions the kernel has not posted yet: they wait for this thread to
+                // enter it (cooperative task running, see [`install`]).
+                ring.submission().taskrun() || !ring.completion().is_empty()
+            })
         })
     })
 }
@@ -486,9 +502,11 @@ impl CoreRing {
         let mut woken = 0;
         {
             let mut ring = self.ring.borrow_mut();
-            if !ring.submission().is_empty() && !self.dead.get() {
-                // Left queued by a kernel that was short of room; EBUSY again leaves them for
-                // the next turn.
+            // Left queued by a kernel that was short of room (EBUSY again leaves them for the
+            // next turn), or completions that wait for this thread to enter the kernel, which
+            // posts them as it returns.
+            let due = !ring.submission().is_empty() || ring.submission().taskrun();
+            if due && !self.dead.get() {
                 let _ = ring.submit();
             }
         }
