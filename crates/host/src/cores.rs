@@ -211,6 +211,12 @@ impl Spawn for CoreSpawn {
 
     fn yield_now(&self) -> BoxFuture<()> {
         Box::pin(async {
+            // The ring's completions that wait for this thread to enter the kernel (it runs
+            // them cooperatively, `core_ring::install`): the loop's look at its reactor below
+            // comes before the kernel posts them, and would leave them to the next pause.
+            if core_ring::has_completions() {
+                core_ring::reap();
+            }
             // Past the loop's poll of its sockets and of the ring's descriptor: a socket's
             // task and the ring's reaper run first.
             tokio::task::yield_now().await;
@@ -411,6 +417,73 @@ mod tests {
         let Some(pauses) = pauses else { return };
         // As for a socket: the first pause starts the thread's stretch; the second yields.
         assert_eq!(pauses, 2, "the ring's reader ran after {pauses} pauses");
+    }
+
+    /// A ring completion that arrives while a core computes (another thread's write, in the
+    /// middle of a long task's stretch) is let in at the next pause too. The ring runs its
+    /// completions cooperatively, so the kernel posts this one only when the core's thread next
+    /// enters it; the pause reaps the ring first, which enters the kernel for it. Without that
+    /// the loop's look at its reactor inside the pause would come before the completion was
+    /// posted, and the reader would wait for a later pause (unless a timer interrupt on the
+    /// core's CPU happened to post it).
+    #[test]
+    fn a_pause_lets_in_a_ring_completion_that_arrived_during_the_stretch() {
+        use std::io::Write;
+        use std::sync::atomic::AtomicBool;
+        let cores = Cores::start(1).unwrap();
+        let env = cores.env(1);
+        let read_at_first_yield = cores.block_on(async move {
+            let (near, far) = std::os::unix::net::UnixStream::pair().unwrap();
+            let read = Arc::new(AtomicBool::new(false));
+            let (started, waiting) = oneshot::channel();
+            // None where io_uring is refused: the device paths cover such a thread.
+            let op = core_ring::read_stream(far, 1)?;
+            let reader = {
+                let read = Arc::clone(&read);
+                tokio::spawn(async move {
+                    let _ = started.send(());
+                    assert_eq!(op.await, 1, "the ring read the byte sent");
+                    read.store(true, Ordering::Release);
+                })
+            };
+            waiting.await.unwrap();
+            let go = Arc::new(AtomicBool::new(false));
+            let written = Arc::new(AtomicBool::new(false));
+            let writer = {
+                let (go, written) = (Arc::clone(&go), Arc::clone(&written));
+                std::thread::spawn(move || {
+                    while !go.load(Ordering::Acquire) {
+                        std::thread::yield_now();
+                    }
+                    (&near).write_all(&[1]).unwrap();
+                    written.store(true, Ordering::Release);
+                    near
+                })
+            };
+            // The long work, a task of the core as a txg sync is: no system call between the
+            // first pause (which starts the stretch) and the second (which yields).
+            let work = tokio::spawn(async move {
+                env.pause().await;
+                go.store(true, Ordering::Release);
+                while !written.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                let since = env.now().as_nanos();
+                while env.now().as_nanos() - since < sluice_engine::rt::PAUSE_AFTER_NANOS {
+                    std::hint::spin_loop();
+                }
+                env.pause().await;
+                read.load(Ordering::Acquire)
+            });
+            let read_at_first_yield = work.await.unwrap();
+            // A reader the ring never answered would hang the test: it fails instead.
+            let answered = tokio::time::timeout(Duration::from_secs(20), reader).await;
+            answered.expect("the ring answered the read").expect("the reader got its byte");
+            drop(writer.join().unwrap());
+            Some(read_at_first_yield)
+        });
+        let Some(read_at_first_yield) = read_at_first_yield else { return };
+        assert!(read_at_first_yield, "the ring's reader ran at the first pause that yields");
     }
 
     /// Work spawned elsewhere from a core runs on each of the other cores in turn, never on

@@ -35,7 +35,8 @@
 //!
 //! Before it polls (also when it then sleeps at once: its requests are large, or its window has
 //! closed), and at each turn of a poll, the loop reaps its core ring's completions itself
-//! (`core_ring`, whose completion queue it reads without a system call). Otherwise the poll would
+//! (`core_ring`, whose completion queue it reads without a system call, entering the kernel
+//! only for completions the ring says wait for that). Otherwise the poll would
 //! end on the ring's descriptor, the loop would ask its reactor, and the ring's reaper task would
 //! reap them: a poll turn, an `epoll_wait` that returns the descriptor and a task's turn more
 //! between a log block's durable write and the flush reply waiting for it. The woken tasks are

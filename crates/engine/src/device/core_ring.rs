@@ -134,10 +134,11 @@ thread_local! {
 /// io_uring; the thread then keeps the devices' own paths.
 pub fn install() -> io::Result<RawFd> {
     // Single issuer: only this thread submits, which lets the kernel skip its locking.
-    // Cooperative task running: a completion that arrives while this thread runs (the disk's
-    // interrupt lands on whichever CPU the device chose) waits for the thread's next system
-    // call instead of interrupting it with an inter-processor interrupt, which on a VM is an
-    // exit on both sides; a sleeping thread is woken as before. The task-run flag tells
+    // Cooperative task running: a completion the kernel hands this thread as task work (a
+    // direct read or write, a socket read) while the thread runs on another CPU waits for the
+    // thread's next entry into the kernel (a system call, or an interrupt on its CPU) instead of
+    // an inter-processor interrupt, which on a VM costs an exit on the sender and often on the
+    // receiver; a sleeping thread is woken as before. The task-run flag tells
     // [`has_completions`] that some wait so ([`CoreRing::reap`] enters the kernel for them).
     // An older kernel gets what it has: Linux 5.19 added cooperative task running, 6.0 the
     // single issuer.
@@ -177,7 +178,8 @@ pub fn inflight() -> usize {
 }
 
 /// Whether completions wait in this thread's ring to be reaped (false without a ring): a look
-/// at the completion queue the kernel shares, no system call. For a loop about to sleep, which
+/// at the completion queue and the flags the kernel shares, no system call. For a loop about
+/// to sleep, or a long task's pause (`sluice-host`'s `CoreSpawn::yield_now`), which
 /// can reap them itself ([`reap`]) instead of waiting for its reactor to report the ring's
 /// descriptor readable.
 pub fn has_completions() -> bool {
@@ -188,7 +190,9 @@ pub fn has_completions() -> bool {
         core.as_ref().is_some_and(|core| {
             core.ring.try_borrow_mut().is_ok_and(|mut ring| {
                 // Also completions the kernel has not posted yet: they wait for this thread to
-                // enter it (cooperative task running, see [`install`]).
+                // enter it (cooperative task running, see [`install`]). The flag may read clear
+                // while such work waits (the kernel sets it as the thread's list of work turns
+                // non-empty); a loop that then sleeps is woken for the work at once.
                 ring.submission().taskrun() || !ring.completion().is_empty()
             })
         })
@@ -502,9 +506,10 @@ impl CoreRing {
         let mut woken = 0;
         {
             let mut ring = self.ring.borrow_mut();
-            // Left queued by a kernel that was short of room (EBUSY again leaves them for the
-            // next turn), or completions that wait for this thread to enter the kernel, which
-            // posts them as it returns.
+            // Entries queued (by this turn's pushes, ahead of the submitter, or left by a
+            // kernel that was short of room: EBUSY again leaves them for the next turn), or
+            // completions that wait for this thread to enter the kernel, which posts them
+            // before it returns.
             let due = !ring.submission().is_empty() || ring.submission().taskrun();
             if due && !self.dead.get() {
                 let _ = ring.submit();
