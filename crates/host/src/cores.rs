@@ -375,6 +375,27 @@ mod tests {
         assert_eq!(pauses, 2, "the reader ran after {pauses} pauses");
     }
 
+    /// A task of this core waiting on a ring read of one byte from `far`, started (its read
+    /// is pending) when this returns; the flag says when it got the byte. `None` where io_uring
+    /// is refused.
+    async fn ring_reader(
+        far: std::os::unix::net::UnixStream,
+    ) -> Option<(tokio::task::JoinHandle<()>, Arc<std::sync::atomic::AtomicBool>)> {
+        let read = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (started, waiting) = oneshot::channel();
+        let op = core_ring::read_stream(far, 1)?;
+        let reader = {
+            let read = Arc::clone(&read);
+            tokio::spawn(async move {
+                let _ = started.send(());
+                assert_eq!(op.await, 1, "the ring read the byte sent");
+                read.store(true, Ordering::Release);
+            })
+        };
+        waiting.await.unwrap();
+        Some((reader, read))
+    }
+
     /// A pause lets the core's ring in as it lets a socket in: a task waiting on a ring
     /// operation whose completion has arrived runs at the first pause that yields, so a txg
     /// sync's long stretch on a core does not hold back the log blocks, flushes and reads that
@@ -385,24 +406,12 @@ mod tests {
     #[test]
     fn a_pause_lets_a_ring_completion_in() {
         use std::io::Write;
-        use std::sync::atomic::AtomicBool;
         let cores = Cores::start(1).unwrap();
         let env = cores.env(1);
         let pauses = cores.block_on(async move {
             let (mut near, far) = std::os::unix::net::UnixStream::pair().unwrap();
-            let read = Arc::new(AtomicBool::new(false));
-            let (started, waiting) = oneshot::channel();
             // None where io_uring is refused: the device paths cover such a thread.
-            let op = core_ring::read_stream(far, 1)?;
-            let reader = {
-                let read = Arc::clone(&read);
-                tokio::spawn(async move {
-                    let _ = started.send(());
-                    assert_eq!(op.await, 1, "the ring read the byte sent");
-                    read.store(true, Ordering::Relaxed);
-                })
-            };
-            waiting.await.unwrap();
+            let (reader, read) = ring_reader(far).await?;
             // The reader waits on the ring. Its read completes before the long work starts:
             // the write wakes the kernel's poll on the socket, and with no deferred task work
             // (the ring is not built DEFER_TASKRUN) the kernel posts the completion as this
@@ -434,19 +443,8 @@ mod tests {
         let env = cores.env(1);
         let read_at_first_yield = cores.block_on(async move {
             let (near, far) = std::os::unix::net::UnixStream::pair().unwrap();
-            let read = Arc::new(AtomicBool::new(false));
-            let (started, waiting) = oneshot::channel();
             // None where io_uring is refused: the device paths cover such a thread.
-            let op = core_ring::read_stream(far, 1)?;
-            let reader = {
-                let read = Arc::clone(&read);
-                tokio::spawn(async move {
-                    let _ = started.send(());
-                    assert_eq!(op.await, 1, "the ring read the byte sent");
-                    read.store(true, Ordering::Release);
-                })
-            };
-            waiting.await.unwrap();
+            let (reader, read) = ring_reader(far).await?;
             let go = Arc::new(AtomicBool::new(false));
             let written = Arc::new(AtomicBool::new(false));
             let writer = {
