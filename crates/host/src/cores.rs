@@ -214,9 +214,7 @@ impl Spawn for CoreSpawn {
             // The ring's completions that wait for this thread to enter the kernel (it runs
             // them cooperatively, `core_ring::install`): the loop's look at its reactor below
             // comes before the kernel posts them, and would leave them to the next pause.
-            if core_ring::has_completions() {
-                core_ring::reap();
-            }
+            crate::idle_poll::reap_ring();
             // Past the loop's poll of its sockets and of the ring's descriptor: a socket's
             // task and the ring's reaper run first.
             tokio::task::yield_now().await;

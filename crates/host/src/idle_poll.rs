@@ -97,7 +97,7 @@ fn requests_are_large() -> bool {
 /// that woke a future: woken onto this loop's queue, it runs instead of the loop sleeping
 /// (tokio's current-thread loop blocks only with an empty queue). Completions whose futures
 /// are gone wake nothing, and the loop goes on to poll or sleep.
-fn reap_ring() -> bool {
+pub(crate) fn reap_ring() -> bool {
     core_ring::has_completions() && core_ring::reap() > 0
 }
 
